@@ -1,0 +1,162 @@
+//! Hosting of cairn gRPC services: what every service needs around its own handlers and must
+//! not write again: grpc.health.v1, reflection, one trace span per RPC, message limits, and a
+//! graceful shutdown that stops accepting and lets in-flight calls finish.
+//! Also the one way clients build channels ([`connect`]).
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::time::Duration;
+
+use tonic::body::Body;
+use tonic::server::NamedService;
+use tonic::service::RoutesBuilder;
+use tonic::transport::{Channel, Endpoint};
+use tonic_health::ServingStatus;
+
+/// Largest gRPC message any cairn service accepts or sends (inline files are capped by the
+/// services' own limits well below this).
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("reflection service could not be built: {0}")]
+    Reflection(String),
+    #[error("gRPC server failed: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    #[error("invalid address {addr:?}: {reason} (expected host:port or http://host:port)")]
+    Address { addr: String, reason: String },
+    #[error("could not bind {addr}: {source}")]
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
+}
+
+/// The services to host on one listener.
+#[derive(Default)]
+pub struct Host {
+    routes: RoutesBuilder,
+    names: Vec<&'static str>,
+}
+
+impl Host {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a generated `XServer<T>`; health reports it SERVING while the host runs.
+    pub fn add<S>(&mut self, svc: S) -> &mut Self
+    where
+        S: tower::Service<http::Request<Body>, Error = Infallible>
+            + NamedService
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Response: axum::response::IntoResponse,
+        S::Future: Send + 'static,
+    {
+        self.names.push(S::NAME);
+        self.routes.add_service(svc);
+        self
+    }
+
+    /// Serves until `shutdown` resolves, then stops accepting, reports NOT_SERVING and waits for
+    /// in-flight calls to finish.
+    pub async fn serve(
+        self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), Error> {
+        let (reporter, health) = tonic_health::server::health_reporter();
+        for name in &self.names {
+            reporter.set_service_status(*name, ServingStatus::Serving).await;
+        }
+        reporter.set_service_status("", ServingStatus::Serving).await;
+        let reflection_v1 = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(cairn_proto::FILE_DESCRIPTOR_SET)
+            .build_v1()
+            .map_err(|e| Error::Reflection(e.to_string()))?;
+        let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(cairn_proto::FILE_DESCRIPTOR_SET)
+            .build_v1alpha()
+            .map_err(|e| Error::Reflection(e.to_string()))?;
+        let mut routes = self.routes;
+        routes.add_service(health);
+        routes.add_service(reflection_v1);
+        routes.add_service(reflection_v1alpha);
+        let local = listener.local_addr().ok();
+        tracing::info!(addr = ?local, services = ?self.names, "serving gRPC");
+        let names = self.names;
+        let shutdown = async move {
+            shutdown.await;
+            tracing::info!("shutting down: finishing in-flight calls");
+            for name in &names {
+                reporter.set_service_status(*name, ServingStatus::NotServing).await;
+            }
+            reporter.set_service_status("", ServingStatus::NotServing).await;
+        };
+        tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .http2_keepalive_interval(Some(Duration::from_secs(30)))
+            .layer(cairn_telemetry::server_layer())
+            .add_routes(routes.routes())
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                shutdown,
+            )
+            .await?;
+        Ok(())
+    }
+}
+
+/// Binds a TCP listener, with an error that names the address.
+pub async fn bind(addr: &str) -> Result<tokio::net::TcpListener, Error> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| Error::Bind {
+            addr: addr.to_owned(),
+            source,
+        })
+}
+
+/// A lazily connecting channel to `addr` (`host:port` or `http://host:port`). Connection errors
+/// surface as `Unavailable` on the first call, so a dead peer never blocks start-up.
+pub fn connect(addr: &str) -> Result<Channel, Error> {
+    let uri = if addr.contains("://") {
+        addr.to_owned()
+    } else {
+        format!("http://{addr}")
+    };
+    let endpoint = Endpoint::from_shared(uri).map_err(|e| Error::Address {
+        addr: addr.to_owned(),
+        reason: e.to_string(),
+    })?;
+    Ok(endpoint
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(30))
+        .connect_lazy())
+}
+
+/// Resolves on SIGINT (Ctrl-C) or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+}
