@@ -51,9 +51,16 @@ impl Drop for Guard {
 /// once (later calls keep the first subscriber). Must run inside a tokio runtime when OTLP
 /// export is configured.
 pub fn init(service_name: &str) -> Guard {
+    init_with_level(service_name, "info")
+}
+
+/// [`init`] with another default level than `info` when `RUST_LOG` is unset (the CLI's
+/// one-shot commands log only warnings).
+pub fn init_with_level(service_name: &str, default_level: &str) -> Guard {
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new("info,h2=warn,hyper=warn,tower=warn,bollard=warn"));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        EnvFilter::new(format!("{default_level},h2=warn,hyper=warn,tower=warn,bollard=warn"))
+    });
     let fmt = if env::var("CAIRN_LOG_FORMAT").as_deref() == Ok("json") {
         tracing_subscriber::fmt::layer()
             .json()

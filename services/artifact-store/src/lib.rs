@@ -1,1 +1,63 @@
-//! placeholder
+//! cairn's artifact-store: the single canonical writer of project files, run records and
+//! manifests (DESIGN.md "artifact-store"; seeds 002, 000, 001, 004).
+//!
+//! Embedding: [`artifact_store_service`] opens the data root, sweeps leftover temp files and
+//! returns the tonic server to add to a `cairn_server::Host`; [`serve`] runs it standalone
+//! (with health, reflection and graceful shutdown from `cairn-server`).
+
+mod beneath;
+pub mod config;
+mod digest;
+mod document;
+pub mod error;
+mod events;
+mod page;
+mod project;
+mod read;
+mod service;
+mod store;
+mod sweep;
+mod write;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use cairn_proto::v1::artifact_store_server::ArtifactStoreServer;
+
+pub use config::{Config, ConfigArgs};
+pub use error::{Error, Result};
+pub use service::ArtifactStoreService;
+
+/// Largest gRPC message the store accepts or sends (Put chunks are at most 4 MiB).
+const MAX_MESSAGE_BYTES: usize = 16 << 20;
+
+/// Opens the store over `config.data_root` (created when missing), removes temp files left by
+/// a crash, and returns the gRPC service ready to be hosted.
+pub async fn artifact_store_service(config: Config) -> Result<ArtifactStoreServer<ArtifactStoreService>> {
+    let store = tokio::task::spawn_blocking(move || -> Result<store::Store> {
+        let store = store::Store::open(config)?;
+        let root = &store.config().data_root;
+        let removed = sweep::remove_temp_files(root)
+            .map_err(|e| Error::io(format!("sweeping temp files under {}", root.display()), e))?;
+        tracing::info!(data_root = %root.display(), removed_temp_files = removed, "artifact-store ready");
+        Ok(store)
+    })
+    .await
+    .map_err(|e| Error::Server(format!("start-up task failed: {e}")))??;
+    Ok(ArtifactStoreServer::new(ArtifactStoreService::new(Arc::new(store)))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES))
+}
+
+/// Serves the store alone on `listener` until `shutdown` resolves; in-flight calls finish
+/// first (a Put either completes and publishes or leaves nothing).
+pub async fn serve(
+    config: Config,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<()> {
+    let service = artifact_store_service(config).await?;
+    let mut host = cairn_server::Host::new();
+    host.add(service);
+    host.serve(listener, shutdown).await.map_err(|e| Error::Server(e.to_string()))
+}

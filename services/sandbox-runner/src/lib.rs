@@ -1,1 +1,84 @@
-//! placeholder
+//! cairn's sandbox-runner (seeds 002, 003; DESIGN.md "sandbox-runner"): runs model-written
+//! code in Docker containers or bubblewrap sandboxes with limits, collects its outputs without
+//! trusting them, and keeps long-lived sessions for code delivery. It never touches the
+//! project store: inputs come in the request and outputs leave in the reply.
+//!
+//! Embedding: [`sandbox_service`] gives the tonic service plus a [`RunnerHandle`] whose
+//! `shutdown` kills and removes every sandbox; [`serve`] runs it standalone.
+
+mod backend;
+mod beneath;
+mod capture;
+pub mod config;
+mod error;
+mod job;
+mod limits;
+mod outputs;
+mod pack;
+mod pool;
+mod runner;
+mod service;
+mod session;
+mod workspace;
+
+use std::future::Future;
+use std::sync::Arc;
+
+pub use cairn_proto::sandbox_runner_server::SandboxRunnerServer;
+pub use config::{BackendChoice, Config};
+pub use error::Error;
+pub use limits::Limits;
+pub use service::SandboxService;
+
+use runner::Runner;
+
+/// Cleans up after the service: keep it and call `shutdown` when the server has stopped.
+#[derive(Clone)]
+pub struct RunnerHandle {
+    runner: Arc<Runner>,
+}
+
+impl RunnerHandle {
+    /// Refuses new work, closes sessions, kills and removes every container/sandbox it started.
+    pub async fn shutdown(&self) {
+        self.runner.shutdown().await;
+    }
+
+    pub fn runner_id(&self) -> &str {
+        self.runner.runner_id()
+    }
+
+    /// `docker` or `local`.
+    pub fn backend(&self) -> &'static str {
+        self.runner.backend_name()
+    }
+
+    /// Leftover containers and task directories removed at start-up.
+    pub fn swept(&self) -> usize {
+        self.runner.swept()
+    }
+}
+
+/// Starts the runner (backend choice, start-up sweep, warm pool) and returns its gRPC service
+/// (`Host::add` it) with the handle for shutdown.
+pub async fn sandbox_service(config: Config) -> Result<(SandboxRunnerServer<SandboxService>, RunnerHandle), Error> {
+    let runner = Arc::new(Runner::start(config).await?);
+    let server = SandboxRunnerServer::new(SandboxService::new(runner.clone()))
+        .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES);
+    Ok((server, RunnerHandle { runner }))
+}
+
+/// Serves the runner on `listener` until `shutdown` resolves, then removes what it started.
+pub async fn serve(
+    config: Config,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), Error> {
+    let (server, handle) = sandbox_service(config).await?;
+    let mut host = cairn_server::Host::new();
+    host.add(server);
+    let served = host.serve(listener, shutdown).await;
+    handle.shutdown().await;
+    served.map_err(Error::from)
+}

@@ -1,0 +1,138 @@
+//! The command-line grammar (clap). Help texts here are the user's manual: keep them true.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// cairn makes the work of LLM agents safe, traceable and reproducible: agent graphs run as
+/// durable run directories, code fences become workspace files, code runs in sandboxes, and one
+/// artifact-store writes every file.
+///
+/// Without --addr, commands start the services they need inside this process over
+/// --data-root; with --addr (or CAIRN_ADDR) they talk to running services (`cairn up`,
+/// docker compose, Kubernetes).
+#[derive(Debug, Parser)]
+#[command(name = "cairn", version, propagate_version = true, max_term_width = 100)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: Global,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct Global {
+    /// Address of running cairn services (host:port); all services are expected there.
+    #[arg(long, global = true, env = "CAIRN_ADDR", value_name = "HOST:PORT")]
+    pub addr: Option<String>,
+    /// Data directory of the embedded services (used when no --addr is given).
+    #[arg(
+        long,
+        global = true,
+        env = "CAIRN_DATA_ROOT",
+        value_name = "DIR",
+        default_value = ".cairn-data"
+    )]
+    pub data_root: PathBuf,
+    /// Project to act on.
+    #[arg(long, short = 'p', global = true, env = "CAIRN_PROJECT", default_value = "default")]
+    pub project: String,
+    /// Machine-readable JSON output on stdout.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run all cairn services in this process on one address until Ctrl-C.
+    Up(UpArgs),
+    /// Run one service standalone (for compose/Kubernetes deployments).
+    Serve(ServeArgs),
+    /// Check the gRPC health of the services at --addr (exit 0 when SERVING).
+    Health(HealthArgs),
+    /// Files, events and documents in the artifact-store.
+    #[command(subcommand)]
+    Store(StoreCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:7070", value_name = "HOST:PORT")]
+    pub listen: String,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(subcommand)]
+    pub service: ServeService,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ServeService {
+    /// The artifact-store (single canonical writer).
+    ArtifactStore(cairn_artifact_store::ConfigArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct HealthArgs {
+    /// Service name to check (e.g. cairn.v1.ArtifactStore); empty = the server as a whole.
+    #[arg(long, default_value = "")]
+    pub service: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum StoreCommand {
+    /// Upload a local file to a project path (streamed; atomic; refused if it exists with other
+    /// bytes unless --overwrite).
+    Put {
+        /// Local file to upload ("-" = stdin).
+        local: PathBuf,
+        /// Project-relative destination path (e.g. docs/notes.md).
+        path: String,
+        /// Replace an existing file with different bytes.
+        #[arg(long)]
+        overwrite: bool,
+        /// Refuse unless the bytes hash to this sha256 (hex).
+        #[arg(long, value_name = "HEX")]
+        sha256: Option<String>,
+    },
+    /// Download a project file to a local path (default: stdout).
+    Get {
+        /// Project-relative path.
+        path: String,
+        /// Local destination; omitted or "-" = stdout.
+        local: Option<PathBuf>,
+        /// First byte to read.
+        #[arg(long, default_value_t = 0)]
+        offset: u64,
+        /// Bytes to read (0 = to the end).
+        #[arg(long, default_value_t = 0)]
+        length: u64,
+    },
+    /// List a directory of the project (direct children; -r for every file beneath).
+    Ls {
+        /// Project-relative directory ("" = the project root).
+        #[arg(default_value = "")]
+        prefix: String,
+        /// Every file beneath the prefix.
+        #[arg(long, short = 'r')]
+        recursive: bool,
+    },
+    /// Describe one path (kind, size, sha256, modification time).
+    Stat {
+        /// Project-relative path.
+        path: String,
+    },
+    /// Print a run's events (events.jsonl), optionally following new ones.
+    Events {
+        /// Run id.
+        run: String,
+        /// First sequence number to print.
+        #[arg(long, default_value_t = 1)]
+        from: u64,
+        /// Keep printing new events as they are appended (Ctrl-C to stop).
+        #[arg(long, short = 'f')]
+        follow: bool,
+    },
+}

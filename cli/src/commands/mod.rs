@@ -1,0 +1,19 @@
+//! One module per command group; `dispatch` routes a parsed command line to it.
+
+mod health;
+mod serve;
+mod store;
+mod up;
+
+use std::process::ExitCode;
+
+use crate::cli::{Cli, Command};
+
+pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Up(args) => up::run(&cli.global, args).await,
+        Command::Serve(args) => serve::run(args).await,
+        Command::Health(args) => health::run(&cli.global, args).await,
+        Command::Store(cmd) => store::run(&cli.global, cmd).await,
+    }
+}

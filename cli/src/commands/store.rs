@@ -1,0 +1,168 @@
+//! `cairn store put|get|ls|stat|events`: the artifact-store from the command line.
+
+use std::process::ExitCode;
+
+use cairn_proto::v1::{EntryKind, FileInfo, GetRequest, ListRequest, PageRequest, PutHeader, ReadEventsRequest, StatRequest, WriteOutcome};
+use serde_json::json;
+use tokio_stream::StreamExt;
+
+use crate::cli::{Global, StoreCommand};
+use crate::embedded::Services;
+use crate::{output, transfer};
+
+pub async fn run(global: &Global, cmd: StoreCommand) -> anyhow::Result<ExitCode> {
+    let services = Services::open(global).await?;
+    let result = run_with(global, &services, cmd).await;
+    services.close().await?;
+    result
+}
+
+async fn run_with(global: &Global, services: &Services, cmd: StoreCommand) -> anyhow::Result<ExitCode> {
+    let mut store = services.store();
+    let project = global.project.clone();
+    match cmd {
+        StoreCommand::Put { local, path, overwrite, sha256 } => {
+            let header = PutHeader {
+                project_id: project,
+                path,
+                overwrite,
+                expected_sha256: sha256.unwrap_or_default(),
+                create_project: true,
+                ..Default::default()
+            };
+            let response = if local.as_os_str() == "-" {
+                transfer::put(&mut store, header, tokio::io::stdin()).await?
+            } else {
+                let file = tokio::fs::File::open(&local)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", local.display()))?;
+                transfer::put(&mut store, header, file).await?
+            };
+            let outcome = outcome_word(response.outcome());
+            let digest = response.digest.unwrap_or_default();
+            if global.json {
+                output::json(&json!({"path": response.path, "sha256": digest.sha256, "size_bytes": digest.size_bytes, "outcome": outcome}))?;
+            } else {
+                println!("{outcome} {} ({}, sha256 {})", response.path, output::bytes(digest.size_bytes), digest.sha256);
+            }
+        }
+        StoreCommand::Get { path, local, offset, length } => {
+            let request = GetRequest { project_id: project, path, offset, length };
+            match local.filter(|l| l.as_os_str() != "-") {
+                Some(local) => {
+                    // Download beside the target, then rename: a failed download leaves no partial file.
+                    let tmp = local.with_extension("cairn-partial");
+                    let mut file = tokio::fs::File::create(&tmp)
+                        .await
+                        .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", tmp.display()))?;
+                    let got = transfer::get(&mut store, request, &mut file).await;
+                    drop(file);
+                    let info = match got {
+                        Ok(info) => info,
+                        Err(e) => {
+                            let _ = tokio::fs::remove_file(&tmp).await;
+                            return Err(e);
+                        }
+                    };
+                    tokio::fs::rename(&tmp, &local).await?;
+                    if global.json {
+                        output::json(&file_json(&info))?;
+                    } else {
+                        eprintln!("{} -> {} ({})", info.path, local.display(), output::bytes(info.size_bytes));
+                    }
+                }
+                None => {
+                    transfer::get(&mut store, request, &mut tokio::io::stdout()).await?;
+                }
+            }
+        }
+        StoreCommand::Ls { prefix, recursive } => {
+            let mut token = String::new();
+            let mut all = Vec::new();
+            loop {
+                let page = store
+                    .list(ListRequest {
+                        project_id: project.clone(),
+                        prefix: prefix.clone(),
+                        recursive,
+                        page: Some(PageRequest { page_size: 1000, page_token: token }),
+                    })
+                    .await?
+                    .into_inner();
+                for entry in &page.entries {
+                    if !global.json {
+                        let kind = if entry.kind() == EntryKind::Directory { "dir " } else { "file" };
+                        println!("{kind} {:>10}  {}", if entry.kind() == EntryKind::File { output::bytes(entry.size_bytes) } else { String::new() }, entry.path);
+                    }
+                }
+                all.extend(page.entries);
+                if page.next_page_token.is_empty() {
+                    break;
+                }
+                token = page.next_page_token;
+            }
+            if global.json {
+                output::json(&all.iter().map(file_json).collect::<Vec<_>>())?;
+            }
+        }
+        StoreCommand::Stat { path } => {
+            let info = store
+                .stat(StatRequest { project_id: project, path, include_sha256: true })
+                .await?
+                .into_inner();
+            if global.json {
+                output::json(&file_json(&info))?;
+            } else {
+                println!("{}  {}  {}  sha256 {}  modified {}", info.path, kind_word(info.kind()), output::bytes(info.size_bytes), info.sha256, info.modified_at);
+            }
+        }
+        StoreCommand::Events { run, from, follow } => {
+            let mut stream = store
+                .read_events(ReadEventsRequest { project_id: project, run_id: run, from_seq: from, follow, limit: 0 })
+                .await?
+                .into_inner();
+            loop {
+                let next = tokio::select! {
+                    next = stream.next() => next,
+                    () = cairn_server::shutdown_signal() => None,
+                };
+                let Some(event) = next else { break };
+                let event = event?;
+                if global.json {
+                    println!("{}", event.line_json);
+                } else {
+                    println!("{:>5} {} {:<28} {} {}", event.seq, event.ts, event.r#type, event.node_id, event.data_json);
+                }
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn outcome_word(o: WriteOutcome) -> &'static str {
+    match o {
+        WriteOutcome::Created => "created",
+        WriteOutcome::Unchanged => "unchanged",
+        WriteOutcome::Overwritten => "overwritten",
+        WriteOutcome::Unspecified => "written",
+    }
+}
+
+fn kind_word(k: EntryKind) -> &'static str {
+    match k {
+        EntryKind::File => "file",
+        EntryKind::Directory => "dir",
+        EntryKind::Other => "other",
+        EntryKind::Unspecified => "?",
+    }
+}
+
+fn file_json(info: &FileInfo) -> serde_json::Value {
+    json!({
+        "path": info.path,
+        "kind": kind_word(info.kind()),
+        "size_bytes": info.size_bytes,
+        "sha256": info.sha256,
+        "modified_at": info.modified_at,
+    })
+}

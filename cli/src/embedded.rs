@@ -1,0 +1,88 @@
+//! Where a command's services come from: the address in --addr / CAIRN_ADDR, or services
+//! started in this process on a loopback port (all of them on one address, like `cairn up`).
+
+use std::path::Path;
+
+use anyhow::Context;
+use cairn_proto::v1::artifact_store_client::ArtifactStoreClient;
+use cairn_telemetry::TracedChannel;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::cli::Global;
+
+/// A connection to cairn's services, embedded or remote.
+pub struct Services {
+    channel: TracedChannel,
+    addr: String,
+    embedded: Option<Embedded>,
+}
+
+struct Embedded {
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<anyhow::Result<()>>,
+}
+
+impl Services {
+    /// Connects to --addr, or starts the services in this process.
+    pub async fn open(global: &Global) -> anyhow::Result<Services> {
+        if let Some(addr) = &global.addr {
+            let channel = cairn_server::connect(addr)?;
+            return Ok(Services {
+                channel: cairn_telemetry::traced(channel),
+                addr: addr.clone(),
+                embedded: None,
+            });
+        }
+        let listener = cairn_server::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?.to_string();
+        let host = host_all(&global.data_root, &addr).await?;
+        let (stop, stopped) = oneshot::channel();
+        let task = tokio::spawn(async move {
+            host.serve(listener, async {
+                let _ = stopped.await;
+            })
+            .await
+            .map_err(anyhow::Error::from)
+        });
+        let channel = cairn_server::connect(&addr)?;
+        Ok(Services {
+            channel: cairn_telemetry::traced(channel),
+            addr,
+            embedded: Some(Embedded { stop, task }),
+        })
+    }
+
+    pub fn store(&self) -> ArtifactStoreClient<TracedChannel> {
+        ArtifactStoreClient::new(self.channel.clone())
+            .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
+    }
+
+    #[allow(dead_code)]
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// Stops embedded services gracefully (in-flight calls finish).
+    pub async fn close(self) -> anyhow::Result<()> {
+        if let Some(e) = self.embedded {
+            let _ = e.stop.send(());
+            e.task.await.context("embedded services panicked")??;
+        }
+        Ok(())
+    }
+}
+
+/// Every cairn service on one host, talking to each other through `self_addr`.
+pub async fn host_all(data_root: &Path, self_addr: &str) -> anyhow::Result<cairn_server::Host> {
+    let _ = self_addr;
+    let mut host = cairn_server::Host::new();
+    let store = cairn_artifact_store::artifact_store_service(cairn_artifact_store::Config::new(
+        data_root.to_path_buf(),
+    ))
+    .await
+    .with_context(|| format!("starting the artifact-store over {}", data_root.display()))?;
+    host.add(store);
+    Ok(host)
+}

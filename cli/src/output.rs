@@ -1,0 +1,35 @@
+//! Printing results: JSON on stdout with --json, otherwise short human-readable lines.
+
+use serde::Serialize;
+
+/// Prints `value` as one JSON document on stdout.
+pub fn json(value: &impl Serialize) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}
+
+/// Human-readable byte count.
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit < UNITS.len() - 1 {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn bytes_are_readable() {
+        assert_eq!(super::bytes(12), "12 B");
+        assert_eq!(super::bytes(1536), "1.5 KiB");
+        assert_eq!(super::bytes(3 << 30), "3.0 GiB");
+    }
+}

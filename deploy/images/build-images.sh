@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# Builds every cairn image that is missing or out of date, with no registry by default:
+#   1. the base image (build-base.sh: debootstrap + docker import; skipped when present),
+#   2. the sandbox image (sandbox.Dockerfile; skipped when present, built from the same
+#      Dockerfile and on the same base image: both are recorded in its label cairn.build),
+#   3. the service image (service.Dockerfile), only with --service and a built `cairn` binary.
+#
+# Usage: build-images.sh [--force] [--service]
+#   --force     rebuild everything (the base image too, no build cache)
+#   --service   also build the service image from $CAIRN_BINARY
+# Environment:
+#   CAIRN_BASE_IMAGE      base image                 (default cairn-base:bookworm)
+#   CAIRN_BASE_SOURCE     debootstrap | registry     (default debootstrap; registry = docker pull
+#                                                     $CAIRN_BASE_IMAGE, e.g. debian:bookworm-slim)
+#   CAIRN_SANDBOX_IMAGE   sandbox image              (default cairn-sandbox:latest)
+#   CAIRN_SERVICE_IMAGE   service image              (default cairn:latest)
+#   CAIRN_BINARY          the cairn binary to package (default target/release/cairn, then
+#                                                     $CARGO_TARGET_DIR/release/cairn)
+#   plus those of build-base.sh (CAIRN_DEBIAN_MIRROR, CAIRN_DEBIAN_SUITE).
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(cd "$HERE/../.." && pwd)"
+
+export CAIRN_BASE_IMAGE="${CAIRN_BASE_IMAGE:-cairn-base:bookworm}"
+BASE_SOURCE="${CAIRN_BASE_SOURCE:-debootstrap}"
+SANDBOX_IMAGE="${CAIRN_SANDBOX_IMAGE:-cairn-sandbox:latest}"
+SERVICE_IMAGE="${CAIRN_SERVICE_IMAGE:-cairn:latest}"
+# The daemon here (docker.io 20.10) has no buildx; the Dockerfiles need nothing from BuildKit.
+export DOCKER_BUILDKIT="${DOCKER_BUILDKIT:-0}"
+
+FORCE=0
+SERVICE=0
+for arg in "$@"; do
+    case "$arg" in
+        --force) FORCE=1 ;;
+        --service) SERVICE=1 ;;
+        -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+        *) printf 'build-images: error: unknown argument %s (expected --force, --service, --help)\n' "$arg" >&2; exit 2 ;;
+    esac
+done
+
+say() { printf 'build-images: %s\n' "$*"; }
+die() { printf 'build-images: error: %s\n' "$*" >&2; exit 1; }
+now_ms() { date +%s%3N; }
+label_of() { docker image inspect -f "{{index .Config.Labels \"$2\"}}" "$1" 2>/dev/null || true; }
+
+command -v docker >/dev/null 2>&1 || die "docker CLI not found"
+docker info >/dev/null 2>&1 || die "the Docker engine does not answer (docker info failed)"
+
+total_start=$(now_ms)
+
+# 1. Base image.
+step_start=$(now_ms)
+case "$BASE_SOURCE" in
+    debootstrap)
+        if [ "$FORCE" -eq 1 ]; then "$HERE/build-base.sh" --force; else "$HERE/build-base.sh"; fi
+        ;;
+    registry)
+        if [ "$FORCE" -eq 1 ] || ! docker image inspect "$CAIRN_BASE_IMAGE" >/dev/null 2>&1; then
+            say "pulling $CAIRN_BASE_IMAGE"
+            docker pull "$CAIRN_BASE_IMAGE"
+        else
+            say "$CAIRN_BASE_IMAGE already present"
+        fi
+        ;;
+    *) die "CAIRN_BASE_SOURCE must be debootstrap or registry, not '$BASE_SOURCE'" ;;
+esac
+base_id="$(docker image inspect -f '{{.Id}}' "$CAIRN_BASE_IMAGE")" \
+    || die "base image $CAIRN_BASE_IMAGE is missing after step 1"
+say "base $CAIRN_BASE_IMAGE ready ($(( $(now_ms) - step_start )) ms)"
+
+# Builds image $1 from Dockerfile $2 with context $3 unless an image with content hash $4 on
+# the same base image already exists (both recorded in the label cairn.build). Extra args go
+# to docker build.
+build_if_changed() {
+    local image="$1" dockerfile="$2" context="$3" hash="$4"; shift 4
+    local started
+    # One label (each --label is one more ~2 s commit with the legacy builder).
+    local build="content=sha256:$hash base=$base_id"
+    if [ "$FORCE" -eq 0 ] && [ "$(label_of "$image" cairn.build)" = "$build" ]; then
+        say "$image is up to date (content sha256 ${hash:0:12}, same base), skipping"
+        return 0
+    fi
+    local old_id new_id
+    old_id="$(docker image inspect -f '{{.Id}}' "$image" 2>/dev/null || true)"
+    started=$(now_ms)
+    say "building $image from $(basename "$dockerfile") on $CAIRN_BASE_IMAGE"
+    # No --pull: FROM must resolve to the local base image, never to a registry.
+    # Output is kept for a failure only (the legacy builder also warns that it is deprecated).
+    local cache=()
+    [ "$FORCE" -eq 1 ] && cache=(--no-cache)
+    if ! docker build "${cache[@]+"${cache[@]}"}" \
+            --build-arg "BASE_IMAGE=$CAIRN_BASE_IMAGE" \
+            --label "cairn.build=$build" \
+            "$@" -f "$dockerfile" -t "$image" "$context" >"$work/build.log" 2>&1; then
+        tail -n 40 "$work/build.log" >&2
+        die "docker build of $image failed (rerun: DOCKER_BUILDKIT=0 docker build -f $dockerfile --build-arg BASE_IMAGE=$CAIRN_BASE_IMAGE $context)"
+    fi
+    say "built $image ($(( $(now_ms) - started )) ms)"
+    # The image it replaced is now untagged: remove it unless a container still uses it.
+    new_id="$(docker image inspect -f '{{.Id}}' "$image")"
+    if [ -n "$old_id" ] && [ "$old_id" != "$new_id" ] \
+        && [ "$(docker image inspect -f '{{len .RepoTags}}' "$old_id" 2>/dev/null)" = "0" ]; then
+        docker rmi "$old_id" >/dev/null 2>&1 || true
+    fi
+}
+
+# 2. Sandbox image: its content is the Dockerfile alone; it copies nothing, so the build
+# context is an empty directory.
+work="$(mktemp -d "${TMPDIR:-/tmp}/cairn-images.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+ctx="$work/context"
+mkdir "$ctx"
+build_if_changed "$SANDBOX_IMAGE" "$HERE/sandbox.Dockerfile" "$ctx" \
+    "$(sha256sum <"$HERE/sandbox.Dockerfile" | cut -d' ' -f1)"
+
+# 3. Service image: its content is the Dockerfile plus the binary; the context holds only the
+# binary (never the whole repository or target/).
+if [ "$SERVICE" -eq 1 ]; then
+    binary="${CAIRN_BINARY:-}"
+    if [ -z "$binary" ]; then
+        for candidate in "$REPO/target/release/cairn" "${CARGO_TARGET_DIR:-$REPO/target}/release/cairn"; do
+            if [ -x "$candidate" ]; then binary="$candidate"; break; fi
+        done
+    fi
+    [ -n "$binary" ] && [ -x "$binary" ] \
+        || die "no cairn binary found (cargo build --release -p cairn, or set CAIRN_BINARY=PATH)"
+    cp "$binary" "$ctx/cairn"
+    build_if_changed "$SERVICE_IMAGE" "$HERE/service.Dockerfile" "$ctx" \
+        "$(cat "$HERE/service.Dockerfile" "$ctx/cairn" | sha256sum | cut -d' ' -f1)" \
+        --build-arg CAIRN_BINARY=cairn
+fi
+
+say "done in $(( $(now_ms) - total_start )) ms"

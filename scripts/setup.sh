@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Sets up a machine (Debian bookworm, as root) to build and test cairn; safe to run again.
+#   1. apt-get installs only the packages that are missing (no apt-get update otherwise);
+#   2. checks that the Docker engine answers;
+#   3. builds the images (deploy/images/build-images.sh: skips what is already built).
+# Does not install Docker or the Rust toolchain.
+#
+# Usage: scripts/setup.sh [--force]   (--force rebuilds the images)
+# Environment:
+#   CAIRN_REQUIRE_DOCKER=1   fail when Docker does not answer (CI); otherwise warn and go on
+#                            without images (the local sandbox backend still works)
+#   plus those of deploy/images/build-images.sh (CAIRN_BASE_IMAGE, CAIRN_SANDBOX_IMAGE, ...)
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(cd "$HERE/.." && pwd)"
+
+# debootstrap + debian-archive-keyring: the offline base image; bubblewrap: the local sandbox
+# backend; python3-venv: benchmark peers (bench/); the rest: image builds, tests, packing.
+readonly PACKAGES=(
+    debootstrap debian-archive-keyring bubblewrap
+    python3 python3-venv
+    openssl ca-certificates git zip unzip tar gzip coreutils procps
+)
+
+BUILD_ARGS=()
+for arg in "$@"; do
+    case "$arg" in
+        --force) BUILD_ARGS+=(--force) ;;
+        -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+        *) printf 'setup: error: unknown argument %s (expected --force or --help)\n' "$arg" >&2; exit 2 ;;
+    esac
+done
+
+say() { printf 'setup: %s\n' "$*"; }
+warn() { printf 'setup: WARNING: %s\n' "$*" >&2; }
+die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
+
+# 1. Packages: one dpkg-query for all of them; a package counts only when fully installed.
+missing=()
+installed="$(dpkg-query -W -f='${Package} ${db:Status-Status}\n' "${PACKAGES[@]}" 2>/dev/null || true)"
+for p in "${PACKAGES[@]}"; do
+    grep -qx "$p installed" <<<"$installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+    [ "$(id -u)" -eq 0 ] || die "missing packages (${missing[*]}); run as root to install them"
+    say "installing: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+    say "packages present: ${PACKAGES[*]}"
+fi
+
+# 2. Docker.
+docker_problem=""
+if ! command -v docker >/dev/null 2>&1; then
+    docker_problem="the docker CLI is not installed (apt-get install docker.io)"
+elif ! timeout 20 docker info >/dev/null 2>&1; then
+    docker_problem="the Docker engine does not answer (docker info failed: is dockerd running and may this user reach /var/run/docker.sock?)"
+fi
+if [ -n "$docker_problem" ]; then
+    if [ "${CAIRN_REQUIRE_DOCKER:-0}" = "1" ]; then
+        die "$docker_problem; CAIRN_REQUIRE_DOCKER=1 requires Docker"
+    fi
+    warn "$docker_problem"
+    warn "continuing without images: Docker tests will SKIP and the sandbox runner will use its local backend"
+    exit 0
+fi
+say "Docker answers (server $(docker version -f '{{.Server.Version}}' 2>/dev/null || echo unknown))"
+
+# 3. Images.
+"$REPO/deploy/images/build-images.sh" "${BUILD_ARGS[@]+"${BUILD_ARGS[@]}"}"
+say "ready"

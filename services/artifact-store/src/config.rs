@@ -1,0 +1,228 @@
+//! The store's configuration: defaults, then a TOML file, then `CAIRN_STORE_*` environment
+//! variables, then command-line flags (each later source wins).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// Largest Get chunk (proto: "up to 1 MiB each").
+pub const MAX_CHUNK_BYTES: usize = 1 << 20;
+const MIN_CHUNK_BYTES: usize = 4 << 10;
+
+/// Configuration of one artifact-store.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Directory holding `projects/<project_id>/...`; created when missing.
+    pub data_root: PathBuf,
+    /// Address the standalone server listens on.
+    pub listen: SocketAddr,
+    /// Names refused as any path component, in addition to `pathguard::DEFAULT_DENYLIST`.
+    pub denylist: Vec<String>,
+    /// Project-relative prefixes writes are confined to; empty = the whole project.
+    pub allowed_prefixes: Vec<String>,
+    /// Largest file a Put may write.
+    pub max_file_bytes: u64,
+    /// Size of the chunks Get sends (4 KiB - 1 MiB).
+    pub chunk_bytes: usize,
+    /// Largest stored event line (JSON) AppendEvents accepts.
+    pub max_event_bytes: usize,
+    /// Largest JSON document UpdateJson reads or writes.
+    pub max_json_bytes: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            data_root: PathBuf::from(".cairn-data"),
+            listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
+            denylist: Vec::new(),
+            allowed_prefixes: Vec::new(),
+            max_file_bytes: 10 << 30,
+            chunk_bytes: MAX_CHUNK_BYTES,
+            max_event_bytes: 1 << 20,
+            max_json_bytes: 16 << 20,
+        }
+    }
+}
+
+/// Environment variables read by [`Config::load`] (`CAIRN_STORE_<KEY>`; lists comma-separated).
+pub const ENV_KEYS: &[&str] = &[
+    "CAIRN_STORE_DATA_ROOT",
+    "CAIRN_STORE_LISTEN",
+    "CAIRN_STORE_DENYLIST",
+    "CAIRN_STORE_ALLOWED_PREFIXES",
+    "CAIRN_STORE_MAX_FILE_BYTES",
+    "CAIRN_STORE_CHUNK_BYTES",
+    "CAIRN_STORE_MAX_EVENT_BYTES",
+    "CAIRN_STORE_MAX_JSON_BYTES",
+];
+
+impl Config {
+    /// A default configuration over `data_root`.
+    pub fn new(data_root: impl Into<PathBuf>) -> Self {
+        Config { data_root: data_root.into(), ..Config::default() }
+    }
+
+    /// Defaults, then the TOML `file` (if given), then `CAIRN_STORE_*` variables.
+    pub fn load(file: Option<&Path>) -> Result<Config> {
+        let mut config = match file {
+            Some(path) => Config::from_toml_file(path)?,
+            None => Config::default(),
+        };
+        config.apply_env(|key| std::env::var(key).ok())?;
+        config.check()?;
+        Ok(config)
+    }
+
+    /// Parses a TOML file (keys as the field names of [`Config`]).
+    pub fn from_toml_file(path: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::Config(format!("cannot read config file {}: {e}", path.display())))?;
+        toml::from_str(&text).map_err(|e| Error::Config(format!("config file {}: {e}", path.display())))
+    }
+
+    /// Applies `CAIRN_STORE_*` overrides read through `var`.
+    pub fn apply_env(&mut self, var: impl Fn(&str) -> Option<String>) -> Result<()> {
+        let list = |v: String| -> Vec<String> {
+            v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect()
+        };
+        if let Some(v) = var("CAIRN_STORE_DATA_ROOT") {
+            self.data_root = PathBuf::from(v);
+        }
+        if let Some(v) = var("CAIRN_STORE_LISTEN") {
+            self.listen = parse_env("CAIRN_STORE_LISTEN", &v)?;
+        }
+        if let Some(v) = var("CAIRN_STORE_DENYLIST") {
+            self.denylist = list(v);
+        }
+        if let Some(v) = var("CAIRN_STORE_ALLOWED_PREFIXES") {
+            self.allowed_prefixes = list(v);
+        }
+        if let Some(v) = var("CAIRN_STORE_MAX_FILE_BYTES") {
+            self.max_file_bytes = parse_env("CAIRN_STORE_MAX_FILE_BYTES", &v)?;
+        }
+        if let Some(v) = var("CAIRN_STORE_CHUNK_BYTES") {
+            self.chunk_bytes = parse_env("CAIRN_STORE_CHUNK_BYTES", &v)?;
+        }
+        if let Some(v) = var("CAIRN_STORE_MAX_EVENT_BYTES") {
+            self.max_event_bytes = parse_env("CAIRN_STORE_MAX_EVENT_BYTES", &v)?;
+        }
+        if let Some(v) = var("CAIRN_STORE_MAX_JSON_BYTES") {
+            self.max_json_bytes = parse_env("CAIRN_STORE_MAX_JSON_BYTES", &v)?;
+        }
+        Ok(())
+    }
+
+    /// Refuses values the store cannot work with.
+    pub fn check(&self) -> Result<()> {
+        if !(MIN_CHUNK_BYTES..=MAX_CHUNK_BYTES).contains(&self.chunk_bytes) {
+            return Err(Error::Config(format!(
+                "chunk_bytes = {} is out of range: use {MIN_CHUNK_BYTES}..={MAX_CHUNK_BYTES}",
+                self.chunk_bytes
+            )));
+        }
+        if self.max_event_bytes < 256 {
+            return Err(Error::Config("max_event_bytes must be at least 256".into()));
+        }
+        if self.max_json_bytes < 256 {
+            return Err(Error::Config("max_json_bytes must be at least 256".into()));
+        }
+        if self.data_root.as_os_str().is_empty() {
+            return Err(Error::Config("data_root is empty: give a directory".into()));
+        }
+        Ok(())
+    }
+}
+
+fn parse_env<T: std::str::FromStr>(key: &str, value: &str) -> Result<T>
+where
+    T::Err: std::fmt::Display,
+{
+    value.trim().parse().map_err(|e| Error::Config(format!("{key}={value:?}: {e}")))
+}
+
+/// Command-line flags of the store (also flattened into `cairn serve artifact-store`).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ConfigArgs {
+    /// TOML configuration file (keys: data_root, listen, denylist, allowed_prefixes,
+    /// max_file_bytes, chunk_bytes, max_event_bytes, max_json_bytes).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Directory holding the projects (env CAIRN_STORE_DATA_ROOT).
+    #[arg(long, value_name = "DIR")]
+    pub data_root: Option<PathBuf>,
+    /// Address to listen on, e.g. 127.0.0.1:7070 (env CAIRN_STORE_LISTEN).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+    /// Extra denylisted name (repeatable; adds to the built-in list and the config's).
+    #[arg(long = "deny", value_name = "NAME")]
+    pub deny: Vec<String>,
+    /// Allowed write prefix (repeatable; replaces the config's list).
+    #[arg(long = "allowed-prefix", value_name = "PREFIX")]
+    pub allowed_prefixes: Vec<String>,
+    /// Largest file a Put may write, in bytes.
+    #[arg(long, value_name = "BYTES")]
+    pub max_file_bytes: Option<u64>,
+    /// Get chunk size in bytes (4096-1048576).
+    #[arg(long, value_name = "BYTES")]
+    pub chunk_bytes: Option<usize>,
+}
+
+impl ConfigArgs {
+    /// Defaults, file, environment, then these flags.
+    pub fn load(&self) -> Result<Config> {
+        let mut config = Config::load(self.config.as_deref())?;
+        if let Some(v) = &self.data_root {
+            config.data_root = v.clone();
+        }
+        if let Some(v) = self.listen {
+            config.listen = v;
+        }
+        config.denylist.extend(self.deny.iter().cloned());
+        if !self.allowed_prefixes.is_empty() {
+            config.allowed_prefixes = self.allowed_prefixes.clone();
+        }
+        if let Some(v) = self.max_file_bytes {
+            config.max_file_bytes = v;
+        }
+        if let Some(v) = self.chunk_bytes {
+            config.chunk_bytes = v;
+        }
+        config.check()?;
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_overrides_file_values() {
+        let mut config: Config = toml::from_str("data_root = \"/srv/a\"\nmax_file_bytes = 10\n").unwrap();
+        config
+            .apply_env(|k| match k {
+                "CAIRN_STORE_MAX_FILE_BYTES" => Some("20".into()),
+                "CAIRN_STORE_DENYLIST" => Some(" secrets , .npmrc,".into()),
+                _ => None,
+            })
+            .unwrap();
+        assert_eq!(config.data_root, PathBuf::from("/srv/a"));
+        assert_eq!(config.max_file_bytes, 20);
+        assert_eq!(config.denylist, vec!["secrets".to_string(), ".npmrc".to_string()]);
+    }
+
+    #[test]
+    fn bad_values_are_refused_with_the_key() {
+        let mut config = Config::default();
+        let err = config.apply_env(|k| (k == "CAIRN_STORE_LISTEN").then(|| "nowhere".into())).unwrap_err();
+        assert!(err.to_string().contains("CAIRN_STORE_LISTEN"), "{err}");
+        let config = Config { chunk_bytes: 10, ..Config::default() };
+        assert!(config.check().is_err());
+        assert!(toml::from_str::<Config>("unknown_key = 1").is_err());
+    }
+}

@@ -1,0 +1,144 @@
+//! The store's error type and its ONE mapping to gRPC status codes (proto header of
+//! artifact_store.proto). Refusals carry the reason word in the `cairn-reason` metadata; every
+//! message says what was wrong and how to fix it.
+
+use std::io;
+
+use pathguard::{Reason, Rejection};
+use tonic::{Code, Status};
+
+/// Everything that can go wrong in the artifact-store.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A path broke a pathguard rule (syntax, denylist or allowed prefixes).
+    #[error("{0}")]
+    Path(#[from] Rejection),
+
+    /// A path the store keeps for itself (run event logs, temp files).
+    #[error("path {path:?} is reserved: {why}")]
+    Reserved { path: String, why: &'static str },
+
+    /// A symlink was met while walking to the path; the store never follows symlinks.
+    #[error("path {path:?} goes through a symlink; the store never follows symlinks: remove the symlink or write to a real path")]
+    SymlinkInPath { path: String },
+
+    /// Something other than the expected kind is at the path.
+    #[error("path {path:?}: {found}")]
+    NotAFile { path: String, found: &'static str },
+
+    /// overwrite=false and different bytes are already there.
+    #[error("path {path:?} already holds different bytes ({existing_size} bytes); set overwrite=true to replace them, or write to another path")]
+    Exists { path: String, existing_size: u64 },
+
+    /// The bytes received do not match what the client announced.
+    #[error("path {path:?}: received {actual} but the request expected {expected}; nothing was written, resend the file")]
+    DigestMismatch { path: String, expected: String, actual: String },
+
+    /// A size limit was hit.
+    #[error("{what} exceeds the limit of {limit} bytes")]
+    TooLarge { what: String, limit: u64 },
+
+    /// An id (project, run) is not of the form [A-Za-z0-9._-]{1,128}.
+    #[error("{kind} id {id:?} is invalid: use 1-128 characters of A-Z a-z 0-9 . _ - (not \".\" or \"..\")")]
+    InvalidId { kind: &'static str, id: String },
+
+    /// The request is malformed.
+    #[error("{0}")]
+    BadRequest(String),
+
+    /// The project does not exist.
+    #[error("project {0:?} does not exist; create it with CreateProject (or set create_project on the Put)")]
+    ProjectNotFound(String),
+
+    /// Nothing is at the path.
+    #[error("nothing at {path:?} in project {project:?}; check the path with List")]
+    NotFound { project: String, path: String },
+
+    /// A run has no event log.
+    #[error("run {run:?} of project {project:?} has no events yet; check the run id, or pass follow=true to wait for them")]
+    RunNotFound { project: String, run: String },
+
+    /// UpdateJson saw another version than the caller expected.
+    #[error("document {path:?} is at version {stored} but the update expected {expected}; re-read it and retry, or use MERGE_POLICY_MAX")]
+    VersionConflict { path: String, stored: u64, expected: u64 },
+
+    /// The store is shutting down or a background task ended.
+    #[error("the artifact-store is shutting down; retry against a running store")]
+    Unavailable,
+
+    /// The client's stream broke before the end of the request.
+    #[error("the request stream broke: {0}; nothing was written, resend the file")]
+    Stream(String),
+
+    /// An operating-system error.
+    #[error("{context}: {source}")]
+    Io { context: String, source: io::Error },
+
+    /// Bad configuration.
+    #[error("configuration: {0}")]
+    Config(String),
+
+    /// The gRPC server failed.
+    #[error("server: {0}")]
+    Server(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// An I/O error with what the store was doing.
+    pub fn io(context: impl Into<String>, source: impl Into<io::Error>) -> Self {
+        Error::Io { context: context.into(), source: source.into() }
+    }
+
+    /// The reason word for `cairn-reason`, when this is a refusal of the vocabulary.
+    pub fn reason(&self) -> Option<&'static str> {
+        match self {
+            Error::Path(r) => Some(r.reason.as_str()),
+            Error::Reserved { .. } => Some("denied"),
+            Error::SymlinkInPath { .. } => Some("symlink_in_path"),
+            Error::NotAFile { .. } => Some("not_a_file"),
+            Error::Exists { .. } => Some("exists"),
+            Error::DigestMismatch { .. } => Some("digest_mismatch"),
+            Error::TooLarge { .. } => Some("too_large"),
+            Error::Unavailable => Some("store_unavailable"),
+            Error::Io { .. } => Some("io_error"),
+            _ => None,
+        }
+    }
+
+    fn code(&self) -> Code {
+        match self {
+            Error::Path(r) => match r.reason {
+                Reason::Denied | Reason::PrefixNotAllowed => Code::PermissionDenied,
+                _ => Code::InvalidArgument,
+            },
+            Error::Reserved { .. } | Error::SymlinkInPath { .. } => Code::PermissionDenied,
+            Error::NotAFile { .. } => Code::FailedPrecondition,
+            Error::Exists { .. } => Code::AlreadyExists,
+            Error::DigestMismatch { .. }
+            | Error::InvalidId { .. }
+            | Error::BadRequest(_)
+            | Error::Stream(_) => Code::InvalidArgument,
+            Error::TooLarge { .. } => Code::ResourceExhausted,
+            Error::ProjectNotFound(_) | Error::NotFound { .. } | Error::RunNotFound { .. } => Code::NotFound,
+            Error::VersionConflict { .. } => Code::Aborted,
+            Error::Unavailable => Code::Unavailable,
+            Error::Io { source, .. } if source.kind() == io::ErrorKind::StorageFull => Code::ResourceExhausted,
+            Error::Io { .. } | Error::Config(_) | Error::Server(_) => Code::Internal,
+        }
+    }
+}
+
+impl From<Error> for Status {
+    fn from(err: Error) -> Status {
+        let code = err.code();
+        if code == Code::Internal {
+            tracing::error!(error = %err, "artifact-store internal error");
+        }
+        match err.reason() {
+            Some(reason) => cairn_proto::reason::status(code, err.to_string(), reason),
+            None => Status::new(code, err.to_string()),
+        }
+    }
+}

@@ -1,0 +1,617 @@
+//! Run event logs: `.cairn/runs/<run_id>/events.jsonl`, one JSON object per line,
+//! `{"ts","seq","type","run_id","node_id","level", ...data}`.
+//!
+//! The store assigns `seq` per run: 1, 2, 3 ... strictly increasing, no gaps, the events of one
+//! call contiguous, and fsync'd before the reply. Each run has one async mutex; callers queue
+//! their batch, and whoever holds the mutex writes every queued batch with one write and one
+//! fsync (group commit), so concurrent appenders share fsyncs. The last seq is recovered from
+//! the file's tail on first touch; a torn last line left by a crash is cut off. Live readers
+//! subscribe to a broadcast per run while holding the mutex, then read the file up to the seq
+//! they saw, then switch to the broadcast: nothing is lost or sent twice at the switch.
+
+use std::collections::{HashMap, VecDeque};
+use std::fs::File;
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::AsFd;
+use std::os::unix::fs::FileExt;
+use std::sync::{Arc, Mutex};
+
+use rustix::fs::{FileType, OFlags};
+use rustix::io::Errno;
+use serde_json::{Map, Value};
+use tokio::sync::{broadcast, mpsc, oneshot};
+
+use crate::beneath::{self, refusal};
+use crate::error::{Error, Result};
+use crate::project;
+use crate::store::{blocking, timestamp_now, Store};
+
+const EVENTS_FILE: &str = "events.jsonl";
+const LIVE_CAPACITY: usize = 4096;
+const RESERVED_KEYS: &[&str] = &["ts", "seq", "type", "run_id", "node_id", "level"];
+/// Longest line `recover` reads back to find the last seq.
+const MAX_TAIL_LINE: u64 = 64 << 20;
+
+/// Severity of an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    Debug,
+    Info,
+    Warning,
+    Error,
+}
+
+impl Level {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Level::Debug => "debug",
+            Level::Info => "info",
+            Level::Warning => "warning",
+            Level::Error => "error",
+        }
+    }
+
+    fn parse(s: &str) -> Level {
+        match s {
+            "debug" => Level::Debug,
+            "warning" => Level::Warning,
+            "error" => Level::Error,
+            _ => Level::Info,
+        }
+    }
+}
+
+/// An event to append.
+#[derive(Debug, Clone)]
+pub struct NewEvent {
+    /// Dotted type ("ingest.block.written").
+    pub kind: String,
+    pub node_id: String,
+    pub level: Level,
+    /// Extra fields (reserved keys refused).
+    pub data: Map<String, Value>,
+}
+
+impl NewEvent {
+    /// Parses and checks a client's event.
+    pub fn from_client(kind: &str, node_id: &str, level: Level, data_json: &str) -> Result<NewEvent> {
+        if kind.is_empty() || kind.len() > 128 || kind.chars().any(|c| c.is_control() || c.is_whitespace()) {
+            return Err(Error::BadRequest(format!(
+                "event type {kind:?} is invalid: use a dotted name of 1-128 characters without spaces, e.g. \"ingest.block.written\""
+            )));
+        }
+        if !node_id.is_empty() {
+            project::check_id("node", node_id)?;
+        }
+        let data = match data_json.trim() {
+            "" => Map::new(),
+            text => match serde_json::from_str::<Value>(text) {
+                Ok(Value::Object(map)) => map,
+                Ok(_) => return Err(Error::BadRequest(format!("data_json of event {kind:?} must be a JSON object"))),
+                Err(e) => return Err(Error::BadRequest(format!("data_json of event {kind:?} is not valid JSON: {e}"))),
+            },
+        };
+        if let Some(key) = RESERVED_KEYS.iter().find(|k| data.contains_key(**k)) {
+            return Err(Error::BadRequest(format!(
+                "data_json of event {kind:?} uses the reserved key {key:?} (ts, seq, type, run_id, node_id and level are set by the store); rename it"
+            )));
+        }
+        Ok(NewEvent { kind: kind.to_owned(), node_id: node_id.to_owned(), level, data })
+    }
+
+    /// An event the store itself records.
+    pub fn store(kind: &str, data: Value) -> NewEvent {
+        let data = match data {
+            Value::Object(map) => map,
+            _ => Map::new(),
+        };
+        NewEvent { kind: kind.to_owned(), node_id: String::new(), level: Level::Info, data }
+    }
+
+    /// The stored line (without newline).
+    fn render(&self, seq: u64, ts: &str, run_id: &str) -> String {
+        let s = |v: &str| Value::from(v).to_string();
+        let mut line = format!(
+            "{{\"ts\":{},\"seq\":{seq},\"type\":{},\"run_id\":{},\"node_id\":{},\"level\":\"{}\"",
+            s(ts),
+            s(&self.kind),
+            s(run_id),
+            s(&self.node_id),
+            self.level.as_str()
+        );
+        for (key, value) in &self.data {
+            line.push(',');
+            line.push_str(&s(key));
+            line.push(':');
+            line.push_str(&value.to_string());
+        }
+        line.push('}');
+        line
+    }
+}
+
+/// An event as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredEvent {
+    pub seq: u64,
+    pub ts: String,
+    pub kind: String,
+    pub run_id: String,
+    pub node_id: String,
+    pub level: Level,
+    /// The extra fields as a JSON object.
+    pub data_json: String,
+    /// The whole line.
+    pub line: String,
+}
+
+impl StoredEvent {
+    fn parse(line: &str) -> Option<StoredEvent> {
+        let Ok(Value::Object(mut map)) = serde_json::from_str::<Value>(line) else { return None };
+        let seq = map.remove("seq")?.as_u64()?;
+        let mut text = |k: &str| match map.remove(k) {
+            Some(Value::String(s)) => s,
+            _ => String::new(),
+        };
+        let (ts, kind, run_id, node_id, level) = (text("ts"), text("type"), text("run_id"), text("node_id"), text("level"));
+        Some(StoredEvent {
+            seq,
+            ts,
+            kind,
+            run_id,
+            node_id,
+            level: Level::parse(&level),
+            data_json: Value::Object(map).to_string(),
+            line: line.to_owned(),
+        })
+    }
+}
+
+/// The event logs of every run touched since start-up.
+#[derive(Debug, Default)]
+pub struct RunLogs {
+    logs: Mutex<HashMap<(String, String), Arc<RunLog>>>,
+}
+
+#[derive(Debug)]
+struct RunLog {
+    state: tokio::sync::Mutex<LogState>,
+    queue: Mutex<VecDeque<Batch>>,
+    live: broadcast::Sender<Arc<StoredEvent>>,
+}
+
+#[derive(Debug, Default)]
+struct LogState {
+    /// The open log (O_APPEND); None until the file exists and was recovered.
+    file: Option<Arc<File>>,
+    /// Bytes of complete lines in the file.
+    len: u64,
+    last_seq: u64,
+}
+
+#[derive(Debug)]
+struct Batch {
+    events: Vec<NewEvent>,
+    done: oneshot::Sender<std::result::Result<(u64, u64), String>>,
+}
+
+impl RunLogs {
+    fn log(&self, project: &str, run: &str) -> Arc<RunLog> {
+        let mut logs = self.logs.lock().unwrap_or_else(|p| p.into_inner());
+        logs.entry((project.to_owned(), run.to_owned()))
+            .or_insert_with(|| {
+                Arc::new(RunLog {
+                    state: tokio::sync::Mutex::new(LogState::default()),
+                    queue: Mutex::new(VecDeque::new()),
+                    live: broadcast::channel(LIVE_CAPACITY).0,
+                })
+            })
+            .clone()
+    }
+
+    /// Appends `events` contiguously; returns (first_seq, last_seq) once they are durable.
+    pub async fn append(&self, store: &Arc<Store>, project: &str, run: &str, events: Vec<NewEvent>) -> Result<(u64, u64)> {
+        project::check_id("project", project)?;
+        project::check_id("run", run)?;
+        if events.is_empty() {
+            return Err(Error::BadRequest("no events to append; send at least one".into()));
+        }
+        let max = store.config.max_event_bytes;
+        for event in &events {
+            let size = event.render(u64::MAX, "2026-01-01T00:00:00.000Z", run).len();
+            if size > max {
+                return Err(Error::TooLarge { what: format!("event {:?} ({size} bytes as a line)", event.kind), limit: max as u64 });
+            }
+        }
+        let log = self.log(project, run);
+        {
+            let mut state = log.state.lock().await;
+            load(store, &mut state, project, run, true).await?;
+        }
+        let (done, mut receipt) = oneshot::channel();
+        log.queue.lock().unwrap_or_else(|p| p.into_inner()).push_back(Batch { events, done });
+        let mut state = log.state.lock().await;
+        // An earlier holder of the mutex may have committed our batch with its own.
+        match receipt.try_recv() {
+            Ok(result) => return result.map_err(|e| Error::io("appending events", std::io::Error::other(e))),
+            Err(oneshot::error::TryRecvError::Closed) => return Err(Error::Unavailable),
+            Err(oneshot::error::TryRecvError::Empty) => {}
+        }
+        let batches: Vec<Batch> = log.queue.lock().unwrap_or_else(|p| p.into_inner()).drain(..).collect();
+        commit(&log, &mut state, run, batches).await;
+        drop(state);
+        match receipt.await {
+            Ok(result) => result.map_err(|e| Error::io("appending events", std::io::Error::other(e))),
+            Err(_) => Err(Error::Unavailable),
+        }
+    }
+
+    /// Streams a run's events from `from_seq`, then (with `follow`) live ones.
+    pub async fn read(
+        &self,
+        store: &Arc<Store>,
+        project: &str,
+        run: &str,
+        from_seq: u64,
+        follow: bool,
+        limit: u64,
+    ) -> Result<mpsc::Receiver<Result<StoredEvent>>> {
+        project::check_id("project", project)?;
+        project::check_id("run", run)?;
+        let log = self.log(project, run);
+        let exists = {
+            let mut state = log.state.lock().await;
+            load(store, &mut state, project, run, false).await?
+        };
+        if !exists && !follow {
+            return Err(Error::RunNotFound { project: project.to_owned(), run: run.to_owned() });
+        }
+        let (tx, rx) = mpsc::channel(256);
+        let reader = Reader {
+            store: store.clone(),
+            log,
+            project: project.to_owned(),
+            run: run.to_owned(),
+            next: from_seq.max(1),
+            remaining: if limit == 0 { u64::MAX } else { limit },
+            follow,
+            tx,
+        };
+        tokio::spawn(reader.run());
+        Ok(rx)
+    }
+}
+
+/// Opens and recovers the log on first touch. Returns whether the file exists.
+async fn load(store: &Arc<Store>, state: &mut LogState, project: &str, run: &str, create: bool) -> Result<bool> {
+    if state.file.is_some() {
+        return Ok(true);
+    }
+    let (store2, project2, run2) = (store.clone(), project.to_owned(), run.to_owned());
+    let opened = blocking(move || open_log(&store2, &project2, &run2, create)).await?;
+    if let Some((file, len, last_seq)) = opened {
+        *state = LogState { file: Some(Arc::new(file)), len, last_seq };
+        Ok(true)
+    } else {
+        Ok(false)
+    }
+}
+
+fn log_path(run: &str) -> String {
+    format!(".cairn/runs/{run}/{EVENTS_FILE}")
+}
+
+/// Opens (or creates) a run's log beneath the project root and recovers its last seq.
+fn open_log(store: &Store, project: &str, run: &str, create: bool) -> Result<Option<(File, u64, u64)>> {
+    let root = store.project_root(project)?;
+    let dir_path = format!(".cairn/runs/{run}");
+    let path = log_path(run);
+    let dir = if create {
+        beneath::ensure_dir(root.as_fd(), &dir_path)
+    } else {
+        beneath::open_dir(root.as_fd(), &dir_path)
+    };
+    let dir = match dir {
+        Ok(dir) => dir,
+        Err(Errno::NOENT) if !create => return Ok(None),
+        Err(e) => return Err(refusal(e, project, &path, "opening the run directory of")),
+    };
+    let mut flags = OFlags::RDWR | OFlags::APPEND | OFlags::NONBLOCK;
+    if create {
+        flags |= OFlags::CREATE;
+    }
+    let fd = match beneath::open(dir.as_fd(), EVENTS_FILE, flags, beneath::FILE_MODE) {
+        Ok(fd) => fd,
+        Err(Errno::NOENT) if !create => return Ok(None),
+        Err(e) => return Err(refusal(e, project, &path, "opening")),
+    };
+    let file = File::from(fd);
+    let st = rustix::fs::fstat(&file).map_err(|e| Error::io(format!("stat of {path:?}"), e))?;
+    if beneath::kind(&st) != FileType::RegularFile {
+        return Err(Error::NotAFile { path, found: "the run's event log is not a regular file; remove it" });
+    }
+    // A hard link would make appends land in a file elsewhere.
+    if st.st_nlink != 1 {
+        return Err(Error::NotAFile { path, found: "the run's event log has other hard links; the store appends only to its own file: remove it" });
+    }
+    if create {
+        beneath::sync_dir(dir.as_fd()).map_err(|e| Error::io(format!("fsync of the directory of {path:?}"), e))?;
+    }
+    let (len, last_seq) = recover(&file).map_err(|e| Error::io(format!("recovering {path:?} of project {project:?}"), e))?;
+    Ok(Some((file, len, last_seq)))
+}
+
+/// Finds the last seq; cuts off a torn last line (a crash mid-append).
+fn recover(file: &File) -> std::io::Result<(u64, u64)> {
+    let mut len = file.metadata()?.len();
+    if len == 0 {
+        return Ok((0, 0));
+    }
+    let mut last = [0u8; 1];
+    file.read_exact_at(&mut last, len - 1)?;
+    if last[0] != b'\n' {
+        let keep = last_newline_before(file, len)?.map_or(0, |p| p + 1);
+        tracing::warn!(cut_bytes = len - keep, "event log ended with a torn line; cutting it off");
+        file.set_len(keep)?;
+        file.sync_data()?;
+        len = keep;
+    }
+    if len == 0 {
+        return Ok((0, 0));
+    }
+    let start = last_newline_before(file, len - 1)?.map_or(0, |p| p + 1);
+    if len - 1 - start > MAX_TAIL_LINE {
+        return Err(std::io::Error::other("the last event line is implausibly long; repair the file"));
+    }
+    let mut line = vec![0u8; (len - 1 - start) as usize];
+    file.read_exact_at(&mut line, start)?;
+    let seq = std::str::from_utf8(&line)
+        .ok()
+        .and_then(StoredEvent::parse)
+        .map(|e| e.seq)
+        .ok_or_else(|| std::io::Error::other("the last event line is not a JSON event with a seq; repair the file"))?;
+    Ok((len, seq))
+}
+
+/// Position of the last '\n' strictly before `end`.
+fn last_newline_before(file: &File, end: u64) -> std::io::Result<Option<u64>> {
+    let mut buf = vec![0u8; 64 << 10];
+    let mut hi = end;
+    while hi > 0 {
+        let lo = hi.saturating_sub(buf.len() as u64);
+        let chunk = &mut buf[..(hi - lo) as usize];
+        file.read_exact_at(chunk, lo)?;
+        if let Some(i) = memchr_rev(chunk) {
+            return Ok(Some(lo + i as u64));
+        }
+        hi = lo;
+    }
+    Ok(None)
+}
+
+fn memchr_rev(bytes: &[u8]) -> Option<usize> {
+    bytes.iter().rposition(|b| *b == b'\n')
+}
+
+/// Writes every queued batch with one write and one fsync, then answers each caller and
+/// publishes the events to live readers.
+async fn commit(log: &RunLog, state: &mut LogState, run: &str, batches: Vec<Batch>) {
+    let Some(file) = state.file.clone() else {
+        for batch in batches {
+            let _ = batch.done.send(Err("the event log is not open".into()));
+        }
+        return;
+    };
+    let ts = timestamp_now();
+    let mut seq = state.last_seq;
+    let mut text = String::new();
+    let mut ranges = Vec::with_capacity(batches.len());
+    let mut stored = Vec::new();
+    for batch in &batches {
+        let first = seq + 1;
+        for event in &batch.events {
+            seq += 1;
+            let line = event.render(seq, &ts, run);
+            text.push_str(&line);
+            text.push('\n');
+            stored.push(StoredEvent {
+                seq,
+                ts: ts.clone(),
+                kind: event.kind.clone(),
+                run_id: run.to_owned(),
+                node_id: event.node_id.clone(),
+                level: event.level,
+                data_json: Value::Object(event.data.clone()).to_string(),
+                line,
+            });
+        }
+        ranges.push((first, seq));
+    }
+    let old_len = state.len;
+    let added = text.len() as u64;
+    let written = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+        let result = (&*file).write_all(text.as_bytes()).and_then(|()| file.sync_data());
+        if result.is_err() {
+            // Leave no partial batch behind: its seqs will be given again.
+            let _ = file.set_len(old_len);
+        }
+        result
+    })
+    .await;
+    match written {
+        Ok(Ok(())) => {
+            state.len += added;
+            state.last_seq = seq;
+            for (batch, range) in batches.into_iter().zip(ranges) {
+                let _ = batch.done.send(Ok(range));
+            }
+            for event in stored {
+                let _ = log.live.send(Arc::new(event));
+            }
+        }
+        failed => {
+            let message = match failed {
+                Ok(Err(e)) => e.to_string(),
+                Err(e) => e.to_string(),
+                Ok(Ok(())) => String::new(),
+            };
+            tracing::error!(run, error = %message, "appending events failed");
+            for batch in batches {
+                let _ = batch.done.send(Err(message.clone()));
+            }
+        }
+    }
+}
+
+/// One ReadEvents stream.
+struct Reader {
+    store: Arc<Store>,
+    log: Arc<RunLog>,
+    project: String,
+    run: String,
+    /// Next seq to send.
+    next: u64,
+    remaining: u64,
+    follow: bool,
+    tx: mpsc::Sender<Result<StoredEvent>>,
+}
+
+impl Reader {
+    async fn run(mut self) {
+        loop {
+            // Subscribe under the run's mutex: every event after `upto` reaches `live`.
+            let (mut live, upto) = {
+                let state = self.log.state.lock().await;
+                (self.log.live.subscribe(), state.last_seq)
+            };
+            if self.next <= upto && !self.send_stored(upto).await {
+                return;
+            }
+            if !self.follow || self.remaining == 0 {
+                return;
+            }
+            // Live phase; any gap (lagging behind the broadcast) goes back to the file.
+            loop {
+                let received = tokio::select! {
+                    _ = self.tx.closed() => return,
+                    r = live.recv() => r,
+                };
+                match received {
+                    Ok(event) if event.seq < self.next => {}
+                    Ok(event) if event.seq == self.next => {
+                        if self.tx.send(Ok((*event).clone())).await.is_err() {
+                            return;
+                        }
+                        self.next += 1;
+                        self.remaining -= 1;
+                        if self.remaining == 0 {
+                            return;
+                        }
+                    }
+                    Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => break,
+                    Err(broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        }
+    }
+
+    /// Sends stored events `next..=upto` from the file; false when the stream should end.
+    async fn send_stored(&mut self, upto: u64) -> bool {
+        let (store, project, run, tx) = (self.store.clone(), self.project.clone(), self.run.clone(), self.tx.clone());
+        let (from, remaining) = (self.next, self.remaining);
+        let read = blocking(move || read_file(&store, &project, &run, from, upto, remaining, &tx)).await;
+        match read {
+            Ok(sent) => {
+                self.next += sent;
+                self.remaining -= sent;
+                self.remaining > 0 && !self.tx.is_closed()
+            }
+            Err(e) => {
+                let _ = self.tx.send(Err(e)).await;
+                false
+            }
+        }
+    }
+}
+
+/// Reads lines with `from <= seq <= upto` (at most `max`) and sends them; returns how many.
+fn read_file(
+    store: &Store,
+    project: &str,
+    run: &str,
+    from: u64,
+    upto: u64,
+    max: u64,
+    tx: &mpsc::Sender<Result<StoredEvent>>,
+) -> Result<u64> {
+    let root = store.project_root(project)?;
+    let path = log_path(run);
+    let fd = beneath::open(root.as_fd(), &path, OFlags::RDONLY | OFlags::NONBLOCK, 0)
+        .map_err(|e| refusal(e, project, &path, "reading"))?;
+    let mut reader = BufReader::with_capacity(256 << 10, File::from(fd));
+    let mut line = String::new();
+    let mut sent = 0;
+    let mut expected = from;
+    while sent < max && expected <= upto {
+        line.clear();
+        if reader.read_line(&mut line).map_err(|e| Error::io(format!("reading {path:?}"), e))? == 0 {
+            break;
+        }
+        let text = line.trim_end_matches('\n');
+        let event = StoredEvent::parse(text).ok_or_else(|| {
+            Error::io(format!("reading {path:?}"), std::io::Error::other("a line is not a JSON event with a seq"))
+        })?;
+        if event.seq < expected {
+            continue;
+        }
+        if event.seq > expected {
+            return Err(Error::io(
+                format!("reading {path:?}"),
+                std::io::Error::other(format!("seq {} follows {}; the log has a gap", event.seq, expected - 1)),
+            ));
+        }
+        if tx.blocking_send(Ok(event)).is_err() {
+            break;
+        }
+        expected += 1;
+        sent += 1;
+    }
+    Ok(sent)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_have_the_fixed_fields_first_and_parse_back() {
+        let mut data = Map::new();
+        data.insert("path".into(), Value::from("a\"b"));
+        let event = NewEvent { kind: "x.y".into(), node_id: "n1".into(), level: Level::Warning, data };
+        let line = event.render(7, "2026-01-01T00:00:00.000Z", "r1");
+        assert!(line.starts_with(r#"{"ts":"2026-01-01T00:00:00.000Z","seq":7,"type":"x.y","run_id":"r1","node_id":"n1","level":"warning","path":"a\"b"}"#), "{line}");
+        let back = StoredEvent::parse(&line).unwrap();
+        assert_eq!((back.seq, back.level, back.data_json.as_str()), (7, Level::Warning, r#"{"path":"a\"b"}"#));
+    }
+
+    #[test]
+    fn reserved_keys_and_non_objects_are_refused() {
+        assert!(NewEvent::from_client("t", "", Level::Info, r#"{"seq":1}"#).is_err());
+        assert!(NewEvent::from_client("t", "", Level::Info, "[1]").is_err());
+        assert!(NewEvent::from_client("", "", Level::Info, "").is_err());
+        assert!(NewEvent::from_client("t", "", Level::Info, "").is_ok());
+    }
+
+    #[test]
+    fn recover_cuts_a_torn_line_and_finds_the_last_seq() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("events.jsonl");
+        std::fs::write(&path, "{\"seq\":1}\n{\"seq\":2}\n{\"seq\":3,\"ty").unwrap();
+        let file = std::fs::OpenOptions::new().read(true).append(true).open(&path).unwrap();
+        assert_eq!(recover(&file).unwrap(), (20, 2));
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "{\"seq\":1}\n{\"seq\":2}\n");
+        std::fs::write(&path, "{\"seq\":1").unwrap();
+        let file = std::fs::OpenOptions::new().read(true).append(true).open(&path).unwrap();
+        assert_eq!(recover(&file).unwrap(), (0, 0));
+    }
+}

@@ -1,0 +1,214 @@
+//! Reading: Get (a file or a byte range of it, streamed), Stat and List. Reads walk beneath the
+//! project root like writes and never follow a symlink; a symlink is listed as "other" and never
+//! served. Paths a client could not address (denylisted, temp files, names pathguard refuses)
+//! are not listed.
+
+use std::fs::File;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use rustix::fs::{FileType, OFlags, Stat};
+use rustix::io::Errno;
+use tokio::sync::mpsc;
+
+use crate::beneath::{self, refusal};
+use crate::error::{Error, Result};
+use crate::page::Page;
+use crate::project;
+use crate::store::{blocking, mtime_of, Store, TEMP_PREFIX};
+
+/// Kind of an entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    File,
+    Directory,
+    /// Symlink, fifo, socket, device: never followed or served.
+    Other,
+}
+
+/// Description of one entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub path: String,
+    pub kind: Kind,
+    pub size_bytes: u64,
+    /// Hex sha256 ("" unless computed).
+    pub sha256: String,
+    pub modified_at: String,
+}
+
+impl Entry {
+    fn of(path: String, st: &Stat) -> Entry {
+        let kind = match beneath::kind(st) {
+            FileType::RegularFile => Kind::File,
+            FileType::Directory => Kind::Directory,
+            _ => Kind::Other,
+        };
+        let size_bytes = if kind == Kind::File { u64::try_from(st.st_size).unwrap_or(0) } else { 0 };
+        Entry { path, kind, size_bytes, sha256: String::new(), modified_at: mtime_of(st) }
+    }
+}
+
+/// Opens a regular file beneath `root` for reading, refusing anything else.
+fn open_file(root: BorrowedFd<'_>, project: &str, path: &str) -> Result<(File, Stat)> {
+    let fd = beneath::open(root, path, OFlags::RDONLY | OFlags::NONBLOCK, 0).map_err(|e| refusal(e, project, path, "reading"))?;
+    let file = File::from(fd);
+    let st = rustix::fs::fstat(&file).map_err(|e| Error::io(format!("stat of {path:?}"), e))?;
+    match beneath::kind(&st) {
+        FileType::RegularFile => Ok((file, st)),
+        FileType::Directory => Err(Error::NotAFile {
+            path: path.to_owned(),
+            found: "a directory is there, not a file; use List to see what it holds",
+        }),
+        _ => Err(Error::NotAFile { path: path.to_owned(), found: "a special file is there; only regular files are served" }),
+    }
+}
+
+/// Get: the file's description (whole-file size and sha256) and a stream of the requested
+/// range in chunks of the configured size.
+pub async fn get(
+    store: &Arc<Store>,
+    project: &str,
+    path: &str,
+    offset: u64,
+    length: u64,
+) -> Result<(Entry, mpsc::Receiver<Result<Bytes>>)> {
+    project::check_id("project", project)?;
+    let path = store.read_path(path)?.to_string();
+    let (store2, project2) = (store.clone(), project.to_owned());
+    let (entry, file) = blocking(move || {
+        let root = store2.project_root(&project2)?;
+        let (file, st) = open_file(root.as_fd(), &project2, &path)?;
+        let digest = store2.digests.of_file(&file).map_err(|e| Error::io(format!("reading {path:?}"), e))?;
+        let mut entry = Entry::of(path, &st);
+        entry.size_bytes = digest.size_bytes;
+        entry.sha256 = digest.sha256;
+        Ok((entry, file))
+    })
+    .await?;
+    if offset > entry.size_bytes {
+        return Err(Error::BadRequest(format!(
+            "offset {offset} is past the end of {:?} ({} bytes); use an offset up to the size",
+            entry.path, entry.size_bytes
+        )));
+    }
+    let end = match length {
+        0 => entry.size_bytes,
+        n => offset.saturating_add(n).min(entry.size_bytes),
+    };
+    let chunk = store.config.chunk_bytes;
+    let (tx, rx) = mpsc::channel(4);
+    let name = entry.path.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut pos = offset;
+        while pos < end {
+            let want = chunk.min((end - pos) as usize);
+            let mut buf = BytesMut::zeroed(want);
+            let got = match file.read_at(&mut buf, pos) {
+                Ok(0) => {
+                    let _ = tx.blocking_send(Err(Error::io(format!("reading {name:?}"), std::io::Error::other("the file shrank while it was read"))));
+                    return;
+                }
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    let _ = tx.blocking_send(Err(Error::io(format!("reading {name:?}"), e)));
+                    return;
+                }
+            };
+            buf.truncate(got);
+            pos += got as u64;
+            if tx.blocking_send(Ok(buf.freeze())).is_err() {
+                return;
+            }
+        }
+    });
+    Ok((entry, rx))
+}
+
+/// Stat: one entry ("" = the project root), optionally with the file's sha256.
+pub async fn stat(store: &Arc<Store>, project: &str, path: &str, include_sha256: bool) -> Result<Entry> {
+    project::check_id("project", project)?;
+    let path = if path.is_empty() { String::new() } else { store.read_path(path)?.to_string() };
+    let (store, project) = (store.clone(), project.to_owned());
+    blocking(move || {
+        let root = store.project_root(&project)?;
+        if path.is_empty() {
+            let st = rustix::fs::fstat(&root).map_err(|e| Error::io("stat of the project root", e))?;
+            return Ok(Entry::of(path, &st));
+        }
+        let (parent, name) = beneath::split_parent(&path);
+        let dir = beneath::open_dir(root.as_fd(), parent).map_err(|e| refusal(e, &project, &path, "looking at"))?;
+        let st = beneath::stat(dir.as_fd(), name).map_err(|e| refusal(e, &project, &path, "looking at"))?;
+        let mut entry = Entry::of(path.clone(), &st);
+        if entry.kind == Kind::File && include_sha256 {
+            let (file, _) = open_file(dir.as_fd(), &project, name).map_err(|e| match e {
+                Error::NotAFile { found, .. } => Error::NotAFile { path: entry.path.clone(), found },
+                other => other,
+            })?;
+            let digest = store.digests.of_file(&file).map_err(|e| Error::io(format!("reading {:?}", entry.path), e))?;
+            entry.size_bytes = digest.size_bytes;
+            entry.sha256 = digest.sha256;
+        }
+        Ok(entry)
+    })
+    .await
+}
+
+/// List: entries under `prefix` in byte order of their paths, one page.
+pub async fn list(store: &Arc<Store>, project: &str, prefix: &str, recursive: bool, page: Page) -> Result<(Vec<Entry>, String)> {
+    project::check_id("project", project)?;
+    let trimmed = prefix.strip_suffix('/').unwrap_or(prefix);
+    let prefix = if trimmed.is_empty() { String::new() } else { store.read_path(trimmed)?.to_string() };
+    let (store, project) = (store.clone(), project.to_owned());
+    blocking(move || {
+        let root = store.project_root(&project)?;
+        let dir = beneath::open_dir(root.as_fd(), &prefix).map_err(|e| match e {
+            Errno::NOTDIR => Error::NotAFile {
+                path: prefix.clone(),
+                found: "a file is there; List takes a directory prefix (use Stat or Get for a file)",
+            },
+            e => refusal(e, &project, &prefix, "listing"),
+        })?;
+        let mut entries = Vec::new();
+        // Subdirectories are opened when their turn comes, so a wide tree holds few fds.
+        let mut pending: Vec<(Arc<OwnedFd>, Option<String>, String)> = vec![(Arc::new(dir), None, prefix.clone())];
+        while let Some((parent, name, rel)) = pending.pop() {
+            let dir = match name {
+                None => parent,
+                // Swapped for a symlink since it was listed: ELOOP, skipped.
+                Some(name) => match beneath::open_dir(parent.as_fd(), &name) {
+                    Ok(fd) => Arc::new(fd),
+                    Err(_) => continue,
+                },
+            };
+            let names = match beneath::read_dir(dir.as_fd()) {
+                Ok(names) => names,
+                // A directory removed while listing holds nothing.
+                Err(Errno::NOENT) => continue,
+                Err(e) => return Err(refusal(e, &project, &rel, "listing")),
+            };
+            for (name, _) in names {
+                if name.starts_with(TEMP_PREFIX) {
+                    continue;
+                }
+                let path = if rel.is_empty() { name.clone() } else { format!("{rel}/{name}") };
+                if store.read_policy.check(&path).is_err() {
+                    continue;
+                }
+                let Ok(st) = beneath::stat(dir.as_fd(), &name) else { continue };
+                let entry = Entry::of(path, &st);
+                if !recursive || entry.kind == Kind::File {
+                    entries.push(entry);
+                } else if entry.kind == Kind::Directory {
+                    pending.push((dir.clone(), Some(name), entry.path));
+                }
+            }
+        }
+        entries.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(page.cut(entries, |e| e.path.as_str()))
+    })
+    .await
+}

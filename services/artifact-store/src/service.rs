@@ -1,0 +1,209 @@
+//! The gRPC face of the store: decodes requests, calls the domain modules, encodes replies.
+//! No filesystem logic lives here.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use cairn_proto::v1::artifact_store_server::ArtifactStore;
+use cairn_proto::v1::{
+    self as pb, get_response, put_request, AppendEventsRequest, AppendEventsResponse, CreateProjectRequest, DeleteRequest,
+    DeleteResponse, FileInfo, GetRequest, GetResponse, ListProjectsRequest, ListProjectsResponse, ListRequest, ListResponse,
+    PutRequest, PutResponse, ReadEventsRequest, StatRequest, UpdateJsonRequest, UpdateJsonResponse,
+};
+use futures::{Stream, StreamExt};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::document::{self, Merge, Update};
+use crate::error::Error;
+use crate::events::{Level, NewEvent, StoredEvent};
+use crate::page::Page;
+use crate::read::{self, Entry, Kind};
+use crate::store::Store;
+use crate::write::{self, Outcome, PutSpec};
+use crate::{project, Result};
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+/// The tonic service over a [`Store`].
+#[derive(Debug, Clone)]
+pub struct ArtifactStoreService {
+    store: Arc<Store>,
+}
+
+impl ArtifactStoreService {
+    pub fn new(store: Arc<Store>) -> Self {
+        ArtifactStoreService { store }
+    }
+}
+
+fn file_info(entry: Entry) -> FileInfo {
+    FileInfo {
+        path: entry.path,
+        kind: match entry.kind {
+            Kind::File => pb::EntryKind::File,
+            Kind::Directory => pb::EntryKind::Directory,
+            Kind::Other => pb::EntryKind::Other,
+        } as i32,
+        size_bytes: entry.size_bytes,
+        sha256: entry.sha256,
+        modified_at: entry.modified_at,
+    }
+}
+
+fn event(e: StoredEvent) -> pb::Event {
+    pb::Event {
+        seq: e.seq,
+        ts: e.ts,
+        r#type: e.kind,
+        run_id: e.run_id,
+        node_id: e.node_id,
+        level: match e.level {
+            Level::Debug => pb::Level::Debug,
+            Level::Info => pb::Level::Info,
+            Level::Warning => pb::Level::Warning,
+            Level::Error => pb::Level::Error,
+        } as i32,
+        data_json: e.data_json,
+        line_json: e.line,
+    }
+}
+
+fn level(value: i32) -> Level {
+    match pb::Level::try_from(value) {
+        Ok(pb::Level::Debug) => Level::Debug,
+        Ok(pb::Level::Warning) => Level::Warning,
+        Ok(pb::Level::Error) => Level::Error,
+        _ => Level::Info,
+    }
+}
+
+fn page(p: Option<pb::PageRequest>) -> Result<Page> {
+    let p = p.unwrap_or_default();
+    Page::parse(p.page_size, &p.page_token)
+}
+
+#[tonic::async_trait]
+impl ArtifactStore for ArtifactStoreService {
+    async fn create_project(&self, request: Request<CreateProjectRequest>) -> Result<Response<pb::Project>, Status> {
+        let p = project::create(&self.store, &request.into_inner().project_id).await?;
+        Ok(Response::new(pb::Project { project_id: p.project_id, created_at: p.created_at }))
+    }
+
+    async fn list_projects(&self, request: Request<ListProjectsRequest>) -> Result<Response<ListProjectsResponse>, Status> {
+        let (projects, next_page_token) = project::list(&self.store, page(request.into_inner().page)?).await?;
+        let projects =
+            projects.into_iter().map(|p| pb::Project { project_id: p.project_id, created_at: p.created_at }).collect();
+        Ok(Response::new(ListProjectsResponse { projects, next_page_token }))
+    }
+
+    async fn put(&self, request: Request<Streaming<PutRequest>>) -> Result<Response<PutResponse>, Status> {
+        let mut stream = request.into_inner();
+        let header = match stream.message().await? {
+            Some(PutRequest { msg: Some(put_request::Msg::Header(h)) }) => h,
+            _ => return Err(Error::BadRequest("the first message of a Put must be a PutHeader".into()).into()),
+        };
+        let spec = PutSpec {
+            project_id: header.project_id,
+            path: header.path,
+            overwrite: header.overwrite,
+            expected_sha256: header.expected_sha256,
+            expected_size: header.expected_size,
+            allowed_prefixes: header.allowed_prefixes,
+            run_id: header.run_id,
+            create_project: header.create_project,
+        };
+        let chunks = stream.map(|m| -> Result<Bytes> {
+            match m {
+                Ok(PutRequest { msg: Some(put_request::Msg::Chunk(bytes)) }) => Ok(bytes),
+                Ok(_) => Err(Error::BadRequest("a Put sends one PutHeader first, then only chunks".into())),
+                Err(status) => Err(Error::Stream(status.message().to_owned())),
+            }
+        });
+        let written = write::put(&self.store, spec, chunks).await?;
+        Ok(Response::new(PutResponse {
+            path: written.path,
+            digest: Some(pb::Digest { sha256: written.digest.sha256, size_bytes: written.digest.size_bytes }),
+            outcome: match written.outcome {
+                Outcome::Created => pb::WriteOutcome::Created,
+                Outcome::Unchanged => pb::WriteOutcome::Unchanged,
+                Outcome::Overwritten => pb::WriteOutcome::Overwritten,
+            } as i32,
+        }))
+    }
+
+    type GetStream = BoxStream<GetResponse>;
+
+    async fn get(&self, request: Request<GetRequest>) -> Result<Response<Self::GetStream>, Status> {
+        let r = request.into_inner();
+        let (entry, chunks) = read::get(&self.store, &r.project_id, &r.path, r.offset, r.length).await?;
+        let first = GetResponse { msg: Some(get_response::Msg::Info(file_info(entry))) };
+        let rest = ReceiverStream::new(chunks).map(|chunk| match chunk {
+            Ok(bytes) => Ok(GetResponse { msg: Some(get_response::Msg::Chunk(bytes)) }),
+            Err(e) => Err(Status::from(e)),
+        });
+        Ok(Response::new(Box::pin(futures::stream::once(async { Ok(first) }).chain(rest))))
+    }
+
+    async fn stat(&self, request: Request<StatRequest>) -> Result<Response<FileInfo>, Status> {
+        let r = request.into_inner();
+        let entry = read::stat(&self.store, &r.project_id, &r.path, r.include_sha256).await?;
+        Ok(Response::new(file_info(entry)))
+    }
+
+    async fn list(&self, request: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
+        let r = request.into_inner();
+        let (entries, next_page_token) = read::list(&self.store, &r.project_id, &r.prefix, r.recursive, page(r.page)?).await?;
+        Ok(Response::new(ListResponse { entries: entries.into_iter().map(file_info).collect(), next_page_token }))
+    }
+
+    async fn delete(&self, request: Request<DeleteRequest>) -> Result<Response<DeleteResponse>, Status> {
+        let r = request.into_inner();
+        let deleted = write::delete(&self.store, &r.project_id, &r.path, &r.run_id).await?;
+        Ok(Response::new(DeleteResponse { deleted }))
+    }
+
+    async fn append_events(&self, request: Request<AppendEventsRequest>) -> Result<Response<AppendEventsResponse>, Status> {
+        let r = request.into_inner();
+        let events = r
+            .events
+            .iter()
+            .map(|e| NewEvent::from_client(&e.r#type, &e.node_id, level(e.level), &e.data_json))
+            .collect::<Result<Vec<_>>>()?;
+        let (first_seq, last_seq) = self.store.runs.append(&self.store, &r.project_id, &r.run_id, events).await?;
+        Ok(Response::new(AppendEventsResponse { first_seq, last_seq }))
+    }
+
+    type ReadEventsStream = BoxStream<pb::Event>;
+
+    async fn read_events(&self, request: Request<ReadEventsRequest>) -> Result<Response<Self::ReadEventsStream>, Status> {
+        let r = request.into_inner();
+        let events = self.store.runs.read(&self.store, &r.project_id, &r.run_id, r.from_seq, r.follow, r.limit).await?;
+        let stream = ReceiverStream::new(events).map(|e| e.map(event).map_err(Status::from));
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn update_json(&self, request: Request<UpdateJsonRequest>) -> Result<Response<UpdateJsonResponse>, Status> {
+        let r = request.into_inner();
+        let merge = match pb::MergePolicy::try_from(r.merge) {
+            Ok(pb::MergePolicy::None) => Merge::None,
+            Ok(pb::MergePolicy::Max) => Merge::Max,
+            Err(_) => return Err(Error::BadRequest(format!("merge policy {} is unknown; use NONE or MAX", r.merge)).into()),
+        };
+        let update = Update {
+            project_id: r.project_id,
+            path: r.path,
+            expected_version: r.expected_version,
+            patch_json: r.patch_json,
+            merge,
+            run_id: r.run_id,
+        };
+        let updated = document::update(&self.store, update).await?;
+        Ok(Response::new(UpdateJsonResponse {
+            version: updated.version,
+            document_json: updated.document,
+            merged_conflict: updated.merged_conflict,
+        }))
+    }
+}

@@ -1,0 +1,471 @@
+//! Writing files: Put, Delete, and the store's own writes.
+//!
+//! A write never touches the target until the very end: the bytes go into a temp file created
+//! with O_CREAT|O_EXCL in the target's directory (held open as an fd, reached beneath the project
+//! root without following symlinks), hashed while they stream, verified against what the client
+//! announced, fsync'd, and published by one rename, after which the directory is fsync'd. An
+//! existing file is never opened for writing (no O_TRUNC: it may be a hard link to a file
+//! elsewhere); a rename replaces the directory entry, not the inode. Every error or
+//! cancellation path drops the [`TempFile`] guard, which unlinks the temp file.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use rustix::fs::{AtFlags, FileType, OFlags, RenameFlags};
+use rustix::io::Errno;
+use sha2::{Digest as _, Sha256};
+use tokio::sync::mpsc;
+
+use crate::beneath::{self, refusal};
+use crate::digest::{self, Digest};
+use crate::error::{Error, Result};
+use crate::events::NewEvent;
+use crate::project;
+use crate::store::{blocking, Store, TEMP_PREFIX};
+
+/// Bodies up to this size are received whole and written in one blocking step; larger ones
+/// stream through a write thread and a hash thread in parallel.
+const SMALL_BYTES: u64 = 1 << 20;
+/// Chunks queued for each of the write and hash threads (bounds memory per Put).
+const QUEUED_CHUNKS: usize = 8;
+
+/// What a Put did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The path did not exist.
+    Created,
+    /// The same bytes were already there.
+    Unchanged,
+    /// Other bytes were replaced (overwrite=true).
+    Overwritten,
+}
+
+/// Result of a write.
+#[derive(Debug, Clone)]
+pub struct Written {
+    /// Normalised project-relative path.
+    pub path: String,
+    /// Digest of the bytes now at the path.
+    pub digest: Digest,
+    pub outcome: Outcome,
+}
+
+/// A Put's header, in the store's words.
+#[derive(Debug, Clone, Default)]
+pub struct PutSpec {
+    pub project_id: String,
+    pub path: String,
+    pub overwrite: bool,
+    /// Hex sha256 the bytes must have ("" = no check).
+    pub expected_sha256: String,
+    pub expected_size: Option<u64>,
+    /// Narrows the server's allowed prefixes.
+    pub allowed_prefixes: Vec<String>,
+    /// Run to record an overwrite in ("" = none).
+    pub run_id: String,
+    pub create_project: bool,
+}
+
+/// What the client announced about the bytes.
+#[derive(Debug, Clone, Default)]
+struct Expect {
+    sha256: Option<String>,
+    size: Option<u64>,
+}
+
+impl Expect {
+    fn verify(&self, path: &str, got: &Digest) -> Result<()> {
+        if let Some(size) = self.size {
+            if size != got.size_bytes {
+                return Err(Error::DigestMismatch {
+                    path: path.to_owned(),
+                    expected: format!("{size} bytes"),
+                    actual: format!("{} bytes", got.size_bytes),
+                });
+            }
+        }
+        if let Some(sha) = &self.sha256 {
+            if *sha != got.sha256 {
+                return Err(Error::DigestMismatch {
+                    path: path.to_owned(),
+                    expected: format!("sha256 {sha}"),
+                    actual: format!("sha256 {}", got.sha256),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The temp file of one write; unlinked on drop unless it was published.
+#[derive(Debug)]
+struct TempFile {
+    dir: Arc<OwnedFd>,
+    name: String,
+    armed: bool,
+}
+
+impl TempFile {
+    fn create(dir: Arc<OwnedFd>) -> std::result::Result<(TempFile, File), Errno> {
+        let name = format!("{TEMP_PREFIX}{}", uuid::Uuid::new_v4().simple());
+        let fd = rustix::fs::openat(
+            dir.as_fd(),
+            name.as_str(),
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            rustix::fs::Mode::from_raw_mode(beneath::FILE_MODE),
+        )?;
+        Ok((TempFile { dir, name, armed: true }, File::from(fd)))
+    }
+
+    /// The rename moved the temp file to its target: nothing to remove any more.
+    fn published(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = rustix::fs::unlinkat(self.dir.as_fd(), self.name.as_str(), AtFlags::empty());
+        }
+    }
+}
+
+/// A temp file next to its target, ready to receive bytes.
+#[derive(Debug)]
+struct Staged {
+    project: String,
+    path: String,
+    /// The target's directory.
+    dir: Arc<OwnedFd>,
+    /// The target's name in `dir`.
+    name: String,
+    temp: TempFile,
+}
+
+/// Reaches the target's directory beneath `root` (creating it), refuses a non-file at the
+/// target early, and creates the temp file.
+fn stage(root: BorrowedFd<'_>, project: &str, path: &str) -> Result<(Staged, File)> {
+    let (parent, name) = beneath::split_parent(path);
+    let dir = beneath::ensure_dir(root, parent).map_err(|e| refusal(e, project, path, "creating the directories of"))?;
+    let dir = Arc::new(dir);
+    existing_file(dir.as_fd(), name, project, path)?;
+    let (temp, file) =
+        TempFile::create(dir.clone()).map_err(|e| refusal(e, project, path, "creating a temp file for"))?;
+    let staged = Staged { project: project.to_owned(), path: path.to_owned(), dir, name: name.to_owned(), temp };
+    Ok((staged, file))
+}
+
+/// What is at the target now: a regular file (its stat), nothing, or a refusal.
+fn existing_file(dir: BorrowedFd<'_>, name: &str, project: &str, path: &str) -> Result<Option<rustix::fs::Stat>> {
+    match beneath::stat(dir, name) {
+        Ok(st) => match beneath::kind(&st) {
+            FileType::RegularFile => Ok(Some(st)),
+            FileType::Directory => Err(Error::NotAFile {
+                path: path.to_owned(),
+                found: "a directory is there, not a file; choose another path",
+            }),
+            FileType::Symlink => Err(Error::SymlinkInPath { path: path.to_owned() }),
+            _ => Err(Error::NotAFile {
+                path: path.to_owned(),
+                found: "a special file (fifo, socket or device) is there; only regular files are stored",
+            }),
+        },
+        Err(Errno::NOENT) => Ok(None),
+        Err(e) => Err(refusal(e, project, path, "looking at")),
+    }
+}
+
+/// True when the file at the target holds exactly `digest`'s bytes (also returns its size).
+fn holds_same_bytes(store: &Store, staged: &Staged, digest: &Digest) -> Result<(bool, u64)> {
+    let fd = beneath::open(staged.dir.as_fd(), &staged.name, OFlags::RDONLY | OFlags::NONBLOCK, 0)
+        .map_err(|e| refusal(e, &staged.project, &staged.path, "reading"))?;
+    let file = File::from(fd);
+    let st = rustix::fs::fstat(&file).map_err(|e| Error::io(format!("stat of {:?}", staged.path), e))?;
+    if beneath::kind(&st) != FileType::RegularFile {
+        return existing_file(staged.dir.as_fd(), &staged.name, &staged.project, &staged.path).map(|_| (false, 0));
+    }
+    let size = u64::try_from(st.st_size).unwrap_or(0);
+    if size != digest.size_bytes {
+        return Ok((false, size));
+    }
+    let theirs = store.digests.of_file(&file).map_err(|e| Error::io(format!("reading {:?}", staged.path), e))?;
+    Ok((theirs.sha256 == digest.sha256, size))
+}
+
+/// fsyncs the temp file and publishes it (see the module header); returns what happened.
+fn publish(store: &Store, mut staged: Staged, file: File, digest: &Digest, overwrite: bool) -> Result<Outcome> {
+    file.sync_all().map_err(|e| Error::io(format!("fsync of the temp file for {:?}", staged.path), e))?;
+    let dir = staged.dir.clone();
+    let (tmp, name) = (staged.temp.name.clone(), staged.name.clone());
+    let existed = existing_file(dir.as_fd(), &name, &staged.project, &staged.path)?;
+    let outcome = if !overwrite {
+        let linked = match rustix::fs::renameat_with(dir.as_fd(), tmp.as_str(), dir.as_fd(), name.as_str(), RenameFlags::NOREPLACE) {
+            Ok(()) => {
+                staged.temp.published();
+                Ok(())
+            }
+            // Filesystems without RENAME_NOREPLACE: link(2) also refuses an existing target
+            // atomically; the temp name is then unlinked by the guard.
+            Err(Errno::INVAL) => rustix::fs::linkat(dir.as_fd(), tmp.as_str(), dir.as_fd(), name.as_str(), AtFlags::empty()),
+            Err(e) => Err(e),
+        };
+        match linked {
+            Ok(()) => Outcome::Created,
+            Err(Errno::EXIST) => {
+                let (same, existing_size) = holds_same_bytes(store, &staged, digest)?;
+                if same {
+                    return Ok(Outcome::Unchanged);
+                }
+                return Err(Error::Exists { path: staged.path.clone(), existing_size });
+            }
+            Err(e) => return Err(refusal(e, &staged.project, &staged.path, "publishing")),
+        }
+    } else {
+        if let Some(st) = existed {
+            if u64::try_from(st.st_size).ok() == Some(digest.size_bytes) && holds_same_bytes(store, &staged, digest)?.0 {
+                return Ok(Outcome::Unchanged);
+            }
+        }
+        rustix::fs::renameat(dir.as_fd(), tmp.as_str(), dir.as_fd(), name.as_str())
+            .map_err(|e| refusal(e, &staged.project, &staged.path, "publishing"))?;
+        staged.temp.published();
+        if existed.is_some() {
+            Outcome::Overwritten
+        } else {
+            Outcome::Created
+        }
+    };
+    beneath::sync_dir(dir.as_fd()).map_err(|e| Error::io(format!("fsync of the directory of {:?}", staged.path), e))?;
+    // The published inode's stat (rename changed its ctime) keys the digest cache.
+    if let Ok(st) = rustix::fs::fstat(&file) {
+        store.digests.remember(&st, &digest.sha256);
+    }
+    drop(staged);
+    Ok(outcome)
+}
+
+/// Writes `bytes` to `path` in one blocking step (the store's own small writes and small Puts).
+pub(crate) fn write_bytes(
+    store: &Store,
+    root: BorrowedFd<'_>,
+    project: &str,
+    path: &str,
+    bytes: &[Bytes],
+    overwrite: bool,
+) -> Result<Written> {
+    write_small(store, root, project, path, bytes, &Expect::default(), overwrite)
+}
+
+fn write_small(
+    store: &Store,
+    root: BorrowedFd<'_>,
+    project: &str,
+    path: &str,
+    bytes: &[Bytes],
+    expect: &Expect,
+    overwrite: bool,
+) -> Result<Written> {
+    let mut hasher = Sha256::new();
+    let mut size_bytes = 0u64;
+    for chunk in bytes {
+        hasher.update(chunk);
+        size_bytes += chunk.len() as u64;
+    }
+    let digest = Digest { sha256: hex::encode(hasher.finalize()), size_bytes };
+    expect.verify(path, &digest)?;
+    let (staged, mut file) = stage(root, project, path)?;
+    for chunk in bytes {
+        file.write_all(chunk).map_err(|e| Error::io(format!("writing {path:?}"), e))?;
+    }
+    let outcome = publish(store, staged, file, &digest, overwrite)?;
+    Ok(Written { path: path.to_owned(), digest, outcome })
+}
+
+/// Put: checks, receives the stream, publishes; records an overwrite as a run event.
+pub async fn put<S>(store: &Arc<Store>, spec: PutSpec, mut chunks: S) -> Result<Written>
+where
+    S: Stream<Item = Result<Bytes>> + Unpin + Send,
+{
+    project::check_id("project", &spec.project_id)?;
+    if !spec.run_id.is_empty() {
+        project::check_id("run", &spec.run_id)?;
+    }
+    let path = store.write_path(&spec.path, &spec.allowed_prefixes)?.to_string();
+    let max = store.config.max_file_bytes;
+    let expect = Expect {
+        sha256: match spec.expected_sha256.as_str() {
+            "" => None,
+            s => Some(digest::parse_expected(s).ok_or_else(|| {
+                Error::BadRequest(format!("expected_sha256 {s:?} is not 64 hex digits; send the lower-case hex sha256 or leave it empty"))
+            })?),
+        },
+        size: spec.expected_size,
+    };
+    if let Some(size) = expect.size.filter(|s| *s > max) {
+        return Err(Error::TooLarge { what: format!("the announced size of {path:?} ({size} bytes)"), limit: max });
+    }
+    let too_large = |total: u64| Error::TooLarge { what: format!("the body of {path:?} ({total}+ bytes)"), limit: max };
+
+    // Receive up to SMALL_BYTES before touching the disk.
+    let mut head = Vec::new();
+    let mut total = 0u64;
+    let mut ended = false;
+    while total <= SMALL_BYTES {
+        match chunks.next().await {
+            None => {
+                ended = true;
+                break;
+            }
+            Some(chunk) => {
+                let chunk = chunk?;
+                total += chunk.len() as u64;
+                if total > max {
+                    return Err(too_large(total));
+                }
+                head.push(chunk);
+            }
+        }
+    }
+
+    let written = if ended {
+        let (store2, project, path2, overwrite, create) =
+            (store.clone(), spec.project_id.clone(), path.clone(), spec.overwrite, spec.create_project);
+        blocking(move || {
+            let root = open_root(&store2, &project, create)?;
+            write_small(&store2, root.as_fd(), &project, &path2, &head, &expect, overwrite)
+        })
+        .await?
+    } else {
+        let (store2, project, path2, create) = (store.clone(), spec.project_id.clone(), path.clone(), spec.create_project);
+        let (staged, file) = blocking(move || {
+            let root = open_root(&store2, &project, create)?;
+            stage(root.as_fd(), &project, &path2)
+        })
+        .await?;
+        let (file, digest) = stream_into(file, head, chunks, total, max, &path).await?;
+        expect.verify(&path, &digest)?;
+        let (store2, overwrite) = (store.clone(), spec.overwrite);
+        blocking(move || {
+            let outcome = publish(&store2, staged, file, &digest, overwrite)?;
+            Ok(Written { path: path.clone(), digest, outcome })
+        })
+        .await?
+    };
+
+    if written.outcome == Outcome::Overwritten {
+        tracing::info!(project = %spec.project_id, path = %written.path, sha256 = %written.digest.sha256, run = %spec.run_id, "file overwritten");
+        if !spec.run_id.is_empty() {
+            let event = NewEvent::store(
+                "store.overwritten",
+                serde_json::json!({"path": written.path, "sha256": written.digest.sha256, "size_bytes": written.digest.size_bytes}),
+            );
+            // The new bytes are durable already; a failed event must not make the client
+            // believe the write did not happen.
+            if let Err(e) = store.runs.append(store, &spec.project_id, &spec.run_id, vec![event]).await {
+                tracing::error!(error = %e, path = %written.path, "could not record store.overwritten");
+            }
+        }
+    }
+    Ok(written)
+}
+
+fn open_root(store: &Store, project: &str, create: bool) -> Result<OwnedFd> {
+    if create {
+        project::ensure(store, project).map(|(root, _)| root)
+    } else {
+        store.project_root(project)
+    }
+}
+
+/// Streams the rest of a large body into `file`: one thread writes, one hashes, both fed
+/// through bounded queues, so memory stays flat and hashing overlaps the disk.
+async fn stream_into<S>(file: File, head: Vec<Bytes>, mut chunks: S, mut total: u64, max: u64, path: &str) -> Result<(File, Digest)>
+where
+    S: Stream<Item = Result<Bytes>> + Unpin + Send,
+{
+    let (to_writer, mut writer_rx) = mpsc::channel::<Bytes>(QUEUED_CHUNKS);
+    let (to_hasher, mut hasher_rx) = mpsc::channel::<Bytes>(QUEUED_CHUNKS);
+    let writer = tokio::task::spawn_blocking(move || -> std::io::Result<File> {
+        let mut file = file;
+        while let Some(chunk) = writer_rx.blocking_recv() {
+            file.write_all(&chunk)?;
+        }
+        Ok(file)
+    });
+    let hasher = tokio::task::spawn_blocking(move || {
+        let mut hasher = Sha256::new();
+        while let Some(chunk) = hasher_rx.blocking_recv() {
+            hasher.update(&chunk);
+        }
+        hex::encode(hasher.finalize())
+    });
+
+    let fed = async {
+        for chunk in head {
+            if to_writer.send(chunk.clone()).await.is_err() || to_hasher.send(chunk).await.is_err() {
+                return Ok(());
+            }
+        }
+        while let Some(chunk) = chunks.next().await {
+            let chunk = chunk?;
+            total += chunk.len() as u64;
+            if total > max {
+                return Err(Error::TooLarge { what: format!("the body of {path:?} ({total}+ bytes)"), limit: max });
+            }
+            // A closed queue means the writer failed; its error is reported below.
+            if to_writer.send(chunk.clone()).await.is_err() || to_hasher.send(chunk).await.is_err() {
+                return Ok(());
+            }
+        }
+        Ok::<(), Error>(())
+    }
+    .await;
+    drop(to_writer);
+    drop(to_hasher);
+    fed?;
+    let joined = |e: tokio::task::JoinError| Error::io("a write task failed", std::io::Error::other(e.to_string()));
+    let file = writer.await.map_err(joined)?.map_err(|e| Error::io(format!("writing {path:?}"), e))?;
+    let sha256 = hasher.await.map_err(joined)?;
+    Ok((file, Digest { sha256, size_bytes: total }))
+}
+
+/// Delete: removes one regular file; records it when a run is given.
+pub async fn delete(store: &Arc<Store>, project: &str, path: &str, run_id: &str) -> Result<bool> {
+    project::check_id("project", project)?;
+    if !run_id.is_empty() {
+        project::check_id("run", run_id)?;
+    }
+    let path = store.write_path(path, &[])?.to_string();
+    let (store2, project2, path2) = (store.clone(), project.to_owned(), path.clone());
+    let deleted = blocking(move || {
+        let root = store2.project_root(&project2)?;
+        let (parent, name) = beneath::split_parent(&path2);
+        let dir = match beneath::open_dir(root.as_fd(), parent) {
+            Err(Errno::NOENT) => return Ok(false),
+            other => other.map_err(|e| refusal(e, &project2, &path2, "opening the directory of"))?,
+        };
+        if existing_file(dir.as_fd(), name, &project2, &path2)?.is_none() {
+            return Ok(false);
+        }
+        match rustix::fs::unlinkat(dir.as_fd(), name, AtFlags::empty()) {
+            Ok(()) => {}
+            Err(Errno::NOENT) => return Ok(false),
+            Err(e) => return Err(refusal(e, &project2, &path2, "deleting")),
+        }
+        beneath::sync_dir(dir.as_fd()).map_err(|e| Error::io(format!("fsync of the directory of {path2:?}"), e))?;
+        Ok(true)
+    })
+    .await?;
+    if deleted && !run_id.is_empty() {
+        let event = NewEvent::store("store.deleted", serde_json::json!({"path": path}));
+        if let Err(e) = store.runs.append(store, project, run_id, vec![event]).await {
+            tracing::error!(error = %e, %path, "could not record store.deleted");
+        }
+    }
+    Ok(deleted)
+}

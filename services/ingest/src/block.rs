@@ -1,0 +1,256 @@
+//! From a document to its blocks and their planned status (seed 000; DESIGN.md "ingest").
+//!
+//! Pure: no I/O, no store. Decides everything that can be decided from the document alone:
+//! header form, unterminated fences, duplicates, path rules (through `pathguard`, the only
+//! place they live) and the limits. A block left `Written` here is one the store is asked to
+//! write; the store may still refuse it (`symlink_in_path`, `not_a_file`, `exists`, ...).
+
+use std::collections::HashMap;
+use std::ops::Range;
+
+use pathguard::Policy;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::fence::{self, Header};
+
+/// The reason words ingest itself assigns (common.proto vocabulary). Path reasons come from
+/// `pathguard::Reason::as_str`, store refusals from the store's `cairn-reason` metadata.
+pub mod reason {
+    pub const MALFORMED_HEADER: &str = "malformed_header";
+    pub const UNTERMINATED_FENCE: &str = "unterminated_fence";
+    pub const SUPERSEDED: &str = "superseded";
+    pub const TOO_LARGE: &str = "too_large";
+    pub const TOO_MANY_BLOCKS: &str = "too_many_blocks";
+    pub const STORE_UNAVAILABLE: &str = "store_unavailable";
+    pub const IO_ERROR: &str = "io_error";
+}
+
+/// Every file= path is written beneath this project directory (seed 000 寫入根目錄).
+pub const WORKSPACE: &str = "workspace";
+
+/// Size limits (config `max_block_bytes`, `max_blocks`, `max_document_bytes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Limits {
+    /// A block whose content is larger is `rejected` / `too_large`.
+    pub max_block_bytes: u64,
+    /// Recorded blocks from this index on are `rejected` / `too_many_blocks`.
+    pub max_blocks: u32,
+    /// A larger document is not parsed: one `rejected` / `too_large` entry stands for it.
+    pub max_document_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { max_block_bytes: 1 << 20, max_blocks: 1000, max_document_bytes: 16 << 20 }
+    }
+}
+
+/// Manifest status of a block (seed 000).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BlockStatus {
+    /// Written to `workspace/<file>` (after `parse` alone: would be written).
+    Written,
+    /// Did not qualify: malformed header, unterminated fence, superseded.
+    Skipped,
+    /// Refused by a safety or validation rule, a limit, the store, or not written because the
+    /// store failed (`store_unavailable`, `io_error`).
+    Rejected,
+}
+
+impl BlockStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BlockStatus::Written => "written",
+            BlockStatus::Skipped => "skipped",
+            BlockStatus::Rejected => "rejected",
+        }
+    }
+}
+
+/// One recorded block of a document: a manifest entry plus where its content is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Block {
+    /// 0-based position among the recorded blocks.
+    pub index: u32,
+    /// The fence's language token ("" when a malformed header has none).
+    pub lang: String,
+    /// The file= value as written (for a malformed header: best effort, see docs/ingest.md).
+    pub declared_file: String,
+    /// `workspace/<normalised path>`, or "" when the path was refused before normalisation.
+    pub workspace_path: String,
+    /// Byte range of the content in the document given to [`parse`].
+    pub content: Range<usize>,
+    /// Content length.
+    pub bytes: u64,
+    /// Lower-case hex sha256 of the content.
+    pub sha256: String,
+    pub status: BlockStatus,
+    /// Reason word; "" when written.
+    pub reason: String,
+    /// What is wrong and how to fix it (never content); "" when written. Not in the manifest.
+    pub detail: String,
+}
+
+impl Block {
+    /// The content bytes, given the document `parse` was called with.
+    pub fn content_of<'a>(&self, doc: &'a [u8]) -> &'a [u8] {
+        doc.get(self.content.clone()).unwrap_or_default()
+    }
+
+    pub(crate) fn set(&mut self, status: BlockStatus, reason: &str, detail: impl Into<String>) {
+        self.status = status;
+        self.reason = reason.to_owned();
+        self.detail = detail.into();
+    }
+}
+
+/// Lower-case hex sha256.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// Parses `doc` into its recorded blocks with their planned status. Never panics.
+///
+/// Order of decisions for each block: position beyond `max_blocks` (`too_many_blocks`, nothing
+/// else examined); header form (`malformed_header`); unterminated fence; duplicates (last wins,
+/// earlier ones `superseded`); path rules in pathguard's order (including the denylist of
+/// `policy`); `too_large`. A document over `max_document_bytes` is not parsed at all.
+pub fn parse(doc: &[u8], limits: &Limits, policy: &Policy) -> Vec<Block> {
+    if doc.len() as u64 > limits.max_document_bytes {
+        let mut block = oversized_document(doc.len() as u64, sha256_hex(doc), limits.max_document_bytes);
+        block.content = 0..doc.len();
+        return vec![block];
+    }
+
+    let mut blocks: Vec<Block> = fence::scan(doc)
+        .into_iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let (lang, declared_file, header_problem) = match f.header {
+                Header::File { lang, declared_file } => (lang, declared_file, None),
+                Header::Malformed { lang, declared_file, problem } => (lang, declared_file, Some(problem)),
+            };
+            let content = doc.get(f.content.clone()).unwrap_or_default();
+            let mut block = Block {
+                index: u32::try_from(i).unwrap_or(u32::MAX),
+                lang,
+                declared_file,
+                workspace_path: String::new(),
+                bytes: content.len() as u64,
+                sha256: sha256_hex(content),
+                content: f.content,
+                status: BlockStatus::Written,
+                reason: String::new(),
+                detail: String::new(),
+            };
+            if i >= limits.max_blocks as usize {
+                block.set(
+                    BlockStatus::Rejected,
+                    reason::TOO_MANY_BLOCKS,
+                    format!("the document has more than {} blocks (max_blocks); split it", limits.max_blocks),
+                );
+            } else if let Some(problem) = header_problem {
+                block.set(BlockStatus::Skipped, reason::MALFORMED_HEADER, problem);
+            } else if !f.terminated {
+                block.set(
+                    BlockStatus::Skipped,
+                    reason::UNTERMINATED_FENCE,
+                    "the document ends before the closing fence (truncated output?)",
+                );
+            }
+            block
+        })
+        .collect();
+
+    // seed 000 / DESIGN.md: the same path twice (NFC-normalised, case-folded) -> the last block
+    // wins; a model that rewrites a file means its last version.
+    let mut last: HashMap<String, usize> = HashMap::new();
+    for (i, b) in blocks.iter().enumerate() {
+        if b.status == BlockStatus::Written {
+            last.insert(pathguard::fold_key(&b.declared_file), i);
+        }
+    }
+
+    for (i, b) in blocks.iter_mut().enumerate() {
+        if b.status == BlockStatus::Rejected && b.reason == reason::TOO_MANY_BLOCKS {
+            continue;
+        }
+        let path_check = check_path(&b.declared_file, policy);
+        if let Ok(workspace_path) | Err((Some(workspace_path), _)) = &path_check {
+            b.workspace_path = workspace_path.clone();
+        }
+        if b.status != BlockStatus::Written {
+            continue;
+        }
+        if last.get(&pathguard::fold_key(&b.declared_file)) != Some(&i) {
+            b.set(BlockStatus::Skipped, reason::SUPERSEDED, "a later block declares the same file");
+        } else if let Err((_, rejection)) = path_check {
+            b.set(BlockStatus::Rejected, rejection.reason.as_str(), rejection.message);
+        } else if b.bytes > limits.max_block_bytes {
+            b.set(
+                BlockStatus::Rejected,
+                reason::TOO_LARGE,
+                format!("the block is {} bytes, over the limit of {} (max_block_bytes)", b.bytes, limits.max_block_bytes),
+            );
+        }
+    }
+    blocks
+}
+
+/// The one entry that stands for a document over `max_document_bytes` (`bytes` long, digest
+/// `sha256`): index 0, no lang or paths, `rejected` / `too_large`. Its content range is empty;
+/// [`parse`] sets it to the whole document.
+pub fn oversized_document(bytes: u64, sha256: String, limit: u64) -> Block {
+    Block {
+        index: 0,
+        lang: String::new(),
+        declared_file: String::new(),
+        workspace_path: String::new(),
+        content: 0..0,
+        bytes,
+        sha256,
+        status: BlockStatus::Rejected,
+        reason: reason::TOO_LARGE.to_owned(),
+        detail: format!("the document is {bytes} bytes, over the limit of {limit} (max_document_bytes); it was not parsed"),
+    }
+}
+
+/// The path rules for a declared file: `Ok(workspace path)`, or the rejection together with
+/// the workspace path when the refusal came after normalisation (denylist, length of the
+/// joined path).
+fn check_path(declared: &str, policy: &Policy) -> Result<String, (Option<String>, pathguard::Rejection)> {
+    let safe = pathguard::validate(declared).map_err(|r| (None, r))?;
+    let workspace_path = format!("{WORKSPACE}/{safe}");
+    match policy.check(declared).and_then(|_| policy.check(&workspace_path)) {
+        Ok(_) => Ok(workspace_path),
+        Err(r) => Err((Some(workspace_path), r)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn document_over_the_limit_is_one_rejected_entry() {
+        let limits = Limits { max_document_bytes: 10, ..Limits::default() };
+        let doc = b"```py file=a.py\nx\n```\n";
+        let blocks = parse(doc, &limits, &Policy::new(vec![], vec![]));
+        assert_eq!(blocks.len(), 1);
+        assert_eq!(blocks[0].reason, reason::TOO_LARGE);
+        assert_eq!(blocks[0].bytes, doc.len() as u64);
+        assert_eq!(blocks[0].sha256, sha256_hex(doc));
+    }
+
+    #[test]
+    fn blocks_beyond_the_count_are_too_many() {
+        let limits = Limits { max_blocks: 1, ..Limits::default() };
+        let doc = b"```py file=a.py\n```\n```py file=b.py\n```\n```py path=c.py\n```\n";
+        let blocks = parse(doc, &limits, &Policy::new(vec![], vec![]));
+        let reasons: Vec<&str> = blocks.iter().map(|b| b.reason.as_str()).collect();
+        assert_eq!(reasons, ["", "too_many_blocks", "too_many_blocks"]);
+    }
+}

@@ -1,0 +1,256 @@
+//! Ingest's configuration: defaults, then a TOML file, then `CAIRN_INGEST_*` environment
+//! variables, then command-line flags (each later source wins).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::block::Limits;
+use crate::error::{Error, Result};
+
+/// Configuration of one ingest service.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Address the standalone server listens on.
+    pub listen: SocketAddr,
+    /// The artifact-store ingest writes through (`host:port` or `http://host:port`).
+    pub store_addr: String,
+    /// Longest wait for one store call (a Put of one block, an AppendEvents); a store that does
+    /// not answer in time counts as unavailable (seed 000: fail-open).
+    pub store_timeout_ms: u64,
+    /// Whether ingest is on for projects and runs that have no flag of their own.
+    pub default_enabled: bool,
+    /// A block whose content is larger is rejected (`too_large`).
+    pub max_block_bytes: u64,
+    /// Recorded blocks from this index on are rejected (`too_many_blocks`).
+    pub max_blocks: u32,
+    /// A larger document is not parsed (one `too_large` entry stands for it).
+    pub max_document_bytes: u64,
+    /// Names refused as any path component, in addition to `pathguard::DEFAULT_DENYLIST`.
+    pub denylist: Vec<String>,
+    /// Blocks written to the store at the same time (1 = one after the other).
+    pub write_concurrency: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        let limits = Limits::default();
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7071)),
+            store_addr: "http://127.0.0.1:7070".to_owned(),
+            store_timeout_ms: 10_000,
+            default_enabled: true,
+            max_block_bytes: limits.max_block_bytes,
+            max_blocks: limits.max_blocks,
+            max_document_bytes: limits.max_document_bytes,
+            denylist: Vec::new(),
+            write_concurrency: 8,
+        }
+    }
+}
+
+/// Environment variables read by [`Config::load`] (`CAIRN_INGEST_<KEY>`; lists comma-separated).
+pub const ENV_KEYS: &[&str] = &[
+    "CAIRN_INGEST_LISTEN",
+    "CAIRN_INGEST_STORE_ADDR",
+    "CAIRN_INGEST_STORE_TIMEOUT_MS",
+    "CAIRN_INGEST_DEFAULT_ENABLED",
+    "CAIRN_INGEST_MAX_BLOCK_BYTES",
+    "CAIRN_INGEST_MAX_BLOCKS",
+    "CAIRN_INGEST_MAX_DOCUMENT_BYTES",
+    "CAIRN_INGEST_DENYLIST",
+    "CAIRN_INGEST_WRITE_CONCURRENCY",
+];
+
+impl Config {
+    /// Defaults, then the TOML `file` (if given), then `CAIRN_INGEST_*` variables.
+    pub fn load(file: Option<&Path>) -> Result<Config> {
+        let mut config = match file {
+            Some(path) => Config::from_toml_file(path)?,
+            None => Config::default(),
+        };
+        config.apply_env(|key| std::env::var(key).ok())?;
+        config.check()?;
+        Ok(config)
+    }
+
+    /// Parses a TOML file (keys as the field names of [`Config`]).
+    pub fn from_toml_file(path: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::Config(format!("cannot read config file {}: {e}", path.display())))?;
+        toml::from_str(&text).map_err(|e| Error::Config(format!("config file {}: {e}", path.display())))
+    }
+
+    /// Applies `CAIRN_INGEST_*` overrides read through `var`.
+    pub fn apply_env(&mut self, var: impl Fn(&str) -> Option<String>) -> Result<()> {
+        if let Some(v) = var("CAIRN_INGEST_LISTEN") {
+            self.listen = parse_env("CAIRN_INGEST_LISTEN", &v)?;
+        }
+        if let Some(v) = var("CAIRN_INGEST_STORE_ADDR") {
+            self.store_addr = v.trim().to_owned();
+        }
+        if let Some(v) = var("CAIRN_INGEST_STORE_TIMEOUT_MS") {
+            self.store_timeout_ms = parse_env("CAIRN_INGEST_STORE_TIMEOUT_MS", &v)?;
+        }
+        if let Some(v) = var("CAIRN_INGEST_DEFAULT_ENABLED") {
+            self.default_enabled = parse_env("CAIRN_INGEST_DEFAULT_ENABLED", &v)?;
+        }
+        if let Some(v) = var("CAIRN_INGEST_MAX_BLOCK_BYTES") {
+            self.max_block_bytes = parse_env("CAIRN_INGEST_MAX_BLOCK_BYTES", &v)?;
+        }
+        if let Some(v) = var("CAIRN_INGEST_MAX_BLOCKS") {
+            self.max_blocks = parse_env("CAIRN_INGEST_MAX_BLOCKS", &v)?;
+        }
+        if let Some(v) = var("CAIRN_INGEST_MAX_DOCUMENT_BYTES") {
+            self.max_document_bytes = parse_env("CAIRN_INGEST_MAX_DOCUMENT_BYTES", &v)?;
+        }
+        if let Some(v) = var("CAIRN_INGEST_DENYLIST") {
+            self.denylist = v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect();
+        }
+        if let Some(v) = var("CAIRN_INGEST_WRITE_CONCURRENCY") {
+            self.write_concurrency = parse_env("CAIRN_INGEST_WRITE_CONCURRENCY", &v)?;
+        }
+        Ok(())
+    }
+
+    /// Refuses values ingest cannot work with.
+    pub fn check(&self) -> Result<()> {
+        if self.store_addr.trim().is_empty() {
+            return Err(Error::Config("store_addr is empty: give the artifact-store's address, e.g. http://127.0.0.1:7070".into()));
+        }
+        if self.store_timeout_ms == 0 {
+            return Err(Error::Config("store_timeout_ms must be at least 1".into()));
+        }
+        if self.write_concurrency == 0 || self.write_concurrency > 256 {
+            return Err(Error::Config(format!("write_concurrency = {} is out of range: use 1..=256", self.write_concurrency)));
+        }
+        Ok(())
+    }
+
+    /// The size limits.
+    pub fn limits(&self) -> Limits {
+        Limits {
+            max_block_bytes: self.max_block_bytes,
+            max_blocks: self.max_blocks,
+            max_document_bytes: self.max_document_bytes,
+        }
+    }
+
+    /// The path policy: pathguard's default denylist plus `denylist`; no prefixes (ingest only
+    /// writes beneath `workspace/`, and narrows every Put to it).
+    pub fn policy(&self) -> pathguard::Policy {
+        let mut denylist: Vec<String> = pathguard::DEFAULT_DENYLIST.iter().map(|s| (*s).to_owned()).collect();
+        denylist.extend(self.denylist.iter().cloned());
+        pathguard::Policy::new(denylist, Vec::new())
+    }
+
+    pub fn store_timeout(&self) -> Duration {
+        Duration::from_millis(self.store_timeout_ms)
+    }
+}
+
+fn parse_env<T: std::str::FromStr>(key: &str, value: &str) -> Result<T>
+where
+    T::Err: std::fmt::Display,
+{
+    value.trim().parse().map_err(|e| Error::Config(format!("{key}={value:?}: {e}")))
+}
+
+/// Command-line flags of the ingest service (also flattened into `cairn serve ingest`).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ConfigArgs {
+    /// TOML configuration file (keys: listen, store_addr, store_timeout_ms, default_enabled,
+    /// max_block_bytes, max_blocks, max_document_bytes, denylist, write_concurrency).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Address to listen on, e.g. 127.0.0.1:7071 (env CAIRN_INGEST_LISTEN).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+    /// The artifact-store to write through, e.g. http://127.0.0.1:7070 (env CAIRN_INGEST_STORE_ADDR).
+    #[arg(long, value_name = "ADDR")]
+    pub store_addr: Option<String>,
+    /// Longest wait for one store call, in milliseconds (env CAIRN_INGEST_STORE_TIMEOUT_MS).
+    #[arg(long, value_name = "MS")]
+    pub store_timeout_ms: Option<u64>,
+    /// Ingest on (true) or off (false) where no project or run flag says otherwise.
+    #[arg(long, value_name = "BOOL")]
+    pub default_enabled: Option<bool>,
+    /// Largest block, in bytes (default 1 MiB).
+    #[arg(long, value_name = "BYTES")]
+    pub max_block_bytes: Option<u64>,
+    /// Most blocks per document (default 1000).
+    #[arg(long, value_name = "N")]
+    pub max_blocks: Option<u32>,
+    /// Largest document, in bytes (default 16 MiB).
+    #[arg(long, value_name = "BYTES")]
+    pub max_document_bytes: Option<u64>,
+    /// Extra denylisted name (repeatable; adds to the built-in list and the config's).
+    #[arg(long = "deny", value_name = "NAME")]
+    pub deny: Vec<String>,
+}
+
+impl ConfigArgs {
+    /// Defaults, file, environment, then these flags.
+    pub fn load(&self) -> Result<Config> {
+        let mut config = Config::load(self.config.as_deref())?;
+        if let Some(v) = self.listen {
+            config.listen = v;
+        }
+        if let Some(v) = &self.store_addr {
+            config.store_addr = v.clone();
+        }
+        if let Some(v) = self.store_timeout_ms {
+            config.store_timeout_ms = v;
+        }
+        if let Some(v) = self.default_enabled {
+            config.default_enabled = v;
+        }
+        if let Some(v) = self.max_block_bytes {
+            config.max_block_bytes = v;
+        }
+        if let Some(v) = self.max_blocks {
+            config.max_blocks = v;
+        }
+        if let Some(v) = self.max_document_bytes {
+            config.max_document_bytes = v;
+        }
+        config.denylist.extend(self.deny.iter().cloned());
+        config.check()?;
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_then_env_then_defaults() {
+        let mut config: Config = toml::from_str("max_blocks = 5\nstore_addr = \"10.0.0.1:1\"\n").unwrap();
+        config
+            .apply_env(|k| match k {
+                "CAIRN_INGEST_STORE_ADDR" => Some("http://127.0.0.1:9".into()),
+                "CAIRN_INGEST_DEFAULT_ENABLED" => Some("false".into()),
+                "CAIRN_INGEST_DENYLIST" => Some(" secrets, .npmrc ,".into()),
+                _ => None,
+            })
+            .unwrap();
+        assert_eq!(config.max_blocks, 5);
+        assert_eq!(config.store_addr, "http://127.0.0.1:9");
+        assert!(!config.default_enabled);
+        assert_eq!(config.denylist, ["secrets", ".npmrc"]);
+        assert_eq!(config.max_block_bytes, 1 << 20);
+    }
+
+    #[test]
+    fn bad_values_name_the_key() {
+        let mut config = Config::default();
+        let err = config.apply_env(|k| (k == "CAIRN_INGEST_MAX_BLOCKS").then(|| "many".into())).unwrap_err();
+        assert!(err.to_string().contains("CAIRN_INGEST_MAX_BLOCKS"), "{err}");
+        assert!(Config { write_concurrency: 0, ..Config::default() }.check().is_err());
+        assert!(toml::from_str::<Config>("nonsense = 1").is_err());
+    }
+}

@@ -1,0 +1,50 @@
+//! Ingest's error type and its ONE mapping to gRPC status codes. Ingest itself is fail-open
+//! (seed 000): problems with the document or the store go into the manifest, not here. Errors
+//! are for malformed requests, the flag RPCs, configuration and start-up.
+
+use tonic::{Code, Status};
+
+/// Everything that can make an ingest RPC (or the service's start-up) fail.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A required request field is empty.
+    #[error("{0} is required")]
+    Missing(&'static str),
+
+    /// An id is not of the form [A-Za-z0-9._-]{1,128}.
+    #[error("{kind} id {id:?} is invalid: use 1-128 characters of A-Z a-z 0-9 . _ - (not \".\" or \"..\")")]
+    InvalidId { kind: &'static str, id: String },
+
+    /// The artifact-store did not answer (flag RPCs only; Ingest records this in the manifest).
+    #[error("the artifact-store is unavailable: {0}; check that it runs and that store_addr points to it")]
+    StoreUnavailable(String),
+
+    /// The artifact-store refused or failed a call (flag RPCs only).
+    #[error("the artifact-store refused: {message}")]
+    Store { reason: Option<String>, code: Code, message: String },
+
+    /// Bad configuration.
+    #[error("configuration: {0}")]
+    Config(String),
+
+    /// The gRPC server failed.
+    #[error("server: {0}")]
+    Server(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl From<Error> for Status {
+    fn from(e: Error) -> Status {
+        let message = e.to_string();
+        match e {
+            Error::Missing(_) | Error::InvalidId { .. } => Status::invalid_argument(message),
+            Error::StoreUnavailable(_) => {
+                cairn_proto::reason::status(Code::Unavailable, message, crate::block::reason::STORE_UNAVAILABLE)
+            }
+            Error::Store { reason: Some(reason), code, .. } => cairn_proto::reason::status(code, message, &reason),
+            Error::Store { reason: None, code, .. } => Status::new(code, message),
+            Error::Config(_) | Error::Server(_) => Status::internal(message),
+        }
+    }
+}

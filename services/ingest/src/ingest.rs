@@ -1,0 +1,449 @@
+//! One ingest, top to bottom (seed 000; DESIGN.md "ingest"): the flag, the document, the
+//! blocks, the writes through the store, the manifest, the events.
+//!
+//! seed 000 錯誤策略: fail-open. Whatever goes wrong with the document or the store (dead,
+//! slow, refusing) ends up in the manifest, the events and the reply's level/notes; the caller
+//! always gets a normal reply. Only a malformed request is an error. Never logs content.
+
+use std::collections::HashSet;
+use std::sync::OnceLock;
+
+use bytes::Bytes;
+use cairn_proto::v1::{IngestRequest, PutHeader, WriteOutcome};
+use futures::StreamExt;
+use pathguard::Policy;
+
+use crate::block::{self, reason, sha256_hex, Block, BlockStatus, Limits, WORKSPACE};
+use crate::error::{Error, Result};
+use crate::events;
+use crate::flag;
+use crate::manifest::{Manifest, Severity, Source};
+use crate::store::{StoreClient, StoreError};
+
+/// Node id used when the request names none.
+pub const DEFAULT_NODE_ID: &str = "manual";
+
+/// Most notes a reply carries (the manifest has every block regardless).
+const MAX_NOTES: usize = 100;
+
+/// Events per AppendEvents call.
+const EVENTS_PER_CALL: usize = 500;
+
+/// Where the manifest of `node_id` in `run_id` is stored.
+pub fn manifest_path(run_id: &str, node_id: &str) -> String {
+    format!(".cairn/runs/{run_id}/ingest/{node_id}.json")
+}
+
+/// A checked ingest request.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub project_id: String,
+    pub run_id: String,
+    pub node_id: String,
+    pub source: Source,
+    /// The document; empty = read `source.doc_path` from the store.
+    pub content: Bytes,
+    pub overwrite: bool,
+}
+
+impl Request {
+    /// Checks the ids (the only way an ingest request can be refused) and fills defaults.
+    pub fn from_proto(r: IngestRequest) -> Result<Request> {
+        let project_id = check_id("project", "project_id", r.project_id)?;
+        let run_id = check_id("run", "run_id", r.run_id)?;
+        let node_id = if r.node_id.is_empty() { DEFAULT_NODE_ID.to_owned() } else { check_id("node", "node_id", r.node_id)? };
+        let or = |s: String, default: &str| if s.is_empty() { default.to_owned() } else { s };
+        Ok(Request {
+            project_id,
+            run_id,
+            node_id,
+            source: Source { kind: or(r.source_kind, "graph_runtime"), mode: or(r.mode, "unknown"), doc_path: r.doc_path },
+            content: r.content,
+            overwrite: r.overwrite,
+        })
+    }
+}
+
+/// An id of the form [A-Za-z0-9._-]{1,128}, not `.` or `..` (common.proto).
+pub fn check_id(kind: &'static str, field: &'static str, id: String) -> Result<String> {
+    if id.is_empty() {
+        return Err(Error::Missing(field));
+    }
+    let ok = id.len() <= 128
+        && id != "."
+        && id != ".."
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(id)
+    } else {
+        Err(Error::InvalidId { kind, id })
+    }
+}
+
+/// What an ingest (or a dry run) produced.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// False when ingest is disabled for the project/run: nothing was read or written.
+    pub enabled: bool,
+    /// The manifest (None when disabled).
+    pub manifest: Option<Manifest>,
+    /// The blocks behind the manifest, with details.
+    pub blocks: Vec<Block>,
+    /// Where the manifest was stored; "" for a dry run or when it could not be stored.
+    pub manifest_path: String,
+    /// Overall severity (seed 000 錯誤分級).
+    pub severity: Severity,
+    /// Human-readable notes on problems (never content).
+    pub notes: Vec<String>,
+}
+
+/// The document of a request.
+enum Document {
+    Loaded(Bytes),
+    /// Read from the store but over `max_document_bytes`: (size, sha256).
+    Oversized(u64, String),
+}
+
+/// What went wrong during one ingest, besides the blocks' own statuses.
+#[derive(Default)]
+struct Trouble {
+    /// Set once the store was found unavailable; later store calls are not attempted.
+    store_down: OnceLock<String>,
+    /// The first failure of ingest's own job: (reason word, message). Makes `ingest.failed`.
+    failure: Option<(String, String)>,
+    notes: Vec<String>,
+    dropped_notes: usize,
+}
+
+impl Trouble {
+    fn note(&mut self, note: String) {
+        if self.notes.len() < MAX_NOTES {
+            self.notes.push(note);
+        } else {
+            self.dropped_notes += 1;
+        }
+    }
+
+    fn fail(&mut self, reason: &str, message: String) {
+        self.note(message.clone());
+        if self.failure.is_none() {
+            self.failure = Some((reason.to_owned(), message));
+        }
+    }
+
+    /// Records a store error of a call that ingest itself needed (not a block's write).
+    fn store_failed(&mut self, what: &str, e: &StoreError) {
+        if e.is_unavailable() {
+            let _ = self.store_down.set(e.to_string());
+        }
+        self.fail(e.reason(), format!("{what}: {e}"));
+    }
+
+    fn store_up(&self) -> bool {
+        self.store_down.get().is_none()
+    }
+
+    fn into_notes(mut self) -> Vec<String> {
+        if self.dropped_notes > 0 {
+            self.notes.push(format!("... and {} more (see the manifest)", self.dropped_notes));
+        }
+        self.notes
+    }
+}
+
+/// Ingest's domain: parses documents and writes their blocks through the store.
+#[derive(Clone)]
+pub struct Ingestor {
+    pub store: StoreClient,
+    pub limits: Limits,
+    pub policy: Policy,
+    pub default_enabled: bool,
+    pub write_concurrency: usize,
+}
+
+impl Ingestor {
+    /// Dry run: the manifest as `ingest` would produce it, without writing anything (store-side
+    /// refusals such as `exists` cannot be known). Reads `doc_path` from the store when the
+    /// request carries no content.
+    pub async fn dry_run(&self, req: &Request) -> Outcome {
+        let mut trouble = Trouble::default();
+        let blocks = match self.document(req, &mut trouble).await {
+            Some(doc) => self.blocks_of(&doc),
+            None => Vec::new(),
+        };
+        let manifest = Manifest::new(&req.run_id, &req.node_id, req.source.clone(), &blocks);
+        self.finish(req, manifest, blocks, String::new(), trouble)
+    }
+
+    /// Ingests the document: writes every valid block to `workspace/<file>`, stores the
+    /// manifest, appends the events. Never fails (seed 000: fail-open).
+    pub async fn ingest(&self, req: &Request) -> Outcome {
+        let mut trouble = Trouble::default();
+        let enabled = match flag::effective(&self.store, &req.project_id, Some(&req.run_id), self.default_enabled).await {
+            Ok(enabled) => enabled,
+            Err(e) => {
+                trouble.store_failed("reading the ingest flag", &e);
+                self.default_enabled
+            }
+        };
+        if !enabled {
+            tracing::info!(project = %req.project_id, run = %req.run_id, node = %req.node_id, "ingest is disabled; nothing done");
+            return Outcome {
+                enabled: false,
+                manifest: None,
+                blocks: Vec::new(),
+                manifest_path: String::new(),
+                severity: Severity::Info,
+                notes: vec![format!(
+                    "ingest is disabled for project {:?} run {:?}; enable it with SetEnabled",
+                    req.project_id, req.run_id
+                )],
+            };
+        }
+        if trouble.store_up() {
+            if let Err(e) = self.store.create_project(&req.project_id).await {
+                trouble.store_failed("creating the project", &e);
+            }
+        }
+        let document = self.document(req, &mut trouble).await;
+        if trouble.store_up() {
+            let (bytes, sha256) = match &document {
+                Some(Document::Loaded(doc)) => (doc.len() as u64, sha256_hex(doc)),
+                Some(Document::Oversized(size, sha256)) => (*size, sha256.clone()),
+                None => (0, String::new()),
+            };
+            let started = events::started(&req.node_id, &req.source, bytes, &sha256);
+            if let Err(e) = self.store.append_events(&req.project_id, &req.run_id, vec![started]).await {
+                trouble.store_failed("appending ingest.started", &e);
+            }
+        }
+
+        let mut blocks = match &document {
+            Some(doc) => self.blocks_of(doc),
+            None => Vec::new(),
+        };
+        let outcomes = match &document {
+            Some(Document::Loaded(doc)) => self.write_blocks(req, doc, &mut blocks, &trouble).await,
+            _ => vec![None; blocks.len()],
+        };
+        if let Some(b) = blocks.iter().find(|b| b.reason == reason::STORE_UNAVAILABLE || b.reason == reason::IO_ERROR) {
+            let (r, d) = (b.reason.clone(), b.detail.clone());
+            trouble.fail(&r, format!("writing the blocks failed: {d}"));
+        }
+        // The entry standing for an oversized document (no header, so no declared file).
+        if let Some(b) = blocks.iter().find(|b| b.reason == reason::TOO_LARGE && b.declared_file.is_empty()) {
+            let d = b.detail.clone();
+            trouble.fail(reason::TOO_LARGE, d);
+        }
+
+        let manifest = Manifest::new(&req.run_id, &req.node_id, req.source.clone(), &blocks);
+        let mut stored_at = String::new();
+        if trouble.store_up() {
+            let path = manifest_path(&req.run_id, &req.node_id);
+            let body = Bytes::from(manifest.to_json());
+            let header = PutHeader {
+                project_id: req.project_id.clone(),
+                path: path.clone(),
+                overwrite: true,
+                expected_sha256: sha256_hex(&body),
+                expected_size: Some(body.len() as u64),
+                run_id: req.run_id.clone(),
+                create_project: true,
+                ..PutHeader::default()
+            };
+            match self.store.put(header, body).await {
+                Ok(_) => stored_at = path,
+                Err(e) => trouble.store_failed("storing the manifest", &e),
+            }
+        } else {
+            trouble.note("the manifest was not stored: the artifact-store is unavailable".to_owned());
+        }
+
+        if trouble.store_up() {
+            let mut list: Vec<_> = blocks.iter().zip(&outcomes).map(|(b, o)| events::block(&req.node_id, b, *o)).collect();
+            let severity = Severity::of(&blocks);
+            list.push(match &trouble.failure {
+                Some((r, message)) => events::failed(&req.node_id, r, message, &manifest.summary, &stored_at),
+                None => events::completed(&req.node_id, &manifest.summary, &stored_at, severity),
+            });
+            for batch in list.chunks(EVENTS_PER_CALL) {
+                if let Err(e) = self.store.append_events(&req.project_id, &req.run_id, batch.to_vec()).await {
+                    trouble.store_failed("appending the ingest events", &e);
+                    break;
+                }
+            }
+        }
+        self.finish(req, manifest, blocks, stored_at, trouble)
+    }
+
+    /// The document: the request's content, or `doc_path` read from the store.
+    async fn document(&self, req: &Request, trouble: &mut Trouble) -> Option<Document> {
+        if !req.content.is_empty() || req.source.doc_path.is_empty() {
+            return Some(Document::Loaded(req.content.clone()));
+        }
+        let doc_path = &req.source.doc_path;
+        if !trouble.store_up() {
+            trouble.fail(reason::STORE_UNAVAILABLE, format!("cannot read {doc_path:?}: the artifact-store is unavailable"));
+            return None;
+        }
+        match self.store.get(&req.project_id, doc_path, self.limits.max_document_bytes).await {
+            Ok((size, sha256, _)) if size > self.limits.max_document_bytes => Some(Document::Oversized(size, sha256)),
+            Ok((_, _, bytes)) => Some(Document::Loaded(Bytes::from(bytes))),
+            Err(e) => {
+                trouble.store_failed(&format!("reading the document {doc_path:?}"), &e);
+                None
+            }
+        }
+    }
+
+    fn blocks_of(&self, document: &Document) -> Vec<Block> {
+        match document {
+            Document::Loaded(doc) => block::parse(doc, &self.limits, &self.policy),
+            Document::Oversized(size, sha256) => {
+                vec![block::oversized_document(*size, sha256.clone(), self.limits.max_document_bytes)]
+            }
+        }
+    }
+
+    /// Writes every block still `Written` through the store and records what the store said.
+    /// Returns the store's outcome word per block (created, unchanged, overwritten).
+    async fn write_blocks(
+        &self,
+        req: &Request,
+        doc: &Bytes,
+        blocks: &mut [Block],
+        trouble: &Trouble,
+    ) -> Vec<Option<&'static str>> {
+        let mut outcomes = vec![None; blocks.len()];
+        let todo: Vec<(usize, String, Bytes, String)> = blocks
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.status == BlockStatus::Written)
+            .map(|(i, b)| (i, b.workspace_path.clone(), doc.slice(b.content.clone()), b.sha256.clone()))
+            .collect();
+        // A file that is also another block's directory ("a" and "a/b"): write in document
+        // order so the outcome does not depend on timing.
+        let paths: HashSet<&str> = todo.iter().map(|t| t.1.as_str()).collect();
+        let nested = todo.iter().any(|t| t.1.match_indices('/').any(|(at, _)| paths.contains(&t.1[..at])));
+        let concurrency = if nested { 1 } else { self.write_concurrency.max(1) };
+
+        let results: Vec<(usize, Result<WriteOutcome, StoreError>)> = futures::stream::iter(todo)
+            .map(|(i, path, content, sha256)| async move {
+                if let Some(down) = trouble.store_down.get() {
+                    return (i, Err(StoreError::Unavailable(format!("not attempted: {down}"))));
+                }
+                let header = PutHeader {
+                    project_id: req.project_id.clone(),
+                    path,
+                    overwrite: req.overwrite,
+                    expected_sha256: sha256,
+                    expected_size: Some(content.len() as u64),
+                    allowed_prefixes: vec![WORKSPACE.to_owned()],
+                    run_id: req.run_id.clone(),
+                    create_project: true,
+                };
+                let result = self.store.put(header, content).await;
+                if let Err(e) = &result {
+                    if e.is_unavailable() {
+                        let _ = trouble.store_down.set(e.to_string());
+                    }
+                }
+                (i, result.map(|r| WriteOutcome::try_from(r.outcome).unwrap_or(WriteOutcome::Unspecified)))
+            })
+            .buffer_unordered(concurrency)
+            .collect()
+            .await;
+
+        for (i, result) in results {
+            let Some(b) = blocks.get_mut(i) else { continue };
+            match result {
+                Ok(outcome) => {
+                    outcomes[i] = Some(match outcome {
+                        WriteOutcome::Unchanged => "unchanged",
+                        WriteOutcome::Overwritten => "overwritten",
+                        _ => "created",
+                    });
+                }
+                Err(e) => {
+                    let r = e.reason().to_owned();
+                    b.set(BlockStatus::Rejected, &r, e.to_string());
+                }
+            }
+        }
+        outcomes
+    }
+
+    /// Severity, notes and the log line of a finished ingest or dry run.
+    fn finish(&self, req: &Request, manifest: Manifest, blocks: Vec<Block>, manifest_path: String, mut trouble: Trouble) -> Outcome {
+        let mut severity = Severity::of(&blocks);
+        if trouble.failure.is_some() || !trouble.store_up() {
+            severity = Severity::Error;
+        }
+        if blocks.is_empty() && trouble.failure.is_none() {
+            trouble.note("nothing to ingest: the document has no block of the form ```<lang> file=<path>".to_owned());
+        }
+        for b in blocks.iter().filter(|b| b.status != BlockStatus::Written && b.reason != reason::SUPERSEDED) {
+            let path = if b.workspace_path.is_empty() { &b.declared_file } else { &b.workspace_path };
+            trouble.note(format!("block {} {:?}: {} ({}): {}", b.index, path, b.status.as_str(), b.reason, b.detail));
+        }
+        let s = manifest.summary;
+        let (project, run, node) = (&req.project_id, &req.run_id, &req.node_id);
+        match severity {
+            Severity::Error => tracing::error!(
+                %project, %run, %node, written = s.written, skipped = s.skipped, rejected = s.rejected,
+                failure = ?trouble.failure.as_ref().map(|f| &f.1), "ingest finished with errors"
+            ),
+            Severity::Warning => tracing::warn!(
+                %project, %run, %node, written = s.written, skipped = s.skipped, rejected = s.rejected,
+                "ingest finished with warnings"
+            ),
+            Severity::Info => tracing::info!(
+                %project, %run, %node, written = s.written, skipped = s.skipped, rejected = s.rejected, "ingest finished"
+            ),
+        }
+        Outcome { enabled: true, manifest: Some(manifest), blocks, manifest_path, severity, notes: trouble.into_notes() }
+    }
+
+    /// The effective flag (run over project over default). Store failures are errors here.
+    pub async fn enabled(&self, project_id: &str, run_id: Option<&str>) -> Result<bool> {
+        flag::effective(&self.store, project_id, run_id, self.default_enabled).await.map_err(store_error)
+    }
+
+    /// Sets the flag of a project (`run_id` None) or one run; returns the effective flag.
+    pub async fn set_enabled(&self, project_id: &str, run_id: Option<&str>, enabled: bool) -> Result<bool> {
+        flag::set(&self.store, project_id, run_id, enabled).await.map_err(store_error)?;
+        self.enabled(project_id, run_id).await
+    }
+}
+
+fn store_error(e: StoreError) -> Error {
+    match e {
+        StoreError::Unavailable(m) => Error::StoreUnavailable(m),
+        StoreError::Refused { reason, code, message } => Error::Store { reason: Some(reason), code, message },
+        other => Error::Store { reason: None, code: other.code(), message: other.to_string() },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_checked() {
+        assert!(matches!(check_id("run", "run_id", String::new()), Err(Error::Missing("run_id"))));
+        assert!(check_id("run", "run_id", "r-1_a.b".into()).is_ok());
+        for bad in ["..", ".", "a/b", "a b", &"x".repeat(129)] {
+            assert!(matches!(check_id("run", "run_id", bad.to_owned()), Err(Error::InvalidId { .. })), "{bad}");
+        }
+    }
+
+    #[test]
+    fn request_defaults() {
+        let r = Request::from_proto(IngestRequest { project_id: "p".into(), run_id: "r".into(), ..Default::default() })
+            .unwrap();
+        assert_eq!(r.node_id, DEFAULT_NODE_ID);
+        assert_eq!(r.source.kind, "graph_runtime");
+        assert_eq!(r.source.mode, "unknown");
+        assert!(Request::from_proto(IngestRequest { run_id: "r".into(), ..Default::default() }).is_err());
+    }
+}

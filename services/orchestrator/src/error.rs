@@ -1,0 +1,70 @@
+//! The orchestrator's errors and their one mapping to gRPC status codes (DESIGN.md
+//! "Cross-cutting"). Messages say what was wrong and how to fix it.
+
+use tonic::{Code, Status};
+
+use crate::graph::GraphError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The graph was refused at submit time (names node and field).
+    #[error("invalid graph: {0}")]
+    Graph(#[from] GraphError),
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("run `{run_id}` not found in project `{project}`; list runs with `cairn runs list`")]
+    RunNotFound { project: String, run_id: String },
+    #[error("run `{0}` already exists; choose another run id or leave it empty to get a new one")]
+    RunExists(String),
+    #[error("{0}")]
+    NotFound(String),
+    /// The request does not fit the run's state (gate not blocked, run already final, ...).
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// A store call failed; keeps the store's code (and its `cairn-reason`).
+    #[error("{context}: {}", status.message())]
+    Store { context: String, status: Status },
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("configuration: {0}")]
+    Config(String),
+    #[error(transparent)]
+    Server(#[from] cairn_server::Error),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl Error {
+    /// Wraps a store status with what we were doing.
+    pub fn store(context: impl Into<String>) -> impl FnOnce(Status) -> Error {
+        let context = context.into();
+        move |status| Error::Store { context, status }
+    }
+}
+
+impl From<Error> for Status {
+    fn from(e: Error) -> Status {
+        let message = e.to_string();
+        match e {
+            Error::Graph(_) | Error::InvalidArgument(_) | Error::Config(_) => Status::invalid_argument(message),
+            Error::RunNotFound { .. } | Error::NotFound(_) => Status::not_found(message),
+            Error::RunExists(_) => Status::already_exists(message),
+            Error::FailedPrecondition(_) => Status::failed_precondition(message),
+            Error::Store { status, .. } => {
+                let code = match status.code() {
+                    // A store that cannot be reached is this service being unavailable.
+                    Code::Unknown | Code::Cancelled => Code::Unavailable,
+                    c => c,
+                };
+                match cairn_proto::reason::of(&status) {
+                    Some(reason) => cairn_proto::reason::status(code, message, &reason),
+                    None => Status::new(code, message),
+                }
+            }
+            Error::Unavailable(_) => Status::unavailable(message),
+            Error::Server(_) | Error::Internal(_) => Status::internal(message),
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,92 @@
+//! The event vocabulary of a run's events.jsonl (seed 001 §2.2 plus seed 002 §4.2 sandbox
+//! events). Every state change of a run is one of these events; `run::RunState::apply` is the
+//! only place that turns them into state, live and on resume alike.
+
+use cairn_proto::v1::{EventInput, Level};
+use serde_json::{Map, Value};
+
+pub const TASK_CREATED: &str = "task.created";
+pub const TASK_WORKING: &str = "task.working";
+pub const TASK_INPUT_REQUIRED: &str = "task.input-required";
+pub const TASK_COMPLETED: &str = "task.completed";
+pub const TASK_FAILED: &str = "task.failed";
+pub const TASK_CANCELED: &str = "task.canceled";
+/// A run picked up again (after a restart, or ResumeRun of a failed run).
+pub const TASK_RESUMED: &str = "task.resumed";
+
+pub const NODE_STARTED: &str = "node.started";
+pub const NODE_COMPLETED: &str = "node.completed";
+/// With `will_retry: true` the node waits for its next attempt.
+pub const NODE_FAILED: &str = "node.failed";
+pub const NODE_SKIPPED: &str = "node.skipped";
+pub const NODE_CANCELED: &str = "node.canceled";
+/// A map's items are known (count, and the list when it did not come from the graph).
+pub const MAP_ITEMS: &str = "map.items";
+
+pub const ARTIFACT_WRITTEN: &str = "artifact.written";
+pub const REWORK_REQUESTED: &str = "artifact.rework-requested";
+
+pub const GATE_BLOCKED: &str = "gate.blocked";
+pub const GATE_APPROVED: &str = "gate.approved";
+pub const GATE_REJECTED: &str = "gate.rejected";
+
+pub const HUMAN_NOTE: &str = "human.note";
+pub const CONTEXT_EDITED: &str = "context.edited";
+
+pub const AGENT_STARTED: &str = "agent.started";
+pub const AGENT_COMPLETED: &str = "agent.completed";
+pub const AGENT_FAILED: &str = "agent.failed";
+
+// seed 002 §4.2
+pub const SANDBOX_START: &str = "sandbox_start";
+pub const SANDBOX_COMPLETE: &str = "sandbox_complete";
+pub const SANDBOX_FAILED: &str = "sandbox_failed";
+
+/// The orchestrator's side of the ingest hook (the ingest service appends its own `ingest.*`
+/// events); only written when the call itself failed (seed 000: fail-open).
+pub const INGEST_HOOK_FAILED: &str = "ingest.hook_failed";
+
+pub const DELIVERY_COMPLETED: &str = "deliver.completed";
+
+/// Events that end a run (WatchRun stops after one unless asked to follow).
+pub fn is_final(kind: &str) -> bool {
+    matches!(kind, TASK_COMPLETED | TASK_FAILED | TASK_CANCELED)
+}
+
+/// An event before the store gives it a sequence number.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Ev {
+    pub kind: &'static str,
+    pub node: String,
+    pub level: Level,
+    pub data: Map<String, Value>,
+}
+
+impl Ev {
+    pub fn new(kind: &'static str, node: &str) -> Ev {
+        Ev { kind, node: node.to_owned(), level: Level::Info, data: Map::new() }
+    }
+
+    pub fn run(kind: &'static str) -> Ev {
+        Ev::new(kind, "")
+    }
+
+    pub fn with(mut self, key: &str, value: impl Into<Value>) -> Ev {
+        self.data.insert(key.to_owned(), value.into());
+        self
+    }
+
+    pub fn level(mut self, level: Level) -> Ev {
+        self.level = level;
+        self
+    }
+
+    pub fn to_input(&self) -> EventInput {
+        EventInput {
+            r#type: self.kind.to_owned(),
+            node_id: self.node.clone(),
+            level: self.level as i32,
+            data_json: Value::Object(self.data.clone()).to_string(),
+        }
+    }
+}

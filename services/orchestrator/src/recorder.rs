@@ -1,0 +1,247 @@
+//! The recorder: one per live run, the ordered writer of the run's events. Events are queued
+//! in order and appended in batches (group commit: whatever queued while the previous
+//! AppendEvents was in flight goes in the next one), each batch durable before the store
+//! replies. `flush` waits until everything queued so far is durable: the scheduler calls it
+//! before starting a node with effects, so a node's completion is recorded before anything
+//! that depends on it runs (issue item 4).
+//!
+//! A failed append is retried; before a retry the recorder reads the log's tail to see whether
+//! the batch landed after all (reply lost), so a retry never duplicates events.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use cairn_proto::v1::{Event, EventInput};
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot, watch};
+use tonic::Code;
+
+use crate::events::Ev;
+use crate::store::Store;
+
+/// Most events in one AppendEvents.
+const MAX_BATCH_EVENTS: usize = 4096;
+/// Most bytes of event data in one AppendEvents.
+const MAX_BATCH_BYTES: usize = 4 << 20;
+
+/// Durability progress: how many of our events are durable, or why recording stopped.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Durable {
+    pub count: u64,
+    pub failed: Option<String>,
+}
+
+enum Msg {
+    Event(EventInput, Option<oneshot::Sender<u64>>),
+}
+
+/// Handle to a run's recorder (cheap to clone).
+#[derive(Clone)]
+pub struct Recorder {
+    tx: mpsc::UnboundedSender<Msg>,
+    queued: std::sync::Arc<std::sync::Mutex<u64>>,
+    durable: watch::Receiver<Durable>,
+    seqs: std::sync::Arc<std::sync::Mutex<SeqMap>>,
+}
+
+/// Which store sequence numbers our recent batches got (to name the seq a snapshot reflects).
+#[derive(Default)]
+struct SeqMap {
+    // (count after the batch, seq of its last event)
+    batches: VecDeque<(u64, u64)>,
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("the run's events cannot be recorded: {0}")]
+pub struct RecordError(pub String);
+
+impl Recorder {
+    /// Starts the recorder task for one run; `last_seq` is the log's current end.
+    pub fn start(store: Store, project: String, run_id: String, last_seq: u64) -> Recorder {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (dtx, drx) = watch::channel(Durable { count: 0, failed: None });
+        let seqs = std::sync::Arc::new(std::sync::Mutex::new(SeqMap::default()));
+        let task = Task { store, project, run_id, last_seq, durable: dtx, seqs: seqs.clone() };
+        tokio::spawn(task.run(rx));
+        Recorder { tx, queued: Default::default(), durable: drx, seqs }
+    }
+
+    /// Queues an event; returns its position (1-based) among this recorder's events.
+    pub fn push(&self, e: &Ev) -> u64 {
+        self.push_input(e.to_input(), None)
+    }
+
+    fn push_input(&self, input: EventInput, reply: Option<oneshot::Sender<u64>>) -> u64 {
+        // Positions and channel order agree: both are taken under the same lock.
+        let mut queued = self.queued.lock().unwrap_or_else(|p| p.into_inner());
+        *queued += 1;
+        let _ = self.tx.send(Msg::Event(input, reply));
+        *queued
+    }
+
+    /// Queues an event and waits until it is durable; returns its store sequence number.
+    pub async fn record(&self, e: &Ev) -> Result<u64, RecordError> {
+        let (tx, rx) = oneshot::channel();
+        self.push_input(e.to_input(), Some(tx));
+        match rx.await {
+            Ok(seq) => Ok(seq),
+            Err(_) => Err(RecordError(self.durable.borrow().failed.clone().unwrap_or_else(|| "recorder stopped".into()))),
+        }
+    }
+
+    /// Number of events queued so far.
+    pub fn queued(&self) -> u64 {
+        *self.queued.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits until the first `upto` events are durable.
+    pub async fn flush_to(&self, upto: u64) -> Result<(), RecordError> {
+        let mut rx = self.durable.clone();
+        loop {
+            {
+                let d = rx.borrow_and_update();
+                if d.count >= upto {
+                    return Ok(());
+                }
+                if let Some(f) = &d.failed {
+                    return Err(RecordError(f.clone()));
+                }
+            }
+            if rx.changed().await.is_err() {
+                let d = rx.borrow();
+                return if d.count >= upto { Ok(()) } else { Err(RecordError("recorder stopped".into())) };
+            }
+        }
+    }
+
+    /// Waits until everything queued so far is durable.
+    pub async fn flush(&self) -> Result<(), RecordError> {
+        self.flush_to(self.queued()).await
+    }
+
+    /// True when everything queued is durable.
+    pub fn is_flushed(&self) -> bool {
+        self.durable.borrow().count >= self.queued()
+    }
+
+    /// The store sequence number of our `pos`-th event, once durable (for snapshots).
+    pub fn seq_of(&self, pos: u64) -> Option<u64> {
+        let seqs = self.seqs.lock().ok()?;
+        // Batches are contiguous in our numbering; the one containing `pos` ends at or after it.
+        let mut prev_end = 0;
+        for &(end, last_seq) in &seqs.batches {
+            if pos <= end && pos > prev_end {
+                return Some(last_seq - (end - pos));
+            }
+            prev_end = end;
+        }
+        None
+    }
+}
+
+struct Task {
+    store: Store,
+    project: String,
+    run_id: String,
+    last_seq: u64,
+    durable: watch::Sender<Durable>,
+    seqs: std::sync::Arc<std::sync::Mutex<SeqMap>>,
+}
+
+impl Task {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Msg>) {
+        let mut buf: Vec<Msg> = Vec::new();
+        let mut count: u64 = 0;
+        loop {
+            if buf.is_empty() && rx.recv_many(&mut buf, MAX_BATCH_EVENTS).await == 0 {
+                return; // every handle dropped and nothing pending
+            }
+            // Take what fits in one batch; the rest waits for the next round.
+            let mut bytes = 0;
+            let mut take = 0;
+            for Msg::Event(e, _) in &buf {
+                bytes += e.data_json.len() + e.r#type.len() + e.node_id.len() + 16;
+                if take > 0 && (bytes > MAX_BATCH_BYTES || take >= MAX_BATCH_EVENTS) {
+                    break;
+                }
+                take += 1;
+            }
+            let batch: Vec<Msg> = buf.drain(..take).collect();
+            let inputs: Vec<EventInput> = batch.iter().map(|Msg::Event(e, _)| e.clone()).collect();
+            match self.append(inputs).await {
+                Ok(first_seq) => {
+                    let n = batch.len() as u64;
+                    count += n;
+                    self.last_seq = first_seq + n - 1;
+                    if let Ok(mut s) = self.seqs.lock() {
+                        s.batches.push_back((count, self.last_seq));
+                        while s.batches.len() > 64 {
+                            s.batches.pop_front();
+                        }
+                    }
+                    for (i, Msg::Event(_, reply)) in batch.into_iter().enumerate() {
+                        if let Some(r) = reply {
+                            let _ = r.send(first_seq + i as u64);
+                        }
+                    }
+                    self.durable.send_replace(Durable { count, failed: None });
+                }
+                Err(message) => {
+                    tracing::error!(run_id = %self.run_id, %message, "recording events failed");
+                    self.durable.send_replace(Durable { count, failed: Some(message) });
+                    return;
+                }
+            }
+            if buf.is_empty() {
+                // Pick up whatever queued meanwhile without waiting.
+                while let Ok(m) = rx.try_recv() {
+                    buf.push(m);
+                    if buf.len() >= MAX_BATCH_EVENTS {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Appends one batch; returns the first sequence number. Transient failures are retried
+    /// (up to about two minutes), checking first whether the batch landed.
+    async fn append(&mut self, inputs: Vec<EventInput>) -> Result<u64, String> {
+        let mut delay = Duration::from_millis(50);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            match self.store.append_events(&self.project, &self.run_id, inputs.clone()).await {
+                Ok(r) => return Ok(r.first_seq),
+                Err(s) => {
+                    let transient = matches!(
+                        s.code(),
+                        Code::Unavailable | Code::DeadlineExceeded | Code::Unknown | Code::Cancelled | Code::Aborted | Code::Internal
+                    );
+                    if !transient || tokio::time::Instant::now() > deadline {
+                        return Err(format!("AppendEvents failed: {} ({:?})", s.message(), s.code()));
+                    }
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                    if let Some(first) = self.landed(&inputs).await {
+                        return Ok(first);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether `inputs` were appended after `last_seq` although the reply was lost.
+    async fn landed(&self, inputs: &[EventInput]) -> Option<u64> {
+        let tail = self.store.read_events(&self.project, &self.run_id, self.last_seq + 1).await.ok()?;
+        let first = inputs.first()?;
+        let start = tail.iter().position(|e| same(e, first))?;
+        let run: Vec<&Event> = tail[start..].iter().take(inputs.len()).collect();
+        (run.len() == inputs.len() && run.iter().zip(inputs).all(|(e, i)| same(e, i))).then(|| tail[start].seq)
+    }
+}
+
+fn same(stored: &Event, input: &EventInput) -> bool {
+    let a: Value = serde_json::from_str(&stored.data_json).unwrap_or(Value::Null);
+    let b: Value = serde_json::from_str(&input.data_json).unwrap_or(Value::Null);
+    stored.r#type == input.r#type && stored.node_id == input.node_id && (a == b || (a.is_null() && b == Value::Object(Default::default())))
+}

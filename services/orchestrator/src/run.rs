@@ -1,0 +1,583 @@
+//! The state of one run as folded from its events. `apply` is the single transition function:
+//! the scheduler changes a run only by emitting events and applying them, and a restarted
+//! orchestrator rebuilds the same state by applying the stored events; so task.yaml and
+//! state.json (rendered from this state) always match the events they were rendered from.
+
+use std::collections::HashMap;
+
+use cairn_proto::v1 as pb;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::events::{self as ev, Ev};
+use crate::graph::{Graph, NodeKind};
+
+/// seed 001 §2.1 task states.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TaskState {
+    Created,
+    Working,
+    InputRequired,
+    Completed,
+    Failed,
+    Canceled,
+}
+
+impl TaskState {
+    pub fn is_final(self) -> bool {
+        matches!(self, TaskState::Completed | TaskState::Failed | TaskState::Canceled)
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskState::Created => "created",
+            TaskState::Working => "working",
+            TaskState::InputRequired => "input-required",
+            TaskState::Completed => "completed",
+            TaskState::Failed => "failed",
+            TaskState::Canceled => "canceled",
+        }
+    }
+    pub fn to_proto(self) -> pb::TaskState {
+        match self {
+            TaskState::Created => pb::TaskState::Created,
+            TaskState::Working => pb::TaskState::Working,
+            TaskState::InputRequired => pb::TaskState::InputRequired,
+            TaskState::Completed => pb::TaskState::Completed,
+            TaskState::Failed => pb::TaskState::Failed,
+            TaskState::Canceled => pb::TaskState::Canceled,
+        }
+    }
+    pub fn from_proto(s: pb::TaskState) -> Option<TaskState> {
+        Some(match s {
+            pb::TaskState::Unspecified => return None,
+            pb::TaskState::Created => TaskState::Created,
+            pb::TaskState::Working => TaskState::Working,
+            pb::TaskState::InputRequired => TaskState::InputRequired,
+            pb::TaskState::Completed => TaskState::Completed,
+            pb::TaskState::Failed => TaskState::Failed,
+            pb::TaskState::Canceled => TaskState::Canceled,
+        })
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeState {
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+    Skipped,
+    Canceled,
+    Blocked,
+}
+
+impl NodeState {
+    pub fn is_done(self) -> bool {
+        matches!(self, NodeState::Succeeded | NodeState::Skipped)
+    }
+    /// Milestone state words in task.yaml (seed 001 uses done/working).
+    pub fn milestone(self) -> &'static str {
+        match self {
+            NodeState::Pending => "pending",
+            NodeState::Running => "working",
+            NodeState::Succeeded => "done",
+            NodeState::Failed => "failed",
+            NodeState::Skipped => "skipped",
+            NodeState::Canceled => "canceled",
+            NodeState::Blocked => "blocked",
+        }
+    }
+    pub fn to_proto(self) -> pb::NodeState {
+        match self {
+            NodeState::Pending => pb::NodeState::Pending,
+            NodeState::Running => pb::NodeState::Running,
+            NodeState::Succeeded => pb::NodeState::Succeeded,
+            NodeState::Failed => pb::NodeState::Failed,
+            NodeState::Skipped => pb::NodeState::Skipped,
+            NodeState::Canceled => pb::NodeState::Canceled,
+            NodeState::Blocked => pb::NodeState::Blocked,
+        }
+    }
+}
+
+/// seed 001 §2.1 gate states.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GateState {
+    Open,
+    Blocked,
+    Approved,
+    Rejected,
+}
+
+impl GateState {
+    pub fn to_proto(self) -> pb::GateState {
+        match self {
+            GateState::Open => pb::GateState::Open,
+            GateState::Blocked => pb::GateState::Blocked,
+            GateState::Approved => pb::GateState::Approved,
+            GateState::Rejected => pb::GateState::Rejected,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GateRecord {
+    pub state: GateState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note_ref: Option<String>,
+}
+
+/// One map item (`<map>.<index>`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ItemRecord {
+    pub state: NodeState,
+    #[serde(default)]
+    pub attempts: u32,
+    #[serde(default)]
+    pub resets: u32,
+    #[serde(default, skip_serializing_if = "Value::is_null")]
+    pub outputs: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl ItemRecord {
+    fn pending() -> ItemRecord {
+        ItemRecord { state: NodeState::Pending, attempts: 0, resets: 0, outputs: Value::Null, error: None }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MapItems {
+    /// The items when they did not come from the graph (recorded so a resume sees the same).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub list: Option<Vec<Value>>,
+    pub records: Vec<ItemRecord>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NodeRecord {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub title: String,
+    pub state: NodeState,
+    pub attempts: u32,
+    /// 1 + reworks requested for this node (the agent turn).
+    pub turn: u32,
+    /// Times this node was reset to run again (rework, interrupted attempt, resumed failure):
+    /// a reset node may overwrite what its earlier attempt wrote.
+    pub resets: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skip_reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Value::is_null")]
+    pub outputs: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub items: Option<MapItems>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate: Option<GateRecord>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RosterEntry {
+    pub instance: String,
+    pub agent: String,
+    /// working | awaiting | dormant (seed 001 §2.1.1)
+    pub state: String,
+    pub node: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunState {
+    pub run_id: String,
+    pub project: String,
+    pub title: String,
+    pub goal: String,
+    pub topology: String,
+    /// The provider spec agent nodes use (resolved at submit).
+    pub llm: String,
+    pub state: TaskState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    pub created_at: String,
+    pub updated_at: String,
+    pub created_by: String,
+    pub nodes: Vec<NodeRecord>,
+    pub roster: Vec<RosterEntry>,
+    pub notes: u32,
+    /// Highest event sequence number folded in (0 when only live events were applied).
+    pub last_seq: u64,
+    #[serde(skip)]
+    index: HashMap<String, usize>,
+}
+
+/// An event as the fold sees it (stored, or live before its sequence number is known).
+pub struct EventView<'a> {
+    pub seq: u64,
+    pub ts: &'a str,
+    pub kind: &'a str,
+    pub node: &'a str,
+    pub data: &'a Map<String, Value>,
+}
+
+impl<'a> EventView<'a> {
+    pub fn live(e: &'a Ev, ts: &'a str) -> EventView<'a> {
+        EventView { seq: 0, ts, kind: e.kind, node: &e.node, data: &e.data }
+    }
+}
+
+fn text(data: &Map<String, Value>, key: &str) -> Option<String> {
+    data.get(key).and_then(Value::as_str).map(str::to_owned)
+}
+
+/// `<map>.<index>` → (map, index).
+pub fn split_item(node: &str) -> Option<(&str, usize)> {
+    let (map, index) = node.rsplit_once('.')?;
+    Some((map, index.parse().ok()?))
+}
+
+impl RunState {
+    /// A fresh run for `graph` (before task.created is applied).
+    pub fn new(project: &str, graph: &Graph) -> RunState {
+        let nodes: Vec<NodeRecord> = graph
+            .nodes
+            .iter()
+            .map(|n| NodeRecord {
+                id: n.id.clone(),
+                kind: n.kind.type_name().into(),
+                title: n.title.clone().unwrap_or_else(|| n.id.clone()),
+                state: NodeState::Pending,
+                attempts: 0,
+                turn: 1,
+                resets: 0,
+                started_at: None,
+                finished_at: None,
+                error: None,
+                skip_reason: None,
+                outputs: Value::Null,
+                items: None,
+                gate: matches!(n.kind, NodeKind::Gate(_)).then(|| GateRecord {
+                    state: GateState::Open,
+                    reason: None,
+                    decided_by: None,
+                    decided_at: None,
+                    note: None,
+                    note_ref: None,
+                }),
+            })
+            .collect();
+        let index = nodes.iter().enumerate().map(|(i, n)| (n.id.clone(), i)).collect();
+        RunState {
+            run_id: graph.run_id.clone(),
+            project: project.to_owned(),
+            title: graph.title.clone(),
+            goal: graph.goal.clone(),
+            topology: graph.topology.clone(),
+            llm: String::new(),
+            state: TaskState::Created,
+            error: None,
+            created_at: String::new(),
+            updated_at: String::new(),
+            created_by: String::new(),
+            nodes,
+            roster: Vec::new(),
+            notes: 0,
+            last_seq: 0,
+            index,
+        }
+    }
+
+    pub fn node(&self, id: &str) -> Option<&NodeRecord> {
+        self.index.get(id).map(|&i| &self.nodes[i])
+    }
+
+    pub fn node_mut(&mut self, id: &str) -> Option<&mut NodeRecord> {
+        self.index.get(id).map(|&i| &mut self.nodes[i])
+    }
+
+    pub fn item(&self, map: &str, index: usize) -> Option<&ItemRecord> {
+        self.node(map)?.items.as_ref()?.records.get(index)
+    }
+
+    /// Gates currently waiting for a human.
+    pub fn blocked_gates(&self) -> impl Iterator<Item = &NodeRecord> {
+        self.nodes.iter().filter(|n| n.gate.as_ref().is_some_and(|g| g.state == GateState::Blocked))
+    }
+
+    /// Applies one event (the only state transition function).
+    pub fn apply(&mut self, e: &EventView<'_>) {
+        if e.seq > self.last_seq {
+            self.last_seq = e.seq;
+        }
+        if !e.ts.is_empty() {
+            self.updated_at = e.ts.to_owned();
+        }
+        let d = e.data;
+        match e.kind {
+            ev::TASK_CREATED => {
+                self.state = TaskState::Created;
+                self.created_at = e.ts.to_owned();
+                if let Some(t) = text(d, "title") {
+                    self.title = t;
+                }
+                self.created_by = text(d, "by").unwrap_or_default();
+                self.llm = text(d, "llm").unwrap_or_default();
+            }
+            ev::TASK_WORKING => {
+                self.state = TaskState::Working;
+                self.error = None;
+            }
+            ev::TASK_INPUT_REQUIRED => self.state = TaskState::InputRequired,
+            ev::TASK_COMPLETED => self.state = TaskState::Completed,
+            ev::TASK_FAILED => {
+                self.state = TaskState::Failed;
+                self.error = text(d, "error");
+            }
+            ev::TASK_CANCELED => {
+                self.state = TaskState::Canceled;
+                self.error = text(d, "reason").filter(|r| !r.is_empty()).or(Some("canceled".into()));
+            }
+            ev::TASK_RESUMED => {
+                self.state = TaskState::Working;
+                self.error = None;
+                for n in &mut self.nodes {
+                    if matches!(n.state, NodeState::Running | NodeState::Failed | NodeState::Canceled) {
+                        n.state = NodeState::Pending;
+                        n.resets += 1;
+                    }
+                    if let Some(items) = &mut n.items {
+                        for it in &mut items.records {
+                            if matches!(it.state, NodeState::Running | NodeState::Failed | NodeState::Canceled) {
+                                it.state = NodeState::Pending;
+                                it.resets += 1;
+                            }
+                        }
+                    }
+                }
+            }
+            ev::NODE_STARTED | ev::NODE_COMPLETED | ev::NODE_FAILED | ev::NODE_SKIPPED | ev::NODE_CANCELED => {
+                self.apply_node(e)
+            }
+            ev::MAP_ITEMS => {
+                if let Some(n) = self.node_mut(e.node) {
+                    let count = d.get("count").and_then(Value::as_u64).unwrap_or(0) as usize;
+                    let list = d.get("items").and_then(Value::as_array).cloned();
+                    n.items = Some(MapItems { list, records: vec![ItemRecord::pending(); count] });
+                }
+            }
+            ev::GATE_BLOCKED => {
+                if let Some(n) = self.node_mut(e.node) {
+                    n.state = NodeState::Blocked;
+                    if let Some(g) = &mut n.gate {
+                        g.state = GateState::Blocked;
+                        g.reason = text(d, "reason");
+                    }
+                }
+            }
+            ev::GATE_APPROVED | ev::GATE_REJECTED => {
+                if let Some(n) = self.node_mut(e.node) {
+                    if let Some(g) = &mut n.gate {
+                        g.state = if e.kind == ev::GATE_APPROVED { GateState::Approved } else { GateState::Rejected };
+                        g.decided_by = text(d, "by");
+                        g.decided_at = Some(e.ts.to_owned());
+                        g.note = text(d, "note");
+                        g.note_ref = text(d, "note_ref");
+                    }
+                }
+            }
+            ev::REWORK_REQUESTED => {
+                let target = text(d, "node_id").unwrap_or_default();
+                let nodes: Vec<String> = d
+                    .get("nodes")
+                    .and_then(Value::as_array)
+                    .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+                    .unwrap_or_default();
+                for id in nodes {
+                    if let Some(n) = self.node_mut(&id) {
+                        n.state = NodeState::Pending;
+                        n.resets += 1;
+                        n.outputs = Value::Null;
+                        n.error = None;
+                        n.skip_reason = None;
+                        n.items = None;
+                        n.finished_at = None;
+                        if id == target {
+                            n.turn += 1;
+                        }
+                        if let Some(g) = &mut n.gate {
+                            *g = GateRecord {
+                                state: GateState::Open,
+                                reason: None,
+                                decided_by: None,
+                                decided_at: None,
+                                note: None,
+                                note_ref: None,
+                            };
+                        }
+                    }
+                }
+                if self.state != TaskState::Canceled {
+                    self.state = TaskState::Working;
+                    self.error = None;
+                }
+            }
+            ev::HUMAN_NOTE => self.notes += 1,
+            ev::AGENT_STARTED | ev::AGENT_COMPLETED | ev::AGENT_FAILED => {
+                let instance = text(d, "agent_instance").unwrap_or_else(|| e.node.to_owned());
+                let state = if e.kind == ev::AGENT_STARTED { "working" } else { "dormant" };
+                match self.roster.iter_mut().find(|r| r.instance == instance) {
+                    Some(r) => r.state = state.into(),
+                    None => self.roster.push(RosterEntry {
+                        agent: text(d, "agent").unwrap_or_else(|| instance.clone()),
+                        instance,
+                        state: state.into(),
+                        node: e.node.to_owned(),
+                    }),
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn apply_node(&mut self, e: &EventView<'_>) {
+        let d = e.data;
+        if let Some((map, index)) = split_item(e.node) {
+            let Some(items) = self.node_mut(map).and_then(|n| n.items.as_mut()) else { return };
+            let Some(it) = items.records.get_mut(index) else { return };
+            match e.kind {
+                ev::NODE_STARTED => {
+                    it.state = NodeState::Running;
+                    it.attempts = d.get("attempt").and_then(Value::as_u64).unwrap_or(1) as u32;
+                }
+                ev::NODE_COMPLETED => {
+                    it.state = NodeState::Succeeded;
+                    it.outputs = d.get("outputs").cloned().unwrap_or(Value::Null);
+                    it.error = None;
+                }
+                ev::NODE_FAILED => {
+                    let retry = d.get("will_retry").and_then(Value::as_bool).unwrap_or(false);
+                    it.state = if retry { NodeState::Pending } else { NodeState::Failed };
+                    it.error = text(d, "error");
+                }
+                ev::NODE_SKIPPED => it.state = NodeState::Skipped,
+                _ => it.state = NodeState::Canceled,
+            }
+            return;
+        }
+        let Some(n) = self.node_mut(e.node) else { return };
+        match e.kind {
+            ev::NODE_STARTED => {
+                n.state = NodeState::Running;
+                n.attempts = d.get("attempt").and_then(Value::as_u64).unwrap_or(1) as u32;
+                n.started_at = Some(e.ts.to_owned());
+                n.error = None;
+            }
+            ev::NODE_COMPLETED => {
+                n.state = NodeState::Succeeded;
+                n.outputs = d.get("outputs").cloned().unwrap_or(Value::Null);
+                n.finished_at = Some(e.ts.to_owned());
+                n.error = None;
+            }
+            ev::NODE_FAILED => {
+                let retry = d.get("will_retry").and_then(Value::as_bool).unwrap_or(false);
+                n.state = if retry { NodeState::Pending } else { NodeState::Failed };
+                n.error = text(d, "error");
+                if !retry {
+                    n.finished_at = Some(e.ts.to_owned());
+                }
+            }
+            ev::NODE_SKIPPED => {
+                n.state = NodeState::Skipped;
+                n.skip_reason = text(d, "reason");
+                n.finished_at = Some(e.ts.to_owned());
+            }
+            _ => {
+                n.state = NodeState::Canceled;
+                n.finished_at = Some(e.ts.to_owned());
+            }
+        }
+    }
+
+    /// Folds stored events (resume, GetRun of a run not in memory).
+    pub fn apply_stored(&mut self, events: &[pb::Event]) {
+        let empty = Map::new();
+        for e in events {
+            let data: Map<String, Value> = serde_json::from_str(&e.data_json).unwrap_or_default();
+            let view = EventView {
+                seq: e.seq,
+                ts: &e.ts,
+                kind: &e.r#type,
+                node: &e.node_id,
+                data: if data.is_empty() { &empty } else { &data },
+            };
+            self.apply(&view);
+        }
+    }
+
+    /// The RunInfo message.
+    pub fn to_info(&self, run_dir: &str) -> pb::RunInfo {
+        let nodes = self
+            .nodes
+            .iter()
+            .map(|n| pb::NodeInfo {
+                id: n.id.clone(),
+                r#type: n.kind.clone(),
+                state: n.state.to_proto() as i32,
+                attempts: n.attempts,
+                started_at: n.started_at.clone().unwrap_or_default(),
+                finished_at: n.finished_at.clone().unwrap_or_default(),
+                error: n.error.clone().unwrap_or_default(),
+                outputs_json: if n.outputs.is_null() { String::new() } else { n.outputs.to_string() },
+            })
+            .collect();
+        let gates = self
+            .nodes
+            .iter()
+            .filter_map(|n| {
+                let g = n.gate.as_ref()?;
+                Some(pb::GateInfo {
+                    id: n.id.clone(),
+                    state: g.state.to_proto() as i32,
+                    reason: g.reason.clone().unwrap_or_default(),
+                    decided_by: g.decided_by.clone().unwrap_or_default(),
+                    note: g.note.clone().unwrap_or_default(),
+                    decided_at: g.decided_at.clone().unwrap_or_default(),
+                })
+            })
+            .collect();
+        pb::RunInfo {
+            run_id: self.run_id.clone(),
+            project_id: self.project.clone(),
+            title: self.title.clone(),
+            state: self.state.to_proto() as i32,
+            created_at: self.created_at.clone(),
+            updated_at: self.updated_at.clone(),
+            nodes,
+            gates,
+            run_dir: run_dir.to_owned(),
+            error: self.error.clone().unwrap_or_default(),
+        }
+    }
+
+    /// Rebuilds the id index after deserialising (state.json).
+    pub fn reindex(&mut self) {
+        self.index = self.nodes.iter().enumerate().map(|(i, n)| (n.id.clone(), i)).collect();
+    }
+}

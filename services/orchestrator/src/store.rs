@@ -1,0 +1,200 @@
+//! The artifact-store as the orchestrator uses it: the only way this service reads or writes a
+//! project file, a run record or an event (DESIGN.md: the store is the single canonical writer).
+//! Thin typed calls over the generated gRPC client, with the trace context injected.
+
+use bytes::Bytes;
+use cairn_proto::v1::artifact_store_client::ArtifactStoreClient;
+use cairn_proto::v1::{
+    get_response, put_request, AppendEventsRequest, AppendEventsResponse, CreateProjectRequest, Event, EventInput,
+    FileInfo, GetRequest, ListProjectsRequest, ListRequest, PageRequest, PutHeader, PutRequest, PutResponse,
+    ReadEventsRequest, StatRequest,
+};
+use cairn_telemetry::TracedChannel;
+use tonic::{Code, Status};
+
+/// Largest file this service reads into memory (documents, inputs, manifests).
+pub const MAX_READ_BYTES: u64 = 64 << 20;
+const CHUNK: usize = 1 << 20;
+
+/// How a write treats an existing file.
+#[derive(Clone, Debug, Default)]
+pub struct PutOptions {
+    pub overwrite: bool,
+    /// Narrows the store's allowed prefixes for this write (seed 002 §2.1).
+    pub allowed_prefixes: Vec<String>,
+    /// Run on whose behalf (an overwrite leaves a `store.overwritten` event in it).
+    pub run_id: String,
+}
+
+#[derive(Clone)]
+pub struct Store {
+    client: ArtifactStoreClient<TracedChannel>,
+}
+
+impl Store {
+    pub fn connect(addr: &str) -> Result<Store, cairn_server::Error> {
+        let channel = cairn_server::connect(addr)?;
+        let client = ArtifactStoreClient::new(cairn_telemetry::traced(channel))
+            .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES);
+        Ok(Store { client })
+    }
+
+    pub async fn create_project(&self, project: &str) -> Result<(), Status> {
+        self.client
+            .clone()
+            .create_project(CreateProjectRequest { project_id: project.to_owned() })
+            .await
+            .map(|_| ())
+    }
+
+    /// Every project id.
+    pub async fn projects(&self) -> Result<Vec<String>, Status> {
+        let mut out = Vec::new();
+        let mut token = String::new();
+        loop {
+            let page = self
+                .client
+                .clone()
+                .list_projects(ListProjectsRequest {
+                    page: Some(PageRequest { page_size: 1000, page_token: token.clone() }),
+                })
+                .await?
+                .into_inner();
+            out.extend(page.projects.into_iter().map(|p| p.project_id));
+            if page.next_page_token.is_empty() {
+                return Ok(out);
+            }
+            token = page.next_page_token;
+        }
+    }
+
+    /// Writes one file (created if the project does not exist yet).
+    pub async fn put(&self, project: &str, path: &str, bytes: Bytes, opts: &PutOptions) -> Result<PutResponse, Status> {
+        let mut msgs = Vec::with_capacity(2 + bytes.len() / CHUNK);
+        msgs.push(PutRequest {
+            msg: Some(put_request::Msg::Header(PutHeader {
+                project_id: project.to_owned(),
+                path: path.to_owned(),
+                overwrite: opts.overwrite,
+                expected_sha256: String::new(),
+                expected_size: Some(bytes.len() as u64),
+                allowed_prefixes: opts.allowed_prefixes.clone(),
+                run_id: opts.run_id.clone(),
+                create_project: true,
+            })),
+        });
+        let mut at = 0;
+        while at < bytes.len() {
+            let end = (at + CHUNK).min(bytes.len());
+            msgs.push(PutRequest { msg: Some(put_request::Msg::Chunk(bytes.slice(at..end))) });
+            at = end;
+        }
+        self.client.clone().put(tokio_stream::iter(msgs)).await.map(|r| r.into_inner())
+    }
+
+    /// Reads a whole file; `None` when it does not exist.
+    pub async fn get(&self, project: &str, path: &str) -> Result<Option<Bytes>, Status> {
+        let req = GetRequest { project_id: project.to_owned(), path: path.to_owned(), offset: 0, length: 0 };
+        let mut stream = match self.client.clone().get(req).await {
+            Ok(s) => s.into_inner(),
+            Err(s) if s.code() == Code::NotFound => return Ok(None),
+            Err(s) => return Err(s),
+        };
+        let mut buf: Vec<u8> = Vec::new();
+        loop {
+            let msg = match stream.message().await {
+                Ok(Some(m)) => m,
+                Ok(None) => break,
+                Err(s) if s.code() == Code::NotFound => return Ok(None),
+                Err(s) => return Err(s),
+            };
+            match msg.msg {
+                Some(get_response::Msg::Info(info)) => {
+                    if info.size_bytes > MAX_READ_BYTES {
+                        return Err(Status::resource_exhausted(format!(
+                            "{path} is {} bytes; the orchestrator reads at most {MAX_READ_BYTES}",
+                            info.size_bytes
+                        )));
+                    }
+                    buf.reserve(info.size_bytes as usize);
+                }
+                Some(get_response::Msg::Chunk(c)) => buf.extend_from_slice(&c),
+                None => {}
+            }
+        }
+        Ok(Some(Bytes::from(buf)))
+    }
+
+    /// Describes one path; `None` when nothing is there.
+    pub async fn stat(&self, project: &str, path: &str, sha256: bool) -> Result<Option<FileInfo>, Status> {
+        let req = StatRequest { project_id: project.to_owned(), path: path.to_owned(), include_sha256: sha256 };
+        match self.client.clone().stat(req).await {
+            Ok(r) => Ok(Some(r.into_inner())),
+            Err(s) if s.code() == Code::NotFound => Ok(None),
+            Err(s) => Err(s),
+        }
+    }
+
+    /// Every entry under `prefix` (all pages); an absent prefix lists nothing.
+    pub async fn list(&self, project: &str, prefix: &str, recursive: bool) -> Result<Vec<FileInfo>, Status> {
+        let mut out = Vec::new();
+        let mut token = String::new();
+        loop {
+            let req = ListRequest {
+                project_id: project.to_owned(),
+                prefix: prefix.trim_end_matches('/').to_owned(),
+                recursive,
+                page: Some(PageRequest { page_size: 10_000, page_token: token.clone() }),
+            };
+            let page = match self.client.clone().list(req).await {
+                Ok(r) => r.into_inner(),
+                Err(s) if s.code() == Code::NotFound => return Ok(out),
+                Err(s) => return Err(s),
+            };
+            out.extend(page.entries);
+            if page.next_page_token.is_empty() {
+                return Ok(out);
+            }
+            token = page.next_page_token;
+        }
+    }
+
+    pub async fn append_events(
+        &self,
+        project: &str,
+        run_id: &str,
+        events: Vec<EventInput>,
+    ) -> Result<AppendEventsResponse, Status> {
+        let req = AppendEventsRequest { project_id: project.to_owned(), run_id: run_id.to_owned(), events };
+        self.client.clone().append_events(req).await.map(|r| r.into_inner())
+    }
+
+    /// A run's events from `from_seq` to the end (no follow).
+    pub async fn read_events(&self, project: &str, run_id: &str, from_seq: u64) -> Result<Vec<Event>, Status> {
+        let mut stream = self.follow_events(project, run_id, from_seq, false).await?;
+        let mut out = Vec::new();
+        while let Some(e) = stream.message().await? {
+            out.push(e);
+        }
+        Ok(out)
+    }
+
+    /// The store's event stream (live when `follow`).
+    pub async fn follow_events(
+        &self,
+        project: &str,
+        run_id: &str,
+        from_seq: u64,
+        follow: bool,
+    ) -> Result<tonic::Streaming<Event>, Status> {
+        let req = ReadEventsRequest {
+            project_id: project.to_owned(),
+            run_id: run_id.to_owned(),
+            from_seq,
+            follow,
+            limit: 0,
+        };
+        self.client.clone().read_events(req).await.map(|r| r.into_inner())
+    }
+}

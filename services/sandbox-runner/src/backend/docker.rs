@@ -1,0 +1,627 @@
+//! The docker backend: one container per run (or per session), created with every limit the
+//! engine offers, inputs staged by the archive API, /output read back as a tar stream, and
+//! removed on every path (a drop guard removes it when a call is cancelled or fails).
+//! It must never leave a container behind nor read an output file through the host.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bollard::container::LogOutput;
+use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
+use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig, ResourcesUlimits};
+use bollard::query_parameters::{
+    AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, DownloadFromContainerOptionsBuilder,
+    KillContainerOptionsBuilder, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
+    UploadToContainerOptionsBuilder, WaitContainerOptionsBuilder,
+};
+use cairn_proto::StdStream;
+use futures::{Stream, StreamExt, TryStreamExt};
+use time::OffsetDateTime;
+use tokio::time::sleep_until;
+
+use super::{keep, ExecOutcome, ExecSpec, Live, SessionSandbox};
+use crate::capture::Capture;
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::job::{Job, Outcome};
+use crate::limits::Limits;
+use crate::outputs::{self, OutputLimits, Outputs};
+use crate::pool::Pool;
+
+pub const LABEL_RUNNER: &str = "cairn.runner_id";
+pub const LABEL_KIND: &str = "cairn.kind";
+
+/// How long the engine gets to close the output stream after SIGKILL before we stop waiting.
+const KILL_BACKSTOP: Duration = Duration::from_secs(10);
+
+/// Containers this runner created and has not removed yet.
+pub type LiveSet = Arc<Mutex<HashSet<String>>>;
+
+pub struct DockerBackend {
+    client: bollard::Docker,
+    config: Arc<Config>,
+    live: LiveSet,
+    pool: Option<Arc<Pool>>,
+}
+
+impl DockerBackend {
+    /// Connects and negotiates the API version (the engine here speaks 1.41); checks the image.
+    pub async fn connect(config: Arc<Config>) -> Result<DockerBackend> {
+        let client = bollard::Docker::connect_with_local_defaults()
+            .map_err(Error::docker("connecting to the Docker engine"))?;
+        let client = tokio::time::timeout(Duration::from_secs(5), client.negotiate_version())
+            .await
+            .map_err(|_| Error::Sandbox("the Docker engine did not answer within 5 s".into()))?
+            .map_err(Error::docker("negotiating the Engine API version"))?;
+        client.inspect_image(&config.image).await.map_err(|e| Error::Docker {
+            context: format!(
+                "sandbox image {:?} is missing: build it with deploy/images/build-images.sh (nothing can be pulled) or set `image`",
+                config.image
+            ),
+            source: e,
+        })?;
+        let live = LiveSet::default();
+        let pool = (config.pool_size > 0).then(|| Arc::new(Pool::new(client.clone(), config.clone(), live.clone())));
+        Ok(DockerBackend { client, config, live, pool })
+    }
+
+    pub fn client(&self) -> &bollard::Docker {
+        &self.client
+    }
+
+    pub fn start_pool(&self) {
+        if let Some(pool) = &self.pool {
+            pool.clone().fill();
+        }
+    }
+
+    fn container_name(&self, id: &str) -> String {
+        format!("{}{id}{}", self.config.container_prefix, self.config.container_suffix)
+    }
+
+    /// Removes containers labelled with this runner's id (and, with `sweep_all_prefixed`, any
+    /// named `<prefix>*<suffix>`): leftovers of a runner that died (seed 003 §2.3).
+    pub async fn sweep(&self) -> Result<usize> {
+        let mut names = HashSet::new();
+        let by_label = HashMap::from([(
+            "label".to_string(),
+            vec![format!("{LABEL_RUNNER}={}", self.config.runner_id)],
+        )]);
+        let opts = ListContainersOptionsBuilder::default().all(true).filters(&by_label).build();
+        for c in self.client.list_containers(Some(opts)).await.map_err(Error::docker("listing containers"))? {
+            if let Some(id) = c.id {
+                names.insert(id);
+            }
+        }
+        if self.config.sweep_all_prefixed {
+            let by_name = HashMap::from([("name".to_string(), vec![self.config.container_prefix.clone()])]);
+            let opts = ListContainersOptionsBuilder::default().all(true).filters(&by_name).build();
+            for c in self.client.list_containers(Some(opts)).await.map_err(Error::docker("listing containers"))? {
+                let matches = c.names.iter().flatten().any(|n| {
+                    let n = n.trim_start_matches('/');
+                    n.starts_with(&self.config.container_prefix) && n.ends_with(&self.config.container_suffix)
+                });
+                if let (true, Some(id)) = (matches, c.id) {
+                    names.insert(id);
+                }
+            }
+        }
+        for name in &names {
+            remove(&self.client, name).await?;
+        }
+        Ok(names.len())
+    }
+
+    pub async fn run(&self, job: &Job, live: Option<&Live>) -> Result<Outcome> {
+        if let Some(pool) = &self.pool {
+            if pool.fits(job) {
+                if let Some(warm) = pool.take().await {
+                    return warm.run(job, live, self.config.kill_grace_ms).await;
+                }
+            }
+        }
+        self.run_cold(job, live).await
+    }
+
+    async fn run_cold(&self, job: &Job, live: Option<&Live>) -> Result<Outcome> {
+        let name = self.container_name(&job.id);
+        let mut labels = self.labels("run");
+        labels.insert("cairn.job_id".into(), job.id.clone());
+        labels.insert("cairn.run_id".into(), job.run_id.clone());
+        labels.insert("cairn.node_id".into(), job.node_id.clone());
+        let body = ContainerCreateBody {
+            image: Some(self.config.image.clone()),
+            cmd: Some(job.argv()),
+            env: Some(job.environment().into_iter().map(|(k, v)| format!("{k}={v}")).collect()),
+            user: Some(format!("{}:{}", self.config.sandbox_uid, self.config.sandbox_gid)),
+            working_dir: Some("/tmp".into()),
+            labels: Some(labels),
+            attach_stdin: Some(false),
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            open_stdin: Some(false),
+            tty: Some(false),
+            network_disabled: Some(!job.network),
+            // Anonymous volumes: uploads and downloads work with a read-only root filesystem,
+            // and /output survives the container's exit until we have read it.
+            volumes: Some(vec!["/input".into(), "/output".into()]),
+            host_config: Some(HostConfig {
+                ulimits: Some(vec![ResourcesUlimits {
+                    // No single file beyond the output limit: a 10 GB write stops there.
+                    name: Some("fsize".into()),
+                    soft: Some(job.limits.max_output_bytes as i64),
+                    hard: Some(job.limits.max_output_bytes as i64),
+                }]),
+                ..self.host_config(&job.limits, job.network)
+            }),
+            ..Default::default()
+        };
+        let container = self.create(&name, body).await?;
+        if !job.inputs.is_empty() {
+            let tar = input_tar(job)?;
+            let opts = UploadToContainerOptionsBuilder::default().path("/input").build();
+            self.client
+                .upload_to_container(&name, Some(opts), bollard::body_full(tar.into()))
+                .await
+                .map_err(Error::docker("staging /input"))?;
+        }
+        let attach = AttachContainerOptionsBuilder::default()
+            .stdin(false)
+            .stdout(true)
+            .stderr(true)
+            .stream(true)
+            .logs(false)
+            .build();
+        let mut output = self
+            .client
+            .attach_container(&name, Some(attach))
+            .await
+            .map_err(Error::docker("attaching to the container"))?
+            .output;
+        let started_at = OffsetDateTime::now_utc();
+        let t0 = Instant::now();
+        self.client
+            .start_container(&name, None)
+            .await
+            .map_err(Error::docker("starting the container"))?;
+        let mut stdout = Capture::new(job.limits.max_stdout_bytes);
+        let mut stderr = Capture::new(job.limits.max_stderr_bytes);
+        let timed_out = self
+            .pump(
+                &mut output,
+                &mut stdout,
+                &mut stderr,
+                live,
+                t0 + Duration::from_millis(job.limits.timeout_ms),
+                Target::Container(&name),
+            )
+            .await;
+        let exit_code = self.exit_code(&name).await?;
+        let duration_ms = t0.elapsed().as_millis() as u64;
+        // The flag is only worth a call when the kernel's SIGKILL is the likely cause.
+        let oom_killed = !timed_out && exit_code == 137 && self.oom_killed(&name).await;
+        let outputs = self.collect(&name, &job.limits).await?;
+        container.remove().await?;
+        Ok(Outcome {
+            exit_code: if timed_out { -1 } else { exit_code },
+            timed_out,
+            oom_killed,
+            started_at,
+            duration_ms,
+            stdout,
+            stderr,
+            outputs,
+        })
+    }
+
+    fn labels(&self, kind: &str) -> HashMap<String, String> {
+        HashMap::from([
+            (LABEL_RUNNER.to_string(), self.config.runner_id.clone()),
+            (LABEL_KIND.to_string(), kind.to_string()),
+        ])
+    }
+
+    /// Every restriction the engine offers, for runs and sessions alike.
+    pub fn host_config(&self, limits: &Limits, network: bool) -> HostConfig {
+        host_config(limits, network)
+    }
+
+    /// Creates a container and returns the guard that removes it.
+    async fn create(&self, name: &str, body: ContainerCreateBody) -> Result<ContainerGuard> {
+        create(&self.client, &self.live, name, body).await
+    }
+
+    /// Reads the output stream until it ends; at the deadline sends SIGTERM, after the grace
+    /// SIGKILL. Returns whether the deadline was hit. Output written before the kill is kept.
+    async fn pump(
+        &self,
+        output: &mut (impl Stream<Item = Result<LogOutput, bollard::errors::Error>> + Unpin),
+        stdout: &mut Capture,
+        stderr: &mut Capture,
+        live: Option<&Live>,
+        deadline: Instant,
+        target: Target<'_>,
+    ) -> bool {
+        pump(&self.client, self.config.kill_grace_ms, output, stdout, stderr, live, deadline, target).await
+    }
+
+    async fn exit_code(&self, name: &str) -> Result<i32> {
+        let opts = WaitContainerOptionsBuilder::default().condition("not-running").build();
+        let mut wait = self.client.wait_container(name, Some(opts));
+        match wait.next().await {
+            Some(Ok(r)) => Ok(r.status_code as i32),
+            Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. })) => Ok(code as i32),
+            Some(Err(e)) => Err(Error::docker("waiting for the container")(e)),
+            None => Err(Error::Sandbox("the engine closed the wait stream without an exit code".into())),
+        }
+    }
+
+    async fn oom_killed(&self, name: &str) -> bool {
+        match self.client.inspect_container(name, None).await {
+            Ok(info) => info.state.and_then(|s| s.oom_killed).unwrap_or(false),
+            Err(e) => {
+                tracing::warn!(container = name, error = %e, "inspect for OOMKilled failed");
+                false
+            }
+        }
+    }
+
+    /// Streams /output out of the stopped container and parses it as it arrives.
+    async fn collect(&self, name: &str, limits: &Limits) -> Result<Outputs> {
+        let opts = DownloadFromContainerOptionsBuilder::default().path("/output").build();
+        let stream = self
+            .client
+            .download_from_container(name, Some(opts))
+            .map_err(std::io::Error::other);
+        let reader = tokio_util::io::StreamReader::new(stream);
+        let limits = OutputLimits { max_files: limits.max_output_files, max_bytes: limits.max_output_bytes };
+        let handle = tokio::runtime::Handle::current();
+        tokio::task::spawn_blocking(move || {
+            let _guard = handle.enter();
+            let bridge = tokio_util::io::SyncIoBridge::new_with_handle(reader, handle.clone());
+            outputs::from_tar(bridge, "output", limits)
+        })
+        .await
+        .map_err(|e| Error::Sandbox(format!("output collection panicked: {e}")))?
+        .map_err(Error::io("reading /output from the container"))
+    }
+
+    /// Starts the long-lived container of a session (seed 003 §3): /workspace and /tmpfs bound
+    /// from the task directory; the main process only sleeps, commands come by exec.
+    pub async fn open_session(&self, s: &SessionSandbox) -> Result<()> {
+        let mut labels = self.labels("session");
+        labels.insert("cairn.session_id".into(), s.session_id.clone());
+        labels.insert("cairn.run_id".into(), s.run_id.clone());
+        labels.insert("cairn.node_id".into(), s.node_id.clone());
+        let workspace = s.task_dir.join("workspace");
+        let tmpfs = s.task_dir.join("tmpfs");
+        let body = ContainerCreateBody {
+            image: Some(self.config.image.clone()),
+            cmd: Some(vec!["sleep".into(), "infinity".into()]),
+            // The idle process runs as (capability-less) root so that a session's
+            // `kill -KILL -1` on timeout, sent as the sandbox user, cannot end the container.
+            user: Some("0:0".into()),
+            working_dir: Some("/workspace".into()),
+            labels: Some(labels),
+            attach_stdin: Some(false),
+            open_stdin: Some(false),
+            tty: Some(false),
+            network_disabled: Some(!s.network),
+            host_config: Some(HostConfig {
+                binds: Some(vec![
+                    format!("{}:/workspace:rw", workspace.display()),
+                    format!("{}:/tmpfs:rw", tmpfs.display()),
+                ]),
+                ..self.host_config(&s.limits, s.network)
+            }),
+            ..Default::default()
+        };
+        let guard = self.create(&s.name, body).await?;
+        self.client
+            .start_container(&s.name, None)
+            .await
+            .map_err(Error::docker("starting the session container"))?;
+        // The session owns it from here; CloseSession (or shutdown) removes it.
+        guard.keep();
+        Ok(())
+    }
+
+    /// Runs `bash -lc COMMAND` in the session's container as the sandbox user.
+    pub async fn exec(&self, s: &SessionSandbox, spec: &ExecSpec) -> Result<ExecOutcome> {
+        let opts = CreateExecOptions {
+            attach_stdin: Some(false),
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            tty: Some(false),
+            env: Some(vec![
+                "HOME=/tmpfs".to_string(),
+                "LANG=C.UTF-8".to_string(),
+                "PYTHONUNBUFFERED=1".to_string(),
+            ]),
+            cmd: Some(vec!["bash".to_string(), "-lc".to_string(), spec.command.clone()]),
+            user: Some(format!("{}:{}", self.config.sandbox_uid, self.config.sandbox_gid)),
+            working_dir: Some(spec.workdir.clone()),
+            ..Default::default()
+        };
+        let exec = self
+            .client
+            .create_exec(&s.name, opts)
+            .await
+            .map_err(Error::docker("creating the exec"))?;
+        let t0 = Instant::now();
+        let started = self
+            .client
+            .start_exec(&exec.id, Some(StartExecOptions { detach: false, tty: false, output_capacity: None }))
+            .await
+            .map_err(Error::docker("starting the exec"))?;
+        let StartExecResults::Attached { mut output, input } = started else {
+            return Err(Error::Sandbox("the engine detached the exec".into()));
+        };
+        // stdin closed at once: the command reads EOF.
+        drop(input);
+        let mut stdout = Capture::new(spec.max_output_bytes);
+        let mut stderr = Capture::new(spec.max_output_bytes);
+        let user = format!("{}:{}", self.config.sandbox_uid, self.config.sandbox_gid);
+        let target = Target::Session { name: &s.name, user: &user };
+        let timed_out = self.pump(&mut output, &mut stdout, &mut stderr, None, t0 + spec.timeout, target).await;
+        let exit_code = if timed_out {
+            -1
+        } else {
+            let info = self.client.inspect_exec(&exec.id).await.map_err(Error::docker("inspecting the exec"))?;
+            info.exit_code.unwrap_or(-1) as i32
+        };
+        Ok(ExecOutcome { exit_code, timed_out, duration_ms: t0.elapsed().as_millis() as u64, stdout, stderr })
+    }
+
+    pub async fn remove_container(&self, name: &str) -> Result<()> {
+        remove(&self.client, name).await?;
+        forget(&self.live, name);
+        Ok(())
+    }
+
+    pub async fn shutdown(&self) {
+        if let Some(pool) = &self.pool {
+            pool.close().await;
+        }
+        let names: Vec<String> = match self.live.lock() {
+            Ok(set) => set.iter().cloned().collect(),
+            Err(_) => Vec::new(),
+        };
+        for name in names {
+            if let Err(e) = self.remove_container(&name).await {
+                tracing::warn!(container = %name, error = %e, "could not remove container at shutdown");
+            }
+        }
+    }
+}
+
+pub fn host_config(limits: &Limits, network: bool) -> HostConfig {
+    let memory = limits.memory_bytes as i64;
+    HostConfig {
+        network_mode: Some(if network { "bridge".into() } else { "none".into() }),
+        memory: Some(memory),
+        // Equal to memory: no swap.
+        memory_swap: Some(memory),
+        nano_cpus: Some((limits.cpu_millis * 1_000_000) as i64),
+        pids_limit: Some(limits.pids as i64),
+        readonly_rootfs: Some(true),
+        tmpfs: Some(HashMap::from([(
+            "/tmp".to_string(),
+            format!("rw,nosuid,nodev,size={},mode=1777", limits.memory_bytes),
+        )])),
+        // An init reaps zombies and passes SIGTERM on; when it exits everything in the
+        // container's pid namespace dies, setsid'd or double-forked children included.
+        init: Some(true),
+        cap_drop: Some(vec!["ALL".into()]),
+        security_opt: Some(vec!["no-new-privileges".into()]),
+        auto_remove: Some(false),
+        // Output is read from the attach stream; nothing is kept in engine logs on disk.
+        log_config: Some(HostConfigLogConfig { typ: Some("none".into()), config: None }),
+        ..Default::default()
+    }
+}
+
+/// Which process group a timeout signal goes to.
+#[derive(Clone, Copy)]
+pub enum Target<'a> {
+    /// The whole container (one-shot runs, warm runs).
+    Container(&'a str),
+    /// Every process of `user` in a session container (its idle root process stays).
+    Session { name: &'a str, user: &'a str },
+}
+
+#[allow(clippy::too_many_arguments)]
+pub async fn pump(
+    client: &bollard::Docker,
+    grace_ms: u64,
+    output: &mut (impl Stream<Item = Result<LogOutput, bollard::errors::Error>> + Unpin),
+    stdout: &mut Capture,
+    stderr: &mut Capture,
+    live: Option<&Live>,
+    deadline: Instant,
+    target: Target<'_>,
+) -> bool {
+    // Steps after the deadline: SIGTERM, SIGKILL after the grace, then give up waiting.
+    let mut step = 0u8;
+    let mut next = deadline;
+    loop {
+        tokio::select! {
+            item = output.next() => match item {
+                Some(Ok(LogOutput::StdOut { message })) | Some(Ok(LogOutput::Console { message })) => {
+                    keep(stdout, &message, StdStream::Stdout, live).await
+                }
+                Some(Ok(LogOutput::StdErr { message })) => keep(stderr, &message, StdStream::Stderr, live).await,
+                Some(Ok(LogOutput::StdIn { .. })) => {}
+                Some(Err(e)) => {
+                    tracing::debug!(error = %e, "output stream ended with an error");
+                    break;
+                }
+                None => break,
+            },
+            _ = sleep_until(next.into()) => {
+                match step {
+                    0 => {
+                        signal(client, target, "SIGTERM").await;
+                        next = Instant::now() + Duration::from_millis(grace_ms);
+                    }
+                    1 => {
+                        signal(client, target, "SIGKILL").await;
+                        next = Instant::now() + KILL_BACKSTOP;
+                    }
+                    _ => {
+                        tracing::warn!("output stream still open after SIGKILL; removing the container");
+                        break;
+                    }
+                }
+                step += 1;
+            }
+        }
+    }
+    step > 0
+}
+
+async fn signal(client: &bollard::Docker, target: Target<'_>, sig: &str) {
+    let result = match target {
+        Target::Container(name) => {
+            let opts = KillContainerOptionsBuilder::default().signal(sig).build();
+            client.kill_container(name, Some(opts)).await
+        }
+        Target::Session { name, user } => {
+            // `kill -1` as the sandbox user reaches all of its processes but not the idle root one.
+            let flag = if sig == "SIGKILL" { "-KILL" } else { "-TERM" };
+            let opts = CreateExecOptions {
+                cmd: Some(vec!["bash".to_string(), "-c".to_string(), format!("kill {flag} -1")]),
+                user: Some(user.to_string()),
+                ..Default::default()
+            };
+            match client.create_exec(name, opts).await {
+                Ok(exec) => client
+                    .start_exec(&exec.id, Some(StartExecOptions { detach: true, tty: false, output_capacity: None }))
+                    .await
+                    .map(|_| ()),
+                Err(e) => Err(e),
+            }
+        }
+    };
+    if let Err(e) = result {
+        // 409: the container already stopped; nothing to kill.
+        tracing::debug!(signal = sig, error = %e, "signal not delivered");
+    }
+}
+
+/// Creates a container and returns the guard that removes it.
+pub async fn create(client: &bollard::Docker, live: &LiveSet, name: &str, body: ContainerCreateBody) -> Result<ContainerGuard> {
+    let opts = CreateContainerOptionsBuilder::default().name(name).build();
+    if let Ok(mut set) = live.lock() {
+        set.insert(name.to_owned());
+    }
+    let guard = ContainerGuard { client: client.clone(), live: live.clone(), name: name.to_owned(), armed: true };
+    client
+        .create_container(Some(opts), body)
+        .await
+        .map_err(Error::docker(format!("creating container {name}")))?;
+    Ok(guard)
+}
+
+/// Force-removes a container and its anonymous volumes; a missing container is fine.
+pub async fn remove(client: &bollard::Docker, name: &str) -> Result<()> {
+    let opts = RemoveContainerOptionsBuilder::default().force(true).v(true).build();
+    match client.remove_container(name, Some(opts)).await {
+        Ok(()) => Ok(()),
+        Err(bollard::errors::Error::DockerResponseServerError { status_code: 404 | 409, .. }) => Ok(()),
+        Err(e) => Err(Error::docker(format!("removing container {name}"))(e)),
+    }
+}
+
+fn forget(live: &LiveSet, name: &str) {
+    if let Ok(mut set) = live.lock() {
+        set.remove(name);
+    }
+}
+
+/// Removes its container when dropped unless `remove` or `keep` ran: a cancelled or failed
+/// run leaves nothing behind.
+pub struct ContainerGuard {
+    client: bollard::Docker,
+    live: LiveSet,
+    name: String,
+    armed: bool,
+}
+
+impl ContainerGuard {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub async fn remove(mut self) -> Result<()> {
+        self.armed = false;
+        let result = remove(&self.client, &self.name).await;
+        forget(&self.live, &self.name);
+        result
+    }
+
+    /// Hands the container to a longer-lived owner (session, pool).
+    pub fn keep(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for ContainerGuard {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (client, live, name) = (self.client.clone(), self.live.clone(), self.name.clone());
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                handle.spawn(async move {
+                    if let Err(e) = remove(&client, &name).await {
+                        tracing::warn!(container = %name, error = %e, "could not remove container");
+                    }
+                    forget(&live, &name);
+                });
+            }
+            Err(_) => tracing::warn!(container = %self.name, "no runtime to remove container; the start-up sweep will"),
+        }
+    }
+}
+
+/// The tar staged at /input: directories 0555 and files 0444, all owned by root, so the
+/// program (another uid) can read but not change them.
+fn input_tar(job: &Job) -> Result<Vec<u8>> {
+    let mut builder = tar::Builder::new(Vec::new());
+    let mut dirs = std::collections::BTreeSet::new();
+    for input in &job.inputs {
+        let comps: Vec<&str> = input.path.components().collect();
+        for n in 1..comps.len() {
+            dirs.insert(comps[..n].join("/"));
+        }
+    }
+    let mtime = OffsetDateTime::now_utc().unix_timestamp().max(0) as u64;
+    let header = |kind: tar::EntryType, mode: u32, size: u64| {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(kind);
+        h.set_mode(mode);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_size(size);
+        h.set_mtime(mtime);
+        h
+    };
+    let err = Error::io("building the /input archive");
+    for dir in &dirs {
+        let mut h = header(tar::EntryType::Directory, 0o555, 0);
+        builder.append_data(&mut h, dir, std::io::empty()).map_err(|e| Error::Io {
+            context: format!("building the /input archive ({dir})"),
+            source: e,
+        })?;
+    }
+    for input in &job.inputs {
+        let mut h = header(tar::EntryType::Regular, 0o444, input.content.len() as u64);
+        builder
+            .append_data(&mut h, input.path.as_str(), &input.content[..])
+            .map_err(|e| Error::Io { context: format!("building the /input archive ({})", input.path), source: e })?;
+    }
+    builder.into_inner().map_err(err)
+}

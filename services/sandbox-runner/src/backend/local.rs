@@ -1,0 +1,473 @@
+//! The local backend: each run or session command in its own bubblewrap sandbox: new mount,
+//! pid, network (off), ipc, uts, user and cgroup namespaces; the host's root mirrored
+//! read-only (the runner's work_root hidden); a private /tmp; /input read-only and /output a
+//! fresh directory; rlimits through prlimit; the program as the sandbox uid, never root.
+//! Kill semantics: the sandbox's pid-1 dies with bwrap (--die-with-parent), and everything in
+//! the pid namespace dies with it, setsid'd children included.
+
+use std::collections::HashSet;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cairn_proto::StdStream;
+use rustix::process::{Pid, Signal};
+use time::OffsetDateTime;
+use tokio::io::AsyncReadExt;
+use tokio::process::Command;
+use tokio::time::sleep_until;
+
+use super::{keep, remove_dir, ExecOutcome, ExecSpec, Live, SessionSandbox};
+use crate::capture::Capture;
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::job::{Job, Outcome};
+use crate::limits::Limits;
+use crate::outputs::{self, OutputLimits};
+
+/// Top-level host directories never shown inside a sandbox.
+const HIDDEN: &[&str] = &[
+    "proc", "dev", "sys", "tmp", "run", "mnt", "media", "lost+found", "root", "home", "boot", "srv", "input",
+    "output", "workspace", "tmpfs",
+];
+
+pub struct LocalBackend {
+    config: Arc<Config>,
+    bwrap: PathBuf,
+    /// Arguments that mirror the host root read-only.
+    root_args: Vec<OsString>,
+    as_root: bool,
+    /// Process groups of running sandboxes (killed at shutdown).
+    running: Arc<Mutex<HashSet<i32>>>,
+}
+
+/// One sandboxed process to start.
+struct Spawn<'a> {
+    /// (host path, sandbox path, writable)
+    binds: Vec<(PathBuf, &'static str, bool)>,
+    network: bool,
+    chdir: String,
+    env: Vec<(String, String)>,
+    argv: Vec<String>,
+    limits: &'a Limits,
+    timeout: Duration,
+    max_stdout: u64,
+    max_stderr: u64,
+}
+
+struct Finished {
+    exit_code: i32,
+    timed_out: bool,
+    started_at: OffsetDateTime,
+    duration_ms: u64,
+    stdout: Capture,
+    stderr: Capture,
+}
+
+impl LocalBackend {
+    /// Finds bubblewrap and checks that it can build a sandbox here.
+    pub fn new(config: Arc<Config>) -> Result<LocalBackend> {
+        let bwrap = find_program(&config.bwrap).ok_or_else(|| {
+            Error::NoIsolation(format!(
+                "bubblewrap ({:?}) is not installed: apt-get install bubblewrap, or set `bwrap` to its path",
+                config.bwrap
+            ))
+        })?;
+        let as_root = rustix::process::geteuid().is_root();
+        let mut backend = LocalBackend {
+            root_args: Vec::new(),
+            bwrap,
+            as_root,
+            config,
+            running: Arc::default(),
+        };
+        backend.root_args = backend.mirror_root()?;
+        backend.probe()?;
+        Ok(backend)
+    }
+
+    /// `--ro-bind` each top-level directory of the host (symlinks recreated), except the
+    /// hidden ones; the work_root is covered by an empty tmpfs if it would show.
+    fn mirror_root(&self) -> Result<Vec<OsString>> {
+        let mut args: Vec<OsString> = Vec::new();
+        let mut entries: Vec<_> = std::fs::read_dir("/")
+            .map_err(Error::io("listing /"))?
+            .filter_map(|e| e.ok())
+            .collect();
+        entries.sort_by_key(|e| e.file_name());
+        let mut shown = HashSet::new();
+        for entry in entries {
+            let name = entry.file_name();
+            let Some(name_str) = name.to_str() else { continue };
+            if HIDDEN.contains(&name_str) || name_str.starts_with('.') {
+                continue;
+            }
+            let path = PathBuf::from("/").join(&name);
+            let Ok(meta) = std::fs::symlink_metadata(&path) else { continue };
+            if meta.file_type().is_symlink() {
+                if let Ok(target) = std::fs::read_link(&path) {
+                    args.extend(["--symlink".into(), target.into_os_string(), path.into_os_string()]);
+                    shown.insert(name_str.to_owned());
+                }
+            } else if meta.is_dir() {
+                args.extend(["--ro-bind".into(), path.clone().into_os_string(), path.into_os_string()]);
+                shown.insert(name_str.to_owned());
+            }
+        }
+        let work_root = &self.config.work_root;
+        let top = work_root.components().nth(1).and_then(|c| c.as_os_str().to_str()).unwrap_or("");
+        if shown.contains(top) {
+            args.extend(["--tmpfs".into(), work_root.clone().into_os_string()]);
+        }
+        Ok(args)
+    }
+
+    /// Runs `true` in a sandbox once, so a host that cannot build one fails at start-up.
+    fn probe(&self) -> Result<()> {
+        let mut cmd = std::process::Command::new(&self.bwrap);
+        cmd.args(self.namespace_args(false)).args(&self.root_args).args(["--proc", "/proc", "--dev", "/dev"]);
+        cmd.args(["--", "true"]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+        if self.as_root {
+            use std::os::unix::process::CommandExt;
+            cmd.uid(self.config.sandbox_uid).gid(self.config.sandbox_gid);
+        }
+        let out = cmd.output().map_err(|e| Error::NoIsolation(format!("cannot start {}: {e}", self.bwrap.display())))?;
+        if !out.status.success() {
+            return Err(Error::NoIsolation(format!(
+                "bubblewrap cannot build a sandbox here ({}): {}. Unprivileged user namespaces must be enabled (sysctl user.max_user_namespaces > 0)",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        Ok(())
+    }
+
+    fn namespace_args(&self, network: bool) -> Vec<OsString> {
+        let mut args: Vec<OsString> = vec![
+            "--unshare-user".into(),
+            "--uid".into(),
+            self.config.sandbox_uid.to_string().into(),
+            "--gid".into(),
+            self.config.sandbox_gid.to_string().into(),
+            "--unshare-pid".into(),
+            "--unshare-ipc".into(),
+            "--unshare-uts".into(),
+            "--unshare-cgroup-try".into(),
+            "--hostname".into(),
+            "sandbox".into(),
+            "--disable-userns".into(),
+            "--die-with-parent".into(),
+            "--new-session".into(),
+        ];
+        if !network {
+            args.push("--unshare-net".into());
+        }
+        args
+    }
+
+    pub async fn run(&self, job: &Job, live: Option<&Live>) -> Result<Outcome> {
+        let task = TaskDir::create(&self.config.work_root, &job.id, self.config.sandbox_uid, self.config.sandbox_gid).await?;
+        let input = task.path.join("input");
+        let output = task.path.join("output");
+        stage_inputs(&input, job).await?;
+        let spawn = Spawn {
+            binds: vec![(input, "/input", false), (output.clone(), "/output", true)],
+            network: job.network,
+            chdir: "/tmp".into(),
+            env: job.environment(),
+            argv: job.argv(),
+            limits: &job.limits,
+            timeout: Duration::from_millis(job.limits.timeout_ms),
+            max_stdout: job.limits.max_stdout_bytes,
+            max_stderr: job.limits.max_stderr_bytes,
+        };
+        let done = self.sandboxed(spawn, live).await?;
+        let limits = OutputLimits { max_files: job.limits.max_output_files, max_bytes: job.limits.max_output_bytes };
+        let outputs = tokio::task::spawn_blocking(move || outputs::from_dir(&output, limits))
+            .await
+            .map_err(|e| Error::Sandbox(format!("output collection panicked: {e}")))?
+            .map_err(Error::io("reading /output"))?;
+        task.remove().await;
+        Ok(Outcome {
+            exit_code: done.exit_code,
+            timed_out: done.timed_out,
+            // Memory is capped by RLIMIT_AS here: allocations fail, nothing is OOM-killed.
+            oom_killed: false,
+            started_at: done.started_at,
+            duration_ms: done.duration_ms,
+            stdout: done.stdout,
+            stderr: done.stderr,
+            outputs,
+        })
+    }
+
+    pub async fn exec(&self, s: &SessionSandbox, spec: &ExecSpec) -> Result<ExecOutcome> {
+        let spawn = Spawn {
+            binds: vec![
+                (s.task_dir.join("workspace"), "/workspace", true),
+                (s.task_dir.join("tmpfs"), "/tmpfs", true),
+            ],
+            network: s.network,
+            chdir: spec.workdir.clone(),
+            env: vec![
+                ("PATH".into(), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into()),
+                ("HOME".into(), "/tmpfs".into()),
+                ("LANG".into(), "C.UTF-8".into()),
+                ("PYTHONUNBUFFERED".into(), "1".into()),
+            ],
+            argv: vec!["bash".into(), "-lc".into(), spec.command.clone()],
+            limits: &s.limits,
+            timeout: spec.timeout,
+            max_stdout: spec.max_output_bytes,
+            max_stderr: spec.max_output_bytes,
+        };
+        let done = self.sandboxed(spawn, None).await?;
+        Ok(ExecOutcome {
+            exit_code: done.exit_code,
+            timed_out: done.timed_out,
+            duration_ms: done.duration_ms,
+            stdout: done.stdout,
+            stderr: done.stderr,
+        })
+    }
+
+    /// Starts the sandbox, captures its output, enforces the timeout (SIGTERM to the
+    /// program's processes, grace, SIGKILL to the sandbox) and waits for it.
+    async fn sandboxed(&self, spawn: Spawn<'_>, live: Option<&Live>) -> Result<Finished> {
+        let mut cmd = Command::new(&self.bwrap);
+        cmd.args(self.namespace_args(spawn.network));
+        cmd.args(&self.root_args);
+        cmd.args(["--dev", "/dev", "--proc", "/proc"]);
+        cmd.args(["--size", &spawn.limits.memory_bytes.to_string(), "--tmpfs", "/tmp"]);
+        for (host, inside, writable) in &spawn.binds {
+            cmd.args(["--dir", inside]);
+            cmd.arg(if *writable { "--bind" } else { "--ro-bind" }).arg(host).arg(inside);
+        }
+        cmd.args(["--remount-ro", "/", "--chdir", &spawn.chdir, "--clearenv"]);
+        for (k, v) in &spawn.env {
+            cmd.arg("--setenv").arg(k).arg(v);
+        }
+        let cpu_seconds = spawn.timeout.as_secs() + 1;
+        cmd.args([
+            "--".to_string(),
+            "prlimit".into(),
+            format!("--nproc={}", spawn.limits.pids),
+            format!("--as={}", spawn.limits.memory_bytes),
+            format!("--fsize={}", spawn.limits.max_output_bytes),
+            format!("--cpu={cpu_seconds}"),
+            "--core=0".into(),
+            "--".into(),
+        ]);
+        cmd.args(&spawn.argv);
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.process_group(0).kill_on_drop(true);
+        if self.as_root {
+            cmd.uid(self.config.sandbox_uid).gid(self.config.sandbox_gid);
+        }
+        let started_at = OffsetDateTime::now_utc();
+        let t0 = Instant::now();
+        let mut child = cmd.spawn().map_err(Error::io("starting bubblewrap"))?;
+        let pid = child.id().map(|p| p as i32).unwrap_or(0);
+        let _registered = Registered::new(&self.running, pid);
+        let (Some(mut out), Some(mut err)) = (child.stdout.take(), child.stderr.take()) else {
+            return Err(Error::Sandbox("bubblewrap started without pipes".into()));
+        };
+        let mut stdout = Capture::new(spawn.max_stdout);
+        let mut stderr = Capture::new(spawn.max_stderr);
+        let (mut out_open, mut err_open) = (true, true);
+        let mut obuf = vec![0u8; 64 * 1024];
+        let mut ebuf = vec![0u8; 64 * 1024];
+        let mut step = 0u8;
+        let mut next = t0 + spawn.timeout;
+        let grace = Duration::from_millis(self.config.kill_grace_ms);
+        while out_open || err_open {
+            tokio::select! {
+                r = out.read(&mut obuf), if out_open => match r {
+                    Ok(0) | Err(_) => out_open = false,
+                    Ok(n) => keep(&mut stdout, &obuf[..n], StdStream::Stdout, live).await,
+                },
+                r = err.read(&mut ebuf), if err_open => match r {
+                    Ok(0) | Err(_) => err_open = false,
+                    Ok(n) => keep(&mut stderr, &ebuf[..n], StdStream::Stderr, live).await,
+                },
+                _ = sleep_until(next.into()) => {
+                    match step {
+                        0 => {
+                            terminate_program(pid);
+                            next = Instant::now() + grace;
+                        }
+                        1 => {
+                            kill_group(pid, Signal::KILL);
+                            next = Instant::now() + Duration::from_secs(5);
+                        }
+                        _ => break,
+                    }
+                    step += 1;
+                }
+            }
+        }
+        let status = tokio::select! {
+            s = child.wait() => s.map_err(Error::io("waiting for bubblewrap"))?,
+            _ = tokio::time::sleep(Duration::from_secs(5)) => {
+                kill_group(pid, Signal::KILL);
+                child.wait().await.map_err(Error::io("waiting for bubblewrap"))?
+            }
+        };
+        let exit_code = status.code().unwrap_or_else(|| {
+            use std::os::unix::process::ExitStatusExt;
+            128 + status.signal().unwrap_or(0)
+        });
+        Ok(Finished {
+            exit_code: if step > 0 { -1 } else { exit_code },
+            timed_out: step > 0,
+            started_at,
+            duration_ms: t0.elapsed().as_millis() as u64,
+            stdout,
+            stderr,
+        })
+    }
+
+    pub async fn shutdown(&self) {
+        let groups: Vec<i32> = self.running.lock().map(|s| s.iter().copied().collect()).unwrap_or_default();
+        for pid in groups {
+            kill_group(pid, Signal::KILL);
+        }
+    }
+}
+
+/// Sends SIGTERM to every process inside the sandbox below its pid 1 (the program and
+/// whatever it started), so it can finish writing; bwrap itself would die at once.
+fn terminate_program(bwrap_pid: i32) {
+    let mut stack = children(bwrap_pid); // bwrap's child: pid 1 of the namespace
+    let mut inside = Vec::new();
+    while let Some(p) = stack.pop() {
+        let kids = children(p);
+        inside.extend(kids.iter().copied());
+        stack.extend(kids);
+    }
+    for p in inside {
+        if let Some(pid) = Pid::from_raw(p) {
+            let _ = rustix::process::kill_process(pid, Signal::TERM);
+        }
+    }
+}
+
+fn children(pid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return out };
+    for task in tasks.flatten() {
+        if let Ok(text) = std::fs::read_to_string(task.path().join("children")) {
+            out.extend(text.split_whitespace().filter_map(|s| s.parse::<i32>().ok()));
+        }
+    }
+    out
+}
+
+fn kill_group(pid: i32, sig: Signal) {
+    if let Some(pid) = Pid::from_raw(pid) {
+        let _ = rustix::process::kill_process_group(pid, sig);
+    }
+}
+
+/// Keeps a running sandbox's process group in the shutdown list while it runs.
+struct Registered<'a> {
+    set: &'a Mutex<HashSet<i32>>,
+    pid: i32,
+}
+
+impl<'a> Registered<'a> {
+    fn new(set: &'a Mutex<HashSet<i32>>, pid: i32) -> Self {
+        if let Ok(mut s) = set.lock() {
+            s.insert(pid);
+        }
+        Registered { set, pid }
+    }
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.set.lock() {
+            s.remove(&self.pid);
+        }
+    }
+}
+
+/// A job's directory under `<work_root>/tasks/`; removed when dropped.
+pub struct TaskDir {
+    pub path: PathBuf,
+    removed: bool,
+}
+
+impl TaskDir {
+    /// `<work_root>/tasks/<id>/` with `input/` (ours, read-only for the sandbox) and `output/`
+    /// (owned by the sandbox user).
+    pub async fn create(work_root: &Path, id: &str, uid: u32, gid: u32) -> Result<TaskDir> {
+        let path = work_root.join("tasks").join(id);
+        let p = path.clone();
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+            std::fs::DirBuilder::new().recursive(true).mode(0o711).create(p.parent().unwrap_or(&p))?;
+            std::fs::DirBuilder::new().mode(0o711).create(&p)?;
+            std::fs::DirBuilder::new().mode(0o755).create(p.join("input"))?;
+            std::fs::DirBuilder::new().mode(0o700).create(p.join("output"))?;
+            if rustix::process::geteuid().is_root() {
+                std::os::unix::fs::chown(p.join("output"), Some(uid), Some(gid))?;
+            }
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o711))?;
+            Ok(())
+        })
+        .await
+        .map_err(|e| Error::Sandbox(format!("task directory creation panicked: {e}")))?
+        .map_err(Error::io(format!("creating task directory {}", path.display())))?;
+        Ok(TaskDir { path, removed: false })
+    }
+
+    pub async fn remove(mut self) {
+        self.removed = true;
+        remove_dir(&self.path).await;
+    }
+}
+
+impl Drop for TaskDir {
+    fn drop(&mut self) {
+        if !self.removed {
+            let path = self.path.clone();
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                handle.spawn(async move { remove_dir(&path).await });
+            }
+        }
+    }
+}
+
+/// Writes the inputs under `dir` (fresh, ours). The sandbox sees them through a read-only
+/// bind mount, whatever their modes.
+async fn stage_inputs(dir: &Path, job: &Job) -> Result<()> {
+    let dir = dir.to_path_buf();
+    let inputs = job.inputs.clone();
+    tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+        use std::os::unix::fs::OpenOptionsExt;
+        for input in &inputs {
+            let target = dir.join(input.path.as_str());
+            if let Some(parent) = target.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o444).open(&target)?;
+            std::io::Write::write_all(&mut f, &input.content)?;
+        }
+        Ok(())
+    })
+    .await
+    .map_err(|e| Error::Sandbox(format!("staging inputs panicked: {e}")))?
+    .map_err(Error::io("staging /input"))
+}
+
+fn find_program(name: &str) -> Option<PathBuf> {
+    let p = Path::new(name);
+    if p.is_absolute() {
+        return p.is_file().then(|| p.to_path_buf());
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).map(|d| d.join(name)).find(|c| c.is_file())
+}

@@ -1,0 +1,251 @@
+//! The runner's configuration: a TOML file, overridden by `CAIRN_SANDBOX_RUNNER_<KEY>`
+//! environment variables (`CAIRN_SANDBOX_RUNNER_DEFAULTS_TIMEOUT_MS` for `[defaults]`
+//! `timeout_ms`), overridden by command-line flags.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::limits::{Limits, LimitsTable};
+
+/// Prefix of the environment overrides.
+pub const ENV_PREFIX: &str = "CAIRN_SANDBOX_RUNNER_";
+
+/// Which isolation to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendChoice {
+    /// Docker when an engine answers, else the local backend when bwrap is installed.
+    #[default]
+    Auto,
+    Docker,
+    Local,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Address `serve` binds when run standalone.
+    pub listen: String,
+    /// Id in container labels and names of leftovers to sweep; "" = the id stored in
+    /// `<work_root>/runner-id`, made from the host name and a random suffix on first start.
+    pub runner_id: String,
+    pub backend: BackendChoice,
+    /// Sandbox image (built offline by deploy/images/).
+    pub image: String,
+    /// Container names are `<container_prefix><id><container_suffix>` (seed 003 §3.4).
+    pub container_prefix: String,
+    pub container_suffix: String,
+    /// Task directories of sessions and local runs; one work_root per runner.
+    pub work_root: PathBuf,
+    /// Warm containers kept ready for one-shot runs with the default image and limits
+    /// (docker backend; 0 = off).
+    pub pool_size: usize,
+    /// May a request ask for network access?
+    pub network_allowed: bool,
+    /// At start-up, also remove containers named `<prefix>*<suffix>` of other runner ids.
+    pub sweep_all_prefixed: bool,
+    /// Time between SIGTERM and SIGKILL when a run times out.
+    pub kill_grace_ms: u64,
+    /// Open sessions at most.
+    pub max_sessions: usize,
+    /// bubblewrap binary of the local backend.
+    pub bwrap: String,
+    /// Uid/gid the program runs as.
+    pub sandbox_uid: u32,
+    pub sandbox_gid: u32,
+    /// Session tool limits.
+    pub session: SessionConfig,
+    /// Limits applied when a request leaves them at 0.
+    pub defaults: LimitsTable,
+    /// Limits no request may exceed.
+    pub max: LimitsTable,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SessionConfig {
+    /// ReadFile cap (default and maximum).
+    pub read_max_bytes: u64,
+    pub glob_max_results: u32,
+    pub grep_max_matches: u32,
+    /// Exec stdout/stderr cap each.
+    pub exec_max_output_bytes: u64,
+    /// Pack archive cap.
+    pub max_archive_bytes: u64,
+    /// Files visited by one Glob/Grep/Pack walk at most.
+    pub max_walk_entries: u64,
+    /// Time a git clone of OpenSession may take.
+    pub git_timeout_ms: u64,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        SessionConfig {
+            read_max_bytes: 4 * 1024 * 1024,
+            glob_max_results: 1000,
+            grep_max_matches: 500,
+            exec_max_output_bytes: 1024 * 1024,
+            max_archive_bytes: 200 * 1024 * 1024,
+            max_walk_entries: 200_000,
+            git_timeout_ms: 120_000,
+        }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: "127.0.0.1:50053".into(),
+            runner_id: String::new(),
+            backend: BackendChoice::Auto,
+            image: "cairn-sandbox:latest".into(),
+            container_prefix: "cairn_".into(),
+            container_suffix: "_runner".into(),
+            work_root: std::env::temp_dir().join("cairn-sandbox-runner"),
+            pool_size: 0,
+            network_allowed: false,
+            sweep_all_prefixed: false,
+            kill_grace_ms: 2000,
+            max_sessions: 64,
+            bwrap: "bwrap".into(),
+            sandbox_uid: 10001,
+            sandbox_gid: 10001,
+            session: SessionConfig::default(),
+            defaults: LimitsTable::default(),
+            max: LimitsTable::default(),
+        }
+    }
+}
+
+impl Config {
+    /// Reads `path` (if any), then applies the environment overrides, then checks.
+    pub fn load(path: Option<&Path>) -> Result<Config> {
+        let text = match path {
+            Some(p) => std::fs::read_to_string(p)
+                .map_err(|e| Error::Config(format!("cannot read {}: {e}", p.display())))?,
+            None => String::new(),
+        };
+        let mut table: toml::Table =
+            toml::from_str(&text).map_err(|e| Error::Config(format!("invalid TOML: {e}")))?;
+        apply_env(&mut table, std::env::vars())?;
+        let config: Config = toml::Value::Table(table)
+            .try_into()
+            .map_err(|e| Error::Config(format!("{e}")))?;
+        config.check()?;
+        Ok(config)
+    }
+
+    /// Sets one key (`pool_size`, `defaults.timeout_ms`) from its textual value (flags).
+    pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        let mut table = toml::Table::try_from(&*self).map_err(|e| Error::Config(e.to_string()))?;
+        set_key(&mut table, key, value)?;
+        *self = toml::Value::Table(table)
+            .try_into()
+            .map_err(|e| Error::Config(format!("{key}: {e}")))?;
+        Ok(())
+    }
+
+    pub fn check(&self) -> Result<()> {
+        self.default_limits().check_against(&self.max_limits())?;
+        for (name, value) in [("container_prefix", &self.container_prefix), ("container_suffix", &self.container_suffix)] {
+            if !value.chars().all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c)) {
+                return Err(Error::Config(format!("{name} {value:?} may only hold [A-Za-z0-9_.-]")));
+            }
+        }
+        if self.container_prefix.is_empty() && self.sweep_all_prefixed {
+            return Err(Error::Config("sweep_all_prefixed needs a non-empty container_prefix".into()));
+        }
+        if !self.work_root.is_absolute() {
+            return Err(Error::Config(format!("work_root {:?} must be an absolute path", self.work_root)));
+        }
+        Ok(())
+    }
+
+    pub fn default_limits(&self) -> Limits {
+        self.defaults.over(Limits::DEFAULTS)
+    }
+
+    pub fn max_limits(&self) -> Limits {
+        self.max.over(Limits::MAXIMA)
+    }
+}
+
+fn apply_env(table: &mut toml::Table, vars: impl Iterator<Item = (String, String)>) -> Result<()> {
+    for (name, value) in vars {
+        let Some(key) = name.strip_prefix(ENV_PREFIX) else { continue };
+        let key = key.to_ascii_lowercase();
+        let key = ["defaults_", "max_", "session_"]
+            .iter()
+            .find_map(|t| {
+                key.strip_prefix(t).and_then(|rest| {
+                    let section = t.trim_end_matches('_');
+                    // `max_sessions` is a top-level key, not `[max] sessions`.
+                    (key != "max_sessions").then(|| format!("{section}.{rest}"))
+                })
+            })
+            .unwrap_or(key);
+        set_key(table, &key, &value).map_err(|e| Error::Config(format!("{name}: {e}")))?;
+    }
+    Ok(())
+}
+
+fn set_key(table: &mut toml::Table, key: &str, value: &str) -> Result<()> {
+    let parsed = value
+        .parse::<i64>()
+        .map(toml::Value::Integer)
+        .or_else(|_| value.parse::<bool>().map(toml::Value::Boolean))
+        .unwrap_or_else(|_| toml::Value::String(value.to_owned()));
+    match key.split_once('.') {
+        Some((section, field)) => {
+            let entry = table
+                .entry(section.to_owned())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            match entry {
+                toml::Value::Table(t) => {
+                    t.insert(field.to_owned(), parsed);
+                }
+                _ => return Err(Error::Config(format!("{section} is not a table"))),
+            }
+        }
+        None => {
+            // Strings that look like numbers (runner_id "42") stay strings where a string is expected.
+            let keep_string = matches!(key, "runner_id" | "image" | "container_prefix" | "container_suffix" | "listen" | "bwrap");
+            let v = if keep_string { toml::Value::String(value.to_owned()) } else { parsed };
+            table.insert(key.to_owned(), v);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_overrides_reach_sections_and_top_level() {
+        let mut table = toml::Table::new();
+        let vars = vec![
+            ("CAIRN_SANDBOX_RUNNER_POOL_SIZE".to_string(), "3".to_string()),
+            ("CAIRN_SANDBOX_RUNNER_DEFAULTS_TIMEOUT_MS".to_string(), "5000".to_string()),
+            ("CAIRN_SANDBOX_RUNNER_MAX_SESSIONS".to_string(), "7".to_string()),
+            ("CAIRN_SANDBOX_RUNNER_BACKEND".to_string(), "local".to_string()),
+            ("OTHER".to_string(), "x".to_string()),
+        ];
+        apply_env(&mut table, vars.into_iter()).unwrap();
+        let c: Config = toml::Value::Table(table).try_into().unwrap();
+        assert_eq!(c.pool_size, 3);
+        assert_eq!(c.max_sessions, 7);
+        assert_eq!(c.backend, BackendChoice::Local);
+        assert_eq!(c.default_limits().timeout_ms, 5000);
+    }
+
+    #[test]
+    fn default_above_max_is_refused() {
+        let mut c = Config::default();
+        c.set("defaults.pids", "100").unwrap();
+        c.set("max.pids", "50").unwrap();
+        assert!(c.check().unwrap_err().to_string().contains("pids"));
+    }
+}

@@ -1,0 +1,416 @@
+//! The runner: its identity, backend, sessions and start-up sweep, and one method per thing
+//! a client can ask (service.rs only translates the wire types). Shutting down kills and
+//! removes everything it started.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use cairn_proto as pb;
+
+use crate::backend::{self, Backend, ExecSpec, Live, SessionSandbox};
+use crate::beneath::Root;
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::job::{self, Job};
+use crate::limits::Limits;
+use crate::pack::{self, Format, PackReport};
+use crate::session::{self, Session, Sessions};
+use crate::workspace;
+
+pub struct Runner {
+    config: Arc<Config>,
+    backend: Backend,
+    sessions: Sessions,
+    swept: usize,
+    closing: AtomicBool,
+    /// Runs in flight (for shutdown to wait on).
+    running: AtomicUsize,
+    /// Owner given to workspace files when the runner is root.
+    owner: Option<(u32, u32)>,
+}
+
+/// A packed archive on disk, ready to stream; removed when dropped.
+pub struct Packed {
+    pub path: PathBuf,
+    pub name: String,
+    pub report: PackReport,
+}
+
+impl Drop for Packed {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl Runner {
+    /// Checks the config, settles the runner id, picks the backend, removes leftovers of an
+    /// earlier life (containers labelled with this id, task directories) and starts the pool.
+    pub async fn start(mut config: Config) -> Result<Runner> {
+        config.check()?;
+        std::fs::create_dir_all(config.work_root.join("tasks"))
+            .map_err(Error::io(format!("creating work_root {}", config.work_root.display())))?;
+        if config.runner_id.is_empty() {
+            config.runner_id = stored_runner_id(&config.work_root)?;
+        } else if !job::is_id(&config.runner_id) {
+            return Err(Error::Config(format!("runner_id {:?} must be 1-128 characters of [A-Za-z0-9._-]", config.runner_id)));
+        }
+        let config = Arc::new(config);
+        let backend = Backend::select(config.clone()).await?;
+        let containers = backend.sweep().await?;
+        let dirs = sweep_task_dirs(&config.work_root.join("tasks")).await;
+        let swept = containers + dirs;
+        tracing::info!(
+            runner_id = %config.runner_id,
+            backend = backend.name(),
+            removed_containers = containers,
+            removed_task_dirs = dirs,
+            "sandbox-runner ready; removed {containers} leftover containers and {dirs} task directories"
+        );
+        backend.start();
+        let owner = rustix::process::geteuid()
+            .is_root()
+            .then_some((config.sandbox_uid, config.sandbox_gid));
+        Ok(Runner {
+            config,
+            backend,
+            sessions: Sessions::default(),
+            swept,
+            closing: AtomicBool::new(false),
+            running: AtomicUsize::new(0),
+            owner,
+        })
+    }
+
+    pub fn runner_id(&self) -> &str {
+        &self.config.runner_id
+    }
+
+    pub fn backend_name(&self) -> &'static str {
+        self.backend.name()
+    }
+
+    /// Leftovers removed at start-up (containers + task directories).
+    pub fn swept(&self) -> usize {
+        self.swept
+    }
+
+    fn open(&self) -> Result<()> {
+        if self.closing.load(Ordering::SeqCst) {
+            return Err(Error::ShuttingDown);
+        }
+        Ok(())
+    }
+
+    pub async fn run(&self, req: pb::RunRequest, live: Option<&Live>) -> Result<pb::RunResult> {
+        self.open()?;
+        let job = Job::from_request(
+            req,
+            &self.config.default_limits(),
+            &self.config.max_limits(),
+            self.config.network_allowed,
+        )?;
+        self.running.fetch_add(1, Ordering::SeqCst);
+        let _done = Decrement(&self.running);
+        tracing::info!(job_id = %job.id, request_id = %job.request_id, run_id = %job.run_id, language = job.language.as_str(), "run");
+        let outcome = self.backend.run(&job, live).await?;
+        tracing::info!(job_id = %job.id, exit_code = outcome.exit_code, timed_out = outcome.timed_out, oom = outcome.oom_killed, ms = outcome.duration_ms, "run finished");
+        Ok(job::run_result(&job, outcome, &self.config.runner_id, self.backend.name()))
+    }
+
+    pub async fn open_session(&self, req: pb::OpenSessionRequest) -> Result<pb::SessionInfo> {
+        self.open()?;
+        let session_id = if req.session_id.is_empty() {
+            uuid::Uuid::new_v4().to_string()
+        } else if job::is_id(&req.session_id) {
+            req.session_id
+        } else {
+            return Err(Error::invalid(format!(
+                "session_id {:?} must be 1-128 characters of [A-Za-z0-9._-]",
+                req.session_id
+            )));
+        };
+        if req.network && !self.config.network_allowed {
+            return Err(Error::invalid(
+                "network access is not allowed on this runner: drop `network` or set network_allowed = true in the runner config",
+            ));
+        }
+        let limits = Limits::resolve(req.limits.as_ref(), &self.config.default_limits(), &self.config.max_limits())?;
+        self.sessions.reserve(&session_id, self.config.max_sessions)?;
+        let sandbox = SessionSandbox {
+            name: format!("{}{}{}", self.config.container_prefix, session_id, self.config.container_suffix),
+            task_dir: self.config.work_root.join("tasks").join(&session_id),
+            session_id: session_id.clone(),
+            network: req.network,
+            limits,
+            run_id: req.run_id,
+            node_id: req.node_id,
+        };
+        match self.open_sandbox(&sandbox, req.git.as_ref()).await {
+            Ok(session) => {
+                let info = pb::SessionInfo {
+                    session_id: session_id.clone(),
+                    container_name: sandbox.name.clone(),
+                    backend: self.backend.name().into(),
+                    git_commit: session.git_commit.clone(),
+                };
+                self.sessions.fill(session);
+                tracing::info!(session_id = %session_id, "session opened");
+                Ok(info)
+            }
+            Err(e) => {
+                // Nothing half-made stays: container and directories go.
+                let _ = self.backend.close_session(&sandbox).await;
+                backend::remove_dir(&sandbox.task_dir).await;
+                self.sessions.release(&session_id);
+                Err(e)
+            }
+        }
+    }
+
+    async fn open_sandbox(&self, sandbox: &SessionSandbox, git: Option<&pb::GitSource>) -> Result<Session> {
+        session::create_task_dir(&sandbox.task_dir, self.owner).await?;
+        let ws = sandbox.task_dir.join("workspace");
+        let git_commit = match git {
+            Some(g) if !g.url.is_empty() => {
+                let timeout = Duration::from_millis(self.config.session.git_timeout_ms);
+                session::clone(&g.url, &g.r#ref, &ws, self.owner, timeout).await?
+            }
+            _ => String::new(),
+        };
+        let workspace = Root::open(&ws).map_err(Error::io("opening the workspace"))?;
+        self.backend.open_session(sandbox).await?;
+        Ok(Session { sandbox: sandbox.clone(), workspace, git_commit })
+    }
+
+    pub async fn exec(&self, req: pb::ExecRequest) -> Result<pb::ExecResult> {
+        self.open()?;
+        let s = self.sessions.get(&req.session_id)?;
+        let max = self.config.max_limits();
+        let timeout_ms = match req.timeout_ms {
+            0 => self.config.default_limits().timeout_ms,
+            v if v > max.timeout_ms => {
+                return Err(Error::LimitAboveMax { name: "timeout_ms", requested: v, max: max.timeout_ms })
+            }
+            v => v,
+        };
+        let cap = self.config.session.exec_max_output_bytes;
+        let max_output_bytes = match req.max_output_bytes {
+            0 => cap,
+            v if v > cap => return Err(Error::LimitAboveMax { name: "max_output_bytes", requested: v, max: cap }),
+            v => v,
+        };
+        let workdir = match workspace::path(&req.workdir, "workdir", true)? {
+            None => "/workspace".to_owned(),
+            Some(p) => {
+                // Must be a real directory inside the workspace, reached without links.
+                s.workspace.open_dir(p.as_str()).map_err(|e| workspace::refusal(p.as_str(), e))?;
+                format!("/workspace/{p}")
+            }
+        };
+        if req.command.contains('\0') {
+            return Err(Error::invalid("command contains a NUL character"));
+        }
+        let spec = ExecSpec { command: req.command, workdir, timeout: Duration::from_millis(timeout_ms), max_output_bytes };
+        let out = self.backend.exec(&s.sandbox, &spec).await?;
+        Ok(pb::ExecResult {
+            exit_code: out.exit_code,
+            timed_out: out.timed_out,
+            stdout_truncated: out.stdout.truncated(),
+            stderr_truncated: out.stderr.truncated(),
+            stdout: out.stdout.into_bytes().into(),
+            stderr: out.stderr.into_bytes().into(),
+            duration_ms: out.duration_ms,
+        })
+    }
+
+    pub async fn read_file(&self, req: pb::ReadFileRequest) -> Result<pb::ReadFileResponse> {
+        self.open()?;
+        let s = self.sessions.get(&req.session_id)?;
+        let cap = self.config.session.read_max_bytes;
+        let max = match req.max_bytes {
+            0 => cap,
+            v if v > cap => return Err(Error::LimitAboveMax { name: "max_bytes", requested: v, max: cap }),
+            v => v,
+        };
+        let path = workspace::path(&req.path, "path", false)?.ok_or_else(|| Error::invalid("path is empty"))?;
+        let (content, truncated, size) = blocking(move || workspace::read(&s.workspace, &path, max)).await?;
+        Ok(pb::ReadFileResponse { content: content.into(), truncated, size_bytes: size })
+    }
+
+    pub async fn write_file(&self, req: pb::WriteFileRequest) -> Result<pb::WriteFileResponse> {
+        self.open()?;
+        let s = self.sessions.get(&req.session_id)?;
+        let path = workspace::path(&req.path, "path", false)?.ok_or_else(|| Error::invalid("path is empty"))?;
+        let append = req.mode == pb::WriteMode::Append as i32;
+        let owner = self.owner;
+        let (written, size) =
+            blocking(move || workspace::write(&s.workspace, &path, &req.content, append, owner)).await?;
+        Ok(pb::WriteFileResponse { bytes_written: written, size_bytes: size })
+    }
+
+    pub async fn glob(&self, req: pb::GlobRequest) -> Result<pb::GlobResponse> {
+        self.open()?;
+        let s = self.sessions.get(&req.session_id)?;
+        let cap = self.config.session.glob_max_results;
+        let max = match req.max_results {
+            0 => cap,
+            v if v > cap => return Err(Error::LimitAboveMax { name: "max_results", requested: v.into(), max: cap.into() }),
+            v => v,
+        };
+        if req.pattern.is_empty() {
+            return Err(Error::invalid("pattern is empty"));
+        }
+        let base = workspace::path(&req.base_path, "base_path", true)?;
+        let walk = self.config.session.max_walk_entries;
+        let (paths, truncated) =
+            blocking(move || workspace::glob(&s.workspace, base.as_ref(), &req.pattern, max, walk)).await?;
+        Ok(pb::GlobResponse { paths, truncated })
+    }
+
+    pub async fn grep(&self, req: pb::GrepRequest) -> Result<pb::GrepResponse> {
+        self.open()?;
+        let s = self.sessions.get(&req.session_id)?;
+        let cap = self.config.session.grep_max_matches;
+        let max = match req.max_matches {
+            0 => cap,
+            v if v > cap => return Err(Error::LimitAboveMax { name: "max_matches", requested: v.into(), max: cap.into() }),
+            v => v,
+        };
+        if req.pattern.is_empty() {
+            return Err(Error::invalid("pattern is empty"));
+        }
+        let path = workspace::path(&req.path, "path", true)?;
+        let walk = self.config.session.max_walk_entries;
+        let (matches, truncated) = blocking(move || {
+            workspace::grep(&s.workspace, path.as_ref(), &req.pattern, req.is_regex, req.case_sensitive, max, walk)
+        })
+        .await?;
+        Ok(pb::GrepResponse {
+            matches: matches.into_iter().map(|m| pb::GrepMatch { path: m.path, line: m.line, text: m.text }).collect(),
+            truncated,
+        })
+    }
+
+    /// Packs the workspace into a file of the task directory (outside the workspace).
+    pub async fn pack(&self, req: pb::PackRequest) -> Result<Packed> {
+        self.open()?;
+        let s = self.sessions.get(&req.session_id)?;
+        let format = match pb::ArchiveFormat::try_from(req.format) {
+            Ok(pb::ArchiveFormat::Zip) => Format::Zip,
+            Ok(pb::ArchiveFormat::TarGz) => Format::TarGz,
+            Err(_) => return Err(Error::invalid(format!("archive format {} is unknown: use ZIP or TAR_GZ", req.format))),
+        };
+        let cap = self.config.session.max_archive_bytes;
+        let max = match req.max_archive_bytes {
+            0 => cap,
+            v if v > cap => return Err(Error::LimitAboveMax { name: "max_archive_bytes", requested: v, max: cap }),
+            v => v,
+        };
+        let name = if req.archive_name.is_empty() {
+            format!("{}.{}", s.sandbox.session_id, format.extension())
+        } else {
+            let p = pathguard::validate(&req.archive_name)
+                .map_err(|rejection| Error::Path { what: "archive_name", rejection })?;
+            if p.components().count() != 1 {
+                return Err(Error::invalid(format!("archive_name {:?} must be a file name without directories", req.archive_name)));
+            }
+            p.as_str().to_owned()
+        };
+        let excludes = pack::excludes(&req.exclude_patterns)?;
+        let path = s.sandbox.task_dir.join(format!("pack-{}", uuid::Uuid::new_v4().simple()));
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .read(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(Error::io("creating the archive file"))?;
+        let mut packed = Packed { path, name, report: PackReport::default() };
+        let walk = self.config.session.max_walk_entries;
+        packed.report = blocking(move || pack::pack(&s.workspace, format, &excludes, file, max, walk)).await?;
+        Ok(packed)
+    }
+
+    pub async fn close_session(&self, id: &str) -> Result<bool> {
+        let Some(s) = self.sessions.remove(id) else { return Ok(false) };
+        self.backend.close_session(&s.sandbox).await?;
+        backend::remove_dir(&s.sandbox.task_dir).await;
+        tracing::info!(session_id = %id, "session closed");
+        Ok(true)
+    }
+
+    pub fn info(&self) -> pb::RunnerInfo {
+        pb::RunnerInfo {
+            runner_id: self.config.runner_id.clone(),
+            backend: self.backend.name().into(),
+            default_limits: Some(self.config.default_limits().to_proto()),
+            max_limits: Some(self.config.max_limits().to_proto()),
+            languages: job::LANGUAGES.iter().map(|s| s.to_string()).collect(),
+            open_sessions: self.sessions.len() as u32,
+        }
+    }
+
+    /// Refuses new work, closes every session, kills and removes every sandbox.
+    pub async fn shutdown(&self) {
+        if self.closing.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        for s in self.sessions.drain() {
+            if let Err(e) = self.backend.close_session(&s.sandbox).await {
+                tracing::warn!(session_id = %s.sandbox.session_id, error = %e, "could not close session at shutdown");
+            }
+            backend::remove_dir(&s.sandbox.task_dir).await;
+        }
+        self.backend.shutdown().await;
+        tracing::info!(runs_in_flight = self.running.load(Ordering::SeqCst), "sandbox-runner shut down; sandboxes removed");
+    }
+}
+
+struct Decrement<'a>(&'a AtomicUsize);
+
+impl Drop for Decrement<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::Sandbox(format!("worker panicked: {e}")))?
+}
+
+/// The id kept in `<work_root>/runner-id`, made on first start from the host name and a random
+/// suffix, so a restarted runner finds (and removes) the containers of its earlier life.
+fn stored_runner_id(work_root: &std::path::Path) -> Result<String> {
+    let file = work_root.join("runner-id");
+    if let Ok(text) = std::fs::read_to_string(&file) {
+        let id = text.trim();
+        if job::is_id(id) {
+            return Ok(id.to_owned());
+        }
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_else(|_| "runner".into());
+    let host: String = host
+        .trim()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '-' })
+        .take(64)
+        .collect();
+    let suffix = &uuid::Uuid::new_v4().simple().to_string()[..8];
+    let id = format!("{}-{suffix}", if host.is_empty() { "runner" } else { &host });
+    std::fs::write(&file, format!("{id}\n")).map_err(Error::io(format!("writing {}", file.display())))?;
+    Ok(id)
+}
+
+/// Removes every task directory left under `tasks` (one work_root per runner).
+async fn sweep_task_dirs(tasks: &std::path::Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(tasks) else { return 0 };
+    let mut n = 0;
+    for entry in entries.flatten() {
+        backend::remove_dir(&entry.path()).await;
+        n += 1;
+    }
+    n
+}

@@ -1,0 +1,177 @@
+//! The gRPC face of the runner (sandbox.proto): decode, call the runner, encode. Streaming
+//! calls run in a task that is aborted when the client goes away, so its sandbox is removed.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use cairn_proto as pb;
+use cairn_proto::sandbox_runner_server::SandboxRunner;
+use futures::{Stream, StreamExt};
+use sha2::{Digest, Sha256};
+use tokio::io::AsyncReadExt;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use crate::runner::Runner;
+
+/// Size of the archive chunks Pack streams.
+const PACK_CHUNK: usize = 256 * 1024;
+
+#[derive(Clone)]
+pub struct SandboxService {
+    runner: Arc<Runner>,
+}
+
+impl SandboxService {
+    pub fn new(runner: Arc<Runner>) -> Self {
+        SandboxService { runner }
+    }
+}
+
+type Responses<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl SandboxRunner for SandboxService {
+    async fn run(&self, request: Request<pb::RunRequest>) -> Result<Response<pb::RunResult>, Status> {
+        Ok(Response::new(self.runner.run(request.into_inner(), None).await?))
+    }
+
+    type RunStreamStream = Responses<pb::RunStreamResponse>;
+
+    async fn run_stream(&self, request: Request<pb::RunRequest>) -> Result<Response<Self::RunStreamStream>, Status> {
+        let (tx, rx) = mpsc::channel(64);
+        let runner = self.runner.clone();
+        let req = request.into_inner();
+        let task = tokio::spawn(async move {
+            let (live_tx, mut live_rx) = mpsc::channel::<pb::OutputChunk>(64);
+            let forward = {
+                let tx = tx.clone();
+                async move {
+                    while let Some(chunk) = live_rx.recv().await {
+                        let msg = pb::RunStreamResponse { msg: Some(pb::run_stream_response::Msg::Output(chunk)) };
+                        if tx.send(Ok(msg)).await.is_err() {
+                            break;
+                        }
+                    }
+                }
+            };
+            let run = async move {
+                let result = runner.run(req, Some(&live_tx)).await;
+                drop(live_tx);
+                result
+            };
+            let (result, ()) = tokio::join!(run, forward);
+            let msg = result
+                .map(|r| pb::RunStreamResponse { msg: Some(pb::run_stream_response::Msg::Result(r)) })
+                .map_err(Status::from);
+            let _ = tx.send(msg).await;
+        });
+        Ok(Response::new(Box::pin(AbortOnDrop { inner: ReceiverStream::new(rx), task })))
+    }
+
+    async fn open_session(&self, request: Request<pb::OpenSessionRequest>) -> Result<Response<pb::SessionInfo>, Status> {
+        Ok(Response::new(self.runner.open_session(request.into_inner()).await?))
+    }
+
+    async fn exec(&self, request: Request<pb::ExecRequest>) -> Result<Response<pb::ExecResult>, Status> {
+        Ok(Response::new(self.runner.exec(request.into_inner()).await?))
+    }
+
+    async fn read_file(&self, request: Request<pb::ReadFileRequest>) -> Result<Response<pb::ReadFileResponse>, Status> {
+        Ok(Response::new(self.runner.read_file(request.into_inner()).await?))
+    }
+
+    async fn write_file(&self, request: Request<pb::WriteFileRequest>) -> Result<Response<pb::WriteFileResponse>, Status> {
+        Ok(Response::new(self.runner.write_file(request.into_inner()).await?))
+    }
+
+    async fn glob(&self, request: Request<pb::GlobRequest>) -> Result<Response<pb::GlobResponse>, Status> {
+        Ok(Response::new(self.runner.glob(request.into_inner()).await?))
+    }
+
+    async fn grep(&self, request: Request<pb::GrepRequest>) -> Result<Response<pb::GrepResponse>, Status> {
+        Ok(Response::new(self.runner.grep(request.into_inner()).await?))
+    }
+
+    type PackStream = Responses<pb::PackResponse>;
+
+    async fn pack(&self, request: Request<pb::PackRequest>) -> Result<Response<Self::PackStream>, Status> {
+        let packed = self.runner.pack(request.into_inner()).await?;
+        let (tx, rx) = mpsc::channel(4);
+        let task = tokio::spawn(async move {
+            let send_err = |e: std::io::Error| Status::internal(format!("reading the archive: {e}"));
+            let mut file = match tokio::fs::File::open(&packed.path).await {
+                Ok(f) => f,
+                Err(e) => {
+                    let _ = tx.send(Err(send_err(e))).await;
+                    return;
+                }
+            };
+            let mut hasher = Sha256::new();
+            let mut size = 0u64;
+            loop {
+                let mut buf = vec![0u8; PACK_CHUNK];
+                let n = match file.read(&mut buf).await {
+                    Ok(0) => break,
+                    Ok(n) => n,
+                    Err(e) => {
+                        let _ = tx.send(Err(send_err(e))).await;
+                        return;
+                    }
+                };
+                buf.truncate(n);
+                hasher.update(&buf);
+                size += n as u64;
+                let msg = pb::PackResponse { msg: Some(pb::pack_response::Msg::Chunk(buf.into())) };
+                if tx.send(Ok(msg)).await.is_err() {
+                    return;
+                }
+            }
+            let summary = pb::PackSummary {
+                archive_name: packed.name.clone(),
+                digest: Some(pb::Digest { sha256: hex::encode(hasher.finalize()), size_bytes: size }),
+                entries: packed.report.entries,
+                excluded: packed.report.excluded,
+                refused: packed
+                    .report
+                    .refused
+                    .iter()
+                    .map(|r| pb::RejectedOutput { path: r.path.clone(), reason: r.reason.clone() })
+                    .collect(),
+            };
+            let _ = tx.send(Ok(pb::PackResponse { msg: Some(pb::pack_response::Msg::Summary(summary)) })).await;
+            drop(packed);
+        });
+        Ok(Response::new(Box::pin(AbortOnDrop { inner: ReceiverStream::new(rx), task })))
+    }
+
+    async fn close_session(&self, request: Request<pb::CloseSessionRequest>) -> Result<Response<pb::CloseSessionResponse>, Status> {
+        let closed = self.runner.close_session(&request.into_inner().session_id).await?;
+        Ok(Response::new(pb::CloseSessionResponse { closed }))
+    }
+
+    async fn get_runner_info(&self, _request: Request<pb::GetRunnerInfoRequest>) -> Result<Response<pb::RunnerInfo>, Status> {
+        Ok(Response::new(self.runner.info()))
+    }
+}
+
+/// A response stream that aborts its producing task when the client drops it.
+struct AbortOnDrop<S> {
+    inner: S,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl<S: Stream + Unpin> Stream for AbortOnDrop<S> {
+    type Item = S::Item;
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
+        self.inner.poll_next_unpin(cx)
+    }
+}
+
+impl<S> Drop for AbortOnDrop<S> {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -1,0 +1,208 @@
+//! Test support: a runner on 127.0.0.1 over real gRPC, for each backend this host offers.
+//! Docker: required when CAIRN_REQUIRE_DOCKER=1, otherwise skipped (with a `SKIP:` line) when
+//! no engine or image is there. Local: skipped when bubblewrap is missing.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use cairn_proto::sandbox_runner_client::SandboxRunnerClient;
+use cairn_proto::{FileContent, Limits, RunRequest, RunResult};
+use cairn_sandbox_runner::{BackendChoice, Config, RunnerHandle};
+use tonic::transport::Channel;
+
+/// The sandbox image tests use (CAIRN_SANDBOX_IMAGE, default cairn-sandbox:latest).
+pub fn image() -> String {
+    std::env::var("CAIRN_SANDBOX_IMAGE").unwrap_or_else(|_| "cairn-sandbox:latest".into())
+}
+
+pub fn docker_required() -> bool {
+    std::env::var("CAIRN_REQUIRE_DOCKER").map(|v| v == "1").unwrap_or(false)
+}
+
+/// Is a Docker engine with the image reachable? Err(reason) when not.
+pub async fn docker_ready() -> Result<(), String> {
+    let client = bollard::Docker::connect_with_local_defaults().map_err(|e| e.to_string())?;
+    let client = tokio::time::timeout(Duration::from_secs(5), client.negotiate_version())
+        .await
+        .map_err(|_| "docker engine did not answer".to_string())?
+        .map_err(|e| e.to_string())?;
+    client
+        .inspect_image(&image())
+        .await
+        .map_err(|e| format!("image {} missing ({e}); build it with deploy/images/build-images.sh", image()))?;
+    Ok(())
+}
+
+pub fn bwrap_ready() -> Result<(), String> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    if std::env::split_paths(&path).any(|d| d.join("bwrap").is_file()) {
+        Ok(())
+    } else {
+        Err("bubblewrap (bwrap) is not installed".into())
+    }
+}
+
+/// The backends to test on this host, printing SKIP lines for the others.
+pub async fn backends(test: &str) -> Vec<BackendChoice> {
+    let mut out = Vec::new();
+    match docker_ready().await {
+        Ok(()) => out.push(BackendChoice::Docker),
+        Err(reason) if docker_required() => panic!("CAIRN_REQUIRE_DOCKER=1 but docker is not usable: {reason}"),
+        Err(reason) => println!("SKIP: {test} [docker]: {reason}"),
+    }
+    match bwrap_ready() {
+        Ok(()) => out.push(BackendChoice::Local),
+        Err(reason) => println!("SKIP: {test} [local]: {reason}"),
+    }
+    out
+}
+
+pub async fn docker_only(test: &str) -> bool {
+    match docker_ready().await {
+        Ok(()) => true,
+        Err(reason) if docker_required() => panic!("CAIRN_REQUIRE_DOCKER=1 but docker is not usable: {reason}"),
+        Err(reason) => {
+            println!("SKIP: {test} [docker]: {reason}");
+            false
+        }
+    }
+}
+
+pub fn config(backend: BackendChoice, work_root: &std::path::Path) -> Config {
+    Config {
+        backend,
+        image: image(),
+        work_root: work_root.to_path_buf(),
+        kill_grace_ms: 500,
+        ..Config::default()
+    }
+}
+
+/// A runner serving on an ephemeral port.
+pub struct TestRunner {
+    pub client: SandboxRunnerClient<Channel>,
+    pub handle: RunnerHandle,
+    pub work_root: tempfile::TempDir,
+    pub addr: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    served: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl TestRunner {
+    pub async fn start(backend: BackendChoice) -> TestRunner {
+        Self::start_with(backend, |_| {}).await
+    }
+
+    pub async fn start_with(backend: BackendChoice, tweak: impl FnOnce(&mut Config)) -> TestRunner {
+        let work_root = tempfile::Builder::new().prefix("cairn-sbx-test").tempdir().unwrap();
+        let mut config = config(backend, work_root.path());
+        tweak(&mut config);
+        let (server, handle) = cairn_sandbox_runner::sandbox_service(config).await.unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let served = tokio::spawn(async move {
+            let mut host = cairn_server::Host::new();
+            host.add(server);
+            host.serve(listener, async {
+                let _ = stopped.await;
+            })
+            .await
+            .unwrap();
+        });
+        let channel = cairn_server::connect(&addr).unwrap();
+        let client = SandboxRunnerClient::new(channel)
+            .max_decoding_message_size(64 * 1024 * 1024)
+            .max_encoding_message_size(64 * 1024 * 1024);
+        TestRunner { client, handle, work_root, addr, stop: Some(stop), served: Some(served) }
+    }
+
+    pub async fn run(&self, req: RunRequest) -> RunResult {
+        self.client.clone().run(req).await.unwrap().into_inner()
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(served) = self.served.take() {
+            let _ = served.await;
+        }
+        self.handle.shutdown().await;
+    }
+}
+
+pub fn python(code: &str) -> RunRequest {
+    RunRequest { language: "python".into(), code: code.into(), ..Default::default() }
+}
+
+pub fn bash(code: &str) -> RunRequest {
+    RunRequest { language: "bash".into(), code: code.into(), ..Default::default() }
+}
+
+pub fn with_timeout(mut req: RunRequest, ms: u64) -> RunRequest {
+    let mut limits = req.limits.take().unwrap_or_default();
+    limits.timeout_ms = ms;
+    req.limits = Some(limits);
+    req
+}
+
+pub fn with_limits(mut req: RunRequest, limits: Limits) -> RunRequest {
+    req.limits = Some(limits);
+    req
+}
+
+pub fn input(path: &str, content: &[u8]) -> FileContent {
+    FileContent { path: path.into(), content: content.to_vec().into() }
+}
+
+pub fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Containers (any state) whose name contains `needle`.
+pub async fn containers_named(needle: &str) -> Vec<String> {
+    let client = bollard::Docker::connect_with_local_defaults().unwrap().negotiate_version().await.unwrap();
+    let filters = std::collections::HashMap::from([("name".to_string(), vec![needle.to_string()])]);
+    let opts = bollard::query_parameters::ListContainersOptionsBuilder::default().all(true).filters(&filters).build();
+    client
+        .list_containers(Some(opts))
+        .await
+        .unwrap()
+        .into_iter()
+        .flat_map(|c| c.names.unwrap_or_default())
+        .collect()
+}
+
+/// Containers labelled with `runner_id`.
+pub async fn containers_of(runner_id: &str) -> Vec<String> {
+    let client = bollard::Docker::connect_with_local_defaults().unwrap().negotiate_version().await.unwrap();
+    let filters = std::collections::HashMap::from([("label".to_string(), vec![format!("cairn.runner_id={runner_id}")])]);
+    let opts = bollard::query_parameters::ListContainersOptionsBuilder::default().all(true).filters(&filters).build();
+    client
+        .list_containers(Some(opts))
+        .await
+        .unwrap()
+        .into_iter()
+        .flat_map(|c| c.names.unwrap_or_default())
+        .collect()
+}
+
+/// Host processes whose command line contains `needle`.
+pub fn processes_with(needle: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    let me = std::process::id() as i32;
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
+        if pid == me {
+            continue;
+        }
+        if let Ok(cmd) = std::fs::read(entry.path().join("cmdline")) {
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            if cmd.contains(needle) {
+                out.push(pid);
+            }
+        }
+    }
+    out
+}
