@@ -53,6 +53,33 @@ pub enum Command {
     /// Files, events and documents in the artifact-store.
     #[command(subcommand)]
     Store(StoreCommand),
+    /// Turn the strict code fences (```lang file=path) of a document into workspace/ files and
+    /// print the manifest (--json: exactly manifest v1).
+    Ingest(IngestArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct IngestArgs {
+    /// The document (Markdown) to ingest.
+    pub document: PathBuf,
+    /// Run id the manifest and events belong to (default: a new `manual-<uuid>`).
+    #[arg(long)]
+    pub run: Option<String>,
+    /// Node id (names the manifest: .cairn/runs/<run>/ingest/<node>.json).
+    #[arg(long, default_value = "manual")]
+    pub node: String,
+    /// Mode recorded in the manifest (single, self_critique, team, unknown).
+    #[arg(long, default_value = "unknown")]
+    pub mode: String,
+    /// Source path recorded in the manifest (default: DOCUMENT as given).
+    #[arg(long)]
+    pub doc_path: Option<String>,
+    /// Parse and validate only: print the manifest as it would be, write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Replace existing workspace files that hold other bytes.
+    #[arg(long)]
+    pub overwrite: bool,
 }
 
 #[derive(Debug, Args)]
@@ -72,6 +99,8 @@ pub struct ServeArgs {
 pub enum ServeService {
     /// The artifact-store (single canonical writer).
     ArtifactStore(cairn_artifact_store::ConfigArgs),
+    /// The ingest service (needs --store-addr).
+    Ingest(cairn_ingest::ConfigArgs),
 }
 
 #[derive(Debug, Args)]

@@ -5,6 +5,7 @@ use std::path::Path;
 
 use anyhow::Context;
 use cairn_proto::v1::artifact_store_client::ArtifactStoreClient;
+use cairn_proto::v1::ingest_client::IngestClient;
 use cairn_telemetry::TracedChannel;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -59,6 +60,12 @@ impl Services {
             .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
     }
 
+    pub fn ingest(&self) -> IngestClient<TracedChannel> {
+        IngestClient::new(self.channel.clone())
+            .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
+    }
+
     #[allow(dead_code)]
     pub fn addr(&self) -> &str {
         &self.addr
@@ -76,7 +83,6 @@ impl Services {
 
 /// Every cairn service on one host, talking to each other through `self_addr`.
 pub async fn host_all(data_root: &Path, self_addr: &str) -> anyhow::Result<cairn_server::Host> {
-    let _ = self_addr;
     let mut host = cairn_server::Host::new();
     let store = cairn_artifact_store::artifact_store_service(cairn_artifact_store::Config::new(
         data_root.to_path_buf(),
@@ -84,5 +90,11 @@ pub async fn host_all(data_root: &Path, self_addr: &str) -> anyhow::Result<cairn
     .await
     .with_context(|| format!("starting the artifact-store over {}", data_root.display()))?;
     host.add(store);
+    let ingest = cairn_ingest::ingest_service(&cairn_ingest::Config {
+        store_addr: self_addr.to_owned(),
+        ..cairn_ingest::Config::default()
+    })
+    .context("starting the ingest service")?;
+    host.add(ingest);
     Ok(host)
 }

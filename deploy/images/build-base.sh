@@ -50,8 +50,6 @@ host_debian_mirror() {
 MIRROR="${CAIRN_DEBIAN_MIRROR:-$(host_debian_mirror)}"
 MIRROR="${MIRROR:-http://deb.debian.org/debian}"
 
-[ "$(id -u)" -eq 0 ] || die "must run as root (debootstrap creates device nodes and chroots); try: sudo $0 $*"
-command -v debootstrap >/dev/null 2>&1 || die "debootstrap is not installed; run scripts/setup.sh or: apt-get install debootstrap"
 command -v docker >/dev/null 2>&1 || die "docker CLI not found"
 docker info >/dev/null 2>&1 || die "the Docker engine does not answer (docker info failed); start it and retry"
 
@@ -59,6 +57,9 @@ if [ "$FORCE" -eq 0 ] && docker image inspect "$IMAGE" >/dev/null 2>&1; then
     say "$IMAGE already exists, skipping (use --force to rebuild)"
     exit 0
 fi
+
+[ "$(id -u)" -eq 0 ] || die "must run as root (debootstrap creates device nodes and chroots); try: sudo $0 $*"
+command -v debootstrap >/dev/null 2>&1 || die "debootstrap is not installed; run scripts/setup.sh or: apt-get install debootstrap"
 
 WORK="$(mktemp -d "${TMPDIR:-/var/tmp}/cairn-base.XXXXXX")"
 ROOTFS="$WORK/rootfs"
@@ -95,12 +96,12 @@ if ! debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$ROOTFS" "$MI
 fi
 
 say "debootstrap done in $(( $(date +%s) - started ))s; trimming docs, man pages, locales, apt lists and caches"
-rm -rf "$ROOTFS"/usr/share/doc/* "$ROOTFS"/usr/share/man/* "$ROOTFS"/usr/share/info/* \
-       "$ROOTFS"/usr/share/lintian "$ROOTFS"/usr/share/linda \
-       "$ROOTFS"/var/lib/apt/lists/* "$ROOTFS"/var/cache/apt/*.bin \
-       "$ROOTFS"/var/cache/apt/archives/*.deb "$ROOTFS"/var/cache/debconf/*-old \
-       "$ROOTFS"/var/log/* "$ROOTFS"/tmp/* "$ROOTFS"/var/tmp/* "$ROOTFS"/dev/* \
-       "$ROOTFS"/debootstrap
+rm -rf "${ROOTFS:?}"/usr/share/doc/* "${ROOTFS:?}"/usr/share/man/* "${ROOTFS:?}"/usr/share/info/* \
+       "${ROOTFS:?}"/usr/share/lintian "${ROOTFS:?}"/usr/share/linda \
+       "${ROOTFS:?}"/var/lib/apt/lists/* "${ROOTFS:?}"/var/cache/apt/*.bin \
+       "${ROOTFS:?}"/var/cache/apt/archives/*.deb "${ROOTFS:?}"/var/cache/debconf/*-old \
+       "${ROOTFS:?}"/var/log/* "${ROOTFS:?}"/tmp/* "${ROOTFS:?}"/var/tmp/* "${ROOTFS:?}"/dev/* \
+       "${ROOTFS:?}"/debootstrap
 find "$ROOTFS"/usr/share/locale -mindepth 1 -maxdepth 1 ! -name locale.alias -exec rm -rf {} +
 # Keep later installs (derived images) as small: the same rules official slim images use.
 cat >"$ROOTFS/etc/dpkg/dpkg.cfg.d/cairn-nodoc" <<'EOF'
@@ -128,7 +129,8 @@ tar --numeric-owner -C "$ROOTFS" -c . | docker import \
     --change 'CMD ["bash"]' \
     --change "LABEL cairn.base.suite=$SUITE" \
     --change "LABEL cairn.base.packages=$PACKAGES" \
-    - "$IMAGE" >/dev/null
+    - "$IMAGE" >/dev/null \
+    || die "docker import of the rootfs as $IMAGE failed"
 
 # The image this one replaced (--force) is now untagged: remove it unless something uses it
 # (images built on it keep it until they are rebuilt).

@@ -59,7 +59,8 @@ case "$BASE_SOURCE" in
     registry)
         if [ "$FORCE" -eq 1 ] || ! docker image inspect "$CAIRN_BASE_IMAGE" >/dev/null 2>&1; then
             say "pulling $CAIRN_BASE_IMAGE"
-            docker pull "$CAIRN_BASE_IMAGE"
+            docker pull "$CAIRN_BASE_IMAGE" \
+                || die "could not pull $CAIRN_BASE_IMAGE; with no registry, leave CAIRN_BASE_SOURCE unset (debootstrap)"
         else
             say "$CAIRN_BASE_IMAGE already present"
         fi

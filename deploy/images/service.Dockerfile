@@ -6,9 +6,9 @@
 # or by hand from the repository root (the context then holds target/: slow):
 #   DOCKER_BUILDKIT=0 docker build -f deploy/images/service.Dockerfile -t cairn:latest .
 # User cairn, uid/gid 10002 (not the sandbox's 10001), home and data directory /var/lib/cairn
-# (mount a volume there: the artifact-store's data root). Services listen on 50051 inside the
-# container. Few instructions on purpose: with the legacy builder each one costs a container
-# commit (about 2 s on this fuse-overlayfs engine); the label
+# (mount a volume there: the artifact-store's data root). Services listen on 7070 (cairn's
+# default port) inside the container. Few instructions on purpose: with the legacy builder each
+# one costs a container commit (about 2 s on this fuse-overlayfs engine); the label
 # cairn.build comes from build-images.sh.
 ARG BASE_IMAGE=cairn-base:bookworm
 FROM ${BASE_IMAGE}
@@ -27,7 +27,7 @@ RUN set -eu; \
 
 # CAIRN_HEALTH_ADDR: what the health check dials (grpc.health.v1); set it when a service
 # listens elsewhere (docker run -e CAIRN_HEALTH_ADDR=127.0.0.1:PORT).
-ENV CAIRN_HEALTH_ADDR=127.0.0.1:50051 \
+ENV CAIRN_HEALTH_ADDR=127.0.0.1:7070 \
     LANG=C.UTF-8
 WORKDIR /var/lib/cairn
 USER 10002:10002
@@ -38,5 +38,5 @@ HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \
     CMD cairn health --addr "$CAIRN_HEALTH_ADDR" || exit 1
 
 ENTRYPOINT ["/usr/local/bin/cairn"]
-# Compose / Kubernetes give the service, e.g. ["serve", "artifact-store", "--listen", "0.0.0.0:50051"].
+# Compose / Kubernetes give the service, e.g. ["serve", "artifact-store", "--listen", "0.0.0.0:7070"].
 CMD ["--help"]

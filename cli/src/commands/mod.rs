@@ -1,6 +1,7 @@
 //! One module per command group; `dispatch` routes a parsed command line to it.
 
 mod health;
+mod ingest;
 mod serve;
 mod store;
 mod up;
@@ -15,5 +16,6 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Serve(args) => serve::run(args).await,
         Command::Health(args) => health::run(&cli.global, args).await,
         Command::Store(cmd) => store::run(&cli.global, cmd).await,
+        Command::Ingest(args) => ingest::run(&cli.global, args).await,
     }
 }

@@ -11,6 +11,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             let listener = cairn_server::bind(&config.listen.to_string()).await?;
             cairn_artifact_store::serve(config, listener, cairn_server::shutdown_signal()).await?;
         }
+        ServeService::Ingest(config) => {
+            let config = config.load()?;
+            let listener = cairn_server::bind(&config.listen.to_string()).await?;
+            cairn_ingest::serve(config, listener, cairn_server::shutdown_signal()).await?;
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -226,13 +226,13 @@ async fn fork_bomb_ends_and_the_next_run_works() {
     for backend in backends("fork_bomb").await {
         let r = TestRunner::start(backend).await;
         let req = with_limits(
-            bash(":(){ :|:& };:"),
+            bash(":(){ :|:& };:; sleep 30"),
             Limits { timeout_ms: 5000, pids: 64, ..Default::default() },
         );
         let t0 = std::time::Instant::now();
         let out = r.run(req).await;
         assert!(t0.elapsed().as_secs() < 60);
-        assert!(out.timed_out || out.exit_code != 0, "{backend:?}: {out:?}");
+        assert!(out.timed_out, "{backend:?}: {out:?}");
         let out = r.run(python("print('alive')")).await;
         assert_eq!(text(&out.stdout), "alive\n", "{backend:?}: {}", text(&out.stderr));
         r.stop().await;
@@ -281,9 +281,16 @@ async fn output_links_and_bad_names_are_refused() {
         );
         let out = r.run(python(&code)).await;
         assert_eq!(out.exit_code, 0, "{backend:?}: {}", text(&out.stderr));
+        // Two names of one inode: the first met is collected, the other refused as a hard link.
         let names: Vec<_> = out.output_files.iter().map(|f| f.path.as_str()).collect();
-        assert_eq!(names, ["ok.txt"], "{backend:?}");
-        let mut rejected: Vec<_> = out.rejected_outputs.iter().map(|r| (r.path.as_str(), r.reason.as_str())).collect();
+        assert_eq!(names.len(), 1, "{backend:?}: {names:?}");
+        assert!(names[0] == "ok.txt" || names[0] == "ok-again.txt");
+        assert_eq!(&out.output_files[0].content[..], b"fine");
+        let mut rejected: Vec<_> = out
+            .rejected_outputs
+            .iter()
+            .map(|r| (if r.path == "ok.txt" { "ok-again.txt" } else { r.path.as_str() }, r.reason.as_str()))
+            .collect();
         rejected.sort();
         assert_eq!(
             rejected,

@@ -1,0 +1,72 @@
+//! `cairn ingest DOC`: code fences of a document into workspace files, printing the manifest.
+
+use std::process::ExitCode;
+
+use cairn_proto::v1::{BlockStatus, IngestRequest, IngestResponse};
+
+use crate::cli::{Global, IngestArgs};
+use crate::embedded::Services;
+
+pub async fn run(global: &Global, args: IngestArgs) -> anyhow::Result<ExitCode> {
+    let content = tokio::fs::read(&args.document)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", args.document.display()))?;
+    let services = Services::open(global).await?;
+    let run_id = args.run.clone().unwrap_or_else(|| format!("manual-{}", uuid::Uuid::now_v7()));
+    let request = IngestRequest {
+        project_id: global.project.clone(),
+        run_id,
+        node_id: args.node.clone(),
+        mode: args.mode.clone(),
+        doc_path: args.doc_path.clone().unwrap_or_else(|| args.document.display().to_string()),
+        content: content.into(),
+        overwrite: args.overwrite,
+        source_kind: "cli".into(),
+    };
+    let mut client = services.ingest();
+    let response = if args.dry_run {
+        client.parse(request).await
+    } else {
+        client.ingest(request).await
+    };
+    services.close().await?;
+    let response = response?.into_inner();
+    if global.json {
+        println!("{}", response.manifest_json);
+    } else {
+        print_table(&response, args.dry_run);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_table(r: &IngestResponse, dry_run: bool) {
+    if !r.enabled {
+        println!("ingest is disabled for this project/run: nothing was parsed or written");
+        return;
+    }
+    println!("{:>5}  {:<9} {:<20} {:>9}  {:<10} path", "index", "status", "reason", "bytes", "lang");
+    for a in &r.artifacts {
+        let status = match a.status() {
+            BlockStatus::Written if dry_run => "would-write",
+            BlockStatus::Written => "written",
+            BlockStatus::Skipped => "skipped",
+            BlockStatus::Rejected => "rejected",
+            BlockStatus::Unspecified => "?",
+        };
+        let path = if a.workspace_path.is_empty() { &a.declared_file } else { &a.workspace_path };
+        println!("{:>5}  {:<9} {:<20} {:>9}  {:<10} {}", a.index, status, a.reason, a.bytes, a.lang, path.escape_debug());
+    }
+    if let Some(s) = &r.summary {
+        println!(
+            "{} blocks: {} written, {} skipped, {} rejected{}",
+            s.total_blocks,
+            s.written,
+            s.skipped,
+            s.rejected,
+            if r.manifest_path.is_empty() { String::new() } else { format!("; manifest {}", r.manifest_path) }
+        );
+    }
+    for e in &r.errors {
+        eprintln!("{}: {e}", r.level().as_str_name().trim_start_matches("LEVEL_").to_lowercase());
+    }
+}

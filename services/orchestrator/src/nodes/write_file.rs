@@ -1,0 +1,32 @@
+//! `write_file`: renders `content` into the project file `path` through the store, then runs
+//! the ingest hook when the file is a document (seed 000).
+
+use bytes::Bytes;
+use tonic::Code;
+
+use super::{artifact_written, file_outputs, ingest, project_path, NodeCtx, NodeError, NodeSuccess};
+use crate::graph::WriteFile;
+use crate::store::PutOptions;
+
+pub async fn run(ctx: &NodeCtx, spec: &WriteFile) -> Result<NodeSuccess, NodeError> {
+    let path = project_path(&ctx.scope, "path", &spec.path)?;
+    let content = Bytes::from(ctx.scope.render("content", &spec.content)?);
+    // Identical bytes come back UNCHANGED, so a redone attempt never duplicates a file.
+    let opts = PutOptions { overwrite: spec.overwrite || ctx.reset, run_id: ctx.run_id.clone(), ..Default::default() };
+    let put = ctx.store().put(&ctx.project, &path, content.clone(), &opts).await.map_err(|s| write_error(&path, &s))?;
+    let mut out = NodeSuccess { outputs: file_outputs(&put), events: vec![artifact_written(&ctx.node_id, &put, None)] };
+    if ingest::wants_hook(ctx, &put.path) {
+        ingest::hook(ctx, &put.path, content, &mut out).await;
+    }
+    Ok(out)
+}
+
+/// A refused or failed write, with the fix for the common case.
+pub fn write_error(path: &str, s: &tonic::Status) -> NodeError {
+    if s.code() == Code::AlreadyExists {
+        return NodeError::refused(format!(
+            "{path} already exists with other content; set `overwrite: true` on the node to replace it"
+        ));
+    }
+    NodeError::from_status(&format!("writing {path}"), s)
+}

@@ -1,0 +1,440 @@
+//! The run directory `.cairn/runs/<run_id>/` (seed 001 §2 merged with seed 002 §4): its layout,
+//! the files written at submit, and the snapshot writer that regenerates README.md, task.yaml
+//! and state.json as the run moves. Everything goes through the artifact-store; nothing here
+//! touches a disk.
+//!
+//! Snapshots are rendered from the folded `RunState` and written only after the events they
+//! reflect are durable, so task.yaml never claims more than events.jsonl holds (its
+//! `events_seq` names the last event it reflects). They are rate-limited by the scheduler
+//! (state changes at once, progress at most every `snapshot_interval_ms`): per-node rewrites
+//! of three files would cost more than the nodes themselves.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::Serialize;
+use tokio::sync::watch;
+
+use crate::graph::{Graph, NodeKind};
+use crate::recorder::Recorder;
+use crate::run::{NodeState, RunState, TaskState};
+use crate::store::{PutOptions, Store};
+
+/// Where all runs of a project live.
+pub const RUNS_PREFIX: &str = ".cairn/runs";
+
+/// Paths inside one run directory.
+#[derive(Clone, Debug)]
+pub struct RunDir {
+    root: String,
+}
+
+impl RunDir {
+    pub fn new(run_id: &str) -> RunDir {
+        RunDir { root: format!("{RUNS_PREFIX}/{run_id}") }
+    }
+    pub fn root(&self) -> &str {
+        &self.root
+    }
+    pub fn path(&self, rel: &str) -> String {
+        format!("{}/{rel}", self.root)
+    }
+    pub fn readme(&self) -> String {
+        self.path("README.md")
+    }
+    pub fn task_yaml(&self) -> String {
+        self.path("task.yaml")
+    }
+    pub fn state_json(&self) -> String {
+        self.path("state.json")
+    }
+    pub fn graph_resolved(&self) -> String {
+        self.path("graph.resolved.json")
+    }
+    pub fn human_notes(&self) -> String {
+        self.path("shared/human-notes.md")
+    }
+    pub fn context_manifest(&self) -> String {
+        self.path("shared/context-manifest.yaml")
+    }
+    pub fn agent(&self, instance: &str, rel: &str) -> String {
+        self.path(&format!("agents/{instance}/{rel}"))
+    }
+    /// seed 002 §4.2 result.json, one per sandbox node (or map item).
+    pub fn sandbox_result(&self, node: &str) -> String {
+        self.path(&format!("sandbox/{node}/result.json"))
+    }
+}
+
+/// YAML front matter of a shareable Markdown artifact (seed 001 §3.1).
+pub fn front_matter(title: &str, purpose: &str, tags: &[&str], task_id: &str, agent_instance: Option<&str>, artifact_id: Option<&str>) -> String {
+    let q = |s: &str| serde_json::Value::String(s.to_owned()).to_string();
+    let mut out = String::from("---\n");
+    let _ = writeln!(out, "title: {}", q(title));
+    let _ = writeln!(out, "purpose: {}", q(purpose));
+    let _ = writeln!(out, "tags: [{}]", tags.iter().map(|t| q(t)).collect::<Vec<_>>().join(", "));
+    let _ = writeln!(out, "task_id: {}", q(task_id));
+    if let Some(a) = agent_instance {
+        let _ = writeln!(out, "agent_instance: {}", q(a));
+    }
+    if let Some(a) = artifact_id {
+        let _ = writeln!(out, "artifact_id: {}", q(a));
+    }
+    out.push_str("---\n");
+    out
+}
+
+/// The files a new run starts with (besides graph.resolved.json and the snapshots).
+pub fn initial_files(state: &RunState) -> Vec<(String, String)> {
+    let dir = RunDir::new(&state.run_id);
+    let id = &state.run_id;
+    let notes = format!(
+        "{}# Human notes for run {id}\n\nWrite guidance, corrections and constraints here (or run `cairn notes add {id} \"...\"`).\nAgents of this run read this file as high-priority context before each step (seed 001 §6).\n",
+        front_matter("Human notes", &format!("Guidance and corrections for run {id}"), &["human-notes"], id, None, None)
+    );
+    let manifest = "# Explicitly shared context of this run (seed 001 §5.1). Each attachment:\n#   - id: api-contract-v1\n#     kind: file            # file | snippet\n#     path: ./shared/contracts/checkout.md   # run-relative (./...) or project-relative\n#     range: \"120:180\"      # snippets: startLine:endLine\n#     reason: \"why the agents need it\"\nattachments: []\n".to_owned();
+    let section = |name: &str, what: &str| {
+        (
+            dir.path(&format!("shared/{name}/README.md")),
+            format!(
+                "{}# {name}\n\n{what}\n",
+                front_matter(name, what, &[name], id, None, None)
+            ),
+        )
+    };
+    vec![
+        (dir.human_notes(), notes),
+        (dir.context_manifest(), manifest),
+        (dir.path("shared/evidence/index.json"), "[]\n".into()),
+        section("contracts", "Contracts shared by the agents of this run (API, schemas, error models)."),
+        section("decisions", "Decision records of this run (trade-offs and conclusions)."),
+        section("reports", "Joined summaries and reports of this run."),
+    ]
+}
+
+#[derive(Serialize)]
+struct Milestone<'a> {
+    id: &'a str,
+    title: &'a str,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    state: &'a str,
+    attempts: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    progress: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    skip_reason: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct RosterYaml<'a> {
+    instance: &'a str,
+    agent: &'a str,
+    state: &'a str,
+    node: &'a str,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct GateYaml<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    state: crate::run::GateState,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<&'a str>,
+    instructions_ref: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    decided_by: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    decided_at: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    comment_ref: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct TaskYaml<'a> {
+    id: &'a str,
+    title: &'a str,
+    topology: &'a str,
+    state: TaskState,
+    project: &'a str,
+    goal: &'a str,
+    created_at: &'a str,
+    updated_at: &'a str,
+    created_by: &'a str,
+    /// Last event of events.jsonl this file reflects.
+    events_seq: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a str>,
+    milestones: Vec<Milestone<'a>>,
+    roster: Vec<RosterYaml<'a>>,
+    gates: Vec<GateYaml<'a>>,
+}
+
+fn progress(n: &crate::run::NodeRecord) -> Option<String> {
+    let items = n.items.as_ref()?;
+    let done = items.records.iter().filter(|r| r.state.is_done()).count();
+    Some(format!("{done}/{}", items.records.len()))
+}
+
+/// task.yaml (seed 001 §2.1 fields).
+pub fn render_task_yaml(s: &RunState, events_seq: u64) -> String {
+    let doc = TaskYaml {
+        id: &s.run_id,
+        title: &s.title,
+        topology: &s.topology,
+        state: s.state,
+        project: &s.project,
+        goal: &s.goal,
+        created_at: &s.created_at,
+        updated_at: &s.updated_at,
+        created_by: &s.created_by,
+        events_seq,
+        error: s.error.as_deref(),
+        milestones: s
+            .nodes
+            .iter()
+            .map(|n| Milestone {
+                id: &n.id,
+                title: &n.title,
+                kind: &n.kind,
+                state: n.state.milestone(),
+                attempts: n.attempts,
+                progress: progress(n),
+                error: n.error.as_deref(),
+                skip_reason: n.skip_reason.as_deref(),
+            })
+            .collect(),
+        roster: s
+            .roster
+            .iter()
+            .map(|r| RosterYaml { instance: &r.instance, agent: &r.agent, state: &r.state, node: &r.node })
+            .collect(),
+        gates: s
+            .nodes
+            .iter()
+            .filter_map(|n| {
+                let g = n.gate.as_ref()?;
+                Some(GateYaml {
+                    id: &n.id,
+                    kind: "human-approval",
+                    state: g.state,
+                    reason: g.reason.as_deref(),
+                    instructions_ref: "./shared/human-notes.md",
+                    decided_by: g.decided_by.as_deref(),
+                    decided_at: g.decided_at.as_deref(),
+                    comment_ref: g.note_ref.as_deref(),
+                })
+            })
+            .collect(),
+    };
+    let header = "# Machine entry of this run (seed 001 §2.1), regenerated by the orchestrator from events.jsonl.\n# Change the run with `cairn gate`, `cairn notes`, `cairn runs` (edits here are overwritten).\n";
+    match serde_saphyr::to_string(&doc) {
+        Ok(yaml) => format!("{header}{yaml}"),
+        // Serialising plain strings and numbers cannot fail; keep a parseable file regardless.
+        Err(e) => format!("{header}id: {:?}\nstate: {}\nerror: {:?}\n", s.run_id, s.state.as_str(), e.to_string()),
+    }
+}
+
+/// state.json: the whole folded state (node outputs, map items, gates).
+pub fn render_state_json(s: &RunState, events_seq: u64) -> String {
+    let mut v = serde_json::to_value(s).unwrap_or_default();
+    if let serde_json::Value::Object(m) = &mut v {
+        m.insert("events_seq".into(), events_seq.into());
+        m.insert("version".into(), 1.into());
+    }
+    let mut out = serde_json::to_string(&v).unwrap_or_default();
+    out.push('\n');
+    out
+}
+
+fn cell(s: &str) -> String {
+    s.replace('|', "\\|").replace('\n', " ")
+}
+
+/// README.md: the human entry (goal, state, milestones, links), seed 001 §2.
+pub fn render_readme(s: &RunState, graph: &Graph) -> String {
+    let id = &s.run_id;
+    let mut out = front_matter(
+        if s.title.is_empty() { id } else { &s.title },
+        &format!("Entry point of run {id}: goal, state, milestones and links"),
+        &["cairn-run", &s.topology],
+        id,
+        None,
+        None,
+    );
+    let title = if s.title.is_empty() { format!("Run {id}") } else { s.title.clone() };
+    let _ = writeln!(out, "# {title}\n");
+    let _ = writeln!(
+        out,
+        "**State:** `{}` · **Run:** `{id}` · **Project:** `{}` · created {} · updated {}\n",
+        s.state.as_str(),
+        s.project,
+        s.created_at,
+        s.updated_at
+    );
+    if let Some(e) = &s.error {
+        let _ = writeln!(out, "**Why it stopped:** {e}\n");
+    }
+    let _ = writeln!(out, "## Goal\n\n{}\n", if s.goal.is_empty() { "(no goal given in the graph)" } else { &s.goal });
+    let blocked: Vec<_> = s.blocked_gates().collect();
+    if !blocked.is_empty() {
+        let _ = writeln!(out, "## Waiting for you\n");
+        for n in blocked {
+            let reason = n.gate.as_ref().and_then(|g| g.reason.clone()).unwrap_or_default();
+            let instructions = graph.node(&n.id).and_then(|g| match &g.kind {
+                NodeKind::Gate(gate) => gate.instructions.as_ref().map(|t| t.source().to_owned()),
+                _ => None,
+            });
+            let _ = writeln!(out, "- Gate `{}`: {reason}", n.id);
+            if let Some(i) = instructions {
+                let _ = writeln!(out, "  - {i}");
+            }
+            let _ = writeln!(out, "  - approve: `cairn gate approve {id} {} --note \"...\"`", n.id);
+            let _ = writeln!(out, "  - reject: `cairn gate reject {id} {} --note \"why\"`", n.id);
+        }
+        out.push('\n');
+    }
+    let _ = writeln!(out, "## Milestones\n\n| # | Node | Type | State | Attempts | Detail |\n|---|---|---|---|---|---|");
+    const MAX_ROWS: usize = 200;
+    for (i, n) in s.nodes.iter().enumerate().take(MAX_ROWS) {
+        let detail = match (n.state, &n.error, &n.skip_reason, progress(n)) {
+            (_, Some(e), _, _) if n.state != NodeState::Succeeded => cell(e),
+            (NodeState::Skipped, _, Some(r), _) => cell(r),
+            (_, _, _, Some(p)) => format!("{p} items"),
+            _ => n.outputs.get("path").and_then(|p| p.as_str()).map(|p| format!("`{}`", cell(p))).unwrap_or_default(),
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} |",
+            i + 1,
+            cell(&n.title),
+            n.kind,
+            n.state.milestone(),
+            n.attempts,
+            detail
+        );
+    }
+    if s.nodes.len() > MAX_ROWS {
+        let _ = writeln!(out, "\n… and {} more nodes (see task.yaml).", s.nodes.len() - MAX_ROWS);
+    }
+    let outputs: Vec<(String, String)> = s
+        .nodes
+        .iter()
+        .filter(|n| n.state == NodeState::Succeeded)
+        .flat_map(|n| {
+            let mut v = Vec::new();
+            if let Some(p) = n.outputs.get("path").and_then(|p| p.as_str()) {
+                v.push((p.to_owned(), n.id.clone()));
+            }
+            if let Some(ws) = n.outputs.get("written_files").and_then(|w| w.as_array()) {
+                v.extend(ws.iter().filter_map(|w| w.as_str()).map(|w| (w.to_owned(), n.id.clone())));
+            }
+            v
+        })
+        .take(100)
+        .collect();
+    if !outputs.is_empty() {
+        let _ = writeln!(out, "\n## Outputs\n");
+        for (p, node) in outputs {
+            let _ = writeln!(out, "- `{p}` (node `{node}`)");
+        }
+    }
+    let _ = writeln!(
+        out,
+        "\n## Links\n\n- [task.yaml](task.yaml): state machine, milestones, roster, gates\n- [events.jsonl](events.jsonl): every event of the run\n- [state.json](state.json): node outputs\n- [graph.resolved.json](graph.resolved.json): the graph as submitted, variables bound\n- [shared/human-notes.md](shared/human-notes.md): guidance for the agents (`cairn notes add {id} \"...\"`)\n- [shared/context-manifest.yaml](shared/context-manifest.yaml): explicitly shared context"
+    );
+    for r in &s.roster {
+        let _ = writeln!(out, "- [agents/{0}/README.md](agents/{0}/README.md): agent `{1}` ({2})", r.instance, r.agent, r.state);
+    }
+    out
+}
+
+/// A snapshot to write: the state as of recorder position `upto`.
+struct Snapshot {
+    version: u64,
+    upto: u64,
+    state: RunState,
+    graph: Arc<Graph>,
+}
+
+/// Writes README.md, task.yaml and state.json in the background, latest snapshot wins.
+pub struct Snapshots {
+    tx: watch::Sender<Option<Arc<Snapshot>>>,
+    written: watch::Receiver<u64>,
+    version: u64,
+}
+
+impl Snapshots {
+    pub fn start(store: Store, project: String, recorder: Recorder) -> Snapshots {
+        let (tx, rx) = watch::channel::<Option<Arc<Snapshot>>>(None);
+        let (wtx, wrx) = watch::channel(0u64);
+        tokio::spawn(write_loop(store, project, recorder, rx, wtx));
+        Snapshots { tx, written: wrx, version: 0 }
+    }
+
+    /// Queues a snapshot of `state` (which reflects the first `upto` recorded events).
+    pub fn publish(&mut self, state: &RunState, graph: &Arc<Graph>, upto: u64) -> u64 {
+        self.version += 1;
+        let snap = Snapshot { version: self.version, upto, state: state.clone(), graph: graph.clone() };
+        self.tx.send_replace(Some(Arc::new(snap)));
+        self.version
+    }
+
+    /// Waits until snapshot `version` (or a later one) is written, at most `timeout`.
+    pub async fn wait_written(&self, version: u64, timeout: Duration) -> bool {
+        let mut rx = self.written.clone();
+        let wait = async {
+            loop {
+                if *rx.borrow_and_update() >= version {
+                    return true;
+                }
+                if rx.changed().await.is_err() {
+                    return false;
+                }
+            }
+        };
+        tokio::time::timeout(timeout, wait).await.unwrap_or(false)
+    }
+}
+
+async fn write_loop(
+    store: Store,
+    project: String,
+    recorder: Recorder,
+    mut rx: watch::Receiver<Option<Arc<Snapshot>>>,
+    written: watch::Sender<u64>,
+) {
+    loop {
+        if rx.changed().await.is_err() {
+            return;
+        }
+        let Some(snap) = rx.borrow_and_update().clone() else { continue };
+        if recorder.flush_to(snap.upto).await.is_err() {
+            continue; // events could not be recorded: no snapshot may claim them
+        }
+        let seq = if snap.upto == 0 { snap.state.last_seq } else { recorder.seq_of(snap.upto).unwrap_or(snap.state.last_seq) };
+        let dir = RunDir::new(&snap.state.run_id);
+        let files = [
+            (dir.task_yaml(), render_task_yaml(&snap.state, seq)),
+            (dir.state_json(), render_state_json(&snap.state, seq)),
+            (dir.readme(), render_readme(&snap.state, &snap.graph)),
+        ];
+        let opts = PutOptions { overwrite: true, ..Default::default() };
+        let puts = files.iter().map(|(path, body)| store.put(&project, path, Bytes::from(body.clone()), &opts));
+        let results = futures::future::join_all(puts).await;
+        if let Some(Err(e)) = results.into_iter().find(|r| r.is_err()) {
+            tracing::warn!(run_id = %snap.state.run_id, error = %e, "writing the run snapshot failed; retrying with the next one");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            // Make sure a later snapshot (or this one again) is written.
+            rx.mark_changed();
+            continue;
+        }
+        written.send_replace(snap.version);
+    }
+}
