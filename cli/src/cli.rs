@@ -56,6 +56,46 @@ pub enum Command {
     /// Turn the strict code fences (```lang file=path) of a document into workspace/ files and
     /// print the manifest (--json: exactly manifest v1).
     Ingest(IngestArgs),
+    /// Run code in the sandbox-runner against the project store (seed 002 §6).
+    #[command(subcommand)]
+    Sandbox(SandboxCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SandboxCommand {
+    /// Run code with project files staged read-only at /input; files the code leaves in /output
+    /// are written to --output-prefix (default docs/artifacts/<run_id>/) and the run record to
+    /// .cairn/runs/<run_id>/sandbox/result.json. Prints a YAML (or --json) summary. Exits 1 when
+    /// the code fails, times out or is killed.
+    Run(SandboxRunArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SandboxRunArgs {
+    /// python | bash | sh.
+    #[arg(long, default_value = "python")]
+    pub language: String,
+    /// The program text.
+    #[arg(long, conflicts_with = "code_file", required_unless_present = "code_file")]
+    pub code: Option<String>,
+    /// Project path of the program to run (staged under /input like the inputs).
+    #[arg(long, value_name = "PROJECT_PATH")]
+    pub code_file: Option<String>,
+    /// Project path staged read-only at /input/<path> (repeatable).
+    #[arg(long = "input", value_name = "PROJECT_PATH")]
+    pub inputs: Vec<String>,
+    /// Where outputs land in the project (default docs/artifacts/<run_id>).
+    #[arg(long, value_name = "PROJECT_PATH")]
+    pub output_prefix: Option<String>,
+    /// Timeout in seconds (default: the runner's).
+    #[arg(long, value_name = "SECONDS")]
+    pub timeout: Option<f64>,
+    /// Run id (default: a new `sandbox-<uuid>`).
+    #[arg(long)]
+    pub run: Option<String>,
+    /// Replace existing output files that hold other bytes.
+    #[arg(long)]
+    pub overwrite: bool,
 }
 
 #[derive(Debug, Args)]

@@ -6,6 +6,7 @@ use std::path::Path;
 use anyhow::Context;
 use cairn_proto::v1::artifact_store_client::ArtifactStoreClient;
 use cairn_proto::v1::ingest_client::IngestClient;
+use cairn_proto::v1::sandbox_runner_client::SandboxRunnerClient;
 use cairn_telemetry::TracedChannel;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -24,9 +25,37 @@ struct Embedded {
     task: JoinHandle<anyhow::Result<()>>,
 }
 
+/// Which optional services an embedded host starts (the store and ingest always run).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Needs {
+    /// The sandbox-runner (needs Docker or bubblewrap).
+    pub sandbox: bool,
+}
+
+/// Services hosted together, plus what must be cleaned up after the server stops.
+pub struct Hosted {
+    host: cairn_server::Host,
+    runner: Option<cairn_sandbox_runner::RunnerHandle>,
+}
+
+impl Hosted {
+    /// Serves until `shutdown`, then removes every sandbox the runner started.
+    pub async fn serve(
+        self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl std::future::Future<Output = ()> + Send,
+    ) -> anyhow::Result<()> {
+        let served = self.host.serve(listener, shutdown).await;
+        if let Some(runner) = self.runner {
+            runner.shutdown().await;
+        }
+        Ok(served?)
+    }
+}
+
 impl Services {
     /// Connects to --addr, or starts the services in this process.
-    pub async fn open(global: &Global) -> anyhow::Result<Services> {
+    pub async fn open(global: &Global, needs: Needs) -> anyhow::Result<Services> {
         if let Some(addr) = &global.addr {
             let channel = cairn_server::connect(addr)?;
             return Ok(Services {
@@ -37,14 +66,14 @@ impl Services {
         }
         let listener = cairn_server::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?.to_string();
-        let host = host_all(&global.data_root, &addr).await?;
+        let hosted = host_all(&global.data_root, &addr, needs).await?;
         let (stop, stopped) = oneshot::channel();
         let task = tokio::spawn(async move {
-            host.serve(listener, async {
-                let _ = stopped.await;
-            })
-            .await
-            .map_err(anyhow::Error::from)
+            hosted
+                .serve(listener, async {
+                    let _ = stopped.await;
+                })
+                .await
         });
         let channel = cairn_server::connect(&addr)?;
         Ok(Services {
@@ -66,6 +95,12 @@ impl Services {
             .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
     }
 
+    pub fn sandbox(&self) -> SandboxRunnerClient<TracedChannel> {
+        SandboxRunnerClient::new(self.channel.clone())
+            .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
+    }
+
     #[allow(dead_code)]
     pub fn addr(&self) -> &str {
         &self.addr
@@ -81,8 +116,8 @@ impl Services {
     }
 }
 
-/// Every cairn service on one host, talking to each other through `self_addr`.
-pub async fn host_all(data_root: &Path, self_addr: &str) -> anyhow::Result<cairn_server::Host> {
+/// cairn's services on one host, talking to each other through `self_addr`.
+pub async fn host_all(data_root: &Path, self_addr: &str, needs: Needs) -> anyhow::Result<Hosted> {
     let mut host = cairn_server::Host::new();
     let store = cairn_artifact_store::artifact_store_service(cairn_artifact_store::Config::new(
         data_root.to_path_buf(),
@@ -96,5 +131,17 @@ pub async fn host_all(data_root: &Path, self_addr: &str) -> anyhow::Result<cairn
     })
     .context("starting the ingest service")?;
     host.add(ingest);
-    Ok(host)
+    let mut runner = None;
+    if needs.sandbox {
+        let config = cairn_sandbox_runner::Config {
+            work_root: std::path::absolute(data_root)?.join("sandbox"),
+            ..cairn_sandbox_runner::Config::default()
+        };
+        let (service, handle) = cairn_sandbox_runner::sandbox_service(config)
+            .await
+            .context("starting the sandbox-runner (it needs a Docker engine or bubblewrap)")?;
+        host.add(service);
+        runner = Some(handle);
+    }
+    Ok(Hosted { host, runner })
 }

@@ -5,13 +5,13 @@ use std::process::ExitCode;
 use cairn_proto::v1::{BlockStatus, IngestRequest, IngestResponse};
 
 use crate::cli::{Global, IngestArgs};
-use crate::embedded::Services;
+use crate::embedded::{Needs, Services};
 
 pub async fn run(global: &Global, args: IngestArgs) -> anyhow::Result<ExitCode> {
     let content = tokio::fs::read(&args.document)
         .await
         .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", args.document.display()))?;
-    let services = Services::open(global).await?;
+    let services = Services::open(global, Needs::default()).await?;
     let run_id = args.run.clone().unwrap_or_else(|| format!("manual-{}", uuid::Uuid::now_v7()));
     let request = IngestRequest {
         project_id: global.project.clone(),

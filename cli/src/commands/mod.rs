@@ -2,6 +2,7 @@
 
 mod health;
 mod ingest;
+mod sandbox;
 mod serve;
 mod store;
 mod up;
@@ -17,5 +18,6 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Health(args) => health::run(&cli.global, args).await,
         Command::Store(cmd) => store::run(&cli.global, cmd).await,
         Command::Ingest(args) => ingest::run(&cli.global, args).await,
+        Command::Sandbox(cmd) => sandbox::run(&cli.global, cmd).await,
     }
 }

@@ -7,11 +7,11 @@ use serde_json::json;
 use tokio_stream::StreamExt;
 
 use crate::cli::{Global, StoreCommand};
-use crate::embedded::Services;
+use crate::embedded::{Needs, Services};
 use crate::{output, transfer};
 
 pub async fn run(global: &Global, cmd: StoreCommand) -> anyhow::Result<ExitCode> {
-    let services = Services::open(global).await?;
+    let services = Services::open(global, Needs::default()).await?;
     let result = run_with(global, &services, cmd).await;
     services.close().await?;
     result

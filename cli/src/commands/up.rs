@@ -8,12 +8,12 @@ use crate::embedded;
 pub async fn run(global: &Global, args: UpArgs) -> anyhow::Result<ExitCode> {
     let listener = cairn_server::bind(&args.listen).await?;
     let addr = listener.local_addr()?.to_string();
-    let host = embedded::host_all(&global.data_root, &addr).await?;
+    let hosted = embedded::host_all(&global.data_root, &addr, embedded::Needs { sandbox: true }).await?;
     eprintln!(
         "cairn is up on {addr} (data root {}); use CAIRN_ADDR={addr} with other cairn commands. Ctrl-C stops.",
         global.data_root.display()
     );
-    host.serve(listener, cairn_server::shutdown_signal()).await?;
+    hosted.serve(listener, cairn_server::shutdown_signal()).await?;
     eprintln!("cairn stopped");
     Ok(ExitCode::SUCCESS)
 }

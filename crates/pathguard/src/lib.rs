@@ -1,6 +1,18 @@
 //! THE relative-path rules of cairn (DESIGN.md "artifact-store"; seed 000 and 002 path safety).
 //! Every service validates project- and sandbox-relative paths here and nowhere else.
-//! It rejects, never silently rewrites. The rules and reason words are in docs/paths.md.
+//! It rejects, never silently rewrites. The rules and reason words: docs/paths.md.
+//!
+//! ```
+//! use pathguard::{Policy, Reason, DEFAULT_DENYLIST};
+//!
+//! let server = Policy::from_strings(DEFAULT_DENYLIST, ["docs/", "workspace/"])?;
+//! let policy = server.narrow(&["docs/specs".to_owned()])?; // a request may only narrow
+//! assert_eq!(policy.check("docs/specs/a.md")?.as_str(), "docs/specs/a.md");
+//! assert_eq!(policy.check("docs/specs/../x").unwrap_err().reason, Reason::Traversal);
+//! assert_eq!(policy.check("docs/specs/.Git/config").unwrap_err().reason, Reason::Denied);
+//! assert_eq!(policy.check("docs/other.md").unwrap_err().reason, Reason::PrefixNotAllowed);
+//! # Ok::<(), pathguard::Rejection>(())
+//! ```
 
 mod policy;
 mod reason;

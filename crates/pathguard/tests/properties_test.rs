@@ -54,9 +54,15 @@ fn assert_safe(path: &SafePath) {
     assert!(!s.starts_with('/'), "{s:?} leading /");
     assert!(!s.contains('\\'), "{s:?} backslash");
     let b = s.as_bytes();
-    assert!(!(b.len() >= 2 && b[0].is_ascii_alphabetic() && b[1] == b':'), "{s:?} drive prefix");
+    assert!(
+        !(b.len() >= 2 && b[0].is_ascii_alphabetic() && b[1] == b':'),
+        "{s:?} drive prefix"
+    );
     for c in s.split('/') {
-        assert!(!c.is_empty() && c != "." && c != "..", "{s:?} has component {c:?}");
+        assert!(
+            !c.is_empty() && c != "." && c != "..",
+            "{s:?} has component {c:?}"
+        );
     }
     assert!(s.len() <= 1024, "{s:?} too long");
     assert!(!s.chars().any(char::is_control), "{s:?} control char");

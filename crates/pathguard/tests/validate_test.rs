@@ -50,6 +50,8 @@ fn plain_relative_paths_are_accepted_unchanged() {
         " leading-space",
         "~tilde",
         "a~1",
+        "line\u{2028}sep",
+        "private\u{E000}use",
     ] {
         accepted(p);
     }

@@ -69,6 +69,7 @@ pub fn init_with_level(service_name: &str, default_level: &str) -> Guard {
     } else {
         tracing_subscriber::fmt::layer()
             .compact()
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .with_writer(std::io::stderr)
             .boxed()
     };

@@ -55,7 +55,12 @@ pub fn open(dir: BorrowedFd<'_>, rel: &str, flags: OFlags, mode: u32) -> Result<
 }
 
 /// The fallback walk: one `openat(O_NOFOLLOW)` per component (also used by tests directly).
-pub fn open_by_components(dir: BorrowedFd<'_>, rel: &str, flags: OFlags, mode: Mode) -> Result<OwnedFd, Errno> {
+pub fn open_by_components(
+    dir: BorrowedFd<'_>,
+    rel: &str,
+    flags: OFlags,
+    mode: Mode,
+) -> Result<OwnedFd, Errno> {
     let mut parts = rel.split('/').peekable();
     let mut held: Option<OwnedFd> = None;
     while let Some(part) = parts.next() {
@@ -67,7 +72,10 @@ pub fn open_by_components(dir: BorrowedFd<'_>, rel: &str, flags: OFlags, mode: M
         let (f, m) = if last {
             (flags | OFlags::NOFOLLOW | OFlags::CLOEXEC, mode)
         } else {
-            (OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())
+            (
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
         };
         match fs::openat(at, part, f, m) {
             Ok(fd) => held = Some(fd),
@@ -85,7 +93,12 @@ fn is_symlink(dir: BorrowedFd<'_>, name: &str) -> bool {
 
 /// A new handle on `dir` itself.
 pub fn dup_dir(dir: BorrowedFd<'_>) -> Result<OwnedFd, Errno> {
-    fs::openat(dir, ".", OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+    fs::openat(
+        dir,
+        ".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
 }
 
 /// Opens the directory `rel` beneath `dir` ("" = `dir` itself).
@@ -136,7 +149,9 @@ pub fn read_dir(dir: BorrowedFd<'_>) -> Result<Vec<(String, FileType)>, Errno> {
     let mut out = Vec::new();
     for entry in fs::Dir::read_from(dir)? {
         let entry = entry?;
-        let Ok(name) = entry.file_name().to_str() else { continue };
+        let Ok(name) = entry.file_name().to_str() else {
+            continue;
+        };
         if name == "." || name == ".." {
             continue;
         }
@@ -184,7 +199,12 @@ mod tests {
     use std::os::unix::fs::symlink;
 
     fn root(dir: &std::path::Path) -> OwnedFd {
-        fs::open(dir, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).unwrap()
+        fs::open(
+            dir,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .unwrap()
     }
 
     #[test]
@@ -198,16 +218,36 @@ mod tests {
         let fd = root(tmp.path());
         for walk in [
             |d: BorrowedFd<'_>, p: &str, f: OFlags| open(d, p, f, 0),
-            |d: BorrowedFd<'_>, p: &str, f: OFlags| open_by_components(d, p, f | OFlags::CLOEXEC, Mode::empty()),
+            |d: BorrowedFd<'_>, p: &str, f: OFlags| {
+                open_by_components(d, p, f | OFlags::CLOEXEC, Mode::empty())
+            },
         ] {
             assert!(walk(fd.as_fd(), "a/b/f", OFlags::RDONLY).is_ok());
-            assert_eq!(walk(fd.as_fd(), "a/link/x", OFlags::RDONLY).unwrap_err(), Errno::LOOP);
-            assert_eq!(walk(fd.as_fd(), "a/link", OFlags::RDONLY | OFlags::DIRECTORY).unwrap_err(), Errno::LOOP);
-            assert_eq!(walk(fd.as_fd(), "a/b/flink", OFlags::RDONLY).unwrap_err(), Errno::LOOP);
-            assert_eq!(walk(fd.as_fd(), "a/b/f/g", OFlags::RDONLY).unwrap_err(), Errno::NOTDIR);
-            assert_eq!(walk(fd.as_fd(), "a/missing", OFlags::RDONLY).unwrap_err(), Errno::NOENT);
+            assert_eq!(
+                walk(fd.as_fd(), "a/link/x", OFlags::RDONLY).unwrap_err(),
+                Errno::LOOP
+            );
+            assert_eq!(
+                walk(fd.as_fd(), "a/link", OFlags::RDONLY | OFlags::DIRECTORY).unwrap_err(),
+                Errno::LOOP
+            );
+            assert_eq!(
+                walk(fd.as_fd(), "a/b/flink", OFlags::RDONLY).unwrap_err(),
+                Errno::LOOP
+            );
+            assert_eq!(
+                walk(fd.as_fd(), "a/b/f/g", OFlags::RDONLY).unwrap_err(),
+                Errno::NOTDIR
+            );
+            assert_eq!(
+                walk(fd.as_fd(), "a/missing", OFlags::RDONLY).unwrap_err(),
+                Errno::NOENT
+            );
         }
-        assert_eq!(open_by_components(fd.as_fd(), "a/../x", OFlags::RDONLY, Mode::empty()).unwrap_err(), Errno::INVAL);
+        assert_eq!(
+            open_by_components(fd.as_fd(), "a/../x", OFlags::RDONLY, Mode::empty()).unwrap_err(),
+            Errno::INVAL
+        );
     }
 
     #[test]

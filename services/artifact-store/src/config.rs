@@ -64,7 +64,10 @@ pub const ENV_KEYS: &[&str] = &[
 impl Config {
     /// A default configuration over `data_root`.
     pub fn new(data_root: impl Into<PathBuf>) -> Self {
-        Config { data_root: data_root.into(), ..Config::default() }
+        Config {
+            data_root: data_root.into(),
+            ..Config::default()
+        }
     }
 
     /// Defaults, then the TOML `file` (if given), then `CAIRN_STORE_*` variables.
@@ -80,15 +83,21 @@ impl Config {
 
     /// Parses a TOML file (keys as the field names of [`Config`]).
     pub fn from_toml_file(path: &Path) -> Result<Config> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::Config(format!("cannot read config file {}: {e}", path.display())))?;
-        toml::from_str(&text).map_err(|e| Error::Config(format!("config file {}: {e}", path.display())))
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Error::Config(format!("cannot read config file {}: {e}", path.display()))
+        })?;
+        toml::from_str(&text)
+            .map_err(|e| Error::Config(format!("config file {}: {e}", path.display())))
     }
 
     /// Applies `CAIRN_STORE_*` overrides read through `var`.
     pub fn apply_env(&mut self, var: impl Fn(&str) -> Option<String>) -> Result<()> {
         let list = |v: String| -> Vec<String> {
-            v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect()
+            v.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(String::from)
+                .collect()
         };
         if let Some(v) = var("CAIRN_STORE_DATA_ROOT") {
             self.data_root = PathBuf::from(v);
@@ -142,7 +151,10 @@ fn parse_env<T: std::str::FromStr>(key: &str, value: &str) -> Result<T>
 where
     T::Err: std::fmt::Display,
 {
-    value.trim().parse().map_err(|e| Error::Config(format!("{key}={value:?}: {e}")))
+    value
+        .trim()
+        .parse()
+        .map_err(|e| Error::Config(format!("{key}={value:?}: {e}")))
 }
 
 /// Command-line flags of the store (also flattened into `cairn serve artifact-store`).
@@ -203,7 +215,8 @@ mod tests {
 
     #[test]
     fn env_overrides_file_values() {
-        let mut config: Config = toml::from_str("data_root = \"/srv/a\"\nmax_file_bytes = 10\n").unwrap();
+        let mut config: Config =
+            toml::from_str("data_root = \"/srv/a\"\nmax_file_bytes = 10\n").unwrap();
         config
             .apply_env(|k| match k {
                 "CAIRN_STORE_MAX_FILE_BYTES" => Some("20".into()),
@@ -213,15 +226,23 @@ mod tests {
             .unwrap();
         assert_eq!(config.data_root, PathBuf::from("/srv/a"));
         assert_eq!(config.max_file_bytes, 20);
-        assert_eq!(config.denylist, vec!["secrets".to_string(), ".npmrc".to_string()]);
+        assert_eq!(
+            config.denylist,
+            vec!["secrets".to_string(), ".npmrc".to_string()]
+        );
     }
 
     #[test]
     fn bad_values_are_refused_with_the_key() {
         let mut config = Config::default();
-        let err = config.apply_env(|k| (k == "CAIRN_STORE_LISTEN").then(|| "nowhere".into())).unwrap_err();
+        let err = config
+            .apply_env(|k| (k == "CAIRN_STORE_LISTEN").then(|| "nowhere".into()))
+            .unwrap_err();
         assert!(err.to_string().contains("CAIRN_STORE_LISTEN"), "{err}");
-        let config = Config { chunk_bytes: 10, ..Config::default() };
+        let config = Config {
+            chunk_bytes: 10,
+            ..Config::default()
+        };
         assert!(config.check().is_err());
         assert!(toml::from_str::<Config>("unknown_key = 1").is_err());
     }

@@ -66,12 +66,23 @@ impl DigestCache {
     pub fn of_file(&self, file: &File) -> std::io::Result<Digest> {
         let st = rustix::fs::fstat(file)?;
         let size_bytes = u64::try_from(st.st_size).unwrap_or(0);
-        if let Some(sha) = self.entries.lock().ok().and_then(|m| m.get(&Key::of(&st)).cloned()) {
-            return Ok(Digest { sha256: sha, size_bytes });
+        if let Some(sha) = self
+            .entries
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&Key::of(&st)).cloned())
+        {
+            return Ok(Digest {
+                sha256: sha,
+                size_bytes,
+            });
         }
         let digest = hash_reader(file)?;
         // Only cache when the file did not change while it was read.
-        if rustix::fs::fstat(file).map(|after| Key::of(&after) == Key::of(&st)).unwrap_or(false) {
+        if rustix::fs::fstat(file)
+            .map(|after| Key::of(&after) == Key::of(&st))
+            .unwrap_or(false)
+        {
             self.remember(&st, &digest.sha256);
         }
         Ok(digest)
@@ -93,10 +104,14 @@ pub fn hash_reader(mut reader: impl Read) -> std::io::Result<Digest> {
         hasher.update(&buf[..n]);
         size_bytes += n as u64;
     }
-    Ok(Digest { sha256: hex::encode(hasher.finalize()), size_bytes })
+    Ok(Digest {
+        sha256: hex::encode(hasher.finalize()),
+        size_bytes,
+    })
 }
 
 /// An expected digest from a client: 64 hex digits, any case (stored lower-case).
 pub fn parse_expected(sha256: &str) -> Option<String> {
-    (sha256.len() == 64 && sha256.bytes().all(|b| b.is_ascii_hexdigit())).then(|| sha256.to_ascii_lowercase())
+    (sha256.len() == 64 && sha256.bytes().all(|b| b.is_ascii_hexdigit()))
+        .then(|| sha256.to_ascii_lowercase())
 }

@@ -86,8 +86,16 @@ pub async fn update(store: &Arc<Store>, request: Update) -> Result<Updated> {
     let path = store.write_path(&request.path, &[])?.to_string();
     let patch = match serde_json::from_str::<Value>(&request.patch_json) {
         Ok(Value::Object(map)) => map,
-        Ok(_) => return Err(Error::BadRequest(format!("patch_json for {path:?} must be a JSON object"))),
-        Err(e) => return Err(Error::BadRequest(format!("patch_json for {path:?} is not valid JSON: {e}"))),
+        Ok(_) => {
+            return Err(Error::BadRequest(format!(
+                "patch_json for {path:?} must be a JSON object"
+            )))
+        }
+        Err(e) => {
+            return Err(Error::BadRequest(format!(
+                "patch_json for {path:?} is not valid JSON: {e}"
+            )))
+        }
     };
     if patch.contains_key(VERSION_KEY) {
         return Err(Error::BadRequest(format!(
@@ -96,8 +104,13 @@ pub async fn update(store: &Arc<Store>, request: Update) -> Result<Updated> {
     }
     let lock = store.docs.lock_for(&request.project_id, &path);
     let _held = lock.lock().await;
-    let (store2, project, path2, expected, merge) =
-        (store.clone(), request.project_id.clone(), path.clone(), request.expected_version, request.merge);
+    let (store2, project, path2, expected, merge) = (
+        store.clone(),
+        request.project_id.clone(),
+        path.clone(),
+        request.expected_version,
+        request.merge,
+    );
     let (updated, stored) = blocking(move || {
         let root = store2.project_root(&project)?;
         let max = store2.config.max_json_bytes;
@@ -110,17 +123,31 @@ pub async fn update(store: &Arc<Store>, request: Update) -> Result<Updated> {
             max_merge(&mut doc, patch);
             true
         } else {
-            return Err(Error::VersionConflict { path: path2, stored, expected });
+            return Err(Error::VersionConflict {
+                path: path2,
+                stored,
+                expected,
+            });
         };
         let version = stored + 1;
         doc.insert(VERSION_KEY.to_owned(), Value::from(version));
         let document = Value::Object(doc).to_string();
         if document.len() + 1 > max {
-            return Err(Error::TooLarge { what: format!("document {path2:?} after the update"), limit: max as u64 });
+            return Err(Error::TooLarge {
+                what: format!("document {path2:?} after the update"),
+                limit: max as u64,
+            });
         }
         let bytes = Bytes::from(format!("{document}\n"));
         write::write_bytes(&store2, root.as_fd(), &project, &path2, &[bytes], true)?;
-        Ok((Updated { version, document, merged_conflict }, stored))
+        Ok((
+            Updated {
+                version,
+                document,
+                merged_conflict,
+            },
+            stored,
+        ))
     })
     .await?;
     if updated.merged_conflict && !request.run_id.is_empty() {
@@ -128,7 +155,11 @@ pub async fn update(store: &Arc<Store>, request: Update) -> Result<Updated> {
             "store.json_merged",
             serde_json::json!({"path": path, "expected_version": request.expected_version, "stored_version": stored, "version": updated.version}),
         );
-        if let Err(e) = store.runs.append(store, &request.project_id, &request.run_id, vec![event]).await {
+        if let Err(e) = store
+            .runs
+            .append(store, &request.project_id, &request.run_id, vec![event])
+            .await
+        {
             tracing::error!(error = %e, %path, "could not record store.json_merged");
         }
     }
@@ -136,7 +167,12 @@ pub async fn update(store: &Arc<Store>, request: Update) -> Result<Updated> {
 }
 
 /// The stored document (None when absent); it must be a JSON object.
-fn read_document(root: std::os::fd::BorrowedFd<'_>, project: &str, path: &str, max: usize) -> Result<Option<Map<String, Value>>> {
+fn read_document(
+    root: std::os::fd::BorrowedFd<'_>,
+    project: &str,
+    path: &str,
+    max: usize,
+) -> Result<Option<Map<String, Value>>> {
     let fd = match beneath::open(root, path, OFlags::RDONLY | OFlags::NONBLOCK, 0) {
         Ok(fd) => fd,
         Err(Errno::NOENT) => return Ok(None),
@@ -146,13 +182,28 @@ fn read_document(root: std::os::fd::BorrowedFd<'_>, project: &str, path: &str, m
     let st = rustix::fs::fstat(&file).map_err(|e| Error::io(format!("stat of {path:?}"), e))?;
     match beneath::kind(&st) {
         FileType::RegularFile => {}
-        FileType::Directory => return Err(Error::NotAFile { path: path.to_owned(), found: "a directory is there, not a JSON document" }),
-        _ => return Err(Error::NotAFile { path: path.to_owned(), found: "a special file is there, not a JSON document" }),
+        FileType::Directory => {
+            return Err(Error::NotAFile {
+                path: path.to_owned(),
+                found: "a directory is there, not a JSON document",
+            })
+        }
+        _ => {
+            return Err(Error::NotAFile {
+                path: path.to_owned(),
+                found: "a special file is there, not a JSON document",
+            })
+        }
     }
     let mut text = Vec::new();
-    file.take(max as u64 + 1).read_to_end(&mut text).map_err(|e| Error::io(format!("reading {path:?}"), e))?;
+    file.take(max as u64 + 1)
+        .read_to_end(&mut text)
+        .map_err(|e| Error::io(format!("reading {path:?}"), e))?;
     if text.len() > max {
-        return Err(Error::TooLarge { what: format!("document {path:?}"), limit: max as u64 });
+        return Err(Error::TooLarge {
+            what: format!("document {path:?}"),
+            limit: max as u64,
+        });
     }
     match serde_json::from_slice::<Value>(&text) {
         Ok(Value::Object(map)) => Ok(Some(map)),
@@ -170,7 +221,9 @@ pub fn merge_patch(target: &mut Map<String, Value>, patch: Map<String, Value>) {
                 target.remove(&key);
             }
             Value::Object(inner) => {
-                let slot = target.entry(key).or_insert_with(|| Value::Object(Map::new()));
+                let slot = target
+                    .entry(key)
+                    .or_insert_with(|| Value::Object(Map::new()));
                 if !slot.is_object() {
                     *slot = Value::Object(Map::new());
                 }
@@ -211,7 +264,11 @@ pub fn max_merge(target: &mut Map<String, Value>, patch: Map<String, Value>) {
 }
 
 fn number_greater(a: &serde_json::Number, b: &serde_json::Number) -> bool {
-    let exact = |n: &serde_json::Number| n.as_i64().map(i128::from).or_else(|| n.as_u64().map(i128::from));
+    let exact = |n: &serde_json::Number| {
+        n.as_i64()
+            .map(i128::from)
+            .or_else(|| n.as_u64().map(i128::from))
+    };
     match (exact(a), exact(b)) {
         (Some(x), Some(y)) => x > y,
         _ => a.as_f64().unwrap_or(f64::NAN) > b.as_f64().unwrap_or(f64::NAN),
@@ -239,8 +296,17 @@ mod tests {
 
     #[test]
     fn max_merge_keeps_the_larger_counters() {
-        let mut doc = obj(json!({"done": 5, "nested": {"n": 1.5, "keep": 9}, "name": "old", "gone": 1}));
-        max_merge(&mut doc, obj(json!({"done": 3, "nested": {"n": 2, "keep": -1}, "name": "new", "gone": null, "added": 4})));
-        assert_eq!(Value::Object(doc), json!({"done": 5, "nested": {"n": 2, "keep": 9}, "name": "new", "added": 4}));
+        let mut doc =
+            obj(json!({"done": 5, "nested": {"n": 1.5, "keep": 9}, "name": "old", "gone": 1}));
+        max_merge(
+            &mut doc,
+            obj(
+                json!({"done": 3, "nested": {"n": 2, "keep": -1}, "name": "new", "gone": null, "added": 4}),
+            ),
+        );
+        assert_eq!(
+            Value::Object(doc),
+            json!({"done": 5, "nested": {"n": 2, "keep": 9}, "name": "new", "added": 4})
+        );
     }
 }

@@ -32,7 +32,11 @@ pub enum Error {
 
     /// The bytes received do not match what the client announced.
     #[error("path {path:?}: received {actual} but the request expected {expected}; nothing was written, resend the file")]
-    DigestMismatch { path: String, expected: String, actual: String },
+    DigestMismatch {
+        path: String,
+        expected: String,
+        actual: String,
+    },
 
     /// A size limit was hit.
     #[error("{what} exceeds the limit of {limit} bytes")]
@@ -60,7 +64,11 @@ pub enum Error {
 
     /// UpdateJson saw another version than the caller expected.
     #[error("document {path:?} is at version {stored} but the update expected {expected}; re-read it and retry, or use MERGE_POLICY_MAX")]
-    VersionConflict { path: String, stored: u64, expected: u64 },
+    VersionConflict {
+        path: String,
+        stored: u64,
+        expected: u64,
+    },
 
     /// The store is shutting down or a background task ended.
     #[error("the artifact-store is shutting down; retry against a running store")]
@@ -88,7 +96,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 impl Error {
     /// An I/O error with what the store was doing.
     pub fn io(context: impl Into<String>, source: impl Into<io::Error>) -> Self {
-        Error::Io { context: context.into(), source: source.into() }
+        Error::Io {
+            context: context.into(),
+            source: source.into(),
+        }
     }
 
     /// The reason word for `cairn-reason`, when this is a refusal of the vocabulary.
@@ -121,10 +132,14 @@ impl Error {
             | Error::BadRequest(_)
             | Error::Stream(_) => Code::InvalidArgument,
             Error::TooLarge { .. } => Code::ResourceExhausted,
-            Error::ProjectNotFound(_) | Error::NotFound { .. } | Error::RunNotFound { .. } => Code::NotFound,
+            Error::ProjectNotFound(_) | Error::NotFound { .. } | Error::RunNotFound { .. } => {
+                Code::NotFound
+            }
             Error::VersionConflict { .. } => Code::Aborted,
             Error::Unavailable => Code::Unavailable,
-            Error::Io { source, .. } if source.kind() == io::ErrorKind::StorageFull => Code::ResourceExhausted,
+            Error::Io { source, .. } if source.kind() == io::ErrorKind::StorageFull => {
+                Code::ResourceExhausted
+            }
             Error::Io { .. } | Error::Config(_) | Error::Server(_) => Code::Internal,
         }
     }

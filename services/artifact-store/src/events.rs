@@ -74,8 +74,16 @@ pub struct NewEvent {
 
 impl NewEvent {
     /// Parses and checks a client's event.
-    pub fn from_client(kind: &str, node_id: &str, level: Level, data_json: &str) -> Result<NewEvent> {
-        if kind.is_empty() || kind.len() > 128 || kind.chars().any(|c| c.is_control() || c.is_whitespace()) {
+    pub fn from_client(
+        kind: &str,
+        node_id: &str,
+        level: Level,
+        data_json: &str,
+    ) -> Result<NewEvent> {
+        if kind.is_empty()
+            || kind.len() > 128
+            || kind.chars().any(|c| c.is_control() || c.is_whitespace())
+        {
             return Err(Error::BadRequest(format!(
                 "event type {kind:?} is invalid: use a dotted name of 1-128 characters without spaces, e.g. \"ingest.block.written\""
             )));
@@ -87,8 +95,16 @@ impl NewEvent {
             "" => Map::new(),
             text => match serde_json::from_str::<Value>(text) {
                 Ok(Value::Object(map)) => map,
-                Ok(_) => return Err(Error::BadRequest(format!("data_json of event {kind:?} must be a JSON object"))),
-                Err(e) => return Err(Error::BadRequest(format!("data_json of event {kind:?} is not valid JSON: {e}"))),
+                Ok(_) => {
+                    return Err(Error::BadRequest(format!(
+                        "data_json of event {kind:?} must be a JSON object"
+                    )))
+                }
+                Err(e) => {
+                    return Err(Error::BadRequest(format!(
+                        "data_json of event {kind:?} is not valid JSON: {e}"
+                    )))
+                }
             },
         };
         if let Some(key) = RESERVED_KEYS.iter().find(|k| data.contains_key(**k)) {
@@ -96,7 +112,12 @@ impl NewEvent {
                 "data_json of event {kind:?} uses the reserved key {key:?} (ts, seq, type, run_id, node_id and level are set by the store); rename it"
             )));
         }
-        Ok(NewEvent { kind: kind.to_owned(), node_id: node_id.to_owned(), level, data })
+        Ok(NewEvent {
+            kind: kind.to_owned(),
+            node_id: node_id.to_owned(),
+            level,
+            data,
+        })
     }
 
     /// An event the store itself records.
@@ -105,7 +126,12 @@ impl NewEvent {
             Value::Object(map) => map,
             _ => Map::new(),
         };
-        NewEvent { kind: kind.to_owned(), node_id: String::new(), level: Level::Info, data }
+        NewEvent {
+            kind: kind.to_owned(),
+            node_id: String::new(),
+            level: Level::Info,
+            data,
+        }
     }
 
     /// The stored line (without newline).
@@ -147,13 +173,21 @@ pub struct StoredEvent {
 
 impl StoredEvent {
     fn parse(line: &str) -> Option<StoredEvent> {
-        let Ok(Value::Object(mut map)) = serde_json::from_str::<Value>(line) else { return None };
+        let Ok(Value::Object(mut map)) = serde_json::from_str::<Value>(line) else {
+            return None;
+        };
         let seq = map.remove("seq")?.as_u64()?;
         let mut text = |k: &str| match map.remove(k) {
             Some(Value::String(s)) => s,
             _ => String::new(),
         };
-        let (ts, kind, run_id, node_id, level) = (text("ts"), text("type"), text("run_id"), text("node_id"), text("level"));
+        let (ts, kind, run_id, node_id, level) = (
+            text("ts"),
+            text("type"),
+            text("run_id"),
+            text("node_id"),
+            text("level"),
+        );
         Some(StoredEvent {
             seq,
             ts,
@@ -210,17 +244,30 @@ impl RunLogs {
     }
 
     /// Appends `events` contiguously; returns (first_seq, last_seq) once they are durable.
-    pub async fn append(&self, store: &Arc<Store>, project: &str, run: &str, events: Vec<NewEvent>) -> Result<(u64, u64)> {
+    pub async fn append(
+        &self,
+        store: &Arc<Store>,
+        project: &str,
+        run: &str,
+        events: Vec<NewEvent>,
+    ) -> Result<(u64, u64)> {
         project::check_id("project", project)?;
         project::check_id("run", run)?;
         if events.is_empty() {
-            return Err(Error::BadRequest("no events to append; send at least one".into()));
+            return Err(Error::BadRequest(
+                "no events to append; send at least one".into(),
+            ));
         }
         let max = store.config.max_event_bytes;
         for event in &events {
-            let size = event.render(u64::MAX, "2026-01-01T00:00:00.000Z", run).len();
+            let size = event
+                .render(u64::MAX, "2026-01-01T00:00:00.000Z", run)
+                .len();
             if size > max {
-                return Err(Error::TooLarge { what: format!("event {:?} ({size} bytes as a line)", event.kind), limit: max as u64 });
+                return Err(Error::TooLarge {
+                    what: format!("event {:?} ({size} bytes as a line)", event.kind),
+                    limit: max as u64,
+                });
             }
         }
         let log = self.log(project, run);
@@ -229,19 +276,31 @@ impl RunLogs {
             load(store, &mut state, project, run, true).await?;
         }
         let (done, mut receipt) = oneshot::channel();
-        log.queue.lock().unwrap_or_else(|p| p.into_inner()).push_back(Batch { events, done });
+        log.queue
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push_back(Batch { events, done });
         let mut state = log.state.lock().await;
         // An earlier holder of the mutex may have committed our batch with its own.
         match receipt.try_recv() {
-            Ok(result) => return result.map_err(|e| Error::io("appending events", std::io::Error::other(e))),
+            Ok(result) => {
+                return result.map_err(|e| Error::io("appending events", std::io::Error::other(e)))
+            }
             Err(oneshot::error::TryRecvError::Closed) => return Err(Error::Unavailable),
             Err(oneshot::error::TryRecvError::Empty) => {}
         }
-        let batches: Vec<Batch> = log.queue.lock().unwrap_or_else(|p| p.into_inner()).drain(..).collect();
+        let batches: Vec<Batch> = log
+            .queue
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+            .collect();
         commit(&log, &mut state, run, batches).await;
         drop(state);
         match receipt.await {
-            Ok(result) => result.map_err(|e| Error::io("appending events", std::io::Error::other(e))),
+            Ok(result) => {
+                result.map_err(|e| Error::io("appending events", std::io::Error::other(e)))
+            }
             Err(_) => Err(Error::Unavailable),
         }
     }
@@ -264,7 +323,10 @@ impl RunLogs {
             load(store, &mut state, project, run, false).await?
         };
         if !exists && !follow {
-            return Err(Error::RunNotFound { project: project.to_owned(), run: run.to_owned() });
+            return Err(Error::RunNotFound {
+                project: project.to_owned(),
+                run: run.to_owned(),
+            });
         }
         let (tx, rx) = mpsc::channel(256);
         let reader = Reader {
@@ -283,14 +345,24 @@ impl RunLogs {
 }
 
 /// Opens and recovers the log on first touch. Returns whether the file exists.
-async fn load(store: &Arc<Store>, state: &mut LogState, project: &str, run: &str, create: bool) -> Result<bool> {
+async fn load(
+    store: &Arc<Store>,
+    state: &mut LogState,
+    project: &str,
+    run: &str,
+    create: bool,
+) -> Result<bool> {
     if state.file.is_some() {
         return Ok(true);
     }
     let (store2, project2, run2) = (store.clone(), project.to_owned(), run.to_owned());
     let opened = blocking(move || open_log(&store2, &project2, &run2, create)).await?;
     if let Some((file, len, last_seq)) = opened {
-        *state = LogState { file: Some(Arc::new(file)), len, last_seq };
+        *state = LogState {
+            file: Some(Arc::new(file)),
+            len,
+            last_seq,
+        };
         Ok(true)
     } else {
         Ok(false)
@@ -302,7 +374,12 @@ fn log_path(run: &str) -> String {
 }
 
 /// Opens (or creates) a run's log beneath the project root and recovers its last seq.
-fn open_log(store: &Store, project: &str, run: &str, create: bool) -> Result<Option<(File, u64, u64)>> {
+fn open_log(
+    store: &Store,
+    project: &str,
+    run: &str,
+    create: bool,
+) -> Result<Option<(File, u64, u64)>> {
     let root = store.project_root(project)?;
     let dir_path = format!(".cairn/runs/{run}");
     let path = log_path(run);
@@ -328,16 +405,21 @@ fn open_log(store: &Store, project: &str, run: &str, create: bool) -> Result<Opt
     let file = File::from(fd);
     let st = rustix::fs::fstat(&file).map_err(|e| Error::io(format!("stat of {path:?}"), e))?;
     if beneath::kind(&st) != FileType::RegularFile {
-        return Err(Error::NotAFile { path, found: "the run's event log is not a regular file; remove it" });
+        return Err(Error::NotAFile {
+            path,
+            found: "the run's event log is not a regular file; remove it",
+        });
     }
     // A hard link would make appends land in a file elsewhere.
     if st.st_nlink != 1 {
         return Err(Error::NotAFile { path, found: "the run's event log has other hard links; the store appends only to its own file: remove it" });
     }
     if create {
-        beneath::sync_dir(dir.as_fd()).map_err(|e| Error::io(format!("fsync of the directory of {path:?}"), e))?;
+        beneath::sync_dir(dir.as_fd())
+            .map_err(|e| Error::io(format!("fsync of the directory of {path:?}"), e))?;
     }
-    let (len, last_seq) = recover(&file).map_err(|e| Error::io(format!("recovering {path:?} of project {project:?}"), e))?;
+    let (len, last_seq) = recover(&file)
+        .map_err(|e| Error::io(format!("recovering {path:?} of project {project:?}"), e))?;
     Ok(Some((file, len, last_seq)))
 }
 
@@ -351,7 +433,10 @@ fn recover(file: &File) -> std::io::Result<(u64, u64)> {
     file.read_exact_at(&mut last, len - 1)?;
     if last[0] != b'\n' {
         let keep = last_newline_before(file, len)?.map_or(0, |p| p + 1);
-        tracing::warn!(cut_bytes = len - keep, "event log ended with a torn line; cutting it off");
+        tracing::warn!(
+            cut_bytes = len - keep,
+            "event log ended with a torn line; cutting it off"
+        );
         file.set_len(keep)?;
         file.sync_data()?;
         len = keep;
@@ -361,7 +446,9 @@ fn recover(file: &File) -> std::io::Result<(u64, u64)> {
     }
     let start = last_newline_before(file, len - 1)?.map_or(0, |p| p + 1);
     if len - 1 - start > MAX_TAIL_LINE {
-        return Err(std::io::Error::other("the last event line is implausibly long; repair the file"));
+        return Err(std::io::Error::other(
+            "the last event line is implausibly long; repair the file",
+        ));
     }
     let mut line = vec![0u8; (len - 1 - start) as usize];
     file.read_exact_at(&mut line, start)?;
@@ -369,7 +456,11 @@ fn recover(file: &File) -> std::io::Result<(u64, u64)> {
         .ok()
         .and_then(StoredEvent::parse)
         .map(|e| e.seq)
-        .ok_or_else(|| std::io::Error::other("the last event line is not a JSON event with a seq; repair the file"))?;
+        .ok_or_else(|| {
+            std::io::Error::other(
+                "the last event line is not a JSON event with a seq; repair the file",
+            )
+        })?;
     Ok((len, seq))
 }
 
@@ -430,7 +521,9 @@ async fn commit(log: &RunLog, state: &mut LogState, run: &str, batches: Vec<Batc
     let old_len = state.len;
     let added = text.len() as u64;
     let written = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-        let result = (&*file).write_all(text.as_bytes()).and_then(|()| file.sync_data());
+        let result = (&*file)
+            .write_all(text.as_bytes())
+            .and_then(|()| file.sync_data());
         if result.is_err() {
             // Leave no partial batch behind: its seqs will be given again.
             let _ = file.set_len(old_len);
@@ -517,9 +610,15 @@ impl Reader {
 
     /// Sends stored events `next..=upto` from the file; false when the stream should end.
     async fn send_stored(&mut self, upto: u64) -> bool {
-        let (store, project, run, tx) = (self.store.clone(), self.project.clone(), self.run.clone(), self.tx.clone());
+        let (store, project, run, tx) = (
+            self.store.clone(),
+            self.project.clone(),
+            self.run.clone(),
+            self.tx.clone(),
+        );
         let (from, remaining) = (self.next, self.remaining);
-        let read = blocking(move || read_file(&store, &project, &run, from, upto, remaining, &tx)).await;
+        let read =
+            blocking(move || read_file(&store, &project, &run, from, upto, remaining, &tx)).await;
         match read {
             Ok(sent) => {
                 self.next += sent;
@@ -554,12 +653,19 @@ fn read_file(
     let mut expected = from;
     while sent < max && expected <= upto {
         line.clear();
-        if reader.read_line(&mut line).map_err(|e| Error::io(format!("reading {path:?}"), e))? == 0 {
+        if reader
+            .read_line(&mut line)
+            .map_err(|e| Error::io(format!("reading {path:?}"), e))?
+            == 0
+        {
             break;
         }
         let text = line.trim_end_matches('\n');
         let event = StoredEvent::parse(text).ok_or_else(|| {
-            Error::io(format!("reading {path:?}"), std::io::Error::other("a line is not a JSON event with a seq"))
+            Error::io(
+                format!("reading {path:?}"),
+                std::io::Error::other("a line is not a JSON event with a seq"),
+            )
         })?;
         if event.seq < expected {
             continue;
@@ -567,7 +673,11 @@ fn read_file(
         if event.seq > expected {
             return Err(Error::io(
                 format!("reading {path:?}"),
-                std::io::Error::other(format!("seq {} follows {}; the log has a gap", event.seq, expected - 1)),
+                std::io::Error::other(format!(
+                    "seq {} follows {}; the log has a gap",
+                    event.seq,
+                    expected - 1
+                )),
             ));
         }
         if tx.blocking_send(Ok(event)).is_err() {
@@ -587,11 +697,19 @@ mod tests {
     fn lines_have_the_fixed_fields_first_and_parse_back() {
         let mut data = Map::new();
         data.insert("path".into(), Value::from("a\"b"));
-        let event = NewEvent { kind: "x.y".into(), node_id: "n1".into(), level: Level::Warning, data };
+        let event = NewEvent {
+            kind: "x.y".into(),
+            node_id: "n1".into(),
+            level: Level::Warning,
+            data,
+        };
         let line = event.render(7, "2026-01-01T00:00:00.000Z", "r1");
         assert!(line.starts_with(r#"{"ts":"2026-01-01T00:00:00.000Z","seq":7,"type":"x.y","run_id":"r1","node_id":"n1","level":"warning","path":"a\"b"}"#), "{line}");
         let back = StoredEvent::parse(&line).unwrap();
-        assert_eq!((back.seq, back.level, back.data_json.as_str()), (7, Level::Warning, r#"{"path":"a\"b"}"#));
+        assert_eq!(
+            (back.seq, back.level, back.data_json.as_str()),
+            (7, Level::Warning, r#"{"path":"a\"b"}"#)
+        );
     }
 
     #[test]
@@ -607,11 +725,22 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join("events.jsonl");
         std::fs::write(&path, "{\"seq\":1}\n{\"seq\":2}\n{\"seq\":3,\"ty").unwrap();
-        let file = std::fs::OpenOptions::new().read(true).append(true).open(&path).unwrap();
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .append(true)
+            .open(&path)
+            .unwrap();
         assert_eq!(recover(&file).unwrap(), (20, 2));
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), "{\"seq\":1}\n{\"seq\":2}\n");
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "{\"seq\":1}\n{\"seq\":2}\n"
+        );
         std::fs::write(&path, "{\"seq\":1").unwrap();
-        let file = std::fs::OpenOptions::new().read(true).append(true).open(&path).unwrap();
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .append(true)
+            .open(&path)
+            .unwrap();
         assert_eq!(recover(&file).unwrap(), (0, 0));
     }
 }

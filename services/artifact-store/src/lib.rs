@@ -33,7 +33,9 @@ const MAX_MESSAGE_BYTES: usize = 16 << 20;
 
 /// Opens the store over `config.data_root` (created when missing), removes temp files left by
 /// a crash, and returns the gRPC service ready to be hosted.
-pub async fn artifact_store_service(config: Config) -> Result<ArtifactStoreServer<ArtifactStoreService>> {
+pub async fn artifact_store_service(
+    config: Config,
+) -> Result<ArtifactStoreServer<ArtifactStoreService>> {
     let store = tokio::task::spawn_blocking(move || -> Result<store::Store> {
         let store = store::Store::open(config)?;
         let root = &store.config().data_root;
@@ -44,9 +46,11 @@ pub async fn artifact_store_service(config: Config) -> Result<ArtifactStoreServe
     })
     .await
     .map_err(|e| Error::Server(format!("start-up task failed: {e}")))??;
-    Ok(ArtifactStoreServer::new(ArtifactStoreService::new(Arc::new(store)))
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES))
+    Ok(
+        ArtifactStoreServer::new(ArtifactStoreService::new(Arc::new(store)))
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+    )
 }
 
 /// Serves the store alone on `listener` until `shutdown` resolves; in-flight calls finish
@@ -59,5 +63,7 @@ pub async fn serve(
     let service = artifact_store_service(config).await?;
     let mut host = cairn_server::Host::new();
     host.add(service);
-    host.serve(listener, shutdown).await.map_err(|e| Error::Server(e.to_string()))
+    host.serve(listener, shutdown)
+        .await
+        .map_err(|e| Error::Server(e.to_string()))
 }

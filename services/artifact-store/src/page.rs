@@ -45,7 +45,11 @@ impl Page {
         let total = sorted.len();
         let end = start.saturating_add(self.size).min(total);
         let page: Vec<T> = sorted.into_iter().skip(start).take(end - start).collect();
-        let next = if end < total { page.last().map(|last| token(key(last))).unwrap_or_default() } else { String::new() };
+        let next = if end < total {
+            page.last().map(|last| token(key(last))).unwrap_or_default()
+        } else {
+            String::new()
+        };
         (page, next)
     }
 }

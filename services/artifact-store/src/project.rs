@@ -33,20 +33,30 @@ pub fn check_id(kind: &'static str, id: &str) -> Result<()> {
         && id.len() <= 128
         && id != "."
         && id != ".."
-        && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
     if ok {
         Ok(())
     } else {
-        Err(Error::InvalidId { kind, id: id.chars().take(160).collect() })
+        Err(Error::InvalidId {
+            kind,
+            id: id.chars().take(160).collect(),
+        })
     }
 }
 
 /// Creates the project when missing (idempotent) and returns its root and description.
 pub(crate) fn ensure(store: &Store, project_id: &str) -> Result<(OwnedFd, Project)> {
     check_id("project", project_id)?;
-    match rustix::fs::mkdirat(store.projects.as_fd(), project_id, Mode::from_raw_mode(beneath::DIR_MODE)) {
+    match rustix::fs::mkdirat(
+        store.projects.as_fd(),
+        project_id,
+        Mode::from_raw_mode(beneath::DIR_MODE),
+    ) {
         Ok(()) => {
-            beneath::sync_dir(store.projects.as_fd()).map_err(|e| Error::io("fsync of the projects directory", e))?;
+            beneath::sync_dir(store.projects.as_fd())
+                .map_err(|e| Error::io("fsync of the projects directory", e))?;
             tracing::info!(project = project_id, "project created");
         }
         Err(Errno::EXIST) => {}
@@ -54,7 +64,8 @@ pub(crate) fn ensure(store: &Store, project_id: &str) -> Result<(OwnedFd, Projec
     }
     let root = store.project_root(project_id)?;
     for dir in LAYOUT {
-        beneath::ensure_dir(root.as_fd(), dir).map_err(|e| refusal(e, project_id, dir, "creating"))?;
+        beneath::ensure_dir(root.as_fd(), dir)
+            .map_err(|e| refusal(e, project_id, dir, "creating"))?;
     }
     let project = match read_metadata(&root, project_id)? {
         Some(project) => project,
@@ -66,8 +77,12 @@ pub(crate) fn ensure(store: &Store, project_id: &str) -> Result<(OwnedFd, Projec
                 Ok(_) | Err(Error::Exists { .. }) => {}
                 Err(e) => return Err(e),
             }
-            read_metadata(&root, project_id)?
-                .ok_or_else(|| Error::io("reading project metadata", std::io::Error::other("metadata vanished")))?
+            read_metadata(&root, project_id)?.ok_or_else(|| {
+                Error::io(
+                    "reading project metadata",
+                    std::io::Error::other("metadata vanished"),
+                )
+            })?
         }
     };
     Ok((root, project))
@@ -82,15 +97,26 @@ fn read_metadata(root: &OwnedFd, project_id: &str) -> Result<Option<Project>> {
         Err(e) => return Err(refusal(e, project_id, METADATA, "reading")),
     };
     let mut text = String::new();
-    let _ = std::fs::File::from(fd).take(64 << 10).read_to_string(&mut text);
+    let _ = std::fs::File::from(fd)
+        .take(64 << 10)
+        .read_to_string(&mut text);
     let created_at = serde_json::from_str::<serde_json::Value>(&text)
         .ok()
-        .and_then(|v| v.get("created_at").and_then(|c| c.as_str()).map(String::from));
+        .and_then(|v| {
+            v.get("created_at")
+                .and_then(|c| c.as_str())
+                .map(String::from)
+        });
     let created_at = match created_at {
         Some(c) => c,
-        None => rustix::fs::fstat(root).map(|st| mtime_of(&st)).unwrap_or_default(),
+        None => rustix::fs::fstat(root)
+            .map(|st| mtime_of(&st))
+            .unwrap_or_default(),
     };
-    Ok(Some(Project { project_id: project_id.to_owned(), created_at }))
+    Ok(Some(Project {
+        project_id: project_id.to_owned(),
+        created_at,
+    }))
 }
 
 /// CreateProject.
@@ -114,12 +140,19 @@ pub async fn list(store: &Arc<Store>, page: Page) -> Result<(Vec<Project>, Strin
         let mut projects = Vec::with_capacity(ids.len());
         for id in ids {
             // Entries that are not directories (or vanished) are not projects.
-            let Ok(root) = beneath::open_dir(store.projects.as_fd(), &id) else { continue };
+            let Ok(root) = beneath::open_dir(store.projects.as_fd(), &id) else {
+                continue;
+            };
             if let Some(p) = read_metadata(&root, &id)? {
                 projects.push(p);
             } else {
-                let created_at = rustix::fs::fstat(&root).map(|st| mtime_of(&st)).unwrap_or_default();
-                projects.push(Project { project_id: id, created_at });
+                let created_at = rustix::fs::fstat(&root)
+                    .map(|st| mtime_of(&st))
+                    .unwrap_or_default();
+                projects.push(Project {
+                    project_id: id,
+                    created_at,
+                });
             }
         }
         Ok((projects, next))

@@ -46,14 +46,25 @@ impl Entry {
             FileType::Directory => Kind::Directory,
             _ => Kind::Other,
         };
-        let size_bytes = if kind == Kind::File { u64::try_from(st.st_size).unwrap_or(0) } else { 0 };
-        Entry { path, kind, size_bytes, sha256: String::new(), modified_at: mtime_of(st) }
+        let size_bytes = if kind == Kind::File {
+            u64::try_from(st.st_size).unwrap_or(0)
+        } else {
+            0
+        };
+        Entry {
+            path,
+            kind,
+            size_bytes,
+            sha256: String::new(),
+            modified_at: mtime_of(st),
+        }
     }
 }
 
 /// Opens a regular file beneath `root` for reading, refusing anything else.
 fn open_file(root: BorrowedFd<'_>, project: &str, path: &str) -> Result<(File, Stat)> {
-    let fd = beneath::open(root, path, OFlags::RDONLY | OFlags::NONBLOCK, 0).map_err(|e| refusal(e, project, path, "reading"))?;
+    let fd = beneath::open(root, path, OFlags::RDONLY | OFlags::NONBLOCK, 0)
+        .map_err(|e| refusal(e, project, path, "reading"))?;
     let file = File::from(fd);
     let st = rustix::fs::fstat(&file).map_err(|e| Error::io(format!("stat of {path:?}"), e))?;
     match beneath::kind(&st) {
@@ -62,7 +73,10 @@ fn open_file(root: BorrowedFd<'_>, project: &str, path: &str) -> Result<(File, S
             path: path.to_owned(),
             found: "a directory is there, not a file; use List to see what it holds",
         }),
-        _ => Err(Error::NotAFile { path: path.to_owned(), found: "a special file is there; only regular files are served" }),
+        _ => Err(Error::NotAFile {
+            path: path.to_owned(),
+            found: "a special file is there; only regular files are served",
+        }),
     }
 }
 
@@ -81,7 +95,10 @@ pub async fn get(
     let (entry, file) = blocking(move || {
         let root = store2.project_root(&project2)?;
         let (file, st) = open_file(root.as_fd(), &project2, &path)?;
-        let digest = store2.digests.of_file(&file).map_err(|e| Error::io(format!("reading {path:?}"), e))?;
+        let digest = store2
+            .digests
+            .of_file(&file)
+            .map_err(|e| Error::io(format!("reading {path:?}"), e))?;
         let mut entry = Entry::of(path, &st);
         entry.size_bytes = digest.size_bytes;
         entry.sha256 = digest.sha256;
@@ -108,7 +125,10 @@ pub async fn get(
             let mut buf = BytesMut::zeroed(want);
             let got = match file.read_at(&mut buf, pos) {
                 Ok(0) => {
-                    let _ = tx.blocking_send(Err(Error::io(format!("reading {name:?}"), std::io::Error::other("the file shrank while it was read"))));
+                    let _ = tx.blocking_send(Err(Error::io(
+                        format!("reading {name:?}"),
+                        std::io::Error::other("the file shrank while it was read"),
+                    )));
                     return;
                 }
                 Ok(n) => n,
@@ -129,26 +149,44 @@ pub async fn get(
 }
 
 /// Stat: one entry ("" = the project root), optionally with the file's sha256.
-pub async fn stat(store: &Arc<Store>, project: &str, path: &str, include_sha256: bool) -> Result<Entry> {
+pub async fn stat(
+    store: &Arc<Store>,
+    project: &str,
+    path: &str,
+    include_sha256: bool,
+) -> Result<Entry> {
     project::check_id("project", project)?;
-    let path = if path.is_empty() { String::new() } else { store.read_path(path)?.to_string() };
+    let path = if path.is_empty() {
+        String::new()
+    } else {
+        store.read_path(path)?.to_string()
+    };
     let (store, project) = (store.clone(), project.to_owned());
     blocking(move || {
         let root = store.project_root(&project)?;
         if path.is_empty() {
-            let st = rustix::fs::fstat(&root).map_err(|e| Error::io("stat of the project root", e))?;
+            let st =
+                rustix::fs::fstat(&root).map_err(|e| Error::io("stat of the project root", e))?;
             return Ok(Entry::of(path, &st));
         }
         let (parent, name) = beneath::split_parent(&path);
-        let dir = beneath::open_dir(root.as_fd(), parent).map_err(|e| refusal(e, &project, &path, "looking at"))?;
-        let st = beneath::stat(dir.as_fd(), name).map_err(|e| refusal(e, &project, &path, "looking at"))?;
+        let dir = beneath::open_dir(root.as_fd(), parent)
+            .map_err(|e| refusal(e, &project, &path, "looking at"))?;
+        let st = beneath::stat(dir.as_fd(), name)
+            .map_err(|e| refusal(e, &project, &path, "looking at"))?;
         let mut entry = Entry::of(path.clone(), &st);
         if entry.kind == Kind::File && include_sha256 {
             let (file, _) = open_file(dir.as_fd(), &project, name).map_err(|e| match e {
-                Error::NotAFile { found, .. } => Error::NotAFile { path: entry.path.clone(), found },
+                Error::NotAFile { found, .. } => Error::NotAFile {
+                    path: entry.path.clone(),
+                    found,
+                },
                 other => other,
             })?;
-            let digest = store.digests.of_file(&file).map_err(|e| Error::io(format!("reading {:?}", entry.path), e))?;
+            let digest = store
+                .digests
+                .of_file(&file)
+                .map_err(|e| Error::io(format!("reading {:?}", entry.path), e))?;
             entry.size_bytes = digest.size_bytes;
             entry.sha256 = digest.sha256;
         }
@@ -158,23 +196,35 @@ pub async fn stat(store: &Arc<Store>, project: &str, path: &str, include_sha256:
 }
 
 /// List: entries under `prefix` in byte order of their paths, one page.
-pub async fn list(store: &Arc<Store>, project: &str, prefix: &str, recursive: bool, page: Page) -> Result<(Vec<Entry>, String)> {
+pub async fn list(
+    store: &Arc<Store>,
+    project: &str,
+    prefix: &str,
+    recursive: bool,
+    page: Page,
+) -> Result<(Vec<Entry>, String)> {
     project::check_id("project", project)?;
     let trimmed = prefix.strip_suffix('/').unwrap_or(prefix);
-    let prefix = if trimmed.is_empty() { String::new() } else { store.read_path(trimmed)?.to_string() };
+    let prefix = if trimmed.is_empty() {
+        String::new()
+    } else {
+        store.read_path(trimmed)?.to_string()
+    };
     let (store, project) = (store.clone(), project.to_owned());
     blocking(move || {
         let root = store.project_root(&project)?;
         let dir = beneath::open_dir(root.as_fd(), &prefix).map_err(|e| match e {
             Errno::NOTDIR => Error::NotAFile {
                 path: prefix.clone(),
-                found: "a file is there; List takes a directory prefix (use Stat or Get for a file)",
+                found:
+                    "a file is there; List takes a directory prefix (use Stat or Get for a file)",
             },
             e => refusal(e, &project, &prefix, "listing"),
         })?;
         let mut entries = Vec::new();
         // Subdirectories are opened when their turn comes, so a wide tree holds few fds.
-        let mut pending: Vec<(Arc<OwnedFd>, Option<String>, String)> = vec![(Arc::new(dir), None, prefix.clone())];
+        let mut pending: Vec<(Arc<OwnedFd>, Option<String>, String)> =
+            vec![(Arc::new(dir), None, prefix.clone())];
         while let Some((parent, name, rel)) = pending.pop() {
             let dir = match name {
                 None => parent,
@@ -194,11 +244,17 @@ pub async fn list(store: &Arc<Store>, project: &str, prefix: &str, recursive: bo
                 if name.starts_with(TEMP_PREFIX) {
                     continue;
                 }
-                let path = if rel.is_empty() { name.clone() } else { format!("{rel}/{name}") };
+                let path = if rel.is_empty() {
+                    name.clone()
+                } else {
+                    format!("{rel}/{name}")
+                };
                 if store.read_policy.check(&path).is_err() {
                     continue;
                 }
-                let Ok(st) = beneath::stat(dir.as_fd(), &name) else { continue };
+                let Ok(st) = beneath::stat(dir.as_fd(), &name) else {
+                    continue;
+                };
                 let entry = Entry::of(path, &st);
                 if !recursive || entry.kind == Kind::File {
                     entries.push(entry);

@@ -7,9 +7,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 use cairn_proto::v1::artifact_store_server::ArtifactStore;
 use cairn_proto::v1::{
-    self as pb, get_response, put_request, AppendEventsRequest, AppendEventsResponse, CreateProjectRequest, DeleteRequest,
-    DeleteResponse, FileInfo, GetRequest, GetResponse, ListProjectsRequest, ListProjectsResponse, ListRequest, ListResponse,
-    PutRequest, PutResponse, ReadEventsRequest, StatRequest, UpdateJsonRequest, UpdateJsonResponse,
+    self as pb, get_response, put_request, AppendEventsRequest, AppendEventsResponse,
+    CreateProjectRequest, DeleteRequest, DeleteResponse, FileInfo, GetRequest, GetResponse,
+    ListProjectsRequest, ListProjectsResponse, ListRequest, ListResponse, PutRequest, PutResponse,
+    ReadEventsRequest, StatRequest, UpdateJsonRequest, UpdateJsonResponse,
 };
 use futures::{Stream, StreamExt};
 use tokio_stream::wrappers::ReceiverStream;
@@ -86,23 +87,51 @@ fn page(p: Option<pb::PageRequest>) -> Result<Page> {
 
 #[tonic::async_trait]
 impl ArtifactStore for ArtifactStoreService {
-    async fn create_project(&self, request: Request<CreateProjectRequest>) -> Result<Response<pb::Project>, Status> {
+    async fn create_project(
+        &self,
+        request: Request<CreateProjectRequest>,
+    ) -> Result<Response<pb::Project>, Status> {
         let p = project::create(&self.store, &request.into_inner().project_id).await?;
-        Ok(Response::new(pb::Project { project_id: p.project_id, created_at: p.created_at }))
+        Ok(Response::new(pb::Project {
+            project_id: p.project_id,
+            created_at: p.created_at,
+        }))
     }
 
-    async fn list_projects(&self, request: Request<ListProjectsRequest>) -> Result<Response<ListProjectsResponse>, Status> {
-        let (projects, next_page_token) = project::list(&self.store, page(request.into_inner().page)?).await?;
-        let projects =
-            projects.into_iter().map(|p| pb::Project { project_id: p.project_id, created_at: p.created_at }).collect();
-        Ok(Response::new(ListProjectsResponse { projects, next_page_token }))
+    async fn list_projects(
+        &self,
+        request: Request<ListProjectsRequest>,
+    ) -> Result<Response<ListProjectsResponse>, Status> {
+        let (projects, next_page_token) =
+            project::list(&self.store, page(request.into_inner().page)?).await?;
+        let projects = projects
+            .into_iter()
+            .map(|p| pb::Project {
+                project_id: p.project_id,
+                created_at: p.created_at,
+            })
+            .collect();
+        Ok(Response::new(ListProjectsResponse {
+            projects,
+            next_page_token,
+        }))
     }
 
-    async fn put(&self, request: Request<Streaming<PutRequest>>) -> Result<Response<PutResponse>, Status> {
+    async fn put(
+        &self,
+        request: Request<Streaming<PutRequest>>,
+    ) -> Result<Response<PutResponse>, Status> {
         let mut stream = request.into_inner();
         let header = match stream.message().await? {
-            Some(PutRequest { msg: Some(put_request::Msg::Header(h)) }) => h,
-            _ => return Err(Error::BadRequest("the first message of a Put must be a PutHeader".into()).into()),
+            Some(PutRequest {
+                msg: Some(put_request::Msg::Header(h)),
+            }) => h,
+            _ => {
+                return Err(Error::BadRequest(
+                    "the first message of a Put must be a PutHeader".into(),
+                )
+                .into())
+            }
         };
         let spec = PutSpec {
             project_id: header.project_id,
@@ -116,15 +145,22 @@ impl ArtifactStore for ArtifactStoreService {
         };
         let chunks = stream.map(|m| -> Result<Bytes> {
             match m {
-                Ok(PutRequest { msg: Some(put_request::Msg::Chunk(bytes)) }) => Ok(bytes),
-                Ok(_) => Err(Error::BadRequest("a Put sends one PutHeader first, then only chunks".into())),
+                Ok(PutRequest {
+                    msg: Some(put_request::Msg::Chunk(bytes)),
+                }) => Ok(bytes),
+                Ok(_) => Err(Error::BadRequest(
+                    "a Put sends one PutHeader first, then only chunks".into(),
+                )),
                 Err(status) => Err(Error::Stream(status.message().to_owned())),
             }
         });
         let written = write::put(&self.store, spec, chunks).await?;
         Ok(Response::new(PutResponse {
             path: written.path,
-            digest: Some(pb::Digest { sha256: written.digest.sha256, size_bytes: written.digest.size_bytes }),
+            digest: Some(pb::Digest {
+                sha256: written.digest.sha256,
+                size_bytes: written.digest.size_bytes,
+            }),
             outcome: match written.outcome {
                 Outcome::Created => pb::WriteOutcome::Created,
                 Outcome::Unchanged => pb::WriteOutcome::Unchanged,
@@ -137,13 +173,20 @@ impl ArtifactStore for ArtifactStoreService {
 
     async fn get(&self, request: Request<GetRequest>) -> Result<Response<Self::GetStream>, Status> {
         let r = request.into_inner();
-        let (entry, chunks) = read::get(&self.store, &r.project_id, &r.path, r.offset, r.length).await?;
-        let first = GetResponse { msg: Some(get_response::Msg::Info(file_info(entry))) };
+        let (entry, chunks) =
+            read::get(&self.store, &r.project_id, &r.path, r.offset, r.length).await?;
+        let first = GetResponse {
+            msg: Some(get_response::Msg::Info(file_info(entry))),
+        };
         let rest = ReceiverStream::new(chunks).map(|chunk| match chunk {
-            Ok(bytes) => Ok(GetResponse { msg: Some(get_response::Msg::Chunk(bytes)) }),
+            Ok(bytes) => Ok(GetResponse {
+                msg: Some(get_response::Msg::Chunk(bytes)),
+            }),
             Err(e) => Err(Status::from(e)),
         });
-        Ok(Response::new(Box::pin(futures::stream::once(async { Ok(first) }).chain(rest))))
+        Ok(Response::new(Box::pin(
+            futures::stream::once(async { Ok(first) }).chain(rest),
+        )))
     }
 
     async fn stat(&self, request: Request<StatRequest>) -> Result<Response<FileInfo>, Status> {
@@ -154,42 +197,88 @@ impl ArtifactStore for ArtifactStoreService {
 
     async fn list(&self, request: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
         let r = request.into_inner();
-        let (entries, next_page_token) = read::list(&self.store, &r.project_id, &r.prefix, r.recursive, page(r.page)?).await?;
-        Ok(Response::new(ListResponse { entries: entries.into_iter().map(file_info).collect(), next_page_token }))
+        let (entries, next_page_token) = read::list(
+            &self.store,
+            &r.project_id,
+            &r.prefix,
+            r.recursive,
+            page(r.page)?,
+        )
+        .await?;
+        Ok(Response::new(ListResponse {
+            entries: entries.into_iter().map(file_info).collect(),
+            next_page_token,
+        }))
     }
 
-    async fn delete(&self, request: Request<DeleteRequest>) -> Result<Response<DeleteResponse>, Status> {
+    async fn delete(
+        &self,
+        request: Request<DeleteRequest>,
+    ) -> Result<Response<DeleteResponse>, Status> {
         let r = request.into_inner();
         let deleted = write::delete(&self.store, &r.project_id, &r.path, &r.run_id).await?;
         Ok(Response::new(DeleteResponse { deleted }))
     }
 
-    async fn append_events(&self, request: Request<AppendEventsRequest>) -> Result<Response<AppendEventsResponse>, Status> {
+    async fn append_events(
+        &self,
+        request: Request<AppendEventsRequest>,
+    ) -> Result<Response<AppendEventsResponse>, Status> {
         let r = request.into_inner();
         let events = r
             .events
             .iter()
             .map(|e| NewEvent::from_client(&e.r#type, &e.node_id, level(e.level), &e.data_json))
             .collect::<Result<Vec<_>>>()?;
-        let (first_seq, last_seq) = self.store.runs.append(&self.store, &r.project_id, &r.run_id, events).await?;
-        Ok(Response::new(AppendEventsResponse { first_seq, last_seq }))
+        let (first_seq, last_seq) = self
+            .store
+            .runs
+            .append(&self.store, &r.project_id, &r.run_id, events)
+            .await?;
+        Ok(Response::new(AppendEventsResponse {
+            first_seq,
+            last_seq,
+        }))
     }
 
     type ReadEventsStream = BoxStream<pb::Event>;
 
-    async fn read_events(&self, request: Request<ReadEventsRequest>) -> Result<Response<Self::ReadEventsStream>, Status> {
+    async fn read_events(
+        &self,
+        request: Request<ReadEventsRequest>,
+    ) -> Result<Response<Self::ReadEventsStream>, Status> {
         let r = request.into_inner();
-        let events = self.store.runs.read(&self.store, &r.project_id, &r.run_id, r.from_seq, r.follow, r.limit).await?;
+        let events = self
+            .store
+            .runs
+            .read(
+                &self.store,
+                &r.project_id,
+                &r.run_id,
+                r.from_seq,
+                r.follow,
+                r.limit,
+            )
+            .await?;
         let stream = ReceiverStream::new(events).map(|e| e.map(event).map_err(Status::from));
         Ok(Response::new(Box::pin(stream)))
     }
 
-    async fn update_json(&self, request: Request<UpdateJsonRequest>) -> Result<Response<UpdateJsonResponse>, Status> {
+    async fn update_json(
+        &self,
+        request: Request<UpdateJsonRequest>,
+    ) -> Result<Response<UpdateJsonResponse>, Status> {
         let r = request.into_inner();
         let merge = match pb::MergePolicy::try_from(r.merge) {
             Ok(pb::MergePolicy::None) => Merge::None,
             Ok(pb::MergePolicy::Max) => Merge::Max,
-            Err(_) => return Err(Error::BadRequest(format!("merge policy {} is unknown; use NONE or MAX", r.merge)).into()),
+            Err(_) => {
+                return Err(Error::BadRequest(format!(
+                    "merge policy {} is unknown; use NONE or MAX",
+                    r.merge
+                ))
+                .into())
+            }
         };
         let update = Update {
             project_id: r.project_id,

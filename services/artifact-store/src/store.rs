@@ -47,10 +47,17 @@ impl Store {
     pub fn open(config: Config) -> Result<Store> {
         config.check()?;
         let projects_path = config.data_root.join("projects");
-        std::fs::create_dir_all(&projects_path)
-            .map_err(|e| Error::io(format!("cannot create data root {}", projects_path.display()), e))?;
+        std::fs::create_dir_all(&projects_path).map_err(|e| {
+            Error::io(
+                format!("cannot create data root {}", projects_path.display()),
+                e,
+            )
+        })?;
         let projects = open_dir_path(&projects_path)?;
-        let mut denylist: Vec<String> = pathguard::DEFAULT_DENYLIST.iter().map(|s| (*s).to_owned()).collect();
+        let mut denylist: Vec<String> = pathguard::DEFAULT_DENYLIST
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
         denylist.extend(config.denylist.iter().cloned());
         let write_policy = Policy::from_strings(&denylist, &config.allowed_prefixes)
             .map_err(|r| Error::Config(format!("{}: {}", r.path, r.message)))?;
@@ -95,7 +102,10 @@ impl Store {
             _ => None,
         };
         match reserved {
-            Some(why) => Err(Error::Reserved { path: safe.to_string(), why }),
+            Some(why) => Err(Error::Reserved {
+                path: safe.to_string(),
+                why,
+            }),
             None => Ok(safe),
         }
     }
@@ -121,8 +131,12 @@ fn refuse_temp_names(path: &SafePath) -> Result<()> {
 }
 
 fn open_dir_path(path: &Path) -> Result<OwnedFd> {
-    rustix::fs::open(path, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
-        .map_err(|e| Error::io(format!("cannot open {}", path.display()), e))
+    rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| Error::io(format!("cannot open {}", path.display()), e))
 }
 
 /// Now as RFC 3339 UTC with milliseconds ("2026-01-01T00:00:00.000Z").
@@ -148,7 +162,9 @@ pub fn timestamp(t: time::OffsetDateTime) -> String {
 /// A stat's modification time as RFC 3339.
 pub fn mtime_of(st: &rustix::fs::Stat) -> String {
     let nanos = i128::from(st.st_mtime) * 1_000_000_000 + i128::from(st.st_mtime_nsec as i64);
-    time::OffsetDateTime::from_unix_timestamp_nanos(nanos).map(timestamp).unwrap_or_default()
+    time::OffsetDateTime::from_unix_timestamp_nanos(nanos)
+        .map(timestamp)
+        .unwrap_or_default()
 }
 
 /// Runs blocking filesystem work off the async threads.
@@ -160,6 +176,9 @@ where
     match tokio::task::spawn_blocking(work).await {
         Ok(result) => result,
         Err(e) if e.is_cancelled() => Err(Error::Unavailable),
-        Err(e) => Err(Error::io("a store task failed", std::io::Error::other(e.to_string()))),
+        Err(e) => Err(Error::io(
+            "a store task failed",
+            std::io::Error::other(e.to_string()),
+        )),
     }
 }

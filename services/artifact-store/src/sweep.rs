@@ -13,10 +13,15 @@ pub fn remove_temp_files(data_root: &Path) -> std::io::Result<usize> {
         let entry = match entry {
             Ok(entry) => entry,
             // A directory vanishing during the walk is not a failure of the sweep.
-            Err(e) if e.io_error().map(|io| io.kind()) == Some(std::io::ErrorKind::NotFound) => continue,
+            Err(e) if e.io_error().map(|io| io.kind()) == Some(std::io::ErrorKind::NotFound) => {
+                continue
+            }
             Err(e) => return Err(std::io::Error::other(e.to_string())),
         };
-        let is_temp = entry.file_name().to_str().is_some_and(|n| n.starts_with(TEMP_PREFIX));
+        let is_temp = entry
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.starts_with(TEMP_PREFIX));
         if is_temp && entry.file_type().is_file() {
             match std::fs::remove_file(entry.path()) {
                 Ok(()) => removed += 1,

@@ -118,7 +118,14 @@ impl TempFile {
             OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
             rustix::fs::Mode::from_raw_mode(beneath::FILE_MODE),
         )?;
-        Ok((TempFile { dir, name, armed: true }, File::from(fd)))
+        Ok((
+            TempFile {
+                dir,
+                name,
+                armed: true,
+            },
+            File::from(fd),
+        ))
     }
 
     /// The rename moved the temp file to its target: nothing to remove any more.
@@ -151,17 +158,29 @@ struct Staged {
 /// target early, and creates the temp file.
 fn stage(root: BorrowedFd<'_>, project: &str, path: &str) -> Result<(Staged, File)> {
     let (parent, name) = beneath::split_parent(path);
-    let dir = beneath::ensure_dir(root, parent).map_err(|e| refusal(e, project, path, "creating the directories of"))?;
+    let dir = beneath::ensure_dir(root, parent)
+        .map_err(|e| refusal(e, project, path, "creating the directories of"))?;
     let dir = Arc::new(dir);
     existing_file(dir.as_fd(), name, project, path)?;
-    let (temp, file) =
-        TempFile::create(dir.clone()).map_err(|e| refusal(e, project, path, "creating a temp file for"))?;
-    let staged = Staged { project: project.to_owned(), path: path.to_owned(), dir, name: name.to_owned(), temp };
+    let (temp, file) = TempFile::create(dir.clone())
+        .map_err(|e| refusal(e, project, path, "creating a temp file for"))?;
+    let staged = Staged {
+        project: project.to_owned(),
+        path: path.to_owned(),
+        dir,
+        name: name.to_owned(),
+        temp,
+    };
     Ok((staged, file))
 }
 
 /// What is at the target now: a regular file (its stat), nothing, or a refusal.
-fn existing_file(dir: BorrowedFd<'_>, name: &str, project: &str, path: &str) -> Result<Option<rustix::fs::Stat>> {
+fn existing_file(
+    dir: BorrowedFd<'_>,
+    name: &str,
+    project: &str,
+    path: &str,
+) -> Result<Option<rustix::fs::Stat>> {
     match beneath::stat(dir, name) {
         Ok(st) => match beneath::kind(&st) {
             FileType::RegularFile => Ok(Some(st)),
@@ -182,36 +201,70 @@ fn existing_file(dir: BorrowedFd<'_>, name: &str, project: &str, path: &str) -> 
 
 /// True when the file at the target holds exactly `digest`'s bytes (also returns its size).
 fn holds_same_bytes(store: &Store, staged: &Staged, digest: &Digest) -> Result<(bool, u64)> {
-    let fd = beneath::open(staged.dir.as_fd(), &staged.name, OFlags::RDONLY | OFlags::NONBLOCK, 0)
-        .map_err(|e| refusal(e, &staged.project, &staged.path, "reading"))?;
+    let fd = beneath::open(
+        staged.dir.as_fd(),
+        &staged.name,
+        OFlags::RDONLY | OFlags::NONBLOCK,
+        0,
+    )
+    .map_err(|e| refusal(e, &staged.project, &staged.path, "reading"))?;
     let file = File::from(fd);
-    let st = rustix::fs::fstat(&file).map_err(|e| Error::io(format!("stat of {:?}", staged.path), e))?;
+    let st =
+        rustix::fs::fstat(&file).map_err(|e| Error::io(format!("stat of {:?}", staged.path), e))?;
     if beneath::kind(&st) != FileType::RegularFile {
-        return existing_file(staged.dir.as_fd(), &staged.name, &staged.project, &staged.path).map(|_| (false, 0));
+        return existing_file(
+            staged.dir.as_fd(),
+            &staged.name,
+            &staged.project,
+            &staged.path,
+        )
+        .map(|_| (false, 0));
     }
     let size = u64::try_from(st.st_size).unwrap_or(0);
     if size != digest.size_bytes {
         return Ok((false, size));
     }
-    let theirs = store.digests.of_file(&file).map_err(|e| Error::io(format!("reading {:?}", staged.path), e))?;
+    let theirs = store
+        .digests
+        .of_file(&file)
+        .map_err(|e| Error::io(format!("reading {:?}", staged.path), e))?;
     Ok((theirs.sha256 == digest.sha256, size))
 }
 
 /// fsyncs the temp file and publishes it (see the module header); returns what happened.
-fn publish(store: &Store, mut staged: Staged, file: File, digest: &Digest, overwrite: bool) -> Result<Outcome> {
-    file.sync_all().map_err(|e| Error::io(format!("fsync of the temp file for {:?}", staged.path), e))?;
+fn publish(
+    store: &Store,
+    mut staged: Staged,
+    file: File,
+    digest: &Digest,
+    overwrite: bool,
+) -> Result<Outcome> {
+    file.sync_all()
+        .map_err(|e| Error::io(format!("fsync of the temp file for {:?}", staged.path), e))?;
     let dir = staged.dir.clone();
     let (tmp, name) = (staged.temp.name.clone(), staged.name.clone());
     let existed = existing_file(dir.as_fd(), &name, &staged.project, &staged.path)?;
     let outcome = if !overwrite {
-        let linked = match rustix::fs::renameat_with(dir.as_fd(), tmp.as_str(), dir.as_fd(), name.as_str(), RenameFlags::NOREPLACE) {
+        let linked = match rustix::fs::renameat_with(
+            dir.as_fd(),
+            tmp.as_str(),
+            dir.as_fd(),
+            name.as_str(),
+            RenameFlags::NOREPLACE,
+        ) {
             Ok(()) => {
                 staged.temp.published();
                 Ok(())
             }
             // Filesystems without RENAME_NOREPLACE: link(2) also refuses an existing target
             // atomically; the temp name is then unlinked by the guard.
-            Err(Errno::INVAL) => rustix::fs::linkat(dir.as_fd(), tmp.as_str(), dir.as_fd(), name.as_str(), AtFlags::empty()),
+            Err(Errno::INVAL) => rustix::fs::linkat(
+                dir.as_fd(),
+                tmp.as_str(),
+                dir.as_fd(),
+                name.as_str(),
+                AtFlags::empty(),
+            ),
             Err(e) => Err(e),
         };
         match linked {
@@ -221,13 +274,18 @@ fn publish(store: &Store, mut staged: Staged, file: File, digest: &Digest, overw
                 if same {
                     return Ok(Outcome::Unchanged);
                 }
-                return Err(Error::Exists { path: staged.path.clone(), existing_size });
+                return Err(Error::Exists {
+                    path: staged.path.clone(),
+                    existing_size,
+                });
             }
             Err(e) => return Err(refusal(e, &staged.project, &staged.path, "publishing")),
         }
     } else {
         if let Some(st) = existed {
-            if u64::try_from(st.st_size).ok() == Some(digest.size_bytes) && holds_same_bytes(store, &staged, digest)?.0 {
+            if u64::try_from(st.st_size).ok() == Some(digest.size_bytes)
+                && holds_same_bytes(store, &staged, digest)?.0
+            {
                 return Ok(Outcome::Unchanged);
             }
         }
@@ -240,7 +298,8 @@ fn publish(store: &Store, mut staged: Staged, file: File, digest: &Digest, overw
             Outcome::Created
         }
     };
-    beneath::sync_dir(dir.as_fd()).map_err(|e| Error::io(format!("fsync of the directory of {:?}", staged.path), e))?;
+    beneath::sync_dir(dir.as_fd())
+        .map_err(|e| Error::io(format!("fsync of the directory of {:?}", staged.path), e))?;
     // The published inode's stat (rename changed its ctime) keys the digest cache.
     if let Ok(st) = rustix::fs::fstat(&file) {
         store.digests.remember(&st, &digest.sha256);
@@ -258,7 +317,15 @@ pub(crate) fn write_bytes(
     bytes: &[Bytes],
     overwrite: bool,
 ) -> Result<Written> {
-    write_small(store, root, project, path, bytes, &Expect::default(), overwrite)
+    write_small(
+        store,
+        root,
+        project,
+        path,
+        bytes,
+        &Expect::default(),
+        overwrite,
+    )
 }
 
 fn write_small(
@@ -276,14 +343,22 @@ fn write_small(
         hasher.update(chunk);
         size_bytes += chunk.len() as u64;
     }
-    let digest = Digest { sha256: hex::encode(hasher.finalize()), size_bytes };
+    let digest = Digest {
+        sha256: hex::encode(hasher.finalize()),
+        size_bytes,
+    };
     expect.verify(path, &digest)?;
     let (staged, mut file) = stage(root, project, path)?;
     for chunk in bytes {
-        file.write_all(chunk).map_err(|e| Error::io(format!("writing {path:?}"), e))?;
+        file.write_all(chunk)
+            .map_err(|e| Error::io(format!("writing {path:?}"), e))?;
     }
     let outcome = publish(store, staged, file, &digest, overwrite)?;
-    Ok(Written { path: path.to_owned(), digest, outcome })
+    Ok(Written {
+        path: path.to_owned(),
+        digest,
+        outcome,
+    })
 }
 
 /// Put: checks, receives the stream, publishes; records an overwrite as a run event.
@@ -295,7 +370,9 @@ where
     if !spec.run_id.is_empty() {
         project::check_id("run", &spec.run_id)?;
     }
-    let path = store.write_path(&spec.path, &spec.allowed_prefixes)?.to_string();
+    let path = store
+        .write_path(&spec.path, &spec.allowed_prefixes)?
+        .to_string();
     let max = store.config.max_file_bytes;
     let expect = Expect {
         sha256: match spec.expected_sha256.as_str() {
@@ -307,9 +384,15 @@ where
         size: spec.expected_size,
     };
     if let Some(size) = expect.size.filter(|s| *s > max) {
-        return Err(Error::TooLarge { what: format!("the announced size of {path:?} ({size} bytes)"), limit: max });
+        return Err(Error::TooLarge {
+            what: format!("the announced size of {path:?} ({size} bytes)"),
+            limit: max,
+        });
     }
-    let too_large = |total: u64| Error::TooLarge { what: format!("the body of {path:?} ({total}+ bytes)"), limit: max };
+    let too_large = |total: u64| Error::TooLarge {
+        what: format!("the body of {path:?} ({total}+ bytes)"),
+        limit: max,
+    };
 
     // Receive up to SMALL_BYTES before touching the disk.
     let mut head = Vec::new();
@@ -333,15 +416,33 @@ where
     }
 
     let written = if ended {
-        let (store2, project, path2, overwrite, create) =
-            (store.clone(), spec.project_id.clone(), path.clone(), spec.overwrite, spec.create_project);
+        let (store2, project, path2, overwrite, create) = (
+            store.clone(),
+            spec.project_id.clone(),
+            path.clone(),
+            spec.overwrite,
+            spec.create_project,
+        );
         blocking(move || {
             let root = open_root(&store2, &project, create)?;
-            write_small(&store2, root.as_fd(), &project, &path2, &head, &expect, overwrite)
+            write_small(
+                &store2,
+                root.as_fd(),
+                &project,
+                &path2,
+                &head,
+                &expect,
+                overwrite,
+            )
         })
         .await?
     } else {
-        let (store2, project, path2, create) = (store.clone(), spec.project_id.clone(), path.clone(), spec.create_project);
+        let (store2, project, path2, create) = (
+            store.clone(),
+            spec.project_id.clone(),
+            path.clone(),
+            spec.create_project,
+        );
         let (staged, file) = blocking(move || {
             let root = open_root(&store2, &project, create)?;
             stage(root.as_fd(), &project, &path2)
@@ -352,7 +453,11 @@ where
         let (store2, overwrite) = (store.clone(), spec.overwrite);
         blocking(move || {
             let outcome = publish(&store2, staged, file, &digest, overwrite)?;
-            Ok(Written { path: path.clone(), digest, outcome })
+            Ok(Written {
+                path: path.clone(),
+                digest,
+                outcome,
+            })
         })
         .await?
     };
@@ -366,7 +471,11 @@ where
             );
             // The new bytes are durable already; a failed event must not make the client
             // believe the write did not happen.
-            if let Err(e) = store.runs.append(store, &spec.project_id, &spec.run_id, vec![event]).await {
+            if let Err(e) = store
+                .runs
+                .append(store, &spec.project_id, &spec.run_id, vec![event])
+                .await
+            {
                 tracing::error!(error = %e, path = %written.path, "could not record store.overwritten");
             }
         }
@@ -384,7 +493,14 @@ fn open_root(store: &Store, project: &str, create: bool) -> Result<OwnedFd> {
 
 /// Streams the rest of a large body into `file`: one thread writes, one hashes, both fed
 /// through bounded queues, so memory stays flat and hashing overlaps the disk.
-async fn stream_into<S>(file: File, head: Vec<Bytes>, mut chunks: S, mut total: u64, max: u64, path: &str) -> Result<(File, Digest)>
+async fn stream_into<S>(
+    file: File,
+    head: Vec<Bytes>,
+    mut chunks: S,
+    mut total: u64,
+    max: u64,
+    path: &str,
+) -> Result<(File, Digest)>
 where
     S: Stream<Item = Result<Bytes>> + Unpin + Send,
 {
@@ -407,7 +523,8 @@ where
 
     let fed = async {
         for chunk in head {
-            if to_writer.send(chunk.clone()).await.is_err() || to_hasher.send(chunk).await.is_err() {
+            if to_writer.send(chunk.clone()).await.is_err() || to_hasher.send(chunk).await.is_err()
+            {
                 return Ok(());
             }
         }
@@ -415,10 +532,14 @@ where
             let chunk = chunk?;
             total += chunk.len() as u64;
             if total > max {
-                return Err(Error::TooLarge { what: format!("the body of {path:?} ({total}+ bytes)"), limit: max });
+                return Err(Error::TooLarge {
+                    what: format!("the body of {path:?} ({total}+ bytes)"),
+                    limit: max,
+                });
             }
             // A closed queue means the writer failed; its error is reported below.
-            if to_writer.send(chunk.clone()).await.is_err() || to_hasher.send(chunk).await.is_err() {
+            if to_writer.send(chunk.clone()).await.is_err() || to_hasher.send(chunk).await.is_err()
+            {
                 return Ok(());
             }
         }
@@ -428,10 +549,21 @@ where
     drop(to_writer);
     drop(to_hasher);
     fed?;
-    let joined = |e: tokio::task::JoinError| Error::io("a write task failed", std::io::Error::other(e.to_string()));
-    let file = writer.await.map_err(joined)?.map_err(|e| Error::io(format!("writing {path:?}"), e))?;
+    let joined = |e: tokio::task::JoinError| {
+        Error::io("a write task failed", std::io::Error::other(e.to_string()))
+    };
+    let file = writer
+        .await
+        .map_err(joined)?
+        .map_err(|e| Error::io(format!("writing {path:?}"), e))?;
     let sha256 = hasher.await.map_err(joined)?;
-    Ok((file, Digest { sha256, size_bytes: total }))
+    Ok((
+        file,
+        Digest {
+            sha256,
+            size_bytes: total,
+        },
+    ))
 }
 
 /// Delete: removes one regular file; records it when a run is given.
@@ -447,7 +579,9 @@ pub async fn delete(store: &Arc<Store>, project: &str, path: &str, run_id: &str)
         let (parent, name) = beneath::split_parent(&path2);
         let dir = match beneath::open_dir(root.as_fd(), parent) {
             Err(Errno::NOENT) => return Ok(false),
-            other => other.map_err(|e| refusal(e, &project2, &path2, "opening the directory of"))?,
+            other => {
+                other.map_err(|e| refusal(e, &project2, &path2, "opening the directory of"))?
+            }
         };
         if existing_file(dir.as_fd(), name, &project2, &path2)?.is_none() {
             return Ok(false);
@@ -457,7 +591,8 @@ pub async fn delete(store: &Arc<Store>, project: &str, path: &str, run_id: &str)
             Err(Errno::NOENT) => return Ok(false),
             Err(e) => return Err(refusal(e, &project2, &path2, "deleting")),
         }
-        beneath::sync_dir(dir.as_fd()).map_err(|e| Error::io(format!("fsync of the directory of {path2:?}"), e))?;
+        beneath::sync_dir(dir.as_fd())
+            .map_err(|e| Error::io(format!("fsync of the directory of {path2:?}"), e))?;
         Ok(true)
     })
     .await?;

@@ -2,31 +2,72 @@
 
 mod common;
 
-use common::*;
 use cairn_proto::v1::{
-    CreateProjectRequest, DeleteRequest, EntryKind, ListProjectsRequest, ListRequest, PageRequest, PutHeader, ReadEventsRequest,
-    StatRequest, WriteOutcome,
+    CreateProjectRequest, DeleteRequest, EntryKind, ListProjectsRequest, ListRequest, PageRequest,
+    PutHeader, ReadEventsRequest, StatRequest, WriteOutcome,
 };
+use common::*;
 use futures::StreamExt;
 use tonic::Code;
 
 #[tokio::test]
 async fn create_project_lays_out_the_directories_and_is_idempotent() {
     let mut s = serve().await;
-    let first = s.client.create_project(CreateProjectRequest { project_id: "p1".into() }).await.unwrap().into_inner();
-    let again = s.client.create_project(CreateProjectRequest { project_id: "p1".into() }).await.unwrap().into_inner();
-    assert_eq!(first, again, "creating an existing project returns it unchanged");
-    assert!(first.created_at.ends_with('Z') && first.created_at.len() == 24, "{}", first.created_at);
+    let first = s
+        .client
+        .create_project(CreateProjectRequest {
+            project_id: "p1".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let again = s
+        .client
+        .create_project(CreateProjectRequest {
+            project_id: "p1".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        first, again,
+        "creating an existing project returns it unchanged"
+    );
+    assert!(
+        first.created_at.ends_with('Z') && first.created_at.len() == 24,
+        "{}",
+        first.created_at
+    );
     for dir in ["docs", "workspace", ".cairn/runs"] {
         assert!(s.project_dir("p1").join(dir).is_dir(), "{dir} missing");
     }
-    s.client.create_project(CreateProjectRequest { project_id: "a-0".into() }).await.unwrap();
-    let listed = s.client.list_projects(ListProjectsRequest { page: None }).await.unwrap().into_inner();
-    let ids: Vec<_> = listed.projects.iter().map(|p| p.project_id.as_str()).collect();
+    s.client
+        .create_project(CreateProjectRequest {
+            project_id: "a-0".into(),
+        })
+        .await
+        .unwrap();
+    let listed = s
+        .client
+        .list_projects(ListProjectsRequest { page: None })
+        .await
+        .unwrap()
+        .into_inner();
+    let ids: Vec<_> = listed
+        .projects
+        .iter()
+        .map(|p| p.project_id.as_str())
+        .collect();
     assert_eq!(ids, ["a-0", "p1"]);
 
     for bad in ["", ".", "..", "a/b", "sp ace", &"x".repeat(129)] {
-        let err = s.client.create_project(CreateProjectRequest { project_id: bad.into() }).await.unwrap_err();
+        let err = s
+            .client
+            .create_project(CreateProjectRequest {
+                project_id: bad.into(),
+            })
+            .await
+            .unwrap_err();
         assert_eq!(err.code(), Code::InvalidArgument, "{bad:?}: {err:?}");
     }
 }
@@ -35,16 +76,26 @@ async fn create_project_lays_out_the_directories_and_is_idempotent() {
 async fn put_then_get_returns_the_bytes_and_digest() {
     let mut s = serve().await;
     let body = b"hello, cairn\n".repeat(1000);
-    let r = put(&mut s.client, "p", "workspace/src/main.rs", &body).await.unwrap();
+    let r = put(&mut s.client, "p", "workspace/src/main.rs", &body)
+        .await
+        .unwrap();
     assert_eq!(outcome(&r), WriteOutcome::Created);
     assert_eq!(r.path, "workspace/src/main.rs");
     let digest = r.digest.unwrap();
     assert_eq!(digest.sha256, sha256_hex(&body));
     assert_eq!(digest.size_bytes, body.len() as u64);
-    let (sha, size, bytes) = get_range(&mut s.client, "p", "workspace/src/main.rs", 0, 0).await.unwrap();
-    assert_eq!((sha.as_str(), size), (sha256_hex(&body).as_str(), body.len() as u64));
+    let (sha, size, bytes) = get_range(&mut s.client, "p", "workspace/src/main.rs", 0, 0)
+        .await
+        .unwrap();
+    assert_eq!(
+        (sha.as_str(), size),
+        (sha256_hex(&body).as_str(), body.len() as u64)
+    );
     assert_eq!(bytes, body);
-    assert_eq!(std::fs::read(s.project_dir("p").join("workspace/src/main.rs")).unwrap(), body);
+    assert_eq!(
+        std::fs::read(s.project_dir("p").join("workspace/src/main.rs")).unwrap(),
+        body
+    );
     // An empty file is a file.
     let r = put(&mut s.client, "p", "docs/empty.md", b"").await.unwrap();
     assert_eq!(r.digest.unwrap().size_bytes, 0);
@@ -56,16 +107,37 @@ async fn get_honours_offset_and_length() {
     let mut s = serve().await;
     let mut body = vec![0u8; 3 << 20];
     Bytegen::new(7).fill(&mut body);
-    put(&mut s.client, "p", "docs/big.bin", &body).await.unwrap();
-    let cases = [(0, 10), (5, 0), ((1 << 20) - 3, 10), (3 << 20, 0), ((3 << 20) - 1, 100), (100, (2 << 20) + 17)];
+    put(&mut s.client, "p", "docs/big.bin", &body)
+        .await
+        .unwrap();
+    let cases = [
+        (0, 10),
+        (5, 0),
+        ((1 << 20) - 3, 10),
+        (3 << 20, 0),
+        ((3 << 20) - 1, 100),
+        (100, (2 << 20) + 17),
+    ];
     for (offset, length) in cases {
-        let (sha, size, got) = get_range(&mut s.client, "p", "docs/big.bin", offset, length).await.unwrap();
-        let end = if length == 0 { body.len() } else { (offset + length).min(body.len() as u64) as usize };
-        assert_eq!(got, &body[offset as usize..end], "offset {offset} length {length}");
+        let (sha, size, got) = get_range(&mut s.client, "p", "docs/big.bin", offset, length)
+            .await
+            .unwrap();
+        let end = if length == 0 {
+            body.len()
+        } else {
+            (offset + length).min(body.len() as u64) as usize
+        };
+        assert_eq!(
+            got,
+            &body[offset as usize..end],
+            "offset {offset} length {length}"
+        );
         assert_eq!(sha, sha256_hex(&body), "FileInfo describes the whole file");
         assert_eq!(size, body.len() as u64);
     }
-    let err = get_range(&mut s.client, "p", "docs/big.bin", (3 << 20) + 1, 0).await.unwrap_err();
+    let err = get_range(&mut s.client, "p", "docs/big.bin", (3 << 20) + 1, 0)
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
     assert!(err.message().contains("past the end"), "{err:?}");
 }
@@ -75,7 +147,10 @@ async fn not_found_messages_say_what_is_missing() {
     let mut s = serve().await;
     let err = get(&mut s.client, "nope", "docs/a").await.unwrap_err();
     assert_eq!(err.code(), Code::NotFound);
-    assert!(err.message().contains("project \"nope\" does not exist"), "{err:?}");
+    assert!(
+        err.message().contains("project \"nope\" does not exist"),
+        "{err:?}"
+    );
     put(&mut s.client, "p", "docs/a", b"x").await.unwrap();
     let err = get(&mut s.client, "p", "docs/b").await.unwrap_err();
     assert_eq!(err.code(), Code::NotFound);
@@ -83,7 +158,16 @@ async fn not_found_messages_say_what_is_missing() {
     let err = get(&mut s.client, "p", "nodir/b").await.unwrap_err();
     assert_eq!(err.code(), Code::NotFound);
     // Put without create_project into a missing project.
-    let err = put_with(&mut s.client, PutHeader { create_project: false, ..header("other", "docs/a") }, b"x").await.unwrap_err();
+    let err = put_with(
+        &mut s.client,
+        PutHeader {
+            create_project: false,
+            ..header("other", "docs/a")
+        },
+        b"x",
+    )
+    .await
+    .unwrap_err();
     assert_eq!(err.code(), Code::NotFound);
     assert!(err.message().contains("CreateProject"), "{err:?}");
 }
@@ -92,22 +176,60 @@ async fn not_found_messages_say_what_is_missing() {
 async fn stat_describes_files_directories_and_missing_paths() {
     let mut s = serve().await;
     put(&mut s.client, "p", "docs/a.txt", b"abc").await.unwrap();
-    let stat = |path: &str, sha: bool| StatRequest { project_id: "p".into(), path: path.into(), include_sha256: sha };
-    let file = s.client.stat(stat("docs/a.txt", true)).await.unwrap().into_inner();
+    let stat = |path: &str, sha: bool| StatRequest {
+        project_id: "p".into(),
+        path: path.into(),
+        include_sha256: sha,
+    };
+    let file = s
+        .client
+        .stat(stat("docs/a.txt", true))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(file.kind, EntryKind::File as i32);
-    assert_eq!((file.size_bytes, file.sha256.as_str()), (3, sha256_hex(b"abc").as_str()));
+    assert_eq!(
+        (file.size_bytes, file.sha256.as_str()),
+        (3, sha256_hex(b"abc").as_str())
+    );
     assert!(file.modified_at.ends_with('Z'));
-    let file = s.client.stat(stat("docs/a.txt", false)).await.unwrap().into_inner();
+    let file = s
+        .client
+        .stat(stat("docs/a.txt", false))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(file.sha256, "", "sha256 only when asked");
-    let dir = s.client.stat(stat("docs", true)).await.unwrap().into_inner();
-    assert_eq!((dir.kind, dir.size_bytes, dir.sha256.as_str()), (EntryKind::Directory as i32, 0, ""));
+    let dir = s
+        .client
+        .stat(stat("docs", true))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (dir.kind, dir.size_bytes, dir.sha256.as_str()),
+        (EntryKind::Directory as i32, 0, "")
+    );
     let root = s.client.stat(stat("", false)).await.unwrap().into_inner();
     assert_eq!(root.kind, EntryKind::Directory as i32);
-    let err = s.client.stat(stat("docs/missing", false)).await.unwrap_err();
+    let err = s
+        .client
+        .stat(stat("docs/missing", false))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::NotFound);
     std::os::unix::fs::symlink("/etc/passwd", s.project_dir("p").join("docs/link")).unwrap();
-    let link = s.client.stat(stat("docs/link", true)).await.unwrap().into_inner();
-    assert_eq!((link.kind, link.sha256.as_str()), (EntryKind::Other as i32, ""), "symlinks are described, never followed");
+    let link = s
+        .client
+        .stat(stat("docs/link", true))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (link.kind, link.sha256.as_str()),
+        (EntryKind::Other as i32, ""),
+        "symlinks are described, never followed"
+    );
 }
 
 #[tokio::test]
@@ -117,7 +239,9 @@ async fn list_pages_through_entries_in_byte_order() {
     names.push("docs/sub/deep.txt".into());
     names.push("docs/a.b".into());
     for name in &names {
-        put(&mut s.client, "p", name, name.as_bytes()).await.unwrap();
+        put(&mut s.client, "p", name, name.as_bytes())
+            .await
+            .unwrap();
     }
     // A temp file of an in-flight write and a denylisted entry are not listed.
     std::fs::write(s.project_dir("p").join("docs/.cairn-tmp-x"), b"t").unwrap();
@@ -133,7 +257,10 @@ async fn list_pages_through_entries_in_byte_order() {
                 project_id: "p".into(),
                 prefix: "docs".into(),
                 recursive: true,
-                page: Some(PageRequest { page_size: 10, page_token: token.clone() }),
+                page: Some(PageRequest {
+                    page_size: 10,
+                    page_token: token.clone(),
+                }),
             })
             .await
             .unwrap()
@@ -153,11 +280,20 @@ async fn list_pages_through_entries_in_byte_order() {
     // Non-recursive: direct children, directories included.
     let r = s
         .client
-        .list(ListRequest { project_id: "p".into(), prefix: "docs/".into(), recursive: false, page: None })
+        .list(ListRequest {
+            project_id: "p".into(),
+            prefix: "docs/".into(),
+            recursive: false,
+            page: None,
+        })
         .await
         .unwrap()
         .into_inner();
-    let sub = r.entries.iter().find(|e| e.path == "docs/sub").expect("docs/sub listed");
+    let sub = r
+        .entries
+        .iter()
+        .find(|e| e.path == "docs/sub")
+        .expect("docs/sub listed");
     assert_eq!(sub.kind, EntryKind::Directory as i32);
     assert_eq!(r.entries.len(), 27);
     assert!(r.next_page_token.is_empty());
@@ -168,14 +304,22 @@ async fn list_pages_through_entries_in_byte_order() {
             project_id: "p".into(),
             prefix: "docs".into(),
             recursive: false,
-            page: Some(PageRequest { page_size: 1, page_token: "forged".into() }),
+            page: Some(PageRequest {
+                page_size: 1,
+                page_token: "forged".into(),
+            }),
         })
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
     let err = s
         .client
-        .list(ListRequest { project_id: "p".into(), prefix: "docs/f00".into(), recursive: false, page: None })
+        .list(ListRequest {
+            project_id: "p".into(),
+            prefix: "docs/f00".into(),
+            recursive: false,
+            page: None,
+        })
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition);
@@ -184,20 +328,50 @@ async fn list_pages_through_entries_in_byte_order() {
 #[tokio::test]
 async fn overwrite_policy_and_idempotent_rewrites() {
     let mut s = serve().await;
-    assert_eq!(outcome(&put(&mut s.client, "p", "docs/a", b"one").await.unwrap()), WriteOutcome::Created);
-    assert_eq!(outcome(&put(&mut s.client, "p", "docs/a", b"one").await.unwrap()), WriteOutcome::Unchanged);
-    let st = assert_refused(put(&mut s.client, "p", "docs/a", b"two").await, Code::AlreadyExists, "exists");
+    assert_eq!(
+        outcome(&put(&mut s.client, "p", "docs/a", b"one").await.unwrap()),
+        WriteOutcome::Created
+    );
+    assert_eq!(
+        outcome(&put(&mut s.client, "p", "docs/a", b"one").await.unwrap()),
+        WriteOutcome::Unchanged
+    );
+    let st = assert_refused(
+        put(&mut s.client, "p", "docs/a", b"two").await,
+        Code::AlreadyExists,
+        "exists",
+    );
     assert!(st.message().contains("overwrite=true"), "{st:?}");
     assert_eq!(get(&mut s.client, "p", "docs/a").await.unwrap(), b"one");
-    assert_eq!(outcome(&put_overwrite(&mut s.client, "p", "docs/a", b"one").await.unwrap()), WriteOutcome::Unchanged);
-    let h = PutHeader { overwrite: true, run_id: "run-1".into(), ..header("p", "docs/a") };
-    assert_eq!(outcome(&put_with(&mut s.client, h, b"two").await.unwrap()), WriteOutcome::Overwritten);
+    assert_eq!(
+        outcome(
+            &put_overwrite(&mut s.client, "p", "docs/a", b"one")
+                .await
+                .unwrap()
+        ),
+        WriteOutcome::Unchanged
+    );
+    let h = PutHeader {
+        overwrite: true,
+        run_id: "run-1".into(),
+        ..header("p", "docs/a")
+    };
+    assert_eq!(
+        outcome(&put_with(&mut s.client, h, b"two").await.unwrap()),
+        WriteOutcome::Overwritten
+    );
     assert_eq!(get(&mut s.client, "p", "docs/a").await.unwrap(), b"two");
 
     // The overwrite left a store.overwritten event in the run.
     let events: Vec<_> = s
         .client
-        .read_events(ReadEventsRequest { project_id: "p".into(), run_id: "run-1".into(), from_seq: 1, follow: false, limit: 0 })
+        .read_events(ReadEventsRequest {
+            project_id: "p".into(),
+            run_id: "run-1".into(),
+            from_seq: 1,
+            follow: false,
+            limit: 0,
+        })
         .await
         .unwrap()
         .into_inner()
@@ -215,50 +389,136 @@ async fn overwrite_policy_and_idempotent_rewrites() {
 async fn expected_digest_and_size_are_verified_before_publishing() {
     let mut s = serve().await;
     let body = vec![9u8; (3 << 20) + 5];
-    let wrong = PutHeader { expected_sha256: sha256_hex(b"other"), ..header("p", "docs/x") };
-    assert_refused(put_with(&mut s.client, wrong, &body).await, Code::InvalidArgument, "digest_mismatch");
-    let wrong = PutHeader { expected_size: Some(3), ..header("p", "docs/small") };
-    assert_refused(put_with(&mut s.client, wrong, b"abcd").await, Code::InvalidArgument, "digest_mismatch");
-    assert!(!s.project_dir("p").join("docs/x").exists(), "nothing published on mismatch");
+    let wrong = PutHeader {
+        expected_sha256: sha256_hex(b"other"),
+        ..header("p", "docs/x")
+    };
+    assert_refused(
+        put_with(&mut s.client, wrong, &body).await,
+        Code::InvalidArgument,
+        "digest_mismatch",
+    );
+    let wrong = PutHeader {
+        expected_size: Some(3),
+        ..header("p", "docs/small")
+    };
+    assert_refused(
+        put_with(&mut s.client, wrong, b"abcd").await,
+        Code::InvalidArgument,
+        "digest_mismatch",
+    );
+    assert!(
+        !s.project_dir("p").join("docs/x").exists(),
+        "nothing published on mismatch"
+    );
     assert!(!s.project_dir("p").join("docs/small").exists());
-    assert!(temp_files(&s.data_root).is_empty(), "temp files removed: {:?}", temp_files(&s.data_root));
+    assert!(
+        temp_files(&s.data_root).is_empty(),
+        "temp files removed: {:?}",
+        temp_files(&s.data_root)
+    );
     let right = PutHeader {
         expected_sha256: sha256_hex(&body).to_uppercase(),
         expected_size: Some(body.len() as u64),
         ..header("p", "docs/x")
     };
-    assert_eq!(outcome(&put_with(&mut s.client, right, &body).await.unwrap()), WriteOutcome::Created);
-    let bad = PutHeader { expected_sha256: "xyz".into(), ..header("p", "docs/y") };
-    assert_eq!(put_with(&mut s.client, bad, b"a").await.unwrap_err().code(), Code::InvalidArgument);
+    assert_eq!(
+        outcome(&put_with(&mut s.client, right, &body).await.unwrap()),
+        WriteOutcome::Created
+    );
+    let bad = PutHeader {
+        expected_sha256: "xyz".into(),
+        ..header("p", "docs/y")
+    };
+    assert_eq!(
+        put_with(&mut s.client, bad, b"a").await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
 }
 
 #[tokio::test]
 async fn size_limit_refuses_large_bodies_and_leaves_nothing() {
     let tmp = tempfile::tempdir().unwrap();
-    let config = cairn_artifact_store::Config { max_file_bytes: 2 << 20, ..cairn_artifact_store::Config::new(tmp.path()) };
+    let config = cairn_artifact_store::Config {
+        max_file_bytes: 2 << 20,
+        ..cairn_artifact_store::Config::new(tmp.path())
+    };
     let mut s = serve_with(config).await;
     let body = vec![1u8; (2 << 20) + 1];
-    assert_refused(put(&mut s.client, "p", "docs/big", &body).await, Code::ResourceExhausted, "too_large");
-    let announced = PutHeader { expected_size: Some(3 << 20), ..header("p", "docs/big") };
-    assert_refused(put_with(&mut s.client, announced, b"x").await, Code::ResourceExhausted, "too_large");
+    assert_refused(
+        put(&mut s.client, "p", "docs/big", &body).await,
+        Code::ResourceExhausted,
+        "too_large",
+    );
+    let announced = PutHeader {
+        expected_size: Some(3 << 20),
+        ..header("p", "docs/big")
+    };
+    assert_refused(
+        put_with(&mut s.client, announced, b"x").await,
+        Code::ResourceExhausted,
+        "too_large",
+    );
     assert!(!s.project_dir("p").join("docs/big").exists());
     assert!(temp_files(tmp.path()).is_empty());
-    assert_eq!(outcome(&put(&mut s.client, "p", "docs/ok", &body[..2 << 20]).await.unwrap()), WriteOutcome::Created);
+    assert_eq!(
+        outcome(
+            &put(&mut s.client, "p", "docs/ok", &body[..2 << 20])
+                .await
+                .unwrap()
+        ),
+        WriteOutcome::Created
+    );
 }
 
 #[tokio::test]
 async fn delete_removes_files_only_and_records_the_run() {
     let mut s = serve().await;
     put(&mut s.client, "p", "docs/a", b"x").await.unwrap();
-    let del = |path: &str| DeleteRequest { project_id: "p".into(), path: path.into(), run_id: "r".into() };
-    assert!(s.client.delete(del("docs/a")).await.unwrap().into_inner().deleted);
-    assert!(!s.client.delete(del("docs/a")).await.unwrap().into_inner().deleted);
-    assert!(!s.client.delete(del("nodir/a")).await.unwrap().into_inner().deleted);
-    assert_refused(s.client.delete(del("docs")).await, Code::FailedPrecondition, "not_a_file");
+    let del = |path: &str| DeleteRequest {
+        project_id: "p".into(),
+        path: path.into(),
+        run_id: "r".into(),
+    };
+    assert!(
+        s.client
+            .delete(del("docs/a"))
+            .await
+            .unwrap()
+            .into_inner()
+            .deleted
+    );
+    assert!(
+        !s.client
+            .delete(del("docs/a"))
+            .await
+            .unwrap()
+            .into_inner()
+            .deleted
+    );
+    assert!(
+        !s.client
+            .delete(del("nodir/a"))
+            .await
+            .unwrap()
+            .into_inner()
+            .deleted
+    );
+    assert_refused(
+        s.client.delete(del("docs")).await,
+        Code::FailedPrecondition,
+        "not_a_file",
+    );
     assert!(s.project_dir("p").join("docs").is_dir());
     let mut events = s
         .client
-        .read_events(ReadEventsRequest { project_id: "p".into(), run_id: "r".into(), from_seq: 0, follow: false, limit: 0 })
+        .read_events(ReadEventsRequest {
+            project_id: "p".into(),
+            run_id: "r".into(),
+            from_seq: 0,
+            follow: false,
+            limit: 0,
+        })
         .await
         .unwrap()
         .into_inner();
@@ -277,7 +537,9 @@ async fn sixty_four_concurrent_writers_to_one_path() {
     for i in 0..64 {
         let mut client = s.client.clone();
         let body = if i % 2 == 0 { a.clone() } else { b.clone() };
-        tasks.push(tokio::spawn(async move { (body[0], put(&mut client, "p", "docs/race", &body).await) }));
+        tasks.push(tokio::spawn(async move {
+            (body[0], put(&mut client, "p", "docs/race", &body).await)
+        }));
     }
     let mut created = Vec::new();
     let mut results = Vec::new();
@@ -296,7 +558,10 @@ async fn sixty_four_concurrent_writers_to_one_path() {
         match r {
             Ok(resp) => {
                 assert_eq!(byte, winner, "only the winner's bytes succeed");
-                assert!(matches!(outcome(&resp), WriteOutcome::Created | WriteOutcome::Unchanged));
+                assert!(matches!(
+                    outcome(&resp),
+                    WriteOutcome::Created | WriteOutcome::Unchanged
+                ));
             }
             Err(status) => {
                 assert_ne!(byte, winner);

@@ -160,7 +160,7 @@ fn cases() -> Vec<Case> {
         case("tilde closer does not close backticks", "```py file=a.py\n~~~\n```\n", vec![w("a.py", b"~~~\n")]),
         case("longer closer closes", "```py file=a.py\nx\n`````\n", vec![w("a.py", b"x\n")]),
         // --- bytes ---
-        case("CRLF stays CRLF", "```py file=a.py\r\nline1\r\nline2\r\n```\r\n", vec![w("a.py", b"line1\nline2\r\n")]),
+        case("CRLF stays CRLF", "```py file=a.py\r\nline1\r\nline2\r\n```\r\n", vec![w("a.py", b"line1\r\nline2\r\n")]),
         case("leading BOM ignored", "\u{feff}```py file=a.py\nx\n```\n", vec![w("a.py", b"x\n")]),
         case("BOM inside content kept", "```py file=a.py\n\u{feff}x\n```\n", vec![w("a.py", "\u{feff}x\n".as_bytes())]),
         case("lone CR kept", "```py file=a.py\nx\ry\n```\n", vec![w("a.py", b"x\ry\n")]),

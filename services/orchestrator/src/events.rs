@@ -90,3 +90,10 @@ impl Ev {
         }
     }
 }
+
+/// Now as RFC 3339 UTC with milliseconds (common.proto timestamp convention).
+pub fn now() -> String {
+    let t = time::OffsetDateTime::now_utc();
+    let fmt = time::macros::format_description!("[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z");
+    t.format(&fmt).unwrap_or_default()
+}

@@ -132,9 +132,13 @@ pub async fn clone(url: &str, git_ref: &str, workspace: &Path, owner: Option<(u3
     if git_ref.starts_with('-') || git_ref.contains(['\0', ' ', '~', '^', ':', '\\']) || git_ref.contains("..") {
         return Err(Error::invalid(format!("git ref {git_ref:?} is not a branch, tag or commit name")));
     }
+    let ws = workspace.to_string_lossy().into_owned();
+    // The workspace belongs to the sandbox user; git would refuse it as "dubious" otherwise.
+    let safe = format!("safe.directory={ws}");
     let git = |args: &[&str]| {
         let mut cmd = tokio::process::Command::new("git");
         cmd.args(["-c", "protocol.ext.allow=never", "-c", "core.hooksPath=/dev/null", "-c", "advice.detachedHead=false"])
+            .args(["-c", &safe])
             .args(args)
             .env("GIT_TERMINAL_PROMPT", "0")
             .stdin(Stdio::null())
@@ -143,7 +147,6 @@ pub async fn clone(url: &str, git_ref: &str, workspace: &Path, owner: Option<(u3
             .kill_on_drop(true);
         cmd
     };
-    let ws = workspace.to_string_lossy().into_owned();
     let run = |mut cmd: tokio::process::Command, what: &'static str| async move {
         let out = tokio::time::timeout(timeout, cmd.output())
             .await

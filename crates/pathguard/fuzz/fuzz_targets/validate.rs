@@ -18,7 +18,9 @@ fn assert_safe(safe: &SafePath, input: &str) {
         assert!(c.len() <= 255);
     }
     assert!(s.len() <= 1024);
-    assert!(!s.chars().any(|c| c.is_control() || pathguard::is_format_char(c)));
+    assert!(!s
+        .chars()
+        .any(|c| c.is_control() || pathguard::is_format_char(c)));
     assert!(is_nfc(s));
 }
 
@@ -33,7 +35,11 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(first, validate(&input), "validate is deterministic");
     if let Ok(safe) = &first {
         assert_safe(safe, &input);
-        assert_eq!(validate(safe.as_str()).as_ref(), Ok(safe), "validate is idempotent");
+        assert_eq!(
+            validate(safe.as_str()).as_ref(),
+            Ok(safe),
+            "validate is idempotent"
+        );
     }
 
     let key = fold_key(&input);
@@ -51,14 +57,23 @@ fuzz_target!(|data: &[u8]| {
     match policy.check(&input) {
         Ok(safe) => {
             assert_safe(&safe, &input);
-            assert!(policy.allowed_prefixes().is_empty() || policy.allowed_prefixes().iter().any(|p| safe.starts_with(p)));
+            assert!(
+                policy.allowed_prefixes().is_empty()
+                    || policy
+                        .allowed_prefixes()
+                        .iter()
+                        .any(|p| safe.starts_with(p))
+            );
             for c in safe.components() {
                 assert!(!DEFAULT_DENYLIST.iter().any(|d| fold_key(d) == fold_key(c)));
             }
         }
         Err(r) => match &first {
             Err(v) => assert_eq!(&r, v, "check refuses what validate refuses"),
-            Ok(_) => assert!(matches!(r.reason, Reason::Denied | Reason::PrefixNotAllowed)),
+            Ok(_) => assert!(matches!(
+                r.reason,
+                Reason::Denied | Reason::PrefixNotAllowed
+            )),
         },
     }
 });

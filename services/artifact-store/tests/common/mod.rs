@@ -9,7 +9,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use cairn_artifact_store::Config;
 use cairn_proto::v1::artifact_store_client::ArtifactStoreClient;
-use cairn_proto::v1::{get_response, put_request, GetRequest, PutHeader, PutRequest, PutResponse, WriteOutcome};
+use cairn_proto::v1::{
+    get_response, put_request, GetRequest, PutHeader, PutRequest, PutResponse, WriteOutcome,
+};
 use futures::StreamExt;
 use sha2::{Digest, Sha256};
 use tonic::transport::Channel;
@@ -70,14 +72,23 @@ pub async fn serve_with(config: Config) -> Served {
         let _ = rx.await;
     }));
     let client = connect(&addr).await;
-    Served { client, addr, data_root, shutdown: Some(tx), task: Some(task), _tmp: None }
+    Served {
+        client,
+        addr,
+        data_root,
+        shutdown: Some(tx),
+        task: Some(task),
+        _tmp: None,
+    }
 }
 
 /// Connects, retrying while the server comes up.
 pub async fn connect(addr: &str) -> Client {
     for _ in 0..200 {
         if let Ok(c) = ArtifactStoreClient::connect(addr.to_owned()).await {
-            return c.max_decoding_message_size(64 << 20).max_encoding_message_size(64 << 20);
+            return c
+                .max_decoding_message_size(64 << 20)
+                .max_encoding_message_size(64 << 20);
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -85,24 +96,58 @@ pub async fn connect(addr: &str) -> Client {
 }
 
 pub fn header(project: &str, path: &str) -> PutHeader {
-    PutHeader { project_id: project.into(), path: path.into(), create_project: true, ..Default::default() }
+    PutHeader {
+        project_id: project.into(),
+        path: path.into(),
+        create_project: true,
+        ..Default::default()
+    }
 }
 
 /// Put of `bytes` in chunks of 64 KiB.
-pub async fn put_with(client: &mut Client, header: PutHeader, bytes: &[u8]) -> Result<PutResponse, Status> {
-    let mut msgs = vec![PutRequest { msg: Some(put_request::Msg::Header(header)) }];
+pub async fn put_with(
+    client: &mut Client,
+    header: PutHeader,
+    bytes: &[u8],
+) -> Result<PutResponse, Status> {
+    let mut msgs = vec![PutRequest {
+        msg: Some(put_request::Msg::Header(header)),
+    }];
     for chunk in bytes.chunks(64 << 10) {
-        msgs.push(PutRequest { msg: Some(put_request::Msg::Chunk(Bytes::copy_from_slice(chunk))) });
+        msgs.push(PutRequest {
+            msg: Some(put_request::Msg::Chunk(Bytes::copy_from_slice(chunk))),
+        });
     }
-    client.put(tokio_stream::iter(msgs)).await.map(|r| r.into_inner())
+    client
+        .put(tokio_stream::iter(msgs))
+        .await
+        .map(|r| r.into_inner())
 }
 
-pub async fn put(client: &mut Client, project: &str, path: &str, bytes: &[u8]) -> Result<PutResponse, Status> {
+pub async fn put(
+    client: &mut Client,
+    project: &str,
+    path: &str,
+    bytes: &[u8],
+) -> Result<PutResponse, Status> {
     put_with(client, header(project, path), bytes).await
 }
 
-pub async fn put_overwrite(client: &mut Client, project: &str, path: &str, bytes: &[u8]) -> Result<PutResponse, Status> {
-    put_with(client, PutHeader { overwrite: true, ..header(project, path) }, bytes).await
+pub async fn put_overwrite(
+    client: &mut Client,
+    project: &str,
+    path: &str,
+    bytes: &[u8],
+) -> Result<PutResponse, Status> {
+    put_with(
+        client,
+        PutHeader {
+            overwrite: true,
+            ..header(project, path)
+        },
+        bytes,
+    )
+    .await
 }
 
 pub fn outcome(r: &PutResponse) -> WriteOutcome {
@@ -110,9 +155,20 @@ pub fn outcome(r: &PutResponse) -> WriteOutcome {
 }
 
 /// Get of a range: (info sha256, size, bytes).
-pub async fn get_range(client: &mut Client, project: &str, path: &str, offset: u64, length: u64) -> Result<(String, u64, Vec<u8>), Status> {
+pub async fn get_range(
+    client: &mut Client,
+    project: &str,
+    path: &str,
+    offset: u64,
+    length: u64,
+) -> Result<(String, u64, Vec<u8>), Status> {
     let mut stream = client
-        .get(GetRequest { project_id: project.into(), path: path.into(), offset, length })
+        .get(GetRequest {
+            project_id: project.into(),
+            path: path.into(),
+            offset,
+            length,
+        })
         .await?
         .into_inner();
     let mut info = None;
@@ -129,14 +185,24 @@ pub async fn get_range(client: &mut Client, project: &str, path: &str, offset: u
 }
 
 pub async fn get(client: &mut Client, project: &str, path: &str) -> Result<Vec<u8>, Status> {
-    get_range(client, project, path, 0, 0).await.map(|(_, _, b)| b)
+    get_range(client, project, path, 0, 0)
+        .await
+        .map(|(_, _, b)| b)
 }
 
 /// Asserts a refusal's code and `cairn-reason`.
-pub fn assert_refused<T: std::fmt::Debug>(result: Result<T, Status>, code: Code, reason: &str) -> Status {
+pub fn assert_refused<T: std::fmt::Debug>(
+    result: Result<T, Status>,
+    code: Code,
+    reason: &str,
+) -> Status {
     let status = result.expect_err("expected a refusal");
     assert_eq!(status.code(), code, "status: {status:?}");
-    assert_eq!(cairn_proto::reason::of(&status).as_deref(), Some(reason), "status: {status:?}");
+    assert_eq!(
+        cairn_proto::reason::of(&status).as_deref(),
+        Some(reason),
+        "status: {status:?}"
+    );
     status
 }
 
@@ -183,13 +249,21 @@ impl Process {
     pub fn spawn(data_root: &Path) -> Process {
         let port = free_port();
         let child = Command::new(env!("CARGO_BIN_EXE_cairn-artifact-store"))
-            .args(["--data-root", data_root.to_str().unwrap(), "--listen", &format!("127.0.0.1:{port}")])
+            .args([
+                "--data-root",
+                data_root.to_str().unwrap(),
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+            ])
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
             .unwrap();
-        Process { child, addr: format!("http://127.0.0.1:{port}") }
+        Process {
+            child,
+            addr: format!("http://127.0.0.1:{port}"),
+        }
     }
 
     /// Peak resident set size (VmHWM) in KiB.
@@ -213,5 +287,9 @@ impl Drop for Process {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }

@@ -162,3 +162,15 @@ pub fn request(project: &str, run: &str, doc: &[u8]) -> cairn_proto::v1::IngestR
         ..Default::default()
     }
 }
+
+/// Writes a file through the store's own gRPC API (creating the project).
+pub async fn put_file(store_addr: &str, project: &str, path: &str, bytes: &[u8]) {
+    use cairn_proto::v1::{artifact_store_client::ArtifactStoreClient, put_request::Msg, PutHeader, PutRequest};
+    let mut client = ArtifactStoreClient::connect(store_addr.to_owned()).await.unwrap();
+    let header = PutHeader { project_id: project.into(), path: path.into(), create_project: true, ..Default::default() };
+    let messages = vec![
+        PutRequest { msg: Some(Msg::Header(header)) },
+        PutRequest { msg: Some(Msg::Chunk(bytes::Bytes::copy_from_slice(bytes))) },
+    ];
+    client.put(futures::stream::iter(messages)).await.unwrap();
+}

@@ -1,0 +1,181 @@
+//! `cairn sandbox run` (seed 002 §6): run code in the sandbox-runner with inputs from the
+//! project store, write its outputs to `docs/artifacts/<run_id>/` and the run record to
+//! `.cairn/runs/<run_id>/sandbox/result.json`, all through the artifact-store.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use cairn_proto::v1::{
+    EventInput, FileContent, GetRequest, Level, Limits, PutHeader, RunRequest, RunResult,
+};
+use serde_json::json;
+
+use crate::cli::{Global, SandboxCommand, SandboxRunArgs};
+use crate::embedded::{Needs, Services};
+use crate::{output, transfer};
+
+pub async fn run(global: &Global, cmd: SandboxCommand) -> anyhow::Result<ExitCode> {
+    match cmd {
+        SandboxCommand::Run(args) => {
+            let services = Services::open(global, Needs { sandbox: true }).await?;
+            let result = sandbox_run(global, &services, args).await;
+            services.close().await?;
+            result
+        }
+    }
+}
+
+async fn sandbox_run(global: &Global, services: &Services, args: SandboxRunArgs) -> anyhow::Result<ExitCode> {
+    let project = global.project.clone();
+    let run_id = args.run.clone().unwrap_or_else(|| format!("sandbox-{}", uuid::Uuid::now_v7()));
+    let output_prefix = args
+        .output_prefix
+        .clone()
+        .unwrap_or_else(|| format!("docs/artifacts/{run_id}"));
+    let mut store = services.store();
+
+    // Inputs and the code file come from the canonical store (seed 002 §1, §3.1).
+    let mut input_files = Vec::new();
+    for path in &args.inputs {
+        input_files.push(read_project_file(&mut store, &project, path).await?);
+    }
+    let (code, code_file) = match (&args.code, &args.code_file) {
+        (Some(code), None) => (code.clone(), String::new()),
+        (None, Some(file)) => {
+            if !args.inputs.iter().any(|p| p == file) {
+                input_files.push(read_project_file(&mut store, &project, file).await?);
+            }
+            (String::new(), file.clone())
+        }
+        _ => anyhow::bail!("give exactly one of --code TEXT or --code-file PROJECT_PATH"),
+    };
+
+    append(&mut store, &project, &run_id, "sandbox_start", Level::Info, json!({
+        "language": args.language, "inputs": args.inputs, "code_file": code_file, "output_prefix": output_prefix,
+    }))
+    .await?;
+    let request = RunRequest {
+        run_id: run_id.clone(),
+        node_id: "cli".into(),
+        language: args.language.clone(),
+        code,
+        code_file,
+        input_files,
+        limits: Some(Limits {
+            timeout_ms: args.timeout.map(|s| (s * 1000.0) as u64).unwrap_or(0),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let result = match services.sandbox().run(request).await {
+        Ok(r) => r.into_inner(),
+        Err(status) => {
+            append(&mut store, &project, &run_id, "sandbox_failed", Level::Error, json!({"error": status.message()})).await?;
+            return Err(status.into());
+        }
+    };
+
+    // Outputs land beneath output_prefix only (seed 002 §2.3); each refusal is reported.
+    let mut written = Vec::new();
+    let mut refused = Vec::new();
+    for file in &result.output_files {
+        let header = PutHeader {
+            project_id: project.clone(),
+            path: format!("{output_prefix}/{}", file.path),
+            overwrite: args.overwrite,
+            expected_sha256: file.sha256.clone(),
+            allowed_prefixes: vec![output_prefix.clone()],
+            run_id: run_id.clone(),
+            create_project: true,
+            ..Default::default()
+        };
+        let body = std::io::Cursor::new(file.content.to_vec());
+        match transfer::put(&mut store, header, body).await {
+            Ok(r) => written.push(json!({"path": r.path, "size_bytes": file.size_bytes, "sha256": file.sha256})),
+            Err(e) => refused.push(json!({"path": file.path, "error": format!("{e:#}")})),
+        }
+    }
+    for r in &result.rejected_outputs {
+        refused.push(json!({"path": r.path, "error": r.reason}));
+    }
+    let result_path = format!(".cairn/runs/{run_id}/sandbox/result.json");
+    let header = PutHeader {
+        project_id: project.clone(),
+        path: result_path.clone(),
+        overwrite: true,
+        run_id: run_id.clone(),
+        create_project: true,
+        ..Default::default()
+    };
+    transfer::put(&mut store, header, std::io::Cursor::new(result.result_json.clone().into_bytes()))
+        .await
+        .context("storing result.json")?;
+    let ok = result.exit_code == 0 && !result.timed_out && !result.oom_killed;
+    let summary = summary(&run_id, &result, &written, &refused, &result_path);
+    append(
+        &mut store,
+        &project,
+        &run_id,
+        if ok { "sandbox_complete" } else { "sandbox_failed" },
+        if ok { Level::Info } else { Level::Error },
+        json!({"exit_code": result.exit_code, "timed_out": result.timed_out, "oom_killed": result.oom_killed,
+               "duration_ms": result.duration_ms, "written_files": written.len(), "refused_files": refused.len()}),
+    )
+    .await?;
+    if global.json {
+        output::json(&summary)?;
+    } else {
+        print!("{}", serde_saphyr::to_string(&summary)?);
+    }
+    Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+fn summary(run_id: &str, r: &RunResult, written: &[serde_json::Value], refused: &[serde_json::Value], result_path: &str) -> serde_json::Value {
+    json!({
+        "run_id": run_id,
+        "backend": r.backend,
+        "exit_code": r.exit_code,
+        "timed_out": r.timed_out,
+        "oom_killed": r.oom_killed,
+        "duration_ms": r.duration_ms,
+        "stdout": String::from_utf8_lossy(&r.stdout),
+        "stderr": String::from_utf8_lossy(&r.stderr),
+        "stdout_truncated": r.stdout_truncated,
+        "stderr_truncated": r.stderr_truncated,
+        "written_files": written,
+        "refused_files": refused,
+        "result": result_path,
+    })
+}
+
+async fn read_project_file(
+    store: &mut cairn_proto::v1::artifact_store_client::ArtifactStoreClient<cairn_telemetry::TracedChannel>,
+    project: &str,
+    path: &str,
+) -> anyhow::Result<FileContent> {
+    let mut content = Vec::new();
+    let request = GetRequest { project_id: project.to_owned(), path: path.to_owned(), offset: 0, length: 0 };
+    transfer::get(store, request, &mut content)
+        .await
+        .with_context(|| format!("reading input {path:?} from project {project:?} (inputs are project paths: `cairn store put` them first)"))?;
+    Ok(FileContent { path: path.to_owned(), content: content.into() })
+}
+
+async fn append(
+    store: &mut cairn_proto::v1::artifact_store_client::ArtifactStoreClient<cairn_telemetry::TracedChannel>,
+    project: &str,
+    run_id: &str,
+    kind: &str,
+    level: Level,
+    data: serde_json::Value,
+) -> anyhow::Result<()> {
+    store
+        .append_events(cairn_proto::v1::AppendEventsRequest {
+            project_id: project.to_owned(),
+            run_id: run_id.to_owned(),
+            events: vec![EventInput { r#type: kind.to_owned(), node_id: "cli".into(), level: level as i32, data_json: data.to_string() }],
+        })
+        .await
+        .with_context(|| format!("appending {kind} to run {run_id}"))?;
+    Ok(())
+}

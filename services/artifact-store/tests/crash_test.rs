@@ -1,0 +1,213 @@
+//! Crash safety and shutdown: kill -9 during a large Put leaves the old content (or nothing)
+//! and the start-up sweep removes the temp file; a graceful shutdown lets an in-flight Put
+//! finish; a client that cancels mid-stream leaves nothing.
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use cairn_artifact_store::Config;
+use cairn_proto::v1::{put_request, PutHeader, PutRequest, WriteOutcome};
+use common::*;
+use futures::StreamExt;
+use tokio::sync::mpsc;
+
+const CHUNK: usize = 1 << 20;
+
+fn chunk_msg(i: u64) -> PutRequest {
+    let mut c = vec![(i % 251) as u8; CHUNK];
+    c[..8].copy_from_slice(&i.to_le_bytes());
+    PutRequest {
+        msg: Some(put_request::Msg::Chunk(Bytes::from(c))),
+    }
+}
+
+/// Starts a 512 MiB overwriting Put, kills the store with SIGKILL once 100 MiB are sent, and
+/// checks the target before and after a restart.
+async fn kill_during_put(previous: Option<&[u8]>) {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut store = Process::spawn(tmp.path());
+    let mut client = connect(&store.addr).await;
+    let target = tmp.path().join("projects/p/workspace/model.bin");
+    match previous {
+        Some(old) => assert_eq!(
+            outcome(
+                &put(&mut client, "p", "workspace/model.bin", old)
+                    .await
+                    .unwrap()
+            ),
+            WriteOutcome::Created
+        ),
+        None => {
+            client
+                .create_project(cairn_proto::v1::CreateProjectRequest {
+                    project_id: "p".into(),
+                })
+                .await
+                .unwrap();
+        }
+    }
+
+    let (tx, rx) = mpsc::channel::<PutRequest>(4);
+    let header = PutHeader {
+        overwrite: true,
+        ..header("p", "workspace/model.bin")
+    };
+    let put = tokio::spawn(async move {
+        client
+            .put(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+    });
+    tx.send(PutRequest {
+        msg: Some(put_request::Msg::Header(header)),
+    })
+    .await
+    .unwrap();
+    for i in 0..100 {
+        tx.send(chunk_msg(i)).await.unwrap();
+    }
+    // Let the store drain what is in flight, so the temp file holds a partial body.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let partial = temp_files(tmp.path());
+    assert_eq!(
+        partial.len(),
+        1,
+        "a partial temp file exists mid-Put: {partial:?}"
+    );
+    store.kill9();
+    drop(tx);
+    assert!(
+        put.await.unwrap().is_err(),
+        "the killed Put did not succeed"
+    );
+
+    let check_target = || match previous {
+        Some(old) => assert_eq!(std::fs::read(&target).unwrap(), old, "old content intact"),
+        None => assert!(!target.exists(), "nothing published"),
+    };
+    check_target();
+
+    // Restart on the same data root: the sweep removes the temp file before serving.
+    let store = Process::spawn(tmp.path());
+    let mut client = connect(&store.addr).await;
+    let listed = get(&mut client, "p", "workspace/model.bin").await;
+    match previous {
+        Some(old) => assert_eq!(listed.unwrap(), old),
+        None => assert_eq!(listed.unwrap_err().code(), tonic::Code::NotFound),
+    }
+    assert!(
+        temp_files(tmp.path()).is_empty(),
+        "temp files left: {:?}",
+        temp_files(tmp.path())
+    );
+    check_target();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_during_an_overwrite_keeps_the_old_content() {
+    kill_during_put(Some(&b"the old model\n".repeat(10_000))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_during_a_new_file_leaves_nothing() {
+    kill_during_put(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_shutdown_lets_an_in_flight_put_finish() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = serve_with(Config::new(tmp.path())).await;
+    let mut client = s.client.clone();
+    let (tx, rx) = mpsc::channel::<PutRequest>(4);
+    let put = tokio::spawn(async move {
+        client
+            .put(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+    });
+    tx.send(PutRequest {
+        msg: Some(put_request::Msg::Header(header("p", "docs/in-flight.bin"))),
+    })
+    .await
+    .unwrap();
+    for i in 0..20 {
+        tx.send(chunk_msg(i)).await.unwrap();
+    }
+    let stopping = tokio::spawn(s.stop());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !stopping.is_finished(),
+        "shutdown waits for the in-flight Put"
+    );
+    for i in 20..40 {
+        tx.send(chunk_msg(i)).await.unwrap();
+    }
+    drop(tx);
+    let response = put.await.unwrap();
+    tokio::time::timeout(Duration::from_secs(30), stopping)
+        .await
+        .expect("shutdown completes")
+        .unwrap();
+    let target = tmp.path().join("projects/p/docs/in-flight.bin");
+    match response {
+        Ok(r) => {
+            assert_eq!(r.into_inner().digest.unwrap().size_bytes, 40 * CHUNK as u64);
+            let bytes = std::fs::read(&target).unwrap();
+            assert_eq!(bytes.len(), 40 * CHUNK);
+            assert_eq!(&bytes[39 * CHUNK..39 * CHUNK + 8], &39u64.to_le_bytes());
+        }
+        Err(status) => {
+            assert!(!target.exists(), "a failed Put leaves nothing ({status:?})");
+        }
+    }
+    assert!(temp_files(tmp.path()).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_cancelling_mid_stream_leaves_nothing() {
+    let s = serve().await;
+    let mut client = s.client.clone();
+    let (tx, rx) = mpsc::channel::<PutRequest>(4);
+    let put = tokio::spawn(async move {
+        client
+            .put(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+    });
+    tx.send(PutRequest {
+        msg: Some(put_request::Msg::Header(header("p", "docs/cancelled.bin"))),
+    })
+    .await
+    .unwrap();
+    for i in 0..10 {
+        tx.send(chunk_msg(i)).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    put.abort();
+    // The store notices the reset stream and removes the temp file.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !temp_files(&s.data_root).is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        temp_files(&s.data_root).is_empty(),
+        "temp file removed after cancel"
+    );
+    assert!(!s.project_dir("p").join("docs/cancelled.bin").exists());
+    drop(tx);
+    // The store still serves.
+    let mut client = s.client.clone();
+    assert!(put_stream_ok(&mut client).await);
+}
+
+async fn put_stream_ok(client: &mut Client) -> bool {
+    let msgs = vec![
+        PutRequest {
+            msg: Some(put_request::Msg::Header(header("p", "docs/after.txt"))),
+        },
+        chunk_msg(1),
+    ];
+    client
+        .put(futures::stream::iter(msgs).boxed())
+        .await
+        .is_ok()
+}

@@ -1,0 +1,111 @@
+//! Delivery targets of `deliver` nodes. This issue ships `local_dir` (a directory inside the
+//! project, written through the store); OneBot group/private uploads join as further
+//! `DeliveryTarget` implementations (issue 6, seed 003 §7.3).
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use serde_json::Value;
+
+use crate::graph::{Target, Template};
+use crate::nodes::{NodeError, Scope};
+use crate::store::{PutOptions, Store};
+
+/// What a delivery did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Receipt {
+    /// Target type (`local_dir`).
+    pub target: String,
+    /// Where the files went (a project directory, a chat id ...).
+    pub location: String,
+    /// What was delivered there.
+    pub delivered: Vec<String>,
+}
+
+/// The run on whose behalf a delivery happens.
+pub struct DeliveryCtx<'a> {
+    pub store: &'a Store,
+    pub project: &'a str,
+    pub run_id: &'a str,
+    /// Replace files an earlier attempt delivered.
+    pub overwrite: bool,
+}
+
+/// One way to hand a run's files to someone.
+pub trait DeliveryTarget: Send + Sync {
+    fn kind(&self) -> &'static str;
+    /// Delivers the project files `files`.
+    fn deliver<'a>(&'a self, ctx: &'a DeliveryCtx<'a>, files: &'a [String]) -> BoxFuture<'a, Result<Receipt, NodeError>>;
+}
+
+/// Checks a target at submit time.
+pub fn check_target(t: &Target) -> Result<(), String> {
+    match t.kind.as_str() {
+        "local_dir" => {
+            for k in t.fields.keys() {
+                if k != "path" {
+                    return Err(format!("unknown field `{k}` of a local_dir target; it has `path`"));
+                }
+            }
+            let path = t.fields.get("path").and_then(Value::as_str).ok_or("a local_dir target needs `path` (a project directory)")?;
+            let tpl = Template::parse(path)?;
+            if tpl.is_static() {
+                let p = path.trim_end_matches('/');
+                pathguard::validate_prefix(p).map_err(|rej| format!("`{path}`: {rej}"))?;
+            }
+            Ok(())
+        }
+        other => Err(format!("delivery target type `{other}` is not available in this build; supported: local_dir")),
+    }
+}
+
+/// The target a node's (checked) spec names, its templates rendered.
+pub fn target_for(t: &Target, scope: &Scope) -> Result<Box<dyn DeliveryTarget>, NodeError> {
+    match t.kind.as_str() {
+        "local_dir" => {
+            let raw = t.fields.get("path").and_then(Value::as_str).unwrap_or_default();
+            let tpl = Template::parse(raw).map_err(NodeError::refused)?;
+            let dir = scope.render("target.path", &tpl)?.trim_end_matches('/').to_owned();
+            pathguard::validate_prefix(&dir).map_err(|rej| NodeError::refused(format!("target.path `{dir}`: {rej}")))?;
+            Ok(Box::new(LocalDir { dir }))
+        }
+        other => Err(NodeError::refused(format!("delivery target type `{other}` is not available"))),
+    }
+}
+
+/// Copies files into a project directory (basename kept).
+pub struct LocalDir {
+    pub dir: String,
+}
+
+impl DeliveryTarget for LocalDir {
+    fn kind(&self) -> &'static str {
+        "local_dir"
+    }
+
+    fn deliver<'a>(&'a self, ctx: &'a DeliveryCtx<'a>, files: &'a [String]) -> BoxFuture<'a, Result<Receipt, NodeError>> {
+        Box::pin(async move {
+            let mut delivered = Vec::new();
+            let mut names = std::collections::HashSet::new();
+            for f in files {
+                let name = f.rsplit('/').next().unwrap_or(f);
+                if !names.insert(name.to_owned()) {
+                    return Err(NodeError::refused(format!(
+                        "two files named `{name}` would land in {}; deliver them in separate nodes",
+                        self.dir
+                    )));
+                }
+                let bytes: Bytes = ctx
+                    .store
+                    .get(ctx.project, f)
+                    .await
+                    .map_err(|s| NodeError::from_status(&format!("reading {f}"), &s))?
+                    .ok_or_else(|| NodeError::refused(format!("{f} does not exist")))?;
+                let to = format!("{}/{name}", self.dir);
+                let opts = PutOptions { overwrite: ctx.overwrite, run_id: ctx.run_id.to_owned(), ..Default::default() };
+                let put = ctx.store.put(ctx.project, &to, bytes, &opts).await.map_err(|s| crate::nodes::write_file::write_error(&to, &s))?;
+                delivered.push(put.path);
+            }
+            Ok(Receipt { target: self.kind().into(), location: self.dir.clone(), delivered })
+        })
+    }
+}

@@ -1,0 +1,32 @@
+//! `tool_call`: renders the arguments and runs a built-in tool (tools.rs).
+
+use serde_json::{Map, Value};
+
+use super::{NodeCtx, NodeError, NodeSuccess, Scope};
+use crate::graph::{Template, ToolCall};
+
+pub async fn run(ctx: &NodeCtx, spec: &ToolCall) -> Result<NodeSuccess, NodeError> {
+    let args = render_args(&ctx.scope, &spec.args)?;
+    let outputs = crate::tools::call(ctx.store(), &ctx.project, &spec.tool, &args).await?;
+    Ok(NodeSuccess { outputs, events: vec![] })
+}
+
+/// Text values are templates; a value that is exactly one reference keeps its type.
+fn render_args(scope: &Scope, args: &Map<String, Value>) -> Result<Map<String, Value>, NodeError> {
+    fn walk(scope: &Scope, field: &str, v: &Value) -> Result<Value, NodeError> {
+        Ok(match v {
+            Value::String(s) => {
+                let t = Template::parse(s).map_err(|e| NodeError::refused(format!("field `{field}`: {e}")))?;
+                scope.render_value(field, &t)?
+            }
+            Value::Array(a) => Value::Array(
+                a.iter().enumerate().map(|(i, x)| walk(scope, &format!("{field}[{i}]"), x)).collect::<Result<_, _>>()?,
+            ),
+            Value::Object(o) => Value::Object(
+                o.iter().map(|(k, x)| Ok((k.clone(), walk(scope, &format!("{field}.{k}"), x)?))).collect::<Result<_, NodeError>>()?,
+            ),
+            other => other.clone(),
+        })
+    }
+    args.iter().map(|(k, v)| Ok((k.clone(), walk(scope, &format!("args.{k}"), v)?))).collect()
+}

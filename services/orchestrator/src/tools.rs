@@ -1,0 +1,125 @@
+//! The built-in tools of `tool_call` nodes. They read the project through the store (never
+//! the host filesystem) and have fixed, documented outputs, so references to them are checked
+//! at submit time. Tools that change things are node types of their own (write_file, ...).
+
+use serde_json::{json, Map, Value};
+
+use crate::nodes::NodeError;
+use crate::store::Store;
+
+/// Tools and their required arguments.
+const TOOLS: &[(&str, &[&str])] = &[
+    ("read_file", &["path"]),
+    ("list_files", &["prefix"]),
+    ("stat", &["path"]),
+    ("json_get", &["path"]),
+    ("echo", &["value"]),
+];
+
+/// The outputs of `tool`, or None for an unknown tool.
+pub fn outputs(tool: &str) -> Option<&'static [&'static str]> {
+    Some(match tool {
+        "read_file" => &["path", "text", "bytes", "sha256"],
+        "list_files" => &["paths", "count"],
+        "stat" => &["path", "exists", "kind", "bytes", "sha256"],
+        "json_get" => &["value"],
+        "echo" => &["value"],
+        _ => return None,
+    })
+}
+
+/// Checks a tool name and its arguments at submit time.
+pub fn check(tool: &str, args: &Map<String, Value>) -> Result<(), String> {
+    let names: Vec<&str> = TOOLS.iter().map(|(n, _)| *n).collect();
+    let Some((_, required)) = TOOLS.iter().find(|(n, _)| *n == tool) else {
+        return Err(format!("unknown tool `{tool}`; built-in tools: {}", names.join(", ")));
+    };
+    for r in *required {
+        if !args.contains_key(*r) {
+            return Err(format!("tool `{tool}` needs argument `{r}`"));
+        }
+    }
+    Ok(())
+}
+
+fn text_arg<'a>(args: &'a Map<String, Value>, key: &str) -> Result<&'a str, NodeError> {
+    args.get(key)
+        .and_then(Value::as_str)
+        .ok_or_else(|| NodeError::refused(format!("argument `{key}` must be text")))
+}
+
+fn checked_path(p: &str) -> Result<(), NodeError> {
+    pathguard::validate(p).map(|_| ()).map_err(|rej| NodeError::refused(format!("`{p}`: {rej}")))
+}
+
+/// Runs `tool` with rendered `args`; returns its outputs.
+pub async fn call(store: &Store, project: &str, tool: &str, args: &Map<String, Value>) -> Result<Map<String, Value>, NodeError> {
+    let out = match tool {
+        "read_file" => {
+            let path = text_arg(args, "path")?;
+            checked_path(path)?;
+            let bytes = store
+                .get(project, path)
+                .await
+                .map_err(|s| NodeError::from_status(&format!("reading {path}"), &s))?
+                .ok_or_else(|| NodeError::refused(format!("{path} does not exist")))?;
+            let sha = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
+            json!({"path": path, "text": String::from_utf8_lossy(&bytes), "bytes": bytes.len(), "sha256": sha})
+        }
+        "list_files" => {
+            let prefix = text_arg(args, "prefix")?.trim_end_matches('/');
+            if !prefix.is_empty() {
+                pathguard::validate_prefix(prefix).map_err(|rej| NodeError::refused(format!("`{prefix}`: {rej}")))?;
+            }
+            let recursive = args.get("recursive").and_then(Value::as_bool).unwrap_or(true);
+            let entries = store
+                .list(project, prefix, recursive)
+                .await
+                .map_err(|s| NodeError::from_status(&format!("listing {prefix}"), &s))?;
+            let paths: Vec<String> = entries
+                .into_iter()
+                .filter(|e| e.kind == cairn_proto::v1::EntryKind::File as i32)
+                .map(|e| e.path)
+                .collect();
+            json!({"count": paths.len(), "paths": paths})
+        }
+        "stat" => {
+            let path = text_arg(args, "path")?;
+            checked_path(path)?;
+            match store.stat(project, path, true).await.map_err(|s| NodeError::from_status(&format!("stat {path}"), &s))? {
+                Some(info) => {
+                    let kind = match cairn_proto::v1::EntryKind::try_from(info.kind) {
+                        Ok(cairn_proto::v1::EntryKind::File) => "file",
+                        Ok(cairn_proto::v1::EntryKind::Directory) => "directory",
+                        _ => "other",
+                    };
+                    json!({"path": path, "exists": true, "kind": kind, "bytes": info.size_bytes, "sha256": info.sha256})
+                }
+                None => json!({"path": path, "exists": false, "kind": "", "bytes": 0, "sha256": ""}),
+            }
+        }
+        "json_get" => {
+            let path = text_arg(args, "path")?;
+            checked_path(path)?;
+            let bytes = store
+                .get(project, path)
+                .await
+                .map_err(|s| NodeError::from_status(&format!("reading {path}"), &s))?
+                .ok_or_else(|| NodeError::refused(format!("{path} does not exist")))?;
+            let doc: Value =
+                serde_json::from_slice(&bytes).map_err(|e| NodeError::refused(format!("{path} is not JSON: {e}")))?;
+            let pointer = args.get("pointer").and_then(Value::as_str).unwrap_or("");
+            let value = doc
+                .pointer(pointer)
+                .cloned()
+                .ok_or_else(|| NodeError::refused(format!("{path} has nothing at JSON pointer `{pointer}`")))?;
+            json!({ "value": value })
+        }
+        "echo" => json!({ "value": args.get("value").cloned().unwrap_or(Value::Null) }),
+        other => return Err(NodeError::refused(format!("unknown tool `{other}`"))),
+    };
+    match out {
+        Value::Object(m) => Ok(m),
+        _ => Ok(Map::new()),
+    }
+}
