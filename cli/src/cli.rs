@@ -141,6 +141,8 @@ pub enum ServeService {
     ArtifactStore(cairn_artifact_store::ConfigArgs),
     /// The ingest service (needs --store-addr).
     Ingest(cairn_ingest::ConfigArgs),
+    /// The sandbox-runner (needs a Docker engine or bubblewrap).
+    SandboxRunner(cairn_sandbox_runner::ConfigArgs),
 }
 
 #[derive(Debug, Args)]

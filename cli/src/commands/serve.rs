@@ -16,6 +16,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             let listener = cairn_server::bind(&config.listen.to_string()).await?;
             cairn_ingest::serve(config, listener, cairn_server::shutdown_signal()).await?;
         }
+        ServeService::SandboxRunner(config) => {
+            let config = config.load()?;
+            let listener = cairn_server::bind(&config.listen).await?;
+            cairn_sandbox_runner::serve(config, listener, cairn_server::shutdown_signal()).await?;
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -35,7 +35,12 @@ pub const FILE_MODE: u32 = 0o644;
 /// symlink, including the last component.
 pub fn open(dir: BorrowedFd<'_>, rel: &str, flags: OFlags, mode: u32) -> Result<OwnedFd, Errno> {
     let flags = flags | OFlags::CLOEXEC;
-    let mode = Mode::from_raw_mode(mode);
+    // openat2 refuses (EINVAL) a mode without O_CREAT/O_TMPFILE.
+    let mode = if flags.intersects(OFlags::CREATE | OFlags::TMPFILE) {
+        Mode::from_raw_mode(mode)
+    } else {
+        Mode::empty()
+    };
     if OPENAT2_WORKS.load(Ordering::Relaxed) {
         let mut tries = 0;
         loop {
@@ -194,6 +199,7 @@ pub fn refusal(errno: Errno, project: &str, path: &str, doing: &str) -> Error {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use std::os::unix::fs::symlink;

@@ -55,14 +55,16 @@ pub struct Updated {
     pub merged_conflict: bool,
 }
 
+type PathLock = tokio::sync::Mutex<()>;
+
 /// One async lock per document path being updated.
 #[derive(Debug, Default)]
 pub struct DocLocks {
-    locks: Mutex<HashMap<(String, String), Weak<tokio::sync::Mutex<()>>>>,
+    locks: Mutex<HashMap<(String, String), Weak<PathLock>>>,
 }
 
 impl DocLocks {
-    fn lock_for(&self, project: &str, path: &str) -> Arc<tokio::sync::Mutex<()>> {
+    fn lock_for(&self, project: &str, path: &str) -> Arc<PathLock> {
         let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
         if locks.len() > 4096 {
             locks.retain(|_, lock| lock.strong_count() > 0);
@@ -71,7 +73,7 @@ impl DocLocks {
         if let Some(lock) = locks.get(&key).and_then(Weak::upgrade) {
             return lock;
         }
-        let lock = Arc::new(tokio::sync::Mutex::new(()));
+        let lock = Arc::new(PathLock::new(()));
         locks.insert(key, Arc::downgrade(&lock));
         lock
     }
@@ -276,6 +278,7 @@ fn number_greater(a: &serde_json::Number, b: &serde_json::Number) -> bool {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use serde_json::json;

@@ -484,10 +484,9 @@ where
 }
 
 fn open_root(store: &Store, project: &str, create: bool) -> Result<OwnedFd> {
-    if create {
-        project::ensure(store, project).map(|(root, _)| root)
-    } else {
-        store.project_root(project)
+    match store.project_root(project) {
+        Err(Error::ProjectNotFound(_)) if create => project::ensure(store, project).map(|(root, _)| root),
+        other => other,
     }
 }
 

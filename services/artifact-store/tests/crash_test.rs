@@ -1,6 +1,7 @@
 //! Crash safety and shutdown: kill -9 during a large Put leaves the old content (or nothing)
 //! and the start-up sweep removes the temp file; a graceful shutdown lets an in-flight Put
 //! finish; a client that cancels mid-stream leaves nothing.
+#![allow(clippy::unwrap_used)]
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! Run events: store-assigned gap-free sequence numbers under concurrency, durable JSON lines,
 //! read and follow streams, recovery of a torn line after a crash.
+#![allow(clippy::unwrap_used)]
 
 mod common;
 

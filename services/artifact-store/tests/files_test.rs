@@ -1,4 +1,5 @@
 //! Projects, Put/Get/Stat/List/Delete over real gRPC.
+#![allow(clippy::unwrap_used)]
 
 mod common;
 

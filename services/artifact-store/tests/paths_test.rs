@@ -1,5 +1,6 @@
 //! Path safety through the gRPC API: every pathguard reason, symlinks planted or swapped in
 //! while writes run, hard links at the target, denylisted names in any case, reserved files.
+#![allow(clippy::unwrap_used)]
 
 mod common;
 

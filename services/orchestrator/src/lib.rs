@@ -1,12 +1,98 @@
-#[cfg(test)]
-mod t {
-    #[test]
-    fn yaml_value() {
-        let v: serde_json::Value = serde_saphyr::from_str("a: 1\nb: [x, {c: true}]\nd: 'on'\ne: 1.5\nf: ~\n").unwrap();
-        println!("{v}");
-        let dup: Result<serde_json::Value, _> = serde_saphyr::from_str("a: 1\na: 2\n");
-        println!("{dup:?}");
-        let bad: Result<serde_json::Value, _> = serde_saphyr::from_str("a: [1, 2\n");
-        println!("{}", bad.unwrap_err());
+//! cairn's orchestrator: agent graphs run as durable, editable run directories with human
+//! gates (seeds 001, 002 §4-§5, 000 hook; DESIGN.md "orchestrator"). Every file and event goes
+//! through the artifact-store; ingest and sandbox runners are called over gRPC.
+//!
+//! Embedding (`cairn up`): [`orchestrator_service`] returns the tonic server and a [`Handle`];
+//! standalone: [`serve`].
+
+pub mod agents;
+pub mod config;
+pub mod delivery;
+pub mod error;
+pub mod events;
+pub mod gates;
+pub mod graph;
+pub mod human;
+pub mod nodes;
+pub mod recorder;
+pub mod run;
+pub mod rundir;
+pub mod runners;
+pub mod runs;
+pub mod scheduler;
+pub mod service;
+pub mod store;
+pub mod tools;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use cairn_proto::v1::ingest_client::IngestClient;
+use cairn_proto::v1::orchestrator_server::OrchestratorServer;
+
+pub use config::{Config, RetryPolicy};
+pub use error::Error;
+pub use service::OrchestratorService;
+
+/// Control of a running orchestrator: resume and shutdown.
+#[derive(Clone)]
+pub struct Handle {
+    runs: Arc<runs::Runs>,
+}
+
+impl Handle {
+    /// Resumes every run that is not final (done automatically when `resume_on_start`).
+    /// Returns how many were resumed.
+    pub async fn resume_unfinished(&self) -> usize {
+        self.runs.clone().resume_unfinished().await
     }
+
+    /// Stops all run drivers, leaving runs resumable, after flushing their records.
+    pub async fn shutdown(&self) {
+        self.runs.shutdown().await
+    }
+
+    /// The run registry, for in-process callers (tests, benches).
+    pub fn runs(&self) -> Arc<runs::Runs> {
+        self.runs.clone()
+    }
+}
+
+/// Builds the service. Connections are lazy, so the store may start after this; with
+/// `resume_on_start` unfinished runs are resumed in the background once the store answers.
+pub async fn orchestrator_service(config: Config) -> Result<(OrchestratorServer<OrchestratorService>, Handle), Error> {
+    config.check()?;
+    let store = store::Store::connect(&config.store_addr)?;
+    let ingest = if config.ingest_addr.trim().is_empty() {
+        None
+    } else {
+        let channel = cairn_server::connect(&config.ingest_addr)?;
+        Some(
+            IngestClient::new(cairn_telemetry::traced(channel))
+                .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES),
+        )
+    };
+    let runners = runners::Runners::connect(&config.sandbox_addrs)?;
+    let resume = config.resume_on_start;
+    let backends = Arc::new(nodes::Backends { store, ingest, runners, providers: agents::Providers::default(), config });
+    let runs = runs::Runs::new(backends);
+    if resume {
+        tokio::spawn(runs.clone().resume_unfinished());
+    }
+    let server = OrchestratorServer::new(OrchestratorService::new(runs.clone()))
+        .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES);
+    Ok((server, Handle { runs }))
+}
+
+/// Serves the orchestrator alone on `listener` until `shutdown` resolves; then stops the run
+/// drivers (runs stay resumable) after in-flight calls finish.
+pub async fn serve(config: Config, listener: tokio::net::TcpListener, shutdown: impl Future<Output = ()> + Send) -> Result<(), Error> {
+    let (server, handle) = orchestrator_service(config).await?;
+    let mut host = cairn_server::Host::new();
+    host.add(server);
+    let result = host.serve(listener, shutdown).await;
+    handle.shutdown().await;
+    result.map_err(Error::from)
 }

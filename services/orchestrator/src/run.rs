@@ -226,6 +226,8 @@ pub struct RunState {
     pub last_seq: u64,
     #[serde(skip)]
     index: HashMap<String, usize>,
+    #[serde(skip)]
+    gate_nodes: Vec<usize>,
 }
 
 /// An event as the fold sees it (stored, or live before its sequence number is known).
@@ -284,6 +286,7 @@ impl RunState {
             })
             .collect();
         let index = nodes.iter().enumerate().map(|(i, n)| (n.id.clone(), i)).collect();
+        let gate_nodes = nodes.iter().enumerate().filter(|(_, n)| n.gate.is_some()).map(|(i, _)| i).collect();
         RunState {
             run_id: graph.run_id.clone(),
             project: project.to_owned(),
@@ -301,6 +304,7 @@ impl RunState {
             notes: 0,
             last_seq: 0,
             index,
+            gate_nodes,
         }
     }
 
@@ -318,7 +322,10 @@ impl RunState {
 
     /// Gates currently waiting for a human.
     pub fn blocked_gates(&self) -> impl Iterator<Item = &NodeRecord> {
-        self.nodes.iter().filter(|n| n.gate.as_ref().is_some_and(|g| g.state == GateState::Blocked))
+        self.gate_nodes
+            .iter()
+            .map(|&i| &self.nodes[i])
+            .filter(|n| n.gate.as_ref().is_some_and(|g| g.state == GateState::Blocked))
     }
 
     /// Applies one event (the only state transition function).
@@ -579,5 +586,6 @@ impl RunState {
     /// Rebuilds the id index after deserialising (state.json).
     pub fn reindex(&mut self) {
         self.index = self.nodes.iter().enumerate().map(|(i, n)| (n.id.clone(), i)).collect();
+        self.gate_nodes = self.nodes.iter().enumerate().filter(|(_, n)| n.gate.is_some()).map(|(i, _)| i).collect();
     }
 }

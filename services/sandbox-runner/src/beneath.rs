@@ -68,7 +68,10 @@ impl Root {
 pub fn regular(fd: OwnedFd) -> io::Result<(File, Stat)> {
     let stat = rustix::fs::fstat(&fd)?;
     if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a regular file"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
     }
     Ok((File::from(fd), stat))
 }
@@ -166,7 +169,13 @@ fn walk_dir(
             prefix.push(b'/');
         }
         prefix.extend_from_slice(name.to_bytes());
-        let step = visit(&Entry { rel: prefix, kind, stat: &stat, parent: dir, name: &name });
+        let step = visit(&Entry {
+            rel: prefix,
+            kind,
+            stat: &stat,
+            parent: dir,
+            name: &name,
+        });
         let keep_going = match step {
             Visit::Stop => false,
             Visit::SkipDir => true,
@@ -179,7 +188,11 @@ fn walk_dir(
                 ) {
                     Ok(sub) => walk_dir(sub.as_fd(), prefix, depth + 1, visit)?,
                     // Swapped for a link or removed since lstat: skip it.
-                    Err(rustix::io::Errno::NOENT | rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR) => true,
+                    Err(
+                        rustix::io::Errno::NOENT
+                        | rustix::io::Errno::LOOP
+                        | rustix::io::Errno::NOTDIR,
+                    ) => true,
                     Err(e) => return Err(e.into()),
                 }
             }

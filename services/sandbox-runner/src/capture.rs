@@ -11,7 +11,11 @@ pub struct Capture {
 impl Capture {
     pub fn new(cap: u64) -> Capture {
         let cap = usize::try_from(cap).unwrap_or(usize::MAX);
-        Capture { kept: Vec::with_capacity(cap.min(64 * 1024)), cap, seen: 0 }
+        Capture {
+            kept: Vec::with_capacity(cap.min(64 * 1024)),
+            cap,
+            seen: 0,
+        }
     }
 
     /// Adds `data`; returns the part that was kept (for live streaming).
@@ -43,6 +47,7 @@ impl Capture {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::Capture;
 

@@ -149,16 +149,29 @@ impl Config {
 
     pub fn check(&self) -> Result<()> {
         self.default_limits().check_against(&self.max_limits())?;
-        for (name, value) in [("container_prefix", &self.container_prefix), ("container_suffix", &self.container_suffix)] {
-            if !value.chars().all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c)) {
-                return Err(Error::Config(format!("{name} {value:?} may only hold [A-Za-z0-9_.-]")));
+        for (name, value) in [
+            ("container_prefix", &self.container_prefix),
+            ("container_suffix", &self.container_suffix),
+        ] {
+            if !value
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c))
+            {
+                return Err(Error::Config(format!(
+                    "{name} {value:?} may only hold [A-Za-z0-9_.-]"
+                )));
             }
         }
         if self.container_prefix.is_empty() && self.sweep_all_prefixed {
-            return Err(Error::Config("sweep_all_prefixed needs a non-empty container_prefix".into()));
+            return Err(Error::Config(
+                "sweep_all_prefixed needs a non-empty container_prefix".into(),
+            ));
         }
         if !self.work_root.is_absolute() {
-            return Err(Error::Config(format!("work_root {:?} must be an absolute path", self.work_root)));
+            return Err(Error::Config(format!(
+                "work_root {:?} must be an absolute path",
+                self.work_root
+            )));
         }
         Ok(())
     }
@@ -174,7 +187,9 @@ impl Config {
 
 fn apply_env(table: &mut toml::Table, vars: impl Iterator<Item = (String, String)>) -> Result<()> {
     for (name, value) in vars {
-        let Some(key) = name.strip_prefix(ENV_PREFIX) else { continue };
+        let Some(key) = name.strip_prefix(ENV_PREFIX) else {
+            continue;
+        };
         let key = key.to_ascii_lowercase();
         let key = ["defaults_", "max_", "session_"]
             .iter()
@@ -211,8 +226,20 @@ fn set_key(table: &mut toml::Table, key: &str, value: &str) -> Result<()> {
         }
         None => {
             // Strings that look like numbers (runner_id "42") stay strings where a string is expected.
-            let keep_string = matches!(key, "runner_id" | "image" | "container_prefix" | "container_suffix" | "listen" | "bwrap");
-            let v = if keep_string { toml::Value::String(value.to_owned()) } else { parsed };
+            let keep_string = matches!(
+                key,
+                "runner_id"
+                    | "image"
+                    | "container_prefix"
+                    | "container_suffix"
+                    | "listen"
+                    | "bwrap"
+            );
+            let v = if keep_string {
+                toml::Value::String(value.to_owned())
+            } else {
+                parsed
+            };
             table.insert(key.to_owned(), v);
         }
     }
@@ -220,6 +247,7 @@ fn set_key(table: &mut toml::Table, key: &str, value: &str) -> Result<()> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -227,10 +255,22 @@ mod tests {
     fn env_overrides_reach_sections_and_top_level() {
         let mut table = toml::Table::new();
         let vars = vec![
-            ("CAIRN_SANDBOX_RUNNER_POOL_SIZE".to_string(), "3".to_string()),
-            ("CAIRN_SANDBOX_RUNNER_DEFAULTS_TIMEOUT_MS".to_string(), "5000".to_string()),
-            ("CAIRN_SANDBOX_RUNNER_MAX_SESSIONS".to_string(), "7".to_string()),
-            ("CAIRN_SANDBOX_RUNNER_BACKEND".to_string(), "local".to_string()),
+            (
+                "CAIRN_SANDBOX_RUNNER_POOL_SIZE".to_string(),
+                "3".to_string(),
+            ),
+            (
+                "CAIRN_SANDBOX_RUNNER_DEFAULTS_TIMEOUT_MS".to_string(),
+                "5000".to_string(),
+            ),
+            (
+                "CAIRN_SANDBOX_RUNNER_MAX_SESSIONS".to_string(),
+                "7".to_string(),
+            ),
+            (
+                "CAIRN_SANDBOX_RUNNER_BACKEND".to_string(),
+                "local".to_string(),
+            ),
             ("OTHER".to_string(), "x".to_string()),
         ];
         apply_env(&mut table, vars.into_iter()).unwrap();

@@ -8,19 +8,36 @@ use tonic::{Code, Status};
 pub enum Error {
     /// The request is malformed; the message says what to fix.
     #[error("{message}")]
-    InvalidArgument { message: String, reason: Option<&'static str> },
+    InvalidArgument {
+        message: String,
+        reason: Option<&'static str>,
+    },
     /// A path was refused by the pathguard rules.
     #[error("{what}: {rejection}")]
-    Path { what: &'static str, rejection: pathguard::Rejection },
+    Path {
+        what: &'static str,
+        rejection: pathguard::Rejection,
+    },
     /// A request limit above the server maximum.
     #[error("limit {name} = {requested} is above this runner's maximum {max}: ask for at most {max}, or raise max.{name} in the runner config")]
-    LimitAboveMax { name: &'static str, requested: u64, max: u64 },
+    LimitAboveMax {
+        name: &'static str,
+        requested: u64,
+        max: u64,
+    },
     /// Input count/bytes, sessions, archive size.
     #[error("{message}")]
-    ResourceExhausted { message: String, reason: &'static str },
+    ResourceExhausted {
+        message: String,
+        reason: &'static str,
+    },
     /// A workspace operation refused by confinement (symlink, not a file, hard link).
     #[error("{path:?}: {message}")]
-    Refused { path: String, message: String, reason: &'static str },
+    Refused {
+        path: String,
+        message: String,
+        reason: &'static str,
+    },
     #[error("{what} {name:?} not found")]
     NotFound { what: &'static str, name: String },
     #[error("session {0:?} already exists: close it first or use another id")]
@@ -31,9 +48,15 @@ pub enum Error {
     #[error("the runner is shutting down: retry on another runner")]
     ShuttingDown,
     #[error("docker engine: {context}: {source}")]
-    Docker { context: String, source: bollard::errors::Error },
+    Docker {
+        context: String,
+        source: bollard::errors::Error,
+    },
     #[error("{context}: {source}")]
-    Io { context: String, source: std::io::Error },
+    Io {
+        context: String,
+        source: std::io::Error,
+    },
     /// The sandbox itself misbehaved (agent protocol, bwrap failure).
     #[error("sandbox failed: {0}")]
     Sandbox(String),
@@ -47,7 +70,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     pub fn invalid(message: impl Into<String>) -> Self {
-        Error::InvalidArgument { message: message.into(), reason: None }
+        Error::InvalidArgument {
+            message: message.into(),
+            reason: None,
+        }
     }
 
     pub fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
@@ -65,14 +91,18 @@ impl From<Error> for Status {
     fn from(e: Error) -> Status {
         let message = e.to_string();
         match &e {
-            Error::InvalidArgument { reason: Some(r), .. } => reason::status(Code::InvalidArgument, message, r),
-            Error::InvalidArgument { reason: None, .. } | Error::LimitAboveMax { .. } | Error::Config(_) => {
-                Status::invalid_argument(message)
-            }
+            Error::InvalidArgument {
+                reason: Some(r), ..
+            } => reason::status(Code::InvalidArgument, message, r),
+            Error::InvalidArgument { reason: None, .. }
+            | Error::LimitAboveMax { .. }
+            | Error::Config(_) => Status::invalid_argument(message),
             Error::Path { rejection, .. } => {
                 reason::status(Code::InvalidArgument, message, rejection.reason.as_str())
             }
-            Error::ResourceExhausted { reason: r, .. } => reason::status(Code::ResourceExhausted, message, r),
+            Error::ResourceExhausted { reason: r, .. } => {
+                reason::status(Code::ResourceExhausted, message, r)
+            }
             Error::Refused { reason: r, .. } => reason::status(Code::PermissionDenied, message, r),
             Error::NotFound { .. } => Status::not_found(message),
             Error::SessionExists(_) => reason::status(Code::AlreadyExists, message, "exists"),

@@ -95,12 +95,23 @@ pub struct Job {
 
 impl Job {
     /// Checks `req` against the runner's limits and policy; fails fast on the first problem.
-    pub fn from_request(req: RunRequest, defaults: &Limits, max: &Limits, network_allowed: bool) -> Result<Job> {
+    pub fn from_request(
+        req: RunRequest,
+        defaults: &Limits,
+        max: &Limits,
+        network_allowed: bool,
+    ) -> Result<Job> {
         let limits = Limits::resolve(req.limits.as_ref(), defaults, max)?;
         let language = Language::parse(&req.language)?;
-        for (what, id) in [("request_id", &req.request_id), ("run_id", &req.run_id), ("node_id", &req.node_id)] {
+        for (what, id) in [
+            ("request_id", &req.request_id),
+            ("run_id", &req.run_id),
+            ("node_id", &req.node_id),
+        ] {
             if !id.is_empty() && !is_id(id) {
-                return Err(Error::invalid(format!("{what} {id:?} must be 1-128 characters of [A-Za-z0-9._-]")));
+                return Err(Error::invalid(format!(
+                    "{what} {id:?} must be 1-128 characters of [A-Za-z0-9._-]"
+                )));
             }
         }
         if req.network && !network_allowed {
@@ -127,29 +138,50 @@ impl Job {
                 Program::Code(req.code)
             }
             (true, false) => {
-                let path = pathguard::validate(&req.code_file)
-                    .map_err(|rejection| Error::Path { what: "code_file", rejection })?;
+                let path =
+                    pathguard::validate(&req.code_file).map_err(|rejection| Error::Path {
+                        what: "code_file",
+                        rejection,
+                    })?;
                 if !inputs.iter().any(|i| i.path == path) {
                     return Err(Error::InvalidArgument {
-                        message: format!("code_file {:?} is not among input_files: add it there", req.code_file),
+                        message: format!(
+                            "code_file {:?} is not among input_files: add it there",
+                            req.code_file
+                        ),
                         reason: Some("not_a_file"),
                     });
                 }
                 Program::File(path)
             }
-            (false, false) => return Err(Error::invalid("both code and code_file are set: send exactly one")),
-            (true, true) => return Err(Error::invalid("neither code nor code_file is set: send exactly one")),
+            (false, false) => {
+                return Err(Error::invalid(
+                    "both code and code_file are set: send exactly one",
+                ))
+            }
+            (true, true) => {
+                return Err(Error::invalid(
+                    "neither code nor code_file is set: send exactly one",
+                ))
+            }
         };
         if req.env.len() > MAX_ENV_VARS {
-            return Err(Error::invalid(format!("{} environment variables, at most {MAX_ENV_VARS}", req.env.len())));
+            return Err(Error::invalid(format!(
+                "{} environment variables, at most {MAX_ENV_VARS}",
+                req.env.len()
+            )));
         }
         let mut env: Vec<(String, String)> = req.env.into_iter().collect();
         env.sort();
         for (name, value) in &env {
-            let valid = name.bytes().enumerate().all(|(i, b)| b == b'_' || b.is_ascii_uppercase() || (i > 0 && b.is_ascii_digit()))
-                && !name.is_empty();
+            let valid =
+                name.bytes().enumerate().all(|(i, b)| {
+                    b == b'_' || b.is_ascii_uppercase() || (i > 0 && b.is_ascii_digit())
+                }) && !name.is_empty();
             if !valid {
-                return Err(Error::invalid(format!("environment variable name {name:?} must match [A-Z_][A-Z0-9_]*")));
+                return Err(Error::invalid(format!(
+                    "environment variable name {name:?} must match [A-Z_][A-Z0-9_]*"
+                )));
             }
             if value.contains('\0') || value.len() > MAX_ENV_VALUE_BYTES {
                 return Err(Error::invalid(format!(
@@ -158,7 +190,11 @@ impl Job {
             }
         }
         let id = uuid::Uuid::now_v7().simple().to_string();
-        let request_id = if req.request_id.is_empty() { id.clone() } else { req.request_id };
+        let request_id = if req.request_id.is_empty() {
+            id.clone()
+        } else {
+            req.request_id
+        };
         Ok(Job {
             id,
             request_id,
@@ -185,7 +221,10 @@ impl Job {
     /// Environment of the program (the request's variables over cairn's).
     pub fn environment(&self) -> Vec<(String, String)> {
         let mut env = vec![
-            ("PATH".to_owned(), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_owned()),
+            (
+                "PATH".to_owned(),
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_owned(),
+            ),
             ("HOME".to_owned(), "/tmp".to_owned()),
             ("LANG".to_owned(), "C.UTF-8".to_owned()),
             // Unbuffered, so output written before a timeout kill is kept.
@@ -204,7 +243,8 @@ impl Job {
 pub fn is_id(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 128
-        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
         && s != "."
         && s != ".."
 }
@@ -212,28 +252,44 @@ pub fn is_id(s: &str) -> bool {
 fn check_inputs(files: Vec<cairn_proto::FileContent>, limits: &Limits) -> Result<Vec<Input>> {
     if files.len() as u64 > limits.max_input_files {
         return Err(Error::ResourceExhausted {
-            message: format!("{} input files, the limit is {}: send fewer files", files.len(), limits.max_input_files),
+            message: format!(
+                "{} input files, the limit is {}: send fewer files",
+                files.len(),
+                limits.max_input_files
+            ),
             reason: "too_many_files",
         });
     }
     let total: u64 = files.iter().map(|f| f.content.len() as u64).sum();
     if total > limits.max_input_bytes {
         return Err(Error::ResourceExhausted {
-            message: format!("input files hold {total} bytes, the limit is {}: send less", limits.max_input_bytes),
+            message: format!(
+                "input files hold {total} bytes, the limit is {}: send less",
+                limits.max_input_bytes
+            ),
             reason: "too_large",
         });
     }
     let mut keys = HashSet::new();
     let mut inputs = Vec::with_capacity(files.len());
     for f in files {
-        let path = pathguard::validate(&f.path).map_err(|rejection| Error::Path { what: "input file", rejection })?;
+        let path = pathguard::validate(&f.path).map_err(|rejection| Error::Path {
+            what: "input file",
+            rejection,
+        })?;
         if !keys.insert(pathguard::fold_key(path.as_str())) {
             return Err(Error::InvalidArgument {
-                message: format!("input file {:?} is given twice: send each path once", f.path),
+                message: format!(
+                    "input file {:?} is given twice: send each path once",
+                    f.path
+                ),
                 reason: Some("exists"),
             });
         }
-        inputs.push(Input { path, content: f.content });
+        inputs.push(Input {
+            path,
+            content: f.content,
+        });
     }
     // A path may not be both a file and the directory of another file.
     let dirs: HashSet<String> = inputs
@@ -243,9 +299,15 @@ fn check_inputs(files: Vec<cairn_proto::FileContent>, limits: &Limits) -> Result
             (1..comps.len()).map(move |n| pathguard::fold_key(&comps[..n].join("/")))
         })
         .collect();
-    if let Some(clash) = inputs.iter().find(|i| dirs.contains(&pathguard::fold_key(i.path.as_str()))) {
+    if let Some(clash) = inputs
+        .iter()
+        .find(|i| dirs.contains(&pathguard::fold_key(i.path.as_str())))
+    {
         return Err(Error::InvalidArgument {
-            message: format!("input file {:?} is also the directory of another input: rename one", clash.path.as_str()),
+            message: format!(
+                "input file {:?} is also the directory of another input: rename one",
+                clash.path.as_str()
+            ),
             reason: Some("not_a_file"),
         });
     }
@@ -258,6 +320,8 @@ pub struct Outcome {
     pub exit_code: i32,
     pub timed_out: bool,
     pub oom_killed: bool,
+    /// Served by a warm pool container.
+    pub warm: bool,
     pub started_at: OffsetDateTime,
     pub duration_ms: u64,
     pub stdout: Capture,
@@ -277,8 +341,11 @@ pub fn run_result(job: &Job, outcome: Outcome, runner_id: &str, backend: &str) -
     };
     let finished = outcome.started_at + time::Duration::milliseconds(outcome.duration_ms as i64);
     let rfc3339 = |t: OffsetDateTime| {
-        let t = t.replace_nanosecond(t.millisecond() as u32 * 1_000_000).unwrap_or(t);
-        t.format(&time::format_description::well_known::Rfc3339).unwrap_or_default()
+        let t = t
+            .replace_nanosecond(t.millisecond() as u32 * 1_000_000)
+            .unwrap_or(t);
+        t.format(&time::format_description::well_known::Rfc3339)
+            .unwrap_or_default()
     };
     let result_json = json!({
         "version": 1,
@@ -292,6 +359,7 @@ pub fn run_result(job: &Job, outcome: Outcome, runner_id: &str, backend: &str) -
         "exit_code": outcome.exit_code,
         "timed_out": outcome.timed_out,
         "oom_killed": outcome.oom_killed,
+        "warm": outcome.warm,
         "duration_ms": outcome.duration_ms,
         "started_at": rfc3339(outcome.started_at),
         "finished_at": rfc3339(finished),
@@ -333,7 +401,10 @@ pub fn run_result(job: &Job, outcome: Outcome, runner_id: &str, backend: &str) -
             .outputs
             .rejected
             .into_iter()
-            .map(|r| RejectedOutput { path: r.path, reason: r.reason })
+            .map(|r| RejectedOutput {
+                path: r.path,
+                reason: r.reason,
+            })
             .collect(),
         outputs_truncated: outcome.outputs.truncated,
         result_json: result_json.to_string(),
@@ -341,11 +412,16 @@ pub fn run_result(job: &Job, outcome: Outcome, runner_id: &str, backend: &str) -
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
     fn req(code: &str) -> RunRequest {
-        RunRequest { language: "python".into(), code: code.into(), ..Default::default() }
+        RunRequest {
+            language: "python".into(),
+            code: code.into(),
+            ..Default::default()
+        }
     }
 
     fn check(r: RunRequest) -> Result<Job> {
@@ -364,19 +440,37 @@ mod tests {
     #[test]
     fn inputs_are_validated_and_limited() {
         let mut r = req("print(1)");
-        r.input_files = vec![cairn_proto::FileContent { path: "../x".into(), content: Bytes::new() }];
+        r.input_files = vec![cairn_proto::FileContent {
+            path: "../x".into(),
+            content: Bytes::new(),
+        }];
         assert!(matches!(check(r), Err(Error::Path { .. })));
         let mut r = req("print(1)");
         r.input_files = vec![
-            cairn_proto::FileContent { path: "a".into(), content: Bytes::new() },
-            cairn_proto::FileContent { path: "a/b".into(), content: Bytes::new() },
+            cairn_proto::FileContent {
+                path: "a".into(),
+                content: Bytes::new(),
+            },
+            cairn_proto::FileContent {
+                path: "a/b".into(),
+                content: Bytes::new(),
+            },
         ];
         assert!(check(r).is_err());
         let mut r = req("print(1)");
-        r.limits = Some(cairn_proto::Limits { max_input_files: 1, ..Default::default() });
+        r.limits = Some(cairn_proto::Limits {
+            max_input_files: 1,
+            ..Default::default()
+        });
         r.input_files = vec![
-            cairn_proto::FileContent { path: "a".into(), content: Bytes::new() },
-            cairn_proto::FileContent { path: "b".into(), content: Bytes::new() },
+            cairn_proto::FileContent {
+                path: "a".into(),
+                content: Bytes::new(),
+            },
+            cairn_proto::FileContent {
+                path: "b".into(),
+                content: Bytes::new(),
+            },
         ];
         assert!(matches!(check(r), Err(Error::ResourceExhausted { .. })));
     }

@@ -6,6 +6,7 @@
 //! Embedding: [`sandbox_service`] gives the tonic service plus a [`RunnerHandle`] whose
 //! `shutdown` kills and removes every sandbox; [`serve`] runs it standalone.
 
+mod args;
 mod backend;
 mod beneath;
 mod capture;
@@ -25,6 +26,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 pub use cairn_proto::sandbox_runner_server::SandboxRunnerServer;
+pub use args::ConfigArgs;
 pub use config::{BackendChoice, Config};
 pub use error::Error;
 pub use limits::Limits;
@@ -61,7 +63,9 @@ impl RunnerHandle {
 
 /// Starts the runner (backend choice, start-up sweep, warm pool) and returns its gRPC service
 /// (`Host::add` it) with the handle for shutdown.
-pub async fn sandbox_service(config: Config) -> Result<(SandboxRunnerServer<SandboxService>, RunnerHandle), Error> {
+pub async fn sandbox_service(
+    config: Config,
+) -> Result<(SandboxRunnerServer<SandboxService>, RunnerHandle), Error> {
     let runner = Arc::new(Runner::start(config).await?);
     let server = SandboxRunnerServer::new(SandboxService::new(runner.clone()))
         .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES)

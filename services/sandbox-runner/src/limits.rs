@@ -71,7 +71,9 @@ impl Limits {
     pub fn check_against(&self, max: &Limits) -> Result<()> {
         for ((name, value), (_, ceiling)) in self.fields().into_iter().zip(max.fields()) {
             if value == 0 || ceiling == 0 {
-                return Err(Error::Config(format!("defaults.{name} and max.{name} must be positive")));
+                return Err(Error::Config(format!(
+                    "defaults.{name} and max.{name} must be positive"
+                )));
             }
             if value > ceiling {
                 return Err(Error::Config(format!(
@@ -90,22 +92,57 @@ impl Limits {
     }
 
     /// A request's limits: 0 takes the default, above the maximum is InvalidArgument.
-    pub fn resolve(requested: Option<&cairn_proto::Limits>, defaults: &Limits, max: &Limits) -> Result<Limits> {
-        let Some(r) = requested else { return Ok(*defaults) };
+    pub fn resolve(
+        requested: Option<&cairn_proto::Limits>,
+        defaults: &Limits,
+        max: &Limits,
+    ) -> Result<Limits> {
+        let Some(r) = requested else {
+            return Ok(*defaults);
+        };
         let pick = |name: &'static str, req: u64, default: u64, ceiling: u64| -> Result<u64> {
             match req {
                 0 => Ok(default),
-                v if v > ceiling => Err(Error::LimitAboveMax { name, requested: v, max: ceiling }),
+                v if v > ceiling => Err(Error::LimitAboveMax {
+                    name,
+                    requested: v,
+                    max: ceiling,
+                }),
                 v => Ok(v),
             }
         };
         Ok(Limits {
-            timeout_ms: pick("timeout_ms", r.timeout_ms, defaults.timeout_ms, max.timeout_ms)?,
-            memory_bytes: pick("memory_bytes", r.memory_bytes, defaults.memory_bytes, max.memory_bytes)?,
-            cpu_millis: pick("cpu_millis", r.cpu_millis, defaults.cpu_millis, max.cpu_millis)?,
+            timeout_ms: pick(
+                "timeout_ms",
+                r.timeout_ms,
+                defaults.timeout_ms,
+                max.timeout_ms,
+            )?,
+            memory_bytes: pick(
+                "memory_bytes",
+                r.memory_bytes,
+                defaults.memory_bytes,
+                max.memory_bytes,
+            )?,
+            cpu_millis: pick(
+                "cpu_millis",
+                r.cpu_millis,
+                defaults.cpu_millis,
+                max.cpu_millis,
+            )?,
             pids: pick("pids", r.pids, defaults.pids, max.pids)?,
-            max_input_files: pick("max_input_files", r.max_input_files, defaults.max_input_files, max.max_input_files)?,
-            max_input_bytes: pick("max_input_bytes", r.max_input_bytes, defaults.max_input_bytes, max.max_input_bytes)?,
+            max_input_files: pick(
+                "max_input_files",
+                r.max_input_files,
+                defaults.max_input_files,
+                max.max_input_files,
+            )?,
+            max_input_bytes: pick(
+                "max_input_bytes",
+                r.max_input_bytes,
+                defaults.max_input_bytes,
+                max.max_input_bytes,
+            )?,
             max_output_files: pick(
                 "max_output_files",
                 r.max_output_files,
@@ -184,16 +221,24 @@ impl LimitsTable {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
     #[test]
     fn zero_takes_default_and_above_max_is_refused() {
-        let req = cairn_proto::Limits { timeout_ms: 0, pids: 10, ..Default::default() };
+        let req = cairn_proto::Limits {
+            timeout_ms: 0,
+            pids: 10,
+            ..Default::default()
+        };
         let l = Limits::resolve(Some(&req), &Limits::DEFAULTS, &Limits::MAXIMA).unwrap();
         assert_eq!(l.timeout_ms, Limits::DEFAULTS.timeout_ms);
         assert_eq!(l.pids, 10);
-        let req = cairn_proto::Limits { memory_bytes: Limits::MAXIMA.memory_bytes + 1, ..Default::default() };
+        let req = cairn_proto::Limits {
+            memory_bytes: Limits::MAXIMA.memory_bytes + 1,
+            ..Default::default()
+        };
         let err = Limits::resolve(Some(&req), &Limits::DEFAULTS, &Limits::MAXIMA).unwrap_err();
         assert!(err.to_string().contains("memory_bytes"), "{err}");
     }

@@ -60,7 +60,10 @@ impl Outputs {
             self.truncated = true;
             return Admit::Stop;
         }
-        self.rejected.push(Rejected { path: beneath::lossy(name), reason: reason.to_owned() });
+        self.rejected.push(Rejected {
+            path: beneath::lossy(name),
+            reason: reason.to_owned(),
+        });
         Admit::Skip
     }
 
@@ -98,7 +101,11 @@ impl Outputs {
         }
         self.bytes += size;
         let sha256 = hex::encode(Sha256::digest(&content));
-        self.files.push(OutputFile { path, sha256, content });
+        self.files.push(OutputFile {
+            path,
+            sha256,
+            content,
+        });
         Ok(())
     }
 }
@@ -194,6 +201,7 @@ pub fn from_dir(dir: &Path, limits: OutputLimits) -> std::io::Result<Outputs> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -212,12 +220,16 @@ mod tests {
             if !target.is_empty() {
                 h.set_link_name(target).unwrap();
             }
-            b.append_data(&mut h, format!("output/{name}"), *data).unwrap();
+            b.append_data(&mut h, format!("output/{name}"), *data)
+                .unwrap();
         }
         b.into_inner().unwrap()
     }
 
-    const LIMITS: OutputLimits = OutputLimits { max_files: 10, max_bytes: 100 };
+    const LIMITS: OutputLimits = OutputLimits {
+        max_files: 10,
+        max_bytes: 100,
+    };
 
     #[test]
     fn regular_files_are_collected_links_refused() {
@@ -231,7 +243,11 @@ mod tests {
         let names: Vec<_> = out.files.iter().map(|f| f.path.as_str()).collect();
         assert_eq!(names, ["a.txt", "sub/b.bin"]);
         assert_eq!(out.files[1].content, [0, 255, 1]);
-        let reasons: Vec<_> = out.rejected.iter().map(|r| (r.path.as_str(), r.reason.as_str())).collect();
+        let reasons: Vec<_> = out
+            .rejected
+            .iter()
+            .map(|r| (r.path.as_str(), r.reason.as_str()))
+            .collect();
         assert_eq!(reasons, [("l", "symlink"), ("h", "hardlink")]);
         assert!(!out.truncated);
     }
@@ -252,7 +268,10 @@ mod tests {
 
     #[test]
     fn bad_names_are_refused() {
-        let t = tar_of(&[("a\u{1}b", tar::EntryType::Regular, b"x", ""), ("ok", tar::EntryType::Regular, b"y", "")]);
+        let t = tar_of(&[
+            ("a\u{1}b", tar::EntryType::Regular, b"x", ""),
+            ("ok", tar::EntryType::Regular, b"y", ""),
+        ]);
         let out = from_tar(&t[..], "output", LIMITS).unwrap();
         assert_eq!(out.files.len(), 1);
         assert_eq!(out.rejected[0].reason, "invalid_char");

@@ -46,23 +46,40 @@ pub fn excludes(patterns: &[String]) -> Result<GlobSet> {
             .map_err(|e| Error::invalid(format!("exclude pattern {p:?}: {e}")))?;
         set.add(glob);
     }
-    set.build().map_err(|e| Error::invalid(format!("exclude patterns: {e}")))
+    set.build()
+        .map_err(|e| Error::invalid(format!("exclude patterns: {e}")))
 }
 
 /// Writes the archive of the workspace into `out` (a fresh file), at most `max_bytes`.
-pub fn pack(root: &Root, format: Format, excludes: &GlobSet, out: File, max_bytes: u64, max_walk: u64) -> Result<PackReport> {
+pub fn pack(
+    root: &Root,
+    format: Format,
+    excludes: &GlobSet,
+    out: File,
+    max_bytes: u64,
+    max_walk: u64,
+) -> Result<PackReport> {
     let mut report = PackReport::default();
     let mut files = Vec::new();
     let mut visited = 0u64;
-    let dir = root.open_dir("").map_err(Error::io("opening the workspace"))?;
+    let dir = root
+        .open_dir("")
+        .map_err(Error::io("opening the workspace"))?;
     let complete = beneath::walk(dir.as_fd(), &mut |e| {
         visited += 1;
         if visited > max_walk {
             return Visit::Stop;
         }
         let Some(rel) = e.rel_str() else {
-            report.refused.push(Rejected { path: beneath::lossy(e.rel), reason: "invalid_char".into() });
-            return if e.kind == Kind::Dir { Visit::SkipDir } else { Visit::Continue };
+            report.refused.push(Rejected {
+                path: beneath::lossy(e.rel),
+                reason: "invalid_char".into(),
+            });
+            return if e.kind == Kind::Dir {
+                Visit::SkipDir
+            } else {
+                Visit::Continue
+            };
         };
         if excludes.is_match(rel) {
             if e.kind == Kind::Dir {
@@ -74,17 +91,26 @@ pub fn pack(root: &Root, format: Format, excludes: &GlobSet, out: File, max_byte
         match e.kind {
             Kind::Dir => Visit::Continue,
             Kind::Symlink => {
-                report.refused.push(Rejected { path: rel.to_owned(), reason: "symlink".into() });
+                report.refused.push(Rejected {
+                    path: rel.to_owned(),
+                    reason: "symlink".into(),
+                });
                 Visit::Continue
             }
             Kind::Special => {
-                report.refused.push(Rejected { path: rel.to_owned(), reason: "not_a_file".into() });
+                report.refused.push(Rejected {
+                    path: rel.to_owned(),
+                    reason: "not_a_file".into(),
+                });
                 Visit::Continue
             }
             Kind::File => {
                 match pathguard::validate(rel) {
                     Ok(p) => files.push((p, e.stat.st_mode & 0o777, e.stat.st_mtime)),
-                    Err(r) => report.refused.push(Rejected { path: rel.to_owned(), reason: r.reason.as_str().into() }),
+                    Err(r) => report.refused.push(Rejected {
+                        path: rel.to_owned(),
+                        reason: r.reason.as_str().into(),
+                    }),
                 }
                 Visit::Continue
             }
@@ -97,7 +123,11 @@ pub fn pack(root: &Root, format: Format, excludes: &GlobSet, out: File, max_byte
             reason: "too_many_files",
         });
     }
-    let sink = Capped { file: out, pos: 0, max: max_bytes };
+    let sink = Capped {
+        file: out,
+        pos: 0,
+        max: max_bytes,
+    };
     let over = |e: std::io::Error| -> Error {
         if e.kind() == std::io::ErrorKind::FileTooLarge {
             Error::ResourceExhausted {
@@ -114,28 +144,32 @@ pub fn pack(root: &Root, format: Format, excludes: &GlobSet, out: File, max_byte
             let mut zip = zip::ZipWriter::new(sink);
             for (path, perm, _) in &files {
                 let Ok((mut file, _)) = root.open_file(path.as_str()) else {
-                    report.refused.push(Rejected { path: path.to_string(), reason: "not_a_file".into() });
+                    report.refused.push(Rejected {
+                        path: path.to_string(),
+                        reason: "not_a_file".into(),
+                    });
                     continue;
                 };
                 let opts = zip::write::SimpleFileOptions::default()
                     .compression_method(zip::CompressionMethod::Deflated)
                     .unix_permissions(mode(*perm))
                     .large_file(true);
-                zip.start_file(path.as_str(), opts).map_err(|e| over(std::io::Error::other(e)))?;
+                zip.start_file(path.as_str(), opts)
+                    .map_err(|e| over(zip_io(e)))?;
                 std::io::copy(&mut file, &mut zip).map_err(over)?;
                 report.entries += 1;
             }
-            zip.finish().map_err(|e| match e {
-                zip::result::ZipError::Io(io) => over(io),
-                other => over(std::io::Error::other(other)),
-            })?;
+            zip.finish().map_err(|e| over(zip_io(e)))?;
         }
         Format::TarGz => {
             let gz = flate2::write::GzEncoder::new(sink, flate2::Compression::default());
             let mut tar = tar::Builder::new(gz);
             for (path, perm, mtime) in &files {
                 let Ok((file, stat)) = root.open_file(path.as_str()) else {
-                    report.refused.push(Rejected { path: path.to_string(), reason: "not_a_file".into() });
+                    report.refused.push(Rejected {
+                        path: path.to_string(),
+                        reason: "not_a_file".into(),
+                    });
                     continue;
                 };
                 let mut h = tar::Header::new_gnu();
@@ -147,7 +181,8 @@ pub fn pack(root: &Root, format: Format, excludes: &GlobSet, out: File, max_byte
                 h.set_gid(0);
                 // Exactly the size we announced, even if the file changes meanwhile.
                 let reader = std::io::Read::take(file, stat.st_size.max(0) as u64);
-                tar.append_data(&mut h, path.as_str(), reader).map_err(over)?;
+                tar.append_data(&mut h, path.as_str(), reader)
+                    .map_err(over)?;
                 report.entries += 1;
             }
             let gz = tar.into_inner().map_err(over)?;
@@ -156,6 +191,13 @@ pub fn pack(root: &Root, format: Format, excludes: &GlobSet, out: File, max_byte
         }
     }
     Ok(report)
+}
+
+fn zip_io(e: zip::result::ZipError) -> std::io::Error {
+    match e {
+        zip::result::ZipError::Io(io) => io,
+        other => std::io::Error::other(other),
+    }
 }
 
 /// A file that refuses to grow past `max` bytes (the archive cap).
@@ -168,7 +210,10 @@ struct Capped {
 impl Write for Capped {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         if self.pos + buf.len() as u64 > self.max {
-            return Err(std::io::Error::new(std::io::ErrorKind::FileTooLarge, "archive size cap"));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::FileTooLarge,
+                "archive size cap",
+            ));
         }
         let n = self.file.write(buf)?;
         self.pos += n as u64;
@@ -187,12 +232,18 @@ impl Seek for Capped {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
     #[test]
     fn double_star_patterns_exclude_at_any_depth() {
-        let set = excludes(&[".git/**".into(), "node_modules/**".into(), "**/__pycache__/**".into()]).unwrap();
+        let set = excludes(&[
+            ".git/**".into(),
+            "node_modules/**".into(),
+            "**/__pycache__/**".into(),
+        ])
+        .unwrap();
         assert!(set.is_match(".git/config"));
         assert!(set.is_match("node_modules/a/b.js"));
         assert!(set.is_match("__pycache__/x.pyc"));

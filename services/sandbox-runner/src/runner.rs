@@ -49,12 +49,17 @@ impl Runner {
     /// earlier life (containers labelled with this id, task directories) and starts the pool.
     pub async fn start(mut config: Config) -> Result<Runner> {
         config.check()?;
-        std::fs::create_dir_all(config.work_root.join("tasks"))
-            .map_err(Error::io(format!("creating work_root {}", config.work_root.display())))?;
+        std::fs::create_dir_all(config.work_root.join("tasks")).map_err(Error::io(format!(
+            "creating work_root {}",
+            config.work_root.display()
+        )))?;
         if config.runner_id.is_empty() {
             config.runner_id = stored_runner_id(&config.work_root)?;
         } else if !job::is_id(&config.runner_id) {
-            return Err(Error::Config(format!("runner_id {:?} must be 1-128 characters of [A-Za-z0-9._-]", config.runner_id)));
+            return Err(Error::Config(format!(
+                "runner_id {:?} must be 1-128 characters of [A-Za-z0-9._-]",
+                config.runner_id
+            )));
         }
         let config = Arc::new(config);
         let backend = Backend::select(config.clone()).await?;
@@ -116,7 +121,12 @@ impl Runner {
         tracing::info!(job_id = %job.id, request_id = %job.request_id, run_id = %job.run_id, language = job.language.as_str(), "run");
         let outcome = self.backend.run(&job, live).await?;
         tracing::info!(job_id = %job.id, exit_code = outcome.exit_code, timed_out = outcome.timed_out, oom = outcome.oom_killed, ms = outcome.duration_ms, "run finished");
-        Ok(job::run_result(&job, outcome, &self.config.runner_id, self.backend.name()))
+        Ok(job::run_result(
+            &job,
+            outcome,
+            &self.config.runner_id,
+            self.backend.name(),
+        ))
     }
 
     pub async fn open_session(&self, req: pb::OpenSessionRequest) -> Result<pb::SessionInfo> {
@@ -136,10 +146,18 @@ impl Runner {
                 "network access is not allowed on this runner: drop `network` or set network_allowed = true in the runner config",
             ));
         }
-        let limits = Limits::resolve(req.limits.as_ref(), &self.config.default_limits(), &self.config.max_limits())?;
-        self.sessions.reserve(&session_id, self.config.max_sessions)?;
+        let limits = Limits::resolve(
+            req.limits.as_ref(),
+            &self.config.default_limits(),
+            &self.config.max_limits(),
+        )?;
+        self.sessions
+            .reserve(&session_id, self.config.max_sessions)?;
         let sandbox = SessionSandbox {
-            name: format!("{}{}{}", self.config.container_prefix, session_id, self.config.container_suffix),
+            name: format!(
+                "{}{}{}",
+                self.config.container_prefix, session_id, self.config.container_suffix
+            ),
             task_dir: self.config.work_root.join("tasks").join(&session_id),
             session_id: session_id.clone(),
             network: req.network,
@@ -169,7 +187,11 @@ impl Runner {
         }
     }
 
-    async fn open_sandbox(&self, sandbox: &SessionSandbox, git: Option<&pb::GitSource>) -> Result<Session> {
+    async fn open_sandbox(
+        &self,
+        sandbox: &SessionSandbox,
+        git: Option<&pb::GitSource>,
+    ) -> Result<Session> {
         session::create_task_dir(&sandbox.task_dir, self.owner).await?;
         let ws = sandbox.task_dir.join("workspace");
         let git_commit = match git {
@@ -181,7 +203,11 @@ impl Runner {
         };
         let workspace = Root::open(&ws).map_err(Error::io("opening the workspace"))?;
         self.backend.open_session(sandbox).await?;
-        Ok(Session { sandbox: sandbox.clone(), workspace, git_commit })
+        Ok(Session {
+            sandbox: sandbox.clone(),
+            workspace,
+            git_commit,
+        })
     }
 
     pub async fn exec(&self, req: pb::ExecRequest) -> Result<pb::ExecResult> {
@@ -191,28 +217,45 @@ impl Runner {
         let timeout_ms = match req.timeout_ms {
             0 => self.config.default_limits().timeout_ms,
             v if v > max.timeout_ms => {
-                return Err(Error::LimitAboveMax { name: "timeout_ms", requested: v, max: max.timeout_ms })
+                return Err(Error::LimitAboveMax {
+                    name: "timeout_ms",
+                    requested: v,
+                    max: max.timeout_ms,
+                })
             }
             v => v,
         };
         let cap = self.config.session.exec_max_output_bytes;
         let max_output_bytes = match req.max_output_bytes {
             0 => cap,
-            v if v > cap => return Err(Error::LimitAboveMax { name: "max_output_bytes", requested: v, max: cap }),
+            v if v > cap => {
+                return Err(Error::LimitAboveMax {
+                    name: "max_output_bytes",
+                    requested: v,
+                    max: cap,
+                })
+            }
             v => v,
         };
         let workdir = match workspace::path(&req.workdir, "workdir", true)? {
             None => "/workspace".to_owned(),
             Some(p) => {
                 // Must be a real directory inside the workspace, reached without links.
-                s.workspace.open_dir(p.as_str()).map_err(|e| workspace::refusal(p.as_str(), e))?;
+                s.workspace
+                    .open_dir(p.as_str())
+                    .map_err(|e| workspace::refusal(p.as_str(), e))?;
                 format!("/workspace/{p}")
             }
         };
         if req.command.contains('\0') {
             return Err(Error::invalid("command contains a NUL character"));
         }
-        let spec = ExecSpec { command: req.command, workdir, timeout: Duration::from_millis(timeout_ms), max_output_bytes };
+        let spec = ExecSpec {
+            command: req.command,
+            workdir,
+            timeout: Duration::from_millis(timeout_ms),
+            max_output_bytes,
+        };
         let out = self.backend.exec(&s.sandbox, &spec).await?;
         Ok(pb::ExecResult {
             exit_code: out.exit_code,
@@ -231,23 +274,40 @@ impl Runner {
         let cap = self.config.session.read_max_bytes;
         let max = match req.max_bytes {
             0 => cap,
-            v if v > cap => return Err(Error::LimitAboveMax { name: "max_bytes", requested: v, max: cap }),
+            v if v > cap => {
+                return Err(Error::LimitAboveMax {
+                    name: "max_bytes",
+                    requested: v,
+                    max: cap,
+                })
+            }
             v => v,
         };
-        let path = workspace::path(&req.path, "path", false)?.ok_or_else(|| Error::invalid("path is empty"))?;
-        let (content, truncated, size) = blocking(move || workspace::read(&s.workspace, &path, max)).await?;
-        Ok(pb::ReadFileResponse { content: content.into(), truncated, size_bytes: size })
+        let path = workspace::path(&req.path, "path", false)?
+            .ok_or_else(|| Error::invalid("path is empty"))?;
+        let (content, truncated, size) =
+            blocking(move || workspace::read(&s.workspace, &path, max)).await?;
+        Ok(pb::ReadFileResponse {
+            content: content.into(),
+            truncated,
+            size_bytes: size,
+        })
     }
 
     pub async fn write_file(&self, req: pb::WriteFileRequest) -> Result<pb::WriteFileResponse> {
         self.open()?;
         let s = self.sessions.get(&req.session_id)?;
-        let path = workspace::path(&req.path, "path", false)?.ok_or_else(|| Error::invalid("path is empty"))?;
+        let path = workspace::path(&req.path, "path", false)?
+            .ok_or_else(|| Error::invalid("path is empty"))?;
         let append = req.mode == pb::WriteMode::Append as i32;
         let owner = self.owner;
         let (written, size) =
-            blocking(move || workspace::write(&s.workspace, &path, &req.content, append, owner)).await?;
-        Ok(pb::WriteFileResponse { bytes_written: written, size_bytes: size })
+            blocking(move || workspace::write(&s.workspace, &path, &req.content, append, owner))
+                .await?;
+        Ok(pb::WriteFileResponse {
+            bytes_written: written,
+            size_bytes: size,
+        })
     }
 
     pub async fn glob(&self, req: pb::GlobRequest) -> Result<pb::GlobResponse> {
@@ -256,7 +316,13 @@ impl Runner {
         let cap = self.config.session.glob_max_results;
         let max = match req.max_results {
             0 => cap,
-            v if v > cap => return Err(Error::LimitAboveMax { name: "max_results", requested: v.into(), max: cap.into() }),
+            v if v > cap => {
+                return Err(Error::LimitAboveMax {
+                    name: "max_results",
+                    requested: v.into(),
+                    max: cap.into(),
+                })
+            }
             v => v,
         };
         if req.pattern.is_empty() {
@@ -265,7 +331,8 @@ impl Runner {
         let base = workspace::path(&req.base_path, "base_path", true)?;
         let walk = self.config.session.max_walk_entries;
         let (paths, truncated) =
-            blocking(move || workspace::glob(&s.workspace, base.as_ref(), &req.pattern, max, walk)).await?;
+            blocking(move || workspace::glob(&s.workspace, base.as_ref(), &req.pattern, max, walk))
+                .await?;
         Ok(pb::GlobResponse { paths, truncated })
     }
 
@@ -275,7 +342,13 @@ impl Runner {
         let cap = self.config.session.grep_max_matches;
         let max = match req.max_matches {
             0 => cap,
-            v if v > cap => return Err(Error::LimitAboveMax { name: "max_matches", requested: v.into(), max: cap.into() }),
+            v if v > cap => {
+                return Err(Error::LimitAboveMax {
+                    name: "max_matches",
+                    requested: v.into(),
+                    max: cap.into(),
+                })
+            }
             v => v,
         };
         if req.pattern.is_empty() {
@@ -284,11 +357,26 @@ impl Runner {
         let path = workspace::path(&req.path, "path", true)?;
         let walk = self.config.session.max_walk_entries;
         let (matches, truncated) = blocking(move || {
-            workspace::grep(&s.workspace, path.as_ref(), &req.pattern, req.is_regex, req.case_sensitive, max, walk)
+            workspace::grep(
+                &s.workspace,
+                path.as_ref(),
+                &req.pattern,
+                req.is_regex,
+                req.case_sensitive,
+                max,
+                walk,
+            )
         })
         .await?;
         Ok(pb::GrepResponse {
-            matches: matches.into_iter().map(|m| pb::GrepMatch { path: m.path, line: m.line, text: m.text }).collect(),
+            matches: matches
+                .into_iter()
+                .map(|m| pb::GrepMatch {
+                    path: m.path,
+                    line: m.line,
+                    text: m.text,
+                })
+                .collect(),
             truncated,
         })
     }
@@ -300,40 +388,66 @@ impl Runner {
         let format = match pb::ArchiveFormat::try_from(req.format) {
             Ok(pb::ArchiveFormat::Zip) => Format::Zip,
             Ok(pb::ArchiveFormat::TarGz) => Format::TarGz,
-            Err(_) => return Err(Error::invalid(format!("archive format {} is unknown: use ZIP or TAR_GZ", req.format))),
+            Err(_) => {
+                return Err(Error::invalid(format!(
+                    "archive format {} is unknown: use ZIP or TAR_GZ",
+                    req.format
+                )))
+            }
         };
         let cap = self.config.session.max_archive_bytes;
         let max = match req.max_archive_bytes {
             0 => cap,
-            v if v > cap => return Err(Error::LimitAboveMax { name: "max_archive_bytes", requested: v, max: cap }),
+            v if v > cap => {
+                return Err(Error::LimitAboveMax {
+                    name: "max_archive_bytes",
+                    requested: v,
+                    max: cap,
+                })
+            }
             v => v,
         };
         let name = if req.archive_name.is_empty() {
             format!("{}.{}", s.sandbox.session_id, format.extension())
         } else {
-            let p = pathguard::validate(&req.archive_name)
-                .map_err(|rejection| Error::Path { what: "archive_name", rejection })?;
+            let p = pathguard::validate(&req.archive_name).map_err(|rejection| Error::Path {
+                what: "archive_name",
+                rejection,
+            })?;
             if p.components().count() != 1 {
-                return Err(Error::invalid(format!("archive_name {:?} must be a file name without directories", req.archive_name)));
+                return Err(Error::invalid(format!(
+                    "archive_name {:?} must be a file name without directories",
+                    req.archive_name
+                )));
             }
             p.as_str().to_owned()
         };
         let excludes = pack::excludes(&req.exclude_patterns)?;
-        let path = s.sandbox.task_dir.join(format!("pack-{}", uuid::Uuid::new_v4().simple()));
+        let path = s
+            .sandbox
+            .task_dir
+            .join(format!("pack-{}", uuid::Uuid::new_v4().simple()));
         let file = std::fs::OpenOptions::new()
             .write(true)
             .read(true)
             .create_new(true)
             .open(&path)
             .map_err(Error::io("creating the archive file"))?;
-        let mut packed = Packed { path, name, report: PackReport::default() };
+        let mut packed = Packed {
+            path,
+            name,
+            report: PackReport::default(),
+        };
         let walk = self.config.session.max_walk_entries;
-        packed.report = blocking(move || pack::pack(&s.workspace, format, &excludes, file, max, walk)).await?;
+        packed.report =
+            blocking(move || pack::pack(&s.workspace, format, &excludes, file, max, walk)).await?;
         Ok(packed)
     }
 
     pub async fn close_session(&self, id: &str) -> Result<bool> {
-        let Some(s) = self.sessions.remove(id) else { return Ok(false) };
+        let Some(s) = self.sessions.remove(id) else {
+            return Ok(false);
+        };
         self.backend.close_session(&s.sandbox).await?;
         backend::remove_dir(&s.sandbox.task_dir).await;
         tracing::info!(session_id = %id, "session closed");
@@ -363,7 +477,10 @@ impl Runner {
             backend::remove_dir(&s.sandbox.task_dir).await;
         }
         self.backend.shutdown().await;
-        tracing::info!(runs_in_flight = self.running.load(Ordering::SeqCst), "sandbox-runner shut down; sandboxes removed");
+        tracing::info!(
+            runs_in_flight = self.running.load(Ordering::SeqCst),
+            "sandbox-runner shut down; sandboxes removed"
+        );
     }
 }
 
@@ -391,22 +508,35 @@ fn stored_runner_id(work_root: &std::path::Path) -> Result<String> {
             return Ok(id.to_owned());
         }
     }
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_else(|_| "runner".into());
+    let host =
+        std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_else(|_| "runner".into());
     let host: String = host
         .trim()
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '-' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                c
+            } else {
+                '-'
+            }
+        })
         .take(64)
         .collect();
     let suffix = &uuid::Uuid::new_v4().simple().to_string()[..8];
-    let id = format!("{}-{suffix}", if host.is_empty() { "runner" } else { &host });
-    std::fs::write(&file, format!("{id}\n")).map_err(Error::io(format!("writing {}", file.display())))?;
+    let id = format!(
+        "{}-{suffix}",
+        if host.is_empty() { "runner" } else { &host }
+    );
+    std::fs::write(&file, format!("{id}\n"))
+        .map_err(Error::io(format!("writing {}", file.display())))?;
     Ok(id)
 }
 
 /// Removes every task directory left under `tasks` (one work_root per runner).
 async fn sweep_task_dirs(tasks: &std::path::Path) -> usize {
-    let Ok(entries) = std::fs::read_dir(tasks) else { return 0 };
+    let Ok(entries) = std::fs::read_dir(tasks) else {
+        return 0;
+    };
     let mut n = 0;
     for entry in entries.flatten() {
         backend::remove_dir(&entry.path()).await;

@@ -34,13 +34,21 @@ type Responses<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl SandboxRunner for SandboxService {
-    async fn run(&self, request: Request<pb::RunRequest>) -> Result<Response<pb::RunResult>, Status> {
-        Ok(Response::new(self.runner.run(request.into_inner(), None).await?))
+    async fn run(
+        &self,
+        request: Request<pb::RunRequest>,
+    ) -> Result<Response<pb::RunResult>, Status> {
+        Ok(Response::new(
+            self.runner.run(request.into_inner(), None).await?,
+        ))
     }
 
     type RunStreamStream = Responses<pb::RunStreamResponse>;
 
-    async fn run_stream(&self, request: Request<pb::RunRequest>) -> Result<Response<Self::RunStreamStream>, Status> {
+    async fn run_stream(
+        &self,
+        request: Request<pb::RunRequest>,
+    ) -> Result<Response<Self::RunStreamStream>, Status> {
         let (tx, rx) = mpsc::channel(64);
         let runner = self.runner.clone();
         let req = request.into_inner();
@@ -50,7 +58,9 @@ impl SandboxRunner for SandboxService {
                 let tx = tx.clone();
                 async move {
                     while let Some(chunk) = live_rx.recv().await {
-                        let msg = pb::RunStreamResponse { msg: Some(pb::run_stream_response::Msg::Output(chunk)) };
+                        let msg = pb::RunStreamResponse {
+                            msg: Some(pb::run_stream_response::Msg::Output(chunk)),
+                        };
                         if tx.send(Ok(msg)).await.is_err() {
                             break;
                         }
@@ -64,44 +74,77 @@ impl SandboxRunner for SandboxService {
             };
             let (result, ()) = tokio::join!(run, forward);
             let msg = result
-                .map(|r| pb::RunStreamResponse { msg: Some(pb::run_stream_response::Msg::Result(r)) })
+                .map(|r| pb::RunStreamResponse {
+                    msg: Some(pb::run_stream_response::Msg::Result(r)),
+                })
                 .map_err(Status::from);
             let _ = tx.send(msg).await;
         });
-        Ok(Response::new(Box::pin(AbortOnDrop { inner: ReceiverStream::new(rx), task })))
+        Ok(Response::new(Box::pin(AbortOnDrop {
+            inner: ReceiverStream::new(rx),
+            task,
+        })))
     }
 
-    async fn open_session(&self, request: Request<pb::OpenSessionRequest>) -> Result<Response<pb::SessionInfo>, Status> {
-        Ok(Response::new(self.runner.open_session(request.into_inner()).await?))
+    async fn open_session(
+        &self,
+        request: Request<pb::OpenSessionRequest>,
+    ) -> Result<Response<pb::SessionInfo>, Status> {
+        Ok(Response::new(
+            self.runner.open_session(request.into_inner()).await?,
+        ))
     }
 
-    async fn exec(&self, request: Request<pb::ExecRequest>) -> Result<Response<pb::ExecResult>, Status> {
+    async fn exec(
+        &self,
+        request: Request<pb::ExecRequest>,
+    ) -> Result<Response<pb::ExecResult>, Status> {
         Ok(Response::new(self.runner.exec(request.into_inner()).await?))
     }
 
-    async fn read_file(&self, request: Request<pb::ReadFileRequest>) -> Result<Response<pb::ReadFileResponse>, Status> {
-        Ok(Response::new(self.runner.read_file(request.into_inner()).await?))
+    async fn read_file(
+        &self,
+        request: Request<pb::ReadFileRequest>,
+    ) -> Result<Response<pb::ReadFileResponse>, Status> {
+        Ok(Response::new(
+            self.runner.read_file(request.into_inner()).await?,
+        ))
     }
 
-    async fn write_file(&self, request: Request<pb::WriteFileRequest>) -> Result<Response<pb::WriteFileResponse>, Status> {
-        Ok(Response::new(self.runner.write_file(request.into_inner()).await?))
+    async fn write_file(
+        &self,
+        request: Request<pb::WriteFileRequest>,
+    ) -> Result<Response<pb::WriteFileResponse>, Status> {
+        Ok(Response::new(
+            self.runner.write_file(request.into_inner()).await?,
+        ))
     }
 
-    async fn glob(&self, request: Request<pb::GlobRequest>) -> Result<Response<pb::GlobResponse>, Status> {
+    async fn glob(
+        &self,
+        request: Request<pb::GlobRequest>,
+    ) -> Result<Response<pb::GlobResponse>, Status> {
         Ok(Response::new(self.runner.glob(request.into_inner()).await?))
     }
 
-    async fn grep(&self, request: Request<pb::GrepRequest>) -> Result<Response<pb::GrepResponse>, Status> {
+    async fn grep(
+        &self,
+        request: Request<pb::GrepRequest>,
+    ) -> Result<Response<pb::GrepResponse>, Status> {
         Ok(Response::new(self.runner.grep(request.into_inner()).await?))
     }
 
     type PackStream = Responses<pb::PackResponse>;
 
-    async fn pack(&self, request: Request<pb::PackRequest>) -> Result<Response<Self::PackStream>, Status> {
+    async fn pack(
+        &self,
+        request: Request<pb::PackRequest>,
+    ) -> Result<Response<Self::PackStream>, Status> {
         let packed = self.runner.pack(request.into_inner()).await?;
         let (tx, rx) = mpsc::channel(4);
         let task = tokio::spawn(async move {
-            let send_err = |e: std::io::Error| Status::internal(format!("reading the archive: {e}"));
+            let send_err =
+                |e: std::io::Error| Status::internal(format!("reading the archive: {e}"));
             let mut file = match tokio::fs::File::open(&packed.path).await {
                 Ok(f) => f,
                 Err(e) => {
@@ -124,35 +167,59 @@ impl SandboxRunner for SandboxService {
                 buf.truncate(n);
                 hasher.update(&buf);
                 size += n as u64;
-                let msg = pb::PackResponse { msg: Some(pb::pack_response::Msg::Chunk(buf.into())) };
+                let msg = pb::PackResponse {
+                    msg: Some(pb::pack_response::Msg::Chunk(buf.into())),
+                };
                 if tx.send(Ok(msg)).await.is_err() {
                     return;
                 }
             }
             let summary = pb::PackSummary {
                 archive_name: packed.name.clone(),
-                digest: Some(pb::Digest { sha256: hex::encode(hasher.finalize()), size_bytes: size }),
+                digest: Some(pb::Digest {
+                    sha256: hex::encode(hasher.finalize()),
+                    size_bytes: size,
+                }),
                 entries: packed.report.entries,
                 excluded: packed.report.excluded,
                 refused: packed
                     .report
                     .refused
                     .iter()
-                    .map(|r| pb::RejectedOutput { path: r.path.clone(), reason: r.reason.clone() })
+                    .map(|r| pb::RejectedOutput {
+                        path: r.path.clone(),
+                        reason: r.reason.clone(),
+                    })
                     .collect(),
             };
-            let _ = tx.send(Ok(pb::PackResponse { msg: Some(pb::pack_response::Msg::Summary(summary)) })).await;
+            let _ = tx
+                .send(Ok(pb::PackResponse {
+                    msg: Some(pb::pack_response::Msg::Summary(summary)),
+                }))
+                .await;
             drop(packed);
         });
-        Ok(Response::new(Box::pin(AbortOnDrop { inner: ReceiverStream::new(rx), task })))
+        Ok(Response::new(Box::pin(AbortOnDrop {
+            inner: ReceiverStream::new(rx),
+            task,
+        })))
     }
 
-    async fn close_session(&self, request: Request<pb::CloseSessionRequest>) -> Result<Response<pb::CloseSessionResponse>, Status> {
-        let closed = self.runner.close_session(&request.into_inner().session_id).await?;
+    async fn close_session(
+        &self,
+        request: Request<pb::CloseSessionRequest>,
+    ) -> Result<Response<pb::CloseSessionResponse>, Status> {
+        let closed = self
+            .runner
+            .close_session(&request.into_inner().session_id)
+            .await?;
         Ok(Response::new(pb::CloseSessionResponse { closed }))
     }
 
-    async fn get_runner_info(&self, _request: Request<pb::GetRunnerInfoRequest>) -> Result<Response<pb::RunnerInfo>, Status> {
+    async fn get_runner_info(
+        &self,
+        _request: Request<pb::GetRunnerInfoRequest>,
+    ) -> Result<Response<pb::RunnerInfo>, Status> {
         Ok(Response::new(self.runner.info()))
     }
 }

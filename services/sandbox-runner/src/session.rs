@@ -35,13 +35,18 @@ pub struct Sessions {
 
 impl Sessions {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Slot>> {
-        self.map.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.map
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     pub fn get(&self, id: &str) -> Result<Arc<Session>> {
         match self.lock().get(id) {
             Some(Slot::Open(s)) => Ok(s.clone()),
-            _ => Err(Error::NotFound { what: "session", name: id.to_owned() }),
+            _ => Err(Error::NotFound {
+                what: "session",
+                name: id.to_owned(),
+            }),
         }
     }
 
@@ -53,7 +58,10 @@ impl Sessions {
         }
         if map.len() >= max {
             return Err(Error::ResourceExhausted {
-                message: format!("{} sessions are open, the limit is {max}: close one first", map.len()),
+                message: format!(
+                    "{} sessions are open, the limit is {max}: close one first",
+                    map.len()
+                ),
                 reason: "too_many_files",
             });
         }
@@ -86,7 +94,11 @@ impl Sessions {
 
     pub fn drain(&self) -> Vec<Arc<Session>> {
         let mut map = self.lock();
-        let ids: Vec<String> = map.iter().filter(|(_, s)| matches!(s, Slot::Open(_))).map(|(k, _)| k.clone()).collect();
+        let ids: Vec<String> = map
+            .iter()
+            .filter(|(_, s)| matches!(s, Slot::Open(_)))
+            .map(|(k, _)| k.clone())
+            .collect();
         ids.into_iter()
             .filter_map(|id| match map.remove(&id) {
                 Some(Slot::Open(s)) => Some(s),
@@ -96,7 +108,10 @@ impl Sessions {
     }
 
     pub fn len(&self) -> usize {
-        self.lock().values().filter(|s| matches!(s, Slot::Open(_))).count()
+        self.lock()
+            .values()
+            .filter(|s| matches!(s, Slot::Open(_)))
+            .count()
     }
 }
 
@@ -106,7 +121,10 @@ pub async fn create_task_dir(task_dir: &Path, owner: Option<(u32, u32)>) -> Resu
     tokio::task::spawn_blocking(move || -> std::io::Result<()> {
         use std::os::unix::fs::DirBuilderExt;
         if let Some(parent) = dir.parent() {
-            std::fs::DirBuilder::new().recursive(true).mode(0o711).create(parent)?;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o711)
+                .create(parent)?;
         }
         std::fs::DirBuilder::new().mode(0o711).create(&dir)?;
         for sub in ["workspace", "tmpfs"] {
@@ -120,48 +138,94 @@ pub async fn create_task_dir(task_dir: &Path, owner: Option<(u32, u32)>) -> Resu
     })
     .await
     .map_err(|e| Error::Sandbox(format!("task directory creation panicked: {e}")))?
-    .map_err(Error::io(format!("creating task directory {}", task_dir.display())))
+    .map_err(Error::io(format!(
+        "creating task directory {}",
+        task_dir.display()
+    )))
 }
 
 /// Clones `url` at `git_ref` into `workspace` (empty) and returns the checked-out commit.
 /// Files are then given to the sandbox user.
-pub async fn clone(url: &str, git_ref: &str, workspace: &Path, owner: Option<(u32, u32)>, timeout: Duration) -> Result<String> {
+pub async fn clone(
+    url: &str,
+    git_ref: &str,
+    workspace: &Path,
+    owner: Option<(u32, u32)>,
+    timeout: Duration,
+) -> Result<String> {
     if url.is_empty() || url.starts_with('-') || url.contains('\0') {
-        return Err(Error::invalid(format!("git url {url:?} is not a repository address")));
+        return Err(Error::invalid(format!(
+            "git url {url:?} is not a repository address"
+        )));
     }
-    if git_ref.starts_with('-') || git_ref.contains(['\0', ' ', '~', '^', ':', '\\']) || git_ref.contains("..") {
-        return Err(Error::invalid(format!("git ref {git_ref:?} is not a branch, tag or commit name")));
+    if git_ref.starts_with('-')
+        || git_ref.contains(['\0', ' ', '~', '^', ':', '\\'])
+        || git_ref.contains("..")
+    {
+        return Err(Error::invalid(format!(
+            "git ref {git_ref:?} is not a branch, tag or commit name"
+        )));
     }
     let ws = workspace.to_string_lossy().into_owned();
     // The workspace belongs to the sandbox user; git would refuse it as "dubious" otherwise.
     let safe = format!("safe.directory={ws}");
     let git = |args: &[&str]| {
         let mut cmd = tokio::process::Command::new("git");
-        cmd.args(["-c", "protocol.ext.allow=never", "-c", "core.hooksPath=/dev/null", "-c", "advice.detachedHead=false"])
-            .args(["-c", &safe])
-            .args(args)
-            .env("GIT_TERMINAL_PROMPT", "0")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
+        cmd.args([
+            "-c",
+            "protocol.ext.allow=never",
+            "-c",
+            "core.hooksPath=/dev/null",
+            "-c",
+            "advice.detachedHead=false",
+        ])
+        .args(["-c", &safe])
+        .args(args)
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
         cmd
     };
     let run = |mut cmd: tokio::process::Command, what: &'static str| async move {
         let out = tokio::time::timeout(timeout, cmd.output())
             .await
-            .map_err(|_| Error::invalid(format!("git {what} took longer than {} ms", timeout.as_millis())))?
+            .map_err(|_| {
+                Error::invalid(format!(
+                    "git {what} took longer than {} ms",
+                    timeout.as_millis()
+                ))
+            })?
             .map_err(|e| Error::Sandbox(format!("cannot run git (is it installed?): {e}")))?;
         if !out.status.success() {
             let stderr = String::from_utf8_lossy(&out.stderr);
             let tail: String = stderr.chars().take(2000).collect();
-            return Err(Error::invalid(format!("git {what} failed: {}", tail.trim())));
+            return Err(Error::invalid(format!(
+                "git {what} failed: {}",
+                tail.trim()
+            )));
         }
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
     };
-    run(git(&["clone", "--quiet", "--no-recurse-submodules", "--", url, &ws]), "clone").await?;
+    run(
+        git(&[
+            "clone",
+            "--quiet",
+            "--no-recurse-submodules",
+            "--",
+            url,
+            &ws,
+        ]),
+        "clone",
+    )
+    .await?;
     if !git_ref.is_empty() {
-        run(git(&["-C", &ws, "checkout", "--quiet", git_ref, "--"]), "checkout").await?;
+        run(
+            git(&["-C", &ws, "checkout", "--quiet", git_ref, "--"]),
+            "checkout",
+        )
+        .await?;
     }
     let commit = run(git(&["-C", &ws, "rev-parse", "HEAD"]), "rev-parse").await?;
     if let Some((uid, gid)) = owner {

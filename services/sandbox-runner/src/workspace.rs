@@ -47,24 +47,38 @@ pub fn path(p: &str, what: &'static str, allow_root: bool) -> Result<Option<Safe
     if allow_root && (p.is_empty() || p == "/workspace" || p == ".") {
         return Ok(None);
     }
-    pathguard::validate(p).map(Some).map_err(|rejection| Error::Path { what, rejection })
+    pathguard::validate(p)
+        .map(Some)
+        .map_err(|rejection| Error::Path { what, rejection })
 }
 
 /// Reads up to `max` bytes; returns (content, truncated, size).
 pub fn read(root: &Root, path: &SafePath, max: u64) -> Result<(Vec<u8>, bool, u64)> {
-    let (file, stat) = root.open_file(path.as_str()).map_err(|e| refusal(path.as_str(), e))?;
+    let (file, stat) = root
+        .open_file(path.as_str())
+        .map_err(|e| refusal(path.as_str(), e))?;
     let size = stat.st_size.max(0) as u64;
     let mut content = Vec::with_capacity(size.min(max) as usize);
-    file.take(max).read_to_end(&mut content).map_err(Error::io(format!("reading {path}")))?;
+    file.take(max)
+        .read_to_end(&mut content)
+        .map_err(Error::io(format!("reading {path}")))?;
     Ok((content, size > max, size))
 }
 
 /// Writes (overwrite: a new file renamed into place, never truncating an existing one;
 /// append: only to a regular file with one link). Parent directories are created. New files
 /// and directories are given to the sandbox user so the code can change them too.
-pub fn write(root: &Root, path: &SafePath, content: &[u8], append: bool, owner: Option<(u32, u32)>) -> Result<(u64, u64)> {
+pub fn write(
+    root: &Root,
+    path: &SafePath,
+    content: &[u8],
+    append: bool,
+    owner: Option<(u32, u32)>,
+) -> Result<(u64, u64)> {
     let comps: Vec<&str> = path.components().collect();
-    let (name, parents) = comps.split_last().ok_or_else(|| Error::invalid("empty path"))?;
+    let (name, parents) = comps
+        .split_last()
+        .ok_or_else(|| Error::invalid("empty path"))?;
     let mut dir: OwnedFd = root.open_dir("").map_err(|e| refusal("", e))?;
     let mut walked = String::new();
     for comp in parents {
@@ -87,19 +101,29 @@ pub fn write(root: &Root, path: &SafePath, content: &[u8], append: bool, owner: 
         let fd = rustix::fs::openat2(
             &dir,
             *name,
-            OFlags::WRONLY | OFlags::APPEND | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
+            OFlags::WRONLY
+                | OFlags::APPEND
+                | OFlags::CREATE
+                | OFlags::NOFOLLOW
+                | OFlags::CLOEXEC
+                | OFlags::NONBLOCK,
             Mode::from_raw_mode(0o644),
             rustix::fs::ResolveFlags::BENEATH | rustix::fs::ResolveFlags::NO_SYMLINKS,
         )
         .map_err(|e| refusal(path.as_str(), e.into()))?;
         let stat = rustix::fs::fstat(&fd).map_err(|e| refusal(path.as_str(), e.into()))?;
         if rustix::fs::FileType::from_raw_mode(stat.st_mode) != rustix::fs::FileType::RegularFile {
-            return Err(refusal(path.as_str(), std::io::Error::from(std::io::ErrorKind::InvalidInput)));
+            return Err(refusal(
+                path.as_str(),
+                std::io::Error::from(std::io::ErrorKind::InvalidInput),
+            ));
         }
         if stat.st_nlink > 1 {
             return Err(Error::Refused {
                 path: path.to_string(),
-                message: "the file has several hard links: appending would change the other names too".into(),
+                message:
+                    "the file has several hard links: appending would change the other names too"
+                        .into(),
                 reason: "not_a_file",
             });
         }
@@ -107,8 +131,12 @@ pub fn write(root: &Root, path: &SafePath, content: &[u8], append: bool, owner: 
             fchown(&fd, uid, gid).map_err(Error::io(format!("chown {path}")))?;
         }
         let mut file = std::fs::File::from(fd);
-        file.write_all(content).map_err(Error::io(format!("appending to {path}")))?;
-        let size = file.metadata().map_err(Error::io(format!("stat {path}")))?.len();
+        file.write_all(content)
+            .map_err(Error::io(format!("appending to {path}")))?;
+        let size = file
+            .metadata()
+            .map_err(Error::io(format!("stat {path}")))?
+            .len();
         return Ok((content.len() as u64, size));
     }
     let temp = format!(".cairn-write-{}", uuid::Uuid::new_v4().simple());
@@ -118,7 +146,10 @@ pub fn write(root: &Root, path: &SafePath, content: &[u8], append: bool, owner: 
         OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::from_raw_mode(0o644),
     )
-    .map_err(|e| Error::Io { context: format!("creating a file beside {path}"), source: e.into() })?;
+    .map_err(|e| Error::Io {
+        context: format!("creating a file beside {path}"),
+        source: e.into(),
+    })?;
     let written = (|| -> std::io::Result<()> {
         if let Some((uid, gid)) = owner {
             fchown(&fd, uid, gid)?;
@@ -147,12 +178,22 @@ fn chown_at(dir: &OwnedFd, name: &str, uid: u32, gid: u32) -> std::io::Result<()
 }
 
 fn fchown(fd: &OwnedFd, uid: u32, gid: u32) -> std::io::Result<()> {
-    Ok(rustix::fs::fchown(fd, Some(rustix::fs::Uid::from_raw(uid)), Some(rustix::fs::Gid::from_raw(gid)))?)
+    Ok(rustix::fs::fchown(
+        fd,
+        Some(rustix::fs::Uid::from_raw(uid)),
+        Some(rustix::fs::Gid::from_raw(gid)),
+    )?)
 }
 
 /// Regular files under `base` matching `pattern` (`*` stays within a directory, `**` crosses
 /// them), as workspace-relative paths, sorted; at most `max`.
-pub fn glob(root: &Root, base: Option<&SafePath>, pattern: &str, max: u32, max_walk: u64) -> Result<(Vec<String>, bool)> {
+pub fn glob(
+    root: &Root,
+    base: Option<&SafePath>,
+    pattern: &str,
+    max: u32,
+    max_walk: u64,
+) -> Result<(Vec<String>, bool)> {
     let matcher = GlobBuilder::new(pattern.trim_start_matches("./"))
         .literal_separator(true)
         .build()
@@ -176,7 +217,11 @@ pub fn glob(root: &Root, base: Option<&SafePath>, pattern: &str, max: u32, max_w
                         truncated = true;
                         return Visit::Stop;
                     }
-                    found.push(if base_str.is_empty() { rel.to_owned() } else { format!("{base_str}/{rel}") });
+                    found.push(if base_str.is_empty() {
+                        rel.to_owned()
+                    } else {
+                        format!("{base_str}/{rel}")
+                    });
                 }
             }
         }
@@ -206,7 +251,11 @@ pub fn grep(
     max: u32,
     max_walk: u64,
 ) -> Result<(Vec<Match>, bool)> {
-    let source = if is_regex { pattern.to_owned() } else { regex::escape(pattern) };
+    let source = if is_regex {
+        pattern.to_owned()
+    } else {
+        regex::escape(pattern)
+    };
     let re = RegexBuilder::new(&source)
         .case_insensitive(!case_sensitive)
         .size_limit(1 << 20)
@@ -222,7 +271,9 @@ pub fn grep(
                 truncated = grep_file(file, start, &re, max, &mut matches);
                 return Ok((matches, truncated));
             }
-            Err(e) if e.kind() != std::io::ErrorKind::InvalidInput => return Err(refusal(start, e)),
+            Err(e) if e.kind() != std::io::ErrorKind::InvalidInput => {
+                return Err(refusal(start, e))
+            }
             Err(_) => {}
         }
     }
@@ -235,11 +286,17 @@ pub fn grep(
             truncated = true;
             return Visit::Stop;
         }
-        let Some(rel) = e.rel_str() else { return Visit::Continue };
+        let Some(rel) = e.rel_str() else {
+            return Visit::Continue;
+        };
         match e.kind {
             Kind::Dir if e.rel.rsplit(|b| *b == b'/').next() == Some(b".git") => Visit::SkipDir,
             Kind::File if (e.stat.st_size as u64) <= MAX_GREP_FILE_BYTES => {
-                let shown = if start.is_empty() { rel.to_owned() } else { format!("{start}/{rel}") };
+                let shown = if start.is_empty() {
+                    rel.to_owned()
+                } else {
+                    format!("{start}/{rel}")
+                };
                 match e.open_file() {
                     Ok((file, _)) => {
                         if grep_file(file, &shown, &re, max, &mut matches) {
@@ -266,7 +323,13 @@ pub fn grep(
 }
 
 /// Greps one file; returns true when `max` matches were reached with more to come.
-fn grep_file(file: std::fs::File, shown: &str, re: &regex::bytes::Regex, max: u32, out: &mut Vec<Match>) -> bool {
+fn grep_file(
+    file: std::fs::File,
+    shown: &str,
+    re: &regex::bytes::Regex,
+    max: u32,
+    out: &mut Vec<Match>,
+) -> bool {
     let mut reader = BufReader::new(file.take(MAX_GREP_FILE_BYTES));
     let mut line = Vec::new();
     let mut number = 0u32;
@@ -286,8 +349,15 @@ fn grep_file(file: std::fs::File, shown: &str, re: &regex::bytes::Regex, max: u3
             if out.len() >= max as usize {
                 return true;
             }
-            let text: String = String::from_utf8_lossy(content).chars().take(MAX_LINE_CHARS).collect();
-            out.push(Match { path: shown.to_owned(), line: number, text });
+            let text: String = String::from_utf8_lossy(content)
+                .chars()
+                .take(MAX_LINE_CHARS)
+                .collect();
+            out.push(Match {
+                path: shown.to_owned(),
+                line: number,
+                text,
+            });
         }
     }
 }

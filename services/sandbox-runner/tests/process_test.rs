@@ -1,6 +1,7 @@
 //! The runner as its own process (the `cairn-sandbox-runner` binary): killed with -9 in the
 //! middle of a run and restarted, it removes its leftovers; and its memory stays flat while a
 //! program floods stdout or /output.
+#![allow(clippy::unwrap_used)]
 
 mod common;
 
@@ -14,7 +15,6 @@ use common::*;
 
 struct Proc {
     child: Child,
-    addr: String,
 }
 
 impl Drop for Proc {
@@ -25,14 +25,36 @@ impl Drop for Proc {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
-async fn spawn_runner(backend: BackendChoice, work_root: &std::path::Path, runner_id: &str) -> (Proc, SandboxRunnerClient<tonic::transport::Channel>) {
+async fn spawn_runner(
+    backend: BackendChoice,
+    work_root: &std::path::Path,
+    runner_id: &str,
+) -> (Proc, SandboxRunnerClient<tonic::transport::Channel>) {
     let addr = format!("127.0.0.1:{}", free_port());
     let child = Command::new(env!("CARGO_BIN_EXE_cairn-sandbox-runner"))
-        .args(["--listen", &addr, "--runner-id", runner_id, "--image", &image()])
-        .args(["--backend", if backend == BackendChoice::Docker { "docker" } else { "local" }])
+        .args([
+            "--listen",
+            &addr,
+            "--runner-id",
+            runner_id,
+            "--image",
+            &image(),
+        ])
+        .args([
+            "--backend",
+            if backend == BackendChoice::Docker {
+                "docker"
+            } else {
+                "local"
+            },
+        ])
         .arg("--work-root")
         .arg(work_root)
         .args(["--set", "kill_grace_ms=200"])
@@ -41,15 +63,23 @@ async fn spawn_runner(backend: BackendChoice, work_root: &std::path::Path, runne
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let proc = Proc { child, addr: addr.clone() };
+    let proc = Proc { child };
     let client = SandboxRunnerClient::new(cairn_server::connect(&addr).unwrap())
         .max_decoding_message_size(64 * 1024 * 1024);
     let t0 = Instant::now();
     loop {
-        if client.clone().get_runner_info(GetRunnerInfoRequest {}).await.is_ok() {
+        if client
+            .clone()
+            .get_runner_info(GetRunnerInfoRequest {})
+            .await
+            .is_ok()
+        {
             break;
         }
-        assert!(t0.elapsed() < Duration::from_secs(30), "runner did not come up");
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "runner did not come up"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     (proc, client)
@@ -68,11 +98,20 @@ fn peak_rss_kib(pid: u32) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn killed_runner_removes_its_leftovers_on_restart() {
     for backend in backends("restart_sweep").await {
-        let work_root = tempfile::Builder::new().prefix("cairn-sbx-restart").tempdir().unwrap();
-        let (mut proc, client) = spawn_runner(backend, work_root.path(), "restart-test-runner").await;
+        let work_root = tempfile::Builder::new()
+            .prefix("cairn-sbx-restart")
+            .tempdir()
+            .unwrap();
+        let (mut proc, client) =
+            spawn_runner(backend, work_root.path(), "restart-test-runner").await;
         let marker = format!("{}", 5000 + std::process::id() % 1000);
         let mut c = client.clone();
-        let req = with_timeout(python(&format!("import time\nprint('x', flush=True)\ntime.sleep({marker})\n")), 600_000);
+        let req = with_timeout(
+            python(&format!(
+                "import time\nprint('x', flush=True)\ntime.sleep({marker})\n"
+            )),
+            600_000,
+        );
         let running = tokio::spawn(async move { c.run(req).await });
         // Wait until the run's sandbox exists, then kill the runner hard.
         let tasks = work_root.path().join("tasks");
@@ -80,29 +119,57 @@ async fn killed_runner_removes_its_leftovers_on_restart() {
         loop {
             let exists = match backend {
                 BackendChoice::Docker => !containers_of("restart-test-runner").await.is_empty(),
-                _ => std::fs::read_dir(&tasks).map(|d| d.count() > 0).unwrap_or(false)
-                    && !processes_with(&format!("time.sleep({marker})")).is_empty(),
+                _ => {
+                    std::fs::read_dir(&tasks)
+                        .map(|d| d.count() > 0)
+                        .unwrap_or(false)
+                        && !processes_with(&format!("time.sleep({marker})")).is_empty()
+                }
             };
             if exists {
                 break;
             }
-            assert!(t0.elapsed() < Duration::from_secs(30), "{backend:?}: the run never started");
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "{backend:?}: the run never started"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         proc.child.kill().unwrap();
         proc.child.wait().unwrap();
-        assert!(running.await.unwrap().is_err(), "the call fails with its runner");
+        assert!(
+            running.await.unwrap().is_err(),
+            "the call fails with its runner"
+        );
         match backend {
-            BackendChoice::Docker => assert!(!containers_of("restart-test-runner").await.is_empty(), "leftover expected"),
-            _ => assert!(std::fs::read_dir(&tasks).unwrap().count() > 0, "leftover task dir expected"),
+            BackendChoice::Docker => assert!(
+                !containers_of("restart-test-runner").await.is_empty(),
+                "leftover expected"
+            ),
+            _ => assert!(
+                std::fs::read_dir(&tasks).unwrap().count() > 0,
+                "leftover task dir expected"
+            ),
         }
         let (proc2, client2) = spawn_runner(backend, work_root.path(), "restart-test-runner").await;
-        let info = client2.clone().get_runner_info(GetRunnerInfoRequest {}).await.unwrap().into_inner();
+        let info = client2
+            .clone()
+            .get_runner_info(GetRunnerInfoRequest {})
+            .await
+            .unwrap()
+            .into_inner();
         assert_eq!(info.runner_id, "restart-test-runner");
         if backend == BackendChoice::Docker {
-            assert!(containers_of("restart-test-runner").await.is_empty(), "containers swept");
+            assert!(
+                containers_of("restart-test-runner").await.is_empty(),
+                "containers swept"
+            );
         }
-        assert_eq!(std::fs::read_dir(&tasks).unwrap().count(), 0, "{backend:?}: task dirs swept");
+        assert_eq!(
+            std::fs::read_dir(&tasks).unwrap().count(),
+            0,
+            "{backend:?}: task dirs swept"
+        );
         // local: the sandbox died with its runner (--die-with-parent)
         let mut left = processes_with(&format!("time.sleep({marker})"));
         for _ in 0..20 {
@@ -112,7 +179,10 @@ async fn killed_runner_removes_its_leftovers_on_restart() {
             tokio::time::sleep(Duration::from_millis(250)).await;
             left = processes_with(&format!("time.sleep({marker})"));
         }
-        assert!(left.is_empty(), "{backend:?}: sandboxed process survived: {left:?}");
+        assert!(
+            left.is_empty(),
+            "{backend:?}: sandboxed process survived: {left:?}"
+        );
         drop(proc2);
     }
 }
@@ -120,7 +190,10 @@ async fn killed_runner_removes_its_leftovers_on_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn floods_are_capped_and_runner_memory_stays_flat() {
     for backend in backends("memory_flat").await {
-        let work_root = tempfile::Builder::new().prefix("cairn-sbx-flood").tempdir().unwrap();
+        let work_root = tempfile::Builder::new()
+            .prefix("cairn-sbx-flood")
+            .tempdir()
+            .unwrap();
         let (proc, client) = spawn_runner(backend, work_root.path(), "flood-test-runner").await;
         let pid = proc.child.id();
         let before = peak_rss_kib(pid);
@@ -149,11 +222,19 @@ async fn floods_are_capped_and_runner_memory_stays_flat() {
                  \x20   print('stopped', e.errno, flush=True)\n\
                  print('written', written)\n",
             ),
-            Limits { timeout_ms: 120_000, max_output_bytes: 8 << 20, ..Default::default() },
+            Limits {
+                timeout_ms: 120_000,
+                max_output_bytes: 8 << 20,
+                ..Default::default()
+            },
         );
         let out = client.clone().run(req).await.unwrap().into_inner();
         let stdout = text(&out.stdout);
-        assert!(stdout.starts_with("stopped 27"), "{backend:?}: EFBIG expected: {stdout} {}", text(&out.stderr));
+        assert!(
+            stdout.starts_with("stopped 27"),
+            "{backend:?}: EFBIG expected: {stdout} {}",
+            text(&out.stderr)
+        );
         let total: u64 = out.output_files.iter().map(|f| f.size_bytes).sum();
         assert!(total <= 8 << 20, "collected {total}");
         let after = peak_rss_kib(pid);

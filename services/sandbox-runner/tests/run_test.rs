@@ -1,4 +1,5 @@
 //! One-shot runs over gRPC, on every backend this host offers (seed 002 §3, §5).
+#![allow(clippy::unwrap_used)]
 
 mod common;
 
@@ -11,10 +12,21 @@ async fn hello_world_in_python_bash_and_sh() {
     for backend in backends("hello_world").await {
         let r = TestRunner::start(backend).await;
         let out = r.run(python("print('hello from python')")).await;
-        assert_eq!(text(&out.stdout), "hello from python\n", "{backend:?}: {out:?}");
+        assert_eq!(
+            text(&out.stdout),
+            "hello from python\n",
+            "{backend:?}: {out:?}"
+        );
         assert_eq!(out.exit_code, 0);
         assert!(!out.timed_out && !out.oom_killed);
-        assert_eq!(out.backend, if backend == BackendChoice::Docker { "docker" } else { "local" });
+        assert_eq!(
+            out.backend,
+            if backend == BackendChoice::Docker {
+                "docker"
+            } else {
+                "local"
+            }
+        );
         let out = r.run(bash("echo hi $((6*7)); echo err >&2; exit 3")).await;
         assert_eq!(text(&out.stdout), "hi 42\n");
         assert_eq!(text(&out.stderr), "err\n");
@@ -22,7 +34,11 @@ async fn hello_world_in_python_bash_and_sh() {
         let mut sh = bash("id -u; id -g");
         sh.language = "sh".into();
         let out = r.run(sh).await;
-        assert_eq!(text(&out.stdout), "10001\n10001\n", "runs as the sandbox uid, not root ({backend:?})");
+        assert_eq!(
+            text(&out.stdout),
+            "10001\n10001\n",
+            "runs as the sandbox uid, not root ({backend:?})"
+        );
         // result.json per seed 002 §4.2
         let rj: serde_json::Value = serde_json::from_str(&out.result_json).unwrap();
         assert_eq!(rj["job_id"], out.job_id.as_str());
@@ -59,11 +75,19 @@ async fn inputs_are_visible_and_read_only() {
         let req = cairn_proto::RunRequest {
             language: "python".into(),
             code_file: "scripts/main.py".into(),
-            input_files: vec![input("scripts/main.py", b"import sys\nprint('from file', sys.argv[0])\n")],
+            input_files: vec![input(
+                "scripts/main.py",
+                b"import sys\nprint('from file', sys.argv[0])\n",
+            )],
             ..Default::default()
         };
         let out = r.run(req).await;
-        assert_eq!(text(&out.stdout), "from file /input/scripts/main.py\n", "{}", text(&out.stderr));
+        assert_eq!(
+            text(&out.stdout),
+            "from file /input/scripts/main.py\n",
+            "{}",
+            text(&out.stderr)
+        );
         r.stop().await;
     }
 }
@@ -81,23 +105,45 @@ async fn bad_requests_are_refused_before_anything_runs() {
         let mut req = python("print(1)");
         req.input_files = vec![input("/etc/passwd", b"x")];
         let err = c.run(req).await.unwrap_err();
-        assert_eq!(cairn_proto::reason::of(&err).as_deref(), Some("absolute_path"));
-        let req = with_limits(python("print(1)"), Limits { memory_bytes: u64::MAX, ..Default::default() });
+        assert_eq!(
+            cairn_proto::reason::of(&err).as_deref(),
+            Some("absolute_path")
+        );
+        let req = with_limits(
+            python("print(1)"),
+            Limits {
+                memory_bytes: u64::MAX,
+                ..Default::default()
+            },
+        );
         let err = c.run(req).await.unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument);
         assert!(err.message().contains("memory_bytes"), "{}", err.message());
         let mut req = python("print(1)");
-        req.limits = Some(Limits { max_input_files: 1, ..Default::default() });
+        req.limits = Some(Limits {
+            max_input_files: 1,
+            ..Default::default()
+        });
         req.input_files = vec![input("a", b"1"), input("b", b"2")];
         let err = c.run(req).await.unwrap_err();
         assert_eq!(err.code(), tonic::Code::ResourceExhausted);
         let mut req = python("print(1)");
         req.language = "cobol".into();
-        assert_eq!(c.run(req).await.unwrap_err().code(), tonic::Code::InvalidArgument);
+        assert_eq!(
+            c.run(req).await.unwrap_err().code(),
+            tonic::Code::InvalidArgument
+        );
         let mut req = python("print(1)");
         req.network = true;
-        assert_eq!(c.run(req).await.unwrap_err().code(), tonic::Code::InvalidArgument);
-        let info = c.get_runner_info(cairn_proto::GetRunnerInfoRequest {}).await.unwrap().into_inner();
+        assert_eq!(
+            c.run(req).await.unwrap_err().code(),
+            tonic::Code::InvalidArgument
+        );
+        let info = c
+            .get_runner_info(cairn_proto::GetRunnerInfoRequest {})
+            .await
+            .unwrap()
+            .into_inner();
         assert_eq!(info.runner_id, r.handle.runner_id());
         assert!(info.languages.contains(&"python".to_string()));
         assert!(info.max_limits.unwrap().memory_bytes >= info.default_limits.unwrap().memory_bytes);
@@ -119,7 +165,11 @@ async fn outputs_come_back_byte_exact() {
             ))
             .await;
         assert_eq!(out.exit_code, 0, "{backend:?} {}", text(&out.stderr));
-        let mut files: Vec<_> = out.output_files.iter().map(|f| (f.path.as_str(), f.content.to_vec())).collect();
+        let mut files: Vec<_> = out
+            .output_files
+            .iter()
+            .map(|f| (f.path.as_str(), f.content.to_vec()))
+            .collect();
         files.sort();
         let expected_bin: Vec<u8> = (0..=255u8).collect::<Vec<_>>().repeat(3);
         assert_eq!(
@@ -130,7 +180,11 @@ async fn outputs_come_back_byte_exact() {
                 ("sub/deeper/t.txt", "é\r\n".as_bytes().to_vec()),
             ]
         );
-        let bin = out.output_files.iter().find(|f| f.path == "bytes.bin").unwrap();
+        let bin = out
+            .output_files
+            .iter()
+            .find(|f| f.path == "bytes.bin")
+            .unwrap();
         assert_eq!(bin.size_bytes, 768);
         use sha2::Digest;
         assert_eq!(bin.sha256, hex::encode(sha2::Sha256::digest(&expected_bin)));
@@ -145,7 +199,11 @@ async fn outputs_come_back_byte_exact() {
 async fn invalid_utf8_and_closed_stdin() {
     for backend in backends("utf8_stdin").await {
         let r = TestRunner::start(backend).await;
-        let out = r.run(python("import sys; sys.stdout.buffer.write(b'\\xff\\xfe ok \\x80')")).await;
+        let out = r
+            .run(python(
+                "import sys; sys.stdout.buffer.write(b'\\xff\\xfe ok \\x80')",
+            ))
+            .await;
         assert_eq!(&out.stdout[..], b"\xff\xfe ok \x80");
         let out = r
             .run(with_timeout(
@@ -153,7 +211,12 @@ async fn invalid_utf8_and_closed_stdin() {
                 20_000,
             ))
             .await;
-        assert_eq!(text(&out.stdout), "EOF\n", "{backend:?}: {}", text(&out.stderr));
+        assert_eq!(
+            text(&out.stdout),
+            "EOF\n",
+            "{backend:?}: {}",
+            text(&out.stderr)
+        );
         assert!(!out.timed_out);
         r.stop().await;
     }
@@ -203,7 +266,12 @@ async fn setsid_children_die_with_the_run() {
         );
         let out = r.run(with_timeout(python(&code), 2500)).await;
         assert!(out.timed_out);
-        assert_eq!(text(&out.stdout), "started\n", "{backend:?}: {}", text(&out.stderr));
+        assert_eq!(
+            text(&out.stdout),
+            "started\n",
+            "{backend:?}: {}",
+            text(&out.stderr)
+        );
         // Nothing of the run survives it: no process, no container.
         let mut left = processes_with(&marker);
         for _ in 0..20 {
@@ -215,7 +283,10 @@ async fn setsid_children_die_with_the_run() {
         }
         assert!(left.is_empty(), "{backend:?}: processes survived: {left:?}");
         if backend == BackendChoice::Docker {
-            assert!(containers_named(&out.job_id).await.is_empty(), "container left");
+            assert!(
+                containers_named(&out.job_id).await.is_empty(),
+                "container left"
+            );
         }
         r.stop().await;
     }
@@ -227,14 +298,23 @@ async fn fork_bomb_ends_and_the_next_run_works() {
         let r = TestRunner::start(backend).await;
         let req = with_limits(
             bash(":(){ :|:& };:; sleep 30"),
-            Limits { timeout_ms: 5000, pids: 64, ..Default::default() },
+            Limits {
+                timeout_ms: 5000,
+                pids: 64,
+                ..Default::default()
+            },
         );
         let t0 = std::time::Instant::now();
         let out = r.run(req).await;
         assert!(t0.elapsed().as_secs() < 60);
         assert!(out.timed_out, "{backend:?}: {out:?}");
         let out = r.run(python("print('alive')")).await;
-        assert_eq!(text(&out.stdout), "alive\n", "{backend:?}: {}", text(&out.stderr));
+        assert_eq!(
+            text(&out.stdout),
+            "alive\n",
+            "{backend:?}: {}",
+            text(&out.stderr)
+        );
         r.stop().await;
     }
 }
@@ -245,7 +325,11 @@ async fn memory_bomb_is_stopped() {
         let r = TestRunner::start(backend).await;
         let req = with_limits(
             python("x = []\nwhile True:\n    x.append(bytearray(16 * 1024 * 1024))\n"),
-            Limits { memory_bytes: 128 * 1024 * 1024, timeout_ms: 30_000, ..Default::default() },
+            Limits {
+                memory_bytes: 128 * 1024 * 1024,
+                timeout_ms: 30_000,
+                ..Default::default()
+            },
         );
         let out = r.run(req).await;
         assert!(!out.timed_out, "{backend:?}: {out:?}");
@@ -254,7 +338,11 @@ async fn memory_bomb_is_stopped() {
             // The kernel's OOM killer ends it inside the container's memory cgroup.
             BackendChoice::Docker => assert!(out.oom_killed, "docker: {out:?}"),
             // RLIMIT_AS: the allocation fails inside the program instead.
-            _ => assert!(text(&out.stderr).contains("MemoryError"), "local: {}", text(&out.stderr)),
+            _ => assert!(
+                text(&out.stderr).contains("MemoryError"),
+                "local: {}",
+                text(&out.stderr)
+            ),
         }
         r.stop().await;
     }
@@ -289,7 +377,16 @@ async fn output_links_and_bad_names_are_refused() {
         let mut rejected: Vec<_> = out
             .rejected_outputs
             .iter()
-            .map(|r| (if r.path == "ok.txt" { "ok-again.txt" } else { r.path.as_str() }, r.reason.as_str()))
+            .map(|r| {
+                (
+                    if r.path == "ok.txt" {
+                        "ok-again.txt"
+                    } else {
+                        r.path.as_str()
+                    },
+                    r.reason.as_str(),
+                )
+            })
             .collect();
         rejected.sort();
         assert_eq!(
@@ -307,8 +404,14 @@ async fn output_links_and_bad_names_are_refused() {
             "{backend:?}"
         );
         for f in &out.output_files {
-            assert!(!f.content.windows(4).any(|w| w == b"root"), "passwd content leaked");
-            assert!(!f.content.windows(6).any(|w| w == b"secret"), "host file leaked");
+            assert!(
+                !f.content.windows(4).any(|w| w == b"root"),
+                "passwd content leaked"
+            );
+            assert!(
+                !f.content.windows(6).any(|w| w == b"secret"),
+                "host file leaked"
+            );
         }
         r.stop().await;
     }
@@ -323,10 +426,18 @@ async fn output_count_limit_stops_collection() {
             Limits { timeout_ms: 120_000, max_output_files: 500, ..Default::default() },
         );
         let out = r.run(req).await;
-        assert_eq!(text(&out.stdout), "done\n", "{backend:?}: {}", text(&out.stderr));
+        assert_eq!(
+            text(&out.stdout),
+            "done\n",
+            "{backend:?}: {}",
+            text(&out.stderr)
+        );
         assert_eq!(out.output_files.len(), 500);
         assert!(out.outputs_truncated);
-        assert_eq!(out.rejected_outputs.last().unwrap().reason, "too_many_files");
+        assert_eq!(
+            out.rejected_outputs.last().unwrap().reason,
+            "too_many_files"
+        );
         r.stop().await;
     }
 }
@@ -366,7 +477,9 @@ async fn run_stream_sends_chunks_then_the_result() {
         let mut stream = r
             .client
             .clone()
-            .run_stream(python("import time\nprint('a', flush=True)\ntime.sleep(0.3)\nprint('b', flush=True)\n"))
+            .run_stream(python(
+                "import time\nprint('a', flush=True)\ntime.sleep(0.3)\nprint('b', flush=True)\n",
+            ))
             .await
             .unwrap()
             .into_inner();

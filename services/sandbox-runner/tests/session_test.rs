@@ -1,5 +1,6 @@
 //! Sessions (seed 003) over gRPC on every backend: git source from a local bare repository,
 //! exec, confined workspace tools, pack with excludes, close.
+#![allow(clippy::unwrap_used)]
 
 mod common;
 
@@ -19,12 +20,23 @@ fn bare_repo(dir: &Path) -> (String, BTreeMap<String, Vec<u8>>) {
     std::fs::create_dir_all(&src).unwrap();
     let git = |args: &[&str], cwd: &Path| {
         let out = Command::new("git")
-            .args(["-c", "user.name=t", "-c", "user.email=t@example.invalid", "-c", "init.defaultBranch=main"])
+            .args([
+                "-c",
+                "user.name=t",
+                "-c",
+                "user.email=t@example.invalid",
+                "-c",
+                "init.defaultBranch=main",
+            ])
             .args(args)
             .current_dir(cwd)
             .output()
             .unwrap();
-        assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     };
     git(&["init", "-q"], &src);
     std::fs::write(src.join("README.md"), "main branch\n").unwrap();
@@ -34,10 +46,19 @@ fn bare_repo(dir: &Path) -> (String, BTreeMap<String, Vec<u8>>) {
     let files: BTreeMap<String, Vec<u8>> = [
         ("README.md", b"# Demo\nHello World\n".to_vec()),
         ("src/main.py", b"print('hello')\n# TODO: more\n".to_vec()),
-        ("src/util.py", b"def helper():\n    return 42  # todo lower\n".to_vec()),
+        (
+            "src/util.py",
+            b"def helper():\n    return 42  # todo lower\n".to_vec(),
+        ),
         ("data/blob.bin", (0..=255u8).collect()),
-        ("node_modules/dep/index.js", b"module.exports = 1\n".to_vec()),
-        ("src/__pycache__/main.cpython-311.pyc", b"\x00\x01pyc".to_vec()),
+        (
+            "node_modules/dep/index.js",
+            b"module.exports = 1\n".to_vec(),
+        ),
+        (
+            "src/__pycache__/main.cpython-311.pyc",
+            b"\x00\x01pyc".to_vec(),
+        ),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
@@ -53,7 +74,13 @@ fn bare_repo(dir: &Path) -> (String, BTreeMap<String, Vec<u8>>) {
     (dir.join("repo.git").to_string_lossy().into_owned(), files)
 }
 
-async fn exec(r: &TestRunner, sid: &str, command: &str, workdir: &str, timeout_ms: u64) -> pb::ExecResult {
+async fn exec(
+    r: &TestRunner,
+    sid: &str,
+    command: &str,
+    workdir: &str,
+    timeout_ms: u64,
+) -> pb::ExecResult {
     r.client
         .clone()
         .exec(pb::ExecRequest {
@@ -68,7 +95,12 @@ async fn exec(r: &TestRunner, sid: &str, command: &str, workdir: &str, timeout_m
         .into_inner()
 }
 
-async fn pack(r: &TestRunner, sid: &str, format: pb::ArchiveFormat, excludes: &[&str]) -> (Vec<u8>, pb::PackSummary) {
+async fn pack(
+    r: &TestRunner,
+    sid: &str,
+    format: pb::ArchiveFormat,
+    excludes: &[&str],
+) -> (Vec<u8>, pb::PackSummary) {
     let mut stream = r
         .client
         .clone()
@@ -125,122 +157,243 @@ async fn session_from_git_exec_tools_pack_close() {
         let (url, files) = bare_repo(repos.path());
         let r = TestRunner::start(backend).await;
         let mut c = r.client.clone();
+        let sid = format!("sess-{}", uuid::Uuid::new_v4().simple());
         let info = c
             .open_session(pb::OpenSessionRequest {
-                session_id: "sess-1".into(),
-                git: Some(pb::GitSource { url: url.clone(), r#ref: "feature".into() }),
+                session_id: sid.clone(),
+                git: Some(pb::GitSource {
+                    url: url.clone(),
+                    r#ref: "feature".into(),
+                }),
                 ..Default::default()
             })
             .await
             .unwrap()
             .into_inner();
         assert_eq!(info.git_commit.len(), 40, "{info:?}");
-        assert_eq!(info.container_name, "cairn_sess-1_runner");
-        let dup = c.open_session(pb::OpenSessionRequest { session_id: "sess-1".into(), ..Default::default() }).await;
+        assert_eq!(info.container_name, format!("cairn_{sid}_runner"));
+        let dup = c
+            .open_session(pb::OpenSessionRequest {
+                session_id: sid.clone(),
+                ..Default::default()
+            })
+            .await;
         assert_eq!(dup.unwrap_err().code(), tonic::Code::AlreadyExists);
 
         // exec: bash -lc in /workspace, exit codes, workdir, timeout
-        let out = exec(&r, "sess-1", "pwd; cat README.md; id -u; exit 4", "", 0).await;
-        assert_eq!(text(&out.stdout), "/workspace\n# Demo\nHello World\n10001\n", "{backend:?}: {}", text(&out.stderr));
+        let out = exec(&r, &sid, "pwd; cat README.md; id -u; exit 4", "", 0).await;
+        assert_eq!(
+            text(&out.stdout),
+            "/workspace\n# Demo\nHello World\n10001\n",
+            "{backend:?}: {}",
+            text(&out.stderr)
+        );
         assert_eq!(out.exit_code, 4);
-        let out = exec(&r, "sess-1", "pwd && python3 main.py", "src", 0).await;
+        let out = exec(&r, &sid, "pwd && python3 main.py", "src", 0).await;
         assert_eq!(text(&out.stdout), "/workspace/src\nhello\n");
-        let out = exec(&r, "sess-1", "echo started; sleep 60", "", 1000).await;
+        let out = exec(&r, &sid, "echo started; sleep 60", "", 1000).await;
         assert!(out.timed_out && out.exit_code == -1, "{out:?}");
         assert_eq!(text(&out.stdout), "started\n");
-        let out = exec(&r, "sess-1", "echo still here", "", 0).await;
-        assert_eq!(text(&out.stdout), "still here\n", "session survives a timed-out command");
+        let out = exec(&r, &sid, "echo still here", "", 0).await;
+        assert_eq!(
+            text(&out.stdout),
+            "still here\n",
+            "session survives a timed-out command"
+        );
         let err = c
-            .exec(pb::ExecRequest { session_id: "sess-1".into(), command: "true".into(), workdir: "../..".into(), ..Default::default() })
+            .exec(pb::ExecRequest {
+                session_id: sid.clone(),
+                command: "true".into(),
+                workdir: "../..".into(),
+                ..Default::default()
+            })
             .await
             .unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument);
 
         // write / read (overwrite, append), and the code can change what we wrote
         let w = c
-            .write_file(pb::WriteFileRequest { session_id: "sess-1".into(), path: "notes/a.txt".into(), content: b"one\n".to_vec().into(), mode: pb::WriteMode::Overwrite as i32 })
+            .write_file(pb::WriteFileRequest {
+                session_id: sid.clone(),
+                path: "notes/a.txt".into(),
+                content: b"one\n".to_vec().into(),
+                mode: pb::WriteMode::Overwrite as i32,
+            })
             .await
             .unwrap()
             .into_inner();
         assert_eq!((w.bytes_written, w.size_bytes), (4, 4));
         let w = c
-            .write_file(pb::WriteFileRequest { session_id: "sess-1".into(), path: "notes/a.txt".into(), content: b"two\n".to_vec().into(), mode: pb::WriteMode::Append as i32 })
+            .write_file(pb::WriteFileRequest {
+                session_id: sid.clone(),
+                path: "notes/a.txt".into(),
+                content: b"two\n".to_vec().into(),
+                mode: pb::WriteMode::Append as i32,
+            })
             .await
             .unwrap()
             .into_inner();
         assert_eq!(w.size_bytes, 8);
-        let out = exec(&r, "sess-1", "echo three >> notes/a.txt && cat notes/a.txt", "", 0).await;
-        assert_eq!(text(&out.stdout), "one\ntwo\nthree\n", "{}", text(&out.stderr));
+        let out = exec(
+            &r,
+            &sid,
+            "echo three >> notes/a.txt && cat notes/a.txt",
+            "",
+            0,
+        )
+        .await;
+        assert_eq!(
+            text(&out.stdout),
+            "one\ntwo\nthree\n",
+            "{}",
+            text(&out.stderr)
+        );
         let rd = c
-            .read_file(pb::ReadFileRequest { session_id: "sess-1".into(), path: "notes/a.txt".into(), max_bytes: 5 })
+            .read_file(pb::ReadFileRequest {
+                session_id: sid.clone(),
+                path: "notes/a.txt".into(),
+                max_bytes: 5,
+            })
             .await
             .unwrap()
             .into_inner();
-        assert_eq!((&rd.content[..], rd.truncated, rd.size_bytes), (&b"one\nt"[..], true, 14));
+        assert_eq!(
+            (&rd.content[..], rd.truncated, rd.size_bytes),
+            (&b"one\nt"[..], true, 14)
+        );
 
         // symlinks planted by the code lead nowhere
-        let out = exec(&r, "sess-1", "ln -s /etc/passwd leak && ln -s / rootlink && ln -s .. up", "", 0).await;
+        let out = exec(
+            &r,
+            &sid,
+            "ln -s /etc/passwd leak && ln -s / rootlink && ln -s .. up",
+            "",
+            0,
+        )
+        .await;
         assert_eq!(out.exit_code, 0);
         for path in ["leak", "rootlink/etc/passwd", "up/x"] {
             let err = c
-                .read_file(pb::ReadFileRequest { session_id: "sess-1".into(), path: path.into(), max_bytes: 0 })
+                .read_file(pb::ReadFileRequest {
+                    session_id: sid.clone(),
+                    path: path.into(),
+                    max_bytes: 0,
+                })
                 .await
                 .unwrap_err();
             assert_eq!(err.code(), tonic::Code::PermissionDenied, "{path}: {err:?}");
-            assert_eq!(cairn_proto::reason::of(&err).as_deref(), Some("symlink_in_path"));
+            assert_eq!(
+                cairn_proto::reason::of(&err).as_deref(),
+                Some("symlink_in_path")
+            );
         }
         for path in ["rootlink/tmp/evil", "leak"] {
             let err = c
-                .write_file(pb::WriteFileRequest { session_id: "sess-1".into(), path: path.into(), content: b"x".to_vec().into(), mode: pb::WriteMode::Append as i32 })
+                .write_file(pb::WriteFileRequest {
+                    session_id: sid.clone(),
+                    path: path.into(),
+                    content: b"x".to_vec().into(),
+                    mode: pb::WriteMode::Append as i32,
+                })
                 .await
                 .unwrap_err();
             assert_eq!(err.code(), tonic::Code::PermissionDenied, "{path}: {err:?}");
         }
-        assert_eq!(std::fs::read_to_string("/etc/passwd").unwrap().contains("evil"), false);
+        assert!(!std::fs::read_to_string("/etc/passwd").unwrap().contains("evil"));
         let err = c
-            .read_file(pb::ReadFileRequest { session_id: "sess-1".into(), path: "../../etc/passwd".into(), max_bytes: 0 })
+            .read_file(pb::ReadFileRequest {
+                session_id: sid.clone(),
+                path: "../../etc/passwd".into(),
+                max_bytes: 0,
+            })
             .await
             .unwrap_err();
         assert_eq!(cairn_proto::reason::of(&err).as_deref(), Some("traversal"));
 
         // glob
         let g = c
-            .glob(pb::GlobRequest { session_id: "sess-1".into(), pattern: "**/*.py".into(), base_path: String::new(), max_results: 0 })
+            .glob(pb::GlobRequest {
+                session_id: sid.clone(),
+                pattern: "**/*.py".into(),
+                base_path: String::new(),
+                max_results: 0,
+            })
             .await
             .unwrap()
             .into_inner();
         assert_eq!(g.paths, ["src/main.py", "src/util.py"]);
         let g = c
-            .glob(pb::GlobRequest { session_id: "sess-1".into(), pattern: "*".into(), base_path: "src".into(), max_results: 1 })
+            .glob(pb::GlobRequest {
+                session_id: sid.clone(),
+                pattern: "*".into(),
+                base_path: "src".into(),
+                max_results: 1,
+            })
             .await
             .unwrap()
             .into_inner();
         assert_eq!((g.paths.len(), g.truncated), (1, true));
         let err = c
-            .glob(pb::GlobRequest { session_id: "sess-1".into(), pattern: "*".into(), base_path: "rootlink/etc".into(), max_results: 0 })
+            .glob(pb::GlobRequest {
+                session_id: sid.clone(),
+                pattern: "*".into(),
+                base_path: "rootlink/etc".into(),
+                max_results: 0,
+            })
             .await
             .unwrap_err();
         assert_eq!(err.code(), tonic::Code::PermissionDenied);
 
         // grep: literal, case, regex, cap; never through links
-        let grep = |pattern: &str, is_regex: bool, case_sensitive: bool, max: u32| pb::GrepRequest {
-            session_id: "sess-1".into(),
-            pattern: pattern.into(),
-            path: String::new(),
-            is_regex,
-            case_sensitive,
-            max_matches: max,
-        };
-        let m = c.grep(grep("TODO", false, true, 0)).await.unwrap().into_inner();
-        assert_eq!(m.matches.iter().map(|m| (m.path.as_str(), m.line)).collect::<Vec<_>>(), [("src/main.py", 2)]);
-        let m = c.grep(grep("todo", false, false, 0)).await.unwrap().into_inner();
+        let grep =
+            |pattern: &str, is_regex: bool, case_sensitive: bool, max: u32| pb::GrepRequest {
+                session_id: sid.clone(),
+                pattern: pattern.into(),
+                path: String::new(),
+                is_regex,
+                case_sensitive,
+                max_matches: max,
+            };
+        let m = c
+            .grep(grep("TODO", false, true, 0))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            m.matches
+                .iter()
+                .map(|m| (m.path.as_str(), m.line))
+                .collect::<Vec<_>>(),
+            [("src/main.py", 2)]
+        );
+        let m = c
+            .grep(grep("todo", false, false, 0))
+            .await
+            .unwrap()
+            .into_inner();
         assert_eq!(m.matches.len(), 2);
-        let m = c.grep(grep(r"return \d+", true, true, 0)).await.unwrap().into_inner();
+        let m = c
+            .grep(grep(r"return \d+", true, true, 0))
+            .await
+            .unwrap()
+            .into_inner();
         assert_eq!(m.matches[0].text, "    return 42  # todo lower");
-        let m = c.grep(grep("o", false, true, 2)).await.unwrap().into_inner();
+        let m = c
+            .grep(grep("o", false, true, 2))
+            .await
+            .unwrap()
+            .into_inner();
         assert_eq!((m.matches.len(), m.truncated), (2, true));
-        let m = c.grep(grep("root:", false, true, 0)).await.unwrap().into_inner();
-        assert!(m.matches.is_empty(), "grep read through a link: {:?}", m.matches);
+        let m = c
+            .grep(grep("root:", false, true, 0))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(
+            m.matches.is_empty(),
+            "grep read through a link: {:?}",
+            m.matches
+        );
 
         // pack: zip and tar.gz with the seed's excludes
         let excludes = [".git/**", "node_modules/**", "**/__pycache__/**"];
@@ -251,21 +404,40 @@ async fn session_from_git_exec_tools_pack_close() {
             .collect();
         expected.insert("notes/a.txt".into(), b"one\ntwo\nthree\n".to_vec());
         for format in [pb::ArchiveFormat::Zip, pb::ArchiveFormat::TarGz] {
-            let (bytes, summary) = pack(&r, "sess-1", format, &excludes).await;
-            let got = if format == pb::ArchiveFormat::Zip { unzip(&bytes) } else { untar_gz(&bytes) };
+            let (bytes, summary) = pack(&r, &sid, format, &excludes).await;
+            let got = if format == pb::ArchiveFormat::Zip {
+                unzip(&bytes)
+            } else {
+                untar_gz(&bytes)
+            };
             assert_eq!(got, expected, "{backend:?} {format:?}");
             let digest = summary.digest.clone().unwrap();
             assert_eq!(digest.sha256, hex::encode(sha2::Sha256::digest(&bytes)));
             assert_eq!(digest.size_bytes, bytes.len() as u64);
             assert_eq!(summary.entries as usize, expected.len());
             assert!(summary.excluded >= 2, "{summary:?}");
-            let mut refused: Vec<_> = summary.refused.iter().map(|r| (r.path.as_str(), r.reason.as_str())).collect();
+            let mut refused: Vec<_> = summary
+                .refused
+                .iter()
+                .map(|r| (r.path.as_str(), r.reason.as_str()))
+                .collect();
             refused.sort();
-            assert_eq!(refused, [("leak", "symlink"), ("rootlink", "symlink"), ("up", "symlink")]);
-            assert!(summary.archive_name.starts_with("sess-1."));
+            assert_eq!(
+                refused,
+                [
+                    ("leak", "symlink"),
+                    ("rootlink", "symlink"),
+                    ("up", "symlink")
+                ]
+            );
+            assert!(summary.archive_name.starts_with(&format!("{sid}.")));
         }
         let too_small = c
-            .pack(pb::PackRequest { session_id: "sess-1".into(), max_archive_bytes: 100, ..Default::default() })
+            .pack(pb::PackRequest {
+                session_id: sid.clone(),
+                max_archive_bytes: 100,
+                ..Default::default()
+            })
             .await;
         let err = match too_small {
             Err(e) => e,
@@ -274,17 +446,41 @@ async fn session_from_git_exec_tools_pack_close() {
         assert_eq!(err.code(), tonic::Code::ResourceExhausted);
 
         // close removes everything
-        let task_dir = r.work_root.path().join("tasks").join("sess-1");
+        let task_dir = r.work_root.path().join("tasks").join(&sid);
         assert!(task_dir.exists());
-        let closed = c.close_session(pb::CloseSessionRequest { session_id: "sess-1".into() }).await.unwrap().into_inner();
+        let closed = c
+            .close_session(pb::CloseSessionRequest {
+                session_id: sid.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
         assert!(closed.closed);
         assert!(!task_dir.exists(), "task dir left");
         if backend == BackendChoice::Docker {
-            assert!(containers_named("cairn_sess-1_runner").await.is_empty(), "container left");
+            assert!(
+                containers_named(&format!("cairn_{sid}_runner"))
+                    .await
+                    .is_empty(),
+                "container left"
+            );
         }
-        let again = c.close_session(pb::CloseSessionRequest { session_id: "sess-1".into() }).await.unwrap().into_inner();
+        let again = c
+            .close_session(pb::CloseSessionRequest {
+                session_id: sid.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
         assert!(!again.closed);
-        let err = c.exec(pb::ExecRequest { session_id: "sess-1".into(), command: "true".into(), ..Default::default() }).await.unwrap_err();
+        let err = c
+            .exec(pb::ExecRequest {
+                session_id: sid.clone(),
+                command: "true".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
         assert_eq!(err.code(), tonic::Code::NotFound);
         r.stop().await;
     }
@@ -295,31 +491,62 @@ async fn empty_session_and_shutdown_cleanup() {
     for backend in backends("session_shutdown").await {
         let r = TestRunner::start(backend).await;
         let mut c = r.client.clone();
-        let info = c.open_session(pb::OpenSessionRequest::default()).await.unwrap().into_inner();
+        let info = c
+            .open_session(pb::OpenSessionRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
         assert!(info.git_commit.is_empty());
         let out = exec(&r, &info.session_id, "ls -A | wc -l; touch made", "", 0).await;
         assert_eq!(text(&out.stdout), "0\n");
         let bad = c
             .open_session(pb::OpenSessionRequest {
                 session_id: "bad-git".into(),
-                git: Some(pb::GitSource { url: "/nonexistent/repo.git".into(), r#ref: String::new() }),
+                git: Some(pb::GitSource {
+                    url: "/nonexistent/repo.git".into(),
+                    r#ref: String::new(),
+                }),
                 ..Default::default()
             })
             .await
             .unwrap_err();
         assert_eq!(bad.code(), tonic::Code::InvalidArgument);
-        assert!(!r.work_root.path().join("tasks").join("bad-git").exists(), "failed open left its directory");
-        let info2 = c.get_runner_info(pb::GetRunnerInfoRequest {}).await.unwrap().into_inner();
+        assert!(
+            !r.work_root.path().join("tasks").join("bad-git").exists(),
+            "failed open left its directory"
+        );
+        let info2 = c
+            .get_runner_info(pb::GetRunnerInfoRequest {})
+            .await
+            .unwrap()
+            .into_inner();
         assert_eq!(info2.open_sessions, 1);
         let tasks = r.work_root.path().join("tasks");
         let runner_id = r.handle.runner_id().to_string();
         r.handle.shutdown().await;
-        assert_eq!(std::fs::read_dir(&tasks).unwrap().count(), 0, "shutdown removes session directories");
+        assert_eq!(
+            std::fs::read_dir(&tasks).unwrap().count(),
+            0,
+            "shutdown removes session directories"
+        );
         if backend == BackendChoice::Docker {
-            assert!(containers_of(&runner_id).await.is_empty(), "shutdown removes containers");
+            assert!(
+                containers_of(&runner_id).await.is_empty(),
+                "shutdown removes containers"
+            );
         }
-        let err = c.exec(pb::ExecRequest { session_id: info.session_id.clone(), command: "true".into(), ..Default::default() }).await.unwrap_err();
-        assert!(matches!(err.code(), tonic::Code::Unavailable | tonic::Code::NotFound), "{err:?}");
+        let err = c
+            .exec(pb::ExecRequest {
+                session_id: info.session_id.clone(),
+                command: "true".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err.code(), tonic::Code::Unavailable | tonic::Code::NotFound),
+            "{err:?}"
+        );
         r.stop().await;
     }
 }

@@ -1,5 +1,6 @@
 //! Shared test harness: a store served in-process on 127.0.0.1:0 (or the real binary as a
 //! child process), and small client helpers over the generated gRPC client.
+#![allow(clippy::unwrap_used)]
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};

@@ -446,9 +446,8 @@ pub fn valid_node_id(id: &str) -> bool {
     !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
-const COMMON_FIELDS: &[&str] = &["id", "type", "title", "needs", "when", "trigger", "retry", "timeout_s", "ingest"];
 
-fn field_err<E: fmt::Display>(node: &str, field: &str) -> impl FnOnce(E) -> GraphError + '_ {
+fn field_err<'a, E: fmt::Display>(node: &'a str, field: &'a str) -> impl FnOnce(E) -> GraphError + 'a {
     move |e| GraphError::node(node, Some(field), e.to_string())
 }
 

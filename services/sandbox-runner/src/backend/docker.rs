@@ -11,9 +11,9 @@ use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig, ResourcesUlimits};
 use bollard::query_parameters::{
-    AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, DownloadFromContainerOptionsBuilder,
-    KillContainerOptionsBuilder, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
-    UploadToContainerOptionsBuilder, WaitContainerOptionsBuilder,
+    AttachContainerOptionsBuilder, CreateContainerOptionsBuilder,
+    DownloadFromContainerOptionsBuilder, KillContainerOptionsBuilder, ListContainersOptionsBuilder,
+    RemoveContainerOptionsBuilder, UploadToContainerOptionsBuilder, WaitContainerOptionsBuilder,
 };
 use cairn_proto::StdStream;
 use futures::{Stream, StreamExt, TryStreamExt};
@@ -62,12 +62,14 @@ impl DockerBackend {
             source: e,
         })?;
         let live = LiveSet::default();
-        let pool = (config.pool_size > 0).then(|| Arc::new(Pool::new(client.clone(), config.clone(), live.clone())));
-        Ok(DockerBackend { client, config, live, pool })
-    }
-
-    pub fn client(&self) -> &bollard::Docker {
-        &self.client
+        let pool = (config.pool_size > 0)
+            .then(|| Arc::new(Pool::new(client.clone(), config.clone(), live.clone())));
+        Ok(DockerBackend {
+            client,
+            config,
+            live,
+            pool,
+        })
     }
 
     pub fn start_pool(&self) {
@@ -77,7 +79,10 @@ impl DockerBackend {
     }
 
     fn container_name(&self, id: &str) -> String {
-        format!("{}{id}{}", self.config.container_prefix, self.config.container_suffix)
+        format!(
+            "{}{id}{}",
+            self.config.container_prefix, self.config.container_suffix
+        )
     }
 
     /// Removes containers labelled with this runner's id (and, with `sweep_all_prefixed`, any
@@ -88,19 +93,39 @@ impl DockerBackend {
             "label".to_string(),
             vec![format!("{LABEL_RUNNER}={}", self.config.runner_id)],
         )]);
-        let opts = ListContainersOptionsBuilder::default().all(true).filters(&by_label).build();
-        for c in self.client.list_containers(Some(opts)).await.map_err(Error::docker("listing containers"))? {
+        let opts = ListContainersOptionsBuilder::default()
+            .all(true)
+            .filters(&by_label)
+            .build();
+        for c in self
+            .client
+            .list_containers(Some(opts))
+            .await
+            .map_err(Error::docker("listing containers"))?
+        {
             if let Some(id) = c.id {
                 names.insert(id);
             }
         }
         if self.config.sweep_all_prefixed {
-            let by_name = HashMap::from([("name".to_string(), vec![self.config.container_prefix.clone()])]);
-            let opts = ListContainersOptionsBuilder::default().all(true).filters(&by_name).build();
-            for c in self.client.list_containers(Some(opts)).await.map_err(Error::docker("listing containers"))? {
+            let by_name = HashMap::from([(
+                "name".to_string(),
+                vec![self.config.container_prefix.clone()],
+            )]);
+            let opts = ListContainersOptionsBuilder::default()
+                .all(true)
+                .filters(&by_name)
+                .build();
+            for c in self
+                .client
+                .list_containers(Some(opts))
+                .await
+                .map_err(Error::docker("listing containers"))?
+            {
                 let matches = c.names.iter().flatten().any(|n| {
                     let n = n.trim_start_matches('/');
-                    n.starts_with(&self.config.container_prefix) && n.ends_with(&self.config.container_suffix)
+                    n.starts_with(&self.config.container_prefix)
+                        && n.ends_with(&self.config.container_suffix)
                 });
                 if let (true, Some(id)) = (matches, c.id) {
                     names.insert(id);
@@ -133,8 +158,16 @@ impl DockerBackend {
         let body = ContainerCreateBody {
             image: Some(self.config.image.clone()),
             cmd: Some(job.argv()),
-            env: Some(job.environment().into_iter().map(|(k, v)| format!("{k}={v}")).collect()),
-            user: Some(format!("{}:{}", self.config.sandbox_uid, self.config.sandbox_gid)),
+            env: Some(
+                job.environment()
+                    .into_iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect(),
+            ),
+            user: Some(format!(
+                "{}:{}",
+                self.config.sandbox_uid, self.config.sandbox_gid
+            )),
             working_dir: Some("/tmp".into()),
             labels: Some(labels),
             attach_stdin: Some(false),
@@ -160,7 +193,9 @@ impl DockerBackend {
         let container = self.create(&name, body).await?;
         if !job.inputs.is_empty() {
             let tar = input_tar(job)?;
-            let opts = UploadToContainerOptionsBuilder::default().path("/input").build();
+            let opts = UploadToContainerOptionsBuilder::default()
+                .path("/input")
+                .build();
             self.client
                 .upload_to_container(&name, Some(opts), bollard::body_full(tar.into()))
                 .await
@@ -207,6 +242,7 @@ impl DockerBackend {
             exit_code: if timed_out { -1 } else { exit_code },
             timed_out,
             oom_killed,
+            warm: false,
             started_at,
             duration_ms,
             stdout,
@@ -243,17 +279,33 @@ impl DockerBackend {
         deadline: Instant,
         target: Target<'_>,
     ) -> bool {
-        pump(&self.client, self.config.kill_grace_ms, output, stdout, stderr, live, deadline, target).await
+        pump(
+            &self.client,
+            self.config.kill_grace_ms,
+            output,
+            stdout,
+            stderr,
+            live,
+            deadline,
+            target,
+        )
+        .await
     }
 
     async fn exit_code(&self, name: &str) -> Result<i32> {
-        let opts = WaitContainerOptionsBuilder::default().condition("not-running").build();
+        let opts = WaitContainerOptionsBuilder::default()
+            .condition("not-running")
+            .build();
         let mut wait = self.client.wait_container(name, Some(opts));
         match wait.next().await {
             Some(Ok(r)) => Ok(r.status_code as i32),
-            Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. })) => Ok(code as i32),
+            Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. })) => {
+                Ok(code as i32)
+            }
             Some(Err(e)) => Err(Error::docker("waiting for the container")(e)),
-            None => Err(Error::Sandbox("the engine closed the wait stream without an exit code".into())),
+            None => Err(Error::Sandbox(
+                "the engine closed the wait stream without an exit code".into(),
+            )),
         }
     }
 
@@ -269,13 +321,18 @@ impl DockerBackend {
 
     /// Streams /output out of the stopped container and parses it as it arrives.
     async fn collect(&self, name: &str, limits: &Limits) -> Result<Outputs> {
-        let opts = DownloadFromContainerOptionsBuilder::default().path("/output").build();
+        let opts = DownloadFromContainerOptionsBuilder::default()
+            .path("/output")
+            .build();
         let stream = self
             .client
             .download_from_container(name, Some(opts))
             .map_err(std::io::Error::other);
         let reader = tokio_util::io::StreamReader::new(stream);
-        let limits = OutputLimits { max_files: limits.max_output_files, max_bytes: limits.max_output_bytes };
+        let limits = OutputLimits {
+            max_files: limits.max_output_files,
+            max_bytes: limits.max_output_bytes,
+        };
         let handle = tokio::runtime::Handle::current();
         tokio::task::spawn_blocking(move || {
             let _guard = handle.enter();
@@ -339,8 +396,15 @@ impl DockerBackend {
                 "LANG=C.UTF-8".to_string(),
                 "PYTHONUNBUFFERED=1".to_string(),
             ]),
-            cmd: Some(vec!["bash".to_string(), "-lc".to_string(), spec.command.clone()]),
-            user: Some(format!("{}:{}", self.config.sandbox_uid, self.config.sandbox_gid)),
+            cmd: Some(vec![
+                "bash".to_string(),
+                "-lc".to_string(),
+                spec.command.clone(),
+            ]),
+            user: Some(format!(
+                "{}:{}",
+                self.config.sandbox_uid, self.config.sandbox_gid
+            )),
             working_dir: Some(spec.workdir.clone()),
             ..Default::default()
         };
@@ -352,7 +416,14 @@ impl DockerBackend {
         let t0 = Instant::now();
         let started = self
             .client
-            .start_exec(&exec.id, Some(StartExecOptions { detach: false, tty: false, output_capacity: None }))
+            .start_exec(
+                &exec.id,
+                Some(StartExecOptions {
+                    detach: false,
+                    tty: false,
+                    output_capacity: None,
+                }),
+            )
             .await
             .map_err(Error::docker("starting the exec"))?;
         let StartExecResults::Attached { mut output, input } = started else {
@@ -363,15 +434,37 @@ impl DockerBackend {
         let mut stdout = Capture::new(spec.max_output_bytes);
         let mut stderr = Capture::new(spec.max_output_bytes);
         let user = format!("{}:{}", self.config.sandbox_uid, self.config.sandbox_gid);
-        let target = Target::Session { name: &s.name, user: &user };
-        let timed_out = self.pump(&mut output, &mut stdout, &mut stderr, None, t0 + spec.timeout, target).await;
+        let target = Target::Session {
+            name: &s.name,
+            user: &user,
+        };
+        let timed_out = self
+            .pump(
+                &mut output,
+                &mut stdout,
+                &mut stderr,
+                None,
+                t0 + spec.timeout,
+                target,
+            )
+            .await;
         let exit_code = if timed_out {
             -1
         } else {
-            let info = self.client.inspect_exec(&exec.id).await.map_err(Error::docker("inspecting the exec"))?;
+            let info = self
+                .client
+                .inspect_exec(&exec.id)
+                .await
+                .map_err(Error::docker("inspecting the exec"))?;
             info.exit_code.unwrap_or(-1) as i32
         };
-        Ok(ExecOutcome { exit_code, timed_out, duration_ms: t0.elapsed().as_millis() as u64, stdout, stderr })
+        Ok(ExecOutcome {
+            exit_code,
+            timed_out,
+            duration_ms: t0.elapsed().as_millis() as u64,
+            stdout,
+            stderr,
+        })
     }
 
     pub async fn remove_container(&self, name: &str) -> Result<()> {
@@ -399,7 +492,11 @@ impl DockerBackend {
 pub fn host_config(limits: &Limits, network: bool) -> HostConfig {
     let memory = limits.memory_bytes as i64;
     HostConfig {
-        network_mode: Some(if network { "bridge".into() } else { "none".into() }),
+        network_mode: Some(if network {
+            "bridge".into()
+        } else {
+            "none".into()
+        }),
         memory: Some(memory),
         // Equal to memory: no swap.
         memory_swap: Some(memory),
@@ -417,7 +514,10 @@ pub fn host_config(limits: &Limits, network: bool) -> HostConfig {
         security_opt: Some(vec!["no-new-privileges".into()]),
         auto_remove: Some(false),
         // Output is read from the attach stream; nothing is kept in engine logs on disk.
-        log_config: Some(HostConfigLogConfig { typ: Some("none".into()), config: None }),
+        log_config: Some(HostConfigLogConfig {
+            typ: Some("none".into()),
+            config: None,
+        }),
         ..Default::default()
     }
 }
@@ -491,13 +591,24 @@ async fn signal(client: &bollard::Docker, target: Target<'_>, sig: &str) {
             // `kill -1` as the sandbox user reaches all of its processes but not the idle root one.
             let flag = if sig == "SIGKILL" { "-KILL" } else { "-TERM" };
             let opts = CreateExecOptions {
-                cmd: Some(vec!["bash".to_string(), "-c".to_string(), format!("kill {flag} -1")]),
+                cmd: Some(vec![
+                    "bash".to_string(),
+                    "-c".to_string(),
+                    format!("kill {flag} -1"),
+                ]),
                 user: Some(user.to_string()),
                 ..Default::default()
             };
             match client.create_exec(name, opts).await {
                 Ok(exec) => client
-                    .start_exec(&exec.id, Some(StartExecOptions { detach: true, tty: false, output_capacity: None }))
+                    .start_exec(
+                        &exec.id,
+                        Some(StartExecOptions {
+                            detach: true,
+                            tty: false,
+                            output_capacity: None,
+                        }),
+                    )
                     .await
                     .map(|_| ()),
                 Err(e) => Err(e),
@@ -511,25 +622,42 @@ async fn signal(client: &bollard::Docker, target: Target<'_>, sig: &str) {
 }
 
 /// Creates a container and returns the guard that removes it.
-pub async fn create(client: &bollard::Docker, live: &LiveSet, name: &str, body: ContainerCreateBody) -> Result<ContainerGuard> {
+pub async fn create(
+    client: &bollard::Docker,
+    live: &LiveSet,
+    name: &str,
+    body: ContainerCreateBody,
+) -> Result<ContainerGuard> {
     let opts = CreateContainerOptionsBuilder::default().name(name).build();
-    if let Ok(mut set) = live.lock() {
-        set.insert(name.to_owned());
-    }
-    let guard = ContainerGuard { client: client.clone(), live: live.clone(), name: name.to_owned(), armed: true };
+    // The guard comes after success: a failed create (the name taken) must not remove
+    // somebody else's container. A create cancelled in flight is left to the start-up sweep.
     client
         .create_container(Some(opts), body)
         .await
         .map_err(Error::docker(format!("creating container {name}")))?;
-    Ok(guard)
+    if let Ok(mut set) = live.lock() {
+        set.insert(name.to_owned());
+    }
+    Ok(ContainerGuard {
+        client: client.clone(),
+        live: live.clone(),
+        name: name.to_owned(),
+        armed: true,
+    })
 }
 
 /// Force-removes a container and its anonymous volumes; a missing container is fine.
 pub async fn remove(client: &bollard::Docker, name: &str) -> Result<()> {
-    let opts = RemoveContainerOptionsBuilder::default().force(true).v(true).build();
+    let opts = RemoveContainerOptionsBuilder::default()
+        .force(true)
+        .v(true)
+        .build();
     match client.remove_container(name, Some(opts)).await {
         Ok(()) => Ok(()),
-        Err(bollard::errors::Error::DockerResponseServerError { status_code: 404 | 409, .. }) => Ok(()),
+        Err(bollard::errors::Error::DockerResponseServerError {
+            status_code: 404 | 409,
+            ..
+        }) => Ok(()),
         Err(e) => Err(Error::docker(format!("removing container {name}"))(e)),
     }
 }
@@ -550,10 +678,6 @@ pub struct ContainerGuard {
 }
 
 impl ContainerGuard {
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
     pub async fn remove(mut self) -> Result<()> {
         self.armed = false;
         let result = remove(&self.client, &self.name).await;
@@ -582,7 +706,9 @@ impl Drop for ContainerGuard {
                     forget(&live, &name);
                 });
             }
-            Err(_) => tracing::warn!(container = %self.name, "no runtime to remove container; the start-up sweep will"),
+            Err(_) => {
+                tracing::warn!(container = %self.name, "no runtime to remove container; the start-up sweep will")
+            }
         }
     }
 }
@@ -612,16 +738,21 @@ fn input_tar(job: &Job) -> Result<Vec<u8>> {
     let err = Error::io("building the /input archive");
     for dir in &dirs {
         let mut h = header(tar::EntryType::Directory, 0o555, 0);
-        builder.append_data(&mut h, dir, std::io::empty()).map_err(|e| Error::Io {
-            context: format!("building the /input archive ({dir})"),
-            source: e,
-        })?;
+        builder
+            .append_data(&mut h, dir, std::io::empty())
+            .map_err(|e| Error::Io {
+                context: format!("building the /input archive ({dir})"),
+                source: e,
+            })?;
     }
     for input in &job.inputs {
         let mut h = header(tar::EntryType::Regular, 0o444, input.content.len() as u64);
         builder
             .append_data(&mut h, input.path.as_str(), &input.content[..])
-            .map_err(|e| Error::Io { context: format!("building the /input archive ({})", input.path), source: e })?;
+            .map_err(|e| Error::Io {
+                context: format!("building the /input archive ({})", input.path),
+                source: e,
+            })?;
     }
     builder.into_inner().map_err(err)
 }

@@ -29,8 +29,22 @@ use crate::outputs::{self, OutputLimits};
 
 /// Top-level host directories never shown inside a sandbox.
 const HIDDEN: &[&str] = &[
-    "proc", "dev", "sys", "tmp", "run", "mnt", "media", "lost+found", "root", "home", "boot", "srv", "input",
-    "output", "workspace", "tmpfs",
+    "proc",
+    "dev",
+    "sys",
+    "tmp",
+    "run",
+    "mnt",
+    "media",
+    "lost+found",
+    "root",
+    "home",
+    "boot",
+    "srv",
+    "input",
+    "output",
+    "workspace",
+    "tmpfs",
 ];
 
 pub struct LocalBackend {
@@ -100,24 +114,40 @@ impl LocalBackend {
         let mut shown = HashSet::new();
         for entry in entries {
             let name = entry.file_name();
-            let Some(name_str) = name.to_str() else { continue };
+            let Some(name_str) = name.to_str() else {
+                continue;
+            };
             if HIDDEN.contains(&name_str) || name_str.starts_with('.') {
                 continue;
             }
             let path = PathBuf::from("/").join(&name);
-            let Ok(meta) = std::fs::symlink_metadata(&path) else { continue };
+            let Ok(meta) = std::fs::symlink_metadata(&path) else {
+                continue;
+            };
             if meta.file_type().is_symlink() {
                 if let Ok(target) = std::fs::read_link(&path) {
-                    args.extend(["--symlink".into(), target.into_os_string(), path.into_os_string()]);
+                    args.extend([
+                        "--symlink".into(),
+                        target.into_os_string(),
+                        path.into_os_string(),
+                    ]);
                     shown.insert(name_str.to_owned());
                 }
             } else if meta.is_dir() {
-                args.extend(["--ro-bind".into(), path.clone().into_os_string(), path.into_os_string()]);
+                args.extend([
+                    "--ro-bind".into(),
+                    path.clone().into_os_string(),
+                    path.into_os_string(),
+                ]);
                 shown.insert(name_str.to_owned());
             }
         }
         let work_root = &self.config.work_root;
-        let top = work_root.components().nth(1).and_then(|c| c.as_os_str().to_str()).unwrap_or("");
+        let top = work_root
+            .components()
+            .nth(1)
+            .and_then(|c| c.as_os_str().to_str())
+            .unwrap_or("");
         if shown.contains(top) {
             args.extend(["--tmpfs".into(), work_root.clone().into_os_string()]);
         }
@@ -127,13 +157,21 @@ impl LocalBackend {
     /// Runs `true` in a sandbox once, so a host that cannot build one fails at start-up.
     fn probe(&self) -> Result<()> {
         let mut cmd = std::process::Command::new(&self.bwrap);
-        cmd.args(self.namespace_args(false)).args(&self.root_args).args(["--proc", "/proc", "--dev", "/dev"]);
-        cmd.args(["--", "true"]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+        cmd.args(self.namespace_args(false))
+            .args(&self.root_args)
+            .args(["--proc", "/proc", "--dev", "/dev"]);
+        cmd.args(["--", "true"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
         if self.as_root {
             use std::os::unix::process::CommandExt;
-            cmd.uid(self.config.sandbox_uid).gid(self.config.sandbox_gid);
+            cmd.uid(self.config.sandbox_uid)
+                .gid(self.config.sandbox_gid);
         }
-        let out = cmd.output().map_err(|e| Error::NoIsolation(format!("cannot start {}: {e}", self.bwrap.display())))?;
+        let out = cmd.output().map_err(|e| {
+            Error::NoIsolation(format!("cannot start {}: {e}", self.bwrap.display()))
+        })?;
         if !out.status.success() {
             return Err(Error::NoIsolation(format!(
                 "bubblewrap cannot build a sandbox here ({}): {}. Unprivileged user namespaces must be enabled (sysctl user.max_user_namespaces > 0)",
@@ -168,7 +206,13 @@ impl LocalBackend {
     }
 
     pub async fn run(&self, job: &Job, live: Option<&Live>) -> Result<Outcome> {
-        let task = TaskDir::create(&self.config.work_root, &job.id, self.config.sandbox_uid, self.config.sandbox_gid).await?;
+        let task = TaskDir::create(
+            &self.config.work_root,
+            &job.id,
+            self.config.sandbox_uid,
+            self.config.sandbox_gid,
+        )
+        .await?;
         let input = task.path.join("input");
         let output = task.path.join("output");
         stage_inputs(&input, job).await?;
@@ -184,7 +228,10 @@ impl LocalBackend {
             max_stderr: job.limits.max_stderr_bytes,
         };
         let done = self.sandboxed(spawn, live).await?;
-        let limits = OutputLimits { max_files: job.limits.max_output_files, max_bytes: job.limits.max_output_bytes };
+        let limits = OutputLimits {
+            max_files: job.limits.max_output_files,
+            max_bytes: job.limits.max_output_bytes,
+        };
         let outputs = tokio::task::spawn_blocking(move || outputs::from_dir(&output, limits))
             .await
             .map_err(|e| Error::Sandbox(format!("output collection panicked: {e}")))?
@@ -195,6 +242,7 @@ impl LocalBackend {
             timed_out: done.timed_out,
             // Memory is capped by RLIMIT_AS here: allocations fail, nothing is OOM-killed.
             oom_killed: false,
+            warm: false,
             started_at: done.started_at,
             duration_ms: done.duration_ms,
             stdout: done.stdout,
@@ -212,7 +260,10 @@ impl LocalBackend {
             network: s.network,
             chdir: spec.workdir.clone(),
             env: vec![
-                ("PATH".into(), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into()),
+                (
+                    "PATH".into(),
+                    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+                ),
                 ("HOME".into(), "/tmpfs".into()),
                 ("LANG".into(), "C.UTF-8".into()),
                 ("PYTHONUNBUFFERED".into(), "1".into()),
@@ -240,10 +291,17 @@ impl LocalBackend {
         cmd.args(self.namespace_args(spawn.network));
         cmd.args(&self.root_args);
         cmd.args(["--dev", "/dev", "--proc", "/proc"]);
-        cmd.args(["--size", &spawn.limits.memory_bytes.to_string(), "--tmpfs", "/tmp"]);
+        cmd.args([
+            "--size",
+            &spawn.limits.memory_bytes.to_string(),
+            "--tmpfs",
+            "/tmp",
+        ]);
         for (host, inside, writable) in &spawn.binds {
             cmd.args(["--dir", inside]);
-            cmd.arg(if *writable { "--bind" } else { "--ro-bind" }).arg(host).arg(inside);
+            cmd.arg(if *writable { "--bind" } else { "--ro-bind" })
+                .arg(host)
+                .arg(inside);
         }
         cmd.args(["--remount-ro", "/", "--chdir", &spawn.chdir, "--clearenv"]);
         for (k, v) in &spawn.env {
@@ -261,10 +319,13 @@ impl LocalBackend {
             "--".into(),
         ]);
         cmd.args(&spawn.argv);
-        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         cmd.process_group(0).kill_on_drop(true);
         if self.as_root {
-            cmd.uid(self.config.sandbox_uid).gid(self.config.sandbox_gid);
+            cmd.uid(self.config.sandbox_uid)
+                .gid(self.config.sandbox_gid);
         }
         let started_at = OffsetDateTime::now_utc();
         let t0 = Instant::now();
@@ -330,7 +391,11 @@ impl LocalBackend {
     }
 
     pub async fn shutdown(&self) {
-        let groups: Vec<i32> = self.running.lock().map(|s| s.iter().copied().collect()).unwrap_or_default();
+        let groups: Vec<i32> = self
+            .running
+            .lock()
+            .map(|s| s.iter().copied().collect())
+            .unwrap_or_default();
         for pid in groups {
             kill_group(pid, Signal::KILL);
         }
@@ -356,10 +421,15 @@ fn terminate_program(bwrap_pid: i32) {
 
 fn children(pid: i32) -> Vec<i32> {
     let mut out = Vec::new();
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return out };
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
     for task in tasks.flatten() {
         if let Ok(text) = std::fs::read_to_string(task.path().join("children")) {
-            out.extend(text.split_whitespace().filter_map(|s| s.parse::<i32>().ok()));
+            out.extend(
+                text.split_whitespace()
+                    .filter_map(|s| s.parse::<i32>().ok()),
+            );
         }
     }
     out
@@ -408,10 +478,17 @@ impl TaskDir {
         let p = path.clone();
         tokio::task::spawn_blocking(move || -> std::io::Result<()> {
             use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-            std::fs::DirBuilder::new().recursive(true).mode(0o711).create(p.parent().unwrap_or(&p))?;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o711)
+                .create(p.parent().unwrap_or(&p))?;
             std::fs::DirBuilder::new().mode(0o711).create(&p)?;
-            std::fs::DirBuilder::new().mode(0o755).create(p.join("input"))?;
-            std::fs::DirBuilder::new().mode(0o700).create(p.join("output"))?;
+            std::fs::DirBuilder::new()
+                .mode(0o755)
+                .create(p.join("input"))?;
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(p.join("output"))?;
             if rustix::process::geteuid().is_root() {
                 std::os::unix::fs::chown(p.join("output"), Some(uid), Some(gid))?;
             }
@@ -420,8 +497,14 @@ impl TaskDir {
         })
         .await
         .map_err(|e| Error::Sandbox(format!("task directory creation panicked: {e}")))?
-        .map_err(Error::io(format!("creating task directory {}", path.display())))?;
-        Ok(TaskDir { path, removed: false })
+        .map_err(Error::io(format!(
+            "creating task directory {}",
+            path.display()
+        )))?;
+        Ok(TaskDir {
+            path,
+            removed: false,
+        })
     }
 
     pub async fn remove(mut self) {
@@ -453,7 +536,11 @@ async fn stage_inputs(dir: &Path, job: &Job) -> Result<()> {
             if let Some(parent) = target.parent() {
                 std::fs::create_dir_all(parent)?;
             }
-            let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o444).open(&target)?;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o444)
+                .open(&target)?;
             std::io::Write::write_all(&mut f, &input.content)?;
         }
         Ok(())
@@ -469,5 +556,7 @@ fn find_program(name: &str) -> Option<PathBuf> {
         return p.is_file().then(|| p.to_path_buf());
     }
     let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).map(|d| d.join(name)).find(|c| c.is_file())
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|c| c.is_file())
 }

@@ -64,7 +64,9 @@ impl Backend {
     /// Picks the backend `config.backend` names; `auto` prefers docker when an engine answers.
     pub async fn select(config: Arc<Config>) -> Result<Backend> {
         match config.backend {
-            BackendChoice::Docker => Ok(Backend::Docker(docker::DockerBackend::connect(config).await?)),
+            BackendChoice::Docker => Ok(Backend::Docker(
+                docker::DockerBackend::connect(config).await?,
+            )),
             BackendChoice::Local => Ok(Backend::Local(local::LocalBackend::new(config)?)),
             BackendChoice::Auto => {
                 let docker_error = match docker::DockerBackend::connect(config.clone()).await {
@@ -148,11 +150,19 @@ impl Backend {
 }
 
 /// Keeps `data` in `capture` and sends the kept part live.
-pub(crate) async fn keep(capture: &mut Capture, data: &[u8], stream: StdStream, live: Option<&Live>) {
+pub(crate) async fn keep(
+    capture: &mut Capture,
+    data: &[u8],
+    stream: StdStream,
+    live: Option<&Live>,
+) {
     let kept = capture.push(data);
     if let (Some(tx), false) = (live, kept.is_empty()) {
         let _ = tx
-            .send(OutputChunk { stream: stream as i32, data: bytes::Bytes::copy_from_slice(kept) })
+            .send(OutputChunk {
+                stream: stream as i32,
+                data: bytes::Bytes::copy_from_slice(kept),
+            })
             .await;
     }
 }
@@ -164,7 +174,11 @@ pub(crate) async fn remove_dir(path: &Path) {
     match result {
         Ok(Ok(())) => {}
         Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Ok(Err(e)) => tracing::warn!(path = %path.display(), error = %e, "could not remove task directory"),
-        Err(e) => tracing::warn!(path = %path.display(), error = %e, "task directory removal panicked"),
+        Ok(Err(e)) => {
+            tracing::warn!(path = %path.display(), error = %e, "could not remove task directory")
+        }
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "task directory removal panicked")
+        }
     }
 }

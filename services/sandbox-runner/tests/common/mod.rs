@@ -1,7 +1,7 @@
 //! Test support: a runner on 127.0.0.1 over real gRPC, for each backend this host offers.
 //! Docker: required when CAIRN_REQUIRE_DOCKER=1, otherwise skipped (with a `SKIP:` line) when
 //! no engine or image is there. Local: skipped when bubblewrap is missing.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used)]
 
 use std::time::Duration;
 
@@ -16,7 +16,9 @@ pub fn image() -> String {
 }
 
 pub fn docker_required() -> bool {
-    std::env::var("CAIRN_REQUIRE_DOCKER").map(|v| v == "1").unwrap_or(false)
+    std::env::var("CAIRN_REQUIRE_DOCKER")
+        .map(|v| v == "1")
+        .unwrap_or(false)
 }
 
 /// Is a Docker engine with the image reachable? Err(reason) when not.
@@ -26,10 +28,12 @@ pub async fn docker_ready() -> Result<(), String> {
         .await
         .map_err(|_| "docker engine did not answer".to_string())?
         .map_err(|e| e.to_string())?;
-    client
-        .inspect_image(&image())
-        .await
-        .map_err(|e| format!("image {} missing ({e}); build it with deploy/images/build-images.sh", image()))?;
+    client.inspect_image(&image()).await.map_err(|e| {
+        format!(
+            "image {} missing ({e}); build it with deploy/images/build-images.sh",
+            image()
+        )
+    })?;
     Ok(())
 }
 
@@ -47,7 +51,9 @@ pub async fn backends(test: &str) -> Vec<BackendChoice> {
     let mut out = Vec::new();
     match docker_ready().await {
         Ok(()) => out.push(BackendChoice::Docker),
-        Err(reason) if docker_required() => panic!("CAIRN_REQUIRE_DOCKER=1 but docker is not usable: {reason}"),
+        Err(reason) if docker_required() => {
+            panic!("CAIRN_REQUIRE_DOCKER=1 but docker is not usable: {reason}")
+        }
         Err(reason) => println!("SKIP: {test} [docker]: {reason}"),
     }
     match bwrap_ready() {
@@ -60,7 +66,9 @@ pub async fn backends(test: &str) -> Vec<BackendChoice> {
 pub async fn docker_only(test: &str) -> bool {
     match docker_ready().await {
         Ok(()) => true,
-        Err(reason) if docker_required() => panic!("CAIRN_REQUIRE_DOCKER=1 but docker is not usable: {reason}"),
+        Err(reason) if docker_required() => {
+            panic!("CAIRN_REQUIRE_DOCKER=1 but docker is not usable: {reason}")
+        }
         Err(reason) => {
             println!("SKIP: {test} [docker]: {reason}");
             false
@@ -94,7 +102,10 @@ impl TestRunner {
     }
 
     pub async fn start_with(backend: BackendChoice, tweak: impl FnOnce(&mut Config)) -> TestRunner {
-        let work_root = tempfile::Builder::new().prefix("cairn-sbx-test").tempdir().unwrap();
+        let work_root = tempfile::Builder::new()
+            .prefix("cairn-sbx-test")
+            .tempdir()
+            .unwrap();
         let mut config = config(backend, work_root.path());
         tweak(&mut config);
         let (server, handle) = cairn_sandbox_runner::sandbox_service(config).await.unwrap();
@@ -114,7 +125,14 @@ impl TestRunner {
         let client = SandboxRunnerClient::new(channel)
             .max_decoding_message_size(64 * 1024 * 1024)
             .max_encoding_message_size(64 * 1024 * 1024);
-        TestRunner { client, handle, work_root, addr, stop: Some(stop), served: Some(served) }
+        TestRunner {
+            client,
+            handle,
+            work_root,
+            addr,
+            stop: Some(stop),
+            served: Some(served),
+        }
     }
 
     pub async fn run(&self, req: RunRequest) -> RunResult {
@@ -133,11 +151,19 @@ impl TestRunner {
 }
 
 pub fn python(code: &str) -> RunRequest {
-    RunRequest { language: "python".into(), code: code.into(), ..Default::default() }
+    RunRequest {
+        language: "python".into(),
+        code: code.into(),
+        ..Default::default()
+    }
 }
 
 pub fn bash(code: &str) -> RunRequest {
-    RunRequest { language: "bash".into(), code: code.into(), ..Default::default() }
+    RunRequest {
+        language: "bash".into(),
+        code: code.into(),
+        ..Default::default()
+    }
 }
 
 pub fn with_timeout(mut req: RunRequest, ms: u64) -> RunRequest {
@@ -153,7 +179,10 @@ pub fn with_limits(mut req: RunRequest, limits: Limits) -> RunRequest {
 }
 
 pub fn input(path: &str, content: &[u8]) -> FileContent {
-    FileContent { path: path.into(), content: content.to_vec().into() }
+    FileContent {
+        path: path.into(),
+        content: content.to_vec().into(),
+    }
 }
 
 pub fn text(b: &[u8]) -> String {
@@ -162,9 +191,16 @@ pub fn text(b: &[u8]) -> String {
 
 /// Containers (any state) whose name contains `needle`.
 pub async fn containers_named(needle: &str) -> Vec<String> {
-    let client = bollard::Docker::connect_with_local_defaults().unwrap().negotiate_version().await.unwrap();
+    let client = bollard::Docker::connect_with_local_defaults()
+        .unwrap()
+        .negotiate_version()
+        .await
+        .unwrap();
     let filters = std::collections::HashMap::from([("name".to_string(), vec![needle.to_string()])]);
-    let opts = bollard::query_parameters::ListContainersOptionsBuilder::default().all(true).filters(&filters).build();
+    let opts = bollard::query_parameters::ListContainersOptionsBuilder::default()
+        .all(true)
+        .filters(&filters)
+        .build();
     client
         .list_containers(Some(opts))
         .await
@@ -176,9 +212,19 @@ pub async fn containers_named(needle: &str) -> Vec<String> {
 
 /// Containers labelled with `runner_id`.
 pub async fn containers_of(runner_id: &str) -> Vec<String> {
-    let client = bollard::Docker::connect_with_local_defaults().unwrap().negotiate_version().await.unwrap();
-    let filters = std::collections::HashMap::from([("label".to_string(), vec![format!("cairn.runner_id={runner_id}")])]);
-    let opts = bollard::query_parameters::ListContainersOptionsBuilder::default().all(true).filters(&filters).build();
+    let client = bollard::Docker::connect_with_local_defaults()
+        .unwrap()
+        .negotiate_version()
+        .await
+        .unwrap();
+    let filters = std::collections::HashMap::from([(
+        "label".to_string(),
+        vec![format!("cairn.runner_id={runner_id}")],
+    )]);
+    let opts = bollard::query_parameters::ListContainersOptionsBuilder::default()
+        .all(true)
+        .filters(&filters)
+        .build();
     client
         .list_containers(Some(opts))
         .await
@@ -193,7 +239,9 @@ pub fn processes_with(needle: &str) -> Vec<i32> {
     let mut out = Vec::new();
     let me = std::process::id() as i32;
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
         if pid == me {
             continue;
         }

@@ -1,0 +1,422 @@
+//! Load generator for the artifact-store benchmark (bench/store.sh runs it against a release
+//! `cairn-artifact-store` on loopback and prints the table recorded in bench/RESULTS.md).
+//!
+//! Each figure is measured next to its baseline in the same run, on the same bytes:
+//! - streamed Put of a large file vs `dd bs=4M conv=fsync` and `openssl dgst -sha256` of it;
+//! - durable 4 KiB writes per second vs a plain write+fsync+rename loop in one process;
+//! - Stat latency (p50/p99) over loopback gRPC.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use bytes::Bytes;
+use cairn_proto::v1::artifact_store_client::ArtifactStoreClient;
+use cairn_proto::v1::{
+    put_request, CreateProjectRequest, DeleteRequest, PutHeader, PutRequest, StatRequest,
+};
+use clap::{Parser, Subcommand};
+use tonic::transport::{Channel, Endpoint};
+
+const PROJECT: &str = "bench";
+const MIB: f64 = 1024.0 * 1024.0;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "store_load",
+    about = "Artifact-store load generator and baselines"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Writes SIZE deterministic pseudo-random bytes to OUT (the benchmark's input file).
+    Gen {
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value_t = 1 << 30)]
+        size: u64,
+    },
+    /// Runs every measurement with its baselines and prints a Markdown table.
+    All {
+        /// Store address (http://127.0.0.1:PORT).
+        #[arg(long)]
+        addr: String,
+        /// Input file for the large-file comparison (see `gen`).
+        #[arg(long)]
+        file: PathBuf,
+        /// Scratch directory for the baselines (same filesystem as the store's data root).
+        #[arg(long)]
+        work: PathBuf,
+        /// Repetitions of the large-file measurements (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+        /// Number of 4 KiB files per small-file measurement.
+        #[arg(long, default_value_t = 3000)]
+        small_count: usize,
+        /// Concurrency levels of the small-file Puts.
+        #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
+        concurrency: Vec<usize>,
+        /// Number of Stat calls.
+        #[arg(long, default_value_t = 20000)]
+        stat_count: usize,
+    },
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    match Cli::parse().command {
+        Cmd::Gen { out, size } => generate(&out, size),
+        Cmd::All {
+            addr,
+            file,
+            work,
+            reps,
+            small_count,
+            concurrency,
+            stat_count,
+        } => {
+            run_all(
+                &addr,
+                &file,
+                &work,
+                reps,
+                small_count,
+                &concurrency,
+                stat_count,
+            )
+            .await
+        }
+    }
+}
+
+fn generate(out: &Path, size: u64) -> Result<()> {
+    let mut f = File::create(out).with_context(|| format!("creating {}", out.display()))?;
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut left = size;
+    while left > 0 {
+        for word in buf.chunks_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            word.copy_from_slice(&x.to_le_bytes()[..word.len()]);
+        }
+        let n = left.min(buf.len() as u64) as usize;
+        f.write_all(&buf[..n])?;
+        left -= n as u64;
+    }
+    f.sync_all()?;
+    Ok(())
+}
+
+async fn client(addr: &str) -> Result<ArtifactStoreClient<Channel>> {
+    let channel = Endpoint::from_shared(addr.to_owned())?
+        .tcp_nodelay(true)
+        .connect()
+        .await?;
+    Ok(ArtifactStoreClient::new(channel).max_decoding_message_size(16 << 20))
+}
+
+fn timed(cmd: &mut Command) -> Result<(Duration, String)> {
+    let started = Instant::now();
+    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
+    let elapsed = started.elapsed();
+    if !out.status.success() {
+        bail!("{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok((elapsed, String::from_utf8_lossy(&out.stdout).into_owned()))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Streams `file` as one Put (1 MiB chunks read by a blocking thread, 8 queued).
+async fn put_file(
+    client: &mut ArtifactStoreClient<Channel>,
+    file: &Path,
+    path: &str,
+    sha256: &str,
+) -> Result<Duration> {
+    let (tx, rx) = tokio::sync::mpsc::channel::<PutRequest>(8);
+    let header = PutHeader {
+        project_id: PROJECT.into(),
+        path: path.into(),
+        expected_sha256: sha256.into(),
+        create_project: true,
+        ..Default::default()
+    };
+    let file = file.to_owned();
+    let started = Instant::now();
+    tx.send(PutRequest {
+        msg: Some(put_request::Msg::Header(header)),
+    })
+    .await?;
+    let reader = tokio::task::spawn_blocking(move || -> Result<()> {
+        let mut f = File::open(&file)?;
+        loop {
+            let mut buf = vec![0u8; 1 << 20];
+            let mut filled = 0;
+            while filled < buf.len() {
+                let n = f.read(&mut buf[filled..])?;
+                if n == 0 {
+                    break;
+                }
+                filled += n;
+            }
+            if filled == 0 {
+                return Ok(());
+            }
+            buf.truncate(filled);
+            if tx
+                .blocking_send(PutRequest {
+                    msg: Some(put_request::Msg::Chunk(Bytes::from(buf))),
+                })
+                .is_err()
+            {
+                return Ok(());
+            }
+        }
+    });
+    let response = client
+        .put(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await?
+        .into_inner();
+    reader.await??;
+    let elapsed = started.elapsed();
+    let digest = response.digest.context("no digest")?;
+    if digest.sha256 != sha256 {
+        bail!(
+            "store digest {} differs from openssl's {sha256}",
+            digest.sha256
+        );
+    }
+    Ok(elapsed)
+}
+
+/// One 4 KiB body, distinct per index.
+fn small_body(i: usize) -> Bytes {
+    let mut body = vec![b'.'; 4096];
+    let stamp = format!("file {i}\n");
+    body[..stamp.len()].copy_from_slice(stamp.as_bytes());
+    Bytes::from(body)
+}
+
+/// The baseline: write a temp file, fsync it, rename it into place (optionally fsync the
+/// directory too), one file after another in one process.
+fn small_baseline(dir: &Path, count: usize, sync_dir: bool) -> Result<f64> {
+    std::fs::create_dir_all(dir)?;
+    let dir_handle = File::open(dir)?;
+    let started = Instant::now();
+    for i in 0..count {
+        let tmp = dir.join(format!(".tmp-{i}"));
+        let mut f = File::create(&tmp)?;
+        f.write_all(&small_body(i))?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, dir.join(format!("f-{i}")))?;
+        if sync_dir {
+            dir_handle.sync_all()?;
+        }
+    }
+    Ok(count as f64 / started.elapsed().as_secs_f64())
+}
+
+/// `count` 4 KiB Puts to distinct paths from `concurrency` tasks.
+async fn small_store(
+    client: &ArtifactStoreClient<Channel>,
+    prefix: &str,
+    count: usize,
+    concurrency: usize,
+) -> Result<f64> {
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for t in 0..concurrency {
+        let mut client = client.clone();
+        let prefix = prefix.to_owned();
+        tasks.push(tokio::spawn(async move {
+            let mut i = t;
+            while i < count {
+                let header = PutHeader {
+                    project_id: PROJECT.into(),
+                    path: format!("{prefix}/f-{i}"),
+                    ..Default::default()
+                };
+                let msgs = vec![
+                    PutRequest {
+                        msg: Some(put_request::Msg::Header(header)),
+                    },
+                    PutRequest {
+                        msg: Some(put_request::Msg::Chunk(small_body(i))),
+                    },
+                ];
+                client.put(tokio_stream::iter(msgs)).await?;
+                i += concurrency;
+            }
+            Ok::<(), anyhow::Error>(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(count as f64 / started.elapsed().as_secs_f64())
+}
+
+fn machine() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .unwrap_or("?")
+        .trim();
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    format!(
+        "{model}, {cores} cores, kernel {}, load average at start {}",
+        kernel.trim(),
+        load.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    )
+}
+
+async fn run_all(
+    addr: &str,
+    file: &Path,
+    work: &Path,
+    reps: usize,
+    small_count: usize,
+    concurrency: &[usize],
+    stat_count: usize,
+) -> Result<()> {
+    let size = std::fs::metadata(file)?.len();
+    let mut client = client(addr).await?;
+    client
+        .create_project(CreateProjectRequest {
+            project_id: PROJECT.into(),
+        })
+        .await?;
+    println!("machine: {}", machine());
+    println!("input: {} ({:.0} MiB)\n", file.display(), size as f64 / MIB);
+
+    // Large file: dd, openssl and the store, interleaved per repetition.
+    let (mut dd, mut ssl, mut put) = (Vec::new(), Vec::new(), Vec::new());
+    for rep in 0..reps {
+        let out = work.join("dd.out");
+        let (t, _) = timed(
+            Command::new("dd")
+                .arg(format!("if={}", file.display()))
+                .arg(format!("of={}", out.display()))
+                .args(["bs=4M", "conv=fsync", "status=none"]),
+        )?;
+        dd.push(size as f64 / MIB / t.as_secs_f64());
+        std::fs::remove_file(&out)?;
+        let (t, stdout) = timed(Command::new("openssl").args(["dgst", "-sha256"]).arg(file))?;
+        ssl.push(size as f64 / MIB / t.as_secs_f64());
+        let sha256 = stdout
+            .rsplit(' ')
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .to_owned();
+        let path = format!("workspace/big-{rep}.bin");
+        let t = put_file(&mut client, file, &path, &sha256).await?;
+        put.push(size as f64 / MIB / t.as_secs_f64());
+        client
+            .delete(DeleteRequest {
+                project_id: PROJECT.into(),
+                path,
+                run_id: String::new(),
+            })
+            .await?;
+        eprintln!(
+            "rep {rep}: dd {:.0} MiB/s, openssl {:.0} MiB/s, put {:.0} MiB/s",
+            dd[rep], ssl[rep], put[rep]
+        );
+    }
+    let (dd, ssl, put) = (median(dd), median(ssl), median(put));
+    let slower = dd.min(ssl);
+
+    // Small durable files.
+    let base = small_baseline(&work.join("plain"), small_count, false)?;
+    let base_dirsync = small_baseline(&work.join("plain-dirsync"), small_count, true)?;
+    std::fs::remove_dir_all(work.join("plain"))?;
+    std::fs::remove_dir_all(work.join("plain-dirsync"))?;
+    let mut small = Vec::new();
+    for &c in concurrency {
+        let rate = small_store(&client, &format!("small/c{c}"), small_count, c).await?;
+        eprintln!("small files, concurrency {c}: {rate:.0}/s");
+        small.push((c, rate));
+    }
+
+    // Stat latency.
+    let header = PutHeader {
+        project_id: PROJECT.into(),
+        path: "docs/stat-me.txt".into(),
+        overwrite: true,
+        ..Default::default()
+    };
+    let msgs = vec![
+        PutRequest {
+            msg: Some(put_request::Msg::Header(header)),
+        },
+        PutRequest {
+            msg: Some(put_request::Msg::Chunk(small_body(0))),
+        },
+    ];
+    client.put(tokio_stream::iter(msgs)).await?;
+    let mut lat = Vec::with_capacity(stat_count);
+    for _ in 0..stat_count {
+        let started = Instant::now();
+        client
+            .stat(StatRequest {
+                project_id: PROJECT.into(),
+                path: "docs/stat-me.txt".into(),
+                include_sha256: false,
+            })
+            .await?;
+        lat.push(started.elapsed().as_secs_f64() * 1e6);
+    }
+    lat.sort_by(|a, b| a.total_cmp(b));
+    let pct = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)];
+
+    println!("| measurement | figure | baseline (same run) | ratio | target |");
+    println!("|---|---|---|---|---|");
+    println!("| `dd bs=4M conv=fsync` of the input | {dd:.0} MiB/s | | | |");
+    println!("| `openssl dgst -sha256` of the input | {ssl:.0} MiB/s | | | |");
+    println!(
+        "| streamed Put, 1 MiB chunks, loopback gRPC (median of {reps}) | {put:.0} MiB/s | {slower:.0} MiB/s (slower of dd/openssl) | {:.0}% | >= 70% {} |",
+        put / slower * 100.0,
+        if put / slower >= 0.7 { "met" } else { "**missed**" }
+    );
+    println!("| plain write+fsync+rename loop, 4 KiB | {base:.0} files/s | | | |");
+    println!(
+        "| plain write+fsync+rename+fsync(dir) loop, 4 KiB | {base_dirsync:.0} files/s | | | |"
+    );
+    for (c, rate) in &small {
+        println!(
+            "| durable 4 KiB Puts, concurrency {c} | {rate:.0} files/s | {base:.0} files/s (plain loop) | {:.0}% | >= 50% {} |",
+            rate / base * 100.0,
+            if rate / base >= 0.5 { "met" } else { "**missed**" }
+        );
+    }
+    println!(
+        "| Stat over loopback gRPC, sequential ({stat_count} calls) | p50 {:.0} µs, p99 {:.0} µs, max {:.0} µs | | | |",
+        pct(0.50),
+        pct(0.99),
+        lat[lat.len() - 1]
+    );
+    Ok(())
+}

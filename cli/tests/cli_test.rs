@@ -1,0 +1,149 @@
+//! The `cairn` binary end to end, with embedded services over a temporary data root.
+
+use assert_cmd::Command;
+use predicates::prelude::*;
+
+fn cairn(data: &std::path::Path) -> Command {
+    let mut cmd = Command::cargo_bin("cairn").unwrap();
+    cmd.env_remove("CAIRN_ADDR")
+        .env_remove("CAIRN_PROJECT")
+        .env("RUST_LOG", "error")
+        .arg("--data-root")
+        .arg(data);
+    cmd
+}
+
+#[test]
+fn store_put_get_ls_stat_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let local = dir.path().join("notes.md");
+    std::fs::write(&local, b"# notes\n\xff binary too\n").unwrap();
+
+    cairn(&data)
+        .args(["store", "put"])
+        .arg(&local)
+        .arg("docs/notes.md")
+        .assert()
+        .success()
+        .stdout(predicate::str::starts_with("created docs/notes.md"));
+    // Identical bytes again: idempotent.
+    cairn(&data)
+        .args(["store", "put"])
+        .arg(&local)
+        .arg("docs/notes.md")
+        .assert()
+        .success()
+        .stdout(predicate::str::starts_with("unchanged"));
+
+    let out = cairn(&data).args(["store", "get", "docs/notes.md"]).output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(out.stdout, std::fs::read(&local).unwrap());
+
+    let back = dir.path().join("back.md");
+    cairn(&data).args(["store", "get", "docs/notes.md"]).arg(&back).assert().success();
+    assert_eq!(std::fs::read(&back).unwrap(), std::fs::read(&local).unwrap());
+
+    let out = cairn(&data).args(["--json", "store", "ls", "-r", "docs"]).output().unwrap();
+    let listing: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(listing[0]["path"], "docs/notes.md");
+    assert_eq!(listing[0]["size_bytes"], 21);
+
+    let out = cairn(&data).args(["--json", "store", "stat", "docs/notes.md"]).output().unwrap();
+    let stat: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(stat["kind"], "file");
+    assert_eq!(stat["sha256"].as_str().unwrap().len(), 64);
+}
+
+#[test]
+fn refusals_exit_nonzero_with_the_reason_on_stderr() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let a = dir.path().join("a");
+    let b = dir.path().join("b");
+    std::fs::write(&a, b"a").unwrap();
+    std::fs::write(&b, b"b").unwrap();
+    cairn(&data).args(["store", "put"]).arg(&a).arg("docs/x").assert().success();
+    cairn(&data)
+        .args(["store", "put"])
+        .arg(&b)
+        .arg("docs/x")
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("reason: exists"));
+    cairn(&data)
+        .args(["store", "put"])
+        .arg(&a)
+        .arg("../escape")
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("reason: traversal"));
+    cairn(&data)
+        .args(["store", "put"])
+        .arg(&a)
+        .arg("workspace/.SSH/id_rsa")
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("reason: denied"));
+    assert!(!dir.path().join("escape").exists());
+    // The refused overwrite left the first bytes in place.
+    let out = cairn(&data).args(["store", "get", "docs/x"]).output().unwrap();
+    assert_eq!(out.stdout, b"a");
+    cairn(&data)
+        .args(["store", "get", "docs/missing"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("NotFound"));
+}
+
+#[test]
+fn unreachable_addr_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    cairn(dir.path())
+        .args(["--addr", "127.0.0.1:1", "store", "ls"])
+        .assert()
+        .code(3)
+        .stderr(predicate::str::contains("Unavailable"));
+}
+
+#[test]
+fn ingest_writes_blocks_and_prints_manifest_v1_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let doc = dir.path().join("doc.md");
+    std::fs::write(
+        &doc,
+        "intro\n```python file=src/app.py\nprint('hi')\n```\n```bash file=../evil.sh\nrm -rf /\n```\n",
+    )
+    .unwrap();
+    let out = cairn(&data)
+        .args(["--json", "ingest"])
+        .arg(&doc)
+        .args(["--run", "r1", "--node", "n1"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let manifest: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(manifest["version"], "1");
+    assert_eq!(manifest["summary"]["written"], 1);
+    assert_eq!(manifest["summary"]["rejected"], 1);
+    assert_eq!(manifest["artifacts"][1]["reason"], "traversal");
+    let out = cairn(&data).args(["store", "get", "workspace/src/app.py"]).output().unwrap();
+    assert_eq!(out.stdout, b"print('hi')\n");
+    let out = cairn(&data).args(["store", "get", ".cairn/runs/r1/ingest/n1.json"]).output().unwrap();
+    let stored: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(stored, manifest, "the stored manifest is the printed one");
+    // The run's events were appended and can be read back.
+    let out = cairn(&data).args(["--json", "store", "events", "r1"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let types: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["type"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(types.first().map(String::as_str), Some("ingest.started"));
+    assert_eq!(types.last().map(String::as_str), Some("ingest.completed"));
+    // Dry run writes nothing.
+    std::fs::write(&doc, "```python file=src/other.py\nx\n```\n").unwrap();
+    cairn(&data).args(["ingest", "--dry-run"]).arg(&doc).assert().success();
+    cairn(&data).args(["store", "stat", "workspace/src/other.py"]).assert().code(1);
+}

@@ -1,0 +1,674 @@
+//! The runs of this orchestrator: submit, look up, list, watch, and the human actions. Live
+//! runs have a driver (scheduler.rs); any other run is read from its records (graph.resolved.json
+//! and events.jsonl, folded), and is brought back to life when an action needs it (resume,
+//! rework, a gate decision). At start-up every run that is not final is resumed.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use cairn_proto::v1 as pb;
+use futures::StreamExt;
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+use crate::agents::{ProviderSpec, ReplayProvider};
+use crate::error::{Error, Result};
+use crate::events::{self as ev, Ev};
+use crate::gates::Decision;
+use crate::graph::{Graph, NodeKind};
+use crate::human::{self, Manifest};
+use crate::nodes::Backends;
+use crate::recorder::Recorder;
+use crate::run::{RunState, TaskState};
+use crate::rundir::{self, RunDir, RUNS_PREFIX};
+use crate::scheduler::{self, Command, Launch};
+use crate::store::PutOptions;
+
+/// Project and run ids: `[A-Za-z0-9._-]`, 1-128 characters (common.proto).
+pub fn check_id(what: &str, id: &str) -> Result<()> {
+    let ok = !id.is_empty()
+        && id.len() <= 128
+        && id != "."
+        && id != ".."
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!("{what} `{id}` must be 1-128 characters of letters, digits, `.`, `_`, `-`")))
+    }
+}
+
+fn key(project: &str, run_id: &str) -> String {
+    format!("{project}/{run_id}")
+}
+
+struct Live {
+    cmd: mpsc::Sender<Command>,
+    join: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// What SubmitRun carries, decoded.
+#[derive(Clone, Debug, Default)]
+pub struct Submit {
+    pub project_id: String,
+    pub graph_yaml: String,
+    pub vars: BTreeMap<String, String>,
+    pub run_id: String,
+    pub title: String,
+    pub mode: String,
+    pub prompt: String,
+    pub by: String,
+    pub llm: String,
+    pub base_dir: String,
+}
+
+pub struct Runs {
+    b: Arc<Backends>,
+    live: Arc<Mutex<HashMap<String, Live>>>,
+    permits: Arc<Semaphore>,
+    shutdown: CancellationToken,
+    note_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+type Loaded = (Arc<Graph>, RunState, PathBuf);
+
+impl Runs {
+    pub fn new(b: Arc<Backends>) -> Arc<Runs> {
+        let permits = Arc::new(Semaphore::new(b.config.max_parallel_runs));
+        Arc::new(Runs {
+            b,
+            live: Arc::new(Mutex::new(HashMap::new())),
+            permits,
+            shutdown: CancellationToken::new(),
+            note_locks: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn live_cmd(&self, project: &str, run_id: &str) -> Option<mpsc::Sender<Command>> {
+        let live = self.live.lock().ok()?;
+        live.get(&key(project, run_id)).map(|l| l.cmd.clone())
+    }
+
+    fn base_dir(&self, given: &str) -> PathBuf {
+        let dir = if !given.is_empty() { given } else { &self.b.config.llm_base_dir };
+        if dir.is_empty() {
+            std::env::current_dir().unwrap_or_default()
+        } else {
+            PathBuf::from(dir)
+        }
+    }
+
+    /// Validates and starts a run; returns once its directory and first events are durable.
+    pub async fn submit(&self, req: Submit) -> Result<pb::RunInfo> {
+        check_id("project_id", &req.project_id)?;
+        let run_id = if req.run_id.is_empty() { uuid::Uuid::now_v7().to_string() } else { req.run_id.clone() };
+        check_id("run_id", &run_id)?;
+        if !req.mode.is_empty() {
+            return Err(Error::InvalidArgument(format!(
+                "built-in graph mode `{}` is not available in this build yet; submit graph_yaml",
+                req.mode
+            )));
+        }
+        if req.graph_yaml.trim().is_empty() {
+            return Err(Error::InvalidArgument("graph_yaml is empty: send the graph (docs/graphs.md)".into()));
+        }
+        let mut vars = req.vars.clone();
+        if !req.prompt.is_empty() {
+            vars.entry("prompt".into()).or_insert_with(|| req.prompt.clone());
+        }
+        let mut graph = Graph::from_yaml(&req.graph_yaml, &run_id, &vars)?;
+        if !req.title.is_empty() {
+            graph.title = req.title.clone();
+        }
+        let base_dir = self.base_dir(&req.base_dir);
+        let llm = self.check_resources(&graph, &req.llm, &base_dir)?;
+        let graph = Arc::new(graph);
+        let project = req.project_id.clone();
+        let dir = RunDir::new(&run_id);
+        let store = &self.b.store;
+
+        // Reserve the id among live runs while the directory is created.
+        let (cmd_tx, cmd_rx) = mpsc::channel::<Command>(1);
+        {
+            let mut live = self.live.lock().map_err(|_| Error::Internal("run table poisoned".into()))?;
+            if live.contains_key(&key(&project, &run_id)) {
+                return Err(Error::RunExists(run_id));
+            }
+            live.insert(key(&project, &run_id), Live { cmd: cmd_tx, join: None });
+        }
+        drop(cmd_rx);
+        let created = self.create_run_dir(&project, &run_id, &graph).await;
+        if let Err(e) = created {
+            if let Ok(mut live) = self.live.lock() {
+                live.remove(&key(&project, &run_id));
+            }
+            return Err(e);
+        }
+
+        let recorder = Recorder::start(store.clone(), project.clone(), run_id.clone(), 0);
+        let mut state = RunState::new(&project, &graph);
+        let by = if req.by.is_empty() { "user".to_owned() } else { req.by.clone() };
+        let created = Ev::run(ev::TASK_CREATED)
+            .with("by", by)
+            .with("title", graph.title.clone())
+            .with("topology", graph.topology.clone())
+            .with("llm", llm)
+            .with("base_dir", base_dir.display().to_string())
+            .with("nodes", graph.nodes.len())
+            .with("vars", json!(graph.vars));
+        let ts = ev::now();
+        state.apply(&crate::run::EventView::live(&created, &ts));
+        recorder.push(&created);
+        let flushed = recorder.flush().await.map_err(|e| Error::Unavailable(e.to_string()));
+        let written = match flushed {
+            Ok(()) => self.write_snapshot(&state, &graph, recorder.seq_of(1).unwrap_or(0)).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = written {
+            if let Ok(mut live) = self.live.lock() {
+                live.remove(&key(&project, &run_id));
+            }
+            return Err(e);
+        }
+        let info = state.to_info(dir.root());
+        self.launch(graph, state, recorder, base_dir, None, None)?;
+        Ok(info)
+    }
+
+    /// Checks what a run will need before it starts: an LLM provider for agent nodes (its
+    /// cassette loads), a runner for sandbox nodes. Returns the resolved provider spec.
+    fn check_resources(&self, graph: &Graph, requested: &str, base_dir: &std::path::Path) -> Result<String> {
+        let spec = [requested, graph.llm.as_deref().unwrap_or(""), &self.b.config.default_llm]
+            .into_iter()
+            .find(|s| !s.is_empty())
+            .unwrap_or("")
+            .to_owned();
+        let kinds = |pred: &dyn Fn(&NodeKind) -> bool| {
+            graph.nodes.iter().any(|n| pred(&n.kind) || matches!(&n.kind, NodeKind::Map(m) if pred(&m.node.kind)))
+        };
+        let needs_llm = kinds(&|k| matches!(k, NodeKind::AgentTask(a) if a.llm.is_none()));
+        let resolved = if spec.is_empty() {
+            String::new()
+        } else {
+            let parsed = ProviderSpec::parse(&spec).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+            let resolved = parsed.resolve(base_dir);
+            match &resolved {
+                ProviderSpec::Replay(path) => {
+                    ReplayProvider::load(path).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+                }
+            }
+            resolved.to_spec_string()
+        };
+        if needs_llm && resolved.is_empty() {
+            return Err(Error::InvalidArgument(
+                "the graph has agent_task nodes but no LLM provider: set `llm:` in the graph, pass llm (e.g. replay:cassette.yaml), or configure default_llm".into(),
+            ));
+        }
+        if kinds(&|k| matches!(k, NodeKind::SandboxRun(_))) && self.b.runners.is_empty() {
+            return Err(Error::FailedPrecondition(
+                "the graph has sandbox_run nodes but this orchestrator has no sandbox runner (set sandbox_addrs)".into(),
+            ));
+        }
+        Ok(resolved)
+    }
+
+    async fn create_run_dir(&self, project: &str, run_id: &str, graph: &Graph) -> Result<()> {
+        let store = &self.b.store;
+        let dir = RunDir::new(run_id);
+        store.create_project(project).await.map_err(Error::store(format!("creating project {project}")))?;
+        if store.stat(project, &dir.graph_resolved(), false).await.map_err(Error::store("checking the run id"))?.is_some() {
+            return Err(Error::RunExists(run_id.to_owned()));
+        }
+        let resolved = format!("{:#}\n", graph.to_resolved_json());
+        store
+            .put(project, &dir.graph_resolved(), Bytes::from(resolved), &PutOptions::default())
+            .await
+            .map_err(|s| {
+                if s.code() == tonic::Code::AlreadyExists {
+                    Error::RunExists(run_id.to_owned())
+                } else {
+                    Error::Store { context: format!("writing {}", dir.graph_resolved()), status: s }
+                }
+            })?;
+        let state = RunState::new(project, graph);
+        let files = rundir::initial_files(&state);
+        let opts = PutOptions::default();
+        let puts = files.iter().map(|(p, body)| store.put(project, p, Bytes::from(body.clone()), &opts));
+        for (r, (p, _)) in futures::future::join_all(puts).await.into_iter().zip(&files) {
+            r.map_err(Error::store(format!("writing {p}")))?;
+        }
+        Ok(())
+    }
+
+    async fn write_snapshot(&self, state: &RunState, graph: &Graph, seq: u64) -> Result<()> {
+        let dir = RunDir::new(&state.run_id);
+        let opts = PutOptions { overwrite: true, ..Default::default() };
+        let files = [
+            (dir.task_yaml(), rundir::render_task_yaml(state, seq)),
+            (dir.state_json(), rundir::render_state_json(state, seq)),
+            (dir.readme(), rundir::render_readme(state, graph)),
+        ];
+        let puts = files.iter().map(|(p, b)| self.b.store.put(&state.project, p, Bytes::from(b.clone()), &opts));
+        for (r, (p, _)) in futures::future::join_all(puts).await.into_iter().zip(&files) {
+            r.map_err(Error::store(format!("writing {p}")))?;
+        }
+        Ok(())
+    }
+
+    fn launch(
+        &self,
+        graph: Arc<Graph>,
+        state: RunState,
+        recorder: Recorder,
+        base_dir: PathBuf,
+        resume: Option<(String, String)>,
+        initial: Option<Command>,
+    ) -> Result<()> {
+        let k = key(&state.project, &state.run_id);
+        let live = self.live.clone();
+        let exit_key = k.clone();
+        let handle = scheduler::launch(Launch {
+            backends: self.b.clone(),
+            graph,
+            state,
+            recorder,
+            base_dir,
+            permits: self.permits.clone(),
+            shutdown: self.shutdown.clone(),
+            resume,
+            initial,
+            on_exit: Box::new(move || {
+                if let Ok(mut l) = live.lock() {
+                    l.remove(&exit_key);
+                }
+            }),
+        });
+        let mut live = self.live.lock().map_err(|_| Error::Internal("run table poisoned".into()))?;
+        live.insert(k, Live { cmd: handle.cmd, join: Some(handle.join) });
+        Ok(())
+    }
+
+    /// Reads a run from its records.
+    async fn load(&self, project: &str, run_id: &str) -> Result<Loaded> {
+        check_id("project_id", project)?;
+        check_id("run_id", run_id)?;
+        let dir = RunDir::new(run_id);
+        let store = &self.b.store;
+        let bytes = store
+            .get(project, &dir.graph_resolved())
+            .await
+            .map_err(Error::store(format!("reading {}", dir.graph_resolved())))?
+            .ok_or_else(|| Error::RunNotFound { project: project.to_owned(), run_id: run_id.to_owned() })?;
+        let value: Value = serde_json::from_slice(&bytes)
+            .map_err(|e| Error::Internal(format!("{} is not JSON: {e}", dir.graph_resolved())))?;
+        let graph = Graph::from_value(value, run_id, &BTreeMap::new())
+            .map_err(|e| Error::Internal(format!("{} no longer validates: {e}", dir.graph_resolved())))?;
+        let events = store.read_events(project, run_id, 1).await.map_err(Error::store(format!("reading the events of {run_id}")))?;
+        let mut state = RunState::new(project, &graph);
+        state.apply_stored(&events);
+        let base_dir = events
+            .iter()
+            .find(|e| e.r#type == ev::TASK_CREATED)
+            .and_then(|e| serde_json::from_str::<Value>(&e.data_json).ok())
+            .and_then(|d| d.get("base_dir").and_then(Value::as_str).map(PathBuf::from))
+            .unwrap_or_else(|| self.base_dir(""));
+        Ok((Arc::new(graph), state, base_dir))
+    }
+
+    /// Makes a non-final run live (resuming it from its records); returns its command line.
+    async fn ensure_live(&self, project: &str, run_id: &str, by: &str, reason: &str, initial: Option<Command>) -> Result<mpsc::Sender<Command>> {
+        if let Some(c) = self.live_cmd(project, run_id) {
+            if let Some(cmd) = initial {
+                c.send(cmd).await.map_err(|_| Error::Unavailable("the run is stopping; retry".into()))?;
+            }
+            return Ok(c);
+        }
+        let (graph, state, base_dir) = self.load(project, run_id).await?;
+        let resume = if state.state.is_final() {
+            if initial.is_none() {
+                return Err(Error::FailedPrecondition(format!("run {run_id} is {}", state.state.as_str())));
+            }
+            None
+        } else {
+            Some((if by.is_empty() { "orchestrator".to_owned() } else { by.to_owned() }, reason.to_owned()))
+        };
+        let recorder = Recorder::start(self.b.store.clone(), project.to_owned(), run_id.to_owned(), state.last_seq);
+        self.launch(graph, state, recorder, base_dir, resume, initial)?;
+        self.live_cmd(project, run_id).ok_or_else(|| Error::Internal("run did not start".into()))
+    }
+
+    pub async fn get(&self, project: &str, run_id: &str) -> Result<pb::RunInfo> {
+        if let Some(c) = self.live_cmd(project, run_id) {
+            let (tx, rx) = oneshot::channel();
+            if c.send(Command::Info(tx)).await.is_ok() {
+                if let Ok(info) = rx.await {
+                    return Ok(info);
+                }
+            }
+        }
+        let (_, state, _) = self.load(project, run_id).await?;
+        Ok(state.to_info(RunDir::new(run_id).root()))
+    }
+
+    /// Runs of a project, newest first.
+    pub async fn list(&self, project: &str, states: &[TaskState], page_size: u32, token: &str) -> Result<(Vec<pb::RunInfo>, String)> {
+        check_id("project_id", project)?;
+        let entries = self.b.store.list(project, RUNS_PREFIX, false).await.map_err(Error::store("listing runs"))?;
+        let mut runs = Vec::new();
+        for e in entries {
+            if e.kind != pb::EntryKind::Directory as i32 {
+                continue;
+            }
+            let run_id = e.path.rsplit('/').next().unwrap_or_default().to_owned();
+            let info = match self.live_cmd(project, &run_id) {
+                Some(_) => self.get(project, &run_id).await,
+                None => self.quick_info(project, &run_id).await,
+            };
+            if let Ok(info) = info {
+                let st = pb::TaskState::try_from(info.state).ok().and_then(TaskState::from_proto);
+                if states.is_empty() || st.is_some_and(|s| states.contains(&s)) {
+                    runs.push(info);
+                }
+            }
+        }
+        runs.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(b.run_id.cmp(&a.run_id)));
+        let size = match page_size {
+            0 => 1000,
+            n => n.min(10_000),
+        } as usize;
+        let start: usize = if token.is_empty() {
+            0
+        } else {
+            token.parse().map_err(|_| Error::InvalidArgument("page_token is not one this server gave".into()))?
+        };
+        let page: Vec<pb::RunInfo> = runs.iter().skip(start).take(size).cloned().collect();
+        let next = if start + size < runs.len() { (start + size).to_string() } else { String::new() };
+        Ok((page, next))
+    }
+
+    /// A run's info from state.json (falling back to its events).
+    async fn quick_info(&self, project: &str, run_id: &str) -> Result<pb::RunInfo> {
+        let dir = RunDir::new(run_id);
+        if let Ok(Some(bytes)) = self.b.store.get(project, &dir.state_json()).await {
+            if let Ok(mut s) = serde_json::from_slice::<RunState>(&bytes) {
+                s.reindex();
+                return Ok(s.to_info(dir.root()));
+            }
+        }
+        self.get(project, run_id).await
+    }
+
+    /// Events of a run from `from_seq`, live until the run ends (or forever).
+    pub async fn watch(
+        &self,
+        project: &str,
+        run_id: &str,
+        from_seq: u64,
+        follow_after_end: bool,
+    ) -> Result<mpsc::Receiver<std::result::Result<pb::Event, tonic::Status>>> {
+        let info = self.get(project, run_id).await?;
+        let final_now = pb::TaskState::try_from(info.state)
+            .ok()
+            .and_then(TaskState::from_proto)
+            .is_some_and(TaskState::is_final);
+        let follow = follow_after_end || !final_now;
+        let mut stream = self
+            .b
+            .store
+            .follow_events(project, run_id, from_seq.max(1), follow)
+            .await
+            .map_err(Error::store("reading events"))?;
+        let (tx, rx) = mpsc::channel(256);
+        tokio::spawn(async move {
+            loop {
+                let next = tokio::select! {
+                    _ = tx.closed() => return,
+                    n = stream.next() => n,
+                };
+                match next {
+                    Some(Ok(e)) => {
+                        let end = ev::is_final(&e.r#type) && !follow_after_end;
+                        if tx.send(Ok(e)).await.is_err() || end {
+                            return;
+                        }
+                    }
+                    Some(Err(s)) => {
+                        let _ = tx.send(Err(s)).await;
+                        return;
+                    }
+                    None => return,
+                }
+            }
+        });
+        Ok(rx)
+    }
+
+    pub async fn cancel(&self, project: &str, run_id: &str, by: &str, reason: &str) -> Result<pb::RunInfo> {
+        if let Some(c) = self.live_cmd(project, run_id) {
+            let (tx, rx) = oneshot::channel();
+            let cmd = Command::Cancel { by: by.to_owned(), reason: reason.to_owned(), reply: tx };
+            if c.send(cmd).await.is_ok() {
+                if let Ok(r) = rx.await {
+                    return r;
+                }
+            }
+        }
+        let (graph, mut state, _) = self.load(project, run_id).await?;
+        if state.state.is_final() {
+            return Err(Error::FailedPrecondition(format!("run {run_id} is already {}", state.state.as_str())));
+        }
+        // Not live (no driver): record the cancellation directly.
+        let e = Ev::run(ev::TASK_CANCELED).with("by", if by.is_empty() { "human" } else { by }).with("reason", reason);
+        let r = self.b.store.append_events(project, run_id, vec![e.to_input()]).await.map_err(Error::store("recording task.canceled"))?;
+        let ts = ev::now();
+        state.apply(&crate::run::EventView::live(&e, &ts));
+        state.last_seq = r.last_seq;
+        self.write_snapshot(&state, &graph, r.last_seq).await?;
+        Ok(state.to_info(RunDir::new(run_id).root()))
+    }
+
+    pub async fn resume(&self, project: &str, run_id: &str, by: &str, reason: &str) -> Result<pb::RunInfo> {
+        if self.live_cmd(project, run_id).is_some() {
+            return self.get(project, run_id).await;
+        }
+        let (_, state, _) = self.load(project, run_id).await?;
+        match state.state {
+            TaskState::Completed | TaskState::Canceled => Err(Error::FailedPrecondition(format!(
+                "run {run_id} is {}; request a rework of a node to run parts of it again",
+                state.state.as_str()
+            ))),
+            _ => {
+                self.ensure_live(project, run_id, by, if reason.is_empty() { "resume requested" } else { reason }, None).await?;
+                self.get(project, run_id).await
+            }
+        }
+    }
+
+    fn note_lock(&self, project: &str, run_id: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.note_locks.lock().unwrap_or_else(|p| p.into_inner());
+        locks.entry(key(project, run_id)).or_default().clone()
+    }
+
+    async fn append_note(&self, project: &str, run_id: &str, by: &str, heading: &str, text: &str) -> Result<String> {
+        let lock = self.note_lock(project, run_id);
+        let _g = lock.lock().await;
+        human::append_note(&self.b.store, project, run_id, by, heading, text).await
+    }
+
+    pub async fn decide(&self, project: &str, run_id: &str, gate: &str, d: Decision, by: &str, note: &str) -> Result<pb::RunInfo> {
+        // Check before writing the note, so a refused decision leaves nothing behind.
+        let info = self.get(project, run_id).await?;
+        let blocked = info.gates.iter().any(|g| g.id == gate && g.state == pb::GateState::Blocked as i32);
+        if !blocked {
+            let (_, state, _) = self.load(project, run_id).await?;
+            crate::gates::check_decidable(&state, gate)?;
+        }
+        let note_ref = if note.trim().is_empty() {
+            None
+        } else {
+            Some(self.append_note(project, run_id, by, &format!("{} of gate `{gate}`", d.word()), note).await?)
+        };
+        let (tx, rx) = oneshot::channel();
+        let cmd = Command::Decide {
+            gate: gate.to_owned(),
+            decision: d,
+            by: by.to_owned(),
+            note: note.to_owned(),
+            note_ref,
+            reply: tx,
+        };
+        self.ensure_live(project, run_id, by, "gate decision", Some(cmd)).await?;
+        rx.await.map_err(|_| Error::Unavailable("the run stopped before deciding; retry".into()))?
+    }
+
+    pub async fn rework(&self, project: &str, run_id: &str, node: &str, by: &str, note: &str) -> Result<pb::RunInfo> {
+        let info = self.get(project, run_id).await?;
+        if !info.nodes.iter().any(|n| n.id == node) {
+            return Err(Error::NotFound(format!("run {run_id} has no node `{node}`")));
+        }
+        if info.state == pb::TaskState::Canceled as i32 {
+            return Err(Error::FailedPrecondition(format!("run {run_id} is canceled; submit it again instead")));
+        }
+        let note_ref = if note.trim().is_empty() {
+            None
+        } else {
+            Some(self.append_note(project, run_id, by, &format!("rework of node `{node}`"), note).await?)
+        };
+        let (tx, rx) = oneshot::channel();
+        let cmd = Command::Rework { node: node.to_owned(), by: by.to_owned(), note: note.to_owned(), note_ref, reply: tx };
+        self.ensure_live(project, run_id, by, "rework requested", Some(cmd)).await?;
+        rx.await.map_err(|_| Error::Unavailable("the run stopped before the rework; retry".into()))?
+    }
+
+    /// Records a human event: through the live run's recorder, or straight to the store.
+    async fn record(&self, project: &str, run_id: &str, e: Ev) -> Result<u64> {
+        if let Some(c) = self.live_cmd(project, run_id) {
+            let (tx, rx) = oneshot::channel();
+            if c.send(Command::Record { event: e.clone(), reply: tx }).await.is_ok() {
+                if let Ok(r) = rx.await {
+                    return r;
+                }
+            }
+        }
+        let r = self.b.store.append_events(project, run_id, vec![e.to_input()]).await.map_err(Error::store("recording the event"))?;
+        Ok(r.first_seq)
+    }
+
+    pub async fn add_note(&self, project: &str, run_id: &str, by: &str, text: &str) -> Result<(u64, String)> {
+        if text.trim().is_empty() {
+            return Err(Error::InvalidArgument("the note is empty".into()));
+        }
+        self.get(project, run_id).await?;
+        let by = if by.is_empty() { "human" } else { by };
+        let note_ref = self.append_note(project, run_id, by, "note", text).await?;
+        let e = Ev::run(ev::HUMAN_NOTE).with("by", by).with("ref", note_ref.clone()).with("bytes", text.len());
+        let seq = self.record(project, run_id, e).await?;
+        Ok((seq, note_ref))
+    }
+
+    pub async fn edit_context(&self, project: &str, run_id: &str, by: &str, yaml: &str) -> Result<u64> {
+        let manifest = Manifest::parse(yaml).map_err(|e| Error::InvalidArgument(format!("context manifest: {e}")))?;
+        self.get(project, run_id).await?;
+        let path = RunDir::new(run_id).context_manifest();
+        let opts = PutOptions { overwrite: true, run_id: run_id.to_owned(), ..Default::default() };
+        self.b
+            .store
+            .put(project, &path, Bytes::from(yaml.to_owned()), &opts)
+            .await
+            .map_err(Error::store(format!("writing {path}")))?;
+        let by = if by.is_empty() { "human" } else { by };
+        let e = Ev::run(ev::CONTEXT_EDITED)
+            .with("by", by)
+            .with("path", "shared/context-manifest.yaml")
+            .with("attachments", manifest.attachments.len());
+        self.record(project, run_id, e).await
+    }
+
+    /// Resumes every run that is not final (start-up). Waits for the store for up to a minute.
+    pub async fn resume_unfinished(self: Arc<Self>) -> usize {
+        let mut delay = Duration::from_millis(100);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        let projects = loop {
+            match self.b.store.projects().await {
+                Ok(p) => break p,
+                Err(e) if tokio::time::Instant::now() < deadline && !self.shutdown.is_cancelled() => {
+                    tracing::debug!(error = %e, "store not reachable yet; waiting to resume runs");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not list projects; unfinished runs are not resumed");
+                    return 0;
+                }
+            }
+        };
+        let mut resumed = 0;
+        for project in projects {
+            let Ok(entries) = self.b.store.list(&project, RUNS_PREFIX, false).await else { continue };
+            for e in entries {
+                if e.kind != pb::EntryKind::Directory as i32 || self.shutdown.is_cancelled() {
+                    continue;
+                }
+                let run_id = e.path.rsplit('/').next().unwrap_or_default().to_owned();
+                if self.live_cmd(&project, &run_id).is_some() || !self.unfinished(&project, &run_id).await {
+                    continue;
+                }
+                match self.ensure_live(&project, &run_id, "orchestrator", "restart", None).await {
+                    Ok(_) => {
+                        resumed += 1;
+                        tracing::info!(%project, %run_id, "resumed unfinished run");
+                    }
+                    Err(e) => tracing::warn!(%project, %run_id, error = %e, "could not resume run"),
+                }
+            }
+        }
+        resumed
+    }
+
+    /// Whether a run is not final: state.json says so, or events were recorded after it.
+    async fn unfinished(&self, project: &str, run_id: &str) -> bool {
+        let dir = RunDir::new(run_id);
+        let snapshot = match self.b.store.get(project, &dir.state_json()).await {
+            Ok(Some(b)) => serde_json::from_slice::<Value>(&b).ok(),
+            _ => None,
+        };
+        let (state, seq) = match &snapshot {
+            Some(v) => (
+                v.get("state").and_then(Value::as_str).unwrap_or("").to_owned(),
+                v.get("events_seq").and_then(Value::as_u64).unwrap_or(0),
+            ),
+            None => (String::new(), 0),
+        };
+        if !matches!(state.as_str(), "completed" | "failed" | "canceled") {
+            // Not final by its snapshot: check the events (the snapshot may lag).
+            return match self.load(project, run_id).await {
+                Ok((_, s, _)) => !s.state.is_final() && s.last_seq > 0,
+                Err(_) => false,
+            };
+        }
+        // Final by its snapshot; anything recorded after it (a rework) means it moved on.
+        match self.b.store.read_events(project, run_id, seq + 1).await {
+            Ok(later) if !later.is_empty() => match self.load(project, run_id).await {
+                Ok((_, s, _)) => !s.state.is_final(),
+                Err(_) => false,
+            },
+            _ => false,
+        }
+    }
+
+    /// Stops every driver (runs stay resumable) and waits for their records to be flushed.
+    pub async fn shutdown(&self) {
+        self.shutdown.cancel();
+        let joins: Vec<tokio::task::JoinHandle<()>> = match self.live.lock() {
+            Ok(mut l) => l.values_mut().filter_map(|r| r.join.take()).collect(),
+            Err(_) => Vec::new(),
+        };
+        for j in joins {
+            let _ = tokio::time::timeout(Duration::from_secs(30), j).await;
+        }
+    }
+}

@@ -1,0 +1,155 @@
+# The warm-pool agent: the command of a pre-started container (docker backend, pool.rs). It
+# reads ONE job (a JSON line) from stdin, stages /input, runs the program as the sandbox user
+# with stdin closed, streams stdout/stderr, enforces the timeout (SIGTERM, grace, SIGKILL),
+# kills every sandbox-user process, then sends the result and /output as a tar stream.
+# Frames on stdout: kind (1 byte) + length (4 bytes, big endian) + payload;
+# 1 stdout, 2 stderr, 3 tar bytes, 4 result JSON, 5 end. The runner trusts none of it beyond
+# what it checks itself. Runs as root with only SETUID, SETGID and KILL capabilities.
+import base64, json, os, select, signal, struct, sys, tarfile, time
+
+OUT = sys.stdout.buffer
+
+
+def frame(kind, data):
+    OUT.write(struct.pack(">BI", kind, len(data)))
+    OUT.write(data)
+    OUT.flush()
+
+
+def kill(target, sig):
+    # The agent holds CAP_KILL: it reaches every sandbox process, even setsid'd ones.
+    try:
+        os.kill(target, sig)
+    except OSError:
+        pass
+
+
+def oom_kills():
+    for path, key in (("/sys/fs/cgroup/memory/memory.oom_control", "oom_kill"), ("/sys/fs/cgroup/memory.events", "oom_kill")):
+        try:
+            with open(path) as f:
+                for line in f:
+                    k, _, v = line.partition(" ")
+                    if k == key:
+                        return int(v)
+        except OSError:
+            pass
+    return 0
+
+
+class TarFrames:
+    def write(self, data):
+        for i in range(0, len(data), 1 << 20):
+            frame(3, bytes(data[i:i + (1 << 20)]))
+        return len(data)
+
+
+def send_outputs(unreadable):
+    tar = tarfile.open(fileobj=TarFrames(), mode="w|", format=tarfile.GNU_FORMAT)
+    stack = ["/output"]
+    while stack:
+        d = stack.pop()
+        try:
+            names = sorted(os.listdir(d))
+        except OSError:
+            unreadable.append(d[len("/output/"):])
+            continue
+        for name in names:
+            path = os.path.join(d, name)
+            arc = "output" + path[len("/output"):]
+            try:
+                info = tar.gettarinfo(path, arc)
+                if info is None:
+                    continue
+                if info.isreg():
+                    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+                    with os.fdopen(fd, "rb") as fh:
+                        tar.addfile(info, fh)
+                else:
+                    tar.addfile(info)
+                    if info.isdir():
+                        stack.append(path)
+            except OSError:
+                unreadable.append(path[len("/output/"):])
+    tar.close()
+
+
+def main():
+    job = json.loads(sys.stdin.buffer.readline())
+    uid, gid = job["uid"], job["gid"]
+    for f in job["inputs"]:
+        p = os.path.join("/input", f["path"])
+        os.makedirs(os.path.dirname(p), mode=0o755, exist_ok=True)
+        with open(p, "wb") as fh:
+            fh.write(base64.b64decode(f["b64"]))
+        os.chmod(p, 0o444)
+    oom_before = oom_kills()
+    r_out, w_out = os.pipe()
+    r_err, w_err = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setsid()
+            null = os.open("/dev/null", os.O_RDONLY)
+            os.dup2(null, 0)
+            os.dup2(w_out, 1)
+            os.dup2(w_err, 2)
+            os.closerange(3, 65536)
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+            os.chdir("/tmp")
+            os.execvpe(job["argv"][0], job["argv"], job["env"])
+        except BaseException:
+            pass
+        os._exit(127)
+    os.close(w_out)
+    os.close(w_err)
+    caps = {r_out: job["max_stdout"] + 1, r_err: job["max_stderr"] + 1}
+    kinds = {r_out: 1, r_err: 2}
+    open_fds = [r_out, r_err]
+    step, timed_out, status = 0, False, None
+    next_at = time.monotonic() + job["timeout_ms"] / 1000.0
+    while open_fds:
+        if status is None:
+            done, st = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status = st
+                # The program is done: whatever it left running dies now (as in a container
+                # whose init exits), so its pipes close.
+                kill(-1, signal.SIGKILL)
+        wait = max(0.0, next_at - time.monotonic())
+        ready, _, _ = select.select(open_fds, [], [], min(wait, 0.05))
+        for fd in ready:
+            data = os.read(fd, 65536)
+            if not data:
+                open_fds.remove(fd)
+                continue
+            keep = data[: max(0, caps[fd])]
+            caps[fd] -= len(data)
+            if keep:
+                frame(kinds[fd], keep)
+        if time.monotonic() >= next_at:
+            if step == 0:
+                timed_out = True
+                kill(-pid, signal.SIGTERM)
+                next_at = time.monotonic() + job["grace_ms"] / 1000.0
+            elif step == 1:
+                kill(-1, signal.SIGKILL)
+                next_at = time.monotonic() + 5.0
+            else:
+                break
+            step += 1
+    kill(-1, signal.SIGKILL)
+    if status is None:
+        _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    if code < 0:
+        code = 128 - code
+    unreadable = []
+    frame(4, json.dumps({"exit_code": code, "timed_out": timed_out, "oom": oom_kills() > oom_before}).encode())
+    send_outputs(unreadable)
+    frame(5, json.dumps({"unreadable": unreadable}).encode())
+
+
+main()
