@@ -114,6 +114,11 @@ impl Pool {
         warm
     }
 
+    /// Containers ready now.
+    pub fn ready_count(&self) -> usize {
+        self.ready.try_lock().map(|q| q.len()).unwrap_or(0)
+    }
+
     pub async fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
         let drained: Vec<Warm> = self.ready.lock().await.drain(..).collect();

@@ -462,6 +462,7 @@ impl Runner {
             max_limits: Some(self.config.max_limits().to_proto()),
             languages: job::LANGUAGES.iter().map(|s| s.to_string()).collect(),
             open_sessions: self.sessions.len() as u32,
+            warm_containers: self.backend.warm_containers() as u32,
         }
     }
 

@@ -49,7 +49,7 @@ async fn spawn_runner(
         ])
         .args([
             "--backend",
-            if backend == BackendChoice::Docker {
+            if backend.docker() {
                 "docker"
             } else {
                 "local"
@@ -97,13 +97,13 @@ fn peak_rss_kib(pid: u32) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn killed_runner_removes_its_leftovers_on_restart() {
-    for backend in backends("restart_sweep").await {
+    for backend in cold_backends("restart_sweep").await {
         let work_root = tempfile::Builder::new()
             .prefix("cairn-sbx-restart")
             .tempdir()
             .unwrap();
         let (mut proc, client) =
-            spawn_runner(backend, work_root.path(), "restart-test-runner").await;
+            spawn_runner(backend.backend, work_root.path(), "restart-test-runner").await;
         let marker = format!("{}", 5000 + std::process::id() % 1000);
         let mut c = client.clone();
         let req = with_timeout(
@@ -117,7 +117,7 @@ async fn killed_runner_removes_its_leftovers_on_restart() {
         let tasks = work_root.path().join("tasks");
         let t0 = Instant::now();
         loop {
-            let exists = match backend {
+            let exists = match backend.backend {
                 BackendChoice::Docker => !containers_of("restart-test-runner").await.is_empty(),
                 _ => {
                     std::fs::read_dir(&tasks)
@@ -141,7 +141,7 @@ async fn killed_runner_removes_its_leftovers_on_restart() {
             running.await.unwrap().is_err(),
             "the call fails with its runner"
         );
-        match backend {
+        match backend.backend {
             BackendChoice::Docker => assert!(
                 !containers_of("restart-test-runner").await.is_empty(),
                 "leftover expected"
@@ -151,7 +151,7 @@ async fn killed_runner_removes_its_leftovers_on_restart() {
                 "leftover task dir expected"
             ),
         }
-        let (proc2, client2) = spawn_runner(backend, work_root.path(), "restart-test-runner").await;
+        let (proc2, client2) = spawn_runner(backend.backend, work_root.path(), "restart-test-runner").await;
         let info = client2
             .clone()
             .get_runner_info(GetRunnerInfoRequest {})
@@ -159,7 +159,7 @@ async fn killed_runner_removes_its_leftovers_on_restart() {
             .unwrap()
             .into_inner();
         assert_eq!(info.runner_id, "restart-test-runner");
-        if backend == BackendChoice::Docker {
+        if backend.docker() {
             assert!(
                 containers_of("restart-test-runner").await.is_empty(),
                 "containers swept"
@@ -189,12 +189,12 @@ async fn killed_runner_removes_its_leftovers_on_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn floods_are_capped_and_runner_memory_stays_flat() {
-    for backend in backends("memory_flat").await {
+    for backend in cold_backends("memory_flat").await {
         let work_root = tempfile::Builder::new()
             .prefix("cairn-sbx-flood")
             .tempdir()
             .unwrap();
-        let (proc, client) = spawn_runner(backend, work_root.path(), "flood-test-runner").await;
+        let (proc, client) = spawn_runner(backend.backend, work_root.path(), "flood-test-runner").await;
         let pid = proc.child.id();
         let before = peak_rss_kib(pid);
         // 50 MB on stdout in one line.

@@ -21,7 +21,7 @@ async fn hello_world_in_python_bash_and_sh() {
         assert!(!out.timed_out && !out.oom_killed);
         assert_eq!(
             out.backend,
-            if backend == BackendChoice::Docker {
+            if backend.docker() {
                 "docker"
             } else {
                 "local"
@@ -282,7 +282,7 @@ async fn setsid_children_die_with_the_run() {
             left = processes_with(&marker);
         }
         assert!(left.is_empty(), "{backend:?}: processes survived: {left:?}");
-        if backend == BackendChoice::Docker {
+        if backend.docker() {
             assert!(
                 containers_named(&out.job_id).await.is_empty(),
                 "container left"
@@ -334,7 +334,7 @@ async fn memory_bomb_is_stopped() {
         let out = r.run(req).await;
         assert!(!out.timed_out, "{backend:?}: {out:?}");
         assert_ne!(out.exit_code, 0);
-        match backend {
+        match backend.backend {
             // The kernel's OOM killer ends it inside the container's memory cgroup.
             BackendChoice::Docker => assert!(out.oom_killed, "docker: {out:?}"),
             // RLIMIT_AS: the allocation fails inside the program instead.
@@ -474,6 +474,7 @@ async fn network_is_off() {
 async fn run_stream_sends_chunks_then_the_result() {
     for backend in backends("run_stream").await {
         let r = TestRunner::start(backend).await;
+        r.ready().await;
         let mut stream = r
             .client
             .clone()

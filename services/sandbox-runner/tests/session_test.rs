@@ -10,7 +10,6 @@ use std::path::Path;
 use std::process::Command;
 
 use cairn_proto as pb;
-use cairn_sandbox_runner::BackendChoice;
 use common::*;
 use sha2::Digest;
 
@@ -152,7 +151,7 @@ fn untar_gz(bytes: &[u8]) -> BTreeMap<String, Vec<u8>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn session_from_git_exec_tools_pack_close() {
-    for backend in backends("session").await {
+    for backend in cold_backends("session").await {
         let repos = tempfile::tempdir().unwrap();
         let (url, files) = bare_repo(repos.path());
         let r = TestRunner::start(backend).await;
@@ -457,7 +456,7 @@ async fn session_from_git_exec_tools_pack_close() {
             .into_inner();
         assert!(closed.closed);
         assert!(!task_dir.exists(), "task dir left");
-        if backend == BackendChoice::Docker {
+        if backend.docker() {
             assert!(
                 containers_named(&format!("cairn_{sid}_runner"))
                     .await
@@ -488,7 +487,7 @@ async fn session_from_git_exec_tools_pack_close() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn empty_session_and_shutdown_cleanup() {
-    for backend in backends("session_shutdown").await {
+    for backend in cold_backends("session_shutdown").await {
         let r = TestRunner::start(backend).await;
         let mut c = r.client.clone();
         let info = c
@@ -529,7 +528,7 @@ async fn empty_session_and_shutdown_cleanup() {
             0,
             "shutdown removes session directories"
         );
-        if backend == BackendChoice::Docker {
+        if backend.docker() {
             assert!(
                 containers_of(&runner_id).await.is_empty(),
                 "shutdown removes containers"

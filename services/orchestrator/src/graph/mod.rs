@@ -502,21 +502,15 @@ fn parse_node(v: Value, position: usize, body_of: Option<&str>) -> Result<Node, 
         return Err(GraphError::node(id_ref, Some("needs"), "a map body cannot have needs; put them on the map"));
     }
     let rest = Value::Object(obj.clone());
-    let kind_err = |e: serde_json::Error| {
-        let msg = e.to_string();
-        // serde names the offending field in its message ("unknown field `x`, expected ...").
-        let field = msg.split('`').nth(1).filter(|_| msg.starts_with("unknown field") || msg.starts_with("missing field"));
-        GraphError { node: Some(id.clone()), field: field.map(str::to_owned), message: msg.clone() }
-    };
     let kind = match ty.as_str() {
-        "write_file" => NodeKind::WriteFile(serde_json::from_value(rest).map_err(kind_err)?),
-        "agent_task" => NodeKind::AgentTask(serde_json::from_value(rest).map_err(kind_err)?),
-        "condition" => NodeKind::Condition(serde_json::from_value(rest).map_err(kind_err)?),
-        "tool_call" => NodeKind::ToolCall(serde_json::from_value(rest).map_err(kind_err)?),
-        "sandbox_run" => NodeKind::SandboxRun(serde_json::from_value(rest).map_err(kind_err)?),
-        "gate" => NodeKind::Gate(serde_json::from_value(rest).map_err(kind_err)?),
-        "ingest" => NodeKind::Ingest(serde_json::from_value(rest).map_err(kind_err)?),
-        "deliver" => NodeKind::Deliver(serde_json::from_value(rest).map_err(kind_err)?),
+        "write_file" => NodeKind::WriteFile(fields(&id, rest)?),
+        "agent_task" => NodeKind::AgentTask(fields(&id, rest)?),
+        "condition" => NodeKind::Condition(fields(&id, rest)?),
+        "tool_call" => NodeKind::ToolCall(fields(&id, rest)?),
+        "sandbox_run" => NodeKind::SandboxRun(fields(&id, rest)?),
+        "gate" => NodeKind::Gate(fields(&id, rest)?),
+        "ingest" => NodeKind::Ingest(fields(&id, rest)?),
+        "deliver" => NodeKind::Deliver(fields(&id, rest)?),
         "map" => {
             if body_of.is_some() {
                 return Err(GraphError::node(id_ref, Some("type"), "a map body cannot be another map"));
@@ -548,6 +542,20 @@ fn parse_node(v: Value, position: usize, body_of: Option<&str>) -> Result<Node, 
         timeout_s,
         ingest,
         kind,
+    })
+}
+
+/// Deserialises a node type's fields; the error names the field (also nested ones).
+fn fields<T: serde::de::DeserializeOwned>(id: &str, rest: Value) -> Result<T, GraphError> {
+    serde_path_to_error::deserialize(rest).map_err(|e| {
+        let path = e.path().to_string();
+        let msg = e.into_inner().to_string();
+        let field = if path == "." || path.is_empty() {
+            msg.split('`').nth(1).filter(|_| msg.starts_with("unknown field") || msg.starts_with("missing field")).map(str::to_owned)
+        } else {
+            Some(path)
+        };
+        GraphError { node: Some(id.to_owned()), field, message: msg }
     })
 }
 

@@ -78,6 +78,10 @@ impl DockerBackend {
         }
     }
 
+    pub fn warm_containers(&self) -> usize {
+        self.pool.as_ref().map(|p| p.ready_count()).unwrap_or(0)
+    }
+
     fn container_name(&self, id: &str) -> String {
         format!(
             "{}{id}{}",

@@ -97,6 +97,14 @@ impl Backend {
         }
     }
 
+    /// Warm containers ready now.
+    pub fn warm_containers(&self) -> usize {
+        match self {
+            Backend::Docker(d) => d.warm_containers(),
+            Backend::Local(_) => 0,
+        }
+    }
+
     /// Removes this runner's leftovers (containers, task directories); returns how many.
     pub async fn sweep(&self) -> Result<usize> {
         match self {

@@ -46,21 +46,40 @@ pub fn bwrap_ready() -> Result<(), String> {
     }
 }
 
-/// The backends to test on this host, printing SKIP lines for the others.
-pub async fn backends(test: &str) -> Vec<BackendChoice> {
+/// One backend setting to test: docker one-shot (cold), docker from the warm pool, local.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Case {
+    pub backend: BackendChoice,
+    pub pool: bool,
+}
+
+impl Case {
+    pub fn docker(&self) -> bool {
+        self.backend == BackendChoice::Docker
+    }
+}
+
+/// The cases to test on this host, printing SKIP lines for the others.
+pub async fn backends(test: &str) -> Vec<Case> {
     let mut out = Vec::new();
     match docker_ready().await {
-        Ok(()) => out.push(BackendChoice::Docker),
-        Err(reason) if docker_required() => {
-            panic!("CAIRN_REQUIRE_DOCKER=1 but docker is not usable: {reason}")
+        Ok(()) => {
+            out.push(Case { backend: BackendChoice::Docker, pool: false });
+            out.push(Case { backend: BackendChoice::Docker, pool: true });
         }
+        Err(reason) if docker_required() => panic!("CAIRN_REQUIRE_DOCKER=1 but docker is not usable: {reason}"),
         Err(reason) => println!("SKIP: {test} [docker]: {reason}"),
     }
     match bwrap_ready() {
-        Ok(()) => out.push(BackendChoice::Local),
+        Ok(()) => out.push(Case { backend: BackendChoice::Local, pool: false }),
         Err(reason) => println!("SKIP: {test} [local]: {reason}"),
     }
     out
+}
+
+/// Cases without the warm pool (sessions, process tests).
+pub async fn cold_backends(test: &str) -> Vec<Case> {
+    backends(test).await.into_iter().filter(|c| !c.pool).collect()
 }
 
 pub async fn docker_only(test: &str) -> bool {
@@ -88,6 +107,7 @@ pub fn config(backend: BackendChoice, work_root: &std::path::Path) -> Config {
 
 /// A runner serving on an ephemeral port.
 pub struct TestRunner {
+    pub case: Case,
     pub client: SandboxRunnerClient<Channel>,
     pub handle: RunnerHandle,
     pub work_root: tempfile::TempDir,

@@ -1,0 +1,330 @@
+//! Test support: the artifact-store, ingest, a sandbox runner and the orchestrator, each
+//! served in-process on its own 127.0.0.1 port over real gRPC.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use cairn_orchestrator::Config;
+use cairn_proto::v1::artifact_store_client::ArtifactStoreClient;
+use cairn_proto::v1::orchestrator_client::OrchestratorClient;
+use cairn_proto::v1::{
+    get_response, Event, GetRequest, ReadEventsRequest, RunInfo, SubmitRunRequest, TaskState,
+};
+use tokio::sync::oneshot;
+use tonic::transport::Channel;
+
+pub const PROJECT: &str = "proj";
+
+pub struct Stack {
+    pub dir: tempfile::TempDir,
+    pub store_addr: String,
+    pub ingest_addr: String,
+    pub sandbox_addr: Option<String>,
+    pub sandbox_backend: Option<String>,
+    pub orch_addr: String,
+    pub client: OrchestratorClient<Channel>,
+    pub store: ArtifactStoreClient<Channel>,
+    pub handle: Option<cairn_orchestrator::Handle>,
+    stops: Vec<(oneshot::Sender<()>, tokio::task::JoinHandle<()>)>,
+    orch_stop: Option<(oneshot::Sender<()>, tokio::task::JoinHandle<()>)>,
+    sandbox_handle: Option<cairn_sandbox_runner::RunnerHandle>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Sandbox {
+    None,
+    /// Docker when CAIRN_REQUIRE_DOCKER=1, else the local backend.
+    Required,
+}
+
+pub struct Options {
+    pub ingest: bool,
+    pub sandbox: Sandbox,
+    pub tweak: fn(&mut Config),
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { ingest: true, sandbox: Sandbox::None, tweak: |_| {} }
+    }
+}
+
+pub fn docker_required() -> bool {
+    std::env::var("CAIRN_REQUIRE_DOCKER").map(|v| v == "1").unwrap_or(false)
+}
+
+async fn listener() -> (tokio::net::TcpListener, String) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    (l, addr)
+}
+
+pub async fn channel(addr: &str) -> Channel {
+    cairn_server::connect(addr).unwrap()
+}
+
+/// Starts a sandbox runner: Docker when required, else local; Err(reason) when neither works.
+async fn start_sandbox(dir: &std::path::Path) -> Result<(cairn_sandbox_runner::RunnerHandle, String, String, oneshot::Sender<()>, tokio::task::JoinHandle<()>), String> {
+    let mut config = cairn_sandbox_runner::Config::default();
+    config.work_root = dir.join("sandbox-work");
+    config.runner_id = format!("orchtest{}", std::process::id());
+    config.backend = if docker_required() {
+        cairn_sandbox_runner::BackendChoice::Docker
+    } else {
+        cairn_sandbox_runner::BackendChoice::Local
+    };
+    let (server, handle) = cairn_sandbox_runner::sandbox_service(config).await.map_err(|e| e.to_string())?;
+    let backend = handle.backend().to_owned();
+    let (l, addr) = listener().await;
+    let (tx, rx) = oneshot::channel();
+    let join = tokio::spawn(async move {
+        let mut host = cairn_server::Host::new();
+        host.add(server);
+        let _ = host.serve(l, async { let _ = rx.await; }).await;
+    });
+    Ok((handle, addr, backend, tx, join))
+}
+
+impl Stack {
+    pub async fn start(opts: Options) -> Stack {
+        Self::try_start(opts).await.unwrap()
+    }
+
+    /// Err(reason) only when a sandbox was asked for and none can run here.
+    pub async fn try_start(opts: Options) -> Result<Stack, String> {
+        let dir = tempfile::tempdir().unwrap();
+        let mut stops = Vec::new();
+
+        let store_cfg = cairn_artifact_store::Config::new(dir.path().join("data"));
+        let store_svc = cairn_artifact_store::artifact_store_service(store_cfg).await.unwrap();
+        let (l, store_addr) = listener().await;
+        let (tx, rx) = oneshot::channel::<()>();
+        let join = tokio::spawn(async move {
+            let mut host = cairn_server::Host::new();
+            host.add(store_svc);
+            let _ = host.serve(l, async { let _ = rx.await; }).await;
+        });
+        stops.push((tx, join));
+
+        let mut ingest_addr = String::new();
+        if opts.ingest {
+            let cfg = cairn_ingest::Config { store_addr: store_addr.clone(), ..Default::default() };
+            let svc = cairn_ingest::ingest_service(&cfg).unwrap();
+            let (l, addr) = listener().await;
+            let (tx, rx) = oneshot::channel::<()>();
+            let join = tokio::spawn(async move {
+                let mut host = cairn_server::Host::new();
+                host.add(svc);
+                let _ = host.serve(l, async { let _ = rx.await; }).await;
+            });
+            stops.push((tx, join));
+            ingest_addr = addr;
+        }
+
+        let mut sandbox_addr = None;
+        let mut sandbox_backend = None;
+        let mut sandbox_handle = None;
+        if opts.sandbox == Sandbox::Required {
+            match start_sandbox(dir.path()).await {
+                Ok((handle, addr, backend, tx, join)) => {
+                    stops.push((tx, join));
+                    sandbox_addr = Some(addr);
+                    sandbox_backend = Some(backend);
+                    sandbox_handle = Some(handle);
+                }
+                Err(e) if docker_required() => panic!("CAIRN_REQUIRE_DOCKER=1 but the docker runner failed: {e}"),
+                Err(e) => return Err(e),
+            }
+        }
+
+        let mut config = Config {
+            store_addr: store_addr.clone(),
+            ingest_addr: ingest_addr.clone(),
+            sandbox_addrs: sandbox_addr.iter().cloned().collect(),
+            snapshot_interval_ms: 100,
+            ..Config::default()
+        };
+        config.retry.initial_backoff_ms = 20;
+        (opts.tweak)(&mut config);
+        let (server, handle) = cairn_orchestrator::orchestrator_service(config).await.unwrap();
+        let (l, orch_addr) = listener().await;
+        let (tx, rx) = oneshot::channel::<()>();
+        let h2 = handle.clone();
+        let join = tokio::spawn(async move {
+            let mut host = cairn_server::Host::new();
+            host.add(server);
+            let _ = host.serve(l, async { let _ = rx.await; }).await;
+            h2.shutdown().await;
+        });
+        let client = OrchestratorClient::new(channel(&orch_addr).await)
+            .max_decoding_message_size(64 << 20);
+        let store = ArtifactStoreClient::new(channel(&store_addr).await).max_decoding_message_size(64 << 20);
+        Ok(Stack {
+            dir,
+            store_addr,
+            ingest_addr,
+            sandbox_addr,
+            sandbox_backend,
+            orch_addr,
+            client,
+            store,
+            handle: Some(handle),
+            stops,
+            orch_stop: Some((tx, join)),
+            sandbox_handle,
+        })
+    }
+
+    pub async fn stop(mut self) {
+        if let Some((tx, join)) = self.orch_stop.take() {
+            let _ = tx.send(());
+            let _ = tokio::time::timeout(Duration::from_secs(30), join).await;
+        }
+        if let Some(h) = self.sandbox_handle.take() {
+            h.shutdown().await;
+        }
+        for (tx, join) in self.stops.drain(..).rev() {
+            let _ = tx.send(());
+            let _ = tokio::time::timeout(Duration::from_secs(10), join).await;
+        }
+    }
+
+    pub async fn submit(&self, yaml: &str, vars: &[(&str, &str)]) -> Result<RunInfo, tonic::Status> {
+        self.submit_req(SubmitRunRequest {
+            project_id: PROJECT.into(),
+            graph_yaml: yaml.into(),
+            vars: vars.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect::<HashMap<_, _>>(),
+            by: "tester".into(),
+            ..Default::default()
+        })
+        .await
+    }
+
+    pub async fn submit_req(&self, req: SubmitRunRequest) -> Result<RunInfo, tonic::Status> {
+        self.client.clone().submit_run(req).await.map(|r| r.into_inner())
+    }
+
+    pub async fn get(&self, run_id: &str) -> RunInfo {
+        self.client
+            .clone()
+            .get_run(cairn_proto::v1::GetRunRequest { project_id: PROJECT.into(), run_id: run_id.into() })
+            .await
+            .unwrap()
+            .into_inner()
+    }
+
+    /// Polls until the run is in `state` (panics after `secs`).
+    pub async fn wait_state(&self, run_id: &str, state: TaskState, secs: u64) -> RunInfo {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+        loop {
+            let info = self.get(run_id).await;
+            if info.state == state as i32 {
+                return info;
+            }
+            if tokio::time::Instant::now() > deadline {
+                panic!("run {run_id} did not reach {state:?} in {secs}s: {info:#?}\nevents: {:#?}", self.event_types(run_id).await);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Polls until the run is final.
+    pub async fn wait_final(&self, run_id: &str, secs: u64) -> RunInfo {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+        loop {
+            let info = self.get(run_id).await;
+            if [TaskState::Completed, TaskState::Failed, TaskState::Canceled].iter().any(|s| *s as i32 == info.state) {
+                return info;
+            }
+            if tokio::time::Instant::now() > deadline {
+                panic!("run {run_id} not final after {secs}s: {info:#?}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub async fn events(&self, run_id: &str) -> Vec<Event> {
+        read_events(&self.store, run_id).await
+    }
+
+    pub async fn event_types(&self, run_id: &str) -> Vec<String> {
+        self.events(run_id).await.into_iter().map(|e| format!("{} {}", e.r#type, e.node_id)).collect()
+    }
+
+    pub async fn read(&self, path: &str) -> Option<Vec<u8>> {
+        read_file(&self.store, path).await
+    }
+
+    pub async fn read_text(&self, path: &str) -> String {
+        String::from_utf8(self.read(path).await.unwrap_or_else(|| panic!("{path} missing"))).unwrap()
+    }
+
+    /// Project files under `prefix` (recursive).
+    pub async fn list(&self, prefix: &str) -> Vec<String> {
+        list_files(&self.store, prefix).await
+    }
+}
+
+pub async fn read_events(store: &ArtifactStoreClient<Channel>, run_id: &str) -> Vec<Event> {
+    let mut s = store
+        .clone()
+        .read_events(ReadEventsRequest { project_id: PROJECT.into(), run_id: run_id.into(), from_seq: 1, follow: false, limit: 0 })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut out = Vec::new();
+    while let Some(e) = s.message().await.unwrap() {
+        out.push(e);
+    }
+    out
+}
+
+pub async fn read_file(store: &ArtifactStoreClient<Channel>, path: &str) -> Option<Vec<u8>> {
+    let mut s = match store
+        .clone()
+        .get(GetRequest { project_id: PROJECT.into(), path: path.into(), offset: 0, length: 0 })
+        .await
+    {
+        Ok(s) => s.into_inner(),
+        Err(e) if e.code() == tonic::Code::NotFound => return None,
+        Err(e) => panic!("get {path}: {e}"),
+    };
+    let mut out = Vec::new();
+    loop {
+        match s.message().await {
+            Ok(Some(m)) => {
+                if let Some(get_response::Msg::Chunk(c)) = m.msg {
+                    out.extend_from_slice(&c);
+                }
+            }
+            Ok(None) => return Some(out),
+            Err(e) if e.code() == tonic::Code::NotFound => return None,
+            Err(e) => panic!("get {path}: {e}"),
+        }
+    }
+}
+
+pub async fn list_files(store: &ArtifactStoreClient<Channel>, prefix: &str) -> Vec<String> {
+    let r = store
+        .clone()
+        .list(cairn_proto::v1::ListRequest { project_id: PROJECT.into(), prefix: prefix.into(), recursive: true, page: None })
+        .await;
+    match r {
+        Ok(r) => r.into_inner().entries.into_iter().map(|e| e.path).collect(),
+        Err(e) if e.code() == tonic::Code::NotFound => vec![],
+        Err(e) => panic!("list {prefix}: {e}"),
+    }
+}
+
+/// Data of an event as JSON.
+pub fn data(e: &Event) -> serde_json::Value {
+    serde_json::from_str(&e.data_json).unwrap_or(serde_json::Value::Null)
+}
+
+/// Writes a cassette into the stack's directory and returns its `replay:` spec.
+pub fn cassette(dir: &std::path::Path, name: &str, yaml: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, yaml).unwrap();
+    format!("replay:{}", p.display())
+}
