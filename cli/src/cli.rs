@@ -59,6 +59,101 @@ pub enum Command {
     /// Run code in the sandbox-runner against the project store (seed 002 §6).
     #[command(subcommand)]
     Sandbox(SandboxCommand),
+    /// Run a graph (YAML) or a built-in mode, showing progress live; ends with a summary.
+    Run(RunArgs),
+    /// List, show, watch, cancel, resume or rework runs.
+    #[command(subcommand)]
+    Runs(RunsCommand),
+    /// Decide a human approval gate.
+    #[command(subcommand)]
+    Gate(GateCommand),
+    /// Human notes (shared/human-notes.md): high-priority context for later agent nodes.
+    #[command(subcommand)]
+    Notes(NotesCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The graph file (docs/graphs.md). Omit with --mode.
+    pub graph: Option<PathBuf>,
+    /// A value for {{vars.KEY}} (repeatable).
+    #[arg(long = "var", value_name = "KEY=VALUE")]
+    pub vars: Vec<String>,
+    /// Built-in graph: single | self_critique | team.
+    #[arg(long)]
+    pub mode: Option<String>,
+    /// Goal for built-in graphs ({{vars.prompt}}).
+    #[arg(long)]
+    pub prompt: Option<String>,
+    /// LLM provider for agent nodes, e.g. replay:CASSETTE.yaml.
+    #[arg(long)]
+    pub llm: Option<String>,
+    /// Run id (default: a new time-ordered id).
+    #[arg(long)]
+    pub run_id: Option<String>,
+    /// Title (default: the graph's).
+    #[arg(long)]
+    pub title: Option<String>,
+    /// Approve every gate the run reaches, as the current user, without asking.
+    #[arg(long)]
+    pub approve_gates: bool,
+    /// With --addr: submit and return at once instead of following the run.
+    #[arg(long)]
+    pub detach: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RunsCommand {
+    /// Runs of the project, newest first.
+    List {
+        /// Only runs in this state (repeatable): created, working, input-required, completed, failed, canceled.
+        #[arg(long)]
+        state: Vec<String>,
+    },
+    /// One run: state, nodes, gates, run directory.
+    Show { run: String },
+    /// Follow a run's events live until it ends or waits for a human.
+    Watch { run: String },
+    /// Cancel a run (sandbox work in flight is stopped).
+    Cancel {
+        run: String,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Resume an unfinished run from its records.
+    Resume { run: String },
+    /// Re-run a node and everything that depends on it.
+    Rework {
+        run: String,
+        node: String,
+        /// What to change (appended to human-notes.md, given to the agent).
+        #[arg(long)]
+        note: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum GateCommand {
+    /// Approve a blocked gate; the run continues.
+    Approve {
+        run: String,
+        gate: String,
+        #[arg(long)]
+        note: Option<String>,
+    },
+    /// Reject a blocked gate.
+    Reject {
+        run: String,
+        gate: String,
+        #[arg(long)]
+        note: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum NotesCommand {
+    /// Append a note to the run's shared/human-notes.md.
+    Add { run: String, text: String },
 }
 
 #[derive(Debug, Subcommand)]
@@ -143,6 +238,8 @@ pub enum ServeService {
     Ingest(cairn_ingest::ConfigArgs),
     /// The sandbox-runner (needs a Docker engine or bubblewrap).
     SandboxRunner(cairn_sandbox_runner::ConfigArgs),
+    /// The orchestrator (needs --store-addr; --ingest-addr and --sandbox-addr optional).
+    Orchestrator(cairn_orchestrator::ConfigArgs),
 }
 
 #[derive(Debug, Args)]

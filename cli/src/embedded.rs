@@ -6,6 +6,7 @@ use std::path::Path;
 use anyhow::Context;
 use cairn_proto::v1::artifact_store_client::ArtifactStoreClient;
 use cairn_proto::v1::ingest_client::IngestClient;
+use cairn_proto::v1::orchestrator_client::OrchestratorClient;
 use cairn_proto::v1::sandbox_runner_client::SandboxRunnerClient;
 use cairn_telemetry::TracedChannel;
 use tokio::sync::oneshot;
@@ -26,16 +27,21 @@ struct Embedded {
 }
 
 /// Which optional services an embedded host starts (the store and ingest always run).
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Needs {
     /// The sandbox-runner (needs Docker or bubblewrap).
     pub sandbox: bool,
+    /// The orchestrator (resumes unfinished runs of the data root when it starts).
+    pub orchestrator: bool,
+    /// Where the orchestrator resolves relative replay cassettes (default: working directory).
+    pub llm_base_dir: Option<std::path::PathBuf>,
 }
 
 /// Services hosted together, plus what must be cleaned up after the server stops.
 pub struct Hosted {
     host: cairn_server::Host,
     runner: Option<cairn_sandbox_runner::RunnerHandle>,
+    orchestrator: Option<cairn_orchestrator::Handle>,
 }
 
 impl Hosted {
@@ -46,6 +52,9 @@ impl Hosted {
         shutdown: impl std::future::Future<Output = ()> + Send,
     ) -> anyhow::Result<()> {
         let served = self.host.serve(listener, shutdown).await;
+        if let Some(orchestrator) = self.orchestrator {
+            orchestrator.shutdown().await;
+        }
         if let Some(runner) = self.runner {
             runner.shutdown().await;
         }
@@ -101,6 +110,12 @@ impl Services {
             .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
     }
 
+    pub fn orchestrator(&self) -> OrchestratorClient<TracedChannel> {
+        OrchestratorClient::new(self.channel.clone())
+            .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
+    }
+
     #[allow(dead_code)]
     pub fn addr(&self) -> &str {
         &self.addr
@@ -143,5 +158,20 @@ pub async fn host_all(data_root: &Path, self_addr: &str, needs: Needs) -> anyhow
         host.add(service);
         runner = Some(handle);
     }
-    Ok(Hosted { host, runner })
+    let mut orchestrator = None;
+    if needs.orchestrator {
+        let config = cairn_orchestrator::Config {
+            store_addr: self_addr.to_owned(),
+            ingest_addr: self_addr.to_owned(),
+            sandbox_addrs: if needs.sandbox { vec![self_addr.to_owned()] } else { Vec::new() },
+            llm_base_dir: needs.llm_base_dir.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
+            ..cairn_orchestrator::Config::default()
+        };
+        let (service, handle) = cairn_orchestrator::orchestrator_service(config)
+            .await
+            .context("starting the orchestrator")?;
+        host.add(service);
+        orchestrator = Some(handle);
+    }
+    Ok(Hosted { host, runner, orchestrator })
 }

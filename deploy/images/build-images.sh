@@ -16,6 +16,7 @@
 #   CAIRN_SERVICE_IMAGE   service image              (default cairn:latest)
 #   CAIRN_BINARY          the cairn binary to package (default target/release/cairn, then
 #                                                     $CARGO_TARGET_DIR/release/cairn)
+#   CAIRN_STRIP           1 (default): package the binary without debug info; 0: as it is
 #   plus those of build-base.sh (CAIRN_DEBIAN_MIRROR, CAIRN_DEBIAN_SUITE).
 set -euo pipefail
 
@@ -99,6 +100,7 @@ build_if_changed() {
         die "docker build of $image failed (rerun: DOCKER_BUILDKIT=0 docker build -f $dockerfile --build-arg BASE_IMAGE=$CAIRN_BASE_IMAGE $context)"
     fi
     say "built $image ($(( $(now_ms) - started )) ms)"
+    built=1
     # The image it replaced is now untagged: remove it unless a container still uses it.
     new_id="$(docker image inspect -f '{{.Id}}' "$image")"
     if [ -n "$old_id" ] && [ "$old_id" != "$new_id" ] \
@@ -127,10 +129,25 @@ if [ "$SERVICE" -eq 1 ]; then
     fi
     [ -n "$binary" ] && [ -x "$binary" ] \
         || die "no cairn binary found (cargo build --release -p cairn, or set CAIRN_BINARY=PATH)"
-    cp "$binary" "$ctx/cairn"
+    # Debug info is most of a binary's size (a debug build: ~240 MB, ~35 MB without), and every
+    # byte is sent to the daemon and committed in a layer; the symbol table stays, so
+    # backtraces still name functions. CAIRN_STRIP=0 packages the binary as it is.
+    if [ "${CAIRN_STRIP:-1}" != 0 ] && command -v strip >/dev/null 2>&1; then
+        strip --strip-debug -o "$ctx/cairn" "$binary" || die "strip --strip-debug $binary failed (CAIRN_STRIP=0 skips it)"
+    else
+        cp "$binary" "$ctx/cairn"
+    fi
+    chmod 0755 "$ctx/cairn"
+    built=0
     build_if_changed "$SERVICE_IMAGE" "$HERE/service.Dockerfile" "$ctx" \
         "$(cat "$HERE/service.Dockerfile" "$ctx/cairn" | sha256sum | cut -d' ' -f1)" \
         --build-arg CAIRN_BINARY=cairn
+    # The binary must start in the image (glibc of the build host vs the base's).
+    if [ "$built" -eq 1 ] && ! docker run --rm --network none "$SERVICE_IMAGE" --help >"$work/help.log" 2>&1; then
+        tail -n 20 "$work/help.log" >&2
+        docker rmi "$SERVICE_IMAGE" >/dev/null 2>&1 || true
+        die "the cairn binary does not start in $SERVICE_IMAGE (build it on Debian bookworm); image removed"
+    fi
 fi
 
 say "done in $(( $(now_ms) - total_start )) ms"

@@ -43,6 +43,15 @@ enum Cmd {
         #[arg(long, default_value_t = 1 << 30)]
         size: u64,
     },
+    /// One streamed Put of FILE (prints MiB/s).
+    Put {
+        #[arg(long)]
+        addr: String,
+        #[arg(long)]
+        file: PathBuf,
+        #[arg(long, default_value_t = 1 << 20)]
+        chunk: usize,
+    },
     /// Runs every measurement with its baselines and prints a Markdown table.
     All {
         /// Store address (http://127.0.0.1:PORT).
@@ -73,6 +82,15 @@ enum Cmd {
 async fn main() -> Result<()> {
     match Cli::parse().command {
         Cmd::Gen { out, size } => generate(&out, size),
+        Cmd::Put { addr, file, chunk } => {
+            let mut client = client(&addr).await?;
+            client.create_project(CreateProjectRequest { project_id: PROJECT.into() }).await?;
+            let size = std::fs::metadata(&file)?.len();
+            let t = put_file(&mut client, &file, "workspace/put.bin", "", chunk).await?;
+            println!("{:.0} MiB/s", size as f64 / MIB / t.as_secs_f64());
+            client.delete(DeleteRequest { project_id: PROJECT.into(), path: "workspace/put.bin".into(), run_id: String::new() }).await?;
+            Ok(())
+        }
         Cmd::All {
             addr,
             file,
@@ -139,12 +157,13 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Streams `file` as one Put (1 MiB chunks read by a blocking thread, 8 queued).
+/// Streams `file` as one Put (chunks read by a blocking thread, 8 queued).
 async fn put_file(
     client: &mut ArtifactStoreClient<Channel>,
     file: &Path,
     path: &str,
     sha256: &str,
+    chunk: usize,
 ) -> Result<Duration> {
     let (tx, rx) = tokio::sync::mpsc::channel::<PutRequest>(8);
     let header = PutHeader {
@@ -163,7 +182,7 @@ async fn put_file(
     let reader = tokio::task::spawn_blocking(move || -> Result<()> {
         let mut f = File::open(&file)?;
         loop {
-            let mut buf = vec![0u8; 1 << 20];
+            let mut buf = vec![0u8; chunk];
             let mut filled = 0;
             while filled < buf.len() {
                 let n = f.read(&mut buf[filled..])?;
@@ -193,7 +212,7 @@ async fn put_file(
     reader.await??;
     let elapsed = started.elapsed();
     let digest = response.digest.context("no digest")?;
-    if digest.sha256 != sha256 {
+    if !sha256.is_empty() && digest.sha256 != sha256 {
         bail!(
             "store digest {} differs from openssl's {sha256}",
             digest.sha256
@@ -332,7 +351,7 @@ async fn run_all(
             .trim()
             .to_owned();
         let path = format!("workspace/big-{rep}.bin");
-        let t = put_file(&mut client, file, &path, &sha256).await?;
+        let t = put_file(&mut client, file, &path, &sha256, 1 << 20).await?;
         put.push(size as f64 / MIB / t.as_secs_f64());
         client
             .delete(DeleteRequest {

@@ -2,6 +2,7 @@
 
 mod health;
 mod ingest;
+mod run;
 mod sandbox;
 mod serve;
 mod store;
@@ -19,5 +20,9 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Store(cmd) => store::run(&cli.global, cmd).await,
         Command::Ingest(args) => ingest::run(&cli.global, args).await,
         Command::Sandbox(cmd) => sandbox::run(&cli.global, cmd).await,
+        Command::Run(args) => run::run(&cli.global, args).await,
+        Command::Runs(cmd) => run::runs(&cli.global, cmd).await,
+        Command::Gate(cmd) => run::gate(&cli.global, cmd).await,
+        Command::Notes(cmd) => run::notes(&cli.global, cmd).await,
     }
 }

@@ -17,7 +17,7 @@ use crate::{output, transfer};
 pub async fn run(global: &Global, cmd: SandboxCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         SandboxCommand::Run(args) => {
-            let services = Services::open(global, Needs { sandbox: true }).await?;
+            let services = Services::open(global, Needs { sandbox: true, ..Needs::default() }).await?;
             let result = sandbox_run(global, &services, args).await;
             services.close().await?;
             result

@@ -21,6 +21,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             let listener = cairn_server::bind(&config.listen).await?;
             cairn_sandbox_runner::serve(config, listener, cairn_server::shutdown_signal()).await?;
         }
+        ServeService::Orchestrator(config) => {
+            let config = config.load()?;
+            let listener = cairn_server::bind(&config.listen).await?;
+            cairn_orchestrator::serve(config, listener, cairn_server::shutdown_signal()).await?;
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -28,6 +28,8 @@ use crate::store::{blocking, timestamp_now, Store};
 
 const EVENTS_FILE: &str = "events.jsonl";
 const LIVE_CAPACITY: usize = 4096;
+/// Run logs kept open before idle ones are closed.
+const OPEN_LOGS: usize = 256;
 const RESERVED_KEYS: &[&str] = &["ts", "seq", "type", "run_id", "node_id", "level"];
 /// Longest line `recover` reads back to find the last seq.
 const MAX_TAIL_LINE: u64 = 64 << 20;
@@ -232,6 +234,11 @@ struct Batch {
 impl RunLogs {
     fn log(&self, project: &str, run: &str) -> Arc<RunLog> {
         let mut logs = self.logs.lock().unwrap_or_else(|p| p.into_inner());
+        if logs.len() >= OPEN_LOGS {
+            // Close logs nobody is using (each holds an fd); a later touch reopens and
+            // recovers them from the file.
+            logs.retain(|_, log| Arc::strong_count(log) > 1 || log.live.receiver_count() > 0);
+        }
         logs.entry((project.to_owned(), run.to_owned()))
             .or_insert_with(|| {
                 Arc::new(RunLog {

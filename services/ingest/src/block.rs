@@ -43,7 +43,11 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_block_bytes: 1 << 20, max_blocks: 1000, max_document_bytes: 16 << 20 }
+        Limits {
+            max_block_bytes: 1 << 20,
+            max_blocks: 1000,
+            max_document_bytes: 16 << 20,
+        }
     }
 }
 
@@ -120,7 +124,8 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 /// `policy`); `too_large`. A document over `max_document_bytes` is not parsed at all.
 pub fn parse(doc: &[u8], limits: &Limits, policy: &Policy) -> Vec<Block> {
     if doc.len() as u64 > limits.max_document_bytes {
-        let mut block = oversized_document(doc.len() as u64, sha256_hex(doc), limits.max_document_bytes);
+        let mut block =
+            oversized_document(doc.len() as u64, sha256_hex(doc), limits.max_document_bytes);
         block.content = 0..doc.len();
         return vec![block];
     }
@@ -130,8 +135,15 @@ pub fn parse(doc: &[u8], limits: &Limits, policy: &Policy) -> Vec<Block> {
         .enumerate()
         .map(|(i, f)| {
             let (lang, declared_file, header_problem) = match f.header {
-                Header::File { lang, declared_file } => (lang, declared_file, None),
-                Header::Malformed { lang, declared_file, problem } => (lang, declared_file, Some(problem)),
+                Header::File {
+                    lang,
+                    declared_file,
+                } => (lang, declared_file, None),
+                Header::Malformed {
+                    lang,
+                    declared_file,
+                    problem,
+                } => (lang, declared_file, Some(problem)),
             };
             let content = doc.get(f.content.clone()).unwrap_or_default();
             let mut block = Block {
@@ -150,7 +162,10 @@ pub fn parse(doc: &[u8], limits: &Limits, policy: &Policy) -> Vec<Block> {
                 block.set(
                     BlockStatus::Rejected,
                     reason::TOO_MANY_BLOCKS,
-                    format!("the document has more than {} blocks (max_blocks); split it", limits.max_blocks),
+                    format!(
+                        "the document has more than {} blocks (max_blocks); split it",
+                        limits.max_blocks
+                    ),
                 );
             } else if let Some(problem) = header_problem {
                 block.set(BlockStatus::Skipped, reason::MALFORMED_HEADER, problem);
@@ -186,14 +201,25 @@ pub fn parse(doc: &[u8], limits: &Limits, policy: &Policy) -> Vec<Block> {
             continue;
         }
         if last.get(&pathguard::fold_key(&b.declared_file)) != Some(&i) {
-            b.set(BlockStatus::Skipped, reason::SUPERSEDED, "a later block declares the same file");
+            b.set(
+                BlockStatus::Skipped,
+                reason::SUPERSEDED,
+                "a later block declares the same file",
+            );
         } else if let Err((_, rejection)) = path_check {
-            b.set(BlockStatus::Rejected, rejection.reason.as_str(), rejection.message);
+            b.set(
+                BlockStatus::Rejected,
+                rejection.reason.as_str(),
+                rejection.message,
+            );
         } else if b.bytes > limits.max_block_bytes {
             b.set(
                 BlockStatus::Rejected,
                 reason::TOO_LARGE,
-                format!("the block is {} bytes, over the limit of {} (max_block_bytes)", b.bytes, limits.max_block_bytes),
+                format!(
+                    "the block is {} bytes, over the limit of {} (max_block_bytes)",
+                    b.bytes, limits.max_block_bytes
+                ),
             );
         }
     }
@@ -221,10 +247,16 @@ pub fn oversized_document(bytes: u64, sha256: String, limit: u64) -> Block {
 /// The path rules for a declared file: `Ok(workspace path)`, or the rejection together with
 /// the workspace path when the refusal came after normalisation (denylist, length of the
 /// joined path).
-fn check_path(declared: &str, policy: &Policy) -> Result<String, (Option<String>, pathguard::Rejection)> {
+fn check_path(
+    declared: &str,
+    policy: &Policy,
+) -> Result<String, (Option<String>, pathguard::Rejection)> {
     let safe = pathguard::validate(declared).map_err(|r| (None, r))?;
     let workspace_path = format!("{WORKSPACE}/{safe}");
-    match policy.check(declared).and_then(|_| policy.check(&workspace_path)) {
+    match policy
+        .check(declared)
+        .and_then(|_| policy.check(&workspace_path))
+    {
         Ok(_) => Ok(workspace_path),
         Err(r) => Err((Some(workspace_path), r)),
     }
@@ -236,7 +268,10 @@ mod tests {
 
     #[test]
     fn document_over_the_limit_is_one_rejected_entry() {
-        let limits = Limits { max_document_bytes: 10, ..Limits::default() };
+        let limits = Limits {
+            max_document_bytes: 10,
+            ..Limits::default()
+        };
         let doc = b"```py file=a.py\nx\n```\n";
         let blocks = parse(doc, &limits, &Policy::new(vec![], vec![]));
         assert_eq!(blocks.len(), 1);
@@ -247,7 +282,10 @@ mod tests {
 
     #[test]
     fn blocks_beyond_the_count_are_too_many() {
-        let limits = Limits { max_blocks: 1, ..Limits::default() };
+        let limits = Limits {
+            max_blocks: 1,
+            ..Limits::default()
+        };
         let doc = b"```py file=a.py\n```\n```py file=b.py\n```\n```py path=c.py\n```\n";
         let blocks = parse(doc, &limits, &Policy::new(vec![], vec![]));
         let reasons: Vec<&str> = blocks.iter().map(|b| b.reason.as_str()).collect();

@@ -79,9 +79,11 @@ impl Config {
 
     /// Parses a TOML file (keys as the field names of [`Config`]).
     pub fn from_toml_file(path: &Path) -> Result<Config> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::Config(format!("cannot read config file {}: {e}", path.display())))?;
-        toml::from_str(&text).map_err(|e| Error::Config(format!("config file {}: {e}", path.display())))
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Error::Config(format!("cannot read config file {}: {e}", path.display()))
+        })?;
+        toml::from_str(&text)
+            .map_err(|e| Error::Config(format!("config file {}: {e}", path.display())))
     }
 
     /// Applies `CAIRN_INGEST_*` overrides read through `var`.
@@ -108,7 +110,12 @@ impl Config {
             self.max_document_bytes = parse_env("CAIRN_INGEST_MAX_DOCUMENT_BYTES", &v)?;
         }
         if let Some(v) = var("CAIRN_INGEST_DENYLIST") {
-            self.denylist = v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect();
+            self.denylist = v
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(String::from)
+                .collect();
         }
         if let Some(v) = var("CAIRN_INGEST_WRITE_CONCURRENCY") {
             self.write_concurrency = parse_env("CAIRN_INGEST_WRITE_CONCURRENCY", &v)?;
@@ -125,7 +132,10 @@ impl Config {
             return Err(Error::Config("store_timeout_ms must be at least 1".into()));
         }
         if self.write_concurrency == 0 || self.write_concurrency > 256 {
-            return Err(Error::Config(format!("write_concurrency = {} is out of range: use 1..=256", self.write_concurrency)));
+            return Err(Error::Config(format!(
+                "write_concurrency = {} is out of range: use 1..=256",
+                self.write_concurrency
+            )));
         }
         Ok(())
     }
@@ -142,7 +152,10 @@ impl Config {
     /// The path policy: pathguard's default denylist plus `denylist`; no prefixes (ingest only
     /// writes beneath `workspace/`, and narrows every Put to it).
     pub fn policy(&self) -> pathguard::Policy {
-        let mut denylist: Vec<String> = pathguard::DEFAULT_DENYLIST.iter().map(|s| (*s).to_owned()).collect();
+        let mut denylist: Vec<String> = pathguard::DEFAULT_DENYLIST
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
         denylist.extend(self.denylist.iter().cloned());
         pathguard::Policy::new(denylist, Vec::new())
     }
@@ -156,7 +169,10 @@ fn parse_env<T: std::str::FromStr>(key: &str, value: &str) -> Result<T>
 where
     T::Err: std::fmt::Display,
 {
-    value.trim().parse().map_err(|e| Error::Config(format!("{key}={value:?}: {e}")))
+    value
+        .trim()
+        .parse()
+        .map_err(|e| Error::Config(format!("{key}={value:?}: {e}")))
 }
 
 /// Command-line flags of the ingest service (also flattened into `cairn serve ingest`).
@@ -229,7 +245,8 @@ mod tests {
 
     #[test]
     fn file_then_env_then_defaults() {
-        let mut config: Config = toml::from_str("max_blocks = 5\nstore_addr = \"10.0.0.1:1\"\n").unwrap();
+        let mut config: Config =
+            toml::from_str("max_blocks = 5\nstore_addr = \"10.0.0.1:1\"\n").unwrap();
         config
             .apply_env(|k| match k {
                 "CAIRN_INGEST_STORE_ADDR" => Some("http://127.0.0.1:9".into()),
@@ -248,9 +265,16 @@ mod tests {
     #[test]
     fn bad_values_name_the_key() {
         let mut config = Config::default();
-        let err = config.apply_env(|k| (k == "CAIRN_INGEST_MAX_BLOCKS").then(|| "many".into())).unwrap_err();
+        let err = config
+            .apply_env(|k| (k == "CAIRN_INGEST_MAX_BLOCKS").then(|| "many".into()))
+            .unwrap_err();
         assert!(err.to_string().contains("CAIRN_INGEST_MAX_BLOCKS"), "{err}");
-        assert!(Config { write_concurrency: 0, ..Config::default() }.check().is_err());
+        assert!(Config {
+            write_concurrency: 0,
+            ..Config::default()
+        }
+        .check()
+        .is_err());
         assert!(toml::from_str::<Config>("nonsense = 1").is_err());
     }
 }

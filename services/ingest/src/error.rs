@@ -21,7 +21,11 @@ pub enum Error {
 
     /// The artifact-store refused or failed a call (flag RPCs only).
     #[error("the artifact-store refused: {message}")]
-    Store { reason: Option<String>, code: Code, message: String },
+    Store {
+        reason: Option<String>,
+        code: Code,
+        message: String,
+    },
 
     /// Bad configuration.
     #[error("configuration: {0}")]
@@ -39,11 +43,19 @@ impl From<Error> for Status {
         let message = e.to_string();
         match e {
             Error::Missing(_) | Error::InvalidId { .. } => Status::invalid_argument(message),
-            Error::StoreUnavailable(_) => {
-                cairn_proto::reason::status(Code::Unavailable, message, crate::block::reason::STORE_UNAVAILABLE)
-            }
-            Error::Store { reason: Some(reason), code, .. } => cairn_proto::reason::status(code, message, &reason),
-            Error::Store { reason: None, code, .. } => Status::new(code, message),
+            Error::StoreUnavailable(_) => cairn_proto::reason::status(
+                Code::Unavailable,
+                message,
+                crate::block::reason::STORE_UNAVAILABLE,
+            ),
+            Error::Store {
+                reason: Some(reason),
+                code,
+                ..
+            } => cairn_proto::reason::status(code, message, &reason),
+            Error::Store {
+                reason: None, code, ..
+            } => Status::new(code, message),
             Error::Config(_) | Error::Server(_) => Status::internal(message),
         }
     }

@@ -39,7 +39,11 @@ pub fn started(node_id: &str, source: &Source, doc_bytes: u64, doc_sha256: &str)
 /// `ingest.block.written|skipped|rejected` for one block; `outcome` is the store's word for a
 /// written block (created, unchanged, overwritten).
 pub fn block(node_id: &str, block: &Block, outcome: Option<&str>) -> EventInput {
-    let path = if block.workspace_path.is_empty() { &block.declared_file } else { &block.workspace_path };
+    let path = if block.workspace_path.is_empty() {
+        &block.declared_file
+    } else {
+        &block.workspace_path
+    };
     let mut data = json!({
         "index": block.index,
         "path": path,
@@ -57,16 +61,37 @@ pub fn block(node_id: &str, block: &Block, outcome: Option<&str>) -> EventInput 
             map.insert("outcome".into(), json!(outcome));
         }
     }
-    event(&format!("ingest.block.{}", block.status.as_str()), node_id, Severity::of_block(block), data)
+    event(
+        &format!("ingest.block.{}", block.status.as_str()),
+        node_id,
+        Severity::of_block(block),
+        data,
+    )
 }
 
 /// `ingest.completed`: the summary and where the manifest is.
-pub fn completed(node_id: &str, summary: &Summary, manifest_path: &str, severity: Severity) -> EventInput {
-    event(COMPLETED, node_id, severity, json!({ "summary": summary, "manifest_path": manifest_path }))
+pub fn completed(
+    node_id: &str,
+    summary: &Summary,
+    manifest_path: &str,
+    severity: Severity,
+) -> EventInput {
+    event(
+        COMPLETED,
+        node_id,
+        severity,
+        json!({ "summary": summary, "manifest_path": manifest_path }),
+    )
 }
 
 /// `ingest.failed`: ingest could not do all of its job (store, I/O, document).
-pub fn failed(node_id: &str, reason: &str, error: &str, summary: &Summary, manifest_path: &str) -> EventInput {
+pub fn failed(
+    node_id: &str,
+    reason: &str,
+    error: &str,
+    summary: &Summary,
+    manifest_path: &str,
+) -> EventInput {
     event(
         FAILED,
         node_id,

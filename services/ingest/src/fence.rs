@@ -30,7 +30,11 @@ pub enum Header {
     File { lang: String, declared_file: String },
     /// A fence with `=` in its info string that is not exactly the strict form. `lang` and
     /// `declared_file` are best-effort readings for the manifest (see [`malformed_fields`]).
-    Malformed { lang: String, declared_file: String, problem: &'static str },
+    Malformed {
+        lang: String,
+        declared_file: String,
+        problem: &'static str,
+    },
 }
 
 /// A fence opening or closing line: its character, run length, indentation and the rest.
@@ -68,7 +72,11 @@ pub fn scan(doc: &[u8]) -> Vec<Fenced> {
             None => {
                 if let Some(fence) = opening(line) {
                     let entry = if fence.rest.contains(&b'=') {
-                        found.push(Fenced { header: header_of(line, &fence), content: end..doc.len(), terminated: false });
+                        found.push(Fenced {
+                            header: header_of(line, &fence),
+                            content: end..doc.len(),
+                            terminated: false,
+                        });
                         Some(found.len() - 1)
                     } else {
                         None
@@ -102,7 +110,12 @@ fn fence_line(line: &[u8]) -> Option<FenceLine<'_>> {
     if len < 3 {
         return None;
     }
-    Some(FenceLine { ch, len, indent, rest: strip_eol(&line[indent + len..]) })
+    Some(FenceLine {
+        ch,
+        len,
+        indent,
+        rest: strip_eol(&line[indent + len..]),
+    })
 }
 
 /// An opening fence. CommonMark: a backtick fence's info string may not contain backticks
@@ -164,10 +177,17 @@ fn is_token_breaker(c: char) -> bool {
 /// The header of a recorded fence (its info string contains `=`).
 fn header_of(line: &[u8], fence: &FenceLine<'_>) -> Header {
     match strict_header(line, fence) {
-        Ok((lang, declared_file)) => Header::File { lang, declared_file },
+        Ok((lang, declared_file)) => Header::File {
+            lang,
+            declared_file,
+        },
         Err(problem) => {
             let (lang, declared_file) = malformed_fields(fence.rest);
-            Header::Malformed { lang, declared_file, problem }
+            Header::Malformed {
+                lang,
+                declared_file,
+                problem,
+            }
         }
     }
 }
@@ -196,7 +216,9 @@ fn strict_header(line: &[u8], fence: &FenceLine<'_>) -> Result<(String, String),
         return Err("exactly one space is allowed between the language and file=");
     }
     let Some(rest) = rest.strip_prefix("file=") else {
-        return Err("the only accepted attribute is file=<path> (not path=, filename=, output=, ...)");
+        return Err(
+            "the only accepted attribute is file=<path> (not path=, filename=, output=, ...)",
+        );
     };
     let token_len = rest.find(is_token_breaker).unwrap_or(rest.len());
     if token_len == 0 {
@@ -204,7 +226,9 @@ fn strict_header(line: &[u8], fence: &FenceLine<'_>) -> Result<(String, String),
     }
     let (path, tail) = rest.split_at(token_len);
     if !tail.bytes().all(|b| matches!(b, b' ' | b'\t' | b'\r')) {
-        return Err("only one unquoted path token may follow file= (no quotes, no other attributes)");
+        return Err(
+            "only one unquoted path token may follow file= (no quotes, no other attributes)",
+        );
     }
     Ok((lang.to_owned(), path.to_owned()))
 }
@@ -216,14 +240,21 @@ fn malformed_fields(info: &[u8]) -> (String, String) {
     let info = String::from_utf8_lossy(info);
     let info = info.trim_start();
     let first = info.split_whitespace().next().unwrap_or("");
-    let lang = if !first.is_empty() && first.bytes().all(is_lang_byte) { first.to_owned() } else { String::new() };
+    let lang = if !first.is_empty() && first.bytes().all(is_lang_byte) {
+        first.to_owned()
+    } else {
+        String::new()
+    };
     let value_after = |key_end: usize| -> String {
         let v = &info[key_end..];
         v.split(char::is_whitespace).next().unwrap_or("").to_owned()
     };
     let declared = match info.find("file=") {
         Some(i) => value_after(i + "file=".len()),
-        None => info.find('=').map(|i| value_after(i + 1)).unwrap_or_default(),
+        None => info
+            .find('=')
+            .map(|i| value_after(i + 1))
+            .unwrap_or_default(),
     };
     (lang, declared)
 }
@@ -233,7 +264,10 @@ mod tests {
     use super::*;
 
     fn file(lang: &str, path: &str) -> Header {
-        Header::File { lang: lang.into(), declared_file: path.into() }
+        Header::File {
+            lang: lang.into(),
+            declared_file: path.into(),
+        }
     }
 
     fn contents(doc: &[u8]) -> Vec<&[u8]> {
@@ -253,7 +287,10 @@ mod tests {
     #[test]
     fn plain_fences_are_tracked_but_not_recorded() {
         let doc = b"```\n```py file=a.py\nx\n```\n";
-        assert!(scan(doc).is_empty(), "a header inside a plain fence is content");
+        assert!(
+            scan(doc).is_empty(),
+            "a header inside a plain fence is content"
+        );
     }
 
     #[test]
@@ -298,7 +335,11 @@ mod tests {
             let doc = format!("{header}\nx\n```\n~~~\n");
             let found = scan(doc.as_bytes());
             assert_eq!(found.len(), 1, "{header:?}");
-            assert!(matches!(found[0].header, Header::Malformed { .. }), "{header:?} gave {:?}", found[0].header);
+            assert!(
+                matches!(found[0].header, Header::Malformed { .. }),
+                "{header:?} gave {:?}",
+                found[0].header
+            );
         }
     }
 
@@ -343,8 +384,17 @@ mod tests {
 
     #[test]
     fn malformed_fields_are_readable() {
-        assert_eq!(malformed_fields(b"python path=src/a.py"), ("python".into(), "src/a.py".into()));
-        assert_eq!(malformed_fields(b"python file=\"a b.py\""), ("python".into(), "\"a".into()));
-        assert_eq!(malformed_fields(b" file=a.py"), (String::new(), "a.py".into()));
+        assert_eq!(
+            malformed_fields(b"python path=src/a.py"),
+            ("python".into(), "src/a.py".into())
+        );
+        assert_eq!(
+            malformed_fields(b"python file=\"a b.py\""),
+            ("python".into(), "\"a".into())
+        );
+        assert_eq!(
+            malformed_fields(b" file=a.py"),
+            (String::new(), "a.py".into())
+        );
     }
 }

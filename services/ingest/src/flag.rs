@@ -30,7 +30,11 @@ pub struct FlagDoc {
 }
 
 /// Reads one flag document; `None` when there is none (or it is not a flag document).
-async fn read(store: &StoreClient, project_id: &str, path: &str) -> Result<Option<bool>, StoreError> {
+async fn read(
+    store: &StoreClient,
+    project_id: &str,
+    path: &str,
+) -> Result<Option<bool>, StoreError> {
     match store.get(project_id, path, MAX_FLAG_BYTES).await {
         Ok((_, _, bytes)) => match serde_json::from_slice::<FlagDoc>(&bytes) {
             Ok(doc) => Ok(Some(doc.enabled)),
@@ -46,22 +50,37 @@ async fn read(store: &StoreClient, project_id: &str, path: &str) -> Result<Optio
 
 /// The effective flag: the run's setting (when `run_id` is given and set), else the
 /// project's, else `default`.
-pub async fn effective(store: &StoreClient, project_id: &str, run_id: Option<&str>, default: bool) -> Result<bool, StoreError> {
+pub async fn effective(
+    store: &StoreClient,
+    project_id: &str,
+    run_id: Option<&str>,
+    default: bool,
+) -> Result<bool, StoreError> {
     if let Some(run_id) = run_id {
         if let Some(enabled) = read(store, project_id, &run_flag_path(run_id)).await? {
             return Ok(enabled);
         }
     }
-    Ok(read(store, project_id, PROJECT_FLAG_PATH).await?.unwrap_or(default))
+    Ok(read(store, project_id, PROJECT_FLAG_PATH)
+        .await?
+        .unwrap_or(default))
 }
 
 /// Sets the flag of the project (`run_id` None) or of one run.
-pub async fn set(store: &StoreClient, project_id: &str, run_id: Option<&str>, enabled: bool) -> Result<(), StoreError> {
+pub async fn set(
+    store: &StoreClient,
+    project_id: &str,
+    run_id: Option<&str>,
+    enabled: bool,
+) -> Result<(), StoreError> {
     let path = match run_id {
         Some(run_id) => run_flag_path(run_id),
         None => PROJECT_FLAG_PATH.to_owned(),
     };
-    let doc = FlagDoc { enabled, updated_at: now_rfc3339() };
+    let doc = FlagDoc {
+        enabled,
+        updated_at: now_rfc3339(),
+    };
     let body = serde_json::to_vec_pretty(&doc).unwrap_or_default();
     let header = PutHeader {
         project_id: project_id.to_owned(),

@@ -51,13 +51,21 @@ impl Request {
     pub fn from_proto(r: IngestRequest) -> Result<Request> {
         let project_id = check_id("project", "project_id", r.project_id)?;
         let run_id = check_id("run", "run_id", r.run_id)?;
-        let node_id = if r.node_id.is_empty() { DEFAULT_NODE_ID.to_owned() } else { check_id("node", "node_id", r.node_id)? };
+        let node_id = if r.node_id.is_empty() {
+            DEFAULT_NODE_ID.to_owned()
+        } else {
+            check_id("node", "node_id", r.node_id)?
+        };
         let or = |s: String, default: &str| if s.is_empty() { default.to_owned() } else { s };
         Ok(Request {
             project_id,
             run_id,
             node_id,
-            source: Source { kind: or(r.source_kind, "graph_runtime"), mode: or(r.mode, "unknown"), doc_path: r.doc_path },
+            source: Source {
+                kind: or(r.source_kind, "graph_runtime"),
+                mode: or(r.mode, "unknown"),
+                doc_path: r.doc_path,
+            },
             content: r.content,
             overwrite: r.overwrite,
         })
@@ -72,7 +80,9 @@ pub fn check_id(kind: &'static str, field: &'static str, id: String) -> Result<S
     let ok = id.len() <= 128
         && id != "."
         && id != ".."
-        && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
     if ok {
         Ok(id)
     } else {
@@ -145,7 +155,10 @@ impl Trouble {
 
     fn into_notes(mut self) -> Vec<String> {
         if self.dropped_notes > 0 {
-            self.notes.push(format!("... and {} more (see the manifest)", self.dropped_notes));
+            self.notes.push(format!(
+                "... and {} more (see the manifest)",
+                self.dropped_notes
+            ));
         }
         self.notes
     }
@@ -179,7 +192,14 @@ impl Ingestor {
     /// manifest, appends the events. Never fails (seed 000: fail-open).
     pub async fn ingest(&self, req: &Request) -> Outcome {
         let mut trouble = Trouble::default();
-        let enabled = match flag::effective(&self.store, &req.project_id, Some(&req.run_id), self.default_enabled).await {
+        let enabled = match flag::effective(
+            &self.store,
+            &req.project_id,
+            Some(&req.run_id),
+            self.default_enabled,
+        )
+        .await
+        {
             Ok(enabled) => enabled,
             Err(e) => {
                 trouble.store_failed("reading the ingest flag", &e);
@@ -213,7 +233,11 @@ impl Ingestor {
                 None => (0, String::new()),
             };
             let started = events::started(&req.node_id, &req.source, bytes, &sha256);
-            if let Err(e) = self.store.append_events(&req.project_id, &req.run_id, vec![started]).await {
+            if let Err(e) = self
+                .store
+                .append_events(&req.project_id, &req.run_id, vec![started])
+                .await
+            {
                 trouble.store_failed("appending ingest.started", &e);
             }
         }
@@ -226,12 +250,18 @@ impl Ingestor {
             Some(Document::Loaded(doc)) => self.write_blocks(req, doc, &mut blocks, &trouble).await,
             _ => vec![None; blocks.len()],
         };
-        if let Some(b) = blocks.iter().find(|b| b.reason == reason::STORE_UNAVAILABLE || b.reason == reason::IO_ERROR) {
+        if let Some(b) = blocks
+            .iter()
+            .find(|b| b.reason == reason::STORE_UNAVAILABLE || b.reason == reason::IO_ERROR)
+        {
             let (r, d) = (b.reason.clone(), b.detail.clone());
             trouble.fail(&r, format!("writing the blocks failed: {d}"));
         }
         // The entry standing for an oversized document (no header, so no declared file).
-        if let Some(b) = blocks.iter().find(|b| b.reason == reason::TOO_LARGE && b.declared_file.is_empty()) {
+        if let Some(b) = blocks
+            .iter()
+            .find(|b| b.reason == reason::TOO_LARGE && b.declared_file.is_empty())
+        {
             let d = b.detail.clone();
             trouble.fail(reason::TOO_LARGE, d);
         }
@@ -256,18 +286,29 @@ impl Ingestor {
                 Err(e) => trouble.store_failed("storing the manifest", &e),
             }
         } else {
-            trouble.note("the manifest was not stored: the artifact-store is unavailable".to_owned());
+            trouble
+                .note("the manifest was not stored: the artifact-store is unavailable".to_owned());
         }
 
         if trouble.store_up() {
-            let mut list: Vec<_> = blocks.iter().zip(&outcomes).map(|(b, o)| events::block(&req.node_id, b, *o)).collect();
+            let mut list: Vec<_> = blocks
+                .iter()
+                .zip(&outcomes)
+                .map(|(b, o)| events::block(&req.node_id, b, *o))
+                .collect();
             let severity = Severity::of(&blocks);
             list.push(match &trouble.failure {
-                Some((r, message)) => events::failed(&req.node_id, r, message, &manifest.summary, &stored_at),
+                Some((r, message)) => {
+                    events::failed(&req.node_id, r, message, &manifest.summary, &stored_at)
+                }
                 None => events::completed(&req.node_id, &manifest.summary, &stored_at, severity),
             });
             for batch in list.chunks(EVENTS_PER_CALL) {
-                if let Err(e) = self.store.append_events(&req.project_id, &req.run_id, batch.to_vec()).await {
+                if let Err(e) = self
+                    .store
+                    .append_events(&req.project_id, &req.run_id, batch.to_vec())
+                    .await
+                {
                     trouble.store_failed("appending the ingest events", &e);
                     break;
                 }
@@ -283,11 +324,20 @@ impl Ingestor {
         }
         let doc_path = &req.source.doc_path;
         if !trouble.store_up() {
-            trouble.fail(reason::STORE_UNAVAILABLE, format!("cannot read {doc_path:?}: the artifact-store is unavailable"));
+            trouble.fail(
+                reason::STORE_UNAVAILABLE,
+                format!("cannot read {doc_path:?}: the artifact-store is unavailable"),
+            );
             return None;
         }
-        match self.store.get(&req.project_id, doc_path, self.limits.max_document_bytes).await {
-            Ok((size, sha256, _)) if size > self.limits.max_document_bytes => Some(Document::Oversized(size, sha256)),
+        match self
+            .store
+            .get(&req.project_id, doc_path, self.limits.max_document_bytes)
+            .await
+        {
+            Ok((size, sha256, _)) if size > self.limits.max_document_bytes => {
+                Some(Document::Oversized(size, sha256))
+            }
             Ok((_, _, bytes)) => Some(Document::Loaded(Bytes::from(bytes))),
             Err(e) => {
                 trouble.store_failed(&format!("reading the document {doc_path:?}"), &e);
@@ -300,7 +350,11 @@ impl Ingestor {
         match document {
             Document::Loaded(doc) => block::parse(doc, &self.limits, &self.policy),
             Document::Oversized(size, sha256) => {
-                vec![block::oversized_document(*size, sha256.clone(), self.limits.max_document_bytes)]
+                vec![block::oversized_document(
+                    *size,
+                    sha256.clone(),
+                    self.limits.max_document_bytes,
+                )]
             }
         }
     }
@@ -319,18 +373,35 @@ impl Ingestor {
             .iter()
             .enumerate()
             .filter(|(_, b)| b.status == BlockStatus::Written)
-            .map(|(i, b)| (i, b.workspace_path.clone(), doc.slice(b.content.clone()), b.sha256.clone()))
+            .map(|(i, b)| {
+                (
+                    i,
+                    b.workspace_path.clone(),
+                    doc.slice(b.content.clone()),
+                    b.sha256.clone(),
+                )
+            })
             .collect();
         // A file that is also another block's directory ("a" and "a/b"): write in document
         // order so the outcome does not depend on timing.
         let paths: HashSet<&str> = todo.iter().map(|t| t.1.as_str()).collect();
-        let nested = todo.iter().any(|t| t.1.match_indices('/').any(|(at, _)| paths.contains(&t.1[..at])));
-        let concurrency = if nested { 1 } else { self.write_concurrency.max(1) };
+        let nested = todo.iter().any(|t| {
+            t.1.match_indices('/')
+                .any(|(at, _)| paths.contains(&t.1[..at]))
+        });
+        let concurrency = if nested {
+            1
+        } else {
+            self.write_concurrency.max(1)
+        };
 
         let results: Vec<(usize, Result<WriteOutcome, StoreError>)> = futures::stream::iter(todo)
             .map(|(i, path, content, sha256)| async move {
                 if let Some(down) = trouble.store_down.get() {
-                    return (i, Err(StoreError::Unavailable(format!("not attempted: {down}"))));
+                    return (
+                        i,
+                        Err(StoreError::Unavailable(format!("not attempted: {down}"))),
+                    );
                 }
                 let header = PutHeader {
                     project_id: req.project_id.clone(),
@@ -348,7 +419,12 @@ impl Ingestor {
                         let _ = trouble.store_down.set(e.to_string());
                     }
                 }
-                (i, result.map(|r| WriteOutcome::try_from(r.outcome).unwrap_or(WriteOutcome::Unspecified)))
+                (
+                    i,
+                    result.map(|r| {
+                        WriteOutcome::try_from(r.outcome).unwrap_or(WriteOutcome::Unspecified)
+                    }),
+                )
             })
             .buffer_unordered(concurrency)
             .collect()
@@ -374,17 +450,41 @@ impl Ingestor {
     }
 
     /// Severity, notes and the log line of a finished ingest or dry run.
-    fn finish(&self, req: &Request, manifest: Manifest, blocks: Vec<Block>, manifest_path: String, mut trouble: Trouble) -> Outcome {
+    fn finish(
+        &self,
+        req: &Request,
+        manifest: Manifest,
+        blocks: Vec<Block>,
+        manifest_path: String,
+        mut trouble: Trouble,
+    ) -> Outcome {
         let mut severity = Severity::of(&blocks);
         if trouble.failure.is_some() || !trouble.store_up() {
             severity = Severity::Error;
         }
         if blocks.is_empty() && trouble.failure.is_none() {
-            trouble.note("nothing to ingest: the document has no block of the form ```<lang> file=<path>".to_owned());
+            trouble.note(
+                "nothing to ingest: the document has no block of the form ```<lang> file=<path>"
+                    .to_owned(),
+            );
         }
-        for b in blocks.iter().filter(|b| b.status != BlockStatus::Written && b.reason != reason::SUPERSEDED) {
-            let path = if b.workspace_path.is_empty() { &b.declared_file } else { &b.workspace_path };
-            trouble.note(format!("block {} {:?}: {} ({}): {}", b.index, path, b.status.as_str(), b.reason, b.detail));
+        for b in blocks
+            .iter()
+            .filter(|b| b.status != BlockStatus::Written && b.reason != reason::SUPERSEDED)
+        {
+            let path = if b.workspace_path.is_empty() {
+                &b.declared_file
+            } else {
+                &b.workspace_path
+            };
+            trouble.note(format!(
+                "block {} {:?}: {} ({}): {}",
+                b.index,
+                path,
+                b.status.as_str(),
+                b.reason,
+                b.detail
+            ));
         }
         let s = manifest.summary;
         let (project, run, node) = (&req.project_id, &req.run_id, &req.node_id);
@@ -401,17 +501,33 @@ impl Ingestor {
                 %project, %run, %node, written = s.written, skipped = s.skipped, rejected = s.rejected, "ingest finished"
             ),
         }
-        Outcome { enabled: true, manifest: Some(manifest), blocks, manifest_path, severity, notes: trouble.into_notes() }
+        Outcome {
+            enabled: true,
+            manifest: Some(manifest),
+            blocks,
+            manifest_path,
+            severity,
+            notes: trouble.into_notes(),
+        }
     }
 
     /// The effective flag (run over project over default). Store failures are errors here.
     pub async fn enabled(&self, project_id: &str, run_id: Option<&str>) -> Result<bool> {
-        flag::effective(&self.store, project_id, run_id, self.default_enabled).await.map_err(store_error)
+        flag::effective(&self.store, project_id, run_id, self.default_enabled)
+            .await
+            .map_err(store_error)
     }
 
     /// Sets the flag of a project (`run_id` None) or one run; returns the effective flag.
-    pub async fn set_enabled(&self, project_id: &str, run_id: Option<&str>, enabled: bool) -> Result<bool> {
-        flag::set(&self.store, project_id, run_id, enabled).await.map_err(store_error)?;
+    pub async fn set_enabled(
+        &self,
+        project_id: &str,
+        run_id: Option<&str>,
+        enabled: bool,
+    ) -> Result<bool> {
+        flag::set(&self.store, project_id, run_id, enabled)
+            .await
+            .map_err(store_error)?;
         self.enabled(project_id, run_id).await
     }
 }
@@ -419,8 +535,20 @@ impl Ingestor {
 fn store_error(e: StoreError) -> Error {
     match e {
         StoreError::Unavailable(m) => Error::StoreUnavailable(m),
-        StoreError::Refused { reason, code, message } => Error::Store { reason: Some(reason), code, message },
-        other => Error::Store { reason: None, code: other.code(), message: other.to_string() },
+        StoreError::Refused {
+            reason,
+            code,
+            message,
+        } => Error::Store {
+            reason: Some(reason),
+            code,
+            message,
+        },
+        other => Error::Store {
+            reason: None,
+            code: other.code(),
+            message: other.to_string(),
+        },
     }
 }
 
@@ -430,20 +558,37 @@ mod tests {
 
     #[test]
     fn ids_are_checked() {
-        assert!(matches!(check_id("run", "run_id", String::new()), Err(Error::Missing("run_id"))));
+        assert!(matches!(
+            check_id("run", "run_id", String::new()),
+            Err(Error::Missing("run_id"))
+        ));
         assert!(check_id("run", "run_id", "r-1_a.b".into()).is_ok());
         for bad in ["..", ".", "a/b", "a b", &"x".repeat(129)] {
-            assert!(matches!(check_id("run", "run_id", bad.to_owned()), Err(Error::InvalidId { .. })), "{bad}");
+            assert!(
+                matches!(
+                    check_id("run", "run_id", bad.to_owned()),
+                    Err(Error::InvalidId { .. })
+                ),
+                "{bad}"
+            );
         }
     }
 
     #[test]
     fn request_defaults() {
-        let r = Request::from_proto(IngestRequest { project_id: "p".into(), run_id: "r".into(), ..Default::default() })
-            .unwrap();
+        let r = Request::from_proto(IngestRequest {
+            project_id: "p".into(),
+            run_id: "r".into(),
+            ..Default::default()
+        })
+        .unwrap();
         assert_eq!(r.node_id, DEFAULT_NODE_ID);
         assert_eq!(r.source.kind, "graph_runtime");
         assert_eq!(r.source.mode, "unknown");
-        assert!(Request::from_proto(IngestRequest { run_id: "r".into(), ..Default::default() }).is_err());
+        assert!(Request::from_proto(IngestRequest {
+            run_id: "r".into(),
+            ..Default::default()
+        })
+        .is_err());
     }
 }

@@ -5,57 +5,87 @@
 //! Embedding: [`ingest_service`] returns the tonic server to add to a `cairn_server::Host`;
 //! [`serve`] runs it standalone. The pure parts ([`parse`], [`Manifest`]) need no store.
 
+#![cfg_attr(test, allow(clippy::unwrap_used))]
+
 pub mod block;
-pub mod config;
-pub mod error;
-pub mod events;
 pub mod fence;
-pub mod flag;
-pub mod ingest;
 pub mod manifest;
+
+#[cfg(feature = "service")]
+pub mod config;
+#[cfg(feature = "service")]
+pub mod error;
+#[cfg(feature = "service")]
+pub mod events;
+#[cfg(feature = "service")]
+pub mod flag;
+#[cfg(feature = "service")]
+pub mod ingest;
+#[cfg(feature = "service")]
 pub mod service;
+#[cfg(feature = "service")]
 pub mod store;
 
-use std::future::Future;
-
-use cairn_proto::v1::ingest_server::IngestServer;
-
 pub use block::{parse, sha256_hex, Block, BlockStatus, Limits};
-pub use config::{Config, ConfigArgs};
-pub use error::{Error, Result};
-pub use ingest::{Ingestor, Outcome, Request};
 pub use manifest::{Manifest, Severity, Source, Summary};
+
+#[cfg(feature = "service")]
+pub use config::{Config, ConfigArgs};
+#[cfg(feature = "service")]
+pub use error::{Error, Result};
+#[cfg(feature = "service")]
+pub use ingest::{Ingestor, Outcome, Request};
+#[cfg(feature = "service")]
 pub use service::IngestService;
+#[cfg(feature = "service")]
+pub use serving::{ingest_service, ingestor, serve};
 
-/// Largest gRPC message ingest accepts or sends (documents up to 16 MiB plus the envelope).
-const MAX_MESSAGE_BYTES: usize = 32 << 20;
+/// Building and hosting the gRPC service.
+#[cfg(feature = "service")]
+mod serving {
+    use std::future::Future;
 
-/// The domain object over `config` (a lazily connecting store client: a dead store never
-/// blocks start-up). Fails only on an unusable `store_addr`.
-pub fn ingestor(config: &Config) -> Result<Ingestor> {
-    config.check()?;
-    let channel = cairn_server::connect(&config.store_addr).map_err(|e| Error::Config(e.to_string()))?;
-    Ok(Ingestor {
-        store: store::StoreClient::new(channel, config.store_timeout()),
-        limits: config.limits(),
-        policy: config.policy(),
-        default_enabled: config.default_enabled,
-        write_concurrency: config.write_concurrency,
-    })
-}
+    use cairn_proto::v1::ingest_server::IngestServer;
 
-/// The gRPC service, ready to be hosted (e.g. by `cairn up` on one port with the others).
-pub fn ingest_service(config: &Config) -> Result<IngestServer<IngestService>> {
-    Ok(IngestServer::new(IngestService::new(ingestor(config)?))
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES))
-}
+    use crate::{store, Config, Error, IngestService, Ingestor, Result};
 
-/// Serves ingest alone on `listener` until `shutdown` resolves (health, reflection, graceful
-/// shutdown from `cairn-server`).
-pub async fn serve(config: Config, listener: tokio::net::TcpListener, shutdown: impl Future<Output = ()> + Send) -> Result<()> {
-    let service = ingest_service(&config)?;
-    let mut host = cairn_server::Host::new();
-    host.add(service);
-    host.serve(listener, shutdown).await.map_err(|e| Error::Server(e.to_string()))
+    /// Largest gRPC message ingest accepts or sends (documents up to 16 MiB plus the envelope).
+    const MAX_MESSAGE_BYTES: usize = 32 << 20;
+
+    /// The domain object over `config` (a lazily connecting store client: a dead store never
+    /// blocks start-up). Fails only on an unusable `store_addr`.
+    pub fn ingestor(config: &Config) -> Result<Ingestor> {
+        config.check()?;
+        let channel =
+            cairn_server::connect(&config.store_addr).map_err(|e| Error::Config(e.to_string()))?;
+        Ok(Ingestor {
+            store: store::StoreClient::new(channel, config.store_timeout()),
+            limits: config.limits(),
+            policy: config.policy(),
+            default_enabled: config.default_enabled,
+            write_concurrency: config.write_concurrency,
+        })
+    }
+
+    /// The gRPC service, ready to be hosted (e.g. by `cairn up` on one port with the others).
+    pub fn ingest_service(config: &Config) -> Result<IngestServer<IngestService>> {
+        Ok(IngestServer::new(IngestService::new(ingestor(config)?))
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES))
+    }
+
+    /// Serves ingest alone on `listener` until `shutdown` resolves (health, reflection, graceful
+    /// shutdown from `cairn-server`).
+    pub async fn serve(
+        config: Config,
+        listener: tokio::net::TcpListener,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<()> {
+        let service = ingest_service(&config)?;
+        let mut host = cairn_server::Host::new();
+        host.add(service);
+        host.serve(listener, shutdown)
+            .await
+            .map_err(|e| Error::Server(e.to_string()))
+    }
 }

@@ -120,7 +120,9 @@ impl Severity {
     pub fn of(blocks: &[Block]) -> Severity {
         if blocks.iter().any(|b| b.status == BlockStatus::Rejected) {
             Severity::Error
-        } else if blocks.iter().all(|b| b.status != BlockStatus::Written) || blocks.iter().any(is_format_problem) {
+        } else if blocks.iter().all(|b| b.status != BlockStatus::Written)
+            || blocks.iter().any(is_format_problem)
+        {
             Severity::Warning
         } else {
             Severity::Info
@@ -136,6 +138,7 @@ impl Severity {
         }
     }
 
+    #[cfg(feature = "service")]
     pub fn to_proto(self) -> cairn_proto::v1::Level {
         match self {
             Severity::Info => cairn_proto::v1::Level::Info,
@@ -146,13 +149,16 @@ impl Severity {
 }
 
 fn is_format_problem(b: &Block) -> bool {
-    b.status == BlockStatus::Skipped && (b.reason == reason::MALFORMED_HEADER || b.reason == reason::UNTERMINATED_FENCE)
+    b.status == BlockStatus::Skipped
+        && (b.reason == reason::MALFORMED_HEADER || b.reason == reason::UNTERMINATED_FENCE)
 }
 
 /// Now as RFC 3339 UTC with milliseconds ("2026-01-01T00:00:00.000Z").
 pub fn now_rfc3339() -> String {
     let now = time::OffsetDateTime::now_utc();
-    let fmt = time::macros::format_description!("[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z");
+    let fmt = time::macros::format_description!(
+        "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
+    );
     now.format(&fmt).unwrap_or_default()
 }
 
@@ -165,13 +171,28 @@ mod tests {
         let m = Manifest::new(
             "r1",
             "n1",
-            Source { kind: "graph_runtime".into(), mode: "single".into(), doc_path: "docs/a.md".into() },
+            Source {
+                kind: "graph_runtime".into(),
+                mode: "single".into(),
+                doc_path: "docs/a.md".into(),
+            },
             &[],
         );
         let v: serde_json::Value = serde_json::from_str(&m.to_json()).unwrap();
         let mut keys: Vec<&String> = v.as_object().unwrap().keys().collect();
         keys.sort();
-        assert_eq!(keys, ["artifacts", "node_id", "run_id", "source", "summary", "ts", "version"]);
+        assert_eq!(
+            keys,
+            [
+                "artifacts",
+                "node_id",
+                "run_id",
+                "source",
+                "summary",
+                "ts",
+                "version"
+            ]
+        );
         assert_eq!(v["version"], "1");
         assert_eq!(v["summary"]["total_blocks"], 0);
         assert!(m.ts.ends_with('Z') && m.ts.len() == 24, "{}", m.ts);

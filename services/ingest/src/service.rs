@@ -2,8 +2,8 @@
 
 use cairn_proto::v1::ingest_server::Ingest;
 use cairn_proto::v1::{
-    GetEnabledRequest, IngestRequest, IngestResponse, ManifestArtifact, ManifestSummary, SetEnabledRequest,
-    SetEnabledResponse,
+    GetEnabledRequest, IngestRequest, IngestResponse, ManifestArtifact, ManifestSummary,
+    SetEnabledRequest, SetEnabledResponse,
 };
 use tonic::{Request, Response, Status};
 
@@ -24,27 +24,42 @@ impl IngestService {
 
 #[tonic::async_trait]
 impl Ingest for IngestService {
-    async fn parse(&self, request: Request<IngestRequest>) -> Result<Response<IngestResponse>, Status> {
+    async fn parse(
+        &self,
+        request: Request<IngestRequest>,
+    ) -> Result<Response<IngestResponse>, Status> {
         let req = ingest::Request::from_proto(request.into_inner())?;
         cairn_telemetry::record_ids(&req.project_id, &req.run_id, &req.node_id);
         Ok(Response::new(response(self.ingestor.dry_run(&req).await)))
     }
 
-    async fn ingest(&self, request: Request<IngestRequest>) -> Result<Response<IngestResponse>, Status> {
+    async fn ingest(
+        &self,
+        request: Request<IngestRequest>,
+    ) -> Result<Response<IngestResponse>, Status> {
         let req = ingest::Request::from_proto(request.into_inner())?;
         cairn_telemetry::record_ids(&req.project_id, &req.run_id, &req.node_id);
         Ok(Response::new(response(self.ingestor.ingest(&req).await)))
     }
 
-    async fn set_enabled(&self, request: Request<SetEnabledRequest>) -> Result<Response<SetEnabledResponse>, Status> {
+    async fn set_enabled(
+        &self,
+        request: Request<SetEnabledRequest>,
+    ) -> Result<Response<SetEnabledResponse>, Status> {
         let r = request.into_inner();
         let project = check_id("project", "project_id", r.project_id)?;
         let run = optional_run(r.run_id)?;
-        let enabled = self.ingestor.set_enabled(&project, run.as_deref(), r.enabled).await?;
+        let enabled = self
+            .ingestor
+            .set_enabled(&project, run.as_deref(), r.enabled)
+            .await?;
         Ok(Response::new(SetEnabledResponse { enabled }))
     }
 
-    async fn get_enabled(&self, request: Request<GetEnabledRequest>) -> Result<Response<SetEnabledResponse>, Status> {
+    async fn get_enabled(
+        &self,
+        request: Request<GetEnabledRequest>,
+    ) -> Result<Response<SetEnabledResponse>, Status> {
         let r = request.into_inner();
         let project = check_id("project", "project_id", r.project_id)?;
         let run = optional_run(r.run_id)?;
@@ -93,7 +108,12 @@ pub fn response(outcome: Outcome) -> IngestResponse {
     IngestResponse {
         manifest_json: manifest.to_json(),
         artifacts,
-        summary: Some(ManifestSummary { total_blocks: s.total_blocks, written: s.written, skipped: s.skipped, rejected: s.rejected }),
+        summary: Some(ManifestSummary {
+            total_blocks: s.total_blocks,
+            written: s.written,
+            skipped: s.skipped,
+            rejected: s.rejected,
+        }),
         manifest_path: outcome.manifest_path,
         level: outcome.severity.to_proto() as i32,
         errors: outcome.notes,

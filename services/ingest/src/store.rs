@@ -7,8 +7,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use cairn_proto::v1::artifact_store_client::ArtifactStoreClient;
 use cairn_proto::v1::{
-    get_response, put_request, AppendEventsRequest, CreateProjectRequest, EventInput, GetRequest, PutHeader,
-    PutRequest, PutResponse,
+    get_response, put_request, AppendEventsRequest, CreateProjectRequest, EventInput, GetRequest,
+    PutHeader, PutRequest, PutResponse,
 };
 use cairn_telemetry::TracedChannel;
 use futures::StreamExt;
@@ -27,7 +27,11 @@ const MAX_MESSAGE_BYTES: usize = 16 << 20;
 pub enum StoreError {
     /// The store refused with a reason word (`cairn-reason`): `exists`, `symlink_in_path`, ...
     #[error("{message}")]
-    Refused { reason: String, code: Code, message: String },
+    Refused {
+        reason: String,
+        code: Code,
+        message: String,
+    },
     /// Nothing at the path (or no such project).
     #[error("{0}")]
     NotFound(String),
@@ -65,17 +69,29 @@ impl StoreError {
     fn from_status(status: tonic::Status) -> StoreError {
         let message = status.message().to_owned();
         match (cairn_proto::reason::of(&status), status.code()) {
-            (Some(word), _) if word == reason::STORE_UNAVAILABLE => StoreError::Unavailable(message),
+            (Some(word), _) if word == reason::STORE_UNAVAILABLE => {
+                StoreError::Unavailable(message)
+            }
             (_, Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled) => {
                 StoreError::Unavailable(format!("{:?}: {message}", status.code()))
             }
-            (Some(word), code) => StoreError::Refused { reason: word, code, message },
+            (Some(word), code) => StoreError::Refused {
+                reason: word,
+                code,
+                message,
+            },
             (None, Code::NotFound) => StoreError::NotFound(message),
             // Without a reason word, the code still says what kind of refusal it was.
-            (None, Code::AlreadyExists) => StoreError::Refused { reason: "exists".into(), code: Code::AlreadyExists, message },
-            (None, Code::FailedPrecondition) => {
-                StoreError::Refused { reason: "not_a_file".into(), code: Code::FailedPrecondition, message }
-            }
+            (None, Code::AlreadyExists) => StoreError::Refused {
+                reason: "exists".into(),
+                code: Code::AlreadyExists,
+                message,
+            },
+            (None, Code::FailedPrecondition) => StoreError::Refused {
+                reason: "not_a_file".into(),
+                code: Code::FailedPrecondition,
+                message,
+            },
             (None, code) => StoreError::Failed { code, message },
         }
     }
@@ -98,7 +114,11 @@ impl StoreClient {
     }
 
     /// Runs `call` with the deadline; a store that does not answer in time is unavailable.
-    async fn timed<T>(&self, what: &str, call: impl std::future::Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
+    async fn timed<T>(
+        &self,
+        what: &str,
+        call: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
         match tokio::time::timeout(self.timeout, call).await {
             Ok(result) => result,
             Err(_) => Err(StoreError::Unavailable(format!(
@@ -111,20 +131,30 @@ impl StoreClient {
     /// Creates the project if needed (idempotent).
     pub async fn create_project(&self, project_id: &str) -> Result<(), StoreError> {
         let mut client = self.client.clone();
-        let request = CreateProjectRequest { project_id: project_id.to_owned() };
+        let request = CreateProjectRequest {
+            project_id: project_id.to_owned(),
+        };
         self.timed("CreateProject", async move {
-            client.create_project(request).await.map(|_| ()).map_err(StoreError::from_status)
+            client
+                .create_project(request)
+                .await
+                .map(|_| ())
+                .map_err(StoreError::from_status)
         })
         .await
     }
 
     /// Writes `content` as one file: the header, then chunks of at most 256 KiB.
     pub async fn put(&self, header: PutHeader, content: Bytes) -> Result<PutResponse, StoreError> {
-        let mut messages = vec![PutRequest { msg: Some(put_request::Msg::Header(header)) }];
+        let mut messages = vec![PutRequest {
+            msg: Some(put_request::Msg::Header(header)),
+        }];
         let mut at = 0;
         while at < content.len() {
             let end = content.len().min(at + CHUNK_BYTES);
-            messages.push(PutRequest { msg: Some(put_request::Msg::Chunk(content.slice(at..end))) });
+            messages.push(PutRequest {
+                msg: Some(put_request::Msg::Chunk(content.slice(at..end))),
+            });
             at = end;
         }
         let mut client = self.client.clone();
@@ -140,7 +170,12 @@ impl StoreClient {
 
     /// Reads at most `max + 1` bytes of a file; returns (size of the whole file, sha256 of the
     /// whole file, bytes read). The caller compares the size with its limit.
-    pub async fn get(&self, project_id: &str, path: &str, max: u64) -> Result<(u64, String, Vec<u8>), StoreError> {
+    pub async fn get(
+        &self,
+        project_id: &str,
+        path: &str,
+        max: u64,
+    ) -> Result<(u64, String, Vec<u8>), StoreError> {
         let mut client = self.client.clone();
         let request = GetRequest {
             project_id: project_id.to_owned(),
@@ -149,7 +184,11 @@ impl StoreClient {
             length: max.saturating_add(1),
         };
         self.timed("Get", async move {
-            let mut stream = client.get(request).await.map_err(StoreError::from_status)?.into_inner();
+            let mut stream = client
+                .get(request)
+                .await
+                .map_err(StoreError::from_status)?
+                .into_inner();
             let (mut size, mut sha256, mut bytes) = (0, String::new(), Vec::new());
             while let Some(message) = stream.next().await {
                 match message.map_err(StoreError::from_status)?.msg {
@@ -172,11 +211,24 @@ impl StoreClient {
     }
 
     /// Appends events to the run's events.jsonl, in order.
-    pub async fn append_events(&self, project_id: &str, run_id: &str, events: Vec<EventInput>) -> Result<(), StoreError> {
+    pub async fn append_events(
+        &self,
+        project_id: &str,
+        run_id: &str,
+        events: Vec<EventInput>,
+    ) -> Result<(), StoreError> {
         let mut client = self.client.clone();
-        let request = AppendEventsRequest { project_id: project_id.to_owned(), run_id: run_id.to_owned(), events };
+        let request = AppendEventsRequest {
+            project_id: project_id.to_owned(),
+            run_id: run_id.to_owned(),
+            events,
+        };
         self.timed("AppendEvents", async move {
-            client.append_events(request).await.map(|_| ()).map_err(StoreError::from_status)
+            client
+                .append_events(request)
+                .await
+                .map(|_| ())
+                .map_err(StoreError::from_status)
         })
         .await
     }

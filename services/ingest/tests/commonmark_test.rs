@@ -15,7 +15,9 @@ fn commonmark_fences(doc: &str) -> Vec<(String, String, bool)> {
     let mut current: Option<(String, String)> = None;
     for event in Parser::new(doc) {
         match event {
-            Event::Start(Tag::CodeBlock(CodeBlockKind::Fenced(info))) => current = Some((info.to_string(), String::new())),
+            Event::Start(Tag::CodeBlock(CodeBlockKind::Fenced(info))) => {
+                current = Some((info.to_string(), String::new()))
+            }
             Event::Text(text) => {
                 if let Some((_, content)) = current.as_mut() {
                     content.push_str(&text);

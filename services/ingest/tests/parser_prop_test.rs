@@ -29,12 +29,19 @@ fn check(doc: &[u8], limits: &Limits) -> Result<(), TestCaseError> {
                 prop_assert_eq!(&b.workspace_path, &format!("workspace/{}", b.declared_file));
                 prop_assert!(b.bytes <= limits.max_block_bytes);
                 prop_assert!(i < limits.max_blocks as usize);
-                prop_assert!(written_keys.insert(pathguard::fold_key(&b.declared_file)), "one write per path");
+                prop_assert!(
+                    written_keys.insert(pathguard::fold_key(&b.declared_file)),
+                    "one write per path"
+                );
             }
             BlockStatus::Skipped | BlockStatus::Rejected => prop_assert!(!b.reason.is_empty()),
         }
     }
-    let source = Source { kind: "graph_runtime".into(), mode: "unknown".into(), doc_path: String::new() };
+    let source = Source {
+        kind: "graph_runtime".into(),
+        mode: "unknown".into(),
+        doc_path: String::new(),
+    };
     let manifest = Manifest::new("r", "n", source, &blocks);
     let s = manifest.summary;
     let count = |st: BlockStatus| blocks.iter().filter(|b| b.status == st).count() as u32;
@@ -81,18 +88,30 @@ fn fence_line() -> impl Strategy<Value = String> {
 }
 
 fn fence_doc() -> impl Strategy<Value = Vec<u8>> {
-    (prop::collection::vec((fence_line(), prop::bool::ANY), 0..40), prop::bool::ANY).prop_map(|(lines, bom)| {
-        let mut doc = if bom { "\u{feff}".to_owned() } else { String::new() };
-        for (line, crlf) in lines {
-            doc.push_str(&line);
-            doc.push_str(if crlf { "\r\n" } else { "\n" });
-        }
-        doc.into_bytes()
-    })
+    (
+        prop::collection::vec((fence_line(), prop::bool::ANY), 0..40),
+        prop::bool::ANY,
+    )
+        .prop_map(|(lines, bom)| {
+            let mut doc = if bom {
+                "\u{feff}".to_owned()
+            } else {
+                String::new()
+            };
+            for (line, crlf) in lines {
+                doc.push_str(&line);
+                doc.push_str(if crlf { "\r\n" } else { "\n" });
+            }
+            doc.into_bytes()
+        })
 }
 
 fn small_limits() -> impl Strategy<Value = Limits> {
-    (1u64..64, 1u32..8, 64u64..4096).prop_map(|(b, n, d)| Limits { max_block_bytes: b, max_blocks: n, max_document_bytes: d })
+    (1u64..64, 1u32..8, 64u64..4096).prop_map(|(b, n, d)| Limits {
+        max_block_bytes: b,
+        max_blocks: n,
+        max_document_bytes: d,
+    })
 }
 
 proptest! {
@@ -132,18 +151,29 @@ fn default_limits_apply() {
     }
     let blocks = parse(doc.as_bytes(), &Limits::default(), &policy);
     assert_eq!(blocks.len(), 1001);
-    assert!(blocks[..1000].iter().all(|b| b.status == BlockStatus::Written));
-    assert_eq!((blocks[1000].status, blocks[1000].reason.as_str()), (BlockStatus::Rejected, "too_many_blocks"));
+    assert!(blocks[..1000]
+        .iter()
+        .all(|b| b.status == BlockStatus::Written));
+    assert_eq!(
+        (blocks[1000].status, blocks[1000].reason.as_str()),
+        (BlockStatus::Rejected, "too_many_blocks")
+    );
     // A block of exactly 1 MiB is fine, 1 MiB + 1 is too_large.
     let body = "x".repeat((1 << 20) - 1) + "\n";
     let doc = format!("```txt file=ok.txt\n{body}```\n```txt file=big.txt\n{body}x\n```\n");
     let blocks = parse(doc.as_bytes(), &Limits::default(), &policy);
     assert_eq!(blocks[0].status, BlockStatus::Written);
     assert_eq!(blocks[0].bytes, 1 << 20);
-    assert_eq!((blocks[1].status, blocks[1].reason.as_str()), (BlockStatus::Rejected, "too_large"));
+    assert_eq!(
+        (blocks[1].status, blocks[1].reason.as_str()),
+        (BlockStatus::Rejected, "too_large")
+    );
     // A document over 16 MiB is one too_large entry.
     let doc = vec![b'x'; (16 << 20) + 1];
     let blocks = parse(&doc, &Limits::default(), &policy);
     assert_eq!(blocks.len(), 1);
-    assert_eq!((blocks[0].status, blocks[0].reason.as_str(), blocks[0].bytes), (BlockStatus::Rejected, "too_large", (16 << 20) + 1));
+    assert_eq!(
+        (blocks[0].status, blocks[0].reason.as_str(), blocks[0].bytes),
+        (BlockStatus::Rejected, "too_large", (16 << 20) + 1)
+    );
 }

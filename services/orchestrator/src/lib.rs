@@ -6,7 +6,9 @@
 //! standalone: [`serve`].
 
 pub mod agents;
+mod args;
 pub mod config;
+pub mod console;
 pub mod delivery;
 pub mod error;
 pub mod events;
@@ -30,6 +32,7 @@ use std::sync::Arc;
 use cairn_proto::v1::ingest_client::IngestClient;
 use cairn_proto::v1::orchestrator_server::OrchestratorServer;
 
+pub use args::ConfigArgs;
 pub use config::{Config, RetryPolicy};
 pub use error::Error;
 pub use service::OrchestratorService;

@@ -410,7 +410,7 @@ impl RunState {
                 }
             }
             ev::REWORK_REQUESTED => {
-                let target = text(d, "node_id").unwrap_or_default();
+                let target = text(d, "target").unwrap_or_default();
                 let nodes: Vec<String> = d
                     .get("nodes")
                     .and_then(Value::as_array)

@@ -132,15 +132,9 @@ impl Runs {
         let store = &self.b.store;
 
         // Reserve the id among live runs while the directory is created.
-        let (cmd_tx, cmd_rx) = mpsc::channel::<Command>(1);
-        {
-            let mut live = self.live.lock().map_err(|_| Error::Internal("run table poisoned".into()))?;
-            if live.contains_key(&key(&project, &run_id)) {
-                return Err(Error::RunExists(run_id));
-            }
-            live.insert(key(&project, &run_id), Live { cmd: cmd_tx, join: None });
-        }
-        drop(cmd_rx);
+        let Some(cmd_rx) = self.reserve(&project, &run_id)? else {
+            return Err(Error::RunExists(run_id));
+        };
         let created = self.create_run_dir(&project, &run_id, &graph).await;
         if let Err(e) = created {
             if let Ok(mut live) = self.live.lock() {
@@ -175,7 +169,7 @@ impl Runs {
             return Err(e);
         }
         let info = state.to_info(dir.root());
-        self.launch(graph, state, recorder, base_dir, None, None)?;
+        self.launch(graph, state, recorder, base_dir, None, None, cmd_rx)?;
         Ok(info)
     }
 
@@ -199,6 +193,9 @@ impl Runs {
             match &resolved {
                 ProviderSpec::Replay(path) => {
                     ReplayProvider::load(path).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+                }
+                openai @ ProviderSpec::OpenAi { .. } => {
+                    self.b.providers.check(openai).map_err(|e| Error::InvalidArgument(e.to_string()))?;
                 }
             }
             resolved.to_spec_string()
@@ -259,6 +256,19 @@ impl Runs {
         Ok(())
     }
 
+    /// Registers a run as live; None when it already is (another caller won the race).
+    fn reserve(&self, project: &str, run_id: &str) -> Result<Option<mpsc::Receiver<Command>>> {
+        let mut live = self.live.lock().map_err(|_| Error::Internal("run table poisoned".into()))?;
+        let k = key(project, run_id);
+        if live.contains_key(&k) {
+            return Ok(None);
+        }
+        let (tx, rx) = mpsc::channel(scheduler::COMMAND_QUEUE);
+        live.insert(k, Live { cmd: tx, join: None });
+        Ok(Some(rx))
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn launch(
         &self,
         graph: Arc<Graph>,
@@ -267,11 +277,13 @@ impl Runs {
         base_dir: PathBuf,
         resume: Option<(String, String)>,
         initial: Option<Command>,
+        cmds: mpsc::Receiver<Command>,
     ) -> Result<()> {
         let k = key(&state.project, &state.run_id);
         let live = self.live.clone();
         let exit_key = k.clone();
-        let handle = scheduler::launch(Launch {
+        let mine = self.live_cmd(&state.project, &state.run_id);
+        let join = scheduler::launch(Launch {
             backends: self.b.clone(),
             graph,
             state,
@@ -283,12 +295,22 @@ impl Runs {
             initial,
             on_exit: Box::new(move || {
                 if let Ok(mut l) = live.lock() {
-                    l.remove(&exit_key);
+                    // Only this driver's entry (a new driver may have registered since).
+                    let ours = match (l.get(&exit_key), &mine) {
+                        (Some(entry), Some(tx)) => entry.cmd.same_channel(tx),
+                        _ => false,
+                    };
+                    if ours {
+                        l.remove(&exit_key);
+                    }
                 }
             }),
+            cmds,
         });
         let mut live = self.live.lock().map_err(|_| Error::Internal("run table poisoned".into()))?;
-        live.insert(k, Live { cmd: handle.cmd, join: Some(handle.join) });
+        if let Some(l) = live.get_mut(&k) {
+            l.join = Some(join);
+        }
         Ok(())
     }
 
@@ -328,16 +350,22 @@ impl Runs {
             return Ok(c);
         }
         let (graph, state, base_dir) = self.load(project, run_id).await?;
-        let resume = if state.state.is_final() {
-            if initial.is_none() {
-                return Err(Error::FailedPrecondition(format!("run {run_id} is {}", state.state.as_str())));
+        let by = if by.is_empty() { "orchestrator".to_owned() } else { by.to_owned() };
+        let resume = match (state.state, &initial) {
+            // A finished run comes back only for the command (a rework resets what it names).
+            (TaskState::Completed | TaskState::Canceled | TaskState::Failed, Some(_)) => None,
+            (TaskState::Completed | TaskState::Canceled, None) => {
+                return Err(Error::FailedPrecondition(format!("run {run_id} is {}", state.state.as_str())))
             }
-            None
-        } else {
-            Some((if by.is_empty() { "orchestrator".to_owned() } else { by.to_owned() }, reason.to_owned()))
+            // Not final (restart), or a failed run to retry: resume from the records.
+            _ => Some((by, reason.to_owned())),
+        };
+        let Some(cmds) = self.reserve(project, run_id)? else {
+            // Someone else brought it to life meanwhile: use theirs.
+            return Box::pin(self.ensure_live(project, run_id, &by, reason, initial)).await;
         };
         let recorder = Recorder::start(self.b.store.clone(), project.to_owned(), run_id.to_owned(), state.last_seq);
-        self.launch(graph, state, recorder, base_dir, resume, initial)?;
+        self.launch(graph, state, recorder, base_dir, resume, initial, cmds)?;
         self.live_cmd(project, run_id).ok_or_else(|| Error::Internal("run did not start".into()))
     }
 
@@ -502,6 +530,12 @@ impl Runs {
     pub async fn decide(&self, project: &str, run_id: &str, gate: &str, d: Decision, by: &str, note: &str) -> Result<pb::RunInfo> {
         // Check before writing the note, so a refused decision leaves nothing behind.
         let info = self.get(project, run_id).await?;
+        if let Some(st) = pb::TaskState::try_from(info.state).ok().and_then(TaskState::from_proto).filter(|s| s.is_final()) {
+            return Err(Error::FailedPrecondition(format!(
+                "run {run_id} is {}; its gates can no longer be decided",
+                st.as_str()
+            )));
+        }
         let blocked = info.gates.iter().any(|g| g.id == gate && g.state == pb::GateState::Blocked as i32);
         if !blocked {
             let (_, state, _) = self.load(project, run_id).await?;

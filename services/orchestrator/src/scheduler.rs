@@ -62,12 +62,6 @@ pub enum Command {
     Record { event: Ev, reply: oneshot::Sender<Result<u64>> },
 }
 
-/// Handle of a live run.
-pub struct RunHandle {
-    pub cmd: mpsc::Sender<Command>,
-    pub join: tokio::task::JoinHandle<()>,
-}
-
 /// Everything a driver starts from.
 pub struct Launch {
     pub backends: Arc<Backends>,
@@ -83,10 +77,16 @@ pub struct Launch {
     pub initial: Option<Command>,
     /// Called once the driver has stopped (final state reached, or shutdown).
     pub on_exit: Box<dyn FnOnce() + Send>,
+    /// The run's command line (its sender is registered before the driver starts, so
+    /// commands sent meanwhile wait in order).
+    pub cmds: mpsc::Receiver<Command>,
 }
 
-pub fn launch(l: Launch) -> RunHandle {
-    let (tx, rx) = mpsc::channel(64);
+/// Capacity of a run's command line.
+pub const COMMAND_QUEUE: usize = 64;
+
+pub fn launch(l: Launch) -> tokio::task::JoinHandle<()> {
+    let rx = l.cmds;
     let project = l.state.project.clone();
     let snaps = Snapshots::start(l.backends.store.clone(), project, l.recorder.clone());
     let (ttx, trx) = mpsc::unbounded_channel();
@@ -131,11 +131,10 @@ pub fn launch(l: Launch) -> RunHandle {
     let on_exit = l.on_exit;
     let resume = l.resume;
     let initial = l.initial;
-    let join = tokio::spawn(async move {
+    tokio::spawn(async move {
         driver.run(resume, initial).await;
         on_exit();
-    });
-    RunHandle { cmd: tx, join }
+    })
 }
 
 struct Running {
@@ -465,7 +464,7 @@ impl Driver {
                 NodeKind::Condition(c) => {
                     self.ready.remove(&i);
                     let attempt = self.next_attempt(&node.id);
-                    self.emit(Ev::new(ev::NODE_STARTED, &node.id).with("type", "condition").with("attempt", attempt));
+                    self.emit(Ev::new(ev::NODE_STARTED, &node.id).with("node_type", "condition").with("attempt", attempt));
                     match nodes::condition::evaluate(&scope, c) {
                         Ok((value, out)) => {
                             self.emit(Ev::new(ev::NODE_COMPLETED, &node.id).with("outputs", Value::Object(out)));
@@ -491,7 +490,7 @@ impl Driver {
                     let attempt = self.next_attempt(&node.id);
                     match nodes::gate::reason(&scope, &node.id, g) {
                         Ok(reason) => {
-                            self.emit(Ev::new(ev::NODE_STARTED, &node.id).with("type", "gate").with("attempt", attempt));
+                            self.emit(Ev::new(ev::NODE_STARTED, &node.id).with("node_type", "gate").with("attempt", attempt));
                             self.emit(Ev::new(ev::GATE_BLOCKED, &node.id).with("gate_id", node.id.as_str()).with("reason", reason));
                             if self.state.state != TaskState::InputRequired {
                                 self.emit(Ev::run(ev::TASK_INPUT_REQUIRED).with("gate_id", node.id.as_str()));
@@ -600,7 +599,7 @@ impl Driver {
                 if record {
                     e = e.with("items", Value::Array(items.clone()));
                 }
-                self.emit(Ev::new(ev::NODE_STARTED, &node.id).with("type", "map").with("attempt", attempt));
+                self.emit(Ev::new(ev::NODE_STARTED, &node.id).with("node_type", "map").with("attempt", attempt));
                 self.emit(e);
                 let pending = (0..items.len()).collect();
                 self.maps.insert(
@@ -612,7 +611,7 @@ impl Driver {
                 return Ok(());
             }
         };
-        self.emit(Ev::new(ev::NODE_STARTED, &node.id).with("type", "map").with("attempt", attempt).with("resumed", true));
+        self.emit(Ev::new(ev::NODE_STARTED, &node.id).with("node_type", "map").with("attempt", attempt).with("resumed", true));
         let pending: VecDeque<usize> = existing
             .map(|r| {
                 r.records
@@ -663,7 +662,7 @@ impl Driver {
         let tries = self.tries.get(&job.id).copied().unwrap_or(1);
         self.emit(
             Ev::new(ev::NODE_STARTED, &job.id)
-                .with("type", job.node.kind.type_name())
+                .with("node_type", job.node.kind.type_name())
                 .with("attempt", attempt),
         );
         let task = self.next_task;
@@ -926,6 +925,13 @@ impl Driver {
     }
 
     async fn decide(&mut self, gate: &str, d: Decision, by: &str, note: &str, note_ref: Option<&str>) -> Result<pb::RunInfo> {
+        if self.state.state.is_final() || self.canceling.is_some() || self.failing.is_some() {
+            return Err(Error::FailedPrecondition(format!(
+                "run {} is {}; its gates can no longer be decided",
+                self.state.run_id,
+                if self.canceling.is_some() { "being canceled" } else if self.failing.is_some() { "failing" } else { self.state.state.as_str() }
+            )));
+        }
         gates::check_decidable(&self.state, gate)?;
         let by = if by.is_empty() { "human" } else { by };
         self.emit(gates::decision_event(d, gate, by, note, note_ref));
@@ -1004,7 +1010,7 @@ impl Driver {
         self.tries.retain(|id, _| !crate::run::split_item(id).is_some_and(|(m, _)| set.contains(m)));
         let by = if by.is_empty() { "human" } else { by };
         let mut e = Ev::new(ev::REWORK_REQUESTED, node)
-            .with("node_id", node)
+            .with("target", node)
             .with("by", by)
             .with("note", note)
             .with("nodes", json!(ids));

@@ -39,7 +39,10 @@ impl ConfigArgs {
     /// File, then environment, then these flags; checked.
     pub fn load(&self) -> Result<Config, Error> {
         let mut config = Config::load(self.config.as_deref())?;
-        let work_root = self.work_root.as_ref().map(|p| p.to_string_lossy().into_owned());
+        let work_root = self
+            .work_root
+            .as_ref()
+            .map(|p| p.to_string_lossy().into_owned());
         let pool_size = self.pool_size.map(|n| n.to_string());
         let flags = [
             ("listen", self.listen.clone()),

@@ -25,8 +25,8 @@ mod workspace;
 use std::future::Future;
 use std::sync::Arc;
 
-pub use cairn_proto::sandbox_runner_server::SandboxRunnerServer;
 pub use args::ConfigArgs;
+pub use cairn_proto::sandbox_runner_server::SandboxRunnerServer;
 pub use config::{BackendChoice, Config};
 pub use error::Error;
 pub use limits::Limits;

@@ -94,7 +94,9 @@ impl Pool {
             tokio::spawn(async move {
                 let made = pool.make().await;
                 match made {
-                    Ok(warm) if !pool.closed.load(Ordering::SeqCst) => pool.ready.lock().await.push_back(warm),
+                    Ok(warm) if !pool.closed.load(Ordering::SeqCst) => {
+                        pool.ready.lock().await.push_back(warm)
+                    }
                     Ok(warm) => drop(warm), // closed meanwhile: the guard removes it
                     Err(e) => {
                         tracing::warn!(error = %e, "could not start a warm container; retrying in 5 s");
@@ -136,12 +138,21 @@ impl Pool {
             self.config.container_suffix
         );
         let labels = HashMap::from([
-            (docker::LABEL_RUNNER.to_string(), self.config.runner_id.clone()),
+            (
+                docker::LABEL_RUNNER.to_string(),
+                self.config.runner_id.clone(),
+            ),
             (docker::LABEL_KIND.to_string(), "pool".to_string()),
         ]);
         let base = docker::host_config(&d, false);
         let mut tmpfs = base.tmpfs.clone().unwrap_or_default();
-        tmpfs.insert("/input".into(), format!("rw,nosuid,nodev,size={},mode=755", d.max_input_bytes + (1 << 20)));
+        tmpfs.insert(
+            "/input".into(),
+            format!(
+                "rw,nosuid,nodev,size={},mode=755",
+                d.max_input_bytes + (1 << 20)
+            ),
+        );
         tmpfs.insert(
             "/output".into(),
             format!(
@@ -153,7 +164,12 @@ impl Pool {
         );
         let body = ContainerCreateBody {
             image: Some(self.config.image.clone()),
-            cmd: Some(vec!["python3".into(), "-I".into(), "-c".into(), AGENT.into()]),
+            cmd: Some(vec![
+                "python3".into(),
+                "-I".into(),
+                "-c".into(),
+                AGENT.into(),
+            ]),
             // The agent is root with only SETUID/SETGID/KILL: it drops to the sandbox user for
             // the program (which then cannot signal or trace it) and can kill all it started.
             user: Some("0:0".into()),
@@ -227,8 +243,14 @@ impl Warm {
         line.push(b'\n');
         let started_at = OffsetDateTime::now_utc();
         let t0 = Instant::now();
-        self.input.write_all(&line).await.map_err(Error::io("sending the job to the agent"))?;
-        self.input.shutdown().await.map_err(Error::io("closing the agent's stdin"))?;
+        self.input
+            .write_all(&line)
+            .await
+            .map_err(Error::io("sending the job to the agent"))?;
+        self.input
+            .shutdown()
+            .await
+            .map_err(Error::io("closing the agent's stdin"))?;
 
         let mut stdout = Capture::new(job.limits.max_stdout_bytes);
         let mut stderr = Capture::new(job.limits.max_stderr_bytes);
@@ -236,10 +258,16 @@ impl Warm {
         let mut buf = BytesMut::new();
         let mut result: Option<serde_json::Value> = None;
         let mut end: Option<serde_json::Value> = None;
-        let limits = OutputLimits { max_files: job.limits.max_output_files, max_bytes: job.limits.max_output_bytes };
+        let limits = OutputLimits {
+            max_files: job.limits.max_output_files,
+            max_bytes: job.limits.max_output_bytes,
+        };
         let (tar_tx, tar_rx) = mpsc::channel::<Bytes>(16);
         let collector = tokio::task::spawn_blocking(move || {
-            let reader = ChannelReader { rx: tar_rx, current: Bytes::new() };
+            let reader = ChannelReader {
+                rx: tar_rx,
+                current: Bytes::new(),
+            };
             outputs::from_tar(reader, "output", limits)
         });
         let mut tar_tx = Some(tar_tx);
@@ -254,7 +282,8 @@ impl Warm {
                 }
             };
             let data = match item {
-                Some(Ok(LogOutput::StdOut { message })) | Some(Ok(LogOutput::Console { message })) => message,
+                Some(Ok(LogOutput::StdOut { message }))
+                | Some(Ok(LogOutput::Console { message })) => message,
                 Some(Ok(LogOutput::StdErr { message })) => {
                     agent_log.push(&message);
                     continue;
@@ -267,7 +296,9 @@ impl Warm {
                 let kind = buf[0];
                 let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
                 if len > MAX_FRAME {
-                    return Err(Error::Sandbox(format!("warm agent sent a {len}-byte frame")));
+                    return Err(Error::Sandbox(format!(
+                        "warm agent sent a {len}-byte frame"
+                    )));
                 }
                 if buf.len() < 5 + len {
                     break;
@@ -290,7 +321,11 @@ impl Warm {
                         end = Some(serde_json::from_slice(&payload).unwrap_or_default());
                         break 'read;
                     }
-                    other => return Err(Error::Sandbox(format!("warm agent sent frame kind {other}"))),
+                    other => {
+                        return Err(Error::Sandbox(format!(
+                            "warm agent sent frame kind {other}"
+                        )))
+                    }
                 }
             }
         }
@@ -314,13 +349,31 @@ impl Warm {
             Ok(Err(e)) => return Err(Error::io("reading /output from the warm agent")(e)),
             Err(e) => return Err(Error::Sandbox(format!("output collection panicked: {e}"))),
         };
-        if let Some(list) = end.as_ref().and_then(|e| e.get("unreadable")).and_then(|u| u.as_array()) {
-            for p in list.iter().filter_map(|p| p.as_str()).take(job.limits.max_output_files as usize) {
-                outputs.rejected.push(Rejected { path: p.to_owned(), reason: "io_error".into() });
+        if let Some(list) = end
+            .as_ref()
+            .and_then(|e| e.get("unreadable"))
+            .and_then(|u| u.as_array())
+        {
+            for p in list
+                .iter()
+                .filter_map(|p| p.as_str())
+                .take(job.limits.max_output_files as usize)
+            {
+                outputs.rejected.push(Rejected {
+                    path: p.to_owned(),
+                    reason: "io_error".into(),
+                });
             }
         }
-        let timed_out = result.get("timed_out").and_then(|v| v.as_bool()).unwrap_or(false) || backstop_hit;
-        let exit_code = result.get("exit_code").and_then(|v| v.as_i64()).unwrap_or(-1) as i32;
+        let timed_out = result
+            .get("timed_out")
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false)
+            || backstop_hit;
+        let exit_code = result
+            .get("exit_code")
+            .and_then(|v| v.as_i64())
+            .unwrap_or(-1) as i32;
         let oom = result.get("oom").and_then(|v| v.as_bool()).unwrap_or(false);
         Ok(Outcome {
             exit_code: if timed_out { -1 } else { exit_code },
@@ -361,7 +414,11 @@ fn base64_encode(data: &[u8]) -> String {
     const TABLE: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
     for chunk in data.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
         let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
         for i in 0..4 {
             if i <= chunk.len() {

@@ -49,11 +49,7 @@ async fn spawn_runner(
         ])
         .args([
             "--backend",
-            if backend.docker() {
-                "docker"
-            } else {
-                "local"
-            },
+            if backend.docker() { "docker" } else { "local" },
         ])
         .arg("--work-root")
         .arg(work_root)
@@ -151,7 +147,8 @@ async fn killed_runner_removes_its_leftovers_on_restart() {
                 "leftover task dir expected"
             ),
         }
-        let (proc2, client2) = spawn_runner(backend.backend, work_root.path(), "restart-test-runner").await;
+        let (proc2, client2) =
+            spawn_runner(backend.backend, work_root.path(), "restart-test-runner").await;
         let info = client2
             .clone()
             .get_runner_info(GetRunnerInfoRequest {})
@@ -194,7 +191,8 @@ async fn floods_are_capped_and_runner_memory_stays_flat() {
             .prefix("cairn-sbx-flood")
             .tempdir()
             .unwrap();
-        let (proc, client) = spawn_runner(backend.backend, work_root.path(), "flood-test-runner").await;
+        let (proc, client) =
+            spawn_runner(backend.backend, work_root.path(), "flood-test-runner").await;
         let pid = proc.child.id();
         let before = peak_rss_kib(pid);
         // 50 MB on stdout in one line.

@@ -21,11 +21,7 @@ async fn hello_world_in_python_bash_and_sh() {
         assert!(!out.timed_out && !out.oom_killed);
         assert_eq!(
             out.backend,
-            if backend.docker() {
-                "docker"
-            } else {
-                "local"
-            }
+            if backend.docker() { "docker" } else { "local" }
         );
         let out = r.run(bash("echo hi $((6*7)); echo err >&2; exit 3")).await;
         assert_eq!(text(&out.stdout), "hi 42\n");
@@ -226,6 +222,7 @@ async fn invalid_utf8_and_closed_stdin() {
 async fn timeout_keeps_partial_output_and_kills_a_term_ignoring_process() {
     for backend in backends("timeout_partial").await {
         let r = TestRunner::start(backend).await;
+        r.ready().await;
         let t0 = std::time::Instant::now();
         let out = r
             .run(with_timeout(
@@ -242,7 +239,11 @@ async fn timeout_keeps_partial_output_and_kills_a_term_ignoring_process() {
         assert_eq!(out.exit_code, -1);
         assert_eq!(text(&out.stdout), "before\n");
         // timeout 2 s + grace 0.5 s + removal; never the 600 s of the program
-        assert!(t0.elapsed().as_secs() < 30, "took {:?}", t0.elapsed());
+        assert!(
+            t0.elapsed().as_secs() < 30,
+            "{backend:?} took {:?}",
+            t0.elapsed()
+        );
         r.stop().await;
     }
 }
@@ -295,15 +296,10 @@ async fn setsid_children_die_with_the_run() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fork_bomb_ends_and_the_next_run_works() {
     for backend in backends("fork_bomb").await {
-        let r = TestRunner::start(backend).await;
-        let req = with_limits(
-            bash(":(){ :|:& };:; sleep 30"),
-            Limits {
-                timeout_ms: 5000,
-                pids: 64,
-                ..Default::default()
-            },
-        );
+        // As runner defaults, so the warm pool (made with the defaults) serves it too.
+        let r = TestRunner::start_with(backend, |c| c.defaults.pids = Some(64)).await;
+        let req = with_timeout(bash(":(){ :|:& };:; sleep 30"), 5000);
+        r.ready().await;
         let t0 = std::time::Instant::now();
         let out = r.run(req).await;
         assert!(t0.elapsed().as_secs() < 60);
@@ -322,14 +318,13 @@ async fn fork_bomb_ends_and_the_next_run_works() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn memory_bomb_is_stopped() {
     for backend in backends("memory_bomb").await {
-        let r = TestRunner::start(backend).await;
-        let req = with_limits(
+        let r = TestRunner::start_with(backend, |c| {
+            c.defaults.memory_bytes = Some(128 * 1024 * 1024)
+        })
+        .await;
+        let req = with_timeout(
             python("x = []\nwhile True:\n    x.append(bytearray(16 * 1024 * 1024))\n"),
-            Limits {
-                memory_bytes: 128 * 1024 * 1024,
-                timeout_ms: 30_000,
-                ..Default::default()
-            },
+            30_000,
         );
         let out = r.run(req).await;
         assert!(!out.timed_out, "{backend:?}: {out:?}");

@@ -298,7 +298,9 @@ async fn session_from_git_exec_tools_pack_close() {
                 .unwrap_err();
             assert_eq!(err.code(), tonic::Code::PermissionDenied, "{path}: {err:?}");
         }
-        assert!(!std::fs::read_to_string("/etc/passwd").unwrap().contains("evil"));
+        assert!(!std::fs::read_to_string("/etc/passwd")
+            .unwrap()
+            .contains("evil"));
         let err = c
             .read_file(pb::ReadFileRequest {
                 session_id: sid.clone(),

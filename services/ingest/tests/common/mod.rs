@@ -62,7 +62,14 @@ impl Store {
             .await
             .unwrap();
         });
-        Store { data_root, server: Running { addr, stop: Some(stop), task: Some(task) } }
+        Store {
+            data_root,
+            server: Running {
+                addr,
+                stop: Some(stop),
+                task: Some(task),
+            },
+        }
     }
 
     pub fn addr(&self) -> String {
@@ -84,13 +91,25 @@ impl Store {
 
     /// The `ingest.*` events of a run, parsed.
     pub fn events(&self, project: &str, run: &str) -> Vec<serde_json::Value> {
-        let path = self.project(project).join(".cairn/runs").join(run).join("events.jsonl");
+        let path = self
+            .project(project)
+            .join(".cairn/runs")
+            .join(run)
+            .join("events.jsonl");
         let text = std::fs::read_to_string(path).unwrap_or_default();
-        text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+        text.lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
     }
 
     pub fn events_text(&self, project: &str, run: &str) -> Vec<u8> {
-        std::fs::read(self.project(project).join(".cairn/runs").join(run).join("events.jsonl")).unwrap_or_default()
+        std::fs::read(
+            self.project(project)
+                .join(".cairn/runs")
+                .join(run)
+                .join("events.jsonl"),
+        )
+        .unwrap_or_default()
     }
 }
 
@@ -99,14 +118,23 @@ pub fn files_under(root: &Path) -> BTreeMap<String, Vec<u8>> {
     let mut out = BTreeMap::new();
     let mut stack = vec![root.to_path_buf()];
     while let Some(dir) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
         for entry in entries {
             let entry = entry.unwrap();
             let path = entry.path();
-            let rel = path.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+            let rel = path
+                .strip_prefix(root)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
             let kind = entry.file_type().unwrap();
             if kind.is_symlink() {
-                out.insert(rel, format!("-> {}", std::fs::read_link(&path).unwrap().display()).into_bytes());
+                out.insert(
+                    rel,
+                    format!("-> {}", std::fs::read_link(&path).unwrap().display()).into_bytes(),
+                );
             } else if kind.is_dir() {
                 stack.push(path);
             } else {
@@ -135,15 +163,29 @@ impl Ingest {
             .await
             .unwrap();
         });
-        let channel = Channel::from_shared(format!("http://{addr}")).unwrap().connect_lazy();
-        let client = IngestClient::new(channel).max_decoding_message_size(64 << 20).max_encoding_message_size(64 << 20);
-        Ingest { server: Running { addr, stop: Some(stop), task: Some(task) }, client }
+        let channel = Channel::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect_lazy();
+        let client = IngestClient::new(channel)
+            .max_decoding_message_size(64 << 20)
+            .max_encoding_message_size(64 << 20);
+        Ingest {
+            server: Running {
+                addr,
+                stop: Some(stop),
+                task: Some(task),
+            },
+            client,
+        }
     }
 }
 
 /// Ingest's config pointing at `store_addr`.
 pub fn config(store_addr: &str) -> cairn_ingest::Config {
-    cairn_ingest::Config { store_addr: store_addr.to_owned(), ..cairn_ingest::Config::default() }
+    cairn_ingest::Config {
+        store_addr: store_addr.to_owned(),
+        ..cairn_ingest::Config::default()
+    }
 }
 
 pub fn sha256_hex(bytes: &[u8]) -> String {
@@ -165,12 +207,25 @@ pub fn request(project: &str, run: &str, doc: &[u8]) -> cairn_proto::v1::IngestR
 
 /// Writes a file through the store's own gRPC API (creating the project).
 pub async fn put_file(store_addr: &str, project: &str, path: &str, bytes: &[u8]) {
-    use cairn_proto::v1::{artifact_store_client::ArtifactStoreClient, put_request::Msg, PutHeader, PutRequest};
-    let mut client = ArtifactStoreClient::connect(store_addr.to_owned()).await.unwrap();
-    let header = PutHeader { project_id: project.into(), path: path.into(), create_project: true, ..Default::default() };
+    use cairn_proto::v1::{
+        artifact_store_client::ArtifactStoreClient, put_request::Msg, PutHeader, PutRequest,
+    };
+    let mut client = ArtifactStoreClient::connect(store_addr.to_owned())
+        .await
+        .unwrap();
+    let header = PutHeader {
+        project_id: project.into(),
+        path: path.into(),
+        create_project: true,
+        ..Default::default()
+    };
     let messages = vec![
-        PutRequest { msg: Some(Msg::Header(header)) },
-        PutRequest { msg: Some(Msg::Chunk(bytes::Bytes::copy_from_slice(bytes))) },
+        PutRequest {
+            msg: Some(Msg::Header(header)),
+        },
+        PutRequest {
+            msg: Some(Msg::Chunk(bytes::Bytes::copy_from_slice(bytes))),
+        },
     ];
     client.put(futures::stream::iter(messages)).await.unwrap();
 }

@@ -102,7 +102,13 @@ impl Provider for ReplayProvider {
                 prompt_tokens: request.messages.iter().map(|m| m.content.len() as u64 / 4).sum(),
                 completion_tokens: answer.content.len() as u64 / 4,
             });
-            Ok(AgentReply { content: answer.content.clone(), model: self.model.clone(), usage })
+            Ok(AgentReply {
+                content: answer.content.clone(),
+                model: self.model.clone(),
+                usage,
+                tool_calls: Vec::new(),
+                finish_reason: String::new(),
+            })
         })
     }
 }
@@ -119,6 +125,9 @@ mod tests {
             instance: "a".into(),
             turn,
             messages: vec![],
+            tools: vec![],
+            tool_choice: None,
+            max_attempts: None,
         }
     }
 

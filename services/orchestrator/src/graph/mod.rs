@@ -481,6 +481,11 @@ fn parse_node(v: Value, position: usize, body_of: Option<&str>) -> Result<Node, 
                     "nodes[{position}]: id `{s}` must be 1-64 letters, digits, `_` or `-`"
                 )))
             }
+            Some(Value::Bool(b)) => {
+                return Err(GraphError::graph(format!(
+                    "nodes[{position}]: id was read as the boolean {b} (YAML reads yes/no/on/off/true/false that way); quote it"
+                )))
+            }
             _ => return Err(GraphError::graph(format!("nodes[{position}] has no `id` (text)"))),
         },
     };
@@ -564,9 +569,15 @@ fn parse_map(id: &str, mut obj: Map<String, Value>) -> Result<MapNode, GraphErro
         Some(Value::Array(items)) => MapOver::List(items),
         Some(Value::String(s)) => MapOver::Template(Template::parse(&s).map_err(field_err(id, "over"))?),
         Some(Value::Object(mut o)) => {
-            let file: Template = take(&mut o, id, "over.file")?
-                .ok_or_else(|| GraphError::node(id, Some("over"), "a mapping needs `file: <path of a JSON array>`"))?;
-            let pointer: Option<String> = take(&mut o, id, "over.pointer")?;
+            let file: Template = match o.remove("file") {
+                Some(Value::String(f)) => Template::parse(&f).map_err(field_err(id, "over.file"))?,
+                _ => return Err(GraphError::node(id, Some("over"), "a mapping needs `file: <path of a JSON array>`")),
+            };
+            let pointer: Option<String> = match o.remove("pointer") {
+                None | Some(Value::Null) => None,
+                Some(Value::String(p)) => Some(p),
+                Some(_) => return Err(GraphError::node(id, Some("over.pointer"), "a JSON pointer is text (`/items`)")),
+            };
             if let Some(k) = o.keys().next() {
                 return Err(GraphError::node(id, Some("over"), format!("unknown field `{k}`; expected file, pointer")));
             }
@@ -1006,6 +1017,9 @@ impl Graph {
                     return Ok(());
                 }
                 if self.vars.contains_key(name) {
+                    if path.is_empty() {
+                        return Ok(());
+                    }
                     return err(format!("`vars.{name}` is text; it has no field `{}`", path.join(".")));
                 }
                 err(format!(

@@ -20,9 +20,13 @@ const MAX_CONTEXT_FILES: usize = 16;
 
 fn agent_error(e: AgentError) -> NodeError {
     match e {
-        AgentError::MissingAnswer { .. } | AgentError::Cassette { .. } | AgentError::Unsupported(_) | AgentError::NotConfigured => {
-            NodeError::refused(e.to_string())
-        }
+        AgentError::MissingAnswer { .. }
+        | AgentError::Cassette { .. }
+        | AgentError::Unsupported(_)
+        | AgentError::BadSpec { .. }
+        | AgentError::NotConfigured => NodeError::refused(e.to_string()),
+        // The provider already made its attempts (seed 003 §7.4); not retried as a node.
+        AgentError::Llm(_) => NodeError::failed(e.to_string()),
     }
 }
 
@@ -48,6 +52,9 @@ pub async fn run(ctx: &NodeCtx, spec: &AgentTask) -> Result<NodeSuccess, NodeErr
         instance: instance.clone(),
         turn: ctx.turn,
         messages,
+        tools: Vec::new(),
+        tool_choice: None,
+        max_attempts: None,
     };
     let started = now();
     ctx.progress.emit(
@@ -143,17 +150,17 @@ async fn messages(ctx: &NodeCtx, spec: &AgentTask, agent: &str) -> Result<Vec<Me
             ctx.run_id, ctx.scope.graph.title
         ),
     };
-    let mut out = vec![Message { role: Role::System, content: system }];
+    let mut out = vec![Message::new(Role::System, system)];
     let notes = ctx
         .store()
         .get(&ctx.project, &dir.human_notes())
         .await
         .map_err(|s| NodeError::from_status("reading shared/human-notes.md", &s))?;
     if let Some(notes) = notes.and_then(|b| crate::human::notes_for_agents(&String::from_utf8_lossy(&b))) {
-        out.push(Message {
-            role: Role::System,
-            content: format!("Human notes for this run (highest priority: they override other instructions):\n\n{notes}"),
-        });
+        out.push(Message::new(
+            Role::System,
+            format!("Human notes for this run (highest priority: they override other instructions):\n\n{notes}"),
+        ));
     }
     let mut files: Vec<(String, Option<String>, String)> = Vec::new();
     if let Some(manifest) = ctx
@@ -190,9 +197,9 @@ async fn messages(ctx: &NodeCtx, spec: &AgentTask, agent: &str) -> Result<Vec<Me
             text.push_str("\n[truncated]");
         }
         let why = if reason.is_empty() { String::new() } else { format!(" ({reason})") };
-        out.push(Message { role: Role::User, content: format!("Context file `{path}`{why}:\n\n{text}") });
+        out.push(Message::new(Role::User, format!("Context file `{path}`{why}:\n\n{text}")));
     }
-    out.push(Message { role: Role::User, content: ctx.scope.render("prompt", &spec.prompt)? });
+    out.push(Message::new(Role::User, ctx.scope.render("prompt", &spec.prompt)?));
     Ok(out)
 }
 

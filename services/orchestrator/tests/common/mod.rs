@@ -93,6 +93,10 @@ impl Stack {
 
     /// Err(reason) only when a sandbox was asked for and none can run here.
     pub async fn try_start(opts: Options) -> Result<Stack, String> {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
         let dir = tempfile::tempdir().unwrap();
         let mut stops = Vec::new();
 

@@ -98,6 +98,9 @@ impl LocalBackend {
             running: Arc::default(),
         };
         backend.root_args = backend.mirror_root()?;
+        if as_root {
+            backend.check_reachable()?;
+        }
         backend.probe()?;
         Ok(backend)
     }
@@ -152,6 +155,36 @@ impl LocalBackend {
             args.extend(["--tmpfs".into(), work_root.clone().into_os_string()]);
         }
         Ok(args)
+    }
+
+    /// bwrap runs as the sandbox user and must reach the task directories: work_root (ours) is
+    /// made 0711, and every directory above it must let others through.
+    fn check_reachable(&self) -> Result<()> {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let root = &self.config.work_root;
+        for dir in [root.clone(), root.join("tasks")] {
+            std::fs::create_dir_all(&dir)
+                .map_err(Error::io(format!("creating {}", dir.display())))?;
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))
+                .map_err(Error::io(format!("chmod {}", dir.display())))?;
+        }
+        for ancestor in root.ancestors().skip(1) {
+            let meta = std::fs::metadata(ancestor)
+                .map_err(Error::io(format!("stat {}", ancestor.display())))?;
+            let others_pass = meta.mode() & 0o001 != 0;
+            if !others_pass && meta.uid() != self.config.sandbox_uid {
+                return Err(Error::NoIsolation(format!(
+                    "the local backend's sandbox user (uid {}) cannot reach work_root {}: {} has mode {:o}; \
+                     choose a work_root below directories others may traverse, or chmod o+x {}",
+                    self.config.sandbox_uid,
+                    root.display(),
+                    ancestor.display(),
+                    meta.mode() & 0o7777,
+                    ancestor.display()
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Runs `true` in a sandbox once, so a host that cannot build one fails at start-up.

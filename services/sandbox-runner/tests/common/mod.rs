@@ -64,14 +64,25 @@ pub async fn backends(test: &str) -> Vec<Case> {
     let mut out = Vec::new();
     match docker_ready().await {
         Ok(()) => {
-            out.push(Case { backend: BackendChoice::Docker, pool: false });
-            out.push(Case { backend: BackendChoice::Docker, pool: true });
+            out.push(Case {
+                backend: BackendChoice::Docker,
+                pool: false,
+            });
+            out.push(Case {
+                backend: BackendChoice::Docker,
+                pool: true,
+            });
         }
-        Err(reason) if docker_required() => panic!("CAIRN_REQUIRE_DOCKER=1 but docker is not usable: {reason}"),
+        Err(reason) if docker_required() => {
+            panic!("CAIRN_REQUIRE_DOCKER=1 but docker is not usable: {reason}")
+        }
         Err(reason) => println!("SKIP: {test} [docker]: {reason}"),
     }
     match bwrap_ready() {
-        Ok(()) => out.push(Case { backend: BackendChoice::Local, pool: false }),
+        Ok(()) => out.push(Case {
+            backend: BackendChoice::Local,
+            pool: false,
+        }),
         Err(reason) => println!("SKIP: {test} [local]: {reason}"),
     }
     out
@@ -79,7 +90,11 @@ pub async fn backends(test: &str) -> Vec<Case> {
 
 /// Cases without the warm pool (sessions, process tests).
 pub async fn cold_backends(test: &str) -> Vec<Case> {
-    backends(test).await.into_iter().filter(|c| !c.pool).collect()
+    backends(test)
+        .await
+        .into_iter()
+        .filter(|c| !c.pool)
+        .collect()
 }
 
 pub async fn docker_only(test: &str) -> bool {
@@ -117,16 +132,17 @@ pub struct TestRunner {
 }
 
 impl TestRunner {
-    pub async fn start(backend: BackendChoice) -> TestRunner {
-        Self::start_with(backend, |_| {}).await
+    pub async fn start(case: Case) -> TestRunner {
+        Self::start_with(case, |_| {}).await
     }
 
-    pub async fn start_with(backend: BackendChoice, tweak: impl FnOnce(&mut Config)) -> TestRunner {
+    pub async fn start_with(case: Case, tweak: impl FnOnce(&mut Config)) -> TestRunner {
         let work_root = tempfile::Builder::new()
             .prefix("cairn-sbx-test")
             .tempdir()
             .unwrap();
-        let mut config = config(backend, work_root.path());
+        let mut config = config(case.backend, work_root.path());
+        config.pool_size = usize::from(case.pool);
         tweak(&mut config);
         let (server, handle) = cairn_sandbox_runner::sandbox_service(config).await.unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -146,6 +162,7 @@ impl TestRunner {
             .max_decoding_message_size(64 * 1024 * 1024)
             .max_encoding_message_size(64 * 1024 * 1024);
         TestRunner {
+            case,
             client,
             handle,
             work_root,
@@ -155,8 +172,37 @@ impl TestRunner {
         }
     }
 
+    /// With the pool: waits until a warm container is ready, so the next run uses it.
+    pub async fn ready(&self) {
+        if !self.case.pool {
+            return;
+        }
+        let t0 = std::time::Instant::now();
+        loop {
+            let info = self
+                .client
+                .clone()
+                .get_runner_info(cairn_proto::GetRunnerInfoRequest {})
+                .await
+                .unwrap();
+            if info.into_inner().warm_containers > 0 {
+                return;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "no warm container after 60 s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Runs `req` (from the warm pool in pool cases, which the result must confirm).
     pub async fn run(&self, req: RunRequest) -> RunResult {
-        self.client.clone().run(req).await.unwrap().into_inner()
+        self.ready().await;
+        let out = self.client.clone().run(req).await.unwrap().into_inner();
+        let rj: serde_json::Value = serde_json::from_str(&out.result_json).unwrap();
+        assert_eq!(rj["warm"], self.case.pool, "{:?}: warm pool use", self.case);
+        out
     }
 
     pub async fn stop(mut self) {

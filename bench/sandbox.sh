@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Sandbox-runner benchmark: python `print(1)` through three release cairn-sandbox-runner
+# processes on loopback (docker cold, docker warm pool, local backend), side by side in one run
+# with raw `docker run --rm`, raw `docker exec`, a bare `python3 -c`, 20/50 concurrent runs vs
+# 20 concurrent raw `docker run --rm`, and the llm-sandbox package (PyPI) on the same image.
+# Usage: bash bench/sandbox.sh [RUNS] [IMAGE]   (defaults 30, cairn-sandbox:latest)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS="${1:-30}"
+IMAGE="${2:-cairn-sandbox:latest}"
+POOL="${CAIRN_BENCH_POOL:-4}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
+cargo build --release -q -p cairn-sandbox-runner -p cairn-bench --bin cairn-sandbox-runner --bin sandbox_load
+BIN="$CARGO_TARGET_DIR/release"
+
+WORK="$(mktemp -d -p "${BENCH_DIR:-/tmp}" cairn-sandbox-bench.XXXXXX)"
+chmod 711 "$WORK"  # the local backend runs bwrap as the sandbox user, which must reach its work_root
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+start() { # NAME BACKEND POOL -> prints the address
+  local name="$1" backend="$2" pool="$3" p
+  p="$(port)"
+  RUST_LOG=warn "$BIN/cairn-sandbox-runner" --listen "127.0.0.1:$p" --backend "$backend" \
+    --image "$IMAGE" --pool-size "$pool" --work-root "$WORK/$name" --runner-id "bench-$name-$$" \
+    >"$WORK/$name.log" 2>&1 &
+  PIDS+=($!)
+  for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null && break; sleep 0.1; done
+  echo "127.0.0.1:$p"
+}
+COLD="$(start cold docker 0)"
+WARM="$(start warm docker "$POOL")"
+LOCAL="$(start local local 0)"
+
+echo "command: bash bench/sandbox.sh $RUNS $IMAGE  (pool_size $POOL; $(date -u +%Y-%m-%dT%H:%MZ); $(nproc) cores; docker $(docker version -f '{{.Server.Version}}'))"
+echo
+"$BIN/sandbox_load" --cold "$COLD" --warm "$WARM" --local "$LOCAL" --image "$IMAGE" --runs "$RUNS" --pool "$POOL"
+
+if [ ! -x bench/.venv/bin/python ]; then
+  python3 -m venv bench/.venv
+  bench/.venv/bin/pip install -q 'llm-sandbox[docker]==0.3.46'
+fi
+echo
+echo "| path | runs | p50 ms | p95 ms |"
+echo "|---|---:|---:|---:|"
+bench/.venv/bin/python bench/python/llm_sandbox_bench.py "$IMAGE" "$RUNS"

@@ -1,0 +1,246 @@
+//! Sandbox-runner benchmark (bench/sandbox.sh): python `print(1)` through running
+//! cairn-sandbox-runner processes over gRPC (cold docker, warm pool, local backend), side by side
+//! with raw `docker run --rm`, raw `docker exec` into a running container and a bare `python3 -c`,
+//! plus 20/50 concurrent runs against 20 concurrent raw `docker run --rm`. Prints markdown.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use cairn_proto::sandbox_runner_client::SandboxRunnerClient;
+use cairn_proto::{GetRunnerInfoRequest, RunRequest};
+use clap::Parser;
+use tonic::transport::Channel;
+
+const CODE: &str = "print(1)";
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// Runner with the docker backend and no pool.
+    #[arg(long)]
+    cold: String,
+    /// Runner with the docker backend and a warm pool.
+    #[arg(long)]
+    warm: String,
+    /// Pool size of the warm runner (each warm run waits until the pool is full again, so it
+    /// measures a run on an idle pool, not the refill).
+    #[arg(long, default_value_t = 4)]
+    pool: u32,
+    /// Runner with the local backend.
+    #[arg(long)]
+    local: Option<String>,
+    #[arg(long, default_value = "cairn-sandbox:latest")]
+    image: String,
+    /// Interpreter for the bare baseline.
+    #[arg(long, default_value = "/usr/bin/python3")]
+    python: String,
+    #[arg(long, default_value_t = 30)]
+    runs: usize,
+}
+
+struct Stats {
+    label: String,
+    p50: f64,
+    p95: f64,
+    n: usize,
+}
+
+fn stats(label: &str, mut ms: Vec<f64>) -> Stats {
+    ms.sort_by(|a, b| a.total_cmp(b));
+    let n = ms.len();
+    let at = |q: f64| ms[((q * n as f64).ceil() as usize).clamp(1, n) - 1];
+    Stats { label: label.to_owned(), p50: at(0.5), p95: at(0.95), n }
+}
+
+async fn connect(addr: &str) -> Result<SandboxRunnerClient<Channel>> {
+    let channel = Channel::from_shared(format!("http://{addr}"))?.connect().await?;
+    Ok(SandboxRunnerClient::new(channel))
+}
+
+fn request() -> RunRequest {
+    RunRequest { language: "python".into(), code: CODE.into(), ..Default::default() }
+}
+
+async fn one_run(client: &mut SandboxRunnerClient<Channel>, want_warm: Option<bool>) -> Result<f64> {
+    let t0 = Instant::now();
+    let out = client.run(request()).await?.into_inner();
+    let ms = t0.elapsed().as_secs_f64() * 1000.0;
+    if out.exit_code != 0 || out.stdout.as_ref() != b"1\n" {
+        bail!("run failed: exit {} stdout {:?} stderr {:?}", out.exit_code, out.stdout, out.stderr);
+    }
+    if let Some(w) = want_warm {
+        let rj: serde_json::Value = serde_json::from_str(&out.result_json)?;
+        if rj["warm"] != w {
+            bail!("expected warm={w}, result.json says {}", rj["warm"]);
+        }
+    }
+    Ok(ms)
+}
+
+async fn wait_warm(client: &mut SandboxRunnerClient<Channel>, want: u32) -> Result<()> {
+    let t0 = Instant::now();
+    while client.get_runner_info(GetRunnerInfoRequest {}).await?.into_inner().warm_containers < want {
+        if t0.elapsed() > Duration::from_secs(60) {
+            bail!("no warm container after 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+fn time_cmd(argv: &[&str]) -> Result<f64> {
+    let t0 = Instant::now();
+    let out = Command::new(argv[0]).args(&argv[1..]).stdin(Stdio::null()).output()?;
+    let ms = t0.elapsed().as_secs_f64() * 1000.0;
+    if !out.status.success() || out.stdout != b"1\n" {
+        bail!("{argv:?} failed: {} {}", out.status, String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(ms)
+}
+
+async fn concurrent_runs(addr: &str, n: usize) -> Result<(f64, usize)> {
+    let client = connect(addr).await?;
+    let t0 = Instant::now();
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let mut c = client.clone();
+            tokio::spawn(async move { one_run(&mut c, None).await })
+        })
+        .collect();
+    let mut ok = 0;
+    for t in tasks {
+        if t.await?.is_ok() {
+            ok += 1;
+        }
+    }
+    Ok((t0.elapsed().as_secs_f64(), ok))
+}
+
+fn concurrent_docker(image: &str, n: usize) -> Result<(f64, usize)> {
+    let t0 = Instant::now();
+    let children: Vec<_> = (0..n)
+        .map(|_| {
+            Command::new("docker")
+                .args(["run", "--rm", "--network", "none", image, "python3", "-c", CODE])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+        })
+        .collect::<Result<_, _>>()?;
+    let mut ok = 0;
+    for c in children {
+        let out = c.wait_with_output()?;
+        if out.status.success() && out.stdout == b"1\n" {
+            ok += 1;
+        }
+    }
+    Ok((t0.elapsed().as_secs_f64(), ok))
+}
+
+fn containers_of(runner_id: &str, kind: &str) -> Result<usize> {
+    let out = Command::new("docker")
+        .args(["ps", "-aq", "--filter", &format!("label=cairn.runner_id={runner_id}")])
+        .args(["--filter", &format!("label=cairn.kind={kind}")])
+        .output()?;
+    Ok(String::from_utf8_lossy(&out.stdout).lines().count())
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    let runs = args.runs;
+    let mut rows = Vec::new();
+
+    // Warm up each path once (image cache, connections) before measuring.
+    let mut cold = connect(&args.cold).await.context("cold runner")?;
+    let mut warm = connect(&args.warm).await.context("warm runner")?;
+    one_run(&mut cold, Some(false)).await?;
+    time_cmd(&["docker", "run", "--rm", "--network", "none", &args.image, "python3", "-c", CODE])?;
+
+    // Cold run over gRPC and raw docker run --rm, interleaved so both see the same load.
+    let (mut ours, mut raw) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        ours.push(one_run(&mut cold, Some(false)).await?);
+        raw.push(time_cmd(&["docker", "run", "--rm", "--network", "none", &args.image, "python3", "-c", CODE])?);
+    }
+    rows.push(stats("cairn Run, docker cold (gRPC)", ours));
+    rows.push(stats("raw `docker run --rm IMAGE python3 -c`", raw));
+
+    // Warm pool vs raw docker exec into a running container.
+    let name = format!("cairn_bench_exec_{}", std::process::id());
+    let started = Command::new("docker")
+        .args(["run", "-d", "--rm", "--network", "none", "--name", &name, &args.image, "sleep", "infinity"])
+        .stdout(Stdio::null())
+        .status()?;
+    if !started.success() {
+        bail!("could not start the docker exec baseline container");
+    }
+    let (mut ours, mut raw) = (Vec::new(), Vec::new());
+    wait_warm(&mut warm, args.pool).await?;
+    one_run(&mut warm, Some(true)).await?;
+    for _ in 0..runs {
+        wait_warm(&mut warm, args.pool).await?;
+        // let the used container's background removal finish too
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        ours.push(one_run(&mut warm, Some(true)).await?);
+        raw.push(time_cmd(&["docker", "exec", &name, "python3", "-c", CODE])?);
+    }
+    let _ = Command::new("docker").args(["rm", "-f", &name]).stdout(Stdio::null()).status();
+    rows.push(stats("cairn Run, docker warm pool (gRPC)", ours));
+    rows.push(stats("raw `docker exec CONTAINER python3 -c`", raw));
+
+    // Local backend vs bare python.
+    if let Some(local) = &args.local {
+        let mut client = connect(local).await?;
+        one_run(&mut client, None).await?;
+        let (mut ours, mut raw) = (Vec::new(), Vec::new());
+        for _ in 0..runs {
+            ours.push(one_run(&mut client, None).await?);
+            raw.push(time_cmd(&[&args.python, "-c", CODE])?);
+        }
+        rows.push(stats("cairn Run, local backend (gRPC)", ours));
+        rows.push(stats("bare `python3 -c`", raw));
+    }
+
+    println!("| path | runs | p50 ms | p95 ms |");
+    println!("|---|---:|---:|---:|");
+    for r in &rows {
+        println!("| {} | {} | {:.1} | {:.1} |", r.label, r.n, r.p50, r.p95);
+    }
+    let ratio = |a: usize, b: usize| rows[a].p50 / rows[b].p50;
+    println!();
+    println!("- cold / raw docker run: {:.2}x (p50)", ratio(0, 1));
+    println!("- warm / raw docker exec: {:.2}x (p50)", ratio(2, 3));
+    if rows.len() > 4 {
+        println!("- local / bare python: {:.2}x (p50)", ratio(4, 5));
+    }
+
+    // Throughput.
+    println!();
+    println!("| concurrent | path | ok | seconds | runs/s |");
+    println!("|---:|---|---:|---:|---:|");
+    let (secs, ok) = concurrent_docker(&args.image, 20)?;
+    let base = ok as f64 / secs;
+    println!("| 20 | raw `docker run --rm` | {ok}/20 | {secs:.2} | {base:.1} |");
+    for (label, addr) in [("cairn cold", &args.cold), ("cairn warm pool", &args.warm)] {
+        for n in [20usize, 50] {
+            if label == "cairn warm pool" {
+                wait_warm(&mut warm, args.pool).await?;
+            }
+            let (secs, ok) = concurrent_runs(addr, n).await?;
+            let rate = ok as f64 / secs;
+            println!("| {n} | {label} | {ok}/{n} | {secs:.2} | {rate:.1} ({:.2}x) |", rate / base);
+        }
+    }
+    let cold_id = cold.get_runner_info(GetRunnerInfoRequest {}).await?.into_inner().runner_id;
+    let warm_info = warm.get_runner_info(GetRunnerInfoRequest {}).await?.into_inner();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    println!();
+    println!(
+        "- containers left after the runs: cold runner {} run containers; warm runner {} run containers and {} pool containers (pool size kept ready)",
+        containers_of(&cold_id, "run")?,
+        containers_of(&warm_info.runner_id, "run")?,
+        containers_of(&warm_info.runner_id, "pool")?,
+    );
+    Ok(())
+}

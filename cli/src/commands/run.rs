@@ -1,0 +1,363 @@
+//! `cairn run`, `cairn runs ...`, `cairn gate ...`, `cairn notes add`: graph runs through the
+//! orchestrator, with live progress from WatchRun.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use cairn_proto::v1::orchestrator_client::OrchestratorClient;
+use cairn_proto::v1::{
+    AddNoteRequest, GateDecisionRequest, GateState, GetRunRequest, ListRunsRequest, NodeState, PageRequest,
+    ReworkRequest, RunActionRequest, RunInfo, SubmitRunRequest, TaskState, WatchRunRequest,
+};
+use cairn_telemetry::TracedChannel;
+use serde_json::json;
+use tokio_stream::StreamExt;
+
+use crate::cli::{GateCommand, Global, NotesCommand, RunArgs, RunsCommand};
+use crate::embedded::{Needs, Services};
+use crate::output;
+
+type Client = OrchestratorClient<TracedChannel>;
+
+fn needs(llm_base_dir: Option<&Path>) -> Needs {
+    Needs { sandbox: true, orchestrator: true, llm_base_dir: llm_base_dir.map(Path::to_path_buf) }
+}
+
+fn who() -> String {
+    std::env::var("USER").ok().filter(|u| !u.is_empty()).unwrap_or_else(|| "cli".into())
+}
+
+/// `cairn run GRAPH.yaml` / `cairn run --mode M --prompt P`.
+pub async fn run(global: &Global, args: RunArgs) -> anyhow::Result<ExitCode> {
+    let (graph_yaml, base_dir) = match &args.graph {
+        Some(path) => {
+            let text = tokio::fs::read_to_string(path)
+                .await
+                .with_context(|| format!("cannot read graph {}", path.display()))?;
+            let dir = std::path::absolute(path)?.parent().map(Path::to_path_buf);
+            (text, dir)
+        }
+        None => (String::new(), Some(std::env::current_dir()?)),
+    };
+    if graph_yaml.is_empty() && args.mode.is_none() {
+        anyhow::bail!("give a graph file (cairn run GRAPH.yaml) or a built-in mode (--mode single|self_critique|team --prompt ...)");
+    }
+    let mut vars = HashMap::new();
+    for kv in &args.vars {
+        let (k, v) = kv.split_once('=').ok_or_else(|| anyhow::anyhow!("--var {kv:?}: expected KEY=VALUE"))?;
+        vars.insert(k.trim().to_owned(), v.to_owned());
+    }
+    // A relative replay cassette is relative to where the user stands, not to the server.
+    let llm = match args.llm.as_deref() {
+        Some(spec) => match spec.strip_prefix("replay:") {
+            Some(path) if !Path::new(path).is_absolute() => format!("replay:{}", std::path::absolute(path)?.display()),
+            _ => spec.to_owned(),
+        },
+        None => String::new(),
+    };
+    let services = Services::open(global, needs(base_dir.as_deref())).await?;
+    let mut client = services.orchestrator();
+    let result = async {
+        let info = client
+            .submit_run(SubmitRunRequest {
+                project_id: global.project.clone(),
+                graph_yaml,
+                vars,
+                run_id: args.run_id.clone().unwrap_or_default(),
+                title: args.title.clone().unwrap_or_default(),
+                mode: args.mode.clone().unwrap_or_default(),
+                prompt: args.prompt.clone().unwrap_or_default(),
+                by: who(),
+                llm,
+            })
+            .await?
+            .into_inner();
+        if !global.json {
+            eprintln!("run {} submitted (project {})", info.run_id, info.project_id);
+        }
+        if args.detach && global.addr.is_some() {
+            return finish(global, &info);
+        }
+        let info = follow(global, &mut client, &info.project_id, &info.run_id, args.approve_gates).await?;
+        finish(global, &info)
+    }
+    .await;
+    services.close().await?;
+    result
+}
+
+/// Streams the run's events until it ends or waits for a human; approves gates when asked.
+async fn follow(global: &Global, client: &mut Client, project: &str, run_id: &str, approve_gates: bool) -> anyhow::Result<RunInfo> {
+    let mut from_seq = 1;
+    loop {
+        let mut stream = client
+            .watch_run(WatchRunRequest { project_id: project.to_owned(), run_id: run_id.to_owned(), from_seq, follow_after_end: false })
+            .await?
+            .into_inner();
+        let mut approved_any = false;
+        while let Some(event) = stream.next().await {
+            let event = event?;
+            from_seq = event.seq + 1;
+            if !global.json {
+                print_event(&event);
+            }
+            let kind = event.r#type.as_str();
+            if kind == "gate.blocked" || kind.starts_with("task.") {
+                let info = get(client, project, run_id).await?;
+                match info.state() {
+                    TaskState::Completed | TaskState::Failed | TaskState::Canceled => return Ok(info),
+                    TaskState::InputRequired if approve_gates => {
+                        for gate in info.gates.iter().filter(|g| g.state() == GateState::Blocked) {
+                            client
+                                .approve_gate(GateDecisionRequest {
+                                    project_id: project.to_owned(),
+                                    run_id: run_id.to_owned(),
+                                    gate_id: gate.id.clone(),
+                                    by: who(),
+                                    note: "approved non-interactively (cairn run --approve-gates)".into(),
+                                })
+                                .await?;
+                            approved_any = true;
+                        }
+                    }
+                    TaskState::InputRequired => return Ok(info),
+                    _ => {}
+                }
+            }
+        }
+        // The stream ended (run final) or we approved and keep watching.
+        let info = get(client, project, run_id).await?;
+        if !approved_any && matches!(info.state(), TaskState::Completed | TaskState::Failed | TaskState::Canceled | TaskState::InputRequired) {
+            return Ok(info);
+        }
+    }
+}
+
+fn print_event(e: &cairn_proto::v1::Event) {
+    let data: serde_json::Value = serde_json::from_str(&e.data_json).unwrap_or_default();
+    let detail = ["reason", "error", "path", "state", "note", "exit_code"]
+        .iter()
+        .filter_map(|k| data.get(*k).map(|v| format!("{k}={}", v.as_str().map(str::to_owned).unwrap_or_else(|| v.to_string()))))
+        .collect::<Vec<_>>()
+        .join(" ");
+    eprintln!("  {:>4} {:<26} {:<18} {detail}", e.seq, e.r#type, e.node_id);
+}
+
+async fn get(client: &mut Client, project: &str, run_id: &str) -> anyhow::Result<RunInfo> {
+    Ok(client
+        .get_run(GetRunRequest { project_id: project.to_owned(), run_id: run_id.to_owned() })
+        .await?
+        .into_inner())
+}
+
+fn state_word(s: TaskState) -> &'static str {
+    match s {
+        TaskState::Created => "created",
+        TaskState::Working => "working",
+        TaskState::InputRequired => "input-required",
+        TaskState::Completed => "completed",
+        TaskState::Failed => "failed",
+        TaskState::Canceled => "canceled",
+        TaskState::Unspecified => "unknown",
+    }
+}
+
+fn node_word(s: NodeState) -> &'static str {
+    match s {
+        NodeState::Pending => "pending",
+        NodeState::Running => "running",
+        NodeState::Succeeded => "succeeded",
+        NodeState::Failed => "failed",
+        NodeState::Skipped => "skipped",
+        NodeState::Canceled => "canceled",
+        NodeState::Blocked => "blocked",
+        NodeState::Unspecified => "unknown",
+    }
+}
+
+fn gate_word(s: GateState) -> &'static str {
+    match s {
+        GateState::Open => "open",
+        GateState::Blocked => "blocked",
+        GateState::Approved => "approved",
+        GateState::Rejected => "rejected",
+        GateState::Unspecified => "unknown",
+    }
+}
+
+fn run_json(r: &RunInfo) -> serde_json::Value {
+    json!({
+        "run_id": r.run_id,
+        "project_id": r.project_id,
+        "title": r.title,
+        "state": state_word(r.state()),
+        "created_at": r.created_at,
+        "updated_at": r.updated_at,
+        "run_dir": r.run_dir,
+        "error": r.error,
+        "nodes": r.nodes.iter().map(|n| json!({
+            "id": n.id, "type": n.r#type, "state": node_word(n.state()), "attempts": n.attempts,
+            "started_at": n.started_at, "finished_at": n.finished_at, "error": n.error,
+            "outputs": serde_json::from_str::<serde_json::Value>(&n.outputs_json).unwrap_or_default(),
+        })).collect::<Vec<_>>(),
+        "gates": r.gates.iter().map(|g| json!({
+            "id": g.id, "state": gate_word(g.state()), "reason": g.reason, "decided_by": g.decided_by,
+            "note": g.note, "decided_at": g.decided_at,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn print_run(r: &RunInfo) {
+    println!("run {}  [{}]  {}", r.run_id, state_word(r.state()), r.title);
+    println!("  project {}  created {}  updated {}", r.project_id, r.created_at, r.updated_at);
+    println!("  run directory: {} (in project {})", r.run_dir, r.project_id);
+    for n in &r.nodes {
+        let err = if n.error.is_empty() { String::new() } else { format!("  error: {}", n.error) };
+        println!("  node {:<22} {:<12} {:<10}{err}", n.id, n.r#type, node_word(n.state()));
+    }
+    for g in &r.gates {
+        println!("  gate {:<22} {:<10} {}", g.id, gate_word(g.state()), g.reason);
+    }
+    if !r.error.is_empty() {
+        println!("  error: {}", r.error);
+    }
+}
+
+fn finish(global: &Global, info: &RunInfo) -> anyhow::Result<ExitCode> {
+    if global.json {
+        output::json(&run_json(info))?;
+    } else {
+        print_run(info);
+        if info.state() == TaskState::InputRequired {
+            for g in info.gates.iter().filter(|g| g.state() == GateState::Blocked) {
+                println!(
+                    "waiting for a human: cairn gate approve {} {} --note '...'   (or: cairn gate reject ...)",
+                    info.run_id, g.id
+                );
+            }
+        }
+    }
+    Ok(match info.state() {
+        TaskState::Failed | TaskState::Canceled => ExitCode::FAILURE,
+        _ => ExitCode::SUCCESS,
+    })
+}
+
+/// `cairn runs list|show|watch|cancel|resume|rework`.
+pub async fn runs(global: &Global, cmd: RunsCommand) -> anyhow::Result<ExitCode> {
+    let services = Services::open(global, needs(None)).await?;
+    let mut client = services.orchestrator();
+    let project = global.project.clone();
+    let embedded = global.addr.is_none();
+    let result = async {
+        match cmd {
+            RunsCommand::List { state } => {
+                let states = state.iter().map(|s| parse_state(s)).collect::<anyhow::Result<Vec<_>>>()?;
+                let runs = client
+                    .list_runs(ListRunsRequest { project_id: project, states: states.into_iter().map(|s| s as i32).collect(), page: Some(PageRequest { page_size: 1000, page_token: String::new() }) })
+                    .await?
+                    .into_inner()
+                    .runs;
+                if global.json {
+                    output::json(&runs.iter().map(run_json).collect::<Vec<_>>())?;
+                } else {
+                    for r in &runs {
+                        println!("{:<40} {:<15} {}  {}", r.run_id, state_word(r.state()), r.created_at, r.title);
+                    }
+                }
+                Ok(ExitCode::SUCCESS)
+            }
+            RunsCommand::Show { run } => finish(global, &get(&mut client, &project, &run).await?),
+            RunsCommand::Watch { run } => {
+                let info = follow(global, &mut client, &project, &run, false).await?;
+                finish(global, &info)
+            }
+            RunsCommand::Cancel { run, reason } => {
+                let info = client
+                    .cancel_run(RunActionRequest { project_id: project, run_id: run, by: who(), reason: reason.unwrap_or_default() })
+                    .await?
+                    .into_inner();
+                finish(global, &info)
+            }
+            RunsCommand::Resume { run } => {
+                let info = client
+                    .resume_run(RunActionRequest { project_id: project.clone(), run_id: run.clone(), by: who(), reason: String::new() })
+                    .await?
+                    .into_inner();
+                // Embedded services stop with this process: stay until the run ends or waits.
+                let info = if embedded { follow(global, &mut client, &project, &run, false).await? } else { info };
+                finish(global, &info)
+            }
+            RunsCommand::Rework { run, node, note } => {
+                let info = client
+                    .request_rework(ReworkRequest { project_id: project.clone(), run_id: run.clone(), node_id: node, by: who(), note: note.unwrap_or_default() })
+                    .await?
+                    .into_inner();
+                let info = if embedded { follow(global, &mut client, &project, &run, false).await? } else { info };
+                finish(global, &info)
+            }
+        }
+    }
+    .await;
+    services.close().await?;
+    result
+}
+
+fn parse_state(s: &str) -> anyhow::Result<TaskState> {
+    Ok(match s {
+        "created" => TaskState::Created,
+        "working" => TaskState::Working,
+        "input-required" => TaskState::InputRequired,
+        "completed" => TaskState::Completed,
+        "failed" => TaskState::Failed,
+        "canceled" => TaskState::Canceled,
+        other => anyhow::bail!("unknown state {other:?} (created, working, input-required, completed, failed, canceled)"),
+    })
+}
+
+/// `cairn gate approve|reject RUN GATE --note ...`.
+pub async fn gate(global: &Global, cmd: GateCommand) -> anyhow::Result<ExitCode> {
+    let services = Services::open(global, needs(None)).await?;
+    let mut client = services.orchestrator();
+    let project = global.project.clone();
+    let result = async {
+        let (approve, run, gate, note) = match cmd {
+            GateCommand::Approve { run, gate, note } => (true, run, gate, note),
+            GateCommand::Reject { run, gate, note } => (false, run, gate, note),
+        };
+        let request = GateDecisionRequest { project_id: project.clone(), run_id: run.clone(), gate_id: gate, by: who(), note: note.unwrap_or_default() };
+        let info = if approve { client.approve_gate(request).await? } else { client.reject_gate(request).await? }.into_inner();
+        let info = if global.addr.is_none() { follow(global, &mut client, &project, &run, false).await? } else { info };
+        finish(global, &info)
+    }
+    .await;
+    services.close().await?;
+    result
+}
+
+/// `cairn notes add RUN TEXT`.
+pub async fn notes(global: &Global, cmd: NotesCommand) -> anyhow::Result<ExitCode> {
+    let services = Services::open(global, needs(None)).await?;
+    let mut client = services.orchestrator();
+    let result = async {
+        match cmd {
+            NotesCommand::Add { run, text } => {
+                let r = client
+                    .add_note(AddNoteRequest { project_id: global.project.clone(), run_id: run, by: who(), text })
+                    .await?
+                    .into_inner();
+                if global.json {
+                    output::json(&json!({"seq": r.seq, "ref": r.r#ref}))?;
+                } else {
+                    println!("note recorded as event {} ({})", r.seq, r.r#ref);
+                }
+                Ok(ExitCode::SUCCESS)
+            }
+        }
+    }
+    .await;
+    services.close().await?;
+    result
+}

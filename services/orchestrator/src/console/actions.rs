@@ -1,0 +1,188 @@
+//! Human actions of seed 001 §6.1 from the run page: approve / reject a gate, add a note, edit
+//! the context manifest, cancel, request rework. Each is the orchestrator call the CLI makes,
+//! with `by` = the visitor's name; the orchestrator records it as an event with `by` and `ts`.
+//! Success redirects to the run page with a message; a refusal shows the run page again with
+//! the orchestrator's message and what was typed, under the refusal's status code.
+
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::{Extension, Form};
+use cairn_proto::v1::{AddNoteRequest, EditContextRequest, GateDecisionRequest, ReworkRequest, RunActionRequest};
+use serde::Deserialize;
+
+use super::page;
+use super::run::{self, Drafts};
+use super::session::{Flash, Visitor};
+use super::{Console, ConsoleError};
+
+/// Where the run page is after an action (the section the action belongs to).
+fn back(project: &str, run: &str, section: &str) -> Response {
+    Redirect::to(&format!("{}#{section}", page::run_url(project, run))).into_response()
+}
+
+/// The run page again, showing why `err` refused the action, with the typed text kept.
+async fn refused(console: &Console, visitor: &Visitor, project: &str, run: &str, err: ConsoleError, drafts: Drafts) -> Response {
+    tracing::info!(by = %visitor.name, run, error = %err, "console action refused");
+    let status = err.status();
+    let flash = Flash { text: err.to_string(), error: true };
+    match run::render(console, visitor, project, run, Some(flash), drafts).await {
+        Ok(html) => (status, html).into_response(),
+        // The run page itself cannot be shown: the refusal alone.
+        Err(_) => err.into_response(),
+    }
+}
+
+fn done(console: &Console, visitor: &Visitor, text: String) {
+    tracing::info!(by = %visitor.name, "{text}");
+    console.sessions().set_flash(&visitor.session_id, text, false);
+}
+
+#[derive(Deserialize)]
+pub(super) struct GateForm {
+    #[serde(default)]
+    note: String,
+}
+
+pub(super) async fn approve(
+    State(console): State<Console>,
+    Extension(visitor): Extension<Visitor>,
+    Path((project, run, gate)): Path<(String, String, String)>,
+    Form(form): Form<GateForm>,
+) -> Response {
+    decide(console, visitor, project, run, gate, form.note, true).await
+}
+
+pub(super) async fn reject(
+    State(console): State<Console>,
+    Extension(visitor): Extension<Visitor>,
+    Path((project, run, gate)): Path<(String, String, String)>,
+    Form(form): Form<GateForm>,
+) -> Response {
+    decide(console, visitor, project, run, gate, form.note, false).await
+}
+
+async fn decide(console: Console, visitor: Visitor, project: String, run: String, gate: String, note: String, approve: bool) -> Response {
+    let req = GateDecisionRequest {
+        project_id: project.clone(),
+        run_id: run.clone(),
+        gate_id: gate.clone(),
+        by: visitor.name.clone(),
+        note: note.trim().to_owned(),
+    };
+    let result = if approve {
+        console.call(&format!("approving gate {gate}"), console.orchestrator().approve_gate(req)).await
+    } else {
+        console.call(&format!("rejecting gate {gate}"), console.orchestrator().reject_gate(req)).await
+    };
+    match result {
+        Ok(info) => {
+            let word = if approve { "Approved" } else { "Rejected" };
+            done(&console, &visitor, format!("{word} gate {gate} of run {run}; the run is {}.", page::task_state_name(info.state)));
+            back(&project, &run, "gates")
+        }
+        Err(e) => refused(&console, &visitor, &project, &run, e, Drafts { gate_note: Some((gate, note)), ..Default::default() }).await,
+    }
+}
+
+#[derive(Deserialize)]
+pub(super) struct NoteForm {
+    #[serde(default)]
+    text: String,
+}
+
+pub(super) async fn note(
+    State(console): State<Console>,
+    Extension(visitor): Extension<Visitor>,
+    Path((project, run)): Path<(String, String)>,
+    Form(form): Form<NoteForm>,
+) -> Response {
+    let drafts = || Drafts { note: Some(form.text.clone()), ..Default::default() };
+    if form.text.trim().is_empty() {
+        let e = ConsoleError::BadRequest("the note is empty; write what the agents should know".into());
+        return refused(&console, &visitor, &project, &run, e, drafts()).await;
+    }
+    let req = AddNoteRequest { project_id: project.clone(), run_id: run.clone(), by: visitor.name.clone(), text: form.text.clone() };
+    match console.call("adding the note", console.orchestrator().add_note(req)).await {
+        Ok(r) => {
+            done(&console, &visitor, format!("Note added to run {run} ({}).", r.r#ref));
+            back(&project, &run, "notes")
+        }
+        Err(e) => refused(&console, &visitor, &project, &run, e, drafts()).await,
+    }
+}
+
+#[derive(Deserialize)]
+pub(super) struct ContextForm {
+    #[serde(default)]
+    manifest_yaml: String,
+}
+
+pub(super) async fn context(
+    State(console): State<Console>,
+    Extension(visitor): Extension<Visitor>,
+    Path((project, run)): Path<(String, String)>,
+    Form(form): Form<ContextForm>,
+) -> Response {
+    // Browsers send textarea line breaks as CRLF; the manifest is a Unix text file.
+    let yaml = form.manifest_yaml.replace("\r\n", "\n");
+    let req = EditContextRequest { project_id: project.clone(), run_id: run.clone(), by: visitor.name.clone(), manifest_yaml: yaml.clone() };
+    match console.call("saving the context manifest", console.orchestrator().edit_context(req)).await {
+        Ok(r) => {
+            done(&console, &visitor, format!("Context manifest of run {run} saved (event {}).", r.seq));
+            back(&project, &run, "context")
+        }
+        Err(e) => refused(&console, &visitor, &project, &run, e, Drafts { context: Some(yaml), ..Default::default() }).await,
+    }
+}
+
+#[derive(Deserialize)]
+pub(super) struct CancelForm {
+    #[serde(default)]
+    reason: String,
+}
+
+pub(super) async fn cancel(
+    State(console): State<Console>,
+    Extension(visitor): Extension<Visitor>,
+    Path((project, run)): Path<(String, String)>,
+    Form(form): Form<CancelForm>,
+) -> Response {
+    let req = RunActionRequest { project_id: project.clone(), run_id: run.clone(), by: visitor.name.clone(), reason: form.reason.trim().to_owned() };
+    match console.call("canceling the run", console.orchestrator().cancel_run(req)).await {
+        Ok(info) => {
+            done(&console, &visitor, format!("Run {run} is {}.", page::task_state_name(info.state)));
+            back(&project, &run, "control")
+        }
+        Err(e) => refused(&console, &visitor, &project, &run, e, Drafts { cancel_reason: Some(form.reason), ..Default::default() }).await,
+    }
+}
+
+#[derive(Deserialize)]
+pub(super) struct ReworkForm {
+    #[serde(default)]
+    node_id: String,
+    #[serde(default)]
+    note: String,
+}
+
+pub(super) async fn rework(
+    State(console): State<Console>,
+    Extension(visitor): Extension<Visitor>,
+    Path((project, run)): Path<(String, String)>,
+    Form(form): Form<ReworkForm>,
+) -> Response {
+    let req = ReworkRequest {
+        project_id: project.clone(),
+        run_id: run.clone(),
+        node_id: form.node_id.clone(),
+        by: visitor.name.clone(),
+        note: form.note.trim().to_owned(),
+    };
+    match console.call(&format!("requesting rework of {}", form.node_id), console.orchestrator().request_rework(req)).await {
+        Ok(info) => {
+            done(&console, &visitor, format!("Rework of {} requested; the run is {}.", form.node_id, page::task_state_name(info.state)));
+            back(&project, &run, "milestones")
+        }
+        Err(e) => refused(&console, &visitor, &project, &run, e, Drafts { rework_note: Some(form.note), ..Default::default() }).await,
+    }
+}

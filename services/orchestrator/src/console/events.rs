@@ -1,0 +1,86 @@
+//! The live event stream of a run page: the orchestrator's WatchRun as server-sent events.
+//! Each run event is one `run-event` message (id = the event's sequence number, so a browser
+//! that reconnects resumes after the last one it saw); an `end` message closes the stream when
+//! the run is over, the watch fails, or the console shuts down.
+
+use std::convert::Infallible;
+
+use axum::extract::{Path, Query, State};
+use axum::http::HeaderMap;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use cairn_proto::v1::{Event, Level, WatchRunRequest};
+use futures::Stream;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+use tonic::Streaming;
+
+use super::{Console, ConsoleError};
+
+#[derive(Deserialize)]
+pub(super) struct EventsQuery {
+    /// First sequence number wanted (default: all).
+    #[serde(default)]
+    from: Option<u64>,
+}
+
+fn level_name(level: i32) -> &'static str {
+    match Level::try_from(level) {
+        Ok(Level::Debug) => "debug",
+        Ok(Level::Warning) => "warning",
+        Ok(Level::Error) => "error",
+        _ => "info",
+    }
+}
+
+/// The JSON a browser gets for one run event.
+fn browser_event(e: &Event) -> Value {
+    let data = serde_json::from_str::<Value>(&e.data_json).unwrap_or_else(|_| Value::String(e.data_json.clone()));
+    json!({
+        "seq": e.seq,
+        "ts": e.ts,
+        "type": e.r#type,
+        "node_id": e.node_id,
+        "level": level_name(e.level),
+        "data": data,
+    })
+}
+
+enum Watch {
+    Open(Streaming<Event>, CancellationToken),
+    Closed,
+}
+
+fn end(reason: &str) -> SseEvent {
+    SseEvent::default().event("end").json_data(json!({ "reason": reason })).unwrap_or_else(|_| SseEvent::default().event("end"))
+}
+
+pub(super) async fn stream(
+    State(console): State<Console>,
+    Path((project, run)): Path<(String, String)>,
+    Query(q): Query<EventsQuery>,
+    headers: HeaderMap,
+) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ConsoleError> {
+    let resume = headers.get("last-event-id").and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok());
+    let from_seq = resume.map(|s| s + 1).or(q.from).unwrap_or(1);
+    let req = WatchRunRequest { project_id: project, run_id: run.clone(), from_seq, follow_after_end: false };
+    let watch = console.call(&format!("watching run {run}"), console.orchestrator().watch_run(req)).await?;
+    let state = Watch::Open(watch, console.inner.stopping.clone());
+    let events = futures::stream::unfold(state, |state| async move {
+        let Watch::Open(mut watch, stopping) = state else { return None };
+        let next = tokio::select! {
+            _ = stopping.cancelled() => return Some((Ok(end("the console is shutting down")), Watch::Closed)),
+            next = watch.message() => next,
+        };
+        match next {
+            Ok(Some(e)) => {
+                let msg = SseEvent::default().event("run-event").id(e.seq.to_string()).json_data(browser_event(&e));
+                let msg = msg.unwrap_or_else(|_| SseEvent::default().event("run-event").data("{}"));
+                Some((Ok(msg), Watch::Open(watch, stopping)))
+            }
+            Ok(None) => Some((Ok(end("the run is over")), Watch::Closed)),
+            Err(status) => Some((Ok(end(&format!("the event stream failed: {}", status.message()))), Watch::Closed)),
+        }
+    });
+    Ok(Sse::new(events).keep_alive(KeepAlive::default()))
+}

@@ -1,0 +1,204 @@
+//! Markdown to HTML for the console, with nothing of the document's own HTML let through: raw
+//! HTML blocks are shown as code and inline HTML as text, link targets are limited to http,
+//! https, mailto, in-page anchors and other files of the same project (rewritten to the
+//! console's file view, where the store validates the path). The one exception is the note
+//! anchor the orchestrator writes into human-notes.md (`<a id="note-3"></a>`), rebuilt here
+//! from its checked id.
+
+use maud::{Markup, PreEscaped};
+use percent_encoding::percent_decode_str;
+use pulldown_cmark::{CodeBlockKind, CowStr, Event, Options, Parser, Tag, TagEnd};
+
+use super::page;
+
+/// Where a document lives, so its relative links can point at the files next to it.
+pub(super) struct Base<'a> {
+    pub project: &'a str,
+    /// Project-relative path of the document.
+    pub path: &'a str,
+}
+
+/// Target of links the console will not follow (`javascript:`, `data:`, paths above the project).
+const BLOCKED: &str = "#link-refused";
+
+/// Renders `text`; the result is safe to embed as is.
+pub(super) fn render(text: &str, base: &Base<'_>) -> Markup {
+    let options = Options::ENABLE_TABLES
+        | Options::ENABLE_STRIKETHROUGH
+        | Options::ENABLE_TASKLISTS
+        | Options::ENABLE_YAML_STYLE_METADATA_BLOCKS;
+    let events = sanitise(Parser::new_ext(text, options), base);
+    let mut out = String::with_capacity(text.len() * 3 / 2);
+    pulldown_cmark::html::push_html(&mut out, events.into_iter());
+    PreEscaped(out)
+}
+
+fn sanitise<'a>(parser: Parser<'a>, base: &Base<'_>) -> Vec<Event<'a>> {
+    let mut out = Vec::new();
+    let mut html_block: Option<String> = None;
+    let mut skip_close_a = false;
+    for event in parser {
+        if let Some(buf) = html_block.as_mut() {
+            match event {
+                Event::End(TagEnd::HtmlBlock) => {
+                    let block = html_block.take().unwrap_or_default();
+                    match note_anchor(&block) {
+                        Some(a) => out.push(Event::Html(a.into())),
+                        None => {
+                            out.push(Event::Start(Tag::CodeBlock(CodeBlockKind::Indented)));
+                            out.push(Event::Text(block.into()));
+                            out.push(Event::End(TagEnd::CodeBlock));
+                        }
+                    }
+                }
+                Event::Html(s) | Event::Text(s) | Event::InlineHtml(s) => buf.push_str(&s),
+                _ => {}
+            }
+            continue;
+        }
+        let was_anchor = std::mem::take(&mut skip_close_a);
+        match event {
+            Event::Start(Tag::HtmlBlock) => html_block = Some(String::new()),
+            Event::Html(s) => out.push(Event::Text(s)),
+            Event::InlineHtml(s) => {
+                if was_anchor && s.trim() == "</a>" {
+                    continue;
+                }
+                match note_anchor(&s) {
+                    Some(a) => {
+                        skip_close_a = !s.contains("</a>");
+                        out.push(Event::Html(a.into()));
+                    }
+                    None => out.push(Event::Text(s)),
+                }
+            }
+            Event::Start(Tag::MetadataBlock(_)) => {
+                out.push(Event::Start(Tag::CodeBlock(CodeBlockKind::Fenced(CowStr::Borrowed("yaml")))))
+            }
+            Event::End(TagEnd::MetadataBlock(_)) => out.push(Event::End(TagEnd::CodeBlock)),
+            Event::Start(Tag::Link { link_type, dest_url, title, id }) => {
+                let dest_url = link_target(&dest_url, base, false).into();
+                out.push(Event::Start(Tag::Link { link_type, dest_url, title, id }));
+            }
+            Event::Start(Tag::Image { link_type, dest_url, title, id }) => {
+                let dest_url = link_target(&dest_url, base, true).into();
+                out.push(Event::Start(Tag::Image { link_type, dest_url, title, id }));
+            }
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+/// `<a id="note-3">` or `<a id="note-3"></a>` as written by the orchestrator, rebuilt.
+fn note_anchor(html: &str) -> Option<String> {
+    let s = html.trim();
+    let s = s.strip_suffix("</a>").unwrap_or(s);
+    let id = s.strip_prefix("<a id=\"")?.strip_suffix("\">")?;
+    let ok = !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    ok.then(|| format!("<a id=\"{id}\"></a>"))
+}
+
+/// The URL a Markdown link or image may point at.
+fn link_target(dest: &str, base: &Base<'_>, image: bool) -> String {
+    let dest = dest.trim();
+    if dest.is_empty() || dest.starts_with('#') {
+        return dest.to_owned();
+    }
+    let end = dest.find(['/', '?', '#']).unwrap_or(dest.len());
+    if let Some(colon) = dest[..end].find(':') {
+        let scheme = dest[..colon].to_ascii_lowercase();
+        let allowed = if image { ["http", "https"].as_slice() } else { ["http", "https", "mailto"].as_slice() };
+        return if allowed.contains(&scheme.as_str()) { dest.to_owned() } else { BLOCKED.to_owned() };
+    }
+    if dest.starts_with("//") {
+        return BLOCKED.to_owned();
+    }
+    let (rest, fragment) = match dest.split_once('#') {
+        Some((r, f)) => (r, Some(f)),
+        None => (dest, None),
+    };
+    let rest = rest.split_once('?').map_or(rest, |(p, _)| p);
+    let decoded = percent_decode_str(rest).decode_utf8_lossy();
+    let Some(path) = join(base.path, &decoded) else { return BLOCKED.to_owned() };
+    if path.is_empty() {
+        return page::tree_url(base.project, "");
+    }
+    if image {
+        return format!("{}&inline=1", page::download_url(base.project, &path));
+    }
+    let mut url = page::file_url(base.project, &path);
+    if let Some(f) = fragment {
+        url.push('#');
+        url.push_str(&page::qv(f));
+    }
+    url
+}
+
+/// `link` taken relative to the directory of `doc` (or to the project root when it starts with
+/// `/`), with `.` and `..` folded; None when it climbs above the project. The store still checks
+/// the result: this only builds a link.
+fn join(doc: &str, link: &str) -> Option<String> {
+    let mut parts: Vec<&str> = Vec::new();
+    if !link.starts_with('/') {
+        parts.extend(doc.split('/').filter(|p| !p.is_empty()));
+        parts.pop();
+    }
+    for p in link.split('/') {
+        match p {
+            "" | "." => {}
+            ".." => {
+                parts.pop()?;
+            }
+            other => parts.push(other),
+        }
+    }
+    Some(parts.join("/"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn md(text: &str) -> String {
+        render(text, &Base { project: "p", path: "docs/run/report.md" }).into_string()
+    }
+
+    #[test]
+    fn raw_html_is_shown_not_run() {
+        let out = md("hi <img src=x onerror=alert(1)> there\n\n<script>alert(2)</script>\n\n<div onclick=\"x()\">\nblock\n</div>\n");
+        assert!(!out.contains("<img"), "{out}");
+        assert!(!out.contains("<script"), "{out}");
+        assert!(!out.contains("<div"), "{out}");
+        assert!(out.contains("&lt;img src=x onerror=alert(1)&gt;"), "{out}");
+        assert!(out.contains("&lt;script&gt;alert(2)&lt;/script&gt;"), "{out}");
+    }
+
+    #[test]
+    fn links_are_limited() {
+        let out = md("[a](javascript:alert(1)) [b](JaVaScRiPt:x) [c](data:text/html,x) [d](https://example.org/x) [e](../other.md#sec) [f](../../../../etc/passwd) [g](//evil.example/)");
+        assert!(!out.to_ascii_lowercase().contains("javascript:"), "{out}");
+        assert!(!out.contains("data:"), "{out}");
+        assert!(out.contains("href=\"https://example.org/x\""), "{out}");
+        assert!(out.contains("href=\"/projects/p/files?path=docs/other.md#sec\""), "{out}");
+        assert_eq!(out.matches(BLOCKED).count(), 5, "{out}");
+    }
+
+    #[test]
+    fn note_anchors_survive_and_front_matter_is_code() {
+        let out = md("---\ntitle: \"Human notes\"\n---\n# Notes\n\n<a id=\"note-1\"></a>\n### Note 1: by ann\n\ntext\n");
+        assert!(out.contains("<a id=\"note-1\"></a>"), "{out}");
+        assert!(out.contains("<pre><code class=\"language-yaml\">title: &quot;Human notes&quot;"), "{out}");
+        assert!(!out.contains("&lt;a id"), "{out}");
+        let forged = md("<a id=\"x\" onclick=\"y\">z</a>");
+        assert!(!forged.contains("<a id"), "{forged}");
+    }
+
+    #[test]
+    fn joins_stay_inside() {
+        assert_eq!(join("docs/a/b.md", "c.md").as_deref(), Some("docs/a/c.md"));
+        assert_eq!(join("docs/a/b.md", "../c.md").as_deref(), Some("docs/c.md"));
+        assert_eq!(join("docs/a/b.md", "/workspace/x.rs").as_deref(), Some("workspace/x.rs"));
+        assert_eq!(join("docs/b.md", "../../x"), None);
+    }
+}

@@ -1,0 +1,282 @@
+//! The web console (issue 8; seed 001 §6): server-rendered pages where people follow runs,
+//! decide gates, write notes and edit the shared context, served by the orchestrator process on
+//! its own HTTP listener.
+//!
+//! The console owns no run state and never touches a disk: every read and every action is a
+//! gRPC call to the orchestrator (the same calls as the CLI, each recorded there as an event
+//! with `by` and `ts`) or to the artifact-store (which validates every path it is given, so no
+//! page can reach a file outside the project). It must never open a file or judge a path itself.
+//!
+//! Embedding: [`serve_console`] on a listener; [`console_router`] for tests.
+
+mod actions;
+mod error;
+mod events;
+mod files;
+mod ingest;
+mod markdown;
+mod page;
+mod run;
+mod runs;
+mod session;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::Request;
+use axum::http::{header, HeaderValue};
+use axum::middleware::{self, Next};
+use axum::response::{Redirect, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use cairn_proto::v1::artifact_store_client::ArtifactStoreClient;
+use cairn_proto::v1::orchestrator_client::OrchestratorClient;
+use cairn_telemetry::TracedChannel;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+pub use error::ConsoleError;
+
+/// The console's settings (a `[console]` section of the orchestrator's configuration).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ConsoleConfig {
+    /// Serve the console at all (off in production configuration, on in `cairn up`).
+    pub enabled: bool,
+    /// HTTP listen address of the console.
+    pub listen: String,
+    /// The orchestrator's gRPC address (every action goes there).
+    pub orchestrator_addr: String,
+    /// The artifact-store's gRPC address (every file read goes there).
+    pub store_addr: String,
+    /// Shared login token; unset or empty = no login (only allowed on a loopback address).
+    #[serde(serialize_with = "token_out", deserialize_with = "token_in")]
+    pub token: Option<String>,
+    /// Project shown first; empty = the first project the store lists.
+    pub default_project: String,
+    /// Name actions are recorded under when nobody gave one at /login.
+    pub default_name: String,
+    /// Lifetime of a login session, in seconds.
+    pub session_ttl_s: u64,
+    /// Mark the session cookie `Secure` (set this when the console is behind HTTPS).
+    pub secure_cookie: bool,
+    /// Deadline of one gRPC call made for a page or an action, in seconds.
+    pub rpc_timeout_s: u64,
+}
+
+impl Default for ConsoleConfig {
+    fn default() -> Self {
+        ConsoleConfig {
+            enabled: false,
+            listen: "127.0.0.1:7480".into(),
+            orchestrator_addr: "127.0.0.1:50054".into(),
+            store_addr: "127.0.0.1:50051".into(),
+            token: None,
+            default_project: String::new(),
+            default_name: "console".into(),
+            session_ttl_s: 12 * 3600,
+            secure_cookie: false,
+            rpc_timeout_s: 30,
+        }
+    }
+}
+
+fn token_out<S: Serializer>(token: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(token.as_deref().unwrap_or(""))
+}
+
+fn token_in<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    let t = Option::<String>::deserialize(d)?;
+    Ok(t.filter(|t| !t.is_empty()))
+}
+
+impl ConsoleConfig {
+    /// Refuses settings the console cannot work with; the message names the key to fix.
+    pub fn check(&self) -> Result<(), ConsoleError> {
+        let bad = |m: &str| Err(ConsoleError::Config(m.to_owned()));
+        if self.orchestrator_addr.trim().is_empty() {
+            return bad("console.orchestrator_addr is required (the orchestrator's gRPC address)");
+        }
+        if self.store_addr.trim().is_empty() {
+            return bad("console.store_addr is required (the artifact-store's gRPC address)");
+        }
+        if let Some(t) = &self.token {
+            if t.trim() != t || t.chars().any(char::is_control) {
+                return bad("console.token has surrounding whitespace or control characters");
+            }
+        }
+        let name = self.default_name.trim();
+        if name.is_empty() || name.chars().count() > session::MAX_NAME_CHARS || name.chars().any(char::is_control) {
+            return bad("console.default_name must be 1-64 printable characters");
+        }
+        if self.session_ttl_s == 0 || self.rpc_timeout_s == 0 {
+            return bad("console.session_ttl_s and console.rpc_timeout_s must be at least 1");
+        }
+        Ok(())
+    }
+}
+
+/// The URL people open for a console listening on `addr` (a wildcard address becomes loopback).
+pub fn console_url(addr: SocketAddr) -> String {
+    let host = match addr.ip() {
+        std::net::IpAddr::V4(ip) if ip.is_unspecified() => "127.0.0.1".to_owned(),
+        std::net::IpAddr::V6(ip) if ip.is_unspecified() => "[::1]".to_owned(),
+        std::net::IpAddr::V4(ip) => ip.to_string(),
+        std::net::IpAddr::V6(ip) => format!("[{ip}]"),
+    };
+    format!("http://{host}:{}/", addr.port())
+}
+
+/// What every handler shares: the two gRPC clients, the sessions and the stop signal.
+#[derive(Clone)]
+struct Console {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: ConsoleConfig,
+    orchestrator: OrchestratorClient<TracedChannel>,
+    store: ArtifactStoreClient<TracedChannel>,
+    sessions: session::Sessions,
+    /// Cancelled at shutdown: ends the event streams, which would otherwise hold it open.
+    stopping: CancellationToken,
+}
+
+impl Console {
+    fn new(config: ConsoleConfig) -> Result<Console, ConsoleError> {
+        config.check()?;
+        let orchestrator = OrchestratorClient::new(cairn_telemetry::traced(cairn_server::connect(&config.orchestrator_addr)?))
+            .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES);
+        let store = ArtifactStoreClient::new(cairn_telemetry::traced(cairn_server::connect(&config.store_addr)?))
+            .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES);
+        let sessions = session::Sessions::new(&config);
+        Ok(Console { inner: Arc::new(Inner { config, orchestrator, store, sessions, stopping: CancellationToken::new() }) })
+    }
+
+    fn config(&self) -> &ConsoleConfig {
+        &self.inner.config
+    }
+
+    fn orchestrator(&self) -> OrchestratorClient<TracedChannel> {
+        self.inner.orchestrator.clone()
+    }
+
+    fn store(&self) -> ArtifactStoreClient<TracedChannel> {
+        self.inner.store.clone()
+    }
+
+    fn sessions(&self) -> &session::Sessions {
+        &self.inner.sessions
+    }
+
+    fn rpc_timeout(&self) -> Duration {
+        Duration::from_secs(self.inner.config.rpc_timeout_s)
+    }
+
+    /// Runs one unary call under the configured deadline; `what` names it in errors.
+    async fn call<T>(
+        &self,
+        what: &str,
+        fut: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    ) -> Result<T, ConsoleError> {
+        match tokio::time::timeout(self.rpc_timeout(), fut).await {
+            Ok(Ok(r)) => Ok(r.into_inner()),
+            Ok(Err(status)) => Err(ConsoleError::rpc(what, status)),
+            Err(_) => Err(ConsoleError::Timeout { what: what.to_owned(), secs: self.inner.config.rpc_timeout_s }),
+        }
+    }
+}
+
+/// The console's routes with sessions, CSRF checks, login and security headers applied.
+/// Connections to the orchestrator and the store are lazy: this works before they are up.
+pub fn console_router(config: ConsoleConfig) -> Result<Router, ConsoleError> {
+    Ok(router(Console::new(config)?))
+}
+
+fn router(console: Console) -> Router {
+    let project_routes = Router::new()
+        .route("/runs/{run}", get(run::page))
+        .route("/runs/{run}/events", get(events::stream))
+        .route("/runs/{run}/gates/{gate}/approve", post(actions::approve))
+        .route("/runs/{run}/gates/{gate}/reject", post(actions::reject))
+        .route("/runs/{run}/notes", post(actions::note))
+        .route("/runs/{run}/context", post(actions::context))
+        .route("/runs/{run}/cancel", post(actions::cancel))
+        .route("/runs/{run}/rework", post(actions::rework))
+        .route("/files", get(files::view))
+        .route("/download", get(files::download))
+        .route("/tree", get(files::tree));
+    Router::new()
+        .route("/", get(|| async { Redirect::to("/runs") }))
+        .route("/runs", get(runs::list))
+        .route("/login", get(session::login_form).post(session::login))
+        .route("/logout", post(session::logout))
+        .route("/static/console.css", get(page::stylesheet))
+        .route("/static/console.js", get(page::script))
+        .nest("/projects/{project}", project_routes)
+        .fallback(|| async { ConsoleError::NotFound("no such page".into()) })
+        // Outermost first: headers, span, session, CSRF, login.
+        .layer(middleware::from_fn_with_state(console.clone(), session::require_login))
+        .layer(middleware::from_fn_with_state(console.clone(), session::check_csrf))
+        .layer(middleware::from_fn_with_state(console.clone(), session::attach))
+        .layer(middleware::from_fn(request_span))
+        .layer(middleware::from_fn(security_headers))
+        .with_state(console)
+}
+
+/// One span per request, so the gRPC calls it makes carry its trace context.
+async fn request_span(req: Request, next: Next) -> Response {
+    let span = tracing::info_span!("console.request", http.method = %req.method(), http.path = %req.uri().path());
+    next.run(req).instrument(span).await
+}
+
+/// Headers every response carries: scripts and styles only from this origin, no framing, no
+/// content sniffing, no caching of pages that hold a CSRF token.
+async fn security_headers(req: Request, next: Next) -> Response {
+    let mut res = next.run(req).await;
+    let h = res.headers_mut();
+    let set = |h: &mut axum::http::HeaderMap, k: header::HeaderName, v: &'static str| {
+        if !h.contains_key(&k) {
+            h.insert(k, HeaderValue::from_static(v));
+        }
+    };
+    set(
+        h,
+        header::CONTENT_SECURITY_POLICY,
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    );
+    set(h, header::X_CONTENT_TYPE_OPTIONS, "nosniff");
+    set(h, header::X_FRAME_OPTIONS, "DENY");
+    set(h, header::REFERRER_POLICY, "same-origin");
+    set(h, header::CACHE_CONTROL, "no-store");
+    res
+}
+
+/// Serves the console on `listener` until `shutdown` resolves; open event streams are ended
+/// then, so shutdown does not wait for browsers to go away. Refuses to serve without a token
+/// on an address other machines can reach.
+pub async fn serve_console(
+    config: ConsoleConfig,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ConsoleError> {
+    let addr = listener.local_addr().map_err(|e| ConsoleError::Serve(e.to_string()))?;
+    if config.token.is_none() && !addr.ip().is_loopback() {
+        return Err(ConsoleError::Config(format!(
+            "refusing to serve the console on {addr} without a login token: set console.token, or listen on 127.0.0.1"
+        )));
+    }
+    let console = Console::new(config)?;
+    let stopping = console.inner.stopping.clone();
+    tracing::info!(url = %console_url(addr), "serving the web console");
+    axum::serve(listener, router(console))
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            stopping.cancel();
+        })
+        .await
+        .map_err(|e| ConsoleError::Serve(e.to_string()))
+}

@@ -1,0 +1,228 @@
+//! The page frame and the small pieces every page uses: the layout, state badges, links into
+//! the console, times and durations, and the static stylesheet and script.
+//!
+//! Templates are `maud` markup, which escapes every interpolated value; `PreEscaped` appears
+//! only for the sanitised Markdown renderer's output (markdown.rs). URLs are built here and
+//! nowhere else, with every part percent-encoded.
+
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use cairn_proto::v1::{GateState, NodeState, TaskState};
+use maud::{html, Markup, DOCTYPE};
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
+
+use super::session::{Flash, Visitor};
+
+/// A rendered page.
+pub(super) struct Html(pub Markup);
+
+impl IntoResponse for Html {
+    fn into_response(self) -> Response {
+        ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], self.0.into_string()).into_response()
+    }
+}
+
+/// Everything but unreserved characters is encoded in a path segment.
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+/// Query values keep `/` readable.
+const QUERY_VALUE: &AsciiSet = &SEGMENT.remove(b'/');
+
+pub(super) fn seg(s: &str) -> String {
+    utf8_percent_encode(s, SEGMENT).to_string()
+}
+
+pub(super) fn qv(s: &str) -> String {
+    utf8_percent_encode(s, QUERY_VALUE).to_string()
+}
+
+pub(super) fn run_url(project: &str, run: &str) -> String {
+    format!("/projects/{}/runs/{}", seg(project), seg(run))
+}
+
+pub(super) fn runs_url(project: &str, state: Option<&str>) -> String {
+    match state {
+        Some(s) => format!("/runs?project={}&state={}", qv(project), qv(s)),
+        None => format!("/runs?project={}", qv(project)),
+    }
+}
+
+pub(super) fn file_url(project: &str, path: &str) -> String {
+    format!("/projects/{}/files?path={}", seg(project), qv(path))
+}
+
+pub(super) fn download_url(project: &str, path: &str) -> String {
+    format!("/projects/{}/download?path={}", seg(project), qv(path))
+}
+
+pub(super) fn tree_url(project: &str, prefix: &str) -> String {
+    format!("/projects/{}/tree?prefix={}", seg(project), qv(prefix))
+}
+
+/// seed 001 §2.1 state names.
+pub(super) fn task_state_name(state: i32) -> &'static str {
+    match TaskState::try_from(state) {
+        Ok(TaskState::Created) => "created",
+        Ok(TaskState::Working) => "working",
+        Ok(TaskState::InputRequired) => "input-required",
+        Ok(TaskState::Completed) => "completed",
+        Ok(TaskState::Failed) => "failed",
+        Ok(TaskState::Canceled) => "canceled",
+        _ => "unknown",
+    }
+}
+
+pub(super) const TASK_STATES: [(&str, TaskState); 6] = [
+    ("created", TaskState::Created),
+    ("working", TaskState::Working),
+    ("input-required", TaskState::InputRequired),
+    ("completed", TaskState::Completed),
+    ("failed", TaskState::Failed),
+    ("canceled", TaskState::Canceled),
+];
+
+pub(super) fn is_final(state: i32) -> bool {
+    matches!(TaskState::try_from(state), Ok(TaskState::Completed | TaskState::Failed | TaskState::Canceled))
+}
+
+pub(super) fn gate_state_name(state: i32) -> &'static str {
+    match GateState::try_from(state) {
+        Ok(GateState::Open) => "open",
+        Ok(GateState::Blocked) => "blocked",
+        Ok(GateState::Approved) => "approved",
+        Ok(GateState::Rejected) => "rejected",
+        _ => "unknown",
+    }
+}
+
+pub(super) fn node_state_name(state: i32) -> &'static str {
+    match NodeState::try_from(state) {
+        Ok(NodeState::Pending) => "pending",
+        Ok(NodeState::Running) => "running",
+        Ok(NodeState::Succeeded) => "succeeded",
+        Ok(NodeState::Failed) => "failed",
+        Ok(NodeState::Skipped) => "skipped",
+        Ok(NodeState::Canceled) => "canceled",
+        Ok(NodeState::Blocked) => "blocked",
+        _ => "unknown",
+    }
+}
+
+/// A state word as a badge; the class is chosen from a fixed set, never from the input.
+pub(super) fn badge(state: &str) -> Markup {
+    let class = match state {
+        "completed" | "succeeded" | "approved" | "done" | "written" => "badge ok",
+        "failed" | "rejected" | "canceled" => "badge bad",
+        "input-required" | "blocked" | "skipped" => "badge wait",
+        "working" | "running" => "badge busy",
+        _ => "badge",
+    };
+    html! { span class=(class) { (state) } }
+}
+
+fn parse_time(t: &str) -> Option<OffsetDateTime> {
+    OffsetDateTime::parse(t, &Rfc3339).ok()
+}
+
+/// `2026-01-01 10:00:00` from an RFC 3339 time (the text as given when it does not parse).
+pub(super) fn when(t: &str) -> String {
+    match parse_time(t) {
+        Some(_) if t.len() >= 19 => format!("{} {}", &t[..10], &t[11..19]),
+        _ => t.to_owned(),
+    }
+}
+
+/// How long a run took (final) or has been going (not final).
+pub(super) fn duration(created: &str, updated: &str, finished: bool) -> String {
+    let Some(start) = parse_time(created) else { return String::new() };
+    let end = if finished { parse_time(updated) } else { Some(OffsetDateTime::now_utc()) };
+    let Some(end) = end else { return String::new() };
+    let secs = (end - start).whole_seconds().max(0);
+    match secs {
+        s if s < 60 => format!("{s}s"),
+        s if s < 3600 => format!("{}m {:02}s", s / 60, s % 60),
+        s => format!("{}h {:02}m", s / 3600, (s % 3600) / 60),
+    }
+}
+
+/// Human size of a byte count.
+pub(super) fn size(bytes: u64) -> String {
+    match bytes {
+        b if b < 1024 => format!("{b} B"),
+        b if b < 1 << 20 => format!("{:.1} KiB", b as f64 / 1024.0),
+        b if b < 1 << 30 => format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64),
+        b => format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64),
+    }
+}
+
+/// The frame of every page: header with navigation and who is logged in, the flash message,
+/// then `body`.
+pub(super) fn layout(title: &str, visitor: Option<&Visitor>, flash: Option<&Flash>, body: Markup) -> Html {
+    Html(html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) " · cairn" }
+                link rel="stylesheet" href="/static/console.css";
+                script src="/static/console.js" defer {}
+            }
+            body {
+                header.top {
+                    a.brand href="/runs" { "cairn" }
+                    nav { a href="/runs" { "Runs" } }
+                    @if let Some(v) = visitor {
+                        @if v.authenticated {
+                            span.who {
+                                "signed in as " strong #who { (v.name) }
+                                " · " a href="/login" { "change name" }
+                                @if v.login_required {
+                                    form.inline method="post" action="/logout" {
+                                        input type="hidden" name="csrf" value=(v.csrf);
+                                        button.link type="submit" { "log out" }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+                main {
+                    @if let Some(f) = flash {
+                        p class=(if f.error { "flash error" } else { "flash ok" }) role="status" { (f.text) }
+                    }
+                    (body)
+                }
+            }
+        }
+    })
+}
+
+/// The page of an error (no session details: it may be rendered before there is one).
+pub(super) fn error_page(status: StatusCode, message: &str) -> Html {
+    let title = status.canonical_reason().unwrap_or("Error");
+    layout(
+        title,
+        None,
+        None,
+        html! {
+            h1 { (status.as_u16()) " " (title) }
+            p.error #error-message { (message) }
+            p { a href="/runs" { "Back to the runs" } }
+        },
+    )
+}
+
+pub(super) async fn stylesheet() -> Response {
+    ([(header::CONTENT_TYPE, "text/css; charset=utf-8"), (header::CACHE_CONTROL, "max-age=300")], include_str!("assets/console.css"))
+        .into_response()
+}
+
+pub(super) async fn script() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8"), (header::CACHE_CONTROL, "max-age=300")],
+        include_str!("assets/console.js"),
+    )
+        .into_response()
+}

@@ -1,0 +1,95 @@
+//! The ingest hook (seed 000) after nodes that write a document: on, off by the server flag,
+//! off by the ingest service's own per-project flag, and fail-open when ingest is down.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use cairn_proto::v1::ingest_client::IngestClient;
+use cairn_proto::v1::{SetEnabledRequest, SubmitRunRequest, TaskState};
+use common::*;
+use serde_json::Value;
+
+const GRAPH: &str = r#"
+nodes:
+  - id: author
+    type: agent_task
+    prompt: write the code
+    path: "docs/{{run_id}}/design.md"
+  - id: notes
+    type: write_file
+    path: "docs/{{run_id}}/notes.md"
+    content: "```text file=notes/{{run_id}}.txt\nremember\n```\n"
+"#;
+
+const CASSETTE: &str = "answers:\n  - node: author\n    content: |\n      Here it is.\n\n      ```python file=hello/app.py\n      print('hi')\n      ```\n";
+
+async fn run(s: &Stack) -> (String, cairn_proto::v1::RunInfo) {
+    let llm = cassette(s.dir.path(), "c.yaml", CASSETTE);
+    let req = SubmitRunRequest { project_id: PROJECT.into(), graph_yaml: GRAPH.into(), llm, ..Default::default() };
+    let run = s.submit_req(req).await.unwrap().run_id;
+    let info = s.wait_state(&run, TaskState::Completed, 30).await;
+    (run, info)
+}
+
+fn outputs(info: &cairn_proto::v1::RunInfo, id: &str) -> Value {
+    serde_json::from_str(&info.nodes.iter().find(|n| n.id == id).unwrap().outputs_json).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hook_on_writes_workspace_files_and_manifests() {
+    let s = Stack::start(Options::default()).await;
+    let (run, info) = run(&s).await;
+    assert_eq!(s.read_text("workspace/hello/app.py").await, "print('hi')\n");
+    assert_eq!(s.read_text(&format!("workspace/notes/{run}.txt")).await, "remember\n");
+    assert_eq!(outputs(&info, "author")["workspace_files"], serde_json::json!(["workspace/hello/app.py"]));
+    let manifest: Value = serde_json::from_slice(&s.read(&format!(".cairn/runs/{run}/ingest/author.json")).await.unwrap()).unwrap();
+    assert_eq!(manifest["summary"]["written"], 1);
+    assert_eq!(manifest["source"]["doc_path"], format!("docs/{run}/design.md"));
+    let events = s.events(&run).await;
+    assert!(events.iter().any(|e| e.r#type.starts_with("ingest.") && e.node_id == "author"), "{:?}", s.event_types(&run).await);
+    assert!(events.iter().any(|e| e.r#type.starts_with("ingest.") && e.node_id == "notes"));
+    // The hook ran before the node completed (its events precede node.completed).
+    let pos = |t: &str, n: &str| events.iter().position(|e| e.r#type.starts_with(t) && e.node_id == n).unwrap();
+    assert!(pos("ingest.", "author") < pos("node.completed", "author"));
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hook_off_by_server_flag() {
+    let s = Stack::start(Options { tweak: |c| c.ingest_hook = false, ..Default::default() }).await;
+    let (run, info) = run(&s).await;
+    assert!(s.list("workspace").await.is_empty());
+    assert!(s.events(&run).await.iter().all(|e| !e.r#type.starts_with("ingest.")));
+    assert!(outputs(&info, "author").get("workspace_files").is_none());
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hook_off_by_the_ingest_services_project_flag() {
+    let s = Stack::start(Options::default()).await;
+    let mut ingest = IngestClient::new(channel(&s.ingest_addr).await);
+    ingest
+        .set_enabled(SetEnabledRequest { project_id: PROJECT.into(), run_id: String::new(), enabled: false })
+        .await
+        .unwrap();
+    let (_, info) = run(&s).await;
+    assert!(s.list("workspace").await.is_empty());
+    assert_eq!(outputs(&info, "author")["ingest"]["enabled"], false);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ingest_down_is_fail_open() {
+    let s = Stack::start(Options {
+        ingest: false,
+        tweak: |c| c.ingest_addr = "127.0.0.1:1".into(),
+        ..Default::default()
+    })
+    .await;
+    let (run, info) = run(&s).await;
+    let events = s.events(&run).await;
+    let failed: Vec<_> = events.iter().filter(|e| e.r#type == "ingest.hook_failed").collect();
+    assert_eq!(failed.len(), 2, "{:?}", s.event_types(&run).await);
+    assert!(outputs(&info, "author")["ingest"]["error"].as_str().unwrap().contains("failed"));
+    s.stop().await;
+}
