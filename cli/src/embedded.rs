@@ -27,14 +27,12 @@ struct Embedded {
 }
 
 /// Which optional services an embedded host starts (the store and ingest always run).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct Needs {
     /// The sandbox-runner (needs Docker or bubblewrap).
     pub sandbox: bool,
     /// The orchestrator (resumes unfinished runs of the data root when it starts).
     pub orchestrator: bool,
-    /// Where the orchestrator resolves relative replay cassettes (default: working directory).
-    pub llm_base_dir: Option<std::path::PathBuf>,
 }
 
 /// Services hosted together, plus what must be cleaned up after the server stops.
@@ -164,7 +162,6 @@ pub async fn host_all(data_root: &Path, self_addr: &str, needs: Needs) -> anyhow
             store_addr: self_addr.to_owned(),
             ingest_addr: self_addr.to_owned(),
             sandbox_addrs: if needs.sandbox { vec![self_addr.to_owned()] } else { Vec::new() },
-            llm_base_dir: needs.llm_base_dir.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
             ..cairn_orchestrator::Config::default()
         };
         let (service, handle) = cairn_orchestrator::orchestrator_service(config)

@@ -207,3 +207,69 @@ fn sandbox_run_stages_inputs_and_stores_outputs_and_result() {
     let out = cairn(&data).args(["--json", "store", "events", "sb2"]).output().unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains("\"sandbox_failed\""));
 }
+
+fn repo_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+#[test]
+fn the_example_runs_to_completion_through_a_gate() {
+    if !sandbox_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let graph = repo_root().join("examples/hello/graph.yaml");
+    // Without --approve-gates the run stops at the gate and says how to go on.
+    let out = cairn(&data)
+        .args(["-p", "hello", "run"])
+        .arg(&graph)
+        .args(["--run-id", "r1"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("[input-required]"), "{stdout}");
+    assert!(stdout.contains("cairn gate approve r1 approve"), "{stdout}");
+    // The report is not there before the approval.
+    cairn(&data).args(["-p", "hello", "store", "stat", "docs/hello/r1/report.md"]).assert().code(1);
+
+    let out = cairn(&data)
+        .args(["-p", "hello", "--json", "gate", "approve", "r1", "approve", "--note", "tests look fine"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let info: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(info["state"], "completed", "{info}");
+    assert_eq!(info["gates"][0]["state"], "approved");
+
+    let report = cairn(&data).args(["-p", "hello", "store", "get", "docs/hello/r1/report.md"]).output().unwrap();
+    let report = String::from_utf8_lossy(&report.stdout);
+    assert!(report.contains("tests look fine"), "{report}");
+    assert!(report.contains("exit code 0"), "{report}");
+    // Ingest turned the agent's fences into the workspace project the sandbox tested.
+    let greeter = cairn(&data).args(["-p", "hello", "store", "get", "workspace/hello/greeter.py"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&greeter.stdout).contains("def greet"));
+    // The approval is an event with who and the note.
+    let events = cairn(&data).args(["-p", "hello", "--json", "store", "events", "r1"]).output().unwrap();
+    let approved = String::from_utf8_lossy(&events.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|e| e["type"] == "gate.approved")
+        .expect("gate.approved event");
+    assert!(approved["by"].as_str().is_some_and(|b| !b.is_empty()), "{approved}");
+
+    // --approve-gates runs straight through.
+    let out = cairn(&data)
+        .args(["-p", "hello", "--json", "run"])
+        .arg(&graph)
+        .args(["--run-id", "r2", "--approve-gates"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let info: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(info["state"], "completed");
+    let out = cairn(&data).args(["-p", "hello", "--json", "runs", "list", "--state", "completed"]).output().unwrap();
+    let runs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(runs.as_array().unwrap().len(), 2);
+}

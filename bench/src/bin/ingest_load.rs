@@ -19,7 +19,8 @@ use bytes::Bytes;
 use cairn_proto::v1::artifact_store_client::ArtifactStoreClient;
 use cairn_proto::v1::ingest_client::IngestClient;
 use cairn_proto::v1::{
-    put_request, AppendEventsRequest, CreateProjectRequest, EventInput, IngestRequest, PutHeader, PutRequest,
+    put_request, AppendEventsRequest, CreateProjectRequest, EventInput, IngestRequest, PutHeader,
+    PutRequest,
 };
 use clap::{Parser, Subcommand};
 use futures::StreamExt;
@@ -29,7 +30,10 @@ use tonic::transport::{Channel, Endpoint};
 const MB: f64 = 1_000_000.0;
 
 #[derive(Debug, Parser)]
-#[command(name = "ingest_load", about = "Ingest benchmark: corpus generator, parser throughput, end-to-end ingest")]
+#[command(
+    name = "ingest_load",
+    about = "Ingest benchmark: corpus generator, parser throughput, end-to-end ingest"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Cmd,
@@ -78,13 +82,21 @@ async fn main() -> Result<()> {
         Cmd::Gen { out, bytes, blocks } => {
             let doc = corpus(bytes, blocks);
             std::fs::write(&out, &doc).with_context(|| format!("writing {}", out.display()))?;
-            println!("wrote {} ({} bytes, {blocks} blocks)", out.display(), doc.len());
+            println!(
+                "wrote {} ({} bytes, {blocks} blocks)",
+                out.display(),
+                doc.len()
+            );
             Ok(())
         }
         Cmd::Parse { file, reps, dump } => parse(file, reps, dump),
-        Cmd::E2e { ingest_addr, store_addr, blocks, reps, concurrency } => {
-            e2e(&ingest_addr, &store_addr, blocks, reps, concurrency).await
-        }
+        Cmd::E2e {
+            ingest_addr,
+            store_addr,
+            blocks,
+            reps,
+            concurrency,
+        } => e2e(&ingest_addr, &store_addr, blocks, reps, concurrency).await,
     }
 }
 
@@ -104,8 +116,9 @@ impl Rng {
 }
 
 const WORDS: &[&str] = &[
-    "value", "result", "config", "items", "index", "buffer", "client", "request", "total", "offset", "parse", "render",
-    "store", "limit", "window", "token", "header", "payload", "cursor", "record",
+    "value", "result", "config", "items", "index", "buffer", "client", "request", "total",
+    "offset", "parse", "render", "store", "limit", "window", "token", "header", "payload",
+    "cursor", "record",
 ];
 
 /// One line of Python-looking code.
@@ -116,7 +129,9 @@ fn code_line(rng: &mut Rng, out: &mut String) {
     let n = rng.below(100_000);
     match rng.below(6) {
         0 => out.push_str(&format!("{indent}def {a}_{n}({b}, {a}=None):\n")),
-        1 => out.push_str(&format!("{indent}{a}_{n} = {b}.get(\"{a}\", {n})  # keep {b} in sync\n")),
+        1 => out.push_str(&format!(
+            "{indent}{a}_{n} = {b}.get(\"{a}\", {n})  # keep {b} in sync\n"
+        )),
         2 => out.push_str(&format!("{indent}for {a} in range({n}):\n")),
         3 => out.push_str(&format!("{indent}return {a}_{n} + {b}_{n} * {n}\n")),
         4 => out.push('\n'),
@@ -188,7 +203,11 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn parse(file: PathBuf, reps: usize, dump: Option<PathBuf>) -> Result<()> {
     let doc = std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
     let mb = doc.len() as f64 / MB;
-    let limits = cairn_ingest::Limits { max_document_bytes: u64::MAX, max_blocks: u32::MAX, ..Default::default() };
+    let limits = cairn_ingest::Limits {
+        max_document_bytes: u64::MAX,
+        max_blocks: u32::MAX,
+        ..Default::default()
+    };
     let policy = pathguard::Policy::default();
     let (mut ours, mut ssl, mut sha) = (Vec::new(), Vec::new(), Vec::new());
     let mut blocks = Vec::new();
@@ -204,10 +223,19 @@ fn parse(file: PathBuf, reps: usize, dump: Option<PathBuf>) -> Result<()> {
         ours.push(mb / start.elapsed().as_secs_f64());
     }
     let (ours, ssl, sha) = (median(ours), median(ssl), median(sha));
-    let written = blocks.iter().filter(|b| b.status == cairn_ingest::BlockStatus::Written).count();
+    let written = blocks
+        .iter()
+        .filter(|b| b.status == cairn_ingest::BlockStatus::Written)
+        .count();
     println!("| parse + sha256 of every block (cairn-ingest) | {ours:.0} MB/s | {} recorded, {written} written |", blocks.len());
-    println!("| `openssl dgst -sha256` of the same file | {ssl:.0} MB/s | ratio parse/openssl = {:.2} |", ours / ssl);
-    println!("| in-process sha256 (sha2) of the same bytes | {sha:.0} MB/s | ratio parse/sha2 = {:.2} |", ours / sha);
+    println!(
+        "| `openssl dgst -sha256` of the same file | {ssl:.0} MB/s | ratio parse/openssl = {:.2} |",
+        ours / ssl
+    );
+    println!(
+        "| in-process sha256 (sha2) of the same bytes | {sha:.0} MB/s | ratio parse/sha2 = {:.2} |",
+        ours / sha
+    );
     if let Some(dump) = dump {
         let entries: Vec<serde_json::Value> = blocks
             .iter()
@@ -218,14 +246,19 @@ fn parse(file: PathBuf, reps: usize, dump: Option<PathBuf>) -> Result<()> {
                 })
             })
             .collect();
-        let out = serde_json::json!({ "seconds": mb / ours, "bytes": doc.len(), "blocks": entries });
-        std::fs::write(&dump, out.to_string()).with_context(|| format!("writing {}", dump.display()))?;
+        let out =
+            serde_json::json!({ "seconds": mb / ours, "bytes": doc.len(), "blocks": entries });
+        std::fs::write(&dump, out.to_string())
+            .with_context(|| format!("writing {}", dump.display()))?;
     }
     Ok(())
 }
 
 async fn channel(addr: &str) -> Result<Channel> {
-    Endpoint::from_shared(addr.to_owned())?.connect().await.with_context(|| format!("connecting to {addr}"))
+    Endpoint::from_shared(addr.to_owned())?
+        .connect()
+        .await
+        .with_context(|| format!("connecting to {addr}"))
 }
 
 /// A document of `blocks` small Python files (about 300 bytes each).
@@ -237,17 +270,34 @@ fn small_blocks_doc(blocks: usize) -> Vec<u8> {
         while body.len() < 300 {
             code_line(&mut rng, &mut body);
         }
-        doc.push_str(&format!("File {i}:\n\n```python file=src/pkg_{}/mod_{i}.py\n{body}```\n\n", i % 20));
+        doc.push_str(&format!(
+            "File {i}:\n\n```python file=src/pkg_{}/mod_{i}.py\n{body}```\n\n",
+            i % 20
+        ));
     }
     doc.into_bytes()
 }
 
-async fn e2e(ingest_addr: &str, store_addr: &str, blocks: usize, reps: usize, concurrency: usize) -> Result<()> {
-    let mut ingest = IngestClient::new(channel(ingest_addr).await?).max_decoding_message_size(64 << 20);
+async fn e2e(
+    ingest_addr: &str,
+    store_addr: &str,
+    blocks: usize,
+    reps: usize,
+    concurrency: usize,
+) -> Result<()> {
+    let mut ingest =
+        IngestClient::new(channel(ingest_addr).await?).max_decoding_message_size(64 << 20);
     let store = ArtifactStoreClient::new(channel(store_addr).await?);
     let doc = Bytes::from(small_blocks_doc(blocks));
     let policy = pathguard::Policy::default();
-    let parsed = cairn_ingest::parse(&doc, &cairn_ingest::Limits { max_blocks: u32::MAX, ..Default::default() }, &policy);
+    let parsed = cairn_ingest::parse(
+        &doc,
+        &cairn_ingest::Limits {
+            max_blocks: u32::MAX,
+            ..Default::default()
+        },
+        &policy,
+    );
 
     let (mut full, mut dry, mut direct) = (Vec::new(), Vec::new(), Vec::new());
     for rep in 0..reps.max(1) {
@@ -261,11 +311,17 @@ async fn e2e(ingest_addr: &str, store_addr: &str, blocks: usize, reps: usize, co
             ..Default::default()
         };
         let start = Instant::now();
-        let reply = ingest.ingest(request(format!("e2e-{rep}"))).await?.into_inner();
+        let reply = ingest
+            .ingest(request(format!("e2e-{rep}")))
+            .await?
+            .into_inner();
         full.push(start.elapsed().as_secs_f64());
         let written = reply.summary.map(|s| s.written).unwrap_or(0) as usize;
         if written != blocks {
-            bail!("ingest wrote {written} of {blocks} blocks: {:?}", reply.errors.first());
+            bail!(
+                "ingest wrote {written} of {blocks} blocks: {:?}",
+                reply.errors.first()
+            );
         }
 
         let start = Instant::now();
@@ -277,7 +333,11 @@ async fn e2e(ingest_addr: &str, store_addr: &str, blocks: usize, reps: usize, co
         let project = format!("direct-{rep}");
         let start = Instant::now();
         let mut client = store.clone();
-        client.create_project(CreateProjectRequest { project_id: project.clone() }).await?;
+        client
+            .create_project(CreateProjectRequest {
+                project_id: project.clone(),
+            })
+            .await?;
         let events = |n: usize| -> Vec<EventInput> {
             (0..n)
                 .map(|i| EventInput {
@@ -289,7 +349,11 @@ async fn e2e(ingest_addr: &str, store_addr: &str, blocks: usize, reps: usize, co
                 .collect()
         };
         client
-            .append_events(AppendEventsRequest { project_id: project.clone(), run_id: "bench".into(), events: events(1) })
+            .append_events(AppendEventsRequest {
+                project_id: project.clone(),
+                run_id: "bench".into(),
+                events: events(1),
+            })
             .await?;
         let puts = parsed.iter().map(|b| {
             let mut client = store.clone();
@@ -306,13 +370,23 @@ async fn e2e(ingest_addr: &str, store_addr: &str, blocks: usize, reps: usize, co
             let content = doc.slice(b.content.clone());
             async move {
                 let messages = vec![
-                    PutRequest { msg: Some(put_request::Msg::Header(header)) },
-                    PutRequest { msg: Some(put_request::Msg::Chunk(content)) },
+                    PutRequest {
+                        msg: Some(put_request::Msg::Header(header)),
+                    },
+                    PutRequest {
+                        msg: Some(put_request::Msg::Chunk(content)),
+                    },
                 ];
-                client.put(futures::stream::iter(messages)).await.map(|_| ())
+                client
+                    .put(futures::stream::iter(messages))
+                    .await
+                    .map(|_| ())
             }
         });
-        let results: Vec<_> = futures::stream::iter(puts).buffer_unordered(concurrency.max(1)).collect().await;
+        let results: Vec<_> = futures::stream::iter(puts)
+            .buffer_unordered(concurrency.max(1))
+            .collect()
+            .await;
         for r in results {
             r?;
         }
@@ -325,8 +399,12 @@ async fn e2e(ingest_addr: &str, store_addr: &str, blocks: usize, reps: usize, co
             ..Default::default()
         };
         let messages = vec![
-            PutRequest { msg: Some(put_request::Msg::Header(header)) },
-            PutRequest { msg: Some(put_request::Msg::Chunk(manifest)) },
+            PutRequest {
+                msg: Some(put_request::Msg::Header(header)),
+            },
+            PutRequest {
+                msg: Some(put_request::Msg::Chunk(manifest)),
+            },
         ];
         client.put(futures::stream::iter(messages)).await?;
         for chunk in events(blocks + 1).chunks(500) {
@@ -343,6 +421,9 @@ async fn e2e(ingest_addr: &str, store_addr: &str, blocks: usize, reps: usize, co
     let (full, dry, direct) = (median(full), median(dry), median(direct));
     println!("| Ingest of {blocks} blocks ({} KB document), write_concurrency {concurrency} | {:.2} s | {:.0} blocks/s |", doc.len() / 1000, full, blocks as f64 / full);
     println!("| the same writes + events straight to the store (baseline) | {direct:.2} s | store share = {:.0}% |", 100.0 * direct / full);
-    println!("| Parse (dry run) of the same document over gRPC | {dry:.3} s | {:.1}% of Ingest |", 100.0 * dry / full);
+    println!(
+        "| Parse (dry run) of the same document over gRPC | {dry:.3} s | {:.1}% of Ingest |",
+        100.0 * dry / full
+    );
     Ok(())
 }

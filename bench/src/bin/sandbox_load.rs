@@ -49,24 +49,43 @@ fn stats(label: &str, mut ms: Vec<f64>) -> Stats {
     ms.sort_by(|a, b| a.total_cmp(b));
     let n = ms.len();
     let at = |q: f64| ms[((q * n as f64).ceil() as usize).clamp(1, n) - 1];
-    Stats { label: label.to_owned(), p50: at(0.5), p95: at(0.95), n }
+    Stats {
+        label: label.to_owned(),
+        p50: at(0.5),
+        p95: at(0.95),
+        n,
+    }
 }
 
 async fn connect(addr: &str) -> Result<SandboxRunnerClient<Channel>> {
-    let channel = Channel::from_shared(format!("http://{addr}"))?.connect().await?;
+    let channel = Channel::from_shared(format!("http://{addr}"))?
+        .connect()
+        .await?;
     Ok(SandboxRunnerClient::new(channel))
 }
 
 fn request() -> RunRequest {
-    RunRequest { language: "python".into(), code: CODE.into(), ..Default::default() }
+    RunRequest {
+        language: "python".into(),
+        code: CODE.into(),
+        ..Default::default()
+    }
 }
 
-async fn one_run(client: &mut SandboxRunnerClient<Channel>, want_warm: Option<bool>) -> Result<f64> {
+async fn one_run(
+    client: &mut SandboxRunnerClient<Channel>,
+    want_warm: Option<bool>,
+) -> Result<f64> {
     let t0 = Instant::now();
     let out = client.run(request()).await?.into_inner();
     let ms = t0.elapsed().as_secs_f64() * 1000.0;
     if out.exit_code != 0 || out.stdout.as_ref() != b"1\n" {
-        bail!("run failed: exit {} stdout {:?} stderr {:?}", out.exit_code, out.stdout, out.stderr);
+        bail!(
+            "run failed: exit {} stdout {:?} stderr {:?}",
+            out.exit_code,
+            out.stdout,
+            out.stderr
+        );
     }
     if let Some(w) = want_warm {
         let rj: serde_json::Value = serde_json::from_str(&out.result_json)?;
@@ -79,7 +98,13 @@ async fn one_run(client: &mut SandboxRunnerClient<Channel>, want_warm: Option<bo
 
 async fn wait_warm(client: &mut SandboxRunnerClient<Channel>, want: u32) -> Result<()> {
     let t0 = Instant::now();
-    while client.get_runner_info(GetRunnerInfoRequest {}).await?.into_inner().warm_containers < want {
+    while client
+        .get_runner_info(GetRunnerInfoRequest {})
+        .await?
+        .into_inner()
+        .warm_containers
+        < want
+    {
         if t0.elapsed() > Duration::from_secs(60) {
             bail!("no warm container after 60 s");
         }
@@ -90,10 +115,17 @@ async fn wait_warm(client: &mut SandboxRunnerClient<Channel>, want: u32) -> Resu
 
 fn time_cmd(argv: &[&str]) -> Result<f64> {
     let t0 = Instant::now();
-    let out = Command::new(argv[0]).args(&argv[1..]).stdin(Stdio::null()).output()?;
+    let out = Command::new(argv[0])
+        .args(&argv[1..])
+        .stdin(Stdio::null())
+        .output()?;
     let ms = t0.elapsed().as_secs_f64() * 1000.0;
     if !out.status.success() || out.stdout != b"1\n" {
-        bail!("{argv:?} failed: {} {}", out.status, String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "{argv:?} failed: {} {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     Ok(ms)
 }
@@ -121,7 +153,16 @@ fn concurrent_docker(image: &str, n: usize) -> Result<(f64, usize)> {
     let children: Vec<_> = (0..n)
         .map(|_| {
             Command::new("docker")
-                .args(["run", "--rm", "--network", "none", image, "python3", "-c", CODE])
+                .args([
+                    "run",
+                    "--rm",
+                    "--network",
+                    "none",
+                    image,
+                    "python3",
+                    "-c",
+                    CODE,
+                ])
                 .stdout(Stdio::piped())
                 .stderr(Stdio::null())
                 .spawn()
@@ -139,7 +180,12 @@ fn concurrent_docker(image: &str, n: usize) -> Result<(f64, usize)> {
 
 fn containers_of(runner_id: &str, kind: &str) -> Result<usize> {
     let out = Command::new("docker")
-        .args(["ps", "-aq", "--filter", &format!("label=cairn.runner_id={runner_id}")])
+        .args([
+            "ps",
+            "-aq",
+            "--filter",
+            &format!("label=cairn.runner_id={runner_id}"),
+        ])
         .args(["--filter", &format!("label=cairn.kind={kind}")])
         .output()?;
     Ok(String::from_utf8_lossy(&out.stdout).lines().count())
@@ -155,13 +201,33 @@ async fn main() -> Result<()> {
     let mut cold = connect(&args.cold).await.context("cold runner")?;
     let mut warm = connect(&args.warm).await.context("warm runner")?;
     one_run(&mut cold, Some(false)).await?;
-    time_cmd(&["docker", "run", "--rm", "--network", "none", &args.image, "python3", "-c", CODE])?;
+    time_cmd(&[
+        "docker",
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        &args.image,
+        "python3",
+        "-c",
+        CODE,
+    ])?;
 
     // Cold run over gRPC and raw docker run --rm, interleaved so both see the same load.
     let (mut ours, mut raw) = (Vec::new(), Vec::new());
     for _ in 0..runs {
         ours.push(one_run(&mut cold, Some(false)).await?);
-        raw.push(time_cmd(&["docker", "run", "--rm", "--network", "none", &args.image, "python3", "-c", CODE])?);
+        raw.push(time_cmd(&[
+            "docker",
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            &args.image,
+            "python3",
+            "-c",
+            CODE,
+        ])?);
     }
     rows.push(stats("cairn Run, docker cold (gRPC)", ours));
     rows.push(stats("raw `docker run --rm IMAGE python3 -c`", raw));
@@ -169,7 +235,18 @@ async fn main() -> Result<()> {
     // Warm pool vs raw docker exec into a running container.
     let name = format!("cairn_bench_exec_{}", std::process::id());
     let started = Command::new("docker")
-        .args(["run", "-d", "--rm", "--network", "none", "--name", &name, &args.image, "sleep", "infinity"])
+        .args([
+            "run",
+            "-d",
+            "--rm",
+            "--network",
+            "none",
+            "--name",
+            &name,
+            &args.image,
+            "sleep",
+            "infinity",
+        ])
         .stdout(Stdio::null())
         .status()?;
     if !started.success() {
@@ -185,7 +262,10 @@ async fn main() -> Result<()> {
         ours.push(one_run(&mut warm, Some(true)).await?);
         raw.push(time_cmd(&["docker", "exec", &name, "python3", "-c", CODE])?);
     }
-    let _ = Command::new("docker").args(["rm", "-f", &name]).stdout(Stdio::null()).status();
+    let _ = Command::new("docker")
+        .args(["rm", "-f", &name])
+        .stdout(Stdio::null())
+        .status();
     rows.push(stats("cairn Run, docker warm pool (gRPC)", ours));
     rows.push(stats("raw `docker exec CONTAINER python3 -c`", raw));
 
@@ -229,11 +309,21 @@ async fn main() -> Result<()> {
             }
             let (secs, ok) = concurrent_runs(addr, n).await?;
             let rate = ok as f64 / secs;
-            println!("| {n} | {label} | {ok}/{n} | {secs:.2} | {rate:.1} ({:.2}x) |", rate / base);
+            println!(
+                "| {n} | {label} | {ok}/{n} | {secs:.2} | {rate:.1} ({:.2}x) |",
+                rate / base
+            );
         }
     }
-    let cold_id = cold.get_runner_info(GetRunnerInfoRequest {}).await?.into_inner().runner_id;
-    let warm_info = warm.get_runner_info(GetRunnerInfoRequest {}).await?.into_inner();
+    let cold_id = cold
+        .get_runner_info(GetRunnerInfoRequest {})
+        .await?
+        .into_inner()
+        .runner_id;
+    let warm_info = warm
+        .get_runner_info(GetRunnerInfoRequest {})
+        .await?
+        .into_inner();
     tokio::time::sleep(Duration::from_secs(2)).await;
     println!();
     println!(

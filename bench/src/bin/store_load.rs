@@ -16,7 +16,8 @@ use anyhow::{bail, Context, Result};
 use bytes::Bytes;
 use cairn_proto::v1::artifact_store_client::ArtifactStoreClient;
 use cairn_proto::v1::{
-    put_request, CreateProjectRequest, DeleteRequest, PutHeader, PutRequest, StatRequest,
+    put_request, AppendEventsRequest, CreateProjectRequest, DeleteRequest, EventInput, PutHeader,
+    PutRequest, StatRequest,
 };
 use clap::{Parser, Subcommand};
 use tonic::transport::{Channel, Endpoint};
@@ -84,11 +85,21 @@ async fn main() -> Result<()> {
         Cmd::Gen { out, size } => generate(&out, size),
         Cmd::Put { addr, file, chunk } => {
             let mut client = client(&addr).await?;
-            client.create_project(CreateProjectRequest { project_id: PROJECT.into() }).await?;
+            client
+                .create_project(CreateProjectRequest {
+                    project_id: PROJECT.into(),
+                })
+                .await?;
             let size = std::fs::metadata(&file)?.len();
             let t = put_file(&mut client, &file, "workspace/put.bin", "", chunk).await?;
             println!("{:.0} MiB/s", size as f64 / MIB / t.as_secs_f64());
-            client.delete(DeleteRequest { project_id: PROJECT.into(), path: "workspace/put.bin".into(), run_id: String::new() }).await?;
+            client
+                .delete(DeleteRequest {
+                    project_id: PROJECT.into(),
+                    path: "workspace/put.bin".into(),
+                    run_id: String::new(),
+                })
+                .await?;
             Ok(())
         }
         Cmd::All {
@@ -288,6 +299,56 @@ async fn small_store(
     Ok(count as f64 / started.elapsed().as_secs_f64())
 }
 
+/// `callers` tasks each appending `each` single-event calls to one run; events per second.
+async fn events_store(
+    client: &ArtifactStoreClient<Channel>,
+    run: &str,
+    callers: usize,
+    each: usize,
+) -> Result<f64> {
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..callers {
+        let mut client = client.clone();
+        let run = run.to_owned();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..each {
+                let event = EventInput {
+                    r#type: "bench.tick".into(),
+                    data_json: format!("{{\"c\":{c},\"i\":{i}}}"),
+                    ..Default::default()
+                };
+                client
+                    .append_events(AppendEventsRequest {
+                        project_id: PROJECT.into(),
+                        run_id: run.clone(),
+                        events: vec![event],
+                    })
+                    .await?;
+            }
+            Ok::<(), anyhow::Error>(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok((callers * each) as f64 / started.elapsed().as_secs_f64())
+}
+
+/// The baseline: append one line and fdatasync, one event after another.
+fn events_baseline(path: &Path, count: usize) -> Result<f64> {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    let started = Instant::now();
+    for i in 0..count {
+        writeln!(f, "{{\"seq\":{i},\"type\":\"bench.tick\"}}")?;
+        f.sync_data()?;
+    }
+    Ok(count as f64 / started.elapsed().as_secs_f64())
+}
+
 fn machine() -> String {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let model = cpuinfo
@@ -380,6 +441,11 @@ async fn run_all(
         small.push((c, rate));
     }
 
+    // Events: 32 callers x 500 single-event calls vs an append+fdatasync loop.
+    let ev_base = events_baseline(&work.join("events.jsonl"), 2000)?;
+    let ev = events_store(&client, "bench-events", 32, 500).await?;
+    eprintln!("events: {ev:.0}/s (baseline {ev_base:.0}/s)");
+
     // Stat latency.
     let header = PutHeader {
         project_id: PROJECT.into(),
@@ -431,6 +497,11 @@ async fn run_all(
             if rate / base >= 0.5 { "met" } else { "**missed**" }
         );
     }
+    println!("| plain append+fdatasync loop, one event per sync | {ev_base:.0} events/s | | | |");
+    println!(
+        "| AppendEvents, 32 callers x 500 single-event calls (group commit) | {ev:.0} events/s | {ev_base:.0} events/s | {:.0}% | |",
+        ev / ev_base * 100.0
+    );
     println!(
         "| Stat over loopback gRPC, sequential ({stat_count} calls) | p50 {:.0} µs, p99 {:.0} µs, max {:.0} µs | | | |",
         pct(0.50),

@@ -21,8 +21,8 @@ use crate::output;
 
 type Client = OrchestratorClient<TracedChannel>;
 
-fn needs(llm_base_dir: Option<&Path>) -> Needs {
-    Needs { sandbox: true, orchestrator: true, llm_base_dir: llm_base_dir.map(Path::to_path_buf) }
+fn needs() -> Needs {
+    Needs { sandbox: true, orchestrator: true }
 }
 
 fn who() -> String {
@@ -57,7 +57,7 @@ pub async fn run(global: &Global, args: RunArgs) -> anyhow::Result<ExitCode> {
         },
         None => String::new(),
     };
-    let services = Services::open(global, needs(base_dir.as_deref())).await?;
+    let services = Services::open(global, needs()).await?;
     let mut client = services.orchestrator();
     let result = async {
         let info = client
@@ -71,6 +71,7 @@ pub async fn run(global: &Global, args: RunArgs) -> anyhow::Result<ExitCode> {
                 prompt: args.prompt.clone().unwrap_or_default(),
                 by: who(),
                 llm,
+                base_dir: base_dir.as_ref().map(|d| d.display().to_string()).unwrap_or_default(),
             })
             .await?
             .into_inner();
@@ -139,7 +140,7 @@ fn print_event(e: &cairn_proto::v1::Event) {
     let data: serde_json::Value = serde_json::from_str(&e.data_json).unwrap_or_default();
     let detail = ["reason", "error", "path", "state", "note", "exit_code"]
         .iter()
-        .filter_map(|k| data.get(*k).map(|v| format!("{k}={}", v.as_str().map(str::to_owned).unwrap_or_else(|| v.to_string()))))
+        .filter_map(|k| data.get(*k).filter(|v| !v.is_null() && v.as_str() != Some("")).map(|v| format!("{k}={}", v.as_str().map(str::to_owned).unwrap_or_else(|| v.to_string()))))
         .collect::<Vec<_>>()
         .join(" ");
     eprintln!("  {:>4} {:<26} {:<18} {detail}", e.seq, e.r#type, e.node_id);
@@ -247,7 +248,7 @@ fn finish(global: &Global, info: &RunInfo) -> anyhow::Result<ExitCode> {
 
 /// `cairn runs list|show|watch|cancel|resume|rework`.
 pub async fn runs(global: &Global, cmd: RunsCommand) -> anyhow::Result<ExitCode> {
-    let services = Services::open(global, needs(None)).await?;
+    let services = Services::open(global, needs()).await?;
     let mut client = services.orchestrator();
     let project = global.project.clone();
     let embedded = global.addr.is_none();
@@ -319,7 +320,7 @@ fn parse_state(s: &str) -> anyhow::Result<TaskState> {
 
 /// `cairn gate approve|reject RUN GATE --note ...`.
 pub async fn gate(global: &Global, cmd: GateCommand) -> anyhow::Result<ExitCode> {
-    let services = Services::open(global, needs(None)).await?;
+    let services = Services::open(global, needs()).await?;
     let mut client = services.orchestrator();
     let project = global.project.clone();
     let result = async {
@@ -339,7 +340,7 @@ pub async fn gate(global: &Global, cmd: GateCommand) -> anyhow::Result<ExitCode>
 
 /// `cairn notes add RUN TEXT`.
 pub async fn notes(global: &Global, cmd: NotesCommand) -> anyhow::Result<ExitCode> {
-    let services = Services::open(global, needs(None)).await?;
+    let services = Services::open(global, needs()).await?;
     let mut client = services.orchestrator();
     let result = async {
         match cmd {

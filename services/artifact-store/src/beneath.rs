@@ -115,7 +115,7 @@ pub fn open_dir(dir: BorrowedFd<'_>, rel: &str) -> Result<OwnedFd, Errno> {
 }
 
 /// Opens the directory `rel` beneath `dir`, creating missing components one at a time with
-/// mkdirat (never following a symlink, whoever created it).
+/// mkdirat (never following a symlink, whoever created it; each new entry fsync'd).
 pub fn ensure_dir(dir: BorrowedFd<'_>, rel: &str) -> Result<OwnedFd, Errno> {
     match open_dir(dir, rel) {
         Err(Errno::NOENT) => {}
@@ -126,7 +126,9 @@ pub fn ensure_dir(dir: BorrowedFd<'_>, rel: &str) -> Result<OwnedFd, Errno> {
         let next = match open_dir(held.as_fd(), part) {
             Err(Errno::NOENT) => {
                 match fs::mkdirat(held.as_fd(), part, Mode::from_raw_mode(DIR_MODE)) {
-                    Ok(()) | Err(Errno::EXIST) => {}
+                    // A new directory's entry must be durable before files published in it.
+                    Ok(()) => fs::fsync(held.as_fd())?,
+                    Err(Errno::EXIST) => {}
                     Err(e) => return Err(e),
                 }
                 open_dir(held.as_fd(), part)?

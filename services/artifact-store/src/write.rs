@@ -485,7 +485,9 @@ where
 
 fn open_root(store: &Store, project: &str, create: bool) -> Result<OwnedFd> {
     match store.project_root(project) {
-        Err(Error::ProjectNotFound(_)) if create => project::ensure(store, project).map(|(root, _)| root),
+        Err(Error::ProjectNotFound(_)) if create => {
+            project::ensure(store, project).map(|(root, _)| root)
+        }
         other => other,
     }
 }

@@ -334,6 +334,8 @@ async fn a_torn_last_line_is_cut_and_sequences_continue_after_restart() {
     std::fs::write(&log, &text).unwrap();
 
     let mut s = serve_with(Config::new(tmp.path())).await;
+    // Reading first (a fresh store, the log not touched yet) recovers the log too.
+    assert_eq!(read_all(&mut s.client, "r", 1, 0).await.len(), 5);
     assert_eq!(
         append(
             &mut s.client,
@@ -354,4 +356,39 @@ async fn a_torn_last_line_is_cut_and_sequences_continue_after_restart() {
     );
     assert_eq!(stored[5]["type"], "after");
     assert_eq!(read_all(&mut s.client, "r", 1, 0).await.len(), 6);
+}
+
+#[tokio::test]
+async fn many_runs_close_idle_logs_and_reopen_them_where_they_were() {
+    let mut s = serve().await;
+    s.client
+        .create_project(cairn_proto::v1::CreateProjectRequest {
+            project_id: "p".into(),
+        })
+        .await
+        .unwrap();
+    for run in 0..300 {
+        let first = append(
+            &mut s.client,
+            &format!("run-{run}"),
+            vec![input("a", serde_json::json!({}))],
+        )
+        .await
+        .unwrap();
+        assert_eq!(first, (1, 1));
+    }
+    for run in [0, 150, 299] {
+        let next = append(
+            &mut s.client,
+            &format!("run-{run}"),
+            vec![input("b", serde_json::json!({}))],
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            next,
+            (2, 2),
+            "run-{run} continues after its log was closed and reopened"
+        );
+    }
 }

@@ -182,10 +182,14 @@ pub fn parse(doc: &[u8], limits: &Limits, policy: &Policy) -> Vec<Block> {
 
     // seed 000 / DESIGN.md: the same path twice (NFC-normalised, case-folded) -> the last block
     // wins; a model that rewrites a file means its last version.
-    let mut last: HashMap<String, usize> = HashMap::new();
-    for (i, b) in blocks.iter().enumerate() {
-        if b.status == BlockStatus::Written {
-            last.insert(pathguard::fold_key(&b.declared_file), i);
+    let keys: Vec<Option<String>> = blocks
+        .iter()
+        .map(|b| (b.status == BlockStatus::Written).then(|| pathguard::fold_key(&b.declared_file)))
+        .collect();
+    let mut last: HashMap<&str, usize> = HashMap::new();
+    for (i, key) in keys.iter().enumerate() {
+        if let Some(key) = key {
+            last.insert(key, i);
         }
     }
 
@@ -197,29 +201,16 @@ pub fn parse(doc: &[u8], limits: &Limits, policy: &Policy) -> Vec<Block> {
         if let Ok(workspace_path) | Err((Some(workspace_path), _)) = &path_check {
             b.workspace_path = workspace_path.clone();
         }
-        if b.status != BlockStatus::Written {
-            continue;
-        }
-        if last.get(&pathguard::fold_key(&b.declared_file)) != Some(&i) {
-            b.set(
-                BlockStatus::Skipped,
-                reason::SUPERSEDED,
-                "a later block declares the same file",
-            );
+        let Some(key) = &keys[i] else { continue };
+        if last.get(key.as_str()) != Some(&i) {
+            b.set(BlockStatus::Skipped, reason::SUPERSEDED, "a later block declares the same file");
         } else if let Err((_, rejection)) = path_check {
-            b.set(
-                BlockStatus::Rejected,
-                rejection.reason.as_str(),
-                rejection.message,
-            );
+            b.set(BlockStatus::Rejected, rejection.reason.as_str(), rejection.message);
         } else if b.bytes > limits.max_block_bytes {
             b.set(
                 BlockStatus::Rejected,
                 reason::TOO_LARGE,
-                format!(
-                    "the block is {} bytes, over the limit of {} (max_block_bytes)",
-                    b.bytes, limits.max_block_bytes
-                ),
+                format!("the block is {} bytes, over the limit of {} (max_block_bytes)", b.bytes, limits.max_block_bytes),
             );
         }
     }

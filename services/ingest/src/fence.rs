@@ -47,13 +47,18 @@ struct FenceLine<'a> {
 }
 
 /// Scans `doc` and returns every recorded fence (info string containing `=`) in order.
+///
+/// Only lines that start (after at most 3 spaces) with a fence character can open or close a
+/// fence, so the scan jumps with memchr from one such character to the next (inside a fence:
+/// only its own character) and looks back at most 3 bytes for the line start. Content without
+/// fence characters is crossed at memchr speed; every other line is never looked at.
 pub fn scan(doc: &[u8]) -> Vec<Fenced> {
     let mut found: Vec<Fenced> = Vec::new();
     let start = if doc.starts_with(BOM) { BOM.len() } else { 0 };
     // The fence we are inside, if any: (char, length, recorded entry index or None).
     let mut open: Option<(u8, usize, Option<usize>)> = None;
-    let mut pos = start;
-    while pos < doc.len() {
+    let mut from = start;
+    while let Some(pos) = next_candidate_line(doc, start, from, open.map(|o| o.0)) {
         let end = match memchr::memchr(b'\n', &doc[pos..]) {
             Some(i) => pos + i + 1,
             None => doc.len(),
@@ -72,11 +77,7 @@ pub fn scan(doc: &[u8]) -> Vec<Fenced> {
             None => {
                 if let Some(fence) = opening(line) {
                     let entry = if fence.rest.contains(&b'=') {
-                        found.push(Fenced {
-                            header: header_of(line, &fence),
-                            content: end..doc.len(),
-                            terminated: false,
-                        });
+                        found.push(Fenced { header: header_of(line, &fence), content: end..doc.len(), terminated: false });
                         Some(found.len() - 1)
                     } else {
                         None
@@ -85,9 +86,31 @@ pub fn scan(doc: &[u8]) -> Vec<Fenced> {
                 }
             }
         }
-        pos = end;
+        from = end;
     }
     found
+}
+
+/// The start of the next line at or after `from` whose first byte after 0-3 spaces is `ch`
+/// (or a backtick or tilde when `ch` is None). `start` is where the first line begins.
+fn next_candidate_line(doc: &[u8], start: usize, mut from: usize, ch: Option<u8>) -> Option<usize> {
+    while from < doc.len() {
+        let rest = &doc[from..];
+        let hit = from
+            + match ch {
+                Some(c) => memchr::memchr(c, rest)?,
+                None => memchr::memchr2(b'`', b'~', rest)?,
+            };
+        let mut line_start = hit;
+        while line_start > start && hit - line_start < 3 && doc[line_start - 1] == b' ' {
+            line_start -= 1;
+        }
+        if line_start == start || doc[line_start - 1] == b'\n' {
+            return Some(line_start);
+        }
+        from = hit + 1;
+    }
+    None
 }
 
 /// The line without its ending (`\n`, and a `\r` before it).
@@ -262,6 +285,86 @@ fn malformed_fields(info: &[u8]) -> (String, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// The straightforward line-by-line scan, the reference the fast scan is checked against.
+    fn scan_by_lines(doc: &[u8]) -> Vec<Fenced> {
+        let mut found: Vec<Fenced> = Vec::new();
+        let start = if doc.starts_with(BOM) { BOM.len() } else { 0 };
+        // The fence we are inside, if any: (char, length, recorded entry index or None).
+        let mut open: Option<(u8, usize, Option<usize>)> = None;
+        let mut pos = start;
+        while pos < doc.len() {
+            let end = match memchr::memchr(b'\n', &doc[pos..]) {
+                Some(i) => pos + i + 1,
+                None => doc.len(),
+            };
+            let line = &doc[pos..end];
+            match open {
+                Some((ch, len, entry)) => {
+                    if is_closing(line, ch, len) {
+                        if let Some(f) = entry.and_then(|i| found.get_mut(i)) {
+                            f.content.end = pos;
+                            f.terminated = true;
+                        }
+                        open = None;
+                    }
+                }
+                None => {
+                    if let Some(fence) = opening(line) {
+                        let entry = if fence.rest.contains(&b'=') {
+                            found.push(Fenced {
+                                header: header_of(line, &fence),
+                                content: end..doc.len(),
+                                terminated: false,
+                            });
+                            Some(found.len() - 1)
+                        } else {
+                            None
+                        };
+                        open = Some((fence.ch, fence.len, entry));
+                    }
+                }
+            }
+            pos = end;
+        }
+        found
+    }
+
+    fn fence_heavy() -> impl Strategy<Value = Vec<u8>> {
+        let line = prop_oneof![
+            Just("```".to_owned()),
+            Just("````".to_owned()),
+            Just("~~~".to_owned()),
+            Just(" ```".to_owned()),
+            Just("   ~~~~".to_owned()),
+            Just("    ```".to_owned()),
+            Just("```py file=a.py".to_owned()),
+            Just("  ```py file=a.py".to_owned()),
+            Just("~~~ a=b".to_owned()),
+            Just("x `y` ```".to_owned()),
+            Just(String::new()),
+            "[ a`~=\r]{0,8}",
+        ];
+        (prop::collection::vec(line, 0..40), any::<bool>()).prop_map(|(lines, bom)| {
+            let mut doc = if bom { "\u{feff}".to_owned() } else { String::new() };
+            doc.push_str(&lines.join("\n"));
+            doc.into_bytes()
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
+        #[test]
+        fn fast_scan_equals_the_line_by_line_reference(doc in fence_heavy()) {
+            prop_assert_eq!(scan(&doc), scan_by_lines(&doc));
+        }
+
+        #[test]
+        fn fast_scan_equals_the_reference_on_bytes(doc in prop::collection::vec(prop::sample::select(b" `~\n=ab\r".to_vec()), 0..300)) {
+            prop_assert_eq!(scan(&doc), scan_by_lines(&doc));
+        }
+    }
 
     fn file(lang: &str, path: &str) -> Header {
         Header::File {

@@ -7,6 +7,7 @@
 
 pub mod agents;
 mod args;
+pub mod code_delivery;
 pub mod config;
 pub mod console;
 pub mod delivery;
@@ -16,6 +17,7 @@ pub mod gates;
 pub mod graph;
 pub mod human;
 pub mod nodes;
+pub mod onebot;
 pub mod recorder;
 pub mod run;
 pub mod rundir;

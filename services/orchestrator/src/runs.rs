@@ -358,7 +358,7 @@ impl Runs {
                 return Err(Error::FailedPrecondition(format!("run {run_id} is {}", state.state.as_str())))
             }
             // Not final (restart), or a failed run to retry: resume from the records.
-            _ => Some((by, reason.to_owned())),
+            _ => Some((by.clone(), reason.to_owned())),
         };
         let Some(cmds) = self.reserve(project, run_id)? else {
             // Someone else brought it to life meanwhile: use theirs.

@@ -68,7 +68,7 @@ nodes:
   - {id: ok, type: write_file, path: "docs/{{run_id}}/ok.txt", content: ok}
   - {id: bad, type: write_file, path: "docs/{{run_id}}/bad.txt", content: bad}
   - {id: approve, type: gate, reason: "look at it", needs: [ok]}
-  - {id: final, type: write_file, path: "docs/{{run_id}}/final.md", content: "# done\n"}
+  - {id: final, type: write_file, path: "docs/{{run_id}}/final.md", content: "done\n"}
 "#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

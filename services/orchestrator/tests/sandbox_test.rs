@@ -66,7 +66,7 @@ async fn sandbox_run_stages_inputs_and_stores_outputs() {
     assert_eq!(result["exit_code"], 0);
     assert_eq!(result["timed_out"], false);
     assert_eq!(result["written_files"][0]["path"], format!("docs/artifacts/{run}/report.txt"));
-    assert!(result["stdout"].as_str().unwrap().contains("tests exit 0"));
+    assert!(result["stdout"].to_string().contains("tests exit 0"), "{result:#}");
     assert_eq!(
         s.read_text(&format!("docs/{run}/summary.txt")).await,
         format!("exit=0 ok=true files=[\"docs/artifacts/{run}/report.txt\"]")

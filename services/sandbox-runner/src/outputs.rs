@@ -276,4 +276,28 @@ mod tests {
         assert_eq!(out.files.len(), 1);
         assert_eq!(out.rejected[0].reason, "invalid_char");
     }
+
+    #[test]
+    fn traversal_and_absolute_names_in_the_stream_are_refused() {
+        // A hostile stream (not docker's) could carry such names; none may pass.
+        let mut raw = Vec::new();
+        for name in ["output/../evil", "output//abs", "output/./dot", "output/ok"] {
+            let mut h = tar::Header::new_old();
+            h.as_old_mut().name[..name.len()].copy_from_slice(name.as_bytes());
+            h.set_entry_type(tar::EntryType::Regular);
+            h.set_size(1);
+            h.set_mode(0o644);
+            h.set_cksum();
+            raw.extend_from_slice(h.as_bytes());
+            let mut block = [0u8; 512];
+            block[0] = b'x';
+            raw.extend_from_slice(&block);
+        }
+        raw.extend_from_slice(&[0u8; 1024]);
+        let out = from_tar(&raw[..], "output", LIMITS).unwrap();
+        let names: Vec<_> = out.files.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(names, ["ok"]);
+        let reasons: Vec<_> = out.rejected.iter().map(|r| r.reason.as_str()).collect();
+        assert_eq!(reasons, ["traversal", "absolute_path", "dot_component"]);
+    }
 }

@@ -42,6 +42,8 @@ pub struct Pool {
     config: Arc<Config>,
     live: LiveSet,
     ready: Mutex<VecDeque<Warm>>,
+    /// `ready.len()`, readable without the lock.
+    ready_len: AtomicUsize,
     creating: AtomicUsize,
     closed: AtomicBool,
 }
@@ -62,6 +64,7 @@ impl Pool {
             config,
             live,
             ready: Mutex::new(VecDeque::new()),
+            ready_len: AtomicUsize::new(0),
             creating: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
         }
@@ -84,7 +87,7 @@ impl Pool {
             if self.closed.load(Ordering::SeqCst) {
                 return;
             }
-            let ready = self.ready.try_lock().map(|q| q.len()).unwrap_or(0);
+            let ready = self.ready_len.load(Ordering::SeqCst);
             let creating = self.creating.load(Ordering::SeqCst);
             if ready + creating >= self.config.pool_size {
                 return;
@@ -95,7 +98,9 @@ impl Pool {
                 let made = pool.make().await;
                 match made {
                     Ok(warm) if !pool.closed.load(Ordering::SeqCst) => {
-                        pool.ready.lock().await.push_back(warm)
+                        let mut ready = pool.ready.lock().await;
+                        ready.push_back(warm);
+                        pool.ready_len.store(ready.len(), Ordering::SeqCst);
                     }
                     Ok(warm) => drop(warm), // closed meanwhile: the guard removes it
                     Err(e) => {
@@ -111,19 +116,25 @@ impl Pool {
 
     /// A ready container, if any (the caller falls back to a cold run otherwise).
     pub async fn take(self: &Arc<Self>) -> Option<Warm> {
-        let warm = self.ready.lock().await.pop_front();
+        let warm = {
+            let mut ready = self.ready.lock().await;
+            let warm = ready.pop_front();
+            self.ready_len.store(ready.len(), Ordering::SeqCst);
+            warm
+        };
         self.clone().fill();
         warm
     }
 
     /// Containers ready now.
     pub fn ready_count(&self) -> usize {
-        self.ready.try_lock().map(|q| q.len()).unwrap_or(0)
+        self.ready_len.load(Ordering::SeqCst)
     }
 
     pub async fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
         let drained: Vec<Warm> = self.ready.lock().await.drain(..).collect();
+        self.ready_len.store(0, Ordering::SeqCst);
         for warm in drained {
             let _ = warm.guard.remove().await;
         }
@@ -332,10 +343,7 @@ impl Warm {
         drop(tar_tx);
         let duration_ms = t0.elapsed().as_millis() as u64;
         // Used once: removed in the background so the reply does not wait for it.
-        let guard = self.guard;
-        tokio::spawn(async move {
-            let _ = guard.remove().await;
-        });
+        self.guard.remove_in_background();
         let Some(result) = result else {
             let log = String::from_utf8_lossy(agent_log.bytes()).into_owned();
             return Err(Error::Sandbox(if backstop_hit {

@@ -49,7 +49,11 @@ async fn spawn_runner(
         ])
         .args([
             "--backend",
-            if backend.docker() { "docker" } else { "local" },
+            if backend == BackendChoice::Docker {
+                "docker"
+            } else {
+                "local"
+            },
         ])
         .arg("--work-root")
         .arg(work_root)

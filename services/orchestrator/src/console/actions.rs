@@ -101,7 +101,9 @@ pub(super) async fn note(
         let e = ConsoleError::BadRequest("the note is empty; write what the agents should know".into());
         return refused(&console, &visitor, &project, &run, e, drafts()).await;
     }
-    let req = AddNoteRequest { project_id: project.clone(), run_id: run.clone(), by: visitor.name.clone(), text: form.text.clone() };
+    // Browsers send textarea line breaks as CRLF; human-notes.md is a Unix text file.
+    let text = form.text.replace("\r\n", "\n");
+    let req = AddNoteRequest { project_id: project.clone(), run_id: run.clone(), by: visitor.name.clone(), text };
     match console.call("adding the note", console.orchestrator().add_note(req)).await {
         Ok(r) => {
             done(&console, &visitor, format!("Note added to run {run} ({}).", r.r#ref));
@@ -123,7 +125,6 @@ pub(super) async fn context(
     Path((project, run)): Path<(String, String)>,
     Form(form): Form<ContextForm>,
 ) -> Response {
-    // Browsers send textarea line breaks as CRLF; the manifest is a Unix text file.
     let yaml = form.manifest_yaml.replace("\r\n", "\n");
     let req = EditContextRequest { project_id: project.clone(), run_id: run.clone(), by: visitor.name.clone(), manifest_yaml: yaml.clone() };
     match console.call("saving the context manifest", console.orchestrator().edit_context(req)).await {

@@ -64,9 +64,10 @@ pub(super) async fn render(
     let (task_path, notes_path, context_path) =
         (format!("{dir}/task.yaml"), format!("{dir}/shared/human-notes.md"), format!("{dir}/shared/context-manifest.yaml"));
     let what = format!("reading run {run}");
+    let mut orchestrator = console.orchestrator();
     let get = console.call(
         &what,
-        console.orchestrator().get_run(GetRunRequest { project_id: project.to_owned(), run_id: run.to_owned() }),
+        orchestrator.get_run(GetRunRequest { project_id: project.to_owned(), run_id: run.to_owned() }),
     );
     let (info, task, notes, context, docs, workspace, records, manifests) = tokio::join!(
         get,

@@ -233,6 +233,19 @@ impl Stack {
         }
     }
 
+    /// Polls until the run is in `state` or final, whichever comes first.
+    pub async fn wait_final_or(&self, run_id: &str, state: TaskState, secs: u64) -> RunInfo {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+        loop {
+            let info = self.get(run_id).await;
+            let fin = [TaskState::Completed, TaskState::Failed, TaskState::Canceled].iter().any(|s| *s as i32 == info.state);
+            if fin || info.state == state as i32 || tokio::time::Instant::now() > deadline {
+                return info;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Polls until the run is final.
     pub async fn wait_final(&self, run_id: &str, secs: u64) -> RunInfo {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);

@@ -226,22 +226,35 @@ impl DockerBackend {
             .map_err(Error::docker("starting the container"))?;
         let mut stdout = Capture::new(job.limits.max_stdout_bytes);
         let mut stderr = Capture::new(job.limits.max_stderr_bytes);
-        let timed_out = self
+        let deadline = t0 + Duration::from_millis(job.limits.timeout_ms);
+        let mut timed_out = self
             .pump(
                 &mut output,
                 &mut stdout,
                 &mut stderr,
                 live,
-                t0 + Duration::from_millis(job.limits.timeout_ms),
+                deadline,
                 Target::Container(&name),
             )
             .await;
-        let exit_code = self.exit_code(&name).await?;
+        // The stream can end early (engine trouble) while the program runs on: the wait is
+        // bounded too, and past the deadline the container is killed.
+        let latest = deadline + Duration::from_millis(self.config.kill_grace_ms) + KILL_BACKSTOP;
+        let exit_code = match tokio::time::timeout_at(latest.into(), self.exit_code(&name)).await {
+            Ok(code) => code?,
+            Err(_) => {
+                timed_out = true;
+                signal(&self.client, Target::Container(&name), "SIGKILL").await;
+                -1
+            }
+        };
         let duration_ms = t0.elapsed().as_millis() as u64;
         // The flag is only worth a call when the kernel's SIGKILL is the likely cause.
         let oom_killed = !timed_out && exit_code == 137 && self.oom_killed(&name).await;
         let outputs = self.collect(&name, &job.limits).await?;
-        container.remove().await?;
+        // Everything is read: the reply need not wait for the engine to delete the container
+        // (slow for a big /output). Shutdown still finds it in the live set until it is gone.
+        container.remove_in_background();
         Ok(Outcome {
             exit_code: if timed_out { -1 } else { exit_code },
             timed_out,
@@ -687,6 +700,11 @@ impl ContainerGuard {
         let result = remove(&self.client, &self.name).await;
         forget(&self.live, &self.name);
         result
+    }
+
+    /// Removes the container from a spawned task (the guard's drop does exactly that).
+    pub fn remove_in_background(self) {
+        drop(self);
     }
 
     /// Hands the container to a longer-lived owner (session, pool).

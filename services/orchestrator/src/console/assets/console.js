@@ -71,8 +71,10 @@
       tr.appendChild(td);
     });
     body.appendChild(tr);
+    // The page was rendered with the state as of event `renderedSeq`: replayed older events
+    // must not move the badge back.
     const state = stateOf[ev.type];
-    if (state) setState(state);
+    if (state && ev.seq > renderedSeq) setState(state);
     if (ev.seq > renderedSeq && renderedSeq > 0 && (ev.type.indexOf("gate.") === 0 || finalTypes[ev.type])) warnStale();
   });
   source.addEventListener("end", function (m) {

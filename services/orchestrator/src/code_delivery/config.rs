@@ -1,0 +1,108 @@
+//! The `[code_delivery]` section, with the key names of seed 003 §8. Some keys belong to the
+//! sandbox runner in cairn (it owns containers and task directories); they are accepted here
+//! so one config file carries the seed's section, and `cairn up` hands them to the runner
+//! (see docs/agents.md for which key goes where).
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ArchiveFormat {
+    Zip,
+    #[serde(rename = "tar.gz")]
+    TarGz,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CodeDeliveryConfig {
+    /// The code delivery node type is available.
+    pub enabled: bool,
+    /// Runner side: where task directories live (sandbox-runner `work_root`).
+    pub task_root: String,
+    /// Runner side: the session image (sandbox-runner `image`).
+    pub docker_image: String,
+    /// Runner side: containers are named `<prefix><task id><suffix>` (seed 003 §3.4).
+    pub container_name_prefix: String,
+    pub container_name_suffix: String,
+    /// `run_bash_command` timeout when the model gives none.
+    pub default_command_timeout_seconds: u64,
+    /// Most characters of stdout/stderr returned to the model per command.
+    pub max_command_output_chars: u64,
+    /// `end` archive format when the model gives none.
+    pub default_archive_format: ArchiveFormat,
+    /// Largest archive `end` may pack.
+    pub max_archive_size_mb: u64,
+    /// Close the session (container and task directory) when the task ends.
+    pub cleanup_on_finish: bool,
+    /// Runner side: remove leftover task directories and containers at start (seed 003 §2.3).
+    pub cleanup_on_start: bool,
+    /// Attempts of one LLM request before the task fails (seed 003 §7.4; passed as
+    /// `AgentRequest::max_attempts`).
+    pub llm_max_retries_per_request: u32,
+    /// Send the failure notice to the target when an LLM request used all its attempts.
+    pub notify_on_llm_failure: bool,
+}
+
+impl Default for CodeDeliveryConfig {
+    fn default() -> Self {
+        CodeDeliveryConfig {
+            enabled: true,
+            task_root: "data/code_delivery".into(),
+            docker_image: "ubuntu:24.04".into(),
+            container_name_prefix: "code_delivery_".into(),
+            container_name_suffix: "_runner".into(),
+            default_command_timeout_seconds: 600,
+            max_command_output_chars: 20_000,
+            default_archive_format: ArchiveFormat::Zip,
+            max_archive_size_mb: 200,
+            cleanup_on_finish: true,
+            cleanup_on_start: true,
+            llm_max_retries_per_request: 5,
+            notify_on_llm_failure: true,
+        }
+    }
+}
+
+impl CodeDeliveryConfig {
+    /// Checks the section; the message names the key to fix.
+    pub fn check(&self) -> Result<(), String> {
+        if self.llm_max_retries_per_request == 0 {
+            return Err("code_delivery.llm_max_retries_per_request must be at least 1".into());
+        }
+        if self.default_command_timeout_seconds == 0 || self.max_archive_size_mb == 0 || self.max_command_output_chars == 0 {
+            return Err("code_delivery.default_command_timeout_seconds, max_command_output_chars and max_archive_size_mb must be more than 0".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seed_section_parses() {
+        let text = r#"
+enabled = true
+task_root = "data/code_delivery"
+docker_image = "ubuntu:24.04"
+container_name_prefix = "code_delivery_"
+container_name_suffix = "_runner"
+default_command_timeout_seconds = 600
+max_command_output_chars = 20000
+default_archive_format = "tar.gz"
+max_archive_size_mb = 200
+cleanup_on_finish = true
+cleanup_on_start = true
+llm_max_retries_per_request = 5
+notify_on_llm_failure = true
+"#;
+        let c: CodeDeliveryConfig = toml::from_str(text).unwrap();
+        assert_eq!(c.default_archive_format, ArchiveFormat::TarGz);
+        assert_eq!(c, CodeDeliveryConfig { default_archive_format: ArchiveFormat::TarGz, ..Default::default() });
+        assert!(toml::from_str::<CodeDeliveryConfig>("nope = 1").is_err());
+        let round = toml::to_string(&CodeDeliveryConfig::default()).unwrap();
+        assert_eq!(toml::from_str::<CodeDeliveryConfig>(&round).unwrap(), CodeDeliveryConfig::default());
+    }
+}

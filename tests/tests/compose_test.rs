@@ -1,0 +1,687 @@
+//! docker compose end to end (issue 7): the images built from this checkout's `cairn` binary,
+//! deploy/compose/docker-compose.yml brought up under a project name of its own, the CLI and
+//! gRPC from the host against it, and `docker-compose down` leaving no sandbox container
+//! behind. With CAIRN_REQUIRE_DOCKER=1 these tests must run; otherwise each prints a `SKIP:`
+//! line when Docker, docker-compose or the `cairn` binary is missing. tests/compose_test.sh
+//! builds the binary first and runs them.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::io::Read;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use cairn_proto::v1::orchestrator_client::OrchestratorClient;
+use cairn_proto::v1::sandbox_runner_client::SandboxRunnerClient;
+use cairn_proto::v1::{
+    CloseSessionRequest, ExecRequest, GetRunRequest, NodeState, OpenSessionRequest, RunRequest,
+    TaskState,
+};
+
+const RUNNERS: [&str; 2] = ["sandbox-runner-1", "sandbox-runner-2"];
+const WITHOUT_ORCHESTRATOR: [&str; 4] = ["artifact-store", "ingest", "sandbox-runner-1", "sandbox-runner-2"];
+const ALL: [&str; 5] = ["artifact-store", "ingest", "orchestrator", "sandbox-runner-1", "sandbox-runner-2"];
+
+fn docker_required() -> bool {
+    std::env::var("CAIRN_REQUIRE_DOCKER").is_ok_and(|v| v == "1")
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+fn show(o: &Output) -> String {
+    format!(
+        "exit {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Runs `cmd` to its end or kills it after `limit` (no test may hang).
+fn run(cmd: &mut Command, limit: Duration) -> Output {
+    let what = format!("{cmd:?}");
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+    let pipe = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let _ = r.read_to_end(&mut buf);
+            buf
+        })
+    };
+    let out = pipe(Box::new(child.stdout.take().unwrap()));
+    let err = pipe(Box::new(child.stderr.take().unwrap()));
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let o = Output {
+                status: child.wait().unwrap(),
+                stdout: out.join().unwrap(),
+                stderr: err.join().unwrap(),
+            };
+            panic!("{what} did not finish within {limit:?}: {}", show(&o));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    Output { status, stdout: out.join().unwrap(), stderr: err.join().unwrap() }
+}
+
+fn ok(cmd: &mut Command, limit: Duration) -> String {
+    let what = format!("{cmd:?}");
+    let o = run(cmd, limit);
+    assert!(o.status.success(), "{what} failed: {}", show(&o));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn docker(args: &[&str]) -> String {
+    ok(Command::new("docker").args(args), Duration::from_secs(60))
+}
+
+/// What the tests need from this machine.
+struct Host {
+    compose: Vec<String>,
+    cairn: PathBuf,
+}
+
+impl Host {
+    /// None (after a `SKIP:` line) when something is missing and Docker is not required.
+    fn probe(test: &str) -> Option<Host> {
+        let skip = |reason: String| -> Option<Host> {
+            assert!(!docker_required(), "{test}: CAIRN_REQUIRE_DOCKER=1 but {reason}");
+            println!("SKIP: {test}: {reason}");
+            None
+        };
+        let answers = |program: &str, args: &[&str]| {
+            Command::new("timeout")
+                .arg("20")
+                .arg(program)
+                .args(args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        if !answers("docker", &["info"]) {
+            return skip("the Docker engine does not answer (docker info failed)".into());
+        }
+        let compose = if answers("docker-compose", &["version"]) {
+            vec!["docker-compose".to_string()]
+        } else if answers("docker", &["compose", "version"]) {
+            vec!["docker".to_string(), "compose".to_string()]
+        } else {
+            return skip("neither docker-compose nor `docker compose` is installed".into());
+        };
+        let cairn = match std::env::var_os("CAIRN_BIN") {
+            Some(p) => PathBuf::from(p),
+            // target/debug/deps/compose_test-* -> target/debug/cairn
+            None => std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().join("cairn"),
+        };
+        if !cairn.is_file() {
+            return skip(format!(
+                "no cairn binary at {} (cargo build -p cairn-cli, or set CAIRN_BIN)",
+                cairn.display()
+            ));
+        }
+        Some(Host { compose, cairn })
+    }
+
+    fn cairn(&self) -> Command {
+        let mut c = Command::new(&self.cairn);
+        c.env_remove("CAIRN_ADDR").env_remove("CAIRN_PROJECT");
+        c
+    }
+
+    /// Does this binary have `cairn serve orchestrator` and `cairn run`?
+    fn orchestrator_missing(&self) -> Option<String> {
+        let works = |args: &[&str]| {
+            self.cairn().args(args).stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+        };
+        let mut missing = Vec::new();
+        if !works(&["serve", "orchestrator", "--help"]) {
+            missing.push("`cairn serve orchestrator`");
+        }
+        if !works(&["run", "--help"]) {
+            missing.push("`cairn run`");
+        }
+        (!missing.is_empty()).then(|| format!("{} not in this cairn binary yet", missing.join(" and ")))
+    }
+
+    /// Can the CLI address each service on its own (store, ingest, runner in other containers)?
+    fn cli_has_service_addrs(&self) -> bool {
+        let o = run(self.cairn().arg("--help"), Duration::from_secs(10));
+        let help = String::from_utf8_lossy(&o.stdout);
+        help.contains("--store-addr") && help.contains("--sandbox-addr")
+    }
+
+    /// Builds cairn-sandbox and cairn (from this binary) unless up to date; one build at a time.
+    fn build_images(&self) -> Duration {
+        let t = Instant::now();
+        let lock = std::env::temp_dir().join("cairn-build-images.lock");
+        let out = ok(
+            Command::new("flock")
+                .arg(lock)
+                .arg(repo().join("deploy/images/build-images.sh"))
+                .arg("--service")
+                .env("CAIRN_BINARY", &self.cairn),
+            Duration::from_secs(480),
+        );
+        eprintln!("{out}");
+        t.elapsed()
+    }
+}
+
+/// One compose project (unique name, its own runner ids and sandbox directory), taken down
+/// when dropped.
+struct Stack {
+    project: String,
+    compose: Vec<String>,
+    dir: tempfile::TempDir,
+    docker_gid: u32,
+    runner_ids: Vec<String>,
+    down: bool,
+}
+
+impl Stack {
+    fn new(host: &Host, tag: &str) -> Stack {
+        let project = format!("cairn-test-{tag}-{}", std::process::id());
+        let dir = tempfile::Builder::new().prefix("cairn-compose-").tempdir().unwrap();
+        std::fs::write(dir.path().join("empty.env"), "").unwrap();
+        let docker_gid = std::fs::metadata("/var/run/docker.sock").map(|m| m.gid()).unwrap_or(0);
+        let runner_ids = (1..=2).map(|i| format!("{project}-runner-{i}")).collect();
+        Stack { project, compose: host.compose.clone(), dir, docker_gid, runner_ids, down: false }
+    }
+
+    fn compose(&self) -> Command {
+        let mut c = Command::new(&self.compose[0]);
+        c.args(&self.compose[1..])
+            .arg("-f")
+            .arg(repo().join("deploy/compose/docker-compose.yml"))
+            .arg("-p")
+            .arg(&self.project)
+            // Not deploy/compose/.env: a developer's settings must not change the test.
+            .arg("--env-file")
+            .arg(self.dir.path().join("empty.env"))
+            .env("CAIRN_DOCKER_GID", self.docker_gid.to_string())
+            .env("CAIRN_SANDBOX_DIR", self.dir.path().join("sandbox"))
+            .env("CAIRN_RUNNER_ID_PREFIX", &self.project)
+            // Empty: any free port on 127.0.0.1 (see `port`).
+            .env("CAIRN_STORE_PORT", "")
+            .env("CAIRN_ORCHESTRATOR_PORT", "");
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> String {
+        let o = run(self.compose().args(args), Duration::from_secs(240));
+        assert!(o.status.success(), "compose {args:?} failed: {}\n--- logs ---\n{}", show(&o), self.logs());
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
+    fn logs(&self) -> String {
+        let o = run(self.compose().args(["logs", "--no-color", "--tail", "60"]), Duration::from_secs(60));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
+    fn up(&self, services: &[&str]) {
+        let mut args = vec!["up", "-d"];
+        args.extend_from_slice(services);
+        self.run(&args);
+    }
+
+    fn container(&self, service: &str) -> String {
+        let id = self.run(&["ps", "-q", service]).trim().to_owned();
+        assert!(!id.is_empty(), "no container for {service}");
+        id
+    }
+
+    /// Waits until every service's container is running and its HEALTHCHECK says healthy.
+    fn wait_healthy(&self, services: &[&str], limit: Duration) {
+        let deadline = Instant::now() + limit;
+        let ids: Vec<(String, String)> = services.iter().map(|s| (s.to_string(), self.container(s))).collect();
+        loop {
+            let mut waiting = Vec::new();
+            for (service, id) in &ids {
+                let state = docker(&["inspect", "-f", "{{.State.Status}} {{if .State.Health}}{{.State.Health.Status}}{{end}}", id]);
+                match state.split_whitespace().collect::<Vec<_>>()[..] {
+                    ["running", "healthy"] => {}
+                    ["running", "unhealthy"] | ["exited", ..] | ["dead", ..] => {
+                        panic!("{service} is {}:\n{}", state.trim(), self.logs())
+                    }
+                    _ => waiting.push(format!("{service}: {}", state.trim())),
+                }
+            }
+            if waiting.is_empty() {
+                return;
+            }
+            assert!(Instant::now() < deadline, "not healthy within {limit:?}: {waiting:?}\n{}", self.logs());
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+
+    /// 127.0.0.1:PORT published for the service's 7070.
+    fn published(&self, service: &str) -> String {
+        let addr = self.run(&["port", service, "7070"]).trim().to_owned();
+        assert!(addr.starts_with("127.0.0.1:"), "{service} published on {addr:?}, expected 127.0.0.1 only");
+        addr
+    }
+
+    /// The container's address on one of its networks (the host reaches compose bridge
+    /// networks directly, internal ones included): for services that publish no port.
+    fn reach(&self, service: &str) -> String {
+        let ips = docker(&[
+            "inspect",
+            "-f",
+            "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}",
+            &self.container(service),
+        ]);
+        let ip = ips.split_whitespace().next().unwrap_or_else(|| panic!("{service} has no address"));
+        format!("{ip}:7070")
+    }
+
+    /// Names of sandbox containers (any state) labelled with this stack's runner ids.
+    fn sandbox_containers(&self) -> Vec<String> {
+        let mut names = Vec::new();
+        for id in &self.runner_ids {
+            let out = docker(&["ps", "-a", "--filter", &format!("label=cairn.runner_id={id}"), "--format", "{{.Names}}"]);
+            names.extend(out.lines().map(str::to_owned));
+        }
+        names
+    }
+
+    fn volume(&self) -> String {
+        format!("{}_store-data", self.project)
+    }
+
+    /// `docker-compose down -v`; returns how long it took.
+    fn down(&mut self) -> Duration {
+        let t = Instant::now();
+        self.run(&["down", "-v", "--remove-orphans"]);
+        self.down = true;
+        t.elapsed()
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        if !self.down {
+            let _ = run(self.compose().args(["down", "-v", "--remove-orphans", "-t", "5"]), Duration::from_secs(120));
+        }
+        // Whatever a failed test left: never leak containers onto the engine.
+        for name in self.sandbox_containers() {
+            let _ = Command::new("docker").args(["rm", "-f", "-v", &name]).output();
+        }
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+async fn runner_client(addr: &str) -> SandboxRunnerClient<tonic::transport::Channel> {
+    SandboxRunnerClient::new(cairn_server::connect(addr).unwrap())
+}
+
+/// `docker-compose up`, then from the host: `cairn store` against the published store, `cairn
+/// ingest` against the ingest container, code on both runners (sibling containers through the
+/// host's Docker socket) and a session whose workspace is a host path, the files found in the
+/// store's named volume; `docker-compose down -v` leaves no sandbox container and no volume.
+#[test]
+fn compose_stack_serves_the_cli_and_leaves_nothing_behind() {
+    let test = "compose_stack_serves_the_cli_and_leaves_nothing_behind";
+    let Some(host) = Host::probe(test) else { return };
+    let t0 = Instant::now();
+    let images = host.build_images();
+
+    let orchestrator_missing = host.orchestrator_missing();
+    let services: &[&str] = match &orchestrator_missing {
+        None => &ALL,
+        Some(why) => {
+            println!("SKIP: {test}: the orchestrator service is left out ({why})");
+            &WITHOUT_ORCHESTRATOR
+        }
+    };
+    let mut stack = Stack::new(&host, "cli");
+    let t_up = Instant::now();
+    stack.up(services);
+    stack.wait_healthy(services, Duration::from_secs(120));
+    let up = t_up.elapsed();
+    let store = stack.published("artifact-store");
+    if orchestrator_missing.is_none() {
+        let orch = stack.published("orchestrator");
+        ok(host.cairn().args(["--addr", &orch, "health"]), Duration::from_secs(20));
+    }
+    let work = stack.dir.path();
+
+    // The store, from the host through its published port.
+    let hello = work.join("hello.txt");
+    std::fs::write(&hello, "héllo from the host\n").unwrap();
+    ok(host.cairn().args(["--addr", &store, "store", "put"]).arg(&hello).arg("docs/compose/hello.txt"), Duration::from_secs(30));
+    let got = work.join("got.txt");
+    ok(host.cairn().args(["--addr", &store, "store", "get", "docs/compose/hello.txt"]).arg(&got), Duration::from_secs(30));
+    assert_eq!(std::fs::read(&got).unwrap(), std::fs::read(&hello).unwrap());
+    let refused = run(host.cairn().args(["--addr", &store, "store", "put"]).arg(&got).arg("docs/../escape.txt"), Duration::from_secs(30));
+    assert!(!refused.status.success(), "a traversal path was accepted: {}", show(&refused));
+
+    // ingest, in its container, writing through the store container.
+    let run_id = format!("compose-{}", std::process::id());
+    let doc = work.join("doc.md");
+    std::fs::write(
+        &doc,
+        "# compose\n\n```python file=src/hello.py\nprint('hello from ingest')\n```\n\n```text file=../escape.txt\nno\n```\n",
+    )
+    .unwrap();
+    let manifest = ok(
+        host.cairn()
+            .args(["--addr", &stack.reach("ingest"), "--json", "ingest"])
+            .arg(&doc)
+            .args(["--run", &run_id, "--node", "n1"]),
+        Duration::from_secs(30),
+    );
+    let manifest: serde_json::Value = serde_json::from_str(&manifest).unwrap();
+    assert_eq!(manifest["summary"]["written"], 1, "{manifest}");
+    assert_eq!(manifest["summary"]["rejected"], 1, "{manifest}");
+    let listed = ok(host.cairn().args(["--addr", &store, "store", "ls", "-r", "workspace"]), Duration::from_secs(30));
+    assert!(listed.contains("workspace/src/hello.py"), "{listed}");
+
+    // Both runners start sandboxes as siblings through the host's Docker socket.
+    let rt = runtime();
+    for (service, runner_id) in RUNNERS.iter().zip(&stack.runner_ids) {
+        let addr = stack.reach(service);
+        let result = rt.block_on(async {
+            runner_client(&addr)
+                .await
+                .run(RunRequest {
+                    run_id: run_id.clone(),
+                    node_id: format!("on-{service}"),
+                    language: "python".into(),
+                    code: "print(1)\nopen('/output/result.txt', 'w').write('ok')\n".into(),
+                    ..Default::default()
+                })
+                .await
+        });
+        let result = result.unwrap_or_else(|e| panic!("{service}: {e}\n{}", stack.logs())).into_inner();
+        assert_eq!(result.exit_code, 0, "{service}: {result:?}");
+        assert_eq!(String::from_utf8_lossy(&result.stdout), "1\n");
+        assert_eq!(&result.runner_id, runner_id);
+        assert_eq!(result.backend, "docker");
+        let files: Vec<(&str, &[u8])> = result.output_files.iter().map(|f| (f.path.as_str(), &f.content[..])).collect();
+        assert_eq!(files, vec![("result.txt", &b"ok"[..])]);
+    }
+
+    // A session bind-mounts its task directory: the work_root is the same path on the host.
+    let addr = stack.reach("sandbox-runner-1");
+    let exec = rt.block_on(async {
+        let mut c = runner_client(&addr).await;
+        let s = c
+            .open_session(OpenSessionRequest { run_id: run_id.clone(), node_id: "session".into(), ..Default::default() })
+            .await?
+            .into_inner();
+        let r = c
+            .exec(ExecRequest {
+                session_id: s.session_id.clone(),
+                command: "echo written > /workspace/a.txt && cat /workspace/a.txt && id -u".into(),
+                ..Default::default()
+            })
+            .await?
+            .into_inner();
+        c.close_session(CloseSessionRequest { session_id: s.session_id, ..Default::default() }).await?;
+        Ok::<_, tonic::Status>(r)
+    });
+    let exec = exec.unwrap_or_else(|e| panic!("session: {e}\n{}", stack.logs()));
+    assert_eq!(exec.exit_code, 0, "{exec:?}");
+    assert_eq!(String::from_utf8_lossy(&exec.stdout), "written\n10001\n");
+
+    // `cairn sandbox run` needs the store and a runner, which compose puts at two addresses.
+    if host.cli_has_service_addrs() {
+        let sandbox_run = format!("{run_id}-cli");
+        let out = ok(
+            host.cairn().args([
+                "--store-addr",
+                &store,
+                "--sandbox-addr",
+                &stack.reach("sandbox-runner-2"),
+                "--json",
+                "sandbox",
+                "run",
+                "--code",
+                "print(1)\nopen('/output/cli.txt', 'w').write('cli')",
+                "--run",
+                &sandbox_run,
+            ]),
+            Duration::from_secs(60),
+        );
+        let summary: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(summary["exit_code"], 0, "{summary}");
+        ok(
+            host.cairn().args(["--addr", &store, "store", "stat", &format!(".cairn/runs/{sandbox_run}/sandbox/result.json")]),
+            Duration::from_secs(30),
+        );
+    } else {
+        println!(
+            "SKIP: {test}: `cairn sandbox run` against compose (the CLI has no --store-addr/--sandbox-addr to reach the store and a runner at different addresses)"
+        );
+    }
+
+    // The files are in the named volume, where a backup would find them.
+    let base = std::env::var("CAIRN_BASE_IMAGE").unwrap_or_else(|_| "cairn-base:bookworm".into());
+    let found = docker(&[
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "-v",
+        &format!("{}:/data:ro", stack.volume()),
+        &base,
+        "find",
+        "/data/projects/default",
+        "-type",
+        "f",
+    ]);
+    for path in ["docs/compose/hello.txt", "workspace/src/hello.py", &format!(".cairn/runs/{run_id}/ingest/n1.json")] {
+        assert!(found.lines().any(|l| l == format!("/data/projects/default/{path}")), "{path} not in the volume:\n{found}");
+    }
+    assert!(!found.contains("escape.txt"), "{found}");
+
+    let down = stack.down();
+    let left = stack.sandbox_containers();
+    assert!(left.is_empty(), "sandbox containers left after down: {left:?}");
+    let volumes = docker(&["volume", "ls", "-q", "--filter", &format!("name={}", stack.volume())]);
+    assert!(volumes.trim().is_empty(), "volume left after down -v: {volumes}");
+    eprintln!(
+        "{test}: images {:.1}s, up+healthy {:.1}s, down {:.1}s, total {:.1}s",
+        images.as_secs_f64(),
+        up.as_secs_f64(),
+        down.as_secs_f64(),
+        t0.elapsed().as_secs_f64()
+    );
+}
+
+/// `docker-compose down` while sandboxes run: each runner gets SIGTERM and must remove its
+/// containers (runs and sessions) before its stop_grace_period ends, else Docker SIGKILLs it
+/// and they stay behind.
+#[test]
+fn compose_down_removes_sandboxes_in_flight() {
+    let test = "compose_down_removes_sandboxes_in_flight";
+    let Some(host) = Host::probe(test) else { return };
+    host.build_images();
+    let mut stack = Stack::new(&host, "down");
+    stack.up(&RUNNERS);
+    stack.wait_healthy(&RUNNERS, Duration::from_secs(90));
+
+    let rt = runtime();
+    let mut calls = Vec::new();
+    for service in RUNNERS {
+        let addr = stack.reach(service);
+        calls.push(rt.spawn(async move {
+            runner_client(&addr)
+                .await
+                .run(RunRequest {
+                    run_id: "down-test".into(),
+                    node_id: "sleeper".into(),
+                    language: "python".into(),
+                    code: "import time\nprint('started', flush=True)\ntime.sleep(300)\n".into(),
+                    limits: Some(cairn_proto::v1::Limits { timeout_ms: 300_000, ..Default::default() }),
+                    ..Default::default()
+                })
+                .await
+        }));
+    }
+    let addr = stack.reach("sandbox-runner-1");
+    rt.block_on(async {
+        runner_client(&addr)
+            .await
+            .open_session(OpenSessionRequest { run_id: "down-test".into(), node_id: "session".into(), ..Default::default() })
+            .await
+    })
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while stack.sandbox_containers().len() < 3 {
+        assert!(Instant::now() < deadline, "sandboxes did not start: {:?}\n{}", stack.sandbox_containers(), stack.logs());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    let down = stack.down();
+    let left = stack.sandbox_containers();
+    assert!(
+        left.is_empty(),
+        "after `docker-compose down` ({down:.1?}) these sandbox containers are still there: {left:?}; \
+         on SIGTERM the runner must stop and remove its sandboxes itself (in-flight runs included) \
+         within its stop_grace_period (30 s)"
+    );
+    for call in calls {
+        // The calls ended (with whatever answer) instead of hanging on a dead runner.
+        let _ = rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), call).await }).expect("Run call still open");
+    }
+    eprintln!("{test}: down with 3 sandboxes in flight took {:.1}s", down.as_secs_f64());
+}
+
+/// `cairn run` against compose while one runner is killed mid-run: the run completes on the
+/// other runner; the restarted runner removes what its predecessor left; `down` leaves nothing.
+#[test]
+fn compose_run_completes_when_a_runner_dies() {
+    let test = "compose_run_completes_when_a_runner_dies";
+    let Some(host) = Host::probe(test) else { return };
+    if let Some(why) = host.orchestrator_missing() {
+        println!("SKIP: {test}: {why}");
+        return;
+    }
+    host.build_images();
+    let mut stack = Stack::new(&host, "failover");
+    stack.up(&ALL);
+    stack.wait_healthy(&ALL, Duration::from_secs(120));
+    let orch = stack.published("orchestrator");
+    let store = stack.published("artifact-store");
+    let runner_1 = stack.container("sandbox-runner-1");
+
+    let log = stack.dir.path().join("cairn-run.log");
+    let mut child = host
+        .cairn()
+        .args(["--addr", &orch, "--json", "run"])
+        .arg(repo().join("tests/compose/failover.yaml"))
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(std::fs::File::create(log.with_extension("err")).unwrap())
+        .spawn()
+        .unwrap();
+    let output = |log: &Path| {
+        format!(
+            "{}\n{}",
+            std::fs::read_to_string(log).unwrap_or_default(),
+            std::fs::read_to_string(log.with_extension("err")).unwrap_or_default()
+        )
+    };
+
+    // Kill runner 1 (SIGKILL: no clean-up) once it is running a node of the run.
+    let label = |c: &str, key: &str| docker(&["inspect", "-f", &format!("{{{{index .Config.Labels \"{key}\"}}}}"), c]).trim().to_owned();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let run_id = loop {
+        let busy = docker(&["ps", "-q", "--filter", &format!("label=cairn.runner_id={}", stack.runner_ids[0]), "--filter", "label=cairn.kind=run"]);
+        if let Some(c) = busy.lines().next() {
+            break label(c, "cairn.run_id");
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("cairn run ended ({status}) before runner 1 got work: {}\n{}", output(&log), stack.logs());
+        }
+        assert!(Instant::now() < deadline, "runner 1 got no work: {}\n{}", output(&log), stack.logs());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    docker(&["kill", &runner_1]);
+    let killed = Instant::now();
+
+    // Which runners ran nodes of this run (seen while their containers exist).
+    let mut runners_seen = BTreeSet::new();
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let status = loop {
+        let ids = docker(&["ps", "-a", "--filter", &format!("label=cairn.run_id={run_id}"), "--format", "{{.Label \"cairn.runner_id\"}}"]);
+        runners_seen.extend(ids.lines().map(str::to_owned));
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("cairn run did not end within 240 s: {}\n{}", output(&log), stack.logs());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(status.success(), "cairn run failed ({status}): {}\n{}", output(&log), stack.logs());
+    assert!(runners_seen.contains(&stack.runner_ids[1]), "runner 2 ran nothing: {runners_seen:?}");
+
+    let rt = runtime();
+    let info = rt
+        .block_on(async {
+            OrchestratorClient::new(cairn_server::connect(&orch).unwrap())
+                .get_run(GetRunRequest { project_id: "default".into(), run_id: run_id.clone() })
+                .await
+        })
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.state(), TaskState::Completed, "{info:?}");
+    assert_eq!(info.nodes.len(), 6, "{info:?}");
+    for node in &info.nodes {
+        assert_eq!(node.state(), NodeState::Succeeded, "{node:?}");
+    }
+    // The node in flight on runner 1 when it died was tried again.
+    let retried: Vec<&str> = info.nodes.iter().filter(|n| n.attempts >= 2).map(|n| n.id.as_str()).collect();
+    assert!(!retried.is_empty(), "no node needed a second attempt, so none was cut off by the kill: {info:?}");
+    eprintln!(
+        "{test}: run {run_id} completed {:.1}s after the kill; nodes retried: {retried:?}; runners seen: {runners_seen:?}",
+        killed.elapsed().as_secs_f64()
+    );
+    let listed = ok(host.cairn().args(["--addr", &store, "store", "ls", "-r", &format!("docs/artifacts/{run_id}")]), Duration::from_secs(30));
+    for n in 1..=6 {
+        assert!(listed.contains(&format!("docs/artifacts/{run_id}/n{n}/done.txt")), "n{n} output missing:\n{listed}");
+    }
+
+    // The killed runner's sandbox outlived it; its successor (same runner id) removes it.
+    stack.run(&["start", "sandbox-runner-1"]);
+    stack.wait_healthy(&["sandbox-runner-1"], Duration::from_secs(60));
+    let logs = stack.run(&["logs", "--no-color", "sandbox-runner-1"]);
+    assert!(logs.contains("leftover containers"), "no start-up sweep logged:\n{logs}");
+    let still = docker(&["ps", "-a", "-q", "--filter", &format!("label=cairn.runner_id={}", stack.runner_ids[0])]);
+    assert!(still.trim().is_empty(), "runner 1's leftovers survived its restart: {still}");
+
+    stack.down();
+    let left = stack.sandbox_containers();
+    assert!(left.is_empty(), "sandbox containers left after down: {left:?}");
+}
+
+/// The failover graph is one the orchestrator accepts (checked without Docker).
+#[test]
+fn failover_graph_is_valid() {
+    let yaml = std::fs::read_to_string(repo().join("tests/compose/failover.yaml")).unwrap();
+    let graph = cairn_orchestrator::graph::Graph::from_yaml(&yaml, "r1", &Default::default())
+        .unwrap_or_else(|e| panic!("tests/compose/failover.yaml: {e:?}"));
+    assert_eq!(graph.nodes.len(), 6);
+}

@@ -1,0 +1,218 @@
+//! The Kubernetes manifests (deploy/k8s, issue 7): rendered and validated by validate.sh
+//! against the Kubernetes schemas, strict; the validator and cairn's rule check shown to reject
+//! broken manifests; and the ConfigMaps' TOML files accepted by each service's own `Config`.
+//! Needs python3 and, once, PyPI (validate.sh sets up its venv).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+fn validate_sh() -> PathBuf {
+    repo().join("deploy/k8s/validate.sh")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "exit {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// The venv's python (validate.sh creates the venv on first use).
+fn python() -> PathBuf {
+    let out = Command::new("bash").arg(validate_sh()).arg("--venv").output().unwrap();
+    assert!(out.status.success(), "validate.sh --venv failed: {}", text(&out));
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+/// Renders `target` (base, overlays/dev) with the bundled renderer into `dir`.
+fn render(py: &Path, target: &str, dir: &Path) -> PathBuf {
+    let out = Command::new(py)
+        .arg(repo().join("deploy/k8s/tools/kustomize_lite.py"))
+        .arg("render")
+        .arg(repo().join("deploy/k8s").join(target))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "render {target}: {}", text(&out));
+    let file = dir.join(format!("{}.yaml", target.replace('/', "-")));
+    std::fs::write(&file, &out.stdout).unwrap();
+    file
+}
+
+/// Rewrites a YAML stream with a Python expression over `docs` (the list of objects).
+fn mutate(py: &Path, file: &Path, to: &Path, statement: &str) {
+    let script = format!(
+        "import sys, yaml\ndocs = list(yaml.safe_load_all(open(sys.argv[1])))\n{statement}\nyaml.safe_dump_all(docs, open(sys.argv[2], 'w'))\n"
+    );
+    let out = Command::new(py).arg("-c").arg(script).arg(file).arg(to).output().unwrap();
+    assert!(out.status.success(), "mutating {}: {}", file.display(), text(&out));
+}
+
+#[test]
+fn kubernetes_manifests_render_and_validate() {
+    let out = Command::new("bash").arg(validate_sh()).output().unwrap();
+    assert!(out.status.success(), "deploy/k8s/validate.sh failed: {}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for target in ["base", "overlays/dev"] {
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("validate: {target}: ")))
+            .unwrap_or_else(|| panic!("no result line for {target}: {}", text(&out)));
+        assert!(line.contains("rules kept") && line.contains("schema-valid (strict)"), "{line}");
+    }
+    eprintln!("{stdout}");
+}
+
+/// The same script with the bundled renderer alone, as on a machine without kubectl.
+#[test]
+fn kubernetes_manifests_validate_without_kubectl() {
+    let out = Command::new("bash")
+        .arg(validate_sh())
+        .env("CAIRN_K8S_REFERENCE", "none")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "validate.sh (no reference renderer) failed: {}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("no kubectl/kustomize here"), "{}", text(&out));
+}
+
+#[test]
+fn validation_rejects_broken_manifests() {
+    let py = python();
+    let dir = tempfile::tempdir().unwrap();
+    let good = render(&py, "base", dir.path());
+    let venv_bin = py.parent().unwrap();
+    let schema = |file: &Path| {
+        Command::new(venv_bin.join("kubernetes-validate"))
+            .args(["--strict", "--quiet", "-k", "1.28.0"])
+            .arg(file)
+            .output()
+            .unwrap()
+    };
+    let rules = |file: &Path| {
+        Command::new(&py)
+            .arg(repo().join("deploy/k8s/tools/kustomize_lite.py"))
+            .arg("check")
+            .arg(file)
+            .output()
+            .unwrap()
+    };
+    assert!(schema(&good).status.success(), "{}", text(&schema(&good)));
+    assert!(rules(&good).status.success(), "{}", text(&rules(&good)));
+
+    // A misspelt field: strict schema validation refuses it.
+    let typo = dir.path().join("typo.yaml");
+    mutate(
+        &py,
+        &good,
+        &typo,
+        "d = [o for o in docs if o['kind'] == 'Deployment'][0]\nc = d['spec']['template']['spec']['containers'][0]\nc['imagePulPolicy'] = c.pop('imagePullPolicy')",
+    );
+    let out = schema(&typo);
+    assert!(!out.status.success(), "a misspelt field passed: {}", text(&out));
+    assert!(text(&out).contains("imagePulPolicy"), "{}", text(&out));
+
+    // Each rule of cairn's check, broken once.
+    let cases: &[(&str, &str)] = &[
+        (
+            "for o in docs:\n    if o['kind'] == 'Deployment' and o['metadata']['name'] == 'ingest':\n        o['spec']['template']['spec']['containers'][0]['securityContext']['readOnlyRootFilesystem'] = False",
+            "readOnlyRootFilesystem must be true",
+        ),
+        (
+            "for o in docs:\n    if o['kind'] == 'StatefulSet':\n        o['spec']['replicas'] = 2",
+            "replicas must be 1 (the single writer)",
+        ),
+        (
+            "docs[:] = [o for o in docs if not (o['kind'] == 'NetworkPolicy' and o['metadata']['name'] == 'default-deny' and o['metadata']['namespace'] == 'cairn-sandbox')]",
+            "namespace cairn-sandbox: no default-deny NetworkPolicy",
+        ),
+        (
+            "for o in docs:\n    if o['kind'] == 'Deployment' and o['metadata']['name'] == 'sandbox-runner':\n        o['spec']['template']['spec'].pop('tolerations')",
+            "no toleration for the cairn.dev/sandbox taint",
+        ),
+        (
+            "for o in docs:\n    if o['kind'] == 'Service' and o['metadata']['name'] == 'sandbox-runner':\n        o['spec'].pop('clusterIP')",
+            "must be headless",
+        ),
+        (
+            "for o in docs:\n    if o['kind'] == 'Deployment' and o['metadata']['name'] == 'orchestrator':\n        o['spec']['template']['spec']['securityContext']['runAsNonRoot'] = False",
+            "runAsNonRoot must be true in restricted namespace cairn",
+        ),
+        (
+            "for o in docs:\n    if o['kind'] == 'Deployment' and o['metadata']['name'] == 'orchestrator':\n        o['spec']['template']['spec']['containers'][0]['livenessProbe'] = {'tcpSocket': {'port': 7070}}",
+            "livenessProbe must be a native gRPC probe",
+        ),
+        (
+            "for o in docs:\n    if o['kind'] == 'ServiceAccount':\n        o['automountServiceAccountToken'] = True",
+            "automountServiceAccountToken must be false",
+        ),
+        (
+            "for o in docs:\n    if o['kind'] == 'Deployment' and o['metadata']['name'] == 'ingest':\n        o['spec']['template']['spec']['containers'][0]['resources'].pop('limits')",
+            "resources.limits.memory missing",
+        ),
+    ];
+    for (i, (statement, expected)) in cases.iter().enumerate() {
+        let broken = dir.path().join(format!("broken-{i}.yaml"));
+        mutate(&py, &good, &broken, statement);
+        let out = rules(&broken);
+        assert!(!out.status.success(), "rule `{expected}` not enforced: {}", text(&out));
+        assert!(text(&out).contains(expected), "expected `{expected}`: {}", text(&out));
+    }
+}
+
+/// Extracts `data` of ConfigMap `name` from a rendered stream.
+fn config_map(py: &Path, rendered: &Path, namespace: &str, name: &str) -> serde_json::Value {
+    let script = "import sys, yaml, json\nfor o in yaml.safe_load_all(open(sys.argv[1])):\n    m = o['metadata']\n    if o['kind'] == 'ConfigMap' and m['name'] == sys.argv[3] and m.get('namespace') == sys.argv[2]:\n        print(json.dumps(o['data']))\n";
+    let out = Command::new(py)
+        .arg("-c")
+        .arg(script)
+        .arg(rendered)
+        .arg(namespace)
+        .arg(name)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("ConfigMap {namespace}/{name} not found ({e}): {}", text(&out)))
+}
+
+#[test]
+fn configmap_configs_load_in_each_service() {
+    let py = python();
+    let dir = tempfile::tempdir().unwrap();
+    let rendered = render(&py, "base", dir.path());
+    let core = config_map(&py, &rendered, "cairn", "cairn-config");
+    let sandbox = config_map(&py, &rendered, "cairn-sandbox", "sandbox-runner-config");
+    let write = |name: &str, data: &serde_json::Value| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, data[name].as_str().unwrap_or_else(|| panic!("{name} missing"))).unwrap();
+        path
+    };
+
+    let store = cairn_artifact_store::Config::load(Some(&write("artifact-store.toml", &core))).unwrap();
+    assert_eq!(store.data_root, PathBuf::from("/var/lib/cairn/data"));
+    assert_eq!(store.listen.port(), 7070);
+
+    let ingest = cairn_ingest::Config::load(Some(&write("ingest.toml", &core))).unwrap();
+    assert_eq!(ingest.store_addr, "http://artifact-store:7070");
+
+    let orchestrator = cairn_orchestrator::Config::load(Some(&write("orchestrator.toml", &core))).unwrap();
+    assert_eq!(orchestrator.store_addr, "http://artifact-store:7070");
+    assert_eq!(orchestrator.ingest_addr, "http://ingest:7070");
+    assert_eq!(
+        orchestrator.sandbox_addrs,
+        vec!["sandbox-runner.cairn-sandbox.svc.cluster.local:7070".to_string()]
+    );
+
+    let runner = cairn_sandbox_runner::Config::load(Some(&write("sandbox-runner.toml", &sandbox))).unwrap();
+    assert_eq!(runner.backend, cairn_sandbox_runner::BackendChoice::Docker);
+    assert_eq!(runner.work_root, PathBuf::from("/var/lib/cairn-sandbox"));
+    assert!(!runner.network_allowed);
+    assert_eq!(runner.default_limits().timeout_ms, 30_000);
+    assert_eq!(runner.max_limits().timeout_ms, 1_800_000);
+}
