@@ -304,6 +304,15 @@ impl Stack {
         format!("{}_store-data", self.project)
     }
 
+    /// Files of project `default` in the store's named volume, read by a throwaway container.
+    fn volume_files(&self) -> BTreeSet<String> {
+        let base = std::env::var("CAIRN_BASE_IMAGE").unwrap_or_else(|_| "cairn-base:bookworm".into());
+        let mount = format!("{}:/data:ro", self.volume());
+        let root = "/data/projects/default/";
+        let found = docker(&["run", "--rm", "--network", "none", "-v", &mount, &base, "find", root, "-type", "f"]);
+        found.lines().filter_map(|l| l.strip_prefix(root)).map(str::to_owned).collect()
+    }
+
     /// `docker-compose down -v`; returns how long it took.
     fn down(&mut self) -> Duration {
         let t = Instant::now();
@@ -475,24 +484,11 @@ fn compose_stack_serves_the_cli_and_leaves_nothing_behind() {
     }
 
     // The files are in the named volume, where a backup would find them.
-    let base = std::env::var("CAIRN_BASE_IMAGE").unwrap_or_else(|_| "cairn-base:bookworm".into());
-    let found = docker(&[
-        "run",
-        "--rm",
-        "--network",
-        "none",
-        "-v",
-        &format!("{}:/data:ro", stack.volume()),
-        &base,
-        "find",
-        "/data/projects/default",
-        "-type",
-        "f",
-    ]);
+    let found = stack.volume_files();
     for path in ["docs/compose/hello.txt", "workspace/src/hello.py", &format!(".cairn/runs/{run_id}/ingest/n1.json")] {
-        assert!(found.lines().any(|l| l == format!("/data/projects/default/{path}")), "{path} not in the volume:\n{found}");
+        assert!(found.contains(path), "{path} not in the volume: {found:?}");
     }
-    assert!(!found.contains("escape.txt"), "{found}");
+    assert!(!found.iter().any(|p| p.contains("escape.txt")), "{found:?}");
 
     let down = stack.down();
     let left = stack.sandbox_containers();
@@ -506,6 +502,51 @@ fn compose_stack_serves_the_cli_and_leaves_nothing_behind() {
         down.as_secs_f64(),
         t0.elapsed().as_secs_f64()
     );
+}
+
+/// The README's example through compose: `cairn run examples/hello/graph.yaml` from the host
+/// against the published orchestrator (agent replayed from its cassette, ingest, a sandbox run
+/// on a runner container, the gate approved), completed, its files in the store's volume.
+#[test]
+fn compose_runs_the_example() {
+    let test = "compose_runs_the_example";
+    let Some(host) = Host::probe(test) else { return };
+    if let Some(why) = host.orchestrator_missing() {
+        println!("SKIP: {test}: {why}");
+        return;
+    }
+    host.build_images();
+    let mut stack = Stack::new(&host, "example");
+    stack.up(&ALL);
+    stack.wait_healthy(&ALL, Duration::from_secs(120));
+    let orch = stack.published("orchestrator");
+    let run_id = format!("compose-example-{}", std::process::id());
+    let t = Instant::now();
+    let out = run(
+        host.cairn()
+            .args(["--addr", &orch, "--json", "run"])
+            .arg(repo().join("examples/hello/graph.yaml"))
+            .args(["--run-id", &run_id, "--approve-gates"]),
+        Duration::from_secs(240),
+    );
+    assert!(out.status.success(), "cairn run of the example failed: {}\n--- logs ---\n{}", show(&out), stack.logs());
+    let info: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", show(&out)));
+    assert_eq!(info["state"], "completed", "{info}");
+
+    let found = stack.volume_files();
+    for path in [
+        format!("docs/hello/{run_id}/design.md"),
+        format!("docs/hello/{run_id}/report.md"),
+        "workspace/hello/greeter.py".to_string(),
+        "workspace/hello/test_greeter.py".to_string(),
+        format!(".cairn/runs/{run_id}/events.jsonl"),
+    ] {
+        assert!(found.contains(&path), "{path} not in the store volume: {found:?}");
+    }
+    stack.down();
+    let left = stack.sandbox_containers();
+    assert!(left.is_empty(), "sandbox containers left after down: {left:?}");
+    eprintln!("{test}: the example ran in {:.1}s", t.elapsed().as_secs_f64());
 }
 
 /// `docker-compose down` while sandboxes run: each runner gets SIGTERM and must remove its

@@ -65,7 +65,7 @@ enum Cmd {
         #[arg(long)]
         work: PathBuf,
         /// Repetitions of the large-file measurements (the median is reported).
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, default_value_t = 5)]
         reps: usize,
         /// Number of 4 KiB files per small-file measurement.
         #[arg(long, default_value_t = 3000)]

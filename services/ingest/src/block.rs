@@ -203,14 +203,25 @@ pub fn parse(doc: &[u8], limits: &Limits, policy: &Policy) -> Vec<Block> {
         }
         let Some(key) = &keys[i] else { continue };
         if last.get(key.as_str()) != Some(&i) {
-            b.set(BlockStatus::Skipped, reason::SUPERSEDED, "a later block declares the same file");
+            b.set(
+                BlockStatus::Skipped,
+                reason::SUPERSEDED,
+                "a later block declares the same file",
+            );
         } else if let Err((_, rejection)) = path_check {
-            b.set(BlockStatus::Rejected, rejection.reason.as_str(), rejection.message);
+            b.set(
+                BlockStatus::Rejected,
+                rejection.reason.as_str(),
+                rejection.message,
+            );
         } else if b.bytes > limits.max_block_bytes {
             b.set(
                 BlockStatus::Rejected,
                 reason::TOO_LARGE,
-                format!("the block is {} bytes, over the limit of {} (max_block_bytes)", b.bytes, limits.max_block_bytes),
+                format!(
+                    "the block is {} bytes, over the limit of {} (max_block_bytes)",
+                    b.bytes, limits.max_block_bytes
+                ),
             );
         }
     }

@@ -77,7 +77,11 @@ pub fn scan(doc: &[u8]) -> Vec<Fenced> {
             None => {
                 if let Some(fence) = opening(line) {
                     let entry = if fence.rest.contains(&b'=') {
-                        found.push(Fenced { header: header_of(line, &fence), content: end..doc.len(), terminated: false });
+                        found.push(Fenced {
+                            header: header_of(line, &fence),
+                            content: end..doc.len(),
+                            terminated: false,
+                        });
                         Some(found.len() - 1)
                     } else {
                         None
@@ -347,7 +351,11 @@ mod tests {
             "[ a`~=\r]{0,8}",
         ];
         (prop::collection::vec(line, 0..40), any::<bool>()).prop_map(|(lines, bom)| {
-            let mut doc = if bom { "\u{feff}".to_owned() } else { String::new() };
+            let mut doc = if bom {
+                "\u{feff}".to_owned()
+            } else {
+                String::new()
+            };
             doc.push_str(&lines.join("\n"));
             doc.into_bytes()
         })

@@ -12,9 +12,10 @@ use crate::store::{StoreClient, StoreError};
 /// The project-wide flag document.
 pub const PROJECT_FLAG_PATH: &str = ".cairn/ingest.json";
 
-/// The flag document of one run.
+/// The flag document of one run (beside, not inside, `ingest/`: a node may be called
+/// anything, and `ingest/<node_id>.json` are its manifests).
 pub fn run_flag_path(run_id: &str) -> String {
-    format!(".cairn/runs/{run_id}/ingest/enabled.json")
+    format!(".cairn/runs/{run_id}/ingest.json")
 }
 
 /// Largest flag document read (they are a few dozen bytes).

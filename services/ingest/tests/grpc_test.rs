@@ -424,15 +424,33 @@ async fn feature_flag_per_project_and_per_run() {
     .unwrap();
     assert_eq!(doc["enabled"], false);
     let doc: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(
-            store
-                .project("demo")
-                .join(".cairn/runs/r2/ingest/enabled.json"),
-        )
-        .unwrap(),
+        &std::fs::read(store.project("demo").join(".cairn/runs/r2/ingest.json")).unwrap(),
     )
     .unwrap();
     assert_eq!(doc["enabled"], true);
+    // A node may be called anything, "enabled" and "ingest" too: manifests never clobber flags.
+    for node in ["enabled", "ingest"] {
+        let mut req = request("demo", "r2", b"```py file=b.py\ny\n```\n");
+        req.node_id = node.into();
+        assert!(
+            ingest
+                .client
+                .ingest(req)
+                .await
+                .unwrap()
+                .into_inner()
+                .enabled
+        );
+        assert!(
+            ingest
+                .client
+                .get_enabled(get("r2"))
+                .await
+                .unwrap()
+                .into_inner()
+                .enabled
+        );
+    }
     ingest.server.stop().await;
 
     // A service whose default is off: nothing happens until a project or run enables it.
@@ -492,6 +510,31 @@ async fn document_read_from_doc_path() {
     assert_eq!(last["type"], "ingest.failed");
     assert_eq!(last["reason"], "io_error");
     ingest.server.stop().await;
+
+    // A stored document over max_document_bytes: one too_large entry for it, nothing parsed.
+    let mut config = common::config(&store.addr());
+    config.max_document_bytes = 10;
+    let mut small = Ingest::start(config).await;
+    let mut req = request("demo", "r3", b"");
+    req.doc_path = "docs/answer.md".into();
+    let reply = small.client.ingest(req).await.unwrap().into_inner();
+    let doc = std::fs::read(store.project("demo").join("docs/answer.md")).unwrap();
+    assert_eq!(reply.artifacts.len(), 1);
+    let a = &reply.artifacts[0];
+    assert_eq!(
+        (a.status(), a.reason.as_str(), a.bytes, a.sha256.as_str()),
+        (
+            BlockStatus::Rejected,
+            "too_large",
+            doc.len() as u64,
+            sha256_hex(&doc).as_str()
+        )
+    );
+    assert_eq!(reply.level(), Level::Error);
+    let events = store.events("demo", "r3");
+    assert_eq!(events.last().unwrap()["type"], "ingest.failed");
+    assert_eq!(events.last().unwrap()["reason"], "too_large");
+    small.server.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -92,17 +92,24 @@ impl OneBotConfig {
     /// Checks the section; the message names the key to fix.
     pub fn check(&self) -> Result<(), String> {
         if !self.api_base.is_empty() {
-            let url = reqwest::Url::parse(&self.api_base).map_err(|e| format!("onebot.api_base `{}` is not a URL: {e}", self.api_base))?;
+            let url = reqwest::Url::parse(&self.api_base)
+                .map_err(|e| format!("onebot.api_base `{}` is not a URL: {e}", self.api_base))?;
             if !matches!(url.scheme(), "http" | "https") {
                 return Err("onebot.api_base must be an http:// or https:// URL".into());
             }
         }
         if self.call_timeout_ms == 0 || self.connect_timeout_ms == 0 {
-            return Err("onebot.call_timeout_ms and onebot.connect_timeout_ms must be more than 0".into());
+            return Err(
+                "onebot.call_timeout_ms and onebot.connect_timeout_ms must be more than 0".into(),
+            );
         }
         match self.file_ref {
-            FileRef::SharedDir if self.shared_dir.is_empty() => Err("onebot.file_ref = \"shared_dir\" needs onebot.shared_dir".into()),
-            FileRef::Store if self.store_root.is_empty() => Err("onebot.file_ref = \"store\" needs onebot.store_root".into()),
+            FileRef::SharedDir if self.shared_dir.is_empty() => {
+                Err("onebot.file_ref = \"shared_dir\" needs onebot.shared_dir".into())
+            }
+            FileRef::Store if self.store_root.is_empty() => {
+                Err("onebot.file_ref = \"store\" needs onebot.store_root".into())
+            }
             _ => Ok(()),
         }
     }
@@ -124,7 +131,9 @@ impl Chat {
         match kind {
             "group" => Ok(Chat::Group(id)),
             "private" => Ok(Chat::Private(id)),
-            other => Err(format!("target type `{other}` is not a chat; use group or private")),
+            other => Err(format!(
+                "target type `{other}` is not a chat; use group or private"
+            )),
         }
     }
 
@@ -181,7 +190,11 @@ pub enum OneBotError {
     Failed { action: String, message: String },
     /// No answer (connection, timeout).
     #[error("OneBot action `{action}`: no answer from {api_base}: {message}")]
-    Unreachable { action: String, api_base: String, message: String },
+    Unreachable {
+        action: String,
+        api_base: String,
+        message: String,
+    },
     #[error("OneBot: {0}")]
     Config(String),
     /// The file could not be named for the implementation (too large, spool write failed).
@@ -213,14 +226,21 @@ impl OneBotClient {
     pub fn new(config: &OneBotConfig) -> Result<OneBotClient, OneBotError> {
         config.check().map_err(OneBotError::Config)?;
         if config.api_base.trim().is_empty() {
-            return Err(OneBotError::Config("no OneBot endpoint: set onebot.api_base (e.g. http://127.0.0.1:3000)".into()));
+            return Err(OneBotError::Config(
+                "no OneBot endpoint: set onebot.api_base (e.g. http://127.0.0.1:3000)".into(),
+            ));
         }
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_millis(config.connect_timeout_ms))
             .redirect(reqwest::redirect::Policy::none())
             .build()
-            .map_err(|e| OneBotError::Config(format!("cannot build the HTTP client: {}", chain(&e))))?;
-        let token = std::env::var(&config.access_token_env).ok().filter(|t| !t.trim().is_empty()).map(|t| AccessToken(t.trim().to_owned()));
+            .map_err(|e| {
+                OneBotError::Config(format!("cannot build the HTTP client: {}", chain(&e)))
+            })?;
+        let token = std::env::var(&config.access_token_env)
+            .ok()
+            .filter(|t| !t.trim().is_empty())
+            .map(|t| AccessToken(t.trim().to_owned()));
         Ok(OneBotClient {
             api_base: config.api_base.trim().trim_end_matches('/').to_owned(),
             token,
@@ -238,13 +258,26 @@ impl OneBotClient {
 
     /// `POST {api_base}/{action}` with `params`; the reply's `data` on success.
     pub async fn call(&self, action: &str, params: Value) -> Result<Value, OneBotError> {
-        self.call_inner(action, params).await.map_err(|e| self.redact(e))
+        self.call_inner(action, params)
+            .await
+            .map_err(|e| self.redact(e))
     }
 
     async fn call_inner(&self, action: &str, params: Value) -> Result<Value, OneBotError> {
-        let failed = |message: String| OneBotError::Failed { action: action.to_owned(), message };
-        let unreachable = |message: String| OneBotError::Unreachable { action: action.to_owned(), api_base: self.api_base.clone(), message };
-        let mut req = self.http.post(format!("{}/{action}", self.api_base)).timeout(self.call_timeout).json(&params);
+        let failed = |message: String| OneBotError::Failed {
+            action: action.to_owned(),
+            message,
+        };
+        let unreachable = |message: String| OneBotError::Unreachable {
+            action: action.to_owned(),
+            api_base: self.api_base.clone(),
+            message,
+        };
+        let mut req = self
+            .http
+            .post(format!("{}/{action}", self.api_base))
+            .timeout(self.call_timeout)
+            .json(&params);
         if let Some(t) = &self.token {
             req = req.bearer_auth(&t.0);
         }
@@ -253,7 +286,8 @@ impl OneBotClient {
         let mut body = Vec::new();
         let mut stream = response.bytes_stream();
         while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| unreachable(format!("the reply was cut off: {}", chain(&e))))?;
+            let chunk =
+                chunk.map_err(|e| unreachable(format!("the reply was cut off: {}", chain(&e))))?;
             body.extend_from_slice(&chunk[..chunk.len().min(MAX_REPLY_BYTES - body.len())]);
             if body.len() >= MAX_REPLY_BYTES {
                 break;
@@ -261,35 +295,81 @@ impl OneBotClient {
         }
         let text = String::from_utf8_lossy(&body);
         match status.as_u16() {
-            404 => return Err(OneBotError::Unsupported { action: action.to_owned(), message: "HTTP 404".into() }),
+            404 => {
+                return Err(OneBotError::Unsupported {
+                    action: action.to_owned(),
+                    message: "HTTP 404".into(),
+                })
+            }
             401 => {
                 return Err(failed(format!(
-                    "HTTP 401: the implementation wants an access token (set ${} to its access_token)",
+                "HTTP 401: the implementation wants an access token (set ${} to its access_token)",
+                self.token_env
+            )))
+            }
+            403 => {
+                return Err(failed(format!(
+                    "HTTP 403: the access token was refused (check ${})",
                     self.token_env
                 )))
             }
-            403 => return Err(failed(format!("HTTP 403: the access token was refused (check ${})", self.token_env))),
-            s if !(200..300).contains(&s) => return Err(failed(format!("HTTP {status}: {}", excerpt(&text)))),
+            s if !(200..300).contains(&s) => {
+                return Err(failed(format!("HTTP {status}: {}", excerpt(&text))))
+            }
             _ => {}
         }
-        let reply: Value = serde_json::from_slice(&body).map_err(|_| failed(format!("the reply is not OneBot JSON: {}", excerpt(&text))))?;
-        let state = reply.get("status").and_then(Value::as_str).unwrap_or_default();
+        let reply: Value = serde_json::from_slice(&body)
+            .map_err(|_| failed(format!("the reply is not OneBot JSON: {}", excerpt(&text))))?;
+        let state = reply
+            .get("status")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
         let retcode = reply.get("retcode").and_then(Value::as_i64);
         let message = ["message", "msg", "wording"]
             .iter()
-            .filter_map(|k| reply.get(*k).and_then(Value::as_str).filter(|s| !s.is_empty()))
+            .filter_map(|k| {
+                reply
+                    .get(*k)
+                    .and_then(Value::as_str)
+                    .filter(|s| !s.is_empty())
+            })
             .collect::<Vec<_>>()
             .join("; ");
         if retcode == Some(1404) {
-            return Err(OneBotError::Unsupported { action: action.to_owned(), message: format!("retcode 1404 {message}").trim().to_owned() });
+            return Err(OneBotError::Unsupported {
+                action: action.to_owned(),
+                message: format!("retcode 1404 {message}").trim().to_owned(),
+            });
         }
         if matches!(state, "ok" | "async") || (state.is_empty() && retcode == Some(0)) {
             return Ok(reply.get("data").cloned().unwrap_or(Value::Null));
         }
         let lower = message.to_lowercase();
-        let what = format!("status {}, retcode {}: {}", if state.is_empty() { "?" } else { state }, retcode.map_or("?".into(), |r| r.to_string()), if message.is_empty() { excerpt(&text) } else { message.clone() });
-        if state == "failed" && ["unsupported", "not supported", "not support", "not found", "不支持"].iter().any(|w| lower.contains(w)) {
-            return Err(OneBotError::Unsupported { action: action.to_owned(), message: what });
+        let what = format!(
+            "status {}, retcode {}: {}",
+            if state.is_empty() { "?" } else { state },
+            retcode.map_or("?".into(), |r| r.to_string()),
+            if message.is_empty() {
+                excerpt(&text)
+            } else {
+                message.clone()
+            }
+        );
+        if state == "failed"
+            && [
+                "unsupported",
+                "not supported",
+                "not support",
+                "not found",
+                "不支持",
+            ]
+            .iter()
+            .any(|w| lower.contains(w))
+        {
+            return Err(OneBotError::Unsupported {
+                action: action.to_owned(),
+                message: what,
+            });
         }
         Err(failed(what))
     }
@@ -298,9 +378,23 @@ impl OneBotClient {
         let Some(token) = &self.token else { return e };
         let r = |s: String| s.replace(&token.0, "[redacted]");
         match e {
-            OneBotError::Unsupported { action, message } => OneBotError::Unsupported { action, message: r(message) },
-            OneBotError::Failed { action, message } => OneBotError::Failed { action, message: r(message) },
-            OneBotError::Unreachable { action, api_base, message } => OneBotError::Unreachable { action, api_base, message: r(message) },
+            OneBotError::Unsupported { action, message } => OneBotError::Unsupported {
+                action,
+                message: r(message),
+            },
+            OneBotError::Failed { action, message } => OneBotError::Failed {
+                action,
+                message: r(message),
+            },
+            OneBotError::Unreachable {
+                action,
+                api_base,
+                message,
+            } => OneBotError::Unreachable {
+                action,
+                api_base,
+                message: r(message),
+            },
             other => other,
         }
     }
@@ -363,7 +457,11 @@ struct FileReference {
 
 impl OneBotTarget {
     pub fn new(config: &OneBotConfig, chat: Chat) -> Result<OneBotTarget, OneBotError> {
-        Ok(OneBotTarget { client: OneBotClient::new(config)?, chat, config: config.clone() })
+        Ok(OneBotTarget {
+            client: OneBotClient::new(config)?,
+            chat,
+            config: config.clone(),
+        })
     }
 
     /// Replaces the token read from the environment.
@@ -390,17 +488,31 @@ impl OneBotTarget {
             chat: self.chat.to_string(),
             status,
             action: action.to_owned(),
-            error: error.map(|e| format!("{e}; the file is kept in the project at {} for manual delivery", file.stored_path)),
+            error: error.map(|e| {
+                format!(
+                    "{e}; the file is kept in the project at {} for manual delivery",
+                    file.stored_path
+                )
+            }),
         };
         let reference = match self.reference(file).await {
             Ok(r) => r,
             Err(e) => return receipt(UploadStatus::Failed, upload, Some(e.to_string())),
         };
-        let out = match self.client.call(upload, self.chat.params(json!({"file": reference.file, "name": file.name}))).await {
+        let out = match self
+            .client
+            .call(
+                upload,
+                self.chat
+                    .params(json!({"file": reference.file, "name": file.name})),
+            )
+            .await
+        {
             Ok(_) => receipt(UploadStatus::Uploaded, upload, None),
             Err(upload_error @ OneBotError::Unsupported { .. }) => {
                 let fallback = self.chat.message_action();
-                let segment = json!([{"type": "file", "data": {"file": reference.file, "name": file.name}}]);
+                let segment =
+                    json!([{"type": "file", "data": {"file": reference.file, "name": file.name}}]);
                 match self.client.call(fallback, self.chat.params(json!({"message": segment}))).await {
                     Ok(_) => receipt(UploadStatus::SentAsMessage, fallback, None),
                     Err(e) => receipt(
@@ -423,12 +535,25 @@ impl OneBotTarget {
     /// Sends a plain-text message (as a text segment, so nothing in it is read as CQ code).
     pub async fn send_text(&self, text: &str) -> Result<(), OneBotError> {
         let message = json!([{"type": "text", "data": {"text": text}}]);
-        self.client.call(self.chat.message_action(), self.chat.params(json!({"message": message}))).await.map(|_| ())
+        self.client
+            .call(
+                self.chat.message_action(),
+                self.chat.params(json!({"message": message})),
+            )
+            .await
+            .map(|_| ())
     }
 
     async fn reference(&self, file: &OutgoingFile<'_>) -> Result<FileReference, OneBotError> {
-        let err = |message: String| OneBotError::File { name: file.name.to_owned(), message };
-        if file.name.is_empty() || file.name.contains(['/', '\\', '\0']) || file.name == "." || file.name == ".." {
+        let err = |message: String| OneBotError::File {
+            name: file.name.to_owned(),
+            message,
+        };
+        if file.name.is_empty()
+            || file.name.contains(['/', '\\', '\0'])
+            || file.name == "."
+            || file.name == ".."
+        {
             return Err(err("not a plain file name".into()));
         }
         let c = &self.config;
@@ -448,29 +573,62 @@ impl OneBotTarget {
             other => other,
         };
         match mode {
-            FileRef::Base64 if !small => Err(err(format!("{} bytes is more than onebot.base64_max_mb = {}", file.bytes.len(), c.base64_max_mb))),
-            FileRef::Base64 | FileRef::Auto => {
-                Ok(FileReference { file: format!("base64://{}", base64::engine::general_purpose::STANDARD.encode(file.bytes)), spooled: None })
-            }
+            FileRef::Base64 if !small => Err(err(format!(
+                "{} bytes is more than onebot.base64_max_mb = {}",
+                file.bytes.len(),
+                c.base64_max_mb
+            ))),
+            FileRef::Base64 | FileRef::Auto => Ok(FileReference {
+                file: format!(
+                    "base64://{}",
+                    base64::engine::general_purpose::STANDARD.encode(file.bytes)
+                ),
+                spooled: None,
+            }),
             FileRef::SharedDir => {
                 if c.shared_dir.is_empty() {
                     return Err(err("onebot.shared_dir is not set".into()));
                 }
-                if file.run_id.is_empty() || file.run_id.contains(['/', '\\', '\0']) || file.run_id.starts_with('.') {
-                    return Err(err(format!("run id `{}` cannot name a spool directory", file.run_id)));
+                if file.run_id.is_empty()
+                    || file.run_id.contains(['/', '\\', '\0'])
+                    || file.run_id.starts_with('.')
+                {
+                    return Err(err(format!(
+                        "run id `{}` cannot name a spool directory",
+                        file.run_id
+                    )));
                 }
                 let dir = Path::new(&c.shared_dir).join(file.run_id);
                 let local = dir.join(file.name);
-                spool(&dir, &local, file.bytes).await.map_err(|e| err(format!("cannot write {}: {e}", local.display())))?;
-                let seen = if c.shared_dir_seen_as.is_empty() { &c.shared_dir } else { &c.shared_dir_seen_as };
-                Ok(FileReference { file: format!("{}/{}/{}", seen.trim_end_matches('/'), file.run_id, file.name), spooled: Some(local) })
+                spool(&dir, &local, file.bytes)
+                    .await
+                    .map_err(|e| err(format!("cannot write {}: {e}", local.display())))?;
+                let seen = if c.shared_dir_seen_as.is_empty() {
+                    &c.shared_dir
+                } else {
+                    &c.shared_dir_seen_as
+                };
+                Ok(FileReference {
+                    file: format!(
+                        "{}/{}/{}",
+                        seen.trim_end_matches('/'),
+                        file.run_id,
+                        file.name
+                    ),
+                    spooled: Some(local),
+                })
             }
             FileRef::Store => {
                 if c.store_root.is_empty() {
                     return Err(err("onebot.store_root is not set".into()));
                 }
                 Ok(FileReference {
-                    file: format!("{}/projects/{}/{}", c.store_root.trim_end_matches('/'), file.project, file.stored_path),
+                    file: format!(
+                        "{}/projects/{}/{}",
+                        c.store_root.trim_end_matches('/'),
+                        file.project,
+                        file.stored_path
+                    ),
                     spooled: None,
                 })
             }
@@ -497,7 +655,11 @@ impl DeliveryTarget for OneBotTarget {
         self.chat.kind()
     }
 
-    fn deliver<'a>(&'a self, ctx: &'a DeliveryCtx<'a>, files: &'a [String]) -> BoxFuture<'a, Result<Receipt, NodeError>> {
+    fn deliver<'a>(
+        &'a self,
+        ctx: &'a DeliveryCtx<'a>,
+        files: &'a [String],
+    ) -> BoxFuture<'a, Result<Receipt, NodeError>> {
         Box::pin(async move {
             let mut delivered = Vec::new();
             for f in files {
@@ -508,15 +670,28 @@ impl DeliveryTarget for OneBotTarget {
                     .map_err(|s| NodeError::from_status(&format!("reading {f}"), &s))?
                     .ok_or_else(|| NodeError::refused(format!("{f} does not exist")))?;
                 let name = f.rsplit('/').next().unwrap_or(f);
-                let file = OutgoingFile { name, bytes: &bytes, project: ctx.project, stored_path: f, run_id: ctx.run_id };
+                let file = OutgoingFile {
+                    name,
+                    bytes: &bytes,
+                    project: ctx.project,
+                    stored_path: f,
+                    run_id: ctx.run_id,
+                };
                 let receipt = self.send_file(&file).await;
                 if receipt.status == UploadStatus::Failed {
                     let error = receipt.error.unwrap_or_default();
-                    return Err(NodeError::failed(format!("delivering {f} to {}: {error}", self.chat)));
+                    return Err(NodeError::failed(format!(
+                        "delivering {f} to {}: {error}",
+                        self.chat
+                    )));
                 }
                 delivered.push(f.clone());
             }
-            Ok(Receipt { target: self.kind().into(), location: self.chat.to_string(), delivered })
+            Ok(Receipt {
+                target: self.kind().into(),
+                location: self.chat.to_string(),
+                delivered,
+            })
         })
     }
 }
@@ -526,42 +701,67 @@ impl DeliveryTarget for OneBotTarget {
 pub fn check_target(t: &Target) -> Result<(), String> {
     for k in t.fields.keys() {
         if k != "id" {
-            return Err(format!("unknown field `{k}` of a {} target; it has `id`", t.kind));
+            return Err(format!(
+                "unknown field `{k}` of a {} target; it has `id`",
+                t.kind
+            ));
         }
     }
     match t.fields.get("id") {
         Some(Value::Number(n)) => {
-            let id = n.as_i64().ok_or_else(|| format!("`{n}` is not a {} id", t.kind))?;
+            let id = n
+                .as_i64()
+                .ok_or_else(|| format!("`{n}` is not a {} id", t.kind))?;
             Chat::new(&t.kind, id).map(|_| ())
         }
         Some(Value::String(s)) => {
             let tpl = Template::parse(s)?;
             if tpl.refs().next().is_none() {
-                let id = s.trim().parse::<i64>().map_err(|_| format!("`{s}` is not a {} id (a number)", t.kind))?;
+                let id = s
+                    .trim()
+                    .parse::<i64>()
+                    .map_err(|_| format!("`{s}` is not a {} id (a number)", t.kind))?;
                 Chat::new(&t.kind, id)?;
             }
             Ok(())
         }
-        _ => Err(format!("a {} target needs `id` (the {} number)", t.kind, if t.kind == "group" { "group" } else { "user" })),
+        _ => Err(format!(
+            "a {} target needs `id` (the {} number)",
+            t.kind,
+            if t.kind == "group" { "group" } else { "user" }
+        )),
     }
 }
 
 /// The chat a node's (checked) target names, its template rendered.
 pub fn chat_for(t: &Target, scope: &Scope) -> Result<Chat, NodeError> {
     let id = match t.fields.get("id") {
-        Some(Value::Number(n)) => n.as_i64().ok_or_else(|| NodeError::refused(format!("target.id `{n}` is not a chat id")))?,
+        Some(Value::Number(n)) => n
+            .as_i64()
+            .ok_or_else(|| NodeError::refused(format!("target.id `{n}` is not a chat id")))?,
         Some(Value::String(s)) => {
             let tpl = Template::parse(s).map_err(NodeError::refused)?;
             let text = scope.render("target.id", &tpl)?;
-            text.trim().parse::<i64>().map_err(|_| NodeError::refused(format!("target.id `{text}` is not a number")))?
+            text.trim()
+                .parse::<i64>()
+                .map_err(|_| NodeError::refused(format!("target.id `{text}` is not a number")))?
         }
-        _ => return Err(NodeError::refused(format!("a {} target needs `id`", t.kind))),
+        _ => {
+            return Err(NodeError::refused(format!(
+                "a {} target needs `id`",
+                t.kind
+            )))
+        }
     };
     Chat::new(&t.kind, id).map_err(NodeError::refused)
 }
 
 /// The OneBot target of a node's `group` / `private` target.
-pub fn target_for(t: &Target, scope: &Scope, config: &OneBotConfig) -> Result<OneBotTarget, NodeError> {
+pub fn target_for(
+    t: &Target,
+    scope: &Scope,
+    config: &OneBotConfig,
+) -> Result<OneBotTarget, NodeError> {
     let chat = chat_for(t, scope)?;
     OneBotTarget::new(config, chat).map_err(|e| NodeError::refused(e.to_string()))
 }
@@ -600,7 +800,17 @@ pub async fn notify_failure(
     error_summary: &str,
     retry_advice: &str,
 ) -> Result<(), OneBotError> {
-    target.send_text(&FailureNotice { task_id, stage, error_summary, retry_advice }.text()).await
+    target
+        .send_text(
+            &FailureNotice {
+                task_id,
+                stage,
+                error_summary,
+                retry_advice,
+            }
+            .text(),
+        )
+        .await
 }
 
 fn chain(e: &dyn std::error::Error) -> String {
@@ -630,13 +840,17 @@ fn excerpt(s: &str) -> String {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
     fn target(kind: &str, id: Value) -> Target {
         let mut fields = serde_json::Map::new();
         fields.insert("id".into(), id);
-        Target { kind: kind.into(), fields }
+        Target {
+            kind: kind.into(),
+            fields,
+        }
     }
 
     #[test]
@@ -644,17 +858,28 @@ mod tests {
         assert!(check_target(&target("group", json!(123))).is_ok());
         assert!(check_target(&target("private", json!("10001"))).is_ok());
         assert!(check_target(&target("group", json!("{{vars.group}}"))).is_ok());
-        assert!(check_target(&target("group", json!(0))).unwrap_err().contains("positive"));
-        assert!(check_target(&target("group", json!("abc"))).unwrap_err().contains("not a group id"));
+        assert!(check_target(&target("group", json!(0)))
+            .unwrap_err()
+            .contains("positive"));
+        assert!(check_target(&target("group", json!("abc")))
+            .unwrap_err()
+            .contains("not a group id"));
         let mut t = target("group", json!(1));
         t.fields.insert("token".into(), json!("x"));
-        assert!(check_target(&t).unwrap_err().contains("unknown field `token`"));
+        assert!(check_target(&t)
+            .unwrap_err()
+            .contains("unknown field `token`"));
     }
 
     #[test]
     fn debug_never_shows_the_token() {
-        let c = OneBotConfig { api_base: "http://127.0.0.1:9".into(), ..Default::default() };
-        let t = OneBotTarget::new(&c, Chat::Group(1)).unwrap().with_access_token(Some("tok-secret".into()));
+        let c = OneBotConfig {
+            api_base: "http://127.0.0.1:9".into(),
+            ..Default::default()
+        };
+        let t = OneBotTarget::new(&c, Chat::Group(1))
+            .unwrap()
+            .with_access_token(Some("tok-secret".into()));
         let d = format!("{t:?}");
         assert!(!d.contains("tok-secret") && d.contains("redacted"), "{d}");
     }

@@ -22,9 +22,15 @@ fn actions() -> Vec<(String, Vec<(&'static str, &'static str)>)> {
         (format!("{run}/gates/review/approve"), vec![("note", "ok")]),
         (format!("{run}/gates/review/reject"), vec![("note", "no")]),
         (format!("{run}/notes"), vec![("text", "a note")]),
-        (format!("{run}/context"), vec![("manifest_yaml", "attachments: []\n")]),
+        (
+            format!("{run}/context"),
+            vec![("manifest_yaml", "attachments: []\n")],
+        ),
         (format!("{run}/cancel"), vec![("reason", "stop")]),
-        (format!("{run}/rework"), vec![("node_id", "draft"), ("note", "again")]),
+        (
+            format!("{run}/rework"),
+            vec![("node_id", "draft"), ("note", "again")],
+        ),
     ]
 }
 
@@ -38,19 +44,42 @@ async fn pages_need_a_login_and_a_wrong_token_is_refused() {
     assert_eq!(p.status, StatusCode::SEE_OTHER);
     assert_eq!(p.location(), "/login?next=/runs");
     // The first visit starts a session: the cookie is HttpOnly and SameSite=Strict.
-    let cookie = p.headers.get(header::SET_COOKIE).unwrap().to_str().unwrap().to_owned();
-    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict") && cookie.contains("Path=/"), "{cookie}");
+    let cookie = p
+        .headers
+        .get(header::SET_COOKIE)
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        cookie.contains("HttpOnly")
+            && cookie.contains("SameSite=Strict")
+            && cookie.contains("Path=/"),
+        "{cookie}"
+    );
     let p = c.get(&run_url()).await;
     assert!(p.location().starts_with("/login?next="), "{}", p.location());
     for (url, _) in actions() {
         assert_eq!(c.get(&url).await.status, StatusCode::SEE_OTHER, "{url}");
     }
-    let p = c.get(&format!("/projects/{PROJECT}/download?path=docs/run-1/report.md")).await;
-    assert_eq!(p.status, StatusCode::SEE_OTHER, "downloads need a login too");
+    let p = c
+        .get(&format!(
+            "/projects/{PROJECT}/download?path=docs/run-1/report.md"
+        ))
+        .await;
+    assert_eq!(
+        p.status,
+        StatusCode::SEE_OTHER,
+        "downloads need a login too"
+    );
 
     let form = c.get("/login").await;
     let before = c.cookie.clone().unwrap();
-    assert!(form.body.contains("type=\"password\" name=\"token\""), "{}", form.body);
+    assert!(
+        form.body.contains("type=\"password\" name=\"token\""),
+        "{}",
+        form.body
+    );
 
     // Wrong token: 401, still logged out.
     let p = c.login("mallory", Some("guess")).await;
@@ -58,7 +87,9 @@ async fn pages_need_a_login_and_a_wrong_token_is_refused() {
     assert!(p.body.contains("Wrong token"), "{}", p.body);
     assert_eq!(c.get("/runs").await.status, StatusCode::SEE_OTHER);
     // A login POST without the form's CSRF token is refused before the token is looked at.
-    let p = c.post("/login", &[("name", "mallory"), ("token", TOKEN)]).await;
+    let p = c
+        .post("/login", &[("name", "mallory"), ("token", TOKEN)])
+        .await;
     assert_eq!(p.status, StatusCode::FORBIDDEN);
     assert_eq!(c.get("/runs").await.status, StatusCode::SEE_OTHER);
 
@@ -66,13 +97,27 @@ async fn pages_need_a_login_and_a_wrong_token_is_refused() {
     let p = c.login("ann", Some(TOKEN)).await;
     assert_eq!(p.status, StatusCode::SEE_OTHER, "{}", p.body);
     assert_eq!(p.location(), "/runs");
-    let set = p.headers.get(header::SET_COOKIE).unwrap().to_str().unwrap().to_owned();
-    assert!(set.contains("HttpOnly") && set.contains("SameSite=Strict") && set.contains("Path=/"), "{set}");
+    let set = p
+        .headers
+        .get(header::SET_COOKIE)
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        set.contains("HttpOnly") && set.contains("SameSite=Strict") && set.contains("Path=/"),
+        "{set}"
+    );
     let after = c.cookie.clone().unwrap();
     assert_ne!(before, after, "logging in replaces the session id");
     let runs = c.get("/runs").await;
     assert_eq!(runs.status, StatusCode::OK, "{}", runs.body);
-    assert!(runs.body.contains("signed in as <strong id=\"who\">ann</strong>"), "{}", runs.body);
+    assert!(
+        runs.body
+            .contains("signed in as <strong id=\"who\">ann</strong>"),
+        "{}",
+        runs.body
+    );
 
     // The pre-login session id is dead.
     let mut old = Client::new(c.router.clone());
@@ -86,7 +131,11 @@ async fn pages_need_a_login_and_a_wrong_token_is_refused() {
     assert_eq!(c.get("/runs").await.status, StatusCode::SEE_OTHER);
     let mut stale = Client::new(c.router.clone());
     stale.cookie = Some(after);
-    assert_eq!(stale.get("/runs").await.status, StatusCode::SEE_OTHER, "the logged-out id is dead");
+    assert_eq!(
+        stale.get("/runs").await.status,
+        StatusCode::SEE_OTHER,
+        "the logged-out id is dead"
+    );
     assert!(s.fake.calls().is_empty(), "{:?}", s.fake.calls());
 }
 
@@ -95,9 +144,15 @@ async fn posts_without_the_sessions_csrf_token_are_forbidden() {
     let s = Services::start().await;
     let router = s.router(Some(TOKEN));
     let mut c = Client::new(router.clone());
-    assert_eq!(c.login("ann", Some(TOKEN)).await.status, StatusCode::SEE_OTHER);
+    assert_eq!(
+        c.login("ann", Some(TOKEN)).await.status,
+        StatusCode::SEE_OTHER
+    );
     let mut other = Client::new(router);
-    assert_eq!(other.login("bob", Some(TOKEN)).await.status, StatusCode::SEE_OTHER);
+    assert_eq!(
+        other.login("bob", Some(TOKEN)).await.status,
+        StatusCode::SEE_OTHER
+    );
     let others_csrf = other.csrf().await;
     let mine = c.csrf().await;
     assert_ne!(mine, others_csrf);
@@ -108,21 +163,38 @@ async fn posts_without_the_sessions_csrf_token_are_forbidden() {
         assert!(p.body.contains("CSRF"), "{}", p.body);
         let mut wrong = fields.clone();
         wrong.push(("csrf", "0000"));
-        assert_eq!(c.post(&url, &wrong).await.status, StatusCode::FORBIDDEN, "wrong csrf: {url}");
+        assert_eq!(
+            c.post(&url, &wrong).await.status,
+            StatusCode::FORBIDDEN,
+            "wrong csrf: {url}"
+        );
         let mut foreign = fields.clone();
         foreign.push(("csrf", &others_csrf));
-        assert_eq!(c.post(&url, &foreign).await.status, StatusCode::FORBIDDEN, "other session's csrf: {url}");
+        assert_eq!(
+            c.post(&url, &foreign).await.status,
+            StatusCode::FORBIDDEN,
+            "other session's csrf: {url}"
+        );
     }
     // A body that is not a form carries no token either.
     let req = axum::http::Request::builder()
         .method("POST")
         .uri(format!("{}/notes", run_url()))
-        .header(header::COOKIE, format!("cairn_console={}", c.cookie.clone().unwrap()))
+        .header(
+            header::COOKIE,
+            format!("cairn_console={}", c.cookie.clone().unwrap()),
+        )
         .header(header::CONTENT_TYPE, "application/json")
-        .body(axum::body::Body::from(format!("{{\"csrf\":\"{mine}\",\"text\":\"x\"}}")))
+        .body(axum::body::Body::from(format!(
+            "{{\"csrf\":\"{mine}\",\"text\":\"x\"}}"
+        )))
         .unwrap();
     assert_eq!(c.send(req).await.status, StatusCode::FORBIDDEN);
-    assert!(s.fake.calls().is_empty(), "nothing reached the orchestrator: {:?}", s.fake.calls());
+    assert!(
+        s.fake.calls().is_empty(),
+        "nothing reached the orchestrator: {:?}",
+        s.fake.calls()
+    );
 }
 
 #[tokio::test]
@@ -131,32 +203,85 @@ async fn approve_sends_the_logged_in_name_and_the_note() {
     let mut c = Client::new(s.router(Some(TOKEN)));
     c.login("ann", Some(TOKEN)).await;
     let page = c.get(&run_url()).await;
-    assert!(page.body.contains("action=\"/projects/proj/runs/run-1/gates/review/approve\""), "{}", page.body);
-    assert!(page.body.contains("formaction=\"/projects/proj/runs/run-1/gates/review/reject\""), "{}", page.body);
+    assert!(
+        page.body
+            .contains("action=\"/projects/proj/runs/run-1/gates/review/approve\""),
+        "{}",
+        page.body
+    );
+    assert!(
+        page.body
+            .contains("formaction=\"/projects/proj/runs/run-1/gates/review/reject\""),
+        "{}",
+        page.body
+    );
     let csrf = page.csrf();
 
-    let p = c.post(&format!("{}/gates/review/approve", run_url()), &[("csrf", &csrf), ("note", "  Ship it.  ")]).await;
+    let p = c
+        .post(
+            &format!("{}/gates/review/approve", run_url()),
+            &[("csrf", &csrf), ("note", "  Ship it.  ")],
+        )
+        .await;
     assert_eq!(p.status, StatusCode::SEE_OTHER, "{}", p.body);
     assert_eq!(p.location(), format!("{}#gates", run_url()));
     let calls = s.fake.calls();
     assert_eq!(calls.len(), 1, "{calls:?}");
     assert_eq!(calls[0].method, "ApproveGate");
-    assert_eq!((calls[0].project_id.as_str(), calls[0].run_id.as_str(), calls[0].gate_id.as_str()), (PROJECT, RUN, "review"));
+    assert_eq!(
+        (
+            calls[0].project_id.as_str(),
+            calls[0].run_id.as_str(),
+            calls[0].gate_id.as_str()
+        ),
+        (PROJECT, RUN, "review")
+    );
     assert_eq!(calls[0].by, "ann");
     assert_eq!(calls[0].text, "Ship it.");
 
     let after = c.get(&run_url()).await;
-    assert!(after.body.contains("Approved gate review of run run-1; the run is completed."), "{}", after.body);
-    assert!(after.body.contains("data-state=\"completed\""), "{}", after.body);
-    assert!(after.body.contains("by <strong>ann</strong>"), "{}", after.body);
-    assert!(!after.body.contains("gates/review/approve"), "a decided gate has no buttons");
+    assert!(
+        after
+            .body
+            .contains("Approved gate review of run run-1; the run is completed."),
+        "{}",
+        after.body
+    );
+    assert!(
+        after.body.contains("data-state=\"completed\""),
+        "{}",
+        after.body
+    );
+    assert!(
+        after.body.contains("by <strong>ann</strong>"),
+        "{}",
+        after.body
+    );
+    assert!(
+        !after.body.contains("gates/review/approve"),
+        "a decided gate has no buttons"
+    );
     // The flash shows once.
-    assert!(!c.get(&run_url()).await.body.contains("Approved gate review"));
+    assert!(!c
+        .get(&run_url())
+        .await
+        .body
+        .contains("Approved gate review"));
 
     // Deciding again is refused by the orchestrator; the page says why, the note is kept.
-    let p = c.post(&format!("{}/gates/review/reject", run_url()), &[("csrf", &csrf), ("note", "too late")]).await;
+    let p = c
+        .post(
+            &format!("{}/gates/review/reject", run_url()),
+            &[("csrf", &csrf), ("note", "too late")],
+        )
+        .await;
     assert_eq!(p.status, StatusCode::CONFLICT);
-    assert!(p.body.contains("rejecting gate review: gate `review` is not blocked"), "{}", p.body);
+    assert!(
+        p.body
+            .contains("rejecting gate review: gate `review` is not blocked"),
+        "{}",
+        p.body
+    );
 }
 
 #[tokio::test]
@@ -165,13 +290,32 @@ async fn reject_sends_the_name_and_note() {
     let mut c = Client::new(s.router(Some(TOKEN)));
     c.login("bob", Some(TOKEN)).await;
     let csrf = c.csrf().await;
-    let p = c.post(&format!("{}/gates/review/reject", run_url()), &[("csrf", &csrf), ("note", "The draft cites no source.")]).await;
+    let p = c
+        .post(
+            &format!("{}/gates/review/reject", run_url()),
+            &[("csrf", &csrf), ("note", "The draft cites no source.")],
+        )
+        .await;
     assert_eq!(p.status, StatusCode::SEE_OTHER, "{}", p.body);
     let calls = s.fake.calls();
     assert_eq!(calls.len(), 1);
-    assert_eq!((calls[0].method, calls[0].by.as_str(), calls[0].text.as_str()), ("RejectGate", "bob", "The draft cites no source."));
-    assert_eq!(s.fake.run(RUN).state, cairn_proto::v1::TaskState::Failed as i32);
-    assert!(c.get(&run_url()).await.body.contains("Rejected gate review"));
+    assert_eq!(
+        (
+            calls[0].method,
+            calls[0].by.as_str(),
+            calls[0].text.as_str()
+        ),
+        ("RejectGate", "bob", "The draft cites no source.")
+    );
+    assert_eq!(
+        s.fake.run(RUN).state,
+        cairn_proto::v1::TaskState::Failed as i32
+    );
+    assert!(c
+        .get(&run_url())
+        .await
+        .body
+        .contains("Rejected gate review"));
 }
 
 #[tokio::test]
@@ -182,39 +326,106 @@ async fn note_context_cancel_and_rework_call_the_orchestrator_as_the_visitor() {
     let csrf = c.csrf().await;
     let run = run_url();
 
-    let p = c.post(&format!("{run}/notes"), &[("csrf", &csrf), ("text", "Use **tabs**.\r\nNot spaces.")]).await;
+    let p = c
+        .post(
+            &format!("{run}/notes"),
+            &[("csrf", &csrf), ("text", "Use **tabs**.\r\nNot spaces.")],
+        )
+        .await;
     assert_eq!(p.status, StatusCode::SEE_OTHER, "{}", p.body);
     assert_eq!(p.location(), format!("{run}#notes"));
-    assert!(c.get(&run).await.body.contains("Note added to run run-1 (shared/human-notes.md#note-2)."));
+    assert!(c
+        .get(&run)
+        .await
+        .body
+        .contains("Note added to run run-1 (shared/human-notes.md#note-2)."));
     // An empty note never reaches the orchestrator.
-    let p = c.post(&format!("{run}/notes"), &[("csrf", &csrf), ("text", "   ")]).await;
+    let p = c
+        .post(&format!("{run}/notes"), &[("csrf", &csrf), ("text", "   ")])
+        .await;
     assert_eq!(p.status, StatusCode::BAD_REQUEST);
     assert!(p.body.contains("the note is empty"), "{}", p.body);
 
     let yaml = "attachments:\n  - id: spec\n    kind: file\n    path: docs/spec.md\n    reason: the spec\n";
-    let p = c.post(&format!("{run}/context"), &[("csrf", &csrf), ("manifest_yaml", &yaml.replace('\n', "\r\n"))]).await;
+    let p = c
+        .post(
+            &format!("{run}/context"),
+            &[
+                ("csrf", &csrf),
+                ("manifest_yaml", &yaml.replace('\n', "\r\n")),
+            ],
+        )
+        .await;
     assert_eq!(p.status, StatusCode::SEE_OTHER, "{}", p.body);
     // Refused by the orchestrator: 400, its message, and the typed text kept in the editor.
-    let p = c.post(&format!("{run}/context"), &[("csrf", &csrf), ("manifest_yaml", "stuff: <1>")]).await;
+    let p = c
+        .post(
+            &format!("{run}/context"),
+            &[("csrf", &csrf), ("manifest_yaml", "stuff: <1>")],
+        )
+        .await;
     assert_eq!(p.status, StatusCode::BAD_REQUEST);
-    assert!(p.body.contains("saving the context manifest: not a context manifest"), "{}", p.body);
-    assert!(p.body.contains(">stuff: &lt;1&gt;</textarea>"), "{}", p.body);
+    assert!(
+        p.body
+            .contains("saving the context manifest: not a context manifest"),
+        "{}",
+        p.body
+    );
+    assert!(
+        p.body.contains(">stuff: &lt;1&gt;</textarea>"),
+        "{}",
+        p.body
+    );
 
-    let p = c.post(&format!("{run}/rework"), &[("csrf", &csrf), ("node_id", "draft"), ("note", "cite sources")]).await;
+    let p = c
+        .post(
+            &format!("{run}/rework"),
+            &[
+                ("csrf", &csrf),
+                ("node_id", "draft"),
+                ("note", "cite sources"),
+            ],
+        )
+        .await;
     assert_eq!(p.status, StatusCode::SEE_OTHER, "{}", p.body);
-    let p = c.post(&format!("{run}/cancel"), &[("csrf", &csrf), ("reason", "wrong goal")]).await;
+    let p = c
+        .post(
+            &format!("{run}/cancel"),
+            &[("csrf", &csrf), ("reason", "wrong goal")],
+        )
+        .await;
     assert_eq!(p.status, StatusCode::SEE_OTHER, "{}", p.body);
     assert!(c.get(&run).await.body.contains("Run run-1 is canceled."));
 
-    let calls: Vec<_> = s.fake.calls().into_iter().map(|c| (c.method, c.by, c.node_id, c.text)).collect();
+    let calls: Vec<_> = s
+        .fake
+        .calls()
+        .into_iter()
+        .map(|c| (c.method, c.by, c.node_id, c.text))
+        .collect();
     let carol = || "carol".to_owned();
     assert_eq!(
         calls,
         vec![
-            ("AddNote", carol(), String::new(), "Use **tabs**.\nNot spaces.".to_owned()),
+            (
+                "AddNote",
+                carol(),
+                String::new(),
+                "Use **tabs**.\nNot spaces.".to_owned()
+            ),
             ("EditContext", carol(), String::new(), yaml.to_owned()),
-            ("EditContext", carol(), String::new(), "stuff: <1>".to_owned()),
-            ("RequestRework", carol(), "draft".to_owned(), "cite sources".to_owned()),
+            (
+                "EditContext",
+                carol(),
+                String::new(),
+                "stuff: <1>".to_owned()
+            ),
+            (
+                "RequestRework",
+                carol(),
+                "draft".to_owned(),
+                "cite sources".to_owned()
+            ),
             ("CancelRun", carol(), String::new(), "wrong goal".to_owned()),
         ]
     );
@@ -227,16 +438,29 @@ async fn without_a_token_pages_open_and_actions_carry_the_chosen_name() {
     let runs = c.get("/runs").await;
     assert_eq!(runs.status, StatusCode::OK, "{}", runs.body);
     let csrf = c.csrf().await;
-    c.post(&format!("{}/notes", run_url()), &[("csrf", &csrf), ("text", "first")]).await;
+    c.post(
+        &format!("{}/notes", run_url()),
+        &[("csrf", &csrf), ("text", "first")],
+    )
+    .await;
     let form = c.get("/login").await;
-    assert!(!form.body.contains("name=\"token\""), "no token field without a token");
+    assert!(
+        !form.body.contains("name=\"token\""),
+        "no token field without a token"
+    );
     assert_eq!(c.login("dave", None).await.status, StatusCode::SEE_OTHER);
     let csrf = c.csrf().await;
-    c.post(&format!("{}/notes", run_url()), &[("csrf", &csrf), ("text", "second")]).await;
+    c.post(
+        &format!("{}/notes", run_url()),
+        &[("csrf", &csrf), ("text", "second")],
+    )
+    .await;
     let by: Vec<_> = s.fake.calls().into_iter().map(|c| c.by).collect();
     assert_eq!(by, vec!["console", "dave"]);
     // CSRF applies without a token as well.
-    let p = c.post(&format!("{}/notes", run_url()), &[("text", "third")]).await;
+    let p = c
+        .post(&format!("{}/notes", run_url()), &[("text", "third")])
+        .await;
     assert_eq!(p.status, StatusCode::FORBIDDEN);
     // Names must be printable.
     let p = c.login("a\u{7}b", None).await;
@@ -259,24 +483,55 @@ async fn runs_list_filters_by_state_and_offers_the_projects() {
     let all = c.get("/runs?project=proj").await;
     assert_eq!(all.status, StatusCode::OK, "{}", all.body);
     assert!(all.body.contains("Runs of proj"), "{}", all.body);
-    assert!(all.body.contains("<option value=\"other\">other</option>"), "{}", all.body);
+    assert!(
+        all.body.contains("<option value=\"other\">other</option>"),
+        "{}",
+        all.body
+    );
     let newest = all.body.find("Draft and publish").unwrap();
     let older = all.body.find("Older finished run").unwrap();
     assert!(newest < older, "newest first");
-    assert!(all.body.contains("1m 05s"), "duration of the finished run: {}", all.body);
-    assert!(all.body.contains("href=\"/projects/proj/runs/run-1\""), "{}", all.body);
+    assert!(
+        all.body.contains("1m 05s"),
+        "duration of the finished run: {}",
+        all.body
+    );
+    assert!(
+        all.body.contains("href=\"/projects/proj/runs/run-1\""),
+        "{}",
+        all.body
+    );
 
     let completed = c.get("/runs?project=proj&state=completed").await;
-    assert!(completed.body.contains("Older finished run") && !completed.body.contains("Draft and publish"), "{}", completed.body);
+    assert!(
+        completed.body.contains("Older finished run")
+            && !completed.body.contains("Draft and publish"),
+        "{}",
+        completed.body
+    );
     let waiting = c.get("/runs?project=proj&state=input-required").await;
-    assert!(!waiting.body.contains("Older finished run") && waiting.body.contains("Draft and publish"));
+    assert!(
+        !waiting.body.contains("Older finished run") && waiting.body.contains("Draft and publish")
+    );
     let none = c.get("/runs?project=proj&state=canceled").await;
-    assert!(none.body.contains("No runs in state canceled."), "{}", none.body);
+    assert!(
+        none.body.contains("No runs in state canceled."),
+        "{}",
+        none.body
+    );
     let other = c.get("/runs?project=other").await;
-    assert!(other.body.contains("Runs of other") && other.body.contains("No runs"), "{}", other.body);
+    assert!(
+        other.body.contains("Runs of other") && other.body.contains("No runs"),
+        "{}",
+        other.body
+    );
     let bad = c.get("/runs?project=proj&state=sleeping").await;
     assert_eq!(bad.status, StatusCode::BAD_REQUEST);
-    assert!(bad.body.contains("unknown state `sleeping`"), "{}", bad.body);
+    assert!(
+        bad.body.contains("unknown state `sleeping`"),
+        "{}",
+        bad.body
+    );
 }
 
 #[tokio::test]
@@ -321,17 +576,35 @@ async fn run_page_shows_state_milestones_roster_gates_notes_context_artifacts_an
     ] {
         assert!(b.contains(want), "missing {want:?} in\n{b}");
     }
-    assert!(!b.contains("not an ingest manifest"), "enabled.json is not offered as a manifest");
+    assert!(
+        !b.contains("not an ingest manifest"),
+        "enabled.json is not offered as a manifest"
+    );
     // Security headers.
-    let csp = p.headers.get(header::CONTENT_SECURITY_POLICY).unwrap().to_str().unwrap();
-    assert!(csp.contains("script-src 'self'") && csp.contains("frame-ancestors 'none'"), "{csp}");
-    assert_eq!(p.headers.get(header::X_CONTENT_TYPE_OPTIONS).unwrap(), "nosniff");
+    let csp = p
+        .headers
+        .get(header::CONTENT_SECURITY_POLICY)
+        .unwrap()
+        .to_str()
+        .unwrap();
+    assert!(
+        csp.contains("script-src 'self'") && csp.contains("frame-ancestors 'none'"),
+        "{csp}"
+    );
+    assert_eq!(
+        p.headers.get(header::X_CONTENT_TYPE_OPTIONS).unwrap(),
+        "nosniff"
+    );
     assert_eq!(p.headers.get(header::CACHE_CONTROL).unwrap(), "no-store");
 
     // An unknown run is a 404 page, an unknown page too.
     let missing = c.get("/projects/proj/runs/nope").await;
     assert_eq!(missing.status, StatusCode::NOT_FOUND);
-    assert!(missing.body.contains("run `nope` not found"), "{}", missing.body);
+    assert!(
+        missing.body.contains("run `nope` not found"),
+        "{}",
+        missing.body
+    );
     assert_eq!(c.get("/nowhere").await.status, StatusCode::NOT_FOUND);
     // The static files are served.
     let js = c.get("/static/console.js").await;
@@ -347,14 +620,22 @@ async fn markup_in_titles_notes_and_file_names_is_escaped() {
     let p = c.get(&run_url()).await;
     let b = &p.body;
     assert!(!b.contains("<script>alert"), "{b}");
-    assert!(b.contains("&lt;script&gt;alert('title')&lt;/script&gt;"), "{b}");
+    assert!(
+        b.contains("&lt;script&gt;alert('title')&lt;/script&gt;"),
+        "{b}"
+    );
     assert!(!b.contains("<img src=x"), "{b}");
     assert!(b.contains("&lt;img src=x onerror=alert(1)&gt;"), "{b}");
     assert!(!b.contains("javascript:"), "{b}");
     // A file name with & and ': escaped in text, percent-encoded in the link.
-    assert!(b.contains("href=\"/projects/proj/files?path=docs/run-1/a%26b%27c.md\""), "{b}");
+    assert!(
+        b.contains("href=\"/projects/proj/files?path=docs/run-1/a%26b%27c.md\""),
+        "{b}"
+    );
     assert!(b.contains(">docs/run-1/a&amp;b'c.md</a>"), "{b}");
-    let view = c.get("/projects/proj/files?path=docs/run-1/a%26b%27c.md").await;
+    let view = c
+        .get("/projects/proj/files?path=docs/run-1/a%26b%27c.md")
+        .await;
     assert_eq!(view.status, StatusCode::OK, "{}", view.body);
     assert!(view.body.contains("<h1>odd name</h1>"), "{}", view.body);
 
@@ -362,19 +643,29 @@ async fn markup_in_titles_notes_and_file_names_is_escaped() {
     let mut evil = Client::new(s.router(None));
     evil.login("<b>eve</b>", None).await;
     let p = evil.get("/runs").await;
-    assert!(p.body.contains("&lt;b&gt;eve&lt;/b&gt;") && !p.body.contains("<b>eve"), "{}", p.body);
+    assert!(
+        p.body.contains("&lt;b&gt;eve&lt;/b&gt;") && !p.body.contains("<b>eve"),
+        "{}",
+        p.body
+    );
 }
 
 #[tokio::test]
 async fn traversal_in_an_artifact_link_is_refused_by_the_store() {
     let s = Services::start().await;
     let mut c = Client::new(s.router(None));
-    for (path, reason) in
-        [("../../etc/passwd", "traversal"), ("%2Fetc%2Fpasswd", "absolute_path"), ("docs/..%2F..%2F..%2Fetc%2Fpasswd", "traversal")]
-    {
+    for (path, reason) in [
+        ("../../etc/passwd", "traversal"),
+        ("%2Fetc%2Fpasswd", "absolute_path"),
+        ("docs/..%2F..%2F..%2Fetc%2Fpasswd", "traversal"),
+    ] {
         let p = c.get(&format!("/projects/proj/files?path={path}")).await;
         assert_eq!(p.status, StatusCode::BAD_REQUEST, "{path}: {}", p.body);
-        assert!(p.body.contains(&format!("(reason: {reason})")), "{path}: {}", p.body);
+        assert!(
+            p.body.contains(&format!("(reason: {reason})")),
+            "{path}: {}",
+            p.body
+        );
         assert!(p.body.contains("id=\"error-message\""), "{}", p.body);
         let d = c.get(&format!("/projects/proj/download?path={path}")).await;
         assert_eq!(d.status, StatusCode::BAD_REQUEST, "{path}");
@@ -387,7 +678,11 @@ async fn traversal_in_an_artifact_link_is_refused_by_the_store() {
     assert!(p.status.is_client_error(), "{}", p.status);
     // The denylist holds for reads.
     let p = c.get("/projects/proj/files?path=.ssh/id_rsa").await;
-    assert!(p.status == StatusCode::FORBIDDEN || p.status == StatusCode::BAD_REQUEST, "{}", p.status);
+    assert!(
+        p.status == StatusCode::FORBIDDEN || p.status == StatusCode::BAD_REQUEST,
+        "{}",
+        p.status
+    );
     // A missing file is a 404 page.
     let p = c.get("/projects/proj/files?path=docs/none.md").await;
     assert_eq!(p.status, StatusCode::NOT_FOUND);
@@ -397,41 +692,99 @@ async fn traversal_in_an_artifact_link_is_refused_by_the_store() {
 async fn markdown_is_rendered_without_raw_html_and_code_is_text() {
     let s = Services::start().await;
     let mut c = Client::new(s.router(None));
-    let md = c.get("/projects/proj/files?path=docs/run-1/report.md").await;
+    let md = c
+        .get("/projects/proj/files?path=docs/run-1/report.md")
+        .await;
     assert_eq!(md.status, StatusCode::OK, "{}", md.body);
-    assert!(md.body.contains("<h1>Report</h1>") && md.body.contains("<strong>bold</strong>"), "{}", md.body);
-    assert!(md.body.contains("&lt;script&gt;alert('md')&lt;/script&gt;"), "{}", md.body);
+    assert!(
+        md.body.contains("<h1>Report</h1>") && md.body.contains("<strong>bold</strong>"),
+        "{}",
+        md.body
+    );
+    assert!(
+        md.body.contains("&lt;script&gt;alert('md')&lt;/script&gt;"),
+        "{}",
+        md.body
+    );
     assert!(!md.body.contains("<script>alert"), "{}", md.body);
-    assert!(md.body.contains("href=\"/projects/proj/files?path=docs/run-1/next.md\""), "relative links stay in the project: {}", md.body);
+    assert!(
+        md.body
+            .contains("href=\"/projects/proj/files?path=docs/run-1/next.md\""),
+        "relative links stay in the project: {}",
+        md.body
+    );
     assert!(!md.body.contains("javascript:"), "{}", md.body);
 
-    let code = c.get("/projects/proj/files?path=workspace/src/main.rs").await;
-    assert!(code.body.contains("<pre class=\"code\"><code>fn main() { println!(&quot;&lt;b&gt;hi&lt;/b&gt;&quot;); }"), "{}", code.body);
+    let code = c
+        .get("/projects/proj/files?path=workspace/src/main.rs")
+        .await;
+    assert!(
+        code.body.contains(
+            "<pre class=\"code\"><code>fn main() { println!(&quot;&lt;b&gt;hi&lt;/b&gt;&quot;); }"
+        ),
+        "{}",
+        code.body
+    );
 
-    let zip = c.get("/projects/proj/files?path=docs/run-1/bundle.zip").await;
+    let zip = c
+        .get("/projects/proj/files?path=docs/run-1/bundle.zip")
+        .await;
     assert!(zip.body.contains("This file is not text"), "{}", zip.body);
     assert!(!zip.body.contains("PK"), "binary bytes are not shown");
 
     let tree = c.get("/projects/proj/tree?prefix=docs").await;
-    assert!(tree.body.contains("href=\"/projects/proj/tree?prefix=docs/run-1\""), "{}", tree.body);
+    assert!(
+        tree.body
+            .contains("href=\"/projects/proj/tree?prefix=docs/run-1\""),
+        "{}",
+        tree.body
+    );
 }
 
 #[tokio::test]
 async fn archives_download_whole_as_attachments() {
     let s = Services::start().await;
     let mut c = Client::new(s.router(None));
-    let d = c.get("/projects/proj/download?path=docs/run-1/bundle.zip").await;
+    let d = c
+        .get("/projects/proj/download?path=docs/run-1/bundle.zip")
+        .await;
     assert_eq!(d.status, StatusCode::OK);
-    assert_eq!(d.headers.get(header::CONTENT_TYPE).unwrap(), "application/octet-stream");
-    let disp = d.headers.get(header::CONTENT_DISPOSITION).unwrap().to_str().unwrap();
-    assert!(disp.starts_with("attachment; filename=\"bundle.zip\""), "{disp}");
-    assert_eq!(d.bytes.len(), 3_000_004, "the whole file, streamed in chunks");
+    assert_eq!(
+        d.headers.get(header::CONTENT_TYPE).unwrap(),
+        "application/octet-stream"
+    );
+    let disp = d
+        .headers
+        .get(header::CONTENT_DISPOSITION)
+        .unwrap()
+        .to_str()
+        .unwrap();
+    assert!(
+        disp.starts_with("attachment; filename=\"bundle.zip\""),
+        "{disp}"
+    );
+    assert_eq!(
+        d.bytes.len(),
+        3_000_004,
+        "the whole file, streamed in chunks"
+    );
     assert_eq!(&d.bytes[..4], b"PK\x03\x04");
-    assert!(d.bytes[4..].iter().enumerate().all(|(i, b)| *b == (i as u32 % 251) as u8));
+    assert!(d.bytes[4..]
+        .iter()
+        .enumerate()
+        .all(|(i, b)| *b == (i as u32 % 251) as u8));
     assert_eq!(d.headers.get(header::CONTENT_LENGTH).unwrap(), "3000004");
     // Only raster images are ever inline; a Markdown file asked inline is still an attachment.
-    let md = c.get("/projects/proj/download?path=docs/run-1/report.md&inline=1").await;
-    assert!(md.headers.get(header::CONTENT_DISPOSITION).unwrap().to_str().unwrap().starts_with("attachment"));
+    let md = c
+        .get("/projects/proj/download?path=docs/run-1/report.md&inline=1")
+        .await;
+    assert!(md
+        .headers
+        .get(header::CONTENT_DISPOSITION)
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .starts_with("attachment"));
 }
 
 #[tokio::test]
@@ -439,7 +792,12 @@ async fn the_event_stream_replays_then_follows_and_ends_with_the_run() {
     let s = Services::start().await;
     let mut c = Client::new(s.router(None));
     // A finished run: everything, then `end`.
-    s.fake.emit(RUN, "human.note", "", serde_json::json!({"by": "ann", "note": "<i>x</i>"}));
+    s.fake.emit(
+        RUN,
+        "human.note",
+        "",
+        serde_json::json!({"by": "ann", "note": "<i>x</i>"}),
+    );
     let fake = s.fake.clone();
     let approve = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -454,33 +812,65 @@ async fn the_event_stream_replays_then_follows_and_ends_with_the_run() {
         fake.approve_gate(tonic::Request::new(r)).await.unwrap();
     });
     // The run is still blocked: the stream follows it live until it completes.
-    let p = tokio::time::timeout(Duration::from_secs(10), c.get(&format!("{}/events", run_url()))).await.unwrap();
+    let p = tokio::time::timeout(
+        Duration::from_secs(10),
+        c.get(&format!("{}/events", run_url())),
+    )
+    .await
+    .unwrap();
     approve.await.unwrap();
     assert_eq!(p.status, StatusCode::OK);
-    assert_eq!(p.headers.get(header::CONTENT_TYPE).unwrap(), "text/event-stream");
+    assert_eq!(
+        p.headers.get(header::CONTENT_TYPE).unwrap(),
+        "text/event-stream"
+    );
     let b = &p.body;
-    assert!(b.contains("event: run-event\nid: 1\n") || b.contains("id: 1\n"), "{b}");
+    assert!(
+        b.contains("event: run-event\nid: 1\n") || b.contains("id: 1\n"),
+        "{b}"
+    );
     assert!(b.contains("\"type\":\"gate.blocked\""), "{b}");
-    assert!(b.contains("\"note\":\"fine\""), "the live event arrived: {b}");
+    assert!(
+        b.contains("\"note\":\"fine\""),
+        "the live event arrived: {b}"
+    );
     assert!(b.contains("\"type\":\"task.completed\""), "{b}");
-    assert!(b.trim_end().ends_with("data: {\"reason\":\"the run is over\"}"), "{b}");
+    assert!(
+        b.trim_end()
+            .ends_with("data: {\"reason\":\"the run is over\"}"),
+        "{b}"
+    );
     // Resuming after id 3 sends only what followed.
-    let p = c.get_with(&format!("{}/events", run_url()), "last-event-id", "3").await;
-    assert!(!p.body.contains("id: 3\n") && p.body.contains("id: 4\n"), "{}", p.body);
+    let p = c
+        .get_with(&format!("{}/events", run_url()), "last-event-id", "3")
+        .await;
+    assert!(
+        !p.body.contains("id: 3\n") && p.body.contains("id: 4\n"),
+        "{}",
+        p.body
+    );
     // An unknown run: 404, no stream.
-    assert_eq!(c.get("/projects/proj/runs/nope/events").await.status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        c.get("/projects/proj/runs/nope/events").await.status,
+        StatusCode::NOT_FOUND
+    );
 }
 
 #[tokio::test]
 async fn serving_needs_a_token_off_loopback_and_stops_with_open_streams() {
     let s = Services::start().await;
     let public = tokio::net::TcpListener::bind("0.0.0.0:0").await.unwrap();
-    let e = serve_console(s.config(None), public, async {}).await.unwrap_err();
+    let e = serve_console(s.config(None), public, async {})
+        .await
+        .unwrap_err();
     assert!(e.to_string().contains("without a login token"), "{e}");
 
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
-    assert_eq!(console_url(addr), format!("http://127.0.0.1:{}/", addr.port()));
+    assert_eq!(
+        console_url(addr),
+        format!("http://127.0.0.1:{}/", addr.port())
+    );
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(serve_console(s.config(None), l, async move {
         let _ = stopped.await;
@@ -488,14 +878,24 @@ async fn serving_needs_a_token_off_loopback_and_stops_with_open_streams() {
     // A browser holding the event stream of a blocked run open.
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
-    sock.write_all(format!("GET {}/events HTTP/1.1\r\nHost: x\r\n\r\n", run_url()).as_bytes()).await.unwrap();
+    sock.write_all(format!("GET {}/events HTTP/1.1\r\nHost: x\r\n\r\n", run_url()).as_bytes())
+        .await
+        .unwrap();
     let mut buf = vec![0u8; 4096];
-    let n = tokio::time::timeout(Duration::from_secs(5), sock.read(&mut buf)).await.unwrap().unwrap();
+    let n = tokio::time::timeout(Duration::from_secs(5), sock.read(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
     assert!(String::from_utf8_lossy(&buf[..n]).contains("text/event-stream"));
     let _ = stop.send(());
-    let served = tokio::time::timeout(Duration::from_secs(10), server).await.expect("shutdown does not wait for the stream");
+    let served = tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .expect("shutdown does not wait for the stream");
     served.unwrap().unwrap();
 
-    let bad = ConsoleConfig { store_addr: String::new(), ..s.config(None) };
+    let bad = ConsoleConfig {
+        store_addr: String::new(),
+        ..s.config(None)
+    };
     assert!(cairn_orchestrator::console::console_router(bad).is_err());
 }

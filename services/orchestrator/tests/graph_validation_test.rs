@@ -82,8 +82,10 @@ async fn run_ids_are_unique_and_resolved_graph_is_frozen() {
     let e = s.submit_req(req).await.unwrap_err();
     assert_eq!(e.code(), Code::AlreadyExists, "{e:?}");
     let resolved: serde_json::Value = serde_json::from_slice(&s.read(".cairn/runs/fixed-id/graph.resolved.json").await.unwrap()).unwrap();
-    assert_eq!(resolved["nodes"][0]["path"], "docs/fixed-id/given.txt");
+    // Templates as written; run id and final variable values recorded once.
+    assert_eq!(resolved["nodes"][0]["path"], "docs/{{run_id}}/{{vars.v}}.txt");
     assert_eq!(resolved["vars"]["v"], "given");
+    assert_eq!(resolved["run_id"], "fixed-id");
     s.wait_state("fixed-id", cairn_proto::v1::TaskState::Completed, 20).await;
     assert!(s.read("docs/fixed-id/given.txt").await.is_some());
     s.stop().await;

@@ -18,7 +18,8 @@ use axum::routing::post;
 use axum::Router;
 use cairn_orchestrator::agents::retry::{AttemptOutcome, FailureKind, GaveUp};
 use cairn_orchestrator::agents::{
-    AgentError, AgentRequest, Attempt, LlmConfig, Message, OpenAiProvider, Provider, Providers, Role, ToolCall, ToolChoice, ToolSpec,
+    AgentError, AgentRequest, Attempt, LlmConfig, Message, OpenAiProvider, Provider, Providers,
+    Role, ToolCall, ToolChoice, ToolSpec,
 };
 use serde_json::{json, Value};
 
@@ -27,20 +28,40 @@ const KEY: &str = "sk-test-5ecret-KEY-0123456789";
 /// One scripted answer.
 #[derive(Clone)]
 enum Answer {
-    Json { status: u16, body: Value, headers: Vec<(&'static str, String)> },
-    Raw { status: u16, content_type: &'static str, body: String },
+    Json {
+        status: u16,
+        body: Value,
+        headers: Vec<(&'static str, String)>,
+    },
+    Raw {
+        status: u16,
+        content_type: &'static str,
+        body: String,
+    },
     /// Server-sent events: each chunk written after `gap`, then (if `hang`) silence.
-    Sse { chunks: Vec<String>, gap: Duration, hang: bool },
+    Sse {
+        chunks: Vec<String>,
+        gap: Duration,
+        hang: bool,
+    },
     /// Never answers; sets the flag when the request is abandoned.
     Hang,
 }
 
 fn ok(body: Value) -> Answer {
-    Answer::Json { status: 200, body, headers: vec![] }
+    Answer::Json {
+        status: 200,
+        body,
+        headers: vec![],
+    }
 }
 
 fn status(code: u16, body: Value) -> Answer {
-    Answer::Json { status: code, body, headers: vec![] }
+    Answer::Json {
+        status: code,
+        body,
+        headers: vec![],
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -85,40 +106,66 @@ async fn chat(State(fake): State<Fake>, headers: HeaderMap, body: Bytes) -> Resp
     let answer = {
         let mut s = fake.script.lock().unwrap();
         s.seen.push(Seen {
-            authorization: headers.get("authorization").map(|v| v.to_str().unwrap().to_owned()),
-            accept: headers.get("accept").map(|v| v.to_str().unwrap().to_owned()),
+            authorization: headers
+                .get("authorization")
+                .map(|v| v.to_str().unwrap().to_owned()),
+            accept: headers
+                .get("accept")
+                .map(|v| v.to_str().unwrap().to_owned()),
             body: serde_json::from_slice(&body).unwrap_or(Value::Null),
             at: Instant::now(),
         });
         let then = s.then.clone();
-        s.answers.pop_front().or(then).unwrap_or_else(|| status(500, json!({"error": {"message": "script exhausted"}})))
+        s.answers
+            .pop_front()
+            .or(then)
+            .unwrap_or_else(|| status(500, json!({"error": {"message": "script exhausted"}})))
     };
     match answer {
-        Answer::Json { status, body, headers } => {
-            let mut b = Response::builder().status(status).header("content-type", "application/json");
+        Answer::Json {
+            status,
+            body,
+            headers,
+        } => {
+            let mut b = Response::builder()
+                .status(status)
+                .header("content-type", "application/json");
             for (k, v) in headers {
                 b = b.header(k, v);
             }
             b.body(Body::from(body.to_string())).unwrap()
         }
-        Answer::Raw { status, content_type, body } => {
-            Response::builder().status(status).header("content-type", content_type).body(Body::from(body)).unwrap()
-        }
+        Answer::Raw {
+            status,
+            content_type,
+            body,
+        } => Response::builder()
+            .status(status)
+            .header("content-type", content_type)
+            .body(Body::from(body))
+            .unwrap(),
         Answer::Sse { chunks, gap, hang } => {
-            let stream = futures::stream::unfold((chunks.into_iter(), hang), move |(mut it, hang)| async move {
-                match it.next() {
-                    Some(c) => {
-                        tokio::time::sleep(gap).await;
-                        Some((Ok::<_, Infallible>(Bytes::from(c)), (it, hang)))
+            let stream = futures::stream::unfold(
+                (chunks.into_iter(), hang),
+                move |(mut it, hang)| async move {
+                    match it.next() {
+                        Some(c) => {
+                            tokio::time::sleep(gap).await;
+                            Some((Ok::<_, Infallible>(Bytes::from(c)), (it, hang)))
+                        }
+                        None if hang => {
+                            std::future::pending::<()>().await;
+                            None
+                        }
+                        None => None,
                     }
-                    None if hang => {
-                        std::future::pending::<()>().await;
-                        None
-                    }
-                    None => None,
-                }
-            });
-            Response::builder().status(200).header("content-type", "text/event-stream").body(Body::from_stream(stream)).unwrap()
+                },
+            );
+            Response::builder()
+                .status(200)
+                .header("content-type", "text/event-stream")
+                .body(Body::from_stream(stream))
+                .unwrap()
         }
         Answer::Hang => {
             let _flag = DropFlag(fake.abandoned.clone());
@@ -132,11 +179,17 @@ async fn fake(answers: Vec<Answer>, then: Option<Answer>) -> Fake {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let fake = Fake {
-        script: Arc::new(Mutex::new(Script { answers: answers.into(), then, seen: vec![] })),
+        script: Arc::new(Mutex::new(Script {
+            answers: answers.into(),
+            then,
+            seen: vec![],
+        })),
         abandoned: Arc::new(AtomicBool::new(false)),
         base_url: format!("http://{addr}/v1"),
     };
-    let app = Router::new().route("/v1/chat/completions", post(chat)).with_state(fake.clone());
+    let app = Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .with_state(fake.clone());
     tokio::spawn(async move {
         axum::serve(listener, app).await.unwrap();
     });
@@ -155,7 +208,9 @@ fn config() -> LlmConfig {
 }
 
 fn provider(fake: &Fake, config: &LlmConfig) -> OpenAiProvider {
-    OpenAiProvider::new(&fake.base_url, "test-model", config).unwrap().with_api_key(Some(KEY.into()))
+    OpenAiProvider::new(&fake.base_url, "test-model", config)
+        .unwrap()
+        .with_api_key(Some(KEY.into()))
 }
 
 fn request(messages: Vec<Message>) -> AgentRequest {
@@ -173,7 +228,10 @@ fn request(messages: Vec<Message>) -> AgentRequest {
 }
 
 fn hello() -> AgentRequest {
-    request(vec![Message::new(Role::System, "be brief"), Message::new(Role::User, "hello")])
+    request(vec![
+        Message::new(Role::System, "be brief"),
+        Message::new(Role::User, "hello"),
+    ])
 }
 
 fn completion(content: Value) -> Value {
@@ -200,7 +258,7 @@ impl Attempts {
 
 fn llm_error(e: AgentError) -> cairn_orchestrator::agents::LlmError {
     match e {
-        AgentError::Llm(e) => e,
+        AgentError::Llm(e) => *e,
         other => panic!("expected an LLM error, got {other:?}"),
     }
 }
@@ -214,18 +272,32 @@ async fn happy_path_returns_content_usage_and_sends_the_key_as_bearer() {
     let reply = p.complete_observed(&hello(), &observer).await.unwrap();
     assert_eq!(reply.content, "Hello there");
     assert_eq!(reply.model, "test-model-2025");
-    assert_eq!((reply.usage.prompt_tokens, reply.usage.completion_tokens), (12, 3));
+    assert_eq!(
+        (reply.usage.prompt_tokens, reply.usage.completion_tokens),
+        (12, 3)
+    );
     assert_eq!(reply.finish_reason, "stop");
     assert!(reply.tool_calls.is_empty());
 
     let seen = fake.requests();
     assert_eq!(seen.len(), 1);
-    assert_eq!(seen[0].authorization.as_deref(), Some(format!("Bearer {KEY}").as_str()));
+    assert_eq!(
+        seen[0].authorization.as_deref(),
+        Some(format!("Bearer {KEY}").as_str())
+    );
     assert_eq!(seen[0].accept.as_deref(), Some("application/json"));
     let body = &seen[0].body;
     assert_eq!(body["model"], "test-model");
-    assert_eq!(body["messages"], json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]));
-    assert!(body.get("tools").is_none() && body.get("tool_choice").is_none() && body.get("stream").is_none(), "{body}");
+    assert_eq!(
+        body["messages"],
+        json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}])
+    );
+    assert!(
+        body.get("tools").is_none()
+            && body.get("tool_choice").is_none()
+            && body.get("stream").is_none(),
+        "{body}"
+    );
 
     let a = attempts.all();
     assert_eq!(a.len(), 1);
@@ -248,12 +320,27 @@ async fn tool_calls_are_sent_and_parsed() {
     let fake = fake(vec![ok(reply_body)], None).await;
     let mut req = request(vec![
         Message::new(Role::User, "look around"),
-        Message::assistant_calls("", vec![ToolCall { id: "call_0".into(), name: "todo".into(), arguments: "{\"action\":\"list\"}".into() }]),
+        Message::assistant_calls(
+            "",
+            vec![ToolCall {
+                id: "call_0".into(),
+                name: "todo".into(),
+                arguments: "{\"action\":\"list\"}".into(),
+            }],
+        ),
         Message::tool_result("call_0", "[]"),
     ]);
     req.tools = vec![
-        ToolSpec { name: "read".into(), description: "Read a file".into(), parameters: json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}) },
-        ToolSpec { name: "glob".into(), description: String::new(), parameters: json!({"type": "object"}) },
+        ToolSpec {
+            name: "read".into(),
+            description: "Read a file".into(),
+            parameters: json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}),
+        },
+        ToolSpec {
+            name: "glob".into(),
+            description: String::new(),
+            parameters: json!({"type": "object"}),
+        },
     ];
     req.tool_choice = Some(ToolChoice::Auto);
     let reply = provider(&fake, &config()).complete(&req).await.unwrap();
@@ -262,23 +349,43 @@ async fn tool_calls_are_sent_and_parsed() {
     assert_eq!(
         reply.tool_calls,
         vec![
-            ToolCall { id: "call_a".into(), name: "read".into(), arguments: "{\"path\":\"README.md\"}".into() },
-            ToolCall { id: "call_b".into(), name: "glob".into(), arguments: "{\"pattern\":\"**/*.rs\"}".into() },
+            ToolCall {
+                id: "call_a".into(),
+                name: "read".into(),
+                arguments: "{\"path\":\"README.md\"}".into()
+            },
+            ToolCall {
+                id: "call_b".into(),
+                name: "glob".into(),
+                arguments: "{\"pattern\":\"**/*.rs\"}".into()
+            },
         ]
     );
 
     let body = &fake.requests()[0].body;
     assert_eq!(body["tool_choice"], "auto");
-    assert_eq!(body["tools"][0], json!({"type": "function", "function": {"name": "read", "description": "Read a file", "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}));
+    assert_eq!(
+        body["tools"][0],
+        json!({"type": "function", "function": {"name": "read", "description": "Read a file", "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}})
+    );
     assert_eq!(body["tools"][1]["function"].get("description"), None);
-    assert_eq!(body["messages"][1], json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_0", "type": "function", "function": {"name": "todo", "arguments": "{\"action\":\"list\"}"}}]}));
-    assert_eq!(body["messages"][2], json!({"role": "tool", "content": "[]", "tool_call_id": "call_0"}));
+    assert_eq!(
+        body["messages"][1],
+        json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_0", "type": "function", "function": {"name": "todo", "arguments": "{\"action\":\"list\"}"}}]})
+    );
+    assert_eq!(
+        body["messages"][2],
+        json!({"role": "tool", "content": "[]", "tool_call_id": "call_0"})
+    );
 
     // A named function as tool_choice.
     let fake2 = self::fake(vec![ok(completion(json!("x")))], None).await;
     req.tool_choice = Some(ToolChoice::Function("read".into()));
     provider(&fake2, &config()).complete(&req).await.unwrap();
-    assert_eq!(fake2.requests()[0].body["tool_choice"], json!({"type": "function", "function": {"name": "read"}}));
+    assert_eq!(
+        fake2.requests()[0].body["tool_choice"],
+        json!({"type": "function", "function": {"name": "read"}})
+    );
 }
 
 fn sse(events: &[Value]) -> String {
@@ -297,7 +404,8 @@ async fn streamed_content_and_tool_call_fragments_are_assembled() {
         json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 1, "function": {"arguments": "\"fn main\"}"}}]}}]}),
         json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}),
         json!({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 9}}),
-    ]) + ": keep-alive comment\n\n" + "data: [DONE]\n\n";
+    ]) + ": keep-alive comment\n\n"
+        + "data: [DONE]\n\n";
     // Cut the byte stream at awkward places (inside lines, inside "data:", CRLF-free).
     let bytes = events.as_bytes();
     let mut chunks = Vec::new();
@@ -310,18 +418,40 @@ async fn streamed_content_and_tool_call_fragments_are_assembled() {
         chunks.push(String::from_utf8(bytes[at..end].to_vec()).unwrap());
         at = end;
     }
-    let fake = fake(vec![Answer::Sse { chunks, gap: Duration::from_millis(1), hang: false }], None).await;
-    let cfg = LlmConfig { stream: true, ..config() };
+    let fake = fake(
+        vec![Answer::Sse {
+            chunks,
+            gap: Duration::from_millis(1),
+            hang: false,
+        }],
+        None,
+    )
+    .await;
+    let cfg = LlmConfig {
+        stream: true,
+        ..config()
+    };
     let reply = provider(&fake, &cfg).complete(&hello()).await.unwrap();
     assert_eq!(reply.content, "Let me check.");
     assert_eq!(reply.model, "m-stream");
     assert_eq!(reply.finish_reason, "tool_calls");
-    assert_eq!((reply.usage.prompt_tokens, reply.usage.completion_tokens), (7, 9));
+    assert_eq!(
+        (reply.usage.prompt_tokens, reply.usage.completion_tokens),
+        (7, 9)
+    );
     assert_eq!(
         reply.tool_calls,
         vec![
-            ToolCall { id: "call_x".into(), name: "read".into(), arguments: "{\"path\":\"a.txt\"}".into() },
-            ToolCall { id: "call_y".into(), name: "grep".into(), arguments: "{\"pattern\":\"fn main\"}".into() },
+            ToolCall {
+                id: "call_x".into(),
+                name: "read".into(),
+                arguments: "{\"path\":\"a.txt\"}".into()
+            },
+            ToolCall {
+                id: "call_y".into(),
+                name: "grep".into(),
+                arguments: "{\"pattern\":\"fn main\"}".into()
+            },
         ]
     );
     let seen = &fake.requests()[0];
@@ -333,23 +463,45 @@ async fn streamed_content_and_tool_call_fragments_are_assembled() {
 #[tokio::test]
 async fn a_stream_cut_before_done_is_retried() {
     let first = sse(&[json!({"choices": [{"index": 0, "delta": {"content": "partial"}}]})]);
-    let whole = sse(&[json!({"choices": [{"index": 0, "delta": {"content": "whole"}, "finish_reason": "stop"}]})]) + "data: [DONE]\n\n";
+    let whole = sse(&[
+        json!({"choices": [{"index": 0, "delta": {"content": "whole"}, "finish_reason": "stop"}]}),
+    ]) + "data: [DONE]\n\n";
     let fake = fake(
         vec![
-            Answer::Sse { chunks: vec![first], gap: Duration::ZERO, hang: false },
-            Answer::Sse { chunks: vec![whole], gap: Duration::ZERO, hang: false },
+            Answer::Sse {
+                chunks: vec![first],
+                gap: Duration::ZERO,
+                hang: false,
+            },
+            Answer::Sse {
+                chunks: vec![whole],
+                gap: Duration::ZERO,
+                hang: false,
+            },
         ],
         None,
     )
     .await;
     let attempts = Attempts::default();
     let observer = attempts.observer();
-    let reply = provider(&fake, &LlmConfig { stream: true, ..config() }).complete_observed(&hello(), &observer).await.unwrap();
+    let reply = provider(
+        &fake,
+        &LlmConfig {
+            stream: true,
+            ..config()
+        },
+    )
+    .complete_observed(&hello(), &observer)
+    .await
+    .unwrap();
     assert_eq!(reply.content, "whole");
     let a = attempts.all();
     assert_eq!(a.len(), 2);
     match &a[0].outcome {
-        AttemptOutcome::Failed { failure, will_retry } => {
+        AttemptOutcome::Failed {
+            failure,
+            will_retry,
+        } => {
             assert_eq!(failure.kind, FailureKind::Interrupted);
             assert!(*will_retry);
             assert!(failure.message.contains("[DONE]"), "{}", failure.message);
@@ -369,22 +521,38 @@ async fn retry_after_seconds_is_honoured() {
     let attempts = Attempts::default();
     let observer = attempts.observer();
     let started = Instant::now();
-    let reply = provider(&fake, &config()).complete_observed(&hello(), &observer).await.unwrap();
+    let reply = provider(&fake, &config())
+        .complete_observed(&hello(), &observer)
+        .await
+        .unwrap();
     let elapsed = started.elapsed();
     assert_eq!(reply.content, "after the wait");
     let seen = fake.requests();
     assert_eq!(seen.len(), 2);
     let gap = seen[1].at - seen[0].at;
     // Backoff alone would be at most 10 ms: the wait is the server's.
-    assert!(gap >= Duration::from_millis(990), "second attempt after {gap:?}");
+    assert!(
+        gap >= Duration::from_millis(990),
+        "second attempt after {gap:?}"
+    );
     assert!(elapsed < Duration::from_secs(5), "{elapsed:?}");
     let a = attempts.all();
     assert_eq!(a.len(), 2);
     assert_eq!(a[0].retry_in_ms, Some(1000));
     match &a[0].outcome {
-        AttemptOutcome::Failed { failure, will_retry } => {
-            assert_eq!((failure.kind, failure.status, *will_retry), (FailureKind::Http, Some(429), true));
-            assert!(failure.message.contains("Rate limit reached"), "{}", failure.message);
+        AttemptOutcome::Failed {
+            failure,
+            will_retry,
+        } => {
+            assert_eq!(
+                (failure.kind, failure.status, *will_retry),
+                (FailureKind::Http, Some(429), true)
+            );
+            assert!(
+                failure.message.contains("Rate limit reached"),
+                "{}",
+                failure.message
+            );
         }
         other => panic!("{other:?}"),
     }
@@ -394,33 +562,73 @@ async fn retry_after_seconds_is_honoured() {
 #[tokio::test]
 async fn retry_after_http_date_is_honoured() {
     let at = std::time::SystemTime::now() + Duration::from_secs(2);
-    let limited = Answer::Json { status: 503, body: json!({"error": {"message": "overloaded"}}), headers: vec![("retry-after", httpdate::fmt_http_date(at))] };
+    let limited = Answer::Json {
+        status: 503,
+        body: json!({"error": {"message": "overloaded"}}),
+        headers: vec![("retry-after", httpdate::fmt_http_date(at))],
+    };
     let fake = fake(vec![limited, ok(completion(json!("ok")))], None).await;
     provider(&fake, &config()).complete(&hello()).await.unwrap();
     let seen = fake.requests();
     let gap = seen[1].at - seen[0].at;
     // The date has whole seconds, so the wait is between 1 and 2 s.
-    assert!(gap >= Duration::from_millis(900) && gap < Duration::from_secs(4), "{gap:?}");
+    assert!(
+        gap >= Duration::from_millis(900) && gap < Duration::from_secs(4),
+        "{gap:?}"
+    );
 }
 
 #[tokio::test]
 async fn five_server_errors_exhaust_the_five_attempts() {
-    let fake = fake(vec![], Some(status(500, json!({"error": {"message": "upstream exploded"}})))).await;
+    let fake = fake(
+        vec![],
+        Some(status(
+            500,
+            json!({"error": {"message": "upstream exploded"}}),
+        )),
+    )
+    .await;
     let attempts = Attempts::default();
     let observer = attempts.observer();
-    let e = provider(&fake, &config()).complete_observed(&hello(), &observer).await.unwrap_err();
+    let e = provider(&fake, &config())
+        .complete_observed(&hello(), &observer)
+        .await
+        .unwrap_err();
     let text = e.to_string();
     assert_eq!(fake.requests().len(), 5, "exactly 5 attempts");
-    assert!(text.contains("failed 5 times in a row") && text.contains("5 of 5 attempts"), "{text}");
-    assert!(text.contains("HTTP 500") && text.contains("upstream exploded"), "{text}");
-    assert!(text.contains("test-model") && text.contains("/v1/chat/completions"), "{text}");
+    assert!(
+        text.contains("failed 5 times in a row") && text.contains("5 of 5 attempts"),
+        "{text}"
+    );
+    assert!(
+        text.contains("HTTP 500") && text.contains("upstream exploded"),
+        "{text}"
+    );
+    assert!(
+        text.contains("test-model") && text.contains("/v1/chat/completions"),
+        "{text}"
+    );
     let e = llm_error(e);
-    assert_eq!((e.attempts, e.max_attempts, e.gave_up), (5, 5, GaveUp::Exhausted));
-    assert!(e.summary().contains("HTTP 500") && e.summary().contains("after 5 of 5 attempts"), "{}", e.summary());
-    assert!(e.retry_advice().contains("submit the task again"), "{}", e.retry_advice());
+    assert_eq!(
+        (e.attempts, e.max_attempts, e.gave_up),
+        (5, 5, GaveUp::Exhausted)
+    );
+    assert!(
+        e.summary().contains("HTTP 500") && e.summary().contains("after 5 of 5 attempts"),
+        "{}",
+        e.summary()
+    );
+    assert!(
+        e.retry_advice().contains("submit the task again"),
+        "{}",
+        e.retry_advice()
+    );
 
     let a = attempts.all();
-    assert_eq!(a.iter().map(|a| a.attempt).collect::<Vec<_>>(), vec![1, 2, 3, 4, 5]);
+    assert_eq!(
+        a.iter().map(|a| a.attempt).collect::<Vec<_>>(),
+        vec![1, 2, 3, 4, 5]
+    );
     for (i, a) in a.iter().enumerate() {
         let last = i == 4;
         match &a.outcome {
@@ -454,25 +662,52 @@ async fn a_request_may_lower_its_attempts() {
 #[tokio::test]
 async fn retryable_statuses_are_retried() {
     for code in [408u16, 409, 429, 502, 503, 504] {
-        let fake = fake(vec![status(code, json!({"error": {"message": "busy"}}))], Some(ok(completion(json!("fine"))))).await;
+        let fake = fake(
+            vec![status(code, json!({"error": {"message": "busy"}}))],
+            Some(ok(completion(json!("fine")))),
+        )
+        .await;
         let reply = provider(&fake, &config()).complete(&hello()).await.unwrap();
         assert_eq!(reply.content, "fine");
-        assert_eq!(fake.requests().len(), 2, "HTTP {code} is retried once, then succeeds");
+        assert_eq!(
+            fake.requests().len(),
+            2,
+            "HTTP {code} is retried once, then succeeds"
+        );
     }
 }
 
 #[tokio::test]
 async fn client_errors_are_not_retried() {
     for code in [400u16, 401, 403, 404, 422] {
-        let fake = fake(vec![], Some(status(code, json!({"error": {"message": format!("bad thing {code}")}})))).await;
-        let e = provider(&fake, &config()).complete(&hello()).await.unwrap_err();
+        let fake = fake(
+            vec![],
+            Some(status(
+                code,
+                json!({"error": {"message": format!("bad thing {code}")}}),
+            )),
+        )
+        .await;
+        let e = provider(&fake, &config())
+            .complete(&hello())
+            .await
+            .unwrap_err();
         assert_eq!(fake.requests().len(), 1, "HTTP {code} must not be retried");
         let text = e.to_string();
-        assert!(text.contains("not retried") && text.contains(&format!("bad thing {code}")), "{text}");
+        assert!(
+            text.contains("not retried") && text.contains(&format!("bad thing {code}")),
+            "{text}"
+        );
         let e = llm_error(e);
-        assert_eq!((e.attempts, e.gave_up, e.last.status), (1, GaveUp::NotRetryable, Some(code)));
+        assert_eq!(
+            (e.attempts, e.gave_up, e.last.status),
+            (1, GaveUp::NotRetryable, Some(code))
+        );
         if code == 401 {
-            assert!(text.contains("check the API key in $OPENAI_API_KEY"), "{text}");
+            assert!(
+                text.contains("check the API key in $OPENAI_API_KEY"),
+                "{text}"
+            );
         }
         if code == 404 {
             assert!(text.contains("/v1"), "{text}");
@@ -489,11 +724,20 @@ async fn quota_exhausted_429_is_not_retried_even_with_retry_after() {
     };
     let fake = fake(vec![], Some(quota)).await;
     let started = Instant::now();
-    let e = provider(&fake, &config()).complete(&hello()).await.unwrap_err();
-    assert!(started.elapsed() < Duration::from_millis(900), "no wait for a quota error");
+    let e = provider(&fake, &config())
+        .complete(&hello())
+        .await
+        .unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_millis(900),
+        "no wait for a quota error"
+    );
     assert_eq!(fake.requests().len(), 1);
     let text = e.to_string();
-    assert!(text.contains("quota is exhausted") && text.contains("not retried"), "{text}");
+    assert!(
+        text.contains("quota is exhausted") && text.contains("not retried"),
+        "{text}"
+    );
     let e = llm_error(e);
     assert_eq!(e.last.kind, FailureKind::QuotaExhausted);
     assert!(e.retry_advice().contains("quota"), "{}", e.retry_advice());
@@ -501,72 +745,174 @@ async fn quota_exhausted_429_is_not_retried_even_with_retry_after() {
 
 #[tokio::test]
 async fn a_retry_after_longer_than_allowed_ends_the_request() {
-    let limited = Answer::Json { status: 429, body: json!({}), headers: vec![("retry-after", "3600".into())] };
+    let limited = Answer::Json {
+        status: 429,
+        body: json!({}),
+        headers: vec![("retry-after", "3600".into())],
+    };
     let fake = fake(vec![], Some(limited)).await;
-    let e = provider(&fake, &config()).complete(&hello()).await.unwrap_err();
+    let e = provider(&fake, &config())
+        .complete(&hello())
+        .await
+        .unwrap_err();
     assert_eq!(fake.requests().len(), 1);
-    assert!(e.to_string().contains("3600s") && e.to_string().contains("llm.max_retry_after_s"), "{e}");
+    assert!(
+        e.to_string().contains("3600s") && e.to_string().contains("llm.max_retry_after_s"),
+        "{e}"
+    );
 }
 
 #[tokio::test]
 async fn a_hanging_server_times_out_within_the_bound() {
     let fake = fake(vec![], Some(Answer::Hang)).await;
-    let cfg = LlmConfig { request_timeout_ms: 300, max_attempts: 2, ..config() };
+    let cfg = LlmConfig {
+        request_timeout_ms: 300,
+        max_attempts: 2,
+        ..config()
+    };
     let started = Instant::now();
     let e = provider(&fake, &cfg).complete(&hello()).await.unwrap_err();
     let elapsed = started.elapsed();
-    assert!(elapsed >= Duration::from_millis(600), "two attempts of 300 ms: {elapsed:?}");
-    assert!(elapsed < Duration::from_secs(2), "bounded by the timeouts: {elapsed:?}");
+    assert!(
+        elapsed >= Duration::from_millis(600),
+        "two attempts of 300 ms: {elapsed:?}"
+    );
+    assert!(
+        elapsed < Duration::from_secs(2),
+        "bounded by the timeouts: {elapsed:?}"
+    );
     assert_eq!(fake.requests().len(), 2, "timeouts are retried");
     let text = e.to_string();
-    assert!(text.contains("within 300 ms") && text.contains("llm.request_timeout_ms"), "{text}");
+    assert!(
+        text.contains("within 300 ms") && text.contains("llm.request_timeout_ms"),
+        "{text}"
+    );
     assert_eq!(llm_error(e).last.kind, FailureKind::Timeout);
 }
 
 #[tokio::test]
 async fn a_silent_stream_hits_the_idle_timeout() {
     let first = sse(&[json!({"choices": [{"index": 0, "delta": {"content": "thinking"}}]})]);
-    let fake = fake(vec![], Some(Answer::Sse { chunks: vec![first], gap: Duration::ZERO, hang: true })).await;
-    let cfg = LlmConfig { stream: true, idle_timeout_ms: 200, max_attempts: 1, ..config() };
+    let fake = fake(
+        vec![],
+        Some(Answer::Sse {
+            chunks: vec![first],
+            gap: Duration::ZERO,
+            hang: true,
+        }),
+    )
+    .await;
+    let cfg = LlmConfig {
+        stream: true,
+        idle_timeout_ms: 200,
+        max_attempts: 1,
+        ..config()
+    };
     let started = Instant::now();
     let e = provider(&fake, &cfg).complete(&hello()).await.unwrap_err();
-    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
-    assert!(e.to_string().contains("nothing for 200 ms (llm.idle_timeout_ms)"), "{e}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        e.to_string()
+            .contains("nothing for 200 ms (llm.idle_timeout_ms)"),
+        "{e}"
+    );
 }
 
 #[tokio::test]
 async fn malformed_answers_are_clear_errors_and_not_retried() {
     let cases = [
-        (Answer::Raw { status: 200, content_type: "application/json", body: "{\"choices\": [".into() }, "is not JSON"),
-        (Answer::Raw { status: 200, content_type: "text/html", body: "<html>proxy login</html>".into() }, "is not JSON"),
+        (
+            Answer::Raw {
+                status: 200,
+                content_type: "application/json",
+                body: "{\"choices\": [".into(),
+            },
+            "is not JSON",
+        ),
+        (
+            Answer::Raw {
+                status: 200,
+                content_type: "text/html",
+                body: "<html>proxy login</html>".into(),
+            },
+            "is not JSON",
+        ),
         (ok(json!({"object": "list", "data": []})), "no choices[0]"),
         (ok(json!({"choices": [{"index": 0}]})), "no message object"),
-        (ok(json!({"choices": [{"message": {"tool_calls": [{"id": "c", "function": {"arguments": "{}"}}]}}]})), "no function name"),
-        (ok(json!({"error": {"message": "model overloaded"}})), "model overloaded"),
+        (
+            ok(
+                json!({"choices": [{"message": {"tool_calls": [{"id": "c", "function": {"arguments": "{}"}}]}}]}),
+            ),
+            "no function name",
+        ),
+        (
+            ok(json!({"error": {"message": "model overloaded"}})),
+            "model overloaded",
+        ),
     ];
     for (answer, expected) in cases {
         let fake = fake(vec![], Some(answer)).await;
-        let e = provider(&fake, &config()).complete(&hello()).await.unwrap_err();
-        assert_eq!(fake.requests().len(), 1, "a malformed answer is not retried ({expected})");
+        let e = provider(&fake, &config())
+            .complete(&hello())
+            .await
+            .unwrap_err();
+        assert_eq!(
+            fake.requests().len(),
+            1,
+            "a malformed answer is not retried ({expected})"
+        );
         assert!(e.to_string().contains(expected), "{e}");
         assert_eq!(llm_error(e).last.kind, FailureKind::Protocol);
     }
     // A malformed body with a 5xx status is a server error, and retried.
-    let fake = fake(vec![Answer::Raw { status: 502, content_type: "text/html", body: "<h1>Bad Gateway</h1>".into() }], Some(ok(completion(json!("ok"))))).await;
-    assert_eq!(provider(&fake, &config()).complete(&hello()).await.unwrap().content, "ok");
+    let fake = fake(
+        vec![Answer::Raw {
+            status: 502,
+            content_type: "text/html",
+            body: "<h1>Bad Gateway</h1>".into(),
+        }],
+        Some(ok(completion(json!("ok")))),
+    )
+    .await;
+    assert_eq!(
+        provider(&fake, &config())
+            .complete(&hello())
+            .await
+            .unwrap()
+            .content,
+        "ok"
+    );
     assert_eq!(fake.requests().len(), 2);
 }
 
 #[tokio::test]
 async fn the_api_key_never_appears_in_errors() {
     // A server that echoes the Authorization header in its error message.
-    let echo = status(401, json!({"error": {"message": format!("Incorrect API key provided: Bearer {KEY}. You can find your key at ...")}}));
+    let echo = status(
+        401,
+        json!({"error": {"message": format!("Incorrect API key provided: Bearer {KEY}. You can find your key at ...")}}),
+    );
     let fake = fake(vec![], Some(echo)).await;
     let p = provider(&fake, &config());
     let e = p.complete(&hello()).await.unwrap_err();
-    assert_eq!(fake.requests()[0].authorization.as_deref(), Some(format!("Bearer {KEY}").as_str()));
-    for shown in [e.to_string(), format!("{e:?}"), format!("{p:?}"), serde_json::to_string(&llm_error(e.clone())).unwrap()] {
-        assert!(!shown.contains(KEY) && !shown.contains("5ecret"), "key leaked: {shown}");
+    assert_eq!(
+        fake.requests()[0].authorization.as_deref(),
+        Some(format!("Bearer {KEY}").as_str())
+    );
+    for shown in [
+        e.to_string(),
+        format!("{e:?}"),
+        format!("{p:?}"),
+        serde_json::to_string(&llm_error(e.clone())).unwrap(),
+    ] {
+        assert!(
+            !shown.contains(KEY) && !shown.contains("5ecret"),
+            "key leaked: {shown}"
+        );
     }
     assert!(e.to_string().contains("[redacted]"), "{e}");
 
@@ -574,16 +920,29 @@ async fn the_api_key_never_appears_in_errors() {
     let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = closed.local_addr().unwrap();
     drop(closed);
-    let cfg = LlmConfig { max_attempts: 3, ..config() };
-    let p = OpenAiProvider::new(&format!("http://{addr}/v1"), "m", &cfg).unwrap().with_api_key(Some(KEY.into()));
+    let cfg = LlmConfig {
+        max_attempts: 3,
+        ..config()
+    };
+    let p = OpenAiProvider::new(&format!("http://{addr}/v1"), "m", &cfg)
+        .unwrap()
+        .with_api_key(Some(KEY.into()));
     let e = p.complete(&hello()).await.unwrap_err();
     assert!(!e.to_string().contains(KEY));
     let e = llm_error(e);
-    assert_eq!((e.attempts, e.last.kind), (3, FailureKind::Connect), "connection errors are retried");
+    assert_eq!(
+        (e.attempts, e.last.kind),
+        (3, FailureKind::Connect),
+        "connection errors are retried"
+    );
 
     // Without a key nothing is sent.
     let fake = self::fake(vec![ok(completion(json!("hi")))], None).await;
-    provider(&fake, &config()).with_api_key(None).complete(&hello()).await.unwrap();
+    provider(&fake, &config())
+        .with_api_key(None)
+        .complete(&hello())
+        .await
+        .unwrap();
     assert_eq!(fake.requests()[0].authorization, None);
 }
 
@@ -592,17 +951,29 @@ async fn providers_build_openai_from_the_llm_setting_with_the_key_from_the_envir
     let env = format!("CAIRN_TEST_OPENAI_KEY_{}", std::process::id());
     std::env::set_var(&env, KEY);
     let fake = fake(vec![ok(completion(json!("via spec")))], None).await;
-    let providers = Providers::new(LlmConfig { api_key_env: env.clone(), model: "default-model".into(), ..config() });
+    let providers = Providers::new(LlmConfig {
+        api_key_env: env.clone(),
+        model: "default-model".into(),
+        ..config()
+    });
     // A bare URL works too; the model comes from llm.model when the spec names none.
-    for spec in [format!("openai:{}#spec-model", fake.base_url), fake.base_url.clone()] {
+    for spec in [
+        format!("openai:{}#spec-model", fake.base_url),
+        fake.base_url.clone(),
+    ] {
         let parsed = cairn_orchestrator::agents::ProviderSpec::parse(&spec).unwrap();
         providers.check(&parsed).unwrap();
     }
-    let p = providers.get(&format!("openai:{}#spec-model", fake.base_url)).unwrap();
+    let p = providers
+        .get(&format!("openai:{}#spec-model", fake.base_url))
+        .unwrap();
     assert_eq!(p.complete(&hello()).await.unwrap().content, "via spec");
     let seen = fake.requests();
     assert_eq!(seen[0].body["model"], "spec-model");
-    assert_eq!(seen[0].authorization.as_deref(), Some(format!("Bearer {KEY}").as_str()));
+    assert_eq!(
+        seen[0].authorization.as_deref(),
+        Some(format!("Bearer {KEY}").as_str())
+    );
     assert!(!format!("{:?}", providers.openai(&fake.base_url, "").unwrap()).contains(KEY));
 
     let none = Providers::new(config());

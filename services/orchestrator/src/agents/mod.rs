@@ -150,7 +150,7 @@ pub enum AgentError {
     BadSpec { spec: String, message: String },
     /// An OpenAI-compatible request that ended without an answer (its attempts are in it).
     #[error(transparent)]
-    Llm(#[from] retry::LlmError),
+    Llm(Box<retry::LlmError>),
     #[error("no LLM provider configured for this run; submit with llm=replay:<cassette> or set the graph's `llm:`")]
     NotConfigured,
 }

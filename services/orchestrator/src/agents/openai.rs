@@ -20,7 +20,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::retry::{self, AttemptFailure, AttemptObserver, FailureKind, NoObserver, RetryRule};
-use super::{AgentError, AgentReply, AgentRequest, Message, Provider, ProviderSpec, Providers, Role, ToolCall, Usage};
+use super::{
+    AgentError, AgentReply, AgentRequest, Message, Provider, ProviderSpec, Providers, Role,
+    ToolCall, Usage,
+};
 
 /// Most bytes of an error body kept for the message.
 const ERROR_BODY_BYTES: usize = 64 << 10;
@@ -141,7 +144,10 @@ pub fn http_client(config: &LlmConfig) -> Result<reqwest::Client, AgentError> {
         .redirect(reqwest::redirect::Policy::none())
         .user_agent(concat!("cairn/", env!("CARGO_PKG_VERSION")))
         .build()
-        .map_err(|e| AgentError::BadSpec { spec: "openai".into(), message: format!("cannot build the HTTP client: {}", chain(&e)) })
+        .map_err(|e| AgentError::BadSpec {
+            spec: "openai".into(),
+            message: format!("cannot build the HTTP client: {}", chain(&e)),
+        })
 }
 
 /// Parses the part after `openai:` (or a whole `http(s)://` URL): `<base_url>[#<model>]`.
@@ -151,10 +157,17 @@ pub(super) fn parse_spec(spec: &str, rest: &str) -> Result<ProviderSpec, AgentEr
         None => (rest.trim(), ""),
     };
     let base_url = base_url(url).map_err(|(shown, message)| AgentError::BadSpec {
-        spec: if shown.is_empty() { spec.to_owned() } else { format!("openai:{shown}#{model}") },
+        spec: if shown.is_empty() {
+            spec.to_owned()
+        } else {
+            format!("openai:{shown}#{model}")
+        },
         message,
     })?;
-    Ok(ProviderSpec::OpenAi { base_url, model: model.to_owned() })
+    Ok(ProviderSpec::OpenAi {
+        base_url,
+        model: model.to_owned(),
+    })
 }
 
 /// `openai:<base_url>#<model>` (`openai:<base_url>` when the model comes from `llm.model`).
@@ -173,7 +186,13 @@ fn base_url(url: &str) -> Result<String, (String, String)> {
         (String::new(), format!("`{url}` is not a URL ({e}); write openai:<base_url>#<model>, e.g. openai:http://127.0.0.1:8000/v1#qwen2.5-7b"))
     })?;
     if !matches!(parsed.scheme(), "http" | "https") {
-        return Err((String::new(), format!("the base URL must be http:// or https://, not {}://", parsed.scheme())));
+        return Err((
+            String::new(),
+            format!(
+                "the base URL must be http:// or https://, not {}://",
+                parsed.scheme()
+            ),
+        ));
     }
     if !parsed.username().is_empty() || parsed.password().is_some() {
         let _ = parsed.set_username("");
@@ -184,7 +203,10 @@ fn base_url(url: &str) -> Result<String, (String, String)> {
         ));
     }
     if parsed.query().is_some() {
-        return Err((String::new(), "the base URL must not have a query (`?...`)".into()));
+        return Err((
+            String::new(),
+            "the base URL must not have a query (`?...`)".into(),
+        ));
     }
     let mut s = parsed.as_str().trim_end_matches('/').to_owned();
     if let Some(stripped) = s.strip_suffix("/chat/completions") {
@@ -210,23 +232,42 @@ impl Providers {
 
 impl OpenAiProvider {
     /// A provider with its own HTTP client.
-    pub fn new(base_url: &str, model: &str, config: &LlmConfig) -> Result<OpenAiProvider, AgentError> {
+    pub fn new(
+        base_url: &str,
+        model: &str,
+        config: &LlmConfig,
+    ) -> Result<OpenAiProvider, AgentError> {
         OpenAiProvider::with_client(http_client(config)?, base_url, model, config)
     }
 
     /// A provider on `http`; `model` "" = `config.model`. The API key is read from the
     /// environment variable `config.api_key_env`.
-    pub fn with_client(http: reqwest::Client, base_url: &str, model: &str, config: &LlmConfig) -> Result<OpenAiProvider, AgentError> {
+    pub fn with_client(
+        http: reqwest::Client,
+        base_url: &str,
+        model: &str,
+        config: &LlmConfig,
+    ) -> Result<OpenAiProvider, AgentError> {
         let shown = spec_string(base_url, model);
-        let base_url = self::base_url(base_url).map_err(|(s, message)| AgentError::BadSpec { spec: if s.is_empty() { shown.clone() } else { s }, message })?;
-        let model = if model.trim().is_empty() { config.model.trim() } else { model.trim() };
+        let base_url = self::base_url(base_url).map_err(|(s, message)| AgentError::BadSpec {
+            spec: if s.is_empty() { shown.clone() } else { s },
+            message,
+        })?;
+        let model = if model.trim().is_empty() {
+            config.model.trim()
+        } else {
+            model.trim()
+        };
         if model.is_empty() {
             return Err(AgentError::BadSpec {
                 spec: shown,
                 message: "no model: write openai:<base_url>#<model> or set llm.model in the orchestrator's config".into(),
             });
         }
-        let api_key = std::env::var(&config.api_key_env).ok().filter(|k| !k.trim().is_empty()).map(|k| ApiKey(k.trim().to_owned()));
+        let api_key = std::env::var(&config.api_key_env)
+            .ok()
+            .filter(|k| !k.trim().is_empty())
+            .map(|k| ApiKey(k.trim().to_owned()));
         Ok(OpenAiProvider {
             endpoint: format!("{base_url}/chat/completions"),
             base_url,
@@ -293,7 +334,10 @@ impl OpenAiProvider {
             Ok(r) => r,
             Err(_) => Err(AttemptFailure::new(
                 FailureKind::Timeout,
-                format!("no complete answer within {} ms (llm.request_timeout_ms)", self.config.request_timeout_ms),
+                format!(
+                    "no complete answer within {} ms (llm.request_timeout_ms)",
+                    self.config.request_timeout_ms
+                ),
             )),
         };
         result.map_err(|mut f| {
@@ -303,15 +347,27 @@ impl OpenAiProvider {
     }
 
     async fn exchange(&self, body: &Value) -> Result<AgentReply, AttemptFailure> {
-        let accept = if self.config.stream { "text/event-stream" } else { "application/json" };
-        let mut req = self.http.post(&self.endpoint).header(ACCEPT, accept).json(body);
+        let accept = if self.config.stream {
+            "text/event-stream"
+        } else {
+            "application/json"
+        };
+        let mut req = self
+            .http
+            .post(&self.endpoint)
+            .header(ACCEPT, accept)
+            .json(body);
         if let Some(key) = &self.api_key {
             req = req.bearer_auth(&key.0);
         }
         // A streaming server answers headers at once; a non-streaming one only when the
         // whole completion is ready, so only the request deadline bounds that wait.
-        let response = if self.config.stream { self.idle(req.send()).await? } else { req.send().await }
-            .map_err(|e| send_failure(&e))?;
+        let response = if self.config.stream {
+            self.idle(req.send()).await?
+        } else {
+            req.send().await
+        }
+        .map_err(|e| send_failure(&e))?;
         let status = response.status();
         let retry_after = response
             .headers()
@@ -322,15 +378,24 @@ impl OpenAiProvider {
             .headers()
             .get(CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("text/event-stream"));
+            .is_some_and(|v| {
+                v.trim_start()
+                    .to_ascii_lowercase()
+                    .starts_with("text/event-stream")
+            });
         if !status.is_success() {
-            let body = self.read_body(response, ERROR_BODY_BYTES, true).await.unwrap_or_default();
+            let body = self
+                .read_body(response, ERROR_BODY_BYTES, true)
+                .await
+                .unwrap_or_default();
             return Err(self.status_failure(status, &body, retry_after));
         }
         if event_stream {
             self.read_stream(response).await
         } else {
-            let bytes = self.read_body(response, self.max_response_bytes(), false).await?;
+            let bytes = self
+                .read_body(response, self.max_response_bytes(), false)
+                .await?;
             parse_completion(&bytes, &self.model)
         }
     }
@@ -341,16 +406,26 @@ impl OpenAiProvider {
 
     /// `f` unless the server stays silent longer than `idle_timeout_ms`.
     async fn idle<F: Future>(&self, f: F) -> Result<F::Output, AttemptFailure> {
-        tokio::time::timeout(Duration::from_millis(self.config.idle_timeout_ms), f).await.map_err(|_| {
-            AttemptFailure::new(
-                FailureKind::Timeout,
-                format!("the server sent nothing for {} ms (llm.idle_timeout_ms)", self.config.idle_timeout_ms),
-            )
-        })
+        tokio::time::timeout(Duration::from_millis(self.config.idle_timeout_ms), f)
+            .await
+            .map_err(|_| {
+                AttemptFailure::new(
+                    FailureKind::Timeout,
+                    format!(
+                        "the server sent nothing for {} ms (llm.idle_timeout_ms)",
+                        self.config.idle_timeout_ms
+                    ),
+                )
+            })
     }
 
     /// The body, at most `limit` bytes: cut there when `truncate`, else an error.
-    async fn read_body(&self, response: reqwest::Response, limit: usize, truncate: bool) -> Result<Vec<u8>, AttemptFailure> {
+    async fn read_body(
+        &self,
+        response: reqwest::Response,
+        limit: usize,
+        truncate: bool,
+    ) -> Result<Vec<u8>, AttemptFailure> {
         let mut stream = response.bytes_stream();
         let mut buf = Vec::new();
         while let Some(chunk) = self.idle(stream.next()).await? {
@@ -370,7 +445,10 @@ impl OpenAiProvider {
     fn too_large(&self) -> AttemptFailure {
         AttemptFailure::new(
             FailureKind::Protocol,
-            format!("the answer is larger than {} MiB (llm.max_response_mb)", self.config.max_response_mb),
+            format!(
+                "the answer is larger than {} MiB (llm.max_response_mb)",
+                self.config.max_response_mb
+            ),
         )
     }
 
@@ -403,14 +481,25 @@ impl OpenAiProvider {
         answer.finish(false)
     }
 
-    fn status_failure(&self, status: reqwest::StatusCode, body: &[u8], retry_after: Option<Duration>) -> AttemptFailure {
+    fn status_failure(
+        &self,
+        status: reqwest::StatusCode,
+        body: &[u8],
+        retry_after: Option<Duration>,
+    ) -> AttemptFailure {
         let code = status.as_u16();
         let parsed: Option<Value> = serde_json::from_slice(body).ok();
         let error = parsed.as_ref().and_then(|v| v.get("error"));
-        let api_message = error.and_then(|e| e.get("message").and_then(Value::as_str).or_else(|| e.as_str()));
+        let api_message = error.and_then(|e| {
+            e.get("message")
+                .and_then(Value::as_str)
+                .or_else(|| e.as_str())
+        });
         let quota = code == 429
             && error.is_some_and(|e| {
-                ["code", "type"].iter().any(|k| e.get(*k).and_then(Value::as_str) == Some("insufficient_quota"))
+                ["code", "type"]
+                    .iter()
+                    .any(|k| e.get(*k).and_then(Value::as_str) == Some("insufficient_quota"))
             });
         let detail = match api_message {
             Some(m) => m.to_owned(),
@@ -420,14 +509,21 @@ impl OpenAiProvider {
         let hint = match code {
             401 | 403 => match self.api_key {
                 Some(_) => format!(" (check the API key in ${})", self.config.api_key_env),
-                None => format!(" (no API key was sent: ${} is not set)", self.config.api_key_env),
+                None => format!(
+                    " (no API key was sent: ${} is not set)",
+                    self.config.api_key_env
+                ),
             },
             404 => " (check the base URL, which usually ends in /v1, and the model name)".into(),
             429 if quota => " (the account's quota is exhausted; retrying will not help)".into(),
             _ => String::new(),
         };
         AttemptFailure {
-            kind: if quota { FailureKind::QuotaExhausted } else { FailureKind::Http },
+            kind: if quota {
+                FailureKind::QuotaExhausted
+            } else {
+                FailureKind::Http
+            },
             status: Some(code),
             message: format!("HTTP {status}: {detail}{hint}"),
             retry_after,
@@ -448,7 +544,10 @@ impl Provider for OpenAiProvider {
         spec_string(&self.base_url, &self.model)
     }
 
-    fn complete<'a>(&'a self, request: &'a AgentRequest) -> BoxFuture<'a, Result<AgentReply, AgentError>> {
+    fn complete<'a>(
+        &'a self,
+        request: &'a AgentRequest,
+    ) -> BoxFuture<'a, Result<AgentReply, AgentError>> {
         self.complete_observed(request, &NoObserver)
     }
 
@@ -463,7 +562,10 @@ impl Provider for OpenAiProvider {
             if let Some(n) = request.max_attempts {
                 rule.max_attempts = n.max(1);
             }
-            let reply = retry::run(&rule, &self.endpoint, &self.model, observer, |_| self.attempt(&body)).await?;
+            let reply = retry::run(&rule, &self.endpoint, &self.model, observer, |_| {
+                self.attempt(&body)
+            })
+            .await?;
             Ok(reply)
         })
     }
@@ -510,12 +612,19 @@ fn chain(e: &dyn std::error::Error) -> String {
 }
 
 fn send_failure(e: &reqwest::Error) -> AttemptFailure {
-    let kind = if e.is_timeout() { FailureKind::Timeout } else { FailureKind::Connect };
+    let kind = if e.is_timeout() {
+        FailureKind::Timeout
+    } else {
+        FailureKind::Connect
+    };
     AttemptFailure::new(kind, format!("no answer: {}", chain(e)))
 }
 
 fn body_failure(e: &reqwest::Error) -> AttemptFailure {
-    AttemptFailure::new(FailureKind::Interrupted, format!("the answer was cut off: {}", chain(e)))
+    AttemptFailure::new(
+        FailureKind::Interrupted,
+        format!("the answer was cut off: {}", chain(e)),
+    )
 }
 
 fn protocol(message: impl Into<String>) -> AttemptFailure {
@@ -555,48 +664,92 @@ fn arguments_of(v: Option<&Value>) -> String {
 
 fn usage_of(v: &Value) -> Usage {
     let n = |k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
-    Usage { prompt_tokens: n("prompt_tokens"), completion_tokens: n("completion_tokens") }
+    Usage {
+        prompt_tokens: n("prompt_tokens"),
+        completion_tokens: n("completion_tokens"),
+    }
 }
 
 fn error_in_body(v: &Value) -> Option<String> {
     let e = v.get("error").filter(|e| !e.is_null())?;
-    Some(e.get("message").and_then(Value::as_str).or_else(|| e.as_str()).map(str::to_owned).unwrap_or_else(|| excerpt(&e.to_string())))
+    Some(
+        e.get("message")
+            .and_then(Value::as_str)
+            .or_else(|| e.as_str())
+            .map(str::to_owned)
+            .unwrap_or_else(|| excerpt(&e.to_string())),
+    )
 }
 
 /// A non-streamed chat completion.
 fn parse_completion(bytes: &[u8], requested_model: &str) -> Result<AgentReply, AttemptFailure> {
     let text = String::from_utf8_lossy(bytes);
-    let v: Value = serde_json::from_slice(bytes)
-        .map_err(|e| protocol(format!("the answer is not JSON ({e}); it starts: {}", excerpt(&text))))?;
+    let v: Value = serde_json::from_slice(bytes).map_err(|e| {
+        protocol(format!(
+            "the answer is not JSON ({e}); it starts: {}",
+            excerpt(&text)
+        ))
+    })?;
     if let Some(message) = error_in_body(&v) {
-        return Err(protocol(format!("the server answered with an error: {message}")));
+        return Err(protocol(format!(
+            "the server answered with an error: {message}"
+        )));
     }
-    let choice = v
-        .get("choices")
-        .and_then(|c| c.get(0))
-        .ok_or_else(|| protocol(format!("the answer has no choices[0], so it is not a chat completion: {}", excerpt(&text))))?;
+    let choice = v.get("choices").and_then(|c| c.get(0)).ok_or_else(|| {
+        protocol(format!(
+            "the answer has no choices[0], so it is not a chat completion: {}",
+            excerpt(&text)
+        ))
+    })?;
     let message = choice
         .get("message")
         .filter(|m| m.is_object())
-        .ok_or_else(|| protocol(format!("choices[0] has no message object: {}", excerpt(&text))))?;
+        .ok_or_else(|| {
+            protocol(format!(
+                "choices[0] has no message object: {}",
+                excerpt(&text)
+            ))
+        })?;
     let mut tool_calls = Vec::new();
     if let Some(calls) = message.get("tool_calls").and_then(Value::as_array) {
         for (i, c) in calls.iter().enumerate() {
             let function = c.get("function");
-            let name = function.and_then(|f| f.get("name")).and_then(Value::as_str).unwrap_or_default();
+            let name = function
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+                .unwrap_or_default();
             if name.is_empty() {
-                return Err(protocol(format!("tool call {i} has no function name: {}", excerpt(&c.to_string()))));
+                return Err(protocol(format!(
+                    "tool call {i} has no function name: {}",
+                    excerpt(&c.to_string())
+                )));
             }
-            let id = c.get("id").and_then(Value::as_str).filter(|s| !s.is_empty()).map_or_else(|| format!("call_{i}"), str::to_owned);
-            tool_calls.push(ToolCall { id, name: name.to_owned(), arguments: arguments_of(function.and_then(|f| f.get("arguments"))) });
+            let id = c
+                .get("id")
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+                .map_or_else(|| format!("call_{i}"), str::to_owned);
+            tool_calls.push(ToolCall {
+                id,
+                name: name.to_owned(),
+                arguments: arguments_of(function.and_then(|f| f.get("arguments"))),
+            });
         }
     }
     Ok(AgentReply {
         content: text_of(message.get("content")),
-        model: v.get("model").and_then(Value::as_str).unwrap_or(requested_model).to_owned(),
+        model: v
+            .get("model")
+            .and_then(Value::as_str)
+            .unwrap_or(requested_model)
+            .to_owned(),
         usage: v.get("usage").map(usage_of).unwrap_or_default(),
         tool_calls,
-        finish_reason: choice.get("finish_reason").and_then(Value::as_str).unwrap_or_default().to_owned(),
+        finish_reason: choice
+            .get("finish_reason")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned(),
     })
 }
 
@@ -626,7 +779,8 @@ impl EventStream {
                     self.data.clear();
                 }
             } else if let Some(value) = line.strip_prefix("data:") {
-                self.data.push(value.strip_prefix(' ').unwrap_or(value).to_owned());
+                self.data
+                    .push(value.strip_prefix(' ').unwrap_or(value).to_owned());
             }
             // Comments (`:`), `event:`, `id:` and `retry:` lines carry nothing we use.
         }
@@ -661,15 +815,32 @@ struct StreamedAnswer {
 
 impl StreamedAnswer {
     fn new(model: &str) -> StreamedAnswer {
-        StreamedAnswer { model: model.to_owned(), content: String::new(), calls: BTreeMap::new(), finish_reason: String::new(), usage: Usage::default() }
+        StreamedAnswer {
+            model: model.to_owned(),
+            content: String::new(),
+            calls: BTreeMap::new(),
+            finish_reason: String::new(),
+            usage: Usage::default(),
+        }
     }
 
     fn apply(&mut self, data: &str) -> Result<(), AttemptFailure> {
-        let v: Value = serde_json::from_str(data).map_err(|e| protocol(format!("a stream event is not JSON ({e}): {}", excerpt(data))))?;
+        let v: Value = serde_json::from_str(data).map_err(|e| {
+            protocol(format!(
+                "a stream event is not JSON ({e}): {}",
+                excerpt(data)
+            ))
+        })?;
         if let Some(message) = error_in_body(&v) {
-            return Err(protocol(format!("the server sent an error in the stream: {message}")));
+            return Err(protocol(format!(
+                "the server sent an error in the stream: {message}"
+            )));
         }
-        if let Some(m) = v.get("model").and_then(Value::as_str).filter(|m| !m.is_empty()) {
+        if let Some(m) = v
+            .get("model")
+            .and_then(Value::as_str)
+            .filter(|m| !m.is_empty())
+        {
             m.clone_into(&mut self.model);
         }
         if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
@@ -684,18 +855,27 @@ impl StreamedAnswer {
                 for (pos, c) in calls.iter().enumerate() {
                     let index = c.get("index").and_then(Value::as_u64).unwrap_or(pos as u64);
                     let call = self.calls.entry(index).or_default();
-                    if let Some(id) = c.get("id").and_then(Value::as_str).filter(|s| !s.is_empty()) {
+                    if let Some(id) = c
+                        .get("id")
+                        .and_then(Value::as_str)
+                        .filter(|s| !s.is_empty())
+                    {
                         if call.id.is_empty() {
                             id.clone_into(&mut call.id);
                         }
                     }
                     let function = c.get("function");
-                    if let Some(name) = function.and_then(|f| f.get("name")).and_then(Value::as_str).filter(|s| !s.is_empty()) {
+                    if let Some(name) = function
+                        .and_then(|f| f.get("name"))
+                        .and_then(Value::as_str)
+                        .filter(|s| !s.is_empty())
+                    {
                         if call.name.is_empty() {
                             name.clone_into(&mut call.name);
                         }
                     }
-                    call.arguments.push_str(&arguments_of(function.and_then(|f| f.get("arguments"))));
+                    call.arguments
+                        .push_str(&arguments_of(function.and_then(|f| f.get("arguments"))));
                 }
             }
         }
@@ -707,21 +887,41 @@ impl StreamedAnswer {
 
     fn finish(self, done: bool) -> Result<AgentReply, AttemptFailure> {
         if !done && self.finish_reason.is_empty() {
-            return Err(AttemptFailure::new(FailureKind::Interrupted, "the stream ended before `data: [DONE]` or a finish_reason"));
+            return Err(AttemptFailure::new(
+                FailureKind::Interrupted,
+                "the stream ended before `data: [DONE]` or a finish_reason",
+            ));
         }
         let mut tool_calls = Vec::with_capacity(self.calls.len());
         for (index, c) in self.calls {
             if c.name.is_empty() {
-                return Err(protocol(format!("streamed tool call {index} has no function name")));
+                return Err(protocol(format!(
+                    "streamed tool call {index} has no function name"
+                )));
             }
-            let id = if c.id.is_empty() { format!("call_{index}") } else { c.id };
-            tool_calls.push(ToolCall { id, name: c.name, arguments: c.arguments });
+            let id = if c.id.is_empty() {
+                format!("call_{index}")
+            } else {
+                c.id
+            };
+            tool_calls.push(ToolCall {
+                id,
+                name: c.name,
+                arguments: c.arguments,
+            });
         }
-        Ok(AgentReply { content: self.content, model: self.model, usage: self.usage, tool_calls, finish_reason: self.finish_reason })
+        Ok(AgentReply {
+            content: self.content,
+            model: self.model,
+            usage: self.usage,
+            tool_calls,
+            finish_reason: self.finish_reason,
+        })
     }
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -730,19 +930,41 @@ mod tests {
         let p = |s: &str| ProviderSpec::parse(s);
         assert_eq!(
             p("openai:http://127.0.0.1:8000/v1#qwen2.5:7b").unwrap(),
-            ProviderSpec::OpenAi { base_url: "http://127.0.0.1:8000/v1".into(), model: "qwen2.5:7b".into() }
+            ProviderSpec::OpenAi {
+                base_url: "http://127.0.0.1:8000/v1".into(),
+                model: "qwen2.5:7b".into()
+            }
         );
         assert_eq!(
             p("https://api.example.com/v1/chat/completions#m").unwrap(),
-            ProviderSpec::OpenAi { base_url: "https://api.example.com/v1".into(), model: "m".into() }
+            ProviderSpec::OpenAi {
+                base_url: "https://api.example.com/v1".into(),
+                model: "m".into()
+            }
         );
-        assert_eq!(p("openai:http://h/v1/").unwrap(), ProviderSpec::OpenAi { base_url: "http://h/v1".into(), model: String::new() });
-        assert_eq!(p("openai:http://h/v1#m").unwrap().to_spec_string(), "openai:http://h/v1#m");
-        assert!(p("openai:ftp://h/v1#m").unwrap_err().to_string().contains("http://"));
+        assert_eq!(
+            p("openai:http://h/v1/").unwrap(),
+            ProviderSpec::OpenAi {
+                base_url: "http://h/v1".into(),
+                model: String::new()
+            }
+        );
+        assert_eq!(
+            p("openai:http://h/v1#m").unwrap().to_spec_string(),
+            "openai:http://h/v1#m"
+        );
+        assert!(p("openai:ftp://h/v1#m")
+            .unwrap_err()
+            .to_string()
+            .contains("http://"));
         assert!(p("openai:not a url#m").is_err());
-        let e = p("openai:http://user:sk-secret@h/v1#m").unwrap_err().to_string();
+        let e = p("openai:http://user:sk-secret@h/v1#m")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("credentials") && !e.contains("sk-secret"), "{e}");
-        let none = OpenAiProvider::new("http://h/v1", "", &LlmConfig::default()).unwrap_err().to_string();
+        let none = OpenAiProvider::new("http://h/v1", "", &LlmConfig::default())
+            .unwrap_err()
+            .to_string();
         assert!(none.contains("no model"), "{none}");
     }
 
@@ -750,14 +972,19 @@ mod tests {
     fn event_stream_lines() {
         let mut s = EventStream::default();
         assert!(s.push(b"data: {\"a\"").is_empty());
-        assert_eq!(s.push(b":1}\r\n\r\n: keep-alive\n\nevent: x\ndata: [DONE]\n\n"), vec!["{\"a\":1}", "[DONE]"]);
+        assert_eq!(
+            s.push(b":1}\r\n\r\n: keep-alive\n\nevent: x\ndata: [DONE]\n\n"),
+            vec!["{\"a\":1}", "[DONE]"]
+        );
         assert!(s.push(b"data: tail").is_empty());
         assert_eq!(s.end().as_deref(), Some("tail"));
     }
 
     #[test]
     fn debug_never_shows_the_key() {
-        let p = OpenAiProvider::new("http://h/v1", "m", &LlmConfig::default()).unwrap().with_api_key(Some("sk-test-123".into()));
+        let p = OpenAiProvider::new("http://h/v1", "m", &LlmConfig::default())
+            .unwrap()
+            .with_api_key(Some("sk-test-123".into()));
         let d = format!("{p:?}");
         assert!(!d.contains("sk-test-123") && d.contains("redacted"), "{d}");
     }

@@ -47,7 +47,12 @@ pub struct AttemptFailure {
 
 impl AttemptFailure {
     pub fn new(kind: FailureKind, message: impl Into<String>) -> AttemptFailure {
-        AttemptFailure { kind, status: None, message: message.into(), retry_after: None }
+        AttemptFailure {
+            kind,
+            status: None,
+            message: message.into(),
+            retry_after: None,
+        }
     }
 
     /// Whether the rule allows another attempt after this failure.
@@ -120,8 +125,12 @@ impl RetryRule {
 
     /// The upper bound of [`RetryRule::backoff`].
     pub fn ceiling(&self, attempt: u32) -> Duration {
-        let factor = 1u32.checked_shl(attempt.saturating_sub(1)).unwrap_or(u32::MAX);
-        self.initial_backoff.saturating_mul(factor).min(self.max_backoff)
+        let factor = 1u32
+            .checked_shl(attempt.saturating_sub(1))
+            .unwrap_or(u32::MAX);
+        self.initial_backoff
+            .saturating_mul(factor)
+            .min(self.max_backoff)
     }
 }
 
@@ -234,15 +243,28 @@ impl fmt::Display for LlmError {
 
 impl std::error::Error for LlmError {}
 
+impl From<LlmError> for super::AgentError {
+    fn from(e: LlmError) -> Self {
+        super::AgentError::Llm(Box::new(e))
+    }
+}
+
 impl LlmError {
     /// One line for a chat notice (seed 003 §7.4 "错误摘要").
     pub fn summary(&self) -> String {
-        let status = self.last.status.map(|s| format!("HTTP {s}, ")).unwrap_or_default();
+        let status = self
+            .last
+            .status
+            .map(|s| format!("HTTP {s}, "))
+            .unwrap_or_default();
         let mut message = self.last.message.clone();
         if message.chars().count() > 300 {
             message = message.chars().take(300).collect::<String>() + "…";
         }
-        format!("{status}{message} (after {} of {} attempts)", self.attempts, self.max_attempts)
+        format!(
+            "{status}{message} (after {} of {} attempts)",
+            self.attempts, self.max_attempts
+        )
     }
 
     /// What an operator should do before retrying (seed 003 §7.4 "建议重试信息").
@@ -308,14 +330,25 @@ where
             Some(GaveUp::NotRetryable)
         } else if n >= max_attempts {
             Some(GaveUp::Exhausted)
-        } else if failure.retry_after.is_some_and(|d| d > rule.max_retry_after) {
+        } else if failure
+            .retry_after
+            .is_some_and(|d| d > rule.max_retry_after)
+        {
             Some(GaveUp::RetryAfterTooLong)
         } else {
             None
         };
         // The server's Retry-After is the wait when it sent one; else full-jitter backoff.
-        let wait = stop.is_none().then(|| failure.retry_after.unwrap_or_else(|| rule.backoff(n)));
-        observer.attempt(&report(AttemptOutcome::Failed { failure: failure.clone(), will_retry: stop.is_none() }, wait));
+        let wait = stop
+            .is_none()
+            .then(|| failure.retry_after.unwrap_or_else(|| rule.backoff(n)));
+        observer.attempt(&report(
+            AttemptOutcome::Failed {
+                failure: failure.clone(),
+                will_retry: stop.is_none(),
+            },
+            wait,
+        ));
         if let Some(gave_up) = stop {
             return Err(LlmError {
                 endpoint: endpoint.to_owned(),
@@ -333,6 +366,7 @@ where
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -350,17 +384,33 @@ mod tests {
     fn retry_after_forms() {
         let now = httpdate::parse_http_date("Sun, 06 Nov 1994 08:49:37 GMT").unwrap();
         assert_eq!(parse_retry_after(" 7 ", now), Some(Duration::from_secs(7)));
-        assert_eq!(parse_retry_after("Sun, 06 Nov 1994 08:49:47 GMT", now), Some(Duration::from_secs(10)));
-        assert_eq!(parse_retry_after("Sunday, 06-Nov-94 08:49:40 GMT", now), Some(Duration::from_secs(3)));
-        assert_eq!(parse_retry_after("Sun Nov  6 08:49:38 1994", now), Some(Duration::from_secs(1)));
-        assert_eq!(parse_retry_after("Sun, 06 Nov 1994 08:00:00 GMT", now), Some(Duration::ZERO));
+        assert_eq!(
+            parse_retry_after("Sun, 06 Nov 1994 08:49:47 GMT", now),
+            Some(Duration::from_secs(10))
+        );
+        assert_eq!(
+            parse_retry_after("Sunday, 06-Nov-94 08:49:40 GMT", now),
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(
+            parse_retry_after("Sun Nov  6 08:49:38 1994", now),
+            Some(Duration::from_secs(1))
+        );
+        assert_eq!(
+            parse_retry_after("Sun, 06 Nov 1994 08:00:00 GMT", now),
+            Some(Duration::ZERO)
+        );
         assert_eq!(parse_retry_after("soon", now), None);
         assert_eq!(parse_retry_after("-3", now), None);
     }
 
     #[test]
     fn full_jitter_stays_under_a_doubling_ceiling() {
-        let rule = RetryRule { initial_backoff: Duration::from_millis(100), max_backoff: Duration::from_millis(350), ..Default::default() };
+        let rule = RetryRule {
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_millis(350),
+            ..Default::default()
+        };
         assert_eq!(rule.ceiling(1), Duration::from_millis(100));
         assert_eq!(rule.ceiling(2), Duration::from_millis(200));
         assert_eq!(rule.ceiling(3), Duration::from_millis(350));
@@ -368,6 +418,9 @@ mod tests {
         let waits: Vec<_> = (0..200).map(|_| rule.backoff(3)).collect();
         assert!(waits.iter().all(|w| *w <= Duration::from_millis(350)));
         // Jitter really spreads the waits.
-        assert!(waits.iter().any(|w| *w < Duration::from_millis(150)) && waits.iter().any(|w| *w > Duration::from_millis(200)));
+        assert!(
+            waits.iter().any(|w| *w < Duration::from_millis(150))
+                && waits.iter().any(|w| *w > Duration::from_millis(200))
+        );
     }
 }

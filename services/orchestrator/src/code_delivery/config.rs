@@ -70,7 +70,10 @@ impl CodeDeliveryConfig {
         if self.llm_max_retries_per_request == 0 {
             return Err("code_delivery.llm_max_retries_per_request must be at least 1".into());
         }
-        if self.default_command_timeout_seconds == 0 || self.max_archive_size_mb == 0 || self.max_command_output_chars == 0 {
+        if self.default_command_timeout_seconds == 0
+            || self.max_archive_size_mb == 0
+            || self.max_command_output_chars == 0
+        {
             return Err("code_delivery.default_command_timeout_seconds, max_command_output_chars and max_archive_size_mb must be more than 0".into());
         }
         Ok(())
@@ -78,6 +81,7 @@ impl CodeDeliveryConfig {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -100,9 +104,18 @@ notify_on_llm_failure = true
 "#;
         let c: CodeDeliveryConfig = toml::from_str(text).unwrap();
         assert_eq!(c.default_archive_format, ArchiveFormat::TarGz);
-        assert_eq!(c, CodeDeliveryConfig { default_archive_format: ArchiveFormat::TarGz, ..Default::default() });
+        assert_eq!(
+            c,
+            CodeDeliveryConfig {
+                default_archive_format: ArchiveFormat::TarGz,
+                ..Default::default()
+            }
+        );
         assert!(toml::from_str::<CodeDeliveryConfig>("nope = 1").is_err());
         let round = toml::to_string(&CodeDeliveryConfig::default()).unwrap();
-        assert_eq!(toml::from_str::<CodeDeliveryConfig>(&round).unwrap(), CodeDeliveryConfig::default());
+        assert_eq!(
+            toml::from_str::<CodeDeliveryConfig>(&round).unwrap(),
+            CodeDeliveryConfig::default()
+        );
     }
 }

@@ -7,7 +7,9 @@
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::{Extension, Form};
-use cairn_proto::v1::{AddNoteRequest, EditContextRequest, GateDecisionRequest, ReworkRequest, RunActionRequest};
+use cairn_proto::v1::{
+    AddNoteRequest, EditContextRequest, GateDecisionRequest, ReworkRequest, RunActionRequest,
+};
 use serde::Deserialize;
 
 use super::page;
@@ -21,10 +23,20 @@ fn back(project: &str, run: &str, section: &str) -> Response {
 }
 
 /// The run page again, showing why `err` refused the action, with the typed text kept.
-async fn refused(console: &Console, visitor: &Visitor, project: &str, run: &str, err: ConsoleError, drafts: Drafts) -> Response {
+async fn refused(
+    console: &Console,
+    visitor: &Visitor,
+    project: &str,
+    run: &str,
+    err: ConsoleError,
+    drafts: Drafts,
+) -> Response {
     tracing::info!(by = %visitor.name, run, error = %err, "console action refused");
     let status = err.status();
-    let flash = Flash { text: err.to_string(), error: true };
+    let flash = Flash {
+        text: err.to_string(),
+        error: true,
+    };
     match run::render(console, visitor, project, run, Some(flash), drafts).await {
         Ok(html) => (status, html).into_response(),
         // The run page itself cannot be shown: the refusal alone.
@@ -34,7 +46,9 @@ async fn refused(console: &Console, visitor: &Visitor, project: &str, run: &str,
 
 fn done(console: &Console, visitor: &Visitor, text: String) {
     tracing::info!(by = %visitor.name, "{text}");
-    console.sessions().set_flash(&visitor.session_id, text, false);
+    console
+        .sessions()
+        .set_flash(&visitor.session_id, text, false);
 }
 
 #[derive(Deserialize)]
@@ -61,7 +75,15 @@ pub(super) async fn reject(
     decide(console, visitor, project, run, gate, form.note, false).await
 }
 
-async fn decide(console: Console, visitor: Visitor, project: String, run: String, gate: String, note: String, approve: bool) -> Response {
+async fn decide(
+    console: Console,
+    visitor: Visitor,
+    project: String,
+    run: String,
+    gate: String,
+    note: String,
+    approve: bool,
+) -> Response {
     let req = GateDecisionRequest {
         project_id: project.clone(),
         run_id: run.clone(),
@@ -70,17 +92,47 @@ async fn decide(console: Console, visitor: Visitor, project: String, run: String
         note: note.trim().to_owned(),
     };
     let result = if approve {
-        console.call(&format!("approving gate {gate}"), console.orchestrator().approve_gate(req)).await
+        console
+            .call(
+                &format!("approving gate {gate}"),
+                console.orchestrator().approve_gate(req),
+            )
+            .await
     } else {
-        console.call(&format!("rejecting gate {gate}"), console.orchestrator().reject_gate(req)).await
+        console
+            .call(
+                &format!("rejecting gate {gate}"),
+                console.orchestrator().reject_gate(req),
+            )
+            .await
     };
     match result {
         Ok(info) => {
             let word = if approve { "Approved" } else { "Rejected" };
-            done(&console, &visitor, format!("{word} gate {gate} of run {run}; the run is {}.", page::task_state_name(info.state)));
+            done(
+                &console,
+                &visitor,
+                format!(
+                    "{word} gate {gate} of run {run}; the run is {}.",
+                    page::task_state_name(info.state)
+                ),
+            );
             back(&project, &run, "gates")
         }
-        Err(e) => refused(&console, &visitor, &project, &run, e, Drafts { gate_note: Some((gate, note)), ..Default::default() }).await,
+        Err(e) => {
+            refused(
+                &console,
+                &visitor,
+                &project,
+                &run,
+                e,
+                Drafts {
+                    gate_note: Some((gate, note)),
+                    ..Default::default()
+                },
+            )
+            .await
+        }
     }
 }
 
@@ -96,17 +148,33 @@ pub(super) async fn note(
     Path((project, run)): Path<(String, String)>,
     Form(form): Form<NoteForm>,
 ) -> Response {
-    let drafts = || Drafts { note: Some(form.text.clone()), ..Default::default() };
+    let drafts = || Drafts {
+        note: Some(form.text.clone()),
+        ..Default::default()
+    };
     if form.text.trim().is_empty() {
-        let e = ConsoleError::BadRequest("the note is empty; write what the agents should know".into());
+        let e =
+            ConsoleError::BadRequest("the note is empty; write what the agents should know".into());
         return refused(&console, &visitor, &project, &run, e, drafts()).await;
     }
     // Browsers send textarea line breaks as CRLF; human-notes.md is a Unix text file.
     let text = form.text.replace("\r\n", "\n");
-    let req = AddNoteRequest { project_id: project.clone(), run_id: run.clone(), by: visitor.name.clone(), text };
-    match console.call("adding the note", console.orchestrator().add_note(req)).await {
+    let req = AddNoteRequest {
+        project_id: project.clone(),
+        run_id: run.clone(),
+        by: visitor.name.clone(),
+        text,
+    };
+    match console
+        .call("adding the note", console.orchestrator().add_note(req))
+        .await
+    {
         Ok(r) => {
-            done(&console, &visitor, format!("Note added to run {run} ({}).", r.r#ref));
+            done(
+                &console,
+                &visitor,
+                format!("Note added to run {run} ({}).", r.r#ref),
+            );
             back(&project, &run, "notes")
         }
         Err(e) => refused(&console, &visitor, &project, &run, e, drafts()).await,
@@ -126,13 +194,41 @@ pub(super) async fn context(
     Form(form): Form<ContextForm>,
 ) -> Response {
     let yaml = form.manifest_yaml.replace("\r\n", "\n");
-    let req = EditContextRequest { project_id: project.clone(), run_id: run.clone(), by: visitor.name.clone(), manifest_yaml: yaml.clone() };
-    match console.call("saving the context manifest", console.orchestrator().edit_context(req)).await {
+    let req = EditContextRequest {
+        project_id: project.clone(),
+        run_id: run.clone(),
+        by: visitor.name.clone(),
+        manifest_yaml: yaml.clone(),
+    };
+    match console
+        .call(
+            "saving the context manifest",
+            console.orchestrator().edit_context(req),
+        )
+        .await
+    {
         Ok(r) => {
-            done(&console, &visitor, format!("Context manifest of run {run} saved (event {}).", r.seq));
+            done(
+                &console,
+                &visitor,
+                format!("Context manifest of run {run} saved (event {}).", r.seq),
+            );
             back(&project, &run, "context")
         }
-        Err(e) => refused(&console, &visitor, &project, &run, e, Drafts { context: Some(yaml), ..Default::default() }).await,
+        Err(e) => {
+            refused(
+                &console,
+                &visitor,
+                &project,
+                &run,
+                e,
+                Drafts {
+                    context: Some(yaml),
+                    ..Default::default()
+                },
+            )
+            .await
+        }
     }
 }
 
@@ -148,13 +244,38 @@ pub(super) async fn cancel(
     Path((project, run)): Path<(String, String)>,
     Form(form): Form<CancelForm>,
 ) -> Response {
-    let req = RunActionRequest { project_id: project.clone(), run_id: run.clone(), by: visitor.name.clone(), reason: form.reason.trim().to_owned() };
-    match console.call("canceling the run", console.orchestrator().cancel_run(req)).await {
+    let req = RunActionRequest {
+        project_id: project.clone(),
+        run_id: run.clone(),
+        by: visitor.name.clone(),
+        reason: form.reason.trim().to_owned(),
+    };
+    match console
+        .call("canceling the run", console.orchestrator().cancel_run(req))
+        .await
+    {
         Ok(info) => {
-            done(&console, &visitor, format!("Run {run} is {}.", page::task_state_name(info.state)));
+            done(
+                &console,
+                &visitor,
+                format!("Run {run} is {}.", page::task_state_name(info.state)),
+            );
             back(&project, &run, "control")
         }
-        Err(e) => refused(&console, &visitor, &project, &run, e, Drafts { cancel_reason: Some(form.reason), ..Default::default() }).await,
+        Err(e) => {
+            refused(
+                &console,
+                &visitor,
+                &project,
+                &run,
+                e,
+                Drafts {
+                    cancel_reason: Some(form.reason),
+                    ..Default::default()
+                },
+            )
+            .await
+        }
     }
 }
 
@@ -179,11 +300,38 @@ pub(super) async fn rework(
         by: visitor.name.clone(),
         note: form.note.trim().to_owned(),
     };
-    match console.call(&format!("requesting rework of {}", form.node_id), console.orchestrator().request_rework(req)).await {
+    match console
+        .call(
+            &format!("requesting rework of {}", form.node_id),
+            console.orchestrator().request_rework(req),
+        )
+        .await
+    {
         Ok(info) => {
-            done(&console, &visitor, format!("Rework of {} requested; the run is {}.", form.node_id, page::task_state_name(info.state)));
+            done(
+                &console,
+                &visitor,
+                format!(
+                    "Rework of {} requested; the run is {}.",
+                    form.node_id,
+                    page::task_state_name(info.state)
+                ),
+            );
             back(&project, &run, "milestones")
         }
-        Err(e) => refused(&console, &visitor, &project, &run, e, Drafts { rework_note: Some(form.note), ..Default::default() }).await,
+        Err(e) => {
+            refused(
+                &console,
+                &visitor,
+                &project,
+                &run,
+                e,
+                Drafts {
+                    rework_note: Some(form.note),
+                    ..Default::default()
+                },
+            )
+            .await
+        }
     }
 }

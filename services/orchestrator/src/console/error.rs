@@ -18,7 +18,12 @@ pub enum ConsoleError {
     Serve(String),
     /// A call to the orchestrator or the store failed; keeps its code and reason.
     #[error("{what}: {message}{}", reason.as_deref().map(|r| format!(" (reason: {r})")).unwrap_or_default())]
-    Rpc { what: String, code: Code, message: String, reason: Option<String> },
+    Rpc {
+        what: String,
+        code: Code,
+        message: String,
+        reason: Option<String>,
+    },
     #[error("{what}: no answer within {secs} s (is the service running?)")]
     Timeout { what: String, secs: u64 },
     /// A POST without the form's CSRF token, or with another session's.
@@ -44,12 +49,16 @@ impl ConsoleError {
 
     pub(super) fn status(&self) -> StatusCode {
         match self {
-            ConsoleError::Config(_) | ConsoleError::Address(_) | ConsoleError::Serve(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ConsoleError::Config(_) | ConsoleError::Address(_) | ConsoleError::Serve(_) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
             ConsoleError::Rpc { code, .. } => match code {
                 Code::InvalidArgument | Code::OutOfRange => StatusCode::BAD_REQUEST,
                 Code::NotFound => StatusCode::NOT_FOUND,
                 Code::PermissionDenied => StatusCode::FORBIDDEN,
-                Code::AlreadyExists | Code::FailedPrecondition | Code::Aborted => StatusCode::CONFLICT,
+                Code::AlreadyExists | Code::FailedPrecondition | Code::Aborted => {
+                    StatusCode::CONFLICT
+                }
                 Code::ResourceExhausted => StatusCode::PAYLOAD_TOO_LARGE,
                 Code::Unauthenticated => StatusCode::UNAUTHORIZED,
                 Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,

@@ -35,7 +35,8 @@ fn level_name(level: i32) -> &'static str {
 
 /// The JSON a browser gets for one run event.
 fn browser_event(e: &Event) -> Value {
-    let data = serde_json::from_str::<Value>(&e.data_json).unwrap_or_else(|_| Value::String(e.data_json.clone()));
+    let data = serde_json::from_str::<Value>(&e.data_json)
+        .unwrap_or_else(|_| Value::String(e.data_json.clone()));
     json!({
         "seq": e.seq,
         "ts": e.ts,
@@ -46,13 +47,14 @@ fn browser_event(e: &Event) -> Value {
     })
 }
 
-enum Watch {
-    Open(Streaming<Event>, CancellationToken),
-    Closed,
-}
+/// The open watch and the shutdown signal; None once the stream has ended.
+type Watch = Option<(Streaming<Event>, CancellationToken)>;
 
 fn end(reason: &str) -> SseEvent {
-    SseEvent::default().event("end").json_data(json!({ "reason": reason })).unwrap_or_else(|_| SseEvent::default().event("end"))
+    SseEvent::default()
+        .event("end")
+        .json_data(json!({ "reason": reason }))
+        .unwrap_or_else(|_| SseEvent::default().event("end"))
 }
 
 pub(super) async fn stream(
@@ -61,25 +63,47 @@ pub(super) async fn stream(
     Query(q): Query<EventsQuery>,
     headers: HeaderMap,
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ConsoleError> {
-    let resume = headers.get("last-event-id").and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok());
+    let resume = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
     let from_seq = resume.map(|s| s + 1).or(q.from).unwrap_or(1);
-    let req = WatchRunRequest { project_id: project, run_id: run.clone(), from_seq, follow_after_end: false };
-    let watch = console.call(&format!("watching run {run}"), console.orchestrator().watch_run(req)).await?;
-    let state = Watch::Open(watch, console.inner.stopping.clone());
+    let req = WatchRunRequest {
+        project_id: project,
+        run_id: run.clone(),
+        from_seq,
+        follow_after_end: false,
+    };
+    let watch = console
+        .call(
+            &format!("watching run {run}"),
+            console.orchestrator().watch_run(req),
+        )
+        .await?;
+    let state: Watch = Some((watch, console.inner.stopping.clone()));
     let events = futures::stream::unfold(state, |state| async move {
-        let Watch::Open(mut watch, stopping) = state else { return None };
+        let (mut watch, stopping) = state?;
         let next = tokio::select! {
-            _ = stopping.cancelled() => return Some((Ok(end("the console is shutting down")), Watch::Closed)),
+            _ = stopping.cancelled() => return Some((Ok(end("the console is shutting down")), None)),
             next = watch.message() => next,
         };
         match next {
             Ok(Some(e)) => {
-                let msg = SseEvent::default().event("run-event").id(e.seq.to_string()).json_data(browser_event(&e));
+                let msg = SseEvent::default()
+                    .event("run-event")
+                    .id(e.seq.to_string())
+                    .json_data(browser_event(&e));
                 let msg = msg.unwrap_or_else(|_| SseEvent::default().event("run-event").data("{}"));
-                Some((Ok(msg), Watch::Open(watch, stopping)))
+                Some((Ok(msg), Some((watch, stopping))))
             }
-            Ok(None) => Some((Ok(end("the run is over")), Watch::Closed)),
-            Err(status) => Some((Ok(end(&format!("the event stream failed: {}", status.message()))), Watch::Closed)),
+            Ok(None) => Some((Ok(end("the run is over")), None)),
+            Err(status) => Some((
+                Ok(end(&format!(
+                    "the event stream failed: {}",
+                    status.message()
+                ))),
+                None,
+            )),
         }
     });
     Ok(Sse::new(events).keep_alive(KeepAlive::default()))

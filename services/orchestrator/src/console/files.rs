@@ -35,7 +35,9 @@ impl Read {
     pub fn text(&self) -> Option<&str> {
         let s = match std::str::from_utf8(&self.bytes) {
             Ok(s) => s,
-            Err(e) if self.truncated && e.error_len().is_none() => std::str::from_utf8(&self.bytes[..e.valid_up_to()]).ok()?,
+            Err(e) if self.truncated && e.error_len().is_none() => {
+                std::str::from_utf8(&self.bytes[..e.valid_up_to()]).ok()?
+            }
             Err(_) => return None,
         };
         (!s.contains('\0')).then_some(s)
@@ -43,9 +45,19 @@ impl Read {
 }
 
 /// Reads at most `limit` bytes of `path`; None when there is no such file.
-pub(super) async fn read(console: &Console, project: &str, path: &str, limit: u64) -> Result<Option<Read>, ConsoleError> {
+pub(super) async fn read(
+    console: &Console,
+    project: &str,
+    path: &str,
+    limit: u64,
+) -> Result<Option<Read>, ConsoleError> {
     let what = format!("reading {path}");
-    let req = GetRequest { project_id: project.to_owned(), path: path.to_owned(), offset: 0, length: limit };
+    let req = GetRequest {
+        project_id: project.to_owned(),
+        path: path.to_owned(),
+        offset: 0,
+        length: limit,
+    };
     let fut = async {
         let mut stream = console.store().get(req).await?.into_inner();
         let mut info = None;
@@ -63,7 +75,10 @@ pub(super) async fn read(console: &Console, project: &str, path: &str, limit: u6
         Ok::<_, tonic::Status>((info, bytes))
     };
     match tokio::time::timeout(console.rpc_timeout(), fut).await {
-        Err(_) => Err(ConsoleError::Timeout { what, secs: console.config().rpc_timeout_s }),
+        Err(_) => Err(ConsoleError::Timeout {
+            what,
+            secs: console.config().rpc_timeout_s,
+        }),
         Ok(Err(s)) if s.code() == Code::NotFound => Ok(None),
         Ok(Err(s)) => Err(ConsoleError::rpc(&what, s)),
         Ok(Ok((None, _))) => Err(ConsoleError::Rpc {
@@ -74,7 +89,11 @@ pub(super) async fn read(console: &Console, project: &str, path: &str, limit: u6
         }),
         Ok(Ok((Some(info), bytes))) => {
             let truncated = info.size_bytes > bytes.len() as u64;
-            Ok(Some(Read { info, bytes, truncated }))
+            Ok(Some(Read {
+                info,
+                bytes,
+                truncated,
+            }))
         }
     }
 }
@@ -93,11 +112,20 @@ pub(super) async fn list(
         project_id: project.to_owned(),
         prefix: prefix.to_owned(),
         recursive,
-        page: Some(PageRequest { page_size, page_token: page_token.to_owned() }),
+        page: Some(PageRequest {
+            page_size,
+            page_token: page_token.to_owned(),
+        }),
     };
-    match console.call(&format!("listing {prefix}/"), console.store().list(req)).await {
+    match console
+        .call(&format!("listing {prefix}/"), console.store().list(req))
+        .await
+    {
         Ok(r) => Ok((r.entries, r.next_page_token)),
-        Err(ConsoleError::Rpc { code: Code::NotFound, .. }) => Ok((Vec::new(), String::new())),
+        Err(ConsoleError::Rpc {
+            code: Code::NotFound,
+            ..
+        }) => Ok((Vec::new(), String::new())),
         Err(e) => Err(e),
     }
 }
@@ -113,7 +141,9 @@ enum Shape {
 
 fn extension(path: &str) -> String {
     let name = path.rsplit('/').next().unwrap_or(path);
-    name.rsplit_once('.').map(|(_, e)| e.to_ascii_lowercase()).unwrap_or_default()
+    name.rsplit_once('.')
+        .map(|(_, e)| e.to_ascii_lowercase())
+        .unwrap_or_default()
 }
 
 fn shape(path: &str) -> Shape {
@@ -123,8 +153,8 @@ fn shape(path: &str) -> Shape {
         "jpg" | "jpeg" => Shape::Image("image/jpeg"),
         "gif" => Shape::Image("image/gif"),
         "webp" => Shape::Image("image/webp"),
-        "zip" | "tar" | "gz" | "tgz" | "bz2" | "xz" | "zst" | "7z" | "jar" | "whl" | "pdf" | "exe" | "so" | "dll" | "bin"
-        | "wasm" | "class" | "o" | "a" => Shape::Binary,
+        "zip" | "tar" | "gz" | "tgz" | "bz2" | "xz" | "zst" | "7z" | "jar" | "whl" | "pdf"
+        | "exe" | "so" | "dll" | "bin" | "wasm" | "class" | "o" | "a" => Shape::Binary,
         _ => Shape::Text,
     }
 }
@@ -162,14 +192,21 @@ pub(super) async fn view(
     Query(q): Query<FileQuery>,
 ) -> Result<Response, ConsoleError> {
     if q.path.is_empty() {
-        return Err(ConsoleError::BadRequest("which file? add ?path=docs/... to the address".into()));
+        return Err(ConsoleError::BadRequest(
+            "which file? add ?path=docs/... to the address".into(),
+        ));
     }
     let Some(file) = read(&console, &project, &q.path, VIEW_LIMIT).await? else {
-        return Err(ConsoleError::NotFound(format!("there is no file {} in project {project}", q.path)));
+        return Err(ConsoleError::NotFound(format!(
+            "there is no file {} in project {project}",
+            q.path
+        )));
     };
     let download = page::download_url(&project, &q.path);
     let content = match (shape(&q.path), file.text()) {
-        (Shape::Image(_), _) => html! { img.preview src=(format!("{download}&inline=1")) alt=(q.path); },
+        (Shape::Image(_), _) => {
+            html! { img.preview src=(format!("{download}&inline=1")) alt=(q.path); }
+        }
         (Shape::Binary, _) | (_, None) => html! {
             p.hint { "This file is not text; download it to open it." }
         },
@@ -198,10 +235,21 @@ pub(super) async fn view(
 /// `Content-Disposition` naming the file's last component (ASCII fallback and UTF-8 form).
 fn disposition(path: &str, inline: bool) -> HeaderValue {
     let name = path.rsplit('/').next().unwrap_or("download");
-    let ascii: String =
-        name.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') { c } else { '_' }).collect();
+    let ascii: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
     let kind = if inline { "inline" } else { "attachment" };
-    let v = format!("{kind}; filename=\"{ascii}\"; filename*=UTF-8''{}", page::seg(name));
+    let v = format!(
+        "{kind}; filename=\"{ascii}\"; filename*=UTF-8''{}",
+        page::seg(name)
+    );
     HeaderValue::from_str(&v).unwrap_or_else(|_| HeaderValue::from_static("attachment"))
 }
 
@@ -213,20 +261,38 @@ pub(super) async fn download(
     Query(q): Query<FileQuery>,
 ) -> Result<Response, ConsoleError> {
     if q.path.is_empty() {
-        return Err(ConsoleError::BadRequest("which file? add ?path=docs/... to the address".into()));
+        return Err(ConsoleError::BadRequest(
+            "which file? add ?path=docs/... to the address".into(),
+        ));
     }
     let what = format!("downloading {}", q.path);
-    let req = GetRequest { project_id: project.clone(), path: q.path.clone(), offset: 0, length: 0 };
+    let req = GetRequest {
+        project_id: project.clone(),
+        path: q.path.clone(),
+        offset: 0,
+        length: 0,
+    };
     let mut stream = console.call(&what, console.store().get(req)).await?;
     let first = tokio::time::timeout(console.rpc_timeout(), stream.message())
         .await
-        .map_err(|_| ConsoleError::Timeout { what: what.clone(), secs: console.config().rpc_timeout_s })?
+        .map_err(|_| ConsoleError::Timeout {
+            what: what.clone(),
+            secs: console.config().rpc_timeout_s,
+        })?
         .map_err(|s| ConsoleError::rpc(&what, s))?;
     let Some(get_response::Msg::Info(info)) = first.and_then(|m| m.msg) else {
-        return Err(ConsoleError::Rpc { what, code: Code::Internal, message: "the store sent no file description".into(), reason: None });
+        return Err(ConsoleError::Rpc {
+            what,
+            code: Code::Internal,
+            message: "the store sent no file description".into(),
+            reason: None,
+        });
     };
     if info.kind != EntryKind::File as i32 {
-        return Err(ConsoleError::BadRequest(format!("{} is not a file", q.path)));
+        return Err(ConsoleError::BadRequest(format!(
+            "{} is not a file",
+            q.path
+        )));
     }
     let inline = match (q.inline.is_some(), shape(&q.path)) {
         (true, Shape::Image(mime)) => Some(mime),
@@ -244,16 +310,30 @@ pub(super) async fn download(
                     }
                 }
                 Ok(None) => return None,
-                Err(status) => return Some((Err(std::io::Error::other(status.message().to_owned())), None)),
+                Err(status) => {
+                    return Some((
+                        Err(std::io::Error::other(status.message().to_owned())),
+                        None,
+                    ))
+                }
             }
         }
     });
     let mut res = Body::from_stream(body).into_response();
     let h = res.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(inline.unwrap_or("application/octet-stream")));
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(inline.unwrap_or("application/octet-stream")),
+    );
     h.insert(header::CONTENT_LENGTH, HeaderValue::from(info.size_bytes));
-    h.insert(header::CONTENT_DISPOSITION, disposition(&q.path, inline.is_some()));
-    h.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static("default-src 'none'; sandbox"));
+    h.insert(
+        header::CONTENT_DISPOSITION,
+        disposition(&q.path, inline.is_some()),
+    );
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static("default-src 'none'; sandbox"),
+    );
     Ok(res)
 }
 
@@ -287,7 +367,13 @@ pub(super) async fn tree(
             p { a href=(format!("{}&page_token={}", page::tree_url(&project, prefix), page::qv(&next))) { "Next page" } }
         }
     };
-    Ok(layout(&format!("{project}/{prefix}"), Some(&visitor), flash.as_ref(), body).into_response())
+    Ok(layout(
+        &format!("{project}/{prefix}"),
+        Some(&visitor),
+        flash.as_ref(),
+        body,
+    )
+    .into_response())
 }
 
 /// Entries with links: directories to the browser, files to the view and the download.
@@ -317,6 +403,7 @@ pub(super) fn file_table(project: &str, entries: &[FileInfo]) -> Markup {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -333,6 +420,11 @@ mod tests {
     fn disposition_is_a_valid_header() {
         let v = disposition("docs/ä b\"c.zip", false);
         let s = v.to_str().unwrap();
-        assert!(s.starts_with("attachment; filename=\"__b_c.zip\"; filename*=UTF-8''%C3%A4%20b%22c.zip"), "{s}");
+        assert!(
+            s.starts_with(
+                "attachment; filename=\"__b_c.zip\"; filename*=UTF-8''%C3%A4%20b%22c.zip"
+            ),
+            "{s}"
+        );
     }
 }

@@ -63,7 +63,11 @@ pub(super) struct Entry {
 }
 
 /// Reads the run's manifests (other JSON files there, like `enabled.json`, are left out).
-pub(super) async fn load(console: &Console, project: &str, run_dir: &str) -> Result<Vec<Entry>, ConsoleError> {
+pub(super) async fn load(
+    console: &Console,
+    project: &str,
+    run_dir: &str,
+) -> Result<Vec<Entry>, ConsoleError> {
     let prefix = format!("{run_dir}/ingest");
     let (entries, _) = files::list(console, project, &prefix, false, MAX_MANIFESTS + 1, "").await?;
     let reads = entries
@@ -72,14 +76,16 @@ pub(super) async fn load(console: &Console, project: &str, run_dir: &str) -> Res
         .take(MAX_MANIFESTS as usize)
         .map(|e| async move {
             let manifest = match files::read(console, project, &e.path, MAX_MANIFEST_BYTES).await {
-                Ok(Some(r)) if !r.truncated => {
-                    serde_json::from_slice::<Manifest>(&r.bytes).map_err(|err| format!("not an ingest manifest: {err}"))
-                }
+                Ok(Some(r)) if !r.truncated => serde_json::from_slice::<Manifest>(&r.bytes)
+                    .map_err(|err| format!("not an ingest manifest: {err}")),
                 Ok(Some(_)) => Err(format!("larger than {}", page::size(MAX_MANIFEST_BYTES))),
                 Ok(None) => Err("removed while reading".to_owned()),
                 Err(err) => Err(err.to_string()),
             };
-            Entry { path: e.path, manifest }
+            Entry {
+                path: e.path,
+                manifest,
+            }
         });
     Ok(futures::future::join_all(reads).await)
 }

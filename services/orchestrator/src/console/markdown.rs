@@ -72,17 +72,37 @@ fn sanitise<'a>(parser: Parser<'a>, base: &Base<'_>) -> Vec<Event<'a>> {
                     None => out.push(Event::Text(s)),
                 }
             }
-            Event::Start(Tag::MetadataBlock(_)) => {
-                out.push(Event::Start(Tag::CodeBlock(CodeBlockKind::Fenced(CowStr::Borrowed("yaml")))))
-            }
+            Event::Start(Tag::MetadataBlock(_)) => out.push(Event::Start(Tag::CodeBlock(
+                CodeBlockKind::Fenced(CowStr::Borrowed("yaml")),
+            ))),
             Event::End(TagEnd::MetadataBlock(_)) => out.push(Event::End(TagEnd::CodeBlock)),
-            Event::Start(Tag::Link { link_type, dest_url, title, id }) => {
+            Event::Start(Tag::Link {
+                link_type,
+                dest_url,
+                title,
+                id,
+            }) => {
                 let dest_url = link_target(&dest_url, base, false).into();
-                out.push(Event::Start(Tag::Link { link_type, dest_url, title, id }));
+                out.push(Event::Start(Tag::Link {
+                    link_type,
+                    dest_url,
+                    title,
+                    id,
+                }));
             }
-            Event::Start(Tag::Image { link_type, dest_url, title, id }) => {
+            Event::Start(Tag::Image {
+                link_type,
+                dest_url,
+                title,
+                id,
+            }) => {
                 let dest_url = link_target(&dest_url, base, true).into();
-                out.push(Event::Start(Tag::Image { link_type, dest_url, title, id }));
+                out.push(Event::Start(Tag::Image {
+                    link_type,
+                    dest_url,
+                    title,
+                    id,
+                }));
             }
             other => out.push(other),
         }
@@ -95,7 +115,11 @@ fn note_anchor(html: &str) -> Option<String> {
     let s = html.trim();
     let s = s.strip_suffix("</a>").unwrap_or(s);
     let id = s.strip_prefix("<a id=\"")?.strip_suffix("\">")?;
-    let ok = !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    let ok = !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
     ok.then(|| format!("<a id=\"{id}\"></a>"))
 }
 
@@ -108,8 +132,16 @@ fn link_target(dest: &str, base: &Base<'_>, image: bool) -> String {
     let end = dest.find(['/', '?', '#']).unwrap_or(dest.len());
     if let Some(colon) = dest[..end].find(':') {
         let scheme = dest[..colon].to_ascii_lowercase();
-        let allowed = if image { ["http", "https"].as_slice() } else { ["http", "https", "mailto"].as_slice() };
-        return if allowed.contains(&scheme.as_str()) { dest.to_owned() } else { BLOCKED.to_owned() };
+        let allowed = if image {
+            ["http", "https"].as_slice()
+        } else {
+            ["http", "https", "mailto"].as_slice()
+        };
+        return if allowed.contains(&scheme.as_str()) {
+            dest.to_owned()
+        } else {
+            BLOCKED.to_owned()
+        };
     }
     if dest.starts_with("//") {
         return BLOCKED.to_owned();
@@ -120,7 +152,9 @@ fn link_target(dest: &str, base: &Base<'_>, image: bool) -> String {
     };
     let rest = rest.split_once('?').map_or(rest, |(p, _)| p);
     let decoded = percent_decode_str(rest).decode_utf8_lossy();
-    let Some(path) = join(base.path, &decoded) else { return BLOCKED.to_owned() };
+    let Some(path) = join(base.path, &decoded) else {
+        return BLOCKED.to_owned();
+    };
     if path.is_empty() {
         return page::tree_url(base.project, "");
     }
@@ -157,11 +191,19 @@ fn join(doc: &str, link: &str) -> Option<String> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
     fn md(text: &str) -> String {
-        render(text, &Base { project: "p", path: "docs/run/report.md" }).into_string()
+        render(
+            text,
+            &Base {
+                project: "p",
+                path: "docs/run/report.md",
+            },
+        )
+        .into_string()
     }
 
     #[test]
@@ -171,7 +213,10 @@ mod tests {
         assert!(!out.contains("<script"), "{out}");
         assert!(!out.contains("<div"), "{out}");
         assert!(out.contains("&lt;img src=x onerror=alert(1)&gt;"), "{out}");
-        assert!(out.contains("&lt;script&gt;alert(2)&lt;/script&gt;"), "{out}");
+        assert!(
+            out.contains("&lt;script&gt;alert(2)&lt;/script&gt;"),
+            "{out}"
+        );
     }
 
     #[test]
@@ -180,7 +225,10 @@ mod tests {
         assert!(!out.to_ascii_lowercase().contains("javascript:"), "{out}");
         assert!(!out.contains("data:"), "{out}");
         assert!(out.contains("href=\"https://example.org/x\""), "{out}");
-        assert!(out.contains("href=\"/projects/p/files?path=docs/other.md#sec\""), "{out}");
+        assert!(
+            out.contains("href=\"/projects/p/files?path=docs/other.md#sec\""),
+            "{out}"
+        );
         assert_eq!(out.matches(BLOCKED).count(), 5, "{out}");
     }
 
@@ -188,7 +236,10 @@ mod tests {
     fn note_anchors_survive_and_front_matter_is_code() {
         let out = md("---\ntitle: \"Human notes\"\n---\n# Notes\n\n<a id=\"note-1\"></a>\n### Note 1: by ann\n\ntext\n");
         assert!(out.contains("<a id=\"note-1\"></a>"), "{out}");
-        assert!(out.contains("<pre><code class=\"language-yaml\">title: &quot;Human notes&quot;"), "{out}");
+        assert!(
+            out.contains("<pre><code class=\"language-yaml\">title: &quot;Human notes&quot;"),
+            "{out}"
+        );
         assert!(!out.contains("&lt;a id"), "{out}");
         let forged = md("<a id=\"x\" onclick=\"y\">z</a>");
         assert!(!forged.contains("<a id"), "{forged}");
@@ -198,7 +249,10 @@ mod tests {
     fn joins_stay_inside() {
         assert_eq!(join("docs/a/b.md", "c.md").as_deref(), Some("docs/a/c.md"));
         assert_eq!(join("docs/a/b.md", "../c.md").as_deref(), Some("docs/c.md"));
-        assert_eq!(join("docs/a/b.md", "/workspace/x.rs").as_deref(), Some("workspace/x.rs"));
+        assert_eq!(
+            join("docs/a/b.md", "/workspace/x.rs").as_deref(),
+            Some("workspace/x.rs")
+        );
         assert_eq!(join("docs/b.md", "../../x"), None);
     }
 }

@@ -109,7 +109,10 @@ impl ConsoleConfig {
             }
         }
         let name = self.default_name.trim();
-        if name.is_empty() || name.chars().count() > session::MAX_NAME_CHARS || name.chars().any(char::is_control) {
+        if name.is_empty()
+            || name.chars().count() > session::MAX_NAME_CHARS
+            || name.chars().any(char::is_control)
+        {
             return bad("console.default_name must be 1-64 printable characters");
         }
         if self.session_ttl_s == 0 || self.rpc_timeout_s == 0 {
@@ -148,12 +151,24 @@ struct Inner {
 impl Console {
     fn new(config: ConsoleConfig) -> Result<Console, ConsoleError> {
         config.check()?;
-        let orchestrator = OrchestratorClient::new(cairn_telemetry::traced(cairn_server::connect(&config.orchestrator_addr)?))
-            .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES);
-        let store = ArtifactStoreClient::new(cairn_telemetry::traced(cairn_server::connect(&config.store_addr)?))
-            .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES);
+        let orchestrator = OrchestratorClient::new(cairn_telemetry::traced(cairn_server::connect(
+            &config.orchestrator_addr,
+        )?))
+        .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES);
+        let store = ArtifactStoreClient::new(cairn_telemetry::traced(cairn_server::connect(
+            &config.store_addr,
+        )?))
+        .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES);
         let sessions = session::Sessions::new(&config);
-        Ok(Console { inner: Arc::new(Inner { config, orchestrator, store, sessions, stopping: CancellationToken::new() }) })
+        Ok(Console {
+            inner: Arc::new(Inner {
+                config,
+                orchestrator,
+                store,
+                sessions,
+                stopping: CancellationToken::new(),
+            }),
+        })
     }
 
     fn config(&self) -> &ConsoleConfig {
@@ -185,7 +200,10 @@ impl Console {
         match tokio::time::timeout(self.rpc_timeout(), fut).await {
             Ok(Ok(r)) => Ok(r.into_inner()),
             Ok(Err(status)) => Err(ConsoleError::rpc(what, status)),
-            Err(_) => Err(ConsoleError::Timeout { what: what.to_owned(), secs: self.inner.config.rpc_timeout_s }),
+            Err(_) => Err(ConsoleError::Timeout {
+                what: what.to_owned(),
+                secs: self.inner.config.rpc_timeout_s,
+            }),
         }
     }
 }
@@ -219,9 +237,18 @@ fn router(console: Console) -> Router {
         .nest("/projects/{project}", project_routes)
         .fallback(|| async { ConsoleError::NotFound("no such page".into()) })
         // Outermost first: headers, span, session, CSRF, login.
-        .layer(middleware::from_fn_with_state(console.clone(), session::require_login))
-        .layer(middleware::from_fn_with_state(console.clone(), session::check_csrf))
-        .layer(middleware::from_fn_with_state(console.clone(), session::attach))
+        .layer(middleware::from_fn_with_state(
+            console.clone(),
+            session::require_login,
+        ))
+        .layer(middleware::from_fn_with_state(
+            console.clone(),
+            session::check_csrf,
+        ))
+        .layer(middleware::from_fn_with_state(
+            console.clone(),
+            session::attach,
+        ))
         .layer(middleware::from_fn(request_span))
         .layer(middleware::from_fn(security_headers))
         .with_state(console)
@@ -263,7 +290,9 @@ pub async fn serve_console(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ConsoleError> {
-    let addr = listener.local_addr().map_err(|e| ConsoleError::Serve(e.to_string()))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| ConsoleError::Serve(e.to_string()))?;
     if config.token.is_none() && !addr.ip().is_loopback() {
         return Err(ConsoleError::Config(format!(
             "refusing to serve the console on {addr} without a login token: set console.token, or listen on 127.0.0.1"

@@ -20,12 +20,20 @@ pub(super) struct Html(pub Markup);
 
 impl IntoResponse for Html {
     fn into_response(self) -> Response {
-        ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], self.0.into_string()).into_response()
+        (
+            [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+            self.0.into_string(),
+        )
+            .into_response()
     }
 }
 
 /// Everything but unreserved characters is encoded in a path segment.
-const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
 /// Query values keep `/` readable.
 const QUERY_VALUE: &AsciiSet = &SEGMENT.remove(b'/');
 
@@ -83,7 +91,10 @@ pub(super) const TASK_STATES: [(&str, TaskState); 6] = [
 ];
 
 pub(super) fn is_final(state: i32) -> bool {
-    matches!(TaskState::try_from(state), Ok(TaskState::Completed | TaskState::Failed | TaskState::Canceled))
+    matches!(
+        TaskState::try_from(state),
+        Ok(TaskState::Completed | TaskState::Failed | TaskState::Canceled)
+    )
 }
 
 pub(super) fn gate_state_name(state: i32) -> &'static str {
@@ -135,8 +146,14 @@ pub(super) fn when(t: &str) -> String {
 
 /// How long a run took (final) or has been going (not final).
 pub(super) fn duration(created: &str, updated: &str, finished: bool) -> String {
-    let Some(start) = parse_time(created) else { return String::new() };
-    let end = if finished { parse_time(updated) } else { Some(OffsetDateTime::now_utc()) };
+    let Some(start) = parse_time(created) else {
+        return String::new();
+    };
+    let end = if finished {
+        parse_time(updated)
+    } else {
+        Some(OffsetDateTime::now_utc())
+    };
     let Some(end) = end else { return String::new() };
     let secs = (end - start).whole_seconds().max(0);
     match secs {
@@ -158,7 +175,12 @@ pub(super) fn size(bytes: u64) -> String {
 
 /// The frame of every page: header with navigation and who is logged in, the flash message,
 /// then `body`.
-pub(super) fn layout(title: &str, visitor: Option<&Visitor>, flash: Option<&Flash>, body: Markup) -> Html {
+pub(super) fn layout(
+    title: &str,
+    visitor: Option<&Visitor>,
+    flash: Option<&Flash>,
+    body: Markup,
+) -> Html {
     Html(html! {
         (DOCTYPE)
         html lang="en" {
@@ -179,6 +201,7 @@ pub(super) fn layout(title: &str, visitor: Option<&Visitor>, flash: Option<&Flas
                                 "signed in as " strong #who { (v.name) }
                                 " · " a href="/login" { "change name" }
                                 @if v.login_required {
+                                    " · "
                                     form.inline method="post" action="/logout" {
                                         input type="hidden" name="csrf" value=(v.csrf);
                                         button.link type="submit" { "log out" }
@@ -215,13 +238,22 @@ pub(super) fn error_page(status: StatusCode, message: &str) -> Html {
 }
 
 pub(super) async fn stylesheet() -> Response {
-    ([(header::CONTENT_TYPE, "text/css; charset=utf-8"), (header::CACHE_CONTROL, "max-age=300")], include_str!("assets/console.css"))
+    (
+        [
+            (header::CONTENT_TYPE, "text/css; charset=utf-8"),
+            (header::CACHE_CONTROL, "max-age=300"),
+        ],
+        include_str!("assets/console.css"),
+    )
         .into_response()
 }
 
 pub(super) async fn script() -> Response {
     (
-        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8"), (header::CACHE_CONTROL, "max-age=300")],
+        [
+            (header::CONTENT_TYPE, "text/javascript; charset=utf-8"),
+            (header::CACHE_CONTROL, "max-age=300"),
+        ],
         include_str!("assets/console.js"),
     )
         .into_response()

@@ -6,7 +6,7 @@
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
-use cairn_proto::v1::{GateState, GetRunRequest, RunInfo};
+use cairn_proto::v1::{GateState, GetRunRequest, ReadEventsRequest, RunInfo};
 use maud::{html, Markup};
 use serde_json::Value;
 
@@ -39,7 +39,11 @@ pub(super) async fn page(
     Path((project, run)): Path<(String, String)>,
 ) -> Result<Response, ConsoleError> {
     let flash = console.sessions().take_flash(&visitor.session_id);
-    Ok(render(&console, &visitor, &project, &run, flash, Drafts::default()).await?.into_response())
+    Ok(
+        render(&console, &visitor, &project, &run, flash, Drafts::default())
+            .await?
+            .into_response(),
+    )
 }
 
 /// The run's directory (the orchestrator's `run_dir`, or its known layout).
@@ -47,6 +51,33 @@ pub(super) fn run_dir(info: Option<&RunInfo>, run: &str) -> String {
     match info {
         Some(i) if !i.run_dir.is_empty() => i.run_dir.clone(),
         _ => format!(".cairn/runs/{run}"),
+    }
+}
+
+/// Most events read to find the newest one (beyond task.yaml's `events_seq`).
+const MAX_TAIL_EVENTS: u64 = 10_000;
+
+/// Sequence number of the run's newest event, read from the store after `from` (task.yaml's
+/// `events_seq`, which may lag a little); `from` when the store cannot say.
+async fn last_event_seq(console: &Console, project: &str, run: &str, from: u64) -> u64 {
+    let req = ReadEventsRequest {
+        project_id: project.to_owned(),
+        run_id: run.to_owned(),
+        from_seq: from + 1,
+        follow: false,
+        limit: MAX_TAIL_EVENTS,
+    };
+    let read = async {
+        let mut last = from;
+        let mut stream = console.store().read_events(req).await?.into_inner();
+        while let Some(e) = stream.message().await? {
+            last = last.max(e.seq);
+        }
+        Ok::<u64, tonic::Status>(last)
+    };
+    match tokio::time::timeout(console.rpc_timeout(), read).await {
+        Ok(Ok(last)) => last,
+        _ => from,
     }
 }
 
@@ -61,17 +92,43 @@ pub(super) async fn render(
     drafts: Drafts,
 ) -> Result<Html, ConsoleError> {
     let dir = run_dir(None, run);
-    let (task_path, notes_path, context_path) =
-        (format!("{dir}/task.yaml"), format!("{dir}/shared/human-notes.md"), format!("{dir}/shared/context-manifest.yaml"));
+    // task.yaml first: its `events_seq` lets the page learn cheaply which event it shows the
+    // run as of (the browser applies only later events to the state it displays).
+    let task = files::read(console, project, &format!("{dir}/task.yaml"), DOC_LIMIT).await;
+    let task_doc: Result<Option<Value>, String> = match &task {
+        Ok(Some(r)) => match r.text() {
+            Some(t) => serde_saphyr::from_str::<Value>(t)
+                .map(Some)
+                .map_err(|e| format!("task.yaml does not parse: {e}")),
+            None => Err("task.yaml is not text".into()),
+        },
+        Ok(None) => Ok(None),
+        Err(e) => Err(e.to_string()),
+    };
+    let snapshot_seq = task_doc
+        .as_ref()
+        .ok()
+        .and_then(|v| v.as_ref())
+        .and_then(|t| t.get("events_seq"))
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    let events_seq = last_event_seq(console, project, run, snapshot_seq).await;
+
+    let (notes_path, context_path) = (
+        format!("{dir}/shared/human-notes.md"),
+        format!("{dir}/shared/context-manifest.yaml"),
+    );
     let what = format!("reading run {run}");
     let mut orchestrator = console.orchestrator();
     let get = console.call(
         &what,
-        orchestrator.get_run(GetRunRequest { project_id: project.to_owned(), run_id: run.to_owned() }),
+        orchestrator.get_run(GetRunRequest {
+            project_id: project.to_owned(),
+            run_id: run.to_owned(),
+        }),
     );
-    let (info, task, notes, context, docs, workspace, records, manifests) = tokio::join!(
+    let (info, notes, context, docs, workspace, records, manifests) = tokio::join!(
         get,
-        files::read(console, project, &task_path, DOC_LIMIT),
         files::read(console, project, &notes_path, DOC_LIMIT),
         files::read(console, project, &context_path, DOC_LIMIT),
         files::list(console, project, "docs", true, FILES_PER_AREA, ""),
@@ -81,17 +138,11 @@ pub(super) async fn render(
     );
     let info = info?;
     let state = page::task_state_name(info.state);
-    let title = if info.title.is_empty() { info.run_id.clone() } else { info.title.clone() };
-    let task_doc: Result<Option<Value>, String> = match &task {
-        Ok(Some(r)) => match r.text() {
-            Some(t) => serde_saphyr::from_str::<Value>(t).map(Some).map_err(|e| format!("task.yaml does not parse: {e}")),
-            None => Err("task.yaml is not text".into()),
-        },
-        Ok(None) => Ok(None),
-        Err(e) => Err(e.to_string()),
+    let title = if info.title.is_empty() {
+        info.run_id.clone()
+    } else {
+        info.title.clone()
     };
-    let task_value = task_doc.as_ref().ok().and_then(|v| v.as_ref());
-    let events_seq = task_value.and_then(|t| t.get("events_seq")).and_then(Value::as_u64).unwrap_or(0);
     let run_url = page::run_url(project, run);
     let body = html! {
         div.runhead {
@@ -190,39 +241,92 @@ fn text_of(v: &Value, key: &str) -> String {
     }
 }
 
+/// One row of the milestones table.
+struct Milestone {
+    id: String,
+    title: String,
+    kind: String,
+    state: String,
+    attempts: String,
+    detail: String,
+    error: String,
+}
+
+/// Milestones: the orchestrator's live node states, with titles and progress from task.yaml
+/// (a snapshot that may lag); task.yaml alone when the orchestrator lists no nodes.
+fn milestone_rows(info: &RunInfo, from_task: Option<&Vec<Value>>) -> Vec<Milestone> {
+    let by_id = |id: &str| {
+        from_task.and_then(|ms| {
+            ms.iter()
+                .find(|m| m.get("id").and_then(Value::as_str) == Some(id))
+        })
+    };
+    if info.nodes.is_empty() {
+        return from_task
+            .map(|ms| {
+                ms.iter()
+                    .map(|m| Milestone {
+                        id: text_of(m, "id"),
+                        title: text_of(m, "title"),
+                        kind: text_of(m, "type"),
+                        state: text_of(m, "state"),
+                        attempts: text_of(m, "attempts"),
+                        detail: format!("{} {}", text_of(m, "progress"), text_of(m, "skip_reason"))
+                            .trim()
+                            .to_owned(),
+                        error: text_of(m, "error"),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+    }
+    info.nodes
+        .iter()
+        .map(|n| {
+            let m = by_id(&n.id);
+            let from = |k: &str| m.map(|m| text_of(m, k)).unwrap_or_default();
+            Milestone {
+                id: n.id.clone(),
+                title: from("title"),
+                kind: n.r#type.clone(),
+                state: page::node_state_name(n.state).to_owned(),
+                attempts: n.attempts.to_string(),
+                detail: format!("{} {}", from("progress"), from("skip_reason"))
+                    .trim()
+                    .to_owned(),
+                error: n.error.clone(),
+            }
+        })
+        .collect()
+}
+
 fn milestones(info: &RunInfo, task: &Result<Option<Value>, String>) -> Markup {
     let from_task = task.as_ref().ok().and_then(|t| t.as_ref());
-    let ms = from_task.and_then(|t| t.get("milestones")).and_then(Value::as_array);
-    let roster = from_task.and_then(|t| t.get("roster")).and_then(Value::as_array);
+    let ms = from_task
+        .and_then(|t| t.get("milestones"))
+        .and_then(Value::as_array);
+    let roster = from_task
+        .and_then(|t| t.get("roster"))
+        .and_then(Value::as_array);
+    let rows = milestone_rows(info, ms);
     html! {
         section {
             h2 #milestones { "Milestones" }
             @if let Err(e) = task { p.error { (e) } }
-            @if let Some(ms) = ms {
+            @if rows.is_empty() {
+                p.hint { "No milestones yet." }
+            } @else {
                 table.milestones {
                     thead { tr { th { "id" } th { "title" } th { "type" } th { "state" } th.num { "attempts" } th { "progress / error" } } }
                     tbody {
-                        @for m in ms {
+                        @for m in &rows {
                             tr {
-                                td { code { (text_of(m, "id")) } }
-                                td { (text_of(m, "title")) }
-                                td { (text_of(m, "type")) }
-                                td { (page::badge(&text_of(m, "state"))) }
-                                td.num { (text_of(m, "attempts")) }
-                                td { (text_of(m, "progress")) " " span.error { (text_of(m, "error")) } " " (text_of(m, "skip_reason")) }
-                            }
-                        }
-                    }
-                }
-            } @else {
-                // No task.yaml yet: the orchestrator's view of the nodes.
-                table.milestones {
-                    thead { tr { th { "node" } th { "type" } th { "state" } th.num { "attempts" } th { "error" } } }
-                    tbody {
-                        @for n in &info.nodes {
-                            tr {
-                                td { code { (n.id) } } td { (n.r#type) } td { (page::badge(page::node_state_name(n.state))) }
-                                td.num { (n.attempts) } td.error { (n.error) }
+                                td { code { (m.id) } }
+                                td { (m.title) }
+                                td { (m.kind) }
+                                td { (page::badge(&m.state)) }
+                                td.num { (m.attempts) }
+                                td { (m.detail) @if !m.error.is_empty() { " " span.error { (m.error) } } }
                             }
                         }
                     }
@@ -279,7 +383,12 @@ fn notes_section(
     }
 }
 
-fn context_section(context: &Result<Option<Read>, ConsoleError>, visitor: &Visitor, run_url: &str, drafts: &Drafts) -> Markup {
+fn context_section(
+    context: &Result<Option<Read>, ConsoleError>,
+    visitor: &Visitor,
+    run_url: &str,
+    drafts: &Drafts,
+) -> Markup {
     let stored = match context {
         Ok(Some(r)) => r.text().map(str::to_owned),
         _ => None,

@@ -43,7 +43,12 @@ pub(super) async fn list(
     let projects = console
         .call(
             "listing projects",
-            console.store().list_projects(ListProjectsRequest { page: Some(PageRequest { page_size: 1000, page_token: String::new() }) }),
+            console.store().list_projects(ListProjectsRequest {
+                page: Some(PageRequest {
+                    page_size: 1000,
+                    page_token: String::new(),
+                }),
+            }),
         )
         .await?
         .projects;
@@ -52,7 +57,10 @@ pub(super) async fn list(
     } else if !console.config().default_project.is_empty() {
         console.config().default_project.clone()
     } else {
-        projects.first().map(|p| p.project_id.clone()).unwrap_or_default()
+        projects
+            .first()
+            .map(|p| p.project_id.clone())
+            .unwrap_or_default()
     };
     let flash = console.sessions().take_flash(&visitor.session_id);
     if project.is_empty() {
@@ -65,9 +73,17 @@ pub(super) async fn list(
     let req = ListRunsRequest {
         project_id: project.clone(),
         states: state.map(|(_, s)| vec![s as i32]).unwrap_or_default(),
-        page: Some(PageRequest { page_size: PAGE_SIZE, page_token: q.page_token.clone() }),
+        page: Some(PageRequest {
+            page_size: PAGE_SIZE,
+            page_token: q.page_token.clone(),
+        }),
     };
-    let runs = console.call(&format!("listing the runs of {project}"), console.orchestrator().list_runs(req)).await?;
+    let runs = console
+        .call(
+            &format!("listing the runs of {project}"),
+            console.orchestrator().list_runs(req),
+        )
+        .await?;
     let current = state.map(|(n, _)| n);
     let body = html! {
         h1 { "Runs of " (project) }

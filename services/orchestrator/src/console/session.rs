@@ -71,14 +71,24 @@ pub(super) struct Sessions {
 
 /// 256 random bits as hex (two v4 UUIDs: the OS random source, 244 random bits together).
 fn secret() -> String {
-    format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple())
+    format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
 }
 
 /// Equality of two secrets in time independent of where they differ (both are hashed first,
 /// so their lengths do not show either).
 fn same_secret(given: &str, expected: &str) -> bool {
-    let (a, b) = (Sha256::digest(given.as_bytes()), Sha256::digest(expected.as_bytes()));
-    let diff = a.iter().zip(b.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    let (a, b) = (
+        Sha256::digest(given.as_bytes()),
+        Sha256::digest(expected.as_bytes()),
+    );
+    let diff = a
+        .iter()
+        .zip(b.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y));
     std::hint::black_box(diff) == 0
 }
 
@@ -142,7 +152,11 @@ impl Sessions {
             map.retain(|_, s| s.authenticated && s.name != self.default_name);
         }
         if map.len() >= MAX_SESSIONS {
-            if let Some(oldest) = map.iter().min_by_key(|(_, s)| s.expires).map(|(k, _)| k.clone()) {
+            if let Some(oldest) = map
+                .iter()
+                .min_by_key(|(_, s)| s.expires)
+                .map(|(k, _)| k.clone())
+            {
                 map.remove(&oldest);
             }
         }
@@ -157,7 +171,10 @@ impl Sessions {
 
     pub(super) fn set_flash(&self, id: &str, text: impl Into<String>, error: bool) {
         if let Some(s) = self.lock().get_mut(id) {
-            s.flash = Some(Flash { text: text.into(), error });
+            s.flash = Some(Flash {
+                text: text.into(),
+                error,
+            });
         }
     }
 
@@ -167,8 +184,12 @@ impl Sessions {
 
     fn cookie(&self, id: &str) -> HeaderValue {
         let secure = if self.secure { "; Secure" } else { "" };
-        let v = format!("{COOKIE}={id}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}{secure}", self.ttl.as_secs());
-        HeaderValue::from_str(&v).unwrap_or_else(|_| HeaderValue::from_static("cairn_console=; Path=/; Max-Age=0"))
+        let v = format!(
+            "{COOKIE}={id}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}{secure}",
+            self.ttl.as_secs()
+        );
+        HeaderValue::from_str(&v)
+            .unwrap_or_else(|_| HeaderValue::from_static("cairn_console=; Path=/; Max-Age=0"))
     }
 }
 
@@ -186,7 +207,11 @@ fn session_cookie(headers: &HeaderMap) -> Option<String> {
 }
 
 /// Middleware: finds or starts the visitor's session and hands handlers a [`Visitor`].
-pub(super) async fn attach(State(console): State<Console>, mut req: Request, next: Next) -> Response {
+pub(super) async fn attach(
+    State(console): State<Console>,
+    mut req: Request,
+    next: Next,
+) -> Response {
     let sessions = console.sessions();
     let found = session_cookie(req.headers()).and_then(|id| sessions.find(&id));
     let (visitor, created) = match found {
@@ -197,7 +222,8 @@ pub(super) async fn attach(State(console): State<Console>, mut req: Request, nex
     req.extensions_mut().insert(visitor);
     let mut res = next.run(req).await;
     if created && !res.headers().contains_key(header::SET_COOKIE) {
-        res.headers_mut().append(header::SET_COOKIE, sessions.cookie(&id));
+        res.headers_mut()
+            .append(header::SET_COOKIE, sessions.cookie(&id));
     }
     res
 }
@@ -210,7 +236,11 @@ struct CsrfField {
 
 /// Middleware: every request that changes something must carry the session's CSRF token in
 /// its form (field `csrf`); otherwise 403 before any handler runs.
-pub(super) async fn check_csrf(Extension(visitor): Extension<Visitor>, req: Request, next: Next) -> Response {
+pub(super) async fn check_csrf(
+    Extension(visitor): Extension<Visitor>,
+    req: Request,
+    next: Next,
+) -> Response {
     if matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS) {
         return next.run(req).await;
     }
@@ -218,7 +248,11 @@ pub(super) async fn check_csrf(Extension(visitor): Extension<Visitor>, req: Requ
     let bytes = match axum::body::to_bytes(body, MAX_FORM_BYTES).await {
         Ok(b) => b,
         Err(_) => {
-            return ConsoleError::BadRequest(format!("the form is larger than {} KiB", MAX_FORM_BYTES >> 10)).into_response()
+            return ConsoleError::BadRequest(format!(
+                "the form is larger than {} KiB",
+                MAX_FORM_BYTES >> 10
+            ))
+            .into_response()
         }
     };
     let probe = Request::from_parts(parts.clone(), Body::from(bytes.clone()));
@@ -233,18 +267,27 @@ pub(super) async fn check_csrf(Extension(visitor): Extension<Visitor>, req: Requ
         )
         .into_response();
     }
-    next.run(Request::from_parts(parts, Body::from(bytes))).await
+    next.run(Request::from_parts(parts, Body::from(bytes)))
+        .await
 }
 
 /// Middleware: with a token configured, everything but the login page and the static files
 /// needs a logged-in session.
-pub(super) async fn require_login(Extension(visitor): Extension<Visitor>, req: Request, next: Next) -> Response {
+pub(super) async fn require_login(
+    Extension(visitor): Extension<Visitor>,
+    req: Request,
+    next: Next,
+) -> Response {
     let path = req.uri().path();
     if visitor.authenticated || path == "/login" || path.starts_with("/static/") {
         return next.run(req).await;
     }
     if matches!(*req.method(), Method::GET | Method::HEAD) {
-        let target = req.uri().path_and_query().map(|p| p.as_str()).unwrap_or("/runs");
+        let target = req
+            .uri()
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or("/runs");
         return Redirect::to(&format!("/login?next={}", page::qv(target))).into_response();
     }
     ConsoleError::Unauthenticated.into_response()
@@ -253,7 +296,12 @@ pub(super) async fn require_login(Extension(visitor): Extension<Visitor>, req: R
 /// Where to go after logging in: only a path of this console.
 fn safe_next(next: Option<&str>) -> String {
     match next {
-        Some(n) if n.starts_with('/') && !n.starts_with("//") && !n.contains('\\') && !n.chars().any(char::is_control) => {
+        Some(n)
+            if n.starts_with('/')
+                && !n.starts_with("//")
+                && !n.contains('\\')
+                && !n.chars().any(char::is_control) =>
+        {
             n.to_owned()
         }
         _ => "/runs".to_owned(),
@@ -274,7 +322,12 @@ pub(super) async fn login_form(
     login_page(&visitor, q.next.as_deref(), flash.as_ref(), StatusCode::OK)
 }
 
-fn login_page(visitor: &Visitor, next: Option<&str>, flash: Option<&Flash>, status: StatusCode) -> Response {
+fn login_page(
+    visitor: &Visitor,
+    next: Option<&str>,
+    flash: Option<&Flash>,
+    status: StatusCode,
+) -> Response {
     let body = html! {
         h1 { (if visitor.login_required { "Log in" } else { "Who are you?" }) }
         p.hint { "Your name is recorded with every gate decision, note and edit you make here (seed 001 §6)." }
@@ -305,7 +358,8 @@ pub(super) struct LoginForm {
 /// A name people may give: 1-64 printable characters.
 fn valid_name(name: &str) -> Option<String> {
     let n = name.trim();
-    (!n.is_empty() && n.chars().count() <= MAX_NAME_CHARS && !n.chars().any(char::is_control)).then(|| n.to_owned())
+    (!n.is_empty() && n.chars().count() <= MAX_NAME_CHARS && !n.chars().any(char::is_control))
+        .then(|| n.to_owned())
 }
 
 pub(super) async fn login(
@@ -315,34 +369,58 @@ pub(super) async fn login(
 ) -> Response {
     let sessions = console.sessions();
     let Some(name) = valid_name(&form.name) else {
-        let flash = Flash { text: "Give a name of 1-64 printable characters.".into(), error: true };
-        return login_page(&visitor, form.next.as_deref(), Some(&flash), StatusCode::BAD_REQUEST);
+        let flash = Flash {
+            text: "Give a name of 1-64 printable characters.".into(),
+            error: true,
+        };
+        return login_page(
+            &visitor,
+            form.next.as_deref(),
+            Some(&flash),
+            StatusCode::BAD_REQUEST,
+        );
     };
     if let Some(token) = &sessions.token {
         if !same_secret(&form.token, token) {
             tracing::warn!("console login refused: wrong token");
             // Slows down guessing; the token itself should be long and random.
             tokio::time::sleep(Duration::from_millis(300)).await;
-            let flash = Flash { text: "Wrong token.".into(), error: true };
-            return login_page(&visitor, form.next.as_deref(), Some(&flash), StatusCode::UNAUTHORIZED);
+            let flash = Flash {
+                text: "Wrong token.".into(),
+                error: true,
+            };
+            return login_page(
+                &visitor,
+                form.next.as_deref(),
+                Some(&flash),
+                StatusCode::UNAUTHORIZED,
+            );
         }
     }
     sessions.remove(&visitor.session_id);
     let fresh = sessions.create(Some(name.clone()), true);
     tracing::info!(name = %name, "console login");
     let mut res = Redirect::to(&safe_next(form.next.as_deref())).into_response();
-    res.headers_mut().append(header::SET_COOKIE, sessions.cookie(&fresh.session_id));
+    res.headers_mut()
+        .append(header::SET_COOKIE, sessions.cookie(&fresh.session_id));
     res
 }
 
-pub(super) async fn logout(State(console): State<Console>, Extension(visitor): Extension<Visitor>) -> Response {
+pub(super) async fn logout(
+    State(console): State<Console>,
+    Extension(visitor): Extension<Visitor>,
+) -> Response {
     console.sessions().remove(&visitor.session_id);
     let mut res = Redirect::to("/login").into_response();
-    res.headers_mut().append(header::SET_COOKIE, HeaderValue::from_static("cairn_console=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0"));
+    res.headers_mut().append(
+        header::SET_COOKIE,
+        HeaderValue::from_static("cairn_console=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0"),
+    );
     res
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -368,9 +446,15 @@ mod tests {
     fn cookie_is_found_among_others() {
         let mut h = HeaderMap::new();
         let id = "a".repeat(64);
-        h.insert(header::COOKIE, HeaderValue::from_str(&format!("x=1; {COOKIE}={id}; y=2")).unwrap());
+        h.insert(
+            header::COOKIE,
+            HeaderValue::from_str(&format!("x=1; {COOKIE}={id}; y=2")).unwrap(),
+        );
         assert_eq!(session_cookie(&h), Some(id));
-        h.insert(header::COOKIE, HeaderValue::from_static("cairn_console=../../etc"));
+        h.insert(
+            header::COOKIE,
+            HeaderValue::from_static("cairn_console=../../etc"),
+        );
         assert_eq!(session_cookie(&h), None);
     }
 }

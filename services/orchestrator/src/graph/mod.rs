@@ -4,7 +4,8 @@
 //! to unknown nodes/fields/variables, both `code` and `code_file` (seed 002 §5.2), bad static
 //! paths. Errors name the node and the field.
 //!
-//! A validated [`Graph`] is what graph.resolved.json holds (run id and variables bound), so a
+//! A validated [`Graph`] is what graph.resolved.json holds (templates as written, the run id and
+//! the final variable values, dependencies made explicit), so a
 //! run never changes under edits of its source graph; resuming re-reads and re-checks it.
 
 pub mod expr;
@@ -905,31 +906,6 @@ impl Graph {
                 }
             }
         }
-        // Bind run_id and plain variables: graph.resolved.json holds them as values.
-        let run_id = self.run_id.clone();
-        let vars = self.vars.clone();
-        let store_outputs = self.store_outputs.clone();
-        let bind = move |r: &Ref| -> Option<String> {
-            match r {
-                Ref::RunId => Some(run_id.clone()),
-                Ref::Var { name, path } if path.is_empty() && !store_outputs.contains_key(name) => vars.get(name).cloned(),
-                _ => None,
-            }
-        };
-        for n in &mut self.nodes {
-            for (_, t) in n.templates_mut() {
-                *t = t.bind(&bind);
-            }
-            match &mut n.kind {
-                NodeKind::ToolCall(tc) => bind_args(&mut tc.args, &bind),
-                NodeKind::Map(m) => {
-                    if let NodeKind::ToolCall(tc) = &mut m.node.kind {
-                        bind_args(&mut tc.args, &bind)
-                    }
-                }
-                _ => {}
-            }
-        }
         // Per-node checks and implicit dependencies.
         let mut deps: Vec<BTreeSet<String>> = Vec::with_capacity(self.nodes.len());
         for n in &self.nodes {
@@ -1047,7 +1023,38 @@ impl Graph {
         }
     }
 
+    /// A copy of `n` with `{{run_id}}` and plain `{{vars.x}}` replaced by their values, so
+    /// paths known at submit time are checked at submit time. (graph.resolved.json keeps the
+    /// templates as written, with the values recorded once under `vars` and `run_id`.)
+    fn bound(&self, n: &Node) -> Node {
+        let bind = |r: &Ref| -> Option<String> {
+            match r {
+                Ref::RunId => Some(self.run_id.clone()),
+                Ref::Var { name, path } if path.is_empty() && !self.store_outputs.contains_key(name) => {
+                    self.vars.get(name).cloned()
+                }
+                _ => None,
+            }
+        };
+        let mut copy = n.clone();
+        for (_, t) in copy.templates_mut() {
+            *t = t.bind(&bind);
+        }
+        match &mut copy.kind {
+            NodeKind::ToolCall(tc) => bind_args(&mut tc.args, &bind),
+            NodeKind::Map(m) => {
+                if let NodeKind::ToolCall(tc) = &mut m.node.kind {
+                    bind_args(&mut tc.args, &bind)
+                }
+            }
+            _ => {}
+        }
+        copy
+    }
+
     fn check_kind(&self, n: &Node) -> Result<(), GraphError> {
+        let bound = self.bound(n);
+        let n = &bound;
         check_kind(n)?;
         if let NodeKind::Map(m) = &n.kind {
             check_kind(&m.node).map_err(|e| GraphError {

@@ -40,10 +40,12 @@ nodes:
         &vars(&[("name", "you")]),
     )
     .unwrap();
+    // Templates are kept as written; the values are recorded once (run_id, vars).
     let a = g.node("a").unwrap();
     let NodeKind::WriteFile(w) = &a.kind else { panic!() };
-    assert_eq!(w.path.source(), "docs/r1/you.md");
-    assert_eq!(w.content.source(), "hello you x3");
+    assert_eq!(w.path.source(), "docs/{{run_id}}/{{vars.name}}.md");
+    assert_eq!(g.vars["name"], "you");
+    assert_eq!(g.vars["count"], "3");
     assert_eq!(g.node("b").unwrap().needs, vec!["a"]);
     assert_eq!(g.node("c").unwrap().needs, vec!["b"]);
     assert_eq!(g.node("d").unwrap().needs, vec!["c"]);
@@ -130,8 +132,8 @@ nodes:
 fn sandbox_defaults_and_prefix_rules() {
     let g = parse("nodes:\n  - {id: s, type: sandbox_run, language: python, code: 'print(1)', store_output: res}\n  - {id: w, type: write_file, path: docs/w, content: '{{vars.res.exit_code}}'}\n").unwrap();
     let NodeKind::SandboxRun(s) = &g.node("s").unwrap().kind else { panic!() };
-    assert_eq!(s.output_prefix.source(), "docs/artifacts/r1");
-    assert_eq!(s.allowed_prefixes[1].source(), ".cairn/runs/r1/");
+    assert_eq!(s.output_prefix.source(), "docs/artifacts/{{run_id}}");
+    assert_eq!(s.allowed_prefixes[1].source(), ".cairn/runs/{{run_id}}/");
     assert_eq!(g.node("w").unwrap().needs, vec!["s"]);
     assert_eq!(g.store_output_node("res"), Some("s"));
 
@@ -190,7 +192,7 @@ nodes:
     let NodeKind::Map(m) = &fan.kind else { panic!() };
     assert_eq!(m.parallelism, 2);
     let NodeKind::WriteFile(w) = &m.node.kind else { panic!() };
-    assert_eq!(w.content.source(), "{{item}} of r1");
+    assert_eq!(w.content.source(), "{{item}} of {{run_id}}");
     let e = err("nodes:\n  - {id: m, type: map, over: [1], node: {type: gate}}\n");
     assert_eq!(e.field.as_deref(), Some("type"));
     let e = err("nodes:\n  - {id: m, type: map, over: 3, node: {type: write_file, path: a, content: b}}\n");

@@ -54,12 +54,16 @@ pub struct FakeOrchestrator {
 
 fn now() -> String {
     let t = time::OffsetDateTime::now_utc();
-    t.format(&time::format_description::well_known::Rfc3339).unwrap()
+    t.format(&time::format_description::well_known::Rfc3339)
+        .unwrap()
 }
 
 impl FakeOrchestrator {
     pub fn new() -> FakeOrchestrator {
-        FakeOrchestrator { state: Arc::default(), changed: Arc::new(watch::channel(0).0) }
+        FakeOrchestrator {
+            state: Arc::default(),
+            changed: Arc::new(watch::channel(0).0),
+        }
     }
 
     pub fn calls(&self) -> Vec<Call> {
@@ -77,7 +81,13 @@ impl FakeOrchestrator {
     }
 
     pub fn set_title(&self, run_id: &str, title: &str) {
-        self.state.lock().unwrap().runs.get_mut(run_id).unwrap().title = title.into();
+        self.state
+            .lock()
+            .unwrap()
+            .runs
+            .get_mut(run_id)
+            .unwrap()
+            .title = title.into();
     }
 
     /// Appends an event with the next sequence number and wakes the watchers.
@@ -108,9 +118,16 @@ impl FakeOrchestrator {
         self.state.lock().unwrap().calls.push(call);
     }
 
-    fn update(&self, run_id: &str, f: impl FnOnce(&mut pb::RunInfo) -> Result<(), Status>) -> Result<pb::RunInfo, Status> {
+    fn update(
+        &self,
+        run_id: &str,
+        f: impl FnOnce(&mut pb::RunInfo) -> Result<(), Status>,
+    ) -> Result<pb::RunInfo, Status> {
         let mut s = self.state.lock().unwrap();
-        let run = s.runs.get_mut(run_id).ok_or_else(|| Status::not_found(format!("run `{run_id}` not found")))?;
+        let run = s
+            .runs
+            .get_mut(run_id)
+            .ok_or_else(|| Status::not_found(format!("run `{run_id}` not found")))?;
         f(run)?;
         run.updated_at = now();
         Ok(run.clone())
@@ -133,21 +150,50 @@ impl FakeOrchestrator {
                 .find(|g| g.id == r.gate_id)
                 .ok_or_else(|| Status::not_found(format!("gate `{}` not found", r.gate_id)))?;
             if gate.state != pb::GateState::Blocked as i32 {
-                return Err(Status::failed_precondition(format!("gate `{}` is not blocked", r.gate_id)));
+                return Err(Status::failed_precondition(format!(
+                    "gate `{}` is not blocked",
+                    r.gate_id
+                )));
             }
-            gate.state = if approve { pb::GateState::Approved } else { pb::GateState::Rejected } as i32;
+            gate.state = if approve {
+                pb::GateState::Approved
+            } else {
+                pb::GateState::Rejected
+            } as i32;
             gate.decided_by = r.by.clone();
             gate.note = r.note.clone();
             gate.decided_at = now();
-            run.state = if approve { pb::TaskState::Completed } else { pb::TaskState::Failed } as i32;
+            run.state = if approve {
+                pb::TaskState::Completed
+            } else {
+                pb::TaskState::Failed
+            } as i32;
             for n in &mut run.nodes {
                 n.state = pb::NodeState::Succeeded as i32;
             }
             Ok(())
         })?;
-        let kind = if approve { "gate.approved" } else { "gate.rejected" };
-        self.emit(&r.run_id, kind, &r.gate_id, serde_json::json!({"gate_id": r.gate_id, "by": r.by, "note": r.note}));
-        self.emit(&r.run_id, if approve { "task.completed" } else { "task.failed" }, "", serde_json::json!({}));
+        let kind = if approve {
+            "gate.approved"
+        } else {
+            "gate.rejected"
+        };
+        self.emit(
+            &r.run_id,
+            kind,
+            &r.gate_id,
+            serde_json::json!({"gate_id": r.gate_id, "by": r.by, "note": r.note}),
+        );
+        self.emit(
+            &r.run_id,
+            if approve {
+                "task.completed"
+            } else {
+                "task.failed"
+            },
+            "",
+            serde_json::json!({}),
+        );
         Ok(info)
     }
 }
@@ -156,35 +202,56 @@ type EventStream = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send +
 
 #[tonic::async_trait]
 impl Orchestrator for FakeOrchestrator {
-    async fn submit_run(&self, _: GrpcRequest<pb::SubmitRunRequest>) -> Result<GrpcResponse<pb::RunInfo>, Status> {
+    async fn submit_run(
+        &self,
+        _: GrpcRequest<pb::SubmitRunRequest>,
+    ) -> Result<GrpcResponse<pb::RunInfo>, Status> {
         Err(Status::unimplemented("the fake takes canned runs"))
     }
 
-    async fn get_run(&self, req: GrpcRequest<pb::GetRunRequest>) -> Result<GrpcResponse<pb::RunInfo>, Status> {
+    async fn get_run(
+        &self,
+        req: GrpcRequest<pb::GetRunRequest>,
+    ) -> Result<GrpcResponse<pb::RunInfo>, Status> {
         let r = req.into_inner();
         let s = self.state.lock().unwrap();
         match s.runs.get(&r.run_id) {
             Some(run) if run.project_id == r.project_id => Ok(GrpcResponse::new(run.clone())),
-            _ => Err(Status::not_found(format!("run `{}` not found in project `{}`", r.run_id, r.project_id))),
+            _ => Err(Status::not_found(format!(
+                "run `{}` not found in project `{}`",
+                r.run_id, r.project_id
+            ))),
         }
     }
 
-    async fn list_runs(&self, req: GrpcRequest<pb::ListRunsRequest>) -> Result<GrpcResponse<pb::ListRunsResponse>, Status> {
+    async fn list_runs(
+        &self,
+        req: GrpcRequest<pb::ListRunsRequest>,
+    ) -> Result<GrpcResponse<pb::ListRunsResponse>, Status> {
         let r = req.into_inner();
         let s = self.state.lock().unwrap();
         let mut runs: Vec<pb::RunInfo> = s
             .runs
             .values()
-            .filter(|run| run.project_id == r.project_id && (r.states.is_empty() || r.states.contains(&run.state)))
+            .filter(|run| {
+                run.project_id == r.project_id
+                    && (r.states.is_empty() || r.states.contains(&run.state))
+            })
             .cloned()
             .collect();
         runs.sort_by(|a, b| b.created_at.cmp(&a.created_at));
-        Ok(GrpcResponse::new(pb::ListRunsResponse { runs, next_page_token: String::new() }))
+        Ok(GrpcResponse::new(pb::ListRunsResponse {
+            runs,
+            next_page_token: String::new(),
+        }))
     }
 
     type WatchRunStream = EventStream;
 
-    async fn watch_run(&self, req: GrpcRequest<pb::WatchRunRequest>) -> Result<GrpcResponse<Self::WatchRunStream>, Status> {
+    async fn watch_run(
+        &self,
+        req: GrpcRequest<pb::WatchRunRequest>,
+    ) -> Result<GrpcResponse<Self::WatchRunStream>, Status> {
         let r = req.into_inner();
         if !self.state.lock().unwrap().runs.contains_key(&r.run_id) {
             return Err(Status::not_found(format!("run `{}` not found", r.run_id)));
@@ -197,12 +264,19 @@ impl Orchestrator for FakeOrchestrator {
             loop {
                 let (batch, done) = {
                     let s = me.state.lock().unwrap();
-                    let batch: Vec<pb::Event> =
-                        s.events.get(&r.run_id).map(|l| l.iter().filter(|e| e.seq >= next).cloned().collect()).unwrap_or_default();
+                    let batch: Vec<pb::Event> = s
+                        .events
+                        .get(&r.run_id)
+                        .map(|l| l.iter().filter(|e| e.seq >= next).cloned().collect())
+                        .unwrap_or_default();
                     let st = s.runs[&r.run_id].state;
-                    let done = [pb::TaskState::Completed, pb::TaskState::Failed, pb::TaskState::Canceled]
-                        .iter()
-                        .any(|f| *f as i32 == st);
+                    let done = [
+                        pb::TaskState::Completed,
+                        pb::TaskState::Failed,
+                        pb::TaskState::Canceled,
+                    ]
+                    .iter()
+                    .any(|f| *f as i32 == st);
                     (batch, done)
                 };
                 for e in batch {
@@ -219,10 +293,15 @@ impl Orchestrator for FakeOrchestrator {
                 }
             }
         });
-        Ok(GrpcResponse::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+        Ok(GrpcResponse::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
     }
 
-    async fn cancel_run(&self, req: GrpcRequest<pb::RunActionRequest>) -> Result<GrpcResponse<pb::RunInfo>, Status> {
+    async fn cancel_run(
+        &self,
+        req: GrpcRequest<pb::RunActionRequest>,
+    ) -> Result<GrpcResponse<pb::RunInfo>, Status> {
         let r = req.into_inner();
         self.record(Call {
             method: "CancelRun",
@@ -236,23 +315,40 @@ impl Orchestrator for FakeOrchestrator {
             run.state = pb::TaskState::Canceled as i32;
             Ok(())
         })?;
-        self.emit(&r.run_id, "task.canceled", "", serde_json::json!({"by": r.by, "reason": r.reason}));
+        self.emit(
+            &r.run_id,
+            "task.canceled",
+            "",
+            serde_json::json!({"by": r.by, "reason": r.reason}),
+        );
         Ok(GrpcResponse::new(info))
     }
 
-    async fn resume_run(&self, _: GrpcRequest<pb::RunActionRequest>) -> Result<GrpcResponse<pb::RunInfo>, Status> {
+    async fn resume_run(
+        &self,
+        _: GrpcRequest<pb::RunActionRequest>,
+    ) -> Result<GrpcResponse<pb::RunInfo>, Status> {
         Err(Status::unimplemented("not used by the console"))
     }
 
-    async fn approve_gate(&self, req: GrpcRequest<pb::GateDecisionRequest>) -> Result<GrpcResponse<pb::RunInfo>, Status> {
+    async fn approve_gate(
+        &self,
+        req: GrpcRequest<pb::GateDecisionRequest>,
+    ) -> Result<GrpcResponse<pb::RunInfo>, Status> {
         Ok(GrpcResponse::new(self.decide(req.into_inner(), true)?))
     }
 
-    async fn reject_gate(&self, req: GrpcRequest<pb::GateDecisionRequest>) -> Result<GrpcResponse<pb::RunInfo>, Status> {
+    async fn reject_gate(
+        &self,
+        req: GrpcRequest<pb::GateDecisionRequest>,
+    ) -> Result<GrpcResponse<pb::RunInfo>, Status> {
         Ok(GrpcResponse::new(self.decide(req.into_inner(), false)?))
     }
 
-    async fn add_note(&self, req: GrpcRequest<pb::AddNoteRequest>) -> Result<GrpcResponse<pb::AddNoteResponse>, Status> {
+    async fn add_note(
+        &self,
+        req: GrpcRequest<pb::AddNoteRequest>,
+    ) -> Result<GrpcResponse<pb::AddNoteResponse>, Status> {
         let r = req.into_inner();
         self.record(Call {
             method: "AddNote",
@@ -262,11 +358,22 @@ impl Orchestrator for FakeOrchestrator {
             text: r.text.clone(),
             ..Default::default()
         });
-        let seq = self.emit(&r.run_id, "human.note", "", serde_json::json!({"by": r.by, "ref": "shared/human-notes.md#note-2"}));
-        Ok(GrpcResponse::new(pb::AddNoteResponse { seq, r#ref: "shared/human-notes.md#note-2".into() }))
+        let seq = self.emit(
+            &r.run_id,
+            "human.note",
+            "",
+            serde_json::json!({"by": r.by, "ref": "shared/human-notes.md#note-2"}),
+        );
+        Ok(GrpcResponse::new(pb::AddNoteResponse {
+            seq,
+            r#ref: "shared/human-notes.md#note-2".into(),
+        }))
     }
 
-    async fn request_rework(&self, req: GrpcRequest<pb::ReworkRequest>) -> Result<GrpcResponse<pb::RunInfo>, Status> {
+    async fn request_rework(
+        &self,
+        req: GrpcRequest<pb::ReworkRequest>,
+    ) -> Result<GrpcResponse<pb::RunInfo>, Status> {
         let r = req.into_inner();
         self.record(Call {
             method: "RequestRework",
@@ -281,11 +388,19 @@ impl Orchestrator for FakeOrchestrator {
             run.state = pb::TaskState::Working as i32;
             Ok(())
         })?;
-        self.emit(&r.run_id, "artifact.rework-requested", &r.node_id, serde_json::json!({"by": r.by, "note": r.note}));
+        self.emit(
+            &r.run_id,
+            "artifact.rework-requested",
+            &r.node_id,
+            serde_json::json!({"by": r.by, "note": r.note}),
+        );
         Ok(GrpcResponse::new(info))
     }
 
-    async fn edit_context(&self, req: GrpcRequest<pb::EditContextRequest>) -> Result<GrpcResponse<pb::EditContextResponse>, Status> {
+    async fn edit_context(
+        &self,
+        req: GrpcRequest<pb::EditContextRequest>,
+    ) -> Result<GrpcResponse<pb::EditContextResponse>, Status> {
         let r = req.into_inner();
         self.record(Call {
             method: "EditContext",
@@ -296,9 +411,16 @@ impl Orchestrator for FakeOrchestrator {
             ..Default::default()
         });
         if !r.manifest_yaml.trim_start().starts_with("attachments:") {
-            return Err(Status::invalid_argument("not a context manifest: expected a mapping with `attachments`"));
+            return Err(Status::invalid_argument(
+                "not a context manifest: expected a mapping with `attachments`",
+            ));
         }
-        let seq = self.emit(&r.run_id, "context.edited", "", serde_json::json!({"by": r.by}));
+        let seq = self.emit(
+            &r.run_id,
+            "context.edited",
+            "",
+            serde_json::json!({"by": r.by}),
+        );
         Ok(GrpcResponse::new(pb::EditContextResponse { seq }))
     }
 }
@@ -357,7 +479,8 @@ pub fn manifest_json(run_id: &str) -> String {
 
 /// Writes one file into the store (overwriting).
 pub async fn put(store_addr: &str, project: &str, path: &str, bytes: Vec<u8>) {
-    let mut client = ArtifactStoreClient::new(cairn_server::connect(store_addr).unwrap()).max_encoding_message_size(64 << 20);
+    let mut client = ArtifactStoreClient::new(cairn_server::connect(store_addr).unwrap())
+        .max_encoding_message_size(64 << 20);
     let msgs = vec![
         pb::PutRequest {
             msg: Some(pb::put_request::Msg::Header(pb::PutHeader {
@@ -368,7 +491,9 @@ pub async fn put(store_addr: &str, project: &str, path: &str, bytes: Vec<u8>) {
                 ..Default::default()
             })),
         },
-        pb::PutRequest { msg: Some(pb::put_request::Msg::Chunk(bytes.into())) },
+        pb::PutRequest {
+            msg: Some(pb::put_request::Msg::Chunk(bytes.into())),
+        },
     ];
     client.put(tokio_stream::iter(msgs)).await.unwrap();
 }
@@ -410,7 +535,11 @@ where
 
 /// Starts a real artifact-store over a temp dir.
 pub async fn start_store(dir: &std::path::Path) -> (String, oneshot::Sender<()>) {
-    let svc = cairn_artifact_store::artifact_store_service(cairn_artifact_store::Config::new(dir.join("data"))).await.unwrap();
+    let svc = cairn_artifact_store::artifact_store_service(cairn_artifact_store::Config::new(
+        dir.join("data"),
+    ))
+    .await
+    .unwrap();
     host(svc).await
 }
 
@@ -424,10 +553,25 @@ impl Services {
         let (store_addr, store_stop) = start_store(dir.path()).await;
         let fake = FakeOrchestrator::new();
         let (orchestrator_addr, orch_stop) = host(OrchestratorServer::new(fake.clone())).await;
-        fake.add_run(blocked_run(RUN, "Draft and publish", "2026-01-01T00:00:00.000Z"));
+        fake.add_run(blocked_run(
+            RUN,
+            "Draft and publish",
+            "2026-01-01T00:00:00.000Z",
+        ));
         fake.emit(RUN, "task.created", "", serde_json::json!({"by": "cli"}));
-        fake.emit(RUN, "gate.blocked", "review", serde_json::json!({"reason": "check docs/run-1/draft.txt"}));
-        let s = Services { dir, store_addr, orchestrator_addr, fake, stops: vec![store_stop, orch_stop] };
+        fake.emit(
+            RUN,
+            "gate.blocked",
+            "review",
+            serde_json::json!({"reason": "check docs/run-1/draft.txt"}),
+        );
+        let s = Services {
+            dir,
+            store_addr,
+            orchestrator_addr,
+            fake,
+            stops: vec![store_stop, orch_stop],
+        };
         let run_dir = format!(".cairn/runs/{RUN}");
         s.put(&format!("{run_dir}/task.yaml"), task_yaml(RUN)).await;
         s.put(
@@ -436,14 +580,23 @@ impl Services {
         )
         .await;
         s.put(&format!("{run_dir}/shared/context-manifest.yaml"), "attachments:\n  - id: contract\n    kind: file\n    path: ./shared/contracts/api.md\n    reason: the API\n").await;
-        s.put(&format!("{run_dir}/ingest/draft.json"), manifest_json(RUN)).await;
-        s.put(&format!("{run_dir}/ingest/enabled.json"), "{\"enabled\": true}").await;
+        s.put(&format!("{run_dir}/ingest/draft.json"), manifest_json(RUN))
+            .await;
+        s.put(
+            &format!("{run_dir}/ingest/enabled.json"),
+            "{\"enabled\": true}",
+        )
+        .await;
         s.put(
             "docs/run-1/report.md",
             "# Report\n\nSome **bold** text.\n\n<script>alert('md')</script>\n\n[next](next.md) [evil](javascript:alert(3))\n",
         )
         .await;
-        s.put("workspace/src/main.rs", "fn main() { println!(\"<b>hi</b>\"); }\n").await;
+        s.put(
+            "workspace/src/main.rs",
+            "fn main() { println!(\"<b>hi</b>\"); }\n",
+        )
+        .await;
         s.put("docs/run-1/a&b'c.md", "# odd name\n").await;
         s.put_bytes("docs/run-1/bundle.zip", {
             let mut b = b"PK\x03\x04".to_vec();
@@ -495,12 +648,19 @@ pub struct Page {
 
 impl Page {
     pub fn location(&self) -> &str {
-        self.headers.get(header::LOCATION).map(|v| v.to_str().unwrap()).unwrap_or("")
+        self.headers
+            .get(header::LOCATION)
+            .map(|v| v.to_str().unwrap())
+            .unwrap_or("")
     }
 
     /// The CSRF token of the first form on the page.
     pub fn csrf(&self) -> String {
-        let at = self.body.find("name=\"csrf\" value=\"").expect("a form with a csrf field") + 19;
+        let at = self
+            .body
+            .find("name=\"csrf\" value=\"")
+            .expect("a form with a csrf field")
+            + 19;
         self.body[at..].split('"').next().unwrap().to_owned()
     }
 }
@@ -508,7 +668,13 @@ impl Page {
 pub fn encode(fields: &[(&str, &str)]) -> String {
     fields
         .iter()
-        .map(|(k, v)| format!("{}={}", utf8_percent_encode(k, NON_ALPHANUMERIC), utf8_percent_encode(v, NON_ALPHANUMERIC)))
+        .map(|(k, v)| {
+            format!(
+                "{}={}",
+                utf8_percent_encode(k, NON_ALPHANUMERIC),
+                utf8_percent_encode(v, NON_ALPHANUMERIC)
+            )
+        })
         .collect::<Vec<_>>()
         .join("&")
 }
@@ -521,7 +687,10 @@ pub struct Client {
 
 impl Client {
     pub fn new(router: Router) -> Client {
-        Client { router, cookie: None }
+        Client {
+            router,
+            cookie: None,
+        }
     }
 
     pub async fn send(&mut self, req: Request<Body>) -> Page {
@@ -535,8 +704,16 @@ impl Client {
         }
         let status = res.status();
         let headers = res.headers().clone();
-        let bytes = axum::body::to_bytes(res.into_body(), 64 << 20).await.unwrap().to_vec();
-        Page { status, headers, body: String::from_utf8_lossy(&bytes).into_owned(), bytes }
+        let bytes = axum::body::to_bytes(res.into_body(), 64 << 20)
+            .await
+            .unwrap()
+            .to_vec();
+        Page {
+            status,
+            headers,
+            body: String::from_utf8_lossy(&bytes).into_owned(),
+            bytes,
+        }
     }
 
     fn builder(&self, method: &str, uri: &str) -> axum::http::request::Builder {
@@ -553,7 +730,11 @@ impl Client {
     }
 
     pub async fn get_with(&mut self, uri: &str, name: &str, value: &str) -> Page {
-        let req = self.builder("GET", uri).header(name, value).body(Body::empty()).unwrap();
+        let req = self
+            .builder("GET", uri)
+            .header(name, value)
+            .body(Body::empty())
+            .unwrap();
         self.send(req).await
     }
 
@@ -580,6 +761,8 @@ impl Client {
 
     /// The CSRF token of this session, read from a page that has forms.
     pub async fn csrf(&mut self) -> String {
-        self.get(&format!("/projects/{PROJECT}/runs/{RUN}")).await.csrf()
+        self.get(&format!("/projects/{PROJECT}/runs/{RUN}"))
+            .await
+            .csrf()
     }
 }

@@ -64,9 +64,13 @@
     const tr = document.createElement("tr");
     tr.className = "level-" + ev.level;
     tr.dataset.type = ev.type;
-    [String(ev.seq), ev.ts, ev.type, ev.node_id, details(ev.data)].forEach(function (text, i) {
+    // The time of day is enough in the table; the whole timestamp is the cell's tooltip.
+    const ts = String(ev.ts || "");
+    const time = ts.length >= 19 ? ts.slice(11, 23).replace(/Z$/, "") : ts;
+    [String(ev.seq), time, ev.type, ev.node_id, details(ev.data)].forEach(function (text, i) {
       const td = document.createElement("td");
-      if (i === 0) td.className = "num";
+      td.className = ["num", "nowrap", "nowrap", "nowrap", "details"][i];
+      if (i === 1) td.title = ts;
       td.textContent = text || "";
       tr.appendChild(td);
     });

@@ -1,0 +1,192 @@
+//! Load generator for the orchestrator benchmark (bench/orchestrator.sh runs it against release
+//! `cairn-artifact-store` and `cairn-orchestrator` processes on loopback, next to the LangGraph
+//! peer in bench/python/langgraph_peer.py, and prints the rows recorded in bench/RESULTS.md).
+//!
+//! Scenarios (N nodes each, durable records):
+//! - `chain`: N `condition` nodes, each reading its predecessor's output (no I/O);
+//! - `write`: N `write_file` nodes in a chain, 4 KiB each;
+//! - `fanout`: one `map` over N items whose body is a 4 KiB `write_file`.
+//!
+//! Time: from SubmitRun until WatchRun delivers `task.completed` (validation, run directory
+//! creation and the final snapshot included). Size: every file under `.cairn/runs/<run_id>/`.
+
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use cairn_proto::v1::artifact_store_client::ArtifactStoreClient;
+use cairn_proto::v1::orchestrator_client::OrchestratorClient;
+use cairn_proto::v1::{ListRequest, PageRequest, SubmitRunRequest, WatchRunRequest};
+use clap::Parser;
+use tonic::transport::{Channel, Endpoint};
+
+const PROJECT: &str = "bench";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "orchestrator_load",
+    about = "Orchestrator benchmark: 1,000-node graphs, durable"
+)]
+struct Cli {
+    /// Orchestrator address (http://127.0.0.1:PORT).
+    #[arg(long)]
+    orch: String,
+    /// Artifact-store address (to measure the run records).
+    #[arg(long)]
+    store: String,
+    /// Nodes per graph.
+    #[arg(long, default_value_t = 1000)]
+    nodes: usize,
+    /// Runs per scenario (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    repeat: usize,
+    /// Map parallelism of the fan-out.
+    #[arg(long, default_value_t = 32)]
+    parallelism: usize,
+    /// Scenarios to run (chain, write, fanout).
+    #[arg(long, value_delimiter = ',', default_value = "chain,write,fanout")]
+    only: Vec<String>,
+}
+
+fn graph(kind: &str, n: usize, parallelism: usize) -> Result<String> {
+    let mut g = format!(
+        "title: bench {kind} {n}\nvars:\n  block: \"{}\"\nnodes:\n",
+        "x".repeat(4096)
+    );
+    match kind {
+        "chain" => {
+            for i in 0..n {
+                let cond = if i == 0 {
+                    "true".to_owned()
+                } else {
+                    format!("nodes.c{}.value", i - 1)
+                };
+                g.push_str(&format!(
+                    "  - {{id: c{i}, type: condition, if: \"{cond}\"}}\n"
+                ));
+            }
+        }
+        "write" => {
+            for i in 0..n {
+                let needs = if i == 0 {
+                    String::new()
+                } else {
+                    format!(", needs: [w{}]", i - 1)
+                };
+                g.push_str(&format!(
+                    "  - {{id: w{i}, type: write_file, path: \"docs/{{{{run_id}}}}/w{i}.txt\", content: \"{{{{vars.block}}}}\"{needs}}}\n"
+                ));
+            }
+        }
+        "fanout" => {
+            let items: Vec<String> = (0..n).map(|i| i.to_string()).collect();
+            g.push_str(&format!(
+                "  - id: fan\n    type: map\n    parallelism: {parallelism}\n    over: [{}]\n    node: {{type: write_file, path: \"docs/{{{{run_id}}}}/f{{{{item}}}}.txt\", content: \"{{{{vars.block}}}}\"}}\n",
+                items.join(", ")
+            ));
+        }
+        other => bail!("unknown scenario {other}"),
+    }
+    Ok(g)
+}
+
+async fn channel(addr: &str) -> Result<Channel> {
+    Ok(Endpoint::from_shared(addr.to_owned())?
+        .tcp_nodelay(true)
+        .connect()
+        .await?)
+}
+
+/// Runs one graph; returns (seconds, record bytes, record files).
+async fn run_once(
+    orch: &mut OrchestratorClient<Channel>,
+    store: &mut ArtifactStoreClient<Channel>,
+    yaml: &str,
+) -> Result<(f64, u64, usize)> {
+    let t0 = Instant::now();
+    let info = orch
+        .submit_run(SubmitRunRequest {
+            project_id: PROJECT.into(),
+            graph_yaml: yaml.to_owned(),
+            by: "bench".into(),
+            ..Default::default()
+        })
+        .await
+        .context("SubmitRun")?
+        .into_inner();
+    let mut events = orch
+        .watch_run(WatchRunRequest {
+            project_id: PROJECT.into(),
+            run_id: info.run_id.clone(),
+            from_seq: 1,
+            follow_after_end: false,
+        })
+        .await?
+        .into_inner();
+    loop {
+        match events.message().await? {
+            Some(e) if e.r#type == "task.completed" => break,
+            Some(e) if e.r#type == "task.failed" || e.r#type == "task.canceled" => {
+                bail!("run {}: {}", e.r#type, e.data_json)
+            }
+            Some(_) => {}
+            None => bail!("event stream ended before the run completed"),
+        }
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    // The final snapshot is written right after task.completed; wait for it before measuring.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let mut bytes = 0;
+    let mut files = 0;
+    let mut token = String::new();
+    loop {
+        let page = store
+            .list(ListRequest {
+                project_id: PROJECT.into(),
+                prefix: format!(".cairn/runs/{}", info.run_id),
+                recursive: true,
+                page: Some(PageRequest {
+                    page_size: 10_000,
+                    page_token: token.clone(),
+                }),
+            })
+            .await?
+            .into_inner();
+        for e in &page.entries {
+            bytes += e.size_bytes;
+            files += 1;
+        }
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    Ok((secs, bytes, files))
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let mut orch =
+        OrchestratorClient::new(channel(&cli.orch).await?).max_encoding_message_size(64 << 20);
+    let mut store = ArtifactStoreClient::new(channel(&cli.store).await?);
+    // Warm-up (connections, first project creation).
+    run_once(&mut orch, &mut store, &graph("chain", 10, 1)?).await?;
+    for kind in &cli.only {
+        let yaml = graph(kind, cli.nodes, cli.parallelism)?;
+        let mut runs = Vec::new();
+        for _ in 0..cli.repeat {
+            runs.push(run_once(&mut orch, &mut store, &yaml).await?);
+        }
+        runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let (secs, bytes, files) = runs[runs.len() / 2];
+        let all: Vec<String> = runs.iter().map(|r| format!("{:.3}", r.0)).collect();
+        // One JSON line per scenario; bench/orchestrator.sh makes the table.
+        println!(
+            "{{\"system\": \"cairn\", \"scenario\": \"{kind}\", \"nodes\": {}, \"seconds\": {secs:.4}, \"ms_per_node\": {:.4}, \"record_bytes\": {bytes}, \"record_files\": {files}, \"runs\": [{}]}}",
+            cli.nodes,
+            secs * 1000.0 / cli.nodes as f64,
+            all.join(", ")
+        );
+    }
+    Ok(())
+}
