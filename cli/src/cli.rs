@@ -222,6 +222,15 @@ pub struct UpArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:7070", value_name = "HOST:PORT")]
     pub listen: String,
+    /// Address of the web console (runs, gates, notes).
+    #[arg(long, default_value = "127.0.0.1:7480", value_name = "HOST:PORT")]
+    pub console_listen: String,
+    /// Token the console asks for at login (required when it listens beyond loopback).
+    #[arg(long, env = "CAIRN_CONSOLE_TOKEN")]
+    pub console_token: Option<String>,
+    /// Do not start the web console.
+    #[arg(long)]
+    pub no_console: bool,
 }
 
 #[derive(Debug, Args)]

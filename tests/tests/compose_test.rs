@@ -21,15 +21,29 @@ use cairn_proto::v1::{
 };
 
 const RUNNERS: [&str; 2] = ["sandbox-runner-1", "sandbox-runner-2"];
-const WITHOUT_ORCHESTRATOR: [&str; 4] = ["artifact-store", "ingest", "sandbox-runner-1", "sandbox-runner-2"];
-const ALL: [&str; 5] = ["artifact-store", "ingest", "orchestrator", "sandbox-runner-1", "sandbox-runner-2"];
+const WITHOUT_ORCHESTRATOR: [&str; 4] = [
+    "artifact-store",
+    "ingest",
+    "sandbox-runner-1",
+    "sandbox-runner-2",
+];
+const ALL: [&str; 5] = [
+    "artifact-store",
+    "ingest",
+    "orchestrator",
+    "sandbox-runner-1",
+    "sandbox-runner-2",
+];
 
 fn docker_required() -> bool {
     std::env::var("CAIRN_REQUIRE_DOCKER").is_ok_and(|v| v == "1")
 }
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 fn show(o: &Output) -> String {
@@ -76,7 +90,11 @@ fn run(cmd: &mut Command, limit: Duration) -> Output {
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    Output { status, stdout: out.join().unwrap(), stderr: err.join().unwrap() }
+    Output {
+        status,
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+    }
 }
 
 fn ok(cmd: &mut Command, limit: Duration) -> String {
@@ -100,7 +118,10 @@ impl Host {
     /// None (after a `SKIP:` line) when something is missing and Docker is not required.
     fn probe(test: &str) -> Option<Host> {
         let skip = |reason: String| -> Option<Host> {
-            assert!(!docker_required(), "{test}: CAIRN_REQUIRE_DOCKER=1 but {reason}");
+            assert!(
+                !docker_required(),
+                "{test}: CAIRN_REQUIRE_DOCKER=1 but {reason}"
+            );
             println!("SKIP: {test}: {reason}");
             None
         };
@@ -127,7 +148,13 @@ impl Host {
         let cairn = match std::env::var_os("CAIRN_BIN") {
             Some(p) => PathBuf::from(p),
             // target/debug/deps/compose_test-* -> target/debug/cairn
-            None => std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().join("cairn"),
+            None => std::env::current_exe()
+                .unwrap()
+                .parent()
+                .unwrap()
+                .parent()
+                .unwrap()
+                .join("cairn"),
         };
         if !cairn.is_file() {
             return skip(format!(
@@ -147,7 +174,12 @@ impl Host {
     /// Does this binary have `cairn serve orchestrator` and `cairn run`?
     fn orchestrator_missing(&self) -> Option<String> {
         let works = |args: &[&str]| {
-            self.cairn().args(args).stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+            self.cairn()
+                .args(args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
         };
         let mut missing = Vec::new();
         if !works(&["serve", "orchestrator", "--help"]) {
@@ -156,7 +188,8 @@ impl Host {
         if !works(&["run", "--help"]) {
             missing.push("`cairn run`");
         }
-        (!missing.is_empty()).then(|| format!("{} not in this cairn binary yet", missing.join(" and ")))
+        (!missing.is_empty())
+            .then(|| format!("{} not in this cairn binary yet", missing.join(" and ")))
     }
 
     /// Can the CLI address each service on its own (store, ingest, runner in other containers)?
@@ -197,11 +230,23 @@ struct Stack {
 impl Stack {
     fn new(host: &Host, tag: &str) -> Stack {
         let project = format!("cairn-test-{tag}-{}", std::process::id());
-        let dir = tempfile::Builder::new().prefix("cairn-compose-").tempdir().unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("cairn-compose-")
+            .tempdir()
+            .unwrap();
         std::fs::write(dir.path().join("empty.env"), "").unwrap();
-        let docker_gid = std::fs::metadata("/var/run/docker.sock").map(|m| m.gid()).unwrap_or(0);
+        let docker_gid = std::fs::metadata("/var/run/docker.sock")
+            .map(|m| m.gid())
+            .unwrap_or(0);
         let runner_ids = (1..=2).map(|i| format!("{project}-runner-{i}")).collect();
-        Stack { project, compose: host.compose.clone(), dir, docker_gid, runner_ids, down: false }
+        Stack {
+            project,
+            compose: host.compose.clone(),
+            dir,
+            docker_gid,
+            runner_ids,
+            down: false,
+        }
     }
 
     fn compose(&self) -> Command {
@@ -225,12 +270,20 @@ impl Stack {
 
     fn run(&self, args: &[&str]) -> String {
         let o = run(self.compose().args(args), Duration::from_secs(240));
-        assert!(o.status.success(), "compose {args:?} failed: {}\n--- logs ---\n{}", show(&o), self.logs());
+        assert!(
+            o.status.success(),
+            "compose {args:?} failed: {}\n--- logs ---\n{}",
+            show(&o),
+            self.logs()
+        );
         String::from_utf8_lossy(&o.stdout).into_owned()
     }
 
     fn logs(&self) -> String {
-        let o = run(self.compose().args(["logs", "--no-color", "--tail", "60"]), Duration::from_secs(60));
+        let o = run(
+            self.compose().args(["logs", "--no-color", "--tail", "60"]),
+            Duration::from_secs(60),
+        );
         String::from_utf8_lossy(&o.stdout).into_owned()
     }
 
@@ -249,11 +302,19 @@ impl Stack {
     /// Waits until every service's container is running and its HEALTHCHECK says healthy.
     fn wait_healthy(&self, services: &[&str], limit: Duration) {
         let deadline = Instant::now() + limit;
-        let ids: Vec<(String, String)> = services.iter().map(|s| (s.to_string(), self.container(s))).collect();
+        let ids: Vec<(String, String)> = services
+            .iter()
+            .map(|s| (s.to_string(), self.container(s)))
+            .collect();
         loop {
             let mut waiting = Vec::new();
             for (service, id) in &ids {
-                let state = docker(&["inspect", "-f", "{{.State.Status}} {{if .State.Health}}{{.State.Health.Status}}{{end}}", id]);
+                let state = docker(&[
+                    "inspect",
+                    "-f",
+                    "{{.State.Status}} {{if .State.Health}}{{.State.Health.Status}}{{end}}",
+                    id,
+                ]);
                 match state.split_whitespace().collect::<Vec<_>>()[..] {
                     ["running", "healthy"] => {}
                     ["running", "unhealthy"] | ["exited", ..] | ["dead", ..] => {
@@ -265,7 +326,11 @@ impl Stack {
             if waiting.is_empty() {
                 return;
             }
-            assert!(Instant::now() < deadline, "not healthy within {limit:?}: {waiting:?}\n{}", self.logs());
+            assert!(
+                Instant::now() < deadline,
+                "not healthy within {limit:?}: {waiting:?}\n{}",
+                self.logs()
+            );
             std::thread::sleep(Duration::from_millis(300));
         }
     }
@@ -273,7 +338,10 @@ impl Stack {
     /// 127.0.0.1:PORT published for the service's 7070.
     fn published(&self, service: &str) -> String {
         let addr = self.run(&["port", service, "7070"]).trim().to_owned();
-        assert!(addr.starts_with("127.0.0.1:"), "{service} published on {addr:?}, expected 127.0.0.1 only");
+        assert!(
+            addr.starts_with("127.0.0.1:"),
+            "{service} published on {addr:?}, expected 127.0.0.1 only"
+        );
         addr
     }
 
@@ -286,7 +354,10 @@ impl Stack {
             "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}",
             &self.container(service),
         ]);
-        let ip = ips.split_whitespace().next().unwrap_or_else(|| panic!("{service} has no address"));
+        let ip = ips
+            .split_whitespace()
+            .next()
+            .unwrap_or_else(|| panic!("{service} has no address"));
         format!("{ip}:7070")
     }
 
@@ -294,7 +365,14 @@ impl Stack {
     fn sandbox_containers(&self) -> Vec<String> {
         let mut names = Vec::new();
         for id in &self.runner_ids {
-            let out = docker(&["ps", "-a", "--filter", &format!("label=cairn.runner_id={id}"), "--format", "{{.Names}}"]);
+            let out = docker(&[
+                "ps",
+                "-a",
+                "--filter",
+                &format!("label=cairn.runner_id={id}"),
+                "--format",
+                "{{.Names}}",
+            ]);
             names.extend(out.lines().map(str::to_owned));
         }
         names
@@ -306,11 +384,28 @@ impl Stack {
 
     /// Files of project `default` in the store's named volume, read by a throwaway container.
     fn volume_files(&self) -> BTreeSet<String> {
-        let base = std::env::var("CAIRN_BASE_IMAGE").unwrap_or_else(|_| "cairn-base:bookworm".into());
+        let base =
+            std::env::var("CAIRN_BASE_IMAGE").unwrap_or_else(|_| "cairn-base:bookworm".into());
         let mount = format!("{}:/data:ro", self.volume());
         let root = "/data/projects/default/";
-        let found = docker(&["run", "--rm", "--network", "none", "-v", &mount, &base, "find", root, "-type", "f"]);
-        found.lines().filter_map(|l| l.strip_prefix(root)).map(str::to_owned).collect()
+        let found = docker(&[
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "-v",
+            &mount,
+            &base,
+            "find",
+            root,
+            "-type",
+            "f",
+        ]);
+        found
+            .lines()
+            .filter_map(|l| l.strip_prefix(root))
+            .map(str::to_owned)
+            .collect()
     }
 
     /// `docker-compose down -v`; returns how long it took.
@@ -325,17 +420,27 @@ impl Stack {
 impl Drop for Stack {
     fn drop(&mut self) {
         if !self.down {
-            let _ = run(self.compose().args(["down", "-v", "--remove-orphans", "-t", "5"]), Duration::from_secs(120));
+            let _ = run(
+                self.compose()
+                    .args(["down", "-v", "--remove-orphans", "-t", "5"]),
+                Duration::from_secs(120),
+            );
         }
         // Whatever a failed test left: never leak containers onto the engine.
         for name in self.sandbox_containers() {
-            let _ = Command::new("docker").args(["rm", "-f", "-v", &name]).output();
+            let _ = Command::new("docker")
+                .args(["rm", "-f", "-v", &name])
+                .output();
         }
     }
 }
 
 fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
 async fn runner_client(addr: &str) -> SandboxRunnerClient<tonic::transport::Channel> {
@@ -349,7 +454,9 @@ async fn runner_client(addr: &str) -> SandboxRunnerClient<tonic::transport::Chan
 #[test]
 fn compose_stack_serves_the_cli_and_leaves_nothing_behind() {
     let test = "compose_stack_serves_the_cli_and_leaves_nothing_behind";
-    let Some(host) = Host::probe(test) else { return };
+    let Some(host) = Host::probe(test) else {
+        return;
+    };
     let t0 = Instant::now();
     let images = host.build_images();
 
@@ -369,19 +476,43 @@ fn compose_stack_serves_the_cli_and_leaves_nothing_behind() {
     let store = stack.published("artifact-store");
     if orchestrator_missing.is_none() {
         let orch = stack.published("orchestrator");
-        ok(host.cairn().args(["--addr", &orch, "health"]), Duration::from_secs(20));
+        ok(
+            host.cairn().args(["--addr", &orch, "health"]),
+            Duration::from_secs(20),
+        );
     }
     let work = stack.dir.path();
 
     // The store, from the host through its published port.
     let hello = work.join("hello.txt");
     std::fs::write(&hello, "héllo from the host\n").unwrap();
-    ok(host.cairn().args(["--addr", &store, "store", "put"]).arg(&hello).arg("docs/compose/hello.txt"), Duration::from_secs(30));
+    ok(
+        host.cairn()
+            .args(["--addr", &store, "store", "put"])
+            .arg(&hello)
+            .arg("docs/compose/hello.txt"),
+        Duration::from_secs(30),
+    );
     let got = work.join("got.txt");
-    ok(host.cairn().args(["--addr", &store, "store", "get", "docs/compose/hello.txt"]).arg(&got), Duration::from_secs(30));
+    ok(
+        host.cairn()
+            .args(["--addr", &store, "store", "get", "docs/compose/hello.txt"])
+            .arg(&got),
+        Duration::from_secs(30),
+    );
     assert_eq!(std::fs::read(&got).unwrap(), std::fs::read(&hello).unwrap());
-    let refused = run(host.cairn().args(["--addr", &store, "store", "put"]).arg(&got).arg("docs/../escape.txt"), Duration::from_secs(30));
-    assert!(!refused.status.success(), "a traversal path was accepted: {}", show(&refused));
+    let refused = run(
+        host.cairn()
+            .args(["--addr", &store, "store", "put"])
+            .arg(&got)
+            .arg("docs/../escape.txt"),
+        Duration::from_secs(30),
+    );
+    assert!(
+        !refused.status.success(),
+        "a traversal path was accepted: {}",
+        show(&refused)
+    );
 
     // ingest, in its container, writing through the store container.
     let run_id = format!("compose-{}", std::process::id());
@@ -401,7 +532,11 @@ fn compose_stack_serves_the_cli_and_leaves_nothing_behind() {
     let manifest: serde_json::Value = serde_json::from_str(&manifest).unwrap();
     assert_eq!(manifest["summary"]["written"], 1, "{manifest}");
     assert_eq!(manifest["summary"]["rejected"], 1, "{manifest}");
-    let listed = ok(host.cairn().args(["--addr", &store, "store", "ls", "-r", "workspace"]), Duration::from_secs(30));
+    let listed = ok(
+        host.cairn()
+            .args(["--addr", &store, "store", "ls", "-r", "workspace"]),
+        Duration::from_secs(30),
+    );
     assert!(listed.contains("workspace/src/hello.py"), "{listed}");
 
     // Both runners start sandboxes as siblings through the host's Docker socket.
@@ -420,12 +555,18 @@ fn compose_stack_serves_the_cli_and_leaves_nothing_behind() {
                 })
                 .await
         });
-        let result = result.unwrap_or_else(|e| panic!("{service}: {e}\n{}", stack.logs())).into_inner();
+        let result = result
+            .unwrap_or_else(|e| panic!("{service}: {e}\n{}", stack.logs()))
+            .into_inner();
         assert_eq!(result.exit_code, 0, "{service}: {result:?}");
         assert_eq!(String::from_utf8_lossy(&result.stdout), "1\n");
         assert_eq!(&result.runner_id, runner_id);
         assert_eq!(result.backend, "docker");
-        let files: Vec<(&str, &[u8])> = result.output_files.iter().map(|f| (f.path.as_str(), &f.content[..])).collect();
+        let files: Vec<(&str, &[u8])> = result
+            .output_files
+            .iter()
+            .map(|f| (f.path.as_str(), &f.content[..]))
+            .collect();
         assert_eq!(files, vec![("result.txt", &b"ok"[..])]);
     }
 
@@ -434,7 +575,11 @@ fn compose_stack_serves_the_cli_and_leaves_nothing_behind() {
     let exec = rt.block_on(async {
         let mut c = runner_client(&addr).await;
         let s = c
-            .open_session(OpenSessionRequest { run_id: run_id.clone(), node_id: "session".into(), ..Default::default() })
+            .open_session(OpenSessionRequest {
+                run_id: run_id.clone(),
+                node_id: "session".into(),
+                ..Default::default()
+            })
             .await?
             .into_inner();
         let r = c
@@ -445,7 +590,10 @@ fn compose_stack_serves_the_cli_and_leaves_nothing_behind() {
             })
             .await?
             .into_inner();
-        c.close_session(CloseSessionRequest { session_id: s.session_id, ..Default::default() }).await?;
+        c.close_session(CloseSessionRequest {
+            session_id: s.session_id,
+        })
+        .await?;
         Ok::<_, tonic::Status>(r)
     });
     let exec = exec.unwrap_or_else(|e| panic!("session: {e}\n{}", stack.logs()));
@@ -474,7 +622,13 @@ fn compose_stack_serves_the_cli_and_leaves_nothing_behind() {
         let summary: serde_json::Value = serde_json::from_str(&out).unwrap();
         assert_eq!(summary["exit_code"], 0, "{summary}");
         ok(
-            host.cairn().args(["--addr", &store, "store", "stat", &format!(".cairn/runs/{sandbox_run}/sandbox/result.json")]),
+            host.cairn().args([
+                "--addr",
+                &store,
+                "store",
+                "stat",
+                &format!(".cairn/runs/{sandbox_run}/sandbox/result.json"),
+            ]),
             Duration::from_secs(30),
         );
     } else {
@@ -485,16 +639,32 @@ fn compose_stack_serves_the_cli_and_leaves_nothing_behind() {
 
     // The files are in the named volume, where a backup would find them.
     let found = stack.volume_files();
-    for path in ["docs/compose/hello.txt", "workspace/src/hello.py", &format!(".cairn/runs/{run_id}/ingest/n1.json")] {
+    for path in [
+        "docs/compose/hello.txt",
+        "workspace/src/hello.py",
+        &format!(".cairn/runs/{run_id}/ingest/n1.json"),
+    ] {
         assert!(found.contains(path), "{path} not in the volume: {found:?}");
     }
     assert!(!found.iter().any(|p| p.contains("escape.txt")), "{found:?}");
 
     let down = stack.down();
     let left = stack.sandbox_containers();
-    assert!(left.is_empty(), "sandbox containers left after down: {left:?}");
-    let volumes = docker(&["volume", "ls", "-q", "--filter", &format!("name={}", stack.volume())]);
-    assert!(volumes.trim().is_empty(), "volume left after down -v: {volumes}");
+    assert!(
+        left.is_empty(),
+        "sandbox containers left after down: {left:?}"
+    );
+    let volumes = docker(&[
+        "volume",
+        "ls",
+        "-q",
+        "--filter",
+        &format!("name={}", stack.volume()),
+    ]);
+    assert!(
+        volumes.trim().is_empty(),
+        "volume left after down -v: {volumes}"
+    );
     eprintln!(
         "{test}: images {:.1}s, up+healthy {:.1}s, down {:.1}s, total {:.1}s",
         images.as_secs_f64(),
@@ -510,7 +680,9 @@ fn compose_stack_serves_the_cli_and_leaves_nothing_behind() {
 #[test]
 fn compose_runs_the_example() {
     let test = "compose_runs_the_example";
-    let Some(host) = Host::probe(test) else { return };
+    let Some(host) = Host::probe(test) else {
+        return;
+    };
     if let Some(why) = host.orchestrator_missing() {
         println!("SKIP: {test}: {why}");
         return;
@@ -529,8 +701,14 @@ fn compose_runs_the_example() {
             .args(["--run-id", &run_id, "--approve-gates"]),
         Duration::from_secs(240),
     );
-    assert!(out.status.success(), "cairn run of the example failed: {}\n--- logs ---\n{}", show(&out), stack.logs());
-    let info: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", show(&out)));
+    assert!(
+        out.status.success(),
+        "cairn run of the example failed: {}\n--- logs ---\n{}",
+        show(&out),
+        stack.logs()
+    );
+    let info: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", show(&out)));
     assert_eq!(info["state"], "completed", "{info}");
 
     let found = stack.volume_files();
@@ -541,12 +719,21 @@ fn compose_runs_the_example() {
         "workspace/hello/test_greeter.py".to_string(),
         format!(".cairn/runs/{run_id}/events.jsonl"),
     ] {
-        assert!(found.contains(&path), "{path} not in the store volume: {found:?}");
+        assert!(
+            found.contains(&path),
+            "{path} not in the store volume: {found:?}"
+        );
     }
     stack.down();
     let left = stack.sandbox_containers();
-    assert!(left.is_empty(), "sandbox containers left after down: {left:?}");
-    eprintln!("{test}: the example ran in {:.1}s", t.elapsed().as_secs_f64());
+    assert!(
+        left.is_empty(),
+        "sandbox containers left after down: {left:?}"
+    );
+    eprintln!(
+        "{test}: the example ran in {:.1}s",
+        t.elapsed().as_secs_f64()
+    );
 }
 
 /// `docker-compose down` while sandboxes run: each runner gets SIGTERM and must remove its
@@ -555,7 +742,9 @@ fn compose_runs_the_example() {
 #[test]
 fn compose_down_removes_sandboxes_in_flight() {
     let test = "compose_down_removes_sandboxes_in_flight";
-    let Some(host) = Host::probe(test) else { return };
+    let Some(host) = Host::probe(test) else {
+        return;
+    };
     host.build_images();
     let mut stack = Stack::new(&host, "down");
     stack.up(&RUNNERS);
@@ -573,7 +762,10 @@ fn compose_down_removes_sandboxes_in_flight() {
                     node_id: "sleeper".into(),
                     language: "python".into(),
                     code: "import time\nprint('started', flush=True)\ntime.sleep(300)\n".into(),
-                    limits: Some(cairn_proto::v1::Limits { timeout_ms: 300_000, ..Default::default() }),
+                    limits: Some(cairn_proto::v1::Limits {
+                        timeout_ms: 300_000,
+                        ..Default::default()
+                    }),
                     ..Default::default()
                 })
                 .await
@@ -583,13 +775,22 @@ fn compose_down_removes_sandboxes_in_flight() {
     rt.block_on(async {
         runner_client(&addr)
             .await
-            .open_session(OpenSessionRequest { run_id: "down-test".into(), node_id: "session".into(), ..Default::default() })
+            .open_session(OpenSessionRequest {
+                run_id: "down-test".into(),
+                node_id: "session".into(),
+                ..Default::default()
+            })
             .await
     })
     .unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     while stack.sandbox_containers().len() < 3 {
-        assert!(Instant::now() < deadline, "sandboxes did not start: {:?}\n{}", stack.sandbox_containers(), stack.logs());
+        assert!(
+            Instant::now() < deadline,
+            "sandboxes did not start: {:?}\n{}",
+            stack.sandbox_containers(),
+            stack.logs()
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
 
@@ -603,9 +804,14 @@ fn compose_down_removes_sandboxes_in_flight() {
     );
     for call in calls {
         // The calls ended (with whatever answer) instead of hanging on a dead runner.
-        let _ = rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), call).await }).expect("Run call still open");
+        let _ = rt
+            .block_on(async { tokio::time::timeout(Duration::from_secs(10), call).await })
+            .expect("Run call still open");
     }
-    eprintln!("{test}: down with 3 sandboxes in flight took {:.1}s", down.as_secs_f64());
+    eprintln!(
+        "{test}: down with 3 sandboxes in flight took {:.1}s",
+        down.as_secs_f64()
+    );
 }
 
 /// `cairn run` against compose while one runner is killed mid-run: the run completes on the
@@ -613,7 +819,9 @@ fn compose_down_removes_sandboxes_in_flight() {
 #[test]
 fn compose_run_completes_when_a_runner_dies() {
     let test = "compose_run_completes_when_a_runner_dies";
-    let Some(host) = Host::probe(test) else { return };
+    let Some(host) = Host::probe(test) else {
+        return;
+    };
     if let Some(why) = host.orchestrator_missing() {
         println!("SKIP: {test}: {why}");
         return;
@@ -645,17 +853,42 @@ fn compose_run_completes_when_a_runner_dies() {
     };
 
     // Kill runner 1 (SIGKILL: no clean-up) once it is running a node of the run.
-    let label = |c: &str, key: &str| docker(&["inspect", "-f", &format!("{{{{index .Config.Labels \"{key}\"}}}}"), c]).trim().to_owned();
+    let label = |c: &str, key: &str| {
+        docker(&[
+            "inspect",
+            "-f",
+            &format!("{{{{index .Config.Labels \"{key}\"}}}}"),
+            c,
+        ])
+        .trim()
+        .to_owned()
+    };
     let deadline = Instant::now() + Duration::from_secs(90);
     let run_id = loop {
-        let busy = docker(&["ps", "-q", "--filter", &format!("label=cairn.runner_id={}", stack.runner_ids[0]), "--filter", "label=cairn.kind=run"]);
+        let busy = docker(&[
+            "ps",
+            "-q",
+            "--filter",
+            &format!("label=cairn.runner_id={}", stack.runner_ids[0]),
+            "--filter",
+            "label=cairn.kind=run",
+        ]);
         if let Some(c) = busy.lines().next() {
             break label(c, "cairn.run_id");
         }
         if let Some(status) = child.try_wait().unwrap() {
-            panic!("cairn run ended ({status}) before runner 1 got work: {}\n{}", output(&log), stack.logs());
+            panic!(
+                "cairn run ended ({status}) before runner 1 got work: {}\n{}",
+                output(&log),
+                stack.logs()
+            );
         }
-        assert!(Instant::now() < deadline, "runner 1 got no work: {}\n{}", output(&log), stack.logs());
+        assert!(
+            Instant::now() < deadline,
+            "runner 1 got no work: {}\n{}",
+            output(&log),
+            stack.logs()
+        );
         std::thread::sleep(Duration::from_millis(100));
     };
     docker(&["kill", &runner_1]);
@@ -665,25 +898,47 @@ fn compose_run_completes_when_a_runner_dies() {
     let mut runners_seen = BTreeSet::new();
     let deadline = Instant::now() + Duration::from_secs(240);
     let status = loop {
-        let ids = docker(&["ps", "-a", "--filter", &format!("label=cairn.run_id={run_id}"), "--format", "{{.Label \"cairn.runner_id\"}}"]);
+        let ids = docker(&[
+            "ps",
+            "-a",
+            "--filter",
+            &format!("label=cairn.run_id={run_id}"),
+            "--format",
+            "{{.Label \"cairn.runner_id\"}}",
+        ]);
         runners_seen.extend(ids.lines().map(str::to_owned));
         if let Some(status) = child.try_wait().unwrap() {
             break status;
         }
         if Instant::now() > deadline {
             let _ = child.kill();
-            panic!("cairn run did not end within 240 s: {}\n{}", output(&log), stack.logs());
+            panic!(
+                "cairn run did not end within 240 s: {}\n{}",
+                output(&log),
+                stack.logs()
+            );
         }
         std::thread::sleep(Duration::from_millis(200));
     };
-    assert!(status.success(), "cairn run failed ({status}): {}\n{}", output(&log), stack.logs());
-    assert!(runners_seen.contains(&stack.runner_ids[1]), "runner 2 ran nothing: {runners_seen:?}");
+    assert!(
+        status.success(),
+        "cairn run failed ({status}): {}\n{}",
+        output(&log),
+        stack.logs()
+    );
+    assert!(
+        runners_seen.contains(&stack.runner_ids[1]),
+        "runner 2 ran nothing: {runners_seen:?}"
+    );
 
     let rt = runtime();
     let info = rt
         .block_on(async {
             OrchestratorClient::new(cairn_server::connect(&orch).unwrap())
-                .get_run(GetRunRequest { project_id: "default".into(), run_id: run_id.clone() })
+                .get_run(GetRunRequest {
+                    project_id: "default".into(),
+                    run_id: run_id.clone(),
+                })
                 .await
         })
         .unwrap()
@@ -694,28 +949,64 @@ fn compose_run_completes_when_a_runner_dies() {
         assert_eq!(node.state(), NodeState::Succeeded, "{node:?}");
     }
     // The node in flight on runner 1 when it died was tried again.
-    let retried: Vec<&str> = info.nodes.iter().filter(|n| n.attempts >= 2).map(|n| n.id.as_str()).collect();
-    assert!(!retried.is_empty(), "no node needed a second attempt, so none was cut off by the kill: {info:?}");
+    let retried: Vec<&str> = info
+        .nodes
+        .iter()
+        .filter(|n| n.attempts >= 2)
+        .map(|n| n.id.as_str())
+        .collect();
+    assert!(
+        !retried.is_empty(),
+        "no node needed a second attempt, so none was cut off by the kill: {info:?}"
+    );
     eprintln!(
         "{test}: run {run_id} completed {:.1}s after the kill; nodes retried: {retried:?}; runners seen: {runners_seen:?}",
         killed.elapsed().as_secs_f64()
     );
-    let listed = ok(host.cairn().args(["--addr", &store, "store", "ls", "-r", &format!("docs/artifacts/{run_id}")]), Duration::from_secs(30));
+    let listed = ok(
+        host.cairn().args([
+            "--addr",
+            &store,
+            "store",
+            "ls",
+            "-r",
+            &format!("docs/artifacts/{run_id}"),
+        ]),
+        Duration::from_secs(30),
+    );
     for n in 1..=6 {
-        assert!(listed.contains(&format!("docs/artifacts/{run_id}/n{n}/done.txt")), "n{n} output missing:\n{listed}");
+        assert!(
+            listed.contains(&format!("docs/artifacts/{run_id}/n{n}/done.txt")),
+            "n{n} output missing:\n{listed}"
+        );
     }
 
     // The killed runner's sandbox outlived it; its successor (same runner id) removes it.
     stack.run(&["start", "sandbox-runner-1"]);
     stack.wait_healthy(&["sandbox-runner-1"], Duration::from_secs(60));
     let logs = stack.run(&["logs", "--no-color", "sandbox-runner-1"]);
-    assert!(logs.contains("leftover containers"), "no start-up sweep logged:\n{logs}");
-    let still = docker(&["ps", "-a", "-q", "--filter", &format!("label=cairn.runner_id={}", stack.runner_ids[0])]);
-    assert!(still.trim().is_empty(), "runner 1's leftovers survived its restart: {still}");
+    assert!(
+        logs.contains("leftover containers"),
+        "no start-up sweep logged:\n{logs}"
+    );
+    let still = docker(&[
+        "ps",
+        "-a",
+        "-q",
+        "--filter",
+        &format!("label=cairn.runner_id={}", stack.runner_ids[0]),
+    ]);
+    assert!(
+        still.trim().is_empty(),
+        "runner 1's leftovers survived its restart: {still}"
+    );
 
     stack.down();
     let left = stack.sandbox_containers();
-    assert!(left.is_empty(), "sandbox containers left after down: {left:?}");
+    assert!(
+        left.is_empty(),
+        "sandbox containers left after down: {left:?}"
+    );
 }
 
 /// The failover graph is one the orchestrator accepts (checked without Docker).

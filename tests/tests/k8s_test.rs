@@ -8,7 +8,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 fn validate_sh() -> PathBuf {
@@ -26,8 +29,16 @@ fn text(o: &Output) -> String {
 
 /// The venv's python (validate.sh creates the venv on first use).
 fn python() -> PathBuf {
-    let out = Command::new("bash").arg(validate_sh()).arg("--venv").output().unwrap();
-    assert!(out.status.success(), "validate.sh --venv failed: {}", text(&out));
+    let out = Command::new("bash")
+        .arg(validate_sh())
+        .arg("--venv")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "validate.sh --venv failed: {}",
+        text(&out)
+    );
     PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
 }
 
@@ -50,21 +61,39 @@ fn mutate(py: &Path, file: &Path, to: &Path, statement: &str) {
     let script = format!(
         "import sys, yaml\ndocs = list(yaml.safe_load_all(open(sys.argv[1])))\n{statement}\nyaml.safe_dump_all(docs, open(sys.argv[2], 'w'))\n"
     );
-    let out = Command::new(py).arg("-c").arg(script).arg(file).arg(to).output().unwrap();
-    assert!(out.status.success(), "mutating {}: {}", file.display(), text(&out));
+    let out = Command::new(py)
+        .arg("-c")
+        .arg(script)
+        .arg(file)
+        .arg(to)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "mutating {}: {}",
+        file.display(),
+        text(&out)
+    );
 }
 
 #[test]
 fn kubernetes_manifests_render_and_validate() {
     let out = Command::new("bash").arg(validate_sh()).output().unwrap();
-    assert!(out.status.success(), "deploy/k8s/validate.sh failed: {}", text(&out));
+    assert!(
+        out.status.success(),
+        "deploy/k8s/validate.sh failed: {}",
+        text(&out)
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     for target in ["base", "overlays/dev"] {
         let line = stdout
             .lines()
             .find(|l| l.starts_with(&format!("validate: {target}: ")))
             .unwrap_or_else(|| panic!("no result line for {target}: {}", text(&out)));
-        assert!(line.contains("rules kept") && line.contains("schema-valid (strict)"), "{line}");
+        assert!(
+            line.contains("rules kept") && line.contains("schema-valid (strict)"),
+            "{line}"
+        );
     }
     eprintln!("{stdout}");
 }
@@ -77,8 +106,16 @@ fn kubernetes_manifests_validate_without_kubectl() {
         .env("CAIRN_K8S_REFERENCE", "none")
         .output()
         .unwrap();
-    assert!(out.status.success(), "validate.sh (no reference renderer) failed: {}", text(&out));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("no kubectl/kustomize here"), "{}", text(&out));
+    assert!(
+        out.status.success(),
+        "validate.sh (no reference renderer) failed: {}",
+        text(&out)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("no kubectl/kustomize here"),
+        "{}",
+        text(&out)
+    );
 }
 
 #[test]
@@ -114,7 +151,11 @@ fn validation_rejects_broken_manifests() {
         "d = [o for o in docs if o['kind'] == 'Deployment'][0]\nc = d['spec']['template']['spec']['containers'][0]\nc['imagePulPolicy'] = c.pop('imagePullPolicy')",
     );
     let out = schema(&typo);
-    assert!(!out.status.success(), "a misspelt field passed: {}", text(&out));
+    assert!(
+        !out.status.success(),
+        "a misspelt field passed: {}",
+        text(&out)
+    );
     assert!(text(&out).contains("imagePulPolicy"), "{}", text(&out));
 
     // Each rule of cairn's check, broken once.
@@ -160,8 +201,16 @@ fn validation_rejects_broken_manifests() {
         let broken = dir.path().join(format!("broken-{i}.yaml"));
         mutate(&py, &good, &broken, statement);
         let out = rules(&broken);
-        assert!(!out.status.success(), "rule `{expected}` not enforced: {}", text(&out));
-        assert!(text(&out).contains(expected), "expected `{expected}`: {}", text(&out));
+        assert!(
+            !out.status.success(),
+            "rule `{expected}` not enforced: {}",
+            text(&out)
+        );
+        assert!(
+            text(&out).contains(expected),
+            "expected `{expected}`: {}",
+            text(&out)
+        );
     }
 }
 
@@ -177,8 +226,12 @@ fn config_map(py: &Path, rendered: &Path, namespace: &str, name: &str) -> serde_
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", text(&out));
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("ConfigMap {namespace}/{name} not found ({e}): {}", text(&out)))
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "ConfigMap {namespace}/{name} not found ({e}): {}",
+            text(&out)
+        )
+    })
 }
 
 #[test]
@@ -190,18 +243,26 @@ fn configmap_configs_load_in_each_service() {
     let sandbox = config_map(&py, &rendered, "cairn-sandbox", "sandbox-runner-config");
     let write = |name: &str, data: &serde_json::Value| {
         let path = dir.path().join(name);
-        std::fs::write(&path, data[name].as_str().unwrap_or_else(|| panic!("{name} missing"))).unwrap();
+        std::fs::write(
+            &path,
+            data[name]
+                .as_str()
+                .unwrap_or_else(|| panic!("{name} missing")),
+        )
+        .unwrap();
         path
     };
 
-    let store = cairn_artifact_store::Config::load(Some(&write("artifact-store.toml", &core))).unwrap();
+    let store =
+        cairn_artifact_store::Config::load(Some(&write("artifact-store.toml", &core))).unwrap();
     assert_eq!(store.data_root, PathBuf::from("/var/lib/cairn/data"));
     assert_eq!(store.listen.port(), 7070);
 
     let ingest = cairn_ingest::Config::load(Some(&write("ingest.toml", &core))).unwrap();
     assert_eq!(ingest.store_addr, "http://artifact-store:7070");
 
-    let orchestrator = cairn_orchestrator::Config::load(Some(&write("orchestrator.toml", &core))).unwrap();
+    let orchestrator =
+        cairn_orchestrator::Config::load(Some(&write("orchestrator.toml", &core))).unwrap();
     assert_eq!(orchestrator.store_addr, "http://artifact-store:7070");
     assert_eq!(orchestrator.ingest_addr, "http://ingest:7070");
     assert_eq!(
@@ -209,7 +270,8 @@ fn configmap_configs_load_in_each_service() {
         vec!["sandbox-runner.cairn-sandbox.svc.cluster.local:7070".to_string()]
     );
 
-    let runner = cairn_sandbox_runner::Config::load(Some(&write("sandbox-runner.toml", &sandbox))).unwrap();
+    let runner =
+        cairn_sandbox_runner::Config::load(Some(&write("sandbox-runner.toml", &sandbox))).unwrap();
     assert_eq!(runner.backend, cairn_sandbox_runner::BackendChoice::Docker);
     assert_eq!(runner.work_root, PathBuf::from("/var/lib/cairn-sandbox"));
     assert!(!runner.network_allowed);

@@ -15,7 +15,10 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use cairn_proto::v1::artifact_store_client::ArtifactStoreClient;
 use cairn_proto::v1::orchestrator_client::OrchestratorClient;
-use cairn_proto::v1::{ListRequest, PageRequest, SubmitRunRequest, WatchRunRequest};
+use cairn_proto::v1::{
+    put_request, AppendEventsRequest, EventInput, ListRequest, PageRequest, PutHeader, PutRequest, SubmitRunRequest,
+    WatchRunRequest,
+};
 use clap::Parser;
 use tonic::transport::{Channel, Endpoint};
 
@@ -163,12 +166,47 @@ async fn run_once(
     Ok((secs, bytes, files))
 }
 
+/// The store's own costs, measured in the same session: a sequential 4 KiB Put (fsync'd file
+/// and directory) and a sequential one-event AppendEvents (fsync'd), in ms each.
+async fn baseline(store: &mut ArtifactStoreClient<Channel>, n: usize) -> Result<(f64, f64)> {
+    let t0 = Instant::now();
+    for i in 0..n {
+        let msgs = vec![
+            PutRequest {
+                msg: Some(put_request::Msg::Header(PutHeader {
+                    project_id: PROJECT.into(),
+                    path: format!("docs/baseline/{}/p{i}.txt", std::process::id()),
+                    create_project: true,
+                    ..Default::default()
+                })),
+            },
+            PutRequest { msg: Some(put_request::Msg::Chunk(bytes::Bytes::from(vec![b'x'; 4096]))) },
+        ];
+        store.put(tokio_stream::iter(msgs)).await?;
+    }
+    let put = t0.elapsed().as_secs_f64() * 1000.0 / n as f64;
+    let t0 = Instant::now();
+    for _ in 0..n {
+        store
+            .append_events(AppendEventsRequest {
+                project_id: PROJECT.into(),
+                run_id: format!("baseline-{}", std::process::id()),
+                events: vec![EventInput { r#type: "bench.tick".into(), data_json: "{}".into(), ..Default::default() }],
+            })
+            .await?;
+    }
+    let append = t0.elapsed().as_secs_f64() * 1000.0 / n as f64;
+    Ok((put, append))
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     let cli = Cli::parse();
     let mut orch =
         OrchestratorClient::new(channel(&cli.orch).await?).max_encoding_message_size(64 << 20);
     let mut store = ArtifactStoreClient::new(channel(&cli.store).await?);
+    let (put, append) = baseline(&mut store, 300).await?;
+    println!("{{\"system\": \"artifact-store alone\", \"put_4k_ms\": {put:.4}, \"append_event_ms\": {append:.4}}}");
     // Warm-up (connections, first project creation).
     run_once(&mut orch, &mut store, &graph("chain", 10, 1)?).await?;
     for kind in &cli.only {

@@ -76,6 +76,14 @@ async fn one_run(
     client: &mut SandboxRunnerClient<Channel>,
     want_warm: Option<bool>,
 ) -> Result<f64> {
+    Ok(one_run_inner(client, want_warm).await?.0)
+}
+
+/// Client-side latency and the runner's own `duration_ms` (program start to exit).
+async fn one_run_inner(
+    client: &mut SandboxRunnerClient<Channel>,
+    want_warm: Option<bool>,
+) -> Result<(f64, f64)> {
     let t0 = Instant::now();
     let out = client.run(request()).await?.into_inner();
     let ms = t0.elapsed().as_secs_f64() * 1000.0;
@@ -93,7 +101,7 @@ async fn one_run(
             bail!("expected warm={w}, result.json says {}", rj["warm"]);
         }
     }
-    Ok(ms)
+    Ok((ms, out.duration_ms as f64))
 }
 
 async fn wait_warm(client: &mut SandboxRunnerClient<Channel>, want: u32) -> Result<()> {
@@ -273,13 +281,19 @@ async fn main() -> Result<()> {
     if let Some(local) = &args.local {
         let mut client = connect(local).await?;
         one_run(&mut client, None).await?;
-        let (mut ours, mut raw) = (Vec::new(), Vec::new());
+        let (mut ours, mut raw, mut inside) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..runs {
-            ours.push(one_run(&mut client, None).await?);
+            let (ms, sandbox_ms) = one_run_inner(&mut client, None).await?;
+            ours.push(ms);
+            inside.push(sandbox_ms);
             raw.push(time_cmd(&[&args.python, "-c", CODE])?);
         }
         rows.push(stats("cairn Run, local backend (gRPC)", ours));
         rows.push(stats("bare `python3 -c`", raw));
+        rows.push(stats(
+            "(local: bwrap + prlimit + python alone, the runner's duration_ms)",
+            inside,
+        ));
     }
 
     println!("| path | runs | p50 ms | p95 ms |");
@@ -293,6 +307,10 @@ async fn main() -> Result<()> {
     println!("- warm / raw docker exec: {:.2}x (p50)", ratio(2, 3));
     if rows.len() > 4 {
         println!("- local / bare python: {:.2}x (p50)", ratio(4, 5));
+        println!(
+            "- local sandbox alone (bwrap + prlimit + python) / bare python: {:.2}x (p50)",
+            ratio(6, 5)
+        );
     }
 
     // Throughput.

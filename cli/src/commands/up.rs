@@ -1,6 +1,10 @@
-//! `cairn up`: every service in one process on one address.
+//! `cairn up`: every service in one process on one address, plus the web console.
 
 use std::process::ExitCode;
+
+use anyhow::Context;
+use cairn_orchestrator::console::{console_url, serve_console, ConsoleConfig};
+use tokio::sync::watch;
 
 use crate::cli::{Global, UpArgs};
 use crate::embedded;
@@ -13,7 +17,40 @@ pub async fn run(global: &Global, args: UpArgs) -> anyhow::Result<ExitCode> {
         "cairn is up on {addr} (data root {}); use CAIRN_ADDR={addr} with other cairn commands. Ctrl-C stops.",
         global.data_root.display()
     );
-    hosted.serve(listener, cairn_server::shutdown_signal()).await?;
+
+    // One signal stops both the gRPC services and the console.
+    let (stop, stopped) = watch::channel(false);
+    let mut console = None;
+    if !args.no_console {
+        let config = ConsoleConfig {
+            enabled: true,
+            listen: args.console_listen.parse().with_context(|| format!("--console-listen {:?}", args.console_listen))?,
+            orchestrator_addr: addr.clone(),
+            store_addr: addr.clone(),
+            token: args.console_token.clone().filter(|t| !t.is_empty()),
+            default_project: global.project.clone(),
+            ..ConsoleConfig::default()
+        };
+        let console_listener = cairn_server::bind(&args.console_listen).await?;
+        eprintln!("web console: {}", console_url(console_listener.local_addr()?));
+        let mut rx = stopped.clone();
+        console = Some(tokio::spawn(serve_console(config, console_listener, async move {
+            let _ = rx.wait_for(|s| *s).await;
+        })));
+    }
+    let mut rx = stopped.clone();
+    let served = hosted.serve(listener, async move {
+        tokio::select! {
+            () = cairn_server::shutdown_signal() => {},
+            _ = rx.wait_for(|s| *s) => {},
+        }
+    });
+    let result = served.await;
+    let _ = stop.send(true);
+    if let Some(console) = console {
+        console.await.context("the console task failed")?.context("the console failed")?;
+    }
+    result?;
     eprintln!("cairn stopped");
     Ok(ExitCode::SUCCESS)
 }

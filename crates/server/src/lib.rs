@@ -101,8 +101,10 @@ impl Host {
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .layer(cairn_telemetry::server_layer())
             .add_routes(routes.routes())
+            // tonic's own tcp_nodelay is not applied to a caller's listener; without it Nagle
+            // delays HTTP/2 window updates and streamed Puts crawl.
             .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
                 shutdown,
             )
             .await?;

@@ -61,12 +61,6 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<()> {
     let service = artifact_store_service(config).await?;
-    // Accepted sockets inherit TCP_NODELAY from the listener on Linux. tonic ignores its
-    // tcp_nodelay setting for a caller's listener, and with Nagle on a streamed Put waits for
-    // every HTTP/2 window update: about 30 MiB/s instead of several hundred.
-    if let Err(e) = rustix::net::sockopt::set_tcp_nodelay(&listener, true) {
-        tracing::warn!(error = %e, "could not set TCP_NODELAY on the listener");
-    }
     let mut host = cairn_server::Host::new();
     host.add(service);
     host.serve(listener, shutdown)

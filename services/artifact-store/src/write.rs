@@ -507,15 +507,12 @@ where
 {
     let (to_writer, mut writer_rx) = mpsc::channel::<Bytes>(QUEUED_CHUNKS);
     let (to_hasher, mut hasher_rx) = mpsc::channel::<Bytes>(QUEUED_CHUNKS);
-    let serial = std::env::var("X_SERIAL").is_ok();
-    let writer = tokio::task::spawn_blocking(move || -> std::io::Result<(File, String)> {
+    let writer = tokio::task::spawn_blocking(move || -> std::io::Result<File> {
         let mut file = file;
-        let mut h = Sha256::new();
         while let Some(chunk) = writer_rx.blocking_recv() {
-            if serial { h.update(&chunk); }
             file.write_all(&chunk)?;
         }
-        Ok((file, hex::encode(h.finalize())))
+        Ok(file)
     });
     let hasher = tokio::task::spawn_blocking(move || {
         let mut hasher = Sha256::new();

@@ -575,3 +575,25 @@ async fn sixty_four_concurrent_writers_to_one_path() {
     assert_eq!(stored, if winner == b'a' { a } else { b }, "never torn");
     assert!(temp_files(&s.data_root).is_empty());
 }
+
+#[tokio::test]
+async fn health_reports_the_store_serving() {
+    let s = serve().await;
+    let channel = tonic::transport::Endpoint::from_shared(s.addr.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let reply = health
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "cairn.v1.ArtifactStore".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        reply.status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
+}

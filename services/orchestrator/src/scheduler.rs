@@ -123,6 +123,7 @@ pub fn launch(l: Launch) -> tokio::task::JoinHandle<()> {
         permits: l.permits,
         permit: None,
         max_parallel,
+        must_flush_to: 0,
         dirty: false,
         state_changed: false,
         last_snapshot: Instant::now(),
@@ -183,6 +184,9 @@ struct Driver {
     permits: Arc<Semaphore>,
     permit: Option<OwnedSemaphorePermit>,
     max_parallel: usize,
+    /// Recorder position a write_file must wait for before it starts (the last completion of
+    /// a node whose result would differ if redone).
+    must_flush_to: u64,
     dirty: bool,
     state_changed: bool,
     last_snapshot: Instant,
@@ -564,8 +568,17 @@ impl Driver {
         if jobs.is_empty() {
             return Ok(());
         }
-        // Issue item 4: what these nodes depend on is durable before they start.
-        self.rec.flush().await.map_err(|e| e.0)?;
+        // Issue item 4: what these nodes depend on is durable before they start. A write_file
+        // writes bytes fixed by records that precede it, so it may start while they are still
+        // being committed: the recorder keeps order, so after a crash it is simply redone and
+        // the store answers UNCHANGED (no duplicate file, and its events were never recorded).
+        if jobs.iter().any(|j| !matches!(j.node.kind, NodeKind::WriteFile(_))) {
+            self.rec.flush().await.map_err(|e| e.0)?;
+        } else if self.must_flush_to > 0 {
+            // ... unless they depend on something that would not come out the same again (an
+            // agent's answer, a sandbox run): that must be durable first.
+            self.rec.flush_to(self.must_flush_to).await.map_err(|e| e.0)?;
+        }
         for job in jobs {
             self.start_job(job);
         }
@@ -737,12 +750,24 @@ impl Driver {
             }
             return;
         }
+        // Would this node write the same bytes if redone? (Only write_file: its content comes
+        // from records.)
+        let deterministic = match item {
+            Some((map, _)) => self
+                .graph
+                .node(map)
+                .is_some_and(|n| matches!(&n.kind, NodeKind::Map(m) if matches!(m.node.kind, NodeKind::WriteFile(_)))),
+            None => self.graph.node(&id).is_some_and(|n| matches!(n.kind, NodeKind::WriteFile(_))),
+        };
         match result {
             Ok(success) => {
                 for e in success.events {
                     self.emit(e);
                 }
                 self.emit(Ev::new(ev::NODE_COMPLETED, &id).with("outputs", Value::Object(success.outputs)));
+                if !deterministic {
+                    self.must_flush_to = self.rec.queued();
+                }
                 match item {
                     Some((map, _)) => {
                         let map = map.to_owned();

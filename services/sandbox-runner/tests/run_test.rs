@@ -556,13 +556,23 @@ async fn no_isolation_means_no_runner() {
     let work_root = tempfile::tempdir().unwrap();
     let mut config = config(BackendChoice::Local, work_root.path());
     config.bwrap = "/nonexistent/bwrap".into();
-    let err = cairn_sandbox_runner::sandbox_service(config).await.err().unwrap();
+    let err = cairn_sandbox_runner::sandbox_service(config)
+        .await
+        .err()
+        .unwrap();
     assert!(err.to_string().contains("bubblewrap"), "{err}");
-    assert_eq!(tonic::Status::from(err).code(), tonic::Code::FailedPrecondition);
+    assert_eq!(
+        tonic::Status::from(err).code(),
+        tonic::Code::FailedPrecondition
+    );
     // auto picks docker where the engine answers, else local
     let config = config_auto(work_root.path());
     let (_server, handle) = cairn_sandbox_runner::sandbox_service(config).await.unwrap();
-    let expected = if docker_ready().await.is_ok() { "docker" } else { "local" };
+    let expected = if docker_ready().await.is_ok() {
+        "docker"
+    } else {
+        "local"
+    };
     assert_eq!(handle.backend(), expected);
     handle.shutdown().await;
 }

@@ -237,7 +237,7 @@ mod tests {
         let out = md("---\ntitle: \"Human notes\"\n---\n# Notes\n\n<a id=\"note-1\"></a>\n### Note 1: by ann\n\ntext\n");
         assert!(out.contains("<a id=\"note-1\"></a>"), "{out}");
         assert!(
-            out.contains("<pre><code class=\"language-yaml\">title: &quot;Human notes&quot;"),
+            out.contains("<pre><code class=\"language-yaml\">title: \"Human notes\""),
             "{out}"
         );
         assert!(!out.contains("&lt;a id"), "{out}");

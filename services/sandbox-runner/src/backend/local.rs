@@ -248,7 +248,9 @@ impl LocalBackend {
         .await?;
         let input = task.path.join("input");
         let output = task.path.join("output");
-        stage_inputs(&input, job).await?;
+        if !job.inputs.is_empty() {
+            stage_inputs(&input, job).await?;
+        }
         let spawn = Spawn {
             binds: vec![(input, "/input", false), (output.clone(), "/output", true)],
             network: job.network,
@@ -269,7 +271,8 @@ impl LocalBackend {
             .await
             .map_err(|e| Error::Sandbox(format!("output collection panicked: {e}")))?
             .map_err(Error::io("reading /output"))?;
-        task.remove().await;
+        // The reply need not wait for the directory to go (the drop removes it in the background).
+        drop(task);
         Ok(Outcome {
             exit_code: done.exit_code,
             timed_out: done.timed_out,
@@ -497,10 +500,9 @@ impl Drop for Registered<'_> {
     }
 }
 
-/// A job's directory under `<work_root>/tasks/`; removed when dropped.
+/// A job's directory under `<work_root>/tasks/`; removed (in the background) when dropped.
 pub struct TaskDir {
     pub path: PathBuf,
-    removed: bool,
 }
 
 impl TaskDir {
@@ -534,25 +536,15 @@ impl TaskDir {
             "creating task directory {}",
             path.display()
         )))?;
-        Ok(TaskDir {
-            path,
-            removed: false,
-        })
-    }
-
-    pub async fn remove(mut self) {
-        self.removed = true;
-        remove_dir(&self.path).await;
+        Ok(TaskDir { path })
     }
 }
 
 impl Drop for TaskDir {
     fn drop(&mut self) {
-        if !self.removed {
-            let path = self.path.clone();
-            if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                handle.spawn(async move { remove_dir(&path).await });
-            }
+        let path = self.path.clone();
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move { remove_dir(&path).await });
         }
     }
 }
