@@ -15,6 +15,9 @@ start=$(date +%s)
 cargo build -q -p cairn-cli --locked
 export CAIRN_BIN="$CARGO_TARGET_DIR/debug/cairn"
 built=$(date +%s)
-cargo test -q -p cairn-e2e --locked --test compose_test -- --nocapture --test-threads 2 "$@"
+status=0
+cargo test -q -p cairn-e2e --locked --test compose_test -- --nocapture --test-threads 2 "$@" || status=$?
 end=$(date +%s)
-printf 'compose_test: cairn build %ss, tests %ss, total %ss\n' $((built - start)) $((end - built)) $((end - start))
+printf 'compose_test: cairn build %ss, tests (with their build) %ss, total %ss\n' \
+    $((built - start)) $((end - built)) $((end - start))
+exit "$status"

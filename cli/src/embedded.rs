@@ -16,7 +16,11 @@ use crate::cli::Global;
 
 /// A connection to cairn's services, embedded or remote.
 pub struct Services {
-    channel: TracedChannel,
+    /// --addr (or the embedded address): every service not given an address of its own.
+    channel: Option<TracedChannel>,
+    store: Option<TracedChannel>,
+    ingest: Option<TracedChannel>,
+    sandbox: Option<TracedChannel>,
     addr: String,
     embedded: Option<Embedded>,
 }
@@ -49,10 +53,21 @@ impl Hosted {
         listener: tokio::net::TcpListener,
         shutdown: impl std::future::Future<Output = ()> + Send,
     ) -> anyhow::Result<()> {
-        let served = self.host.serve(listener, shutdown).await;
-        if let Some(orchestrator) = self.orchestrator {
-            orchestrator.shutdown().await;
-        }
+        // Stop run drivers and kill sandboxes first, then drain calls: a long sandbox run must
+        // not hold the shutdown.
+        let (orchestrator, runner) = (self.orchestrator.clone(), self.runner.clone());
+        let served = self
+            .host
+            .serve(listener, async move {
+                shutdown.await;
+                if let Some(o) = &orchestrator {
+                    o.shutdown().await;
+                }
+                if let Some(r) = &runner {
+                    r.shutdown().await;
+                }
+            })
+            .await;
         if let Some(runner) = self.runner {
             runner.shutdown().await;
         }
@@ -63,11 +78,19 @@ impl Hosted {
 impl Services {
     /// Connects to --addr, or starts the services in this process.
     pub async fn open(global: &Global, needs: Needs) -> anyhow::Result<Services> {
-        if let Some(addr) = &global.addr {
-            let channel = cairn_server::connect(addr)?;
+        let remote = [&global.addr, &global.store_addr, &global.ingest_addr, &global.sandbox_addr]
+            .iter()
+            .any(|a| a.is_some());
+        if remote {
+            let dial = |a: &Option<String>| -> anyhow::Result<Option<TracedChannel>> {
+                a.as_deref().map(|a| Ok(cairn_telemetry::traced(cairn_server::connect(a)?))).transpose()
+            };
             return Ok(Services {
-                channel: cairn_telemetry::traced(channel),
-                addr: addr.clone(),
+                channel: dial(&global.addr)?,
+                store: dial(&global.store_addr)?,
+                ingest: dial(&global.ingest_addr)?,
+                sandbox: dial(&global.sandbox_addr)?,
+                addr: global.addr.clone().unwrap_or_default(),
                 embedded: None,
             });
         }
@@ -84,34 +107,44 @@ impl Services {
         });
         let channel = cairn_server::connect(&addr)?;
         Ok(Services {
-            channel: cairn_telemetry::traced(channel),
+            channel: Some(cairn_telemetry::traced(channel)),
+            store: None,
+            ingest: None,
+            sandbox: None,
             addr,
             embedded: Some(Embedded { stop, task }),
         })
     }
 
-    pub fn store(&self) -> ArtifactStoreClient<TracedChannel> {
-        ArtifactStoreClient::new(self.channel.clone())
-            .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
+    /// The channel of one service: its own address, else --addr.
+    fn channel_for(&self, own: &Option<TracedChannel>, flag: &str) -> anyhow::Result<TracedChannel> {
+        own.clone()
+            .or_else(|| self.channel.clone())
+            .ok_or_else(|| anyhow::anyhow!("no address for this service: give --addr or {flag}"))
     }
 
-    pub fn ingest(&self) -> IngestClient<TracedChannel> {
-        IngestClient::new(self.channel.clone())
+    pub fn store(&self) -> anyhow::Result<ArtifactStoreClient<TracedChannel>> {
+        Ok(ArtifactStoreClient::new(self.channel_for(&self.store, "--store-addr")?)
             .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES))
     }
 
-    pub fn sandbox(&self) -> SandboxRunnerClient<TracedChannel> {
-        SandboxRunnerClient::new(self.channel.clone())
+    pub fn ingest(&self) -> anyhow::Result<IngestClient<TracedChannel>> {
+        Ok(IngestClient::new(self.channel_for(&self.ingest, "--ingest-addr")?)
             .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES))
     }
 
-    pub fn orchestrator(&self) -> OrchestratorClient<TracedChannel> {
-        OrchestratorClient::new(self.channel.clone())
+    pub fn sandbox(&self) -> anyhow::Result<SandboxRunnerClient<TracedChannel>> {
+        Ok(SandboxRunnerClient::new(self.channel_for(&self.sandbox, "--sandbox-addr")?)
             .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES))
+    }
+
+    pub fn orchestrator(&self) -> anyhow::Result<OrchestratorClient<TracedChannel>> {
+        Ok(OrchestratorClient::new(self.channel_for(&None, "--addr")?)
+            .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES))
     }
 
     #[allow(dead_code)]

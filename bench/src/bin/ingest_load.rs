@@ -209,7 +209,8 @@ fn parse(file: PathBuf, reps: usize, dump: Option<PathBuf>) -> Result<()> {
         ..Default::default()
     };
     let policy = pathguard::Policy::default();
-    let (mut ours, mut ssl, mut sha) = (Vec::new(), Vec::new(), Vec::new());
+    let no_denylist = pathguard::Policy::new(Vec::new(), Vec::new());
+    let (mut ours, mut ssl, mut sha, mut bare) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut blocks = Vec::new();
     for _ in 0..reps.max(1) {
         let (t, _) = timed(Command::new("openssl").args(["dgst", "-sha256"]).arg(&file))?;
@@ -221,8 +222,11 @@ fn parse(file: PathBuf, reps: usize, dump: Option<PathBuf>) -> Result<()> {
         let start = Instant::now();
         blocks = cairn_ingest::parse(std::hint::black_box(&doc), &limits, &policy);
         ours.push(mb / start.elapsed().as_secs_f64());
+        let start = Instant::now();
+        std::hint::black_box(cairn_ingest::parse(std::hint::black_box(&doc), &limits, &no_denylist));
+        bare.push(mb / start.elapsed().as_secs_f64());
     }
-    let (ours, ssl, sha) = (median(ours), median(ssl), median(sha));
+    let (ours, ssl, sha, bare) = (median(ours), median(ssl), median(sha), median(bare));
     let written = blocks
         .iter()
         .filter(|b| b.status == cairn_ingest::BlockStatus::Written)
@@ -235,6 +239,10 @@ fn parse(file: PathBuf, reps: usize, dump: Option<PathBuf>) -> Result<()> {
     println!(
         "| in-process sha256 (sha2) of the same bytes | {sha:.0} MB/s | ratio parse/sha2 = {:.2} |",
         ours / sha
+    );
+    println!(
+        "| the same parse with an empty denylist (pathguard's denylist check left out) | {bare:.0} MB/s | ratio to openssl = {:.2} |",
+        bare / ssl
     );
     if let Some(dump) = dump {
         let entries: Vec<serde_json::Value> = blocks

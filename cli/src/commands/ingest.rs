@@ -23,7 +23,7 @@ pub async fn run(global: &Global, args: IngestArgs) -> anyhow::Result<ExitCode> 
         overwrite: args.overwrite,
         source_kind: "cli".into(),
     };
-    let mut client = services.ingest();
+    let mut client = services.ingest()?;
     let response = if args.dry_run {
         client.parse(request).await
     } else {

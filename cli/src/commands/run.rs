@@ -58,7 +58,7 @@ pub async fn run(global: &Global, args: RunArgs) -> anyhow::Result<ExitCode> {
         None => String::new(),
     };
     let services = Services::open(global, needs()).await?;
-    let mut client = services.orchestrator();
+    let mut client = services.orchestrator()?;
     let result = async {
         let info = client
             .submit_run(SubmitRunRequest {
@@ -249,7 +249,7 @@ fn finish(global: &Global, info: &RunInfo) -> anyhow::Result<ExitCode> {
 /// `cairn runs list|show|watch|cancel|resume|rework`.
 pub async fn runs(global: &Global, cmd: RunsCommand) -> anyhow::Result<ExitCode> {
     let services = Services::open(global, needs()).await?;
-    let mut client = services.orchestrator();
+    let mut client = services.orchestrator()?;
     let project = global.project.clone();
     let embedded = global.addr.is_none();
     let result = async {
@@ -321,7 +321,7 @@ fn parse_state(s: &str) -> anyhow::Result<TaskState> {
 /// `cairn gate approve|reject RUN GATE --note ...`.
 pub async fn gate(global: &Global, cmd: GateCommand) -> anyhow::Result<ExitCode> {
     let services = Services::open(global, needs()).await?;
-    let mut client = services.orchestrator();
+    let mut client = services.orchestrator()?;
     let project = global.project.clone();
     let result = async {
         let (approve, run, gate, note) = match cmd {
@@ -341,7 +341,7 @@ pub async fn gate(global: &Global, cmd: GateCommand) -> anyhow::Result<ExitCode>
 /// `cairn notes add RUN TEXT`.
 pub async fn notes(global: &Global, cmd: NotesCommand) -> anyhow::Result<ExitCode> {
     let services = Services::open(global, needs()).await?;
-    let mut client = services.orchestrator();
+    let mut client = services.orchestrator()?;
     let result = async {
         match cmd {
             NotesCommand::Add { run, text } => {

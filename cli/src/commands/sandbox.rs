@@ -32,7 +32,7 @@ async fn sandbox_run(global: &Global, services: &Services, args: SandboxRunArgs)
         .output_prefix
         .clone()
         .unwrap_or_else(|| format!("docs/artifacts/{run_id}"));
-    let mut store = services.store();
+    let mut store = services.store()?;
 
     // Inputs and the code file come from the canonical store (seed 002 §1, §3.1).
     let mut input_files = Vec::new();
@@ -67,7 +67,7 @@ async fn sandbox_run(global: &Global, services: &Services, args: SandboxRunArgs)
         }),
         ..Default::default()
     };
-    let result = match services.sandbox().run(request).await {
+    let result = match services.sandbox()?.run(request).await {
         Ok(r) => r.into_inner(),
         Err(status) => {
             append(&mut store, &project, &run_id, "sandbox_failed", Level::Error, json!({"error": status.message()})).await?;

@@ -18,7 +18,7 @@ pub async fn run(global: &Global, cmd: StoreCommand) -> anyhow::Result<ExitCode>
 }
 
 async fn run_with(global: &Global, services: &Services, cmd: StoreCommand) -> anyhow::Result<ExitCode> {
-    let mut store = services.store();
+    let mut store = services.store()?;
     let project = global.project.clone();
     match cmd {
         StoreCommand::Put { local, path, overwrite, sha256 } => {

@@ -181,7 +181,7 @@ impl Ingestor {
     pub async fn dry_run(&self, req: &Request) -> Outcome {
         let mut trouble = Trouble::default();
         let blocks = match self.document(req, &mut trouble).await {
-            Some(doc) => self.blocks_of(&doc),
+            Some(doc) => self.blocks_of(&doc).await,
             None => Vec::new(),
         };
         let manifest = Manifest::new(&req.run_id, &req.node_id, req.source.clone(), &blocks);
@@ -243,7 +243,7 @@ impl Ingestor {
         }
 
         let mut blocks = match &document {
-            Some(doc) => self.blocks_of(doc),
+            Some(doc) => self.blocks_of(doc).await,
             None => Vec::new(),
         };
         let outcomes = match &document {
@@ -346,9 +346,20 @@ impl Ingestor {
         }
     }
 
-    fn blocks_of(&self, document: &Document) -> Vec<Block> {
+    async fn blocks_of(&self, document: &Document) -> Vec<Block> {
         match document {
-            Document::Loaded(doc) => block::parse(doc, &self.limits, &self.policy),
+            Document::Loaded(doc) => {
+                // CPU-bound (a few ms per MB): off the async workers.
+                let (doc, limits, policy) = (doc.clone(), self.limits, self.policy.clone());
+                let again = doc.clone();
+                match tokio::task::spawn_blocking(move || block::parse(&doc, &limits, &policy))
+                    .await
+                {
+                    Ok(blocks) => blocks,
+                    // Only when the runtime is shutting down: parse right here instead.
+                    Err(_) => block::parse(&again, &self.limits, &self.policy),
+                }
+            }
             Document::Oversized(size, sha256) => {
                 vec![block::oversized_document(
                     *size,

@@ -111,6 +111,10 @@ pub struct Config {
     pub snapshot_interval_ms: u64,
     /// Deadline of one node attempt when the node sets no `timeout_s`.
     pub node_timeout_s: u64,
+    /// Longest time an event nobody waits for is held to be appended with later ones (group
+    /// commit: fewer fsyncs). Whatever must be durable (before a node with effects starts, a
+    /// reply to a human action, a snapshot) is appended at once.
+    pub event_linger_ms: u64,
     /// Default retry policy of nodes.
     pub retry: RetryPolicy,
 }
@@ -130,6 +134,7 @@ impl Default for Config {
             llm_base_dir: String::new(),
             snapshot_interval_ms: 1000,
             node_timeout_s: 3600,
+            event_linger_ms: 5,
             retry: RetryPolicy::default(),
         }
     }

@@ -42,6 +42,8 @@ pub struct Recorder {
     queued: std::sync::Arc<std::sync::Mutex<u64>>,
     durable: watch::Receiver<Durable>,
     seqs: std::sync::Arc<std::sync::Mutex<SeqMap>>,
+    /// Asks the task to append now instead of lingering for more events.
+    kick: std::sync::Arc<tokio::sync::Notify>,
 }
 
 /// Which store sequence numbers our recent batches got (to name the seq a snapshot reflects).
@@ -56,14 +58,17 @@ struct SeqMap {
 pub struct RecordError(pub String);
 
 impl Recorder {
-    /// Starts the recorder task for one run; `last_seq` is the log's current end.
-    pub fn start(store: Store, project: String, run_id: String, last_seq: u64) -> Recorder {
+    /// Starts the recorder task for one run; `last_seq` is the log's current end. Events
+    /// nobody waits for may linger up to `linger` to be appended with later ones (fewer
+    /// fsyncs); `flush`/`record` append at once.
+    pub fn start(store: Store, project: String, run_id: String, last_seq: u64, linger: Duration) -> Recorder {
         let (tx, rx) = mpsc::unbounded_channel();
         let (dtx, drx) = watch::channel(Durable { count: 0, failed: None });
         let seqs = std::sync::Arc::new(std::sync::Mutex::new(SeqMap::default()));
-        let task = Task { store, project, run_id, last_seq, durable: dtx, seqs: seqs.clone() };
+        let kick = std::sync::Arc::new(tokio::sync::Notify::new());
+        let task = Task { store, project, run_id, last_seq, durable: dtx, seqs: seqs.clone(), kick: kick.clone(), linger };
         tokio::spawn(task.run(rx));
-        Recorder { tx, queued: Default::default(), durable: drx, seqs }
+        Recorder { tx, queued: Default::default(), durable: drx, seqs, kick }
     }
 
     /// Queues an event; returns its position (1-based) among this recorder's events.
@@ -83,6 +88,7 @@ impl Recorder {
     pub async fn record(&self, e: &Ev) -> Result<u64, RecordError> {
         let (tx, rx) = oneshot::channel();
         self.push_input(e.to_input(), Some(tx));
+        self.kick.notify_one();
         match rx.await {
             Ok(seq) => Ok(seq),
             Err(_) => Err(RecordError(self.durable.borrow().failed.clone().unwrap_or_else(|| "recorder stopped".into()))),
@@ -97,6 +103,9 @@ impl Recorder {
     /// Waits until the first `upto` events are durable.
     pub async fn flush_to(&self, upto: u64) -> Result<(), RecordError> {
         let mut rx = self.durable.clone();
+        if rx.borrow().count < upto {
+            self.kick.notify_one();
+        }
         loop {
             {
                 let d = rx.borrow_and_update();
@@ -146,6 +155,8 @@ struct Task {
     last_seq: u64,
     durable: watch::Sender<Durable>,
     seqs: std::sync::Arc<std::sync::Mutex<SeqMap>>,
+    kick: std::sync::Arc<tokio::sync::Notify>,
+    linger: Duration,
 }
 
 impl Task {
@@ -155,6 +166,19 @@ impl Task {
         loop {
             if buf.is_empty() && rx.recv_many(&mut buf, MAX_BATCH_EVENTS).await == 0 {
                 return; // every handle dropped and nothing pending
+            }
+            // Group commit: gather what comes within `linger` unless someone waits.
+            if !self.linger.is_zero() {
+                let deadline = tokio::time::Instant::now() + self.linger;
+                while buf.len() < MAX_BATCH_EVENTS {
+                    let room = MAX_BATCH_EVENTS - buf.len();
+                    tokio::select! {
+                        biased;
+                        _ = self.kick.notified() => break,
+                        n = rx.recv_many(&mut buf, room) => if n == 0 { break },
+                        _ = tokio::time::sleep_until(deadline) => break,
+                    }
+                }
             }
             // Take what fits in one batch; the rest waits for the next round.
             let mut bytes = 0;

@@ -93,6 +93,10 @@ impl Runs {
         live.get(&key(project, run_id)).map(|l| l.cmd.clone())
     }
 
+    fn linger(&self) -> Duration {
+        Duration::from_millis(self.b.config.event_linger_ms)
+    }
+
     fn base_dir(&self, given: &str) -> PathBuf {
         let dir = if !given.is_empty() { given } else { &self.b.config.llm_base_dir };
         if dir.is_empty() {
@@ -143,7 +147,7 @@ impl Runs {
             return Err(e);
         }
 
-        let recorder = Recorder::start(store.clone(), project.clone(), run_id.clone(), 0);
+        let recorder = Recorder::start(store.clone(), project.clone(), run_id.clone(), 0, self.linger());
         let mut state = RunState::new(&project, &graph);
         let by = if req.by.is_empty() { "user".to_owned() } else { req.by.clone() };
         let created = Ev::run(ev::TASK_CREATED)
@@ -364,7 +368,7 @@ impl Runs {
             // Someone else brought it to life meanwhile: use theirs.
             return Box::pin(self.ensure_live(project, run_id, &by, reason, initial)).await;
         };
-        let recorder = Recorder::start(self.b.store.clone(), project.to_owned(), run_id.to_owned(), state.last_seq);
+        let recorder = Recorder::start(self.b.store.clone(), project.to_owned(), run_id.to_owned(), state.last_seq, self.linger());
         self.launch(graph, state, recorder, base_dir, resume, initial, cmds)?;
         self.live_cmd(project, run_id).ok_or_else(|| Error::Internal("run did not start".into()))
     }

@@ -82,7 +82,15 @@ pub async fn serve(
     let (server, handle) = sandbox_service(config).await?;
     let mut host = cairn_server::Host::new();
     host.add(server);
-    let served = host.serve(listener, shutdown).await;
+    // Kill what runs before draining calls: a long run must not hold the shutdown (and be
+    // SIGKILLed with its container left behind); cut-off calls end Unavailable.
+    let stopper = handle.clone();
+    let served = host
+        .serve(listener, async move {
+            shutdown.await;
+            stopper.shutdown().await;
+        })
+        .await;
     handle.shutdown().await;
     served.map_err(Error::from)
 }

@@ -646,21 +646,25 @@ pub async fn create(
     body: ContainerCreateBody,
 ) -> Result<ContainerGuard> {
     let opts = CreateContainerOptionsBuilder::default().name(name).build();
-    // The guard comes after success: a failed create (the name taken) must not remove
-    // somebody else's container. A create cancelled in flight is left to the start-up sweep.
-    client
-        .create_container(Some(opts), body)
-        .await
-        .map_err(Error::docker(format!("creating container {name}")))?;
     if let Ok(mut set) = live.lock() {
         set.insert(name.to_owned());
     }
-    Ok(ContainerGuard {
+    // Armed before the call, so a create cancelled in flight is removed too; disarmed when
+    // the engine refuses (the name may be somebody else's container).
+    let guard = ContainerGuard {
         client: client.clone(),
         live: live.clone(),
         name: name.to_owned(),
         armed: true,
-    })
+    };
+    match client.create_container(Some(opts), body).await {
+        Ok(_) => Ok(guard),
+        Err(e) => {
+            forget(live, name);
+            guard.keep();
+            Err(Error::docker(format!("creating container {name}"))(e))
+        }
+    }
 }
 
 /// Force-removes a container and its anonymous volumes; a missing container is fine.
