@@ -54,8 +54,8 @@ IPORT="$(free_port)"
 RUST_LOG=warn "$BIN/cairn-ingest" --listen "127.0.0.1:$IPORT" --store-addr "http://127.0.0.1:$SPORT" --max-blocks 2000 &
 PIDS+=($!)
 wait_port "$IPORT"
-echo "### End-to-end ingest (release services on loopback; median of 3)"
+echo "### End-to-end ingest (release services on loopback; median of 5)"
 echo
 echo "| what | time | rate / share |"
 echo "|---|---|---|"
-"$BIN/ingest_load" e2e --ingest-addr "http://127.0.0.1:$IPORT" --store-addr "http://127.0.0.1:$SPORT" --blocks 2000 --reps 3
+"$BIN/ingest_load" e2e --ingest-addr "http://127.0.0.1:$IPORT" --store-addr "http://127.0.0.1:$SPORT" --blocks 2000 --reps 5

@@ -50,13 +50,31 @@ pub async fn run(global: &Global, args: RunArgs) -> anyhow::Result<ExitCode> {
         vars.insert(k.trim().to_owned(), v.to_owned());
     }
     // A relative replay cassette is relative to where the user stands, not to the server.
-    let llm = match args.llm.as_deref() {
+    let mut llm = match args.llm.as_deref() {
         Some(spec) => match spec.strip_prefix("replay:") {
             Some(path) if !Path::new(path).is_absolute() => format!("replay:{}", std::path::absolute(path)?.display()),
             _ => spec.to_owned(),
         },
         None => String::new(),
     };
+    if global.addr.is_some() {
+        // A remote orchestrator cannot read our files: send the cassette itself.
+        let graph_llm = serde_saphyr::from_str::<serde_json::Value>(&graph_yaml)
+            .ok()
+            .and_then(|g| g.get("llm").and_then(|v| v.as_str()).map(str::to_owned));
+        let spec = if llm.is_empty() { graph_llm.unwrap_or_default() } else { llm.clone() };
+        if let Some(path) = spec.strip_prefix("replay:") {
+            let path = match &base_dir {
+                Some(dir) if !Path::new(path).is_absolute() && llm.is_empty() => dir.join(path),
+                _ => Path::new(path).to_path_buf(),
+            };
+            let text = tokio::fs::read(&path)
+                .await
+                .with_context(|| format!("cannot read the replay cassette {}", path.display()))?;
+            use base64::Engine as _;
+            llm = format!("replay-inline:{}", base64::engine::general_purpose::STANDARD.encode(text));
+        }
+    }
     let services = Services::open(global, needs()).await?;
     let mut client = services.orchestrator()?;
     let result = async {

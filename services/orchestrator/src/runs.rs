@@ -198,6 +198,9 @@ impl Runs {
                 ProviderSpec::Replay(path) => {
                     ReplayProvider::load(path).map_err(|e| Error::InvalidArgument(e.to_string()))?;
                 }
+                inline @ ProviderSpec::ReplayInline(_) => {
+                    self.b.providers.check(inline).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+                }
                 openai @ ProviderSpec::OpenAi { .. } => {
                     self.b.providers.check(openai).map_err(|e| Error::InvalidArgument(e.to_string()))?;
                 }

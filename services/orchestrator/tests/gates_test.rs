@@ -32,10 +32,11 @@ async fn approved_gate_continues_the_run() {
     assert_eq!(gate.state, GateState::Blocked as i32);
     assert_eq!(gate.reason, format!("check docs/{run}/draft.txt"));
     assert!(s.read(&format!("docs/{run}/published.txt")).await.is_none(), "nothing passes a blocked gate");
-    let task: Value = serde_saphyr::from_str(&s.read_text(&format!(".cairn/runs/{run}/task.yaml")).await).unwrap();
+    let yaml = s.wait_text(&format!(".cairn/runs/{run}/task.yaml"), "state: input-required", 10).await;
+    let task: Value = serde_saphyr::from_str(&yaml).unwrap();
     assert_eq!(task["state"], "input-required");
     assert_eq!(task["gates"][0]["state"], "blocked");
-    let readme = s.read_text(&format!(".cairn/runs/{run}/README.md")).await;
+    let readme = s.wait_text(&format!(".cairn/runs/{run}/README.md"), "Waiting for you", 10).await;
     assert!(readme.contains("Waiting for you") && readme.contains(&format!("cairn gate approve {run} review")), "{readme}");
 
     // Approving an unknown gate or a non-gate is refused.
@@ -208,7 +209,8 @@ async fn cancel_at_a_gate_and_resume_rules() {
     assert_eq!(e.code(), Code::FailedPrecondition);
     let e = s.client.clone().approve_gate(decision(&run, "review", "ann", "")).await.unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition);
-    let task: Value = serde_saphyr::from_str(&s.read_text(&format!(".cairn/runs/{run}/task.yaml")).await).unwrap();
+    let yaml = s.wait_text(&format!(".cairn/runs/{run}/task.yaml"), "state: canceled", 10).await;
+    let task: Value = serde_saphyr::from_str(&yaml).unwrap();
     assert_eq!(task["state"], "canceled");
 
     // ResumeRun retries a failed run's failed node.

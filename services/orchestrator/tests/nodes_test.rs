@@ -250,7 +250,8 @@ nodes:
     assert!(s.read(&format!(".cairn/runs/{run}/agents/writer/artifacts/turn-1.md")).await.is_some());
     assert!(s.read(&format!(".cairn/runs/{run}/agents/writer/runtime/events.jsonl")).await.is_some());
     assert_eq!(outputs(&done, "writer")["turn"], 1);
-    let task: Value = serde_saphyr::from_str(&s.read_text(&format!(".cairn/runs/{run}/task.yaml")).await).unwrap();
+    let yaml = s.wait_text(&format!(".cairn/runs/{run}/task.yaml"), "state: completed", 10).await;
+    let task: Value = serde_saphyr::from_str(&yaml).unwrap();
     let roster = task["roster"].as_array().unwrap();
     assert!(roster.iter().any(|r| r["instance"] == "critic" && r["agent"] == "reviewer" && r["state"] == "dormant"), "{roster:?}");
 

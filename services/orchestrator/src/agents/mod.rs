@@ -197,6 +197,9 @@ pub trait Provider: Send + Sync {
 pub enum ProviderSpec {
     /// `replay:<path>` to a cassette (YAML or JSON).
     Replay(PathBuf),
+    /// `replay-inline:<base64 cassette>`: the cassette itself, sent by a client whose files the
+    /// orchestrator cannot read (a remote `cairn run`); kept in the run's records for resume.
+    ReplayInline(String),
     /// `openai:<base_url>#<model>` (or a bare `http(s)://.../v1#<model>`); model "" = `llm.model`.
     OpenAi { base_url: String, model: String },
 }
@@ -208,6 +211,15 @@ impl ProviderSpec {
         }
         match spec.split_once(':') {
             Some(("replay", path)) if !path.trim().is_empty() => Ok(ProviderSpec::Replay(PathBuf::from(path.trim()))),
+            Some(("replay-inline", encoded)) => {
+                use base64::Engine as _;
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(encoded.trim())
+                    .map_err(|e| AgentError::BadSpec { spec: "replay-inline".into(), message: format!("not base64: {e}") })?;
+                let text = String::from_utf8(bytes)
+                    .map_err(|_| AgentError::BadSpec { spec: "replay-inline".into(), message: "the cassette is not UTF-8".into() })?;
+                Ok(ProviderSpec::ReplayInline(text))
+            }
             Some(("openai", rest)) => openai::parse_spec(spec, rest),
             _ => Err(AgentError::Unsupported(spec.to_owned())),
         }
@@ -224,6 +236,10 @@ impl ProviderSpec {
     pub fn to_spec_string(&self) -> String {
         match self {
             ProviderSpec::Replay(p) => format!("replay:{}", p.display()),
+            ProviderSpec::ReplayInline(text) => {
+                use base64::Engine as _;
+                format!("replay-inline:{}", base64::engine::general_purpose::STANDARD.encode(text))
+            }
             ProviderSpec::OpenAi { base_url, model } => openai::spec_string(base_url, model),
         }
     }
@@ -248,6 +264,7 @@ impl Providers {
     pub fn check(&self, spec: &ProviderSpec) -> Result<(), AgentError> {
         match spec {
             ProviderSpec::Replay(path) => ReplayProvider::load(path).map(|_| ()),
+            ProviderSpec::ReplayInline(text) => ReplayProvider::from_text("inline cassette", text).map(|_| ()),
             ProviderSpec::OpenAi { base_url, model } => self.openai(base_url, model).map(|_| ()),
         }
     }
@@ -258,6 +275,7 @@ impl Providers {
         }
         let provider: Arc<dyn Provider> = match ProviderSpec::parse(spec)? {
             ProviderSpec::Replay(path) => Arc::new(ReplayProvider::load(&path)?),
+            ProviderSpec::ReplayInline(text) => Arc::new(ReplayProvider::from_text("inline cassette", &text)?),
             ProviderSpec::OpenAi { base_url, model } => Arc::new(self.openai(&base_url, &model)?),
         };
         Ok(provider)

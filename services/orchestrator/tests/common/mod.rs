@@ -277,6 +277,20 @@ impl Stack {
         String::from_utf8(self.read(path).await.unwrap_or_else(|| panic!("{path} missing"))).unwrap()
     }
 
+    /// Reads `path` until it contains `needle` (snapshots are written just after the events
+    /// they reflect); panics after `secs`.
+    pub async fn wait_text(&self, path: &str, needle: &str, secs: u64) -> String {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+        loop {
+            let text = self.read(path).await.map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
+            if text.contains(needle) {
+                return text;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{path} never contained {needle:?}:\n{text}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Project files under `prefix` (recursive).
     pub async fn list(&self, prefix: &str) -> Vec<String> {
         list_files(&self.store, prefix).await
