@@ -18,6 +18,10 @@ chmod 711 "$WORK"  # the local backend runs bwrap as the sandbox user, which mus
 PIDS=()
 cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  # The runners remove their containers on SIGTERM; this only catches one that died first.
+  for name in cold warm local; do
+    docker ps -aq --filter "label=cairn.runner_id=bench-$name-$$" | xargs -r docker rm -f >/dev/null 2>&1 || true
+  done
   rm -rf "$WORK"
 }
 trap cleanup EXIT

@@ -57,7 +57,8 @@ impl ShortName {
     /// 6 characters, or fewer when `N` has more digits (`SSH~1`, `GNUPG~1`, `DOCKER~12`, `DOCKE~12`), or the
     /// hashed form Windows uses after `~4` (2 characters + 4 hex digits, `DO1A2B~1`).
     fn matches(&self, component: &str) -> bool {
-        if self.base.is_empty() {
+        // Most components have no `~`: answer before allocating anything.
+        if self.base.is_empty() || !component.contains('~') {
             return false;
         }
         let upper: Vec<char> = component.chars().flat_map(char::to_uppercase).collect();

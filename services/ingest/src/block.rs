@@ -130,8 +130,14 @@ pub fn parse(doc: &[u8], limits: &Limits, policy: &Policy) -> Vec<Block> {
         return vec![block];
     }
 
-    let mut blocks: Vec<Block> = fence::scan(doc)
+    // Entries beyond max_blocks are recorded one by one, but at most as many again: a document
+    // of tiny fences must not turn into a manifest and events hundreds of MB long.
+    let most = (limits.max_blocks as usize).saturating_mul(2).max(1);
+    let fenced = fence::scan_at_most(doc, most + 1);
+    let stopped = fenced.len() > most;
+    let mut blocks: Vec<Block> = fenced
         .into_iter()
+        .take(most)
         .enumerate()
         .map(|(i, f)| {
             let (lang, declared_file, header_problem) = match f.header {
@@ -193,8 +199,18 @@ pub fn parse(doc: &[u8], limits: &Limits, policy: &Policy) -> Vec<Block> {
         }
     }
 
+    if stopped {
+        if let Some(last) = blocks.last_mut() {
+            last.detail = format!(
+                "the document has more than {most} blocks (twice max_blocks = {}); it was not read further",
+                limits.max_blocks
+            );
+        }
+    }
+
     for (i, b) in blocks.iter_mut().enumerate() {
-        if b.status == BlockStatus::Rejected && b.reason == reason::TOO_MANY_BLOCKS {
+        // Not examined (beyond the limit), or no file was declared in the accepted form.
+        if b.reason == reason::TOO_MANY_BLOCKS || b.reason == reason::MALFORMED_HEADER {
             continue;
         }
         let path_check = check_path(&b.declared_file, policy);
@@ -303,14 +319,38 @@ mod tests {
     }
 
     #[test]
-    fn blocks_beyond_the_count_are_too_many() {
+    fn recording_stops_at_twice_the_block_limit() {
         let limits = Limits {
-            max_blocks: 1,
+            max_blocks: 2,
             ..Limits::default()
         };
-        let doc = b"```py file=a.py\n```\n```py file=b.py\n```\n```py path=c.py\n```\n";
+        let doc = "```py file=a.py\n```\n".repeat(10);
+        let blocks = parse(doc.as_bytes(), &limits, &Policy::new(vec![], vec![]));
+        let reasons: Vec<&str> = blocks.iter().map(|b| b.reason.as_str()).collect();
+        assert_eq!(
+            reasons,
+            ["superseded", "", "too_many_blocks", "too_many_blocks"]
+        );
+        assert!(
+            blocks[3].detail.contains("not read further"),
+            "{}",
+            blocks[3].detail
+        );
+        assert!(!blocks[2].detail.contains("not read further"));
+    }
+
+    #[test]
+    fn blocks_beyond_the_count_are_too_many() {
+        let limits = Limits {
+            max_blocks: 2,
+            ..Limits::default()
+        };
+        let doc = b"```py file=a.py\n```\n```py file=b.py\n```\n```py path=c.py\n```\n```py file=d.py\n```\n";
         let blocks = parse(doc, &limits, &Policy::new(vec![], vec![]));
         let reasons: Vec<&str> = blocks.iter().map(|b| b.reason.as_str()).collect();
-        assert_eq!(reasons, ["", "too_many_blocks", "too_many_blocks"]);
+        assert_eq!(reasons, ["", "", "too_many_blocks", "too_many_blocks"]);
+        assert!(blocks
+            .iter()
+            .all(|b| !b.detail.contains("not read further")));
     }
 }

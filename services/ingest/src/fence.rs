@@ -53,6 +53,12 @@ struct FenceLine<'a> {
 /// only its own character) and looks back at most 3 bytes for the line start. Content without
 /// fence characters is crossed at memchr speed; every other line is never looked at.
 pub fn scan(doc: &[u8]) -> Vec<Fenced> {
+    scan_at_most(doc, usize::MAX)
+}
+
+/// [`scan`], stopping once `most` fences are recorded and the last of them is closed (or the
+/// document ends).
+pub fn scan_at_most(doc: &[u8], most: usize) -> Vec<Fenced> {
     let mut found: Vec<Fenced> = Vec::new();
     let start = if doc.starts_with(BOM) { BOM.len() } else { 0 };
     // The fence we are inside, if any: (char, length, recorded entry index or None).
@@ -91,6 +97,9 @@ pub fn scan(doc: &[u8]) -> Vec<Fenced> {
             }
         }
         from = end;
+        if found.len() >= most && open.is_none() {
+            break;
+        }
     }
     found
 }

@@ -34,7 +34,12 @@ fn check(doc: &[u8], limits: &Limits) -> Result<(), TestCaseError> {
                     "one write per path"
                 );
             }
-            BlockStatus::Skipped | BlockStatus::Rejected => prop_assert!(!b.reason.is_empty()),
+            BlockStatus::Skipped | BlockStatus::Rejected => {
+                prop_assert!(!b.reason.is_empty());
+                if b.reason == "malformed_header" || b.reason == "too_many_blocks" {
+                    prop_assert_eq!(&b.workspace_path, "");
+                }
+            }
         }
     }
     let source = Source {

@@ -20,31 +20,38 @@ struct Proc {
 }
 
 async fn spawn(store_addr: &str) -> Proc {
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let addr = format!("127.0.0.1:{port}");
-    let child = Command::new(env!("CARGO_BIN_EXE_cairn-orchestrator"))
-        .args(["--listen", &addr, "--store-addr", store_addr, "--ingest-addr", "", "--set", "snapshot_interval_ms=50"])
-        .env_remove("CAIRN_ORCHESTRATOR_CONFIG")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let client = OrchestratorClient::new(channel(&addr).await);
-    // Wait until it answers.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let r = client.clone().get_run(GetRunRequest { project_id: PROJECT.into(), run_id: "none".into() }).await;
-        match r {
-            Err(e) if e.code() == tonic::Code::Unavailable && Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(50)).await
+    // A free port can be taken by someone else before the child binds it: then it exits (or
+    // something else answers) and we try another.
+    for _ in 0..5 {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let addr = format!("127.0.0.1:{port}");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_cairn-orchestrator"))
+            .args(["--listen", &addr, "--store-addr", store_addr, "--ingest-addr", "", "--set", "snapshot_interval_ms=50"])
+            .env_remove("CAIRN_ORCHESTRATOR_CONFIG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let client = OrchestratorClient::new(channel(&addr).await);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            // Our orchestrator answers NotFound for an unknown run; anything else is not it.
+            let r = client.clone().get_run(GetRunRequest { project_id: PROJECT.into(), run_id: "none".into() }).await;
+            match r {
+                Err(e) if e.code() == tonic::Code::NotFound => return Proc { child, client },
+                _ if child.try_wait().unwrap().is_some() || Instant::now() > deadline => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break;
+                }
+                _ => tokio::time::sleep(Duration::from_millis(50)).await,
             }
-            _ => break,
         }
     }
-    Proc { child, client }
+    panic!("the orchestrator process never answered");
 }
 
 async fn info(p: &Proc, run: &str) -> RunInfo {
@@ -79,7 +86,9 @@ fn chain_and_map(n_chain: usize, n_items: usize) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_dash_nine_mid_run_resumes_without_duplicates() {
-    let s = Stack::start(Options { ingest: false, ..Default::default() }).await;
+    // The in-process orchestrator of the stack must not resume this run too: one orchestrator
+    // drives a run (see docs/run-directory.md, "One orchestrator per store").
+    let s = Stack::start(Options { ingest: false, tweak: |c| c.resume_on_start = false, ..Default::default() }).await;
     let (n_chain, n_items) = (120, 150);
     let mut p = spawn(&s.store_addr).await;
     let run = p
@@ -146,7 +155,9 @@ async fn kill_dash_nine_mid_run_resumes_without_duplicates() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_dash_nine_at_a_gate_keeps_it_blocked_until_approved() {
-    let s = Stack::start(Options { ingest: false, ..Default::default() }).await;
+    // The in-process orchestrator of the stack must not resume this run too: one orchestrator
+    // drives a run (see docs/run-directory.md, "One orchestrator per store").
+    let s = Stack::start(Options { ingest: false, tweak: |c| c.resume_on_start = false, ..Default::default() }).await;
     let mut p = spawn(&s.store_addr).await;
     let graph = "nodes:\n  - {id: a, type: write_file, path: 'docs/{{run_id}}/a.txt', content: a}\n  - {id: g, type: gate, needs: [a]}\n  - {id: b, type: write_file, path: 'docs/{{run_id}}/b.txt', content: b, needs: [g]}\n";
     let run = p
