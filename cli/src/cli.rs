@@ -12,7 +12,12 @@ use clap::{Args, Parser, Subcommand};
 /// --data-root; with --addr (or CAIRN_ADDR) they talk to running services (`cairn up`,
 /// docker compose, Kubernetes).
 #[derive(Debug, Parser)]
-#[command(name = "cairn", version, propagate_version = true, max_term_width = 100)]
+#[command(
+    name = "cairn",
+    version,
+    propagate_version = true,
+    max_term_width = 100
+)]
 pub struct Cli {
     #[command(flatten)]
     pub global: Global,
@@ -26,13 +31,28 @@ pub struct Global {
     #[arg(long, global = true, env = "CAIRN_ADDR", value_name = "HOST:PORT")]
     pub addr: Option<String>,
     /// Address of the artifact-store when it is not at --addr.
-    #[arg(long, global = true, env = "CAIRN_STORE_ADDR", value_name = "HOST:PORT")]
+    #[arg(
+        long,
+        global = true,
+        env = "CAIRN_STORE_ADDR",
+        value_name = "HOST:PORT"
+    )]
     pub store_addr: Option<String>,
     /// Address of the ingest service when it is not at --addr.
-    #[arg(long, global = true, env = "CAIRN_INGEST_ADDR", value_name = "HOST:PORT")]
+    #[arg(
+        long,
+        global = true,
+        env = "CAIRN_INGEST_ADDR",
+        value_name = "HOST:PORT"
+    )]
     pub ingest_addr: Option<String>,
     /// Address of a sandbox-runner when it is not at --addr.
-    #[arg(long, global = true, env = "CAIRN_SANDBOX_ADDR", value_name = "HOST:PORT")]
+    #[arg(
+        long,
+        global = true,
+        env = "CAIRN_SANDBOX_ADDR",
+        value_name = "HOST:PORT"
+    )]
     pub sandbox_addr: Option<String>,
     /// Data directory of the embedded services (used when no address is given).
     #[arg(
@@ -44,7 +64,13 @@ pub struct Global {
     )]
     pub data_root: PathBuf,
     /// Project to act on.
-    #[arg(long, short = 'p', global = true, env = "CAIRN_PROJECT", default_value = "default")]
+    #[arg(
+        long,
+        short = 'p',
+        global = true,
+        env = "CAIRN_PROJECT",
+        default_value = "default"
+    )]
     pub project: String,
     /// Machine-readable JSON output on stdout.
     #[arg(long, global = true)]
@@ -180,7 +206,11 @@ pub struct SandboxRunArgs {
     #[arg(long, default_value = "python")]
     pub language: String,
     /// The program text.
-    #[arg(long, conflicts_with = "code_file", required_unless_present = "code_file")]
+    #[arg(
+        long,
+        conflicts_with = "code_file",
+        required_unless_present = "code_file"
+    )]
     pub code: Option<String>,
     /// Project path of the program to run (staged under /input like the inputs).
     #[arg(long, value_name = "PROJECT_PATH")]

@@ -78,12 +78,19 @@ impl Hosted {
 impl Services {
     /// Connects to --addr, or starts the services in this process.
     pub async fn open(global: &Global, needs: Needs) -> anyhow::Result<Services> {
-        let remote = [&global.addr, &global.store_addr, &global.ingest_addr, &global.sandbox_addr]
-            .iter()
-            .any(|a| a.is_some());
+        let remote = [
+            &global.addr,
+            &global.store_addr,
+            &global.ingest_addr,
+            &global.sandbox_addr,
+        ]
+        .iter()
+        .any(|a| a.is_some());
         if remote {
             let dial = |a: &Option<String>| -> anyhow::Result<Option<TracedChannel>> {
-                a.as_deref().map(|a| Ok(cairn_telemetry::traced(cairn_server::connect(a)?))).transpose()
+                a.as_deref()
+                    .map(|a| Ok(cairn_telemetry::traced(cairn_server::connect(a)?)))
+                    .transpose()
             };
             return Ok(Services {
                 channel: dial(&global.addr)?,
@@ -117,28 +124,38 @@ impl Services {
     }
 
     /// The channel of one service: its own address, else --addr.
-    fn channel_for(&self, own: &Option<TracedChannel>, flag: &str) -> anyhow::Result<TracedChannel> {
+    fn channel_for(
+        &self,
+        own: &Option<TracedChannel>,
+        flag: &str,
+    ) -> anyhow::Result<TracedChannel> {
         own.clone()
             .or_else(|| self.channel.clone())
             .ok_or_else(|| anyhow::anyhow!("no address for this service: give --addr or {flag}"))
     }
 
     pub fn store(&self) -> anyhow::Result<ArtifactStoreClient<TracedChannel>> {
-        Ok(ArtifactStoreClient::new(self.channel_for(&self.store, "--store-addr")?)
-            .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES))
+        Ok(
+            ArtifactStoreClient::new(self.channel_for(&self.store, "--store-addr")?)
+                .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES),
+        )
     }
 
     pub fn ingest(&self) -> anyhow::Result<IngestClient<TracedChannel>> {
-        Ok(IngestClient::new(self.channel_for(&self.ingest, "--ingest-addr")?)
-            .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES))
+        Ok(
+            IngestClient::new(self.channel_for(&self.ingest, "--ingest-addr")?)
+                .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES),
+        )
     }
 
     pub fn sandbox(&self) -> anyhow::Result<SandboxRunnerClient<TracedChannel>> {
-        Ok(SandboxRunnerClient::new(self.channel_for(&self.sandbox, "--sandbox-addr")?)
-            .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES))
+        Ok(
+            SandboxRunnerClient::new(self.channel_for(&self.sandbox, "--sandbox-addr")?)
+                .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES),
+        )
     }
 
     pub fn orchestrator(&self) -> anyhow::Result<OrchestratorClient<TracedChannel>> {
@@ -194,7 +211,11 @@ pub async fn host_all(data_root: &Path, self_addr: &str, needs: Needs) -> anyhow
         let config = cairn_orchestrator::Config {
             store_addr: self_addr.to_owned(),
             ingest_addr: self_addr.to_owned(),
-            sandbox_addrs: if needs.sandbox { vec![self_addr.to_owned()] } else { Vec::new() },
+            sandbox_addrs: if needs.sandbox {
+                vec![self_addr.to_owned()]
+            } else {
+                Vec::new()
+            },
             ..cairn_orchestrator::Config::default()
         };
         let (service, handle) = cairn_orchestrator::orchestrator_service(config)
@@ -203,5 +224,9 @@ pub async fn host_all(data_root: &Path, self_addr: &str, needs: Needs) -> anyhow
         host.add(service);
         orchestrator = Some(handle);
     }
-    Ok(Hosted { host, runner, orchestrator })
+    Ok(Hosted {
+        host,
+        runner,
+        orchestrator,
+    })
 }

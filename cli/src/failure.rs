@@ -8,7 +8,11 @@ pub fn report(e: &anyhow::Error) -> ExitCode {
     if let Some(status) = e.downcast_ref::<tonic::Status>() {
         let reason = cairn_proto::reason::of(status);
         match reason {
-            Some(r) => eprintln!("error: {} [{:?}, reason: {r}]", status.message(), status.code()),
+            Some(r) => eprintln!(
+                "error: {} [{:?}, reason: {r}]",
+                status.message(),
+                status.code()
+            ),
             None => eprintln!("error: {} [{:?}]", status.message(), status.code()),
         }
         if status.code() == tonic::Code::Unavailable {

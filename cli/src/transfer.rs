@@ -3,7 +3,9 @@
 
 use bytes::Bytes;
 use cairn_proto::v1::artifact_store_client::ArtifactStoreClient;
-use cairn_proto::v1::{get_response, put_request, FileInfo, GetRequest, PutHeader, PutRequest, PutResponse};
+use cairn_proto::v1::{
+    get_response, put_request, FileInfo, GetRequest, PutHeader, PutRequest, PutResponse,
+};
 use cairn_telemetry::TracedChannel;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_stream::wrappers::ReceiverStream;

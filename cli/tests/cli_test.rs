@@ -36,20 +36,36 @@ fn store_put_get_ls_stat_round_trip() {
         .success()
         .stdout(predicate::str::starts_with("unchanged"));
 
-    let out = cairn(&data).args(["store", "get", "docs/notes.md"]).output().unwrap();
+    let out = cairn(&data)
+        .args(["store", "get", "docs/notes.md"])
+        .output()
+        .unwrap();
     assert!(out.status.success());
     assert_eq!(out.stdout, std::fs::read(&local).unwrap());
 
     let back = dir.path().join("back.md");
-    cairn(&data).args(["store", "get", "docs/notes.md"]).arg(&back).assert().success();
-    assert_eq!(std::fs::read(&back).unwrap(), std::fs::read(&local).unwrap());
+    cairn(&data)
+        .args(["store", "get", "docs/notes.md"])
+        .arg(&back)
+        .assert()
+        .success();
+    assert_eq!(
+        std::fs::read(&back).unwrap(),
+        std::fs::read(&local).unwrap()
+    );
 
-    let out = cairn(&data).args(["--json", "store", "ls", "-r", "docs"]).output().unwrap();
+    let out = cairn(&data)
+        .args(["--json", "store", "ls", "-r", "docs"])
+        .output()
+        .unwrap();
     let listing: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(listing[0]["path"], "docs/notes.md");
     assert_eq!(listing[0]["size_bytes"], 21);
 
-    let out = cairn(&data).args(["--json", "store", "stat", "docs/notes.md"]).output().unwrap();
+    let out = cairn(&data)
+        .args(["--json", "store", "stat", "docs/notes.md"])
+        .output()
+        .unwrap();
     let stat: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(stat["kind"], "file");
     assert_eq!(stat["sha256"].as_str().unwrap().len(), 64);
@@ -63,7 +79,12 @@ fn refusals_exit_nonzero_with_the_reason_on_stderr() {
     let b = dir.path().join("b");
     std::fs::write(&a, b"a").unwrap();
     std::fs::write(&b, b"b").unwrap();
-    cairn(&data).args(["store", "put"]).arg(&a).arg("docs/x").assert().success();
+    cairn(&data)
+        .args(["store", "put"])
+        .arg(&a)
+        .arg("docs/x")
+        .assert()
+        .success();
     cairn(&data)
         .args(["store", "put"])
         .arg(&b)
@@ -87,7 +108,10 @@ fn refusals_exit_nonzero_with_the_reason_on_stderr() {
         .stderr(predicate::str::contains("reason: denied"));
     assert!(!dir.path().join("escape").exists());
     // The refused overwrite left the first bytes in place.
-    let out = cairn(&data).args(["store", "get", "docs/x"]).output().unwrap();
+    let out = cairn(&data)
+        .args(["store", "get", "docs/x"])
+        .output()
+        .unwrap();
     assert_eq!(out.stdout, b"a");
     cairn(&data)
         .args(["store", "get", "docs/missing"])
@@ -122,30 +146,59 @@ fn ingest_writes_blocks_and_prints_manifest_v1_json() {
         .args(["--run", "r1", "--node", "n1"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let manifest: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(manifest["version"], "1");
     assert_eq!(manifest["summary"]["written"], 1);
     assert_eq!(manifest["summary"]["rejected"], 1);
     assert_eq!(manifest["artifacts"][1]["reason"], "traversal");
-    let out = cairn(&data).args(["store", "get", "workspace/src/app.py"]).output().unwrap();
+    let out = cairn(&data)
+        .args(["store", "get", "workspace/src/app.py"])
+        .output()
+        .unwrap();
     assert_eq!(out.stdout, b"print('hi')\n");
-    let out = cairn(&data).args(["store", "get", ".cairn/runs/r1/ingest/n1.json"]).output().unwrap();
+    let out = cairn(&data)
+        .args(["store", "get", ".cairn/runs/r1/ingest/n1.json"])
+        .output()
+        .unwrap();
     let stored: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(stored, manifest, "the stored manifest is the printed one");
     // The run's events were appended and can be read back.
-    let out = cairn(&data).args(["--json", "store", "events", "r1"]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = cairn(&data)
+        .args(["--json", "store", "events", "r1"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let types: Vec<String> = String::from_utf8_lossy(&out.stdout)
         .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["type"].as_str().unwrap().to_owned())
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["type"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
         .collect();
     assert_eq!(types.first().map(String::as_str), Some("ingest.started"));
     assert_eq!(types.last().map(String::as_str), Some("ingest.completed"));
     // Dry run writes nothing.
     std::fs::write(&doc, "```python file=src/other.py\nx\n```\n").unwrap();
-    cairn(&data).args(["ingest", "--dry-run"]).arg(&doc).assert().success();
-    cairn(&data).args(["store", "stat", "workspace/src/other.py"]).assert().code(1);
+    cairn(&data)
+        .args(["ingest", "--dry-run"])
+        .arg(&doc)
+        .assert()
+        .success();
+    cairn(&data)
+        .args(["store", "stat", "workspace/src/other.py"])
+        .assert()
+        .code(1);
 }
 
 /// Docker or bubblewrap must be there for sandbox commands; CI (CAIRN_REQUIRE_DOCKER=1) insists.
@@ -158,7 +211,10 @@ fn sandbox_available() -> bool {
         assert!(docker, "CAIRN_REQUIRE_DOCKER=1 but Docker or the cairn-sandbox:latest image is missing (run scripts/setup.sh)");
         return true;
     }
-    let bwrap = std::process::Command::new("bwrap").arg("--version").output().is_ok_and(|o| o.status.success());
+    let bwrap = std::process::Command::new("bwrap")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
     if !docker && !bwrap {
         println!("SKIP: neither Docker with cairn-sandbox:latest nor bubblewrap is available");
     }
@@ -174,42 +230,95 @@ fn sandbox_run_stages_inputs_and_stores_outputs_and_result() {
     let data = dir.path().join("data");
     let csv = dir.path().join("data.csv");
     std::fs::write(&csv, "a,b\n1,2\n").unwrap();
-    cairn(&data).args(["store", "put"]).arg(&csv).arg("docs/input/data.csv").assert().success();
+    cairn(&data)
+        .args(["store", "put"])
+        .arg(&csv)
+        .arg("docs/input/data.csv")
+        .assert()
+        .success();
     let code = "d = open('/input/docs/input/data.csv').read()\nopen('/output/upper.txt', 'w').write(d.upper())\nprint('rows', d.count(chr(10)))";
     let out = cairn(&data)
-        .args(["--json", "sandbox", "run", "--language", "python", "--input", "docs/input/data.csv", "--run", "sb1", "--code", code])
+        .args([
+            "--json",
+            "sandbox",
+            "run",
+            "--language",
+            "python",
+            "--input",
+            "docs/input/data.csv",
+            "--run",
+            "sb1",
+            "--code",
+            code,
+        ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(summary["run_id"], "sb1");
     assert_eq!(summary["exit_code"], 0);
     assert_eq!(summary["stdout"], "rows 2\n");
-    assert_eq!(summary["written_files"][0]["path"], "docs/artifacts/sb1/upper.txt");
-    let out = cairn(&data).args(["store", "get", "docs/artifacts/sb1/upper.txt"]).output().unwrap();
+    assert_eq!(
+        summary["written_files"][0]["path"],
+        "docs/artifacts/sb1/upper.txt"
+    );
+    let out = cairn(&data)
+        .args(["store", "get", "docs/artifacts/sb1/upper.txt"])
+        .output()
+        .unwrap();
     assert_eq!(out.stdout, b"A,B\n1,2\n");
-    let out = cairn(&data).args(["store", "get", ".cairn/runs/sb1/sandbox/result.json"]).output().unwrap();
+    let out = cairn(&data)
+        .args(["store", "get", ".cairn/runs/sb1/sandbox/result.json"])
+        .output()
+        .unwrap();
     let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(result["exit_code"], 0);
-    let out = cairn(&data).args(["--json", "store", "events", "sb1"]).output().unwrap();
+    let out = cairn(&data)
+        .args(["--json", "store", "events", "sb1"])
+        .output()
+        .unwrap();
     let types: Vec<String> = String::from_utf8_lossy(&out.stdout)
         .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["type"].as_str().unwrap().to_owned())
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["type"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
         .collect();
     assert_eq!(types, ["sandbox_start", "sandbox_complete"]);
 
     // Failing code: exit 1, sandbox_failed recorded.
     cairn(&data)
-        .args(["sandbox", "run", "--language", "bash", "--run", "sb2", "--code", "echo oops >&2; exit 7"])
+        .args([
+            "sandbox",
+            "run",
+            "--language",
+            "bash",
+            "--run",
+            "sb2",
+            "--code",
+            "echo oops >&2; exit 7",
+        ])
         .assert()
         .code(1)
         .stdout(predicate::str::contains("exit_code: 7"));
-    let out = cairn(&data).args(["--json", "store", "events", "sb2"]).output().unwrap();
+    let out = cairn(&data)
+        .args(["--json", "store", "events", "sb2"])
+        .output()
+        .unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains("\"sandbox_failed\""));
 }
 
 fn repo_root() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 #[test]
@@ -227,37 +336,70 @@ fn the_example_runs_to_completion_through_a_gate() {
         .args(["--run-id", "r1"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("[input-required]"), "{stdout}");
     assert!(stdout.contains("cairn gate approve r1 approve"), "{stdout}");
     // The report is not there before the approval.
-    cairn(&data).args(["-p", "hello", "store", "stat", "docs/hello/r1/report.md"]).assert().code(1);
+    cairn(&data)
+        .args(["-p", "hello", "store", "stat", "docs/hello/r1/report.md"])
+        .assert()
+        .code(1);
 
     let out = cairn(&data)
-        .args(["-p", "hello", "--json", "gate", "approve", "r1", "approve", "--note", "tests look fine"])
+        .args([
+            "-p",
+            "hello",
+            "--json",
+            "gate",
+            "approve",
+            "r1",
+            "approve",
+            "--note",
+            "tests look fine",
+        ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let info: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(info["state"], "completed", "{info}");
     assert_eq!(info["gates"][0]["state"], "approved");
 
-    let report = cairn(&data).args(["-p", "hello", "store", "get", "docs/hello/r1/report.md"]).output().unwrap();
+    let report = cairn(&data)
+        .args(["-p", "hello", "store", "get", "docs/hello/r1/report.md"])
+        .output()
+        .unwrap();
     let report = String::from_utf8_lossy(&report.stdout);
     assert!(report.contains("tests look fine"), "{report}");
     assert!(report.contains("exit code 0"), "{report}");
     // Ingest turned the agent's fences into the workspace project the sandbox tested.
-    let greeter = cairn(&data).args(["-p", "hello", "store", "get", "workspace/hello/greeter.py"]).output().unwrap();
+    let greeter = cairn(&data)
+        .args(["-p", "hello", "store", "get", "workspace/hello/greeter.py"])
+        .output()
+        .unwrap();
     assert!(String::from_utf8_lossy(&greeter.stdout).contains("def greet"));
     // The approval is an event with who and the note.
-    let events = cairn(&data).args(["-p", "hello", "--json", "store", "events", "r1"]).output().unwrap();
+    let events = cairn(&data)
+        .args(["-p", "hello", "--json", "store", "events", "r1"])
+        .output()
+        .unwrap();
     let approved = String::from_utf8_lossy(&events.stdout)
         .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
         .find(|e| e["type"] == "gate.approved")
         .expect("gate.approved event");
-    assert!(approved["by"].as_str().is_some_and(|b| !b.is_empty()), "{approved}");
+    assert!(
+        approved["by"].as_str().is_some_and(|b| !b.is_empty()),
+        "{approved}"
+    );
 
     // --approve-gates runs straight through.
     let out = cairn(&data)
@@ -266,10 +408,25 @@ fn the_example_runs_to_completion_through_a_gate() {
         .args(["--run-id", "r2", "--approve-gates"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let info: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(info["state"], "completed");
-    let out = cairn(&data).args(["-p", "hello", "--json", "runs", "list", "--state", "completed"]).output().unwrap();
+    let out = cairn(&data)
+        .args([
+            "-p",
+            "hello",
+            "--json",
+            "runs",
+            "list",
+            "--state",
+            "completed",
+        ])
+        .output()
+        .unwrap();
     let runs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(runs.as_array().unwrap().len(), 2);
 }

@@ -19,7 +19,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     compiler.include_imports(true).include_source_info(true);
     compiler.open_files(PROTOS.iter().copied())?;
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
-    std::fs::write(out.join("cairn_descriptor.bin"), compiler.encode_file_descriptor_set())?;
+    std::fs::write(
+        out.join("cairn_descriptor.bin"),
+        compiler.encode_file_descriptor_set(),
+    )?;
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)

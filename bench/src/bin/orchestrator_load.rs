@@ -16,8 +16,8 @@ use anyhow::{bail, Context, Result};
 use cairn_proto::v1::artifact_store_client::ArtifactStoreClient;
 use cairn_proto::v1::orchestrator_client::OrchestratorClient;
 use cairn_proto::v1::{
-    put_request, AppendEventsRequest, EventInput, ListRequest, PageRequest, PutHeader, PutRequest, SubmitRunRequest,
-    WatchRunRequest,
+    put_request, AppendEventsRequest, EventInput, ListRequest, PageRequest, PutHeader, PutRequest,
+    SubmitRunRequest, WatchRunRequest,
 };
 use clap::Parser;
 use tonic::transport::{Channel, Endpoint};
@@ -180,7 +180,12 @@ async fn baseline(store: &mut ArtifactStoreClient<Channel>, n: usize) -> Result<
                     ..Default::default()
                 })),
             },
-            PutRequest { msg: Some(put_request::Msg::Chunk(bytes::Bytes::from(vec![b'x'; 4096]))) },
+            PutRequest {
+                msg: Some(put_request::Msg::Chunk(bytes::Bytes::from(vec![
+                    b'x';
+                    4096
+                ]))),
+            },
         ];
         store.put(tokio_stream::iter(msgs)).await?;
     }
@@ -191,7 +196,11 @@ async fn baseline(store: &mut ArtifactStoreClient<Channel>, n: usize) -> Result<
             .append_events(AppendEventsRequest {
                 project_id: PROJECT.into(),
                 run_id: format!("baseline-{}", std::process::id()),
-                events: vec![EventInput { r#type: "bench.tick".into(), data_json: "{}".into(), ..Default::default() }],
+                events: vec![EventInput {
+                    r#type: "bench.tick".into(),
+                    data_json: "{}".into(),
+                    ..Default::default()
+                }],
             })
             .await?;
     }

@@ -14,15 +14,31 @@ pub async fn run(global: &Global, args: HealthArgs) -> anyhow::Result<ExitCode> 
     };
     let mut client = HealthClient::new(cairn_server::connect(addr)?);
     let status = client
-        .check(HealthCheckRequest { service: args.service.clone() })
+        .check(HealthCheckRequest {
+            service: args.service.clone(),
+        })
         .await?
         .into_inner()
         .status();
     let serving = status == ServingStatus::Serving;
     if global.json {
-        crate::output::json(&serde_json::json!({"addr": addr, "service": args.service, "status": status.as_str_name()}))?;
+        crate::output::json(
+            &serde_json::json!({"addr": addr, "service": args.service, "status": status.as_str_name()}),
+        )?;
     } else {
-        println!("{addr} {}: {}", if args.service.is_empty() { "(server)" } else { &args.service }, status.as_str_name());
+        println!(
+            "{addr} {}: {}",
+            if args.service.is_empty() {
+                "(server)"
+            } else {
+                &args.service
+            },
+            status.as_str_name()
+        );
     }
-    Ok(if serving { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(if serving {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }

@@ -12,13 +12,19 @@ pub async fn run(global: &Global, args: IngestArgs) -> anyhow::Result<ExitCode> 
         .await
         .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", args.document.display()))?;
     let services = Services::open(global, Needs::default()).await?;
-    let run_id = args.run.clone().unwrap_or_else(|| format!("manual-{}", uuid::Uuid::now_v7()));
+    let run_id = args
+        .run
+        .clone()
+        .unwrap_or_else(|| format!("manual-{}", uuid::Uuid::now_v7()));
     let request = IngestRequest {
         project_id: global.project.clone(),
         run_id,
         node_id: args.node.clone(),
         mode: args.mode.clone(),
-        doc_path: args.doc_path.clone().unwrap_or_else(|| args.document.display().to_string()),
+        doc_path: args
+            .doc_path
+            .clone()
+            .unwrap_or_else(|| args.document.display().to_string()),
         content: content.into(),
         overwrite: args.overwrite,
         source_kind: "cli".into(),
@@ -44,7 +50,10 @@ fn print_table(r: &IngestResponse, dry_run: bool) {
         println!("ingest is disabled for this project/run: nothing was parsed or written");
         return;
     }
-    println!("{:>5}  {:<9} {:<20} {:>9}  {:<10} path", "index", "status", "reason", "bytes", "lang");
+    println!(
+        "{:>5}  {:<9} {:<20} {:>9}  {:<10} path",
+        "index", "status", "reason", "bytes", "lang"
+    );
     for a in &r.artifacts {
         let status = match a.status() {
             BlockStatus::Written if dry_run => "would-write",
@@ -53,8 +62,20 @@ fn print_table(r: &IngestResponse, dry_run: bool) {
             BlockStatus::Rejected => "rejected",
             BlockStatus::Unspecified => "?",
         };
-        let path = if a.workspace_path.is_empty() { &a.declared_file } else { &a.workspace_path };
-        println!("{:>5}  {:<9} {:<20} {:>9}  {:<10} {}", a.index, status, a.reason, a.bytes, a.lang, path.escape_debug());
+        let path = if a.workspace_path.is_empty() {
+            &a.declared_file
+        } else {
+            &a.workspace_path
+        };
+        println!(
+            "{:>5}  {:<9} {:<20} {:>9}  {:<10} {}",
+            a.index,
+            status,
+            a.reason,
+            a.bytes,
+            a.lang,
+            path.escape_debug()
+        );
     }
     if let Some(s) = &r.summary {
         println!(
@@ -63,10 +84,20 @@ fn print_table(r: &IngestResponse, dry_run: bool) {
             s.written,
             s.skipped,
             s.rejected,
-            if r.manifest_path.is_empty() { String::new() } else { format!("; manifest {}", r.manifest_path) }
+            if r.manifest_path.is_empty() {
+                String::new()
+            } else {
+                format!("; manifest {}", r.manifest_path)
+            }
         );
     }
     for e in &r.errors {
-        eprintln!("{}: {e}", r.level().as_str_name().trim_start_matches("LEVEL_").to_lowercase());
+        eprintln!(
+            "{}: {e}",
+            r.level()
+                .as_str_name()
+                .trim_start_matches("LEVEL_")
+                .to_lowercase()
+        );
     }
 }

@@ -8,8 +8,9 @@ use std::process::ExitCode;
 use anyhow::Context;
 use cairn_proto::v1::orchestrator_client::OrchestratorClient;
 use cairn_proto::v1::{
-    AddNoteRequest, GateDecisionRequest, GateState, GetRunRequest, ListRunsRequest, NodeState, PageRequest,
-    ReworkRequest, RunActionRequest, RunInfo, SubmitRunRequest, TaskState, WatchRunRequest,
+    AddNoteRequest, GateDecisionRequest, GateState, GetRunRequest, ListRunsRequest, NodeState,
+    PageRequest, ReworkRequest, RunActionRequest, RunInfo, SubmitRunRequest, TaskState,
+    WatchRunRequest,
 };
 use cairn_telemetry::TracedChannel;
 use serde_json::json;
@@ -22,11 +23,17 @@ use crate::output;
 type Client = OrchestratorClient<TracedChannel>;
 
 fn needs() -> Needs {
-    Needs { sandbox: true, orchestrator: true }
+    Needs {
+        sandbox: true,
+        orchestrator: true,
+    }
 }
 
 fn who() -> String {
-    std::env::var("USER").ok().filter(|u| !u.is_empty()).unwrap_or_else(|| "cli".into())
+    std::env::var("USER")
+        .ok()
+        .filter(|u| !u.is_empty())
+        .unwrap_or_else(|| "cli".into())
 }
 
 /// `cairn run GRAPH.yaml` / `cairn run --mode M --prompt P`.
@@ -46,13 +53,17 @@ pub async fn run(global: &Global, args: RunArgs) -> anyhow::Result<ExitCode> {
     }
     let mut vars = HashMap::new();
     for kv in &args.vars {
-        let (k, v) = kv.split_once('=').ok_or_else(|| anyhow::anyhow!("--var {kv:?}: expected KEY=VALUE"))?;
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("--var {kv:?}: expected KEY=VALUE"))?;
         vars.insert(k.trim().to_owned(), v.to_owned());
     }
     // A relative replay cassette is relative to where the user stands, not to the server.
     let mut llm = match args.llm.as_deref() {
         Some(spec) => match spec.strip_prefix("replay:") {
-            Some(path) if !Path::new(path).is_absolute() => format!("replay:{}", std::path::absolute(path)?.display()),
+            Some(path) if !Path::new(path).is_absolute() => {
+                format!("replay:{}", std::path::absolute(path)?.display())
+            }
             _ => spec.to_owned(),
         },
         None => String::new(),
@@ -62,7 +73,11 @@ pub async fn run(global: &Global, args: RunArgs) -> anyhow::Result<ExitCode> {
         let graph_llm = serde_saphyr::from_str::<serde_json::Value>(&graph_yaml)
             .ok()
             .and_then(|g| g.get("llm").and_then(|v| v.as_str()).map(str::to_owned));
-        let spec = if llm.is_empty() { graph_llm.unwrap_or_default() } else { llm.clone() };
+        let spec = if llm.is_empty() {
+            graph_llm.unwrap_or_default()
+        } else {
+            llm.clone()
+        };
         if let Some(path) = spec.strip_prefix("replay:") {
             let path = match &base_dir {
                 Some(dir) if !Path::new(path).is_absolute() && llm.is_empty() => dir.join(path),
@@ -72,7 +87,10 @@ pub async fn run(global: &Global, args: RunArgs) -> anyhow::Result<ExitCode> {
                 .await
                 .with_context(|| format!("cannot read the replay cassette {}", path.display()))?;
             use base64::Engine as _;
-            llm = format!("replay-inline:{}", base64::engine::general_purpose::STANDARD.encode(text));
+            llm = format!(
+                "replay-inline:{}",
+                base64::engine::general_purpose::STANDARD.encode(text)
+            );
         }
     }
     let services = Services::open(global, needs()).await?;
@@ -89,17 +107,30 @@ pub async fn run(global: &Global, args: RunArgs) -> anyhow::Result<ExitCode> {
                 prompt: args.prompt.clone().unwrap_or_default(),
                 by: who(),
                 llm,
-                base_dir: base_dir.as_ref().map(|d| d.display().to_string()).unwrap_or_default(),
+                base_dir: base_dir
+                    .as_ref()
+                    .map(|d| d.display().to_string())
+                    .unwrap_or_default(),
             })
             .await?
             .into_inner();
         if !global.json {
-            eprintln!("run {} submitted (project {})", info.run_id, info.project_id);
+            eprintln!(
+                "run {} submitted (project {})",
+                info.run_id, info.project_id
+            );
         }
         if args.detach && global.addr.is_some() {
             return finish(global, &info);
         }
-        let info = follow(global, &mut client, &info.project_id, &info.run_id, args.approve_gates).await?;
+        let info = follow(
+            global,
+            &mut client,
+            &info.project_id,
+            &info.run_id,
+            args.approve_gates,
+        )
+        .await?;
         finish(global, &info)
     }
     .await;
@@ -108,11 +139,22 @@ pub async fn run(global: &Global, args: RunArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Streams the run's events until it ends or waits for a human; approves gates when asked.
-async fn follow(global: &Global, client: &mut Client, project: &str, run_id: &str, approve_gates: bool) -> anyhow::Result<RunInfo> {
+async fn follow(
+    global: &Global,
+    client: &mut Client,
+    project: &str,
+    run_id: &str,
+    approve_gates: bool,
+) -> anyhow::Result<RunInfo> {
     let mut from_seq = 1;
     loop {
         let mut stream = client
-            .watch_run(WatchRunRequest { project_id: project.to_owned(), run_id: run_id.to_owned(), from_seq, follow_after_end: false })
+            .watch_run(WatchRunRequest {
+                project_id: project.to_owned(),
+                run_id: run_id.to_owned(),
+                from_seq,
+                follow_after_end: false,
+            })
             .await?
             .into_inner();
         let mut approved_any = false;
@@ -126,16 +168,23 @@ async fn follow(global: &Global, client: &mut Client, project: &str, run_id: &st
             if kind == "gate.blocked" || kind.starts_with("task.") {
                 let info = get(client, project, run_id).await?;
                 match info.state() {
-                    TaskState::Completed | TaskState::Failed | TaskState::Canceled => return Ok(info),
+                    TaskState::Completed | TaskState::Failed | TaskState::Canceled => {
+                        return Ok(info)
+                    }
                     TaskState::InputRequired if approve_gates => {
-                        for gate in info.gates.iter().filter(|g| g.state() == GateState::Blocked) {
+                        for gate in info
+                            .gates
+                            .iter()
+                            .filter(|g| g.state() == GateState::Blocked)
+                        {
                             client
                                 .approve_gate(GateDecisionRequest {
                                     project_id: project.to_owned(),
                                     run_id: run_id.to_owned(),
                                     gate_id: gate.id.clone(),
                                     by: who(),
-                                    note: "approved non-interactively (cairn run --approve-gates)".into(),
+                                    note: "approved non-interactively (cairn run --approve-gates)"
+                                        .into(),
                                 })
                                 .await?;
                             approved_any = true;
@@ -148,7 +197,15 @@ async fn follow(global: &Global, client: &mut Client, project: &str, run_id: &st
         }
         // The stream ended (run final) or we approved and keep watching.
         let info = get(client, project, run_id).await?;
-        if !approved_any && matches!(info.state(), TaskState::Completed | TaskState::Failed | TaskState::Canceled | TaskState::InputRequired) {
+        if !approved_any
+            && matches!(
+                info.state(),
+                TaskState::Completed
+                    | TaskState::Failed
+                    | TaskState::Canceled
+                    | TaskState::InputRequired
+            )
+        {
             return Ok(info);
         }
     }
@@ -158,7 +215,18 @@ fn print_event(e: &cairn_proto::v1::Event) {
     let data: serde_json::Value = serde_json::from_str(&e.data_json).unwrap_or_default();
     let detail = ["reason", "error", "path", "state", "note", "exit_code"]
         .iter()
-        .filter_map(|k| data.get(*k).filter(|v| !v.is_null() && v.as_str() != Some("")).map(|v| format!("{k}={}", v.as_str().map(str::to_owned).unwrap_or_else(|| v.to_string()))))
+        .filter_map(|k| {
+            data.get(*k)
+                .filter(|v| !v.is_null() && v.as_str() != Some(""))
+                .map(|v| {
+                    format!(
+                        "{k}={}",
+                        v.as_str()
+                            .map(str::to_owned)
+                            .unwrap_or_else(|| v.to_string())
+                    )
+                })
+        })
         .collect::<Vec<_>>()
         .join(" ");
     eprintln!("  {:>4} {:<26} {:<18} {detail}", e.seq, e.r#type, e.node_id);
@@ -166,7 +234,10 @@ fn print_event(e: &cairn_proto::v1::Event) {
 
 async fn get(client: &mut Client, project: &str, run_id: &str) -> anyhow::Result<RunInfo> {
     Ok(client
-        .get_run(GetRunRequest { project_id: project.to_owned(), run_id: run_id.to_owned() })
+        .get_run(GetRunRequest {
+            project_id: project.to_owned(),
+            run_id: run_id.to_owned(),
+        })
         .await?
         .into_inner())
 }
@@ -230,14 +301,34 @@ fn run_json(r: &RunInfo) -> serde_json::Value {
 
 fn print_run(r: &RunInfo) {
     println!("run {}  [{}]  {}", r.run_id, state_word(r.state()), r.title);
-    println!("  project {}  created {}  updated {}", r.project_id, r.created_at, r.updated_at);
-    println!("  run directory: {} (in project {})", r.run_dir, r.project_id);
+    println!(
+        "  project {}  created {}  updated {}",
+        r.project_id, r.created_at, r.updated_at
+    );
+    println!(
+        "  run directory: {} (in project {})",
+        r.run_dir, r.project_id
+    );
     for n in &r.nodes {
-        let err = if n.error.is_empty() { String::new() } else { format!("  error: {}", n.error) };
-        println!("  node {:<22} {:<12} {:<10}{err}", n.id, n.r#type, node_word(n.state()));
+        let err = if n.error.is_empty() {
+            String::new()
+        } else {
+            format!("  error: {}", n.error)
+        };
+        println!(
+            "  node {:<22} {:<12} {:<10}{err}",
+            n.id,
+            n.r#type,
+            node_word(n.state())
+        );
     }
     for g in &r.gates {
-        println!("  gate {:<22} {:<10} {}", g.id, gate_word(g.state()), g.reason);
+        println!(
+            "  gate {:<22} {:<10} {}",
+            g.id,
+            gate_word(g.state()),
+            g.reason
+        );
     }
     if !r.error.is_empty() {
         println!("  error: {}", r.error);
@@ -250,7 +341,11 @@ fn finish(global: &Global, info: &RunInfo) -> anyhow::Result<ExitCode> {
     } else {
         print_run(info);
         if info.state() == TaskState::InputRequired {
-            for g in info.gates.iter().filter(|g| g.state() == GateState::Blocked) {
+            for g in info
+                .gates
+                .iter()
+                .filter(|g| g.state() == GateState::Blocked)
+            {
                 println!(
                     "waiting for a human: cairn gate approve {} {} --note '...'   (or: cairn gate reject ...)",
                     info.run_id, g.id
@@ -273,9 +368,19 @@ pub async fn runs(global: &Global, cmd: RunsCommand) -> anyhow::Result<ExitCode>
     let result = async {
         match cmd {
             RunsCommand::List { state } => {
-                let states = state.iter().map(|s| parse_state(s)).collect::<anyhow::Result<Vec<_>>>()?;
+                let states = state
+                    .iter()
+                    .map(|s| parse_state(s))
+                    .collect::<anyhow::Result<Vec<_>>>()?;
                 let runs = client
-                    .list_runs(ListRunsRequest { project_id: project, states: states.into_iter().map(|s| s as i32).collect(), page: Some(PageRequest { page_size: 1000, page_token: String::new() }) })
+                    .list_runs(ListRunsRequest {
+                        project_id: project,
+                        states: states.into_iter().map(|s| s as i32).collect(),
+                        page: Some(PageRequest {
+                            page_size: 1000,
+                            page_token: String::new(),
+                        }),
+                    })
                     .await?
                     .into_inner()
                     .runs;
@@ -283,7 +388,13 @@ pub async fn runs(global: &Global, cmd: RunsCommand) -> anyhow::Result<ExitCode>
                     output::json(&runs.iter().map(run_json).collect::<Vec<_>>())?;
                 } else {
                     for r in &runs {
-                        println!("{:<40} {:<15} {}  {}", r.run_id, state_word(r.state()), r.created_at, r.title);
+                        println!(
+                            "{:<40} {:<15} {}  {}",
+                            r.run_id,
+                            state_word(r.state()),
+                            r.created_at,
+                            r.title
+                        );
                     }
                 }
                 Ok(ExitCode::SUCCESS)
@@ -295,26 +406,50 @@ pub async fn runs(global: &Global, cmd: RunsCommand) -> anyhow::Result<ExitCode>
             }
             RunsCommand::Cancel { run, reason } => {
                 let info = client
-                    .cancel_run(RunActionRequest { project_id: project, run_id: run, by: who(), reason: reason.unwrap_or_default() })
+                    .cancel_run(RunActionRequest {
+                        project_id: project,
+                        run_id: run,
+                        by: who(),
+                        reason: reason.unwrap_or_default(),
+                    })
                     .await?
                     .into_inner();
                 finish(global, &info)
             }
             RunsCommand::Resume { run } => {
                 let info = client
-                    .resume_run(RunActionRequest { project_id: project.clone(), run_id: run.clone(), by: who(), reason: String::new() })
+                    .resume_run(RunActionRequest {
+                        project_id: project.clone(),
+                        run_id: run.clone(),
+                        by: who(),
+                        reason: String::new(),
+                    })
                     .await?
                     .into_inner();
                 // Embedded services stop with this process: stay until the run ends or waits.
-                let info = if embedded { follow(global, &mut client, &project, &run, false).await? } else { info };
+                let info = if embedded {
+                    follow(global, &mut client, &project, &run, false).await?
+                } else {
+                    info
+                };
                 finish(global, &info)
             }
             RunsCommand::Rework { run, node, note } => {
                 let info = client
-                    .request_rework(ReworkRequest { project_id: project.clone(), run_id: run.clone(), node_id: node, by: who(), note: note.unwrap_or_default() })
+                    .request_rework(ReworkRequest {
+                        project_id: project.clone(),
+                        run_id: run.clone(),
+                        node_id: node,
+                        by: who(),
+                        note: note.unwrap_or_default(),
+                    })
                     .await?
                     .into_inner();
-                let info = if embedded { follow(global, &mut client, &project, &run, false).await? } else { info };
+                let info = if embedded {
+                    follow(global, &mut client, &project, &run, false).await?
+                } else {
+                    info
+                };
                 finish(global, &info)
             }
         }
@@ -346,9 +481,24 @@ pub async fn gate(global: &Global, cmd: GateCommand) -> anyhow::Result<ExitCode>
             GateCommand::Approve { run, gate, note } => (true, run, gate, note),
             GateCommand::Reject { run, gate, note } => (false, run, gate, note),
         };
-        let request = GateDecisionRequest { project_id: project.clone(), run_id: run.clone(), gate_id: gate, by: who(), note: note.unwrap_or_default() };
-        let info = if approve { client.approve_gate(request).await? } else { client.reject_gate(request).await? }.into_inner();
-        let info = if global.addr.is_none() { follow(global, &mut client, &project, &run, false).await? } else { info };
+        let request = GateDecisionRequest {
+            project_id: project.clone(),
+            run_id: run.clone(),
+            gate_id: gate,
+            by: who(),
+            note: note.unwrap_or_default(),
+        };
+        let info = if approve {
+            client.approve_gate(request).await?
+        } else {
+            client.reject_gate(request).await?
+        }
+        .into_inner();
+        let info = if global.addr.is_none() {
+            follow(global, &mut client, &project, &run, false).await?
+        } else {
+            info
+        };
         finish(global, &info)
     }
     .await;
@@ -364,7 +514,12 @@ pub async fn notes(global: &Global, cmd: NotesCommand) -> anyhow::Result<ExitCod
         match cmd {
             NotesCommand::Add { run, text } => {
                 let r = client
-                    .add_note(AddNoteRequest { project_id: global.project.clone(), run_id: run, by: who(), text })
+                    .add_note(AddNoteRequest {
+                        project_id: global.project.clone(),
+                        run_id: run,
+                        by: who(),
+                        text,
+                    })
                     .await?
                     .into_inner();
                 if global.json {

@@ -17,7 +17,14 @@ use crate::{output, transfer};
 pub async fn run(global: &Global, cmd: SandboxCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         SandboxCommand::Run(args) => {
-            let services = Services::open(global, Needs { sandbox: true, ..Needs::default() }).await?;
+            let services = Services::open(
+                global,
+                Needs {
+                    sandbox: true,
+                    ..Needs::default()
+                },
+            )
+            .await?;
             let result = sandbox_run(global, &services, args).await;
             services.close().await?;
             result
@@ -25,9 +32,16 @@ pub async fn run(global: &Global, cmd: SandboxCommand) -> anyhow::Result<ExitCod
     }
 }
 
-async fn sandbox_run(global: &Global, services: &Services, args: SandboxRunArgs) -> anyhow::Result<ExitCode> {
+async fn sandbox_run(
+    global: &Global,
+    services: &Services,
+    args: SandboxRunArgs,
+) -> anyhow::Result<ExitCode> {
     let project = global.project.clone();
-    let run_id = args.run.clone().unwrap_or_else(|| format!("sandbox-{}", uuid::Uuid::now_v7()));
+    let run_id = args
+        .run
+        .clone()
+        .unwrap_or_else(|| format!("sandbox-{}", uuid::Uuid::now_v7()));
     let output_prefix = args
         .output_prefix
         .clone()
@@ -70,7 +84,15 @@ async fn sandbox_run(global: &Global, services: &Services, args: SandboxRunArgs)
     let result = match services.sandbox()?.run(request).await {
         Ok(r) => r.into_inner(),
         Err(status) => {
-            append(&mut store, &project, &run_id, "sandbox_failed", Level::Error, json!({"error": status.message()})).await?;
+            append(
+                &mut store,
+                &project,
+                &run_id,
+                "sandbox_failed",
+                Level::Error,
+                json!({"error": status.message()}),
+            )
+            .await?;
             return Err(status.into());
         }
     };
@@ -91,7 +113,9 @@ async fn sandbox_run(global: &Global, services: &Services, args: SandboxRunArgs)
         };
         let body = std::io::Cursor::new(file.content.to_vec());
         match transfer::put(&mut store, header, body).await {
-            Ok(r) => written.push(json!({"path": r.path, "size_bytes": file.size_bytes, "sha256": file.sha256})),
+            Ok(r) => written.push(
+                json!({"path": r.path, "size_bytes": file.size_bytes, "sha256": file.sha256}),
+            ),
             Err(e) => refused.push(json!({"path": file.path, "error": format!("{e:#}")})),
         }
     }
@@ -107,9 +131,13 @@ async fn sandbox_run(global: &Global, services: &Services, args: SandboxRunArgs)
         create_project: true,
         ..Default::default()
     };
-    transfer::put(&mut store, header, std::io::Cursor::new(result.result_json.clone().into_bytes()))
-        .await
-        .context("storing result.json")?;
+    transfer::put(
+        &mut store,
+        header,
+        std::io::Cursor::new(result.result_json.clone().into_bytes()),
+    )
+    .await
+    .context("storing result.json")?;
     let ok = result.exit_code == 0 && !result.timed_out && !result.oom_killed;
     let summary = summary(&run_id, &result, &written, &refused, &result_path);
     append(
@@ -127,10 +155,20 @@ async fn sandbox_run(global: &Global, services: &Services, args: SandboxRunArgs)
     } else {
         print!("{}", serde_saphyr::to_string(&summary)?);
     }
-    Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
-fn summary(run_id: &str, r: &RunResult, written: &[serde_json::Value], refused: &[serde_json::Value], result_path: &str) -> serde_json::Value {
+fn summary(
+    run_id: &str,
+    r: &RunResult,
+    written: &[serde_json::Value],
+    refused: &[serde_json::Value],
+    result_path: &str,
+) -> serde_json::Value {
     json!({
         "run_id": run_id,
         "backend": r.backend,
@@ -149,20 +187,32 @@ fn summary(run_id: &str, r: &RunResult, written: &[serde_json::Value], refused: 
 }
 
 async fn read_project_file(
-    store: &mut cairn_proto::v1::artifact_store_client::ArtifactStoreClient<cairn_telemetry::TracedChannel>,
+    store: &mut cairn_proto::v1::artifact_store_client::ArtifactStoreClient<
+        cairn_telemetry::TracedChannel,
+    >,
     project: &str,
     path: &str,
 ) -> anyhow::Result<FileContent> {
     let mut content = Vec::new();
-    let request = GetRequest { project_id: project.to_owned(), path: path.to_owned(), offset: 0, length: 0 };
+    let request = GetRequest {
+        project_id: project.to_owned(),
+        path: path.to_owned(),
+        offset: 0,
+        length: 0,
+    };
     transfer::get(store, request, &mut content)
         .await
         .with_context(|| format!("reading input {path:?} from project {project:?} (inputs are project paths: `cairn store put` them first)"))?;
-    Ok(FileContent { path: path.to_owned(), content: content.into() })
+    Ok(FileContent {
+        path: path.to_owned(),
+        content: content.into(),
+    })
 }
 
 async fn append(
-    store: &mut cairn_proto::v1::artifact_store_client::ArtifactStoreClient<cairn_telemetry::TracedChannel>,
+    store: &mut cairn_proto::v1::artifact_store_client::ArtifactStoreClient<
+        cairn_telemetry::TracedChannel,
+    >,
     project: &str,
     run_id: &str,
     kind: &str,
@@ -173,7 +223,12 @@ async fn append(
         .append_events(cairn_proto::v1::AppendEventsRequest {
             project_id: project.to_owned(),
             run_id: run_id.to_owned(),
-            events: vec![EventInput { r#type: kind.to_owned(), node_id: "cli".into(), level: level as i32, data_json: data.to_string() }],
+            events: vec![EventInput {
+                r#type: kind.to_owned(),
+                node_id: "cli".into(),
+                level: level as i32,
+                data_json: data.to_string(),
+            }],
         })
         .await
         .with_context(|| format!("appending {kind} to run {run_id}"))?;

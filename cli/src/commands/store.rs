@@ -2,7 +2,10 @@
 
 use std::process::ExitCode;
 
-use cairn_proto::v1::{EntryKind, FileInfo, GetRequest, ListRequest, PageRequest, PutHeader, ReadEventsRequest, StatRequest, WriteOutcome};
+use cairn_proto::v1::{
+    EntryKind, FileInfo, GetRequest, ListRequest, PageRequest, PutHeader, ReadEventsRequest,
+    StatRequest, WriteOutcome,
+};
 use serde_json::json;
 use tokio_stream::StreamExt;
 
@@ -17,11 +20,20 @@ pub async fn run(global: &Global, cmd: StoreCommand) -> anyhow::Result<ExitCode>
     result
 }
 
-async fn run_with(global: &Global, services: &Services, cmd: StoreCommand) -> anyhow::Result<ExitCode> {
+async fn run_with(
+    global: &Global,
+    services: &Services,
+    cmd: StoreCommand,
+) -> anyhow::Result<ExitCode> {
     let mut store = services.store()?;
     let project = global.project.clone();
     match cmd {
-        StoreCommand::Put { local, path, overwrite, sha256 } => {
+        StoreCommand::Put {
+            local,
+            path,
+            overwrite,
+            sha256,
+        } => {
             let header = PutHeader {
                 project_id: project,
                 path,
@@ -41,13 +53,30 @@ async fn run_with(global: &Global, services: &Services, cmd: StoreCommand) -> an
             let outcome = outcome_word(response.outcome());
             let digest = response.digest.unwrap_or_default();
             if global.json {
-                output::json(&json!({"path": response.path, "sha256": digest.sha256, "size_bytes": digest.size_bytes, "outcome": outcome}))?;
+                output::json(
+                    &json!({"path": response.path, "sha256": digest.sha256, "size_bytes": digest.size_bytes, "outcome": outcome}),
+                )?;
             } else {
-                println!("{outcome} {} ({}, sha256 {})", response.path, output::bytes(digest.size_bytes), digest.sha256);
+                println!(
+                    "{outcome} {} ({}, sha256 {})",
+                    response.path,
+                    output::bytes(digest.size_bytes),
+                    digest.sha256
+                );
             }
         }
-        StoreCommand::Get { path, local, offset, length } => {
-            let request = GetRequest { project_id: project, path, offset, length };
+        StoreCommand::Get {
+            path,
+            local,
+            offset,
+            length,
+        } => {
+            let request = GetRequest {
+                project_id: project,
+                path,
+                offset,
+                length,
+            };
             match local.filter(|l| l.as_os_str() != "-") {
                 Some(local) => {
                     // Download beside the target, then rename: a failed download leaves no partial file.
@@ -68,7 +97,12 @@ async fn run_with(global: &Global, services: &Services, cmd: StoreCommand) -> an
                     if global.json {
                         output::json(&file_json(&info))?;
                     } else {
-                        eprintln!("{} -> {} ({})", info.path, local.display(), output::bytes(info.size_bytes));
+                        eprintln!(
+                            "{} -> {} ({})",
+                            info.path,
+                            local.display(),
+                            output::bytes(info.size_bytes)
+                        );
                     }
                 }
                 None => {
@@ -85,14 +119,29 @@ async fn run_with(global: &Global, services: &Services, cmd: StoreCommand) -> an
                         project_id: project.clone(),
                         prefix: prefix.clone(),
                         recursive,
-                        page: Some(PageRequest { page_size: 1000, page_token: token }),
+                        page: Some(PageRequest {
+                            page_size: 1000,
+                            page_token: token,
+                        }),
                     })
                     .await?
                     .into_inner();
                 for entry in &page.entries {
                     if !global.json {
-                        let kind = if entry.kind() == EntryKind::Directory { "dir " } else { "file" };
-                        println!("{kind} {:>10}  {}", if entry.kind() == EntryKind::File { output::bytes(entry.size_bytes) } else { String::new() }, entry.path);
+                        let kind = if entry.kind() == EntryKind::Directory {
+                            "dir "
+                        } else {
+                            "file"
+                        };
+                        println!(
+                            "{kind} {:>10}  {}",
+                            if entry.kind() == EntryKind::File {
+                                output::bytes(entry.size_bytes)
+                            } else {
+                                String::new()
+                            },
+                            entry.path
+                        );
                     }
                 }
                 all.extend(page.entries);
@@ -107,18 +156,35 @@ async fn run_with(global: &Global, services: &Services, cmd: StoreCommand) -> an
         }
         StoreCommand::Stat { path } => {
             let info = store
-                .stat(StatRequest { project_id: project, path, include_sha256: true })
+                .stat(StatRequest {
+                    project_id: project,
+                    path,
+                    include_sha256: true,
+                })
                 .await?
                 .into_inner();
             if global.json {
                 output::json(&file_json(&info))?;
             } else {
-                println!("{}  {}  {}  sha256 {}  modified {}", info.path, kind_word(info.kind()), output::bytes(info.size_bytes), info.sha256, info.modified_at);
+                println!(
+                    "{}  {}  {}  sha256 {}  modified {}",
+                    info.path,
+                    kind_word(info.kind()),
+                    output::bytes(info.size_bytes),
+                    info.sha256,
+                    info.modified_at
+                );
             }
         }
         StoreCommand::Events { run, from, follow } => {
             let mut stream = store
-                .read_events(ReadEventsRequest { project_id: project, run_id: run, from_seq: from, follow, limit: 0 })
+                .read_events(ReadEventsRequest {
+                    project_id: project,
+                    run_id: run,
+                    from_seq: from,
+                    follow,
+                    limit: 0,
+                })
                 .await?
                 .into_inner();
             loop {
@@ -131,7 +197,10 @@ async fn run_with(global: &Global, services: &Services, cmd: StoreCommand) -> an
                 if global.json {
                     println!("{}", event.line_json);
                 } else {
-                    println!("{:>5} {} {:<28} {} {}", event.seq, event.ts, event.r#type, event.node_id, event.data_json);
+                    println!(
+                        "{:>5} {} {:<28} {} {}",
+                        event.seq, event.ts, event.r#type, event.node_id, event.data_json
+                    );
                 }
             }
         }

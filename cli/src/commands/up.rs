@@ -12,7 +12,15 @@ use crate::embedded;
 pub async fn run(global: &Global, args: UpArgs) -> anyhow::Result<ExitCode> {
     let listener = cairn_server::bind(&args.listen).await?;
     let addr = listener.local_addr()?.to_string();
-    let hosted = embedded::host_all(&global.data_root, &addr, embedded::Needs { sandbox: true, orchestrator: true }).await?;
+    let hosted = embedded::host_all(
+        &global.data_root,
+        &addr,
+        embedded::Needs {
+            sandbox: true,
+            orchestrator: true,
+        },
+    )
+    .await?;
     eprintln!(
         "cairn is up on {addr} (data root {}); use CAIRN_ADDR={addr} with other cairn commands. Ctrl-C stops.",
         global.data_root.display()
@@ -24,7 +32,10 @@ pub async fn run(global: &Global, args: UpArgs) -> anyhow::Result<ExitCode> {
     if !args.no_console {
         let config = ConsoleConfig {
             enabled: true,
-            listen: args.console_listen.parse().with_context(|| format!("--console-listen {:?}", args.console_listen))?,
+            listen: args
+                .console_listen
+                .parse()
+                .with_context(|| format!("--console-listen {:?}", args.console_listen))?,
             orchestrator_addr: addr.clone(),
             store_addr: addr.clone(),
             token: args.console_token.clone().filter(|t| !t.is_empty()),
@@ -32,11 +43,18 @@ pub async fn run(global: &Global, args: UpArgs) -> anyhow::Result<ExitCode> {
             ..ConsoleConfig::default()
         };
         let console_listener = cairn_server::bind(&args.console_listen).await?;
-        eprintln!("web console: {}", console_url(console_listener.local_addr()?));
+        eprintln!(
+            "web console: {}",
+            console_url(console_listener.local_addr()?)
+        );
         let mut rx = stopped.clone();
-        console = Some(tokio::spawn(serve_console(config, console_listener, async move {
-            let _ = rx.wait_for(|s| *s).await;
-        })));
+        console = Some(tokio::spawn(serve_console(
+            config,
+            console_listener,
+            async move {
+                let _ = rx.wait_for(|s| *s).await;
+            },
+        )));
     }
     let mut rx = stopped.clone();
     let served = hosted.serve(listener, async move {
@@ -48,7 +66,10 @@ pub async fn run(global: &Global, args: UpArgs) -> anyhow::Result<ExitCode> {
     let result = served.await;
     let _ = stop.send(true);
     if let Some(console) = console {
-        console.await.context("the console task failed")?.context("the console failed")?;
+        console
+            .await
+            .context("the console task failed")?
+            .context("the console failed")?;
     }
     result?;
     eprintln!("cairn stopped");

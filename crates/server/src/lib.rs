@@ -70,9 +70,13 @@ impl Host {
     ) -> Result<(), Error> {
         let (reporter, health) = tonic_health::server::health_reporter();
         for name in &self.names {
-            reporter.set_service_status(*name, ServingStatus::Serving).await;
+            reporter
+                .set_service_status(*name, ServingStatus::Serving)
+                .await;
         }
-        reporter.set_service_status("", ServingStatus::Serving).await;
+        reporter
+            .set_service_status("", ServingStatus::Serving)
+            .await;
         let reflection_v1 = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(cairn_proto::FILE_DESCRIPTOR_SET)
             .build_v1()
@@ -92,9 +96,13 @@ impl Host {
             shutdown.await;
             tracing::info!("shutting down: finishing in-flight calls");
             for name in &names {
-                reporter.set_service_status(*name, ServingStatus::NotServing).await;
+                reporter
+                    .set_service_status(*name, ServingStatus::NotServing)
+                    .await;
             }
-            reporter.set_service_status("", ServingStatus::NotServing).await;
+            reporter
+                .set_service_status("", ServingStatus::NotServing)
+                .await;
         };
         tonic::transport::Server::builder()
             .tcp_nodelay(true)

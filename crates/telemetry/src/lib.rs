@@ -59,7 +59,9 @@ pub fn init(service_name: &str) -> Guard {
 pub fn init_with_level(service_name: &str, default_level: &str) -> Guard {
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        EnvFilter::new(format!("{default_level},h2=warn,hyper=warn,tower=warn,bollard=warn"))
+        EnvFilter::new(format!(
+            "{default_level},h2=warn,hyper=warn,tower=warn,bollard=warn"
+        ))
     });
     let fmt = if env::var("CAIRN_LOG_FORMAT").as_deref() == Ok("json") {
         tracing_subscriber::fmt::layer()
@@ -73,7 +75,9 @@ pub fn init_with_level(service_name: &str, default_level: &str) -> Guard {
             .with_writer(std::io::stderr)
             .boxed()
     };
-    let provider = otlp_enabled().then(|| build_provider(service_name)).flatten();
+    let provider = otlp_enabled()
+        .then(|| build_provider(service_name))
+        .flatten();
     let otel = provider.as_ref().map(|p| {
         tracing_opentelemetry::layer()
             .with_tracer(p.tracer("cairn"))
@@ -87,7 +91,9 @@ pub fn init_with_level(service_name: &str, default_level: &str) -> Guard {
         .is_ok();
     match &provider {
         Some(_) if installed => tracing::info!(service = service_name, "OTLP trace export on"),
-        Some(_) => tracing::warn!("a tracing subscriber was already installed; OTLP export not attached"),
+        Some(_) => {
+            tracing::warn!("a tracing subscriber was already installed; OTLP export not attached")
+        }
         None => {}
     }
     Guard {
@@ -103,7 +109,10 @@ fn otlp_enabled() -> bool {
 }
 
 fn build_provider(service_name: &str) -> Option<SdkTracerProvider> {
-    let exporter = match opentelemetry_otlp::SpanExporter::builder().with_tonic().build() {
+    let exporter = match opentelemetry_otlp::SpanExporter::builder()
+        .with_tonic()
+        .build()
+    {
         Ok(e) => e,
         Err(e) => {
             eprintln!("cairn: OTLP exporter not started: {e}");
@@ -149,7 +158,9 @@ impl Extractor for HeaderExtractor<'_> {
 
 /// Client interceptor: writes the current span's W3C `traceparent`/`tracestate` into the
 /// request metadata, so the callee's spans join the caller's trace.
-pub fn inject_context(mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+pub fn inject_context(
+    mut request: tonic::Request<()>,
+) -> Result<tonic::Request<()>, tonic::Status> {
     let cx = Span::current().context();
     opentelemetry::global::get_text_map_propagator(|p| {
         p.inject_context(&cx, &mut MetadataInjector(request.metadata_mut()))

@@ -30,7 +30,9 @@ async fn server_span_joins_the_callers_trace() {
 
     let mut client = HealthClient::new(traced(cairn_server::connect(&addr).unwrap()));
     let status = client
-        .check(HealthCheckRequest { service: String::new() })
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
         .instrument(tracing::info_span!("client.call"))
         .await
         .unwrap();
@@ -41,17 +43,29 @@ async fn server_span_joins_the_callers_trace() {
     let _ = provider.force_flush();
 
     let spans = exporter.get_finished_spans().unwrap();
-    let client = spans.iter().find(|s| s.name == "client.call").expect("client span exported");
+    let client = spans
+        .iter()
+        .find(|s| s.name == "client.call")
+        .expect("client span exported");
     let server = spans
         .iter()
         .find(|s| s.name.contains("grpc.health.v1.Health/Check"))
-        .unwrap_or_else(|| panic!("server span exported; got {:?}", spans.iter().map(|s| &s.name).collect::<Vec<_>>()));
+        .unwrap_or_else(|| {
+            panic!(
+                "server span exported; got {:?}",
+                spans.iter().map(|s| &s.name).collect::<Vec<_>>()
+            )
+        });
     assert_eq!(
         server.span_context.trace_id(),
         client.span_context.trace_id(),
         "one call, one trace"
     );
-    assert_eq!(server.parent_span_id, client.span_context.span_id(), "server span is the client's child");
+    assert_eq!(
+        server.parent_span_id,
+        client.span_context.span_id(),
+        "server span is the client's child"
+    );
 }
 
 #[test]

@@ -147,7 +147,8 @@ impl Config {
             Some(path) => {
                 let text = std::fs::read_to_string(path)
                     .map_err(|e| Error::Config(format!("cannot read {}: {e}", path.display())))?;
-                toml::from_str::<toml::Table>(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))?
+                toml::from_str::<toml::Table>(&text)
+                    .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?
             }
             None => toml::Table::new(),
         };
@@ -157,7 +158,9 @@ impl Config {
                     .map_err(|e| Error::Config(format!("environment variable {key}: {e}")))?;
             }
         }
-        let config: Config = table.try_into().map_err(|e: toml::de::Error| Error::Config(e.to_string()))?;
+        let config: Config = table
+            .try_into()
+            .map_err(|e: toml::de::Error| Error::Config(e.to_string()))?;
         config.check()?;
         Ok(config)
     }
@@ -166,19 +169,27 @@ impl Config {
     pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
         let mut table = toml::Table::try_from(&*self).map_err(|e| Error::Config(e.to_string()))?;
         set_key(&mut table, key, value).map_err(Error::Config)?;
-        *self = table.try_into().map_err(|e: toml::de::Error| Error::Config(e.to_string()))?;
+        *self = table
+            .try_into()
+            .map_err(|e: toml::de::Error| Error::Config(e.to_string()))?;
         self.check()
     }
 
     pub fn check(&self) -> Result<()> {
         if self.store_addr.trim().is_empty() {
-            return Err(Error::Config("store_addr is required (the artifact-store's address)".into()));
+            return Err(Error::Config(
+                "store_addr is required (the artifact-store's address)".into(),
+            ));
         }
         if self.max_parallel_runs == 0 || self.max_parallel_nodes == 0 {
-            return Err(Error::Config("max_parallel_runs and max_parallel_nodes must be at least 1".into()));
+            return Err(Error::Config(
+                "max_parallel_runs and max_parallel_nodes must be at least 1".into(),
+            ));
         }
         if self.retry.max_attempts == 0 {
-            return Err(Error::Config("retry.max_attempts must be at least 1".into()));
+            return Err(Error::Config(
+                "retry.max_attempts must be at least 1".into(),
+            ));
         }
         Ok(())
     }
@@ -192,7 +203,9 @@ fn set_key(table: &mut toml::Table, key: &str, value: &str) -> std::result::Resu
     let (section, field) = match key.split_once('.') {
         Some((s, f)) => (Some(s.to_owned()), f.to_owned()),
         None => match key.strip_prefix("retry_") {
-            Some(f) if defaults.get("retry").and_then(|r| r.get(f)).is_some() => (Some("retry".into()), f.to_owned()),
+            Some(f) if defaults.get("retry").and_then(|r| r.get(f)).is_some() => {
+                (Some("retry".into()), f.to_owned())
+            }
             _ => (None, key.clone()),
         },
     };
@@ -209,18 +222,33 @@ fn set_key(table: &mut toml::Table, key: &str, value: &str) -> std::result::Resu
             "0" | "false" | "no" | "off" => false,
             other => return Err(format!("`{other}` is not a boolean")),
         }),
-        toml::Value::Integer(_) => {
-            toml::Value::Integer(value.trim().parse().map_err(|_| format!("`{value}` is not an integer"))?)
-        }
-        toml::Value::Float(_) => toml::Value::Float(value.trim().parse().map_err(|_| format!("`{value}` is not a number"))?),
+        toml::Value::Integer(_) => toml::Value::Integer(
+            value
+                .trim()
+                .parse()
+                .map_err(|_| format!("`{value}` is not an integer"))?,
+        ),
+        toml::Value::Float(_) => toml::Value::Float(
+            value
+                .trim()
+                .parse()
+                .map_err(|_| format!("`{value}` is not a number"))?,
+        ),
         toml::Value::Array(_) => toml::Value::Array(
-            value.split(',').map(str::trim).filter(|s| !s.is_empty()).map(|s| toml::Value::String(s.to_owned())).collect(),
+            value
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|s| toml::Value::String(s.to_owned()))
+                .collect(),
         ),
         _ => toml::Value::String(value.to_owned()),
     };
     match section {
         Some(s) => {
-            let entry = table.entry(s).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            let entry = table
+                .entry(s)
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
             match entry {
                 toml::Value::Table(t) => {
                     t.insert(field, parsed);
@@ -250,18 +278,31 @@ mod tests {
         assert_eq!(c.retry.max_attempts, 5);
         assert_eq!(c.retry.jitter, 0.5);
         assert!(!c.ingest_hook);
-        assert!(c.set("nope", "1").unwrap_err().to_string().contains("unknown key"));
+        assert!(c
+            .set("nope", "1")
+            .unwrap_err()
+            .to_string()
+            .contains("unknown key"));
         assert!(c.set("max_parallel_runs", "many").is_err());
         assert!(c.set("max_parallel_runs", "0").is_err());
     }
 
     #[test]
     fn backoff_grows_and_caps() {
-        let p = RetryPolicy { jitter: 0.0, initial_backoff_ms: 100, max_backoff_ms: 350, ..Default::default() };
+        let p = RetryPolicy {
+            jitter: 0.0,
+            initial_backoff_ms: 100,
+            max_backoff_ms: 350,
+            ..Default::default()
+        };
         assert_eq!(p.backoff(2).as_millis(), 100);
         assert_eq!(p.backoff(3).as_millis(), 200);
         assert_eq!(p.backoff(4).as_millis(), 350);
-        let j = RetryPolicy { jitter: 0.5, initial_backoff_ms: 1000, ..Default::default() };
+        let j = RetryPolicy {
+            jitter: 0.5,
+            initial_backoff_ms: 1000,
+            ..Default::default()
+        };
         for _ in 0..50 {
             let d = j.backoff(2).as_millis();
             assert!((500..=1500).contains(&d), "{d}");

@@ -34,7 +34,11 @@ pub struct DeliveryCtx<'a> {
 pub trait DeliveryTarget: Send + Sync {
     fn kind(&self) -> &'static str;
     /// Delivers the project files `files`.
-    fn deliver<'a>(&'a self, ctx: &'a DeliveryCtx<'a>, files: &'a [String]) -> BoxFuture<'a, Result<Receipt, NodeError>>;
+    fn deliver<'a>(
+        &'a self,
+        ctx: &'a DeliveryCtx<'a>,
+        files: &'a [String],
+    ) -> BoxFuture<'a, Result<Receipt, NodeError>>;
 }
 
 /// Checks a target at submit time.
@@ -43,10 +47,16 @@ pub fn check_target(t: &Target) -> Result<(), String> {
         "local_dir" => {
             for k in t.fields.keys() {
                 if k != "path" {
-                    return Err(format!("unknown field `{k}` of a local_dir target; it has `path`"));
+                    return Err(format!(
+                        "unknown field `{k}` of a local_dir target; it has `path`"
+                    ));
                 }
             }
-            let path = t.fields.get("path").and_then(Value::as_str).ok_or("a local_dir target needs `path` (a project directory)")?;
+            let path = t
+                .fields
+                .get("path")
+                .and_then(Value::as_str)
+                .ok_or("a local_dir target needs `path` (a project directory)")?;
             let tpl = Template::parse(path)?;
             if tpl.is_static() {
                 let p = path.trim_end_matches('/');
@@ -54,7 +64,9 @@ pub fn check_target(t: &Target) -> Result<(), String> {
             }
             Ok(())
         }
-        other => Err(format!("delivery target type `{other}` is not available in this build; supported: local_dir")),
+        other => Err(format!(
+            "delivery target type `{other}` is not available in this build; supported: local_dir"
+        )),
     }
 }
 
@@ -62,13 +74,23 @@ pub fn check_target(t: &Target) -> Result<(), String> {
 pub fn target_for(t: &Target, scope: &Scope) -> Result<Box<dyn DeliveryTarget>, NodeError> {
     match t.kind.as_str() {
         "local_dir" => {
-            let raw = t.fields.get("path").and_then(Value::as_str).unwrap_or_default();
+            let raw = t
+                .fields
+                .get("path")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
             let tpl = Template::parse(raw).map_err(NodeError::refused)?;
-            let dir = scope.render("target.path", &tpl)?.trim_end_matches('/').to_owned();
-            pathguard::validate_prefix(&dir).map_err(|rej| NodeError::refused(format!("target.path `{dir}`: {rej}")))?;
+            let dir = scope
+                .render("target.path", &tpl)?
+                .trim_end_matches('/')
+                .to_owned();
+            pathguard::validate_prefix(&dir)
+                .map_err(|rej| NodeError::refused(format!("target.path `{dir}`: {rej}")))?;
             Ok(Box::new(LocalDir { dir }))
         }
-        other => Err(NodeError::refused(format!("delivery target type `{other}` is not available"))),
+        other => Err(NodeError::refused(format!(
+            "delivery target type `{other}` is not available"
+        ))),
     }
 }
 
@@ -82,7 +104,11 @@ impl DeliveryTarget for LocalDir {
         "local_dir"
     }
 
-    fn deliver<'a>(&'a self, ctx: &'a DeliveryCtx<'a>, files: &'a [String]) -> BoxFuture<'a, Result<Receipt, NodeError>> {
+    fn deliver<'a>(
+        &'a self,
+        ctx: &'a DeliveryCtx<'a>,
+        files: &'a [String],
+    ) -> BoxFuture<'a, Result<Receipt, NodeError>> {
         Box::pin(async move {
             let mut delivered = Vec::new();
             let mut names = std::collections::HashSet::new();
@@ -101,11 +127,23 @@ impl DeliveryTarget for LocalDir {
                     .map_err(|s| NodeError::from_status(&format!("reading {f}"), &s))?
                     .ok_or_else(|| NodeError::refused(format!("{f} does not exist")))?;
                 let to = format!("{}/{name}", self.dir);
-                let opts = PutOptions { overwrite: ctx.overwrite, run_id: ctx.run_id.to_owned(), ..Default::default() };
-                let put = ctx.store.put(ctx.project, &to, bytes, &opts).await.map_err(|s| crate::nodes::write_file::write_error(&to, &s))?;
+                let opts = PutOptions {
+                    overwrite: ctx.overwrite,
+                    run_id: ctx.run_id.to_owned(),
+                    ..Default::default()
+                };
+                let put = ctx
+                    .store
+                    .put(ctx.project, &to, bytes, &opts)
+                    .await
+                    .map_err(|s| crate::nodes::write_file::write_error(&to, &s))?;
                 delivered.push(put.path);
             }
-            Ok(Receipt { target: self.kind().into(), location: self.dir.clone(), delivered })
+            Ok(Receipt {
+                target: self.kind().into(),
+                location: self.dir.clone(),
+                delivered,
+            })
         })
     }
 }

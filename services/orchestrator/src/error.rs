@@ -46,7 +46,9 @@ impl From<Error> for Status {
     fn from(e: Error) -> Status {
         let message = e.to_string();
         match e {
-            Error::Graph(_) | Error::InvalidArgument(_) | Error::Config(_) => Status::invalid_argument(message),
+            Error::Graph(_) | Error::InvalidArgument(_) | Error::Config(_) => {
+                Status::invalid_argument(message)
+            }
             Error::RunNotFound { .. } | Error::NotFound(_) => Status::not_found(message),
             Error::RunExists(_) => Status::already_exists(message),
             Error::FailedPrecondition(_) => Status::failed_precondition(message),

@@ -64,7 +64,12 @@ pub struct Ev {
 
 impl Ev {
     pub fn new(kind: &'static str, node: &str) -> Ev {
-        Ev { kind, node: node.to_owned(), level: Level::Info, data: Map::new() }
+        Ev {
+            kind,
+            node: node.to_owned(),
+            level: Level::Info,
+            data: Map::new(),
+        }
     }
 
     pub fn run(kind: &'static str) -> Ev {
@@ -94,6 +99,8 @@ impl Ev {
 /// Now as RFC 3339 UTC with milliseconds (common.proto timestamp convention).
 pub fn now() -> String {
     let t = time::OffsetDateTime::now_utc();
-    let fmt = time::macros::format_description!("[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z");
+    let fmt = time::macros::format_description!(
+        "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
+    );
     t.format(&fmt).unwrap_or_default()
 }

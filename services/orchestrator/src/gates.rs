@@ -23,10 +23,16 @@ impl Decision {
 /// A decision is only taken on a gate that is blocked right now.
 pub fn check_decidable(state: &RunState, gate_id: &str) -> Result<()> {
     let Some(node) = state.node(gate_id) else {
-        return Err(Error::NotFound(format!("run {} has no node `{gate_id}`", state.run_id)));
+        return Err(Error::NotFound(format!(
+            "run {} has no node `{gate_id}`",
+            state.run_id
+        )));
     };
     let Some(gate) = &node.gate else {
-        return Err(Error::InvalidArgument(format!("node `{gate_id}` is a {}, not a gate", node.kind)));
+        return Err(Error::InvalidArgument(format!(
+            "node `{gate_id}` is a {}, not a gate",
+            node.kind
+        )));
     };
     match gate.state {
         GateState::Blocked => Ok(()),
@@ -41,12 +47,21 @@ pub fn check_decidable(state: &RunState, gate_id: &str) -> Result<()> {
 }
 
 /// The gate.approved / gate.rejected event (seed 001 §2.2 example fields).
-pub fn decision_event(d: Decision, gate_id: &str, by: &str, note: &str, note_ref: Option<&str>) -> Ev {
+pub fn decision_event(
+    d: Decision,
+    gate_id: &str,
+    by: &str,
+    note: &str,
+    note_ref: Option<&str>,
+) -> Ev {
     let kind = match d {
         Decision::Approve => GATE_APPROVED,
         Decision::Reject => GATE_REJECTED,
     };
-    let mut e = Ev::new(kind, gate_id).with("gate_id", gate_id).with("by", by).with("note", note);
+    let mut e = Ev::new(kind, gate_id)
+        .with("gate_id", gate_id)
+        .with("by", by)
+        .with("note", note);
     if let Some(r) = note_ref {
         e = e.with("note_ref", r);
     }

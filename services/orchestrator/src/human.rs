@@ -17,9 +17,19 @@ pub const MAX_NOTE_BYTES: usize = 64 << 10;
 pub const MAX_MANIFEST_BYTES: usize = 256 << 10;
 
 /// Appends a note; returns its anchor ref (`shared/human-notes.md#note-3`).
-pub async fn append_note(store: &Store, project: &str, run_id: &str, by: &str, heading: &str, text: &str) -> Result<String> {
+pub async fn append_note(
+    store: &Store,
+    project: &str,
+    run_id: &str,
+    by: &str,
+    heading: &str,
+    text: &str,
+) -> Result<String> {
     if text.len() > MAX_NOTE_BYTES {
-        return Err(Error::InvalidArgument(format!("the note is {} bytes; at most {MAX_NOTE_BYTES}", text.len())));
+        return Err(Error::InvalidArgument(format!(
+            "the note is {} bytes; at most {MAX_NOTE_BYTES}",
+            text.len()
+        )));
     }
     let path = RunDir::new(run_id).human_notes();
     let current = store
@@ -34,8 +44,15 @@ pub async fn append_note(store: &Store, project: &str, run_id: &str, by: &str, h
     if !next.ends_with('\n') && !next.is_empty() {
         next.push('\n');
     }
-    next.push_str(&format!("\n<a id=\"note-{n}\"></a>\n### Note {n}: {heading} (by {by}, {})\n\n{}\n", now(), text.trim_end()));
-    let opts = PutOptions { overwrite: true, ..Default::default() };
+    next.push_str(&format!(
+        "\n<a id=\"note-{n}\"></a>\n### Note {n}: {heading} (by {by}, {})\n\n{}\n",
+        now(),
+        text.trim_end()
+    ));
+    let opts = PutOptions {
+        overwrite: true,
+        ..Default::default()
+    };
     store
         .put(project, &path, Bytes::from(next), &opts)
         .await
@@ -101,7 +118,10 @@ impl Manifest {
     /// Parses and checks a manifest; the error says which attachment is wrong and why.
     pub fn parse(yaml: &str) -> std::result::Result<Manifest, String> {
         if yaml.len() > MAX_MANIFEST_BYTES {
-            return Err(format!("the manifest is larger than {} KiB", MAX_MANIFEST_BYTES >> 10));
+            return Err(format!(
+                "the manifest is larger than {} KiB",
+                MAX_MANIFEST_BYTES >> 10
+            ));
         }
         let m: Manifest = if yaml.trim().is_empty() {
             Manifest::default()
@@ -143,12 +163,26 @@ mod tests {
     #[test]
     fn manifest_rules() {
         let m = Manifest::parse("attachments:\n  - {id: a, kind: file, path: ./shared/contracts/x.md, reason: r}\n  - {id: b, kind: snippet, path: src/a.rs, range: '2:5'}\n").unwrap();
-        assert_eq!(m.attachments[0].resolved_path("r1"), ".cairn/runs/r1/shared/contracts/x.md");
+        assert_eq!(
+            m.attachments[0].resolved_path("r1"),
+            ".cairn/runs/r1/shared/contracts/x.md"
+        );
         assert_eq!(m.attachments[1].resolved_path("r1"), "src/a.rs");
-        assert!(Manifest::parse("attachments: [{id: a, kind: file, path: ../x}]").unwrap_err().contains("attachments[0]"));
-        assert!(Manifest::parse("attachments: [{id: a, kind: snippet, path: x}]").unwrap_err().contains("range"));
+        assert!(
+            Manifest::parse("attachments: [{id: a, kind: file, path: ../x}]")
+                .unwrap_err()
+                .contains("attachments[0]")
+        );
+        assert!(
+            Manifest::parse("attachments: [{id: a, kind: snippet, path: x}]")
+                .unwrap_err()
+                .contains("range")
+        );
         assert!(Manifest::parse("attachments: [{id: a, kind: blob, path: x}]").is_err());
-        assert!(Manifest::parse("attachments: [{id: a, kind: file, path: x}, {id: a, kind: file, path: y}]").is_err());
+        assert!(Manifest::parse(
+            "attachments: [{id: a, kind: file, path: x}, {id: a, kind: file, path: y}]"
+        )
+        .is_err());
         assert!(Manifest::parse("stuff: 1").is_err());
         assert_eq!(Manifest::parse("").unwrap(), Manifest::default());
     }
@@ -157,12 +191,22 @@ mod tests {
     fn notes_without_boilerplate() {
         let files = crate::rundir::initial_files(&crate::run::RunState::new(
             "p",
-            &crate::graph::Graph::from_yaml("nodes: [{id: g, type: gate}]", "r1", &Default::default()).unwrap(),
+            &crate::graph::Graph::from_yaml(
+                "nodes: [{id: g, type: gate}]",
+                "r1",
+                &Default::default(),
+            )
+            .unwrap(),
         ));
         let initial = &files[0].1;
         assert_eq!(notes_for_agents(initial), None);
-        let with = format!("{initial}\n<a id=\"note-1\"></a>\n### Note 1: note (by ann, t)\n\nUse tabs.\n");
+        let with = format!(
+            "{initial}\n<a id=\"note-1\"></a>\n### Note 1: note (by ann, t)\n\nUse tabs.\n"
+        );
         let got = notes_for_agents(&with).unwrap();
-        assert!(got.contains("Use tabs.") && !got.contains("task_id"), "{got}");
+        assert!(
+            got.contains("Use tabs.") && !got.contains("task_id"),
+            "{got}"
+        );
     }
 }

@@ -65,7 +65,9 @@ impl Handle {
 
 /// Builds the service. Connections are lazy, so the store may start after this; with
 /// `resume_on_start` unfinished runs are resumed in the background once the store answers.
-pub async fn orchestrator_service(config: Config) -> Result<(OrchestratorServer<OrchestratorService>, Handle), Error> {
+pub async fn orchestrator_service(
+    config: Config,
+) -> Result<(OrchestratorServer<OrchestratorService>, Handle), Error> {
     config.check()?;
     let store = store::Store::connect(&config.store_addr)?;
     let ingest = if config.ingest_addr.trim().is_empty() {
@@ -80,7 +82,13 @@ pub async fn orchestrator_service(config: Config) -> Result<(OrchestratorServer<
     };
     let runners = runners::Runners::connect(&config.sandbox_addrs)?;
     let resume = config.resume_on_start;
-    let backends = Arc::new(nodes::Backends { store, ingest, runners, providers: agents::Providers::default(), config });
+    let backends = Arc::new(nodes::Backends {
+        store,
+        ingest,
+        runners,
+        providers: agents::Providers::default(),
+        config,
+    });
     let runs = runs::Runs::new(backends);
     if resume {
         tokio::spawn(runs.clone().resume_unfinished());
@@ -93,7 +101,11 @@ pub async fn orchestrator_service(config: Config) -> Result<(OrchestratorServer<
 
 /// Serves the orchestrator alone on `listener` until `shutdown` resolves; then stops the run
 /// drivers (runs stay resumable) after in-flight calls finish.
-pub async fn serve(config: Config, listener: tokio::net::TcpListener, shutdown: impl Future<Output = ()> + Send) -> Result<(), Error> {
+pub async fn serve(
+    config: Config,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), Error> {
     let (server, handle) = orchestrator_service(config).await?;
     let mut host = cairn_server::Host::new();
     host.add(server);

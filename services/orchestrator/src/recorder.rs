@@ -61,14 +61,38 @@ impl Recorder {
     /// Starts the recorder task for one run; `last_seq` is the log's current end. Events
     /// nobody waits for may linger up to `linger` to be appended with later ones (fewer
     /// fsyncs); `flush`/`record` append at once.
-    pub fn start(store: Store, project: String, run_id: String, last_seq: u64, linger: Duration) -> Recorder {
+    pub fn start(
+        store: Store,
+        project: String,
+        run_id: String,
+        last_seq: u64,
+        linger: Duration,
+    ) -> Recorder {
         let (tx, rx) = mpsc::unbounded_channel();
-        let (dtx, drx) = watch::channel(Durable { count: 0, failed: None });
+        let (dtx, drx) = watch::channel(Durable {
+            count: 0,
+            failed: None,
+        });
         let seqs = std::sync::Arc::new(std::sync::Mutex::new(SeqMap::default()));
         let kick = std::sync::Arc::new(tokio::sync::Notify::new());
-        let task = Task { store, project, run_id, last_seq, durable: dtx, seqs: seqs.clone(), kick: kick.clone(), linger };
+        let task = Task {
+            store,
+            project,
+            run_id,
+            last_seq,
+            durable: dtx,
+            seqs: seqs.clone(),
+            kick: kick.clone(),
+            linger,
+        };
         tokio::spawn(task.run(rx));
-        Recorder { tx, queued: Default::default(), durable: drx, seqs, kick }
+        Recorder {
+            tx,
+            queued: Default::default(),
+            durable: drx,
+            seqs,
+            kick,
+        }
     }
 
     /// Queues an event; returns its position (1-based) among this recorder's events.
@@ -91,7 +115,13 @@ impl Recorder {
         self.kick.notify_one();
         match rx.await {
             Ok(seq) => Ok(seq),
-            Err(_) => Err(RecordError(self.durable.borrow().failed.clone().unwrap_or_else(|| "recorder stopped".into()))),
+            Err(_) => Err(RecordError(
+                self.durable
+                    .borrow()
+                    .failed
+                    .clone()
+                    .unwrap_or_else(|| "recorder stopped".into()),
+            )),
         }
     }
 
@@ -118,7 +148,11 @@ impl Recorder {
             }
             if rx.changed().await.is_err() {
                 let d = rx.borrow();
-                return if d.count >= upto { Ok(()) } else { Err(RecordError("recorder stopped".into())) };
+                return if d.count >= upto {
+                    Ok(())
+                } else {
+                    Err(RecordError("recorder stopped".into()))
+                };
             }
         }
     }
@@ -208,11 +242,17 @@ impl Task {
                             let _ = r.send(first_seq + i as u64);
                         }
                     }
-                    self.durable.send_replace(Durable { count, failed: None });
+                    self.durable.send_replace(Durable {
+                        count,
+                        failed: None,
+                    });
                 }
                 Err(message) => {
                     tracing::error!(run_id = %self.run_id, %message, "recording events failed");
-                    self.durable.send_replace(Durable { count, failed: Some(message) });
+                    self.durable.send_replace(Durable {
+                        count,
+                        failed: Some(message),
+                    });
                     return;
                 }
             }
@@ -234,15 +274,28 @@ impl Task {
         let mut delay = Duration::from_millis(50);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
         loop {
-            match self.store.append_events(&self.project, &self.run_id, inputs.clone()).await {
+            match self
+                .store
+                .append_events(&self.project, &self.run_id, inputs.clone())
+                .await
+            {
                 Ok(r) => return Ok(r.first_seq),
                 Err(s) => {
                     let transient = matches!(
                         s.code(),
-                        Code::Unavailable | Code::DeadlineExceeded | Code::Unknown | Code::Cancelled | Code::Aborted | Code::Internal
+                        Code::Unavailable
+                            | Code::DeadlineExceeded
+                            | Code::Unknown
+                            | Code::Cancelled
+                            | Code::Aborted
+                            | Code::Internal
                     );
                     if !transient || tokio::time::Instant::now() > deadline {
-                        return Err(format!("AppendEvents failed: {} ({:?})", s.message(), s.code()));
+                        return Err(format!(
+                            "AppendEvents failed: {} ({:?})",
+                            s.message(),
+                            s.code()
+                        ));
                     }
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_secs(5));
@@ -256,16 +309,23 @@ impl Task {
 
     /// Whether `inputs` were appended after `last_seq` although the reply was lost.
     async fn landed(&self, inputs: &[EventInput]) -> Option<u64> {
-        let tail = self.store.read_events(&self.project, &self.run_id, self.last_seq + 1).await.ok()?;
+        let tail = self
+            .store
+            .read_events(&self.project, &self.run_id, self.last_seq + 1)
+            .await
+            .ok()?;
         let first = inputs.first()?;
         let start = tail.iter().position(|e| same(e, first))?;
         let run: Vec<&Event> = tail[start..].iter().take(inputs.len()).collect();
-        (run.len() == inputs.len() && run.iter().zip(inputs).all(|(e, i)| same(e, i))).then(|| tail[start].seq)
+        (run.len() == inputs.len() && run.iter().zip(inputs).all(|(e, i)| same(e, i)))
+            .then(|| tail[start].seq)
     }
 }
 
 fn same(stored: &Event, input: &EventInput) -> bool {
     let a: Value = serde_json::from_str(&stored.data_json).unwrap_or(Value::Null);
     let b: Value = serde_json::from_str(&input.data_json).unwrap_or(Value::Null);
-    stored.r#type == input.r#type && stored.node_id == input.node_id && (a == b || (a.is_null() && b == Value::Object(Default::default())))
+    stored.r#type == input.r#type
+        && stored.node_id == input.node_id
+        && (a == b || (a.is_null() && b == Value::Object(Default::default())))
 }

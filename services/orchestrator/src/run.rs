@@ -26,7 +26,10 @@ pub enum TaskState {
 
 impl TaskState {
     pub fn is_final(self) -> bool {
-        matches!(self, TaskState::Completed | TaskState::Failed | TaskState::Canceled)
+        matches!(
+            self,
+            TaskState::Completed | TaskState::Failed | TaskState::Canceled
+        )
     }
     pub fn as_str(self) -> &'static str {
         match self {
@@ -154,7 +157,13 @@ pub struct ItemRecord {
 
 impl ItemRecord {
     fn pending() -> ItemRecord {
-        ItemRecord { state: NodeState::Pending, attempts: 0, resets: 0, outputs: Value::Null, error: None }
+        ItemRecord {
+            state: NodeState::Pending,
+            attempts: 0,
+            resets: 0,
+            outputs: Value::Null,
+            error: None,
+        }
     }
 }
 
@@ -241,7 +250,13 @@ pub struct EventView<'a> {
 
 impl<'a> EventView<'a> {
     pub fn live(e: &'a Ev, ts: &'a str) -> EventView<'a> {
-        EventView { seq: 0, ts, kind: e.kind, node: &e.node, data: &e.data }
+        EventView {
+            seq: 0,
+            ts,
+            kind: e.kind,
+            node: &e.node,
+            data: &e.data,
+        }
     }
 }
 
@@ -285,8 +300,17 @@ impl RunState {
                 }),
             })
             .collect();
-        let index = nodes.iter().enumerate().map(|(i, n)| (n.id.clone(), i)).collect();
-        let gate_nodes = nodes.iter().enumerate().filter(|(_, n)| n.gate.is_some()).map(|(i, _)| i).collect();
+        let index = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.id.clone(), i))
+            .collect();
+        let gate_nodes = nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.gate.is_some())
+            .map(|(i, _)| i)
+            .collect();
         RunState {
             run_id: graph.run_id.clone(),
             project: project.to_owned(),
@@ -322,10 +346,11 @@ impl RunState {
 
     /// Gates currently waiting for a human.
     pub fn blocked_gates(&self) -> impl Iterator<Item = &NodeRecord> {
-        self.gate_nodes
-            .iter()
-            .map(|&i| &self.nodes[i])
-            .filter(|n| n.gate.as_ref().is_some_and(|g| g.state == GateState::Blocked))
+        self.gate_nodes.iter().map(|&i| &self.nodes[i]).filter(|n| {
+            n.gate
+                .as_ref()
+                .is_some_and(|g| g.state == GateState::Blocked)
+        })
     }
 
     /// Applies one event (the only state transition function).
@@ -359,19 +384,27 @@ impl RunState {
             }
             ev::TASK_CANCELED => {
                 self.state = TaskState::Canceled;
-                self.error = text(d, "reason").filter(|r| !r.is_empty()).or(Some("canceled".into()));
+                self.error = text(d, "reason")
+                    .filter(|r| !r.is_empty())
+                    .or(Some("canceled".into()));
             }
             ev::TASK_RESUMED => {
                 self.state = TaskState::Working;
                 self.error = None;
                 for n in &mut self.nodes {
-                    if matches!(n.state, NodeState::Running | NodeState::Failed | NodeState::Canceled) {
+                    if matches!(
+                        n.state,
+                        NodeState::Running | NodeState::Failed | NodeState::Canceled
+                    ) {
                         n.state = NodeState::Pending;
                         n.resets += 1;
                     }
                     if let Some(items) = &mut n.items {
                         for it in &mut items.records {
-                            if matches!(it.state, NodeState::Running | NodeState::Failed | NodeState::Canceled) {
+                            if matches!(
+                                it.state,
+                                NodeState::Running | NodeState::Failed | NodeState::Canceled
+                            ) {
                                 it.state = NodeState::Pending;
                                 it.resets += 1;
                             }
@@ -379,14 +412,19 @@ impl RunState {
                     }
                 }
             }
-            ev::NODE_STARTED | ev::NODE_COMPLETED | ev::NODE_FAILED | ev::NODE_SKIPPED | ev::NODE_CANCELED => {
-                self.apply_node(e)
-            }
+            ev::NODE_STARTED
+            | ev::NODE_COMPLETED
+            | ev::NODE_FAILED
+            | ev::NODE_SKIPPED
+            | ev::NODE_CANCELED => self.apply_node(e),
             ev::MAP_ITEMS => {
                 if let Some(n) = self.node_mut(e.node) {
                     let count = d.get("count").and_then(Value::as_u64).unwrap_or(0) as usize;
                     let list = d.get("items").and_then(Value::as_array).cloned();
-                    n.items = Some(MapItems { list, records: vec![ItemRecord::pending(); count] });
+                    n.items = Some(MapItems {
+                        list,
+                        records: vec![ItemRecord::pending(); count],
+                    });
                 }
             }
             ev::GATE_BLOCKED => {
@@ -401,7 +439,11 @@ impl RunState {
             ev::GATE_APPROVED | ev::GATE_REJECTED => {
                 if let Some(n) = self.node_mut(e.node) {
                     if let Some(g) = &mut n.gate {
-                        g.state = if e.kind == ev::GATE_APPROVED { GateState::Approved } else { GateState::Rejected };
+                        g.state = if e.kind == ev::GATE_APPROVED {
+                            GateState::Approved
+                        } else {
+                            GateState::Rejected
+                        };
                         g.decided_by = text(d, "by");
                         g.decided_at = Some(e.ts.to_owned());
                         g.note = text(d, "note");
@@ -414,7 +456,11 @@ impl RunState {
                 let nodes: Vec<String> = d
                     .get("nodes")
                     .and_then(Value::as_array)
-                    .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|v| v.as_str().map(str::to_owned))
+                            .collect()
+                    })
                     .unwrap_or_default();
                 for id in nodes {
                     if let Some(n) = self.node_mut(&id) {
@@ -448,7 +494,11 @@ impl RunState {
             ev::HUMAN_NOTE => self.notes += 1,
             ev::AGENT_STARTED | ev::AGENT_COMPLETED | ev::AGENT_FAILED => {
                 let instance = text(d, "agent_instance").unwrap_or_else(|| e.node.to_owned());
-                let state = if e.kind == ev::AGENT_STARTED { "working" } else { "dormant" };
+                let state = if e.kind == ev::AGENT_STARTED {
+                    "working"
+                } else {
+                    "dormant"
+                };
                 match self.roster.iter_mut().find(|r| r.instance == instance) {
                     Some(r) => r.state = state.into(),
                     None => self.roster.push(RosterEntry {
@@ -466,8 +516,12 @@ impl RunState {
     fn apply_node(&mut self, e: &EventView<'_>) {
         let d = e.data;
         if let Some((map, index)) = split_item(e.node) {
-            let Some(items) = self.node_mut(map).and_then(|n| n.items.as_mut()) else { return };
-            let Some(it) = items.records.get_mut(index) else { return };
+            let Some(items) = self.node_mut(map).and_then(|n| n.items.as_mut()) else {
+                return;
+            };
+            let Some(it) = items.records.get_mut(index) else {
+                return;
+            };
             match e.kind {
                 ev::NODE_STARTED => {
                     it.state = NodeState::Running;
@@ -479,8 +533,15 @@ impl RunState {
                     it.error = None;
                 }
                 ev::NODE_FAILED => {
-                    let retry = d.get("will_retry").and_then(Value::as_bool).unwrap_or(false);
-                    it.state = if retry { NodeState::Pending } else { NodeState::Failed };
+                    let retry = d
+                        .get("will_retry")
+                        .and_then(Value::as_bool)
+                        .unwrap_or(false);
+                    it.state = if retry {
+                        NodeState::Pending
+                    } else {
+                        NodeState::Failed
+                    };
                     it.error = text(d, "error");
                 }
                 ev::NODE_SKIPPED => it.state = NodeState::Skipped,
@@ -488,7 +549,9 @@ impl RunState {
             }
             return;
         }
-        let Some(n) = self.node_mut(e.node) else { return };
+        let Some(n) = self.node_mut(e.node) else {
+            return;
+        };
         match e.kind {
             ev::NODE_STARTED => {
                 n.state = NodeState::Running;
@@ -503,8 +566,15 @@ impl RunState {
                 n.error = None;
             }
             ev::NODE_FAILED => {
-                let retry = d.get("will_retry").and_then(Value::as_bool).unwrap_or(false);
-                n.state = if retry { NodeState::Pending } else { NodeState::Failed };
+                let retry = d
+                    .get("will_retry")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false);
+                n.state = if retry {
+                    NodeState::Pending
+                } else {
+                    NodeState::Failed
+                };
                 n.error = text(d, "error");
                 if !retry {
                     n.finished_at = Some(e.ts.to_owned());
@@ -551,7 +621,11 @@ impl RunState {
                 started_at: n.started_at.clone().unwrap_or_default(),
                 finished_at: n.finished_at.clone().unwrap_or_default(),
                 error: n.error.clone().unwrap_or_default(),
-                outputs_json: if n.outputs.is_null() { String::new() } else { n.outputs.to_string() },
+                outputs_json: if n.outputs.is_null() {
+                    String::new()
+                } else {
+                    n.outputs.to_string()
+                },
             })
             .collect();
         let gates = self
@@ -585,7 +659,18 @@ impl RunState {
 
     /// Rebuilds the id index after deserialising (state.json).
     pub fn reindex(&mut self) {
-        self.index = self.nodes.iter().enumerate().map(|(i, n)| (n.id.clone(), i)).collect();
-        self.gate_nodes = self.nodes.iter().enumerate().filter(|(_, n)| n.gate.is_some()).map(|(i, _)| i).collect();
+        self.index = self
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.id.clone(), i))
+            .collect();
+        self.gate_nodes = self
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.gate.is_some())
+            .map(|(i, _)| i)
+            .collect();
     }
 }

@@ -33,7 +33,9 @@ pub struct RunDir {
 
 impl RunDir {
     pub fn new(run_id: &str) -> RunDir {
-        RunDir { root: format!("{RUNS_PREFIX}/{run_id}") }
+        RunDir {
+            root: format!("{RUNS_PREFIX}/{run_id}"),
+        }
     }
     pub fn root(&self) -> &str {
         &self.root
@@ -69,12 +71,23 @@ impl RunDir {
 }
 
 /// YAML front matter of a shareable Markdown artifact (seed 001 §3.1).
-pub fn front_matter(title: &str, purpose: &str, tags: &[&str], task_id: &str, agent_instance: Option<&str>, artifact_id: Option<&str>) -> String {
+pub fn front_matter(
+    title: &str,
+    purpose: &str,
+    tags: &[&str],
+    task_id: &str,
+    agent_instance: Option<&str>,
+    artifact_id: Option<&str>,
+) -> String {
     let q = |s: &str| serde_json::Value::String(s.to_owned()).to_string();
     let mut out = String::from("---\n");
     let _ = writeln!(out, "title: {}", q(title));
     let _ = writeln!(out, "purpose: {}", q(purpose));
-    let _ = writeln!(out, "tags: [{}]", tags.iter().map(|t| q(t)).collect::<Vec<_>>().join(", "));
+    let _ = writeln!(
+        out,
+        "tags: [{}]",
+        tags.iter().map(|t| q(t)).collect::<Vec<_>>().join(", ")
+    );
     let _ = writeln!(out, "task_id: {}", q(task_id));
     if let Some(a) = agent_instance {
         let _ = writeln!(out, "agent_instance: {}", q(a));
@@ -108,8 +121,14 @@ pub fn initial_files(state: &RunState) -> Vec<(String, String)> {
         (dir.human_notes(), notes),
         (dir.context_manifest(), manifest),
         (dir.path("shared/evidence/index.json"), "[]\n".into()),
-        section("contracts", "Contracts shared by the agents of this run (API, schemas, error models)."),
-        section("decisions", "Decision records of this run (trade-offs and conclusions)."),
+        section(
+            "contracts",
+            "Contracts shared by the agents of this run (API, schemas, error models).",
+        ),
+        section(
+            "decisions",
+            "Decision records of this run (trade-offs and conclusions).",
+        ),
         section("reports", "Joined summaries and reports of this run."),
     ]
 }
@@ -213,7 +232,12 @@ pub fn render_task_yaml(s: &RunState, events_seq: u64) -> String {
         roster: s
             .roster
             .iter()
-            .map(|r| RosterYaml { instance: &r.instance, agent: &r.agent, state: &r.state, node: &r.node })
+            .map(|r| RosterYaml {
+                instance: &r.instance,
+                agent: &r.agent,
+                state: &r.state,
+                node: &r.node,
+            })
             .collect(),
         gates: s
             .nodes
@@ -237,7 +261,12 @@ pub fn render_task_yaml(s: &RunState, events_seq: u64) -> String {
     match serde_saphyr::to_string(&doc) {
         Ok(yaml) => format!("{header}{yaml}"),
         // Serialising plain strings and numbers cannot fail; keep a parseable file regardless.
-        Err(e) => format!("{header}id: {:?}\nstate: {}\nerror: {:?}\n", s.run_id, s.state.as_str(), e.to_string()),
+        Err(e) => format!(
+            "{header}id: {:?}\nstate: {}\nerror: {:?}\n",
+            s.run_id,
+            s.state.as_str(),
+            e.to_string()
+        ),
     }
 }
 
@@ -268,7 +297,11 @@ pub fn render_readme(s: &RunState, graph: &Graph) -> String {
         None,
         None,
     );
-    let title = if s.title.is_empty() { format!("Run {id}") } else { s.title.clone() };
+    let title = if s.title.is_empty() {
+        format!("Run {id}")
+    } else {
+        s.title.clone()
+    };
     let _ = writeln!(out, "# {title}\n");
     let _ = writeln!(
         out,
@@ -281,12 +314,24 @@ pub fn render_readme(s: &RunState, graph: &Graph) -> String {
     if let Some(e) = &s.error {
         let _ = writeln!(out, "**Why it stopped:** {e}\n");
     }
-    let _ = writeln!(out, "## Goal\n\n{}\n", if s.goal.is_empty() { "(no goal given in the graph)" } else { &s.goal });
+    let _ = writeln!(
+        out,
+        "## Goal\n\n{}\n",
+        if s.goal.is_empty() {
+            "(no goal given in the graph)"
+        } else {
+            &s.goal
+        }
+    );
     let blocked: Vec<_> = s.blocked_gates().collect();
     if !blocked.is_empty() {
         let _ = writeln!(out, "## Waiting for you\n");
         for n in blocked {
-            let reason = n.gate.as_ref().and_then(|g| g.reason.clone()).unwrap_or_default();
+            let reason = n
+                .gate
+                .as_ref()
+                .and_then(|g| g.reason.clone())
+                .unwrap_or_default();
             let instructions = graph.node(&n.id).and_then(|g| match &g.kind {
                 NodeKind::Gate(gate) => gate.instructions.as_ref().map(|t| t.source().to_owned()),
                 _ => None,
@@ -295,8 +340,16 @@ pub fn render_readme(s: &RunState, graph: &Graph) -> String {
             if let Some(i) = instructions {
                 let _ = writeln!(out, "  - {i}");
             }
-            let _ = writeln!(out, "  - approve: `cairn gate approve {id} {} --note \"...\"`", n.id);
-            let _ = writeln!(out, "  - reject: `cairn gate reject {id} {} --note \"why\"`", n.id);
+            let _ = writeln!(
+                out,
+                "  - approve: `cairn gate approve {id} {} --note \"...\"`",
+                n.id
+            );
+            let _ = writeln!(
+                out,
+                "  - reject: `cairn gate reject {id} {} --note \"why\"`",
+                n.id
+            );
         }
         out.push('\n');
     }
@@ -307,7 +360,12 @@ pub fn render_readme(s: &RunState, graph: &Graph) -> String {
             (_, Some(e), _, _) if n.state != NodeState::Succeeded => cell(e),
             (NodeState::Skipped, _, Some(r), _) => cell(r),
             (_, _, _, Some(p)) => format!("{p} items"),
-            _ => n.outputs.get("path").and_then(|p| p.as_str()).map(|p| format!("`{}`", cell(p))).unwrap_or_default(),
+            _ => n
+                .outputs
+                .get("path")
+                .and_then(|p| p.as_str())
+                .map(|p| format!("`{}`", cell(p)))
+                .unwrap_or_default(),
         };
         let _ = writeln!(
             out,
@@ -321,7 +379,11 @@ pub fn render_readme(s: &RunState, graph: &Graph) -> String {
         );
     }
     if s.nodes.len() > MAX_ROWS {
-        let _ = writeln!(out, "\n… and {} more nodes (see task.yaml).", s.nodes.len() - MAX_ROWS);
+        let _ = writeln!(
+            out,
+            "\n… and {} more nodes (see task.yaml).",
+            s.nodes.len() - MAX_ROWS
+        );
     }
     let outputs: Vec<(String, String)> = s
         .nodes
@@ -333,7 +395,11 @@ pub fn render_readme(s: &RunState, graph: &Graph) -> String {
                 v.push((p.to_owned(), n.id.clone()));
             }
             if let Some(ws) = n.outputs.get("written_files").and_then(|w| w.as_array()) {
-                v.extend(ws.iter().filter_map(|w| w.as_str()).map(|w| (w.to_owned(), n.id.clone())));
+                v.extend(
+                    ws.iter()
+                        .filter_map(|w| w.as_str())
+                        .map(|w| (w.to_owned(), n.id.clone())),
+                );
             }
             v
         })
@@ -350,7 +416,11 @@ pub fn render_readme(s: &RunState, graph: &Graph) -> String {
         "\n## Links\n\n- [task.yaml](task.yaml): state machine, milestones, roster, gates\n- [events.jsonl](events.jsonl): every event of the run\n- [state.json](state.json): node outputs\n- [graph.resolved.json](graph.resolved.json): the graph as submitted, variables bound\n- [shared/human-notes.md](shared/human-notes.md): guidance for the agents (`cairn notes add {id} \"...\"`)\n- [shared/context-manifest.yaml](shared/context-manifest.yaml): explicitly shared context"
     );
     for r in &s.roster {
-        let _ = writeln!(out, "- [agents/{0}/README.md](agents/{0}/README.md): agent `{1}` ({2})", r.instance, r.agent, r.state);
+        let _ = writeln!(
+            out,
+            "- [agents/{0}/README.md](agents/{0}/README.md): agent `{1}` ({2})",
+            r.instance, r.agent, r.state
+        );
     }
     out
 }
@@ -375,13 +445,22 @@ impl Snapshots {
         let (tx, rx) = watch::channel::<Option<Arc<Snapshot>>>(None);
         let (wtx, wrx) = watch::channel(0u64);
         tokio::spawn(write_loop(store, project, recorder, rx, wtx));
-        Snapshots { tx, written: wrx, version: 0 }
+        Snapshots {
+            tx,
+            written: wrx,
+            version: 0,
+        }
     }
 
     /// Queues a snapshot of `state` (which reflects the first `upto` recorded events).
     pub fn publish(&mut self, state: &RunState, graph: &Arc<Graph>, upto: u64) -> u64 {
         self.version += 1;
-        let snap = Snapshot { version: self.version, upto, state: state.clone(), graph: graph.clone() };
+        let snap = Snapshot {
+            version: self.version,
+            upto,
+            state: state.clone(),
+            graph: graph.clone(),
+        };
         self.tx.send_replace(Some(Arc::new(snap)));
         self.version
     }
@@ -414,19 +493,30 @@ async fn write_loop(
         if rx.changed().await.is_err() {
             return;
         }
-        let Some(snap) = rx.borrow_and_update().clone() else { continue };
+        let Some(snap) = rx.borrow_and_update().clone() else {
+            continue;
+        };
         if recorder.flush_to(snap.upto).await.is_err() {
             continue; // events could not be recorded: no snapshot may claim them
         }
-        let seq = if snap.upto == 0 { snap.state.last_seq } else { recorder.seq_of(snap.upto).unwrap_or(snap.state.last_seq) };
+        let seq = if snap.upto == 0 {
+            snap.state.last_seq
+        } else {
+            recorder.seq_of(snap.upto).unwrap_or(snap.state.last_seq)
+        };
         let dir = RunDir::new(&snap.state.run_id);
         let files = [
             (dir.task_yaml(), render_task_yaml(&snap.state, seq)),
             (dir.state_json(), render_state_json(&snap.state, seq)),
             (dir.readme(), render_readme(&snap.state, &snap.graph)),
         ];
-        let opts = PutOptions { overwrite: true, ..Default::default() };
-        let puts = files.iter().map(|(path, body)| store.put(&project, path, Bytes::from(body.clone()), &opts));
+        let opts = PutOptions {
+            overwrite: true,
+            ..Default::default()
+        };
+        let puts = files
+            .iter()
+            .map(|(path, body)| store.put(&project, path, Bytes::from(body.clone()), &opts));
         let results = futures::future::join_all(puts).await;
         if let Some(Err(e)) = results.into_iter().find(|r| r.is_err()) {
             tracing::warn!(run_id = %snap.state.run_id, error = %e, "writing the run snapshot failed; retrying with the next one");

@@ -25,7 +25,10 @@ impl Runners {
                 .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES);
             clients.push((addr.clone(), client));
         }
-        Ok(Runners { clients, next: AtomicUsize::new(0) })
+        Ok(Runners {
+            clients,
+            next: AtomicUsize::new(0),
+        })
     }
 
     pub fn is_empty(&self) -> bool {

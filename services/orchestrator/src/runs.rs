@@ -34,11 +34,15 @@ pub fn check_id(what: &str, id: &str) -> Result<()> {
         && id.len() <= 128
         && id != "."
         && id != ".."
-        && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
     if ok {
         Ok(())
     } else {
-        Err(Error::InvalidArgument(format!("{what} `{id}` must be 1-128 characters of letters, digits, `.`, `_`, `-`")))
+        Err(Error::InvalidArgument(format!(
+            "{what} `{id}` must be 1-128 characters of letters, digits, `.`, `_`, `-`"
+        )))
     }
 }
 
@@ -98,7 +102,11 @@ impl Runs {
     }
 
     fn base_dir(&self, given: &str) -> PathBuf {
-        let dir = if !given.is_empty() { given } else { &self.b.config.llm_base_dir };
+        let dir = if !given.is_empty() {
+            given
+        } else {
+            &self.b.config.llm_base_dir
+        };
         if dir.is_empty() {
             std::env::current_dir().unwrap_or_default()
         } else {
@@ -109,7 +117,11 @@ impl Runs {
     /// Validates and starts a run; returns once its directory and first events are durable.
     pub async fn submit(&self, req: Submit) -> Result<pb::RunInfo> {
         check_id("project_id", &req.project_id)?;
-        let run_id = if req.run_id.is_empty() { uuid::Uuid::now_v7().to_string() } else { req.run_id.clone() };
+        let run_id = if req.run_id.is_empty() {
+            uuid::Uuid::now_v7().to_string()
+        } else {
+            req.run_id.clone()
+        };
         check_id("run_id", &run_id)?;
         if !req.mode.is_empty() {
             return Err(Error::InvalidArgument(format!(
@@ -118,11 +130,14 @@ impl Runs {
             )));
         }
         if req.graph_yaml.trim().is_empty() {
-            return Err(Error::InvalidArgument("graph_yaml is empty: send the graph (docs/graphs.md)".into()));
+            return Err(Error::InvalidArgument(
+                "graph_yaml is empty: send the graph (docs/graphs.md)".into(),
+            ));
         }
         let mut vars = req.vars.clone();
         if !req.prompt.is_empty() {
-            vars.entry("prompt".into()).or_insert_with(|| req.prompt.clone());
+            vars.entry("prompt".into())
+                .or_insert_with(|| req.prompt.clone());
         }
         let mut graph = Graph::from_yaml(&req.graph_yaml, &run_id, &vars)?;
         if !req.title.is_empty() {
@@ -147,9 +162,19 @@ impl Runs {
             return Err(e);
         }
 
-        let recorder = Recorder::start(store.clone(), project.clone(), run_id.clone(), 0, self.linger());
+        let recorder = Recorder::start(
+            store.clone(),
+            project.clone(),
+            run_id.clone(),
+            0,
+            self.linger(),
+        );
         let mut state = RunState::new(&project, &graph);
-        let by = if req.by.is_empty() { "user".to_owned() } else { req.by.clone() };
+        let by = if req.by.is_empty() {
+            "user".to_owned()
+        } else {
+            req.by.clone()
+        };
         let created = Ev::run(ev::TASK_CREATED)
             .with("by", by)
             .with("title", graph.title.clone())
@@ -161,9 +186,15 @@ impl Runs {
         let ts = ev::now();
         state.apply(&crate::run::EventView::live(&created, &ts));
         recorder.push(&created);
-        let flushed = recorder.flush().await.map_err(|e| Error::Unavailable(e.to_string()));
+        let flushed = recorder
+            .flush()
+            .await
+            .map_err(|e| Error::Unavailable(e.to_string()));
         let written = match flushed {
-            Ok(()) => self.write_snapshot(&state, &graph, recorder.seq_of(1).unwrap_or(0)).await,
+            Ok(()) => {
+                self.write_snapshot(&state, &graph, recorder.seq_of(1).unwrap_or(0))
+                    .await
+            }
             Err(e) => Err(e),
         };
         if let Err(e) = written {
@@ -179,30 +210,50 @@ impl Runs {
 
     /// Checks what a run will need before it starts: an LLM provider for agent nodes (its
     /// cassette loads), a runner for sandbox nodes. Returns the resolved provider spec.
-    fn check_resources(&self, graph: &Graph, requested: &str, base_dir: &std::path::Path) -> Result<String> {
-        let spec = [requested, graph.llm.as_deref().unwrap_or(""), &self.b.config.default_llm]
-            .into_iter()
-            .find(|s| !s.is_empty())
-            .unwrap_or("")
-            .to_owned();
+    fn check_resources(
+        &self,
+        graph: &Graph,
+        requested: &str,
+        base_dir: &std::path::Path,
+    ) -> Result<String> {
+        let spec = [
+            requested,
+            graph.llm.as_deref().unwrap_or(""),
+            &self.b.config.default_llm,
+        ]
+        .into_iter()
+        .find(|s| !s.is_empty())
+        .unwrap_or("")
+        .to_owned();
         let kinds = |pred: &dyn Fn(&NodeKind) -> bool| {
-            graph.nodes.iter().any(|n| pred(&n.kind) || matches!(&n.kind, NodeKind::Map(m) if pred(&m.node.kind)))
+            graph
+                .nodes
+                .iter()
+                .any(|n| pred(&n.kind) || matches!(&n.kind, NodeKind::Map(m) if pred(&m.node.kind)))
         };
         let needs_llm = kinds(&|k| matches!(k, NodeKind::AgentTask(a) if a.llm.is_none()));
         let resolved = if spec.is_empty() {
             String::new()
         } else {
-            let parsed = ProviderSpec::parse(&spec).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+            let parsed =
+                ProviderSpec::parse(&spec).map_err(|e| Error::InvalidArgument(e.to_string()))?;
             let resolved = parsed.resolve(base_dir);
             match &resolved {
                 ProviderSpec::Replay(path) => {
-                    ReplayProvider::load(path).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+                    ReplayProvider::load(path)
+                        .map_err(|e| Error::InvalidArgument(e.to_string()))?;
                 }
                 inline @ ProviderSpec::ReplayInline(_) => {
-                    self.b.providers.check(inline).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+                    self.b
+                        .providers
+                        .check(inline)
+                        .map_err(|e| Error::InvalidArgument(e.to_string()))?;
                 }
                 openai @ ProviderSpec::OpenAi { .. } => {
-                    self.b.providers.check(openai).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+                    self.b
+                        .providers
+                        .check(openai)
+                        .map_err(|e| Error::InvalidArgument(e.to_string()))?;
                 }
             }
             resolved.to_spec_string()
@@ -223,26 +274,48 @@ impl Runs {
     async fn create_run_dir(&self, project: &str, run_id: &str, graph: &Graph) -> Result<()> {
         let store = &self.b.store;
         let dir = RunDir::new(run_id);
-        store.create_project(project).await.map_err(Error::store(format!("creating project {project}")))?;
-        if store.stat(project, &dir.graph_resolved(), false).await.map_err(Error::store("checking the run id"))?.is_some() {
+        store
+            .create_project(project)
+            .await
+            .map_err(Error::store(format!("creating project {project}")))?;
+        if store
+            .stat(project, &dir.graph_resolved(), false)
+            .await
+            .map_err(Error::store("checking the run id"))?
+            .is_some()
+        {
             return Err(Error::RunExists(run_id.to_owned()));
         }
         let resolved = format!("{:#}\n", graph.to_resolved_json());
         store
-            .put(project, &dir.graph_resolved(), Bytes::from(resolved), &PutOptions::default())
+            .put(
+                project,
+                &dir.graph_resolved(),
+                Bytes::from(resolved),
+                &PutOptions::default(),
+            )
             .await
             .map_err(|s| {
                 if s.code() == tonic::Code::AlreadyExists {
                     Error::RunExists(run_id.to_owned())
                 } else {
-                    Error::Store { context: format!("writing {}", dir.graph_resolved()), status: s }
+                    Error::Store {
+                        context: format!("writing {}", dir.graph_resolved()),
+                        status: s,
+                    }
                 }
             })?;
         let state = RunState::new(project, graph);
         let files = rundir::initial_files(&state);
         let opts = PutOptions::default();
-        let puts = files.iter().map(|(p, body)| store.put(project, p, Bytes::from(body.clone()), &opts));
-        for (r, (p, _)) in futures::future::join_all(puts).await.into_iter().zip(&files) {
+        let puts = files
+            .iter()
+            .map(|(p, body)| store.put(project, p, Bytes::from(body.clone()), &opts));
+        for (r, (p, _)) in futures::future::join_all(puts)
+            .await
+            .into_iter()
+            .zip(&files)
+        {
             r.map_err(Error::store(format!("writing {p}")))?;
         }
         Ok(())
@@ -250,14 +323,25 @@ impl Runs {
 
     async fn write_snapshot(&self, state: &RunState, graph: &Graph, seq: u64) -> Result<()> {
         let dir = RunDir::new(&state.run_id);
-        let opts = PutOptions { overwrite: true, ..Default::default() };
+        let opts = PutOptions {
+            overwrite: true,
+            ..Default::default()
+        };
         let files = [
             (dir.task_yaml(), rundir::render_task_yaml(state, seq)),
             (dir.state_json(), rundir::render_state_json(state, seq)),
             (dir.readme(), rundir::render_readme(state, graph)),
         ];
-        let puts = files.iter().map(|(p, b)| self.b.store.put(&state.project, p, Bytes::from(b.clone()), &opts));
-        for (r, (p, _)) in futures::future::join_all(puts).await.into_iter().zip(&files) {
+        let puts = files.iter().map(|(p, b)| {
+            self.b
+                .store
+                .put(&state.project, p, Bytes::from(b.clone()), &opts)
+        });
+        for (r, (p, _)) in futures::future::join_all(puts)
+            .await
+            .into_iter()
+            .zip(&files)
+        {
             r.map_err(Error::store(format!("writing {p}")))?;
         }
         Ok(())
@@ -265,13 +349,22 @@ impl Runs {
 
     /// Registers a run as live; None when it already is (another caller won the race).
     fn reserve(&self, project: &str, run_id: &str) -> Result<Option<mpsc::Receiver<Command>>> {
-        let mut live = self.live.lock().map_err(|_| Error::Internal("run table poisoned".into()))?;
+        let mut live = self
+            .live
+            .lock()
+            .map_err(|_| Error::Internal("run table poisoned".into()))?;
         let k = key(project, run_id);
         if live.contains_key(&k) {
             return Ok(None);
         }
         let (tx, rx) = mpsc::channel(scheduler::COMMAND_QUEUE);
-        live.insert(k, Live { cmd: tx, join: None });
+        live.insert(
+            k,
+            Live {
+                cmd: tx,
+                join: None,
+            },
+        );
         Ok(Some(rx))
     }
 
@@ -314,7 +407,10 @@ impl Runs {
             }),
             cmds,
         });
-        let mut live = self.live.lock().map_err(|_| Error::Internal("run table poisoned".into()))?;
+        let mut live = self
+            .live
+            .lock()
+            .map_err(|_| Error::Internal("run table poisoned".into()))?;
         if let Some(l) = live.get_mut(&k) {
             l.join = Some(join);
         }
@@ -331,12 +427,19 @@ impl Runs {
             .get(project, &dir.graph_resolved())
             .await
             .map_err(Error::store(format!("reading {}", dir.graph_resolved())))?
-            .ok_or_else(|| Error::RunNotFound { project: project.to_owned(), run_id: run_id.to_owned() })?;
+            .ok_or_else(|| Error::RunNotFound {
+                project: project.to_owned(),
+                run_id: run_id.to_owned(),
+            })?;
         let value: Value = serde_json::from_slice(&bytes)
             .map_err(|e| Error::Internal(format!("{} is not JSON: {e}", dir.graph_resolved())))?;
-        let graph = Graph::from_value(value, run_id, &BTreeMap::new())
-            .map_err(|e| Error::Internal(format!("{} no longer validates: {e}", dir.graph_resolved())))?;
-        let events = store.read_events(project, run_id, 1).await.map_err(Error::store(format!("reading the events of {run_id}")))?;
+        let graph = Graph::from_value(value, run_id, &BTreeMap::new()).map_err(|e| {
+            Error::Internal(format!("{} no longer validates: {e}", dir.graph_resolved()))
+        })?;
+        let events = store
+            .read_events(project, run_id, 1)
+            .await
+            .map_err(Error::store(format!("reading the events of {run_id}")))?;
         let mut state = RunState::new(project, &graph);
         state.apply_stored(&events);
         let base_dir = events
@@ -349,20 +452,36 @@ impl Runs {
     }
 
     /// Makes a non-final run live (resuming it from its records); returns its command line.
-    async fn ensure_live(&self, project: &str, run_id: &str, by: &str, reason: &str, initial: Option<Command>) -> Result<mpsc::Sender<Command>> {
+    async fn ensure_live(
+        &self,
+        project: &str,
+        run_id: &str,
+        by: &str,
+        reason: &str,
+        initial: Option<Command>,
+    ) -> Result<mpsc::Sender<Command>> {
         if let Some(c) = self.live_cmd(project, run_id) {
             if let Some(cmd) = initial {
-                c.send(cmd).await.map_err(|_| Error::Unavailable("the run is stopping; retry".into()))?;
+                c.send(cmd)
+                    .await
+                    .map_err(|_| Error::Unavailable("the run is stopping; retry".into()))?;
             }
             return Ok(c);
         }
         let (graph, state, base_dir) = self.load(project, run_id).await?;
-        let by = if by.is_empty() { "orchestrator".to_owned() } else { by.to_owned() };
+        let by = if by.is_empty() {
+            "orchestrator".to_owned()
+        } else {
+            by.to_owned()
+        };
         let resume = match (state.state, &initial) {
             // A finished run comes back only for the command (a rework resets what it names).
             (TaskState::Completed | TaskState::Canceled | TaskState::Failed, Some(_)) => None,
             (TaskState::Completed | TaskState::Canceled, None) => {
-                return Err(Error::FailedPrecondition(format!("run {run_id} is {}", state.state.as_str())))
+                return Err(Error::FailedPrecondition(format!(
+                    "run {run_id} is {}",
+                    state.state.as_str()
+                )))
             }
             // Not final (restart), or a failed run to retry: resume from the records.
             _ => Some((by.clone(), reason.to_owned())),
@@ -371,9 +490,16 @@ impl Runs {
             // Someone else brought it to life meanwhile: use theirs.
             return Box::pin(self.ensure_live(project, run_id, &by, reason, initial)).await;
         };
-        let recorder = Recorder::start(self.b.store.clone(), project.to_owned(), run_id.to_owned(), state.last_seq, self.linger());
+        let recorder = Recorder::start(
+            self.b.store.clone(),
+            project.to_owned(),
+            run_id.to_owned(),
+            state.last_seq,
+            self.linger(),
+        );
         self.launch(graph, state, recorder, base_dir, resume, initial, cmds)?;
-        self.live_cmd(project, run_id).ok_or_else(|| Error::Internal("run did not start".into()))
+        self.live_cmd(project, run_id)
+            .ok_or_else(|| Error::Internal("run did not start".into()))
     }
 
     pub async fn get(&self, project: &str, run_id: &str) -> Result<pb::RunInfo> {
@@ -390,9 +516,20 @@ impl Runs {
     }
 
     /// Runs of a project, newest first.
-    pub async fn list(&self, project: &str, states: &[TaskState], page_size: u32, token: &str) -> Result<(Vec<pb::RunInfo>, String)> {
+    pub async fn list(
+        &self,
+        project: &str,
+        states: &[TaskState],
+        page_size: u32,
+        token: &str,
+    ) -> Result<(Vec<pb::RunInfo>, String)> {
         check_id("project_id", project)?;
-        let entries = self.b.store.list(project, RUNS_PREFIX, false).await.map_err(Error::store("listing runs"))?;
+        let entries = self
+            .b
+            .store
+            .list(project, RUNS_PREFIX, false)
+            .await
+            .map_err(Error::store("listing runs"))?;
         let mut runs = Vec::new();
         for e in entries {
             if e.kind != pb::EntryKind::Directory as i32 {
@@ -404,13 +541,19 @@ impl Runs {
                 None => self.quick_info(project, &run_id).await,
             };
             if let Ok(info) = info {
-                let st = pb::TaskState::try_from(info.state).ok().and_then(TaskState::from_proto);
+                let st = pb::TaskState::try_from(info.state)
+                    .ok()
+                    .and_then(TaskState::from_proto);
                 if states.is_empty() || st.is_some_and(|s| states.contains(&s)) {
                     runs.push(info);
                 }
             }
         }
-        runs.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(b.run_id.cmp(&a.run_id)));
+        runs.sort_by(|a, b| {
+            b.created_at
+                .cmp(&a.created_at)
+                .then(b.run_id.cmp(&a.run_id))
+        });
         let size = match page_size {
             0 => 1000,
             n => n.min(10_000),
@@ -418,10 +561,16 @@ impl Runs {
         let start: usize = if token.is_empty() {
             0
         } else {
-            token.parse().map_err(|_| Error::InvalidArgument("page_token is not one this server gave".into()))?
+            token.parse().map_err(|_| {
+                Error::InvalidArgument("page_token is not one this server gave".into())
+            })?
         };
         let page: Vec<pb::RunInfo> = runs.iter().skip(start).take(size).cloned().collect();
-        let next = if start + size < runs.len() { (start + size).to_string() } else { String::new() };
+        let next = if start + size < runs.len() {
+            (start + size).to_string()
+        } else {
+            String::new()
+        };
         Ok((page, next))
     }
 
@@ -482,10 +631,20 @@ impl Runs {
         Ok(rx)
     }
 
-    pub async fn cancel(&self, project: &str, run_id: &str, by: &str, reason: &str) -> Result<pb::RunInfo> {
+    pub async fn cancel(
+        &self,
+        project: &str,
+        run_id: &str,
+        by: &str,
+        reason: &str,
+    ) -> Result<pb::RunInfo> {
         if let Some(c) = self.live_cmd(project, run_id) {
             let (tx, rx) = oneshot::channel();
-            let cmd = Command::Cancel { by: by.to_owned(), reason: reason.to_owned(), reply: tx };
+            let cmd = Command::Cancel {
+                by: by.to_owned(),
+                reason: reason.to_owned(),
+                reply: tx,
+            };
             if c.send(cmd).await.is_ok() {
                 if let Ok(r) = rx.await {
                     return r;
@@ -494,11 +653,21 @@ impl Runs {
         }
         let (graph, mut state, _) = self.load(project, run_id).await?;
         if state.state.is_final() {
-            return Err(Error::FailedPrecondition(format!("run {run_id} is already {}", state.state.as_str())));
+            return Err(Error::FailedPrecondition(format!(
+                "run {run_id} is already {}",
+                state.state.as_str()
+            )));
         }
         // Not live (no driver): record the cancellation directly.
-        let e = Ev::run(ev::TASK_CANCELED).with("by", if by.is_empty() { "human" } else { by }).with("reason", reason);
-        let r = self.b.store.append_events(project, run_id, vec![e.to_input()]).await.map_err(Error::store("recording task.canceled"))?;
+        let e = Ev::run(ev::TASK_CANCELED)
+            .with("by", if by.is_empty() { "human" } else { by })
+            .with("reason", reason);
+        let r = self
+            .b
+            .store
+            .append_events(project, run_id, vec![e.to_input()])
+            .await
+            .map_err(Error::store("recording task.canceled"))?;
         let ts = ev::now();
         state.apply(&crate::run::EventView::live(&e, &ts));
         state.last_seq = r.last_seq;
@@ -506,7 +675,13 @@ impl Runs {
         Ok(state.to_info(RunDir::new(run_id).root()))
     }
 
-    pub async fn resume(&self, project: &str, run_id: &str, by: &str, reason: &str) -> Result<pb::RunInfo> {
+    pub async fn resume(
+        &self,
+        project: &str,
+        run_id: &str,
+        by: &str,
+        reason: &str,
+    ) -> Result<pb::RunInfo> {
         if self.live_cmd(project, run_id).is_some() {
             return self.get(project, run_id).await;
         }
@@ -517,7 +692,18 @@ impl Runs {
                 state.state.as_str()
             ))),
             _ => {
-                self.ensure_live(project, run_id, by, if reason.is_empty() { "resume requested" } else { reason }, None).await?;
+                self.ensure_live(
+                    project,
+                    run_id,
+                    by,
+                    if reason.is_empty() {
+                        "resume requested"
+                    } else {
+                        reason
+                    },
+                    None,
+                )
+                .await?;
                 self.get(project, run_id).await
             }
         }
@@ -528,22 +714,44 @@ impl Runs {
         locks.entry(key(project, run_id)).or_default().clone()
     }
 
-    async fn append_note(&self, project: &str, run_id: &str, by: &str, heading: &str, text: &str) -> Result<String> {
+    async fn append_note(
+        &self,
+        project: &str,
+        run_id: &str,
+        by: &str,
+        heading: &str,
+        text: &str,
+    ) -> Result<String> {
         let lock = self.note_lock(project, run_id);
         let _g = lock.lock().await;
         human::append_note(&self.b.store, project, run_id, by, heading, text).await
     }
 
-    pub async fn decide(&self, project: &str, run_id: &str, gate: &str, d: Decision, by: &str, note: &str) -> Result<pb::RunInfo> {
+    pub async fn decide(
+        &self,
+        project: &str,
+        run_id: &str,
+        gate: &str,
+        d: Decision,
+        by: &str,
+        note: &str,
+    ) -> Result<pb::RunInfo> {
         // Check before writing the note, so a refused decision leaves nothing behind.
         let info = self.get(project, run_id).await?;
-        if let Some(st) = pb::TaskState::try_from(info.state).ok().and_then(TaskState::from_proto).filter(|s| s.is_final()) {
+        if let Some(st) = pb::TaskState::try_from(info.state)
+            .ok()
+            .and_then(TaskState::from_proto)
+            .filter(|s| s.is_final())
+        {
             return Err(Error::FailedPrecondition(format!(
                 "run {run_id} is {}; its gates can no longer be decided",
                 st.as_str()
             )));
         }
-        let blocked = info.gates.iter().any(|g| g.id == gate && g.state == pb::GateState::Blocked as i32);
+        let blocked = info
+            .gates
+            .iter()
+            .any(|g| g.id == gate && g.state == pb::GateState::Blocked as i32);
         if !blocked {
             let (_, state, _) = self.load(project, run_id).await?;
             crate::gates::check_decidable(&state, gate)?;
@@ -551,7 +759,16 @@ impl Runs {
         let note_ref = if note.trim().is_empty() {
             None
         } else {
-            Some(self.append_note(project, run_id, by, &format!("{} of gate `{gate}`", d.word()), note).await?)
+            Some(
+                self.append_note(
+                    project,
+                    run_id,
+                    by,
+                    &format!("{} of gate `{gate}`", d.word()),
+                    note,
+                )
+                .await?,
+            )
         };
         let (tx, rx) = oneshot::channel();
         let cmd = Command::Decide {
@@ -562,60 +779,121 @@ impl Runs {
             note_ref,
             reply: tx,
         };
-        self.ensure_live(project, run_id, by, "gate decision", Some(cmd)).await?;
-        rx.await.map_err(|_| Error::Unavailable("the run stopped before deciding; retry".into()))?
+        self.ensure_live(project, run_id, by, "gate decision", Some(cmd))
+            .await?;
+        rx.await
+            .map_err(|_| Error::Unavailable("the run stopped before deciding; retry".into()))?
     }
 
-    pub async fn rework(&self, project: &str, run_id: &str, node: &str, by: &str, note: &str) -> Result<pb::RunInfo> {
+    pub async fn rework(
+        &self,
+        project: &str,
+        run_id: &str,
+        node: &str,
+        by: &str,
+        note: &str,
+    ) -> Result<pb::RunInfo> {
         let info = self.get(project, run_id).await?;
         if !info.nodes.iter().any(|n| n.id == node) {
-            return Err(Error::NotFound(format!("run {run_id} has no node `{node}`")));
+            return Err(Error::NotFound(format!(
+                "run {run_id} has no node `{node}`"
+            )));
         }
         if info.state == pb::TaskState::Canceled as i32 {
-            return Err(Error::FailedPrecondition(format!("run {run_id} is canceled; submit it again instead")));
+            return Err(Error::FailedPrecondition(format!(
+                "run {run_id} is canceled; submit it again instead"
+            )));
         }
         let note_ref = if note.trim().is_empty() {
             None
         } else {
-            Some(self.append_note(project, run_id, by, &format!("rework of node `{node}`"), note).await?)
+            Some(
+                self.append_note(
+                    project,
+                    run_id,
+                    by,
+                    &format!("rework of node `{node}`"),
+                    note,
+                )
+                .await?,
+            )
         };
         let (tx, rx) = oneshot::channel();
-        let cmd = Command::Rework { node: node.to_owned(), by: by.to_owned(), note: note.to_owned(), note_ref, reply: tx };
-        self.ensure_live(project, run_id, by, "rework requested", Some(cmd)).await?;
-        rx.await.map_err(|_| Error::Unavailable("the run stopped before the rework; retry".into()))?
+        let cmd = Command::Rework {
+            node: node.to_owned(),
+            by: by.to_owned(),
+            note: note.to_owned(),
+            note_ref,
+            reply: tx,
+        };
+        self.ensure_live(project, run_id, by, "rework requested", Some(cmd))
+            .await?;
+        rx.await
+            .map_err(|_| Error::Unavailable("the run stopped before the rework; retry".into()))?
     }
 
     /// Records a human event: through the live run's recorder, or straight to the store.
     async fn record(&self, project: &str, run_id: &str, e: Ev) -> Result<u64> {
         if let Some(c) = self.live_cmd(project, run_id) {
             let (tx, rx) = oneshot::channel();
-            if c.send(Command::Record { event: e.clone(), reply: tx }).await.is_ok() {
+            if c.send(Command::Record {
+                event: e.clone(),
+                reply: tx,
+            })
+            .await
+            .is_ok()
+            {
                 if let Ok(r) = rx.await {
                     return r;
                 }
             }
         }
-        let r = self.b.store.append_events(project, run_id, vec![e.to_input()]).await.map_err(Error::store("recording the event"))?;
+        let r = self
+            .b
+            .store
+            .append_events(project, run_id, vec![e.to_input()])
+            .await
+            .map_err(Error::store("recording the event"))?;
         Ok(r.first_seq)
     }
 
-    pub async fn add_note(&self, project: &str, run_id: &str, by: &str, text: &str) -> Result<(u64, String)> {
+    pub async fn add_note(
+        &self,
+        project: &str,
+        run_id: &str,
+        by: &str,
+        text: &str,
+    ) -> Result<(u64, String)> {
         if text.trim().is_empty() {
             return Err(Error::InvalidArgument("the note is empty".into()));
         }
         self.get(project, run_id).await?;
         let by = if by.is_empty() { "human" } else { by };
         let note_ref = self.append_note(project, run_id, by, "note", text).await?;
-        let e = Ev::run(ev::HUMAN_NOTE).with("by", by).with("ref", note_ref.clone()).with("bytes", text.len());
+        let e = Ev::run(ev::HUMAN_NOTE)
+            .with("by", by)
+            .with("ref", note_ref.clone())
+            .with("bytes", text.len());
         let seq = self.record(project, run_id, e).await?;
         Ok((seq, note_ref))
     }
 
-    pub async fn edit_context(&self, project: &str, run_id: &str, by: &str, yaml: &str) -> Result<u64> {
-        let manifest = Manifest::parse(yaml).map_err(|e| Error::InvalidArgument(format!("context manifest: {e}")))?;
+    pub async fn edit_context(
+        &self,
+        project: &str,
+        run_id: &str,
+        by: &str,
+        yaml: &str,
+    ) -> Result<u64> {
+        let manifest = Manifest::parse(yaml)
+            .map_err(|e| Error::InvalidArgument(format!("context manifest: {e}")))?;
         self.get(project, run_id).await?;
         let path = RunDir::new(run_id).context_manifest();
-        let opts = PutOptions { overwrite: true, run_id: run_id.to_owned(), ..Default::default() };
+        let opts = PutOptions {
+            overwrite: true,
+            run_id: run_id.to_owned(),
+            ..Default::default()
+        };
         self.b
             .store
             .put(project, &path, Bytes::from(yaml.to_owned()), &opts)
@@ -636,7 +914,9 @@ impl Runs {
         let projects = loop {
             match self.b.store.projects().await {
                 Ok(p) => break p,
-                Err(e) if tokio::time::Instant::now() < deadline && !self.shutdown.is_cancelled() => {
+                Err(e)
+                    if tokio::time::Instant::now() < deadline && !self.shutdown.is_cancelled() =>
+                {
                     tracing::debug!(error = %e, "store not reachable yet; waiting to resume runs");
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_secs(5));
@@ -649,16 +929,23 @@ impl Runs {
         };
         let mut resumed = 0;
         for project in projects {
-            let Ok(entries) = self.b.store.list(&project, RUNS_PREFIX, false).await else { continue };
+            let Ok(entries) = self.b.store.list(&project, RUNS_PREFIX, false).await else {
+                continue;
+            };
             for e in entries {
                 if e.kind != pb::EntryKind::Directory as i32 || self.shutdown.is_cancelled() {
                     continue;
                 }
                 let run_id = e.path.rsplit('/').next().unwrap_or_default().to_owned();
-                if self.live_cmd(&project, &run_id).is_some() || !self.unfinished(&project, &run_id).await {
+                if self.live_cmd(&project, &run_id).is_some()
+                    || !self.unfinished(&project, &run_id).await
+                {
                     continue;
                 }
-                match self.ensure_live(&project, &run_id, "orchestrator", "restart", None).await {
+                match self
+                    .ensure_live(&project, &run_id, "orchestrator", "restart", None)
+                    .await
+                {
                     Ok(_) => {
                         resumed += 1;
                         tracing::info!(%project, %run_id, "resumed unfinished run");
@@ -679,7 +966,10 @@ impl Runs {
         };
         let (state, seq) = match &snapshot {
             Some(v) => (
-                v.get("state").and_then(Value::as_str).unwrap_or("").to_owned(),
+                v.get("state")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_owned(),
                 v.get("events_seq").and_then(Value::as_u64).unwrap_or(0),
             ),
             None => (String::new(), 0),

@@ -59,7 +59,10 @@ pub enum Command {
         reply: oneshot::Sender<Result<pb::RunInfo>>,
     },
     /// Records a human event (note, context edit) in order with the run's own events.
-    Record { event: Ev, reply: oneshot::Sender<Result<u64>> },
+    Record {
+        event: Ev,
+        reply: oneshot::Sender<Result<u64>>,
+    },
 }
 
 /// Everything a driver starts from.
@@ -219,7 +222,8 @@ impl Driver {
         self.dirty = false;
         self.state_changed = false;
         self.last_snapshot = Instant::now();
-        self.snaps.publish(&self.state, &self.graph, self.rec.queued())
+        self.snaps
+            .publish(&self.state, &self.graph, self.rec.queued())
     }
 
     async fn run(mut self, resume: Option<(String, String)>, initial: Option<Command>) {
@@ -229,7 +233,12 @@ impl Driver {
                 .state
                 .nodes
                 .iter()
-                .filter(|n| matches!(n.state, NodeState::Running | NodeState::Failed | NodeState::Canceled))
+                .filter(|n| {
+                    matches!(
+                        n.state,
+                        NodeState::Running | NodeState::Failed | NodeState::Canceled
+                    )
+                })
                 .map(|n| n.id.clone())
                 .collect();
             self.emit(
@@ -270,7 +279,13 @@ impl Driver {
         // Answer whatever is still queued so no caller waits forever.
         self.cmds.close();
         while let Ok(cmd) = self.cmds.try_recv() {
-            let gone = || Error::FailedPrecondition(format!("run {} is no longer active ({})", self.state.run_id, self.state.state.as_str()));
+            let gone = || {
+                Error::FailedPrecondition(format!(
+                    "run {} is no longer active ({})",
+                    self.state.run_id,
+                    self.state.state.as_str()
+                ))
+            };
             match cmd {
                 Command::Info(r) => {
                     let _ = r.send(self.info());
@@ -300,7 +315,9 @@ impl Driver {
         if self.canceling.is_none() && self.state.state == TaskState::Created {
             self.emit(Ev::run(ev::TASK_WORKING));
         }
-        if self.state.blocked_gates().next().is_some() && self.state.state != TaskState::InputRequired {
+        if self.state.blocked_gates().next().is_some()
+            && self.state.state != TaskState::InputRequired
+        {
             self.emit(Ev::run(ev::TASK_INPUT_REQUIRED));
         }
         self.refresh_all();
@@ -311,7 +328,9 @@ impl Driver {
             if let Some(exit) = self.finish_if_done() {
                 return exit;
             }
-            if self.state_changed || (self.dirty && self.last_snapshot.elapsed() >= self.snapshot_every) {
+            if self.state_changed
+                || (self.dirty && self.last_snapshot.elapsed() >= self.snapshot_every)
+            {
                 self.publish();
             }
             if self.idle_for_human() {
@@ -369,11 +388,16 @@ impl Driver {
     }
 
     fn has_work(&self) -> bool {
-        !self.ready.is_empty() || !self.running.is_empty() || !self.retry_at.is_empty() || self.canceling.is_some()
+        !self.ready.is_empty()
+            || !self.running.is_empty()
+            || !self.retry_at.is_empty()
+            || self.canceling.is_some()
     }
 
     fn idle_for_human(&self) -> bool {
-        self.running.is_empty() && self.retry_at.is_empty() && self.state.blocked_gates().next().is_some()
+        self.running.is_empty()
+            && self.retry_at.is_empty()
+            && self.state.blocked_gates().next().is_some()
     }
 
     /// Recomputes readiness of every node (start, resume, rework).
@@ -389,7 +413,9 @@ impl Driver {
         let mut work = vec![i];
         while let Some(i) = work.pop() {
             let node = &self.graph.nodes[i];
-            let Some(rec) = self.state.node(&node.id) else { continue };
+            let Some(rec) = self.state.node(&node.id) else {
+                continue;
+            };
             if rec.state != NodeState::Pending
                 || self.running.contains_key(&node.id)
                 || self.waiting_retry.contains(&node.id)
@@ -411,7 +437,10 @@ impl Driver {
             }
             if let (Some(need), Trigger::AllSucceeded) = (skipped_need, node.trigger) {
                 let id = node.id.clone();
-                self.emit(Ev::new(ev::NODE_SKIPPED, &id).with("reason", format!("needs `{need}`, which was skipped")));
+                self.emit(
+                    Ev::new(ev::NODE_SKIPPED, &id)
+                        .with("reason", format!("needs `{need}`, which was skipped")),
+                );
                 work.extend(self.graph.dependents(i).iter().copied());
                 continue;
             }
@@ -434,18 +463,28 @@ impl Driver {
             .iter()
             .filter_map(|n| self.state.node(n).map(|r| (n.clone(), r.outputs.clone())))
             .collect();
-        Scope { graph: self.graph.clone(), outputs, item: None, index: None }
+        Scope {
+            graph: self.graph.clone(),
+            outputs,
+            item: None,
+            index: None,
+        }
     }
 
     /// One scheduling step: inline nodes, then every startable node behind one flush.
     async fn step(&mut self) -> std::result::Result<(), String> {
         let mut jobs: Vec<Job> = Vec::new();
         loop {
-            if self.failing.is_some() || self.canceling.is_some() || self.state.blocked_gates().next().is_some() {
+            if self.failing.is_some()
+                || self.canceling.is_some()
+                || self.state.blocked_gates().next().is_some()
+            {
                 // seed 001 §6: while a gate waits, nothing new starts.
                 break;
             }
-            let Some(&i) = self.ready.iter().next() else { break };
+            let Some(&i) = self.ready.iter().next() else {
+                break;
+            };
             let node = self.graph.nodes[i].clone();
             let scope = self.scope_for(&node);
             if let Some(w) = &node.when {
@@ -453,7 +492,10 @@ impl Driver {
                     Ok(true) => {}
                     Ok(false) => {
                         self.ready.remove(&i);
-                        self.emit(Ev::new(ev::NODE_SKIPPED, &node.id).with("reason", format!("`when: {}` was false", w.source())));
+                        self.emit(
+                            Ev::new(ev::NODE_SKIPPED, &node.id)
+                                .with("reason", format!("`when: {}` was false", w.source())),
+                        );
                         self.after_finish(&node.id);
                         continue;
                     }
@@ -468,18 +510,31 @@ impl Driver {
                 NodeKind::Condition(c) => {
                     self.ready.remove(&i);
                     let attempt = self.next_attempt(&node.id);
-                    self.emit(Ev::new(ev::NODE_STARTED, &node.id).with("node_type", "condition").with("attempt", attempt));
+                    self.emit(
+                        Ev::new(ev::NODE_STARTED, &node.id)
+                            .with("node_type", "condition")
+                            .with("attempt", attempt),
+                    );
                     match nodes::condition::evaluate(&scope, c) {
                         Ok((value, out)) => {
-                            self.emit(Ev::new(ev::NODE_COMPLETED, &node.id).with("outputs", Value::Object(out)));
+                            self.emit(
+                                Ev::new(ev::NODE_COMPLETED, &node.id)
+                                    .with("outputs", Value::Object(out)),
+                            );
                             for target in nodes::condition::not_taken(c, value) {
-                                if self.state.node(target).map(|r| r.state) == Some(NodeState::Pending) {
+                                if self.state.node(target).map(|r| r.state)
+                                    == Some(NodeState::Pending)
+                                {
                                     if let Some(t) = self.graph.position(target) {
                                         self.ready.remove(&t);
                                     }
                                     self.emit(Ev::new(ev::NODE_SKIPPED, target).with(
                                         "reason",
-                                        format!("condition `{}` took the {} branch", node.id, if value { "then" } else { "else" }),
+                                        format!(
+                                            "condition `{}` took the {} branch",
+                                            node.id,
+                                            if value { "then" } else { "else" }
+                                        ),
                                     ));
                                     self.after_finish(target);
                                 }
@@ -494,10 +549,21 @@ impl Driver {
                     let attempt = self.next_attempt(&node.id);
                     match nodes::gate::reason(&scope, &node.id, g) {
                         Ok(reason) => {
-                            self.emit(Ev::new(ev::NODE_STARTED, &node.id).with("node_type", "gate").with("attempt", attempt));
-                            self.emit(Ev::new(ev::GATE_BLOCKED, &node.id).with("gate_id", node.id.as_str()).with("reason", reason));
+                            self.emit(
+                                Ev::new(ev::NODE_STARTED, &node.id)
+                                    .with("node_type", "gate")
+                                    .with("attempt", attempt),
+                            );
+                            self.emit(
+                                Ev::new(ev::GATE_BLOCKED, &node.id)
+                                    .with("gate_id", node.id.as_str())
+                                    .with("reason", reason),
+                            );
                             if self.state.state != TaskState::InputRequired {
-                                self.emit(Ev::run(ev::TASK_INPUT_REQUIRED).with("gate_id", node.id.as_str()));
+                                self.emit(
+                                    Ev::run(ev::TASK_INPUT_REQUIRED)
+                                        .with("gate_id", node.id.as_str()),
+                                );
                             }
                         }
                         Err(e) => self.final_failure(&node.id, attempt, &e),
@@ -509,7 +575,12 @@ impl Driver {
                     }
                     self.ready.remove(&i);
                     if let Err(e) = self.start_map(&node, m, &scope).await {
-                        let attempt = self.state.node(&node.id).map(|r| r.attempts).unwrap_or(1).max(1);
+                        let attempt = self
+                            .state
+                            .node(&node.id)
+                            .map(|r| r.attempts)
+                            .unwrap_or(1)
+                            .max(1);
                         self.final_failure(&node.id, attempt, &e);
                     }
                 }
@@ -521,7 +592,14 @@ impl Driver {
                     let rec = self.state.node(&node.id);
                     let reset = rec.map(|r| r.resets > 0).unwrap_or(false);
                     let turn = rec.map(|r| r.turn).unwrap_or(1);
-                    jobs.push(Job { id: node.id.clone(), node: Arc::new(node.clone()), scope, reset, turn, item: false });
+                    jobs.push(Job {
+                        id: node.id.clone(),
+                        node: Arc::new(node.clone()),
+                        scope,
+                        reset,
+                        turn,
+                        item: false,
+                    });
                 }
             }
         }
@@ -531,15 +609,23 @@ impl Driver {
             if self.failing.is_some() || self.canceling.is_some() {
                 break;
             }
-            let Some(node) = self.graph.node(&map_id).cloned() else { continue };
-            let NodeKind::Map(spec) = &node.kind else { continue };
+            let Some(node) = self.graph.node(&map_id).cloned() else {
+                continue;
+            };
+            let NodeKind::Map(spec) = &node.kind else {
+                continue;
+            };
             let base_scope = self.scope_for(&node);
             loop {
-                let Some(mr) = self.maps.get_mut(&map_id) else { break };
+                let Some(mr) = self.maps.get_mut(&map_id) else {
+                    break;
+                };
                 if mr.running >= mr.parallelism {
                     break;
                 }
-                let Some(index) = mr.pending.pop_front() else { break };
+                let Some(index) = mr.pending.pop_front() else {
+                    break;
+                };
                 mr.running += 1;
                 let item = mr.items.get(index).cloned().unwrap_or(Value::Null);
                 let id = format!("{map_id}.{index}");
@@ -552,7 +638,10 @@ impl Driver {
                     match scope.eval("node.when", w) {
                         Ok(true) => {}
                         Ok(false) => {
-                            self.emit(Ev::new(ev::NODE_SKIPPED, &id).with("reason", format!("`when: {}` was false", w.source())));
+                            self.emit(
+                                Ev::new(ev::NODE_SKIPPED, &id)
+                                    .with("reason", format!("`when: {}` was false", w.source())),
+                            );
                             self.item_finished(&map_id);
                             continue;
                         }
@@ -562,7 +651,14 @@ impl Driver {
                         }
                     }
                 }
-                jobs.push(Job { id, node: Arc::new((*spec.node).clone()), scope, reset, turn: 1, item: true });
+                jobs.push(Job {
+                    id,
+                    node: Arc::new((*spec.node).clone()),
+                    scope,
+                    reset,
+                    turn: 1,
+                    item: true,
+                });
             }
         }
         if jobs.is_empty() {
@@ -572,12 +668,18 @@ impl Driver {
         // writes bytes fixed by records that precede it, so it may start while they are still
         // being committed: the recorder keeps order, so after a crash it is simply redone and
         // the store answers UNCHANGED (no duplicate file, and its events were never recorded).
-        if jobs.iter().any(|j| !matches!(j.node.kind, NodeKind::WriteFile(_))) {
+        if jobs
+            .iter()
+            .any(|j| !matches!(j.node.kind, NodeKind::WriteFile(_)))
+        {
             self.rec.flush().await.map_err(|e| e.0)?;
         } else if self.must_flush_to > 0 {
             // ... unless they depend on something that would not come out the same again (an
             // agent's answer, a sandbox run): that must be durable first.
-            self.rec.flush_to(self.must_flush_to).await.map_err(|e| e.0)?;
+            self.rec
+                .flush_to(self.must_flush_to)
+                .await
+                .map_err(|e| e.0)?;
         }
         for job in jobs {
             self.start_job(job);
@@ -594,7 +696,12 @@ impl Driver {
         before + 1
     }
 
-    async fn start_map(&mut self, node: &Node, spec: &crate::graph::MapNode, scope: &Scope) -> std::result::Result<(), NodeError> {
+    async fn start_map(
+        &mut self,
+        node: &Node,
+        spec: &crate::graph::MapNode,
+        scope: &Scope,
+    ) -> std::result::Result<(), NodeError> {
         let attempt = self.next_attempt(&node.id);
         let existing = self.state.node(&node.id).and_then(|r| r.items.clone());
         let items: Vec<Value> = match &existing {
@@ -603,28 +710,47 @@ impl Driver {
                 Some(list) => list.clone(),
                 None => match &spec.over {
                     crate::graph::MapOver::List(l) => l.clone(),
-                    _ => nodes::map::items(&self.b.store, &self.state.project, scope, spec).await?.0,
+                    _ => {
+                        nodes::map::items(&self.b.store, &self.state.project, scope, spec)
+                            .await?
+                            .0
+                    }
                 },
             },
             None => {
-                let (items, record) = nodes::map::items(&self.b.store, &self.state.project, scope, spec).await?;
+                let (items, record) =
+                    nodes::map::items(&self.b.store, &self.state.project, scope, spec).await?;
                 let mut e = Ev::new(ev::MAP_ITEMS, &node.id).with("count", items.len());
                 if record {
                     e = e.with("items", Value::Array(items.clone()));
                 }
-                self.emit(Ev::new(ev::NODE_STARTED, &node.id).with("node_type", "map").with("attempt", attempt));
+                self.emit(
+                    Ev::new(ev::NODE_STARTED, &node.id)
+                        .with("node_type", "map")
+                        .with("attempt", attempt),
+                );
                 self.emit(e);
                 let pending = (0..items.len()).collect();
                 self.maps.insert(
                     node.id.clone(),
-                    MapRun { items: Arc::new(items), pending, running: 0, parallelism: spec.parallelism as usize },
+                    MapRun {
+                        items: Arc::new(items),
+                        pending,
+                        running: 0,
+                        parallelism: spec.parallelism as usize,
+                    },
                 );
                 self.running_nodes += 1;
                 self.maybe_finish_map(&node.id);
                 return Ok(());
             }
         };
-        self.emit(Ev::new(ev::NODE_STARTED, &node.id).with("node_type", "map").with("attempt", attempt).with("resumed", true));
+        self.emit(
+            Ev::new(ev::NODE_STARTED, &node.id)
+                .with("node_type", "map")
+                .with("attempt", attempt)
+                .with("resumed", true),
+        );
         let pending: VecDeque<usize> = existing
             .map(|r| {
                 r.records
@@ -637,7 +763,12 @@ impl Driver {
             .unwrap_or_default();
         self.maps.insert(
             node.id.clone(),
-            MapRun { items: Arc::new(items), pending, running: 0, parallelism: spec.parallelism as usize },
+            MapRun {
+                items: Arc::new(items),
+                pending,
+                running: 0,
+                parallelism: spec.parallelism as usize,
+            },
         );
         self.running_nodes += 1;
         self.maybe_finish_map(&node.id);
@@ -652,18 +783,29 @@ impl Driver {
     }
 
     fn maybe_finish_map(&mut self, map_id: &str) {
-        let Some(mr) = self.maps.get(map_id) else { return };
+        let Some(mr) = self.maps.get(map_id) else {
+            return;
+        };
         if mr.running > 0 || !mr.pending.is_empty() {
             return;
         }
-        let Some(rec) = self.state.node(map_id) else { return };
-        let records = rec.items.as_ref().map(|i| i.records.clone()).unwrap_or_default();
+        let Some(rec) = self.state.node(map_id) else {
+            return;
+        };
+        let records = rec
+            .items
+            .as_ref()
+            .map(|i| i.records.clone())
+            .unwrap_or_default();
         if records.iter().any(|r| !r.state.is_done()) {
             return; // a failure is being handled
         }
         self.maps.remove(map_id);
         self.running_nodes = self.running_nodes.saturating_sub(1);
-        let succeeded = records.iter().filter(|r| r.state == NodeState::Succeeded).count();
+        let succeeded = records
+            .iter()
+            .filter(|r| r.state == NodeState::Succeeded)
+            .count();
         let items: Vec<Value> = records.into_iter().map(|r| r.outputs).collect();
         let outputs = json!({"count": items.len(), "succeeded": succeeded, "items": items});
         self.emit(Ev::new(ev::NODE_COMPLETED, map_id).with("outputs", outputs));
@@ -683,7 +825,11 @@ impl Driver {
         let cancel = self.children.child_token();
         let deadline = match &job.node.kind {
             NodeKind::SandboxRun(_) => {
-                Duration::from_secs(job.node.timeout_s.unwrap_or(nodes::sandbox_run::DEFAULT_TIMEOUT_S)) + SANDBOX_GRACE
+                Duration::from_secs(
+                    job.node
+                        .timeout_s
+                        .unwrap_or(nodes::sandbox_run::DEFAULT_TIMEOUT_S),
+                ) + SANDBOX_GRACE
             }
             _ => Duration::from_secs(job.node.timeout_s.unwrap_or(self.b.config.node_timeout_s)),
         };
@@ -709,7 +855,10 @@ impl Driver {
                     Ok(r) => r,
                     Err(_) => Err(NodeError::new(
                         ErrorKind::Timeout,
-                        format!("no result within {}s (the node's timeout_s)", deadline.as_secs()),
+                        format!(
+                            "no result within {}s (the node's timeout_s)",
+                            deadline.as_secs()
+                        ),
                     )),
                 }
             };
@@ -723,7 +872,14 @@ impl Driver {
         if !job.item {
             self.running_nodes += 1;
         }
-        self.running.insert(job.id, Running { task, cancel, canceled: false });
+        self.running.insert(
+            job.id,
+            Running {
+                task,
+                cancel,
+                canceled: false,
+            },
+        );
     }
 
     fn task_msg(&mut self, m: TaskMsg) {
@@ -737,8 +893,12 @@ impl Driver {
     }
 
     fn done(&mut self, task: u64, result: std::result::Result<NodeSuccess, NodeError>) {
-        let Some(id) = self.task_ids.remove(&task) else { return };
-        let Some(run) = self.running.remove(&id) else { return };
+        let Some(id) = self.task_ids.remove(&task) else {
+            return;
+        };
+        let Some(run) = self.running.remove(&id) else {
+            return;
+        };
         let item = crate::run::split_item(&id);
         if item.is_none() {
             self.running_nodes = self.running_nodes.saturating_sub(1);
@@ -764,7 +924,10 @@ impl Driver {
                 for e in success.events {
                     self.emit(e);
                 }
-                self.emit(Ev::new(ev::NODE_COMPLETED, &id).with("outputs", Value::Object(success.outputs)));
+                self.emit(
+                    Ev::new(ev::NODE_COMPLETED, &id)
+                        .with("outputs", Value::Object(success.outputs)),
+                );
                 if !deterministic {
                     self.must_flush_to = self.rec.queued();
                 }
@@ -784,13 +947,24 @@ impl Driver {
                     }),
                     None => self.graph.node(&id).cloned(),
                 };
-                let policy = self.b.config.retry.merged(&[self.graph.retry.as_ref(), node.as_ref().and_then(|n| n.retry.as_ref())]);
+                let policy = self.b.config.retry.merged(&[
+                    self.graph.retry.as_ref(),
+                    node.as_ref().and_then(|n| n.retry.as_ref()),
+                ]);
                 let tries = self.tries.get(&id).copied().unwrap_or(1);
                 let attempt = match item {
-                    Some((map, index)) => self.state.item(map, index).map(|r| r.attempts).unwrap_or(tries),
+                    Some((map, index)) => self
+                        .state
+                        .item(map, index)
+                        .map(|r| r.attempts)
+                        .unwrap_or(tries),
                     None => self.state.node(&id).map(|r| r.attempts).unwrap_or(tries),
                 };
-                if tries < policy.max_attempts && policy.retry_on.contains(&e.kind) && self.failing.is_none() && self.canceling.is_none() {
+                if tries < policy.max_attempts
+                    && policy.retry_on.contains(&e.kind)
+                    && self.failing.is_none()
+                    && self.canceling.is_none()
+                {
                     let delay = policy.backoff(tries + 1);
                     self.emit(
                         Ev::new(ev::NODE_FAILED, &id)
@@ -850,7 +1024,11 @@ impl Driver {
     /// Cancels running attempts (all, or those in `only`).
     fn cancel_running(&mut self, only: Option<&HashSet<String>>) {
         for (id, r) in self.running.iter_mut() {
-            let hit = only.map(|o| o.contains(id) || crate::run::split_item(id).is_some_and(|(m, _)| o.contains(m))).unwrap_or(true);
+            let hit = only
+                .map(|o| {
+                    o.contains(id) || crate::run::split_item(id).is_some_and(|(m, _)| o.contains(m))
+                })
+                .unwrap_or(true);
             if hit && !r.canceled {
                 r.canceled = true;
                 r.cancel.cancel();
@@ -860,9 +1038,15 @@ impl Driver {
 
     fn due_retries(&mut self) {
         let now = Instant::now();
-        let due: Vec<(Instant, u64)> = self.retry_at.range(..=(now, u64::MAX)).map(|(k, _)| *k).collect();
+        let due: Vec<(Instant, u64)> = self
+            .retry_at
+            .range(..=(now, u64::MAX))
+            .map(|(k, _)| *k)
+            .collect();
         for k in due {
-            let Some(id) = self.retry_at.remove(&k) else { continue };
+            let Some(id) = self.retry_at.remove(&k) else {
+                continue;
+            };
             self.waiting_retry.remove(&id);
             match crate::run::split_item(&id) {
                 Some((map, index)) => {
@@ -888,7 +1072,11 @@ impl Driver {
         }
         if let Some((by, reason)) = self.canceling.clone() {
             self.retry_at.clear();
-            self.emit(Ev::run(ev::TASK_CANCELED).with("by", by).with("reason", reason));
+            self.emit(
+                Ev::run(ev::TASK_CANCELED)
+                    .with("by", by)
+                    .with("reason", reason),
+            );
             return Some(Exit::Final);
         }
         if let Some(why) = self.failing.clone() {
@@ -901,16 +1089,34 @@ impl Driver {
         if self.state.blocked_gates().next().is_some() {
             return None;
         }
-        if let Some(n) = self.state.nodes.iter().find(|n| n.state == NodeState::Failed) {
-            let why = format!("node `{}` failed: {}", n.id, n.error.clone().unwrap_or_default());
+        if let Some(n) = self
+            .state
+            .nodes
+            .iter()
+            .find(|n| n.state == NodeState::Failed)
+        {
+            let why = format!(
+                "node `{}` failed: {}",
+                n.id,
+                n.error.clone().unwrap_or_default()
+            );
             self.emit(Ev::run(ev::TASK_FAILED).with("error", why));
             return Some(Exit::Final);
         }
-        let stuck: Vec<String> = self.state.nodes.iter().filter(|n| !n.state.is_done()).map(|n| n.id.clone()).collect();
+        let stuck: Vec<String> = self
+            .state
+            .nodes
+            .iter()
+            .filter(|n| !n.state.is_done())
+            .map(|n| n.id.clone())
+            .collect();
         if stuck.is_empty() {
             self.emit(Ev::run(ev::TASK_COMPLETED));
         } else {
-            self.emit(Ev::run(ev::TASK_FAILED).with("error", format!("nodes that can never run: {}", stuck.join(", "))));
+            self.emit(Ev::run(ev::TASK_FAILED).with(
+                "error",
+                format!("nodes that can never run: {}", stuck.join(", ")),
+            ));
         }
         Some(Exit::Final)
     }
@@ -920,11 +1126,26 @@ impl Driver {
             Command::Info(reply) => {
                 let _ = reply.send(self.info());
             }
-            Command::Decide { gate, decision, by, note, note_ref, reply } => {
-                let r = self.decide(&gate, decision, &by, &note, note_ref.as_deref()).await;
+            Command::Decide {
+                gate,
+                decision,
+                by,
+                note,
+                note_ref,
+                reply,
+            } => {
+                let r = self
+                    .decide(&gate, decision, &by, &note, note_ref.as_deref())
+                    .await;
                 let _ = reply.send(r);
             }
-            Command::Rework { node, by, note, note_ref, reply } => {
+            Command::Rework {
+                node,
+                by,
+                note,
+                note_ref,
+                reply,
+            } => {
                 let r = self.rework(&node, &by, &note, note_ref.as_deref()).await;
                 let _ = reply.send(r);
             }
@@ -934,7 +1155,8 @@ impl Driver {
                     return;
                 }
                 if self.canceling.is_none() {
-                    self.canceling = Some((if by.is_empty() { "human".into() } else { by }, reason));
+                    self.canceling =
+                        Some((if by.is_empty() { "human".into() } else { by }, reason));
                     self.cancel_running(None);
                 }
                 self.cancel_replies.push(reply);
@@ -943,18 +1165,35 @@ impl Driver {
                 let ts = now();
                 self.state.apply(&EventView::live(&event, &ts));
                 self.dirty = true;
-                let r = self.rec.record(&event).await.map_err(|e| Error::Unavailable(e.to_string()));
+                let r = self
+                    .rec
+                    .record(&event)
+                    .await
+                    .map_err(|e| Error::Unavailable(e.to_string()));
                 let _ = reply.send(r);
             }
         }
     }
 
-    async fn decide(&mut self, gate: &str, d: Decision, by: &str, note: &str, note_ref: Option<&str>) -> Result<pb::RunInfo> {
+    async fn decide(
+        &mut self,
+        gate: &str,
+        d: Decision,
+        by: &str,
+        note: &str,
+        note_ref: Option<&str>,
+    ) -> Result<pb::RunInfo> {
         if self.state.state.is_final() || self.canceling.is_some() || self.failing.is_some() {
             return Err(Error::FailedPrecondition(format!(
                 "run {} is {}; its gates can no longer be decided",
                 self.state.run_id,
-                if self.canceling.is_some() { "being canceled" } else if self.failing.is_some() { "failing" } else { self.state.state.as_str() }
+                if self.canceling.is_some() {
+                    "being canceled"
+                } else if self.failing.is_some() {
+                    "failing"
+                } else {
+                    self.state.state.as_str()
+                }
             )));
         }
         gates::check_decidable(&self.state, gate)?;
@@ -968,17 +1207,24 @@ impl Driver {
         match (d, on_reject) {
             (Decision::Approve, _) | (Decision::Reject, crate::graph::OnReject::Continue) => {
                 let approved = d == Decision::Approve;
-                self.emit(
-                    Ev::new(ev::NODE_COMPLETED, gate)
-                        .with("outputs", Value::Object(nodes::gate::outputs(approved, by, note, &decided_at))),
-                );
+                self.emit(Ev::new(ev::NODE_COMPLETED, gate).with(
+                    "outputs",
+                    Value::Object(nodes::gate::outputs(approved, by, note, &decided_at)),
+                ));
                 if self.state.blocked_gates().next().is_none() && self.failing.is_none() {
                     self.emit(Ev::run(ev::TASK_WORKING).with("by", by));
                 }
                 self.after_finish(gate);
             }
             (Decision::Reject, crate::graph::OnReject::Fail) => {
-                let why = format!("gate `{gate}` rejected by {by}{}", if note.is_empty() { String::new() } else { format!(": {note}") });
+                let why = format!(
+                    "gate `{gate}` rejected by {by}{}",
+                    if note.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {note}")
+                    }
+                );
                 self.emit(
                     Ev::new(ev::NODE_FAILED, gate)
                         .level(pb::Level::Error)
@@ -989,11 +1235,20 @@ impl Driver {
                 self.fail(why);
             }
         }
-        self.rec.flush().await.map_err(|e| Error::Unavailable(e.to_string()))?;
+        self.rec
+            .flush()
+            .await
+            .map_err(|e| Error::Unavailable(e.to_string()))?;
         Ok(self.info())
     }
 
-    async fn rework(&mut self, node: &str, by: &str, note: &str, note_ref: Option<&str>) -> Result<pb::RunInfo> {
+    async fn rework(
+        &mut self,
+        node: &str,
+        by: &str,
+        note: &str,
+        note_ref: Option<&str>,
+    ) -> Result<pb::RunInfo> {
         if self.graph.node(node).is_none() {
             return Err(Error::NotFound(format!(
                 "run {} has no node `{node}` (map items are reworked through their map)",
@@ -1001,7 +1256,10 @@ impl Driver {
             )));
         }
         if self.canceling.is_some() || self.state.state == TaskState::Canceled {
-            return Err(Error::FailedPrecondition(format!("run {} is canceled; submit it again instead", self.state.run_id)));
+            return Err(Error::FailedPrecondition(format!(
+                "run {} is canceled; submit it again instead",
+                self.state.run_id
+            )));
         }
         let ids = self.graph.downstream(node);
         let set: HashSet<String> = ids.iter().cloned().collect();
@@ -1009,7 +1267,10 @@ impl Driver {
         let stale: Vec<String> = self
             .running
             .keys()
-            .filter(|id| set.contains(*id) || crate::run::split_item(id).is_some_and(|(m, _)| set.contains(m)))
+            .filter(|id| {
+                set.contains(*id)
+                    || crate::run::split_item(id).is_some_and(|(m, _)| set.contains(m))
+            })
             .cloned()
             .collect();
         for id in stale {
@@ -1031,8 +1292,11 @@ impl Driver {
             self.tries.remove(id);
             self.waiting_retry.remove(id);
         }
-        self.retry_at.retain(|_, id| !set.contains(id) && !crate::run::split_item(id).is_some_and(|(m, _)| set.contains(m)));
-        self.tries.retain(|id, _| !crate::run::split_item(id).is_some_and(|(m, _)| set.contains(m)));
+        self.retry_at.retain(|_, id| {
+            !set.contains(id) && !crate::run::split_item(id).is_some_and(|(m, _)| set.contains(m))
+        });
+        self.tries
+            .retain(|id, _| !crate::run::split_item(id).is_some_and(|(m, _)| set.contains(m)));
         let by = if by.is_empty() { "human" } else { by };
         let mut e = Ev::new(ev::REWORK_REQUESTED, node)
             .with("target", node)
@@ -1044,14 +1308,25 @@ impl Driver {
         }
         self.emit(e);
         // A failure caused by a reworked node no longer stands.
-        if self.failing.is_some() && self.state.nodes.iter().all(|n| n.state != NodeState::Failed) {
+        if self.failing.is_some()
+            && self
+                .state
+                .nodes
+                .iter()
+                .all(|n| n.state != NodeState::Failed)
+        {
             self.failing = None;
         }
-        if self.state.blocked_gates().next().is_some() && self.state.state != TaskState::InputRequired {
+        if self.state.blocked_gates().next().is_some()
+            && self.state.state != TaskState::InputRequired
+        {
             self.emit(Ev::run(ev::TASK_INPUT_REQUIRED));
         }
         self.refresh_all();
-        self.rec.flush().await.map_err(|e| Error::Unavailable(e.to_string()))?;
+        self.rec
+            .flush()
+            .await
+            .map_err(|e| Error::Unavailable(e.to_string()))?;
         Ok(self.info())
     }
 }
@@ -1074,5 +1349,10 @@ async fn sleep_until_opt(t: Option<Instant>) {
 
 /// Map of a run's node outputs (for tests and summaries).
 pub fn outputs_of(state: &RunState) -> Map<String, Value> {
-    state.nodes.iter().filter(|n| !n.outputs.is_null()).map(|n| (n.id.clone(), n.outputs.clone())).collect()
+    state
+        .nodes
+        .iter()
+        .filter(|n| !n.outputs.is_null())
+        .map(|n| (n.id.clone(), n.outputs.clone()))
+        .collect()
 }

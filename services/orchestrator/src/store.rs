@@ -5,9 +5,9 @@
 use bytes::Bytes;
 use cairn_proto::v1::artifact_store_client::ArtifactStoreClient;
 use cairn_proto::v1::{
-    get_response, put_request, AppendEventsRequest, AppendEventsResponse, CreateProjectRequest, Event, EventInput,
-    FileInfo, GetRequest, ListProjectsRequest, ListRequest, PageRequest, PutHeader, PutRequest, PutResponse,
-    ReadEventsRequest, StatRequest,
+    get_response, put_request, AppendEventsRequest, AppendEventsResponse, CreateProjectRequest,
+    Event, EventInput, FileInfo, GetRequest, ListProjectsRequest, ListRequest, PageRequest,
+    PutHeader, PutRequest, PutResponse, ReadEventsRequest, StatRequest,
 };
 use cairn_telemetry::TracedChannel;
 use tonic::{Code, Status};
@@ -43,7 +43,9 @@ impl Store {
     pub async fn create_project(&self, project: &str) -> Result<(), Status> {
         self.client
             .clone()
-            .create_project(CreateProjectRequest { project_id: project.to_owned() })
+            .create_project(CreateProjectRequest {
+                project_id: project.to_owned(),
+            })
             .await
             .map(|_| ())
     }
@@ -57,7 +59,10 @@ impl Store {
                 .client
                 .clone()
                 .list_projects(ListProjectsRequest {
-                    page: Some(PageRequest { page_size: 1000, page_token: token.clone() }),
+                    page: Some(PageRequest {
+                        page_size: 1000,
+                        page_token: token.clone(),
+                    }),
                 })
                 .await?
                 .into_inner();
@@ -70,7 +75,13 @@ impl Store {
     }
 
     /// Writes one file (created if the project does not exist yet).
-    pub async fn put(&self, project: &str, path: &str, bytes: Bytes, opts: &PutOptions) -> Result<PutResponse, Status> {
+    pub async fn put(
+        &self,
+        project: &str,
+        path: &str,
+        bytes: Bytes,
+        opts: &PutOptions,
+    ) -> Result<PutResponse, Status> {
         let mut msgs = Vec::with_capacity(2 + bytes.len() / CHUNK);
         msgs.push(PutRequest {
             msg: Some(put_request::Msg::Header(PutHeader {
@@ -87,15 +98,26 @@ impl Store {
         let mut at = 0;
         while at < bytes.len() {
             let end = (at + CHUNK).min(bytes.len());
-            msgs.push(PutRequest { msg: Some(put_request::Msg::Chunk(bytes.slice(at..end))) });
+            msgs.push(PutRequest {
+                msg: Some(put_request::Msg::Chunk(bytes.slice(at..end))),
+            });
             at = end;
         }
-        self.client.clone().put(tokio_stream::iter(msgs)).await.map(|r| r.into_inner())
+        self.client
+            .clone()
+            .put(tokio_stream::iter(msgs))
+            .await
+            .map(|r| r.into_inner())
     }
 
     /// Reads a whole file; `None` when it does not exist.
     pub async fn get(&self, project: &str, path: &str) -> Result<Option<Bytes>, Status> {
-        let req = GetRequest { project_id: project.to_owned(), path: path.to_owned(), offset: 0, length: 0 };
+        let req = GetRequest {
+            project_id: project.to_owned(),
+            path: path.to_owned(),
+            offset: 0,
+            length: 0,
+        };
         let mut stream = match self.client.clone().get(req).await {
             Ok(s) => s.into_inner(),
             Err(s) if s.code() == Code::NotFound => return Ok(None),
@@ -127,8 +149,17 @@ impl Store {
     }
 
     /// Describes one path; `None` when nothing is there.
-    pub async fn stat(&self, project: &str, path: &str, sha256: bool) -> Result<Option<FileInfo>, Status> {
-        let req = StatRequest { project_id: project.to_owned(), path: path.to_owned(), include_sha256: sha256 };
+    pub async fn stat(
+        &self,
+        project: &str,
+        path: &str,
+        sha256: bool,
+    ) -> Result<Option<FileInfo>, Status> {
+        let req = StatRequest {
+            project_id: project.to_owned(),
+            path: path.to_owned(),
+            include_sha256: sha256,
+        };
         match self.client.clone().stat(req).await {
             Ok(r) => Ok(Some(r.into_inner())),
             Err(s) if s.code() == Code::NotFound => Ok(None),
@@ -137,7 +168,12 @@ impl Store {
     }
 
     /// Every entry under `prefix` (all pages); an absent prefix lists nothing.
-    pub async fn list(&self, project: &str, prefix: &str, recursive: bool) -> Result<Vec<FileInfo>, Status> {
+    pub async fn list(
+        &self,
+        project: &str,
+        prefix: &str,
+        recursive: bool,
+    ) -> Result<Vec<FileInfo>, Status> {
         let mut out = Vec::new();
         let mut token = String::new();
         loop {
@@ -145,7 +181,10 @@ impl Store {
                 project_id: project.to_owned(),
                 prefix: prefix.trim_end_matches('/').to_owned(),
                 recursive,
-                page: Some(PageRequest { page_size: 10_000, page_token: token.clone() }),
+                page: Some(PageRequest {
+                    page_size: 10_000,
+                    page_token: token.clone(),
+                }),
             };
             let page = match self.client.clone().list(req).await {
                 Ok(r) => r.into_inner(),
@@ -166,12 +205,25 @@ impl Store {
         run_id: &str,
         events: Vec<EventInput>,
     ) -> Result<AppendEventsResponse, Status> {
-        let req = AppendEventsRequest { project_id: project.to_owned(), run_id: run_id.to_owned(), events };
-        self.client.clone().append_events(req).await.map(|r| r.into_inner())
+        let req = AppendEventsRequest {
+            project_id: project.to_owned(),
+            run_id: run_id.to_owned(),
+            events,
+        };
+        self.client
+            .clone()
+            .append_events(req)
+            .await
+            .map(|r| r.into_inner())
     }
 
     /// A run's events from `from_seq` to the end (no follow).
-    pub async fn read_events(&self, project: &str, run_id: &str, from_seq: u64) -> Result<Vec<Event>, Status> {
+    pub async fn read_events(
+        &self,
+        project: &str,
+        run_id: &str,
+        from_seq: u64,
+    ) -> Result<Vec<Event>, Status> {
         let mut stream = self.follow_events(project, run_id, from_seq, false).await?;
         let mut out = Vec::new();
         while let Some(e) = stream.message().await? {
@@ -195,6 +247,10 @@ impl Store {
             follow,
             limit: 0,
         };
-        self.client.clone().read_events(req).await.map(|r| r.into_inner())
+        self.client
+            .clone()
+            .read_events(req)
+            .await
+            .map(|r| r.into_inner())
     }
 }

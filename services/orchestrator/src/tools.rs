@@ -32,7 +32,10 @@ pub fn outputs(tool: &str) -> Option<&'static [&'static str]> {
 pub fn check(tool: &str, args: &Map<String, Value>) -> Result<(), String> {
     let names: Vec<&str> = TOOLS.iter().map(|(n, _)| *n).collect();
     let Some((_, required)) = TOOLS.iter().find(|(n, _)| *n == tool) else {
-        return Err(format!("unknown tool `{tool}`; built-in tools: {}", names.join(", ")));
+        return Err(format!(
+            "unknown tool `{tool}`; built-in tools: {}",
+            names.join(", ")
+        ));
     };
     for r in *required {
         if !args.contains_key(*r) {
@@ -49,11 +52,18 @@ fn text_arg<'a>(args: &'a Map<String, Value>, key: &str) -> Result<&'a str, Node
 }
 
 fn checked_path(p: &str) -> Result<(), NodeError> {
-    pathguard::validate(p).map(|_| ()).map_err(|rej| NodeError::refused(format!("`{p}`: {rej}")))
+    pathguard::validate(p)
+        .map(|_| ())
+        .map_err(|rej| NodeError::refused(format!("`{p}`: {rej}")))
 }
 
 /// Runs `tool` with rendered `args`; returns its outputs.
-pub async fn call(store: &Store, project: &str, tool: &str, args: &Map<String, Value>) -> Result<Map<String, Value>, NodeError> {
+pub async fn call(
+    store: &Store,
+    project: &str,
+    tool: &str,
+    args: &Map<String, Value>,
+) -> Result<Map<String, Value>, NodeError> {
     let out = match tool {
         "read_file" => {
             let path = text_arg(args, "path")?;
@@ -69,9 +79,13 @@ pub async fn call(store: &Store, project: &str, tool: &str, args: &Map<String, V
         "list_files" => {
             let prefix = text_arg(args, "prefix")?.trim_end_matches('/');
             if !prefix.is_empty() {
-                pathguard::validate_prefix(prefix).map_err(|rej| NodeError::refused(format!("`{prefix}`: {rej}")))?;
+                pathguard::validate_prefix(prefix)
+                    .map_err(|rej| NodeError::refused(format!("`{prefix}`: {rej}")))?;
             }
-            let recursive = args.get("recursive").and_then(Value::as_bool).unwrap_or(true);
+            let recursive = args
+                .get("recursive")
+                .and_then(Value::as_bool)
+                .unwrap_or(true);
             let entries = store
                 .list(project, prefix, recursive)
                 .await
@@ -86,7 +100,11 @@ pub async fn call(store: &Store, project: &str, tool: &str, args: &Map<String, V
         "stat" => {
             let path = text_arg(args, "path")?;
             checked_path(path)?;
-            match store.stat(project, path, true).await.map_err(|s| NodeError::from_status(&format!("stat {path}"), &s))? {
+            match store
+                .stat(project, path, true)
+                .await
+                .map_err(|s| NodeError::from_status(&format!("stat {path}"), &s))?
+            {
                 Some(info) => {
                     let kind = match cairn_proto::v1::EntryKind::try_from(info.kind) {
                         Ok(cairn_proto::v1::EntryKind::File) => "file",
@@ -95,7 +113,9 @@ pub async fn call(store: &Store, project: &str, tool: &str, args: &Map<String, V
                     };
                     json!({"path": path, "exists": true, "kind": kind, "bytes": info.size_bytes, "sha256": info.sha256})
                 }
-                None => json!({"path": path, "exists": false, "kind": "", "bytes": 0, "sha256": ""}),
+                None => {
+                    json!({"path": path, "exists": false, "kind": "", "bytes": 0, "sha256": ""})
+                }
             }
         }
         "json_get" => {
@@ -106,13 +126,12 @@ pub async fn call(store: &Store, project: &str, tool: &str, args: &Map<String, V
                 .await
                 .map_err(|s| NodeError::from_status(&format!("reading {path}"), &s))?
                 .ok_or_else(|| NodeError::refused(format!("{path} does not exist")))?;
-            let doc: Value =
-                serde_json::from_slice(&bytes).map_err(|e| NodeError::refused(format!("{path} is not JSON: {e}")))?;
+            let doc: Value = serde_json::from_slice(&bytes)
+                .map_err(|e| NodeError::refused(format!("{path} is not JSON: {e}")))?;
             let pointer = args.get("pointer").and_then(Value::as_str).unwrap_or("");
-            let value = doc
-                .pointer(pointer)
-                .cloned()
-                .ok_or_else(|| NodeError::refused(format!("{path} has nothing at JSON pointer `{pointer}`")))?;
+            let value = doc.pointer(pointer).cloned().ok_or_else(|| {
+                NodeError::refused(format!("{path} has nothing at JSON pointer `{pointer}`"))
+            })?;
             json!({ "value": value })
         }
         "echo" => json!({ "value": args.get("value").cloned().unwrap_or(Value::Null) }),

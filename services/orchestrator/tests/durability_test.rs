@@ -29,7 +29,16 @@ async fn spawn(store_addr: &str) -> Proc {
         };
         let addr = format!("127.0.0.1:{port}");
         let mut child = Command::new(env!("CARGO_BIN_EXE_cairn-orchestrator"))
-            .args(["--listen", &addr, "--store-addr", store_addr, "--ingest-addr", "", "--set", "snapshot_interval_ms=50"])
+            .args([
+                "--listen",
+                &addr,
+                "--store-addr",
+                store_addr,
+                "--ingest-addr",
+                "",
+                "--set",
+                "snapshot_interval_ms=50",
+            ])
             .env_remove("CAIRN_ORCHESTRATOR_CONFIG")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -39,7 +48,13 @@ async fn spawn(store_addr: &str) -> Proc {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             // Our orchestrator answers NotFound for an unknown run; anything else is not it.
-            let r = client.clone().get_run(GetRunRequest { project_id: PROJECT.into(), run_id: "none".into() }).await;
+            let r = client
+                .clone()
+                .get_run(GetRunRequest {
+                    project_id: PROJECT.into(),
+                    run_id: "none".into(),
+                })
+                .await;
             match r {
                 Err(e) if e.code() == tonic::Code::NotFound => return Proc { child, client },
                 _ if child.try_wait().unwrap().is_some() || Instant::now() > deadline => {
@@ -55,7 +70,15 @@ async fn spawn(store_addr: &str) -> Proc {
 }
 
 async fn info(p: &Proc, run: &str) -> RunInfo {
-    p.client.clone().get_run(GetRunRequest { project_id: PROJECT.into(), run_id: run.into() }).await.unwrap().into_inner()
+    p.client
+        .clone()
+        .get_run(GetRunRequest {
+            project_id: PROJECT.into(),
+            run_id: run.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
 }
 
 async fn wait_state(p: &Proc, run: &str, state: TaskState, secs: u64) -> RunInfo {
@@ -65,7 +88,10 @@ async fn wait_state(p: &Proc, run: &str, state: TaskState, secs: u64) -> RunInfo
         if i.state == state as i32 {
             return i;
         }
-        assert!(Instant::now() < deadline, "run did not reach {state:?}: {i:#?}");
+        assert!(
+            Instant::now() < deadline,
+            "run did not reach {state:?}: {i:#?}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -73,7 +99,11 @@ async fn wait_state(p: &Proc, run: &str, state: TaskState, secs: u64) -> RunInfo
 fn chain_and_map(n_chain: usize, n_items: usize) -> String {
     let mut g = String::from("title: long\nnodes:\n");
     for i in 0..n_chain {
-        let content = if i == 0 { "start".to_owned() } else { format!("after {{{{nodes.c{}.path}}}}", i - 1) };
+        let content = if i == 0 {
+            "start".to_owned()
+        } else {
+            format!("after {{{{nodes.c{}.path}}}}", i - 1)
+        };
         g.push_str(&format!("  - {{id: c{i}, type: write_file, path: \"docs/{{{{run_id}}}}/c{i}.txt\", content: \"{content}\"}}\n"));
     }
     let items: Vec<String> = (0..n_items).map(|i| i.to_string()).collect();
@@ -88,13 +118,22 @@ fn chain_and_map(n_chain: usize, n_items: usize) -> String {
 async fn kill_dash_nine_mid_run_resumes_without_duplicates() {
     // The in-process orchestrator of the stack must not resume this run too: one orchestrator
     // drives a run (see docs/run-directory.md, "One orchestrator per store").
-    let s = Stack::start(Options { ingest: false, tweak: |c| c.resume_on_start = false, ..Default::default() }).await;
+    let s = Stack::start(Options {
+        ingest: false,
+        tweak: |c| c.resume_on_start = false,
+        ..Default::default()
+    })
+    .await;
     let (n_chain, n_items) = (120, 150);
     let mut p = spawn(&s.store_addr).await;
     let run = p
         .client
         .clone()
-        .submit_run(SubmitRunRequest { project_id: PROJECT.into(), graph_yaml: chain_and_map(n_chain, n_items), ..Default::default() })
+        .submit_run(SubmitRunRequest {
+            project_id: PROJECT.into(),
+            graph_yaml: chain_and_map(n_chain, n_items),
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner()
@@ -102,7 +141,12 @@ async fn kill_dash_nine_mid_run_resumes_without_duplicates() {
     // Let it get somewhere, then kill -9.
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let done = s.events(&run).await.iter().filter(|e| e.r#type == "node.completed").count();
+        let done = s
+            .events(&run)
+            .await
+            .iter()
+            .filter(|e| e.r#type == "node.completed")
+            .count();
         if done >= 40 {
             break;
         }
@@ -112,12 +156,21 @@ async fn kill_dash_nine_mid_run_resumes_without_duplicates() {
     p.child.kill().unwrap();
     p.child.wait().unwrap();
     let before = s.events(&run).await;
-    let completed_before = before.iter().filter(|e| e.r#type == "node.completed").count();
-    assert!(!before.iter().any(|e| e.r#type == "task.completed"), "killed too late; make the graph longer");
+    let completed_before = before
+        .iter()
+        .filter(|e| e.r#type == "node.completed")
+        .count();
+    assert!(
+        !before.iter().any(|e| e.r#type == "task.completed"),
+        "killed too late; make the graph longer"
+    );
 
     let mut p = spawn(&s.store_addr).await;
     let done = wait_state(&p, &run, TaskState::Completed, 120).await;
-    assert!(done.nodes.iter().all(|n| n.state == cairn_proto::v1::NodeState::Succeeded as i32));
+    assert!(done
+        .nodes
+        .iter()
+        .all(|n| n.state == cairn_proto::v1::NodeState::Succeeded as i32));
     p.child.kill().unwrap();
     p.child.wait().unwrap();
 
@@ -128,28 +181,57 @@ async fn kill_dash_nine_mid_run_resumes_without_duplicates() {
         *completions.entry(e.node_id.clone()).or_default() += 1;
     }
     assert_eq!(completions.len(), n_chain + 1 + n_items);
-    assert!(completions.values().all(|&c| c == 1), "{:?}", completions.iter().filter(|(_, &c)| c > 1).collect::<Vec<_>>());
+    assert!(
+        completions.values().all(|&c| c == 1),
+        "{:?}",
+        completions
+            .iter()
+            .filter(|(_, &c)| c > 1)
+            .collect::<Vec<_>>()
+    );
     // One artifact.written per file.
     let mut written: HashMap<String, usize> = HashMap::new();
     for e in events.iter().filter(|e| e.r#type == "artifact.written") {
-        *written.entry(data(e)["path"].as_str().unwrap().to_owned()).or_default() += 1;
+        *written
+            .entry(data(e)["path"].as_str().unwrap().to_owned())
+            .or_default() += 1;
     }
     assert_eq!(written.len(), n_chain + n_items);
-    assert!(written.values().all(|&c| c == 1), "{:?}", written.iter().filter(|(_, &c)| c > 1).collect::<Vec<_>>());
+    assert!(
+        written.values().all(|&c| c == 1),
+        "{:?}",
+        written.iter().filter(|(_, &c)| c > 1).collect::<Vec<_>>()
+    );
     for kind in ["task.created", "task.resumed", "task.completed"] {
-        assert_eq!(events.iter().filter(|e| e.r#type == kind).count(), 1, "{kind}");
+        assert_eq!(
+            events.iter().filter(|e| e.r#type == kind).count(),
+            1,
+            "{kind}"
+        );
     }
     // Sequence numbers are gap-free and each event line appears once.
     for (i, e) in events.iter().enumerate() {
         assert_eq!(e.seq, i as u64 + 1);
     }
-    let resumed_at = events.iter().position(|e| e.r#type == "task.resumed").unwrap();
-    assert!(resumed_at >= completed_before, "completions recorded before the kill stay before the resume");
+    let resumed_at = events
+        .iter()
+        .position(|e| e.r#type == "task.resumed")
+        .unwrap();
+    assert!(
+        resumed_at >= completed_before,
+        "completions recorded before the kill stay before the resume"
+    );
     // The files: exactly one per node/item, with the right content.
     let files = s.list(&format!("docs/{run}")).await;
     assert_eq!(files.len(), n_chain + n_items);
-    assert_eq!(s.read_text(&format!("docs/{run}/c7.txt")).await, format!("after docs/{run}/c6.txt"));
-    assert_eq!(s.read_text(&format!("docs/{run}/m149.txt")).await, "item 149");
+    assert_eq!(
+        s.read_text(&format!("docs/{run}/c7.txt")).await,
+        format!("after docs/{run}/c6.txt")
+    );
+    assert_eq!(
+        s.read_text(&format!("docs/{run}/m149.txt")).await,
+        "item 149"
+    );
     s.stop().await;
 }
 
@@ -157,13 +239,22 @@ async fn kill_dash_nine_mid_run_resumes_without_duplicates() {
 async fn kill_dash_nine_at_a_gate_keeps_it_blocked_until_approved() {
     // The in-process orchestrator of the stack must not resume this run too: one orchestrator
     // drives a run (see docs/run-directory.md, "One orchestrator per store").
-    let s = Stack::start(Options { ingest: false, tweak: |c| c.resume_on_start = false, ..Default::default() }).await;
+    let s = Stack::start(Options {
+        ingest: false,
+        tweak: |c| c.resume_on_start = false,
+        ..Default::default()
+    })
+    .await;
     let mut p = spawn(&s.store_addr).await;
     let graph = "nodes:\n  - {id: a, type: write_file, path: 'docs/{{run_id}}/a.txt', content: a}\n  - {id: g, type: gate, needs: [a]}\n  - {id: b, type: write_file, path: 'docs/{{run_id}}/b.txt', content: b, needs: [g]}\n";
     let run = p
         .client
         .clone()
-        .submit_run(SubmitRunRequest { project_id: PROJECT.into(), graph_yaml: graph.into(), ..Default::default() })
+        .submit_run(SubmitRunRequest {
+            project_id: PROJECT.into(),
+            graph_yaml: graph.into(),
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner()
@@ -173,18 +264,37 @@ async fn kill_dash_nine_at_a_gate_keeps_it_blocked_until_approved() {
     p.child.wait().unwrap();
     let mut p = spawn(&s.store_addr).await;
     let blocked = wait_state(&p, &run, TaskState::InputRequired, 30).await;
-    assert_eq!(blocked.gates[0].state, cairn_proto::v1::GateState::Blocked as i32);
+    assert_eq!(
+        blocked.gates[0].state,
+        cairn_proto::v1::GateState::Blocked as i32
+    );
     p.client
         .clone()
-        .approve_gate(GateDecisionRequest { project_id: PROJECT.into(), run_id: run.clone(), gate_id: "g".into(), by: "ann".into(), note: String::new() })
+        .approve_gate(GateDecisionRequest {
+            project_id: PROJECT.into(),
+            run_id: run.clone(),
+            gate_id: "g".into(),
+            by: "ann".into(),
+            note: String::new(),
+        })
         .await
         .unwrap();
     wait_state(&p, &run, TaskState::Completed, 30).await;
     p.child.kill().unwrap();
     p.child.wait().unwrap();
     let events = s.events(&run).await;
-    assert_eq!(events.iter().filter(|e| e.r#type == "node.completed" && e.node_id == "a").count(), 1);
-    assert_eq!(events.iter().filter(|e| e.r#type == "gate.blocked").count(), 1, "the gate did not block twice");
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e.r#type == "node.completed" && e.node_id == "a")
+            .count(),
+        1
+    );
+    assert_eq!(
+        events.iter().filter(|e| e.r#type == "gate.blocked").count(),
+        1,
+        "the gate did not block twice"
+    );
     assert_eq!(s.read_text(&format!("docs/{run}/b.txt")).await, "b");
     s.stop().await;
 }

@@ -9,10 +9,17 @@ use common::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hello_example_runs_to_its_report() {
-    let s = match Stack::try_start(Options { sandbox: Sandbox::Required, ..Default::default() }).await {
+    let s = match Stack::try_start(Options {
+        sandbox: Sandbox::Required,
+        ..Default::default()
+    })
+    .await
+    {
         Ok(s) => s,
         Err(e) => {
-            println!("SKIP: hello_example_runs_to_its_report: no sandbox backend can run here ({e})");
+            println!(
+                "SKIP: hello_example_runs_to_its_report: no sandbox backend can run here ({e})"
+            );
             return;
         }
     };
@@ -27,12 +34,34 @@ async fn hello_example_runs_to_its_report() {
     };
     let run = s.submit_req(req).await.unwrap().run_id;
     let blocked = s.wait_final_or(&run, TaskState::InputRequired, 120).await;
-    assert_eq!(blocked.state, TaskState::InputRequired as i32, "{blocked:#?}\n{:#?}", s.event_types(&run).await);
-    assert!(blocked.gates[0].reason.contains("exit code 0"), "{}", blocked.gates[0].reason);
-    assert!(s.read_text("workspace/hello/greeter.py").await.contains("def greet"));
-    let test_report = s.read_text(&format!("docs/artifacts/{run}/test-report.txt")).await;
-    assert!(test_report.contains("Ran 2 tests") && test_report.contains("OK"), "{test_report}");
-    assert!(s.read(&format!("docs/hello/{run}/report.md")).await.is_none(), "no report before approval");
+    assert_eq!(
+        blocked.state,
+        TaskState::InputRequired as i32,
+        "{blocked:#?}\n{:#?}",
+        s.event_types(&run).await
+    );
+    assert!(
+        blocked.gates[0].reason.contains("exit code 0"),
+        "{}",
+        blocked.gates[0].reason
+    );
+    assert!(s
+        .read_text("workspace/hello/greeter.py")
+        .await
+        .contains("def greet"));
+    let test_report = s
+        .read_text(&format!("docs/artifacts/{run}/test-report.txt"))
+        .await;
+    assert!(
+        test_report.contains("Ran 2 tests") && test_report.contains("OK"),
+        "{test_report}"
+    );
+    assert!(
+        s.read(&format!("docs/hello/{run}/report.md"))
+            .await
+            .is_none(),
+        "no report before approval"
+    );
 
     s.client
         .clone()
@@ -47,9 +76,20 @@ async fn hello_example_runs_to_its_report() {
         .unwrap();
     s.wait_state(&run, TaskState::Completed, 60).await;
     let report = s.read_text(&format!("docs/hello/{run}/report.md")).await;
-    assert!(report.starts_with("---\ntitle: \"Hello, cairn: report\""), "{report}");
-    assert!(report.contains("exit code 0") && report.contains("Approved by reader") && report.contains("tests look fine"), "{report}");
-    assert!(report.contains("workspace/hello/test_greeter.py") && report.contains("Ran 2 tests"), "{report}");
+    assert!(
+        report.starts_with("---\ntitle: \"Hello, cairn: report\""),
+        "{report}"
+    );
+    assert!(
+        report.contains("exit code 0")
+            && report.contains("Approved by reader")
+            && report.contains("tests look fine"),
+        "{report}"
+    );
+    assert!(
+        report.contains("workspace/hello/test_greeter.py") && report.contains("Ran 2 tests"),
+        "{report}"
+    );
     let design = s.read_text(&format!("docs/hello/{run}/design.md")).await;
     assert!(design.starts_with("---\n") && design.contains("```python file=hello/greeter.py"));
     s.stop().await;

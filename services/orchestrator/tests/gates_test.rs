@@ -5,15 +5,21 @@
 mod common;
 
 use cairn_proto::v1::{
-    AddNoteRequest, EditContextRequest, GateDecisionRequest, GateState, NodeState, ReworkRequest, RunActionRequest,
-    SubmitRunRequest, TaskState,
+    AddNoteRequest, EditContextRequest, GateDecisionRequest, GateState, NodeState, ReworkRequest,
+    RunActionRequest, SubmitRunRequest, TaskState,
 };
 use common::*;
 use serde_json::Value;
 use tonic::Code;
 
 fn decision(run: &str, gate: &str, by: &str, note: &str) -> GateDecisionRequest {
-    GateDecisionRequest { project_id: PROJECT.into(), run_id: run.into(), gate_id: gate.into(), by: by.into(), note: note.into() }
+    GateDecisionRequest {
+        project_id: PROJECT.into(),
+        run_id: run.into(),
+        gate_id: gate.into(),
+        by: by.into(),
+        note: note.into(),
+    }
 }
 
 const GATED: &str = r#"
@@ -31,38 +37,91 @@ async fn approved_gate_continues_the_run() {
     let gate = &blocked.gates[0];
     assert_eq!(gate.state, GateState::Blocked as i32);
     assert_eq!(gate.reason, format!("check docs/{run}/draft.txt"));
-    assert!(s.read(&format!("docs/{run}/published.txt")).await.is_none(), "nothing passes a blocked gate");
-    let yaml = s.wait_text(&format!(".cairn/runs/{run}/task.yaml"), "state: input-required", 10).await;
+    assert!(
+        s.read(&format!("docs/{run}/published.txt")).await.is_none(),
+        "nothing passes a blocked gate"
+    );
+    let yaml = s
+        .wait_text(
+            &format!(".cairn/runs/{run}/task.yaml"),
+            "state: input-required",
+            10,
+        )
+        .await;
     let task: Value = serde_saphyr::from_str(&yaml).unwrap();
     assert_eq!(task["state"], "input-required");
     assert_eq!(task["gates"][0]["state"], "blocked");
-    let readme = s.wait_text(&format!(".cairn/runs/{run}/README.md"), "Waiting for you", 10).await;
-    assert!(readme.contains("Waiting for you") && readme.contains(&format!("cairn gate approve {run} review")), "{readme}");
+    let readme = s
+        .wait_text(
+            &format!(".cairn/runs/{run}/README.md"),
+            "Waiting for you",
+            10,
+        )
+        .await;
+    assert!(
+        readme.contains("Waiting for you")
+            && readme.contains(&format!("cairn gate approve {run} review")),
+        "{readme}"
+    );
 
     // Approving an unknown gate or a non-gate is refused.
-    let e = s.client.clone().approve_gate(decision(&run, "nope", "ann", "")).await.unwrap_err();
+    let e = s
+        .client
+        .clone()
+        .approve_gate(decision(&run, "nope", "ann", ""))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Code::NotFound);
-    let e = s.client.clone().approve_gate(decision(&run, "draft", "ann", "")).await.unwrap_err();
+    let e = s
+        .client
+        .clone()
+        .approve_gate(decision(&run, "draft", "ann", ""))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument);
 
-    let info = s.client.clone().approve_gate(decision(&run, "review", "ann", "looks right")).await.unwrap().into_inner();
+    let info = s
+        .client
+        .clone()
+        .approve_gate(decision(&run, "review", "ann", "looks right"))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(info.gates[0].state, GateState::Approved as i32);
     assert_eq!(info.gates[0].decided_by, "ann");
     let done = s.wait_state(&run, TaskState::Completed, 20).await;
-    assert_eq!(s.read_text(&format!("docs/{run}/published.txt")).await, "ok by ann");
+    assert_eq!(
+        s.read_text(&format!("docs/{run}/published.txt")).await,
+        "ok by ann"
+    );
     assert_eq!(done.gates[0].note, "looks right");
     let events = s.events(&run).await;
     let blocked = events.iter().find(|e| e.r#type == "gate.blocked").unwrap();
-    assert_eq!(data(blocked)["reason"], format!("check docs/{run}/draft.txt"));
+    assert_eq!(
+        data(blocked)["reason"],
+        format!("check docs/{run}/draft.txt")
+    );
     let approved = events.iter().find(|e| e.r#type == "gate.approved").unwrap();
     assert_eq!(data(approved)["by"], "ann");
     assert!(!approved.ts.is_empty());
     assert_eq!(data(approved)["note_ref"], "shared/human-notes.md#note-1");
     assert!(events.iter().any(|e| e.r#type == "task.input-required"));
-    let notes = s.read_text(&format!(".cairn/runs/{run}/shared/human-notes.md")).await;
-    assert!(notes.contains("<a id=\"note-1\"></a>") && notes.contains("approval of gate `review`") && notes.contains("looks right"), "{notes}");
+    let notes = s
+        .read_text(&format!(".cairn/runs/{run}/shared/human-notes.md"))
+        .await;
+    assert!(
+        notes.contains("<a id=\"note-1\"></a>")
+            && notes.contains("approval of gate `review`")
+            && notes.contains("looks right"),
+        "{notes}"
+    );
     // A decided gate cannot be decided again.
-    let e = s.client.clone().reject_gate(decision(&run, "review", "bob", "")).await.unwrap_err();
+    let e = s
+        .client
+        .clone()
+        .reject_gate(decision(&run, "review", "bob", ""))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition);
     s.stop().await;
 }
@@ -72,9 +131,19 @@ async fn rejected_gate_fails_the_run_or_continues_when_told() {
     let s = Stack::start(Options::default()).await;
     let run = s.submit(GATED, &[]).await.unwrap().run_id;
     s.wait_state(&run, TaskState::InputRequired, 20).await;
-    s.client.clone().reject_gate(decision(&run, "review", "bob", "not good")).await.unwrap();
+    s.client
+        .clone()
+        .reject_gate(decision(&run, "review", "bob", "not good"))
+        .await
+        .unwrap();
     let failed = s.wait_state(&run, TaskState::Failed, 20).await;
-    assert!(failed.error.contains("gate `review` rejected by bob: not good"), "{}", failed.error);
+    assert!(
+        failed
+            .error
+            .contains("gate `review` rejected by bob: not good"),
+        "{}",
+        failed.error
+    );
     assert_eq!(failed.gates[0].state, GateState::Rejected as i32);
     assert!(s.read(&format!("docs/{run}/published.txt")).await.is_none());
     let events = s.events(&run).await;
@@ -89,11 +158,25 @@ nodes:
 "#;
     let run = s.submit(graph, &[]).await.unwrap().run_id;
     s.wait_state(&run, TaskState::InputRequired, 20).await;
-    s.client.clone().reject_gate(decision(&run, "review", "bob", "rewrite")).await.unwrap();
+    s.client
+        .clone()
+        .reject_gate(decision(&run, "review", "bob", "rewrite"))
+        .await
+        .unwrap();
     let done = s.wait_state(&run, TaskState::Completed, 20).await;
-    assert_eq!(s.read_text(&format!("docs/{run}/no.txt")).await, "n: rewrite");
+    assert_eq!(
+        s.read_text(&format!("docs/{run}/no.txt")).await,
+        "n: rewrite"
+    );
     assert!(s.read(&format!("docs/{run}/yes.txt")).await.is_none());
-    assert_eq!(done.nodes.iter().find(|n| n.id == "accepted").unwrap().state, NodeState::Skipped as i32);
+    assert_eq!(
+        done.nodes
+            .iter()
+            .find(|n| n.id == "accepted")
+            .unwrap()
+            .state,
+        NodeState::Skipped as i32
+    );
     s.stop().await;
 }
 
@@ -110,7 +193,12 @@ const CASSETTE: &str = "answers:\n  - {node: author, content: first version}\n  
 async fn notes_reach_later_agents_and_rework_reruns_dependents() {
     let s = Stack::start(Options::default()).await;
     let llm = cassette(s.dir.path(), "c.yaml", CASSETTE);
-    let req = SubmitRunRequest { project_id: PROJECT.into(), graph_yaml: AGENTS.into(), llm, ..Default::default() };
+    let req = SubmitRunRequest {
+        project_id: PROJECT.into(),
+        graph_yaml: AGENTS.into(),
+        llm,
+        ..Default::default()
+    };
     let run = s.submit_req(req).await.unwrap().run_id;
     s.wait_state(&run, TaskState::InputRequired, 20).await;
 
@@ -118,7 +206,12 @@ async fn notes_reach_later_agents_and_rework_reruns_dependents() {
     let note = s
         .client
         .clone()
-        .add_note(AddNoteRequest { project_id: PROJECT.into(), run_id: run.clone(), by: "ann".into(), text: "Use British spelling.".into() })
+        .add_note(AddNoteRequest {
+            project_id: PROJECT.into(),
+            run_id: run.clone(),
+            by: "ann".into(),
+            text: "Use British spelling.".into(),
+        })
         .await
         .unwrap()
         .into_inner();
@@ -129,53 +222,142 @@ async fn notes_reach_later_agents_and_rework_reruns_dependents() {
     assert_eq!(data(ev)["by"], "ann");
 
     // Context edits: refused when malformed, recorded when valid.
-    let bad = EditContextRequest { project_id: PROJECT.into(), run_id: run.clone(), by: "ann".into(), manifest_yaml: "attachments: [{id: x, kind: file, path: ../etc}]".into() };
-    assert_eq!(s.client.clone().edit_context(bad).await.unwrap_err().code(), Code::InvalidArgument);
+    let bad = EditContextRequest {
+        project_id: PROJECT.into(),
+        run_id: run.clone(),
+        by: "ann".into(),
+        manifest_yaml: "attachments: [{id: x, kind: file, path: ../etc}]".into(),
+    };
+    assert_eq!(
+        s.client.clone().edit_context(bad).await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
     let manifest = format!("attachments:\n  - {{id: draft, kind: file, path: docs/{run}/doc.md, reason: the first draft}}\n");
-    let good = EditContextRequest { project_id: PROJECT.into(), run_id: run.clone(), by: "ann".into(), manifest_yaml: manifest.clone() };
-    let seq = s.client.clone().edit_context(good).await.unwrap().into_inner().seq;
-    assert_eq!(s.read_text(&format!(".cairn/runs/{run}/shared/context-manifest.yaml")).await, manifest);
+    let good = EditContextRequest {
+        project_id: PROJECT.into(),
+        run_id: run.clone(),
+        by: "ann".into(),
+        manifest_yaml: manifest.clone(),
+    };
+    let seq = s
+        .client
+        .clone()
+        .edit_context(good)
+        .await
+        .unwrap()
+        .into_inner()
+        .seq;
+    assert_eq!(
+        s.read_text(&format!(".cairn/runs/{run}/shared/context-manifest.yaml"))
+            .await,
+        manifest
+    );
     let events = s.events(&run).await;
-    assert_eq!(events.iter().find(|e| e.seq == seq).unwrap().r#type, "context.edited");
+    assert_eq!(
+        events.iter().find(|e| e.seq == seq).unwrap().r#type,
+        "context.edited"
+    );
 
-    s.client.clone().approve_gate(decision(&run, "wait", "ann", "")).await.unwrap();
+    s.client
+        .clone()
+        .approve_gate(decision(&run, "wait", "ann", ""))
+        .await
+        .unwrap();
     s.wait_state(&run, TaskState::Completed, 20).await;
-    let requests = s.read_text(&format!(".cairn/runs/{run}/agents/editor/runtime/requests.jsonl")).await;
-    assert!(requests.contains("Human notes for this run") && requests.contains("Use British spelling."), "{requests}");
-    assert!(requests.contains("Context file `docs/") && requests.contains("the first draft"), "{requests}");
-    assert!(s.read_text(&format!("docs/{run}/doc.md")).await.ends_with("first version"));
+    let requests = s
+        .read_text(&format!(
+            ".cairn/runs/{run}/agents/editor/runtime/requests.jsonl"
+        ))
+        .await;
+    assert!(
+        requests.contains("Human notes for this run") && requests.contains("Use British spelling."),
+        "{requests}"
+    );
+    assert!(
+        requests.contains("Context file `docs/") && requests.contains("the first draft"),
+        "{requests}"
+    );
+    assert!(s
+        .read_text(&format!("docs/{run}/doc.md"))
+        .await
+        .ends_with("first version"));
 
     // Rework of the author: it runs again (turn 2), the gate blocks again, the editor reruns.
     let info = s
         .client
         .clone()
-        .request_rework(ReworkRequest { project_id: PROJECT.into(), run_id: run.clone(), node_id: "author".into(), by: "ann".into(), note: "make it shorter".into() })
+        .request_rework(ReworkRequest {
+            project_id: PROJECT.into(),
+            run_id: run.clone(),
+            node_id: "author".into(),
+            by: "ann".into(),
+            note: "make it shorter".into(),
+        })
         .await
         .unwrap()
         .into_inner();
     assert_ne!(info.state, TaskState::Completed as i32);
     s.wait_state(&run, TaskState::InputRequired, 20).await;
-    assert!(s.read_text(&format!("docs/{run}/doc.md")).await.ends_with("second version"));
-    s.client.clone().approve_gate(decision(&run, "wait", "ann", "")).await.unwrap();
+    assert!(s
+        .read_text(&format!("docs/{run}/doc.md"))
+        .await
+        .ends_with("second version"));
+    s.client
+        .clone()
+        .approve_gate(decision(&run, "wait", "ann", ""))
+        .await
+        .unwrap();
     let done = s.wait_state(&run, TaskState::Completed, 20).await;
-    let author: Value = serde_json::from_str(&done.nodes.iter().find(|n| n.id == "author").unwrap().outputs_json).unwrap();
+    let author: Value = serde_json::from_str(
+        &done
+            .nodes
+            .iter()
+            .find(|n| n.id == "author")
+            .unwrap()
+            .outputs_json,
+    )
+    .unwrap();
     assert_eq!(author["turn"], 2);
     let events = s.events(&run).await;
-    let rework = events.iter().find(|e| e.r#type == "artifact.rework-requested").unwrap();
+    let rework = events
+        .iter()
+        .find(|e| e.r#type == "artifact.rework-requested")
+        .unwrap();
     assert_eq!(data(rework)["by"], "ann");
-    assert_eq!(data(rework)["nodes"], serde_json::json!(["author", "wait", "editor"]));
-    let editor_done = events.iter().filter(|e| e.r#type == "node.completed" && e.node_id == "editor").count();
+    assert_eq!(
+        data(rework)["nodes"],
+        serde_json::json!(["author", "wait", "editor"])
+    );
+    let editor_done = events
+        .iter()
+        .filter(|e| e.r#type == "node.completed" && e.node_id == "editor")
+        .count();
     assert_eq!(editor_done, 2, "the dependent ran again");
-    let requests = s.read_text(&format!(".cairn/runs/{run}/agents/author/runtime/requests.jsonl")).await;
-    assert!(requests.lines().last().unwrap().contains("make it shorter"), "the rework note reaches the agent");
-    let notes = s.read_text(&format!(".cairn/runs/{run}/shared/human-notes.md")).await;
+    let requests = s
+        .read_text(&format!(
+            ".cairn/runs/{run}/agents/author/runtime/requests.jsonl"
+        ))
+        .await;
+    assert!(
+        requests.lines().last().unwrap().contains("make it shorter"),
+        "the rework note reaches the agent"
+    );
+    let notes = s
+        .read_text(&format!(".cairn/runs/{run}/shared/human-notes.md"))
+        .await;
     assert!(notes.contains("rework of node `author`") && notes.contains("make it shorter"));
 
     // Unknown node.
     let e = s
         .client
         .clone()
-        .request_rework(ReworkRequest { project_id: PROJECT.into(), run_id: run.clone(), node_id: "ghost".into(), by: "ann".into(), note: String::new() })
+        .request_rework(ReworkRequest {
+            project_id: PROJECT.into(),
+            run_id: run.clone(),
+            node_id: "ghost".into(),
+            by: "ann".into(),
+            note: String::new(),
+        })
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::NotFound);
@@ -190,7 +372,12 @@ async fn cancel_at_a_gate_and_resume_rules() {
     let info = s
         .client
         .clone()
-        .cancel_run(RunActionRequest { project_id: PROJECT.into(), run_id: run.clone(), by: "carol".into(), reason: "changed my mind".into() })
+        .cancel_run(RunActionRequest {
+            project_id: PROJECT.into(),
+            run_id: run.clone(),
+            by: "carol".into(),
+            reason: "changed my mind".into(),
+        })
         .await
         .unwrap()
         .into_inner();
@@ -203,42 +390,74 @@ async fn cancel_at_a_gate_and_resume_rules() {
     let e = s
         .client
         .clone()
-        .resume_run(RunActionRequest { project_id: PROJECT.into(), run_id: run.clone(), by: "carol".into(), reason: String::new() })
+        .resume_run(RunActionRequest {
+            project_id: PROJECT.into(),
+            run_id: run.clone(),
+            by: "carol".into(),
+            reason: String::new(),
+        })
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition);
-    let e = s.client.clone().approve_gate(decision(&run, "review", "ann", "")).await.unwrap_err();
+    let e = s
+        .client
+        .clone()
+        .approve_gate(decision(&run, "review", "ann", ""))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition);
-    let yaml = s.wait_text(&format!(".cairn/runs/{run}/task.yaml"), "state: canceled", 10).await;
+    let yaml = s
+        .wait_text(
+            &format!(".cairn/runs/{run}/task.yaml"),
+            "state: canceled",
+            10,
+        )
+        .await;
     let task: Value = serde_saphyr::from_str(&yaml).unwrap();
     assert_eq!(task["state"], "canceled");
 
     // ResumeRun retries a failed run's failed node.
-    let graph = "nodes:\n  - {id: r, type: tool_call, tool: read_file, args: {path: docs/later.txt}}\n";
+    let graph =
+        "nodes:\n  - {id: r, type: tool_call, tool: read_file, args: {path: docs/later.txt}}\n";
     let run = s.submit(graph, &[]).await.unwrap().run_id;
     s.wait_state(&run, TaskState::Failed, 20).await;
     s.store
         .clone()
         .put(tokio_stream::iter(vec![
             cairn_proto::v1::PutRequest {
-                msg: Some(cairn_proto::v1::put_request::Msg::Header(cairn_proto::v1::PutHeader {
-                    project_id: PROJECT.into(),
-                    path: "docs/later.txt".into(),
-                    ..Default::default()
-                })),
+                msg: Some(cairn_proto::v1::put_request::Msg::Header(
+                    cairn_proto::v1::PutHeader {
+                        project_id: PROJECT.into(),
+                        path: "docs/later.txt".into(),
+                        ..Default::default()
+                    },
+                )),
             },
-            cairn_proto::v1::PutRequest { msg: Some(cairn_proto::v1::put_request::Msg::Chunk(bytes::Bytes::from_static(b"now here"))) },
+            cairn_proto::v1::PutRequest {
+                msg: Some(cairn_proto::v1::put_request::Msg::Chunk(
+                    bytes::Bytes::from_static(b"now here"),
+                )),
+            },
         ]))
         .await
         .unwrap_or_else(|_| panic!("put"));
     s.client
         .clone()
-        .resume_run(RunActionRequest { project_id: PROJECT.into(), run_id: run.clone(), by: "carol".into(), reason: "file added".into() })
+        .resume_run(RunActionRequest {
+            project_id: PROJECT.into(),
+            run_id: run.clone(),
+            by: "carol".into(),
+            reason: "file added".into(),
+        })
         .await
         .unwrap();
     let done = s.wait_state(&run, TaskState::Completed, 20).await;
     let r: Value = serde_json::from_str(&done.nodes[0].outputs_json).unwrap();
     assert_eq!(r["text"], "now here");
-    assert!(s.events(&run).await.iter().any(|e| e.r#type == "task.resumed" && data(e)["by"] == "carol"));
+    assert!(s
+        .events(&run)
+        .await
+        .iter()
+        .any(|e| e.r#type == "task.resumed" && data(e)["by"] == "carol"));
     s.stop().await;
 }

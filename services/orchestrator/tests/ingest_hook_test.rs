@@ -25,7 +25,12 @@ const CASSETTE: &str = "answers:\n  - node: author\n    content: |\n      Here i
 
 async fn run(s: &Stack) -> (String, cairn_proto::v1::RunInfo) {
     let llm = cassette(s.dir.path(), "c.yaml", CASSETTE);
-    let req = SubmitRunRequest { project_id: PROJECT.into(), graph_yaml: GRAPH.into(), llm, ..Default::default() };
+    let req = SubmitRunRequest {
+        project_id: PROJECT.into(),
+        graph_yaml: GRAPH.into(),
+        llm,
+        ..Default::default()
+    };
     let run = s.submit_req(req).await.unwrap().run_id;
     let info = s.wait_state(&run, TaskState::Completed, 30).await;
     (run, info)
@@ -40,26 +45,61 @@ async fn hook_on_writes_workspace_files_and_manifests() {
     let s = Stack::start(Options::default()).await;
     let (run, info) = run(&s).await;
     assert_eq!(s.read_text("workspace/hello/app.py").await, "print('hi')\n");
-    assert_eq!(s.read_text(&format!("workspace/notes/{run}.txt")).await, "remember\n");
-    assert_eq!(outputs(&info, "author")["workspace_files"], serde_json::json!(["workspace/hello/app.py"]));
-    let manifest: Value = serde_json::from_slice(&s.read(&format!(".cairn/runs/{run}/ingest/author.json")).await.unwrap()).unwrap();
+    assert_eq!(
+        s.read_text(&format!("workspace/notes/{run}.txt")).await,
+        "remember\n"
+    );
+    assert_eq!(
+        outputs(&info, "author")["workspace_files"],
+        serde_json::json!(["workspace/hello/app.py"])
+    );
+    let manifest: Value = serde_json::from_slice(
+        &s.read(&format!(".cairn/runs/{run}/ingest/author.json"))
+            .await
+            .unwrap(),
+    )
+    .unwrap();
     assert_eq!(manifest["summary"]["written"], 1);
-    assert_eq!(manifest["source"]["doc_path"], format!("docs/{run}/design.md"));
+    assert_eq!(
+        manifest["source"]["doc_path"],
+        format!("docs/{run}/design.md")
+    );
     let events = s.events(&run).await;
-    assert!(events.iter().any(|e| e.r#type.starts_with("ingest.") && e.node_id == "author"), "{:?}", s.event_types(&run).await);
-    assert!(events.iter().any(|e| e.r#type.starts_with("ingest.") && e.node_id == "notes"));
+    assert!(
+        events
+            .iter()
+            .any(|e| e.r#type.starts_with("ingest.") && e.node_id == "author"),
+        "{:?}",
+        s.event_types(&run).await
+    );
+    assert!(events
+        .iter()
+        .any(|e| e.r#type.starts_with("ingest.") && e.node_id == "notes"));
     // The hook ran before the node completed (its events precede node.completed).
-    let pos = |t: &str, n: &str| events.iter().position(|e| e.r#type.starts_with(t) && e.node_id == n).unwrap();
+    let pos = |t: &str, n: &str| {
+        events
+            .iter()
+            .position(|e| e.r#type.starts_with(t) && e.node_id == n)
+            .unwrap()
+    };
     assert!(pos("ingest.", "author") < pos("node.completed", "author"));
     s.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hook_off_by_server_flag() {
-    let s = Stack::start(Options { tweak: |c| c.ingest_hook = false, ..Default::default() }).await;
+    let s = Stack::start(Options {
+        tweak: |c| c.ingest_hook = false,
+        ..Default::default()
+    })
+    .await;
     let (run, info) = run(&s).await;
     assert!(s.list("workspace").await.is_empty());
-    assert!(s.events(&run).await.iter().all(|e| !e.r#type.starts_with("ingest.")));
+    assert!(s
+        .events(&run)
+        .await
+        .iter()
+        .all(|e| !e.r#type.starts_with("ingest.")));
     assert!(outputs(&info, "author").get("workspace_files").is_none());
     s.stop().await;
 }
@@ -69,7 +109,11 @@ async fn hook_off_by_the_ingest_services_project_flag() {
     let s = Stack::start(Options::default()).await;
     let mut ingest = IngestClient::new(channel(&s.ingest_addr).await);
     ingest
-        .set_enabled(SetEnabledRequest { project_id: PROJECT.into(), run_id: String::new(), enabled: false })
+        .set_enabled(SetEnabledRequest {
+            project_id: PROJECT.into(),
+            run_id: String::new(),
+            enabled: false,
+        })
         .await
         .unwrap();
     let (_, info) = run(&s).await;
@@ -88,8 +132,14 @@ async fn ingest_down_is_fail_open() {
     .await;
     let (run, info) = run(&s).await;
     let events = s.events(&run).await;
-    let failed: Vec<_> = events.iter().filter(|e| e.r#type == "ingest.hook_failed").collect();
+    let failed: Vec<_> = events
+        .iter()
+        .filter(|e| e.r#type == "ingest.hook_failed")
+        .collect();
     assert_eq!(failed.len(), 2, "{:?}", s.event_types(&run).await);
-    assert!(outputs(&info, "author")["ingest"]["error"].as_str().unwrap().contains("failed"));
+    assert!(outputs(&info, "author")["ingest"]["error"]
+        .as_str()
+        .unwrap()
+        .contains("failed"));
     s.stop().await;
 }

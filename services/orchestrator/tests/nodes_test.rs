@@ -9,7 +9,10 @@ use common::*;
 use serde_json::Value;
 
 fn node<'a>(info: &'a cairn_proto::v1::RunInfo, id: &str) -> &'a cairn_proto::v1::NodeInfo {
-    info.nodes.iter().find(|n| n.id == id).unwrap_or_else(|| panic!("no node {id}"))
+    info.nodes
+        .iter()
+        .find(|n| n.id == id)
+        .unwrap_or_else(|| panic!("no node {id}"))
 }
 
 fn outputs(info: &cairn_proto::v1::RunInfo, id: &str) -> Value {
@@ -69,9 +72,15 @@ nodes:
     let info = s.submit(graph, &[("who", "cairn")]).await.unwrap();
     let run = info.run_id.clone();
     let done = s.wait_state(&run, TaskState::Completed, 30).await;
-    assert_eq!(s.read_text(&format!("docs/{run}/greet.txt")).await, "hello cairn");
+    assert_eq!(
+        s.read_text(&format!("docs/{run}/greet.txt")).await,
+        "hello cairn"
+    );
     assert_eq!(outputs(&done, "read")["text"], "hello cairn");
-    assert_eq!(outputs(&done, "listing")["paths"], serde_json::json!([format!("docs/{run}/greet.txt")]));
+    assert_eq!(
+        outputs(&done, "listing")["paths"],
+        serde_json::json!([format!("docs/{run}/greet.txt")])
+    );
     assert_eq!(outputs(&done, "pick")["value"], "b");
     assert_eq!(outputs(&done, "missing")["exists"], false);
     assert_eq!(outputs(&done, "echo")["value"], "hello cairn / b");
@@ -79,12 +88,34 @@ nodes:
     assert_eq!(s.read_text("workspace/pkg/mod.py").await, "X = 1\n");
     assert_eq!(outputs(&done, "explicit")["written"], 1);
     assert!(outputs(&done, "doc").get("workspace_files").is_none());
-    assert_eq!(s.read_text(&format!("docs/delivered/{run}/greet.txt")).await, "hello cairn");
-    assert_eq!(s.read_text(&format!("docs/delivered/{run}/data.json")).await, r#"{"items": ["a", "b"], "n": 2}"#);
-    assert_eq!(outputs(&done, "ship")["delivered"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        s.read_text(&format!("docs/delivered/{run}/greet.txt"))
+            .await,
+        "hello cairn"
+    );
+    assert_eq!(
+        s.read_text(&format!("docs/delivered/{run}/data.json"))
+            .await,
+        r#"{"items": ["a", "b"], "n": 2}"#
+    );
+    assert_eq!(
+        outputs(&done, "ship")["delivered"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
     let events = s.events(&run).await;
-    let written: Vec<_> = events.iter().filter(|e| e.r#type == "artifact.written").map(|e| data(e)["path"].as_str().unwrap().to_owned()).collect();
-    assert!(written.contains(&format!("docs/{run}/greet.txt")) && written.contains(&"docs/design.md".to_owned()), "{written:?}");
+    let written: Vec<_> = events
+        .iter()
+        .filter(|e| e.r#type == "artifact.written")
+        .map(|e| data(e)["path"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(
+        written.contains(&format!("docs/{run}/greet.txt"))
+            && written.contains(&"docs/design.md".to_owned()),
+        "{written:?}"
+    );
     assert!(events.iter().any(|e| e.r#type == "deliver.completed"));
     s.stop().await;
 }
@@ -106,17 +137,41 @@ nodes:
         let done = s.wait_state(&run, TaskState::Completed, 20).await;
         assert_eq!(node(&done, taken).state, NodeState::Succeeded as i32);
         assert_eq!(node(&done, skipped).state, NodeState::Skipped as i32);
-        assert_eq!(node(&done, "join").state, NodeState::Succeeded as i32, "none_failed joins after a branch");
-        assert_eq!(outputs(&done, "check")["branch"], if mode == "fast" { "then" } else { "else" });
+        assert_eq!(
+            node(&done, "join").state,
+            NodeState::Succeeded as i32,
+            "none_failed joins after a branch"
+        );
+        assert_eq!(
+            outputs(&done, "check")["branch"],
+            if mode == "fast" { "then" } else { "else" }
+        );
         assert!(s.read(&format!("docs/{run}/{taken}.txt")).await.is_some());
         assert!(s.read(&format!("docs/{run}/{skipped}.txt")).await.is_none());
         let events = s.events(&run).await;
-        let skip = events.iter().find(|e| e.r#type == "node.skipped" && e.node_id == skipped).expect("skip recorded");
-        assert!(data(skip)["reason"].as_str().unwrap().contains("condition `check`"), "{:?}", data(skip));
+        let skip = events
+            .iter()
+            .find(|e| e.r#type == "node.skipped" && e.node_id == skipped)
+            .expect("skip recorded");
+        assert!(
+            data(skip)["reason"]
+                .as_str()
+                .unwrap()
+                .contains("condition `check`"),
+            "{:?}",
+            data(skip)
+        );
         let after = node(&done, "after_slow").state;
         if mode == "fast" {
-            assert_eq!(after, NodeState::Skipped as i32, "a skipped need skips by default");
-            let e = events.iter().find(|e| e.r#type == "node.skipped" && e.node_id == "after_slow").unwrap();
+            assert_eq!(
+                after,
+                NodeState::Skipped as i32,
+                "a skipped need skips by default"
+            );
+            let e = events
+                .iter()
+                .find(|e| e.r#type == "node.skipped" && e.node_id == "after_slow")
+                .unwrap();
             assert!(data(e)["reason"].as_str().unwrap().contains("slow"));
         } else {
             assert_eq!(after, NodeState::Succeeded as i32);
@@ -138,7 +193,9 @@ fn max_in_flight(events: &[cairn_proto::v1::Event], map: &str) -> usize {
                 now += 1;
                 max = max.max(now);
             }
-            "node.completed" | "node.failed" | "node.skipped" | "node.canceled" => now = now.saturating_sub(1),
+            "node.completed" | "node.failed" | "node.skipped" | "node.canceled" => {
+                now = now.saturating_sub(1)
+            }
             _ => {}
         }
     }
@@ -169,14 +226,24 @@ nodes:
         for (i, n) in names.iter().enumerate() {
             assert_eq!(s.read_text(&format!("docs/{run}/item-{i}.txt")).await, *n);
         }
-        assert_eq!(s.read_text(&format!("docs/{run}/total.txt")).await, "7 items");
+        assert_eq!(
+            s.read_text(&format!("docs/{run}/total.txt")).await,
+            "7 items"
+        );
         let out = outputs(&done, "fan");
         assert_eq!(out["count"], 7);
         assert_eq!(out["succeeded"], 7);
         assert_eq!(out["items"][2]["path"], format!("docs/{run}/item-2.txt"));
         let events = s.events(&run).await;
-        assert_eq!(max_in_flight(&events, "fan"), parallelism, "parallelism {parallelism}");
-        let completed = events.iter().filter(|e| e.r#type == "node.completed" && e.node_id.starts_with("fan.")).count();
+        assert_eq!(
+            max_in_flight(&events, "fan"),
+            parallelism,
+            "parallelism {parallelism}"
+        );
+        let completed = events
+            .iter()
+            .filter(|e| e.r#type == "node.completed" && e.node_id.starts_with("fan."))
+            .count();
         assert_eq!(completed, 7);
     }
     s.stop().await;
@@ -204,10 +271,17 @@ nodes:
     assert_eq!(s.read_text(&format!("docs/{run}/p-bo.txt")).await, "hi bo");
     let out = outputs(&done, "bytemplate");
     assert_eq!(out["count"], 3);
-    assert!(out["items"].as_array().unwrap().iter().all(|i| i["exists"] == true));
+    assert!(out["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|i| i["exists"] == true));
     // Items that did not come from the graph are recorded, so a resume maps the same list.
     let events = s.events(&run).await;
-    let items = events.iter().find(|e| e.r#type == "map.items" && e.node_id == "byfile").unwrap();
+    let items = events
+        .iter()
+        .find(|e| e.r#type == "map.items" && e.node_id == "byfile")
+        .unwrap();
     assert_eq!(data(items)["items"][1]["name"], "bo");
     s.stop().await;
 }
@@ -237,23 +311,63 @@ nodes:
     let done = s.wait_state(&run, TaskState::Completed, 30).await;
     let plan = s.read_text(&format!("docs/{run}/plan.md")).await;
     assert!(plan.starts_with("---\ntitle: \"writer\"\n"), "{plan}");
-    assert!(plan.contains(&format!("task_id: \"{run}\"")) && plan.contains("agent_instance: \"writer\"") && plan.contains("tags: [\"plan\"]"));
+    assert!(
+        plan.contains(&format!("task_id: \"{run}\""))
+            && plan.contains("agent_instance: \"writer\"")
+            && plan.contains("tags: [\"plan\"]")
+    );
     assert!(plan.ends_with("# Plan\n\nStep one.\n"));
     // The critic's default path and the text reference to the writer's document.
     let review = s.read_text(&format!("docs/{run}/critic.md")).await;
     assert!(review.ends_with("looks fine"));
-    let requests = s.read_text(&format!(".cairn/runs/{run}/agents/critic/runtime/requests.jsonl")).await;
-    assert!(requests.contains("Review: ---") && requests.contains("Step one."), "{requests}");
-    let session: Value = serde_json::from_slice(&s.read(&format!(".cairn/runs/{run}/agents/writer/session.json")).await.unwrap()).unwrap();
+    let requests = s
+        .read_text(&format!(
+            ".cairn/runs/{run}/agents/critic/runtime/requests.jsonl"
+        ))
+        .await;
+    assert!(
+        requests.contains("Review: ---") && requests.contains("Step one."),
+        "{requests}"
+    );
+    let session: Value = serde_json::from_slice(
+        &s.read(&format!(".cairn/runs/{run}/agents/writer/session.json"))
+            .await
+            .unwrap(),
+    )
+    .unwrap();
     assert_eq!(session["state"], "dormant");
-    assert!(s.read(&format!(".cairn/runs/{run}/agents/writer/README.md")).await.is_some());
-    assert!(s.read(&format!(".cairn/runs/{run}/agents/writer/artifacts/turn-1.md")).await.is_some());
-    assert!(s.read(&format!(".cairn/runs/{run}/agents/writer/runtime/events.jsonl")).await.is_some());
+    assert!(s
+        .read(&format!(".cairn/runs/{run}/agents/writer/README.md"))
+        .await
+        .is_some());
+    assert!(s
+        .read(&format!(
+            ".cairn/runs/{run}/agents/writer/artifacts/turn-1.md"
+        ))
+        .await
+        .is_some());
+    assert!(s
+        .read(&format!(
+            ".cairn/runs/{run}/agents/writer/runtime/events.jsonl"
+        ))
+        .await
+        .is_some());
     assert_eq!(outputs(&done, "writer")["turn"], 1);
-    let yaml = s.wait_text(&format!(".cairn/runs/{run}/task.yaml"), "state: completed", 10).await;
+    let yaml = s
+        .wait_text(
+            &format!(".cairn/runs/{run}/task.yaml"),
+            "state: completed",
+            10,
+        )
+        .await;
     let task: Value = serde_saphyr::from_str(&yaml).unwrap();
     let roster = task["roster"].as_array().unwrap();
-    assert!(roster.iter().any(|r| r["instance"] == "critic" && r["agent"] == "reviewer" && r["state"] == "dormant"), "{roster:?}");
+    assert!(
+        roster.iter().any(|r| r["instance"] == "critic"
+            && r["agent"] == "reviewer"
+            && r["state"] == "dormant"),
+        "{roster:?}"
+    );
 
     // A missing cassette answer is a clear failure naming node and turn.
     let req = SubmitRunRequest {
@@ -264,8 +378,16 @@ nodes:
     };
     let run = s.submit_req(req).await.unwrap().run_id;
     let failed = s.wait_state(&run, TaskState::Failed, 20).await;
-    assert!(failed.error.contains("no answer for node `ghost` turn 1"), "{}", failed.error);
-    assert_eq!(node(&failed, "ghost").attempts, 1, "a refused request is not retried");
+    assert!(
+        failed.error.contains("no answer for node `ghost` turn 1"),
+        "{}",
+        failed.error
+    );
+    assert_eq!(
+        node(&failed, "ghost").attempts,
+        1,
+        "a refused request is not retried"
+    );
     s.stop().await;
 }
 
@@ -286,15 +408,36 @@ nodes:
     assert_eq!(node(&failed, "flaky").attempts, 3);
     assert_eq!(node(&failed, "flaky").state, NodeState::Failed as i32);
     assert_eq!(node(&failed, "after").state, NodeState::Pending as i32);
-    assert!(failed.error.contains("docs/not-there.txt does not exist"), "{}", failed.error);
+    assert!(
+        failed.error.contains("docs/not-there.txt does not exist"),
+        "{}",
+        failed.error
+    );
     let events = s.events(&run).await;
-    let fails: Vec<Value> = events.iter().filter(|e| e.r#type == "node.failed").map(data).collect();
+    let fails: Vec<Value> = events
+        .iter()
+        .filter(|e| e.r#type == "node.failed")
+        .map(data)
+        .collect();
     assert_eq!(fails.len(), 3);
-    assert_eq!(fails.iter().map(|d| d["will_retry"] == true).collect::<Vec<_>>(), vec![true, true, false]);
+    assert_eq!(
+        fails
+            .iter()
+            .map(|d| d["will_retry"] == true)
+            .collect::<Vec<_>>(),
+        vec![true, true, false]
+    );
     assert!(fails[0]["retry_in_ms"].as_u64().unwrap() <= 12);
     assert!(s.read("docs/after.txt").await.is_none());
     // Without retry_on: refused, the default policy does not retry a refusal.
-    let run = s.submit("nodes:\n  - {id: once, type: tool_call, tool: read_file, args: {path: docs/none}}\n", &[]).await.unwrap().run_id;
+    let run = s
+        .submit(
+            "nodes:\n  - {id: once, type: tool_call, tool: read_file, args: {path: docs/none}}\n",
+            &[],
+        )
+        .await
+        .unwrap()
+        .run_id;
     let failed = s.wait_state(&run, TaskState::Failed, 20).await;
     assert_eq!(node(&failed, "once").attempts, 1);
     s.stop().await;

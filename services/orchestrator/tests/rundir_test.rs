@@ -24,7 +24,9 @@ fn fold(events: &[Event], upto: u64) -> (String, HashMap<String, String>) {
         };
         match e.r#type.as_str() {
             "task.created" => task = "created".into(),
-            "task.working" | "task.resumed" | "artifact.rework-requested" => task = "working".into(),
+            "task.working" | "task.resumed" | "artifact.rework-requested" => {
+                task = "working".into()
+            }
             "task.input-required" => task = "input-required".into(),
             "task.completed" => task = "completed".into(),
             "task.failed" => task = "failed".into(),
@@ -33,7 +35,14 @@ fn fold(events: &[Event], upto: u64) -> (String, HashMap<String, String>) {
             "node.completed" => set(&mut nodes, "done"),
             "node.skipped" => set(&mut nodes, "skipped"),
             "node.canceled" => set(&mut nodes, "canceled"),
-            "node.failed" => set(&mut nodes, if d["will_retry"] == true { "pending" } else { "failed" }),
+            "node.failed" => set(
+                &mut nodes,
+                if d["will_retry"] == true {
+                    "pending"
+                } else {
+                    "failed"
+                },
+            ),
             "gate.blocked" => set(&mut nodes, "blocked"),
             _ => {}
         }
@@ -43,10 +52,15 @@ fn fold(events: &[Event], upto: u64) -> (String, HashMap<String, String>) {
 
 /// Checks one task.yaml against the events up to its events_seq.
 fn check_snapshot(yaml: &str, events: &[Event]) -> u64 {
-    let task: Value = serde_saphyr::from_str(yaml).unwrap_or_else(|e| panic!("task.yaml does not parse: {e}\n{yaml}"));
+    let task: Value = serde_saphyr::from_str(yaml)
+        .unwrap_or_else(|e| panic!("task.yaml does not parse: {e}\n{yaml}"));
     let seq = task["events_seq"].as_u64().unwrap();
     let (state, nodes) = fold(events, seq);
-    assert_eq!(task["state"], state.as_str(), "task.yaml at seq {seq}:\n{yaml}");
+    assert_eq!(
+        task["state"],
+        state.as_str(),
+        "task.yaml at seq {seq}:\n{yaml}"
+    );
     for m in task["milestones"].as_array().unwrap() {
         let id = m["id"].as_str().unwrap();
         let expected = nodes.get(id).map(String::as_str).unwrap_or("pending");
@@ -73,7 +87,11 @@ nodes:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn task_yaml_always_parses_and_matches_the_events() {
-    let s = Stack::start(Options { tweak: |c| c.snapshot_interval_ms = 20, ..Default::default() }).await;
+    let s = Stack::start(Options {
+        tweak: |c| c.snapshot_interval_ms = 20,
+        ..Default::default()
+    })
+    .await;
     let run = s.submit(GRAPH, &[]).await.unwrap().run_id;
     let dir = format!(".cairn/runs/{run}");
     let mut seen = std::collections::BTreeSet::new();
@@ -86,13 +104,25 @@ async fn task_yaml_always_parses_and_matches_the_events() {
         if task["state"] == "input-required" {
             break;
         }
-        assert!(tokio::time::Instant::now() < deadline, "never blocked at the gate");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never blocked at the gate"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    assert!(seen.len() >= 2, "snapshots were written as the run moved: {seen:?}");
+    assert!(
+        seen.len() >= 2,
+        "snapshots were written as the run moved: {seen:?}"
+    );
     s.client
         .clone()
-        .approve_gate(GateDecisionRequest { project_id: PROJECT.into(), run_id: run.clone(), gate_id: "approve".into(), by: "ann".into(), note: String::new() })
+        .approve_gate(GateDecisionRequest {
+            project_id: PROJECT.into(),
+            run_id: run.clone(),
+            gate_id: "approve".into(),
+            by: "ann".into(),
+            note: String::new(),
+        })
         .await
         .unwrap();
     s.wait_state(&run, TaskState::Completed, 30).await;
@@ -107,17 +137,34 @@ async fn task_yaml_always_parses_and_matches_the_events() {
     }
     let events = s.events(&run).await;
     let seq = check_snapshot(&yaml, &events);
-    assert_eq!(seq, events.last().unwrap().seq, "the final task.yaml reflects every event");
+    assert_eq!(
+        seq,
+        events.last().unwrap().seq,
+        "the final task.yaml reflects every event"
+    );
     let task: Value = serde_saphyr::from_str(&yaml).unwrap();
     assert_eq!(task["id"], run.as_str());
     assert_eq!(task["title"], "Layout check");
     assert_eq!(task["topology"], "dag");
     assert_eq!(task["gates"][0]["type"], "human-approval");
     assert_eq!(task["gates"][0]["state"], "approved");
-    assert_eq!(task["gates"][0]["instructionsRef"], "./shared/human-notes.md");
-    let fan = task["milestones"].as_array().unwrap().iter().find(|m| m["id"] == "fan").unwrap();
+    assert_eq!(
+        task["gates"][0]["instructionsRef"],
+        "./shared/human-notes.md"
+    );
+    let fan = task["milestones"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["id"] == "fan")
+        .unwrap();
     assert_eq!(fan["progress"], "30/30");
-    let bad = task["milestones"].as_array().unwrap().iter().find(|m| m["id"] == "bad").unwrap();
+    let bad = task["milestones"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["id"] == "bad")
+        .unwrap();
     assert_eq!(bad["state"], "skipped");
 
     // Layout (seed 001 §2, seed 002 §4).
@@ -137,21 +184,49 @@ async fn task_yaml_always_parses_and_matches_the_events() {
         assert!(s.read(&format!("{dir}/{f}")).await.is_some(), "{f} missing");
     }
     let readme = s.read_text(&format!("{dir}/README.md")).await;
-    assert!(readme.starts_with("---\ntitle: \"Layout check\"\n"), "{readme}");
-    assert!(readme.contains(&format!("task_id: \"{run}\"")) && readme.contains("Show the run directory.") && readme.contains("`completed`"));
-    assert!(readme.contains("[task.yaml](task.yaml)") && readme.contains("| fan | map | done |"), "{readme}");
-    let state: Value = serde_json::from_slice(&s.read(&format!("{dir}/state.json")).await.unwrap()).unwrap();
+    assert!(
+        readme.starts_with("---\ntitle: \"Layout check\"\n"),
+        "{readme}"
+    );
+    assert!(
+        readme.contains(&format!("task_id: \"{run}\""))
+            && readme.contains("Show the run directory.")
+            && readme.contains("`completed`")
+    );
+    assert!(
+        readme.contains("[task.yaml](task.yaml)") && readme.contains("| fan | map | done |"),
+        "{readme}"
+    );
+    let state: Value =
+        serde_json::from_slice(&s.read(&format!("{dir}/state.json")).await.unwrap()).unwrap();
     assert_eq!(state["state"], "completed");
-    assert_eq!(state["nodes"][0]["items"]["records"].as_array().unwrap().len(), 30);
+    assert_eq!(
+        state["nodes"][0]["items"]["records"]
+            .as_array()
+            .unwrap()
+            .len(),
+        30
+    );
     let notes = s.read_text(&format!("{dir}/shared/human-notes.md")).await;
     assert!(notes.starts_with("---\ntitle: \"Human notes\"\n"));
-    let evidence: Value = serde_json::from_slice(&s.read(&format!("{dir}/shared/evidence/index.json")).await.unwrap()).unwrap();
+    let evidence: Value = serde_json::from_slice(
+        &s.read(&format!("{dir}/shared/evidence/index.json"))
+            .await
+            .unwrap(),
+    )
+    .unwrap();
     assert_eq!(evidence, serde_json::json!([]));
     // Every line of events.jsonl has ts, seq, type, run_id.
     let raw = s.read_text(&format!("{dir}/events.jsonl")).await;
     for line in raw.lines() {
         let v: Value = serde_json::from_str(line).unwrap();
-        assert!(v["ts"].is_string() && v["seq"].is_u64() && v["type"].is_string() && v["run_id"] == run.as_str(), "{line}");
+        assert!(
+            v["ts"].is_string()
+                && v["seq"].is_u64()
+                && v["type"].is_string()
+                && v["run_id"] == run.as_str(),
+            "{line}"
+        );
     }
     s.stop().await;
 }
@@ -181,22 +256,46 @@ nodes:
     assert_eq!(unique.len(), 20);
     for (i, run) in runs.iter().enumerate() {
         s.wait_state(run, TaskState::Completed, 60).await;
-        assert_eq!(s.read_text(&format!("docs/{run}/a.txt")).await, format!("{run} {i}"));
-        assert_eq!(s.read_text(&format!("docs/{run}/z.txt")).await, format!("z of {i}"));
-        assert_eq!(s.read_text(&format!("docs/{run}/b.txt")).await, format!("docs/{run}/a.txt 4"));
+        assert_eq!(
+            s.read_text(&format!("docs/{run}/a.txt")).await,
+            format!("{run} {i}")
+        );
+        assert_eq!(
+            s.read_text(&format!("docs/{run}/z.txt")).await,
+            format!("z of {i}")
+        );
+        assert_eq!(
+            s.read_text(&format!("docs/{run}/b.txt")).await,
+            format!("docs/{run}/a.txt 4")
+        );
         let events = s.events(run).await;
         assert!(events.iter().all(|e| e.run_id == *run));
-        assert_eq!(events.iter().filter(|e| e.r#type == "task.created").count(), 1);
-        assert_eq!(events.iter().filter(|e| e.r#type == "node.completed").count(), 3 + 4);
+        assert_eq!(
+            events.iter().filter(|e| e.r#type == "task.created").count(),
+            1
+        );
+        assert_eq!(
+            events
+                .iter()
+                .filter(|e| e.r#type == "node.completed")
+                .count(),
+            3 + 4
+        );
         let files = s.list(&format!("docs/{run}")).await;
         assert_eq!(files.len(), 6, "{files:?}");
-        let task: Value = serde_saphyr::from_str(&s.read_text(&format!(".cairn/runs/{run}/task.yaml")).await).unwrap();
+        let task: Value =
+            serde_saphyr::from_str(&s.read_text(&format!(".cairn/runs/{run}/task.yaml")).await)
+                .unwrap();
         assert_eq!(task["id"], run.as_str());
     }
     let listed = s
         .client
         .clone()
-        .list_runs(cairn_proto::v1::ListRunsRequest { project_id: PROJECT.into(), states: vec![TaskState::Completed as i32], page: None })
+        .list_runs(cairn_proto::v1::ListRunsRequest {
+            project_id: PROJECT.into(),
+            states: vec![TaskState::Completed as i32],
+            page: None,
+        })
         .await
         .unwrap()
         .into_inner();

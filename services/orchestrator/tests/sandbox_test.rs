@@ -11,9 +11,17 @@ use common::*;
 use serde_json::Value;
 
 async fn stack(test: &str) -> Option<Stack> {
-    match Stack::try_start(Options { sandbox: Sandbox::Required, ..Default::default() }).await {
+    match Stack::try_start(Options {
+        sandbox: Sandbox::Required,
+        ..Default::default()
+    })
+    .await
+    {
         Ok(s) => {
-            eprintln!("{test}: sandbox backend {}", s.sandbox_backend.clone().unwrap_or_default());
+            eprintln!(
+                "{test}: sandbox backend {}",
+                s.sandbox_backend.clone().unwrap_or_default()
+            );
             Some(s)
         }
         Err(e) => {
@@ -56,34 +64,66 @@ nodes:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sandbox_run_stages_inputs_and_stores_outputs() {
-    let Some(s) = stack("sandbox_run_stages_inputs_and_stores_outputs").await else { return };
+    let Some(s) = stack("sandbox_run_stages_inputs_and_stores_outputs").await else {
+        return;
+    };
     let run = s.submit(PROJECT_GRAPH, &[]).await.unwrap().run_id;
     let done = s.wait_final(&run, 120).await;
-    assert_eq!(done.state, TaskState::Completed as i32, "{done:#?}\n{:#?}", s.event_types(&run).await);
-    let report = s.read_text(&format!("docs/artifacts/{run}/report.txt")).await;
-    assert!(report.contains("test_add") && report.contains("OK"), "{report}");
-    let result: Value = serde_json::from_slice(&s.read(&format!(".cairn/runs/{run}/sandbox/run/result.json")).await.unwrap()).unwrap();
+    assert_eq!(
+        done.state,
+        TaskState::Completed as i32,
+        "{done:#?}\n{:#?}",
+        s.event_types(&run).await
+    );
+    let report = s
+        .read_text(&format!("docs/artifacts/{run}/report.txt"))
+        .await;
+    assert!(
+        report.contains("test_add") && report.contains("OK"),
+        "{report}"
+    );
+    let result: Value = serde_json::from_slice(
+        &s.read(&format!(".cairn/runs/{run}/sandbox/run/result.json"))
+            .await
+            .unwrap(),
+    )
+    .unwrap();
     assert_eq!(result["exit_code"], 0);
     assert_eq!(result["timed_out"], false);
-    assert_eq!(result["written_files"][0]["path"], format!("docs/artifacts/{run}/report.txt"));
-    assert!(result["stdout"].to_string().contains("tests exit 0"), "{result:#}");
+    assert_eq!(
+        result["written_files"][0]["path"],
+        format!("docs/artifacts/{run}/report.txt")
+    );
+    assert!(
+        result["stdout"].to_string().contains("tests exit 0"),
+        "{result:#}"
+    );
     assert_eq!(
         s.read_text(&format!("docs/{run}/summary.txt")).await,
         format!("exit=0 ok=true files=[\"docs/artifacts/{run}/report.txt\"]")
     );
     let events = s.events(&run).await;
-    let start = events.iter().position(|e| e.r#type == "sandbox_start").expect("sandbox_start");
-    let complete = events.iter().position(|e| e.r#type == "sandbox_complete").expect("sandbox_complete");
+    let start = events
+        .iter()
+        .position(|e| e.r#type == "sandbox_start")
+        .expect("sandbox_start");
+    let complete = events
+        .iter()
+        .position(|e| e.r#type == "sandbox_complete")
+        .expect("sandbox_complete");
     assert!(start < complete);
     assert_eq!(data(&events[complete])["exit_code"], 0);
     assert_eq!(data(&events[start])["inputs"], 2);
-    assert!(events.iter().any(|e| e.r#type == "artifact.written" && data(e)["path"] == format!("docs/artifacts/{run}/report.txt")));
+    assert!(events.iter().any(|e| e.r#type == "artifact.written"
+        && data(e)["path"] == format!("docs/artifacts/{run}/report.txt")));
     s.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failing_program_refused_input_and_timeout() {
-    let Some(s) = stack("failing_program_refused_input_and_timeout").await else { return };
+    let Some(s) = stack("failing_program_refused_input_and_timeout").await else {
+        return;
+    };
     // Non-zero exit fails the node (allow_failure is off) and says where to look.
     let run = s
         .submit("nodes:\n  - {id: bad, type: sandbox_run, language: python, code: \"import sys; print('boom', file=sys.stderr); sys.exit(3)\"}\n", &[])
@@ -91,10 +131,20 @@ async fn failing_program_refused_input_and_timeout() {
         .unwrap()
         .run_id;
     let failed = s.wait_state(&run, TaskState::Failed, 60).await;
-    assert!(failed.error.contains("exited with code 3") && failed.error.contains("boom"), "{}", failed.error);
-    assert_eq!(failed.nodes[0].attempts, 1, "a failing program is not retried by default");
+    assert!(
+        failed.error.contains("exited with code 3") && failed.error.contains("boom"),
+        "{}",
+        failed.error
+    );
+    assert_eq!(
+        failed.nodes[0].attempts, 1,
+        "a failing program is not retried by default"
+    );
     let events = s.events(&run).await;
-    let c = events.iter().find(|e| e.r#type == "sandbox_complete").unwrap();
+    let c = events
+        .iter()
+        .find(|e| e.r#type == "sandbox_complete")
+        .unwrap();
     assert_eq!(data(c)["exit_code"], 3);
 
     // ... unless allowed; then the outputs say how it ended.
@@ -115,8 +165,16 @@ async fn failing_program_refused_input_and_timeout() {
         .unwrap()
         .run_id;
     let failed = s.wait_state(&run, TaskState::Failed, 60).await;
-    assert!(failed.error.contains("not under allowed_prefixes"), "{}", failed.error);
-    assert!(s.events(&run).await.iter().all(|e| e.r#type != "sandbox_start"));
+    assert!(
+        failed.error.contains("not under allowed_prefixes"),
+        "{}",
+        failed.error
+    );
+    assert!(s
+        .events(&run)
+        .await
+        .iter()
+        .all(|e| e.r#type != "sandbox_start"));
 
     // The program's timeout: killed by the runner, the node fails as a timeout.
     let t0 = Instant::now();
@@ -126,19 +184,31 @@ async fn failing_program_refused_input_and_timeout() {
         .unwrap()
         .run_id;
     let failed = s.wait_state(&run, TaskState::Failed, 60).await;
-    assert!(failed.error.contains("timed out after 2s"), "{}", failed.error);
+    assert!(
+        failed.error.contains("timed out after 2s"),
+        "{}",
+        failed.error
+    );
     assert!(t0.elapsed() < Duration::from_secs(30));
     s.stop().await;
 }
 
 fn processes_matching(marker: &str) -> usize {
-    let out = std::process::Command::new("pgrep").args(["-f", marker]).output().unwrap();
-    String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.trim().is_empty()).count()
+    let out = std::process::Command::new("pgrep")
+        .args(["-f", marker])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .count()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_during_a_long_sandbox_run_stops_it() {
-    let Some(s) = stack("cancel_during_a_long_sandbox_run_stops_it").await else { return };
+    let Some(s) = stack("cancel_during_a_long_sandbox_run_stops_it").await else {
+        return;
+    };
     // A unique sleep length marks the sandboxed process in the host's process list.
     let marker = format!("sleep 7{:06}", std::process::id() % 1_000_000);
     let graph = format!(
@@ -148,30 +218,50 @@ async fn cancel_during_a_long_sandbox_run_stops_it() {
     let run = s.submit(&graph, &[]).await.unwrap().run_id;
     let deadline = Instant::now() + Duration::from_secs(60);
     while processes_matching(&marker) == 0 {
-        assert!(Instant::now() < deadline, "the sandboxed program never started: {:?}", s.event_types(&run).await);
+        assert!(
+            Instant::now() < deadline,
+            "the sandboxed program never started: {:?}",
+            s.event_types(&run).await
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let t0 = Instant::now();
     let info = s
         .client
         .clone()
-        .cancel_run(RunActionRequest { project_id: PROJECT.into(), run_id: run.clone(), by: "dave".into(), reason: "too slow".into() })
+        .cancel_run(RunActionRequest {
+            project_id: PROJECT.into(),
+            run_id: run.clone(),
+            by: "dave".into(),
+            reason: "too slow".into(),
+        })
         .await
         .unwrap()
         .into_inner();
     assert_eq!(info.state, TaskState::Canceled as i32);
     assert_eq!(info.nodes[0].state, NodeState::Canceled as i32);
     assert_eq!(info.nodes[1].state, NodeState::Pending as i32);
-    assert!(t0.elapsed() < Duration::from_secs(10), "cancel took {:?}", t0.elapsed());
+    assert!(
+        t0.elapsed() < Duration::from_secs(10),
+        "cancel took {:?}",
+        t0.elapsed()
+    );
     // The runner stops the work: the process disappears.
     let deadline = Instant::now() + Duration::from_secs(20);
     while processes_matching(&marker) > 0 {
-        assert!(Instant::now() < deadline, "sandbox work still running after cancel");
+        assert!(
+            Instant::now() < deadline,
+            "sandbox work still running after cancel"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let events = s.events(&run).await;
-    assert!(events.iter().any(|e| e.r#type == "node.canceled" && e.node_id == "long"));
-    assert!(events.iter().any(|e| e.r#type == "task.canceled" && data(e)["by"] == "dave"));
+    assert!(events
+        .iter()
+        .any(|e| e.r#type == "node.canceled" && e.node_id == "long"));
+    assert!(events
+        .iter()
+        .any(|e| e.r#type == "task.canceled" && data(e)["by"] == "dave"));
     assert!(s.read("docs/after.txt").await.is_none());
     s.stop().await;
 }

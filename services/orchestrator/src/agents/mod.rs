@@ -40,17 +40,28 @@ pub struct Message {
 
 impl Message {
     pub fn new(role: Role, content: impl Into<String>) -> Message {
-        Message { role, content: content.into(), tool_calls: Vec::new(), tool_call_id: None }
+        Message {
+            role,
+            content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        }
     }
 
     /// The assistant's turn that asked for `calls`.
     pub fn assistant_calls(content: impl Into<String>, calls: Vec<ToolCall>) -> Message {
-        Message { tool_calls: calls, ..Message::new(Role::Assistant, content) }
+        Message {
+            tool_calls: calls,
+            ..Message::new(Role::Assistant, content)
+        }
     }
 
     /// The answer to tool call `call_id` (`role: tool`).
     pub fn tool_result(call_id: impl Into<String>, content: impl Into<String>) -> Message {
-        Message { tool_call_id: Some(call_id.into()), ..Message::new(Role::Tool, content) }
+        Message {
+            tool_call_id: Some(call_id.into()),
+            ..Message::new(Role::Tool, content)
+        }
     }
 }
 
@@ -81,7 +92,9 @@ impl ToolChoice {
             ToolChoice::Auto => "auto".into(),
             ToolChoice::None => "none".into(),
             ToolChoice::Required => "required".into(),
-            ToolChoice::Function(name) => serde_json::json!({"type": "function", "function": {"name": name}}),
+            ToolChoice::Function(name) => {
+                serde_json::json!({"type": "function", "function": {"name": name}})
+            }
         }
     }
 }
@@ -141,7 +154,11 @@ pub struct AgentReply {
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum AgentError {
     #[error("cassette {cassette} has no answer for node `{node}` turn {turn}; add an entry `- {{node: {node}, turn: {turn}, content: ...}}` under `answers:`")]
-    MissingAnswer { cassette: String, node: String, turn: u32 },
+    MissingAnswer {
+        cassette: String,
+        node: String,
+        turn: u32,
+    },
     #[error("cassette {path}: {message}")]
     Cassette { path: String, message: String },
     #[error("LLM provider `{0}` is not known; use `replay:<cassette.yaml>` or `openai:<base_url>#<model>` (e.g. openai:http://127.0.0.1:8000/v1#qwen2.5-7b)")]
@@ -160,7 +177,10 @@ pub enum AgentError {
 pub trait Provider: Send + Sync {
     /// How the provider is named in records (`replay:/abs/cassette.yaml`).
     fn name(&self) -> String;
-    fn complete<'a>(&'a self, request: &'a AgentRequest) -> BoxFuture<'a, Result<AgentReply, AgentError>>;
+    fn complete<'a>(
+        &'a self,
+        request: &'a AgentRequest,
+    ) -> BoxFuture<'a, Result<AgentReply, AgentError>>;
 
     /// `complete`, reporting every attempt to `observer` (the run records an event per
     /// attempt). Providers that retry report each try; the default reports one.
@@ -175,7 +195,10 @@ pub trait Provider: Send + Sync {
             let outcome = match &result {
                 Ok(_) => retry::AttemptOutcome::Succeeded,
                 Err(e) => retry::AttemptOutcome::Failed {
-                    failure: retry::AttemptFailure::new(retry::FailureKind::Protocol, e.to_string()),
+                    failure: retry::AttemptFailure::new(
+                        retry::FailureKind::Protocol,
+                        e.to_string(),
+                    ),
                     will_retry: false,
                 },
             };
@@ -210,14 +233,21 @@ impl ProviderSpec {
             return openai::parse_spec(spec, spec);
         }
         match spec.split_once(':') {
-            Some(("replay", path)) if !path.trim().is_empty() => Ok(ProviderSpec::Replay(PathBuf::from(path.trim()))),
+            Some(("replay", path)) if !path.trim().is_empty() => {
+                Ok(ProviderSpec::Replay(PathBuf::from(path.trim())))
+            }
             Some(("replay-inline", encoded)) => {
                 use base64::Engine as _;
                 let bytes = base64::engine::general_purpose::STANDARD
                     .decode(encoded.trim())
-                    .map_err(|e| AgentError::BadSpec { spec: "replay-inline".into(), message: format!("not base64: {e}") })?;
-                let text = String::from_utf8(bytes)
-                    .map_err(|_| AgentError::BadSpec { spec: "replay-inline".into(), message: "the cassette is not UTF-8".into() })?;
+                    .map_err(|e| AgentError::BadSpec {
+                        spec: "replay-inline".into(),
+                        message: format!("not base64: {e}"),
+                    })?;
+                let text = String::from_utf8(bytes).map_err(|_| AgentError::BadSpec {
+                    spec: "replay-inline".into(),
+                    message: "the cassette is not UTF-8".into(),
+                })?;
                 Ok(ProviderSpec::ReplayInline(text))
             }
             Some(("openai", rest)) => openai::parse_spec(spec, rest),
@@ -238,7 +268,10 @@ impl ProviderSpec {
             ProviderSpec::Replay(p) => format!("replay:{}", p.display()),
             ProviderSpec::ReplayInline(text) => {
                 use base64::Engine as _;
-                format!("replay-inline:{}", base64::engine::general_purpose::STANDARD.encode(text))
+                format!(
+                    "replay-inline:{}",
+                    base64::engine::general_purpose::STANDARD.encode(text)
+                )
             }
             ProviderSpec::OpenAi { base_url, model } => openai::spec_string(base_url, model),
         }
@@ -257,14 +290,19 @@ pub struct Providers {
 
 impl Providers {
     pub fn new(llm: LlmConfig) -> Providers {
-        Providers { llm, http: std::sync::OnceLock::new() }
+        Providers {
+            llm,
+            http: std::sync::OnceLock::new(),
+        }
     }
 
     /// Checks at submit time that `spec` can be used (cassette readable, model known).
     pub fn check(&self, spec: &ProviderSpec) -> Result<(), AgentError> {
         match spec {
             ProviderSpec::Replay(path) => ReplayProvider::load(path).map(|_| ()),
-            ProviderSpec::ReplayInline(text) => ReplayProvider::from_text("inline cassette", text).map(|_| ()),
+            ProviderSpec::ReplayInline(text) => {
+                ReplayProvider::from_text("inline cassette", text).map(|_| ())
+            }
             ProviderSpec::OpenAi { base_url, model } => self.openai(base_url, model).map(|_| ()),
         }
     }
@@ -275,7 +313,9 @@ impl Providers {
         }
         let provider: Arc<dyn Provider> = match ProviderSpec::parse(spec)? {
             ProviderSpec::Replay(path) => Arc::new(ReplayProvider::load(&path)?),
-            ProviderSpec::ReplayInline(text) => Arc::new(ReplayProvider::from_text("inline cassette", &text)?),
+            ProviderSpec::ReplayInline(text) => {
+                Arc::new(ReplayProvider::from_text("inline cassette", &text)?)
+            }
             ProviderSpec::OpenAi { base_url, model } => Arc::new(self.openai(&base_url, &model)?),
         };
         Ok(provider)

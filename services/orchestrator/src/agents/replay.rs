@@ -54,18 +54,26 @@ pub struct ReplayProvider {
 impl ReplayProvider {
     pub fn load(path: &Path) -> Result<ReplayProvider, AgentError> {
         let shown = path.display().to_string();
-        let err = |message: String| AgentError::Cassette { path: shown.clone(), message };
+        let err = |message: String| AgentError::Cassette {
+            path: shown.clone(),
+            message,
+        };
         let meta = std::fs::metadata(path).map_err(|e| err(format!("cannot read it: {e}")))?;
         if meta.len() > MAX_CASSETTE_BYTES {
             return Err(err(format!("larger than {} MiB", MAX_CASSETTE_BYTES >> 20)));
         }
-        let text = std::fs::read_to_string(path).map_err(|e| err(format!("cannot read it: {e}")))?;
+        let text =
+            std::fs::read_to_string(path).map_err(|e| err(format!("cannot read it: {e}")))?;
         Self::from_text(&shown, &text)
     }
 
     pub fn from_text(path: &str, text: &str) -> Result<ReplayProvider, AgentError> {
-        let err = |message: String| AgentError::Cassette { path: path.to_owned(), message };
-        let cassette: Cassette = serde_saphyr::from_str(text).map_err(|e| err(format!("not a cassette: {e}")))?;
+        let err = |message: String| AgentError::Cassette {
+            path: path.to_owned(),
+            message,
+        };
+        let cassette: Cassette =
+            serde_saphyr::from_str(text).map_err(|e| err(format!("not a cassette: {e}")))?;
         if cassette.version.is_some_and(|v| v != 1) {
             return Err(err("only cassette version 1 exists".into()));
         }
@@ -77,11 +85,16 @@ impl ReplayProvider {
     }
 
     fn find(&self, node: &str, turn: u32) -> Option<&Answer> {
-        let exact = self.answers.iter().find(|a| a.node == node && a.turn == turn);
+        let exact = self
+            .answers
+            .iter()
+            .find(|a| a.node == node && a.turn == turn);
         exact.or_else(|| {
             let (map, _) = node.rsplit_once('.')?;
             let wildcard = format!("{map}.*");
-            self.answers.iter().find(|a| a.node == wildcard && a.turn == turn)
+            self.answers
+                .iter()
+                .find(|a| a.node == wildcard && a.turn == turn)
         })
     }
 }
@@ -91,15 +104,24 @@ impl Provider for ReplayProvider {
         format!("replay:{}", self.path)
     }
 
-    fn complete<'a>(&'a self, request: &'a AgentRequest) -> BoxFuture<'a, Result<AgentReply, AgentError>> {
+    fn complete<'a>(
+        &'a self,
+        request: &'a AgentRequest,
+    ) -> BoxFuture<'a, Result<AgentReply, AgentError>> {
         Box::pin(async move {
-            let answer = self.find(&request.node_id, request.turn).ok_or_else(|| AgentError::MissingAnswer {
-                cassette: self.path.clone(),
-                node: request.node_id.clone(),
-                turn: request.turn,
+            let answer = self.find(&request.node_id, request.turn).ok_or_else(|| {
+                AgentError::MissingAnswer {
+                    cassette: self.path.clone(),
+                    node: request.node_id.clone(),
+                    turn: request.turn,
+                }
             })?;
             let usage = answer.usage.clone().unwrap_or_else(|| Usage {
-                prompt_tokens: request.messages.iter().map(|m| m.content.len() as u64 / 4).sum(),
+                prompt_tokens: request
+                    .messages
+                    .iter()
+                    .map(|m| m.content.len() as u64 / 4)
+                    .sum(),
                 completion_tokens: answer.content.len() as u64 / 4,
             });
             Ok(AgentReply {
@@ -140,7 +162,10 @@ mod tests {
         .unwrap();
         assert_eq!(p.complete(&request("a", 1)).await.unwrap().content, "one");
         assert_eq!(p.complete(&request("a", 2)).await.unwrap().content, "two");
-        assert_eq!(p.complete(&request("m.7", 1)).await.unwrap().content, "item");
+        assert_eq!(
+            p.complete(&request("m.7", 1)).await.unwrap().content,
+            "item"
+        );
         let e = p.complete(&request("b", 1)).await.unwrap_err();
         assert!(matches!(e, AgentError::MissingAnswer { .. }));
         assert!(e.to_string().contains("node `b` turn 1"), "{e}");

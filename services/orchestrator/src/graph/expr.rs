@@ -123,17 +123,25 @@ fn lex(src: &str) -> Result<Vec<Tok>, String> {
                     i += 1;
                 }
                 let text = &src[start..i];
-                let n: f64 = text.parse().map_err(|_| format!("`{text}` is not a number"))?;
+                let n: f64 = text
+                    .parse()
+                    .map_err(|_| format!("`{text}` is not a number"))?;
                 let v = if text.contains('.') {
-                    serde_json::Number::from_f64(n).map(Value::Number).unwrap_or(Value::Null)
+                    serde_json::Number::from_f64(n)
+                        .map(Value::Number)
+                        .unwrap_or(Value::Null)
                 } else {
-                    text.parse::<i64>().map(Value::from).unwrap_or(Value::from(n))
+                    text.parse::<i64>()
+                        .map(Value::from)
+                        .unwrap_or(Value::from(n))
                 };
                 out.push(Tok::Lit(v));
             }
             _ if c.is_ascii_alphabetic() || c == b'_' => {
                 let start = i;
-                while i < b.len() && (b[i].is_ascii_alphanumeric() || matches!(b[i], b'_' | b'-' | b'.')) {
+                while i < b.len()
+                    && (b[i].is_ascii_alphanumeric() || matches!(b[i], b'_' | b'-' | b'.'))
+                {
                     i += 1;
                 }
                 let word = &src[start..i];
@@ -225,9 +233,15 @@ impl Expr {
         let mut p = Parser { toks, at: 0 };
         let ast = p.or(0)?;
         if p.at < p.toks.len() {
-            return Err(format!("unexpected {:?} after the expression", p.toks[p.at]));
+            return Err(format!(
+                "unexpected {:?} after the expression",
+                p.toks[p.at]
+            ));
         }
-        Ok(Expr { src: src.to_owned(), ast })
+        Ok(Expr {
+            src: src.to_owned(),
+            ast,
+        })
     }
 
     pub fn source(&self) -> &str {
@@ -383,7 +397,9 @@ mod tests {
         assert!(Expr::parse("(true").is_err());
         assert!(Expr::parse("true true").is_err());
         assert!(Expr::parse("nodes.x == 'a").is_err());
-        assert!(Expr::parse("foo.bar").unwrap_err().contains("unknown reference"));
+        assert!(Expr::parse("foo.bar")
+            .unwrap_err()
+            .contains("unknown reference"));
         assert!(Expr::parse("nodes.a.b $ 1").is_err());
         let e = Expr::parse("nodes.missing.x").unwrap();
         assert!(e.eval(&|_| None).unwrap_err().contains("nodes.missing.x"));

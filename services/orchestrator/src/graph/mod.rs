@@ -37,10 +37,18 @@ pub struct GraphError {
 
 impl GraphError {
     fn graph(message: impl Into<String>) -> Self {
-        GraphError { node: None, field: None, message: message.into() }
+        GraphError {
+            node: None,
+            field: None,
+            message: message.into(),
+        }
     }
     fn node(node: &str, field: Option<&str>, message: impl Into<String>) -> Self {
-        GraphError { node: Some(node.to_owned()), field: field.map(str::to_owned), message: message.into() }
+        GraphError {
+            node: Some(node.to_owned()),
+            field: field.map(str::to_owned),
+            message: message.into(),
+        }
     }
 }
 
@@ -187,7 +195,10 @@ pub enum MapOver {
     /// A template that renders to a JSON array (`{{nodes.x.paths}}`).
     Template(Template),
     /// A JSON file in the project holding an array (optionally at a JSON pointer).
-    File { file: Template, pointer: Option<String> },
+    File {
+        file: Template,
+        pointer: Option<String>,
+    },
 }
 
 impl Serialize for MapOver {
@@ -230,7 +241,10 @@ fn default_output_prefix() -> Template {
 }
 
 fn default_allowed_prefixes() -> Vec<Template> {
-    vec![Template::literal("docs/"), Template::literal_with_refs(".cairn/runs/{{run_id}}/")]
+    vec![
+        Template::literal("docs/"),
+        Template::literal_with_refs(".cairn/runs/{{run_id}}/"),
+    ]
 }
 
 /// seed 002 §5.1.
@@ -345,10 +359,25 @@ impl NodeKind {
     /// The output fields `{{nodes.<id>.<field>}}` may read.
     pub fn outputs(&self) -> &'static [&'static str] {
         match self {
-            NodeKind::WriteFile(_) => &["path", "bytes", "sha256", "outcome", "text", "workspace_files"],
-            NodeKind::AgentTask(_) => {
-                &["path", "bytes", "sha256", "outcome", "text", "turn", "provider", "agent_instance", "workspace_files"]
-            }
+            NodeKind::WriteFile(_) => &[
+                "path",
+                "bytes",
+                "sha256",
+                "outcome",
+                "text",
+                "workspace_files",
+            ],
+            NodeKind::AgentTask(_) => &[
+                "path",
+                "bytes",
+                "sha256",
+                "outcome",
+                "text",
+                "turn",
+                "provider",
+                "agent_instance",
+                "workspace_files",
+            ],
             NodeKind::Condition(_) => &["value", "branch"],
             NodeKind::Map(_) => &["count", "succeeded", "items"],
             NodeKind::ToolCall(t) => crate::tools::outputs(&t.tool).unwrap_or(&[]),
@@ -364,7 +393,14 @@ impl NodeKind {
                 "runner_id",
             ],
             NodeKind::Gate(_) => &["approved", "by", "note", "decided_at"],
-            NodeKind::Ingest(_) => &["manifest_path", "written", "skipped", "rejected", "workspace_files", "enabled"],
+            NodeKind::Ingest(_) => &[
+                "manifest_path",
+                "written",
+                "skipped",
+                "rejected",
+                "workspace_files",
+                "enabled",
+            ],
             NodeKind::Deliver(_) => &["target", "location", "delivered"],
         }
     }
@@ -444,11 +480,17 @@ fn one() -> u32 {
 /// Ids of runs, nodes and gates: `[A-Za-z0-9_-]`, 1-64 characters (no `.`, which separates
 /// map items and template segments).
 pub fn valid_node_id(id: &str) -> bool {
-    !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
-
-fn field_err<'a, E: fmt::Display>(node: &'a str, field: &'a str) -> impl FnOnce(E) -> GraphError + 'a {
+fn field_err<'a, E: fmt::Display>(
+    node: &'a str,
+    field: &'a str,
+) -> impl FnOnce(E) -> GraphError + 'a {
     move |e| GraphError::node(node, Some(field), e.to_string())
 }
 
@@ -459,14 +501,18 @@ fn take<T: serde::de::DeserializeOwned>(
 ) -> Result<Option<T>, GraphError> {
     match obj.remove(field) {
         None | Some(Value::Null) => Ok(None),
-        Some(v) => serde_json::from_value(v).map(Some).map_err(field_err(node, field)),
+        Some(v) => serde_json::from_value(v)
+            .map(Some)
+            .map_err(field_err(node, field)),
     }
 }
 
 /// Parses one node object (`in_map`: it is a map body, whose id is given).
 fn parse_node(v: Value, position: usize, body_of: Option<&str>) -> Result<Node, GraphError> {
     let Value::Object(mut obj) = v else {
-        return Err(GraphError::graph(format!("nodes[{position}] must be a mapping with `id` and `type`")));
+        return Err(GraphError::graph(format!(
+            "nodes[{position}] must be a mapping with `id` and `type`"
+        )));
     };
     let id = match body_of {
         Some(map_id) => {
@@ -494,7 +540,11 @@ fn parse_node(v: Value, position: usize, body_of: Option<&str>) -> Result<Node, 
     let ty = match obj.remove("type") {
         Some(Value::String(s)) => s,
         _ => {
-            return Err(GraphError::node(id_ref, Some("type"), format!("missing; one of {}", NODE_TYPES.join(", "))))
+            return Err(GraphError::node(
+                id_ref,
+                Some("type"),
+                format!("missing; one of {}", NODE_TYPES.join(", ")),
+            ))
         }
     };
     let title: Option<String> = take(&mut obj, id_ref, "title")?;
@@ -505,7 +555,11 @@ fn parse_node(v: Value, position: usize, body_of: Option<&str>) -> Result<Node, 
     let timeout_s: Option<u64> = take(&mut obj, id_ref, "timeout_s")?;
     let ingest: Option<bool> = take(&mut obj, id_ref, "ingest")?;
     if body_of.is_some() && needs.as_ref().is_some_and(|n| !n.is_empty()) {
-        return Err(GraphError::node(id_ref, Some("needs"), "a map body cannot have needs; put them on the map"));
+        return Err(GraphError::node(
+            id_ref,
+            Some("needs"),
+            "a map body cannot have needs; put them on the map",
+        ));
     }
     let rest = Value::Object(obj.clone());
     let kind = match ty.as_str() {
@@ -519,7 +573,11 @@ fn parse_node(v: Value, position: usize, body_of: Option<&str>) -> Result<Node, 
         "deliver" => NodeKind::Deliver(fields(&id, rest)?),
         "map" => {
             if body_of.is_some() {
-                return Err(GraphError::node(id_ref, Some("type"), "a map body cannot be another map"));
+                return Err(GraphError::node(
+                    id_ref,
+                    Some("type"),
+                    "a map body cannot be another map",
+                ));
             }
             NodeKind::Map(parse_map(&id, obj)?)
         }
@@ -527,7 +585,10 @@ fn parse_node(v: Value, position: usize, body_of: Option<&str>) -> Result<Node, 
             return Err(GraphError::node(
                 id_ref,
                 Some("type"),
-                format!("unknown node type `{other}`; one of {}", NODE_TYPES.join(", ")),
+                format!(
+                    "unknown node type `{other}`; one of {}",
+                    NODE_TYPES.join(", ")
+                ),
             ))
         }
     };
@@ -557,48 +618,78 @@ fn fields<T: serde::de::DeserializeOwned>(id: &str, rest: Value) -> Result<T, Gr
         let path = e.path().to_string();
         let msg = e.into_inner().to_string();
         let field = if path == "." || path.is_empty() {
-            msg.split('`').nth(1).filter(|_| msg.starts_with("unknown field") || msg.starts_with("missing field")).map(str::to_owned)
+            msg.split('`')
+                .nth(1)
+                .filter(|_| msg.starts_with("unknown field") || msg.starts_with("missing field"))
+                .map(str::to_owned)
         } else {
             Some(path)
         };
-        GraphError { node: Some(id.to_owned()), field, message: msg }
+        GraphError {
+            node: Some(id.to_owned()),
+            field,
+            message: msg,
+        }
     })
 }
 
 fn parse_map(id: &str, mut obj: Map<String, Value>) -> Result<MapNode, GraphError> {
-    let over = match obj.remove("over") {
-        Some(Value::Array(items)) => MapOver::List(items),
-        Some(Value::String(s)) => MapOver::Template(Template::parse(&s).map_err(field_err(id, "over"))?),
-        Some(Value::Object(mut o)) => {
-            let file: Template = match o.remove("file") {
-                Some(Value::String(f)) => Template::parse(&f).map_err(field_err(id, "over.file"))?,
-                _ => return Err(GraphError::node(id, Some("over"), "a mapping needs `file: <path of a JSON array>`")),
-            };
-            let pointer: Option<String> = match o.remove("pointer") {
-                None | Some(Value::Null) => None,
-                Some(Value::String(p)) => Some(p),
-                Some(_) => return Err(GraphError::node(id, Some("over.pointer"), "a JSON pointer is text (`/items`)")),
-            };
-            if let Some(k) = o.keys().next() {
-                return Err(GraphError::node(id, Some("over"), format!("unknown field `{k}`; expected file, pointer")));
+    let over =
+        match obj.remove("over") {
+            Some(Value::Array(items)) => MapOver::List(items),
+            Some(Value::String(s)) => {
+                MapOver::Template(Template::parse(&s).map_err(field_err(id, "over"))?)
             }
-            MapOver::File { file, pointer }
-        }
-        _ => {
-            return Err(GraphError::node(
+            Some(Value::Object(mut o)) => {
+                let file: Template = match o.remove("file") {
+                    Some(Value::String(f)) => {
+                        Template::parse(&f).map_err(field_err(id, "over.file"))?
+                    }
+                    _ => {
+                        return Err(GraphError::node(
+                            id,
+                            Some("over"),
+                            "a mapping needs `file: <path of a JSON array>`",
+                        ))
+                    }
+                };
+                let pointer: Option<String> = match o.remove("pointer") {
+                    None | Some(Value::Null) => None,
+                    Some(Value::String(p)) => Some(p),
+                    Some(_) => {
+                        return Err(GraphError::node(
+                            id,
+                            Some("over.pointer"),
+                            "a JSON pointer is text (`/items`)",
+                        ))
+                    }
+                };
+                if let Some(k) = o.keys().next() {
+                    return Err(GraphError::node(
+                        id,
+                        Some("over"),
+                        format!("unknown field `{k}`; expected file, pointer"),
+                    ));
+                }
+                MapOver::File { file, pointer }
+            }
+            _ => return Err(GraphError::node(
                 id,
                 Some("over"),
                 "expected a list, a template such as `{{nodes.x.paths}}`, or `{file: items.json}`",
-            ))
-        }
-    };
+            )),
+        };
     let parallelism: u32 = take(&mut obj, id, "parallelism")?.unwrap_or(4);
     if !(1..=1024).contains(&parallelism) {
-        return Err(GraphError::node(id, Some("parallelism"), "must be between 1 and 1024"));
+        return Err(GraphError::node(
+            id,
+            Some("parallelism"),
+            "must be between 1 and 1024",
+        ));
     }
-    let body = obj
-        .remove("node")
-        .ok_or_else(|| GraphError::node(id, Some("node"), "missing: the node to run for each item"))?;
+    let body = obj.remove("node").ok_or_else(|| {
+        GraphError::node(id, Some("node"), "missing: the node to run for each item")
+    })?;
     if let Some(k) = obj.keys().next() {
         return Err(GraphError::node(
             id,
@@ -608,11 +699,19 @@ fn parse_map(id: &str, mut obj: Map<String, Value>) -> Result<MapNode, GraphErro
     }
     if let MapOver::List(items) = &over {
         if items.len() > MAX_MAP_ITEMS {
-            return Err(GraphError::node(id, Some("over"), format!("more than {MAX_MAP_ITEMS} items")));
+            return Err(GraphError::node(
+                id,
+                Some("over"),
+                format!("more than {MAX_MAP_ITEMS} items"),
+            ));
         }
     }
     let node = parse_node(body, 0, Some(id))?;
-    Ok(MapNode { over, parallelism, node: Box::new(node) })
+    Ok(MapNode {
+        over,
+        parallelism,
+        node: Box::new(node),
+    })
 }
 
 impl Node {
@@ -728,13 +827,21 @@ impl Node {
     /// Every reference of the node (templates, expressions, tool arguments), with field names.
     pub fn refs(&self) -> Result<Vec<(String, Ref)>, GraphError> {
         let mut copy = self.clone();
-        let mut out: Vec<(String, Ref)> =
-            copy.templates_mut().into_iter().flat_map(|(f, t)| t.refs().cloned().map(move |r| (f.clone(), r))).collect();
+        let mut out: Vec<(String, Ref)> = copy
+            .templates_mut()
+            .into_iter()
+            .flat_map(|(f, t)| t.refs().cloned().map(move |r| (f.clone(), r)))
+            .collect();
         if let Some(w) = &self.when {
             out.extend(w.refs().into_iter().map(|r| ("when".to_owned(), r.clone())));
         }
         match &self.kind {
-            NodeKind::Condition(c) => out.extend(c.cond.refs().into_iter().map(|r| ("if".to_owned(), r.clone()))),
+            NodeKind::Condition(c) => out.extend(
+                c.cond
+                    .refs()
+                    .into_iter()
+                    .map(|r| ("if".to_owned(), r.clone())),
+            ),
             NodeKind::ToolCall(t) => {
                 for (field, tpl) in tool_arg_templates(&self.id, &t.args)? {
                     out.extend(tpl.refs().cloned().map(|r| (field.clone(), r)));
@@ -742,7 +849,11 @@ impl Node {
             }
             NodeKind::Map(m) => {
                 if let Some(w) = &m.node.when {
-                    out.extend(w.refs().into_iter().map(|r| ("node.when".to_owned(), r.clone())));
+                    out.extend(
+                        w.refs()
+                            .into_iter()
+                            .map(|r| ("node.when".to_owned(), r.clone())),
+                    );
                 }
                 if let NodeKind::ToolCall(t) = &m.node.kind {
                     for (field, tpl) in tool_arg_templates(&self.id, &t.args)? {
@@ -757,8 +868,16 @@ impl Node {
 }
 
 /// The text arguments of a tool call parsed as templates (`args.path`, `args.items[0]`).
-pub fn tool_arg_templates(node: &str, args: &Map<String, Value>) -> Result<Vec<(String, Template)>, GraphError> {
-    fn walk(node: &str, name: String, v: &Value, out: &mut Vec<(String, Template)>) -> Result<(), GraphError> {
+pub fn tool_arg_templates(
+    node: &str,
+    args: &Map<String, Value>,
+) -> Result<Vec<(String, Template)>, GraphError> {
+    fn walk(
+        node: &str,
+        name: String,
+        v: &Value,
+        out: &mut Vec<(String, Template)>,
+    ) -> Result<(), GraphError> {
         match v {
             Value::String(s) => {
                 let t = Template::parse(s).map_err(|e| GraphError::node(node, Some(&name), e))?;
@@ -805,9 +924,16 @@ fn bind_args(args: &mut Map<String, Value>, bind: &dyn Fn(&Ref) -> Option<String
 impl Graph {
     /// Parses a YAML (or JSON) graph and validates it for run `run_id` with `vars` given at
     /// submit time (they override the graph's `vars:` defaults).
-    pub fn from_yaml(yaml: &str, run_id: &str, vars: &BTreeMap<String, String>) -> Result<Graph, GraphError> {
+    pub fn from_yaml(
+        yaml: &str,
+        run_id: &str,
+        vars: &BTreeMap<String, String>,
+    ) -> Result<Graph, GraphError> {
         if yaml.len() > MAX_GRAPH_BYTES {
-            return Err(GraphError::graph(format!("the graph is larger than {} MiB", MAX_GRAPH_BYTES >> 20)));
+            return Err(GraphError::graph(format!(
+                "the graph is larger than {} MiB",
+                MAX_GRAPH_BYTES >> 20
+            )));
         }
         let options = serde_saphyr::Options::default();
         let value: Value = serde_saphyr::from_str_with_options(yaml, options)
@@ -816,23 +942,46 @@ impl Graph {
     }
 
     /// Validates an already parsed graph document (graph.resolved.json uses this on resume).
-    pub fn from_value(value: Value, run_id: &str, vars: &BTreeMap<String, String>) -> Result<Graph, GraphError> {
+    pub fn from_value(
+        value: Value,
+        run_id: &str,
+        vars: &BTreeMap<String, String>,
+    ) -> Result<Graph, GraphError> {
         if !matches!(value, Value::Object(_)) {
-            return Err(GraphError::graph("the graph must be a mapping with `nodes:`"));
+            return Err(GraphError::graph(
+                "the graph must be a mapping with `nodes:`",
+            ));
         }
         let raw: RawGraph = serde_json::from_value(value).map_err(|e| {
             let msg = e.to_string();
-            let field = msg.split('`').nth(1).filter(|_| msg.starts_with("unknown field") || msg.starts_with("missing field"));
-            GraphError { node: None, field: field.map(str::to_owned), message: msg.clone() }
+            let field = msg
+                .split('`')
+                .nth(1)
+                .filter(|_| msg.starts_with("unknown field") || msg.starts_with("missing field"));
+            GraphError {
+                node: None,
+                field: field.map(str::to_owned),
+                message: msg.clone(),
+            }
         })?;
         if raw.version != 1 {
-            return Err(GraphError { node: None, field: Some("version".into()), message: "only version 1 exists".into() });
+            return Err(GraphError {
+                node: None,
+                field: Some("version".into()),
+                message: "only version 1 exists".into(),
+            });
         }
         if raw.nodes.is_empty() {
-            return Err(GraphError { node: None, field: Some("nodes".into()), message: "a graph needs at least one node".into() });
+            return Err(GraphError {
+                node: None,
+                field: Some("nodes".into()),
+                message: "a graph needs at least one node".into(),
+            });
         }
         if raw.nodes.len() > MAX_NODES {
-            return Err(GraphError::graph(format!("more than {MAX_NODES} nodes; use a map for fan-out")));
+            return Err(GraphError::graph(format!(
+                "more than {MAX_NODES} nodes; use a map for fan-out"
+            )));
         }
         let mut all_vars = BTreeMap::new();
         for (k, v) in raw.vars {
@@ -878,7 +1027,11 @@ impl Graph {
         // Ids unique.
         for (i, n) in self.nodes.iter().enumerate() {
             if self.index.insert(n.id.clone(), i).is_some() {
-                return Err(GraphError::node(&n.id, Some("id"), "two nodes have this id; ids must be unique"));
+                return Err(GraphError::node(
+                    &n.id,
+                    Some("id"),
+                    "two nodes have this id; ids must be unique",
+                ));
             }
         }
         // store_output names.
@@ -889,19 +1042,39 @@ impl Graph {
             };
             if let Some(name) = so {
                 if !valid_node_id(name) {
-                    return Err(GraphError::node(&n.id, Some("store_output"), "must be 1-64 letters, digits, `_` or `-`"));
+                    return Err(GraphError::node(
+                        &n.id,
+                        Some("store_output"),
+                        "must be 1-64 letters, digits, `_` or `-`",
+                    ));
                 }
                 if self.vars.contains_key(name) {
-                    return Err(GraphError::node(&n.id, Some("store_output"), format!("`{name}` is already a variable")));
+                    return Err(GraphError::node(
+                        &n.id,
+                        Some("store_output"),
+                        format!("`{name}` is already a variable"),
+                    ));
                 }
-                if self.store_outputs.insert(name.clone(), n.id.clone()).is_some() {
-                    return Err(GraphError::node(&n.id, Some("store_output"), format!("`{name}` is used by two nodes")));
+                if self
+                    .store_outputs
+                    .insert(name.clone(), n.id.clone())
+                    .is_some()
+                {
+                    return Err(GraphError::node(
+                        &n.id,
+                        Some("store_output"),
+                        format!("`{name}` is used by two nodes"),
+                    ));
                 }
             }
             if let NodeKind::Map(m) = &n.kind {
                 if let NodeKind::SandboxRun(s) = &m.node.kind {
                     if s.store_output.is_some() {
-                        return Err(GraphError::node(&n.id, Some("node.store_output"), "not available in a map body"));
+                        return Err(GraphError::node(
+                            &n.id,
+                            Some("node.store_output"),
+                            "not available in a map body",
+                        ));
                     }
                 }
             }
@@ -912,10 +1085,18 @@ impl Graph {
             let mut d: BTreeSet<String> = BTreeSet::new();
             for need in &n.needs {
                 if need == &n.id {
-                    return Err(GraphError::node(&n.id, Some("needs"), "a node cannot need itself"));
+                    return Err(GraphError::node(
+                        &n.id,
+                        Some("needs"),
+                        "a node cannot need itself",
+                    ));
                 }
                 if !self.index.contains_key(need) {
-                    return Err(GraphError::node(&n.id, Some("needs"), format!("unknown node `{need}`{}", self.suggest(need))));
+                    return Err(GraphError::node(
+                        &n.id,
+                        Some("needs"),
+                        format!("unknown node `{need}`{}", self.suggest(need)),
+                    ));
                 }
                 d.insert(need.clone());
             }
@@ -931,10 +1112,18 @@ impl Graph {
                 for (field, list) in [("then", &c.then), ("else", &c.otherwise)] {
                     for target in list {
                         let Some(&t) = self.index.get(target) else {
-                            return Err(GraphError::node(&n.id, Some(field), format!("unknown node `{target}`{}", self.suggest(target))));
+                            return Err(GraphError::node(
+                                &n.id,
+                                Some(field),
+                                format!("unknown node `{target}`{}", self.suggest(target)),
+                            ));
                         };
                         if target == &n.id {
-                            return Err(GraphError::node(&n.id, Some(field), "a condition cannot branch to itself"));
+                            return Err(GraphError::node(
+                                &n.id,
+                                Some(field),
+                                "a condition cannot branch to itself",
+                            ));
                         }
                         deps[t].insert(n.id.clone());
                     }
@@ -960,7 +1149,10 @@ impl Graph {
             .nodes
             .iter()
             .map(|n| n.id.as_str())
-            .filter(|id| id.eq_ignore_ascii_case(name) || (id.len() > 2 && (id.contains(name) || name.contains(id))))
+            .filter(|id| {
+                id.eq_ignore_ascii_case(name)
+                    || (id.len() > 2 && (id.contains(name) || name.contains(id)))
+            })
             .collect::<Vec<_>>();
         match close.first() {
             Some(c) => format!(" (did you mean `{c}`?)"),
@@ -968,13 +1160,21 @@ impl Graph {
         }
     }
 
-    fn check_ref(&self, n: &Node, field: &str, r: &Ref, deps: &mut BTreeSet<String>) -> Result<(), GraphError> {
+    fn check_ref(
+        &self,
+        n: &Node,
+        field: &str,
+        r: &Ref,
+        deps: &mut BTreeSet<String>,
+    ) -> Result<(), GraphError> {
         let in_body = field.starts_with("node.");
         let err = |m: String| Err(GraphError::node(&n.id, Some(field), m));
         match r {
             Ref::RunId => Ok(()),
             Ref::Index | Ref::Item { .. } if in_body => Ok(()),
-            Ref::Index | Ref::Item { .. } => err(format!("`{r}` is only available inside a map's `node`")),
+            Ref::Index | Ref::Item { .. } => {
+                err(format!("`{r}` is only available inside a map's `node`"))
+            }
             Ref::Var { name, path } => {
                 if let Some(src) = self.store_outputs.get(name) {
                     if src == &n.id {
@@ -996,7 +1196,10 @@ impl Graph {
                     if path.is_empty() {
                         return Ok(());
                     }
-                    return err(format!("`vars.{name}` is text; it has no field `{}`", path.join(".")));
+                    return err(format!(
+                        "`vars.{name}` is text; it has no field `{}`",
+                        path.join(".")
+                    ));
                 }
                 err(format!(
                     "unknown variable `vars.{name}`: pass it at submit (--var {name}=...) or declare a default under `vars:`"
@@ -1007,7 +1210,10 @@ impl Graph {
                     return err(format!("`{r}` refers to the node itself"));
                 }
                 let Some(&i) = self.index.get(id) else {
-                    return err(format!("`{r}` names unknown node `{id}`{}", self.suggest(id)));
+                    return err(format!(
+                        "`{r}` names unknown node `{id}`{}",
+                        self.suggest(id)
+                    ));
                 };
                 let kind = &self.nodes[i].kind;
                 if !kind.outputs().contains(&out.as_str()) {
@@ -1030,7 +1236,9 @@ impl Graph {
         let bind = |r: &Ref| -> Option<String> {
             match r {
                 Ref::RunId => Some(self.run_id.clone()),
-                Ref::Var { name, path } if path.is_empty() && !self.store_outputs.contains_key(name) => {
+                Ref::Var { name, path }
+                    if path.is_empty() && !self.store_outputs.contains_key(name) =>
+                {
                     self.vars.get(name).cloned()
                 }
                 _ => None,
@@ -1090,22 +1298,35 @@ impl Graph {
         if seen == n {
             return Ok(());
         }
-        let Some(start) = (0..n).find(|&i| indeg[i] > 0) else { return Ok(()) };
+        let Some(start) = (0..n).find(|&i| indeg[i] > 0) else {
+            return Ok(());
+        };
         let mut path = vec![start];
         let mut on_path: HashMap<usize, usize> = HashMap::from([(start, 0)]);
         let mut cur = start;
         loop {
-            let Some(next) = self.nodes[cur].needs.iter().map(|x| self.index[x]).find(|&j| indeg[j] > 0) else {
+            let Some(next) = self.nodes[cur]
+                .needs
+                .iter()
+                .map(|x| self.index[x])
+                .find(|&j| indeg[j] > 0)
+            else {
                 break;
             };
             if let Some(&at) = on_path.get(&next) {
-                let mut cycle: Vec<&str> = path[at..].iter().map(|&i| self.nodes[i].id.as_str()).collect();
+                let mut cycle: Vec<&str> = path[at..]
+                    .iter()
+                    .map(|&i| self.nodes[i].id.as_str())
+                    .collect();
                 cycle.reverse();
                 cycle.push(cycle[0]);
                 return Err(GraphError::node(
                     &self.nodes[next].id,
                     Some("needs"),
-                    format!("dependency cycle: {} (through needs, references and condition branches)", cycle.join(" -> ")),
+                    format!(
+                        "dependency cycle: {} (through needs, references and condition branches)",
+                        cycle.join(" -> ")
+                    ),
                 ));
             }
             on_path.insert(next, path.len());
@@ -1130,7 +1351,9 @@ impl Graph {
 
     /// Node `id` and everything that depends on it, transitively, in graph order.
     pub fn downstream(&self, id: &str) -> Vec<String> {
-        let Some(&start) = self.index.get(id) else { return vec![] };
+        let Some(&start) = self.index.get(id) else {
+            return vec![];
+        };
         let mut seen = vec![false; self.nodes.len()];
         let mut stack = vec![start];
         while let Some(i) = stack.pop() {
@@ -1139,7 +1362,10 @@ impl Graph {
             }
             stack.extend(self.dependents[i].iter().copied());
         }
-        (0..self.nodes.len()).filter(|&i| seen[i]).map(|i| self.nodes[i].id.clone()).collect()
+        (0..self.nodes.len())
+            .filter(|&i| seen[i])
+            .map(|i| self.nodes[i].id.clone())
+            .collect()
     }
 
     /// The sandbox_run node whose result is `vars.<name>`.
@@ -1170,8 +1396,16 @@ fn check_static_path(n: &Node, field: &str, t: &Template, prefix: bool) -> Resul
         return Ok(());
     }
     let text = t.render(&|_| None).unwrap_or_default();
-    let text = if prefix { text.trim_end_matches('/').to_owned() } else { text };
-    let result = if prefix { pathguard::validate_prefix(&text).map(|_| ()) } else { pathguard::validate(&text).map(|_| ()) };
+    let text = if prefix {
+        text.trim_end_matches('/').to_owned()
+    } else {
+        text
+    };
+    let result = if prefix {
+        pathguard::validate_prefix(&text).map(|_| ())
+    } else {
+        pathguard::validate(&text).map(|_| ())
+    };
     result.map_err(|rej| GraphError::node(&n.id, Some(field), format!("`{text}`: {rej}")))
 }
 
@@ -1187,11 +1421,16 @@ fn check_kind(n: &Node) -> Result<(), GraphError> {
             }
             if let Some(agent) = &a.agent {
                 if !valid_node_id(agent) {
-                    return Err(GraphError::node(&n.id, Some("agent"), "must be 1-64 letters, digits, `_` or `-`"));
+                    return Err(GraphError::node(
+                        &n.id,
+                        Some("agent"),
+                        "must be 1-64 letters, digits, `_` or `-`",
+                    ));
                 }
             }
             if let Some(llm) = &a.llm {
-                crate::agents::ProviderSpec::parse(llm).map_err(|e| GraphError::node(&n.id, Some("llm"), e.to_string()))?;
+                crate::agents::ProviderSpec::parse(llm)
+                    .map_err(|e| GraphError::node(&n.id, Some("llm"), e.to_string()))?;
             }
         }
         NodeKind::SandboxRun(s) => {
@@ -1204,7 +1443,11 @@ fn check_kind(n: &Node) -> Result<(), GraphError> {
                     ))
                 }
                 (None, None) => {
-                    return Err(GraphError::node(&n.id, Some("code"), "set `code` (program text) or `code_file` (a project file)"))
+                    return Err(GraphError::node(
+                        &n.id,
+                        Some("code"),
+                        "set `code` (program text) or `code_file` (a project file)",
+                    ))
                 }
                 _ => {}
             }
@@ -1228,8 +1471,15 @@ fn check_kind(n: &Node) -> Result<(), GraphError> {
             }
             if s.output_prefix.is_static() && s.allowed_prefixes.iter().all(Template::is_static) {
                 let out = s.output_prefix.render(&|_| None).unwrap_or_default();
-                let allowed: Vec<String> = s.allowed_prefixes.iter().map(|p| p.render(&|_| None).unwrap_or_default()).collect();
-                if !allowed.iter().any(|p| under_prefix(&format!("{}/", out.trim_end_matches('/')), p)) {
+                let allowed: Vec<String> = s
+                    .allowed_prefixes
+                    .iter()
+                    .map(|p| p.render(&|_| None).unwrap_or_default())
+                    .collect();
+                if !allowed
+                    .iter()
+                    .any(|p| under_prefix(&format!("{}/", out.trim_end_matches('/')), p))
+                {
                     return Err(GraphError::node(
                         &n.id,
                         Some("output_prefix"),
@@ -1239,14 +1489,20 @@ fn check_kind(n: &Node) -> Result<(), GraphError> {
             }
         }
         NodeKind::ToolCall(t) => {
-            crate::tools::check(&t.tool, &t.args).map_err(|e| GraphError::node(&n.id, Some("args"), e))?;
+            crate::tools::check(&t.tool, &t.args)
+                .map_err(|e| GraphError::node(&n.id, Some("args"), e))?;
             tool_arg_templates(&n.id, &t.args)?;
         }
         NodeKind::Ingest(i) => check_static_path(n, "doc_path", &i.doc_path, false)?,
         NodeKind::Deliver(d) => {
-            crate::delivery::check_target(&d.target).map_err(|e| GraphError::node(&n.id, Some("target"), e))?;
+            crate::delivery::check_target(&d.target)
+                .map_err(|e| GraphError::node(&n.id, Some("target"), e))?;
             if d.files.is_empty() {
-                return Err(GraphError::node(&n.id, Some("files"), "list at least one file to deliver"));
+                return Err(GraphError::node(
+                    &n.id,
+                    Some("files"),
+                    "list at least one file to deliver",
+                ));
             }
             for (i, f) in d.files.iter().enumerate() {
                 let is_dir = f.source().ends_with('/');
@@ -1261,7 +1517,11 @@ fn check_kind(n: &Node) -> Result<(), GraphError> {
 /// `path` lies under `prefix` (a prefix ends with `/` or names a directory).
 pub fn under_prefix(path: &str, prefix: &str) -> bool {
     let p = prefix.trim_end_matches('/');
-    p.is_empty() || path == p || path.strip_prefix(p).is_some_and(|rest| rest.starts_with('/'))
+    p.is_empty()
+        || path == p
+        || path
+            .strip_prefix(p)
+            .is_some_and(|rest| rest.starts_with('/'))
 }
 
 impl Template {

@@ -16,7 +16,11 @@ pub enum Ref {
     /// `vars.<name>` or, for a sandbox_run `store_output`, `vars.<name>.<field>...`
     Var { name: String, path: Vec<String> },
     /// `nodes.<id>.<field>[.<sub>...]`
-    Node { id: String, field: String, path: Vec<String> },
+    Node {
+        id: String,
+        field: String,
+        path: Vec<String>,
+    },
     /// `item[.<field>...]` (map bodies only)
     Item { path: Vec<String> },
     /// `index` (map bodies only)
@@ -37,7 +41,10 @@ impl fmt::Display for Ref {
 }
 
 fn is_segment(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 128 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    !s.is_empty()
+        && s.len() <= 128
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 impl Ref {
@@ -49,7 +56,12 @@ impl Ref {
                 "`{text}` is not a reference: segment `{bad}` must be letters, digits, `_` or `-` (references look like run_id, vars.x, nodes.<id>.<field>, item, index)"
             ));
         }
-        let rest = |from: usize| parts[from..].iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let rest = |from: usize| {
+            parts[from..]
+                .iter()
+                .map(|s| (*s).to_owned())
+                .collect::<Vec<_>>()
+        };
         match parts[0] {
             "run_id" if parts.len() == 1 => Ok(Ref::RunId),
             "index" if parts.len() == 1 => Ok(Ref::Index),
@@ -115,13 +127,20 @@ impl Template {
         if !lit.is_empty() {
             parts.push(Part::Lit(lit));
         }
-        Ok(Template { src: src.to_owned(), parts })
+        Ok(Template {
+            src: src.to_owned(),
+            parts,
+        })
     }
 
     /// A template holding exactly `text` (no references).
     pub fn literal(text: &str) -> Template {
         let src = text.replace("{{", "\\{{");
-        let parts = if text.is_empty() { vec![] } else { vec![Part::Lit(text.to_owned())] };
+        let parts = if text.is_empty() {
+            vec![]
+        } else {
+            vec![Part::Lit(text.to_owned())]
+        };
         Template { src, parts }
     }
 
@@ -252,8 +271,15 @@ mod tests {
             refs,
             vec![
                 Ref::RunId,
-                Ref::Var { name: "name".into(), path: vec![] },
-                Ref::Node { id: "a".into(), field: "path".into(), path: vec![] },
+                Ref::Var {
+                    name: "name".into(),
+                    path: vec![]
+                },
+                Ref::Node {
+                    id: "a".into(),
+                    field: "path".into(),
+                    path: vec![]
+                },
             ]
         );
         let out = t
@@ -272,10 +298,18 @@ mod tests {
         let t = Template::parse("a \\{{ b }} c").unwrap();
         assert!(t.is_static());
         assert_eq!(t.render(&|_| None).unwrap(), "a {{ b }} c");
-        assert!(Template::parse("x {{ run_id").unwrap_err().contains("unterminated"));
-        assert!(Template::parse("{{ nodes.a }}").unwrap_err().contains("nodes.<id>.<field>"));
-        assert!(Template::parse("{{ foo.bar }}").unwrap_err().contains("unknown reference"));
-        assert!(Template::parse("{{ nodes.a b.c }}").unwrap_err().contains("segment"));
+        assert!(Template::parse("x {{ run_id")
+            .unwrap_err()
+            .contains("unterminated"));
+        assert!(Template::parse("{{ nodes.a }}")
+            .unwrap_err()
+            .contains("nodes.<id>.<field>"));
+        assert!(Template::parse("{{ foo.bar }}")
+            .unwrap_err()
+            .contains("unknown reference"));
+        assert!(Template::parse("{{ nodes.a b.c }}")
+            .unwrap_err()
+            .contains("segment"));
         assert!(Template::parse("{{}}").is_err());
     }
 

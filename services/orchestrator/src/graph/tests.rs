@@ -1,7 +1,10 @@
 use super::*;
 
 fn vars(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-    pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
 }
 
 fn parse(yaml: &str) -> Result<Graph, GraphError> {
@@ -42,7 +45,9 @@ nodes:
     .unwrap();
     // Templates are kept as written; the values are recorded once (run_id, vars).
     let a = g.node("a").unwrap();
-    let NodeKind::WriteFile(w) = &a.kind else { panic!() };
+    let NodeKind::WriteFile(w) = &a.kind else {
+        panic!()
+    };
     assert_eq!(w.path.source(), "docs/{{run_id}}/{{vars.name}}.md");
     assert_eq!(g.vars["name"], "you");
     assert_eq!(g.vars["count"], "3");
@@ -75,7 +80,10 @@ nodes:
 #[test]
 fn self_need_and_unknown_need() {
     let e = err("nodes:\n  - {id: a, type: write_file, path: docs/a, content: x, needs: [a]}\n");
-    assert_eq!((e.node.as_deref(), e.field.as_deref()), (Some("a"), Some("needs")));
+    assert_eq!(
+        (e.node.as_deref(), e.field.as_deref()),
+        (Some("a"), Some("needs"))
+    );
     let e = err("nodes:\n  - {id: a, type: write_file, path: docs/a, content: x, needs: [nope]}\n");
     assert!(e.message.contains("unknown node `nope`"), "{e}");
     assert_eq!(e.node.as_deref(), Some("a"));
@@ -83,8 +91,12 @@ fn self_need_and_unknown_need() {
 
 #[test]
 fn bad_templates_name_node_and_field() {
-    let e = err("nodes:\n  - {id: a, type: write_file, path: docs/a, content: '{{nodes.zz.path}}'}\n");
-    assert_eq!((e.node.as_deref(), e.field.as_deref()), (Some("a"), Some("content")));
+    let e =
+        err("nodes:\n  - {id: a, type: write_file, path: docs/a, content: '{{nodes.zz.path}}'}\n");
+    assert_eq!(
+        (e.node.as_deref(), e.field.as_deref()),
+        (Some("a"), Some("content"))
+    );
     assert!(e.message.contains("unknown node `zz`"), "{e}");
 
     let e = err(r#"
@@ -92,8 +104,14 @@ nodes:
   - {id: t, type: sandbox_run, language: python, code: "print(1)"}
   - {id: r, type: write_file, path: docs/r, content: "{{nodes.t.exitcode}}"}
 "#);
-    assert_eq!((e.node.as_deref(), e.field.as_deref()), (Some("r"), Some("content")));
-    assert!(e.message.contains("no output `exitcode`") && e.message.contains("exit_code"), "{e}");
+    assert_eq!(
+        (e.node.as_deref(), e.field.as_deref()),
+        (Some("r"), Some("content"))
+    );
+    assert!(
+        e.message.contains("no output `exitcode`") && e.message.contains("exit_code"),
+        "{e}"
+    );
 
     let e = err("nodes:\n  - {id: a, type: write_file, path: 'docs/{{vars.who}}', content: x}\n");
     assert_eq!(e.field.as_deref(), Some("path"));
@@ -106,7 +124,9 @@ nodes:
     let e = err("nodes:\n  - {id: a, type: write_file, path: docs/a, content: '{{item}}'}\n");
     assert!(e.message.contains("only available inside a map"), "{e}");
 
-    let e = err("nodes:\n  - {id: a, type: write_file, path: docs/a, content: x, when: 'nodes.q.value'}\n");
+    let e = err(
+        "nodes:\n  - {id: a, type: write_file, path: docs/a, content: x, when: 'nodes.q.value'}\n",
+    );
     assert_eq!(e.field.as_deref(), Some("when"));
 }
 
@@ -120,7 +140,10 @@ nodes:
     code: "print(1)"
     code_file: docs/x.py
 "#);
-    assert_eq!((e.node.as_deref(), e.field.as_deref()), (Some("s"), Some("code_file")));
+    assert_eq!(
+        (e.node.as_deref(), e.field.as_deref()),
+        (Some("s"), Some("code_file"))
+    );
     assert!(e.message.contains("both"), "{e}");
     let e = err("nodes:\n  - {id: s, type: sandbox_run, language: python}\n");
     assert_eq!(e.field.as_deref(), Some("code"));
@@ -131,7 +154,9 @@ nodes:
 #[test]
 fn sandbox_defaults_and_prefix_rules() {
     let g = parse("nodes:\n  - {id: s, type: sandbox_run, language: python, code: 'print(1)', store_output: res}\n  - {id: w, type: write_file, path: docs/w, content: '{{vars.res.exit_code}}'}\n").unwrap();
-    let NodeKind::SandboxRun(s) = &g.node("s").unwrap().kind else { panic!() };
+    let NodeKind::SandboxRun(s) = &g.node("s").unwrap().kind else {
+        panic!()
+    };
     assert_eq!(s.output_prefix.source(), "docs/artifacts/{{run_id}}");
     assert_eq!(s.allowed_prefixes[1].source(), ".cairn/runs/{{run_id}}/");
     assert_eq!(g.node("w").unwrap().needs, vec!["s"]);
@@ -189,13 +214,19 @@ nodes:
     .unwrap();
     let fan = g.node("fan").unwrap();
     assert_eq!(fan.needs, vec!["list"]);
-    let NodeKind::Map(m) = &fan.kind else { panic!() };
+    let NodeKind::Map(m) = &fan.kind else {
+        panic!()
+    };
     assert_eq!(m.parallelism, 2);
-    let NodeKind::WriteFile(w) = &m.node.kind else { panic!() };
+    let NodeKind::WriteFile(w) = &m.node.kind else {
+        panic!()
+    };
     assert_eq!(w.content.source(), "{{item}} of {{run_id}}");
     let e = err("nodes:\n  - {id: m, type: map, over: [1], node: {type: gate}}\n");
     assert_eq!(e.field.as_deref(), Some("type"));
-    let e = err("nodes:\n  - {id: m, type: map, over: 3, node: {type: write_file, path: a, content: b}}\n");
+    let e = err(
+        "nodes:\n  - {id: m, type: map, over: 3, node: {type: write_file, path: a, content: b}}\n",
+    );
     assert_eq!(e.field.as_deref(), Some("over"));
     let e = err("nodes:\n  - {id: m, type: map, over: [1], node: {type: write_file, path: 'docs/{{index}}', contents: b}}\n");
     assert_eq!(e.node.as_deref(), Some("m.item"));
@@ -204,7 +235,10 @@ nodes:
 #[test]
 fn condition_branches_must_exist() {
     let e = err("nodes:\n  - {id: c, type: condition, if: 'true', then: [x]}\n");
-    assert_eq!((e.node.as_deref(), e.field.as_deref()), (Some("c"), Some("then")));
+    assert_eq!(
+        (e.node.as_deref(), e.field.as_deref()),
+        (Some("c"), Some("then"))
+    );
     let e = err("nodes:\n  - {id: c, type: condition, if: 'true &&'}\n");
     assert_eq!(e.field.as_deref(), Some("if"));
 }
@@ -216,8 +250,12 @@ fn tool_and_deliver_checks() {
     assert!(e.message.contains("read_file"), "{e}");
     let e = err("nodes:\n  - {id: t, type: tool_call, tool: read_file, args: {}}\n");
     assert!(e.message.contains("path"), "{e}");
-    let e = err("nodes:\n  - {id: d, type: deliver, target: {type: carrier_pigeon}, files: [docs/a]}\n");
+    let e = err(
+        "nodes:\n  - {id: d, type: deliver, target: {type: carrier_pigeon}, files: [docs/a]}\n",
+    );
     assert_eq!(e.field.as_deref(), Some("target"));
-    let e = err("nodes:\n  - {id: t, type: tool_call, tool: read_file, args: {path: '{{nodes.x.y}}'}}\n");
+    let e = err(
+        "nodes:\n  - {id: t, type: tool_call, tool: read_file, args: {path: '{{nodes.x.y}}'}}\n",
+    );
     assert_eq!(e.field.as_deref(), Some("args.path"));
 }

@@ -6,7 +6,9 @@
 use bytes::Bytes;
 use serde_json::{json, Value};
 
-use super::{artifact_written, file_outputs, ingest, project_path, NodeCtx, NodeError, NodeSuccess};
+use super::{
+    artifact_written, file_outputs, ingest, project_path, NodeCtx, NodeError, NodeSuccess,
+};
 use crate::agents::{AgentError, AgentRequest, Message, ProviderSpec, Role};
 use crate::events::{now, Ev, AGENT_COMPLETED, AGENT_FAILED, AGENT_STARTED};
 use crate::graph::AgentTask;
@@ -31,12 +33,20 @@ fn agent_error(e: AgentError) -> NodeError {
 }
 
 pub async fn run(ctx: &NodeCtx, spec: &AgentTask) -> Result<NodeSuccess, NodeError> {
-    let base_id = ctx.node_id.split('.').next().unwrap_or(&ctx.node_id).to_owned();
+    let base_id = ctx
+        .node_id
+        .split('.')
+        .next()
+        .unwrap_or(&ctx.node_id)
+        .to_owned();
     let agent = spec.agent.clone().unwrap_or_else(|| base_id.clone());
     let instance = ctx.node_id.replace('.', "-");
     let dir = ctx.run_dir();
     let llm = match &spec.llm {
-        Some(s) => ProviderSpec::parse(s).map_err(agent_error)?.resolve(&ctx.base_dir).to_spec_string(),
+        Some(s) => ProviderSpec::parse(s)
+            .map_err(agent_error)?
+            .resolve(&ctx.base_dir)
+            .to_spec_string(),
         None => ctx.llm.clone(),
     };
     let provider = ctx.backends.providers.get(&llm).map_err(agent_error)?;
@@ -64,9 +74,19 @@ pub async fn run(ctx: &NodeCtx, spec: &AgentTask) -> Result<NodeSuccess, NodeErr
             .with("turn", ctx.turn)
             .with("provider", provider.name()),
     );
-    let records = AgentRecords { ctx, instance: &instance, agent: &agent, provider: provider.name() };
+    let records = AgentRecords {
+        ctx,
+        instance: &instance,
+        agent: &agent,
+        provider: provider.name(),
+    };
     records.session("working", &started).await?;
-    records.append_line("runtime/requests.jsonl", json!({"ts": now(), "turn": ctx.turn, "attempt": ctx.attempt, "request": request})).await?;
+    records
+        .append_line(
+            "runtime/requests.jsonl",
+            json!({"ts": now(), "turn": ctx.turn, "attempt": ctx.attempt, "request": request}),
+        )
+        .await?;
 
     let reply = match provider.complete(&request).await {
         Ok(r) => r,
@@ -87,18 +107,33 @@ pub async fn run(ctx: &NodeCtx, spec: &AgentTask) -> Result<NodeSuccess, NodeErr
             json!({"ts": now(), "type": "reply", "turn": ctx.turn, "model": reply.model, "usage": reply.usage, "bytes": reply.content.len()}),
         )
         .await?;
-    let opts_own = PutOptions { overwrite: true, ..Default::default() };
+    let opts_own = PutOptions {
+        overwrite: true,
+        ..Default::default()
+    };
     let raw_path = dir.agent(&instance, &format!("artifacts/turn-{}.md", ctx.turn));
     ctx.store()
-        .put(&ctx.project, &raw_path, Bytes::from(reply.content.clone()), &opts_own)
+        .put(
+            &ctx.project,
+            &raw_path,
+            Bytes::from(reply.content.clone()),
+            &opts_own,
+        )
         .await
         .map_err(|s| NodeError::from_status(&format!("writing {raw_path}"), &s))?;
 
     // The published document: front matter unless the agent wrote its own.
     let is_md = path.ends_with(".md") || path.ends_with(".markdown");
     let body = if spec.front_matter && is_md && !reply.content.starts_with("---") {
-        let title = ctx.node.title.clone().unwrap_or_else(|| ctx.node_id.clone());
-        let purpose = spec.purpose.clone().unwrap_or_else(|| format!("Output of agent `{agent}` for run {}", ctx.run_id));
+        let title = ctx
+            .node
+            .title
+            .clone()
+            .unwrap_or_else(|| ctx.node_id.clone());
+        let purpose = spec
+            .purpose
+            .clone()
+            .unwrap_or_else(|| format!("Output of agent `{agent}` for run {}", ctx.run_id));
         let mut tags: Vec<&str> = spec.tags.iter().map(String::as_str).collect();
         if tags.is_empty() {
             tags.push("agent-output");
@@ -106,14 +141,25 @@ pub async fn run(ctx: &NodeCtx, spec: &AgentTask) -> Result<NodeSuccess, NodeErr
         let artifact_id = format!("{}-{}-v{}", ctx.run_id, instance, ctx.turn);
         format!(
             "{}{}",
-            front_matter(&title, &purpose, &tags, &ctx.run_id, Some(&instance), Some(&artifact_id)),
+            front_matter(
+                &title,
+                &purpose,
+                &tags,
+                &ctx.run_id,
+                Some(&instance),
+                Some(&artifact_id)
+            ),
             reply.content
         )
     } else {
         reply.content.clone()
     };
     let bytes = Bytes::from(body);
-    let opts = PutOptions { overwrite: spec.overwrite || ctx.reset, run_id: ctx.run_id.clone(), ..Default::default() };
+    let opts = PutOptions {
+        overwrite: spec.overwrite || ctx.reset,
+        run_id: ctx.run_id.clone(),
+        ..Default::default()
+    };
     let put = ctx
         .store()
         .put(&ctx.project, &path, bytes.clone(), &opts)
@@ -122,10 +168,15 @@ pub async fn run(ctx: &NodeCtx, spec: &AgentTask) -> Result<NodeSuccess, NodeErr
     records.session("dormant", &started).await?;
     records.readme(&put.path, ctx.turn).await?;
 
-    let mut out = NodeSuccess { outputs: file_outputs(&put), events: vec![artifact_written(&ctx.node_id, &put, Some(&instance))] };
+    let mut out = NodeSuccess {
+        outputs: file_outputs(&put),
+        events: vec![artifact_written(&ctx.node_id, &put, Some(&instance))],
+    };
     out.outputs.insert("turn".into(), ctx.turn.into());
-    out.outputs.insert("provider".into(), provider.name().into());
-    out.outputs.insert("agent_instance".into(), instance.clone().into());
+    out.outputs
+        .insert("provider".into(), provider.name().into());
+    out.outputs
+        .insert("agent_instance".into(), instance.clone().into());
     out.outputs.insert("usage".into(), json!(reply.usage));
     if ingest::wants_hook(ctx, &put.path) {
         ingest::hook(ctx, &put.path, bytes, &mut out).await;
@@ -156,7 +207,9 @@ async fn messages(ctx: &NodeCtx, spec: &AgentTask, agent: &str) -> Result<Vec<Me
         .get(&ctx.project, &dir.human_notes())
         .await
         .map_err(|s| NodeError::from_status("reading shared/human-notes.md", &s))?;
-    if let Some(notes) = notes.and_then(|b| crate::human::notes_for_agents(&String::from_utf8_lossy(&b))) {
+    if let Some(notes) =
+        notes.and_then(|b| crate::human::notes_for_agents(&String::from_utf8_lossy(&b)))
+    {
         out.push(Message::new(
             Role::System,
             format!("Human notes for this run (highest priority: they override other instructions):\n\n{notes}"),
@@ -171,21 +224,39 @@ async fn messages(ctx: &NodeCtx, spec: &AgentTask, agent: &str) -> Result<Vec<Me
     {
         if let Ok(m) = crate::human::Manifest::parse(&String::from_utf8_lossy(&manifest)) {
             for a in m.attachments {
-                files.push((a.resolved_path(&ctx.run_id), a.range.clone(), a.reason.clone()));
+                files.push((
+                    a.resolved_path(&ctx.run_id),
+                    a.range.clone(),
+                    a.reason.clone(),
+                ));
             }
         }
     }
     for (i, t) in spec.context.iter().enumerate() {
-        files.push((project_path(&ctx.scope, &format!("context[{i}]"), t)?, None, String::new()));
+        files.push((
+            project_path(&ctx.scope, &format!("context[{i}]"), t)?,
+            None,
+            String::new(),
+        ));
     }
     for (path, range, reason) in files.into_iter().take(MAX_CONTEXT_FILES) {
-        let Some(bytes) = ctx.store().get(&ctx.project, &path).await.map_err(|s| NodeError::from_status(&format!("reading {path}"), &s))? else {
+        let Some(bytes) = ctx
+            .store()
+            .get(&ctx.project, &path)
+            .await
+            .map_err(|s| NodeError::from_status(&format!("reading {path}"), &s))?
+        else {
             continue;
         };
         let mut text = String::from_utf8_lossy(&bytes).into_owned();
         if let Some((a, b)) = range.as_deref().and_then(|r| r.split_once(':')) {
             if let (Ok(a), Ok(b)) = (a.trim().parse::<usize>(), b.trim().parse::<usize>()) {
-                text = text.lines().skip(a.saturating_sub(1)).take(b.saturating_sub(a.saturating_sub(1))).collect::<Vec<_>>().join("\n");
+                text = text
+                    .lines()
+                    .skip(a.saturating_sub(1))
+                    .take(b.saturating_sub(a.saturating_sub(1)))
+                    .collect::<Vec<_>>()
+                    .join("\n");
             }
         }
         if text.len() > MAX_CONTEXT_BYTES {
@@ -196,10 +267,20 @@ async fn messages(ctx: &NodeCtx, spec: &AgentTask, agent: &str) -> Result<Vec<Me
             text.truncate(cut);
             text.push_str("\n[truncated]");
         }
-        let why = if reason.is_empty() { String::new() } else { format!(" ({reason})") };
-        out.push(Message::new(Role::User, format!("Context file `{path}`{why}:\n\n{text}")));
+        let why = if reason.is_empty() {
+            String::new()
+        } else {
+            format!(" ({reason})")
+        };
+        out.push(Message::new(
+            Role::User,
+            format!("Context file `{path}`{why}:\n\n{text}"),
+        ));
     }
-    out.push(Message::new(Role::User, ctx.scope.render("prompt", &spec.prompt)?));
+    out.push(Message::new(
+        Role::User,
+        ctx.scope.render("prompt", &spec.prompt)?,
+    ));
     Ok(out)
 }
 
@@ -214,7 +295,10 @@ struct AgentRecords<'a> {
 impl AgentRecords<'_> {
     async fn put(&self, rel: &str, body: String) -> Result<(), NodeError> {
         let path = self.ctx.run_dir().agent(self.instance, rel);
-        let opts = PutOptions { overwrite: true, ..Default::default() };
+        let opts = PutOptions {
+            overwrite: true,
+            ..Default::default()
+        };
         self.ctx
             .store()
             .put(&self.ctx.project, &path, Bytes::from(body), &opts)

@@ -10,15 +10,25 @@ use crate::graph::Deliver;
 pub async fn run(ctx: &NodeCtx, spec: &Deliver) -> Result<NodeSuccess, NodeError> {
     let files = expand_files(ctx, "files", &spec.files).await?;
     if files.is_empty() {
-        return Err(NodeError::refused("field `files`: nothing to deliver (no file matched)"));
+        return Err(NodeError::refused(
+            "field `files`: nothing to deliver (no file matched)",
+        ));
     }
     let target = target_for(&spec.target, &ctx.scope)?;
-    let dctx = DeliveryCtx { store: ctx.store(), project: &ctx.project, run_id: &ctx.run_id, overwrite: ctx.reset };
+    let dctx = DeliveryCtx {
+        store: ctx.store(),
+        project: &ctx.project,
+        run_id: &ctx.run_id,
+        overwrite: ctx.reset,
+    };
     let receipt = target.deliver(&dctx, &files).await?;
     let mut out = NodeSuccess::default();
-    out.outputs.insert("target".into(), receipt.target.clone().into());
-    out.outputs.insert("location".into(), receipt.location.clone().into());
-    out.outputs.insert("delivered".into(), json!(receipt.delivered));
+    out.outputs
+        .insert("target".into(), receipt.target.clone().into());
+    out.outputs
+        .insert("location".into(), receipt.location.clone().into());
+    out.outputs
+        .insert("delivered".into(), json!(receipt.delivered));
     out.events.push(
         Ev::new(DELIVERY_COMPLETED, &ctx.node_id)
             .with("target", receipt.target)

@@ -41,12 +41,19 @@ pub async fn hook(ctx: &NodeCtx, doc_path: &str, content: Bytes, out: &mut NodeS
                     .with("doc_path", doc_path)
                     .with("error", message.clone()),
             );
-            out.outputs.insert("ingest".into(), json!({"error": message}));
+            out.outputs
+                .insert("ingest".into(), json!({"error": message}));
         }
     }
 }
 
-async fn call(ctx: &NodeCtx, doc_path: &str, content: Bytes, overwrite: bool, mode: &str) -> Result<IngestResponse, String> {
+async fn call(
+    ctx: &NodeCtx,
+    doc_path: &str,
+    content: Bytes,
+    overwrite: bool,
+    mode: &str,
+) -> Result<IngestResponse, String> {
     let Some(client) = ctx.backends.ingest.clone() else {
         return Err("no ingest service configured (ingest_addr)".into());
     };
@@ -63,8 +70,15 @@ async fn call(ctx: &NodeCtx, doc_path: &str, content: Bytes, overwrite: bool, mo
     let mut client = client;
     match tokio::time::timeout(INGEST_TIMEOUT, client.ingest(req)).await {
         Ok(Ok(r)) => Ok(r.into_inner()),
-        Ok(Err(s)) => Err(format!("ingest of {doc_path} failed: {} ({:?})", s.message(), s.code())),
-        Err(_) => Err(format!("ingest of {doc_path} took longer than {}s", INGEST_TIMEOUT.as_secs())),
+        Ok(Err(s)) => Err(format!(
+            "ingest of {doc_path} failed: {} ({:?})",
+            s.message(),
+            s.code()
+        )),
+        Err(_) => Err(format!(
+            "ingest of {doc_path} took longer than {}s",
+            INGEST_TIMEOUT.as_secs()
+        )),
     }
 }
 
@@ -92,14 +106,26 @@ fn merge(outputs: &mut Map<String, Value>, r: &IngestResponse) {
 /// The explicit `ingest` node: ingests a document already in the project.
 pub async fn run(ctx: &NodeCtx, spec: &IngestNode) -> Result<NodeSuccess, NodeError> {
     let doc_path = project_path(&ctx.scope, "doc_path", &spec.doc_path)?;
-    let mode = spec.mode.clone().unwrap_or_else(|| ctx.scope.graph.mode.clone());
+    let mode = spec
+        .mode
+        .clone()
+        .unwrap_or_else(|| ctx.scope.graph.mode.clone());
     let mut out = NodeSuccess::default();
     // The ingest service reads doc_path from the store when content is empty.
-    match call(ctx, &doc_path, Bytes::new(), spec.overwrite || ctx.reset, &mode).await {
+    match call(
+        ctx,
+        &doc_path,
+        Bytes::new(),
+        spec.overwrite || ctx.reset,
+        &mode,
+    )
+    .await
+    {
         Ok(r) => {
             let s = r.summary.clone().unwrap_or_default();
             merge(&mut out.outputs, &r);
-            out.outputs.insert("manifest_path".into(), r.manifest_path.clone().into());
+            out.outputs
+                .insert("manifest_path".into(), r.manifest_path.clone().into());
             out.outputs.insert("written".into(), s.written.into());
             out.outputs.insert("skipped".into(), s.skipped.into());
             out.outputs.insert("rejected".into(), s.rejected.into());
@@ -118,7 +144,8 @@ pub async fn run(ctx: &NodeCtx, spec: &IngestNode) -> Result<NodeSuccess, NodeEr
             out.outputs.insert("skipped".into(), 0.into());
             out.outputs.insert("rejected".into(), 0.into());
             out.outputs.insert("manifest_path".into(), "".into());
-            out.outputs.insert("ingest".into(), json!({"error": message}));
+            out.outputs
+                .insert("ingest".into(), json!({"error": message}));
         }
     }
     Ok(out)

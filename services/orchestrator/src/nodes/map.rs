@@ -9,17 +9,30 @@ use crate::graph::{MapNode, MapOver, MAX_MAP_ITEMS};
 use crate::store::Store;
 
 /// The items, and whether they must be recorded (not written in the graph).
-pub async fn items(store: &Store, project: &str, scope: &Scope, spec: &MapNode) -> Result<(Vec<Value>, bool), NodeError> {
+pub async fn items(
+    store: &Store,
+    project: &str,
+    scope: &Scope,
+    spec: &MapNode,
+) -> Result<(Vec<Value>, bool), NodeError> {
     let (items, recorded) = match &spec.over {
         MapOver::List(items) => (items.clone(), false),
         MapOver::Template(t) => match scope.render_value("over", t)? {
             Value::Array(a) => (a, true),
             Value::String(s) => match serde_json::from_str::<Value>(&s) {
                 Ok(Value::Array(a)) => (a, true),
-                _ => return Err(NodeError::refused(format!("field `over`: `{}` is not a JSON array", t.source()))),
+                _ => {
+                    return Err(NodeError::refused(format!(
+                        "field `over`: `{}` is not a JSON array",
+                        t.source()
+                    )))
+                }
             },
             other => {
-                return Err(NodeError::refused(format!("field `over`: `{}` gave {other}, not a list", t.source())))
+                return Err(NodeError::refused(format!(
+                    "field `over`: `{}` gave {other}, not a list",
+                    t.source()
+                )))
             }
         },
         MapOver::File { file, pointer } => {
@@ -28,21 +41,34 @@ pub async fn items(store: &Store, project: &str, scope: &Scope, spec: &MapNode) 
                 .get(project, &path)
                 .await
                 .map_err(|s| NodeError::from_status(&format!("reading {path}"), &s))?
-                .ok_or_else(|| NodeError::refused(format!("field `over.file`: {path} does not exist")))?;
-            let doc: Value = serde_json::from_slice(&bytes)
-                .map_err(|e| NodeError::refused(format!("field `over.file`: {path} is not JSON: {e}")))?;
+                .ok_or_else(|| {
+                    NodeError::refused(format!("field `over.file`: {path} does not exist"))
+                })?;
+            let doc: Value = serde_json::from_slice(&bytes).map_err(|e| {
+                NodeError::refused(format!("field `over.file`: {path} is not JSON: {e}"))
+            })?;
             let target = match pointer {
-                Some(p) => doc.pointer(p).cloned().ok_or_else(|| NodeError::refused(format!("{path} has nothing at {p}")))?,
+                Some(p) => doc
+                    .pointer(p)
+                    .cloned()
+                    .ok_or_else(|| NodeError::refused(format!("{path} has nothing at {p}")))?,
                 None => doc,
             };
             match target {
                 Value::Array(a) => (a, true),
-                _ => return Err(NodeError::refused(format!("field `over.file`: {path} does not hold a JSON array"))),
+                _ => {
+                    return Err(NodeError::refused(format!(
+                        "field `over.file`: {path} does not hold a JSON array"
+                    )))
+                }
             }
         }
     };
     if items.len() > MAX_MAP_ITEMS {
-        return Err(NodeError::refused(format!("{} items; a map takes at most {MAX_MAP_ITEMS}", items.len())));
+        return Err(NodeError::refused(format!(
+            "{} items; a map takes at most {MAX_MAP_ITEMS}",
+            items.len()
+        )));
     }
     Ok((items, recorded))
 }

@@ -24,7 +24,7 @@ use tonic::{Code, Status};
 use crate::agents::Providers;
 use crate::config::Config;
 use crate::events::Ev;
-use crate::graph::{Expr, ErrorKind, Graph, Node, Ref, Template};
+use crate::graph::{ErrorKind, Expr, Graph, Node, Ref, Template};
 use crate::store::Store;
 
 /// The services and settings node tasks use.
@@ -45,7 +45,10 @@ pub struct NodeError {
 
 impl NodeError {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> NodeError {
-        NodeError { kind, message: message.into() }
+        NodeError {
+            kind,
+            message: message.into(),
+        }
     }
     pub fn refused(message: impl Into<String>) -> NodeError {
         NodeError::new(ErrorKind::Refused, message)
@@ -57,13 +60,18 @@ impl NodeError {
     /// A failed call to another service, with what we were doing.
     pub fn from_status(context: &str, s: &Status) -> NodeError {
         let kind = match s.code() {
-            Code::Unavailable | Code::DeadlineExceeded | Code::Aborted | Code::Unknown | Code::Internal | Code::Cancelled => {
-                ErrorKind::Unavailable
-            }
+            Code::Unavailable
+            | Code::DeadlineExceeded
+            | Code::Aborted
+            | Code::Unknown
+            | Code::Internal
+            | Code::Cancelled => ErrorKind::Unavailable,
             Code::ResourceExhausted => ErrorKind::Failed,
             _ => ErrorKind::Refused,
         };
-        let reason = cairn_proto::reason::of(s).map(|r| format!(" [{r}]")).unwrap_or_default();
+        let reason = cairn_proto::reason::of(s)
+            .map(|r| format!(" [{r}]"))
+            .unwrap_or_default();
         NodeError::new(kind, format!("{context}: {}{reason}", s.message()))
     }
 }
@@ -124,36 +132,57 @@ impl Scope {
     }
 
     pub fn render(&self, field: &str, t: &Template) -> Result<String, NodeError> {
-        t.render(&|r| self.lookup(r)).map_err(|e| NodeError::refused(format!("field `{field}`: {e}")))
+        t.render(&|r| self.lookup(r))
+            .map_err(|e| NodeError::refused(format!("field `{field}`: {e}")))
     }
 
     pub fn render_value(&self, field: &str, t: &Template) -> Result<Value, NodeError> {
-        t.render_value(&|r| self.lookup(r)).map_err(|e| NodeError::refused(format!("field `{field}`: {e}")))
+        t.render_value(&|r| self.lookup(r))
+            .map_err(|e| NodeError::refused(format!("field `{field}`: {e}")))
     }
 
     pub fn eval(&self, field: &str, e: &Expr) -> Result<bool, NodeError> {
-        e.eval(&|r| self.lookup(r)).map_err(|m| NodeError::refused(format!("`{field}: {}`: {m}", e.source())))
+        e.eval(&|r| self.lookup(r))
+            .map_err(|m| NodeError::refused(format!("`{field}: {}`: {m}", e.source())))
     }
 
     /// Fills the lazy `text` output (the file at `path`) of nodes this node reads it from.
-    pub async fn load_texts(&mut self, store: &Store, project: &str, node: &Node) -> Result<(), NodeError> {
+    pub async fn load_texts(
+        &mut self,
+        store: &Store,
+        project: &str,
+        node: &Node,
+    ) -> Result<(), NodeError> {
         let refs = node.refs().map_err(|e| NodeError::refused(e.to_string()))?;
         for (_, r) in refs {
-            let Ref::Node { id, field, .. } = r else { continue };
+            let Ref::Node { id, field, .. } = r else {
+                continue;
+            };
             if field != "text" {
                 continue;
             }
-            let Some(Value::Object(out)) = self.outputs.get_mut(&id) else { continue };
+            let Some(Value::Object(out)) = self.outputs.get_mut(&id) else {
+                continue;
+            };
             if out.contains_key("text") {
                 continue;
             }
-            let Some(path) = out.get("path").and_then(Value::as_str).map(str::to_owned) else { continue };
+            let Some(path) = out.get("path").and_then(Value::as_str).map(str::to_owned) else {
+                continue;
+            };
             let bytes = store
                 .get(project, &path)
                 .await
-                .map_err(|s| NodeError::from_status(&format!("reading {path} for nodes.{id}.text"), &s))?
-                .ok_or_else(|| NodeError::refused(format!("nodes.{id}.text: {path} no longer exists")))?;
-            out.insert("text".into(), Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+                .map_err(|s| {
+                    NodeError::from_status(&format!("reading {path} for nodes.{id}.text"), &s)
+                })?
+                .ok_or_else(|| {
+                    NodeError::refused(format!("nodes.{id}.text: {path} no longer exists"))
+                })?;
+            out.insert(
+                "text".into(),
+                Value::String(String::from_utf8_lossy(&bytes).into_owned()),
+            );
         }
         Ok(())
     }
@@ -187,7 +216,10 @@ pub enum TaskMsg {
     /// An event to record now (agent.started, sandbox_start ...).
     Event(Ev),
     /// The attempt ended. `task` identifies the attempt, so a stale one is ignored.
-    Done { task: u64, result: Result<NodeSuccess, NodeError> },
+    Done {
+        task: u64,
+        result: Result<NodeSuccess, NodeError>,
+    },
 }
 
 /// A node task's line to its scheduler.
@@ -222,21 +254,27 @@ pub async fn execute(ctx: &mut NodeCtx) -> Result<NodeSuccess, NodeError> {
         K::SandboxRun(s) => sandbox_run::run(ctx, s).await,
         K::Ingest(s) => ingest::run(ctx, s).await,
         K::Deliver(s) => deliver::run(ctx, s).await,
-        K::Condition(_) | K::Gate(_) | K::Map(_) => {
-            Err(NodeError::refused(format!("{} nodes are run by the scheduler", node.kind.type_name())))
-        }
+        K::Condition(_) | K::Gate(_) | K::Map(_) => Err(NodeError::refused(format!(
+            "{} nodes are run by the scheduler",
+            node.kind.type_name()
+        ))),
     }
 }
 
 /// Renders and checks a project path field.
 pub fn project_path(scope: &Scope, field: &str, t: &Template) -> Result<String, NodeError> {
     let path = scope.render(field, t)?;
-    pathguard::validate(&path).map_err(|rej| NodeError::refused(format!("field `{field}`: `{path}`: {rej}")))?;
+    pathguard::validate(&path)
+        .map_err(|rej| NodeError::refused(format!("field `{field}`: `{path}`: {rej}")))?;
     Ok(path)
 }
 
 /// Expands file entries: an entry ending in `/` is every file beneath that prefix.
-pub async fn expand_files(ctx: &NodeCtx, field: &str, entries: &[Template]) -> Result<Vec<String>, NodeError> {
+pub async fn expand_files(
+    ctx: &NodeCtx,
+    field: &str,
+    entries: &[Template],
+) -> Result<Vec<String>, NodeError> {
     let mut out = Vec::new();
     for (i, t) in entries.iter().enumerate() {
         let f = format!("{field}[{i}]");
@@ -244,7 +282,8 @@ pub async fn expand_files(ctx: &NodeCtx, field: &str, entries: &[Template]) -> R
             Value::Array(list) => {
                 for v in list {
                     let p = crate::graph::template::value_text(&v);
-                    pathguard::validate(&p).map_err(|rej| NodeError::refused(format!("field `{f}`: `{p}`: {rej}")))?;
+                    pathguard::validate(&p)
+                        .map_err(|rej| NodeError::refused(format!("field `{f}`: `{p}`: {rej}")))?;
                     out.push(p);
                 }
             }
@@ -265,7 +304,8 @@ pub async fn expand_files(ctx: &NodeCtx, field: &str, entries: &[Template]) -> R
                             .map(|e| e.path),
                     );
                 } else {
-                    pathguard::validate(&p).map_err(|rej| NodeError::refused(format!("field `{f}`: `{p}`: {rej}")))?;
+                    pathguard::validate(&p)
+                        .map_err(|rej| NodeError::refused(format!("field `{f}`: `{p}`: {rej}")))?;
                     out.push(p);
                 }
             }
@@ -276,7 +316,11 @@ pub async fn expand_files(ctx: &NodeCtx, field: &str, entries: &[Template]) -> R
 }
 
 /// `artifact.written` for a file this node wrote.
-pub fn artifact_written(node: &str, put: &cairn_proto::v1::PutResponse, agent_instance: Option<&str>) -> Ev {
+pub fn artifact_written(
+    node: &str,
+    put: &cairn_proto::v1::PutResponse,
+    agent_instance: Option<&str>,
+) -> Ev {
     let digest = put.digest.clone().unwrap_or_default();
     let mut e = Ev::new(crate::events::ARTIFACT_WRITTEN, node)
         .with("path", put.path.clone())

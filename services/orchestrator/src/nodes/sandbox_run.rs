@@ -42,9 +42,13 @@ pub async fn run(ctx: &NodeCtx, spec: &SandboxRun) -> Result<NodeSuccess, NodeEr
         .enumerate()
         .map(|(i, t)| scope.render(&format!("allowed_prefixes[{i}]"), t))
         .collect::<Result<_, _>>()?;
-    let output_prefix = scope.render("output_prefix", &spec.output_prefix)?.trim_end_matches('/').to_owned();
-    pathguard::validate_prefix(&output_prefix)
-        .map_err(|rej| NodeError::refused(format!("field `output_prefix`: `{output_prefix}`: {rej}")))?;
+    let output_prefix = scope
+        .render("output_prefix", &spec.output_prefix)?
+        .trim_end_matches('/')
+        .to_owned();
+    pathguard::validate_prefix(&output_prefix).map_err(|rej| {
+        NodeError::refused(format!("field `output_prefix`: `{output_prefix}`: {rej}"))
+    })?;
     if !allowed(&format!("{output_prefix}/x"), &prefixes) {
         return Err(NodeError::refused(format!(
             "field `output_prefix`: `{output_prefix}` is not under allowed_prefixes {prefixes:?} (seed 002 §2.3)"
@@ -68,7 +72,10 @@ pub async fn run(ctx: &NodeCtx, spec: &SandboxRun) -> Result<NodeSuccess, NodeEr
         )));
     }
     if inputs.len() > MAX_INPUT_FILES {
-        return Err(NodeError::refused(format!("{} input files; at most {MAX_INPUT_FILES}", inputs.len())));
+        return Err(NodeError::refused(format!(
+            "{} input files; at most {MAX_INPUT_FILES}",
+            inputs.len()
+        )));
     }
     let mut input_files = Vec::with_capacity(inputs.len());
     let mut total = 0u64;
@@ -81,9 +88,15 @@ pub async fn run(ctx: &NodeCtx, spec: &SandboxRun) -> Result<NodeSuccess, NodeEr
             .ok_or_else(|| NodeError::refused(format!("input {p} does not exist")))?;
         total += bytes.len() as u64;
         if total > MAX_INPUT_BYTES {
-            return Err(NodeError::refused(format!("inputs exceed {} MiB", MAX_INPUT_BYTES >> 20)));
+            return Err(NodeError::refused(format!(
+                "inputs exceed {} MiB",
+                MAX_INPUT_BYTES >> 20
+            )));
         }
-        input_files.push(FileContent { path: p.clone(), content: bytes });
+        input_files.push(FileContent {
+            path: p.clone(),
+            content: bytes,
+        });
     }
     let code = match &spec.code {
         Some(t) => scope.render("code", t)?,
@@ -99,7 +112,10 @@ pub async fn run(ctx: &NodeCtx, spec: &SandboxRun) -> Result<NodeSuccess, NodeEr
         code,
         code_file: code_file.clone().unwrap_or_default(),
         input_files,
-        limits: Some(Limits { timeout_ms: timeout_s * 1000, ..Default::default() }),
+        limits: Some(Limits {
+            timeout_ms: timeout_s * 1000,
+            ..Default::default()
+        }),
         network: false,
         env: Default::default(),
     };
@@ -137,9 +153,17 @@ pub async fn run(ctx: &NodeCtx, spec: &SandboxRun) -> Result<NodeSuccess, NodeEr
     };
     let result_path = ctx.run_dir().sandbox_result(&ctx.node_id);
     let record = result_json(&result, &runner, &written, &output_prefix);
-    let opts = PutOptions { overwrite: true, ..Default::default() };
+    let opts = PutOptions {
+        overwrite: true,
+        ..Default::default()
+    };
     ctx.store()
-        .put(&ctx.project, &result_path, Bytes::from(format!("{record:#}\n")), &opts)
+        .put(
+            &ctx.project,
+            &result_path,
+            Bytes::from(format!("{record:#}\n")),
+            &opts,
+        )
         .await
         .map_err(|s| NodeError::from_status(&format!("writing {result_path}"), &s))?;
 
@@ -158,7 +182,8 @@ pub async fn run(ctx: &NodeCtx, spec: &SandboxRun) -> Result<NodeSuccess, NodeEr
     o.insert("runner_id".into(), result.runner_id.clone().into());
     for (path, put) in &written {
         let _ = path;
-        out.events.push(super::artifact_written(&ctx.node_id, put, None));
+        out.events
+            .push(super::artifact_written(&ctx.node_id, put, None));
     }
     let complete = Ev::new(SANDBOX_COMPLETE, &ctx.node_id)
         .with("request_id", request_id.as_str())
@@ -170,10 +195,26 @@ pub async fn run(ctx: &NodeCtx, spec: &SandboxRun) -> Result<NodeSuccess, NodeEr
         .with("result_path", result_path.as_str());
     if !ok && !spec.allow_failure {
         ctx.progress.emit(complete.level(Level::Warning));
-        let why = if result.timed_out { format!("timed out after {timeout_s}s") } else { format!("exited with code {}", result.exit_code) };
+        let why = if result.timed_out {
+            format!("timed out after {timeout_s}s")
+        } else {
+            format!("exited with code {}", result.exit_code)
+        };
         let tail = summary(&result.stderr);
-        let tail = tail.lines().rev().take(5).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
-        let kind = if result.timed_out { ErrorKind::Timeout } else { ErrorKind::Failed };
+        let tail = tail
+            .lines()
+            .rev()
+            .take(5)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+            .join("\n");
+        let kind = if result.timed_out {
+            ErrorKind::Timeout
+        } else {
+            ErrorKind::Failed
+        };
         return Err(NodeError::new(
             kind,
             format!("the sandbox program {why} (set `allow_failure: true` to continue anyway); see {result_path}\n{tail}"),
@@ -194,14 +235,20 @@ async fn write_outputs(
     let mut written = Vec::new();
     for f in &result.output_files {
         let path = format!("{output_prefix}/{}", f.path);
-        pathguard::validate(&path).map_err(|rej| NodeError::refused(format!("output `{}`: {rej}", f.path)))?;
+        pathguard::validate(&path)
+            .map_err(|rej| NodeError::refused(format!("output `{}`: {rej}", f.path)))?;
         if !allowed(&path, prefixes) {
-            return Err(NodeError::refused(format!("output `{path}` is not under allowed_prefixes {prefixes:?}")));
+            return Err(NodeError::refused(format!(
+                "output `{path}` is not under allowed_prefixes {prefixes:?}"
+            )));
         }
         let opts = PutOptions {
             overwrite: spec.overwrite || ctx.reset,
             run_id: ctx.run_id.clone(),
-            allowed_prefixes: prefixes.iter().map(|p| p.trim_end_matches('/').to_owned()).collect(),
+            allowed_prefixes: prefixes
+                .iter()
+                .map(|p| p.trim_end_matches('/').to_owned())
+                .collect(),
         };
         let put = ctx
             .store()
@@ -214,7 +261,12 @@ async fn write_outputs(
 }
 
 /// seed 002 §4.2 result.json: the runner's record plus what was written where.
-fn result_json(r: &RunResult, runner: &str, written: &[(String, cairn_proto::v1::PutResponse)], output_prefix: &str) -> Value {
+fn result_json(
+    r: &RunResult,
+    runner: &str,
+    written: &[(String, cairn_proto::v1::PutResponse)],
+    output_prefix: &str,
+) -> Value {
     let mut doc: Map<String, Value> = serde_json::from_str(&r.result_json).unwrap_or_default();
     let defaults = json!({
         "request_id": r.request_id,

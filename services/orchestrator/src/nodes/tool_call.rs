@@ -8,7 +8,10 @@ use crate::graph::{Template, ToolCall};
 pub async fn run(ctx: &NodeCtx, spec: &ToolCall) -> Result<NodeSuccess, NodeError> {
     let args = render_args(&ctx.scope, &spec.args)?;
     let outputs = crate::tools::call(ctx.store(), &ctx.project, &spec.tool, &args).await?;
-    Ok(NodeSuccess { outputs, events: vec![] })
+    Ok(NodeSuccess {
+        outputs,
+        events: vec![],
+    })
 }
 
 /// Text values are templates; a value that is exactly one reference keeps its type.
@@ -16,17 +19,25 @@ fn render_args(scope: &Scope, args: &Map<String, Value>) -> Result<Map<String, V
     fn walk(scope: &Scope, field: &str, v: &Value) -> Result<Value, NodeError> {
         Ok(match v {
             Value::String(s) => {
-                let t = Template::parse(s).map_err(|e| NodeError::refused(format!("field `{field}`: {e}")))?;
+                let t = Template::parse(s)
+                    .map_err(|e| NodeError::refused(format!("field `{field}`: {e}")))?;
                 scope.render_value(field, &t)?
             }
             Value::Array(a) => Value::Array(
-                a.iter().enumerate().map(|(i, x)| walk(scope, &format!("{field}[{i}]"), x)).collect::<Result<_, _>>()?,
+                a.iter()
+                    .enumerate()
+                    .map(|(i, x)| walk(scope, &format!("{field}[{i}]"), x))
+                    .collect::<Result<_, _>>()?,
             ),
             Value::Object(o) => Value::Object(
-                o.iter().map(|(k, x)| Ok((k.clone(), walk(scope, &format!("{field}.{k}"), x)?))).collect::<Result<_, NodeError>>()?,
+                o.iter()
+                    .map(|(k, x)| Ok((k.clone(), walk(scope, &format!("{field}.{k}"), x)?)))
+                    .collect::<Result<_, NodeError>>()?,
             ),
             other => other.clone(),
         })
     }
-    args.iter().map(|(k, v)| Ok((k.clone(), walk(scope, &format!("args.{k}"), v)?))).collect()
+    args.iter()
+        .map(|(k, v)| Ok((k.clone(), walk(scope, &format!("args.{k}"), v)?)))
+        .collect()
 }

@@ -4,7 +4,9 @@
 use bytes::Bytes;
 use tonic::Code;
 
-use super::{artifact_written, file_outputs, ingest, project_path, NodeCtx, NodeError, NodeSuccess};
+use super::{
+    artifact_written, file_outputs, ingest, project_path, NodeCtx, NodeError, NodeSuccess,
+};
 use crate::graph::WriteFile;
 use crate::store::PutOptions;
 
@@ -12,9 +14,20 @@ pub async fn run(ctx: &NodeCtx, spec: &WriteFile) -> Result<NodeSuccess, NodeErr
     let path = project_path(&ctx.scope, "path", &spec.path)?;
     let content = Bytes::from(ctx.scope.render("content", &spec.content)?);
     // Identical bytes come back UNCHANGED, so a redone attempt never duplicates a file.
-    let opts = PutOptions { overwrite: spec.overwrite || ctx.reset, run_id: ctx.run_id.clone(), ..Default::default() };
-    let put = ctx.store().put(&ctx.project, &path, content.clone(), &opts).await.map_err(|s| write_error(&path, &s))?;
-    let mut out = NodeSuccess { outputs: file_outputs(&put), events: vec![artifact_written(&ctx.node_id, &put, None)] };
+    let opts = PutOptions {
+        overwrite: spec.overwrite || ctx.reset,
+        run_id: ctx.run_id.clone(),
+        ..Default::default()
+    };
+    let put = ctx
+        .store()
+        .put(&ctx.project, &path, content.clone(), &opts)
+        .await
+        .map_err(|s| write_error(&path, &s))?;
+    let mut out = NodeSuccess {
+        outputs: file_outputs(&put),
+        events: vec![artifact_written(&ctx.node_id, &put, None)],
+    };
     if ingest::wants_hook(ctx, &put.path) {
         ingest::hook(ctx, &put.path, content, &mut out).await;
     }

@@ -46,12 +46,18 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Options { ingest: true, sandbox: Sandbox::None, tweak: |_| {} }
+        Options {
+            ingest: true,
+            sandbox: Sandbox::None,
+            tweak: |_| {},
+        }
     }
 }
 
 pub fn docker_required() -> bool {
-    std::env::var("CAIRN_REQUIRE_DOCKER").map(|v| v == "1").unwrap_or(false)
+    std::env::var("CAIRN_REQUIRE_DOCKER")
+        .map(|v| v == "1")
+        .unwrap_or(false)
 }
 
 async fn listener() -> (tokio::net::TcpListener, String) {
@@ -65,7 +71,18 @@ pub async fn channel(addr: &str) -> Channel {
 }
 
 /// Starts a sandbox runner: Docker when required, else local; Err(reason) when neither works.
-async fn start_sandbox(dir: &std::path::Path) -> Result<(cairn_sandbox_runner::RunnerHandle, String, String, oneshot::Sender<()>, tokio::task::JoinHandle<()>), String> {
+async fn start_sandbox(
+    dir: &std::path::Path,
+) -> Result<
+    (
+        cairn_sandbox_runner::RunnerHandle,
+        String,
+        String,
+        oneshot::Sender<()>,
+        tokio::task::JoinHandle<()>,
+    ),
+    String,
+> {
     let mut config = cairn_sandbox_runner::Config::default();
     config.work_root = dir.join("sandbox-work");
     config.runner_id = format!("orchtest{}", std::process::id());
@@ -74,14 +91,20 @@ async fn start_sandbox(dir: &std::path::Path) -> Result<(cairn_sandbox_runner::R
     } else {
         cairn_sandbox_runner::BackendChoice::Local
     };
-    let (server, handle) = cairn_sandbox_runner::sandbox_service(config).await.map_err(|e| e.to_string())?;
+    let (server, handle) = cairn_sandbox_runner::sandbox_service(config)
+        .await
+        .map_err(|e| e.to_string())?;
     let backend = handle.backend().to_owned();
     let (l, addr) = listener().await;
     let (tx, rx) = oneshot::channel();
     let join = tokio::spawn(async move {
         let mut host = cairn_server::Host::new();
         host.add(server);
-        let _ = host.serve(l, async { let _ = rx.await; }).await;
+        let _ = host
+            .serve(l, async {
+                let _ = rx.await;
+            })
+            .await;
     });
     Ok((handle, addr, backend, tx, join))
 }
@@ -101,26 +124,39 @@ impl Stack {
         let mut stops = Vec::new();
 
         let store_cfg = cairn_artifact_store::Config::new(dir.path().join("data"));
-        let store_svc = cairn_artifact_store::artifact_store_service(store_cfg).await.unwrap();
+        let store_svc = cairn_artifact_store::artifact_store_service(store_cfg)
+            .await
+            .unwrap();
         let (l, store_addr) = listener().await;
         let (tx, rx) = oneshot::channel::<()>();
         let join = tokio::spawn(async move {
             let mut host = cairn_server::Host::new();
             host.add(store_svc);
-            let _ = host.serve(l, async { let _ = rx.await; }).await;
+            let _ = host
+                .serve(l, async {
+                    let _ = rx.await;
+                })
+                .await;
         });
         stops.push((tx, join));
 
         let mut ingest_addr = String::new();
         if opts.ingest {
-            let cfg = cairn_ingest::Config { store_addr: store_addr.clone(), ..Default::default() };
+            let cfg = cairn_ingest::Config {
+                store_addr: store_addr.clone(),
+                ..Default::default()
+            };
             let svc = cairn_ingest::ingest_service(&cfg).unwrap();
             let (l, addr) = listener().await;
             let (tx, rx) = oneshot::channel::<()>();
             let join = tokio::spawn(async move {
                 let mut host = cairn_server::Host::new();
                 host.add(svc);
-                let _ = host.serve(l, async { let _ = rx.await; }).await;
+                let _ = host
+                    .serve(l, async {
+                        let _ = rx.await;
+                    })
+                    .await;
             });
             stops.push((tx, join));
             ingest_addr = addr;
@@ -137,7 +173,9 @@ impl Stack {
                     sandbox_backend = Some(backend);
                     sandbox_handle = Some(handle);
                 }
-                Err(e) if docker_required() => panic!("CAIRN_REQUIRE_DOCKER=1 but the docker runner failed: {e}"),
+                Err(e) if docker_required() => {
+                    panic!("CAIRN_REQUIRE_DOCKER=1 but the docker runner failed: {e}")
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -151,19 +189,26 @@ impl Stack {
         };
         config.retry.initial_backoff_ms = 20;
         (opts.tweak)(&mut config);
-        let (server, handle) = cairn_orchestrator::orchestrator_service(config).await.unwrap();
+        let (server, handle) = cairn_orchestrator::orchestrator_service(config)
+            .await
+            .unwrap();
         let (l, orch_addr) = listener().await;
         let (tx, rx) = oneshot::channel::<()>();
         let h2 = handle.clone();
         let join = tokio::spawn(async move {
             let mut host = cairn_server::Host::new();
             host.add(server);
-            let _ = host.serve(l, async { let _ = rx.await; }).await;
+            let _ = host
+                .serve(l, async {
+                    let _ = rx.await;
+                })
+                .await;
             h2.shutdown().await;
         });
-        let client = OrchestratorClient::new(channel(&orch_addr).await)
+        let client =
+            OrchestratorClient::new(channel(&orch_addr).await).max_decoding_message_size(64 << 20);
+        let store = ArtifactStoreClient::new(channel(&store_addr).await)
             .max_decoding_message_size(64 << 20);
-        let store = ArtifactStoreClient::new(channel(&store_addr).await).max_decoding_message_size(64 << 20);
         Ok(Stack {
             dir,
             store_addr,
@@ -194,11 +239,18 @@ impl Stack {
         }
     }
 
-    pub async fn submit(&self, yaml: &str, vars: &[(&str, &str)]) -> Result<RunInfo, tonic::Status> {
+    pub async fn submit(
+        &self,
+        yaml: &str,
+        vars: &[(&str, &str)],
+    ) -> Result<RunInfo, tonic::Status> {
         self.submit_req(SubmitRunRequest {
             project_id: PROJECT.into(),
             graph_yaml: yaml.into(),
-            vars: vars.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect::<HashMap<_, _>>(),
+            vars: vars
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect::<HashMap<_, _>>(),
             by: "tester".into(),
             ..Default::default()
         })
@@ -206,13 +258,20 @@ impl Stack {
     }
 
     pub async fn submit_req(&self, req: SubmitRunRequest) -> Result<RunInfo, tonic::Status> {
-        self.client.clone().submit_run(req).await.map(|r| r.into_inner())
+        self.client
+            .clone()
+            .submit_run(req)
+            .await
+            .map(|r| r.into_inner())
     }
 
     pub async fn get(&self, run_id: &str) -> RunInfo {
         self.client
             .clone()
-            .get_run(cairn_proto::v1::GetRunRequest { project_id: PROJECT.into(), run_id: run_id.into() })
+            .get_run(cairn_proto::v1::GetRunRequest {
+                project_id: PROJECT.into(),
+                run_id: run_id.into(),
+            })
             .await
             .unwrap()
             .into_inner()
@@ -227,7 +286,10 @@ impl Stack {
                 return info;
             }
             if tokio::time::Instant::now() > deadline {
-                panic!("run {run_id} did not reach {state:?} in {secs}s: {info:#?}\nevents: {:#?}", self.event_types(run_id).await);
+                panic!(
+                    "run {run_id} did not reach {state:?} in {secs}s: {info:#?}\nevents: {:#?}",
+                    self.event_types(run_id).await
+                );
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -238,7 +300,9 @@ impl Stack {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
         loop {
             let info = self.get(run_id).await;
-            let fin = [TaskState::Completed, TaskState::Failed, TaskState::Canceled].iter().any(|s| *s as i32 == info.state);
+            let fin = [TaskState::Completed, TaskState::Failed, TaskState::Canceled]
+                .iter()
+                .any(|s| *s as i32 == info.state);
             if fin || info.state == state as i32 || tokio::time::Instant::now() > deadline {
                 return info;
             }
@@ -251,7 +315,10 @@ impl Stack {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
         loop {
             let info = self.get(run_id).await;
-            if [TaskState::Completed, TaskState::Failed, TaskState::Canceled].iter().any(|s| *s as i32 == info.state) {
+            if [TaskState::Completed, TaskState::Failed, TaskState::Canceled]
+                .iter()
+                .any(|s| *s as i32 == info.state)
+            {
                 return info;
             }
             if tokio::time::Instant::now() > deadline {
@@ -266,7 +333,11 @@ impl Stack {
     }
 
     pub async fn event_types(&self, run_id: &str) -> Vec<String> {
-        self.events(run_id).await.into_iter().map(|e| format!("{} {}", e.r#type, e.node_id)).collect()
+        self.events(run_id)
+            .await
+            .into_iter()
+            .map(|e| format!("{} {}", e.r#type, e.node_id))
+            .collect()
     }
 
     pub async fn read(&self, path: &str) -> Option<Vec<u8>> {
@@ -274,7 +345,12 @@ impl Stack {
     }
 
     pub async fn read_text(&self, path: &str) -> String {
-        String::from_utf8(self.read(path).await.unwrap_or_else(|| panic!("{path} missing"))).unwrap()
+        String::from_utf8(
+            self.read(path)
+                .await
+                .unwrap_or_else(|| panic!("{path} missing")),
+        )
+        .unwrap()
     }
 
     /// Reads `path` until it contains `needle` (snapshots are written just after the events
@@ -282,11 +358,18 @@ impl Stack {
     pub async fn wait_text(&self, path: &str, needle: &str, secs: u64) -> String {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
         loop {
-            let text = self.read(path).await.map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
+            let text = self
+                .read(path)
+                .await
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+                .unwrap_or_default();
             if text.contains(needle) {
                 return text;
             }
-            assert!(tokio::time::Instant::now() < deadline, "{path} never contained {needle:?}:\n{text}");
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{path} never contained {needle:?}:\n{text}"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -300,7 +383,13 @@ impl Stack {
 pub async fn read_events(store: &ArtifactStoreClient<Channel>, run_id: &str) -> Vec<Event> {
     let mut s = store
         .clone()
-        .read_events(ReadEventsRequest { project_id: PROJECT.into(), run_id: run_id.into(), from_seq: 1, follow: false, limit: 0 })
+        .read_events(ReadEventsRequest {
+            project_id: PROJECT.into(),
+            run_id: run_id.into(),
+            from_seq: 1,
+            follow: false,
+            limit: 0,
+        })
         .await
         .unwrap()
         .into_inner();
@@ -314,7 +403,12 @@ pub async fn read_events(store: &ArtifactStoreClient<Channel>, run_id: &str) -> 
 pub async fn read_file(store: &ArtifactStoreClient<Channel>, path: &str) -> Option<Vec<u8>> {
     let mut s = match store
         .clone()
-        .get(GetRequest { project_id: PROJECT.into(), path: path.into(), offset: 0, length: 0 })
+        .get(GetRequest {
+            project_id: PROJECT.into(),
+            path: path.into(),
+            offset: 0,
+            length: 0,
+        })
         .await
     {
         Ok(s) => s.into_inner(),
@@ -339,7 +433,12 @@ pub async fn read_file(store: &ArtifactStoreClient<Channel>, path: &str) -> Opti
 pub async fn list_files(store: &ArtifactStoreClient<Channel>, prefix: &str) -> Vec<String> {
     let r = store
         .clone()
-        .list(cairn_proto::v1::ListRequest { project_id: PROJECT.into(), prefix: prefix.into(), recursive: true, page: None })
+        .list(cairn_proto::v1::ListRequest {
+            project_id: PROJECT.into(),
+            prefix: prefix.into(),
+            recursive: true,
+            page: None,
+        })
         .await;
     match r {
         Ok(r) => r.into_inner().entries.into_iter().map(|e| e.path).collect(),
