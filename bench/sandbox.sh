@@ -27,7 +27,7 @@ cleanup() {
 trap cleanup EXIT
 
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-start() { # NAME BACKEND POOL -> prints the address
+start() { # NAME BACKEND POOL: starts a runner, sets ADDR (not in a subshell: PIDS must keep it)
   local name="$1" backend="$2" pool="$3" p
   p="$(port)"
   RUST_LOG=warn "$BIN/cairn-sandbox-runner" --listen "127.0.0.1:$p" --backend "$backend" \
@@ -35,11 +35,11 @@ start() { # NAME BACKEND POOL -> prints the address
     >"$WORK/$name.log" 2>&1 &
   PIDS+=($!)
   for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null && break; sleep 0.1; done
-  echo "127.0.0.1:$p"
+  ADDR="127.0.0.1:$p"
 }
-COLD="$(start cold docker 0)"
-WARM="$(start warm docker "$POOL")"
-LOCAL="$(start local local 0)"
+start cold docker 0; COLD="$ADDR"
+start warm docker "$POOL"; WARM="$ADDR"
+start local local 0; LOCAL="$ADDR"
 
 echo "command: bash bench/sandbox.sh $RUNS $IMAGE  (pool_size $POOL; $(date -u +%Y-%m-%dT%H:%MZ); $(nproc) cores; docker $(docker version -f '{{.Server.Version}}'))"
 echo

@@ -351,10 +351,11 @@ impl Driver {
                         }
                     }
                 }
-                cmd = self.cmds.recv() => match cmd {
-                    Some(c) => self.command(c).await,
-                    None => {}
-                },
+                cmd = self.cmds.recv() => {
+                    if let Some(c) = cmd {
+                        self.command(c).await;
+                    }
+                }
                 _ = sleep_until_opt(next_retry) => self.due_retries(),
                 _ = sleep_until_opt(snapshot_due) => { self.publish(); }
             }
@@ -616,10 +617,7 @@ impl Driver {
                 continue;
             };
             let base_scope = self.scope_for(&node);
-            loop {
-                let Some(mr) = self.maps.get_mut(&map_id) else {
-                    break;
-                };
+            while let Some(mr) = self.maps.get_mut(&map_id) {
                 if mr.running >= mr.parallelism {
                     break;
                 }

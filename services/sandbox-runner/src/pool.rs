@@ -97,15 +97,25 @@ impl Pool {
             tokio::spawn(async move {
                 let made = pool.make().await;
                 match made {
-                    Ok(warm) if !pool.closed.load(Ordering::SeqCst) => {
+                    Ok(warm) => {
                         let mut ready = pool.ready.lock().await;
-                        ready.push_back(warm);
-                        pool.ready_len.store(ready.len(), Ordering::SeqCst);
+                        if pool.closed.load(Ordering::SeqCst) {
+                            // closed meanwhile: `close` waits for this removal
+                            drop(ready);
+                            let _ = warm.guard.remove().await;
+                        } else {
+                            ready.push_back(warm);
+                            pool.ready_len.store(ready.len(), Ordering::SeqCst);
+                        }
                     }
-                    Ok(warm) => drop(warm), // closed meanwhile: the guard removes it
                     Err(e) => {
                         tracing::warn!(error = %e, "could not start a warm container; retrying in 5 s");
-                        tokio::time::sleep(Duration::from_secs(5)).await;
+                        for _ in 0..50 {
+                            if pool.closed.load(Ordering::SeqCst) {
+                                break;
+                            }
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
                     }
                 }
                 pool.creating.fetch_sub(1, Ordering::SeqCst);
@@ -133,6 +143,11 @@ impl Pool {
 
     pub async fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
+        // Containers being made are removed by their makers; wait for them (bounded).
+        let t0 = Instant::now();
+        while self.creating.load(Ordering::SeqCst) > 0 && t0.elapsed() < Duration::from_secs(60) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         let drained: Vec<Warm> = self.ready.lock().await.drain(..).collect();
         self.ready_len.store(0, Ordering::SeqCst);
         for warm in drained {

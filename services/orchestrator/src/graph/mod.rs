@@ -1304,15 +1304,12 @@ impl Graph {
         let mut path = vec![start];
         let mut on_path: HashMap<usize, usize> = HashMap::from([(start, 0)]);
         let mut cur = start;
-        loop {
-            let Some(next) = self.nodes[cur]
-                .needs
-                .iter()
-                .map(|x| self.index[x])
-                .find(|&j| indeg[j] > 0)
-            else {
-                break;
-            };
+        while let Some(next) = self.nodes[cur]
+            .needs
+            .iter()
+            .map(|x| self.index[x])
+            .find(|&j| indeg[j] > 0)
+        {
             if let Some(&at) = on_path.get(&next) {
                 let mut cycle: Vec<&str> = path[at..]
                     .iter()

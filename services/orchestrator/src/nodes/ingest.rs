@@ -89,7 +89,7 @@ fn merge(outputs: &mut Map<String, Value>, r: &IngestResponse) {
         .filter(|a| a.status == BlockStatus::Written as i32)
         .map(|a| a.workspace_path.clone())
         .collect();
-    let s = r.summary.clone().unwrap_or_default();
+    let s = r.summary.unwrap_or_default();
     outputs.insert("workspace_files".into(), json!(written));
     outputs.insert(
         "ingest".into(),
@@ -122,7 +122,7 @@ pub async fn run(ctx: &NodeCtx, spec: &IngestNode) -> Result<NodeSuccess, NodeEr
     .await
     {
         Ok(r) => {
-            let s = r.summary.clone().unwrap_or_default();
+            let s = r.summary.unwrap_or_default();
             merge(&mut out.outputs, &r);
             out.outputs
                 .insert("manifest_path".into(), r.manifest_path.clone().into());

@@ -83,13 +83,15 @@ async fn start_sandbox(
     ),
     String,
 > {
-    let mut config = cairn_sandbox_runner::Config::default();
-    config.work_root = dir.join("sandbox-work");
-    config.runner_id = format!("orchtest{}", std::process::id());
-    config.backend = if docker_required() {
-        cairn_sandbox_runner::BackendChoice::Docker
-    } else {
-        cairn_sandbox_runner::BackendChoice::Local
+    let config = cairn_sandbox_runner::Config {
+        work_root: dir.join("sandbox-work"),
+        runner_id: format!("orchtest{}", std::process::id()),
+        backend: if docker_required() {
+            cairn_sandbox_runner::BackendChoice::Docker
+        } else {
+            cairn_sandbox_runner::BackendChoice::Local
+        },
+        ..Default::default()
     };
     let (server, handle) = cairn_sandbox_runner::sandbox_service(config)
         .await
