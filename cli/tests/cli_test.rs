@@ -1,4 +1,5 @@
 //! The `cairn` binary end to end, with embedded services over a temporary data root.
+#![allow(clippy::unwrap_used)]
 
 use assert_cmd::Command;
 use predicates::prelude::*;
