@@ -30,29 +30,14 @@ pub struct Global {
     /// Address of running cairn services (host:port); all services are expected there.
     #[arg(long, global = true, env = "CAIRN_ADDR", value_name = "HOST:PORT")]
     pub addr: Option<String>,
-    /// Address of the artifact-store when it is not at --addr.
-    #[arg(
-        long,
-        global = true,
-        env = "CAIRN_STORE_ADDR",
-        value_name = "HOST:PORT"
-    )]
+    /// Address of the artifact-store when it is not at --addr (give it before the subcommand).
+    #[arg(long, env = "CAIRN_STORE_ADDR", value_name = "HOST:PORT")]
     pub store_addr: Option<String>,
     /// Address of the ingest service when it is not at --addr.
-    #[arg(
-        long,
-        global = true,
-        env = "CAIRN_INGEST_ADDR",
-        value_name = "HOST:PORT"
-    )]
+    #[arg(long, env = "CAIRN_INGEST_ADDR", value_name = "HOST:PORT")]
     pub ingest_addr: Option<String>,
     /// Address of a sandbox-runner when it is not at --addr.
-    #[arg(
-        long,
-        global = true,
-        env = "CAIRN_SANDBOX_ADDR",
-        value_name = "HOST:PORT"
-    )]
+    #[arg(long, env = "CAIRN_SANDBOX_ADDR", value_name = "HOST:PORT")]
     pub sandbox_addr: Option<String>,
     /// Data directory of the embedded services (used when no address is given).
     #[arg(

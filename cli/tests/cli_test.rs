@@ -431,3 +431,33 @@ fn the_example_runs_to_completion_through_a_gate() {
     let runs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(runs.as_array().unwrap().len(), 2);
 }
+
+#[test]
+fn every_subcommand_has_working_help() {
+    // clap checks argument conflicts (e.g. a global flag shadowing a service flag) only when a
+    // command is built: ask each one for its help.
+    let dir = tempfile::tempdir().unwrap();
+    for args in [
+        &["--help"][..],
+        &["up", "--help"],
+        &["serve", "artifact-store", "--help"],
+        &["serve", "ingest", "--help"],
+        &["serve", "sandbox-runner", "--help"],
+        &["serve", "orchestrator", "--help"],
+        &["health", "--help"],
+        &["store", "put", "--help"],
+        &["store", "events", "--help"],
+        &["ingest", "--help"],
+        &["sandbox", "run", "--help"],
+        &["run", "--help"],
+        &["runs", "list", "--help"],
+        &["gate", "approve", "--help"],
+        &["notes", "add", "--help"],
+    ] {
+        cairn(dir.path())
+            .args(args)
+            .assert()
+            .success()
+            .stdout(predicate::str::contains("Usage:"));
+    }
+}

@@ -52,7 +52,9 @@ impl Handle {
         self.runs.clone().resume_unfinished().await
     }
 
-    /// Stops all run drivers, leaving runs resumable, after flushing their records.
+    /// Stops all run drivers, leaving runs resumable, after flushing their records, and ends
+    /// WatchRun streams. Call it when shutdown begins (inside the shutdown future given to
+    /// `Host::serve`): the host's graceful shutdown waits for open streams.
     pub async fn shutdown(&self) {
         self.runs.shutdown().await
     }
@@ -109,7 +111,11 @@ pub async fn serve(
     let (server, handle) = orchestrator_service(config).await?;
     let mut host = cairn_server::Host::new();
     host.add(server);
-    let result = host.serve(listener, shutdown).await;
-    handle.shutdown().await;
-    result.map_err(Error::from)
+    // Stop the drivers and end the watch streams as soon as shutdown begins: the host's
+    // graceful shutdown waits for open streams.
+    let shutdown = async move {
+        shutdown.await;
+        handle.shutdown().await;
+    };
+    host.serve(listener, shutdown).await.map_err(Error::from)
 }

@@ -607,12 +607,23 @@ impl Runs {
             .await
             .map_err(Error::store("reading events"))?;
         let (tx, rx) = mpsc::channel(256);
+        let shutdown = self.shutdown.clone();
         tokio::spawn(async move {
+            let mut last = from_seq.saturating_sub(1);
             loop {
                 let next = tokio::select! {
                     _ = tx.closed() => return,
+                    // A server shutting down ends the stream (graceful shutdown waits for it).
+                    _ = shutdown.cancelled() => {
+                        let why = format!("the orchestrator is shutting down; watch again from seq {}", last + 1);
+                        let _ = tx.send(Err(tonic::Status::unavailable(why))).await;
+                        return;
+                    }
                     n = stream.next() => n,
                 };
+                if let Some(Ok(e)) = &next {
+                    last = e.seq;
+                }
                 match next {
                     Some(Ok(e)) => {
                         let end = ev::is_final(&e.r#type) && !follow_after_end;

@@ -238,11 +238,11 @@ async fn timeout_keeps_partial_output_and_kills_a_term_ignoring_process() {
         assert!(out.timed_out, "{backend:?}: {out:?}");
         assert_eq!(out.exit_code, -1);
         assert_eq!(text(&out.stdout), "before\n");
-        // timeout 2 s + grace 0.5 s: the program's 600 s never run. (The whole call also
-        // waits for the engine to create and remove containers, slow when tests run in
-        // parallel, hence the loose outer bound.)
+        // timeout 2 s + grace 0.5 s: the program's 600 s never run. The kill itself goes
+        // through the engine, which took up to ~26 s on a loaded 2-core CI machine, hence the
+        // loose bound (still far below the program's 600 s).
         assert!(
-            out.duration_ms < 10_000,
+            out.duration_ms < 60_000,
             "{backend:?}: ran {} ms",
             out.duration_ms
         );

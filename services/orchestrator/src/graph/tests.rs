@@ -259,3 +259,70 @@ fn tool_and_deliver_checks() {
     );
     assert_eq!(e.field.as_deref(), Some("args.path"));
 }
+
+/// docs/graph.schema.json lists exactly the node types and fields the parser accepts.
+#[test]
+fn schema_matches_the_parser() {
+    let schema: serde_json::Value =
+        serde_json::from_str(include_str!("../../../../docs/graph.schema.json")).unwrap();
+    let names = |v: &serde_json::Value| -> BTreeSet<String> {
+        v.as_object().unwrap().keys().cloned().collect()
+    };
+    let types: Vec<&str> = schema["$defs"]["node"]["properties"]["type"]["enum"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert_eq!(types, NODE_TYPES);
+    let common = names(&schema["$defs"]["common"]["properties"]);
+    let expected_common: BTreeSet<String> = [
+        "id",
+        "type",
+        "title",
+        "needs",
+        "when",
+        "trigger",
+        "retry",
+        "timeout_s",
+        "ingest",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    assert_eq!(common, expected_common);
+    for ty in NODE_TYPES {
+        let props = names(&schema["$defs"][*ty]["properties"]);
+        if *ty == "map" {
+            let e = err("nodes:\n  - {id: node1, type: map, over: [1], node: {type: echo}, zzz_unknown: 1}\n");
+            let listed: BTreeSet<String> = e
+                .message
+                .rsplit("a map has ")
+                .next()
+                .unwrap()
+                .split(", ")
+                .map(|s| s.trim().to_owned())
+                .collect();
+            assert_eq!(listed, props, "map");
+            continue;
+        }
+        let e = err(&format!(
+            "nodes:\n  - {{id: node1, type: {ty}, zzz_unknown: 1}}\n"
+        ));
+        assert!(
+            e.message.contains("unknown field `zzz_unknown`"),
+            "{ty}: {e}"
+        );
+        let listed: BTreeSet<String> = e
+            .message
+            .split("expected")
+            .nth(1)
+            .unwrap_or_default()
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_owned)
+            .collect();
+        assert_eq!(listed, props, "{ty}: the schema and the parser disagree");
+    }
+}

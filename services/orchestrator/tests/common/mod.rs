@@ -203,9 +203,9 @@ impl Stack {
             let _ = host
                 .serve(l, async {
                     let _ = rx.await;
+                    h2.shutdown().await;
                 })
                 .await;
-            h2.shutdown().await;
         });
         let client =
             OrchestratorClient::new(channel(&orch_addr).await).max_decoding_message_size(64 << 20);
