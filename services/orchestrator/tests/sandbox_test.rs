@@ -265,3 +265,39 @@ async fn cancel_during_a_long_sandbox_run_stops_it() {
     assert!(s.read("docs/after.txt").await.is_none());
     s.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unavailable_runner_is_skipped_for_the_next_one() {
+    // The first runner address is dead: requests that land on it go to the live one.
+    let s = match Stack::try_start(Options {
+        sandbox: Sandbox::Required,
+        tweak: |c| c.sandbox_addrs.insert(0, "127.0.0.1:1".into()),
+        ..Default::default()
+    })
+    .await
+    {
+        Ok(s) => s,
+        Err(e) => {
+            println!(
+                "SKIP: an_unavailable_runner_is_skipped_for_the_next_one: no sandbox backend ({e})"
+            );
+            return;
+        }
+    };
+    let live = s.sandbox_addr.clone().unwrap();
+    let graph = "nodes:\n  - {id: one, type: sandbox_run, language: sh, code: 'echo one'}\n  - {id: two, type: sandbox_run, language: sh, code: 'echo two', needs: [one]}\n  - {id: three, type: sandbox_run, language: sh, code: 'echo three', needs: [two]}\n";
+    let run = s.submit(graph, &[]).await.unwrap().run_id;
+    let done = s.wait_state(&run, TaskState::Completed, 60).await;
+    assert!(
+        done.nodes.iter().all(|n| n.attempts == 1),
+        "no node needed a retry of its own"
+    );
+    let events = s.events(&run).await;
+    let runners: Vec<Value> = events
+        .iter()
+        .filter(|e| e.r#type == "sandbox_complete")
+        .map(|e| data(e)["runner"].clone())
+        .collect();
+    assert_eq!(runners, vec![Value::from(live.clone()); 3]);
+    s.stop().await;
+}
