@@ -14,6 +14,30 @@ fn cairn(data: &std::path::Path) -> Command {
     cmd
 }
 
+/// The events of `run` in `project`, read back through `cairn --json store events`.
+fn events(data: &std::path::Path, project: &str, run: &str) -> Vec<serde_json::Value> {
+    let out = cairn(data)
+        .args(["-p", project, "--json", "store", "events", run])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn event_types(data: &std::path::Path, project: &str, run: &str) -> Vec<String> {
+    events(data, project, run)
+        .iter()
+        .map(|e| e["type"].as_str().unwrap().to_owned())
+        .collect()
+}
+
 #[test]
 fn store_put_get_ls_stat_round_trip() {
     let dir = tempfile::tempdir().unwrap();
@@ -169,24 +193,7 @@ fn ingest_writes_blocks_and_prints_manifest_v1_json() {
     let stored: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(stored, manifest, "the stored manifest is the printed one");
     // The run's events were appended and can be read back.
-    let out = cairn(&data)
-        .args(["--json", "store", "events", "r1"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let types: Vec<String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| {
-            serde_json::from_str::<serde_json::Value>(l).unwrap()["type"]
-                .as_str()
-                .unwrap()
-                .to_owned()
-        })
-        .collect();
+    let types = event_types(&data, "default", "r1");
     assert_eq!(types.first().map(String::as_str), Some("ingest.started"));
     assert_eq!(types.last().map(String::as_str), Some("ingest.completed"));
     // Dry run writes nothing.
@@ -278,19 +285,7 @@ fn sandbox_run_stages_inputs_and_stores_outputs_and_result() {
         .unwrap();
     let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(result["exit_code"], 0);
-    let out = cairn(&data)
-        .args(["--json", "store", "events", "sb1"])
-        .output()
-        .unwrap();
-    let types: Vec<String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| {
-            serde_json::from_str::<serde_json::Value>(l).unwrap()["type"]
-                .as_str()
-                .unwrap()
-                .to_owned()
-        })
-        .collect();
+    let types = event_types(&data, "default", "sb1");
     assert_eq!(types, ["sandbox_start", "sandbox_complete"]);
 
     // Failing code: exit 1, sandbox_failed recorded.
@@ -308,11 +303,10 @@ fn sandbox_run_stages_inputs_and_stores_outputs_and_result() {
         .assert()
         .code(1)
         .stdout(predicate::str::contains("exit_code: 7"));
-    let out = cairn(&data)
-        .args(["--json", "store", "events", "sb2"])
-        .output()
-        .unwrap();
-    assert!(String::from_utf8_lossy(&out.stdout).contains("\"sandbox_failed\""));
+    assert_eq!(
+        event_types(&data, "default", "sb2"),
+        ["sandbox_start", "sandbox_failed"]
+    );
 }
 
 fn repo_root() -> std::path::PathBuf {
@@ -388,13 +382,8 @@ fn the_example_runs_to_completion_through_a_gate() {
         .unwrap();
     assert!(String::from_utf8_lossy(&greeter.stdout).contains("def greet"));
     // The approval is an event with who and the note.
-    let events = cairn(&data)
-        .args(["-p", "hello", "--json", "store", "events", "r1"])
-        .output()
-        .unwrap();
-    let approved = String::from_utf8_lossy(&events.stdout)
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+    let approved = events(&data, "hello", "r1")
+        .into_iter()
         .find(|e| e["type"] == "gate.approved")
         .expect("gate.approved event");
     assert!(
