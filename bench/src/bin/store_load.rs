@@ -146,8 +146,11 @@ fn generate(out: &Path, size: u64) -> Result<()> {
 }
 
 async fn client(addr: &str) -> Result<ArtifactStoreClient<Channel>> {
+    // The same HTTP/2 windows as cairn's own clients (`cairn_server::connect`).
     let channel = Endpoint::from_shared(addr.to_owned())?
         .tcp_nodelay(true)
+        .initial_stream_window_size(cairn_server::STREAM_WINDOW)
+        .initial_connection_window_size(cairn_server::CONNECTION_WINDOW)
         .connect()
         .await?;
     Ok(ArtifactStoreClient::new(channel).max_decoding_message_size(16 << 20))

@@ -106,6 +106,11 @@ impl Host {
         };
         tonic::transport::Server::builder()
             .tcp_nodelay(true)
+            // Streamed file bodies: larger flow-control windows and frames cut the round trips
+            // and per-frame work of a Put (see bench/RESULTS.md, artifact-store).
+            .initial_stream_window_size(Some(STREAM_WINDOW))
+            .initial_connection_window_size(Some(CONNECTION_WINDOW))
+            .max_frame_size(Some(MAX_FRAME))
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .layer(cairn_telemetry::server_layer())
             .add_routes(routes.routes())
@@ -119,6 +124,12 @@ impl Host {
         Ok(())
     }
 }
+
+/// HTTP/2 flow-control windows (bytes a peer may send before it must wait for an update).
+pub const STREAM_WINDOW: u32 = 4 << 20;
+pub const CONNECTION_WINDOW: u32 = 8 << 20;
+/// Largest HTTP/2 frame a peer may send us (the protocol's default is 16 KiB).
+pub const MAX_FRAME: u32 = 1 << 20;
 
 /// Binds a TCP listener, with an error that names the address.
 pub async fn bind(addr: &str) -> Result<tokio::net::TcpListener, Error> {
@@ -144,9 +155,36 @@ pub fn connect(addr: &str) -> Result<Channel, Error> {
     })?;
     Ok(endpoint
         .connect_timeout(Duration::from_secs(5))
+        .initial_stream_window_size(Some(STREAM_WINDOW))
+        .initial_connection_window_size(Some(CONNECTION_WINDOW))
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(30))
         .connect_lazy())
+}
+
+/// Asks the grpc.health.v1 service behind `channel` whether `service` (a full service name
+/// such as `cairn.v1.SandboxRunner`; "" = the whole server) is SERVING, within `timeout`.
+/// `Ok(false)`: it answered with another status; `Err`: it did not answer (down, timeout,
+/// unknown service).
+pub async fn serving(
+    channel: Channel,
+    service: &str,
+    timeout: Duration,
+) -> Result<bool, tonic::Status> {
+    use tonic_health::pb::health_check_response::ServingStatus as Status;
+    let mut client = tonic_health::pb::health_client::HealthClient::new(channel);
+    let mut request = tonic::Request::new(tonic_health::pb::HealthCheckRequest {
+        service: service.to_owned(),
+    });
+    request.set_timeout(timeout);
+    let call = client.check(request);
+    match tokio::time::timeout(timeout, call).await {
+        Ok(answer) => Ok(answer?.into_inner().status == Status::Serving as i32),
+        Err(_) => Err(tonic::Status::deadline_exceeded(format!(
+            "no health answer within {} ms",
+            timeout.as_millis()
+        ))),
+    }
 }
 
 /// Resolves on SIGINT (Ctrl-C) or SIGTERM.
