@@ -2,6 +2,10 @@
 //! started ahead of time, each running the agent (agent.py) with its stdin/stdout attached,
 //! so a run is one round trip: job in, framed output, result and /output tar back. A container
 //! serves one run and is removed; a replacement is started in the background.
+//!
+//! Refills yield to demand: while runs that missed the pool are being served cold, no
+//! replacement is started (both would queue on the same engine), and at most
+//! `REFILL_PARALLEL` replacements are made at once.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::Read;
@@ -34,6 +38,10 @@ const AGENT: &str = include_str!("agent.py");
 const MAX_FRAME: usize = (1 << 20) + 64;
 /// Time the agent gets beyond the job's timeout and grace to report.
 const AGENT_SLACK: Duration = Duration::from_secs(10);
+/// Warm containers made at once by the refill.
+const REFILL_PARALLEL: usize = 2;
+/// A take waits this long before refilling, so a burst shows its size first.
+const REFILL_DELAY: Duration = Duration::from_millis(50);
 
 type Output = Pin<Box<dyn Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>>;
 
@@ -45,7 +53,20 @@ pub struct Pool {
     /// `ready.len()`, readable without the lock.
     ready_len: AtomicUsize,
     creating: AtomicUsize,
+    /// Runs that fit the pool but found it empty and are being served cold.
+    cold: AtomicUsize,
     closed: AtomicBool,
+}
+
+/// Marks one cold run of a job the pool could have served; refills resume when the last ends.
+pub struct ColdRun(Arc<Pool>);
+
+impl Drop for ColdRun {
+    fn drop(&mut self) {
+        if self.0.cold.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.clone().fill();
+        }
+    }
 }
 
 /// A started container whose agent waits for its one job.
@@ -66,6 +87,7 @@ impl Pool {
             ready: Mutex::new(VecDeque::new()),
             ready_len: AtomicUsize::new(0),
             creating: AtomicUsize::new(0),
+            cold: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
         }
     }
@@ -89,7 +111,10 @@ impl Pool {
             }
             let ready = self.ready_len.load(Ordering::SeqCst);
             let creating = self.creating.load(Ordering::SeqCst);
-            if ready + creating >= self.config.pool_size {
+            if ready + creating >= self.config.pool_size
+                || creating >= REFILL_PARALLEL
+                || self.cold.load(Ordering::SeqCst) > 0
+            {
                 return;
             }
             self.creating.fetch_add(1, Ordering::SeqCst);
@@ -132,8 +157,18 @@ impl Pool {
             self.ready_len.store(ready.len(), Ordering::SeqCst);
             warm
         };
-        self.clone().fill();
+        let pool = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(REFILL_DELAY).await;
+            pool.fill();
+        });
         warm
+    }
+
+    /// Called when a job that fits the pool goes cold: holds refills until it ends.
+    pub fn cold_run(self: &Arc<Self>) -> ColdRun {
+        self.cold.fetch_add(1, Ordering::SeqCst);
+        ColdRun(self.clone())
     }
 
     /// Containers ready now.

@@ -580,3 +580,95 @@ async fn no_isolation_means_no_runner() {
 fn config_auto(work_root: &std::path::Path) -> cairn_sandbox_runner::Config {
     config(BackendChoice::Auto, work_root)
 }
+
+/// A burst larger than the pool: the pool serves what it holds, the rest run cold, and the
+/// refill waits for the cold runs instead of competing with them for the engine; afterwards
+/// the pool is full again and no run container is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_burst_beyond_the_pool_runs_cold_and_the_pool_refills_after() {
+    for backend in backends("burst_beyond_pool").await {
+        if !backend.pool {
+            continue;
+        }
+        let r = TestRunner::start_with(backend, |c| c.pool_size = 2).await;
+        let t0 = std::time::Instant::now();
+        let warm_now = |r: &TestRunner| {
+            let mut client = r.client.clone();
+            async move {
+                client
+                    .get_runner_info(cairn_proto::GetRunnerInfoRequest {})
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .warm_containers
+            }
+        };
+        while warm_now(&r).await < 2 {
+            assert!(t0.elapsed().as_secs() < 60, "pool never filled");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        let pool_labels = [
+            format!("cairn.runner_id={}", r.handle.runner_id()),
+            "cairn.kind=pool".to_string(),
+        ];
+        let before: std::collections::BTreeSet<String> =
+            containers_labelled(&pool_labels).await.into_iter().collect();
+        assert_eq!(before.len(), 2, "{before:?}");
+        let mut calls: futures::stream::FuturesUnordered<_> = (0..6)
+            .map(|i| {
+                let mut client = r.client.clone();
+                async move {
+                    let req = python(&format!("import time; time.sleep(0.5); print({i})"));
+                    (i, client.run(req).await.unwrap().into_inner())
+                }
+            })
+            .collect();
+        // Until the first cold run is done (the 3rd reply; the two warm ones come first), the
+        // other cold runs are still going, so no new pool container may appear.
+        let mut outs = Vec::new();
+        let mut seen = before.clone();
+        while outs.len() < 3 {
+            tokio::select! {
+                done = futures::StreamExt::next(&mut calls) => outs.push(done.unwrap()),
+                () = tokio::time::sleep(std::time::Duration::from_millis(30)) => {
+                    seen.extend(containers_labelled(&pool_labels).await);
+                }
+            }
+        }
+        assert_eq!(
+            seen, before,
+            "a refill started while runs that missed the pool were still running cold"
+        );
+        while let Some(done) = futures::StreamExt::next(&mut calls).await {
+            outs.push(done);
+        }
+        outs.sort_by_key(|(i, _)| *i);
+        let outs: Vec<_> = outs.into_iter().map(|(_, out)| out).collect();
+        let mut warm = 0;
+        for (i, out) in outs.iter().enumerate() {
+            assert_eq!(text(&out.stdout), format!("{i}\n"), "{out:?}");
+            let rj: serde_json::Value = serde_json::from_str(&out.result_json).unwrap();
+            if rj["warm"] == true {
+                warm += 1;
+            }
+        }
+        assert_eq!(
+            warm, 2,
+            "the two warm containers serve two runs; no refill raced the cold ones"
+        );
+        let t0 = std::time::Instant::now();
+        loop {
+            let ready = warm_now(&r).await;
+            let containers = containers_of(r.handle.runner_id()).await.len();
+            if ready == 2 && containers == 2 {
+                break;
+            }
+            assert!(
+                t0.elapsed().as_secs() < 60,
+                "after the burst: {ready} warm, {containers} containers (want 2 and 2)"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        r.stop().await;
+    }
+}

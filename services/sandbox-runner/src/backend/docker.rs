@@ -148,6 +148,8 @@ impl DockerBackend {
                 if let Some(warm) = pool.take().await {
                     return warm.run(job, live, self.config.kill_grace_ms).await;
                 }
+                let _held = pool.cold_run();
+                return self.run_cold(job, live).await;
             }
         }
         self.run_cold(job, live).await

@@ -278,6 +278,11 @@ pub async fn containers_named(needle: &str) -> Vec<String> {
 
 /// Containers labelled with `runner_id`.
 pub async fn containers_of(runner_id: &str) -> Vec<String> {
+    containers_labelled(&[format!("cairn.runner_id={runner_id}")]).await
+}
+
+/// Names of the containers that carry every one of `labels` (`key=value`).
+pub async fn containers_labelled(labels: &[String]) -> Vec<String> {
     let client = bollard::Docker::connect_with_local_defaults()
         .unwrap()
         .negotiate_version()
@@ -285,7 +290,7 @@ pub async fn containers_of(runner_id: &str) -> Vec<String> {
         .unwrap();
     let filters = std::collections::HashMap::from([(
         "label".to_string(),
-        vec![format!("cairn.runner_id={runner_id}")],
+        labels.to_vec(),
     )]);
     let opts = bollard::query_parameters::ListContainersOptionsBuilder::default()
         .all(true)
