@@ -37,6 +37,9 @@ pub struct Needs {
     pub sandbox: bool,
     /// The orchestrator (resumes unfinished runs of the data root when it starts).
     pub orchestrator: bool,
+    /// With `sandbox`: go on without it when it cannot start (built-in modes need none; a
+    /// run that reaches a sandbox node then fails there, saying so).
+    pub sandbox_optional: bool,
 }
 
 /// Services hosted together, plus what must be cleaned up after the server stops.
@@ -200,23 +203,35 @@ pub async fn host_all(data_root: &Path, self_addr: &str, needs: Needs) -> anyhow
             work_root: std::path::absolute(data_root)?.join("sandbox"),
             ..cairn_sandbox_runner::Config::default()
         };
-        let (service, handle) = cairn_sandbox_runner::sandbox_service(config)
-            .await
-            .context("starting the sandbox-runner (it needs a Docker engine or bubblewrap)")?;
-        host.add(service);
-        runner = Some(handle);
+        match cairn_sandbox_runner::sandbox_service(config).await {
+            Ok((service, handle)) => {
+                host.add(service);
+                runner = Some(handle);
+            }
+            Err(e) if needs.sandbox_optional => {
+                tracing::warn!(error = %e, "no sandbox-runner (it needs a Docker engine or bubblewrap); sandbox nodes will fail");
+            }
+            Err(e) => {
+                return Err(anyhow::Error::new(e).context(
+                    "starting the sandbox-runner (it needs a Docker engine or bubblewrap)",
+                ))
+            }
+        }
     }
     let mut orchestrator = None;
     if needs.orchestrator {
+        // The `CAIRN_ORCHESTRATOR_*` environment (e.g. CAIRN_ORCHESTRATOR_LLM_MODEL, the
+        // `[llm]` / `[onebot]` / `[code_delivery]` keys) applies; the addresses are ours.
         let config = cairn_orchestrator::Config {
             store_addr: self_addr.to_owned(),
             ingest_addr: self_addr.to_owned(),
-            sandbox_addrs: if needs.sandbox {
+            sandbox_addrs: if runner.is_some() {
                 vec![self_addr.to_owned()]
             } else {
                 Vec::new()
             },
-            ..cairn_orchestrator::Config::default()
+            ..cairn_orchestrator::Config::load(None)
+                .context("orchestrator settings from CAIRN_ORCHESTRATOR_* variables")?
         };
         let (service, handle) = cairn_orchestrator::orchestrator_service(config)
             .await

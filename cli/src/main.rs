@@ -26,14 +26,60 @@ fn main() -> ExitCode {
         }
     };
     runtime.block_on(async move {
-        let level = match cli.command {
-            cli::Command::Up(_) | cli::Command::Serve(_) => "info",
-            _ => "warn",
+        let (level, service) = match &cli.command {
+            cli::Command::Serve(s) => ("info", serve_name(&s.service)),
+            cli::Command::Up(_) => ("info", "cairn"),
+            _ => ("warn", "cairn"),
         };
-        let _telemetry = cairn_telemetry::init_with_level("cairn", level);
-        match commands::dispatch(cli).await {
+        let _telemetry = cairn_telemetry::init_with_level(service, level);
+        // A client command is one trace: its calls carry this span's context to the services
+        // (servers make a span per call instead).
+        let span = match &cli.command {
+            cli::Command::Serve(_) | cli::Command::Up(_) => tracing::Span::none(),
+            c => tracing::info_span!("cairn", otel.name = %command_name(c), otel.kind = "client"),
+        };
+        let result = tracing::Instrument::instrument(commands::dispatch(cli), span).await;
+        match result {
             Ok(code) => code,
             Err(e) => failure::report(&e),
         }
     })
+}
+
+/// `service.name` of `cairn serve <service>` (OTEL_SERVICE_NAME overrides it).
+fn serve_name(s: &cli::ServeService) -> &'static str {
+    match s {
+        cli::ServeService::ArtifactStore(_) => "cairn-artifact-store",
+        cli::ServeService::Ingest(_) => "cairn-ingest",
+        cli::ServeService::SandboxRunner(_) => "cairn-sandbox-runner",
+        cli::ServeService::Orchestrator(_) => "cairn-orchestrator",
+    }
+}
+
+/// The span name of a client command: `cairn` and its subcommand words, from the parsed
+/// command (`cairn run`, `cairn store put`); never arguments, which may hold paths or ids.
+fn command_name(c: &cli::Command) -> String {
+    let debug = format!("{c:?}");
+    let mut name = String::from("cairn");
+    for part in debug.split('(').take(2) {
+        let word: String = part
+            .chars()
+            .take_while(char::is_ascii_alphanumeric)
+            .collect();
+        if !word.starts_with(|ch: char| ch.is_ascii_uppercase()) || word.ends_with("Args") {
+            break;
+        }
+        name.push(' ');
+        for (i, ch) in word.chars().enumerate() {
+            if ch.is_ascii_uppercase() {
+                if i > 0 {
+                    name.push('-');
+                }
+                name.push(ch.to_ascii_lowercase());
+            } else {
+                name.push(ch);
+            }
+        }
+    }
+    name
 }

@@ -26,6 +26,7 @@ fn needs() -> Needs {
     Needs {
         sandbox: true,
         orchestrator: true,
+        ..Default::default()
     }
 }
 
@@ -50,6 +51,9 @@ pub async fn run(global: &Global, args: RunArgs) -> anyhow::Result<ExitCode> {
     };
     if graph_yaml.is_empty() && args.mode.is_none() {
         anyhow::bail!("give a graph file (cairn run GRAPH.yaml) or a built-in mode (--mode single|self_critique|team --prompt ...)");
+    }
+    if args.graph.is_some() && args.mode.is_some() {
+        anyhow::bail!("give a graph file or --mode, not both (a mode is a built-in graph)");
     }
     let mut vars = HashMap::new();
     for kv in &args.vars {
@@ -93,7 +97,12 @@ pub async fn run(global: &Global, args: RunArgs) -> anyhow::Result<ExitCode> {
             );
         }
     }
-    let services = Services::open(global, needs()).await?;
+    // Built-in modes run no sandbox nodes: they work where neither Docker nor bubblewrap is.
+    let needs = Needs {
+        sandbox_optional: args.mode.is_some(),
+        ..needs()
+    };
+    let services = Services::open(global, needs).await?;
     let mut client = services.orchestrator()?;
     let result = async {
         let info = client

@@ -18,6 +18,7 @@ pub async fn run(global: &Global, args: UpArgs) -> anyhow::Result<ExitCode> {
         embedded::Needs {
             sandbox: true,
             orchestrator: true,
+            ..Default::default()
         },
     )
     .await?;

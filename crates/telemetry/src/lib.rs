@@ -1,133 +1,231 @@
-//! Logs, traces and trace-context propagation for every cairn service (DESIGN.md
-//! "Cross-cutting"). Services call [`init`] once, wrap clients with [`inject_context`] and
-//! servers with [`server_layer`]; nothing else in cairn touches OpenTelemetry directly.
+//! Logs, traces, metrics and trace-context propagation for every cairn service (DESIGN.md
+//! "Cross-cutting"). Services call [`init`] once, wrap clients with [`traced`] and servers with
+//! [`server_layer`], and count what they do through [`metrics`]; nothing else in cairn touches
+//! OpenTelemetry directly.
 //!
-//! Export is configured by the standard `OTEL_*` variables and is off when no OTLP endpoint is
-//! set (`OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`), or when
-//! `OTEL_SDK_DISABLED=true` / `OTEL_TRACES_EXPORTER=none`.
+//! Spans always get W3C ids (logs print them, and calls carry them to the next service);
+//! export is configured by the standard `OTEL_*` variables and is off when no OTLP endpoint is
+//! set (`OTEL_EXPORTER_OTLP_ENDPOINT`, or the signal's own `..._TRACES_ENDPOINT` /
+//! `..._METRICS_ENDPOINT`), for one signal with `OTEL_TRACES_EXPORTER=none` /
+//! `OTEL_METRICS_EXPORTER=none`, and for everything with `OTEL_SDK_DISABLED=true`.
+
+mod logfmt;
+pub mod metrics;
 
 use std::env;
+use std::sync::{Arc, OnceLock};
 
 use opentelemetry::propagation::{Extractor, Injector};
 use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use opentelemetry_sdk::Resource;
 use tower_http::classify::{GrpcErrorsAsFailures, SharedClassifier};
 use tower_http::trace::{DefaultOnFailure, DefaultOnResponse, TraceLayer};
-use tracing::Span;
+use tracing::{Dispatch, Span};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
-/// Keeps the trace exporter alive; flushes and shuts it down when dropped.
-#[must_use = "dropping the guard stops trace export"]
+pub use logfmt::LogFormat;
+
+/// Keeps the exporters alive; flushes and shuts them down when dropped.
+#[must_use = "dropping the guard stops export"]
 pub struct Guard {
-    provider: Option<SdkTracerProvider>,
+    traces: Option<SdkTracerProvider>,
+    metrics: Option<SdkMeterProvider>,
 }
 
 impl Guard {
     /// True when spans are exported over OTLP.
     pub fn exporting(&self) -> bool {
-        self.provider.is_some()
+        self.traces.is_some()
+    }
+
+    /// True when metrics are exported over OTLP.
+    pub fn exporting_metrics(&self) -> bool {
+        self.metrics.is_some()
     }
 }
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        if let Some(provider) = self.provider.take() {
-            // Shutdown blocks while it flushes; never do that on an async worker thread.
-            let _ = std::thread::spawn(move || {
-                let _ = provider.shutdown();
-            })
-            .join();
+        let (traces, metrics) = (self.traces.take(), self.metrics.take());
+        if traces.is_none() && metrics.is_none() {
+            return;
         }
+        // Shutdown blocks while it flushes; never do that on an async worker thread.
+        let _ = std::thread::spawn(move || {
+            if let Some(m) = metrics {
+                let _ = m.shutdown();
+            }
+            if let Some(t) = traces {
+                let _ = t.shutdown();
+            }
+        })
+        .join();
     }
 }
 
-/// Installs the global subscriber: `RUST_LOG`-filtered logs on stderr (JSON when
-/// `CAIRN_LOG_FORMAT=json`) plus, when configured, OTLP trace export. Safe to call more than
-/// once (later calls keep the first subscriber). Must run inside a tokio runtime when OTLP
-/// export is configured.
+/// Installs the global subscriber: `RUST_LOG`-filtered logs on stderr (see [`LogFormat`] for
+/// `CAIRN_LOG_FORMAT`), W3C trace ids on every span (spans at `CAIRN_TRACE_FILTER`, default
+/// `info`, whatever `RUST_LOG` says), and, when configured, OTLP export of traces and metrics.
+/// Safe to call more than once (later calls keep the first subscriber). Must run inside a
+/// tokio runtime when OTLP export is configured.
 pub fn init(service_name: &str) -> Guard {
     init_with_level(service_name, "info")
 }
 
-/// [`init`] with another default level than `info` when `RUST_LOG` is unset (the CLI's
-/// one-shot commands log only warnings).
+/// [`init`] with another default log level than `info` when `RUST_LOG` is unset (the CLI's
+/// one-shot commands log only warnings; their spans are still made and exported).
 pub fn init_with_level(service_name: &str, default_level: &str) -> Guard {
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+    let export = Export::from_env();
+    let resource = resource(service_name);
+    let traces = (!export.sdk_disabled).then(|| tracer_provider(&resource, export.traces));
+    let metrics = export.metrics.then(|| meter_provider(&resource)).flatten();
+    let dispatch = dispatch(
+        LogFormat::from_env(),
+        log_filter(default_level),
+        std::io::stderr,
+        traces.as_ref(),
+    );
+    let installed = dispatch.try_init().is_ok();
+    if !installed {
+        tracing::warn!("a tracing subscriber was already installed; OTLP export not attached");
+        return Guard {
+            traces: None,
+            metrics: None,
+        };
+    }
+    if let Some(m) = &metrics {
+        opentelemetry::global::set_meter_provider(m.clone());
+    }
+    if export.traces && traces.is_some() {
+        tracing::info!(service = service_name, "OTLP trace export on");
+    }
+    if metrics.is_some() {
+        tracing::info!(service = service_name, "OTLP metrics export on");
+    }
+    Guard {
+        traces: traces.filter(|_| export.traces),
+        metrics,
+    }
+}
+
+/// The subscriber [`init`] installs, writing logs to `writer` (exposed for tests and for
+/// embedders that install it themselves): logs filtered by `log_filter`, spans (for ids and
+/// export through `tracer`) by `CAIRN_TRACE_FILTER` (default `info`).
+pub fn dispatch<W>(
+    format: LogFormat,
+    log_filter: EnvFilter,
+    writer: W,
+    tracer: Option<&SdkTracerProvider>,
+) -> Dispatch
+where
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    let slot = Arc::new(OnceLock::new());
+    let fmt = format.layer(writer, slot.clone()).with_filter(log_filter);
+    let otel = tracer.map(|p| {
+        tracing_opentelemetry::layer()
+            .with_tracer(p.tracer("cairn"))
+            .with_filter(trace_filter())
+    });
+    let dispatch = Dispatch::new(tracing_subscriber::registry().with(fmt).with(otel));
+    // The log formatter reads span ids through the dispatch it is part of.
+    let _ = slot.set(dispatch.downgrade());
+    dispatch
+}
+
+fn log_filter(default_level: &str) -> EnvFilter {
+    EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         EnvFilter::new(format!(
             "{default_level},h2=warn,hyper=warn,tower=warn,bollard=warn"
         ))
-    });
-    let fmt = if env::var("CAIRN_LOG_FORMAT").as_deref() == Ok("json") {
-        tracing_subscriber::fmt::layer()
-            .json()
-            .with_writer(std::io::stderr)
-            .boxed()
-    } else {
-        tracing_subscriber::fmt::layer()
-            .compact()
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .with_writer(std::io::stderr)
-            .boxed()
-    };
-    let provider = otlp_enabled()
-        .then(|| build_provider(service_name))
-        .flatten();
-    let otel = provider.as_ref().map(|p| {
-        tracing_opentelemetry::layer()
-            .with_tracer(p.tracer("cairn"))
-            .boxed()
-    });
-    let installed = tracing_subscriber::registry()
-        .with(filter)
-        .with(fmt)
-        .with(otel)
-        .try_init()
-        .is_ok();
-    match &provider {
-        Some(_) if installed => tracing::info!(service = service_name, "OTLP trace export on"),
-        Some(_) => {
-            tracing::warn!("a tracing subscriber was already installed; OTLP export not attached")
+    })
+}
+
+/// Which spans become OpenTelemetry spans: `CAIRN_TRACE_FILTER` (EnvFilter syntax), default
+/// `info` (health checks are DEBUG spans: probes every few seconds would bury the runs).
+fn trace_filter() -> EnvFilter {
+    EnvFilter::try_from_env("CAIRN_TRACE_FILTER")
+        .unwrap_or_else(|_| EnvFilter::new("info,h2=off,hyper=off,tower=off"))
+}
+
+/// What the `OTEL_*` variables ask for.
+struct Export {
+    sdk_disabled: bool,
+    traces: bool,
+    metrics: bool,
+}
+
+impl Export {
+    fn from_env() -> Export {
+        let set = |k: &str| env::var(k).map(|v| !v.trim().is_empty()).unwrap_or(false);
+        let none = |k: &str| env::var(k).is_ok_and(|v| v.trim().eq_ignore_ascii_case("none"));
+        let sdk_disabled =
+            env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.trim().eq_ignore_ascii_case("true"));
+        let endpoint = set("OTEL_EXPORTER_OTLP_ENDPOINT");
+        Export {
+            sdk_disabled,
+            traces: !sdk_disabled
+                && !none("OTEL_TRACES_EXPORTER")
+                && (endpoint || set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")),
+            metrics: !sdk_disabled
+                && !none("OTEL_METRICS_EXPORTER")
+                && (endpoint || set("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")),
         }
-        None => {}
-    }
-    Guard {
-        provider: provider.filter(|_| installed),
     }
 }
 
-fn otlp_enabled() -> bool {
-    let set = |k: &str| env::var(k).map(|v| !v.trim().is_empty()).unwrap_or(false);
-    let disabled = env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.eq_ignore_ascii_case("true"))
-        || env::var("OTEL_TRACES_EXPORTER").is_ok_and(|v| v.eq_ignore_ascii_case("none"));
-    !disabled && (set("OTEL_EXPORTER_OTLP_ENDPOINT") || set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+/// `service.name` is `service_name` unless `OTEL_SERVICE_NAME` says otherwise; the builder
+/// also reads `OTEL_RESOURCE_ATTRIBUTES`.
+fn resource(service_name: &str) -> Resource {
+    let mut resource = Resource::builder();
+    if env::var("OTEL_SERVICE_NAME").map_or(true, |v| v.trim().is_empty()) {
+        resource = resource.with_service_name(service_name.to_owned());
+    }
+    resource.build()
 }
 
-fn build_provider(service_name: &str) -> Option<SdkTracerProvider> {
-    let exporter = match opentelemetry_otlp::SpanExporter::builder()
+/// Spans always get ids (for logs and propagation); they are exported only when `export`.
+fn tracer_provider(resource: &Resource, export: bool) -> SdkTracerProvider {
+    let builder = SdkTracerProvider::builder().with_resource(resource.clone());
+    if !export {
+        return builder.build();
+    }
+    match opentelemetry_otlp::SpanExporter::builder()
+        .with_tonic()
+        .build()
+    {
+        Ok(exporter) => builder.with_batch_exporter(exporter).build(),
+        Err(e) => {
+            eprintln!("cairn: OTLP trace exporter not started: {e}");
+            builder.build()
+        }
+    }
+}
+
+/// Metrics are pushed every `OTEL_METRIC_EXPORT_INTERVAL` ms (default 60000) and at shutdown.
+fn meter_provider(resource: &Resource) -> Option<SdkMeterProvider> {
+    let exporter = match opentelemetry_otlp::MetricExporter::builder()
         .with_tonic()
         .build()
     {
         Ok(e) => e,
         Err(e) => {
-            eprintln!("cairn: OTLP exporter not started: {e}");
+            eprintln!("cairn: OTLP metrics exporter not started: {e}");
             return None;
         }
     };
-    // OTEL_SERVICE_NAME, when set, wins over the built-in name.
-    let mut resource = Resource::builder();
-    if env::var("OTEL_SERVICE_NAME").is_err() {
-        resource = resource.with_service_name(service_name.to_owned());
-    }
     Some(
-        SdkTracerProvider::builder()
-            .with_resource(resource.build())
-            .with_batch_exporter(exporter)
+        SdkMeterProvider::builder()
+            .with_resource(resource.clone())
+            .with_reader(PeriodicReader::builder(exporter).build())
             .build(),
     )
 }
@@ -181,6 +279,7 @@ pub fn traced(channel: tonic::transport::Channel) -> TracedChannel {
 }
 
 /// Makes one span per incoming RPC, parented to the caller's `traceparent` when present.
+/// Health checks get DEBUG spans (not exported by default).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct GrpcMakeSpan;
 
@@ -191,14 +290,25 @@ impl<B> tower_http::trace::MakeSpan<B> for GrpcMakeSpan {
             .trim_start_matches('/')
             .split_once('/')
             .unwrap_or((path, ""));
-        let span = tracing::info_span!(
-            "grpc.server",
-            otel.name = %path,
-            otel.kind = "server",
-            rpc.system = "grpc",
-            rpc.service = %service,
-            rpc.method = %method,
-        );
+        let span = if service == "grpc.health.v1.Health" {
+            tracing::debug_span!(
+                "grpc.server",
+                otel.name = %path,
+                otel.kind = "server",
+                rpc.system = "grpc",
+                rpc.service = %service,
+                rpc.method = %method,
+            )
+        } else {
+            tracing::info_span!(
+                "grpc.server",
+                otel.name = %path,
+                otel.kind = "server",
+                rpc.system = "grpc",
+                rpc.service = %service,
+                rpc.method = %method,
+            )
+        };
         let parent = opentelemetry::global::get_text_map_propagator(|p| {
             p.extract(&HeaderExtractor(request.headers()))
         });
@@ -242,4 +352,12 @@ pub fn record_ids(project: &str, run_id: &str, node_id: &str) {
     if !node_id.is_empty() {
         span.set_attribute("cairn.node_id", node_id.to_owned());
     }
+}
+
+/// The W3C trace id of the current span (32 hex digits), if it has one.
+pub fn current_trace_id() -> Option<String> {
+    use opentelemetry::trace::TraceContextExt as _;
+    let cx = Span::current().context();
+    let sc = cx.span().span_context().clone();
+    sc.is_valid().then(|| sc.trace_id().to_string())
 }

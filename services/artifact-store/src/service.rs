@@ -133,6 +133,7 @@ impl ArtifactStore for ArtifactStoreService {
                 .into())
             }
         };
+        cairn_telemetry::record_ids(&header.project_id, &header.run_id, "");
         let spec = PutSpec {
             project_id: header.project_id,
             path: header.path,
@@ -155,6 +156,15 @@ impl ArtifactStore for ArtifactStoreService {
             }
         });
         let written = write::put(&self.store, spec, chunks).await?;
+        match written.outcome {
+            Outcome::Created => {
+                cairn_telemetry::metrics::store_written(written.digest.size_bytes, "created")
+            }
+            Outcome::Overwritten => {
+                cairn_telemetry::metrics::store_written(written.digest.size_bytes, "overwritten")
+            }
+            Outcome::Unchanged => {}
+        }
         Ok(Response::new(PutResponse {
             path: written.path,
             digest: Some(pb::Digest {
@@ -225,6 +235,7 @@ impl ArtifactStore for ArtifactStoreService {
         request: Request<AppendEventsRequest>,
     ) -> Result<Response<AppendEventsResponse>, Status> {
         let r = request.into_inner();
+        cairn_telemetry::record_ids(&r.project_id, &r.run_id, "");
         let events = r
             .events
             .iter()

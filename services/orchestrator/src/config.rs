@@ -6,8 +6,11 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::agents::LlmConfig;
+use crate::code_delivery::config::CodeDeliveryConfig;
 use crate::error::{Error, Result};
 use crate::graph::{ErrorKind, RetrySpec};
+use crate::onebot::OneBotConfig;
 
 /// Environment prefix of overrides.
 pub const ENV_PREFIX: &str = "CAIRN_ORCHESTRATOR_";
@@ -89,8 +92,15 @@ pub struct Config {
     pub store_addr: String,
     /// The ingest service; empty = the ingest hook and `ingest` nodes are off.
     pub ingest_addr: String,
-    /// Sandbox runners, used round-robin; a runner that is Unavailable is skipped for another.
+    /// Sandbox runners: addresses, or DNS names standing for every address they resolve to
+    /// (`dns:///name:port`; a Kubernetes headless Service). Healthy runners get work
+    /// round-robin; an Unavailable one is ejected and the request goes to another
+    /// (src/runners.rs).
     pub sandbox_addrs: Vec<String>,
+    /// Time between grpc.health.v1 checks of each runner (0 = no checks, no ejection).
+    pub sandbox_health_interval_ms: u64,
+    /// Time between resolutions of the DNS names in `sandbox_addrs` (0 = at start-up only).
+    pub sandbox_resolve_interval_ms: u64,
     /// Runs executing at once; more wait in state `created`.
     pub max_parallel_runs: usize,
     /// Nodes of one run executing at once (a graph's `max_parallel` may lower it).
@@ -117,6 +127,39 @@ pub struct Config {
     pub event_linger_ms: u64,
     /// Default retry policy of nodes.
     pub retry: RetryPolicy,
+    /// `[llm]`: OpenAI-compatible providers (timeouts, attempts, API key variable).
+    pub llm: LlmConfig,
+    /// `[onebot]`: the OneBot v11 endpoint of `group` / `private` delivery targets.
+    pub onebot: OneBotConfig,
+    /// `[code_delivery]`: the code delivery agent (seed 003 §8).
+    pub code_delivery: CodeDeliveryConfig,
+    /// Directory of installed tools of `tool_call` nodes (`<dir>/<name>/tool.toml` and its
+    /// program); empty = built-in tools only.
+    pub tools_dir: String,
+    /// `[sandbox.runner.features]`: opt-in uses of the sandbox runners (seed 002 §7).
+    pub sandbox: SandboxSettings,
+}
+
+/// `[sandbox]` (seed 002's `sandbox.runner.*` keys; the runners themselves are `sandbox_addrs`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SandboxSettings {
+    pub runner: SandboxRunnerSettings,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SandboxRunnerSettings {
+    pub features: SandboxFeatures,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SandboxFeatures {
+    /// `sandbox.runner.features.use_for_tools`: installed tools of `tool_call` nodes run on a
+    /// sandbox runner instead of as subprocesses of the orchestrator (seed 002 §7: opt-in; a
+    /// timeout or protocol error fails the node, never falls back).
+    pub use_for_tools: bool,
 }
 
 impl Default for Config {
@@ -126,6 +169,8 @@ impl Default for Config {
             store_addr: "127.0.0.1:50051".into(),
             ingest_addr: String::new(),
             sandbox_addrs: Vec::new(),
+            sandbox_health_interval_ms: 2000,
+            sandbox_resolve_interval_ms: 10_000,
             max_parallel_runs: 16,
             max_parallel_nodes: 8,
             ingest_hook: true,
@@ -136,6 +181,11 @@ impl Default for Config {
             node_timeout_s: 3600,
             event_linger_ms: 5,
             retry: RetryPolicy::default(),
+            llm: LlmConfig::default(),
+            onebot: OneBotConfig::default(),
+            code_delivery: CodeDeliveryConfig::default(),
+            tools_dir: String::new(),
+            sandbox: SandboxSettings::default(),
         }
     }
 }
@@ -169,10 +219,13 @@ impl Config {
     pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
         let mut table = toml::Table::try_from(&*self).map_err(|e| Error::Config(e.to_string()))?;
         set_key(&mut table, key, value).map_err(Error::Config)?;
-        *self = table
+        let next: Config = table
             .try_into()
             .map_err(|e: toml::de::Error| Error::Config(e.to_string()))?;
-        self.check()
+        // A refused value leaves the config as it was.
+        next.check()?;
+        *self = next;
+        Ok(())
     }
 
     pub fn check(&self) -> Result<()> {
@@ -191,23 +244,35 @@ impl Config {
                 "retry.max_attempts must be at least 1".into(),
             ));
         }
+        self.llm.check().map_err(Error::Config)?;
+        self.onebot.check().map_err(Error::Config)?;
+        self.code_delivery.check().map_err(Error::Config)?;
         Ok(())
     }
 }
 
-/// Sets `key` (a Config field, or `retry_<field>` / `retry.<field>`) from text, typed by the
-/// field's default.
+/// Config sections whose keys may be given as `<section>_<field>` (environment variables).
+const SECTIONS: [&str; 4] = ["code_delivery", "retry", "onebot", "llm"];
+
+/// Sets `key` (a Config field, or `<section>_<field>` / `<section>.<field>` of a section) from
+/// text, typed by the field's default.
 fn set_key(table: &mut toml::Table, key: &str, value: &str) -> std::result::Result<(), String> {
     let defaults = toml::Table::try_from(Config::default()).map_err(|e| e.to_string())?;
     let key = key.replace('-', "_");
+    if let Some(path) = deep_key(&defaults, &key) {
+        return set_deep(table, &defaults, &path, value);
+    }
     let (section, field) = match key.split_once('.') {
         Some((s, f)) => (Some(s.to_owned()), f.to_owned()),
-        None => match key.strip_prefix("retry_") {
-            Some(f) if defaults.get("retry").and_then(|r| r.get(f)).is_some() => {
-                (Some("retry".into()), f.to_owned())
-            }
-            _ => (None, key.clone()),
-        },
+        None if defaults.contains_key(&key) => (None, key.clone()),
+        None => SECTIONS
+            .iter()
+            .find_map(|s| {
+                let f = key.strip_prefix(s)?.strip_prefix('_')?;
+                defaults.get(*s)?.get(f)?;
+                Some((Some((*s).to_owned()), f.to_owned()))
+            })
+            .unwrap_or((None, key.clone())),
     };
     let template = match &section {
         Some(s) => defaults.get(s).and_then(|t| t.get(&field)),
@@ -216,7 +281,29 @@ fn set_key(table: &mut toml::Table, key: &str, value: &str) -> std::result::Resu
     let Some(template) = template else {
         return Err(format!("unknown key `{key}`"));
     };
-    let parsed = match template {
+    let parsed = parse_like(template, value)?;
+    match section {
+        Some(s) => {
+            let entry = table
+                .entry(s)
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            match entry {
+                toml::Value::Table(t) => {
+                    t.insert(field, parsed);
+                }
+                _ => return Err("not a table".into()),
+            }
+        }
+        None => {
+            table.insert(field, parsed);
+        }
+    }
+    Ok(())
+}
+
+/// `value` parsed as the type of `template` (the field's default).
+fn parse_like(template: &toml::Value, value: &str) -> std::result::Result<toml::Value, String> {
+    Ok(match template {
         toml::Value::Boolean(_) => toml::Value::Boolean(match value.trim() {
             "1" | "true" | "yes" | "on" => true,
             "0" | "false" | "no" | "off" => false,
@@ -243,29 +330,97 @@ fn set_key(table: &mut toml::Table, key: &str, value: &str) -> std::result::Resu
                 .collect(),
         ),
         _ => toml::Value::String(value.to_owned()),
-    };
-    match section {
-        Some(s) => {
-            let entry = table
-                .entry(s)
-                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-            match entry {
-                toml::Value::Table(t) => {
-                    t.insert(field, parsed);
-                }
-                _ => return Err("not a table".into()),
+    })
+}
+
+/// A key nested deeper than one section (`sandbox.runner.features.use_for_tools`, or the same
+/// with `_` as environment variables write it): its path, if the defaults have that leaf.
+fn deep_key(defaults: &toml::Table, key: &str) -> Option<Vec<String>> {
+    fn leaves(t: &toml::Table, path: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
+        for (k, v) in t {
+            path.push(k.clone());
+            match v {
+                toml::Value::Table(sub) => leaves(sub, path, out),
+                _ if path.len() >= 3 => out.push(path.clone()),
+                _ => {}
             }
-        }
-        None => {
-            table.insert(field, parsed);
+            path.pop();
         }
     }
+    let mut all = Vec::new();
+    leaves(defaults, &mut Vec::new(), &mut all);
+    all.into_iter()
+        .find(|p| p.join(".") == key || p.join("_") == key)
+}
+
+fn set_deep(
+    table: &mut toml::Table,
+    defaults: &toml::Table,
+    path: &[String],
+    value: &str,
+) -> std::result::Result<(), String> {
+    let (leaf, parents) = path.split_last().ok_or("empty key")?;
+    let mut template = defaults;
+    let mut target = table;
+    for p in parents {
+        template = template
+            .get(p)
+            .and_then(toml::Value::as_table)
+            .ok_or_else(|| format!("unknown key `{}`", path.join(".")))?;
+        let entry = target
+            .entry(p.clone())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        target = entry
+            .as_table_mut()
+            .ok_or_else(|| format!("`{p}` is not a table"))?;
+    }
+    let t = template
+        .get(leaf)
+        .ok_or_else(|| format!("unknown key `{}`", path.join(".")))?;
+    target.insert(leaf.clone(), parse_like(t, value)?);
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_seed_key_use_for_tools_maps_to_sandbox_runner_features() {
+        let mut c = Config::default();
+        assert!(!c.sandbox.runner.features.use_for_tools);
+        c.set("sandbox.runner.features.use_for_tools", "true")
+            .unwrap();
+        assert!(c.sandbox.runner.features.use_for_tools);
+        // The environment spelling (CAIRN_ORCHESTRATOR_SANDBOX_RUNNER_FEATURES_USE_FOR_TOOLS).
+        c.set("sandbox_runner_features_use_for_tools", "off")
+            .unwrap();
+        assert!(!c.sandbox.runner.features.use_for_tools);
+        assert!(c.set("sandbox.runner.features.nope", "1").is_err());
+        assert!(c
+            .set("sandbox.runner.features.use_for_tools", "maybe")
+            .is_err());
+        c.set("tools_dir", "/opt/cairn/tools").unwrap();
+        assert_eq!(c.tools_dir, "/opt/cairn/tools");
+        // Other keys are untouched by the nested lookup.
+        c.set("sandbox_addrs", "a:1").unwrap();
+        assert_eq!(c.sandbox_addrs, vec!["a:1"]);
+
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("orchestrator.toml");
+        // The seed's key, verbatim, as a TOML dotted key.
+        std::fs::write(&file, "sandbox.runner.features.use_for_tools = true\n").unwrap();
+        assert!(
+            Config::load(Some(&file))
+                .unwrap()
+                .sandbox
+                .runner
+                .features
+                .use_for_tools
+        );
+        std::fs::write(&file, "[sandbox.runner.features]\nuse_for_tool = true\n").unwrap();
+        assert!(Config::load(Some(&file)).is_err());
+    }
 
     #[test]
     fn overrides_by_key() {
@@ -285,6 +440,48 @@ mod tests {
             .contains("unknown key"));
         assert!(c.set("max_parallel_runs", "many").is_err());
         assert!(c.set("max_parallel_runs", "0").is_err());
+    }
+
+    #[test]
+    fn sections_by_key_and_file() {
+        let mut c = Config::default();
+        c.set("llm_model", "qwen").unwrap();
+        c.set("llm.max_attempts", "3").unwrap();
+        c.set("llm_base_dir", "/cassettes").unwrap();
+        c.set("onebot_api_base", "http://127.0.0.1:3000").unwrap();
+        c.set("code_delivery_llm_max_retries_per_request", "4")
+            .unwrap();
+        c.set("code_delivery.default_archive_format", "tar.gz")
+            .unwrap();
+        assert_eq!(c.llm.model, "qwen");
+        assert_eq!(c.llm.max_attempts, 3);
+        assert_eq!(c.llm_base_dir, "/cassettes");
+        assert_eq!(c.onebot.api_base, "http://127.0.0.1:3000");
+        assert_eq!(c.code_delivery.llm_max_retries_per_request, 4);
+        assert_eq!(
+            c.code_delivery.default_archive_format,
+            crate::code_delivery::ArchiveFormat::TarGz
+        );
+        let err = c.set("llm.max_attempts", "0").unwrap_err().to_string();
+        assert!(err.contains("llm.max_attempts"), "{err}");
+        assert_eq!(c.llm.max_attempts, 3, "a refused value changes nothing");
+        let err = c.set("onebot.api_base", "ftp://x").unwrap_err().to_string();
+        assert!(err.contains("onebot.api_base"), "{err}");
+
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("orchestrator.toml");
+        std::fs::write(
+            &file,
+            "[llm]\nmodel = \"m\"\nstream = true\n[onebot]\napi_base = \"http://127.0.0.1:5700\"\n[code_delivery]\nenabled = false\n",
+        )
+        .unwrap();
+        let c = Config::load(Some(&file)).unwrap();
+        assert_eq!(c.llm.model, "m");
+        assert!(c.llm.stream);
+        assert_eq!(c.onebot.api_base, "http://127.0.0.1:5700");
+        assert!(!c.code_delivery.enabled);
+        std::fs::write(&file, "[llm]\nnope = 1\n").unwrap();
+        assert!(Config::load(Some(&file)).is_err());
     }
 
     #[test]

@@ -1,6 +1,6 @@
-//! Delivery targets of `deliver` nodes. This issue ships `local_dir` (a directory inside the
-//! project, written through the store); OneBot group/private uploads join as further
-//! `DeliveryTarget` implementations (issue 6, seed 003 §7.3).
+//! Delivery targets of `deliver` nodes: `local_dir` (a directory inside the project, written
+//! through the store) and OneBot v11 chats, `group` / `private` (onebot.rs, seed 003 §7.3;
+//! endpoint and token from the `[onebot]` config section).
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
@@ -11,14 +11,16 @@ use crate::nodes::{NodeError, Scope};
 use crate::store::{PutOptions, Store};
 
 /// What a delivery did.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Receipt {
-    /// Target type (`local_dir`).
+    /// Target type (`local_dir`, `group`, `private`).
     pub target: String,
-    /// Where the files went (a project directory, a chat id ...).
+    /// Where the files went (a project directory, `group:<id>` ...).
     pub location: String,
     /// What was delivered there.
     pub delivered: Vec<String>,
+    /// Per-file receipts of chat targets (how each file went: uploaded or sent as a message).
+    pub uploads: Vec<crate::onebot::UploadReceipt>,
 }
 
 /// The run on whose behalf a delivery happens.
@@ -64,14 +66,20 @@ pub fn check_target(t: &Target) -> Result<(), String> {
             }
             Ok(())
         }
+        "group" | "private" => crate::onebot::check_target(t),
         other => Err(format!(
-            "delivery target type `{other}` is not available in this build; supported: local_dir"
+            "delivery target type `{other}` is not known; supported: local_dir, group, private"
         )),
     }
 }
 
-/// The target a node's (checked) spec names, its templates rendered.
-pub fn target_for(t: &Target, scope: &Scope) -> Result<Box<dyn DeliveryTarget>, NodeError> {
+/// The target a node's (checked) spec names, its templates rendered; chat targets use the
+/// `[onebot]` section.
+pub fn target_for(
+    t: &Target,
+    scope: &Scope,
+    onebot: &crate::onebot::OneBotConfig,
+) -> Result<Box<dyn DeliveryTarget>, NodeError> {
     match t.kind.as_str() {
         "local_dir" => {
             let raw = t
@@ -88,6 +96,7 @@ pub fn target_for(t: &Target, scope: &Scope) -> Result<Box<dyn DeliveryTarget>, 
                 .map_err(|rej| NodeError::refused(format!("target.path `{dir}`: {rej}")))?;
             Ok(Box::new(LocalDir { dir }))
         }
+        "group" | "private" => Ok(Box::new(crate::onebot::target_for(t, scope, onebot)?)),
         other => Err(NodeError::refused(format!(
             "delivery target type `{other}` is not available"
         ))),
@@ -143,6 +152,7 @@ impl DeliveryTarget for LocalDir {
                 target: self.kind().into(),
                 location: self.dir.clone(),
                 delivered,
+                uploads: Vec::new(),
             })
         })
     }

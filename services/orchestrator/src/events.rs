@@ -36,6 +36,11 @@ pub const CONTEXT_EDITED: &str = "context.edited";
 pub const AGENT_STARTED: &str = "agent.started";
 pub const AGENT_COMPLETED: &str = "agent.completed";
 pub const AGENT_FAILED: &str = "agent.failed";
+/// One attempt of one LLM request (the `agents::Attempt` fields: attempt, max_attempts,
+/// endpoint, elapsed_ms, outcome, and on failure kind/status/message/will_retry/retry_in_ms).
+pub const LLM_ATTEMPT: &str = "llm.attempt";
+/// An external agent's turn ended asking a human (seed 001 §2.1.1 state `awaiting`).
+pub const AGENT_AWAITING: &str = "agent.awaiting";
 
 // seed 002 §4.2
 pub const SANDBOX_START: &str = "sandbox_start";

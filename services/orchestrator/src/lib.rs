@@ -5,6 +5,7 @@
 //! Embedding (`cairn up`): [`orchestrator_service`] returns the tonic server and a [`Handle`];
 //! standalone: [`serve`].
 
+pub mod adapters;
 pub mod agents;
 mod args;
 pub mod code_delivery;
@@ -16,8 +17,10 @@ pub mod events;
 pub mod gates;
 pub mod graph;
 pub mod human;
+pub mod modes;
 pub mod nodes;
 pub mod onebot;
+pub mod phases;
 pub mod recorder;
 pub mod run;
 pub mod rundir;
@@ -82,18 +85,27 @@ pub async fn orchestrator_service(
                 .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES),
         )
     };
-    let runners = runners::Runners::connect(&config.sandbox_addrs)?;
+    let balancing = runners::Balancing {
+        health_interval: std::time::Duration::from_millis(config.sandbox_health_interval_ms),
+        resolve_interval: std::time::Duration::from_millis(config.sandbox_resolve_interval_ms),
+    };
+    let runners = runners::Runners::start(&config.sandbox_addrs, balancing).await?;
     let resume = config.resume_on_start;
     let backends = Arc::new(nodes::Backends {
         store,
         ingest,
         runners,
-        providers: agents::Providers::default(),
+        providers: agents::Providers::new(config.llm.clone()),
         config,
     });
     let runs = runs::Runs::new(backends);
     if resume {
-        tokio::spawn(runs.clone().resume_unfinished());
+        // Its own trace: resumed runs start new traces (docs/operations.md "Tracing").
+        let span = tracing::info_span!("cairn.resume_unfinished");
+        tokio::spawn(tracing::Instrument::instrument(
+            runs.clone().resume_unfinished(),
+            span,
+        ));
     }
     let server = OrchestratorServer::new(OrchestratorService::new(runs.clone()))
         .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES)

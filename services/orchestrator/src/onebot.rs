@@ -662,6 +662,7 @@ impl DeliveryTarget for OneBotTarget {
     ) -> BoxFuture<'a, Result<Receipt, NodeError>> {
         Box::pin(async move {
             let mut delivered = Vec::new();
+            let mut uploads = Vec::new();
             for f in files {
                 let bytes = ctx
                     .store
@@ -686,11 +687,13 @@ impl DeliveryTarget for OneBotTarget {
                     )));
                 }
                 delivered.push(f.clone());
+                uploads.push(receipt);
             }
             Ok(Receipt {
                 target: self.kind().into(),
                 location: self.chat.to_string(),
                 delivered,
+                uploads,
             })
         })
     }

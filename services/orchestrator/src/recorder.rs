@@ -85,7 +85,8 @@ impl Recorder {
             kick: kick.clone(),
             linger,
         };
-        tokio::spawn(task.run(rx));
+        // In the run's span: the event appends belong to the run's trace.
+        tokio::spawn(tracing::Instrument::in_current_span(task.run(rx)));
         Recorder {
             tx,
             queued: Default::default(),

@@ -290,13 +290,16 @@ impl RunState {
                 skip_reason: None,
                 outputs: Value::Null,
                 items: None,
-                gate: matches!(n.kind, NodeKind::Gate(_)).then(|| GateRecord {
-                    state: GateState::Open,
-                    reason: None,
-                    decided_by: None,
-                    decided_at: None,
-                    note: None,
-                    note_ref: None,
+                // External agents ask a human mid-way: their approvals are the node's gate.
+                gate: matches!(n.kind, NodeKind::Gate(_) | NodeKind::ExternalAgent(_)).then(|| {
+                    GateRecord {
+                        state: GateState::Open,
+                        reason: None,
+                        decided_by: None,
+                        decided_at: None,
+                        note: None,
+                        note_ref: None,
+                    }
                 }),
             })
             .collect();
@@ -438,6 +441,10 @@ impl RunState {
             }
             ev::GATE_APPROVED | ev::GATE_REJECTED => {
                 if let Some(n) = self.node_mut(e.node) {
+                    // A node that blocked mid-way (external agent) runs again after a decision.
+                    if n.kind != "gate" && n.state == NodeState::Blocked {
+                        n.state = NodeState::Pending;
+                    }
                     if let Some(g) = &mut n.gate {
                         g.state = if e.kind == ev::GATE_APPROVED {
                             GateState::Approved
@@ -492,12 +499,12 @@ impl RunState {
                 }
             }
             ev::HUMAN_NOTE => self.notes += 1,
-            ev::AGENT_STARTED | ev::AGENT_COMPLETED | ev::AGENT_FAILED => {
+            ev::AGENT_STARTED | ev::AGENT_COMPLETED | ev::AGENT_FAILED | ev::AGENT_AWAITING => {
                 let instance = text(d, "agent_instance").unwrap_or_else(|| e.node.to_owned());
-                let state = if e.kind == ev::AGENT_STARTED {
-                    "working"
-                } else {
-                    "dormant"
+                let state = match e.kind {
+                    ev::AGENT_STARTED => "working",
+                    ev::AGENT_AWAITING => "awaiting",
+                    _ => "dormant",
                 };
                 match self.roster.iter_mut().find(|r| r.instance == instance) {
                     Some(r) => r.state = state.into(),

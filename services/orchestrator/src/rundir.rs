@@ -444,7 +444,10 @@ impl Snapshots {
     pub fn start(store: Store, project: String, recorder: Recorder) -> Snapshots {
         let (tx, rx) = watch::channel::<Option<Arc<Snapshot>>>(None);
         let (wtx, wrx) = watch::channel(0u64);
-        tokio::spawn(write_loop(store, project, recorder, rx, wtx));
+        // In the run's span: the snapshot writes belong to the run's trace.
+        tokio::spawn(tracing::Instrument::in_current_span(write_loop(
+            store, project, recorder, rx, wtx,
+        )));
         Snapshots {
             tx,
             written: wrx,

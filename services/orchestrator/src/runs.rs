@@ -123,27 +123,33 @@ impl Runs {
             req.run_id.clone()
         };
         check_id("run_id", &run_id)?;
-        if !req.mode.is_empty() {
+        // A built-in mode (modes.rs) is an embedded graph with the prompt as vars.prompt.
+        let (graph_yaml, vars, mode_title) = if req.mode.trim().is_empty() {
+            let mut vars = req.vars.clone();
+            if !req.prompt.is_empty() {
+                vars.entry("prompt".into())
+                    .or_insert_with(|| req.prompt.clone());
+            }
+            (req.graph_yaml.as_str(), vars, None)
+        } else {
+            let b = crate::modes::builtin(&req.mode, &req.prompt, &req.graph_yaml, &req.vars)?;
+            (b.graph_yaml, b.vars, Some(b.title))
+        };
+        if graph_yaml.trim().is_empty() {
             return Err(Error::InvalidArgument(format!(
-                "built-in graph mode `{}` is not available in this build yet; submit graph_yaml",
-                req.mode
+                "graph_yaml is empty: send the graph (docs/graphs.md) or a built-in mode ({})",
+                crate::modes::names()
             )));
         }
-        if req.graph_yaml.trim().is_empty() {
-            return Err(Error::InvalidArgument(
-                "graph_yaml is empty: send the graph (docs/graphs.md)".into(),
-            ));
-        }
-        let mut vars = req.vars.clone();
-        if !req.prompt.is_empty() {
-            vars.entry("prompt".into())
-                .or_insert_with(|| req.prompt.clone());
-        }
-        let mut graph = Graph::from_yaml(&req.graph_yaml, &run_id, &vars)?;
+        let mut graph = Graph::from_yaml(graph_yaml, &run_id, &vars)?;
         if !req.title.is_empty() {
             graph.title = req.title.clone();
+        } else if let Some(t) = mode_title {
+            graph.title = t;
         }
         let base_dir = self.base_dir(&req.base_dir);
+        // seed 004: schema, limits and prompt files are read now and kept in the graph.
+        crate::phases::prepare(&mut graph, &base_dir)?;
         let llm = self.check_resources(&graph, &req.llm, &base_dir)?;
         let graph = Arc::new(graph);
         let project = req.project_id.clone();
@@ -162,13 +168,17 @@ impl Runs {
             return Err(e);
         }
 
-        let recorder = Recorder::start(
-            store.clone(),
-            project.clone(),
-            run_id.clone(),
-            0,
-            self.linger(),
-        );
+        // The run's span: its recorder, snapshot writer, driver and nodes live under it.
+        let span = run_span(&project, &run_id, false);
+        let recorder = span.in_scope(|| {
+            Recorder::start(
+                store.clone(),
+                project.clone(),
+                run_id.clone(),
+                0,
+                self.linger(),
+            )
+        });
         let mut state = RunState::new(&project, &graph);
         let by = if req.by.is_empty() {
             "user".to_owned()
@@ -204,7 +214,8 @@ impl Runs {
             return Err(e);
         }
         let info = state.to_info(dir.root());
-        self.launch(graph, state, recorder, base_dir, None, None, cmd_rx)?;
+        span.in_scope(|| self.launch(graph, state, recorder, base_dir, None, None, cmd_rx))?;
+        cairn_telemetry::metrics::run_entered(TaskState::Created.as_str());
         Ok(info)
     }
 
@@ -266,6 +277,44 @@ impl Runs {
         if kinds(&|k| matches!(k, NodeKind::SandboxRun(_))) && self.b.runners.is_empty() {
             return Err(Error::FailedPrecondition(
                 "the graph has sandbox_run nodes but this orchestrator has no sandbox runner (set sandbox_addrs)".into(),
+            ));
+        }
+        // Installed tools exist now (a run never fails on a tool that was never there).
+        let mut installed = false;
+        for n in &graph.nodes {
+            let kind = match &n.kind {
+                NodeKind::Map(m) => &m.node.kind,
+                k => k,
+            };
+            if let NodeKind::ToolCall(t) = kind {
+                if !crate::tools::is_builtin(&t.tool) {
+                    installed = true;
+                    let tool = crate::tools::manifest::load(
+                        &self.b.config.tools_dir,
+                        &t.tool,
+                        &crate::tools::builtin_names().join(", "),
+                    )
+                    .map_err(|e| Error::InvalidArgument(format!("node `{}`: {e}", n.id)))?;
+                    if let Some(a) = tool.manifest.args.iter().find(|a| !t.args.contains_key(*a)) {
+                        return Err(Error::InvalidArgument(format!(
+                            "node `{}`: tool `{}` needs argument `{a}`",
+                            n.id, t.tool
+                        )));
+                    }
+                }
+            }
+        }
+        if installed
+            && self.b.config.sandbox.runner.features.use_for_tools
+            && self.b.runners.is_empty()
+        {
+            return Err(Error::FailedPrecondition(
+                "sandbox.runner.features.use_for_tools is on but this orchestrator has no sandbox runner (set sandbox_addrs, or turn the feature off)".into(),
+            ));
+        }
+        if kinds(&|k| matches!(k, NodeKind::ExternalAgent(_))) && self.b.runners.is_empty() {
+            return Err(Error::FailedPrecondition(
+                "the graph has external_agent nodes, which run in a sandbox session, but this orchestrator has no sandbox runner (set sandbox_addrs)".into(),
             ));
         }
         Ok(resolved)
@@ -490,14 +539,17 @@ impl Runs {
             // Someone else brought it to life meanwhile: use theirs.
             return Box::pin(self.ensure_live(project, run_id, &by, reason, initial)).await;
         };
-        let recorder = Recorder::start(
-            self.b.store.clone(),
-            project.to_owned(),
-            run_id.to_owned(),
-            state.last_seq,
-            self.linger(),
-        );
-        self.launch(graph, state, recorder, base_dir, resume, initial, cmds)?;
+        let span = run_span(project, run_id, true);
+        let recorder = span.in_scope(|| {
+            Recorder::start(
+                self.b.store.clone(),
+                project.to_owned(),
+                run_id.to_owned(),
+                state.last_seq,
+                self.linger(),
+            )
+        });
+        span.in_scope(|| self.launch(graph, state, recorder, base_dir, resume, initial, cmds))?;
         self.live_cmd(project, run_id)
             .ok_or_else(|| Error::Internal("run did not start".into()))
     }
@@ -1013,4 +1065,29 @@ impl Runs {
             let _ = tokio::time::timeout(Duration::from_secs(30), j).await;
         }
     }
+}
+
+/// The span of one life of a run: its driver, recorder, snapshots and node tasks run in it,
+/// so every call they make joins its trace. A submitted run continues the submitter's trace; a
+/// run brought back to life (resume, rework or gate decision of a run with no driver, start-up
+/// resume) starts a new trace, linked to the span that brought it back.
+fn run_span(project: &str, run_id: &str, resumed: bool) -> tracing::Span {
+    if !resumed {
+        return tracing::info_span!(
+            "cairn.run",
+            otel.name = "run",
+            cairn.project = %project,
+            cairn.run_id = %run_id,
+        );
+    }
+    let span = tracing::info_span!(
+        parent: None,
+        "cairn.run",
+        otel.name = "run",
+        cairn.project = %project,
+        cairn.run_id = %run_id,
+        cairn.resumed = true,
+    );
+    span.follows_from(tracing::Span::current());
+    span
 }

@@ -135,10 +135,11 @@ pub fn launch(l: Launch) -> tokio::task::JoinHandle<()> {
     let on_exit = l.on_exit;
     let resume = l.resume;
     let initial = l.initial;
-    tokio::spawn(async move {
+    // In the run's span (runs.rs `run_span`): node spans are its children.
+    tokio::spawn(tracing::Instrument::in_current_span(async move {
         driver.run(resume, initial).await;
         on_exit();
-    })
+    }))
 }
 
 struct Running {
@@ -209,6 +210,9 @@ impl Driver {
         self.state.apply(&EventView::live(&e, &ts));
         self.rec.push(&e);
         self.dirty = true;
+        if self.state.state != before.0 {
+            cairn_telemetry::metrics::run_entered(self.state.state.as_str());
+        }
         if (self.state.state, self.state.blocked_gates().count()) != before {
             self.state_changed = true;
         }
@@ -831,6 +835,17 @@ impl Driver {
             }
             _ => Duration::from_secs(job.node.timeout_s.unwrap_or(self.b.config.node_timeout_s)),
         };
+        let kind = job.node.kind.type_name();
+        // One span per attempt, a child of the run's span: the node's calls join the trace.
+        let span = tracing::info_span!(
+            "cairn.node",
+            otel.name = %format!("node {}", job.id),
+            cairn.project = %self.state.project,
+            cairn.run_id = %self.state.run_id,
+            cairn.node_id = %job.id,
+            cairn.node.kind = kind,
+            cairn.attempt = attempt,
+        );
         let mut ctx = NodeCtx {
             backends: self.b.clone(),
             project: self.state.project.clone(),
@@ -844,10 +859,12 @@ impl Driver {
             progress: Progress(self.tasks_tx.clone()),
             llm: self.state.llm.clone(),
             base_dir: self.base_dir.clone(),
+            gate: self.state.node(&job.id).and_then(|r| r.gate.clone()),
         };
         let tx = self.tasks_tx.clone();
         let token = cancel.clone();
-        tokio::spawn(async move {
+        let work = async move {
+            let started = Instant::now();
             let work = async {
                 match tokio::time::timeout(deadline, nodes::execute(&mut ctx)).await {
                     Ok(r) => r,
@@ -860,12 +877,20 @@ impl Driver {
                     )),
                 }
             };
-            let result = tokio::select! {
-                r = work => r,
-                _ = token.cancelled() => Err(NodeError::new(ErrorKind::Refused, "canceled")),
+            let (result, outcome) = tokio::select! {
+                r = work => {
+                    let outcome = match &r {
+                        Ok(_) => "succeeded",
+                        Err(e) => e.kind.as_str(),
+                    };
+                    (r, outcome)
+                }
+                _ = token.cancelled() => (Err(NodeError::new(ErrorKind::Refused, "canceled")), "canceled"),
             };
+            cairn_telemetry::metrics::node_finished(kind, outcome, started.elapsed());
             let _ = tx.send(TaskMsg::Done { task, result });
-        });
+        };
+        tokio::spawn(tracing::Instrument::instrument(work, span));
         self.task_ids.insert(task, job.id.clone());
         if !job.item {
             self.running_nodes += 1;
@@ -921,6 +946,15 @@ impl Driver {
             Ok(success) => {
                 for e in success.events {
                     self.emit(e);
+                }
+                if self.state.node(&id).map(|r| r.state) == Some(NodeState::Blocked) {
+                    // The attempt ended at the node's own gate (an external agent asked for
+                    // approval): the run waits; a decision starts the node again.
+                    self.must_flush_to = self.rec.queued();
+                    if self.state.state != TaskState::InputRequired {
+                        self.emit(Ev::run(ev::TASK_INPUT_REQUIRED).with("gate_id", id.as_str()));
+                    }
+                    return;
                 }
                 self.emit(
                     Ev::new(ev::NODE_COMPLETED, &id)
@@ -1198,11 +1232,24 @@ impl Driver {
         let by = if by.is_empty() { "human" } else { by };
         self.emit(gates::decision_event(d, gate, by, note, note_ref));
         let decided_at = now();
-        let on_reject = match self.graph.node(gate).map(|n| &n.kind) {
-            Some(NodeKind::Gate(g)) => g.on_reject,
-            _ => crate::graph::OnReject::Fail,
+        let (on_reject, resumes) = match self.graph.node(gate).map(|n| &n.kind) {
+            Some(NodeKind::Gate(g)) => (g.on_reject, false),
+            Some(NodeKind::ExternalAgent(x)) => (x.on_reject, true),
+            _ => (crate::graph::OnReject::Fail, false),
         };
         match (d, on_reject) {
+            _ if resumes => {
+                // The node asked mid-way: whatever the decision, it runs again and acts on it
+                // (resumes its agent, or ends it and fails on a rejection); the fold of the
+                // decision made it pending. A fresh retry budget for that phase.
+                self.tries.remove(gate);
+                if self.state.blocked_gates().next().is_none() && self.failing.is_none() {
+                    self.emit(Ev::run(ev::TASK_WORKING).with("by", by));
+                }
+                if let Some(i) = self.graph.position(gate) {
+                    self.consider(i);
+                }
+            }
             (Decision::Approve, _) | (Decision::Reject, crate::graph::OnReject::Continue) => {
                 let approved = d == Decision::Approve;
                 self.emit(Ev::new(ev::NODE_COMPLETED, gate).with(

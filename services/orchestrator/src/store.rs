@@ -7,7 +7,8 @@ use cairn_proto::v1::artifact_store_client::ArtifactStoreClient;
 use cairn_proto::v1::{
     get_response, put_request, AppendEventsRequest, AppendEventsResponse, CreateProjectRequest,
     Event, EventInput, FileInfo, GetRequest, ListProjectsRequest, ListRequest, PageRequest,
-    PutHeader, PutRequest, PutResponse, ReadEventsRequest, StatRequest,
+    PutHeader, PutRequest, PutResponse, ReadEventsRequest, StatRequest, UpdateJsonRequest,
+    UpdateJsonResponse,
 };
 use cairn_telemetry::TracedChannel;
 use tonic::{Code, Status};
@@ -199,6 +200,20 @@ impl Store {
         }
     }
 
+    /// Removes a file; Ok(false) when nothing was there. With `run_id` the store records the
+    /// deletion in that run's events.
+    pub async fn delete(&self, project: &str, path: &str, run_id: &str) -> Result<bool, Status> {
+        self.client
+            .clone()
+            .delete(cairn_proto::v1::DeleteRequest {
+                project_id: project.to_owned(),
+                path: path.to_owned(),
+                run_id: run_id.to_owned(),
+            })
+            .await
+            .map(|r| r.into_inner().deleted)
+    }
+
     pub async fn append_events(
         &self,
         project: &str,
@@ -213,6 +228,32 @@ impl Store {
         self.client
             .clone()
             .append_events(req)
+            .await
+            .map(|r| r.into_inner())
+    }
+
+    /// Updates a versioned JSON document (seed 004 §6.4): `expected_version` is the
+    /// `write_version` read (0 = absent); a conflict is Aborted unless `merge` is MAX.
+    pub async fn update_json(
+        &self,
+        project: &str,
+        path: &str,
+        expected_version: u64,
+        patch: &serde_json::Value,
+        merge: cairn_proto::v1::MergePolicy,
+        run_id: &str,
+    ) -> Result<UpdateJsonResponse, Status> {
+        let req = UpdateJsonRequest {
+            project_id: project.to_owned(),
+            path: path.to_owned(),
+            expected_version,
+            patch_json: patch.to_string(),
+            merge: merge as i32,
+            run_id: run_id.to_owned(),
+        };
+        self.client
+            .clone()
+            .update_json(req)
             .await
             .map(|r| r.into_inner())
     }

@@ -1,6 +1,15 @@
-//! The built-in tools of `tool_call` nodes. They read the project through the store (never
-//! the host filesystem) and have fixed, documented outputs, so references to them are checked
-//! at submit time. Tools that change things are node types of their own (write_file, ...).
+//! The tools of `tool_call` nodes. Built-in tools (this file) read the project through the
+//! store (never the host filesystem) and have fixed, documented outputs, so references to them
+//! are checked at submit time. Installed tools (`<tools_dir>/<name>/tool.toml`, installed.rs)
+//! are programs run as subprocesses (legacy backend, host.rs) or on a sandbox runner
+//! (`sandbox.runner.features.use_for_tools`, sandboxed.rs), with the same fixed outputs.
+//! Tools that change things are node types of their own (write_file, ...) or installed tools
+//! that write through their `output_prefix`.
+
+pub mod host;
+pub mod installed;
+pub mod manifest;
+pub mod sandboxed;
 
 use serde_json::{json, Map, Value};
 
@@ -16,7 +25,27 @@ const TOOLS: &[(&str, &[&str])] = &[
     ("echo", &["value"]),
 ];
 
-/// The outputs of `tool`, or None for an unknown tool.
+/// Outputs of every installed tool (`result` is the JSON object it printed).
+pub const INSTALLED_OUTPUTS: &[&str] = &[
+    "result",
+    "written_files",
+    "exit_code",
+    "duration_ms",
+    "stderr",
+    "backend",
+    "result_path",
+];
+
+/// Names of the built-in tools.
+pub fn builtin_names() -> Vec<&'static str> {
+    TOOLS.iter().map(|(n, _)| *n).collect()
+}
+
+pub fn is_builtin(tool: &str) -> bool {
+    TOOLS.iter().any(|(n, _)| *n == tool)
+}
+
+/// The outputs of `tool`, or None for a name no tool can have.
 pub fn outputs(tool: &str) -> Option<&'static [&'static str]> {
     Some(match tool {
         "read_file" => &["path", "text", "bytes", "sha256"],
@@ -24,16 +53,21 @@ pub fn outputs(tool: &str) -> Option<&'static [&'static str]> {
         "stat" => &["path", "exists", "kind", "bytes", "sha256"],
         "json_get" => &["value"],
         "echo" => &["value"],
+        t if manifest::valid_name(t) => INSTALLED_OUTPUTS,
         _ => return None,
     })
 }
 
-/// Checks a tool name and its arguments at submit time.
+/// Checks a tool name and its arguments at submit time. Installed tools are checked against
+/// the orchestrator's tools_dir when the run is submitted (runs.rs), not here.
 pub fn check(tool: &str, args: &Map<String, Value>) -> Result<(), String> {
-    let names: Vec<&str> = TOOLS.iter().map(|(n, _)| *n).collect();
+    let names = builtin_names();
     let Some((_, required)) = TOOLS.iter().find(|(n, _)| *n == tool) else {
+        if manifest::valid_name(tool) {
+            return Ok(());
+        }
         return Err(format!(
-            "unknown tool `{tool}`; built-in tools: {}",
+            "unknown tool `{tool}`; built-in tools: {} (installed tools are named [a-z0-9_-])",
             names.join(", ")
         ));
     };

@@ -119,7 +119,17 @@ impl Runner {
         self.running.fetch_add(1, Ordering::SeqCst);
         let _done = Decrement(&self.running);
         tracing::info!(job_id = %job.id, request_id = %job.request_id, run_id = %job.run_id, language = job.language.as_str(), "run");
-        let outcome = self.backend.run(&job, live).await?;
+        let started = std::time::Instant::now();
+        let outcome = self.backend.run(&job, live).await;
+        let (label, took) = match &outcome {
+            Ok(o) if o.timed_out => ("timed_out", Duration::from_millis(o.duration_ms)),
+            Ok(o) if o.oom_killed => ("oom_killed", Duration::from_millis(o.duration_ms)),
+            Ok(o) if o.exit_code != 0 => ("exit_nonzero", Duration::from_millis(o.duration_ms)),
+            Ok(o) => ("ok", Duration::from_millis(o.duration_ms)),
+            Err(_) => ("error", started.elapsed()),
+        };
+        cairn_telemetry::metrics::sandbox_finished(self.backend.name(), label, took);
+        let outcome = outcome?;
         tracing::info!(job_id = %job.id, exit_code = outcome.exit_code, timed_out = outcome.timed_out, oom = outcome.oom_killed, ms = outcome.duration_ms, "run finished");
         Ok(job::run_result(
             &job,

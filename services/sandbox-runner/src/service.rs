@@ -38,9 +38,9 @@ impl SandboxRunner for SandboxService {
         &self,
         request: Request<pb::RunRequest>,
     ) -> Result<Response<pb::RunResult>, Status> {
-        Ok(Response::new(
-            self.runner.run(request.into_inner(), None).await?,
-        ))
+        let req = request.into_inner();
+        cairn_telemetry::record_ids("", &req.run_id, &req.node_id);
+        Ok(Response::new(self.runner.run(req, None).await?))
     }
 
     type RunStreamStream = Responses<pb::RunStreamResponse>;
@@ -52,7 +52,9 @@ impl SandboxRunner for SandboxService {
         let (tx, rx) = mpsc::channel(64);
         let runner = self.runner.clone();
         let req = request.into_inner();
-        let task = tokio::spawn(async move {
+        cairn_telemetry::record_ids("", &req.run_id, &req.node_id);
+        // In the call's span: the run's logs carry its trace id.
+        let task = tokio::spawn(tracing::Instrument::in_current_span(async move {
             let (live_tx, mut live_rx) = mpsc::channel::<pb::OutputChunk>(64);
             let forward = {
                 let tx = tx.clone();
@@ -79,7 +81,7 @@ impl SandboxRunner for SandboxService {
                 })
                 .map_err(Status::from);
             let _ = tx.send(msg).await;
-        });
+        }));
         Ok(Response::new(Box::pin(AbortOnDrop {
             inner: ReceiverStream::new(rx),
             task,

@@ -315,6 +315,54 @@ pub struct Deliver {
     pub files: Vec<Template>,
 }
 
+fn default_adapter() -> String {
+    crate::adapters::codex::NAME.into()
+}
+
+fn default_agent_workspace() -> Template {
+    Template::literal("workspace/")
+}
+
+/// An external coding-agent CLI (seed 001 §2.1.1) run turn by turn in a sandbox session
+/// (nodes/external_agent.rs, docs/adapters.md).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExternalAgent {
+    /// The adapter (`codex-exec`).
+    #[serde(default = "default_adapter")]
+    pub adapter: String,
+    /// The task for the agent.
+    pub prompt: Template,
+    /// Agent name (roster); default the node id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    /// The program (argv prefix) instead of the adapter's default (`["codex"]`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    /// Extra arguments of every turn, after the adapter's own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// Environment of the CLI (names `[A-Z_][A-Z0-9_]*`; no secrets: they are recorded).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Project directory staged as the CLI's working directory; the files it changes are
+    /// written back beneath it.
+    #[serde(default = "default_agent_workspace")]
+    pub workspace: Template,
+    /// Replace existing project files the agent changed (a resumed instance always may).
+    #[serde(default)]
+    pub overwrite: bool,
+    /// Longest time one turn may run (default 600).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_timeout_s: Option<u64>,
+    /// Network in the sandbox (the runner must allow it).
+    #[serde(default)]
+    pub network: bool,
+    /// What a rejected approval request does: fail the run, or resume the agent told so.
+    #[serde(default)]
+    pub on_reject: OnReject,
+}
+
 /// What a node does.
 #[derive(Clone, Debug, PartialEq)]
 pub enum NodeKind {
@@ -327,6 +375,13 @@ pub enum NodeKind {
     Gate(Gate),
     Ingest(IngestNode),
     Deliver(Deliver),
+    /// The code delivery agent (seed 003; `crate::code_delivery`).
+    CodeDelivery(crate::code_delivery::CodeDelivery),
+    ExternalAgent(ExternalAgent),
+    /// seed 004 §2: plan_type tasks/auto/idle (`crate::phases::plan`).
+    Plan(crate::phases::PlanSpec),
+    /// seed 004 §6: reads phase results (`crate::phases::assemble`).
+    Assemble(crate::phases::AssembleSpec),
 }
 
 pub const NODE_TYPES: &[&str] = &[
@@ -339,6 +394,10 @@ pub const NODE_TYPES: &[&str] = &[
     "gate",
     "ingest",
     "deliver",
+    "code_delivery",
+    "external_agent",
+    "plan",
+    "assemble",
 ];
 
 impl NodeKind {
@@ -353,6 +412,10 @@ impl NodeKind {
             NodeKind::Gate(_) => "gate",
             NodeKind::Ingest(_) => "ingest",
             NodeKind::Deliver(_) => "deliver",
+            NodeKind::CodeDelivery(_) => "code_delivery",
+            NodeKind::ExternalAgent(_) => "external_agent",
+            NodeKind::Plan(_) => "plan",
+            NodeKind::Assemble(_) => "assemble",
         }
     }
 
@@ -376,6 +439,7 @@ impl NodeKind {
                 "turn",
                 "provider",
                 "agent_instance",
+                "usage",
                 "workspace_files",
             ],
             NodeKind::Condition(_) => &["value", "branch"],
@@ -401,7 +465,45 @@ impl NodeKind {
                 "workspace_files",
                 "enabled",
             ],
-            NodeKind::Deliver(_) => &["target", "location", "delivered"],
+            NodeKind::Deliver(_) => &["target", "location", "delivered", "uploads"],
+            NodeKind::CodeDelivery(_) => crate::code_delivery::spec::OUTPUTS,
+            NodeKind::ExternalAgent(_) => &[
+                "agent_instance",
+                "adapter",
+                "handle",
+                "text",
+                "written_files",
+                "deleted_files",
+                "usage",
+                "turn",
+            ],
+            NodeKind::Plan(_) => &[
+                "plan_type",
+                "date",
+                "tasks",
+                "selected_tasks",
+                "selected",
+                "prompts",
+                "all_exhausted",
+                "counters",
+                "result",
+            ],
+            NodeKind::Assemble(_) => &[
+                "plan_type",
+                "status",
+                "results",
+                "succeeded",
+                "partial",
+                "failed",
+                "no_changes",
+                "counters",
+                "result",
+                "path",
+                "bytes",
+                "sha256",
+                "outcome",
+                "text",
+            ],
         }
     }
 
@@ -425,6 +527,8 @@ pub struct Node {
     pub timeout_s: Option<u64>,
     /// Ingest hook for this node's document: None = by document type.
     pub ingest: Option<bool>,
+    /// seed 004: the result file (under the run's results/) this node writes, fail-safe.
+    pub result: Option<Template>,
     pub kind: NodeKind,
 }
 
@@ -440,6 +544,8 @@ pub struct Graph {
     pub vars: BTreeMap<String, String>,
     pub max_parallel: Option<u32>,
     pub retry: Option<RetrySpec>,
+    /// seed 004: JSON Schemas of result files (`crate::phases::contracts`).
+    pub contracts: Vec<crate::phases::Contract>,
     pub nodes: Vec<Node>,
     index: HashMap<String, usize>,
     dependents: Vec<Vec<usize>>,
@@ -467,6 +573,8 @@ struct RawGraph {
     max_parallel: Option<u32>,
     #[serde(default)]
     retry: Option<RetrySpec>,
+    #[serde(default)]
+    contracts: Vec<crate::phases::Contract>,
     // Present in graph.resolved.json; ignored on input (the caller's run id wins).
     #[serde(default, rename = "run_id")]
     _run_id: Option<String>,
@@ -554,6 +662,7 @@ fn parse_node(v: Value, position: usize, body_of: Option<&str>) -> Result<Node, 
     let retry: Option<RetrySpec> = take(&mut obj, id_ref, "retry")?;
     let timeout_s: Option<u64> = take(&mut obj, id_ref, "timeout_s")?;
     let ingest: Option<bool> = take(&mut obj, id_ref, "ingest")?;
+    let result: Option<Template> = take(&mut obj, id_ref, "result")?;
     if body_of.is_some() && needs.as_ref().is_some_and(|n| !n.is_empty()) {
         return Err(GraphError::node(
             id_ref,
@@ -571,6 +680,10 @@ fn parse_node(v: Value, position: usize, body_of: Option<&str>) -> Result<Node, 
         "gate" => NodeKind::Gate(fields(&id, rest)?),
         "ingest" => NodeKind::Ingest(fields(&id, rest)?),
         "deliver" => NodeKind::Deliver(fields(&id, rest)?),
+        "code_delivery" => NodeKind::CodeDelivery(fields(&id, rest)?),
+        "external_agent" => NodeKind::ExternalAgent(fields(&id, rest)?),
+        "plan" => NodeKind::Plan(fields(&id, rest)?),
+        "assemble" => NodeKind::Assemble(fields(&id, rest)?),
         "map" => {
             if body_of.is_some() {
                 return Err(GraphError::node(
@@ -592,7 +705,16 @@ fn parse_node(v: Value, position: usize, body_of: Option<&str>) -> Result<Node, 
             ))
         }
     };
-    if body_of.is_some() && matches!(kind, NodeKind::Gate(_) | NodeKind::Condition(_)) {
+    if body_of.is_some()
+        && matches!(
+            kind,
+            NodeKind::Gate(_)
+                | NodeKind::Condition(_)
+                | NodeKind::ExternalAgent(_)
+                | NodeKind::Plan(_)
+                | NodeKind::Assemble(_)
+        )
+    {
         return Err(GraphError::node(
             id_ref,
             Some("type"),
@@ -608,6 +730,7 @@ fn parse_node(v: Value, position: usize, body_of: Option<&str>) -> Result<Node, 
         retry,
         timeout_s,
         ingest,
+        result,
         kind,
     })
 }
@@ -742,6 +865,9 @@ impl Node {
         if let Some(i) = self.ingest {
             m.insert("ingest".into(), i.into());
         }
+        if let Some(r) = &self.result {
+            m.insert("result".into(), Value::String(r.source().into()));
+        }
         let fields = match &self.kind {
             NodeKind::WriteFile(k) => serde_json::to_value(k),
             NodeKind::AgentTask(k) => serde_json::to_value(k),
@@ -751,6 +877,10 @@ impl Node {
             NodeKind::Gate(k) => serde_json::to_value(k),
             NodeKind::Ingest(k) => serde_json::to_value(k),
             NodeKind::Deliver(k) => serde_json::to_value(k),
+            NodeKind::CodeDelivery(k) => serde_json::to_value(k),
+            NodeKind::ExternalAgent(k) => serde_json::to_value(k),
+            NodeKind::Plan(k) => serde_json::to_value(k),
+            NodeKind::Assemble(k) => serde_json::to_value(k),
             NodeKind::Map(k) => {
                 let mut body = k.node.to_value();
                 if let Value::Object(b) = &mut body {
@@ -820,6 +950,16 @@ impl Node {
             }
             NodeKind::Ingest(k) => out.push(("doc_path".into(), &mut k.doc_path)),
             NodeKind::Deliver(k) => list(&mut out, "files", &mut k.files),
+            NodeKind::CodeDelivery(k) => out.extend(k.templates_mut()),
+            NodeKind::ExternalAgent(k) => {
+                out.push(("prompt".into(), &mut k.prompt));
+                out.push(("workspace".into(), &mut k.workspace));
+            }
+            NodeKind::Plan(k) => out.extend(k.templates_mut()),
+            NodeKind::Assemble(k) => out.extend(k.templates_mut()),
+        }
+        if let Some(r) = &mut self.result {
+            out.push(("result".into(), r));
         }
         out
     }
@@ -1014,6 +1154,7 @@ impl Graph {
             vars: all_vars,
             max_parallel: raw.max_parallel,
             retry: raw.retry,
+            contracts: raw.contracts,
             nodes,
             index: HashMap::new(),
             dependents: Vec::new(),
@@ -1024,6 +1165,7 @@ impl Graph {
     }
 
     fn validate(&mut self) -> Result<(), GraphError> {
+        crate::phases::contracts::check_all(&self.contracts)?;
         // Ids unique.
         for (i, n) in self.nodes.iter().enumerate() {
             if self.index.insert(n.id.clone(), i).is_some() {
@@ -1216,7 +1358,9 @@ impl Graph {
                     ));
                 };
                 let kind = &self.nodes[i].kind;
-                if !kind.outputs().contains(&out.as_str()) {
+                let result_output = self.nodes[i].result.is_some()
+                    && crate::phases::RESULT_OUTPUTS.contains(&out.as_str());
+                if !kind.outputs().contains(&out.as_str()) && !result_output {
                     return err(format!(
                         "`{r}`: node `{id}` ({}) has no output `{out}`; its outputs are: {}",
                         kind.type_name(),
@@ -1383,6 +1527,7 @@ impl Graph {
             "vars": self.vars,
             "max_parallel": self.max_parallel,
             "retry": self.retry,
+            "contracts": self.contracts,
             "nodes": self.nodes.iter().map(Node::to_value).collect::<Vec<_>>(),
         })
     }
@@ -1414,7 +1559,8 @@ fn check_kind(n: &Node) -> Result<(), GraphError> {
                 check_static_path(n, "path", p, false)?;
             }
             for (i, c) in a.context.iter().enumerate() {
-                check_static_path(n, &format!("context[{i}]"), c, false)?;
+                let is_dir = c.source().ends_with('/');
+                check_static_path(n, &format!("context[{i}]"), c, is_dir)?;
             }
             if let Some(agent) = &a.agent {
                 if !valid_node_id(agent) {
@@ -1506,7 +1652,100 @@ fn check_kind(n: &Node) -> Result<(), GraphError> {
                 check_static_path(n, &format!("files[{i}]"), f, is_dir)?;
             }
         }
+        NodeKind::ExternalAgent(x) => check_external_agent(n, x)?,
+        NodeKind::CodeDelivery(c) => c
+            .check()
+            .map_err(|(field, message)| GraphError::node(&n.id, Some(field), message))?,
+        NodeKind::Plan(p) => p
+            .check()
+            .map_err(|(field, message)| GraphError::node(&n.id, Some(field.as_str()), message))?,
+        NodeKind::Assemble(a) => a
+            .check()
+            .map_err(|(field, message)| GraphError::node(&n.id, Some(field.as_str()), message))?,
         NodeKind::Condition(_) | NodeKind::Gate(_) | NodeKind::Map(_) => {}
+    }
+    if let Some(r) = &n.result {
+        if matches!(
+            n.kind,
+            NodeKind::Condition(_) | NodeKind::Gate(_) | NodeKind::Map(_)
+        ) {
+            return Err(GraphError::node(
+                &n.id,
+                Some("result"),
+                format!("a {} node writes no result; put `result:` on a node that does (a map's on its `node`)", n.kind.type_name()),
+            ));
+        }
+        if r.is_static() {
+            let name = r.render(&|_| None).unwrap_or_default();
+            crate::phases::check_result_name(&name)
+                .map_err(|m| GraphError::node(&n.id, Some("result"), m))?;
+        }
+    }
+    Ok(())
+}
+
+fn check_external_agent(n: &Node, x: &ExternalAgent) -> Result<(), GraphError> {
+    if crate::adapters::by_name(&x.adapter).is_none() {
+        return Err(GraphError::node(
+            &n.id,
+            Some("adapter"),
+            format!(
+                "unknown adapter `{}`; one of {}",
+                x.adapter,
+                crate::adapters::ADAPTERS.join(", ")
+            ),
+        ));
+    }
+    if let Some(agent) = &x.agent {
+        if !valid_node_id(agent) {
+            return Err(GraphError::node(
+                &n.id,
+                Some("agent"),
+                "must be 1-64 letters, digits, `_` or `-`",
+            ));
+        }
+    }
+    if x.workspace.source().trim_matches('/').is_empty() {
+        return Err(GraphError::node(
+            &n.id,
+            Some("workspace"),
+            "name a project directory (e.g. `workspace/`); the whole project is never staged",
+        ));
+    }
+    check_static_path(n, "workspace", &x.workspace, true)?;
+    if x.command.iter().any(|c| c.is_empty() || c.contains('\0')) {
+        return Err(GraphError::node(
+            &n.id,
+            Some("command"),
+            "every word of the command must be non-empty text",
+        ));
+    }
+    if x.args.iter().any(|a| a.contains('\0')) {
+        return Err(GraphError::node(
+            &n.id,
+            Some("args"),
+            "an argument contains NUL",
+        ));
+    }
+    for (k, v) in &x.env {
+        let name_ok = !k.is_empty()
+            && k.bytes()
+                .enumerate()
+                .all(|(i, b)| b == b'_' || b.is_ascii_uppercase() || (i > 0 && b.is_ascii_digit()));
+        if !name_ok || v.contains('\0') {
+            return Err(GraphError::node(
+                &n.id,
+                Some(&format!("env.{k}")),
+                "names are [A-Z_][A-Z0-9_]* and values have no NUL",
+            ));
+        }
+    }
+    if x.turn_timeout_s == Some(0) {
+        return Err(GraphError::node(
+            &n.id,
+            Some("turn_timeout_s"),
+            "must be at least 1",
+        ));
     }
     Ok(())
 }

@@ -245,9 +245,11 @@ fn condition_branches_must_exist() {
 
 #[test]
 fn tool_and_deliver_checks() {
-    let e = err("nodes:\n  - {id: t, type: tool_call, tool: rm_rf, args: {}}\n");
+    let e = err("nodes:\n  - {id: t, type: tool_call, tool: \"Rm/Rf\", args: {}}\n");
     assert_eq!(e.field.as_deref(), Some("args"));
     assert!(e.message.contains("read_file"), "{e}");
+    // Other names may be installed tools: the orchestrator checks its tools_dir at submit.
+    assert!(parse("nodes:\n  - {id: t, type: tool_call, tool: rm_rf, args: {}}\n").is_ok());
     let e = err("nodes:\n  - {id: t, type: tool_call, tool: read_file, args: {}}\n");
     assert!(e.message.contains("path"), "{e}");
     let e = err(
@@ -286,6 +288,7 @@ fn schema_matches_the_parser() {
         "retry",
         "timeout_s",
         "ingest",
+        "result",
     ]
     .iter()
     .map(|s| s.to_string())

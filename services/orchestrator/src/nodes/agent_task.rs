@@ -9,8 +9,8 @@ use serde_json::{json, Value};
 use super::{
     artifact_written, file_outputs, ingest, project_path, NodeCtx, NodeError, NodeSuccess,
 };
-use crate::agents::{AgentError, AgentRequest, Message, ProviderSpec, Role};
-use crate::events::{now, Ev, AGENT_COMPLETED, AGENT_FAILED, AGENT_STARTED};
+use crate::agents::{AgentError, AgentRequest, Attempt, Message, Role};
+use crate::events::{now, Ev, AGENT_COMPLETED, AGENT_FAILED, AGENT_STARTED, LLM_ATTEMPT};
 use crate::graph::AgentTask;
 use crate::rundir::front_matter;
 use crate::store::PutOptions;
@@ -20,7 +20,9 @@ const MAX_CONTEXT_BYTES: usize = 64 << 10;
 /// Most context files per request.
 const MAX_CONTEXT_FILES: usize = 16;
 
-fn agent_error(e: AgentError) -> NodeError {
+/// The node error of a provider error: setting problems are refused, a request that used all
+/// its attempts failed.
+pub fn agent_error(e: AgentError) -> NodeError {
     match e {
         AgentError::MissingAnswer { .. }
         | AgentError::Cassette { .. }
@@ -42,14 +44,7 @@ pub async fn run(ctx: &NodeCtx, spec: &AgentTask) -> Result<NodeSuccess, NodeErr
     let agent = spec.agent.clone().unwrap_or_else(|| base_id.clone());
     let instance = ctx.node_id.replace('.', "-");
     let dir = ctx.run_dir();
-    let llm = match &spec.llm {
-        Some(s) => ProviderSpec::parse(s)
-            .map_err(agent_error)?
-            .resolve(&ctx.base_dir)
-            .to_spec_string(),
-        None => ctx.llm.clone(),
-    };
-    let provider = ctx.backends.providers.get(&llm).map_err(agent_error)?;
+    let provider = ctx.provider(spec.llm.as_deref()).map_err(agent_error)?;
     let path = match &spec.path {
         Some(t) => project_path(&ctx.scope, "path", t)?,
         None => format!("docs/{}/{}.md", ctx.run_id, ctx.node_id),
@@ -88,7 +83,13 @@ pub async fn run(ctx: &NodeCtx, spec: &AgentTask) -> Result<NodeSuccess, NodeErr
         )
         .await?;
 
-    let reply = match provider.complete(&request).await {
+    // Every attempt becomes an `llm.attempt` event. Cancelling the run drops this future,
+    // which drops the HTTP request.
+    let observer = |a: &Attempt| {
+        ctx.progress
+            .emit(attempt_event(&ctx.node_id, &instance, ctx.turn, a))
+    };
+    let reply = match provider.complete_observed(&request, &observer).await {
         Ok(r) => r,
         Err(e) => {
             ctx.progress.emit(
@@ -151,6 +152,8 @@ pub async fn run(ctx: &NodeCtx, spec: &AgentTask) -> Result<NodeSuccess, NodeErr
             ),
             reply.content
         )
+    } else if path.ends_with(".json") {
+        unfence(&reply.content).to_owned()
     } else {
         reply.content.clone()
     };
@@ -189,6 +192,39 @@ pub async fn run(ctx: &NodeCtx, spec: &AgentTask) -> Result<NodeSuccess, NodeErr
             .with("usage", json!(reply.usage)),
     );
     Ok(out)
+}
+
+/// A reply that is one fenced block (```json ... ```), as models often wrap data, without
+/// the fence; anything else unchanged.
+fn unfence(reply: &str) -> &str {
+    let t = reply.trim();
+    let Some(rest) = t.strip_prefix("```") else {
+        return reply;
+    };
+    let Some((_, body)) = rest.split_once('\n') else {
+        return reply;
+    };
+    match body.trim_end().strip_suffix("```") {
+        Some(inner) if !inner.contains("\n```") => inner,
+        _ => reply,
+    }
+}
+
+/// The `llm.attempt` event of one attempt (warning level when it failed).
+pub fn attempt_event(node_id: &str, instance: &str, turn: u32, a: &Attempt) -> Ev {
+    let mut e = Ev::new(LLM_ATTEMPT, node_id)
+        .with("agent_instance", instance)
+        .with("turn", turn);
+    if let Ok(Value::Object(m)) = serde_json::to_value(a) {
+        e.data.extend(m);
+    }
+    if matches!(
+        a.outcome,
+        crate::agents::retry::AttemptOutcome::Failed { .. }
+    ) {
+        e = e.level(cairn_proto::v1::Level::Warning);
+    }
+    e
 }
 
 /// System prompt, human notes (high priority), shared context, then the task.
@@ -232,12 +268,9 @@ async fn messages(ctx: &NodeCtx, spec: &AgentTask, agent: &str) -> Result<Vec<Me
             }
         }
     }
-    for (i, t) in spec.context.iter().enumerate() {
-        files.push((
-            project_path(&ctx.scope, &format!("context[{i}]"), t)?,
-            None,
-            String::new(),
-        ));
+    // Entries may be `dir/` (every file beneath) or one reference to a list of paths.
+    for path in super::expand_files(ctx, "context", &spec.context).await? {
+        files.push((path, None, String::new()));
     }
     for (path, range, reason) in files.into_iter().take(MAX_CONTEXT_FILES) {
         let Some(bytes) = ctx
@@ -345,5 +378,19 @@ impl AgentRecords<'_> {
             self.provider,
         );
         self.put("README.md", body).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unfence;
+
+    #[test]
+    fn unfence_strips_one_whole_fence_only() {
+        assert_eq!(unfence("```json\n{\"a\": 1}\n```\n"), "{\"a\": 1}\n");
+        assert_eq!(unfence("{\"a\": 1}"), "{\"a\": 1}");
+        let two = "```json\n1\n```\ntext\n```json\n2\n```";
+        assert_eq!(unfence(two), two);
+        assert_eq!(unfence("```"), "```");
     }
 }

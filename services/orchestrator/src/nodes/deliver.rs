@@ -1,4 +1,6 @@
-//! `deliver`: hands files to a delivery target (delivery.rs).
+//! `deliver`: hands files to a delivery target (delivery.rs): a project directory or a OneBot
+//! group / private chat. A file that cannot be delivered fails the node with the reason and
+//! the file's stored path.
 
 use serde_json::json;
 
@@ -14,7 +16,7 @@ pub async fn run(ctx: &NodeCtx, spec: &Deliver) -> Result<NodeSuccess, NodeError
             "field `files`: nothing to deliver (no file matched)",
         ));
     }
-    let target = target_for(&spec.target, &ctx.scope)?;
+    let target = target_for(&spec.target, &ctx.scope, ctx.onebot_config())?;
     let dctx = DeliveryCtx {
         store: ctx.store(),
         project: &ctx.project,
@@ -29,11 +31,15 @@ pub async fn run(ctx: &NodeCtx, spec: &Deliver) -> Result<NodeSuccess, NodeError
         .insert("location".into(), receipt.location.clone().into());
     out.outputs
         .insert("delivered".into(), json!(receipt.delivered));
-    out.events.push(
-        Ev::new(DELIVERY_COMPLETED, &ctx.node_id)
-            .with("target", receipt.target)
-            .with("location", receipt.location)
-            .with("files", json!(receipt.delivered)),
-    );
+    let mut done = Ev::new(DELIVERY_COMPLETED, &ctx.node_id)
+        .with("target", receipt.target)
+        .with("location", receipt.location)
+        .with("files", json!(receipt.delivered));
+    if !receipt.uploads.is_empty() {
+        // Chat targets: how each file went (uploaded / sent_as_message, the action used).
+        out.outputs.insert("uploads".into(), json!(receipt.uploads));
+        done = done.with("uploads", json!(receipt.uploads));
+    }
+    out.events.push(done);
     Ok(out)
 }

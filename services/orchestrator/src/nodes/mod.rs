@@ -4,11 +4,15 @@
 //! are driven by the scheduler itself; their files hold the parts that are theirs.
 
 pub mod agent_task;
+pub mod assemble;
+pub mod code_delivery;
 pub mod condition;
 pub mod deliver;
+pub mod external_agent;
 pub mod gate;
 pub mod ingest;
 pub mod map;
+pub mod plan;
 pub mod sandbox_run;
 pub mod tool_call;
 pub mod write_file;
@@ -209,6 +213,9 @@ pub struct NodeCtx {
     pub llm: String,
     /// Where relative cassette paths of node-level `llm:` resolve.
     pub base_dir: std::path::PathBuf,
+    /// This node's own gate, for nodes that block on one mid-way (`external_agent`): the
+    /// decision a resumed attempt continues from.
+    pub gate: Option<crate::run::GateRecord>,
 }
 
 /// What a node task sends its scheduler.
@@ -236,6 +243,35 @@ impl NodeCtx {
     pub fn store(&self) -> &Store {
         &self.backends.store
     }
+
+    /// The `llm` setting a node uses: its own `llm:` (relative cassette paths resolved against
+    /// the graph's directory), else the run's.
+    pub fn llm_spec(&self, node_llm: Option<&str>) -> Result<String, crate::agents::AgentError> {
+        match node_llm {
+            Some(s) => Ok(crate::agents::ProviderSpec::parse(s)?
+                .resolve(&self.base_dir)
+                .to_spec_string()),
+            None => Ok(self.llm.clone()),
+        }
+    }
+
+    /// The provider of `llm_spec(node_llm)`, built with the `[llm]` config section.
+    pub fn provider(
+        &self,
+        node_llm: Option<&str>,
+    ) -> Result<Arc<dyn crate::agents::Provider>, crate::agents::AgentError> {
+        self.backends.providers.get(&self.llm_spec(node_llm)?)
+    }
+
+    /// The `[onebot]` config section (endpoint and token of `group` / `private` targets).
+    pub fn onebot_config(&self) -> &crate::onebot::OneBotConfig {
+        &self.backends.config.onebot
+    }
+
+    /// The `[code_delivery]` config section.
+    pub fn code_delivery_config(&self) -> &crate::code_delivery::CodeDeliveryConfig {
+        &self.backends.config.code_delivery
+    }
     pub fn run_dir(&self) -> crate::rundir::RunDir {
         crate::rundir::RunDir::new(&self.run_id)
     }
@@ -247,17 +283,27 @@ pub async fn execute(ctx: &mut NodeCtx) -> Result<NodeSuccess, NodeError> {
     let node = ctx.node.clone();
     ctx.scope.load_texts(&store, &ctx.project, &node).await?;
     use crate::graph::NodeKind as K;
-    match &node.kind {
+    // seed 004: the fail-safe placeholder of a declared result comes first.
+    let slot = crate::phases::contracts::begin(ctx).await?;
+    let outcome = match &node.kind {
         K::WriteFile(s) => write_file::run(ctx, s).await,
         K::AgentTask(s) => agent_task::run(ctx, s).await,
         K::ToolCall(s) => tool_call::run(ctx, s).await,
         K::SandboxRun(s) => sandbox_run::run(ctx, s).await,
         K::Ingest(s) => ingest::run(ctx, s).await,
         K::Deliver(s) => deliver::run(ctx, s).await,
+        K::CodeDelivery(s) => code_delivery::run(ctx, s).await,
+        K::ExternalAgent(s) => external_agent::run(ctx, s).await,
+        K::Plan(s) => plan::run(ctx, s).await,
+        K::Assemble(s) => assemble::run(ctx, s).await,
         K::Condition(_) | K::Gate(_) | K::Map(_) => Err(NodeError::refused(format!(
             "{} nodes are run by the scheduler",
             node.kind.type_name()
         ))),
+    };
+    match slot {
+        Some(slot) => crate::phases::contracts::finish(ctx, slot, outcome).await,
+        None => outcome,
     }
 }
 

@@ -1,4 +1,5 @@
-//! `tool_call`: renders the arguments and runs a built-in tool (tools.rs).
+//! `tool_call`: renders the arguments and runs a built-in tool (tools.rs) or an installed one
+//! (tools/installed.rs: a subprocess, or a sandbox run with `use_for_tools`).
 
 use serde_json::{Map, Value};
 
@@ -7,6 +8,9 @@ use crate::graph::{Template, ToolCall};
 
 pub async fn run(ctx: &NodeCtx, spec: &ToolCall) -> Result<NodeSuccess, NodeError> {
     let args = render_args(&ctx.scope, &spec.args)?;
+    if !crate::tools::is_builtin(&spec.tool) {
+        return crate::tools::installed::call(ctx, &spec.tool, &args).await;
+    }
     let outputs = crate::tools::call(ctx.store(), &ctx.project, &spec.tool, &args).await?;
     Ok(NodeSuccess {
         outputs,

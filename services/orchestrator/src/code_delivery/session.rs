@@ -1,0 +1,318 @@
+//! A sandbox session of one code delivery task (seed 003 §2-§3): one container with
+//! `/workspace` and `/tmpfs` on one runner, opened empty or from a git clone, used through the
+//! runner's session calls, and closed when the task ends. Dropping an open [`Session`] (a
+//! cancelled run, a node deadline) still closes it: the drop sends CloseSession from a
+//! background task, so no container or task directory outlives its task.
+
+use bytes::{Bytes, BytesMut};
+use cairn_proto::v1::sandbox_runner_client::SandboxRunnerClient;
+use cairn_proto::v1::{
+    pack_response, ArchiveFormat as PbFormat, CloseSessionRequest, ExecRequest, ExecResult,
+    GitSource, GlobRequest, GlobResponse, GrepRequest, GrepResponse, OpenSessionRequest,
+    PackRequest, PackSummary, ReadFileRequest, ReadFileResponse, SessionInfo, WriteFileRequest,
+    WriteFileResponse, WriteMode as PbWriteMode,
+};
+use cairn_telemetry::TracedChannel;
+use tonic::{Code, Status};
+
+use super::config::ArchiveFormat;
+use super::tools::WriteMode;
+use crate::runners::Runners;
+
+type Client = SandboxRunnerClient<TracedChannel>;
+
+/// An open session on one runner.
+pub struct Session {
+    client: Client,
+    /// Address of the runner that holds it.
+    pub runner: String,
+    pub info: SessionInfo,
+    /// Still to be closed (by `close` or on drop).
+    open: bool,
+}
+
+/// Closes a session id on drop unless disarmed: covers a task dropped while OpenSession is in
+/// flight (the id is ours, chosen before the call).
+struct CloseOnDrop {
+    client: Client,
+    id: String,
+    armed: bool,
+}
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        if self.armed {
+            close_in_background(self.client.clone(), self.id.clone());
+        }
+    }
+}
+
+fn close_in_background(mut client: Client, id: String) {
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        tracing::warn!(session_id = %id, "no runtime to close the sandbox session; the runner removes it at its next start");
+        return;
+    };
+    handle.spawn(async move {
+        match client
+            .close_session(CloseSessionRequest {
+                session_id: id.clone(),
+            })
+            .await
+        {
+            Ok(_) => tracing::info!(session_id = %id, "sandbox session closed after its task ended early"),
+            Err(e) => tracing::warn!(session_id = %id, error = %e.message(), "closing the sandbox session failed"),
+        }
+    });
+}
+
+/// A packed archive, fully received and checked against the runner's digest.
+pub struct Packed {
+    pub bytes: Bytes,
+    pub summary: PackSummary,
+}
+
+/// Why a pack ended without an archive.
+#[derive(Debug)]
+pub enum PackError {
+    /// The runner refused or failed (its status).
+    Status(Status),
+    /// More bytes arrived than `max_bytes`.
+    TooLarge { max_bytes: u64 },
+    /// The bytes do not match the runner's summary (size or sha256), or no summary came.
+    Corrupt(String),
+}
+
+impl Session {
+    /// Opens session `id` on the next runner, moving on while runners are Unavailable.
+    pub async fn open(
+        runners: &Runners,
+        id: &str,
+        git: Option<GitSource>,
+        network: bool,
+        run_id: &str,
+        node_id: &str,
+    ) -> Result<Session, Status> {
+        let rotation = runners.rotation();
+        if rotation.is_empty() {
+            return Err(Status::failed_precondition(
+                "no sandbox runner configured: set sandbox_addrs (CAIRN_ORCHESTRATOR_SANDBOX_ADDRS) to run code_delivery nodes",
+            ));
+        }
+        let mut last = None;
+        for (addr, client) in rotation {
+            let mut guard = CloseOnDrop {
+                client: client.clone(),
+                id: id.to_owned(),
+                armed: true,
+            };
+            let req = OpenSessionRequest {
+                session_id: id.to_owned(),
+                git: git.clone(),
+                network,
+                limits: None,
+                run_id: run_id.to_owned(),
+                node_id: node_id.to_owned(),
+            };
+            match client.clone().open_session(req).await {
+                Ok(info) => {
+                    guard.armed = false;
+                    return Ok(Session {
+                        client,
+                        runner: addr,
+                        info: info.into_inner(),
+                        open: true,
+                    });
+                }
+                Err(s) if s.code() == Code::Unavailable => {
+                    // Nothing was opened there.
+                    guard.armed = false;
+                    tracing::warn!(runner = %addr, error = %s.message(), "sandbox runner unavailable; opening the session on the next one");
+                    last = Some(s);
+                }
+                Err(s) => {
+                    // A failed open leaves nothing behind on the runner.
+                    guard.armed = false;
+                    return Err(s);
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| Status::unavailable("no sandbox runner answered")))
+    }
+
+    pub fn id(&self) -> &str {
+        &self.info.session_id
+    }
+
+    pub async fn exec(
+        &self,
+        command: &str,
+        timeout_ms: u64,
+        workdir: &str,
+    ) -> Result<ExecResult, Status> {
+        self.client
+            .clone()
+            .exec(ExecRequest {
+                session_id: self.id().to_owned(),
+                command: command.to_owned(),
+                timeout_ms,
+                workdir: workdir.to_owned(),
+                max_output_bytes: 0,
+            })
+            .await
+            .map(|r| r.into_inner())
+    }
+
+    pub async fn read(&self, path: &str, max_bytes: u64) -> Result<ReadFileResponse, Status> {
+        self.client
+            .clone()
+            .read_file(ReadFileRequest {
+                session_id: self.id().to_owned(),
+                path: path.to_owned(),
+                max_bytes,
+            })
+            .await
+            .map(|r| r.into_inner())
+    }
+
+    pub async fn write(
+        &self,
+        path: &str,
+        content: Bytes,
+        mode: WriteMode,
+    ) -> Result<WriteFileResponse, Status> {
+        let mode = match mode {
+            WriteMode::Overwrite => PbWriteMode::Overwrite,
+            WriteMode::Append => PbWriteMode::Append,
+        };
+        self.client
+            .clone()
+            .write_file(WriteFileRequest {
+                session_id: self.id().to_owned(),
+                path: path.to_owned(),
+                content,
+                mode: mode as i32,
+            })
+            .await
+            .map(|r| r.into_inner())
+    }
+
+    pub async fn glob(&self, pattern: &str, base_path: &str) -> Result<GlobResponse, Status> {
+        self.client
+            .clone()
+            .glob(GlobRequest {
+                session_id: self.id().to_owned(),
+                pattern: pattern.to_owned(),
+                base_path: base_path.to_owned(),
+                max_results: 0,
+            })
+            .await
+            .map(|r| r.into_inner())
+    }
+
+    pub async fn grep(
+        &self,
+        pattern: &str,
+        path: &str,
+        is_regex: bool,
+        case_sensitive: bool,
+        max_matches: u32,
+    ) -> Result<GrepResponse, Status> {
+        self.client
+            .clone()
+            .grep(GrepRequest {
+                session_id: self.id().to_owned(),
+                pattern: pattern.to_owned(),
+                path: path.to_owned(),
+                is_regex,
+                case_sensitive,
+                max_matches,
+            })
+            .await
+            .map(|r| r.into_inner())
+    }
+
+    /// Packs the workspace and receives the whole archive (at most `max_bytes`), checking its
+    /// size and sha256 against the runner's summary.
+    pub async fn pack(
+        &self,
+        format: ArchiveFormat,
+        exclude_patterns: &[String],
+        archive_name: &str,
+        max_bytes: u64,
+    ) -> Result<Packed, PackError> {
+        let format = match format {
+            ArchiveFormat::Zip => PbFormat::Zip,
+            ArchiveFormat::TarGz => PbFormat::TarGz,
+        };
+        let mut stream = self
+            .client
+            .clone()
+            .pack(PackRequest {
+                session_id: self.id().to_owned(),
+                format: format as i32,
+                exclude_patterns: exclude_patterns.to_vec(),
+                archive_name: archive_name.to_owned(),
+                max_archive_bytes: 0,
+            })
+            .await
+            .map_err(PackError::Status)?
+            .into_inner();
+        let mut buf = BytesMut::new();
+        let mut summary = None;
+        while let Some(msg) = stream.message().await.map_err(PackError::Status)? {
+            match msg.msg {
+                Some(pack_response::Msg::Chunk(c)) => {
+                    if (buf.len() + c.len()) as u64 > max_bytes {
+                        return Err(PackError::TooLarge { max_bytes });
+                    }
+                    buf.extend_from_slice(&c);
+                }
+                Some(pack_response::Msg::Summary(s)) => summary = Some(s),
+                None => {}
+            }
+        }
+        let summary =
+            summary.ok_or_else(|| PackError::Corrupt("the runner sent no pack summary".into()))?;
+        let digest = summary.digest.clone().unwrap_or_default();
+        let sha = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&buf));
+        if digest.size_bytes != buf.len() as u64 || digest.sha256 != sha {
+            return Err(PackError::Corrupt(format!(
+                "the archive received ({} bytes, sha256 {sha}) differs from the runner's summary ({} bytes, sha256 {})",
+                buf.len(),
+                digest.size_bytes,
+                digest.sha256
+            )));
+        }
+        Ok(Packed {
+            bytes: buf.freeze(),
+            summary,
+        })
+    }
+
+    /// Stops and removes the container and task directory. Ok(false): it was already gone.
+    pub async fn close(mut self) -> Result<bool, Status> {
+        self.open = false;
+        self.client
+            .clone()
+            .close_session(CloseSessionRequest {
+                session_id: self.id().to_owned(),
+            })
+            .await
+            .map(|r| r.into_inner().closed)
+    }
+
+    /// Leaves the session open (`code_delivery.cleanup_on_finish = false`): the runner removes
+    /// it at its shutdown or next start.
+    pub fn keep(mut self) -> SessionInfo {
+        self.open = false;
+        self.info.clone()
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        if self.open {
+            close_in_background(self.client.clone(), self.info.session_id.clone());
+        }
+    }
+}

@@ -1,0 +1,124 @@
+//! The `code_delivery` node of a graph (seed 003 §4.2 as a node type): its fields, the checks
+//! made at submit time and the outputs later nodes may read.
+
+use serde::{Deserialize, Serialize};
+
+use crate::graph::{Target, Template};
+
+/// Turns (LLM requests) of one task when the node sets no `max_iterations`.
+pub const DEFAULT_MAX_ITERATIONS: u32 = 50;
+/// Most turns a node may ask for.
+pub const MAX_ITERATIONS: u32 = 1000;
+
+/// Where the workspace starts from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SourceType {
+    /// An empty directory; the delivery must bring its README and docs (seed 003 §4.4).
+    Empty,
+    /// A clone of `git_url` at `git_ref`.
+    Git,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CodeDelivery {
+    /// The task for the agent.
+    pub prompt: Template,
+    pub source_type: SourceType,
+    /// Repository the runner can reach: a URL or a path on the runner's host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub git_url: Option<Template>,
+    /// Branch, tag or commit; default the repository's default branch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub git_ref: Option<Template>,
+    /// `{type: group|private, id}` (OneBot) or `{type: directory, path}` (project directory).
+    pub target: Target,
+    /// Provider for this node (overrides the run's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llm: Option<String>,
+    /// LLM requests at most before the task fails.
+    #[serde(default = "default_max_iterations")]
+    pub max_iterations: u32,
+    /// Network for the sandbox session (the runner must allow it).
+    #[serde(default)]
+    pub network: bool,
+}
+
+fn default_max_iterations() -> u32 {
+    DEFAULT_MAX_ITERATIONS
+}
+
+/// Outputs `{{nodes.<id>.<field>}}` may read.
+pub const OUTPUTS: &[&str] = &[
+    "archive_name",
+    "archive_path",
+    "format",
+    "size_bytes",
+    "sha256",
+    "entries",
+    "excluded",
+    "upload_status",
+    "location",
+    "delivered_path",
+    "summary",
+    "iterations",
+    "tool_calls",
+    "git_commit",
+    "session_id",
+    "provider",
+    "usage",
+];
+
+impl CodeDelivery {
+    /// Every template with its field name.
+    pub fn templates_mut(&mut self) -> Vec<(String, &mut Template)> {
+        let mut out = vec![("prompt".to_owned(), &mut self.prompt)];
+        if let Some(t) = &mut self.git_url {
+            out.push(("git_url".into(), t));
+        }
+        if let Some(t) = &mut self.git_ref {
+            out.push(("git_ref".into(), t));
+        }
+        out
+    }
+
+    /// Submit-time checks: Err(field, message).
+    pub fn check(&self) -> Result<(), (&'static str, String)> {
+        match (self.source_type, &self.git_url) {
+            (SourceType::Git, None) => {
+                return Err((
+                    "git_url",
+                    "source_type git needs `git_url` (a repository URL or a path the sandbox runner can reach)".into(),
+                ))
+            }
+            (SourceType::Git, Some(u)) if u.is_static() && u.source().trim().is_empty() => {
+                return Err(("git_url", "is empty".into()))
+            }
+            (SourceType::Empty, Some(_)) => {
+                return Err((
+                    "git_url",
+                    "source_type empty starts from an empty directory; drop `git_url` or set source_type: git".into(),
+                ))
+            }
+            _ => {}
+        }
+        if self.source_type == SourceType::Empty && self.git_ref.is_some() {
+            return Err((
+                "git_ref",
+                "only a git source has a ref; drop `git_ref` or set source_type: git".into(),
+            ));
+        }
+        if !(1..=MAX_ITERATIONS).contains(&self.max_iterations) {
+            return Err((
+                "max_iterations",
+                format!("must be between 1 and {MAX_ITERATIONS}"),
+            ));
+        }
+        super::target::check(&self.target).map_err(|e| ("target", e))?;
+        if let Some(llm) = &self.llm {
+            crate::agents::ProviderSpec::parse(llm).map_err(|e| ("llm", e.to_string()))?;
+        }
+        Ok(())
+    }
+}

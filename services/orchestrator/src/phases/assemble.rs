@@ -1,0 +1,360 @@
+//! Reading phase results (seed 004 §6): the `assemble` node's spec and the rules every result
+//! is judged by. The node itself is nodes/assemble.rs.
+//!
+//! - A result that does not exist is `failed` (§6.1); for an auto plan the expected keys come
+//!   from the plan's `auto_tasks.selected_tasks`, for a tasks plan from `tasks[].rank`.
+//! - A fail-safe placeholder (`placeholder: true`) is `failed` with its reason (§4).
+//! - A result its contract refuses is `failed` with the violations.
+//! - `success`, `partial`, `failed`, `no_changes` as §6.2 says; `no_changes` counts as success.
+//!   Anything else is `failed` (unknown status).
+//! - File names and keys are compared with `-` read as `_` (§6.3).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use super::contracts::Contracts;
+use super::normalize_key;
+use crate::graph::Template;
+
+/// The `assemble` node (docs/phases.md).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AssembleSpec {
+    /// The plan's result file (under the run's results/); decides which results are expected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<Template>,
+    /// Result files expected whatever the plan (the digest's fetch results).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub results: Vec<Template>,
+    /// Name of a tasks plan's results; `{rank}` is the task's rank (seed 004 §5).
+    #[serde(default = "default_task_results")]
+    pub task_results: String,
+    /// Name of an auto plan's results; `{key}` is the task key (seed 004 §4).
+    #[serde(default = "default_auto_results")]
+    pub auto_results: String,
+    /// Counters document to count auto successes in (default: the one the plan names).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counters: Option<Template>,
+    /// Where the Markdown report goes (default `docs/<run_id>/<node>.md`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub report: Option<Template>,
+}
+
+fn default_task_results() -> String {
+    "todoist-result-{rank}.json".into()
+}
+
+fn default_auto_results() -> String {
+    "todoist-auto-{key}.json".into()
+}
+
+impl AssembleSpec {
+    pub fn check(&self) -> Result<(), (String, String)> {
+        for (field, pattern, hole) in [
+            ("task_results", &self.task_results, "{rank}"),
+            ("auto_results", &self.auto_results, "{key}"),
+        ] {
+            if !pattern.contains(hole) {
+                return Err((field.into(), format!("`{pattern}` must contain `{hole}`")));
+            }
+            super::check_result_name(&pattern.replace(hole, "x")).map_err(|m| (field.into(), m))?;
+        }
+        if self.plan.is_none() && self.results.is_empty() {
+            return Err((
+                "plan".into(),
+                "set `plan` (the plan's result file) or `results` (files to read), or both".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn templates_mut(&mut self) -> Vec<(String, &mut Template)> {
+        let mut out: Vec<(String, &mut Template)> = Vec::new();
+        if let Some(t) = &mut self.plan {
+            out.push(("plan".into(), t));
+        }
+        for (i, t) in self.results.iter_mut().enumerate() {
+            out.push((format!("results[{i}]"), t));
+        }
+        if let Some(t) = &mut self.counters {
+            out.push(("counters".into(), t));
+        }
+        if let Some(t) = &mut self.report {
+            out.push(("report".into(), t));
+        }
+        out
+    }
+}
+
+/// The four statuses of seed 004 §4/§6.2.
+pub const STATUSES: &[&str] = &["success", "partial", "failed", "no_changes"];
+
+/// How one result reads.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Verdict {
+    /// The expected file name (under results/).
+    pub file: String,
+    /// The file actually read (differs by `-`/`_` only), if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub found: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rank: Option<Value>,
+    pub status: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
+    /// What seed 004 §6.2 does with it: close, comment_partial, comment_failed, count, none.
+    pub action: String,
+}
+
+/// Judges one result document (None = the file does not exist).
+pub fn judge(
+    name: &str,
+    bytes: Option<&[u8]>,
+    contracts: &Contracts,
+) -> (String, Option<String>, Option<String>) {
+    let failed = |why: String| ("failed".to_owned(), Some(why), None);
+    let Some(bytes) = bytes else {
+        return failed("missing: the result was never written (seed 004 §6.1)".into());
+    };
+    let doc: Value = match serde_json::from_slice(bytes) {
+        Ok(v) => v,
+        Err(e) => return failed(format!("not JSON: {e}")),
+    };
+    let Some(obj) = doc.as_object() else {
+        return failed("not a JSON object".into());
+    };
+    let text = |k: &str| obj.get(k).and_then(Value::as_str).map(str::to_owned);
+    if obj.get("placeholder").and_then(Value::as_bool) == Some(true) {
+        let why = text("error").unwrap_or_else(|| "fail-safe placeholder".into());
+        return failed(format!("no result: {why}"));
+    }
+    let violations = contracts.violations(name, &doc);
+    if !violations.is_empty() {
+        return failed(format!("schema violation: {}", violations.join("; ")));
+    }
+    let summary = text("summary").filter(|s| !s.is_empty());
+    match text("status") {
+        Some(s) if STATUSES.contains(&s.as_str()) => {
+            let reason = if s == "failed" || s == "partial" {
+                text("error").filter(|e| !e.is_empty())
+            } else {
+                None
+            };
+            (s, reason, summary)
+        }
+        Some(s) => (
+            "failed".into(),
+            Some(format!(
+                "unknown status `{s}`; expected success, partial, failed or no_changes"
+            )),
+            summary,
+        ),
+        None => ("failed".into(), Some("no `status` field".into()), summary),
+    }
+}
+
+/// seed 004 §6.2 for a tasks plan (Todoist tasks) and an auto plan (counters).
+pub fn action(plan_type: &str, status: &str) -> &'static str {
+    match (plan_type, status) {
+        ("tasks", "success") => "close",
+        ("tasks", "partial") => "comment_partial",
+        ("tasks", "failed") => "comment_failed",
+        ("auto", "success" | "no_changes") => "count",
+        _ => "none",
+    }
+}
+
+/// Which result file answers for expected `name`: the exact name, else one that differs only by
+/// `-`/`_` (seed 004 §6.3).
+pub fn find<'a>(name: &str, present: &'a BTreeMap<String, String>) -> Option<&'a String> {
+    present.get(&normalize_key(name))
+}
+
+/// Index of present file names by their normalised form; an exact name wins over a look-alike.
+pub fn index(names: impl IntoIterator<Item = String>) -> BTreeMap<String, String> {
+    let mut out: BTreeMap<String, String> = BTreeMap::new();
+    for n in names {
+        let norm = normalize_key(&n);
+        let exact = norm == n;
+        match out.get(&norm) {
+            Some(existing) if *existing == norm => {}
+            Some(_) if !exact => {}
+            _ => {
+                out.insert(norm, n);
+            }
+        }
+    }
+    out
+}
+
+/// The overall status: success when every result succeeded (or had no changes), failed when
+/// none did, partial otherwise; with nothing expected, no_changes.
+pub fn overall(verdicts: &[Verdict]) -> &'static str {
+    if verdicts.is_empty() {
+        return "no_changes";
+    }
+    let ok = verdicts
+        .iter()
+        .filter(|v| v.status == "success" || v.status == "no_changes")
+        .count();
+    if ok == verdicts.len() {
+        "success"
+    } else if ok == 0 && verdicts.iter().all(|v| v.status == "failed") {
+        "failed"
+    } else {
+        "partial"
+    }
+}
+
+/// Counts per status.
+pub fn tally(verdicts: &[Verdict]) -> Value {
+    let n = |s: &str| verdicts.iter().filter(|v| v.status == s).count();
+    json!({"success": n("success"), "partial": n("partial"), "failed": n("failed"), "no_changes": n("no_changes")})
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::phases::Contract;
+
+    fn contracts() -> Contracts {
+        Contracts::compile(&[Contract {
+            files: vec!["todoist-auto-*.json".into()],
+            schema: Some(json!({"type": "object", "required": ["status", "summary"]})),
+            schema_file: None,
+        }])
+        .unwrap()
+    }
+
+    fn j(name: &str, v: Value) -> (String, Option<String>, Option<String>) {
+        judge(name, Some(v.to_string().as_bytes()), &contracts())
+    }
+
+    #[test]
+    fn missing_results_are_failed() {
+        let (s, why, _) = judge("todoist-result-1.json", None, &contracts());
+        assert_eq!(s, "failed");
+        assert!(why.unwrap().starts_with("missing"));
+    }
+
+    #[test]
+    fn statuses_follow_seed_004() {
+        for s in STATUSES {
+            assert_eq!(j("x.json", json!({"status": s})).0, *s);
+        }
+        let (s, why, _) = j("x.json", json!({"status": "done"}));
+        assert_eq!(s, "failed");
+        assert!(why.unwrap().contains("unknown status `done`"));
+        let (s, why, _) = j("x.json", json!({"summary": "?"}));
+        assert_eq!(
+            (s.as_str(), why.as_deref()),
+            ("failed", Some("no `status` field"))
+        );
+        let (_, why, summary) = j(
+            "x.json",
+            json!({"status": "partial", "error": "2 of 3", "summary": "half"}),
+        );
+        assert_eq!(
+            (why.as_deref(), summary.as_deref()),
+            (Some("2 of 3"), Some("half"))
+        );
+        assert_eq!(j("x.json", json!([1])).0, "failed");
+        let (s, why, _) = judge("x.json", Some(b"{oops"), &contracts());
+        assert_eq!(s, "failed");
+        assert!(why.unwrap().starts_with("not JSON"));
+    }
+
+    #[test]
+    fn placeholders_and_schema_violations_are_failed_with_the_reason() {
+        let (s, why, _) = j(
+            "todoist-auto-a.json",
+            json!({"status": "failed", "placeholder": true, "error": "node `a` finished without a result"}),
+        );
+        assert_eq!(s, "failed");
+        assert!(why.unwrap().contains("node `a` finished without a result"));
+        // success claimed, but the contract requires `summary`.
+        let (s, why, _) = j("todoist-auto-a.json", json!({"status": "success"}));
+        assert_eq!(s, "failed");
+        let why = why.unwrap();
+        assert!(
+            why.starts_with("schema violation") && why.contains("summary"),
+            "{why}"
+        );
+        // The same document under a name no contract covers is fine.
+        assert_eq!(j("news.json", json!({"status": "success"})).0, "success");
+    }
+
+    #[test]
+    fn names_match_with_hyphens_read_as_underscores() {
+        let present = index([
+            "todoist-auto-tech-research.json".to_owned(),
+            "todoist-auto-log_audit.json".to_owned(),
+        ]);
+        assert_eq!(
+            find("todoist-auto-tech_research.json", &present).unwrap(),
+            "todoist-auto-tech-research.json"
+        );
+        assert_eq!(
+            find("todoist-auto-log-audit.json", &present).unwrap(),
+            "todoist-auto-log_audit.json"
+        );
+        assert!(find("todoist-auto-other.json", &present).is_none());
+        // An exact underscore name wins over a look-alike, in any order.
+        for order in [["a-b.json", "a_b.json"], ["a_b.json", "a-b.json"]] {
+            let present = index(order.map(str::to_owned));
+            assert_eq!(find("a_b.json", &present).unwrap(), "a_b.json");
+        }
+    }
+
+    #[test]
+    fn actions_and_overall_status() {
+        assert_eq!(action("tasks", "success"), "close");
+        assert_eq!(action("tasks", "no_changes"), "none");
+        assert_eq!(action("tasks", "partial"), "comment_partial");
+        assert_eq!(action("auto", "no_changes"), "count");
+        assert_eq!(action("auto", "failed"), "none");
+        let v = |s: &str| Verdict {
+            file: "f".into(),
+            found: None,
+            key: None,
+            rank: None,
+            status: s.into(),
+            reason: None,
+            summary: None,
+            action: "none".into(),
+        };
+        assert_eq!(overall(&[]), "no_changes");
+        assert_eq!(overall(&[v("success"), v("no_changes")]), "success");
+        assert_eq!(overall(&[v("success"), v("failed")]), "partial");
+        assert_eq!(overall(&[v("partial")]), "partial");
+        assert_eq!(overall(&[v("failed"), v("failed")]), "failed");
+        assert_eq!(tally(&[v("failed"), v("success")])["failed"], 1);
+    }
+
+    #[test]
+    fn spec_checks() {
+        let mut s = AssembleSpec {
+            plan: Some(Template::literal("plan.json")),
+            results: vec![],
+            task_results: default_task_results(),
+            auto_results: default_auto_results(),
+            counters: None,
+            report: None,
+        };
+        assert!(s.check().is_ok());
+        s.auto_results = "todoist-auto.json".into();
+        assert_eq!(s.check().unwrap_err().0, "auto_results");
+        s.auto_results = "../{key}.json".into();
+        assert_eq!(s.check().unwrap_err().0, "auto_results");
+        s.auto_results = default_auto_results();
+        s.plan = None;
+        assert_eq!(s.check().unwrap_err().0, "plan");
+    }
+}
