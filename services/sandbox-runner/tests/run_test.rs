@@ -611,8 +611,10 @@ async fn a_burst_beyond_the_pool_runs_cold_and_the_pool_refills_after() {
             format!("cairn.runner_id={}", r.handle.runner_id()),
             "cairn.kind=pool".to_string(),
         ];
-        let before: std::collections::BTreeSet<String> =
-            containers_labelled(&pool_labels).await.into_iter().collect();
+        let before: std::collections::BTreeSet<String> = containers_labelled(&pool_labels)
+            .await
+            .into_iter()
+            .collect();
         assert_eq!(before.len(), 2, "{before:?}");
         let mut calls: futures::stream::FuturesUnordered<_> = (0..6)
             .map(|i| {

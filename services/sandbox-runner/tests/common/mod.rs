@@ -288,10 +288,7 @@ pub async fn containers_labelled(labels: &[String]) -> Vec<String> {
         .negotiate_version()
         .await
         .unwrap();
-    let filters = std::collections::HashMap::from([(
-        "label".to_string(),
-        labels.to_vec(),
-    )]);
+    let filters = std::collections::HashMap::from([("label".to_string(), labels.to_vec())]);
     let opts = bollard::query_parameters::ListContainersOptionsBuilder::default()
         .all(true)
         .filters(&filters)
