@@ -1,7 +1,10 @@
 //! Hosting of cairn gRPC services: what every service needs around its own handlers and must
 //! not write again: grpc.health.v1, reflection, one trace span per RPC, message limits, and a
 //! graceful shutdown that stops accepting and lets in-flight calls finish.
-//! Also the one way clients build channels ([`connect`]).
+//! Also the one way clients build channels ([`connect`]) and services layer their
+//! configuration ([`config`]).
+
+pub mod config;
 
 use std::convert::Infallible;
 use std::future::Future;

@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use cairn_server::config::{self, Env, UnknownVars};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -49,17 +50,12 @@ impl Default for Config {
     }
 }
 
-/// Environment variables read by [`Config::load`] (`CAIRN_STORE_<KEY>`; lists comma-separated).
-pub const ENV_KEYS: &[&str] = &[
-    "CAIRN_STORE_DATA_ROOT",
-    "CAIRN_STORE_LISTEN",
-    "CAIRN_STORE_DENYLIST",
-    "CAIRN_STORE_ALLOWED_PREFIXES",
-    "CAIRN_STORE_MAX_FILE_BYTES",
-    "CAIRN_STORE_CHUNK_BYTES",
-    "CAIRN_STORE_MAX_EVENT_BYTES",
-    "CAIRN_STORE_MAX_JSON_BYTES",
-];
+/// `CAIRN_STORE_<KEY>` overrides (lists comma-separated); other `CAIRN_STORE_*` variables (the
+/// CLI's `CAIRN_STORE_ADDR`) are not ours and are skipped.
+pub const ENV: Env = Env {
+    prefix: "CAIRN_STORE_",
+    unknown: UnknownVars::Ignore,
+};
 
 impl Config {
     /// A default configuration over `data_root`.
@@ -72,58 +68,14 @@ impl Config {
 
     /// Defaults, then the TOML `file` (if given), then `CAIRN_STORE_*` variables.
     pub fn load(file: Option<&Path>) -> Result<Config> {
-        let mut config = match file {
-            Some(path) => Config::from_toml_file(path)?,
-            None => Config::default(),
-        };
-        config.apply_env(|key| std::env::var(key).ok())?;
+        let config: Config = ENV.load(file).map_err(config_error)?;
         config.check()?;
         Ok(config)
     }
 
-    /// Parses a TOML file (keys as the field names of [`Config`]).
-    pub fn from_toml_file(path: &Path) -> Result<Config> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            Error::Config(format!("cannot read config file {}: {e}", path.display()))
-        })?;
-        toml::from_str(&text)
-            .map_err(|e| Error::Config(format!("config file {}: {e}", path.display())))
-    }
-
     /// Applies `CAIRN_STORE_*` overrides read through `var`.
     pub fn apply_env(&mut self, var: impl Fn(&str) -> Option<String>) -> Result<()> {
-        let list = |v: String| -> Vec<String> {
-            v.split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(String::from)
-                .collect()
-        };
-        if let Some(v) = var("CAIRN_STORE_DATA_ROOT") {
-            self.data_root = PathBuf::from(v);
-        }
-        if let Some(v) = var("CAIRN_STORE_LISTEN") {
-            self.listen = parse_env("CAIRN_STORE_LISTEN", &v)?;
-        }
-        if let Some(v) = var("CAIRN_STORE_DENYLIST") {
-            self.denylist = list(v);
-        }
-        if let Some(v) = var("CAIRN_STORE_ALLOWED_PREFIXES") {
-            self.allowed_prefixes = list(v);
-        }
-        if let Some(v) = var("CAIRN_STORE_MAX_FILE_BYTES") {
-            self.max_file_bytes = parse_env("CAIRN_STORE_MAX_FILE_BYTES", &v)?;
-        }
-        if let Some(v) = var("CAIRN_STORE_CHUNK_BYTES") {
-            self.chunk_bytes = parse_env("CAIRN_STORE_CHUNK_BYTES", &v)?;
-        }
-        if let Some(v) = var("CAIRN_STORE_MAX_EVENT_BYTES") {
-            self.max_event_bytes = parse_env("CAIRN_STORE_MAX_EVENT_BYTES", &v)?;
-        }
-        if let Some(v) = var("CAIRN_STORE_MAX_JSON_BYTES") {
-            self.max_json_bytes = parse_env("CAIRN_STORE_MAX_JSON_BYTES", &v)?;
-        }
-        Ok(())
+        ENV.apply_lookup(self, var).map_err(config_error)
     }
 
     /// Refuses values the store cannot work with.
@@ -147,14 +99,8 @@ impl Config {
     }
 }
 
-fn parse_env<T: std::str::FromStr>(key: &str, value: &str) -> Result<T>
-where
-    T::Err: std::fmt::Display,
-{
-    value
-        .trim()
-        .parse()
-        .map_err(|e| Error::Config(format!("{key}={value:?}: {e}")))
+fn config_error(e: config::ConfigError) -> Error {
+    Error::Config(e.to_string())
 }
 
 /// Command-line flags of the store (also flattened into `cairn serve artifact-store`).
@@ -188,21 +134,22 @@ impl ConfigArgs {
     /// Defaults, file, environment, then these flags.
     pub fn load(&self) -> Result<Config> {
         let mut config = Config::load(self.config.as_deref())?;
+        config::set_flags(
+            &mut config,
+            [
+                ("listen", self.listen.map(|v| v.to_string())),
+                ("max_file_bytes", self.max_file_bytes.map(|v| v.to_string())),
+                ("chunk_bytes", self.chunk_bytes.map(|v| v.to_string())),
+            ],
+        )
+        .map_err(config_error)?;
+        // A path may not be UTF-8: set directly.
         if let Some(v) = &self.data_root {
             config.data_root = v.clone();
-        }
-        if let Some(v) = self.listen {
-            config.listen = v;
         }
         config.denylist.extend(self.deny.iter().cloned());
         if !self.allowed_prefixes.is_empty() {
             config.allowed_prefixes = self.allowed_prefixes.clone();
-        }
-        if let Some(v) = self.max_file_bytes {
-            config.max_file_bytes = v;
-        }
-        if let Some(v) = self.chunk_bytes {
-            config.chunk_bytes = v;
         }
         config.check()?;
         Ok(config)

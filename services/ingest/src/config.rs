@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use cairn_server::config::{self, Env, UnknownVars};
 use serde::{Deserialize, Serialize};
 
 use crate::block::Limits;
@@ -52,75 +53,24 @@ impl Default for Config {
     }
 }
 
-/// Environment variables read by [`Config::load`] (`CAIRN_INGEST_<KEY>`; lists comma-separated).
-pub const ENV_KEYS: &[&str] = &[
-    "CAIRN_INGEST_LISTEN",
-    "CAIRN_INGEST_STORE_ADDR",
-    "CAIRN_INGEST_STORE_TIMEOUT_MS",
-    "CAIRN_INGEST_DEFAULT_ENABLED",
-    "CAIRN_INGEST_MAX_BLOCK_BYTES",
-    "CAIRN_INGEST_MAX_BLOCKS",
-    "CAIRN_INGEST_MAX_DOCUMENT_BYTES",
-    "CAIRN_INGEST_DENYLIST",
-    "CAIRN_INGEST_WRITE_CONCURRENCY",
-];
+/// `CAIRN_INGEST_<KEY>` overrides (lists comma-separated); other `CAIRN_INGEST_*` variables (the
+/// CLI's `CAIRN_INGEST_ADDR`) are not ours and are skipped.
+pub const ENV: Env = Env {
+    prefix: "CAIRN_INGEST_",
+    unknown: UnknownVars::Ignore,
+};
 
 impl Config {
     /// Defaults, then the TOML `file` (if given), then `CAIRN_INGEST_*` variables.
     pub fn load(file: Option<&Path>) -> Result<Config> {
-        let mut config = match file {
-            Some(path) => Config::from_toml_file(path)?,
-            None => Config::default(),
-        };
-        config.apply_env(|key| std::env::var(key).ok())?;
+        let config: Config = ENV.load(file).map_err(config_error)?;
         config.check()?;
         Ok(config)
     }
 
-    /// Parses a TOML file (keys as the field names of [`Config`]).
-    pub fn from_toml_file(path: &Path) -> Result<Config> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            Error::Config(format!("cannot read config file {}: {e}", path.display()))
-        })?;
-        toml::from_str(&text)
-            .map_err(|e| Error::Config(format!("config file {}: {e}", path.display())))
-    }
-
     /// Applies `CAIRN_INGEST_*` overrides read through `var`.
     pub fn apply_env(&mut self, var: impl Fn(&str) -> Option<String>) -> Result<()> {
-        if let Some(v) = var("CAIRN_INGEST_LISTEN") {
-            self.listen = parse_env("CAIRN_INGEST_LISTEN", &v)?;
-        }
-        if let Some(v) = var("CAIRN_INGEST_STORE_ADDR") {
-            self.store_addr = v.trim().to_owned();
-        }
-        if let Some(v) = var("CAIRN_INGEST_STORE_TIMEOUT_MS") {
-            self.store_timeout_ms = parse_env("CAIRN_INGEST_STORE_TIMEOUT_MS", &v)?;
-        }
-        if let Some(v) = var("CAIRN_INGEST_DEFAULT_ENABLED") {
-            self.default_enabled = parse_env("CAIRN_INGEST_DEFAULT_ENABLED", &v)?;
-        }
-        if let Some(v) = var("CAIRN_INGEST_MAX_BLOCK_BYTES") {
-            self.max_block_bytes = parse_env("CAIRN_INGEST_MAX_BLOCK_BYTES", &v)?;
-        }
-        if let Some(v) = var("CAIRN_INGEST_MAX_BLOCKS") {
-            self.max_blocks = parse_env("CAIRN_INGEST_MAX_BLOCKS", &v)?;
-        }
-        if let Some(v) = var("CAIRN_INGEST_MAX_DOCUMENT_BYTES") {
-            self.max_document_bytes = parse_env("CAIRN_INGEST_MAX_DOCUMENT_BYTES", &v)?;
-        }
-        if let Some(v) = var("CAIRN_INGEST_DENYLIST") {
-            self.denylist = v
-                .split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(String::from)
-                .collect();
-        }
-        if let Some(v) = var("CAIRN_INGEST_WRITE_CONCURRENCY") {
-            self.write_concurrency = parse_env("CAIRN_INGEST_WRITE_CONCURRENCY", &v)?;
-        }
-        Ok(())
+        ENV.apply_lookup(self, var).map_err(config_error)
     }
 
     /// Refuses values ingest cannot work with.
@@ -165,14 +115,8 @@ impl Config {
     }
 }
 
-fn parse_env<T: std::str::FromStr>(key: &str, value: &str) -> Result<T>
-where
-    T::Err: std::fmt::Display,
-{
-    value
-        .trim()
-        .parse()
-        .map_err(|e| Error::Config(format!("{key}={value:?}: {e}")))
+fn config_error(e: config::ConfigError) -> Error {
+    Error::Config(e.to_string())
 }
 
 /// Command-line flags of the ingest service (also flattened into `cairn serve ingest`).
@@ -212,27 +156,31 @@ impl ConfigArgs {
     /// Defaults, file, environment, then these flags.
     pub fn load(&self) -> Result<Config> {
         let mut config = Config::load(self.config.as_deref())?;
-        if let Some(v) = self.listen {
-            config.listen = v;
-        }
-        if let Some(v) = &self.store_addr {
-            config.store_addr = v.clone();
-        }
-        if let Some(v) = self.store_timeout_ms {
-            config.store_timeout_ms = v;
-        }
-        if let Some(v) = self.default_enabled {
-            config.default_enabled = v;
-        }
-        if let Some(v) = self.max_block_bytes {
-            config.max_block_bytes = v;
-        }
-        if let Some(v) = self.max_blocks {
-            config.max_blocks = v;
-        }
-        if let Some(v) = self.max_document_bytes {
-            config.max_document_bytes = v;
-        }
+        config::set_flags(
+            &mut config,
+            [
+                ("listen", self.listen.map(|v| v.to_string())),
+                ("store_addr", self.store_addr.clone()),
+                (
+                    "store_timeout_ms",
+                    self.store_timeout_ms.map(|v| v.to_string()),
+                ),
+                (
+                    "default_enabled",
+                    self.default_enabled.map(|v| v.to_string()),
+                ),
+                (
+                    "max_block_bytes",
+                    self.max_block_bytes.map(|v| v.to_string()),
+                ),
+                ("max_blocks", self.max_blocks.map(|v| v.to_string())),
+                (
+                    "max_document_bytes",
+                    self.max_document_bytes.map(|v| v.to_string()),
+                ),
+            ],
+        )
+        .map_err(config_error)?;
         config.denylist.extend(self.deny.iter().cloned());
         config.check()?;
         Ok(config)

@@ -4,6 +4,7 @@
 
 use std::path::Path;
 
+use cairn_server::config::{self, Env, UnknownVars};
 use serde::{Deserialize, Serialize};
 
 use crate::agents::LlmConfig;
@@ -190,38 +191,25 @@ impl Default for Config {
     }
 }
 
+/// `CAIRN_ORCHESTRATOR_<KEY>` / `CAIRN_ORCHESTRATOR_<SECTION>_<KEY>` overrides; an unknown
+/// name is refused.
+pub const ENV: Env = Env {
+    prefix: ENV_PREFIX,
+    unknown: UnknownVars::Refuse,
+};
+
 impl Config {
     /// Defaults, then `file` (TOML) if given, then the environment.
     pub fn load(file: Option<&Path>) -> Result<Config> {
-        let mut table = match file {
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| Error::Config(format!("cannot read {}: {e}", path.display())))?;
-                toml::from_str::<toml::Table>(&text)
-                    .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?
-            }
-            None => toml::Table::new(),
-        };
-        for (key, value) in std::env::vars() {
-            if let Some(k) = key.strip_prefix(ENV_PREFIX) {
-                set_key(&mut table, &k.to_ascii_lowercase(), &value)
-                    .map_err(|e| Error::Config(format!("environment variable {key}: {e}")))?;
-            }
-        }
-        let config: Config = table
-            .try_into()
-            .map_err(|e: toml::de::Error| Error::Config(e.to_string()))?;
+        let config: Config = ENV.load(file).map_err(config_error)?;
         config.check()?;
         Ok(config)
     }
 
     /// Applies one `key=value` override (flags use this too).
     pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
-        let mut table = toml::Table::try_from(&*self).map_err(|e| Error::Config(e.to_string()))?;
-        set_key(&mut table, key, value).map_err(Error::Config)?;
-        let next: Config = table
-            .try_into()
-            .map_err(|e: toml::de::Error| Error::Config(e.to_string()))?;
+        let mut next = self.clone();
+        config::set(&mut next, key, value).map_err(config_error)?;
         // A refused value leaves the config as it was.
         next.check()?;
         *self = next;
@@ -251,134 +239,8 @@ impl Config {
     }
 }
 
-/// Config sections whose keys may be given as `<section>_<field>` (environment variables).
-const SECTIONS: [&str; 4] = ["code_delivery", "retry", "onebot", "llm"];
-
-/// Sets `key` (a Config field, or `<section>_<field>` / `<section>.<field>` of a section) from
-/// text, typed by the field's default.
-fn set_key(table: &mut toml::Table, key: &str, value: &str) -> std::result::Result<(), String> {
-    let defaults = toml::Table::try_from(Config::default()).map_err(|e| e.to_string())?;
-    let key = key.replace('-', "_");
-    if let Some(path) = deep_key(&defaults, &key) {
-        return set_deep(table, &defaults, &path, value);
-    }
-    let (section, field) = match key.split_once('.') {
-        Some((s, f)) => (Some(s.to_owned()), f.to_owned()),
-        None if defaults.contains_key(&key) => (None, key.clone()),
-        None => SECTIONS
-            .iter()
-            .find_map(|s| {
-                let f = key.strip_prefix(s)?.strip_prefix('_')?;
-                defaults.get(*s)?.get(f)?;
-                Some((Some((*s).to_owned()), f.to_owned()))
-            })
-            .unwrap_or((None, key.clone())),
-    };
-    let template = match &section {
-        Some(s) => defaults.get(s).and_then(|t| t.get(&field)),
-        None => defaults.get(&field),
-    };
-    let Some(template) = template else {
-        return Err(format!("unknown key `{key}`"));
-    };
-    let parsed = parse_like(template, value)?;
-    match section {
-        Some(s) => {
-            let entry = table
-                .entry(s)
-                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-            match entry {
-                toml::Value::Table(t) => {
-                    t.insert(field, parsed);
-                }
-                _ => return Err("not a table".into()),
-            }
-        }
-        None => {
-            table.insert(field, parsed);
-        }
-    }
-    Ok(())
-}
-
-/// `value` parsed as the type of `template` (the field's default).
-fn parse_like(template: &toml::Value, value: &str) -> std::result::Result<toml::Value, String> {
-    Ok(match template {
-        toml::Value::Boolean(_) => toml::Value::Boolean(match value.trim() {
-            "1" | "true" | "yes" | "on" => true,
-            "0" | "false" | "no" | "off" => false,
-            other => return Err(format!("`{other}` is not a boolean")),
-        }),
-        toml::Value::Integer(_) => toml::Value::Integer(
-            value
-                .trim()
-                .parse()
-                .map_err(|_| format!("`{value}` is not an integer"))?,
-        ),
-        toml::Value::Float(_) => toml::Value::Float(
-            value
-                .trim()
-                .parse()
-                .map_err(|_| format!("`{value}` is not a number"))?,
-        ),
-        toml::Value::Array(_) => toml::Value::Array(
-            value
-                .split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(|s| toml::Value::String(s.to_owned()))
-                .collect(),
-        ),
-        _ => toml::Value::String(value.to_owned()),
-    })
-}
-
-/// A key nested deeper than one section (`sandbox.runner.features.use_for_tools`, or the same
-/// with `_` as environment variables write it): its path, if the defaults have that leaf.
-fn deep_key(defaults: &toml::Table, key: &str) -> Option<Vec<String>> {
-    fn leaves(t: &toml::Table, path: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
-        for (k, v) in t {
-            path.push(k.clone());
-            match v {
-                toml::Value::Table(sub) => leaves(sub, path, out),
-                _ if path.len() >= 3 => out.push(path.clone()),
-                _ => {}
-            }
-            path.pop();
-        }
-    }
-    let mut all = Vec::new();
-    leaves(defaults, &mut Vec::new(), &mut all);
-    all.into_iter()
-        .find(|p| p.join(".") == key || p.join("_") == key)
-}
-
-fn set_deep(
-    table: &mut toml::Table,
-    defaults: &toml::Table,
-    path: &[String],
-    value: &str,
-) -> std::result::Result<(), String> {
-    let (leaf, parents) = path.split_last().ok_or("empty key")?;
-    let mut template = defaults;
-    let mut target = table;
-    for p in parents {
-        template = template
-            .get(p)
-            .and_then(toml::Value::as_table)
-            .ok_or_else(|| format!("unknown key `{}`", path.join(".")))?;
-        let entry = target
-            .entry(p.clone())
-            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-        target = entry
-            .as_table_mut()
-            .ok_or_else(|| format!("`{p}` is not a table"))?;
-    }
-    let t = template
-        .get(leaf)
-        .ok_or_else(|| format!("unknown key `{}`", path.join(".")))?;
-    target.insert(leaf.clone(), parse_like(t, value)?);
-    Ok(())
+fn config_error(e: config::ConfigError) -> Error {
+    Error::Config(e.to_string())
 }
 
 #[cfg(test)]

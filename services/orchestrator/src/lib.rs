@@ -24,6 +24,7 @@ pub mod phases;
 pub mod recorder;
 pub mod run;
 pub mod rundir;
+pub mod runner_session;
 pub mod runners;
 pub mod runs;
 pub mod scheduler;

@@ -76,6 +76,8 @@ enum Target {
     /// A name resolved to every address it has.
     Name {
         spec: String,
+        /// `http://` or `https://` when the entry named one ("" = as cairn_server::connect
+        /// defaults), kept on each address.
         scheme: &'static str,
         host_port: String,
         port: u16,
@@ -94,15 +96,15 @@ impl Target {
             None => (false, trimmed),
         };
         let (scheme, authority) = if let Some(r) = rest.strip_prefix("http://") {
-            ("http", r)
+            ("http://", r)
         } else if let Some(r) = rest.strip_prefix("https://") {
-            ("https", r)
+            ("https://", r)
         } else if rest.contains("://") {
             return Err(bad(
                 "only http://, https:// and dns:/// addresses are supported",
             ));
         } else {
-            ("http", rest)
+            ("", rest)
         };
         let authority = authority.trim_end_matches('/');
         let (host, port) = authority.rsplit_once(':').ok_or_else(|| bad("no port"))?;
@@ -115,7 +117,8 @@ impl Target {
             if explicit_dns {
                 return Err(bad("dns:/// needs a name, not an IP address"));
             }
-            return Ok(Target::Fixed(format!("{scheme}://{authority}")));
+            // As given: events and logs name the runner the way the operator wrote it.
+            return Ok(Target::Fixed(trimmed.to_owned()));
         }
         Ok(Target::Name {
             spec: spec.to_owned(),
@@ -416,7 +419,7 @@ impl Shared {
                 Target::Fixed(a) => vec![a.clone()],
                 Target::Name { scheme, .. } => resolved
                     .get(&i)
-                    .map(|v| v.iter().map(|a| format!("{scheme}://{a}")).collect())
+                    .map(|v| v.iter().map(|a| format!("{scheme}{a}")).collect())
                     .unwrap_or_default(),
             };
             for addr in addrs {

@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
+use cairn_server::config::{self, Env, UnknownVars};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -119,32 +120,23 @@ impl Default for Config {
     }
 }
 
+/// `CAIRN_SANDBOX_RUNNER_<KEY>` overrides; an unknown name is refused.
+pub const ENV: Env = Env {
+    prefix: ENV_PREFIX,
+    unknown: UnknownVars::Refuse,
+};
+
 impl Config {
     /// Reads `path` (if any), then applies the environment overrides, then checks.
     pub fn load(path: Option<&Path>) -> Result<Config> {
-        let text = match path {
-            Some(p) => std::fs::read_to_string(p)
-                .map_err(|e| Error::Config(format!("cannot read {}: {e}", p.display())))?,
-            None => String::new(),
-        };
-        let mut table: toml::Table =
-            toml::from_str(&text).map_err(|e| Error::Config(format!("invalid TOML: {e}")))?;
-        apply_env(&mut table, std::env::vars())?;
-        let config: Config = toml::Value::Table(table)
-            .try_into()
-            .map_err(|e| Error::Config(format!("{e}")))?;
+        let config: Config = ENV.load(path).map_err(config_error)?;
         config.check()?;
         Ok(config)
     }
 
     /// Sets one key (`pool_size`, `defaults.timeout_ms`) from its textual value (flags).
     pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
-        let mut table = toml::Table::try_from(&*self).map_err(|e| Error::Config(e.to_string()))?;
-        set_key(&mut table, key, value)?;
-        *self = toml::Value::Table(table)
-            .try_into()
-            .map_err(|e| Error::Config(format!("{key}: {e}")))?;
-        Ok(())
+        config::set(self, key, value).map_err(config_error)
     }
 
     pub fn check(&self) -> Result<()> {
@@ -185,65 +177,8 @@ impl Config {
     }
 }
 
-fn apply_env(table: &mut toml::Table, vars: impl Iterator<Item = (String, String)>) -> Result<()> {
-    for (name, value) in vars {
-        let Some(key) = name.strip_prefix(ENV_PREFIX) else {
-            continue;
-        };
-        let key = key.to_ascii_lowercase();
-        let key = ["defaults_", "max_", "session_"]
-            .iter()
-            .find_map(|t| {
-                key.strip_prefix(t).and_then(|rest| {
-                    let section = t.trim_end_matches('_');
-                    // `max_sessions` is a top-level key, not `[max] sessions`.
-                    (key != "max_sessions").then(|| format!("{section}.{rest}"))
-                })
-            })
-            .unwrap_or(key);
-        set_key(table, &key, &value).map_err(|e| Error::Config(format!("{name}: {e}")))?;
-    }
-    Ok(())
-}
-
-fn set_key(table: &mut toml::Table, key: &str, value: &str) -> Result<()> {
-    let parsed = value
-        .parse::<i64>()
-        .map(toml::Value::Integer)
-        .or_else(|_| value.parse::<bool>().map(toml::Value::Boolean))
-        .unwrap_or_else(|_| toml::Value::String(value.to_owned()));
-    match key.split_once('.') {
-        Some((section, field)) => {
-            let entry = table
-                .entry(section.to_owned())
-                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-            match entry {
-                toml::Value::Table(t) => {
-                    t.insert(field.to_owned(), parsed);
-                }
-                _ => return Err(Error::Config(format!("{section} is not a table"))),
-            }
-        }
-        None => {
-            // Strings that look like numbers (runner_id "42") stay strings where a string is expected.
-            let keep_string = matches!(
-                key,
-                "runner_id"
-                    | "image"
-                    | "container_prefix"
-                    | "container_suffix"
-                    | "listen"
-                    | "bwrap"
-            );
-            let v = if keep_string {
-                toml::Value::String(value.to_owned())
-            } else {
-                parsed
-            };
-            table.insert(key.to_owned(), v);
-        }
-    }
-    Ok(())
+fn config_error(e: config::ConfigError) -> Error {
+    Error::Config(e.to_string())
 }
 
 #[cfg(test)]
@@ -253,7 +188,7 @@ mod tests {
 
     #[test]
     fn env_overrides_reach_sections_and_top_level() {
-        let mut table = toml::Table::new();
+        let mut c = Config::default();
         let vars = vec![
             (
                 "CAIRN_SANDBOX_RUNNER_POOL_SIZE".to_string(),
@@ -273,8 +208,7 @@ mod tests {
             ),
             ("OTHER".to_string(), "x".to_string()),
         ];
-        apply_env(&mut table, vars.into_iter()).unwrap();
-        let c: Config = toml::Value::Table(table).try_into().unwrap();
+        ENV.apply(&mut c, vars).unwrap();
         assert_eq!(c.pool_size, 3);
         assert_eq!(c.max_sessions, 7);
         assert_eq!(c.backend, BackendChoice::Local);

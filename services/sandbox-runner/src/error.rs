@@ -42,6 +42,11 @@ pub enum Error {
     NotFound { what: &'static str, name: String },
     #[error("session {0:?} already exists: close it first or use another id")]
     SessionExists(String),
+    /// CloseSession (or the client going away) came while the session was opening.
+    #[error(
+        "session {0:?} was closed before it finished opening: open it again if it is still needed"
+    )]
+    OpenAborted(String),
     /// No isolation backend is available.
     #[error("{0}")]
     NoIsolation(String),
@@ -106,6 +111,7 @@ impl From<Error> for Status {
             Error::Refused { reason: r, .. } => reason::status(Code::PermissionDenied, message, r),
             Error::NotFound { .. } => Status::not_found(message),
             Error::SessionExists(_) => reason::status(Code::AlreadyExists, message, "exists"),
+            Error::OpenAborted(_) => Status::aborted(message),
             Error::NoIsolation(_) => Status::failed_precondition(message),
             Error::ShuttingDown | Error::Docker { .. } => Status::unavailable(message),
             Error::Io { .. } | Error::Sandbox(_) | Error::Server(_) => Status::internal(message),

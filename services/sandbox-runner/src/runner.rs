@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::job::{self, Job};
 use crate::limits::Limits;
 use crate::pack::{self, Format, PackReport};
-use crate::session::{self, Session, Sessions};
+use crate::session::{self, Closing, Session, Sessions};
 use crate::workspace;
 
 pub struct Runner {
@@ -139,7 +139,13 @@ impl Runner {
         ))
     }
 
-    pub async fn open_session(&self, req: pb::OpenSessionRequest) -> Result<pb::SessionInfo> {
+    /// Opens a session. The opening runs in a task of its own: when this call is dropped
+    /// (the client cancelled or its deadline passed) or CloseSession comes first, the task
+    /// stops the clone and removes what it made (container, task directory, slot).
+    pub async fn open_session(
+        self: &Arc<Self>,
+        req: pb::OpenSessionRequest,
+    ) -> Result<pb::SessionInfo> {
         self.open()?;
         let session_id = if req.session_id.is_empty() {
             uuid::Uuid::new_v4().to_string()
@@ -161,7 +167,8 @@ impl Runner {
             &self.config.default_limits(),
             &self.config.max_limits(),
         )?;
-        self.sessions
+        let reservation = self
+            .sessions
             .reserve(&session_id, self.config.max_sessions)?;
         let sandbox = SessionSandbox {
             name: format!(
@@ -169,49 +176,105 @@ impl Runner {
                 self.config.container_prefix, session_id, self.config.container_suffix
             ),
             task_dir: self.config.work_root.join("tasks").join(&session_id),
-            session_id: session_id.clone(),
+            session_id,
             network: req.network,
             limits,
             run_id: req.run_id,
             node_id: req.node_id,
         };
-        match self.open_sandbox(&sandbox, req.git.as_ref()).await {
-            Ok(session) => {
-                let info = pb::SessionInfo {
-                    session_id: session_id.clone(),
-                    container_name: sandbox.name.clone(),
-                    backend: self.backend.name().into(),
-                    git_commit: session.git_commit.clone(),
-                };
-                self.sessions.fill(session);
-                tracing::info!(session_id = %session_id, "session opened");
-                Ok(info)
+        let _cancel_when_dropped = reservation.token().clone().drop_guard();
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let runner = self.clone();
+        tokio::spawn(tracing::Instrument::in_current_span(async move {
+            let opened = runner.open_reserved(reservation, sandbox, req.git).await;
+            // Opened just as the caller left: nobody will learn of it, so close it.
+            if let Err(Ok(info)) = answer.send(opened) {
+                runner.close_unclaimed(info.session_id).await;
             }
-            Err(e) => {
-                // Nothing half-made stays: container and directories go.
-                let _ = self.backend.close_session(&sandbox).await;
-                backend::remove_dir(&sandbox.task_dir).await;
-                self.sessions.release(&session_id);
-                Err(e)
-            }
+        }));
+        let mut answer = Unclaimed {
+            runner: self.clone(),
+            rx: answered,
+            taken: false,
+        };
+        let opened = (&mut answer.rx).await;
+        answer.taken = true;
+        opened.map_err(|_| {
+            Error::Sandbox("the session opening task ended without an answer".into())
+        })?
+    }
+
+    async fn close_unclaimed(&self, session_id: String) {
+        if let Err(e) = self.close_session(&session_id).await {
+            tracing::warn!(session_id = %session_id, error = %e, "could not close a session whose caller left");
         }
+    }
+
+    /// Opens the reserved session, or tears it down when opening fails or is cancelled.
+    async fn open_reserved(
+        &self,
+        reservation: session::Reservation,
+        sandbox: SessionSandbox,
+        git: Option<pb::GitSource>,
+    ) -> Result<pb::SessionInfo> {
+        let failed = match self
+            .open_sandbox(&reservation, &sandbox, git.as_ref())
+            .await
+        {
+            Ok(session) => {
+                let git_commit = session.git_commit.clone();
+                if self.sessions.fill(&reservation, session) {
+                    tracing::info!(session_id = %sandbox.session_id, "session opened");
+                    return Ok(pb::SessionInfo {
+                        session_id: sandbox.session_id.clone(),
+                        container_name: sandbox.name.clone(),
+                        backend: self.backend.name().into(),
+                        git_commit,
+                    });
+                }
+                None
+            }
+            Err(e) => Some(e),
+        };
+        // A cancelled opening reports why, not the git or engine error it caused.
+        let error = match failed {
+            _ if reservation.token().is_cancelled() && self.closing.load(Ordering::SeqCst) => {
+                Error::ShuttingDown
+            }
+            Some(e) if !reservation.token().is_cancelled() => e,
+            _ => Error::OpenAborted(sandbox.session_id.clone()),
+        };
+        // Nothing half-made stays: container and directories go, then the slot.
+        let _ = self.backend.close_session(&sandbox).await;
+        backend::remove_dir(&sandbox.task_dir).await;
+        self.sessions.release(reservation);
+        tracing::info!(session_id = %sandbox.session_id, error = %error, "session not opened; removed what was made");
+        Err(error)
     }
 
     async fn open_sandbox(
         &self,
+        reservation: &session::Reservation,
         sandbox: &SessionSandbox,
         git: Option<&pb::GitSource>,
     ) -> Result<Session> {
+        let cancel = reservation.token();
+        // Not cut short (it is quick): a directory made after the teardown would stay.
         session::create_task_dir(&sandbox.task_dir, self.owner).await?;
         let ws = sandbox.task_dir.join("workspace");
         let git_commit = match git {
             Some(g) if !g.url.is_empty() => {
                 let timeout = Duration::from_millis(self.config.session.git_timeout_ms);
-                session::clone(&g.url, &g.r#ref, &ws, self.owner, timeout).await?
+                session::clone(&g.url, &g.r#ref, &ws, self.owner, timeout, cancel).await?
             }
             _ => String::new(),
         };
         let workspace = Root::open(&ws).map_err(Error::io("opening the workspace"))?;
+        if cancel.is_cancelled() {
+            return Err(Error::OpenAborted(sandbox.session_id.clone()));
+        }
+        // Not cut short either: a container create cancelled in flight may still finish in
+        // the engine; once this returns, the teardown's removal is sure to find it.
         self.backend.open_session(sandbox).await?;
         Ok(Session {
             sandbox: sandbox.clone(),
@@ -454,14 +517,24 @@ impl Runner {
         Ok(packed)
     }
 
+    /// Closes an open session; one still opening is cancelled and this waits until its
+    /// teardown is done. False when no session has this id.
     pub async fn close_session(&self, id: &str) -> Result<bool> {
-        let Some(s) = self.sessions.remove(id) else {
-            return Ok(false);
-        };
-        self.backend.close_session(&s.sandbox).await?;
-        backend::remove_dir(&s.sandbox.task_dir).await;
-        tracing::info!(session_id = %id, "session closed");
-        Ok(true)
+        match self.sessions.close(id) {
+            Closing::Absent => Ok(false),
+            Closing::Opening(mut gone) => {
+                // Ends (Err) when the opener releases the slot.
+                while gone.changed().await.is_ok() {}
+                tracing::info!(session_id = %id, "session closed while opening");
+                Ok(true)
+            }
+            Closing::Open(s) => {
+                self.backend.close_session(&s.sandbox).await?;
+                backend::remove_dir(&s.sandbox.task_dir).await;
+                tracing::info!(session_id = %id, "session closed");
+                Ok(true)
+            }
+        }
     }
 
     pub fn info(&self) -> pb::RunnerInfo {
@@ -492,6 +565,27 @@ impl Runner {
             runs_in_flight = self.running.load(Ordering::SeqCst),
             "sandbox-runner shut down; sandboxes removed"
         );
+    }
+}
+
+/// The answer of an opening while the OpenSession call waits for it. Dropped with the call
+/// after the session opened but before the call took the answer: the session is closed.
+struct Unclaimed {
+    runner: Arc<Runner>,
+    rx: tokio::sync::oneshot::Receiver<Result<pb::SessionInfo>>,
+    taken: bool,
+}
+
+impl Drop for Unclaimed {
+    fn drop(&mut self) {
+        if self.taken {
+            return;
+        }
+        if let (Ok(Ok(info)), Ok(rt)) = (self.rx.try_recv(), tokio::runtime::Handle::try_current())
+        {
+            let runner = self.runner.clone();
+            rt.spawn(async move { runner.close_unclaimed(info.session_id).await });
+        }
     }
 }
 

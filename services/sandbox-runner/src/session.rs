@@ -9,6 +9,10 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::io::AsyncReadExt;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
 use crate::backend::SessionSandbox;
 use crate::beneath::Root;
 use crate::error::{Error, Result};
@@ -22,9 +26,36 @@ pub struct Session {
 }
 
 enum Slot {
-    /// Being opened (clone, container start): the id is taken.
-    Opening,
+    /// Being opened (clone, container start): the id is taken. Cancelling `cancel` makes the
+    /// opener tear down what it made; `gone` ends when the slot is released.
+    Opening {
+        cancel: CancellationToken,
+        gone: watch::Receiver<()>,
+    },
     Open(Arc<Session>),
+}
+
+/// The opener's hold on a slot being opened: it either fills it or releases it.
+pub struct Reservation {
+    id: String,
+    cancel: CancellationToken,
+    /// Dropped on release: wakes the CloseSession calls waiting for the teardown.
+    _gone: watch::Sender<()>,
+}
+
+impl Reservation {
+    /// Cancels the opening (the client went away, or CloseSession or shutdown came first).
+    pub fn token(&self) -> &CancellationToken {
+        &self.cancel
+    }
+}
+
+/// What CloseSession found under an id.
+pub enum Closing {
+    Open(Arc<Session>),
+    /// Being opened: its opening was cancelled; the receiver ends when the teardown is done.
+    Opening(watch::Receiver<()>),
+    Absent,
 }
 
 /// The open sessions of this runner.
@@ -51,7 +82,7 @@ impl Sessions {
     }
 
     /// Takes `id` while the session is being opened (fails when taken or `max` are open).
-    pub fn reserve(&self, id: &str, max: usize) -> Result<()> {
+    pub fn reserve(&self, id: &str, max: usize) -> Result<Reservation> {
         let mut map = self.lock();
         if map.contains_key(id) {
             return Err(Error::SessionExists(id.to_owned()));
@@ -65,40 +96,72 @@ impl Sessions {
                 reason: "too_many_files",
             });
         }
-        map.insert(id.to_owned(), Slot::Opening);
-        Ok(())
+        let cancel = CancellationToken::new();
+        let (gone_tx, gone) = watch::channel(());
+        map.insert(
+            id.to_owned(),
+            Slot::Opening {
+                cancel: cancel.clone(),
+                gone,
+            },
+        );
+        Ok(Reservation {
+            id: id.to_owned(),
+            cancel,
+            _gone: gone_tx,
+        })
     }
 
-    pub fn fill(&self, session: Session) {
-        let id = session.sandbox.session_id.clone();
-        self.lock().insert(id, Slot::Open(Arc::new(session)));
-    }
-
-    pub fn release(&self, id: &str) {
+    /// Makes the reserved session open and returns true, unless its opening was cancelled:
+    /// then false, and the opener tears it down (and `release`s). Checked under the lock
+    /// that `close` cancels under, so a session is never filled after a close saw it opening.
+    #[must_use]
+    pub fn fill(&self, reservation: &Reservation, session: Session) -> bool {
         let mut map = self.lock();
-        if let Some(Slot::Opening) = map.get(id) {
-            map.remove(id);
+        if reservation.cancel.is_cancelled() {
+            return false;
         }
+        map.insert(reservation.id.clone(), Slot::Open(Arc::new(session)));
+        true
     }
 
-    pub fn remove(&self, id: &str) -> Option<Arc<Session>> {
+    /// Frees a slot whose opening failed or was cancelled (after its teardown).
+    pub fn release(&self, reservation: Reservation) {
+        let mut map = self.lock();
+        if let Some(Slot::Opening { .. }) = map.get(&reservation.id) {
+            map.remove(&reservation.id);
+        }
+        drop(map);
+        drop(reservation);
+    }
+
+    /// Takes an open session out, or cancels one being opened.
+    pub fn close(&self, id: &str) -> Closing {
         let mut map = self.lock();
         match map.get(id) {
             Some(Slot::Open(_)) => match map.remove(id) {
-                Some(Slot::Open(s)) => Some(s),
-                _ => None,
+                Some(Slot::Open(s)) => Closing::Open(s),
+                _ => Closing::Absent,
             },
-            _ => None,
+            Some(Slot::Opening { cancel, gone }) => {
+                cancel.cancel();
+                Closing::Opening(gone.clone())
+            }
+            None => Closing::Absent,
         }
     }
 
+    /// Takes every open session out and cancels those being opened (their openers tear
+    /// them down).
     pub fn drain(&self) -> Vec<Arc<Session>> {
         let mut map = self.lock();
-        let ids: Vec<String> = map
-            .iter()
-            .filter(|(_, s)| matches!(s, Slot::Open(_)))
-            .map(|(k, _)| k.clone())
-            .collect();
+        let mut ids = Vec::new();
+        for (id, slot) in map.iter() {
+            match slot {
+                Slot::Open(_) => ids.push(id.clone()),
+                Slot::Opening { cancel, .. } => cancel.cancel(),
+            }
+        }
         ids.into_iter()
             .filter_map(|id| match map.remove(&id) {
                 Some(Slot::Open(s)) => Some(s),
@@ -107,6 +170,7 @@ impl Sessions {
             .collect()
     }
 
+    /// Open sessions (those being opened are not counted).
     pub fn len(&self) -> usize {
         self.lock()
             .values()
@@ -145,13 +209,14 @@ pub async fn create_task_dir(task_dir: &Path, owner: Option<(u32, u32)>) -> Resu
 }
 
 /// Clones `url` at `git_ref` into `workspace` (empty) and returns the checked-out commit.
-/// Files are then given to the sandbox user.
+/// Files are then given to the sandbox user. Cancelling `cancel` stops git (see `run_git`).
 pub async fn clone(
     url: &str,
     git_ref: &str,
     workspace: &Path,
     owner: Option<(u32, u32)>,
     timeout: Duration,
+    cancel: &CancellationToken,
 ) -> Result<String> {
     if url.is_empty() || url.starts_with('-') || url.contains('\0') {
         return Err(Error::invalid(format!(
@@ -185,30 +250,12 @@ pub async fn clone(
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        // Its own group: git's helpers (git-remote-https, index-pack) are stopped with it.
+        .process_group(0)
         .kill_on_drop(true);
         cmd
     };
-    let run = |mut cmd: tokio::process::Command, what: &'static str| async move {
-        let out = tokio::time::timeout(timeout, cmd.output())
-            .await
-            .map_err(|_| {
-                Error::invalid(format!(
-                    "git {what} took longer than {} ms",
-                    timeout.as_millis()
-                ))
-            })?
-            .map_err(|e| Error::Sandbox(format!("cannot run git (is it installed?): {e}")))?;
-        if !out.status.success() {
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            let tail: String = stderr.chars().take(2000).collect();
-            return Err(Error::invalid(format!(
-                "git {what} failed: {}",
-                tail.trim()
-            )));
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
-    };
-    run(
+    run_git(
         git(&[
             "clone",
             "--quiet",
@@ -218,16 +265,26 @@ pub async fn clone(
             &ws,
         ]),
         "clone",
+        timeout,
+        cancel,
     )
     .await?;
     if !git_ref.is_empty() {
-        run(
+        run_git(
             git(&["-C", &ws, "checkout", "--quiet", git_ref, "--"]),
             "checkout",
+            timeout,
+            cancel,
         )
         .await?;
     }
-    let commit = run(git(&["-C", &ws, "rev-parse", "HEAD"]), "rev-parse").await?;
+    let commit = run_git(
+        git(&["-C", &ws, "rev-parse", "HEAD"]),
+        "rev-parse",
+        timeout,
+        cancel,
+    )
+    .await?;
     if let Some((uid, gid)) = owner {
         let root = PathBuf::from(&ws);
         tokio::task::spawn_blocking(move || chown_tree(&root, uid, gid))
@@ -236,6 +293,76 @@ pub async fn clone(
             .map_err(Error::io("giving the clone to the sandbox user"))?;
     }
     Ok(commit)
+}
+
+/// Bytes kept of git's stdout and of its stderr.
+const MAX_GIT_OUTPUT: u64 = 64 * 1024;
+
+/// Runs one git command; returns its trimmed stdout. On timeout or cancel its whole process
+/// group is killed and awaited, so nothing writes into the workspace once this returns and
+/// the task directory can be removed.
+async fn run_git(
+    mut cmd: tokio::process::Command,
+    what: &'static str,
+    timeout: Duration,
+    cancel: &CancellationToken,
+) -> Result<String> {
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| Error::Sandbox(format!("cannot run git (is it installed?): {e}")))?;
+    let group = child
+        .id()
+        .and_then(|id| rustix::process::Pid::from_raw(id as i32));
+    let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+    let finished = async {
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let (status, (), ()) = tokio::join!(
+            child.wait(),
+            read_capped(stdout, &mut out),
+            read_capped(stderr, &mut err)
+        );
+        (status, out, err)
+    };
+    let stopped = tokio::select! {
+        (status, out, err) = finished => {
+            let status = status
+                .map_err(|e| Error::Sandbox(format!("waiting for git {what}: {e}")))?;
+            if !status.success() {
+                let stderr = String::from_utf8_lossy(&err);
+                let tail: String = stderr.chars().take(2000).collect();
+                return Err(Error::invalid(format!("git {what} failed: {}", tail.trim())));
+            }
+            return Ok(String::from_utf8_lossy(&out).trim().to_owned());
+        }
+        () = cancel.cancelled() => Error::Sandbox(format!("git {what} was cancelled")),
+        () = tokio::time::sleep(timeout) => Error::invalid(format!(
+            "git {what} took longer than {} ms",
+            timeout.as_millis()
+        )),
+    };
+    if let Some(group) = group {
+        let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+    }
+    let _ = child.wait().await;
+    if let Some(group) = group {
+        // Helpers of the group are reaped by init; wait (bounded) until none is left.
+        for _ in 0..250 {
+            if rustix::process::test_kill_process_group(group).is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    Err(stopped)
+}
+
+async fn read_capped(pipe: Option<impl tokio::io::AsyncRead + Unpin>, buf: &mut Vec<u8>) {
+    if let Some(pipe) = pipe {
+        let mut pipe = pipe.take(MAX_GIT_OUTPUT);
+        let _ = pipe.read_to_end(buf).await;
+        // Drain the rest so git never blocks on a full pipe.
+        let _ = tokio::io::copy(pipe.get_mut(), &mut tokio::io::sink()).await;
+    }
 }
 
 /// lchown every entry under `root` (links themselves, never their targets).

@@ -2,11 +2,10 @@
 //! the command line of a turn (new, or resumed by the CLI's own session handle), how its JSONL
 //! event stream reads, and which of its state files must be kept so a dormant instance can be
 //! resumed later. It never runs anything itself: the `external_agent` node runs each turn in a
-//! sandbox session (sandbox.rs) and records the instance under `agents/<instance>/`
+//! runner session (runner_session.rs) and records the instance under `agents/<instance>/`
 //! (session.rs). docs/adapters.md explains how to add one.
 
 pub mod codex;
-pub mod sandbox;
 pub mod session;
 
 use serde::Serialize;

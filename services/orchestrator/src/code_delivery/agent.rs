@@ -9,18 +9,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use cairn_proto::v1::{GitSource, Level, PutResponse};
+use cairn_proto::v1::{GitSource, Level, OpenSessionRequest, PutResponse};
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use serde_json::{json, Map, Value};
 use tonic::{Code, Status};
 
 use super::config::{ArchiveFormat, CodeDeliveryConfig};
 use super::prompt::{self, Source};
-use super::session::{PackError, Session};
 use super::spec::{CodeDelivery, SourceType};
 use super::target::{Delivery, Place, Target};
 use super::todo::TodoBoard;
-use super::tools::{self, Call};
+use super::tools::{self, Call, WriteMode};
 use super::{CLOSED, DELIVERED, FAILURE_NOTICE, KEPT, SESSION_OPENED, STARTED, TOOL_CALL};
 use crate::agents::{
     AgentError, AgentRequest, Attempt, Message, Provider, Role, ToolCall, ToolChoice, Usage,
@@ -29,6 +28,7 @@ use crate::events::{now, Ev, LLM_ATTEMPT};
 use crate::graph::ErrorKind;
 use crate::nodes::{NodeCtx, NodeError, NodeSuccess};
 use crate::onebot::FailureNotice;
+use crate::runner_session::{PackError, RunnerSession};
 use crate::store::PutOptions;
 
 /// Characters of arguments and results kept in a tool-call event.
@@ -130,7 +130,7 @@ struct Task<'a> {
     max_iterations: u32,
     network: bool,
     board: TodoBoard,
-    session: Option<Session>,
+    session: Option<RunnerSession>,
     messages: Vec<Message>,
     iterations: u32,
     tool_calls: u32,
@@ -141,6 +141,20 @@ fn format_name(f: ArchiveFormat) -> &'static str {
     match f {
         ArchiveFormat::Zip => "zip",
         ArchiveFormat::TarGz => "tar.gz",
+    }
+}
+
+fn archive_format(f: ArchiveFormat) -> cairn_proto::v1::ArchiveFormat {
+    match f {
+        ArchiveFormat::Zip => cairn_proto::v1::ArchiveFormat::Zip,
+        ArchiveFormat::TarGz => cairn_proto::v1::ArchiveFormat::TarGz,
+    }
+}
+
+fn write_mode(m: WriteMode) -> cairn_proto::v1::WriteMode {
+    match m {
+        WriteMode::Overwrite => cairn_proto::v1::WriteMode::Overwrite,
+        WriteMode::Append => cairn_proto::v1::WriteMode::Append,
     }
 }
 
@@ -244,7 +258,7 @@ impl Task<'_> {
         }
     }
 
-    fn session(&self) -> Result<&Session, NodeError> {
+    fn session(&self) -> Result<&RunnerSession, NodeError> {
         self.session
             .as_ref()
             .ok_or_else(|| NodeError::failed("the sandbox session is not open"))
@@ -371,16 +385,18 @@ impl Task<'_> {
             }),
         };
         let id = format!("cd-{}", uuid::Uuid::new_v4().simple());
-        let session = Session::open(
-            &self.ctx.backends.runners,
-            &id,
+        let req = OpenSessionRequest {
+            session_id: id,
             git,
-            self.network,
-            &self.ctx.run_id,
-            &self.ctx.node_id,
-        )
-        .await
-        .map_err(|s| NodeError::from_status("opening the sandbox session", &s))?;
+            network: self.network,
+            limits: None,
+            run_id: self.ctx.run_id.clone(),
+            node_id: self.ctx.node_id.clone(),
+        };
+        let session =
+            RunnerSession::open(self.ctx.backends.runners.rotation(), req, "code_delivery")
+                .await
+                .map_err(|s| NodeError::from_status("opening the sandbox session", &s))?;
         self.ctx.progress.emit(
             Ev::new(SESSION_OPENED, self.node())
                 .with("session_id", session.info.session_id.as_str())
@@ -432,7 +448,7 @@ impl Task<'_> {
             Call::Write(a) => {
                 let r = self
                     .session()?
-                    .write(&a.path, Bytes::from(a.content), a.mode)
+                    .write(&a.path, Bytes::from(a.content), write_mode(a.mode))
                     .await;
                 self.answer(r, |w| {
                     json!({"path": a.path, "bytes_written": w.bytes_written, "size_bytes": w.size_bytes})
@@ -633,7 +649,7 @@ impl Task<'_> {
         let max_bytes = self.cfg.max_archive_size_mb.saturating_mul(1 << 20);
         let packed = match self
             .session()?
-            .pack(format, &patterns, &name, max_bytes)
+            .pack(archive_format(format), &patterns, &name, max_bytes)
             .await
         {
             Ok(p) => p,

@@ -7,13 +7,12 @@
 //! - `spec`: the node's fields and submit-time checks;
 //! - `agent`: the loop, limits, `end`, the failure notice and cleanup;
 //! - `tools`: the tools' JSON schemas and argument parsing;
-//! - `session`: the runner session (closed on drop, so cancel cleans up too);
+//! - the runner session is `crate::runner_session` (closed on drop, so cancel cleans up too);
 //! - `target`: OneBot chat or directory; `todo`: the `todo` board; `prompt`: what the model is told.
 
 pub mod agent;
 pub mod config;
 pub mod prompt;
-pub mod session;
 pub mod spec;
 pub mod target;
 pub mod todo;

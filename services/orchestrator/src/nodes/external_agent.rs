@@ -10,14 +10,21 @@
 //!   task `input-required`); a decision runs the node again, which resumes the CLI session
 //!   told the decision.
 //! - `dormant`: no process, handle kept (turn done or failed); a rework resumes the session.
+//!
+//! Each attempt has its own runner session (runner_session.rs): the project files are staged
+//! into `/workspace/project`, the CLI's kept state into `/workspace/.cairn-agent/<dir>`, and
+//! the turn is one unary `Exec` of the CLI (`codex exec` is one process per turn, so the whole
+//! JSONL stream comes back when the turn ends; docs/adapters.md says why no streaming Exec is
+//! needed). The session is closed when the attempt ends, also when it is dropped (cancel,
+//! deadline): nothing outlives the attempt but what went to the store.
 
 use std::collections::BTreeMap;
 
 use bytes::Bytes;
+use cairn_proto::v1::{OpenSessionRequest, WriteMode};
 use serde_json::{json, Map, Value};
 
 use super::{artifact_written, NodeCtx, NodeError, NodeSuccess};
-use crate::adapters::sandbox::{AgentSandbox, PROJECT_DIR, STATE_ROOT};
 use crate::adapters::session::{
     InstanceRecords, InstanceState, Recording, SessionFile, EVENTS, PID, REQUESTS, STDERR,
 };
@@ -30,7 +37,13 @@ use crate::events::{
 use crate::graph::{under_prefix, ErrorKind, ExternalAgent, OnReject};
 use crate::run::{GateRecord, GateState};
 use crate::rundir::front_matter;
+use crate::runner_session::RunnerSession;
 use crate::store::PutOptions;
+
+/// The CLI's working directory (the staged project files), relative to /workspace.
+const PROJECT_DIR: &str = "project";
+/// Parent of the CLI's state directory, relative to /workspace.
+const STATE_ROOT: &str = ".cairn-agent";
 
 /// Turn timeout when the node sets none.
 pub const DEFAULT_TURN_TIMEOUT_S: u64 = 600;
@@ -385,14 +398,15 @@ pub async fn run(ctx: &NodeCtx, spec: &ExternalAgent) -> Result<NodeSuccess, Nod
         // The balancer picks a healthy runner; the session stays on it.
         let opened = match ctx.backends.runners.pick().await {
             Ok(runner) => {
-                AgentSandbox::open(
-                    vec![runner],
-                    &sandbox_id,
-                    spec.network,
-                    &ctx.run_id,
-                    &ctx.node_id,
-                )
-                .await
+                let req = OpenSessionRequest {
+                    session_id: sandbox_id.clone(),
+                    git: None,
+                    network: spec.network,
+                    limits: None,
+                    run_id: ctx.run_id.clone(),
+                    node_id: ctx.node_id.clone(),
+                };
+                RunnerSession::open(vec![runner], req, "external_agent").await
             }
             Err(s) => Err(s),
         };
@@ -408,7 +422,9 @@ pub async fn run(ctx: &NodeCtx, spec: &ExternalAgent) -> Result<NodeSuccess, Nod
             ctx, spec, adapter, &records, &sandbox, &workspace, &argv, resumed, &turn,
         )
         .await;
-        sandbox.close().await;
+        if let Err(e) = sandbox.close().await {
+            tracing::warn!(session_id = %sandbox_id, error = %e.message(), "closing the agent's sandbox session failed; the runner removes it at its next start");
+        }
         let done = match outcome {
             Ok(d) => d,
             Err(e) => {
@@ -611,7 +627,7 @@ async fn turn_in(
     spec: &ExternalAgent,
     adapter: &dyn AgentAdapter,
     records: &InstanceRecords,
-    sandbox: &AgentSandbox,
+    sandbox: &RunnerSession,
     workspace: &str,
     argv: &[String],
     resumed: bool,
@@ -657,7 +673,7 @@ async fn turn_in(
             )));
         }
         sandbox
-            .write(&format!("{PROJECT_DIR}/{rel}"), bytes)
+            .write(&format!("{PROJECT_DIR}/{rel}"), bytes, WriteMode::Overwrite)
             .await
             .map_err(status_error(&format!("staging {path}")))?;
     }
@@ -685,7 +701,11 @@ async fn turn_in(
             .map_err(status_error(&format!("reading {}", e.path)))?
             .unwrap_or_default();
         sandbox
-            .write(&format!("{STATE_ROOT}/{}/{rel}", state.name), bytes)
+            .write(
+                &format!("{STATE_ROOT}/{}/{rel}", state.name),
+                bytes,
+                WriteMode::Overwrite,
+            )
             .await
             .map_err(status_error("restoring the agent's state"))?;
     }
@@ -703,7 +723,7 @@ async fn turn_in(
                 "approved": turn.approved,
                 "argv": argv,
                 "env": spec.env,
-                "sandbox": {"runner": sandbox.runner, "session_id": sandbox.session_id},
+                "sandbox": {"runner": sandbox.runner, "session_id": sandbox.id()},
                 "staged_files": files.len(),
                 "timeout_s": timeout_s,
             })
@@ -713,7 +733,7 @@ async fn turn_in(
         .map_err(status_error("recording the request"))?;
     let command = turn_command(argv, &spec.env, state.env, state.name);
     let result = sandbox
-        .exec(&command, timeout_s.saturating_mul(1000))
+        .exec(&command, timeout_s.saturating_mul(1000), "")
         .await
         .map_err(status_error("running the agent's turn"))?;
     let stdout = String::from_utf8_lossy(&result.stdout).into_owned();
@@ -769,7 +789,7 @@ async fn turn_in(
         let file = match kind {
             ChangeKind::Delete => None,
             // Gone again by the end of the turn (removed by a command): mirrored as deleted.
-            _ => match sandbox.read(&format!("{PROJECT_DIR}/{rel}")).await {
+            _ => match sandbox.read(&format!("{PROJECT_DIR}/{rel}"), 0).await {
                 Ok(f) => Some(f),
                 Err(s) if s.code() == tonic::Code::NotFound => None,
                 Err(s) => {
@@ -810,10 +830,11 @@ async fn turn_in(
 
     // The CLI's resumable state, for the next attempt (maybe in another session).
     let base = format!("{STATE_ROOT}/{}", state.name);
-    let (paths, truncated) = sandbox
-        .files(&base)
+    let listed = sandbox
+        .glob("**", &base)
         .await
         .map_err(status_error("listing the agent's state"))?;
+    let (paths, truncated) = (listed.paths, listed.truncated);
     if truncated {
         tracing::warn!(run_id = %ctx.run_id, node = %ctx.node_id, "the agent's state directory has more files than one Glob returns; some are not kept");
     }
@@ -830,7 +851,7 @@ async fn turn_in(
             continue;
         }
         let file = sandbox
-            .read(&p)
+            .read(&p, 0)
             .await
             .map_err(status_error("reading the agent's state"))?;
         if file.truncated {

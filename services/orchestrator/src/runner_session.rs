@@ -1,68 +1,33 @@
-//! A sandbox session of one code delivery task (seed 003 §2-§3): one container with
-//! `/workspace` and `/tmpfs` on one runner, opened empty or from a git clone, used through the
-//! runner's session calls, and closed when the task ends. Dropping an open [`Session`] (a
-//! cancelled run, a node deadline) still closes it: the drop sends CloseSession from a
-//! background task, so no container or task directory outlives its task.
+//! A session on a sandbox runner (seed 003 §2-§3; sandbox.proto's session calls), the one
+//! client of that API in the orchestrator: the `code_delivery` and `external_agent` nodes
+//! both work through it. Opening picks the first runner that answers; the session then stays
+//! on that runner for Exec, ReadFile, WriteFile, Glob, Grep and Pack until it is closed.
+//!
+//! Nothing outlives its task: a session dropped while open (a cancelled run, a node deadline)
+//! and an OpenSession dropped in flight (the id is ours, chosen before the call) are closed by
+//! a CloseSession sent from a background task.
 
 use bytes::{Bytes, BytesMut};
 use cairn_proto::v1::sandbox_runner_client::SandboxRunnerClient;
 use cairn_proto::v1::{
-    pack_response, ArchiveFormat as PbFormat, CloseSessionRequest, ExecRequest, ExecResult,
-    GitSource, GlobRequest, GlobResponse, GrepRequest, GrepResponse, OpenSessionRequest,
-    PackRequest, PackSummary, ReadFileRequest, ReadFileResponse, SessionInfo, WriteFileRequest,
-    WriteFileResponse, WriteMode as PbWriteMode,
+    pack_response, ArchiveFormat, CloseSessionRequest, ExecRequest, ExecResult, GlobRequest,
+    GlobResponse, GrepRequest, GrepResponse, OpenSessionRequest, PackRequest, PackSummary,
+    ReadFileRequest, ReadFileResponse, SessionInfo, WriteFileRequest, WriteFileResponse, WriteMode,
 };
 use cairn_telemetry::TracedChannel;
 use tonic::{Code, Status};
 
-use super::config::ArchiveFormat;
-use super::tools::WriteMode;
-use crate::runners::Runners;
+pub type Client = SandboxRunnerClient<TracedChannel>;
 
-type Client = SandboxRunnerClient<TracedChannel>;
-
-/// An open session on one runner.
-pub struct Session {
+/// An open session on one runner; closed by [`RunnerSession::close`] or, failing that, on
+/// drop.
+pub struct RunnerSession {
     client: Client,
     /// Address of the runner that holds it.
     pub runner: String,
     pub info: SessionInfo,
     /// Still to be closed (by `close` or on drop).
     open: bool,
-}
-
-/// Closes a session id on drop unless disarmed: covers a task dropped while OpenSession is in
-/// flight (the id is ours, chosen before the call).
-struct CloseOnDrop {
-    client: Client,
-    id: String,
-    armed: bool,
-}
-
-impl Drop for CloseOnDrop {
-    fn drop(&mut self) {
-        if self.armed {
-            close_in_background(self.client.clone(), self.id.clone());
-        }
-    }
-}
-
-fn close_in_background(mut client: Client, id: String) {
-    let Ok(handle) = tokio::runtime::Handle::try_current() else {
-        tracing::warn!(session_id = %id, "no runtime to close the sandbox session; the runner removes it at its next start");
-        return;
-    };
-    handle.spawn(async move {
-        match client
-            .close_session(CloseSessionRequest {
-                session_id: id.clone(),
-            })
-            .await
-        {
-            Ok(_) => tracing::info!(session_id = %id, "sandbox session closed after its task ended early"),
-            Err(e) => tracing::warn!(session_id = %id, error = %e.message(), "closing the sandbox session failed"),
-        }
-    });
 }
 
 /// A packed archive, fully received and checked against the runner's digest.
@@ -82,41 +47,38 @@ pub enum PackError {
     Corrupt(String),
 }
 
-impl Session {
-    /// Opens session `id` on the next runner, moving on while runners are Unavailable.
+impl RunnerSession {
+    /// Opens `req.session_id` (set by the caller, so a dropped call can still be closed) on the
+    /// first runner of `rotation` that answers, moving on while runners are Unavailable.
+    /// `node_type` names the node kind in the message given when no runner is configured.
     pub async fn open(
-        runners: &Runners,
-        id: &str,
-        git: Option<GitSource>,
-        network: bool,
-        run_id: &str,
-        node_id: &str,
-    ) -> Result<Session, Status> {
-        let rotation = runners.rotation();
+        rotation: Vec<(String, Client)>,
+        req: OpenSessionRequest,
+        node_type: &str,
+    ) -> Result<RunnerSession, Status> {
         if rotation.is_empty() {
-            return Err(Status::failed_precondition(
-                "no sandbox runner configured: set sandbox_addrs (CAIRN_ORCHESTRATOR_SANDBOX_ADDRS) to run code_delivery nodes",
+            return Err(Status::failed_precondition(format!(
+                "no sandbox runner configured: set sandbox_addrs (CAIRN_ORCHESTRATOR_SANDBOX_ADDRS) to run {node_type} nodes"
+            )));
+        }
+        if req.session_id.is_empty() {
+            return Err(Status::invalid_argument(
+                "a session id is needed before opening: without one a dropped OpenSession could not be closed",
             ));
         }
         let mut last = None;
         for (addr, client) in rotation {
             let mut guard = CloseOnDrop {
                 client: client.clone(),
-                id: id.to_owned(),
+                id: req.session_id.clone(),
                 armed: true,
             };
-            let req = OpenSessionRequest {
-                session_id: id.to_owned(),
-                git: git.clone(),
-                network,
-                limits: None,
-                run_id: run_id.to_owned(),
-                node_id: node_id.to_owned(),
-            };
-            match client.clone().open_session(req).await {
+            let answer = client.clone().open_session(req.clone()).await;
+            // Answered: either opened (the session closes it from here) or nothing was made.
+            guard.armed = false;
+            match answer {
                 Ok(info) => {
-                    guard.armed = false;
-                    return Ok(Session {
+                    return Ok(RunnerSession {
                         client,
                         runner: addr,
                         info: info.into_inner(),
@@ -124,16 +86,10 @@ impl Session {
                     });
                 }
                 Err(s) if s.code() == Code::Unavailable => {
-                    // Nothing was opened there.
-                    guard.armed = false;
                     tracing::warn!(runner = %addr, error = %s.message(), "sandbox runner unavailable; opening the session on the next one");
                     last = Some(s);
                 }
-                Err(s) => {
-                    // A failed open leaves nothing behind on the runner.
-                    guard.armed = false;
-                    return Err(s);
-                }
+                Err(s) => return Err(s),
             }
         }
         Err(last.unwrap_or_else(|| Status::unavailable("no sandbox runner answered")))
@@ -143,6 +99,7 @@ impl Session {
         &self.info.session_id
     }
 
+    /// Runs `bash -lc COMMAND` in `workdir` ("" = /workspace).
     pub async fn exec(
         &self,
         command: &str,
@@ -162,6 +119,7 @@ impl Session {
             .map(|r| r.into_inner())
     }
 
+    /// Reads a workspace file; `max_bytes` 0 = the runner's cap.
     pub async fn read(&self, path: &str, max_bytes: u64) -> Result<ReadFileResponse, Status> {
         self.client
             .clone()
@@ -180,10 +138,6 @@ impl Session {
         content: Bytes,
         mode: WriteMode,
     ) -> Result<WriteFileResponse, Status> {
-        let mode = match mode {
-            WriteMode::Overwrite => PbWriteMode::Overwrite,
-            WriteMode::Append => PbWriteMode::Append,
-        };
         self.client
             .clone()
             .write_file(WriteFileRequest {
@@ -196,6 +150,7 @@ impl Session {
             .map(|r| r.into_inner())
     }
 
+    /// Files under `base_path` matching `pattern`; `truncated` when the runner's cap was hit.
     pub async fn glob(&self, pattern: &str, base_path: &str) -> Result<GlobResponse, Status> {
         self.client
             .clone()
@@ -240,10 +195,6 @@ impl Session {
         archive_name: &str,
         max_bytes: u64,
     ) -> Result<Packed, PackError> {
-        let format = match format {
-            ArchiveFormat::Zip => PbFormat::Zip,
-            ArchiveFormat::TarGz => PbFormat::TarGz,
-        };
         let mut stream = self
             .client
             .clone()
@@ -309,10 +260,43 @@ impl Session {
     }
 }
 
-impl Drop for Session {
+impl Drop for RunnerSession {
     fn drop(&mut self) {
         if self.open {
             close_in_background(self.client.clone(), self.info.session_id.clone());
         }
     }
+}
+
+/// Closes a session id on drop while armed: an OpenSession dropped in flight.
+struct CloseOnDrop {
+    client: Client,
+    id: String,
+    armed: bool,
+}
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        if self.armed {
+            close_in_background(self.client.clone(), self.id.clone());
+        }
+    }
+}
+
+fn close_in_background(mut client: Client, id: String) {
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        tracing::warn!(session_id = %id, "no runtime to close the sandbox session; the runner removes it at its next start");
+        return;
+    };
+    handle.spawn(async move {
+        match client
+            .close_session(CloseSessionRequest {
+                session_id: id.clone(),
+            })
+            .await
+        {
+            Ok(_) => tracing::info!(session_id = %id, "sandbox session closed after its task ended early"),
+            Err(e) => tracing::warn!(session_id = %id, error = %e.message(), "closing the sandbox session failed"),
+        }
+    });
 }
