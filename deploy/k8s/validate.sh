@@ -34,7 +34,7 @@ exec 9>"$VENV.lock"
 flock 9
 if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import kubernetes_validate, yaml' 2>/dev/null \
     || [ "$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("kubernetes-validate"))' 2>/dev/null)" != "${PIN#*==}" ]; then
-    say "creating $VENV ($PIN, from PyPI)"
+    say "creating $VENV ($PIN, from PyPI)" >&2  # stdout of --venv is the python path alone
     python3 -m venv "$VENV" || die "python3 -m venv $VENV failed (apt-get install python3-venv)"
     "$VENV/bin/pip" install -q --disable-pip-version-check "$PIN" \
         || die "pip install $PIN failed (PyPI is needed once to set up $VENV)"

@@ -39,7 +39,13 @@ fn python() -> PathBuf {
         "validate.sh --venv failed: {}",
         text(&out)
     );
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let path = PathBuf::from(stdout.trim());
+    assert!(
+        path.is_absolute() && path.exists(),
+        "validate.sh --venv must print only the venv's python, got {stdout:?}"
+    );
+    path
 }
 
 /// Renders `target` (base, overlays/dev) with the bundled renderer into `dir`.
