@@ -274,7 +274,7 @@ impl Runners {
         for e in order {
             match e.client.clone().run(req.clone()).await {
                 Ok(r) => return Ok((r.into_inner(), e.addr.clone())),
-                Err(s) if s.code() == Code::Unavailable => {
+                Err(s) if runner_gone(&s) => {
                     tracing::warn!(runner = %e.addr, error = %s.message(), "sandbox runner unavailable; trying the next one");
                     if !self.shared.balancing.health_interval.is_zero() {
                         e.set_healthy(false, s.message());
@@ -291,6 +291,16 @@ impl Runners {
             tried.join(", ")
         )))
     }
+}
+
+/// Did the call fail because the runner is down or went away mid-call? Unavailable, or a
+/// Cancelled that the transport made (hyper's "connection closed" when the runner dies while
+/// answering; our own cancellation drops the call and never sees a status).
+fn runner_gone(s: &Status) -> bool {
+    s.code() == Code::Unavailable
+        || (s.code() == Code::Cancelled
+            && std::error::Error::source(s)
+                .is_some_and(|e| e.downcast_ref::<tonic::transport::Error>().is_some()))
 }
 
 impl Shared {
