@@ -73,6 +73,24 @@ pub fn check_target(t: &Target) -> Result<(), String> {
     }
 }
 
+/// The project directory a `local_dir`/`directory` target names: `path` rendered, without a
+/// trailing `/`, checked as a project path prefix.
+pub fn target_dir(t: &Target, scope: &Scope) -> Result<String, NodeError> {
+    let raw = t
+        .fields
+        .get("path")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let tpl = Template::parse(raw).map_err(NodeError::refused)?;
+    let dir = scope
+        .render("target.path", &tpl)?
+        .trim_end_matches('/')
+        .to_owned();
+    pathguard::validate_prefix(&dir)
+        .map_err(|rej| NodeError::refused(format!("target.path `{dir}`: {rej}")))?;
+    Ok(dir)
+}
+
 /// The target a node's (checked) spec names, its templates rendered; chat targets use the
 /// `[onebot]` section.
 pub fn target_for(
@@ -81,21 +99,9 @@ pub fn target_for(
     onebot: &crate::onebot::OneBotConfig,
 ) -> Result<Box<dyn DeliveryTarget>, NodeError> {
     match t.kind.as_str() {
-        "local_dir" => {
-            let raw = t
-                .fields
-                .get("path")
-                .and_then(Value::as_str)
-                .unwrap_or_default();
-            let tpl = Template::parse(raw).map_err(NodeError::refused)?;
-            let dir = scope
-                .render("target.path", &tpl)?
-                .trim_end_matches('/')
-                .to_owned();
-            pathguard::validate_prefix(&dir)
-                .map_err(|rej| NodeError::refused(format!("target.path `{dir}`: {rej}")))?;
-            Ok(Box::new(LocalDir { dir }))
-        }
+        "local_dir" => Ok(Box::new(LocalDir {
+            dir: target_dir(t, scope)?,
+        })),
         "group" | "private" => Ok(Box::new(crate::onebot::target_for(t, scope, onebot)?)),
         other => Err(NodeError::refused(format!(
             "delivery target type `{other}` is not available"

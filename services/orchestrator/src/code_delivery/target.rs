@@ -83,19 +83,7 @@ impl Target {
                 t, scope, onebot,
             )?))),
             "directory" | "local_dir" => {
-                let raw = t
-                    .fields
-                    .get("path")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default();
-                let tpl = Template::parse(raw).map_err(NodeError::refused)?;
-                let dir = scope
-                    .render("target.path", &tpl)?
-                    .trim_end_matches('/')
-                    .to_owned();
-                pathguard::validate_prefix(&dir)
-                    .map_err(|rej| NodeError::refused(format!("target.path `{dir}`: {rej}")))?;
-                Ok(Target::Directory(dir))
+                Ok(Target::Directory(crate::delivery::target_dir(t, scope)?))
             }
             other => Err(NodeError::refused(format!(
                 "target type `{other}` is not one of group, private, directory"
