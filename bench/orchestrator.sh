@@ -36,7 +36,7 @@ PIDS+=($!)
 wait_port "$OP"
 
 echo "# command: bash bench/orchestrator.sh $NODES $REPEAT  ($(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, $(df -T "$WORK" | awk 'NR==2{print $2}') scratch)"
-"$BIN/orchestrator_load" --orch "http://127.0.0.1:$OP" --store "http://127.0.0.1:$SP" --nodes "$NODES" --repeat "$REPEAT"
+"$BIN/orchestrator_load" --orch "http://127.0.0.1:$OP" --store "http://127.0.0.1:$SP" --nodes "$NODES" --repeat "$REPEAT" --scratch "$WORK"
 "$BIN/orchestrator_load" --orch "http://127.0.0.1:$OP" --store "http://127.0.0.1:$SP" --nodes $((NODES / 10)) --repeat 1
 mkdir -p "$WORK/langgraph"
 bench/.venv/bin/python bench/python/langgraph_peer.py --nodes "$NODES" --repeat "$REPEAT" --work "$WORK/langgraph"

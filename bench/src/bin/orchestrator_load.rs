@@ -16,8 +16,8 @@ use anyhow::{bail, Context, Result};
 use cairn_proto::v1::artifact_store_client::ArtifactStoreClient;
 use cairn_proto::v1::orchestrator_client::OrchestratorClient;
 use cairn_proto::v1::{
-    put_request, AppendEventsRequest, EventInput, ListRequest, PageRequest, PutHeader, PutRequest,
-    SubmitRunRequest, WatchRunRequest,
+    put_request, AppendEventsRequest, EventInput, ListRequest, PageRequest, PutDurability,
+    PutHeader, PutRequest, SubmitRunRequest, WatchRunRequest,
 };
 use clap::Parser;
 use tonic::transport::{Channel, Endpoint};
@@ -48,6 +48,34 @@ struct Cli {
     /// Scenarios to run (chain, write, fanout).
     #[arg(long, value_delimiter = ',', default_value = "chain,write,fanout")]
     only: Vec<String>,
+    /// Directory on the store's filesystem for the in-process fsync'd-write baseline
+    /// (measured before each run; none = not measured).
+    #[arg(long)]
+    scratch: Option<std::path::PathBuf>,
+}
+
+/// The plain cost of one durable 4 KiB file in this process: write a temp file, fsync it,
+/// rename it into place (no directory fsync), in ms per file (median of its own three thirds).
+fn fsync_write_ms(dir: &std::path::Path, n: usize) -> Result<f64> {
+    use std::io::Write;
+    let dir = dir.join(format!("fsync-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let block = vec![b'x'; 4096];
+    let mut thirds = Vec::new();
+    for t in 0..3 {
+        let t0 = Instant::now();
+        for i in 0..n / 3 {
+            let tmp = dir.join(format!(".tmp{t}-{i}"));
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(&block)?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, dir.join(format!("f{t}-{i}")))?;
+        }
+        thirds.push(t0.elapsed().as_secs_f64() * 1000.0 / (n / 3) as f64);
+    }
+    std::fs::remove_dir_all(&dir)?;
+    thirds.sort_by(f64::total_cmp);
+    Ok(thirds[1])
 }
 
 fn graph(kind: &str, n: usize, parallelism: usize) -> Result<String> {
@@ -168,28 +196,9 @@ async fn run_once(
 
 /// The store's own costs, measured in the same session: a sequential 4 KiB Put (fsync'd file
 /// and directory) and a sequential one-event AppendEvents (fsync'd), in ms each.
-async fn baseline(store: &mut ArtifactStoreClient<Channel>, n: usize) -> Result<(f64, f64)> {
-    let t0 = Instant::now();
-    for i in 0..n {
-        let msgs = vec![
-            PutRequest {
-                msg: Some(put_request::Msg::Header(PutHeader {
-                    project_id: PROJECT.into(),
-                    path: format!("docs/baseline/{}/p{i}.txt", std::process::id()),
-                    create_project: true,
-                    ..Default::default()
-                })),
-            },
-            PutRequest {
-                msg: Some(put_request::Msg::Chunk(bytes::Bytes::from(vec![
-                    b'x';
-                    4096
-                ]))),
-            },
-        ];
-        store.put(tokio_stream::iter(msgs)).await?;
-    }
-    let put = t0.elapsed().as_secs_f64() * 1000.0 / n as f64;
+async fn baseline(store: &mut ArtifactStoreClient<Channel>, n: usize) -> Result<(f64, f64, f64)> {
+    let put = put_loop(store, n, PutDurability::Sync).await?;
+    let deferred = put_loop(store, n, PutDurability::WithRunEvents).await?;
     let t0 = Instant::now();
     for _ in 0..n {
         store
@@ -205,7 +214,42 @@ async fn baseline(store: &mut ArtifactStoreClient<Channel>, n: usize) -> Result<
             .await?;
     }
     let append = t0.elapsed().as_secs_f64() * 1000.0 / n as f64;
-    Ok((put, append))
+    Ok((put, deferred, append))
+}
+
+/// Sequential 4 KiB Puts with `durability`, in ms each.
+async fn put_loop(
+    store: &mut ArtifactStoreClient<Channel>,
+    n: usize,
+    durability: PutDurability,
+) -> Result<f64> {
+    let t0 = Instant::now();
+    for i in 0..n {
+        let msgs = vec![
+            PutRequest {
+                msg: Some(put_request::Msg::Header(PutHeader {
+                    project_id: PROJECT.into(),
+                    path: format!(
+                        "docs/baseline/{}/{}/p{i}.txt",
+                        std::process::id(),
+                        durability.as_str_name()
+                    ),
+                    create_project: true,
+                    run_id: format!("baseline-{}", std::process::id()),
+                    durability: durability as i32,
+                    ..Default::default()
+                })),
+            },
+            PutRequest {
+                msg: Some(put_request::Msg::Chunk(bytes::Bytes::from(vec![
+                    b'x';
+                    4096
+                ]))),
+            },
+        ];
+        store.put(tokio_stream::iter(msgs)).await?;
+    }
+    Ok(t0.elapsed().as_secs_f64() * 1000.0 / n as f64)
 }
 
 #[tokio::main]
@@ -214,22 +258,28 @@ async fn main() -> Result<()> {
     let mut orch =
         OrchestratorClient::new(channel(&cli.orch).await?).max_encoding_message_size(64 << 20);
     let mut store = ArtifactStoreClient::new(channel(&cli.store).await?);
-    let (put, append) = baseline(&mut store, 300).await?;
-    println!("{{\"system\": \"artifact-store alone\", \"put_4k_ms\": {put:.4}, \"append_event_ms\": {append:.4}}}");
+    let (put, deferred, append) = baseline(&mut store, 300).await?;
+    println!("{{\"system\": \"artifact-store alone\", \"put_4k_ms\": {put:.4}, \"put_4k_with_run_events_ms\": {deferred:.4}, \"append_event_ms\": {append:.4}}}");
     // Warm-up (connections, first project creation).
     run_once(&mut orch, &mut store, &graph("chain", 10, 1)?).await?;
     for kind in &cli.only {
         let yaml = graph(kind, cli.nodes, cli.parallelism)?;
         let mut runs = Vec::new();
+        let mut plain = Vec::new();
         for _ in 0..cli.repeat {
+            if let Some(dir) = &cli.scratch {
+                plain.push(fsync_write_ms(dir, 150)?);
+            }
             runs.push(run_once(&mut orch, &mut store, &yaml).await?);
         }
+        plain.sort_by(f64::total_cmp);
+        let plain_ms = plain.get(plain.len() / 2).copied().unwrap_or(f64::NAN);
         runs.sort_by(|a, b| a.0.total_cmp(&b.0));
         let (secs, bytes, files) = runs[runs.len() / 2];
         let all: Vec<String> = runs.iter().map(|r| format!("{:.3}", r.0)).collect();
         // One JSON line per scenario; bench/orchestrator.sh makes the table.
         println!(
-            "{{\"system\": \"cairn\", \"scenario\": \"{kind}\", \"nodes\": {}, \"seconds\": {secs:.4}, \"ms_per_node\": {:.4}, \"record_bytes\": {bytes}, \"record_files\": {files}, \"runs\": [{}]}}",
+            "{{\"system\": \"cairn\", \"scenario\": \"{kind}\", \"nodes\": {}, \"seconds\": {secs:.4}, \"ms_per_node\": {:.4}, \"record_bytes\": {bytes}, \"record_files\": {files}, \"runs\": [{}], \"fsync_write_ms\": {plain_ms:.4}}}",
             cli.nodes,
             secs * 1000.0 / cli.nodes as f64,
             all.join(", ")

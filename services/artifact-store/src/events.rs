@@ -12,7 +12,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Mutex};
 
@@ -22,6 +22,7 @@ use serde_json::{Map, Value};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 use crate::beneath::{self, refusal};
+use crate::deferred::{self, Added, PendingDirs};
 use crate::error::{Error, Result};
 use crate::project;
 use crate::store::{blocking, timestamp_now, Store};
@@ -214,6 +215,8 @@ struct RunLog {
     state: tokio::sync::Mutex<LogState>,
     queue: Mutex<VecDeque<Batch>>,
     live: broadcast::Sender<Arc<StoredEvent>>,
+    /// Directories of deferred Puts, fsync'd before the next events are written.
+    pending: PendingDirs,
 }
 
 #[derive(Debug, Default)]
@@ -237,7 +240,11 @@ impl RunLogs {
         if logs.len() >= OPEN_LOGS {
             // Close logs nobody is using (each holds an fd); a later touch reopens and
             // recovers them from the file.
-            logs.retain(|_, log| Arc::strong_count(log) > 1 || log.live.receiver_count() > 0);
+            logs.retain(|_, log| {
+                Arc::strong_count(log) > 1
+                    || log.live.receiver_count() > 0
+                    || !log.pending.is_empty()
+            });
         }
         logs.entry((project.to_owned(), run.to_owned()))
             .or_insert_with(|| {
@@ -245,9 +252,52 @@ impl RunLogs {
                     state: tokio::sync::Mutex::new(LogState::default()),
                     queue: Mutex::new(VecDeque::new()),
                     live: broadcast::channel(LIVE_CAPACITY).0,
+                    pending: PendingDirs::default(),
                 })
             })
             .clone()
+    }
+
+    /// Defers the fsync of `dir` (which just received a new entry) to the run's next commit
+    /// of events, or to a timer when none comes. False: the caller must fsync it now.
+    pub fn defer_dir_sync(&self, project: &str, run: &str, dir: &Arc<OwnedFd>) -> bool {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return false;
+        };
+        let log = self.log(project, run);
+        match log.pending.add(dir) {
+            Added::Full => false,
+            Added::Joined => true,
+            Added::First => {
+                let (project, run) = (project.to_owned(), run.to_owned());
+                runtime.spawn(async move {
+                    tokio::time::sleep(deferred::SYNC_AFTER).await;
+                    // Under the commit mutex: a commit never writes events while a directory
+                    // taken from the set is still being synced here.
+                    let _state = log.state.lock().await;
+                    let dirs = log.pending.take();
+                    if dirs.is_empty() {
+                        return;
+                    }
+                    let synced = tokio::task::spawn_blocking(move || {
+                        let result = deferred::sync(&dirs);
+                        (result, dirs)
+                    })
+                    .await;
+                    if let Ok((Err(e), dirs)) = synced {
+                        tracing::error!(%project, %run, error = %e, "fsync of deferred directories failed; the next events retry it");
+                        log.pending.restore(dirs);
+                    }
+                });
+                true
+            }
+        }
+    }
+
+    /// Directories still waiting for their deferred fsync in a run.
+    #[cfg(test)]
+    pub fn pending_dirs(&self, project: &str, run: &str) -> usize {
+        self.log(project, run).pending.len()
     }
 
     /// Appends `events` contiguously; returns (first_seq, last_seq) once they are durable.
@@ -527,7 +577,15 @@ async fn commit(log: &RunLog, state: &mut LogState, run: &str, batches: Vec<Batc
     }
     let old_len = state.len;
     let added = text.len() as u64;
-    let written = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+    let dirs = log.pending.take();
+    let written = tokio::task::spawn_blocking(move || {
+        // Files written before these events are durable before the events are.
+        if let Err(e) = deferred::sync(&dirs) {
+            let e = std::io::Error::other(format!(
+                "fsync of a directory written before these events: {e}"
+            ));
+            return (Err(e), dirs);
+        }
         let result = (&*file)
             .write_all(text.as_bytes())
             .and_then(|()| file.sync_data());
@@ -535,9 +593,13 @@ async fn commit(log: &RunLog, state: &mut LogState, run: &str, batches: Vec<Batc
             // Leave no partial batch behind: its seqs will be given again.
             let _ = file.set_len(old_len);
         }
-        result
+        (result, Vec::new())
     })
-    .await;
+    .await
+    .map(|(result, unsynced)| {
+        log.pending.restore(unsynced);
+        result
+    });
     match written {
         Ok(Ok(())) => {
             state.len += added;

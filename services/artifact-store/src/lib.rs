@@ -6,6 +6,7 @@
 //! (with health, reflection and graceful shutdown from `cairn-server`).
 
 mod beneath;
+mod deferred;
 pub mod config;
 mod digest;
 mod document;

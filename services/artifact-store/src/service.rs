@@ -9,8 +9,8 @@ use cairn_proto::v1::artifact_store_server::ArtifactStore;
 use cairn_proto::v1::{
     self as pb, get_response, put_request, AppendEventsRequest, AppendEventsResponse,
     CreateProjectRequest, DeleteRequest, DeleteResponse, FileInfo, GetRequest, GetResponse,
-    ListProjectsRequest, ListProjectsResponse, ListRequest, ListResponse, PutRequest, PutResponse,
-    ReadEventsRequest, StatRequest, UpdateJsonRequest, UpdateJsonResponse,
+    ListProjectsRequest, ListProjectsResponse, ListRequest, ListResponse, PutDurability,
+    PutRequest, PutResponse, ReadEventsRequest, StatRequest, UpdateJsonRequest, UpdateJsonResponse,
 };
 use futures::{Stream, StreamExt};
 use tokio_stream::wrappers::ReceiverStream;
@@ -22,7 +22,7 @@ use crate::events::{Level, NewEvent, StoredEvent};
 use crate::page::Page;
 use crate::read::{self, Entry, Kind};
 use crate::store::Store;
-use crate::write::{self, Outcome, PutSpec};
+use crate::write::{self, Durability, Outcome, PutSpec};
 use crate::{project, Result};
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
@@ -134,6 +134,10 @@ impl ArtifactStore for ArtifactStoreService {
             }
         };
         cairn_telemetry::record_ids(&header.project_id, &header.run_id, "");
+        let durability = match header.durability() {
+            PutDurability::WithRunEvents => Durability::WithRunEvents,
+            PutDurability::Unspecified | PutDurability::Sync => Durability::Sync,
+        };
         let spec = PutSpec {
             project_id: header.project_id,
             path: header.path,
@@ -143,6 +147,7 @@ impl ArtifactStore for ArtifactStoreService {
             allowed_prefixes: header.allowed_prefixes,
             run_id: header.run_id,
             create_project: header.create_project,
+            durability,
         };
         let chunks = stream.map(|m| -> Result<Bytes> {
             match m {

@@ -54,6 +54,25 @@ pub struct Written {
     pub outcome: Outcome,
 }
 
+/// When a Put's new directory entry is made durable (the bytes always are, before publishing).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Durability {
+    /// Before the reply.
+    #[default]
+    Sync,
+    /// With the run's next events (see `deferred`); needs a run id.
+    WithRunEvents,
+}
+
+/// How a staged file is published.
+#[derive(Debug, Clone, Copy, Default)]
+struct Publish<'a> {
+    /// Replace other bytes at the target.
+    overwrite: bool,
+    /// Leave the directory fsync to this run's next events.
+    defer_to_run: Option<&'a str>,
+}
+
 /// A Put's header, in the store's words.
 #[derive(Debug, Clone, Default)]
 pub struct PutSpec {
@@ -68,6 +87,7 @@ pub struct PutSpec {
     /// Run to record an overwrite in ("" = none).
     pub run_id: String,
     pub create_project: bool,
+    pub durability: Durability,
 }
 
 /// What the client announced about the bytes.
@@ -237,14 +257,14 @@ fn publish(
     mut staged: Staged,
     file: File,
     digest: &Digest,
-    overwrite: bool,
+    how: Publish<'_>,
 ) -> Result<Outcome> {
     file.sync_all()
         .map_err(|e| Error::io(format!("fsync of the temp file for {:?}", staged.path), e))?;
     let dir = staged.dir.clone();
     let (tmp, name) = (staged.temp.name.clone(), staged.name.clone());
     let existed = existing_file(dir.as_fd(), &name, &staged.project, &staged.path)?;
-    let outcome = if !overwrite {
+    let outcome = if !how.overwrite {
         let linked = match rustix::fs::renameat_with(
             dir.as_fd(),
             tmp.as_str(),
@@ -298,8 +318,13 @@ fn publish(
             Outcome::Created
         }
     };
-    beneath::sync_dir(dir.as_fd())
-        .map_err(|e| Error::io(format!("fsync of the directory of {:?}", staged.path), e))?;
+    let deferred = how
+        .defer_to_run
+        .is_some_and(|run| store.runs.defer_dir_sync(&staged.project, run, &dir));
+    if !deferred {
+        beneath::sync_dir(dir.as_fd())
+            .map_err(|e| Error::io(format!("fsync of the directory of {:?}", staged.path), e))?;
+    }
     // The published inode's stat (rename changed its ctime) keys the digest cache.
     if let Ok(st) = rustix::fs::fstat(&file) {
         store.digests.remember(&st, &digest.sha256);
@@ -324,7 +349,10 @@ pub(crate) fn write_bytes(
         path,
         bytes,
         &Expect::default(),
-        overwrite,
+        Publish {
+            overwrite,
+            defer_to_run: None,
+        },
     )
 }
 
@@ -335,7 +363,7 @@ fn write_small(
     path: &str,
     bytes: &[Bytes],
     expect: &Expect,
-    overwrite: bool,
+    how: Publish<'_>,
 ) -> Result<Written> {
     let mut hasher = Sha256::new();
     let mut size_bytes = 0u64;
@@ -353,7 +381,7 @@ fn write_small(
         file.write_all(chunk)
             .map_err(|e| Error::io(format!("writing {path:?}"), e))?;
     }
-    let outcome = publish(store, staged, file, &digest, overwrite)?;
+    let outcome = publish(store, staged, file, &digest, how)?;
     Ok(Written {
         path: path.to_owned(),
         digest,
@@ -370,6 +398,15 @@ where
     if !spec.run_id.is_empty() {
         project::check_id("run", &spec.run_id)?;
     }
+    let defer_to_run = match spec.durability {
+        Durability::Sync => None,
+        Durability::WithRunEvents if spec.run_id.is_empty() => {
+            return Err(Error::BadRequest(
+                "durability PUT_DURABILITY_WITH_RUN_EVENTS needs a run_id: the file's directory is made durable with that run's next events; set run_id or use PUT_DURABILITY_SYNC".into(),
+            ))
+        }
+        Durability::WithRunEvents => Some(spec.run_id.clone()),
+    };
     let path = store
         .write_path(&spec.path, &spec.allowed_prefixes)?
         .to_string();
@@ -416,12 +453,13 @@ where
     }
 
     let written = if ended {
-        let (store2, project, path2, overwrite, create) = (
+        let (store2, project, path2, overwrite, create, defer) = (
             store.clone(),
             spec.project_id.clone(),
             path.clone(),
             spec.overwrite,
             spec.create_project,
+            defer_to_run.clone(),
         );
         blocking(move || {
             let root = open_root(&store2, &project, create)?;
@@ -432,7 +470,10 @@ where
                 &path2,
                 &head,
                 &expect,
-                overwrite,
+                Publish {
+                    overwrite,
+                    defer_to_run: defer.as_deref(),
+                },
             )
         })
         .await?
@@ -452,7 +493,11 @@ where
         expect.verify(&path, &digest)?;
         let (store2, overwrite) = (store.clone(), spec.overwrite);
         blocking(move || {
-            let outcome = publish(&store2, staged, file, &digest, overwrite)?;
+            let how = Publish {
+                overwrite,
+                defer_to_run: defer_to_run.as_deref(),
+            };
+            let outcome = publish(&store2, staged, file, &digest, how)?;
             Ok(Written {
                 path: path.clone(),
                 digest,
@@ -636,4 +681,133 @@ pub async fn delete(store: &Arc<Store>, project: &str, path: &str, run_id: &str)
         }
     }
     Ok(deleted)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn open_store(root: &std::path::Path) -> Arc<Store> {
+        Arc::new(
+            Store::open(Config {
+                data_root: root.to_path_buf(),
+                ..Config::default()
+            })
+            .unwrap(),
+        )
+    }
+
+    fn spec(path: &str, run: &str, durability: Durability) -> PutSpec {
+        PutSpec {
+            project_id: "p".into(),
+            path: path.into(),
+            run_id: run.into(),
+            create_project: true,
+            durability,
+            ..PutSpec::default()
+        }
+    }
+
+    async fn put_bytes(store: &Arc<Store>, spec: PutSpec, body: &'static [u8]) -> Result<Written> {
+        put(
+            store,
+            spec,
+            futures::stream::iter([Ok(Bytes::from_static(body))]),
+        )
+        .await
+    }
+
+    #[tokio::test]
+    async fn deferred_directories_are_synced_before_the_runs_next_events() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = open_store(tmp.path());
+        for (i, path) in ["docs/a.md", "docs/b.md", "out/c.md"].iter().enumerate() {
+            let w = put_bytes(
+                &store,
+                spec(path, "r1", Durability::WithRunEvents),
+                b"bytes",
+            )
+            .await
+            .unwrap();
+            assert_eq!(w.outcome, Outcome::Created, "{i}");
+        }
+        // Published at once, directories pending: two distinct ones.
+        assert_eq!(
+            std::fs::read(tmp.path().join("projects/p/docs/b.md")).unwrap(),
+            b"bytes"
+        );
+        assert_eq!(store.runs.pending_dirs("p", "r1"), 2);
+        // Another run's events do not sync them.
+        store
+            .runs
+            .append(
+                &store,
+                "p",
+                "r2",
+                vec![NewEvent::store("x", serde_json::json!({}))],
+            )
+            .await
+            .unwrap();
+        assert_eq!(store.runs.pending_dirs("p", "r1"), 2);
+        // The run's own next events do, before they are acknowledged.
+        store
+            .runs
+            .append(
+                &store,
+                "p",
+                "r1",
+                vec![NewEvent::store("x", serde_json::json!({}))],
+            )
+            .await
+            .unwrap();
+        assert_eq!(store.runs.pending_dirs("p", "r1"), 0);
+    }
+
+    #[tokio::test]
+    async fn a_sync_put_defers_nothing_and_deferral_needs_a_run() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = open_store(tmp.path());
+        put_bytes(&store, spec("a.md", "r1", Durability::Sync), b"x")
+            .await
+            .unwrap();
+        assert_eq!(store.runs.pending_dirs("p", "r1"), 0);
+        let err = put_bytes(&store, spec("b.md", "", Durability::WithRunEvents), b"x")
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::BadRequest(m) if m.contains("needs a run_id")),
+            "{err}"
+        );
+        assert!(!tmp.path().join("projects/p/b.md").exists());
+        // An unchanged rewrite publishes nothing, so nothing is pending.
+        put_bytes(&store, spec("a.md", "r1", Durability::WithRunEvents), b"x")
+            .await
+            .unwrap();
+        assert_eq!(store.runs.pending_dirs("p", "r1"), 0);
+    }
+
+    #[tokio::test]
+    async fn without_events_the_timer_syncs_deferred_directories() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = open_store(tmp.path());
+        put_bytes(
+            &store,
+            spec("d/a.md", "r1", Durability::WithRunEvents),
+            b"x",
+        )
+        .await
+        .unwrap();
+        assert_eq!(store.runs.pending_dirs("p", "r1"), 1);
+        let start = std::time::Instant::now();
+        while store.runs.pending_dirs("p", "r1") > 0 {
+            assert!(
+                start.elapsed() < crate::deferred::SYNC_AFTER * 10,
+                "the deferred directory was never synced"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        assert!(start.elapsed() >= crate::deferred::SYNC_AFTER / 2);
+    }
 }

@@ -4,8 +4,9 @@
 mod common;
 
 use cairn_proto::v1::{
-    CreateProjectRequest, DeleteRequest, EntryKind, ListProjectsRequest, ListRequest, PageRequest,
-    PutHeader, ReadEventsRequest, StatRequest, WriteOutcome,
+    AppendEventsRequest, CreateProjectRequest, DeleteRequest, EntryKind, EventInput,
+    ListProjectsRequest, ListRequest, PageRequest, PutDurability, PutHeader, ReadEventsRequest,
+    StatRequest, WriteOutcome,
 };
 use common::*;
 use futures::StreamExt;
@@ -101,6 +102,53 @@ async fn put_then_get_returns_the_bytes_and_digest() {
     let r = put(&mut s.client, "p", "docs/empty.md", b"").await.unwrap();
     assert_eq!(r.digest.unwrap().size_bytes, 0);
     assert_eq!(get(&mut s.client, "p", "docs/empty.md").await.unwrap(), b"");
+}
+
+#[tokio::test]
+async fn puts_whose_directory_syncs_with_the_runs_events() {
+    let mut s = serve().await;
+    let deferred = |path: &str, run: &str| PutHeader {
+        run_id: run.into(),
+        durability: PutDurability::WithRunEvents as i32,
+        ..header("p", path)
+    };
+    // Published and readable at once, with the same outcomes as a synced Put.
+    let r = put_with(&mut s.client, deferred("docs/a.md", "r1"), b"one")
+        .await
+        .unwrap();
+    assert_eq!(outcome(&r), WriteOutcome::Created);
+    assert_eq!(get(&mut s.client, "p", "docs/a.md").await.unwrap(), b"one");
+    let again = put_with(&mut s.client, deferred("docs/a.md", "r1"), b"one")
+        .await
+        .unwrap();
+    assert_eq!(outcome(&again), WriteOutcome::Unchanged);
+    let clash = put_with(&mut s.client, deferred("docs/a.md", "r1"), b"two")
+        .await
+        .unwrap_err();
+    assert_eq!(clash.code(), Code::AlreadyExists);
+    // The run's next events are appended as usual.
+    let appended = s
+        .client
+        .append_events(AppendEventsRequest {
+            project_id: "p".into(),
+            run_id: "r1".into(),
+            events: vec![EventInput {
+                r#type: "artifact.written".into(),
+                data_json: r#"{"path":"docs/a.md"}"#.into(),
+                ..Default::default()
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((appended.first_seq, appended.last_seq), (1, 1));
+    // Without a run there are no events to sync with: refused, nothing written.
+    let no_run = put_with(&mut s.client, deferred("docs/b.md", ""), b"x")
+        .await
+        .unwrap_err();
+    assert_eq!(no_run.code(), Code::InvalidArgument);
+    assert!(no_run.message().contains("run_id"), "{}", no_run.message());
+    assert!(!s.project_dir("p").join("docs/b.md").exists());
 }
 
 #[tokio::test]

@@ -423,6 +423,7 @@ impl Ingestor {
                     allowed_prefixes: vec![WORKSPACE.to_owned()],
                     run_id: req.run_id.clone(),
                     create_project: true,
+                    ..PutHeader::default()
                 };
                 let result = self.store.put(header, content).await;
                 if let Err(e) = &result {

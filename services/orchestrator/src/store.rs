@@ -7,8 +7,8 @@ use cairn_proto::v1::artifact_store_client::ArtifactStoreClient;
 use cairn_proto::v1::{
     get_response, put_request, AppendEventsRequest, AppendEventsResponse, CreateProjectRequest,
     Event, EventInput, FileInfo, GetRequest, ListProjectsRequest, ListRequest, PageRequest,
-    PutHeader, PutRequest, PutResponse, ReadEventsRequest, StatRequest, UpdateJsonRequest,
-    UpdateJsonResponse,
+    PutDurability, PutHeader, PutRequest, PutResponse, ReadEventsRequest, StatRequest,
+    UpdateJsonRequest, UpdateJsonResponse,
 };
 use cairn_telemetry::TracedChannel;
 use tonic::{Code, Status};
@@ -25,6 +25,10 @@ pub struct PutOptions {
     pub allowed_prefixes: Vec<String>,
     /// Run on whose behalf (an overwrite leaves a `store.overwritten` event in it).
     pub run_id: String,
+    /// Reply once the bytes are durable and published; the directory entry becomes durable
+    /// with `run_id`'s next events (PUT_DURABILITY_WITH_RUN_EVENTS). Only for writes that
+    /// the run's events record afterwards.
+    pub with_run_events: bool,
 }
 
 #[derive(Clone)]
@@ -94,6 +98,11 @@ impl Store {
                 allowed_prefixes: opts.allowed_prefixes.clone(),
                 run_id: opts.run_id.clone(),
                 create_project: true,
+                durability: if opts.with_run_events {
+                    PutDurability::WithRunEvents
+                } else {
+                    PutDurability::Sync
+                } as i32,
             })),
         });
         let mut at = 0;

@@ -768,6 +768,7 @@ async fn turn_in(
         overwrite: spec.overwrite || ctx.reset || resumed,
         run_id: ctx.run_id.clone(),
         allowed_prefixes: vec![workspace.to_owned()],
+        ..Default::default()
     };
     // Every reported path is checked before anything is written: all or nothing.
     let mut planned = Vec::with_capacity(report.changes.len());

@@ -249,6 +249,7 @@ async fn write_outputs(
                 .iter()
                 .map(|p| p.trim_end_matches('/').to_owned())
                 .collect(),
+            ..Default::default()
         };
         let put = ctx
             .store()

@@ -13,10 +13,12 @@ use crate::store::PutOptions;
 pub async fn run(ctx: &NodeCtx, spec: &WriteFile) -> Result<NodeSuccess, NodeError> {
     let path = project_path(&ctx.scope, "path", &spec.path)?;
     let content = Bytes::from(ctx.scope.render("content", &spec.content)?);
-    // Identical bytes come back UNCHANGED, so a redone attempt never duplicates a file.
+    // Identical bytes come back UNCHANGED, so a redone attempt never duplicates a file. The
+    // node's completion event makes the directory entry durable (one fsync per event batch).
     let opts = PutOptions {
         overwrite: spec.overwrite || ctx.reset,
         run_id: ctx.run_id.clone(),
+        with_run_events: true,
         ..Default::default()
     };
     let put = ctx

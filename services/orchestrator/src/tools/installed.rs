@@ -403,6 +403,7 @@ async fn finish(
         overwrite: tool.manifest.overwrite || ctx.reset,
         run_id: ctx.run_id.clone(),
         allowed_prefixes: allowed.to_vec(),
+        ..Default::default()
     };
     let mut written = Vec::new();
     let mut events = Vec::new();

@@ -1,0 +1,154 @@
+//! Directory fsyncs deferred to a run's next event batch (`PUT_DURABILITY_WITH_RUN_EVENTS`).
+//!
+//! Such a Put fsyncs its bytes before the rename (so a crash never shows a partial file) but
+//! not the directory afterwards: the directory joins its run's pending set, and the run's
+//! next commit of events fsyncs every pending directory before it writes the events. A writer
+//! that records each file in the run's events thus pays one directory fsync per batch of
+//! events instead of one per file, and an acknowledged event still implies that every file
+//! written before it is durable. A timer bounds how long a directory stays pending when no
+//! events follow, and a run log dropped at shutdown syncs what is left.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rustix::io::Errno;
+
+/// Longest a deferred directory waits when no events come.
+pub const SYNC_AFTER: Duration = Duration::from_millis(500);
+/// Most distinct directories pending per run; beyond it a Put syncs its directory itself.
+const MAX_PENDING: usize = 1024;
+
+/// Directories of one run whose new entries are not durable yet, keyed by (device, inode).
+#[derive(Debug, Default)]
+pub struct PendingDirs {
+    dirs: Mutex<HashMap<(u64, u64), Arc<OwnedFd>>>,
+}
+
+/// What [`PendingDirs::add`] did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Added {
+    /// The first pending directory: the caller arms the timer.
+    First,
+    /// Joined a non-empty set (or was there already).
+    Joined,
+    /// The set is full: the caller fsyncs the directory itself.
+    Full,
+}
+
+impl PendingDirs {
+    pub fn add(&self, dir: &Arc<OwnedFd>) -> Added {
+        let Ok(st) = rustix::fs::fstat(dir.as_fd()) else {
+            return Added::Full;
+        };
+        let key = (st.st_dev, st.st_ino);
+        let mut dirs = self.lock();
+        if dirs.contains_key(&key) {
+            return Added::Joined;
+        }
+        if dirs.len() >= MAX_PENDING {
+            return Added::Full;
+        }
+        dirs.insert(key, dir.clone());
+        if dirs.len() == 1 {
+            Added::First
+        } else {
+            Added::Joined
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Takes the pending set; give it to [`sync`], and back with [`PendingDirs::restore`] if
+    /// that fails.
+    pub fn take(&self) -> Vec<((u64, u64), Arc<OwnedFd>)> {
+        self.lock().drain().collect()
+    }
+
+    /// Puts back directories whose fsync failed, so the next commit tries again.
+    pub fn restore(&self, dirs: Vec<((u64, u64), Arc<OwnedFd>)>) {
+        let mut pending = self.lock();
+        for (key, dir) in dirs {
+            pending.entry(key).or_insert(dir);
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(u64, u64), Arc<OwnedFd>>> {
+        self.dirs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// fsyncs each directory (blocking).
+pub fn sync(dirs: &[((u64, u64), Arc<OwnedFd>)]) -> Result<(), Errno> {
+    for (_, dir) in dirs {
+        rustix::fs::fsync(dir.as_fd())?;
+    }
+    Ok(())
+}
+
+impl Drop for PendingDirs {
+    fn drop(&mut self) {
+        let dirs = self.take();
+        if let Err(e) = sync(&dirs) {
+            tracing::error!(error = %e, "fsync of deferred directories at close failed");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(path: &std::path::Path) -> Arc<OwnedFd> {
+        Arc::new(
+            rustix::fs::open(
+                path,
+                rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY,
+                rustix::fs::Mode::empty(),
+            )
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn one_entry_per_directory_and_the_first_arms_the_timer() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir(tmp.path().join("a")).unwrap();
+        let pending = PendingDirs::default();
+        assert_eq!(pending.add(&dir(tmp.path())), Added::First);
+        // Another fd of the same directory is the same entry.
+        assert_eq!(pending.add(&dir(tmp.path())), Added::Joined);
+        assert_eq!(pending.add(&dir(&tmp.path().join("a"))), Added::Joined);
+        let taken = pending.take();
+        assert_eq!(taken.len(), 2);
+        assert!(pending.is_empty());
+        sync(&taken).unwrap();
+        pending.restore(taken);
+        assert!(!pending.is_empty());
+        assert_eq!(pending.take().len(), 2);
+    }
+
+    #[test]
+    fn a_full_set_makes_the_writer_sync_itself() {
+        let tmp = tempfile::tempdir().unwrap();
+        let pending = PendingDirs::default();
+        for i in 0..MAX_PENDING {
+            let p = tmp.path().join(i.to_string());
+            std::fs::create_dir(&p).unwrap();
+            assert_ne!(pending.add(&dir(&p)), Added::Full);
+        }
+        let extra = tmp.path().join("extra");
+        std::fs::create_dir(&extra).unwrap();
+        assert_eq!(pending.add(&dir(&extra)), Added::Full);
+        // One already pending still joins.
+        assert_eq!(pending.add(&dir(&tmp.path().join("0"))), Added::Joined);
+    }
+}
