@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Sandbox-runner benchmark: python `print(1)` through three release cairn-sandbox-runner
-# processes on loopback (docker cold, docker warm pool, local backend), side by side in one run
+# Sandbox-runner benchmark: python `print(1)` through four release cairn-sandbox-runner
+# processes on loopback (docker cold, docker warm pool, local backend cold, local backend with
+# its pool of waiting sandboxes; both pools of CAIRN_BENCH_POOL, default 4), side by side in one run
 # with raw `docker run --rm`, raw `docker exec`, a bare `python3 -c`, 20/50 concurrent runs vs
 # 20 concurrent raw `docker run --rm`, and the llm-sandbox package (PyPI) on the same image.
 # Usage: bash bench/sandbox.sh [RUNS] [IMAGE]   (defaults 30, cairn-sandbox:latest)
@@ -19,7 +20,7 @@ PIDS=()
 cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
   # The runners remove their containers on SIGTERM; this only catches one that died first.
-  for name in cold warm local; do
+  for name in cold warm local localpool; do
     docker ps -aq --filter "label=cairn.runner_id=bench-$name-$$" | xargs -r docker rm -f >/dev/null 2>&1 || true
   done
   rm -rf "$WORK"
@@ -40,13 +41,23 @@ start() { # NAME BACKEND POOL: starts a runner, sets ADDR (not in a subshell: PI
 start cold docker 0; COLD="$ADDR"
 start warm docker "$POOL"; WARM="$ADDR"
 start local local 0; LOCAL="$ADDR"
+start localpool local "$POOL"; LOCALPOOL="$ADDR"
 
 echo "command: bash bench/sandbox.sh $RUNS $IMAGE  (pool_size $POOL; $(date -u +%Y-%m-%dT%H:%MZ); $(nproc) cores; docker $(docker version -f '{{.Server.Version}}'))"
 echo
-"$BIN/sandbox_load" --cold "$COLD" --warm "$WARM" --local "$LOCAL" --image "$IMAGE" --runs "$RUNS" --pool "$POOL"
+"$BIN/sandbox_load" --cold "$COLD" --warm "$WARM" --local "$LOCAL" --local-pool "$LOCALPOOL" --image "$IMAGE" --runs "$RUNS" --pool "$POOL"
 
-if [ ! -x bench/.venv/bin/python ]; then
-  python3 -m venv bench/.venv
+# The local runners after SIGTERM: task directories and sandbox processes left (want 0 and 0).
+echo
+READY_DIRS="$(ls "$WORK/localpool/tasks" | wc -l)"
+for i in 2 3; do kill "${PIDS[$i]}"; wait "${PIDS[$i]}" 2>/dev/null || true; done
+LEFT_DIRS="$(cat <(ls "$WORK/local/tasks") <(ls "$WORK/localpool/tasks") | wc -l)"
+# (the bracket keeps grep's own command line from matching)
+LEFT_PROCS="$( (grep -l -s "$WORK/local[p/]" /proc/[0-9]*/cmdline || true) | wc -l)"
+echo "- local runners: $READY_DIRS waiting-sandbox directories before SIGTERM; after it, $LEFT_DIRS task directories and $LEFT_PROCS sandbox processes left"
+
+if ! bench/.venv/bin/python -c 'import llm_sandbox' 2>/dev/null; then
+  [ -x bench/.venv/bin/python ] || python3 -m venv bench/.venv
   bench/.venv/bin/pip install -q 'llm-sandbox[docker]==0.3.46'
 fi
 echo

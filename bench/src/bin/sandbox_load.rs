@@ -1,7 +1,8 @@
 //! Sandbox-runner benchmark (bench/sandbox.sh): python `print(1)` through running
-//! cairn-sandbox-runner processes over gRPC (cold docker, warm pool, local backend), side by side
-//! with raw `docker run --rm`, raw `docker exec` into a running container and a bare `python3 -c`,
-//! plus 20/50 concurrent runs against 20 concurrent raw `docker run --rm`. Prints markdown.
+//! cairn-sandbox-runner processes over gRPC (cold docker, warm pool, local backend cold and with
+//! its pool of waiting sandboxes), side by side with raw `docker run --rm`, raw `docker exec`
+//! into a running container and a bare `python3 -c`, plus 20/50 concurrent runs against 20
+//! concurrent raw `docker run --rm`. Prints markdown.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -29,6 +30,9 @@ struct Args {
     /// Runner with the local backend.
     #[arg(long)]
     local: Option<String>,
+    /// Runner with the local backend and `--pool` waiting sandboxes.
+    #[arg(long)]
+    local_pool: Option<String>,
     #[arg(long, default_value = "cairn-sandbox:latest")]
     image: String,
     /// Interpreter for the bare baseline.
@@ -77,6 +81,18 @@ async fn one_run(
     want_warm: Option<bool>,
 ) -> Result<f64> {
     Ok(one_run_inner(client, want_warm).await?.0)
+}
+
+/// Client-side latency and whether the run came from the pool.
+async fn run_pool_or_not(client: &mut SandboxRunnerClient<Channel>) -> Result<(f64, bool)> {
+    let t0 = Instant::now();
+    let out = client.run(request()).await?.into_inner();
+    let ms = t0.elapsed().as_secs_f64() * 1000.0;
+    if out.exit_code != 0 || out.stdout.as_ref() != b"1\n" {
+        bail!("run failed: exit {} stderr {:?}", out.exit_code, out.stderr);
+    }
+    let rj: serde_json::Value = serde_json::from_str(&out.result_json)?;
+    Ok((ms, rj["warm"] == true))
 }
 
 /// Client-side latency and the runner's own `duration_ms` (program start to exit).
@@ -277,23 +293,75 @@ async fn main() -> Result<()> {
     rows.push(stats("cairn Run, docker warm pool (gRPC)", ours));
     rows.push(stats("raw `docker exec CONTAINER python3 -c`", raw));
 
-    // Local backend vs bare python.
+    // Local backend (cold, then pooled) vs bare python, each interleaved with its baseline.
+    let mut ratios = vec![
+        ("cold / raw docker run", 0, 1),
+        ("warm / raw docker exec", 2, 3),
+    ];
     if let Some(local) = &args.local {
         let mut client = connect(local).await?;
-        one_run(&mut client, None).await?;
+        one_run(&mut client, Some(false)).await?;
         let (mut ours, mut raw, mut inside) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..runs {
-            let (ms, sandbox_ms) = one_run_inner(&mut client, None).await?;
+            let (ms, sandbox_ms) = one_run_inner(&mut client, Some(false)).await?;
             ours.push(ms);
             inside.push(sandbox_ms);
             raw.push(time_cmd(&[&args.python, "-c", CODE])?);
         }
-        rows.push(stats("cairn Run, local backend (gRPC)", ours));
+        let at = rows.len();
+        rows.push(stats("cairn Run, local backend cold (gRPC)", ours));
         rows.push(stats("bare `python3 -c`", raw));
         rows.push(stats(
-            "(local: bwrap + prlimit + python alone, the runner's duration_ms)",
+            "(local cold: bwrap + prlimit + python alone, the runner's duration_ms)",
             inside,
         ));
+        ratios.push(("local cold / bare python", at, at + 1));
+        ratios.push((
+            "local cold sandbox alone (bwrap + prlimit + python) / bare python",
+            at + 2,
+            at + 1,
+        ));
+    }
+    if let Some(addr) = &args.local_pool {
+        let mut client = connect(addr).await?;
+        wait_warm(&mut client, args.pool).await?;
+        one_run(&mut client, Some(true)).await?;
+        // Idle pool: each run waits until the pool is full again (as the docker warm rows).
+        let (mut ours, mut raw, mut inside) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..runs {
+            wait_warm(&mut client, args.pool).await?;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let (ms, sandbox_ms) = one_run_inner(&mut client, Some(true)).await?;
+            ours.push(ms);
+            inside.push(sandbox_ms);
+            raw.push(time_cmd(&[&args.python, "-c", CODE])?);
+        }
+        let at = rows.len();
+        rows.push(stats("cairn Run, local backend pooled (gRPC)", ours));
+        rows.push(stats("bare `python3 -c`", raw));
+        rows.push(stats(
+            "(local pooled: go line + python alone, the runner's duration_ms)",
+            inside,
+        ));
+        ratios.push(("local pooled / bare python", at, at + 1));
+        // Back to back: the refill of the previous run's sandbox shares the cores with this one.
+        wait_warm(&mut client, args.pool).await?;
+        let (mut ours, mut raw, mut warm) = (Vec::new(), Vec::new(), 0);
+        for _ in 0..runs {
+            let (ms, pooled) = run_pool_or_not(&mut client).await?;
+            ours.push(ms);
+            warm += usize::from(pooled);
+            raw.push(time_cmd(&[&args.python, "-c", CODE])?);
+        }
+        let at = rows.len();
+        rows.push(stats(
+            &format!(
+                "cairn Run, local pooled back to back, refill running; {warm}/{runs} from the pool (gRPC)"
+            ),
+            ours,
+        ));
+        rows.push(stats("bare `python3 -c`", raw));
+        ratios.push(("local pooled back to back / bare python", at, at + 1));
     }
 
     println!("| path | runs | p50 ms | p95 ms |");
@@ -301,16 +369,9 @@ async fn main() -> Result<()> {
     for r in &rows {
         println!("| {} | {} | {:.1} | {:.1} |", r.label, r.n, r.p50, r.p95);
     }
-    let ratio = |a: usize, b: usize| rows[a].p50 / rows[b].p50;
     println!();
-    println!("- cold / raw docker run: {:.2}x (p50)", ratio(0, 1));
-    println!("- warm / raw docker exec: {:.2}x (p50)", ratio(2, 3));
-    if rows.len() > 4 {
-        println!("- local / bare python: {:.2}x (p50)", ratio(4, 5));
-        println!(
-            "- local sandbox alone (bwrap + prlimit + python) / bare python: {:.2}x (p50)",
-            ratio(6, 5)
-        );
+    for (label, a, b) in ratios {
+        println!("- {label}: {:.2}x (p50)", rows[a].p50 / rows[b].p50);
     }
 
     // Throughput.

@@ -6,8 +6,8 @@
 //! (with health, reflection and graceful shutdown from `cairn-server`).
 
 mod beneath;
-mod deferred;
 pub mod config;
+mod deferred;
 mod digest;
 mod document;
 pub mod error;

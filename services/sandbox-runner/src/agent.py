@@ -1,4 +1,4 @@
-# The warm-pool agent: the command of a pre-started container (docker backend, pool.rs). It
+# The warm-pool agent: the command of a pre-started container (backend/docker_pool.rs). It
 # reads ONE job (a JSON line) from stdin, stages /input, runs the program as the sandbox user
 # with stdin closed, streams stdout/stderr, enforces the timeout (SIGTERM, grace, SIGKILL),
 # kills every sandbox-user process, then sends the result and /output as a tar stream.

@@ -27,7 +27,8 @@ pub struct ConfigArgs {
     /// Directory for task directories of sessions and local runs.
     #[arg(long)]
     pub work_root: Option<PathBuf>,
-    /// Warm containers kept ready (docker backend).
+    /// Sandboxes kept ready for one-shot runs: warm containers (docker) or waiting
+    /// sandboxes (local); 0 = off.
     #[arg(long)]
     pub pool_size: Option<usize>,
     /// Any other key: --set defaults.timeout_ms=5000 (repeatable).

@@ -40,8 +40,9 @@ pub struct Config {
     pub container_suffix: String,
     /// Task directories of sessions and local runs; one work_root per runner.
     pub work_root: PathBuf,
-    /// Warm containers kept ready for one-shot runs with the default image and limits
-    /// (docker backend; 0 = off).
+    /// Sandboxes kept ready for one-shot runs (0 = off): warm containers for the default
+    /// image and limits (docker), or waiting bubblewrap sandboxes for jobs with the default
+    /// memory and no network (local).
     pub pool_size: usize,
     /// May a request ask for network access?
     pub network_allowed: bool,

@@ -37,6 +37,15 @@ async fn spawn_runner(
     work_root: &std::path::Path,
     runner_id: &str,
 ) -> (Proc, SandboxRunnerClient<tonic::transport::Channel>) {
+    spawn_runner_with(backend, work_root, runner_id, &[]).await
+}
+
+async fn spawn_runner_with(
+    backend: BackendChoice,
+    work_root: &std::path::Path,
+    runner_id: &str,
+    extra: &[&str],
+) -> (Proc, SandboxRunnerClient<tonic::transport::Channel>) {
     let addr = format!("127.0.0.1:{}", free_port());
     let child = Command::new(env!("CARGO_BIN_EXE_cairn-sandbox-runner"))
         .args([
@@ -58,6 +67,7 @@ async fn spawn_runner(
         .arg("--work-root")
         .arg(work_root)
         .args(["--set", "kill_grace_ms=200"])
+        .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -188,23 +198,132 @@ async fn killed_runner_removes_its_leftovers_on_restart() {
     }
 }
 
+/// The local pool's waiting sandboxes and a pooled run, after kill -9: the sandboxes die with
+/// the runner (--die-with-parent) and the restarted runner removes their directories.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killed_runner_with_a_local_pool_leaves_nothing_after_restart() {
+    if let Err(reason) = bwrap_ready() {
+        println!("SKIP: restart_sweep_local_pool: {reason}");
+        return;
+    }
+    let work_root = tempfile::Builder::new()
+        .prefix("cairn-sbx-restart-pool")
+        .tempdir()
+        .unwrap();
+    let root = work_root.path().to_string_lossy().into_owned();
+    let (mut proc, client) = spawn_runner_with(
+        BackendChoice::Local,
+        work_root.path(),
+        "restart-pool-runner",
+        &["--pool-size", "2"],
+    )
+    .await;
+    let ready = |mut c: SandboxRunnerClient<tonic::transport::Channel>| async move {
+        c.get_runner_info(GetRunnerInfoRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .warm_containers
+    };
+    let t0 = Instant::now();
+    while ready(client.clone()).await < 2 {
+        assert!(t0.elapsed() < Duration::from_secs(60), "pool never filled");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let marker = format!("time.sleep({})", 6000 + std::process::id() % 1000);
+    let mut c = client.clone();
+    let req = with_timeout(python(&format!("import time\n{marker}\n")), 600_000);
+    let running = tokio::spawn(async move { c.run(req).await });
+    let t0 = Instant::now();
+    while processes_with(&marker).is_empty() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the run never started"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    proc.child.kill().unwrap();
+    proc.child.wait().unwrap();
+    assert!(running.await.unwrap().is_err());
+    let tasks = work_root.path().join("tasks");
+    let left = std::fs::read_dir(&tasks).unwrap().count();
+    assert!(
+        left >= 2,
+        "the pool's directories are left by kill -9 ({left})"
+    );
+    let t0 = Instant::now();
+    let mut procs = processes_with(&root);
+    while !(procs.is_empty() && processes_with(&marker).is_empty()) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "sandboxes outlived their runner: {procs:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        procs = processes_with(&root);
+    }
+    let (proc2, _client2) = spawn_runner(
+        BackendChoice::Local,
+        work_root.path(),
+        "restart-pool-runner",
+    )
+    .await;
+    assert_eq!(
+        std::fs::read_dir(&tasks).unwrap().count(),
+        0,
+        "task directories swept at start-up"
+    );
+    drop(proc2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn floods_are_capped_and_runner_memory_stays_flat() {
-    for backend in cold_backends("memory_flat").await {
+    // Cold runs on each backend, and the local backend's pooled runs (fsize and the stdout
+    // cap set through its waiter).
+    let cases = backends("memory_flat")
+        .await
+        .into_iter()
+        .filter(|c| !(c.pool && c.docker()));
+    for backend in cases {
         let work_root = tempfile::Builder::new()
             .prefix("cairn-sbx-flood")
             .tempdir()
             .unwrap();
+        let pool: &[&str] = if backend.pool {
+            &["--pool-size", "1"]
+        } else {
+            &[]
+        };
         let (proc, client) =
-            spawn_runner(backend.backend, work_root.path(), "flood-test-runner").await;
+            spawn_runner_with(backend.backend, work_root.path(), "flood-test-runner", pool).await;
         let pid = proc.child.id();
+        let run = |req: cairn_proto::RunRequest| {
+            let mut c = client.clone();
+            async move {
+                let t0 = Instant::now();
+                while backend.pool
+                    && c.get_runner_info(GetRunnerInfoRequest {})
+                        .await
+                        .unwrap()
+                        .into_inner()
+                        .warm_containers
+                        == 0
+                {
+                    assert!(t0.elapsed() < Duration::from_secs(60), "pool never filled");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                let out = c.run(req).await.unwrap().into_inner();
+                let rj: serde_json::Value = serde_json::from_str(&out.result_json).unwrap();
+                assert_eq!(rj["warm"], backend.pool, "{backend:?}");
+                out
+            }
+        };
         let before = peak_rss_kib(pid);
         // 50 MB on stdout in one line.
         let req = with_limits(
             python("import sys\nchunk = b'x' * (1 << 20)\nfor _ in range(50):\n    sys.stdout.buffer.write(chunk)\nsys.stdout.flush()\nprint('end', file=sys.stderr)\n"),
             Limits { timeout_ms: 120_000, max_stdout_bytes: 1 << 20, ..Default::default() },
         );
-        let out = client.clone().run(req).await.unwrap().into_inner();
+        let out = run(req).await;
         assert_eq!(out.exit_code, 0, "{backend:?}: {}", text(&out.stderr));
         assert_eq!(out.stdout.len(), 1 << 20);
         assert!(out.stdout_truncated && !out.stderr_truncated);
@@ -230,7 +349,7 @@ async fn floods_are_capped_and_runner_memory_stays_flat() {
                 ..Default::default()
             },
         );
-        let out = client.clone().run(req).await.unwrap().into_inner();
+        let out = run(req).await;
         let stdout = text(&out.stdout);
         assert!(
             stdout.starts_with("stopped 27"),

@@ -20,6 +20,7 @@ use futures::{Stream, StreamExt, TryStreamExt};
 use time::OffsetDateTime;
 use tokio::time::sleep_until;
 
+use super::docker_pool::DockerSource;
 use super::{keep, ExecOutcome, ExecSpec, Live, SessionSandbox};
 use crate::capture::Capture;
 use crate::config::Config;
@@ -42,7 +43,7 @@ pub struct DockerBackend {
     client: bollard::Docker,
     config: Arc<Config>,
     live: LiveSet,
-    pool: Option<Arc<Pool>>,
+    pool: Option<Arc<Pool<DockerSource>>>,
 }
 
 impl DockerBackend {
@@ -62,8 +63,13 @@ impl DockerBackend {
             source: e,
         })?;
         let live = LiveSet::default();
-        let pool = (config.pool_size > 0)
-            .then(|| Arc::new(Pool::new(client.clone(), config.clone(), live.clone())));
+        let pool = (config.pool_size > 0).then(|| {
+            Arc::new(Pool::new(DockerSource {
+                client: client.clone(),
+                config: config.clone(),
+                live: live.clone(),
+            }))
+        });
         Ok(DockerBackend {
             client,
             config,
@@ -144,7 +150,7 @@ impl DockerBackend {
 
     pub async fn run(&self, job: &Job, live: Option<&Live>) -> Result<Outcome> {
         if let Some(pool) = &self.pool {
-            if pool.fits(job) {
+            if pool.source().fits(job) {
                 if let Some(warm) = pool.take().await {
                     return warm.run(job, live, self.config.kill_grace_ms).await;
                 }

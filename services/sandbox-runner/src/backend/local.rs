@@ -2,6 +2,8 @@
 //! pid, network (off), ipc, uts, user and cgroup namespaces; the host's root mirrored
 //! read-only (the runner's work_root hidden); a private /tmp; /input read-only and /output a
 //! fresh directory; rlimits through prlimit; the program as the sandbox uid, never root.
+//! With `pool_size` > 0, jobs with the default memory and no network take a sandbox made
+//! ahead of time whose process waits for them (local_pool.rs); the rest run cold.
 //! Kill semantics: the sandbox's pid-1 dies with bwrap (--die-with-parent), and everything in
 //! the pid namespace dies with it, setsid'd children included.
 
@@ -15,10 +17,11 @@ use std::time::{Duration, Instant};
 use cairn_proto::StdStream;
 use rustix::process::{Pid, Signal};
 use time::OffsetDateTime;
-use tokio::io::AsyncReadExt;
-use tokio::process::Command;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, Command};
 use tokio::time::sleep_until;
 
+use super::local_pool::{LocalSource, Waiting, GO_TIMEOUT};
 use super::{keep, remove_dir, ExecOutcome, ExecSpec, Live, SessionSandbox};
 use crate::capture::Capture;
 use crate::config::Config;
@@ -26,6 +29,7 @@ use crate::error::{Error, Result};
 use crate::job::{Job, Outcome};
 use crate::limits::Limits;
 use crate::outputs::{self, OutputLimits};
+use crate::pool::Pool;
 
 /// Top-level host directories never shown inside a sandbox.
 const HIDDEN: &[&str] = &[
@@ -48,22 +52,36 @@ const HIDDEN: &[&str] = &[
 ];
 
 pub struct LocalBackend {
-    config: Arc<Config>,
+    base: Arc<Base>,
+    /// Process groups of running sandboxes (killed at shutdown).
+    running: Arc<Mutex<HashSet<i32>>>,
+    /// Waiting sandboxes for jobs with the default memory and no network (`pool_size` > 0).
+    pool: Option<Arc<Pool<LocalSource>>>,
+}
+
+/// What every sandbox of this backend is built from.
+pub(super) struct Base {
+    pub(super) config: Arc<Config>,
     bwrap: PathBuf,
     /// Arguments that mirror the host root read-only.
     root_args: Vec<OsString>,
     as_root: bool,
-    /// Process groups of running sandboxes (killed at shutdown).
-    running: Arc<Mutex<HashSet<i32>>>,
+}
+
+/// The sandbox around one process, up to its program: binds, network, /tmp size, env.
+pub(super) struct Frame<'a> {
+    /// (host path, sandbox path, writable)
+    pub(super) binds: Vec<(PathBuf, &'static str, bool)>,
+    pub(super) network: bool,
+    /// Size of the private /tmp.
+    pub(super) memory_bytes: u64,
+    pub(super) chdir: &'a str,
+    pub(super) env: &'a [(String, String)],
 }
 
 /// One sandboxed process to start.
 struct Spawn<'a> {
-    /// (host path, sandbox path, writable)
-    binds: Vec<(PathBuf, &'static str, bool)>,
-    network: bool,
-    chdir: String,
-    env: Vec<(String, String)>,
+    frame: Frame<'a>,
     argv: Vec<String>,
     limits: &'a Limits,
     timeout: Duration,
@@ -90,21 +108,40 @@ impl LocalBackend {
             ))
         })?;
         let as_root = rustix::process::geteuid().is_root();
-        let mut backend = LocalBackend {
+        let mut base = Base {
             root_args: Vec::new(),
             bwrap,
             as_root,
             config,
-            running: Arc::default(),
         };
-        backend.root_args = backend.mirror_root()?;
+        base.root_args = base.mirror_root()?;
         if as_root {
-            backend.check_reachable()?;
+            base.check_reachable()?;
         }
-        backend.probe()?;
-        Ok(backend)
+        base.probe()?;
+        let base = Arc::new(base);
+        let pool = (base.config.pool_size > 0)
+            .then(|| Arc::new(Pool::new(LocalSource::new(base.clone()))));
+        Ok(LocalBackend {
+            base,
+            running: Arc::default(),
+            pool,
+        })
     }
 
+    pub fn start_pool(&self) {
+        if let Some(pool) = &self.pool {
+            pool.clone().fill();
+        }
+    }
+
+    /// Waiting sandboxes ready now.
+    pub fn warm_sandboxes(&self) -> usize {
+        self.pool.as_ref().map(|p| p.ready_count()).unwrap_or(0)
+    }
+}
+
+impl Base {
     /// `--ro-bind` each top-level directory of the host (symlinks recreated), except the
     /// hidden ones; the work_root is covered by an empty tmpfs if it would show.
     fn mirror_root(&self) -> Result<Vec<OsString>> {
@@ -238,12 +275,82 @@ impl LocalBackend {
         args
     }
 
+    /// The bwrap command for `frame`, up to the `--` before the program: namespaces, the
+    /// read-only root, /dev, /proc, a private /tmp of `memory_bytes`, the binds, a clean env.
+    /// Its own process group, killed when dropped, started as the sandbox uid when we are root.
+    pub(super) fn command(&self, frame: &Frame<'_>) -> Command {
+        let mut cmd = Command::new(&self.bwrap);
+        cmd.args(self.namespace_args(frame.network));
+        cmd.args(&self.root_args);
+        cmd.args(["--dev", "/dev", "--proc", "/proc"]);
+        cmd.args(["--size", &frame.memory_bytes.to_string(), "--tmpfs", "/tmp"]);
+        for (host, inside, writable) in &frame.binds {
+            cmd.args(["--dir", inside]);
+            cmd.arg(if *writable { "--bind" } else { "--ro-bind" })
+                .arg(host)
+                .arg(inside);
+        }
+        cmd.args(["--remount-ro", "/", "--chdir", frame.chdir, "--clearenv"]);
+        for (k, v) in frame.env {
+            cmd.arg("--setenv").arg(k).arg(v);
+        }
+        cmd.process_group(0).kill_on_drop(true);
+        if self.as_root {
+            cmd.uid(self.config.sandbox_uid)
+                .gid(self.config.sandbox_gid);
+        }
+        close_inherited_fds_on_exec(&mut cmd);
+        cmd
+    }
+}
+
+/// A descriptor the runner's process holds without close-on-exec (inherited from whoever
+/// started it, or opened so by other code in the process) must not reach the sandbox: in the
+/// child, just before exec, every descriptor above 2 is marked close-on-exec.
+#[allow(unsafe_code)]
+fn close_inherited_fds_on_exec(cmd: &mut Command) {
+    // SAFETY: the closure runs in the forked child before exec and makes one system call,
+    // close_range(2) with CLOSE_RANGE_CLOEXEC, which is async-signal-safe, allocates nothing
+    // and closes nothing (std's exec-error pipe is close-on-exec already).
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::close_range(
+                3,
+                libc::c_uint::MAX,
+                libc::CLOSE_RANGE_CLOEXEC as libc::c_int,
+            ) == 0
+            {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+}
+
+impl LocalBackend {
     pub async fn run(&self, job: &Job, live: Option<&Live>) -> Result<Outcome> {
+        let mut _cold = None;
+        if let Some(pool) = &self.pool {
+            if pool.source().fits(job) {
+                if let Some(waiting) = pool.take().await {
+                    match self.run_pooled(waiting, job, live).await {
+                        Err(Pooled::Unstarted(e)) => {
+                            tracing::warn!(error = %e, "a waiting sandbox failed before its program started; running cold");
+                        }
+                        Err(Pooled::Failed(e)) => return Err(e),
+                        Ok(outcome) => return Ok(outcome),
+                    }
+                }
+                _cold = Some(pool.cold_run());
+            }
+        }
+        let config = &self.base.config;
         let task = TaskDir::create(
-            &self.config.work_root,
+            &config.work_root,
             &job.id,
-            self.config.sandbox_uid,
-            self.config.sandbox_gid,
+            config.sandbox_uid,
+            config.sandbox_gid,
         )
         .await?;
         let input = task.path.join("input");
@@ -251,11 +358,15 @@ impl LocalBackend {
         if !job.inputs.is_empty() {
             stage_inputs(&input, job).await?;
         }
+        let env = job.environment();
         let spawn = Spawn {
-            binds: vec![(input, "/input", false), (output.clone(), "/output", true)],
-            network: job.network,
-            chdir: "/tmp".into(),
-            env: job.environment(),
+            frame: Frame {
+                binds: vec![(input, "/input", false), (output.clone(), "/output", true)],
+                network: job.network,
+                memory_bytes: job.limits.memory_bytes,
+                chdir: "/tmp",
+                env: &env,
+            },
             argv: job.argv(),
             limits: &job.limits,
             timeout: Duration::from_millis(job.limits.timeout_ms),
@@ -263,47 +374,92 @@ impl LocalBackend {
             max_stderr: job.limits.max_stderr_bytes,
         };
         let done = self.sandboxed(spawn, live).await?;
-        let limits = OutputLimits {
-            max_files: job.limits.max_output_files,
-            max_bytes: job.limits.max_output_bytes,
-        };
-        let outputs = tokio::task::spawn_blocking(move || outputs::from_dir(&output, limits))
-            .await
-            .map_err(|e| Error::Sandbox(format!("output collection panicked: {e}")))?
-            .map_err(Error::io("reading /output"))?;
+        let outputs = collect(output, job).await?;
         // The reply need not wait for the directory to go (the drop removes it in the background).
         drop(task);
-        Ok(Outcome {
-            exit_code: done.exit_code,
-            timed_out: done.timed_out,
-            // Memory is capped by RLIMIT_AS here: allocations fail, nothing is OOM-killed.
-            oom_killed: false,
-            warm: false,
-            started_at: done.started_at,
-            duration_ms: done.duration_ms,
-            stdout: done.stdout,
-            stderr: done.stderr,
-            outputs,
-        })
+        Ok(outcome(done, outputs, false))
+    }
+
+    /// Runs `job` in a waiting sandbox: stages its inputs, sends the go line, then supervises
+    /// the program as a cold run would. The sandbox is never used again.
+    async fn run_pooled(
+        &self,
+        waiting: Waiting,
+        job: &Job,
+        live: Option<&Live>,
+    ) -> std::result::Result<Outcome, Pooled> {
+        let Waiting { mut child, task } = waiting;
+        let output = task.path.join("output");
+        if !job.inputs.is_empty() {
+            stage_inputs(&task.path.join("input"), job)
+                .await
+                .map_err(Pooled::Failed)?;
+        }
+        let timeout = Duration::from_millis(job.limits.timeout_ms);
+        let go = serde_json::json!({
+            "argv": job.argv(),
+            "env": job.environment(),
+            "cwd": "/tmp",
+            "rlimits": rlimits(&job.limits, timeout)
+                .into_iter()
+                .collect::<std::collections::BTreeMap<_, _>>(),
+        });
+        let mut line = go.to_string().into_bytes();
+        line.push(b'\n');
+        let Some(mut stdin) = child.stdin.take() else {
+            return Err(Pooled::Unstarted(Error::Sandbox(
+                "waiting sandbox without a stdin pipe".into(),
+            )));
+        };
+        let started_at = OffsetDateTime::now_utc();
+        let t0 = Instant::now();
+        // The waiter reads the whole line before it execs anything, so a failed send means
+        // the program never started.
+        match tokio::time::timeout(GO_TIMEOUT, stdin.write_all(&line)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                return Err(Pooled::Unstarted(Error::io(
+                    "sending the job to a waiting sandbox",
+                )(e)))
+            }
+            Err(_) => {
+                return Err(Pooled::Unstarted(Error::Sandbox(
+                    "a waiting sandbox did not take its job".into(),
+                )))
+            }
+        }
+        drop(stdin);
+        let caps = (job.limits.max_stdout_bytes, job.limits.max_stderr_bytes);
+        let done = self
+            .supervise(child, started_at, t0, timeout, caps, live)
+            .await
+            .map_err(Pooled::Failed)?;
+        let outputs = collect(output, job).await.map_err(Pooled::Failed)?;
+        drop(task);
+        Ok(outcome(done, outputs, true))
     }
 
     pub async fn exec(&self, s: &SessionSandbox, spec: &ExecSpec) -> Result<ExecOutcome> {
+        let env = [
+            (
+                "PATH".to_owned(),
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_owned(),
+            ),
+            ("HOME".to_owned(), "/tmpfs".to_owned()),
+            ("LANG".to_owned(), "C.UTF-8".to_owned()),
+            ("PYTHONUNBUFFERED".to_owned(), "1".to_owned()),
+        ];
         let spawn = Spawn {
-            binds: vec![
-                (s.task_dir.join("workspace"), "/workspace", true),
-                (s.task_dir.join("tmpfs"), "/tmpfs", true),
-            ],
-            network: s.network,
-            chdir: spec.workdir.clone(),
-            env: vec![
-                (
-                    "PATH".into(),
-                    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
-                ),
-                ("HOME".into(), "/tmpfs".into()),
-                ("LANG".into(), "C.UTF-8".into()),
-                ("PYTHONUNBUFFERED".into(), "1".into()),
-            ],
+            frame: Frame {
+                binds: vec![
+                    (s.task_dir.join("workspace"), "/workspace", true),
+                    (s.task_dir.join("tmpfs"), "/tmpfs", true),
+                ],
+                network: s.network,
+                memory_bytes: s.limits.memory_bytes,
+                chdir: &spec.workdir,
+                env: &env,
+            },
             argv: vec!["bash".into(), "-lc".into(), spec.command.clone()],
             limits: &s.limits,
             timeout: spec.timeout,
@@ -320,65 +476,49 @@ impl LocalBackend {
         })
     }
 
-    /// Starts the sandbox, captures its output, enforces the timeout (SIGTERM to the
-    /// program's processes, grace, SIGKILL to the sandbox) and waits for it.
+    /// Starts a sandbox for one program (its rlimits set by prlimit) and supervises it.
     async fn sandboxed(&self, spawn: Spawn<'_>, live: Option<&Live>) -> Result<Finished> {
-        let mut cmd = Command::new(&self.bwrap);
-        cmd.args(self.namespace_args(spawn.network));
-        cmd.args(&self.root_args);
-        cmd.args(["--dev", "/dev", "--proc", "/proc"]);
-        cmd.args([
-            "--size",
-            &spawn.limits.memory_bytes.to_string(),
-            "--tmpfs",
-            "/tmp",
-        ]);
-        for (host, inside, writable) in &spawn.binds {
-            cmd.args(["--dir", inside]);
-            cmd.arg(if *writable { "--bind" } else { "--ro-bind" })
-                .arg(host)
-                .arg(inside);
+        let mut cmd = self.base.command(&spawn.frame);
+        cmd.arg("--").arg("prlimit");
+        for (name, value) in rlimits(spawn.limits, spawn.timeout) {
+            cmd.arg(format!("--{name}={value}"));
         }
-        cmd.args(["--remount-ro", "/", "--chdir", &spawn.chdir, "--clearenv"]);
-        for (k, v) in &spawn.env {
-            cmd.arg("--setenv").arg(k).arg(v);
-        }
-        let cpu_seconds = spawn.timeout.as_secs() + 1;
-        cmd.args([
-            "--".to_string(),
-            "prlimit".into(),
-            format!("--nproc={}", spawn.limits.pids),
-            format!("--as={}", spawn.limits.memory_bytes),
-            format!("--fsize={}", spawn.limits.max_output_bytes),
-            format!("--cpu={cpu_seconds}"),
-            "--core=0".into(),
-            "--".into(),
-        ]);
-        cmd.args(&spawn.argv);
+        cmd.arg("--").args(&spawn.argv);
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        cmd.process_group(0).kill_on_drop(true);
-        if self.as_root {
-            cmd.uid(self.config.sandbox_uid)
-                .gid(self.config.sandbox_gid);
-        }
         let started_at = OffsetDateTime::now_utc();
         let t0 = Instant::now();
-        let mut child = cmd.spawn().map_err(Error::io("starting bubblewrap"))?;
+        let child = cmd.spawn().map_err(Error::io("starting bubblewrap"))?;
+        let caps = (spawn.max_stdout, spawn.max_stderr);
+        self.supervise(child, started_at, t0, spawn.timeout, caps, live)
+            .await
+    }
+
+    /// Captures a started sandbox's output, enforces the timeout from `t0` (SIGTERM to the
+    /// program's processes, grace, SIGKILL to the sandbox) and waits for it.
+    async fn supervise(
+        &self,
+        mut child: Child,
+        started_at: OffsetDateTime,
+        t0: Instant,
+        timeout: Duration,
+        (max_stdout, max_stderr): (u64, u64),
+        live: Option<&Live>,
+    ) -> Result<Finished> {
         let pid = child.id().map(|p| p as i32).unwrap_or(0);
         let _registered = Registered::new(&self.running, pid);
         let (Some(mut out), Some(mut err)) = (child.stdout.take(), child.stderr.take()) else {
             return Err(Error::Sandbox("bubblewrap started without pipes".into()));
         };
-        let mut stdout = Capture::new(spawn.max_stdout);
-        let mut stderr = Capture::new(spawn.max_stderr);
+        let mut stdout = Capture::new(max_stdout);
+        let mut stderr = Capture::new(max_stderr);
         let (mut out_open, mut err_open) = (true, true);
         let mut obuf = vec![0u8; 64 * 1024];
         let mut ebuf = vec![0u8; 64 * 1024];
         let mut step = 0u8;
-        let mut next = t0 + spawn.timeout;
-        let grace = Duration::from_millis(self.config.kill_grace_ms);
+        let mut next = t0 + timeout;
+        let grace = Duration::from_millis(self.base.config.kill_grace_ms);
         while out_open || err_open {
             tokio::select! {
                 r = out.read(&mut obuf), if out_open => match r {
@@ -426,7 +566,11 @@ impl LocalBackend {
         })
     }
 
+    /// Removes the waiting sandboxes, then kills every running one.
     pub async fn shutdown(&self) {
+        if let Some(pool) = &self.pool {
+            pool.close().await;
+        }
         let groups: Vec<i32> = self
             .running
             .lock()
@@ -435,6 +579,51 @@ impl LocalBackend {
         for pid in groups {
             kill_group(pid, Signal::KILL);
         }
+    }
+}
+
+/// Why a pooled run failed: before its program started (a cold run may take the job), or after.
+enum Pooled {
+    Unstarted(Error),
+    Failed(Error),
+}
+
+/// The rlimits of a program (prlimit's names): pids, memory, output bytes, CPU time (the
+/// timeout + 1 s), no core files.
+fn rlimits(limits: &Limits, timeout: Duration) -> [(&'static str, u64); 5] {
+    [
+        ("nproc", limits.pids),
+        ("as", limits.memory_bytes),
+        ("fsize", limits.max_output_bytes),
+        ("cpu", timeout.as_secs() + 1),
+        ("core", 0),
+    ]
+}
+
+/// Collects `/output` through its host directory (a no-follow walk, limits from the job).
+async fn collect(output: PathBuf, job: &Job) -> Result<outputs::Outputs> {
+    let limits = OutputLimits {
+        max_files: job.limits.max_output_files,
+        max_bytes: job.limits.max_output_bytes,
+    };
+    tokio::task::spawn_blocking(move || outputs::from_dir(&output, limits))
+        .await
+        .map_err(|e| Error::Sandbox(format!("output collection panicked: {e}")))?
+        .map_err(Error::io("reading /output"))
+}
+
+fn outcome(done: Finished, outputs: outputs::Outputs, warm: bool) -> Outcome {
+    Outcome {
+        exit_code: done.exit_code,
+        timed_out: done.timed_out,
+        // Memory is capped by RLIMIT_AS here: allocations fail, nothing is OOM-killed.
+        oom_killed: false,
+        warm,
+        started_at: done.started_at,
+        duration_ms: done.duration_ms,
+        stdout: done.stdout,
+        stderr: done.stderr,
+        outputs,
     }
 }
 
@@ -471,7 +660,7 @@ fn children(pid: i32) -> Vec<i32> {
     out
 }
 
-fn kill_group(pid: i32, sig: Signal) {
+pub(super) fn kill_group(pid: i32, sig: Signal) {
     if let Some(pid) = Pid::from_raw(pid) {
         let _ = rustix::process::kill_process_group(pid, sig);
     }
@@ -540,8 +729,19 @@ impl TaskDir {
     }
 }
 
+impl TaskDir {
+    /// Removes the directory now (the drop would do it in the background).
+    pub async fn remove(mut self) {
+        let path = std::mem::take(&mut self.path);
+        remove_dir(&path).await;
+    }
+}
+
 impl Drop for TaskDir {
     fn drop(&mut self) {
+        if self.path.as_os_str().is_empty() {
+            return;
+        }
         let path = self.path.clone();
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move { remove_dir(&path).await });

@@ -3,7 +3,9 @@
 //! same kill semantics; `select` picks one and refuses to run without isolation.
 
 pub mod docker;
+mod docker_pool;
 pub mod local;
+mod local_pool;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -97,11 +99,11 @@ impl Backend {
         }
     }
 
-    /// Warm containers ready now.
+    /// Warm containers (docker) or waiting sandboxes (local) ready now.
     pub fn warm_containers(&self) -> usize {
         match self {
             Backend::Docker(d) => d.warm_containers(),
-            Backend::Local(_) => 0,
+            Backend::Local(l) => l.warm_sandboxes(),
         }
     }
 
@@ -115,8 +117,9 @@ impl Backend {
 
     /// Starts background work (the warm pool).
     pub fn start(&self) {
-        if let Backend::Docker(d) = self {
-            d.start_pool();
+        match self {
+            Backend::Docker(d) => d.start_pool(),
+            Backend::Local(l) => l.start_pool(),
         }
     }
 

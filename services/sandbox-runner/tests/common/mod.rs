@@ -46,7 +46,7 @@ pub fn bwrap_ready() -> Result<(), String> {
     }
 }
 
-/// One backend setting to test: docker one-shot (cold), docker from the warm pool, local.
+/// One backend setting to test: docker or local, cold or from the pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Case {
     pub backend: BackendChoice,
@@ -79,10 +79,16 @@ pub async fn backends(test: &str) -> Vec<Case> {
         Err(reason) => println!("SKIP: {test} [docker]: {reason}"),
     }
     match bwrap_ready() {
-        Ok(()) => out.push(Case {
-            backend: BackendChoice::Local,
-            pool: false,
-        }),
+        Ok(()) => {
+            out.push(Case {
+                backend: BackendChoice::Local,
+                pool: false,
+            });
+            out.push(Case {
+                backend: BackendChoice::Local,
+                pool: true,
+            });
+        }
         Err(reason) => println!("SKIP: {test} [local]: {reason}"),
     }
     out
@@ -172,7 +178,8 @@ impl TestRunner {
         }
     }
 
-    /// With the pool: waits until a warm container is ready, so the next run uses it.
+    /// With the pool: waits until a warm container (or waiting sandbox) is ready, so the next
+    /// run uses it.
     pub async fn ready(&self) {
         if !self.case.pool {
             return;
@@ -214,6 +221,23 @@ impl TestRunner {
         }
         self.handle.shutdown().await;
     }
+}
+
+/// One call of a burst: its index and result.
+pub type BurstCall =
+    std::pin::Pin<Box<dyn std::future::Future<Output = (usize, RunResult)> + Send>>;
+
+/// `n` concurrent python runs that each sleep 0.5 s, then print their index.
+pub fn sleeping_burst(r: &TestRunner, n: usize) -> futures::stream::FuturesUnordered<BurstCall> {
+    (0..n)
+        .map(|i| {
+            let mut client = r.client.clone();
+            Box::pin(async move {
+                let req = python(&format!("import time; time.sleep(0.5); print({i})"));
+                (i, client.run(req).await.unwrap().into_inner())
+            }) as BurstCall
+        })
+        .collect()
 }
 
 pub fn python(code: &str) -> RunRequest {

@@ -1,0 +1,391 @@
+//! The docker backend's warm pool (refill policy in crate::pool): containers for the default
+//! image and limits, created and started ahead of time, each running the agent (agent.py) with
+//! its stdin/stdout attached, so a run is one round trip: job in, framed output, result and
+//! /output tar back. A container serves one run and is removed.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bollard::container::LogOutput;
+use bollard::models::{ContainerCreateBody, HostConfig};
+use bollard::query_parameters::AttachContainerOptionsBuilder;
+use bytes::{Buf, Bytes, BytesMut};
+use cairn_proto::StdStream;
+use futures::{Stream, StreamExt};
+use serde_json::json;
+use time::OffsetDateTime;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc;
+
+use super::docker::{self, ContainerGuard, LiveSet};
+use super::{keep, Live};
+use crate::capture::Capture;
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::job::{Job, Outcome};
+use crate::outputs::{self, OutputLimits, Rejected};
+use crate::pool::Source;
+
+const AGENT: &str = include_str!("../agent.py");
+/// Largest frame the agent may send (its own frames are at most 1 MiB).
+const MAX_FRAME: usize = (1 << 20) + 64;
+/// Time the agent gets beyond the job's timeout and grace to report.
+const AGENT_SLACK: Duration = Duration::from_secs(10);
+
+type Output = Pin<Box<dyn Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>>;
+
+/// Makes warm containers.
+pub struct DockerSource {
+    pub client: bollard::Docker,
+    pub config: Arc<Config>,
+    pub live: LiveSet,
+}
+
+/// A started container whose agent waits for its one job.
+pub struct Warm {
+    guard: ContainerGuard,
+    input: Pin<Box<dyn AsyncWrite + Send>>,
+    output: Output,
+    uid: u32,
+    gid: u32,
+}
+
+impl DockerSource {
+    /// Can a warm container (made with the default limits, no network) take this job?
+    pub fn fits(&self, job: &Job) -> bool {
+        let d = self.config.default_limits();
+        !job.network
+            && job.limits.memory_bytes == d.memory_bytes
+            && job.limits.cpu_millis == d.cpu_millis
+            && job.limits.pids == d.pids
+            && job.limits.max_input_bytes <= d.max_input_bytes
+            && job.limits.max_output_bytes <= d.max_output_bytes
+    }
+}
+
+impl Source for DockerSource {
+    type Item = Warm;
+    const WHAT: &'static str = "warm container";
+
+    fn size(&self) -> usize {
+        self.config.pool_size
+    }
+
+    async fn discard(&self, warm: Warm) {
+        let _ = warm.guard.remove().await;
+    }
+
+    async fn make(&self) -> Result<Warm> {
+        let d = self.config.default_limits();
+        let name = format!(
+            "{}{}{}",
+            self.config.container_prefix,
+            uuid::Uuid::now_v7().simple(),
+            self.config.container_suffix
+        );
+        let labels = HashMap::from([
+            (
+                docker::LABEL_RUNNER.to_string(),
+                self.config.runner_id.clone(),
+            ),
+            (docker::LABEL_KIND.to_string(), "pool".to_string()),
+        ]);
+        let base = docker::host_config(&d, false);
+        let mut tmpfs = base.tmpfs.clone().unwrap_or_default();
+        tmpfs.insert(
+            "/input".into(),
+            format!(
+                "rw,nosuid,nodev,size={},mode=755",
+                d.max_input_bytes + (1 << 20)
+            ),
+        );
+        tmpfs.insert(
+            "/output".into(),
+            format!(
+                "rw,nosuid,nodev,size={},mode=755,uid={},gid={}",
+                d.max_output_bytes + (1 << 20),
+                self.config.sandbox_uid,
+                self.config.sandbox_gid
+            ),
+        );
+        let body = ContainerCreateBody {
+            image: Some(self.config.image.clone()),
+            cmd: Some(vec![
+                "python3".into(),
+                "-I".into(),
+                "-c".into(),
+                AGENT.into(),
+            ]),
+            // The agent is root with only SETUID/SETGID/KILL: it drops to the sandbox user for
+            // the program (which then cannot signal or trace it) and can kill all it started.
+            user: Some("0:0".into()),
+            working_dir: Some("/tmp".into()),
+            labels: Some(labels),
+            attach_stdin: Some(true),
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            open_stdin: Some(true),
+            stdin_once: Some(true),
+            tty: Some(false),
+            network_disabled: Some(true),
+            host_config: Some(HostConfig {
+                tmpfs: Some(tmpfs),
+                cap_add: Some(vec!["SETUID".into(), "SETGID".into(), "KILL".into()]),
+                ..base
+            }),
+            ..Default::default()
+        };
+        let guard = docker::create(&self.client, &self.live, &name, body).await?;
+        let attach = AttachContainerOptionsBuilder::default()
+            .stdin(true)
+            .stdout(true)
+            .stderr(true)
+            .stream(true)
+            .logs(false)
+            .build();
+        let attached = self
+            .client
+            .attach_container(&name, Some(attach))
+            .await
+            .map_err(Error::docker("attaching to a warm container"))?;
+        self.client
+            .start_container(&name, None)
+            .await
+            .map_err(Error::docker("starting a warm container"))?;
+        Ok(Warm {
+            guard,
+            input: attached.input,
+            output: attached.output,
+            uid: self.config.sandbox_uid,
+            gid: self.config.sandbox_gid,
+        })
+    }
+}
+
+impl Warm {
+    /// Runs `job` in this container (one round trip) and removes the container afterwards.
+    pub async fn run(mut self, job: &Job, live: Option<&Live>, grace_ms: u64) -> Result<Outcome> {
+        let mut env: serde_json::Map<String, serde_json::Value> = serde_json::Map::new();
+        for (k, v) in job.environment() {
+            env.insert(k, v.into());
+        }
+        let inputs: Vec<_> = job
+            .inputs
+            .iter()
+            .map(|i| json!({"path": i.path.as_str(), "b64": base64_encode(&i.content)}))
+            .collect();
+        let spec = json!({
+            "argv": job.argv(),
+            "env": env,
+            "inputs": inputs,
+            "timeout_ms": job.limits.timeout_ms,
+            "grace_ms": grace_ms,
+            "max_stdout": job.limits.max_stdout_bytes,
+            "max_stderr": job.limits.max_stderr_bytes,
+            "uid": self.uid,
+            "gid": self.gid,
+        });
+        let mut line = spec.to_string().into_bytes();
+        line.push(b'\n');
+        let started_at = OffsetDateTime::now_utc();
+        let t0 = Instant::now();
+        self.input
+            .write_all(&line)
+            .await
+            .map_err(Error::io("sending the job to the agent"))?;
+        self.input
+            .shutdown()
+            .await
+            .map_err(Error::io("closing the agent's stdin"))?;
+
+        let mut stdout = Capture::new(job.limits.max_stdout_bytes);
+        let mut stderr = Capture::new(job.limits.max_stderr_bytes);
+        let mut agent_log = Capture::new(16 * 1024);
+        let mut buf = BytesMut::new();
+        let mut result: Option<serde_json::Value> = None;
+        let mut end: Option<serde_json::Value> = None;
+        let limits = OutputLimits {
+            max_files: job.limits.max_output_files,
+            max_bytes: job.limits.max_output_bytes,
+        };
+        let (tar_tx, tar_rx) = mpsc::channel::<Bytes>(16);
+        let collector = tokio::task::spawn_blocking(move || {
+            let reader = ChannelReader {
+                rx: tar_rx,
+                current: Bytes::new(),
+            };
+            outputs::from_tar(reader, "output", limits)
+        });
+        let mut tar_tx = Some(tar_tx);
+        let deadline = t0 + Duration::from_millis(job.limits.timeout_ms + grace_ms) + AGENT_SLACK;
+        let mut backstop_hit = false;
+        'read: while end.is_none() {
+            let item = match tokio::time::timeout_at(deadline.into(), self.output.next()).await {
+                Ok(item) => item,
+                Err(_) => {
+                    backstop_hit = true;
+                    break;
+                }
+            };
+            let data = match item {
+                Some(Ok(LogOutput::StdOut { message }))
+                | Some(Ok(LogOutput::Console { message })) => message,
+                Some(Ok(LogOutput::StdErr { message })) => {
+                    agent_log.push(&message);
+                    continue;
+                }
+                Some(Ok(LogOutput::StdIn { .. })) => continue,
+                Some(Err(_)) | None => break,
+            };
+            buf.extend_from_slice(&data);
+            while buf.len() >= 5 {
+                let kind = buf[0];
+                let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+                if len > MAX_FRAME {
+                    return Err(Error::Sandbox(format!(
+                        "warm agent sent a {len}-byte frame"
+                    )));
+                }
+                if buf.len() < 5 + len {
+                    break;
+                }
+                buf.advance(5);
+                let payload = buf.split_to(len).freeze();
+                match kind {
+                    1 => keep(&mut stdout, &payload, StdStream::Stdout, live).await,
+                    2 => keep(&mut stderr, &payload, StdStream::Stderr, live).await,
+                    3 => {
+                        // The collector stops reading at the output limits; then we stop sending.
+                        if let Some(tx) = &tar_tx {
+                            if tx.send(payload).await.is_err() {
+                                tar_tx = None;
+                            }
+                        }
+                    }
+                    4 => result = serde_json::from_slice(&payload).ok(),
+                    5 => {
+                        end = Some(serde_json::from_slice(&payload).unwrap_or_default());
+                        break 'read;
+                    }
+                    other => {
+                        return Err(Error::Sandbox(format!(
+                            "warm agent sent frame kind {other}"
+                        )))
+                    }
+                }
+            }
+        }
+        drop(tar_tx);
+        let duration_ms = t0.elapsed().as_millis() as u64;
+        // Used once: removed in the background so the reply does not wait for it.
+        self.guard.remove_in_background();
+        let Some(result) = result else {
+            let log = String::from_utf8_lossy(agent_log.bytes()).into_owned();
+            return Err(Error::Sandbox(if backstop_hit {
+                "the warm agent did not answer in time".into()
+            } else {
+                format!("the warm agent ended without a result: {log}")
+            }));
+        };
+        let mut outputs = match collector.await {
+            Ok(Ok(o)) => o,
+            Ok(Err(e)) => return Err(Error::io("reading /output from the warm agent")(e)),
+            Err(e) => return Err(Error::Sandbox(format!("output collection panicked: {e}"))),
+        };
+        if let Some(list) = end
+            .as_ref()
+            .and_then(|e| e.get("unreadable"))
+            .and_then(|u| u.as_array())
+        {
+            for p in list
+                .iter()
+                .filter_map(|p| p.as_str())
+                .take(job.limits.max_output_files as usize)
+            {
+                outputs.rejected.push(Rejected {
+                    path: p.to_owned(),
+                    reason: "io_error".into(),
+                });
+            }
+        }
+        let timed_out = result
+            .get("timed_out")
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false)
+            || backstop_hit;
+        let exit_code = result
+            .get("exit_code")
+            .and_then(|v| v.as_i64())
+            .unwrap_or(-1) as i32;
+        let oom = result.get("oom").and_then(|v| v.as_bool()).unwrap_or(false);
+        Ok(Outcome {
+            exit_code: if timed_out { -1 } else { exit_code },
+            timed_out,
+            oom_killed: !timed_out && oom && exit_code == 137,
+            warm: true,
+            started_at,
+            duration_ms,
+            stdout,
+            stderr,
+            outputs,
+        })
+    }
+}
+
+/// A blocking reader over the tar chunks the async side receives.
+struct ChannelReader {
+    rx: mpsc::Receiver<Bytes>,
+    current: Bytes,
+}
+
+impl Read for ChannelReader {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        while self.current.is_empty() {
+            match self.rx.blocking_recv() {
+                Some(b) => self.current = b,
+                None => return Ok(0),
+            }
+        }
+        let n = out.len().min(self.current.len());
+        out[..n].copy_from_slice(&self.current[..n]);
+        self.current.advance(n);
+        Ok(n)
+    }
+}
+
+fn base64_encode(data: &[u8]) -> String {
+    const TABLE: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for chunk in data.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(TABLE[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    #[test]
+    fn base64_matches_the_standard_alphabet() {
+        assert_eq!(super::base64_encode(b""), "");
+        assert_eq!(super::base64_encode(b"f"), "Zg==");
+        assert_eq!(super::base64_encode(b"fo"), "Zm8=");
+        assert_eq!(super::base64_encode(b"foo"), "Zm9v");
+        assert_eq!(super::base64_encode(&[0xff, 0xfe, 0x00, 0x80]), "//4AgA==");
+    }
+}

@@ -1,0 +1,135 @@
+//! The local backend's pool (refill policy in crate::pool): complete bubblewrap sandboxes made
+//! ahead of time (namespaces, mounts, a fresh task directory behind /tmp, /input and /output,
+//! the sandbox uid) whose process, waiter.py, waits on a pipe. A run stages its inputs into the
+//! task directory, sends one line (argv, env, rlimits), and the waiter execs the program in its
+//! place with stdin on /dev/null; the runner then supervises it as a cold run. A sandbox serves
+//! one run; its directory is `<work_root>/tasks/pool-<uuid>` (swept at start-up like any).
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustix::process::Signal;
+use tokio::io::AsyncReadExt;
+use tokio::process::Child;
+
+use super::local::{kill_group, Base, Frame, TaskDir};
+use crate::error::{Error, Result};
+use crate::job::Job;
+use crate::pool::Source;
+
+const WAITER: &str = include_str!("../waiter.py");
+/// What the waiter writes once it is ready (before anything of a job exists).
+const READY: &[u8] = b"cairn-waiting\n";
+/// Time a new sandbox gets to become ready.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Time a waiting sandbox gets to take its job line.
+pub(super) const GO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Task directories of waiting sandboxes start with this.
+pub const POOL_DIR_PREFIX: &str = "pool-";
+
+/// Makes waiting sandboxes.
+pub struct LocalSource {
+    base: Arc<Base>,
+    /// The waiter's own environment (the program gets the job's).
+    env: Vec<(String, String)>,
+}
+
+/// A sandbox whose waiter is ready for one job. Dropped, bwrap is killed (kill_on_drop) and
+/// its pid 1 and namespace with it; the task directory goes in the background.
+pub struct Waiting {
+    /// bwrap, with stdin (the go pipe), stdout and stderr piped.
+    pub child: Child,
+    pub task: TaskDir,
+}
+
+impl LocalSource {
+    pub fn new(base: Arc<Base>) -> LocalSource {
+        LocalSource {
+            base,
+            env: vec![
+                (
+                    "PATH".into(),
+                    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+                ),
+                ("LANG".into(), "C.UTF-8".into()),
+            ],
+        }
+    }
+
+    /// Can a waiting sandbox (its /tmp sized for the default memory, no network) take this
+    /// job? Every other limit is set when the job starts.
+    pub fn fits(&self, job: &Job) -> bool {
+        !job.network && job.limits.memory_bytes == self.base.config.default_limits().memory_bytes
+    }
+}
+
+impl Source for LocalSource {
+    type Item = Waiting;
+    const WHAT: &'static str = "waiting local sandbox";
+
+    fn size(&self) -> usize {
+        self.base.config.pool_size
+    }
+
+    async fn discard(&self, waiting: Waiting) {
+        let Waiting { mut child, task } = waiting;
+        if let Some(pid) = child.id() {
+            kill_group(pid as i32, Signal::KILL);
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+        task.remove().await;
+    }
+
+    async fn make(&self) -> Result<Waiting> {
+        let config = &self.base.config;
+        let id = format!("{POOL_DIR_PREFIX}{}", uuid::Uuid::now_v7().simple());
+        let task = TaskDir::create(
+            &config.work_root,
+            &id,
+            config.sandbox_uid,
+            config.sandbox_gid,
+        )
+        .await?;
+        let frame = Frame {
+            binds: vec![
+                (task.path.join("input"), "/input", false),
+                (task.path.join("output"), "/output", true),
+            ],
+            network: false,
+            memory_bytes: config.default_limits().memory_bytes,
+            chdir: "/tmp",
+            env: &self.env,
+        };
+        let mut cmd = self.base.command(&frame);
+        cmd.args(["--", "python3", "-I", "-S", "-c", WAITER])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd
+            .spawn()
+            .map_err(Error::io("starting bubblewrap for a waiting sandbox"))?;
+        let mut ready = [0u8; READY.len()];
+        let answered = match child.stdout.as_mut() {
+            Some(out) => tokio::time::timeout(READY_TIMEOUT, out.read_exact(&mut ready)).await,
+            None => return Err(Error::Sandbox("bubblewrap started without pipes".into())),
+        };
+        if matches!(answered, Ok(Ok(_))) && ready == READY {
+            return Ok(Waiting { child, task });
+        }
+        // Not ready: say why (the waiter's or bwrap's stderr), leave nothing.
+        let mut why = Vec::new();
+        if let Some(pid) = child.id() {
+            kill_group(pid as i32, Signal::KILL);
+        }
+        if let Some(mut err) = child.stderr.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(2), err.read_to_end(&mut why)).await;
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+        task.remove().await;
+        Err(Error::Sandbox(format!(
+            "a waiting sandbox did not start (it needs python3 inside the sandbox): {}",
+            String::from_utf8_lossy(&why).trim()
+        )))
+    }
+}
