@@ -660,6 +660,31 @@ fn children(pid: i32) -> Vec<i32> {
     out
 }
 
+/// Kills a sandbox and waits (bounded) until it is gone: SIGKILL to bwrap's process group and
+/// to the namespace's pid 1 (which sits in a session of its own), then waits for bwrap and for
+/// pid 1 to exit; the kernel kills everything else in the pid namespace with its pid 1.
+pub(super) async fn kill_and_wait(child: &mut Child) {
+    let Some(pid) = child.id().map(|p| p as i32) else {
+        return;
+    };
+    let inits = children(pid);
+    kill_group(pid, Signal::KILL);
+    for p in &inits {
+        if let Some(p) = Pid::from_raw(*p) {
+            let _ = rustix::process::kill_process(p, Signal::KILL);
+        }
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+    let t0 = Instant::now();
+    while inits
+        .iter()
+        .any(|p| Path::new(&format!("/proc/{p}")).exists())
+        && t0.elapsed() < Duration::from_secs(5)
+    {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 pub(super) fn kill_group(pid: i32, sig: Signal) {
     if let Some(pid) = Pid::from_raw(pid) {
         let _ = rustix::process::kill_process_group(pid, sig);

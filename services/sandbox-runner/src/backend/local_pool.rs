@@ -13,7 +13,7 @@ use rustix::process::Signal;
 use tokio::io::AsyncReadExt;
 use tokio::process::Child;
 
-use super::local::{kill_group, Base, Frame, TaskDir};
+use super::local::{kill_and_wait, kill_group, Base, Frame, TaskDir};
 use crate::error::{Error, Result};
 use crate::job::Job;
 use crate::pool::Source;
@@ -74,10 +74,7 @@ impl Source for LocalSource {
 
     async fn discard(&self, waiting: Waiting) {
         let Waiting { mut child, task } = waiting;
-        if let Some(pid) = child.id() {
-            kill_group(pid as i32, Signal::KILL);
-        }
-        let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+        kill_and_wait(&mut child).await;
         task.remove().await;
     }
 
