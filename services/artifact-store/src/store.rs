@@ -40,6 +40,8 @@ pub struct Store {
     pub(crate) digests: DigestCache,
     pub(crate) runs: RunLogs,
     pub(crate) docs: DocLocks,
+    /// Writes stage into unnamed O_TMPFILE inodes (probed at open; else `.cairn-tmp-*` names).
+    pub(crate) unnamed_temps: bool,
 }
 
 impl Store {
@@ -62,7 +64,9 @@ impl Store {
         let write_policy = Policy::from_strings(&denylist, &config.allowed_prefixes)
             .map_err(|r| Error::Config(format!("{}: {}", r.path, r.message)))?;
         let read_policy = Policy::new(write_policy.denylist().to_vec(), Vec::new());
+        let unnamed_temps = crate::write::unnamed_temps_work(projects.as_fd());
         Ok(Store {
+            unnamed_temps,
             read_policy,
             write_policy,
             projects,

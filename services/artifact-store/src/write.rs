@@ -1,12 +1,14 @@
 //! Writing files: Put, Delete, and the store's own writes.
 //!
-//! A write never touches the target until the very end: the bytes go into a temp file created
-//! with O_CREAT|O_EXCL in the target's directory (held open as an fd, reached beneath the project
-//! root without following symlinks), hashed while they stream, verified against what the client
-//! announced, fsync'd, and published by one rename, after which the directory is fsync'd. An
-//! existing file is never opened for writing (no O_TRUNC: it may be a hard link to a file
-//! elsewhere); a rename replaces the directory entry, not the inode. Every error or
-//! cancellation path drops the [`TempFile`] guard, which unlinks the temp file.
+//! A write never touches the target until the very end: the bytes go into a temp file in the
+//! target's directory (held open as an fd, reached beneath the project root without following
+//! symlinks): an unnamed O_TMPFILE inode where the filesystem has it, else a name created with
+//! O_CREAT|O_EXCL. They are hashed while they stream, verified against what the client
+//! announced, fsync'd, and published by one link (no-replace) or rename (overwrite), after
+//! which the directory is fsync'd. An existing file is never opened for writing (no O_TRUNC: it
+//! may be a hard link to a file elsewhere); publishing replaces the directory entry, not the
+//! inode. Every error or cancellation path drops the [`TempFile`] guard, which closes (an
+//! unnamed file is then gone) or unlinks the temp file.
 
 use std::fs::File;
 use std::io::Write;
@@ -121,17 +123,40 @@ impl Expect {
     }
 }
 
-/// The temp file of one write; unlinked on drop unless it was published.
+/// The temp file of one write: an unnamed inode in the target's directory (O_TMPFILE, where
+/// the filesystem has it: nothing to clean after a crash) or a `.cairn-tmp-*` name, unlinked on
+/// drop unless it was published.
 #[derive(Debug)]
 struct TempFile {
     dir: Arc<OwnedFd>,
-    name: String,
+    /// None while the inode has no name.
+    name: Option<String>,
     armed: bool,
 }
 
 impl TempFile {
-    fn create(dir: Arc<OwnedFd>) -> std::result::Result<(TempFile, File), Errno> {
-        let name = format!("{TEMP_PREFIX}{}", uuid::Uuid::new_v4().simple());
+    fn create(dir: Arc<OwnedFd>, unnamed: bool) -> std::result::Result<(TempFile, File), Errno> {
+        if unnamed {
+            match rustix::fs::openat(
+                dir.as_fd(),
+                ".",
+                OFlags::WRONLY | OFlags::TMPFILE | OFlags::CLOEXEC,
+                rustix::fs::Mode::from_raw_mode(beneath::FILE_MODE),
+            ) {
+                Ok(fd) => {
+                    let temp = TempFile {
+                        dir,
+                        name: None,
+                        armed: false,
+                    };
+                    return Ok((temp, File::from(fd)));
+                }
+                // This directory's filesystem has no O_TMPFILE: use a name.
+                Err(Errno::OPNOTSUPP | Errno::ISDIR | Errno::INVAL) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let name = temp_name();
         let fd = rustix::fs::openat(
             dir.as_fd(),
             name.as_str(),
@@ -141,23 +166,105 @@ impl TempFile {
         Ok((
             TempFile {
                 dir,
-                name,
+                name: Some(name),
                 armed: true,
             },
             File::from(fd),
         ))
     }
 
-    /// The rename moved the temp file to its target: nothing to remove any more.
-    fn published(&mut self) {
-        self.armed = false;
+    /// Links the file at `name` in its directory, failing with EEXIST when something is there
+    /// (the atomic no-replace publish).
+    fn link_as(&mut self, file: &File, name: &str) -> std::result::Result<(), Errno> {
+        match &self.name {
+            None => link_unnamed(file, self.dir.as_fd(), name),
+            Some(tmp) => match rustix::fs::renameat_with(
+                self.dir.as_fd(),
+                tmp.as_str(),
+                self.dir.as_fd(),
+                name,
+                RenameFlags::NOREPLACE,
+            ) {
+                Ok(()) => {
+                    self.armed = false;
+                    Ok(())
+                }
+                // Filesystems without RENAME_NOREPLACE: link(2) also refuses an existing
+                // target atomically; the temp name is then unlinked by the guard.
+                Err(Errno::INVAL) => rustix::fs::linkat(
+                    self.dir.as_fd(),
+                    tmp.as_str(),
+                    self.dir.as_fd(),
+                    name,
+                    AtFlags::empty(),
+                ),
+                Err(e) => Err(e),
+            },
+        }
     }
+
+    /// Moves the file over `name`, replacing what is there (an unnamed inode first gets a
+    /// temp name, since only rename replaces atomically).
+    fn replace(&mut self, file: &File, name: &str) -> std::result::Result<(), Errno> {
+        let tmp = match &self.name {
+            Some(tmp) => tmp.clone(),
+            None => {
+                let tmp = temp_name();
+                link_unnamed(file, self.dir.as_fd(), &tmp)?;
+                self.name = Some(tmp.clone());
+                self.armed = true;
+                tmp
+            }
+        };
+        rustix::fs::renameat(self.dir.as_fd(), tmp.as_str(), self.dir.as_fd(), name)?;
+        self.armed = false;
+        Ok(())
+    }
+}
+
+fn temp_name() -> String {
+    format!("{TEMP_PREFIX}{}", uuid::Uuid::new_v4().simple())
+}
+
+/// Gives an O_TMPFILE inode the name `name` in `dir` (through its /proc/self/fd link; EEXIST
+/// when the name is taken).
+fn link_unnamed(file: &File, dir: BorrowedFd<'_>, name: &str) -> std::result::Result<(), Errno> {
+    use std::os::fd::AsRawFd;
+    rustix::fs::linkat(
+        rustix::fs::CWD,
+        format!("/proc/self/fd/{}", file.as_raw_fd()).as_str(),
+        dir,
+        name,
+        AtFlags::SYMLINK_FOLLOW,
+    )
+}
+
+/// Whether unnamed temp files work under `dir` (O_TMPFILE, and /proc to name them).
+pub(crate) fn unnamed_temps_work(dir: BorrowedFd<'_>) -> bool {
+    let Ok((mut temp, file)) = TempFile::create(
+        Arc::new(match rustix::io::dup(dir) {
+            Ok(fd) => fd,
+            Err(_) => return false,
+        }),
+        true,
+    ) else {
+        return false;
+    };
+    if temp.name.is_some() {
+        return false;
+    }
+    let probe = temp_name();
+    let linked = temp.link_as(&file, &probe).is_ok();
+    if linked {
+        let _ = rustix::fs::unlinkat(dir, probe.as_str(), AtFlags::empty());
+    }
+    linked
 }
 
 impl Drop for TempFile {
     fn drop(&mut self) {
-        if self.armed {
-            let _ = rustix::fs::unlinkat(self.dir.as_fd(), self.name.as_str(), AtFlags::empty());
+        if let (true, Some(name)) = (self.armed, &self.name) {
+            let _ = rustix::fs::unlinkat(self.dir.as_fd(), name.as_str(), AtFlags::empty());
         }
     }
 }
@@ -176,13 +283,13 @@ struct Staged {
 
 /// Reaches the target's directory beneath `root` (creating it), refuses a non-file at the
 /// target early, and creates the temp file.
-fn stage(root: BorrowedFd<'_>, project: &str, path: &str) -> Result<(Staged, File)> {
+fn stage(store: &Store, root: BorrowedFd<'_>, project: &str, path: &str) -> Result<(Staged, File)> {
     let (parent, name) = beneath::split_parent(path);
     let dir = beneath::ensure_dir(root, parent)
         .map_err(|e| refusal(e, project, path, "creating the directories of"))?;
     let dir = Arc::new(dir);
     existing_file(dir.as_fd(), name, project, path)?;
-    let (temp, file) = TempFile::create(dir.clone())
+    let (temp, file) = TempFile::create(dir.clone(), store.unnamed_temps)
         .map_err(|e| refusal(e, project, path, "creating a temp file for"))?;
     let staged = Staged {
         project: project.to_owned(),
@@ -262,32 +369,10 @@ fn publish(
     file.sync_all()
         .map_err(|e| Error::io(format!("fsync of the temp file for {:?}", staged.path), e))?;
     let dir = staged.dir.clone();
-    let (tmp, name) = (staged.temp.name.clone(), staged.name.clone());
+    let name = staged.name.clone();
     let existed = existing_file(dir.as_fd(), &name, &staged.project, &staged.path)?;
     let outcome = if !how.overwrite {
-        let linked = match rustix::fs::renameat_with(
-            dir.as_fd(),
-            tmp.as_str(),
-            dir.as_fd(),
-            name.as_str(),
-            RenameFlags::NOREPLACE,
-        ) {
-            Ok(()) => {
-                staged.temp.published();
-                Ok(())
-            }
-            // Filesystems without RENAME_NOREPLACE: link(2) also refuses an existing target
-            // atomically; the temp name is then unlinked by the guard.
-            Err(Errno::INVAL) => rustix::fs::linkat(
-                dir.as_fd(),
-                tmp.as_str(),
-                dir.as_fd(),
-                name.as_str(),
-                AtFlags::empty(),
-            ),
-            Err(e) => Err(e),
-        };
-        match linked {
+        match staged.temp.link_as(&file, &name) {
             Ok(()) => Outcome::Created,
             Err(Errno::EXIST) => {
                 let (same, existing_size) = holds_same_bytes(store, &staged, digest)?;
@@ -309,9 +394,10 @@ fn publish(
                 return Ok(Outcome::Unchanged);
             }
         }
-        rustix::fs::renameat(dir.as_fd(), tmp.as_str(), dir.as_fd(), name.as_str())
+        staged
+            .temp
+            .replace(&file, &name)
             .map_err(|e| refusal(e, &staged.project, &staged.path, "publishing"))?;
-        staged.temp.published();
         if existed.is_some() {
             Outcome::Overwritten
         } else {
@@ -376,7 +462,7 @@ fn write_small(
         size_bytes,
     };
     expect.verify(path, &digest)?;
-    let (staged, mut file) = stage(root, project, path)?;
+    let (staged, mut file) = stage(store, root, project, path)?;
     for chunk in bytes {
         file.write_all(chunk)
             .map_err(|e| Error::io(format!("writing {path:?}"), e))?;
@@ -486,7 +572,7 @@ where
         );
         let (staged, file) = blocking(move || {
             let root = open_root(&store2, &project, create)?;
-            stage(root.as_fd(), &project, &path2)
+            stage(&store2, root.as_fd(), &project, &path2)
         })
         .await?;
         let (file, digest) = stream_into(file, head, chunks, total, max, &path).await?;
@@ -786,6 +872,56 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(store.runs.pending_dirs("p", "r1"), 0);
+    }
+
+    #[tokio::test]
+    async fn unnamed_and_named_temp_files_publish_the_same_way() {
+        let tmp = tempfile::tempdir().unwrap();
+        // This filesystem (the test's temp dir) has O_TMPFILE; the probe finds it.
+        assert!(open_store(tmp.path()).unnamed_temps);
+        for unnamed in [true, false] {
+            let store = Arc::new(
+                Store::open(Config {
+                    data_root: tmp.path().to_path_buf(),
+                    ..Config::default()
+                })
+                .map(|mut s| {
+                    s.unnamed_temps = unnamed;
+                    s
+                })
+                .unwrap(),
+            );
+            let path = format!("d/{unnamed}.txt");
+            let put = |body: &'static [u8], overwrite: bool| {
+                let spec = PutSpec {
+                    overwrite,
+                    ..spec(&path, "", Durability::Sync)
+                };
+                put_bytes(&store, spec, body)
+            };
+            assert_eq!(put(b"one", false).await.unwrap().outcome, Outcome::Created);
+            assert_eq!(
+                put(b"one", false).await.unwrap().outcome,
+                Outcome::Unchanged
+            );
+            assert!(matches!(
+                put(b"two", false).await,
+                Err(Error::Exists { .. })
+            ));
+            assert_eq!(
+                put(b"two", true).await.unwrap().outcome,
+                Outcome::Overwritten
+            );
+            let file = tmp.path().join("projects/p").join(&path);
+            assert_eq!(std::fs::read(&file).unwrap(), b"two");
+            let names: Vec<_> = std::fs::read_dir(file.parent().unwrap())
+                .unwrap()
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(TEMP_PREFIX))
+                .collect();
+            assert!(names.is_empty(), "temp names left: {names:?}");
+        }
     }
 
     #[tokio::test]

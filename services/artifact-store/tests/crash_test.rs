@@ -70,11 +70,10 @@ async fn kill_during_put(previous: Option<&[u8]>) {
     }
     // Let the store drain what is in flight, so the temp file holds a partial body.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let partial = temp_files(tmp.path());
-    assert_eq!(
-        partial.len(),
-        1,
-        "a partial temp file exists mid-Put: {partial:?}"
+    let partial = open_temp_files(store.child.id(), tmp.path());
+    assert!(
+        partial.len() == 1 && partial[0].1 > 0 && partial[0].1 < 512 * CHUNK as u64,
+        "one partial temp file is being written mid-Put: {partial:?}"
     );
     store.kill9();
     drop(tx);
@@ -162,6 +161,7 @@ async fn graceful_shutdown_lets_an_in_flight_put_finish() {
         }
     }
     assert!(temp_files(tmp.path()).is_empty());
+    assert!(open_temp_files(std::process::id(), tmp.path()).is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -183,14 +183,19 @@ async fn a_client_cancelling_mid_stream_leaves_nothing() {
         tx.send(chunk_msg(i)).await.unwrap();
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
+    // (the store runs in this process)
+    let writing = || open_temp_files(std::process::id(), &s.data_root);
+    assert_eq!(writing().len(), 1, "a temp file is being written");
     put.abort();
-    // The store notices the reset stream and removes the temp file.
+    // The store notices the reset stream and drops the temp file (closed, and unlinked if named).
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !temp_files(&s.data_root).is_empty() && std::time::Instant::now() < deadline {
+    while !(temp_files(&s.data_root).is_empty() && writing().is_empty())
+        && std::time::Instant::now() < deadline
+    {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(
-        temp_files(&s.data_root).is_empty(),
+        temp_files(&s.data_root).is_empty() && writing().is_empty(),
         "temp file removed after cancel"
     );
     assert!(!s.project_dir("p").join("docs/cancelled.bin").exists());

@@ -240,6 +240,28 @@ pub fn temp_files(dir: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
+/// Temp files the process `pid` is writing under `root`: named `.cairn-tmp-*` ones and
+/// unnamed (O_TMPFILE) ones, with the bytes each holds so far.
+pub fn open_temp_files(pid: u32, root: &Path) -> Vec<(String, u64)> {
+    let root = root.canonicalize().unwrap();
+    let mut out = Vec::new();
+    for fd in std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+    {
+        let Ok(target) = std::fs::read_link(fd.path()) else {
+            continue;
+        };
+        let shown = target.to_string_lossy().into_owned();
+        let temp = shown.contains("/.cairn-tmp-") || shown.ends_with(" (deleted)");
+        if temp && target.starts_with(&root) {
+            let size = std::fs::metadata(fd.path()).map(|m| m.len()).unwrap_or(0);
+            out.push((shown, size));
+        }
+    }
+    out
+}
+
 /// The store binary running as a child process.
 pub struct Process {
     pub child: Child,
