@@ -477,8 +477,9 @@ async fn watch(shared: Weak<Shared>, b: Balancing) {
         .filter(|d| !d.is_zero())
         .min()
         .unwrap_or(Duration::from_secs(10));
-    // A check may take most of a tick, never longer than 2 s.
-    let timeout = (tick * 3 / 4).clamp(Duration::from_millis(50), Duration::from_secs(2));
+    // A check may take most of a tick, never longer than 2 s; never less than 500 ms either,
+    // so a busy but healthy runner is not ejected for one slow answer.
+    let timeout = (tick * 3 / 4).clamp(Duration::from_millis(500), Duration::from_secs(2));
     let mut last_resolve = Instant::now();
     loop {
         tokio::time::sleep(tick).await;
