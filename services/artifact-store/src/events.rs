@@ -332,28 +332,27 @@ impl RunLogs {
             let mut state = log.state.lock().await;
             load(store, &mut state, project, run, true).await?;
         }
-        let (done, mut receipt) = oneshot::channel();
+        let (done, receipt) = oneshot::channel();
         log.queue
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push_back(Batch { events, done });
-        let mut state = log.state.lock().await;
-        // An earlier holder of the mutex may have committed our batch with its own.
-        match receipt.try_recv() {
-            Ok(result) => {
-                return result.map_err(|e| Error::io("appending events", std::io::Error::other(e)))
+        // The commit runs in a task of its own: once queued, a batch is committed promptly even
+        // if this call is cancelled (its client gone), never later inside someone else's
+        // commit. Whoever gets the mutex first commits everything queued (group commit).
+        let run = run.to_owned();
+        tokio::spawn(async move {
+            let mut state = log.state.lock().await;
+            let batches: Vec<Batch> = log
+                .queue
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .drain(..)
+                .collect();
+            if !batches.is_empty() {
+                commit(&log, &mut state, &run, batches).await;
             }
-            Err(oneshot::error::TryRecvError::Closed) => return Err(Error::Unavailable),
-            Err(oneshot::error::TryRecvError::Empty) => {}
-        }
-        let batches: Vec<Batch> = log
-            .queue
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .drain(..)
-            .collect();
-        commit(&log, &mut state, run, batches).await;
-        drop(state);
+        });
         match receipt.await {
             Ok(result) => {
                 result.map_err(|e| Error::io("appending events", std::io::Error::other(e)))
