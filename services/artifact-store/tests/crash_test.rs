@@ -175,7 +175,12 @@ async fn a_client_cancelling_mid_stream_leaves_nothing() {
             .await
     });
     tx.send(PutRequest {
-        msg: Some(put_request::Msg::Header(header("p", "docs/cancelled.bin"))),
+        // The size is announced, as cairn's clients do: a stream cut short is then refused
+        // whether the transport resets it or (client task dropped) ends it cleanly.
+        msg: Some(put_request::Msg::Header(PutHeader {
+            expected_size: Some(20 * CHUNK as u64),
+            ..header("p", "docs/cancelled.bin")
+        })),
     })
     .await
     .unwrap();

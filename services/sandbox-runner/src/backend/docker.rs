@@ -143,7 +143,7 @@ impl DockerBackend {
             }
         }
         for name in &names {
-            remove(&self.client, name).await?;
+            remove_and_wait(&self.client, name).await?;
         }
         Ok(names.len())
     }
@@ -689,6 +689,24 @@ pub async fn remove(client: &bollard::Docker, name: &str) -> Result<()> {
         }) => Ok(()),
         Err(e) => Err(Error::docker(format!("removing container {name}"))(e)),
     }
+}
+
+/// Removes a container and waits (bounded) until the engine no longer has it: a dead runner's
+/// last requests may still be running in the engine, and a 409 (another removal in progress)
+/// does not mean the container is gone.
+async fn remove_and_wait(client: &bollard::Docker, name: &str) -> Result<()> {
+    for _ in 0..50 {
+        remove(client, name).await?;
+        match client.inspect_container(name, None).await {
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => return Ok(()),
+            _ => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+        }
+    }
+    Err(Error::Sandbox(format!(
+        "container {name} is still there after 5 s of removal attempts"
+    )))
 }
 
 fn forget(live: &LiveSet, name: &str) {
