@@ -825,29 +825,18 @@ mod tests {
             b"bytes"
         );
         assert_eq!(store.runs.pending_dirs("p", "r1"), 2);
+        let event = |run: &'static str| {
+            let store = store.clone();
+            async move {
+                let x = NewEvent::store("x", serde_json::json!({}));
+                store.runs.append(&store, "p", run, vec![x]).await.unwrap();
+            }
+        };
         // Another run's events do not sync them.
-        store
-            .runs
-            .append(
-                &store,
-                "p",
-                "r2",
-                vec![NewEvent::store("x", serde_json::json!({}))],
-            )
-            .await
-            .unwrap();
+        event("r2").await;
         assert_eq!(store.runs.pending_dirs("p", "r1"), 2);
         // The run's own next events do, before they are acknowledged.
-        store
-            .runs
-            .append(
-                &store,
-                "p",
-                "r1",
-                vec![NewEvent::store("x", serde_json::json!({}))],
-            )
-            .await
-            .unwrap();
+        event("r1").await;
         assert_eq!(store.runs.pending_dirs("p", "r1"), 0);
     }
 

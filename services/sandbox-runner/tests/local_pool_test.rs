@@ -144,32 +144,7 @@ async fn a_burst_beyond_the_pool_all_succeeds_and_the_pool_refills() {
     let Some(case) = local(true) else { return };
     let r = TestRunner::start_with(case, |c| c.pool_size = 2).await;
     wait_ready(&r, 2).await;
-    let before = pool_dirs(&r);
-    assert_eq!(before.len(), 2, "{before:?}");
-    let mut calls = sleeping_burst(&r, 6);
-    let mut outs = Vec::new();
-    let mut seen = before.clone();
-    while outs.len() < 3 {
-        tokio::select! {
-            done = futures::StreamExt::next(&mut calls) => outs.push(done.unwrap()),
-            () = tokio::time::sleep(Duration::from_millis(20)) => seen.extend(pool_dirs(&r)),
-        }
-    }
-    assert_eq!(
-        seen, before,
-        "a refill started while runs that missed the pool were still running cold"
-    );
-    while let Some(done) = futures::StreamExt::next(&mut calls).await {
-        outs.push(done);
-    }
-    outs.sort_by_key(|(i, _)| *i);
-    let mut warm = 0;
-    for (i, out) in &outs {
-        assert_eq!(text(&out.stdout), format!("{i}\n"), "{out:?}");
-        let rj: serde_json::Value = serde_json::from_str(&out.result_json).unwrap();
-        warm += usize::from(rj["warm"] == true);
-    }
-    assert_eq!(warm, 2);
+    let before = burst_of_six_on_a_pool_of_two(&r, || async { pool_dirs(&r) }).await;
     let t0 = Instant::now();
     loop {
         let ready = ready_now(&r).await;

@@ -611,45 +611,13 @@ async fn a_burst_beyond_the_pool_runs_cold_and_the_pool_refills_after() {
             format!("cairn.runner_id={}", r.handle.runner_id()),
             "cairn.kind=pool".to_string(),
         ];
-        let before: std::collections::BTreeSet<String> = containers_labelled(&pool_labels)
-            .await
-            .into_iter()
-            .collect();
-        assert_eq!(before.len(), 2, "{before:?}");
-        let mut calls = sleeping_burst(&r, 6);
-        // Until the first cold run is done (the 3rd reply; the two warm ones come first), the
-        // other cold runs are still going, so no new pool container may appear.
-        let mut outs = Vec::new();
-        let mut seen = before.clone();
-        while outs.len() < 3 {
-            tokio::select! {
-                done = futures::StreamExt::next(&mut calls) => outs.push(done.unwrap()),
-                () = tokio::time::sleep(std::time::Duration::from_millis(30)) => {
-                    seen.extend(containers_labelled(&pool_labels).await);
-                }
-            }
-        }
-        assert_eq!(
-            seen, before,
-            "a refill started while runs that missed the pool were still running cold"
-        );
-        while let Some(done) = futures::StreamExt::next(&mut calls).await {
-            outs.push(done);
-        }
-        outs.sort_by_key(|(i, _)| *i);
-        let outs: Vec<_> = outs.into_iter().map(|(_, out)| out).collect();
-        let mut warm = 0;
-        for (i, out) in outs.iter().enumerate() {
-            assert_eq!(text(&out.stdout), format!("{i}\n"), "{out:?}");
-            let rj: serde_json::Value = serde_json::from_str(&out.result_json).unwrap();
-            if rj["warm"] == true {
-                warm += 1;
-            }
-        }
-        assert_eq!(
-            warm, 2,
-            "the two warm containers serve two runs; no refill raced the cold ones"
-        );
+        burst_of_six_on_a_pool_of_two(&r, || async {
+            containers_labelled(&pool_labels)
+                .await
+                .into_iter()
+                .collect()
+        })
+        .await;
         let t0 = std::time::Instant::now();
         loop {
             let ready = warm_now(&r).await;

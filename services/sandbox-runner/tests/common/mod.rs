@@ -223,21 +223,55 @@ impl TestRunner {
     }
 }
 
-/// One call of a burst: its index and result.
-pub type BurstCall =
-    std::pin::Pin<Box<dyn std::future::Future<Output = (usize, RunResult)> + Send>>;
-
-/// `n` concurrent python runs that each sleep 0.5 s, then print their index.
-pub fn sleeping_burst(r: &TestRunner, n: usize) -> futures::stream::FuturesUnordered<BurstCall> {
-    (0..n)
+/// Six concurrent runs (each sleeps 0.5 s, then prints its index) on a full pool of two whose
+/// items `pool_items` lists (pool containers or waiting-sandbox directories). Asserts that all
+/// succeed, exactly two from the pool, and that no new pool item appears until the first cold
+/// run is done (refills yield to the runs that missed the pool). Returns the items before.
+pub async fn burst_of_six_on_a_pool_of_two<F, Fut>(
+    r: &TestRunner,
+    mut pool_items: F,
+) -> std::collections::BTreeSet<String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = std::collections::BTreeSet<String>>,
+{
+    let before = pool_items().await;
+    assert_eq!(before.len(), 2, "{before:?}");
+    let mut calls: futures::stream::FuturesUnordered<_> = (0..6)
         .map(|i| {
             let mut client = r.client.clone();
-            Box::pin(async move {
+            async move {
                 let req = python(&format!("import time; time.sleep(0.5); print({i})"));
                 (i, client.run(req).await.unwrap().into_inner())
-            }) as BurstCall
+            }
         })
-        .collect()
+        .collect();
+    // The two warm runs answer first; until the first cold one (the 3rd reply) is done, the
+    // other cold runs are still going.
+    let mut outs = Vec::new();
+    let mut seen = before.clone();
+    while outs.len() < 3 {
+        tokio::select! {
+            done = futures::StreamExt::next(&mut calls) => outs.push(done.unwrap()),
+            () = tokio::time::sleep(Duration::from_millis(20)) => seen.extend(pool_items().await),
+        }
+    }
+    assert_eq!(
+        seen, before,
+        "a refill started while runs that missed the pool were still running cold"
+    );
+    while let Some(done) = futures::StreamExt::next(&mut calls).await {
+        outs.push(done);
+    }
+    outs.sort_by_key(|(i, _)| *i);
+    let mut warm = 0;
+    for (i, out) in &outs {
+        assert_eq!(text(&out.stdout), format!("{i}\n"), "{out:?}");
+        let rj: serde_json::Value = serde_json::from_str(&out.result_json).unwrap();
+        warm += usize::from(rj["warm"] == true);
+    }
+    assert_eq!(warm, 2, "the two pool items serve two runs");
+    before
 }
 
 pub fn python(code: &str) -> RunRequest {
