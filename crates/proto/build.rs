@@ -15,6 +15,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for p in PROTOS {
         println!("cargo:rerun-if-changed={}", root.join(p).display());
     }
+    // Checkouts at other paths share this build's fingerprint when they share a target
+    // directory, and the paths above are absolute: a change of checkout (its path, set by
+    // .cargo/config.toml) must run this script again, or one checkout would compile the
+    // other's protos.
+    println!("cargo:rerun-if-env-changed=CAIRN_CHECKOUT");
     let mut compiler = protox::Compiler::new([&root])?;
     compiler.include_imports(true).include_source_info(true);
     compiler.open_files(PROTOS.iter().copied())?;

@@ -364,6 +364,7 @@ async fn e2e(
             .append_events(AppendEventsRequest {
                 project_id: project.clone(),
                 run_id: "bench".into(),
+                epoch: 0,
                 events: events(1),
             })
             .await?;
@@ -424,6 +425,7 @@ async fn e2e(
                 .append_events(AppendEventsRequest {
                     project_id: project.clone(),
                     run_id: "bench".into(),
+                    epoch: 0,
                     events: chunk.to_vec(),
                 })
                 .await?;

@@ -205,6 +205,7 @@ async fn baseline(store: &mut ArtifactStoreClient<Channel>, n: usize) -> Result<
             .append_events(AppendEventsRequest {
                 project_id: PROJECT.into(),
                 run_id: format!("baseline-{}", std::process::id()),
+                epoch: 0,
                 events: vec![EventInput {
                     r#type: "bench.tick".into(),
                     data_json: "{}".into(),

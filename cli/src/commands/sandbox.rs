@@ -223,6 +223,7 @@ async fn append(
         .append_events(cairn_proto::v1::AppendEventsRequest {
             project_id: project.to_owned(),
             run_id: run_id.to_owned(),
+            epoch: 0,
             events: vec![EventInput {
                 r#type: kind.to_owned(),
                 node_id: "cli".into(),

@@ -33,6 +33,9 @@ pub struct Config {
     pub max_event_bytes: usize,
     /// Largest JSON document UpdateJson reads or writes.
     pub max_json_bytes: usize,
+    /// Write bodies over 1 MiB with O_DIRECT where the filesystem allows it (no page-cache
+    /// copy; the file is fsync'd all the same).
+    pub direct_io: bool,
 }
 
 impl Default for Config {
@@ -46,6 +49,7 @@ impl Default for Config {
             chunk_bytes: MAX_CHUNK_BYTES,
             max_event_bytes: 1 << 20,
             max_json_bytes: 16 << 20,
+            direct_io: true,
         }
     }
 }

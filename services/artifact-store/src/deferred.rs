@@ -1,19 +1,22 @@
-//! Directory fsyncs deferred to a run's next event batch (`PUT_DURABILITY_WITH_RUN_EVENTS`).
+//! Work deferred to a run's next event batch (`PUT_DURABILITY_WITH_RUN_EVENTS`).
 //!
-//! Such a Put fsyncs its bytes before the rename (so a crash never shows a partial file) but
-//! not the directory afterwards: the directory joins its run's pending set, and the run's
-//! next commit of events fsyncs every pending directory before it writes the events. A writer
-//! that records each file in the run's events thus pays one directory fsync per batch of
-//! events instead of one per file, and an acknowledged event still implies that every file
-//! written before it is durable. A timer bounds how long a directory stays pending when no
-//! events follow, and a run log dropped at shutdown syncs what is left.
+//! Such a Put replies once its outcome is decided; a background task then fsyncs its bytes
+//! and publishes them (so a crash never shows a partial file), and leaves the directory's
+//! fsync to the run: the directory joins its run's pending set. The run's next commit of
+//! events first waits for every publication started before it ([`Publishing`]), then fsyncs
+//! every pending directory, then writes the events. A writer that records each file in the
+//! run's events thus overlaps its writes with the disk and pays one directory fsync per batch
+//! of events instead of one per file, and an acknowledged event still implies that every file
+//! acknowledged before it is durable. A timer bounds how long a directory stays pending when
+//! no events follow, and a run log dropped at shutdown syncs what is left.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rustix::io::Errno;
+use tokio::sync::watch;
 
 /// Longest a deferred directory waits when no events come.
 pub const SYNC_AFTER: Duration = Duration::from_millis(500);
@@ -103,6 +106,73 @@ impl Drop for PendingDirs {
     }
 }
 
+/// A run's publications still in flight after their Puts replied, and the first one lost.
+#[derive(Debug)]
+pub struct Publishing {
+    flight: watch::Sender<Flight>,
+}
+
+#[derive(Debug, Default)]
+struct Flight {
+    next: u64,
+    in_flight: BTreeSet<u64>,
+    /// (path, cause) of the first publication that failed; the run stays refused.
+    lost: Option<(String, String)>,
+}
+
+impl Default for Publishing {
+    fn default() -> Self {
+        Publishing {
+            flight: watch::channel(Flight::default()).0,
+        }
+    }
+}
+
+impl Publishing {
+    /// Registers a publication; returns its id for [`Publishing::finish`].
+    pub fn start(&self) -> u64 {
+        let mut id = 0;
+        self.flight.send_modify(|f| {
+            id = f.next;
+            f.next += 1;
+            f.in_flight.insert(id);
+        });
+        id
+    }
+
+    /// Marks publication `id` done; a failure (path, cause) refuses the run's later events.
+    pub fn finish(&self, id: u64, failure: Option<(String, String)>) {
+        self.flight.send_modify(|f| {
+            f.in_flight.remove(&id);
+            if f.lost.is_none() {
+                f.lost = failure;
+            }
+        });
+    }
+
+    /// The lost publication (path, cause), if one failed.
+    pub fn lost(&self) -> Option<(String, String)> {
+        self.flight.borrow().lost.clone()
+    }
+
+    /// Whether anything is in flight or was lost (the run's log must stay open).
+    pub fn is_idle(&self) -> bool {
+        let f = self.flight.borrow();
+        f.in_flight.is_empty() && f.lost.is_none()
+    }
+
+    /// Waits for every publication started before this call; then returns the lost one, if any.
+    pub async fn settle(&self) -> Option<(String, String)> {
+        let upto = self.flight.borrow().next;
+        let mut rx = self.flight.subscribe();
+        // The sender lives in `self`, so this cannot fail.
+        let _ = rx
+            .wait_for(|f| f.in_flight.range(..upto).next().is_none())
+            .await;
+        self.lost()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -134,6 +204,33 @@ mod tests {
         pending.restore(taken);
         assert!(!pending.is_empty());
         assert_eq!(pending.take().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn events_wait_for_earlier_publications_only_and_a_lost_one_sticks() {
+        let publishing = Publishing::default();
+        let a = publishing.start();
+        let settle = async {
+            // Started after the settle began: not waited for.
+            let _late = publishing.start();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            publishing.finish(a, None);
+        };
+        let (lost, ()) = tokio::join!(publishing.settle(), settle);
+        assert_eq!(lost, None);
+        assert!(!publishing.is_idle(), "the late one is still in flight");
+        let b = publishing.start();
+        publishing.finish(b, Some(("x.txt".into(), "fsync failed".into())));
+        let c = publishing.start();
+        publishing.finish(c, Some(("y.txt".into(), "later".into())));
+        let lost = tokio::time::timeout(Duration::from_secs(1), async {
+            publishing.finish(1, None); // the late one
+            publishing.settle().await
+        })
+        .await
+        .unwrap();
+        assert_eq!(lost, Some(("x.txt".into(), "fsync failed".into())));
+        assert!(!publishing.is_idle(), "a lost publication keeps the log");
     }
 
     #[test]

@@ -106,6 +106,8 @@ pub async fn update(store: &Arc<Store>, request: Update) -> Result<Updated> {
     }
     let lock = store.docs.lock_for(&request.project_id, &path);
     let _held = lock.lock().await;
+    // A Put of the document still being published lands first.
+    store.slots.settled(&request.project_id, &path).await;
     let (store2, project, path2, expected, merge) = (
         store.clone(),
         request.project_id.clone(),

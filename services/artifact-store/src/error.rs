@@ -70,6 +70,23 @@ pub enum Error {
         expected: u64,
     },
 
+    /// A file acknowledged to this run (PUT_DURABILITY_WITH_RUN_EVENTS) could not be published
+    /// after the reply; the run's events are refused from then on, so none claims it.
+    #[error("run {run:?}: the write of {path:?} was acknowledged but could not be published ({cause}); the run's events are refused until the store restarts, so none of them claims that file: fix the cause, restart the store and resume the run (its last nodes are redone)")]
+    PublicationLost {
+        run: String,
+        path: String,
+        cause: String,
+    },
+
+    /// A fenced AppendEvents from a writer whose claim on the run was superseded.
+    #[error("run {run:?} was claimed by another writer (epoch {current}); this writer's epoch {sent} is fenced off and nothing was written: stop driving the run, or claim it again (ClaimRun) and re-read its events first")]
+    Fenced {
+        run: String,
+        sent: u64,
+        current: u64,
+    },
+
     /// The store is shutting down or a background task ended.
     #[error("the artifact-store is shutting down; retry against a running store")]
     Unavailable,
@@ -113,7 +130,8 @@ impl Error {
             Error::DigestMismatch { .. } => Some("digest_mismatch"),
             Error::TooLarge { .. } => Some("too_large"),
             Error::Unavailable => Some("store_unavailable"),
-            Error::Io { .. } => Some("io_error"),
+            Error::Io { .. } | Error::PublicationLost { .. } => Some("io_error"),
+            Error::Fenced { .. } => Some("fenced"),
             _ => None,
         }
     }
@@ -125,7 +143,9 @@ impl Error {
                 _ => Code::InvalidArgument,
             },
             Error::Reserved { .. } | Error::SymlinkInPath { .. } => Code::PermissionDenied,
-            Error::NotAFile { .. } => Code::FailedPrecondition,
+            Error::NotAFile { .. } | Error::PublicationLost { .. } | Error::Fenced { .. } => {
+                Code::FailedPrecondition
+            }
             Error::Exists { .. } => Code::AlreadyExists,
             Error::DigestMismatch { .. }
             | Error::InvalidId { .. }

@@ -12,22 +12,26 @@
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Mutex};
 
+use bytes::Bytes;
 use rustix::fs::{FileType, OFlags};
 use rustix::io::Errno;
 use serde_json::{Map, Value};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 use crate::beneath::{self, refusal};
-use crate::deferred::{self, Added, PendingDirs};
+use crate::deferred::{self, Added, PendingDirs, Publishing};
 use crate::error::{Error, Result};
 use crate::project;
 use crate::store::{blocking, timestamp_now, Store};
+use crate::write;
 
 const EVENTS_FILE: &str = "events.jsonl";
+/// The run's writer epoch (ClaimRun), a decimal number beside its log; absent = 0.
+pub const EPOCH_FILE: &str = "events.epoch";
 const LIVE_CAPACITY: usize = 4096;
 /// Run logs kept open before idle ones are closed.
 const OPEN_LOGS: usize = 256;
@@ -217,6 +221,85 @@ struct RunLog {
     live: broadcast::Sender<Arc<StoredEvent>>,
     /// Directories of deferred Puts, fsync'd before the next events are written.
     pending: PendingDirs,
+    /// Deferred Puts still being published; the next events wait for them.
+    publishing: Publishing,
+    /// The run's writer epoch (the one both fenced Puts and fenced batches are checked
+    /// against), and how many fenced Puts are past the check.
+    fence: Mutex<Fence>,
+    /// Signalled when the last fenced Put past the check is done.
+    fence_done: tokio::sync::Notify,
+}
+
+#[derive(Debug, Default)]
+struct Fence {
+    /// None until read from the run's epoch file.
+    epoch: Option<u64>,
+    in_flight: u64,
+}
+
+/// A fenced Put that passed its check; ClaimRun waits until it is dropped (published or not).
+#[derive(Debug)]
+pub struct FenceTicket {
+    log: Arc<RunLog>,
+}
+
+impl RunLog {
+    /// The run's writer epoch, read from its file on first use (blocking).
+    fn current_epoch(&self, store: &Store, project: &str, run: &str) -> Result<u64> {
+        let mut fence = self.fence.lock().unwrap_or_else(|p| p.into_inner());
+        fence.loaded(store, project, run)
+    }
+}
+
+impl Fence {
+    fn loaded(&mut self, store: &Store, project: &str, run: &str) -> Result<u64> {
+        if self.epoch.is_none() {
+            self.epoch = Some(epoch_of(store, project, run)?);
+        }
+        Ok(self.epoch.unwrap_or(0))
+    }
+}
+
+impl Drop for FenceTicket {
+    fn drop(&mut self) {
+        let mut fence = self.log.fence.lock().unwrap_or_else(|p| p.into_inner());
+        fence.in_flight -= 1;
+        if fence.in_flight == 0 {
+            self.log.fence_done.notify_waiters();
+        }
+    }
+}
+
+/// A background publication of one of a run's files; the run's next events wait until it is
+/// finished (dropping it unfinished counts as lost).
+#[derive(Debug)]
+pub struct Publication {
+    log: Arc<RunLog>,
+    id: u64,
+    path: String,
+    finished: bool,
+}
+
+impl Publication {
+    pub fn finish(mut self, result: &Result<()>) {
+        self.finished = true;
+        let failure = result
+            .as_ref()
+            .err()
+            .map(|e| (self.path.clone(), e.to_string()));
+        self.log.publishing.finish(self.id, failure);
+    }
+}
+
+impl Drop for Publication {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.log.publishing.finish(
+                self.id,
+                Some((self.path.clone(), "its task ended before publishing".into())),
+            );
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -231,7 +314,19 @@ struct LogState {
 #[derive(Debug)]
 struct Batch {
     events: Vec<NewEvent>,
-    done: oneshot::Sender<std::result::Result<(u64, u64), String>>,
+    /// 0 = unfenced.
+    epoch: u64,
+    done: oneshot::Sender<std::result::Result<(u64, u64), Failure>>,
+}
+
+/// Why a batch was not appended.
+#[derive(Debug, Clone)]
+enum Failure {
+    Io(String),
+    /// (sent, current) epochs of a batch from a writer that was fenced off.
+    Fenced(u64, u64),
+    /// (path, cause) of a publication the run lost.
+    Lost(String, String),
 }
 
 impl RunLogs {
@@ -244,6 +339,8 @@ impl RunLogs {
                 Arc::strong_count(log) > 1
                     || log.live.receiver_count() > 0
                     || !log.pending.is_empty()
+                    || !log.publishing.is_idle()
+                    || log.fence.lock().map_or(true, |f| f.in_flight > 0)
             });
         }
         logs.entry((project.to_owned(), run.to_owned()))
@@ -253,6 +350,9 @@ impl RunLogs {
                     queue: Mutex::new(VecDeque::new()),
                     live: broadcast::channel(LIVE_CAPACITY).0,
                     pending: PendingDirs::default(),
+                    publishing: Publishing::default(),
+                    fence: Mutex::new(Fence::default()),
+                    fence_done: tokio::sync::Notify::new(),
                 })
             })
             .clone()
@@ -294,6 +394,44 @@ impl RunLogs {
         }
     }
 
+    /// Registers a publication of `path` that finishes after its Put replied.
+    pub fn start_publication(&self, project: &str, run: &str, path: &str) -> Publication {
+        let log = self.log(project, run);
+        let id = log.publishing.start();
+        Publication {
+            log,
+            id,
+            path: path.to_owned(),
+            finished: false,
+        }
+    }
+
+    /// A fenced Put of `run` checks its epoch (blocking: may read the epoch file); the ticket
+    /// keeps a ClaimRun of the run waiting until the Put is done.
+    pub fn enter_fence(
+        &self,
+        store: &Store,
+        project: &str,
+        run: &str,
+        epoch: u64,
+    ) -> Result<FenceTicket> {
+        project::check_id("run", run)?;
+        let log = self.log(project, run);
+        // Under the lock a claim moves the epoch with: checked before it, or refused.
+        let mut fence = log.fence.lock().unwrap_or_else(|p| p.into_inner());
+        let current = fence.loaded(store, project, run)?;
+        if current != epoch {
+            return Err(Error::Fenced {
+                run: run.to_owned(),
+                sent: epoch,
+                current,
+            });
+        }
+        fence.in_flight += 1;
+        drop(fence);
+        Ok(FenceTicket { log })
+    }
+
     /// Directories still waiting for their deferred fsync in a run.
     #[cfg(test)]
     pub fn pending_dirs(&self, project: &str, run: &str) -> usize {
@@ -307,6 +445,19 @@ impl RunLogs {
         project: &str,
         run: &str,
         events: Vec<NewEvent>,
+    ) -> Result<(u64, u64)> {
+        self.append_fenced(store, project, run, events, 0).await
+    }
+
+    /// [`RunLogs::append`] for a fenced writer: refused (`fenced`) unless `epoch` is 0 or
+    /// the run's current epoch when the batch is committed.
+    pub async fn append_fenced(
+        &self,
+        store: &Arc<Store>,
+        project: &str,
+        run: &str,
+        events: Vec<NewEvent>,
+        epoch: u64,
     ) -> Result<(u64, u64)> {
         project::check_id("project", project)?;
         project::check_id("run", run)?;
@@ -328,20 +479,33 @@ impl RunLogs {
             }
         }
         let log = self.log(project, run);
+        if let Some((path, cause)) = log.publishing.lost() {
+            return Err(lost(run, path, cause));
+        }
         {
             let mut state = log.state.lock().await;
             load(store, &mut state, project, run, true).await?;
+        }
+        if epoch != 0 {
+            // The commit compares against it.
+            current_epoch(store, &log, project, run).await?;
         }
         let (done, receipt) = oneshot::channel();
         log.queue
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push_back(Batch { events, done });
+            .push_back(Batch {
+                events,
+                epoch,
+                done,
+            });
         // The commit runs in a task of its own: once queued, a batch is committed promptly even
         // if this call is cancelled (its client gone), never later inside someone else's
         // commit. Whoever gets the mutex first commits everything queued (group commit).
         let run = run.to_owned();
+        let committer = run.clone();
         tokio::spawn(async move {
+            let run = committer;
             let mut state = log.state.lock().await;
             let batches: Vec<Batch> = log
                 .queue
@@ -354,11 +518,69 @@ impl RunLogs {
             }
         });
         match receipt.await {
-            Ok(result) => {
-                result.map_err(|e| Error::io("appending events", std::io::Error::other(e)))
-            }
+            Ok(Ok(range)) => Ok(range),
+            Ok(Err(Failure::Io(e))) => Err(Error::io("appending events", std::io::Error::other(e))),
+            Ok(Err(Failure::Lost(path, cause))) => Err(lost(&run, path, cause)),
+            Ok(Err(Failure::Fenced(sent, current))) => Err(Error::Fenced { run, sent, current }),
             Err(_) => Err(Error::Unavailable),
         }
+    }
+
+    /// ClaimRun: bumps the run's writer epoch (durably, before the reply) and returns it with
+    /// the log's last seq. Batches committed from now on with an older epoch are refused.
+    pub async fn claim(
+        &self,
+        store: &Arc<Store>,
+        project: &str,
+        run: &str,
+        holder: &str,
+    ) -> Result<(u64, u64)> {
+        project::check_id("project", project)?;
+        project::check_id("run", run)?;
+        let log = self.log(project, run);
+        // Held to the end: no batch is committed while the epoch moves.
+        let mut state = log.state.lock().await;
+        load(store, &mut state, project, run, true).await?;
+        let epoch = current_epoch(store, &log, project, run)
+            .await?
+            .checked_add(1)
+            .ok_or_else(|| Error::NotAFile {
+                path: epoch_path(run),
+                found: "the run's writer epoch is at its maximum; remove the file (claims start again at 1)",
+            })?;
+        // Fenced Puts checked from now on are refused; those already past the check finish
+        // first, so none of them lands after the reply.
+        let before = {
+            let mut fence = log.fence.lock().unwrap_or_else(|p| p.into_inner());
+            fence.epoch.replace(epoch)
+        };
+        loop {
+            let done = log.fence_done.notified();
+            if log.fence.lock().map_or(true, |f| f.in_flight == 0) {
+                break;
+            }
+            done.await;
+        }
+        let (store2, project2, path) = (store.clone(), project.to_owned(), epoch_path(run));
+        let written = blocking(move || {
+            let root = store2.project_root(&project2)?;
+            let body = [Bytes::from(format!("{epoch}\n"))];
+            write::write_bytes(&store2, root.as_fd(), &project2, &path, &body, true)
+        })
+        .await;
+        if let Err(e) = written {
+            log.fence.lock().unwrap_or_else(|p| p.into_inner()).epoch = before;
+            return Err(e);
+        }
+        tracing::info!(
+            project,
+            run,
+            epoch,
+            holder,
+            last_seq = state.last_seq,
+            "run claimed"
+        );
+        Ok((epoch, state.last_seq))
     }
 
     /// Streams a run's events from `from_seq`, then (with `follow`) live ones.
@@ -479,6 +701,58 @@ fn open_log(
     Ok(Some((file, len, last_seq)))
 }
 
+fn epoch_path(run: &str) -> String {
+    format!(".cairn/runs/{run}/{EPOCH_FILE}")
+}
+
+/// [`RunLog::current_epoch`] from async code.
+async fn current_epoch(
+    store: &Arc<Store>,
+    log: &Arc<RunLog>,
+    project: &str,
+    run: &str,
+) -> Result<u64> {
+    let (store, log, project, run) = (
+        store.clone(),
+        log.clone(),
+        project.to_owned(),
+        run.to_owned(),
+    );
+    blocking(move || log.current_epoch(&store, &project, &run)).await
+}
+
+/// The run's writer epoch read from its file beneath the project (0 when never claimed).
+fn epoch_of(store: &Store, project: &str, run: &str) -> Result<u64> {
+    let root = store.project_root(project)?;
+    match beneath::open_dir(root.as_fd(), &format!(".cairn/runs/{run}")) {
+        Ok(dir) => read_epoch(dir.as_fd(), project, run),
+        Err(Errno::NOENT) => Ok(0),
+        Err(e) => Err(refusal(
+            e,
+            project,
+            &format!(".cairn/runs/{run}"),
+            "opening",
+        )),
+    }
+}
+
+/// The run's writer epoch (0 when never claimed).
+fn read_epoch(dir: BorrowedFd<'_>, project: &str, run: &str) -> Result<u64> {
+    let path = epoch_path(run);
+    let fd = match beneath::open(dir, EPOCH_FILE, OFlags::RDONLY | OFlags::NONBLOCK, 0) {
+        Ok(fd) => fd,
+        Err(Errno::NOENT) => return Ok(0),
+        Err(e) => return Err(refusal(e, project, &path, "opening")),
+    };
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut std::io::Read::take(File::from(fd), 64), &mut text)
+        .map_err(|e| Error::io(format!("reading {path:?}"), e))?;
+    text.trim().parse().map_err(|_| Error::NotAFile {
+        path,
+        found: "the run's writer epoch is not a number; remove the file (the next ClaimRun writes it anew)",
+    })
+}
+
 /// Finds the last seq; cuts off a torn last line (a crash mid-append).
 fn recover(file: &File) -> std::io::Result<(u64, u64)> {
     let mut len = file.metadata()?.len();
@@ -540,15 +814,47 @@ fn memchr_rev(bytes: &[u8]) -> Option<usize> {
     bytes.iter().rposition(|b| *b == b'\n')
 }
 
+fn lost(run: &str, path: String, cause: String) -> Error {
+    Error::PublicationLost {
+        run: run.to_owned(),
+        path,
+        cause,
+    }
+}
+
 /// Writes every queued batch with one write and one fsync, then answers each caller and
-/// publishes the events to live readers.
+/// publishes the events to live readers. Files acknowledged to the run before are published
+/// and their directories fsync'd first.
 async fn commit(log: &RunLog, state: &mut LogState, run: &str, batches: Vec<Batch>) {
-    let Some(file) = state.file.clone() else {
+    let refuse = |batches: Vec<Batch>, failure: Failure| {
         for batch in batches {
-            let _ = batch.done.send(Err("the event log is not open".into()));
+            let _ = batch.done.send(Err(failure.clone()));
         }
-        return;
     };
+    let Some(file) = state.file.clone() else {
+        return refuse(batches, Failure::Io("the event log is not open".into()));
+    };
+    // A fenced-off writer's batches go no further; the others are committed.
+    // Loaded by every fenced append before it queued; claims change it only under `state`.
+    let current = log
+        .fence
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .epoch
+        .unwrap_or(0);
+    let (batches, fenced): (Vec<Batch>, Vec<Batch>) = batches
+        .into_iter()
+        .partition(|b| b.epoch == 0 || b.epoch == current);
+    for batch in fenced {
+        let sent = batch.epoch;
+        refuse(vec![batch], Failure::Fenced(sent, current));
+    }
+    if batches.is_empty() {
+        return;
+    }
+    if let Some((path, cause)) = log.publishing.settle().await {
+        return refuse(batches, Failure::Lost(path, cause));
+    }
     let ts = timestamp_now();
     let mut seq = state.last_seq;
     let mut text = String::new();
@@ -617,9 +923,7 @@ async fn commit(log: &RunLog, state: &mut LogState, run: &str, batches: Vec<Batc
                 Ok(Ok(())) => String::new(),
             };
             tracing::error!(run, error = %message, "appending events failed");
-            for batch in batches {
-                let _ = batch.done.send(Err(message.clone()));
-            }
+            refuse(batches, Failure::Io(message));
         }
     }
 }

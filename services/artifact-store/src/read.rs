@@ -91,6 +91,7 @@ pub async fn get(
 ) -> Result<(Entry, mpsc::Receiver<Result<Bytes>>)> {
     project::check_id("project", project)?;
     let path = store.read_path(path)?.to_string();
+    store.slots.settled(project, &path).await;
     let (store2, project2) = (store.clone(), project.to_owned());
     let (entry, file) = blocking(move || {
         let root = store2.project_root(&project2)?;
@@ -161,6 +162,7 @@ pub async fn stat(
     } else {
         store.read_path(path)?.to_string()
     };
+    store.slots.settled(project, &path).await;
     let (store, project) = (store.clone(), project.to_owned());
     blocking(move || {
         let root = store.project_root(&project)?;
@@ -210,6 +212,7 @@ pub async fn list(
     } else {
         store.read_path(trimmed)?.to_string()
     };
+    store.slots.settled_under(project, &prefix).await;
     let (store, project) = (store.clone(), project.to_owned());
     blocking(move || {
         let root = store.project_root(&project)?;

@@ -8,9 +8,10 @@ use bytes::Bytes;
 use cairn_proto::v1::artifact_store_server::ArtifactStore;
 use cairn_proto::v1::{
     self as pb, get_response, put_request, AppendEventsRequest, AppendEventsResponse,
-    CreateProjectRequest, DeleteRequest, DeleteResponse, FileInfo, GetRequest, GetResponse,
-    ListProjectsRequest, ListProjectsResponse, ListRequest, ListResponse, PutDurability,
-    PutRequest, PutResponse, ReadEventsRequest, StatRequest, UpdateJsonRequest, UpdateJsonResponse,
+    ClaimRunRequest, ClaimRunResponse, CreateProjectRequest, DeleteRequest, DeleteResponse,
+    FileInfo, GetRequest, GetResponse, ListProjectsRequest, ListProjectsResponse, ListRequest,
+    ListResponse, PutDurability, PutRequest, PutResponse, ReadEventsRequest, StatRequest,
+    UpdateJsonRequest, UpdateJsonResponse,
 };
 use futures::{Stream, StreamExt};
 use tokio_stream::wrappers::ReceiverStream;
@@ -148,6 +149,10 @@ impl ArtifactStore for ArtifactStoreService {
             run_id: header.run_id,
             create_project: header.create_project,
             durability,
+            fence: header
+                .fence
+                .filter(|f| f.epoch > 0)
+                .map(|f| (f.run_id, f.epoch)),
         };
         let chunks = stream.map(|m| -> Result<Bytes> {
             match m {
@@ -249,12 +254,26 @@ impl ArtifactStore for ArtifactStoreService {
         let (first_seq, last_seq) = self
             .store
             .runs
-            .append(&self.store, &r.project_id, &r.run_id, events)
+            .append_fenced(&self.store, &r.project_id, &r.run_id, events, r.epoch)
             .await?;
         Ok(Response::new(AppendEventsResponse {
             first_seq,
             last_seq,
         }))
+    }
+
+    async fn claim_run(
+        &self,
+        request: Request<ClaimRunRequest>,
+    ) -> Result<Response<ClaimRunResponse>, Status> {
+        let r = request.into_inner();
+        cairn_telemetry::record_ids(&r.project_id, &r.run_id, "");
+        let (epoch, last_seq) = self
+            .store
+            .runs
+            .claim(&self.store, &r.project_id, &r.run_id, &r.holder)
+            .await?;
+        Ok(Response::new(ClaimRunResponse { epoch, last_seq }))
     }
 
     type ReadEventsStream = BoxStream<pb::Event>;

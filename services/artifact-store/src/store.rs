@@ -23,6 +23,13 @@ use crate::digest::DigestCache;
 use crate::document::DocLocks;
 use crate::error::{Error, Result};
 use crate::events::RunLogs;
+use crate::slots::Slots;
+
+/// Most Puts published in the background at once (each holds two fds until it is done).
+const PUBLICATIONS_IN_FLIGHT: usize = 256;
+/// Most large Puts written with O_DIRECT at once (each holds three 4 MiB buffers and two
+/// threads); the others go through the page cache.
+const DIRECT_WRITERS: usize = 16;
 
 /// Prefix of the store's temporary files.
 pub const TEMP_PREFIX: &str = ".cairn-tmp-";
@@ -42,6 +49,15 @@ pub struct Store {
     pub(crate) docs: DocLocks,
     /// Writes stage into unnamed O_TMPFILE inodes (probed at open; else `.cairn-tmp-*` names).
     pub(crate) unnamed_temps: bool,
+    /// The paths being published now.
+    pub(crate) slots: std::sync::Arc<Slots>,
+    /// Bounds the Puts published after their reply; beyond it a Put waits.
+    pub(crate) publish_permits: std::sync::Arc<tokio::sync::Semaphore>,
+    /// Bounds the large Puts written with O_DIRECT; beyond it a Put uses the page cache.
+    pub(crate) direct_writers: std::sync::Arc<tokio::sync::Semaphore>,
+    /// Tests hold this to keep background publications from starting.
+    #[cfg(test)]
+    pub(crate) hold_publications: std::sync::Mutex<()>,
 }
 
 impl Store {
@@ -73,6 +89,13 @@ impl Store {
             digests: DigestCache::default(),
             runs: RunLogs::default(),
             docs: DocLocks::default(),
+            slots: Default::default(),
+            publish_permits: std::sync::Arc::new(tokio::sync::Semaphore::new(
+                PUBLICATIONS_IN_FLIGHT,
+            )),
+            direct_writers: std::sync::Arc::new(tokio::sync::Semaphore::new(DIRECT_WRITERS)),
+            #[cfg(test)]
+            hold_publications: std::sync::Mutex::new(()),
             config,
         })
     }
@@ -102,6 +125,9 @@ impl Store {
             [".cairn", "project.json"] => Some("the store keeps the project's metadata there"),
             [".cairn", "runs", _, last] if last.eq_ignore_ascii_case("events.jsonl") => {
                 Some("a run's events.jsonl is appended only through AppendEvents")
+            }
+            [".cairn", "runs", _, last] if last.eq_ignore_ascii_case(crate::events::EPOCH_FILE) => {
+                Some("a run's writer epoch is set only through ClaimRun")
             }
             _ => None,
         };

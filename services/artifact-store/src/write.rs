@@ -24,6 +24,7 @@ use tokio::sync::mpsc;
 
 use crate::beneath::{self, refusal};
 use crate::digest::{self, Digest};
+use crate::direct::DirectWriter;
 use crate::error::{Error, Result};
 use crate::events::NewEvent;
 use crate::project;
@@ -56,23 +57,35 @@ pub struct Written {
     pub outcome: Outcome,
 }
 
-/// When a Put's new directory entry is made durable (the bytes always are, before publishing).
+/// When a Put is made durable (its bytes always are, before they are published).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Durability {
-    /// Before the reply.
+    /// Published and durable before the reply.
     #[default]
     Sync,
-    /// With the run's next events (see `deferred`); needs a run id.
+    /// Published in the background after the reply, durable before the run's next events
+    /// (see `deferred` and `slots`); needs a run id.
     WithRunEvents,
 }
 
 /// How a staged file is published.
-#[derive(Debug, Clone, Copy, Default)]
-struct Publish<'a> {
+#[derive(Debug, Default)]
+struct Publish {
     /// Replace other bytes at the target.
     overwrite: bool,
-    /// Leave the directory fsync to this run's next events.
-    defer_to_run: Option<&'a str>,
+    /// Publish after the reply, before this run's next events.
+    defer: Option<Deferral>,
+    /// (run, epoch) the publication is fenced by.
+    fence: Option<(String, u64)>,
+}
+
+/// What a Put published in the background carries along.
+#[derive(Debug)]
+struct Deferral {
+    store: Arc<Store>,
+    run: String,
+    /// One of the store's bounded publications in flight.
+    _permit: tokio::sync::OwnedSemaphorePermit,
 }
 
 /// A Put's header, in the store's words.
@@ -90,6 +103,8 @@ pub struct PutSpec {
     pub run_id: String,
     pub create_project: bool,
     pub durability: Durability,
+    /// (run, epoch): publish only while that run's writer epoch is `epoch` (ClaimRun).
+    pub fence: Option<(String, u64)>,
 }
 
 /// What the client announced about the bytes.
@@ -358,65 +373,181 @@ fn holds_same_bytes(store: &Store, staged: &Staged, digest: &Digest) -> Result<(
     Ok((theirs.sha256 == digest.sha256, size))
 }
 
-/// fsyncs the temp file and publishes it (see the module header); returns what happened.
+/// fsyncs the temp file and publishes it (see the module header); returns what happened. A
+/// deferred publication decides its outcome now and leaves the fsync and the link to a
+/// background task that holds the path's slot until it is done.
 fn publish(
     store: &Store,
     mut staged: Staged,
     file: File,
     digest: &Digest,
-    how: Publish<'_>,
+    how: Publish,
 ) -> Result<Outcome> {
-    file.sync_all()
-        .map_err(|e| Error::io(format!("fsync of the temp file for {:?}", staged.path), e))?;
-    let dir = staged.dir.clone();
-    let name = staged.name.clone();
-    let existed = existing_file(dir.as_fd(), &name, &staged.project, &staged.path)?;
-    let outcome = if !how.overwrite {
-        match staged.temp.link_as(&file, &name) {
-            Ok(()) => Outcome::Created,
-            Err(Errno::EXIST) => {
+    if let Some(defer) = how.defer {
+        let slot = store.slots.claim_blocking(&staged.project, &staged.path);
+        let outcome = match existing_file(
+            staged.dir.as_fd(),
+            &staged.name,
+            &staged.project,
+            &staged.path,
+        )? {
+            None => Outcome::Created,
+            Some(_) => {
                 let (same, existing_size) = holds_same_bytes(store, &staged, digest)?;
                 if same {
                     return Ok(Outcome::Unchanged);
                 }
-                return Err(Error::Exists {
+                if !how.overwrite {
+                    return Err(Error::Exists {
+                        path: staged.path.clone(),
+                        existing_size,
+                    });
+                }
+                Outcome::Overwritten
+            }
+        };
+        let ticket = fence_ticket(store, &staged.project, &how.fence)?;
+        let publication = store
+            .runs
+            .start_publication(&staged.project, &defer.run, &staged.path);
+        let digest = digest.clone();
+        let work = move || {
+            #[cfg(test)]
+            drop(defer.store.hold_publications.lock());
+            let result = publish_now(
+                &defer.store,
+                staged,
+                file,
+                &digest,
+                how.overwrite,
+                Some(&defer.run),
+            );
+            if let Err(e) = &result {
+                tracing::error!(run = %defer.run, error = %e, "a deferred publication failed; the run's events are refused");
+            }
+            // The run's events wait for this, readers of the path for the slot, a ClaimRun
+            // of the fencing run for the ticket.
+            publication.finish(&result.map(|_| ()));
+            drop(ticket);
+            drop(slot);
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn_blocking(work)),
+            Err(_) => work(),
+        }
+        return Ok(outcome);
+    }
+    file.sync_all()
+        .map_err(|e| Error::io(format!("fsync of the temp file for {:?}", staged.path), e))?;
+    let slot = store.slots.claim_blocking(&staged.project, &staged.path);
+    let ticket = fence_ticket(store, &staged.project, &how.fence)?;
+    let outcome = link(store, &mut staged, &file, digest, how.overwrite)?;
+    drop(ticket);
+    drop(slot);
+    if outcome != Outcome::Unchanged {
+        sync_published(store, &staged, &file, digest, None)?;
+    }
+    Ok(outcome)
+}
+
+/// Checks a fenced write's claim; the ticket holds off a ClaimRun of the run until dropped.
+fn fence_ticket(
+    store: &Store,
+    project: &str,
+    fence: &Option<(String, u64)>,
+) -> Result<Option<crate::events::FenceTicket>> {
+    match fence {
+        Some((run, epoch)) => Ok(Some(store.runs.enter_fence(store, project, run, *epoch)?)),
+        None => Ok(None),
+    }
+}
+
+/// The background half of a deferred publication: fsync, link, and the directory left to the
+/// run's next events.
+fn publish_now(
+    store: &Store,
+    mut staged: Staged,
+    file: File,
+    digest: &Digest,
+    overwrite: bool,
+    run: Option<&str>,
+) -> Result<Outcome> {
+    file.sync_all()
+        .map_err(|e| Error::io(format!("fsync of the temp file for {:?}", staged.path), e))?;
+    let outcome = link(store, &mut staged, &file, digest, overwrite)?;
+    if outcome != Outcome::Unchanged {
+        sync_published(store, &staged, &file, digest, run)?;
+    }
+    Ok(outcome)
+}
+
+/// Gives the fsync'd temp file the target's name: no-replace (an existing file with the same
+/// bytes is `Unchanged`, other bytes `Exists`) or, with `overwrite`, by rename.
+fn link(
+    store: &Store,
+    staged: &mut Staged,
+    file: &File,
+    digest: &Digest,
+    overwrite: bool,
+) -> Result<Outcome> {
+    let dir = staged.dir.clone();
+    let existed = existing_file(dir.as_fd(), &staged.name, &staged.project, &staged.path)?;
+    if !overwrite {
+        let name = staged.name.clone();
+        return match staged.temp.link_as(file, &name) {
+            Ok(()) => Ok(Outcome::Created),
+            Err(Errno::EXIST) => {
+                let (same, existing_size) = holds_same_bytes(store, staged, digest)?;
+                if same {
+                    return Ok(Outcome::Unchanged);
+                }
+                Err(Error::Exists {
                     path: staged.path.clone(),
                     existing_size,
-                });
+                })
             }
-            Err(e) => return Err(refusal(e, &staged.project, &staged.path, "publishing")),
+            Err(e) => Err(refusal(e, &staged.project, &staged.path, "publishing")),
+        };
+    }
+    if let Some(st) = existed {
+        if u64::try_from(st.st_size).ok() == Some(digest.size_bytes)
+            && holds_same_bytes(store, staged, digest)?.0
+        {
+            return Ok(Outcome::Unchanged);
         }
+    }
+    let name = staged.name.clone();
+    staged
+        .temp
+        .replace(file, &name)
+        .map_err(|e| refusal(e, &staged.project, &staged.path, "publishing"))?;
+    Ok(if existed.is_some() {
+        Outcome::Overwritten
     } else {
-        if let Some(st) = existed {
-            if u64::try_from(st.st_size).ok() == Some(digest.size_bytes)
-                && holds_same_bytes(store, &staged, digest)?.0
-            {
-                return Ok(Outcome::Unchanged);
-            }
-        }
-        staged
-            .temp
-            .replace(&file, &name)
-            .map_err(|e| refusal(e, &staged.project, &staged.path, "publishing"))?;
-        if existed.is_some() {
-            Outcome::Overwritten
-        } else {
-            Outcome::Created
-        }
-    };
-    let deferred = how
-        .defer_to_run
-        .is_some_and(|run| store.runs.defer_dir_sync(&staged.project, run, &dir));
+        Outcome::Created
+    })
+}
+
+/// Makes a new directory entry durable (now, or with `run`'s next events) and remembers the
+/// file's digest.
+fn sync_published(
+    store: &Store,
+    staged: &Staged,
+    file: &File,
+    digest: &Digest,
+    run: Option<&str>,
+) -> Result<()> {
+    let deferred =
+        run.is_some_and(|run| store.runs.defer_dir_sync(&staged.project, run, &staged.dir));
     if !deferred {
-        beneath::sync_dir(dir.as_fd())
+        beneath::sync_dir(staged.dir.as_fd())
             .map_err(|e| Error::io(format!("fsync of the directory of {:?}", staged.path), e))?;
     }
     // The published inode's stat (rename changed its ctime) keys the digest cache.
-    if let Ok(st) = rustix::fs::fstat(&file) {
+    if let Ok(st) = rustix::fs::fstat(file) {
         store.digests.remember(&st, &digest.sha256);
     }
-    drop(staged);
-    Ok(outcome)
+    Ok(())
 }
 
 /// Writes `bytes` to `path` in one blocking step (the store's own small writes and small Puts).
@@ -437,7 +568,8 @@ pub(crate) fn write_bytes(
         &Expect::default(),
         Publish {
             overwrite,
-            defer_to_run: None,
+            defer: None,
+            fence: None,
         },
     )
 }
@@ -449,7 +581,7 @@ fn write_small(
     path: &str,
     bytes: &[Bytes],
     expect: &Expect,
-    how: Publish<'_>,
+    how: Publish,
 ) -> Result<Written> {
     let mut hasher = Sha256::new();
     let mut size_bytes = 0u64;
@@ -538,29 +670,34 @@ where
         }
     }
 
+    let defer = match defer_to_run {
+        None => None,
+        Some(run) => Some(Deferral {
+            store: store.clone(),
+            run,
+            _permit: store
+                .publish_permits
+                .clone()
+                .acquire_owned()
+                .await
+                .map_err(|_| Error::Unavailable)?,
+        }),
+    };
     let written = if ended {
-        let (store2, project, path2, overwrite, create, defer) = (
+        let (store2, project, path2, create) = (
             store.clone(),
             spec.project_id.clone(),
             path.clone(),
-            spec.overwrite,
             spec.create_project,
-            defer_to_run.clone(),
         );
+        let how = Publish {
+            overwrite: spec.overwrite,
+            defer,
+            fence: spec.fence.clone(),
+        };
         blocking(move || {
             let root = open_root(&store2, &project, create)?;
-            write_small(
-                &store2,
-                root.as_fd(),
-                &project,
-                &path2,
-                &head,
-                &expect,
-                Publish {
-                    overwrite,
-                    defer_to_run: defer.as_deref(),
-                },
-            )
+            write_small(&store2, root.as_fd(), &project, &path2, &head, &expect, how)
         })
         .await?
     } else {
@@ -575,14 +712,20 @@ where
             stage(&store2, root.as_fd(), &project, &path2)
         })
         .await?;
-        let (file, digest) = stream_into(file, head, chunks, total, max, &path).await?;
+        // O_DIRECT while a writer's buffers are to be had (see DIRECT_WRITERS).
+        let direct = match store.config.direct_io {
+            true => store.direct_writers.clone().try_acquire_owned().ok(),
+            false => None,
+        };
+        let (file, digest, _) = stream_into(file, head, chunks, total, max, &path, direct).await?;
         expect.verify(&path, &digest)?;
-        let (store2, overwrite) = (store.clone(), spec.overwrite);
+        let store2 = store.clone();
+        let how = Publish {
+            overwrite: spec.overwrite,
+            defer,
+            fence: spec.fence.clone(),
+        };
         blocking(move || {
-            let how = Publish {
-                overwrite,
-                defer_to_run: defer_to_run.as_deref(),
-            };
             let outcome = publish(&store2, staged, file, &digest, how)?;
             Ok(Written {
                 path: path.clone(),
@@ -600,8 +743,8 @@ where
                 "store.overwritten",
                 serde_json::json!({"path": written.path, "sha256": written.digest.sha256, "size_bytes": written.digest.size_bytes}),
             );
-            // The new bytes are durable already; a failed event must not make the client
-            // believe the write did not happen.
+            // The new bytes are published (or, deferred, will be before this event is); a
+            // failed event must not make the client believe the write did not happen.
             if let Err(e) = store
                 .runs
                 .append(store, &spec.project_id, &spec.run_id, vec![event])
@@ -632,20 +775,36 @@ async fn stream_into<S>(
     mut total: u64,
     max: u64,
     path: &str,
-) -> Result<(File, Digest)>
+    direct: Option<tokio::sync::OwnedSemaphorePermit>,
+) -> Result<(File, Digest, bool)>
 where
     S: Stream<Item = Result<Bytes>> + Unpin + Send,
 {
     let (to_writer, mut writer_rx) = mpsc::channel::<Bytes>(QUEUED_CHUNKS);
     let (to_hasher, mut hasher_rx) = mpsc::channel::<Bytes>(QUEUED_CHUNKS);
-    let writer = tokio::task::spawn_blocking(move || -> std::io::Result<File> {
-        let mut file = file;
+    let writer = tokio::task::spawn_blocking(move || -> std::io::Result<(File, bool)> {
+        let file = match &direct {
+            Some(_) => DirectWriter::start(file),
+            None => Err(file),
+        };
+        let mut file = match file {
+            Ok(mut writer) => {
+                while let Some(chunk) = writer_rx.blocking_recv() {
+                    writer.write(&chunk)?;
+                }
+                let file = writer.finish()?;
+                drop(direct);
+                return Ok((file, true));
+            }
+            // Through the page cache, its writeback started as the body streams in.
+            Err(file) => file,
+        };
         let mut writeback = Writeback::default();
         while let Some(chunk) = writer_rx.blocking_recv() {
             file.write_all(&chunk)?;
             writeback.wrote(&file, chunk.len() as u64);
         }
-        Ok(file)
+        Ok((file, false))
     });
     let hasher = tokio::task::spawn_blocking(move || {
         let mut hasher = Sha256::new();
@@ -686,18 +845,16 @@ where
     let joined = |e: tokio::task::JoinError| {
         Error::io("a write task failed", std::io::Error::other(e.to_string()))
     };
-    let file = writer
+    let (file, direct) = writer
         .await
         .map_err(joined)?
         .map_err(|e| Error::io(format!("writing {path:?}"), e))?;
     let sha256 = hasher.await.map_err(joined)?;
-    Ok((
-        file,
-        Digest {
-            sha256,
-            size_bytes: total,
-        },
-    ))
+    let digest = Digest {
+        sha256,
+        size_bytes: total,
+    };
+    Ok((file, digest, direct))
 }
 
 /// Starts disk writeback of a large body while it still streams in, a window at a time, so
@@ -739,6 +896,7 @@ pub async fn delete(store: &Arc<Store>, project: &str, path: &str, run_id: &str)
     let path = store.write_path(path, &[])?.to_string();
     let (store2, project2, path2) = (store.clone(), project.to_owned(), path.clone());
     let deleted = blocking(move || {
+        let _slot = store2.slots.claim_blocking(&project2, &path2);
         let root = store2.project_root(&project2)?;
         let (parent, name) = beneath::split_parent(&path2);
         let dir = match beneath::open_dir(root.as_fd(), parent) {
@@ -805,6 +963,57 @@ mod tests {
         .await
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn o_direct_writers_are_bounded_and_the_rest_use_the_page_cache() {
+        let tmp = tempfile::tempdir().unwrap();
+        let body: Vec<u8> = (0..(3 << 20) + 5).map(|i: u32| (i % 251) as u8).collect();
+        let chunks = || {
+            let parts: Vec<Result<Bytes>> = body
+                .chunks(1 << 20)
+                .map(|c| Ok(Bytes::copy_from_slice(c)))
+                .collect();
+            futures::stream::iter(parts)
+        };
+        let stream = |name: &'static str, permit| {
+            let file = File::create(tmp.path().join(name)).unwrap();
+            stream_into(file, Vec::new(), chunks(), 0, u64::MAX, name, permit)
+        };
+        // With a permit: O_DIRECT; without one: the page cache; the same bytes either way.
+        let store = open_store(tmp.path());
+        let permit = store.direct_writers.clone().try_acquire_owned().ok();
+        let (_, digest, direct) = stream("a", permit).await.unwrap();
+        assert!(direct);
+        let (_, same, direct) = stream("b", None).await.unwrap();
+        assert!(!direct);
+        assert_eq!(digest.sha256, same.sha256);
+        for name in ["a", "b"] {
+            assert!(std::fs::read(tmp.path().join(name)).unwrap() == body);
+        }
+
+        // Put takes a permit per large body and gives it back; with none left it still writes.
+        let all = store.direct_writers.available_permits();
+        let held = store
+            .direct_writers
+            .clone()
+            .acquire_many_owned(all as u32)
+            .await
+            .unwrap();
+        let spec = || spec("d/big.bin", "", Durability::Sync);
+        let w = put(&store, spec(), chunks()).await.unwrap();
+        assert_eq!(w.digest.sha256, digest.sha256);
+        drop(held);
+        let spec2 = PutSpec {
+            path: "d/big2.bin".into(),
+            ..spec()
+        };
+        put(&store, spec2, chunks()).await.unwrap();
+        assert_eq!(store.direct_writers.available_permits(), all);
+        for name in ["big.bin", "big2.bin"] {
+            let on_disk = std::fs::read(tmp.path().join("projects/p/d").join(name)).unwrap();
+            assert!(on_disk == body);
+        }
+    }
+
     #[tokio::test]
     async fn deferred_directories_are_synced_before_the_runs_next_events() {
         let tmp = tempfile::tempdir().unwrap();
@@ -819,7 +1028,8 @@ mod tests {
             .unwrap();
             assert_eq!(w.outcome, Outcome::Created, "{i}");
         }
-        // Published at once, directories pending: two distinct ones.
+        // Published in the background, directories pending: two distinct ones.
+        store.slots.settled_under("p", "").await;
         assert_eq!(
             std::fs::read(tmp.path().join("projects/p/docs/b.md")).unwrap(),
             b"bytes"
@@ -863,12 +1073,15 @@ mod tests {
         assert_eq!(store.runs.pending_dirs("p", "r1"), 0);
     }
 
-    #[tokio::test]
-    async fn unnamed_and_named_temp_files_publish_the_same_way() {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn unnamed_and_named_temp_files_publish_the_same_way_now_or_deferred() {
         let tmp = tempfile::tempdir().unwrap();
         // This filesystem (the test's temp dir) has O_TMPFILE; the probe finds it.
         assert!(open_store(tmp.path()).unnamed_temps);
-        for unnamed in [true, false] {
+        let modes = [true, false]
+            .into_iter()
+            .flat_map(|u| [(u, Durability::Sync), (u, Durability::WithRunEvents)]);
+        for (unnamed, durability) in modes {
             let store = Arc::new(
                 Store::open(Config {
                     data_root: tmp.path().to_path_buf(),
@@ -880,11 +1093,11 @@ mod tests {
                 })
                 .unwrap(),
             );
-            let path = format!("d/{unnamed}.txt");
+            let path = format!("d/{unnamed}-{durability:?}.txt");
             let put = |body: &'static [u8], overwrite: bool| {
                 let spec = PutSpec {
                     overwrite,
-                    ..spec(&path, "", Durability::Sync)
+                    ..spec(&path, "r", durability)
                 };
                 put_bytes(&store, spec, body)
             };
@@ -901,6 +1114,9 @@ mod tests {
                 put(b"two", true).await.unwrap().outcome,
                 Outcome::Overwritten
             );
+            // Read through the store (which waits for a deferred publication).
+            let (entry, _) = crate::read::get(&store, "p", &path, 0, 0).await.unwrap();
+            assert_eq!(entry.size_bytes, 3);
             let file = tmp.path().join("projects/p").join(&path);
             assert_eq!(std::fs::read(&file).unwrap(), b"two");
             let names: Vec<_> = std::fs::read_dir(file.parent().unwrap())
@@ -911,6 +1127,151 @@ mod tests {
                 .collect();
             assert!(names.is_empty(), "temp names left: {names:?}");
         }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    // The guard is held on purpose: it keeps the blocking publication thread waiting.
+    #[allow(clippy::await_holding_lock)]
+    async fn a_deferred_put_replies_before_publishing_and_readers_and_events_wait_for_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = open_store(tmp.path());
+        let file = tmp.path().join("projects/p/d/a.md");
+        let held = store.hold_publications.lock().unwrap();
+        let w = put_bytes(
+            &store,
+            spec("d/a.md", "r1", Durability::WithRunEvents),
+            b"abc",
+        )
+        .await
+        .unwrap();
+        assert_eq!(w.outcome, Outcome::Created);
+        assert!(!file.exists(), "replied before it was published");
+        let (s1, s2, s3) = (store.clone(), store.clone(), store.clone());
+        let get = tokio::spawn(async move {
+            crate::read::get(&s1, "p", "d/a.md", 0, 0)
+                .await
+                .map(|(e, _)| e.size_bytes)
+        });
+        let stat = tokio::spawn(async move {
+            crate::read::stat(&s2, "p", "d/a.md", true)
+                .await
+                .map(|e| e.sha256)
+        });
+        let events = tokio::spawn(async move {
+            let x = NewEvent::store("x", serde_json::json!({}));
+            s3.runs.append(&s3, "p", "r1", vec![x]).await
+        });
+        // Another run's events do not wait.
+        let x = NewEvent::store("x", serde_json::json!({}));
+        store.runs.append(&store, "p", "r2", vec![x]).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert!(
+            !get.is_finished() && !stat.is_finished(),
+            "readers wait for the publication"
+        );
+        assert!(
+            !events.is_finished(),
+            "the run's events wait for the publication"
+        );
+        drop(held);
+        assert_eq!(get.await.unwrap().unwrap(), 3);
+        assert_eq!(stat.await.unwrap().unwrap(), w.digest.sha256);
+        events.await.unwrap().unwrap();
+        assert_eq!(std::fs::read(&file).unwrap(), b"abc");
+        // Its directory was synced with those events.
+        assert_eq!(store.runs.pending_dirs("p", "r1"), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    // The guard is held on purpose: it keeps the blocking publication thread waiting.
+    #[allow(clippy::await_holding_lock)]
+    async fn a_lost_publication_refuses_the_runs_events_and_leaves_no_temp_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = open_store(tmp.path());
+        let dir = tmp.path().join("projects/p/d");
+        let held = store.hold_publications.lock().unwrap();
+        let w = put_bytes(
+            &store,
+            spec("d/a.md", "r1", Durability::WithRunEvents),
+            b"ours",
+        )
+        .await
+        .unwrap();
+        assert_eq!(w.outcome, Outcome::Created);
+        // Someone writes the path behind the store's back before the publication links it.
+        std::fs::write(dir.join("a.md"), b"theirs").unwrap();
+        drop(held);
+        let event = || NewEvent::store("x", serde_json::json!({}));
+        for _ in 0..2 {
+            let err = store
+                .runs
+                .append(&store, "p", "r1", vec![event()])
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(&err, Error::PublicationLost { path, .. } if path == "d/a.md"),
+                "{err}"
+            );
+            assert_eq!(
+                tonic::Status::from(err).code(),
+                tonic::Code::FailedPrecondition
+            );
+        }
+        // Their bytes stay; other runs go on; nothing of ours is left behind.
+        assert_eq!(std::fs::read(dir.join("a.md")).unwrap(), b"theirs");
+        store
+            .runs
+            .append(&store, "p", "r2", vec![event()])
+            .await
+            .unwrap();
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["a.md"]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    // The guard is held on purpose: it keeps the blocking publication thread waiting.
+    #[allow(clippy::await_holding_lock)]
+    async fn a_claim_waits_for_fenced_puts_past_their_check_and_refuses_later_ones() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = open_store(tmp.path());
+        // Creates the project.
+        put_bytes(&store, spec("x.md", "", Durability::Sync), b"x")
+            .await
+            .unwrap();
+        let (epoch, _) = store.runs.claim(&store, "p", "r", "a").await.unwrap();
+        let fenced = |path: &str| PutSpec {
+            fence: Some(("r".into(), epoch)),
+            ..spec(path, "r", Durability::WithRunEvents)
+        };
+        let held = store.hold_publications.lock().unwrap();
+        let w = put_bytes(&store, fenced("d/a.md"), b"abc").await.unwrap();
+        assert_eq!(w.outcome, Outcome::Created);
+        let s2 = store.clone();
+        let claim = tokio::spawn(async move { s2.runs.claim(&s2, "p", "r", "b").await });
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert!(
+            !claim.is_finished(),
+            "the claim waits for the Put past its check"
+        );
+        // A Put checked after the claim began is refused at once.
+        let late = put_bytes(&store, fenced("d/b.md"), b"late")
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(late, Error::Fenced { sent, current, .. } if sent == epoch && current == epoch + 1),
+            "{late}"
+        );
+        drop(held);
+        let (next, _) = claim.await.unwrap().unwrap();
+        assert_eq!(next, epoch + 1);
+        // Published before the claim returned; the late one never.
+        let dir = tmp.path().join("projects/p/d");
+        assert_eq!(std::fs::read(dir.join("a.md")).unwrap(), b"abc");
+        assert!(!dir.join("b.md").exists());
     }
 
     #[tokio::test]
@@ -924,6 +1285,7 @@ mod tests {
         )
         .await
         .unwrap();
+        store.slots.settled("p", "d/a.md").await;
         assert_eq!(store.runs.pending_dirs("p", "r1"), 1);
         let start = std::time::Instant::now();
         while store.runs.pending_dirs("p", "r1") > 0 {

@@ -7,7 +7,9 @@ mod common;
 use std::collections::HashSet;
 
 use cairn_artifact_store::Config;
-use cairn_proto::v1::{AppendEventsRequest, Event, EventInput, Level, ReadEventsRequest};
+use cairn_proto::v1::{
+    AppendEventsRequest, ClaimRunRequest, Event, EventInput, Level, ReadEventsRequest,
+};
 use common::*;
 use futures::StreamExt;
 use tonic::Code;
@@ -36,11 +38,21 @@ async fn append(
     run: &str,
     events: Vec<EventInput>,
 ) -> Result<(u64, u64), tonic::Status> {
+    append_as(client, run, events, 0).await
+}
+
+async fn append_as(
+    client: &mut Client,
+    run: &str,
+    events: Vec<EventInput>,
+    epoch: u64,
+) -> Result<(u64, u64), tonic::Status> {
     let r = client
         .append_events(AppendEventsRequest {
             project_id: "p".into(),
             run_id: run.into(),
             events,
+            epoch,
         })
         .await?
         .into_inner();
@@ -48,14 +60,7 @@ async fn append(
 }
 
 async fn read_all(client: &mut Client, run: &str, from_seq: u64, limit: u64) -> Vec<Event> {
-    client
-        .read_events(read_req(run, from_seq, false, limit))
-        .await
-        .unwrap()
-        .into_inner()
-        .map(Result::unwrap)
-        .collect()
-        .await
+    run_events_from(client, "p", run, from_seq, limit).await
 }
 
 fn lines(s: &Served, run: &str) -> Vec<serde_json::Value> {
@@ -75,12 +80,7 @@ async fn thirty_two_concurrent_appenders_get_gap_free_sequences_and_followers_se
     const CALLERS: u64 = 32;
     const EACH: u64 = 500;
     let mut s = serve().await;
-    s.client
-        .create_project(cairn_proto::v1::CreateProjectRequest {
-            project_id: "p".into(),
-        })
-        .await
-        .unwrap();
+    create_project(&mut s.client, "p").await;
 
     let follower = |mut client: Client| async move {
         let mut stream = client
@@ -168,12 +168,7 @@ async fn thirty_two_concurrent_appenders_get_gap_free_sequences_and_followers_se
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_events_of_one_call_are_contiguous() {
     let mut s = serve().await;
-    s.client
-        .create_project(cairn_proto::v1::CreateProjectRequest {
-            project_id: "p".into(),
-        })
-        .await
-        .unwrap();
+    create_project(&mut s.client, "p").await;
     let mut tasks = Vec::new();
     for c in 0..8u64 {
         let mut client = s.client.clone();
@@ -209,12 +204,7 @@ async fn the_events_of_one_call_are_contiguous() {
 #[tokio::test]
 async fn read_events_honours_from_seq_limit_and_refuses_unknown_runs() {
     let mut s = serve().await;
-    s.client
-        .create_project(cairn_proto::v1::CreateProjectRequest {
-            project_id: "p".into(),
-        })
-        .await
-        .unwrap();
+    create_project(&mut s.client, "p").await;
     let events = (1..=10)
         .map(|i| input("n", serde_json::json!({"i": i})))
         .collect();
@@ -316,12 +306,7 @@ async fn read_events_honours_from_seq_limit_and_refuses_unknown_runs() {
 async fn a_torn_last_line_is_cut_and_sequences_continue_after_restart() {
     let tmp = tempfile::tempdir().unwrap();
     let mut s = serve_with(Config::new(tmp.path())).await;
-    s.client
-        .create_project(cairn_proto::v1::CreateProjectRequest {
-            project_id: "p".into(),
-        })
-        .await
-        .unwrap();
+    create_project(&mut s.client, "p").await;
     let events = (1..=5)
         .map(|i| input("n", serde_json::json!({"i": i})))
         .collect();
@@ -361,12 +346,7 @@ async fn a_torn_last_line_is_cut_and_sequences_continue_after_restart() {
 #[tokio::test]
 async fn many_runs_close_idle_logs_and_reopen_them_where_they_were() {
     let mut s = serve().await;
-    s.client
-        .create_project(cairn_proto::v1::CreateProjectRequest {
-            project_id: "p".into(),
-        })
-        .await
-        .unwrap();
+    create_project(&mut s.client, "p").await;
     for run in 0..300 {
         let first = append(
             &mut s.client,
@@ -389,6 +369,247 @@ async fn many_runs_close_idle_logs_and_reopen_them_where_they_were() {
             next,
             (2, 2),
             "run-{run} continues after its log was closed and reopened"
+        );
+    }
+}
+
+async fn claim(client: &mut Client, run: &str) -> Result<(u64, u64), tonic::Status> {
+    let r = client
+        .claim_run(ClaimRunRequest {
+            project_id: "p".into(),
+            run_id: run.into(),
+            holder: "test".into(),
+        })
+        .await?
+        .into_inner();
+    Ok((r.epoch, r.last_seq))
+}
+
+#[tokio::test]
+async fn a_newer_claim_fences_off_the_older_writer_across_restarts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut s = serve_with(Config::new(tmp.path())).await;
+    create_project(&mut s.client, "p").await;
+    let ev = |n: u64| vec![input("x", serde_json::json!({ "n": n }))];
+
+    // The first claim of a new run: epoch 1, empty log.
+    assert_eq!(claim(&mut s.client, "r").await.unwrap(), (1, 0));
+    assert_eq!(
+        append_as(&mut s.client, "r", ev(1), 1).await.unwrap(),
+        (1, 1)
+    );
+    // Unfenced writers (ingest, the store's own events) are never refused.
+    assert_eq!(append(&mut s.client, "r", ev(2)).await.unwrap(), (2, 2));
+
+    // A successor claims: it learns where the log ends, and the old epoch is refused.
+    assert_eq!(claim(&mut s.client, "r").await.unwrap(), (2, 2));
+    let status = append_as(&mut s.client, "r", ev(3), 1).await;
+    assert_refused(status, Code::FailedPrecondition, "fenced");
+    // An epoch never granted is refused the same way.
+    assert_refused(
+        append_as(&mut s.client, "r", ev(4), 9).await,
+        Code::FailedPrecondition,
+        "fenced",
+    );
+    assert_eq!(
+        append_as(&mut s.client, "r", ev(5), 2).await.unwrap(),
+        (3, 3)
+    );
+    let ns: Vec<u64> = read_all(&mut s.client, "r", 1, 0)
+        .await
+        .iter()
+        .map(|e| {
+            serde_json::from_str::<serde_json::Value>(&e.data_json).unwrap()["n"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(ns, [1, 2, 5], "the fenced batches left nothing");
+
+    // The epoch survives a restart: the next claim is 3 and epoch 2 is then fenced.
+    s.stop().await;
+    let mut s = serve_with(Config::new(tmp.path())).await;
+    assert_eq!(
+        append_as(&mut s.client, "r", ev(6), 2).await.unwrap(),
+        (4, 4)
+    );
+    assert_eq!(claim(&mut s.client, "r").await.unwrap(), (3, 4));
+    assert_refused(
+        append_as(&mut s.client, "r", ev(7), 2).await,
+        Code::FailedPrecondition,
+        "fenced",
+    );
+
+    // The epoch file is the store's: clients cannot write it.
+    let mut h = header("p", ".cairn/runs/r/events.epoch");
+    h.overwrite = true;
+    assert_refused(
+        put_with(&mut s.client, h, b"99\n").await,
+        Code::PermissionDenied,
+        "denied",
+    );
+    // A damaged epoch file (edited by hand, at its maximum) is refused with what to do.
+    for (run, text) in [("junk", "x\n"), ("max", "18446744073709551615\n")] {
+        let dir = s.project_dir("p").join(format!(".cairn/runs/{run}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("events.epoch"), text).unwrap();
+        let status = claim(&mut s.client, run).await.unwrap_err();
+        assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+        assert!(status.message().contains("remove the file"), "{status:?}");
+    }
+    // Bad ids are refused before anything is touched.
+    assert_eq!(
+        claim(&mut s.client, "../x").await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_claim_racing_a_writer_leaves_every_batch_either_before_it_or_refused() {
+    // The old writer appends as fast as it can while a successor claims; after the claim
+    // returns last_seq L, every event of the old epoch has seq <= L (nothing lands later).
+    for round in 0..5 {
+        let mut s = serve().await;
+        create_project(&mut s.client, "p").await;
+        let run = format!("race{round}");
+        let (old, _) = claim(&mut s.client, &run).await.unwrap();
+        let mut writers = Vec::new();
+        for w in 0..8u64 {
+            let mut c = s.client.clone();
+            let run = run.clone();
+            writers.push(tokio::spawn(async move {
+                let mut landed = Vec::new();
+                for i in 0..200u64 {
+                    let e = vec![input("old", serde_json::json!({ "w": w, "i": i }))];
+                    match append_as(&mut c, &run, e, old).await {
+                        Ok((first, _)) => landed.push(first),
+                        Err(status) => {
+                            assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+                            break;
+                        }
+                    }
+                }
+                landed
+            }));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20 + 10 * round)).await;
+        let (new, last_seq) = claim(&mut s.client, &run).await.unwrap();
+        assert_eq!(new, old + 1);
+        let mut landed = Vec::new();
+        for w in writers {
+            landed.extend(w.await.unwrap());
+        }
+        assert!(
+            landed.iter().all(|seq| *seq <= last_seq),
+            "an old-epoch event landed after the claim (last_seq {last_seq}): {:?}",
+            landed.iter().filter(|s| **s > last_seq).collect::<Vec<_>>()
+        );
+        let events = read_all(&mut s.client, &run, 1, 0).await;
+        assert_eq!(
+            events.len() as u64,
+            last_seq,
+            "exactly what was acknowledged"
+        );
+        assert_eq!(landed.len() as u64, last_seq);
+    }
+}
+
+fn fenced(path: &str, run: &str, epoch: u64, deferred: bool) -> cairn_proto::v1::PutHeader {
+    cairn_proto::v1::PutHeader {
+        fence: Some(cairn_proto::v1::RunFence {
+            run_id: run.into(),
+            epoch,
+        }),
+        run_id: if deferred { run.into() } else { String::new() },
+        durability: if deferred {
+            cairn_proto::v1::PutDurability::WithRunEvents as i32
+        } else {
+            0
+        },
+        ..header("p", path)
+    }
+}
+
+#[tokio::test]
+async fn a_fenced_put_is_refused_once_another_writer_claims_the_run() {
+    let mut s = serve().await;
+    create_project(&mut s.client, "p").await;
+    let docs = s.project_dir("p").join("docs");
+    // Never claimed: epoch 0, so any fence is stale.
+    assert_refused(
+        put_with(&mut s.client, fenced("docs/a.txt", "r", 1, false), b"a").await,
+        Code::FailedPrecondition,
+        "fenced",
+    );
+    assert_eq!(claim(&mut s.client, "r").await.unwrap().0, 1);
+    for (i, deferred) in [false, true].into_iter().enumerate() {
+        let path = format!("docs/ok{i}.txt");
+        let r = put_with(&mut s.client, fenced(&path, "r", 1, deferred), b"ok").await;
+        assert_eq!(outcome(&r.unwrap()), cairn_proto::v1::WriteOutcome::Created);
+    }
+    assert_eq!(claim(&mut s.client, "r").await.unwrap().0, 2);
+    for (i, deferred) in [false, true].into_iter().enumerate() {
+        let path = format!("docs/late{i}.txt");
+        let r = put_with(&mut s.client, fenced(&path, "r", 1, deferred), b"late").await;
+        assert_refused(r, Code::FailedPrecondition, "fenced");
+        assert!(!docs.join(format!("late{i}.txt")).exists());
+    }
+    // The new holder and unfenced writers go on.
+    put_with(&mut s.client, fenced("docs/new.txt", "r", 2, true), b"n")
+        .await
+        .unwrap();
+    put(&mut s.client, "p", "docs/free.txt", b"f")
+        .await
+        .unwrap();
+    assert_eq!(get(&mut s.client, "p", "docs/new.txt").await.unwrap(), b"n");
+    assert!(temp_files(&s.data_root).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_fenced_put_of_the_old_writer_lands_after_the_claim_returns() {
+    for round in 0..3u64 {
+        let mut s = serve().await;
+        create_project(&mut s.client, "p").await;
+        let run = format!("race{round}");
+        let (old, _) = claim(&mut s.client, &run).await.unwrap();
+        let mut writers = Vec::new();
+        for w in 0..6u64 {
+            let mut c = s.client.clone();
+            let run = run.clone();
+            writers.push(tokio::spawn(async move {
+                let mut acknowledged = Vec::new();
+                for i in 0..400u64 {
+                    let path = format!("docs/w{w}-{i}.txt");
+                    let h = fenced(&path, &run, old, i % 2 == 0);
+                    match put_with(&mut c, h, b"body").await {
+                        Ok(_) => acknowledged.push(format!("w{w}-{i}.txt")),
+                        Err(status) => {
+                            assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+                            break;
+                        }
+                    }
+                }
+                acknowledged
+            }));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(30 + 20 * round)).await;
+        claim(&mut s.client, &run).await.unwrap();
+        let listing = || -> std::collections::BTreeSet<String> {
+            std::fs::read_dir(s.project_dir("p").join("docs"))
+                .unwrap()
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        };
+        let at_claim = listing();
+        let mut acknowledged = std::collections::BTreeSet::new();
+        for w in writers {
+            acknowledged.extend(w.await.unwrap());
+        }
+        assert_eq!(listing(), at_claim, "a fenced Put landed after the claim");
+        assert_eq!(
+            acknowledged, at_claim,
+            "every acknowledged Put, and only those"
         );
     }
 }

@@ -4,9 +4,8 @@
 
 mod common;
 
-use cairn_proto::v1::{MergePolicy, ReadEventsRequest, UpdateJsonRequest, UpdateJsonResponse};
+use cairn_proto::v1::{MergePolicy, UpdateJsonRequest, UpdateJsonResponse};
 use common::*;
-use futures::StreamExt;
 use serde_json::{json, Value};
 use tonic::{Code, Status};
 
@@ -34,12 +33,7 @@ fn doc(r: &UpdateJsonResponse) -> Value {
 #[tokio::test]
 async fn conflicts_abort_without_merge_and_max_merge_with_it() {
     let mut s = serve().await;
-    s.client
-        .create_project(cairn_proto::v1::CreateProjectRequest {
-            project_id: "p".into(),
-        })
-        .await
-        .unwrap();
+    create_project(&mut s.client, "p").await;
     let r = update(
         &mut s.client,
         0,
@@ -104,21 +98,7 @@ async fn conflicts_abort_without_merge_and_max_merge_with_it() {
     assert_eq!(on_disk, doc(&r));
 
     // The merged conflict is recorded in the run.
-    let events: Vec<_> = s
-        .client
-        .read_events(ReadEventsRequest {
-            project_id: "p".into(),
-            run_id: "run-1".into(),
-            from_seq: 1,
-            follow: false,
-            limit: 0,
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .map(Result::unwrap)
-        .collect()
-        .await;
+    let events = run_events(&mut s.client, "p", "run-1").await;
     assert_eq!(
         events.iter().map(|e| e.r#type.as_str()).collect::<Vec<_>>(),
         ["store.json_merged"]
@@ -133,12 +113,7 @@ async fn conflicts_abort_without_merge_and_max_merge_with_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_max_merges_serialise_and_keep_the_maximum() {
     let mut s = serve().await;
-    s.client
-        .create_project(cairn_proto::v1::CreateProjectRequest {
-            project_id: "p".into(),
-        })
-        .await
-        .unwrap();
+    create_project(&mut s.client, "p").await;
     let mut tasks = Vec::new();
     for i in 0..16u64 {
         let mut client = s.client.clone();
@@ -175,12 +150,7 @@ async fn concurrent_max_merges_serialise_and_keep_the_maximum() {
 #[tokio::test]
 async fn bad_patches_and_documents_are_refused() {
     let mut s = serve().await;
-    s.client
-        .create_project(cairn_proto::v1::CreateProjectRequest {
-            project_id: "p".into(),
-        })
-        .await
-        .unwrap();
+    create_project(&mut s.client, "p").await;
     for patch in [json!([1]), json!({"write_version": 9}), json!("x")] {
         let err = update(&mut s.client, 0, patch, MergePolicy::None)
             .await

@@ -20,12 +20,7 @@ const DENIED: Code = Code::PermissionDenied;
 #[tokio::test]
 async fn every_syntax_reason_is_refused_with_its_word() {
     let mut s = serve().await;
-    s.client
-        .create_project(cairn_proto::v1::CreateProjectRequest {
-            project_id: "p".into(),
-        })
-        .await
-        .unwrap();
+    create_project(&mut s.client, "p").await;
     let long_component = format!("docs/{}", "a".repeat(256));
     let long_path = format!("docs/{}x", "abcdefgh/".repeat(120));
     let cases: &[(&str, &str)] = &[

@@ -221,6 +221,7 @@ impl StoreClient {
         let request = AppendEventsRequest {
             project_id: project_id.to_owned(),
             run_id: run_id.to_owned(),
+            epoch: 0,
             events,
         };
         self.timed("AppendEvents", async move {

@@ -6,7 +6,9 @@
 //! that depends on it runs (issue item 4).
 //!
 //! A failed append is retried; before a retry the recorder reads the log's tail to see whether
-//! the batch landed after all (reply lost), so a retry never duplicates events.
+//! the batch landed after all (reply lost), so a retry never duplicates events. Every batch
+//! carries the run's writer epoch (ClaimRun): once another orchestrator has claimed the run,
+//! the store refuses it (`fenced`, not retried) and the run stops here.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -44,6 +46,7 @@ pub struct Recorder {
     seqs: std::sync::Arc<std::sync::Mutex<SeqMap>>,
     /// Asks the task to append now instead of lingering for more events.
     kick: std::sync::Arc<tokio::sync::Notify>,
+    epoch: u64,
 }
 
 /// Which store sequence numbers our recent batches got (to name the seq a snapshot reflects).
@@ -66,6 +69,7 @@ impl Recorder {
         project: String,
         run_id: String,
         last_seq: u64,
+        epoch: u64,
         linger: Duration,
     ) -> Recorder {
         let (tx, rx) = mpsc::unbounded_channel();
@@ -80,6 +84,7 @@ impl Recorder {
             project,
             run_id,
             last_seq,
+            epoch,
             durable: dtx,
             seqs: seqs.clone(),
             kick: kick.clone(),
@@ -93,6 +98,7 @@ impl Recorder {
             durable: drx,
             seqs,
             kick,
+            epoch,
         }
     }
 
@@ -124,6 +130,11 @@ impl Recorder {
                     .unwrap_or_else(|| "recorder stopped".into()),
             )),
         }
+    }
+
+    /// The claim (ClaimRun epoch) this recorder appends under.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
     }
 
     /// Number of events queued so far.
@@ -188,6 +199,8 @@ struct Task {
     project: String,
     run_id: String,
     last_seq: u64,
+    /// Our claim on the run (ClaimRun); a newer claim fences our appends off.
+    epoch: u64,
     durable: watch::Sender<Durable>,
     seqs: std::sync::Arc<std::sync::Mutex<SeqMap>>,
     kick: std::sync::Arc<tokio::sync::Notify>,
@@ -277,7 +290,7 @@ impl Task {
         loop {
             match self
                 .store
-                .append_events(&self.project, &self.run_id, inputs.clone())
+                .append_events_fenced(&self.project, &self.run_id, inputs.clone(), self.epoch)
                 .await
             {
                 Ok(r) => return Ok(r.first_seq),

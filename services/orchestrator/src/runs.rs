@@ -160,13 +160,22 @@ impl Runs {
         let Some(cmd_rx) = self.reserve(&project, &run_id)? else {
             return Err(Error::RunExists(run_id));
         };
-        let created = self.create_run_dir(&project, &run_id, &graph).await;
-        if let Err(e) = created {
-            if let Ok(mut live) = self.live.lock() {
-                live.remove(&key(&project, &run_id));
+        let created = match self.create_run_dir(&project, &run_id, &graph).await {
+            Ok(()) => store
+                .claim_run(&project, &run_id)
+                .await
+                .map_err(Error::store(format!("claiming run {run_id}"))),
+            Err(e) => Err(e),
+        };
+        let epoch = match created {
+            Ok((epoch, _)) => epoch,
+            Err(e) => {
+                if let Ok(mut live) = self.live.lock() {
+                    live.remove(&key(&project, &run_id));
+                }
+                return Err(e);
             }
-            return Err(e);
-        }
+        };
 
         // The run's span: its recorder, snapshot writer, driver and nodes live under it.
         let span = run_span(&project, &run_id, false);
@@ -176,6 +185,7 @@ impl Runs {
                 project.clone(),
                 run_id.clone(),
                 0,
+                epoch,
                 self.linger(),
             )
         });
@@ -431,6 +441,12 @@ impl Runs {
         let k = key(&state.project, &state.run_id);
         let live = self.live.clone();
         let exit_key = k.clone();
+        let (store, project, run_id, epoch) = (
+            self.b.store.clone(),
+            state.project.clone(),
+            state.run_id.clone(),
+            recorder.epoch(),
+        );
         let mine = self.live_cmd(&state.project, &state.run_id);
         let join = scheduler::launch(Launch {
             backends: self.b.clone(),
@@ -453,6 +469,7 @@ impl Runs {
                         l.remove(&exit_key);
                     }
                 }
+                store.forget_claim(&project, &run_id, epoch);
             }),
             cmds,
         });
@@ -517,27 +534,50 @@ impl Runs {
             }
             return Ok(c);
         }
-        let (graph, state, base_dir) = self.load(project, run_id).await?;
         let by = if by.is_empty() {
             "orchestrator".to_owned()
         } else {
             by.to_owned()
         };
-        let resume = match (state.state, &initial) {
-            // A finished run comes back only for the command (a rework resets what it names).
-            (TaskState::Completed | TaskState::Canceled | TaskState::Failed, Some(_)) => None,
-            (TaskState::Completed | TaskState::Canceled, None) => {
-                return Err(Error::FailedPrecondition(format!(
-                    "run {run_id} is {}",
-                    state.state.as_str()
-                )))
-            }
-            // Not final (restart), or a failed run to retry: resume from the records.
-            _ => Some((by.clone(), reason.to_owned())),
-        };
         let Some(cmds) = self.reserve(project, run_id)? else {
             // Someone else brought it to life meanwhile: use theirs.
             return Box::pin(self.ensure_live(project, run_id, &by, reason, initial)).await;
+        };
+        let loaded = async {
+            // Fence off any earlier driver (a killed or partitioned orchestrator whose appends
+            // may still be in flight), then read the records: after the claim they are
+            // complete.
+            let (epoch, _) = self
+                .b
+                .store
+                .claim_run(project, run_id)
+                .await
+                .map_err(Error::store(format!("claiming run {run_id}")))?;
+            let (graph, state, base_dir) = self.load(project, run_id).await?;
+            let resume = match (state.state, &initial) {
+                // A finished run comes back only for the command (a rework resets what it
+                // names).
+                (TaskState::Completed | TaskState::Canceled | TaskState::Failed, Some(_)) => None,
+                (TaskState::Completed | TaskState::Canceled, None) => {
+                    return Err(Error::FailedPrecondition(format!(
+                        "run {run_id} is {}",
+                        state.state.as_str()
+                    )))
+                }
+                // Not final (restart), or a failed run to retry: resume from the records.
+                _ => Some((by.clone(), reason.to_owned())),
+            };
+            Ok((graph, state, base_dir, epoch, resume))
+        }
+        .await;
+        let (graph, state, base_dir, epoch, resume) = match loaded {
+            Ok(loaded) => loaded,
+            Err(e) => {
+                if let Ok(mut live) = self.live.lock() {
+                    live.remove(&key(project, run_id));
+                }
+                return Err(e);
+            }
         };
         let span = run_span(project, run_id, true);
         let recorder = span.in_scope(|| {
@@ -546,6 +586,7 @@ impl Runs {
                 project.to_owned(),
                 run_id.to_owned(),
                 state.last_seq,
+                epoch,
                 self.linger(),
             )
         });

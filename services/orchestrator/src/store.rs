@@ -2,13 +2,15 @@
 //! project file, a run record or an event (DESIGN.md: the store is the single canonical writer).
 //! Thin typed calls over the generated gRPC client, with the trace context injected.
 
+use std::collections::HashMap;
+
 use bytes::Bytes;
 use cairn_proto::v1::artifact_store_client::ArtifactStoreClient;
 use cairn_proto::v1::{
-    get_response, put_request, AppendEventsRequest, AppendEventsResponse, CreateProjectRequest,
-    Event, EventInput, FileInfo, GetRequest, ListProjectsRequest, ListRequest, PageRequest,
-    PutDurability, PutHeader, PutRequest, PutResponse, ReadEventsRequest, StatRequest,
-    UpdateJsonRequest, UpdateJsonResponse,
+    get_response, put_request, AppendEventsRequest, AppendEventsResponse, ClaimRunRequest,
+    CreateProjectRequest, Event, EventInput, FileInfo, GetRequest, ListProjectsRequest,
+    ListRequest, PageRequest, PutDurability, PutHeader, PutRequest, PutResponse, ReadEventsRequest,
+    RunFence, StatRequest, UpdateJsonRequest, UpdateJsonResponse,
 };
 use cairn_telemetry::TracedChannel;
 use tonic::{Code, Status};
@@ -34,6 +36,9 @@ pub struct PutOptions {
 #[derive(Clone)]
 pub struct Store {
     client: ArtifactStoreClient<TracedChannel>,
+    /// This process's claims (ClaimRun) on the runs it drives: (project, run) -> epoch. Puts
+    /// for such a run (by `run_id`, or a path in its run directory) carry the fence.
+    claims: std::sync::Arc<std::sync::Mutex<HashMap<(String, String), u64>>>,
 }
 
 impl Store {
@@ -42,7 +47,10 @@ impl Store {
         let client = ArtifactStoreClient::new(cairn_telemetry::traced(channel))
             .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES);
-        Ok(Store { client })
+        Ok(Store {
+            client,
+            claims: Default::default(),
+        })
     }
 
     pub async fn create_project(&self, project: &str) -> Result<(), Status> {
@@ -103,6 +111,7 @@ impl Store {
                 } else {
                     PutDurability::Sync
                 } as i32,
+                fence: self.fence_for(project, path, &opts.run_id),
             })),
         });
         let mut at = 0;
@@ -229,16 +238,70 @@ impl Store {
         run_id: &str,
         events: Vec<EventInput>,
     ) -> Result<AppendEventsResponse, Status> {
+        self.append_events_fenced(project, run_id, events, 0).await
+    }
+
+    /// AppendEvents as the run's fenced writer (`epoch` from [`Store::claim_run`]); refused
+    /// with FAILED_PRECONDITION `fenced` once another writer has claimed the run.
+    pub async fn append_events_fenced(
+        &self,
+        project: &str,
+        run_id: &str,
+        events: Vec<EventInput>,
+        epoch: u64,
+    ) -> Result<AppendEventsResponse, Status> {
         let req = AppendEventsRequest {
             project_id: project.to_owned(),
             run_id: run_id.to_owned(),
             events,
+            epoch,
         };
         self.client
             .clone()
             .append_events(req)
             .await
             .map(|r| r.into_inner())
+    }
+
+    /// Makes this process the run's only fenced writer; returns (epoch, last_seq). Events
+    /// read after it are all there will be from earlier writers.
+    pub async fn claim_run(&self, project: &str, run_id: &str) -> Result<(u64, u64), Status> {
+        let req = ClaimRunRequest {
+            project_id: project.to_owned(),
+            run_id: run_id.to_owned(),
+            holder: format!("orchestrator pid {}", std::process::id()),
+        };
+        let r = self.client.clone().claim_run(req).await?.into_inner();
+        if let Ok(mut claims) = self.claims.lock() {
+            claims.insert((project.to_owned(), run_id.to_owned()), r.epoch);
+        }
+        Ok((r.epoch, r.last_seq))
+    }
+
+    /// Forgets this process's claim `epoch` on a run whose driver has ended (a newer claim of
+    /// ours stays).
+    pub fn forget_claim(&self, project: &str, run_id: &str, epoch: u64) {
+        if let Ok(mut claims) = self.claims.lock() {
+            let k = (project.to_owned(), run_id.to_owned());
+            if claims.get(&k) == Some(&epoch) {
+                claims.remove(&k);
+            }
+        }
+    }
+
+    /// The fence for a write of `path` on behalf of `run_id` (or, without one, of the run
+    /// whose directory holds `path`), when this process holds a claim on that run.
+    fn fence_for(&self, project: &str, path: &str, run_id: &str) -> Option<RunFence> {
+        let run = match run_id {
+            "" => path.strip_prefix(".cairn/runs/")?.split('/').next()?,
+            run => run,
+        };
+        let claims = self.claims.lock().ok()?;
+        let epoch = *claims.get(&(project.to_owned(), run.to_owned()))?;
+        Some(RunFence {
+            run_id: run.to_owned(),
+            epoch,
+        })
     }
 
     /// Updates a versioned JSON document (seed 004 §6.4): `expected_version` is the

@@ -235,17 +235,8 @@ async fn kill_dash_nine_mid_run_resumes_without_duplicates() {
     s.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill_dash_nine_at_a_gate_keeps_it_blocked_until_approved() {
-    // The in-process orchestrator of the stack must not resume this run too: one orchestrator
-    // drives a run (see docs/run-directory.md, "One orchestrator per store").
-    let s = Stack::start(Options {
-        ingest: false,
-        tweak: |c| c.resume_on_start = false,
-        ..Default::default()
-    })
-    .await;
-    let mut p = spawn(&s.store_addr).await;
+/// Submits `a` (write_file) -> `g` (gate) -> `b` (write_file) and waits until it blocks.
+async fn run_to_its_gate(p: &Proc) -> String {
     let graph = "nodes:\n  - {id: a, type: write_file, path: 'docs/{{run_id}}/a.txt', content: a}\n  - {id: g, type: gate, needs: [a]}\n  - {id: b, type: write_file, path: 'docs/{{run_id}}/b.txt', content: b, needs: [g]}\n";
     let run = p
         .client
@@ -259,7 +250,22 @@ async fn kill_dash_nine_at_a_gate_keeps_it_blocked_until_approved() {
         .unwrap()
         .into_inner()
         .run_id;
-    wait_state(&p, &run, TaskState::InputRequired, 30).await;
+    wait_state(p, &run, TaskState::InputRequired, 30).await;
+    run
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_dash_nine_at_a_gate_keeps_it_blocked_until_approved() {
+    // The in-process orchestrator of the stack must not resume this run too: one orchestrator
+    // drives a run (see docs/run-directory.md, "One orchestrator per store").
+    let s = Stack::start(Options {
+        ingest: false,
+        tweak: |c| c.resume_on_start = false,
+        ..Default::default()
+    })
+    .await;
+    let mut p = spawn(&s.store_addr).await;
+    let run = run_to_its_gate(&p).await;
     p.child.kill().unwrap();
     p.child.wait().unwrap();
     let mut p = spawn(&s.store_addr).await;
@@ -295,6 +301,87 @@ async fn kill_dash_nine_at_a_gate_keeps_it_blocked_until_approved() {
         1,
         "the gate did not block twice"
     );
+    assert_eq!(s.read_text(&format!("docs/{run}/b.txt")).await, "b");
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_successor_fences_off_a_predecessor_that_is_still_alive() {
+    // Orchestrator A drives a run to its gate and stays alive (a partition, a hung process
+    // that a supervisor replaced). Orchestrator B takes the run over; from then on A can
+    // record nothing in it.
+    let s = Stack::start(Options {
+        ingest: false,
+        tweak: |c| c.resume_on_start = false,
+        ..Default::default()
+    })
+    .await;
+    let mut a = spawn(&s.store_addr).await;
+    let run = run_to_its_gate(&a).await;
+
+    let mut b = spawn(&s.store_addr).await;
+    let decision = |by: &str| GateDecisionRequest {
+        project_id: PROJECT.into(),
+        run_id: run.clone(),
+        gate_id: "g".into(),
+        by: by.into(),
+        note: String::new(),
+    };
+    b.client
+        .clone()
+        .approve_gate(decision("bea"))
+        .await
+        .unwrap();
+    wait_state(&b, &run, TaskState::Completed, 30).await;
+
+    // A still believes it drives the run: its note and its approval are refused, not
+    // recorded.
+    let note = a
+        .client
+        .clone()
+        .add_note(cairn_proto::v1::AddNoteRequest {
+            project_id: PROJECT.into(),
+            run_id: run.clone(),
+            by: "al".into(),
+            text: "from the fenced-off orchestrator".into(),
+        })
+        .await;
+    assert!(note.is_err(), "a fenced-off orchestrator's note: {note:?}");
+    let approved = a.client.clone().approve_gate(decision("al")).await;
+    assert!(
+        approved.is_err(),
+        "a fenced-off orchestrator's approval: {approved:?}"
+    );
+
+    // Nor does A's stopping driver overwrite B's records with its stale view.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for p in [&mut a, &mut b] {
+        p.child.kill().unwrap();
+        p.child.wait().unwrap();
+    }
+    let task: serde_json::Value =
+        serde_saphyr::from_str(&s.read_text(&format!(".cairn/runs/{run}/task.yaml")).await)
+            .unwrap();
+    assert_eq!(task["state"], "completed", "{task:?}");
+    let events = s.events(&run).await;
+    let by_al: Vec<_> = events
+        .iter()
+        .filter(|e| data(e)["by"] == "al")
+        .map(|e| e.r#type.clone())
+        .collect();
+    assert!(by_al.is_empty(), "A recorded after B's claim: {by_al:?}");
+    for kind in ["gate.approved", "task.completed"] {
+        assert_eq!(
+            events.iter().filter(|e| e.r#type == kind).count(),
+            1,
+            "{kind} once"
+        );
+    }
+    // Nor did the text of A's note reach human-notes.md (A's Puts carry its fence too).
+    let notes = s
+        .read_text(&format!(".cairn/runs/{run}/shared/human-notes.md"))
+        .await;
+    assert!(!notes.contains("fenced-off"), "{notes}");
     assert_eq!(s.read_text(&format!("docs/{run}/b.txt")).await, "b");
     s.stop().await;
 }

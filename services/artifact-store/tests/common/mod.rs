@@ -96,6 +96,50 @@ pub async fn connect(addr: &str) -> Client {
     panic!("store at {addr} did not come up");
 }
 
+/// Every event of `run` (the call must succeed).
+pub async fn run_events(
+    client: &mut Client,
+    project: &str,
+    run: &str,
+) -> Vec<cairn_proto::v1::Event> {
+    run_events_from(client, project, run, 1, 0).await
+}
+
+/// The events of `run` from `from_seq`, at most `limit` (0 = all; the call must succeed).
+pub async fn run_events_from(
+    client: &mut Client,
+    project: &str,
+    run: &str,
+    from_seq: u64,
+    limit: u64,
+) -> Vec<cairn_proto::v1::Event> {
+    use futures::StreamExt;
+    client
+        .read_events(cairn_proto::v1::ReadEventsRequest {
+            project_id: project.into(),
+            run_id: run.into(),
+            from_seq,
+            follow: false,
+            limit,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .map(Result::unwrap)
+        .collect()
+        .await
+}
+
+/// Creates `project` (idempotent).
+pub async fn create_project(client: &mut Client, project: &str) {
+    client
+        .create_project(cairn_proto::v1::CreateProjectRequest {
+            project_id: project.into(),
+        })
+        .await
+        .unwrap();
+}
+
 pub fn header(project: &str, path: &str) -> PutHeader {
     PutHeader {
         project_id: project.into(),
