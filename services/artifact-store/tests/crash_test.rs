@@ -65,9 +65,15 @@ async fn kill_during_put(previous: Option<&[u8]>) {
     for i in 0..100 {
         tx.send(chunk_msg(i)).await.unwrap();
     }
-    // Let the store drain what is in flight, so the temp file holds a partial body.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let partial = open_temp_files(store.child.id(), tmp.path());
+    // Wait until the store has written part of the body to its temp file.
+    let pid = store.child.id();
+    wait_until("a partial temp file", || {
+        open_temp_files(pid, tmp.path())
+            .first()
+            .is_some_and(|(_, size)| *size > 0)
+    })
+    .await;
+    let partial = open_temp_files(pid, tmp.path());
     assert!(
         partial.len() == 1 && partial[0].1 > 0 && partial[0].1 < 512 * CHUNK as u64,
         "one partial temp file is being written mid-Put: {partial:?}"
@@ -184,9 +190,9 @@ async fn a_client_cancelling_mid_stream_leaves_nothing() {
     for i in 0..10 {
         tx.send(chunk_msg(i)).await.unwrap();
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
     // (the store runs in this process)
     let writing = || open_temp_files(std::process::id(), &s.data_root);
+    wait_until("the temp file of the Put", || !writing().is_empty()).await;
     assert_eq!(writing().len(), 1, "a temp file is being written");
     put.abort();
     // The store notices the reset stream and drops the temp file (closed, and unlinked if named).

@@ -275,6 +275,19 @@ impl Bytegen {
 }
 
 /// Files under `dir` whose name starts with `.cairn-tmp-`.
+/// Polls `cond` until it holds; panics naming `what` after 30 s (a loaded machine is slow,
+/// a broken store never gets there).
+pub async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !cond() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "waited 30 s for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 pub fn temp_files(dir: &Path) -> Vec<PathBuf> {
     walkdir::WalkDir::new(dir)
         .into_iter()
