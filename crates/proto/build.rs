@@ -11,7 +11,9 @@ const PROTOS: &[&str] = &[
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../proto");
+    // The manifest dir as cargo sets it for this run, not as baked in when the script was
+    // compiled: checkouts sharing a target directory share the compiled script.
+    let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("../../proto");
     for p in PROTOS {
         println!("cargo:rerun-if-changed={}", root.join(p).display());
     }

@@ -28,6 +28,7 @@ pub async fn run(global: &Global, args: IngestArgs) -> anyhow::Result<ExitCode> 
         content: content.into(),
         overwrite: args.overwrite,
         source_kind: "cli".into(),
+        fence: None,
     };
     let mut client = services.ingest()?;
     let response = if args.dry_run {

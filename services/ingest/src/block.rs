@@ -24,6 +24,8 @@ pub mod reason {
     pub const TOO_MANY_BLOCKS: &str = "too_many_blocks";
     pub const STORE_UNAVAILABLE: &str = "store_unavailable";
     pub const IO_ERROR: &str = "io_error";
+    /// The store refused a write: a newer claim on the run fenced the caller off.
+    pub const FENCED: &str = "fenced";
 }
 
 /// Every file= path is written beneath this project directory (seed 000 寫入根目錄).

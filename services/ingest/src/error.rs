@@ -15,6 +15,16 @@ pub enum Error {
     #[error("{kind} id {id:?} is invalid: use 1-128 characters of A-Z a-z 0-9 . _ - (not \".\" or \"..\")")]
     InvalidId { kind: &'static str, id: String },
 
+    /// The request's fence is not for its run.
+    #[error("fence.run_id {fence_run:?} is not the request's run_id {run:?}: send the claim on the run being ingested")]
+    FenceRun { fence_run: String, run: String },
+
+    /// A newer claim on the run fenced the caller off (the store refused a write `fenced`).
+    #[error(
+        "{0}; another orchestrator has claimed this run, so this caller may no longer write to it"
+    )]
+    Fenced(String),
+
     /// The artifact-store did not answer (flag RPCs only; Ingest records this in the manifest).
     #[error("the artifact-store is unavailable: {0}; check that it runs and that store_addr points to it")]
     StoreUnavailable(String),
@@ -42,7 +52,14 @@ impl From<Error> for Status {
     fn from(e: Error) -> Status {
         let message = e.to_string();
         match e {
-            Error::Missing(_) | Error::InvalidId { .. } => Status::invalid_argument(message),
+            Error::Missing(_) | Error::InvalidId { .. } | Error::FenceRun { .. } => {
+                Status::invalid_argument(message)
+            }
+            Error::Fenced(_) => cairn_proto::reason::status(
+                Code::FailedPrecondition,
+                message,
+                crate::block::reason::FENCED,
+            ),
             Error::StoreUnavailable(_) => cairn_proto::reason::status(
                 Code::Unavailable,
                 message,

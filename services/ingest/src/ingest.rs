@@ -9,7 +9,7 @@ use std::collections::HashSet;
 use std::sync::OnceLock;
 
 use bytes::Bytes;
-use cairn_proto::v1::{IngestRequest, PutHeader, WriteOutcome};
+use cairn_proto::v1::{IngestRequest, PutHeader, RunFence, WriteOutcome};
 use futures::StreamExt;
 use pathguard::Policy;
 
@@ -44,6 +44,8 @@ pub struct Request {
     /// The document; empty = read `source.doc_path` from the store.
     pub content: Bytes,
     pub overwrite: bool,
+    /// The caller's claim on the run, sent with every write; None = unfenced.
+    pub fence: Option<RunFence>,
 }
 
 impl Request {
@@ -56,6 +58,15 @@ impl Request {
         } else {
             check_id("node", "node_id", r.node_id)?
         };
+        let fence = r.fence.filter(|f| f.epoch > 0);
+        if let Some(f) = &fence {
+            if f.run_id != run_id {
+                return Err(Error::FenceRun {
+                    fence_run: f.run_id.clone(),
+                    run: run_id,
+                });
+            }
+        }
         let or = |s: String, default: &str| if s.is_empty() { default.to_owned() } else { s };
         Ok(Request {
             project_id,
@@ -68,7 +79,13 @@ impl Request {
             },
             content: r.content,
             overwrite: r.overwrite,
+            fence,
         })
+    }
+
+    /// The epoch sent with this request's event batches (0 = unfenced).
+    fn epoch(&self) -> u64 {
+        self.fence.as_ref().map_or(0, |f| f.epoch)
     }
 }
 
@@ -119,6 +136,9 @@ enum Document {
 struct Trouble {
     /// Set once the store was found unavailable; later store calls are not attempted.
     store_down: OnceLock<String>,
+    /// Set once the store refused a write as `fenced` (a newer claim holds the run): nothing
+    /// more is written and the call fails.
+    fenced: OnceLock<String>,
     /// The first failure of ingest's own job: (reason word, message). Makes `ingest.failed`.
     failure: Option<(String, String)>,
     notes: Vec<String>,
@@ -143,14 +163,26 @@ impl Trouble {
 
     /// Records a store error of a call that ingest itself needed (not a block's write).
     fn store_failed(&mut self, what: &str, e: &StoreError) {
-        if e.is_unavailable() {
-            let _ = self.store_down.set(e.to_string());
-        }
+        self.saw(e);
         self.fail(e.reason(), format!("{what}: {e}"));
     }
 
+    /// Notes a store error that stops later store calls (unavailable, fenced).
+    fn saw(&self, e: &StoreError) {
+        if e.is_unavailable() {
+            let _ = self.store_down.set(e.to_string());
+        } else if e.is_fenced() {
+            let _ = self.fenced.set(e.to_string());
+        }
+    }
+
+    /// Why no further store call is attempted, if one is not.
+    fn stopped(&self) -> Option<&String> {
+        self.store_down.get().or(self.fenced.get())
+    }
+
     fn store_up(&self) -> bool {
-        self.store_down.get().is_none()
+        self.stopped().is_none()
     }
 
     fn into_notes(mut self) -> Vec<String> {
@@ -189,8 +221,10 @@ impl Ingestor {
     }
 
     /// Ingests the document: writes every valid block to `workspace/<file>`, stores the
-    /// manifest, appends the events. Never fails (seed 000: fail-open).
-    pub async fn ingest(&self, req: &Request) -> Outcome {
+    /// manifest, appends the events. Fails only when a newer claim on the run fenced the
+    /// caller off (then it stops writing); anything else goes into the outcome (seed 000:
+    /// fail-open).
+    pub async fn ingest(&self, req: &Request) -> Result<Outcome> {
         let mut trouble = Trouble::default();
         let enabled = match flag::effective(
             &self.store,
@@ -208,7 +242,7 @@ impl Ingestor {
         };
         if !enabled {
             tracing::info!(project = %req.project_id, run = %req.run_id, node = %req.node_id, "ingest is disabled; nothing done");
-            return Outcome {
+            return Ok(Outcome {
                 enabled: false,
                 manifest: None,
                 blocks: Vec::new(),
@@ -218,7 +252,7 @@ impl Ingestor {
                     "ingest is disabled for project {:?} run {:?}; enable it with SetEnabled",
                     req.project_id, req.run_id
                 )],
-            };
+            });
         }
         if trouble.store_up() {
             if let Err(e) = self.store.create_project(&req.project_id).await {
@@ -235,7 +269,7 @@ impl Ingestor {
             let started = events::started(&req.node_id, &req.source, bytes, &sha256);
             if let Err(e) = self
                 .store
-                .append_events(&req.project_id, &req.run_id, vec![started])
+                .append_events(&req.project_id, &req.run_id, req.epoch(), vec![started])
                 .await
             {
                 trouble.store_failed("appending ingest.started", &e);
@@ -279,6 +313,7 @@ impl Ingestor {
                 expected_size: Some(body.len() as u64),
                 run_id: req.run_id.clone(),
                 create_project: true,
+                fence: req.fence.clone(),
                 ..PutHeader::default()
             };
             match self.store.put(header, body).await {
@@ -306,7 +341,7 @@ impl Ingestor {
             for batch in list.chunks(EVENTS_PER_CALL) {
                 if let Err(e) = self
                     .store
-                    .append_events(&req.project_id, &req.run_id, batch.to_vec())
+                    .append_events(&req.project_id, &req.run_id, req.epoch(), batch.to_vec())
                     .await
                 {
                     trouble.store_failed("appending the ingest events", &e);
@@ -314,7 +349,11 @@ impl Ingestor {
                 }
             }
         }
-        self.finish(req, manifest, blocks, stored_at, trouble)
+        if let Some(fenced) = trouble.fenced.get() {
+            tracing::warn!(project = %req.project_id, run = %req.run_id, node = %req.node_id, %fenced, "ingest stopped: the caller was fenced off");
+            return Err(Error::Fenced(fenced.clone()));
+        }
+        Ok(self.finish(req, manifest, blocks, stored_at, trouble))
     }
 
     /// The document: the request's content, or `doc_path` read from the store.
@@ -408,7 +447,7 @@ impl Ingestor {
 
         let results: Vec<(usize, Result<WriteOutcome, StoreError>)> = futures::stream::iter(todo)
             .map(|(i, path, content, sha256)| async move {
-                if let Some(down) = trouble.store_down.get() {
+                if let Some(down) = trouble.stopped() {
                     return (
                         i,
                         Err(StoreError::Unavailable(format!("not attempted: {down}"))),
@@ -423,13 +462,12 @@ impl Ingestor {
                     allowed_prefixes: vec![WORKSPACE.to_owned()],
                     run_id: req.run_id.clone(),
                     create_project: true,
+                    fence: req.fence.clone(),
                     ..PutHeader::default()
                 };
                 let result = self.store.put(header, content).await;
                 if let Err(e) = &result {
-                    if e.is_unavailable() {
-                        let _ = trouble.store_down.set(e.to_string());
-                    }
+                    trouble.saw(e);
                 }
                 (
                     i,

@@ -39,7 +39,7 @@ impl Ingest for IngestService {
     ) -> Result<Response<IngestResponse>, Status> {
         let req = ingest::Request::from_proto(request.into_inner())?;
         cairn_telemetry::record_ids(&req.project_id, &req.run_id, &req.node_id);
-        Ok(Response::new(response(self.ingestor.ingest(&req).await)))
+        Ok(Response::new(response(self.ingestor.ingest(&req).await?)))
     }
 
     async fn set_enabled(

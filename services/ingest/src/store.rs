@@ -57,6 +57,11 @@ impl StoreError {
         matches!(self, StoreError::Unavailable(_))
     }
 
+    /// The store refused a fenced write: a newer claim on the run holds it.
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, StoreError::Refused { reason, .. } if reason == reason::FENCED)
+    }
+
     /// The gRPC code the store answered with (Unavailable for a dead or silent store).
     pub fn code(&self) -> Code {
         match self {
@@ -210,18 +215,20 @@ impl StoreClient {
         .await
     }
 
-    /// Appends events to the run's events.jsonl, in order.
+    /// Appends events to the run's events.jsonl, in order; `epoch` > 0 = only while that is
+    /// still the run's writer epoch (ClaimRun).
     pub async fn append_events(
         &self,
         project_id: &str,
         run_id: &str,
+        epoch: u64,
         events: Vec<EventInput>,
     ) -> Result<(), StoreError> {
         let mut client = self.client.clone();
         let request = AppendEventsRequest {
             project_id: project_id.to_owned(),
             run_id: run_id.to_owned(),
-            epoch: 0,
+            epoch,
             events,
         };
         self.timed("AppendEvents", async move {

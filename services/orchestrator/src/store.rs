@@ -289,6 +289,11 @@ impl Store {
         }
     }
 
+    /// This process's claim on a run, for services that write to it on our behalf (ingest).
+    pub fn run_fence(&self, project: &str, run_id: &str) -> Option<RunFence> {
+        self.fence_for(project, "", run_id)
+    }
+
     /// The fence for a write of `path` on behalf of `run_id` (or, without one, of the run
     /// whose directory holds `path`), when this process holds a claim on that run.
     fn fence_for(&self, project: &str, path: &str, run_id: &str) -> Option<RunFence> {

@@ -66,6 +66,9 @@ async fn call(
         content,
         overwrite,
         source_kind: "graph_runtime".into(),
+        // Ingest writes for this run under our claim: if a successor has taken the run over,
+        // nothing of this call lands.
+        fence: ctx.backends.store.run_fence(&ctx.project, &ctx.run_id),
     };
     let mut client = client;
     match tokio::time::timeout(INGEST_TIMEOUT, client.ingest(req)).await {
