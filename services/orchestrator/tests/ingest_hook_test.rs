@@ -1,5 +1,6 @@
 //! The ingest hook (seed 000) after nodes that write a document: on, off by the server flag,
-//! off by the ingest service's own per-project flag, and fail-open when ingest is down.
+//! off by the ingest service's own per-project flag, fail-open when ingest is down, and under
+//! the orchestrator's claim on the run.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -141,5 +142,85 @@ async fn ingest_down_is_fail_open() {
         .as_str()
         .unwrap()
         .contains("failed"));
+    s.stop().await;
+}
+
+/// An ingest service that records what it is asked and answers with an empty manifest.
+#[derive(Clone, Default)]
+struct Recording(std::sync::Arc<std::sync::Mutex<Vec<cairn_proto::v1::IngestRequest>>>);
+
+#[tonic::async_trait]
+impl cairn_proto::v1::ingest_server::Ingest for Recording {
+    async fn parse(
+        &self,
+        _: tonic::Request<cairn_proto::v1::IngestRequest>,
+    ) -> Result<tonic::Response<cairn_proto::v1::IngestResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("not used by the hook"))
+    }
+    async fn ingest(
+        &self,
+        r: tonic::Request<cairn_proto::v1::IngestRequest>,
+    ) -> Result<tonic::Response<cairn_proto::v1::IngestResponse>, tonic::Status> {
+        self.0.lock().unwrap().push(r.into_inner());
+        Ok(tonic::Response::new(cairn_proto::v1::IngestResponse {
+            enabled: true,
+            ..Default::default()
+        }))
+    }
+    async fn set_enabled(
+        &self,
+        _: tonic::Request<SetEnabledRequest>,
+    ) -> Result<tonic::Response<cairn_proto::v1::SetEnabledResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("not used by the hook"))
+    }
+    async fn get_enabled(
+        &self,
+        _: tonic::Request<cairn_proto::v1::GetEnabledRequest>,
+    ) -> Result<tonic::Response<cairn_proto::v1::SetEnabledResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("not used by the hook"))
+    }
+}
+
+static RECORDING_ADDR: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hook_hands_the_runs_claim_to_ingest() {
+    // Ingest writes under the orchestrator's claim on the run (IngestRequest.fence), so a hook
+    // of an orchestrator that a successor fenced off lands nothing (services/ingest
+    // claim_test covers that side).
+    let recording = Recording::default();
+    let mut host = cairn_server::Host::new();
+    host.add(cairn_proto::v1::ingest_server::IngestServer::new(
+        recording.clone(),
+    ));
+    RECORDING_ADDR.set(serve_host(host).await).unwrap();
+    let s = Stack::start(Options {
+        ingest: false,
+        tweak: |c| c.ingest_addr = RECORDING_ADDR.get().unwrap().clone(),
+        ..Default::default()
+    })
+    .await;
+    let (run, _) = run(&s).await;
+    let epoch: u64 = s
+        .read_text(&format!(".cairn/runs/{run}/events.epoch"))
+        .await
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(epoch > 0);
+    let asked = recording.0.lock().unwrap().clone();
+    let nodes: Vec<_> = asked.iter().map(|r| r.node_id.as_str()).collect();
+    assert_eq!(nodes.len(), 2, "{nodes:?}");
+    for r in &asked {
+        assert_eq!(
+            r.fence,
+            Some(cairn_proto::v1::RunFence {
+                run_id: run.clone(),
+                epoch
+            }),
+            "node {}",
+            r.node_id
+        );
+    }
     s.stop().await;
 }

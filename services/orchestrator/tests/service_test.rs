@@ -232,15 +232,9 @@ static SILENT_ADDR: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_past_its_deadline_times_out_and_is_retried_by_policy() {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    SILENT_ADDR
-        .set(l.local_addr().unwrap().to_string())
-        .unwrap();
-    tokio::spawn(async move {
-        let mut host = cairn_server::Host::new();
-        host.add(IngestServer::new(Silent));
-        let _ = host.serve(l, std::future::pending()).await;
-    });
+    let mut host = cairn_server::Host::new();
+    host.add(IngestServer::new(Silent));
+    SILENT_ADDR.set(serve_host(host).await).unwrap();
     let s = Stack::start(Options {
         ingest: false,
         tweak: |c| c.ingest_addr = SILENT_ADDR.get().unwrap().clone(),

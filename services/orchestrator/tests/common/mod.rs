@@ -450,6 +450,16 @@ pub async fn list_files(store: &ArtifactStoreClient<Channel>, prefix: &str) -> V
 }
 
 /// Data of an event as JSON.
+/// Serves `host` on a fresh 127.0.0.1 port until the test ends; returns the address.
+pub async fn serve_host(host: cairn_server::Host) -> String {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        let _ = host.serve(l, std::future::pending()).await;
+    });
+    addr
+}
+
 pub fn data(e: &Event) -> serde_json::Value {
     serde_json::from_str(&e.data_json).unwrap_or(serde_json::Value::Null)
 }
