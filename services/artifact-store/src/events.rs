@@ -12,7 +12,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Mutex};
 
@@ -724,22 +724,9 @@ async fn current_epoch(
 /// The run's writer epoch read from its file beneath the project (0 when never claimed).
 fn epoch_of(store: &Store, project: &str, run: &str) -> Result<u64> {
     let root = store.project_root(project)?;
-    match beneath::open_dir(root.as_fd(), &format!(".cairn/runs/{run}")) {
-        Ok(dir) => read_epoch(dir.as_fd(), project, run),
-        Err(Errno::NOENT) => Ok(0),
-        Err(e) => Err(refusal(
-            e,
-            project,
-            &format!(".cairn/runs/{run}"),
-            "opening",
-        )),
-    }
-}
-
-/// The run's writer epoch (0 when never claimed).
-fn read_epoch(dir: BorrowedFd<'_>, project: &str, run: &str) -> Result<u64> {
     let path = epoch_path(run);
-    let fd = match beneath::open(dir, EPOCH_FILE, OFlags::RDONLY | OFlags::NONBLOCK, 0) {
+    let opened = beneath::open(root.as_fd(), &path, OFlags::RDONLY | OFlags::NONBLOCK, 0);
+    let fd = match opened {
         Ok(fd) => fd,
         Err(Errno::NOENT) => return Ok(0),
         Err(e) => return Err(refusal(e, project, &path, "opening")),

@@ -490,8 +490,6 @@ fn link(
     digest: &Digest,
     overwrite: bool,
 ) -> Result<Outcome> {
-    let dir = staged.dir.clone();
-    let existed = existing_file(dir.as_fd(), &staged.name, &staged.project, &staged.path)?;
     if !overwrite {
         let name = staged.name.clone();
         return match staged.temp.link_as(file, &name) {
@@ -509,6 +507,8 @@ fn link(
             Err(e) => Err(refusal(e, &staged.project, &staged.path, "publishing")),
         };
     }
+    let dir = staged.dir.clone();
+    let existed = existing_file(dir.as_fd(), &staged.name, &staged.project, &staged.path)?;
     if let Some(st) = existed {
         if u64::try_from(st.st_size).ok() == Some(digest.size_bytes)
             && holds_same_bytes(store, staged, digest)?.0

@@ -464,41 +464,95 @@ async fn a_newer_claim_fences_off_the_older_writer_across_restarts() {
     );
 }
 
+/// Writers racing a claim: `n` tasks each make up to `calls` calls of `op(client, writer,
+/// call)` and stop at the first refusal, which must be FailedPrecondition `fenced`. Once
+/// `before` calls were acknowledged, `claim` runs (so it lands amid the writes, however slow
+/// the machine); `at_claim` then looks at the store. Returns what `at_claim` saw, what every
+/// acknowledged call returned, and whether any writer was refused.
+async fn race_a_claim<T, F, Fut, C, CFut, S>(
+    client: &Client,
+    n: u64,
+    calls: u64,
+    before: u64,
+    op: F,
+    claim: C,
+) -> (S, Vec<T>, bool)
+where
+    T: Send + 'static,
+    F: Fn(Client, u64, u64) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Result<T, tonic::Status>> + Send,
+    C: FnOnce() -> CFut,
+    CFut: std::future::Future<Output = S>,
+{
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let acknowledged = std::sync::Arc::new(AtomicU64::new(0));
+    let mut writers = Vec::new();
+    for w in 0..n {
+        let (c, op, acknowledged) = (client.clone(), op.clone(), acknowledged.clone());
+        writers.push(tokio::spawn(async move {
+            let mut landed = Vec::new();
+            for i in 0..calls {
+                match op(c.clone(), w, i).await {
+                    Ok(t) => {
+                        landed.push(t);
+                        acknowledged.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Err(status) => {
+                        assert_refused::<()>(Err(status), Code::FailedPrecondition, "fenced");
+                        return (landed, true);
+                    }
+                }
+            }
+            (landed, false)
+        }));
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while acknowledged.load(Ordering::SeqCst) < before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the writers made no progress"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    let seen = claim().await;
+    let (mut landed, mut refused) = (Vec::new(), false);
+    for w in writers {
+        let (l, r) = w.await.unwrap();
+        landed.extend(l);
+        refused |= r;
+    }
+    (seen, landed, refused)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_claim_racing_a_writer_leaves_every_batch_either_before_it_or_refused() {
     // The old writer appends as fast as it can while a successor claims; after the claim
     // returns last_seq L, every event of the old epoch has seq <= L (nothing lands later).
-    for round in 0..5 {
+    let mut amid = 0;
+    for round in 0..5u64 {
         let mut s = serve().await;
         create_project(&mut s.client, "p").await;
         let run = format!("race{round}");
         let (old, _) = claim(&mut s.client, &run).await.unwrap();
-        let mut writers = Vec::new();
-        for w in 0..8u64 {
-            let mut c = s.client.clone();
-            let run = run.clone();
-            writers.push(tokio::spawn(async move {
-                let mut landed = Vec::new();
-                for i in 0..200u64 {
-                    let e = vec![input("old", serde_json::json!({ "w": w, "i": i }))];
-                    match append_as(&mut c, &run, e, old).await {
-                        Ok((first, _)) => landed.push(first),
-                        Err(status) => {
-                            assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
-                            break;
-                        }
-                    }
-                }
-                landed
-            }));
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20 + 10 * round)).await;
-        let (new, last_seq) = claim(&mut s.client, &run).await.unwrap();
+        let r = run.clone();
+        let append = move |mut c: Client, w: u64, i: u64| {
+            let run = r.clone();
+            async move {
+                let e = vec![input("old", serde_json::json!({ "w": w, "i": i }))];
+                append_as(&mut c, &run, e, old)
+                    .await
+                    .map(|(first, _)| first)
+            }
+        };
+        let mut c = s.client.clone();
+        let (claimed, landed, refused) =
+            race_a_claim(&s.client, 8, 200, 1 + 10 * round, append, || async {
+                claim(&mut c, &run).await.unwrap()
+            })
+            .await;
+        let (new, last_seq) = claimed;
         assert_eq!(new, old + 1);
-        let mut landed = Vec::new();
-        for w in writers {
-            landed.extend(w.await.unwrap());
-        }
+        amid += u64::from(refused);
         assert!(
             landed.iter().all(|seq| *seq <= last_seq),
             "an old-epoch event landed after the claim (last_seq {last_seq}): {:?}",
@@ -512,6 +566,10 @@ async fn a_claim_racing_a_writer_leaves_every_batch_either_before_it_or_refused(
         );
         assert_eq!(landed.len() as u64, last_seq);
     }
+    assert!(
+        amid > 0,
+        "no claim landed amid the appends: nothing was raced"
+    );
 }
 
 fn fenced(path: &str, run: &str, epoch: u64, deferred: bool) -> cairn_proto::v1::PutHeader {
@@ -567,49 +625,45 @@ async fn a_fenced_put_is_refused_once_another_writer_claims_the_run() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn no_fenced_put_of_the_old_writer_lands_after_the_claim_returns() {
+    let mut amid = 0;
     for round in 0..3u64 {
         let mut s = serve().await;
         create_project(&mut s.client, "p").await;
         let run = format!("race{round}");
         let (old, _) = claim(&mut s.client, &run).await.unwrap();
-        let mut writers = Vec::new();
-        for w in 0..6u64 {
-            let mut c = s.client.clone();
-            let run = run.clone();
-            writers.push(tokio::spawn(async move {
-                let mut acknowledged = Vec::new();
-                for i in 0..400u64 {
-                    let path = format!("docs/w{w}-{i}.txt");
-                    let h = fenced(&path, &run, old, i % 2 == 0);
-                    match put_with(&mut c, h, b"body").await {
-                        Ok(_) => acknowledged.push(format!("w{w}-{i}.txt")),
-                        Err(status) => {
-                            assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
-                            break;
-                        }
-                    }
-                }
-                acknowledged
-            }));
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(30 + 20 * round)).await;
-        claim(&mut s.client, &run).await.unwrap();
+        let r = run.clone();
+        let write = move |mut c: Client, w: u64, i: u64| {
+            let run = r.clone();
+            async move {
+                let name = format!("w{w}-{i}.txt");
+                let h = fenced(&format!("docs/{name}"), &run, old, i.is_multiple_of(2));
+                put_with(&mut c, h, b"body").await.map(|_| name)
+            }
+        };
+        let docs = s.project_dir("p").join("docs");
         let listing = || -> std::collections::BTreeSet<String> {
-            std::fs::read_dir(s.project_dir("p").join("docs"))
+            std::fs::read_dir(&docs)
                 .unwrap()
                 .flatten()
                 .map(|e| e.file_name().to_string_lossy().into_owned())
                 .collect()
         };
-        let at_claim = listing();
-        let mut acknowledged = std::collections::BTreeSet::new();
-        for w in writers {
-            acknowledged.extend(w.await.unwrap());
-        }
+        let mut c = s.client.clone();
+        let (at_claim, acknowledged, refused) =
+            race_a_claim(&s.client, 6, 400, 1 + 20 * round, write, || async {
+                claim(&mut c, &run).await.unwrap();
+                listing()
+            })
+            .await;
+        amid += u64::from(refused);
         assert_eq!(listing(), at_claim, "a fenced Put landed after the claim");
         assert_eq!(
-            acknowledged, at_claim,
+            acknowledged
+                .into_iter()
+                .collect::<std::collections::BTreeSet<_>>(),
+            at_claim,
             "every acknowledged Put, and only those"
         );
     }
+    assert!(amid > 0, "no claim landed amid the Puts: nothing was raced");
 }

@@ -170,9 +170,7 @@ impl Runs {
         let epoch = match created {
             Ok((epoch, _)) => epoch,
             Err(e) => {
-                if let Ok(mut live) = self.live.lock() {
-                    live.remove(&key(&project, &run_id));
-                }
+                self.unreserve(&project, &run_id);
                 return Err(e);
             }
         };
@@ -218,9 +216,7 @@ impl Runs {
             Err(e) => Err(e),
         };
         if let Err(e) = written {
-            if let Ok(mut live) = self.live.lock() {
-                live.remove(&key(&project, &run_id));
-            }
+            self.unreserve(&project, &run_id);
             return Err(e);
         }
         let info = state.to_info(dir.root());
@@ -406,6 +402,13 @@ impl Runs {
         Ok(())
     }
 
+    /// Takes back a reservation whose run did not come to life.
+    fn unreserve(&self, project: &str, run_id: &str) {
+        if let Ok(mut live) = self.live.lock() {
+            live.remove(&key(project, run_id));
+        }
+    }
+
     /// Registers a run as live; None when it already is (another caller won the race).
     fn reserve(&self, project: &str, run_id: &str) -> Result<Option<mpsc::Receiver<Command>>> {
         let mut live = self
@@ -573,9 +576,7 @@ impl Runs {
         let (graph, state, base_dir, epoch, resume) = match loaded {
             Ok(loaded) => loaded,
             Err(e) => {
-                if let Ok(mut live) = self.live.lock() {
-                    live.remove(&key(project, run_id));
-                }
+                self.unreserve(project, run_id);
                 return Err(e);
             }
         };
