@@ -60,6 +60,8 @@ pub struct Global {
     /// Machine-readable JSON output on stdout.
     #[arg(long, global = true)]
     pub json: bool,
+    #[command(flatten)]
+    pub tls: cairn_server::TlsArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -90,6 +92,48 @@ pub enum Command {
     /// Human notes (shared/human-notes.md): high-priority context for later agent nodes.
     #[command(subcommand)]
     Notes(NotesCommand),
+    /// The PKI for mutual TLS between cairn's programs (docs/security.md).
+    #[command(subcommand)]
+    Certs(CertsCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CertsCommand {
+    /// Make a CA and a certificate + key per identity in DIR: ca.pem, ca.key, <identity>.pem,
+    /// <identity>.key (keys 0600). Each certificate serves and dials; it names its identity in
+    /// a SAN URI cairn://<identity> and carries the identity, localhost, 127.0.0.1, ::1 and
+    /// the compose and Kubernetes service names as host names. Refuses to replace files.
+    Init(CertsInitArgs),
+    /// Print the identity a certificate names, and its host names and validity.
+    Show {
+        /// A certificate (PEM).
+        cert: PathBuf,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct CertsInitArgs {
+    /// Directory to write into (created when missing).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// Validity of every certificate, in days (1-3650).
+    #[arg(long, default_value_t = 365)]
+    pub days: u32,
+    /// An extra host name (or IP address) on every certificate (repeatable).
+    #[arg(long = "dns", value_name = "NAME")]
+    pub dns: Vec<String>,
+    /// An identity to issue (repeatable; default: artifact-store, ingest, sandbox-runner,
+    /// orchestrator, console, cli).
+    #[arg(long = "name", value_name = "IDENTITY")]
+    pub names: Vec<String>,
+    /// Replace files that exist (every certificate issued before stops being trusted when the
+    /// CA is replaced).
+    #[arg(long, conflicts_with = "if_missing")]
+    pub force: bool,
+    /// Do nothing (and succeed) when DIR already holds a CA (ca.pem): for deployments that
+    /// run this at every start.
+    #[arg(long)]
+    pub if_missing: bool,
 }
 
 #[derive(Debug, Args)]

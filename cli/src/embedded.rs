@@ -90,9 +90,19 @@ impl Services {
         .iter()
         .any(|a| a.is_some());
         if remote {
+            let tls = global
+                .tls
+                .config()
+                .load(IDENTITY)
+                .context("reading the TLS files (--tls-dir / CAIRN_TLS_DIR)")?;
             let dial = |a: &Option<String>| -> anyhow::Result<Option<TracedChannel>> {
                 a.as_deref()
-                    .map(|a| Ok(cairn_telemetry::traced(cairn_server::connect(a)?)))
+                    .map(|a| {
+                        Ok(cairn_telemetry::traced(cairn_server::connect_tls(
+                            a,
+                            tls.as_ref(),
+                        )?))
+                    })
                     .transpose()
             };
             return Ok(Services {
@@ -106,7 +116,8 @@ impl Services {
         }
         let listener = cairn_server::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?.to_string();
-        let hosted = host_all(&global.data_root, &addr, needs).await?;
+        // In-process services talk plaintext over loopback (nothing else can reach them).
+        let hosted = host_all(&global.data_root, &addr, needs, &Security::default()).await?;
         let (stop, stopped) = oneshot::channel();
         let task = tokio::spawn(async move {
             hosted
@@ -182,9 +193,32 @@ impl Services {
     }
 }
 
-/// cairn's services on one host, talking to each other through `self_addr`.
-pub async fn host_all(data_root: &Path, self_addr: &str, needs: Needs) -> anyhow::Result<Hosted> {
+/// The identity CLI commands dial with (`<tls.dir>/cli.pem`).
+pub const IDENTITY: &str = "cli";
+
+/// Transport settings of an embedded host (`cairn up`).
+#[derive(Debug, Clone, Default)]
+pub struct Security {
+    pub tls: cairn_server::TlsConfig,
+    pub insecure_listen: bool,
+}
+
+/// cairn's services on one host, talking to each other through `self_addr`. With TLS the host
+/// serves the orchestrator's certificate and each service dials with its own.
+pub async fn host_all(
+    data_root: &Path,
+    self_addr: &str,
+    needs: Needs,
+    security: &Security,
+) -> anyhow::Result<Hosted> {
     let mut host = cairn_server::Host::new();
+    host.secure(
+        cairn_orchestrator::IDENTITY,
+        &security.tls,
+        security.insecure_listen,
+        &Default::default(),
+    )
+    .context("reading the TLS files (--tls-dir / CAIRN_TLS_DIR)")?;
     let store = cairn_artifact_store::artifact_store_service(cairn_artifact_store::Config::new(
         data_root.to_path_buf(),
     ))
@@ -193,6 +227,7 @@ pub async fn host_all(data_root: &Path, self_addr: &str, needs: Needs) -> anyhow
     host.add(store);
     let ingest = cairn_ingest::ingest_service(&cairn_ingest::Config {
         store_addr: self_addr.to_owned(),
+        tls: security.tls.clone(),
         ..cairn_ingest::Config::default()
     })
     .context("starting the ingest service")?;
@@ -225,6 +260,7 @@ pub async fn host_all(data_root: &Path, self_addr: &str, needs: Needs) -> anyhow
         let config = cairn_orchestrator::Config {
             store_addr: self_addr.to_owned(),
             ingest_addr: self_addr.to_owned(),
+            tls: security.tls.clone(),
             sandbox_addrs: if runner.is_some() {
                 vec![self_addr.to_owned()]
             } else {

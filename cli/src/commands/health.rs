@@ -12,7 +12,8 @@ pub async fn run(global: &Global, args: HealthArgs) -> anyhow::Result<ExitCode> 
     let Some(addr) = &global.addr else {
         anyhow::bail!("cairn health needs --addr (or CAIRN_ADDR): the address to check");
     };
-    let mut client = HealthClient::new(cairn_server::connect(addr)?);
+    let tls = global.tls.config().load(crate::embedded::IDENTITY)?;
+    let mut client = HealthClient::new(cairn_server::connect_tls(addr, tls.as_ref())?);
     let status = client
         .check(HealthCheckRequest {
             service: args.service.clone(),

@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use cairn_proto::v1::{BlockStatus, IngestRequest, IngestResponse};
+use cairn_proto::v1::{BlockStatus, ClaimRunRequest, IngestRequest, IngestResponse, RunFence};
 
 use crate::cli::{Global, IngestArgs};
 use crate::embedded::{Needs, Services};
@@ -16,6 +16,25 @@ pub async fn run(global: &Global, args: IngestArgs) -> anyhow::Result<ExitCode> 
         .run
         .clone()
         .unwrap_or_else(|| format!("manual-{}", uuid::Uuid::now_v7()));
+    // Over mutual TLS ingest writes only under a claim on the run: take it (this fences any
+    // other writer of that run, so give manual ingests runs of their own).
+    let fence = if !args.dry_run && global.tls.config().is_set() && global.addr.is_some() {
+        let claim = services
+            .store()?
+            .claim_run(ClaimRunRequest {
+                project_id: global.project.clone(),
+                run_id: run_id.clone(),
+                holder: "cairn ingest".into(),
+            })
+            .await?
+            .into_inner();
+        Some(RunFence {
+            run_id: run_id.clone(),
+            epoch: claim.epoch,
+        })
+    } else {
+        None
+    };
     let request = IngestRequest {
         project_id: global.project.clone(),
         run_id,
@@ -28,7 +47,7 @@ pub async fn run(global: &Global, args: IngestArgs) -> anyhow::Result<ExitCode> 
         content: content.into(),
         overwrite: args.overwrite,
         source_kind: "cli".into(),
-        fence: None,
+        fence,
     };
     let mut client = services.ingest()?;
     let response = if args.dry_run {

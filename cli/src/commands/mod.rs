@@ -1,5 +1,6 @@
 //! One module per command group; `dispatch` routes a parsed command line to it.
 
+mod certs;
 mod health;
 mod ingest;
 mod run;
@@ -15,7 +16,7 @@ use crate::cli::{Cli, Command};
 pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Up(args) => up::run(&cli.global, args).await,
-        Command::Serve(args) => serve::run(args).await,
+        Command::Serve(args) => serve::run(&cli.global, args).await,
         Command::Health(args) => health::run(&cli.global, args).await,
         Command::Store(cmd) => store::run(&cli.global, cmd).await,
         Command::Ingest(args) => ingest::run(&cli.global, args).await,
@@ -24,5 +25,6 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Runs(cmd) => run::runs(&cli.global, cmd).await,
         Command::Gate(cmd) => run::gate(&cli.global, cmd).await,
         Command::Notes(cmd) => run::notes(&cli.global, cmd).await,
+        Command::Certs(cmd) => certs::run(&cli.global, cmd),
     }
 }

@@ -10,6 +10,11 @@ use crate::cli::{Global, UpArgs};
 use crate::embedded;
 
 pub async fn run(global: &Global, args: UpArgs) -> anyhow::Result<ExitCode> {
+    cairn_server::check_listen_text(
+        &args.listen,
+        global.tls.config().is_set(),
+        global.tls.insecure_listen,
+    )?;
     let listener = cairn_server::bind(&args.listen).await?;
     let addr = listener.local_addr()?.to_string();
     let hosted = embedded::host_all(
@@ -19,6 +24,10 @@ pub async fn run(global: &Global, args: UpArgs) -> anyhow::Result<ExitCode> {
             sandbox: true,
             orchestrator: true,
             ..Default::default()
+        },
+        &embedded::Security {
+            tls: global.tls.config(),
+            insecure_listen: global.tls.insecure_listen,
         },
     )
     .await?;
@@ -41,6 +50,7 @@ pub async fn run(global: &Global, args: UpArgs) -> anyhow::Result<ExitCode> {
             store_addr: addr.clone(),
             token: args.console_token.clone().filter(|t| !t.is_empty()),
             default_project: global.project.clone(),
+            tls: global.tls.config(),
             ..ConsoleConfig::default()
         };
         let console_listener = cairn_server::bind(&args.console_listen).await?;

@@ -1,13 +1,24 @@
 //! Hosting of cairn gRPC services: what every service needs around its own handlers and must
-//! not write again: grpc.health.v1, reflection, one trace span per RPC, message limits, and a
-//! graceful shutdown that stops accepting and lets in-flight calls finish.
-//! Also the one way clients build channels ([`connect`]) and services layer their
-//! configuration ([`config`]).
+//! not write again: grpc.health.v1, reflection, one trace span per RPC, message limits, mutual
+//! TLS and the access table ([`tls`], [`access`]), and a graceful shutdown that stops
+//! accepting and lets in-flight calls finish.
+//! Also the one way clients build channels ([`connect`], [`connect_tls`]) and services layer
+//! their configuration ([`config`]).
 
+pub mod access;
+pub mod caller;
 pub mod config;
+#[cfg(feature = "pki")]
+pub mod pki;
+pub mod tls;
+
+pub use access::Access;
+pub use caller::Caller;
+pub use tls::{Tls, TlsArgs, TlsConfig};
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use tonic::body::Body;
@@ -33,6 +44,10 @@ pub enum Error {
         addr: String,
         source: std::io::Error,
     },
+    #[error("refusing to serve plaintext on {addr}, which is not a loopback address: give --tls-dir (a PKI from `cairn certs init`) or, to accept that anyone who reaches the port is trusted, --insecure-listen")]
+    PlaintextBeyondLoopback { addr: String },
+    #[error("TLS: {0}")]
+    Tls(#[from] tls::TlsError),
 }
 
 /// The services to host on one listener.
@@ -40,6 +55,9 @@ pub enum Error {
 pub struct Host {
     routes: RoutesBuilder,
     names: Vec<&'static str>,
+    tls: Option<Tls>,
+    insecure_listen: bool,
+    access: Access,
 }
 
 impl Host {
@@ -62,6 +80,38 @@ impl Host {
         self.names.push(S::NAME);
         self.routes.add_service(svc);
         self
+    }
+
+    /// Serves mutual TLS with this material (clients must present a certificate of the CA).
+    pub fn tls(&mut self, tls: Option<Tls>) -> &mut Self {
+        self.tls = tls;
+        self
+    }
+
+    /// Allows plaintext on a non-loopback address (logged as a warning at start).
+    pub fn insecure_listen(&mut self, yes: bool) -> &mut Self {
+        self.insecure_listen = yes;
+        self
+    }
+
+    /// The access table (default: the built-in one).
+    pub fn access(&mut self, access: Access) -> &mut Self {
+        self.access = access;
+        self
+    }
+
+    /// The TLS settings, plaintext rule and access table of a service's configuration.
+    pub fn secure(
+        &mut self,
+        identity: &str,
+        tls: &TlsConfig,
+        insecure_listen: bool,
+        access: &std::collections::BTreeMap<String, Vec<String>>,
+    ) -> Result<&mut Self, Error> {
+        self.tls = tls.load(identity)?;
+        self.insecure_listen = insecure_listen;
+        self.access = Access::with_overrides(access);
+        Ok(self)
     }
 
     /// Serves until `shutdown` resolves, then stops accepting, reports NOT_SERVING and waits for
@@ -93,7 +143,10 @@ impl Host {
         routes.add_service(reflection_v1);
         routes.add_service(reflection_v1alpha);
         let local = listener.local_addr().ok();
-        tracing::info!(addr = ?local, services = ?self.names, "serving gRPC");
+        if let Some(addr) = local {
+            check_listen(addr, self.tls.is_some(), self.insecure_listen)?;
+        }
+        tracing::info!(addr = ?local, services = ?self.names, tls = self.tls.is_some(), "serving gRPC");
         let names = self.names;
         let shutdown = async move {
             shutdown.await;
@@ -107,7 +160,11 @@ impl Host {
                 .set_service_status("", ServingStatus::NotServing)
                 .await;
         };
-        tonic::transport::Server::builder()
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = &self.tls {
+            builder = builder.tls_config(tls.server())?;
+        }
+        builder
             .tcp_nodelay(true)
             // Streamed file bodies: larger flow-control windows and frames cut the round trips
             // and per-frame work of a Put (see bench/RESULTS.md, artifact-store).
@@ -116,6 +173,7 @@ impl Host {
             .max_frame_size(Some(MAX_FRAME))
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .layer(cairn_telemetry::server_layer())
+            .layer(access::AccessLayer::new(self.access))
             .add_routes(routes.routes())
             // tonic's own tcp_nodelay is not applied to a caller's listener; without it Nagle
             // delays HTTP/2 window updates and streamed Puts crawl.
@@ -134,6 +192,41 @@ pub const CONNECTION_WINDOW: u32 = 8 << 20;
 /// Largest HTTP/2 frame a peer may send us (the protocol's default is 16 KiB).
 pub const MAX_FRAME: u32 = 1 << 20;
 
+/// Plaintext only on loopback: refuses a non-loopback `addr` without TLS unless
+/// `insecure_listen` (then warns). Call it before binding; [`Host::serve`] checks it again.
+pub fn check_listen(addr: SocketAddr, tls: bool, insecure_listen: bool) -> Result<(), Error> {
+    if tls || addr.ip().is_loopback() {
+        return Ok(());
+    }
+    if !insecure_listen {
+        return Err(Error::PlaintextBeyondLoopback {
+            addr: addr.to_string(),
+        });
+    }
+    tracing::warn!(%addr, "serving PLAINTEXT beyond loopback (--insecure-listen): anyone who reaches this port is trusted with every call");
+    Ok(())
+}
+
+/// [`check_listen`] for a `host:port` text (names other than `localhost` count as
+/// non-loopback: they may resolve anywhere).
+pub fn check_listen_text(addr: &str, tls: bool, insecure_listen: bool) -> Result<(), Error> {
+    let parsed = addr
+        .parse::<SocketAddr>()
+        .ok()
+        .or_else(|| match addr.rsplit_once(':') {
+            Some(("localhost", port)) => port
+                .parse::<u16>()
+                .ok()
+                .map(|p| SocketAddr::from(([127, 0, 0, 1], p))),
+            _ => None,
+        });
+    match parsed {
+        Some(a) => check_listen(a, tls, insecure_listen),
+        // A name or a bad address: bind() reports the latter; Host::serve checks what it bound.
+        None => Ok(()),
+    }
+}
+
 /// Binds a TCP listener, with an error that names the address.
 pub async fn bind(addr: &str) -> Result<tokio::net::TcpListener, Error> {
     tokio::net::TcpListener::bind(addr)
@@ -147,22 +240,49 @@ pub async fn bind(addr: &str) -> Result<tokio::net::TcpListener, Error> {
 /// A lazily connecting channel to `addr` (`host:port` or `http://host:port`). Connection errors
 /// surface as `Unavailable` on the first call, so a dead peer never blocks start-up.
 pub fn connect(addr: &str) -> Result<Channel, Error> {
-    let uri = if addr.contains("://") {
-        addr.to_owned()
-    } else {
-        format!("http://{addr}")
+    connect_tls(addr, None)
+}
+
+/// [`connect`], over mutual TLS when `tls` is given (the address's scheme becomes https; the
+/// server must present a certificate of the CA for the host name dialled).
+pub fn connect_tls(addr: &str, tls: Option<&Tls>) -> Result<Channel, Error> {
+    Ok(endpoint(addr, tls, None)?.connect_lazy())
+}
+
+/// The endpoint [`connect_tls`] dials. `server_name`: the name the server's certificate must
+/// carry when `addr` is an address a name resolved to (default: the host dialled).
+pub fn endpoint(
+    addr: &str,
+    tls: Option<&Tls>,
+    server_name: Option<&str>,
+) -> Result<Endpoint, Error> {
+    let bare = addr
+        .strip_prefix("http://")
+        .or_else(|| addr.strip_prefix("https://"))
+        .unwrap_or(addr);
+    let uri = match (tls.is_some(), addr.contains("://")) {
+        (true, _) => format!("https://{bare}"),
+        (false, true) => addr.to_owned(),
+        (false, false) => format!("http://{addr}"),
     };
-    let endpoint = Endpoint::from_shared(uri).map_err(|e| Error::Address {
+    let bad = |e: &dyn std::fmt::Display| Error::Address {
         addr: addr.to_owned(),
         reason: e.to_string(),
-    })?;
+    };
+    let mut endpoint = Endpoint::from_shared(uri).map_err(|e| bad(&e))?;
+    if let Some(tls) = tls {
+        let mut client = tls.client();
+        if let Some(name) = server_name {
+            client = client.domain_name(name);
+        }
+        endpoint = endpoint.tls_config(client).map_err(|e| bad(&e))?;
+    }
     Ok(endpoint
         .connect_timeout(Duration::from_secs(5))
         .initial_stream_window_size(Some(STREAM_WINDOW))
         .initial_connection_window_size(Some(CONNECTION_WINDOW))
         .tcp_nodelay(true)
-        .http2_keep_alive_interval(Duration::from_secs(30))
-        .connect_lazy())
+        .http2_keep_alive_interval(Duration::from_secs(30)))
 }
 
 /// Asks the grpc.health.v1 service behind `channel` whether `service` (a full service name

@@ -36,6 +36,12 @@ pub struct Config {
     /// Write bodies over 1 MiB with O_DIRECT where the filesystem allows it (no page-cache
     /// copy; the file is fsync'd all the same).
     pub direct_io: bool,
+    /// Mutual TLS (`[tls]`: dir, or cert/key/ca); without it only loopback may be served.
+    pub tls: cairn_server::TlsConfig,
+    /// Serve plaintext beyond loopback anyway (anyone who reaches the port is trusted).
+    pub insecure_listen: bool,
+    /// Replacements for entries of the built-in access table (identity -> methods).
+    pub access: std::collections::BTreeMap<String, Vec<String>>,
 }
 
 impl Default for Config {
@@ -50,6 +56,9 @@ impl Default for Config {
             max_event_bytes: 1 << 20,
             max_json_bytes: 16 << 20,
             direct_io: true,
+            tls: cairn_server::TlsConfig::default(),
+            insecure_listen: false,
+            access: Default::default(),
         }
     }
 }
@@ -132,6 +141,9 @@ pub struct ConfigArgs {
     /// Get chunk size in bytes (4096-1048576).
     #[arg(long, value_name = "BYTES")]
     pub chunk_bytes: Option<usize>,
+    /// TLS flags, parsed by the program that embeds these flags (`--tls-dir` etc. are global).
+    #[arg(skip)]
+    pub tls: cairn_server::TlsArgs,
 }
 
 impl ConfigArgs {
@@ -155,6 +167,8 @@ impl ConfigArgs {
         if !self.allowed_prefixes.is_empty() {
             config.allowed_prefixes = self.allowed_prefixes.clone();
         }
+        config.tls = config.tls.overridden_by(&self.tls.config());
+        config.insecure_listen |= self.tls.insecure_listen;
         config.check()?;
         Ok(config)
     }

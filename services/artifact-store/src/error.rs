@@ -87,6 +87,14 @@ pub enum Error {
         current: u64,
     },
 
+    /// The caller's identity may not write there (docs/security.md, the store's scopes).
+    #[error("identity `{identity}` may not {action}: {rule}")]
+    NotPermitted {
+        identity: String,
+        action: String,
+        rule: &'static str,
+    },
+
     /// The store is shutting down or a background task ended.
     #[error("the artifact-store is shutting down; retry against a running store")]
     Unavailable,
@@ -132,6 +140,7 @@ impl Error {
             Error::Unavailable => Some("store_unavailable"),
             Error::Io { .. } | Error::PublicationLost { .. } => Some("io_error"),
             Error::Fenced { .. } => Some("fenced"),
+            Error::NotPermitted { .. } => Some("identity"),
             _ => None,
         }
     }
@@ -142,7 +151,9 @@ impl Error {
                 Reason::Denied | Reason::PrefixNotAllowed => Code::PermissionDenied,
                 _ => Code::InvalidArgument,
             },
-            Error::Reserved { .. } | Error::SymlinkInPath { .. } => Code::PermissionDenied,
+            Error::Reserved { .. } | Error::SymlinkInPath { .. } | Error::NotPermitted { .. } => {
+                Code::PermissionDenied
+            }
             Error::NotAFile { .. } | Error::PublicationLost { .. } | Error::Fenced { .. } => {
                 Code::FailedPrecondition
             }

@@ -35,7 +35,9 @@ pub const EPOCH_FILE: &str = "events.epoch";
 const LIVE_CAPACITY: usize = 4096;
 /// Run logs kept open before idle ones are closed.
 const OPEN_LOGS: usize = 256;
-const RESERVED_KEYS: &[&str] = &["ts", "seq", "type", "run_id", "node_id", "level"];
+const RESERVED_KEYS: &[&str] = &[
+    "ts", "seq", "type", "run_id", "node_id", "level", "identity",
+];
 /// Longest line `recover` reads back to find the last seq.
 const MAX_TAIL_LINE: u64 = 64 << 20;
 
@@ -116,7 +118,7 @@ impl NewEvent {
         };
         if let Some(key) = RESERVED_KEYS.iter().find(|k| data.contains_key(**k)) {
             return Err(Error::BadRequest(format!(
-                "data_json of event {kind:?} uses the reserved key {key:?} (ts, seq, type, run_id, node_id and level are set by the store); rename it"
+                "data_json of event {kind:?} uses the reserved key {key:?} (ts, seq, type, run_id, node_id, level and identity are set by the store); rename it"
             )));
         }
         Ok(NewEvent {
@@ -125,6 +127,13 @@ impl NewEvent {
             level,
             data,
         })
+    }
+
+    /// Records the authenticated identity that appended it (`identity`; never client-chosen).
+    pub fn by(mut self, identity: &str) -> NewEvent {
+        self.data
+            .insert("identity".to_owned(), Value::String(identity.to_owned()));
+        self
     }
 
     /// An event the store itself records.

@@ -5,6 +5,7 @@
 //! returns the tonic server to add to a `cairn_server::Host`; [`serve`] runs it standalone
 //! (with health, reflection and graceful shutdown from `cairn-server`).
 
+mod access;
 mod beneath;
 pub mod config;
 mod deferred;
@@ -30,6 +31,9 @@ use cairn_proto::v1::artifact_store_server::ArtifactStoreServer;
 pub use config::{Config, ConfigArgs};
 pub use error::{Error, Result};
 pub use service::ArtifactStoreService;
+
+/// The identity whose certificate the store serves with (`<tls.dir>/artifact-store.pem`).
+pub const IDENTITY: &str = "artifact-store";
 
 /// Largest gRPC message the store accepts or sends (Put chunks are at most 4 MiB).
 const MAX_MESSAGE_BYTES: usize = 16 << 20;
@@ -63,8 +67,15 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<()> {
-    let service = artifact_store_service(config).await?;
     let mut host = cairn_server::Host::new();
+    host.secure(
+        IDENTITY,
+        &config.tls,
+        config.insecure_listen,
+        &config.access,
+    )
+    .map_err(|e| Error::Config(e.to_string()))?;
+    let service = artifact_store_service(config).await?;
     host.add(service);
     host.serve(listener, shutdown)
         .await

@@ -24,7 +24,8 @@ use crate::page::Page;
 use crate::read::{self, Entry, Kind};
 use crate::store::Store;
 use crate::write::{self, Durability, Outcome, PutSpec};
-use crate::{project, Result};
+use crate::{access, project, Result};
+use cairn_server::Caller;
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
@@ -122,6 +123,7 @@ impl ArtifactStore for ArtifactStoreService {
         &self,
         request: Request<Streaming<PutRequest>>,
     ) -> Result<Response<PutResponse>, Status> {
+        let caller = Caller::of(&request);
         let mut stream = request.into_inner();
         let header = match stream.message().await? {
             Some(PutRequest {
@@ -154,6 +156,12 @@ impl ArtifactStore for ArtifactStoreService {
                 .filter(|f| f.epoch > 0)
                 .map(|f| (f.run_id, f.epoch)),
         };
+        access::check_write(
+            &caller,
+            "cairn.v1.ArtifactStore/Put",
+            &spec.path,
+            spec.fence.as_ref(),
+        )?;
         let chunks = stream.map(|m| -> Result<Bytes> {
             match m {
                 Ok(PutRequest {
@@ -235,7 +243,9 @@ impl ArtifactStore for ArtifactStoreService {
         &self,
         request: Request<DeleteRequest>,
     ) -> Result<Response<DeleteResponse>, Status> {
+        let caller = Caller::of(&request);
         let r = request.into_inner();
+        access::check_write(&caller, "cairn.v1.ArtifactStore/Delete", &r.path, None)?;
         let deleted = write::delete(&self.store, &r.project_id, &r.path, &r.run_id).await?;
         Ok(Response::new(DeleteResponse { deleted }))
     }
@@ -244,12 +254,22 @@ impl ArtifactStore for ArtifactStoreService {
         &self,
         request: Request<AppendEventsRequest>,
     ) -> Result<Response<AppendEventsResponse>, Status> {
+        let caller = Caller::of(&request);
         let r = request.into_inner();
         cairn_telemetry::record_ids(&r.project_id, &r.run_id, "");
+        access::check_append(&caller, &r.run_id, r.epoch)?;
+        let identity = (!caller.is_local()).then(|| caller.name().to_owned());
         let events = r
             .events
             .iter()
-            .map(|e| NewEvent::from_client(&e.r#type, &e.node_id, level(e.level), &e.data_json))
+            .map(|e| {
+                let event =
+                    NewEvent::from_client(&e.r#type, &e.node_id, level(e.level), &e.data_json)?;
+                Ok(match &identity {
+                    Some(id) => event.by(id),
+                    None => event,
+                })
+            })
             .collect::<Result<Vec<_>>>()?;
         let (first_seq, last_seq) = self
             .store
@@ -266,12 +286,19 @@ impl ArtifactStore for ArtifactStoreService {
         &self,
         request: Request<ClaimRunRequest>,
     ) -> Result<Response<ClaimRunResponse>, Status> {
+        let caller = Caller::of(&request);
         let r = request.into_inner();
         cairn_telemetry::record_ids(&r.project_id, &r.run_id, "");
+        // The log names the authenticated identity; the holder text is the caller's own word.
+        let holder = if caller.is_local() {
+            r.holder
+        } else {
+            format!("{} (identity {})", r.holder, caller.name())
+        };
         let (epoch, last_seq) = self
             .store
             .runs
-            .claim(&self.store, &r.project_id, &r.run_id, &r.holder)
+            .claim(&self.store, &r.project_id, &r.run_id, &holder)
             .await?;
         Ok(Response::new(ClaimRunResponse { epoch, last_seq }))
     }
@@ -303,7 +330,9 @@ impl ArtifactStore for ArtifactStoreService {
         &self,
         request: Request<UpdateJsonRequest>,
     ) -> Result<Response<UpdateJsonResponse>, Status> {
+        let caller = Caller::of(&request);
         let r = request.into_inner();
+        access::check_write(&caller, "cairn.v1.ArtifactStore/UpdateJson", &r.path, None)?;
         let merge = match pb::MergePolicy::try_from(r.merge) {
             Ok(pb::MergePolicy::None) => Merge::None,
             Ok(pb::MergePolicy::Max) => Merge::Max,

@@ -17,6 +17,12 @@ use crate::error::{Error, Result};
 pub struct Config {
     /// Address the standalone server listens on.
     pub listen: SocketAddr,
+    /// Mutual TLS (`[tls]`: dir, or cert/key/ca); without it only loopback may be served.
+    pub tls: cairn_server::TlsConfig,
+    /// Serve plaintext beyond loopback anyway (anyone who reaches the port is trusted).
+    pub insecure_listen: bool,
+    /// Replacements for entries of the built-in access table (identity -> methods).
+    pub access: std::collections::BTreeMap<String, Vec<String>>,
     /// The artifact-store ingest writes through (`host:port` or `http://host:port`).
     pub store_addr: String,
     /// Longest wait for one store call (a Put of one block, an AppendEvents); a store that does
@@ -41,6 +47,9 @@ impl Default for Config {
         let limits = Limits::default();
         Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 7071)),
+            tls: cairn_server::TlsConfig::default(),
+            insecure_listen: false,
+            access: Default::default(),
             store_addr: "http://127.0.0.1:7070".to_owned(),
             store_timeout_ms: 10_000,
             default_enabled: true,
@@ -150,6 +159,9 @@ pub struct ConfigArgs {
     /// Extra denylisted name (repeatable; adds to the built-in list and the config's).
     #[arg(long = "deny", value_name = "NAME")]
     pub deny: Vec<String>,
+    /// TLS flags, parsed by the program that embeds these flags (`--tls-dir` etc. are global).
+    #[arg(skip)]
+    pub tls: cairn_server::TlsArgs,
 }
 
 impl ConfigArgs {
@@ -182,6 +194,8 @@ impl ConfigArgs {
         )
         .map_err(config_error)?;
         config.denylist.extend(self.deny.iter().cloned());
+        config.tls = config.tls.overridden_by(&self.tls.config());
+        config.insecure_listen |= self.tls.insecure_listen;
         config.check()?;
         Ok(config)
     }

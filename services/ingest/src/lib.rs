@@ -49,6 +49,9 @@ mod serving {
 
     use crate::{store, Config, Error, IngestService, Ingestor, Result};
 
+    /// The identity ingest serves and dials with (`<tls.dir>/ingest.pem`).
+    pub const IDENTITY: &str = "ingest";
+
     /// Largest gRPC message ingest accepts or sends (documents up to 16 MiB plus the envelope).
     const MAX_MESSAGE_BYTES: usize = 32 << 20;
 
@@ -56,8 +59,12 @@ mod serving {
     /// blocks start-up). Fails only on an unusable `store_addr`.
     pub fn ingestor(config: &Config) -> Result<Ingestor> {
         config.check()?;
-        let channel =
-            cairn_server::connect(&config.store_addr).map_err(|e| Error::Config(e.to_string()))?;
+        let tls = config
+            .tls
+            .load(IDENTITY)
+            .map_err(|e| Error::Config(e.to_string()))?;
+        let channel = cairn_server::connect_tls(&config.store_addr, tls.as_ref())
+            .map_err(|e| Error::Config(e.to_string()))?;
         Ok(Ingestor {
             store: store::StoreClient::new(channel, config.store_timeout()),
             limits: config.limits(),
@@ -83,6 +90,13 @@ mod serving {
     ) -> Result<()> {
         let service = ingest_service(&config)?;
         let mut host = cairn_server::Host::new();
+        host.secure(
+            IDENTITY,
+            &config.tls,
+            config.insecure_listen,
+            &config.access,
+        )
+        .map_err(|e| Error::Config(e.to_string()))?;
         host.add(service);
         host.serve(listener, shutdown)
             .await

@@ -12,6 +12,8 @@ use clap::Parser;
 struct Cli {
     #[command(flatten)]
     config: cairn_ingest::ConfigArgs,
+    #[command(flatten)]
+    tls: cairn_server::TlsArgs,
 }
 
 #[tokio::main]
@@ -27,7 +29,8 @@ async fn main() -> std::process::ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> cairn_ingest::Result<()> {
+async fn run(mut cli: Cli) -> cairn_ingest::Result<()> {
+    cli.config.tls = cli.tls;
     let config = cli.config.load()?;
     let listener = cairn_server::bind(&config.listen.to_string())
         .await

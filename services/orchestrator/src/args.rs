@@ -26,6 +26,9 @@ pub struct ConfigArgs {
     /// Any other key: KEY=VALUE (e.g. --set max_parallel_runs=4 --set retry.max_attempts=5).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
+    /// TLS flags, parsed by the program that embeds these flags (`--tls-dir` etc. are global).
+    #[arg(skip)]
+    pub tls: cairn_server::TlsArgs,
 }
 
 impl ConfigArgs {
@@ -54,6 +57,8 @@ impl ConfigArgs {
         for (k, v) in sets {
             config.set(&k, &v)?;
         }
+        config.tls = config.tls.overridden_by(&self.tls.config());
+        config.insecure_listen |= self.tls.insecure_listen;
         Ok(config)
     }
 }

@@ -89,6 +89,12 @@ impl RetryPolicy {
 pub struct Config {
     /// gRPC listen address of the standalone service.
     pub listen: String,
+    /// Mutual TLS (`[tls]`: dir, or cert/key/ca); without it only loopback may be served.
+    pub tls: cairn_server::TlsConfig,
+    /// Serve plaintext beyond loopback anyway (anyone who reaches the port is trusted).
+    pub insecure_listen: bool,
+    /// Replacements for entries of the built-in access table (identity -> methods).
+    pub access: std::collections::BTreeMap<String, Vec<String>>,
     /// The artifact-store (required): every file and event goes there.
     pub store_addr: String,
     /// The ingest service; empty = the ingest hook and `ingest` nodes are off.
@@ -167,6 +173,9 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             listen: "127.0.0.1:50054".into(),
+            tls: cairn_server::TlsConfig::default(),
+            insecure_listen: false,
+            access: Default::default(),
             store_addr: "127.0.0.1:50051".into(),
             ingest_addr: String::new(),
             sandbox_addrs: Vec::new(),

@@ -69,17 +69,24 @@ impl Handle {
     }
 }
 
+/// The identity the orchestrator serves and dials with (`<tls.dir>/orchestrator.pem`).
+pub const IDENTITY: &str = "orchestrator";
+
 /// Builds the service. Connections are lazy, so the store may start after this; with
 /// `resume_on_start` unfinished runs are resumed in the background once the store answers.
 pub async fn orchestrator_service(
     config: Config,
 ) -> Result<(OrchestratorServer<OrchestratorService>, Handle), Error> {
     config.check()?;
-    let store = store::Store::connect(&config.store_addr)?;
+    let tls = config
+        .tls
+        .load(IDENTITY)
+        .map_err(cairn_server::Error::from)?;
+    let store = store::Store::connect_tls(&config.store_addr, tls.as_ref())?;
     let ingest = if config.ingest_addr.trim().is_empty() {
         None
     } else {
-        let channel = cairn_server::connect(&config.ingest_addr)?;
+        let channel = cairn_server::connect_tls(&config.ingest_addr, tls.as_ref())?;
         Some(
             IngestClient::new(cairn_telemetry::traced(channel))
                 .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
@@ -90,7 +97,7 @@ pub async fn orchestrator_service(
         health_interval: std::time::Duration::from_millis(config.sandbox_health_interval_ms),
         resolve_interval: std::time::Duration::from_millis(config.sandbox_resolve_interval_ms),
     };
-    let runners = runners::Runners::start(&config.sandbox_addrs, balancing).await?;
+    let runners = runners::Runners::start_tls(&config.sandbox_addrs, balancing, tls).await?;
     let resume = config.resume_on_start;
     let backends = Arc::new(nodes::Backends {
         store,
@@ -121,8 +128,14 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), Error> {
-    let (server, handle) = orchestrator_service(config).await?;
     let mut host = cairn_server::Host::new();
+    host.secure(
+        IDENTITY,
+        &config.tls,
+        config.insecure_listen,
+        &config.access,
+    )?;
+    let (server, handle) = orchestrator_service(config).await?;
     host.add(server);
     // Stop the drivers and end the watch streams as soon as shutdown begins: the host's
     // graceful shutdown waits for open streams.

@@ -8,6 +8,8 @@ use clap::Parser;
 struct Args {
     #[command(flatten)]
     config: cairn_orchestrator::ConfigArgs,
+    #[command(flatten)]
+    tls: cairn_server::TlsArgs,
 }
 
 #[tokio::main]
@@ -22,7 +24,8 @@ async fn main() -> std::process::ExitCode {
     }
 }
 
-async fn run(args: Args) -> Result<(), cairn_orchestrator::Error> {
+async fn run(mut args: Args) -> Result<(), cairn_orchestrator::Error> {
+    args.config.tls = args.tls;
     let config = args.config.load()?;
     let listener = cairn_server::bind(&config.listen).await?;
     tracing::info!(addr = %config.listen, store = %config.store_addr, "cairn-orchestrator starting");

@@ -138,8 +138,13 @@ struct Endpoint {
 }
 
 impl Endpoint {
-    fn connect(addr: String) -> Result<Arc<Endpoint>, cairn_server::Error> {
-        let channel = cairn_server::connect(&addr)?;
+    /// `server_name`: the name a resolved address's certificate must carry (with TLS).
+    fn connect(
+        addr: String,
+        tls: Option<&cairn_server::Tls>,
+        server_name: Option<&str>,
+    ) -> Result<Arc<Endpoint>, cairn_server::Error> {
+        let channel = cairn_server::endpoint(&addr, tls, server_name)?.connect_lazy();
         let client = SandboxRunnerClient::new(cairn_telemetry::traced(channel.clone()))
             .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES);
@@ -171,6 +176,8 @@ struct Shared {
     next: AtomicUsize,
     balancing: Balancing,
     resolver: Resolver,
+    /// Mutual TLS to every runner (the orchestrator's certificate).
+    tls: Option<cairn_server::Tls>,
 }
 
 /// The runners, with a background task that resolves names and checks health (it stops
@@ -194,14 +201,32 @@ impl Runners {
         addrs: &[String],
         balancing: Balancing,
     ) -> Result<Runners, cairn_server::Error> {
-        Self::start_with_resolver(addrs, balancing, system_resolver()).await
+        Self::start_tls(addrs, balancing, None).await
     }
 
-    /// [`Runners::start`] with another resolver (tests).
+    /// [`Runners::start`] over mutual TLS when `tls` is given.
+    pub async fn start_tls(
+        addrs: &[String],
+        balancing: Balancing,
+        tls: Option<cairn_server::Tls>,
+    ) -> Result<Runners, cairn_server::Error> {
+        Self::start_secure(addrs, balancing, system_resolver(), tls).await
+    }
+
+    /// [`Runners::start`] with another resolver (tests), plaintext.
     pub async fn start_with_resolver(
         addrs: &[String],
         balancing: Balancing,
         resolver: Resolver,
+    ) -> Result<Runners, cairn_server::Error> {
+        Self::start_secure(addrs, balancing, resolver, None).await
+    }
+
+    async fn start_secure(
+        addrs: &[String],
+        balancing: Balancing,
+        resolver: Resolver,
+        tls: Option<cairn_server::Tls>,
     ) -> Result<Runners, cairn_server::Error> {
         let targets = addrs
             .iter()
@@ -211,7 +236,7 @@ impl Runners {
         let mut fixed = Vec::new();
         for t in &targets {
             if let Target::Fixed(addr) = t {
-                fixed.push(Endpoint::connect(addr.clone())?);
+                fixed.push(Endpoint::connect(addr.clone(), tls.as_ref(), None)?);
             }
         }
         let shared = Arc::new(Shared {
@@ -221,6 +246,7 @@ impl Runners {
             next: AtomicUsize::new(0),
             balancing,
             resolver,
+            tls,
         });
         shared.resolve().await;
         let watcher = shared
@@ -425,12 +451,17 @@ impl Shared {
             old.iter().map(|e| (e.addr.as_str(), e)).collect();
         let mut list = Vec::new();
         for (i, t) in self.targets.iter().enumerate() {
-            let addrs: Vec<String> = match t {
-                Target::Fixed(a) => vec![a.clone()],
-                Target::Name { scheme, .. } => resolved
-                    .get(&i)
-                    .map(|v| v.iter().map(|a| format!("{scheme}{a}")).collect())
-                    .unwrap_or_default(),
+            let (addrs, name): (Vec<String>, Option<&str>) = match t {
+                Target::Fixed(a) => (vec![a.clone()], None),
+                Target::Name {
+                    scheme, host_port, ..
+                } => (
+                    resolved
+                        .get(&i)
+                        .map(|v| v.iter().map(|a| format!("{scheme}{a}")).collect())
+                        .unwrap_or_default(),
+                    host_port.rsplit_once(':').map(|(host, _)| host),
+                ),
             };
             for addr in addrs {
                 if list.iter().any(|e: &Arc<Endpoint>| e.addr == addr) {
@@ -438,7 +469,7 @@ impl Shared {
                 }
                 match by_addr.remove(addr.as_str()) {
                     Some(e) => list.push(e.clone()),
-                    None => match Endpoint::connect(addr.clone()) {
+                    None => match Endpoint::connect(addr.clone(), self.tls.as_ref(), name) {
                         Ok(e) => list.push(e),
                         Err(e) => {
                             tracing::warn!(runner = %addr, error = %e, "cannot use resolved sandbox runner address")

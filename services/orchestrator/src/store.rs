@@ -43,7 +43,15 @@ pub struct Store {
 
 impl Store {
     pub fn connect(addr: &str) -> Result<Store, cairn_server::Error> {
-        let channel = cairn_server::connect(addr)?;
+        Self::connect_tls(addr, None)
+    }
+
+    /// [`Store::connect`] over mutual TLS when `tls` is given.
+    pub fn connect_tls(
+        addr: &str,
+        tls: Option<&cairn_server::Tls>,
+    ) -> Result<Store, cairn_server::Error> {
+        let channel = cairn_server::connect_tls(addr, tls)?;
         let client = ArtifactStoreClient::new(cairn_telemetry::traced(channel))
             .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES);

@@ -34,6 +34,9 @@ pub struct ConfigArgs {
     /// Any other key: --set defaults.timeout_ms=5000 (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
+    /// TLS flags, parsed by the program that embeds these flags (`--tls-dir` etc. are global).
+    #[arg(skip)]
+    pub tls: cairn_server::TlsArgs,
 }
 
 impl ConfigArgs {
@@ -64,6 +67,8 @@ impl ConfigArgs {
                 .ok_or_else(|| Error::Config(format!("--set {kv:?}: expected KEY=VALUE")))?;
             config.set(k.trim(), v.trim())?;
         }
+        config.tls = config.tls.overridden_by(&self.tls.config());
+        config.insecure_listen |= self.tls.insecure_listen;
         config.check()?;
         Ok(config)
     }

@@ -29,6 +29,12 @@ pub enum BackendChoice {
 pub struct Config {
     /// Address `serve` binds when run standalone.
     pub listen: String,
+    /// Mutual TLS (`[tls]`: dir, or cert/key/ca); without it only loopback may be served.
+    pub tls: cairn_server::TlsConfig,
+    /// Serve plaintext beyond loopback anyway (anyone who reaches the port is trusted).
+    pub insecure_listen: bool,
+    /// Replacements for entries of the built-in access table (identity -> methods).
+    pub access: std::collections::BTreeMap<String, Vec<String>>,
     /// Id in container labels and names of leftovers to sweep; "" = the id stored in
     /// `<work_root>/runner-id`, made from the host name and a random suffix on first start.
     pub runner_id: String,
@@ -100,6 +106,9 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             listen: "127.0.0.1:50053".into(),
+            tls: cairn_server::TlsConfig::default(),
+            insecure_listen: false,
+            access: Default::default(),
             runner_id: String::new(),
             backend: BackendChoice::Auto,
             image: "cairn-sandbox:latest".into(),

@@ -73,14 +73,24 @@ pub async fn sandbox_service(
     Ok((server, RunnerHandle { runner }))
 }
 
+/// The identity the runner serves with (`<tls.dir>/sandbox-runner.pem`).
+pub const IDENTITY: &str = "sandbox-runner";
+
 /// Serves the runner on `listener` until `shutdown` resolves, then removes what it started.
 pub async fn serve(
     config: Config,
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), Error> {
-    let (server, handle) = sandbox_service(config).await?;
     let mut host = cairn_server::Host::new();
+    host.secure(
+        IDENTITY,
+        &config.tls,
+        config.insecure_listen,
+        &config.access,
+    )
+    .map_err(|e| Error::Config(e.to_string()))?;
+    let (server, handle) = sandbox_service(config).await?;
     host.add(server);
     // Kill what runs before draining calls: a long run must not hold the shutdown (and be
     // SIGKILLed with its container left behind); cut-off calls end Unavailable.

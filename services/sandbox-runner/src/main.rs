@@ -8,11 +8,14 @@ use clap::Parser;
 struct Args {
     #[command(flatten)]
     config: cairn_sandbox_runner::ConfigArgs,
+    #[command(flatten)]
+    tls: cairn_server::TlsArgs,
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args = Args::parse();
+    let mut args = Args::parse();
+    args.config.tls = args.tls.clone();
     let _telemetry = cairn_telemetry::init("cairn-sandbox-runner");
     let config = args.config.load()?;
     let listener = cairn_server::bind(&config.listen).await?;

@@ -40,6 +40,9 @@ use tracing::Instrument;
 
 pub use error::ConsoleError;
 
+/// The identity the console dials the services with (`<tls.dir>/console.pem`).
+pub const IDENTITY: &str = "console";
+
 /// The console's settings (a `[console]` section of the orchestrator's configuration).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -65,6 +68,8 @@ pub struct ConsoleConfig {
     pub secure_cookie: bool,
     /// Deadline of one gRPC call made for a page or an action, in seconds.
     pub rpc_timeout_s: u64,
+    /// Mutual TLS to the orchestrator and the store, with the `console` certificate.
+    pub tls: cairn_server::TlsConfig,
 }
 
 impl Default for ConsoleConfig {
@@ -80,6 +85,7 @@ impl Default for ConsoleConfig {
             session_ttl_s: 12 * 3600,
             secure_cookie: false,
             rpc_timeout_s: 30,
+            tls: cairn_server::TlsConfig::default(),
         }
     }
 }
@@ -151,12 +157,17 @@ struct Inner {
 impl Console {
     fn new(config: ConsoleConfig) -> Result<Console, ConsoleError> {
         config.check()?;
-        let orchestrator = OrchestratorClient::new(cairn_telemetry::traced(cairn_server::connect(
-            &config.orchestrator_addr,
-        )?))
+        let tls = config
+            .tls
+            .load(IDENTITY)
+            .map_err(|e| ConsoleError::Config(e.to_string()))?;
+        let orchestrator = OrchestratorClient::new(cairn_telemetry::traced(
+            cairn_server::connect_tls(&config.orchestrator_addr, tls.as_ref())?,
+        ))
         .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES);
-        let store = ArtifactStoreClient::new(cairn_telemetry::traced(cairn_server::connect(
+        let store = ArtifactStoreClient::new(cairn_telemetry::traced(cairn_server::connect_tls(
             &config.store_addr,
+            tls.as_ref(),
         )?))
         .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES);
         let sessions = session::Sessions::new(&config);

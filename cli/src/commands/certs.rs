@@ -1,0 +1,63 @@
+//! `cairn certs`: the PKI for mutual TLS (a CA and one certificate per identity).
+
+use std::process::ExitCode;
+
+use cairn_server::pki::{self, PkiSpec};
+
+use crate::cli::{CertsCommand, Global};
+
+pub fn run(global: &Global, cmd: CertsCommand) -> anyhow::Result<ExitCode> {
+    match cmd {
+        CertsCommand::Init(args) => {
+            if args.if_missing && args.out.join("ca.pem").exists() {
+                eprintln!(
+                    "{} already holds a PKI (ca.pem); nothing written",
+                    args.out.display()
+                );
+                return Ok(ExitCode::SUCCESS);
+            }
+            let spec = PkiSpec {
+                days: args.days,
+                dns: args.dns,
+                identities: args.names,
+                force: args.force,
+                ..PkiSpec::new(args.out)
+            };
+            let written = pki::init(&spec)?;
+            if global.json {
+                let files: Vec<String> = written.iter().map(|p| p.display().to_string()).collect();
+                crate::output::json(&serde_json::json!({ "files": files }))?;
+            } else {
+                for path in &written {
+                    println!("{}", path.display());
+                }
+                eprintln!(
+                    "PKI written to {}: give it to every service and client with --tls-dir {} (or CAIRN_TLS_DIR); keep ca.key offline",
+                    spec.out.display(),
+                    spec.out.display()
+                );
+            }
+        }
+        CertsCommand::Show { cert } => {
+            let info = pki::describe(&cert)?;
+            if global.json {
+                crate::output::json(&serde_json::json!({
+                    "identity": info.identity,
+                    "names": info.names,
+                    "not_before": info.not_before,
+                    "not_after": info.not_after,
+                }))?;
+            } else {
+                println!(
+                    "identity: {}",
+                    info.identity
+                        .as_deref()
+                        .unwrap_or("(none: not a cairn certificate)")
+                );
+                println!("names: {}", info.names.join(", "));
+                println!("valid: {} .. {}", info.not_before, info.not_after);
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,267 @@
+//! Who may call which RPC: one table of identity → allowed methods, enforced by a layer in
+//! front of every service a [`crate::Host`] serves. Plaintext callers (`local`: loopback, or a
+//! listener told `--insecure-listen`) are the single trusted user and pass; certificate
+//! identities get only what the table grants. Health and reflection are open to every
+//! authenticated caller (probes). Every refusal is logged at warn with the identity, the
+//! peer's address, the RPC and the reason. Finer rules (which paths an identity may write)
+//! belong to the service that owns the data; the store applies them itself.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tonic::body::Body;
+
+use crate::caller::{Caller, Unidentified};
+
+/// Methods every authenticated caller may use.
+const OPEN: [&str; 3] = [
+    "grpc.health.v1.Health/*",
+    "grpc.reflection.v1.ServerReflection/*",
+    "grpc.reflection.v1alpha.ServerReflection/*",
+];
+
+/// The built-in table (docs/security.md shows it; `[access]` in a service's config replaces
+/// the entry of an identity). Patterns: `package.Service/Method`, `package.Service/*`, `*`.
+pub fn default_table() -> BTreeMap<String, Vec<String>> {
+    let store_read = [
+        "cairn.v1.ArtifactStore/Get",
+        "cairn.v1.ArtifactStore/Stat",
+        "cairn.v1.ArtifactStore/List",
+        "cairn.v1.ArtifactStore/ListProjects",
+        "cairn.v1.ArtifactStore/ReadEvents",
+    ];
+    let rows: [(&str, Vec<&str>); 6] = [
+        (
+            "orchestrator",
+            vec![
+                "cairn.v1.ArtifactStore/*",
+                "cairn.v1.Ingest/*",
+                "cairn.v1.SandboxRunner/*",
+            ],
+        ),
+        (
+            "ingest",
+            [
+                &store_read[..],
+                &[
+                    "cairn.v1.ArtifactStore/Put",
+                    "cairn.v1.ArtifactStore/AppendEvents",
+                    "cairn.v1.ArtifactStore/CreateProject",
+                ],
+            ]
+            .concat(),
+        ),
+        ("sandbox-runner", vec![]),
+        (
+            "console",
+            [&store_read[..], &["cairn.v1.Orchestrator/*"]].concat(),
+        ),
+        // The operator's admin tool: every cairn RPC.
+        ("cli", vec!["cairn.v1.*"]),
+        ("artifact-store", vec![]),
+    ];
+    rows.into_iter()
+        .map(|(id, methods)| {
+            (
+                id.to_owned(),
+                methods.into_iter().map(str::to_owned).collect(),
+            )
+        })
+        .collect()
+}
+
+/// Why a call was refused; the word goes into the `cairn-reason` trailer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// No usable identity on a TLS connection.
+    Unauthenticated(&'static str),
+    /// The identity may not call this method.
+    Denied,
+}
+
+/// The access table of one host.
+#[derive(Debug, Clone)]
+pub struct Access {
+    table: BTreeMap<String, Vec<String>>,
+}
+
+impl Default for Access {
+    fn default() -> Self {
+        Access {
+            table: default_table(),
+        }
+    }
+}
+
+impl Access {
+    /// The built-in table with `overrides` replacing whole entries (an identity → its methods).
+    pub fn with_overrides(overrides: &BTreeMap<String, Vec<String>>) -> Access {
+        let mut table = default_table();
+        for (id, methods) in overrides {
+            table.insert(id.clone(), methods.clone());
+        }
+        Access { table }
+    }
+
+    /// Whether `caller` may call `path` (`/package.Service/Method`).
+    pub fn allows(&self, caller: &Caller, path: &str) -> bool {
+        let method = path.trim_start_matches('/');
+        if caller.is_local() || OPEN.iter().any(|p| matches(p, method)) {
+            return true;
+        }
+        self.table
+            .get(caller.name())
+            .is_some_and(|patterns| patterns.iter().any(|p| matches(p, method)))
+    }
+}
+
+fn matches(pattern: &str, method: &str) -> bool {
+    match pattern.strip_suffix('*') {
+        Some(prefix) => method.starts_with(prefix),
+        None => pattern == method,
+    }
+}
+
+/// Logs a refused call at warn: who (or "anonymous"), from where, which RPC, why.
+pub fn audit_refusal(identity: &str, peer: &str, rpc: &str, reason: &str) {
+    tracing::warn!(identity, peer, rpc, reason, "call refused");
+}
+
+/// The layer: identifies the caller, refuses what the table does not grant, and hands the
+/// [`Caller`] to the service in the request's extensions.
+#[derive(Debug, Clone)]
+pub struct AccessLayer {
+    access: Arc<Access>,
+}
+
+impl AccessLayer {
+    pub fn new(access: Access) -> AccessLayer {
+        AccessLayer {
+            access: Arc::new(access),
+        }
+    }
+}
+
+impl<S> tower::Layer<S> for AccessLayer {
+    type Service = AccessService<S>;
+    fn layer(&self, inner: S) -> AccessService<S> {
+        AccessService {
+            inner,
+            access: self.access.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct AccessService<S> {
+    inner: S,
+    access: Arc<Access>,
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<S, B> tower::Service<http::Request<B>> for AccessService<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<Body>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = http::Response<Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<http::Response<Body>, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
+        let rpc = req.uri().path().trim_start_matches('/').to_owned();
+        let status = match Caller::from_extensions(req.extensions()) {
+            Ok(caller) if self.access.allows(&caller, &rpc) => {
+                req.extensions_mut().insert(caller);
+                return Box::pin(self.inner.call(req));
+            }
+            Ok(caller) => {
+                audit_refusal(caller.name(), &caller.peer_text(), &rpc, "identity");
+                cairn_proto::reason::status(
+                    tonic::Code::PermissionDenied,
+                    format!(
+                        "identity `{}` may not call {rpc} (the access table in docs/security.md says who may; an operator can change it under [access])",
+                        caller.name()
+                    ),
+                    "identity",
+                )
+            }
+            Err(why) => {
+                let (reason, message) = match why {
+                    Unidentified::NoCertificate => (
+                        "no_certificate",
+                        "a client certificate is required (give --tls-dir with this program's certificate)",
+                    ),
+                    Unidentified::NoIdentity => (
+                        "no_identity",
+                        "the client certificate names no cairn identity (a SAN URI cairn://<identity>; make certificates with `cairn certs init`)",
+                    ),
+                };
+                let peer = req
+                    .extensions()
+                    .get::<tonic::transport::server::TlsConnectInfo<
+                        tonic::transport::server::TcpConnectInfo,
+                    >>()
+                    .and_then(|t| t.get_ref().remote_addr())
+                    .map(|p| p.to_string())
+                    .unwrap_or_else(|| "unknown".to_owned());
+                audit_refusal("anonymous", &peer, &rpc, reason);
+                cairn_proto::reason::status(tonic::Code::Unauthenticated, message, reason)
+            }
+        };
+        Box::pin(std::future::ready(Ok(status.into_http())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::caller::Principal;
+
+    fn caller(id: &str) -> Caller {
+        Caller {
+            principal: Principal::Service(id.to_owned()),
+            peer: None,
+        }
+    }
+
+    #[test]
+    fn the_table_grants_what_it_names_and_nothing_else() {
+        let a = Access::default();
+        assert!(a.allows(&caller("orchestrator"), "/cairn.v1.ArtifactStore/ClaimRun"));
+        assert!(a.allows(&caller("cli"), "/cairn.v1.ArtifactStore/ClaimRun"));
+        assert!(!a.allows(&caller("ingest"), "/cairn.v1.ArtifactStore/ClaimRun"));
+        assert!(!a.allows(&caller("ingest"), "/cairn.v1.ArtifactStore/Delete"));
+        assert!(!a.allows(&caller("sandbox-runner"), "/cairn.v1.ArtifactStore/Get"));
+        assert!(!a.allows(&caller("console"), "/cairn.v1.SandboxRunner/Run"));
+        assert!(!a.allows(&caller("stranger"), "/cairn.v1.ArtifactStore/Get"));
+        assert!(a.allows(&caller("stranger"), "/grpc.health.v1.Health/Check"));
+        let local = Caller {
+            principal: Principal::Local,
+            peer: None,
+        };
+        assert!(a.allows(&local, "/cairn.v1.ArtifactStore/ClaimRun"));
+        // A prefix pattern does not match a longer service name.
+        assert!(!matches("cairn.v1.Ingest/*", "cairn.v1.IngestX/Parse"));
+    }
+
+    #[test]
+    fn overrides_replace_an_identity_entry() {
+        let overrides = BTreeMap::from([(
+            "sandbox-runner".to_owned(),
+            vec!["cairn.v1.ArtifactStore/Stat".to_owned()],
+        )]);
+        let a = Access::with_overrides(&overrides);
+        assert!(a.allows(&caller("sandbox-runner"), "/cairn.v1.ArtifactStore/Stat"));
+        assert!(!a.allows(&caller("sandbox-runner"), "/cairn.v1.ArtifactStore/Get"));
+    }
+}

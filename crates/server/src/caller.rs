@@ -1,0 +1,118 @@
+//! Who is calling: the identity a verified client certificate names (SAN URI
+//! `cairn://<identity>`), or `local` for a plaintext connection (loopback, or a listener
+//! started with `--insecure-listen`), and the peer's address. Put into every request's
+//! extensions by [`crate::access`]; services read it with [`Caller::of`].
+
+use std::net::SocketAddr;
+
+use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+
+use crate::tls::IDENTITY_URI_SCHEME;
+
+/// The name recorded for plaintext callers.
+pub const LOCAL: &str = "local";
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Principal {
+    /// A plaintext connection: the single-user default, trusted with everything.
+    Local,
+    /// The identity of a certificate the server's CA signed.
+    Service(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    pub principal: Principal,
+    pub peer: Option<SocketAddr>,
+}
+
+/// Why a connection carries no usable identity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unidentified {
+    /// TLS without a client certificate (the handshake normally refuses this first).
+    NoCertificate,
+    /// A certificate the CA signed but that names no `cairn://` identity.
+    NoIdentity,
+}
+
+impl Caller {
+    /// The caller of a gRPC request; `local` when it came through no cairn host (in-process).
+    pub fn of<T>(request: &tonic::Request<T>) -> Caller {
+        request
+            .extensions()
+            .get::<Caller>()
+            .cloned()
+            .unwrap_or(Caller {
+                principal: Principal::Local,
+                peer: request.remote_addr(),
+            })
+    }
+
+    /// Reads the connection information tonic put into an HTTP request's extensions.
+    pub(crate) fn from_extensions(ext: &http::Extensions) -> Result<Caller, Unidentified> {
+        if let Some(tls) = ext.get::<TlsConnectInfo<TcpConnectInfo>>() {
+            let peer = tls.get_ref().remote_addr();
+            let certs = tls.peer_certs().ok_or(Unidentified::NoCertificate)?;
+            let leaf = certs.first().ok_or(Unidentified::NoCertificate)?;
+            let identity = identity_of(leaf.as_ref()).ok_or(Unidentified::NoIdentity)?;
+            return Ok(Caller {
+                principal: Principal::Service(identity),
+                peer,
+            });
+        }
+        let peer = ext
+            .get::<TcpConnectInfo>()
+            .and_then(TcpConnectInfo::remote_addr);
+        Ok(Caller {
+            principal: Principal::Local,
+            peer,
+        })
+    }
+
+    /// The identity's name (`local` for plaintext callers).
+    pub fn name(&self) -> &str {
+        match &self.principal {
+            Principal::Local => LOCAL,
+            Principal::Service(name) => name,
+        }
+    }
+
+    /// Whether this is the given certificate identity (plaintext callers are none).
+    pub fn is(&self, identity: &str) -> bool {
+        matches!(&self.principal, Principal::Service(name) if name == identity)
+    }
+
+    /// Whether the caller came over plaintext (trusted as the single local user).
+    pub fn is_local(&self) -> bool {
+        self.principal == Principal::Local
+    }
+
+    /// The peer address for logs ("unknown" when not a TCP connection).
+    pub fn peer_text(&self) -> String {
+        self.peer
+            .map(|p| p.to_string())
+            .unwrap_or_else(|| "unknown".to_owned())
+    }
+}
+
+/// The identity a DER certificate names: its first SAN URI `cairn://<identity>`.
+pub fn identity_of(der: &[u8]) -> Option<String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    let san = cert.subject_alternative_name().ok()??;
+    san.value.general_names.iter().find_map(|name| match name {
+        x509_parser::extensions::GeneralName::URI(uri) => uri
+            .strip_prefix(IDENTITY_URI_SCHEME)
+            .filter(|id| is_identity_name(id))
+            .map(str::to_owned),
+        _ => None,
+    })
+}
+
+/// Identity names: lowercase letters, digits and `-`, 1-63 characters.
+pub fn is_identity_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}

@@ -1,0 +1,288 @@
+//! A working PKI for one deployment (`cairn certs init`): a CA, and for each identity a
+//! certificate valid as a TLS server and client whose SAN URI `cairn://<identity>` names it.
+//! Keys are written 0600 and never overwritten silently.
+
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, SanType,
+};
+use time::{Duration, OffsetDateTime};
+
+use crate::caller::is_identity_name;
+use crate::tls::{IDENTITIES, IDENTITY_URI_SCHEME};
+
+#[derive(Debug, thiserror::Error)]
+pub enum PkiError {
+    #[error("{0} is not an identity name (lowercase letters, digits and '-', 1-63 characters)")]
+    BadIdentity(String),
+    #[error("{0:?} is not a DNS name or IP address")]
+    BadName(String),
+    #[error("--days must be between 1 and 3650, not {0}")]
+    BadDays(u32),
+    #[error("{} already exists: give another --out, or --force to replace the PKI", .0.display())]
+    Exists(PathBuf),
+    #[error("writing {}: {source}", path.display())]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("making a certificate: {0}")]
+    Cert(#[from] rcgen::Error),
+    #[error("reading the CA in {}: {why}", dir.display())]
+    Ca { dir: PathBuf, why: String },
+}
+
+/// What `cairn certs init` makes.
+#[derive(Debug, Clone)]
+pub struct PkiSpec {
+    pub out: PathBuf,
+    pub days: u32,
+    /// Extra DNS names (or IP addresses) on every certificate.
+    pub dns: Vec<String>,
+    /// Identities to issue; empty = [`IDENTITIES`].
+    pub identities: Vec<String>,
+    /// Replace files that exist.
+    pub force: bool,
+    /// Backdate `not_before`/`not_after` by this much (tests of expired certificates).
+    pub backdate: Duration,
+}
+
+impl PkiSpec {
+    pub fn new(out: impl Into<PathBuf>) -> PkiSpec {
+        PkiSpec {
+            out: out.into(),
+            days: 365,
+            dns: Vec::new(),
+            identities: Vec::new(),
+            force: false,
+            backdate: Duration::ZERO,
+        }
+    }
+}
+
+/// Names every certificate carries besides its identity: loopback, and the names the compose
+/// file and the Kubernetes manifests give the service (namespaces `cairn` and `cairn-sandbox`).
+fn standard_names(identity: &str) -> Vec<String> {
+    let mut names = vec![
+        identity.to_owned(),
+        "localhost".to_owned(),
+        "127.0.0.1".to_owned(),
+        "::1".to_owned(),
+    ];
+    for ns in ["cairn", "cairn-sandbox"] {
+        names.push(format!("{identity}.{ns}"));
+        names.push(format!("{identity}.{ns}.svc"));
+        names.push(format!("{identity}.{ns}.svc.cluster.local"));
+    }
+    names
+}
+
+/// The files written: `ca.pem`, `ca.key`, and `<identity>.pem` / `<identity>.key` each. When
+/// `out` already holds a CA (`ca.pem` and `ca.key`) and `force` is off, that CA issues the
+/// identities (adding identities to a deployment) and only their files are written.
+pub fn init(spec: &PkiSpec) -> Result<Vec<PathBuf>, PkiError> {
+    if !(1..=3650).contains(&spec.days) {
+        return Err(PkiError::BadDays(spec.days));
+    }
+    let identities: Vec<String> = if spec.identities.is_empty() {
+        IDENTITIES.iter().map(|s| (*s).to_owned()).collect()
+    } else {
+        spec.identities.clone()
+    };
+    for id in &identities {
+        if !is_identity_name(id) {
+            return Err(PkiError::BadIdentity(id.clone()));
+        }
+    }
+    for name in &spec.dns {
+        if name.is_empty() || name.len() > 253 || name.contains(char::is_whitespace) {
+            return Err(PkiError::BadName(name.clone()));
+        }
+    }
+    let write = |name: &str, body: &str, mode: u32| -> Result<PathBuf, PkiError> {
+        let path = spec.out.join(name);
+        let err = |source| PkiError::Write {
+            path: path.clone(),
+            source,
+        };
+        let mut opts = std::fs::OpenOptions::new();
+        opts.write(true).mode(mode);
+        if spec.force {
+            opts.create(true).truncate(true);
+        } else {
+            opts.create_new(true);
+        }
+        let mut f = opts.open(&path).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::AlreadyExists {
+                PkiError::Exists(path.clone())
+            } else {
+                err(e)
+            }
+        })?;
+        f.write_all(body.as_bytes()).map_err(err)?;
+        f.sync_all().map_err(err)?;
+        Ok(path)
+    };
+    std::fs::create_dir_all(&spec.out).map_err(|source| PkiError::Write {
+        path: spec.out.clone(),
+        source,
+    })?;
+    let reuse_ca =
+        !spec.force && spec.out.join("ca.pem").exists() && spec.out.join("ca.key").exists();
+    if !spec.force {
+        let ca_files = if reuse_ca {
+            vec![]
+        } else {
+            vec!["ca.pem".to_owned()]
+        };
+        for name in ca_files.into_iter().chain(
+            identities
+                .iter()
+                .flat_map(|i| [format!("{i}.pem"), format!("{i}.key")]),
+        ) {
+            let path = spec.out.join(&name);
+            if path.exists() {
+                return Err(PkiError::Exists(path));
+            }
+        }
+    }
+    let now = OffsetDateTime::now_utc() - spec.backdate;
+    let not_after = now + Duration::days(i64::from(spec.days));
+    let mut written = Vec::new();
+    let issuer = if reuse_ca {
+        let read = |name: &str| {
+            std::fs::read_to_string(spec.out.join(name)).map_err(|e| PkiError::Ca {
+                dir: spec.out.clone(),
+                why: format!("{name}: {e}"),
+            })
+        };
+        let bad = |why: String| PkiError::Ca {
+            dir: spec.out.clone(),
+            why,
+        };
+        let key = KeyPair::from_pem(&read("ca.key")?).map_err(|e| bad(e.to_string()))?;
+        Issuer::from_ca_cert_pem(&read("ca.pem")?, key).map_err(|e| bad(e.to_string()))?
+    } else {
+        new_ca(now, not_after, &write, &mut written)?
+    };
+    for id in &identities {
+        let key = KeyPair::generate()?;
+        let mut names = standard_names(id);
+        names.extend(spec.dns.iter().cloned());
+        let mut params =
+            CertificateParams::new(names).map_err(|_| PkiError::BadName(id.clone()))?;
+        params.subject_alt_names.push(SanType::URI(
+            format!("{IDENTITY_URI_SCHEME}{id}")
+                .try_into()
+                .map_err(|_| PkiError::BadIdentity(id.clone()))?,
+        ));
+        params.distinguished_name = dn(id);
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        params.not_before = now - Duration::minutes(5);
+        params.not_after = not_after;
+        let cert = params.signed_by(&key, &issuer)?;
+        written.push(write(&format!("{id}.pem"), &cert.pem(), 0o644)?);
+        written.push(write(&format!("{id}.key"), &key.serialize_pem(), 0o600)?);
+    }
+    Ok(written)
+}
+
+type WriteFile<'a> = dyn Fn(&str, &str, u32) -> Result<PathBuf, PkiError> + 'a;
+
+/// A new CA: writes `ca.pem` and `ca.key` (kept beside the PKI so more identities can be
+/// issued later; keep it offline in production).
+fn new_ca(
+    now: OffsetDateTime,
+    not_after: OffsetDateTime,
+    write: &WriteFile<'_>,
+    written: &mut Vec<PathBuf>,
+) -> Result<Issuer<'static, KeyPair>, PkiError> {
+    let ca_key = KeyPair::generate()?;
+    let mut ca = CertificateParams::default();
+    ca.distinguished_name = dn("cairn CA");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    ca.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    ca.not_before = now - Duration::minutes(5);
+    ca.not_after = not_after;
+    let ca_cert = ca.self_signed(&ca_key)?;
+    written.push(write("ca.pem", &ca_cert.pem(), 0o644)?);
+    written.push(write("ca.key", &ca_key.serialize_pem(), 0o600)?);
+    Ok(Issuer::new(ca, ca_key))
+}
+
+fn dn(common_name: &str) -> DistinguishedName {
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, common_name);
+    dn.push(DnType::OrganizationName, "cairn");
+    dn
+}
+
+/// What `cairn certs show` prints of a certificate.
+#[derive(Debug, Clone)]
+pub struct CertInfo {
+    pub identity: Option<String>,
+    /// DNS names and IP addresses.
+    pub names: Vec<String>,
+    pub not_before: String,
+    pub not_after: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DescribeError {
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{} is not a PEM certificate", .0.display())]
+    NotACertificate(PathBuf),
+}
+
+/// Reads a PEM certificate file.
+pub fn describe(path: &Path) -> Result<CertInfo, DescribeError> {
+    let bytes = std::fs::read(path).map_err(|source| DescribeError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let not_cert = || DescribeError::NotACertificate(path.to_owned());
+    let (_, pem) = x509_parser::pem::parse_x509_pem(&bytes).map_err(|_| not_cert())?;
+    let (_, cert) = x509_parser::parse_x509_certificate(&pem.contents).map_err(|_| not_cert())?;
+    let mut names = Vec::new();
+    if let Ok(Some(san)) = cert.subject_alternative_name() {
+        for name in &san.value.general_names {
+            match name {
+                x509_parser::extensions::GeneralName::DNSName(n) => names.push((*n).to_owned()),
+                x509_parser::extensions::GeneralName::IPAddress(ip) => {
+                    let ip = match ip.len() {
+                        4 => <[u8; 4]>::try_from(*ip).map(std::net::IpAddr::from).ok(),
+                        16 => <[u8; 16]>::try_from(*ip).map(std::net::IpAddr::from).ok(),
+                        _ => None,
+                    };
+                    names.extend(ip.map(|ip| ip.to_string()));
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(CertInfo {
+        identity: crate::caller::identity_of(&pem.contents),
+        names,
+        not_before: cert.validity().not_before.to_string(),
+        not_after: cert.validity().not_after.to_string(),
+    })
+}

@@ -1,0 +1,208 @@
+//! Transport security: mutual TLS from one PKI. Every cairn program reads the same settings —
+//! a directory made by `cairn certs init` (`ca.pem`, `<identity>.pem`, `<identity>.key`) or
+//! explicit `cert`/`key`/`ca` paths — and with them a server requires a client certificate
+//! signed by the CA and a client verifies the server against the CA. rustls only; no OpenSSL.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
+
+/// The identities of cairn's programs; each has one certificate in a PKI directory.
+pub const IDENTITIES: [&str; 6] = [
+    "artifact-store",
+    "ingest",
+    "sandbox-runner",
+    "orchestrator",
+    "console",
+    "cli",
+];
+
+/// Where a certificate names its identity: a subject alternative name URI `cairn://<identity>`.
+pub const IDENTITY_URI_SCHEME: &str = "cairn://";
+
+/// How long a TLS handshake may take before the connection is dropped.
+const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("cannot read {what} {}: {source} (make the files with `cairn certs init --out DIR`, or fix the path)", path.display())]
+    Read {
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{what} {} holds no PEM {expected} (is it the right file?)", path.display())]
+    Pem {
+        what: &'static str,
+        path: PathBuf,
+        expected: &'static str,
+    },
+    #[error("TLS settings are incomplete: {0}")]
+    Incomplete(String),
+}
+
+/// The `[tls]` section every service's configuration has (also `--tls-dir`, `CAIRN_TLS_DIR`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsConfig {
+    /// A directory made by `cairn certs init`: `ca.pem`, `<identity>.pem`, `<identity>.key`.
+    pub dir: Option<PathBuf>,
+    /// This program's certificate (PEM); overrides `<dir>/<identity>.pem`.
+    pub cert: Option<PathBuf>,
+    /// Its private key (PEM); overrides `<dir>/<identity>.key`.
+    pub key: Option<PathBuf>,
+    /// The CA that signs every peer (PEM); overrides `<dir>/ca.pem`.
+    pub ca: Option<PathBuf>,
+}
+
+impl TlsConfig {
+    /// Whether any TLS setting is given (then every connection is mutual TLS).
+    pub fn is_set(&self) -> bool {
+        self.dir.is_some() || self.cert.is_some() || self.key.is_some() || self.ca.is_some()
+    }
+
+    /// A directory setting alone.
+    pub fn dir(dir: impl Into<PathBuf>) -> TlsConfig {
+        TlsConfig {
+            dir: Some(dir.into()),
+            ..TlsConfig::default()
+        }
+    }
+
+    /// Settings from flags/environment over these (each given one wins).
+    pub fn overridden_by(&self, other: &TlsConfig) -> TlsConfig {
+        TlsConfig {
+            dir: other.dir.clone().or_else(|| self.dir.clone()),
+            cert: other.cert.clone().or_else(|| self.cert.clone()),
+            key: other.key.clone().or_else(|| self.key.clone()),
+            ca: other.ca.clone().or_else(|| self.ca.clone()),
+        }
+    }
+
+    /// The material of `identity` (whose files a directory holds), or `None` without TLS.
+    pub fn load(&self, identity: &str) -> Result<Option<Tls>, TlsError> {
+        if !self.is_set() {
+            return Ok(None);
+        }
+        let pick = |explicit: &Option<PathBuf>, file: String, what: &'static str| {
+            explicit
+                .clone()
+                .or_else(|| self.dir.as_ref().map(|d| d.join(file)))
+                .ok_or_else(|| {
+                    TlsError::Incomplete(format!(
+                        "no {what}: give `dir` (--tls-dir) or the `{what}` path"
+                    ))
+                })
+        };
+        let cert = pick(&self.cert, format!("{identity}.pem"), "cert")?;
+        let key = pick(&self.key, format!("{identity}.key"), "key")?;
+        let ca = pick(&self.ca, "ca.pem".to_owned(), "ca")?;
+        Ok(Some(Tls {
+            identity: identity.to_owned(),
+            cert_pem: read_pem(&cert, "certificate", "CERTIFICATE")?,
+            key_pem: read_pem(&key, "key", "PRIVATE KEY")?,
+            ca_pem: read_pem(&ca, "CA certificate", "CERTIFICATE")?,
+        }))
+    }
+}
+
+fn read_pem(path: &Path, what: &'static str, expected: &'static str) -> Result<Vec<u8>, TlsError> {
+    let bytes = std::fs::read(path).map_err(|source| TlsError::Read {
+        what,
+        path: path.to_owned(),
+        source,
+    })?;
+    let text = String::from_utf8_lossy(&bytes);
+    if !text.contains("-----BEGIN ") || !text.contains(expected) {
+        return Err(TlsError::Pem {
+            what,
+            path: path.to_owned(),
+            expected,
+        });
+    }
+    Ok(bytes)
+}
+
+/// One program's TLS material: its certificate and key, and the CA it trusts.
+#[derive(Clone)]
+pub struct Tls {
+    identity: String,
+    cert_pem: Vec<u8>,
+    key_pem: Vec<u8>,
+    ca_pem: Vec<u8>,
+}
+
+impl std::fmt::Debug for Tls {
+    // The key stays out of logs.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tls")
+            .field("identity", &self.identity)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Tls {
+    /// The identity whose files were read.
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// Server side: our certificate; every client must present one signed by the CA.
+    pub fn server(&self) -> ServerTlsConfig {
+        ServerTlsConfig::new()
+            .identity(Identity::from_pem(&self.cert_pem, &self.key_pem))
+            .client_ca_root(Certificate::from_pem(&self.ca_pem))
+            .timeout(HANDSHAKE_TIMEOUT)
+    }
+
+    /// Client side: the server must present a certificate signed by the CA for the host name
+    /// dialled; we present ours.
+    pub fn client(&self) -> ClientTlsConfig {
+        ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(&self.ca_pem))
+            .identity(Identity::from_pem(&self.cert_pem, &self.key_pem))
+            .assume_http2(true)
+            .timeout(HANDSHAKE_TIMEOUT)
+    }
+
+    /// The same CA and files for another identity of the same directory (`cairn up` hosts all
+    /// services in one process, each dialling with its own certificate).
+    pub fn for_identity(config: &TlsConfig, identity: &str) -> Result<Option<Tls>, TlsError> {
+        config.load(identity)
+    }
+}
+
+/// Flags and variables for the `[tls]` section, shared by every command that serves or dials.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct TlsArgs {
+    /// Mutual TLS with the PKI in DIR (`cairn certs init --out DIR`): ca.pem, <identity>.pem,
+    /// <identity>.key. Servers then require client certificates and refuse plaintext.
+    #[arg(long, global = true, env = "CAIRN_TLS_DIR", value_name = "DIR")]
+    pub tls_dir: Option<PathBuf>,
+    /// This program's certificate (PEM), instead of DIR/<identity>.pem.
+    #[arg(long, global = true, env = "CAIRN_TLS_CERT", value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// Its private key (PEM), instead of DIR/<identity>.key.
+    #[arg(long, global = true, env = "CAIRN_TLS_KEY", value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+    /// The CA certificate (PEM), instead of DIR/ca.pem.
+    #[arg(long, global = true, env = "CAIRN_TLS_CA", value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
+    /// Serve plaintext on a non-loopback address anyway (without TLS anyone who reaches the
+    /// port is trusted; a warning is logged at start).
+    #[arg(long, global = true, env = "CAIRN_INSECURE_LISTEN")]
+    pub insecure_listen: bool,
+}
+
+impl TlsArgs {
+    /// The `[tls]` settings these flags give (unset flags give nothing).
+    pub fn config(&self) -> TlsConfig {
+        TlsConfig {
+            dir: self.tls_dir.clone(),
+            cert: self.tls_cert.clone(),
+            key: self.tls_key.clone(),
+            ca: self.tls_ca.clone(),
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! What each identity may write, enforced here whatever the caller sends: the access table in
+//! front of the service decides which RPCs an identity may call; this decides where its writes
+//! may land. A caller's own `allowed_prefixes` can only narrow these scopes further.
+//!
+//! - `orchestrator`, `cli` (the operator's admin tool) and plaintext callers (`local`, the
+//!   single-user loopback default): anywhere.
+//! - `ingest`: only under a claim on a run (a fence), and only `workspace/…` or that run's
+//!   `.cairn/runs/<run>/ingest/…`; its events only with that claim's epoch.
+//! - any other identity an operator grants writes to: never under `.cairn/`.
+//!
+//! Every refusal is logged at warn with the identity, the peer and what was refused.
+
+use cairn_server::Caller;
+
+use crate::error::{Error, Result};
+
+const RECORDS: &str = ".cairn/";
+
+fn trusted(caller: &Caller) -> bool {
+    caller.is_local() || caller.is("orchestrator") || caller.is("cli")
+}
+
+fn refuse(caller: &Caller, rpc: &str, action: String, rule: &'static str) -> Error {
+    cairn_server::access::audit_refusal(caller.name(), &caller.peer_text(), rpc, rule);
+    Error::NotPermitted {
+        identity: caller.name().to_owned(),
+        action,
+        rule,
+    }
+}
+
+/// May `caller` write `path` (Put, Delete, UpdateJson)? `fence`: the run claim it presented.
+pub fn check_write(
+    caller: &Caller,
+    rpc: &str,
+    path: &str,
+    fence: Option<&(String, u64)>,
+) -> Result<()> {
+    if trusted(caller) {
+        return Ok(());
+    }
+    let action = || format!("write {path:?}");
+    if caller.is("ingest") {
+        let Some((run, _)) = fence else {
+            return Err(refuse(
+                caller,
+                rpc,
+                action(),
+                "ingest writes only under a claim on the run (send the fence the orchestrator passed on)",
+            ));
+        };
+        let manifests = format!("{RECORDS}runs/{run}/ingest/");
+        if path.starts_with("workspace/") || path.starts_with(&manifests) {
+            return Ok(());
+        }
+        return Err(refuse(
+            caller,
+            rpc,
+            action(),
+            "ingest writes only workspace/ and the claimed run's .cairn/runs/<run>/ingest/",
+        ));
+    }
+    if path.starts_with(RECORDS) || path == ".cairn" {
+        return Err(refuse(
+            caller,
+            rpc,
+            action(),
+            "only the orchestrator writes run records under .cairn/",
+        ));
+    }
+    Ok(())
+}
+
+/// May `caller` append events to a run with this `epoch` (0 = unfenced)?
+pub fn check_append(caller: &Caller, run: &str, epoch: u64) -> Result<()> {
+    if trusted(caller) || (caller.is("ingest") && epoch > 0) {
+        return Ok(());
+    }
+    Err(refuse(
+        caller,
+        "cairn.v1.ArtifactStore/AppendEvents",
+        format!("append events to run {run:?}"),
+        if caller.is("ingest") {
+            "ingest appends only with the epoch of a claim on the run"
+        } else {
+            "only the orchestrator appends run events"
+        },
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use cairn_server::caller::Principal;
+
+    use super::*;
+
+    fn caller(id: &str) -> Caller {
+        Caller {
+            principal: Principal::Service(id.to_owned()),
+            peer: None,
+        }
+    }
+
+    #[test]
+    fn ingest_writes_only_its_scopes_and_only_under_a_claim() {
+        let ingest = caller("ingest");
+        let fence = ("r1".to_owned(), 3);
+        assert!(check_write(&ingest, "Put", "workspace/a.py", Some(&fence)).is_ok());
+        assert!(check_write(&ingest, "Put", ".cairn/runs/r1/ingest/n.json", Some(&fence)).is_ok());
+        assert!(check_write(&ingest, "Put", "workspace/a.py", None).is_err());
+        assert!(check_write(&ingest, "Put", ".cairn/runs/r2/ingest/n.json", Some(&fence)).is_err());
+        assert!(check_write(&ingest, "Put", ".cairn/runs/r1/task.yaml", Some(&fence)).is_err());
+        assert!(check_write(&ingest, "Put", "docs/x.md", Some(&fence)).is_err());
+        assert!(check_append(&ingest, "r1", 0).is_err());
+        assert!(check_append(&ingest, "r1", 3).is_ok());
+    }
+
+    #[test]
+    fn records_are_the_orchestrators() {
+        assert!(check_write(
+            &caller("orchestrator"),
+            "Put",
+            ".cairn/runs/r/task.yaml",
+            None
+        )
+        .is_ok());
+        assert!(check_write(&caller("console"), "Put", ".cairn/runs/r/task.yaml", None).is_err());
+        assert!(check_write(&caller("reporter"), "Put", "docs/r.md", None).is_ok());
+        assert!(check_append(&caller("console"), "r", 0).is_err());
+    }
+}
