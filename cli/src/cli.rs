@@ -102,7 +102,8 @@ pub enum CertsCommand {
     /// Make a CA and a certificate + key per identity in DIR: ca.pem, ca.key, <identity>.pem,
     /// <identity>.key (keys 0600). Each certificate serves and dials; it names its identity in
     /// a SAN URI cairn://<identity> and carries the identity, localhost, 127.0.0.1, ::1 and
-    /// the compose and Kubernetes service names as host names. Refuses to replace files.
+    /// the compose and Kubernetes service names as host names. Refuses to replace files. With
+    /// --split each identity also gets DIR/<identity>/ with only its own files.
     Init(CertsInitArgs),
     /// Print the identity a certificate names, and its host names and validity.
     Show {
@@ -134,6 +135,15 @@ pub struct CertsInitArgs {
     /// run this at every start.
     #[arg(long)]
     pub if_missing: bool,
+    /// Also give each identity a directory DIR/<identity>/ holding only ca.pem,
+    /// <identity>.pem and <identity>.key, for a container to mount just its own (ca.key stays
+    /// only in DIR).
+    #[arg(long)]
+    pub split: bool,
+    /// Give every file and directory written to this numeric user and group (e.g. the user a
+    /// service container runs as, 10002:10002); needs root unless it is your own.
+    #[arg(long, value_name = "UID:GID", value_parser = cairn_server::pki::parse_owner)]
+    pub owner: Option<(u32, u32)>,
 }
 
 #[derive(Debug, Args)]

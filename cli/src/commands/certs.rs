@@ -21,6 +21,8 @@ pub fn run(global: &Global, cmd: CertsCommand) -> anyhow::Result<ExitCode> {
                 dns: args.dns,
                 identities: args.names,
                 force: args.force,
+                split: args.split,
+                owner: args.owner,
                 ..PkiSpec::new(args.out)
             };
             let written = pki::init(&spec)?;

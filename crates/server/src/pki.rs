@@ -34,6 +34,25 @@ pub enum PkiError {
     Cert(#[from] rcgen::Error),
     #[error("reading the CA in {}: {why}", dir.display())]
     Ca { dir: PathBuf, why: String },
+    #[error("giving {} to {uid}:{gid}: {source} (--owner needs root, or the owner itself)", path.display())]
+    Chown {
+        path: PathBuf,
+        uid: u32,
+        gid: u32,
+        source: std::io::Error,
+    },
+}
+
+/// Parses `--owner UID:GID` (numbers: the ids of the user a container runs as).
+pub fn parse_owner(text: &str) -> Result<(u32, u32), String> {
+    let (uid, gid) = text
+        .split_once(':')
+        .ok_or_else(|| format!("{text:?} is not UID:GID (e.g. 10002:10002)"))?;
+    let num = |s: &str| {
+        s.parse::<u32>()
+            .map_err(|_| format!("{s:?} in {text:?} is not a numeric id (UID:GID, e.g. 10002:10002)"))
+    };
+    Ok((num(uid)?, num(gid)?))
 }
 
 /// What `cairn certs init` makes.
@@ -49,6 +68,11 @@ pub struct PkiSpec {
     pub force: bool,
     /// Backdate `not_before`/`not_after` by this much (tests of expired certificates).
     pub backdate: Duration,
+    /// Also write `<out>/<identity>/` holding only `ca.pem`, `<identity>.pem` and
+    /// `<identity>.key`: one directory a container mounts without seeing other keys.
+    pub split: bool,
+    /// Give every file and directory written to this `(uid, gid)`.
+    pub owner: Option<(u32, u32)>,
 }
 
 impl PkiSpec {
@@ -60,6 +84,8 @@ impl PkiSpec {
             identities: Vec::new(),
             force: false,
             backdate: Duration::ZERO,
+            split: false,
+            owner: None,
         }
     }
 }
@@ -81,9 +107,10 @@ fn standard_names(identity: &str) -> Vec<String> {
     names
 }
 
-/// The files written: `ca.pem`, `ca.key`, and `<identity>.pem` / `<identity>.key` each. When
-/// `out` already holds a CA (`ca.pem` and `ca.key`) and `force` is off, that CA issues the
-/// identities (adding identities to a deployment) and only their files are written.
+/// The files written: `ca.pem`, `ca.key`, and `<identity>.pem` / `<identity>.key` each (with
+/// `split`, also `<identity>/ca.pem|<identity>.pem|<identity>.key`). When `out` already holds
+/// a CA (`ca.pem` and `ca.key`) and `force` is off, that CA issues the identities (adding
+/// identities to a deployment) and only their files are written.
 pub fn init(spec: &PkiSpec) -> Result<Vec<PathBuf>, PkiError> {
     if !(1..=3650).contains(&spec.days) {
         return Err(PkiError::BadDays(spec.days));
@@ -127,10 +154,18 @@ pub fn init(spec: &PkiSpec) -> Result<Vec<PathBuf>, PkiError> {
         f.sync_all().map_err(err)?;
         Ok(path)
     };
-    std::fs::create_dir_all(&spec.out).map_err(|source| PkiError::Write {
-        path: spec.out.clone(),
-        source,
-    })?;
+    let mut made_dirs = Vec::new();
+    let mkdir = |dir: &Path, made: &mut Vec<PathBuf>| -> Result<(), PkiError> {
+        if !dir.is_dir() {
+            std::fs::create_dir_all(dir).map_err(|source| PkiError::Write {
+                path: dir.to_owned(),
+                source,
+            })?;
+            made.push(dir.to_owned());
+        }
+        Ok(())
+    };
+    mkdir(&spec.out, &mut made_dirs)?;
     let reuse_ca =
         !spec.force && spec.out.join("ca.pem").exists() && spec.out.join("ca.key").exists();
     if !spec.force {
@@ -140,9 +175,16 @@ pub fn init(spec: &PkiSpec) -> Result<Vec<PathBuf>, PkiError> {
             vec!["ca.pem".to_owned()]
         };
         for name in ca_files.into_iter().chain(
-            identities
-                .iter()
-                .flat_map(|i| [format!("{i}.pem"), format!("{i}.key")]),
+            identities.iter().flat_map(|i| {
+                let split = spec
+                    .split
+                    .then(|| split_files(i).map(|(_, to)| to))
+                    .into_iter()
+                    .flatten();
+                [format!("{i}.pem"), format!("{i}.key")]
+                    .into_iter()
+                    .chain(split)
+            }),
         ) {
             let path = spec.out.join(&name);
             if path.exists() {
@@ -195,7 +237,40 @@ pub fn init(spec: &PkiSpec) -> Result<Vec<PathBuf>, PkiError> {
         written.push(write(&format!("{id}.pem"), &cert.pem(), 0o644)?);
         written.push(write(&format!("{id}.key"), &key.serialize_pem(), 0o600)?);
     }
+    if spec.split {
+        for id in &identities {
+            mkdir(&spec.out.join(id), &mut made_dirs)?;
+            for (from, to) in split_files(id) {
+                let from = spec.out.join(from);
+                let body = std::fs::read_to_string(&from)
+                    .map_err(|source| PkiError::Write { path: from, source })?;
+                let mode = if to.ends_with(".key") { 0o600 } else { 0o644 };
+                written.push(write(&to, &body, mode)?);
+            }
+        }
+    }
+    if let Some((uid, gid)) = spec.owner {
+        for path in made_dirs.iter().chain(&written) {
+            std::os::unix::fs::chown(path, Some(uid), Some(gid)).map_err(|source| {
+                PkiError::Chown {
+                    path: path.clone(),
+                    uid,
+                    gid,
+                    source,
+                }
+            })?;
+        }
+    }
     Ok(written)
+}
+
+/// The files of an identity's own directory (`--split`): (flat file, its copy).
+fn split_files(id: &str) -> [(String, String); 3] {
+    [
+        ("ca.pem".to_owned(), format!("{id}/ca.pem")),
+        (format!("{id}.pem"), format!("{id}/{id}.pem")),
+        (format!("{id}.key"), format!("{id}/{id}.key")),
+    ]
 }
 
 type WriteFile<'a> = dyn Fn(&str, &str, u32) -> Result<PathBuf, PkiError> + 'a;
@@ -285,4 +360,114 @@ pub fn describe(path: &Path) -> Result<CertInfo, DescribeError> {
         not_before: cert.validity().not_before.to_string(),
         not_after: cert.validity().not_after.to_string(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    use super::*;
+
+    fn names_in(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn split_gives_each_identity_a_directory_of_its_own_files_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("pki");
+        pki_split(&out);
+        for id in IDENTITIES {
+            let dir = out.join(id);
+            let mut want = vec!["ca.pem".to_owned(), format!("{id}.key"), format!("{id}.pem")];
+            want.sort();
+            assert_eq!(names_in(&dir), want, "{id}");
+            for (flat, copy) in split_files(id) {
+                assert_eq!(
+                    std::fs::read(out.join(&flat)).unwrap(),
+                    std::fs::read(out.join(&copy)).unwrap(),
+                    "{copy}"
+                );
+            }
+            let mode = std::fs::metadata(dir.join(format!("{id}.key")))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600, "{id}.key");
+            assert_eq!(describe(&dir.join(format!("{id}.pem"))).unwrap().identity.as_deref(), Some(id));
+        }
+        // The flat files stay, and the CA key only at the top.
+        assert!(out.join("ca.key").is_file());
+        assert!(out.join("cli.pem").is_file() && out.join("cli.key").is_file());
+        // A second run refuses to replace the split files as it refuses the flat ones.
+        let again = init(&PkiSpec {
+            split: true,
+            ..PkiSpec::new(&out)
+        });
+        assert!(matches!(again, Err(PkiError::Exists(_))), "{again:?}");
+    }
+
+    fn pki_split(out: &Path) -> Vec<PathBuf> {
+        init(&PkiSpec {
+            split: true,
+            ..PkiSpec::new(out)
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn split_adds_a_directory_for_a_new_identity_of_the_same_ca() {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("pki");
+        pki_split(&out);
+        let written = init(&PkiSpec {
+            split: true,
+            identities: vec!["reporter".into()],
+            ..PkiSpec::new(&out)
+        })
+        .unwrap();
+        assert!(written.contains(&out.join("reporter/reporter.key")), "{written:?}");
+        assert_eq!(
+            std::fs::read(out.join("reporter/ca.pem")).unwrap(),
+            std::fs::read(out.join("ca.pem")).unwrap()
+        );
+    }
+
+    #[test]
+    fn owner_is_given_every_file_and_directory_written() {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("pki");
+        // Our own ids work without privileges; root may give any.
+        let (uid, gid) = {
+            let m = std::fs::metadata(tmp.path()).unwrap();
+            (m.uid(), m.gid())
+        };
+        let target = if uid == 0 { (10002, 10002) } else { (uid, gid) };
+        let written = init(&PkiSpec {
+            split: true,
+            owner: Some(target),
+            ..PkiSpec::new(&out)
+        })
+        .unwrap();
+        for path in written
+            .iter()
+            .chain([&out, &out.join("orchestrator")])
+        {
+            let m = std::fs::metadata(path).unwrap();
+            assert_eq!((m.uid(), m.gid()), target, "{}", path.display());
+        }
+    }
+
+    #[test]
+    fn owner_parses_numeric_uid_and_gid_only() {
+        assert_eq!(parse_owner("10002:10003"), Ok((10002, 10003)));
+        for bad in ["10002", "cairn:cairn", ":1", "1:", "1:2:3", "-1:0"] {
+            assert!(parse_owner(bad).is_err(), "{bad}");
+        }
+    }
 }
