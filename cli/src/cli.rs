@@ -62,6 +62,16 @@ pub struct Global {
     pub json: bool,
     #[command(flatten)]
     pub tls: cairn_server::TlsArgs,
+    /// With TLS: the host name a server's certificate must carry when an address is a
+    /// non-loopback IP address (e.g. a container's address on a compose network, whose
+    /// certificate names the service, not the address).
+    #[arg(
+        long,
+        global = true,
+        env = "CAIRN_TLS_SERVER_NAME",
+        value_name = "NAME"
+    )]
+    pub tls_server_name: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]

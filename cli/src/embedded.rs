@@ -98,10 +98,10 @@ impl Services {
             let dial = |a: &Option<String>| -> anyhow::Result<Option<TracedChannel>> {
                 a.as_deref()
                     .map(|a| {
-                        Ok(cairn_telemetry::traced(cairn_server::connect_tls(
-                            a,
-                            tls.as_ref(),
-                        )?))
+                        let name = server_name_for(a, global.tls_server_name.as_deref());
+                        Ok(cairn_telemetry::traced(
+                            cairn_server::endpoint(a, tls.as_ref(), name)?.connect_lazy(),
+                        ))
                     })
                     .transpose()
             };
@@ -280,4 +280,36 @@ pub async fn host_all(
         runner,
         orchestrator,
     })
+}
+
+/// `--tls-server-name` applies to addresses that are non-loopback IP addresses only: a host
+/// name is verified as dialled, and loopback addresses are on every certificate.
+fn server_name_for<'a>(addr: &str, name: Option<&'a str>) -> Option<&'a str> {
+    let bare = addr.split_once("://").map_or(addr, |(_, rest)| rest);
+    let host = bare.rsplit_once(':').map_or(bare, |(host, _)| host);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    match host.parse::<std::net::IpAddr>() {
+        Ok(ip) if !ip.is_loopback() => name,
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod server_name_tests {
+    use super::server_name_for;
+
+    #[test]
+    fn the_server_name_applies_to_non_loopback_ip_addresses_only() {
+        let n = Some("ingest");
+        assert_eq!(server_name_for("172.18.0.3:7070", n), Some("ingest"));
+        assert_eq!(
+            server_name_for("https://172.18.0.3:7070", n),
+            Some("ingest")
+        );
+        assert_eq!(server_name_for("[fd00::3]:7070", n), Some("ingest"));
+        assert_eq!(server_name_for("127.0.0.1:7071", n), None);
+        assert_eq!(server_name_for("[::1]:7071", n), None);
+        assert_eq!(server_name_for("ingest.cairn:7070", n), None);
+        assert_eq!(server_name_for("172.18.0.3:7070", None), None);
+    }
 }

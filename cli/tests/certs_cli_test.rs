@@ -25,7 +25,9 @@ fn certs_init_split_owner_writes_one_directory_per_identity() {
         (me.uid(), me.gid())
     };
     cairn()
-        .args(["certs", "init", "--split", "--name", "ingest", "--name", "cli"])
+        .args([
+            "certs", "init", "--split", "--name", "ingest", "--name", "cli",
+        ])
         .arg("--owner")
         .arg(format!("{}:{}", owner.0, owner.1))
         .arg("--out")
@@ -40,8 +42,15 @@ fn certs_init_split_owner_writes_one_directory_per_identity() {
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
         names.sort();
-        assert_eq!(names, ["ca.pem", &format!("{id}.key"), &format!("{id}.pem")]);
-        for path in [dir.clone(), dir.join(format!("{id}.key")), out.join(format!("{id}.pem"))] {
+        assert_eq!(
+            names,
+            ["ca.pem", &format!("{id}.key"), &format!("{id}.pem")]
+        );
+        for path in [
+            dir.clone(),
+            dir.join(format!("{id}.key")),
+            out.join(format!("{id}.pem")),
+        ] {
             let m = std::fs::metadata(&path).unwrap();
             assert_eq!((m.uid(), m.gid()), owner, "{}", path.display());
         }
@@ -59,7 +68,15 @@ fn certs_init_split_owner_writes_one_directory_per_identity() {
     // Run again at the next start: nothing written, nothing replaced.
     let before = std::fs::read(out.join("cli/cli.key")).unwrap();
     cairn()
-        .args(["certs", "init", "--split", "--if-missing", "--owner", "1:1", "--out"])
+        .args([
+            "certs",
+            "init",
+            "--split",
+            "--if-missing",
+            "--owner",
+            "1:1",
+            "--out",
+        ])
         .arg(&out)
         .assert()
         .success()

@@ -4,7 +4,7 @@
 #      kustomize binary needed), and where `kubectl` or `kustomize` is installed renders with it
 #      too and requires the same objects from both;
 #   2. checks cairn's deployment rules (tools/kustomize_lite.py check: security contexts,
-#      gRPC probes, resources, default-deny NetworkPolicies, single-replica store, ...);
+#      `cairn health` exec probes and a TLS Secret per service, resources, default-deny NetworkPolicies, single-replica store, ...);
 #   3. validates every object against the Kubernetes OpenAPI schemas, strict (unknown fields
 #      are errors), with the PyPI package kubernetes-validate for each pinned version.
 # The Python tools run in a venv created on first use (needs PyPI once).
@@ -13,8 +13,7 @@
 # Environment:
 #   CAIRN_K8S_PYENV     the venv                        (default $HOME/.cache/cairn-pyenv-k8s)
 #   CAIRN_K8S_VERSIONS  Kubernetes versions to check    (default "1.28.0 1.37.0": the oldest
-#                                                        supported, native gRPC probes being GA
-#                                                        since 1.27, and the newest known)
+#                                                        supported and the newest known)
 #   CAIRN_K8S_OUT       keep the rendered YAML here     (default: a temporary directory)
 #   CAIRN_K8S_REFERENCE none: do not compare with kubectl/kustomize even where installed
 set -euo pipefail

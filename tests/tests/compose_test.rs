@@ -3,7 +3,9 @@
 //! gRPC from the host against it, and `docker-compose down` leaving no sandbox container
 //! behind. With CAIRN_REQUIRE_DOCKER=1 these tests must run; otherwise each prints a `SKIP:`
 //! line when Docker, docker-compose or the `cairn` binary is missing. tests/compose_test.sh
-//! builds the binary first and runs them.
+//! builds the binary first and runs them. Every stack makes its own PKI (the compose `certs`
+//! service, into a directory of the test's) and is driven over mutual TLS with the `cli`
+//! identity.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
@@ -19,6 +21,7 @@ use cairn_proto::v1::{
     CloseSessionRequest, ExecRequest, GetRunRequest, NodeState, OpenSessionRequest, RunRequest,
     TaskState,
 };
+use cairn_server::{Tls, TlsConfig};
 
 const RUNNERS: [&str; 2] = ["sandbox-runner-1", "sandbox-runner-2"];
 const WITHOUT_ORCHESTRATOR: [&str; 4] = [
@@ -215,8 +218,8 @@ impl Host {
     }
 }
 
-/// One compose project (unique name, its own runner ids and sandbox directory), taken down
-/// when dropped.
+/// One compose project (unique name, its own runner ids, sandbox directory and PKI), taken
+/// down when dropped.
 struct Stack {
     project: String,
     compose: Vec<String>,
@@ -261,9 +264,30 @@ impl Stack {
             .env("CAIRN_DOCKER_GID", self.docker_gid.to_string())
             .env("CAIRN_SANDBOX_DIR", self.dir.path().join("sandbox"))
             .env("CAIRN_RUNNER_ID_PREFIX", &self.project)
+            .env("CAIRN_PKI_DIR", self.pki())
             // Empty: any free port on 127.0.0.1 (see `port`).
             .env("CAIRN_STORE_PORT", "")
             .env("CAIRN_ORCHESTRATOR_PORT", "");
+        c
+    }
+
+    /// The PKI the `certs` service writes for this stack.
+    fn pki(&self) -> PathBuf {
+        self.dir.path().join("pki")
+    }
+
+    /// The `cli` identity's files (written when the stack first comes up).
+    fn tls(&self) -> Tls {
+        TlsConfig::dir(self.pki().join("cli"))
+            .load("cli")
+            .unwrap()
+            .expect("TLS settings")
+    }
+
+    /// The host's `cairn`, as the `cli` identity of this stack's PKI.
+    fn cairn(&self, host: &Host) -> Command {
+        let mut c = host.cairn();
+        c.env("CAIRN_TLS_DIR", self.pki().join("cli"));
         c
     }
 
@@ -442,8 +466,13 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-async fn runner_client(addr: &str) -> SandboxRunnerClient<tonic::transport::Channel> {
-    SandboxRunnerClient::new(cairn_server::connect(addr).unwrap())
+/// A runner dialled by its container's address: its certificate names the identity.
+async fn runner_client(addr: &str, tls: &Tls) -> SandboxRunnerClient<tonic::transport::Channel> {
+    SandboxRunnerClient::new(
+        cairn_server::endpoint(addr, Some(tls), Some("sandbox-runner"))
+            .unwrap()
+            .connect_lazy(),
+    )
 }
 
 /// `docker-compose up`, then from the host: `cairn store` against the published store, `cairn
@@ -476,7 +505,7 @@ fn compose_stack_serves_the_cli_and_leaves_nothing_behind() {
     if orchestrator_missing.is_none() {
         let orch = stack.published("orchestrator");
         ok(
-            host.cairn().args(["--addr", &orch, "health"]),
+            stack.cairn(&host).args(["--addr", &orch, "health"]),
             Duration::from_secs(20),
         );
     }
@@ -486,7 +515,8 @@ fn compose_stack_serves_the_cli_and_leaves_nothing_behind() {
     let hello = work.join("hello.txt");
     std::fs::write(&hello, "héllo from the host\n").unwrap();
     ok(
-        host.cairn()
+        stack
+            .cairn(&host)
             .args(["--addr", &store, "store", "put"])
             .arg(&hello)
             .arg("docs/compose/hello.txt"),
@@ -494,14 +524,38 @@ fn compose_stack_serves_the_cli_and_leaves_nothing_behind() {
     );
     let got = work.join("got.txt");
     ok(
-        host.cairn()
+        stack
+            .cairn(&host)
             .args(["--addr", &store, "store", "get", "docs/compose/hello.txt"])
             .arg(&got),
         Duration::from_secs(30),
     );
     assert_eq!(std::fs::read(&got).unwrap(), std::fs::read(&hello).unwrap());
-    let refused = run(
+    // Mutual TLS only: a plaintext client (no PKI) gets nothing from the published port.
+    let plaintext = run(
         host.cairn()
+            .env_remove("CAIRN_TLS_DIR")
+            .args(["--addr", &store, "store", "get", "docs/compose/hello.txt"])
+            .arg(work.join("plain.txt")),
+        Duration::from_secs(30),
+    );
+    assert!(
+        !plaintext.status.success() && !work.join("plain.txt").exists(),
+        "a plaintext client read from the store: {}",
+        show(&plaintext)
+    );
+    let health = runtime().block_on(cairn_server::serving(
+        cairn_server::connect(&store).unwrap(),
+        "",
+        Duration::from_secs(10),
+    ));
+    assert!(
+        health.is_err(),
+        "plaintext health check answered: {health:?}"
+    );
+    let refused = run(
+        stack
+            .cairn(&host)
             .args(["--addr", &store, "store", "put"])
             .arg(&got)
             .arg("docs/../escape.txt"),
@@ -522,7 +576,10 @@ fn compose_stack_serves_the_cli_and_leaves_nothing_behind() {
     )
     .unwrap();
     let manifest = ok(
-        host.cairn()
+        stack
+            .cairn(&host)
+            // The container's address: its certificate names the service.
+            .args(["--tls-server-name", "ingest"])
             .args(["--addr", &stack.reach("ingest"), "--json", "ingest"])
             .arg(&doc)
             .args(["--run", &run_id, "--node", "n1"]),
@@ -532,7 +589,8 @@ fn compose_stack_serves_the_cli_and_leaves_nothing_behind() {
     assert_eq!(manifest["summary"]["written"], 1, "{manifest}");
     assert_eq!(manifest["summary"]["rejected"], 1, "{manifest}");
     let listed = ok(
-        host.cairn()
+        stack
+            .cairn(&host)
             .args(["--addr", &store, "store", "ls", "-r", "workspace"]),
         Duration::from_secs(30),
     );
@@ -540,10 +598,11 @@ fn compose_stack_serves_the_cli_and_leaves_nothing_behind() {
 
     // Both runners start sandboxes as siblings through the host's Docker socket.
     let rt = runtime();
+    let tls = stack.tls();
     for (service, runner_id) in RUNNERS.iter().zip(&stack.runner_ids) {
         let addr = stack.reach(service);
         let result = rt.block_on(async {
-            runner_client(&addr)
+            runner_client(&addr, &tls)
                 .await
                 .run(RunRequest {
                     run_id: run_id.clone(),
@@ -572,7 +631,7 @@ fn compose_stack_serves_the_cli_and_leaves_nothing_behind() {
     // A session bind-mounts its task directory: the work_root is the same path on the host.
     let addr = stack.reach("sandbox-runner-1");
     let exec = rt.block_on(async {
-        let mut c = runner_client(&addr).await;
+        let mut c = runner_client(&addr, &tls).await;
         let s = c
             .open_session(OpenSessionRequest {
                 run_id: run_id.clone(),
@@ -603,11 +662,13 @@ fn compose_stack_serves_the_cli_and_leaves_nothing_behind() {
     if host.cli_has_service_addrs() {
         let sandbox_run = format!("{run_id}-cli");
         let out = ok(
-            host.cairn().args([
+            stack.cairn(&host).args([
                 "--store-addr",
                 &store,
                 "--sandbox-addr",
                 &stack.reach("sandbox-runner-2"),
+                "--tls-server-name",
+                "sandbox-runner",
                 "--json",
                 "sandbox",
                 "run",
@@ -621,7 +682,7 @@ fn compose_stack_serves_the_cli_and_leaves_nothing_behind() {
         let summary: serde_json::Value = serde_json::from_str(&out).unwrap();
         assert_eq!(summary["exit_code"], 0, "{summary}");
         ok(
-            host.cairn().args([
+            stack.cairn(&host).args([
                 "--addr",
                 &store,
                 "store",
@@ -694,7 +755,8 @@ fn compose_runs_the_example() {
     let run_id = format!("compose-example-{}", std::process::id());
     let t = Instant::now();
     let out = run(
-        host.cairn()
+        stack
+            .cairn(&host)
             .args(["--addr", &orch, "--json", "run"])
             .arg(repo().join("examples/hello/graph.yaml"))
             .args(["--run-id", &run_id, "--approve-gates"]),
@@ -750,11 +812,13 @@ fn compose_down_removes_sandboxes_in_flight() {
     stack.wait_healthy(&RUNNERS, Duration::from_secs(90));
 
     let rt = runtime();
+    let tls = stack.tls();
     let mut calls = Vec::new();
     for service in RUNNERS {
         let addr = stack.reach(service);
+        let tls = tls.clone();
         calls.push(rt.spawn(async move {
-            runner_client(&addr)
+            runner_client(&addr, &tls)
                 .await
                 .run(RunRequest {
                     run_id: "down-test".into(),
@@ -772,7 +836,7 @@ fn compose_down_removes_sandboxes_in_flight() {
     }
     let addr = stack.reach("sandbox-runner-1");
     rt.block_on(async {
-        runner_client(&addr)
+        runner_client(&addr, &tls)
             .await
             .open_session(OpenSessionRequest {
                 run_id: "down-test".into(),
@@ -834,8 +898,8 @@ fn compose_run_completes_when_a_runner_dies() {
     let runner_1 = stack.container("sandbox-runner-1");
 
     let log = stack.dir.path().join("cairn-run.log");
-    let mut child = host
-        .cairn()
+    let mut child = stack
+        .cairn(&host)
         .args(["--addr", &orch, "--json", "run"])
         .arg(repo().join("tests/compose/failover.yaml"))
         .stdin(Stdio::null())
@@ -933,7 +997,7 @@ fn compose_run_completes_when_a_runner_dies() {
     let rt = runtime();
     let info = rt
         .block_on(async {
-            OrchestratorClient::new(cairn_server::connect(&orch).unwrap())
+            OrchestratorClient::new(cairn_server::connect_tls(&orch, Some(&stack.tls())).unwrap())
                 .get_run(GetRunRequest {
                     project_id: "default".into(),
                     run_id: run_id.clone(),
@@ -963,7 +1027,7 @@ fn compose_run_completes_when_a_runner_dies() {
         killed.elapsed().as_secs_f64()
     );
     let listed = ok(
-        host.cairn().args([
+        stack.cairn(&host).args([
             "--addr",
             &store,
             "store",

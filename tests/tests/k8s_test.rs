@@ -192,7 +192,15 @@ fn validation_rejects_broken_manifests() {
         ),
         (
             "for o in docs:\n    if o['kind'] == 'Deployment' and o['metadata']['name'] == 'orchestrator':\n        o['spec']['template']['spec']['containers'][0]['livenessProbe'] = {'tcpSocket': {'port': 7070}}",
-            "livenessProbe must be a native gRPC probe",
+            "livenessProbe must exec `cairn health` (mutual TLS)",
+        ),
+        (
+            "for o in docs:\n    if o['kind'] == 'Deployment' and o['metadata']['name'] == 'ingest':\n        s = o['spec']['template']['spec']\n        s['volumes'] = [v for v in s['volumes'] if v['name'] != 'tls']\n        s['containers'][0]['volumeMounts'] = [m for m in s['containers'][0]['volumeMounts'] if m['name'] != 'tls']",
+            "no Secret cairn-tls-<identity> mounted at /etc/cairn/pki",
+        ),
+        (
+            "for o in docs:\n    if o['kind'] == 'Deployment' and o['metadata']['name'] == 'sandbox-runner':\n        c = o['spec']['template']['spec']['containers'][0]\n        c['env'] = [e for e in c['env'] if e['name'] != 'CAIRN_TLS_DIR']",
+            "CAIRN_TLS_DIR must be /etc/cairn/pki",
         ),
         (
             "for o in docs:\n    if o['kind'] == 'ServiceAccount':\n        o['automountServiceAccountToken'] = True",
@@ -263,9 +271,12 @@ fn configmap_configs_load_in_each_service() {
         cairn_artifact_store::Config::load(Some(&write("artifact-store.toml", &core))).unwrap();
     assert_eq!(store.data_root, PathBuf::from("/var/lib/cairn/data"));
     assert_eq!(store.listen.port(), 7070);
+    let pki = Some(PathBuf::from("/etc/cairn/pki"));
+    assert_eq!(store.tls.dir, pki);
 
     let ingest = cairn_ingest::Config::load(Some(&write("ingest.toml", &core))).unwrap();
     assert_eq!(ingest.store_addr, "http://artifact-store:7070");
+    assert_eq!(ingest.tls.dir, pki);
 
     let orchestrator =
         cairn_orchestrator::Config::load(Some(&write("orchestrator.toml", &core))).unwrap();
@@ -275,6 +286,7 @@ fn configmap_configs_load_in_each_service() {
         orchestrator.sandbox_addrs,
         vec!["sandbox-runner.cairn-sandbox.svc.cluster.local:7070".to_string()]
     );
+    assert_eq!(orchestrator.tls.dir, pki);
 
     let runner =
         cairn_sandbox_runner::Config::load(Some(&write("sandbox-runner.toml", &sandbox))).unwrap();
@@ -283,4 +295,34 @@ fn configmap_configs_load_in_each_service() {
     assert!(!runner.network_allowed);
     assert_eq!(runner.default_limits().timeout_ms, 30_000);
     assert_eq!(runner.max_limits().timeout_ms, 1_800_000);
+    assert_eq!(runner.tls.dir, pki);
+
+    // Each address is a name the callee's certificate carries (what `cairn certs init` puts on
+    // every certificate), so clients verify it over TLS.
+    let names = |id: &str, n: usize| {
+        let dir = dir.path().join(format!("pki-{n}"));
+        cairn_server::pki::init(&cairn_server::pki::PkiSpec {
+            identities: vec![id.to_owned()],
+            ..cairn_server::pki::PkiSpec::new(&dir)
+        })
+        .unwrap();
+        cairn_server::pki::describe(&dir.join(format!("{id}.pem")))
+            .unwrap()
+            .names
+    };
+    let host = |addr: &str| {
+        let bare = addr.split_once("://").map_or(addr, |(_, rest)| rest);
+        bare.rsplit_once(':').unwrap().0.to_owned()
+    };
+    for (n, (addr, id)) in [
+        (&ingest.store_addr, "artifact-store"),
+        (&orchestrator.store_addr, "artifact-store"),
+        (&orchestrator.ingest_addr, "ingest"),
+        (&orchestrator.sandbox_addrs[0], "sandbox-runner"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        assert!(names(id, n).contains(&host(addr)), "{addr}: {id}'s certificate does not carry its host name");
+    }
 }

@@ -49,8 +49,9 @@ pub fn parse_owner(text: &str) -> Result<(u32, u32), String> {
         .split_once(':')
         .ok_or_else(|| format!("{text:?} is not UID:GID (e.g. 10002:10002)"))?;
     let num = |s: &str| {
-        s.parse::<u32>()
-            .map_err(|_| format!("{s:?} in {text:?} is not a numeric id (UID:GID, e.g. 10002:10002)"))
+        s.parse::<u32>().map_err(|_| {
+            format!("{s:?} in {text:?} is not a numeric id (UID:GID, e.g. 10002:10002)")
+        })
     };
     Ok((num(uid)?, num(gid)?))
 }
@@ -174,18 +175,16 @@ pub fn init(spec: &PkiSpec) -> Result<Vec<PathBuf>, PkiError> {
         } else {
             vec!["ca.pem".to_owned()]
         };
-        for name in ca_files.into_iter().chain(
-            identities.iter().flat_map(|i| {
-                let split = spec
-                    .split
-                    .then(|| split_files(i).map(|(_, to)| to))
-                    .into_iter()
-                    .flatten();
-                [format!("{i}.pem"), format!("{i}.key")]
-                    .into_iter()
-                    .chain(split)
-            }),
-        ) {
+        for name in ca_files.into_iter().chain(identities.iter().flat_map(|i| {
+            let split = spec
+                .split
+                .then(|| split_files(i).map(|(_, to)| to))
+                .into_iter()
+                .flatten();
+            [format!("{i}.pem"), format!("{i}.key")]
+                .into_iter()
+                .chain(split)
+        })) {
             let path = spec.out.join(&name);
             if path.exists() {
                 return Err(PkiError::Exists(path));
@@ -384,7 +383,11 @@ mod tests {
         pki_split(&out);
         for id in IDENTITIES {
             let dir = out.join(id);
-            let mut want = vec!["ca.pem".to_owned(), format!("{id}.key"), format!("{id}.pem")];
+            let mut want = vec![
+                "ca.pem".to_owned(),
+                format!("{id}.key"),
+                format!("{id}.pem"),
+            ];
             want.sort();
             assert_eq!(names_in(&dir), want, "{id}");
             for (flat, copy) in split_files(id) {
@@ -399,7 +402,13 @@ mod tests {
                 .permissions()
                 .mode();
             assert_eq!(mode & 0o777, 0o600, "{id}.key");
-            assert_eq!(describe(&dir.join(format!("{id}.pem"))).unwrap().identity.as_deref(), Some(id));
+            assert_eq!(
+                describe(&dir.join(format!("{id}.pem")))
+                    .unwrap()
+                    .identity
+                    .as_deref(),
+                Some(id)
+            );
         }
         // The flat files stay, and the CA key only at the top.
         assert!(out.join("ca.key").is_file());
@@ -431,7 +440,10 @@ mod tests {
             ..PkiSpec::new(&out)
         })
         .unwrap();
-        assert!(written.contains(&out.join("reporter/reporter.key")), "{written:?}");
+        assert!(
+            written.contains(&out.join("reporter/reporter.key")),
+            "{written:?}"
+        );
         assert_eq!(
             std::fs::read(out.join("reporter/ca.pem")).unwrap(),
             std::fs::read(out.join("ca.pem")).unwrap()
@@ -454,10 +466,7 @@ mod tests {
             ..PkiSpec::new(&out)
         })
         .unwrap();
-        for path in written
-            .iter()
-            .chain([&out, &out.join("orchestrator")])
-        {
+        for path in written.iter().chain([&out, &out.join("orchestrator")]) {
             let m = std::fs::metadata(path).unwrap();
             assert_eq!((m.uid(), m.gid()), target, "{}", path.display());
         }

@@ -280,9 +280,20 @@ def check(objects):
                 for r in ("cpu", "memory"):
                     if r not in res.get(part, {}):
                         problems.append(f"{cname}: resources.{part}.{r} missing")
+            # Services require client certificates, which kubelet gRPC probes cannot present:
+            # probes run `cairn health` in the container, with the container's TLS settings.
             for probe in ("readinessProbe", "livenessProbe"):
-                if "grpc" not in c.get(probe, {}):
-                    problems.append(f"{cname}: {probe} must be a native gRPC probe")
+                cmd = c.get(probe, {}).get("exec", {}).get("command", [])
+                if len(cmd) < 2 or not cmd[0].endswith("cairn") or cmd[1] != "health":
+                    problems.append(f"{cname}: {probe} must exec `cairn health` (mutual TLS)")
+            env = {e.get("name"): e.get("value") for e in c.get("env", [])}
+            mounts = {m.get("mountPath"): m.get("name") for m in c.get("volumeMounts", [])}
+            secrets = {v.get("name"): v.get("secret", {}).get("secretName", "")
+                       for v in spec.get("volumes", []) if "secret" in v}
+            if env.get("CAIRN_TLS_DIR") != "/etc/cairn/pki":
+                problems.append(f"{cname}: CAIRN_TLS_DIR must be /etc/cairn/pki (mutual TLS)")
+            if not secrets.get(mounts.get("/etc/cairn/pki"), "").startswith("cairn-tls-"):
+                problems.append(f"{cname}: no Secret cairn-tls-<identity> mounted at /etc/cairn/pki")
             sc = c.get("securityContext", {})
             if sc.get("allowPrivilegeEscalation") is not False:
                 problems.append(f"{cname}: allowPrivilegeEscalation must be false")
