@@ -544,11 +544,10 @@ fn compose_stack_serves_the_cli_and_leaves_nothing_behind() {
         "a plaintext client read from the store: {}",
         show(&plaintext)
     );
-    let health = runtime().block_on(cairn_server::serving(
-        cairn_server::connect(&store).unwrap(),
-        "",
-        Duration::from_secs(10),
-    ));
+    let health = runtime().block_on(async {
+        let plain = cairn_server::connect(&store).unwrap();
+        cairn_server::serving(plain, "", Duration::from_secs(10)).await
+    });
     assert!(
         health.is_err(),
         "plaintext health check answered: {health:?}"
@@ -580,6 +579,8 @@ fn compose_stack_serves_the_cli_and_leaves_nothing_behind() {
             .cairn(&host)
             // The container's address: its certificate names the service.
             .args(["--tls-server-name", "ingest"])
+            // `cairn ingest` claims the run at the store first.
+            .args(["--store-addr", &store])
             .args(["--addr", &stack.reach("ingest"), "--json", "ingest"])
             .arg(&doc)
             .args(["--run", &run_id, "--node", "n1"]),
