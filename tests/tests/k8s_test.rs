@@ -323,6 +323,9 @@ fn configmap_configs_load_in_each_service() {
     .into_iter()
     .enumerate()
     {
-        assert!(names(id, n).contains(&host(addr)), "{addr}: {id}'s certificate does not carry its host name");
+        assert!(
+            names(id, n).contains(&host(addr)),
+            "{addr}: {id}'s certificate does not carry its host name"
+        );
     }
 }
