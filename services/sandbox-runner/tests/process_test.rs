@@ -366,3 +366,95 @@ async fn floods_are_capped_and_runner_memory_stays_flat() {
         drop(proc);
     }
 }
+
+/// The runner killed with -9 in the middle of a step: its sandboxes stop within 10 s on their
+/// own (no restart, no sweep), so a retry elsewhere never runs alongside them. Cold and warm
+/// runs and a session's Exec, on each backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sandboxes_of_a_killed_runner_stop_within_10_s() {
+    for backend in backends("runner_death").await {
+        let work_root = tempfile::Builder::new()
+            .prefix("cairn-sbx-death")
+            .tempdir()
+            .unwrap();
+        let runner_id = format!("death-{}", uuid::Uuid::new_v4().simple());
+        let pool: &[&str] = if backend.pool {
+            &["--pool-size", "1"]
+        } else {
+            &[]
+        };
+        let (mut proc, client) =
+            spawn_runner_with(backend.backend, work_root.path(), &runner_id, pool).await;
+        let t0 = Instant::now();
+        while backend.pool
+            && client
+                .clone()
+                .get_runner_info(GetRunnerInfoRequest {})
+                .await
+                .unwrap()
+                .into_inner()
+                .warm_containers
+                == 0
+        {
+            assert!(t0.elapsed() < Duration::from_secs(60), "pool never filled");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let n = 4000 + uuid::Uuid::new_v4().as_u128() % 1000;
+        let run_marker = format!("time.sleep({n})");
+        let exec_marker = format!("sleep {}", n + 1000);
+        let mut c = client.clone();
+        let req = with_timeout(python(&format!("import time\n{run_marker}\n")), 600_000);
+        let _run = tokio::spawn(async move { c.run(req).await });
+        let mut markers = vec![run_marker.clone()];
+        if !backend.pool {
+            let mut c = client.clone();
+            let sid = c
+                .open_session(cairn_proto::OpenSessionRequest::default())
+                .await
+                .unwrap()
+                .into_inner()
+                .session_id;
+            let exec = cairn_proto::ExecRequest {
+                session_id: sid,
+                command: format!("{exec_marker}; echo done"),
+                timeout_ms: 600_000,
+                ..Default::default()
+            };
+            tokio::spawn(async move { c.exec(exec).await });
+            markers.push(exec_marker.clone());
+        }
+        let t0 = Instant::now();
+        while markers.iter().any(|m| processes_with(m).is_empty()) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "{backend:?}: the step never started"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        proc.child.kill().unwrap();
+        proc.child.wait().unwrap();
+        let killed = Instant::now();
+        loop {
+            let procs: Vec<i32> = markers.iter().flat_map(|m| processes_with(m)).collect();
+            let running = if backend.docker() {
+                running_containers_of(&runner_id).await
+            } else {
+                Vec::new()
+            };
+            if procs.is_empty() && running.is_empty() {
+                break;
+            }
+            assert!(
+                killed.elapsed() < Duration::from_secs(10),
+                "{backend:?}: 10 s after the runner died, still running: processes {procs:?}, containers {running:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if backend.docker() {
+            // Stopped ones are removed by the next start-up sweep.
+            let (proc2, _c2) = spawn_runner(backend.backend, work_root.path(), &runner_id).await;
+            assert!(containers_of(&runner_id).await.is_empty());
+            drop(proc2);
+        }
+    }
+}
