@@ -423,8 +423,9 @@ async fn sandboxes_of_a_killed_runner_stop_within_10_s() {
             tokio::spawn(async move { c.exec(exec).await });
             markers.push(exec_marker.clone());
         }
+        // Mid-step: the programs themselves run (not just bwrap or the engine setting up).
         let t0 = Instant::now();
-        while markers.iter().any(|m| processes_with(m).is_empty()) {
+        while markers.iter().any(|m| programs_with(m).is_empty()) {
             assert!(
                 t0.elapsed() < Duration::from_secs(60),
                 "{backend:?}: the step never started"
@@ -457,4 +458,20 @@ async fn sandboxes_of_a_killed_runner_stop_within_10_s() {
             drop(proc2);
         }
     }
+}
+
+/// Host processes running `needle`'s program: its command line contains `needle` and is not
+/// that of bubblewrap, prlimit or the run's watchdog (which name the program too).
+fn programs_with(needle: &str) -> Vec<i32> {
+    processes_with(needle)
+        .into_iter()
+        .filter(|pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let first = cmd.split(|b| *b == 0).next().unwrap_or_default().to_vec();
+            let first = String::from_utf8_lossy(&first).into_owned();
+            let wrapper = ["bwrap", "prlimit"].iter().any(|w| first.ends_with(w))
+                || String::from_utf8_lossy(&cmd).contains("\0-I\0-S\0-c\0");
+            !wrapper
+        })
+        .collect()
 }

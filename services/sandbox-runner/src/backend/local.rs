@@ -508,6 +508,7 @@ impl LocalBackend {
     ) -> Result<Finished> {
         let pid = child.id().map(|p| p as i32).unwrap_or(0);
         let _registered = Registered::new(&self.running, pid);
+        let mut unreaped = Unreaped(pid);
         let (Some(mut out), Some(mut err)) = (child.stdout.take(), child.stderr.take()) else {
             return Err(Error::Sandbox("bubblewrap started without pipes".into()));
         };
@@ -552,6 +553,7 @@ impl LocalBackend {
                 child.wait().await.map_err(Error::io("waiting for bubblewrap"))?
             }
         };
+        unreaped.0 = 0;
         let exit_code = status.code().unwrap_or_else(|| {
             use std::os::unix::process::ExitStatusExt;
             128 + status.signal().unwrap_or(0)
@@ -594,7 +596,8 @@ fn rlimits(limits: &Limits, timeout: Duration) -> [(&'static str, u64); 5] {
     [
         ("nproc", limits.pids),
         ("as", limits.memory_bytes),
-        ("fsize", limits.max_output_bytes),
+        // One byte over the output limit: a file cut there is known to be cut.
+        ("fsize", OutputLimits::file_size_cap(limits.max_output_bytes)),
         ("cpu", timeout.as_secs() + 1),
         ("core", 0),
     ]
@@ -688,6 +691,24 @@ pub(super) async fn kill_and_wait(child: &mut Child) {
 pub(super) fn kill_group(pid: i32, sig: Signal) {
     if let Some(pid) = Pid::from_raw(pid) {
         let _ = rustix::process::kill_process_group(pid, sig);
+    }
+}
+
+/// Kills a sandbox whose supervision is dropped before bwrap was reaped (its call was
+/// cancelled, or its client's deadline passed): bwrap's group and the namespace's pid 1 (in a
+/// session of its own), so nothing the program started runs on. Until it is reaped, bwrap's
+/// pid cannot name another process. 0 = reaped.
+struct Unreaped(i32);
+
+impl Drop for Unreaped {
+    fn drop(&mut self) {
+        if self.0 > 0 {
+            let inits = children(self.0);
+            kill_group(self.0, Signal::KILL);
+            for p in inits.into_iter().filter_map(Pid::from_raw) {
+                let _ = rustix::process::kill_process(p, Signal::KILL);
+            }
+        }
     }
 }
 
