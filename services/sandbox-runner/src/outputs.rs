@@ -92,7 +92,9 @@ impl Outputs {
     /// Lists `name` with `reason`; Stop once the listing is full (then nothing is published:
     /// what follows was not looked at).
     fn list(&mut self, name: &[u8], reason: &str) -> Admit {
-        if self.rejected.len() >= LIST_MAX_ENTRIES
+        // Collected files count too (withheld, each of them is listed; at most max_files, so
+        // under the cap). Their names are bounded by the byte limit's reply, not counted here.
+        if self.rejected.len() + self.files.len() >= LIST_MAX_ENTRIES
             || self.name_bytes + name.len() > LIST_MAX_NAME_BYTES
         {
             self.listing_truncated = true;
@@ -175,10 +177,12 @@ impl Outputs {
     /// listing is sorted by path (the same on every backend).
     fn finish(mut self) -> Outputs {
         if self.truncated {
+            // Room for these was kept in the listing (see `list`).
             for f in std::mem::take(&mut self.files) {
-                if let Admit::Stop = self.list(f.path.as_bytes(), "unpublished") {
-                    break;
-                }
+                self.rejected.push(Rejected {
+                    path: f.path,
+                    reason: "unpublished".to_owned(),
+                });
             }
             self.bytes = 0;
         }

@@ -73,7 +73,10 @@ async fn exec_dies_with_its_deadline_or_its_dropped_call() {
             ),
             "{backend:?}: {err:?}"
         );
-        assert!(t0.elapsed() < Duration::from_secs(3), "{backend:?}: the call outlived its deadline");
+        assert!(
+            t0.elapsed() < Duration::from_secs(3),
+            "{backend:?}: the call outlived its deadline"
+        );
         // The call dropped by its client.
         let mut c = r.client.clone();
         let dropped = tokio::time::timeout(
@@ -81,7 +84,10 @@ async fn exec_dies_with_its_deadline_or_its_dropped_call() {
             c.exec(exec_req(&sid, &cmd("dropped"))),
         )
         .await;
-        assert!(dropped.is_err(), "{backend:?}: the exec should still be running");
+        assert!(
+            dropped.is_err(),
+            "{backend:?}: the exec should still be running"
+        );
         tokio::time::sleep(Duration::from_secs(5)).await;
         for f in [
             "deadline-done.txt",
@@ -158,7 +164,10 @@ async fn a_run_in_flight_at_shutdown_is_unavailable() {
         let call = tokio::spawn(async move { c.run(req).await });
         let t0 = Instant::now();
         while processes_with(&marker).is_empty() {
-            assert!(t0.elapsed() < Duration::from_secs(30), "{backend:?}: never started");
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "{backend:?}: never started"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         r.handle.shutdown().await;
@@ -189,8 +198,16 @@ async fn deep_output_trees_lose_nothing() {
         let mut names: Vec<_> = out.output_files.iter().map(|f| f.path.clone()).collect();
         names.sort();
         let bottom = format!("m/{}/bottom.txt", vec!["d"; 70].join("/"));
-        assert_eq!(names, ["a.txt".to_string(), bottom, "z.txt".into()], "{backend:?}");
-        assert!(out.rejected_outputs.is_empty(), "{backend:?}: {:?}", out.rejected_outputs);
+        assert_eq!(
+            names,
+            ["a.txt".to_string(), bottom, "z.txt".into()],
+            "{backend:?}"
+        );
+        assert!(
+            out.rejected_outputs.is_empty(),
+            "{backend:?}: {:?}",
+            out.rejected_outputs
+        );
         assert!(!out.outputs_truncated, "{backend:?}");
         r.stop().await;
     }
@@ -205,9 +222,17 @@ async fn over_limit_outputs_publish_nothing_and_list_everything() {
         let code = "for i in range(1005):\n    open(f'/output/f{i:04}', 'w').write('x')\n";
         let out = r.run(python(code)).await;
         assert_eq!(out.exit_code, 0, "{backend:?}: {}", text(&out.stderr));
-        assert!(out.output_files.is_empty(), "{backend:?}: {} published", out.output_files.len());
+        assert!(
+            out.output_files.is_empty(),
+            "{backend:?}: {} published",
+            out.output_files.len()
+        );
         assert!(out.outputs_truncated, "{backend:?}");
-        let mut listed: Vec<_> = out.rejected_outputs.iter().map(|x| x.path.clone()).collect();
+        let mut listed: Vec<_> = out
+            .rejected_outputs
+            .iter()
+            .map(|x| x.path.clone())
+            .collect();
         listed.sort();
         let all: Vec<_> = (0..1005).map(|i| format!("f{i:04}")).collect();
         assert_eq!(listed, all, "{backend:?}: every output is listed once");
@@ -241,8 +266,18 @@ async fn a_file_cut_at_the_byte_limit_is_reported_truncated() {
             },
         );
         let out = r.run(req).await;
-        assert_ne!(out.exit_code, 0, "{backend:?}: head must be stopped at the limit");
-        assert!(out.output_files.is_empty(), "{backend:?}: {:?}", out.output_files.iter().map(|f| (&f.path, f.size_bytes)).collect::<Vec<_>>());
+        assert_ne!(
+            out.exit_code, 0,
+            "{backend:?}: head must be stopped at the limit"
+        );
+        assert!(
+            out.output_files.is_empty(),
+            "{backend:?}: {:?}",
+            out.output_files
+                .iter()
+                .map(|f| (&f.path, f.size_bytes))
+                .collect::<Vec<_>>()
+        );
         assert!(out.outputs_truncated, "{backend:?}");
         let mut listed: Vec<_> = out
             .rejected_outputs

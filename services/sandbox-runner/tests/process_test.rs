@@ -443,6 +443,10 @@ async fn sandboxes_of_a_killed_runner_stop_within_10_s() {
                 Vec::new()
             };
             if procs.is_empty() && running.is_empty() {
+                println!(
+                    "{backend:?}: stopped {:?} after the runner died",
+                    killed.elapsed()
+                );
                 break;
             }
             assert!(

@@ -441,7 +441,10 @@ async fn output_count_limit_publishes_nothing() {
         );
         // All or nothing: none of the 100,000 is published; the listing stops at its cap.
         assert!(out.output_files.is_empty(), "{backend:?}");
-        assert!(out.outputs_truncated && out.rejected_outputs_truncated, "{backend:?}");
+        assert!(
+            out.outputs_truncated && out.rejected_outputs_truncated,
+            "{backend:?}"
+        );
         assert_eq!(out.rejected_outputs.len(), 20_000, "{backend:?}");
         let unpublished = out
             .rejected_outputs

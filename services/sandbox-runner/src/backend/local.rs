@@ -597,7 +597,10 @@ fn rlimits(limits: &Limits, timeout: Duration) -> [(&'static str, u64); 5] {
         ("nproc", limits.pids),
         ("as", limits.memory_bytes),
         // One byte over the output limit: a file cut there is known to be cut.
-        ("fsize", OutputLimits::file_size_cap(limits.max_output_bytes)),
+        (
+            "fsize",
+            OutputLimits::file_size_cap(limits.max_output_bytes),
+        ),
         ("cpu", timeout.as_secs() + 1),
         ("core", 0),
     ]
