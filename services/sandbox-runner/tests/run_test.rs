@@ -429,7 +429,7 @@ async fn output_count_limit_publishes_nothing() {
     for backend in backends("output_count").await {
         let r = TestRunner::start(backend).await;
         let req = with_limits(
-            python("import os\nfor i in range(100000):\n    open(f'/output/f{i:06}', 'w').write('x')\nprint('done')\n"),
+            python("import os\nfor i in range(30000):\n    open(f'/output/f{i:06}', 'w').write('x')\nprint('done')\n"),
             Limits { timeout_ms: 120_000, max_output_files: 500, ..Default::default() },
         );
         let out = r.run(req).await;
@@ -439,7 +439,7 @@ async fn output_count_limit_publishes_nothing() {
             "{backend:?}: {}",
             text(&out.stderr)
         );
-        // All or nothing: none of the 100,000 is published; the listing stops at its cap.
+        // All or nothing: none of the 30,000 is published; the listing stops at its cap (20,000).
         assert!(out.output_files.is_empty(), "{backend:?}");
         assert!(
             out.outputs_truncated && out.rejected_outputs_truncated,
