@@ -479,3 +479,44 @@ fn programs_with(needle: &str) -> Vec<i32> {
         })
         .collect()
 }
+
+/// The local backend's runner killed while bubblewrap is still building the sandbox (as soon
+/// as a bwrap process names the program): the program never runs on without it. Five tries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_runner_killed_while_bwrap_sets_up_leaves_nothing_running() {
+    if let Err(reason) = bwrap_ready() {
+        println!("SKIP: killed_during_setup [local]: {reason}");
+        return;
+    }
+    for _ in 0..5 {
+        let work_root = tempfile::Builder::new()
+            .prefix("cairn-sbx-setup")
+            .tempdir()
+            .unwrap();
+        let (mut proc, client) =
+            spawn_runner(BackendChoice::Local, work_root.path(), "setup-death").await;
+        let marker = format!(
+            "time.sleep({})",
+            7000 + uuid::Uuid::new_v4().as_u128() % 1000
+        );
+        let mut c = client.clone();
+        let req = with_timeout(python(&format!("import time\n{marker}\n")), 600_000);
+        let _run = tokio::spawn(async move { c.run(req).await });
+        let t0 = Instant::now();
+        while processes_with(&marker).is_empty() {
+            assert!(t0.elapsed() < Duration::from_secs(30), "never started");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        proc.child.kill().unwrap();
+        proc.child.wait().unwrap();
+        let killed = Instant::now();
+        while !processes_with(&marker).is_empty() {
+            assert!(
+                killed.elapsed() < Duration::from_secs(10),
+                "a sandbox set up while its runner died runs on: {:?}",
+                processes_with(&marker)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}

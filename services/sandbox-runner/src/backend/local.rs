@@ -31,6 +31,9 @@ use crate::limits::Limits;
 use crate::outputs::{self, OutputLimits};
 use crate::pool::Pool;
 
+/// Runs its arguments unless stdin (the runner's end held open) is already at end of file.
+const GATE: &str = "read -t 0 && exit 125; exec \"$@\" </dev/null";
+
 /// Top-level host directories never shown inside a sandbox.
 const HIDDEN: &[&str] = &[
     "proc",
@@ -483,8 +486,13 @@ impl LocalBackend {
         for (name, value) in rlimits(spawn.limits, spawn.timeout) {
             cmd.arg(format!("--{name}={value}"));
         }
-        cmd.arg("--").args(&spawn.argv);
-        cmd.stdin(Stdio::null())
+        // The gate: bwrap's stdin is a pipe the runner holds (and never writes). A runner that
+        // died while bwrap was still building the sandbox (before its inner process asked for
+        // the parent-death signal) left it at end of file, and the program never starts;
+        // otherwise the program runs with stdin on /dev/null.
+        cmd.args(["--", "/bin/bash", "-c", GATE, "cairn-gate"])
+            .args(&spawn.argv);
+        cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let started_at = OffsetDateTime::now_utc();
