@@ -490,7 +490,8 @@ impl LocalBackend {
         // died while bwrap was still building the sandbox (before its inner process asked for
         // the parent-death signal) left it at end of file, and the program never starts;
         // otherwise the program runs with stdin on /dev/null.
-        cmd.args(["--", "/bin/bash", "-c", GATE, "cairn-gate"])
+        // `-p`: no BASH_ENV file runs before the check (the environment passes on unchanged).
+        cmd.args(["--", "/bin/bash", "-p", "-c", GATE, "cairn-gate"])
             .args(&spawn.argv);
         cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
