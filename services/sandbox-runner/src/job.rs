@@ -372,6 +372,7 @@ pub fn run_result(job: &Job, outcome: Outcome, runner_id: &str, backend: &str) -
             "path": r.path, "reason": r.reason,
         })).collect::<Vec<_>>(),
         "outputs_truncated": outcome.outputs.truncated,
+        "rejected_outputs_truncated": outcome.outputs.listing_truncated,
     });
     RunResult {
         request_id: job.request_id.clone(),
@@ -407,6 +408,7 @@ pub fn run_result(job: &Job, outcome: Outcome, runner_id: &str, backend: &str) -
             })
             .collect(),
         outputs_truncated: outcome.outputs.truncated,
+        rejected_outputs_truncated: outcome.outputs.listing_truncated,
         result_json: result_json.to_string(),
     }
 }

@@ -129,6 +129,8 @@ impl Runner {
             Err(_) => ("error", started.elapsed()),
         };
         cairn_telemetry::metrics::sandbox_finished(self.backend.name(), label, took);
+        // Shutdown killed it: not the program's failure nor the engine's; retry elsewhere.
+        self.open()?;
         let outcome = outcome?;
         tracing::info!(job_id = %job.id, exit_code = outcome.exit_code, timed_out = outcome.timed_out, oom = outcome.oom_killed, ms = outcome.duration_ms, "run finished");
         Ok(job::run_result(
@@ -329,7 +331,10 @@ impl Runner {
             timeout: Duration::from_millis(timeout_ms),
             max_output_bytes,
         };
-        let out = self.backend.exec(&s.sandbox, &spec).await?;
+        let out = self.backend.exec(&s.sandbox, &spec).await;
+        // Shutdown killed it (and removed the session): retry elsewhere.
+        self.open()?;
+        let out = out?;
         Ok(pb::ExecResult {
             exit_code: out.exit_code,
             timed_out: out.timed_out,

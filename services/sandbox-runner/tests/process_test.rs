@@ -366,3 +366,157 @@ async fn floods_are_capped_and_runner_memory_stays_flat() {
         drop(proc);
     }
 }
+
+/// The runner killed with -9 in the middle of a step: its sandboxes stop within 10 s on their
+/// own (no restart, no sweep), so a retry elsewhere never runs alongside them. Cold and warm
+/// runs and a session's Exec, on each backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sandboxes_of_a_killed_runner_stop_within_10_s() {
+    for backend in backends("runner_death").await {
+        let work_root = tempfile::Builder::new()
+            .prefix("cairn-sbx-death")
+            .tempdir()
+            .unwrap();
+        let runner_id = format!("death-{}", uuid::Uuid::new_v4().simple());
+        let pool: &[&str] = if backend.pool {
+            &["--pool-size", "1"]
+        } else {
+            &[]
+        };
+        let (mut proc, client) =
+            spawn_runner_with(backend.backend, work_root.path(), &runner_id, pool).await;
+        let t0 = Instant::now();
+        while backend.pool
+            && client
+                .clone()
+                .get_runner_info(GetRunnerInfoRequest {})
+                .await
+                .unwrap()
+                .into_inner()
+                .warm_containers
+                == 0
+        {
+            assert!(t0.elapsed() < Duration::from_secs(60), "pool never filled");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let n = 4000 + uuid::Uuid::new_v4().as_u128() % 1000;
+        let run_marker = format!("time.sleep({n})");
+        let exec_marker = format!("sleep {}", n + 1000);
+        let mut c = client.clone();
+        let req = with_timeout(python(&format!("import time\n{run_marker}\n")), 600_000);
+        let _run = tokio::spawn(async move { c.run(req).await });
+        let mut markers = vec![run_marker.clone()];
+        if !backend.pool {
+            let mut c = client.clone();
+            let sid = c
+                .open_session(cairn_proto::OpenSessionRequest::default())
+                .await
+                .unwrap()
+                .into_inner()
+                .session_id;
+            let exec = cairn_proto::ExecRequest {
+                session_id: sid,
+                command: format!("{exec_marker}; echo done"),
+                timeout_ms: 600_000,
+                ..Default::default()
+            };
+            tokio::spawn(async move { c.exec(exec).await });
+            markers.push(exec_marker.clone());
+        }
+        // Mid-step: the programs themselves run (not just bwrap or the engine setting up).
+        let t0 = Instant::now();
+        while markers.iter().any(|m| programs_with(m).is_empty()) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "{backend:?}: the step never started"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        proc.child.kill().unwrap();
+        proc.child.wait().unwrap();
+        let killed = Instant::now();
+        loop {
+            let procs: Vec<i32> = markers.iter().flat_map(|m| processes_with(m)).collect();
+            let running = if backend.docker() {
+                running_containers_of(&runner_id).await
+            } else {
+                Vec::new()
+            };
+            if procs.is_empty() && running.is_empty() {
+                println!(
+                    "{backend:?}: stopped {:?} after the runner died",
+                    killed.elapsed()
+                );
+                break;
+            }
+            assert!(
+                killed.elapsed() < Duration::from_secs(10),
+                "{backend:?}: 10 s after the runner died, still running: processes {procs:?}, containers {running:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if backend.docker() {
+            // Stopped ones are removed by the next start-up sweep.
+            let (proc2, _c2) = spawn_runner(backend.backend, work_root.path(), &runner_id).await;
+            assert!(containers_of(&runner_id).await.is_empty());
+            drop(proc2);
+        }
+    }
+}
+
+/// Host processes running `needle`'s program: its command line contains `needle` and is not
+/// that of bubblewrap, prlimit or the run's watchdog (which name the program too).
+fn programs_with(needle: &str) -> Vec<i32> {
+    processes_with(needle)
+        .into_iter()
+        .filter(|pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let first = cmd.split(|b| *b == 0).next().unwrap_or_default().to_vec();
+            let first = String::from_utf8_lossy(&first).into_owned();
+            let wrapper = ["bwrap", "prlimit"].iter().any(|w| first.ends_with(w))
+                || String::from_utf8_lossy(&cmd).contains("\0-I\0-S\0-c\0");
+            !wrapper
+        })
+        .collect()
+}
+
+/// The local backend's runner killed while bubblewrap is still building the sandbox (as soon
+/// as a bwrap process names the program): the program never runs on without it. Five tries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_runner_killed_while_bwrap_sets_up_leaves_nothing_running() {
+    if let Err(reason) = bwrap_ready() {
+        println!("SKIP: killed_during_setup [local]: {reason}");
+        return;
+    }
+    for _ in 0..5 {
+        let work_root = tempfile::Builder::new()
+            .prefix("cairn-sbx-setup")
+            .tempdir()
+            .unwrap();
+        let (mut proc, client) =
+            spawn_runner(BackendChoice::Local, work_root.path(), "setup-death").await;
+        let marker = format!(
+            "time.sleep({})",
+            7000 + uuid::Uuid::new_v4().as_u128() % 1000
+        );
+        let mut c = client.clone();
+        let req = with_timeout(python(&format!("import time\n{marker}\n")), 600_000);
+        let _run = tokio::spawn(async move { c.run(req).await });
+        let t0 = Instant::now();
+        while processes_with(&marker).is_empty() {
+            assert!(t0.elapsed() < Duration::from_secs(30), "never started");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        proc.child.kill().unwrap();
+        proc.child.wait().unwrap();
+        let killed = Instant::now();
+        while !processes_with(&marker).is_empty() {
+            assert!(
+                killed.elapsed() < Duration::from_secs(10),
+                "a sandbox set up while its runner died runs on: {:?}",
+                processes_with(&marker)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}

@@ -31,6 +31,9 @@ use crate::limits::Limits;
 use crate::outputs::{self, OutputLimits};
 use crate::pool::Pool;
 
+/// Runs its arguments unless stdin (the runner's end held open) is already at end of file.
+const GATE: &str = "read -t 0 && exit 125; exec \"$@\" </dev/null";
+
 /// Top-level host directories never shown inside a sandbox.
 const HIDDEN: &[&str] = &[
     "proc",
@@ -483,8 +486,14 @@ impl LocalBackend {
         for (name, value) in rlimits(spawn.limits, spawn.timeout) {
             cmd.arg(format!("--{name}={value}"));
         }
-        cmd.arg("--").args(&spawn.argv);
-        cmd.stdin(Stdio::null())
+        // The gate: bwrap's stdin is a pipe the runner holds (and never writes). A runner that
+        // died while bwrap was still building the sandbox (before its inner process asked for
+        // the parent-death signal) left it at end of file, and the program never starts;
+        // otherwise the program runs with stdin on /dev/null.
+        // `-p`: no BASH_ENV file runs before the check (the environment passes on unchanged).
+        cmd.args(["--", "/bin/bash", "-p", "-c", GATE, "cairn-gate"])
+            .args(&spawn.argv);
+        cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let started_at = OffsetDateTime::now_utc();
@@ -508,6 +517,7 @@ impl LocalBackend {
     ) -> Result<Finished> {
         let pid = child.id().map(|p| p as i32).unwrap_or(0);
         let _registered = Registered::new(&self.running, pid);
+        let mut unreaped = Unreaped(pid);
         let (Some(mut out), Some(mut err)) = (child.stdout.take(), child.stderr.take()) else {
             return Err(Error::Sandbox("bubblewrap started without pipes".into()));
         };
@@ -552,6 +562,7 @@ impl LocalBackend {
                 child.wait().await.map_err(Error::io("waiting for bubblewrap"))?
             }
         };
+        unreaped.0 = 0;
         let exit_code = status.code().unwrap_or_else(|| {
             use std::os::unix::process::ExitStatusExt;
             128 + status.signal().unwrap_or(0)
@@ -594,7 +605,11 @@ fn rlimits(limits: &Limits, timeout: Duration) -> [(&'static str, u64); 5] {
     [
         ("nproc", limits.pids),
         ("as", limits.memory_bytes),
-        ("fsize", limits.max_output_bytes),
+        // One byte over the output limit: a file cut there is known to be cut.
+        (
+            "fsize",
+            OutputLimits::file_size_cap(limits.max_output_bytes),
+        ),
         ("cpu", timeout.as_secs() + 1),
         ("core", 0),
     ]
@@ -688,6 +703,24 @@ pub(super) async fn kill_and_wait(child: &mut Child) {
 pub(super) fn kill_group(pid: i32, sig: Signal) {
     if let Some(pid) = Pid::from_raw(pid) {
         let _ = rustix::process::kill_process_group(pid, sig);
+    }
+}
+
+/// Kills a sandbox whose supervision is dropped before bwrap was reaped (its call was
+/// cancelled, or its client's deadline passed): bwrap's group and the namespace's pid 1 (in a
+/// session of its own), so nothing the program started runs on. Until it is reaped, bwrap's
+/// pid cannot name another process. 0 = reaped.
+struct Unreaped(i32);
+
+impl Drop for Unreaped {
+    fn drop(&mut self) {
+        if self.0 > 0 {
+            let inits = children(self.0);
+            kill_group(self.0, Signal::KILL);
+            for p in inits.into_iter().filter_map(Pid::from_raw) {
+                let _ = rustix::process::kill_process(p, Signal::KILL);
+            }
+        }
     }
 }
 

@@ -380,3 +380,30 @@ pub fn processes_with(needle: &str) -> Vec<i32> {
     }
     out
 }
+
+/// Running containers labelled with `runner_id`.
+pub async fn running_containers_of(runner_id: &str) -> Vec<String> {
+    let client = bollard::Docker::connect_with_local_defaults()
+        .unwrap()
+        .negotiate_version()
+        .await
+        .unwrap();
+    let filters = std::collections::HashMap::from([
+        (
+            "label".to_string(),
+            vec![format!("cairn.runner_id={runner_id}")],
+        ),
+        ("status".to_string(), vec!["running".to_string()]),
+    ]);
+    let opts = bollard::query_parameters::ListContainersOptionsBuilder::default()
+        .all(true)
+        .filters(&filters)
+        .build();
+    client
+        .list_containers(Some(opts))
+        .await
+        .unwrap()
+        .into_iter()
+        .flat_map(|c| c.names.unwrap_or_default())
+        .collect()
+}
