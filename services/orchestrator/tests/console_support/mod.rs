@@ -423,6 +423,19 @@ impl Orchestrator for FakeOrchestrator {
         );
         Ok(GrpcResponse::new(pb::EditContextResponse { seq }))
     }
+
+    async fn who_am_i(
+        &self,
+        _: GrpcRequest<pb::WhoAmIRequest>,
+    ) -> Result<GrpcResponse<pb::WhoAmIResponse>, Status> {
+        // Like an orchestrator without a tokens file.
+        Ok(GrpcResponse::new(pb::WhoAmIResponse {
+            name: "local".into(),
+            role: "admin".into(),
+            projects: Vec::new(),
+            tokens_required: false,
+        }))
+    }
 }
 
 /// A run blocked at gate `review`, like the real orchestrator reports one.
