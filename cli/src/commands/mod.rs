@@ -6,6 +6,7 @@ mod run;
 mod sandbox;
 mod serve;
 mod store;
+mod tokens;
 mod up;
 
 use std::process::ExitCode;
@@ -24,5 +25,6 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Runs(cmd) => run::runs(&cli.global, cmd).await,
         Command::Gate(cmd) => run::gate(&cli.global, cmd).await,
         Command::Notes(cmd) => run::notes(&cli.global, cmd).await,
+        Command::Tokens(cmd) => tokens::run(&cli.global, cmd),
     }
 }

@@ -18,6 +18,7 @@ pub async fn run(global: &Global, args: UpArgs) -> anyhow::Result<ExitCode> {
         embedded::Needs {
             sandbox: true,
             orchestrator: true,
+            tokens_file: args.tokens_file.clone(),
             ..Default::default()
         },
     )
@@ -41,6 +42,9 @@ pub async fn run(global: &Global, args: UpArgs) -> anyhow::Result<ExitCode> {
             store_addr: addr.clone(),
             token: args.console_token.clone().filter(|t| !t.is_empty()),
             default_project: global.project.clone(),
+            // People log in with their own tokens from the same file.
+            user_tokens: args.tokens_file.is_some(),
+            public_hosts: args.console_public_hosts.clone(),
             ..ConsoleConfig::default()
         };
         let console_listener = cairn_server::bind(&args.console_listen).await?;
