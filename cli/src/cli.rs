@@ -309,7 +309,12 @@ pub struct UpArgs {
     pub no_console: bool,
     /// The tokens file (`cairn tokens add`): every orchestrator call then needs a token
     /// (--token / CAIRN_TOKEN), and people log in to the console with their own token.
-    #[arg(long, env = "CAIRN_TOKENS_FILE", value_name = "FILE", conflicts_with = "console_token")]
+    #[arg(
+        long,
+        env = "CAIRN_TOKENS_FILE",
+        value_name = "FILE",
+        conflicts_with = "console_token"
+    )]
     pub tokens_file: Option<PathBuf>,
     /// A name (or name:port) the console answers to besides its listen address and the
     /// loopback names, e.g. behind a reverse proxy (repeatable).

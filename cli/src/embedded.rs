@@ -4,15 +4,15 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use cairn_orchestrator::auth::Bearer;
 use cairn_proto::v1::artifact_store_client::ArtifactStoreClient;
 use cairn_proto::v1::ingest_client::IngestClient;
 use cairn_proto::v1::orchestrator_client::OrchestratorClient;
 use cairn_proto::v1::sandbox_runner_client::SandboxRunnerClient;
-use cairn_orchestrator::auth::Bearer;
 use cairn_telemetry::TracedChannel;
-use tonic::service::interceptor::InterceptedService;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+use tonic::service::interceptor::InterceptedService;
 
 use crate::cli::Global;
 

@@ -24,17 +24,32 @@ fn cairn(data: &std::path::Path) -> Command {
 }
 
 /// `cairn tokens add NAME --role ROLE [--projects P]...`: the printed token.
-fn add(data: &std::path::Path, file: &std::path::Path, name: &str, role: &str, projects: &[&str]) -> String {
+fn add(
+    data: &std::path::Path,
+    file: &std::path::Path,
+    name: &str,
+    role: &str,
+    projects: &[&str],
+) -> String {
     let mut cmd = cairn(data);
-    cmd.args(["tokens", "add", name, "--role", role, "--file"]).arg(file);
+    cmd.args(["tokens", "add", name, "--role", role, "--file"])
+        .arg(file);
     for p in projects {
         cmd.args(["--projects", p]);
     }
     let out = cmd.output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stdout = String::from_utf8(out.stdout).unwrap();
     let token = stdout.trim().to_owned();
-    assert_eq!(stdout.lines().count(), 1, "only the token on stdout: {stdout}");
+    assert_eq!(
+        stdout.lines().count(),
+        1,
+        "only the token on stdout: {stdout}"
+    );
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("once"),
         "says it is shown once"
@@ -48,7 +63,10 @@ fn tokens_add_list_remove() {
     let data = dir.path().join("data");
     let file = dir.path().join("tokens.toml");
     let token = add(&data, &file, "ann", "approver", &["web,api"]);
-    assert!(token.starts_with("cairn_") && token.len() >= 6 + 32, "{token}");
+    assert!(
+        token.starts_with("cairn_") && token.len() >= 6 + 32,
+        "{token}"
+    );
     let text = std::fs::read_to_string(&file).unwrap();
     assert!(!text.contains(&token), "the token is not stored: {text}");
     assert!(
@@ -83,7 +101,11 @@ fn tokens_add_list_remove() {
         .args(["--json", "tokens", "list"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(list[0]["name"], "ann");
     assert_eq!(list[0]["role"], "approver");
@@ -201,7 +223,13 @@ fn cairn_up_takes_a_tokens_file() {
         .env("RUST_LOG", "error")
         .arg("--data-root")
         .arg(&data)
-        .args(["up", "--listen", "127.0.0.1:0", "--no-console", "--tokens-file"])
+        .args([
+            "up",
+            "--listen",
+            "127.0.0.1:0",
+            "--no-console",
+            "--tokens-file",
+        ])
         .arg(&file)
         .stderr(Stdio::piped())
         .stdout(Stdio::null())

@@ -23,7 +23,9 @@ pub fn run(global: &Global, cmd: TokensCommand) -> anyhow::Result<ExitCode> {
             let token = tokens.add(&name, role, &projects)?;
             tokens.write(&file.path)?;
             if global.json {
-                output::json(&json!({"name": name, "role": role, "projects": projects, "token": token}))?;
+                output::json(
+                    &json!({"name": name, "role": role, "projects": projects, "token": token}),
+                )?;
             } else {
                 println!("{token}");
             }

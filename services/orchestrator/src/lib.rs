@@ -7,8 +7,8 @@
 
 pub mod adapters;
 pub mod agents;
-pub mod auth;
 mod args;
+pub mod auth;
 pub mod code_delivery;
 pub mod config;
 pub mod console;

@@ -210,7 +210,13 @@ impl Orchestrator for OrchestratorService {
         cairn_telemetry::record_ids(&r.project_id, &r.run_id, &r.node_id);
         Ok(Response::new(
             self.runs
-                .rework(&r.project_id, &r.run_id, &r.node_id, &who.by(&r.by), &r.note)
+                .rework(
+                    &r.project_id,
+                    &r.run_id,
+                    &r.node_id,
+                    &who.by(&r.by),
+                    &r.note,
+                )
                 .await?,
         ))
     }

@@ -67,7 +67,10 @@ async fn a_foreign_host_gets_nothing() {
         .raw(
             "POST",
             &format!("{}/gates/review/approve", run_url()),
-            &[("host", "evil.example:7480"), ("origin", "http://evil.example:7480")],
+            &[
+                ("host", "evil.example:7480"),
+                ("origin", "http://evil.example:7480"),
+            ],
             &[("csrf", &csrf), ("note", "pwned")],
         )
         .await;
@@ -109,7 +112,12 @@ async fn a_post_without_the_consoles_own_origin_is_refused() {
         let p = c
             .raw("POST", &url, &headers, &[("csrf", &csrf), ("text", "x")])
             .await;
-        assert_eq!(p.status, StatusCode::FORBIDDEN, "Origin {origin:?}: {}", p.body);
+        assert_eq!(
+            p.status,
+            StatusCode::FORBIDDEN,
+            "Origin {origin:?}: {}",
+            p.body
+        );
         assert!(p.body.contains("Origin"), "says why: {}", p.body);
     }
     assert!(s.fake.calls().is_empty(), "{:?}", s.fake.calls());
@@ -143,7 +151,10 @@ async fn a_console_token_shorter_than_16_characters_is_refused_at_start() {
     for short in ["x", "123456789012345"] {
         let e = console_router(s.config(Some(short))).err().unwrap();
         assert!(e.to_string().contains("16"), "names the rule: {e}");
-        assert!(e.to_string().contains("console.token"), "names the key: {e}");
+        assert!(
+            e.to_string().contains("console.token"),
+            "names the key: {e}"
+        );
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         assert!(serve_console(s.config(Some(short)), l, async {})
             .await
@@ -267,7 +278,11 @@ async fn people_log_in_with_their_own_token_and_get_what_their_role_allows() {
     let mut anon = Client::new(router.clone());
     assert_eq!(anon.get(&page).await.status, StatusCode::SEE_OTHER);
     let form = anon.get("/login").await;
-    assert!(!form.body.contains("name=\"name\""), "the file names people: {}", form.body);
+    assert!(
+        !form.body.contains("name=\"name\""),
+        "the file names people: {}",
+        form.body
+    );
     let p = anon.login_token("cairn_not-a-token-0000000000000000").await;
     assert_eq!(p.status, StatusCode::UNAUTHORIZED, "{}", p.body);
 
@@ -277,26 +292,50 @@ async fn people_log_in_with_their_own_token_and_get_what_their_role_allows() {
     assert_eq!(p.status, StatusCode::SEE_OTHER, "{}", p.body);
     let p = vic.get(&page).await;
     assert_eq!(p.status, StatusCode::OK, "{}", p.body);
-    assert!(p.body.contains("signed in as <strong id=\"who\">vic</strong>"), "{}", p.body);
+    assert!(
+        p.body
+            .contains("signed in as <strong id=\"who\">vic</strong>"),
+        "{}",
+        p.body
+    );
     assert!(p.body.contains("viewer"), "shows the role: {}", p.body);
     assert!(!p.body.contains(">Approve<"), "{}", p.body);
-    assert!(!p.body.contains("Add note") && !p.body.contains("Save context"), "{}", p.body);
+    assert!(
+        !p.body.contains("Add note") && !p.body.contains("Save context"),
+        "{}",
+        p.body
+    );
     let csrf = p.csrf();
     let approve = format!("{page}/gates/review/approve");
     let p = vic.post(&approve, &[("csrf", &csrf), ("note", "")]).await;
     assert_eq!(p.status, StatusCode::FORBIDDEN, "{}", p.body);
-    let p = vic.post(&format!("{page}/notes"), &[("csrf", &csrf), ("text", "x")]).await;
+    let p = vic
+        .post(&format!("{page}/notes"), &[("csrf", &csrf), ("text", "x")])
+        .await;
     assert_eq!(p.status, StatusCode::FORBIDDEN, "{}", p.body);
-    assert_eq!(o.get(PROJECT, &run).await.state, TaskState::InputRequired as i32);
+    assert_eq!(
+        o.get(PROJECT, &run).await.state,
+        TaskState::InputRequired as i32
+    );
 
     // An operator may write a note, not decide; the note is recorded under its name.
     let mut ozzy = Client::new(router.clone());
-    assert_eq!(ozzy.login_token(&o.token("ozzy")).await.status, StatusCode::SEE_OTHER);
+    assert_eq!(
+        ozzy.login_token(&o.token("ozzy")).await.status,
+        StatusCode::SEE_OTHER
+    );
     let p = ozzy.get(&page).await;
-    assert!(p.body.contains("Add note") && !p.body.contains(">Approve<"), "{}", p.body);
+    assert!(
+        p.body.contains("Add note") && !p.body.contains(">Approve<"),
+        "{}",
+        p.body
+    );
     let csrf = p.csrf();
     let p = ozzy
-        .post(&format!("{page}/notes"), &[("csrf", &csrf), ("text", "use tabs")])
+        .post(
+            &format!("{page}/notes"),
+            &[("csrf", &csrf), ("text", "use tabs")],
+        )
         .await;
     assert_eq!(p.status, StatusCode::SEE_OTHER, "{}", p.body);
     let p = ozzy.post(&approve, &[("csrf", &csrf), ("note", "")]).await;
@@ -304,26 +343,33 @@ async fn people_log_in_with_their_own_token_and_get_what_their_role_allows() {
 
     // An approver decides; the orchestrator records the token's name.
     let mut ann = Client::new(router.clone());
-    assert_eq!(ann.login_token(&o.token("ann")).await.status, StatusCode::SEE_OTHER);
+    assert_eq!(
+        ann.login_token(&o.token("ann")).await.status,
+        StatusCode::SEE_OTHER
+    );
     let p = ann.get(&page).await;
     assert!(p.body.contains(">Approve<"), "{}", p.body);
     let csrf = p.csrf();
-    let p = ann.post(&approve, &[("csrf", &csrf), ("note", "fine")]).await;
+    let p = ann
+        .post(&approve, &[("csrf", &csrf), ("note", "fine")])
+        .await;
     assert_eq!(p.status, StatusCode::SEE_OTHER, "{}", p.body);
     let info = o.wait_state(PROJECT, &run, TaskState::Completed).await;
     assert_eq!(info.gates[0].state, GateState::Approved as i32);
     assert_eq!(info.gates[0].decided_by, "ann");
     let events = common::read_events(&o.store, &run).await;
-    let by = |kind: &str| {
-        common::data(events.iter().find(|e| e.r#type == kind).unwrap())["by"].clone()
-    };
+    let by =
+        |kind: &str| common::data(events.iter().find(|e| e.r#type == kind).unwrap())["by"].clone();
     assert_eq!(by("human.note"), "ozzy");
     assert_eq!(by("gate.approved"), "ann");
 
     // A token scoped to one project sees nothing of another.
     let theirs = o.blocked_run(auth_support::OTHER).await;
     let mut pat = Client::new(router);
-    assert_eq!(pat.login_token(&o.token("pat")).await.status, StatusCode::SEE_OTHER);
+    assert_eq!(
+        pat.login_token(&o.token("pat")).await.status,
+        StatusCode::SEE_OTHER
+    );
     let p = pat
         .get(&format!("/projects/{}/runs/{theirs}", auth_support::OTHER))
         .await;

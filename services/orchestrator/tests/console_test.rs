@@ -53,9 +53,7 @@ async fn pages_need_a_login_and_a_wrong_token_is_refused() {
         .unwrap()
         .to_owned();
     assert!(
-        cookie.contains("HttpOnly")
-            && cookie.contains("SameSite=Lax")
-            && cookie.contains("Path=/"),
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Lax") && cookie.contains("Path=/"),
         "{cookie}"
     );
     let p = c.get(&run_url()).await;
@@ -889,8 +887,8 @@ async fn serving_needs_a_token_off_loopback_and_stops_with_open_streams() {
         )
         .as_bytes(),
     )
-        .await
-        .unwrap();
+    .await
+    .unwrap();
     let mut buf = vec![0u8; 4096];
     let n = tokio::time::timeout(Duration::from_secs(5), sock.read(&mut buf))
         .await

@@ -184,7 +184,8 @@ fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
 
 impl TokenStore {
     fn open(path: &Path) -> Result<TokenStore> {
-        let file = TokensFile::read(path).map_err(|e| Error::Config(format!("auth.tokens_file: {e}")))?;
+        let file =
+            TokensFile::read(path).map_err(|e| Error::Config(format!("auth.tokens_file: {e}")))?;
         if file.tokens.is_empty() {
             tracing::warn!(path = %path.display(), "the tokens file has no tokens: every call will be refused; add one with `cairn tokens add`");
         }
@@ -247,12 +248,7 @@ impl Auth {
 
     /// Who calls `rpc` on `project`, if the table lets them; every refusal is logged at warn
     /// with the principal (or "anonymous"), the peer address, the RPC and the reason.
-    pub fn authorize<T>(
-        &self,
-        req: &tonic::Request<T>,
-        rpc: Rpc,
-        project: &str,
-    ) -> Result<Caller> {
+    pub fn authorize<T>(&self, req: &tonic::Request<T>, rpc: Rpc, project: &str) -> Result<Caller> {
         let Some(store) = &self.tokens else {
             return Ok(Caller::local());
         };
@@ -311,7 +307,10 @@ fn check(caller: &Caller, rpc: Rpc, project: &str) -> std::result::Result<(), Re
             ),
         ));
     }
-    if rpc.has_project() && !caller.projects.is_empty() && !caller.projects.iter().any(|p| p == project) {
+    if rpc.has_project()
+        && !caller.projects.is_empty()
+        && !caller.projects.iter().any(|p| p == project)
+    {
         return Err(Refusal::Denied(
             "project",
             format!(
@@ -333,7 +332,9 @@ fn bearer_of(md: &tonic::metadata::MetadataMap) -> std::result::Result<&str, Str
         .to_str()
         .map_err(|_| "the authorization header is not text".to_owned())?;
     match v.split_once(' ') {
-        Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty() => {
+        Some((scheme, token))
+            if scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty() =>
+        {
             Ok(token.trim())
         }
         _ => Err("the authorization header must be `Bearer <token>`".into()),

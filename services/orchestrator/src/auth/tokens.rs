@@ -306,12 +306,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("tokens.toml");
         assert!(TokensFile::read(&path).is_err());
-        std::fs::write(&path, "[[token]]\nname = \"a\"\nrole = \"root\"\nsha256 = \"00\"\n").unwrap();
+        std::fs::write(
+            &path,
+            "[[token]]\nname = \"a\"\nrole = \"root\"\nsha256 = \"00\"\n",
+        )
+        .unwrap();
         let e = TokensFile::read(&path).unwrap_err().to_string();
         assert!(e.contains("tokens.toml"), "{e}");
         std::fs::write(
             &path,
-            format!("[[token]]\nname = \"a\"\nrole = \"viewer\"\nsha256 = \"{}\"\n", "0".repeat(63)),
+            format!(
+                "[[token]]\nname = \"a\"\nrole = \"viewer\"\nsha256 = \"{}\"\n",
+                "0".repeat(63)
+            ),
         )
         .unwrap();
         assert!(TokensFile::read(&path)

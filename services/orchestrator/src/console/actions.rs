@@ -16,9 +16,9 @@ use serde::Deserialize;
 
 use super::page;
 use super::run::{self, Drafts};
-use crate::auth::Rpc;
 use super::session::{Flash, Visitor};
 use super::{Console, ConsoleError};
+use crate::auth::Rpc;
 
 /// Where the run page is after an action (the section the action belongs to).
 fn back(project: &str, run: &str, section: &str) -> Response {
@@ -48,7 +48,7 @@ async fn refused(
 }
 
 /// Refuses an action the visitor's role does not allow.
-fn permitted(visitor: &Visitor, rpc: Rpc) -> Result<(), Response> {
+fn permitted(visitor: &Visitor, rpc: Rpc) -> Result<(), ConsoleError> {
     if visitor.may(rpc) {
         return Ok(());
     }
@@ -59,8 +59,7 @@ fn permitted(visitor: &Visitor, rpc: Rpc) -> Result<(), Response> {
         visitor.name,
         rpc.name(),
         rpc.required_role()
-    ))
-    .into_response())
+    )))
 }
 
 fn done(console: &Console, visitor: &Visitor, text: String) {
@@ -108,8 +107,8 @@ async fn decide(
     } else {
         Rpc::RejectGate
     };
-    if let Err(r) = permitted(&visitor, rpc) {
-        return r;
+    if let Err(e) = permitted(&visitor, rpc) {
+        return e.into_response();
     }
     let req = GateDecisionRequest {
         project_id: project.clone(),
@@ -175,8 +174,8 @@ pub(super) async fn note(
     Path((project, run)): Path<(String, String)>,
     Form(form): Form<NoteForm>,
 ) -> Response {
-    if let Err(r) = permitted(&visitor, Rpc::AddNote) {
-        return r;
+    if let Err(e) = permitted(&visitor, Rpc::AddNote) {
+        return e.into_response();
     }
     let drafts = || Drafts {
         note: Some(form.text.clone()),
@@ -196,7 +195,10 @@ pub(super) async fn note(
         text,
     };
     match console
-        .call("adding the note", console.orchestrator(&visitor).add_note(req))
+        .call(
+            "adding the note",
+            console.orchestrator(&visitor).add_note(req),
+        )
         .await
     {
         Ok(r) => {
@@ -223,8 +225,8 @@ pub(super) async fn context(
     Path((project, run)): Path<(String, String)>,
     Form(form): Form<ContextForm>,
 ) -> Response {
-    if let Err(r) = permitted(&visitor, Rpc::EditContext) {
-        return r;
+    if let Err(e) = permitted(&visitor, Rpc::EditContext) {
+        return e.into_response();
     }
     let yaml = form.manifest_yaml.replace("\r\n", "\n");
     let req = EditContextRequest {
@@ -277,8 +279,8 @@ pub(super) async fn cancel(
     Path((project, run)): Path<(String, String)>,
     Form(form): Form<CancelForm>,
 ) -> Response {
-    if let Err(r) = permitted(&visitor, Rpc::CancelRun) {
-        return r;
+    if let Err(e) = permitted(&visitor, Rpc::CancelRun) {
+        return e.into_response();
     }
     let req = RunActionRequest {
         project_id: project.clone(),
@@ -287,7 +289,10 @@ pub(super) async fn cancel(
         reason: form.reason.trim().to_owned(),
     };
     match console
-        .call("canceling the run", console.orchestrator(&visitor).cancel_run(req))
+        .call(
+            "canceling the run",
+            console.orchestrator(&visitor).cancel_run(req),
+        )
         .await
     {
         Ok(info) => {
@@ -329,8 +334,8 @@ pub(super) async fn rework(
     Path((project, run)): Path<(String, String)>,
     Form(form): Form<ReworkForm>,
 ) -> Response {
-    if let Err(r) = permitted(&visitor, Rpc::RequestRework) {
-        return r;
+    if let Err(e) = permitted(&visitor, Rpc::RequestRework) {
+        return e.into_response();
     }
     let req = ReworkRequest {
         project_id: project.clone(),

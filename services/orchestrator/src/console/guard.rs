@@ -75,7 +75,7 @@ impl AllowedHosts {
     }
 
     fn allows(&self, host: &HostName) -> bool {
-        self.names.iter().any(|n| *n == host.name) || self.is_public(host)
+        self.names.contains(&host.name) || self.is_public(host)
     }
 
     fn is_public(&self, host: &HostName) -> bool {

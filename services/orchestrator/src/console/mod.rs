@@ -135,9 +135,8 @@ impl ConsoleConfig {
             }
         }
         for h in &self.public_hosts {
-            guard::HostName::parse(h).map_err(|e| {
-                ConsoleError::Config(format!("console.public_hosts: `{h}`: {e}"))
-            })?;
+            guard::HostName::parse(h)
+                .map_err(|e| ConsoleError::Config(format!("console.public_hosts: `{h}`: {e}")))?;
         }
         let name = self.default_name.trim();
         if name.is_empty()

@@ -521,7 +521,11 @@ pub(super) async fn login(
         )
     };
     let login = if sessions.user_tokens {
-        let turn = console.inner.throttle.turn(visitor.peer.map(|p| p.ip())).await;
+        let turn = console
+            .inner
+            .throttle
+            .turn(visitor.peer.map(|p| p.ip()))
+            .await;
         match who_is(&console, &form.token).await {
             Ok(Some(login)) => {
                 turn.succeeded();
@@ -547,7 +551,11 @@ pub(super) async fn login(
         match &sessions.token {
             None => Some(login),
             Some(token) => {
-                let turn = console.inner.throttle.turn(visitor.peer.map(|p| p.ip())).await;
+                let turn = console
+                    .inner
+                    .throttle
+                    .turn(visitor.peer.map(|p| p.ip()))
+                    .await;
                 if same_secret(&form.token, token) {
                     turn.succeeded();
                     Some(login)

@@ -62,7 +62,8 @@ impl LoginThrottle {
         let wait = {
             let mut f = self.failures.lock().unwrap_or_else(|e| e.into_inner());
             let now = Instant::now();
-            f.peers.retain(|_, (_, at)| now.duration_since(*at) < WINDOW);
+            f.peers
+                .retain(|_, (_, at)| now.duration_since(*at) < WINDOW);
             if now.duration_since(f.all.1) >= WINDOW {
                 f.all = (0, now);
             }
@@ -90,7 +91,12 @@ impl Turn<'_> {
             .unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
         if f.peers.len() >= MAX_PEERS && !f.peers.contains_key(&self.peer) {
-            if let Some(oldest) = f.peers.iter().min_by_key(|(_, (_, at))| *at).map(|(k, _)| *k) {
+            if let Some(oldest) = f
+                .peers
+                .iter()
+                .min_by_key(|(_, (_, at))| *at)
+                .map(|(k, _)| *k)
+            {
                 f.peers.remove(&oldest);
             }
         }

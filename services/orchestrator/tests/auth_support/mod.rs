@@ -152,7 +152,8 @@ impl Secured {
             .unwrap()
             .into_inner()
             .run_id;
-        self.wait_state(project, &run, TaskState::InputRequired).await;
+        self.wait_state(project, &run, TaskState::InputRequired)
+            .await;
         run
     }
 
@@ -193,4 +194,3 @@ pub fn as_<T>(token: &str, msg: T) -> Request<T> {
         .insert("authorization", format!("Bearer {token}").parse().unwrap());
     r
 }
-
