@@ -62,6 +62,16 @@ pub struct Global {
     pub json: bool,
     #[command(flatten)]
     pub tls: cairn_server::TlsArgs,
+    /// Your token (`cairn tokens add`), sent to the orchestrator as `authorization: Bearer`;
+    /// needed when it has a tokens file.
+    #[arg(
+        long,
+        global = true,
+        env = "CAIRN_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    pub token: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -95,6 +105,10 @@ pub enum Command {
     /// The PKI for mutual TLS between cairn's programs (docs/security.md).
     #[command(subcommand)]
     Certs(CertsCommand),
+    /// People who may use the orchestrator and the console: the tokens file (name, role,
+    /// optional projects, sha256 of each token).
+    #[command(subcommand)]
+    Tokens(TokensCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -108,6 +122,37 @@ pub enum CertsCommand {
     Show {
         /// A certificate (PEM).
         cert: PathBuf,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokensCommand {
+    /// Add a person with a new random token; prints the token once (only its hash is kept).
+    Add {
+        /// The name recorded as `by` of everything this person does.
+        name: String,
+        /// viewer (read), operator (+ submit, cancel, resume, notes, rework, context),
+        /// approver (+ gate decisions), admin (everything).
+        #[arg(long)]
+        role: String,
+        /// Projects this person may act on (comma-separated or repeated); none = every
+        /// project. (`--project` is the global project to act on.)
+        #[arg(long = "projects", value_name = "PROJECT", value_delimiter = ',')]
+        projects: Vec<String>,
+        #[command(flatten)]
+        file: TokensFileArg,
+    },
+    /// The people of the tokens file: names, roles, projects.
+    List {
+        #[command(flatten)]
+        file: TokensFileArg,
+    },
+    /// Remove a person; their token stops working (a running orchestrator notices within a
+    /// second).
+    Remove {
+        name: String,
+        #[command(flatten)]
+        file: TokensFileArg,
     },
 }
 
@@ -134,6 +179,13 @@ pub struct CertsInitArgs {
     /// run this at every start.
     #[arg(long)]
     pub if_missing: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct TokensFileArg {
+    /// The tokens file (created by the first `add`).
+    #[arg(long = "file", env = "CAIRN_TOKENS_FILE", value_name = "FILE")]
+    pub path: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -299,6 +351,19 @@ pub struct UpArgs {
     /// Do not start the web console.
     #[arg(long)]
     pub no_console: bool,
+    /// The tokens file (`cairn tokens add`): every orchestrator call then needs a token
+    /// (--token / CAIRN_TOKEN), and people log in to the console with their own token.
+    #[arg(
+        long,
+        env = "CAIRN_TOKENS_FILE",
+        value_name = "FILE",
+        conflicts_with = "console_token"
+    )]
+    pub tokens_file: Option<PathBuf>,
+    /// A name (or name:port) the console answers to besides its listen address and the
+    /// loopback names, e.g. behind a reverse proxy (repeatable).
+    #[arg(long = "console-public-host", value_name = "HOST")]
+    pub console_public_hosts: Vec<String>,
 }
 
 #[derive(Debug, Args)]

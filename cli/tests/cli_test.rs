@@ -442,6 +442,9 @@ fn every_subcommand_has_working_help() {
         &["runs", "list", "--help"],
         &["gate", "approve", "--help"],
         &["notes", "add", "--help"],
+        &["tokens", "add", "--help"],
+        &["tokens", "list", "--help"],
+        &["tokens", "remove", "--help"],
     ] {
         cairn(dir.path())
             .args(args)

@@ -12,7 +12,6 @@ use cairn_proto::v1::{
     PageRequest, ReworkRequest, RunActionRequest, RunInfo, SubmitRunRequest, TaskState,
     WatchRunRequest,
 };
-use cairn_telemetry::TracedChannel;
 use serde_json::json;
 use tokio_stream::StreamExt;
 
@@ -20,7 +19,7 @@ use crate::cli::{GateCommand, Global, NotesCommand, RunArgs, RunsCommand};
 use crate::embedded::{Needs, Services};
 use crate::output;
 
-type Client = OrchestratorClient<TracedChannel>;
+type Client = OrchestratorClient<crate::embedded::Authed>;
 
 fn needs() -> Needs {
     Needs {

@@ -8,6 +8,7 @@ use cairn_server::config::{self, Env, UnknownVars};
 use serde::{Deserialize, Serialize};
 
 use crate::agents::LlmConfig;
+use crate::auth::AuthConfig;
 use crate::code_delivery::config::CodeDeliveryConfig;
 use crate::error::{Error, Result};
 use crate::graph::{ErrorKind, RetrySpec};
@@ -145,6 +146,8 @@ pub struct Config {
     pub tools_dir: String,
     /// `[sandbox.runner.features]`: opt-in uses of the sandbox runners (seed 002 §7).
     pub sandbox: SandboxSettings,
+    /// `[auth]`: who may call (`tokens_file`: people, roles and token hashes; docs/security.md).
+    pub auth: AuthConfig,
 }
 
 /// `[sandbox]` (seed 002's `sandbox.runner.*` keys; the runners themselves are `sandbox_addrs`).
@@ -196,6 +199,7 @@ impl Default for Config {
             code_delivery: CodeDeliveryConfig::default(),
             tools_dir: String::new(),
             sandbox: SandboxSettings::default(),
+            auth: AuthConfig::default(),
         }
     }
 }

@@ -8,6 +8,7 @@
 pub mod adapters;
 pub mod agents;
 mod args;
+pub mod auth;
 pub mod code_delivery;
 pub mod config;
 pub mod console;
@@ -98,6 +99,7 @@ pub async fn orchestrator_service(
         resolve_interval: std::time::Duration::from_millis(config.sandbox_resolve_interval_ms),
     };
     let runners = runners::Runners::start_tls(&config.sandbox_addrs, balancing, tls).await?;
+    let auth = Arc::new(auth::Auth::new(&config.auth)?);
     let resume = config.resume_on_start;
     let backends = Arc::new(nodes::Backends {
         store,
@@ -115,7 +117,7 @@ pub async fn orchestrator_service(
             span,
         ));
     }
-    let server = OrchestratorServer::new(OrchestratorService::new(runs.clone()))
+    let server = OrchestratorServer::new(OrchestratorService::new(runs.clone(), auth))
         .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES);
     Ok((server, Handle { runs }))
