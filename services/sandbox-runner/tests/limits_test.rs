@@ -193,16 +193,26 @@ async fn until_admitted(r: &TestRunner) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn runs_beyond_max_concurrent_runs_are_refused() {
     for case in cold_backends("max_concurrent_runs").await {
+        println!("max_concurrent_runs: {case:?}");
         let r = TestRunner::start_with(case, |c| c.max_concurrent_runs = 1).await;
         let long = with_timeout(
             python("import time\nprint('started', flush=True)\ntime.sleep(120)"),
             300_000,
         );
-        let mut stream = r.client.clone().run_stream(long).await.unwrap().into_inner();
+        let mut stream = r
+            .client
+            .clone()
+            .run_stream(long)
+            .await
+            .unwrap()
+            .into_inner();
         // The first chunk says the program runs.
         let first = stream.message().await.unwrap().unwrap();
         assert!(
-            matches!(first.msg, Some(cairn_proto::run_stream_response::Msg::Output(_))),
+            matches!(
+                first.msg,
+                Some(cairn_proto::run_stream_response::Msg::Output(_))
+            ),
             "{first:?}"
         );
         let refused = r.client.clone().run(bash("echo no")).await.unwrap_err();

@@ -168,10 +168,18 @@ async fn killed_runner_removes_its_leftovers_on_restart() {
                 !containers_of("restart-test-runner").await.is_empty(),
                 "leftover expected"
             ),
-            _ => assert!(
-                std::fs::read_dir(&tasks).unwrap().count() > 0,
-                "leftover task dir expected"
-            ),
+            _ => {
+                assert!(
+                    std::fs::read_dir(&tasks).unwrap().count() > 0,
+                    "leftover task dir expected"
+                );
+                // Where the runner can make cgroups, the run's is left too.
+                assert_eq!(
+                    runner_cgroups("restart-test-runner").is_empty(),
+                    sandbox_cgroups("restart-test-runner").is_empty(),
+                    "leftover sandbox cgroup expected"
+                );
+            }
         }
         let (proc2, client2) =
             spawn_runner(backend.backend, work_root.path(), "restart-test-runner").await;
@@ -193,6 +201,11 @@ async fn killed_runner_removes_its_leftovers_on_restart() {
             0,
             "{backend:?}: task dirs swept"
         );
+        assert_eq!(
+            sandbox_cgroups("restart-test-runner"),
+            Vec::<std::path::PathBuf>::new(),
+            "{backend:?}: sandbox cgroups swept"
+        );
         // local: the sandbox died with its runner (--die-with-parent)
         let mut left = processes_with(&format!("time.sleep({marker})"));
         for _ in 0..20 {
@@ -207,6 +220,9 @@ async fn killed_runner_removes_its_leftovers_on_restart() {
             "{backend:?}: sandboxed process survived: {left:?}"
         );
         drop(proc2);
+        for dir in runner_cgroups("restart-test-runner") {
+            let _ = std::fs::remove_dir(dir);
+        }
     }
 }
 
@@ -394,7 +410,7 @@ async fn runner_secrets_stay_out_of_local_sandboxes() {
         .prefix("cairn-sbx-secrets")
         .tempdir()
         .unwrap();
-    let (_proc, client) = spawn_runner_env(
+    let (proc, client) = spawn_runner_env(
         BackendChoice::Local,
         work_root.path(),
         "secrets-runner",
@@ -409,7 +425,10 @@ async fn runner_secrets_stay_out_of_local_sandboxes() {
     let check = |what: &str, stdout: &[u8]| {
         let out = text(stdout);
         assert!(out.contains("== /proc/1/environ"), "{what}: {out}");
-        assert!(out.contains("== env\n") && out.contains("PATH="), "{what}: {out}");
+        assert!(
+            out.contains("== env\n") && out.contains("PATH="),
+            "{what}: {out}"
+        );
         assert!(
             !out.contains(&secret) && !out.contains(&token),
             "{what}: a runner secret reached the sandbox:\n{out}"
@@ -461,4 +480,16 @@ async fn runner_secrets_stay_out_of_local_sandboxes() {
         .unwrap()
         .into_inner();
     check("session command", &exec.stdout);
+    // Killed, the runner leaves its waiting sandbox's cgroup: remove it (and the runner's).
+    drop(proc);
+    let t0 = Instant::now();
+    while !runner_cgroups("secrets-runner").is_empty() && t0.elapsed() < Duration::from_secs(10) {
+        for dir in sandbox_cgroups("secrets-runner") {
+            let _ = std::fs::remove_dir(dir);
+        }
+        for dir in runner_cgroups("secrets-runner") {
+            let _ = std::fs::remove_dir(dir);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
