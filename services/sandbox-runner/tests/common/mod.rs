@@ -414,3 +414,18 @@ pub fn sandbox_cgroups(runner_id: &str) -> Vec<std::path::PathBuf> {
         .map(|e| e.path())
         .collect()
 }
+
+/// Removes what a runner killed with -9 leaves in /sys/fs/cgroup (its sandboxes' cgroups,
+/// once their processes are gone, and its own directories), so tests leave nothing.
+pub async fn remove_runner_cgroups(runner_id: &str) {
+    let t0 = std::time::Instant::now();
+    while !runner_cgroups(runner_id).is_empty() && t0.elapsed() < Duration::from_secs(10) {
+        for dir in sandbox_cgroups(runner_id)
+            .into_iter()
+            .chain(runner_cgroups(runner_id))
+        {
+            let _ = std::fs::remove_dir(dir);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
