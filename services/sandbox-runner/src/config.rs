@@ -60,6 +60,8 @@ pub struct Config {
     /// over whole sandboxes (no cgroups for the runner). Off: runs proceed with per-process
     /// rlimits and report `limits_enforced: false`.
     pub require_limits: bool,
+    /// Local backend: where the cgroup file systems are mounted.
+    pub cgroup_root: PathBuf,
     /// bubblewrap binary of the local backend.
     pub bwrap: String,
     /// Uid/gid the program runs as.
@@ -121,6 +123,7 @@ impl Default for Config {
             max_sessions: 64,
             max_concurrent_runs: 0,
             require_limits: false,
+            cgroup_root: PathBuf::from("/sys/fs/cgroup"),
             bwrap: "bwrap".into(),
             sandbox_uid: 10001,
             sandbox_gid: 10001,
@@ -170,11 +173,15 @@ impl Config {
                 "sweep_all_prefixed needs a non-empty container_prefix".into(),
             ));
         }
-        if !self.work_root.is_absolute() {
-            return Err(Error::Config(format!(
-                "work_root {:?} must be an absolute path",
-                self.work_root
-            )));
+        for (name, path) in [
+            ("work_root", &self.work_root),
+            ("cgroup_root", &self.cgroup_root),
+        ] {
+            if !path.is_absolute() {
+                return Err(Error::Config(format!(
+                    "{name} {path:?} must be an absolute path"
+                )));
+            }
         }
         Ok(())
     }

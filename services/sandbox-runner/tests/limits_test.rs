@@ -165,6 +165,43 @@ async fn tmpfs_writes_count_toward_memory() {
     r.stop().await;
 }
 
+/// Where the runner cannot make cgroups, a local run says its limits were per process only,
+/// and with require_limits the runner refuses to start, naming the cause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn without_cgroups_limits_are_reported_unenforced_or_refused() {
+    if let Err(reason) = bwrap_ready() {
+        println!("SKIP: no_cgroups [local]: {reason}");
+        return;
+    }
+    let no_cgroups = tempfile::tempdir().unwrap();
+    let case = Case {
+        backend: BackendChoice::Local,
+        pool: false,
+    };
+    let root = no_cgroups.path().to_path_buf();
+    let r = TestRunner::start_with(case, |c| c.cgroup_root = root).await;
+    let out = r.run(bash("echo ran")).await;
+    assert_eq!(text(&out.stdout), "ran\n");
+    assert!(!out.limits_enforced);
+    let rj: serde_json::Value = serde_json::from_str(&out.result_json).unwrap();
+    assert_eq!(rj["limits_enforced"], false);
+    r.stop().await;
+
+    let work_root = tempfile::tempdir().unwrap();
+    let mut config = config(BackendChoice::Local, work_root.path());
+    config.cgroup_root = no_cgroups.path().to_path_buf();
+    config.require_limits = true;
+    let Err(e) = cairn_sandbox_runner::sandbox_service(config).await else {
+        panic!("a runner that cannot enforce limits started with require_limits");
+    };
+    let message = e.to_string();
+    assert!(
+        message.contains("cannot enforce memory, pids and cpu limits")
+            && message.contains("require_limits = false"),
+        "{message}"
+    );
+}
+
 fn refused_as_busy(status: &tonic::Status) -> bool {
     status.code() == Code::ResourceExhausted && status.message().contains("max_concurrent_runs")
 }
@@ -226,6 +263,16 @@ async fn runs_beyond_max_concurrent_runs_are_refused() {
         assert!(refused_as_busy(&refused), "{case:?}: {refused:?}");
         drop(stream);
         until_admitted(&r).await;
+        // Docker's engine always enforces the limits; the local backend where it made cgroups.
+        let out = r
+            .client
+            .clone()
+            .run(bash("true"))
+            .await
+            .unwrap()
+            .into_inner();
+        let cgroups = !runner_cgroups(r.handle.runner_id()).is_empty();
+        assert_eq!(out.limits_enforced, case.docker() || cgroups, "{case:?}");
 
         let session = r
             .client

@@ -20,8 +20,6 @@ use std::time::{Duration, Instant};
 
 use crate::limits::Limits;
 
-/// The mount of the cgroup file systems.
-const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 /// CPU limit period (µs): `cpu_millis` thousandths of a CPU per period.
 const CPU_PERIOD_US: u64 = 100_000;
 /// Time a removal waits for the last processes of a sandbox to leave its cgroup.
@@ -48,13 +46,13 @@ pub struct Cgroup {
 }
 
 impl Cgroups {
-    /// Finds a hierarchy with memory, pids and cpu and makes this runner's directory in it
-    /// (enabling the controllers for its children). Err says why no limits can be enforced.
-    pub fn detect(runner_id: &str) -> Result<Cgroups, String> {
+    /// Finds a hierarchy with memory, pids and cpu under `root` (where the cgroup file systems
+    /// are mounted) and makes this runner's directory in it (enabling the controllers for its
+    /// children). Err says why no limits can be enforced.
+    pub fn detect(root: &Path, runner_id: &str) -> Result<Cgroups, String> {
         let own = fs::read_to_string("/proc/self/cgroup")
             .map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
         let name = format!("cairn-sandbox-{runner_id}");
-        let root = Path::new(CGROUP_ROOT);
         let mut why = Vec::new();
         for unified in [root.to_path_buf(), root.join("unified")] {
             match v2_dir(&unified, &own, &name) {

@@ -119,7 +119,7 @@ impl LocalBackend {
             ))
         })?;
         let as_root = rustix::process::geteuid().is_root();
-        let cgroups = match Cgroups::detect(&config.runner_id) {
+        let cgroups = match Cgroups::detect(&config.cgroup_root, &config.runner_id) {
             Ok(c) => Some(c),
             Err(why) if config.require_limits => {
                 return Err(Error::NoIsolation(format!(
