@@ -275,9 +275,10 @@ pub enum NotesCommand {
 #[derive(Debug, Subcommand)]
 pub enum SandboxCommand {
     /// Run code with project files staged read-only at /input; files the code leaves in /output
-    /// are written to --output-prefix (default docs/artifacts/<run_id>/) and the run record to
-    /// .cairn/runs/<run_id>/sandbox/result.json. Prints a YAML (or --json) summary. Exits 1 when
-    /// the code fails, times out or is killed.
+    /// are written to --output-prefix (default docs/artifacts/<run_id>/), which must lie under
+    /// an --allowed-prefix (default docs/artifacts/<run_id>/; never .cairn/ nor another run's
+    /// docs/artifacts/ directory), and the run record to .cairn/runs/<run_id>/sandbox/result.json.
+    /// Prints a YAML (or --json) summary. Exits 1 when the code fails, times out or is killed.
     Run(SandboxRunArgs),
 }
 
@@ -299,9 +300,14 @@ pub struct SandboxRunArgs {
     /// Project path staged read-only at /input/<path> (repeatable).
     #[arg(long = "input", value_name = "PROJECT_PATH")]
     pub inputs: Vec<String>,
-    /// Where outputs land in the project (default docs/artifacts/<run_id>).
+    /// Where outputs land in the project (default docs/artifacts/<run_id>); must lie under an
+    /// --allowed-prefix. Checked before anything runs.
     #[arg(long, value_name = "PROJECT_PATH")]
     pub output_prefix: Option<String>,
+    /// A prefix outputs may land under (repeatable; default docs/artifacts/<run_id>/). Never
+    /// under .cairn/ (run records are written by cairn only).
+    #[arg(long = "allowed-prefix", value_name = "PROJECT_PATH")]
+    pub allowed_prefixes: Vec<String>,
     /// Timeout in seconds (default: the runner's).
     #[arg(long, value_name = "SECONDS")]
     pub timeout: Option<f64>,

@@ -63,7 +63,13 @@ impl NodeError {
 
     /// A failed call to another service, with what we were doing.
     pub fn from_status(context: &str, s: &Status) -> NodeError {
+        let reason = cairn_proto::reason::of(s);
         let kind = match s.code() {
+            // A sandbox-runner at its max_concurrent_runs ran nothing: retry (on another runner,
+            // after the backoff).
+            Code::ResourceExhausted if reason.as_deref() == Some("max_concurrent_runs") => {
+                ErrorKind::Unavailable
+            }
             Code::Unavailable
             | Code::DeadlineExceeded
             | Code::Aborted
@@ -73,9 +79,7 @@ impl NodeError {
             Code::ResourceExhausted => ErrorKind::Failed,
             _ => ErrorKind::Refused,
         };
-        let reason = cairn_proto::reason::of(s)
-            .map(|r| format!(" [{r}]"))
-            .unwrap_or_default();
+        let reason = reason.map(|r| format!(" [{r}]")).unwrap_or_default();
         NodeError::new(kind, format!("{context}: {}{reason}", s.message()))
     }
 }
@@ -398,4 +402,29 @@ pub fn file_outputs(put: &cairn_proto::v1::PutResponse) -> Map<String, Value> {
     m.insert("sha256".into(), digest.sha256.into());
     m.insert("outcome".into(), outcome_word(put.outcome).into());
     m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A runner at max_concurrent_runs ran nothing: the node is retried; other exhaustion
+    /// (inputs too large) fails it.
+    #[test]
+    fn a_busy_runner_is_retried_other_exhaustion_fails() {
+        let busy = cairn_proto::reason::status(
+            Code::ResourceExhausted,
+            "this runner already has 8 runs",
+            "max_concurrent_runs",
+        );
+        let e = NodeError::from_status("sandbox run", &busy);
+        assert_eq!(e.kind, ErrorKind::Unavailable);
+        assert!(e.message.contains("[max_concurrent_runs]"), "{}", e.message);
+        let big =
+            cairn_proto::reason::status(Code::ResourceExhausted, "too many", "too_many_files");
+        assert_eq!(
+            NodeError::from_status("sandbox run", &big).kind,
+            ErrorKind::Failed
+        );
+    }
 }

@@ -34,6 +34,20 @@ fn allowed(path: &str, prefixes: &[String]) -> bool {
     prefixes.iter().any(|p| under_prefix(path, p))
 }
 
+/// The rule for where a sandbox run's /output files may land (seed 002 §2.3), shared with
+/// `cairn sandbox run`: `output_prefix` (without its trailing `/`) is a valid project prefix
+/// lying under one of `prefixes`. Err is the reason, naming the field.
+pub fn check_output_prefix(output_prefix: &str, prefixes: &[String]) -> Result<(), String> {
+    pathguard::validate_prefix(output_prefix)
+        .map_err(|rej| format!("field `output_prefix`: `{output_prefix}`: {rej}"))?;
+    if !allowed(&format!("{output_prefix}/x"), prefixes) {
+        return Err(format!(
+            "field `output_prefix`: `{output_prefix}` is not under allowed_prefixes {prefixes:?}"
+        ));
+    }
+    Ok(())
+}
+
 pub async fn run(ctx: &NodeCtx, spec: &SandboxRun) -> Result<NodeSuccess, NodeError> {
     let scope = &ctx.scope;
     let prefixes: Vec<String> = spec
@@ -46,14 +60,7 @@ pub async fn run(ctx: &NodeCtx, spec: &SandboxRun) -> Result<NodeSuccess, NodeEr
         .render("output_prefix", &spec.output_prefix)?
         .trim_end_matches('/')
         .to_owned();
-    pathguard::validate_prefix(&output_prefix).map_err(|rej| {
-        NodeError::refused(format!("field `output_prefix`: `{output_prefix}`: {rej}"))
-    })?;
-    if !allowed(&format!("{output_prefix}/x"), &prefixes) {
-        return Err(NodeError::refused(format!(
-            "field `output_prefix`: `{output_prefix}` is not under allowed_prefixes {prefixes:?} (seed 002 §2.3)"
-        )));
-    }
+    check_output_prefix(&output_prefix, &prefixes).map_err(NodeError::refused)?;
     let mut inputs = expand_files(ctx, "input_files", &spec.input_files).await?;
     let code_file = match &spec.code_file {
         Some(t) => {
