@@ -111,11 +111,13 @@ pub struct Config {
     pub ingest_hook: bool,
     /// At start-up, resume every run that is not final.
     pub resume_on_start: bool,
-    /// LLM provider for agent nodes when neither the submit request nor the graph names one
-    /// (`replay:<cassette>`).
+    /// LLM provider for agent nodes when neither the submit request nor the graph names one:
+    /// a provider name of `[llm.providers]`, or `openai:<base_url>#<model>` / `replay:<path
+    /// in the project>`, which make the implicit provider `default` (a URL here gets the key
+    /// of `llm.api_key_env`).
     pub default_llm: String,
-    /// Directory relative cassette paths resolve against when the submitter gives none
-    /// (empty = the working directory).
+    /// Directory relative phase files (schemas, prompts) resolve against when the submitter
+    /// gives none (empty = the working directory). Cassettes never come from the host.
     pub llm_base_dir: String,
     /// Longest interval between rewrites of README.md/task.yaml/state.json while a run moves
     /// (state changes are written at once).
@@ -233,6 +235,8 @@ impl Config {
             ));
         }
         self.llm.check().map_err(Error::Config)?;
+        crate::agents::providers::check_default(&self.llm, &self.default_llm)
+            .map_err(Error::Config)?;
         self.onebot.check().map_err(Error::Config)?;
         self.code_delivery.check().map_err(Error::Config)?;
         Ok(())

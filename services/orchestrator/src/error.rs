@@ -32,6 +32,10 @@ pub enum Error {
     Server(#[from] cairn_server::Error),
     #[error("internal error: {0}")]
     Internal(String),
+    /// An `llm` setting refused at submit (URL rule, unknown provider, cassette); its reason
+    /// word goes in `cairn-reason`.
+    #[error(transparent)]
+    Llm(#[from] crate::agents::AgentError),
 }
 
 impl Error {
@@ -65,6 +69,16 @@ impl From<Error> for Status {
             }
             Error::Unavailable(_) => Status::unavailable(message),
             Error::Server(_) | Error::Internal(_) => Status::internal(message),
+            Error::Llm(e) => {
+                let code = match e {
+                    crate::agents::AgentError::Unavailable(_) => Code::Unavailable,
+                    _ => Code::InvalidArgument,
+                };
+                match e.reason() {
+                    Some(reason) => cairn_proto::reason::status(code, message, reason),
+                    None => Status::new(code, message),
+                }
+            }
         }
     }
 }
