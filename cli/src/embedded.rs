@@ -31,7 +31,7 @@ struct Embedded {
 }
 
 /// Which optional services an embedded host starts (the store and ingest always run).
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Needs {
     /// The sandbox-runner (needs Docker or bubblewrap).
     pub sandbox: bool,
@@ -40,7 +40,14 @@ pub struct Needs {
     /// With `sandbox`: go on without it when it cannot start (built-in modes need none; a
     /// run that reaches a sandbox node then fails there, saying so).
     pub sandbox_optional: bool,
+    /// An LLM server URL given to `cairn run --llm` (`openai:<base_url>#<model>`). In this
+    /// single-user process the user is the operator: it becomes the provider
+    /// `EMBEDDED_LLM_PROVIDER`, which gets the key of `llm.api_key_env`.
+    pub llm_url: Option<String>,
 }
+
+/// The provider name of `Needs::llm_url` in an embedded orchestrator.
+pub const EMBEDDED_LLM_PROVIDER: &str = "cairn-run";
 
 /// Services hosted together, plus what must be cleaned up after the server stops.
 pub struct Hosted {
@@ -222,7 +229,7 @@ pub async fn host_all(data_root: &Path, self_addr: &str, needs: Needs) -> anyhow
     if needs.orchestrator {
         // The `CAIRN_ORCHESTRATOR_*` environment (e.g. CAIRN_ORCHESTRATOR_LLM_MODEL, the
         // `[llm]` / `[onebot]` / `[code_delivery]` keys) applies; the addresses are ours.
-        let config = cairn_orchestrator::Config {
+        let mut config = cairn_orchestrator::Config {
             store_addr: self_addr.to_owned(),
             ingest_addr: self_addr.to_owned(),
             sandbox_addrs: if runner.is_some() {
@@ -233,6 +240,24 @@ pub async fn host_all(data_root: &Path, self_addr: &str, needs: Needs) -> anyhow
             ..cairn_orchestrator::Config::load(None)
                 .context("orchestrator settings from CAIRN_ORCHESTRATOR_* variables")?
         };
+        if let Some(url) = &needs.llm_url {
+            let (base_url, model) = match cairn_orchestrator::agents::ProviderSpec::parse(url)? {
+                cairn_orchestrator::agents::ProviderSpec::OpenAi { base_url, model } => {
+                    (base_url, model)
+                }
+                _ => anyhow::bail!("--llm {url}: not an LLM server URL"),
+            };
+            let provider = cairn_orchestrator::agents::ProviderConfig {
+                base_url,
+                model,
+                api_key_env: config.llm.api_key_env.clone(),
+                ..Default::default()
+            };
+            config
+                .llm
+                .providers
+                .insert(EMBEDDED_LLM_PROVIDER.to_owned(), provider);
+        }
         let (service, handle) = cairn_orchestrator::orchestrator_service(config)
             .await
             .context("starting the orchestrator")?;

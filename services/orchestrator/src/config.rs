@@ -351,6 +351,38 @@ mod tests {
     }
 
     #[test]
+    fn llm_providers_from_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("orchestrator.toml");
+        std::fs::write(
+            &file,
+            "default_llm = \"local\"\n[llm]\nallow_request_llm_urls = true\n\
+             [llm.providers.local]\nbase_url = \"http://127.0.0.1:8000/v1\"\nmodel = \"q\"\napi_key_env = \"LOCAL_KEY\"\n\
+             [llm.providers.demo]\nkind = \"replay\"\ncassette = \"docs/cassettes/demo.yaml\"\n",
+        )
+        .unwrap();
+        let c = Config::load(Some(&file)).unwrap();
+        assert!(c.llm.allow_request_llm_urls);
+        assert_eq!(c.llm.providers["local"].api_key_env, "LOCAL_KEY");
+        assert_eq!(
+            c.llm.providers["demo"].kind,
+            crate::agents::ProviderKind::Replay
+        );
+        // Each refusal names the key to fix.
+        for (text, key) in [
+            ("[llm.providers.x]\nbase_url = \"ftp://h\"\nmodel = \"m\"\n", "llm.providers.x.base_url"),
+            ("[llm.providers.x]\nkind = \"replay\"\ncassette = \"/etc/passwd\"\n", "llm.providers.x.cassette"),
+            ("[llm.providers.x]\nbase_url = \"http://h/v1\"\nmodle = \"m\"\n", "modle"),
+            ("default_llm = \"nope\"\n", "default_llm"),
+            ("default_llm = \"replay:../c.yaml\"\n", "default_llm"),
+        ] {
+            std::fs::write(&file, text).unwrap();
+            let e = Config::load(Some(&file)).unwrap_err().to_string();
+            assert!(e.contains(key), "{text}: {e}");
+        }
+    }
+
+    #[test]
     fn backoff_grows_and_caps() {
         let p = RetryPolicy {
             jitter: 0.0,
