@@ -159,7 +159,10 @@ fn an_embedded_run_takes_the_users_llm_url_with_the_users_key() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let out = cairn(&data)
-        .env("CAIRN_ORCHESTRATOR_LLM_API_KEY_ENV", "CAIRN_CLI_TEST_LLM_KEY")
+        .env(
+            "CAIRN_ORCHESTRATOR_LLM_API_KEY_ENV",
+            "CAIRN_CLI_TEST_LLM_KEY",
+        )
         .env("CAIRN_CLI_TEST_LLM_KEY", "sk-cli-user")
         .args(["-p", "modes", "--json", "run", "--mode", "single"])
         .args(["--prompt", "Write a word-count tool", "--run-id", "u1"])
@@ -172,9 +175,6 @@ fn an_embedded_run_takes_the_users_llm_url_with_the_users_key() {
         String::from_utf8_lossy(&out.stderr)
     );
     let head = served.join().unwrap().to_ascii_lowercase();
-    assert!(
-        head.contains("authorization: bearer sk-cli-user"),
-        "{head}"
-    );
+    assert!(head.contains("authorization: bearer sk-cli-user"), "{head}");
     assert!(get(&data, "docs/single_u1.md").contains("from the local server"));
 }

@@ -370,9 +370,18 @@ mod tests {
         );
         // Each refusal names the key to fix.
         for (text, key) in [
-            ("[llm.providers.x]\nbase_url = \"ftp://h\"\nmodel = \"m\"\n", "llm.providers.x.base_url"),
-            ("[llm.providers.x]\nkind = \"replay\"\ncassette = \"/etc/passwd\"\n", "llm.providers.x.cassette"),
-            ("[llm.providers.x]\nbase_url = \"http://h/v1\"\nmodle = \"m\"\n", "modle"),
+            (
+                "[llm.providers.x]\nbase_url = \"ftp://h\"\nmodel = \"m\"\n",
+                "llm.providers.x.base_url",
+            ),
+            (
+                "[llm.providers.x]\nkind = \"replay\"\ncassette = \"/etc/passwd\"\n",
+                "llm.providers.x.cassette",
+            ),
+            (
+                "[llm.providers.x]\nbase_url = \"http://h/v1\"\nmodle = \"m\"\n",
+                "modle",
+            ),
             ("default_llm = \"nope\"\n", "default_llm"),
             ("default_llm = \"replay:../c.yaml\"\n", "default_llm"),
         ] {

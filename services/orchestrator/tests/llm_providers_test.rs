@@ -5,9 +5,9 @@
 //! cap), never a file of the host, and no error quotes a file.
 #![allow(clippy::unwrap_used)]
 
+mod common;
 #[path = "support/fake_openai.rs"]
 mod fake_openai;
-mod common;
 
 use cairn_orchestrator::Config;
 use cairn_proto::v1::{SubmitRunRequest, TaskState};
@@ -81,9 +81,8 @@ async fn a_request_url_is_refused_by_default_and_the_server_never_sees_the_key()
     let url = capture.llm();
     let bare = format!("{}#m", capture.base_url);
     let graph_llm = format!("llm: \"{url}\"\n{GRAPH}");
-    let node_llm = format!(
-        "nodes:\n  - {{id: writer, type: agent_task, prompt: hi, llm: \"{url}\"}}\n"
-    );
+    let node_llm =
+        format!("nodes:\n  - {{id: writer, type: agent_task, prompt: hi, llm: \"{url}\"}}\n");
     for (graph, llm) in [
         (GRAPH, url.as_str()),
         (GRAPH, bare.as_str()),
@@ -144,7 +143,9 @@ async fn replay_of_host_files_is_refused_and_their_content_appears_nowhere() {
     let secret = s.dir.path().join("shadow");
     std::fs::write(
         &secret,
-        format!("root:{marker}:19000:0:99999:7:::\nanswers: [{{node: writer, content: {marker}}}]\n"),
+        format!(
+            "root:{marker}:19000:0:99999:7:::\nanswers: [{{node: writer, content: {marker}}}]\n"
+        ),
     )
     .unwrap();
     let base = s.dir.path().join("graphs");
@@ -214,7 +215,12 @@ async fn a_cassette_over_the_cap_is_refused_without_being_read() {
     put_file(&s.store, "docs/small.txt", b"x").await;
     // 64 GiB of holes, in the store's own data root: reading (or hashing) it whole takes
     // many minutes and gigabytes; the size the store reports first decides.
-    let huge = s.dir.path().join("data/projects").join(PROJECT).join("docs/huge.yaml");
+    let huge = s
+        .dir
+        .path()
+        .join("data/projects")
+        .join(PROJECT)
+        .join("docs/huge.yaml");
     std::fs::File::create(&huge)
         .unwrap()
         .set_len(64 << 30)
@@ -243,14 +249,16 @@ const CASSETTE: &str = "answers:\n  - {node: writer, content: \"from the demo ca
 
 #[tokio::test]
 async fn a_replay_provider_by_name_reads_its_cassette_from_the_project() {
-    let s = stack(
-        "[providers.demo]\nkind = \"replay\"\ncassette = \"docs/cassettes/demo.yaml\"\n",
-    )
-    .await;
+    let s = stack("[providers.demo]\nkind = \"replay\"\ncassette = \"docs/cassettes/demo.yaml\"\n")
+        .await;
     // Not there yet: refused at submit, naming the path.
     let e = s.submit_req(request(GRAPH, "demo")).await.unwrap_err();
     assert_eq!(reason(&e), "cassette_not_found", "{e:?}");
-    assert!(e.message().contains("docs/cassettes/demo.yaml"), "{}", e.message());
+    assert!(
+        e.message().contains("docs/cassettes/demo.yaml"),
+        "{}",
+        e.message()
+    );
     put_file(&s.store, "docs/cassettes/demo.yaml", CASSETTE.as_bytes()).await;
     // By name in the request, and as the graph's `llm:` with the explicit prefix.
     for (graph, llm) in [
@@ -265,10 +273,7 @@ async fn a_replay_provider_by_name_reads_its_cassette_from_the_project() {
             .await
             .contains("from the demo cassette"));
         let created = s.events(&run).await;
-        let created = created
-            .iter()
-            .find(|e| e.r#type == "task.created")
-            .unwrap();
+        let created = created.iter().find(|e| e.r#type == "task.created").unwrap();
         assert_eq!(data(created)["llm"], "provider:demo");
     }
     // An unknown name lists the configured ones.
@@ -289,11 +294,7 @@ async fn an_openai_provider_by_name_gets_its_key_and_only_its_key() {
         server.base_url
     ))
     .await;
-    let run = s
-        .submit_req(request(GRAPH, "local"))
-        .await
-        .unwrap()
-        .run_id;
+    let run = s.submit_req(request(GRAPH, "local")).await.unwrap().run_id;
     let info = s.wait_final(&run, 60).await;
     assert_eq!(info.state, TaskState::Completed as i32, "{info:#?}");
     assert!(s
@@ -303,7 +304,10 @@ async fn an_openai_provider_by_name_gets_its_key_and_only_its_key() {
     assert_eq!(server.requests()[0]["model"], "local-model");
     // A request naming the same base URL gets the key configured for it (and not [llm]'s).
     let run = s
-        .submit_req(request(GRAPH, &format!("openai:{}/#other", server.base_url)))
+        .submit_req(request(
+            GRAPH,
+            &format!("openai:{}/#other", server.base_url),
+        ))
         .await
         .unwrap()
         .run_id;
@@ -342,10 +346,7 @@ async fn default_llm_is_the_implicit_default_provider() {
             let info = s.wait_final(&run, 60).await;
             assert_eq!(info.state, TaskState::Completed as i32, "{info:#?}");
             // The operator configured this URL: [llm].api_key_env's key goes there.
-            assert_eq!(
-                server.authorizations(),
-                vec![Some(format!("Bearer {KEY}"))]
-            );
+            assert_eq!(server.authorizations(), vec![Some(format!("Bearer {KEY}"))]);
             let events = s.events(&run).await;
             let created = events.iter().find(|e| e.r#type == "task.created").unwrap();
             assert_eq!(data(created)["llm"], "provider:default");

@@ -50,7 +50,12 @@ pub async fn read(store: &Store, project: &str, path: &str) -> Result<String, Ag
             ))
         }
         Err(s) if s.code() == Code::ResourceExhausted => return Err(too_large()),
-        Err(s) if matches!(s.code(), Code::Unavailable | Code::Unknown | Code::Cancelled) => {
+        Err(s)
+            if matches!(
+                s.code(),
+                Code::Unavailable | Code::Unknown | Code::Cancelled
+            ) =>
+        {
             return Err(AgentError::Unavailable(format!(
                 "cannot read cassette {path} from the artifact-store: {}",
                 s.message()

@@ -293,10 +293,7 @@ impl ProviderSpec {
                 let too_large = || AgentError::Cassette {
                     path: "inline cassette".into(),
                     reason: "too_large",
-                    message: format!(
-                        "larger than {} MiB",
-                        cassette::MAX_CASSETTE_BYTES >> 20
-                    ),
+                    message: format!("larger than {} MiB", cassette::MAX_CASSETTE_BYTES >> 20),
                 };
                 if encoded.len() as u64 / 4 * 3 > cassette::MAX_CASSETTE_BYTES + 3 {
                     return Err(too_large());

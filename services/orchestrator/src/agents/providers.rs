@@ -134,9 +134,10 @@ fn with_default(
             cassette: path,
             ..ProviderConfig::default()
         },
-        ProviderSpec::ReplayInline(_) => {
-            return Err("default_llm: name a provider, `replay:<project path>` or `openai:<base_url>#<model>`".into())
-        }
+        ProviderSpec::ReplayInline(_) => return Err(
+            "default_llm: name a provider, `replay:<project path>` or `openai:<base_url>#<model>`"
+                .into(),
+        ),
     };
     if table.contains_key(IMPLICIT_DEFAULT) {
         return Err(format!(
@@ -145,7 +146,10 @@ fn with_default(
     }
     implicit.check(IMPLICIT_DEFAULT, &llm.model)?;
     table.insert(IMPLICIT_DEFAULT.to_owned(), implicit);
-    Ok((table, ProviderSpec::Named(IMPLICIT_DEFAULT.into()).to_spec_string()))
+    Ok((
+        table,
+        ProviderSpec::Named(IMPLICIT_DEFAULT.into()).to_spec_string(),
+    ))
 }
 
 /// Checks `default_llm` against the `[llm]` section (config check).
@@ -366,9 +370,13 @@ mod tests {
         assert!(with_default(&llm, "replay:../x.yaml").is_err());
         assert!(with_default(&llm, "nope").unwrap_err().contains("nope"));
         let mut named = llm.clone();
-        named.providers.insert("local".into(), openai("http://h/v1", ""));
+        named
+            .providers
+            .insert("local".into(), openai("http://h/v1", ""));
         assert_eq!(with_default(&named, "local").unwrap().1, "provider:local");
-        named.providers.insert("default".into(), openai("http://h/v1", ""));
+        named
+            .providers
+            .insert("default".into(), openai("http://h/v1", ""));
         assert!(with_default(&named, "http://other/v1#m")
             .unwrap_err()
             .contains("default_llm = \"default\""));

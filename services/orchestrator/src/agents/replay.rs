@@ -121,7 +121,8 @@ impl ReplayProvider {
                 ),
             });
         }
-        let cassette: Cassette = serde_saphyr::from_str(text).map_err(|e| err(parse_failure(&e)))?;
+        let cassette: Cassette =
+            serde_saphyr::from_str(text).map_err(|e| err(parse_failure(&e)))?;
         if cassette.version.is_some_and(|v| v != 1) {
             return Err(err("only cassette version 1 exists".into()));
         }
@@ -132,9 +133,7 @@ impl ReplayProvider {
                 )));
             }
             if a.turn == 0 || a.step == 0 {
-                return Err(err(format!(
-                    "answers[{i}]: turn and step count from 1"
-                )));
+                return Err(err(format!("answers[{i}]: turn and step count from 1")));
             }
             if let Some(j) = a.tool_calls.iter().position(|c| c.name.trim().is_empty()) {
                 return Err(err(format!(
