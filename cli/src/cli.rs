@@ -201,7 +201,10 @@ pub struct RunArgs {
     /// Goal for built-in graphs ({{vars.prompt}}).
     #[arg(long)]
     pub prompt: Option<String>,
-    /// LLM provider for agent nodes, e.g. replay:CASSETTE.yaml.
+    /// LLM provider for agent nodes: a provider name of the orchestrator's config, a local
+    /// cassette (replay:CASSETTE.yaml, sent inline), or openai:BASE_URL#MODEL (without --addr
+    /// this process is the operator and sends llm.api_key_env's key; a remote orchestrator
+    /// takes URLs only with llm.allow_request_llm_urls and gives them no key of its own).
     #[arg(long)]
     pub llm: Option<String>,
     /// Run id (default: a new time-ordered id).

@@ -49,7 +49,14 @@ pub struct Needs {
     pub sandbox_optional: bool,
     /// The orchestrator's tokens file (`cairn up --tokens-file`).
     pub tokens_file: Option<PathBuf>,
+    /// An LLM server URL given to `cairn run --llm` (`openai:<base_url>#<model>`). In this
+    /// single-user process the user is the operator: it becomes the provider
+    /// `EMBEDDED_LLM_PROVIDER`, which gets the key of `llm.api_key_env`.
+    pub llm_url: Option<String>,
 }
+
+/// The provider name of `Needs::llm_url` in an embedded orchestrator.
+pub const EMBEDDED_LLM_PROVIDER: &str = "cairn-run";
 
 /// Services hosted together, plus what must be cleaned up after the server stops.
 pub struct Hosted {
@@ -286,6 +293,24 @@ pub async fn host_all(
         };
         if let Some(f) = &needs.tokens_file {
             config.auth.tokens_file = f.display().to_string();
+        }
+        if let Some(url) = &needs.llm_url {
+            let (base_url, model) = match cairn_orchestrator::agents::ProviderSpec::parse(url)? {
+                cairn_orchestrator::agents::ProviderSpec::OpenAi { base_url, model } => {
+                    (base_url, model)
+                }
+                _ => anyhow::bail!("--llm {url}: not an LLM server URL"),
+            };
+            let provider = cairn_orchestrator::agents::ProviderConfig {
+                base_url,
+                model,
+                api_key_env: config.llm.api_key_env.clone(),
+                ..Default::default()
+            };
+            config
+                .llm
+                .providers
+                .insert(EMBEDDED_LLM_PROVIDER.to_owned(), provider);
         }
         let (service, handle) = cairn_orchestrator::orchestrator_service(config)
             .await

@@ -118,11 +118,13 @@ pub struct Config {
     pub ingest_hook: bool,
     /// At start-up, resume every run that is not final.
     pub resume_on_start: bool,
-    /// LLM provider for agent nodes when neither the submit request nor the graph names one
-    /// (`replay:<cassette>`).
+    /// LLM provider for agent nodes when neither the submit request nor the graph names one:
+    /// a provider name of `[llm.providers]`, or `openai:<base_url>#<model>` / `replay:<path
+    /// in the project>`, which make the implicit provider `default` (a URL here gets the key
+    /// of `llm.api_key_env`).
     pub default_llm: String,
-    /// Directory relative cassette paths resolve against when the submitter gives none
-    /// (empty = the working directory).
+    /// Directory relative phase files (schemas, prompts) resolve against when the submitter
+    /// gives none (empty = the working directory). Cassettes never come from the host.
     pub llm_base_dir: String,
     /// Longest interval between rewrites of README.md/task.yaml/state.json while a run moves
     /// (state changes are written at once).
@@ -246,6 +248,8 @@ impl Config {
             ));
         }
         self.llm.check().map_err(Error::Config)?;
+        crate::agents::providers::check_default(&self.llm, &self.default_llm)
+            .map_err(Error::Config)?;
         self.onebot.check().map_err(Error::Config)?;
         self.code_delivery.check().map_err(Error::Config)?;
         Ok(())
@@ -357,6 +361,47 @@ mod tests {
         assert!(!c.code_delivery.enabled);
         std::fs::write(&file, "[llm]\nnope = 1\n").unwrap();
         assert!(Config::load(Some(&file)).is_err());
+    }
+
+    #[test]
+    fn llm_providers_from_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("orchestrator.toml");
+        std::fs::write(
+            &file,
+            "default_llm = \"local\"\n[llm]\nallow_request_llm_urls = true\n\
+             [llm.providers.local]\nbase_url = \"http://127.0.0.1:8000/v1\"\nmodel = \"q\"\napi_key_env = \"LOCAL_KEY\"\n\
+             [llm.providers.demo]\nkind = \"replay\"\ncassette = \"docs/cassettes/demo.yaml\"\n",
+        )
+        .unwrap();
+        let c = Config::load(Some(&file)).unwrap();
+        assert!(c.llm.allow_request_llm_urls);
+        assert_eq!(c.llm.providers["local"].api_key_env, "LOCAL_KEY");
+        assert_eq!(
+            c.llm.providers["demo"].kind,
+            crate::agents::ProviderKind::Replay
+        );
+        // Each refusal names the key to fix.
+        for (text, key) in [
+            (
+                "[llm.providers.x]\nbase_url = \"ftp://h\"\nmodel = \"m\"\n",
+                "llm.providers.x.base_url",
+            ),
+            (
+                "[llm.providers.x]\nkind = \"replay\"\ncassette = \"/etc/passwd\"\n",
+                "llm.providers.x.cassette",
+            ),
+            (
+                "[llm.providers.x]\nbase_url = \"http://h/v1\"\nmodle = \"m\"\n",
+                "modle",
+            ),
+            ("default_llm = \"nope\"\n", "default_llm"),
+            ("default_llm = \"replay:../c.yaml\"\n", "default_llm"),
+        ] {
+            std::fs::write(&file, text).unwrap();
+            let e = Config::load(Some(&file)).unwrap_err().to_string();
+            assert!(e.contains(key), "{text}: {e}");
+        }
     }
 
     #[test]

@@ -42,6 +42,10 @@ pub enum Error {
         reason: &'static str,
         message: String,
     },
+    /// An `llm` setting refused at submit (URL rule, unknown provider, cassette); its reason
+    /// word goes in `cairn-reason`.
+    #[error(transparent)]
+    Llm(#[from] crate::agents::AgentError),
 }
 
 impl Error {
@@ -78,6 +82,16 @@ impl From<Error> for Status {
             Error::Unauthenticated(_) => Status::unauthenticated(message),
             Error::PermissionDenied { reason, .. } => {
                 cairn_proto::reason::status(Code::PermissionDenied, message, reason)
+            }
+            Error::Llm(e) => {
+                let code = match e {
+                    crate::agents::AgentError::Unavailable(_) => Code::Unavailable,
+                    _ => Code::InvalidArgument,
+                };
+                match e.reason() {
+                    Some(reason) => cairn_proto::reason::status(code, message, reason),
+                    None => Status::new(code, message),
+                }
             }
         }
     }

@@ -105,7 +105,8 @@ pub async fn orchestrator_service(
         store,
         ingest,
         runners,
-        providers: agents::Providers::new(config.llm.clone()),
+        providers: agents::Providers::with_default(config.llm.clone(), &config.default_llm)
+            .map_err(Error::Config)?,
         config,
     });
     let runs = runs::Runs::new(backends);

@@ -139,6 +139,23 @@ impl Store {
 
     /// Reads a whole file; `None` when it does not exist.
     pub async fn get(&self, project: &str, path: &str) -> Result<Option<Bytes>, Status> {
+        self.get_at_most(project, path, MAX_READ_BYTES).await
+    }
+
+    /// Reads a whole file of at most `max` bytes; a larger one is ResourceExhausted, found
+    /// from the size the store sends first (so it is never read) or, for a file that grows
+    /// while read, as soon as more than `max` bytes arrived.
+    pub async fn get_at_most(
+        &self,
+        project: &str,
+        path: &str,
+        max: u64,
+    ) -> Result<Option<Bytes>, Status> {
+        let too_large = |size: u64| {
+            Status::resource_exhausted(format!(
+                "{path} is {size} bytes; the orchestrator reads at most {max} here"
+            ))
+        };
         let req = GetRequest {
             project_id: project.to_owned(),
             path: path.to_owned(),
@@ -160,15 +177,17 @@ impl Store {
             };
             match msg.msg {
                 Some(get_response::Msg::Info(info)) => {
-                    if info.size_bytes > MAX_READ_BYTES {
-                        return Err(Status::resource_exhausted(format!(
-                            "{path} is {} bytes; the orchestrator reads at most {MAX_READ_BYTES}",
-                            info.size_bytes
-                        )));
+                    if info.size_bytes > max {
+                        return Err(too_large(info.size_bytes));
                     }
                     buf.reserve(info.size_bytes as usize);
                 }
-                Some(get_response::Msg::Chunk(c)) => buf.extend_from_slice(&c),
+                Some(get_response::Msg::Chunk(c)) => {
+                    buf.extend_from_slice(&c);
+                    if buf.len() as u64 > max {
+                        return Err(too_large(buf.len() as u64));
+                    }
+                }
                 None => {}
             }
         }

@@ -215,7 +215,8 @@ pub struct NodeCtx {
     pub progress: Progress,
     /// The run's LLM provider spec.
     pub llm: String,
-    /// Where relative cassette paths of node-level `llm:` resolve.
+    /// The submitter's `base_dir` (phase files were read from it at submit); cassettes never
+    /// resolve against it (they come through the store).
     pub base_dir: std::path::PathBuf,
     /// This node's own gate, for nodes that block on one mid-way (`external_agent`): the
     /// decision a resumed attempt continues from.
@@ -248,23 +249,17 @@ impl NodeCtx {
         &self.backends.store
     }
 
-    /// The `llm` setting a node uses: its own `llm:` (relative cassette paths resolved against
-    /// the graph's directory), else the run's.
-    pub fn llm_spec(&self, node_llm: Option<&str>) -> Result<String, crate::agents::AgentError> {
-        match node_llm {
-            Some(s) => Ok(crate::agents::ProviderSpec::parse(s)?
-                .resolve(&self.base_dir)
-                .to_spec_string()),
-            None => Ok(self.llm.clone()),
-        }
-    }
-
-    /// The provider of `llm_spec(node_llm)`, built with the `[llm]` config section.
-    pub fn provider(
+    /// The provider a node uses: its own `llm:`, else the run's, under the orchestrator's
+    /// provider rules (a cassette is read from the run's project).
+    pub async fn provider(
         &self,
         node_llm: Option<&str>,
     ) -> Result<Arc<dyn crate::agents::Provider>, crate::agents::AgentError> {
-        self.backends.providers.get(&self.llm_spec(node_llm)?)
+        let spec = node_llm.unwrap_or(&self.llm);
+        self.backends
+            .providers
+            .get(spec, &self.backends.store, &self.project)
+            .await
     }
 
     /// The `[onebot]` config section (endpoint and token of `group` / `private` targets).
