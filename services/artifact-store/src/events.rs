@@ -322,7 +322,8 @@ struct Batch {
 /// Why a batch was not appended.
 #[derive(Debug, Clone)]
 enum Failure {
-    Io(String),
+    /// The kind is kept so a full disk still answers RESOURCE_EXHAUSTED.
+    Io(std::io::ErrorKind, String),
     /// (sent, current) epochs of a batch from a writer that was fenced off.
     Fenced(u64, u64),
     /// (path, cause) of a publication the run lost.
@@ -519,7 +520,9 @@ impl RunLogs {
         });
         match receipt.await {
             Ok(Ok(range)) => Ok(range),
-            Ok(Err(Failure::Io(e))) => Err(Error::io("appending events", std::io::Error::other(e))),
+            Ok(Err(Failure::Io(kind, e))) => {
+                Err(Error::io("appending events", std::io::Error::new(kind, e)))
+            }
             Ok(Err(Failure::Lost(path, cause))) => Err(lost(&run, path, cause)),
             Ok(Err(Failure::Fenced(sent, current))) => Err(Error::Fenced { run, sent, current }),
             Err(_) => Err(Error::Unavailable),
@@ -819,7 +822,13 @@ async fn commit(log: &RunLog, state: &mut LogState, run: &str, batches: Vec<Batc
         }
     };
     let Some(file) = state.file.clone() else {
-        return refuse(batches, Failure::Io("the event log is not open".into()));
+        return refuse(
+            batches,
+            Failure::Io(
+                std::io::ErrorKind::Other,
+                "the event log is not open".into(),
+            ),
+        );
     };
     // A fenced-off writer's batches go no further; the others are committed.
     // Loaded by every fenced append before it queued; claims change it only under `state`.
@@ -873,9 +882,10 @@ async fn commit(log: &RunLog, state: &mut LogState, run: &str, batches: Vec<Batc
     let written = tokio::task::spawn_blocking(move || {
         // Files written before these events are durable before the events are.
         if let Err(e) = deferred::sync(&dirs) {
-            let e = std::io::Error::other(format!(
-                "fsync of a directory written before these events: {e}"
-            ));
+            let e = std::io::Error::new(
+                e.kind(),
+                format!("fsync of a directory written before these events: {e}"),
+            );
             return (Err(e), dirs);
         }
         let result = (&*file)
@@ -904,13 +914,13 @@ async fn commit(log: &RunLog, state: &mut LogState, run: &str, batches: Vec<Batc
             }
         }
         failed => {
-            let message = match failed {
-                Ok(Err(e)) => e.to_string(),
-                Err(e) => e.to_string(),
-                Ok(Ok(())) => String::new(),
+            let (kind, message) = match failed {
+                Ok(Err(e)) => (e.kind(), e.to_string()),
+                Err(e) => (std::io::ErrorKind::Other, e.to_string()),
+                Ok(Ok(())) => (std::io::ErrorKind::Other, String::new()),
             };
             tracing::error!(run, error = %message, "appending events failed");
-            refuse(batches, Failure::Io(message));
+            refuse(batches, Failure::Io(kind, message));
         }
     }
 }
