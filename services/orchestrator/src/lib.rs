@@ -43,10 +43,14 @@ pub use config::{Config, RetryPolicy};
 pub use error::Error;
 pub use service::OrchestratorService;
 
+/// How often a standalone orchestrator checks that the store answers (readiness).
+const PROBE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Control of a running orchestrator: resume and shutdown.
 #[derive(Clone)]
 pub struct Handle {
     runs: Arc<runs::Runs>,
+    store: cairn_server::retry::Dependency,
 }
 
 impl Handle {
@@ -63,6 +67,11 @@ impl Handle {
         self.runs.shutdown().await
     }
 
+    /// The store as a dependency (readiness follows it).
+    pub fn store_dependency(&self) -> &cairn_server::retry::Dependency {
+        &self.store
+    }
+
     /// The run registry, for in-process callers (tests, benches).
     pub fn runs(&self) -> Arc<runs::Runs> {
         self.runs.clone()
@@ -75,7 +84,9 @@ pub async fn orchestrator_service(
     config: Config,
 ) -> Result<(OrchestratorServer<OrchestratorService>, Handle), Error> {
     config.check()?;
-    let store = store::Store::connect(&config.store_addr)?;
+    let outage = std::time::Duration::from_secs(config.dependency_outage_s);
+    let store = store::Store::connect(&config.store_addr)?
+        .riding_out(cairn_server::retry::Dependency::new(store::STORE, outage));
     let ingest = if config.ingest_addr.trim().is_empty() {
         None
     } else {
@@ -95,10 +106,12 @@ pub async fn orchestrator_service(
     let backends = Arc::new(nodes::Backends {
         store,
         ingest,
+        ingest_dependency: cairn_server::retry::Dependency::new("ingest", outage),
         runners,
         providers: agents::Providers::new(config.llm.clone()),
         config,
     });
+    let store = backends.store.dependency().clone();
     let runs = runs::Runs::new(backends);
     if resume {
         // Its own trace: resumed runs start new traces (docs/operations.md "Tracing").
@@ -111,7 +124,7 @@ pub async fn orchestrator_service(
     let server = OrchestratorServer::new(OrchestratorService::new(runs.clone()))
         .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES);
-    Ok((server, Handle { runs }))
+    Ok((server, Handle { runs, store }))
 }
 
 /// Serves the orchestrator alone on `listener` until `shutdown` resolves; then stops the run
@@ -121,14 +134,27 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), Error> {
+    let drain = std::time::Duration::from_secs(config.drain_deadline_s);
+    let store_addr = config.store_addr.clone();
     let (server, handle) = orchestrator_service(config).await?;
+    // Readiness follows the store, also while no run is calling it.
+    let store = handle.store_dependency().clone();
+    store.probe(cairn_server::connect(&store_addr)?, PROBE_INTERVAL);
     let mut host = cairn_server::Host::new();
-    host.add(server);
-    // Stop the drivers and end the watch streams as soon as shutdown begins: the host's
-    // graceful shutdown waits for open streams.
+    host.add(server).require(&store).drain_deadline(drain);
+    // Stop the drivers and end the watch streams as soon as shutdown begins, while the host
+    // drains; waiting for the drivers is bounded by the drain deadline too.
+    let (stopping, stopped) = tokio::sync::oneshot::channel();
+    let stopper = handle.clone();
     let shutdown = async move {
         shutdown.await;
-        handle.shutdown().await;
+        let _ = stopping.send(tokio::spawn(async move { stopper.shutdown().await }));
     };
-    host.serve(listener, shutdown).await.map_err(Error::from)
+    let served = host.serve(listener, shutdown).await;
+    if let Ok(drivers) = stopped.await {
+        if tokio::time::timeout(drain, drivers).await.is_err() {
+            tracing::warn!("run drivers still busy after the drain deadline; their runs resume from their records");
+        }
+    }
+    served.map_err(Error::from)
 }
