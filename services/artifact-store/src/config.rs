@@ -36,6 +36,9 @@ pub struct Config {
     /// Write bodies over 1 MiB with O_DIRECT where the filesystem allows it (no page-cache
     /// copy; the file is fsync'd all the same).
     pub direct_io: bool,
+    /// On shutdown, how long calls get to finish before they end with UNAVAILABLE (follow
+    /// streams end at once).
+    pub drain_deadline_s: u64,
 }
 
 impl Default for Config {
@@ -50,6 +53,7 @@ impl Default for Config {
             max_event_bytes: 1 << 20,
             max_json_bytes: 16 << 20,
             direct_io: true,
+            drain_deadline_s: cairn_server::drain::DEFAULT_DEADLINE.as_secs(),
         }
     }
 }

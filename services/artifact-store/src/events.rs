@@ -32,7 +32,10 @@ use crate::write;
 const EVENTS_FILE: &str = "events.jsonl";
 /// The run's writer epoch (ClaimRun), a decimal number beside its log; absent = 0.
 pub const EPOCH_FILE: &str = "events.epoch";
-const LIVE_CAPACITY: usize = 4096;
+/// Live events buffered per followed run. The ring is allocated whole while anyone follows the
+/// run (4096 slots cost about 150 KiB per followed run); a reader that falls behind it goes back
+/// to the file, so a small ring costs nothing but a file read under bursts.
+const LIVE_CAPACITY: usize = 256;
 /// Run logs kept open before idle ones are closed.
 const OPEN_LOGS: usize = 256;
 const RESERVED_KEYS: &[&str] = &["ts", "seq", "type", "run_id", "node_id", "level"];

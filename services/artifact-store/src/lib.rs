@@ -63,9 +63,10 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<()> {
+    let drain = std::time::Duration::from_secs(config.drain_deadline_s);
     let service = artifact_store_service(config).await?;
     let mut host = cairn_server::Host::new();
-    host.add(service);
+    host.add(service).drain_deadline(drain);
     host.serve(listener, shutdown)
         .await
         .map_err(|e| Error::Server(e.to_string()))
