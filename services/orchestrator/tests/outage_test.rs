@@ -2,7 +2,8 @@
 //! whose sandbox step is running when the store stops for about 20 s. The run completes, the
 //! sandbox step ran once (its result waited for the store), the orchestrator logged the
 //! outage once at warn and its end once at info, and its readiness was NOT_SERVING during the
-//! outage and SERVING after (liveness SERVING throughout).
+//! outage and SERVING after (liveness SERVING throughout). And SIGTERM ends the orchestrator's
+//! open streams (WatchRun, health Watch) with UNAVAILABLE and the process exits in time.
 #![allow(clippy::unwrap_used)]
 
 use std::pin::Pin;
@@ -116,6 +117,35 @@ impl Store {
     }
 }
 
+/// Starts the orchestrator binary; its log (RUST_LOG=info) goes to `log`.
+async fn spawn_orchestrator(
+    store_addr: &str,
+    extra: &[&str],
+    log: &std::path::Path,
+) -> (Child, String) {
+    let orch_addr = free_addr();
+    let child: Child = Command::new(env!("CARGO_BIN_EXE_cairn-orchestrator"))
+        .args([
+            "--listen",
+            &orch_addr,
+            "--store-addr",
+            store_addr,
+            "--ingest-addr",
+            "",
+            "--set",
+            "resume_on_start=false",
+        ])
+        .args(extra)
+        .env_remove("CAIRN_ORCHESTRATOR_CONFIG")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap();
+    wait_health(&orch_addr, "", true, 30).await;
+    (child, orch_addr)
+}
+
 fn free_addr() -> String {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap().to_string()
@@ -174,29 +204,10 @@ async fn a_store_outage_mid_run_is_ridden_out() {
         addr
     };
 
-    let orch_addr = free_addr();
     let log_path = tmp.path().join("orchestrator.log");
-    let mut child: Child = Command::new(env!("CARGO_BIN_EXE_cairn-orchestrator"))
-        .args([
-            "--listen",
-            &orch_addr,
-            "--store-addr",
-            &store_addr,
-            "--ingest-addr",
-            "",
-            "--sandbox-addr",
-            &runner_addr,
-            "--set",
-            "resume_on_start=false",
-        ])
-        .env_remove("CAIRN_ORCHESTRATOR_CONFIG")
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log_path).unwrap())
-        .spawn()
-        .unwrap();
+    let (mut child, orch_addr) =
+        spawn_orchestrator(&store_addr, &["--sandbox-addr", &runner_addr], &log_path).await;
     let client = OrchestratorClient::new(cairn_server::connect(&orch_addr).unwrap());
-    wait_health(&orch_addr, "", true, 30).await;
 
     let graph = "nodes:\n  - {id: a, type: write_file, path: \"docs/a.txt\", content: \"a\"}\n  - {id: s, type: sandbox_run, needs: [a], language: python, code: \"print('ran')\"}\n  - {id: b, type: write_file, needs: [s], path: \"docs/b.txt\", content: \"after {{nodes.s.stdout}}\"}\n";
     let run = client
@@ -272,4 +283,91 @@ async fn a_store_outage_mid_run_is_ridden_out() {
             .contains("ran"),
         "the step's output reached the next node"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_ends_watch_run_and_health_watch_and_the_orchestrator_exits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data_root = tmp.path().join("data");
+    let store_addr = free_addr();
+    let store = start_store(&store_addr, &data_root).await;
+    let (mut child, orch_addr) =
+        spawn_orchestrator(&store_addr, &[], &tmp.path().join("orchestrator.log")).await;
+    let client = OrchestratorClient::new(cairn_server::connect(&orch_addr).unwrap());
+    // A run waiting at a gate: its WatchRun stays open.
+    let run = client
+        .clone()
+        .submit_run(pb::SubmitRunRequest {
+            project_id: PROJECT.into(),
+            graph_yaml: "nodes:\n  - {id: wait, type: gate}\n".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .run_id;
+    let mut watch_run = client
+        .clone()
+        .watch_run(pb::WatchRunRequest {
+            project_id: PROJECT.into(),
+            run_id: run,
+            from_seq: 1,
+            follow_after_end: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(watch_run.message().await.unwrap().is_some());
+    let mut health = tonic_health::pb::health_client::HealthClient::new(
+        cairn_server::connect(&orch_addr).unwrap(),
+    )
+    .watch(tonic_health::pb::HealthCheckRequest {
+        service: String::new(),
+    })
+    .await
+    .unwrap()
+    .into_inner();
+    assert!(health.message().await.unwrap().is_some());
+
+    let term = Instant::now();
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(child.id() as i32).unwrap(),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    let within = Duration::from_secs(5 + 3);
+    let ended = loop {
+        match tokio::time::timeout(within, watch_run.message())
+            .await
+            .expect("WatchRun stayed open after SIGTERM")
+        {
+            Ok(Some(_)) => {}
+            Ok(None) => panic!("WatchRun ended without a status"),
+            Err(s) => break s,
+        }
+    };
+    assert_eq!(ended.code(), tonic::Code::Unavailable, "{ended:?}");
+    let ended = loop {
+        match tokio::time::timeout(within, health.message())
+            .await
+            .expect("the health watch stayed open after SIGTERM")
+        {
+            Ok(Some(_)) => {}
+            Ok(None) => panic!("the health watch ended without a status"),
+            Err(s) => break s,
+        }
+    };
+    assert_eq!(ended.code(), tonic::Code::Unavailable, "{ended:?}");
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        assert!(
+            term.elapsed() < within,
+            "the orchestrator was still running {:?} after SIGTERM",
+            term.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    store.stop().await;
 }
