@@ -283,6 +283,11 @@ def check(objects):
             for probe in ("readinessProbe", "livenessProbe"):
                 if "grpc" not in c.get(probe, {}):
                     problems.append(f"{cname}: {probe} must be a native gRPC probe")
+            # Readiness ("") drops while a dependency is away; restarting would not help.
+            for probe in ("livenessProbe", "startupProbe"):
+                grpc = c.get(probe, {}).get("grpc")
+                if grpc is not None and grpc.get("service") != "liveness":
+                    problems.append(f"{cname}: {probe} must ask for service 'liveness'")
             sc = c.get("securityContext", {})
             if sc.get("allowPrivilegeEscalation") is not False:
                 problems.append(f"{cname}: allowPrivilegeEscalation must be false")

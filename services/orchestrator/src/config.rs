@@ -135,6 +135,12 @@ pub struct Config {
     /// commit: fewer fsyncs). Whatever must be durable (before a node with effects starts, a
     /// reply to a human action, a snapshot) is appended at once.
     pub event_linger_ms: u64,
+    /// How long calls to the store and to ingest that find them unreachable are retried
+    /// (with backoff), counted from the start of the outage; 0 = not retried. A node waiting
+    /// on such a call is not failed or restarted meanwhile.
+    pub dependency_outage_s: u64,
+    /// On shutdown, how long calls get to finish before they end with UNAVAILABLE.
+    pub drain_deadline_s: u64,
     /// Default retry policy of nodes.
     pub retry: RetryPolicy,
     /// `[llm]`: OpenAI-compatible providers (timeouts, attempts, API key variable).
@@ -195,6 +201,8 @@ impl Default for Config {
             snapshot_interval_ms: 1000,
             node_timeout_s: 3600,
             event_linger_ms: 5,
+            dependency_outage_s: cairn_server::retry::DEFAULT_OUTAGE.as_secs(),
+            drain_deadline_s: cairn_server::drain::DEFAULT_DEADLINE.as_secs(),
             retry: RetryPolicy::default(),
             llm: LlmConfig::default(),
             onebot: OneBotConfig::default(),

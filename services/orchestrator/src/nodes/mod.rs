@@ -35,6 +35,9 @@ use crate::store::Store;
 pub struct Backends {
     pub store: Store,
     pub ingest: Option<IngestClient<TracedChannel>>,
+    /// The ingest service as a dependency (outages ridden out; readiness ignores it: the
+    /// hook is fail-open).
+    pub ingest_dependency: cairn_server::retry::Dependency,
     pub runners: crate::runners::Runners,
     pub providers: Providers,
     pub config: Config,
