@@ -175,7 +175,10 @@ pub async fn run(ctx: &NodeCtx, spec: &SandboxRun) -> Result<NodeSuccess, NodeEr
         .map_err(|s| NodeError::from_status(&format!("writing {result_path}"), &s))?;
 
     let written_paths: Vec<String> = written.iter().map(|w| w.0.clone()).collect();
-    let ok = result.exit_code == 0 && !result.timed_out;
+    // The runner publishes all of a run's outputs or none; none means a limit was hit or a
+    // file was cut, and a step whose results did not land has not done its work.
+    let withheld = result.outputs_truncated;
+    let ok = result.exit_code == 0 && !result.timed_out && !withheld;
     let mut out = NodeSuccess::default();
     let o = &mut out.outputs;
     o.insert("exit_code".into(), result.exit_code.into());
@@ -186,6 +189,7 @@ pub async fn run(ctx: &NodeCtx, spec: &SandboxRun) -> Result<NodeSuccess, NodeEr
     o.insert("stderr".into(), summary(&result.stderr).into());
     o.insert("result_path".into(), result_path.clone().into());
     o.insert("ok".into(), ok.into());
+    o.insert("outputs_withheld".into(), withheld.into());
     o.insert("runner_id".into(), result.runner_id.clone().into());
     for (path, put) in &written {
         let _ = path;
@@ -204,6 +208,11 @@ pub async fn run(ctx: &NodeCtx, spec: &SandboxRun) -> Result<NodeSuccess, NodeEr
         ctx.progress.emit(complete.level(Level::Warning));
         let why = if result.timed_out {
             format!("timed out after {timeout_s}s")
+        } else if withheld {
+            format!(
+                "left outputs the runner would not publish ({} listed with reasons: a count or size limit, or a file cut off), so none was written",
+                result.rejected_outputs.len()
+            )
         } else {
             format!("exited with code {}", result.exit_code)
         };
