@@ -72,6 +72,16 @@ pub struct Global {
         value_name = "NAME"
     )]
     pub tls_server_name: Option<String>,
+    /// Your token (`cairn tokens add`), sent to the orchestrator as `authorization: Bearer`;
+    /// needed when it has a tokens file.
+    #[arg(
+        long,
+        global = true,
+        env = "CAIRN_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    pub token: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -105,6 +115,10 @@ pub enum Command {
     /// The PKI for mutual TLS between cairn's programs (docs/security.md).
     #[command(subcommand)]
     Certs(CertsCommand),
+    /// People who may use the orchestrator and the console: the tokens file (name, role,
+    /// optional projects, sha256 of each token).
+    #[command(subcommand)]
+    Tokens(TokensCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -119,6 +133,37 @@ pub enum CertsCommand {
     Show {
         /// A certificate (PEM).
         cert: PathBuf,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokensCommand {
+    /// Add a person with a new random token; prints the token once (only its hash is kept).
+    Add {
+        /// The name recorded as `by` of everything this person does.
+        name: String,
+        /// viewer (read), operator (+ submit, cancel, resume, notes, rework, context),
+        /// approver (+ gate decisions), admin (everything).
+        #[arg(long)]
+        role: String,
+        /// Projects this person may act on (comma-separated or repeated); none = every
+        /// project. (`--project` is the global project to act on.)
+        #[arg(long = "projects", value_name = "PROJECT", value_delimiter = ',')]
+        projects: Vec<String>,
+        #[command(flatten)]
+        file: TokensFileArg,
+    },
+    /// The people of the tokens file: names, roles, projects.
+    List {
+        #[command(flatten)]
+        file: TokensFileArg,
+    },
+    /// Remove a person; their token stops working (a running orchestrator notices within a
+    /// second).
+    Remove {
+        name: String,
+        #[command(flatten)]
+        file: TokensFileArg,
     },
 }
 
@@ -157,6 +202,13 @@ pub struct CertsInitArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct TokensFileArg {
+    /// The tokens file (created by the first `add`).
+    #[arg(long = "file", env = "CAIRN_TOKENS_FILE", value_name = "FILE")]
+    pub path: PathBuf,
+}
+
+#[derive(Debug, Args)]
 pub struct RunArgs {
     /// The graph file (docs/graphs.md). Omit with --mode.
     pub graph: Option<PathBuf>,
@@ -169,7 +221,10 @@ pub struct RunArgs {
     /// Goal for built-in graphs ({{vars.prompt}}).
     #[arg(long)]
     pub prompt: Option<String>,
-    /// LLM provider for agent nodes, e.g. replay:CASSETTE.yaml.
+    /// LLM provider for agent nodes: a provider name of the orchestrator's config, a local
+    /// cassette (replay:CASSETTE.yaml, sent inline), or openai:BASE_URL#MODEL (without --addr
+    /// this process is the operator and sends llm.api_key_env's key; a remote orchestrator
+    /// takes URLs only with llm.allow_request_llm_urls and gives them no key of its own).
     #[arg(long)]
     pub llm: Option<String>,
     /// Run id (default: a new time-ordered id).
@@ -243,9 +298,10 @@ pub enum NotesCommand {
 #[derive(Debug, Subcommand)]
 pub enum SandboxCommand {
     /// Run code with project files staged read-only at /input; files the code leaves in /output
-    /// are written to --output-prefix (default docs/artifacts/<run_id>/) and the run record to
-    /// .cairn/runs/<run_id>/sandbox/result.json. Prints a YAML (or --json) summary. Exits 1 when
-    /// the code fails, times out or is killed.
+    /// are written to --output-prefix (default docs/artifacts/<run_id>/), which must lie under
+    /// an --allowed-prefix (default docs/artifacts/<run_id>/; never .cairn/ nor another run's
+    /// docs/artifacts/ directory), and the run record to .cairn/runs/<run_id>/sandbox/result.json.
+    /// Prints a YAML (or --json) summary. Exits 1 when the code fails, times out or is killed.
     Run(SandboxRunArgs),
 }
 
@@ -267,9 +323,14 @@ pub struct SandboxRunArgs {
     /// Project path staged read-only at /input/<path> (repeatable).
     #[arg(long = "input", value_name = "PROJECT_PATH")]
     pub inputs: Vec<String>,
-    /// Where outputs land in the project (default docs/artifacts/<run_id>).
+    /// Where outputs land in the project (default docs/artifacts/<run_id>); must lie under an
+    /// --allowed-prefix. Checked before anything runs.
     #[arg(long, value_name = "PROJECT_PATH")]
     pub output_prefix: Option<String>,
+    /// A prefix outputs may land under (repeatable; default docs/artifacts/<run_id>/). Never
+    /// under .cairn/ (run records are written by cairn only).
+    #[arg(long = "allowed-prefix", value_name = "PROJECT_PATH")]
+    pub allowed_prefixes: Vec<String>,
     /// Timeout in seconds (default: the runner's).
     #[arg(long, value_name = "SECONDS")]
     pub timeout: Option<f64>,
@@ -319,6 +380,19 @@ pub struct UpArgs {
     /// Do not start the web console.
     #[arg(long)]
     pub no_console: bool,
+    /// The tokens file (`cairn tokens add`): every orchestrator call then needs a token
+    /// (--token / CAIRN_TOKEN), and people log in to the console with their own token.
+    #[arg(
+        long,
+        env = "CAIRN_TOKENS_FILE",
+        value_name = "FILE",
+        conflicts_with = "console_token"
+    )]
+    pub tokens_file: Option<PathBuf>,
+    /// A name (or name:port) the console answers to besides its listen address and the
+    /// loopback names, e.g. behind a reverse proxy (repeatable).
+    #[arg(long = "console-public-host", value_name = "HOST")]
+    pub console_public_hosts: Vec<String>,
 }
 
 #[derive(Debug, Args)]

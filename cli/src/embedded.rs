@@ -1,9 +1,10 @@
 //! Where a command's services come from: the address in --addr / CAIRN_ADDR, or services
 //! started in this process on a loopback port (all of them on one address, like `cairn up`).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use cairn_orchestrator::auth::Bearer;
 use cairn_proto::v1::artifact_store_client::ArtifactStoreClient;
 use cairn_proto::v1::ingest_client::IngestClient;
 use cairn_proto::v1::orchestrator_client::OrchestratorClient;
@@ -11,6 +12,7 @@ use cairn_proto::v1::sandbox_runner_client::SandboxRunnerClient;
 use cairn_telemetry::TracedChannel;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+use tonic::service::interceptor::InterceptedService;
 
 use crate::cli::Global;
 
@@ -23,7 +25,12 @@ pub struct Services {
     sandbox: Option<TracedChannel>,
     addr: String,
     embedded: Option<Embedded>,
+    /// --token / CAIRN_TOKEN, sent with every orchestrator call.
+    bearer: Bearer,
 }
+
+/// A channel whose calls carry the user's token (orchestrator calls).
+pub type Authed = InterceptedService<TracedChannel, Bearer>;
 
 struct Embedded {
     stop: oneshot::Sender<()>,
@@ -31,7 +38,7 @@ struct Embedded {
 }
 
 /// Which optional services an embedded host starts (the store and ingest always run).
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Needs {
     /// The sandbox-runner (needs Docker or bubblewrap).
     pub sandbox: bool,
@@ -40,7 +47,16 @@ pub struct Needs {
     /// With `sandbox`: go on without it when it cannot start (built-in modes need none; a
     /// run that reaches a sandbox node then fails there, saying so).
     pub sandbox_optional: bool,
+    /// The orchestrator's tokens file (`cairn up --tokens-file`).
+    pub tokens_file: Option<PathBuf>,
+    /// An LLM server URL given to `cairn run --llm` (`openai:<base_url>#<model>`). In this
+    /// single-user process the user is the operator: it becomes the provider
+    /// `EMBEDDED_LLM_PROVIDER`, which gets the key of `llm.api_key_env`.
+    pub llm_url: Option<String>,
 }
+
+/// The provider name of `Needs::llm_url` in an embedded orchestrator.
+pub const EMBEDDED_LLM_PROVIDER: &str = "cairn-run";
 
 /// Services hosted together, plus what must be cleaned up after the server stops.
 pub struct Hosted {
@@ -81,6 +97,7 @@ impl Hosted {
 impl Services {
     /// Connects to --addr, or starts the services in this process.
     pub async fn open(global: &Global, needs: Needs) -> anyhow::Result<Services> {
+        let bearer = Bearer::new(global.token.as_deref()).map_err(anyhow::Error::msg)?;
         let remote = [
             &global.addr,
             &global.store_addr,
@@ -112,6 +129,7 @@ impl Services {
                 sandbox: dial(&global.sandbox_addr)?,
                 addr: global.addr.clone().unwrap_or_default(),
                 embedded: None,
+                bearer,
             });
         }
         let listener = cairn_server::bind("127.0.0.1:0").await?;
@@ -134,6 +152,7 @@ impl Services {
             sandbox: None,
             addr,
             embedded: Some(Embedded { stop, task }),
+            bearer,
         })
     }
 
@@ -172,10 +191,13 @@ impl Services {
         )
     }
 
-    pub fn orchestrator(&self) -> anyhow::Result<OrchestratorClient<TracedChannel>> {
-        Ok(OrchestratorClient::new(self.channel_for(&None, "--addr")?)
-            .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES))
+    pub fn orchestrator(&self) -> anyhow::Result<OrchestratorClient<Authed>> {
+        let channel = self.channel_for(&None, "--addr")?;
+        Ok(
+            OrchestratorClient::new(InterceptedService::new(channel, self.bearer.clone()))
+                .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES),
+        )
     }
 
     #[allow(dead_code)]
@@ -257,7 +279,7 @@ pub async fn host_all(
     if needs.orchestrator {
         // The `CAIRN_ORCHESTRATOR_*` environment (e.g. CAIRN_ORCHESTRATOR_LLM_MODEL, the
         // `[llm]` / `[onebot]` / `[code_delivery]` keys) applies; the addresses are ours.
-        let config = cairn_orchestrator::Config {
+        let mut config = cairn_orchestrator::Config {
             store_addr: self_addr.to_owned(),
             ingest_addr: self_addr.to_owned(),
             tls: security.tls.clone(),
@@ -269,6 +291,27 @@ pub async fn host_all(
             ..cairn_orchestrator::Config::load(None)
                 .context("orchestrator settings from CAIRN_ORCHESTRATOR_* variables")?
         };
+        if let Some(f) = &needs.tokens_file {
+            config.auth.tokens_file = f.display().to_string();
+        }
+        if let Some(url) = &needs.llm_url {
+            let (base_url, model) = match cairn_orchestrator::agents::ProviderSpec::parse(url)? {
+                cairn_orchestrator::agents::ProviderSpec::OpenAi { base_url, model } => {
+                    (base_url, model)
+                }
+                _ => anyhow::bail!("--llm {url}: not an LLM server URL"),
+            };
+            let provider = cairn_orchestrator::agents::ProviderConfig {
+                base_url,
+                model,
+                api_key_env: config.llm.api_key_env.clone(),
+                ..Default::default()
+            };
+            config
+                .llm
+                .providers
+                .insert(EMBEDDED_LLM_PROVIDER.to_owned(), provider);
+        }
         let (service, handle) = cairn_orchestrator::orchestrator_service(config)
             .await
             .context("starting the orchestrator")?;

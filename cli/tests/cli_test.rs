@@ -442,6 +442,9 @@ fn every_subcommand_has_working_help() {
         &["runs", "list", "--help"],
         &["gate", "approve", "--help"],
         &["notes", "add", "--help"],
+        &["tokens", "add", "--help"],
+        &["tokens", "list", "--help"],
+        &["tokens", "remove", "--help"],
     ] {
         cairn(dir.path())
             .args(args)
@@ -449,4 +452,110 @@ fn every_subcommand_has_working_help() {
             .success()
             .stdout(predicate::str::contains("Usage:"));
     }
+}
+
+/// Outputs may not land in the run records (.cairn/) nor in another run's artifacts: the
+/// command refuses with the reason before anything runs or is recorded.
+#[test]
+fn sandbox_run_refuses_output_prefixes_outside_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let note = dir.path().join("note.md");
+    std::fs::write(&note, "n\n").unwrap();
+    cairn(&data)
+        .args(["store", "put"])
+        .arg(&note)
+        .arg("docs/note.md")
+        .assert()
+        .success();
+    let refused = [
+        (
+            vec!["--output-prefix", ".cairn/runs/x"],
+            ".cairn/ holds the run records",
+        ),
+        (
+            vec!["--output-prefix", ".cairn/runs/x/shared/"],
+            ".cairn/ holds the run records",
+        ),
+        (
+            vec!["--output-prefix", "docs/artifacts/other-run"],
+            "another run's directory",
+        ),
+        (
+            vec![
+                "--allowed-prefix",
+                ".cairn/",
+                "--output-prefix",
+                ".cairn/runs/sbx",
+            ],
+            ".cairn/ holds the run records",
+        ),
+        (
+            vec!["--output-prefix", "docs/reports"],
+            "is not under allowed_prefixes",
+        ),
+        (vec!["--output-prefix", "docs/../.cairn"], "output_prefix"),
+    ];
+    for (flags, reason) in refused {
+        cairn(&data)
+            .args(["sandbox", "run", "--run", "sbx", "--code", "print(1)"])
+            .args(&flags)
+            .assert()
+            .failure()
+            .stderr(predicate::str::contains(reason));
+    }
+    // Nothing ran: the run has no events.
+    let out = cairn(&data)
+        .args(["--json", "store", "events", "sbx"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stdout).trim().is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+/// An explicit --allowed-prefix widens where outputs may land.
+#[test]
+fn sandbox_run_writes_under_an_allowed_prefix() {
+    if !sandbox_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let note = dir.path().join("note.md");
+    std::fs::write(&note, "n\n").unwrap();
+    cairn(&data)
+        .args(["store", "put"])
+        .arg(&note)
+        .arg("docs/note.md")
+        .assert()
+        .success();
+    let out = cairn(&data)
+        .args([
+            "--json",
+            "sandbox",
+            "run",
+            "--run",
+            "sbw",
+            "--allowed-prefix",
+            "docs/reports/",
+            "--output-prefix",
+            "docs/reports/weekly",
+            "--code",
+            "open('/output/r.txt', 'w').write('ok')",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        summary["written_files"][0]["path"],
+        "docs/reports/weekly/r.txt"
+    );
 }

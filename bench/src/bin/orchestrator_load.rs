@@ -52,6 +52,9 @@ struct Cli {
     /// (measured before each run; none = not measured).
     #[arg(long)]
     scratch: Option<std::path::PathBuf>,
+    /// Dial over mutual TLS with the `cli` certificate of this PKI (`cairn certs init`).
+    #[arg(long)]
+    tls_dir: Option<std::path::PathBuf>,
 }
 
 /// The plain cost of one durable 4 KiB file in this process: write a temp file, fsync it,
@@ -120,9 +123,15 @@ fn graph(kind: &str, n: usize, parallelism: usize) -> Result<String> {
     Ok(g)
 }
 
-async fn channel(addr: &str) -> Result<Channel> {
-    Ok(Endpoint::from_shared(addr.to_owned())?
-        .tcp_nodelay(true)
+async fn channel(addr: &str, tls_dir: Option<&std::path::Path>) -> Result<Channel> {
+    let Some(dir) = tls_dir else {
+        return Ok(Endpoint::from_shared(addr.to_owned())?
+            .tcp_nodelay(true)
+            .connect()
+            .await?);
+    };
+    let tls = cairn_server::TlsConfig::dir(dir).load("cli")?;
+    Ok(cairn_server::endpoint(addr, tls.as_ref(), None)?
         .connect()
         .await?)
 }
@@ -256,9 +265,9 @@ async fn put_loop(
 #[tokio::main]
 async fn main() -> Result<()> {
     let cli = Cli::parse();
-    let mut orch =
-        OrchestratorClient::new(channel(&cli.orch).await?).max_encoding_message_size(64 << 20);
-    let mut store = ArtifactStoreClient::new(channel(&cli.store).await?);
+    let mut orch = OrchestratorClient::new(channel(&cli.orch, cli.tls_dir.as_deref()).await?)
+        .max_encoding_message_size(64 << 20);
+    let mut store = ArtifactStoreClient::new(channel(&cli.store, cli.tls_dir.as_deref()).await?);
     let (put, deferred, append) = baseline(&mut store, 300).await?;
     println!("{{\"system\": \"artifact-store alone\", \"put_4k_ms\": {put:.4}, \"put_4k_with_run_events_ms\": {deferred:.4}, \"append_event_ms\": {append:.4}}}");
     // Warm-up (connections, first project creation).

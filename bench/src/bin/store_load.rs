@@ -81,6 +81,31 @@ enum Cmd {
         #[arg(long, default_value_t = 20000)]
         stat_count: usize,
     },
+    /// What mutual TLS costs: the same large Put and durable 4 KiB Puts against a plaintext
+    /// store and a TLS store (same filesystem), interleaved, with the ratio.
+    Tls {
+        /// The plaintext store (http://127.0.0.1:PORT).
+        #[arg(long)]
+        plain_addr: String,
+        /// The store serving mutual TLS (127.0.0.1:PORT).
+        #[arg(long)]
+        tls_addr: String,
+        /// The PKI both sides use (`cairn certs init`); the client dials as `cli`.
+        #[arg(long)]
+        tls_dir: PathBuf,
+        /// Input file for the large Put (see `gen`).
+        #[arg(long)]
+        file: PathBuf,
+        /// Repetitions (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+        /// Number of 4 KiB files per small-file measurement.
+        #[arg(long, default_value_t = 2000)]
+        small_count: usize,
+        /// Concurrency of the small-file Puts.
+        #[arg(long, default_value_t = 16)]
+        concurrency: usize,
+    },
 }
 
 #[tokio::main]
@@ -88,7 +113,7 @@ async fn main() -> Result<()> {
     match Cli::parse().command {
         Cmd::Gen { out, size } => generate(&out, size),
         Cmd::Put { addr, file, chunk } => {
-            let mut client = client(&addr).await?;
+            let mut client = client(&addr, None).await?;
             client
                 .create_project(CreateProjectRequest {
                     project_id: PROJECT.into(),
@@ -105,6 +130,28 @@ async fn main() -> Result<()> {
                 })
                 .await?;
             Ok(())
+        }
+        Cmd::Tls {
+            plain_addr,
+            tls_addr,
+            tls_dir,
+            file,
+            reps,
+            small_count,
+            concurrency,
+        } => {
+            let tls = cairn_server::TlsConfig::dir(&tls_dir).load("cli")?;
+            let mut plain = client(&plain_addr, None).await?;
+            let mut secure = client(&tls_addr, tls.as_ref()).await?;
+            run_tls(
+                &mut plain,
+                &mut secure,
+                &file,
+                reps,
+                small_count,
+                concurrency,
+            )
+            .await
         }
         Cmd::All {
             addr,
@@ -151,14 +198,26 @@ fn generate(out: &Path, size: u64) -> Result<()> {
     Ok(())
 }
 
-async fn client(addr: &str) -> Result<ArtifactStoreClient<Channel>> {
+async fn client(
+    addr: &str,
+    tls: Option<&cairn_server::Tls>,
+) -> Result<ArtifactStoreClient<Channel>> {
     // The same HTTP/2 windows as cairn's own clients (`cairn_server::connect`).
-    let channel = Endpoint::from_shared(addr.to_owned())?
-        .tcp_nodelay(true)
-        .initial_stream_window_size(cairn_server::STREAM_WINDOW)
-        .initial_connection_window_size(cairn_server::CONNECTION_WINDOW)
-        .connect()
-        .await?;
+    let channel = match tls {
+        None => {
+            Endpoint::from_shared(addr.to_owned())?
+                .tcp_nodelay(true)
+                .initial_stream_window_size(cairn_server::STREAM_WINDOW)
+                .initial_connection_window_size(cairn_server::CONNECTION_WINDOW)
+                .connect()
+                .await?
+        }
+        Some(tls) => {
+            cairn_server::endpoint(addr, Some(tls), None)?
+                .connect()
+                .await?
+        }
+    };
     Ok(ArtifactStoreClient::new(channel).max_decoding_message_size(16 << 20))
 }
 
@@ -396,7 +455,7 @@ async fn run_all(
     let size = std::fs::metadata(file)?.len();
     let mut page_cache = match page_cache_addr {
         Some(addr) => {
-            let mut c = client(addr).await?;
+            let mut c = client(addr, None).await?;
             c.create_project(CreateProjectRequest {
                 project_id: PROJECT.into(),
             })
@@ -405,7 +464,7 @@ async fn run_all(
         }
         None => None,
     };
-    let mut client = client(addr).await?;
+    let mut client = client(addr, None).await?;
     client
         .create_project(CreateProjectRequest {
             project_id: PROJECT.into(),
@@ -552,6 +611,69 @@ async fn run_all(
         pct(0.50),
         pct(0.99),
         lat[lat.len() - 1]
+    );
+    Ok(())
+}
+
+/// Plaintext and TLS stores side by side: per repetition the large Put and the small Puts on
+/// each, the order alternating so neither always runs on a warmer machine.
+async fn run_tls(
+    plain: &mut ArtifactStoreClient<Channel>,
+    secure: &mut ArtifactStoreClient<Channel>,
+    file: &Path,
+    reps: usize,
+    small_count: usize,
+    concurrency: usize,
+) -> Result<()> {
+    for c in [&mut *plain, &mut *secure] {
+        c.create_project(CreateProjectRequest {
+            project_id: PROJECT.into(),
+        })
+        .await?;
+    }
+    let size = std::fs::metadata(file)?.len();
+    println!("machine: {}", machine());
+    println!("input: {} ({:.0} MiB)\n", file.display(), size as f64 / MIB);
+    let (mut big, mut small) = ([Vec::new(), Vec::new()], [Vec::new(), Vec::new()]);
+    for rep in 0..reps {
+        let order = if rep % 2 == 0 { [0, 1] } else { [1, 0] };
+        for side in order {
+            let c = if side == 0 { &mut *plain } else { &mut *secure };
+            let path = format!("workspace/tls-big-{rep}.bin");
+            let t = put_file(c, file, &path, "", 1 << 20).await?;
+            big[side].push(size as f64 / MIB / t.as_secs_f64());
+            c.delete(DeleteRequest {
+                project_id: PROJECT.into(),
+                path,
+                run_id: String::new(),
+            })
+            .await?;
+            let rate =
+                small_store(c, &format!("tls-small/r{rep}"), small_count, concurrency).await?;
+            small[side].push(rate);
+        }
+        eprintln!(
+            "rep {rep}: put plain {:.0} / tls {:.0} MiB/s; 4 KiB plain {:.0} / tls {:.0} files/s",
+            big[0][rep], big[1][rep], small[0][rep], small[1][rep]
+        );
+    }
+    let [bp, bt] = big.map(median);
+    let [sp, st] = small.map(median);
+    let row = |what: &str, unit: &str, p: f64, t: f64| {
+        println!(
+            "| {what} | {t:.0} {unit} | {p:.0} {unit} (plaintext) | {:.0}% | >= 90% {} |",
+            t / p * 100.0,
+            if t / p >= 0.9 { "met" } else { "**missed**" }
+        );
+    };
+    println!("| measurement (median of {reps}) | mutual TLS | same run | ratio | target |");
+    println!("|---|---|---|---|---|");
+    row("streamed Put of the input, 1 MiB chunks", "MiB/s", bp, bt);
+    row(
+        &format!("durable 4 KiB Puts, concurrency {concurrency}"),
+        "files/s",
+        sp,
+        st,
     );
     Ok(())
 }

@@ -7,6 +7,7 @@ mod run;
 mod sandbox;
 mod serve;
 mod store;
+mod tokens;
 mod up;
 
 use std::process::ExitCode;
@@ -26,5 +27,6 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Gate(cmd) => run::gate(&cli.global, cmd).await,
         Command::Notes(cmd) => run::notes(&cli.global, cmd).await,
         Command::Certs(cmd) => certs::run(&cli.global, cmd),
+        Command::Tokens(cmd) => tokens::run(&cli.global, cmd),
     }
 }

@@ -12,7 +12,6 @@ use cairn_proto::v1::{
     PageRequest, ReworkRequest, RunActionRequest, RunInfo, SubmitRunRequest, TaskState,
     WatchRunRequest,
 };
-use cairn_telemetry::TracedChannel;
 use serde_json::json;
 use tokio_stream::StreamExt;
 
@@ -20,7 +19,7 @@ use crate::cli::{GateCommand, Global, NotesCommand, RunArgs, RunsCommand};
 use crate::embedded::{Needs, Services};
 use crate::output;
 
-type Client = OrchestratorClient<TracedChannel>;
+type Client = OrchestratorClient<crate::embedded::Authed>;
 
 fn needs() -> Needs {
     Needs {
@@ -35,6 +34,64 @@ fn who() -> String {
         .ok()
         .filter(|u| !u.is_empty())
         .unwrap_or_else(|| "cli".into())
+}
+
+/// The `llm` setting to send. The orchestrator never reads the files of its host, so a
+/// `replay:<path>` cassette that exists here (`--llm`'s relative to the working directory,
+/// the graph's `llm:` relative to the graph file) is sent inline; `--llm`'s other settings
+/// (a provider name, a cassette path in the project, a URL) and the graph's URL go as they
+/// are; otherwise "" (the graph's own setting, or the orchestrator's default, applies).
+async fn local_cassette(
+    flag: Option<&str>,
+    graph_yaml: &str,
+    graph_dir: Option<&Path>,
+) -> anyhow::Result<String> {
+    let (spec, dir) = match flag {
+        Some(spec) => (spec.to_owned(), None),
+        None => {
+            let graph_llm = serde_saphyr::from_str::<serde_json::Value>(graph_yaml)
+                .ok()
+                .and_then(|g| g.get("llm").and_then(|v| v.as_str()).map(str::to_owned));
+            match graph_llm {
+                Some(spec) => (spec, graph_dir),
+                // The graph names none: the orchestrator's default applies.
+                None => return Ok(String::new()),
+            }
+        }
+    };
+    let Some(path) = spec.trim().strip_prefix("replay:") else {
+        // The graph's URL is sent as the run's (the same setting) so that an embedded
+        // orchestrator can take it as the user's provider.
+        return Ok(match flag {
+            Some(spec) => spec.to_owned(),
+            None if is_url(&spec) => spec,
+            None => String::new(),
+        });
+    };
+    let path = match dir {
+        Some(dir) if Path::new(path).is_relative() => dir.join(path),
+        _ => Path::new(path).to_path_buf(),
+    };
+    if !tokio::fs::try_exists(&path).await.unwrap_or(false) {
+        // Not a local file: a cassette path in the project, read by the orchestrator.
+        return Ok(flag.map(str::to_owned).unwrap_or_default());
+    }
+    let text = tokio::fs::read(&path)
+        .await
+        .with_context(|| format!("cannot read the replay cassette {}", path.display()))?;
+    use base64::Engine as _;
+    Ok(format!(
+        "replay-inline:{}",
+        base64::engine::general_purpose::STANDARD.encode(text)
+    ))
+}
+
+/// An `openai:` or bare `http(s)://` setting.
+fn is_url(llm: &str) -> bool {
+    let llm = llm.trim();
+    ["openai:", "http://", "https://"]
+        .iter()
+        .any(|p| llm.starts_with(p))
 }
 
 /// `cairn run GRAPH.yaml` / `cairn run --mode M --prompt P`.
@@ -62,44 +119,20 @@ pub async fn run(global: &Global, args: RunArgs) -> anyhow::Result<ExitCode> {
             .ok_or_else(|| anyhow::anyhow!("--var {kv:?}: expected KEY=VALUE"))?;
         vars.insert(k.trim().to_owned(), v.to_owned());
     }
-    // A relative replay cassette is relative to where the user stands, not to the server.
-    let mut llm = match args.llm.as_deref() {
-        Some(spec) => match spec.strip_prefix("replay:") {
-            Some(path) if !Path::new(path).is_absolute() => {
-                format!("replay:{}", std::path::absolute(path)?.display())
-            }
-            _ => spec.to_owned(),
-        },
-        None => String::new(),
-    };
-    if global.addr.is_some() {
-        // A remote orchestrator cannot read our files: send the cassette itself.
-        let graph_llm = serde_saphyr::from_str::<serde_json::Value>(&graph_yaml)
-            .ok()
-            .and_then(|g| g.get("llm").and_then(|v| v.as_str()).map(str::to_owned));
-        let spec = if llm.is_empty() {
-            graph_llm.unwrap_or_default()
-        } else {
-            llm.clone()
-        };
-        if let Some(path) = spec.strip_prefix("replay:") {
-            let path = match &base_dir {
-                Some(dir) if !Path::new(path).is_absolute() && llm.is_empty() => dir.join(path),
-                _ => Path::new(path).to_path_buf(),
-            };
-            let text = tokio::fs::read(&path)
-                .await
-                .with_context(|| format!("cannot read the replay cassette {}", path.display()))?;
-            use base64::Engine as _;
-            llm = format!(
-                "replay-inline:{}",
-                base64::engine::general_purpose::STANDARD.encode(text)
-            );
-        }
+    let mut llm = local_cassette(args.llm.as_deref(), &graph_yaml, base_dir.as_deref()).await?;
+    // Embedded, the user is the operator: a URL they give becomes a provider of this process
+    // (with the key of llm.api_key_env). A remote orchestrator decides on URLs itself.
+    let mut llm_url = None;
+    if global.addr.is_none() && is_url(&llm) {
+        llm_url = Some(std::mem::replace(
+            &mut llm,
+            format!("provider:{}", crate::embedded::EMBEDDED_LLM_PROVIDER),
+        ));
     }
     // Built-in modes run no sandbox nodes: they work where neither Docker nor bubblewrap is.
     let needs = Needs {
         sandbox_optional: args.mode.is_some(),
+        llm_url,
         ..needs()
     };
     let services = Services::open(global, needs).await?;

@@ -10,6 +10,9 @@ use cairn_proto::v1::{
 };
 use serde_json::json;
 
+use cairn_orchestrator::graph::under_prefix;
+use cairn_orchestrator::nodes::sandbox_run::check_output_prefix;
+
 use crate::cli::{Global, SandboxCommand, SandboxRunArgs};
 use crate::embedded::{Needs, Services};
 use crate::{output, transfer};
@@ -17,6 +20,8 @@ use crate::{output, transfer};
 pub async fn run(global: &Global, cmd: SandboxCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         SandboxCommand::Run(args) => {
+            // Where the outputs may land is settled before anything runs or is recorded.
+            let target = OutputTarget::check(&args)?;
             let services = Services::open(
                 global,
                 Needs {
@@ -25,10 +30,60 @@ pub async fn run(global: &Global, cmd: SandboxCommand) -> anyhow::Result<ExitCod
                 },
             )
             .await?;
-            let result = sandbox_run(global, &services, args).await;
+            let result = sandbox_run(global, &services, args, target).await;
             services.close().await?;
             result
         }
+    }
+}
+
+/// The run id, and where its outputs land (checked against the allowed prefixes).
+struct OutputTarget {
+    run_id: String,
+    prefix: String,
+}
+
+impl OutputTarget {
+    /// The graph nodes' rule (the output prefix lies under an allowed prefix), and two of
+    /// this command's own: nothing under .cairn/ (run records, written by cairn only), and no
+    /// other run's docs/artifacts/ directory.
+    fn check(args: &SandboxRunArgs) -> anyhow::Result<OutputTarget> {
+        let run_id = args
+            .run
+            .clone()
+            .unwrap_or_else(|| format!("sandbox-{}", uuid::Uuid::now_v7()));
+        let own = format!("docs/artifacts/{run_id}");
+        let prefix = args
+            .output_prefix
+            .clone()
+            .unwrap_or_else(|| own.clone())
+            .trim_end_matches('/')
+            .to_owned();
+        let allowed = if args.allowed_prefixes.is_empty() {
+            vec![format!("{own}/")]
+        } else {
+            args.allowed_prefixes.clone()
+        };
+        for (what, p) in std::iter::once(("--output-prefix", &prefix))
+            .chain(allowed.iter().map(|p| ("--allowed-prefix", p)))
+        {
+            if under_prefix(p, ".cairn") {
+                anyhow::bail!(
+                    "{what} {p:?} is refused: .cairn/ holds the run records, which only cairn writes; \
+                     choose a prefix such as {own}/"
+                );
+            }
+        }
+        if under_prefix(&prefix, "docs/artifacts") && !under_prefix(&prefix, &own) {
+            anyhow::bail!(
+                "--output-prefix {prefix:?} is refused: it lies in another run's directory under docs/artifacts/; \
+                 this run's is {own}/"
+            );
+        }
+        check_output_prefix(&prefix, &allowed).map_err(|reason| {
+            anyhow::anyhow!("--output-prefix refused: {reason}; widen with --allowed-prefix")
+        })?;
+        Ok(OutputTarget { run_id, prefix })
     }
 }
 
@@ -36,16 +91,13 @@ async fn sandbox_run(
     global: &Global,
     services: &Services,
     args: SandboxRunArgs,
+    target: OutputTarget,
 ) -> anyhow::Result<ExitCode> {
     let project = global.project.clone();
-    let run_id = args
-        .run
-        .clone()
-        .unwrap_or_else(|| format!("sandbox-{}", uuid::Uuid::now_v7()));
-    let output_prefix = args
-        .output_prefix
-        .clone()
-        .unwrap_or_else(|| format!("docs/artifacts/{run_id}"));
+    let OutputTarget {
+        run_id,
+        prefix: output_prefix,
+    } = target;
     let mut store = services.store()?;
 
     // Inputs and the code file come from the canonical store (seed 002 §1, §3.1).
@@ -175,6 +227,7 @@ fn summary(
         "exit_code": r.exit_code,
         "timed_out": r.timed_out,
         "oom_killed": r.oom_killed,
+        "limits_enforced": r.limits_enforced,
         "duration_ms": r.duration_ms,
         "stdout": String::from_utf8_lossy(&r.stdout),
         "stderr": String::from_utf8_lossy(&r.stderr),

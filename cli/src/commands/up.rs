@@ -23,6 +23,7 @@ pub async fn run(global: &Global, args: UpArgs) -> anyhow::Result<ExitCode> {
         embedded::Needs {
             sandbox: true,
             orchestrator: true,
+            tokens_file: args.tokens_file.clone(),
             ..Default::default()
         },
         &embedded::Security {
@@ -51,6 +52,9 @@ pub async fn run(global: &Global, args: UpArgs) -> anyhow::Result<ExitCode> {
             token: args.console_token.clone().filter(|t| !t.is_empty()),
             default_project: global.project.clone(),
             tls: global.tls.config(),
+            // People log in with their own tokens from the same file.
+            user_tokens: args.tokens_file.is_some(),
+            public_hosts: args.console_public_hosts.clone(),
             ..ConsoleConfig::default()
         };
         let console_listener = cairn_server::bind(&args.console_listen).await?;

@@ -15,6 +15,11 @@ pub mod tls;
 pub use access::Access;
 pub use caller::Caller;
 pub use tls::{Tls, TlsArgs, TlsConfig};
+pub mod drain;
+mod health;
+pub mod retry;
+
+pub use health::LIVENESS;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -25,7 +30,6 @@ use tonic::body::Body;
 use tonic::server::NamedService;
 use tonic::service::RoutesBuilder;
 use tonic::transport::{Channel, Endpoint};
-use tonic_health::ServingStatus;
 
 /// Largest gRPC message any cairn service accepts or sends (inline files are capped by the
 /// services' own limits well below this).
@@ -58,6 +62,8 @@ pub struct Host {
     tls: Option<Tls>,
     insecure_listen: bool,
     access: Access,
+    drain: drain::Drain,
+    required: Vec<health::Required>,
 }
 
 impl Host {
@@ -114,22 +120,32 @@ impl Host {
         Ok(self)
     }
 
-    /// Serves until `shutdown` resolves, then stops accepting, reports NOT_SERVING and waits for
-    /// in-flight calls to finish.
+    /// How long calls get to finish once shutdown begins (default 5 s); then the calls still
+    /// open end with UNAVAILABLE and `serve` returns.
+    pub fn drain_deadline(&mut self, deadline: Duration) -> &mut Self {
+        self.drain = drain::Drain::new(deadline);
+        self
+    }
+
+    /// Readiness (health "" and every hosted name) is NOT_SERVING while `dependency` is
+    /// unreachable; liveness ([`LIVENESS`]) stays SERVING.
+    pub fn require(&mut self, dependency: &retry::Dependency) -> &mut Self {
+        self.required.push(health::Required {
+            name: dependency.name().to_owned(),
+            up: dependency.watch(),
+        });
+        self
+    }
+
+    /// Serves until `shutdown` resolves, then stops accepting, reports NOT_SERVING, ends
+    /// endless streams and waits for in-flight calls to finish, at most the drain deadline
+    /// (see [`drain`]).
     pub async fn serve(
         self,
         listener: tokio::net::TcpListener,
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), Error> {
-        let (reporter, health) = tonic_health::server::health_reporter();
-        for name in &self.names {
-            reporter
-                .set_service_status(*name, ServingStatus::Serving)
-                .await;
-        }
-        reporter
-            .set_service_status("", ServingStatus::Serving)
-            .await;
+        let (reporter, health) = health::Health::start(self.names.clone(), self.required).await;
         let reflection_v1 = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(cairn_proto::FILE_DESCRIPTOR_SET)
             .build_v1()
@@ -147,24 +163,19 @@ impl Host {
             check_listen(addr, self.tls.is_some(), self.insecure_listen)?;
         }
         tracing::info!(addr = ?local, services = ?self.names, tls = self.tls.is_some(), "serving gRPC");
-        let names = self.names;
+        let drain = self.drain;
+        let start_drain = drain.clone();
         let shutdown = async move {
             shutdown.await;
             tracing::info!("shutting down: finishing in-flight calls");
-            for name in &names {
-                reporter
-                    .set_service_status(*name, ServingStatus::NotServing)
-                    .await;
-            }
-            reporter
-                .set_service_status("", ServingStatus::NotServing)
-                .await;
+            reporter.stopping().await;
+            start_drain.start();
         };
         let mut builder = tonic::transport::Server::builder();
         if let Some(tls) = &self.tls {
             builder = builder.tls_config(tls.server())?;
         }
-        builder
+        let served = builder
             .tcp_nodelay(true)
             // Streamed file bodies: larger flow-control windows and frames cut the round trips
             // and per-frame work of a Put (see bench/RESULTS.md, artifact-store).
@@ -172,6 +183,7 @@ impl Host {
             .initial_connection_window_size(Some(CONNECTION_WINDOW))
             .max_frame_size(Some(MAX_FRAME))
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
+            .layer(drain.layer())
             .layer(cairn_telemetry::server_layer())
             .layer(access::AccessLayer::new(self.access))
             .add_routes(routes.routes())
@@ -180,8 +192,8 @@ impl Host {
             .serve_with_incoming_shutdown(
                 tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
                 shutdown,
-            )
-            .await?;
+            );
+        drain.bounded(served).await.transpose()?;
         Ok(())
     }
 }

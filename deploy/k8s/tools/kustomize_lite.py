@@ -286,6 +286,13 @@ def check(objects):
                 cmd = c.get(probe, {}).get("exec", {}).get("command", [])
                 if len(cmd) < 2 or not cmd[0].endswith("cairn") or cmd[1] != "health":
                     problems.append(f"{cname}: {probe} must exec `cairn health` (mutual TLS)")
+            # Readiness ("") drops while a dependency is away; restarting would not help.
+            for probe in ("livenessProbe", "startupProbe"):
+                if probe not in c:
+                    continue
+                cmd = c[probe].get("exec", {}).get("command", [])
+                if cmd[-2:] != ["--service", "liveness"]:
+                    problems.append(f"{cname}: {probe} must ask for service 'liveness'")
             env = {e.get("name"): e.get("value") for e in c.get("env", [])}
             mounts = {m.get("mountPath"): m.get("name") for m in c.get("volumeMounts", [])}
             secrets = {v.get("name"): v.get("secret", {}).get("secretName", "")

@@ -42,6 +42,9 @@ pub struct Config {
     pub insecure_listen: bool,
     /// Replacements for entries of the built-in access table (identity -> methods).
     pub access: std::collections::BTreeMap<String, Vec<String>>,
+    /// On shutdown, how long calls get to finish before they end with UNAVAILABLE (follow
+    /// streams end at once).
+    pub drain_deadline_s: u64,
 }
 
 impl Default for Config {
@@ -59,6 +62,7 @@ impl Default for Config {
             tls: cairn_server::TlsConfig::default(),
             insecure_listen: false,
             access: Default::default(),
+            drain_deadline_s: cairn_server::drain::DEFAULT_DEADLINE.as_secs(),
         }
     }
 }

@@ -104,7 +104,7 @@ pub enum Error {
     Stream(String),
 
     /// An operating-system error.
-    #[error("{context}: {source}")]
+    #[error("{context}: {source}{}", if disk_full(source) { "; free space (or raise the quota) on the store's data root and retry" } else { "" })]
     Io { context: String, source: io::Error },
 
     /// Bad configuration.
@@ -168,12 +168,19 @@ impl Error {
             }
             Error::VersionConflict { .. } => Code::Aborted,
             Error::Unavailable => Code::Unavailable,
-            Error::Io { source, .. } if source.kind() == io::ErrorKind::StorageFull => {
-                Code::ResourceExhausted
-            }
+            Error::Io { source, .. } if disk_full(source) => Code::ResourceExhausted,
             Error::Io { .. } | Error::Config(_) | Error::Server(_) => Code::Internal,
         }
     }
+}
+
+/// No space or quota left for a write (ENOSPC, EDQUOT, EFBIG): RESOURCE_EXHAUSTED on every
+/// write RPC, so a client can tell "free some space" from a bug.
+fn disk_full(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded | io::ErrorKind::FileTooLarge
+    )
 }
 
 impl From<Error> for Status {

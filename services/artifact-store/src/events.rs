@@ -32,7 +32,10 @@ use crate::write;
 const EVENTS_FILE: &str = "events.jsonl";
 /// The run's writer epoch (ClaimRun), a decimal number beside its log; absent = 0.
 pub const EPOCH_FILE: &str = "events.epoch";
-const LIVE_CAPACITY: usize = 4096;
+/// Live events buffered per followed run. The ring is allocated whole while anyone follows the
+/// run (4096 slots cost about 150 KiB per followed run); a reader that falls behind it goes back
+/// to the file, so a small ring costs nothing but a file read under bursts.
+const LIVE_CAPACITY: usize = 256;
 /// Run logs kept open before idle ones are closed.
 const OPEN_LOGS: usize = 256;
 const RESERVED_KEYS: &[&str] = &[
@@ -331,7 +334,8 @@ struct Batch {
 /// Why a batch was not appended.
 #[derive(Debug, Clone)]
 enum Failure {
-    Io(String),
+    /// The kind is kept so a full disk still answers RESOURCE_EXHAUSTED.
+    Io(std::io::ErrorKind, String),
     /// (sent, current) epochs of a batch from a writer that was fenced off.
     Fenced(u64, u64),
     /// (path, cause) of a publication the run lost.
@@ -528,7 +532,9 @@ impl RunLogs {
         });
         match receipt.await {
             Ok(Ok(range)) => Ok(range),
-            Ok(Err(Failure::Io(e))) => Err(Error::io("appending events", std::io::Error::other(e))),
+            Ok(Err(Failure::Io(kind, e))) => {
+                Err(Error::io("appending events", std::io::Error::new(kind, e)))
+            }
             Ok(Err(Failure::Lost(path, cause))) => Err(lost(&run, path, cause)),
             Ok(Err(Failure::Fenced(sent, current))) => Err(Error::Fenced { run, sent, current }),
             Err(_) => Err(Error::Unavailable),
@@ -828,7 +834,13 @@ async fn commit(log: &RunLog, state: &mut LogState, run: &str, batches: Vec<Batc
         }
     };
     let Some(file) = state.file.clone() else {
-        return refuse(batches, Failure::Io("the event log is not open".into()));
+        return refuse(
+            batches,
+            Failure::Io(
+                std::io::ErrorKind::Other,
+                "the event log is not open".into(),
+            ),
+        );
     };
     // A fenced-off writer's batches go no further; the others are committed.
     // Loaded by every fenced append before it queued; claims change it only under `state`.
@@ -882,9 +894,10 @@ async fn commit(log: &RunLog, state: &mut LogState, run: &str, batches: Vec<Batc
     let written = tokio::task::spawn_blocking(move || {
         // Files written before these events are durable before the events are.
         if let Err(e) = deferred::sync(&dirs) {
-            let e = std::io::Error::other(format!(
-                "fsync of a directory written before these events: {e}"
-            ));
+            let e = std::io::Error::new(
+                e.kind(),
+                format!("fsync of a directory written before these events: {e}"),
+            );
             return (Err(e), dirs);
         }
         let result = (&*file)
@@ -913,13 +926,13 @@ async fn commit(log: &RunLog, state: &mut LogState, run: &str, batches: Vec<Batc
             }
         }
         failed => {
-            let message = match failed {
-                Ok(Err(e)) => e.to_string(),
-                Err(e) => e.to_string(),
-                Ok(Ok(())) => String::new(),
+            let (kind, message) = match failed {
+                Ok(Err(e)) => (e.kind(), e.to_string()),
+                Err(e) => (std::io::ErrorKind::Other, e.to_string()),
+                Ok(Ok(())) => (std::io::ErrorKind::Other, String::new()),
             };
             tracing::error!(run, error = %message, "appending events failed");
-            refuse(batches, Failure::Io(message));
+            refuse(batches, Failure::Io(kind, message));
         }
     }
 }

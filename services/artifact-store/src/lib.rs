@@ -67,6 +67,7 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<()> {
+    let drain = std::time::Duration::from_secs(config.drain_deadline_s);
     let mut host = cairn_server::Host::new();
     host.secure(
         IDENTITY,
@@ -76,7 +77,7 @@ pub async fn serve(
     )
     .map_err(|e| Error::Config(e.to_string()))?;
     let service = artifact_store_service(config).await?;
-    host.add(service);
+    host.add(service).drain_deadline(drain);
     host.serve(listener, shutdown)
         .await
         .map_err(|e| Error::Server(e.to_string()))

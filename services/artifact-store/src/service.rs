@@ -309,6 +309,7 @@ impl ArtifactStore for ArtifactStoreService {
         &self,
         request: Request<ReadEventsRequest>,
     ) -> Result<Response<Self::ReadEventsStream>, Status> {
+        let shutdown = cairn_server::drain::Shutdown::of(&request);
         let r = request.into_inner();
         let events = self
             .store
@@ -323,6 +324,10 @@ impl ArtifactStore for ArtifactStoreService {
             )
             .await?;
         let stream = ReceiverStream::new(events).map(|e| e.map(event).map_err(Status::from));
+        if r.follow {
+            // A follow never ends by itself: it ends UNAVAILABLE when shutdown begins.
+            return Ok(Response::new(Box::pin(shutdown.ending(stream))));
+        }
         Ok(Response::new(Box::pin(stream)))
     }
 

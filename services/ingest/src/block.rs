@@ -121,9 +121,9 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 /// Parses `doc` into its recorded blocks with their planned status. Never panics.
 ///
 /// Order of decisions for each block: position beyond `max_blocks` (`too_many_blocks`, nothing
-/// else examined); header form (`malformed_header`); unterminated fence; duplicates (last wins,
-/// earlier ones `superseded`); path rules in pathguard's order (including the denylist of
-/// `policy`); `too_large`. A document over `max_document_bytes` is not parsed at all.
+/// else examined); header form (`malformed_header`); unterminated fence; path rules in
+/// pathguard's order (including the denylist of `policy`); `too_large`; then duplicates among
+/// the blocks still to be written (last wins, earlier ones `superseded`). A document over `max_document_bytes` is not parsed at all.
 pub fn parse(doc: &[u8], limits: &Limits, policy: &Policy) -> Vec<Block> {
     if doc.len() as u64 > limits.max_document_bytes {
         let mut block =
@@ -188,19 +188,6 @@ pub fn parse(doc: &[u8], limits: &Limits, policy: &Policy) -> Vec<Block> {
         })
         .collect();
 
-    // seed 000 / DESIGN.md: the same path twice (NFC-normalised, case-folded) -> the last block
-    // wins; a model that rewrites a file means its last version.
-    let keys: Vec<Option<String>> = blocks
-        .iter()
-        .map(|b| (b.status == BlockStatus::Written).then(|| duplicate_key(&b.declared_file)))
-        .collect();
-    let mut last: HashMap<&str, usize> = HashMap::new();
-    for (i, key) in keys.iter().enumerate() {
-        if let Some(key) = key {
-            last.insert(key, i);
-        }
-    }
-
     if stopped {
         if let Some(last) = blocks.last_mut() {
             last.detail = format!(
@@ -210,7 +197,7 @@ pub fn parse(doc: &[u8], limits: &Limits, policy: &Policy) -> Vec<Block> {
         }
     }
 
-    for (i, b) in blocks.iter_mut().enumerate() {
+    for b in blocks.iter_mut() {
         // Not examined (beyond the limit), or no file was declared in the accepted form.
         if b.reason == reason::TOO_MANY_BLOCKS || b.reason == reason::MALFORMED_HEADER {
             continue;
@@ -219,14 +206,10 @@ pub fn parse(doc: &[u8], limits: &Limits, policy: &Policy) -> Vec<Block> {
         if let Ok(workspace_path) | Err((Some(workspace_path), _)) = &path_check {
             b.workspace_path = workspace_path.clone();
         }
-        let Some(key) = &keys[i] else { continue };
-        if last.get(key.as_str()) != Some(&i) {
-            b.set(
-                BlockStatus::Skipped,
-                reason::SUPERSEDED,
-                "a later block declares the same file",
-            );
-        } else if let Err((_, rejection)) = path_check {
+        if b.status != BlockStatus::Written {
+            continue;
+        }
+        if let Err((_, rejection)) = path_check {
             b.set(
                 BlockStatus::Rejected,
                 rejection.reason.as_str(),
@@ -240,6 +223,30 @@ pub fn parse(doc: &[u8], limits: &Limits, policy: &Policy) -> Vec<Block> {
                     "the block is {} bytes, over the limit of {} (max_block_bytes)",
                     b.bytes, limits.max_block_bytes
                 ),
+            );
+        }
+    }
+
+    // seed 000: the same path twice (NFC-normalised, case-folded) -> the last block wins; a
+    // model that rewrites a file means its last version. Only blocks that would be written
+    // compete: a refused or skipped block never supersedes a valid one.
+    let keys: Vec<Option<String>> = blocks
+        .iter()
+        .map(|b| (b.status == BlockStatus::Written).then(|| duplicate_key(&b.declared_file)))
+        .collect();
+    let mut last: HashMap<&str, usize> = HashMap::new();
+    for (i, key) in keys.iter().enumerate() {
+        if let Some(key) = key {
+            last.insert(key, i);
+        }
+    }
+    for (b, (i, key)) in blocks.iter_mut().zip(keys.iter().enumerate()) {
+        let Some(key) = key else { continue };
+        if last.get(key.as_str()) != Some(&i) {
+            b.set(
+                BlockStatus::Skipped,
+                reason::SUPERSEDED,
+                "a later block declares the same file",
             );
         }
     }

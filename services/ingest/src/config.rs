@@ -40,6 +40,11 @@ pub struct Config {
     pub denylist: Vec<String>,
     /// Blocks written to the store at the same time (1 = one after the other).
     pub write_concurrency: usize,
+    /// How long store calls that find the store unreachable are retried (with backoff),
+    /// counted from the start of the outage; 0 = not retried.
+    pub dependency_outage_s: u64,
+    /// On shutdown, how long calls get to finish before they end with UNAVAILABLE.
+    pub drain_deadline_s: u64,
 }
 
 impl Default for Config {
@@ -58,6 +63,8 @@ impl Default for Config {
             max_document_bytes: limits.max_document_bytes,
             denylist: Vec::new(),
             write_concurrency: 8,
+            dependency_outage_s: cairn_server::retry::DEFAULT_OUTAGE.as_secs(),
+            drain_deadline_s: cairn_server::drain::DEFAULT_DEADLINE.as_secs(),
         }
     }
 }
@@ -122,6 +129,14 @@ impl Config {
     pub fn store_timeout(&self) -> Duration {
         Duration::from_millis(self.store_timeout_ms)
     }
+
+    pub fn dependency_outage(&self) -> Duration {
+        Duration::from_secs(self.dependency_outage_s)
+    }
+
+    pub fn drain_deadline(&self) -> Duration {
+        Duration::from_secs(self.drain_deadline_s)
+    }
 }
 
 fn config_error(e: config::ConfigError) -> Error {
@@ -132,7 +147,8 @@ fn config_error(e: config::ConfigError) -> Error {
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct ConfigArgs {
     /// TOML configuration file (keys: listen, store_addr, store_timeout_ms, default_enabled,
-    /// max_block_bytes, max_blocks, max_document_bytes, denylist, write_concurrency).
+    /// max_block_bytes, max_blocks, max_document_bytes, denylist, write_concurrency,
+    /// dependency_outage_s, drain_deadline_s).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Address to listen on, e.g. 127.0.0.1:7071 (env CAIRN_INGEST_LISTEN).

@@ -55,6 +55,9 @@ mod serving {
     /// Largest gRPC message ingest accepts or sends (documents up to 16 MiB plus the envelope).
     const MAX_MESSAGE_BYTES: usize = 32 << 20;
 
+    /// How often a standalone ingest checks that the store answers (readiness).
+    const PROBE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
     /// The domain object over `config` (a lazily connecting store client: a dead store never
     /// blocks start-up). Fails only on an unusable `store_addr`.
     pub fn ingestor(config: &Config) -> Result<Ingestor> {
@@ -66,7 +69,9 @@ mod serving {
         let channel = cairn_server::connect_tls(&config.store_addr, tls.as_ref())
             .map_err(|e| Error::Config(e.to_string()))?;
         Ok(Ingestor {
-            store: store::StoreClient::new(channel, config.store_timeout()),
+            store: store::StoreClient::new(channel, config.store_timeout()).riding_out(
+                cairn_server::retry::Dependency::new(store::STORE, config.dependency_outage()),
+            ),
             limits: config.limits(),
             policy: config.policy(),
             default_enabled: config.default_enabled,
@@ -76,9 +81,13 @@ mod serving {
 
     /// The gRPC service, ready to be hosted (e.g. by `cairn up` on one port with the others).
     pub fn ingest_service(config: &Config) -> Result<IngestServer<IngestService>> {
-        Ok(IngestServer::new(IngestService::new(ingestor(config)?))
+        Ok(server(ingestor(config)?))
+    }
+
+    fn server(ingestor: Ingestor) -> IngestServer<IngestService> {
+        IngestServer::new(IngestService::new(ingestor))
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES))
+            .max_encoding_message_size(MAX_MESSAGE_BYTES)
     }
 
     /// Serves ingest alone on `listener` until `shutdown` resolves (health, reflection, graceful
@@ -88,7 +97,17 @@ mod serving {
         listener: tokio::net::TcpListener,
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<()> {
-        let service = ingest_service(&config)?;
+        let ingestor = ingestor(&config)?;
+        // Readiness follows the store, also while no ingest is running.
+        let store = ingestor.store.dependency().clone();
+        let tls = config
+            .tls
+            .load(IDENTITY)
+            .map_err(|e| Error::Config(e.to_string()))?;
+        let channel = cairn_server::connect_tls(&config.store_addr, tls.as_ref())
+            .map_err(|e| Error::Config(e.to_string()))?;
+        store.probe(channel, PROBE_INTERVAL);
+        let service = server(ingestor);
         let mut host = cairn_server::Host::new();
         host.secure(
             IDENTITY,
@@ -97,7 +116,9 @@ mod serving {
             &config.access,
         )
         .map_err(|e| Error::Config(e.to_string()))?;
-        host.add(service);
+        host.add(service)
+            .require(&store)
+            .drain_deadline(config.drain_deadline());
         host.serve(listener, shutdown)
             .await
             .map_err(|e| Error::Server(e.to_string()))

@@ -10,6 +10,7 @@ use cairn_proto::v1::{
     get_response, put_request, AppendEventsRequest, CreateProjectRequest, EventInput, GetRequest,
     PutHeader, PutRequest, PutResponse,
 };
+use cairn_server::retry::{Dependency, Safety};
 use cairn_telemetry::TracedChannel;
 use futures::StreamExt;
 use tonic::Code;
@@ -17,6 +18,9 @@ use tonic::Code;
 use crate::block::reason;
 
 /// Bytes per Put chunk (the store recommends 64 KiB - 1 MiB).
+/// The dependency's name in logs and readiness.
+pub const STORE: &str = "artifact-store";
+
 const CHUNK_BYTES: usize = 256 << 10;
 
 /// Largest message ingest accepts from the store (Get chunks are at most 1 MiB).
@@ -107,116 +111,149 @@ impl StoreError {
 pub struct StoreClient {
     client: ArtifactStoreClient<TracedChannel>,
     timeout: Duration,
+    /// The store as a dependency: outages are ridden out for its budget.
+    store: Dependency,
 }
 
 impl StoreClient {
-    /// A client over a (lazily connecting) channel.
+    /// A client over a (lazily connecting) channel; calls are not resent (see
+    /// [`StoreClient::riding_out`]).
     pub fn new(channel: tonic::transport::Channel, timeout: Duration) -> StoreClient {
         let client = ArtifactStoreClient::new(cairn_telemetry::traced(channel))
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
-        StoreClient { client, timeout }
+        StoreClient {
+            client,
+            timeout,
+            store: Dependency::new(STORE, Duration::ZERO),
+        }
     }
 
-    /// Runs `call` with the deadline; a store that does not answer in time is unavailable.
-    async fn timed<T>(
+    /// Calls that find the store away are resent while `store`'s outage budget lasts.
+    pub fn riding_out(mut self, store: Dependency) -> StoreClient {
+        self.store = store;
+        self
+    }
+
+    /// The store as a dependency (readiness follows it).
+    pub fn dependency(&self) -> &Dependency {
+        &self.store
+    }
+
+    /// Runs `call` (each attempt within the deadline; a store that does not answer in time is
+    /// unavailable), resending it while the store is away if `safety` allows.
+    async fn timed<T, F, Fut>(
         &self,
         what: &str,
-        call: impl std::future::Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        match tokio::time::timeout(self.timeout, call).await {
-            Ok(result) => result,
-            Err(_) => Err(StoreError::Unavailable(format!(
-                "no answer to {what} within {} ms (store_timeout_ms)",
-                self.timeout.as_millis()
-            ))),
-        }
+        safety: Safety,
+        mut call: F,
+    ) -> Result<T, StoreError>
+    where
+        F: FnMut(ArtifactStoreClient<TracedChannel>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+    {
+        let deadline = self.timeout;
+        self.store
+            .call(safety, what, || {
+                let attempt = call(self.client.clone());
+                async move {
+                    match tokio::time::timeout(deadline, attempt).await {
+                        Ok(result) => result,
+                        Err(_) => Err(tonic::Status::deadline_exceeded(format!(
+                            "no answer to {what} within {} ms (store_timeout_ms)",
+                            deadline.as_millis()
+                        ))),
+                    }
+                }
+            })
+            .await
+            .map_err(StoreError::from_status)
     }
 
     /// Creates the project if needed (idempotent).
     pub async fn create_project(&self, project_id: &str) -> Result<(), StoreError> {
-        let mut client = self.client.clone();
         let request = CreateProjectRequest {
             project_id: project_id.to_owned(),
         };
-        self.timed("CreateProject", async move {
-            client
-                .create_project(request)
-                .await
-                .map(|_| ())
-                .map_err(StoreError::from_status)
+        self.timed("CreateProject", Safety::Idempotent, |mut client| {
+            let request = request.clone();
+            async move { client.create_project(request).await.map(|_| ()) }
         })
         .await
     }
 
-    /// Writes `content` as one file: the header, then chunks of at most 256 KiB.
+    /// Streams `content` as one Put (header, then chunks). Ingest's Puts carry the expected
+    /// digest, so a resent Put of bytes that landed is `unchanged`.
     pub async fn put(&self, header: PutHeader, content: Bytes) -> Result<PutResponse, StoreError> {
-        let mut messages = vec![PutRequest {
-            msg: Some(put_request::Msg::Header(header)),
-        }];
-        let mut at = 0;
-        while at < content.len() {
-            let end = content.len().min(at + CHUNK_BYTES);
-            messages.push(PutRequest {
-                msg: Some(put_request::Msg::Chunk(content.slice(at..end))),
-            });
-            at = end;
-        }
-        let mut client = self.client.clone();
-        self.timed("Put", async move {
-            client
-                .put(futures::stream::iter(messages))
-                .await
-                .map(tonic::Response::into_inner)
-                .map_err(StoreError::from_status)
+        let safety = if header.expected_sha256.is_empty() {
+            Safety::Once
+        } else {
+            Safety::Idempotent
+        };
+        self.timed("Put", safety, |mut client| {
+            let mut messages = vec![PutRequest {
+                msg: Some(put_request::Msg::Header(header.clone())),
+            }];
+            let mut at = 0;
+            while at < content.len() {
+                let end = content.len().min(at + CHUNK_BYTES);
+                messages.push(PutRequest {
+                    msg: Some(put_request::Msg::Chunk(content.slice(at..end))),
+                });
+                at = end;
+            }
+            async move {
+                client
+                    .put(futures::stream::iter(messages))
+                    .await
+                    .map(tonic::Response::into_inner)
+            }
         })
         .await
     }
 
-    /// Reads at most `max + 1` bytes of a file; returns (size of the whole file, sha256 of the
-    /// whole file, bytes read). The caller compares the size with its limit.
+    /// Reads a file: (size, sha256, the first `max + 1` bytes at most).
     pub async fn get(
         &self,
         project_id: &str,
         path: &str,
         max: u64,
     ) -> Result<(u64, String, Vec<u8>), StoreError> {
-        let mut client = self.client.clone();
         let request = GetRequest {
             project_id: project_id.to_owned(),
             path: path.to_owned(),
             offset: 0,
             length: max.saturating_add(1),
         };
-        self.timed("Get", async move {
-            let mut stream = client
-                .get(request)
-                .await
-                .map_err(StoreError::from_status)?
-                .into_inner();
-            let (mut size, mut sha256, mut bytes) = (0, String::new(), Vec::new());
-            while let Some(message) = stream.next().await {
-                match message.map_err(StoreError::from_status)?.msg {
-                    Some(get_response::Msg::Info(info)) => {
-                        size = info.size_bytes;
-                        sha256 = info.sha256;
-                    }
-                    Some(get_response::Msg::Chunk(chunk)) => {
-                        bytes.extend_from_slice(&chunk);
-                        if bytes.len() as u64 > max {
-                            break;
+        self.timed("Get", Safety::Idempotent, |mut client| {
+            let request = request.clone();
+            async move {
+                let mut stream = client.get(request).await?.into_inner();
+                let (mut size, mut sha256, mut bytes) = (0, String::new(), Vec::new());
+                while let Some(message) = stream.next().await {
+                    match message?.msg {
+                        Some(get_response::Msg::Info(info)) => {
+                            size = info.size_bytes;
+                            sha256 = info.sha256;
                         }
+                        Some(get_response::Msg::Chunk(chunk)) => {
+                            bytes.extend_from_slice(&chunk);
+                            if bytes.len() as u64 > max {
+                                break;
+                            }
+                        }
+                        None => {}
                     }
-                    None => {}
                 }
+                Ok((size, sha256, bytes))
             }
-            Ok((size, sha256, bytes))
         })
         .await
     }
 
     /// Appends events to the run's events.jsonl, in order; `epoch` > 0 = only while that is
-    /// still the run's writer epoch (ClaimRun).
+    /// still the run's writer epoch (ClaimRun). The store does not recognise a batch sent
+    /// twice, so it is resent only when it provably never reached the store.
     pub async fn append_events(
         &self,
         project_id: &str,
@@ -224,19 +261,15 @@ impl StoreClient {
         epoch: u64,
         events: Vec<EventInput>,
     ) -> Result<(), StoreError> {
-        let mut client = self.client.clone();
         let request = AppendEventsRequest {
             project_id: project_id.to_owned(),
             run_id: run_id.to_owned(),
             epoch,
             events,
         };
-        self.timed("AppendEvents", async move {
-            client
-                .append_events(request)
-                .await
-                .map(|_| ())
-                .map_err(StoreError::from_status)
+        self.timed("AppendEvents", Safety::Once, |mut client| {
+            let request = request.clone();
+            async move { client.append_events(request).await.map(|_| ()) }
         })
         .await
     }

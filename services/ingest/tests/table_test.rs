@@ -377,14 +377,40 @@ fn cases() -> Vec<Case> {
             vec![s("superseded", "Src/A.py"), w("src/a.py", b"second\n")],
         ),
         case(
-            "NFD then NFC: the NFC one wins",
+            "NFD then NFC: the NFD one keeps its refusal, the NFC one is written",
             format!("```py file={nfd}\nfirst\n```\n```py file={nfc}\nsecond\n```\n"),
-            vec![s("superseded", nfd), w(nfc, b"second\n")],
+            vec![r("not_normalized", nfd), w(nfc, b"second\n")],
+        ),
+        // Only blocks that would be written compete for a path: a refused or skipped later
+        // block never supersedes a valid earlier one.
+        case(
+            "NFC then NFD: the NFD one is not_normalized and the NFC one is written",
+            format!("```py file={nfc}\nfirst\n```\n```py file={nfd}\nsecond\n```\n"),
+            vec![w(nfc, b"first\n"), r("not_normalized", nfd)],
         ),
         case(
-            "NFC then NFD: the NFD one wins and is not_normalized",
-            format!("```py file={nfc}\nfirst\n```\n```py file={nfd}\nsecond\n```\n"),
-            vec![s("superseded", nfc), r("not_normalized", nfd)],
+            "valid then a case variant that is too large: the valid one is written",
+            format!(
+                "```py file=a.py\nfirst\n```\n{}",
+                block("```py file=A.py", &big)
+            ),
+            vec![w("a.py", b"first\n"), r("too_large", "A.py")],
+        ),
+        case(
+            "valid then the same path unterminated: the valid one is written",
+            "```py file=a.py\nfirst\n```\n```py file=a.py\nsecond\n",
+            vec![w("a.py", b"first\n"), s("unterminated_fence", "a.py")],
+        ),
+        case(
+            "two valid around a refused one: the last valid one wins",
+            format!(
+                "```py file={nfc}\nfirst\n```\n```py file={nfd}\nbad\n```\n```py file={nfc}\nthird\n```\n"
+            ),
+            vec![
+                s("superseded", nfc),
+                r("not_normalized", nfd),
+                w(nfc, b"third\n"),
+            ],
         ),
         // --- path rules, in DESIGN.md's order ---
         case(

@@ -8,6 +8,7 @@ use cairn_server::config::{self, Env, UnknownVars};
 use serde::{Deserialize, Serialize};
 
 use crate::agents::LlmConfig;
+use crate::auth::AuthConfig;
 use crate::code_delivery::config::CodeDeliveryConfig;
 use crate::error::{Error, Result};
 use crate::graph::{ErrorKind, RetrySpec};
@@ -117,11 +118,13 @@ pub struct Config {
     pub ingest_hook: bool,
     /// At start-up, resume every run that is not final.
     pub resume_on_start: bool,
-    /// LLM provider for agent nodes when neither the submit request nor the graph names one
-    /// (`replay:<cassette>`).
+    /// LLM provider for agent nodes when neither the submit request nor the graph names one:
+    /// a provider name of `[llm.providers]`, or `openai:<base_url>#<model>` / `replay:<path
+    /// in the project>`, which make the implicit provider `default` (a URL here gets the key
+    /// of `llm.api_key_env`).
     pub default_llm: String,
-    /// Directory relative cassette paths resolve against when the submitter gives none
-    /// (empty = the working directory).
+    /// Directory relative phase files (schemas, prompts) resolve against when the submitter
+    /// gives none (empty = the working directory). Cassettes never come from the host.
     pub llm_base_dir: String,
     /// Longest interval between rewrites of README.md/task.yaml/state.json while a run moves
     /// (state changes are written at once).
@@ -132,6 +135,12 @@ pub struct Config {
     /// commit: fewer fsyncs). Whatever must be durable (before a node with effects starts, a
     /// reply to a human action, a snapshot) is appended at once.
     pub event_linger_ms: u64,
+    /// How long calls to the store and to ingest that find them unreachable are retried
+    /// (with backoff), counted from the start of the outage; 0 = not retried. A node waiting
+    /// on such a call is not failed or restarted meanwhile.
+    pub dependency_outage_s: u64,
+    /// On shutdown, how long calls get to finish before they end with UNAVAILABLE.
+    pub drain_deadline_s: u64,
     /// Default retry policy of nodes.
     pub retry: RetryPolicy,
     /// `[llm]`: OpenAI-compatible providers (timeouts, attempts, API key variable).
@@ -145,6 +154,8 @@ pub struct Config {
     pub tools_dir: String,
     /// `[sandbox.runner.features]`: opt-in uses of the sandbox runners (seed 002 §7).
     pub sandbox: SandboxSettings,
+    /// `[auth]`: who may call (`tokens_file`: people, roles and token hashes; docs/security.md).
+    pub auth: AuthConfig,
 }
 
 /// `[sandbox]` (seed 002's `sandbox.runner.*` keys; the runners themselves are `sandbox_addrs`).
@@ -190,12 +201,15 @@ impl Default for Config {
             snapshot_interval_ms: 1000,
             node_timeout_s: 3600,
             event_linger_ms: 5,
+            dependency_outage_s: cairn_server::retry::DEFAULT_OUTAGE.as_secs(),
+            drain_deadline_s: cairn_server::drain::DEFAULT_DEADLINE.as_secs(),
             retry: RetryPolicy::default(),
             llm: LlmConfig::default(),
             onebot: OneBotConfig::default(),
             code_delivery: CodeDeliveryConfig::default(),
             tools_dir: String::new(),
             sandbox: SandboxSettings::default(),
+            auth: AuthConfig::default(),
         }
     }
 }
@@ -242,6 +256,8 @@ impl Config {
             ));
         }
         self.llm.check().map_err(Error::Config)?;
+        crate::agents::providers::check_default(&self.llm, &self.default_llm)
+            .map_err(Error::Config)?;
         self.onebot.check().map_err(Error::Config)?;
         self.code_delivery.check().map_err(Error::Config)?;
         Ok(())
@@ -353,6 +369,47 @@ mod tests {
         assert!(!c.code_delivery.enabled);
         std::fs::write(&file, "[llm]\nnope = 1\n").unwrap();
         assert!(Config::load(Some(&file)).is_err());
+    }
+
+    #[test]
+    fn llm_providers_from_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("orchestrator.toml");
+        std::fs::write(
+            &file,
+            "default_llm = \"local\"\n[llm]\nallow_request_llm_urls = true\n\
+             [llm.providers.local]\nbase_url = \"http://127.0.0.1:8000/v1\"\nmodel = \"q\"\napi_key_env = \"LOCAL_KEY\"\n\
+             [llm.providers.demo]\nkind = \"replay\"\ncassette = \"docs/cassettes/demo.yaml\"\n",
+        )
+        .unwrap();
+        let c = Config::load(Some(&file)).unwrap();
+        assert!(c.llm.allow_request_llm_urls);
+        assert_eq!(c.llm.providers["local"].api_key_env, "LOCAL_KEY");
+        assert_eq!(
+            c.llm.providers["demo"].kind,
+            crate::agents::ProviderKind::Replay
+        );
+        // Each refusal names the key to fix.
+        for (text, key) in [
+            (
+                "[llm.providers.x]\nbase_url = \"ftp://h\"\nmodel = \"m\"\n",
+                "llm.providers.x.base_url",
+            ),
+            (
+                "[llm.providers.x]\nkind = \"replay\"\ncassette = \"/etc/passwd\"\n",
+                "llm.providers.x.cassette",
+            ),
+            (
+                "[llm.providers.x]\nbase_url = \"http://h/v1\"\nmodle = \"m\"\n",
+                "modle",
+            ),
+            ("default_llm = \"nope\"\n", "default_llm"),
+            ("default_llm = \"replay:../c.yaml\"\n", "default_llm"),
+        ] {
+            std::fs::write(&file, text).unwrap();
+            let e = Config::load(Some(&file)).unwrap_err().to_string();
+            assert!(e.contains(key), "{text}: {e}");
+        }
     }
 
     #[test]

@@ -32,6 +32,20 @@ pub enum Error {
     Server(#[from] cairn_server::Error),
     #[error("internal error: {0}")]
     Internal(String),
+    /// No token, or one the tokens file does not know.
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// The caller's role or project scope does not allow the call; `reason` is `role` or
+    /// `project`.
+    #[error("{message}")]
+    PermissionDenied {
+        reason: &'static str,
+        message: String,
+    },
+    /// An `llm` setting refused at submit (URL rule, unknown provider, cassette); its reason
+    /// word goes in `cairn-reason`.
+    #[error(transparent)]
+    Llm(#[from] crate::agents::AgentError),
 }
 
 impl Error {
@@ -65,6 +79,20 @@ impl From<Error> for Status {
             }
             Error::Unavailable(_) => Status::unavailable(message),
             Error::Server(_) | Error::Internal(_) => Status::internal(message),
+            Error::Unauthenticated(_) => Status::unauthenticated(message),
+            Error::PermissionDenied { reason, .. } => {
+                cairn_proto::reason::status(Code::PermissionDenied, message, reason)
+            }
+            Error::Llm(e) => {
+                let code = match e {
+                    crate::agents::AgentError::Unavailable(_) => Code::Unavailable,
+                    _ => Code::InvalidArgument,
+                };
+                match e.reason() {
+                    Some(reason) => cairn_proto::reason::status(code, message, reason),
+                    None => Status::new(code, message),
+                }
+            }
         }
     }
 }

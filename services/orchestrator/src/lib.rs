@@ -8,6 +8,7 @@
 pub mod adapters;
 pub mod agents;
 mod args;
+pub mod auth;
 pub mod code_delivery;
 pub mod config;
 pub mod console;
@@ -43,10 +44,14 @@ pub use config::{Config, RetryPolicy};
 pub use error::Error;
 pub use service::OrchestratorService;
 
+/// How often a standalone orchestrator checks that the store answers (readiness).
+const PROBE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Control of a running orchestrator: resume and shutdown.
 #[derive(Clone)]
 pub struct Handle {
     runs: Arc<runs::Runs>,
+    store: cairn_server::retry::Dependency,
 }
 
 impl Handle {
@@ -61,6 +66,11 @@ impl Handle {
     /// `Host::serve`): the host's graceful shutdown waits for open streams.
     pub async fn shutdown(&self) {
         self.runs.shutdown().await
+    }
+
+    /// The store as a dependency (readiness follows it).
+    pub fn store_dependency(&self) -> &cairn_server::retry::Dependency {
+        &self.store
     }
 
     /// The run registry, for in-process callers (tests, benches).
@@ -82,7 +92,9 @@ pub async fn orchestrator_service(
         .tls
         .load(IDENTITY)
         .map_err(cairn_server::Error::from)?;
-    let store = store::Store::connect_tls(&config.store_addr, tls.as_ref())?;
+    let outage = std::time::Duration::from_secs(config.dependency_outage_s);
+    let store = store::Store::connect_tls(&config.store_addr, tls.as_ref())?
+        .riding_out(cairn_server::retry::Dependency::new(store::STORE, outage));
     let ingest = if config.ingest_addr.trim().is_empty() {
         None
     } else {
@@ -98,14 +110,18 @@ pub async fn orchestrator_service(
         resolve_interval: std::time::Duration::from_millis(config.sandbox_resolve_interval_ms),
     };
     let runners = runners::Runners::start_tls(&config.sandbox_addrs, balancing, tls).await?;
+    let auth = Arc::new(auth::Auth::new(&config.auth)?);
     let resume = config.resume_on_start;
     let backends = Arc::new(nodes::Backends {
         store,
         ingest,
+        ingest_dependency: cairn_server::retry::Dependency::new("ingest", outage),
         runners,
-        providers: agents::Providers::new(config.llm.clone()),
+        providers: agents::Providers::with_default(config.llm.clone(), &config.default_llm)
+            .map_err(Error::Config)?,
         config,
     });
+    let store = backends.store.dependency().clone();
     let runs = runs::Runs::new(backends);
     if resume {
         // Its own trace: resumed runs start new traces (docs/operations.md "Tracing").
@@ -115,10 +131,10 @@ pub async fn orchestrator_service(
             span,
         ));
     }
-    let server = OrchestratorServer::new(OrchestratorService::new(runs.clone()))
+    let server = OrchestratorServer::new(OrchestratorService::new(runs.clone(), auth))
         .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES);
-    Ok((server, Handle { runs }))
+    Ok((server, Handle { runs, store }))
 }
 
 /// Serves the orchestrator alone on `listener` until `shutdown` resolves; then stops the run
@@ -128,6 +144,8 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), Error> {
+    let drain = std::time::Duration::from_secs(config.drain_deadline_s);
+    let store_addr = config.store_addr.clone();
     let mut host = cairn_server::Host::new();
     host.secure(
         IDENTITY,
@@ -135,13 +153,31 @@ pub async fn serve(
         config.insecure_listen,
         &config.access,
     )?;
+    let tls = config
+        .tls
+        .load(IDENTITY)
+        .map_err(cairn_server::Error::from)?;
     let (server, handle) = orchestrator_service(config).await?;
-    host.add(server);
-    // Stop the drivers and end the watch streams as soon as shutdown begins: the host's
-    // graceful shutdown waits for open streams.
+    // Readiness follows the store, also while no run is calling it.
+    let store = handle.store_dependency().clone();
+    store.probe(
+        cairn_server::connect_tls(&store_addr, tls.as_ref())?,
+        PROBE_INTERVAL,
+    );
+    host.add(server).require(&store).drain_deadline(drain);
+    // Stop the drivers and end the watch streams as soon as shutdown begins, while the host
+    // drains; waiting for the drivers is bounded by the drain deadline too.
+    let (stopping, stopped) = tokio::sync::oneshot::channel();
+    let stopper = handle.clone();
     let shutdown = async move {
         shutdown.await;
-        handle.shutdown().await;
+        let _ = stopping.send(tokio::spawn(async move { stopper.shutdown().await }));
     };
-    host.serve(listener, shutdown).await.map_err(Error::from)
+    let served = host.serve(listener, shutdown).await;
+    if let Ok(drivers) = stopped.await {
+        if tokio::time::timeout(drain, drivers).await.is_err() {
+            tracing::warn!("run drivers still busy after the drain deadline; their runs resume from their records");
+        }
+    }
+    served.map_err(Error::from)
 }

@@ -15,7 +15,6 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-use crate::agents::{ProviderSpec, ReplayProvider};
 use crate::error::{Error, Result};
 use crate::events::{self as ev, Ev};
 use crate::gates::Decision;
@@ -150,7 +149,13 @@ impl Runs {
         let base_dir = self.base_dir(&req.base_dir);
         // seed 004: schema, limits and prompt files are read now and kept in the graph.
         crate::phases::prepare(&mut graph, &base_dir)?;
-        let llm = self.check_resources(&graph, &req.llm, &base_dir)?;
+        // The provider rules of agents/providers.rs: a name, a cassette, an allowed URL.
+        let llm = self
+            .b
+            .providers
+            .choose(&req.llm, &graph, &self.b.store, &req.project_id)
+            .await?;
+        self.check_resources(&graph, &llm)?;
         let graph = Arc::new(graph);
         let project = req.project_id.clone();
         let dir = RunDir::new(&run_id);
@@ -225,23 +230,9 @@ impl Runs {
         Ok(info)
     }
 
-    /// Checks what a run will need before it starts: an LLM provider for agent nodes (its
-    /// cassette loads), a runner for sandbox nodes. Returns the resolved provider spec.
-    fn check_resources(
-        &self,
-        graph: &Graph,
-        requested: &str,
-        base_dir: &std::path::Path,
-    ) -> Result<String> {
-        let spec = [
-            requested,
-            graph.llm.as_deref().unwrap_or(""),
-            &self.b.config.default_llm,
-        ]
-        .into_iter()
-        .find(|s| !s.is_empty())
-        .unwrap_or("")
-        .to_owned();
+    /// Checks what a run will need before it starts: an LLM provider for agent nodes (`llm`,
+    /// chosen and checked by the providers), a runner for sandbox nodes.
+    fn check_resources(&self, graph: &Graph, llm: &str) -> Result<()> {
         let kinds = |pred: &dyn Fn(&NodeKind) -> bool| {
             graph
                 .nodes
@@ -249,35 +240,9 @@ impl Runs {
                 .any(|n| pred(&n.kind) || matches!(&n.kind, NodeKind::Map(m) if pred(&m.node.kind)))
         };
         let needs_llm = kinds(&|k| matches!(k, NodeKind::AgentTask(a) if a.llm.is_none()));
-        let resolved = if spec.is_empty() {
-            String::new()
-        } else {
-            let parsed =
-                ProviderSpec::parse(&spec).map_err(|e| Error::InvalidArgument(e.to_string()))?;
-            let resolved = parsed.resolve(base_dir);
-            match &resolved {
-                ProviderSpec::Replay(path) => {
-                    ReplayProvider::load(path)
-                        .map_err(|e| Error::InvalidArgument(e.to_string()))?;
-                }
-                inline @ ProviderSpec::ReplayInline(_) => {
-                    self.b
-                        .providers
-                        .check(inline)
-                        .map_err(|e| Error::InvalidArgument(e.to_string()))?;
-                }
-                openai @ ProviderSpec::OpenAi { .. } => {
-                    self.b
-                        .providers
-                        .check(openai)
-                        .map_err(|e| Error::InvalidArgument(e.to_string()))?;
-                }
-            }
-            resolved.to_spec_string()
-        };
-        if needs_llm && resolved.is_empty() {
+        if needs_llm && llm.is_empty() {
             return Err(Error::InvalidArgument(
-                "the graph has agent_task nodes but no LLM provider: set `llm:` in the graph, pass llm (e.g. replay:cassette.yaml), or configure default_llm".into(),
+                "the graph has agent_task nodes but no LLM provider: set `llm:` in the graph to a provider name, pass llm (e.g. `cairn run --llm replay:cassette.yaml`), or configure default_llm".into(),
             ));
         }
         if kinds(&|k| matches!(k, NodeKind::SandboxRun(_))) && self.b.runners.is_empty() {
@@ -323,7 +288,7 @@ impl Runs {
                 "the graph has external_agent nodes, which run in a sandbox session, but this orchestrator has no sandbox runner (set sandbox_addrs)".into(),
             ));
         }
-        Ok(resolved)
+        Ok(())
     }
 
     async fn create_run_dir(&self, project: &str, run_id: &str, graph: &Graph) -> Result<()> {

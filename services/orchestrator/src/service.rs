@@ -1,4 +1,6 @@
-//! The Orchestrator gRPC service: decode, call `Runs`, encode. Nothing else lives here.
+//! The Orchestrator gRPC service: authorize, decode, call `Runs`, encode. Nothing else lives
+//! here. Every handler first asks `auth` whether its caller may make this call on this project
+//! (the one table is `auth::Rpc::required_role`); the `by` it records is the caller's.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -8,6 +10,7 @@ use cairn_proto::v1::orchestrator_server::Orchestrator;
 use futures::Stream;
 use tonic::{Request, Response, Status};
 
+use crate::auth::{Auth, Caller, Rpc};
 use crate::gates::Decision;
 use crate::run::TaskState;
 use crate::runs::{Runs, Submit};
@@ -15,11 +18,17 @@ use crate::runs::{Runs, Submit};
 #[derive(Clone)]
 pub struct OrchestratorService {
     runs: Arc<Runs>,
+    auth: Arc<Auth>,
 }
 
 impl OrchestratorService {
-    pub fn new(runs: Arc<Runs>) -> Self {
-        OrchestratorService { runs }
+    pub fn new(runs: Arc<Runs>, auth: Arc<Auth>) -> Self {
+        OrchestratorService { runs, auth }
+    }
+
+    /// Who may make `rpc` on the request's project (refusals are logged there).
+    fn caller<T>(&self, req: &Request<T>, rpc: Rpc, project: &str) -> Result<Caller, Status> {
+        Ok(self.auth.authorize(req, rpc, project)?)
     }
 }
 
@@ -31,6 +40,7 @@ impl Orchestrator for OrchestratorService {
         &self,
         req: Request<pb::SubmitRunRequest>,
     ) -> Result<Response<pb::RunInfo>, Status> {
+        let who = self.caller(&req, Rpc::SubmitRun, &req.get_ref().project_id)?;
         let r = req.into_inner();
         cairn_telemetry::record_ids(&r.project_id, &r.run_id, "");
         let submit = Submit {
@@ -41,7 +51,7 @@ impl Orchestrator for OrchestratorService {
             title: r.title,
             mode: r.mode,
             prompt: r.prompt,
-            by: r.by,
+            by: who.by(&r.by),
             llm: r.llm,
             base_dir: r.base_dir,
         };
@@ -52,6 +62,7 @@ impl Orchestrator for OrchestratorService {
         &self,
         req: Request<pb::GetRunRequest>,
     ) -> Result<Response<pb::RunInfo>, Status> {
+        self.caller(&req, Rpc::GetRun, &req.get_ref().project_id)?;
         let r = req.into_inner();
         cairn_telemetry::record_ids(&r.project_id, &r.run_id, "");
         Ok(Response::new(
@@ -63,6 +74,7 @@ impl Orchestrator for OrchestratorService {
         &self,
         req: Request<pb::ListRunsRequest>,
     ) -> Result<Response<pb::ListRunsResponse>, Status> {
+        self.caller(&req, Rpc::ListRuns, &req.get_ref().project_id)?;
         let r = req.into_inner();
         let states: Vec<TaskState> = r
             .states
@@ -90,6 +102,7 @@ impl Orchestrator for OrchestratorService {
         &self,
         req: Request<pb::WatchRunRequest>,
     ) -> Result<Response<Self::WatchRunStream>, Status> {
+        self.caller(&req, Rpc::WatchRun, &req.get_ref().project_id)?;
         let r = req.into_inner();
         cairn_telemetry::record_ids(&r.project_id, &r.run_id, "");
         let rx = self
@@ -105,11 +118,12 @@ impl Orchestrator for OrchestratorService {
         &self,
         req: Request<pb::RunActionRequest>,
     ) -> Result<Response<pb::RunInfo>, Status> {
+        let who = self.caller(&req, Rpc::CancelRun, &req.get_ref().project_id)?;
         let r = req.into_inner();
         cairn_telemetry::record_ids(&r.project_id, &r.run_id, "");
         Ok(Response::new(
             self.runs
-                .cancel(&r.project_id, &r.run_id, &r.by, &r.reason)
+                .cancel(&r.project_id, &r.run_id, &who.by(&r.by), &r.reason)
                 .await?,
         ))
     }
@@ -118,11 +132,12 @@ impl Orchestrator for OrchestratorService {
         &self,
         req: Request<pb::RunActionRequest>,
     ) -> Result<Response<pb::RunInfo>, Status> {
+        let who = self.caller(&req, Rpc::ResumeRun, &req.get_ref().project_id)?;
         let r = req.into_inner();
         cairn_telemetry::record_ids(&r.project_id, &r.run_id, "");
         Ok(Response::new(
             self.runs
-                .resume(&r.project_id, &r.run_id, &r.by, &r.reason)
+                .resume(&r.project_id, &r.run_id, &who.by(&r.by), &r.reason)
                 .await?,
         ))
     }
@@ -131,6 +146,7 @@ impl Orchestrator for OrchestratorService {
         &self,
         req: Request<pb::GateDecisionRequest>,
     ) -> Result<Response<pb::RunInfo>, Status> {
+        let who = self.caller(&req, Rpc::ApproveGate, &req.get_ref().project_id)?;
         let r = req.into_inner();
         cairn_telemetry::record_ids(&r.project_id, &r.run_id, &r.gate_id);
         let info = self
@@ -140,7 +156,7 @@ impl Orchestrator for OrchestratorService {
                 &r.run_id,
                 &r.gate_id,
                 Decision::Approve,
-                &r.by,
+                &who.by(&r.by),
                 &r.note,
             )
             .await?;
@@ -151,6 +167,7 @@ impl Orchestrator for OrchestratorService {
         &self,
         req: Request<pb::GateDecisionRequest>,
     ) -> Result<Response<pb::RunInfo>, Status> {
+        let who = self.caller(&req, Rpc::RejectGate, &req.get_ref().project_id)?;
         let r = req.into_inner();
         cairn_telemetry::record_ids(&r.project_id, &r.run_id, &r.gate_id);
         let info = self
@@ -160,7 +177,7 @@ impl Orchestrator for OrchestratorService {
                 &r.run_id,
                 &r.gate_id,
                 Decision::Reject,
-                &r.by,
+                &who.by(&r.by),
                 &r.note,
             )
             .await?;
@@ -171,11 +188,12 @@ impl Orchestrator for OrchestratorService {
         &self,
         req: Request<pb::AddNoteRequest>,
     ) -> Result<Response<pb::AddNoteResponse>, Status> {
+        let who = self.caller(&req, Rpc::AddNote, &req.get_ref().project_id)?;
         let r = req.into_inner();
         cairn_telemetry::record_ids(&r.project_id, &r.run_id, "");
         let (seq, note_ref) = self
             .runs
-            .add_note(&r.project_id, &r.run_id, &r.by, &r.text)
+            .add_note(&r.project_id, &r.run_id, &who.by(&r.by), &r.text)
             .await?;
         Ok(Response::new(pb::AddNoteResponse {
             seq,
@@ -187,11 +205,18 @@ impl Orchestrator for OrchestratorService {
         &self,
         req: Request<pb::ReworkRequest>,
     ) -> Result<Response<pb::RunInfo>, Status> {
+        let who = self.caller(&req, Rpc::RequestRework, &req.get_ref().project_id)?;
         let r = req.into_inner();
         cairn_telemetry::record_ids(&r.project_id, &r.run_id, &r.node_id);
         Ok(Response::new(
             self.runs
-                .rework(&r.project_id, &r.run_id, &r.node_id, &r.by, &r.note)
+                .rework(
+                    &r.project_id,
+                    &r.run_id,
+                    &r.node_id,
+                    &who.by(&r.by),
+                    &r.note,
+                )
                 .await?,
         ))
     }
@@ -200,12 +225,26 @@ impl Orchestrator for OrchestratorService {
         &self,
         req: Request<pb::EditContextRequest>,
     ) -> Result<Response<pb::EditContextResponse>, Status> {
+        let who = self.caller(&req, Rpc::EditContext, &req.get_ref().project_id)?;
         let r = req.into_inner();
         cairn_telemetry::record_ids(&r.project_id, &r.run_id, "");
         let seq = self
             .runs
-            .edit_context(&r.project_id, &r.run_id, &r.by, &r.manifest_yaml)
+            .edit_context(&r.project_id, &r.run_id, &who.by(&r.by), &r.manifest_yaml)
             .await?;
         Ok(Response::new(pb::EditContextResponse { seq }))
+    }
+
+    async fn who_am_i(
+        &self,
+        req: Request<pb::WhoAmIRequest>,
+    ) -> Result<Response<pb::WhoAmIResponse>, Status> {
+        let who = self.caller(&req, Rpc::WhoAmI, "")?;
+        Ok(Response::new(pb::WhoAmIResponse {
+            name: who.name,
+            role: who.role.as_str().to_owned(),
+            projects: who.projects,
+            tokens_required: self.auth.tokens_required(),
+        }))
     }
 }

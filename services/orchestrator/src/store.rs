@@ -12,12 +12,15 @@ use cairn_proto::v1::{
     ListRequest, PageRequest, PutDurability, PutHeader, PutRequest, PutResponse, ReadEventsRequest,
     RunFence, StatRequest, UpdateJsonRequest, UpdateJsonResponse,
 };
+use cairn_server::retry::{Dependency, Safety};
 use cairn_telemetry::TracedChannel;
 use tonic::{Code, Status};
 
 /// Largest file this service reads into memory (documents, inputs, manifests).
 pub const MAX_READ_BYTES: u64 = 64 << 20;
 const CHUNK: usize = 1 << 20;
+/// The dependency's name in logs and readiness.
+pub const STORE: &str = "artifact-store";
 
 /// How a write treats an existing file.
 #[derive(Clone, Debug, Default)]
@@ -39,6 +42,9 @@ pub struct Store {
     /// This process's claims (ClaimRun) on the runs it drives: (project, run) -> epoch. Puts
     /// for such a run (by `run_id`, or a path in its run directory) carry the fence.
     claims: std::sync::Arc<std::sync::Mutex<HashMap<(String, String), u64>>>,
+    /// The store as a dependency: calls that find it away are resent while its outage
+    /// budget lasts (only those safe to resend, see each call).
+    dependency: Dependency,
 }
 
 impl Store {
@@ -58,17 +64,41 @@ impl Store {
         Ok(Store {
             client,
             claims: Default::default(),
+            dependency: Dependency::new(STORE, std::time::Duration::ZERO),
         })
     }
 
-    pub async fn create_project(&self, project: &str) -> Result<(), Status> {
-        self.client
-            .clone()
-            .create_project(CreateProjectRequest {
-                project_id: project.to_owned(),
-            })
+    /// Calls that find the store away are resent while `dependency`'s budget lasts.
+    pub fn riding_out(mut self, dependency: Dependency) -> Store {
+        self.dependency = dependency;
+        self
+    }
+
+    /// The store as a dependency (readiness follows it).
+    pub fn dependency(&self) -> &Dependency {
+        &self.dependency
+    }
+
+    /// `call` on a client, resent while the store is away if `safety` allows.
+    async fn call<T, F, Fut>(&self, what: &str, safety: Safety, mut call: F) -> Result<T, Status>
+    where
+        F: FnMut(ArtifactStoreClient<TracedChannel>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, Status>>,
+    {
+        self.dependency
+            .call(safety, what, || call(self.client.clone()))
             .await
-            .map(|_| ())
+    }
+
+    pub async fn create_project(&self, project: &str) -> Result<(), Status> {
+        let req = CreateProjectRequest {
+            project_id: project.to_owned(),
+        };
+        self.call("CreateProject", Safety::Idempotent, |mut c| {
+            let req = req.clone();
+            async move { c.create_project(req).await.map(|_| ()) }
+        })
+        .await
     }
 
     /// Every project id.
@@ -76,14 +106,16 @@ impl Store {
         let mut out = Vec::new();
         let mut token = String::new();
         loop {
+            let req = ListProjectsRequest {
+                page: Some(PageRequest {
+                    page_size: 1000,
+                    page_token: token.clone(),
+                }),
+            };
             let page = self
-                .client
-                .clone()
-                .list_projects(ListProjectsRequest {
-                    page: Some(PageRequest {
-                        page_size: 1000,
-                        page_token: token.clone(),
-                    }),
+                .call("ListProjects", Safety::Idempotent, |mut c| {
+                    let req = req.clone();
+                    async move { c.list_projects(req).await }
                 })
                 .await?
                 .into_inner();
@@ -130,22 +162,50 @@ impl Store {
             });
             at = end;
         }
-        self.client
-            .clone()
-            .put(tokio_stream::iter(msgs))
-            .await
-            .map(|r| r.into_inner())
+        // The same bytes every time: a resent Put whose first try landed is `unchanged`.
+        self.call("Put", Safety::Idempotent, |mut c| {
+            let msgs = msgs.clone();
+            async move {
+                c.put(tokio_stream::iter(msgs))
+                    .await
+                    .map(|r| r.into_inner())
+            }
+        })
+        .await
     }
 
     /// Reads a whole file; `None` when it does not exist.
     pub async fn get(&self, project: &str, path: &str) -> Result<Option<Bytes>, Status> {
+        self.get_at_most(project, path, MAX_READ_BYTES).await
+    }
+
+    /// Reads a whole file of at most `max` bytes; a larger one is ResourceExhausted, found
+    /// from the size the store sends first (so it is never read) or, for a file that grows
+    /// while read, as soon as more than `max` bytes arrived.
+    pub async fn get_at_most(
+        &self,
+        project: &str,
+        path: &str,
+        max: u64,
+    ) -> Result<Option<Bytes>, Status> {
+        let too_large = |size: u64| {
+            Status::resource_exhausted(format!(
+                "{path} is {size} bytes; the orchestrator reads at most {max} here"
+            ))
+        };
         let req = GetRequest {
             project_id: project.to_owned(),
             path: path.to_owned(),
             offset: 0,
             length: 0,
         };
-        let mut stream = match self.client.clone().get(req).await {
+        let opened = self
+            .call("Get", Safety::Idempotent, |mut c| {
+                let req = req.clone();
+                async move { c.get(req).await }
+            })
+            .await;
+        let mut stream = match opened {
             Ok(s) => s.into_inner(),
             Err(s) if s.code() == Code::NotFound => return Ok(None),
             Err(s) => return Err(s),
@@ -160,15 +220,17 @@ impl Store {
             };
             match msg.msg {
                 Some(get_response::Msg::Info(info)) => {
-                    if info.size_bytes > MAX_READ_BYTES {
-                        return Err(Status::resource_exhausted(format!(
-                            "{path} is {} bytes; the orchestrator reads at most {MAX_READ_BYTES}",
-                            info.size_bytes
-                        )));
+                    if info.size_bytes > max {
+                        return Err(too_large(info.size_bytes));
                     }
                     buf.reserve(info.size_bytes as usize);
                 }
-                Some(get_response::Msg::Chunk(c)) => buf.extend_from_slice(&c),
+                Some(get_response::Msg::Chunk(c)) => {
+                    buf.extend_from_slice(&c);
+                    if buf.len() as u64 > max {
+                        return Err(too_large(buf.len() as u64));
+                    }
+                }
                 None => {}
             }
         }
@@ -187,7 +249,13 @@ impl Store {
             path: path.to_owned(),
             include_sha256: sha256,
         };
-        match self.client.clone().stat(req).await {
+        let stat = self
+            .call("Stat", Safety::Idempotent, |mut c| {
+                let req = req.clone();
+                async move { c.stat(req).await }
+            })
+            .await;
+        match stat {
             Ok(r) => Ok(Some(r.into_inner())),
             Err(s) if s.code() == Code::NotFound => Ok(None),
             Err(s) => Err(s),
@@ -213,7 +281,13 @@ impl Store {
                     page_token: token.clone(),
                 }),
             };
-            let page = match self.client.clone().list(req).await {
+            let listed = self
+                .call("List", Safety::Idempotent, |mut c| {
+                    let req = req.clone();
+                    async move { c.list(req).await }
+                })
+                .await;
+            let page = match listed {
                 Ok(r) => r.into_inner(),
                 Err(s) if s.code() == Code::NotFound => return Ok(out),
                 Err(s) => return Err(s),
@@ -229,15 +303,18 @@ impl Store {
     /// Removes a file; Ok(false) when nothing was there. With `run_id` the store records the
     /// deletion in that run's events.
     pub async fn delete(&self, project: &str, path: &str, run_id: &str) -> Result<bool, Status> {
-        self.client
-            .clone()
-            .delete(cairn_proto::v1::DeleteRequest {
-                project_id: project.to_owned(),
-                path: path.to_owned(),
-                run_id: run_id.to_owned(),
-            })
-            .await
-            .map(|r| r.into_inner().deleted)
+        let req = cairn_proto::v1::DeleteRequest {
+            project_id: project.to_owned(),
+            path: path.to_owned(),
+            run_id: run_id.to_owned(),
+        };
+        // Resent only when it never reached the store: a second Delete would say "nothing
+        // was there" of a file the first removed.
+        self.call("Delete", Safety::Once, |mut c| {
+            let req = req.clone();
+            async move { c.delete(req).await.map(|r| r.into_inner().deleted) }
+        })
+        .await
     }
 
     pub async fn append_events(
@@ -264,11 +341,13 @@ impl Store {
             events,
             epoch,
         };
-        self.client
-            .clone()
-            .append_events(req)
-            .await
-            .map(|r| r.into_inner())
+        // The store does not recognise a batch sent twice: resent here only when it never
+        // reached the store (the recorder checks the log's tail before its own retries).
+        self.call("AppendEvents", Safety::Once, |mut c| {
+            let req = req.clone();
+            async move { c.append_events(req).await.map(|r| r.into_inner()) }
+        })
+        .await
     }
 
     /// Makes this process the run's only fenced writer; returns (epoch, last_seq). Events
@@ -279,7 +358,13 @@ impl Store {
             run_id: run_id.to_owned(),
             holder: format!("orchestrator pid {}", std::process::id()),
         };
-        let r = self.client.clone().claim_run(req).await?.into_inner();
+        let r = self
+            .call("ClaimRun", Safety::Once, |mut c| {
+                let req = req.clone();
+                async move { c.claim_run(req).await }
+            })
+            .await?
+            .into_inner();
         if let Ok(mut claims) = self.claims.lock() {
             claims.insert((project.to_owned(), run_id.to_owned()), r.epoch);
         }
@@ -336,11 +421,11 @@ impl Store {
             merge: merge as i32,
             run_id: run_id.to_owned(),
         };
-        self.client
-            .clone()
-            .update_json(req)
-            .await
-            .map(|r| r.into_inner())
+        self.call("UpdateJson", Safety::Once, |mut c| {
+            let req = req.clone();
+            async move { c.update_json(req).await.map(|r| r.into_inner()) }
+        })
+        .await
     }
 
     /// A run's events from `from_seq` to the end (no follow).
@@ -373,10 +458,10 @@ impl Store {
             follow,
             limit: 0,
         };
-        self.client
-            .clone()
-            .read_events(req)
-            .await
-            .map(|r| r.into_inner())
+        self.call("ReadEvents", Safety::Idempotent, |mut c| {
+            let req = req.clone();
+            async move { c.read_events(req).await.map(|r| r.into_inner()) }
+        })
+        .await
     }
 }

@@ -31,6 +31,8 @@ nodes:
 fn fast(c: &mut Config) {
     c.llm.initial_backoff_ms = 5;
     c.llm.max_backoff_ms = 20;
+    // The fake server is named by URL in each request.
+    c.llm.allow_request_llm_urls = true;
 }
 
 async fn stack() -> Stack {

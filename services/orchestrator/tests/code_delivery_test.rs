@@ -224,6 +224,8 @@ fn tweak(c: &mut Config) {
     c.llm.initial_backoff_ms = 5;
     c.llm.max_backoff_ms = 20;
     c.llm.request_timeout_ms = 30_000;
+    // The fake LLM is named by URL in each request.
+    c.llm.allow_request_llm_urls = true;
     c.onebot.api_base = ONEBOT_API.try_with(|a| a.clone()).unwrap_or_default();
     c.onebot.access_token_env = "CAIRN_CODE_DELIVERY_TEST_NO_TOKEN".into();
     c.code_delivery.default_command_timeout_seconds = 60;
@@ -1097,6 +1099,8 @@ async fn the_code_delivery_example_runs_offline() {
             project_id: PROJECT.into(),
             graph_yaml: std::fs::read_to_string(dir.join("graph.yaml")).unwrap(),
             base_dir: dir.display().to_string(),
+            // What `cairn run` sends for the graph's local `replay:cassette.yaml`.
+            llm: inline_cassette(&std::fs::read(dir.join("cassette.yaml")).unwrap()),
             by: "example".into(),
             ..Default::default()
         })

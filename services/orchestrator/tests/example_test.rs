@@ -29,6 +29,8 @@ async fn hello_example_runs_to_its_report() {
         project_id: PROJECT.into(),
         graph_yaml: graph,
         base_dir: dir.display().to_string(),
+        // What `cairn run` sends for the graph's local `replay:cassette.yaml`.
+        llm: inline_cassette(&std::fs::read(dir.join("cassette.yaml")).unwrap()),
         by: "example".into(),
         ..Default::default()
     };

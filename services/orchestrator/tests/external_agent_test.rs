@@ -30,22 +30,7 @@ async fn stack(test: &str) -> Option<Stack> {
 }
 
 async fn put(s: &Stack, path: &str, text: &str) {
-    use cairn_proto::v1::{put_request, PutHeader, PutRequest};
-    let msgs = vec![
-        PutRequest {
-            msg: Some(put_request::Msg::Header(PutHeader {
-                project_id: PROJECT.into(),
-                path: path.into(),
-                overwrite: true,
-                create_project: true,
-                ..Default::default()
-            })),
-        },
-        PutRequest {
-            msg: Some(put_request::Msg::Chunk(text.as_bytes().to_vec().into())),
-        },
-    ];
-    s.store.clone().put(tokio_stream::iter(msgs)).await.unwrap();
+    put_file(&s.store, path, text.as_bytes()).await;
 }
 
 /// The project the agent works on: app/README.md and the fake CLI.

@@ -80,14 +80,14 @@ async fn bad_graphs_are_refused_before_anything_is_written() {
         .submit_req(SubmitRunRequest {
             project_id: PROJECT.into(),
             graph_yaml: "nodes:\n  - {id: w, type: agent_task, prompt: hi}\n".into(),
-            llm: "replay:/nonexistent/cassette.yaml".into(),
+            llm: "replay:docs/nonexistent/cassette.yaml".into(),
             ..Default::default()
         })
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument);
     assert!(
-        e.message().contains("/nonexistent/cassette.yaml"),
+        e.message().contains("docs/nonexistent/cassette.yaml"),
         "{}",
         e.message()
     );

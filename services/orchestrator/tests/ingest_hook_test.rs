@@ -127,7 +127,12 @@ async fn hook_off_by_the_ingest_services_project_flag() {
 async fn ingest_down_is_fail_open() {
     let s = Stack::start(Options {
         ingest: false,
-        tweak: |c| c.ingest_addr = "127.0.0.1:1".into(),
+        tweak: |c| {
+            c.ingest_addr = "127.0.0.1:1".into();
+            // Ingest stays down: given up after the outage budget (counted from the outage's
+            // start, so the second hook does not wait again).
+            c.dependency_outage_s = 1;
+        },
         ..Default::default()
     })
     .await;

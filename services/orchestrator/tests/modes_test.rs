@@ -20,7 +20,8 @@ fn cassette(mode: &str) -> String {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../examples/modes")
         .join(format!("{mode}.yaml"));
-    format!("replay:{}", path.canonicalize().unwrap().display())
+    // What `cairn run --llm replay:<file>` sends.
+    common::inline_cassette(&std::fs::read(path).unwrap())
 }
 
 fn request(mode: &str, llm: &str, vars: &[(&str, &str)]) -> SubmitRunRequest {
@@ -252,7 +253,12 @@ async fn single_against_an_openai_compatible_server() {
         None,
     )
     .await;
-    let stack = Stack::start(Options::default()).await;
+    let stack = Stack::start(Options {
+        // The fake server is named by URL in the request.
+        tweak: |c| c.llm.allow_request_llm_urls = true,
+        ..Default::default()
+    })
+    .await;
     let (run, info) = run_to_completion(&stack, request("single", &fake.llm(), &[])).await;
     let doc = stack.read_text(&format!("docs/single_{run}.md")).await;
     assert!(doc.contains("From the fake server."), "{doc}");

@@ -947,37 +947,56 @@ async fn the_api_key_never_appears_in_errors() {
 }
 
 #[tokio::test]
-async fn providers_build_openai_from_the_llm_setting_with_the_key_from_the_environment() {
+async fn providers_build_openai_from_the_llm_setting_with_the_key_configured_for_its_url() {
     let env = format!("CAIRN_TEST_OPENAI_KEY_{}", std::process::id());
     std::env::set_var(&env, KEY);
     let fake = fake(vec![ok(completion(json!("via spec")))], None).await;
+    let named = cairn_orchestrator::agents::ProviderConfig {
+        base_url: fake.base_url.clone(),
+        api_key_env: env.clone(),
+        ..Default::default()
+    };
     let providers = Providers::new(LlmConfig {
         api_key_env: env.clone(),
         model: "default-model".into(),
+        allow_request_llm_urls: true,
+        providers: [("fake".to_owned(), named)].into(),
         ..config()
     });
+    // No cassette is read here: the store is never dialled.
+    let store = cairn_orchestrator::store::Store::connect("127.0.0.1:1").unwrap();
     // A bare URL works too; the model comes from llm.model when the spec names none.
     for spec in [
         format!("openai:{}#spec-model", fake.base_url),
         fake.base_url.clone(),
+        "fake".to_owned(),
     ] {
-        let parsed = cairn_orchestrator::agents::ProviderSpec::parse(&spec).unwrap();
-        providers.check(&parsed).unwrap();
+        providers.get(&spec, &store, "p").await.unwrap();
     }
     let p = providers
-        .get(&format!("openai:{}#spec-model", fake.base_url))
+        .get(&format!("openai:{}#spec-model", fake.base_url), &store, "p")
+        .await
         .unwrap();
     assert_eq!(p.complete(&hello()).await.unwrap().content, "via spec");
     let seen = fake.requests();
     assert_eq!(seen[0].body["model"], "spec-model");
+    // The key configured for this base URL.
     assert_eq!(
         seen[0].authorization.as_deref(),
         Some(format!("Bearer {KEY}").as_str())
     );
     assert!(!format!("{:?}", providers.openai(&fake.base_url, "").unwrap()).contains(KEY));
 
-    let none = Providers::new(config());
-    let e = none.get(&fake.base_url).err().unwrap().to_string();
+    let none = Providers::new(LlmConfig {
+        allow_request_llm_urls: true,
+        ..config()
+    });
+    let e = none
+        .get(&fake.base_url, &store, "p")
+        .await
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("no model"), "{e}");
     std::env::remove_var(&env);
 }

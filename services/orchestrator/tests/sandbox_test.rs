@@ -301,3 +301,29 @@ async fn an_unavailable_runner_is_skipped_for_the_next_one() {
     assert_eq!(runners, vec![Value::from(live.clone()); 3]);
     s.stop().await;
 }
+
+/// Outputs over the runner's file-count limit are withheld as a whole: the step fails, saying
+/// so, and none of its files lands in the project.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn withheld_outputs_fail_the_step_and_nothing_lands() {
+    let Some(s) = stack("withheld_outputs_fail_the_step_and_nothing_lands").await else {
+        return;
+    };
+    let run = s
+        .submit("nodes:\n  - {id: many, type: sandbox_run, language: python, code: \"for i in range(1005): open(f'/output/f{i}.txt', 'w').write('x')\"}\n", &[])
+        .await
+        .unwrap()
+        .run_id;
+    let failed = s.wait_state(&run, TaskState::Failed, 120).await;
+    assert!(
+        failed.error.contains("would not publish"),
+        "{}",
+        failed.error
+    );
+    assert!(s
+        .events(&run)
+        .await
+        .iter()
+        .all(|e| e.r#type != "artifact.written"));
+    s.stop().await;
+}

@@ -9,7 +9,7 @@
 mod common;
 
 use cairn_orchestrator::Config;
-use cairn_proto::v1::{put_request, PutHeader, PutRequest, SubmitRunRequest, TaskState};
+use cairn_proto::v1::{SubmitRunRequest, TaskState};
 use common::*;
 use serde_json::Value;
 
@@ -30,21 +30,7 @@ fn sandboxed_dead_runner(c: &mut Config) {
 }
 
 async fn put(s: &Stack, path: &str, text: &str) {
-    let msgs = vec![
-        PutRequest {
-            msg: Some(put_request::Msg::Header(PutHeader {
-                project_id: PROJECT.into(),
-                path: path.into(),
-                overwrite: true,
-                create_project: true,
-                ..Default::default()
-            })),
-        },
-        PutRequest {
-            msg: Some(put_request::Msg::Chunk(text.as_bytes().to_vec().into())),
-        },
-    ];
-    s.store.clone().put(tokio_stream::iter(msgs)).await.unwrap();
+    put_file(&s.store, path, text.as_bytes()).await;
 }
 
 async fn project(s: &Stack) {

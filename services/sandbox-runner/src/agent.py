@@ -5,7 +5,9 @@
 # Frames on stdout: kind (1 byte) + length (4 bytes, big endian) + payload;
 # 1 stdout, 2 stderr, 3 tar bytes, 4 result JSON, 5 end. The runner trusts none of it beyond
 # what it checks itself. Runs as root with only SETUID, SETGID and KILL capabilities.
-import base64, json, os, select, signal, struct, sys, tarfile, time
+# After the job line, stdin stays open while the runner lives: at its end of file (the runner
+# gone) the agent kills every process and exits, so the container stops.
+import base64, json, os, resource, select, signal, struct, sys, tarfile, threading, time
 
 OUT = sys.stdout.buffer
 
@@ -74,8 +76,21 @@ def send_outputs(unreadable):
     tar.close()
 
 
+def watch_runner():
+    # The job line was read whole (nothing follows it): any read now ends at end of file.
+    while True:
+        try:
+            if not os.read(0, 4096):
+                break
+        except OSError:
+            break
+    kill(-1, signal.SIGKILL)
+    os._exit(137)
+
+
 def main():
     job = json.loads(sys.stdin.buffer.readline())
+    threading.Thread(target=watch_runner, daemon=True).start()
     uid, gid = job["uid"], job["gid"]
     for f in job["inputs"]:
         p = os.path.join("/input", f["path"])
@@ -95,6 +110,11 @@ def main():
             os.dup2(w_out, 1)
             os.dup2(w_err, 2)
             os.closerange(3, 65536)
+            # Python ignores these; the program gets the defaults (SIGXFSZ stops a writer at
+            # the file size limit, one byte over the output byte limit).
+            for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+                signal.signal(sig, signal.SIG_DFL)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (job["fsize"], job["fsize"]))
             os.setgroups([])
             os.setgid(gid)
             os.setuid(uid)

@@ -128,17 +128,27 @@ pub enum Visit {
 /// (directories before their contents). Returns false when stopped early (by the visitor or
 /// the depth cap).
 pub fn walk(dir: BorrowedFd<'_>, visit: &mut dyn FnMut(&Entry<'_>) -> Visit) -> io::Result<bool> {
+    walk_to(dir, MAX_DEPTH, visit)
+}
+
+/// [`walk`] with its own depth cap (one descriptor is held per level).
+pub fn walk_to(
+    dir: BorrowedFd<'_>,
+    max_depth: usize,
+    visit: &mut dyn FnMut(&Entry<'_>) -> Visit,
+) -> io::Result<bool> {
     let mut prefix = Vec::new();
-    walk_dir(dir, &mut prefix, 0, visit)
+    walk_dir(dir, &mut prefix, 0, max_depth, visit)
 }
 
 fn walk_dir(
     dir: BorrowedFd<'_>,
     prefix: &mut Vec<u8>,
     depth: usize,
+    max_depth: usize,
     visit: &mut dyn FnMut(&Entry<'_>) -> Visit,
 ) -> io::Result<bool> {
-    if depth > MAX_DEPTH {
+    if depth > max_depth {
         return Ok(false);
     }
     let mut names = Vec::new();
@@ -186,7 +196,7 @@ fn walk_dir(
                     OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
                     Mode::empty(),
                 ) {
-                    Ok(sub) => walk_dir(sub.as_fd(), prefix, depth + 1, visit)?,
+                    Ok(sub) => walk_dir(sub.as_fd(), prefix, depth + 1, max_depth, visit)?,
                     // Swapped for a link or removed since lstat: skip it.
                     Err(
                         rustix::io::Errno::NOENT

@@ -58,6 +58,16 @@ pub struct Config {
     pub kill_grace_ms: u64,
     /// Open sessions at most.
     pub max_sessions: usize,
+    /// Runs and open sessions at once at most (each open session holds one); beyond it Run
+    /// and OpenSession are refused with RESOURCE_EXHAUSTED. 0 = derived from this host:
+    /// min(4 × CPUs, memory / 256 MiB), at least 2 (`derived_max_concurrent_runs`).
+    pub max_concurrent_runs: usize,
+    /// Local backend: refuse to start when memory, pids and cpu limits cannot be enforced
+    /// over whole sandboxes (no cgroups for the runner). Off: runs proceed with per-process
+    /// rlimits and report `limits_enforced: false`.
+    pub require_limits: bool,
+    /// Local backend: where the cgroup file systems are mounted.
+    pub cgroup_root: PathBuf,
     /// bubblewrap binary of the local backend.
     pub bwrap: String,
     /// Uid/gid the program runs as.
@@ -120,6 +130,9 @@ impl Default for Config {
             sweep_all_prefixed: false,
             kill_grace_ms: 2000,
             max_sessions: 64,
+            max_concurrent_runs: 0,
+            require_limits: false,
+            cgroup_root: PathBuf::from("/sys/fs/cgroup"),
             bwrap: "bwrap".into(),
             sandbox_uid: 10001,
             sandbox_gid: 10001,
@@ -169,13 +182,28 @@ impl Config {
                 "sweep_all_prefixed needs a non-empty container_prefix".into(),
             ));
         }
-        if !self.work_root.is_absolute() {
-            return Err(Error::Config(format!(
-                "work_root {:?} must be an absolute path",
-                self.work_root
-            )));
+        for (name, path) in [
+            ("work_root", &self.work_root),
+            ("cgroup_root", &self.cgroup_root),
+        ] {
+            if !path.is_absolute() {
+                return Err(Error::Config(format!(
+                    "{name} {path:?} must be an absolute path"
+                )));
+            }
         }
         Ok(())
+    }
+
+    /// `max_concurrent_runs`, or when 0 the value derived from this host.
+    pub fn concurrent_runs(&self) -> usize {
+        match self.max_concurrent_runs {
+            0 => derived_max_concurrent_runs(
+                std::thread::available_parallelism().map_or(1, |n| n.get()),
+                memory_bytes(),
+            ),
+            n => n,
+        }
     }
 
     pub fn default_limits(&self) -> Limits {
@@ -185,6 +213,26 @@ impl Config {
     pub fn max_limits(&self) -> Limits {
         self.max.over(Limits::MAXIMA)
     }
+}
+
+/// The default `max_concurrent_runs`: min(4 × `cpus`, `memory` / 256 MiB), at least 2. A
+/// sandbox mostly waits (on I/O, on a model), hence four per CPU; 256 MiB each keeps the host
+/// out of swap when half the sandboxes use half their default memory.
+pub fn derived_max_concurrent_runs(cpus: usize, memory: u64) -> usize {
+    let by_memory = usize::try_from(memory / (256 * 1024 * 1024)).unwrap_or(usize::MAX);
+    (4 * cpus).min(by_memory).max(2)
+}
+
+/// MemTotal of /proc/meminfo (8 GiB when unreadable).
+fn memory_bytes() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(8 << 30, |kib| kib * 1024)
 }
 
 fn config_error(e: config::ConfigError) -> Error {
@@ -223,6 +271,20 @@ mod tests {
         assert_eq!(c.max_sessions, 7);
         assert_eq!(c.backend, BackendChoice::Local);
         assert_eq!(c.default_limits().timeout_ms, 5000);
+    }
+
+    #[test]
+    fn concurrent_runs_derive_from_cpus_and_memory() {
+        const GIB: u64 = 1 << 30;
+        assert_eq!(derived_max_concurrent_runs(2, 24 * GIB), 8);
+        assert_eq!(derived_max_concurrent_runs(16, 2 * GIB), 8);
+        assert_eq!(derived_max_concurrent_runs(1, GIB / 4), 2);
+        let c = Config {
+            max_concurrent_runs: 3,
+            ..Config::default()
+        };
+        assert_eq!(c.concurrent_runs(), 3);
+        assert!(Config::default().concurrent_runs() >= 2);
     }
 
     #[test]

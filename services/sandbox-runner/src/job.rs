@@ -330,7 +330,13 @@ pub struct Outcome {
 }
 
 /// The reply for `job`, with result.json (seed 002 §4.2).
-pub fn run_result(job: &Job, outcome: Outcome, runner_id: &str, backend: &str) -> RunResult {
+pub fn run_result(
+    job: &Job,
+    outcome: Outcome,
+    runner_id: &str,
+    backend: &str,
+    limits_enforced: bool,
+) -> RunResult {
     let summary = |c: &Capture| {
         json!({
             "bytes": c.seen(),
@@ -360,6 +366,7 @@ pub fn run_result(job: &Job, outcome: Outcome, runner_id: &str, backend: &str) -
         "timed_out": outcome.timed_out,
         "oom_killed": outcome.oom_killed,
         "warm": outcome.warm,
+        "limits_enforced": limits_enforced,
         "duration_ms": outcome.duration_ms,
         "started_at": rfc3339(outcome.started_at),
         "finished_at": rfc3339(finished),
@@ -372,6 +379,7 @@ pub fn run_result(job: &Job, outcome: Outcome, runner_id: &str, backend: &str) -
             "path": r.path, "reason": r.reason,
         })).collect::<Vec<_>>(),
         "outputs_truncated": outcome.outputs.truncated,
+        "rejected_outputs_truncated": outcome.outputs.listing_truncated,
     });
     RunResult {
         request_id: job.request_id.clone(),
@@ -407,7 +415,9 @@ pub fn run_result(job: &Job, outcome: Outcome, runner_id: &str, backend: &str) -
             })
             .collect(),
         outputs_truncated: outcome.outputs.truncated,
+        rejected_outputs_truncated: outcome.outputs.listing_truncated,
         result_json: result_json.to_string(),
+        limits_enforced,
     }
 }
 

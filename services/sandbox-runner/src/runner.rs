@@ -27,6 +27,8 @@ pub struct Runner {
     closing: AtomicBool,
     /// Runs in flight (for shutdown to wait on).
     running: AtomicUsize,
+    /// One permit per run in flight or open session, `max_concurrent_runs` in all.
+    slots: Arc<tokio::sync::Semaphore>,
     /// Owner given to workspace files when the runner is root.
     owner: Option<(u32, u32)>,
 }
@@ -71,13 +73,17 @@ impl Runner {
             backend = backend.name(),
             removed_containers = containers,
             removed_task_dirs = dirs,
-            "sandbox-runner ready; removed {containers} leftover containers and {dirs} task directories"
+            max_concurrent_runs = config.concurrent_runs(),
+            limits_enforced = backend.limits_enforced(),
+            "sandbox-runner ready; removed {containers} leftover sandboxes (containers or cgroups) and {dirs} task directories"
         );
         backend.start();
         let owner = rustix::process::geteuid()
             .is_root()
             .then_some((config.sandbox_uid, config.sandbox_gid));
+        let slots = Arc::new(tokio::sync::Semaphore::new(config.concurrent_runs()));
         Ok(Runner {
+            slots,
             config,
             backend,
             sessions: Sessions::default(),
@@ -108,6 +114,21 @@ impl Runner {
         Ok(())
     }
 
+    /// A slot for one run or session, refused beyond `max_concurrent_runs` (never queued: the
+    /// caller decides whether to retry, and where).
+    fn admit(&self) -> Result<tokio::sync::OwnedSemaphorePermit> {
+        self.slots.clone().try_acquire_owned().map_err(|_| {
+            let max = self.config.concurrent_runs();
+            Error::ResourceExhausted {
+                message: format!(
+                    "this runner already has {max} runs and open sessions, its max_concurrent_runs: \
+                     retry when one has finished, close an idle session, or raise max_concurrent_runs in the runner config"
+                ),
+                reason: "max_concurrent_runs",
+            }
+        })
+    }
+
     pub async fn run(&self, req: pb::RunRequest, live: Option<&Live>) -> Result<pb::RunResult> {
         self.open()?;
         let job = Job::from_request(
@@ -116,6 +137,7 @@ impl Runner {
             &self.config.max_limits(),
             self.config.network_allowed,
         )?;
+        let _slot = self.admit()?;
         self.running.fetch_add(1, Ordering::SeqCst);
         let _done = Decrement(&self.running);
         tracing::info!(job_id = %job.id, request_id = %job.request_id, run_id = %job.run_id, language = job.language.as_str(), "run");
@@ -129,6 +151,8 @@ impl Runner {
             Err(_) => ("error", started.elapsed()),
         };
         cairn_telemetry::metrics::sandbox_finished(self.backend.name(), label, took);
+        // Shutdown killed it: not the program's failure nor the engine's; retry elsewhere.
+        self.open()?;
         let outcome = outcome?;
         tracing::info!(job_id = %job.id, exit_code = outcome.exit_code, timed_out = outcome.timed_out, oom = outcome.oom_killed, ms = outcome.duration_ms, "run finished");
         Ok(job::run_result(
@@ -136,6 +160,7 @@ impl Runner {
             outcome,
             &self.config.runner_id,
             self.backend.name(),
+            self.backend.limits_enforced(),
         ))
     }
 
@@ -167,6 +192,7 @@ impl Runner {
             &self.config.default_limits(),
             &self.config.max_limits(),
         )?;
+        let slot = self.admit()?;
         let reservation = self
             .sessions
             .reserve(&session_id, self.config.max_sessions)?;
@@ -186,7 +212,9 @@ impl Runner {
         let (answer, answered) = tokio::sync::oneshot::channel();
         let runner = self.clone();
         tokio::spawn(tracing::Instrument::in_current_span(async move {
-            let opened = runner.open_reserved(reservation, sandbox, req.git).await;
+            let opened = runner
+                .open_reserved(reservation, sandbox, req.git, slot)
+                .await;
             // Opened just as the caller left: nobody will learn of it, so close it.
             if let Err(Ok(info)) = answer.send(opened) {
                 runner.close_unclaimed(info.session_id).await;
@@ -216,9 +244,10 @@ impl Runner {
         reservation: session::Reservation,
         sandbox: SessionSandbox,
         git: Option<pb::GitSource>,
+        slot: tokio::sync::OwnedSemaphorePermit,
     ) -> Result<pb::SessionInfo> {
         let failed = match self
-            .open_sandbox(&reservation, &sandbox, git.as_ref())
+            .open_sandbox(&reservation, &sandbox, git.as_ref(), slot)
             .await
         {
             Ok(session) => {
@@ -257,6 +286,7 @@ impl Runner {
         reservation: &session::Reservation,
         sandbox: &SessionSandbox,
         git: Option<&pb::GitSource>,
+        slot: tokio::sync::OwnedSemaphorePermit,
     ) -> Result<Session> {
         let cancel = reservation.token();
         // Not cut short (it is quick): a directory made after the teardown would stay.
@@ -280,6 +310,7 @@ impl Runner {
             sandbox: sandbox.clone(),
             workspace,
             git_commit,
+            _slot: slot,
         })
     }
 
@@ -329,7 +360,10 @@ impl Runner {
             timeout: Duration::from_millis(timeout_ms),
             max_output_bytes,
         };
-        let out = self.backend.exec(&s.sandbox, &spec).await?;
+        let out = self.backend.exec(&s.sandbox, &spec).await;
+        // Shutdown killed it (and removed the session): retry elsewhere.
+        self.open()?;
+        let out = out?;
         Ok(pb::ExecResult {
             exit_code: out.exit_code,
             timed_out: out.timed_out,

@@ -23,6 +23,9 @@ pub struct Session {
     /// The workspace, held open: every tool resolves beneath it.
     pub workspace: Root,
     pub git_commit: String,
+    /// Its share of max_concurrent_runs, held while the session is open (and while a call
+    /// still uses it after its close).
+    pub _slot: tokio::sync::OwnedSemaphorePermit,
 }
 
 enum Slot {

@@ -46,6 +46,17 @@ async fn spawn_runner_with(
     runner_id: &str,
     extra: &[&str],
 ) -> (Proc, SandboxRunnerClient<tonic::transport::Channel>) {
+    spawn_runner_env(backend, work_root, runner_id, extra, &[]).await
+}
+
+/// The runner process with `env` added to its environment.
+async fn spawn_runner_env(
+    backend: BackendChoice,
+    work_root: &std::path::Path,
+    runner_id: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> (Proc, SandboxRunnerClient<tonic::transport::Channel>) {
     let addr = format!("127.0.0.1:{}", free_port());
     let child = Command::new(env!("CARGO_BIN_EXE_cairn-sandbox-runner"))
         .args([
@@ -68,6 +79,7 @@ async fn spawn_runner_with(
         .arg(work_root)
         .args(["--set", "kill_grace_ms=200"])
         .args(extra)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -156,10 +168,18 @@ async fn killed_runner_removes_its_leftovers_on_restart() {
                 !containers_of("restart-test-runner").await.is_empty(),
                 "leftover expected"
             ),
-            _ => assert!(
-                std::fs::read_dir(&tasks).unwrap().count() > 0,
-                "leftover task dir expected"
-            ),
+            _ => {
+                assert!(
+                    std::fs::read_dir(&tasks).unwrap().count() > 0,
+                    "leftover task dir expected"
+                );
+                // Where the runner can make cgroups, the run's is left too.
+                assert_eq!(
+                    runner_cgroups("restart-test-runner").is_empty(),
+                    sandbox_cgroups("restart-test-runner").is_empty(),
+                    "leftover sandbox cgroup expected"
+                );
+            }
         }
         let (proc2, client2) =
             spawn_runner(backend.backend, work_root.path(), "restart-test-runner").await;
@@ -181,6 +201,11 @@ async fn killed_runner_removes_its_leftovers_on_restart() {
             0,
             "{backend:?}: task dirs swept"
         );
+        assert_eq!(
+            sandbox_cgroups("restart-test-runner"),
+            Vec::<std::path::PathBuf>::new(),
+            "{backend:?}: sandbox cgroups swept"
+        );
         // local: the sandbox died with its runner (--die-with-parent)
         let mut left = processes_with(&format!("time.sleep({marker})"));
         for _ in 0..20 {
@@ -195,6 +220,7 @@ async fn killed_runner_removes_its_leftovers_on_restart() {
             "{backend:?}: sandboxed process survived: {left:?}"
         );
         drop(proc2);
+        remove_runner_cgroups("restart-test-runner").await;
     }
 }
 
@@ -272,7 +298,12 @@ async fn killed_runner_with_a_local_pool_leaves_nothing_after_restart() {
         0,
         "task directories swept at start-up"
     );
+    assert!(
+        sandbox_cgroups("restart-pool-runner").is_empty(),
+        "sandbox cgroups swept at start-up"
+    );
     drop(proc2);
+    remove_runner_cgroups("restart-pool-runner").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -364,5 +395,249 @@ async fn floods_are_capped_and_runner_memory_stays_flat() {
             "{backend:?}: runner peak RSS grew from {before} KiB to {after} KiB"
         );
         drop(proc);
+        remove_runner_cgroups("flood-test-runner").await;
     }
+}
+
+/// The runner killed with -9 in the middle of a step: its sandboxes stop within 10 s on their
+/// own (no restart, no sweep), so a retry elsewhere never runs alongside them. Cold and warm
+/// runs and a session's Exec, on each backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sandboxes_of_a_killed_runner_stop_within_10_s() {
+    for backend in backends("runner_death").await {
+        let work_root = tempfile::Builder::new()
+            .prefix("cairn-sbx-death")
+            .tempdir()
+            .unwrap();
+        let runner_id = format!("death-{}", uuid::Uuid::new_v4().simple());
+        let pool: &[&str] = if backend.pool {
+            &["--pool-size", "1"]
+        } else {
+            &[]
+        };
+        let (mut proc, client) =
+            spawn_runner_with(backend.backend, work_root.path(), &runner_id, pool).await;
+        let t0 = Instant::now();
+        while backend.pool
+            && client
+                .clone()
+                .get_runner_info(GetRunnerInfoRequest {})
+                .await
+                .unwrap()
+                .into_inner()
+                .warm_containers
+                == 0
+        {
+            assert!(t0.elapsed() < Duration::from_secs(60), "pool never filled");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let n = 4000 + uuid::Uuid::new_v4().as_u128() % 1000;
+        let run_marker = format!("time.sleep({n})");
+        let exec_marker = format!("sleep {}", n + 1000);
+        let mut c = client.clone();
+        let req = with_timeout(python(&format!("import time\n{run_marker}\n")), 600_000);
+        let _run = tokio::spawn(async move { c.run(req).await });
+        let mut markers = vec![run_marker.clone()];
+        if !backend.pool {
+            let mut c = client.clone();
+            let sid = c
+                .open_session(cairn_proto::OpenSessionRequest::default())
+                .await
+                .unwrap()
+                .into_inner()
+                .session_id;
+            let exec = cairn_proto::ExecRequest {
+                session_id: sid,
+                command: format!("{exec_marker}; echo done"),
+                timeout_ms: 600_000,
+                ..Default::default()
+            };
+            tokio::spawn(async move { c.exec(exec).await });
+            markers.push(exec_marker.clone());
+        }
+        // Mid-step: the programs themselves run (not just bwrap or the engine setting up).
+        let t0 = Instant::now();
+        while markers.iter().any(|m| programs_with(m).is_empty()) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "{backend:?}: the step never started"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        proc.child.kill().unwrap();
+        proc.child.wait().unwrap();
+        let killed = Instant::now();
+        loop {
+            let procs: Vec<i32> = markers.iter().flat_map(|m| processes_with(m)).collect();
+            let running = if backend.docker() {
+                running_containers_of(&runner_id).await
+            } else {
+                Vec::new()
+            };
+            if procs.is_empty() && running.is_empty() {
+                println!(
+                    "{backend:?}: stopped {:?} after the runner died",
+                    killed.elapsed()
+                );
+                break;
+            }
+            assert!(
+                killed.elapsed() < Duration::from_secs(10),
+                "{backend:?}: 10 s after the runner died, still running: processes {procs:?}, containers {running:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if backend.docker() {
+            // Stopped ones are removed by the next start-up sweep.
+            let (proc2, _c2) = spawn_runner(backend.backend, work_root.path(), &runner_id).await;
+            assert!(containers_of(&runner_id).await.is_empty());
+            drop(proc2);
+        }
+    }
+}
+
+/// Host processes running `needle`'s program: its command line contains `needle` and is not
+/// that of bubblewrap, prlimit or the run's watchdog (which name the program too).
+fn programs_with(needle: &str) -> Vec<i32> {
+    processes_with(needle)
+        .into_iter()
+        .filter(|pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let first = cmd.split(|b| *b == 0).next().unwrap_or_default().to_vec();
+            let first = String::from_utf8_lossy(&first).into_owned();
+            let wrapper = ["bwrap", "prlimit"].iter().any(|w| first.ends_with(w))
+                || String::from_utf8_lossy(&cmd).contains("\0-I\0-S\0-c\0");
+            !wrapper
+        })
+        .collect()
+}
+
+/// The local backend's runner killed while bubblewrap is still building the sandbox (as soon
+/// as a bwrap process names the program): the program never runs on without it. Five tries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_runner_killed_while_bwrap_sets_up_leaves_nothing_running() {
+    if let Err(reason) = bwrap_ready() {
+        println!("SKIP: killed_during_setup [local]: {reason}");
+        return;
+    }
+    for _ in 0..5 {
+        let work_root = tempfile::Builder::new()
+            .prefix("cairn-sbx-setup")
+            .tempdir()
+            .unwrap();
+        let (mut proc, client) =
+            spawn_runner(BackendChoice::Local, work_root.path(), "setup-death").await;
+        let marker = format!(
+            "time.sleep({})",
+            7000 + uuid::Uuid::new_v4().as_u128() % 1000
+        );
+        let mut c = client.clone();
+        let req = with_timeout(python(&format!("import time\n{marker}\n")), 600_000);
+        let _run = tokio::spawn(async move { c.run(req).await });
+        let t0 = Instant::now();
+        while processes_with(&marker).is_empty() {
+            assert!(t0.elapsed() < Duration::from_secs(30), "never started");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        proc.child.kill().unwrap();
+        proc.child.wait().unwrap();
+        let killed = Instant::now();
+        while !processes_with(&marker).is_empty() {
+            assert!(
+                killed.elapsed() < Duration::from_secs(10),
+                "a sandbox set up while its runner died runs on: {:?}",
+                processes_with(&marker)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// The runner's environment (API keys, console token) never reaches a local sandbox: not in
+/// the program's `env`, not in the environ of any process it can see (bwrap's pid-1 init
+/// included), neither for cold runs, nor pooled ones, nor session commands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn runner_secrets_stay_out_of_local_sandboxes() {
+    if let Err(reason) = bwrap_ready() {
+        println!("SKIP: runner_secrets [local]: {reason}");
+        return;
+    }
+    let secret = format!("sk-cairn-fake-{}", std::process::id());
+    let token = format!("console-token-fake-{}", std::process::id());
+    let work_root = tempfile::Builder::new()
+        .prefix("cairn-sbx-secrets")
+        .tempdir()
+        .unwrap();
+    let (proc, client) = spawn_runner_env(
+        BackendChoice::Local,
+        work_root.path(),
+        "secrets-runner",
+        &["--pool-size", "1"],
+        &[
+            ("OPENAI_API_KEY", secret.as_str()),
+            ("CAIRN_CONSOLE_TOKEN", token.as_str()),
+        ],
+    )
+    .await;
+    let show = "for f in /proc/[0-9]*/environ; do echo \"== $f\"; tr '\\0' '\\n' < $f; done; echo '== env'; env";
+    let check = |what: &str, stdout: &[u8]| {
+        let out = text(stdout);
+        assert!(out.contains("== /proc/1/environ"), "{what}: {out}");
+        assert!(
+            out.contains("== env\n") && out.contains("PATH="),
+            "{what}: {out}"
+        );
+        assert!(
+            !out.contains(&secret) && !out.contains(&token),
+            "{what}: a runner secret reached the sandbox:\n{out}"
+        );
+    };
+    // The first run takes the waiting sandbox once it is ready, the second runs cold
+    // (network off, a memory other than the pool's).
+    let t0 = Instant::now();
+    while client
+        .clone()
+        .get_runner_info(GetRunnerInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .warm_containers
+        == 0
+    {
+        assert!(t0.elapsed() < Duration::from_secs(60), "pool never filled");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let pooled = client.clone().run(bash(show)).await.unwrap().into_inner();
+    let rj: serde_json::Value = serde_json::from_str(&pooled.result_json).unwrap();
+    assert_eq!(rj["warm"], true);
+    check("pooled run", &pooled.stdout);
+    let cold = with_limits(
+        bash(show),
+        Limits {
+            memory_bytes: 300 * 1024 * 1024,
+            ..Default::default()
+        },
+    );
+    let cold = client.clone().run(cold).await.unwrap().into_inner();
+    let rj: serde_json::Value = serde_json::from_str(&cold.result_json).unwrap();
+    assert_eq!(rj["warm"], false);
+    check("cold run", &cold.stdout);
+    let mut c = client.clone();
+    let session = c
+        .open_session(cairn_proto::OpenSessionRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let exec = c
+        .exec(cairn_proto::ExecRequest {
+            session_id: session.session_id,
+            command: show.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    check("session command", &exec.stdout);
+    drop(proc);
+    remove_runner_cgroups("secrets-runner").await;
 }

@@ -425,11 +425,11 @@ async fn output_links_and_bad_names_are_refused() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn output_count_limit_stops_collection() {
+async fn output_count_limit_publishes_nothing() {
     for backend in backends("output_count").await {
         let r = TestRunner::start(backend).await;
         let req = with_limits(
-            python("import os\nfor i in range(100000):\n    open(f'/output/f{i:06}', 'w').write('x')\nprint('done')\n"),
+            python("import os\nfor i in range(30000):\n    open(f'/output/f{i:06}', 'w').write('x')\nprint('done')\n"),
             Limits { timeout_ms: 120_000, max_output_files: 500, ..Default::default() },
         );
         let out = r.run(req).await;
@@ -439,12 +439,23 @@ async fn output_count_limit_stops_collection() {
             "{backend:?}: {}",
             text(&out.stderr)
         );
-        assert_eq!(out.output_files.len(), 500);
-        assert!(out.outputs_truncated);
-        assert_eq!(
-            out.rejected_outputs.last().unwrap().reason,
-            "too_many_files"
+        // All or nothing: none of the 30,000 is published; the listing stops at its cap (20,000).
+        assert!(out.output_files.is_empty(), "{backend:?}");
+        assert!(
+            out.outputs_truncated && out.rejected_outputs_truncated,
+            "{backend:?}"
         );
+        assert_eq!(out.rejected_outputs.len(), 20_000, "{backend:?}");
+        let unpublished = out
+            .rejected_outputs
+            .iter()
+            .filter(|x| x.reason == "unpublished")
+            .count();
+        assert_eq!(unpublished, 500, "{backend:?}");
+        assert!(out
+            .rejected_outputs
+            .iter()
+            .all(|x| x.reason == "unpublished" || x.reason == "too_many_files"));
         r.stop().await;
     }
 }

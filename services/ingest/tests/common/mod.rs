@@ -184,6 +184,9 @@ impl Ingest {
 pub fn config(store_addr: &str) -> cairn_ingest::Config {
     cairn_ingest::Config {
         store_addr: store_addr.to_owned(),
+        // These tests check what ingest does once the store is given up on; riding out an
+        // outage has its own test.
+        dependency_outage_s: 0,
         ..cairn_ingest::Config::default()
     }
 }

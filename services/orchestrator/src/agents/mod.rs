@@ -1,18 +1,20 @@
 //! Agents: the `Provider` seam every `agent_task` talks through: `replay` (recorded answers
 //! from a cassette, so examples and tests need no LLM and no network) and `openai` (any
-//! OpenAI-compatible chat-completions server, with the retry rule of `retry.rs`).
+//! OpenAI-compatible chat-completions server, with the retry rule of `retry.rs`). Which
+//! provider a run may use is the operator's choice (`providers.rs`); this module never reads
+//! the host's file system on a request's behalf.
 
+pub mod cassette;
 pub mod openai;
+pub mod providers;
 pub mod replay;
 pub mod retry;
-
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
 pub use openai::{LlmConfig, OpenAiProvider};
+pub use providers::{ProviderConfig, ProviderKind, Providers};
 pub use replay::ReplayProvider;
 pub use retry::{Attempt, AttemptObserver, LlmError, NoObserver};
 
@@ -159,17 +161,47 @@ pub enum AgentError {
         node: String,
         turn: u32,
     },
+    /// A cassette refused (path, size, format). The message never quotes the file.
     #[error("cassette {path}: {message}")]
-    Cassette { path: String, message: String },
-    #[error("LLM provider `{0}` is not known; use `replay:<cassette.yaml>` or `openai:<base_url>#<model>` (e.g. openai:http://127.0.0.1:8000/v1#qwen2.5-7b)")]
+    Cassette {
+        path: String,
+        /// Reason word (`cairn-reason`).
+        reason: &'static str,
+        message: String,
+    },
+    #[error("LLM setting `{0}` is not known; use a provider name of the orchestrator's config (`llm: <name>`), `replay:<cassette path in the project>`, or `openai:<base_url>#<model>` where the operator allows URLs")]
     Unsupported(String),
     #[error("LLM setting `{spec}`: {message}")]
     BadSpec { spec: String, message: String },
+    /// A setting the orchestrator's rules refuse (URL not allowed, unknown provider).
+    #[error("LLM setting `{spec}`: {message}")]
+    Refused {
+        spec: String,
+        /// Reason word (`cairn-reason`).
+        reason: &'static str,
+        message: String,
+    },
+    /// The artifact-store could not be asked for a cassette.
+    #[error("{0}")]
+    Unavailable(String),
     /// An OpenAI-compatible request that ended without an answer (its attempts are in it).
     #[error(transparent)]
     Llm(Box<retry::LlmError>),
-    #[error("no LLM provider configured for this run; submit with llm=replay:<cassette> or set the graph's `llm:`")]
+    #[error("no LLM provider configured for this run; submit with llm=<provider name> (or a cassette: `cairn run --llm replay:<file>`) or set the graph's `llm:`")]
     NotConfigured,
+}
+
+impl AgentError {
+    /// The reason word of a refusal, if it has one.
+    pub fn reason(&self) -> Option<&'static str> {
+        match self {
+            AgentError::Cassette { reason, .. } | AgentError::Refused { reason, .. } => {
+                Some(reason)
+            }
+            AgentError::Unavailable(_) => Some("store_unavailable"),
+            _ => None,
+        }
+    }
 }
 
 /// A language-model backend. Cancellation: the caller drops the future (a cancelled run
@@ -215,35 +247,66 @@ pub trait Provider: Send + Sync {
     }
 }
 
-/// A parsed `llm` setting.
+/// A parsed `llm` setting (docs/agents.md "Choosing a provider").
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ProviderSpec {
-    /// `replay:<path>` to a cassette (YAML or JSON).
-    Replay(PathBuf),
-    /// `replay-inline:<base64 cassette>`: the cassette itself, sent by a client whose files the
-    /// orchestrator cannot read (a remote `cairn run`); kept in the run's records for resume.
+    /// `<name>` or `provider:<name>`: one of the orchestrator's `[llm.providers.<name>]`.
+    Named(String),
+    /// `replay:<path>`: a cassette (YAML or JSON) at this path of the run's project, read
+    /// through the artifact-store.
+    Replay(String),
+    /// `replay-inline:<base64 cassette>`: the cassette itself, sent by a client from its own
+    /// files (`cairn run` does); kept in the run's records for resume.
     ReplayInline(String),
-    /// `openai:<base_url>#<model>` (or a bare `http(s)://.../v1#<model>`); model "" = `llm.model`.
+    /// `openai:<base_url>#<model>` (or a bare `http(s)://.../v1#<model>`): a URL the request
+    /// names itself (only with `llm.allow_request_llm_urls`); model "" = `llm.model`.
     OpenAi { base_url: String, model: String },
 }
 
 impl ProviderSpec {
+    /// Reads the syntax only; what the orchestrator accepts is `Providers::get`'s rule.
     pub fn parse(spec: &str) -> Result<ProviderSpec, AgentError> {
-        if spec.trim_start().starts_with("http://") || spec.trim_start().starts_with("https://") {
+        let spec = spec.trim();
+        if spec.starts_with("http://") || spec.starts_with("https://") {
             return openai::parse_spec(spec, spec);
         }
+        if providers::valid_name(spec) {
+            return Ok(ProviderSpec::Named(spec.to_owned()));
+        }
         match spec.split_once(':') {
+            Some(("provider", name)) if providers::valid_name(name.trim()) => {
+                Ok(ProviderSpec::Named(name.trim().to_owned()))
+            }
             Some(("replay", path)) if !path.trim().is_empty() => {
-                Ok(ProviderSpec::Replay(PathBuf::from(path.trim())))
+                let path = path.trim();
+                pathguard::validate(path).map_err(|rej| AgentError::Cassette {
+                    path: path.to_owned(),
+                    reason: rej.reason.as_str(),
+                    message: format!(
+                        "{rej}; `replay:` takes a path in the run's project (e.g. docs/cassettes/demo.yaml), never a file of the orchestrator's host; `cairn run --llm replay:<local file>` sends a local cassette inline"
+                    ),
+                })?;
+                Ok(ProviderSpec::Replay(path.to_owned()))
             }
             Some(("replay-inline", encoded)) => {
                 use base64::Engine as _;
+                let too_large = || AgentError::Cassette {
+                    path: "inline cassette".into(),
+                    reason: "too_large",
+                    message: format!("larger than {} MiB", cassette::MAX_CASSETTE_BYTES >> 20),
+                };
+                if encoded.len() as u64 / 4 * 3 > cassette::MAX_CASSETTE_BYTES + 3 {
+                    return Err(too_large());
+                }
                 let bytes = base64::engine::general_purpose::STANDARD
                     .decode(encoded.trim())
                     .map_err(|e| AgentError::BadSpec {
                         spec: "replay-inline".into(),
                         message: format!("not base64: {e}"),
                     })?;
+                if bytes.len() as u64 > cassette::MAX_CASSETTE_BYTES {
+                    return Err(too_large());
+                }
                 let text = String::from_utf8(bytes).map_err(|_| AgentError::BadSpec {
                     spec: "replay-inline".into(),
                     message: "the cassette is not UTF-8".into(),
@@ -255,17 +318,10 @@ impl ProviderSpec {
         }
     }
 
-    /// The spec with relative paths made absolute against `base`.
-    pub fn resolve(&self, base: &Path) -> ProviderSpec {
-        match self {
-            ProviderSpec::Replay(p) if p.is_relative() => ProviderSpec::Replay(base.join(p)),
-            other => other.clone(),
-        }
-    }
-
     pub fn to_spec_string(&self) -> String {
         match self {
-            ProviderSpec::Replay(p) => format!("replay:{}", p.display()),
+            ProviderSpec::Named(name) => format!("provider:{name}"),
+            ProviderSpec::Replay(p) => format!("replay:{p}"),
             ProviderSpec::ReplayInline(text) => {
                 use base64::Engine as _;
                 format!(
@@ -275,49 +331,5 @@ impl ProviderSpec {
             }
             ProviderSpec::OpenAi { base_url, model } => openai::spec_string(base_url, model),
         }
-    }
-}
-
-/// Builds providers from specs. Cassettes are read at each use, so an edited cassette takes
-/// effect on the next request (they are small).
-#[derive(Default)]
-pub struct Providers {
-    /// The `[llm]` settings of OpenAI-compatible providers.
-    pub llm: LlmConfig,
-    /// One HTTP client (connection pool) for every OpenAI-compatible provider.
-    http: std::sync::OnceLock<reqwest::Client>,
-}
-
-impl Providers {
-    pub fn new(llm: LlmConfig) -> Providers {
-        Providers {
-            llm,
-            http: std::sync::OnceLock::new(),
-        }
-    }
-
-    /// Checks at submit time that `spec` can be used (cassette readable, model known).
-    pub fn check(&self, spec: &ProviderSpec) -> Result<(), AgentError> {
-        match spec {
-            ProviderSpec::Replay(path) => ReplayProvider::load(path).map(|_| ()),
-            ProviderSpec::ReplayInline(text) => {
-                ReplayProvider::from_text("inline cassette", text).map(|_| ())
-            }
-            ProviderSpec::OpenAi { base_url, model } => self.openai(base_url, model).map(|_| ()),
-        }
-    }
-
-    pub fn get(&self, spec: &str) -> Result<Arc<dyn Provider>, AgentError> {
-        if spec.is_empty() {
-            return Err(AgentError::NotConfigured);
-        }
-        let provider: Arc<dyn Provider> = match ProviderSpec::parse(spec)? {
-            ProviderSpec::Replay(path) => Arc::new(ReplayProvider::load(&path)?),
-            ProviderSpec::ReplayInline(text) => {
-                Arc::new(ReplayProvider::from_text("inline cassette", &text)?)
-            }
-            ProviderSpec::OpenAi { base_url, model } => Arc::new(self.openai(&base_url, &model)?),
-        };
-        Ok(provider)
     }
 }

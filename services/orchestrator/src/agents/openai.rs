@@ -4,9 +4,10 @@
 //! `stream = true` the answer is read as server-sent events and tool-call fragments are
 //! assembled by their `index`.
 //!
-//! Each request goes through the retry rule of `retry.rs` (seed 003 §7.4). The API key comes
-//! from the environment variable named by `llm.api_key_env`; it is sent as a Bearer token and
-//! never appears in Debug output, logs or error messages.
+//! Each request goes through the retry rule of `retry.rs` (seed 003 §7.4). The API key is the
+//! one configured for this base URL (`providers.rs` decides; a URL a request names gets none
+//! unless it is a configured provider's); it is sent as a Bearer token and never appears in
+//! Debug output, logs or error messages.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -21,8 +22,7 @@ use serde_json::{json, Value};
 
 use super::retry::{self, AttemptFailure, AttemptObserver, FailureKind, NoObserver, RetryRule};
 use super::{
-    AgentError, AgentReply, AgentRequest, Message, Provider, ProviderSpec, Providers, Role,
-    ToolCall, Usage,
+    AgentError, AgentReply, AgentRequest, Message, Provider, ProviderSpec, Role, ToolCall, Usage,
 };
 
 /// Most bytes of an error body kept for the message.
@@ -61,6 +61,13 @@ pub struct LlmConfig {
     pub max_retry_after_s: u64,
     /// Largest answer accepted.
     pub max_response_mb: u64,
+    /// Accept an `openai:<url>` (or bare URL) setting from a request or graph. Off by default:
+    /// requests and graphs name a provider of `providers`. Even when on, such a URL gets no
+    /// API key unless it is the `base_url` of a configured provider (then that provider's).
+    pub allow_request_llm_urls: bool,
+    /// `[llm.providers.<name>]`: the LLM providers of this orchestrator, picked by name
+    /// (`llm: <name>` in a request or graph).
+    pub providers: std::collections::BTreeMap<String, super::providers::ProviderConfig>,
 }
 
 impl Default for LlmConfig {
@@ -79,6 +86,8 @@ impl Default for LlmConfig {
             max_backoff_ms: 30_000,
             max_retry_after_s: 120,
             max_response_mb: 32,
+            allow_request_llm_urls: false,
+            providers: std::collections::BTreeMap::new(),
         }
     }
 }
@@ -101,6 +110,9 @@ impl LlmConfig {
         }
         if self.max_backoff_ms < self.initial_backoff_ms {
             return Err("llm.max_backoff_ms must be at least llm.initial_backoff_ms".into());
+        }
+        for (name, provider) in &self.providers {
+            provider.check(name, &self.model)?;
         }
         Ok(())
     }
@@ -181,7 +193,7 @@ pub(super) fn spec_string(base_url: &str, model: &str) -> String {
 
 /// The base URL without trailing `/` or `/chat/completions`. Errors carry the URL to show
 /// (credentials removed) when it differs from the spec.
-fn base_url(url: &str) -> Result<String, (String, String)> {
+pub(super) fn base_url(url: &str) -> Result<String, (String, String)> {
     let mut parsed = reqwest::Url::parse(url).map_err(|e| {
         (String::new(), format!("`{url}` is not a URL ({e}); write openai:<base_url>#<model>, e.g. openai:http://127.0.0.1:8000/v1#qwen2.5-7b"))
     })?;
@@ -213,21 +225,6 @@ fn base_url(url: &str) -> Result<String, (String, String)> {
         s = stripped.to_owned();
     }
     Ok(s)
-}
-
-impl Providers {
-    /// The OpenAI-compatible provider of `base_url` and `model` ("" = `llm.model`), sharing
-    /// this registry's HTTP client and reading the API key from the environment now.
-    pub fn openai(&self, base_url: &str, model: &str) -> Result<OpenAiProvider, AgentError> {
-        let http = match self.http.get() {
-            Some(c) => c.clone(),
-            None => {
-                let c = http_client(&self.llm)?;
-                self.http.get_or_init(|| c).clone()
-            }
-        };
-        OpenAiProvider::with_client(http, base_url, model, &self.llm)
-    }
 }
 
 impl OpenAiProvider {

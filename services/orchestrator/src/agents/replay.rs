@@ -19,16 +19,11 @@
 //! `content`, `tool_calls` or both. A missing answer is an error naming the node, turn and
 //! step, never a silent empty reply.
 
-use std::path::Path;
-
 use futures::future::BoxFuture;
 use serde::Deserialize;
 use serde_json::Value;
 
 use super::{AgentError, AgentReply, AgentRequest, Provider, Role, ToolCall, Usage};
-
-/// Largest cassette accepted.
-const MAX_CASSETTE_BYTES: u64 = 16 << 20;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -79,49 +74,70 @@ pub struct ReplayProvider {
     answers: Vec<Answer>,
 }
 
-impl ReplayProvider {
-    pub fn load(path: &Path) -> Result<ReplayProvider, AgentError> {
-        let shown = path.display().to_string();
-        let err = |message: String| AgentError::Cassette {
-            path: shown.clone(),
-            message,
-        };
-        let meta = std::fs::metadata(path).map_err(|e| err(format!("cannot read it: {e}")))?;
-        if meta.len() > MAX_CASSETTE_BYTES {
-            return Err(err(format!("larger than {} MiB", MAX_CASSETTE_BYTES >> 20)));
-        }
-        let text =
-            std::fs::read_to_string(path).map_err(|e| err(format!("cannot read it: {e}")))?;
-        Self::from_text(&shown, &text)
-    }
+/// Reason word of a cassette that is not one (YAML, schema, values).
+pub const REASON_MALFORMED: &str = "malformed_cassette";
 
+/// What is wrong with a cassette that did not parse: position and kind, never its text (the
+/// parser's own message quotes the document, and a cassette may be any file).
+fn parse_failure(e: &serde_saphyr::Error) -> String {
+    let text = e.to_string();
+    let kind = if text.contains("unknown field") {
+        "an unknown key (a cassette has version, model and answers; an answer has node, turn, step, content, tool_calls and usage)"
+    } else if text.contains("missing field `answers`") {
+        "no `answers:` list"
+    } else if text.contains("missing field") {
+        "an entry without a required key (an answer needs `node`, a tool call `name`)"
+    } else if text.contains("invalid type") || text.contains("invalid value") {
+        "a value of the wrong type"
+    } else {
+        "not YAML or JSON of a cassette"
+    };
+    match e.location() {
+        Some(at) if at.line() > 0 => format!(
+            "not a cassette: {kind} at line {}, column {}",
+            at.line(),
+            at.column()
+        ),
+        _ => format!("not a cassette: {kind}"),
+    }
+}
+
+impl ReplayProvider {
+    /// The cassette `text`, shown in records and messages as `path`. Errors give position and
+    /// kind, never the text.
     pub fn from_text(path: &str, text: &str) -> Result<ReplayProvider, AgentError> {
         let err = |message: String| AgentError::Cassette {
             path: path.to_owned(),
+            reason: REASON_MALFORMED,
             message,
         };
+        if text.len() as u64 > super::cassette::MAX_CASSETTE_BYTES {
+            return Err(AgentError::Cassette {
+                path: path.to_owned(),
+                reason: "too_large",
+                message: format!(
+                    "larger than {} MiB",
+                    super::cassette::MAX_CASSETTE_BYTES >> 20
+                ),
+            });
+        }
         let cassette: Cassette =
-            serde_saphyr::from_str(text).map_err(|e| err(format!("not a cassette: {e}")))?;
+            serde_saphyr::from_str(text).map_err(|e| err(parse_failure(&e)))?;
         if cassette.version.is_some_and(|v| v != 1) {
             return Err(err("only cassette version 1 exists".into()));
         }
         for (i, a) in cassette.answers.iter().enumerate() {
             if a.content.is_none() && a.tool_calls.is_empty() {
                 return Err(err(format!(
-                    "answers[{i}] (node {}) has neither `content` nor `tool_calls`",
-                    a.node
+                    "answers[{i}] has neither `content` nor `tool_calls`"
                 )));
             }
             if a.turn == 0 || a.step == 0 {
-                return Err(err(format!(
-                    "answers[{i}] (node {}): turn and step count from 1",
-                    a.node
-                )));
+                return Err(err(format!("answers[{i}]: turn and step count from 1")));
             }
             if let Some(j) = a.tool_calls.iter().position(|c| c.name.trim().is_empty()) {
                 return Err(err(format!(
-                    "answers[{i}] (node {}): tool_calls[{j}] has an empty name",
-                    a.node
+                    "answers[{i}]: tool_calls[{j}] has an empty name"
                 )));
             }
         }
@@ -195,6 +211,7 @@ impl Provider for ReplayProvider {
                 }
                 return Err(AgentError::Cassette {
                     path: self.path.clone(),
+                    reason: "missing_answer",
                     message: format!(
                         "no answer for node `{node}` turn {turn} step {step} (request {step} of its tool loop); add an entry `- {{node: {node}, turn: {turn}, step: {step}, tool_calls: [...]}}` under `answers:`",
                         node = request.node_id,

@@ -192,7 +192,10 @@ pub async fn run(ctx: &NodeCtx, spec: &CodeDelivery) -> Result<NodeSuccess, Node
         }
     };
     let target = Target::new(&spec.target, scope, ctx.onebot_config())?;
-    let provider = ctx.provider(spec.llm.as_deref()).map_err(provider_error)?;
+    let provider = ctx
+        .provider(spec.llm.as_deref())
+        .await
+        .map_err(provider_error)?;
     let budget = Duration::from_secs(
         ctx.node
             .timeout_s

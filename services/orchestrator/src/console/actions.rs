@@ -1,6 +1,8 @@
 //! Human actions of seed 001 §6.1 from the run page: approve / reject a gate, add a note, edit
 //! the context manifest, cancel, request rework. Each is the orchestrator call the CLI makes,
-//! with `by` = the visitor's name; the orchestrator records it as an event with `by` and `ts`.
+//! with `by` = the visitor's name and the visitor's personal token relayed (when people log in
+//! with their own); the orchestrator records it as an event with `by` and `ts`. An action the
+//! visitor's role does not allow is refused here first (the orchestrator would refuse it too).
 //! Success redirects to the run page with a message; a refusal shows the run page again with
 //! the orchestrator's message and what was typed, under the refusal's status code.
 
@@ -16,6 +18,7 @@ use super::page;
 use super::run::{self, Drafts};
 use super::session::{Flash, Visitor};
 use super::{Console, ConsoleError};
+use crate::auth::Rpc;
 
 /// Where the run page is after an action (the section the action belongs to).
 fn back(project: &str, run: &str, section: &str) -> Response {
@@ -42,6 +45,21 @@ async fn refused(
         // The run page itself cannot be shown: the refusal alone.
         Err(_) => err.into_response(),
     }
+}
+
+/// Refuses an action the visitor's role does not allow.
+fn permitted(visitor: &Visitor, rpc: Rpc) -> Result<(), ConsoleError> {
+    if visitor.may(rpc) {
+        return Ok(());
+    }
+    let role = visitor.role.map(|r| r.as_str()).unwrap_or("none");
+    tracing::warn!(principal = %visitor.name, peer = %visitor.peer_text(), rpc = rpc.name(), reason = "role", "console action refused");
+    Err(ConsoleError::Forbidden(format!(
+        "`{}` has role {role}; {} needs role {} or above",
+        visitor.name,
+        rpc.name(),
+        rpc.required_role()
+    )))
 }
 
 fn done(console: &Console, visitor: &Visitor, text: String) {
@@ -84,6 +102,14 @@ async fn decide(
     note: String,
     approve: bool,
 ) -> Response {
+    let rpc = if approve {
+        Rpc::ApproveGate
+    } else {
+        Rpc::RejectGate
+    };
+    if let Err(e) = permitted(&visitor, rpc) {
+        return e.into_response();
+    }
     let req = GateDecisionRequest {
         project_id: project.clone(),
         run_id: run.clone(),
@@ -95,14 +121,14 @@ async fn decide(
         console
             .call(
                 &format!("approving gate {gate}"),
-                console.orchestrator().approve_gate(req),
+                console.orchestrator(&visitor).approve_gate(req),
             )
             .await
     } else {
         console
             .call(
                 &format!("rejecting gate {gate}"),
-                console.orchestrator().reject_gate(req),
+                console.orchestrator(&visitor).reject_gate(req),
             )
             .await
     };
@@ -148,6 +174,9 @@ pub(super) async fn note(
     Path((project, run)): Path<(String, String)>,
     Form(form): Form<NoteForm>,
 ) -> Response {
+    if let Err(e) = permitted(&visitor, Rpc::AddNote) {
+        return e.into_response();
+    }
     let drafts = || Drafts {
         note: Some(form.text.clone()),
         ..Default::default()
@@ -166,7 +195,10 @@ pub(super) async fn note(
         text,
     };
     match console
-        .call("adding the note", console.orchestrator().add_note(req))
+        .call(
+            "adding the note",
+            console.orchestrator(&visitor).add_note(req),
+        )
         .await
     {
         Ok(r) => {
@@ -193,6 +225,9 @@ pub(super) async fn context(
     Path((project, run)): Path<(String, String)>,
     Form(form): Form<ContextForm>,
 ) -> Response {
+    if let Err(e) = permitted(&visitor, Rpc::EditContext) {
+        return e.into_response();
+    }
     let yaml = form.manifest_yaml.replace("\r\n", "\n");
     let req = EditContextRequest {
         project_id: project.clone(),
@@ -203,7 +238,7 @@ pub(super) async fn context(
     match console
         .call(
             "saving the context manifest",
-            console.orchestrator().edit_context(req),
+            console.orchestrator(&visitor).edit_context(req),
         )
         .await
     {
@@ -244,6 +279,9 @@ pub(super) async fn cancel(
     Path((project, run)): Path<(String, String)>,
     Form(form): Form<CancelForm>,
 ) -> Response {
+    if let Err(e) = permitted(&visitor, Rpc::CancelRun) {
+        return e.into_response();
+    }
     let req = RunActionRequest {
         project_id: project.clone(),
         run_id: run.clone(),
@@ -251,7 +289,10 @@ pub(super) async fn cancel(
         reason: form.reason.trim().to_owned(),
     };
     match console
-        .call("canceling the run", console.orchestrator().cancel_run(req))
+        .call(
+            "canceling the run",
+            console.orchestrator(&visitor).cancel_run(req),
+        )
         .await
     {
         Ok(info) => {
@@ -293,6 +334,9 @@ pub(super) async fn rework(
     Path((project, run)): Path<(String, String)>,
     Form(form): Form<ReworkForm>,
 ) -> Response {
+    if let Err(e) = permitted(&visitor, Rpc::RequestRework) {
+        return e.into_response();
+    }
     let req = ReworkRequest {
         project_id: project.clone(),
         run_id: run.clone(),
@@ -303,7 +347,7 @@ pub(super) async fn rework(
     match console
         .call(
             &format!("requesting rework of {}", form.node_id),
-            console.orchestrator().request_rework(req),
+            console.orchestrator(&visitor).request_rework(req),
         )
         .await
     {

@@ -8,6 +8,7 @@ use std::convert::Infallible;
 use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::Extension;
 use cairn_proto::v1::{Event, Level, WatchRunRequest};
 use futures::Stream;
 use serde::Deserialize;
@@ -15,6 +16,7 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 use tonic::Streaming;
 
+use super::session::Visitor;
 use super::{Console, ConsoleError};
 
 #[derive(Deserialize)]
@@ -59,6 +61,7 @@ fn end(reason: &str) -> SseEvent {
 
 pub(super) async fn stream(
     State(console): State<Console>,
+    Extension(visitor): Extension<Visitor>,
     Path((project, run)): Path<(String, String)>,
     Query(q): Query<EventsQuery>,
     headers: HeaderMap,
@@ -77,7 +80,7 @@ pub(super) async fn stream(
     let watch = console
         .call(
             &format!("watching run {run}"),
-            console.orchestrator().watch_run(req),
+            console.orchestrator(&visitor).watch_run(req),
         )
         .await?;
     let state: Watch = Some((watch, console.inner.stopping.clone()));

@@ -13,12 +13,14 @@ mod actions;
 mod error;
 mod events;
 mod files;
+mod guard;
 mod ingest;
 mod markdown;
 mod page;
 mod run;
 mod runs;
 mod session;
+mod throttle;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -34,6 +36,9 @@ use axum::Router;
 use cairn_proto::v1::artifact_store_client::ArtifactStoreClient;
 use cairn_proto::v1::orchestrator_client::OrchestratorClient;
 use cairn_telemetry::TracedChannel;
+use tonic::service::interceptor::InterceptedService;
+
+use crate::auth::Bearer;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -55,7 +60,8 @@ pub struct ConsoleConfig {
     pub orchestrator_addr: String,
     /// The artifact-store's gRPC address (every file read goes there).
     pub store_addr: String,
-    /// Shared login token; unset or empty = no login (only allowed on a loopback address).
+    /// Shared login token, at least 16 characters; unset or empty = no login (only allowed on a
+    /// loopback address). Not together with `user_tokens`.
     #[serde(serialize_with = "token_out", deserialize_with = "token_in")]
     pub token: Option<String>,
     /// Project shown first; empty = the first project the store lists.
@@ -70,6 +76,15 @@ pub struct ConsoleConfig {
     pub rpc_timeout_s: u64,
     /// Mutual TLS to the orchestrator and the store, with the `console` certificate.
     pub tls: cairn_server::TlsConfig,
+    /// People log in with their own token from the orchestrator's tokens file (`cairn tokens
+    /// add`): the console asks the orchestrator whose it is (WhoAmI), shows and allows what
+    /// that person's role allows, and relays the token with every call, so the orchestrator
+    /// decides and records who did it.
+    pub user_tokens: bool,
+    /// Host names (optionally `name:port`) the console answers to besides the listen address
+    /// and the loopback names (localhost, 127.0.0.1, [::1]): the names people reach it by,
+    /// e.g. behind a reverse proxy. Any other Host is refused (DNS rebinding).
+    pub public_hosts: Vec<String>,
 }
 
 impl Default for ConsoleConfig {
@@ -86,6 +101,8 @@ impl Default for ConsoleConfig {
             secure_cookie: false,
             rpc_timeout_s: 30,
             tls: cairn_server::TlsConfig::default(),
+            user_tokens: false,
+            public_hosts: Vec::new(),
         }
     }
 }
@@ -113,6 +130,19 @@ impl ConsoleConfig {
             if t.trim() != t || t.chars().any(char::is_control) {
                 return bad("console.token has surrounding whitespace or control characters");
             }
+            let n = t.chars().count();
+            if n < MIN_TOKEN_CHARS {
+                return Err(ConsoleError::Config(format!(
+                    "console.token is {n} characters; use at least {MIN_TOKEN_CHARS} random ones (e.g. the output of `openssl rand -hex 16`), or personal tokens from a tokens file (user_tokens)"
+                )));
+            }
+            if self.user_tokens {
+                return bad("console.token and console.user_tokens exclude each other: with personal tokens from the tokens file, unset the shared token");
+            }
+        }
+        for h in &self.public_hosts {
+            guard::HostName::parse(h)
+                .map_err(|e| ConsoleError::Config(format!("console.public_hosts: `{h}`: {e}")))?;
         }
         let name = self.default_name.trim();
         if name.is_empty()
@@ -127,6 +157,9 @@ impl ConsoleConfig {
         Ok(())
     }
 }
+
+/// Fewest characters of a shared console token.
+pub const MIN_TOKEN_CHARS: usize = 16;
 
 /// The URL people open for a console listening on `addr` (a wildcard address becomes loopback).
 pub fn console_url(addr: SocketAddr) -> String {
@@ -145,26 +178,37 @@ struct Console {
     inner: Arc<Inner>,
 }
 
+/// An orchestrator client that relays the visitor's token.
+type Relayed = OrchestratorClient<InterceptedService<TracedChannel, Bearer>>;
+
 struct Inner {
     config: ConsoleConfig,
-    orchestrator: OrchestratorClient<TracedChannel>,
+    orchestrator: TracedChannel,
     store: ArtifactStoreClient<TracedChannel>,
     sessions: session::Sessions,
+    hosts: guard::AllowedHosts,
+    throttle: throttle::LoginThrottle,
     /// Cancelled at shutdown: ends the event streams, which would otherwise hold it open.
     stopping: CancellationToken,
 }
 
 impl Console {
-    fn new(config: ConsoleConfig) -> Result<Console, ConsoleError> {
+    /// `listen`: the address actually listened on (else `config.listen`), for the Host check.
+    fn new(config: ConsoleConfig, listen: Option<SocketAddr>) -> Result<Console, ConsoleError> {
         config.check()?;
+        let listen = match listen {
+            Some(a) => Some(a),
+            None => config.listen.parse().ok(),
+        };
+        let hosts = guard::AllowedHosts::new(listen, &config.public_hosts)?;
         let tls = config
             .tls
             .load(IDENTITY)
             .map_err(|e| ConsoleError::Config(e.to_string()))?;
-        let orchestrator = OrchestratorClient::new(cairn_telemetry::traced(
-            cairn_server::connect_tls(&config.orchestrator_addr, tls.as_ref())?,
-        ))
-        .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES);
+        let orchestrator = cairn_telemetry::traced(cairn_server::connect_tls(
+            &config.orchestrator_addr,
+            tls.as_ref(),
+        )?);
         let store = ArtifactStoreClient::new(cairn_telemetry::traced(cairn_server::connect_tls(
             &config.store_addr,
             tls.as_ref(),
@@ -177,6 +221,8 @@ impl Console {
                 orchestrator,
                 store,
                 sessions,
+                hosts,
+                throttle: throttle::LoginThrottle::default(),
                 stopping: CancellationToken::new(),
             }),
         })
@@ -186,8 +232,23 @@ impl Console {
         &self.inner.config
     }
 
-    fn orchestrator(&self) -> OrchestratorClient<TracedChannel> {
-        self.inner.orchestrator.clone()
+    /// The orchestrator, called with the visitor's token (none without personal tokens).
+    fn orchestrator(&self, visitor: &session::Visitor) -> Relayed {
+        OrchestratorClient::new(InterceptedService::new(
+            self.inner.orchestrator.clone(),
+            visitor.bearer(),
+        ))
+        .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
+    }
+
+    /// The orchestrator, called with `token` (a login being checked).
+    fn orchestrator_as(&self, token: &str) -> Result<Relayed, ConsoleError> {
+        let bearer = Bearer::new(Some(token)).map_err(ConsoleError::BadRequest)?;
+        Ok(OrchestratorClient::new(InterceptedService::new(
+            self.inner.orchestrator.clone(),
+            bearer,
+        ))
+        .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES))
     }
 
     fn store(&self) -> ArtifactStoreClient<TracedChannel> {
@@ -222,7 +283,7 @@ impl Console {
 /// The console's routes with sessions, CSRF checks, login and security headers applied.
 /// Connections to the orchestrator and the store are lazy: this works before they are up.
 pub fn console_router(config: ConsoleConfig) -> Result<Router, ConsoleError> {
-    Ok(router(Console::new(config)?))
+    Ok(router(Console::new(config, None)?))
 }
 
 fn router(console: Console) -> Router {
@@ -247,7 +308,7 @@ fn router(console: Console) -> Router {
         .route("/static/console.js", get(page::script))
         .nest("/projects/{project}", project_routes)
         .fallback(|| async { ConsoleError::NotFound("no such page".into()) })
-        // Outermost first: headers, span, session, CSRF, login.
+        // Outermost first: headers, span, Host and Origin, session, CSRF, login.
         .layer(middleware::from_fn_with_state(
             console.clone(),
             session::require_login,
@@ -259,6 +320,10 @@ fn router(console: Console) -> Router {
         .layer(middleware::from_fn_with_state(
             console.clone(),
             session::attach,
+        ))
+        .layer(middleware::from_fn_with_state(
+            console.clone(),
+            guard::check_host_and_origin,
         ))
         .layer(middleware::from_fn(request_span))
         .layer(middleware::from_fn(security_headers))
@@ -304,15 +369,17 @@ pub async fn serve_console(
     let addr = listener
         .local_addr()
         .map_err(|e| ConsoleError::Serve(e.to_string()))?;
-    if config.token.is_none() && !addr.ip().is_loopback() {
+    if config.token.is_none() && !config.user_tokens && !addr.ip().is_loopback() {
         return Err(ConsoleError::Config(format!(
-            "refusing to serve the console on {addr} without a login token: set console.token, or listen on 127.0.0.1"
+            "refusing to serve the console on {addr} without a login token: set console.token, or personal tokens (user_tokens with a tokens file), or listen on 127.0.0.1"
         )));
     }
-    let console = Console::new(config)?;
+    let console = Console::new(config, Some(addr))?;
     let stopping = console.inner.stopping.clone();
     tracing::info!(url = %console_url(addr), "serving the web console");
-    axum::serve(listener, router(console))
+    // The peer address: login throttling and refusal logs.
+    let app = router(console).into_make_service_with_connect_info::<SocketAddr>();
+    axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             shutdown.await;
             stopping.cancel();

@@ -199,7 +199,11 @@ pub(super) fn layout(
                         @if v.authenticated {
                             span.who {
                                 "signed in as " strong #who { (v.name) }
-                                " · " a href="/login" { "change name" }
+                                @if let Some(role) = v.role {
+                                    " (" span #role { (role.as_str()) } ")"
+                                } @else {
+                                    " · " a href="/login" { "change name" }
+                                }
                                 @if v.login_required {
                                     " · "
                                     form.inline method="post" action="/logout" {

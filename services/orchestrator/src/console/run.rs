@@ -16,6 +16,7 @@ use super::markdown;
 use super::page::{self, layout, Html};
 use super::session::{Flash, Visitor};
 use super::{Console, ConsoleError};
+use crate::auth::Rpc;
 
 /// Files listed per area on the run page (the directory browser has the rest).
 const FILES_PER_AREA: u32 = 100;
@@ -119,7 +120,7 @@ pub(super) async fn render(
         format!("{dir}/shared/context-manifest.yaml"),
     );
     let what = format!("reading run {run}");
-    let mut orchestrator = console.orchestrator();
+    let mut orchestrator = console.orchestrator(visitor);
     let get = console.call(
         &what,
         orchestrator.get_run(GetRunRequest {
@@ -213,7 +214,7 @@ fn gates(info: &RunInfo, visitor: &Visitor, run_url: &str, drafts: &Drafts) -> M
                             @if !g.note.is_empty() { ": " q.note { (g.note) } }
                         }
                     }
-                    @if g.state == GateState::Blocked as i32 {
+                    @if g.state == GateState::Blocked as i32 && visitor.may(Rpc::ApproveGate) {
                         @let gate_url = format!("{run_url}/gates/{}", page::seg(&g.id));
                         @let draft = drafts.gate_note.as_ref().filter(|(id, _)| *id == g.id).map(|(_, n)| n.as_str()).unwrap_or("");
                         form.gate method="post" action=(format!("{gate_url}/approve")) {
@@ -374,10 +375,12 @@ fn notes_section(
                 Ok(None) => p.hint { "No notes file yet." },
                 Err(e) => p.error { (e.to_string()) },
             }
-            form.note method="post" action=(format!("{run_url}/notes")) {
-                input type="hidden" name="csrf" value=(visitor.csrf);
-                label { "Add a note (Markdown)" textarea name="text" rows="4" required { (drafts.note.as_deref().unwrap_or("")) } }
-                button type="submit" { "Add note" }
+            @if visitor.may(Rpc::AddNote) {
+                form.note method="post" action=(format!("{run_url}/notes")) {
+                    input type="hidden" name="csrf" value=(visitor.csrf);
+                    label { "Add a note (Markdown)" textarea name="text" rows="4" required { (drafts.note.as_deref().unwrap_or("")) } }
+                    button type="submit" { "Add note" }
+                }
             }
         }
     }
@@ -397,13 +400,17 @@ fn context_section(
     html! {
         section {
             h2 #context { "Context manifest" }
-            p.hint { "What is explicitly shared with the agents (seed 001 §5.1): "
+            p.hint { "What is explicitly shared with the agents: "
                 code { "attachments: [{id, kind: file|snippet, path, range, reason}]" } }
             @if let Err(e) = context { p.error { (e.to_string()) } }
-            form.context method="post" action=(format!("{run_url}/context")) {
-                input type="hidden" name="csrf" value=(visitor.csrf);
-                textarea.code name="manifest_yaml" rows="12" spellcheck="false" { (text) }
-                button type="submit" { "Save context" }
+            @if visitor.may(Rpc::EditContext) {
+                form.context method="post" action=(format!("{run_url}/context")) {
+                    input type="hidden" name="csrf" value=(visitor.csrf);
+                    textarea.code name="manifest_yaml" rows="12" spellcheck="false" { (text) }
+                    button type="submit" { "Save context" }
+                }
+            } @else {
+                pre.code { (text) }
             }
         }
     }
@@ -432,14 +439,17 @@ fn control(info: &RunInfo, visitor: &Visitor, run_url: &str, drafts: &Drafts) ->
     html! {
         section {
             h2 #control { "Cancel / rework" }
-            @if !page::is_final(info.state) {
+            @if !visitor.may(Rpc::CancelRun) {
+                p.hint { "Your role can follow this run, not change it." }
+            }
+            @if !page::is_final(info.state) && visitor.may(Rpc::CancelRun) {
                 form.cancel method="post" action=(format!("{run_url}/cancel")) {
                     input type="hidden" name="csrf" value=(visitor.csrf);
                     label { "Reason" input type="text" name="reason" value=(drafts.cancel_reason.as_deref().unwrap_or("")); }
                     button.danger type="submit" { "Cancel run" }
                 }
             }
-            @if !info.nodes.is_empty() {
+            @if !info.nodes.is_empty() && visitor.may(Rpc::RequestRework) {
                 form.rework method="post" action=(format!("{run_url}/rework")) {
                     input type="hidden" name="csrf" value=(visitor.csrf);
                     label { "Node to redo (with everything after it)"

@@ -51,11 +51,15 @@ pub(super) async fn list(
             }),
         )
         .await?
-        .projects;
+        .projects
+        .into_iter()
+        .filter(|p| visitor.may_see(&p.project_id))
+        .collect::<Vec<_>>();
+    let default_project = &console.config().default_project;
     let project = if !q.project.is_empty() {
         q.project.clone()
-    } else if !console.config().default_project.is_empty() {
-        console.config().default_project.clone()
+    } else if !default_project.is_empty() && visitor.may_see(default_project) {
+        default_project.clone()
     } else {
         projects
             .first()
@@ -81,7 +85,7 @@ pub(super) async fn list(
     let runs = console
         .call(
             &format!("listing the runs of {project}"),
-            console.orchestrator().list_runs(req),
+            console.orchestrator(&visitor).list_runs(req),
         )
         .await?;
     let current = state.map(|(n, _)| n);

@@ -1,18 +1,26 @@
-//! Who is at the console: sessions (an HttpOnly, SameSite=Strict cookie naming a server-side
-//! session), the token login, the CSRF check of every POST, and the name actions are recorded
-//! under (`by`).
+//! Who is at the console: sessions (an HttpOnly, SameSite=Lax cookie naming a server-side
+//! session), the login, the CSRF check of every POST, and who actions are recorded under.
+//!
+//! Logins: with personal tokens (`user_tokens`) a person gives their token from the tokens
+//! file; the orchestrator says whose it is (WhoAmI), and the session keeps the name, role,
+//! projects and the token, which is relayed with every call so the orchestrator decides and
+//! records who acted. With a shared token (`token`) people give a name and the shared token.
+//! Every login waits its turn (throttle.rs) before the token is checked.
 //!
 //! Every visitor gets a session on the first request, before logging in, so the login form is
 //! CSRF-protected like every other form. The CSRF token is a random secret of the session
-//! (synchronizer token), compared in constant time; so is the login token. Logging in replaces
-//! the session id (no fixation). Sessions live in memory: a restart logs everybody out.
+//! (synchronizer token), compared in constant time; so is the shared token. Logging in replaces
+//! the session id (no fixation). SameSite=Lax lets a link from another site land on the page
+//! with the session; a POST from another site carries no cookie, and would fail the Origin and
+//! CSRF checks anyway. Sessions live in memory: a restart logs everybody out.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::extract::{FromRequest, Query, Request, State};
+use axum::extract::{ConnectInfo, FromRequest, Query, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
@@ -23,6 +31,7 @@ use sha2::{Digest, Sha256};
 
 use super::page::{self, layout};
 use super::{Console, ConsoleConfig, ConsoleError};
+use crate::auth::{Bearer, Role, Rpc};
 
 /// Name of the session cookie.
 pub(super) const COOKIE: &str = "cairn_console";
@@ -40,21 +49,75 @@ pub(super) struct Flash {
     pub error: bool,
 }
 
+/// A secret kept out of Debug output and logs.
+#[derive(Clone)]
+pub(super) struct Secret(String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<secret>")
+    }
+}
+
+/// Who a login says the visitor is.
+#[derive(Clone, Debug)]
+struct Login {
+    name: String,
+    /// None without personal tokens: the console shows everything and the orchestrator
+    /// decides alone.
+    role: Option<Role>,
+    /// Empty = every project.
+    projects: Vec<String>,
+    /// The personal token, relayed to the orchestrator as bearer.
+    token: Option<Secret>,
+}
+
 /// The visitor of one request, as handlers see it.
 #[derive(Clone, Debug)]
 pub(super) struct Visitor {
     pub session_id: String,
-    /// Recorded as `by` of every action.
+    /// Recorded as `by` of every action (the orchestrator records the token's name when a
+    /// personal token is relayed).
     pub name: String,
     /// The CSRF token every form of this session carries.
     pub csrf: String,
     /// Logged in (always true when no token is configured).
     pub authenticated: bool,
     pub login_required: bool,
+    pub user_tokens: bool,
+    pub role: Option<Role>,
+    pub projects: Vec<String>,
+    token: Option<Secret>,
+    /// The peer address of this request, when known.
+    pub peer: Option<SocketAddr>,
+}
+
+impl Visitor {
+    /// Whether this visitor's role allows `rpc` (always, without personal tokens).
+    pub fn may(&self, rpc: Rpc) -> bool {
+        self.role.is_none_or(|r| r >= rpc.required_role())
+    }
+
+    /// Whether this visitor may see `project`.
+    pub fn may_see(&self, project: &str) -> bool {
+        self.projects.is_empty() || self.projects.iter().any(|p| p == project)
+    }
+
+    /// The peer address for logs.
+    pub fn peer_text(&self) -> String {
+        self.peer
+            .map(|p| p.to_string())
+            .unwrap_or_else(|| "unknown".into())
+    }
+
+    /// The interceptor relaying this visitor's token (none without personal tokens).
+    pub fn bearer(&self) -> Bearer {
+        Bearer::new(self.token.as_ref().map(|t| t.0.as_str())).unwrap_or_default()
+    }
 }
 
 struct Session {
-    name: String,
+    login: Login,
     csrf: String,
     authenticated: bool,
     expires: Instant,
@@ -65,6 +128,7 @@ pub(super) struct Sessions {
     map: Mutex<HashMap<String, Session>>,
     ttl: Duration,
     token: Option<String>,
+    user_tokens: bool,
     default_name: String,
     secure: bool,
 }
@@ -98,6 +162,7 @@ impl Sessions {
             map: Mutex::new(HashMap::new()),
             ttl: Duration::from_secs(config.session_ttl_s),
             token: config.token.clone(),
+            user_tokens: config.user_tokens,
             default_name: config.default_name.trim().to_owned(),
             secure: config.secure_cookie,
         }
@@ -108,16 +173,21 @@ impl Sessions {
     }
 
     fn login_required(&self) -> bool {
-        self.token.is_some()
+        self.token.is_some() || self.user_tokens
     }
 
     fn visitor(&self, id: &str, s: &Session) -> Visitor {
         Visitor {
             session_id: id.to_owned(),
-            name: s.name.clone(),
+            name: s.login.name.clone(),
             csrf: s.csrf.clone(),
             authenticated: s.authenticated,
             login_required: self.login_required(),
+            user_tokens: self.user_tokens,
+            role: s.login.role,
+            projects: s.login.projects.clone(),
+            token: s.login.token.clone(),
+            peer: None,
         }
     }
 
@@ -134,10 +204,15 @@ impl Sessions {
     }
 
     /// A new session; authenticated from the start when no token is configured.
-    fn create(&self, name: Option<String>, authenticated: bool) -> Visitor {
+    fn create(&self, login: Option<Login>, authenticated: bool) -> Visitor {
         let id = secret();
         let session = Session {
-            name: name.unwrap_or_else(|| self.default_name.clone()),
+            login: login.unwrap_or_else(|| Login {
+                name: self.default_name.clone(),
+                role: None,
+                projects: Vec::new(),
+                token: None,
+            }),
             csrf: secret(),
             authenticated: authenticated || !self.login_required(),
             expires: Instant::now() + self.ttl,
@@ -149,7 +224,7 @@ impl Sessions {
             map.retain(|_, s| s.expires > now);
         }
         if map.len() >= MAX_SESSIONS {
-            map.retain(|_, s| s.authenticated && s.name != self.default_name);
+            map.retain(|_, s| s.authenticated && s.login.name != self.default_name);
         }
         if map.len() >= MAX_SESSIONS {
             if let Some(oldest) = map
@@ -185,7 +260,7 @@ impl Sessions {
     fn cookie(&self, id: &str) -> HeaderValue {
         let secure = if self.secure { "; Secure" } else { "" };
         let v = format!(
-            "{COOKIE}={id}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}{secure}",
+            "{COOKIE}={id}; Path=/; HttpOnly; SameSite=Lax; Max-Age={}{secure}",
             self.ttl.as_secs()
         );
         HeaderValue::from_str(&v)
@@ -214,10 +289,14 @@ pub(super) async fn attach(
 ) -> Response {
     let sessions = console.sessions();
     let found = session_cookie(req.headers()).and_then(|id| sessions.find(&id));
-    let (visitor, created) = match found {
+    let (mut visitor, created) = match found {
         Some(v) => (v, false),
         None => (sessions.create(None, false), true),
     };
+    visitor.peer = req
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0);
     let id = visitor.session_id.clone();
     req.extensions_mut().insert(visitor);
     let mut res = next.run(req).await;
@@ -272,14 +351,32 @@ pub(super) async fn check_csrf(
 }
 
 /// Middleware: with a token configured, everything but the login page and the static files
-/// needs a logged-in session.
+/// needs a logged-in session; pages of a project need a session that may see it.
 pub(super) async fn require_login(
     Extension(visitor): Extension<Visitor>,
     req: Request,
     next: Next,
 ) -> Response {
     let path = req.uri().path();
-    if visitor.authenticated || path == "/login" || path.starts_with("/static/") {
+    if visitor.authenticated {
+        if let Some(project) = path
+            .strip_prefix("/projects/")
+            .and_then(|rest| rest.split('/').next())
+        {
+            let project = percent_encoding::percent_decode_str(project).decode_utf8_lossy();
+            if !visitor.may_see(&project) {
+                tracing::warn!(principal = %visitor.name, peer = %visitor.peer_text(), project = %project, "console request refused: project");
+                return ConsoleError::Forbidden(format!(
+                    "`{}` may see project(s) {} only",
+                    visitor.name,
+                    visitor.projects.join(", ")
+                ))
+                .into_response();
+            }
+        }
+        return next.run(req).await;
+    }
+    if path == "/login" || path.starts_with("/static/") {
         return next.run(req).await;
     }
     if matches!(*req.method(), Method::GET | Method::HEAD) {
@@ -330,11 +427,17 @@ fn login_page(
 ) -> Response {
     let body = html! {
         h1 { (if visitor.login_required { "Log in" } else { "Who are you?" }) }
-        p.hint { "Your name is recorded with every gate decision, note and edit you make here (seed 001 §6)." }
+        @if visitor.user_tokens {
+            p.hint { "Log in with your personal token (an admin makes one with " code { "cairn tokens add" } "). Your name and role come with it; every gate decision, note and edit you make here is recorded under your name." }
+        } @else {
+            p.hint { "Your name is recorded with every gate decision, note and edit you make here." }
+        }
         form.card method="post" action="/login" {
             input type="hidden" name="csrf" value=(visitor.csrf);
             input type="hidden" name="next" value=(safe_next(next));
-            label { "Name" input type="text" name="name" value=(visitor.name) maxlength="64" required; }
+            @if !visitor.user_tokens {
+                label { "Name" input type="text" name="name" value=(visitor.name) maxlength="64" required; }
+            }
             @if visitor.login_required {
                 label { "Token" input type="password" name="token" autocomplete="current-password" required; }
             }
@@ -362,44 +465,124 @@ fn valid_name(name: &str) -> Option<String> {
         .then(|| n.to_owned())
 }
 
+/// Whose personal token this is, as the orchestrator says; None for a token it does not know.
+async fn who_is(console: &Console, token: &str) -> Result<Option<Login>, ConsoleError> {
+    if token.trim().is_empty() {
+        return Ok(None);
+    }
+    let Ok(mut client) = console.orchestrator_as(token) else {
+        return Ok(None);
+    };
+    let who = match console
+        .call(
+            "checking the token",
+            client.who_am_i(cairn_proto::v1::WhoAmIRequest {}),
+        )
+        .await
+    {
+        Ok(who) => who,
+        Err(ConsoleError::Rpc {
+            code: tonic::Code::Unauthenticated,
+            ..
+        }) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    if !who.tokens_required {
+        // It would accept anybody as an admin.
+        return Err(ConsoleError::Config(
+            "console.user_tokens is on but the orchestrator has no tokens file: set [auth] tokens_file (cairn up --tokens-file)".into(),
+        ));
+    }
+    let role = who.role.parse::<Role>().map_err(ConsoleError::BadRequest)?;
+    Ok(Some(Login {
+        name: who.name,
+        role: Some(role),
+        projects: who.projects,
+        token: Some(Secret(token.trim().to_owned())),
+    }))
+}
+
 pub(super) async fn login(
     State(console): State<Console>,
     Extension(visitor): Extension<Visitor>,
     Form(form): Form<LoginForm>,
 ) -> Response {
     let sessions = console.sessions();
-    let Some(name) = valid_name(&form.name) else {
+    let bad_name = || {
         let flash = Flash {
             text: "Give a name of 1-64 printable characters.".into(),
+            error: true,
+        };
+        login_page(
+            &visitor,
+            form.next.as_deref(),
+            Some(&flash),
+            StatusCode::BAD_REQUEST,
+        )
+    };
+    let login = if sessions.user_tokens {
+        let turn = console
+            .inner
+            .throttle
+            .turn(visitor.peer.map(|p| p.ip()))
+            .await;
+        match who_is(&console, &form.token).await {
+            Ok(Some(login)) => {
+                turn.succeeded();
+                Some(login)
+            }
+            Ok(None) => {
+                let failures = turn.failed();
+                tracing::warn!(peer = %visitor.peer_text(), failures, "console login refused: unknown token");
+                None
+            }
+            Err(e) => return e.into_response(),
+        }
+    } else {
+        let Some(name) = valid_name(&form.name) else {
+            return bad_name();
+        };
+        let login = Login {
+            name,
+            role: None,
+            projects: Vec::new(),
+            token: None,
+        };
+        match &sessions.token {
+            None => Some(login),
+            Some(token) => {
+                let turn = console
+                    .inner
+                    .throttle
+                    .turn(visitor.peer.map(|p| p.ip()))
+                    .await;
+                if same_secret(&form.token, token) {
+                    turn.succeeded();
+                    Some(login)
+                } else {
+                    let failures = turn.failed();
+                    tracing::warn!(peer = %visitor.peer_text(), failures, "console login refused: wrong token");
+                    None
+                }
+            }
+        }
+    };
+    let Some(login) = login else {
+        let flash = Flash {
+            text: "Wrong token.".into(),
             error: true,
         };
         return login_page(
             &visitor,
             form.next.as_deref(),
             Some(&flash),
-            StatusCode::BAD_REQUEST,
+            StatusCode::UNAUTHORIZED,
         );
     };
-    if let Some(token) = &sessions.token {
-        if !same_secret(&form.token, token) {
-            tracing::warn!("console login refused: wrong token");
-            // Slows down guessing; the token itself should be long and random.
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            let flash = Flash {
-                text: "Wrong token.".into(),
-                error: true,
-            };
-            return login_page(
-                &visitor,
-                form.next.as_deref(),
-                Some(&flash),
-                StatusCode::UNAUTHORIZED,
-            );
-        }
-    }
     sessions.remove(&visitor.session_id);
-    let fresh = sessions.create(Some(name.clone()), true);
-    tracing::info!(name = %name, "console login");
+    let name = login.name.clone();
+    let fresh = sessions.create(Some(login), true);
+    tracing::info!(name = %name, role = ?fresh.role, peer = %visitor.peer_text(), "console login");
     let mut res = Redirect::to(&safe_next(form.next.as_deref())).into_response();
     res.headers_mut()
         .append(header::SET_COOKIE, sessions.cookie(&fresh.session_id));
@@ -414,7 +597,7 @@ pub(super) async fn logout(
     let mut res = Redirect::to("/login").into_response();
     res.headers_mut().append(
         header::SET_COOKIE,
-        HeaderValue::from_static("cairn_console=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0"),
+        HeaderValue::from_static("cairn_console=; Path=/; HttpOnly; SameSite=Lax; Max-Age=0"),
     );
     res
 }

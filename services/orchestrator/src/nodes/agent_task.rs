@@ -28,7 +28,12 @@ pub fn agent_error(e: AgentError) -> NodeError {
         | AgentError::Cassette { .. }
         | AgentError::Unsupported(_)
         | AgentError::BadSpec { .. }
+        | AgentError::Refused { .. }
         | AgentError::NotConfigured => NodeError::refused(e.to_string()),
+        // The store did not answer for the cassette: worth another attempt.
+        AgentError::Unavailable(_) => {
+            NodeError::new(crate::graph::ErrorKind::Unavailable, e.to_string())
+        }
         // The provider already made its attempts (seed 003 §7.4); not retried as a node.
         AgentError::Llm(_) => NodeError::failed(e.to_string()),
     }
@@ -44,7 +49,10 @@ pub async fn run(ctx: &NodeCtx, spec: &AgentTask) -> Result<NodeSuccess, NodeErr
     let agent = spec.agent.clone().unwrap_or_else(|| base_id.clone());
     let instance = ctx.node_id.replace('.', "-");
     let dir = ctx.run_dir();
-    let provider = ctx.provider(spec.llm.as_deref()).map_err(agent_error)?;
+    let provider = ctx
+        .provider(spec.llm.as_deref())
+        .await
+        .map_err(agent_error)?;
     let path = match &spec.path {
         Some(t) => project_path(&ctx.scope, "path", t)?,
         None => format!("docs/{}/{}.md", ctx.run_id, ctx.node_id),

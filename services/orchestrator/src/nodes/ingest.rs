@@ -70,8 +70,15 @@ async fn call(
         // nothing of this call lands.
         fence: ctx.backends.store.run_fence(&ctx.project, &ctx.run_id),
     };
-    let mut client = client;
-    match tokio::time::timeout(INGEST_TIMEOUT, client.ingest(req)).await {
+    // Ingest appends events of its own: resent only when it never reached the service.
+    let call =
+        ctx.backends
+            .ingest_dependency
+            .call(cairn_server::retry::Safety::Once, "Ingest", || {
+                let (mut client, req) = (client.clone(), req.clone());
+                async move { client.ingest(req).await }
+            });
+    match tokio::time::timeout(INGEST_TIMEOUT, call).await {
         Ok(Ok(r)) => Ok(r.into_inner()),
         Ok(Err(s)) => Err(format!(
             "ingest of {doc_path} failed: {} ({:?})",

@@ -35,6 +35,9 @@ use crate::store::Store;
 pub struct Backends {
     pub store: Store,
     pub ingest: Option<IngestClient<TracedChannel>>,
+    /// The ingest service as a dependency (outages ridden out; readiness ignores it: the
+    /// hook is fail-open).
+    pub ingest_dependency: cairn_server::retry::Dependency,
     pub runners: crate::runners::Runners,
     pub providers: Providers,
     pub config: Config,
@@ -63,7 +66,13 @@ impl NodeError {
 
     /// A failed call to another service, with what we were doing.
     pub fn from_status(context: &str, s: &Status) -> NodeError {
+        let reason = cairn_proto::reason::of(s);
         let kind = match s.code() {
+            // A sandbox-runner at its max_concurrent_runs ran nothing: retry (on another runner,
+            // after the backoff).
+            Code::ResourceExhausted if reason.as_deref() == Some("max_concurrent_runs") => {
+                ErrorKind::Unavailable
+            }
             Code::Unavailable
             | Code::DeadlineExceeded
             | Code::Aborted
@@ -73,9 +82,7 @@ impl NodeError {
             Code::ResourceExhausted => ErrorKind::Failed,
             _ => ErrorKind::Refused,
         };
-        let reason = cairn_proto::reason::of(s)
-            .map(|r| format!(" [{r}]"))
-            .unwrap_or_default();
+        let reason = reason.map(|r| format!(" [{r}]")).unwrap_or_default();
         NodeError::new(kind, format!("{context}: {}{reason}", s.message()))
     }
 }
@@ -211,7 +218,8 @@ pub struct NodeCtx {
     pub progress: Progress,
     /// The run's LLM provider spec.
     pub llm: String,
-    /// Where relative cassette paths of node-level `llm:` resolve.
+    /// The submitter's `base_dir` (phase files were read from it at submit); cassettes never
+    /// resolve against it (they come through the store).
     pub base_dir: std::path::PathBuf,
     /// This node's own gate, for nodes that block on one mid-way (`external_agent`): the
     /// decision a resumed attempt continues from.
@@ -244,23 +252,17 @@ impl NodeCtx {
         &self.backends.store
     }
 
-    /// The `llm` setting a node uses: its own `llm:` (relative cassette paths resolved against
-    /// the graph's directory), else the run's.
-    pub fn llm_spec(&self, node_llm: Option<&str>) -> Result<String, crate::agents::AgentError> {
-        match node_llm {
-            Some(s) => Ok(crate::agents::ProviderSpec::parse(s)?
-                .resolve(&self.base_dir)
-                .to_spec_string()),
-            None => Ok(self.llm.clone()),
-        }
-    }
-
-    /// The provider of `llm_spec(node_llm)`, built with the `[llm]` config section.
-    pub fn provider(
+    /// The provider a node uses: its own `llm:`, else the run's, under the orchestrator's
+    /// provider rules (a cassette is read from the run's project).
+    pub async fn provider(
         &self,
         node_llm: Option<&str>,
     ) -> Result<Arc<dyn crate::agents::Provider>, crate::agents::AgentError> {
-        self.backends.providers.get(&self.llm_spec(node_llm)?)
+        let spec = node_llm.unwrap_or(&self.llm);
+        self.backends
+            .providers
+            .get(spec, &self.backends.store, &self.project)
+            .await
     }
 
     /// The `[onebot]` config section (endpoint and token of `group` / `private` targets).
@@ -398,4 +400,29 @@ pub fn file_outputs(put: &cairn_proto::v1::PutResponse) -> Map<String, Value> {
     m.insert("sha256".into(), digest.sha256.into());
     m.insert("outcome".into(), outcome_word(put.outcome).into());
     m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A runner at max_concurrent_runs ran nothing: the node is retried; other exhaustion
+    /// (inputs too large) fails it.
+    #[test]
+    fn a_busy_runner_is_retried_other_exhaustion_fails() {
+        let busy = cairn_proto::reason::status(
+            Code::ResourceExhausted,
+            "this runner already has 8 runs",
+            "max_concurrent_runs",
+        );
+        let e = NodeError::from_status("sandbox run", &busy);
+        assert_eq!(e.kind, ErrorKind::Unavailable);
+        assert!(e.message.contains("[max_concurrent_runs]"), "{}", e.message);
+        let big =
+            cairn_proto::reason::status(Code::ResourceExhausted, "too many", "too_many_files");
+        assert_eq!(
+            NodeError::from_status("sandbox run", &big).kind,
+            ErrorKind::Failed
+        );
+    }
 }

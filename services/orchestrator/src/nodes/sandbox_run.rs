@@ -34,6 +34,20 @@ fn allowed(path: &str, prefixes: &[String]) -> bool {
     prefixes.iter().any(|p| under_prefix(path, p))
 }
 
+/// The rule for where a sandbox run's /output files may land (seed 002 §2.3), shared with
+/// `cairn sandbox run`: `output_prefix` (without its trailing `/`) is a valid project prefix
+/// lying under one of `prefixes`. Err is the reason, naming the field.
+pub fn check_output_prefix(output_prefix: &str, prefixes: &[String]) -> Result<(), String> {
+    pathguard::validate_prefix(output_prefix)
+        .map_err(|rej| format!("field `output_prefix`: `{output_prefix}`: {rej}"))?;
+    if !allowed(&format!("{output_prefix}/x"), prefixes) {
+        return Err(format!(
+            "field `output_prefix`: `{output_prefix}` is not under allowed_prefixes {prefixes:?}"
+        ));
+    }
+    Ok(())
+}
+
 pub async fn run(ctx: &NodeCtx, spec: &SandboxRun) -> Result<NodeSuccess, NodeError> {
     let scope = &ctx.scope;
     let prefixes: Vec<String> = spec
@@ -46,14 +60,7 @@ pub async fn run(ctx: &NodeCtx, spec: &SandboxRun) -> Result<NodeSuccess, NodeEr
         .render("output_prefix", &spec.output_prefix)?
         .trim_end_matches('/')
         .to_owned();
-    pathguard::validate_prefix(&output_prefix).map_err(|rej| {
-        NodeError::refused(format!("field `output_prefix`: `{output_prefix}`: {rej}"))
-    })?;
-    if !allowed(&format!("{output_prefix}/x"), &prefixes) {
-        return Err(NodeError::refused(format!(
-            "field `output_prefix`: `{output_prefix}` is not under allowed_prefixes {prefixes:?} (seed 002 §2.3)"
-        )));
-    }
+    check_output_prefix(&output_prefix, &prefixes).map_err(NodeError::refused)?;
     let mut inputs = expand_files(ctx, "input_files", &spec.input_files).await?;
     let code_file = match &spec.code_file {
         Some(t) => {
@@ -168,7 +175,10 @@ pub async fn run(ctx: &NodeCtx, spec: &SandboxRun) -> Result<NodeSuccess, NodeEr
         .map_err(|s| NodeError::from_status(&format!("writing {result_path}"), &s))?;
 
     let written_paths: Vec<String> = written.iter().map(|w| w.0.clone()).collect();
-    let ok = result.exit_code == 0 && !result.timed_out;
+    // The runner publishes all of a run's outputs or none; none means a limit was hit or a
+    // file was cut, and a step whose results did not land has not done its work.
+    let withheld = result.outputs_truncated;
+    let ok = result.exit_code == 0 && !result.timed_out && !withheld;
     let mut out = NodeSuccess::default();
     let o = &mut out.outputs;
     o.insert("exit_code".into(), result.exit_code.into());
@@ -179,6 +189,7 @@ pub async fn run(ctx: &NodeCtx, spec: &SandboxRun) -> Result<NodeSuccess, NodeEr
     o.insert("stderr".into(), summary(&result.stderr).into());
     o.insert("result_path".into(), result_path.clone().into());
     o.insert("ok".into(), ok.into());
+    o.insert("outputs_withheld".into(), withheld.into());
     o.insert("runner_id".into(), result.runner_id.clone().into());
     for (path, put) in &written {
         let _ = path;
@@ -197,6 +208,11 @@ pub async fn run(ctx: &NodeCtx, spec: &SandboxRun) -> Result<NodeSuccess, NodeEr
         ctx.progress.emit(complete.level(Level::Warning));
         let why = if result.timed_out {
             format!("timed out after {timeout_s}s")
+        } else if withheld {
+            format!(
+                "left outputs the runner would not publish ({} listed with reasons: a count or size limit, or a file cut off), so none was written",
+                result.rejected_outputs.len()
+            )
         } else {
             format!("exited with code {}", result.exit_code)
         };

@@ -464,9 +464,39 @@ pub fn data(e: &Event) -> serde_json::Value {
     serde_json::from_str(&e.data_json).unwrap_or(serde_json::Value::Null)
 }
 
-/// Writes a cassette into the stack's directory and returns its `replay:` spec.
+/// The `llm` setting that sends `yaml` as an inline cassette (what `cairn run` sends for a
+/// local cassette; the orchestrator never reads the host's files). `dir` and `name` are kept
+/// for the callers' sake: the cassette is written there too, for a look after a failure.
 pub fn cassette(dir: &std::path::Path, name: &str, yaml: &str) -> String {
-    let p = dir.join(name);
-    std::fs::write(&p, yaml).unwrap();
-    format!("replay:{}", p.display())
+    std::fs::write(dir.join(name), yaml).unwrap();
+    inline_cassette(yaml.as_bytes())
+}
+
+/// `replay-inline:<base64 of bytes>`.
+pub fn inline_cassette(bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    format!(
+        "replay-inline:{}",
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    )
+}
+
+/// Writes `bytes` at `path` of project PROJECT (created if missing) through the store.
+pub async fn put_file(store: &ArtifactStoreClient<Channel>, path: &str, bytes: &[u8]) {
+    use cairn_proto::v1::{put_request, PutHeader, PutRequest};
+    let msgs = vec![
+        PutRequest {
+            msg: Some(put_request::Msg::Header(PutHeader {
+                project_id: PROJECT.into(),
+                path: path.into(),
+                overwrite: true,
+                create_project: true,
+                ..Default::default()
+            })),
+        },
+        PutRequest {
+            msg: Some(put_request::Msg::Chunk(bytes.to_vec().into())),
+        },
+    ];
+    store.clone().put(tokio_stream::iter(msgs)).await.unwrap();
 }

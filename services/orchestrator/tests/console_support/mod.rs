@@ -25,6 +25,10 @@ use tower::ServiceExt;
 pub const PROJECT: &str = "proj";
 pub const RUN: &str = "run-1";
 pub const TOKEN: &str = "correct-horse-battery-staple";
+/// The Host a browser sends to the console of the default configuration (127.0.0.1:7480).
+pub const CONSOLE_HOST: &str = "127.0.0.1:7480";
+/// The Origin a browser sends with the console's own forms.
+pub const CONSOLE_ORIGIN: &str = "http://127.0.0.1:7480";
 
 /// One call the fake received.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -423,6 +427,19 @@ impl Orchestrator for FakeOrchestrator {
         );
         Ok(GrpcResponse::new(pb::EditContextResponse { seq }))
     }
+
+    async fn who_am_i(
+        &self,
+        _: GrpcRequest<pb::WhoAmIRequest>,
+    ) -> Result<GrpcResponse<pb::WhoAmIResponse>, Status> {
+        // Like an orchestrator without a tokens file.
+        Ok(GrpcResponse::new(pb::WhoAmIResponse {
+            name: "local".into(),
+            role: "admin".into(),
+            projects: Vec::new(),
+            tokens_required: false,
+        }))
+    }
 }
 
 /// A run blocked at gate `review`, like the real orchestrator reports one.
@@ -716,12 +733,42 @@ impl Client {
         }
     }
 
+    /// A request as a browser on the console's own page sends it: with its Host, and the
+    /// console's Origin on POSTs.
     fn builder(&self, method: &str, uri: &str) -> axum::http::request::Builder {
-        let mut b = Request::builder().method(method).uri(uri);
+        let mut b = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header(header::HOST, CONSOLE_HOST);
+        if method == "POST" {
+            b = b.header(header::ORIGIN, CONSOLE_ORIGIN);
+        }
         if let Some(c) = &self.cookie {
             b = b.header(header::COOKIE, format!("cairn_console={c}"));
         }
         b
+    }
+
+    /// A request with exactly these headers (besides the session cookie).
+    pub async fn raw(
+        &mut self,
+        method: &str,
+        uri: &str,
+        headers: &[(&str, &str)],
+        form: &[(&str, &str)],
+    ) -> Page {
+        let mut b = Request::builder().method(method).uri(uri);
+        if let Some(c) = &self.cookie {
+            b = b.header(header::COOKIE, format!("cairn_console={c}"));
+        }
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        if !form.is_empty() {
+            b = b.header(header::CONTENT_TYPE, "application/x-www-form-urlencoded");
+        }
+        let req = b.body(Body::from(encode(form))).unwrap();
+        self.send(req).await
     }
 
     pub async fn get(&mut self, uri: &str) -> Page {
@@ -757,6 +804,19 @@ impl Client {
             fields.push(("token", t));
         }
         self.post("/login", &fields).await
+    }
+
+    /// GET /login, then POST it with a personal token of the tokens file (no name: the file
+    /// names the person); returns the response of the POST.
+    pub async fn login_token(&mut self, token: &str) -> Page {
+        let form = self.get("/login").await;
+        assert_eq!(form.status, StatusCode::OK, "{}", form.body);
+        let csrf = form.csrf();
+        self.post(
+            "/login",
+            &[("csrf", csrf.as_str()), ("token", token), ("next", "/runs")],
+        )
+        .await
     }
 
     /// The CSRF token of this session, read from a page that has forms.

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::routing::post;
 use axum::Router;
@@ -46,6 +47,8 @@ pub struct FakeOpenAi {
     /// Answer once the script is empty (`None`: 500).
     then: Arc<Mutex<Option<Answer>>>,
     seen: Arc<Mutex<Vec<Value>>>,
+    /// The Authorization header of each request (None = absent).
+    authorizations: Arc<Mutex<Vec<Option<String>>>>,
     pub abandoned: Arc<AtomicBool>,
     /// `http://127.0.0.1:PORT/v1`
     pub base_url: String,
@@ -59,7 +62,13 @@ impl Drop for DropFlag {
     }
 }
 
-async fn chat(State(fake): State<FakeOpenAi>, body: Bytes) -> Response {
+async fn chat(State(fake): State<FakeOpenAi>, headers: HeaderMap, body: Bytes) -> Response {
+    fake.authorizations.lock().unwrap().push(
+        headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
+    );
     fake.seen
         .lock()
         .unwrap()
@@ -90,6 +99,7 @@ impl FakeOpenAi {
             answers: Arc::new(Mutex::new(answers.into())),
             then: Arc::new(Mutex::new(then)),
             seen: Arc::default(),
+            authorizations: Arc::default(),
             abandoned: Arc::default(),
             base_url: format!("http://{addr}/v1"),
         };
@@ -105,6 +115,11 @@ impl FakeOpenAi {
     /// The request bodies received so far.
     pub fn requests(&self) -> Vec<Value> {
         self.seen.lock().unwrap().clone()
+    }
+
+    /// The Authorization header of each request received so far (None = none sent).
+    pub fn authorizations(&self) -> Vec<Option<String>> {
+        self.authorizations.lock().unwrap().clone()
     }
 
     /// The `llm` setting of this server with model `m`.

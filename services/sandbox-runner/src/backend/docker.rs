@@ -2,6 +2,13 @@
 //! engine offers, inputs staged by the archive API, /output read back as a tar stream, and
 //! removed on every path (a drop guard removes it when a call is cancelled or fails).
 //! It must never leave a container behind nor read an output file through the host.
+//!
+//! Runner liveness: every container's first process reads an attach stream the runner holds
+//! open (stdin, closed by the engine when the runner's connection goes: `stdin_once`). A run's
+//! watchdog (watchdog.py), a session's idle process and the warm agent end the container at end
+//! of file, so the sandboxes of a runner that died stop at once instead of running on beside
+//! the retry. Session Execs carry a CAIRN_EXEC_ID in their environment: a timed-out or
+//! cancelled Exec kills its own processes (exec_kill.py), never the session's others.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -31,6 +38,10 @@ use crate::outputs::{self, OutputLimits, Outputs};
 use crate::pool::Pool;
 
 pub const LABEL_RUNNER: &str = "cairn.runner_id";
+const WATCHDOG: &str = include_str!("../watchdog.py");
+const EXEC_KILL: &str = include_str!("../exec_kill.py");
+/// The runner's end of a container's stdin: dropped (or the runner gone), the container stops.
+pub type Lease = std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>;
 pub const LABEL_KIND: &str = "cairn.kind";
 
 /// How long the engine gets to close the output stream after SIGKILL before we stop waiting.
@@ -44,6 +55,8 @@ pub struct DockerBackend {
     config: Arc<Config>,
     live: LiveSet,
     pool: Option<Arc<Pool<DockerSource>>>,
+    /// The stdin leases of session containers (by name), held until the session is removed.
+    leases: Mutex<HashMap<String, Lease>>,
 }
 
 impl DockerBackend {
@@ -75,6 +88,7 @@ impl DockerBackend {
             config,
             live,
             pool,
+            leases: Mutex::default(),
         })
     }
 
@@ -167,25 +181,35 @@ impl DockerBackend {
         labels.insert("cairn.job_id".into(), job.id.clone());
         labels.insert("cairn.run_id".into(), job.run_id.clone());
         labels.insert("cairn.node_id".into(), job.node_id.clone());
+        // The watchdog starts the program as the sandbox user and ends the run when the
+        // runner's stdin lease closes.
+        let mut cmd = vec![
+            "/usr/bin/python3".to_string(),
+            "-I".into(),
+            "-S".into(),
+            "-c".into(),
+            WATCHDOG.into(),
+            self.config.sandbox_uid.to_string(),
+            self.config.sandbox_gid.to_string(),
+        ];
+        cmd.extend(job.argv());
         let body = ContainerCreateBody {
             image: Some(self.config.image.clone()),
-            cmd: Some(job.argv()),
+            cmd: Some(cmd),
             env: Some(
                 job.environment()
                     .into_iter()
                     .map(|(k, v)| format!("{k}={v}"))
                     .collect(),
             ),
-            user: Some(format!(
-                "{}:{}",
-                self.config.sandbox_uid, self.config.sandbox_gid
-            )),
+            user: Some("0:0".into()),
             working_dir: Some("/tmp".into()),
             labels: Some(labels),
-            attach_stdin: Some(false),
+            attach_stdin: Some(true),
             attach_stdout: Some(true),
             attach_stderr: Some(true),
-            open_stdin: Some(false),
+            open_stdin: Some(true),
+            stdin_once: Some(true),
             tty: Some(false),
             network_disabled: Some(!job.network),
             // Anonymous volumes: uploads and downloads work with a read-only root filesystem,
@@ -193,11 +217,14 @@ impl DockerBackend {
             volumes: Some(vec!["/input".into(), "/output".into()]),
             host_config: Some(HostConfig {
                 ulimits: Some(vec![ResourcesUlimits {
-                    // No single file beyond the output limit: a 10 GB write stops there.
+                    // No single file beyond the output limit: a 10 GB write stops there, one
+                    // byte over it, so the collection knows the file was cut.
                     name: Some("fsize".into()),
-                    soft: Some(job.limits.max_output_bytes as i64),
-                    hard: Some(job.limits.max_output_bytes as i64),
+                    soft: Some(OutputLimits::file_size_cap(job.limits.max_output_bytes) as i64),
+                    hard: Some(OutputLimits::file_size_cap(job.limits.max_output_bytes) as i64),
                 }]),
+                // The watchdog's, dropped for the program (setuid clears them).
+                cap_add: Some(vec!["SETUID".into(), "SETGID".into(), "KILL".into()]),
                 ..self.host_config(&job.limits, job.network)
             }),
             ..Default::default()
@@ -214,18 +241,18 @@ impl DockerBackend {
                 .map_err(Error::docker("staging /input"))?;
         }
         let attach = AttachContainerOptionsBuilder::default()
-            .stdin(false)
+            .stdin(true)
             .stdout(true)
             .stderr(true)
             .stream(true)
             .logs(false)
             .build();
-        let mut output = self
+        let attached = self
             .client
             .attach_container(&name, Some(attach))
             .await
-            .map_err(Error::docker("attaching to the container"))?
-            .output;
+            .map_err(Error::docker("attaching to the container"))?;
+        let (mut output, _lease) = (attached.output, attached.input);
         let started_at = OffsetDateTime::now_utc();
         let t0 = Instant::now();
         self.client
@@ -380,14 +407,16 @@ impl DockerBackend {
         let tmpfs = s.task_dir.join("tmpfs");
         let body = ContainerCreateBody {
             image: Some(self.config.image.clone()),
-            cmd: Some(vec!["sleep".into(), "infinity".into()]),
-            // The idle process runs as (capability-less) root so that a session's
-            // `kill -KILL -1` on timeout, sent as the sandbox user, cannot end the container.
+            // Idle until the runner's stdin lease closes (session closed, or the runner gone).
+            cmd: Some(vec!["cat".into()]),
+            // The idle process runs as (capability-less) root so that nothing the sandbox user
+            // does can end the container.
             user: Some("0:0".into()),
             working_dir: Some("/workspace".into()),
             labels: Some(labels),
-            attach_stdin: Some(false),
-            open_stdin: Some(false),
+            attach_stdin: Some(true),
+            open_stdin: Some(true),
+            stdin_once: Some(true),
             tty: Some(false),
             network_disabled: Some(!s.network),
             host_config: Some(HostConfig {
@@ -400,10 +429,23 @@ impl DockerBackend {
             ..Default::default()
         };
         let guard = self.create(&s.name, body).await?;
+        let attach = AttachContainerOptionsBuilder::default()
+            .stdin(true)
+            .stream(true)
+            .build();
+        let lease = self
+            .client
+            .attach_container(&s.name, Some(attach))
+            .await
+            .map_err(Error::docker("attaching to the session container"))?
+            .input;
         self.client
             .start_container(&s.name, None)
             .await
             .map_err(Error::docker("starting the session container"))?;
+        if let Ok(mut leases) = self.leases.lock() {
+            leases.insert(s.name.clone(), lease);
+        }
         // The session owns it from here; CloseSession (or shutdown) removes it.
         guard.keep();
         Ok(())
@@ -411,6 +453,17 @@ impl DockerBackend {
 
     /// Runs `bash -lc COMMAND` in the session's container as the sandbox user.
     pub async fn exec(&self, s: &SessionSandbox, spec: &ExecSpec) -> Result<ExecOutcome> {
+        let exec_id = uuid::Uuid::new_v4().simple().to_string();
+        let user = format!("{}:{}", self.config.sandbox_uid, self.config.sandbox_gid);
+        // Armed before the exec exists: a call dropped (client deadline, cancel) from here on
+        // kills what the command started.
+        let mut stopper = ExecStopper {
+            client: self.client.clone(),
+            container: s.name.clone(),
+            user: user.clone(),
+            exec_id: exec_id.clone(),
+            armed: true,
+        };
         let opts = CreateExecOptions {
             attach_stdin: Some(false),
             attach_stdout: Some(true),
@@ -420,6 +473,7 @@ impl DockerBackend {
                 "HOME=/tmpfs".to_string(),
                 "LANG=C.UTF-8".to_string(),
                 "PYTHONUNBUFFERED=1".to_string(),
+                format!("CAIRN_EXEC_ID={exec_id}"),
             ]),
             cmd: Some(vec![
                 "bash".to_string(),
@@ -458,10 +512,10 @@ impl DockerBackend {
         drop(input);
         let mut stdout = Capture::new(spec.max_output_bytes);
         let mut stderr = Capture::new(spec.max_output_bytes);
-        let user = format!("{}:{}", self.config.sandbox_uid, self.config.sandbox_gid);
-        let target = Target::Session {
+        let target = Target::Exec {
             name: &s.name,
             user: &user,
+            exec_id: &exec_id,
         };
         let timed_out = self
             .pump(
@@ -483,6 +537,8 @@ impl DockerBackend {
                 .map_err(Error::docker("inspecting the exec"))?;
             info.exit_code.unwrap_or(-1) as i32
         };
+        // Background children of a command that ended stay, as in any shell session.
+        stopper.armed = false;
         Ok(ExecOutcome {
             exit_code,
             timed_out,
@@ -495,6 +551,9 @@ impl DockerBackend {
     pub async fn remove_container(&self, name: &str) -> Result<()> {
         remove(&self.client, name).await?;
         forget(&self.live, name);
+        if let Ok(mut leases) = self.leases.lock() {
+            leases.remove(name);
+        }
         Ok(())
     }
 
@@ -547,13 +606,17 @@ pub fn host_config(limits: &Limits, network: bool) -> HostConfig {
     }
 }
 
-/// Which process group a timeout signal goes to.
+/// Which processes a timeout signal goes to.
 #[derive(Clone, Copy)]
 pub enum Target<'a> {
     /// The whole container (one-shot runs, warm runs).
     Container(&'a str),
-    /// Every process of `user` in a session container (its idle root process stays).
-    Session { name: &'a str, user: &'a str },
+    /// One Exec of a session container: the processes carrying its id (exec_kill.py).
+    Exec {
+        name: &'a str,
+        user: &'a str,
+        exec_id: &'a str,
+    },
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -612,14 +675,21 @@ async fn signal(client: &bollard::Docker, target: Target<'_>, sig: &str) {
             let opts = KillContainerOptionsBuilder::default().signal(sig).build();
             client.kill_container(name, Some(opts)).await
         }
-        Target::Session { name, user } => {
-            // `kill -1` as the sandbox user reaches all of its processes but not the idle root one.
-            let flag = if sig == "SIGKILL" { "-KILL" } else { "-TERM" };
+        Target::Exec {
+            name,
+            user,
+            exec_id,
+        } => {
+            let number = if sig == "SIGKILL" { "9" } else { "15" };
             let opts = CreateExecOptions {
                 cmd: Some(vec![
-                    "bash".to_string(),
+                    "/usr/bin/python3".to_string(),
+                    "-I".to_string(),
+                    "-S".to_string(),
                     "-c".to_string(),
-                    format!("kill {flag} -1"),
+                    EXEC_KILL.to_string(),
+                    number.to_string(),
+                    exec_id.to_string(),
                 ]),
                 user: Some(user.to_string()),
                 ..Default::default()
@@ -657,20 +727,101 @@ pub async fn create(
     if let Ok(mut set) = live.lock() {
         set.insert(name.to_owned());
     }
-    // Armed before the call, so a create cancelled in flight is removed too; disarmed when
-    // the engine refuses (the name may be somebody else's container).
+    // The create runs in a task of its own, so the engine's answer is always heard: a call
+    // dropped while the engine creates leaves a `PendingCreate` that removes the container
+    // once the create is through (a removal sent earlier would find nothing and the container
+    // would stay, `created`, until the next start-up sweep).
+    let task = tokio::spawn({
+        let client = client.clone();
+        async move { client.create_container(Some(opts), body).await.map(|_| ()) }
+    });
+    let mut pending = PendingCreate {
+        task: Some(task),
+        client: client.clone(),
+        live: live.clone(),
+        name: name.to_owned(),
+    };
+    let created = match pending.task.as_mut() {
+        Some(task) => task.await,
+        None => return Err(Error::Sandbox("container create task missing".into())),
+    };
+    pending.task = None;
     let guard = ContainerGuard {
         client: client.clone(),
         live: live.clone(),
         name: name.to_owned(),
         armed: true,
     };
-    match client.create_container(Some(opts), body).await {
-        Ok(_) => Ok(guard),
-        Err(e) => {
+    match created {
+        Ok(Ok(())) => Ok(guard),
+        // The engine refused: nothing to remove (the name may be somebody else's container).
+        Ok(Err(e)) => {
             forget(live, name);
             guard.keep();
             Err(Error::docker(format!("creating container {name}"))(e))
+        }
+        // The task panicked or was aborted (runtime ending): the guard removes whatever exists.
+        Err(e) => Err(Error::Sandbox(format!("creating container {name}: {e}"))),
+    }
+}
+
+/// A container create still in flight when its caller went away: removes the container once
+/// the engine has made it.
+struct PendingCreate {
+    task: Option<tokio::task::JoinHandle<Result<(), bollard::errors::Error>>>,
+    client: bollard::Docker,
+    live: LiveSet,
+    name: String,
+}
+
+impl Drop for PendingCreate {
+    fn drop(&mut self) {
+        let Some(task) = self.task.take() else {
+            return;
+        };
+        let (client, live, name) = (self.client.clone(), self.live.clone(), self.name.clone());
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                if let Ok(Ok(())) = task.await {
+                    if let Err(e) = remove_and_wait(&client, &name).await {
+                        tracing::warn!(container = %name, error = %e, "could not remove a container whose run was cancelled");
+                    }
+                }
+                forget(&live, &name);
+            });
+        }
+    }
+}
+
+/// Stops a session Exec's processes (SIGKILL) when its call is dropped before it finished.
+struct ExecStopper {
+    client: bollard::Docker,
+    container: String,
+    user: String,
+    exec_id: String,
+    armed: bool,
+}
+
+impl Drop for ExecStopper {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let client = self.client.clone();
+        let (container, user, exec_id) = (
+            self.container.clone(),
+            self.user.clone(),
+            self.exec_id.clone(),
+        );
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                let target = Target::Exec {
+                    name: &container,
+                    user: &user,
+                    exec_id: &exec_id,
+                };
+                signal(&client, target, "SIGKILL").await;
+            });
         }
     }
 }
@@ -752,7 +903,9 @@ impl Drop for ContainerGuard {
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
                 handle.spawn(async move {
-                    if let Err(e) = remove(&client, &name).await {
+                    // Until the engine no longer has it: a start or upload cancelled in flight
+                    // may still be running there (a 409, or a removal that comes too early).
+                    if let Err(e) = remove_and_wait(&client, &name).await {
                         tracing::warn!(container = %name, error = %e, "could not remove container");
                     }
                     forget(&live, &name);

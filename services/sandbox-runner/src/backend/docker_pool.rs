@@ -26,7 +26,7 @@ use crate::capture::Capture;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::job::{Job, Outcome};
-use crate::outputs::{self, OutputLimits, Rejected};
+use crate::outputs::{self, OutputLimits};
 use crate::pool::Source;
 
 const AGENT: &str = include_str!("../agent.py");
@@ -185,6 +185,7 @@ impl Warm {
             "grace_ms": grace_ms,
             "max_stdout": job.limits.max_stdout_bytes,
             "max_stderr": job.limits.max_stderr_bytes,
+            "fsize": OutputLimits::file_size_cap(job.limits.max_output_bytes),
             "uid": self.uid,
             "gid": self.gid,
         });
@@ -196,10 +197,8 @@ impl Warm {
             .write_all(&line)
             .await
             .map_err(Error::io("sending the job to the agent"))?;
-        self.input
-            .shutdown()
-            .await
-            .map_err(Error::io("closing the agent's stdin"))?;
+        // stdin stays open until this run is over: the agent ends everything at its end of
+        // file (the runner gone), so a warm run never outlives its runner.
 
         let mut stdout = Capture::new(job.limits.max_stdout_bytes);
         let mut stderr = Capture::new(job.limits.max_stderr_bytes);
@@ -300,16 +299,13 @@ impl Warm {
             .and_then(|e| e.get("unreadable"))
             .and_then(|u| u.as_array())
         {
-            for p in list
-                .iter()
-                .filter_map(|p| p.as_str())
-                .take(job.limits.max_output_files as usize)
-            {
-                outputs.rejected.push(Rejected {
-                    path: p.to_owned(),
-                    reason: "io_error".into(),
-                });
-            }
+            // /output was not read whole: nothing is published.
+            outputs = outputs.unreadable(
+                list.iter()
+                    .filter_map(|p| p.as_str())
+                    .take(job.limits.max_output_files as usize)
+                    .map(str::to_owned),
+            );
         }
         let timed_out = result
             .get("timed_out")

@@ -6,6 +6,10 @@
 //! ahead of time whose process waits for them (local_pool.rs); the rest run cold.
 //! Kill semantics: the sandbox's pid-1 dies with bwrap (--die-with-parent), and everything in
 //! the pid namespace dies with it, setsid'd children included.
+//! Nothing of the runner reaches the sandbox: bwrap itself starts with an empty environment
+//! (its pid-1 init is a fork of it, whose /proc/1/environ the program can read), descriptors
+//! above 2 are closed on exec, and the program sees only its own pid namespace. Each sandbox
+//! runs in a cgroup of its own (cgroup.rs) when the host lets the runner make one.
 
 use std::collections::HashSet;
 use std::ffi::OsString;
@@ -21,6 +25,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 use tokio::time::sleep_until;
 
+use super::cgroup::{self, Cgroup, Cgroups};
 use super::local_pool::{LocalSource, Waiting, GO_TIMEOUT};
 use super::{keep, remove_dir, ExecOutcome, ExecSpec, Live, SessionSandbox};
 use crate::capture::Capture;
@@ -30,6 +35,9 @@ use crate::job::{Job, Outcome};
 use crate::limits::Limits;
 use crate::outputs::{self, OutputLimits};
 use crate::pool::Pool;
+
+/// Runs its arguments unless stdin (the runner's end held open) is already at end of file.
+const GATE: &str = "read -t 0 && exit 125; exec \"$@\" </dev/null";
 
 /// Top-level host directories never shown inside a sandbox.
 const HIDDEN: &[&str] = &[
@@ -66,6 +74,9 @@ pub(super) struct Base {
     /// Arguments that mirror the host root read-only.
     root_args: Vec<OsString>,
     as_root: bool,
+    /// Where sandbox cgroups are made; None when this host does not let the runner (runs then
+    /// report `limits_enforced: false`).
+    cgroups: Option<Cgroups>,
 }
 
 /// The sandbox around one process, up to its program: binds, network, /tmp size, env.
@@ -81,6 +92,8 @@ pub(super) struct Frame<'a> {
 
 /// One sandboxed process to start.
 struct Spawn<'a> {
+    /// Names its cgroup (unique among running sandboxes).
+    id: String,
     frame: Frame<'a>,
     argv: Vec<String>,
     limits: &'a Limits,
@@ -92,6 +105,7 @@ struct Spawn<'a> {
 struct Finished {
     exit_code: i32,
     timed_out: bool,
+    oom_killed: bool,
     started_at: OffsetDateTime,
     duration_ms: u64,
     stdout: Capture,
@@ -108,11 +122,25 @@ impl LocalBackend {
             ))
         })?;
         let as_root = rustix::process::geteuid().is_root();
+        let cgroups = match Cgroups::detect(&config.cgroup_root, &config.runner_id) {
+            Ok(c) => Some(c),
+            Err(why) if config.require_limits => {
+                return Err(Error::NoIsolation(format!(
+                    "the local backend cannot enforce memory, pids and cpu limits here: {why}. \
+                     Give the runner cgroups, or set require_limits = false to run with per-process rlimits only (runs then report limits_enforced: false)"
+                )))
+            }
+            Err(why) => {
+                tracing::warn!(reason = %why, "local backend: no cgroups for sandboxes; memory, pids and cpu are limited per process only and runs report limits_enforced: false");
+                None
+            }
+        };
         let mut base = Base {
             root_args: Vec::new(),
             bwrap,
             as_root,
             config,
+            cgroups,
         };
         base.root_args = base.mirror_root()?;
         if as_root {
@@ -138,6 +166,19 @@ impl LocalBackend {
     /// Waiting sandboxes ready now.
     pub fn warm_sandboxes(&self) -> usize {
         self.pool.as_ref().map(|p| p.ready_count()).unwrap_or(0)
+    }
+
+    /// Are memory, pids and cpu limits enforced over whole sandboxes (cgroups)?
+    pub fn limits_enforced(&self) -> bool {
+        self.base.cgroups.is_some()
+    }
+
+    /// Removes the sandbox cgroups an earlier life of this runner left; returns how many.
+    pub async fn sweep(&self) -> usize {
+        match &self.base.cgroups {
+            Some(c) => c.sweep().await,
+            None => 0,
+        }
     }
 }
 
@@ -239,6 +280,7 @@ impl Base {
             cmd.uid(self.config.sandbox_uid)
                 .gid(self.config.sandbox_gid);
         }
+        cmd.env_clear();
         let out = cmd.output().map_err(|e| {
             Error::NoIsolation(format!("cannot start {}: {e}", self.bwrap.display()))
         })?;
@@ -280,6 +322,9 @@ impl Base {
     /// Its own process group, killed when dropped, started as the sandbox uid when we are root.
     pub(super) fn command(&self, frame: &Frame<'_>) -> Command {
         let mut cmd = Command::new(&self.bwrap);
+        // bwrap's own environment is that of its pid-1 init inside the sandbox, readable at
+        // /proc/1/environ: it gets none (the program's comes through --setenv).
+        cmd.env_clear();
         cmd.args(self.namespace_args(frame.network));
         cmd.args(&self.root_args);
         cmd.args(["--dev", "/dev", "--proc", "/proc"]);
@@ -301,6 +346,33 @@ impl Base {
         }
         close_inherited_fds_on_exec(&mut cmd);
         cmd
+    }
+
+    /// The cgroup of sandbox `id` with `limits`, when this host has them.
+    pub(super) fn cgroup(&self, id: &str, limits: &Limits) -> Result<Option<Cgroup>> {
+        let Some(cgroups) = &self.cgroups else {
+            return Ok(None);
+        };
+        cgroups
+            .create(id, limits)
+            .map(Some)
+            .map_err(Error::io(format!("creating the cgroup of sandbox {id}")))
+    }
+
+    /// Makes `cmd`'s process join `cgroup` before it execs; keep what this returns until the
+    /// spawn has returned.
+    pub(super) fn join(
+        cmd: &mut Command,
+        cgroup: Option<&Cgroup>,
+    ) -> Result<Vec<std::os::fd::OwnedFd>> {
+        let Some(cgroup) = cgroup else {
+            return Ok(Vec::new());
+        };
+        let fds = cgroup
+            .procs_files()
+            .map_err(Error::io("opening a sandbox cgroup"))?;
+        cgroup::join_on_exec(cmd, &fds);
+        Ok(fds)
     }
 }
 
@@ -360,6 +432,7 @@ impl LocalBackend {
         }
         let env = job.environment();
         let spawn = Spawn {
+            id: job.id.clone(),
             frame: Frame {
                 binds: vec![(input, "/input", false), (output.clone(), "/output", true)],
                 network: job.network,
@@ -388,8 +461,18 @@ impl LocalBackend {
         job: &Job,
         live: Option<&Live>,
     ) -> std::result::Result<Outcome, Pooled> {
-        let Waiting { mut child, task } = waiting;
+        let Waiting {
+            mut child,
+            task,
+            cgroup,
+        } = waiting;
         let output = task.path.join("output");
+        if let Some(c) = &cgroup {
+            // The job's pids and cpu limits (its memory is the default the sandbox has).
+            c.set_limits(&job.limits).map_err(|e| {
+                Pooled::Unstarted(Error::io("setting a waiting sandbox's limits")(e))
+            })?;
+        }
         if !job.inputs.is_empty() {
             stage_inputs(&task.path.join("input"), job)
                 .await
@@ -434,6 +517,7 @@ impl LocalBackend {
             .supervise(child, started_at, t0, timeout, caps, live)
             .await
             .map_err(Pooled::Failed)?;
+        let done = finish(done, cgroup).await;
         let outputs = collect(output, job).await.map_err(Pooled::Failed)?;
         drop(task);
         Ok(outcome(done, outputs, true))
@@ -450,6 +534,7 @@ impl LocalBackend {
             ("PYTHONUNBUFFERED".to_owned(), "1".to_owned()),
         ];
         let spawn = Spawn {
+            id: format!("{}-{}", s.session_id, uuid::Uuid::now_v7().simple()),
             frame: Frame {
                 binds: vec![
                     (s.task_dir.join("workspace"), "/workspace", true),
@@ -476,23 +561,35 @@ impl LocalBackend {
         })
     }
 
-    /// Starts a sandbox for one program (its rlimits set by prlimit) and supervises it.
+    /// Starts a sandbox for one program (its rlimits set by prlimit, in its own cgroup when
+    /// the host has them) and supervises it; the cgroup is gone when this returns.
     async fn sandboxed(&self, spawn: Spawn<'_>, live: Option<&Live>) -> Result<Finished> {
+        let cgroup = self.base.cgroup(&spawn.id, spawn.limits)?;
         let mut cmd = self.base.command(&spawn.frame);
         cmd.arg("--").arg("prlimit");
         for (name, value) in rlimits(spawn.limits, spawn.timeout) {
             cmd.arg(format!("--{name}={value}"));
         }
-        cmd.arg("--").args(&spawn.argv);
-        cmd.stdin(Stdio::null())
+        // The gate: bwrap's stdin is a pipe the runner holds (and never writes). A runner that
+        // died while bwrap was still building the sandbox (before its inner process asked for
+        // the parent-death signal) left it at end of file, and the program never starts;
+        // otherwise the program runs with stdin on /dev/null.
+        // `-p`: no BASH_ENV file runs before the check (the environment passes on unchanged).
+        cmd.args(["--", "/bin/bash", "-p", "-c", GATE, "cairn-gate"])
+            .args(&spawn.argv);
+        cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let started_at = OffsetDateTime::now_utc();
         let t0 = Instant::now();
+        let joining = Base::join(&mut cmd, cgroup.as_ref())?;
         let child = cmd.spawn().map_err(Error::io("starting bubblewrap"))?;
+        drop(joining);
         let caps = (spawn.max_stdout, spawn.max_stderr);
-        self.supervise(child, started_at, t0, spawn.timeout, caps, live)
-            .await
+        let done = self
+            .supervise(child, started_at, t0, spawn.timeout, caps, live)
+            .await?;
+        Ok(finish(done, cgroup).await)
     }
 
     /// Captures a started sandbox's output, enforces the timeout from `t0` (SIGTERM to the
@@ -508,6 +605,7 @@ impl LocalBackend {
     ) -> Result<Finished> {
         let pid = child.id().map(|p| p as i32).unwrap_or(0);
         let _registered = Registered::new(&self.running, pid);
+        let mut unreaped = Unreaped(pid);
         let (Some(mut out), Some(mut err)) = (child.stdout.take(), child.stderr.take()) else {
             return Err(Error::Sandbox("bubblewrap started without pipes".into()));
         };
@@ -552,6 +650,7 @@ impl LocalBackend {
                 child.wait().await.map_err(Error::io("waiting for bubblewrap"))?
             }
         };
+        unreaped.0 = 0;
         let exit_code = status.code().unwrap_or_else(|| {
             use std::os::unix::process::ExitStatusExt;
             128 + status.signal().unwrap_or(0)
@@ -559,6 +658,7 @@ impl LocalBackend {
         Ok(Finished {
             exit_code: if step > 0 { -1 } else { exit_code },
             timed_out: step > 0,
+            oom_killed: false,
             started_at,
             duration_ms: t0.elapsed().as_millis() as u64,
             stdout,
@@ -579,6 +679,9 @@ impl LocalBackend {
         for pid in groups {
             kill_group(pid, Signal::KILL);
         }
+        if let Some(c) = &self.base.cgroups {
+            c.close().await;
+        }
     }
 }
 
@@ -594,7 +697,11 @@ fn rlimits(limits: &Limits, timeout: Duration) -> [(&'static str, u64); 5] {
     [
         ("nproc", limits.pids),
         ("as", limits.memory_bytes),
-        ("fsize", limits.max_output_bytes),
+        // One byte over the output limit: a file cut there is known to be cut.
+        (
+            "fsize",
+            OutputLimits::file_size_cap(limits.max_output_bytes),
+        ),
         ("cpu", timeout.as_secs() + 1),
         ("core", 0),
     ]
@@ -616,8 +723,9 @@ fn outcome(done: Finished, outputs: outputs::Outputs, warm: bool) -> Outcome {
     Outcome {
         exit_code: done.exit_code,
         timed_out: done.timed_out,
-        // Memory is capped by RLIMIT_AS here: allocations fail, nothing is OOM-killed.
-        oom_killed: false,
+        // Without a cgroup, memory is capped by RLIMIT_AS only: allocations fail, nothing is
+        // OOM-killed.
+        oom_killed: done.oom_killed,
         warm,
         started_at: done.started_at,
         duration_ms: done.duration_ms,
@@ -625,6 +733,16 @@ fn outcome(done: Finished, outputs: outputs::Outputs, warm: bool) -> Outcome {
         stderr: done.stderr,
         outputs,
     }
+}
+
+/// Reads whether the memory limit killed a process of the finished sandbox, then removes its
+/// cgroup.
+async fn finish(mut done: Finished, cgroup: Option<Cgroup>) -> Finished {
+    if let Some(c) = cgroup {
+        done.oom_killed = c.oom_kills() > 0;
+        c.remove().await;
+    }
+    done
 }
 
 /// Sends SIGTERM to every process inside the sandbox below its pid 1 (the program and
@@ -688,6 +806,24 @@ pub(super) async fn kill_and_wait(child: &mut Child) {
 pub(super) fn kill_group(pid: i32, sig: Signal) {
     if let Some(pid) = Pid::from_raw(pid) {
         let _ = rustix::process::kill_process_group(pid, sig);
+    }
+}
+
+/// Kills a sandbox whose supervision is dropped before bwrap was reaped (its call was
+/// cancelled, or its client's deadline passed): bwrap's group and the namespace's pid 1 (in a
+/// session of its own), so nothing the program started runs on. Until it is reaped, bwrap's
+/// pid cannot name another process. 0 = reaped.
+struct Unreaped(i32);
+
+impl Drop for Unreaped {
+    fn drop(&mut self) {
+        if self.0 > 0 {
+            let inits = children(self.0);
+            kill_group(self.0, Signal::KILL);
+            for p in inits.into_iter().filter_map(Pid::from_raw) {
+                let _ = rustix::process::kill_process(p, Signal::KILL);
+            }
+        }
     }
 }
 

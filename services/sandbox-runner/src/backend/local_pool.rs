@@ -13,6 +13,7 @@ use rustix::process::Signal;
 use tokio::io::AsyncReadExt;
 use tokio::process::Child;
 
+use super::cgroup::Cgroup;
 use super::local::{kill_and_wait, kill_group, Base, Frame, TaskDir};
 use crate::error::{Error, Result};
 use crate::job::Job;
@@ -41,6 +42,8 @@ pub struct Waiting {
     /// bwrap, with stdin (the go pipe), stdout and stderr piped.
     pub child: Child,
     pub task: TaskDir,
+    /// Its cgroup (made with the default limits; the job's are set when it arrives).
+    pub cgroup: Option<Cgroup>,
 }
 
 impl LocalSource {
@@ -73,9 +76,16 @@ impl Source for LocalSource {
     }
 
     async fn discard(&self, waiting: Waiting) {
-        let Waiting { mut child, task } = waiting;
+        let Waiting {
+            mut child,
+            task,
+            cgroup,
+        } = waiting;
         kill_and_wait(&mut child).await;
         task.remove().await;
+        if let Some(c) = cgroup {
+            c.remove().await;
+        }
     }
 
     async fn make(&self) -> Result<Waiting> {
@@ -98,21 +108,28 @@ impl Source for LocalSource {
             chdir: "/tmp",
             env: &self.env,
         };
+        let cgroup = self.base.cgroup(&id, &config.default_limits())?;
         let mut cmd = self.base.command(&frame);
         cmd.args(["--", "python3", "-I", "-S", "-c", WAITER])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        let joining = Base::join(&mut cmd, cgroup.as_ref())?;
         let mut child = cmd
             .spawn()
             .map_err(Error::io("starting bubblewrap for a waiting sandbox"))?;
+        drop(joining);
         let mut ready = [0u8; READY.len()];
         let answered = match child.stdout.as_mut() {
             Some(out) => tokio::time::timeout(READY_TIMEOUT, out.read_exact(&mut ready)).await,
             None => return Err(Error::Sandbox("bubblewrap started without pipes".into())),
         };
         if matches!(answered, Ok(Ok(_))) && ready == READY {
-            return Ok(Waiting { child, task });
+            return Ok(Waiting {
+                child,
+                task,
+                cgroup,
+            });
         }
         // Not ready: say why (the waiter's or bwrap's stderr), leave nothing.
         let mut why = Vec::new();

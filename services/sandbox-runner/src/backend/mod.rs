@@ -2,6 +2,7 @@
 //! (Linux namespaces through bubblewrap). Both run one-shot jobs and session commands with the
 //! same kill semantics; `select` picks one and refuses to run without isolation.
 
+mod cgroup;
 pub mod docker;
 mod docker_pool;
 pub mod local;
@@ -107,11 +108,20 @@ impl Backend {
         }
     }
 
-    /// Removes this runner's leftovers (containers, task directories); returns how many.
+    /// Removes this runner's leftovers (containers, sandbox cgroups); returns how many.
     pub async fn sweep(&self) -> Result<usize> {
         match self {
             Backend::Docker(d) => d.sweep().await,
-            Backend::Local(_) => Ok(0),
+            Backend::Local(l) => Ok(l.sweep().await),
+        }
+    }
+
+    /// Are memory, pids and cpu limits enforced over whole sandboxes? Docker: always (the
+    /// engine's cgroups); local: when the runner can make cgroups here.
+    pub fn limits_enforced(&self) -> bool {
+        match self {
+            Backend::Docker(_) => true,
+            Backend::Local(l) => l.limits_enforced(),
         }
     }
 

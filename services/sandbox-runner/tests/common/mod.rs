@@ -380,3 +380,79 @@ pub fn processes_with(needle: &str) -> Vec<i32> {
     }
     out
 }
+
+/// Running containers labelled with `runner_id`.
+pub async fn running_containers_of(runner_id: &str) -> Vec<String> {
+    let client = bollard::Docker::connect_with_local_defaults()
+        .unwrap()
+        .negotiate_version()
+        .await
+        .unwrap();
+    let filters = std::collections::HashMap::from([
+        (
+            "label".to_string(),
+            vec![format!("cairn.runner_id={runner_id}")],
+        ),
+        ("status".to_string(), vec!["running".to_string()]),
+    ]);
+    let opts = bollard::query_parameters::ListContainersOptionsBuilder::default()
+        .all(true)
+        .filters(&filters)
+        .build();
+    client
+        .list_containers(Some(opts))
+        .await
+        .unwrap()
+        .into_iter()
+        .flat_map(|c| c.names.unwrap_or_default())
+        .collect()
+}
+
+/// The cgroup directories a runner keeps for its sandboxes (`cairn-sandbox-<runner_id>` in each
+/// hierarchy under /sys/fs/cgroup).
+pub fn runner_cgroups(runner_id: &str) -> Vec<std::path::PathBuf> {
+    fn walk(dir: &std::path::Path, name: &str, depth: usize, out: &mut Vec<std::path::PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            if entry.file_name() == name {
+                out.push(entry.path());
+            } else if depth > 0 {
+                walk(&entry.path(), name, depth - 1, out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let name = format!("cairn-sandbox-{runner_id}");
+    walk(std::path::Path::new("/sys/fs/cgroup"), &name, 4, &mut out);
+    out
+}
+
+/// The sandbox cgroups of a runner (children of its `runner_cgroups`).
+pub fn sandbox_cgroups(runner_id: &str) -> Vec<std::path::PathBuf> {
+    runner_cgroups(runner_id)
+        .iter()
+        .flat_map(|d| std::fs::read_dir(d).into_iter().flatten().flatten())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.path())
+        .collect()
+}
+
+/// Removes what a runner killed with -9 leaves in /sys/fs/cgroup (its sandboxes' cgroups,
+/// once their processes are gone, and its own directories), so tests leave nothing.
+pub async fn remove_runner_cgroups(runner_id: &str) {
+    let t0 = std::time::Instant::now();
+    while !runner_cgroups(runner_id).is_empty() && t0.elapsed() < Duration::from_secs(10) {
+        for dir in sandbox_cgroups(runner_id)
+            .into_iter()
+            .chain(runner_cgroups(runner_id))
+        {
+            let _ = std::fs::remove_dir(dir);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# What mutual TLS costs: a plaintext and a TLS artifact-store (release, loopback, same scratch
+# filesystem) measured side by side by `store_load tls`, then the orchestrator's write_file
+# chain on a plaintext store+orchestrator pair and on an mTLS pair, in one session.
+# Usage: bash bench/tls.sh [SIZE_BYTES] [NODES]   (defaults 1 GiB, 1000; scratch under $BENCH_DIR or /tmp)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SIZE="${1:-1073741824}"
+NODES="${2:-1000}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
+cargo build --release -q -p cairn-artifact-store -p cairn-orchestrator -p cairn-cli -p cairn-bench
+BIN="$CARGO_TARGET_DIR/release"
+
+WORK="$(mktemp -d -p "${BENCH_DIR:-/tmp}" cairn-tls-bench.XXXXXX)"
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_port() { for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return; sleep 0.1; done; echo "port $1 never opened" >&2; exit 1; }
+
+"$BIN/cairn" certs init --out "$WORK/pki" >/dev/null 2>&1
+"$BIN/store_load" gen --out "$WORK/input.bin" --size "$SIZE"
+PLAIN="$(port)"; TLS="$(port)"
+RUST_LOG=warn "$BIN/cairn-artifact-store" --data-root "$WORK/plain" --listen "127.0.0.1:$PLAIN" & PIDS+=($!)
+RUST_LOG=warn "$BIN/cairn-artifact-store" --data-root "$WORK/tls" --listen "127.0.0.1:$TLS" --tls-dir "$WORK/pki" & PIDS+=($!)
+wait_port "$PLAIN"; wait_port "$TLS"
+echo "command: bash bench/tls.sh $SIZE $NODES  ($(date -u +%Y-%m-%dT%H:%MZ), $(df -T "$WORK" | awk 'NR==2{print $2}') scratch)"
+"$BIN/store_load" tls --plain-addr "http://127.0.0.1:$PLAIN" --tls-addr "127.0.0.1:$TLS" --tls-dir "$WORK/pki" --file "$WORK/input.bin"
+rm -f "$WORK/input.bin"
+
+# The write_file chain: one orchestrator per store, each dialling its store as the store is served.
+OP="$(port)"; OT="$(port)"
+RUST_LOG=warn "$BIN/cairn-orchestrator" --listen "127.0.0.1:$OP" --store-addr "127.0.0.1:$PLAIN" --ingest-addr "" & PIDS+=($!)
+RUST_LOG=warn "$BIN/cairn-orchestrator" --listen "127.0.0.1:$OT" --store-addr "127.0.0.1:$TLS" --ingest-addr "" --tls-dir "$WORK/pki" & PIDS+=($!)
+wait_port "$OP"; wait_port "$OT"
+for round in 1 2; do
+  echo "# round $round: plaintext"
+  "$BIN/orchestrator_load" --orch "http://127.0.0.1:$OP" --store "http://127.0.0.1:$PLAIN" --nodes "$NODES" --repeat 3 --only write --scratch "$WORK"
+  echo "# round $round: mutual TLS"
+  "$BIN/orchestrator_load" --orch "127.0.0.1:$OT" --store "127.0.0.1:$TLS" --nodes "$NODES" --repeat 3 --only write --tls-dir "$WORK/pki" --scratch "$WORK"
+done

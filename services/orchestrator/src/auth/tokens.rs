@@ -1,0 +1,329 @@
+//! The tokens file: who the people are (name, role, optional projects) and the sha256 of each
+//! one's bearer token. It never holds a token itself: `cairn tokens add` prints the token once
+//! and stores only its hash, so a leaked file grants nothing.
+//!
+//! Format (TOML, written by `cairn tokens`, editable by hand):
+//! ```toml
+//! [[token]]
+//! name = "ann"
+//! role = "approver"
+//! projects = ["web"]        # optional; absent = every project
+//! sha256 = "<64 hex digits>"
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::Role;
+
+/// Longest name of a person.
+pub const MAX_NAME_CHARS: usize = 64;
+/// Prefix of every token cairn makes (recognisable in logs and secret scanners).
+pub const TOKEN_PREFIX: &str = "cairn_";
+
+#[derive(Debug, thiserror::Error)]
+pub enum TokensError {
+    #[error("cannot read the tokens file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the tokens file {path} is not valid: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("cannot write the tokens file {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Invalid(String),
+    #[error("no token named `{0}`; list them with `cairn tokens list`")]
+    Unknown(String),
+    #[error("a token named `{0}` exists; remove it first (`cairn tokens remove {0}`) or choose another name")]
+    Exists(String),
+}
+
+/// One person's entry.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenEntry {
+    /// Recorded as `by` of everything this person does.
+    pub name: String,
+    pub role: Role,
+    /// Projects this person may act on; empty = every project.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub projects: Vec<String>,
+    /// sha256 of the token, lowercase hex.
+    pub sha256: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokensFile {
+    #[serde(default, rename = "token")]
+    pub tokens: Vec<TokenEntry>,
+}
+
+/// sha256 of a token, lowercase hex.
+pub fn hash(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+/// A new token: 244 random bits from the OS (two v4 UUIDs), hex, with the cairn prefix.
+pub fn new_token() -> String {
+    format!(
+        "{TOKEN_PREFIX}{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
+/// Equality of two byte strings in time independent of where they differ.
+pub fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(diff) == 0
+}
+
+/// A name people are recorded under: 1-64 of letters, digits, `.`, `_`, `-`, `@`.
+pub fn check_name(name: &str) -> Result<(), TokensError> {
+    let ok = !name.is_empty()
+        && name.chars().count() <= MAX_NAME_CHARS
+        && name
+            .chars()
+            .all(|c| c.is_alphanumeric() || matches!(c, '.' | '_' | '-' | '@'));
+    if ok {
+        Ok(())
+    } else {
+        Err(TokensError::Invalid(format!(
+            "name `{name}`: use 1-{MAX_NAME_CHARS} letters, digits, `.`, `_`, `-` or `@`"
+        )))
+    }
+}
+
+fn check_project(project: &str) -> Result<(), TokensError> {
+    if project.is_empty()
+        || project.len() > 255
+        || project
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || c == '/')
+    {
+        return Err(TokensError::Invalid(format!(
+            "project `{project}`: give a project id (no spaces, slashes or control characters)"
+        )));
+    }
+    Ok(())
+}
+
+impl TokensFile {
+    /// Reads and checks the file; a missing file is an error.
+    pub fn read(path: &Path) -> Result<TokensFile, TokensError> {
+        let text = std::fs::read_to_string(path).map_err(|source| TokensError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let file: TokensFile = toml::from_str(&text).map_err(|e| TokensError::Parse {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })?;
+        file.check().map_err(|e| TokensError::Parse {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })?;
+        Ok(file)
+    }
+
+    /// Reads the file, or an empty one when it does not exist yet (`cairn tokens add`).
+    pub fn read_or_empty(path: &Path) -> Result<TokensFile, TokensError> {
+        match path.try_exists() {
+            Ok(false) => Ok(TokensFile::default()),
+            _ => TokensFile::read(path),
+        }
+    }
+
+    fn check(&self) -> Result<(), TokensError> {
+        let mut names = std::collections::HashSet::new();
+        for t in &self.tokens {
+            check_name(&t.name)?;
+            if !names.insert(t.name.as_str()) {
+                return Err(TokensError::Invalid(format!(
+                    "two tokens are named `{}`",
+                    t.name
+                )));
+            }
+            if t.sha256.len() != 64 || !t.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(TokensError::Invalid(format!(
+                    "token `{}`: sha256 must be 64 hex digits (the hash of the token, never the token)",
+                    t.name
+                )));
+            }
+            for p in &t.projects {
+                check_project(p)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the file atomically (a temporary file renamed over it), readable by its owner only.
+    pub fn write(&self, path: &Path) -> Result<(), TokensError> {
+        let err = |source| TokensError::Write {
+            path: path.to_owned(),
+            source,
+        };
+        let body = toml::to_string(self).map_err(|e| err(std::io::Error::other(e)))?;
+        let text = format!(
+            "# cairn tokens: one [[token]] per person (name, role, optional projects, sha256 of the\n# token). Manage with `cairn tokens add|list|remove`; the tokens themselves are not stored.\n\n{body}"
+        );
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
+            _ => PathBuf::from("."),
+        };
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "tokens".into());
+        let tmp = dir.join(format!(".{name}.{}.tmp", uuid::Uuid::new_v4().simple()));
+        let written = (|| {
+            use std::io::Write;
+            let mut opts = std::fs::OpenOptions::new();
+            opts.write(true).create_new(true);
+            #[cfg(unix)]
+            std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+            let mut f = opts.open(&tmp)?;
+            f.write_all(text.as_bytes())?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, path)
+        })();
+        if written.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        written.map_err(err)
+    }
+
+    /// Adds a person with a new token; returns the token (shown once, never stored).
+    pub fn add(
+        &mut self,
+        name: &str,
+        role: Role,
+        projects: &[String],
+    ) -> Result<String, TokensError> {
+        check_name(name)?;
+        for p in projects {
+            check_project(p)?;
+        }
+        if self.tokens.iter().any(|t| t.name == name) {
+            return Err(TokensError::Exists(name.to_owned()));
+        }
+        let token = new_token();
+        let mut projects = projects.to_vec();
+        projects.sort();
+        projects.dedup();
+        self.tokens.push(TokenEntry {
+            name: name.to_owned(),
+            role,
+            projects,
+            sha256: hash(&token),
+        });
+        Ok(token)
+    }
+
+    /// Removes a person (their token stops working).
+    pub fn remove(&mut self, name: &str) -> Result<TokenEntry, TokensError> {
+        let at = self
+            .tokens
+            .iter()
+            .position(|t| t.name == name)
+            .ok_or_else(|| TokensError::Unknown(name.to_owned()))?;
+        Ok(self.tokens.remove(at))
+    }
+
+    /// The entry a token belongs to. Every entry's hash is compared, each in constant time, so
+    /// the answer's timing says nothing about which bytes matched.
+    pub fn find(&self, token: &str) -> Option<&TokenEntry> {
+        let given = Sha256::digest(token.as_bytes());
+        let mut found = None;
+        for t in &self.tokens {
+            let Ok(expected) = hex::decode(&t.sha256) else {
+                continue;
+            };
+            if same_bytes(&given, &expected) && found.is_none() {
+                found = Some(t);
+            }
+        }
+        found
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn add_find_remove_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens.toml");
+        let mut f = TokensFile::read_or_empty(&path).unwrap();
+        let t = f
+            .add("ann", Role::Approver, &["web".into(), "web".into()])
+            .unwrap();
+        assert!(t.starts_with(TOKEN_PREFIX) && t.len() == TOKEN_PREFIX.len() + 64);
+        assert!(matches!(
+            f.add("ann", Role::Viewer, &[]),
+            Err(TokensError::Exists(_))
+        ));
+        assert!(f.add("bad name", Role::Viewer, &[]).is_err());
+        assert!(f.add("x", Role::Viewer, &["a b".into()]).is_err());
+        f.write(&path).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(!text.contains(&t), "the token itself is never stored");
+        assert!(text.contains(&hash(&t)));
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+        let mut back = TokensFile::read(&path).unwrap();
+        let e = back.find(&t).unwrap();
+        assert_eq!(
+            (e.name.as_str(), e.role, e.projects.clone()),
+            ("ann", Role::Approver, vec!["web".to_owned()])
+        );
+        assert!(back.find("cairn_wrong").is_none());
+        assert!(back.find("").is_none());
+        back.remove("ann").unwrap();
+        assert!(back.find(&t).is_none());
+        assert!(matches!(back.remove("ann"), Err(TokensError::Unknown(_))));
+    }
+
+    #[test]
+    fn a_bad_file_is_refused_with_its_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens.toml");
+        assert!(TokensFile::read(&path).is_err());
+        std::fs::write(
+            &path,
+            "[[token]]\nname = \"a\"\nrole = \"root\"\nsha256 = \"00\"\n",
+        )
+        .unwrap();
+        let e = TokensFile::read(&path).unwrap_err().to_string();
+        assert!(e.contains("tokens.toml"), "{e}");
+        std::fs::write(
+            &path,
+            format!(
+                "[[token]]\nname = \"a\"\nrole = \"viewer\"\nsha256 = \"{}\"\n",
+                "0".repeat(63)
+            ),
+        )
+        .unwrap();
+        assert!(TokensFile::read(&path)
+            .unwrap_err()
+            .to_string()
+            .contains("64 hex"));
+    }
+}

@@ -1,0 +1,385 @@
+//! The console's trust boundary: only its own Host names are answered (a DNS-rebinding page
+//! gets nothing), every POST must come from its own Origin, a shared token is at least 16
+//! characters, guessing logins is slow and logged, and people log in with their own token
+//! from the tokens file: the console shows and allows what their role allows and relays their
+//! token, so the orchestrator decides and records who did it.
+#![allow(clippy::unwrap_used)]
+
+mod auth_support;
+mod common;
+mod console_support;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::http::{header, StatusCode};
+use cairn_orchestrator::console::{console_router, serve_console, ConsoleConfig};
+use cairn_proto::v1::{GateState, TaskState};
+use console_support::{Client, Services, CONSOLE_HOST, CONSOLE_ORIGIN, PROJECT, RUN, TOKEN};
+
+fn run_url() -> String {
+    format!("/projects/{PROJECT}/runs/{RUN}")
+}
+
+#[tokio::test]
+async fn a_foreign_host_gets_nothing() {
+    let s = Services::start().await;
+    let router = console_router(ConsoleConfig {
+        public_hosts: vec!["cairn.example.com".into(), "ops.example.com:8443".into()],
+        ..s.config(None)
+    })
+    .unwrap();
+    let mut c = Client::new(router);
+    // A page whose name rebinds to 127.0.0.1 reaches the console with its own name as Host.
+    for host in [
+        "evil.example",
+        "evil.example:7480",
+        "127.0.0.1.evil.example:7480",
+        "cairn.example.com.evil.example",
+        "ops.example.com:9999",
+        "",
+    ] {
+        let headers: Vec<(&str, &str)> = if host.is_empty() {
+            vec![]
+        } else {
+            vec![("host", host)]
+        };
+        for path in ["/runs".to_owned(), run_url(), "/login".to_owned()] {
+            let p = c.raw("GET", &path, &headers, &[]).await;
+            assert!(
+                p.status == StatusCode::FORBIDDEN || p.status == StatusCode::MISDIRECTED_REQUEST,
+                "Host {host:?} {path}: {} {}",
+                p.status,
+                p.body
+            );
+            assert!(!p.body.contains("csrf"), "no form for {host:?}: {}", p.body);
+            assert!(
+                !p.headers.contains_key(header::SET_COOKIE),
+                "no session for {host:?}"
+            );
+            assert!(!p.body.contains("Draft and publish"), "{}", p.body);
+        }
+    }
+    // Not even with a valid session and CSRF token: a rebound page cannot act.
+    let csrf = c.csrf().await;
+    let p = c
+        .raw(
+            "POST",
+            &format!("{}/gates/review/approve", run_url()),
+            &[
+                ("host", "evil.example:7480"),
+                ("origin", "http://evil.example:7480"),
+            ],
+            &[("csrf", &csrf), ("note", "pwned")],
+        )
+        .await;
+    assert!(p.status.is_client_error(), "{}", p.status);
+    assert!(s.fake.calls().is_empty(), "{:?}", s.fake.calls());
+
+    for host in [
+        CONSOLE_HOST,
+        "localhost:7480",
+        "LOCALHOST:7480",
+        "[::1]:7480",
+        "localhost:8080",
+        "cairn.example.com",
+        "cairn.example.com:443",
+        "ops.example.com:8443",
+    ] {
+        let p = c.raw("GET", "/runs", &[("host", host)], &[]).await;
+        assert_eq!(p.status, StatusCode::OK, "Host {host}: {}", p.body);
+    }
+}
+
+#[tokio::test]
+async fn a_post_without_the_consoles_own_origin_is_refused() {
+    let s = Services::start().await;
+    let mut c = Client::new(s.router(None));
+    let csrf = c.csrf().await;
+    let url = format!("{}/notes", run_url());
+    for origin in [
+        Some("http://evil.example"),
+        Some("http://127.0.0.1:9999"),
+        Some("https://127.0.0.1:7480.evil.example"),
+        Some("null"),
+        None,
+    ] {
+        let mut headers = vec![("host", CONSOLE_HOST)];
+        if let Some(o) = origin {
+            headers.push(("origin", o));
+        }
+        let p = c
+            .raw("POST", &url, &headers, &[("csrf", &csrf), ("text", "x")])
+            .await;
+        assert_eq!(
+            p.status,
+            StatusCode::FORBIDDEN,
+            "Origin {origin:?}: {}",
+            p.body
+        );
+        assert!(p.body.contains("Origin"), "says why: {}", p.body);
+    }
+    assert!(s.fake.calls().is_empty(), "{:?}", s.fake.calls());
+    let p = c
+        .raw(
+            "POST",
+            &url,
+            &[("host", CONSOLE_HOST), ("origin", CONSOLE_ORIGIN)],
+            &[("csrf", &csrf), ("text", "from the console")],
+        )
+        .await;
+    assert_eq!(p.status, StatusCode::SEE_OTHER, "{}", p.body);
+    assert_eq!(s.fake.calls().len(), 1);
+    // The login form is a POST too.
+    let mut fresh = Client::new(s.router(Some(TOKEN)));
+    let form = fresh.get("/login").await;
+    let p = fresh
+        .raw(
+            "POST",
+            "/login",
+            &[("host", CONSOLE_HOST), ("origin", "http://evil.example")],
+            &[("csrf", &form.csrf()), ("name", "x"), ("token", TOKEN)],
+        )
+        .await;
+    assert_eq!(p.status, StatusCode::FORBIDDEN, "{}", p.body);
+}
+
+#[tokio::test]
+async fn a_console_token_shorter_than_16_characters_is_refused_at_start() {
+    let s = Services::start().await;
+    for short in ["x", "123456789012345"] {
+        let e = console_router(s.config(Some(short))).err().unwrap();
+        assert!(e.to_string().contains("16"), "names the rule: {e}");
+        assert!(
+            e.to_string().contains("console.token"),
+            "names the key: {e}"
+        );
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        assert!(serve_console(s.config(Some(short)), l, async {})
+            .await
+            .is_err());
+    }
+    let _ = console_router(s.config(Some("1234567890123456"))).unwrap();
+}
+
+/// GET /login for a session and its CSRF token, then POST a wrong token; the POST's status.
+async fn guess(base: String, host: String, n: usize) -> StatusCode {
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let page = http
+        .get(format!("{base}/login"))
+        .header("host", &host)
+        .send()
+        .await
+        .unwrap();
+    let cookie = page
+        .headers()
+        .get(header::SET_COOKIE)
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    let body = page.text().await.unwrap();
+    let at = body.find("name=\"csrf\" value=\"").unwrap() + 19;
+    let csrf = body[at..].split('"').next().unwrap().to_owned();
+    http.post(format!("{base}/login"))
+        .header("host", &host)
+        .header("origin", &base)
+        .header(header::COOKIE, cookie)
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body(console_support::encode(&[
+            ("csrf", &csrf),
+            ("name", "mallory"),
+            ("token", &format!("guess-number-{n:04}-xxxx")),
+        ]))
+        .send()
+        .await
+        .unwrap()
+        .status()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_wrong_logins_are_slowed_and_logged() {
+    auth_support::logs();
+    let s = Services::start().await;
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(serve_console(s.config(Some(TOKEN)), l, async move {
+        let _ = stopped.await;
+    }));
+    let base = format!("http://{addr}");
+    let host = addr.to_string();
+    let answered = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for n in 0..20 {
+        let (base, host, answered) = (base.clone(), host.clone(), answered.clone());
+        tasks.push(tokio::spawn(async move {
+            let status = guess(base, host, n).await;
+            assert_eq!(status, StatusCode::UNAUTHORIZED);
+            answered.fetch_add(1, Ordering::SeqCst);
+        }));
+    }
+    // Unthrottled, 20 guesses in parallel are all answered within a fraction of a second.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let within = answered.load(Ordering::SeqCst);
+    assert!(
+        within < 10,
+        "{within} of 20 parallel wrong logins were answered within {:?}",
+        started.elapsed()
+    );
+    for t in &tasks {
+        t.abort();
+    }
+    let logs = auth_support::logged();
+    let refused: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("console login refused"))
+        .collect();
+    assert!(!refused.is_empty(), "{logs}");
+    assert!(
+        refused
+            .iter()
+            .all(|l| l.contains("WARN") && l.contains("127.0.0.1")),
+        "{refused:?}"
+    );
+    let _ = stop.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn people_log_in_with_their_own_token_and_get_what_their_role_allows() {
+    let o = auth_support::Secured::start(true).await;
+    let config = ConsoleConfig {
+        enabled: true,
+        orchestrator_addr: o.orch_addr.clone(),
+        store_addr: o.store_addr.clone(),
+        user_tokens: true,
+        ..ConsoleConfig::default()
+    };
+    let router = console_router(config.clone()).unwrap();
+    // Personal tokens and a shared token do not mix.
+    assert!(console_router(ConsoleConfig {
+        token: Some(TOKEN.into()),
+        ..config
+    })
+    .is_err());
+    let run = o.blocked_run(PROJECT).await;
+    let page = format!("/projects/{PROJECT}/runs/{run}");
+
+    // Not logged in: nothing.
+    let mut anon = Client::new(router.clone());
+    assert_eq!(anon.get(&page).await.status, StatusCode::SEE_OTHER);
+    let form = anon.get("/login").await;
+    assert!(
+        !form.body.contains("name=\"name\""),
+        "the file names people: {}",
+        form.body
+    );
+    let p = anon.login_token("cairn_not-a-token-0000000000000000").await;
+    assert_eq!(p.status, StatusCode::UNAUTHORIZED, "{}", p.body);
+
+    // A viewer sees the run and no buttons; its POSTs are refused.
+    let mut vic = Client::new(router.clone());
+    let p = vic.login_token(&o.token("vic")).await;
+    assert_eq!(p.status, StatusCode::SEE_OTHER, "{}", p.body);
+    let p = vic.get(&page).await;
+    assert_eq!(p.status, StatusCode::OK, "{}", p.body);
+    assert!(
+        p.body
+            .contains("signed in as <strong id=\"who\">vic</strong>"),
+        "{}",
+        p.body
+    );
+    assert!(p.body.contains("viewer"), "shows the role: {}", p.body);
+    assert!(!p.body.contains(">Approve<"), "{}", p.body);
+    assert!(
+        !p.body.contains("Add note") && !p.body.contains("Save context"),
+        "{}",
+        p.body
+    );
+    let csrf = p.csrf();
+    let approve = format!("{page}/gates/review/approve");
+    let p = vic.post(&approve, &[("csrf", &csrf), ("note", "")]).await;
+    assert_eq!(p.status, StatusCode::FORBIDDEN, "{}", p.body);
+    let p = vic
+        .post(&format!("{page}/notes"), &[("csrf", &csrf), ("text", "x")])
+        .await;
+    assert_eq!(p.status, StatusCode::FORBIDDEN, "{}", p.body);
+    assert_eq!(
+        o.get(PROJECT, &run).await.state,
+        TaskState::InputRequired as i32
+    );
+
+    // An operator may write a note, not decide; the note is recorded under its name.
+    let mut ozzy = Client::new(router.clone());
+    assert_eq!(
+        ozzy.login_token(&o.token("ozzy")).await.status,
+        StatusCode::SEE_OTHER
+    );
+    let p = ozzy.get(&page).await;
+    assert!(
+        p.body.contains("Add note") && !p.body.contains(">Approve<"),
+        "{}",
+        p.body
+    );
+    let csrf = p.csrf();
+    let p = ozzy
+        .post(
+            &format!("{page}/notes"),
+            &[("csrf", &csrf), ("text", "use tabs")],
+        )
+        .await;
+    assert_eq!(p.status, StatusCode::SEE_OTHER, "{}", p.body);
+    let p = ozzy.post(&approve, &[("csrf", &csrf), ("note", "")]).await;
+    assert_eq!(p.status, StatusCode::FORBIDDEN, "{}", p.body);
+
+    // An approver decides; the orchestrator records the token's name.
+    let mut ann = Client::new(router.clone());
+    assert_eq!(
+        ann.login_token(&o.token("ann")).await.status,
+        StatusCode::SEE_OTHER
+    );
+    let p = ann.get(&page).await;
+    assert!(p.body.contains(">Approve<"), "{}", p.body);
+    let csrf = p.csrf();
+    let p = ann
+        .post(&approve, &[("csrf", &csrf), ("note", "fine")])
+        .await;
+    assert_eq!(p.status, StatusCode::SEE_OTHER, "{}", p.body);
+    let info = o.wait_state(PROJECT, &run, TaskState::Completed).await;
+    assert_eq!(info.gates[0].state, GateState::Approved as i32);
+    assert_eq!(info.gates[0].decided_by, "ann");
+    let events = common::read_events(&o.store, &run).await;
+    let by =
+        |kind: &str| common::data(events.iter().find(|e| e.r#type == kind).unwrap())["by"].clone();
+    assert_eq!(by("human.note"), "ozzy");
+    assert_eq!(by("gate.approved"), "ann");
+
+    // A token scoped to one project sees nothing of another.
+    let theirs = o.blocked_run(auth_support::OTHER).await;
+    let mut pat = Client::new(router);
+    assert_eq!(
+        pat.login_token(&o.token("pat")).await.status,
+        StatusCode::SEE_OTHER
+    );
+    let p = pat
+        .get(&format!("/projects/{}/runs/{theirs}", auth_support::OTHER))
+        .await;
+    assert_eq!(p.status, StatusCode::FORBIDDEN, "{}", p.body);
+    let p = pat
+        .get(&format!(
+            "/projects/{}/download?path=.cairn/runs/{theirs}/task.yaml",
+            auth_support::OTHER
+        ))
+        .await;
+    assert_eq!(p.status, StatusCode::FORBIDDEN, "{}", p.body);
+    assert_eq!(pat.get(&page).await.status, StatusCode::OK);
+}
