@@ -245,7 +245,7 @@ async fn store_kill_9_mid_run_loses_no_file_an_event_names() {
     // Each kill comes once the run has recorded some more files since the last restart: the
     // store is then acknowledging Puts and publishing them as it dies.
     let deadline = Instant::now() + RUN_LIMIT;
-    let step = ITEMS / (KILLS + 2);
+    let step = ITEMS / 20;
     let mut written: BTreeMap<String, String> = BTreeMap::new();
     let mut next_seq = 1;
     let mut kills = 0;
