@@ -446,7 +446,8 @@ impl RunLogs {
         run: &str,
         events: Vec<NewEvent>,
     ) -> Result<(u64, u64)> {
-        self.append_fenced(store, project, run, events, 0, &[]).await
+        self.append_fenced(store, project, run, events, 0, &[])
+            .await
     }
 
     /// [`RunLogs::append`] for a fenced writer: refused (`fenced`) unless `epoch` is 0 or

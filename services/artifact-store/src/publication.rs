@@ -140,9 +140,16 @@ mod tests {
         assert_eq!(restarted.verify("p", "r1", &t), Err(Unproven::OtherBoot));
         // A forged token with the new boot's id but the old proof.
         let forged = t.replacen(&t[3..19], &format!("{:016x}", restarted.id), 1);
-        assert_eq!(restarted.verify("p", "r1", &forged), Err(Unproven::OtherRun));
+        assert_eq!(
+            restarted.verify("p", "r1", &forged),
+            Err(Unproven::OtherRun)
+        );
         for bad in ["", "p1", "p1.x.1.00", "p2.0.0.0", &format!("{t}.x")] {
-            assert_eq!(boot.verify("p", "r1", bad), Err(Unproven::Malformed), "{bad}");
+            assert_eq!(
+                boot.verify("p", "r1", bad),
+                Err(Unproven::Malformed),
+                "{bad}"
+            );
         }
     }
 }

@@ -1083,10 +1083,17 @@ mod tests {
             "{err}"
         );
         assert!(!tmp.path().join("projects/p/b.md").exists());
-        // An unchanged rewrite publishes nothing, so nothing is pending.
-        put_bytes(&store, spec("a.md", "r1", Durability::WithRunEvents), b"x")
+        // An unchanged rewrite publishes nothing, but its bytes may be those of a Put
+        // acknowledged before a crash: its directory is synced with the run's next events, and
+        // it gets a token for them.
+        let w = put_bytes(&store, spec("a.md", "r1", Durability::WithRunEvents), b"x")
             .await
             .unwrap();
+        assert_eq!(w.outcome, Outcome::Unchanged);
+        assert!(w.publication.is_some());
+        assert_eq!(store.runs.pending_dirs("p", "r1"), 1);
+        let x = NewEvent::store("x", serde_json::json!({}));
+        store.runs.append(&store, "p", "r1", vec![x]).await.unwrap();
         assert_eq!(store.runs.pending_dirs("p", "r1"), 0);
     }
 

@@ -135,11 +135,7 @@ impl Store {
         Ok(r)
     }
 
-    fn unproven_of(
-        &self,
-        project: &str,
-        run_id: &str,
-    ) -> UnprovenGuard<'_> {
+    fn unproven_of(&self, project: &str, run_id: &str) -> UnprovenGuard<'_> {
         UnprovenGuard {
             map: self.unproven.lock().unwrap_or_else(|p| p.into_inner()),
             key: (project.to_owned(), run_id.to_owned()),
