@@ -42,8 +42,11 @@ pub struct Store {
     claims: std::sync::Arc<std::sync::Mutex<HashMap<(String, String), u64>>>,
     /// Deferred Puts (`with_run_events`) no acknowledged AppendEvents of their run has made
     /// durable yet, by (project, run): their tokens go with the run's next AppendEvents.
-    unproven: std::sync::Arc<std::sync::Mutex<HashMap<(String, String), Vec<Unproven>>>>,
+    unproven: std::sync::Arc<std::sync::Mutex<UnprovenPuts>>,
 }
+
+/// Unproven deferred Puts by (project, run).
+type UnprovenPuts = HashMap<(String, String), Vec<Unproven>>;
 
 /// A deferred Put the store acknowledged but no event batch has proven durable yet; kept
 /// whole so it can be written again if the store restarted before publishing it.
@@ -494,7 +497,7 @@ impl Store {
 
 /// The unproven deferred Puts of one run, under the lock.
 struct UnprovenGuard<'a> {
-    map: std::sync::MutexGuard<'a, HashMap<(String, String), Vec<Unproven>>>,
+    map: std::sync::MutexGuard<'a, UnprovenPuts>,
     key: (String, String),
 }
 
