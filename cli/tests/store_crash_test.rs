@@ -27,7 +27,7 @@ const PROJECT: &str = "crash";
 const ITEMS: usize = 3000;
 /// Most times the store is killed during the run, and the fewest the test accepts (the run may
 /// finish before the last kill: events queued across a restart land in bursts).
-const KILLS: usize = 10;
+const KILLS: usize = 12;
 const MIN_KILLS: usize = 5;
 /// Longest the whole run may take, kills and restarts included.
 const RUN_LIMIT: Duration = Duration::from_secs(240);
@@ -244,17 +244,17 @@ async fn store_kill_9_mid_run_loses_no_file_an_event_names() {
         .into_inner()
         .run_id;
 
-    // Each kill comes once the run has recorded some more files since the last restart (after
-    // the events queued across it): the store is then acknowledging Puts and publishing them
-    // as it dies.
+    // Each kill comes once the store has published some more of the run's files since the last
+    // restart: it is then acknowledging Puts and publishing them as it dies.
     let deadline = Instant::now() + RUN_LIMIT;
-    let step = ITEMS / 50;
+    let step = ITEMS / 30;
+    let run_dir = data.join("projects").join(PROJECT).join("docs").join(&run);
+    let published = || std::fs::read_dir(&run_dir).map_or(0, |d| d.count());
     let mut written: BTreeMap<String, String> = BTreeMap::new();
     let mut next_seq = 1;
     let mut kills = 0;
     let mut resumes = 0;
-    // Files recorded once the events queued across the last restart had landed.
-    let mut recorded_at_restart = Some(0);
+    let mut published_at_restart = 0;
     loop {
         assert!(
             Instant::now() < deadline,
@@ -273,23 +273,22 @@ async fn store_kill_9_mid_run_loses_no_file_an_event_names() {
                 );
             }
         }
-        if next_seq > seen && recorded_at_restart.is_none() {
-            recorded_at_restart = Some(written.len());
-        }
-        if kills < KILLS && recorded_at_restart.is_some_and(|r| written.len() >= r + step) {
+        if kills < KILLS && published() >= published_at_restart + step {
             store.kill9();
             kills += 1;
             eprintln!(
-                "kill {kills}: {} files recorded ({:?} into the run)",
+                "kill {kills}: {} files published, {} recorded ({:?} into the run)",
+                published(),
                 written.len(),
                 Instant::now() + RUN_LIMIT - deadline
             );
             store = start_store(port, &data).await;
-            recorded_at_restart = None;
+            published_at_restart = published();
             continue;
         }
         if next_seq > seen {
             // Still recording: look again before asking for the run's state (a large answer).
+            tokio::time::sleep(Duration::from_millis(2)).await;
             continue;
         }
         match run_state(&orch, &run).await {
