@@ -333,6 +333,16 @@ async fn plaintext_certificateless_expired_and_foreign_clients_are_refused() {
     assert_eq!(ok.code(), Code::Ok, "{ok:?}");
 }
 
+fn append_req(run: &str, events: Vec<EventInput>, epoch: u64) -> AppendEventsRequest {
+    AppendEventsRequest {
+        project_id: "p".into(),
+        run_id: run.into(),
+        events,
+        epoch,
+        ..Default::default()
+    }
+}
+
 fn event(kind: &str) -> EventInput {
     EventInput {
         r#type: kind.into(),
@@ -377,12 +387,7 @@ async fn forged_records_claims_and_events_are_refused_and_accepted_ones_name_the
     // Without credentials: nothing at all.
     let mut anon = ArtifactStoreClient::new(anonymous_channel(&d.store, &d.pki));
     assert!(anon
-        .append_events(AppendEventsRequest {
-            project_id: "p".into(),
-            run_id: "r1".into(),
-            events: vec![event("gate.approved")],
-            epoch: 0,
-        })
+        .append_events(append_req("r1", vec![event("gate.approved")], 0))
         .await
         .is_err());
     assert!(anon
@@ -398,12 +403,7 @@ async fn forged_records_claims_and_events_are_refused_and_accepted_ones_name_the
     // The console may read, not write records, append or claim.
     let mut console = ArtifactStoreClient::new(d.channel(&d.store, "console"));
     let s = console
-        .append_events(AppendEventsRequest {
-            project_id: "p".into(),
-            run_id: "r1".into(),
-            events: vec![event("gate.approved")],
-            epoch: 0,
-        })
+        .append_events(append_req("r1", vec![event("gate.approved")], 0))
         .await
         .unwrap_err();
     assert_eq!(s.code(), Code::PermissionDenied);
@@ -474,44 +474,28 @@ async fn forged_records_claims_and_events_are_refused_and_accepted_ones_name_the
         assert_eq!(st.unwrap_err().code(), Code::NotFound, "{p} must not exist");
     }
     let s = ingest
-        .append_events(AppendEventsRequest {
-            project_id: "p".into(),
-            run_id: "r1".into(),
-            events: vec![event("ingest.done")],
-            epoch: 0,
-        })
+        .append_events(append_req("r1", vec![event("ingest.done")], 0))
         .await
         .unwrap_err();
     assert_eq!(s.code(), Code::PermissionDenied);
     ingest
-        .append_events(AppendEventsRequest {
-            project_id: "p".into(),
-            run_id: "r1".into(),
-            events: vec![event("ingest.done")],
-            epoch: claim.epoch,
-        })
+        .append_events(append_req("r1", vec![event("ingest.done")], claim.epoch))
         .await
         .unwrap();
-    orch.append_events(AppendEventsRequest {
-        project_id: "p".into(),
-        run_id: "r1".into(),
-        events: vec![event("node.completed")],
-        epoch: claim.epoch,
-    })
-    .await
-    .unwrap();
+    orch.append_events(append_req("r1", vec![event("node.completed")], claim.epoch))
+        .await
+        .unwrap();
     // A client cannot forge the identity field.
     let s = orch
-        .append_events(AppendEventsRequest {
-            project_id: "p".into(),
-            run_id: "r1".into(),
-            events: vec![EventInput {
+        .append_events(append_req(
+            "r1",
+            vec![EventInput {
                 r#type: "x".into(),
                 data_json: r#"{"identity":"cli"}"#.into(),
                 ..Default::default()
             }],
-            epoch: claim.epoch,
-        })
+            claim.epoch,
+        ))
         .await
         .unwrap_err();
     assert_eq!(s.code(), Code::InvalidArgument);

@@ -365,6 +365,7 @@ async fn e2e(
                 project_id: project.clone(),
                 run_id: "bench".into(),
                 epoch: 0,
+                publication_tokens: Vec::new(),
                 events: events(1),
             })
             .await?;
@@ -426,6 +427,7 @@ async fn e2e(
                     project_id: project.clone(),
                     run_id: "bench".into(),
                     epoch: 0,
+                    publication_tokens: Vec::new(),
                     events: chunk.to_vec(),
                 })
                 .await?;

@@ -215,6 +215,7 @@ async fn baseline(store: &mut ArtifactStoreClient<Channel>, n: usize) -> Result<
                 project_id: PROJECT.into(),
                 run_id: format!("baseline-{}", std::process::id()),
                 epoch: 0,
+                publication_tokens: Vec::new(),
                 events: vec![EventInput {
                     r#type: "bench.tick".into(),
                     data_json: "{}".into(),

@@ -391,6 +391,7 @@ async fn events_store(
                         project_id: PROJECT.into(),
                         run_id: run.clone(),
                         epoch: 0,
+                        publication_tokens: Vec::new(),
                         events: vec![event],
                     })
                     .await?;

@@ -277,6 +277,7 @@ async fn append(
             project_id: project.to_owned(),
             run_id: run_id.to_owned(),
             epoch: 0,
+            publication_tokens: Vec::new(),
             events: vec![EventInput {
                 r#type: kind.to_owned(),
                 node_id: "cli".into(),

@@ -79,6 +79,15 @@ pub enum Error {
         cause: String,
     },
 
+    /// An AppendEvents presented a publication token the store cannot prove durable (issued
+    /// before a restart, or for another run): the files it stands for may never have landed.
+    #[error("run {run:?}: publication token {token:?} {why}; nothing was appended: write the files whose tokens were refused again (each new Put reply carries a new token) and resend the events with the new tokens")]
+    PublicationUnproven {
+        run: String,
+        token: String,
+        why: &'static str,
+    },
+
     /// A fenced AppendEvents from a writer whose claim on the run was superseded.
     #[error("run {run:?} was claimed by another writer (epoch {current}); this writer's epoch {sent} is fenced off and nothing was written: stop driving the run, or claim it again (ClaimRun) and re-read its events first")]
     Fenced {
@@ -141,6 +150,7 @@ impl Error {
             Error::Io { .. } | Error::PublicationLost { .. } => Some("io_error"),
             Error::Fenced { .. } => Some("fenced"),
             Error::NotPermitted { .. } => Some("identity"),
+            Error::PublicationUnproven { .. } => Some("publication_unproven"),
             _ => None,
         }
     }
@@ -154,9 +164,10 @@ impl Error {
             Error::Reserved { .. } | Error::SymlinkInPath { .. } | Error::NotPermitted { .. } => {
                 Code::PermissionDenied
             }
-            Error::NotAFile { .. } | Error::PublicationLost { .. } | Error::Fenced { .. } => {
-                Code::FailedPrecondition
-            }
+            Error::NotAFile { .. }
+            | Error::PublicationLost { .. }
+            | Error::PublicationUnproven { .. }
+            | Error::Fenced { .. } => Code::FailedPrecondition,
             Error::Exists { .. } => Code::AlreadyExists,
             Error::DigestMismatch { .. }
             | Error::InvalidId { .. }

@@ -459,11 +459,14 @@ impl RunLogs {
         run: &str,
         events: Vec<NewEvent>,
     ) -> Result<(u64, u64)> {
-        self.append_fenced(store, project, run, events, 0).await
+        self.append_fenced(store, project, run, events, 0, &[])
+            .await
     }
 
     /// [`RunLogs::append`] for a fenced writer: refused (`fenced`) unless `epoch` is 0 or
-    /// the run's current epoch when the batch is committed.
+    /// the run's current epoch when the batch is committed. `publications` are the tokens of
+    /// the deferred Puts the events stand on: each must be this boot's, for this run
+    /// (`publication_unproven` otherwise), and the commit makes them durable first.
     pub async fn append_fenced(
         &self,
         store: &Arc<Store>,
@@ -471,9 +474,21 @@ impl RunLogs {
         run: &str,
         events: Vec<NewEvent>,
         epoch: u64,
+        publications: &[String],
     ) -> Result<(u64, u64)> {
         project::check_id("project", project)?;
         project::check_id("run", run)?;
+        // Durable before named: a token this boot cannot vouch for may stand for a file that
+        // never landed, so none of the events is committed.
+        for token in publications {
+            if let Err(why) = store.boot.verify(project, run, token) {
+                return Err(Error::PublicationUnproven {
+                    run: run.to_owned(),
+                    token: token.chars().take(80).collect(),
+                    why: why.describe(),
+                });
+            }
+        }
         if events.is_empty() {
             return Err(Error::BadRequest(
                 "no events to append; send at least one".into(),

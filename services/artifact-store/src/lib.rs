@@ -16,6 +16,7 @@ pub mod error;
 mod events;
 mod page;
 mod project;
+mod publication;
 mod read;
 mod service;
 mod slots;

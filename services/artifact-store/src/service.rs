@@ -194,6 +194,7 @@ impl ArtifactStore for ArtifactStoreService {
                 Outcome::Unchanged => pb::WriteOutcome::Unchanged,
                 Outcome::Overwritten => pb::WriteOutcome::Overwritten,
             } as i32,
+            publication_token: written.publication.unwrap_or_default(),
         }))
     }
 
@@ -274,7 +275,14 @@ impl ArtifactStore for ArtifactStoreService {
         let (first_seq, last_seq) = self
             .store
             .runs
-            .append_fenced(&self.store, &r.project_id, &r.run_id, events, r.epoch)
+            .append_fenced(
+                &self.store,
+                &r.project_id,
+                &r.run_id,
+                events,
+                r.epoch,
+                &r.publication_tokens,
+            )
             .await?;
         Ok(Response::new(AppendEventsResponse {
             first_seq,

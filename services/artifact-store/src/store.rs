@@ -46,6 +46,8 @@ pub struct Store {
     pub(crate) write_policy: Policy,
     pub(crate) digests: DigestCache,
     pub(crate) runs: RunLogs,
+    /// This boot of the process: the publication tokens of deferred Puts are bound to it.
+    pub(crate) boot: crate::publication::Boot,
     pub(crate) docs: DocLocks,
     /// Writes stage into unnamed O_TMPFILE inodes (probed at open; else `.cairn-tmp-*` names).
     pub(crate) unnamed_temps: bool,
@@ -88,6 +90,7 @@ impl Store {
             projects,
             digests: DigestCache::default(),
             runs: RunLogs::default(),
+            boot: crate::publication::Boot::new(),
             docs: DocLocks::default(),
             slots: Default::default(),
             publish_permits: std::sync::Arc::new(tokio::sync::Semaphore::new(

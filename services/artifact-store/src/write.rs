@@ -55,6 +55,8 @@ pub struct Written {
     /// Digest of the bytes now at the path.
     pub digest: Digest,
     pub outcome: Outcome,
+    /// A deferred Put's publication token (see `publication`); None when durable already.
+    pub publication: Option<String>,
 }
 
 /// When a Put is made durable (its bytes always are, before they are published).
@@ -375,14 +377,15 @@ fn holds_same_bytes(store: &Store, staged: &Staged, digest: &Digest) -> Result<(
 
 /// fsyncs the temp file and publishes it (see the module header); returns what happened. A
 /// deferred publication decides its outcome now and leaves the fsync and the link to a
-/// background task that holds the path's slot until it is done.
+/// background task that holds the path's slot until it is done; it also returns the token
+/// the run's events present for it.
 fn publish(
     store: &Store,
     mut staged: Staged,
     file: File,
     digest: &Digest,
     how: Publish,
-) -> Result<Outcome> {
+) -> Result<(Outcome, Option<String>)> {
     if let Some(defer) = how.defer {
         let slot = store.slots.claim_blocking(&staged.project, &staged.path);
         let outcome = match existing_file(
@@ -395,7 +398,18 @@ fn publish(
             Some(_) => {
                 let (same, existing_size) = holds_same_bytes(store, &staged, digest)?;
                 if same {
-                    return Ok(Outcome::Unchanged);
+                    // The bytes may be those of a Put acknowledged before a crash whose
+                    // directory entry was never fsync'd: the run's events make it durable too.
+                    let token = store.boot.issue(&staged.project, &defer.run);
+                    if !store
+                        .runs
+                        .defer_dir_sync(&staged.project, &defer.run, &staged.dir)
+                    {
+                        beneath::sync_dir(staged.dir.as_fd()).map_err(|e| {
+                            Error::io(format!("fsync of the directory of {:?}", staged.path), e)
+                        })?;
+                    }
+                    return Ok((Outcome::Unchanged, Some(token)));
                 }
                 if !how.overwrite {
                     return Err(Error::Exists {
@@ -410,6 +424,7 @@ fn publish(
         let publication = store
             .runs
             .start_publication(&staged.project, &defer.run, &staged.path);
+        let token = store.boot.issue(&staged.project, &defer.run);
         let digest = digest.clone();
         let work = move || {
             #[cfg(test)]
@@ -435,7 +450,7 @@ fn publish(
             Ok(runtime) => drop(runtime.spawn_blocking(work)),
             Err(_) => work(),
         }
-        return Ok(outcome);
+        return Ok((outcome, Some(token)));
     }
     file.sync_all()
         .map_err(|e| Error::io(format!("fsync of the temp file for {:?}", staged.path), e))?;
@@ -447,7 +462,7 @@ fn publish(
     if outcome != Outcome::Unchanged {
         sync_published(store, &staged, &file, digest, None)?;
     }
-    Ok(outcome)
+    Ok((outcome, None))
 }
 
 /// Checks a fenced write's claim; the ticket holds off a ClaimRun of the run until dropped.
@@ -599,11 +614,12 @@ fn write_small(
         file.write_all(chunk)
             .map_err(|e| Error::io(format!("writing {path:?}"), e))?;
     }
-    let outcome = publish(store, staged, file, &digest, how)?;
+    let (outcome, publication) = publish(store, staged, file, &digest, how)?;
     Ok(Written {
         path: path.to_owned(),
         digest,
         outcome,
+        publication,
     })
 }
 
@@ -726,11 +742,12 @@ where
             fence: spec.fence.clone(),
         };
         blocking(move || {
-            let outcome = publish(&store2, staged, file, &digest, how)?;
+            let (outcome, publication) = publish(&store2, staged, file, &digest, how)?;
             Ok(Written {
                 path: path.clone(),
                 digest,
                 outcome,
+                publication,
             })
         })
         .await?
@@ -1066,10 +1083,17 @@ mod tests {
             "{err}"
         );
         assert!(!tmp.path().join("projects/p/b.md").exists());
-        // An unchanged rewrite publishes nothing, so nothing is pending.
-        put_bytes(&store, spec("a.md", "r1", Durability::WithRunEvents), b"x")
+        // An unchanged rewrite publishes nothing, but its bytes may be those of a Put
+        // acknowledged before a crash: its directory is synced with the run's next events, and
+        // it gets a token for them.
+        let w = put_bytes(&store, spec("a.md", "r1", Durability::WithRunEvents), b"x")
             .await
             .unwrap();
+        assert_eq!(w.outcome, Outcome::Unchanged);
+        assert!(w.publication.is_some());
+        assert_eq!(store.runs.pending_dirs("p", "r1"), 1);
+        let x = NewEvent::store("x", serde_json::json!({}));
+        store.runs.append(&store, "p", "r1", vec![x]).await.unwrap();
         assert_eq!(store.runs.pending_dirs("p", "r1"), 0);
     }
 

@@ -277,6 +277,7 @@ async fn kill_9_amid_deferred_puts_loses_no_file_that_an_event_names() {
                             run_id: "r".into(),
                             events: vec![event],
                             epoch: 0,
+                            publication_tokens: Vec::new(),
                         })
                         .await;
                     if appended_now.is_err() {

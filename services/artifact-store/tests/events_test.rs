@@ -53,6 +53,7 @@ async fn append_as(
             run_id: run.into(),
             events,
             epoch,
+            publication_tokens: Vec::new(),
         })
         .await?
         .into_inner();

@@ -133,6 +133,7 @@ async fn puts_whose_directory_syncs_with_the_runs_events() {
             project_id: "p".into(),
             run_id: "r1".into(),
             epoch: 0,
+            publication_tokens: Vec::new(),
             events: vec![EventInput {
                 r#type: "artifact.written".into(),
                 data_json: r#"{"path":"docs/a.md"}"#.into(),
@@ -666,4 +667,98 @@ async fn large_bodies_land_byte_exact_with_and_without_direct_io() {
         }
         assert!(temp_files(tmp.path()).is_empty());
     }
+}
+
+/// Durable before named: a deferred Put's reply carries a publication token of this boot of
+/// the store and of its run; AppendEvents refuses (`publication_unproven`, nothing appended)
+/// a token of an earlier boot, of another run, or not of this store. Written again, the file
+/// gets a new token that is accepted.
+#[tokio::test]
+async fn events_are_refused_for_publications_the_store_cannot_prove_durable() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = || cairn_artifact_store::Config::new(tmp.path().join("data"));
+    let mut s = serve_with(config()).await;
+    let deferred = |path: &str| PutHeader {
+        run_id: "r1".into(),
+        durability: PutDurability::WithRunEvents as i32,
+        ..header("p", path)
+    };
+    let append = |run: &str, tokens: Vec<String>| AppendEventsRequest {
+        project_id: "p".into(),
+        run_id: run.into(),
+        epoch: 0,
+        publication_tokens: tokens,
+        events: vec![EventInput {
+            r#type: "artifact.written".into(),
+            data_json: r#"{"path":"docs/a.md"}"#.into(),
+            ..Default::default()
+        }],
+    };
+    let a = put_with(&mut s.client, deferred("docs/a.md"), b"a")
+        .await
+        .unwrap();
+    assert!(!a.publication_token.is_empty());
+    // A synced Put is durable at its reply: nothing to present.
+    let synced = put(&mut s.client, "p", "docs/s.md", b"s").await.unwrap();
+    assert!(synced.publication_token.is_empty());
+    let ok = s
+        .client
+        .append_events(append("r1", vec![a.publication_token.clone()]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(ok.first_seq, 1);
+
+    let b = put_with(&mut s.client, deferred("docs/b.md"), b"b")
+        .await
+        .unwrap();
+    // Another run's events do not wait for this publication: its token proves nothing there.
+    let other_run = s
+        .client
+        .append_events(append("r2", vec![b.publication_token.clone()]))
+        .await;
+    assert_refused(other_run, Code::FailedPrecondition, "publication_unproven");
+    let forged = s
+        .client
+        .append_events(append("r1", vec!["p1.0.0.0".into()]))
+        .await;
+    assert_refused(forged, Code::FailedPrecondition, "publication_unproven");
+
+    // The store restarts before the events naming b.md come: their token is of the old boot.
+    s.stop().await;
+    let mut s = serve_with(config()).await;
+    let stale = s
+        .client
+        .append_events(append("r1", vec![b.publication_token.clone()]))
+        .await;
+    let status = assert_refused(stale, Code::FailedPrecondition, "publication_unproven");
+    assert!(
+        status.message().contains("restarted") && status.message().contains("again"),
+        "{status:?}"
+    );
+    assert_eq!(run_events(&mut s.client, "p", "r1").await.len(), 1);
+    let r2 = s
+        .client
+        .read_events(ReadEventsRequest {
+            project_id: "p".into(),
+            run_id: "r2".into(),
+            from_seq: 1,
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(r2.unwrap_err().code(), Code::NotFound, "nothing reached r2");
+    // Written again (the bytes had landed: unchanged), with a token this boot accepts.
+    let again = put_with(&mut s.client, deferred("docs/b.md"), b"b")
+        .await
+        .unwrap();
+    assert_eq!(outcome(&again), WriteOutcome::Unchanged);
+    assert!(!again.publication_token.is_empty());
+    assert_ne!(again.publication_token, b.publication_token);
+    let ok = s
+        .client
+        .append_events(append("r1", vec![again.publication_token]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(ok.first_seq, 2);
 }

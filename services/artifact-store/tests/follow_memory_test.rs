@@ -40,6 +40,7 @@ async fn idle_follow_streams_cost_bounded_memory() {
             run_id: format!("r{r}"),
             events,
             epoch: 0,
+            publication_tokens: Vec::new(),
         })
         .await
         .unwrap();

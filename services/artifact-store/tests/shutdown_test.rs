@@ -31,6 +31,7 @@ async fn sigterm_ends_follow_and_health_watch_streams_and_the_process_exits() {
             ..Default::default()
         }],
         epoch: 0,
+        publication_tokens: Vec::new(),
     })
     .await
     .unwrap();

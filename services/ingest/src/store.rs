@@ -265,6 +265,7 @@ impl StoreClient {
             project_id: project_id.to_owned(),
             run_id: run_id.to_owned(),
             epoch,
+            publication_tokens: Vec::new(),
             events,
         };
         self.timed("AppendEvents", Safety::Once, |mut client| {

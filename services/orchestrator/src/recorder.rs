@@ -8,7 +8,9 @@
 //! A failed append is retried; before a retry the recorder reads the log's tail to see whether
 //! the batch landed after all (reply lost), so a retry never duplicates events. Every batch
 //! carries the run's writer epoch (ClaimRun): once another orchestrator has claimed the run,
-//! the store refuses it (`fenced`, not retried) and the run stops here.
+//! the store refuses it (`fenced`, not retried) and the run stops here. A batch refused as
+//! `publication_unproven` (the store restarted before files the run's events name were
+//! durable) is retried after the store client wrote those files again.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -295,6 +297,8 @@ impl Task {
             {
                 Ok(r) => return Ok(r.first_seq),
                 Err(s) => {
+                    // An unproven publication (the store restarted) was written again by the
+                    // store client: the batch may go again, once the tail shows it did not land.
                     let transient = matches!(
                         s.code(),
                         Code::Unavailable
@@ -303,7 +307,7 @@ impl Task {
                             | Code::Cancelled
                             | Code::Aborted
                             | Code::Internal
-                    );
+                    ) || crate::store::is_publication_unproven(&s);
                     if !transient || tokio::time::Instant::now() > deadline {
                         return Err(format!(
                             "AppendEvents failed: {} ({:?})",

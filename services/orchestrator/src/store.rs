@@ -14,6 +14,7 @@ use cairn_proto::v1::{
 };
 use cairn_server::retry::{Dependency, Safety};
 use cairn_telemetry::TracedChannel;
+use futures::StreamExt;
 use tonic::{Code, Status};
 
 /// Largest file this service reads into memory (documents, inputs, manifests).
@@ -45,6 +46,33 @@ pub struct Store {
     /// The store as a dependency: calls that find it away are resent while its outage
     /// budget lasts (only those safe to resend, see each call).
     dependency: Dependency,
+    /// Deferred Puts (`with_run_events`) no acknowledged AppendEvents of their run has made
+    /// durable yet, by (project, run): their tokens go with the run's next AppendEvents.
+    unproven: std::sync::Arc<std::sync::Mutex<UnprovenPuts>>,
+}
+
+/// Unproven deferred Puts by (project, run).
+type UnprovenPuts = HashMap<(String, String), Vec<Unproven>>;
+
+/// A deferred Put the store acknowledged but no event batch has proven durable yet; kept
+/// whole so it can be written again if the store restarted before publishing it.
+#[derive(Clone, Debug)]
+struct Unproven {
+    token: String,
+    path: String,
+    bytes: Bytes,
+    opts: PutOptions,
+}
+
+/// The reason word of a refused AppendEvents whose publication tokens the store cannot prove
+/// durable (it restarted since the Puts replied).
+pub const PUBLICATION_UNPROVEN: &str = "publication_unproven";
+
+/// Whether `s` refused an AppendEvents for unproven publications: the files were written
+/// again by [`Store::append_events_fenced`], so the same events may be sent again.
+pub fn is_publication_unproven(s: &Status) -> bool {
+    s.code() == Code::FailedPrecondition
+        && cairn_proto::reason::of(s).as_deref() == Some(PUBLICATION_UNPROVEN)
 }
 
 impl Store {
@@ -65,6 +93,7 @@ impl Store {
             client,
             claims: Default::default(),
             dependency: Dependency::new(STORE, std::time::Duration::ZERO),
+            unproven: Default::default(),
         })
     }
 
@@ -127,8 +156,36 @@ impl Store {
         }
     }
 
-    /// Writes one file (created if the project does not exist yet).
+    /// Writes one file (created if the project does not exist yet). A deferred write's token
+    /// is kept for its run's next AppendEvents.
     pub async fn put(
+        &self,
+        project: &str,
+        path: &str,
+        bytes: Bytes,
+        opts: &PutOptions,
+    ) -> Result<PutResponse, Status> {
+        let r = self.put_once(project, path, bytes.clone(), opts).await?;
+        if opts.with_run_events && !r.publication_token.is_empty() {
+            let entry = Unproven {
+                token: r.publication_token.clone(),
+                path: path.to_owned(),
+                bytes,
+                opts: opts.clone(),
+            };
+            self.unproven_of(project, &opts.run_id).push(entry);
+        }
+        Ok(r)
+    }
+
+    fn unproven_of(&self, project: &str, run_id: &str) -> UnprovenGuard<'_> {
+        UnprovenGuard {
+            map: self.unproven.lock().unwrap_or_else(|p| p.into_inner()),
+            key: (project.to_owned(), run_id.to_owned()),
+        }
+    }
+
+    async fn put_once(
         &self,
         project: &str,
         path: &str,
@@ -328,6 +385,12 @@ impl Store {
 
     /// AppendEvents as the run's fenced writer (`epoch` from [`Store::claim_run`]); refused
     /// with FAILED_PRECONDITION `fenced` once another writer has claimed the run.
+    ///
+    /// Durable before named: the batch presents the tokens of every deferred Put of the run
+    /// not yet proven durable, so the store commits it only once those files are. When the
+    /// store refuses them (`publication_unproven`: it restarted since those Puts replied, and
+    /// the files may never have landed) they are written again here and the refusal is
+    /// returned: the caller sends the same events again (see [`is_publication_unproven`]).
     pub async fn append_events_fenced(
         &self,
         project: &str,
@@ -335,19 +398,82 @@ impl Store {
         events: Vec<EventInput>,
         epoch: u64,
     ) -> Result<AppendEventsResponse, Status> {
+        let tokens: Vec<String> = self
+            .unproven_of(project, run_id)
+            .entries()
+            .iter()
+            .map(|u| u.token.clone())
+            .collect();
         let req = AppendEventsRequest {
             project_id: project.to_owned(),
             run_id: run_id.to_owned(),
             events,
             epoch,
+            publication_tokens: tokens.clone(),
         };
         // The store does not recognise a batch sent twice: resent here only when it never
         // reached the store (the recorder checks the log's tail before its own retries).
-        self.call("AppendEvents", Safety::Once, |mut c| {
-            let req = req.clone();
-            async move { c.append_events(req).await.map(|r| r.into_inner()) }
-        })
-        .await
+        let sent = self
+            .call("AppendEvents", Safety::Once, |mut c| {
+                let req = req.clone();
+                async move { c.append_events(req).await.map(|r| r.into_inner()) }
+            })
+            .await;
+        match sent {
+            Ok(r) => {
+                // Committed: every file those tokens stand for is durable.
+                let spent: std::collections::HashSet<&String> = tokens.iter().collect();
+                self.unproven_of(project, run_id)
+                    .retain(|u| !spent.contains(&u.token));
+                Ok(r)
+            }
+            Err(s) if is_publication_unproven(&s) => {
+                self.write_again(project, run_id, &tokens).await?;
+                Err(s)
+            }
+            Err(s) => Err(s),
+        }
+    }
+
+    /// Writes again the deferred Puts of a run whose `tokens` the store refused; their new
+    /// tokens replace the old ones. A write refused now (its bytes can no longer land) is
+    /// returned, so the events that name it are never appended.
+    async fn write_again(
+        &self,
+        project: &str,
+        run_id: &str,
+        tokens: &[String],
+    ) -> Result<(), Status> {
+        let stale: Vec<Unproven> = self
+            .unproven_of(project, run_id)
+            .entries()
+            .iter()
+            .filter(|u| tokens.contains(&u.token))
+            .cloned()
+            .collect();
+        tracing::warn!(
+            project,
+            run_id,
+            files = stale.len(),
+            "the store restarted before files it had acknowledged were proven durable; writing them again"
+        );
+        let rewritten = futures::stream::iter(stale)
+            .map(|u| async move {
+                let r = self
+                    .put_once(project, &u.path, u.bytes.clone(), &u.opts)
+                    .await?;
+                Ok::<_, Status>((u.token, r.publication_token))
+            })
+            .buffer_unordered(16);
+        futures::pin_mut!(rewritten);
+        while let Some(r) = rewritten.next().await {
+            let (old, new) = r?;
+            let mut unproven = self.unproven_of(project, run_id);
+            if let Some(u) = unproven.entries_mut().iter_mut().find(|u| u.token == old) {
+                u.token = new;
+            }
+        }
+        Ok(())
     }
 
     /// Makes this process the run's only fenced writer; returns (epoch, last_seq). Events
@@ -378,6 +504,8 @@ impl Store {
             let k = (project.to_owned(), run_id.to_owned());
             if claims.get(&k) == Some(&epoch) {
                 claims.remove(&k);
+                // Its driver is gone: what no event named is redone by a later resume.
+                self.unproven_of(project, run_id).clear();
             }
         }
     }
@@ -463,5 +591,40 @@ impl Store {
             async move { c.read_events(req).await.map(|r| r.into_inner()) }
         })
         .await
+    }
+}
+
+/// The unproven deferred Puts of one run, under the lock.
+struct UnprovenGuard<'a> {
+    map: std::sync::MutexGuard<'a, UnprovenPuts>,
+    key: (String, String),
+}
+
+impl UnprovenGuard<'_> {
+    fn entries(&self) -> &[Unproven] {
+        self.map.get(&self.key).map_or(&[], Vec::as_slice)
+    }
+
+    fn entries_mut(&mut self) -> &mut [Unproven] {
+        self.map
+            .get_mut(&self.key)
+            .map_or(&mut [], Vec::as_mut_slice)
+    }
+
+    fn push(&mut self, u: Unproven) {
+        self.map.entry(self.key.clone()).or_default().push(u);
+    }
+
+    fn retain(&mut self, keep: impl FnMut(&Unproven) -> bool) {
+        if let Some(v) = self.map.get_mut(&self.key) {
+            v.retain(keep);
+            if v.is_empty() {
+                self.map.remove(&self.key);
+            }
+        }
+    }
+
+    fn clear(&mut self) {
+        self.map.remove(&self.key);
     }
 }
