@@ -35,6 +35,9 @@ pub struct Config {
     pub insecure_listen: bool,
     /// Replacements for entries of the built-in access table (identity -> methods).
     pub access: std::collections::BTreeMap<String, Vec<String>>,
+    /// On shutdown, how long calls get to finish before they end with UNAVAILABLE (sandboxes
+    /// are killed first, so runs in flight end at once).
+    pub drain_deadline_s: u64,
     /// Id in container labels and names of leftovers to sweep; "" = the id stored in
     /// `<work_root>/runner-id`, made from the host name and a random suffix on first start.
     pub runner_id: String,
@@ -119,6 +122,7 @@ impl Default for Config {
             tls: cairn_server::TlsConfig::default(),
             insecure_listen: false,
             access: Default::default(),
+            drain_deadline_s: cairn_server::drain::DEFAULT_DEADLINE.as_secs(),
             runner_id: String::new(),
             backend: BackendChoice::Auto,
             image: "cairn-sandbox:latest".into(),

@@ -90,8 +90,9 @@ pub async fn serve(
         &config.access,
     )
     .map_err(|e| Error::Config(e.to_string()))?;
+    let drain = std::time::Duration::from_secs(config.drain_deadline_s);
     let (server, handle) = sandbox_service(config).await?;
-    host.add(server);
+    host.add(server).drain_deadline(drain);
     // Kill what runs before draining calls: a long run must not hold the shutdown (and be
     // SIGKILLed with its container left behind); cut-off calls end Unavailable.
     let stopper = handle.clone();
