@@ -54,7 +54,7 @@ impl Caller {
             let peer = tls.get_ref().remote_addr();
             let certs = tls.peer_certs().ok_or(Unidentified::NoCertificate)?;
             let leaf = certs.first().ok_or(Unidentified::NoCertificate)?;
-            let identity = identity_of(leaf.as_ref()).ok_or(Unidentified::NoIdentity)?;
+            let identity = cached_identity_of(leaf.as_ref()).ok_or(Unidentified::NoIdentity)?;
             return Ok(Caller {
                 principal: Principal::Service(identity),
                 peer,
@@ -93,6 +93,29 @@ impl Caller {
             .map(|p| p.to_string())
             .unwrap_or_else(|| "unknown".to_owned())
     }
+}
+
+/// [`identity_of`] through a small cache keyed by the certificate's bytes: every call of a
+/// connection presents the same certificate, and parsing it each time costs more than the
+/// lookup. A verified certificate's bytes fully determine the identity, so the cache can
+/// never answer for another certificate.
+fn cached_identity_of(der: &[u8]) -> Option<String> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    const ENTRIES: usize = 256;
+    static CACHE: OnceLock<Mutex<HashMap<Vec<u8>, Option<String>>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(hit) = cache.lock().ok().and_then(|c| c.get(der).cloned()) {
+        return hit;
+    }
+    let identity = identity_of(der);
+    if let Ok(mut c) = cache.lock() {
+        if c.len() >= ENTRIES {
+            c.clear();
+        }
+        c.insert(der.to_vec(), identity.clone());
+    }
+    identity
 }
 
 /// The identity a DER certificate names: its first SAN URI `cairn://<identity>`.
