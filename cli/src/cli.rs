@@ -98,7 +98,7 @@ pub enum Command {
     /// Turn the strict code fences (```lang file=path) of a document into workspace/ files and
     /// print the manifest (--json: exactly manifest v1).
     Ingest(IngestArgs),
-    /// Run code in the sandbox-runner against the project store (seed 002 §6).
+    /// Run code in the sandbox-runner against the project store.
     #[command(subcommand)]
     Sandbox(SandboxCommand),
     /// Run a graph (YAML) or a built-in mode, showing progress live; ends with a summary.

@@ -1,4 +1,4 @@
-//! `cairn sandbox run` (seed 002 §6): run code in the sandbox-runner with inputs from the
+//! `cairn sandbox run`: run code in the sandbox-runner with inputs from the
 //! project store, write its outputs to `docs/artifacts/<run_id>/` and the run record to
 //! `.cairn/runs/<run_id>/sandbox/result.json`, all through the artifact-store.
 
@@ -100,7 +100,7 @@ async fn sandbox_run(
     } = target;
     let mut store = services.store()?;
 
-    // Inputs and the code file come from the canonical store (seed 002 §1, §3.1).
+    // Inputs and the code file come from the canonical store.
     let mut input_files = Vec::new();
     for path in &args.inputs {
         input_files.push(read_project_file(&mut store, &project, path).await?);
@@ -149,7 +149,7 @@ async fn sandbox_run(
         }
     };
 
-    // Outputs land beneath output_prefix only (seed 002 §2.3); each refusal is reported.
+    // Outputs land beneath output_prefix only; each refusal is reported.
     let mut written = Vec::new();
     let mut refused = Vec::new();
     for file in &result.output_files {

@@ -1,4 +1,4 @@
-//! THE relative-path rules of cairn (DESIGN.md "artifact-store"; seed 000 and 002 path safety).
+//! THE relative-path rules of cairn.
 //! Every service validates project- and sandbox-relative paths here and nowhere else.
 //! It rejects, never silently rewrites. The rules and reason words: docs/paths.md.
 //!

@@ -1,5 +1,5 @@
 //! `Policy`: the denylist and the allowed prefixes, applied after the syntax rules
-//! (DESIGN.md artifact-store: denylist case-folded and against 8.3 aliases, then prefixes;
+//! (denylist case-folded and against 8.3 aliases, then prefixes;
 //! request prefixes may only narrow the server's policy).
 
 use crate::rules::{fold_key, validate};

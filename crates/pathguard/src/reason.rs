@@ -1,4 +1,4 @@
-//! The reason vocabulary: one stable word per refusal, in DESIGN.md's check order
+//! The reason vocabulary: one stable word per refusal, in the order the checks run
 //! (ingest "Path checks"). Words are shared by manifests, events and `cairn-reason` metadata;
 //! never rename one.
 

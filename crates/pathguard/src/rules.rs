@@ -1,5 +1,4 @@
-//! The syntax rules of a cairn relative path, checked in DESIGN.md's order (ingest "Path
-//! checks"): each rule runs over the whole path and the first failing rule is the reason.
+//! The syntax rules of a cairn relative path, checked in a fixed order: each rule runs over the whole path and the first failing rule is the reason.
 //! Rejects, never rewrites: the accepted `SafePath` holds exactly the input text.
 
 use unicode_normalization::{is_nfc, UnicodeNormalization};
@@ -46,7 +45,7 @@ pub fn is_format_char(c: char) -> bool {
     FORMAT_CHARS.iter().any(|&(lo, hi)| (lo..=hi).contains(&c))
 }
 
-/// Checks the syntax rules (everything but denylist and prefixes), in DESIGN.md's order.
+/// Checks the syntax rules (everything but denylist and prefixes), in their fixed order.
 pub fn validate(path: &str) -> Result<SafePath, Rejection> {
     let reject = |reason, message: String| Err(Rejection::new(reason, path, message));
 

@@ -1,5 +1,4 @@
-//! Logs, traces, metrics and trace-context propagation for every cairn service (DESIGN.md
-//! "Cross-cutting"). Services call [`init`] once, wrap clients with [`traced`] and servers with
+//! Logs, traces, metrics and trace-context propagation for every cairn service. Services call [`init`] once, wrap clients with [`traced`] and servers with
 //! [`server_layer`], and count what they do through [`metrics`]; nothing else in cairn touches
 //! OpenTelemetry directly.
 //!

@@ -4,7 +4,7 @@
 //! directory fd, never as a string joined to the data root: `openat2` with
 //! RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS makes the kernel refuse any symlink (ELOOP) or escape
 //! (EXDEV) on the way, atomically with the lookup, so a directory swapped for a symlink while a
-//! write is in flight cannot redirect it (DESIGN.md "race-free write"). Where openat2 is missing
+//! write is in flight cannot redirect it. Where openat2 is missing
 //! (ENOSYS, or EPERM from an old seccomp profile) the walk falls back to one
 //! `openat(O_NOFOLLOW|O_DIRECTORY)` per component, which gives the same guarantee for
 //! pathguard-validated paths (no `..`, no empty or `.` components).

@@ -1,10 +1,10 @@
-//! Versioned JSON documents (seed 004 §6.4 write_version optimistic lock).
+//! Versioned JSON documents (write_version optimistic lock).
 //!
 //! A document is a JSON object whose top-level `write_version` (u64) belongs to the store. An
 //! update names the version it read; when that is still the stored one the patch is applied as
 //! an RFC 7386 merge patch. Otherwise MERGE_POLICY_NONE aborts with nothing changed, and
 //! MERGE_POLICY_MAX merges numbers by maximum (recursively in objects; other patch values win)
-//! and still bumps the version — seed 004: "以最大值合併各計數欄位後遞增版本號". Updates of one
+//! and still bumps the version: "以最大值合併各計數欄位後遞增版本號". Updates of one
 //! path are serialised by a per-path lock and written through the atomic temp+rename path.
 
 use std::collections::HashMap;

@@ -1,5 +1,5 @@
 //! cairn's artifact-store: the single canonical writer of project files, run records and
-//! manifests (DESIGN.md "artifact-store"; seeds 002, 000, 001, 004).
+//! manifests.
 //!
 //! Embedding: [`artifact_store_service`] opens the data root, sweeps leftover temp files and
 //! returns the tonic server to add to a `cairn_server::Host`; [`serve`] runs it standalone

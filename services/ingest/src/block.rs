@@ -1,4 +1,4 @@
-//! From a document to its blocks and their planned status (seed 000; DESIGN.md "ingest").
+//! From a document to its blocks and their planned status.
 //!
 //! Pure: no I/O, no store. Decides everything that can be decided from the document alone:
 //! header form, unterminated fences, duplicates, path rules (through `pathguard`, the only
@@ -28,7 +28,7 @@ pub mod reason {
     pub const FENCED: &str = "fenced";
 }
 
-/// Every file= path is written beneath this project directory (seed 000 寫入根目錄).
+/// Every file= path is written beneath this project directory.
 pub const WORKSPACE: &str = "workspace";
 
 /// Size limits (config `max_block_bytes`, `max_blocks`, `max_document_bytes`).
@@ -53,7 +53,7 @@ impl Default for Limits {
     }
 }
 
-/// Manifest status of a block (seed 000).
+/// Manifest status of a block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BlockStatus {
@@ -227,7 +227,7 @@ pub fn parse(doc: &[u8], limits: &Limits, policy: &Policy) -> Vec<Block> {
         }
     }
 
-    // seed 000: the same path twice (NFC-normalised, case-folded) -> the last block wins; a
+    // the same path twice (NFC-normalised, case-folded) -> the last block wins; a
     // model that rewrites a file means its last version. Only blocks that would be written
     // compete: a refused or skipped block never supersedes a valid one.
     let keys: Vec<Option<String>> = blocks

@@ -26,7 +26,7 @@ pub struct Config {
     /// The artifact-store ingest writes through (`host:port` or `http://host:port`).
     pub store_addr: String,
     /// Longest wait for one store call (a Put of one block, an AppendEvents); a store that does
-    /// not answer in time counts as unavailable (seed 000: fail-open).
+    /// not answer in time counts as unavailable (fail-open).
     pub store_timeout_ms: u64,
     /// Whether ingest is on for projects and runs that have no flag of their own.
     pub default_enabled: bool,

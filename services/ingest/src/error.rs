@@ -1,5 +1,5 @@
 //! Ingest's error type and its ONE mapping to gRPC status codes. Ingest itself is fail-open
-//! (seed 000): problems with the document or the store go into the manifest, not here. Errors
+//! problems with the document or the store go into the manifest, not here. Errors
 //! are for malformed requests, the flag RPCs, configuration and start-up.
 
 use tonic::{Code, Status};

@@ -1,4 +1,4 @@
-//! The `ingest.*` run events (seed 000 錯誤策略: events.jsonl records success, skip, refusal
+//! The `ingest.*` run events (error policy: events.jsonl records success, skip, refusal
 //! and failure). They carry paths, sizes, digests and reasons, never file contents.
 
 use cairn_proto::v1::EventInput;

@@ -1,4 +1,4 @@
-//! Fence mechanics and the strict header (DESIGN.md "ingest" grammar; seed 000 "Code Fence 規格").
+//! Fence mechanics and the strict header (grammar).
 //!
 //! One pass over the document's lines (memchr for the line breaks, a few byte compares per
 //! line, no regex). Every CommonMark fenced code block is tracked, so text inside any fence is
@@ -183,7 +183,7 @@ fn only_blank(bytes: &[u8]) -> bool {
     bytes.iter().all(|&b| matches!(b, b' ' | b'\t' | b'\r'))
 }
 
-/// `[A-Za-z0-9_+.-]`: the characters of a lang token (seed 000).
+/// `[A-Za-z0-9_+.-]`: the characters of a lang token.
 fn is_lang_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'_' | b'+' | b'.' | b'-')
 }
@@ -228,7 +228,7 @@ fn header_of(line: &[u8], fence: &FenceLine<'_>) -> Header {
     }
 }
 
-/// The tiny matcher for the one accepted form (DESIGN.md): at column 0, 3+ backticks, then
+/// The tiny matcher for the one accepted form: at column 0, 3+ backticks, then
 /// `<lang>`, exactly one space, `file=`, one path token, then only spaces/tabs/CR. The line
 /// must be valid UTF-8. Returns (lang, path) or what is wrong.
 fn strict_header(line: &[u8], fence: &FenceLine<'_>) -> Result<(String, String), &'static str> {

@@ -1,4 +1,4 @@
-//! The ingest feature flag per project and per run (seed 000 後續 Phase: "feature flag").
+//! The ingest feature flag per project and per run.
 //! Persisted through the store as small JSON documents; a run's setting overrides the
 //! project's, which overrides the service default (`default_enabled`).
 

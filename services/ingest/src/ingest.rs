@@ -1,7 +1,7 @@
-//! One ingest, top to bottom (seed 000; DESIGN.md "ingest"): the flag, the document, the
+//! One ingest, top to bottom: the flag, the document, the
 //! blocks, the writes through the store, the manifest, the events.
 //!
-//! seed 000 錯誤策略: fail-open. Whatever goes wrong with the document or the store (dead,
+//! fail-open. Whatever goes wrong with the document or the store (dead,
 //! slow, refusing) ends up in the manifest, the events and the reply's level/notes; the caller
 //! always gets a normal reply. Only a malformed request is an error. Never logs content.
 
@@ -118,7 +118,7 @@ pub struct Outcome {
     pub blocks: Vec<Block>,
     /// Where the manifest was stored; "" for a dry run or when it could not be stored.
     pub manifest_path: String,
-    /// Overall severity (seed 000 錯誤分級).
+    /// Overall severity.
     pub severity: Severity,
     /// Human-readable notes on problems (never content).
     pub notes: Vec<String>,
@@ -222,8 +222,7 @@ impl Ingestor {
 
     /// Ingests the document: writes every valid block to `workspace/<file>`, stores the
     /// manifest, appends the events. Fails only when a newer claim on the run fenced the
-    /// caller off (then it stops writing); anything else goes into the outcome (seed 000:
-    /// fail-open).
+    /// caller off (then it stops writing); anything else goes into the outcome (fail-open).
     pub async fn ingest(&self, req: &Request) -> Result<Outcome> {
         let mut trouble = Trouble::default();
         let enabled = match flag::effective(

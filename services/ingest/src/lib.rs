@@ -1,4 +1,4 @@
-//! cairn's ingest service (seed 000; DESIGN.md "ingest"): strict code fences in agent
+//! cairn's ingest service: strict code fences in agent
 //! documents become workspace files, written through the artifact-store, with manifest v1 and
 //! `ingest.*` events. Fail-open: ingest never fails its caller's run.
 //!

@@ -1,5 +1,5 @@
-//! Manifest v1 (seed 000 "Manifest Schema"): exactly the seed's fields, nothing more.
-//! Also the overall severity of an ingest (seed 000 錯誤分級), computed from the blocks.
+//! Manifest v1: exactly its documented fields, nothing more.
+//! Also the overall severity of an ingest, computed from the blocks.
 
 use serde::{Deserialize, Serialize};
 
@@ -103,7 +103,7 @@ impl Summary {
     }
 }
 
-/// Severity of an ingest (seed 000 錯誤分級).
+/// Severity of an ingest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Severity {
     Info,

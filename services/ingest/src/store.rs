@@ -1,5 +1,5 @@
 //! The artifact-store as ingest sees it: a gRPC client with a deadline on every call and the
-//! store's answers sorted into what ingest does with them (seed 000: fail-open). Ingest never
+//! store's answers sorted into what ingest does with them (fail-open). Ingest never
 //! touches a filesystem; every byte it writes goes through here.
 
 use std::time::Duration;

@@ -113,7 +113,7 @@ pub struct Config {
     pub max_parallel_runs: usize,
     /// Nodes of one run executing at once (a graph's `max_parallel` may lower it).
     pub max_parallel_nodes: usize,
-    /// The ingest hook after nodes that write a document (seed 000; the ingest service's own
+    /// The ingest hook after nodes that write a document (the ingest service's own
     /// per-project/run flag applies too).
     pub ingest_hook: bool,
     /// At start-up, resume every run that is not final.
@@ -147,18 +147,18 @@ pub struct Config {
     pub llm: LlmConfig,
     /// `[onebot]`: the OneBot v11 endpoint of `group` / `private` delivery targets.
     pub onebot: OneBotConfig,
-    /// `[code_delivery]`: the code delivery agent (seed 003 §8).
+    /// `[code_delivery]`: the code delivery agent.
     pub code_delivery: CodeDeliveryConfig,
     /// Directory of installed tools of `tool_call` nodes (`<dir>/<name>/tool.toml` and its
     /// program); empty = built-in tools only.
     pub tools_dir: String,
-    /// `[sandbox.runner.features]`: opt-in uses of the sandbox runners (seed 002 §7).
+    /// `[sandbox.runner.features]`: opt-in uses of the sandbox runners.
     pub sandbox: SandboxSettings,
     /// `[auth]`: who may call (`tokens_file`: people, roles and token hashes; docs/security.md).
     pub auth: AuthConfig,
 }
 
-/// `[sandbox]` (seed 002's `sandbox.runner.*` keys; the runners themselves are `sandbox_addrs`).
+/// `[sandbox]` (`sandbox.runner.*` keys; the runners themselves are `sandbox_addrs`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SandboxSettings {
@@ -175,7 +175,7 @@ pub struct SandboxRunnerSettings {
 #[serde(default, deny_unknown_fields)]
 pub struct SandboxFeatures {
     /// `sandbox.runner.features.use_for_tools`: installed tools of `tool_call` nodes run on a
-    /// sandbox runner instead of as subprocesses of the orchestrator (seed 002 §7: opt-in; a
+    /// sandbox runner instead of as subprocesses of the orchestrator (opt-in; a
     /// timeout or protocol error fails the node, never falls back).
     pub use_for_tools: bool,
 }

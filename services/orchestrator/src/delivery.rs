@@ -1,5 +1,5 @@
 //! Delivery targets of `deliver` nodes: `local_dir` (a directory inside the project, written
-//! through the store) and OneBot v11 chats, `group` / `private` (onebot.rs, seed 003 §7.3;
+//! through the store) and OneBot v11 chats, `group` / `private` (onebot.rs;
 //! endpoint and token from the `[onebot]` config section).
 
 use bytes::Bytes;

@@ -1,5 +1,4 @@
-//! The orchestrator's errors and their one mapping to gRPC status codes (DESIGN.md
-//! "Cross-cutting"). Messages say what was wrong and how to fix it.
+//! The orchestrator's errors and their one mapping to gRPC status codes. Messages say what was wrong and how to fix it.
 
 use tonic::{Code, Status};
 

@@ -1,4 +1,4 @@
-//! The event vocabulary of a run's events.jsonl (seed 001 §2.2 plus seed 002 §4.2 sandbox
+//! The event vocabulary of a run's events.jsonl (run, node, gate and sandbox
 //! events). Every state change of a run is one of these events; `run::RunState::apply` is the
 //! only place that turns them into state, live and on resume alike.
 
@@ -39,16 +39,16 @@ pub const AGENT_FAILED: &str = "agent.failed";
 /// One attempt of one LLM request (the `agents::Attempt` fields: attempt, max_attempts,
 /// endpoint, elapsed_ms, outcome, and on failure kind/status/message/will_retry/retry_in_ms).
 pub const LLM_ATTEMPT: &str = "llm.attempt";
-/// An external agent's turn ended asking a human (seed 001 §2.1.1 state `awaiting`).
+/// An external agent's turn ended asking a human (state `awaiting`).
 pub const AGENT_AWAITING: &str = "agent.awaiting";
 
-// seed 002 §4.2
+// Sandbox runs.
 pub const SANDBOX_START: &str = "sandbox_start";
 pub const SANDBOX_COMPLETE: &str = "sandbox_complete";
 pub const SANDBOX_FAILED: &str = "sandbox_failed";
 
 /// The orchestrator's side of the ingest hook (the ingest service appends its own `ingest.*`
-/// events); only written when the call itself failed (seed 000: fail-open).
+/// events); only written when the call itself failed (fail-open).
 pub const INGEST_HOOK_FAILED: &str = "ingest.hook_failed";
 
 pub const DELIVERY_COMPLETED: &str = "deliver.completed";

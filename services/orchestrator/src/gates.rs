@@ -1,4 +1,4 @@
-//! Human gates (seed 001 §2.1 gates, §6): who may decide what, and the events a decision is
+//! Human gates: who may decide what, and the events a decision is
 //! recorded as. The scheduler applies decisions; this module owns their rules.
 
 use crate::error::{Error, Result};
@@ -46,7 +46,7 @@ pub fn check_decidable(state: &RunState, gate_id: &str) -> Result<()> {
     }
 }
 
-/// The gate.approved / gate.rejected event (seed 001 §2.2 example fields).
+/// The gate.approved / gate.rejected event (example fields).
 pub fn decision_event(
     d: Decision,
     gate_id: &str,

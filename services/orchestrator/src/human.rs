@@ -1,6 +1,6 @@
-//! Human intervention (seed 001 §6) on the files it lives in: shared/human-notes.md (notes,
+//! Human intervention on the files it lives in: shared/human-notes.md (notes,
 //! approval/rejection comments, rework instructions; given to later agents as high-priority
-//! context) and shared/context-manifest.yaml (what is explicitly shared, seed 001 §5.1).
+//! context) and shared/context-manifest.yaml (what is explicitly shared).
 //! Each action is also an event with `by` and `ts`; the callers record those.
 
 use bytes::Bytes;
@@ -81,7 +81,7 @@ pub fn notes_for_agents(text: &str) -> Option<String> {
     (!out.is_empty()).then_some(out)
 }
 
-/// shared/context-manifest.yaml (seed 001 §5.1).
+/// shared/context-manifest.yaml.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Manifest {

@@ -1,5 +1,5 @@
 //! cairn's orchestrator: agent graphs run as durable, editable run directories with human
-//! gates (seeds 001, 002 §4-§5, 000 hook; DESIGN.md "orchestrator"). Every file and event goes
+//! gates (and the ingest hook). Every file and event goes
 //! through the artifact-store; ingest and sandbox runners are called over gRPC.
 //!
 //! Embedding (`cairn up`): [`orchestrator_service`] returns the tonic server and a [`Handle`];

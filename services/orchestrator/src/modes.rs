@@ -1,4 +1,4 @@
-//! Built-in modes (seed 000 §2): `single`, `self_critique` and `team` as graphs embedded in
+//! Built-in modes: `single`, `self_critique` and `team` as graphs embedded in
 //! the binary (services/orchestrator/graphs/*.yaml), chosen by `SubmitRunRequest.mode`. The
 //! prompt becomes `{{vars.prompt}}`; other vars work as for any graph (`reviews` of
 //! self_critique, `max_tasks` of team).

@@ -1,4 +1,4 @@
-//! OneBot v11 over HTTP as a delivery target (seed 003 §7): files go to a group
+//! OneBot v11 over HTTP as a delivery target: files go to a group
 //! (`upload_group_file`) or a private chat (`upload_private_file`); an implementation without
 //! the upload action gets a `file` message segment instead, and when that fails too the
 //! result says so and names the file's stored path in the project so a human can hand it
@@ -123,7 +123,7 @@ pub enum Chat {
 }
 
 impl Chat {
-    /// From a target type (`group` | `private`) and id (seed 003 §4.2 target_type/target_id).
+    /// From a target type (`group` | `private`) and id (target_type/target_id).
     pub fn new(kind: &str, id: i64) -> Result<Chat, String> {
         if id <= 0 {
             return Err(format!("a {kind} id must be a positive number, not {id}"));
@@ -425,7 +425,7 @@ pub enum UploadStatus {
 }
 
 /// The result of sending one file (never an Err: a failure is a status with its error, so
-/// the caller can report it, seed 003 §7.3).
+/// the caller can report it).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct UploadReceipt {
     pub name: String,
@@ -479,7 +479,7 @@ impl OneBotTarget {
     }
 
     /// Sends `file`: the upload action, then on "unsupported" a `file` message segment
-    /// (seed 003 §7.3). Never fails: the receipt says what happened.
+    /// Never fails: the receipt says what happened.
     pub async fn send_file(&self, file: &OutgoingFile<'_>) -> UploadReceipt {
         let upload = self.chat.upload_action();
         let receipt = |status: UploadStatus, action: &str, error: Option<String>| UploadReceipt {
@@ -770,7 +770,7 @@ pub fn target_for(
 }
 
 /// The notice of a task that ended because one LLM request failed all its attempts
-/// (seed 003 §7.4: task id, stage, error summary, retry advice).
+/// (task id; stage; error summary; retry advice).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FailureNotice<'a> {
     pub task_id: &'a str,

@@ -12,7 +12,7 @@ use serde_json::{Map, Value};
 use crate::events::{self as ev, Ev};
 use crate::graph::{Graph, NodeKind};
 
-/// seed 001 §2.1 task states.
+/// Task states.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum TaskState {
@@ -80,7 +80,7 @@ impl NodeState {
     pub fn is_done(self) -> bool {
         matches!(self, NodeState::Succeeded | NodeState::Skipped)
     }
-    /// Milestone state words in task.yaml (seed 001 uses done/working).
+    /// Milestone state words in task.yaml (done/working).
     pub fn milestone(self) -> &'static str {
         match self {
             NodeState::Pending => "pending",
@@ -105,7 +105,7 @@ impl NodeState {
     }
 }
 
-/// seed 001 §2.1 gate states.
+/// Gate states.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum GateState {
@@ -208,7 +208,7 @@ pub struct NodeRecord {
 pub struct RosterEntry {
     pub instance: String,
     pub agent: String,
-    /// working | awaiting | dormant (seed 001 §2.1.1)
+    /// working | awaiting | dormant
     pub state: String,
     pub node: String,
 }

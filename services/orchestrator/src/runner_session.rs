@@ -1,4 +1,4 @@
-//! A session on a sandbox runner (seed 003 §2-§3; sandbox.proto's session calls), the one
+//! A session on a sandbox runner (sandbox.proto's session calls), the one
 //! client of that API in the orchestrator: the `code_delivery` and `external_agent` nodes
 //! both work through it. Opening picks the first runner that answers; the session then stays
 //! on that runner for Exec, ReadFile, WriteFile, Glob, Grep and Pack until it is closed.

@@ -1,5 +1,5 @@
-//! The sandbox runners this orchestrator may use (DESIGN.md "Scale-out": many runners behind
-//! one orchestrator), balanced on the client side.
+//! The sandbox runners this orchestrator may use (many runners behind one
+//! orchestrator), balanced on the client side.
 //!
 //! Each entry of `sandbox_addrs` is an address (`host:port`, `http://host:port`) or a DNS name
 //! (`dns:///name:port` says so explicitly; any host that is not an IP literal is one too). A

@@ -147,7 +147,7 @@ impl Runs {
             graph.title = t;
         }
         let base_dir = self.base_dir(&req.base_dir);
-        // seed 004: schema, limits and prompt files are read now and kept in the graph.
+        // schema, limits and prompt files are read now and kept in the graph.
         crate::phases::prepare(&mut graph, &base_dir)?;
         // The provider rules of agents/providers.rs: a name, a cassette, an allowed URL.
         let llm = self

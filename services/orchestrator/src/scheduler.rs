@@ -484,7 +484,7 @@ impl Driver {
                 || self.canceling.is_some()
                 || self.state.blocked_gates().next().is_some()
             {
-                // seed 001 §6: while a gate waits, nothing new starts.
+                // while a gate waits, nothing new starts.
                 break;
             }
             let Some(&i) = self.ready.iter().next() else {

@@ -1,5 +1,5 @@
 //! The artifact-store as the orchestrator uses it: the only way this service reads or writes a
-//! project file, a run record or an event (DESIGN.md: the store is the single canonical writer).
+//! project file, a run record or an event (the store is the single canonical writer).
 //! Thin typed calls over the generated gRPC client, with the trace context injected.
 
 use std::collections::HashMap;
@@ -27,7 +27,7 @@ pub const STORE: &str = "artifact-store";
 #[derive(Clone, Debug, Default)]
 pub struct PutOptions {
     pub overwrite: bool,
-    /// Narrows the store's allowed prefixes for this write (seed 002 §2.1).
+    /// Narrows the store's allowed prefixes for this write.
     pub allowed_prefixes: Vec<String>,
     /// Run on whose behalf (an overwrite leaves a `store.overwritten` event in it).
     pub run_id: String,
@@ -530,7 +530,7 @@ impl Store {
         })
     }
 
-    /// Updates a versioned JSON document (seed 004 §6.4): `expected_version` is the
+    /// Updates a versioned JSON document: `expected_version` is the
     /// `write_version` read (0 = absent); a conflict is Aborted unless `merge` is MAX.
     pub async fn update_json(
         &self,

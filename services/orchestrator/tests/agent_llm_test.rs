@@ -133,7 +133,7 @@ async fn five_failed_attempts_fail_the_node_with_the_seed_message() {
     let node = info.nodes.iter().find(|n| n.id == "writer").unwrap();
     assert!(
         node.error.contains("failed 5 times in a row")
-            && node.error.contains("seed 003 §7.4")
+            && node.error.contains("attempts per request")
             && node.error.contains("scripted 503"),
         "{}",
         node.error

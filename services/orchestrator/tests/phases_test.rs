@@ -353,7 +353,7 @@ nodes:
     assert_eq!(info.state, TaskState::Failed as i32);
     assert!(
         info.error.contains("todoist-plan.json is failed: missing")
-            && info.error.contains("seed 004 §6.1"),
+            && info.error.contains("never written"),
         "{}",
         info.error
     );

@@ -44,7 +44,7 @@ pub struct Config {
     pub backend: BackendChoice,
     /// Sandbox image (built offline by deploy/images/).
     pub image: String,
-    /// Container names are `<container_prefix><id><container_suffix>` (seed 003 §3.4).
+    /// Container names are `<container_prefix><id><container_suffix>`.
     pub container_prefix: String,
     pub container_suffix: String,
     /// Task directories of sessions and local runs; one work_root per runner.

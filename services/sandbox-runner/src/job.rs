@@ -1,4 +1,4 @@
-//! A one-shot run (seed 002 §3, §5): the request checked into a `Job` (language, program,
+//! A one-shot run: the request checked into a `Job` (language, program,
 //! inputs, limits), and its `Outcome` turned into the RunResult with result.json (§4.2).
 
 use std::collections::HashSet;
@@ -329,7 +329,7 @@ pub struct Outcome {
     pub outputs: Outputs,
 }
 
-/// The reply for `job`, with result.json (seed 002 §4.2).
+/// The reply for `job`, with result.json.
 pub fn run_result(
     job: &Job,
     outcome: Outcome,

@@ -1,4 +1,4 @@
-//! cairn's sandbox-runner (seeds 002, 003; DESIGN.md "sandbox-runner"): runs model-written
+//! cairn's sandbox-runner: runs model-written
 //! code in Docker containers or bubblewrap sandboxes with limits, collects its outputs without
 //! trusting them, and keeps long-lived sessions for code delivery. It never touches the
 //! project store: inputs come in the request and outputs leave in the reply.

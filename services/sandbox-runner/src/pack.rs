@@ -1,4 +1,4 @@
-//! Pack (seed 003 §5.7, §6): the workspace as a zip or tar.gz, leaving out what the exclude
+//! Pack: the workspace as a zip or tar.gz, leaving out what the exclude
 //! globs match (`.git/**`, `**/__pycache__/**`; `**` crosses directories). Entries are the
 //! workspace's regular files under pathguard-valid names; links are refused and reported, never
 //! followed; the archive stops with ResourceExhausted at its size cap.

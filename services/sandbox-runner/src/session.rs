@@ -1,4 +1,4 @@
-//! Sessions (seed 003): one long-lived sandbox per task with `/workspace` and `/tmpfs`, kept
+//! Sessions: one long-lived sandbox per task with `/workspace` and `/tmpfs`, kept
 //! in `<work_root>/tasks/<session_id>/{workspace,tmpfs}` on this host. Opening clones a git
 //! source on the host side (never with hooks, never through the `ext` transport); closing,
 //! failing to open, and shutting down remove the container and the directories.

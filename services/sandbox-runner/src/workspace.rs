@@ -1,4 +1,4 @@
-//! The session tools on the workspace (seed 003 §5): ReadFile, WriteFile, Glob, Grep. All of
+//! The session tools on the workspace: ReadFile, WriteFile, Glob, Grep. All of
 //! them work on the host-side task directory through a held descriptor (beneath.rs), so a
 //! symlink or `..` the code planted cannot lead them outside /workspace; results are capped.
 

@@ -1,4 +1,4 @@
-//! External coding-agent CLIs as agent instances (seed 001 §2.1.1). An adapter knows one CLI:
+//! External coding-agent CLIs as agent instances. An adapter knows one CLI:
 //! the command line of a turn (new, or resumed by the CLI's own session handle), how its JSONL
 //! event stream reads, and which of its state files must be kept so a dormant instance can be
 //! resumed later. It never runs anything itself: the `external_agent` node runs each turn in a

@@ -1,5 +1,5 @@
 //! The records of one external agent instance under `.cairn/runs/<run>/agents/<instance>/`
-//! (seed 001 §2): `session.json` in exactly the seed's §2.1.1 shape, `runtime/requests.jsonl`
+//! `session.json` in the documented shape, `runtime/requests.jsonl`
 //! (each turn as sent), `runtime/events.jsonl` (the CLI's own event lines, verbatim),
 //! `runtime/stderr.log`, `runtime/pid`, and the CLI's kept state (`codex_home/...`). Everything
 //! goes through the store; this module never touches a filesystem.
@@ -12,7 +12,7 @@ use tonic::Status;
 use crate::rundir::RunDir;
 use crate::store::{PutOptions, Store};
 
-/// seed 001 §2.1.1 states of an instance.
+/// The states of an agent instance.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum InstanceState {
@@ -55,7 +55,7 @@ impl Default for Recording {
     }
 }
 
-/// session.json (seed 001 §2.1.1), field for field.
+/// session.json, field for field.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SessionFile {

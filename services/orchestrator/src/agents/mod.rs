@@ -127,7 +127,7 @@ pub struct AgentRequest {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_choice: Option<ToolChoice>,
     /// Attempts for this request instead of `llm.max_attempts` (the code delivery agent
-    /// passes `code_delivery.llm_max_retries_per_request`, seed 003 §7.4).
+    /// passes `code_delivery.llm_max_retries_per_request`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_attempts: Option<u32>,
 }

@@ -4,7 +4,7 @@
 //! `stream = true` the answer is read as server-sent events and tool-call fragments are
 //! assembled by their `index`.
 //!
-//! Each request goes through the retry rule of `retry.rs` (seed 003 §7.4). The API key is the
+//! Each request goes through the retry rule of `retry.rs`. The API key is the
 //! one configured for this base URL (`providers.rs` decides; a URL a request names gets none
 //! unless it is a configured provider's); it is sent as a Bearer token and never appears in
 //! Debug output, logs or error messages.
@@ -51,7 +51,7 @@ pub struct LlmConfig {
     pub request_timeout_ms: u64,
     /// Longest silence while reading an answer (and, when streaming, before its headers).
     pub idle_timeout_ms: u64,
-    /// Attempts per request, the first included (seed 003 §7.4: 5).
+    /// Attempts per request, the first included (5).
     pub max_attempts: u32,
     /// Ceiling of the first backoff wait; doubles per attempt (full jitter below it).
     pub initial_backoff_ms: u64,

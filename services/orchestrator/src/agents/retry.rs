@@ -1,4 +1,4 @@
-//! The retry rule of one LLM request (seed 003 §7.4): at most `max_attempts` attempts per
+//! The retry rule of one LLM request: at most `max_attempts` attempts per
 //! request (not per task), exponential backoff with full jitter, `Retry-After` honoured.
 //! Connection errors, timeouts, interrupted streams and HTTP 408/409/429/5xx are retried;
 //! every other status, a quota-exhausted 429 and a malformed answer are not. Each attempt is
@@ -91,7 +91,7 @@ pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
 /// Attempts and waits of one request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RetryRule {
-    /// Attempts per request, the first included (seed 003 §7.4: 5).
+    /// Attempts per request, the first included (5).
     pub max_attempts: u32,
     /// Ceiling of the first wait; doubles per attempt.
     pub initial_backoff: Duration,
@@ -218,7 +218,7 @@ impl fmt::Display for LlmError {
         match self.gave_up {
             GaveUp::Exhausted => write!(
                 f,
-                "{what} failed {n} times in a row, {n} of {max} attempts used (seed 003 §7.4: at most {max} attempts per request); last error: {last}",
+                "{what} failed {n} times in a row, {n} of {max} attempts used (at most {max} attempts per request); last error: {last}",
                 n = self.attempts,
                 max = self.max_attempts,
                 last = self.last
@@ -250,7 +250,7 @@ impl From<LlmError> for super::AgentError {
 }
 
 impl LlmError {
-    /// One line for a chat notice (seed 003 §7.4 "错误摘要").
+    /// One line for a chat notice.
     pub fn summary(&self) -> String {
         let status = self
             .last
@@ -267,7 +267,7 @@ impl LlmError {
         )
     }
 
-    /// What an operator should do before retrying (seed 003 §7.4 "建议重试信息").
+    /// What an operator should do before retrying.
     pub fn retry_advice(&self) -> String {
         match (self.last.kind, self.last.status) {
             (FailureKind::QuotaExhausted, _) => {

@@ -1,4 +1,4 @@
-//! The tool loop of one code delivery task (seed 003 §4-§7): open a sandbox session (empty or
+//! The tool loop of one code delivery task: open a sandbox session (empty or
 //! a git clone), ask the model with the seven tools until `end` succeeds, then close the
 //! session. Limits: `max_iterations` requests, and the node's deadline (minus a margin kept for
 //! cleanup). Whatever the model sends, the loop answers with a tool result; only the sandbox
@@ -72,7 +72,7 @@ impl EndReport {
     fn size(&self) -> u64 {
         self.put.digest.clone().unwrap_or_default().size_bytes
     }
-    /// seed 003 §5.7 step 3: name, size, hash, upload status.
+    /// The delivery summary: name, size, hash, upload status.
     fn result(&self) -> Value {
         let mut v = json!({
             "archive_name": self.name,
@@ -412,7 +412,7 @@ impl Task<'_> {
         Ok(())
     }
 
-    /// System prompt, human notes (highest priority), the task with its source (seed 003 §4.3).
+    /// System prompt, human notes (highest priority), the task with its source.
     async fn first_messages(&mut self, prompt: &str) -> Result<(), NodeError> {
         self.messages.push(Message::new(
             Role::System,
@@ -619,7 +619,7 @@ impl Task<'_> {
         })
     }
 
-    /// `end` (seed 003 §5.7): check, pack, store, deliver.
+    /// `end`: check, pack, store, deliver.
     async fn end(&mut self, a: tools::EndArgs) -> Result<Reply, NodeError> {
         let (name, format) = match archive_name(
             a.archive_name.as_deref(),
@@ -644,7 +644,7 @@ impl Task<'_> {
             let problems = self.missing_docs(&excludes).await?;
             if !problems.is_empty() {
                 return Ok(Reply::error(format!(
-                    "`end` refused: this project started from an empty directory (source_type=empty), so the delivery must contain a non-empty README.md and documentation of how to use and run it (seed 003 §4.4). Missing: {}. Write them with `write`, then call `end` again.",
+                    "`end` refused: this project started from an empty directory (source_type=empty), so the delivery must contain a non-empty README.md and documentation of how to use and run it. Missing: {}. Write them with `write`, then call `end` again.",
                     problems.join("; ")
                 )));
             }
@@ -743,7 +743,7 @@ impl Task<'_> {
         })
     }
 
-    /// What an empty-source delivery lacks (seed 003 §4.4): README.md with content, and docs
+    /// What an empty-source delivery lacks: README.md with content, and docs
     /// (a non-blank file under docs/, or a usage/running section in README.md), all kept by
     /// the exclude patterns.
     async fn missing_docs(&self, excludes: &GlobSet) -> Result<Vec<String>, NodeError> {
@@ -931,7 +931,7 @@ impl Task<'_> {
         })
     }
 
-    /// seed 003 §7.4: the notice to the target, then the node's error.
+    /// the notice to the target, then the node's error.
     async fn llm_failed(&self, error: AgentError, step: u32) -> NodeError {
         let (summary, advice) = match &error {
             AgentError::Llm(e) => (e.summary(), e.retry_advice()),

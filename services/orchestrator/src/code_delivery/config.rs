@@ -1,4 +1,4 @@
-//! The `[code_delivery]` section, with the key names of seed 003 §8. Some keys belong to the
+//! The `[code_delivery]` section, with its documented key names. Some keys belong to the
 //! sandbox runner in cairn (it owns containers and task directories); they are accepted here
 //! so one config file carries the seed's section, and `cairn up` hands them to the runner
 //! (see docs/agents.md for which key goes where).
@@ -22,7 +22,7 @@ pub struct CodeDeliveryConfig {
     pub task_root: String,
     /// Runner side: the session image (sandbox-runner `image`).
     pub docker_image: String,
-    /// Runner side: containers are named `<prefix><task id><suffix>` (seed 003 §3.4).
+    /// Runner side: containers are named `<prefix><task id><suffix>`.
     pub container_name_prefix: String,
     pub container_name_suffix: String,
     /// `run_bash_command` timeout when the model gives none.
@@ -35,9 +35,9 @@ pub struct CodeDeliveryConfig {
     pub max_archive_size_mb: u64,
     /// Close the session (container and task directory) when the task ends.
     pub cleanup_on_finish: bool,
-    /// Runner side: remove leftover task directories and containers at start (seed 003 §2.3).
+    /// Runner side: remove leftover task directories and containers at start.
     pub cleanup_on_start: bool,
-    /// Attempts of one LLM request before the task fails (seed 003 §7.4; passed as
+    /// Attempts of one LLM request before the task fails (passed as
     /// `AgentRequest::max_attempts`).
     pub llm_max_retries_per_request: u32,
     /// Send the failure notice to the target when an LLM request used all its attempts.

@@ -1,4 +1,4 @@
-//! The code delivery agent (seed 003) as the `code_delivery` node type: a tool loop over a
+//! The code delivery agent as the `code_delivery` node type: a tool loop over a
 //! sandbox session with exactly the seed's tools (read, write, glob, grep, run_bash_command,
 //! todo, end), whose `end` packs the workspace, stores the archive in the artifact-store and
 //! delivers it to a OneBot chat or a project directory. Containers and task directories belong
@@ -32,7 +32,7 @@ pub const SESSION_OPENED: &str = "code_delivery.session_opened";
 pub const TOOL_CALL: &str = "code_delivery.tool_call";
 /// `end` stored the archive and tried the target: archive, sha256, size_bytes, status.
 pub const DELIVERED: &str = "code_delivery.delivered";
-/// The failure notice of seed 003 §7.4: target, stage, error_summary, sent.
+/// The failure notice: target, stage, error_summary, sent.
 pub const FAILURE_NOTICE: &str = "code_delivery.failure_notice";
 /// The session was closed (cleanup): session_id, closed.
 pub const CLOSED: &str = "code_delivery.session_closed";

@@ -1,8 +1,8 @@
 //! What the code delivery agent is told: the system prompt (tools, rules, suggested excludes
-//! of seed 003 §6.3, the documentation rule of §4.4) and the task message, which always states
+//! and the documentation rule) and the task message, which always states
 //! where the workspace came from (§4.3), so the model never loses that context.
 
-/// Where the workspace starts from (seed 003 §4.2).
+/// Where the workspace starts from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Source {
     Empty,
@@ -10,7 +10,7 @@ pub enum Source {
 }
 
 impl Source {
-    /// `source_type=git, git_url=..., git_ref=...` or `source_type=empty` (seed 003 §4.3).
+    /// `source_type=git, git_url=..., git_ref=...` or `source_type=empty`.
     pub fn line(&self) -> String {
         match self {
             Source::Empty => "source_type=empty".into(),
@@ -33,7 +33,7 @@ impl Source {
     }
 }
 
-/// Excludes suggested to the model (seed 003 §6.3; not enforced).
+/// Excludes suggested to the model (not enforced).
 pub const SUGGESTED_EXCLUDES: [&str; 7] = [
     ".git/**",
     ".venv/**",
@@ -68,7 +68,7 @@ pub fn system(source: &Source, max_iterations: u32, target: &str) -> String {
     )
 }
 
-/// The task message: the source first (seed 003 §4.3), then the task. `commit` is the
+/// The task message: the source first, then the task. `commit` is the
 /// checked-out commit of a git source.
 pub fn task(source: &Source, commit: &str, prompt: &str) -> String {
     let start = match source {

@@ -1,4 +1,4 @@
-//! The `code_delivery` node of a graph (seed 003 §4.2 as a node type): its fields, the checks
+//! The `code_delivery` node of a graph (as a node type): its fields, the checks
 //! made at submit time and the outputs later nodes may read.
 
 use serde::{Deserialize, Serialize};
@@ -14,7 +14,7 @@ pub const MAX_ITERATIONS: u32 = 1000;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SourceType {
-    /// An empty directory; the delivery must bring its README and docs (seed 003 §4.4).
+    /// An empty directory; the delivery must bring its README and docs.
     Empty,
     /// A clone of `git_url` at `git_ref`.
     Git,

@@ -1,4 +1,4 @@
-//! Where a code delivery goes (seed 003 §4.2, §7): a OneBot group or private chat
+//! Where a code delivery goes: a OneBot group or private chat
 //! (`{type: group|private, id}`, through `onebot.rs`), or a directory of the project
 //! (`{type: directory, path}`, written through the store; `local_dir` is the same, as in
 //! `deliver` nodes). The same target receives the
@@ -165,7 +165,7 @@ impl Target {
         }
     }
 
-    /// Sends the failure notice (seed 003 §7.4); Ok says where it went.
+    /// Sends the failure notice; Ok says where it went.
     pub async fn notify(
         &self,
         place: &Place<'_>,

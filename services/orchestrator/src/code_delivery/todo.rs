@@ -1,4 +1,4 @@
-//! The `todo` tool's board (seed 003 §5.6): the agent's to-do items with their status, kept as
+//! The `todo` tool's board: the agent's to-do items with their status, kept as
 //! `todo.json` in the agent's directory of the run (`.cairn/runs/<run_id>/agents/<instance>/`)
 //! so a human sees the progress while the task runs. This module is the board's logic; the
 //! tool loop writes it through the store after every change.

@@ -1,4 +1,4 @@
-//! The seven tools of the code delivery agent (seed 003 §5): their JSON schemas as offered to
+//! The seven tools of the code delivery agent: their JSON schemas as offered to
 //! the model, and the parsing of the arguments the model wrote. Parsing never fails the task:
 //! a malformed call becomes a message the model reads as the tool's result.
 
@@ -202,7 +202,7 @@ pub enum TodoAction {
     Clear,
 }
 
-/// seed 003 §5.6: not done / in progress / done.
+/// not done / in progress / done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TodoStatus {

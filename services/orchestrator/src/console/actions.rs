@@ -1,4 +1,4 @@
-//! Human actions of seed 001 §6.1 from the run page: approve / reject a gate, add a note, edit
+//! Human actions from the run page: approve / reject a gate, add a note, edit
 //! the context manifest, cancel, request rework. Each is the orchestrator call the CLI makes,
 //! with `by` = the visitor's name and the visitor's personal token relayed (when people log in
 //! with their own); the orchestrator records it as an event with `by` and `ts`. An action the

@@ -10,7 +10,7 @@ use super::{Console, ConsoleError};
 
 /// Most manifests shown on a run page.
 const MAX_MANIFESTS: u32 = 50;
-/// Largest manifest read (seed 000 limits a document's blocks well below this).
+/// Largest manifest read (limits a document's blocks well below this).
 const MAX_MANIFEST_BYTES: u64 = 1 << 20;
 
 #[derive(Debug, Default, Deserialize)]

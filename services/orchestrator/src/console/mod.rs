@@ -1,4 +1,4 @@
-//! The web console (issue 8; seed 001 §6): server-rendered pages where people follow runs,
+//! The web console (issue 8): server-rendered pages where people follow runs,
 //! decide gates, write notes and edit the shared context, served by the orchestrator process on
 //! its own HTTP listener.
 //!

@@ -68,7 +68,7 @@ pub(super) fn tree_url(project: &str, prefix: &str) -> String {
     format!("/projects/{}/tree?prefix={}", seg(project), qv(prefix))
 }
 
-/// seed 001 §2.1 state names.
+/// The task state names.
 pub(super) fn task_state_name(state: i32) -> &'static str {
     match TaskState::try_from(state) {
         Ok(TaskState::Created) => "created",

@@ -1,7 +1,7 @@
 //! The graph spec (docs/graphs.md, docs/graph.schema.json): YAML parsed with serde-saphyr,
 //! checked completely at submit time so a run never fails on something that could have been
 //! seen before it started: unknown fields, unknown or self `needs`, cycles, template references
-//! to unknown nodes/fields/variables, both `code` and `code_file` (seed 002 §5.2), bad static
+//! to unknown nodes/fields/variables, both `code` and `code_file`, bad static
 //! paths. Errors name the node and the field.
 //!
 //! A validated [`Graph`] is what graph.resolved.json holds (templates as written, the run id and
@@ -247,7 +247,7 @@ fn default_allowed_prefixes() -> Vec<Template> {
     ]
 }
 
-/// seed 002 §5.1.
+/// Its fields as graphs spell them.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SandboxRun {
@@ -262,12 +262,12 @@ pub struct SandboxRun {
     /// Where /output files land in the project.
     #[serde(default = "default_output_prefix")]
     pub output_prefix: Template,
-    /// Prefixes inputs and outputs must lie under (seed 002 §2.1).
+    /// Prefixes inputs and outputs must lie under.
     #[serde(default = "default_allowed_prefixes")]
     pub allowed_prefixes: Vec<Template>,
     #[serde(default)]
     pub overwrite: bool,
-    /// Also expose the result as `{{vars.<name>.<field>}}` (seed 002 §5.2 step 7).
+    /// Also expose the result as `{{vars.<name>.<field>}}` (step 7).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub store_output: Option<String>,
     /// Succeed even when the program exits non-zero or times out (the outputs say how it ended).
@@ -323,7 +323,7 @@ fn default_agent_workspace() -> Template {
     Template::literal("workspace/")
 }
 
-/// An external coding-agent CLI (seed 001 §2.1.1) run turn by turn in a sandbox session
+/// An external coding-agent CLI run turn by turn in a sandbox session
 /// (nodes/external_agent.rs, docs/adapters.md).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -375,12 +375,12 @@ pub enum NodeKind {
     Gate(Gate),
     Ingest(IngestNode),
     Deliver(Deliver),
-    /// The code delivery agent (seed 003; `crate::code_delivery`).
+    /// The code delivery agent (`crate::code_delivery`).
     CodeDelivery(crate::code_delivery::CodeDelivery),
     ExternalAgent(ExternalAgent),
-    /// seed 004 §2: plan_type tasks/auto/idle (`crate::phases::plan`).
+    /// plan_type tasks/auto/idle (`crate::phases::plan`).
     Plan(crate::phases::PlanSpec),
-    /// seed 004 §6: reads phase results (`crate::phases::assemble`).
+    /// reads phase results (`crate::phases::assemble`).
     Assemble(crate::phases::AssembleSpec),
 }
 
@@ -527,7 +527,7 @@ pub struct Node {
     pub timeout_s: Option<u64>,
     /// Ingest hook for this node's document: None = by document type.
     pub ingest: Option<bool>,
-    /// seed 004: the result file (under the run's results/) this node writes, fail-safe.
+    /// the result file (under the run's results/) this node writes, fail-safe.
     pub result: Option<Template>,
     pub kind: NodeKind,
 }
@@ -544,7 +544,7 @@ pub struct Graph {
     pub vars: BTreeMap<String, String>,
     pub max_parallel: Option<u32>,
     pub retry: Option<RetrySpec>,
-    /// seed 004: JSON Schemas of result files (`crate::phases::contracts`).
+    /// JSON Schemas of result files (`crate::phases::contracts`).
     pub contracts: Vec<crate::phases::Contract>,
     pub nodes: Vec<Node>,
     index: HashMap<String, usize>,
@@ -1582,7 +1582,7 @@ fn check_kind(n: &Node) -> Result<(), GraphError> {
                     return Err(GraphError::node(
                         &n.id,
                         Some("code_file"),
-                        "both `code` and `code_file` are set; keep exactly one (seed 002 §5.2)",
+                        "both `code` and `code_file` are set; keep exactly one",
                     ))
                 }
                 (None, None) => {
@@ -1626,7 +1626,7 @@ fn check_kind(n: &Node) -> Result<(), GraphError> {
                     return Err(GraphError::node(
                         &n.id,
                         Some("output_prefix"),
-                        format!("`{out}` is not under any of allowed_prefixes {allowed:?} (seed 002 §2.3)"),
+                        format!("`{out}` is not under any of allowed_prefixes {allowed:?}"),
                     ));
                 }
             }

@@ -1,7 +1,7 @@
 //! `agent_task`: asks the run's LLM provider (replay for now) and writes the answer as a
-//! Markdown document with front matter (seed 001 §3.1), then runs the ingest hook. The agent's
+//! Markdown document with front matter, then runs the ingest hook. The agent's
 //! own records go to agents/<instance>/ (README.md, session.json, runtime/, artifacts/).
-//! Human notes are given first, as high-priority context (seed 001 §6).
+//! Human notes are given first, as high-priority context.
 
 use bytes::Bytes;
 use serde_json::{json, Value};
@@ -34,7 +34,7 @@ pub fn agent_error(e: AgentError) -> NodeError {
         AgentError::Unavailable(_) => {
             NodeError::new(crate::graph::ErrorKind::Unavailable, e.to_string())
         }
-        // The provider already made its attempts (seed 003 §7.4); not retried as a node.
+        // The provider already made its attempts; not retried as a node.
         AgentError::Llm(_) => NodeError::failed(e.to_string()),
     }
 }
@@ -348,7 +348,7 @@ impl AgentRecords<'_> {
             .map_err(|s| NodeError::from_status(&format!("writing {path}"), &s))
     }
 
-    /// session.json (seed 001 §2.1.1): `working` while it runs, `dormant` after.
+    /// session.json: `working` while it runs, `dormant` after.
     async fn session(&self, state: &str, started: &str) -> Result<(), NodeError> {
         let doc = json!({
             "agent": self.agent,

@@ -1,7 +1,7 @@
-//! `assemble`: the last phase (seed 004 §6). Reads the plan and every result it implies (plus
+//! `assemble`: the last phase. Reads the plan and every result it implies (plus
 //! `results`), judges each with phases/assemble.rs, counts auto-task successes in the
 //! counters document (expected_version + max-merge), and writes a Markdown report. A failed
-//! result never fails this node; a missing or failed plan does (seed 004 §6.1: Phase 3 ends).
+//! result never fails this node; a missing or failed plan does (Phase 3 ends).
 
 use std::collections::BTreeSet;
 
@@ -53,7 +53,7 @@ pub async fn run(ctx: &NodeCtx, spec: &AssembleSpec) -> Result<NodeSuccess, Node
         let (status, reason, _) = judge(&name, bytes.as_deref(), &contracts);
         if status != "success" {
             return Err(NodeError::refused(format!(
-                "the plan results/{name} is {status}: {} (seed 004 §6.1: without a plan the phase ends)",
+                "the plan results/{name} is {status}: {} (without a plan the phase ends)",
                 reason.unwrap_or_default()
             )));
         }
@@ -217,7 +217,7 @@ pub async fn run(ctx: &NodeCtx, spec: &AssembleSpec) -> Result<NodeSuccess, Node
     Ok(NodeSuccess { outputs, events })
 }
 
-/// What the plan expects (seed 004 §6.1).
+/// What the plan expects.
 fn plan_results(
     spec: &AssembleSpec,
     plan: &Value,
@@ -308,7 +308,7 @@ fn report(
         .unwrap_or_else(|| format!("Phase results of run {}", ctx.run_id));
     let mut out = front_matter(
         &title,
-        &format!("Phase results of run {} (seed 004 §6)", ctx.run_id),
+        &format!("Phase results of run {}", ctx.run_id),
         &["phase-results", "assemble"],
         &ctx.run_id,
         None,

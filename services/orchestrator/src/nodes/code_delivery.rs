@@ -1,4 +1,4 @@
-//! `code_delivery`: the code delivery agent of seed 003 as a node (the work is in
+//! `code_delivery`: the code delivery agent as a node (the work is in
 //! `crate::code_delivery`).
 
 use super::{NodeCtx, NodeError, NodeSuccess};

@@ -1,4 +1,4 @@
-//! `external_agent`: an external coding-agent CLI as an agent instance (seed 001 §2.1.1),
+//! `external_agent`: an external coding-agent CLI as an agent instance,
 //! one turn per attempt, run in a sandbox session through its adapter (adapters/). The
 //! project directory `workspace` is staged as the CLI's working directory and the CLI's kept
 //! state (codex: `codex_home/sessions/`) is restored from the instance directory, so any

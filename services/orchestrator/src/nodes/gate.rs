@@ -1,4 +1,4 @@
-//! `gate`: a human approval point (seed 001 §6). Reaching it blocks the run
+//! `gate`: a human approval point. Reaching it blocks the run
 //! (`gate.blocked`, task `input-required`); ApproveGate/RejectGate decide. A rejection fails
 //! the run unless the gate says `on_reject: continue`.
 

@@ -1,4 +1,4 @@
-//! The ingest hook (seed 000) and the explicit `ingest` node: a document's strict code fences
+//! The ingest hook and the explicit `ingest` node: a document's strict code fences
 //! become workspace files through the ingest service. Fail-open: whatever goes wrong is
 //! recorded (`ingest.hook_failed`, the manifest) and the run goes on.
 
@@ -34,7 +34,7 @@ pub async fn hook(ctx: &NodeCtx, doc_path: &str, content: Bytes, out: &mut NodeS
     match call(ctx, doc_path, content, ctx.reset, &ctx.scope.graph.mode).await {
         Ok(r) => merge(&mut out.outputs, &r),
         Err(message) => {
-            // seed 000: fail-open, but recorded.
+            // fail-open, but recorded.
             out.events.push(
                 Ev::new(INGEST_HOOK_FAILED, &ctx.node_id)
                     .level(Level::Warning)

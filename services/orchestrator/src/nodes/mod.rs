@@ -285,7 +285,7 @@ pub async fn execute(ctx: &mut NodeCtx) -> Result<NodeSuccess, NodeError> {
     let node = ctx.node.clone();
     ctx.scope.load_texts(&store, &ctx.project, &node).await?;
     use crate::graph::NodeKind as K;
-    // seed 004: the fail-safe placeholder of a declared result comes first.
+    // the fail-safe placeholder of a declared result comes first.
     let slot = crate::phases::contracts::begin(ctx).await?;
     let outcome = match &node.kind {
         K::WriteFile(s) => write_file::run(ctx, s).await,

@@ -1,4 +1,4 @@
-//! `plan`: decides what a scheduled run does (seed 004 §2). Processable tasks given in `tasks`
+//! `plan`: decides what a scheduled run does. Processable tasks given in `tasks`
 //! make a `tasks` plan; otherwise up to `max_per_run` auto tasks are picked round-robin from
 //! where the last run stopped, skipping keys whose daily limit is reached (`auto`); when every
 //! key is exhausted the plan is `idle` and the run has nothing to do. The decision is recorded

@@ -1,4 +1,4 @@
-//! `sandbox_run` (seed 002 §5): stages project files from the store as the runner's /input,
+//! `sandbox_run`: stages project files from the store as the runner's /input,
 //! runs the code on a sandbox runner, writes the /output files under `output_prefix` through
 //! the store (within `allowed_prefixes`), stores `sandbox/<node>/result.json` and records
 //! sandbox_start / sandbox_complete / sandbox_failed. Cancelling the run drops the runner call,
@@ -13,7 +13,7 @@ use crate::events::{Ev, SANDBOX_COMPLETE, SANDBOX_FAILED, SANDBOX_START};
 use crate::graph::{under_prefix, ErrorKind, SandboxRun};
 use crate::store::PutOptions;
 
-/// Runner timeout when the node sets no `timeout_s` (seed 002 §5.1 example).
+/// Runner timeout when the node sets no `timeout_s` (example).
 pub const DEFAULT_TIMEOUT_S: u64 = 30;
 /// Most input files / bytes staged (the runner has its own limits too).
 const MAX_INPUT_FILES: usize = 2000;
@@ -34,7 +34,7 @@ fn allowed(path: &str, prefixes: &[String]) -> bool {
     prefixes.iter().any(|p| under_prefix(path, p))
 }
 
-/// The rule for where a sandbox run's /output files may land (seed 002 §2.3), shared with
+/// The rule for where a sandbox run's /output files may land, shared with
 /// `cairn sandbox run`: `output_prefix` (without its trailing `/`) is a valid project prefix
 /// lying under one of `prefixes`. Err is the reason, naming the field.
 pub fn check_output_prefix(output_prefix: &str, prefixes: &[String]) -> Result<(), String> {
@@ -72,7 +72,7 @@ pub async fn run(ctx: &NodeCtx, spec: &SandboxRun) -> Result<NodeSuccess, NodeEr
         }
         None => None,
     };
-    // seed 002 §3.1: every input passes the prefix check before anything is staged.
+    // every input passes the prefix check before anything is staged.
     if let Some(bad) = inputs.iter().find(|p| !allowed(p, &prefixes)) {
         return Err(NodeError::refused(format!(
             "input `{bad}` is not under allowed_prefixes {prefixes:?}; add its prefix to allowed_prefixes"
@@ -240,7 +240,7 @@ pub async fn run(ctx: &NodeCtx, spec: &SandboxRun) -> Result<NodeSuccess, NodeEr
     Ok(out)
 }
 
-/// Writes /output files under the prefix; any refusal fails the node (seed 002 §2.3).
+/// Writes /output files under the prefix; any refusal fails the node.
 async fn write_outputs(
     ctx: &NodeCtx,
     spec: &SandboxRun,
@@ -277,7 +277,7 @@ async fn write_outputs(
     Ok(written)
 }
 
-/// seed 002 §4.2 result.json: the runner's record plus what was written where.
+/// result.json: the runner's record plus what was written where.
 fn result_json(
     r: &RunResult,
     runner: &str,

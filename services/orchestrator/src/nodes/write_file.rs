@@ -1,5 +1,5 @@
 //! `write_file`: renders `content` into the project file `path` through the store, then runs
-//! the ingest hook when the file is a document (seed 000).
+//! the ingest hook when the file is a document.
 
 use bytes::Bytes;
 use tonic::Code;

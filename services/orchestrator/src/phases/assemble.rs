@@ -1,4 +1,4 @@
-//! Reading phase results (seed 004 §6): the `assemble` node's spec and the rules every result
+//! Reading phase results: the `assemble` node's spec and the rules every result
 //! is judged by. The node itself is nodes/assemble.rs.
 //!
 //! - A result that does not exist is `failed` (§6.1); for an auto plan the expected keys come
@@ -28,10 +28,10 @@ pub struct AssembleSpec {
     /// Result files expected whatever the plan (the digest's fetch results).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub results: Vec<Template>,
-    /// Name of a tasks plan's results; `{rank}` is the task's rank (seed 004 §5).
+    /// Name of a tasks plan's results; `{rank}` is the task's rank.
     #[serde(default = "default_task_results")]
     pub task_results: String,
-    /// Name of an auto plan's results; `{key}` is the task key (seed 004 §4).
+    /// Name of an auto plan's results; `{key}` is the task key.
     #[serde(default = "default_auto_results")]
     pub auto_results: String,
     /// Counters document to count auto successes in (default: the one the plan names).
@@ -88,7 +88,7 @@ impl AssembleSpec {
     }
 }
 
-/// The four statuses of seed 004 §4/§6.2.
+/// The four statuses of a phase result.
 pub const STATUSES: &[&str] = &["success", "partial", "failed", "no_changes"];
 
 /// How one result reads.
@@ -108,7 +108,7 @@ pub struct Verdict {
     pub reason: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub summary: Option<String>,
-    /// What seed 004 §6.2 does with it: close, comment_partial, comment_failed, count, none.
+    /// What the assemble step does with it: close, comment_partial, comment_failed, count, none.
     pub action: String,
 }
 
@@ -120,7 +120,7 @@ pub fn judge(
 ) -> (String, Option<String>, Option<String>) {
     let failed = |why: String| ("failed".to_owned(), Some(why), None);
     let Some(bytes) = bytes else {
-        return failed("missing: the result was never written (seed 004 §6.1)".into());
+        return failed("missing: the result was never written".into());
     };
     let doc: Value = match serde_json::from_slice(bytes) {
         Ok(v) => v,
@@ -159,7 +159,7 @@ pub fn judge(
     }
 }
 
-/// seed 004 §6.2 for a tasks plan (Todoist tasks) and an auto plan (counters).
+/// The handling of each status for a tasks plan (Todoist tasks) and an auto plan (counters).
 pub fn action(plan_type: &str, status: &str) -> &'static str {
     match (plan_type, status) {
         ("tasks", "success") => "close",
@@ -171,7 +171,7 @@ pub fn action(plan_type: &str, status: &str) -> &'static str {
 }
 
 /// Which result file answers for expected `name`: the exact name, else one that differs only by
-/// `-`/`_` (seed 004 §6.3).
+/// `-`/`_`.
 pub fn find<'a>(name: &str, present: &'a BTreeMap<String, String>) -> Option<&'a String> {
     present.get(&normalize_key(name))
 }

@@ -1,11 +1,10 @@
-//! Result contracts (seed 004): JSON Schemas a graph declares for the result files its nodes
+//! Result contracts: JSON Schemas a graph declares for the result files its nodes
 //! write under the run's `results/`, and the fail-safe protocol of a node with `result:`:
-//! a placeholder with `status: failed` is written before the node runs (seed 004 §4
-//! "Fail-Safe"), and replaced by the node's result when it succeeds. A node that succeeds
+//! a placeholder with `status: failed` is written before the node runs (fail-safe), and replaced by the node's result when it succeeds. A node that succeeds
 //! without a result leaves the placeholder (with the reason), so a later phase reads `failed`.
 //!
 //! Schema violations never fail the node: the result is kept as written and reported, and the
-//! assemble step reads it as failed with the reason (the final file is the truth, seed 004 §4).
+//! assemble step reads it as failed with the reason (the final file is the truth).
 
 use std::path::Path;
 
@@ -302,7 +301,7 @@ pub async fn begin(ctx: &NodeCtx) -> Result<Option<ResultSlot>, NodeError> {
     let doc = placeholder(
         &ctx.node_id,
         &format!(
-            "fail-safe placeholder: node `{}` has not finished (seed 004 §4)",
+            "fail-safe placeholder: node `{}` has not finished",
             ctx.node_id
         ),
     );

@@ -1,4 +1,4 @@
-//! The auto-task counters: one versioned JSON document in the project (seed 004 §6.4,
+//! The auto-task counters: one versioned JSON document in the project (
 //! `context/auto-tasks-today.json` by default), changed only through the store's UpdateJson.
 //!
 //! ```json
@@ -10,7 +10,7 @@
 //!  "write_version": 12}
 //! ```
 //!
-//! Why per-run slots: seed 004 resolves a `write_version` conflict by merging every counter by
+//! Why per-run slots: the rule resolves a `write_version` conflict by merging every counter by
 //! maximum. A plain `count: n` would lose increments that way (two runs both write 2 over 1).
 //! Each run writes only its own slot, and every slot only grows, so the maximum of two versions
 //! of a slot is the later one and a max-merge keeps every run's increments: the day's count of a
@@ -31,7 +31,7 @@ use tonic::Code;
 use crate::nodes::NodeError;
 use crate::store::Store;
 
-/// The counters document of seed 004 §6.4.
+/// The counters document.
 pub const DEFAULT_PATH: &str = "context/auto-tasks-today.json";
 /// Compare-and-swap attempts of one plan decision.
 const MAX_CAS_ATTEMPTS: u32 = 20;
@@ -194,7 +194,7 @@ pub struct Recorded {
     pub document: Value,
 }
 
-/// Adds this run's successes with expected_version + max-merge on conflict (seed 004 §6.4):
+/// Adds this run's successes with expected_version + max-merge on conflict:
 /// one round trip, correct whatever ran in between (see the module header).
 pub async fn record(
     store: &Store,

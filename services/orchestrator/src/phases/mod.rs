@@ -1,4 +1,4 @@
-//! Phase contracts (seed 004): the interface between the phases of an agent team.
+//! Phase contracts: the interface between the phases of an agent team.
 //!
 //! A phase writes result files under the run's `results/` directory
 //! (`.cairn/runs/<run_id>/results/`); a later phase reads them with fixed rules. This module owns
@@ -59,7 +59,7 @@ pub fn results_dir(run_id: &str) -> String {
     RunDir::new(run_id).path("results")
 }
 
-/// seed 004 §6.3: keys are compared in their underscore form.
+/// keys are compared in their underscore form.
 pub fn normalize_key(key: &str) -> String {
     key.replace('-', "_")
 }

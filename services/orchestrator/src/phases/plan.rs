@@ -1,4 +1,4 @@
-//! Auto tasks with frequency limits (seed 004 §2 plan_type auto/idle): the limits file, the
+//! Auto tasks with frequency limits (plan_type auto/idle): the limits file, the
 //! `plan` node's spec, and the round-robin selection. The node itself is nodes/plan.rs.
 //!
 //! Limits file (YAML or JSON; a mapping keeps its order, which is the execution order):
@@ -6,7 +6,7 @@
 //! max_per_run: 2
 //! tasks:
 //!   shurangama: {name: 楞嚴經研究, daily_limit: 5, prompt_file: prompts/todoist-auto-shurangama.md}
-//!   tech-research: {daily_limit: 3}     # key normalised to tech_research (seed 004 §6.3)
+//!   tech-research: {daily_limit: 3}     # key normalised to tech_research
 //! ```
 
 use std::fmt;
@@ -20,7 +20,7 @@ use crate::graph::Template;
 
 /// Most tasks one plan may select.
 pub const MAX_PER_RUN_LIMIT: u32 = 64;
-/// seed 004 §2: "selected_tasks 由 round-robin 演算法選出（1-4 個）".
+/// "selected_tasks 由 round-robin 演算法選出（1-4 個）".
 pub const DEFAULT_MAX_PER_RUN: u32 = 4;
 /// Most auto tasks in one limits file.
 const MAX_TASKS: usize = 1000;
@@ -40,7 +40,7 @@ pub struct LimitTask {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub execution_order: Option<u32>,
     /// The task's prompt file, relative to the limits file (default
-    /// `prompts/todoist-auto-<key>.md`, seed 004 §2).
+    /// `prompts/todoist-auto-<key>.md`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_file: Option<String>,
     /// The prompt text (inline, or loaded from `prompt_file` at submit; when both are set, as
@@ -124,7 +124,7 @@ impl Limits {
             t.key = normalize_key(&raw);
             if let Some(other) = seen.insert(t.key.clone(), raw.clone()) {
                 return Err(format!(
-                    "task keys `{other}` and `{raw}` are the same key `{}` (seed 004 §6.3: `-` reads as `_`)",
+                    "task keys `{other}` and `{raw}` are the same key `{}` (`-` reads as `_`)",
                     t.key
                 ));
             }

@@ -1,4 +1,4 @@
-//! The legacy tool backend (seed 002 §7, the default): the tool's program runs as a
+//! The legacy tool backend (the default): the tool's program runs as a
 //! subprocess of the orchestrator, in a scratch directory with the staged inputs under
 //! `$CAIRN_INPUT_DIR` and its outputs collected from `$CAIRN_OUTPUT_DIR`, the same layout, caps
 //! and protocol as the sandbox backend. What it does not give is isolation (no namespaces, no

@@ -1,4 +1,4 @@
-//! Installed tools in a `tool_call` node (seed 002 §7): stage the files under the tool's
+//! Installed tools in a `tool_call` node: stage the files under the tool's
 //! `allowed_paths` from the store, run its program on the legacy backend (a subprocess,
 //! host.rs) or, with `sandbox.runner.features.use_for_tools`, on a sandbox runner
 //! (sandboxed.rs), then check what came back the same way for both and write its output
@@ -210,7 +210,7 @@ fn places(t: &InstalledTool, run_id: &str, node: &str) -> Result<(Vec<String>, S
         return Err(bad(
             "output_prefix",
             &out,
-            format!("not under its allowed_paths {allowed:?} (seed 002 §2.3)"),
+            format!("not under its allowed_paths {allowed:?}"),
         ));
     }
     Ok((allowed, rendered))
@@ -279,7 +279,7 @@ pub async fn call(
         {
             Ok(o) => o,
             Err(s) => {
-                // seed 002 §7.3: a failed sandbox call fails the node, never falls back.
+                // a failed sandbox call fails the node, never falls back.
                 let e =
                     NodeError::from_status(&format!("tool `{name}` on the sandbox backend"), &s);
                 ctx.progress
@@ -385,7 +385,7 @@ async fn finish(
             }
         },
     };
-    // seed 002 §3.2: outputs over the limits or refused are not written, and the node fails.
+    // outputs over the limits or refused are not written, and the node fails.
     if let Some(r) = o.refused.first() {
         return Err(NodeError::refused(format!(
             "tool `{name}`: output `{}` refused ({}); outputs must be regular files with valid names",
@@ -429,7 +429,7 @@ async fn finish(
     Ok(NodeSuccess { outputs, events })
 }
 
-/// seed 002 §4.2: the sandbox run's record at sandbox/<node>/result.json.
+/// the sandbox run's record at sandbox/<node>/result.json.
 async fn record(
     ctx: &NodeCtx,
     request_id: &str,

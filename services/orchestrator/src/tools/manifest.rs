@@ -1,5 +1,5 @@
-//! Installed tools: `<tools_dir>/<name>/tool.toml` plus its program (seed 002 §0.2 "legacy
-//! tool directory and tool.py subprocess + allowed_paths"). The directory belongs to the
+//! Installed tools: `<tools_dir>/<name>/tool.toml` plus its program (the legacy
+//! tool directory: a subprocess confined to allowed_paths). The directory belongs to the
 //! operator of the orchestrator, never to a project: on the legacy backend its programs run on
 //! the orchestrator's host.
 

@@ -110,7 +110,7 @@ impl DockerBackend {
     }
 
     /// Removes containers labelled with this runner's id (and, with `sweep_all_prefixed`, any
-    /// named `<prefix>*<suffix>`): leftovers of a runner that died (seed 003 §2.3).
+    /// named `<prefix>*<suffix>`): leftovers of a runner that died.
     pub async fn sweep(&self) -> Result<usize> {
         let mut names = HashSet::new();
         let by_label = HashMap::from([(
@@ -396,7 +396,7 @@ impl DockerBackend {
         .map_err(Error::io("reading /output from the container"))
     }
 
-    /// Starts the long-lived container of a session (seed 003 §3): /workspace and /tmpfs bound
+    /// Starts the long-lived container of a session: /workspace and /tmpfs bound
     /// from the task directory; the main process only sleeps, commands come by exec.
     pub async fn open_session(&self, s: &SessionSandbox) -> Result<()> {
         let mut labels = self.labels("session");
