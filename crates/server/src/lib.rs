@@ -88,24 +88,6 @@ impl Host {
         self
     }
 
-    /// Serves mutual TLS with this material (clients must present a certificate of the CA).
-    pub fn tls(&mut self, tls: Option<Tls>) -> &mut Self {
-        self.tls = tls;
-        self
-    }
-
-    /// Allows plaintext on a non-loopback address (logged as a warning at start).
-    pub fn insecure_listen(&mut self, yes: bool) -> &mut Self {
-        self.insecure_listen = yes;
-        self
-    }
-
-    /// The access table (default: the built-in one).
-    pub fn access(&mut self, access: Access) -> &mut Self {
-        self.access = access;
-        self
-    }
-
     /// The TLS settings, plaintext rule and access table of a service's configuration.
     pub fn secure(
         &mut self,

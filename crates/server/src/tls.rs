@@ -165,12 +165,6 @@ impl Tls {
             .assume_http2(true)
             .timeout(HANDSHAKE_TIMEOUT)
     }
-
-    /// The same CA and files for another identity of the same directory (`cairn up` hosts all
-    /// services in one process, each dialling with its own certificate).
-    pub fn for_identity(config: &TlsConfig, identity: &str) -> Result<Option<Tls>, TlsError> {
-        config.load(identity)
-    }
 }
 
 /// Flags and variables for the `[tls]` section, shared by every command that serves or dials.
