@@ -295,13 +295,11 @@ pub async fn host_all(
             config.auth.tokens_file = f.display().to_string();
         }
         if let Some(url) = &needs.llm_url {
-            let (base_url, model) = match cairn_orchestrator::agents::ProviderSpec::parse(url)? {
-                cairn_orchestrator::agents::ProviderSpec::OpenAi { base_url, model } => {
-                    (base_url, model)
-                }
+            let (base_url, model) = match cairn_agents::ProviderSpec::parse(url)? {
+                cairn_agents::ProviderSpec::OpenAi { base_url, model } => (base_url, model),
                 _ => anyhow::bail!("--llm {url}: not an LLM server URL"),
             };
-            let provider = cairn_orchestrator::agents::ProviderConfig {
+            let provider = cairn_agents::ProviderConfig {
                 base_url,
                 model,
                 api_key_env: config.llm.api_key_env.clone(),

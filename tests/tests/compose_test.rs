@@ -1082,7 +1082,7 @@ fn compose_run_completes_when_a_runner_dies() {
 #[test]
 fn failover_graph_is_valid() {
     let yaml = std::fs::read_to_string(repo().join("tests/compose/failover.yaml")).unwrap();
-    let graph = cairn_orchestrator::graph::Graph::from_yaml(&yaml, "r1", &Default::default())
+    let graph = cairn_graph::Graph::from_yaml(&yaml, "r1", &Default::default())
         .unwrap_or_else(|e| panic!("tests/compose/failover.yaml: {e:?}"));
     assert_eq!(graph.nodes.len(), 6);
 }

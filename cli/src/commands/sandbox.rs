@@ -10,7 +10,7 @@ use cairn_proto::v1::{
 };
 use serde_json::json;
 
-use cairn_orchestrator::graph::under_prefix;
+use cairn_graph::under_prefix;
 use cairn_orchestrator::nodes::sandbox_run::check_output_prefix;
 
 use crate::cli::{Global, SandboxCommand, SandboxRunArgs};

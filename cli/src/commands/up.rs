@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
-use cairn_orchestrator::console::{console_url, serve_console, ConsoleConfig};
+use cairn_console::{console_url, serve_console, ConsoleConfig};
 use tokio::sync::watch;
 
 use crate::cli::{Global, UpArgs};

@@ -18,6 +18,7 @@ pub use tls::{Tls, TlsArgs, TlsConfig};
 pub mod drain;
 mod health;
 pub mod retry;
+pub mod roles;
 
 pub use health::LIVENESS;
 

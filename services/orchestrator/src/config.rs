@@ -7,12 +7,12 @@ use std::path::Path;
 use cairn_server::config::{self, Env, UnknownVars};
 use serde::{Deserialize, Serialize};
 
-use crate::agents::LlmConfig;
 use crate::auth::AuthConfig;
 use crate::code_delivery::config::CodeDeliveryConfig;
 use crate::error::{Error, Result};
-use crate::graph::{ErrorKind, RetrySpec};
 use crate::onebot::OneBotConfig;
+use cairn_agents::LlmConfig;
+use cairn_graph::{ErrorKind, RetrySpec};
 
 /// Environment prefix of overrides.
 pub const ENV_PREFIX: &str = "CAIRN_ORCHESTRATOR_";
@@ -256,7 +256,7 @@ impl Config {
             ));
         }
         self.llm.check().map_err(Error::Config)?;
-        crate::agents::providers::check_default(&self.llm, &self.default_llm)
+        cairn_agents::providers::check_default(&self.llm, &self.default_llm)
             .map_err(Error::Config)?;
         self.onebot.check().map_err(Error::Config)?;
         self.code_delivery.check().map_err(Error::Config)?;
@@ -387,7 +387,7 @@ mod tests {
         assert_eq!(c.llm.providers["local"].api_key_env, "LOCAL_KEY");
         assert_eq!(
             c.llm.providers["demo"].kind,
-            crate::agents::ProviderKind::Replay
+            cairn_agents::ProviderKind::Replay
         );
         // Each refusal names the key to fix.
         for (text, key) in [

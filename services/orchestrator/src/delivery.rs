@@ -6,9 +6,9 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use serde_json::Value;
 
-use crate::graph::{Target, Template};
 use crate::nodes::{NodeError, Scope};
-use crate::store::{PutOptions, Store};
+use cairn_graph::{Target, Template};
+use cairn_store_client::{PutOptions, Store};
 
 /// What a delivery did.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -43,35 +43,7 @@ pub trait DeliveryTarget: Send + Sync {
     ) -> BoxFuture<'a, Result<Receipt, NodeError>>;
 }
 
-/// Checks a target at submit time.
-pub fn check_target(t: &Target) -> Result<(), String> {
-    match t.kind.as_str() {
-        "local_dir" => {
-            for k in t.fields.keys() {
-                if k != "path" {
-                    return Err(format!(
-                        "unknown field `{k}` of a local_dir target; it has `path`"
-                    ));
-                }
-            }
-            let path = t
-                .fields
-                .get("path")
-                .and_then(Value::as_str)
-                .ok_or("a local_dir target needs `path` (a project directory)")?;
-            let tpl = Template::parse(path)?;
-            if tpl.is_static() {
-                let p = path.trim_end_matches('/');
-                pathguard::validate_prefix(p).map_err(|rej| format!("`{path}`: {rej}"))?;
-            }
-            Ok(())
-        }
-        "group" | "private" => crate::onebot::check_target(t),
-        other => Err(format!(
-            "delivery target type `{other}` is not known; supported: local_dir, group, private"
-        )),
-    }
-}
+pub use cairn_graph::targets::check_deliver_target as check_target;
 
 /// The project directory a `local_dir`/`directory` target names: `path` rendered, without a
 /// trailing `/`, checked as a project path prefix.

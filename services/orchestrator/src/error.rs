@@ -2,7 +2,7 @@
 
 use tonic::{Code, Status};
 
-use crate::graph::GraphError;
+use cairn_graph::GraphError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -44,7 +44,7 @@ pub enum Error {
     /// An `llm` setting refused at submit (URL rule, unknown provider, cassette); its reason
     /// word goes in `cairn-reason`.
     #[error(transparent)]
-    Llm(#[from] crate::agents::AgentError),
+    Llm(#[from] cairn_agents::AgentError),
 }
 
 impl Error {
@@ -84,7 +84,7 @@ impl From<Error> for Status {
             }
             Error::Llm(e) => {
                 let code = match e {
-                    crate::agents::AgentError::Unavailable(_) => Code::Unavailable,
+                    cairn_agents::AgentError::Unavailable(_) => Code::Unavailable,
                     _ => Code::InvalidArgument,
                 };
                 match e.reason() {

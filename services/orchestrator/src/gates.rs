@@ -2,8 +2,8 @@
 //! recorded as. The scheduler applies decisions; this module owns their rules.
 
 use crate::error::{Error, Result};
-use crate::events::{Ev, GATE_APPROVED, GATE_REJECTED};
 use crate::run::{GateState, RunState};
+use cairn_node::events::{Ev, GATE_APPROVED, GATE_REJECTED};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Decision {

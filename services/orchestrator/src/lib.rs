@@ -6,17 +6,13 @@
 //! standalone: [`serve`].
 
 pub mod adapters;
-pub mod agents;
 mod args;
 pub mod auth;
 pub mod code_delivery;
 pub mod config;
-pub mod console;
 pub mod delivery;
 pub mod error;
-pub mod events;
 pub mod gates;
-pub mod graph;
 pub mod human;
 pub mod modes;
 pub mod nodes;
@@ -25,12 +21,9 @@ pub mod phases;
 pub mod recorder;
 pub mod run;
 pub mod rundir;
-pub mod runner_session;
-pub mod runners;
 pub mod runs;
 pub mod scheduler;
 pub mod service;
-pub mod store;
 pub mod tools;
 
 use std::future::Future;
@@ -93,8 +86,10 @@ pub async fn orchestrator_service(
         .load(IDENTITY)
         .map_err(cairn_server::Error::from)?;
     let outage = std::time::Duration::from_secs(config.dependency_outage_s);
-    let store = store::Store::connect_tls(&config.store_addr, tls.as_ref())?
-        .riding_out(cairn_server::retry::Dependency::new(store::STORE, outage));
+    let store =
+        cairn_store_client::Store::connect_tls(&config.store_addr, tls.as_ref())?.riding_out(
+            cairn_server::retry::Dependency::new(cairn_store_client::STORE, outage),
+        );
     let ingest = if config.ingest_addr.trim().is_empty() {
         None
     } else {
@@ -105,20 +100,27 @@ pub async fn orchestrator_service(
                 .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES),
         )
     };
-    let balancing = runners::Balancing {
+    let balancing = cairn_runner_client::Balancing {
         health_interval: std::time::Duration::from_millis(config.sandbox_health_interval_ms),
         resolve_interval: std::time::Duration::from_millis(config.sandbox_resolve_interval_ms),
     };
-    let runners = runners::Runners::start_tls(&config.sandbox_addrs, balancing, tls).await?;
+    let runners =
+        cairn_runner_client::Runners::start_tls(&config.sandbox_addrs, balancing, tls).await?;
     let auth = Arc::new(auth::Auth::new(&config.auth)?);
     let resume = config.resume_on_start;
-    let backends = Arc::new(nodes::Backends {
+    let services = Arc::new(nodes::Services {
         store,
         ingest,
         ingest_dependency: cairn_server::retry::Dependency::new("ingest", outage),
         runners,
-        providers: agents::Providers::with_default(config.llm.clone(), &config.default_llm)
+        providers: cairn_agents::Providers::with_default(config.llm.clone(), &config.default_llm)
             .map_err(Error::Config)?,
+        ingest_hook: config.ingest_hook,
+        node_timeout_s: config.node_timeout_s,
+    });
+    let backends = Arc::new(nodes::Backends {
+        services,
+        kinds: nodes::registry(&config),
         config,
     });
     let store = backends.store.dependency().clone();

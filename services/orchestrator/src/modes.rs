@@ -100,7 +100,7 @@ pub fn builtin(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::graph::{Graph, NodeKind};
+    use cairn_graph::{Graph, NodeKind};
 
     fn vars(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
         kv.iter()

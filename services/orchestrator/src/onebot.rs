@@ -19,8 +19,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::delivery::{DeliveryCtx, DeliveryTarget, Receipt};
-use crate::graph::{Target, Template};
 use crate::nodes::{NodeError, Scope};
+use cairn_graph::{Target, Template};
 
 /// Most bytes of a OneBot reply read.
 const MAX_REPLY_BYTES: usize = 1 << 20;
@@ -699,42 +699,7 @@ impl DeliveryTarget for OneBotTarget {
     }
 }
 
-/// Checks a `group` / `private` target at submit time: one field `id`, a positive integer
-/// or a template.
-pub fn check_target(t: &Target) -> Result<(), String> {
-    for k in t.fields.keys() {
-        if k != "id" {
-            return Err(format!(
-                "unknown field `{k}` of a {} target; it has `id`",
-                t.kind
-            ));
-        }
-    }
-    match t.fields.get("id") {
-        Some(Value::Number(n)) => {
-            let id = n
-                .as_i64()
-                .ok_or_else(|| format!("`{n}` is not a {} id", t.kind))?;
-            Chat::new(&t.kind, id).map(|_| ())
-        }
-        Some(Value::String(s)) => {
-            let tpl = Template::parse(s)?;
-            if tpl.refs().next().is_none() {
-                let id = s
-                    .trim()
-                    .parse::<i64>()
-                    .map_err(|_| format!("`{s}` is not a {} id (a number)", t.kind))?;
-                Chat::new(&t.kind, id)?;
-            }
-            Ok(())
-        }
-        _ => Err(format!(
-            "a {} target needs `id` (the {} number)",
-            t.kind,
-            if t.kind == "group" { "group" } else { "user" }
-        )),
-    }
-}
+pub use cairn_graph::targets::check_chat_target as check_target;
 
 /// The chat a node's (checked) target names, its template rendered.
 pub fn chat_for(t: &Target, scope: &Scope) -> Result<Chat, NodeError> {

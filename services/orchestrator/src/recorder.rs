@@ -20,8 +20,8 @@ use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch};
 use tonic::Code;
 
-use crate::events::Ev;
-use crate::store::Store;
+use cairn_node::events::Ev;
+use cairn_store_client::Store;
 
 /// Most events in one AppendEvents.
 const MAX_BATCH_EVENTS: usize = 4096;
@@ -307,7 +307,7 @@ impl Task {
                             | Code::Cancelled
                             | Code::Aborted
                             | Code::Internal
-                    ) || crate::store::is_publication_unproven(&s);
+                    ) || cairn_store_client::is_publication_unproven(&s);
                     if !transient || tokio::time::Instant::now() > deadline {
                         return Err(format!(
                             "AppendEvents failed: {} ({:?})",

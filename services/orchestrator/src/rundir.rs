@@ -17,87 +17,12 @@ use bytes::Bytes;
 use serde::Serialize;
 use tokio::sync::watch;
 
-use crate::graph::{Graph, NodeKind};
 use crate::recorder::Recorder;
 use crate::run::{NodeState, RunState, TaskState};
-use crate::store::{PutOptions, Store};
+use cairn_graph::{Graph, NodeKind};
+use cairn_store_client::{PutOptions, Store};
 
-/// Where all runs of a project live.
-pub const RUNS_PREFIX: &str = ".cairn/runs";
-
-/// Paths inside one run directory.
-#[derive(Clone, Debug)]
-pub struct RunDir {
-    root: String,
-}
-
-impl RunDir {
-    pub fn new(run_id: &str) -> RunDir {
-        RunDir {
-            root: format!("{RUNS_PREFIX}/{run_id}"),
-        }
-    }
-    pub fn root(&self) -> &str {
-        &self.root
-    }
-    pub fn path(&self, rel: &str) -> String {
-        format!("{}/{rel}", self.root)
-    }
-    pub fn readme(&self) -> String {
-        self.path("README.md")
-    }
-    pub fn task_yaml(&self) -> String {
-        self.path("task.yaml")
-    }
-    pub fn state_json(&self) -> String {
-        self.path("state.json")
-    }
-    pub fn graph_resolved(&self) -> String {
-        self.path("graph.resolved.json")
-    }
-    pub fn human_notes(&self) -> String {
-        self.path("shared/human-notes.md")
-    }
-    pub fn context_manifest(&self) -> String {
-        self.path("shared/context-manifest.yaml")
-    }
-    pub fn agent(&self, instance: &str, rel: &str) -> String {
-        self.path(&format!("agents/{instance}/{rel}"))
-    }
-    /// result.json, one per sandbox node (or map item).
-    pub fn sandbox_result(&self, node: &str) -> String {
-        self.path(&format!("sandbox/{node}/result.json"))
-    }
-}
-
-/// YAML front matter of a shareable Markdown artifact.
-pub fn front_matter(
-    title: &str,
-    purpose: &str,
-    tags: &[&str],
-    task_id: &str,
-    agent_instance: Option<&str>,
-    artifact_id: Option<&str>,
-) -> String {
-    let q = |s: &str| serde_json::Value::String(s.to_owned()).to_string();
-    let mut out = String::from("---\n");
-    let _ = writeln!(out, "title: {}", q(title));
-    let _ = writeln!(out, "purpose: {}", q(purpose));
-    let _ = writeln!(
-        out,
-        "tags: [{}]",
-        tags.iter().map(|t| q(t)).collect::<Vec<_>>().join(", ")
-    );
-    let _ = writeln!(out, "task_id: {}", q(task_id));
-    if let Some(a) = agent_instance {
-        let _ = writeln!(out, "agent_instance: {}", q(a));
-    }
-    if let Some(a) = artifact_id {
-        let _ = writeln!(out, "artifact_id: {}", q(a));
-    }
-    out.push_str("---\n");
-    out
-}
+pub use cairn_node::layout::{front_matter, RunDir, RUNS_PREFIX};
 
 /// The files a new run starts with (besides graph.resolved.json and the snapshots).
 pub fn initial_files(state: &RunState) -> Vec<(String, String)> {

@@ -16,16 +16,16 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
-use crate::events::{self as ev, Ev};
 use crate::gates::Decision;
-use crate::graph::{Graph, NodeKind};
 use crate::human::{self, Manifest};
 use crate::nodes::Backends;
 use crate::recorder::Recorder;
 use crate::run::{RunState, TaskState};
 use crate::rundir::{self, RunDir, RUNS_PREFIX};
 use crate::scheduler::{self, Command, Launch};
-use crate::store::PutOptions;
+use cairn_graph::{Graph, NodeKind};
+use cairn_node::events::{self as ev, Ev};
+use cairn_store_client::PutOptions;
 
 /// Project and run ids: `[A-Za-z0-9._-]`, 1-128 characters (common.proto).
 pub fn check_id(what: &str, id: &str) -> Result<()> {
@@ -141,6 +141,7 @@ impl Runs {
             )));
         }
         let mut graph = Graph::from_yaml(graph_yaml, &run_id, &vars)?;
+        self.b.kinds.check(&graph)?;
         if !req.title.is_empty() {
             graph.title = req.title.clone();
         } else if let Some(t) = mode_title {

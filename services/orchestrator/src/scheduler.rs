@@ -24,13 +24,13 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
-use crate::events::{self as ev, now, Ev};
 use crate::gates::{self, Decision};
-use crate::graph::{ErrorKind, Graph, Node, NodeKind, Trigger};
 use crate::nodes::{self, Backends, NodeCtx, NodeError, NodeSuccess, Progress, Scope, TaskMsg};
 use crate::recorder::Recorder;
 use crate::run::{EventView, NodeState, RunState, TaskState};
 use crate::rundir::{RunDir, Snapshots};
+use cairn_graph::{ErrorKind, Graph, Node, NodeKind, Trigger};
+use cairn_node::events::{self as ev, now, Ev};
 
 /// Extra time a sandbox node gets beyond its program's `timeout_s` (staging and outputs).
 const SANDBOX_GRACE: Duration = Duration::from_secs(60);
@@ -701,7 +701,7 @@ impl Driver {
     async fn start_map(
         &mut self,
         node: &Node,
-        spec: &crate::graph::MapNode,
+        spec: &cairn_graph::MapNode,
         scope: &Scope,
     ) -> std::result::Result<(), NodeError> {
         let attempt = self.next_attempt(&node.id);
@@ -711,7 +711,7 @@ impl Driver {
             Some(recorded) => match &recorded.list {
                 Some(list) => list.clone(),
                 None => match &spec.over {
-                    crate::graph::MapOver::List(l) => l.clone(),
+                    cairn_graph::MapOver::List(l) => l.clone(),
                     _ => {
                         nodes::map::items(&self.b.store, &self.state.project, scope, spec)
                             .await?
@@ -846,8 +846,9 @@ impl Driver {
             cairn.node.kind = kind,
             cairn.attempt = attempt,
         );
+        let backends = self.b.clone();
         let mut ctx = NodeCtx {
-            backends: self.b.clone(),
+            backends: self.b.services.clone(),
             project: self.state.project.clone(),
             run_id: self.state.run_id.clone(),
             node: job.node,
@@ -866,7 +867,9 @@ impl Driver {
         let work = async move {
             let started = Instant::now();
             let work = async {
-                match tokio::time::timeout(deadline, nodes::execute(&mut ctx)).await {
+                match tokio::time::timeout(deadline, nodes::execute(&mut ctx, &backends.kinds))
+                    .await
+                {
                     Ok(r) => r,
                     Err(_) => Err(NodeError::new(
                         ErrorKind::Timeout,
@@ -1235,7 +1238,7 @@ impl Driver {
         let (on_reject, resumes) = match self.graph.node(gate).map(|n| &n.kind) {
             Some(NodeKind::Gate(g)) => (g.on_reject, false),
             Some(NodeKind::ExternalAgent(x)) => (x.on_reject, true),
-            _ => (crate::graph::OnReject::Fail, false),
+            _ => (cairn_graph::OnReject::Fail, false),
         };
         match (d, on_reject) {
             _ if resumes => {
@@ -1250,7 +1253,7 @@ impl Driver {
                     self.consider(i);
                 }
             }
-            (Decision::Approve, _) | (Decision::Reject, crate::graph::OnReject::Continue) => {
+            (Decision::Approve, _) | (Decision::Reject, cairn_graph::OnReject::Continue) => {
                 let approved = d == Decision::Approve;
                 self.emit(Ev::new(ev::NODE_COMPLETED, gate).with(
                     "outputs",
@@ -1261,7 +1264,7 @@ impl Driver {
                 }
                 self.after_finish(gate);
             }
-            (Decision::Reject, crate::graph::OnReject::Fail) => {
+            (Decision::Reject, cairn_graph::OnReject::Fail) => {
                 let why = format!(
                     "gate `{gate}` rejected by {by}{}",
                     if note.is_empty() {

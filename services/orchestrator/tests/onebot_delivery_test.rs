@@ -15,14 +15,12 @@ use axum::response::Response;
 use axum::routing::post;
 use axum::Router;
 use base64::Engine as _;
-use cairn_orchestrator::agents::{
-    AgentError, AgentRequest, LlmConfig, Message, OpenAiProvider, Provider, Role,
-};
+use cairn_agents::{AgentError, AgentRequest, LlmConfig, Message, OpenAiProvider, Provider, Role};
 use cairn_orchestrator::delivery::{DeliveryCtx, DeliveryTarget};
 use cairn_orchestrator::onebot::{
     notify_failure, Chat, FileRef, OneBotConfig, OneBotTarget, OutgoingFile, UploadStatus,
 };
-use cairn_orchestrator::store::{PutOptions, Store};
+use cairn_store_client::{PutOptions, Store};
 use serde_json::{json, Value};
 
 const TOKEN: &str = "onebot-t0ken-XYZ";

@@ -16,8 +16,8 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::routing::post;
 use axum::Router;
-use cairn_orchestrator::agents::retry::{AttemptOutcome, FailureKind, GaveUp};
-use cairn_orchestrator::agents::{
+use cairn_agents::retry::{AttemptOutcome, FailureKind, GaveUp};
+use cairn_agents::{
     AgentError, AgentRequest, Attempt, LlmConfig, Message, OpenAiProvider, Provider, Providers,
     Role, ToolCall, ToolChoice, ToolSpec,
 };
@@ -256,7 +256,7 @@ impl Attempts {
     }
 }
 
-fn llm_error(e: AgentError) -> cairn_orchestrator::agents::LlmError {
+fn llm_error(e: AgentError) -> cairn_agents::LlmError {
     match e {
         AgentError::Llm(e) => *e,
         other => panic!("expected an LLM error, got {other:?}"),
@@ -951,7 +951,7 @@ async fn providers_build_openai_from_the_llm_setting_with_the_key_configured_for
     let env = format!("CAIRN_TEST_OPENAI_KEY_{}", std::process::id());
     std::env::set_var(&env, KEY);
     let fake = fake(vec![ok(completion(json!("via spec")))], None).await;
-    let named = cairn_orchestrator::agents::ProviderConfig {
+    let named = cairn_agents::ProviderConfig {
         base_url: fake.base_url.clone(),
         api_key_env: env.clone(),
         ..Default::default()
@@ -964,7 +964,7 @@ async fn providers_build_openai_from_the_llm_setting_with_the_key_configured_for
         ..config()
     });
     // No cassette is read here: the store is never dialled.
-    let store = cairn_orchestrator::store::Store::connect("127.0.0.1:1").unwrap();
+    let store = cairn_store_client::Store::connect("127.0.0.1:1").unwrap();
     // A bare URL works too; the model comes from llm.model when the spec names none.
     for spec in [
         format!("openai:{}#spec-model", fake.base_url),

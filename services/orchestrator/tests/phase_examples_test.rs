@@ -94,7 +94,7 @@ async fn team_phases_reports_the_agent_without_a_result_as_failed() {
 async fn daily_digest_runs_until_its_limits_are_reached() {
     let s = Stack::start(Options::default()).await;
     let inbox = example("daily-digest").join("inbox");
-    let store = cairn_orchestrator::store::Store::connect(&s.store_addr).unwrap();
+    let store = cairn_store_client::Store::connect(&s.store_addr).unwrap();
     for f in ["todoist.json", "news.json", "gmail.json"] {
         let bytes = std::fs::read(inbox.join(f)).unwrap();
         store

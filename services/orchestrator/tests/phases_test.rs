@@ -9,8 +9,8 @@ mod common;
 use std::sync::Arc;
 
 use cairn_orchestrator::phases::counters::{self, Counters};
-use cairn_orchestrator::store::Store;
 use cairn_proto::v1::{MergePolicy, RunInfo, TaskState};
+use cairn_store_client::Store;
 use common::*;
 use serde_json::{json, Value};
 

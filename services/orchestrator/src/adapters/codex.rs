@@ -17,7 +17,7 @@ use super::{
     TurnUsage,
 };
 
-pub const NAME: &str = "codex-exec";
+pub const NAME: &str = cairn_graph::DEFAULT_ADAPTER;
 
 /// Flag of an approved turn.
 pub const APPROVED_FLAG: &str = "--dangerously-bypass-approvals-and-sandbox";

@@ -10,7 +10,7 @@ use serde_json::Value;
 use tonic::Status;
 
 use crate::rundir::RunDir;
-use crate::store::{PutOptions, Store};
+use cairn_store_client::{PutOptions, Store};
 
 /// The states of an agent instance.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

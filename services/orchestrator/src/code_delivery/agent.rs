@@ -21,15 +21,15 @@ use super::target::{Delivery, Place, Target};
 use super::todo::TodoBoard;
 use super::tools::{self, Call, WriteMode};
 use super::{CLOSED, DELIVERED, FAILURE_NOTICE, KEPT, SESSION_OPENED, STARTED, TOOL_CALL};
-use crate::agents::{
+use crate::nodes::{NodeCtx, NodeError, NodeSuccess};
+use crate::onebot::{FailureNotice, OneBotConfig};
+use cairn_agents::{
     AgentError, AgentRequest, Attempt, Message, Provider, Role, ToolCall, ToolChoice, Usage,
 };
-use crate::events::{now, Ev, LLM_ATTEMPT};
-use crate::graph::ErrorKind;
-use crate::nodes::{NodeCtx, NodeError, NodeSuccess};
-use crate::onebot::FailureNotice;
-use crate::runner_session::{PackError, RunnerSession};
-use crate::store::PutOptions;
+use cairn_graph::ErrorKind;
+use cairn_node::events::{now, Ev, LLM_ATTEMPT};
+use cairn_runner_client::session::{PackError, RunnerSession};
+use cairn_store_client::PutOptions;
 
 /// Characters of arguments and results kept in a tool-call event.
 const EVENT_TEXT_CHARS: usize = 2000;
@@ -163,8 +163,13 @@ fn provider_error(e: AgentError) -> NodeError {
 }
 
 /// Runs the task of a `code_delivery` node.
-pub async fn run(ctx: &NodeCtx, spec: &CodeDelivery) -> Result<NodeSuccess, NodeError> {
-    let cfg = ctx.code_delivery_config().clone();
+pub async fn run(
+    ctx: &NodeCtx,
+    spec: &CodeDelivery,
+    cfg: &CodeDeliveryConfig,
+    onebot: &OneBotConfig,
+) -> Result<NodeSuccess, NodeError> {
+    let cfg = cfg.clone();
     if !cfg.enabled {
         return Err(NodeError::refused(
             "code delivery is turned off on this orchestrator (code_delivery.enabled = false)",
@@ -191,16 +196,12 @@ pub async fn run(ctx: &NodeCtx, spec: &CodeDelivery) -> Result<NodeSuccess, Node
             Source::Git { url, git_ref }
         }
     };
-    let target = Target::new(&spec.target, scope, ctx.onebot_config())?;
+    let target = Target::new(&spec.target, scope, onebot)?;
     let provider = ctx
         .provider(spec.llm.as_deref())
         .await
         .map_err(provider_error)?;
-    let budget = Duration::from_secs(
-        ctx.node
-            .timeout_s
-            .unwrap_or(ctx.backends.config.node_timeout_s),
-    );
+    let budget = Duration::from_secs(ctx.node.timeout_s.unwrap_or(ctx.backends.node_timeout_s));
     // Kept back for the notice and cleanup: a tenth of the budget, 2-30 s, at most half.
     let margin = (budget / 10)
         .clamp(MIN_CLEANUP_MARGIN, MAX_CLEANUP_MARGIN)
@@ -313,7 +314,7 @@ impl Task<'_> {
                 if let Ok(Value::Object(m)) = serde_json::to_value(a) {
                     e.data.extend(m);
                 }
-                if !matches!(a.outcome, crate::agents::retry::AttemptOutcome::Succeeded) {
+                if !matches!(a.outcome, cairn_agents::retry::AttemptOutcome::Succeeded) {
                     e = e.level(Level::Warning);
                 }
                 progress.emit(e);

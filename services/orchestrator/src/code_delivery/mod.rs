@@ -1,5 +1,5 @@
 //! The code delivery agent as the `code_delivery` node type: a tool loop over a
-//! sandbox session with exactly the seed's tools (read, write, glob, grep, run_bash_command,
+//! sandbox session with exactly seven tools (read, write, glob, grep, run_bash_command,
 //! todo, end), whose `end` packs the workspace, stores the archive in the artifact-store and
 //! delivers it to a OneBot chat or a project directory. Containers and task directories belong
 //! to the sandbox runner; this module never touches a host path.
@@ -7,19 +7,19 @@
 //! - `spec`: the node's fields and submit-time checks;
 //! - `agent`: the loop, limits, `end`, the failure notice and cleanup;
 //! - `tools`: the tools' JSON schemas and argument parsing;
-//! - the runner session is `crate::runner_session` (closed on drop, so cancel cleans up too);
+//! - the runner session is `cairn_runner_client::session` (closed on drop, so cancel cleans up too);
 //! - `target`: OneBot chat or directory; `todo`: the `todo` board; `prompt`: what the model is told.
 
 pub mod agent;
 pub mod config;
 pub mod prompt;
-pub mod spec;
 pub mod target;
 pub mod todo;
 pub mod tools;
 
+pub use cairn_graph::code_delivery as spec;
+pub use cairn_graph::code_delivery::CodeDelivery;
 pub use config::{ArchiveFormat, CodeDeliveryConfig};
-pub use spec::CodeDelivery;
 
 // Events of a code delivery task (in the run's events.jsonl, with the node id).
 /// The task began: source, target, provider, limits.

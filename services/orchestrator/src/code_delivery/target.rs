@@ -6,12 +6,11 @@
 
 use bytes::Bytes;
 use serde::Serialize;
-use serde_json::Value;
 
-use crate::graph::{Target as TargetSpec, Template};
 use crate::nodes::{NodeError, Scope};
 use crate::onebot::{self, FailureNotice, OneBotConfig, OneBotTarget, OutgoingFile, UploadStatus};
-use crate::store::{PutOptions, Store};
+use cairn_graph::Target as TargetSpec;
+use cairn_store_client::{PutOptions, Store};
 
 /// The run a delivery belongs to.
 pub struct Place<'a> {
@@ -49,31 +48,7 @@ pub struct Delivery {
     pub error: Option<String>,
 }
 
-/// Checks a target at submit time.
-pub fn check(t: &TargetSpec) -> Result<(), String> {
-    match t.kind.as_str() {
-        "group" | "private" => onebot::check_target(t),
-        "directory" | "local_dir" => {
-            if let Some(k) = t.fields.keys().find(|k| *k != "path") {
-                return Err(format!(
-                    "unknown field `{k}` of a directory target; it has `path`"
-                ));
-            }
-            let path = t.fields.get("path").and_then(Value::as_str).ok_or(
-                "a directory target needs `path` (a directory of the project, e.g. out/{{run_id}})",
-            )?;
-            let tpl = Template::parse(path)?;
-            if tpl.is_static() {
-                pathguard::validate_prefix(path.trim_end_matches('/'))
-                    .map_err(|rej| format!("`{path}`: {rej}"))?;
-            }
-            Ok(())
-        }
-        other => Err(format!(
-            "target type `{other}` is not one of group, private, directory"
-        )),
-    }
-}
+pub use cairn_graph::targets::check_code_delivery_target as check;
 
 impl Target {
     /// The target a node names, its templates rendered.

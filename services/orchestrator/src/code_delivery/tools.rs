@@ -7,7 +7,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::config::ArchiveFormat;
-use crate::agents::ToolSpec;
+use cairn_agents::ToolSpec;
 
 pub const READ: &str = "read";
 pub const WRITE: &str = "write";

@@ -9,11 +9,11 @@ use serde_json::{json, Value};
 use super::{
     artifact_written, file_outputs, ingest, project_path, NodeCtx, NodeError, NodeSuccess,
 };
-use crate::agents::{AgentError, AgentRequest, Attempt, Message, Role};
-use crate::events::{now, Ev, AGENT_COMPLETED, AGENT_FAILED, AGENT_STARTED, LLM_ATTEMPT};
-use crate::graph::AgentTask;
 use crate::rundir::front_matter;
-use crate::store::PutOptions;
+use cairn_agents::{AgentError, AgentRequest, Attempt, Message, Role};
+use cairn_graph::AgentTask;
+use cairn_node::events::{now, Ev, AGENT_COMPLETED, AGENT_FAILED, AGENT_STARTED, LLM_ATTEMPT};
+use cairn_store_client::PutOptions;
 
 /// Most bytes of one context file given to an agent.
 const MAX_CONTEXT_BYTES: usize = 64 << 10;
@@ -32,7 +32,7 @@ pub fn agent_error(e: AgentError) -> NodeError {
         | AgentError::NotConfigured => NodeError::refused(e.to_string()),
         // The store did not answer for the cassette: worth another attempt.
         AgentError::Unavailable(_) => {
-            NodeError::new(crate::graph::ErrorKind::Unavailable, e.to_string())
+            NodeError::new(cairn_graph::ErrorKind::Unavailable, e.to_string())
         }
         // The provider already made its attempts; not retried as a node.
         AgentError::Llm(_) => NodeError::failed(e.to_string()),
@@ -228,7 +228,7 @@ pub fn attempt_event(node_id: &str, instance: &str, turn: u32, a: &Attempt) -> E
     }
     if matches!(
         a.outcome,
-        crate::agents::retry::AttemptOutcome::Failed { .. }
+        cairn_agents::retry::AttemptOutcome::Failed { .. }
     ) {
         e = e.level(cairn_proto::v1::Level::Warning);
     }
@@ -401,4 +401,39 @@ mod tests {
         assert_eq!(unfence(two), two);
         assert_eq!(unfence("```"), "```");
     }
+}
+
+/// The `agent_task` kind.
+pub struct AgentTaskKind;
+
+impl cairn_node::Kind for AgentTaskKind {
+    fn type_name(&self) -> &'static str {
+        "agent_task"
+    }
+
+    fn check(&self, node: &cairn_graph::Node) -> Result<(), String> {
+        match &node.kind {
+            cairn_graph::NodeKind::AgentTask(a) => a.llm.as_deref().map_or(Ok(()), check_llm),
+            _ => Ok(()),
+        }
+    }
+
+    fn run<'a>(
+        &'a self,
+        ctx: &'a NodeCtx,
+    ) -> cairn_node::BoxFuture<'a, Result<NodeSuccess, NodeError>> {
+        Box::pin(async move {
+            match &ctx.node.kind {
+                cairn_graph::NodeKind::AgentTask(spec) => run(ctx, spec).await,
+                _ => Err(cairn_node::mismatch(self.type_name(), &ctx.node)),
+            }
+        })
+    }
+}
+
+/// A node's `llm:` names a provider spec this orchestrator can parse.
+pub fn check_llm(spec: &str) -> Result<(), String> {
+    cairn_agents::ProviderSpec::parse(spec)
+        .map(|_| ())
+        .map_err(|e| format!("field `llm`: {e}"))
 }

@@ -9,14 +9,14 @@ use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
 use super::{artifact_written, file_outputs, project_path, NodeCtx, NodeError, NodeSuccess};
-use crate::events::Ev;
 use crate::phases::assemble::{action, find, index, judge, overall, tally, AssembleSpec, Verdict};
 use crate::phases::counters::{self, Counters};
 use crate::phases::{
     check_result_name, normalize_key, results_dir, results_path, Contracts, COUNTERS_UPDATED,
 };
 use crate::rundir::front_matter;
-use crate::store::PutOptions;
+use cairn_node::events::Ev;
+use cairn_store_client::PutOptions;
 
 /// One result to read: its name and what the plan says it is.
 struct Expected {
@@ -376,3 +376,11 @@ fn report(
     }
     out
 }
+
+cairn_node::unit_kind!(
+    /// The `assemble` kind.
+    AssembleKind,
+    "assemble",
+    cairn_graph::NodeKind::Assemble,
+    run
+);

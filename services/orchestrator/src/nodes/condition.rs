@@ -4,7 +4,7 @@
 use serde_json::{Map, Value};
 
 use super::{NodeError, Scope};
-use crate::graph::Condition;
+use cairn_graph::Condition;
 
 /// The condition's value and outputs (`value`, `branch`).
 pub fn evaluate(scope: &Scope, spec: &Condition) -> Result<(bool, Map<String, Value>), NodeError> {

@@ -6,17 +6,21 @@ use serde_json::json;
 
 use super::{expand_files, NodeCtx, NodeError, NodeSuccess};
 use crate::delivery::{target_for, DeliveryCtx};
-use crate::events::{Ev, DELIVERY_COMPLETED};
-use crate::graph::Deliver;
+use cairn_graph::Deliver;
+use cairn_node::events::{Ev, DELIVERY_COMPLETED};
 
-pub async fn run(ctx: &NodeCtx, spec: &Deliver) -> Result<NodeSuccess, NodeError> {
+pub async fn run(
+    ctx: &NodeCtx,
+    spec: &Deliver,
+    onebot: &crate::onebot::OneBotConfig,
+) -> Result<NodeSuccess, NodeError> {
     let files = expand_files(ctx, "files", &spec.files).await?;
     if files.is_empty() {
         return Err(NodeError::refused(
             "field `files`: nothing to deliver (no file matched)",
         ));
     }
-    let target = target_for(&spec.target, &ctx.scope, ctx.onebot_config())?;
+    let target = target_for(&spec.target, &ctx.scope, onebot)?;
     let dctx = DeliveryCtx {
         store: ctx.store(),
         project: &ctx.project,
@@ -42,4 +46,27 @@ pub async fn run(ctx: &NodeCtx, spec: &Deliver) -> Result<NodeSuccess, NodeError
     }
     out.events.push(done);
     Ok(out)
+}
+
+/// The `deliver` kind, with the OneBot endpoint chat targets use.
+pub struct DeliverKind {
+    pub onebot: crate::onebot::OneBotConfig,
+}
+
+impl cairn_node::Kind for DeliverKind {
+    fn type_name(&self) -> &'static str {
+        "deliver"
+    }
+
+    fn run<'a>(
+        &'a self,
+        ctx: &'a NodeCtx,
+    ) -> cairn_node::BoxFuture<'a, Result<NodeSuccess, NodeError>> {
+        Box::pin(async move {
+            match &ctx.node.kind {
+                cairn_graph::NodeKind::Deliver(spec) => run(ctx, spec, &self.onebot).await,
+                _ => Err(cairn_node::mismatch(self.type_name(), &ctx.node)),
+            }
+        })
+    }
 }

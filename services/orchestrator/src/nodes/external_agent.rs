@@ -31,14 +31,14 @@ use crate::adapters::session::{
 use crate::adapters::{
     shell_quote, AdapterError, AgentAdapter, AgentEvent, ChangeKind, Turn, TurnKind, TurnUsage,
 };
-use crate::events::{
-    now, Ev, AGENT_AWAITING, AGENT_COMPLETED, AGENT_FAILED, AGENT_STARTED, GATE_BLOCKED,
-};
-use crate::graph::{under_prefix, ErrorKind, ExternalAgent, OnReject};
 use crate::run::{GateRecord, GateState};
 use crate::rundir::front_matter;
-use crate::runner_session::RunnerSession;
-use crate::store::PutOptions;
+use cairn_graph::{under_prefix, ErrorKind, ExternalAgent, OnReject};
+use cairn_node::events::{
+    now, Ev, AGENT_AWAITING, AGENT_COMPLETED, AGENT_FAILED, AGENT_STARTED, GATE_BLOCKED,
+};
+use cairn_runner_client::session::RunnerSession;
+use cairn_store_client::PutOptions;
 
 /// The CLI's working directory (the staged project files), relative to /workspace.
 const PROJECT_DIR: &str = "project";
@@ -975,5 +975,41 @@ mod tests {
         assert!(failed.failure("codex-exec", 1).unwrap().contains("quota"));
         let garbage = TurnReport::read(&a, "{\"type\":\"turn.completed\"}\nnot json\n");
         assert!(garbage.failure("codex-exec", 0).unwrap().contains("line 2"));
+    }
+}
+
+/// The `external_agent` kind.
+pub struct ExternalAgentKind;
+
+impl cairn_node::Kind for ExternalAgentKind {
+    fn type_name(&self) -> &'static str {
+        "external_agent"
+    }
+
+    fn check(&self, node: &cairn_graph::Node) -> Result<(), String> {
+        match &node.kind {
+            cairn_graph::NodeKind::ExternalAgent(x)
+                if crate::adapters::by_name(&x.adapter).is_none() =>
+            {
+                Err(format!(
+                    "field `adapter`: unknown adapter `{}`; one of {}",
+                    x.adapter,
+                    crate::adapters::ADAPTERS.join(", ")
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn run<'a>(
+        &'a self,
+        ctx: &'a NodeCtx,
+    ) -> cairn_node::BoxFuture<'a, Result<NodeSuccess, NodeError>> {
+        Box::pin(async move {
+            match &ctx.node.kind {
+                cairn_graph::NodeKind::ExternalAgent(spec) => run(ctx, spec).await,
+                _ => Err(cairn_node::mismatch(self.type_name(), &ctx.node)),
+            }
+        })
     }
 }

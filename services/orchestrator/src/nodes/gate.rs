@@ -5,7 +5,7 @@
 use serde_json::{Map, Value};
 
 use super::{NodeError, Scope};
-use crate::graph::Gate;
+use cairn_graph::Gate;
 
 /// The reason recorded in gate.blocked.
 pub fn reason(scope: &Scope, node: &str, spec: &Gate) -> Result<String, NodeError> {

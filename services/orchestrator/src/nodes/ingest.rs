@@ -9,8 +9,8 @@ use cairn_proto::v1::{BlockStatus, IngestRequest, IngestResponse, Level};
 use serde_json::{json, Map, Value};
 
 use super::{project_path, NodeCtx, NodeError, NodeSuccess};
-use crate::events::{Ev, INGEST_HOOK_FAILED};
-use crate::graph::IngestNode;
+use cairn_graph::IngestNode;
+use cairn_node::events::{Ev, INGEST_HOOK_FAILED};
 
 const INGEST_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -18,7 +18,7 @@ const INGEST_TIMEOUT: Duration = Duration::from_secs(120);
 /// configured, and the node's `ingest:` (default: Markdown documents).
 pub fn wants_hook(ctx: &NodeCtx, path: &str) -> bool {
     let b = &ctx.backends;
-    if !b.config.ingest_hook || b.ingest.is_none() {
+    if !b.ingest_hook || b.ingest.is_none() {
         return false;
     }
     ctx.node.ingest.unwrap_or_else(|| is_document(path))
@@ -160,3 +160,11 @@ pub async fn run(ctx: &NodeCtx, spec: &IngestNode) -> Result<NodeSuccess, NodeEr
     }
     Ok(out)
 }
+
+cairn_node::unit_kind!(
+    /// The `ingest` kind.
+    IngestKind,
+    "ingest",
+    cairn_graph::NodeKind::Ingest,
+    run
+);

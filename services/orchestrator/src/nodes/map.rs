@@ -5,8 +5,8 @@
 use serde_json::Value;
 
 use super::{NodeError, Scope};
-use crate::graph::{MapNode, MapOver, MAX_MAP_ITEMS};
-use crate::store::Store;
+use cairn_graph::{MapNode, MapOver, MAX_MAP_ITEMS};
+use cairn_store_client::Store;
 
 /// The items, and whether they must be recorded (not written in the graph).
 pub async fn items(

@@ -8,12 +8,12 @@
 use serde_json::{json, Map, Value};
 
 use super::{project_path, NodeCtx, NodeError, NodeSuccess};
-use crate::events::{now, Ev};
 use crate::phases::counters::{self, Counters};
 use crate::phases::plan::{
     check_date, parse_offset, select, today, PlanSpec, Selection, DEFAULT_MAX_PER_RUN,
 };
 use crate::phases::{Limits, PLAN_SELECTED};
+use cairn_node::events::{now, Ev};
 
 pub async fn run(ctx: &NodeCtx, spec: &PlanSpec) -> Result<NodeSuccess, NodeError> {
     let limits = spec.limits.as_ref().ok_or_else(|| {
@@ -274,3 +274,11 @@ fn auto_plan(
         .with("counters_version", json!(version));
     finish(doc, extra, event)
 }
+
+cairn_node::unit_kind!(
+    /// The `plan` kind.
+    PlanKind,
+    "plan",
+    cairn_graph::NodeKind::Plan,
+    run
+);

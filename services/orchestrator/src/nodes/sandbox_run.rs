@@ -9,9 +9,9 @@ use cairn_proto::v1::{FileContent, Level, Limits, RunRequest, RunResult};
 use serde_json::{json, Map, Value};
 
 use super::{expand_files, NodeCtx, NodeError, NodeSuccess};
-use crate::events::{Ev, SANDBOX_COMPLETE, SANDBOX_FAILED, SANDBOX_START};
-use crate::graph::{under_prefix, ErrorKind, SandboxRun};
-use crate::store::PutOptions;
+use cairn_graph::{under_prefix, ErrorKind, SandboxRun};
+use cairn_node::events::{Ev, SANDBOX_COMPLETE, SANDBOX_FAILED, SANDBOX_START};
+use cairn_store_client::PutOptions;
 
 /// Runner timeout when the node sets no `timeout_s` (example).
 pub const DEFAULT_TIMEOUT_S: u64 = 30;
@@ -321,3 +321,11 @@ fn result_json(
     );
     Value::Object(doc)
 }
+
+cairn_node::unit_kind!(
+    /// The `sandbox_run` kind.
+    SandboxRunKind,
+    "sandbox_run",
+    cairn_graph::NodeKind::SandboxRun,
+    run
+);

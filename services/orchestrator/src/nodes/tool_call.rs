@@ -4,12 +4,23 @@
 use serde_json::{Map, Value};
 
 use super::{NodeCtx, NodeError, NodeSuccess, Scope};
-use crate::graph::{Template, ToolCall};
+use cairn_graph::{Template, ToolCall};
 
-pub async fn run(ctx: &NodeCtx, spec: &ToolCall) -> Result<NodeSuccess, NodeError> {
+pub async fn run(
+    ctx: &NodeCtx,
+    spec: &ToolCall,
+    kind: &ToolCallKind,
+) -> Result<NodeSuccess, NodeError> {
     let args = render_args(&ctx.scope, &spec.args)?;
     if !crate::tools::is_builtin(&spec.tool) {
-        return crate::tools::installed::call(ctx, &spec.tool, &args).await;
+        return crate::tools::installed::call(
+            ctx,
+            &kind.tools_dir,
+            kind.use_sandbox,
+            &spec.tool,
+            &args,
+        )
+        .await;
     }
     let outputs = crate::tools::call(ctx.store(), &ctx.project, &spec.tool, &args).await?;
     Ok(NodeSuccess {
@@ -44,4 +55,38 @@ fn render_args(scope: &Scope, args: &Map<String, Value>) -> Result<Map<String, V
     args.iter()
         .map(|(k, v)| Ok((k.clone(), walk(scope, &format!("args.{k}"), v)?)))
         .collect()
+}
+
+/// The `tool_call` kind, with where installed tools live and where they run.
+pub struct ToolCallKind {
+    pub tools_dir: String,
+    /// Installed tools run on a sandbox runner (else as subprocesses).
+    pub use_sandbox: bool,
+}
+
+impl ToolCallKind {
+    pub fn new(config: &crate::config::Config) -> ToolCallKind {
+        ToolCallKind {
+            tools_dir: config.tools_dir.clone(),
+            use_sandbox: config.sandbox.runner.features.use_for_tools,
+        }
+    }
+}
+
+impl cairn_node::Kind for ToolCallKind {
+    fn type_name(&self) -> &'static str {
+        "tool_call"
+    }
+
+    fn run<'a>(
+        &'a self,
+        ctx: &'a NodeCtx,
+    ) -> cairn_node::BoxFuture<'a, Result<NodeSuccess, NodeError>> {
+        Box::pin(async move {
+            match &ctx.node.kind {
+                cairn_graph::NodeKind::ToolCall(spec) => run(ctx, spec, self).await,
+                _ => Err(cairn_node::mismatch(self.type_name(), &ctx.node)),
+            }
+        })
+    }
 }

@@ -7,8 +7,8 @@ use tonic::Code;
 use super::{
     artifact_written, file_outputs, ingest, project_path, NodeCtx, NodeError, NodeSuccess,
 };
-use crate::graph::WriteFile;
-use crate::store::PutOptions;
+use cairn_graph::WriteFile;
+use cairn_store_client::PutOptions;
 
 pub async fn run(ctx: &NodeCtx, spec: &WriteFile) -> Result<NodeSuccess, NodeError> {
     let path = project_path(&ctx.scope, "path", &spec.path)?;
@@ -45,3 +45,11 @@ pub fn write_error(path: &str, s: &tonic::Status) -> NodeError {
     }
     NodeError::from_status(&format!("writing {path}"), s)
 }
+
+cairn_node::unit_kind!(
+    /// The `write_file` kind.
+    WriteFileKind,
+    "write_file",
+    cairn_graph::NodeKind::WriteFile,
+    run
+);

@@ -9,184 +9,32 @@
 use std::path::Path;
 
 use bytes::Bytes;
-use globset::{Glob, GlobSet, GlobSetBuilder};
-use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{json, Map, Value};
 
 use super::{check_result_name, read_local, results_path, RESULT_INVALID, RESULT_MISSING};
 use super::{RESULT_PLACEHOLDER, RESULT_WRITTEN};
-use crate::events::{now, Ev};
-use crate::graph::GraphError;
 use crate::nodes::{NodeCtx, NodeError, NodeSuccess};
-use crate::store::PutOptions;
+use cairn_node::events::{now, Ev};
+use cairn_store_client::PutOptions;
 
 /// Largest result document accepted from a node.
 pub const MAX_RESULT_BYTES: usize = 1 << 20;
-/// Most schema errors reported for one result.
-const MAX_REPORTED_ERRORS: usize = 8;
+pub use cairn_graph::contract::{check_all, compile, Contract, Contracts};
 
-/// One contract of the graph's `contracts:` list.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Contract {
-    /// Result file names it covers: globs relative to the run's `results/` (`todoist-auto-*.json`).
-    #[serde(deserialize_with = "one_or_many")]
-    pub files: Vec<String>,
-    /// The JSON Schema (inline, or loaded from `schema_file` at submit).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub schema: Option<Value>,
-    /// A schema file relative to the graph's directory.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub schema_file: Option<String>,
-}
-
-fn one_or_many<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum OneOrMany {
-        One(String),
-        Many(Vec<String>),
+/// Loads a contract's `schema_file` (relative to `base_dir`) unless the schema is already there.
+pub fn load(contract: &mut Contract, base_dir: &Path) -> Result<(), String> {
+    if contract.schema.is_some() {
+        return Ok(());
     }
-    Ok(match OneOrMany::deserialize(d)? {
-        OneOrMany::One(s) => vec![s],
-        OneOrMany::Many(v) => v,
-    })
-}
-
-impl Contract {
-    /// Loads `schema_file` (relative to `base_dir`) unless the schema is already there.
-    pub fn load(&mut self, base_dir: &Path) -> Result<(), String> {
-        if self.schema.is_some() {
-            return Ok(());
-        }
-        let Some(file) = &self.schema_file else {
-            return Ok(());
-        };
-        let text = read_local(base_dir, file)?;
-        let schema: Value =
-            serde_json::from_str(&text).map_err(|e| format!("{file} is not JSON: {e}"))?;
-        compile(&schema).map_err(|e| format!("{file}: {e}"))?;
-        self.schema = Some(schema);
-        Ok(())
-    }
-}
-
-fn compile(schema: &Value) -> Result<jsonschema::Validator, String> {
-    jsonschema::validator_for(schema).map_err(|e| format!("not a valid JSON Schema: {e}"))
-}
-
-fn glob(pattern: &str) -> Result<Glob, String> {
-    if pattern.is_empty()
-        || pattern.starts_with('/')
-        || pattern.contains('\\')
-        || pattern
-            .split('/')
-            .any(|c| c == ".." || c == "." || c.is_empty())
-    {
-        return Err(format!(
-            "`{pattern}` must be a relative name under results/ (a glob such as `todoist-auto-*.json`)"
-        ));
-    }
-    globset::GlobBuilder::new(pattern)
-        .literal_separator(true)
-        .build()
-        .map_err(|e| format!("`{pattern}` is not a valid glob: {e}"))
-}
-
-/// Graph validation of `contracts:` (the schema file is checked when [`super::prepare`]
-/// loads it).
-pub fn check_all(contracts: &[Contract]) -> Result<(), GraphError> {
-    let err = |i: usize, field: &str, message: String| GraphError {
-        node: None,
-        field: Some(format!("contracts[{i}].{field}")),
-        message,
+    let Some(file) = &contract.schema_file else {
+        return Ok(());
     };
-    for (i, c) in contracts.iter().enumerate() {
-        if c.files.is_empty() {
-            return Err(err(
-                i,
-                "files",
-                "name at least one result file (glob)".into(),
-            ));
-        }
-        for f in &c.files {
-            glob(f).map_err(|m| err(i, "files", m))?;
-        }
-        match (&c.schema, &c.schema_file) {
-            (None, None) => {
-                return Err(err(
-                    i,
-                    "schema",
-                    "set `schema` (inline JSON Schema) or `schema_file` (relative to the graph)"
-                        .into(),
-                ))
-            }
-            (Some(s), _) => {
-                compile(s).map_err(|m| err(i, "schema", m))?;
-            }
-            (None, Some(f)) => {
-                pathguard::validate(f)
-                    .map_err(|rej| err(i, "schema_file", format!("`{f}`: {rej}")))?;
-            }
-        }
-    }
+    let text = read_local(base_dir, file)?;
+    let schema: Value =
+        serde_json::from_str(&text).map_err(|e| format!("{file} is not JSON: {e}"))?;
+    compile(&schema).map_err(|e| format!("{file}: {e}"))?;
+    contract.schema = Some(schema);
     Ok(())
-}
-
-/// The graph's contracts, compiled.
-pub struct Contracts {
-    entries: Vec<(GlobSet, jsonschema::Validator, String)>,
-}
-
-impl Contracts {
-    pub fn compile(contracts: &[Contract]) -> Result<Contracts, String> {
-        let mut entries = Vec::with_capacity(contracts.len());
-        for (i, c) in contracts.iter().enumerate() {
-            let mut set = GlobSetBuilder::new();
-            for f in &c.files {
-                set.add(glob(f)?);
-            }
-            let set = set.build().map_err(|e| e.to_string())?;
-            let schema = c.schema.as_ref().ok_or_else(|| {
-                format!(
-                    "contracts[{i}]: schema_file {:?} was not loaded at submit",
-                    c.schema_file.as_deref().unwrap_or("")
-                )
-            })?;
-            let label = c
-                .schema_file
-                .clone()
-                .unwrap_or_else(|| format!("contracts[{i}]"));
-            entries.push((set, compile(schema)?, label));
-        }
-        Ok(Contracts { entries })
-    }
-
-    /// Whether some contract covers result file `name`.
-    pub fn covers(&self, name: &str) -> bool {
-        self.entries.iter().any(|(set, _, _)| set.is_match(name))
-    }
-
-    /// The violations of `doc` against every contract covering `name` (empty = valid or no
-    /// contract). Each names the place in the document and the schema it broke.
-    pub fn violations(&self, name: &str, doc: &Value) -> Vec<String> {
-        let mut out = Vec::new();
-        for (set, validator, label) in &self.entries {
-            if !set.is_match(name) {
-                continue;
-            }
-            for e in validator.iter_errors(doc) {
-                if out.len() == MAX_REPORTED_ERRORS {
-                    out.push("(more errors not shown)".into());
-                    return out;
-                }
-                let at = e.instance_path().to_string();
-                let at = if at.is_empty() { "/".to_owned() } else { at };
-                out.push(format!("{at}: {e} ({label})"));
-            }
-        }
-        out
-    }
 }
 
 /// The JSON document a node's text carries: the whole text (after any YAML front matter) when
@@ -542,7 +390,7 @@ mod tests {
             schema: None,
             schema_file: Some("contracts/a.schema.json".into()),
         };
-        c.load(dir.path()).unwrap();
+        load(&mut c, dir.path()).unwrap();
         assert_eq!(c.schema.as_ref().unwrap()["required"], json!(["status"]));
         let compiled = Contracts::compile(&[c]).unwrap();
         assert_eq!(compiled.violations("a.json", &json!({})).len(), 1);
@@ -551,6 +399,6 @@ mod tests {
             schema: None,
             schema_file: Some("contracts/bad.json".into()),
         };
-        assert!(bad.load(dir.path()).unwrap_err().contains("not JSON"));
+        assert!(load(&mut bad, dir.path()).unwrap_err().contains("not JSON"));
     }
 }

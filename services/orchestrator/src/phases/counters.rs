@@ -29,7 +29,7 @@ use serde_json::{json, Map, Value};
 use tonic::Code;
 
 use crate::nodes::NodeError;
-use crate::store::Store;
+use cairn_store_client::Store;
 
 /// The counters document.
 pub const DEFAULT_PATH: &str = "context/auto-tasks-today.json";
@@ -181,7 +181,7 @@ pub async fn compare_and_swap<T>(
         }
     }
     Err(NodeError::new(
-        crate::graph::ErrorKind::Unavailable,
+        cairn_graph::ErrorKind::Unavailable,
         format!("counters {path} kept changing under {MAX_CAS_ATTEMPTS} attempts; try again"),
     ))
 }

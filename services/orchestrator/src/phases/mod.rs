@@ -2,7 +2,7 @@
 //!
 //! A phase writes result files under the run's `results/` directory
 //! (`.cairn/runs/<run_id>/results/`); a later phase reads them with fixed rules. This module owns
-//! those rules and never talks gRPC itself except through [`crate::store::Store`]:
+//! those rules and never talks gRPC itself except through [`cairn_store_client::Store`]:
 //! - [`contracts`]: graph-level JSON Schemas for result files, the fail-safe placeholder written
 //!   before a node with `result:` runs, and how its result replaces it.
 //! - [`assemble`]: reading results (missing = failed, status semantics, `-`/`_` key
@@ -24,11 +24,12 @@ pub mod plan;
 use std::path::Path;
 
 pub use assemble::AssembleSpec;
+pub use cairn_graph::contract::{check_result_name, normalize_key, RESULT_OUTPUTS};
 pub use contracts::{Contract, Contracts};
 pub use plan::{LimitTask, Limits, PlanSpec};
 
-use crate::graph::{Graph, GraphError, NodeKind};
 use crate::rundir::RunDir;
+use cairn_graph::{Graph, GraphError, NodeKind};
 
 /// `result.placeholder`: the fail-safe result (status failed) was written before the node ran.
 pub const RESULT_PLACEHOLDER: &str = "result.placeholder";
@@ -43,9 +44,6 @@ pub const PLAN_SELECTED: &str = "plan.selected";
 /// `counters.updated`: an assemble node counted successes in the counters document.
 pub const COUNTERS_UPDATED: &str = "counters.updated";
 
-/// The outputs every node with `result:` has besides its own.
-pub const RESULT_OUTPUTS: &[&str] = &["result", "result_path", "result_status"];
-
 /// Largest file read from the graph's directory at submit (schema, limits, prompt).
 const MAX_LOCAL_FILE_BYTES: u64 = 1 << 20;
 
@@ -57,22 +55,6 @@ pub fn results_path(run_id: &str, name: &str) -> String {
 /// The run's results directory (no trailing slash).
 pub fn results_dir(run_id: &str) -> String {
     RunDir::new(run_id).path("results")
-}
-
-/// keys are compared in their underscore form.
-pub fn normalize_key(key: &str) -> String {
-    key.replace('-', "_")
-}
-
-/// A result file name: a relative path ending in `.json` that pathguard accepts.
-pub fn check_result_name(name: &str) -> Result<(), String> {
-    pathguard::validate(name).map_err(|rej| format!("`{name}`: {rej}"))?;
-    if !name.ends_with(".json") {
-        return Err(format!(
-            "`{name}`: a result file is JSON and its name ends in `.json`"
-        ));
-    }
-    Ok(())
 }
 
 /// Reads a file the graph names relative to its directory. Only relative paths that pathguard
@@ -103,7 +85,7 @@ pub fn read_local(base_dir: &Path, rel: &str) -> Result<String, String> {
 /// so graph.resolved.json holds everything the phases need.
 pub fn prepare(graph: &mut Graph, base_dir: &Path) -> Result<(), GraphError> {
     for (i, c) in graph.contracts.iter_mut().enumerate() {
-        c.load(base_dir).map_err(|m| GraphError {
+        contracts::load(c, base_dir).map_err(|m| GraphError {
             node: None,
             field: Some(format!("contracts[{i}].schema_file")),
             message: m,
@@ -115,7 +97,7 @@ pub fn prepare(graph: &mut Graph, base_dir: &Path) -> Result<(), GraphError> {
             NodeKind::Plan(p) => p,
             _ => continue,
         };
-        spec.load(base_dir).map_err(|(field, m)| GraphError {
+        plan::load(spec, base_dir).map_err(|(field, m)| GraphError {
             node: Some(id),
             field: Some(field),
             message: m,

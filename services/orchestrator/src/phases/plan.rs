@@ -9,275 +9,56 @@
 //!   tech-research: {daily_limit: 3}     # key normalised to tech_research
 //! ```
 
-use std::fmt;
 use std::path::Path;
 
-use serde::de::{MapAccess, SeqAccess, Visitor};
-use serde::{Deserialize, Deserializer, Serialize};
+use super::read_local;
 
-use super::{normalize_key, read_local};
-use crate::graph::Template;
+pub use cairn_graph::plan::*;
 
-/// Most tasks one plan may select.
-pub const MAX_PER_RUN_LIMIT: u32 = 64;
-/// "selected_tasks 由 round-robin 演算法選出（1-4 個）".
-pub const DEFAULT_MAX_PER_RUN: u32 = 4;
-/// Most auto tasks in one limits file.
-const MAX_TASKS: usize = 1000;
-
-/// One auto task of the limits file.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LimitTask {
-    /// The task key (normalised to `_` form when loaded).
-    #[serde(default)]
-    pub key: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-    /// Successful runs allowed per day (0 = disabled).
-    pub daily_limit: u32,
-    /// Position in the rotation (1-based; default the order in the file).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub execution_order: Option<u32>,
-    /// The task's prompt file, relative to the limits file (default
-    /// `prompts/todoist-auto-<key>.md`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub prompt_file: Option<String>,
-    /// The prompt text (inline, or loaded from `prompt_file` at submit; when both are set, as
-    /// in graph.resolved.json, this is what was read).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub prompt: Option<String>,
+/// Submit time: the limits file and prompt files, relative to `base_dir`. Err = (field,
+/// message).
+pub fn load(spec: &mut PlanSpec, base_dir: &Path) -> Result<(), (String, String)> {
+    let (mut limits, dir) = match (&spec.limits, &spec.limits_file) {
+        (Some(l), _) => (l.clone(), base_dir.to_path_buf()),
+        (None, Some(file)) => {
+            let text = read_local(base_dir, file).map_err(|m| ("limits_file".into(), m))?;
+            let limits =
+                Limits::parse(&text).map_err(|m| ("limits_file".into(), format!("{file}: {m}")))?;
+            let dir = base_dir
+                .join(file)
+                .parent()
+                .map(Path::to_path_buf)
+                .unwrap_or_else(|| base_dir.to_path_buf());
+            (limits, dir)
+        }
+        (None, None) => return Ok(()),
+    };
+    let field = if spec.limits.is_some() {
+        "limits"
+    } else {
+        "limits_file"
+    };
+    limits.normalise().map_err(|m| (field.to_owned(), m))?;
+    load_prompts(&mut limits, &dir).map_err(|m| (field.to_owned(), m))?;
+    spec.limits = Some(limits);
+    Ok(())
 }
 
-/// The frequency limits: task key -> daily limit and prompt.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Limits {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_per_run: Option<u32>,
-    /// In execution order (serialised as a list, so the order survives graph.resolved.json).
-    #[serde(deserialize_with = "tasks_in_order")]
-    pub tasks: Vec<LimitTask>,
-}
-
-/// Tasks as a list (each with `key`) or a mapping key -> task, in document order.
-fn tasks_in_order<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<LimitTask>, D::Error> {
-    struct V;
-    impl<'de> Visitor<'de> for V {
-        type Value = Vec<LimitTask>;
-        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("a mapping of task key -> {daily_limit, prompt_file, ...} or a list of tasks with `key`")
+/// Loads every task's prompt file (relative to `dir`) that is not loaded yet.
+fn load_prompts(limits: &mut Limits, dir: &Path) -> Result<(), String> {
+    for t in &mut limits.tasks {
+        if t.prompt.is_some() {
+            continue;
         }
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-            let mut out = Vec::new();
-            while let Some(t) = seq.next_element::<LimitTask>()? {
-                out.push(t);
-            }
-            Ok(out)
-        }
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-            let mut out = Vec::new();
-            while let Some((key, mut t)) = map.next_entry::<String, LimitTask>()? {
-                if !t.key.is_empty() && t.key != key {
-                    return Err(serde::de::Error::custom(format!(
-                        "task `{key}` has a different `key: {}`",
-                        t.key
-                    )));
-                }
-                t.key = key;
-                out.push(t);
-            }
-            Ok(out)
-        }
+        let file = t
+            .prompt_file
+            .clone()
+            .unwrap_or_else(|| format!("prompts/todoist-auto-{}.md", t.key));
+        let text = read_local(dir, &file).map_err(|e| format!("task `{}`: {e}", t.key))?;
+        t.prompt_file = Some(file);
+        t.prompt = Some(text);
     }
-    d.deserialize_any(V)
-}
-
-impl Limits {
-    /// Parses a limits file's text (YAML or JSON).
-    pub fn parse(text: &str) -> Result<Limits, String> {
-        serde_saphyr::from_str::<Limits>(text).map_err(|e| e.to_string())
-    }
-
-    /// Normalises keys, orders by `execution_order`, checks everything.
-    pub fn normalise(&mut self) -> Result<(), String> {
-        if self.tasks.is_empty() {
-            return Err("`tasks` is empty: list at least one auto task".into());
-        }
-        if self.tasks.len() > MAX_TASKS {
-            return Err(format!("more than {MAX_TASKS} tasks"));
-        }
-        if let Some(m) = self.max_per_run {
-            if !(1..=MAX_PER_RUN_LIMIT).contains(&m) {
-                return Err(format!("max_per_run must be 1 to {MAX_PER_RUN_LIMIT}"));
-            }
-        }
-        let mut seen = std::collections::BTreeMap::new();
-        for t in &mut self.tasks {
-            if !crate::graph::valid_node_id(&t.key) {
-                return Err(format!(
-                    "task key `{}` must be 1-64 letters, digits, `_` or `-`",
-                    t.key
-                ));
-            }
-            let raw = std::mem::take(&mut t.key);
-            t.key = normalize_key(&raw);
-            if let Some(other) = seen.insert(t.key.clone(), raw.clone()) {
-                return Err(format!(
-                    "task keys `{other}` and `{raw}` are the same key `{}` (`-` reads as `_`)",
-                    t.key
-                ));
-            }
-        }
-        // Stable: tasks without an order keep their place after those with one.
-        self.tasks
-            .sort_by_key(|t| t.execution_order.unwrap_or(u32::MAX));
-        Ok(())
-    }
-
-    /// Loads every task's prompt file (relative to `dir`) that is not loaded yet.
-    fn load_prompts(&mut self, dir: &Path) -> Result<(), String> {
-        for t in &mut self.tasks {
-            if t.prompt.is_some() {
-                continue;
-            }
-            let file = t
-                .prompt_file
-                .clone()
-                .unwrap_or_else(|| format!("prompts/todoist-auto-{}.md", t.key));
-            let text = read_local(dir, &file).map_err(|e| format!("task `{}`: {e}", t.key))?;
-            t.prompt_file = Some(file);
-            t.prompt = Some(text);
-        }
-        Ok(())
-    }
-
-    pub fn total_limit(&self) -> u64 {
-        self.tasks.iter().map(|t| u64::from(t.daily_limit)).sum()
-    }
-}
-
-/// The `plan` node (docs/phases.md).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PlanSpec {
-    /// The frequency-limits file, relative to the graph's directory (read at submit).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub limits_file: Option<String>,
-    /// The limits (inline, or loaded from `limits_file`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub limits: Option<Limits>,
-    /// Project path of the counters document (default `context/auto-tasks-today.json`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub counters: Option<Template>,
-    /// Tasks per run (default the limits file's, else 4).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_per_run: Option<u32>,
-    /// Processable tasks (a JSON array); when non-empty the plan is `tasks`, not `auto`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tasks: Option<Template>,
-    /// The day the limits count for, `YYYY-MM-DD` (default: today at `utc_offset`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub date: Option<Template>,
-    /// The offset of the local day, `+08:00` (default UTC).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub utc_offset: Option<String>,
-}
-
-impl PlanSpec {
-    /// Submit time: the limits file and prompt files, relative to `base_dir`. Err = (field,
-    /// message).
-    pub fn load(&mut self, base_dir: &Path) -> Result<(), (String, String)> {
-        let (mut limits, dir) = match (&self.limits, &self.limits_file) {
-            (Some(l), _) => (l.clone(), base_dir.to_path_buf()),
-            (None, Some(file)) => {
-                let text = read_local(base_dir, file).map_err(|m| ("limits_file".into(), m))?;
-                let limits = Limits::parse(&text)
-                    .map_err(|m| ("limits_file".into(), format!("{file}: {m}")))?;
-                let dir = base_dir
-                    .join(file)
-                    .parent()
-                    .map(Path::to_path_buf)
-                    .unwrap_or_else(|| base_dir.to_path_buf());
-                (limits, dir)
-            }
-            (None, None) => return Ok(()),
-        };
-        let field = if self.limits.is_some() {
-            "limits"
-        } else {
-            "limits_file"
-        };
-        limits.normalise().map_err(|m| (field.to_owned(), m))?;
-        limits
-            .load_prompts(&dir)
-            .map_err(|m| (field.to_owned(), m))?;
-        self.limits = Some(limits);
-        Ok(())
-    }
-
-    /// Graph-time checks (files are checked when loaded).
-    pub fn check(&self) -> Result<(), (String, String)> {
-        match (&self.limits, &self.limits_file) {
-            (None, None) => {
-                return Err((
-                    "limits_file".into(),
-                    "set `limits_file` (relative to the graph) or inline `limits`".into(),
-                ))
-            }
-            (Some(l), _) => {
-                let mut l = l.clone();
-                l.normalise().map_err(|m| ("limits".into(), m))?;
-            }
-            (None, Some(f)) => {
-                pathguard::validate(f)
-                    .map_err(|rej| ("limits_file".into(), format!("`{f}`: {rej}")))?;
-            }
-        }
-        if let Some(m) = self.max_per_run {
-            if !(1..=MAX_PER_RUN_LIMIT).contains(&m) {
-                return Err((
-                    "max_per_run".into(),
-                    format!("must be 1 to {MAX_PER_RUN_LIMIT}"),
-                ));
-            }
-        }
-        if let Some(o) = &self.utc_offset {
-            parse_offset(o).map_err(|m| ("utc_offset".into(), m))?;
-        }
-        Ok(())
-    }
-
-    pub fn templates_mut(&mut self) -> Vec<(String, &mut Template)> {
-        let mut out: Vec<(String, &mut Template)> = Vec::new();
-        if let Some(t) = &mut self.counters {
-            out.push(("counters".into(), t));
-        }
-        if let Some(t) = &mut self.tasks {
-            out.push(("tasks".into(), t));
-        }
-        if let Some(t) = &mut self.date {
-            out.push(("date".into(), t));
-        }
-        out
-    }
-}
-
-/// `+08:00`, `-05:30`, `Z`.
-pub fn parse_offset(s: &str) -> Result<time::UtcOffset, String> {
-    if s == "Z" || s.is_empty() {
-        return Ok(time::UtcOffset::UTC);
-    }
-    let fmt = time::macros::format_description!("[offset_hour sign:mandatory]:[offset_minute]");
-    time::UtcOffset::parse(s, &fmt).map_err(|_| format!("`{s}` is not an offset like +08:00"))
-}
-
-/// A date `YYYY-MM-DD`.
-pub fn check_date(s: &str) -> Result<(), String> {
-    let fmt = time::macros::format_description!("[year]-[month]-[day]");
-    time::Date::parse(s, &fmt)
-        .map(|_| ())
-        .map_err(|_| format!("`{s}` is not a date like 2026-02-28"))
+    Ok(())
 }
 
 /// Today at `offset`.
@@ -457,7 +238,7 @@ mod tests {
             date: None,
             utc_offset: None,
         };
-        spec.load(dir.path()).unwrap();
+        load(&mut spec, dir.path()).unwrap();
         let l = spec.limits.as_ref().unwrap();
         assert_eq!(l.tasks[0].prompt.as_deref(), Some("do a"));
         assert_eq!(
@@ -467,7 +248,7 @@ mod tests {
         assert_eq!(l.tasks[1].prompt.as_deref(), Some("do c"));
         std::fs::remove_file(dir.path().join("cfg/prompts/other.md")).unwrap();
         spec.limits = None;
-        let (field, e) = spec.load(dir.path()).unwrap_err();
+        let (field, e) = load(&mut spec, dir.path()).unwrap_err();
         assert_eq!(field, "limits_file");
         assert!(e.contains("task `c`") && e.contains("other.md"), "{e}");
     }

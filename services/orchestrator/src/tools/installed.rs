@@ -16,10 +16,10 @@ use cairn_proto::v1::Level;
 use serde_json::{json, Map, Value};
 
 use super::manifest::{self, InstalledTool};
-use crate::events::{Ev, SANDBOX_COMPLETE, SANDBOX_FAILED, SANDBOX_START};
-use crate::graph::{under_prefix, ErrorKind};
 use crate::nodes::{artifact_written, NodeCtx, NodeError, NodeSuccess};
-use crate::store::PutOptions;
+use cairn_graph::{under_prefix, ErrorKind};
+use cairn_node::events::{Ev, SANDBOX_COMPLETE, SANDBOX_FAILED, SANDBOX_START};
+use cairn_store_client::PutOptions;
 
 /// Largest `$CAIRN_TOOL_ARGS` (the runner's cap on one environment value).
 pub const MAX_ARGS_BYTES: usize = 32 << 10;
@@ -219,11 +219,12 @@ fn places(t: &InstalledTool, run_id: &str, node: &str) -> Result<(Vec<String>, S
 /// Runs installed tool `name` for a `tool_call` node.
 pub async fn call(
     ctx: &NodeCtx,
+    tools_dir: &str,
+    sandboxed: bool,
     name: &str,
     args: &Map<String, Value>,
 ) -> Result<NodeSuccess, NodeError> {
-    let config = &ctx.backends.config;
-    let tool = manifest::load(&config.tools_dir, name, &super::builtin_names().join(", "))
+    let tool = manifest::load(tools_dir, name, &super::builtin_names().join(", "))
         .map_err(|e| NodeError::refused(e.to_string()))?;
     for a in &tool.manifest.args {
         if !args.contains_key(a) {
@@ -256,7 +257,6 @@ pub async fn call(
         timeout: Duration::from_secs(tool.manifest.timeout_s),
     };
 
-    let sandboxed = config.sandbox.runner.features.use_for_tools;
     let request_id = format!("{}-{}-{}", ctx.run_id, ctx.node_id, ctx.attempt);
     let outcome = if sandboxed {
         ctx.progress.emit(

@@ -74,14 +74,7 @@ pub struct InstalledTool {
     pub dir: PathBuf,
 }
 
-/// Names of installed tools: `[a-z0-9_-]`, 1-64 (also keeps lookups inside tools_dir).
-pub fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 64
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
-}
+pub use cairn_graph::tools::valid_name;
 
 /// The interpreter of a language (the same names the sandbox runner uses).
 pub fn interpreter(language: &str) -> Option<&'static str> {

@@ -7,7 +7,7 @@ use cairn_proto::v1::{FileContent, Limits, RunRequest};
 use tonic::Status;
 
 use super::installed::{Caps, Invocation, Outcome, Refused};
-use crate::runners::Runners;
+use cairn_runner_client::Runners;
 
 pub async fn run(
     runners: &Runners,

@@ -18,7 +18,7 @@ use super::page;
 use super::run::{self, Drafts};
 use super::session::{Flash, Visitor};
 use super::{Console, ConsoleError};
-use crate::auth::Rpc;
+use cairn_server::roles::Rpc;
 
 /// Where the run page is after an action (the section the action belongs to).
 fn back(project: &str, run: &str, section: &str) -> Response {

@@ -31,7 +31,7 @@ use sha2::{Digest, Sha256};
 
 use super::page::{self, layout};
 use super::{Console, ConsoleConfig, ConsoleError};
-use crate::auth::{Bearer, Role, Rpc};
+use cairn_server::roles::{Bearer, Role, Rpc};
 
 /// Name of the session cookie.
 pub(super) const COOKIE: &str = "cairn_console";

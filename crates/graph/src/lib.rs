@@ -1,4 +1,4 @@
-//! The graph spec (docs/graphs.md, docs/graph.schema.json): YAML parsed with serde-saphyr,
+//! cairn's graph language (docs/graphs.md, docs/graph.schema.json): YAML parsed with serde-saphyr,
 //! checked completely at submit time so a run never fails on something that could have been
 //! seen before it started: unknown fields, unknown or self `needs`, cycles, template references
 //! to unknown nodes/fields/variables, both `code` and `code_file`, bad static
@@ -7,9 +7,20 @@
 //! A validated [`Graph`] is what graph.resolved.json holds (templates as written, the run id and
 //! the final variable values, dependencies made explicit), so a
 //! run never changes under edits of its source graph; resuming re-reads and re-checks it.
+//!
+//! This crate is pure: the spec of every node kind, validation, expressions and templates,
+//! with no async runtime, RPC or I/O (it depends on serde, pathguard, globset and jsonschema
+//! only). What only a deployment knows (its LLM providers, adapters, installed tools) is
+//! checked by the node kinds at submit; running nodes is the orchestrator's.
 
+pub mod assemble;
+pub mod code_delivery;
+pub mod contract;
 pub mod expr;
+pub mod plan;
+pub mod targets;
 pub mod template;
+pub mod tools;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
@@ -19,6 +30,9 @@ use serde_json::{Map, Value};
 
 pub use expr::Expr;
 pub use template::{Ref, Template};
+
+/// The adapter of an `external_agent` node that names none.
+pub const DEFAULT_ADAPTER: &str = "codex-exec";
 
 /// Largest graph document accepted.
 pub const MAX_GRAPH_BYTES: usize = 4 << 20;
@@ -43,7 +57,7 @@ impl GraphError {
             message: message.into(),
         }
     }
-    fn node(node: &str, field: Option<&str>, message: impl Into<String>) -> Self {
+    pub fn node(node: &str, field: Option<&str>, message: impl Into<String>) -> Self {
         GraphError {
             node: Some(node.to_owned()),
             field: field.map(str::to_owned),
@@ -316,7 +330,7 @@ pub struct Deliver {
 }
 
 fn default_adapter() -> String {
-    crate::adapters::codex::NAME.into()
+    DEFAULT_ADAPTER.into()
 }
 
 fn default_agent_workspace() -> Template {
@@ -375,13 +389,13 @@ pub enum NodeKind {
     Gate(Gate),
     Ingest(IngestNode),
     Deliver(Deliver),
-    /// The code delivery agent (`crate::code_delivery`).
-    CodeDelivery(crate::code_delivery::CodeDelivery),
+    /// The code delivery agent.
+    CodeDelivery(code_delivery::CodeDelivery),
     ExternalAgent(ExternalAgent),
-    /// plan_type tasks/auto/idle (`crate::phases::plan`).
-    Plan(crate::phases::PlanSpec),
-    /// reads phase results (`crate::phases::assemble`).
-    Assemble(crate::phases::AssembleSpec),
+    /// plan_type tasks/auto/idle.
+    Plan(plan::PlanSpec),
+    /// reads phase results.
+    Assemble(assemble::AssembleSpec),
 }
 
 pub const NODE_TYPES: &[&str] = &[
@@ -444,7 +458,7 @@ impl NodeKind {
             ],
             NodeKind::Condition(_) => &["value", "branch"],
             NodeKind::Map(_) => &["count", "succeeded", "items"],
-            NodeKind::ToolCall(t) => crate::tools::outputs(&t.tool).unwrap_or(&[]),
+            NodeKind::ToolCall(t) => tools::outputs(&t.tool).unwrap_or(&[]),
             NodeKind::SandboxRun(_) => &[
                 "exit_code",
                 "timed_out",
@@ -466,7 +480,7 @@ impl NodeKind {
                 "enabled",
             ],
             NodeKind::Deliver(_) => &["target", "location", "delivered", "uploads"],
-            NodeKind::CodeDelivery(_) => crate::code_delivery::spec::OUTPUTS,
+            NodeKind::CodeDelivery(_) => code_delivery::OUTPUTS,
             NodeKind::ExternalAgent(_) => &[
                 "agent_instance",
                 "adapter",
@@ -544,8 +558,8 @@ pub struct Graph {
     pub vars: BTreeMap<String, String>,
     pub max_parallel: Option<u32>,
     pub retry: Option<RetrySpec>,
-    /// JSON Schemas of result files (`crate::phases::contracts`).
-    pub contracts: Vec<crate::phases::Contract>,
+    /// JSON Schemas of result files.
+    pub contracts: Vec<contract::Contract>,
     pub nodes: Vec<Node>,
     index: HashMap<String, usize>,
     dependents: Vec<Vec<usize>>,
@@ -574,7 +588,7 @@ struct RawGraph {
     #[serde(default)]
     retry: Option<RetrySpec>,
     #[serde(default)]
-    contracts: Vec<crate::phases::Contract>,
+    contracts: Vec<contract::Contract>,
     // Present in graph.resolved.json; ignored on input (the caller's run id wins).
     #[serde(default, rename = "run_id")]
     _run_id: Option<String>,
@@ -1165,7 +1179,7 @@ impl Graph {
     }
 
     fn validate(&mut self) -> Result<(), GraphError> {
-        crate::phases::contracts::check_all(&self.contracts)?;
+        contract::check_all(&self.contracts)?;
         // Ids unique.
         for (i, n) in self.nodes.iter().enumerate() {
             if self.index.insert(n.id.clone(), i).is_some() {
@@ -1359,7 +1373,7 @@ impl Graph {
                 };
                 let kind = &self.nodes[i].kind;
                 let result_output = self.nodes[i].result.is_some()
-                    && crate::phases::RESULT_OUTPUTS.contains(&out.as_str());
+                    && contract::RESULT_OUTPUTS.contains(&out.as_str());
                 if !kind.outputs().contains(&out.as_str()) && !result_output {
                     return err(format!(
                         "`{r}`: node `{id}` ({}) has no output `{out}`; its outputs are: {}",
@@ -1571,10 +1585,6 @@ fn check_kind(n: &Node) -> Result<(), GraphError> {
                     ));
                 }
             }
-            if let Some(llm) = &a.llm {
-                crate::agents::ProviderSpec::parse(llm)
-                    .map_err(|e| GraphError::node(&n.id, Some("llm"), e.to_string()))?;
-            }
         }
         NodeKind::SandboxRun(s) => {
             match (&s.code, &s.code_file) {
@@ -1632,13 +1642,12 @@ fn check_kind(n: &Node) -> Result<(), GraphError> {
             }
         }
         NodeKind::ToolCall(t) => {
-            crate::tools::check(&t.tool, &t.args)
-                .map_err(|e| GraphError::node(&n.id, Some("args"), e))?;
+            tools::check(&t.tool, &t.args).map_err(|e| GraphError::node(&n.id, Some("args"), e))?;
             tool_arg_templates(&n.id, &t.args)?;
         }
         NodeKind::Ingest(i) => check_static_path(n, "doc_path", &i.doc_path, false)?,
         NodeKind::Deliver(d) => {
-            crate::delivery::check_target(&d.target)
+            targets::check_deliver_target(&d.target)
                 .map_err(|e| GraphError::node(&n.id, Some("target"), e))?;
             if d.files.is_empty() {
                 return Err(GraphError::node(
@@ -1677,7 +1686,7 @@ fn check_kind(n: &Node) -> Result<(), GraphError> {
         }
         if r.is_static() {
             let name = r.render(&|_| None).unwrap_or_default();
-            crate::phases::check_result_name(&name)
+            contract::check_result_name(&name)
                 .map_err(|m| GraphError::node(&n.id, Some("result"), m))?;
         }
     }
@@ -1685,17 +1694,6 @@ fn check_kind(n: &Node) -> Result<(), GraphError> {
 }
 
 fn check_external_agent(n: &Node, x: &ExternalAgent) -> Result<(), GraphError> {
-    if crate::adapters::by_name(&x.adapter).is_none() {
-        return Err(GraphError::node(
-            &n.id,
-            Some("adapter"),
-            format!(
-                "unknown adapter `{}`; one of {}",
-                x.adapter,
-                crate::adapters::ADAPTERS.join(", ")
-            ),
-        ));
-    }
     if let Some(agent) = &x.agent {
         if !valid_node_id(agent) {
             return Err(GraphError::node(

@@ -16,7 +16,7 @@ use super::markdown;
 use super::page::{self, layout, Html};
 use super::session::{Flash, Visitor};
 use super::{Console, ConsoleError};
-use crate::auth::Rpc;
+use cairn_server::roles::Rpc;
 
 /// Files listed per area on the run page (the directory browser has the rest).
 const FILES_PER_AREA: u32 = 100;

@@ -7,7 +7,7 @@
 use tonic::Code;
 
 use super::AgentError;
-use crate::store::Store;
+use cairn_store_client::Store;
 
 /// Largest cassette accepted (in the project or inline).
 pub const MAX_CASSETTE_BYTES: u64 = 16 << 20;

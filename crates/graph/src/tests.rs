@@ -266,7 +266,7 @@ fn tool_and_deliver_checks() {
 #[test]
 fn schema_matches_the_parser() {
     let schema: serde_json::Value =
-        serde_json::from_str(include_str!("../../../../docs/graph.schema.json")).unwrap();
+        serde_json::from_str(include_str!("../../../docs/graph.schema.json")).unwrap();
     let names = |v: &serde_json::Value| -> BTreeSet<String> {
         v.as_object().unwrap().keys().cloned().collect()
     };

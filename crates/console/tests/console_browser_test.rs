@@ -13,7 +13,7 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use cairn_orchestrator::console::{serve_console, ConsoleConfig};
+use cairn_console::{serve_console, ConsoleConfig};
 use cairn_proto::v1::orchestrator_client::OrchestratorClient;
 use cairn_proto::v1::{GetRunRequest, SubmitRunRequest, TaskState};
 use console_support::*;
@@ -145,7 +145,7 @@ fn screenshot_path(name: &str) -> PathBuf {
 
 async fn start_console(config: ConsoleConfig) -> String {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = cairn_orchestrator::console::console_url(l.local_addr().unwrap());
+    let url = cairn_console::console_url(l.local_addr().unwrap());
     tokio::spawn(serve_console(config, l, std::future::pending()));
     url
 }

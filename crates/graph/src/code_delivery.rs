@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::graph::{Target, Template};
+use crate::{Target, Template};
 
 /// Turns (LLM requests) of one task when the node sets no `max_iterations`.
 pub const DEFAULT_MAX_ITERATIONS: u32 = 50;
@@ -115,10 +115,7 @@ impl CodeDelivery {
                 format!("must be between 1 and {MAX_ITERATIONS}"),
             ));
         }
-        super::target::check(&self.target).map_err(|e| ("target", e))?;
-        if let Some(llm) = &self.llm {
-            crate::agents::ProviderSpec::parse(llm).map_err(|e| ("llm", e.to_string()))?;
-        }
+        crate::targets::check_code_delivery_target(&self.target).map_err(|e| ("target", e))?;
         Ok(())
     }
 }

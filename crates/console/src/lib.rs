@@ -38,7 +38,7 @@ use cairn_proto::v1::orchestrator_client::OrchestratorClient;
 use cairn_telemetry::TracedChannel;
 use tonic::service::interceptor::InterceptedService;
 
-use crate::auth::Bearer;
+use cairn_server::roles::Bearer;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;

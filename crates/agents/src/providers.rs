@@ -12,8 +12,8 @@ use serde::{Deserialize, Serialize};
 
 use super::openai::{self, LlmConfig, OpenAiProvider};
 use super::{cassette, AgentError, Provider, ProviderSpec, ReplayProvider};
-use crate::graph::{Graph, NodeKind};
-use crate::store::Store;
+use cairn_graph::{Graph, NodeKind};
+use cairn_store_client::Store;
 
 /// Name of the provider `default_llm` makes when it is a URL or a cassette path.
 pub const IMPLICIT_DEFAULT: &str = "default";

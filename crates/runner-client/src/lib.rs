@@ -1,4 +1,4 @@
-//! The sandbox runners this orchestrator may use (many runners behind one
+//! The sandbox runners a caller may use (many runners behind one
 //! orchestrator), balanced on the client side.
 //!
 //! Each entry of `sandbox_addrs` is an address (`host:port`, `http://host:port`) or a DNS name
@@ -13,6 +13,8 @@
 //! again, and the request moves on to the next runner. Ejected runners are tried last, so a
 //! broken health check never stops the work. Cancelling a run drops the call, which resets
 //! the HTTP/2 stream so the runner stops the job.
+
+pub mod session;
 
 use std::collections::HashMap;
 use std::future::Future;

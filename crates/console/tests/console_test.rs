@@ -8,7 +8,7 @@ mod console_support;
 use std::time::Duration;
 
 use axum::http::{header, StatusCode};
-use cairn_orchestrator::console::{console_url, serve_console, ConsoleConfig};
+use cairn_console::{console_url, serve_console, ConsoleConfig};
 use console_support::*;
 
 fn run_url() -> String {
@@ -905,5 +905,5 @@ async fn serving_needs_a_token_off_loopback_and_stops_with_open_streams() {
         store_addr: String::new(),
         ..s.config(None)
     };
-    assert!(cairn_orchestrator::console::console_router(bad).is_err());
+    assert!(cairn_console::console_router(bad).is_err());
 }

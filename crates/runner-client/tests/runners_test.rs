@@ -10,9 +10,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cairn_orchestrator::runners::{Balancing, Resolver, Runners};
 use cairn_proto::v1 as pb;
 use cairn_proto::v1::sandbox_runner_server::{SandboxRunner, SandboxRunnerServer};
+use cairn_runner_client::{Balancing, Resolver, Runners};
 use futures::Stream;
 use tonic::{Code, Request, Response, Status};
 

@@ -5,7 +5,9 @@
 //! token, so the orchestrator decides and records who did it.
 #![allow(clippy::unwrap_used)]
 
+#[path = "../../../services/orchestrator/tests/auth_support/mod.rs"]
 mod auth_support;
+#[path = "../../../services/orchestrator/tests/common/mod.rs"]
 mod common;
 mod console_support;
 
@@ -14,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::http::{header, StatusCode};
-use cairn_orchestrator::console::{console_router, serve_console, ConsoleConfig};
+use cairn_console::{console_router, serve_console, ConsoleConfig};
 use cairn_proto::v1::{GateState, TaskState};
 use console_support::{Client, Services, CONSOLE_HOST, CONSOLE_ORIGIN, PROJECT, RUN, TOKEN};
 

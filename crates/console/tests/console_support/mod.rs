@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
 use axum::Router;
-use cairn_orchestrator::console::{console_router, ConsoleConfig};
+use cairn_console::{console_router, ConsoleConfig};
 use cairn_proto::v1 as pb;
 use cairn_proto::v1::artifact_store_client::ArtifactStoreClient;
 use cairn_proto::v1::orchestrator_server::{Orchestrator, OrchestratorServer};
