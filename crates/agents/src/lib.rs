@@ -333,3 +333,10 @@ impl ProviderSpec {
         }
     }
 }
+
+/// A node's `llm:` names a provider spec this crate can parse (checked at submit).
+pub fn check_llm(spec: &str) -> Result<(), String> {
+    ProviderSpec::parse(spec)
+        .map(|_| ())
+        .map_err(|e| format!("field `llm`: {e}"))
+}

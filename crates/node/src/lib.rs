@@ -366,6 +366,16 @@ impl NodeCtx {
     }
 }
 
+/// A refused or failed write, with the fix for the common case.
+pub fn write_error(path: &str, s: &tonic::Status) -> NodeError {
+    if s.code() == Code::AlreadyExists {
+        return NodeError::refused(format!(
+            "{path} already exists with other content; set `overwrite: true` on the node to replace it"
+        ));
+    }
+    NodeError::from_status(&format!("writing {path}"), s)
+}
+
 /// Renders and checks a project path field.
 pub fn project_path(scope: &Scope, field: &str, t: &Template) -> Result<String, NodeError> {
     let path = scope.render(field, t)?;

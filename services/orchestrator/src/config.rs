@@ -8,10 +8,10 @@ use cairn_server::config::{self, Env, UnknownVars};
 use serde::{Deserialize, Serialize};
 
 use crate::auth::AuthConfig;
-use crate::code_delivery::config::CodeDeliveryConfig;
 use crate::error::{Error, Result};
-use crate::onebot::OneBotConfig;
 use cairn_agents::LlmConfig;
+use cairn_code_delivery::config::CodeDeliveryConfig;
+use cairn_delivery::onebot::OneBotConfig;
 use cairn_graph::{ErrorKind, RetrySpec};
 
 /// Environment prefix of overrides.
@@ -347,7 +347,7 @@ mod tests {
         assert_eq!(c.code_delivery.llm_max_retries_per_request, 4);
         assert_eq!(
             c.code_delivery.default_archive_format,
-            crate::code_delivery::ArchiveFormat::TarGz
+            cairn_code_delivery::ArchiveFormat::TarGz
         );
         let err = c.set("llm.max_attempts", "0").unwrap_err().to_string();
         assert!(err.contains("llm.max_attempts"), "{err}");

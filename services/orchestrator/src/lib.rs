@@ -5,26 +5,20 @@
 //! Embedding (`cairn up`): [`orchestrator_service`] returns the tonic server and a [`Handle`];
 //! standalone: [`serve`].
 
-pub mod adapters;
 mod args;
 pub mod auth;
-pub mod code_delivery;
 pub mod config;
-pub mod delivery;
 pub mod error;
 pub mod gates;
 pub mod human;
 pub mod modes;
 pub mod nodes;
-pub mod onebot;
-pub mod phases;
 pub mod recorder;
 pub mod run;
 pub mod rundir;
 pub mod runs;
 pub mod scheduler;
 pub mod service;
-pub mod tools;
 
 use std::future::Future;
 use std::sync::Arc;

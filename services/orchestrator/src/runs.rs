@@ -149,7 +149,7 @@ impl Runs {
         }
         let base_dir = self.base_dir(&req.base_dir);
         // schema, limits and prompt files are read now and kept in the graph.
-        crate::phases::prepare(&mut graph, &base_dir)?;
+        cairn_phases::prepare(&mut graph, &base_dir)?;
         // The provider rules of agents/providers.rs: a name, a cassette, an allowed URL.
         let llm = self
             .b
@@ -251,31 +251,10 @@ impl Runs {
                 "the graph has sandbox_run nodes but this orchestrator has no sandbox runner (set sandbox_addrs)".into(),
             ));
         }
-        // Installed tools exist now (a run never fails on a tool that was never there).
-        let mut installed = false;
-        for n in &graph.nodes {
-            let kind = match &n.kind {
-                NodeKind::Map(m) => &m.node.kind,
-                k => k,
-            };
-            if let NodeKind::ToolCall(t) = kind {
-                if !crate::tools::is_builtin(&t.tool) {
-                    installed = true;
-                    let tool = crate::tools::manifest::load(
-                        &self.b.config.tools_dir,
-                        &t.tool,
-                        &crate::tools::builtin_names().join(", "),
-                    )
-                    .map_err(|e| Error::InvalidArgument(format!("node `{}`: {e}", n.id)))?;
-                    if let Some(a) = tool.manifest.args.iter().find(|a| !t.args.contains_key(*a)) {
-                        return Err(Error::InvalidArgument(format!(
-                            "node `{}`: tool `{}` needs argument `{a}`",
-                            n.id, t.tool
-                        )));
-                    }
-                }
-            }
-        }
+        // Installed tools were checked by their kind (they exist, their arguments are given).
+        let installed = kinds(
+            &|k| matches!(k, NodeKind::ToolCall(t) if !cairn_graph::tools::is_builtin(&t.tool)),
+        );
         if installed
             && self.b.config.sandbox.runner.features.use_for_tools
             && self.b.runners.is_empty()

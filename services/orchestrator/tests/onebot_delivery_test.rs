@@ -16,10 +16,10 @@ use axum::routing::post;
 use axum::Router;
 use base64::Engine as _;
 use cairn_agents::{AgentError, AgentRequest, LlmConfig, Message, OpenAiProvider, Provider, Role};
-use cairn_orchestrator::delivery::{DeliveryCtx, DeliveryTarget};
-use cairn_orchestrator::onebot::{
+use cairn_delivery::onebot::{
     notify_failure, Chat, FileRef, OneBotConfig, OneBotTarget, OutgoingFile, UploadStatus,
 };
+use cairn_delivery::{DeliveryCtx, DeliveryTarget};
 use cairn_store_client::{PutOptions, Store};
 use serde_json::{json, Value};
 

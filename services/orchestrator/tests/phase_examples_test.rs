@@ -4,7 +4,7 @@
 
 mod common;
 
-use cairn_orchestrator::phases::counters::Counters;
+use cairn_phases::counters::Counters;
 use cairn_proto::v1::{RunInfo, SubmitRunRequest, TaskState};
 use common::*;
 use serde_json::Value;

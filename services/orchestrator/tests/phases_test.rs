@@ -8,7 +8,7 @@ mod common;
 
 use std::sync::Arc;
 
-use cairn_orchestrator::phases::counters::{self, Counters};
+use cairn_phases::counters::{self, Counters};
 use cairn_proto::v1::{MergePolicy, RunInfo, TaskState};
 use cairn_store_client::Store;
 use common::*;

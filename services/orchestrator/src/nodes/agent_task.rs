@@ -431,9 +431,4 @@ impl cairn_node::Kind for AgentTaskKind {
     }
 }
 
-/// A node's `llm:` names a provider spec this orchestrator can parse.
-pub fn check_llm(spec: &str) -> Result<(), String> {
-    cairn_agents::ProviderSpec::parse(spec)
-        .map(|_| ())
-        .map_err(|e| format!("field `llm`: {e}"))
-}
+pub use cairn_agents::check_llm;

@@ -4,17 +4,11 @@
 //! are driven by the scheduler itself; their files hold the parts that are theirs.
 
 pub mod agent_task;
-pub mod assemble;
-pub mod code_delivery;
 pub mod condition;
-pub mod deliver;
-pub mod external_agent;
 pub mod gate;
 pub mod ingest;
 pub mod map;
-pub mod plan;
 pub mod sandbox_run;
-pub mod tool_call;
 pub mod write_file;
 
 use std::sync::Arc;
@@ -48,17 +42,20 @@ pub fn registry(config: &Config) -> Registry {
         .with(agent_task::AgentTaskKind)
         .with(sandbox_run::SandboxRunKind)
         .with(ingest::IngestKind)
-        .with(plan::PlanKind)
-        .with(assemble::AssembleKind)
-        .with(tool_call::ToolCallKind::new(config))
-        .with(deliver::DeliverKind {
+        .with(cairn_phases::plan_node::PlanKind)
+        .with(cairn_phases::assemble_node::AssembleKind)
+        .with(cairn_tools::node::ToolCallKind {
+            tools_dir: config.tools_dir.clone(),
+            use_sandbox: config.sandbox.runner.features.use_for_tools,
+        })
+        .with(cairn_delivery::node::DeliverKind {
             onebot: config.onebot.clone(),
         })
-        .with(code_delivery::CodeDeliveryKind {
+        .with(cairn_code_delivery::node::CodeDeliveryKind {
             config: config.code_delivery.clone(),
             onebot: config.onebot.clone(),
         })
-        .with(external_agent::ExternalAgentKind)
+        .with(cairn_external_agents::node::ExternalAgentKind)
 }
 
 /// Runs one attempt of a node with effects.
@@ -67,7 +64,7 @@ pub async fn execute(ctx: &mut NodeCtx, kinds: &Registry) -> Result<NodeSuccess,
     let node = ctx.node.clone();
     ctx.scope.load_texts(&store, &ctx.project, &node).await?;
     // the fail-safe placeholder of a declared result comes first.
-    let slot = crate::phases::contracts::begin(ctx).await?;
+    let slot = cairn_phases::contracts::begin(ctx).await?;
     let outcome = match kinds.get(node.kind.type_name()) {
         Some(kind) => kind.run(ctx).await,
         // condition, gate and map are the scheduler's own.
@@ -77,7 +74,7 @@ pub async fn execute(ctx: &mut NodeCtx, kinds: &Registry) -> Result<NodeSuccess,
         ))),
     };
     match slot {
-        Some(slot) => crate::phases::contracts::finish(ctx, slot, outcome).await,
+        Some(slot) => cairn_phases::contracts::finish(ctx, slot, outcome).await,
         None => outcome,
     }
 }

@@ -2,7 +2,6 @@
 //! the ingest hook when the file is a document.
 
 use bytes::Bytes;
-use tonic::Code;
 
 use super::{
     artifact_written, file_outputs, ingest, project_path, NodeCtx, NodeError, NodeSuccess,
@@ -36,15 +35,7 @@ pub async fn run(ctx: &NodeCtx, spec: &WriteFile) -> Result<NodeSuccess, NodeErr
     Ok(out)
 }
 
-/// A refused or failed write, with the fix for the common case.
-pub fn write_error(path: &str, s: &tonic::Status) -> NodeError {
-    if s.code() == Code::AlreadyExists {
-        return NodeError::refused(format!(
-            "{path} already exists with other content; set `overwrite: true` on the node to replace it"
-        ));
-    }
-    NodeError::from_status(&format!("writing {path}"), s)
-}
+pub use cairn_node::write_error;
 
 cairn_node::unit_kind!(
     /// The `write_file` kind.

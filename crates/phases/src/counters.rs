@@ -28,7 +28,7 @@ use cairn_proto::v1::MergePolicy;
 use serde_json::{json, Map, Value};
 use tonic::Code;
 
-use crate::nodes::NodeError;
+use cairn_node::NodeError;
 use cairn_store_client::Store;
 
 /// The counters document.

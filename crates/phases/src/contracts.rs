@@ -11,10 +11,10 @@ use std::path::Path;
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
-use super::{check_result_name, read_local, results_path, RESULT_INVALID, RESULT_MISSING};
-use super::{RESULT_PLACEHOLDER, RESULT_WRITTEN};
-use crate::nodes::{NodeCtx, NodeError, NodeSuccess};
+use crate::{check_result_name, read_local, results_path, RESULT_INVALID, RESULT_MISSING};
+use crate::{RESULT_PLACEHOLDER, RESULT_WRITTEN};
 use cairn_node::events::{now, Ev};
+use cairn_node::{NodeCtx, NodeError, NodeSuccess};
 use cairn_store_client::PutOptions;
 
 /// Largest result document accepted from a node.

@@ -7,9 +7,11 @@
 use bytes::Bytes;
 use serde::Serialize;
 
-use crate::nodes::{NodeError, Scope};
-use crate::onebot::{self, FailureNotice, OneBotConfig, OneBotTarget, OutgoingFile, UploadStatus};
+use cairn_delivery::onebot::{
+    self, FailureNotice, OneBotConfig, OneBotTarget, OutgoingFile, UploadStatus,
+};
 use cairn_graph::Target as TargetSpec;
+use cairn_node::{NodeError, Scope};
 use cairn_store_client::{PutOptions, Store};
 
 /// The run a delivery belongs to.
@@ -58,7 +60,7 @@ impl Target {
                 t, scope, onebot,
             )?))),
             "directory" | "local_dir" => {
-                Ok(Target::Directory(crate::delivery::target_dir(t, scope)?))
+                Ok(Target::Directory(cairn_delivery::target_dir(t, scope)?))
             }
             other => Err(NodeError::refused(format!(
                 "target type `{other}` is not one of group, private, directory"

@@ -1,8 +1,9 @@
 //! Phase contracts: the interface between the phases of an agent team.
 //!
 //! A phase writes result files under the run's `results/` directory
-//! (`.cairn/runs/<run_id>/results/`); a later phase reads them with fixed rules. This module owns
-//! those rules and never talks gRPC itself except through [`cairn_store_client::Store`]:
+//! (`.cairn/runs/<run_id>/results/`); a later phase reads them with fixed rules. This crate owns
+//! those rules and never talks gRPC itself except through [`cairn_store_client::Store`]; it
+//! depends on the node API (cairn-node) and the graph language, never on the orchestrator:
 //! - [`contracts`]: graph-level JSON Schemas for result files, the fail-safe placeholder written
 //!   before a node with `result:` runs, and how its result replaces it.
 //! - [`assemble`]: reading results (missing = failed, status semantics, `-`/`_` key
@@ -11,15 +12,18 @@
 //!   (plan_type tasks / auto / idle).
 //! - [`counters`]: the versioned counters document (UpdateJson; per-run slots so that a
 //!   max-merge after a conflict keeps every increment).
+//! - [`plan_node`] and [`assemble_node`]: the `plan` and `assemble` node kinds.
 //!
 //! Files a graph names relative to its own directory (schema files, the limits file, prompt
 //! files) are read once at submit by [`prepare`] and embedded in graph.resolved.json, so a run
 //! never depends on them again (resume, edits of the source files).
 
 pub mod assemble;
+pub mod assemble_node;
 pub mod contracts;
 pub mod counters;
 pub mod plan;
+pub mod plan_node;
 
 use std::path::Path;
 
@@ -28,8 +32,8 @@ pub use cairn_graph::contract::{check_result_name, normalize_key, RESULT_OUTPUTS
 pub use contracts::{Contract, Contracts};
 pub use plan::{LimitTask, Limits, PlanSpec};
 
-use crate::rundir::RunDir;
 use cairn_graph::{Graph, GraphError, NodeKind};
+use cairn_node::RunDir;
 
 /// `result.placeholder`: the fail-safe result (status failed) was written before the node ran.
 pub const RESULT_PLACEHOLDER: &str = "result.placeholder";

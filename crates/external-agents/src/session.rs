@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tonic::Status;
 
-use crate::rundir::RunDir;
+use cairn_node::RunDir;
 use cairn_store_client::{PutOptions, Store};
 
 /// The states of an agent instance.

@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::tools::{TodoAction, TodoArgs, TodoStatus};
+use crate::tools::{TodoAction, TodoArgs, TodoStatus};
 
 /// Most items on one board.
 pub const MAX_ITEMS: usize = 200;

@@ -24,19 +24,19 @@ use bytes::Bytes;
 use cairn_proto::v1::{OpenSessionRequest, WriteMode};
 use serde_json::{json, Map, Value};
 
-use super::{artifact_written, NodeCtx, NodeError, NodeSuccess};
-use crate::adapters::session::{
+use crate::session::{
     InstanceRecords, InstanceState, Recording, SessionFile, EVENTS, PID, REQUESTS, STDERR,
 };
-use crate::adapters::{
+use crate::{
     shell_quote, AdapterError, AgentAdapter, AgentEvent, ChangeKind, Turn, TurnKind, TurnUsage,
 };
-use crate::run::{GateRecord, GateState};
-use crate::rundir::front_matter;
 use cairn_graph::{under_prefix, ErrorKind, ExternalAgent, OnReject};
 use cairn_node::events::{
     now, Ev, AGENT_AWAITING, AGENT_COMPLETED, AGENT_FAILED, AGENT_STARTED, GATE_BLOCKED,
 };
+use cairn_node::layout::front_matter;
+use cairn_node::{artifact_written, NodeCtx, NodeError, NodeSuccess};
+use cairn_node::{GateRecord, GateState};
 use cairn_runner_client::session::RunnerSession;
 use cairn_store_client::PutOptions;
 
@@ -228,11 +228,11 @@ fn decision_prompt(g: &GateRecord, notes: &Option<String>) -> String {
 }
 
 pub async fn run(ctx: &NodeCtx, spec: &ExternalAgent) -> Result<NodeSuccess, NodeError> {
-    let adapter = crate::adapters::by_name(&spec.adapter).ok_or_else(|| {
+    let adapter = crate::by_name(&spec.adapter).ok_or_else(|| {
         NodeError::refused(format!(
             "unknown adapter `{}`; one of {}",
             spec.adapter,
-            crate::adapters::ADAPTERS.join(", ")
+            crate::ADAPTERS.join(", ")
         ))
     })?;
     let instance = ctx.node_id.replace('.', "-");
@@ -299,7 +299,7 @@ pub async fn run(ctx: &NodeCtx, spec: &ExternalAgent) -> Result<NodeSuccess, Nod
         .get(&ctx.project, &ctx.run_dir().human_notes())
         .await
         .map_err(status_error("reading shared/human-notes.md"))?
-        .and_then(|b| crate::human::notes_for_agents(&String::from_utf8_lossy(&b)));
+        .and_then(|b| cairn_node::context::notes_for_agents(&String::from_utf8_lossy(&b)));
     let task = ctx.scope.render("prompt", &spec.prompt)?;
     let (kind, prompt, approved) = match (&handle, &decision) {
         (Some(h), Some(g)) => (
@@ -825,7 +825,7 @@ async fn turn_in(
             .store()
             .put(&ctx.project, &path, file.content, &opts)
             .await
-            .map_err(|s| super::write_file::write_error(&path, &s))?;
+            .map_err(|s| cairn_node::write_error(&path, &s))?;
         written.push(put);
     }
 
@@ -958,7 +958,7 @@ mod tests {
 
     #[test]
     fn a_turn_fails_unless_it_completes() {
-        let a = crate::adapters::CodexExec;
+        let a = crate::CodexExec;
         let ok = TurnReport::read(&a, "{\"type\":\"thread.started\",\"thread_id\":\"t\"}\n{\"type\":\"error\",\"message\":\"retrying\"}\n{\"type\":\"turn.completed\",\"usage\":{}}\n");
         assert_eq!(ok.failure("codex-exec", 0), None);
         assert_eq!(ok.handle.as_deref(), Some("t"));
@@ -988,13 +988,11 @@ impl cairn_node::Kind for ExternalAgentKind {
 
     fn check(&self, node: &cairn_graph::Node) -> Result<(), String> {
         match &node.kind {
-            cairn_graph::NodeKind::ExternalAgent(x)
-                if crate::adapters::by_name(&x.adapter).is_none() =>
-            {
+            cairn_graph::NodeKind::ExternalAgent(x) if crate::by_name(&x.adapter).is_none() => {
                 Err(format!(
                     "field `adapter`: unknown adapter `{}`; one of {}",
                     x.adapter,
-                    crate::adapters::ADAPTERS.join(", ")
+                    crate::ADAPTERS.join(", ")
                 ))
             }
             _ => Ok(()),

@@ -16,9 +16,9 @@ use cairn_proto::v1::Level;
 use serde_json::{json, Map, Value};
 
 use super::manifest::{self, InstalledTool};
-use crate::nodes::{artifact_written, NodeCtx, NodeError, NodeSuccess};
 use cairn_graph::{under_prefix, ErrorKind};
 use cairn_node::events::{Ev, SANDBOX_COMPLETE, SANDBOX_FAILED, SANDBOX_START};
+use cairn_node::{artifact_written, NodeCtx, NodeError, NodeSuccess};
 use cairn_store_client::PutOptions;
 
 /// Largest `$CAIRN_TOOL_ARGS` (the runner's cap on one environment value).
@@ -415,7 +415,7 @@ async fn finish(
             .store()
             .put(&ctx.project, &path, bytes.clone(), &opts)
             .await
-            .map_err(|s| crate::nodes::write_file::write_error(&path, &s))?;
+            .map_err(|s| cairn_node::write_error(&path, &s))?;
         events.push(artifact_written(&ctx.node_id, &put, None));
         written.push(put.path);
     }

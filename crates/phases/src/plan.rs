@@ -11,7 +11,7 @@
 
 use std::path::Path;
 
-use super::read_local;
+use crate::read_local;
 
 pub use cairn_graph::plan::*;
 

@@ -7,13 +7,13 @@
 
 use serde_json::{json, Map, Value};
 
-use super::{project_path, NodeCtx, NodeError, NodeSuccess};
-use crate::phases::counters::{self, Counters};
-use crate::phases::plan::{
+use crate::counters::{self, Counters};
+use crate::plan::{
     check_date, parse_offset, select, today, PlanSpec, Selection, DEFAULT_MAX_PER_RUN,
 };
-use crate::phases::{Limits, PLAN_SELECTED};
+use crate::{Limits, PLAN_SELECTED};
 use cairn_node::events::{now, Ev};
+use cairn_node::{project_path, NodeCtx, NodeError, NodeSuccess};
 
 pub async fn run(ctx: &NodeCtx, spec: &PlanSpec) -> Result<NodeSuccess, NodeError> {
     let limits = spec.limits.as_ref().ok_or_else(|| {

@@ -4,16 +4,19 @@
 //! are programs run as subprocesses (legacy backend, host.rs) or on a sandbox runner
 //! (`sandbox.runner.features.use_for_tools`, sandboxed.rs), with the same fixed outputs.
 //! Tools that change things are node types of their own (write_file, ...) or installed tools
-//! that write through their `output_prefix`.
+//! that write through their `output_prefix`. The `tool_call` node kind is node.rs.
+//! Depends on the node API (cairn-node), the graph language and the service clients; never on
+//! the orchestrator.
 
 pub mod host;
 pub mod installed;
 pub mod manifest;
+pub mod node;
 pub mod sandboxed;
 
 use serde_json::{json, Map, Value};
 
-use crate::nodes::NodeError;
+use cairn_node::NodeError;
 use cairn_store_client::Store;
 
 pub use cairn_graph::tools::{builtin_names, check, is_builtin, outputs, INSTALLED_OUTPUTS};

@@ -3,8 +3,8 @@
 
 use serde_json::{Map, Value};
 
-use super::{NodeCtx, NodeError, NodeSuccess, Scope};
 use cairn_graph::{Template, ToolCall};
+use cairn_node::{NodeCtx, NodeError, NodeSuccess, Scope};
 
 pub async fn run(
     ctx: &NodeCtx,
@@ -12,17 +12,11 @@ pub async fn run(
     kind: &ToolCallKind,
 ) -> Result<NodeSuccess, NodeError> {
     let args = render_args(&ctx.scope, &spec.args)?;
-    if !crate::tools::is_builtin(&spec.tool) {
-        return crate::tools::installed::call(
-            ctx,
-            &kind.tools_dir,
-            kind.use_sandbox,
-            &spec.tool,
-            &args,
-        )
-        .await;
+    if !crate::is_builtin(&spec.tool) {
+        return crate::installed::call(ctx, &kind.tools_dir, kind.use_sandbox, &spec.tool, &args)
+            .await;
     }
-    let outputs = crate::tools::call(ctx.store(), &ctx.project, &spec.tool, &args).await?;
+    let outputs = crate::call(ctx.store(), &ctx.project, &spec.tool, &args).await?;
     Ok(NodeSuccess {
         outputs,
         events: vec![],
@@ -64,18 +58,27 @@ pub struct ToolCallKind {
     pub use_sandbox: bool,
 }
 
-impl ToolCallKind {
-    pub fn new(config: &crate::config::Config) -> ToolCallKind {
-        ToolCallKind {
-            tools_dir: config.tools_dir.clone(),
-            use_sandbox: config.sandbox.runner.features.use_for_tools,
-        }
-    }
-}
-
 impl cairn_node::Kind for ToolCallKind {
     fn type_name(&self) -> &'static str {
         "tool_call"
+    }
+
+    /// An installed tool exists now and gets its arguments (a run never fails on a tool that
+    /// was never there).
+    fn check(&self, node: &cairn_graph::Node) -> Result<(), String> {
+        let cairn_graph::NodeKind::ToolCall(t) = &node.kind else {
+            return Ok(());
+        };
+        if crate::is_builtin(&t.tool) {
+            return Ok(());
+        }
+        let tool =
+            crate::manifest::load(&self.tools_dir, &t.tool, &crate::builtin_names().join(", "))
+                .map_err(|e| e.to_string())?;
+        match tool.manifest.args.iter().find(|a| !t.args.contains_key(*a)) {
+            Some(a) => Err(format!("tool `{}` needs argument `{a}`", t.tool)),
+            None => Ok(()),
+        }
     }
 
     fn run<'a>(

@@ -4,10 +4,10 @@
 
 use serde_json::json;
 
-use super::{expand_files, NodeCtx, NodeError, NodeSuccess};
-use crate::delivery::{target_for, DeliveryCtx};
+use crate::{target_for, DeliveryCtx};
 use cairn_graph::Deliver;
 use cairn_node::events::{Ev, DELIVERY_COMPLETED};
+use cairn_node::{expand_files, NodeCtx, NodeError, NodeSuccess};
 
 pub async fn run(
     ctx: &NodeCtx,

@@ -14,20 +14,20 @@ use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use serde_json::{json, Map, Value};
 use tonic::{Code, Status};
 
-use super::config::{ArchiveFormat, CodeDeliveryConfig};
-use super::prompt::{self, Source};
-use super::spec::{CodeDelivery, SourceType};
-use super::target::{Delivery, Place, Target};
-use super::todo::TodoBoard;
-use super::tools::{self, Call, WriteMode};
-use super::{CLOSED, DELIVERED, FAILURE_NOTICE, KEPT, SESSION_OPENED, STARTED, TOOL_CALL};
-use crate::nodes::{NodeCtx, NodeError, NodeSuccess};
-use crate::onebot::{FailureNotice, OneBotConfig};
+use crate::config::{ArchiveFormat, CodeDeliveryConfig};
+use crate::prompt::{self, Source};
+use crate::spec::{CodeDelivery, SourceType};
+use crate::target::{Delivery, Place, Target};
+use crate::todo::TodoBoard;
+use crate::tools::{self, Call, WriteMode};
+use crate::{CLOSED, DELIVERED, FAILURE_NOTICE, KEPT, SESSION_OPENED, STARTED, TOOL_CALL};
 use cairn_agents::{
     AgentError, AgentRequest, Attempt, Message, Provider, Role, ToolCall, ToolChoice, Usage,
 };
+use cairn_delivery::onebot::{FailureNotice, OneBotConfig};
 use cairn_graph::ErrorKind;
 use cairn_node::events::{now, Ev, LLM_ATTEMPT};
+use cairn_node::{NodeCtx, NodeError, NodeSuccess};
 use cairn_runner_client::session::{PackError, RunnerSession};
 use cairn_store_client::PutOptions;
 
@@ -426,7 +426,7 @@ impl Task<'_> {
             .await
             .map_err(|s| NodeError::from_status("reading shared/human-notes.md", &s))?;
         if let Some(notes) =
-            notes.and_then(|b| crate::human::notes_for_agents(&String::from_utf8_lossy(&b)))
+            notes.and_then(|b| cairn_node::context::notes_for_agents(&String::from_utf8_lossy(&b)))
         {
             self.messages.push(Message::new(
                 Role::System,
@@ -689,7 +689,7 @@ impl Task<'_> {
                     "{stored_path} already exists: choose another archive_name"
                 )))
             }
-            Err(s) => return Err(crate::nodes::write_file::write_error(&stored_path, &s)),
+            Err(s) => return Err(cairn_node::write_error(&stored_path, &s)),
         };
         let digest = put.digest.clone().unwrap_or_default();
         let packed_digest = packed.summary.digest.clone().unwrap_or_default();
@@ -924,7 +924,7 @@ impl Task<'_> {
         o.insert("usage".into(), json!(self.usage));
         Ok(NodeSuccess {
             outputs: o,
-            events: vec![crate::nodes::artifact_written(
+            events: vec![cairn_node::artifact_written(
                 self.node(),
                 &report.put,
                 Some(&self.instance),

@@ -6,7 +6,7 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::config::ArchiveFormat;
+use crate::config::ArchiveFormat;
 use cairn_agents::ToolSpec;
 
 pub const READ: &str = "read";

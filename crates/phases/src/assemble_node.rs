@@ -8,14 +8,14 @@ use std::collections::BTreeSet;
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
-use super::{artifact_written, file_outputs, project_path, NodeCtx, NodeError, NodeSuccess};
-use crate::phases::assemble::{action, find, index, judge, overall, tally, AssembleSpec, Verdict};
-use crate::phases::counters::{self, Counters};
-use crate::phases::{
+use crate::assemble::{action, find, index, judge, overall, tally, AssembleSpec, Verdict};
+use crate::counters::{self, Counters};
+use crate::{
     check_result_name, normalize_key, results_dir, results_path, Contracts, COUNTERS_UPDATED,
 };
-use crate::rundir::front_matter;
 use cairn_node::events::Ev;
+use cairn_node::layout::front_matter;
+use cairn_node::{artifact_written, file_outputs, project_path, NodeCtx, NodeError, NodeSuccess};
 use cairn_store_client::PutOptions;
 
 /// One result to read: its name and what the plan says it is.
@@ -127,9 +127,9 @@ pub async fn run(ctx: &NodeCtx, spec: &AssembleSpec) -> Result<NodeSuccess, Node
         let date = plan
             .get("date")
             .and_then(Value::as_str)
-            .filter(|d| crate::phases::plan::check_date(d).is_ok())
+            .filter(|d| crate::plan::check_date(d).is_ok())
             .map(str::to_owned)
-            .unwrap_or_else(|| crate::phases::plan::today(time::UtcOffset::UTC));
+            .unwrap_or_else(|| crate::plan::today(time::UtcOffset::UTC));
         let counted: Vec<(String, u64)> = verdicts
             .iter()
             .filter(|(v, _)| v.action == "count")
@@ -200,7 +200,7 @@ pub async fn run(ctx: &NodeCtx, spec: &AssembleSpec) -> Result<NodeSuccess, Node
         .store()
         .put(&ctx.project, &report_path, Bytes::from(body), &opts)
         .await
-        .map_err(|s| super::write_file::write_error(&report_path, &s))?;
+        .map_err(|s| cairn_node::write_error(&report_path, &s))?;
     events.push(artifact_written(&ctx.node_id, &put, None));
 
     let mut outputs = file_outputs(&put);

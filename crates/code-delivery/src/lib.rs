@@ -2,16 +2,20 @@
 //! sandbox session with exactly seven tools (read, write, glob, grep, run_bash_command,
 //! todo, end), whose `end` packs the workspace, stores the archive in the artifact-store and
 //! delivers it to a OneBot chat or a project directory. Containers and task directories belong
-//! to the sandbox runner; this module never touches a host path.
+//! to the sandbox runner; this crate never touches a host path. It depends on the node API
+//! (cairn-node), the agents, the graph language, delivery and the service clients; never on
+//! the orchestrator.
 //!
 //! - `spec`: the node's fields and submit-time checks;
 //! - `agent`: the loop, limits, `end`, the failure notice and cleanup;
 //! - `tools`: the tools' JSON schemas and argument parsing;
-//! - the runner session is `cairn_runner_client::session` (closed on drop, so cancel cleans up too);
+//! - `node`: the `code_delivery` node kind; the runner session is cairn-runner-client's
+//!   (closed on drop, so cancel cleans up too);
 //! - `target`: OneBot chat or directory; `todo`: the `todo` board; `prompt`: what the model is told.
 
 pub mod agent;
 pub mod config;
+pub mod node;
 pub mod prompt;
 pub mod target;
 pub mod todo;

@@ -1,13 +1,18 @@
 //! Delivery targets of `deliver` nodes: `local_dir` (a directory inside the project, written
 //! through the store) and OneBot v11 chats, `group` / `private` (onebot.rs;
-//! endpoint and token from the `[onebot]` config section).
+//! endpoint and token from the `[onebot]` config section), and the `deliver` node kind
+//! ([`node::DeliverKind`]). Depends on the node API (cairn-node), the graph language and the
+//! store client; never on the orchestrator.
+
+pub mod node;
+pub mod onebot;
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use serde_json::Value;
 
-use crate::nodes::{NodeError, Scope};
 use cairn_graph::{Target, Template};
+use cairn_node::{NodeError, Scope};
 use cairn_store_client::{PutOptions, Store};
 
 /// What a delivery did.
@@ -123,7 +128,7 @@ impl DeliveryTarget for LocalDir {
                     .store
                     .put(ctx.project, &to, bytes, &opts)
                     .await
-                    .map_err(|s| crate::nodes::write_file::write_error(&to, &s))?;
+                    .map_err(|s| cairn_node::write_error(&to, &s))?;
                 delivered.push(put.path);
             }
             Ok(Receipt {

@@ -18,9 +18,9 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::delivery::{DeliveryCtx, DeliveryTarget, Receipt};
-use crate::nodes::{NodeError, Scope};
+use crate::{DeliveryCtx, DeliveryTarget, Receipt};
 use cairn_graph::{Target, Template};
+use cairn_node::{NodeError, Scope};
 
 /// Most bytes of a OneBot reply read.
 const MAX_REPLY_BYTES: usize = 1 << 20;

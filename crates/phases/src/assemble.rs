@@ -14,8 +14,8 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use super::contracts::Contracts;
-use super::normalize_key;
+use crate::contracts::Contracts;
+use crate::normalize_key;
 
 pub use cairn_graph::assemble::AssembleSpec;
 
@@ -153,7 +153,7 @@ pub fn tally(verdicts: &[Verdict]) -> Value {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::phases::Contract;
+    use crate::Contract;
 
     fn contracts() -> Contracts {
         Contracts::compile(&[Contract {

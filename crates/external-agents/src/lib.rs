@@ -1,11 +1,14 @@
 //! External coding-agent CLIs as agent instances. An adapter knows one CLI:
 //! the command line of a turn (new, or resumed by the CLI's own session handle), how its JSONL
 //! event stream reads, and which of its state files must be kept so a dormant instance can be
-//! resumed later. It never runs anything itself: the `external_agent` node runs each turn in a
-//! runner session (runner_session.rs) and records the instance under `agents/<instance>/`
-//! (session.rs). docs/adapters.md explains how to add one.
+//! resumed later. It never runs anything itself: the `external_agent` node kind (node.rs) runs
+//! each turn in a runner session (cairn-runner-client) and records the instance under
+//! `agents/<instance>/` (session.rs). docs/adapters.md explains how to add one.
+//! Depends on the node API (cairn-node), the graph language and the service clients; never on
+//! the orchestrator.
 
 pub mod codex;
+pub mod node;
 pub mod session;
 
 use serde::Serialize;
