@@ -10,7 +10,7 @@ use std::time::Duration;
 use cairn_proto as pb;
 
 use crate::backend::{self, Backend, ExecSpec, Live, SessionSandbox};
-use crate::beneath::Root;
+use cairn_contain::Root;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::job::{self, Job};

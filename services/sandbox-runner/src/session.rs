@@ -14,7 +14,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::SessionSandbox;
-use crate::beneath::Root;
+use cairn_contain::Root;
 use crate::error::{Error, Result};
 
 /// An open session.

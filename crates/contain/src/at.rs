@@ -1,0 +1,249 @@
+//! The raw calls: open, create and list beneath a directory fd, returning `Errno`.
+//!
+//! `openat2` with RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS makes the kernel refuse any symlink
+//! (ELOOP) or escape (EXDEV) on the way, atomically with the lookup, so a directory swapped for
+//! a symlink while a write is in flight cannot redirect it. Where openat2 is missing (ENOSYS, or
+//! EPERM from an old seccomp profile) the walk falls back to one
+//! `openat(O_NOFOLLOW|O_DIRECTORY)` per component, which gives the same guarantee for
+//! pathguard-validated paths (no `..`, no empty or `.` components).
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use rustix::fs::{self, AtFlags, FileType, Mode, OFlags, ResolveFlags, Stat};
+use rustix::io::Errno;
+
+/// False once openat2 turned out to be unavailable on this kernel/sandbox.
+static OPENAT2_WORKS: AtomicBool = AtomicBool::new(true);
+
+/// A directory reached by name, never through a symlink.
+pub(crate) const DIR_NOFOLLOW: OFlags = OFlags::RDONLY
+    .union(OFlags::DIRECTORY)
+    .union(OFlags::NOFOLLOW)
+    .union(OFlags::CLOEXEC);
+
+const RESOLVE: ResolveFlags = ResolveFlags::BENEATH
+    .union(ResolveFlags::NO_SYMLINKS)
+    .union(ResolveFlags::NO_MAGICLINKS);
+
+/// Mode of the directories [`ensure_dir`] creates.
+pub const DIR_MODE: u32 = 0o755;
+/// Mode of files created beneath a root (callers pass it to [`open`] with O_CREAT).
+pub const FILE_MODE: u32 = 0o644;
+
+/// Opens `rel` ('/'-separated, validated, non-empty) beneath `dir` without following any
+/// symlink, including the last component.
+pub fn open(dir: BorrowedFd<'_>, rel: &str, flags: OFlags, mode: u32) -> Result<OwnedFd, Errno> {
+    let flags = flags | OFlags::CLOEXEC;
+    // openat2 refuses (EINVAL) a mode without O_CREAT/O_TMPFILE.
+    let mode = if flags.intersects(OFlags::CREATE | OFlags::TMPFILE) {
+        Mode::from_raw_mode(mode)
+    } else {
+        Mode::empty()
+    };
+    if OPENAT2_WORKS.load(Ordering::Relaxed) {
+        let mut tries = 0;
+        loop {
+            match fs::openat2(dir, rel, flags, mode, RESOLVE) {
+                // openat2 may ask for a retry when a rename raced with the lookup.
+                Err(Errno::AGAIN) if tries < 8 => tries += 1,
+                Err(Errno::NOSYS) | Err(Errno::PERM) => {
+                    tracing::warn!("openat2 is unavailable; walking paths one component at a time");
+                    OPENAT2_WORKS.store(false, Ordering::Relaxed);
+                    break;
+                }
+                other => return other,
+            }
+        }
+    }
+    open_by_components(dir, rel, flags, mode)
+}
+
+/// The fallback walk: one `openat(O_NOFOLLOW)` per component (also used by tests directly).
+pub fn open_by_components(
+    dir: BorrowedFd<'_>,
+    rel: &str,
+    flags: OFlags,
+    mode: Mode,
+) -> Result<OwnedFd, Errno> {
+    let mut parts = rel.split('/').peekable();
+    let mut held: Option<OwnedFd> = None;
+    while let Some(part) = parts.next() {
+        if part.is_empty() || part == "." || part == ".." {
+            return Err(Errno::INVAL);
+        }
+        let at = held.as_ref().map_or(dir, |fd| fd.as_fd());
+        let last = parts.peek().is_none();
+        let (f, m) = if last {
+            (flags | OFlags::NOFOLLOW | OFlags::CLOEXEC, mode)
+        } else {
+            (DIR_NOFOLLOW, Mode::empty())
+        };
+        match fs::openat(at, part, f, m) {
+            Ok(fd) => held = Some(fd),
+            // O_NOFOLLOW|O_DIRECTORY on a symlink may say ENOTDIR: tell the two apart.
+            Err(Errno::NOTDIR) if is_symlink(at, part) => return Err(Errno::LOOP),
+            Err(e) => return Err(e),
+        }
+    }
+    held.ok_or(Errno::INVAL)
+}
+
+fn is_symlink(dir: BorrowedFd<'_>, name: &str) -> bool {
+    matches!(stat(dir, name), Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Symlink)
+}
+
+/// A new handle on `dir` itself.
+pub fn dup_dir(dir: BorrowedFd<'_>) -> Result<OwnedFd, Errno> {
+    fs::openat(
+        dir,
+        ".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+}
+
+/// Opens the directory `rel` beneath `dir` ("" = `dir` itself).
+pub fn open_dir(dir: BorrowedFd<'_>, rel: &str) -> Result<OwnedFd, Errno> {
+    if rel.is_empty() {
+        return dup_dir(dir);
+    }
+    open(dir, rel, OFlags::RDONLY | OFlags::DIRECTORY, 0)
+}
+
+/// Opens the directory `rel` beneath `dir`, creating missing components one at a time with
+/// mkdirat (never following a symlink, whoever created it; each new entry fsync'd).
+pub fn ensure_dir(dir: BorrowedFd<'_>, rel: &str) -> Result<OwnedFd, Errno> {
+    match open_dir(dir, rel) {
+        Err(Errno::NOENT) => {}
+        other => return other,
+    }
+    let mut held = dup_dir(dir)?;
+    for part in rel.split('/') {
+        let next = match open_dir(held.as_fd(), part) {
+            Err(Errno::NOENT) => {
+                match fs::mkdirat(held.as_fd(), part, Mode::from_raw_mode(DIR_MODE)) {
+                    // A new directory's entry must be durable before files published in it.
+                    Ok(()) => fs::fsync(held.as_fd())?,
+                    Err(Errno::EXIST) => {}
+                    Err(e) => return Err(e),
+                }
+                open_dir(held.as_fd(), part)?
+            }
+            other => other?,
+        };
+        held = next;
+    }
+    Ok(held)
+}
+
+/// `fstatat(AT_SYMLINK_NOFOLLOW)` of one name in `dir`.
+pub fn stat(dir: BorrowedFd<'_>, name: &str) -> Result<Stat, Errno> {
+    fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)
+}
+
+/// Kind of a stat result.
+pub fn kind(st: &Stat) -> FileType {
+    FileType::from_raw_mode(st.st_mode)
+}
+
+/// Names in a directory (without `.`/`..`; names that are not UTF-8 are skipped because no
+/// cairn path can address them), with their type when the filesystem reports it.
+pub fn read_dir(dir: BorrowedFd<'_>) -> Result<Vec<(String, FileType)>, Errno> {
+    let mut out = Vec::new();
+    for entry in fs::Dir::read_from(dir)? {
+        let entry = entry?;
+        let Ok(name) = entry.file_name().to_str() else {
+            continue;
+        };
+        if name == "." || name == ".." {
+            continue;
+        }
+        out.push((name.to_owned(), entry.file_type()));
+    }
+    Ok(out)
+}
+
+/// fsync of a directory, so a rename or unlink in it is durable.
+pub fn sync_dir(dir: BorrowedFd<'_>) -> Result<(), Errno> {
+    fs::fsync(dir)
+}
+
+/// Splits a validated path into its parent ("" for top-level names) and its last component.
+pub fn split_parent(path: &str) -> (&str, &str) {
+    match path.rsplit_once('/') {
+        Some((parent, name)) => (parent, name),
+        None => ("", path),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    fn root(dir: &std::path::Path) -> OwnedFd {
+        fs::open(
+            dir,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn both_walks_refuse_symlinks_anywhere_on_the_way() {
+        let tmp = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(tmp.path().join("a/b")).unwrap();
+        std::fs::write(tmp.path().join("a/b/f"), b"x").unwrap();
+        symlink(outside.path(), tmp.path().join("a/link")).unwrap();
+        symlink(tmp.path().join("a/b/f"), tmp.path().join("a/b/flink")).unwrap();
+        let fd = root(tmp.path());
+        for walk in [
+            |d: BorrowedFd<'_>, p: &str, f: OFlags| open(d, p, f, 0),
+            |d: BorrowedFd<'_>, p: &str, f: OFlags| {
+                open_by_components(d, p, f | OFlags::CLOEXEC, Mode::empty())
+            },
+        ] {
+            assert!(walk(fd.as_fd(), "a/b/f", OFlags::RDONLY).is_ok());
+            assert_eq!(
+                walk(fd.as_fd(), "a/link/x", OFlags::RDONLY).unwrap_err(),
+                Errno::LOOP
+            );
+            assert_eq!(
+                walk(fd.as_fd(), "a/link", OFlags::RDONLY | OFlags::DIRECTORY).unwrap_err(),
+                Errno::LOOP
+            );
+            assert_eq!(
+                walk(fd.as_fd(), "a/b/flink", OFlags::RDONLY).unwrap_err(),
+                Errno::LOOP
+            );
+            assert_eq!(
+                walk(fd.as_fd(), "a/b/f/g", OFlags::RDONLY).unwrap_err(),
+                Errno::NOTDIR
+            );
+            assert_eq!(
+                walk(fd.as_fd(), "a/missing", OFlags::RDONLY).unwrap_err(),
+                Errno::NOENT
+            );
+        }
+        assert_eq!(
+            open_by_components(fd.as_fd(), "a/../x", OFlags::RDONLY, Mode::empty()).unwrap_err(),
+            Errno::INVAL
+        );
+    }
+
+    #[test]
+    fn ensure_dir_creates_components_and_stops_at_symlinks() {
+        let tmp = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let fd = root(tmp.path());
+        ensure_dir(fd.as_fd(), "x/y/z").unwrap();
+        assert!(tmp.path().join("x/y/z").is_dir());
+        symlink(outside.path(), tmp.path().join("x/s")).unwrap();
+        assert_eq!(ensure_dir(fd.as_fd(), "x/s/new").unwrap_err(), Errno::LOOP);
+        assert!(!outside.path().join("new").exists());
+    }
+}
