@@ -6,7 +6,6 @@
 //! (with health, reflection and graceful shutdown from `cairn-server`).
 
 mod access;
-mod beneath;
 pub mod config;
 mod deferred;
 mod digest;
@@ -14,14 +13,19 @@ mod direct;
 mod document;
 pub mod error;
 mod events;
+mod files;
+mod layout;
 mod page;
 mod project;
 mod publication;
 mod read;
 mod service;
 mod slots;
+mod stamp;
+mod state;
 mod store;
 mod sweep;
+mod temp;
 mod write;
 
 use std::future::Future;
