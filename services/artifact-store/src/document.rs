@@ -84,7 +84,7 @@ impl DocLocks {
 
 /// UpdateJson.
 pub async fn update(
-    store: &Arc<State>,
+    state: &Arc<State>,
     runs: &RunLogs,
     docs: &DocLocks,
     request: Update,
@@ -93,7 +93,7 @@ pub async fn update(
     if !request.run_id.is_empty() {
         check_id("run", &request.run_id)?;
     }
-    let path = store.layout.write_path(&request.path, &[])?.to_string();
+    let path = state.layout.write_path(&request.path, &[])?.to_string();
     let patch = match serde_json::from_str::<Value>(&request.patch_json) {
         Ok(Value::Object(map)) => map,
         Ok(_) => {
@@ -115,17 +115,17 @@ pub async fn update(
     let lock = docs.lock_for(&request.project_id, &path);
     let _held = lock.lock().await;
     // A Put of the document still being published lands first.
-    store.slots.settled(&request.project_id, &path).await;
-    let (store2, project, path2, expected, merge) = (
-        store.clone(),
+    state.slots.settled(&request.project_id, &path).await;
+    let (state2, project, path2, expected, merge) = (
+        state.clone(),
         request.project_id.clone(),
         path.clone(),
         request.expected_version,
         request.merge,
     );
     let (updated, stored) = blocking(move || {
-        let root = store2.layout.project_root(&project)?;
-        let max = store2.config.max_json_bytes;
+        let root = state2.layout.project_root(&project)?;
+        let max = state2.config.max_json_bytes;
         let mut doc = read_document(root.as_fd(), &project, &path2, max)?.unwrap_or_default();
         let stored = doc.get(VERSION_KEY).and_then(Value::as_u64).unwrap_or(0);
         let merged_conflict = if expected == stored {
@@ -151,7 +151,7 @@ pub async fn update(
             });
         }
         let bytes = Bytes::from(format!("{document}\n"));
-        files::write_bytes(&store2, root.as_fd(), &project, &path2, &[bytes], true)?;
+        files::write_bytes(&state2, root.as_fd(), &project, &path2, &[bytes], true)?;
         Ok((
             Updated {
                 version,
@@ -168,7 +168,7 @@ pub async fn update(
             serde_json::json!({"path": path, "expected_version": request.expected_version, "stored_version": stored, "version": updated.version}),
         );
         if let Err(e) = runs
-            .append(store, &request.project_id, &request.run_id, vec![event])
+            .append(state, &request.project_id, &request.run_id, vec![event])
             .await
         {
             tracing::error!(error = %e, %path, "could not record store.json_merged");

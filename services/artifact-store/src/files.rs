@@ -61,13 +61,18 @@ pub(crate) struct Staged {
 
 /// Reaches the target's directory beneath `root` (creating it), refuses a non-file at the
 /// target early, and creates the temp file.
-pub(crate) fn stage(store: &State, root: BorrowedFd<'_>, project: &str, path: &str) -> Result<(Staged, File)> {
+pub(crate) fn stage(
+    state: &State,
+    root: BorrowedFd<'_>,
+    project: &str,
+    path: &str,
+) -> Result<(Staged, File)> {
     let (parent, name) = contain::split_parent(path);
     let dir = contain::ensure_dir(root, parent)
         .map_err(|e| refusal(e, project, path, "creating the directories of"))?;
     let dir = Arc::new(dir);
     existing_file(dir.as_fd(), name, project, path)?;
-    let (temp, file) = TempFile::create(dir.clone(), store.unnamed_temps)
+    let (temp, file) = TempFile::create(dir.clone(), state.unnamed_temps)
         .map_err(|e| refusal(e, project, path, "creating a temp file for"))?;
     let staged = Staged {
         project: project.to_owned(),
@@ -105,7 +110,11 @@ pub(crate) fn existing_file(
 }
 
 /// True when the file at the target holds exactly `digest`'s bytes (also returns its size).
-pub(crate) fn holds_same_bytes(store: &State, staged: &Staged, digest: &Digest) -> Result<(bool, u64)> {
+pub(crate) fn holds_same_bytes(
+    state: &State,
+    staged: &Staged,
+    digest: &Digest,
+) -> Result<(bool, u64)> {
     let fd = contain::open(
         staged.dir.as_fd(),
         &staged.name,
@@ -129,7 +138,7 @@ pub(crate) fn holds_same_bytes(store: &State, staged: &Staged, digest: &Digest) 
     if size != digest.size_bytes {
         return Ok((false, size));
     }
-    let theirs = store
+    let theirs = state
         .digests
         .of_file(&file)
         .map_err(|e| Error::io(format!("reading {:?}", staged.path), e))?;
@@ -139,7 +148,7 @@ pub(crate) fn holds_same_bytes(store: &State, staged: &Staged, digest: &Digest) 
 /// Gives the fsync'd temp file the target's name: no-replace (an existing file with the same
 /// bytes is `Unchanged`, other bytes `Exists`) or, with `overwrite`, by rename.
 pub(crate) fn link(
-    store: &State,
+    state: &State,
     staged: &mut Staged,
     file: &File,
     digest: &Digest,
@@ -150,7 +159,7 @@ pub(crate) fn link(
         return match staged.temp.link_as(file, &name) {
             Ok(()) => Ok(Outcome::Created),
             Err(Errno::EXIST) => {
-                let (same, existing_size) = holds_same_bytes(store, staged, digest)?;
+                let (same, existing_size) = holds_same_bytes(state, staged, digest)?;
                 if same {
                     return Ok(Outcome::Unchanged);
                 }
@@ -166,7 +175,7 @@ pub(crate) fn link(
     let existed = existing_file(dir.as_fd(), &staged.name, &staged.project, &staged.path)?;
     if let Some(st) = existed {
         if u64::try_from(st.st_size).ok() == Some(digest.size_bytes)
-            && holds_same_bytes(store, staged, digest)?.0
+            && holds_same_bytes(state, staged, digest)?.0
         {
             return Ok(Outcome::Unchanged);
         }
@@ -186,7 +195,7 @@ pub(crate) fn link(
 /// Makes a new directory entry durable (now, unless `deferred` to a run's next events) and
 /// remembers the file's digest.
 pub(crate) fn sync_published(
-    store: &State,
+    state: &State,
     staged: &Staged,
     file: &File,
     digest: &Digest,
@@ -198,7 +207,7 @@ pub(crate) fn sync_published(
     }
     // The published inode's stat (rename changed its ctime) keys the digest cache.
     if let Ok(st) = rustix::fs::fstat(file) {
-        store.digests.remember(&st, &digest.sha256);
+        state.digests.remember(&st, &digest.sha256);
     }
     Ok(())
 }
@@ -219,13 +228,13 @@ pub(crate) fn digest_of(bytes: &[Bytes]) -> Digest {
 
 /// Stages a body held in memory next to its target (see [`stage`]).
 pub(crate) fn stage_bytes(
-    store: &State,
+    state: &State,
     root: BorrowedFd<'_>,
     project: &str,
     path: &str,
     bytes: &[Bytes],
 ) -> Result<(Staged, File)> {
-    let (staged, mut file) = stage(store, root, project, path)?;
+    let (staged, mut file) = stage(state, root, project, path)?;
     for chunk in bytes {
         file.write_all(chunk)
             .map_err(|e| Error::io(format!("writing {path:?}"), e))?;
@@ -237,7 +246,7 @@ pub(crate) fn stage_bytes(
 /// returns for the project: a run's fence ticket) across the link; the directory is fsync'd
 /// before this returns.
 pub(crate) fn publish_sync<G>(
-    store: &State,
+    state: &State,
     mut staged: Staged,
     file: File,
     digest: &Digest,
@@ -246,20 +255,20 @@ pub(crate) fn publish_sync<G>(
 ) -> Result<Outcome> {
     file.sync_all()
         .map_err(|e| Error::io(format!("fsync of the temp file for {:?}", staged.path), e))?;
-    let slot = store.slots.claim_blocking(&staged.project, &staged.path);
+    let slot = state.slots.claim_blocking(&staged.project, &staged.path);
     let guard = guard(&staged.project)?;
-    let outcome = link(store, &mut staged, &file, digest, overwrite)?;
+    let outcome = link(state, &mut staged, &file, digest, overwrite)?;
     drop(guard);
     drop(slot);
     if outcome != Outcome::Unchanged {
-        sync_published(store, &staged, &file, digest, false)?;
+        sync_published(state, &staged, &file, digest, false)?;
     }
     Ok(outcome)
 }
 
 /// Writes `bytes` to `path` in one blocking step (the store's own small writes).
 pub(crate) fn write_bytes(
-    store: &State,
+    state: &State,
     root: BorrowedFd<'_>,
     project: &str,
     path: &str,
@@ -267,8 +276,8 @@ pub(crate) fn write_bytes(
     overwrite: bool,
 ) -> Result<Written> {
     let digest = digest_of(bytes);
-    let (staged, file) = stage_bytes(store, root, project, path, bytes)?;
-    let outcome = publish_sync(store, staged, file, &digest, overwrite, |_| Ok(()))?;
+    let (staged, file) = stage_bytes(state, root, project, path, bytes)?;
+    let outcome = publish_sync(state, staged, file, &digest, overwrite, |_| Ok(()))?;
     Ok(Written {
         path: path.to_owned(),
         digest,

@@ -33,22 +33,22 @@ pub struct Project {
 }
 
 /// Creates the project when missing (idempotent) and returns its root and description.
-pub(crate) fn ensure(store: &State, project_id: &str) -> Result<(OwnedFd, Project)> {
+pub(crate) fn ensure(state: &State, project_id: &str) -> Result<(OwnedFd, Project)> {
     check_id("project", project_id)?;
     match rustix::fs::mkdirat(
-        store.layout.projects.as_fd(),
+        state.layout.projects.as_fd(),
         project_id,
         Mode::from_raw_mode(contain::DIR_MODE),
     ) {
         Ok(()) => {
-            contain::sync_dir(store.layout.projects.as_fd())
+            contain::sync_dir(state.layout.projects.as_fd())
                 .map_err(|e| Error::io("fsync of the projects directory", e))?;
             tracing::info!(project = project_id, "project created");
         }
         Err(Errno::EXIST) => {}
         Err(e) => return Err(Error::io(format!("creating project {project_id:?}"), e)),
     }
-    let root = store.layout.project_root(project_id)?;
+    let root = state.layout.project_root(project_id)?;
     for dir in LAYOUT {
         contain::ensure_dir(root.as_fd(), dir)
             .map_err(|e| refusal(e, project_id, dir, "creating"))?;
@@ -59,7 +59,7 @@ pub(crate) fn ensure(store: &State, project_id: &str) -> Result<(OwnedFd, Projec
             let json = serde_json::json!({"project_id": project_id, "created_at": timestamp_now()});
             let bytes = Bytes::from(format!("{json}\n"));
             // Two creators racing: overwrite=false lets exactly one publish its metadata.
-            match files::write_bytes(store, root.as_fd(), project_id, METADATA, &[bytes], false) {
+            match files::write_bytes(state, root.as_fd(), project_id, METADATA, &[bytes], false) {
                 Ok(_) | Err(Error::Exists { .. }) => {}
                 Err(e) => return Err(e),
             }
@@ -106,16 +106,16 @@ fn read_metadata(root: &OwnedFd, project_id: &str) -> Result<Option<Project>> {
 }
 
 /// CreateProject.
-pub async fn create(store: &Arc<State>, project_id: &str) -> Result<Project> {
-    let (store, id) = (store.clone(), project_id.to_owned());
-    blocking(move || ensure(&store, &id).map(|(_, p)| p)).await
+pub async fn create(state: &Arc<State>, project_id: &str) -> Result<Project> {
+    let (state, id) = (state.clone(), project_id.to_owned());
+    blocking(move || ensure(&state, &id).map(|(_, p)| p)).await
 }
 
 /// ListProjects: projects in id order, one page.
-pub async fn list(store: &Arc<State>, page: Page) -> Result<(Vec<Project>, String)> {
-    let store = store.clone();
+pub async fn list(state: &Arc<State>, page: Page) -> Result<(Vec<Project>, String)> {
+    let state = state.clone();
     blocking(move || {
-        let mut ids: Vec<String> = contain::read_dir(store.layout.projects.as_fd())
+        let mut ids: Vec<String> = contain::read_dir(state.layout.projects.as_fd())
             .map_err(|e| Error::io("listing projects", e))?
             .into_iter()
             .map(|(name, _)| name)
@@ -126,7 +126,7 @@ pub async fn list(store: &Arc<State>, page: Page) -> Result<(Vec<Project>, Strin
         let mut projects = Vec::with_capacity(ids.len());
         for id in ids {
             // Entries that are not directories (or vanished) are not projects.
-            let Ok(root) = contain::open_dir(store.layout.projects.as_fd(), &id) else {
+            let Ok(root) = contain::open_dir(state.layout.projects.as_fd(), &id) else {
                 continue;
             };
             if let Some(p) = read_metadata(&root, &id)? {

@@ -87,20 +87,20 @@ fn open_file(root: BorrowedFd<'_>, project: &str, path: &str) -> Result<(File, S
 /// Get: the file's description (whole-file size and sha256) and a stream of the requested
 /// range in chunks of the configured size.
 pub async fn get(
-    store: &Arc<State>,
+    state: &Arc<State>,
     project: &str,
     path: &str,
     offset: u64,
     length: u64,
 ) -> Result<(Entry, mpsc::Receiver<Result<Bytes>>)> {
     check_id("project", project)?;
-    let path = store.layout.read_path(path)?.to_string();
-    store.slots.settled(project, &path).await;
-    let (store2, project2) = (store.clone(), project.to_owned());
+    let path = state.layout.read_path(path)?.to_string();
+    state.slots.settled(project, &path).await;
+    let (state2, project2) = (state.clone(), project.to_owned());
     let (entry, file) = blocking(move || {
-        let root = store2.layout.project_root(&project2)?;
+        let root = state2.layout.project_root(&project2)?;
         let (file, st) = open_file(root.as_fd(), &project2, &path)?;
-        let digest = store2
+        let digest = state2
             .digests
             .of_file(&file)
             .map_err(|e| Error::io(format!("reading {path:?}"), e))?;
@@ -120,7 +120,7 @@ pub async fn get(
         0 => entry.size_bytes,
         n => offset.saturating_add(n).min(entry.size_bytes),
     };
-    let chunk = store.config.chunk_bytes;
+    let chunk = state.config.chunk_bytes;
     let (tx, rx) = mpsc::channel(4);
     let name = entry.path.clone();
     tokio::task::spawn_blocking(move || {
@@ -155,7 +155,7 @@ pub async fn get(
 
 /// Stat: one entry ("" = the project root), optionally with the file's sha256.
 pub async fn stat(
-    store: &Arc<State>,
+    state: &Arc<State>,
     project: &str,
     path: &str,
     include_sha256: bool,
@@ -164,12 +164,12 @@ pub async fn stat(
     let path = if path.is_empty() {
         String::new()
     } else {
-        store.layout.read_path(path)?.to_string()
+        state.layout.read_path(path)?.to_string()
     };
-    store.slots.settled(project, &path).await;
-    let (store, project) = (store.clone(), project.to_owned());
+    state.slots.settled(project, &path).await;
+    let (state, project) = (state.clone(), project.to_owned());
     blocking(move || {
-        let root = store.layout.project_root(&project)?;
+        let root = state.layout.project_root(&project)?;
         if path.is_empty() {
             let st =
                 rustix::fs::fstat(&root).map_err(|e| Error::io("stat of the project root", e))?;
@@ -189,7 +189,7 @@ pub async fn stat(
                 },
                 other => other,
             })?;
-            let digest = store
+            let digest = state
                 .digests
                 .of_file(&file)
                 .map_err(|e| Error::io(format!("reading {:?}", entry.path), e))?;
@@ -203,7 +203,7 @@ pub async fn stat(
 
 /// List: entries under `prefix` in byte order of their paths, one page.
 pub async fn list(
-    store: &Arc<State>,
+    state: &Arc<State>,
     project: &str,
     prefix: &str,
     recursive: bool,
@@ -214,12 +214,12 @@ pub async fn list(
     let prefix = if trimmed.is_empty() {
         String::new()
     } else {
-        store.layout.read_path(trimmed)?.to_string()
+        state.layout.read_path(trimmed)?.to_string()
     };
-    store.slots.settled_under(project, &prefix).await;
-    let (store, project) = (store.clone(), project.to_owned());
+    state.slots.settled_under(project, &prefix).await;
+    let (state, project) = (state.clone(), project.to_owned());
     blocking(move || {
-        let root = store.layout.project_root(&project)?;
+        let root = state.layout.project_root(&project)?;
         let dir = contain::open_dir(root.as_fd(), &prefix).map_err(|e| match e {
             Errno::NOTDIR => Error::NotAFile {
                 path: prefix.clone(),
@@ -256,7 +256,7 @@ pub async fn list(
                 } else {
                     format!("{rel}/{name}")
                 };
-                if store.layout.read_policy.check(&path).is_err() {
+                if state.layout.read_policy.check(&path).is_err() {
                     continue;
                 }
                 let Ok(st) = contain::stat(dir.as_fd(), &name) else {

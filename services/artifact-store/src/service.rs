@@ -96,7 +96,10 @@ impl ArtifactStore for ArtifactStoreService {
         &self,
         request: Request<CreateProjectRequest>,
     ) -> Result<Response<pb::Project>, Status> {
-        let p = self.store.create_project(&request.into_inner().project_id).await?;
+        let p = self
+            .store
+            .create_project(&request.into_inner().project_id)
+            .await?;
         Ok(Response::new(pb::Project {
             project_id: p.project_id,
             created_at: p.created_at,
@@ -107,8 +110,10 @@ impl ArtifactStore for ArtifactStoreService {
         &self,
         request: Request<ListProjectsRequest>,
     ) -> Result<Response<ListProjectsResponse>, Status> {
-        let (projects, next_page_token) =
-            self.store.list_projects(page(request.into_inner().page)?).await?;
+        let (projects, next_page_token) = self
+            .store
+            .list_projects(page(request.into_inner().page)?)
+            .await?;
         let projects = projects
             .into_iter()
             .map(|p| pb::Project {
@@ -205,8 +210,10 @@ impl ArtifactStore for ArtifactStoreService {
 
     async fn get(&self, request: Request<GetRequest>) -> Result<Response<Self::GetStream>, Status> {
         let r = request.into_inner();
-        let (entry, chunks) =
-            self.store.get(&r.project_id, &r.path, r.offset, r.length).await?;
+        let (entry, chunks) = self
+            .store
+            .get(&r.project_id, &r.path, r.offset, r.length)
+            .await?;
         let first = GetResponse {
             msg: Some(get_response::Msg::Info(file_info(entry))),
         };
@@ -223,7 +230,10 @@ impl ArtifactStore for ArtifactStoreService {
 
     async fn stat(&self, request: Request<StatRequest>) -> Result<Response<FileInfo>, Status> {
         let r = request.into_inner();
-        let entry = self.store.stat(&r.project_id, &r.path, r.include_sha256).await?;
+        let entry = self
+            .store
+            .stat(&r.project_id, &r.path, r.include_sha256)
+            .await?;
         Ok(Response::new(file_info(entry)))
     }
 
@@ -231,13 +241,8 @@ impl ArtifactStore for ArtifactStoreService {
         let r = request.into_inner();
         let (entries, next_page_token) = self
             .store
-            .list(
-            &r.project_id,
-            &r.prefix,
-            r.recursive,
-            page(r.page)?,
-        )
-        .await?;
+            .list(&r.project_id, &r.prefix, r.recursive, page(r.page)?)
+            .await?;
         Ok(Response::new(ListResponse {
             entries: entries.into_iter().map(file_info).collect(),
             next_page_token,
@@ -322,13 +327,7 @@ impl ArtifactStore for ArtifactStoreService {
         let r = request.into_inner();
         let events = self
             .store
-            .read_events(
-                &r.project_id,
-                &r.run_id,
-                r.from_seq,
-                r.follow,
-                r.limit,
-            )
+            .read_events(&r.project_id, &r.run_id, r.from_seq, r.follow, r.limit)
             .await?;
         let stream = ReceiverStream::new(events).map(|e| e.map(event).map_err(Status::from));
         if r.follow {

@@ -26,7 +26,10 @@ pub(crate) struct TempFile {
 }
 
 impl TempFile {
-    pub(crate) fn create(dir: Arc<OwnedFd>, unnamed: bool) -> std::result::Result<(TempFile, File), Errno> {
+    pub(crate) fn create(
+        dir: Arc<OwnedFd>,
+        unnamed: bool,
+    ) -> std::result::Result<(TempFile, File), Errno> {
         if unnamed {
             match rustix::fs::openat(
                 dir.as_fd(),

@@ -64,7 +64,7 @@ struct Publish {
 /// What a Put published in the background carries along.
 #[derive(Debug)]
 struct Deferral {
-    store: Arc<State>,
+    state: Arc<State>,
     runs: Arc<RunLogs>,
     run: String,
     /// One of the store's bounded publications in flight.
@@ -126,7 +126,7 @@ impl Expect {
 /// background task that holds the path's slot until it is done; it also returns the token
 /// the run's events present for it.
 fn publish(
-    store: &State,
+    state: &State,
     runs: &RunLogs,
     staged: Staged,
     file: File,
@@ -134,7 +134,7 @@ fn publish(
     how: Publish,
 ) -> Result<(Outcome, Option<String>)> {
     if let Some(defer) = how.defer {
-        let slot = store.slots.claim_blocking(&staged.project, &staged.path);
+        let slot = state.slots.claim_blocking(&staged.project, &staged.path);
         let outcome = match existing_file(
             staged.dir.as_fd(),
             &staged.name,
@@ -143,11 +143,11 @@ fn publish(
         )? {
             None => Outcome::Created,
             Some(_) => {
-                let (same, existing_size) = holds_same_bytes(store, &staged, digest)?;
+                let (same, existing_size) = holds_same_bytes(state, &staged, digest)?;
                 if same {
                     // The bytes may be those of a Put acknowledged before a crash whose
                     // directory entry was never fsync'd: the run's events make it durable too.
-                    let token = store.boot.issue(&staged.project, &defer.run);
+                    let token = state.boot.issue(&staged.project, &defer.run);
                     if !runs.defer_dir_sync(&staged.project, &defer.run, &staged.dir) {
                         contain::sync_dir(staged.dir.as_fd()).map_err(|e| {
                             Error::io(format!("fsync of the directory of {:?}", staged.path), e)
@@ -164,15 +164,15 @@ fn publish(
                 Outcome::Overwritten
             }
         };
-        let ticket = fence_ticket(store, runs, &staged.project, &how.fence)?;
+        let ticket = fence_ticket(state, runs, &staged.project, &how.fence)?;
         let publication = runs.start_publication(&staged.project, &defer.run, &staged.path);
-        let token = store.boot.issue(&staged.project, &defer.run);
+        let token = state.boot.issue(&staged.project, &defer.run);
         let digest = digest.clone();
         let work = move || {
             #[cfg(test)]
-            drop(defer.store.hold_publications.lock());
+            drop(defer.state.hold_publications.lock());
             let result = publish_now(
-                &defer.store,
+                &defer.state,
                 &defer.runs,
                 staged,
                 file,
@@ -195,21 +195,21 @@ fn publish(
         }
         return Ok((outcome, Some(token)));
     }
-    let outcome = files::publish_sync(store, staged, file, digest, how.overwrite, |project| {
-        fence_ticket(store, runs, project, &how.fence)
+    let outcome = files::publish_sync(state, staged, file, digest, how.overwrite, |project| {
+        fence_ticket(state, runs, project, &how.fence)
     })?;
     Ok((outcome, None))
 }
 
 /// Checks a fenced write's claim; the ticket holds off a ClaimRun of the run until dropped.
 fn fence_ticket(
-    store: &State,
+    state: &State,
     runs: &RunLogs,
     project: &str,
     fence: &Option<(String, u64)>,
 ) -> Result<Option<FenceTicket>> {
     match fence {
-        Some((run, epoch)) => Ok(Some(runs.enter_fence(store, project, run, *epoch)?)),
+        Some((run, epoch)) => Ok(Some(runs.enter_fence(state, project, run, *epoch)?)),
         None => Ok(None),
     }
 }
@@ -217,7 +217,7 @@ fn fence_ticket(
 /// The background half of a deferred publication: fsync, link, and the directory left to the
 /// run's next events.
 fn publish_now(
-    store: &State,
+    state: &State,
     runs: &RunLogs,
     mut staged: Staged,
     file: File,
@@ -227,10 +227,10 @@ fn publish_now(
 ) -> Result<Outcome> {
     file.sync_all()
         .map_err(|e| Error::io(format!("fsync of the temp file for {:?}", staged.path), e))?;
-    let outcome = files::link(store, &mut staged, &file, digest, overwrite)?;
+    let outcome = files::link(state, &mut staged, &file, digest, overwrite)?;
     if outcome != Outcome::Unchanged {
         let deferred = runs.defer_dir_sync(&staged.project, run, &staged.dir);
-        files::sync_published(store, &staged, &file, digest, deferred)?;
+        files::sync_published(state, &staged, &file, digest, deferred)?;
     }
     Ok(outcome)
 }
@@ -238,7 +238,7 @@ fn publish_now(
 /// A small Put's body, received whole, written in one blocking step.
 #[allow(clippy::too_many_arguments)]
 fn write_small(
-    store: &State,
+    state: &State,
     runs: &RunLogs,
     root: BorrowedFd<'_>,
     project: &str,
@@ -249,8 +249,8 @@ fn write_small(
 ) -> Result<Written> {
     let digest = files::digest_of(bytes);
     expect.verify(path, &digest)?;
-    let (staged, file) = files::stage_bytes(store, root, project, path, bytes)?;
-    let (outcome, publication) = publish(store, runs, staged, file, &digest, how)?;
+    let (staged, file) = files::stage_bytes(state, root, project, path, bytes)?;
+    let (outcome, publication) = publish(state, runs, staged, file, &digest, how)?;
     Ok(Written {
         path: path.to_owned(),
         digest,
@@ -261,7 +261,7 @@ fn write_small(
 
 /// Put: checks, receives the stream, publishes; records an overwrite as a run event.
 pub async fn put<S>(
-    store: &Arc<State>,
+    state: &Arc<State>,
     runs: &Arc<RunLogs>,
     spec: PutSpec,
     mut chunks: S,
@@ -282,11 +282,11 @@ where
         }
         Durability::WithRunEvents => Some(spec.run_id.clone()),
     };
-    let path = store
+    let path = state
         .layout
         .write_path(&spec.path, &spec.allowed_prefixes)?
         .to_string();
-    let max = store.config.max_file_bytes;
+    let max = state.config.max_file_bytes;
     let expect = Expect {
         sha256: match spec.expected_sha256.as_str() {
             "" => None,
@@ -331,10 +331,10 @@ where
     let defer = match defer_to_run {
         None => None,
         Some(run) => Some(Deferral {
-            store: store.clone(),
+            state: state.clone(),
             runs: runs.clone(),
             run,
-            _permit: store
+            _permit: state
                 .publish_permits
                 .clone()
                 .acquire_owned()
@@ -343,8 +343,8 @@ where
         }),
     };
     let written = if ended {
-        let (store2, runs2, project, path2, create) = (
-            store.clone(),
+        let (state2, runs2, project, path2, create) = (
+            state.clone(),
             runs.clone(),
             spec.project_id.clone(),
             path.clone(),
@@ -356,38 +356,38 @@ where
             fence: spec.fence.clone(),
         };
         blocking(move || {
-            let root = open_root(&store2, &project, create)?;
+            let root = open_root(&state2, &project, create)?;
             let root = root.as_fd();
-            write_small(&store2, &runs2, root, &project, &path2, &head, &expect, how)
+            write_small(&state2, &runs2, root, &project, &path2, &head, &expect, how)
         })
         .await?
     } else {
-        let (store2, project, path2, create) = (
-            store.clone(),
+        let (state2, project, path2, create) = (
+            state.clone(),
             spec.project_id.clone(),
             path.clone(),
             spec.create_project,
         );
         let (staged, file) = blocking(move || {
-            let root = open_root(&store2, &project, create)?;
-            files::stage(&store2, root.as_fd(), &project, &path2)
+            let root = open_root(&state2, &project, create)?;
+            files::stage(&state2, root.as_fd(), &project, &path2)
         })
         .await?;
         // O_DIRECT while a writer's buffers are to be had (see DIRECT_WRITERS).
-        let direct = match store.config.direct_io {
-            true => store.direct_writers.clone().try_acquire_owned().ok(),
+        let direct = match state.config.direct_io {
+            true => state.direct_writers.clone().try_acquire_owned().ok(),
             false => None,
         };
         let (file, digest, _) = stream_into(file, head, chunks, total, max, &path, direct).await?;
         expect.verify(&path, &digest)?;
-        let (store2, runs2) = (store.clone(), runs.clone());
+        let (state2, runs2) = (state.clone(), runs.clone());
         let how = Publish {
             overwrite: spec.overwrite,
             defer,
             fence: spec.fence.clone(),
         };
         blocking(move || {
-            let (outcome, publication) = publish(&store2, &runs2, staged, file, &digest, how)?;
+            let (outcome, publication) = publish(&state2, &runs2, staged, file, &digest, how)?;
             Ok(Written {
                 path: path.clone(),
                 digest,
@@ -408,7 +408,7 @@ where
             // The new bytes are published (or, deferred, will be before this event is); a
             // failed event must not make the client believe the write did not happen.
             if let Err(e) = runs
-                .append(store, &spec.project_id, &spec.run_id, vec![event])
+                .append(state, &spec.project_id, &spec.run_id, vec![event])
                 .await
             {
                 tracing::error!(error = %e, path = %written.path, "could not record store.overwritten");
@@ -418,10 +418,10 @@ where
     Ok(written)
 }
 
-fn open_root(store: &State, project: &str, create: bool) -> Result<OwnedFd> {
-    match store.layout.project_root(project) {
+fn open_root(state: &State, project: &str, create: bool) -> Result<OwnedFd> {
+    match state.layout.project_root(project) {
         Err(Error::ProjectNotFound(_)) if create => {
-            project::ensure(store, project).map(|(root, _)| root)
+            project::ensure(state, project).map(|(root, _)| root)
         }
         other => other,
     }
@@ -550,7 +550,7 @@ impl Writeback {
 
 /// Delete: removes one regular file; records it when a run is given.
 pub async fn delete(
-    store: &Arc<State>,
+    state: &Arc<State>,
     runs: &RunLogs,
     project: &str,
     path: &str,
@@ -560,11 +560,11 @@ pub async fn delete(
     if !run_id.is_empty() {
         check_id("run", run_id)?;
     }
-    let path = store.layout.write_path(path, &[])?.to_string();
-    let (store2, project2, path2) = (store.clone(), project.to_owned(), path.clone());
+    let path = state.layout.write_path(path, &[])?.to_string();
+    let (state2, project2, path2) = (state.clone(), project.to_owned(), path.clone());
     let deleted = blocking(move || {
-        let _slot = store2.slots.claim_blocking(&project2, &path2);
-        let root = store2.layout.project_root(&project2)?;
+        let _slot = state2.slots.claim_blocking(&project2, &path2);
+        let root = state2.layout.project_root(&project2)?;
         let (parent, name) = contain::split_parent(&path2);
         let dir = match contain::open_dir(root.as_fd(), parent) {
             Err(Errno::NOENT) => return Ok(false),
@@ -587,7 +587,7 @@ pub async fn delete(
     .await?;
     if deleted && !run_id.is_empty() {
         let event = NewEvent::store("store.deleted", serde_json::json!({"path": path}));
-        if let Err(e) = runs.append(store, project, run_id, vec![event]).await {
+        if let Err(e) = runs.append(state, project, run_id, vec![event]).await {
             tracing::error!(error = %e, %path, "could not record store.deleted");
         }
     }
@@ -604,25 +604,25 @@ mod tests {
     /// The state and the run logs, composed as the store composes them.
     #[derive(Clone)]
     struct Fixture {
-        store: Arc<State>,
+        state: Arc<State>,
         runs: Arc<RunLogs>,
     }
 
     impl std::ops::Deref for Fixture {
         type Target = Arc<State>;
         fn deref(&self) -> &Arc<State> {
-            &self.store
+            &self.state
         }
     }
 
     fn fixture(state: State) -> Fixture {
         Fixture {
-            store: Arc::new(state),
+            state: Arc::new(state),
             runs: Arc::default(),
         }
     }
 
-    fn open_store(root: &std::path::Path) -> Fixture {
+    fn open_state(root: &std::path::Path) -> Fixture {
         fixture(
             State::open(Config {
                 data_root: root.to_path_buf(),
@@ -636,7 +636,7 @@ mod tests {
     where
         S: Stream<Item = Result<Bytes>> + Unpin + Send,
     {
-        super::put(&f.store, &f.runs, spec, chunks).await
+        super::put(&f.state, &f.runs, spec, chunks).await
     }
 
     fn spec(path: &str, run: &str, durability: Durability) -> PutSpec {
@@ -650,9 +650,9 @@ mod tests {
         }
     }
 
-    async fn put_bytes(store: &Fixture, spec: PutSpec, body: &'static [u8]) -> Result<Written> {
+    async fn put_bytes(state: &Fixture, spec: PutSpec, body: &'static [u8]) -> Result<Written> {
         put(
-            store,
+            state,
             spec,
             futures::stream::iter([Ok(Bytes::from_static(body))]),
         )
@@ -675,8 +675,8 @@ mod tests {
             stream_into(file, Vec::new(), chunks(), 0, u64::MAX, name, permit)
         };
         // With a permit: O_DIRECT; without one: the page cache; the same bytes either way.
-        let store = open_store(tmp.path());
-        let permit = store.direct_writers.clone().try_acquire_owned().ok();
+        let state = open_state(tmp.path());
+        let permit = state.direct_writers.clone().try_acquire_owned().ok();
         let (_, digest, direct) = stream("a", permit).await.unwrap();
         assert!(direct);
         let (_, same, direct) = stream("b", None).await.unwrap();
@@ -687,23 +687,23 @@ mod tests {
         }
 
         // Put takes a permit per large body and gives it back; with none left it still writes.
-        let all = store.direct_writers.available_permits();
-        let held = store
+        let all = state.direct_writers.available_permits();
+        let held = state
             .direct_writers
             .clone()
             .acquire_many_owned(all as u32)
             .await
             .unwrap();
         let spec = || spec("d/big.bin", "", Durability::Sync);
-        let w = put(&store, spec(), chunks()).await.unwrap();
+        let w = put(&state, spec(), chunks()).await.unwrap();
         assert_eq!(w.digest.sha256, digest.sha256);
         drop(held);
         let spec2 = PutSpec {
             path: "d/big2.bin".into(),
             ..spec()
         };
-        put(&store, spec2, chunks()).await.unwrap();
-        assert_eq!(store.direct_writers.available_permits(), all);
+        put(&state, spec2, chunks()).await.unwrap();
+        assert_eq!(state.direct_writers.available_permits(), all);
         for name in ["big.bin", "big2.bin"] {
             let on_disk = std::fs::read(tmp.path().join("projects/p/d").join(name)).unwrap();
             assert!(on_disk == body);
@@ -713,10 +713,10 @@ mod tests {
     #[tokio::test]
     async fn deferred_directories_are_synced_before_the_runs_next_events() {
         let tmp = tempfile::tempdir().unwrap();
-        let store = open_store(tmp.path());
+        let state = open_state(tmp.path());
         for (i, path) in ["docs/a.md", "docs/b.md", "out/c.md"].iter().enumerate() {
             let w = put_bytes(
-                &store,
+                &state,
                 spec(path, "r1", Durability::WithRunEvents),
                 b"bytes",
             )
@@ -725,36 +725,36 @@ mod tests {
             assert_eq!(w.outcome, Outcome::Created, "{i}");
         }
         // Published in the background, directories pending: two distinct ones.
-        store.slots.settled_under("p", "").await;
+        state.slots.settled_under("p", "").await;
         assert_eq!(
             std::fs::read(tmp.path().join("projects/p/docs/b.md")).unwrap(),
             b"bytes"
         );
-        assert_eq!(store.runs.pending_dirs("p", "r1"), 2);
+        assert_eq!(state.runs.pending_dirs("p", "r1"), 2);
         let event = |run: &'static str| {
-            let store = store.clone();
+            let state = state.clone();
             async move {
                 let x = NewEvent::store("x", serde_json::json!({}));
-                store.runs.append(&store, "p", run, vec![x]).await.unwrap();
+                state.runs.append(&state, "p", run, vec![x]).await.unwrap();
             }
         };
         // Another run's events do not sync them.
         event("r2").await;
-        assert_eq!(store.runs.pending_dirs("p", "r1"), 2);
+        assert_eq!(state.runs.pending_dirs("p", "r1"), 2);
         // The run's own next events do, before they are acknowledged.
         event("r1").await;
-        assert_eq!(store.runs.pending_dirs("p", "r1"), 0);
+        assert_eq!(state.runs.pending_dirs("p", "r1"), 0);
     }
 
     #[tokio::test]
     async fn a_sync_put_defers_nothing_and_deferral_needs_a_run() {
         let tmp = tempfile::tempdir().unwrap();
-        let store = open_store(tmp.path());
-        put_bytes(&store, spec("a.md", "r1", Durability::Sync), b"x")
+        let state = open_state(tmp.path());
+        put_bytes(&state, spec("a.md", "r1", Durability::Sync), b"x")
             .await
             .unwrap();
-        assert_eq!(store.runs.pending_dirs("p", "r1"), 0);
-        let err = put_bytes(&store, spec("b.md", "", Durability::WithRunEvents), b"x")
+        assert_eq!(state.runs.pending_dirs("p", "r1"), 0);
+        let err = put_bytes(&state, spec("b.md", "", Durability::WithRunEvents), b"x")
             .await
             .unwrap_err();
         assert!(
@@ -765,27 +765,27 @@ mod tests {
         // An unchanged rewrite publishes nothing, but its bytes may be those of a Put
         // acknowledged before a crash: its directory is synced with the run's next events, and
         // it gets a token for them.
-        let w = put_bytes(&store, spec("a.md", "r1", Durability::WithRunEvents), b"x")
+        let w = put_bytes(&state, spec("a.md", "r1", Durability::WithRunEvents), b"x")
             .await
             .unwrap();
         assert_eq!(w.outcome, Outcome::Unchanged);
         assert!(w.publication.is_some());
-        assert_eq!(store.runs.pending_dirs("p", "r1"), 1);
+        assert_eq!(state.runs.pending_dirs("p", "r1"), 1);
         let x = NewEvent::store("x", serde_json::json!({}));
-        store.runs.append(&store, "p", "r1", vec![x]).await.unwrap();
-        assert_eq!(store.runs.pending_dirs("p", "r1"), 0);
+        state.runs.append(&state, "p", "r1", vec![x]).await.unwrap();
+        assert_eq!(state.runs.pending_dirs("p", "r1"), 0);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn unnamed_and_named_temp_files_publish_the_same_way_now_or_deferred() {
         let tmp = tempfile::tempdir().unwrap();
         // This filesystem (the test's temp dir) has O_TMPFILE; the probe finds it.
-        assert!(open_store(tmp.path()).unnamed_temps);
+        assert!(open_state(tmp.path()).unnamed_temps);
         let modes = [true, false]
             .into_iter()
             .flat_map(|u| [(u, Durability::Sync), (u, Durability::WithRunEvents)]);
         for (unnamed, durability) in modes {
-            let store = fixture(
+            let state = fixture(
                 State::open(Config {
                     data_root: tmp.path().to_path_buf(),
                     ..Config::default()
@@ -802,7 +802,7 @@ mod tests {
                     overwrite,
                     ..spec(&path, "r", durability)
                 };
-                put_bytes(&store, spec, body)
+                put_bytes(&state, spec, body)
             };
             assert_eq!(put(b"one", false).await.unwrap().outcome, Outcome::Created);
             assert_eq!(
@@ -818,7 +818,7 @@ mod tests {
                 Outcome::Overwritten
             );
             // Read through the store (which waits for a deferred publication).
-            let (entry, _) = crate::read::get(&store, "p", &path, 0, 0).await.unwrap();
+            let (entry, _) = crate::read::get(&state, "p", &path, 0, 0).await.unwrap();
             assert_eq!(entry.size_bytes, 3);
             let file = tmp.path().join("projects/p").join(&path);
             assert_eq!(std::fs::read(&file).unwrap(), b"two");
@@ -837,11 +837,11 @@ mod tests {
     #[allow(clippy::await_holding_lock)]
     async fn a_deferred_put_replies_before_publishing_and_readers_and_events_wait_for_it() {
         let tmp = tempfile::tempdir().unwrap();
-        let store = open_store(tmp.path());
+        let state = open_state(tmp.path());
         let file = tmp.path().join("projects/p/d/a.md");
-        let held = store.hold_publications.lock().unwrap();
+        let held = state.hold_publications.lock().unwrap();
         let w = put_bytes(
-            &store,
+            &state,
             spec("d/a.md", "r1", Durability::WithRunEvents),
             b"abc",
         )
@@ -849,7 +849,7 @@ mod tests {
         .unwrap();
         assert_eq!(w.outcome, Outcome::Created);
         assert!(!file.exists(), "replied before it was published");
-        let (s1, s2, s3) = (store.clone(), store.clone(), store.clone());
+        let (s1, s2, s3) = (state.clone(), state.clone(), state.clone());
         let get = tokio::spawn(async move {
             crate::read::get(&s1, "p", "d/a.md", 0, 0)
                 .await
@@ -866,7 +866,7 @@ mod tests {
         });
         // Another run's events do not wait.
         let x = NewEvent::store("x", serde_json::json!({}));
-        store.runs.append(&store, "p", "r2", vec![x]).await.unwrap();
+        state.runs.append(&state, "p", "r2", vec![x]).await.unwrap();
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         assert!(
             !get.is_finished() && !stat.is_finished(),
@@ -882,7 +882,7 @@ mod tests {
         events.await.unwrap().unwrap();
         assert_eq!(std::fs::read(&file).unwrap(), b"abc");
         // Its directory was synced with those events.
-        assert_eq!(store.runs.pending_dirs("p", "r1"), 0);
+        assert_eq!(state.runs.pending_dirs("p", "r1"), 0);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -890,11 +890,11 @@ mod tests {
     #[allow(clippy::await_holding_lock)]
     async fn a_lost_publication_refuses_the_runs_events_and_leaves_no_temp_file() {
         let tmp = tempfile::tempdir().unwrap();
-        let store = open_store(tmp.path());
+        let state = open_state(tmp.path());
         let dir = tmp.path().join("projects/p/d");
-        let held = store.hold_publications.lock().unwrap();
+        let held = state.hold_publications.lock().unwrap();
         let w = put_bytes(
-            &store,
+            &state,
             spec("d/a.md", "r1", Durability::WithRunEvents),
             b"ours",
         )
@@ -906,9 +906,9 @@ mod tests {
         drop(held);
         let event = || NewEvent::store("x", serde_json::json!({}));
         for _ in 0..2 {
-            let err = store
+            let err = state
                 .runs
-                .append(&store, "p", "r1", vec![event()])
+                .append(&state, "p", "r1", vec![event()])
                 .await
                 .unwrap_err();
             assert!(
@@ -922,9 +922,9 @@ mod tests {
         }
         // Their bytes stay; other runs go on; nothing of ours is left behind.
         assert_eq!(std::fs::read(dir.join("a.md")).unwrap(), b"theirs");
-        store
+        state
             .runs
-            .append(&store, "p", "r2", vec![event()])
+            .append(&state, "p", "r2", vec![event()])
             .await
             .unwrap();
         let names: Vec<_> = std::fs::read_dir(&dir)
@@ -940,20 +940,20 @@ mod tests {
     #[allow(clippy::await_holding_lock)]
     async fn a_claim_waits_for_fenced_puts_past_their_check_and_refuses_later_ones() {
         let tmp = tempfile::tempdir().unwrap();
-        let store = open_store(tmp.path());
+        let state = open_state(tmp.path());
         // Creates the project.
-        put_bytes(&store, spec("x.md", "", Durability::Sync), b"x")
+        put_bytes(&state, spec("x.md", "", Durability::Sync), b"x")
             .await
             .unwrap();
-        let (epoch, _) = store.runs.claim(&store, "p", "r", "a").await.unwrap();
+        let (epoch, _) = state.runs.claim(&state, "p", "r", "a").await.unwrap();
         let fenced = |path: &str| PutSpec {
             fence: Some(("r".into(), epoch)),
             ..spec(path, "r", Durability::WithRunEvents)
         };
-        let held = store.hold_publications.lock().unwrap();
-        let w = put_bytes(&store, fenced("d/a.md"), b"abc").await.unwrap();
+        let held = state.hold_publications.lock().unwrap();
+        let w = put_bytes(&state, fenced("d/a.md"), b"abc").await.unwrap();
         assert_eq!(w.outcome, Outcome::Created);
-        let s2 = store.clone();
+        let s2 = state.clone();
         let claim = tokio::spawn(async move { s2.runs.claim(&s2, "p", "r", "b").await });
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         assert!(
@@ -961,7 +961,7 @@ mod tests {
             "the claim waits for the Put past its check"
         );
         // A Put checked after the claim began is refused at once.
-        let late = put_bytes(&store, fenced("d/b.md"), b"late")
+        let late = put_bytes(&state, fenced("d/b.md"), b"late")
             .await
             .unwrap_err();
         assert!(
@@ -980,18 +980,18 @@ mod tests {
     #[tokio::test]
     async fn without_events_the_timer_syncs_deferred_directories() {
         let tmp = tempfile::tempdir().unwrap();
-        let store = open_store(tmp.path());
+        let state = open_state(tmp.path());
         put_bytes(
-            &store,
+            &state,
             spec("d/a.md", "r1", Durability::WithRunEvents),
             b"x",
         )
         .await
         .unwrap();
-        store.slots.settled("p", "d/a.md").await;
-        assert_eq!(store.runs.pending_dirs("p", "r1"), 1);
+        state.slots.settled("p", "d/a.md").await;
+        assert_eq!(state.runs.pending_dirs("p", "r1"), 1);
         let start = std::time::Instant::now();
-        while store.runs.pending_dirs("p", "r1") > 0 {
+        while state.runs.pending_dirs("p", "r1") > 0 {
             assert!(
                 start.elapsed() < crate::deferred::SYNC_AFTER * 10,
                 "the deferred directory was never synced"
