@@ -87,12 +87,24 @@ mod tests {
         assert!(root.open_dir("d").is_ok());
 
         let errno = |e: io::Error| Errno::from_io_error(&e);
-        assert_eq!(errno(root.open_file("out/secret").unwrap_err()), Some(Errno::LOOP));
-        assert_eq!(errno(root.open_file("d/flink").unwrap_err()), Some(Errno::LOOP));
+        assert_eq!(
+            errno(root.open_file("out/secret").unwrap_err()),
+            Some(Errno::LOOP)
+        );
+        assert_eq!(
+            errno(root.open_file("d/flink").unwrap_err()),
+            Some(Errno::LOOP)
+        );
         // O_NOFOLLOW|O_DIRECTORY on a link: openat2 says ENOTDIR, the component walk ELOOP.
         let dir_link = errno(root.open_dir("out").unwrap_err());
-        assert!(matches!(dir_link, Some(Errno::NOTDIR | Errno::LOOP)), "{dir_link:?}");
-        assert_eq!(errno(root.open_file("d/none").unwrap_err()), Some(Errno::NOENT));
+        assert!(
+            matches!(dir_link, Some(Errno::NOTDIR | Errno::LOOP)),
+            "{dir_link:?}"
+        );
+        assert_eq!(
+            errno(root.open_file("d/none").unwrap_err()),
+            Some(Errno::NOENT)
+        );
         // A directory is no regular file: InvalidInput, which callers tell apart from errnos.
         assert_eq!(
             root.open_file("d").unwrap_err().kind(),

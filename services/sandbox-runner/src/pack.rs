@@ -9,9 +9,9 @@ use std::os::fd::AsFd;
 
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 
-use cairn_contain::{self as contain, Kind, Root, Visit};
 use crate::error::{Error, Result};
 use crate::outputs::Rejected;
+use cairn_contain::{self as contain, Kind, Root, Visit};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {

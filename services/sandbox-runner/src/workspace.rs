@@ -10,8 +10,8 @@ use pathguard::SafePath;
 use regex::bytes::RegexBuilder;
 use rustix::fs::{Mode, OFlags};
 
-use cairn_contain::{self as contain, Kind, Root, Visit};
 use crate::error::{Error, Result};
+use cairn_contain::{self as contain, Kind, Root, Visit};
 
 /// Characters kept of one matching line.
 const MAX_LINE_CHARS: usize = 500;
