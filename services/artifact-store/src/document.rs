@@ -6,6 +6,8 @@
 //! MERGE_POLICY_MAX merges numbers by maximum (recursively in objects; other patch values win)
 //! and still bumps the version: "以最大值合併各計數欄位後遞增版本號". Updates of one
 //! path are serialised by a per-path lock and written through the atomic temp+rename path.
+//!
+//! May depend on: state, layout, files, events, error, cairn-contain; never on `store`.
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -17,12 +19,13 @@ use rustix::fs::{FileType, OFlags};
 use rustix::io::Errno;
 use serde_json::{Map, Value};
 
-use crate::beneath::{self, refusal};
-use crate::error::{Error, Result};
-use crate::events::NewEvent;
-use crate::project;
-use crate::store::{blocking, Store};
-use crate::write;
+use cairn_contain as contain;
+
+use crate::error::{refusal, Error, Result};
+use crate::events::{NewEvent, RunLogs};
+use crate::files;
+use crate::layout::check_id;
+use crate::state::{blocking, State};
 
 /// The store-owned version key.
 pub const VERSION_KEY: &str = "write_version";
@@ -80,12 +83,17 @@ impl DocLocks {
 }
 
 /// UpdateJson.
-pub async fn update(store: &Arc<Store>, request: Update) -> Result<Updated> {
-    project::check_id("project", &request.project_id)?;
+pub async fn update(
+    state: &Arc<State>,
+    runs: &RunLogs,
+    docs: &DocLocks,
+    request: Update,
+) -> Result<Updated> {
+    check_id("project", &request.project_id)?;
     if !request.run_id.is_empty() {
-        project::check_id("run", &request.run_id)?;
+        check_id("run", &request.run_id)?;
     }
-    let path = store.write_path(&request.path, &[])?.to_string();
+    let path = state.layout.write_path(&request.path, &[])?.to_string();
     let patch = match serde_json::from_str::<Value>(&request.patch_json) {
         Ok(Value::Object(map)) => map,
         Ok(_) => {
@@ -104,20 +112,20 @@ pub async fn update(store: &Arc<Store>, request: Update) -> Result<Updated> {
             "patch_json for {path:?} sets {VERSION_KEY:?}, which the store owns; send expected_version instead"
         )));
     }
-    let lock = store.docs.lock_for(&request.project_id, &path);
+    let lock = docs.lock_for(&request.project_id, &path);
     let _held = lock.lock().await;
     // A Put of the document still being published lands first.
-    store.slots.settled(&request.project_id, &path).await;
-    let (store2, project, path2, expected, merge) = (
-        store.clone(),
+    state.slots.settled(&request.project_id, &path).await;
+    let (state2, project, path2, expected, merge) = (
+        state.clone(),
         request.project_id.clone(),
         path.clone(),
         request.expected_version,
         request.merge,
     );
     let (updated, stored) = blocking(move || {
-        let root = store2.project_root(&project)?;
-        let max = store2.config.max_json_bytes;
+        let root = state2.layout.project_root(&project)?;
+        let max = state2.config.max_json_bytes;
         let mut doc = read_document(root.as_fd(), &project, &path2, max)?.unwrap_or_default();
         let stored = doc.get(VERSION_KEY).and_then(Value::as_u64).unwrap_or(0);
         let merged_conflict = if expected == stored {
@@ -143,7 +151,7 @@ pub async fn update(store: &Arc<Store>, request: Update) -> Result<Updated> {
             });
         }
         let bytes = Bytes::from(format!("{document}\n"));
-        write::write_bytes(&store2, root.as_fd(), &project, &path2, &[bytes], true)?;
+        files::write_bytes(&state2, root.as_fd(), &project, &path2, &[bytes], true)?;
         Ok((
             Updated {
                 version,
@@ -159,9 +167,8 @@ pub async fn update(store: &Arc<Store>, request: Update) -> Result<Updated> {
             "store.json_merged",
             serde_json::json!({"path": path, "expected_version": request.expected_version, "stored_version": stored, "version": updated.version}),
         );
-        if let Err(e) = store
-            .runs
-            .append(store, &request.project_id, &request.run_id, vec![event])
+        if let Err(e) = runs
+            .append(state, &request.project_id, &request.run_id, vec![event])
             .await
         {
             tracing::error!(error = %e, %path, "could not record store.json_merged");
@@ -177,14 +184,14 @@ fn read_document(
     path: &str,
     max: usize,
 ) -> Result<Option<Map<String, Value>>> {
-    let fd = match beneath::open(root, path, OFlags::RDONLY | OFlags::NONBLOCK, 0) {
+    let fd = match contain::open(root, path, OFlags::RDONLY | OFlags::NONBLOCK, 0) {
         Ok(fd) => fd,
         Err(Errno::NOENT) => return Ok(None),
         Err(e) => return Err(refusal(e, project, path, "reading")),
     };
     let file = std::fs::File::from(fd);
     let st = rustix::fs::fstat(&file).map_err(|e| Error::io(format!("stat of {path:?}"), e))?;
-    match beneath::kind(&st) {
+    match contain::kind(&st) {
         FileType::RegularFile => {}
         FileType::Directory => {
             return Err(Error::NotAFile {

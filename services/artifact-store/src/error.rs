@@ -5,6 +5,7 @@
 use std::io;
 
 use pathguard::{Reason, Rejection};
+use rustix::io::Errno;
 use tonic::{Code, Status};
 
 /// Everything that can go wrong in the artifact-store.
@@ -204,5 +205,25 @@ impl From<Error> for Status {
             Some(reason) => cairn_proto::reason::status(code, err.to_string(), reason),
             None => Status::new(code, err.to_string()),
         }
+    }
+}
+
+/// Turns an errno met while walking to `path` into the store's refusal.
+pub(crate) fn refusal(errno: Errno, project: &str, path: &str, doing: &str) -> Error {
+    match errno {
+        // ELOOP: a symlink on the way (RESOLVE_NO_SYMLINKS / O_NOFOLLOW); EXDEV: an escape
+        // attempt caught by RESOLVE_BENEATH.
+        Errno::LOOP | Errno::XDEV => Error::SymlinkInPath { path: path.to_owned() },
+        Errno::NOTDIR => Error::NotAFile {
+            path: path.to_owned(),
+            found: "a file is where a directory of the path should be; choose another path or delete that file",
+        },
+        Errno::ISDIR => Error::NotAFile {
+            path: path.to_owned(),
+            found: "a directory is there, not a file; choose another path",
+        },
+        Errno::NOENT => Error::NotFound { project: project.to_owned(), path: path.to_owned() },
+        Errno::NAMETOOLONG => Error::BadRequest(format!("path {path:?} is too long for the filesystem")),
+        e => Error::io(format!("{doing} {path:?} in project {project:?}"), e),
     }
 }

@@ -8,6 +8,12 @@
 //! the file's tail on first touch; a torn last line left by a crash is cut off. Live readers
 //! subscribe to a broadcast per run while holding the mutex, then read the file up to the seq
 //! they saw, then switch to the broadcast: nothing is lost or sent twice at the switch.
+//!
+//! [`RunLogs`] also keeps what Put needs of a run: the fence a ClaimRun moves, the deferred
+//! publications its next events wait for, the directories they fsync first.
+//!
+//! May depend on: state, layout, files, deferred, stamp, error, cairn-contain; never on
+//! `write`, `document` or `store` (which use it).
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
@@ -22,16 +28,15 @@ use rustix::io::Errno;
 use serde_json::{Map, Value};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
-use crate::beneath::{self, refusal};
-use crate::deferred::{self, Added, PendingDirs, Publishing};
-use crate::error::{Error, Result};
-use crate::project;
-use crate::store::{blocking, timestamp_now, Store};
-use crate::write;
+use cairn_contain as contain;
 
-const EVENTS_FILE: &str = "events.jsonl";
-/// The run's writer epoch (ClaimRun), a decimal number beside its log; absent = 0.
-pub const EPOCH_FILE: &str = "events.epoch";
+use crate::deferred::{self, Added, PendingDirs, Publishing};
+use crate::error::{refusal, Error, Result};
+use crate::files;
+use crate::layout::{check_id, EPOCH_FILE, EVENTS_FILE};
+use crate::stamp::timestamp_now;
+use crate::state::{blocking, State};
+
 /// Live events buffered per followed run. The ring is allocated whole while anyone follows the
 /// run (4096 slots cost about 150 KiB per followed run); a reader that falls behind it goes back
 /// to the file, so a small ring costs nothing but a file read under bursts.
@@ -101,7 +106,7 @@ impl NewEvent {
             )));
         }
         if !node_id.is_empty() {
-            project::check_id("node", node_id)?;
+            check_id("node", node_id)?;
         }
         let data = match data_json.trim() {
             "" => Map::new(),
@@ -257,14 +262,14 @@ pub struct FenceTicket {
 
 impl RunLog {
     /// The run's writer epoch, read from its file on first use (blocking).
-    fn current_epoch(&self, store: &Store, project: &str, run: &str) -> Result<u64> {
+    fn current_epoch(&self, store: &State, project: &str, run: &str) -> Result<u64> {
         let mut fence = self.fence.lock().unwrap_or_else(|p| p.into_inner());
         fence.loaded(store, project, run)
     }
 }
 
 impl Fence {
-    fn loaded(&mut self, store: &Store, project: &str, run: &str) -> Result<u64> {
+    fn loaded(&mut self, store: &State, project: &str, run: &str) -> Result<u64> {
         if self.epoch.is_none() {
             self.epoch = Some(epoch_of(store, project, run)?);
         }
@@ -423,12 +428,12 @@ impl RunLogs {
     /// keeps a ClaimRun of the run waiting until the Put is done.
     pub fn enter_fence(
         &self,
-        store: &Store,
+        store: &State,
         project: &str,
         run: &str,
         epoch: u64,
     ) -> Result<FenceTicket> {
-        project::check_id("run", run)?;
+        check_id("run", run)?;
         let log = self.log(project, run);
         // Under the lock a claim moves the epoch with: checked before it, or refused.
         let mut fence = log.fence.lock().unwrap_or_else(|p| p.into_inner());
@@ -454,7 +459,7 @@ impl RunLogs {
     /// Appends `events` contiguously; returns (first_seq, last_seq) once they are durable.
     pub async fn append(
         &self,
-        store: &Arc<Store>,
+        store: &Arc<State>,
         project: &str,
         run: &str,
         events: Vec<NewEvent>,
@@ -469,15 +474,15 @@ impl RunLogs {
     /// (`publication_unproven` otherwise), and the commit makes them durable first.
     pub async fn append_fenced(
         &self,
-        store: &Arc<Store>,
+        store: &Arc<State>,
         project: &str,
         run: &str,
         events: Vec<NewEvent>,
         epoch: u64,
         publications: &[String],
     ) -> Result<(u64, u64)> {
-        project::check_id("project", project)?;
-        project::check_id("run", run)?;
+        check_id("project", project)?;
+        check_id("run", run)?;
         // Durable before named: a token this boot cannot vouch for may stand for a file that
         // never landed, so none of the events is committed.
         for token in publications {
@@ -560,13 +565,13 @@ impl RunLogs {
     /// the log's last seq. Batches committed from now on with an older epoch are refused.
     pub async fn claim(
         &self,
-        store: &Arc<Store>,
+        store: &Arc<State>,
         project: &str,
         run: &str,
         holder: &str,
     ) -> Result<(u64, u64)> {
-        project::check_id("project", project)?;
-        project::check_id("run", run)?;
+        check_id("project", project)?;
+        check_id("run", run)?;
         let log = self.log(project, run);
         // Held to the end: no batch is committed while the epoch moves.
         let mut state = log.state.lock().await;
@@ -593,9 +598,9 @@ impl RunLogs {
         }
         let (store2, project2, path) = (store.clone(), project.to_owned(), epoch_path(run));
         let written = blocking(move || {
-            let root = store2.project_root(&project2)?;
+            let root = store2.layout.project_root(&project2)?;
             let body = [Bytes::from(format!("{epoch}\n"))];
-            write::write_bytes(&store2, root.as_fd(), &project2, &path, &body, true)
+            files::write_bytes(&store2, root.as_fd(), &project2, &path, &body, true)
         })
         .await;
         if let Err(e) = written {
@@ -616,15 +621,15 @@ impl RunLogs {
     /// Streams a run's events from `from_seq`, then (with `follow`) live ones.
     pub async fn read(
         &self,
-        store: &Arc<Store>,
+        store: &Arc<State>,
         project: &str,
         run: &str,
         from_seq: u64,
         follow: bool,
         limit: u64,
     ) -> Result<mpsc::Receiver<Result<StoredEvent>>> {
-        project::check_id("project", project)?;
-        project::check_id("run", run)?;
+        check_id("project", project)?;
+        check_id("run", run)?;
         let log = self.log(project, run);
         let exists = {
             let mut state = log.state.lock().await;
@@ -654,7 +659,7 @@ impl RunLogs {
 
 /// Opens and recovers the log on first touch. Returns whether the file exists.
 async fn load(
-    store: &Arc<Store>,
+    store: &Arc<State>,
     state: &mut LogState,
     project: &str,
     run: &str,
@@ -683,18 +688,18 @@ fn log_path(run: &str) -> String {
 
 /// Opens (or creates) a run's log beneath the project root and recovers its last seq.
 fn open_log(
-    store: &Store,
+    store: &State,
     project: &str,
     run: &str,
     create: bool,
 ) -> Result<Option<(File, u64, u64)>> {
-    let root = store.project_root(project)?;
+    let root = store.layout.project_root(project)?;
     let dir_path = format!(".cairn/runs/{run}");
     let path = log_path(run);
     let dir = if create {
-        beneath::ensure_dir(root.as_fd(), &dir_path)
+        contain::ensure_dir(root.as_fd(), &dir_path)
     } else {
-        beneath::open_dir(root.as_fd(), &dir_path)
+        contain::open_dir(root.as_fd(), &dir_path)
     };
     let dir = match dir {
         Ok(dir) => dir,
@@ -705,14 +710,14 @@ fn open_log(
     if create {
         flags |= OFlags::CREATE;
     }
-    let fd = match beneath::open(dir.as_fd(), EVENTS_FILE, flags, beneath::FILE_MODE) {
+    let fd = match contain::open(dir.as_fd(), EVENTS_FILE, flags, contain::FILE_MODE) {
         Ok(fd) => fd,
         Err(Errno::NOENT) if !create => return Ok(None),
         Err(e) => return Err(refusal(e, project, &path, "opening")),
     };
     let file = File::from(fd);
     let st = rustix::fs::fstat(&file).map_err(|e| Error::io(format!("stat of {path:?}"), e))?;
-    if beneath::kind(&st) != FileType::RegularFile {
+    if contain::kind(&st) != FileType::RegularFile {
         return Err(Error::NotAFile {
             path,
             found: "the run's event log is not a regular file; remove it",
@@ -723,7 +728,7 @@ fn open_log(
         return Err(Error::NotAFile { path, found: "the run's event log has other hard links; the store appends only to its own file: remove it" });
     }
     if create {
-        beneath::sync_dir(dir.as_fd())
+        contain::sync_dir(dir.as_fd())
             .map_err(|e| Error::io(format!("fsync of the directory of {path:?}"), e))?;
     }
     let (len, last_seq) = recover(&file)
@@ -737,7 +742,7 @@ fn epoch_path(run: &str) -> String {
 
 /// [`RunLog::current_epoch`] from async code.
 async fn current_epoch(
-    store: &Arc<Store>,
+    store: &Arc<State>,
     log: &Arc<RunLog>,
     project: &str,
     run: &str,
@@ -752,10 +757,10 @@ async fn current_epoch(
 }
 
 /// The run's writer epoch read from its file beneath the project (0 when never claimed).
-fn epoch_of(store: &Store, project: &str, run: &str) -> Result<u64> {
-    let root = store.project_root(project)?;
+fn epoch_of(store: &State, project: &str, run: &str) -> Result<u64> {
+    let root = store.layout.project_root(project)?;
     let path = epoch_path(run);
-    let opened = beneath::open(root.as_fd(), &path, OFlags::RDONLY | OFlags::NONBLOCK, 0);
+    let opened = contain::open(root.as_fd(), &path, OFlags::RDONLY | OFlags::NONBLOCK, 0);
     let fd = match opened {
         Ok(fd) => fd,
         Err(Errno::NOENT) => return Ok(0),
@@ -954,7 +959,7 @@ async fn commit(log: &RunLog, state: &mut LogState, run: &str, batches: Vec<Batc
 
 /// One ReadEvents stream.
 struct Reader {
-    store: Arc<Store>,
+    store: Arc<State>,
     log: Arc<RunLog>,
     project: String,
     run: String,
@@ -1031,7 +1036,7 @@ impl Reader {
 
 /// Reads lines with `from <= seq <= upto` (at most `max`) and sends them; returns how many.
 fn read_file(
-    store: &Store,
+    store: &State,
     project: &str,
     run: &str,
     from: u64,
@@ -1039,9 +1044,9 @@ fn read_file(
     max: u64,
     tx: &mpsc::Sender<Result<StoredEvent>>,
 ) -> Result<u64> {
-    let root = store.project_root(project)?;
+    let root = store.layout.project_root(project)?;
     let path = log_path(run);
-    let fd = beneath::open(root.as_fd(), &path, OFlags::RDONLY | OFlags::NONBLOCK, 0)
+    let fd = contain::open(root.as_fd(), &path, OFlags::RDONLY | OFlags::NONBLOCK, 0)
         .map_err(|e| refusal(e, project, &path, "reading"))?;
     let mut reader = BufReader::with_capacity(256 << 10, File::from(fd));
     let mut line = String::new();

@@ -1,6 +1,8 @@
 //! Projects: `<data_root>/projects/<project_id>/` with `docs/`, `workspace/`, `.cairn/runs/`,
-//! and `.cairn/project.json` holding the id and creation time. Also the id rule shared by
-//! projects and runs (common.proto: [A-Za-z0-9._-], 1-128 characters, not `.` or `..`).
+//! and `.cairn/project.json` holding the id and creation time. (The id rule shared by
+//! projects and runs is `layout::check_id`.)
+//!
+//! May depend on: state, layout, files, page, stamp, error, cairn-contain.
 
 use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
@@ -10,11 +12,14 @@ use bytes::Bytes;
 use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
 
-use crate::beneath::{self, refusal};
-use crate::error::{Error, Result};
+use cairn_contain as contain;
+
+use crate::error::{refusal, Error, Result};
+use crate::files;
+use crate::layout::check_id;
 use crate::page::Page;
-use crate::store::{blocking, mtime_of, timestamp_now, Store};
-use crate::write;
+use crate::stamp::{mtime_of, timestamp_now};
+use crate::state::{blocking, State};
 
 /// Directories every project has.
 pub const LAYOUT: &[&str] = &["docs", "workspace", ".cairn/runs"];
@@ -27,44 +32,25 @@ pub struct Project {
     pub created_at: String,
 }
 
-/// Refuses ids outside [A-Za-z0-9._-]{1,128}, and `.`/`..`.
-pub fn check_id(kind: &'static str, id: &str) -> Result<()> {
-    let ok = !id.is_empty()
-        && id.len() <= 128
-        && id != "."
-        && id != ".."
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::InvalidId {
-            kind,
-            id: id.chars().take(160).collect(),
-        })
-    }
-}
-
 /// Creates the project when missing (idempotent) and returns its root and description.
-pub(crate) fn ensure(store: &Store, project_id: &str) -> Result<(OwnedFd, Project)> {
+pub(crate) fn ensure(state: &State, project_id: &str) -> Result<(OwnedFd, Project)> {
     check_id("project", project_id)?;
     match rustix::fs::mkdirat(
-        store.projects.as_fd(),
+        state.layout.projects.as_fd(),
         project_id,
-        Mode::from_raw_mode(beneath::DIR_MODE),
+        Mode::from_raw_mode(contain::DIR_MODE),
     ) {
         Ok(()) => {
-            beneath::sync_dir(store.projects.as_fd())
+            contain::sync_dir(state.layout.projects.as_fd())
                 .map_err(|e| Error::io("fsync of the projects directory", e))?;
             tracing::info!(project = project_id, "project created");
         }
         Err(Errno::EXIST) => {}
         Err(e) => return Err(Error::io(format!("creating project {project_id:?}"), e)),
     }
-    let root = store.project_root(project_id)?;
+    let root = state.layout.project_root(project_id)?;
     for dir in LAYOUT {
-        beneath::ensure_dir(root.as_fd(), dir)
+        contain::ensure_dir(root.as_fd(), dir)
             .map_err(|e| refusal(e, project_id, dir, "creating"))?;
     }
     let project = match read_metadata(&root, project_id)? {
@@ -73,7 +59,7 @@ pub(crate) fn ensure(store: &Store, project_id: &str) -> Result<(OwnedFd, Projec
             let json = serde_json::json!({"project_id": project_id, "created_at": timestamp_now()});
             let bytes = Bytes::from(format!("{json}\n"));
             // Two creators racing: overwrite=false lets exactly one publish its metadata.
-            match write::write_bytes(store, root.as_fd(), project_id, METADATA, &[bytes], false) {
+            match files::write_bytes(state, root.as_fd(), project_id, METADATA, &[bytes], false) {
                 Ok(_) | Err(Error::Exists { .. }) => {}
                 Err(e) => return Err(e),
             }
@@ -91,7 +77,7 @@ pub(crate) fn ensure(store: &Store, project_id: &str) -> Result<(OwnedFd, Projec
 /// `.cairn/project.json`, or None when absent; falls back to the directory's mtime when it
 /// cannot be parsed (a project directory made by hand).
 fn read_metadata(root: &OwnedFd, project_id: &str) -> Result<Option<Project>> {
-    let fd = match beneath::open(root.as_fd(), METADATA, OFlags::RDONLY | OFlags::NONBLOCK, 0) {
+    let fd = match contain::open(root.as_fd(), METADATA, OFlags::RDONLY | OFlags::NONBLOCK, 0) {
         Ok(fd) => fd,
         Err(Errno::NOENT) => return Ok(None),
         Err(e) => return Err(refusal(e, project_id, METADATA, "reading")),
@@ -120,16 +106,16 @@ fn read_metadata(root: &OwnedFd, project_id: &str) -> Result<Option<Project>> {
 }
 
 /// CreateProject.
-pub async fn create(store: &Arc<Store>, project_id: &str) -> Result<Project> {
-    let (store, id) = (store.clone(), project_id.to_owned());
-    blocking(move || ensure(&store, &id).map(|(_, p)| p)).await
+pub async fn create(state: &Arc<State>, project_id: &str) -> Result<Project> {
+    let (state, id) = (state.clone(), project_id.to_owned());
+    blocking(move || ensure(&state, &id).map(|(_, p)| p)).await
 }
 
 /// ListProjects: projects in id order, one page.
-pub async fn list(store: &Arc<Store>, page: Page) -> Result<(Vec<Project>, String)> {
-    let store = store.clone();
+pub async fn list(state: &Arc<State>, page: Page) -> Result<(Vec<Project>, String)> {
+    let state = state.clone();
     blocking(move || {
-        let mut ids: Vec<String> = beneath::read_dir(store.projects.as_fd())
+        let mut ids: Vec<String> = contain::read_dir(state.layout.projects.as_fd())
             .map_err(|e| Error::io("listing projects", e))?
             .into_iter()
             .map(|(name, _)| name)
@@ -140,7 +126,7 @@ pub async fn list(store: &Arc<Store>, page: Page) -> Result<(Vec<Project>, Strin
         let mut projects = Vec::with_capacity(ids.len());
         for id in ids {
             // Entries that are not directories (or vanished) are not projects.
-            let Ok(root) = beneath::open_dir(store.projects.as_fd(), &id) else {
+            let Ok(root) = contain::open_dir(state.layout.projects.as_fd(), &id) else {
                 continue;
             };
             if let Some(p) = read_metadata(&root, &id)? {

@@ -2,6 +2,8 @@
 //! project root like writes and never follow a symlink; a symlink is listed as "other" and never
 //! served. Paths a client could not address (denylisted, temp files, names pathguard refuses)
 //! are not listed.
+//!
+//! May depend on: state, layout, page, stamp, error, cairn-contain.
 
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -13,11 +15,13 @@ use rustix::fs::{FileType, OFlags, Stat};
 use rustix::io::Errno;
 use tokio::sync::mpsc;
 
-use crate::beneath::{self, refusal};
-use crate::error::{Error, Result};
+use cairn_contain as contain;
+
+use crate::error::{refusal, Error, Result};
+use crate::layout::{check_id, TEMP_PREFIX};
 use crate::page::Page;
-use crate::project;
-use crate::store::{blocking, mtime_of, Store, TEMP_PREFIX};
+use crate::stamp::mtime_of;
+use crate::state::{blocking, State};
 
 /// Kind of an entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,7 +45,7 @@ pub struct Entry {
 
 impl Entry {
     fn of(path: String, st: &Stat) -> Entry {
-        let kind = match beneath::kind(st) {
+        let kind = match contain::kind(st) {
             FileType::RegularFile => Kind::File,
             FileType::Directory => Kind::Directory,
             _ => Kind::Other,
@@ -63,11 +67,11 @@ impl Entry {
 
 /// Opens a regular file beneath `root` for reading, refusing anything else.
 fn open_file(root: BorrowedFd<'_>, project: &str, path: &str) -> Result<(File, Stat)> {
-    let fd = beneath::open(root, path, OFlags::RDONLY | OFlags::NONBLOCK, 0)
+    let fd = contain::open(root, path, OFlags::RDONLY | OFlags::NONBLOCK, 0)
         .map_err(|e| refusal(e, project, path, "reading"))?;
     let file = File::from(fd);
     let st = rustix::fs::fstat(&file).map_err(|e| Error::io(format!("stat of {path:?}"), e))?;
-    match beneath::kind(&st) {
+    match contain::kind(&st) {
         FileType::RegularFile => Ok((file, st)),
         FileType::Directory => Err(Error::NotAFile {
             path: path.to_owned(),
@@ -83,20 +87,20 @@ fn open_file(root: BorrowedFd<'_>, project: &str, path: &str) -> Result<(File, S
 /// Get: the file's description (whole-file size and sha256) and a stream of the requested
 /// range in chunks of the configured size.
 pub async fn get(
-    store: &Arc<Store>,
+    state: &Arc<State>,
     project: &str,
     path: &str,
     offset: u64,
     length: u64,
 ) -> Result<(Entry, mpsc::Receiver<Result<Bytes>>)> {
-    project::check_id("project", project)?;
-    let path = store.read_path(path)?.to_string();
-    store.slots.settled(project, &path).await;
-    let (store2, project2) = (store.clone(), project.to_owned());
+    check_id("project", project)?;
+    let path = state.layout.read_path(path)?.to_string();
+    state.slots.settled(project, &path).await;
+    let (state2, project2) = (state.clone(), project.to_owned());
     let (entry, file) = blocking(move || {
-        let root = store2.project_root(&project2)?;
+        let root = state2.layout.project_root(&project2)?;
         let (file, st) = open_file(root.as_fd(), &project2, &path)?;
-        let digest = store2
+        let digest = state2
             .digests
             .of_file(&file)
             .map_err(|e| Error::io(format!("reading {path:?}"), e))?;
@@ -116,7 +120,7 @@ pub async fn get(
         0 => entry.size_bytes,
         n => offset.saturating_add(n).min(entry.size_bytes),
     };
-    let chunk = store.config.chunk_bytes;
+    let chunk = state.config.chunk_bytes;
     let (tx, rx) = mpsc::channel(4);
     let name = entry.path.clone();
     tokio::task::spawn_blocking(move || {
@@ -151,30 +155,30 @@ pub async fn get(
 
 /// Stat: one entry ("" = the project root), optionally with the file's sha256.
 pub async fn stat(
-    store: &Arc<Store>,
+    state: &Arc<State>,
     project: &str,
     path: &str,
     include_sha256: bool,
 ) -> Result<Entry> {
-    project::check_id("project", project)?;
+    check_id("project", project)?;
     let path = if path.is_empty() {
         String::new()
     } else {
-        store.read_path(path)?.to_string()
+        state.layout.read_path(path)?.to_string()
     };
-    store.slots.settled(project, &path).await;
-    let (store, project) = (store.clone(), project.to_owned());
+    state.slots.settled(project, &path).await;
+    let (state, project) = (state.clone(), project.to_owned());
     blocking(move || {
-        let root = store.project_root(&project)?;
+        let root = state.layout.project_root(&project)?;
         if path.is_empty() {
             let st =
                 rustix::fs::fstat(&root).map_err(|e| Error::io("stat of the project root", e))?;
             return Ok(Entry::of(path, &st));
         }
-        let (parent, name) = beneath::split_parent(&path);
-        let dir = beneath::open_dir(root.as_fd(), parent)
+        let (parent, name) = contain::split_parent(&path);
+        let dir = contain::open_dir(root.as_fd(), parent)
             .map_err(|e| refusal(e, &project, &path, "looking at"))?;
-        let st = beneath::stat(dir.as_fd(), name)
+        let st = contain::stat(dir.as_fd(), name)
             .map_err(|e| refusal(e, &project, &path, "looking at"))?;
         let mut entry = Entry::of(path.clone(), &st);
         if entry.kind == Kind::File && include_sha256 {
@@ -185,7 +189,7 @@ pub async fn stat(
                 },
                 other => other,
             })?;
-            let digest = store
+            let digest = state
                 .digests
                 .of_file(&file)
                 .map_err(|e| Error::io(format!("reading {:?}", entry.path), e))?;
@@ -199,24 +203,24 @@ pub async fn stat(
 
 /// List: entries under `prefix` in byte order of their paths, one page.
 pub async fn list(
-    store: &Arc<Store>,
+    state: &Arc<State>,
     project: &str,
     prefix: &str,
     recursive: bool,
     page: Page,
 ) -> Result<(Vec<Entry>, String)> {
-    project::check_id("project", project)?;
+    check_id("project", project)?;
     let trimmed = prefix.strip_suffix('/').unwrap_or(prefix);
     let prefix = if trimmed.is_empty() {
         String::new()
     } else {
-        store.read_path(trimmed)?.to_string()
+        state.layout.read_path(trimmed)?.to_string()
     };
-    store.slots.settled_under(project, &prefix).await;
-    let (store, project) = (store.clone(), project.to_owned());
+    state.slots.settled_under(project, &prefix).await;
+    let (state, project) = (state.clone(), project.to_owned());
     blocking(move || {
-        let root = store.project_root(&project)?;
-        let dir = beneath::open_dir(root.as_fd(), &prefix).map_err(|e| match e {
+        let root = state.layout.project_root(&project)?;
+        let dir = contain::open_dir(root.as_fd(), &prefix).map_err(|e| match e {
             Errno::NOTDIR => Error::NotAFile {
                 path: prefix.clone(),
                 found:
@@ -232,12 +236,12 @@ pub async fn list(
             let dir = match name {
                 None => parent,
                 // Swapped for a symlink since it was listed: ELOOP, skipped.
-                Some(name) => match beneath::open_dir(parent.as_fd(), &name) {
+                Some(name) => match contain::open_dir(parent.as_fd(), &name) {
                     Ok(fd) => Arc::new(fd),
                     Err(_) => continue,
                 },
             };
-            let names = match beneath::read_dir(dir.as_fd()) {
+            let names = match contain::read_dir(dir.as_fd()) {
                 Ok(names) => names,
                 // A directory removed while listing holds nothing.
                 Err(Errno::NOENT) => continue,
@@ -252,10 +256,10 @@ pub async fn list(
                 } else {
                     format!("{rel}/{name}")
                 };
-                if store.read_policy.check(&path).is_err() {
+                if state.layout.read_policy.check(&path).is_err() {
                     continue;
                 }
-                let Ok(st) = beneath::stat(dir.as_fd(), &name) else {
+                let Ok(st) = contain::stat(dir.as_fd(), &name) else {
                     continue;
                 };
                 let entry = Entry::of(path, &st);

@@ -1,5 +1,7 @@
-//! The gRPC face of the store: decodes requests, calls the domain modules, encodes replies.
+//! The gRPC face of the store: decodes requests, calls the [`Store`], encodes replies.
 //! No filesystem logic lives here.
+//!
+//! May depend on: store, and the request and reply types of the modules beneath it.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -17,14 +19,15 @@ use futures::{Stream, StreamExt};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::document::{self, Merge, Update};
+use crate::document::{Merge, Update};
 use crate::error::Error;
 use crate::events::{Level, NewEvent, StoredEvent};
+use crate::files::Outcome;
 use crate::page::Page;
-use crate::read::{self, Entry, Kind};
+use crate::read::{Entry, Kind};
 use crate::store::Store;
-use crate::write::{self, Durability, Outcome, PutSpec};
-use crate::{access, project, Result};
+use crate::write::{Durability, PutSpec};
+use crate::{access, Result};
 use cairn_server::Caller;
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
@@ -93,7 +96,10 @@ impl ArtifactStore for ArtifactStoreService {
         &self,
         request: Request<CreateProjectRequest>,
     ) -> Result<Response<pb::Project>, Status> {
-        let p = project::create(&self.store, &request.into_inner().project_id).await?;
+        let p = self
+            .store
+            .create_project(&request.into_inner().project_id)
+            .await?;
         Ok(Response::new(pb::Project {
             project_id: p.project_id,
             created_at: p.created_at,
@@ -104,8 +110,10 @@ impl ArtifactStore for ArtifactStoreService {
         &self,
         request: Request<ListProjectsRequest>,
     ) -> Result<Response<ListProjectsResponse>, Status> {
-        let (projects, next_page_token) =
-            project::list(&self.store, page(request.into_inner().page)?).await?;
+        let (projects, next_page_token) = self
+            .store
+            .list_projects(page(request.into_inner().page)?)
+            .await?;
         let projects = projects
             .into_iter()
             .map(|p| pb::Project {
@@ -173,7 +181,7 @@ impl ArtifactStore for ArtifactStoreService {
                 Err(status) => Err(Error::Stream(status.message().to_owned())),
             }
         });
-        let written = write::put(&self.store, spec, chunks).await?;
+        let written = self.store.put(spec, chunks).await?;
         match written.outcome {
             Outcome::Created => {
                 cairn_telemetry::metrics::store_written(written.digest.size_bytes, "created")
@@ -202,8 +210,10 @@ impl ArtifactStore for ArtifactStoreService {
 
     async fn get(&self, request: Request<GetRequest>) -> Result<Response<Self::GetStream>, Status> {
         let r = request.into_inner();
-        let (entry, chunks) =
-            read::get(&self.store, &r.project_id, &r.path, r.offset, r.length).await?;
+        let (entry, chunks) = self
+            .store
+            .get(&r.project_id, &r.path, r.offset, r.length)
+            .await?;
         let first = GetResponse {
             msg: Some(get_response::Msg::Info(file_info(entry))),
         };
@@ -220,20 +230,19 @@ impl ArtifactStore for ArtifactStoreService {
 
     async fn stat(&self, request: Request<StatRequest>) -> Result<Response<FileInfo>, Status> {
         let r = request.into_inner();
-        let entry = read::stat(&self.store, &r.project_id, &r.path, r.include_sha256).await?;
+        let entry = self
+            .store
+            .stat(&r.project_id, &r.path, r.include_sha256)
+            .await?;
         Ok(Response::new(file_info(entry)))
     }
 
     async fn list(&self, request: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
         let r = request.into_inner();
-        let (entries, next_page_token) = read::list(
-            &self.store,
-            &r.project_id,
-            &r.prefix,
-            r.recursive,
-            page(r.page)?,
-        )
-        .await?;
+        let (entries, next_page_token) = self
+            .store
+            .list(&r.project_id, &r.prefix, r.recursive, page(r.page)?)
+            .await?;
         Ok(Response::new(ListResponse {
             entries: entries.into_iter().map(file_info).collect(),
             next_page_token,
@@ -247,7 +256,7 @@ impl ArtifactStore for ArtifactStoreService {
         let caller = Caller::of(&request);
         let r = request.into_inner();
         access::check_write(&caller, "cairn.v1.ArtifactStore/Delete", &r.path, None)?;
-        let deleted = write::delete(&self.store, &r.project_id, &r.path, &r.run_id).await?;
+        let deleted = self.store.delete(&r.project_id, &r.path, &r.run_id).await?;
         Ok(Response::new(DeleteResponse { deleted }))
     }
 
@@ -274,9 +283,7 @@ impl ArtifactStore for ArtifactStoreService {
             .collect::<Result<Vec<_>>>()?;
         let (first_seq, last_seq) = self
             .store
-            .runs
-            .append_fenced(
-                &self.store,
+            .append_events(
                 &r.project_id,
                 &r.run_id,
                 events,
@@ -305,8 +312,7 @@ impl ArtifactStore for ArtifactStoreService {
         };
         let (epoch, last_seq) = self
             .store
-            .runs
-            .claim(&self.store, &r.project_id, &r.run_id, &holder)
+            .claim_run(&r.project_id, &r.run_id, &holder)
             .await?;
         Ok(Response::new(ClaimRunResponse { epoch, last_seq }))
     }
@@ -321,15 +327,7 @@ impl ArtifactStore for ArtifactStoreService {
         let r = request.into_inner();
         let events = self
             .store
-            .runs
-            .read(
-                &self.store,
-                &r.project_id,
-                &r.run_id,
-                r.from_seq,
-                r.follow,
-                r.limit,
-            )
+            .read_events(&r.project_id, &r.run_id, r.from_seq, r.follow, r.limit)
             .await?;
         let stream = ReceiverStream::new(events).map(|e| e.map(event).map_err(Status::from));
         if r.follow {
@@ -365,7 +363,7 @@ impl ArtifactStore for ArtifactStoreService {
             merge,
             run_id: r.run_id,
         };
-        let updated = document::update(&self.store, update).await?;
+        let updated = self.store.update_document(update).await?;
         Ok(Response::new(UpdateJsonResponse {
             version: updated.version,
             document_json: updated.document,

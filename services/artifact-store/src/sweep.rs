@@ -1,9 +1,11 @@
 //! The start-up sweep: temp files (`.cairn-tmp-*`) left by a crash or kill are removed from the
 //! whole data root before the store serves, so a half-written file never outlives a restart.
+//!
+//! May depend on: layout (the temp prefix).
 
 use std::path::Path;
 
-use crate::store::TEMP_PREFIX;
+use crate::layout::TEMP_PREFIX;
 
 /// Removes every regular file named `.cairn-tmp-*` under `data_root` (symlinks are not
 /// followed). Returns how many were removed.

@@ -1,14 +1,15 @@
-//! Writing files: Put, Delete, and the store's own writes.
+//! Put and Delete.
 //!
-//! A write never touches the target until the very end: the bytes go into a temp file in the
-//! target's directory (held open as an fd, reached beneath the project root without following
-//! symlinks): an unnamed O_TMPFILE inode where the filesystem has it, else a name created with
-//! O_CREAT|O_EXCL. They are hashed while they stream, verified against what the client
-//! announced, fsync'd, and published by one link (no-replace) or rename (overwrite), after
-//! which the directory is fsync'd. An existing file is never opened for writing (no O_TRUNC: it
-//! may be a hard link to a file elsewhere); publishing replaces the directory entry, not the
-//! inode. Every error or cancellation path drops the [`TempFile`] guard, which closes (an
-//! unnamed file is then gone) or unlinks the temp file.
+//! A Put never touches the target until the very end: the bytes go into a temp file in the
+//! target's directory (see `temp` and `files`). They are hashed while they stream, verified
+//! against what the client announced, fsync'd, and published by one link (no-replace) or
+//! rename (overwrite), after which the directory is fsync'd, now or (deferred) with the run's
+//! next events. Every error or cancellation path drops the temp file's guard, which closes (an
+//! unnamed file is then gone) or unlinks it. An overwrite or a delete in a run is recorded as
+//! one of its events.
+//!
+//! May depend on: state, layout, files, events, digest, direct, error, cairn-contain; never on
+//! `document`, `read` or `store`.
 
 use std::fs::File;
 use std::io::Write;
@@ -16,48 +17,27 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
 use bytes::Bytes;
+use cairn_contain as contain;
 use futures::{Stream, StreamExt};
-use rustix::fs::{AtFlags, FileType, OFlags, RenameFlags};
+use rustix::fs::AtFlags;
 use rustix::io::Errno;
 use sha2::{Digest as _, Sha256};
 use tokio::sync::mpsc;
 
-use crate::beneath::{self, refusal};
 use crate::digest::{self, Digest};
 use crate::direct::DirectWriter;
-use crate::error::{Error, Result};
-use crate::events::NewEvent;
+use crate::error::{refusal, Error, Result};
+use crate::events::{FenceTicket, NewEvent, RunLogs};
+use crate::files::{self, existing_file, holds_same_bytes, Outcome, Staged, Written};
+use crate::layout::check_id;
 use crate::project;
-use crate::store::{blocking, Store, TEMP_PREFIX};
+use crate::state::{blocking, State};
 
 /// Bodies up to this size are received whole and written in one blocking step; larger ones
 /// stream through a write thread and a hash thread in parallel.
 const SMALL_BYTES: u64 = 1 << 20;
 /// Chunks queued for each of the write and hash threads (bounds memory per Put).
 const QUEUED_CHUNKS: usize = 8;
-
-/// What a Put did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// The path did not exist.
-    Created,
-    /// The same bytes were already there.
-    Unchanged,
-    /// Other bytes were replaced (overwrite=true).
-    Overwritten,
-}
-
-/// Result of a write.
-#[derive(Debug, Clone)]
-pub struct Written {
-    /// Normalised project-relative path.
-    pub path: String,
-    /// Digest of the bytes now at the path.
-    pub digest: Digest,
-    pub outcome: Outcome,
-    /// A deferred Put's publication token (see `publication`); None when durable already.
-    pub publication: Option<String>,
-}
 
 /// When a Put is made durable (its bytes always are, before they are published).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -84,7 +64,8 @@ struct Publish {
 /// What a Put published in the background carries along.
 #[derive(Debug)]
 struct Deferral {
-    store: Arc<Store>,
+    state: Arc<State>,
+    runs: Arc<RunLogs>,
     run: String,
     /// One of the store's bounded publications in flight.
     _permit: tokio::sync::OwnedSemaphorePermit,
@@ -140,254 +121,20 @@ impl Expect {
     }
 }
 
-/// The temp file of one write: an unnamed inode in the target's directory (O_TMPFILE, where
-/// the filesystem has it: nothing to clean after a crash) or a `.cairn-tmp-*` name, unlinked on
-/// drop unless it was published.
-#[derive(Debug)]
-struct TempFile {
-    dir: Arc<OwnedFd>,
-    /// None while the inode has no name.
-    name: Option<String>,
-    armed: bool,
-}
-
-impl TempFile {
-    fn create(dir: Arc<OwnedFd>, unnamed: bool) -> std::result::Result<(TempFile, File), Errno> {
-        if unnamed {
-            match rustix::fs::openat(
-                dir.as_fd(),
-                ".",
-                OFlags::WRONLY | OFlags::TMPFILE | OFlags::CLOEXEC,
-                rustix::fs::Mode::from_raw_mode(beneath::FILE_MODE),
-            ) {
-                Ok(fd) => {
-                    let temp = TempFile {
-                        dir,
-                        name: None,
-                        armed: false,
-                    };
-                    return Ok((temp, File::from(fd)));
-                }
-                // This directory's filesystem has no O_TMPFILE: use a name.
-                Err(Errno::OPNOTSUPP | Errno::ISDIR | Errno::INVAL) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        let name = temp_name();
-        let fd = rustix::fs::openat(
-            dir.as_fd(),
-            name.as_str(),
-            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            rustix::fs::Mode::from_raw_mode(beneath::FILE_MODE),
-        )?;
-        Ok((
-            TempFile {
-                dir,
-                name: Some(name),
-                armed: true,
-            },
-            File::from(fd),
-        ))
-    }
-
-    /// Links the file at `name` in its directory, failing with EEXIST when something is there
-    /// (the atomic no-replace publish).
-    fn link_as(&mut self, file: &File, name: &str) -> std::result::Result<(), Errno> {
-        match &self.name {
-            None => link_unnamed(file, self.dir.as_fd(), name),
-            Some(tmp) => match rustix::fs::renameat_with(
-                self.dir.as_fd(),
-                tmp.as_str(),
-                self.dir.as_fd(),
-                name,
-                RenameFlags::NOREPLACE,
-            ) {
-                Ok(()) => {
-                    self.armed = false;
-                    Ok(())
-                }
-                // Filesystems without RENAME_NOREPLACE: link(2) also refuses an existing
-                // target atomically; the temp name is then unlinked by the guard.
-                Err(Errno::INVAL) => rustix::fs::linkat(
-                    self.dir.as_fd(),
-                    tmp.as_str(),
-                    self.dir.as_fd(),
-                    name,
-                    AtFlags::empty(),
-                ),
-                Err(e) => Err(e),
-            },
-        }
-    }
-
-    /// Moves the file over `name`, replacing what is there (an unnamed inode first gets a
-    /// temp name, since only rename replaces atomically).
-    fn replace(&mut self, file: &File, name: &str) -> std::result::Result<(), Errno> {
-        let tmp = match &self.name {
-            Some(tmp) => tmp.clone(),
-            None => {
-                let tmp = temp_name();
-                link_unnamed(file, self.dir.as_fd(), &tmp)?;
-                self.name = Some(tmp.clone());
-                self.armed = true;
-                tmp
-            }
-        };
-        rustix::fs::renameat(self.dir.as_fd(), tmp.as_str(), self.dir.as_fd(), name)?;
-        self.armed = false;
-        Ok(())
-    }
-}
-
-fn temp_name() -> String {
-    format!("{TEMP_PREFIX}{}", uuid::Uuid::new_v4().simple())
-}
-
-/// Gives an O_TMPFILE inode the name `name` in `dir` (through its /proc/self/fd link; EEXIST
-/// when the name is taken).
-fn link_unnamed(file: &File, dir: BorrowedFd<'_>, name: &str) -> std::result::Result<(), Errno> {
-    use std::os::fd::AsRawFd;
-    rustix::fs::linkat(
-        rustix::fs::CWD,
-        format!("/proc/self/fd/{}", file.as_raw_fd()).as_str(),
-        dir,
-        name,
-        AtFlags::SYMLINK_FOLLOW,
-    )
-}
-
-/// Whether unnamed temp files work under `dir` (O_TMPFILE, and /proc to name them).
-pub(crate) fn unnamed_temps_work(dir: BorrowedFd<'_>) -> bool {
-    let Ok((mut temp, file)) = TempFile::create(
-        Arc::new(match rustix::io::dup(dir) {
-            Ok(fd) => fd,
-            Err(_) => return false,
-        }),
-        true,
-    ) else {
-        return false;
-    };
-    if temp.name.is_some() {
-        return false;
-    }
-    let probe = temp_name();
-    let linked = temp.link_as(&file, &probe).is_ok();
-    if linked {
-        let _ = rustix::fs::unlinkat(dir, probe.as_str(), AtFlags::empty());
-    }
-    linked
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        if let (true, Some(name)) = (self.armed, &self.name) {
-            let _ = rustix::fs::unlinkat(self.dir.as_fd(), name.as_str(), AtFlags::empty());
-        }
-    }
-}
-
-/// A temp file next to its target, ready to receive bytes.
-#[derive(Debug)]
-struct Staged {
-    project: String,
-    path: String,
-    /// The target's directory.
-    dir: Arc<OwnedFd>,
-    /// The target's name in `dir`.
-    name: String,
-    temp: TempFile,
-}
-
-/// Reaches the target's directory beneath `root` (creating it), refuses a non-file at the
-/// target early, and creates the temp file.
-fn stage(store: &Store, root: BorrowedFd<'_>, project: &str, path: &str) -> Result<(Staged, File)> {
-    let (parent, name) = beneath::split_parent(path);
-    let dir = beneath::ensure_dir(root, parent)
-        .map_err(|e| refusal(e, project, path, "creating the directories of"))?;
-    let dir = Arc::new(dir);
-    existing_file(dir.as_fd(), name, project, path)?;
-    let (temp, file) = TempFile::create(dir.clone(), store.unnamed_temps)
-        .map_err(|e| refusal(e, project, path, "creating a temp file for"))?;
-    let staged = Staged {
-        project: project.to_owned(),
-        path: path.to_owned(),
-        dir,
-        name: name.to_owned(),
-        temp,
-    };
-    Ok((staged, file))
-}
-
-/// What is at the target now: a regular file (its stat), nothing, or a refusal.
-fn existing_file(
-    dir: BorrowedFd<'_>,
-    name: &str,
-    project: &str,
-    path: &str,
-) -> Result<Option<rustix::fs::Stat>> {
-    match beneath::stat(dir, name) {
-        Ok(st) => match beneath::kind(&st) {
-            FileType::RegularFile => Ok(Some(st)),
-            FileType::Directory => Err(Error::NotAFile {
-                path: path.to_owned(),
-                found: "a directory is there, not a file; choose another path",
-            }),
-            FileType::Symlink => Err(Error::SymlinkInPath { path: path.to_owned() }),
-            _ => Err(Error::NotAFile {
-                path: path.to_owned(),
-                found: "a special file (fifo, socket or device) is there; only regular files are stored",
-            }),
-        },
-        Err(Errno::NOENT) => Ok(None),
-        Err(e) => Err(refusal(e, project, path, "looking at")),
-    }
-}
-
-/// True when the file at the target holds exactly `digest`'s bytes (also returns its size).
-fn holds_same_bytes(store: &Store, staged: &Staged, digest: &Digest) -> Result<(bool, u64)> {
-    let fd = beneath::open(
-        staged.dir.as_fd(),
-        &staged.name,
-        OFlags::RDONLY | OFlags::NONBLOCK,
-        0,
-    )
-    .map_err(|e| refusal(e, &staged.project, &staged.path, "reading"))?;
-    let file = File::from(fd);
-    let st =
-        rustix::fs::fstat(&file).map_err(|e| Error::io(format!("stat of {:?}", staged.path), e))?;
-    if beneath::kind(&st) != FileType::RegularFile {
-        return existing_file(
-            staged.dir.as_fd(),
-            &staged.name,
-            &staged.project,
-            &staged.path,
-        )
-        .map(|_| (false, 0));
-    }
-    let size = u64::try_from(st.st_size).unwrap_or(0);
-    if size != digest.size_bytes {
-        return Ok((false, size));
-    }
-    let theirs = store
-        .digests
-        .of_file(&file)
-        .map_err(|e| Error::io(format!("reading {:?}", staged.path), e))?;
-    Ok((theirs.sha256 == digest.sha256, size))
-}
-
 /// fsyncs the temp file and publishes it (see the module header); returns what happened. A
 /// deferred publication decides its outcome now and leaves the fsync and the link to a
 /// background task that holds the path's slot until it is done; it also returns the token
 /// the run's events present for it.
 fn publish(
-    store: &Store,
-    mut staged: Staged,
+    state: &State,
+    runs: &RunLogs,
+    staged: Staged,
     file: File,
     digest: &Digest,
     how: Publish,
 ) -> Result<(Outcome, Option<String>)> {
     if let Some(defer) = how.defer {
-        let slot = store.slots.claim_blocking(&staged.project, &staged.path);
+        let slot = state.slots.claim_blocking(&staged.project, &staged.path);
         let outcome = match existing_file(
             staged.dir.as_fd(),
             &staged.name,
@@ -396,16 +143,13 @@ fn publish(
         )? {
             None => Outcome::Created,
             Some(_) => {
-                let (same, existing_size) = holds_same_bytes(store, &staged, digest)?;
+                let (same, existing_size) = holds_same_bytes(state, &staged, digest)?;
                 if same {
                     // The bytes may be those of a Put acknowledged before a crash whose
                     // directory entry was never fsync'd: the run's events make it durable too.
-                    let token = store.boot.issue(&staged.project, &defer.run);
-                    if !store
-                        .runs
-                        .defer_dir_sync(&staged.project, &defer.run, &staged.dir)
-                    {
-                        beneath::sync_dir(staged.dir.as_fd()).map_err(|e| {
+                    let token = state.boot.issue(&staged.project, &defer.run);
+                    if !runs.defer_dir_sync(&staged.project, &defer.run, &staged.dir) {
+                        contain::sync_dir(staged.dir.as_fd()).map_err(|e| {
                             Error::io(format!("fsync of the directory of {:?}", staged.path), e)
                         })?;
                     }
@@ -420,22 +164,21 @@ fn publish(
                 Outcome::Overwritten
             }
         };
-        let ticket = fence_ticket(store, &staged.project, &how.fence)?;
-        let publication = store
-            .runs
-            .start_publication(&staged.project, &defer.run, &staged.path);
-        let token = store.boot.issue(&staged.project, &defer.run);
+        let ticket = fence_ticket(state, runs, &staged.project, &how.fence)?;
+        let publication = runs.start_publication(&staged.project, &defer.run, &staged.path);
+        let token = state.boot.issue(&staged.project, &defer.run);
         let digest = digest.clone();
         let work = move || {
             #[cfg(test)]
-            drop(defer.store.hold_publications.lock());
+            drop(defer.state.hold_publications.lock());
             let result = publish_now(
-                &defer.store,
+                &defer.state,
+                &defer.runs,
                 staged,
                 file,
                 &digest,
                 how.overwrite,
-                Some(&defer.run),
+                &defer.run,
             );
             if let Err(e) = &result {
                 tracing::error!(run = %defer.run, error = %e, "a deferred publication failed; the run's events are refused");
@@ -452,27 +195,21 @@ fn publish(
         }
         return Ok((outcome, Some(token)));
     }
-    file.sync_all()
-        .map_err(|e| Error::io(format!("fsync of the temp file for {:?}", staged.path), e))?;
-    let slot = store.slots.claim_blocking(&staged.project, &staged.path);
-    let ticket = fence_ticket(store, &staged.project, &how.fence)?;
-    let outcome = link(store, &mut staged, &file, digest, how.overwrite)?;
-    drop(ticket);
-    drop(slot);
-    if outcome != Outcome::Unchanged {
-        sync_published(store, &staged, &file, digest, None)?;
-    }
+    let outcome = files::publish_sync(state, staged, file, digest, how.overwrite, |project| {
+        fence_ticket(state, runs, project, &how.fence)
+    })?;
     Ok((outcome, None))
 }
 
 /// Checks a fenced write's claim; the ticket holds off a ClaimRun of the run until dropped.
 fn fence_ticket(
-    store: &Store,
+    state: &State,
+    runs: &RunLogs,
     project: &str,
     fence: &Option<(String, u64)>,
-) -> Result<Option<crate::events::FenceTicket>> {
+) -> Result<Option<FenceTicket>> {
     match fence {
-        Some((run, epoch)) => Ok(Some(store.runs.enter_fence(store, project, run, *epoch)?)),
+        Some((run, epoch)) => Ok(Some(runs.enter_fence(state, project, run, *epoch)?)),
         None => Ok(None),
     }
 }
@@ -480,117 +217,29 @@ fn fence_ticket(
 /// The background half of a deferred publication: fsync, link, and the directory left to the
 /// run's next events.
 fn publish_now(
-    store: &Store,
+    state: &State,
+    runs: &RunLogs,
     mut staged: Staged,
     file: File,
     digest: &Digest,
     overwrite: bool,
-    run: Option<&str>,
+    run: &str,
 ) -> Result<Outcome> {
     file.sync_all()
         .map_err(|e| Error::io(format!("fsync of the temp file for {:?}", staged.path), e))?;
-    let outcome = link(store, &mut staged, &file, digest, overwrite)?;
+    let outcome = files::link(state, &mut staged, &file, digest, overwrite)?;
     if outcome != Outcome::Unchanged {
-        sync_published(store, &staged, &file, digest, run)?;
+        let deferred = runs.defer_dir_sync(&staged.project, run, &staged.dir);
+        files::sync_published(state, &staged, &file, digest, deferred)?;
     }
     Ok(outcome)
 }
 
-/// Gives the fsync'd temp file the target's name: no-replace (an existing file with the same
-/// bytes is `Unchanged`, other bytes `Exists`) or, with `overwrite`, by rename.
-fn link(
-    store: &Store,
-    staged: &mut Staged,
-    file: &File,
-    digest: &Digest,
-    overwrite: bool,
-) -> Result<Outcome> {
-    if !overwrite {
-        let name = staged.name.clone();
-        return match staged.temp.link_as(file, &name) {
-            Ok(()) => Ok(Outcome::Created),
-            Err(Errno::EXIST) => {
-                let (same, existing_size) = holds_same_bytes(store, staged, digest)?;
-                if same {
-                    return Ok(Outcome::Unchanged);
-                }
-                Err(Error::Exists {
-                    path: staged.path.clone(),
-                    existing_size,
-                })
-            }
-            Err(e) => Err(refusal(e, &staged.project, &staged.path, "publishing")),
-        };
-    }
-    let dir = staged.dir.clone();
-    let existed = existing_file(dir.as_fd(), &staged.name, &staged.project, &staged.path)?;
-    if let Some(st) = existed {
-        if u64::try_from(st.st_size).ok() == Some(digest.size_bytes)
-            && holds_same_bytes(store, staged, digest)?.0
-        {
-            return Ok(Outcome::Unchanged);
-        }
-    }
-    let name = staged.name.clone();
-    staged
-        .temp
-        .replace(file, &name)
-        .map_err(|e| refusal(e, &staged.project, &staged.path, "publishing"))?;
-    Ok(if existed.is_some() {
-        Outcome::Overwritten
-    } else {
-        Outcome::Created
-    })
-}
-
-/// Makes a new directory entry durable (now, or with `run`'s next events) and remembers the
-/// file's digest.
-fn sync_published(
-    store: &Store,
-    staged: &Staged,
-    file: &File,
-    digest: &Digest,
-    run: Option<&str>,
-) -> Result<()> {
-    let deferred =
-        run.is_some_and(|run| store.runs.defer_dir_sync(&staged.project, run, &staged.dir));
-    if !deferred {
-        beneath::sync_dir(staged.dir.as_fd())
-            .map_err(|e| Error::io(format!("fsync of the directory of {:?}", staged.path), e))?;
-    }
-    // The published inode's stat (rename changed its ctime) keys the digest cache.
-    if let Ok(st) = rustix::fs::fstat(file) {
-        store.digests.remember(&st, &digest.sha256);
-    }
-    Ok(())
-}
-
-/// Writes `bytes` to `path` in one blocking step (the store's own small writes and small Puts).
-pub(crate) fn write_bytes(
-    store: &Store,
-    root: BorrowedFd<'_>,
-    project: &str,
-    path: &str,
-    bytes: &[Bytes],
-    overwrite: bool,
-) -> Result<Written> {
-    write_small(
-        store,
-        root,
-        project,
-        path,
-        bytes,
-        &Expect::default(),
-        Publish {
-            overwrite,
-            defer: None,
-            fence: None,
-        },
-    )
-}
-
+/// A small Put's body, received whole, written in one blocking step.
+#[allow(clippy::too_many_arguments)]
 fn write_small(
-    store: &Store,
+    state: &State,
+    runs: &RunLogs,
     root: BorrowedFd<'_>,
     project: &str,
     path: &str,
@@ -598,23 +247,10 @@ fn write_small(
     expect: &Expect,
     how: Publish,
 ) -> Result<Written> {
-    let mut hasher = Sha256::new();
-    let mut size_bytes = 0u64;
-    for chunk in bytes {
-        hasher.update(chunk);
-        size_bytes += chunk.len() as u64;
-    }
-    let digest = Digest {
-        sha256: hex::encode(hasher.finalize()),
-        size_bytes,
-    };
+    let digest = files::digest_of(bytes);
     expect.verify(path, &digest)?;
-    let (staged, mut file) = stage(store, root, project, path)?;
-    for chunk in bytes {
-        file.write_all(chunk)
-            .map_err(|e| Error::io(format!("writing {path:?}"), e))?;
-    }
-    let (outcome, publication) = publish(store, staged, file, &digest, how)?;
+    let (staged, file) = files::stage_bytes(state, root, project, path, bytes)?;
+    let (outcome, publication) = publish(state, runs, staged, file, &digest, how)?;
     Ok(Written {
         path: path.to_owned(),
         digest,
@@ -624,13 +260,18 @@ fn write_small(
 }
 
 /// Put: checks, receives the stream, publishes; records an overwrite as a run event.
-pub async fn put<S>(store: &Arc<Store>, spec: PutSpec, mut chunks: S) -> Result<Written>
+pub async fn put<S>(
+    state: &Arc<State>,
+    runs: &Arc<RunLogs>,
+    spec: PutSpec,
+    mut chunks: S,
+) -> Result<Written>
 where
     S: Stream<Item = Result<Bytes>> + Unpin + Send,
 {
-    project::check_id("project", &spec.project_id)?;
+    check_id("project", &spec.project_id)?;
     if !spec.run_id.is_empty() {
-        project::check_id("run", &spec.run_id)?;
+        check_id("run", &spec.run_id)?;
     }
     let defer_to_run = match spec.durability {
         Durability::Sync => None,
@@ -641,10 +282,11 @@ where
         }
         Durability::WithRunEvents => Some(spec.run_id.clone()),
     };
-    let path = store
+    let path = state
+        .layout
         .write_path(&spec.path, &spec.allowed_prefixes)?
         .to_string();
-    let max = store.config.max_file_bytes;
+    let max = state.config.max_file_bytes;
     let expect = Expect {
         sha256: match spec.expected_sha256.as_str() {
             "" => None,
@@ -689,9 +331,10 @@ where
     let defer = match defer_to_run {
         None => None,
         Some(run) => Some(Deferral {
-            store: store.clone(),
+            state: state.clone(),
+            runs: runs.clone(),
             run,
-            _permit: store
+            _permit: state
                 .publish_permits
                 .clone()
                 .acquire_owned()
@@ -700,8 +343,9 @@ where
         }),
     };
     let written = if ended {
-        let (store2, project, path2, create) = (
-            store.clone(),
+        let (state2, runs2, project, path2, create) = (
+            state.clone(),
+            runs.clone(),
             spec.project_id.clone(),
             path.clone(),
             spec.create_project,
@@ -712,37 +356,38 @@ where
             fence: spec.fence.clone(),
         };
         blocking(move || {
-            let root = open_root(&store2, &project, create)?;
-            write_small(&store2, root.as_fd(), &project, &path2, &head, &expect, how)
+            let root = open_root(&state2, &project, create)?;
+            let root = root.as_fd();
+            write_small(&state2, &runs2, root, &project, &path2, &head, &expect, how)
         })
         .await?
     } else {
-        let (store2, project, path2, create) = (
-            store.clone(),
+        let (state2, project, path2, create) = (
+            state.clone(),
             spec.project_id.clone(),
             path.clone(),
             spec.create_project,
         );
         let (staged, file) = blocking(move || {
-            let root = open_root(&store2, &project, create)?;
-            stage(&store2, root.as_fd(), &project, &path2)
+            let root = open_root(&state2, &project, create)?;
+            files::stage(&state2, root.as_fd(), &project, &path2)
         })
         .await?;
         // O_DIRECT while a writer's buffers are to be had (see DIRECT_WRITERS).
-        let direct = match store.config.direct_io {
-            true => store.direct_writers.clone().try_acquire_owned().ok(),
+        let direct = match state.config.direct_io {
+            true => state.direct_writers.clone().try_acquire_owned().ok(),
             false => None,
         };
         let (file, digest, _) = stream_into(file, head, chunks, total, max, &path, direct).await?;
         expect.verify(&path, &digest)?;
-        let store2 = store.clone();
+        let (state2, runs2) = (state.clone(), runs.clone());
         let how = Publish {
             overwrite: spec.overwrite,
             defer,
             fence: spec.fence.clone(),
         };
         blocking(move || {
-            let (outcome, publication) = publish(&store2, staged, file, &digest, how)?;
+            let (outcome, publication) = publish(&state2, &runs2, staged, file, &digest, how)?;
             Ok(Written {
                 path: path.clone(),
                 digest,
@@ -762,9 +407,8 @@ where
             );
             // The new bytes are published (or, deferred, will be before this event is); a
             // failed event must not make the client believe the write did not happen.
-            if let Err(e) = store
-                .runs
-                .append(store, &spec.project_id, &spec.run_id, vec![event])
+            if let Err(e) = runs
+                .append(state, &spec.project_id, &spec.run_id, vec![event])
                 .await
             {
                 tracing::error!(error = %e, path = %written.path, "could not record store.overwritten");
@@ -774,10 +418,10 @@ where
     Ok(written)
 }
 
-fn open_root(store: &Store, project: &str, create: bool) -> Result<OwnedFd> {
-    match store.project_root(project) {
+fn open_root(state: &State, project: &str, create: bool) -> Result<OwnedFd> {
+    match state.layout.project_root(project) {
         Err(Error::ProjectNotFound(_)) if create => {
-            project::ensure(store, project).map(|(root, _)| root)
+            project::ensure(state, project).map(|(root, _)| root)
         }
         other => other,
     }
@@ -905,18 +549,24 @@ impl Writeback {
 }
 
 /// Delete: removes one regular file; records it when a run is given.
-pub async fn delete(store: &Arc<Store>, project: &str, path: &str, run_id: &str) -> Result<bool> {
-    project::check_id("project", project)?;
+pub async fn delete(
+    state: &Arc<State>,
+    runs: &RunLogs,
+    project: &str,
+    path: &str,
+    run_id: &str,
+) -> Result<bool> {
+    check_id("project", project)?;
     if !run_id.is_empty() {
-        project::check_id("run", run_id)?;
+        check_id("run", run_id)?;
     }
-    let path = store.write_path(path, &[])?.to_string();
-    let (store2, project2, path2) = (store.clone(), project.to_owned(), path.clone());
+    let path = state.layout.write_path(path, &[])?.to_string();
+    let (state2, project2, path2) = (state.clone(), project.to_owned(), path.clone());
     let deleted = blocking(move || {
-        let _slot = store2.slots.claim_blocking(&project2, &path2);
-        let root = store2.project_root(&project2)?;
-        let (parent, name) = beneath::split_parent(&path2);
-        let dir = match beneath::open_dir(root.as_fd(), parent) {
+        let _slot = state2.slots.claim_blocking(&project2, &path2);
+        let root = state2.layout.project_root(&project2)?;
+        let (parent, name) = contain::split_parent(&path2);
+        let dir = match contain::open_dir(root.as_fd(), parent) {
             Err(Errno::NOENT) => return Ok(false),
             other => {
                 other.map_err(|e| refusal(e, &project2, &path2, "opening the directory of"))?
@@ -930,14 +580,14 @@ pub async fn delete(store: &Arc<Store>, project: &str, path: &str, run_id: &str)
             Err(Errno::NOENT) => return Ok(false),
             Err(e) => return Err(refusal(e, &project2, &path2, "deleting")),
         }
-        beneath::sync_dir(dir.as_fd())
+        contain::sync_dir(dir.as_fd())
             .map_err(|e| Error::io(format!("fsync of the directory of {path2:?}"), e))?;
         Ok(true)
     })
     .await?;
     if deleted && !run_id.is_empty() {
         let event = NewEvent::store("store.deleted", serde_json::json!({"path": path}));
-        if let Err(e) = store.runs.append(store, project, run_id, vec![event]).await {
+        if let Err(e) = runs.append(state, project, run_id, vec![event]).await {
             tracing::error!(error = %e, %path, "could not record store.deleted");
         }
     }
@@ -949,15 +599,44 @@ pub async fn delete(store: &Arc<Store>, project: &str, path: &str, run_id: &str)
 mod tests {
     use super::*;
     use crate::config::Config;
+    use crate::layout::TEMP_PREFIX;
 
-    fn open_store(root: &std::path::Path) -> Arc<Store> {
-        Arc::new(
-            Store::open(Config {
+    /// The state and the run logs, composed as the store composes them.
+    #[derive(Clone)]
+    struct Fixture {
+        state: Arc<State>,
+        runs: Arc<RunLogs>,
+    }
+
+    impl std::ops::Deref for Fixture {
+        type Target = Arc<State>;
+        fn deref(&self) -> &Arc<State> {
+            &self.state
+        }
+    }
+
+    fn fixture(state: State) -> Fixture {
+        Fixture {
+            state: Arc::new(state),
+            runs: Arc::default(),
+        }
+    }
+
+    fn open_state(root: &std::path::Path) -> Fixture {
+        fixture(
+            State::open(Config {
                 data_root: root.to_path_buf(),
                 ..Config::default()
             })
             .unwrap(),
         )
+    }
+
+    async fn put<S>(f: &Fixture, spec: PutSpec, chunks: S) -> Result<Written>
+    where
+        S: Stream<Item = Result<Bytes>> + Unpin + Send,
+    {
+        super::put(&f.state, &f.runs, spec, chunks).await
     }
 
     fn spec(path: &str, run: &str, durability: Durability) -> PutSpec {
@@ -971,9 +650,9 @@ mod tests {
         }
     }
 
-    async fn put_bytes(store: &Arc<Store>, spec: PutSpec, body: &'static [u8]) -> Result<Written> {
+    async fn put_bytes(state: &Fixture, spec: PutSpec, body: &'static [u8]) -> Result<Written> {
         put(
-            store,
+            state,
             spec,
             futures::stream::iter([Ok(Bytes::from_static(body))]),
         )
@@ -996,8 +675,8 @@ mod tests {
             stream_into(file, Vec::new(), chunks(), 0, u64::MAX, name, permit)
         };
         // With a permit: O_DIRECT; without one: the page cache; the same bytes either way.
-        let store = open_store(tmp.path());
-        let permit = store.direct_writers.clone().try_acquire_owned().ok();
+        let state = open_state(tmp.path());
+        let permit = state.direct_writers.clone().try_acquire_owned().ok();
         let (_, digest, direct) = stream("a", permit).await.unwrap();
         assert!(direct);
         let (_, same, direct) = stream("b", None).await.unwrap();
@@ -1008,23 +687,23 @@ mod tests {
         }
 
         // Put takes a permit per large body and gives it back; with none left it still writes.
-        let all = store.direct_writers.available_permits();
-        let held = store
+        let all = state.direct_writers.available_permits();
+        let held = state
             .direct_writers
             .clone()
             .acquire_many_owned(all as u32)
             .await
             .unwrap();
         let spec = || spec("d/big.bin", "", Durability::Sync);
-        let w = put(&store, spec(), chunks()).await.unwrap();
+        let w = put(&state, spec(), chunks()).await.unwrap();
         assert_eq!(w.digest.sha256, digest.sha256);
         drop(held);
         let spec2 = PutSpec {
             path: "d/big2.bin".into(),
             ..spec()
         };
-        put(&store, spec2, chunks()).await.unwrap();
-        assert_eq!(store.direct_writers.available_permits(), all);
+        put(&state, spec2, chunks()).await.unwrap();
+        assert_eq!(state.direct_writers.available_permits(), all);
         for name in ["big.bin", "big2.bin"] {
             let on_disk = std::fs::read(tmp.path().join("projects/p/d").join(name)).unwrap();
             assert!(on_disk == body);
@@ -1034,10 +713,10 @@ mod tests {
     #[tokio::test]
     async fn deferred_directories_are_synced_before_the_runs_next_events() {
         let tmp = tempfile::tempdir().unwrap();
-        let store = open_store(tmp.path());
+        let state = open_state(tmp.path());
         for (i, path) in ["docs/a.md", "docs/b.md", "out/c.md"].iter().enumerate() {
             let w = put_bytes(
-                &store,
+                &state,
                 spec(path, "r1", Durability::WithRunEvents),
                 b"bytes",
             )
@@ -1046,36 +725,36 @@ mod tests {
             assert_eq!(w.outcome, Outcome::Created, "{i}");
         }
         // Published in the background, directories pending: two distinct ones.
-        store.slots.settled_under("p", "").await;
+        state.slots.settled_under("p", "").await;
         assert_eq!(
             std::fs::read(tmp.path().join("projects/p/docs/b.md")).unwrap(),
             b"bytes"
         );
-        assert_eq!(store.runs.pending_dirs("p", "r1"), 2);
+        assert_eq!(state.runs.pending_dirs("p", "r1"), 2);
         let event = |run: &'static str| {
-            let store = store.clone();
+            let state = state.clone();
             async move {
                 let x = NewEvent::store("x", serde_json::json!({}));
-                store.runs.append(&store, "p", run, vec![x]).await.unwrap();
+                state.runs.append(&state, "p", run, vec![x]).await.unwrap();
             }
         };
         // Another run's events do not sync them.
         event("r2").await;
-        assert_eq!(store.runs.pending_dirs("p", "r1"), 2);
+        assert_eq!(state.runs.pending_dirs("p", "r1"), 2);
         // The run's own next events do, before they are acknowledged.
         event("r1").await;
-        assert_eq!(store.runs.pending_dirs("p", "r1"), 0);
+        assert_eq!(state.runs.pending_dirs("p", "r1"), 0);
     }
 
     #[tokio::test]
     async fn a_sync_put_defers_nothing_and_deferral_needs_a_run() {
         let tmp = tempfile::tempdir().unwrap();
-        let store = open_store(tmp.path());
-        put_bytes(&store, spec("a.md", "r1", Durability::Sync), b"x")
+        let state = open_state(tmp.path());
+        put_bytes(&state, spec("a.md", "r1", Durability::Sync), b"x")
             .await
             .unwrap();
-        assert_eq!(store.runs.pending_dirs("p", "r1"), 0);
-        let err = put_bytes(&store, spec("b.md", "", Durability::WithRunEvents), b"x")
+        assert_eq!(state.runs.pending_dirs("p", "r1"), 0);
+        let err = put_bytes(&state, spec("b.md", "", Durability::WithRunEvents), b"x")
             .await
             .unwrap_err();
         assert!(
@@ -1086,28 +765,28 @@ mod tests {
         // An unchanged rewrite publishes nothing, but its bytes may be those of a Put
         // acknowledged before a crash: its directory is synced with the run's next events, and
         // it gets a token for them.
-        let w = put_bytes(&store, spec("a.md", "r1", Durability::WithRunEvents), b"x")
+        let w = put_bytes(&state, spec("a.md", "r1", Durability::WithRunEvents), b"x")
             .await
             .unwrap();
         assert_eq!(w.outcome, Outcome::Unchanged);
         assert!(w.publication.is_some());
-        assert_eq!(store.runs.pending_dirs("p", "r1"), 1);
+        assert_eq!(state.runs.pending_dirs("p", "r1"), 1);
         let x = NewEvent::store("x", serde_json::json!({}));
-        store.runs.append(&store, "p", "r1", vec![x]).await.unwrap();
-        assert_eq!(store.runs.pending_dirs("p", "r1"), 0);
+        state.runs.append(&state, "p", "r1", vec![x]).await.unwrap();
+        assert_eq!(state.runs.pending_dirs("p", "r1"), 0);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn unnamed_and_named_temp_files_publish_the_same_way_now_or_deferred() {
         let tmp = tempfile::tempdir().unwrap();
         // This filesystem (the test's temp dir) has O_TMPFILE; the probe finds it.
-        assert!(open_store(tmp.path()).unnamed_temps);
+        assert!(open_state(tmp.path()).unnamed_temps);
         let modes = [true, false]
             .into_iter()
             .flat_map(|u| [(u, Durability::Sync), (u, Durability::WithRunEvents)]);
         for (unnamed, durability) in modes {
-            let store = Arc::new(
-                Store::open(Config {
+            let state = fixture(
+                State::open(Config {
                     data_root: tmp.path().to_path_buf(),
                     ..Config::default()
                 })
@@ -1123,7 +802,7 @@ mod tests {
                     overwrite,
                     ..spec(&path, "r", durability)
                 };
-                put_bytes(&store, spec, body)
+                put_bytes(&state, spec, body)
             };
             assert_eq!(put(b"one", false).await.unwrap().outcome, Outcome::Created);
             assert_eq!(
@@ -1139,7 +818,7 @@ mod tests {
                 Outcome::Overwritten
             );
             // Read through the store (which waits for a deferred publication).
-            let (entry, _) = crate::read::get(&store, "p", &path, 0, 0).await.unwrap();
+            let (entry, _) = crate::read::get(&state, "p", &path, 0, 0).await.unwrap();
             assert_eq!(entry.size_bytes, 3);
             let file = tmp.path().join("projects/p").join(&path);
             assert_eq!(std::fs::read(&file).unwrap(), b"two");
@@ -1158,11 +837,11 @@ mod tests {
     #[allow(clippy::await_holding_lock)]
     async fn a_deferred_put_replies_before_publishing_and_readers_and_events_wait_for_it() {
         let tmp = tempfile::tempdir().unwrap();
-        let store = open_store(tmp.path());
+        let state = open_state(tmp.path());
         let file = tmp.path().join("projects/p/d/a.md");
-        let held = store.hold_publications.lock().unwrap();
+        let held = state.hold_publications.lock().unwrap();
         let w = put_bytes(
-            &store,
+            &state,
             spec("d/a.md", "r1", Durability::WithRunEvents),
             b"abc",
         )
@@ -1170,7 +849,7 @@ mod tests {
         .unwrap();
         assert_eq!(w.outcome, Outcome::Created);
         assert!(!file.exists(), "replied before it was published");
-        let (s1, s2, s3) = (store.clone(), store.clone(), store.clone());
+        let (s1, s2, s3) = (state.clone(), state.clone(), state.clone());
         let get = tokio::spawn(async move {
             crate::read::get(&s1, "p", "d/a.md", 0, 0)
                 .await
@@ -1187,7 +866,7 @@ mod tests {
         });
         // Another run's events do not wait.
         let x = NewEvent::store("x", serde_json::json!({}));
-        store.runs.append(&store, "p", "r2", vec![x]).await.unwrap();
+        state.runs.append(&state, "p", "r2", vec![x]).await.unwrap();
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         assert!(
             !get.is_finished() && !stat.is_finished(),
@@ -1203,7 +882,7 @@ mod tests {
         events.await.unwrap().unwrap();
         assert_eq!(std::fs::read(&file).unwrap(), b"abc");
         // Its directory was synced with those events.
-        assert_eq!(store.runs.pending_dirs("p", "r1"), 0);
+        assert_eq!(state.runs.pending_dirs("p", "r1"), 0);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1211,11 +890,11 @@ mod tests {
     #[allow(clippy::await_holding_lock)]
     async fn a_lost_publication_refuses_the_runs_events_and_leaves_no_temp_file() {
         let tmp = tempfile::tempdir().unwrap();
-        let store = open_store(tmp.path());
+        let state = open_state(tmp.path());
         let dir = tmp.path().join("projects/p/d");
-        let held = store.hold_publications.lock().unwrap();
+        let held = state.hold_publications.lock().unwrap();
         let w = put_bytes(
-            &store,
+            &state,
             spec("d/a.md", "r1", Durability::WithRunEvents),
             b"ours",
         )
@@ -1227,9 +906,9 @@ mod tests {
         drop(held);
         let event = || NewEvent::store("x", serde_json::json!({}));
         for _ in 0..2 {
-            let err = store
+            let err = state
                 .runs
-                .append(&store, "p", "r1", vec![event()])
+                .append(&state, "p", "r1", vec![event()])
                 .await
                 .unwrap_err();
             assert!(
@@ -1243,9 +922,9 @@ mod tests {
         }
         // Their bytes stay; other runs go on; nothing of ours is left behind.
         assert_eq!(std::fs::read(dir.join("a.md")).unwrap(), b"theirs");
-        store
+        state
             .runs
-            .append(&store, "p", "r2", vec![event()])
+            .append(&state, "p", "r2", vec![event()])
             .await
             .unwrap();
         let names: Vec<_> = std::fs::read_dir(&dir)
@@ -1261,20 +940,20 @@ mod tests {
     #[allow(clippy::await_holding_lock)]
     async fn a_claim_waits_for_fenced_puts_past_their_check_and_refuses_later_ones() {
         let tmp = tempfile::tempdir().unwrap();
-        let store = open_store(tmp.path());
+        let state = open_state(tmp.path());
         // Creates the project.
-        put_bytes(&store, spec("x.md", "", Durability::Sync), b"x")
+        put_bytes(&state, spec("x.md", "", Durability::Sync), b"x")
             .await
             .unwrap();
-        let (epoch, _) = store.runs.claim(&store, "p", "r", "a").await.unwrap();
+        let (epoch, _) = state.runs.claim(&state, "p", "r", "a").await.unwrap();
         let fenced = |path: &str| PutSpec {
             fence: Some(("r".into(), epoch)),
             ..spec(path, "r", Durability::WithRunEvents)
         };
-        let held = store.hold_publications.lock().unwrap();
-        let w = put_bytes(&store, fenced("d/a.md"), b"abc").await.unwrap();
+        let held = state.hold_publications.lock().unwrap();
+        let w = put_bytes(&state, fenced("d/a.md"), b"abc").await.unwrap();
         assert_eq!(w.outcome, Outcome::Created);
-        let s2 = store.clone();
+        let s2 = state.clone();
         let claim = tokio::spawn(async move { s2.runs.claim(&s2, "p", "r", "b").await });
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         assert!(
@@ -1282,7 +961,7 @@ mod tests {
             "the claim waits for the Put past its check"
         );
         // A Put checked after the claim began is refused at once.
-        let late = put_bytes(&store, fenced("d/b.md"), b"late")
+        let late = put_bytes(&state, fenced("d/b.md"), b"late")
             .await
             .unwrap_err();
         assert!(
@@ -1301,18 +980,18 @@ mod tests {
     #[tokio::test]
     async fn without_events_the_timer_syncs_deferred_directories() {
         let tmp = tempfile::tempdir().unwrap();
-        let store = open_store(tmp.path());
+        let state = open_state(tmp.path());
         put_bytes(
-            &store,
+            &state,
             spec("d/a.md", "r1", Durability::WithRunEvents),
             b"x",
         )
         .await
         .unwrap();
-        store.slots.settled("p", "d/a.md").await;
-        assert_eq!(store.runs.pending_dirs("p", "r1"), 1);
+        state.slots.settled("p", "d/a.md").await;
+        assert_eq!(state.runs.pending_dirs("p", "r1"), 1);
         let start = std::time::Instant::now();
-        while store.runs.pending_dirs("p", "r1") > 0 {
+        while state.runs.pending_dirs("p", "r1") > 0 {
             assert!(
                 start.elapsed() < crate::deferred::SYNC_AFTER * 10,
                 "the deferred directory was never synced"

@@ -8,7 +8,6 @@
 
 mod args;
 mod backend;
-mod beneath;
 mod capture;
 pub mod config;
 mod error;

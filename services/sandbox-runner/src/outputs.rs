@@ -18,7 +18,7 @@ use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
-use crate::beneath::{self, Kind, Visit};
+use cairn_contain::{self as contain, Kind, Visit};
 
 /// Entries `rejected` lists at most, and bytes of their names: the reply stays bounded
 /// whatever /output holds.
@@ -103,7 +103,7 @@ impl Outputs {
         }
         self.name_bytes += name.len();
         self.rejected.push(Rejected {
-            path: beneath::lossy(name),
+            path: contain::lossy(name),
             reason: reason.to_owned(),
         });
         Admit::Skip
@@ -242,11 +242,11 @@ pub fn from_tar(reader: impl Read, root: &str, limits: OutputLimits) -> std::io:
 /// Collects from a task directory on this host (local backend): walked beneath a held
 /// descriptor, links reported and never followed, each file opened with O_NOFOLLOW.
 pub fn from_dir(dir: &Path, limits: OutputLimits) -> std::io::Result<Outputs> {
-    let root = beneath::Root::open(dir)?;
+    let root = contain::Root::open(dir)?;
     let mut out = Outputs::default();
     let mut seen_inodes = HashSet::new();
     let mut failure = None;
-    let complete = beneath::walk_to(root.fd().as_fd(), MAX_DEPTH, &mut |e| {
+    let complete = contain::walk_to(root.fd().as_fd(), MAX_DEPTH, &mut |e| {
         let step = match e.kind {
             // Nothing below can be valid: one refusal for the directory, as a name check would.
             Kind::Dir if e.rel.len() > MAX_DIR_PATH => match out.list(e.rel, "path_too_long") {

@@ -9,9 +9,9 @@ use std::os::fd::AsFd;
 
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 
-use crate::beneath::{self, Kind, Root, Visit};
 use crate::error::{Error, Result};
 use crate::outputs::Rejected;
+use cairn_contain::{self as contain, Kind, Root, Visit};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
@@ -65,14 +65,14 @@ pub fn pack(
     let dir = root
         .open_dir("")
         .map_err(Error::io("opening the workspace"))?;
-    let complete = beneath::walk(dir.as_fd(), &mut |e| {
+    let complete = contain::walk(dir.as_fd(), &mut |e| {
         visited += 1;
         if visited > max_walk {
             return Visit::Stop;
         }
         let Some(rel) = e.rel_str() else {
             report.refused.push(Rejected {
-                path: beneath::lossy(e.rel),
+                path: contain::lossy(e.rel),
                 reason: "invalid_char".into(),
             });
             return if e.kind == Kind::Dir {

@@ -10,7 +10,6 @@ use std::time::Duration;
 use cairn_proto as pb;
 
 use crate::backend::{self, Backend, ExecSpec, Live, SessionSandbox};
-use crate::beneath::Root;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::job::{self, Job};
@@ -18,6 +17,7 @@ use crate::limits::Limits;
 use crate::pack::{self, Format, PackReport};
 use crate::session::{self, Closing, Session, Sessions};
 use crate::workspace;
+use cairn_contain::Root;
 
 pub struct Runner {
     config: Arc<Config>,

@@ -14,8 +14,8 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::SessionSandbox;
-use crate::beneath::Root;
 use crate::error::{Error, Result};
+use cairn_contain::Root;
 
 /// An open session.
 pub struct Session {

@@ -1,5 +1,5 @@
 //! The session tools on the workspace: ReadFile, WriteFile, Glob, Grep. All of
-//! them work on the host-side task directory through a held descriptor (beneath.rs), so a
+//! them work on the host-side task directory through a held descriptor (cairn-contain), so a
 //! symlink or `..` the code planted cannot lead them outside /workspace; results are capped.
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -10,8 +10,8 @@ use pathguard::SafePath;
 use regex::bytes::RegexBuilder;
 use rustix::fs::{Mode, OFlags};
 
-use crate::beneath::{self, Kind, Root, Visit};
 use crate::error::{Error, Result};
+use cairn_contain::{self as contain, Kind, Root, Visit};
 
 /// Characters kept of one matching line.
 const MAX_LINE_CHARS: usize = 500;
@@ -204,7 +204,7 @@ pub fn glob(
     let mut found = Vec::new();
     let mut truncated = false;
     let mut visited = 0u64;
-    let complete = beneath::walk(dir.as_fd(), &mut |e| {
+    let complete = contain::walk(dir.as_fd(), &mut |e| {
         visited += 1;
         if visited > max_walk {
             truncated = true;
@@ -280,7 +280,7 @@ pub fn grep(
     let dir = root.open_dir(start).map_err(|e| refusal(start, e))?;
     let mut visited = 0u64;
     let mut failure = None;
-    let complete = beneath::walk(dir.as_fd(), &mut |e| {
+    let complete = contain::walk(dir.as_fd(), &mut |e| {
         visited += 1;
         if visited > max_walk {
             truncated = true;

@@ -1,15 +1,11 @@
-//! Race-free filesystem access beneath a held directory handle.
+//! The raw calls: open, create and list beneath a directory fd, returning `Errno`.
 //!
-//! Every path the store touches inside a project is resolved relative to the project root's
-//! directory fd, never as a string joined to the data root: `openat2` with
-//! RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS makes the kernel refuse any symlink (ELOOP) or escape
-//! (EXDEV) on the way, atomically with the lookup, so a directory swapped for a symlink while a
-//! write is in flight cannot redirect it. Where openat2 is missing
-//! (ENOSYS, or EPERM from an old seccomp profile) the walk falls back to one
+//! `openat2` with RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS makes the kernel refuse any symlink
+//! (ELOOP) or escape (EXDEV) on the way, atomically with the lookup, so a directory swapped for
+//! a symlink while a write is in flight cannot redirect it. Where openat2 is missing (ENOSYS, or
+//! EPERM from an old seccomp profile) the walk falls back to one
 //! `openat(O_NOFOLLOW|O_DIRECTORY)` per component, which gives the same guarantee for
 //! pathguard-validated paths (no `..`, no empty or `.` components).
-//!
-//! This module returns raw `Errno`s; callers turn them into refusals with [`refusal`].
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,18 +13,22 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use rustix::fs::{self, AtFlags, FileType, Mode, OFlags, ResolveFlags, Stat};
 use rustix::io::Errno;
 
-use crate::error::Error;
-
 /// False once openat2 turned out to be unavailable on this kernel/sandbox.
 static OPENAT2_WORKS: AtomicBool = AtomicBool::new(true);
+
+/// A directory reached by name, never through a symlink.
+pub(crate) const DIR_NOFOLLOW: OFlags = OFlags::RDONLY
+    .union(OFlags::DIRECTORY)
+    .union(OFlags::NOFOLLOW)
+    .union(OFlags::CLOEXEC);
 
 const RESOLVE: ResolveFlags = ResolveFlags::BENEATH
     .union(ResolveFlags::NO_SYMLINKS)
     .union(ResolveFlags::NO_MAGICLINKS);
 
-/// Mode of directories the store creates.
+/// Mode of the directories [`ensure_dir`] creates.
 pub const DIR_MODE: u32 = 0o755;
-/// Mode of files the store creates.
+/// Mode of files created beneath a root (callers pass it to [`open`] with O_CREAT).
 pub const FILE_MODE: u32 = 0o644;
 
 /// Opens `rel` ('/'-separated, validated, non-empty) beneath `dir` without following any
@@ -77,10 +77,7 @@ pub fn open_by_components(
         let (f, m) = if last {
             (flags | OFlags::NOFOLLOW | OFlags::CLOEXEC, mode)
         } else {
-            (
-                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-            )
+            (DIR_NOFOLLOW, Mode::empty())
         };
         match fs::openat(at, part, f, m) {
             Ok(fd) => held = Some(fd),
@@ -177,26 +174,6 @@ pub fn split_parent(path: &str) -> (&str, &str) {
     match path.rsplit_once('/') {
         Some((parent, name)) => (parent, name),
         None => ("", path),
-    }
-}
-
-/// Turns an errno met while walking to `path` into the store's refusal.
-pub fn refusal(errno: Errno, project: &str, path: &str, doing: &str) -> Error {
-    match errno {
-        // ELOOP: a symlink on the way (RESOLVE_NO_SYMLINKS / O_NOFOLLOW); EXDEV: an escape
-        // attempt caught by RESOLVE_BENEATH.
-        Errno::LOOP | Errno::XDEV => Error::SymlinkInPath { path: path.to_owned() },
-        Errno::NOTDIR => Error::NotAFile {
-            path: path.to_owned(),
-            found: "a file is where a directory of the path should be; choose another path or delete that file",
-        },
-        Errno::ISDIR => Error::NotAFile {
-            path: path.to_owned(),
-            found: "a directory is there, not a file; choose another path",
-        },
-        Errno::NOENT => Error::NotFound { project: project.to_owned(), path: path.to_owned() },
-        Errno::NAMETOOLONG => Error::BadRequest(format!("path {path:?} is too long for the filesystem")),
-        e => Error::io(format!("{doing} {path:?} in project {project:?}"), e),
     }
 }
 

@@ -1,80 +1,20 @@
-//! Confined file access beneath a held directory handle: every open resolves with
-//! RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS (openat2), and walks open each entry with O_NOFOLLOW
-//! relative to its parent's descriptor. Sandboxed code may plant symlinks or swap files while we
-//! look (sessions keep running); this module must never follow a link nor leave the root.
+//! [`walk`]: depth-first, in name order, beneath a held directory; links are reported (from
+//! lstat), never followed, and entries swapped or removed while the walk looks are skipped.
 
 use std::ffi::{CStr, OsStr};
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
 
-use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags, Stat};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, Stat};
+use rustix::io::Errno;
 
-/// How deep a walk descends before it stops (deeper trees are reported as truncated).
-const MAX_DEPTH: usize = 64;
+use crate::at::DIR_NOFOLLOW;
+use crate::root::regular;
 
-fn resolve() -> ResolveFlags {
-    ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS
-}
-
-/// A directory held open; all paths below are relative to it.
-#[derive(Debug)]
-pub struct Root {
-    fd: OwnedFd,
-}
-
-impl Root {
-    /// Opens `path` (a directory the runner made; the last component must not be a symlink).
-    pub fn open(path: &Path) -> io::Result<Root> {
-        let fd = rustix::fs::open(
-            path,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        )?;
-        Ok(Root { fd })
-    }
-
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
-    }
-
-    /// Opens `rel` ("" = the root itself) with `flags`, confined and symlink-free.
-    pub fn open_at(&self, rel: &str, flags: OFlags, mode: Mode) -> io::Result<OwnedFd> {
-        let rel = if rel.is_empty() { "." } else { rel };
-        Ok(rustix::fs::openat2(
-            &self.fd,
-            rel,
-            flags | OFlags::CLOEXEC | OFlags::NOFOLLOW,
-            mode,
-            resolve(),
-        )?)
-    }
-
-    /// Opens directory `rel` ("" = the root).
-    pub fn open_dir(&self, rel: &str) -> io::Result<OwnedFd> {
-        self.open_at(rel, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())
-    }
-
-    /// Opens regular file `rel` for reading; anything else is refused.
-    pub fn open_file(&self, rel: &str) -> io::Result<(File, Stat)> {
-        let fd = self.open_at(rel, OFlags::RDONLY | OFlags::NONBLOCK, Mode::empty())?;
-        regular(fd)
-    }
-}
-
-/// Checks that `fd` is a regular file and returns it as a `File` with its metadata.
-pub fn regular(fd: OwnedFd) -> io::Result<(File, Stat)> {
-    let stat = rustix::fs::fstat(&fd)?;
-    if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "not a regular file",
-        ));
-    }
-    Ok((File::from(fd), stat))
-}
+/// How deep [`walk`] descends before it stops (deeper trees are reported as truncated).
+pub const MAX_DEPTH: usize = 64;
 
 /// What a walk found at one name (from lstat: links are reported, never followed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,8 +104,8 @@ fn walk_dir(
     for name in names {
         let stat = match rustix::fs::statat(dir, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW) {
             Ok(stat) => stat,
-            // Removed while we looked (the sandbox may still run): nothing to report.
-            Err(rustix::io::Errno::NOENT) => continue,
+            // Removed while we looked (the tree may still be changing): nothing to report.
+            Err(Errno::NOENT) => continue,
             Err(e) => return Err(e.into()),
         };
         let kind = match FileType::from_raw_mode(stat.st_mode) {
@@ -190,19 +130,10 @@ fn walk_dir(
             Visit::Stop => false,
             Visit::SkipDir => true,
             Visit::Continue if kind == Kind::Dir => {
-                match rustix::fs::openat(
-                    dir,
-                    name.as_c_str(),
-                    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                    Mode::empty(),
-                ) {
+                match rustix::fs::openat(dir, name.as_c_str(), DIR_NOFOLLOW, Mode::empty()) {
                     Ok(sub) => walk_dir(sub.as_fd(), prefix, depth + 1, max_depth, visit)?,
                     // Swapped for a link or removed since lstat: skip it.
-                    Err(
-                        rustix::io::Errno::NOENT
-                        | rustix::io::Errno::LOOP
-                        | rustix::io::Errno::NOTDIR,
-                    ) => true,
+                    Err(Errno::NOENT | Errno::LOOP | Errno::NOTDIR) => true,
                     Err(e) => return Err(e.into()),
                 }
             }
@@ -219,4 +150,67 @@ fn walk_dir(
 /// Lossy display of raw path bytes (for reports).
 pub fn lossy(bytes: &[u8]) -> String {
     OsStr::from_bytes(bytes).to_string_lossy().into_owned()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::Root;
+    use std::os::unix::fs::symlink;
+
+    fn seen(root: &Root, max_depth: usize) -> (Vec<(String, Kind)>, bool) {
+        let mut seen = Vec::new();
+        let complete = walk_to(root.fd(), max_depth, &mut |e| {
+            seen.push((lossy(e.rel), e.kind));
+            match e.rel {
+                b"skip" => Visit::SkipDir,
+                _ => Visit::Continue,
+            }
+        })
+        .unwrap();
+        (seen, complete)
+    }
+
+    #[test]
+    fn walks_in_name_order_reports_links_without_following_them_and_caps_depth() {
+        let tmp = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("secret"), b"no").unwrap();
+        std::fs::create_dir_all(tmp.path().join("b/c")).unwrap();
+        std::fs::create_dir_all(tmp.path().join("skip")).unwrap();
+        std::fs::write(tmp.path().join("b/c/f"), b"x").unwrap();
+        std::fs::write(tmp.path().join("skip/hidden"), b"x").unwrap();
+        std::fs::write(tmp.path().join("a"), b"x").unwrap();
+        symlink(outside.path(), tmp.path().join("link")).unwrap();
+        let root = Root::open(tmp.path()).unwrap();
+
+        let (all, complete) = seen(&root, MAX_DEPTH);
+        let want = [
+            ("a", Kind::File),
+            ("b", Kind::Dir),
+            ("b/c", Kind::Dir),
+            ("b/c/f", Kind::File),
+            ("link", Kind::Symlink),
+            ("skip", Kind::Dir),
+        ];
+        let want: Vec<(String, Kind)> = want.iter().map(|(p, k)| ((*p).to_owned(), *k)).collect();
+        assert_eq!((all, complete), (want, true));
+
+        let (shallow, complete) = seen(&root, 1);
+        assert!(!complete);
+        assert!(!shallow.iter().any(|(p, _)| p == "b/c/f"));
+
+        // A link met by the walk cannot be opened as the file it points at.
+        let mut opened = None;
+        walk(root.fd(), &mut |e| {
+            if e.rel == b"link" {
+                opened = Some(e.open_file().map(|_| ()));
+                return Visit::Stop;
+            }
+            Visit::Continue
+        })
+        .unwrap();
+        assert!(matches!(opened, Some(Err(_))));
+    }
 }

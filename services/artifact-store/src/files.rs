@@ -1,0 +1,287 @@
+//! The store's atomic file writes, below Put and Delete: a temp file staged in the target's
+//! directory (reached beneath the project root without following symlinks), published by one
+//! link (no-replace) or rename (overwrite), then the directory fsync'd. An existing file is
+//! never opened for writing (no O_TRUNC: it may be a hard link to a file elsewhere);
+//! publishing replaces the directory entry, not the inode. The store's own small writes
+//! (project metadata, run epochs, JSON documents) go through [`write_bytes`].
+//!
+//! May depend on: state, layout, temp, digest, error, cairn-contain; never on the run logs or
+//! anything above them.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use cairn_contain as contain;
+use rustix::fs::{FileType, OFlags};
+use rustix::io::Errno;
+use sha2::{Digest as _, Sha256};
+
+use crate::digest::Digest;
+use crate::error::{refusal, Error, Result};
+use crate::state::State;
+use crate::temp::TempFile;
+
+/// What a write did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The path did not exist.
+    Created,
+    /// The same bytes were already there.
+    Unchanged,
+    /// Other bytes were replaced (overwrite=true).
+    Overwritten,
+}
+
+/// Result of a write.
+#[derive(Debug, Clone)]
+pub struct Written {
+    /// Normalised project-relative path.
+    pub path: String,
+    /// Digest of the bytes now at the path.
+    pub digest: Digest,
+    pub outcome: Outcome,
+    /// A deferred Put's publication token (see `publication`); None when durable already.
+    pub publication: Option<String>,
+}
+
+/// A temp file next to its target, ready to receive bytes.
+#[derive(Debug)]
+pub(crate) struct Staged {
+    pub(crate) project: String,
+    pub(crate) path: String,
+    /// The target's directory.
+    pub(crate) dir: Arc<OwnedFd>,
+    /// The target's name in `dir`.
+    pub(crate) name: String,
+    temp: TempFile,
+}
+
+/// Reaches the target's directory beneath `root` (creating it), refuses a non-file at the
+/// target early, and creates the temp file.
+pub(crate) fn stage(
+    state: &State,
+    root: BorrowedFd<'_>,
+    project: &str,
+    path: &str,
+) -> Result<(Staged, File)> {
+    let (parent, name) = contain::split_parent(path);
+    let dir = contain::ensure_dir(root, parent)
+        .map_err(|e| refusal(e, project, path, "creating the directories of"))?;
+    let dir = Arc::new(dir);
+    existing_file(dir.as_fd(), name, project, path)?;
+    let (temp, file) = TempFile::create(dir.clone(), state.unnamed_temps)
+        .map_err(|e| refusal(e, project, path, "creating a temp file for"))?;
+    let staged = Staged {
+        project: project.to_owned(),
+        path: path.to_owned(),
+        dir,
+        name: name.to_owned(),
+        temp,
+    };
+    Ok((staged, file))
+}
+
+/// What is at the target now: a regular file (its stat), nothing, or a refusal.
+pub(crate) fn existing_file(
+    dir: BorrowedFd<'_>,
+    name: &str,
+    project: &str,
+    path: &str,
+) -> Result<Option<rustix::fs::Stat>> {
+    match contain::stat(dir, name) {
+        Ok(st) => match contain::kind(&st) {
+            FileType::RegularFile => Ok(Some(st)),
+            FileType::Directory => Err(Error::NotAFile {
+                path: path.to_owned(),
+                found: "a directory is there, not a file; choose another path",
+            }),
+            FileType::Symlink => Err(Error::SymlinkInPath { path: path.to_owned() }),
+            _ => Err(Error::NotAFile {
+                path: path.to_owned(),
+                found: "a special file (fifo, socket or device) is there; only regular files are stored",
+            }),
+        },
+        Err(Errno::NOENT) => Ok(None),
+        Err(e) => Err(refusal(e, project, path, "looking at")),
+    }
+}
+
+/// True when the file at the target holds exactly `digest`'s bytes (also returns its size).
+pub(crate) fn holds_same_bytes(
+    state: &State,
+    staged: &Staged,
+    digest: &Digest,
+) -> Result<(bool, u64)> {
+    let fd = contain::open(
+        staged.dir.as_fd(),
+        &staged.name,
+        OFlags::RDONLY | OFlags::NONBLOCK,
+        0,
+    )
+    .map_err(|e| refusal(e, &staged.project, &staged.path, "reading"))?;
+    let file = File::from(fd);
+    let st =
+        rustix::fs::fstat(&file).map_err(|e| Error::io(format!("stat of {:?}", staged.path), e))?;
+    if contain::kind(&st) != FileType::RegularFile {
+        return existing_file(
+            staged.dir.as_fd(),
+            &staged.name,
+            &staged.project,
+            &staged.path,
+        )
+        .map(|_| (false, 0));
+    }
+    let size = u64::try_from(st.st_size).unwrap_or(0);
+    if size != digest.size_bytes {
+        return Ok((false, size));
+    }
+    let theirs = state
+        .digests
+        .of_file(&file)
+        .map_err(|e| Error::io(format!("reading {:?}", staged.path), e))?;
+    Ok((theirs.sha256 == digest.sha256, size))
+}
+
+/// Gives the fsync'd temp file the target's name: no-replace (an existing file with the same
+/// bytes is `Unchanged`, other bytes `Exists`) or, with `overwrite`, by rename.
+pub(crate) fn link(
+    state: &State,
+    staged: &mut Staged,
+    file: &File,
+    digest: &Digest,
+    overwrite: bool,
+) -> Result<Outcome> {
+    if !overwrite {
+        let name = staged.name.clone();
+        return match staged.temp.link_as(file, &name) {
+            Ok(()) => Ok(Outcome::Created),
+            Err(Errno::EXIST) => {
+                let (same, existing_size) = holds_same_bytes(state, staged, digest)?;
+                if same {
+                    return Ok(Outcome::Unchanged);
+                }
+                Err(Error::Exists {
+                    path: staged.path.clone(),
+                    existing_size,
+                })
+            }
+            Err(e) => Err(refusal(e, &staged.project, &staged.path, "publishing")),
+        };
+    }
+    let dir = staged.dir.clone();
+    let existed = existing_file(dir.as_fd(), &staged.name, &staged.project, &staged.path)?;
+    if let Some(st) = existed {
+        if u64::try_from(st.st_size).ok() == Some(digest.size_bytes)
+            && holds_same_bytes(state, staged, digest)?.0
+        {
+            return Ok(Outcome::Unchanged);
+        }
+    }
+    let name = staged.name.clone();
+    staged
+        .temp
+        .replace(file, &name)
+        .map_err(|e| refusal(e, &staged.project, &staged.path, "publishing"))?;
+    Ok(if existed.is_some() {
+        Outcome::Overwritten
+    } else {
+        Outcome::Created
+    })
+}
+
+/// Makes a new directory entry durable (now, unless `deferred` to a run's next events) and
+/// remembers the file's digest.
+pub(crate) fn sync_published(
+    state: &State,
+    staged: &Staged,
+    file: &File,
+    digest: &Digest,
+    deferred: bool,
+) -> Result<()> {
+    if !deferred {
+        contain::sync_dir(staged.dir.as_fd())
+            .map_err(|e| Error::io(format!("fsync of the directory of {:?}", staged.path), e))?;
+    }
+    // The published inode's stat (rename changed its ctime) keys the digest cache.
+    if let Ok(st) = rustix::fs::fstat(file) {
+        state.digests.remember(&st, &digest.sha256);
+    }
+    Ok(())
+}
+
+/// The digest of a body held in memory.
+pub(crate) fn digest_of(bytes: &[Bytes]) -> Digest {
+    let mut hasher = Sha256::new();
+    let mut size_bytes = 0u64;
+    for chunk in bytes {
+        hasher.update(chunk);
+        size_bytes += chunk.len() as u64;
+    }
+    Digest {
+        sha256: hex::encode(hasher.finalize()),
+        size_bytes,
+    }
+}
+
+/// Stages a body held in memory next to its target (see [`stage`]).
+pub(crate) fn stage_bytes(
+    state: &State,
+    root: BorrowedFd<'_>,
+    project: &str,
+    path: &str,
+    bytes: &[Bytes],
+) -> Result<(Staged, File)> {
+    let (staged, mut file) = stage(state, root, project, path)?;
+    for chunk in bytes {
+        file.write_all(chunk)
+            .map_err(|e| Error::io(format!("writing {path:?}"), e))?;
+    }
+    Ok((staged, file))
+}
+
+/// fsyncs the temp file and publishes it now, holding the path's slot (and what `guard`
+/// returns for the project: a run's fence ticket) across the link; the directory is fsync'd
+/// before this returns.
+pub(crate) fn publish_sync<G>(
+    state: &State,
+    mut staged: Staged,
+    file: File,
+    digest: &Digest,
+    overwrite: bool,
+    guard: impl FnOnce(&str) -> Result<G>,
+) -> Result<Outcome> {
+    file.sync_all()
+        .map_err(|e| Error::io(format!("fsync of the temp file for {:?}", staged.path), e))?;
+    let slot = state.slots.claim_blocking(&staged.project, &staged.path);
+    let guard = guard(&staged.project)?;
+    let outcome = link(state, &mut staged, &file, digest, overwrite)?;
+    drop(guard);
+    drop(slot);
+    if outcome != Outcome::Unchanged {
+        sync_published(state, &staged, &file, digest, false)?;
+    }
+    Ok(outcome)
+}
+
+/// Writes `bytes` to `path` in one blocking step (the store's own small writes).
+pub(crate) fn write_bytes(
+    state: &State,
+    root: BorrowedFd<'_>,
+    project: &str,
+    path: &str,
+    bytes: &[Bytes],
+    overwrite: bool,
+) -> Result<Written> {
+    let digest = digest_of(bytes);
+    let (staged, file) = stage_bytes(state, root, project, path, bytes)?;
+    let outcome = publish_sync(state, staged, file, &digest, overwrite, |_| Ok(()))?;
+    Ok(Written {
+        path: path.to_owned(),
+        digest,
+        outcome,
+        publication: None,
+    })
+}
