@@ -1,8 +1,9 @@
 //! Agents: the `Provider` seam every `agent_task` talks through: `replay` (recorded answers
 //! from a cassette, so examples and tests need no LLM and no network) and `openai` (any
 //! OpenAI-compatible chat-completions server, with the retry rule of `retry.rs`). Which
-//! provider a run may use is the operator's choice (`providers.rs`); this module never reads
-//! the host's file system on a request's behalf.
+//! provider a run may use is the operator's choice (`providers.rs`); this crate never reads
+//! the host's file system on a request's behalf (cassettes come through the store).
+//! Depends on the graph language and the store client only.
 
 pub mod cassette;
 pub mod openai;

@@ -1,6 +1,7 @@
-//! The web console (issue 8): server-rendered pages where people follow runs,
-//! decide gates, write notes and edit the shared context, served by the orchestrator process on
-//! its own HTTP listener.
+//! The web console: server-rendered pages where people follow runs, decide gates, write notes
+//! and edit the shared context, on its own HTTP listener (`cairn up` serves it beside the
+//! services). A client of the services: it depends on the protos and the shared crates, never
+//! on a service library.
 //!
 //! The console owns no run state and never touches a disk: every read and every action is a
 //! gRPC call to the orchestrator (the same calls as the CLI, each recorded there as an event

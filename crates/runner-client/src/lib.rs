@@ -1,5 +1,6 @@
 //! The sandbox runners a caller may use (many runners behind one
-//! orchestrator), balanced on the client side.
+//! orchestrator), balanced on the client side, and sessions on one runner (session.rs).
+//! Depends on the protos and the shared server/telemetry crates only.
 //!
 //! Each entry of `sandbox_addrs` is an address (`host:port`, `http://host:port`) or a DNS name
 //! (`dns:///name:port` says so explicitly; any host that is not an IP literal is one too). A

@@ -1,4 +1,4 @@
-//! Client-side balancing over sandbox runners (src/runners.rs) against fake runners served
+//! Client-side balancing over sandbox runners (cairn-runner-client) against fake runners served
 //! over real gRPC on loopback: round-robin, retry on another runner when one is Unavailable,
 //! ejection by health checks and readmission, and DNS names that stand for several addresses
 //! (an injected resolver over 127.0.0.1 and 127.0.0.2, and the system resolver's localhost).

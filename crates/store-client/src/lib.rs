@@ -1,6 +1,7 @@
-//! The artifact-store as the orchestrator uses it: the only way this service reads or writes a
-//! project file, a run record or an event (the store is the single canonical writer).
-//! Thin typed calls over the generated gRPC client, with the trace context injected.
+//! The artifact-store as the orchestrator and its node kinds use it: the only way they read or
+//! write a project file, a run record or an event (the store is the single canonical writer).
+//! Thin typed calls over the generated gRPC client, with the trace context injected, riding
+//! out outages. Depends on the protos and the shared server/telemetry crates only.
 
 use std::collections::HashMap;
 

@@ -103,7 +103,7 @@ pub struct Config {
     /// Sandbox runners: addresses, or DNS names standing for every address they resolve to
     /// (`dns:///name:port`; a Kubernetes headless Service). Healthy runners get work
     /// round-robin; an Unavailable one is ejected and the request goes to another
-    /// (src/runners.rs).
+    /// (cairn-runner-client).
     pub sandbox_addrs: Vec<String>,
     /// Time between grpc.health.v1 checks of each runner (0 = no checks, no ejection).
     pub sandbox_health_interval_ms: u64,
