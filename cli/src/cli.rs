@@ -39,6 +39,12 @@ pub struct Global {
     /// Address of a sandbox-runner when it is not at --addr.
     #[arg(long, env = "CAIRN_SANDBOX_ADDR", value_name = "HOST:PORT")]
     pub sandbox_addr: Option<String>,
+    /// The one configuration file: a TOML section per service ([artifact_store], [ingest],
+    /// [sandbox_runner], [orchestrator], [console]; [llm], [code_delivery], [onebot], [auth] and
+    /// a shared [tls]). Read by `cairn up`, `cairn serve` and every command that starts services
+    /// itself (give it before the subcommand). `cairn config show` prints the outcome.
+    #[arg(long, env = "CAIRN_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// Data directory of the embedded services (used when no address is given).
     #[arg(
         long,
@@ -95,6 +101,12 @@ pub enum Command {
     /// Files, events and documents in the artifact-store.
     #[command(subcommand)]
     Store(StoreCommand),
+    /// The effective configuration of every service and where each value came from.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+    /// Create or list projects (commands that write create their project on first use).
+    #[command(subcommand)]
+    Project(ProjectCommand),
     /// Turn the strict code fences (```lang file=path) of a document into workspace/ files and
     /// print the manifest (--json: exactly manifest v1).
     Ingest(IngestArgs),
@@ -119,6 +131,24 @@ pub enum Command {
     /// optional projects, sha256 of each token).
     #[command(subcommand)]
     Tokens(TokensCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Print every key of every service as `cairn up` would run it: its value and its source
+    /// (default, file, env, flag); secrets are masked. --json prints one object per key.
+    Show,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ProjectCommand {
+    /// Create a project (default: --project); an existing one is left as it is.
+    Create {
+        /// Project id (1-64 letters, digits, `_` or `-`).
+        name: Option<String>,
+    },
+    /// List the projects with their creation times.
+    List,
 }
 
 #[derive(Debug, Subcommand)]
@@ -371,9 +401,10 @@ pub struct UpArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:7070", value_name = "HOST:PORT")]
     pub listen: String,
-    /// Address of the web console (runs, gates, notes).
-    #[arg(long, default_value = "127.0.0.1:7480", value_name = "HOST:PORT")]
-    pub console_listen: String,
+    /// Address of the web console (runs, gates, notes); default: [console] listen of the
+    /// configuration, 127.0.0.1:7480.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub console_listen: Option<String>,
     /// Token the console asks for at login (required when it listens beyond loopback).
     #[arg(long, env = "CAIRN_CONSOLE_TOKEN")]
     pub console_token: Option<String>,

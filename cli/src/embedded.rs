@@ -1,7 +1,7 @@
 //! Where a command's services come from: the address in --addr / CAIRN_ADDR, or services
 //! started in this process on a loopback port (all of them on one address, like `cairn up`).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::Context;
 use cairn_orchestrator::auth::Bearer;
@@ -15,6 +15,7 @@ use tokio::task::JoinHandle;
 use tonic::service::interceptor::InterceptedService;
 
 use crate::cli::Global;
+use crate::settings::Settings;
 
 /// A connection to cairn's services, embedded or remote.
 pub struct Services {
@@ -135,7 +136,8 @@ impl Services {
         let listener = cairn_server::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?.to_string();
         // In-process services talk plaintext over loopback (nothing else can reach them).
-        let hosted = host_all(&global.data_root, &addr, needs, &Security::default()).await?;
+        let settings = Settings::load(global)?;
+        let hosted = host_all(&settings, &addr, needs, true).await?;
         let (stop, stopped) = oneshot::channel();
         let task = tokio::spawn(async move {
             hosted
@@ -218,47 +220,50 @@ impl Services {
 /// The identity CLI commands dial with (`<tls.dir>/cli.pem`).
 pub const IDENTITY: &str = "cli";
 
-/// Transport settings of an embedded host (`cairn up`).
-#[derive(Debug, Clone, Default)]
-pub struct Security {
-    pub tls: cairn_server::TlsConfig,
-    pub insecure_listen: bool,
-}
-
-/// cairn's services on one host, talking to each other through `self_addr`. With TLS the host
-/// serves the orchestrator's certificate and each service dials with its own.
+/// cairn's services on one host, configured by `settings` (the one configuration), talking to
+/// each other through `self_addr`. With TLS the host serves the orchestrator's certificate and
+/// each service dials with its own; `plaintext` forces plaintext (in-process services on a
+/// loopback port nothing else can reach).
 pub async fn host_all(
-    data_root: &Path,
+    settings: &Settings,
     self_addr: &str,
     needs: Needs,
-    security: &Security,
+    plaintext: bool,
 ) -> anyhow::Result<Hosted> {
+    let tls = |t: &cairn_server::TlsConfig| {
+        if plaintext {
+            cairn_server::TlsConfig::default()
+        } else {
+            t.clone()
+        }
+    };
+    let own = &settings.orchestrator.config;
     let mut host = cairn_server::Host::new();
     host.secure(
         cairn_orchestrator::IDENTITY,
-        &security.tls,
-        security.insecure_listen,
+        &tls(&own.tls),
+        own.insecure_listen,
         &Default::default(),
     )
-    .context("reading the TLS files (--tls-dir / CAIRN_TLS_DIR)")?;
-    let store = cairn_artifact_store::artifact_store_service(cairn_artifact_store::Config::new(
-        data_root.to_path_buf(),
-    ))
-    .await
-    .with_context(|| format!("starting the artifact-store over {}", data_root.display()))?;
+    .context("reading the TLS files (--tls-dir / CAIRN_TLS_DIR / [tls])")?;
+    let store_config = settings.artifact_store.config.clone();
+    let data_root = store_config.data_root.clone();
+    let store = cairn_artifact_store::artifact_store_service(store_config)
+        .await
+        .with_context(|| format!("starting the artifact-store over {}", data_root.display()))?;
     host.add(store);
     let ingest = cairn_ingest::ingest_service(&cairn_ingest::Config {
         store_addr: self_addr.to_owned(),
-        tls: security.tls.clone(),
-        ..cairn_ingest::Config::default()
+        tls: tls(&settings.ingest.config.tls),
+        ..settings.ingest.config.clone()
     })
     .context("starting the ingest service")?;
     host.add(ingest);
     let mut runner = None;
     if needs.sandbox {
         let config = cairn_sandbox_runner::Config {
-            work_root: std::path::absolute(data_root)?.join("sandbox"),
-            ..cairn_sandbox_runner::Config::default()
+            tls: tls(&settings.sandbox_runner.config.tls),
+            ..settings.sandbox_runner.config.clone()
         };
         match cairn_sandbox_runner::sandbox_service(config).await {
             Ok((service, handle)) => {
@@ -277,19 +282,17 @@ pub async fn host_all(
     }
     let mut orchestrator = None;
     if needs.orchestrator {
-        // The `CAIRN_ORCHESTRATOR_*` environment (e.g. CAIRN_ORCHESTRATOR_LLM_MODEL, the
-        // `[llm]` / `[onebot]` / `[code_delivery]` keys) applies; the addresses are ours.
+        // The one configuration applies; the addresses are ours.
         let mut config = cairn_orchestrator::Config {
             store_addr: self_addr.to_owned(),
             ingest_addr: self_addr.to_owned(),
-            tls: security.tls.clone(),
+            tls: tls(&own.tls),
             sandbox_addrs: if runner.is_some() {
                 vec![self_addr.to_owned()]
             } else {
                 Vec::new()
             },
-            ..cairn_orchestrator::Config::load(None)
-                .context("orchestrator settings from CAIRN_ORCHESTRATOR_* variables")?
+            ..own.clone()
         };
         if let Some(f) = &needs.tokens_file {
             config.auth.tokens_file = f.display().to_string();

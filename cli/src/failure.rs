@@ -7,6 +7,12 @@ use std::process::ExitCode;
 pub fn report(e: &anyhow::Error) -> ExitCode {
     if let Some(status) = e.downcast_ref::<tonic::Status>() {
         let reason = cairn_proto::reason::of(status);
+        if let Some(hint) = reason.as_deref().and_then(cli_wording) {
+            // The service's own words up to its gRPC advice, then the CLI's.
+            let what = status.message().split(';').next().unwrap_or_default();
+            eprintln!("error: {what}: {hint}");
+            return ExitCode::FAILURE;
+        }
         match reason {
             Some(r) => eprintln!(
                 "error: {} [{:?}, reason: {r}]",
@@ -23,4 +29,14 @@ pub fn report(e: &anyhow::Error) -> ExitCode {
     }
     eprintln!("error: {e:#}");
     ExitCode::FAILURE
+}
+
+/// What to tell a CLI user for a refusal whose gRPC wording names RPCs and fields.
+fn cli_wording(reason: &str) -> Option<String> {
+    match reason {
+        "no_project" => Some(
+            "create it with `cairn project create <name>`, or write a file into it (`cairn store put`, `cairn run`); --project / CAIRN_PROJECT picks the project".into(),
+        ),
+        _ => None,
+    }
 }

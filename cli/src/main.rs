@@ -7,6 +7,7 @@ mod commands;
 mod embedded;
 mod failure;
 mod output;
+mod settings;
 mod transfer;
 
 use std::process::ExitCode;

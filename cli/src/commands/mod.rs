@@ -1,8 +1,10 @@
 //! One module per command group; `dispatch` routes a parsed command line to it.
 
 mod certs;
+mod config;
 mod health;
 mod ingest;
+mod project;
 mod run;
 mod sandbox;
 mod serve;
@@ -20,6 +22,8 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Serve(args) => serve::run(&cli.global, args).await,
         Command::Health(args) => health::run(&cli.global, args).await,
         Command::Store(cmd) => store::run(&cli.global, cmd).await,
+        Command::Project(cmd) => project::run(&cli.global, cmd).await,
+        Command::Config(cmd) => config::run(&cli.global, cmd),
         Command::Ingest(args) => ingest::run(&cli.global, args).await,
         Command::Sandbox(cmd) => sandbox::run(&cli.global, cmd).await,
         Command::Run(args) => run::run(&cli.global, args).await,

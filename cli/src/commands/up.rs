@@ -8,17 +8,16 @@ use tokio::sync::watch;
 
 use crate::cli::{Global, UpArgs};
 use crate::embedded;
+use crate::settings::Settings;
 
 pub async fn run(global: &Global, args: UpArgs) -> anyhow::Result<ExitCode> {
-    cairn_server::check_listen_text(
-        &args.listen,
-        global.tls.config().is_set(),
-        global.tls.insecure_listen,
-    )?;
+    let settings = Settings::load(global)?;
+    let own = &settings.orchestrator.config;
+    cairn_server::check_listen_text(&args.listen, own.tls.is_set(), own.insecure_listen)?;
     let listener = cairn_server::bind(&args.listen).await?;
     let addr = listener.local_addr()?.to_string();
     let hosted = embedded::host_all(
-        &global.data_root,
+        &settings,
         &addr,
         embedded::Needs {
             sandbox: true,
@@ -26,10 +25,7 @@ pub async fn run(global: &Global, args: UpArgs) -> anyhow::Result<ExitCode> {
             tokens_file: args.tokens_file.clone(),
             ..Default::default()
         },
-        &embedded::Security {
-            tls: global.tls.config(),
-            insecure_listen: global.tls.insecure_listen,
-        },
+        false,
     )
     .await?;
     eprintln!(
@@ -41,23 +37,32 @@ pub async fn run(global: &Global, args: UpArgs) -> anyhow::Result<ExitCode> {
     let (stop, stopped) = watch::channel(false);
     let mut console = None;
     if !args.no_console {
+        let from_file = settings.console.config.clone();
+        let listen = args
+            .console_listen
+            .clone()
+            .unwrap_or(from_file.listen.clone());
+        let mut public_hosts = from_file.public_hosts.clone();
+        public_hosts.extend(args.console_public_hosts.iter().cloned());
         let config = ConsoleConfig {
             enabled: true,
-            listen: args
-                .console_listen
-                .parse()
-                .with_context(|| format!("--console-listen {:?}", args.console_listen))?,
+            listen: listen.clone(),
             orchestrator_addr: addr.clone(),
             store_addr: addr.clone(),
-            token: args.console_token.clone().filter(|t| !t.is_empty()),
-            default_project: global.project.clone(),
-            tls: global.tls.config(),
+            token: args
+                .console_token
+                .clone()
+                .or(from_file.token.clone())
+                .filter(|t| !t.is_empty()),
+            tls: own.tls.clone(),
             // People log in with their own tokens from the same file.
-            user_tokens: args.tokens_file.is_some(),
-            public_hosts: args.console_public_hosts.clone(),
-            ..ConsoleConfig::default()
+            user_tokens: args.tokens_file.is_some() || from_file.user_tokens,
+            public_hosts,
+            ..from_file
         };
-        let console_listener = cairn_server::bind(&args.console_listen).await?;
+        let console_listener = cairn_server::bind(&listen)
+            .await
+            .with_context(|| format!("the console's listen address {listen:?}"))?;
         eprintln!(
             "web console: {}",
             console_url(console_listener.local_addr()?)

@@ -1,7 +1,6 @@
-//! The `[code_delivery]` section, with its documented key names. Some keys belong to the
-//! sandbox runner in cairn (it owns containers and task directories); they are accepted here
-//! so one config file carries the seed's section, and `cairn up` hands them to the runner
-//! (see docs/agents.md for which key goes where).
+//! The `[code_delivery]` section. Containers and task directories belong to the sandbox
+//! runner: their settings are the runner's (`work_root`, `image`, `container_prefix`,
+//! `container_suffix`, `sweep_all_prefixed`), not keys of this section.
 
 use serde::{Deserialize, Serialize};
 
@@ -18,13 +17,6 @@ pub enum ArchiveFormat {
 pub struct CodeDeliveryConfig {
     /// The code delivery node type is available.
     pub enabled: bool,
-    /// Runner side: where task directories live (sandbox-runner `work_root`).
-    pub task_root: String,
-    /// Runner side: the session image (sandbox-runner `image`).
-    pub docker_image: String,
-    /// Runner side: containers are named `<prefix><task id><suffix>`.
-    pub container_name_prefix: String,
-    pub container_name_suffix: String,
     /// `run_bash_command` timeout when the model gives none.
     pub default_command_timeout_seconds: u64,
     /// Most characters of stdout/stderr returned to the model per command.
@@ -35,8 +27,6 @@ pub struct CodeDeliveryConfig {
     pub max_archive_size_mb: u64,
     /// Close the session (container and task directory) when the task ends.
     pub cleanup_on_finish: bool,
-    /// Runner side: remove leftover task directories and containers at start.
-    pub cleanup_on_start: bool,
     /// Attempts of one LLM request before the task fails (passed as
     /// `AgentRequest::max_attempts`).
     pub llm_max_retries_per_request: u32,
@@ -48,16 +38,11 @@ impl Default for CodeDeliveryConfig {
     fn default() -> Self {
         CodeDeliveryConfig {
             enabled: true,
-            task_root: "data/code_delivery".into(),
-            docker_image: "ubuntu:24.04".into(),
-            container_name_prefix: "code_delivery_".into(),
-            container_name_suffix: "_runner".into(),
             default_command_timeout_seconds: 600,
             max_command_output_chars: 20_000,
             default_archive_format: ArchiveFormat::Zip,
             max_archive_size_mb: 200,
             cleanup_on_finish: true,
-            cleanup_on_start: true,
             llm_max_retries_per_request: 5,
             notify_on_llm_failure: true,
         }
@@ -86,19 +71,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn seed_section_parses() {
+    fn the_documented_section_parses() {
         let text = r#"
 enabled = true
-task_root = "data/code_delivery"
-docker_image = "ubuntu:24.04"
-container_name_prefix = "code_delivery_"
-container_name_suffix = "_runner"
 default_command_timeout_seconds = 600
 max_command_output_chars = 20000
 default_archive_format = "tar.gz"
 max_archive_size_mb = 200
 cleanup_on_finish = true
-cleanup_on_start = true
 llm_max_retries_per_request = 5
 notify_on_llm_failure = true
 "#;
@@ -112,6 +92,16 @@ notify_on_llm_failure = true
             }
         );
         assert!(toml::from_str::<CodeDeliveryConfig>("nope = 1").is_err());
+        // Runner settings are the runner's: here they are unknown keys, not silently ignored.
+        for key in [
+            "task_root = \"x\"",
+            "docker_image = \"ubuntu:24.04\"",
+            "container_name_prefix = \"p\"",
+            "container_name_suffix = \"s\"",
+            "cleanup_on_start = true",
+        ] {
+            assert!(toml::from_str::<CodeDeliveryConfig>(key).is_err(), "{key}");
+        }
         let round = toml::to_string(&CodeDeliveryConfig::default()).unwrap();
         assert_eq!(
             toml::from_str::<CodeDeliveryConfig>(&round).unwrap(),

@@ -17,7 +17,7 @@ pub const RUN_BASH_COMMAND: &str = "run_bash_command";
 pub const TODO: &str = "todo";
 pub const END: &str = "end";
 
-/// The tool names, in the seed's order.
+/// The tool names, in the order the model is shown them.
 pub const NAMES: [&str; 7] = [READ, WRITE, GLOB, GREP, RUN_BASH_COMMAND, TODO, END];
 
 /// The tools as offered to the model (OpenAI `tools[].function`).

@@ -1,5 +1,5 @@
-//! The ingest manifests of a run (`.cairn/runs/<run>/ingest/<node>.json`, manifest v1 of seed
-//! 000 §5) with the status of every block: which were written, skipped or rejected, and why.
+//! The ingest manifests of a run (`.cairn/runs/<run>/ingest/<node>.json`, manifest v1) with
+//! the status of every block: which were written, skipped or rejected, and why.
 
 use maud::{html, Markup};
 use serde::Deserialize;

@@ -175,7 +175,8 @@ pub struct AgentTask {
     pub llm: Option<String>,
     #[serde(default)]
     pub overwrite: bool,
-    /// Seed 001 §3.1 front matter on the written Markdown (default true).
+    /// YAML front matter (title, purpose, tags, task and agent ids) on the written Markdown
+    /// (default true).
     #[serde(default = "yes")]
     pub front_matter: bool,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -72,7 +72,12 @@ impl Ev {
         Ev {
             kind,
             node: node.to_owned(),
-            level: Level::Info,
+            // A failed run is an error wherever it is read (logs, console, watchers).
+            level: if kind == TASK_FAILED {
+                Level::Error
+            } else {
+                Level::Info
+            },
             data: Map::new(),
         }
     }

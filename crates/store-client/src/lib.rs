@@ -347,7 +347,13 @@ impl Store {
                 .await;
             let page = match listed {
                 Ok(r) => r.into_inner(),
-                Err(s) if s.code() == Code::NotFound => return Ok(out),
+                // A missing prefix lists nothing; a missing project is the caller's error.
+                Err(s)
+                    if s.code() == Code::NotFound
+                        && cairn_proto::reason::of(&s).as_deref() != Some("no_project") =>
+                {
+                    return Ok(out)
+                }
                 Err(s) => return Err(s),
             };
             out.extend(page.entries);

@@ -152,6 +152,7 @@ impl Error {
             Error::Fenced { .. } => Some("fenced"),
             Error::NotPermitted { .. } => Some("identity"),
             Error::PublicationUnproven { .. } => Some("publication_unproven"),
+            Error::ProjectNotFound(_) => Some("no_project"),
             _ => None,
         }
     }

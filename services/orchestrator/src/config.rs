@@ -295,7 +295,7 @@ mod tests {
 
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("orchestrator.toml");
-        // The seed's key, verbatim, as a TOML dotted key.
+        // The documented key as a TOML dotted key.
         std::fs::write(&file, "sandbox.runner.features.use_for_tools = true\n").unwrap();
         assert!(
             Config::load(Some(&file))

@@ -258,7 +258,19 @@ pub fn render_readme(s: &RunState, graph: &Graph) -> String {
                 .and_then(|g| g.reason.clone())
                 .unwrap_or_default();
             let instructions = graph.node(&n.id).and_then(|g| match &g.kind {
-                NodeKind::Gate(gate) => gate.instructions.as_ref().map(|t| t.source().to_owned()),
+                // Rendered with what the README knows (the run id, vars); as written otherwise.
+                NodeKind::Gate(gate) => gate.instructions.as_ref().map(|t| {
+                    t.render(&|r| match r {
+                        cairn_graph::Ref::RunId => {
+                            Some(serde_json::Value::from(graph.run_id.clone()))
+                        }
+                        cairn_graph::Ref::Var { name, path } if path.is_empty() => {
+                            graph.vars.get(name).cloned().map(serde_json::Value::from)
+                        }
+                        _ => None,
+                    })
+                    .unwrap_or_else(|_| t.source().to_owned())
+                }),
                 _ => None,
             });
             let _ = writeln!(out, "- Gate `{}`: {reason}", n.id);

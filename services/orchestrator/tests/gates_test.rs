@@ -1,4 +1,4 @@
-//! Human in the loop (seed 001 §6): gates approved and rejected, notes given to later agents,
+//! Human in the loop: gates approved and rejected, notes given to later agents,
 //! rework of a node and its dependents, context edits, cancel; each an event with by and ts.
 #![allow(clippy::unwrap_used)]
 
@@ -25,7 +25,7 @@ fn decision(run: &str, gate: &str, by: &str, note: &str) -> GateDecisionRequest 
 const GATED: &str = r#"
 nodes:
   - {id: draft, type: write_file, path: "docs/{{run_id}}/draft.txt", content: draft}
-  - {id: review, type: gate, reason: "check {{nodes.draft.path}}", needs: [draft]}
+  - {id: review, type: gate, reason: "check {{nodes.draft.path}}", needs: [draft], instructions: "read docs/{{run_id}}/draft.txt first"}
   - {id: publish, type: write_file, path: "docs/{{run_id}}/published.txt", content: "ok by {{nodes.review.by}}"}
 "#;
 
@@ -60,7 +60,8 @@ async fn approved_gate_continues_the_run() {
         .await;
     assert!(
         readme.contains("Waiting for you")
-            && readme.contains(&format!("cairn gate approve {run} review")),
+            && readme.contains(&format!("cairn gate approve {run} review"))
+            && readme.contains(&format!("read docs/{run}/draft.txt first")),
         "{readme}"
     );
 

@@ -1,4 +1,4 @@
-//! The ingest hook (seed 000) after nodes that write a document: on, off by the server flag,
+//! The ingest hook after nodes that write a document: on, off by the server flag,
 //! off by the ingest service's own per-project flag, fail-open when ingest is down, and under
 //! the orchestrator's claim on the run.
 #![allow(clippy::unwrap_used)]
@@ -147,6 +147,56 @@ async fn ingest_down_is_fail_open() {
         .as_str()
         .unwrap()
         .contains("failed"));
+    s.stop().await;
+}
+
+/// With ingest down, `workspace_files` is an empty list (not missing), so a later node that
+/// reads it still runs; the outage is a warning event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ingest_down_leaves_an_empty_workspace_files_list() {
+    let s = Stack::start(Options {
+        ingest: false,
+        tweak: |c| {
+            c.ingest_addr = "127.0.0.1:1".into();
+            c.dependency_outage_s = 1;
+        },
+        ..Default::default()
+    })
+    .await;
+    let graph = format!(
+        "{GRAPH}  - id: report\n    type: write_file\n    path: \"docs/{{{{run_id}}}}/report.md\"\n    content: \"files: {{{{nodes.author.workspace_files}}}}\"\n"
+    );
+    let llm = cassette(s.dir.path(), "c.yaml", CASSETTE);
+    let run = s
+        .submit_req(SubmitRunRequest {
+            project_id: PROJECT.into(),
+            graph_yaml: graph,
+            llm,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .run_id;
+    let info = s.wait_final_or(&run, TaskState::Completed, 30).await;
+    assert_eq!(
+        info.state,
+        TaskState::Completed as i32,
+        "{:?}",
+        s.event_types(&run).await
+    );
+    assert_eq!(
+        outputs(&info, "author")["workspace_files"],
+        serde_json::json!([])
+    );
+    let report = s.read_text(&format!("docs/{run}/report.md")).await;
+    assert_eq!(report, "files: []");
+    let warned = s
+        .events(&run)
+        .await
+        .into_iter()
+        .filter(|e| e.r#type == "ingest.hook_failed")
+        .all(|e| e.level == cairn_proto::v1::Level::Warning as i32);
+    assert!(warned);
     s.stop().await;
 }
 

@@ -440,5 +440,9 @@ nodes:
         .run_id;
     let failed = s.wait_state(&run, TaskState::Failed, 20).await;
     assert_eq!(node(&failed, "once").attempts, 1);
+    // A failed run is an error-level event.
+    let ended = s.events(&run).await;
+    let ended = ended.iter().find(|e| e.r#type == "task.failed").unwrap();
+    assert_eq!(ended.level, cairn_proto::v1::Level::Error as i32);
     s.stop().await;
 }

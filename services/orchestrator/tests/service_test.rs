@@ -200,6 +200,19 @@ async fn list_runs_pages_newest_first_and_filters() {
             .collect::<Vec<_>>(),
         vec![blocked]
     );
+    // A project that does not exist is NOT_FOUND, as the store says, not an empty list.
+    let e = s
+        .client
+        .clone()
+        .list_runs(ListRunsRequest {
+            project_id: "no-such-project".into(),
+            states: vec![],
+            page: None,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+    assert_eq!(cairn_proto::reason::of(&e).as_deref(), Some("no_project"));
     s.stop().await;
 }
 

@@ -1,6 +1,7 @@
 //! The ingest hook and the explicit `ingest` node: a document's strict code fences
 //! become workspace files through the ingest service. Fail-open: whatever goes wrong is
-//! recorded (`ingest.hook_failed`, the manifest) and the run goes on.
+//! recorded (`ingest.hook_failed` at warning level, the manifest), `workspace_files` is an
+//! empty list, and the run goes on.
 
 use std::time::Duration;
 
@@ -43,6 +44,8 @@ pub async fn hook(ctx: &NodeCtx, doc_path: &str, content: Bytes, out: &mut NodeS
             );
             out.outputs
                 .insert("ingest".into(), json!({"error": message}));
+            // Nothing reached the workspace: later nodes read an empty list, not a hole.
+            out.outputs.insert("workspace_files".into(), json!([]));
         }
     }
 }
@@ -156,6 +159,8 @@ pub async fn run(ctx: &NodeCtx, spec: &IngestNode) -> Result<NodeSuccess, NodeEr
             out.outputs.insert("manifest_path".into(), "".into());
             out.outputs
                 .insert("ingest".into(), json!({"error": message}));
+            // Nothing reached the workspace: later nodes read an empty list, not a hole.
+            out.outputs.insert("workspace_files".into(), json!([]));
         }
     }
     Ok(out)

@@ -1,0 +1,163 @@
+//! The one configuration: a file with a section per service, then environment variables, then
+//! flags, read the same way by `cairn config show` and the commands that start services.
+#![allow(clippy::unwrap_used)]
+
+use assert_cmd::Command;
+use predicates::prelude::*;
+
+fn cairn(data: &std::path::Path) -> Command {
+    let mut cmd = Command::cargo_bin("cairn").unwrap();
+    cmd.env_remove("CAIRN_ADDR")
+        .env_remove("CAIRN_PROJECT")
+        .env_remove("CAIRN_CONFIG")
+        .env("RUST_LOG", "error")
+        .arg("--data-root")
+        .arg(data);
+    cmd
+}
+
+fn value<'a>(
+    shown: &'a serde_json::Value,
+    section: &str,
+    key: &str,
+) -> (&'a serde_json::Value, &'a str) {
+    let row = shown["values"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["section"] == section && r["key"] == key)
+        .unwrap_or_else(|| panic!("no {section}.{key}"));
+    (&row["value"], row["source"].as_str().unwrap())
+}
+
+#[test]
+fn config_show_names_the_source_of_each_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cairn.toml");
+    std::fs::write(
+        &file,
+        "[sandbox_runner]\npool_size = 3\n[llm]\nmodel = \"from-file\"\n[console]\ntoken = \"s3cret-token\"\n[artifact_store]\nmax_file_bytes = 1000\n",
+    )
+    .unwrap();
+    let out = cairn(&dir.path().join("data"))
+        .env("CAIRN_ORCHESTRATOR_MAX_PARALLEL_RUNS", "5")
+        .arg("--config")
+        .arg(&file)
+        .args(["--json", "config", "show"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        value(&shown, "sandbox_runner", "pool_size"),
+        (&3.into(), "file")
+    );
+    assert_eq!(
+        value(&shown, "orchestrator", "llm.model"),
+        (&"from-file".into(), "file")
+    );
+    assert_eq!(
+        value(&shown, "orchestrator", "max_parallel_runs"),
+        (&5.into(), "env")
+    );
+    assert_eq!(value(&shown, "artifact_store", "data_root").1, "flag");
+    assert_eq!(value(&shown, "ingest", "max_blocks").1, "default");
+    // Secrets are masked, in JSON and in text.
+    assert_eq!(value(&shown, "console", "token").0, "***");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("s3cret-token"));
+    cairn(&dir.path().join("data"))
+        .arg("--config")
+        .arg(&file)
+        .args(["config", "show"])
+        .assert()
+        .success()
+        .stdout(
+            predicate::str::contains("pool_size = 3  # file")
+                .and(predicate::str::contains("s3cret-token").not()),
+        );
+}
+
+#[test]
+fn unknown_sections_keys_and_values_are_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    for (text, needle) in [
+        ("[sandbox]\npool_size = 2\n", "unknown section [sandbox]"),
+        ("[ingest]\nmax_blockz = 2\n", "max_blockz"),
+        (
+            "[code_delivery]\ndocker_image = \"ubuntu:24.04\"\n",
+            "docker_image",
+        ),
+    ] {
+        let file = dir.path().join("bad.toml");
+        std::fs::write(&file, text).unwrap();
+        cairn(&dir.path().join("data"))
+            .arg("--config")
+            .arg(&file)
+            .args(["config", "show"])
+            .assert()
+            .failure()
+            .stderr(predicate::str::contains(needle));
+    }
+}
+
+#[test]
+fn embedded_commands_run_with_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cairn.toml");
+    std::fs::write(&file, "[artifact_store]\nmax_file_bytes = 10\n").unwrap();
+    let local = dir.path().join("big.txt");
+    std::fs::write(&local, "more than ten bytes\n").unwrap();
+    let data = dir.path().join("data");
+    cairn(&data)
+        .arg("--config")
+        .arg(&file)
+        .args(["store", "put"])
+        .arg(&local)
+        .arg("docs/big.txt")
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("too_large"));
+    // Without the file the same put succeeds.
+    cairn(&data)
+        .args(["store", "put"])
+        .arg(&local)
+        .arg("docs/big.txt")
+        .assert()
+        .success();
+}
+
+/// The example of docs/configuration.md is a configuration cairn accepts.
+#[test]
+fn the_documented_example_is_accepted() {
+    let doc = include_str!("../../docs/configuration.md");
+    let start = doc.find("```toml\n").unwrap() + "```toml\n".len();
+    let end = start + doc[start..].find("```").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cairn.toml");
+    std::fs::write(&file, &doc[start..end]).unwrap();
+    let out = cairn(&dir.path().join("data"))
+        .arg("--config")
+        .arg(&file)
+        .args(["--json", "config", "show"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        value(&shown, "sandbox_runner", "pool_size"),
+        (&2.into(), "file")
+    );
+    assert_eq!(
+        value(&shown, "ingest", "tls.dir"),
+        (&"/etc/cairn/pki".into(), "file"),
+        "[tls] applies to every service"
+    );
+}
