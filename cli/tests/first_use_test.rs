@@ -84,3 +84,58 @@ fn writing_commands_create_their_project() {
         .success()
         .stdout(predicate::str::contains("hello.py"));
 }
+
+/// Limits in words: a document over the ingest limits is refused with its size, the limit and
+/// the setting, never a transport error.
+#[test]
+fn an_oversized_document_is_refused_with_the_limit_and_the_setting() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    // Over what one request can carry: refused before sending.
+    let huge = dir.path().join("huge.md");
+    let f = std::fs::File::create(&huge).unwrap();
+    f.set_len(40 << 20).unwrap();
+    cairn(&data)
+        .arg("ingest")
+        .arg(&huge)
+        .assert()
+        .failure()
+        .stderr(
+            predicate::str::contains("41943040 bytes")
+                .and(predicate::str::contains("max_document_bytes"))
+                .and(predicate::str::contains("decoded message").not()),
+        );
+    // Over the service's document limit but sendable: the service refuses to parse it.
+    let big = dir.path().join("big.md");
+    std::fs::write(&big, vec![b'x'; (16 << 20) + 1]).unwrap();
+    cairn(&data)
+        .arg("ingest")
+        .arg(&big)
+        .assert()
+        .failure()
+        .stderr(
+            predicate::str::contains("16777217 bytes")
+                .and(predicate::str::contains("max_document_bytes")),
+        );
+}
+
+/// `--json` with ingest disabled prints JSON, not an empty line.
+#[test]
+fn ingest_json_is_json_even_when_nothing_is_parsed() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let doc = dir.path().join("doc.md");
+    std::fs::write(&doc, "no fences here\n").unwrap();
+    let out = cairn(&data)
+        .args(["--json", "ingest"])
+        .arg(&doc)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v.is_object());
+}

@@ -7,7 +7,23 @@ use cairn_proto::v1::{BlockStatus, ClaimRunRequest, IngestRequest, IngestRespons
 use crate::cli::{Global, IngestArgs};
 use crate::embedded::{Needs, Services};
 
+/// What one ingest request may carry besides the document (ids, paths, the fence).
+const ENVELOPE_BYTES: u64 = 64 << 10;
+
 pub async fn run(global: &Global, args: IngestArgs) -> anyhow::Result<ExitCode> {
+    // Refused before anything is read into memory or sent, with the numbers and the setting.
+    let size = tokio::fs::metadata(&args.document)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", args.document.display()))?
+        .len();
+    let most = cairn_ingest::MAX_MESSAGE_BYTES as u64 - ENVELOPE_BYTES;
+    if size > most {
+        anyhow::bail!(
+            "{} is {} bytes; one ingest request carries at most {most} bytes, and the ingest service parses documents of at most `max_document_bytes` ([ingest] in the configuration, 16 MiB by default): split the document",
+            args.document.display(),
+            size
+        );
+    }
     let content = tokio::fs::read(&args.document)
         .await
         .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", args.document.display()))?;
@@ -58,9 +74,26 @@ pub async fn run(global: &Global, args: IngestArgs) -> anyhow::Result<ExitCode> 
     services.close().await?;
     let response = response?.into_inner();
     if global.json {
-        println!("{}", response.manifest_json);
+        if response.manifest_json.trim().is_empty() {
+            // Disabled: no manifest was made; say so in JSON rather than print an empty line.
+            println!("{}", serde_json::json!({"enabled": response.enabled}));
+        } else {
+            println!("{}", response.manifest_json);
+        }
     } else {
         print_table(&response, args.dry_run);
+    }
+    // A document over the service's limit was not parsed at all: a failure, with the numbers.
+    if let Some(whole) = response
+        .artifacts
+        .iter()
+        .find(|a| a.reason == "too_large" && a.declared_file.is_empty())
+    {
+        eprintln!(
+            "error: the document is {} bytes, over the ingest service's `max_document_bytes` ([ingest] in the configuration, 16 MiB by default); nothing was parsed: split the document or raise the limit",
+            whole.bytes
+        );
+        return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -274,6 +274,31 @@ fn print_event(e: &cairn_proto::v1::Event) {
     eprintln!("  {:>4} {:<26} {:<18} {detail}", e.seq, e.r#type, e.node_id);
 }
 
+/// A rejection that fails the run ends it once running attempts stop: wait a moment for that
+/// end, so what is printed is the run after the decision (a rejection the graph continues
+/// past leaves the run working, and that is printed after the wait).
+async fn settled(
+    client: &mut Client,
+    project: &str,
+    run_id: &str,
+    mut info: RunInfo,
+) -> anyhow::Result<RunInfo> {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(3);
+    let is_final = |i: &RunInfo| {
+        [TaskState::Completed, TaskState::Failed, TaskState::Canceled]
+            .iter()
+            .any(|s| *s as i32 == i.state)
+    };
+    while !is_final(&info)
+        && info.state != TaskState::Working as i32
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        info = get(client, project, run_id).await?;
+    }
+    Ok(info)
+}
+
 async fn get(client: &mut Client, project: &str, run_id: &str) -> anyhow::Result<RunInfo> {
     Ok(client
         .get_run(GetRunRequest {
@@ -315,6 +340,7 @@ fn gate_word(s: GateState) -> &'static str {
         GateState::Blocked => "blocked",
         GateState::Approved => "approved",
         GateState::Rejected => "rejected",
+        GateState::Canceled => "canceled",
         GateState::Unspecified => "unknown",
     }
 }
@@ -538,6 +564,8 @@ pub async fn gate(global: &Global, cmd: GateCommand) -> anyhow::Result<ExitCode>
         .into_inner();
         let info = if global.addr.is_none() {
             follow(global, &mut client, &project, &run, false).await?
+        } else if !approve {
+            settled(&mut client, &project, &run, info).await?
         } else {
             info
         };

@@ -103,6 +103,7 @@ pub(super) fn gate_state_name(state: i32) -> &'static str {
         Ok(GateState::Blocked) => "blocked",
         Ok(GateState::Approved) => "approved",
         Ok(GateState::Rejected) => "rejected",
+        Ok(GateState::Canceled) => "canceled",
         _ => "unknown",
     }
 }

@@ -11,6 +11,8 @@ pub enum GateState {
     Blocked,
     Approved,
     Rejected,
+    /// The run ended (canceled or failed) while the gate waited.
+    Canceled,
 }
 
 impl GateState {
@@ -20,6 +22,7 @@ impl GateState {
             GateState::Blocked => pb::GateState::Blocked,
             GateState::Approved => pb::GateState::Approved,
             GateState::Rejected => pb::GateState::Rejected,
+            GateState::Canceled => pb::GateState::Canceled,
         }
     }
 }

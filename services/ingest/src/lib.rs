@@ -40,6 +40,10 @@ pub use service::IngestService;
 #[cfg(feature = "service")]
 pub use serving::{ingest_service, ingestor, serve};
 
+/// Largest gRPC message ingest accepts or sends (documents up to 16 MiB by default plus the
+/// envelope); a larger document cannot be sent in one request.
+pub const MAX_MESSAGE_BYTES: usize = 32 << 20;
+
 /// Building and hosting the gRPC service.
 #[cfg(feature = "service")]
 mod serving {
@@ -52,8 +56,7 @@ mod serving {
     /// The identity ingest serves and dials with (`<tls.dir>/ingest.pem`).
     pub const IDENTITY: &str = "ingest";
 
-    /// Largest gRPC message ingest accepts or sends (documents up to 16 MiB plus the envelope).
-    const MAX_MESSAGE_BYTES: usize = 32 << 20;
+    use crate::MAX_MESSAGE_BYTES;
 
     /// How often a standalone ingest checks that the store answers (readiness).
     const PROBE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);

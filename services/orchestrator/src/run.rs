@@ -314,6 +314,19 @@ impl RunState {
     }
 
     /// Gates currently waiting for a human.
+    /// A run that ended leaves no gate waiting: blocked gates become canceled (a resume
+    /// reopens them).
+    fn end_waiting_gates(&mut self) {
+        for n in &mut self.nodes {
+            if let Some(g) = n.gate.as_mut().filter(|g| g.state == GateState::Blocked) {
+                g.state = GateState::Canceled;
+                if n.state == NodeState::Blocked {
+                    n.state = NodeState::Canceled;
+                }
+            }
+        }
+    }
+
     pub fn blocked_gates(&self) -> impl Iterator<Item = &NodeRecord> {
         self.gate_nodes.iter().map(|&i| &self.nodes[i]).filter(|n| {
             n.gate
@@ -350,17 +363,22 @@ impl RunState {
             ev::TASK_FAILED => {
                 self.state = TaskState::Failed;
                 self.error = text(d, "error");
+                self.end_waiting_gates();
             }
             ev::TASK_CANCELED => {
                 self.state = TaskState::Canceled;
                 self.error = text(d, "reason")
                     .filter(|r| !r.is_empty())
                     .or(Some("canceled".into()));
+                self.end_waiting_gates();
             }
             ev::TASK_RESUMED => {
                 self.state = TaskState::Working;
                 self.error = None;
                 for n in &mut self.nodes {
+                    if let Some(g) = n.gate.as_mut().filter(|g| g.state == GateState::Canceled) {
+                        g.state = GateState::Open;
+                    }
                     if matches!(
                         n.state,
                         NodeState::Running | NodeState::Failed | NodeState::Canceled

@@ -416,6 +416,9 @@ async fn cancel_at_a_gate_and_resume_rules() {
         .await;
     let task: Value = serde_saphyr::from_str(&yaml).unwrap();
     assert_eq!(task["state"], "canceled");
+    // The gate no longer waits: task.yaml and GetRun say so.
+    assert_eq!(task["gates"][0]["state"], "canceled", "{yaml}");
+    assert_eq!(info.gates[0].state, GateState::Canceled as i32);
 
     // ResumeRun retries a failed run's failed node.
     let graph =
