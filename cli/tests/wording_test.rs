@@ -15,22 +15,30 @@ fn root() -> PathBuf {
         .to_path_buf()
 }
 
-/// The first citation in `text`, if any.
+/// The first citation in `text`, if any: a planning document by name or number, or a bare
+/// section sign (public standards keep theirs: `RFC 9110 §10.2.3`).
 fn citation(text: &str) -> Option<String> {
     let lower = text.to_lowercase();
     for (i, _) in lower.match_indices("seed") {
         let rest = &lower[i + 4..];
         let cites = rest.starts_with("'s ")
-            || rest.starts_with("s/")
             || rest.trim_start().starts_with(|c: char| c.is_ascii_digit())
-            || rest.starts_with(" §");
+            || lower[..i].ends_with("shared/");
         if cites {
             return Some(text[i..(i + 30).min(text.len())].to_owned());
         }
     }
-    for needle in ["design.md", "§"] {
-        if let Some(i) = lower.find(needle) {
-            return Some(text[i.saturating_sub(20)..(i + 20).min(text.len())].to_owned());
+    if let Some(i) = text.find("DESIGN.md") {
+        return Some(text[i..].chars().take(30).collect());
+    }
+    for (i, _) in text.match_indices('§') {
+        let before = &text[..i];
+        let standard = before
+            .rfind("RFC ")
+            .is_some_and(|r| before[r + 4..].trim().chars().all(|c| c.is_ascii_digit()));
+        if !standard {
+            let start = before.char_indices().rev().nth(20).map_or(0, |(n, _)| n);
+            return Some(text[start..].chars().take(40).collect());
         }
     }
     None
@@ -65,6 +73,10 @@ fn the_citation_check_finds_what_it_must() {
     assert!(citation("as DESIGN.md decides").is_some());
     assert!(citation("a random seed for the pool").is_none());
     assert!(citation("seeded by cp").is_none());
+    assert!(citation("a missing result is failed (§6.1)").is_some());
+    assert!(citation("an HTTP date (RFC 9110 §10.2.3)").is_none());
+    assert!(citation("path: docs/{{run_id}}/design.md").is_none());
+    assert!(citation("the fuzz corpus seeds/*").is_none());
 }
 
 #[test]

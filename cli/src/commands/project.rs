@@ -5,7 +5,6 @@ use std::process::ExitCode;
 
 use cairn_proto::v1::{CreateProjectRequest, ListProjectsRequest, PageRequest};
 use serde_json::json;
-use tonic::Code;
 
 use crate::cli::{Global, ProjectCommand};
 use crate::embedded::{Needs, Services};
@@ -27,15 +26,22 @@ async fn run_with(
     match cmd {
         ProjectCommand::Create { name } => {
             let project_id = name.unwrap_or_else(|| global.project.clone());
-            let (outcome, created_at) = match store
-                .create_project(CreateProjectRequest {
-                    project_id: project_id.clone(),
-                })
-                .await
-            {
-                Ok(p) => ("created", p.into_inner().created_at),
-                Err(s) if s.code() == Code::AlreadyExists => ("exists", String::new()),
-                Err(s) => return Err(s.into()),
+            // CreateProject leaves an existing project as it is; look first to say which.
+            let existed = list(&mut store)
+                .await?
+                .into_iter()
+                .find(|p| p.project_id == project_id);
+            let (outcome, created_at) = match existed {
+                Some(p) => ("exists", p.created_at),
+                None => {
+                    let p = store
+                        .create_project(CreateProjectRequest {
+                            project_id: project_id.clone(),
+                        })
+                        .await?
+                        .into_inner();
+                    ("created", p.created_at)
+                }
             };
             if global.json {
                 output::json(
@@ -48,24 +54,7 @@ async fn run_with(
             }
         }
         ProjectCommand::List => {
-            let mut all = Vec::new();
-            let mut token = String::new();
-            loop {
-                let page = store
-                    .list_projects(ListProjectsRequest {
-                        page: Some(PageRequest {
-                            page_size: 1000,
-                            page_token: token,
-                        }),
-                    })
-                    .await?
-                    .into_inner();
-                all.extend(page.projects);
-                if page.next_page_token.is_empty() {
-                    break;
-                }
-                token = page.next_page_token;
-            }
+            let all = list(&mut store).await?;
             if global.json {
                 output::json(
                     &all.iter()
@@ -82,4 +71,29 @@ async fn run_with(
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+async fn list(
+    store: &mut cairn_proto::v1::artifact_store_client::ArtifactStoreClient<
+        cairn_telemetry::TracedChannel,
+    >,
+) -> anyhow::Result<Vec<cairn_proto::v1::Project>> {
+    let mut all = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = store
+            .list_projects(ListProjectsRequest {
+                page: Some(PageRequest {
+                    page_size: 1000,
+                    page_token: token,
+                }),
+            })
+            .await?
+            .into_inner();
+        all.extend(page.projects);
+        if page.next_page_token.is_empty() {
+            return Ok(all);
+        }
+        token = page.next_page_token;
+    }
 }

@@ -3,7 +3,7 @@
 //! session. Limits: `max_iterations` requests, and the node's deadline (minus a margin kept for
 //! cleanup). Whatever the model sends, the loop answers with a tool result; only the sandbox
 //! or store going away, a limit, or an LLM request that used all its attempts end the task,
-//! and the last one sends the failure notice to the target first (§7.4).
+//! and the last one sends the failure notice to the target first.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

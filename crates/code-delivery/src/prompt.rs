@@ -1,6 +1,6 @@
 //! What the code delivery agent is told: the system prompt (tools, rules, suggested excludes
 //! and the documentation rule) and the task message, which always states
-//! where the workspace came from (§4.3), so the model never loses that context.
+//! where the workspace came from, so the model never loses that context.
 
 /// Where the workspace starts from.
 #[derive(Debug, Clone, PartialEq, Eq)]

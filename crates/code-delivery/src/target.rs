@@ -2,7 +2,7 @@
 //! (`{type: group|private, id}`, through `onebot.rs`), or a directory of the project
 //! (`{type: directory, path}`, written through the store; `local_dir` is the same, as in
 //! `deliver` nodes). The same target receives the
-//! failure notice when an LLM request used all its attempts (§7.4).
+//! failure notice when an LLM request used all its attempts.
 
 use bytes::Bytes;
 use serde::Serialize;
@@ -45,7 +45,7 @@ pub struct Delivery {
     /// The OneBot action that delivered it, or the last one tried.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub action: Option<String>,
-    /// What failed, naming where the archive is kept for manual hand-over (§7.3).
+    /// What failed, naming where the archive is kept for manual hand-over.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }

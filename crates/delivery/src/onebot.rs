@@ -2,8 +2,8 @@
 //! (`upload_group_file`) or a private chat (`upload_private_file`); an implementation without
 //! the upload action gets a `file` message segment instead, and when that fails too the
 //! result says so and names the file's stored path in the project so a human can hand it
-//! over (§7.3). Also the failure notice sent after one LLM request failed all its attempts
-//! (§7.4). The access token never appears in Debug output, logs or error messages.
+//! over. Also the failure notice sent after one LLM request failed all its attempts.
+//! The access token never appears in Debug output, logs or error messages.
 //!
 //! Graph targets: `{type: group, id: 123456}` and `{type: private, id: 10001}`; the endpoint
 //! and token come from the `[onebot]` config section.

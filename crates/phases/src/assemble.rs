@@ -1,13 +1,13 @@
 //! Reading phase results: the `assemble` node's spec and the rules every result
 //! is judged by. The node itself is nodes/assemble.rs.
 //!
-//! - A result that does not exist is `failed` (§6.1); for an auto plan the expected keys come
+//! - A result that does not exist is `failed`; for an auto plan the expected keys come
 //!   from the plan's `auto_tasks.selected_tasks`, for a tasks plan from `tasks[].rank`.
-//! - A fail-safe placeholder (`placeholder: true`) is `failed` with its reason (§4).
+//! - A fail-safe placeholder (`placeholder: true`) is `failed` with its reason.
 //! - A result its contract refuses is `failed` with the violations.
-//! - `success`, `partial`, `failed`, `no_changes` as §6.2 says; `no_changes` counts as success.
+//! - `success`, `partial`, `failed`, `no_changes` mean what docs/phases.md says; `no_changes` counts as success.
 //!   Anything else is `failed` (unknown status).
-//! - File names and keys are compared with `-` read as `_` (§6.3).
+//! - File names and keys are compared with `-` read as `_`.
 
 use std::collections::BTreeMap;
 

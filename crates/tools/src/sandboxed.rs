@@ -1,7 +1,7 @@
 //! The sandbox tool backend (opt-in with `sandbox.runner.features.use_for_tools`):
 //! the tool's program is one `Run` on a sandbox runner, its staged inputs under `/input`
 //! (read-only), its outputs collected from `/output`, with the same caps as the legacy backend.
-//! A failed call is the node's failure: there is no fallback to the legacy backend (§7.3).
+//! A failed call is the node's failure: there is no fallback to the legacy backend.
 
 use cairn_proto::v1::{FileContent, Limits, RunRequest};
 use tonic::Status;

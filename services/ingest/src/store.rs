@@ -84,12 +84,13 @@ impl StoreError {
             (_, Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled) => {
                 StoreError::Unavailable(format!("{:?}: {message}", status.code()))
             }
+            // Nothing there (a file, or a project not made yet), whatever its reason word.
+            (_, Code::NotFound) => StoreError::NotFound(message),
             (Some(word), code) => StoreError::Refused {
                 reason: word,
                 code,
                 message,
             },
-            (None, Code::NotFound) => StoreError::NotFound(message),
             // Without a reason word, the code still says what kind of refusal it was.
             (None, Code::AlreadyExists) => StoreError::Refused {
                 reason: "exists".into(),

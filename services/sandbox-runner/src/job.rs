@@ -1,5 +1,5 @@
 //! A one-shot run: the request checked into a `Job` (language, program,
-//! inputs, limits), and its `Outcome` turned into the RunResult with result.json (§4.2).
+//! inputs, limits), and its `Outcome` turned into the RunResult with result.json.
 
 use std::collections::HashSet;
 
