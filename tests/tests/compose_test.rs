@@ -1229,13 +1229,13 @@ fn compose_backup_and_restore_as_documented() {
     let out = get(&second, &store);
     assert!(out.status.success(), "restored store: {}\n{}", show(&out), second.logs());
     assert_eq!(std::fs::read_to_string(&got).unwrap(), content);
-    // The restored files are the store's (uid 10002): it can write beside them.
+    // The restored directories are the store's (uid 10002): it writes into them.
     ok(
         second
             .cairn(&host)
-            .args(["--addr", &store, "store", "put", "--overwrite"])
-            .arg(&file)
-            .arg("docs/backup/kept.txt"),
+            .args(["--addr", &store, "store", "put"])
+            .arg(&got)
+            .arg("docs/backup/after-restore.txt"),
         Duration::from_secs(30),
     );
 }
