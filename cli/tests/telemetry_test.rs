@@ -675,7 +675,12 @@ async fn health_probes_make_no_trace() {
         // The control: a call that is traced, from the CLI and in the store.
         let file = dir.path().join("control.txt");
         std::fs::write(&file, "traced\n").unwrap();
-        client(&["store", "put", &file.display().to_string(), "docs/control.txt"]);
+        client(&[
+            "store",
+            "put",
+            &file.display().to_string(),
+            "docs/control.txt",
+        ]);
         store.stop();
     });
     let spans = received.spans.lock().unwrap().clone();
@@ -687,8 +692,10 @@ async fn health_probes_make_no_trace() {
         names
             .iter()
             .any(|(s, n)| *s == "cairn" && n.starts_with("cairn store"))
-            && names.iter().any(|(s, n)| *s == "cairn-artifact-store"
-                && n.starts_with("/cairn.v1.ArtifactStore/")),
+            && names
+                .iter()
+                .any(|(s, n)| *s == "cairn-artifact-store"
+                    && n.starts_with("/cairn.v1.ArtifactStore/")),
         "the control calls were not traced: {names:?}"
     );
     let health: Vec<_> = names

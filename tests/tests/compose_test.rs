@@ -115,10 +115,7 @@ fn docker(args: &[&str]) -> String {
 /// The compose command: CAIRN_COMPOSE when set, else v2 (`docker compose`) where it answers,
 /// else v1 (`docker-compose`); None when neither does.
 fn compose_command(answers: &dyn Fn(&str, &[&str]) -> bool) -> Option<Vec<String>> {
-    choose_compose(
-        &std::env::var("CAIRN_COMPOSE").unwrap_or_default(),
-        answers,
-    )
+    choose_compose(&std::env::var("CAIRN_COMPOSE").unwrap_or_default(), answers)
 }
 
 fn choose_compose(chosen: &str, answers: &dyn Fn(&str, &[&str]) -> bool) -> Option<Vec<String>> {
@@ -166,7 +163,9 @@ impl Host {
             return skip("the Docker engine does not answer (docker info failed)".into());
         }
         let Some(compose) = compose_command(&answers) else {
-            return skip("neither `docker compose` (v2) nor docker-compose (v1) is installed".into());
+            return skip(
+                "neither `docker compose` (v2) nor docker-compose (v1) is installed".into(),
+            );
         };
         let cairn = match std::env::var_os("CAIRN_BIN") {
             Some(p) => PathBuf::from(p),
@@ -297,7 +296,8 @@ impl Stack {
     /// compose (the commands of docs/operations.md, run as written), in directory `cwd`.
     fn shell(&self, cwd: &Path, script: &str) -> Command {
         let compose = self.compose();
-        let quote = |s: &std::ffi::OsStr| format!("'{}'", s.to_string_lossy().replace('\'', "'\\''"));
+        let quote =
+            |s: &std::ffi::OsStr| format!("'{}'", s.to_string_lossy().replace('\'', "'\\''"));
         let argv: Vec<String> = std::iter::once(compose.get_program())
             .chain(compose.get_args())
             .map(quote)
@@ -1188,13 +1188,18 @@ fn compose_backup_and_restore_as_documented() {
             .arg("docs/backup/kept.txt"),
         Duration::from_secs(30),
     );
-    ok(&mut first.shell(backups.path(), &backup), Duration::from_secs(120));
+    ok(
+        &mut first.shell(backups.path(), &backup),
+        Duration::from_secs(120),
+    );
     let archives: Vec<String> = std::fs::read_dir(backups.path())
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     assert!(
-        archives.len() == 1 && archives[0].starts_with("cairn-store-") && archives[0].ends_with(".tgz"),
+        archives.len() == 1
+            && archives[0].starts_with("cairn-store-")
+            && archives[0].ends_with(".tgz"),
         "the documented backup made {archives:?}"
     );
     first.down();
@@ -1227,7 +1232,12 @@ fn compose_backup_and_restore_as_documented() {
     // The port may change when the store's container restarts.
     let store = second.published("artifact-store");
     let out = get(&second, &store);
-    assert!(out.status.success(), "restored store: {}\n{}", show(&out), second.logs());
+    assert!(
+        out.status.success(),
+        "restored store: {}\n{}",
+        show(&out),
+        second.logs()
+    );
     assert_eq!(std::fs::read_to_string(&got).unwrap(), content);
     // The restored directories are the store's (uid 10002): it writes into them.
     ok(

@@ -74,7 +74,11 @@ fn render(target: &str, dir: &Path) -> PathBuf {
         .arg(repo().join("deploy/k8s").join(target))
         .output()
         .unwrap();
-    assert!(out.status.success(), "kubectl kustomize {target}: {}", text(&out));
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {target}: {}",
+        text(&out)
+    );
     let file = dir.join(format!("{}.yaml", target.replace('/', "-")));
     std::fs::write(&file, &out.stdout).unwrap();
     file
@@ -134,9 +138,16 @@ fn kustomize_is_kubectls_alone() {
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
-    assert_eq!(tools, ["rules.py"], "deploy/k8s/tools holds only the rule check");
+    assert_eq!(
+        tools,
+        ["rules.py"],
+        "deploy/k8s/tools holds only the rule check"
+    );
     let script = std::fs::read_to_string(validate_sh()).unwrap();
-    assert!(script.contains("kubectl kustomize"), "validate.sh renders with kubectl");
+    assert!(
+        script.contains("kubectl kustomize"),
+        "validate.sh renders with kubectl"
+    );
 }
 
 #[test]

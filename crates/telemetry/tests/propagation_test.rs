@@ -44,7 +44,10 @@ async fn server_span_joins_the_callers_trace() {
         .await
         .unwrap()
         .into_inner();
-    assert!(answers.message().await.unwrap().is_some(), "reflection answered");
+    assert!(
+        answers.message().await.unwrap().is_some(),
+        "reflection answered"
+    );
 
     // Probes, inside a span of their own so that they carry a traceparent too.
     let mut health = HealthClient::new(traced(cairn_server::connect(&addr).unwrap()));
@@ -80,7 +83,10 @@ async fn server_span_joins_the_callers_trace() {
     let names: Vec<&str> = spans.iter().map(|s| s.name.as_ref()).collect();
     let server = spans
         .iter()
-        .find(|s| s.name.contains("grpc.reflection.v1.ServerReflection/ServerReflectionInfo"))
+        .find(|s| {
+            s.name
+                .contains("grpc.reflection.v1.ServerReflection/ServerReflectionInfo")
+        })
         .unwrap_or_else(|| panic!("server span exported; got {names:?}"));
     assert_eq!(
         server.span_context.trace_id(),
