@@ -34,9 +34,12 @@ fn main() -> ExitCode {
         };
         let _telemetry = cairn_telemetry::init_with_level(service, level);
         // A client command is one trace: its calls carry this span's context to the services
-        // (servers make a span per call instead).
+        // (servers make a span per call instead). `cairn health` is a probe run every few
+        // seconds by Docker and Kubernetes: no trace.
         let span = match &cli.command {
-            cli::Command::Serve(_) | cli::Command::Up(_) => tracing::Span::none(),
+            cli::Command::Serve(_) | cli::Command::Up(_) | cli::Command::Health(_) => {
+                tracing::Span::none()
+            }
             c => tracing::info_span!("cairn", otel.name = %command_name(c), otel.kind = "client"),
         };
         let result = tracing::Instrument::instrument(commands::dispatch(cli), span).await;

@@ -633,3 +633,74 @@ fn assert_logged_no_trace_outside(log: &str, trace: &str) {
         }
     }
 }
+
+/// Health probes make no trace (a Docker HEALTHCHECK runs `cairn health` every few seconds per
+/// service): neither the probe's own process nor the server's grpc.health.v1 handling exports
+/// a span, even with every span level traced; a store call in between still does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_probes_make_no_trace() {
+    let received = Receiver::default();
+    let otlp = start_receiver(received.clone()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = {
+        let mut c = cairn(&otlp);
+        c.env("CAIRN_TRACE_FILTER", "trace")
+            .args([
+                "serve",
+                "artifact-store",
+                "--listen",
+                "127.0.0.1:0",
+                "--data-root",
+            ])
+            .arg(dir.path().join("data"));
+        Proc::spawn("artifact-store", c)
+    };
+    let addr = store.wait_addr();
+    let client = |args: &[&str]| {
+        let mut c = cairn(&otlp);
+        c.env("CAIRN_TRACE_FILTER", "trace")
+            .args(["--addr", &addr])
+            .args(args);
+        let out = c.output().unwrap();
+        assert!(
+            out.status.success(),
+            "cairn {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    tokio::task::block_in_place(|| {
+        for service in ["", "liveness", "cairn.v1.ArtifactStore"] {
+            client(&["health", "--service", service]);
+        }
+        // The control: a call that is traced, from the CLI and in the store.
+        let file = dir.path().join("control.txt");
+        std::fs::write(&file, "traced\n").unwrap();
+        client(&[
+            "store",
+            "put",
+            &file.display().to_string(),
+            "docs/control.txt",
+        ]);
+        store.stop();
+    });
+    let spans = received.spans.lock().unwrap().clone();
+    let names: Vec<(&str, &str)> = spans
+        .iter()
+        .map(|s| (s.service.as_str(), s.name.as_str()))
+        .collect();
+    assert!(
+        names
+            .iter()
+            .any(|(s, n)| *s == "cairn" && n.starts_with("cairn store"))
+            && names
+                .iter()
+                .any(|(s, n)| *s == "cairn-artifact-store"
+                    && n.starts_with("/cairn.v1.ArtifactStore/")),
+        "the control calls were not traced: {names:?}"
+    );
+    let health: Vec<_> = names
+        .iter()
+        .filter(|(_, n)| n.contains("health") || n.contains("grpc.health.v1"))
+        .collect();
+    assert!(health.is_empty(), "health probes were traced: {health:?}");
+}

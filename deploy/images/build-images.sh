@@ -16,7 +16,10 @@
 #   CAIRN_SERVICE_IMAGE   service image              (default cairn:latest)
 #   CAIRN_BINARY          the cairn binary to package (default target/release/cairn, then
 #                                                     $CARGO_TARGET_DIR/release/cairn)
-#   CAIRN_STRIP           1 (default): package the binary without debug info; 0: as it is
+#   CAIRN_STRIP           1 (default): package the binary without debug info, which goes to
+#                         $CAIRN_DEBUG_FILE (split-debug.sh); 0: package the binary as it is
+#   CAIRN_DEBUG_FILE      where the debug info goes      (default: the binary's path + .debug;
+#                                                     none: discard it)
 #   plus those of build-base.sh (CAIRN_DEBIAN_MIRROR, CAIRN_DEBIAN_SUITE).
 set -euo pipefail
 
@@ -129,11 +132,20 @@ if [ "$SERVICE" -eq 1 ]; then
     fi
     [ -n "$binary" ] && [ -x "$binary" ] \
         || die "no cairn binary found (cargo build --release -p cairn, or set CAIRN_BINARY=PATH)"
-    # Debug info is most of a binary's size (a debug build: ~240 MB, ~35 MB without), and every
-    # byte is sent to the daemon and committed in a layer; the symbol table stays, so
-    # backtraces still name functions. CAIRN_STRIP=0 packages the binary as it is.
-    if [ "${CAIRN_STRIP:-1}" != 0 ] && command -v strip >/dev/null 2>&1; then
+    # Debug info is most of a release binary's size (bench/RESULTS.md, "Binary size"), and
+    # every byte is sent to the daemon and committed in a layer; the symbol table stays, so
+    # backtraces still name functions. The debug info is kept beside the binary
+    # (split-debug.sh: <binary>.debug, linked by .gnu_debuglink) for debuggers and symbolizers.
+    # CAIRN_STRIP=0 packages the binary as it is.
+    debug_file="${CAIRN_DEBUG_FILE:-$binary.debug}"
+    if [ "${CAIRN_STRIP:-1}" != 0 ] && [ "$debug_file" = none ] && command -v strip >/dev/null 2>&1; then
         strip --strip-debug -o "$ctx/cairn" "$binary" || die "strip --strip-debug $binary failed (CAIRN_STRIP=0 skips it)"
+    elif [ "${CAIRN_STRIP:-1}" != 0 ] && command -v objcopy >/dev/null 2>&1; then
+        # The link names cairn.debug, the name the packaged binary's debug file goes by.
+        "$HERE/split-debug.sh" "$binary" "$ctx/cairn" "$work/cairn.debug" >/dev/null \
+            || die "split-debug.sh $binary failed (CAIRN_STRIP=0 skips it)"
+        mv -f "$work/cairn.debug" "$debug_file" || die "cannot write $debug_file (CAIRN_DEBUG_FILE=none discards it)"
+        say "debug info of $binary in $debug_file"
     else
         cp "$binary" "$ctx/cairn"
     fi

@@ -1,11 +1,13 @@
 //! docker compose end to end (issue 7): the images built from this checkout's `cairn` binary,
 //! deploy/compose/docker-compose.yml brought up under a project name of its own, the CLI and
-//! gRPC from the host against it, and `docker-compose down` leaving no sandbox container
-//! behind. With CAIRN_REQUIRE_DOCKER=1 these tests must run; otherwise each prints a `SKIP:`
-//! line when Docker, docker-compose or the `cairn` binary is missing. tests/compose_test.sh
-//! builds the binary first and runs them. Every stack makes its own PKI (the compose `certs`
-//! service, into a directory of the test's) and is driven over mutual TLS with the `cli`
-//! identity.
+//! gRPC from the host against it, `down` leaving no sandbox container behind, and the backup
+//! and restore commands of docs/operations.md run as written. Compose v2 (`docker compose`) is
+//! used where the machine has it, else v1 (`docker-compose`); CAIRN_COMPOSE="docker-compose"
+//! (or "docker compose") picks one. With CAIRN_REQUIRE_DOCKER=1 these tests must run;
+//! otherwise each prints a `SKIP:` line when Docker, compose or the `cairn` binary is missing.
+//! tests/compose_test.sh builds the binary first and runs them. Every stack makes its own PKI
+//! (the compose `certs` service, into a directory of the test's) and is driven over mutual TLS
+//! with the `cli` identity.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
@@ -110,6 +112,26 @@ fn docker(args: &[&str]) -> String {
     ok(Command::new("docker").args(args), Duration::from_secs(60))
 }
 
+/// The compose command: CAIRN_COMPOSE when set, else v2 (`docker compose`) where it answers,
+/// else v1 (`docker-compose`); None when neither does.
+fn compose_command(answers: &dyn Fn(&str, &[&str]) -> bool) -> Option<Vec<String>> {
+    choose_compose(&std::env::var("CAIRN_COMPOSE").unwrap_or_default(), answers)
+}
+
+fn choose_compose(chosen: &str, answers: &dyn Fn(&str, &[&str]) -> bool) -> Option<Vec<String>> {
+    let words = |c: &str| c.split_whitespace().map(str::to_owned).collect::<Vec<_>>();
+    let candidates = if chosen.trim().is_empty() {
+        vec![words("docker compose"), words("docker-compose")]
+    } else {
+        vec![words(chosen)]
+    };
+    candidates.into_iter().find(|c| {
+        let mut args: Vec<&str> = c[1..].iter().map(String::as_str).collect();
+        args.push("version");
+        answers(&c[0], &args)
+    })
+}
+
 /// What the tests need from this machine.
 struct Host {
     compose: Vec<String>,
@@ -140,12 +162,10 @@ impl Host {
         if !answers("docker", &["info"]) {
             return skip("the Docker engine does not answer (docker info failed)".into());
         }
-        let compose = if answers("docker-compose", &["version"]) {
-            vec!["docker-compose".to_string()]
-        } else if answers("docker", &["compose", "version"]) {
-            vec!["docker".to_string(), "compose".to_string()]
-        } else {
-            return skip("neither docker-compose nor `docker compose` is installed".into());
+        let Some(compose) = compose_command(&answers) else {
+            return skip(
+                "neither `docker compose` (v2) nor docker-compose (v1) is installed".into(),
+            );
         };
         let cairn = match std::env::var_os("CAIRN_BIN") {
             Some(p) => PathBuf::from(p),
@@ -265,9 +285,38 @@ impl Stack {
             .env("CAIRN_SANDBOX_DIR", self.dir.path().join("sandbox"))
             .env("CAIRN_RUNNER_ID_PREFIX", &self.project)
             .env("CAIRN_PKI_DIR", self.pki())
+            .env("CAIRN_STORE_VOLUME", self.volume())
             // Empty: any free port on 127.0.0.1 (see `port`).
             .env("CAIRN_STORE_PORT", "")
             .env("CAIRN_ORCHESTRATOR_PORT", "");
+        c
+    }
+
+    /// `bash` with `docker compose ...` and `docker-compose ...` both meaning this stack's
+    /// compose (the commands of docs/operations.md, run as written), in directory `cwd`.
+    fn shell(&self, cwd: &Path, script: &str) -> Command {
+        let compose = self.compose();
+        let quote =
+            |s: &std::ffi::OsStr| format!("'{}'", s.to_string_lossy().replace('\'', "'\\''"));
+        let argv: Vec<String> = std::iter::once(compose.get_program())
+            .chain(compose.get_args())
+            .map(quote)
+            .collect();
+        let wrappers = format!(
+            "docker-compose() {{ command {} \"$@\"; }}\n\
+             docker() {{ if [ \"${{1:-}}\" = compose ]; then shift; docker-compose \"$@\"; else command docker \"$@\"; fi; }}\n",
+            argv.join(" ")
+        );
+        let mut c = Command::new("bash");
+        c.current_dir(cwd)
+            .args(["-euo", "pipefail", "-c"])
+            .arg(format!("{wrappers}{script}"));
+        for (k, v) in compose.get_envs() {
+            match v {
+                Some(v) => c.env(k, v),
+                None => c.env_remove(k),
+            };
+        }
         c
     }
 
@@ -431,7 +480,7 @@ impl Stack {
             .collect()
     }
 
-    /// `docker-compose down -v`; returns how long it took.
+    /// `compose down -v`; returns how long it took.
     fn down(&mut self) -> Duration {
         let t = Instant::now();
         self.run(&["down", "-v", "--remove-orphans"]);
@@ -1085,4 +1134,145 @@ fn failover_graph_is_valid() {
     let graph = cairn_graph::Graph::from_yaml(&yaml, "r1", &Default::default())
         .unwrap_or_else(|e| panic!("tests/compose/failover.yaml: {e:?}"));
     assert_eq!(graph.nodes.len(), 6);
+}
+
+/// The shell block of docs/operations.md marked `<!-- test: NAME -->` (the line before its
+/// fence), so the test runs exactly what the page tells operators to run.
+fn documented(name: &str) -> String {
+    let doc = std::fs::read_to_string(repo().join("docs/operations.md")).unwrap();
+    let marker = format!("<!-- test: {name} -->");
+    let after = doc
+        .split_once(&marker)
+        .unwrap_or_else(|| panic!("docs/operations.md has no {marker}"))
+        .1;
+    let body = after
+        .trim_start()
+        .strip_prefix("```sh\n")
+        .unwrap_or_else(|| panic!("{marker} must be followed by a ```sh block"));
+    body.split_once("\n```")
+        .unwrap_or_else(|| panic!("{marker}: unterminated block"))
+        .0
+        .to_owned()
+}
+
+/// docs/operations.md's backup of the compose store, run as written against one stack, and its
+/// restore into a fresh stack (another volume, another PKI): the file put before the backup is
+/// read back over gRPC from the restored store.
+#[test]
+fn compose_backup_and_restore_as_documented() {
+    let test = "compose_backup_and_restore_as_documented";
+    let backup = documented("compose-backup");
+    let restore = documented("compose-restore");
+    let Some(host) = Host::probe(test) else {
+        return;
+    };
+    host.build_images();
+    let store_only = ["artifact-store"];
+    let backups = tempfile::Builder::new()
+        .prefix("cairn-backup-")
+        .tempdir()
+        .unwrap();
+    let content = format!("kept across a restore {}\n", std::process::id());
+
+    let mut first = Stack::new(&host, "backup");
+    first.up(&store_only);
+    first.wait_healthy(&store_only, Duration::from_secs(90));
+    let store = first.published("artifact-store");
+    let file = first.dir.path().join("kept.txt");
+    std::fs::write(&file, &content).unwrap();
+    ok(
+        first
+            .cairn(&host)
+            .args(["--addr", &store, "store", "put"])
+            .arg(&file)
+            .arg("docs/backup/kept.txt"),
+        Duration::from_secs(30),
+    );
+    ok(
+        &mut first.shell(backups.path(), &backup),
+        Duration::from_secs(120),
+    );
+    let archives: Vec<String> = std::fs::read_dir(backups.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        archives.len() == 1
+            && archives[0].starts_with("cairn-store-")
+            && archives[0].ends_with(".tgz"),
+        "the documented backup made {archives:?}"
+    );
+    first.down();
+
+    let second = Stack::new(&host, "restore");
+    second.up(&store_only);
+    second.wait_healthy(&store_only, Duration::from_secs(90));
+    let store = second.published("artifact-store");
+    let got = second.dir.path().join("got.txt");
+    let get = |stack: &Stack, store: &str| {
+        run(
+            stack
+                .cairn(&host)
+                .args(["--addr", store, "store", "get", "docs/backup/kept.txt"])
+                .arg(&got),
+            Duration::from_secs(30),
+        )
+    };
+    assert!(
+        !get(&second, &store).status.success(),
+        "a fresh stack already has the file"
+    );
+    ok(
+        second
+            .shell(backups.path(), &restore)
+            .env("BACKUP", &archives[0]),
+        Duration::from_secs(180),
+    );
+    second.wait_healthy(&store_only, Duration::from_secs(90));
+    // The port may change when the store's container restarts.
+    let store = second.published("artifact-store");
+    let out = get(&second, &store);
+    assert!(
+        out.status.success(),
+        "restored store: {}\n{}",
+        show(&out),
+        second.logs()
+    );
+    assert_eq!(std::fs::read_to_string(&got).unwrap(), content);
+    // The restored directories are the store's (uid 10002): it writes into them.
+    ok(
+        second
+            .cairn(&host)
+            .args(["--addr", &store, "store", "put"])
+            .arg(&got)
+            .arg("docs/backup/after-restore.txt"),
+        Duration::from_secs(30),
+    );
+}
+
+/// v2 is preferred where both answer; CAIRN_COMPOSE picks one; nothing when neither answers.
+#[test]
+fn compose_v2_is_preferred_over_v1() {
+    let both = |_: &str, _: &[&str]| true;
+    let v1_only = |p: &str, _: &[&str]| p == "docker-compose";
+    let neither = |_: &str, _: &[&str]| false;
+    assert_eq!(choose_compose("", &both).unwrap(), ["docker", "compose"]);
+    assert_eq!(choose_compose("", &v1_only).unwrap(), ["docker-compose"]);
+    assert_eq!(
+        choose_compose("docker-compose", &both).unwrap(),
+        ["docker-compose"]
+    );
+    assert_eq!(choose_compose("docker compose", &v1_only), None);
+    assert_eq!(choose_compose("", &neither), None);
+    // What `answers` is asked: `docker compose version`, `docker-compose version`.
+    let asked = std::cell::RefCell::new(Vec::new());
+    let record = |p: &str, a: &[&str]| {
+        asked.borrow_mut().push(format!("{p} {}", a.join(" ")));
+        false
+    };
+    choose_compose("", &record);
+    assert_eq!(
+        *asked.borrow(),
+        ["docker compose version", "docker-compose version"]
+    );
 }

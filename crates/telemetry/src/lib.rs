@@ -149,7 +149,7 @@ fn log_filter(default_level: &str) -> EnvFilter {
 }
 
 /// Which spans become OpenTelemetry spans: `CAIRN_TRACE_FILTER` (EnvFilter syntax), default
-/// `info` (health checks are DEBUG spans: probes every few seconds would bury the runs).
+/// `info` (health checks have no span at any level: see [`untraced`]).
 fn trace_filter() -> EnvFilter {
     EnvFilter::try_from_env("CAIRN_TRACE_FILTER")
         .unwrap_or_else(|_| EnvFilter::new("info,h2=off,hyper=off,tower=off"))
@@ -277,37 +277,42 @@ pub fn traced(channel: tonic::transport::Channel) -> TracedChannel {
     tonic::service::interceptor::InterceptedService::new(channel, inject_context as ContextInjector)
 }
 
+/// The gRPC service whose calls get no span at all: probes (Docker `HEALTHCHECK`, Kubernetes,
+/// load balancers, the orchestrator's checks of runners) call it every few seconds, and a
+/// trace per probe would bury the runs in the tracing backend.
+pub const UNTRACED_SERVICE: &str = "grpc.health.v1.Health";
+
+/// True for RPC paths that get no span ([`UNTRACED_SERVICE`]'s `/grpc.health.v1.Health/*`:
+/// Check and Watch), whatever `CAIRN_TRACE_FILTER` says.
+pub fn untraced(path: &str) -> bool {
+    path.strip_prefix('/')
+        .and_then(|p| p.strip_prefix(UNTRACED_SERVICE))
+        .is_some_and(|rest| rest.starts_with('/'))
+}
+
 /// Makes one span per incoming RPC, parented to the caller's `traceparent` when present.
-/// Health checks get DEBUG spans (not exported by default).
+/// Health checks ([`untraced`]) get none.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct GrpcMakeSpan;
 
 impl<B> tower_http::trace::MakeSpan<B> for GrpcMakeSpan {
     fn make_span(&mut self, request: &http::Request<B>) -> Span {
         let path = request.uri().path();
+        if untraced(path) {
+            return Span::none();
+        }
         let (service, method) = path
             .trim_start_matches('/')
             .split_once('/')
             .unwrap_or((path, ""));
-        let span = if service == "grpc.health.v1.Health" {
-            tracing::debug_span!(
-                "grpc.server",
-                otel.name = %path,
-                otel.kind = "server",
-                rpc.system = "grpc",
-                rpc.service = %service,
-                rpc.method = %method,
-            )
-        } else {
-            tracing::info_span!(
-                "grpc.server",
-                otel.name = %path,
-                otel.kind = "server",
-                rpc.system = "grpc",
-                rpc.service = %service,
-                rpc.method = %method,
-            )
-        };
+        let span = tracing::info_span!(
+            "grpc.server",
+            otel.name = %path,
+            otel.kind = "server",
+            rpc.system = "grpc",
+            rpc.service = %service,
+            rpc.method = %method,
+        );
         let parent = opentelemetry::global::get_text_map_propagator(|p| {
             p.extract(&HeaderExtractor(request.headers()))
         });
@@ -359,4 +364,30 @@ pub fn current_trace_id() -> Option<String> {
     let cx = Span::current().context();
     let sc = cx.span().span_context().clone();
     sc.is_valid().then(|| sc.trace_id().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::untraced;
+
+    #[test]
+    fn health_paths_are_untraced_and_nothing_else() {
+        for path in [
+            "/grpc.health.v1.Health/Check",
+            "/grpc.health.v1.Health/Watch",
+            "/grpc.health.v1.Health/List",
+        ] {
+            assert!(untraced(path), "{path}");
+        }
+        for path in [
+            "/cairn.v1.ArtifactStore/Put",
+            "/grpc.health.v1.HealthX/Check",
+            "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+            "grpc.health.v1.Health/Check",
+            "/grpc.health.v1.Health",
+            "",
+        ] {
+            assert!(!untraced(path), "{path}");
+        }
+    }
 }

@@ -1,5 +1,6 @@
 //! The trace context crosses a real gRPC hop: a client span and the server's span for the
-//! same call share one trace id, and the server span is the client span's child.
+//! same call share one trace id, and the server span is the client span's child. Health
+//! checks (grpc.health.v1 Check and Watch) make no server span, even with every level traced.
 
 use cairn_telemetry::traced;
 use opentelemetry::trace::TracerProvider as _;
@@ -7,6 +8,9 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
+use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+use tonic_reflection::pb::v1::ServerReflectionRequest;
 use tracing::Instrument;
 use tracing_subscriber::layer::SubscriberExt;
 
@@ -28,15 +32,44 @@ async fn server_span_joins_the_callers_trace() {
         let _ = stopped.await;
     }));
 
-    let mut client = HealthClient::new(traced(cairn_server::connect(&addr).unwrap()));
-    let status = client
-        .check(HealthCheckRequest {
-            service: String::new(),
-        })
+    // A traced call (reflection: any service but health would do).
+    let mut reflection = ServerReflectionClient::new(traced(cairn_server::connect(&addr).unwrap()));
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut answers = reflection
+        .server_reflection_info(tokio_stream::once(request))
         .instrument(tracing::info_span!("client.call"))
         .await
-        .unwrap();
-    assert_eq!(status.into_inner().status, 1, "health must report SERVING");
+        .unwrap()
+        .into_inner();
+    assert!(
+        answers.message().await.unwrap().is_some(),
+        "reflection answered"
+    );
+
+    // Probes, inside a span of their own so that they carry a traceparent too.
+    let mut health = HealthClient::new(traced(cairn_server::connect(&addr).unwrap()));
+    async {
+        let status = health
+            .check(HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .unwrap();
+        assert_eq!(status.into_inner().status, 1, "health must report SERVING");
+        let mut watch = health
+            .watch(HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(watch.message().await.unwrap().unwrap().status, 1);
+    }
+    .instrument(tracing::info_span!("probe"))
+    .await;
 
     let _ = stop.send(());
     server.await.unwrap().unwrap();
@@ -47,15 +80,14 @@ async fn server_span_joins_the_callers_trace() {
         .iter()
         .find(|s| s.name == "client.call")
         .expect("client span exported");
+    let names: Vec<&str> = spans.iter().map(|s| s.name.as_ref()).collect();
     let server = spans
         .iter()
-        .find(|s| s.name.contains("grpc.health.v1.Health/Check"))
-        .unwrap_or_else(|| {
-            panic!(
-                "server span exported; got {:?}",
-                spans.iter().map(|s| &s.name).collect::<Vec<_>>()
-            )
-        });
+        .find(|s| {
+            s.name
+                .contains("grpc.reflection.v1.ServerReflection/ServerReflectionInfo")
+        })
+        .unwrap_or_else(|| panic!("server span exported; got {names:?}"));
     assert_eq!(
         server.span_context.trace_id(),
         client.span_context.trace_id(),
@@ -65,6 +97,11 @@ async fn server_span_joins_the_callers_trace() {
         server.parent_span_id,
         client.span_context.span_id(),
         "server span is the client's child"
+    );
+    assert!(names.contains(&"probe"), "{names:?}");
+    assert!(
+        !names.iter().any(|n| n.contains("grpc.health.v1")),
+        "health checks must make no server span: {names:?}"
     );
 }
 
