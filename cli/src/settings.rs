@@ -315,7 +315,7 @@ impl Settings {
         let mut add = |name: &str, config: Value, sources: &BTreeMap<String, Source>| {
             for (key, source) in sources {
                 let value = pointer(&config, key).cloned().unwrap_or(Value::Null);
-                let shown = if is_secret(key) && !value.is_null() && value != Value::from("") {
+                let shown = if is_secret(key) && !value.is_null() && value != "" {
                     Value::from("***")
                 } else {
                     value

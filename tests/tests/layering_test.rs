@@ -89,9 +89,14 @@ fn no_crate_depends_on_a_service_but_the_apps() {
         if apps.contains(&name.as_str()) {
             continue;
         }
-        for d in deps.iter().filter(|d| SERVICES.contains(&d.as_str())) {
-            panic!("{name} depends on the service crate {d}; depend on the protos and client crates instead");
-        }
+        let services: Vec<&String> = deps
+            .iter()
+            .filter(|d| SERVICES.contains(&d.as_str()))
+            .collect();
+        assert!(
+            services.is_empty(),
+            "{name} depends on the service crates {services:?}; depend on the protos and client crates instead"
+        );
     }
 }
 

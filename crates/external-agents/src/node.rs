@@ -914,6 +914,40 @@ async fn readme(
         .map_err(status_error("writing the instance README.md"))
 }
 
+/// The `external_agent` kind.
+pub struct ExternalAgentKind;
+
+impl cairn_node::Kind for ExternalAgentKind {
+    fn type_name(&self) -> &'static str {
+        "external_agent"
+    }
+
+    fn check(&self, node: &cairn_graph::Node) -> Result<(), String> {
+        match &node.kind {
+            cairn_graph::NodeKind::ExternalAgent(x) if crate::by_name(&x.adapter).is_none() => {
+                Err(format!(
+                    "field `adapter`: unknown adapter `{}`; one of {}",
+                    x.adapter,
+                    crate::ADAPTERS.join(", ")
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn run<'a>(
+        &'a self,
+        ctx: &'a NodeCtx,
+    ) -> cairn_node::BoxFuture<'a, Result<NodeSuccess, NodeError>> {
+        Box::pin(async move {
+            match &ctx.node.kind {
+                cairn_graph::NodeKind::ExternalAgent(spec) => run(ctx, spec).await,
+                _ => Err(cairn_node::mismatch(self.type_name(), &ctx.node)),
+            }
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -975,39 +1009,5 @@ mod tests {
         assert!(failed.failure("codex-exec", 1).unwrap().contains("quota"));
         let garbage = TurnReport::read(&a, "{\"type\":\"turn.completed\"}\nnot json\n");
         assert!(garbage.failure("codex-exec", 0).unwrap().contains("line 2"));
-    }
-}
-
-/// The `external_agent` kind.
-pub struct ExternalAgentKind;
-
-impl cairn_node::Kind for ExternalAgentKind {
-    fn type_name(&self) -> &'static str {
-        "external_agent"
-    }
-
-    fn check(&self, node: &cairn_graph::Node) -> Result<(), String> {
-        match &node.kind {
-            cairn_graph::NodeKind::ExternalAgent(x) if crate::by_name(&x.adapter).is_none() => {
-                Err(format!(
-                    "field `adapter`: unknown adapter `{}`; one of {}",
-                    x.adapter,
-                    crate::ADAPTERS.join(", ")
-                ))
-            }
-            _ => Ok(()),
-        }
-    }
-
-    fn run<'a>(
-        &'a self,
-        ctx: &'a NodeCtx,
-    ) -> cairn_node::BoxFuture<'a, Result<NodeSuccess, NodeError>> {
-        Box::pin(async move {
-            match &ctx.node.kind {
-                cairn_graph::NodeKind::ExternalAgent(spec) => run(ctx, spec).await,
-                _ => Err(cairn_node::mismatch(self.type_name(), &ctx.node)),
-            }
-        })
     }
 }

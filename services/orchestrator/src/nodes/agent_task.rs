@@ -389,20 +389,6 @@ impl AgentRecords<'_> {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::unfence;
-
-    #[test]
-    fn unfence_strips_one_whole_fence_only() {
-        assert_eq!(unfence("```json\n{\"a\": 1}\n```\n"), "{\"a\": 1}\n");
-        assert_eq!(unfence("{\"a\": 1}"), "{\"a\": 1}");
-        let two = "```json\n1\n```\ntext\n```json\n2\n```";
-        assert_eq!(unfence(two), two);
-        assert_eq!(unfence("```"), "```");
-    }
-}
-
 /// The `agent_task` kind.
 pub struct AgentTaskKind;
 
@@ -432,3 +418,17 @@ impl cairn_node::Kind for AgentTaskKind {
 }
 
 pub use cairn_agents::check_llm;
+
+#[cfg(test)]
+mod tests {
+    use super::unfence;
+
+    #[test]
+    fn unfence_strips_one_whole_fence_only() {
+        assert_eq!(unfence("```json\n{\"a\": 1}\n```\n"), "{\"a\": 1}\n");
+        assert_eq!(unfence("{\"a\": 1}"), "{\"a\": 1}");
+        let two = "```json\n1\n```\ntext\n```json\n2\n```";
+        assert_eq!(unfence(two), two);
+        assert_eq!(unfence("```"), "```");
+    }
+}
