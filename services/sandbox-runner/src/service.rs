@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use cairn_proto as pb;
+use cairn_proto::reason;
 use cairn_proto::sandbox_runner_server::SandboxRunner;
 use futures::{Stream, StreamExt};
 use sha2::{Digest, Sha256};
@@ -117,9 +118,9 @@ impl SandboxRunner for SandboxService {
         &self,
         request: Request<pb::WriteFileRequest>,
     ) -> Result<Response<pb::WriteFileResponse>, Status> {
-        Ok(Response::new(
-            self.runner.write_file(request.into_inner()).await?,
-        ))
+        let request = request.into_inner();
+        reason::known::<pb::WriteMode>("mode", request.mode)?;
+        Ok(Response::new(self.runner.write_file(request).await?))
     }
 
     async fn glob(
@@ -142,7 +143,9 @@ impl SandboxRunner for SandboxService {
         &self,
         request: Request<pb::PackRequest>,
     ) -> Result<Response<Self::PackStream>, Status> {
-        let packed = self.runner.pack(request.into_inner()).await?;
+        let request = request.into_inner();
+        reason::known::<pb::ArchiveFormat>("format", request.format)?;
+        let packed = self.runner.pack(request).await?;
         let (tx, rx) = mpsc::channel(4);
         let task = tokio::spawn(async move {
             let send_err =
