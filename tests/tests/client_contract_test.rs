@@ -13,8 +13,8 @@ use cairn_proto::v1::artifact_store_client::ArtifactStoreClient;
 use cairn_proto::v1::orchestrator_client::OrchestratorClient;
 use cairn_proto::v1::sandbox_runner_client::SandboxRunnerClient;
 use cairn_proto::v1::{
-    put_request, AppendEventsRequest, ClaimRunRequest, EventInput, ListRunsRequest, Limits,
-    PackRequest, PutHeader, PutRequest, RunRequest, RunFence, StatRequest, SubmitRunRequest,
+    put_request, AppendEventsRequest, ClaimRunRequest, EventInput, Limits, ListRunsRequest,
+    PackRequest, PutHeader, PutRequest, RunFence, RunRequest, StatRequest, SubmitRunRequest,
     UpdateJsonRequest, WriteFileRequest,
 };
 use tonic::codec::CompressionEncoding;
@@ -153,11 +153,18 @@ fn refused(status: &tonic::Status, code: Code, word: &str) -> reason::ErrorInfo 
 async fn store_refusals_carry_error_info_with_what_was_refused() {
     let d = deploy().await;
     let mut s = store(&d);
-    put(&mut s, header("p", "docs/a.txt"), b"one").await.unwrap();
+    put(&mut s, header("p", "docs/a.txt"), b"one")
+        .await
+        .unwrap();
 
-    let e = put(&mut s, header("p", "docs/a.txt"), b"two").await.unwrap_err();
+    let e = put(&mut s, header("p", "docs/a.txt"), b"two")
+        .await
+        .unwrap_err();
     let info = refused(&e, Code::AlreadyExists, "exists");
-    assert_eq!(info.metadata.get("path").map(String::as_str), Some("docs/a.txt"));
+    assert_eq!(
+        info.metadata.get("path").map(String::as_str),
+        Some("docs/a.txt")
+    );
     assert_eq!(info.metadata.get("project").map(String::as_str), Some("p"));
 
     let e = s
@@ -169,7 +176,10 @@ async fn store_refusals_carry_error_info_with_what_was_refused() {
         .await
         .unwrap_err();
     let info = refused(&e, Code::NotFound, "not_found");
-    assert_eq!(info.metadata.get("path").map(String::as_str), Some("docs/missing.txt"));
+    assert_eq!(
+        info.metadata.get("path").map(String::as_str),
+        Some("docs/missing.txt")
+    );
     assert_eq!(info.metadata.get("project").map(String::as_str), Some("p"));
 
     // ABORTED: a version conflict names the path and both versions.
@@ -183,7 +193,10 @@ async fn store_refusals_carry_error_info_with_what_was_refused() {
     s.update_json(update(0)).await.unwrap();
     let e = s.update_json(update(7)).await.unwrap_err();
     let info = refused(&e, Code::Aborted, "version_conflict");
-    assert_eq!(info.metadata.get("path").map(String::as_str), Some("docs/doc.json"));
+    assert_eq!(
+        info.metadata.get("path").map(String::as_str),
+        Some("docs/doc.json")
+    );
 
     // FAILED_PRECONDITION: a fenced writer learns which run it lost.
     let claim = || ClaimRunRequest {
@@ -229,11 +242,26 @@ async fn submit_run_is_idempotent_by_request_id_and_names_the_existing_run() {
         run_id: run_id.into(),
         ..SubmitRunRequest::default()
     };
-    let first = o.submit_run(submit("req-1", "")).await.unwrap().into_inner();
-    let again = o.submit_run(submit("req-1", "")).await.unwrap().into_inner();
+    let first = o
+        .submit_run(submit("req-1", ""))
+        .await
+        .unwrap()
+        .into_inner();
+    let again = o
+        .submit_run(submit("req-1", ""))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(first.run_id, again.run_id, "a retry returns the first run");
-    let other = o.submit_run(submit("req-2", "")).await.unwrap().into_inner();
-    assert_ne!(first.run_id, other.run_id, "another request_id is another run");
+    let other = o
+        .submit_run(submit("req-2", ""))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_ne!(
+        first.run_id, other.run_id,
+        "another request_id is another run"
+    );
     let listed = o
         .list_runs(ListRunsRequest {
             project_id: "p".into(),
@@ -261,7 +289,10 @@ async fn submit_run_is_idempotent_by_request_id_and_names_the_existing_run() {
         .await
         .unwrap_err();
     let info = refused(&e, Code::NotFound, "not_found");
-    assert_eq!(info.metadata.get("run_id").map(String::as_str), Some("nope"));
+    assert_eq!(
+        info.metadata.get("run_id").map(String::as_str),
+        Some("nope")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -272,7 +303,10 @@ async fn unknown_enum_numbers_are_refused_on_every_request_enum() {
     h.durability = 9;
     let e = put(&mut s, h, b"x").await.unwrap_err();
     let info = refused(&e, Code::InvalidArgument, reason::UNKNOWN_ENUM);
-    assert_eq!(info.metadata.get("field").map(String::as_str), Some("durability"));
+    assert_eq!(
+        info.metadata.get("field").map(String::as_str),
+        Some("durability")
+    );
 
     let e = s
         .update_json(UpdateJsonRequest {
@@ -311,7 +345,10 @@ async fn unknown_enum_numbers_are_refused_on_every_request_enum() {
         .await
         .unwrap_err();
     let info = refused(&e, Code::InvalidArgument, reason::UNKNOWN_ENUM);
-    assert_eq!(info.metadata.get("field").map(String::as_str), Some("states"));
+    assert_eq!(
+        info.metadata.get("field").map(String::as_str),
+        Some("states")
+    );
 
     // The runner checks its enums before looking the session up.
     wait_serving(&d.runner).await;
@@ -362,7 +399,10 @@ async fn a_malformed_request_is_invalid_argument_on_every_service() {
     ] {
         let e = raw_call(addr, path, not_utf8.clone()).await;
         refused(&e, Code::InvalidArgument, reason::MALFORMED);
-        assert!(e.message().contains("not a valid protobuf"), "{path}: {e:?}");
+        assert!(
+            e.message().contains("not a valid protobuf"),
+            "{path}: {e:?}"
+        );
     }
 }
 
@@ -390,7 +430,10 @@ async fn reflection_lists_health_and_gzip_requests_are_accepted() {
             panic!("{addr}: not a service list: {reply:?}");
         };
         let names: Vec<&str> = list.service.iter().map(|s| s.name.as_str()).collect();
-        assert!(names.contains(&"grpc.health.v1.Health"), "{addr}: {names:?}");
+        assert!(
+            names.contains(&"grpc.health.v1.Health"),
+            "{addr}: {names:?}"
+        );
         // Its file resolves too, so a client can call it from reflection alone.
         let mut replies = client
             .server_reflection_info(tokio_stream::once(ServerReflectionRequest {
@@ -415,7 +458,9 @@ async fn reflection_lists_health_and_gzip_requests_are_accepted() {
     // gzip-compressed requests, unary and streamed, on every service.
     let mut s = store(&d).send_compressed(CompressionEncoding::Gzip);
     let body = vec![b'z'; 256 * 1024];
-    let r = put(&mut s, header("p", "docs/gz.txt"), &body).await.unwrap();
+    let r = put(&mut s, header("p", "docs/gz.txt"), &body)
+        .await
+        .unwrap();
     assert_eq!(r.digest.unwrap().size_bytes, body.len() as u64);
     let st = s
         .stat(StatRequest {
@@ -427,8 +472,8 @@ async fn reflection_lists_health_and_gzip_requests_are_accepted() {
         .unwrap()
         .into_inner();
     assert_eq!(st.size_bytes, body.len() as u64);
-    let mut o =
-        OrchestratorClient::new(channel(&d.orchestrator)).send_compressed(CompressionEncoding::Gzip);
+    let mut o = OrchestratorClient::new(channel(&d.orchestrator))
+        .send_compressed(CompressionEncoding::Gzip);
     o.list_runs(ListRunsRequest {
         project_id: "p".into(),
         ..ListRunsRequest::default()

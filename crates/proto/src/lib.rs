@@ -138,10 +138,18 @@ mod tests {
 
     #[test]
     fn a_refusal_carries_the_word_twice_and_its_metadata() {
-        let s = reason::status_with(Code::AlreadyExists, "m", "exists", &[("run_id", "r1"), ("path", "")]);
+        let s = reason::status_with(
+            Code::AlreadyExists,
+            "m",
+            "exists",
+            &[("run_id", "r1"), ("path", "")],
+        );
         assert_eq!(reason::of(&s).as_deref(), Some("exists"));
         let info = reason::info(&s).expect("ErrorInfo");
-        assert_eq!((info.reason.as_str(), info.domain.as_str()), ("exists", "cairn"));
+        assert_eq!(
+            (info.reason.as_str(), info.domain.as_str()),
+            ("exists", "cairn")
+        );
         assert_eq!(reason::detail(&s, "run_id").as_deref(), Some("r1"));
         assert!(!info.metadata.contains_key("path"));
         let relayed = reason::relay(Code::Unavailable, "again", &s);

@@ -96,10 +96,16 @@ mod tests {
         let status = tonic::Status::from_header_map(&headers).expect("a status");
         assert_eq!(status.code(), Code::InvalidArgument);
         assert_eq!(reason::of(&status).as_deref(), Some(reason::MALFORMED));
-        assert!(status.message().contains("invalid wire type"), "{}", status.message());
+        assert!(
+            status.message().contains("invalid wire type"),
+            "{}",
+            status.message()
+        );
 
         let mut headers = http::HeaderMap::new();
-        tonic::Status::internal("disk on fire").add_header(&mut headers).ok();
+        tonic::Status::internal("disk on fire")
+            .add_header(&mut headers)
+            .ok();
         rewrite(&mut headers);
         let status = tonic::Status::from_header_map(&headers).expect("a status");
         assert_eq!(status.code(), Code::Internal);

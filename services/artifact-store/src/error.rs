@@ -195,7 +195,9 @@ impl Error {
                 vec![("run_id", run.clone()), ("path", path.clone())]
             }
             Error::PublicationUnproven { run, .. } => vec![("run_id", run.clone())],
-            Error::InvalidId { kind, id } => vec![("field", (*kind).to_owned()), ("id", id.clone())],
+            Error::InvalidId { kind, id } => {
+                vec![("field", (*kind).to_owned()), ("id", id.clone())]
+            }
             _ => Vec::new(),
         }
     }

@@ -7,6 +7,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use cairn_proto::reason::known;
 use cairn_proto::v1::artifact_store_server::ArtifactStore;
 use cairn_proto::v1::{
     self as pb, get_response, put_request, AppendEventsRequest, AppendEventsResponse,
@@ -17,7 +18,6 @@ use cairn_proto::v1::{
 };
 use futures::{Stream, StreamExt};
 use tokio_stream::wrappers::ReceiverStream;
-use cairn_proto::reason::known;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::document::{Merge, Update};

@@ -71,15 +71,19 @@ impl From<Error> for Status {
                 reason::fallback(Code::InvalidArgument),
                 &[("field", "fence.run_id"), ("run_id", &run)],
             ),
-            Error::Fenced(_) => {
-                reason::status(Code::FailedPrecondition, message, crate::block::reason::FENCED)
-            }
+            Error::Fenced(_) => reason::status(
+                Code::FailedPrecondition,
+                message,
+                crate::block::reason::FENCED,
+            ),
             Error::StoreUnavailable(_) => reason::status(
                 Code::Unavailable,
                 message,
                 crate::block::reason::STORE_UNAVAILABLE,
             ),
-            Error::Store { reason: word, code, .. } => {
+            Error::Store {
+                reason: word, code, ..
+            } => {
                 let word = word.unwrap_or_else(|| reason::fallback(code).to_owned());
                 reason::status(code, message, &word)
             }

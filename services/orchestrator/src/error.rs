@@ -59,7 +59,8 @@ impl From<Error> for Status {
     fn from(e: Error) -> Status {
         use cairn_proto::reason;
         let message = e.to_string();
-        let plain = |code: Code, message: String| reason::status(code, message, reason::fallback(code));
+        let plain =
+            |code: Code, message: String| reason::status(code, message, reason::fallback(code));
         match e {
             Error::Graph(_) => reason::status(Code::InvalidArgument, message, "invalid_graph"),
             Error::InvalidArgument(_) | Error::Config(_) => plain(Code::InvalidArgument, message),

@@ -700,7 +700,7 @@ impl Runs {
                     // A server shutting down ends the stream (graceful shutdown waits for it).
                     _ = shutdown.cancelled() => {
                         let why = format!("the orchestrator is shutting down; watch again from seq {}", last + 1);
-                        let _ = tx.send(Err(tonic::Status::unavailable(why))).await;
+                        let _ = tx.send(Err(cairn_proto::reason::status(tonic::Code::Unavailable, why, "shutting_down"))).await;
                         return;
                     }
                     n = stream.next() => n,

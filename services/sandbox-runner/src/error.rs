@@ -123,7 +123,9 @@ impl Error {
     /// The reason word (`cairn-reason` and `ErrorInfo.reason`).
     fn reason(&self) -> &'static str {
         match self {
-            Error::InvalidArgument { reason: Some(r), .. }
+            Error::InvalidArgument {
+                reason: Some(r), ..
+            }
             | Error::ResourceExhausted { reason: r, .. }
             | Error::Refused { reason: r, .. } => r,
             Error::Path { rejection, .. } => rejection.reason.as_str(),
@@ -139,10 +141,16 @@ impl Error {
     fn details(&self) -> Vec<(&'static str, String)> {
         match self {
             Error::LimitAboveMax { name, max, .. } => {
-                vec![("field", format!("limits.{name}")), ("max", max.to_string())]
+                vec![
+                    ("field", format!("limits.{name}")),
+                    ("max", max.to_string()),
+                ]
             }
             Error::LimitBelowMin { name, min, .. } => {
-                vec![("field", format!("limits.{name}")), ("min", min.to_string())]
+                vec![
+                    ("field", format!("limits.{name}")),
+                    ("min", min.to_string()),
+                ]
             }
             Error::Refused { path, .. } => vec![("path", path.clone())],
             Error::NotFound { what, name } => vec![(*what, name.clone())],

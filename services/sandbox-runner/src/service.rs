@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 use tokio::io::AsyncReadExt;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Request, Response, Status};
+use tonic::{Code, Request, Response, Status};
 
 use crate::runner::Runner;
 
@@ -148,8 +148,13 @@ impl SandboxRunner for SandboxService {
         let packed = self.runner.pack(request).await?;
         let (tx, rx) = mpsc::channel(4);
         let task = tokio::spawn(async move {
-            let send_err =
-                |e: std::io::Error| Status::internal(format!("reading the archive: {e}"));
+            let send_err = |e: std::io::Error| {
+                reason::status(
+                    Code::Internal,
+                    format!("reading the archive: {e}"),
+                    "io_error",
+                )
+            };
             let mut file = match tokio::fs::File::open(&packed.path).await {
                 Ok(f) => f,
                 Err(e) => {
