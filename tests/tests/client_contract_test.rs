@@ -24,68 +24,18 @@ use tonic::Code;
 const GRAPH: &str =
     "nodes:\n  - {id: a, type: write_file, path: 'docs/{{run_id}}/a.txt', content: a}\n";
 
-struct Deployment {
-    store: String,
-    ingest: String,
-    runner: String,
-    orchestrator: String,
-    _dirs: Vec<tempfile::TempDir>,
-}
+mod common;
 
-async fn listener() -> (tokio::net::TcpListener, String) {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let a = l.local_addr().unwrap().to_string();
-    (l, a)
-}
+use common::Services as Deployment;
 
-/// The four services in plaintext on loopback, each answering health before the test starts.
+/// The four services in plaintext on loopback, each answering health before the test starts
+/// (the sandbox-runner is waited for by the tests that call it).
 async fn deploy() -> Deployment {
-    let data = tempfile::tempdir().unwrap();
-    let work = tempfile::tempdir().unwrap();
-
-    let (l, store) = listener().await;
-    let c = cairn_artifact_store::Config::new(data.path());
-    tokio::spawn(cairn_artifact_store::serve(c, l, std::future::pending()));
-
-    let (l, ingest) = listener().await;
-    let c = cairn_ingest::Config {
-        store_addr: store.clone(),
-        ..cairn_ingest::Config::default()
-    };
-    tokio::spawn(cairn_ingest::serve(c, l, std::future::pending()));
-
-    let (l, runner) = listener().await;
-    let c = cairn_sandbox_runner::Config {
-        backend: cairn_sandbox_runner::config::BackendChoice::Local,
-        work_root: work.path().to_path_buf(),
-        ..cairn_sandbox_runner::Config::default()
-    };
-    tokio::spawn(async move {
-        if let Err(e) = cairn_sandbox_runner::serve(c, l, std::future::pending()).await {
-            eprintln!("sandbox-runner did not start: {e}");
-        }
-    });
-
-    let (l, orchestrator) = listener().await;
-    let c = cairn_orchestrator::Config {
-        store_addr: store.clone(),
-        ingest_addr: ingest.clone(),
-        sandbox_addrs: vec![runner.clone()],
-        resume_on_start: false,
-        ..cairn_orchestrator::Config::default()
-    };
-    tokio::spawn(cairn_orchestrator::serve(c, l, std::future::pending()));
-
-    for addr in [&store, &ingest, &orchestrator] {
+    let d = common::start(&cairn_server::TlsConfig::default()).await;
+    for addr in [&d.store, &d.ingest, &d.orchestrator] {
         wait_serving(addr).await;
     }
-    Deployment {
-        store,
-        ingest,
-        runner,
-        orchestrator,
-        _dirs: vec![data, work],
-    }
+    d
 }
 
 async fn wait_serving(addr: &str) {
