@@ -448,3 +448,30 @@ async fn reflection_lists_health_and_gzip_requests_are_accepted() {
         assert_eq!(e.code(), Code::NotFound, "{e:?}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_permanent_limit_error_is_invalid_argument_not_unavailable() {
+    let d = deploy().await;
+    wait_serving(&d.runner).await;
+    let mut r = SandboxRunnerClient::new(channel(&d.runner));
+    for memory_bytes in [1, u64::MAX] {
+        let e = r
+            .run(RunRequest {
+                language: "bash".into(),
+                code: "true".into(),
+                limits: Some(Limits {
+                    memory_bytes,
+                    ..Limits::default()
+                }),
+                ..RunRequest::default()
+            })
+            .await
+            .unwrap_err();
+        let info = refused(&e, Code::InvalidArgument, "limit_out_of_range");
+        assert_eq!(
+            info.metadata.get("field").map(String::as_str),
+            Some("limits.memory_bytes"),
+            "{info:?}"
+        );
+    }
+}
