@@ -1,4 +1,5 @@
-"""Put, get, list and stat through stubs generated from proto/ by grpcio-tools, against `cairn up`."""
+"""Put, get, list and stat through stubs generated from proto/ by grpcio-tools, against `cairn up`;
+refusals read as google.rpc.Status with an ErrorInfo; idempotent SubmitRun; gzip requests."""
 import hashlib
 import sys
 import time
@@ -6,6 +7,10 @@ import time
 import grpc
 from cairn.v1 import artifact_store_pb2 as pb
 from cairn.v1 import artifact_store_pb2_grpc as rpc
+from cairn.v1 import orchestrator_pb2 as opb
+from cairn.v1 import orchestrator_pb2_grpc as orpc
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 
 addr = sys.argv[1]
 channel = grpc.insecure_channel(addr)
@@ -18,6 +23,22 @@ while True:
         if time.time() > deadline:
             sys.exit(f"cairn up did not answer on {addr}")
 store = rpc.ArtifactStoreStub(channel)
+orchestrator = orpc.OrchestratorStub(channel)
+
+
+def error_info(e, code, reason):
+    """The ErrorInfo of a refusal, checked against its code and `cairn-reason`."""
+    assert e.code() == code, e
+    assert dict(e.trailing_metadata() or ()).get("cairn-reason") == reason, e.trailing_metadata()
+    status = rpc_status.from_call(e)
+    assert status is not None, f"no grpc-status-details-bin: {e}"
+    for detail in status.details:
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            assert info.reason == reason and info.domain == "cairn", info
+            return info
+    sys.exit(f"no ErrorInfo among the details of {e}")
 
 body = bytes(range(256)) * 4096 + b"tail"  # 1 MiB + 4 bytes: several chunks
 digest = hashlib.sha256(body).hexdigest()
@@ -40,9 +61,8 @@ try:
     put("docs/py/data.bin", b"other bytes")
     sys.exit("overwrite without overwrite=true was accepted")
 except grpc.RpcError as e:
-    assert e.code() == grpc.StatusCode.ALREADY_EXISTS, e
-    reasons = dict(e.trailing_metadata() or ())
-    assert reasons.get("cairn-reason") == "exists", reasons
+    info = error_info(e, grpc.StatusCode.ALREADY_EXISTS, "exists")
+    assert info.metadata["path"] == "docs/py/data.bin" and info.metadata["project"] == "py", info
 
 try:
     put("../escape.txt", b"x")
@@ -72,4 +92,36 @@ assert paths == ["docs/py/b.txt", "docs/py/data.bin"], paths
 st = store.Stat(pb.StatRequest(project_id="py", path="docs/py/data.bin", include_sha256=True))
 assert st.sha256 == digest and st.size_bytes == len(body), st
 
-print("python grpcio client: put/get/list/stat against cairn up OK")
+# gzip-compressed requests are accepted (replies stay uncompressed).
+st = store.Stat(pb.StatRequest(project_id="py", path="docs/py/b.txt"), compression=grpc.Compression.Gzip)
+assert st.size_bytes == 1, st
+
+# An enum number the protos do not declare is refused, not read as the default.
+try:
+    store.Put(iter([pb.PutRequest(header=pb.PutHeader(project_id="py", path="docs/py/e.txt", durability=9))]))
+    sys.exit("durability=9 was accepted")
+except grpc.RpcError as e:
+    info = error_info(e, grpc.StatusCode.INVALID_ARGUMENT, "unknown_enum")
+    assert info.metadata["field"] == "durability", info
+
+# Bytes that are not the request message: INVALID_ARGUMENT `malformed`, not INTERNAL.
+raw_stat = channel.unary_unary("/cairn.v1.ArtifactStore/Stat")
+try:
+    raw_stat(b"\x0a\x03\xff\xfe\xfd")  # field 1 (project_id) is not UTF-8
+    sys.exit("a malformed request was accepted")
+except grpc.RpcError as e:
+    error_info(e, grpc.StatusCode.INVALID_ARGUMENT, "malformed")
+
+# SubmitRun with a request_id: a retry returns the first run; re-using a run id names it.
+graph = "nodes:\n  - {id: a, type: write_file, path: 'docs/{{run_id}}/a.txt', content: a}\n"
+first = orchestrator.SubmitRun(opb.SubmitRunRequest(project_id="py", graph_yaml=graph, request_id="py-retry-1"))
+again = orchestrator.SubmitRun(opb.SubmitRunRequest(project_id="py", graph_yaml=graph, request_id="py-retry-1"))
+assert first.run_id == again.run_id, (first.run_id, again.run_id)
+try:
+    orchestrator.SubmitRun(opb.SubmitRunRequest(project_id="py", graph_yaml=graph, run_id=first.run_id))
+    sys.exit("a second run with the same id was accepted")
+except grpc.RpcError as e:
+    info = error_info(e, grpc.StatusCode.ALREADY_EXISTS, "exists")
+    assert info.metadata["run_id"] == first.run_id, info
+
+print("python grpcio client: put/get/list/stat, ErrorInfo details, gzip, idempotent SubmitRun against cairn up OK")

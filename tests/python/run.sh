@@ -5,9 +5,10 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/cairn-target}"
 VENV="${CAIRN_PYENV:-$HOME/.cache/cairn-pyenv}"
-if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import grpc, grpc_tools' 2>/dev/null; then
+if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import grpc, grpc_tools, grpc_status' 2>/dev/null; then
     python3 -m venv "$VENV"
-    "$VENV/bin/pip" install -q --disable-pip-version-check 'grpcio>=1.60' 'grpcio-tools>=1.60'
+    "$VENV/bin/pip" install -q --disable-pip-version-check 'grpcio>=1.60' 'grpcio-tools>=1.60' \
+        'grpcio-status>=1.60'  # google.rpc.Status / ErrorInfo of refusals (googleapis-common-protos)
 fi
 WORK="$(mktemp -d)"
 trap 'kill "${PID:-0}" 2>/dev/null || true; rm -rf "$WORK"' EXIT

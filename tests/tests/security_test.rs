@@ -5,6 +5,8 @@
 //! store stamps the authenticated identity on the events it accepts.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -85,12 +87,6 @@ struct Deployment {
     _dirs: Vec<tempfile::TempDir>,
 }
 
-async fn listener() -> (tokio::net::TcpListener, String) {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let a = l.local_addr().unwrap().to_string();
-    (l, a)
-}
-
 fn make_pki(dir: &Path) {
     pki::init(&PkiSpec::new(dir)).unwrap();
     // An identity the table does not know, from the same CA.
@@ -105,53 +101,17 @@ async fn deploy() -> Deployment {
     let pki_dir = tempfile::tempdir().unwrap();
     make_pki(pki_dir.path());
     let tls = TlsConfig::dir(pki_dir.path());
-    let data = tempfile::tempdir().unwrap();
-    let work = tempfile::tempdir().unwrap();
-
-    let (l, store) = listener().await;
-    let mut c = cairn_artifact_store::Config::new(data.path());
-    c.tls = tls.clone();
-    tokio::spawn(cairn_artifact_store::serve(c, l, std::future::pending()));
-
-    let (l, ingest) = listener().await;
-    let c = cairn_ingest::Config {
-        store_addr: store.clone(),
-        tls: tls.clone(),
-        ..cairn_ingest::Config::default()
-    };
-    tokio::spawn(cairn_ingest::serve(c, l, std::future::pending()));
-
-    let (l, runner) = listener().await;
-    let c = cairn_sandbox_runner::Config {
-        backend: cairn_sandbox_runner::config::BackendChoice::Local,
-        work_root: work.path().to_path_buf(),
-        tls: tls.clone(),
-        ..cairn_sandbox_runner::Config::default()
-    };
-    tokio::spawn(async move {
-        if let Err(e) = cairn_sandbox_runner::serve(c, l, std::future::pending()).await {
-            eprintln!("sandbox-runner did not start: {e}");
-        }
-    });
-
-    let (l, orchestrator) = listener().await;
-    let c = cairn_orchestrator::Config {
-        store_addr: store.clone(),
-        ingest_addr: ingest.clone(),
-        sandbox_addrs: vec![runner.clone()],
-        tls: tls.clone(),
-        resume_on_start: false,
-        ..cairn_orchestrator::Config::default()
-    };
-    tokio::spawn(cairn_orchestrator::serve(c, l, std::future::pending()));
-
+    let s = common::start(&tls).await;
+    let pki = pki_dir.path().to_path_buf();
+    let mut dirs = s.dirs;
+    dirs.push(pki_dir);
     let d = Deployment {
-        pki: pki_dir.path().to_path_buf(),
-        store,
-        ingest,
-        runner,
-        orchestrator,
-        _dirs: vec![pki_dir, data, work],
+        pki,
+        store: s.store,
+        ingest: s.ingest,
+        runner: s.runner,
+        orchestrator: s.orchestrator,
+        _dirs: dirs,
     };
     // Every server answers health over mTLS before the test starts.
     for addr in [&d.store, &d.ingest, &d.runner, &d.orchestrator] {

@@ -174,8 +174,10 @@ impl Shutdown {
 
     /// What an ended stream answers.
     pub fn status() -> tonic::Status {
-        tonic::Status::unavailable(
+        cairn_proto::reason::status(
+            tonic::Code::Unavailable,
             "the server is shutting down; reconnect (to another instance, or once it is back) and resume",
+            "shutting_down",
         )
     }
 }

@@ -17,6 +17,7 @@ pub use caller::Caller;
 pub use tls::{Tls, TlsArgs, TlsConfig};
 pub mod drain;
 mod health;
+pub mod malformed;
 pub mod retry;
 pub mod roles;
 
@@ -129,12 +130,16 @@ impl Host {
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), Error> {
         let (reporter, health) = health::Health::start(self.names.clone(), self.required).await;
-        let reflection_v1 = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(cairn_proto::FILE_DESCRIPTOR_SET)
+        // Reflection lists cairn's services and grpc.health.v1.Health beside them.
+        let reflection = || {
+            tonic_reflection::server::Builder::configure()
+                .register_encoded_file_descriptor_set(cairn_proto::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        };
+        let reflection_v1 = reflection()
             .build_v1()
             .map_err(|e| Error::Reflection(e.to_string()))?;
-        let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(cairn_proto::FILE_DESCRIPTOR_SET)
+        let reflection_v1alpha = reflection()
             .build_v1alpha()
             .map_err(|e| Error::Reflection(e.to_string()))?;
         let mut routes = self.routes;
@@ -169,6 +174,7 @@ impl Host {
             .layer(drain.layer())
             .layer(cairn_telemetry::server_layer())
             .layer(access::AccessLayer::new(self.access))
+            .layer(malformed::MalformedLayer)
             .add_routes(routes.routes())
             // tonic's own tcp_nodelay is not applied to a caller's listener; without it Nagle
             // delays HTTP/2 window updates and streamed Puts crawl.

@@ -29,7 +29,11 @@ pub enum Error {
 
     /// overwrite=false and different bytes are already there.
     #[error("path {path:?} already holds different bytes ({existing_size} bytes); set overwrite=true to replace them, or write to another path")]
-    Exists { path: String, existing_size: u64 },
+    Exists {
+        project: String,
+        path: String,
+        existing_size: u64,
+    },
 
     /// The bytes received do not match what the client announced.
     #[error("path {path:?}: received {actual} but the request expected {expected}; nothing was written, resend the file")]
@@ -137,23 +141,65 @@ impl Error {
         }
     }
 
-    /// The reason word for `cairn-reason`, when this is a refusal of the vocabulary.
-    pub fn reason(&self) -> Option<&'static str> {
+    /// The reason word of this error (`cairn-reason` and `ErrorInfo.reason`).
+    pub fn reason(&self) -> &'static str {
         match self {
-            Error::Path(r) => Some(r.reason.as_str()),
-            Error::Reserved { .. } => Some("denied"),
-            Error::SymlinkInPath { .. } => Some("symlink_in_path"),
-            Error::NotAFile { .. } => Some("not_a_file"),
-            Error::Exists { .. } => Some("exists"),
-            Error::DigestMismatch { .. } => Some("digest_mismatch"),
-            Error::TooLarge { .. } => Some("too_large"),
-            Error::Unavailable => Some("store_unavailable"),
-            Error::Io { .. } | Error::PublicationLost { .. } => Some("io_error"),
-            Error::Fenced { .. } => Some("fenced"),
-            Error::NotPermitted { .. } => Some("identity"),
-            Error::PublicationUnproven { .. } => Some("publication_unproven"),
-            Error::ProjectNotFound(_) => Some("no_project"),
-            _ => None,
+            Error::Path(r) => r.reason.as_str(),
+            Error::Reserved { .. } => "denied",
+            Error::SymlinkInPath { .. } => "symlink_in_path",
+            Error::NotAFile { .. } => "not_a_file",
+            Error::Exists { .. } => "exists",
+            Error::DigestMismatch { .. } => "digest_mismatch",
+            Error::TooLarge { .. } => "too_large",
+            Error::Unavailable => "store_unavailable",
+            Error::Io { .. } | Error::PublicationLost { .. } => "io_error",
+            Error::Fenced { .. } => "fenced",
+            Error::NotPermitted { .. } => "identity",
+            Error::PublicationUnproven { .. } => "publication_unproven",
+            Error::InvalidId { .. } => "invalid_id",
+            // A project not made yet has a word of its own: clients tell it from a missing
+            // file (the CLI names `cairn project create`; listings of a missing prefix are empty).
+            Error::ProjectNotFound(_) => "no_project",
+            Error::NotFound { .. } | Error::RunNotFound { .. } => "not_found",
+            Error::VersionConflict { .. } => "version_conflict",
+            e => cairn_proto::reason::fallback(e.code()),
+        }
+    }
+
+    /// What the refusal is about, for `ErrorInfo.metadata` (empty values are left out).
+    fn details(&self) -> Vec<(&'static str, String)> {
+        match self {
+            Error::Reserved { path, .. }
+            | Error::SymlinkInPath { path }
+            | Error::NotAFile { path, .. }
+            | Error::DigestMismatch { path, .. } => vec![("path", path.clone())],
+            Error::Exists { project, path, .. } | Error::NotFound { project, path } => {
+                vec![("project", project.clone()), ("path", path.clone())]
+            }
+            Error::ProjectNotFound(project) => vec![("project", project.clone())],
+            Error::RunNotFound { project, run } => {
+                vec![("project", project.clone()), ("run_id", run.clone())]
+            }
+            Error::VersionConflict {
+                path,
+                stored,
+                expected,
+            } => vec![
+                ("path", path.clone()),
+                ("stored_version", stored.to_string()),
+                ("expected_version", expected.to_string()),
+            ],
+            Error::Fenced { run, current, .. } => {
+                vec![("run_id", run.clone()), ("epoch", current.to_string())]
+            }
+            Error::PublicationLost { run, path, .. } => {
+                vec![("run_id", run.clone()), ("path", path.clone())]
+            }
+            Error::PublicationUnproven { run, .. } => vec![("run_id", run.clone())],
+            Error::InvalidId { kind, id } => {
+                vec![("field", (*kind).to_owned()), ("id", id.clone())]
+            }
+            _ => Vec::new(),
         }
     }
 
@@ -202,10 +248,9 @@ impl From<Error> for Status {
         if code == Code::Internal {
             tracing::error!(error = %err, "artifact-store internal error");
         }
-        match err.reason() {
-            Some(reason) => cairn_proto::reason::status(code, err.to_string(), reason),
-            None => Status::new(code, err.to_string()),
-        }
+        let details = err.details();
+        let pairs: Vec<(&str, &str)> = details.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        cairn_proto::reason::status_with(code, err.to_string(), err.reason(), &pairs)
     }
 }
 

@@ -164,6 +164,7 @@ pub(crate) fn link(
                     return Ok(Outcome::Unchanged);
                 }
                 Err(Error::Exists {
+                    project: staged.project.clone(),
                     path: staged.path.clone(),
                     existing_size,
                 })

@@ -61,7 +61,9 @@ pub async fn artifact_store_service(
     Ok(
         ArtifactStoreServer::new(ArtifactStoreService::new(Arc::new(store)))
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            .max_encoding_message_size(MAX_MESSAGE_BYTES)
+            // Clients may send gzip-compressed requests (replies stay uncompressed).
+            .accept_compressed(tonic::codec::CompressionEncoding::Gzip),
     )
 }
 

@@ -7,6 +7,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use cairn_proto::reason::known;
 use cairn_proto::v1::artifact_store_server::ArtifactStore;
 use cairn_proto::v1::{
     self as pb, get_response, put_request, AppendEventsRequest, AppendEventsResponse,
@@ -76,13 +77,15 @@ fn event(e: StoredEvent) -> pb::Event {
     }
 }
 
-fn level(value: i32) -> Level {
-    match pb::Level::try_from(value) {
-        Ok(pb::Level::Debug) => Level::Debug,
-        Ok(pb::Level::Warning) => Level::Warning,
-        Ok(pb::Level::Error) => Level::Error,
-        _ => Level::Info,
-    }
+/// An event's level; unset (UNSPECIFIED) is INFO, a number the proto does not declare is
+/// refused.
+fn level(value: i32) -> Result<Level, Status> {
+    Ok(match known::<pb::Level>("events.level", value)? {
+        pb::Level::Debug => Level::Debug,
+        pb::Level::Warning => Level::Warning,
+        pb::Level::Error => Level::Error,
+        pb::Level::Unspecified | pb::Level::Info => Level::Info,
+    })
 }
 
 fn page(p: Option<pb::PageRequest>) -> Result<Page> {
@@ -145,7 +148,7 @@ impl ArtifactStore for ArtifactStoreService {
             }
         };
         cairn_telemetry::record_ids(&header.project_id, &header.run_id, "");
-        let durability = match header.durability() {
+        let durability = match known::<PutDurability>("durability", header.durability)? {
             PutDurability::WithRunEvents => Durability::WithRunEvents,
             PutDurability::Unspecified | PutDurability::Sync => Durability::Sync,
         };
@@ -269,12 +272,17 @@ impl ArtifactStore for ArtifactStoreService {
         cairn_telemetry::record_ids(&r.project_id, &r.run_id, "");
         access::check_append(&caller, &r.run_id, r.epoch)?;
         let identity = (!caller.is_local()).then(|| caller.name().to_owned());
+        let levels = r
+            .events
+            .iter()
+            .map(|e| level(e.level))
+            .collect::<Result<Vec<_>, Status>>()?;
         let events = r
             .events
             .iter()
-            .map(|e| {
-                let event =
-                    NewEvent::from_client(&e.r#type, &e.node_id, level(e.level), &e.data_json)?;
+            .zip(levels)
+            .map(|(e, level)| {
+                let event = NewEvent::from_client(&e.r#type, &e.node_id, level, &e.data_json)?;
                 Ok(match &identity {
                     Some(id) => event.by(id),
                     None => event,
@@ -344,16 +352,9 @@ impl ArtifactStore for ArtifactStoreService {
         let caller = Caller::of(&request);
         let r = request.into_inner();
         access::check_write(&caller, "cairn.v1.ArtifactStore/UpdateJson", &r.path, None)?;
-        let merge = match pb::MergePolicy::try_from(r.merge) {
-            Ok(pb::MergePolicy::None) => Merge::None,
-            Ok(pb::MergePolicy::Max) => Merge::Max,
-            Err(_) => {
-                return Err(Error::BadRequest(format!(
-                    "merge policy {} is unknown; use NONE or MAX",
-                    r.merge
-                ))
-                .into())
-            }
+        let merge = match known::<pb::MergePolicy>("merge", r.merge)? {
+            pb::MergePolicy::None => Merge::None,
+            pb::MergePolicy::Max => Merge::Max,
         };
         let update = Update {
             project_id: r.project_id,

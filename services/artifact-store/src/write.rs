@@ -157,6 +157,7 @@ fn publish(
                 }
                 if !how.overwrite {
                     return Err(Error::Exists {
+                        project: staged.project.clone(),
                         path: staged.path.clone(),
                         existing_size,
                     });

@@ -50,30 +50,46 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl From<Error> for Status {
     fn from(e: Error) -> Status {
+        use cairn_proto::reason;
         let message = e.to_string();
         match e {
-            Error::Missing(_) | Error::InvalidId { .. } | Error::FenceRun { .. } => {
-                Status::invalid_argument(message)
-            }
-            Error::Fenced(_) => cairn_proto::reason::status(
+            Error::Missing(field) => reason::status_with(
+                Code::InvalidArgument,
+                message,
+                reason::fallback(Code::InvalidArgument),
+                &[("field", field)],
+            ),
+            Error::InvalidId { kind, id } => reason::status_with(
+                Code::InvalidArgument,
+                message,
+                "invalid_id",
+                &[("field", kind), ("id", &id)],
+            ),
+            Error::FenceRun { run, .. } => reason::status_with(
+                Code::InvalidArgument,
+                message,
+                reason::fallback(Code::InvalidArgument),
+                &[("field", "fence.run_id"), ("run_id", &run)],
+            ),
+            Error::Fenced(_) => reason::status(
                 Code::FailedPrecondition,
                 message,
                 crate::block::reason::FENCED,
             ),
-            Error::StoreUnavailable(_) => cairn_proto::reason::status(
+            Error::StoreUnavailable(_) => reason::status(
                 Code::Unavailable,
                 message,
                 crate::block::reason::STORE_UNAVAILABLE,
             ),
             Error::Store {
-                reason: Some(reason),
-                code,
-                ..
-            } => cairn_proto::reason::status(code, message, &reason),
-            Error::Store {
-                reason: None, code, ..
-            } => Status::new(code, message),
-            Error::Config(_) | Error::Server(_) => Status::internal(message),
+                reason: word, code, ..
+            } => {
+                let word = word.unwrap_or_else(|| reason::fallback(code).to_owned());
+                reason::status(code, message, &word)
+            }
+            Error::Config(_) | Error::Server(_) => {
+                reason::status(Code::Internal, message, reason::fallback(Code::Internal))
+            }
         }
     }
 }

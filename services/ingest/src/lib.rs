@@ -91,6 +91,8 @@ mod serving {
         IngestServer::new(IngestService::new(ingestor))
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES)
+            // Clients may send gzip-compressed requests (replies stay uncompressed).
+            .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
     }
 
     /// Serves ingest alone on `listener` until `shutdown` resolves (health, reflection, graceful

@@ -13,8 +13,8 @@ pub enum Error {
     InvalidArgument(String),
     #[error("run `{run_id}` not found in project `{project}`; list runs with `cairn runs list`")]
     RunNotFound { project: String, run_id: String },
-    #[error("run `{0}` already exists; choose another run id or leave it empty to get a new one")]
-    RunExists(String),
+    #[error("run `{run_id}` already exists in project `{project}`; choose another run id or leave it empty to get a new one (a retried submit should send the same request_id instead)")]
+    RunExists { project: String, run_id: String },
     #[error("{0}")]
     NotFound(String),
     /// The request does not fit the run's state (gate not blocked, run already final, ...).
@@ -57,40 +57,47 @@ impl Error {
 
 impl From<Error> for Status {
     fn from(e: Error) -> Status {
+        use cairn_proto::reason;
         let message = e.to_string();
+        let plain =
+            |code: Code, message: String| reason::status(code, message, reason::fallback(code));
         match e {
-            Error::Graph(_) | Error::InvalidArgument(_) | Error::Config(_) => {
-                Status::invalid_argument(message)
-            }
-            Error::RunNotFound { .. } | Error::NotFound(_) => Status::not_found(message),
-            Error::RunExists(_) => Status::already_exists(message),
-            Error::FailedPrecondition(_) => Status::failed_precondition(message),
+            Error::Graph(_) => reason::status(Code::InvalidArgument, message, "invalid_graph"),
+            Error::InvalidArgument(_) | Error::Config(_) => plain(Code::InvalidArgument, message),
+            Error::RunNotFound { project, run_id } => reason::status_with(
+                Code::NotFound,
+                message,
+                "not_found",
+                &[("project", &project), ("run_id", &run_id)],
+            ),
+            Error::NotFound(_) => plain(Code::NotFound, message),
+            Error::RunExists { project, run_id } => reason::status_with(
+                Code::AlreadyExists,
+                message,
+                "exists",
+                &[("project", &project), ("run_id", &run_id)],
+            ),
+            Error::FailedPrecondition(_) => plain(Code::FailedPrecondition, message),
             Error::Store { status, .. } => {
                 let code = match status.code() {
                     // A store that cannot be reached is this service being unavailable.
                     Code::Unknown | Code::Cancelled => Code::Unavailable,
                     c => c,
                 };
-                match cairn_proto::reason::of(&status) {
-                    Some(reason) => cairn_proto::reason::status(code, message, &reason),
-                    None => Status::new(code, message),
-                }
+                reason::relay(code, message, &status)
             }
-            Error::Unavailable(_) => Status::unavailable(message),
-            Error::Server(_) | Error::Internal(_) => Status::internal(message),
-            Error::Unauthenticated(_) => Status::unauthenticated(message),
-            Error::PermissionDenied { reason, .. } => {
-                cairn_proto::reason::status(Code::PermissionDenied, message, reason)
+            Error::Unavailable(_) => plain(Code::Unavailable, message),
+            Error::Server(_) | Error::Internal(_) => plain(Code::Internal, message),
+            Error::Unauthenticated(_) => plain(Code::Unauthenticated, message),
+            Error::PermissionDenied { reason: word, .. } => {
+                reason::status(Code::PermissionDenied, message, word)
             }
             Error::Llm(e) => {
                 let code = match e {
                     cairn_agents::AgentError::Unavailable(_) => Code::Unavailable,
                     _ => Code::InvalidArgument,
                 };
-                match e.reason() {
-                    Some(reason) => cairn_proto::reason::status(code, message, reason),
-                    None => Status::new(code, message),
-                }
+                reason::status(code, message, e.reason().unwrap_or(reason::fallback(code)))
             }
         }
     }

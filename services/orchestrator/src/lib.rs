@@ -129,7 +129,9 @@ pub async fn orchestrator_service(
     }
     let server = OrchestratorServer::new(OrchestratorService::new(runs.clone(), auth))
         .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES);
+        .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
+        // Clients may send gzip-compressed requests (replies stay uncompressed).
+        .accept_compressed(tonic::codec::CompressionEncoding::Gzip);
     Ok((server, Handle { runs, store }))
 }
 

@@ -45,6 +45,25 @@ pub fn check_id(what: &str, id: &str) -> Result<()> {
     }
 }
 
+/// The run id a submit with `request_id` gets: "req-" and the first 32 hex digits of
+/// sha256(project, NUL, request_id). Derived, not remembered, so a retry after a restart finds
+/// the run its first submit created.
+fn request_run_id(project: &str, request_id: &str) -> Result<String> {
+    use sha2::{Digest, Sha256};
+    if request_id.len() > 256 {
+        return Err(Error::InvalidArgument(format!(
+            "request_id is {} bytes long: use at most 256 (a UUID is enough)",
+            request_id.len()
+        )));
+    }
+    let digest = Sha256::new()
+        .chain_update(project.as_bytes())
+        .chain_update([0u8])
+        .chain_update(request_id.as_bytes())
+        .finalize();
+    Ok(format!("req-{}", &hex::encode(digest)[..32]))
+}
+
 fn key(project: &str, run_id: &str) -> String {
     format!("{project}/{run_id}")
 }
@@ -67,6 +86,8 @@ pub struct Submit {
     pub by: String,
     pub llm: String,
     pub base_dir: String,
+    /// Idempotency key (SubmitRunRequest.request_id); empty = none.
+    pub request_id: String,
 }
 
 pub struct Runs {
@@ -114,14 +135,32 @@ impl Runs {
     }
 
     /// Validates and starts a run; returns once its directory and first events are durable.
+    /// With a request id, a submit whose run already exists returns that run.
     pub async fn submit(&self, req: Submit) -> Result<pb::RunInfo> {
         check_id("project_id", &req.project_id)?;
-        let run_id = if req.run_id.is_empty() {
-            uuid::Uuid::now_v7().to_string()
-        } else {
-            req.run_id.clone()
+        let run_id = match (req.run_id.is_empty(), req.request_id.is_empty()) {
+            (true, true) => uuid::Uuid::now_v7().to_string(),
+            (false, true) => req.run_id.clone(),
+            (true, false) => request_run_id(&req.project_id, &req.request_id)?,
+            (false, false) => {
+                return Err(Error::InvalidArgument(
+                    "run_id and request_id are both set: send request_id alone (the run id is derived from it, so a retry finds the run) or run_id alone".into(),
+                ))
+            }
         };
         check_id("run_id", &run_id)?;
+        let project = req.project_id.clone();
+        let idempotent = !req.request_id.is_empty();
+        match self.submit_as(req, run_id).await {
+            Err(Error::RunExists { project: p, run_id }) if idempotent => {
+                tracing::info!(project = %p, run_id = %run_id, "submit retried with its request_id: returning the run");
+                self.get(&project, &run_id).await
+            }
+            other => other,
+        }
+    }
+
+    async fn submit_as(&self, req: Submit, run_id: String) -> Result<pb::RunInfo> {
         // A built-in mode (modes.rs) is an embedded graph with the prompt as vars.prompt.
         let (graph_yaml, vars, mode_title) = if req.mode.trim().is_empty() {
             let mut vars = req.vars.clone();
@@ -164,7 +203,7 @@ impl Runs {
 
         // Reserve the id among live runs while the directory is created.
         let Some(cmd_rx) = self.reserve(&project, &run_id)? else {
-            return Err(Error::RunExists(run_id));
+            return Err(Error::RunExists { project, run_id });
         };
         let created = match self.create_run_dir(&project, &run_id, &graph).await {
             Ok(()) => store
@@ -284,7 +323,10 @@ impl Runs {
             .map_err(Error::store("checking the run id"))?
             .is_some()
         {
-            return Err(Error::RunExists(run_id.to_owned()));
+            return Err(Error::RunExists {
+                project: project.to_owned(),
+                run_id: run_id.to_owned(),
+            });
         }
         let resolved = format!("{:#}\n", graph.to_resolved_json());
         store
@@ -297,7 +339,10 @@ impl Runs {
             .await
             .map_err(|s| {
                 if s.code() == tonic::Code::AlreadyExists {
-                    Error::RunExists(run_id.to_owned())
+                    Error::RunExists {
+                        project: project.to_owned(),
+                        run_id: run_id.to_owned(),
+                    }
                 } else {
                     Error::Store {
                         context: format!("writing {}", dir.graph_resolved()),
@@ -655,7 +700,7 @@ impl Runs {
                     // A server shutting down ends the stream (graceful shutdown waits for it).
                     _ = shutdown.cancelled() => {
                         let why = format!("the orchestrator is shutting down; watch again from seq {}", last + 1);
-                        let _ = tx.send(Err(tonic::Status::unavailable(why))).await;
+                        let _ = tx.send(Err(cairn_proto::reason::status(tonic::Code::Unavailable, why, "shutting_down"))).await;
                         return;
                     }
                     n = stream.next() => n,

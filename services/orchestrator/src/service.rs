@@ -54,6 +54,7 @@ impl Orchestrator for OrchestratorService {
             by: who.by(&r.by),
             llm: r.llm,
             base_dir: r.base_dir,
+            request_id: r.request_id,
         };
         Ok(Response::new(self.runs.submit(submit).await?))
     }
@@ -76,15 +77,12 @@ impl Orchestrator for OrchestratorService {
     ) -> Result<Response<pb::ListRunsResponse>, Status> {
         self.caller(&req, Rpc::ListRuns, &req.get_ref().project_id)?;
         let r = req.into_inner();
-        let states: Vec<TaskState> = r
-            .states
-            .iter()
-            .filter_map(|s| {
-                pb::TaskState::try_from(*s)
-                    .ok()
-                    .and_then(TaskState::from_proto)
-            })
-            .collect();
+        let mut states = Vec::with_capacity(r.states.len());
+        for s in &r.states {
+            let state = cairn_proto::reason::known::<pb::TaskState>("states", *s)?;
+            // UNSPECIFIED filters nothing (as before: an empty list lists every run).
+            states.extend(TaskState::from_proto(state));
+        }
         let page = r.page.unwrap_or_default();
         let (runs, next_page_token) = self
             .runs

@@ -25,6 +25,13 @@ pub enum Error {
         requested: u64,
         max: u64,
     },
+    /// A request limit below what any sandbox can run with (Docker's smallest memory limit).
+    #[error("limit {name} = {requested} is below the smallest this runner can enforce ({min}): ask for at least {min}, or 0 for the default")]
+    LimitBelowMin {
+        name: &'static str,
+        requested: u64,
+        min: u64,
+    },
     /// Input count/bytes, sessions, archive size.
     #[error("{message}")]
     ResourceExhausted {
@@ -92,29 +99,83 @@ impl Error {
     }
 }
 
-impl From<Error> for Status {
-    fn from(e: Error) -> Status {
-        let message = e.to_string();
-        match &e {
+impl Error {
+    fn code(&self) -> Code {
+        match self {
+            Error::InvalidArgument { .. }
+            | Error::LimitAboveMax { .. }
+            | Error::LimitBelowMin { .. }
+            | Error::Config(_)
+            | Error::Path { .. } => Code::InvalidArgument,
+            // The engine refused the container's settings: retrying cannot help.
+            Error::Docker { source, .. } if engine_refused(source) => Code::InvalidArgument,
+            Error::ResourceExhausted { .. } => Code::ResourceExhausted,
+            Error::Refused { .. } => Code::PermissionDenied,
+            Error::NotFound { .. } => Code::NotFound,
+            Error::SessionExists(_) => Code::AlreadyExists,
+            Error::OpenAborted(_) => Code::Aborted,
+            Error::NoIsolation(_) => Code::FailedPrecondition,
+            Error::ShuttingDown | Error::Docker { .. } => Code::Unavailable,
+            Error::Io { .. } | Error::Sandbox(_) | Error::Server(_) => Code::Internal,
+        }
+    }
+
+    /// The reason word (`cairn-reason` and `ErrorInfo.reason`).
+    fn reason(&self) -> &'static str {
+        match self {
             Error::InvalidArgument {
                 reason: Some(r), ..
-            } => reason::status(Code::InvalidArgument, message, r),
-            Error::InvalidArgument { reason: None, .. }
-            | Error::LimitAboveMax { .. }
-            | Error::Config(_) => Status::invalid_argument(message),
-            Error::Path { rejection, .. } => {
-                reason::status(Code::InvalidArgument, message, rejection.reason.as_str())
             }
-            Error::ResourceExhausted { reason: r, .. } => {
-                reason::status(Code::ResourceExhausted, message, r)
-            }
-            Error::Refused { reason: r, .. } => reason::status(Code::PermissionDenied, message, r),
-            Error::NotFound { .. } => Status::not_found(message),
-            Error::SessionExists(_) => reason::status(Code::AlreadyExists, message, "exists"),
-            Error::OpenAborted(_) => Status::aborted(message),
-            Error::NoIsolation(_) => Status::failed_precondition(message),
-            Error::ShuttingDown | Error::Docker { .. } => Status::unavailable(message),
-            Error::Io { .. } | Error::Sandbox(_) | Error::Server(_) => Status::internal(message),
+            | Error::ResourceExhausted { reason: r, .. }
+            | Error::Refused { reason: r, .. } => r,
+            Error::Path { rejection, .. } => rejection.reason.as_str(),
+            Error::LimitAboveMax { .. } | Error::LimitBelowMin { .. } => "limit_out_of_range",
+            Error::SessionExists(_) => "exists",
+            Error::NoIsolation(_) => "no_isolation",
+            Error::ShuttingDown => "shutting_down",
+            e => reason::fallback(e.code()),
         }
+    }
+
+    /// What the refusal is about, for `ErrorInfo.metadata`.
+    fn details(&self) -> Vec<(&'static str, String)> {
+        match self {
+            Error::LimitAboveMax { name, max, .. } => {
+                vec![
+                    ("field", format!("limits.{name}")),
+                    ("max", max.to_string()),
+                ]
+            }
+            Error::LimitBelowMin { name, min, .. } => {
+                vec![
+                    ("field", format!("limits.{name}")),
+                    ("min", min.to_string()),
+                ]
+            }
+            Error::Refused { path, .. } => vec![("path", path.clone())],
+            Error::NotFound { what, name } => vec![(*what, name.clone())],
+            Error::SessionExists(id) | Error::OpenAborted(id) => vec![("session_id", id.clone())],
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// The Docker engine answered 400 (Bad Request): it refused the container's settings (a
+/// memory limit below its minimum, ...), which is the caller's to fix, not an outage.
+fn engine_refused(e: &bollard::errors::Error) -> bool {
+    matches!(
+        e,
+        bollard::errors::Error::DockerResponseServerError {
+            status_code: 400,
+            ..
+        }
+    )
+}
+
+impl From<Error> for Status {
+    fn from(e: Error) -> Status {
+        let details = e.details();
+        let pairs: Vec<(&str, &str)> = details.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        reason::status_with(e.code(), e.to_string(), e.reason(), &pairs)
     }
 }

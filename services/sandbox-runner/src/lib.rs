@@ -68,7 +68,9 @@ pub async fn sandbox_service(
     let runner = Arc::new(Runner::start(config).await?);
     let server = SandboxRunnerServer::new(SandboxService::new(runner.clone()))
         .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES);
+        .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
+        // Clients may send gzip-compressed requests (replies stay uncompressed).
+        .accept_compressed(tonic::codec::CompressionEncoding::Gzip);
     Ok((server, RunnerHandle { runner }))
 }
 

@@ -7,6 +7,10 @@ use crate::error::{Error, Result};
 
 const MIB: u64 = 1024 * 1024;
 
+/// The smallest memory limit a sandbox gets: Docker refuses less than 6 MiB, and no
+/// interpreter starts in less on the local backend either.
+pub const MIN_MEMORY_BYTES: u64 = 6 * MIB;
+
 /// Every limit of sandbox.proto `Limits`, resolved (no zeros).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Limits {
@@ -103,6 +107,11 @@ impl Limits {
         let pick = |name: &'static str, req: u64, default: u64, ceiling: u64| -> Result<u64> {
             match req {
                 0 => Ok(default),
+                v if name == "memory_bytes" && v < MIN_MEMORY_BYTES => Err(Error::LimitBelowMin {
+                    name,
+                    requested: v,
+                    min: MIN_MEMORY_BYTES,
+                }),
                 v if v > ceiling => Err(Error::LimitAboveMax {
                     name,
                     requested: v,

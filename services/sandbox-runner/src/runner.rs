@@ -492,15 +492,10 @@ impl Runner {
     pub async fn pack(&self, req: pb::PackRequest) -> Result<Packed> {
         self.open()?;
         let s = self.sessions.get(&req.session_id)?;
-        let format = match pb::ArchiveFormat::try_from(req.format) {
-            Ok(pb::ArchiveFormat::Zip) => Format::Zip,
-            Ok(pb::ArchiveFormat::TarGz) => Format::TarGz,
-            Err(_) => {
-                return Err(Error::invalid(format!(
-                    "archive format {} is unknown: use ZIP or TAR_GZ",
-                    req.format
-                )))
-            }
+        // The service refused numbers the proto does not declare (reason `unknown_enum`).
+        let format = match req.format() {
+            pb::ArchiveFormat::Zip => Format::Zip,
+            pb::ArchiveFormat::TarGz => Format::TarGz,
         };
         let cap = self.config.session.max_archive_bytes;
         let max = match req.max_archive_bytes {

@@ -6,13 +6,14 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use cairn_proto as pb;
+use cairn_proto::reason;
 use cairn_proto::sandbox_runner_server::SandboxRunner;
 use futures::{Stream, StreamExt};
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncReadExt;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Request, Response, Status};
+use tonic::{Code, Request, Response, Status};
 
 use crate::runner::Runner;
 
@@ -117,9 +118,9 @@ impl SandboxRunner for SandboxService {
         &self,
         request: Request<pb::WriteFileRequest>,
     ) -> Result<Response<pb::WriteFileResponse>, Status> {
-        Ok(Response::new(
-            self.runner.write_file(request.into_inner()).await?,
-        ))
+        let request = request.into_inner();
+        reason::known::<pb::WriteMode>("mode", request.mode)?;
+        Ok(Response::new(self.runner.write_file(request).await?))
     }
 
     async fn glob(
@@ -142,11 +143,18 @@ impl SandboxRunner for SandboxService {
         &self,
         request: Request<pb::PackRequest>,
     ) -> Result<Response<Self::PackStream>, Status> {
-        let packed = self.runner.pack(request.into_inner()).await?;
+        let request = request.into_inner();
+        reason::known::<pb::ArchiveFormat>("format", request.format)?;
+        let packed = self.runner.pack(request).await?;
         let (tx, rx) = mpsc::channel(4);
         let task = tokio::spawn(async move {
-            let send_err =
-                |e: std::io::Error| Status::internal(format!("reading the archive: {e}"));
+            let send_err = |e: std::io::Error| {
+                reason::status(
+                    Code::Internal,
+                    format!("reading the archive: {e}"),
+                    "io_error",
+                )
+            };
             let mut file = match tokio::fs::File::open(&packed.path).await {
                 Ok(f) => f,
                 Err(e) => {

@@ -115,6 +115,25 @@ async fn bad_requests_are_refused_before_anything_runs() {
         let err = c.run(req).await.unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument);
         assert!(err.message().contains("memory_bytes"), "{}", err.message());
+        // Below what any sandbox runs with (Docker refuses under 6 MiB): a permanent error,
+        // INVALID_ARGUMENT, never a retryable UNAVAILABLE.
+        let req = with_limits(
+            python("print(1)"),
+            Limits {
+                memory_bytes: 1,
+                ..Default::default()
+            },
+        );
+        let err = c.run(req).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+        assert_eq!(
+            cairn_proto::reason::of(&err).as_deref(),
+            Some("limit_out_of_range")
+        );
+        assert_eq!(
+            cairn_proto::reason::detail(&err, "field").as_deref(),
+            Some("limits.memory_bytes")
+        );
         let mut req = python("print(1)");
         req.limits = Some(Limits {
             max_input_files: 1,
