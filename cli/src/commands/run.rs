@@ -153,6 +153,8 @@ pub async fn run(global: &Global, args: RunArgs) -> anyhow::Result<ExitCode> {
                     .as_ref()
                     .map(|d| d.display().to_string())
                     .unwrap_or_default(),
+                // One submit per command: nothing to deduplicate.
+                request_id: String::new(),
             })
             .await?
             .into_inner();
