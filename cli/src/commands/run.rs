@@ -442,7 +442,7 @@ pub async fn runs(global: &Global, cmd: RunsCommand) -> anyhow::Result<ExitCode>
                     .iter()
                     .map(|s| parse_state(s))
                     .collect::<anyhow::Result<Vec<_>>>()?;
-                let runs = client
+                let listed = client
                     .list_runs(ListRunsRequest {
                         project_id: project,
                         states: states.into_iter().map(|s| s as i32).collect(),
@@ -451,9 +451,15 @@ pub async fn runs(global: &Global, cmd: RunsCommand) -> anyhow::Result<ExitCode>
                             page_token: String::new(),
                         }),
                     })
-                    .await?
-                    .into_inner()
-                    .runs;
+                    .await;
+                // A project not made yet has no runs: on first use that is an empty list.
+                let runs = match listed {
+                    Ok(r) => r.into_inner().runs,
+                    Err(s) if cairn_proto::reason::of(&s).as_deref() == Some("no_project") => {
+                        Vec::new()
+                    }
+                    Err(s) => return Err(s.into()),
+                };
                 if global.json {
                     output::json(&runs.iter().map(run_json).collect::<Vec<_>>())?;
                 } else {
