@@ -59,8 +59,9 @@ fn reading_a_project_that_does_not_exist_names_cli_commands() {
         .assert()
         .success()
         .stdout("[]\n");
-    for args in [vec!["-p", "nothere", "store", "ls"]] {
-        cairn(&data).args(&args).assert().failure().stderr(
+    {
+        let args = ["-p", "nothere", "store", "ls"];
+        cairn(&data).args(args).assert().failure().stderr(
             predicate::str::contains("cairn project create")
                 .and(predicate::str::contains("nothere"))
                 .and(predicate::str::contains("CreateProject").not())
