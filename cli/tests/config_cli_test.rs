@@ -2,19 +2,11 @@
 //! flags, read the same way by `cairn config show` and the commands that start services.
 #![allow(clippy::unwrap_used)]
 
-use assert_cmd::Command;
-use predicates::prelude::*;
+mod common;
 
-fn cairn(data: &std::path::Path) -> Command {
-    let mut cmd = Command::cargo_bin("cairn").unwrap();
-    cmd.env_remove("CAIRN_ADDR")
-        .env_remove("CAIRN_PROJECT")
-        .env_remove("CAIRN_CONFIG")
-        .env("RUST_LOG", "error")
-        .arg("--data-root")
-        .arg(data);
-    cmd
-}
+use common::cairn;
+
+use predicates::prelude::*;
 
 fn value<'a>(
     shown: &'a serde_json::Value,
@@ -30,6 +22,28 @@ fn value<'a>(
     (&row["value"], row["source"].as_str().unwrap())
 }
 
+/// `cairn --config FILE --json config show` with `env`: the parsed output and its text.
+fn show_json(
+    data: &std::path::Path,
+    file: &std::path::Path,
+    env: &[(&str, &str)],
+) -> (serde_json::Value, String) {
+    let out = cairn(data)
+        .envs(env.iter().copied())
+        .arg("--config")
+        .arg(file)
+        .args(["--json", "config", "show"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    (serde_json::from_str(&text).unwrap(), text)
+}
+
 #[test]
 fn config_show_names_the_source_of_each_value() {
     let dir = tempfile::tempdir().unwrap();
@@ -39,19 +53,11 @@ fn config_show_names_the_source_of_each_value() {
         "[sandbox_runner]\npool_size = 3\n[llm]\nmodel = \"from-file\"\n[console]\ntoken = \"s3cret-token\"\n[artifact_store]\nmax_file_bytes = 1000\n",
     )
     .unwrap();
-    let out = cairn(&dir.path().join("data"))
-        .env("CAIRN_ORCHESTRATOR_MAX_PARALLEL_RUNS", "5")
-        .arg("--config")
-        .arg(&file)
-        .args(["--json", "config", "show"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let (shown, stdout) = show_json(
+        &dir.path().join("data"),
+        &file,
+        &[("CAIRN_ORCHESTRATOR_MAX_PARALLEL_RUNS", "5")],
     );
-    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
         value(&shown, "sandbox_runner", "pool_size"),
         (&3.into(), "file")
@@ -68,7 +74,7 @@ fn config_show_names_the_source_of_each_value() {
     assert_eq!(value(&shown, "ingest", "max_blocks").1, "default");
     // Secrets are masked, in JSON and in text.
     assert_eq!(value(&shown, "console", "token").0, "***");
-    assert!(!String::from_utf8_lossy(&out.stdout).contains("s3cret-token"));
+    assert!(!stdout.contains("s3cret-token"));
     cairn(&dir.path().join("data"))
         .arg("--config")
         .arg(&file)
@@ -139,18 +145,7 @@ fn the_documented_example_is_accepted() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("cairn.toml");
     std::fs::write(&file, &doc[start..end]).unwrap();
-    let out = cairn(&dir.path().join("data"))
-        .arg("--config")
-        .arg(&file)
-        .args(["--json", "config", "show"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (shown, _) = show_json(&dir.path().join("data"), &file, &[]);
     assert_eq!(
         value(&shown, "sandbox_runner", "pool_size"),
         (&2.into(), "file")

@@ -2,18 +2,11 @@
 //! create it, `cairn project create|list` exist for explicit use, and errors speak CLI.
 #![allow(clippy::unwrap_used)]
 
-use assert_cmd::Command;
-use predicates::prelude::*;
+mod common;
 
-fn cairn(data: &std::path::Path) -> Command {
-    let mut cmd = Command::cargo_bin("cairn").unwrap();
-    cmd.env_remove("CAIRN_ADDR")
-        .env_remove("CAIRN_PROJECT")
-        .env("RUST_LOG", "error")
-        .arg("--data-root")
-        .arg(data);
-    cmd
-}
+use common::cairn;
+
+use predicates::prelude::*;
 
 #[test]
 fn project_create_and_list_on_a_fresh_data_root() {

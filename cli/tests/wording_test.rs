@@ -4,9 +4,11 @@
 //! rule came from).
 #![allow(clippy::unwrap_used)]
 
-use std::path::{Path, PathBuf};
+mod common;
 
-use assert_cmd::Command;
+use common::cairn;
+
+use std::path::{Path, PathBuf};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -129,17 +131,6 @@ fn docs_protos_examples_and_sources_cite_nothing() {
         "citations of internal documents:\n{}",
         found.join("\n")
     );
-}
-
-fn cairn(data: &Path) -> Command {
-    let mut cmd = Command::cargo_bin("cairn").unwrap();
-    cmd.env_remove("CAIRN_ADDR")
-        .env_remove("CAIRN_PROJECT")
-        .env_remove("CAIRN_CONFIG")
-        .env("RUST_LOG", "error")
-        .arg("--data-root")
-        .arg(data);
-    cmd
 }
 
 /// The subcommands a help text lists.
