@@ -47,9 +47,9 @@ pub enum Error {
         actual: String,
     },
 
-    /// A person's edit of a run's task.yaml touched a field the orchestrator owns.
-    #[error("{path:?}: {field} may not be changed: only {editable} may be edited by hand (the rest is regenerated from the run's events; change the run with cairn gate, cairn runs or cairn notes); nothing was written. If you changed only those fields, the run moved on since you read the file: read it again and redo the edit", editable = TASK_YAML_EDITABLE)]
-    NotEditable { path: String, field: String },
+    /// A person's edit of a run's task.yaml touched what the orchestrator owns.
+    #[error("{path:?}: {problem}; a person may edit only {editable} of a run's task.yaml (the rest is regenerated from the run's events: change the run with cairn gate, cairn runs or cairn notes), and nothing was written", editable = TASK_YAML_EDITABLE)]
+    NotEditable { path: String, problem: String },
 
     /// The bytes received do not match what the client announced.
     #[error("path {path:?}: received {actual} but the request expected {expected}; nothing was written, resend the file")]
@@ -191,9 +191,7 @@ impl Error {
             | Error::SymlinkInPath { path }
             | Error::NotAFile { path, .. }
             | Error::DigestMismatch { path, .. } => vec![("path", path.clone())],
-            Error::NotEditable { path, field } => {
-                vec![("path", path.clone()), ("field", field.clone())]
-            }
+            Error::NotEditable { path, .. } => vec![("path", path.clone())],
             Error::Exists { project, path, .. }
             | Error::Changed { project, path, .. }
             | Error::NotFound { project, path } => {

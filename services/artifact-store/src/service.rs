@@ -268,7 +268,7 @@ impl ArtifactStore for ArtifactStoreService {
         if run_records::is_task_yaml(&r.path) && !caller.is("orchestrator") {
             return Err(Error::NotEditable {
                 path: r.path,
-                field: "the whole file (deleting it)".into(),
+                problem: "it may not be deleted".into(),
             }
             .into());
         }

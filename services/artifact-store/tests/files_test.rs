@@ -725,6 +725,8 @@ async fn events_are_refused_for_publications_the_store_cannot_prove_durable() {
     assert_refused(forged, Code::FailedPrecondition, "publication_unproven");
 
     // The store restarts before the events naming b.md come: their token is of the old boot.
+    // (A read waits for the publication, so the bytes have landed before the stop.)
+    assert_eq!(get(&mut s.client, "p", "docs/b.md").await.unwrap(), b"b");
     s.stop().await;
     let mut s = serve_with(config()).await;
     let stale = s
