@@ -104,9 +104,13 @@ build_if_changed() {
     # Output is kept for a failure only (the legacy builder also warns that it is deprecated).
     local cache=()
     [ "$FORCE" -eq 1 ] && cache=(--no-cache)
+    # A Dockerfile that declares ARG CAIRN_BUILD sets the label itself (early, where a step is
+    # cheap); --label appends a step after the last instruction.
+    local label=(--label "cairn.build=$build")
+    grep -q '^ARG CAIRN_BUILD' "$dockerfile" && label=(--build-arg "CAIRN_BUILD=$build")
     if ! docker build "${cache[@]+"${cache[@]}"}" \
             --build-arg "BASE_IMAGE=$CAIRN_BASE_IMAGE" \
-            --label "cairn.build=$build" \
+            "${label[@]}" \
             "$@" -f "$dockerfile" -t "$image" "$context" >"$work/build.log" 2>&1; then
         tail -n 40 "$work/build.log" >&2
         die "docker build of $image failed (rerun: DOCKER_BUILDKIT=0 docker build -f $dockerfile --build-arg BASE_IMAGE=$CAIRN_BASE_IMAGE $context)"

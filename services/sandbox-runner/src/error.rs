@@ -33,7 +33,7 @@ pub enum Error {
         min: u64,
     },
     /// A request named an image this runner does not allow.
-    #[error("image {image:?} is not allowed on this runner (allowed: {}): name one of those, or add it to allowed_images in the runner's config ([sandbox_runner] allowed_images, CAIRN_SANDBOX_RUNNER_ALLOWED_IMAGES)", allowed.join(", "))]
+    #[error("image {image:?} is not allowed on this runner (allowed: {}): name one of those, or add it to allowed_images in the runner's config ([sandbox_runner] allowed_images, CAIRN_SANDBOX_RUNNER_ALLOWED_IMAGES)", .allowed.join(", "))]
     ImageNotAllowed { image: String, allowed: Vec<String> },
     /// A request asked for network on a runner whose policy forbids it.
     #[error("network access is not allowed on this runner: drop `network`, or set network_allowed = true in the runner's config ([sandbox_runner] network_allowed, CAIRN_SANDBOX_RUNNER_NETWORK_ALLOWED)")]
