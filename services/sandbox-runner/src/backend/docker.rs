@@ -585,9 +585,11 @@ pub fn host_config(limits: &Limits, network: Option<&str>) -> HostConfig {
         nano_cpus: Some((limits.cpu_millis * 1_000_000) as i64),
         pids_limit: Some(limits.pids as i64),
         readonly_rootfs: Some(true),
+        // `exec` (the engine's default is noexec), as on the local backend: build tools run
+        // what they make there (a venv's scripts, test binaries).
         tmpfs: Some(HashMap::from([(
             "/tmp".to_string(),
-            format!("rw,nosuid,nodev,size={},mode=1777", limits.memory_bytes),
+            format!("rw,exec,nosuid,nodev,size={},mode=1777", limits.memory_bytes),
         )])),
         // An init reaps zombies and passes SIGTERM on; when it exits everything in the
         // container's pid namespace dies, setsid'd or double-forked children included.
