@@ -201,7 +201,10 @@ fn image_and_network_of_sandbox_nodes() {
         assert_eq!(e.field.as_deref(), Some("image"), "{bad}: {e}");
     }
     let e = err("nodes:\n  - {id: s, type: sandbox_run, language: sh, code: x, network: maybe}\n");
-    assert!(e.message.contains("network") || e.field.as_deref() == Some("network"), "{e}");
+    assert!(
+        e.message.contains("network") || e.field.as_deref() == Some("network"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -1268,12 +1268,7 @@ async fn network_or_an_image_the_runner_forbids_fails_the_task_naming_the_settin
         ("    image: debian:bookworm\n", "allowed_images"),
     ] {
         let llm = FakeLlm::start(vec![], Some(Answer::Status(500))).await;
-        let run = submit(
-            &s,
-            &graph(&format!("{node}{EMPTY_TO_DIR}")),
-            &llm,
-        )
-        .await;
+        let run = submit(&s, &graph(&format!("{node}{EMPTY_TO_DIR}")), &llm).await;
         let done = s.wait_final(&run, 120).await;
         assert_eq!(done.state, TaskState::Failed as i32, "{done:#?}");
         let error = &done.nodes[0].error;

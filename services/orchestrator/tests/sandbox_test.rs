@@ -353,8 +353,8 @@ async fn image_and_network_of_a_node_go_to_the_runner() {
             done.nodes[0].error
         );
     }
-    let toolchain = std::env::var("CAIRN_TOOLCHAIN_IMAGE")
-        .unwrap_or_else(|_| "cairn-toolchain:latest".into());
+    let toolchain =
+        std::env::var("CAIRN_TOOLCHAIN_IMAGE").unwrap_or_else(|_| "cairn-toolchain:latest".into());
     let run = s
         .submit(&node(&format!("    image: \"{toolchain}\"\n")), &[])
         .await
@@ -364,7 +364,10 @@ async fn image_and_network_of_a_node_go_to_the_runner() {
     if s.sandbox_backend.as_deref() == Some("docker") {
         assert_eq!(done.state, TaskState::Completed as i32, "{done:#?}");
         let out: Value = serde_json::from_str(&done.nodes[0].outputs_json).unwrap();
-        assert!(out["stdout"].as_str().unwrap().contains("/usr/bin/gcc"), "{out}");
+        assert!(
+            out["stdout"].as_str().unwrap().contains("/usr/bin/gcc"),
+            "{out}"
+        );
     } else {
         // The local backend has no images: refused, not run without the tools.
         assert_eq!(done.state, TaskState::Failed as i32, "{done:#?}");

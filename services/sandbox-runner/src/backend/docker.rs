@@ -313,7 +313,10 @@ impl DockerBackend {
     /// Every restriction the engine offers, for runs and sessions alike; with network, the
     /// container joins `docker_network`.
     pub fn host_config(&self, limits: &Limits, network: bool) -> HostConfig {
-        host_config(limits, network.then_some(self.config.docker_network.as_str()))
+        host_config(
+            limits,
+            network.then_some(self.config.docker_network.as_str()),
+        )
     }
 
     /// Creates a container and returns the guard that removes it.
@@ -589,7 +592,10 @@ pub fn host_config(limits: &Limits, network: Option<&str>) -> HostConfig {
         // what they make there (a venv's scripts, test binaries).
         tmpfs: Some(HashMap::from([(
             "/tmp".to_string(),
-            format!("rw,exec,nosuid,nodev,size={},mode=1777", limits.memory_bytes),
+            format!(
+                "rw,exec,nosuid,nodev,size={},mode=1777",
+                limits.memory_bytes
+            ),
         )])),
         // An init reaps zombies and passes SIGTERM on; when it exits everything in the
         // container's pid namespace dies, setsid'd or double-forked children included.

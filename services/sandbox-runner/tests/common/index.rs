@@ -25,7 +25,9 @@ pub struct TestNetwork {
 impl TestNetwork {
     pub fn create(tag: &str) -> TestNetwork {
         let name = format!("cairn-test-{tag}-{}", std::process::id());
-        let _ = Command::new("docker").args(["network", "rm", &name]).output();
+        let _ = Command::new("docker")
+            .args(["network", "rm", &name])
+            .output();
         let out = Command::new("docker")
             .args(["network", "create", "--driver", "bridge", &name])
             .output()
@@ -86,8 +88,12 @@ impl PackageIndex {
                 let Ok((mut conn, _)) = listener.accept().await else {
                     return;
                 };
-                let (page, wheel, wheel_name, seen) =
-                    (page.clone(), wheel.clone(), wheel_name.clone(), seen.clone());
+                let (page, wheel, wheel_name, seen) = (
+                    page.clone(),
+                    wheel.clone(),
+                    wheel_name.clone(),
+                    seen.clone(),
+                );
                 tokio::spawn(async move {
                     let mut head = Vec::new();
                     let mut buf = [0u8; 4096];
@@ -180,8 +186,7 @@ pub fn wheel() -> Vec<u8> {
 
 /// Base64 with the URL-safe alphabet and no padding (wheel RECORD hashes).
 fn urlsafe_b64(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] =
-        b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
     let mut out = String::new();
     for chunk in bytes.chunks(3) {
         let n = chunk
