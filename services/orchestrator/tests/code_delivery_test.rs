@@ -26,6 +26,7 @@ use cairn_proto::v1::{RunActionRequest, RunInfo, SubmitRunRequest, TaskState};
 use common::*;
 #[path = "../../sandbox-runner/tests/common/index.rs"]
 mod index;
+use index::toolchain_image as toolchain;
 use serde_json::{json, Value};
 use sha2::Digest;
 
@@ -1157,11 +1158,6 @@ async fn the_code_delivery_example_runs_offline() {
 
 // ---------------------------------------------------------------- toolchain image, network
 
-/// The toolchain image tests use (CAIRN_TOOLCHAIN_IMAGE, default cairn-toolchain:latest).
-fn toolchain() -> String {
-    std::env::var("CAIRN_TOOLCHAIN_IMAGE").unwrap_or_else(|_| "cairn-toolchain:latest".into())
-}
-
 /// A task that runs `command` once, writes a README and ends; returns the command's result as
 /// the model saw it.
 async fn run_one_command(s: &Stack, node: &str, command: &str) -> Value {
@@ -1209,12 +1205,8 @@ async fn a_toolchain_task_pip_installs_from_a_local_index_only_with_network() {
         println!("SKIP: {test}: needs Docker and the toolchain image (set CAIRN_REQUIRE_DOCKER=1)");
         return;
     }
-    let present = Command::new("docker")
-        .args(["image", "inspect", &toolchain()])
-        .output()
-        .is_ok_and(|o| o.status.success());
     assert!(
-        present,
+        index::toolchain_image_present(),
         "CAIRN_REQUIRE_DOCKER=1 but the image {} is missing: build it with deploy/images/build-images.sh",
         toolchain()
     );

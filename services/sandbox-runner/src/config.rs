@@ -286,7 +286,8 @@ pub fn derived_max_concurrent_runs(cpus: usize, memory: u64) -> usize {
 }
 
 /// The characters of a Docker image reference (name, optional tag or digest), at most 255,
-/// starting with a letter or digit. The engine checks the rest of the grammar.
+/// starting with a letter or digit. The engine checks the rest of the grammar. (cairn-graph checks
+/// `image:` of graph nodes with the same rule: services share no code, only the protos.)
 pub fn is_image_name(s: &str) -> bool {
     s.len() <= 255
         && s.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())

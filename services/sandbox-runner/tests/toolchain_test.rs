@@ -10,23 +10,14 @@ mod index;
 
 use cairn_proto as pb;
 use common::*;
-use index::{PackageIndex, TestNetwork, VALUE};
-
-/// The toolchain image tests use (CAIRN_TOOLCHAIN_IMAGE, default cairn-toolchain:latest).
-fn toolchain() -> String {
-    std::env::var("CAIRN_TOOLCHAIN_IMAGE").unwrap_or_else(|_| "cairn-toolchain:latest".into())
-}
+use index::{toolchain_image as toolchain, PackageIndex, TestNetwork, VALUE};
 
 /// Docker with both images; with CAIRN_REQUIRE_DOCKER=1 a missing one fails the test.
 async fn toolchain_ready(test: &str) -> bool {
     if !docker_only(test).await {
         return false;
     }
-    let present = std::process::Command::new("docker")
-        .args(["image", "inspect", &toolchain()])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    match (present, docker_required()) {
+    match (index::toolchain_image_present(), docker_required()) {
         (true, _) => true,
         (false, true) => panic!(
             "CAIRN_REQUIRE_DOCKER=1 but the image {} is missing: build it with deploy/images/build-images.sh",

@@ -1,7 +1,8 @@
-//! A local Python package index for Docker tests: a Docker network the test creates, and a
-//! PEP 503 "simple" index serving one tiny wheel, bound on that network's gateway address (the
-//! host's end of the bridge), so a container on the network reaches it and nothing else does.
-//! Also used by the orchestrator's code delivery test (#[path]).
+//! For Docker tests of the toolchain image: the image's name, a Docker network the test
+//! creates, and a local Python package index (PEP 503 "simple", one tiny wheel) bound on that
+//! network's gateway address (the host's end of the bridge), so a container on the network
+//! reaches it and nothing else does. Also used by the orchestrator's code delivery test
+//! (#[path]).
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::Write;
@@ -10,6 +11,19 @@ use std::sync::{Arc, Mutex};
 
 use sha2::Digest;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The toolchain image tests use (CAIRN_TOOLCHAIN_IMAGE, default cairn-toolchain:latest).
+pub fn toolchain_image() -> String {
+    std::env::var("CAIRN_TOOLCHAIN_IMAGE").unwrap_or_else(|_| "cairn-toolchain:latest".into())
+}
+
+/// Does the Docker engine have the toolchain image?
+pub fn toolchain_image_present() -> bool {
+    Command::new("docker")
+        .args(["image", "inspect", &toolchain_image()])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
 
 /// The package the index serves and what importing it prints.
 pub const PACKAGE: &str = "cairntiny";
