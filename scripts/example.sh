@@ -16,7 +16,9 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/cairn-target}"
 export CAIRN_DATA_ROOT="${CAIRN_DATA_ROOT:-$PWD/.cairn-data}"
 export CAIRN_PROJECT="${CAIRN_PROJECT:-hello}"
 
-bash scripts/setup.sh
+# The example runs in the sandbox image; the toolchain image (minutes to build the first time)
+# is left out unless CAIRN_TOOLCHAIN=1.
+CAIRN_TOOLCHAIN="${CAIRN_TOOLCHAIN:-0}" bash scripts/setup.sh
 cargo build -q -p cairn-cli --locked
 CAIRN="$CARGO_TARGET_DIR/debug/cairn"
 

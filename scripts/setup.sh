@@ -2,7 +2,10 @@
 # Sets up a machine (Debian bookworm, as root) to build and test cairn; safe to run again.
 #   1. apt-get installs only the packages that are missing (no apt-get update otherwise);
 #   2. checks that the Docker engine answers;
-#   3. builds the images (deploy/images/build-images.sh: skips what is already built).
+#   3. builds the images (deploy/images/build-images.sh: skips what is already built; prints
+#      how long each build took). The toolchain image's first build fetches its packages from
+#      Debian's mirror; CAIRN_TOOLCHAIN=0 leaves it out (its Docker tests then SKIP, or fail
+#      under CAIRN_REQUIRE_DOCKER=1).
 # Does not install Docker or the Rust toolchain.
 #
 # Usage: scripts/setup.sh [--force]   (--force rebuilds the images)

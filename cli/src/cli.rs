@@ -374,6 +374,13 @@ pub struct SandboxRunArgs {
     /// Replace existing output files that hold other bytes.
     #[arg(long)]
     pub overwrite: bool,
+    /// Image to run in, e.g. cairn-toolchain:latest (default: the runner's `image`); the
+    /// runner must list it in allowed_images.
+    #[arg(long)]
+    pub image: Option<String>,
+    /// Give the program network access (refused unless the runner's network_allowed is on).
+    #[arg(long)]
+    pub network: bool,
 }
 
 #[derive(Debug, Args)]

@@ -229,6 +229,58 @@ fn sandbox_available() -> bool {
     docker || bwrap
 }
 
+/// The runner's policy reaches the embedded runner from the file and from the environment:
+/// network and images it does not allow are refused, naming the setting.
+#[test]
+fn sandbox_run_network_and_image_follow_the_runner_policy() {
+    if !sandbox_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    cairn(&data)
+        .args(["project", "create", "default"])
+        .assert()
+        .success();
+    let run = |config: Option<&std::path::Path>, env: &[(&str, &str)], extra: &[&str]| {
+        let mut cmd = cairn(&data);
+        if let Some(file) = config {
+            cmd.arg("--config").arg(file);
+        }
+        cmd.envs(env.iter().copied())
+            .args(["sandbox", "run", "--language", "sh", "--code", "echo ran"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let refused = run(None, &[], &["--network"]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success());
+    assert!(
+        stderr.contains("network_not_allowed") && stderr.contains("network_allowed = true"),
+        "{stderr}"
+    );
+    let file = dir.path().join("cairn.toml");
+    std::fs::write(&file, "[sandbox_runner]\nnetwork_allowed = true\n").unwrap();
+    let allowed = run(Some(&file), &[], &["--network"]);
+    assert!(
+        allowed.status.success() && String::from_utf8_lossy(&allowed.stdout).contains("ran"),
+        "{}",
+        String::from_utf8_lossy(&allowed.stderr)
+    );
+    let only_sandbox = [(
+        "CAIRN_SANDBOX_RUNNER_ALLOWED_IMAGES",
+        "cairn-sandbox:latest",
+    )];
+    let refused = run(None, &only_sandbox, &["--image", "cairn-toolchain:latest"]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && stderr.contains("image_not_allowed"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("allowed_images"), "{stderr}");
+}
+
 #[test]
 fn sandbox_run_stages_inputs_and_stores_outputs_and_result() {
     if !sandbox_available() {

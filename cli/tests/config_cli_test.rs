@@ -97,6 +97,14 @@ fn unknown_sections_keys_and_values_are_errors() {
             "[code_delivery]\ndocker_image = \"ubuntu:24.04\"\n",
             "docker_image",
         ),
+        (
+            "[sandbox_runner]\nallowed_image = [\"cairn-toolchain:latest\"]\n",
+            "allowed_image",
+        ),
+        (
+            "[code_delivery]\nnetwork_allowed = true\n",
+            "network_allowed",
+        ),
     ] {
         let file = dir.path().join("bad.toml");
         std::fs::write(&file, text).unwrap();

@@ -3,16 +3,22 @@
 #   1. the base image (build-base.sh: debootstrap + docker import; skipped when present),
 #   2. the sandbox image (sandbox.Dockerfile; skipped when present, built from the same
 #      Dockerfile and on the same base image: both are recorded in its label cairn.build),
-#   3. the service image (service.Dockerfile), only with --service and a built `cairn` binary.
+#   3. the toolchain image (toolchain.Dockerfile: the sandbox layout plus pip, venv, node, npm,
+#      gcc, make, git, curl from Debian's mirror; skipped the same way), unless --no-toolchain,
+#   4. the service image (service.Dockerfile), only with --service and a built `cairn` binary.
 #
-# Usage: build-images.sh [--force] [--service]
-#   --force     rebuild everything (the base image too, no build cache)
-#   --service   also build the service image from $CAIRN_BINARY
+# Usage: build-images.sh [--force] [--service] [--no-toolchain]
+#   --force          rebuild everything (the base image too, no build cache)
+#   --service        also build the service image from $CAIRN_BINARY
+#   --no-toolchain   leave the toolchain image out (its first build downloads ~100 MiB of
+#                    packages from Debian's mirror)
 # Environment:
 #   CAIRN_BASE_IMAGE      base image                 (default cairn-base:bookworm)
 #   CAIRN_BASE_SOURCE     debootstrap | registry     (default debootstrap; registry = docker pull
 #                                                     $CAIRN_BASE_IMAGE, e.g. debian:bookworm-slim)
 #   CAIRN_SANDBOX_IMAGE   sandbox image              (default cairn-sandbox:latest)
+#   CAIRN_TOOLCHAIN_IMAGE toolchain image            (default cairn-toolchain:latest)
+#   CAIRN_TOOLCHAIN       0: same as --no-toolchain   (default 1)
 #   CAIRN_SERVICE_IMAGE   service image              (default cairn:latest)
 #   CAIRN_BINARY          the cairn binary to package (default target/release/cairn, then
 #                                                     $CARGO_TARGET_DIR/release/cairn)
@@ -29,18 +35,21 @@ REPO="$(cd "$HERE/../.." && pwd)"
 export CAIRN_BASE_IMAGE="${CAIRN_BASE_IMAGE:-cairn-base:bookworm}"
 BASE_SOURCE="${CAIRN_BASE_SOURCE:-debootstrap}"
 SANDBOX_IMAGE="${CAIRN_SANDBOX_IMAGE:-cairn-sandbox:latest}"
+TOOLCHAIN_IMAGE="${CAIRN_TOOLCHAIN_IMAGE:-cairn-toolchain:latest}"
 SERVICE_IMAGE="${CAIRN_SERVICE_IMAGE:-cairn:latest}"
 # The daemon here (docker.io 20.10) has no buildx; the Dockerfiles need nothing from BuildKit.
 export DOCKER_BUILDKIT="${DOCKER_BUILDKIT:-0}"
 
 FORCE=0
 SERVICE=0
+TOOLCHAIN="${CAIRN_TOOLCHAIN:-1}"
 for arg in "$@"; do
     case "$arg" in
         --force) FORCE=1 ;;
         --service) SERVICE=1 ;;
+        --no-toolchain) TOOLCHAIN=0 ;;
         -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
-        *) printf 'build-images: error: unknown argument %s (expected --force, --service, --help)\n' "$arg" >&2; exit 2 ;;
+        *) printf 'build-images: error: unknown argument %s (expected --force, --service, --no-toolchain, --help)\n' "$arg" >&2; exit 2 ;;
     esac
 done
 
@@ -95,9 +104,13 @@ build_if_changed() {
     # Output is kept for a failure only (the legacy builder also warns that it is deprecated).
     local cache=()
     [ "$FORCE" -eq 1 ] && cache=(--no-cache)
+    # A Dockerfile that declares ARG CAIRN_BUILD sets the label itself (early, where a step is
+    # cheap); --label appends a step after the last instruction.
+    local label=(--label "cairn.build=$build")
+    grep -q '^ARG CAIRN_BUILD' "$dockerfile" && label=(--build-arg "CAIRN_BUILD=$build")
     if ! docker build "${cache[@]+"${cache[@]}"}" \
             --build-arg "BASE_IMAGE=$CAIRN_BASE_IMAGE" \
-            --label "cairn.build=$build" \
+            "${label[@]}" \
             "$@" -f "$dockerfile" -t "$image" "$context" >"$work/build.log" 2>&1; then
         tail -n 40 "$work/build.log" >&2
         die "docker build of $image failed (rerun: DOCKER_BUILDKIT=0 docker build -f $dockerfile --build-arg BASE_IMAGE=$CAIRN_BASE_IMAGE $context)"
@@ -121,7 +134,16 @@ mkdir "$ctx"
 build_if_changed "$SANDBOX_IMAGE" "$HERE/sandbox.Dockerfile" "$ctx" \
     "$(sha256sum <"$HERE/sandbox.Dockerfile" | cut -d' ' -f1)"
 
-# 3. Service image: its content is the Dockerfile plus the binary; the context holds only the
+# 3. Toolchain image: the same, its packages from Debian's mirror (apt inside the build).
+if [ "$TOOLCHAIN" != 0 ]; then
+    build_if_changed "$TOOLCHAIN_IMAGE" "$HERE/toolchain.Dockerfile" "$ctx" \
+        "$(sha256sum <"$HERE/toolchain.Dockerfile" | cut -d' ' -f1)"
+    say "toolchain $TOOLCHAIN_IMAGE: $(( $(docker image inspect -f '{{.Size}}' "$TOOLCHAIN_IMAGE") / 1024 / 1024 )) MiB"
+else
+    say "toolchain image left out (--no-toolchain or CAIRN_TOOLCHAIN=0)"
+fi
+
+# 4. Service image: its content is the Dockerfile plus the binary; the context holds only the
 # binary (never the whole repository or target/).
 if [ "$SERVICE" -eq 1 ]; then
     binary="${CAIRN_BINARY:-}"

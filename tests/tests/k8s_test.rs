@@ -324,6 +324,10 @@ fn configmap_configs_load_in_each_service() {
     assert_eq!(runner.backend, cairn_sandbox_runner::BackendChoice::Docker);
     assert_eq!(runner.work_root, PathBuf::from("/var/lib/cairn-sandbox"));
     assert!(!runner.network_allowed);
+    assert_eq!(
+        runner.allowed_images,
+        ["cairn-sandbox:latest", "cairn-toolchain:latest"]
+    );
     assert_eq!(runner.default_limits().timeout_ms, 30_000);
     assert_eq!(runner.max_limits().timeout_ms, 1_800_000);
     assert_eq!(runner.tls.dir, pki);

@@ -131,6 +131,8 @@ async fn sandbox_run(
             timeout_ms: args.timeout.map(|s| (s * 1000.0) as u64).unwrap_or(0),
             ..Default::default()
         }),
+        network: args.network,
+        image: args.image.clone().unwrap_or_default(),
         ..Default::default()
     };
     let result = match services.sandbox()?.run(request).await {

@@ -129,6 +129,8 @@ struct Task<'a> {
     instance: String,
     max_iterations: u32,
     network: bool,
+    /// The session's image ("" = the runner's default).
+    image: String,
     board: TodoBoard,
     session: Option<RunnerSession>,
     messages: Vec<Message>,
@@ -225,6 +227,7 @@ pub async fn run(
         instance: ctx.node_id.replace('.', "-"),
         max_iterations: spec.max_iterations,
         network: spec.network,
+        image: spec.image.clone().unwrap_or_default(),
         board: TodoBoard::default(),
         session: None,
         messages: Vec::new(),
@@ -396,6 +399,7 @@ impl Task<'_> {
             limits: None,
             run_id: self.ctx.run_id.clone(),
             node_id: self.ctx.node_id.clone(),
+            image: self.image.clone(),
         };
         let session =
             RunnerSession::open(self.ctx.backends.runners.rotation(), req, "code_delivery")
@@ -407,6 +411,8 @@ impl Task<'_> {
                 .with("container_name", session.info.container_name.as_str())
                 .with("backend", session.info.backend.as_str())
                 .with("git_commit", session.info.git_commit.as_str())
+                .with("image", session.info.image.as_str())
+                .with("network", self.network)
                 .with("runner", session.runner.as_str()),
         );
         self.session = Some(session);

@@ -405,6 +405,8 @@ pub async fn run(ctx: &NodeCtx, spec: &ExternalAgent) -> Result<NodeSuccess, Nod
                     limits: None,
                     run_id: ctx.run_id.clone(),
                     node_id: ctx.node_id.clone(),
+                    // The runner's default image (the adapter's CLI is staged into it).
+                    image: String::new(),
                 };
                 RunnerSession::open(vec![runner], req, "external_agent").await
             }

@@ -43,6 +43,9 @@ pub struct CodeDelivery {
     /// Network for the sandbox session (the runner must allow it).
     #[serde(default)]
     pub network: bool,
+    /// Image of the sandbox session (the runner must allow it); default the runner's image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
 }
 
 fn default_max_iterations() -> u32 {
@@ -116,6 +119,7 @@ impl CodeDelivery {
             ));
         }
         crate::targets::check_code_delivery_target(&self.target).map_err(|e| ("target", e))?;
+        crate::check_image(self.image.as_deref()).map_err(|e| ("image", e))?;
         Ok(())
     }
 }

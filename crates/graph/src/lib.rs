@@ -330,6 +330,32 @@ pub struct SandboxRun {
     /// Succeed even when the program exits non-zero or times out (the outputs say how it ended).
     #[serde(default)]
     pub allow_failure: bool,
+    /// Image to run in (the runner must allow it); default the runner's image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// Network in the sandbox (the runner must allow it).
+    #[serde(default)]
+    pub network: bool,
+}
+
+/// Characters of a sandbox image name (`cairn-toolchain:latest`, `registry/app@sha256:...`),
+/// at most 255, starting with a letter or digit. Which images run is the runner's
+/// `allowed_images`, known only there.
+pub fn is_image_name(s: &str) -> bool {
+    s.len() <= 255
+        && s.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._/:@-".contains(&b))
+}
+
+/// Submit-time check of an `image:` field.
+pub(crate) fn check_image(image: Option<&str>) -> Result<(), String> {
+    match image {
+        Some(i) if !is_image_name(i) => Err(format!(
+            "`{i}` is not an image name (like cairn-toolchain:latest: letters, digits and ._/:@-, up to 255)"
+        )),
+        _ => Ok(()),
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -1661,6 +1687,8 @@ fn check_kind(n: &Node) -> Result<(), GraphError> {
                 }
                 _ => {}
             }
+            check_image(s.image.as_deref())
+                .map_err(|m| GraphError::node(&n.id, Some("image"), m))?;
             if !matches!(s.language.as_str(), "python" | "bash" | "sh") {
                 return Err(GraphError::node(
                     &n.id,

@@ -172,6 +172,42 @@ fn sandbox_defaults_and_prefix_rules() {
 }
 
 #[test]
+fn image_and_network_of_sandbox_nodes() {
+    let g = parse("nodes:\n  - {id: s, type: sandbox_run, language: bash, code: 'pip --version', image: 'cairn-toolchain:latest', network: true}\n  - {id: t, type: sandbox_run, language: bash, code: x}\n  - {id: cd, type: code_delivery, prompt: p, source_type: empty, target: {type: directory, path: out}, image: 'cairn-toolchain:latest', network: true}\n").unwrap();
+    let NodeKind::SandboxRun(s) = &g.node("s").unwrap().kind else {
+        panic!()
+    };
+    assert_eq!(s.image.as_deref(), Some("cairn-toolchain:latest"));
+    assert!(s.network);
+    let NodeKind::SandboxRun(t) = &g.node("t").unwrap().kind else {
+        panic!()
+    };
+    assert_eq!((t.image.as_deref(), t.network), (None, false));
+    let NodeKind::CodeDelivery(cd) = &g.node("cd").unwrap().kind else {
+        panic!()
+    };
+    assert_eq!(cd.image.as_deref(), Some("cairn-toolchain:latest"));
+    assert!(cd.network);
+    // Kept through the resolved form.
+    let again = Graph::from_value(g.to_resolved_json(), "r1", &BTreeMap::new()).unwrap();
+    assert_eq!(again.node("s").unwrap().kind, g.node("s").unwrap().kind);
+
+    for bad in ["'has space'", "'-x'", "''", "'a;b'"] {
+        let e = err(&format!(
+            "nodes:\n  - {{id: s, type: sandbox_run, language: sh, code: x, image: {bad}}}\n"
+        ));
+        assert_eq!(e.field.as_deref(), Some("image"), "{bad}: {e}");
+        let e = err(&format!("nodes:\n  - {{id: cd, type: code_delivery, prompt: p, source_type: empty, target: {{type: directory, path: out}}, image: {bad}}}\n"));
+        assert_eq!(e.field.as_deref(), Some("image"), "{bad}: {e}");
+    }
+    let e = err("nodes:\n  - {id: s, type: sandbox_run, language: sh, code: x, network: maybe}\n");
+    assert!(
+        e.message.contains("network") || e.field.as_deref() == Some("network"),
+        "{e}"
+    );
+}
+
+#[test]
 fn unknown_fields_and_types() {
     let e = err("nodes:\n  - {id: a, type: write_file, path: docs/a, contnet: x}\n");
     assert_eq!(e.node.as_deref(), Some("a"));

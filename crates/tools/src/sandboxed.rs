@@ -47,6 +47,8 @@ pub async fn run(
         }),
         network: false,
         env,
+        // Installed tools run in the runner's default image.
+        image: String::new(),
     };
     let (r, runner) = runners.run(req).await?;
     let record = serde_json::from_str(&r.result_json).ok();

@@ -24,6 +24,9 @@ use base64::Engine as _;
 use cairn_orchestrator::Config;
 use cairn_proto::v1::{RunActionRequest, RunInfo, SubmitRunRequest, TaskState};
 use common::*;
+#[path = "../../sandbox-runner/tests/common/index.rs"]
+mod index;
+use index::toolchain_image as toolchain;
 use serde_json::{json, Value};
 use sha2::Digest;
 
@@ -232,9 +235,19 @@ fn tweak(c: &mut Config) {
 }
 
 async fn stack(test: &str, onebot: &str) -> Option<Stack> {
+    stack_with_runner(test, onebot, |_| {}).await
+}
+
+/// `stack` with changes to the sandbox runner's config.
+async fn stack_with_runner(
+    test: &str,
+    onebot: &str,
+    runner: impl FnOnce(&mut cairn_sandbox_runner::Config) + Send + 'static,
+) -> Option<Stack> {
     let start = Stack::try_start(Options {
         sandbox: Sandbox::Required,
         tweak,
+        runner: Box::new(runner),
         ..Default::default()
     });
     match ONEBOT_API.scope(onebot.to_owned(), start).await {
@@ -1070,6 +1083,10 @@ async fn graphs_with_bad_code_delivery_nodes_are_refused_at_submit() {
             "max_iterations",
         ),
         ("    source_type: zip\n    target: {type: directory, path: out}\n", "source_type"),
+        (
+            "    source_type: empty\n    image: 'no spaces please'\n    target: {type: directory, path: out}\n",
+            "field `image`",
+        ),
     ] {
         let e = s
             .submit_req(SubmitRunRequest {
@@ -1136,5 +1153,119 @@ async fn the_code_delivery_example_runs_offline() {
     let ends: Vec<bool> = tools.iter().filter(|t| t.0 == "end").map(|t| t.1).collect();
     assert_eq!(ends, [false, true], "the first end is refused (no README)");
     assert_cleaned_up(&s, &run).await;
+    s.stop().await;
+}
+
+// ---------------------------------------------------------------- toolchain image, network
+
+/// A task that runs `command` once, writes a README and ends; returns the command's result as
+/// the model saw it.
+async fn run_one_command(s: &Stack, node: &str, command: &str) -> Value {
+    let llm = FakeLlm::start(
+        vec![
+            calls(&[
+                (
+                    "run_bash_command",
+                    json!({"command": command, "timeout_seconds": 180}),
+                ),
+                ("write", json!({"path": "README.md", "content": README})),
+            ]),
+            calls(&[("end", json!({"exclude_patterns": [], "summary": "done"}))]),
+        ],
+        None,
+    )
+    .await;
+    let run = submit(s, &graph(node), &llm).await;
+    let done = s.wait_final(&run, 300).await;
+    assert_eq!(
+        done.state,
+        TaskState::Completed as i32,
+        "{done:#?}\n{:#?}",
+        tool_events(s, &run).await
+    );
+    let opened: Vec<Value> = s
+        .events(&run)
+        .await
+        .iter()
+        .filter(|e| e.r#type == "code_delivery.session_opened")
+        .map(data)
+        .collect();
+    assert_eq!(opened[0]["image"], toolchain(), "{opened:?}");
+    assert_cleaned_up(s, &run).await;
+    serde_json::from_str(&tool_results(&llm.requests()[1])[0]).unwrap()
+}
+
+/// A code delivery task in the toolchain image installs a package with pip from a local index
+/// the test serves on a Docker network it creates (the runner's docker_network) when the node
+/// sets `network: true`; its twin without network cannot reach the index.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_toolchain_task_pip_installs_from_a_local_index_only_with_network() {
+    let test = "a_toolchain_task_pip_installs_from_a_local_index_only_with_network";
+    if !docker_required() {
+        println!("SKIP: {test}: needs Docker and the toolchain image (set CAIRN_REQUIRE_DOCKER=1)");
+        return;
+    }
+    assert!(
+        index::toolchain_image_present(),
+        "CAIRN_REQUIRE_DOCKER=1 but the image {} is missing: build it with deploy/images/build-images.sh",
+        toolchain()
+    );
+    let net = index::TestNetwork::create("cd");
+    let pypi = index::PackageIndex::serve(&net.gateway).await;
+    let network = net.name.clone();
+    let Some(s) = stack_with_runner(test, "", move |c| {
+        c.network_allowed = true;
+        c.docker_network = network;
+    })
+    .await
+    else {
+        return;
+    };
+    let node = |network: bool| {
+        format!(
+            "    image: {}\n    network: {network}\n{EMPTY_TO_DIR}",
+            toolchain()
+        )
+    };
+    let script = pypi.pip_install_script("/tmpfs/venv");
+
+    let off = run_one_command(&s, &node(false), &script).await;
+    assert_ne!(off["exit_code"], 0, "{off}");
+    assert!(pypi.requests().is_empty(), "{:?}", pypi.requests());
+
+    let on = run_one_command(&s, &node(true), &script).await;
+    assert_eq!(on["exit_code"], 0, "{on}");
+    assert!(
+        on["stdout"].as_str().unwrap().contains(index::VALUE),
+        "{on}"
+    );
+    assert!(
+        pypi.requests().iter().any(|p| p.ends_with(".whl")),
+        "{:?}",
+        pypi.requests()
+    );
+    s.stop().await;
+}
+
+/// On a runner that forbids network (the default) or does not list an image, the task fails
+/// at its session's opening, naming the runner setting that would allow it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn network_or_an_image_the_runner_forbids_fails_the_task_naming_the_setting() {
+    let test = "network_or_an_image_the_runner_forbids_fails_the_task_naming_the_setting";
+    let Some(s) = stack(test, "").await else {
+        return;
+    };
+    for (node, setting) in [
+        ("    network: true\n", "network_allowed"),
+        ("    image: debian:bookworm\n", "allowed_images"),
+    ] {
+        let llm = FakeLlm::start(vec![], Some(Answer::Status(500))).await;
+        let run = submit(&s, &graph(&format!("{node}{EMPTY_TO_DIR}")), &llm).await;
+        let done = s.wait_final(&run, 120).await;
+        assert_eq!(done.state, TaskState::Failed as i32, "{done:#?}");
+        let error = &done.nodes[0].error;
+        assert!(error.contains(setting), "{setting} not in {error}");
+        assert!(llm.requests().is_empty(), "the model was asked: {node}");
+    }
     s.stop().await;
 }

@@ -327,3 +327,55 @@ async fn withheld_outputs_fail_the_step_and_nothing_lands() {
         .all(|e| e.r#type != "artifact.written"));
     s.stop().await;
 }
+
+/// `image:` and `network:` reach the runner: the toolchain image runs where the runner allows it
+/// (docker), and an image or network the runner does not allow fails the node, naming the
+/// runner setting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn image_and_network_of_a_node_go_to_the_runner() {
+    let test = "image_and_network_of_a_node_go_to_the_runner";
+    let Some(s) = stack(test).await else {
+        return;
+    };
+    let node = |extra: &str| {
+        format!("nodes:\n  - id: run\n    type: sandbox_run\n    language: bash\n    code: \"command -v gcc && command -v npm\"\n{extra}")
+    };
+    for (extra, setting) in [
+        ("    network: true\n", "network_allowed"),
+        ("    image: \"debian:bookworm\"\n", "allowed_images"),
+    ] {
+        let run = s.submit(&node(extra), &[]).await.unwrap().run_id;
+        let done = s.wait_final(&run, 60).await;
+        assert_eq!(done.state, TaskState::Failed as i32, "{extra}: {done:#?}");
+        assert!(
+            done.nodes[0].error.contains(setting),
+            "{setting} not in {}",
+            done.nodes[0].error
+        );
+    }
+    let toolchain =
+        std::env::var("CAIRN_TOOLCHAIN_IMAGE").unwrap_or_else(|_| "cairn-toolchain:latest".into());
+    let run = s
+        .submit(&node(&format!("    image: \"{toolchain}\"\n")), &[])
+        .await
+        .unwrap()
+        .run_id;
+    let done = s.wait_final(&run, 120).await;
+    if s.sandbox_backend.as_deref() == Some("docker") {
+        assert_eq!(done.state, TaskState::Completed as i32, "{done:#?}");
+        let out: Value = serde_json::from_str(&done.nodes[0].outputs_json).unwrap();
+        assert!(
+            out["stdout"].as_str().unwrap().contains("/usr/bin/gcc"),
+            "{out}"
+        );
+    } else {
+        // The local backend has no images: refused, not run without the tools.
+        assert_eq!(done.state, TaskState::Failed as i32, "{done:#?}");
+        assert!(
+            done.nodes[0].error.contains("image_needs_docker"),
+            "{}",
+            done.nodes[0].error
+        );
+    }
+    s.stop().await;
+}

@@ -159,6 +159,7 @@ async fn the_same_tool_gives_the_same_result_on_both_backends() {
         ingest: false,
         sandbox: Sandbox::Required,
         tweak: sandboxed,
+        ..Default::default()
     })
     .await
     else {
@@ -194,6 +195,7 @@ async fn the_flag_off_changes_nothing_even_with_a_runner() {
         ingest: false,
         sandbox: Sandbox::Required,
         tweak: tools_dir,
+        ..Default::default()
     })
     .await
     {
@@ -222,6 +224,7 @@ async fn a_timeout_on_the_sandbox_backend_fails_the_node() {
         ingest: false,
         sandbox: Sandbox::Required,
         tweak: sandboxed,
+        ..Default::default()
     })
     .await
     {

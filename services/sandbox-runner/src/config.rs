@@ -13,6 +13,11 @@ use crate::limits::{Limits, LimitsTable};
 /// Prefix of the environment overrides.
 pub const ENV_PREFIX: &str = "CAIRN_SANDBOX_RUNNER_";
 
+/// The sandbox image deploy/images/ builds.
+pub const SANDBOX_IMAGE: &str = "cairn-sandbox:latest";
+/// The toolchain image deploy/images/ builds (pip, venv, node, npm, gcc, make, git, curl).
+pub const TOOLCHAIN_IMAGE: &str = "cairn-toolchain:latest";
+
 /// Which isolation to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
@@ -42,8 +47,11 @@ pub struct Config {
     /// `<work_root>/runner-id`, made from the host name and a random suffix on first start.
     pub runner_id: String,
     pub backend: BackendChoice,
-    /// Sandbox image (built offline by deploy/images/).
+    /// Sandbox image when a request names none (built offline by deploy/images/).
     pub image: String,
+    /// Images a request may name besides `image` (a name a request gives must be one of
+    /// these, as written; the engine never pulls).
+    pub allowed_images: Vec<String>,
     /// Container names are `<container_prefix><id><container_suffix>`.
     pub container_prefix: String,
     pub container_suffix: String,
@@ -55,6 +63,9 @@ pub struct Config {
     pub pool_size: usize,
     /// May a request ask for network access?
     pub network_allowed: bool,
+    /// Docker network a sandbox with network joins (`bridge`, or one made with `docker
+    /// network create`, e.g. one whose egress goes through a proxy).
+    pub docker_network: String,
     /// At start-up, also remove containers named `<prefix>*<suffix>` of other runner ids.
     pub sweep_all_prefixed: bool,
     /// Time between SIGTERM and SIGKILL when a run times out.
@@ -125,12 +136,14 @@ impl Default for Config {
             drain_deadline_s: cairn_server::drain::DEFAULT_DEADLINE.as_secs(),
             runner_id: String::new(),
             backend: BackendChoice::Auto,
-            image: "cairn-sandbox:latest".into(),
+            image: SANDBOX_IMAGE.into(),
+            allowed_images: vec![SANDBOX_IMAGE.into(), TOOLCHAIN_IMAGE.into()],
             container_prefix: "cairn_".into(),
             container_suffix: "_runner".into(),
             work_root: std::env::temp_dir().join("cairn-sandbox-runner"),
             pool_size: 0,
             network_allowed: false,
+            docker_network: "bridge".into(),
             sweep_all_prefixed: false,
             kill_grace_ms: 2000,
             max_sessions: 64,
@@ -181,6 +194,26 @@ impl Config {
                 )));
             }
         }
+        for (key, value) in std::iter::once(("image", &self.image))
+            .chain(self.allowed_images.iter().map(|i| ("allowed_images", i)))
+        {
+            if !is_image_name(value) {
+                return Err(Error::Config(format!(
+                    "{key}: {value:?} is not an image name (like cairn-toolchain:latest: [A-Za-z0-9._/:@-], up to 255 characters)"
+                )));
+            }
+        }
+        if self.docker_network.is_empty()
+            || !self
+                .docker_network
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c))
+        {
+            return Err(Error::Config(format!(
+                "docker_network {:?} must be a Docker network name of [A-Za-z0-9_.-] (default bridge)",
+                self.docker_network
+            )));
+        }
         if self.container_prefix.is_empty() && self.sweep_all_prefixed {
             return Err(Error::Config(
                 "sweep_all_prefixed needs a non-empty container_prefix".into(),
@@ -195,6 +228,31 @@ impl Config {
                     "{name} {path:?} must be an absolute path"
                 )));
             }
+        }
+        Ok(())
+    }
+
+    /// The image a request runs in: the one it names when this runner allows it, else
+    /// `image`. An image neither `image` nor in `allowed_images` is refused, naming the setting.
+    pub fn image_for(&self, requested: &str) -> Result<String> {
+        if requested.is_empty() || requested == self.image {
+            return Ok(self.image.clone());
+        }
+        if self.allowed_images.iter().any(|i| i == requested) {
+            return Ok(requested.to_owned());
+        }
+        Err(Error::ImageNotAllowed {
+            image: requested.to_owned(),
+            allowed: std::iter::once(self.image.clone())
+                .chain(self.allowed_images.iter().cloned())
+                .collect(),
+        })
+    }
+
+    /// Refuses network for a request when this runner's policy forbids it.
+    pub fn check_network(&self, requested: bool) -> Result<()> {
+        if requested && !self.network_allowed {
+            return Err(Error::NetworkNotAllowed);
         }
         Ok(())
     }
@@ -225,6 +283,16 @@ impl Config {
 pub fn derived_max_concurrent_runs(cpus: usize, memory: u64) -> usize {
     let by_memory = usize::try_from(memory / (256 * 1024 * 1024)).unwrap_or(usize::MAX);
     (4 * cpus).min(by_memory).max(2)
+}
+
+/// The characters of a Docker image reference (name, optional tag or digest), at most 255,
+/// starting with a letter or digit. The engine checks the rest of the grammar. (cairn-graph checks
+/// `image:` of graph nodes with the same rule: services share no code, only the protos.)
+pub fn is_image_name(s: &str) -> bool {
+    s.len() <= 255
+        && s.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._/:@-".contains(&b))
 }
 
 /// MemTotal of /proc/meminfo (8 GiB when unreadable).
@@ -289,6 +357,76 @@ mod tests {
         };
         assert_eq!(c.concurrent_runs(), 3);
         assert!(Config::default().concurrent_runs() >= 2);
+    }
+
+    /// `text` read as the runner's config file.
+    fn parse(text: &str) -> Result<Config, config::ConfigError> {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), text).unwrap();
+        config::from_file(file.path())
+    }
+
+    #[test]
+    fn image_and_network_keys_parse_from_file_and_env() {
+        let c = parse(
+            "image = \"cairn-sandbox:latest\"\nallowed_images = [\"cairn-toolchain:latest\", \"registry.local/app@sha256:AB12\"]\nnetwork_allowed = true\ndocker_network = \"cairn-egress\"\n",
+        )
+        .unwrap();
+        c.check().unwrap();
+        assert_eq!(
+            c.allowed_images,
+            ["cairn-toolchain:latest", "registry.local/app@sha256:AB12"]
+        );
+        assert!(c.network_allowed);
+        assert_eq!(c.docker_network, "cairn-egress");
+
+        let mut c = Config::default();
+        assert_eq!(
+            c.allowed_images,
+            ["cairn-sandbox:latest", "cairn-toolchain:latest"]
+        );
+        assert_eq!(c.docker_network, "bridge");
+        let vars = [
+            ("ALLOWED_IMAGES", "a:1, b:2"),
+            ("NETWORK_ALLOWED", "true"),
+            ("DOCKER_NETWORK", "net1"),
+        ]
+        .map(|(k, v)| (format!("{ENV_PREFIX}{k}"), v.to_string()));
+        ENV.apply(&mut c, vars).unwrap();
+        assert_eq!(c.allowed_images, ["a:1", "b:2"]);
+        assert!(c.network_allowed);
+        assert_eq!(c.docker_network, "net1");
+        c.set("allowed_images", "").unwrap();
+        assert!(c.allowed_images.is_empty());
+    }
+
+    #[test]
+    fn unknown_and_bad_keys_are_errors() {
+        for text in [
+            "allowed_image = [\"x\"]",
+            "network = true",
+            "allowed_images = \"cairn-toolchain:latest\"",
+            "network_allowed = \"maybe\"",
+        ] {
+            assert!(parse(text).is_err(), "{text}");
+        }
+        let mut c = Config::default();
+        let unknown = [(
+            format!("{ENV_PREFIX}ALLOWED_IMAGE"),
+            "cairn-toolchain:latest".to_string(),
+        )];
+        assert!(ENV.apply(&mut c, unknown).is_err());
+        for (key, value) in [
+            ("allowed_images", "ok:1,-bad"),
+            ("image", "Has Space"),
+            ("docker_network", ""),
+            ("docker_network", "a/b"),
+        ] {
+            let mut c = Config::default();
+            c.set(key, value).unwrap();
+            let e = c.check().unwrap_err().to_string();
+            assert!(e.contains(key), "{key}={value}: {e}");
+        }
     }
 
     #[test]

@@ -32,6 +32,18 @@ pub enum Error {
         requested: u64,
         min: u64,
     },
+    /// A request named an image this runner does not allow.
+    #[error("image {image:?} is not allowed on this runner (allowed: {}): name one of those, or add it to allowed_images in the runner's config ([sandbox_runner] allowed_images, CAIRN_SANDBOX_RUNNER_ALLOWED_IMAGES)", .allowed.join(", "))]
+    ImageNotAllowed { image: String, allowed: Vec<String> },
+    /// A request asked for network on a runner whose policy forbids it.
+    #[error("network access is not allowed on this runner: drop `network`, or set network_allowed = true in the runner's config ([sandbox_runner] network_allowed, CAIRN_SANDBOX_RUNNER_NETWORK_ALLOWED)")]
+    NetworkNotAllowed,
+    /// The local backend runs on the host's own file system: it has no images to pick from.
+    #[error("this runner uses the local backend, which runs sandboxes on the host's file system and cannot run image {0:?}: send the work to a runner with the docker backend, or leave the image unset")]
+    ImageNeedsDocker(String),
+    /// The engine does not have an allowed image (nothing is ever pulled).
+    #[error("image {0:?} is allowed but missing on this runner's Docker engine: build it there with deploy/images/build-images.sh (nothing is pulled)")]
+    ImageMissing(String),
     /// Input count/bytes, sessions, archive size.
     #[error("{message}")]
     ResourceExhausted {
@@ -106,7 +118,10 @@ impl Error {
             | Error::LimitAboveMax { .. }
             | Error::LimitBelowMin { .. }
             | Error::Config(_)
-            | Error::Path { .. } => Code::InvalidArgument,
+            | Error::Path { .. }
+            | Error::ImageNotAllowed { .. }
+            | Error::NetworkNotAllowed => Code::InvalidArgument,
+            Error::ImageNeedsDocker(_) | Error::ImageMissing(_) => Code::FailedPrecondition,
             // The engine refused the container's settings: retrying cannot help.
             Error::Docker { source, .. } if engine_refused(source) => Code::InvalidArgument,
             Error::ResourceExhausted { .. } => Code::ResourceExhausted,
@@ -132,6 +147,10 @@ impl Error {
             Error::LimitAboveMax { .. } | Error::LimitBelowMin { .. } => "limit_out_of_range",
             Error::SessionExists(_) => "exists",
             Error::NoIsolation(_) => "no_isolation",
+            Error::ImageNotAllowed { .. } => "image_not_allowed",
+            Error::NetworkNotAllowed => "network_not_allowed",
+            Error::ImageNeedsDocker(_) => "image_needs_docker",
+            Error::ImageMissing(_) => "image_missing",
             Error::ShuttingDown => "shutting_down",
             e => reason::fallback(e.code()),
         }
@@ -153,6 +172,12 @@ impl Error {
                 ]
             }
             Error::Refused { path, .. } => vec![("path", path.clone())],
+            Error::ImageNotAllowed { image, .. }
+            | Error::ImageNeedsDocker(image)
+            | Error::ImageMissing(image) => {
+                vec![("field", "image".into()), ("image", image.clone())]
+            }
+            Error::NetworkNotAllowed => vec![("field", "network".into())],
             Error::NotFound { what, name } => vec![(*what, name.clone())],
             Error::SessionExists(id) | Error::OpenAborted(id) => vec![("session_id", id.clone())],
             _ => Vec::new(),

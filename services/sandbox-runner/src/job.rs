@@ -10,6 +10,7 @@ use serde_json::json;
 use time::OffsetDateTime;
 
 use crate::capture::Capture;
+use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::limits::Limits;
 use crate::outputs::Outputs;
@@ -91,17 +92,19 @@ pub struct Job {
     pub limits: Limits,
     pub network: bool,
     pub env: Vec<(String, String)>,
+    /// The image it runs in (docker): the request's, allowed by the runner, or the default.
+    pub image: String,
 }
 
 impl Job {
-    /// Checks `req` against the runner's limits and policy; fails fast on the first problem.
-    pub fn from_request(
-        req: RunRequest,
-        defaults: &Limits,
-        max: &Limits,
-        network_allowed: bool,
-    ) -> Result<Job> {
-        let limits = Limits::resolve(req.limits.as_ref(), defaults, max)?;
+    /// Checks `req` against the runner's limits and policy (network, images); fails fast on
+    /// the first problem.
+    pub fn from_request(req: RunRequest, config: &Config) -> Result<Job> {
+        let limits = Limits::resolve(
+            req.limits.as_ref(),
+            &config.default_limits(),
+            &config.max_limits(),
+        )?;
         let language = Language::parse(&req.language)?;
         for (what, id) in [
             ("request_id", &req.request_id),
@@ -114,12 +117,8 @@ impl Job {
                 )));
             }
         }
-        if req.network && !network_allowed {
-            return Err(Error::InvalidArgument {
-                message: "network access is not allowed on this runner: drop `network` or set network_allowed = true in the runner config".into(),
-                reason: None,
-            });
-        }
+        config.check_network(req.network)?;
+        let image = config.image_for(&req.image)?;
         let inputs = check_inputs(req.input_files, &limits)?;
         let program = match (req.code.is_empty(), req.code_file.is_empty()) {
             (false, true) => {
@@ -206,6 +205,7 @@ impl Job {
             limits,
             network: req.network,
             env,
+            image,
         })
     }
 
@@ -435,7 +435,7 @@ mod tests {
     }
 
     fn check(r: RunRequest) -> Result<Job> {
-        Job::from_request(r, &Limits::DEFAULTS, &Limits::MAXIMA, false)
+        Job::from_request(r, &Config::default())
     }
 
     #[test]
@@ -489,7 +489,41 @@ mod tests {
     fn network_needs_the_runner_to_allow_it() {
         let mut r = req("print(1)");
         r.network = true;
-        assert!(check(r).is_err());
+        let e = check(r.clone()).unwrap_err();
+        assert!(matches!(e, Error::NetworkNotAllowed), "{e}");
+        assert!(e.to_string().contains("network_allowed"), "{e}");
+        let open = Config {
+            network_allowed: true,
+            ..Config::default()
+        };
+        assert!(Job::from_request(r, &open).unwrap().network);
+    }
+
+    #[test]
+    fn images_come_from_the_allow_list() {
+        let r = req("print(1)");
+        assert_eq!(check(r.clone()).unwrap().image, "cairn-sandbox:latest");
+        let mut named = r.clone();
+        named.image = "cairn-toolchain:latest".into();
+        assert_eq!(check(named).unwrap().image, "cairn-toolchain:latest");
+        let mut other = r.clone();
+        other.image = "debian:bookworm".into();
+        let e = check(other.clone()).unwrap_err();
+        assert!(matches!(e, Error::ImageNotAllowed { .. }), "{e}");
+        assert!(e.to_string().contains("allowed_images"), "{e}");
+        // The runner's own image is always allowed, listed or not.
+        let config = Config {
+            image: "debian:bookworm".into(),
+            allowed_images: vec![],
+            ..Config::default()
+        };
+        assert_eq!(
+            Job::from_request(other, &config).unwrap().image,
+            "debian:bookworm"
+        );
+        let mut listed_before = r;
+        listed_before.image = "cairn-toolchain:latest".into();
+        assert!(Job::from_request(listed_before, &config).is_err());
     }
 
     #[test]

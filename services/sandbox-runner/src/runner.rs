@@ -129,14 +129,21 @@ impl Runner {
         })
     }
 
+    /// The local backend runs on the host's files: any image but the default is refused there
+    /// rather than ignored.
+    fn backend_runs(&self, image: &str) -> Result<()> {
+        match self.backend {
+            Backend::Local(_) if image != self.config.image => {
+                Err(Error::ImageNeedsDocker(image.to_owned()))
+            }
+            _ => Ok(()),
+        }
+    }
+
     pub async fn run(&self, req: pb::RunRequest, live: Option<&Live>) -> Result<pb::RunResult> {
         self.open()?;
-        let job = Job::from_request(
-            req,
-            &self.config.default_limits(),
-            &self.config.max_limits(),
-            self.config.network_allowed,
-        )?;
+        let job = Job::from_request(req, &self.config)?;
+        self.backend_runs(&job.image)?;
         let _slot = self.admit()?;
         self.running.fetch_add(1, Ordering::SeqCst);
         let _done = Decrement(&self.running);
@@ -182,11 +189,9 @@ impl Runner {
                 req.session_id
             )));
         };
-        if req.network && !self.config.network_allowed {
-            return Err(Error::invalid(
-                "network access is not allowed on this runner: drop `network` or set network_allowed = true in the runner config",
-            ));
-        }
+        self.config.check_network(req.network)?;
+        let image = self.config.image_for(&req.image)?;
+        self.backend_runs(&image)?;
         let limits = Limits::resolve(
             req.limits.as_ref(),
             &self.config.default_limits(),
@@ -204,6 +209,7 @@ impl Runner {
             task_dir: self.config.work_root.join("tasks").join(&session_id),
             session_id,
             network: req.network,
+            image,
             limits,
             run_id: req.run_id,
             node_id: req.node_id,
@@ -259,6 +265,10 @@ impl Runner {
                         container_name: sandbox.name.clone(),
                         backend: self.backend.name().into(),
                         git_commit,
+                        image: match self.backend {
+                            Backend::Docker(_) => sandbox.image.clone(),
+                            Backend::Local(_) => String::new(),
+                        },
                     });
                 }
                 None
@@ -575,6 +585,9 @@ impl Runner {
             languages: job::LANGUAGES.iter().map(|s| s.to_string()).collect(),
             open_sessions: self.sessions.len() as u32,
             warm_containers: self.backend.warm_containers() as u32,
+            image: self.config.image.clone(),
+            allowed_images: self.config.allowed_images.clone(),
+            network_allowed: self.config.network_allowed,
         }
     }
 

@@ -123,13 +123,16 @@ pub async fn run(ctx: &NodeCtx, spec: &SandboxRun) -> Result<NodeSuccess, NodeEr
             timeout_ms: timeout_s * 1000,
             ..Default::default()
         }),
-        network: false,
+        network: spec.network,
         env: Default::default(),
+        image: spec.image.clone().unwrap_or_default(),
     };
     ctx.progress.emit(
         Ev::new(SANDBOX_START, &ctx.node_id)
             .with("request_id", request_id.as_str())
             .with("language", spec.language.as_str())
+            .with("image", spec.image.as_deref().unwrap_or(""))
+            .with("network", spec.network)
             .with("inputs", inputs.len())
             .with("timeout_s", timeout_s),
     );

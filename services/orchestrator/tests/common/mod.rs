@@ -42,6 +42,8 @@ pub struct Options {
     pub ingest: bool,
     pub sandbox: Sandbox,
     pub tweak: fn(&mut Config),
+    /// Changes to the sandbox runner's config (with `Sandbox::Required`).
+    pub runner: Box<dyn FnOnce(&mut cairn_sandbox_runner::Config) + Send>,
 }
 
 impl Default for Options {
@@ -50,6 +52,7 @@ impl Default for Options {
             ingest: true,
             sandbox: Sandbox::None,
             tweak: |_| {},
+            runner: Box::new(|_| {}),
         }
     }
 }
@@ -73,6 +76,7 @@ pub async fn channel(addr: &str) -> Channel {
 /// Starts a sandbox runner: Docker when required, else local; Err(reason) when neither works.
 async fn start_sandbox(
     dir: &std::path::Path,
+    tweak: Box<dyn FnOnce(&mut cairn_sandbox_runner::Config) + Send>,
 ) -> Result<
     (
         cairn_sandbox_runner::RunnerHandle,
@@ -83,7 +87,7 @@ async fn start_sandbox(
     ),
     String,
 > {
-    let config = cairn_sandbox_runner::Config {
+    let mut config = cairn_sandbox_runner::Config {
         work_root: dir.join("sandbox-work"),
         runner_id: format!("orchtest{}", std::process::id()),
         backend: if docker_required() {
@@ -93,6 +97,7 @@ async fn start_sandbox(
         },
         ..Default::default()
     };
+    tweak(&mut config);
     let (server, handle) = cairn_sandbox_runner::sandbox_service(config)
         .await
         .map_err(|e| e.to_string())?;
@@ -168,7 +173,7 @@ impl Stack {
         let mut sandbox_backend = None;
         let mut sandbox_handle = None;
         if opts.sandbox == Sandbox::Required {
-            match start_sandbox(dir.path()).await {
+            match start_sandbox(dir.path(), opts.runner).await {
                 Ok((handle, addr, backend, tx, join)) => {
                     stops.push((tx, join));
                     sandbox_addr = Some(addr);

@@ -194,7 +194,7 @@ impl DockerBackend {
         ];
         cmd.extend(job.argv());
         let body = ContainerCreateBody {
-            image: Some(self.config.image.clone()),
+            image: Some(job.image.clone()),
             cmd: Some(cmd),
             env: Some(
                 job.environment()
@@ -310,9 +310,13 @@ impl DockerBackend {
         ])
     }
 
-    /// Every restriction the engine offers, for runs and sessions alike.
+    /// Every restriction the engine offers, for runs and sessions alike; with network, the
+    /// container joins `docker_network`.
     pub fn host_config(&self, limits: &Limits, network: bool) -> HostConfig {
-        host_config(limits, network)
+        host_config(
+            limits,
+            network.then_some(self.config.docker_network.as_str()),
+        )
     }
 
     /// Creates a container and returns the guard that removes it.
@@ -406,7 +410,7 @@ impl DockerBackend {
         let workspace = s.task_dir.join("workspace");
         let tmpfs = s.task_dir.join("tmpfs");
         let body = ContainerCreateBody {
-            image: Some(self.config.image.clone()),
+            image: Some(s.image.clone()),
             // Idle until the runner's stdin lease closes (session closed, or the runner gone).
             cmd: Some(vec!["cat".into()]),
             // The idle process runs as (capability-less) root so that nothing the sandbox user
@@ -573,23 +577,25 @@ impl DockerBackend {
     }
 }
 
-pub fn host_config(limits: &Limits, network: bool) -> HostConfig {
+/// `network`: the Docker network to join, or None for none.
+pub fn host_config(limits: &Limits, network: Option<&str>) -> HostConfig {
     let memory = limits.memory_bytes as i64;
     HostConfig {
-        network_mode: Some(if network {
-            "bridge".into()
-        } else {
-            "none".into()
-        }),
+        network_mode: Some(network.unwrap_or("none").into()),
         memory: Some(memory),
         // Equal to memory: no swap.
         memory_swap: Some(memory),
         nano_cpus: Some((limits.cpu_millis * 1_000_000) as i64),
         pids_limit: Some(limits.pids as i64),
         readonly_rootfs: Some(true),
+        // `exec` (the engine's default is noexec), as on the local backend: build tools run
+        // what they make there (a venv's scripts, test binaries).
         tmpfs: Some(HashMap::from([(
             "/tmp".to_string(),
-            format!("rw,nosuid,nodev,size={},mode=1777", limits.memory_bytes),
+            format!(
+                "rw,exec,nosuid,nodev,size={},mode=1777",
+                limits.memory_bytes
+            ),
         )])),
         // An init reaps zombies and passes SIGTERM on; when it exits everything in the
         // container's pid namespace dies, setsid'd or double-forked children included.
@@ -724,6 +730,7 @@ pub async fn create(
     body: ContainerCreateBody,
 ) -> Result<ContainerGuard> {
     let opts = CreateContainerOptionsBuilder::default().name(name).build();
+    let image = body.image.clone();
     if let Ok(mut set) = live.lock() {
         set.insert(name.to_owned());
     }
@@ -758,10 +765,24 @@ pub async fn create(
         Ok(Err(e)) => {
             forget(live, name);
             guard.keep();
-            Err(Error::docker(format!("creating container {name}"))(e))
+            Err(create_error(name, image.as_deref(), e))
         }
         // The task panicked or was aborted (runtime ending): the guard removes whatever exists.
         Err(e) => Err(Error::Sandbox(format!("creating container {name}: {e}"))),
+    }
+}
+
+/// The engine's refusal of a create; a missing image says how to get it (nothing is pulled).
+fn create_error(name: &str, image: Option<&str>, e: bollard::errors::Error) -> Error {
+    match (&e, image) {
+        (
+            bollard::errors::Error::DockerResponseServerError {
+                status_code: 404,
+                message,
+            },
+            Some(image),
+        ) if message.contains("No such image") => Error::ImageMissing(image.to_owned()),
+        _ => Error::docker(format!("creating container {name}"))(e),
     }
 }
 

@@ -54,10 +54,11 @@ pub struct Warm {
 }
 
 impl DockerSource {
-    /// Can a warm container (made with the default limits, no network) take this job?
+    /// Can a warm container (the default image and limits, no network) take this job?
     pub fn fits(&self, job: &Job) -> bool {
         let d = self.config.default_limits();
         !job.network
+            && job.image == self.config.image
             && job.limits.memory_bytes == d.memory_bytes
             && job.limits.cpu_millis == d.cpu_millis
             && job.limits.pids == d.pids
@@ -93,7 +94,7 @@ impl Source for DockerSource {
             ),
             (docker::LABEL_KIND.to_string(), "pool".to_string()),
         ]);
-        let base = docker::host_config(&d, false);
+        let base = docker::host_config(&d, None);
         let mut tmpfs = base.tmpfs.clone().unwrap_or_default();
         tmpfs.insert(
             "/input".into(),

@@ -53,6 +53,8 @@ pub struct SessionSandbox {
     /// The task directory (`workspace/`, `tmpfs/` inside).
     pub task_dir: PathBuf,
     pub network: bool,
+    /// The image (docker), allowed by the runner.
+    pub image: String,
     pub limits: Limits,
     pub run_id: String,
     pub node_id: String,
