@@ -281,8 +281,15 @@ pub enum RunsCommand {
     },
     /// One run: state, nodes, gates, run directory.
     Show { run: String },
-    /// Follow a run's events live until it ends or waits for a human.
-    Watch { run: String },
+    /// Follow a run's events live: every event from the first, then on through rework, resume
+    /// and later actions until you stop it (Ctrl-C). One line per event (`--json`: one JSON
+    /// object per line).
+    Watch {
+        run: String,
+        /// Stop when the run ends or waits for a human, and print the run as `runs show` does.
+        #[arg(long)]
+        until_end: bool,
+    },
     /// Cancel a run (sandbox work in flight is stopped).
     Cancel {
         run: String,
