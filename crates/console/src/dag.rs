@@ -217,7 +217,7 @@ pub(super) fn render(
     }
     html! {
         @if let Err(e) = graph { p.hint { "Drawn from the run's nodes only: " (e) } }
-        svg #dag.dag xmlns="http://www.w3.org/2000/svg" role="img" aria-label="The run's graph"
+        svg id="dag" class="dag" xmlns="http://www.w3.org/2000/svg" role="img" aria-label="The run's graph"
             width=(width) height=(height) viewBox=(format!("0 0 {width} {height}")) {
             defs {
                 marker #arrow viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" orient="auto-start-reverse" {

@@ -422,7 +422,6 @@ fn notes_section(
             h2 #notes { "Human notes" }
             p.hint { "Agents of this run read these as high-priority context before each step. "
                 a href=(page::file_url(project, &path)) { "shared/human-notes.md" } }
-            @match notes {
             div #notes-live data-live {
                 @match notes {
                     Ok(Some(r)) => {

@@ -196,7 +196,7 @@ pub(super) fn render(rows: &[Row], now: OffsetDateTime) -> Markup {
         @if !critical.is_empty() {
             p #critical-path { "Critical path: " strong { (critical.join(" → ")) } " · " (critical_span) }
         }
-        svg #gantt.gantt xmlns="http://www.w3.org/2000/svg" role="img" aria-label="When each node ran"
+        svg id="gantt" class="gantt" xmlns="http://www.w3.org/2000/svg" role="img" aria-label="When each node ran"
             width=(width) height=(height) viewBox=(format!("0 0 {width} {height}")) {
             @for q in 0..=4 {
                 @let gx = LABEL_W + CHART_W * q as f64 / 4.0;

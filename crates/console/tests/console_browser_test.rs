@@ -512,7 +512,7 @@ async fn the_console_follows_a_real_run_live_through_gates_rework_and_its_end() 
     assert!(page_kept(c).await, "the list changed without a reload");
 
     // The run page, while the run waits at its first gate: the second is not reached.
-    let get = |orch: &mut OrchestratorClient<tonic::transport::Channel>| {
+    let get = |orch: &OrchestratorClient<tonic::transport::Channel>| {
         let mut orch = orch.clone();
         let run_id = run_id.clone();
         async move {
@@ -526,7 +526,7 @@ async fn the_console_follows_a_real_run_live_through_gates_rework_and_its_end() 
         }
     };
     wait_for("the run to block at its first gate", || async {
-        get(&mut orch).await.state == TaskState::InputRequired as i32
+        get(&orch).await.state == TaskState::InputRequired as i32
     })
     .await;
     c.goto(&format!("{base}projects/{PROJECT}/runs/{run_id}"))
@@ -575,7 +575,7 @@ async fn the_console_follows_a_real_run_live_through_gates_rework_and_its_end() 
         run_state(c).await == "completed"
     })
     .await;
-    assert_eq!(get(&mut orch).await.gates[1].decided_by, "ann");
+    assert_eq!(get(&orch).await.gates[1].decided_by, "ann");
 
     // Reworked after its end: the same page (no reload) follows the run on.
     mark_page(c).await;
@@ -595,7 +595,7 @@ async fn the_console_follows_a_real_run_live_through_gates_rework_and_its_end() 
     .await;
     for gate in ["first", "second"] {
         wait_for("the gate to block", || async {
-            get(&mut orch)
+            get(&orch)
                 .await
                 .gates
                 .iter()
@@ -630,7 +630,7 @@ async fn the_console_follows_a_real_run_live_through_gates_rework_and_its_end() 
     assert!(text_of(c, "#events-status").await.starts_with("Live"));
 
     // The graph names every node with its state.
-    let info = get(&mut orch).await;
+    let info = get(&orch).await;
     for n in &info.nodes {
         let state = match cairn_proto::v1::NodeState::try_from(n.state).unwrap() {
             cairn_proto::v1::NodeState::Succeeded => "succeeded",

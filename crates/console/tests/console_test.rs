@@ -621,7 +621,7 @@ async fn markup_in_titles_notes_and_file_names_is_escaped() {
     let s = Services::start().await;
     s.fake.set_title(RUN, "<script>alert('title')</script>");
     let mut c = Client::new(s.router(None));
-    let p = c.get(&run_url()).await;
+    let p = c.get(&format!("{}?files=project", run_url())).await;
     let b = &p.body;
     assert!(!b.contains("<script>alert"), "{b}");
     assert!(
@@ -962,7 +962,10 @@ async fn long_event_fields_are_folded_and_json_is_pretty() {
         "{row}"
     );
     // JSON values are pretty-printed when unfolded.
-    assert!(row.contains("{\n  \"a\": \"1\",\n  \"b\": \""), "{row}");
+    assert!(
+        row.contains("{\n  &quot;a&quot;: &quot;1&quot;,\n  &quot;b&quot;: &quot;yyy"),
+        "{row}"
+    );
     assert!(!row.contains("<b>"), "escaped: {row}");
 }
 
@@ -1009,10 +1012,11 @@ async fn the_graph_is_an_svg_of_nodes_edges_and_branches_without_script() {
         {"id": "check", "type": "condition", "needs": ["draft"], "if": "true", "then": ["review"], "else": ["publish"]},
         {"id": "review", "type": "gate", "needs": ["check"]},
         {"id": "publish", "type": "write_file", "needs": ["check", "review"]},
-        {"id": "each<x>", "type": "map", "needs": ["draft"], "over": [1, 2], "node": {"type": "write_file"}}
+        {"id": "each", "type": "map", "needs": ["draft"], "over": [1, 2], "node": {"type": "write_file"}},
+        {"id": "<b>odd", "type": "write_file", "needs": ["each"]}
     ]});
     s.put(&format!(".cairn/runs/{RUN}/graph.resolved.json"), graph.to_string()).await;
-    let items: Vec<cairn_proto::v1::Event> = [("map.items", "each<x>"), ("node.started", "each<x>.0"), ("node.completed", "each<x>.0"), ("node.started", "each<x>.1")]
+    let items: Vec<cairn_proto::v1::Event> = [("map.items", "each"), ("node.started", "each.0"), ("node.completed", "each.0"), ("node.started", "each.1")]
         .iter()
         .map(|(t, n)| cairn_proto::v1::Event {
             r#type: (*t).into(),
@@ -1032,10 +1036,11 @@ async fn the_graph_is_an_svg_of_nodes_edges_and_branches_without_script() {
         );
         assert!(svg.contains(&format!("<a href=\"#node-{node}\">")), "{svg}");
     }
-    // The map once, with its items counted; its id escaped.
-    assert!(svg.contains("data-node=\"each&lt;x&gt;\""), "{svg}");
+    // The map once, with its items counted; ids escaped.
+    assert!(svg.contains("data-node=\"each\" data-state=\"pending\""), "{svg}");
     assert!(svg.contains("map ×2 · 1 done"), "{svg}");
-    assert!(!svg.contains("each<x>.0"), "{svg}");
+    assert!(!svg.contains("each.0"), "{svg}");
+    assert!(svg.contains("data-node=\"&lt;b&gt;odd\"") && !svg.contains("<b>"), "{svg}");
     // Edges, the branches labelled.
     assert!(svg.contains("class=\"edge then\" data-from=\"check\" data-to=\"review\""), "{svg}");
     assert!(svg.contains("class=\"edge else\" data-from=\"check\" data-to=\"publish\""), "{svg}");

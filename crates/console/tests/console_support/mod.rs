@@ -653,11 +653,11 @@ impl Services {
             fake,
             stops: vec![store_stop, orch_stop],
         };
+        let run_dir = format!(".cairn/runs/{RUN}");
+        s.put(&format!("{run_dir}/task.yaml"), task_yaml(RUN)).await;
         // The store holds what the fake emitted so far: the page reads events from the store.
         let emitted: Vec<pb::Event> = s.fake.state.lock().unwrap().events[RUN].clone();
         append_events(&s.store_addr, PROJECT, RUN, &emitted).await;
-        let run_dir = format!(".cairn/runs/{RUN}");
-        s.put(&format!("{run_dir}/task.yaml"), task_yaml(RUN)).await;
         s.put(
             &format!("{run_dir}/shared/human-notes.md"),
             "---\ntitle: \"Human notes\"\n---\n# Human notes for run run-1\n\n<a id=\"note-1\"></a>\n### Note 1: note (by ann, 2026-01-01)\n\nKeep the API stable. <img src=x onerror=alert(1)> [click](javascript:alert(2))\n",
