@@ -3,6 +3,8 @@
 //! node coloured by its state and linking to its row of the milestones table. The graph comes
 //! from the run's `graph.resolved.json`, the states from GetRun. The SVG holds no script and no
 //! style attribute: colours are classes of the console's stylesheet, chosen from a fixed set.
+//! Every SVG element is closed explicitly (`{}`): in an HTML page `<rect>` is not a void
+//! element, and an unclosed one would swallow what follows it.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -221,7 +223,7 @@ pub(super) fn render(
             width=(width) height=(height) viewBox=(format!("0 0 {width} {height}")) {
             defs {
                 marker #arrow viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" orient="auto-start-reverse" {
-                    path d="M 0 0 L 10 5 L 0 10 z" class="arrow";
+                    path d="M 0 0 L 10 5 L 0 10 z" class="arrow" {}
                 }
             }
             @for (from, to, branch) in &edges {
@@ -231,7 +233,7 @@ pub(super) fn render(
                 @let mid = (sx + ex) / 2;
                 @let class = match *branch { "then" => "edge then", "else" => "edge else", _ => "edge" };
                 g class=(class) data-from=(from) data-to=(to) {
-                    path d=(format!("M {sx} {sy} C {mid} {sy}, {mid} {ey}, {ex} {ey}")) marker-end="url(#arrow)";
+                    path d=(format!("M {sx} {sy} C {mid} {sy}, {mid} {ey}, {ex} {ey}")) marker-end="url(#arrow)" {}
                     @if !branch.is_empty() {
                         text.branch x=(mid) y=((sy + ey) / 2 - 4) text-anchor="middle" { (branch) }
                     }
@@ -249,9 +251,9 @@ pub(super) fn render(
                         title { (n.id) " (" (n.kind) "): " (st) }
                         // A map is a stack of boxes: one for all its items.
                         @if counts.contains_key(&n.id) {
-                            rect.stack x=(x + 4) y=(y + 4) width=(BOX_W) height=(BOX_H) rx="6";
+                            rect.stack x=(x + 4) y=(y + 4) width=(BOX_W) height=(BOX_H) rx="6" {}
                         }
-                        rect x=(x) y=(y) width=(BOX_W) height=(BOX_H) rx="6";
+                        rect x=(x) y=(y) width=(BOX_W) height=(BOX_H) rx="6" {}
                         text.id x=(x + 10) y=(y + 20) { (clip(&n.id, ID_CHARS)) }
                         text.sub x=(x + 10) y=(y + 38) { (clip(&sub, 26)) }
                     }

@@ -200,7 +200,7 @@ pub(super) fn render(rows: &[Row], now: OffsetDateTime) -> Markup {
             width=(width) height=(height) viewBox=(format!("0 0 {width} {height}")) {
             @for q in 0..=4 {
                 @let gx = LABEL_W + CHART_W * q as f64 / 4.0;
-                line.grid x1=(gx) y1="0" x2=(gx) y2=(height - 16.0);
+                line.grid x1=(gx) y1="0" x2=(gx) y2=(height - 16.0) {}
                 text.axis x=(gx) y=(height - 4.0) text-anchor=(if q == 4 { "end" } else if q == 0 { "start" } else { "middle" }) {
                     (span_text(time::Duration::seconds_f64(total * q as f64 / 4.0)))
                 }

@@ -638,6 +638,12 @@ async fn the_console_follows_a_real_run_live_through_gates_rework_and_its_end() 
         };
         let css = format!("#dag g[data-node={}]", n.id);
         assert_eq!(attr(c, &css, "data-state").await, state, "{}", n.id);
+        let label = c
+            .find(Locator::Css(&format!("{css} text.id")))
+            .await
+            .unwrap();
+        assert!(label.is_displayed().await.unwrap(), "{} is drawn", n.id);
+        assert_eq!(label.text().await.unwrap(), n.id);
         assert!(
             text_of(c, &format!("#node-{}", n.id)).await.contains(&n.id),
             "the milestone row the node links to"
@@ -673,6 +679,11 @@ async fn the_console_follows_a_real_run_live_through_gates_rework_and_its_end() 
             n.id
         );
         assert_eq!(attr(c, &row, "data-retries").await, "0");
+    }
+    let bars = c.find_all(Locator::Css("#gantt rect.bar")).await.unwrap();
+    assert_eq!(bars.len(), 2 * info.nodes.len(), "a bar per attempt");
+    for b in bars {
+        assert!(b.is_displayed().await.unwrap());
     }
     // Everything was redone once: two attempts each, publish last on the critical path.
     assert_eq!(attr(c, "#tl-draft", "data-attempts").await, "2");

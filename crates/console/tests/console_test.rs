@@ -1016,7 +1016,7 @@ async fn the_graph_is_an_svg_of_nodes_edges_and_branches_without_script() {
         {"id": "<b>odd", "type": "write_file", "needs": ["each"]}
     ]});
     s.put(&format!(".cairn/runs/{RUN}/graph.resolved.json"), graph.to_string()).await;
-    let items: Vec<cairn_proto::v1::Event> = [("map.items", "each"), ("node.started", "each.0"), ("node.completed", "each.0"), ("node.started", "each.1")]
+    let items: Vec<cairn_proto::v1::Event> = [("node.started", "draft"), ("node.completed", "draft"), ("map.items", "each"), ("node.started", "each.0"), ("node.completed", "each.0"), ("node.started", "each.1")]
         .iter()
         .map(|(t, n)| cairn_proto::v1::Event {
             r#type: (*t).into(),
@@ -1046,6 +1046,22 @@ async fn the_graph_is_an_svg_of_nodes_edges_and_branches_without_script() {
     assert!(svg.contains("class=\"edge else\" data-from=\"check\" data-to=\"publish\""), "{svg}");
     assert!(svg.contains("class=\"edge\" data-from=\"review\" data-to=\"publish\""), "{svg}");
     assert!(!svg.to_lowercase().contains("script") && !svg.contains("style="), "{svg}");
+    // Closed explicitly: in HTML an SVG <rect> or <path> is not void.
+    for tag in ["rect", "path", "text", "g", "a"] {
+        assert_eq!(
+            svg.matches(&format!("<{tag} ")).count() + svg.matches(&format!("<{tag}>")).count(),
+            svg.matches(&format!("</{tag}>")).count(),
+            "<{tag}> closed: {svg}"
+        );
+    }
+    let gantt = b.split("<svg id=\"gantt\"").nth(1).unwrap().split("</svg>").next().unwrap();
+    for tag in ["rect", "line", "text", "g"] {
+        assert_eq!(
+            gantt.matches(&format!("<{tag} ")).count(),
+            gantt.matches(&format!("</{tag}>")).count(),
+            "<{tag}> closed: {gantt}"
+        );
+    }
     // Each node links to its row of the milestones.
     assert!(b.contains("<tr id=\"node-review\">"), "{b}");
 }
