@@ -28,7 +28,12 @@ fn free_port() -> u16 {
 /// `cairn` against `addr` (a served instance), with none of the caller's cairn environment.
 fn client(addr: &str) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_cairn"));
-    for k in ["CAIRN_ADDR", "CAIRN_PROJECT", "CAIRN_CONFIG", "CAIRN_DATA_ROOT"] {
+    for k in [
+        "CAIRN_ADDR",
+        "CAIRN_PROJECT",
+        "CAIRN_CONFIG",
+        "CAIRN_DATA_ROOT",
+    ] {
         c.env_remove(k);
     }
     c.env("RUST_LOG", "error").args(["--addr", addr]);
@@ -48,7 +53,10 @@ fn wait_line(rx: &mpsc::Receiver<String>, seen: &mut Vec<String>, needle: &str) 
                     return;
                 }
             }
-            Err(e) => panic!("no line with `{needle}` ({e}); watch printed:\n{}", seen.join("\n")),
+            Err(e) => panic!(
+                "no line with `{needle}` ({e}); watch printed:\n{}",
+                seen.join("\n")
+            ),
         }
     }
 }
@@ -72,8 +80,17 @@ fn runs_watch_follows_a_run_through_its_failure_and_resume() {
             .unwrap(),
     );
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !client(&addr).args(["runs", "list"]).output().unwrap().status.success() {
-        assert!(Instant::now() < deadline, "cairn up does not answer on {addr}");
+    while !client(&addr)
+        .args(["runs", "list"])
+        .output()
+        .unwrap()
+        .status
+        .success()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "cairn up does not answer on {addr}"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     // Fails until docs/later.txt exists; a resume then retries the failed node.
@@ -88,7 +105,11 @@ fn runs_watch_follows_a_run_through_its_failure_and_resume() {
         .arg(&graph)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let run: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let run = run["run_id"].as_str().unwrap().to_owned();
 
@@ -121,9 +142,20 @@ fn runs_watch_follows_a_run_through_its_failure_and_resume() {
         .arg("docs/later.txt")
         .output()
         .unwrap();
-    assert!(put.status.success(), "{}", String::from_utf8_lossy(&put.stderr));
-    let resumed = client(&addr).args(["runs", "resume", &run]).output().unwrap();
-    assert!(resumed.status.success(), "{}", String::from_utf8_lossy(&resumed.stderr));
+    assert!(
+        put.status.success(),
+        "{}",
+        String::from_utf8_lossy(&put.stderr)
+    );
+    let resumed = client(&addr)
+        .args(["runs", "resume", &run])
+        .output()
+        .unwrap();
+    assert!(
+        resumed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&resumed.stderr)
+    );
 
     wait_line(&rx, &mut seen, "task.resumed");
     wait_line(&rx, &mut seen, "task.completed");

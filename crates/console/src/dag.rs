@@ -36,7 +36,12 @@ pub(super) fn parse_graph(text: &str) -> Result<Vec<GraphNode>, String> {
     let strings = |n: &Value, k: &str| -> Vec<String> {
         n.get(k)
             .and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(Value::as_str).map(str::to_owned).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_owned)
+                    .collect()
+            })
             .unwrap_or_default()
     };
     Ok(nodes
@@ -44,7 +49,11 @@ pub(super) fn parse_graph(text: &str) -> Result<Vec<GraphNode>, String> {
         .filter_map(|n| {
             Some(GraphNode {
                 id: n.get("id")?.as_str()?.to_owned(),
-                kind: n.get("type").and_then(Value::as_str).unwrap_or("?").to_owned(),
+                kind: n
+                    .get("type")
+                    .and_then(Value::as_str)
+                    .unwrap_or("?")
+                    .to_owned(),
                 needs: strings(n, "needs"),
                 then: strings(n, "then"),
                 otherwise: strings(n, "else"),
@@ -54,7 +63,10 @@ pub(super) fn parse_graph(text: &str) -> Result<Vec<GraphNode>, String> {
 }
 
 /// The graph's nodes, or the run's (without edges) when the graph could not be read.
-pub(super) fn nodes_or_run(graph: &Result<Vec<GraphNode>, String>, info: &RunInfo) -> Vec<GraphNode> {
+pub(super) fn nodes_or_run(
+    graph: &Result<Vec<GraphNode>, String>,
+    info: &RunInfo,
+) -> Vec<GraphNode> {
     match graph {
         Ok(g) if !g.is_empty() => g
             .iter()
@@ -83,7 +95,11 @@ pub(super) fn nodes_or_run(graph: &Result<Vec<GraphNode>, String>, info: &RunInf
 /// Depth of every node: 0 without needs, else one more than its deepest need. Needs outside
 /// the graph are ignored; a cycle (never in a validated graph) stops after `n` rounds.
 pub(super) fn depths(nodes: &[GraphNode]) -> Vec<usize> {
-    let index: HashMap<&str, usize> = nodes.iter().enumerate().map(|(i, n)| (n.id.as_str(), i)).collect();
+    let index: HashMap<&str, usize> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.id.as_str(), i))
+        .collect();
     let mut depth = vec![0usize; nodes.len()];
     for _ in 0..nodes.len() {
         let mut changed = false;
@@ -145,7 +161,10 @@ fn map_counts(nodes: &[GraphNode], events: &[Event]) -> HashMap<String, (u64, u6
             }
         }
         let total = announced.max(seen.len() as u64);
-        out.insert(n.id.clone(), (total, seen.values().filter(|d| **d).count() as u64));
+        out.insert(
+            n.id.clone(),
+            (total, seen.values().filter(|d| **d).count() as u64),
+        );
     }
     out
 }

@@ -80,7 +80,8 @@ pub(super) fn level_name(level: i32) -> &'static str {
 
 /// The event's fields (its `data_json`; text that is not JSON is one string).
 pub(super) fn data(e: &Event) -> Value {
-    serde_json::from_str::<Value>(&e.data_json).unwrap_or_else(|_| Value::String(e.data_json.clone()))
+    serde_json::from_str::<Value>(&e.data_json)
+        .unwrap_or_else(|_| Value::String(e.data_json.clone()))
 }
 
 /// The level as a class from a fixed set (never from the input).
@@ -206,7 +207,10 @@ pub(super) fn written_files(events: &[Event]) -> Vec<Written> {
                 {
                     let path = match f {
                         Value::String(s) => s.as_str(),
-                        other => other.get("path").and_then(Value::as_str).unwrap_or_default(),
+                        other => other
+                            .get("path")
+                            .and_then(Value::as_str)
+                            .unwrap_or_default(),
                     };
                     add(path, None, e, "sandbox");
                 }

@@ -19,10 +19,10 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::files::{self, Read};
-use super::{dag, history, ingest, timeline};
 use super::markdown;
 use super::page::{self, layout, Html};
 use super::session::{Flash, Visitor};
+use super::{dag, history, ingest, timeline};
 use super::{Console, ConsoleError};
 use cairn_server::roles::Rpc;
 
@@ -70,11 +70,17 @@ pub(super) async fn page(
     let view = View {
         project_files: q.files == "project",
     };
-    Ok(
-        render(&console, &visitor, &project, &run, flash, Drafts::default(), view)
-            .await?
-            .into_response(),
+    Ok(render(
+        &console,
+        &visitor,
+        &project,
+        &run,
+        flash,
+        Drafts::default(),
+        view,
     )
+    .await?
+    .into_response())
 }
 
 /// How the page is asked for.

@@ -61,7 +61,11 @@ pub(super) fn rows(nodes: &[GraphNode], events: &[Event]) -> Vec<Row> {
             critical: false,
         })
         .collect();
-    let index: HashMap<String, usize> = rows.iter().enumerate().map(|(i, r)| (r.id.clone(), i)).collect();
+    let index: HashMap<String, usize> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (r.id.clone(), i))
+        .collect();
     for e in events {
         let Some(&i) = index.get(&e.node_id) else {
             continue;
@@ -113,7 +117,11 @@ pub(super) fn rows(nodes: &[GraphNode], events: &[Event]) -> Vec<Row> {
 /// that finished last.
 fn mark_critical(nodes: &[GraphNode], rows: &mut [Row]) {
     let end_of = |rows: &[Row], i: usize| rows[i].last_end().map(|(t, _)| t);
-    let index: HashMap<&str, usize> = nodes.iter().enumerate().map(|(i, n)| (n.id.as_str(), i)).collect();
+    let index: HashMap<&str, usize> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.id.as_str(), i))
+        .collect();
     let Some(mut at) = (0..rows.len())
         .filter(|&i| end_of(rows, i).is_some())
         .max_by_key(|&i| end_of(rows, i))
@@ -175,18 +183,35 @@ pub(super) fn render(rows: &[Row], now: OffsetDateTime) -> Markup {
     };
     let t1 = rows
         .iter()
-        .flat_map(|r| r.spans.iter().map(|s| s.end.as_ref().map_or(now, |(t, _)| *t)))
+        .flat_map(|r| {
+            r.spans
+                .iter()
+                .map(|s| s.end.as_ref().map_or(now, |(t, _)| *t))
+        })
         .max()
         .unwrap_or(now)
         .max(t0);
     let total = (t1 - t0).as_seconds_f64().max(0.001);
-    let x = |t: OffsetDateTime| LABEL_W + ((t - t0).as_seconds_f64() / total).clamp(0.0, 1.0) * CHART_W;
+    let x =
+        |t: OffsetDateTime| LABEL_W + ((t - t0).as_seconds_f64() / total).clamp(0.0, 1.0) * CHART_W;
     let height = ROW_H * rows.len() as f64 + 28.0;
     let width = LABEL_W + CHART_W + 10.0;
-    let critical: Vec<&str> = rows.iter().filter(|r| r.critical).map(|r| r.id.as_str()).collect();
+    let critical: Vec<&str> = rows
+        .iter()
+        .filter(|r| r.critical)
+        .map(|r| r.id.as_str())
+        .collect();
     let critical_span = {
-        let first = rows.iter().filter(|r| r.critical).filter_map(|r| r.first_start().map(|s| s.start)).min();
-        let last = rows.iter().filter(|r| r.critical).filter_map(|r| r.last_end().map(|(t, _)| t)).max();
+        let first = rows
+            .iter()
+            .filter(|r| r.critical)
+            .filter_map(|r| r.first_start().map(|s| s.start))
+            .min();
+        let last = rows
+            .iter()
+            .filter(|r| r.critical)
+            .filter_map(|r| r.last_end().map(|(t, _)| t))
+            .max();
         match (first, last) {
             (Some(a), Some(b)) => span_text(b - a),
             _ => String::new(),
@@ -246,5 +271,8 @@ pub(super) fn render(rows: &[Row], now: OffsetDateTime) -> Markup {
 
 /// The time of day of an RFC 3339 timestamp, with milliseconds.
 fn time_of(ts: &str) -> String {
-    ts.get(11..23).unwrap_or(ts).trim_end_matches('Z').to_owned()
+    ts.get(11..23)
+        .unwrap_or(ts)
+        .trim_end_matches('Z')
+        .to_owned()
 }

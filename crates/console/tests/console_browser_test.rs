@@ -481,7 +481,13 @@ async fn the_console_follows_a_real_run_live_through_gates_rework_and_its_end() 
     let (orchestrator_addr, handle) = real_orchestrator(&store_addr).await;
     let mut orch = OrchestratorClient::new(cairn_server::connect(&orchestrator_addr).unwrap());
     // Another run's file: the run page lists only what this run wrote, unless asked.
-    put(&store_addr, PROJECT, "docs/elsewhere/other.md", b"# other\n".to_vec()).await;
+    put(
+        &store_addr,
+        PROJECT,
+        "docs/elsewhere/other.md",
+        b"# other\n".to_vec(),
+    )
+    .await;
     let base = start_console(ConsoleConfig {
         enabled: true,
         orchestrator_addr,
@@ -534,7 +540,10 @@ async fn the_console_follows_a_real_run_live_through_gates_rework_and_its_end() 
         .unwrap();
     mark_page(c).await;
     assert!(text_of(c, "#gate-second").await.contains("not reached"));
-    assert!(c.find(Locator::Css("#gate-second button.approve")).await.is_err());
+    assert!(c
+        .find(Locator::Css("#gate-second button.approve"))
+        .await
+        .is_err());
 
     // Approved elsewhere (gRPC): the page shows the second gate blocked with its buttons,
     // the milestones and the graph move on, all without a reload.
@@ -548,14 +557,22 @@ async fn the_console_follows_a_real_run_live_through_gates_rework_and_its_end() 
     .await
     .unwrap();
     wait_for("the second gate's Approve button", || async {
-        c.find(Locator::Css("#gate-second button.approve")).await.is_ok()
+        c.find(Locator::Css("#gate-second button.approve"))
+            .await
+            .is_ok()
     })
     .await;
     assert!(page_kept(c).await, "the gate appeared without a reload");
     assert!(text_of(c, "#gate-first").await.contains("approved by bob"));
     assert!(text_of(c, "#node-first").await.contains("succeeded"));
-    assert_eq!(attr(c, "#dag g[data-node=first]", "data-state").await, "succeeded");
-    assert_eq!(attr(c, "#dag g[data-node=second]", "data-state").await, "blocked");
+    assert_eq!(
+        attr(c, "#dag g[data-node=first]", "data-state").await,
+        "succeeded"
+    );
+    assert_eq!(
+        attr(c, "#dag g[data-node=second]", "data-state").await,
+        "blocked"
+    );
 
     // Approved from the page.
     let gate = c.find(Locator::Css("#gate-second")).await.unwrap();
@@ -590,7 +607,9 @@ async fn the_console_follows_a_real_run_live_through_gates_rework_and_its_end() 
     .unwrap();
     wait_for("the reworked run at its first gate again", || async {
         run_state(c).await == "input-required"
-            && c.find(Locator::Css("#gate-first button.approve")).await.is_ok()
+            && c.find(Locator::Css("#gate-first button.approve"))
+                .await
+                .is_ok()
     })
     .await;
     for gate in ["first", "second"] {
@@ -620,7 +639,9 @@ async fn the_console_follows_a_real_run_live_through_gates_rework_and_its_end() 
 
     // History: the page shows every event the store holds, in order, and is still live.
     let stored = read_store_events(&store_addr, &run_id).await;
-    assert!(stored.iter().any(|e| e.r#type == "artifact.rework-requested"));
+    assert!(stored
+        .iter()
+        .any(|e| e.r#type == "artifact.rework-requested"));
     wait_for("every stored event on the page", || async {
         event_seqs(c).await.len() == stored.len()
     })
@@ -687,7 +708,9 @@ async fn the_console_follows_a_real_run_live_through_gates_rework_and_its_end() 
     }
     // Everything was redone once: two attempts each, publish last on the critical path.
     assert_eq!(attr(c, "#tl-draft", "data-attempts").await, "2");
-    assert!(text_of(c, "#critical-path").await.contains("draft → first → second → publish"));
+    assert!(text_of(c, "#critical-path")
+        .await
+        .contains("draft → first → second → publish"));
 
     // Quiet events: the long gate reason is folded, and opens on a click.
     let blocked = stored
@@ -704,13 +727,27 @@ async fn the_console_follows_a_real_run_live_through_gates_rework_and_its_end() 
     assert!(summary.text().await.unwrap().chars().count() < 230);
     summary.click().await.unwrap();
     assert!(pre.is_displayed().await.unwrap(), "unfolded");
-    assert!(pre.text().await.unwrap().contains(&"look at the draft ".repeat(20).trim_end().to_owned()));
+    assert!(pre
+        .text()
+        .await
+        .unwrap()
+        .contains(&"look at the draft ".repeat(20).trim_end().to_owned()));
 
     // Run-scoped files; the project's behind the toggle.
     let files = text_of(c, "#run-files").await;
-    assert!(files.contains(&format!("docs/{run_id}/draft.md")), "{files}");
-    assert!(files.contains(&format!("docs/{run_id}/published.txt")), "{files}");
-    assert!(!c.source().await.unwrap().contains("docs/elsewhere/other.md"));
+    assert!(
+        files.contains(&format!("docs/{run_id}/draft.md")),
+        "{files}"
+    );
+    assert!(
+        files.contains(&format!("docs/{run_id}/published.txt")),
+        "{files}"
+    );
+    assert!(!c
+        .source()
+        .await
+        .unwrap()
+        .contains("docs/elsewhere/other.md"));
 
     // Screenshots of the new views.
     c.execute("window.scrollTo(0, 0); return true;", vec![])

@@ -918,8 +918,14 @@ async fn gate_labels_favicon_and_the_context_label() {
     let later = b.split("id=\"gate-later\"").nth(1).unwrap();
     let later = later.split("</div>").next().unwrap();
     assert!(later.contains(">not reached</span>"), "{later}");
-    assert!(!later.contains("<form") && !b.contains(">open</span>"), "{b}");
-    assert!(b.contains("/projects/proj/runs/run-2/gates/review/approve"), "{b}");
+    assert!(
+        !later.contains("<form") && !b.contains(">open</span>"),
+        "{b}"
+    );
+    assert!(
+        b.contains("/projects/proj/runs/run-2/gates/review/approve"),
+        "{b}"
+    );
     // The favicon, and a label for the context editor.
     assert!(
         b.contains("<link rel=\"icon\" type=\"image/svg+xml\" href=\"/static/favicon.svg\">"),
@@ -944,7 +950,9 @@ async fn long_event_fields_are_folded_and_json_is_pretty() {
     let long = format!("<b>{}</b>", "x".repeat(600));
     let e = cairn_proto::v1::Event {
         r#type: "task.created".into(),
-        data_json: serde_json::json!({"llm": long, "vars": {"a": "1", "b": "y".repeat(300)}, "by": "cli"}).to_string(),
+        data_json:
+            serde_json::json!({"llm": long, "vars": {"a": "1", "b": "y".repeat(300)}, "by": "cli"})
+                .to_string(),
         ..Default::default()
     };
     append_events(&s.store_addr, PROJECT, RUN, &[e]).await;
@@ -953,12 +961,18 @@ async fn long_event_fields_are_folded_and_json_is_pretty() {
     let row = b.split("<tr id=\"ev-3\"").nth(1).unwrap();
     let row = row.split("</tr>").next().unwrap();
     // Short fields as they are; long ones folded: 200 characters, the rest on a click.
-    assert!(row.contains("<span class=\"field\">by: cli</span>"), "{row}");
+    assert!(
+        row.contains("<span class=\"field\">by: cli</span>"),
+        "{row}"
+    );
     assert_eq!(row.matches("<details class=\"fold\">").count(), 2, "{row}");
     let head = format!("&lt;b&gt;{}…", "x".repeat(197));
     assert!(row.contains(&format!("<summary>{head}")), "{row}");
     assert!(
-        row.contains(&format!("<pre class=\"fold\">&lt;b&gt;{}&lt;/b&gt;</pre>", "x".repeat(600))),
+        row.contains(&format!(
+            "<pre class=\"fold\">&lt;b&gt;{}&lt;/b&gt;</pre>",
+            "x".repeat(600)
+        )),
         "{row}"
     );
     // JSON values are pretty-printed when unfolded.
@@ -985,7 +999,8 @@ async fn run_scoped_files_by_default_and_the_project_behind_a_toggle() {
         ..Default::default()
     };
     append_events(&s.store_addr, PROJECT, RUN, &[written, ingested]).await;
-    s.put("docs/elsewhere/other-run.md", "# another run's file\n").await;
+    s.put("docs/elsewhere/other-run.md", "# another run's file\n")
+        .await;
     let mut c = Client::new(s.router(None));
     let b = c.get(&run_url()).await.body;
     let files = b.split("id=\"run-files\"").nth(1).unwrap();
@@ -993,7 +1008,10 @@ async fn run_scoped_files_by_default_and_the_project_behind_a_toggle() {
     assert!(files.contains(">docs/run-1/report.md</a>"), "{files}");
     assert!(files.contains(">workspace/src/main.rs</a>"), "{files}");
     assert!(files.contains("href=\"#ev-3\""), "{files}");
-    assert!(!b.contains("other-run.md") && !b.contains("bundle.zip"), "{b}");
+    assert!(
+        !b.contains("other-run.md") && !b.contains("bundle.zip"),
+        "{b}"
+    );
     assert!(
         b.contains("href=\"/projects/proj/runs/run-1?files=project#artifacts\""),
         "{b}"
@@ -1015,21 +1033,47 @@ async fn the_graph_is_an_svg_of_nodes_edges_and_branches_without_script() {
         {"id": "each", "type": "map", "needs": ["draft"], "over": [1, 2], "node": {"type": "write_file"}},
         {"id": "<b>odd", "type": "write_file", "needs": ["each"]}
     ]});
-    s.put(&format!(".cairn/runs/{RUN}/graph.resolved.json"), graph.to_string()).await;
-    let items: Vec<cairn_proto::v1::Event> = [("node.started", "draft"), ("node.completed", "draft"), ("map.items", "each"), ("node.started", "each.0"), ("node.completed", "each.0"), ("node.started", "each.1")]
-        .iter()
-        .map(|(t, n)| cairn_proto::v1::Event {
-            r#type: (*t).into(),
-            node_id: (*n).into(),
-            data_json: if *t == "map.items" { "{\"count\": 2}".into() } else { "{}".into() },
-            ..Default::default()
-        })
-        .collect();
+    s.put(
+        &format!(".cairn/runs/{RUN}/graph.resolved.json"),
+        graph.to_string(),
+    )
+    .await;
+    let items: Vec<cairn_proto::v1::Event> = [
+        ("node.started", "draft"),
+        ("node.completed", "draft"),
+        ("map.items", "each"),
+        ("node.started", "each.0"),
+        ("node.completed", "each.0"),
+        ("node.started", "each.1"),
+    ]
+    .iter()
+    .map(|(t, n)| cairn_proto::v1::Event {
+        r#type: (*t).into(),
+        node_id: (*n).into(),
+        data_json: if *t == "map.items" {
+            "{\"count\": 2}".into()
+        } else {
+            "{}".into()
+        },
+        ..Default::default()
+    })
+    .collect();
     append_events(&s.store_addr, PROJECT, RUN, &items).await;
     let mut c = Client::new(s.router(None));
     let b = c.get(&run_url()).await.body;
-    let svg = b.split("<svg id=\"dag\"").nth(1).unwrap().split("</svg>").next().unwrap();
-    for (node, state) in [("draft", "succeeded"), ("review", "blocked"), ("publish", "pending"), ("check", "pending")] {
+    let svg = b
+        .split("<svg id=\"dag\"")
+        .nth(1)
+        .unwrap()
+        .split("</svg>")
+        .next()
+        .unwrap();
+    for (node, state) in [
+        ("draft", "succeeded"),
+        ("review", "blocked"),
+        ("publish", "pending"),
+        ("check", "pending"),
+    ] {
         assert!(
             svg.contains(&format!("data-node=\"{node}\" data-state=\"{state}\"")),
             "{node} {state}: {svg}"
@@ -1037,15 +1081,33 @@ async fn the_graph_is_an_svg_of_nodes_edges_and_branches_without_script() {
         assert!(svg.contains(&format!("<a href=\"#node-{node}\">")), "{svg}");
     }
     // The map once, with its items counted; ids escaped.
-    assert!(svg.contains("data-node=\"each\" data-state=\"pending\""), "{svg}");
+    assert!(
+        svg.contains("data-node=\"each\" data-state=\"pending\""),
+        "{svg}"
+    );
     assert!(svg.contains("map ×2 · 1 done"), "{svg}");
     assert!(!svg.contains("each.0"), "{svg}");
-    assert!(svg.contains("data-node=\"&lt;b&gt;odd\"") && !svg.contains("<b>"), "{svg}");
+    assert!(
+        svg.contains("data-node=\"&lt;b&gt;odd\"") && !svg.contains("<b>"),
+        "{svg}"
+    );
     // Edges, the branches labelled.
-    assert!(svg.contains("class=\"edge then\" data-from=\"check\" data-to=\"review\""), "{svg}");
-    assert!(svg.contains("class=\"edge else\" data-from=\"check\" data-to=\"publish\""), "{svg}");
-    assert!(svg.contains("class=\"edge\" data-from=\"review\" data-to=\"publish\""), "{svg}");
-    assert!(!svg.to_lowercase().contains("script") && !svg.contains("style="), "{svg}");
+    assert!(
+        svg.contains("class=\"edge then\" data-from=\"check\" data-to=\"review\""),
+        "{svg}"
+    );
+    assert!(
+        svg.contains("class=\"edge else\" data-from=\"check\" data-to=\"publish\""),
+        "{svg}"
+    );
+    assert!(
+        svg.contains("class=\"edge\" data-from=\"review\" data-to=\"publish\""),
+        "{svg}"
+    );
+    assert!(
+        !svg.to_lowercase().contains("script") && !svg.contains("style="),
+        "{svg}"
+    );
     // Closed explicitly: in HTML an SVG <rect> or <path> is not void.
     for tag in ["rect", "path", "text", "g", "a"] {
         assert_eq!(
@@ -1054,7 +1116,13 @@ async fn the_graph_is_an_svg_of_nodes_edges_and_branches_without_script() {
             "<{tag}> closed: {svg}"
         );
     }
-    let gantt = b.split("<svg id=\"gantt\"").nth(1).unwrap().split("</svg>").next().unwrap();
+    let gantt = b
+        .split("<svg id=\"gantt\"")
+        .nth(1)
+        .unwrap()
+        .split("</svg>")
+        .next()
+        .unwrap();
     for tag in ["rect", "line", "text", "g"] {
         assert_eq!(
             gantt.matches(&format!("<{tag} ")).count(),

@@ -875,7 +875,10 @@ impl Client {
             true
         })
         .await;
-        assert!(matches!(found, Ok(true)), "no {needle:?} in the stream: {text}");
+        assert!(
+            matches!(found, Ok(true)),
+            "no {needle:?} in the stream: {text}"
+        );
         let open = tokio::time::timeout(std::time::Duration::from_millis(300), async {
             loop {
                 match body.next().await {
