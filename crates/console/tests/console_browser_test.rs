@@ -196,6 +196,18 @@ async fn login(c: &Client, base: &str, path: &str) {
     );
 }
 
+/// A console with the shared login token over these services.
+async fn console_with_token(orchestrator_addr: String, store_addr: &str) -> String {
+    start_console(ConsoleConfig {
+        enabled: true,
+        orchestrator_addr,
+        store_addr: store_addr.to_owned(),
+        token: Some(TOKEN.into()),
+        ..ConsoleConfig::default()
+    })
+    .await
+}
+
 /// Logs in through the form the run page redirects to, approves gate `review` with `note`,
 /// and waits for the run to complete with the note in the live events; saves a screenshot.
 async fn approve_in_browser(c: &Client, base: &str, run_id: &str, note: &str, shot: &str) {
@@ -326,14 +338,7 @@ async fn a_person_approves_a_gate_of_a_real_run_from_the_browser() {
     })
     .await;
 
-    let base = start_console(ConsoleConfig {
-        enabled: true,
-        orchestrator_addr,
-        store_addr: store_addr.clone(),
-        token: Some(TOKEN.into()),
-        ..ConsoleConfig::default()
-    })
-    .await;
+    let base = console_with_token(orchestrator_addr, &store_addr).await;
     let note = "Checked the draft <b>by hand</b>; publish it.";
     approve_in_browser(&client, &base, &run_id, note, "run-page.png").await;
 
@@ -488,14 +493,7 @@ async fn the_console_follows_a_real_run_live_through_gates_rework_and_its_end() 
         b"# other\n".to_vec(),
     )
     .await;
-    let base = start_console(ConsoleConfig {
-        enabled: true,
-        orchestrator_addr,
-        store_addr: store_addr.clone(),
-        token: Some(TOKEN.into()),
-        ..ConsoleConfig::default()
-    })
-    .await;
+    let base = console_with_token(orchestrator_addr, &store_addr).await;
 
     // The runs list updates by itself when a run is submitted.
     login(c, &base, &format!("runs?project={PROJECT}")).await;
