@@ -289,6 +289,9 @@ pub enum RunsCommand {
         /// Stop when the run ends or waits for a human, and print the run as `runs show` does.
         #[arg(long)]
         until_end: bool,
+        /// First event to print (to go on after the last sequence number printed).
+        #[arg(long, default_value_t = 1, value_name = "SEQ")]
+        from: u64,
     },
     /// Cancel a run (sandbox work in flight is stopped).
     Cancel {

@@ -158,4 +158,26 @@ fn runs_watch_follows_a_run_through_its_failure_and_resume() {
         .collect();
     let expected: Vec<u64> = (1..=seqs.len() as u64).collect();
     assert_eq!(seqs, expected, "{}", seen.join("\n"));
+    drop(watch);
+
+    // Restarted from a later event (--from), it prints only what came from there, as JSON.
+    let last = *seqs.last().unwrap();
+    let mut tail = Killed(
+        client(&addr)
+            .args(["--json", "runs", "watch", &run, "--from", &last.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut first = String::new();
+    BufReader::new(tail.0.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let e: serde_json::Value = serde_json::from_str(&first).unwrap();
+    assert_eq!(
+        (e["seq"].as_u64(), e["type"].as_str()),
+        (Some(last), Some("task.completed"))
+    );
 }

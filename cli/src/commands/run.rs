@@ -262,13 +262,14 @@ async fn watch_on(
     client: &mut Client,
     project: &str,
     run_id: &str,
+    from_seq: u64,
 ) -> anyhow::Result<ExitCode> {
     use std::io::Write;
     let mut stream = client
         .watch_run(WatchRunRequest {
             project_id: project.to_owned(),
             run_id: run_id.to_owned(),
-            from_seq: 1,
+            from_seq,
             follow_after_end: true,
         })
         .await?
@@ -516,12 +517,16 @@ pub async fn runs(global: &Global, cmd: RunsCommand) -> anyhow::Result<ExitCode>
                 Ok(ExitCode::SUCCESS)
             }
             RunsCommand::Show { run } => finish(global, &get(&mut client, &project, &run).await?),
-            RunsCommand::Watch { run, until_end } => {
+            RunsCommand::Watch {
+                run,
+                until_end,
+                from,
+            } => {
                 if until_end {
                     let info = follow(global, &mut client, &project, &run, false).await?;
                     return finish(global, &info);
                 }
-                watch_on(global, &mut client, &project, &run).await
+                watch_on(global, &mut client, &project, &run, from).await
             }
             RunsCommand::Cancel { run, reason } => {
                 let info = client

@@ -9,9 +9,10 @@
 (function () {
   const RUNS_EVERY_MS = 4000;
 
-  // A part someone is using (focus inside, or a field edited) is left alone for now.
+  // A part someone is using (a form field focused or edited) is left alone for now.
   function busy(el) {
-    if (el.contains(document.activeElement) && document.activeElement !== document.body) return true;
+    const active = document.activeElement;
+    if (active && el.contains(active) && /^(TEXTAREA|INPUT|SELECT)$/.test(active.tagName)) return true;
     const fields = el.querySelectorAll("textarea, input[type=text], select");
     for (const f of fields) {
       if (f.tagName === "SELECT") {
@@ -93,5 +94,7 @@
     };
   }
 
-  if (document.getElementById("runs-live")) setInterval(refresh, RUNS_EVERY_MS);
+  if (document.getElementById("runs-live")) {
+    setInterval(function () { if (!document.hidden) refresh(); }, RUNS_EVERY_MS);
+  }
 })();
