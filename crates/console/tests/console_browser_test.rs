@@ -196,6 +196,26 @@ async fn login(c: &Client, base: &str, path: &str) {
     );
 }
 
+/// Types `note` into gate `gate`'s form on the page and clicks Approve.
+async fn approve_on_page(c: &Client, gate: &str, note: &str) {
+    let gate = c
+        .find(Locator::Css(&format!("#gate-{gate}")))
+        .await
+        .unwrap();
+    gate.find(Locator::Css("textarea[name=note]"))
+        .await
+        .unwrap()
+        .send_keys(note)
+        .await
+        .unwrap();
+    gate.find(Locator::Css("button.approve"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+}
+
 /// A console with the shared login token over these services.
 async fn console_with_token(orchestrator_addr: String, store_addr: &str) -> String {
     start_console(ConsoleConfig {
@@ -223,19 +243,7 @@ async fn approve_in_browser(c: &Client, base: &str, run_id: &str, note: &str, sh
             .any(|r| r.contains("gate.blocked"))
     })
     .await;
-    let gate = c.find(Locator::Css("#gate-review")).await.unwrap();
-    gate.find(Locator::Css("textarea[name=note]"))
-        .await
-        .unwrap()
-        .send_keys(note)
-        .await
-        .unwrap();
-    gate.find(Locator::Css("button.approve"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    approve_on_page(c, "review", note).await;
 
     wait_for("the confirmation", || async {
         match c.find(Locator::Css(".flash.ok")).await {
@@ -573,19 +581,7 @@ async fn the_console_follows_a_real_run_live_through_gates_rework_and_its_end() 
     );
 
     // Approved from the page.
-    let gate = c.find(Locator::Css("#gate-second")).await.unwrap();
-    gate.find(Locator::Css("textarea[name=note]"))
-        .await
-        .unwrap()
-        .send_keys("second ok")
-        .await
-        .unwrap();
-    gate.find(Locator::Css("button.approve"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    approve_on_page(c, "second", "second ok").await;
     wait_for("the run to complete", || async {
         run_state(c).await == "completed"
     })
