@@ -114,6 +114,10 @@ pub enum Command {
     #[command(subcommand)]
     Sandbox(SandboxCommand),
     /// Run a graph (YAML) or a built-in mode, showing progress live; ends with a summary.
+    ///
+    /// Exit codes: 0 completed (or waiting at a gate), 1 failed or canceled, 3 a service could
+    /// not be reached, 4 completed but some code blocks of its documents were not written to
+    /// the workspace (rejected or skipped: see the nodes' not_written outputs).
     Run(RunArgs),
     /// List, show, watch, cancel, resume or rework runs.
     #[command(subcommand)]
@@ -401,7 +405,9 @@ pub struct IngestArgs {
     /// Parse and validate only: print the manifest as it would be, write nothing.
     #[arg(long)]
     pub dry_run: bool,
-    /// Replace existing workspace files that hold other bytes.
+    /// Replace any existing workspace file that holds other bytes. Without it, only files an
+    /// earlier ingest wrote and nobody changed since are replaced; the others are kept (the
+    /// block is rejected `kept`).
     #[arg(long)]
     pub overwrite: bool,
 }

@@ -40,3 +40,67 @@ fn cli_wording(reason: &str) -> Option<String> {
         _ => None,
     }
 }
+
+/// The cairn services, as gRPC names them and as a user calls them.
+const SERVICES: [(&str, &str, &str); 4] = [
+    ("cairn.v1.ArtifactStore", "the artifact-store", "--store-addr"),
+    ("cairn.v1.Ingest", "the ingest service", "--ingest-addr"),
+    ("cairn.v1.SandboxRunner", "a sandbox-runner", "--sandbox-addr"),
+    ("cairn.v1.Orchestrator", "the orchestrator", "--addr"),
+];
+
+/// What a command talks to, to explain an UNIMPLEMENTED answer: the address it used and the
+/// service it expected there.
+pub struct Expected {
+    addr: String,
+    service: &'static str,
+    tls: Option<cairn_server::Tls>,
+}
+
+impl Expected {
+    /// The service `command` calls and where (None for commands that embed their services).
+    pub fn of(cli: &crate::cli::Cli) -> Option<Expected> {
+        use crate::cli::Command;
+        let g = &cli.global;
+        let (own, service) = match &cli.command {
+            Command::Store(_) | Command::Project(_) => (&g.store_addr, SERVICES[0].0),
+            Command::Ingest(_) => (&g.ingest_addr, SERVICES[1].0),
+            Command::Sandbox(_) => (&g.sandbox_addr, SERVICES[2].0),
+            Command::Run(_) | Command::Runs(_) | Command::Gate(_) | Command::Notes(_) => {
+                (&None, SERVICES[3].0)
+            }
+            _ => return None,
+        };
+        let addr = own.clone().or_else(|| g.addr.clone())?;
+        let tls = g.tls.config().load(crate::embedded::IDENTITY).ok().flatten();
+        Some(Expected { addr, service, tls })
+    }
+
+    /// Which cairn services answer at the address (the health protocol names them), worded
+    /// for the user; None when the probe learns nothing.
+    pub async fn explain(&self) -> Option<String> {
+        use tonic_health::pb::health_client::HealthClient;
+        use tonic_health::pb::HealthCheckRequest;
+        let channel = cairn_server::connect_tls(&self.addr, self.tls.as_ref()).ok()?;
+        let mut client = HealthClient::new(channel);
+        let mut found = Vec::new();
+        for (name, words, _) in SERVICES {
+            let check = client.check(HealthCheckRequest {
+                service: name.to_owned(),
+            });
+            if let Ok(Ok(_)) = tokio::time::timeout(std::time::Duration::from_secs(3), check).await {
+                found.push(words);
+            }
+        }
+        let (_, wanted, flag) = SERVICES.iter().find(|s| s.0 == self.service)?;
+        let there = if found.is_empty() {
+            "no cairn service (it does not answer the gRPC health protocol for any)".to_owned()
+        } else {
+            found.join(" and ")
+        };
+        Some(format!(
+            "{addr} serves {there}, not {wanted}: point {flag} (or --addr / CAIRN_ADDR) at {wanted}",
+            addr = self.addr
+        ))
+    }
+}

@@ -42,10 +42,23 @@ fn main() -> ExitCode {
             }
             c => tracing::info_span!("cairn", otel.name = %command_name(c), otel.kind = "client"),
         };
+        let expected = failure::Expected::of(&cli);
         let result = tracing::Instrument::instrument(commands::dispatch(cli), span).await;
         match result {
             Ok(code) => code,
-            Err(e) => failure::report(&e),
+            Err(e) => {
+                // UNIMPLEMENTED: the address serves another service than the command needs.
+                let unimplemented = e
+                    .downcast_ref::<tonic::Status>()
+                    .is_some_and(|s| s.code() == tonic::Code::Unimplemented);
+                if let (true, Some(expected)) = (unimplemented, expected) {
+                    if let Some(why) = expected.explain().await {
+                        eprintln!("error: {why}");
+                        return ExitCode::FAILURE;
+                    }
+                }
+                failure::report(&e)
+            }
         }
     })
 }

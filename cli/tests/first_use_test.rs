@@ -136,3 +136,152 @@ fn ingest_json_is_json_even_when_nothing_is_parsed() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(v.is_object());
 }
+
+/// A command sent to the wrong service names the service it needs and the one it found.
+#[test]
+fn a_command_at_the_wrong_service_names_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    // An ingest service alone (its store need not exist for this).
+    let mut ingest = std::process::Command::new(assert_cmd::cargo::cargo_bin("cairn"))
+        .env_remove("CAIRN_ADDR")
+        .env_remove("CAIRN_CONFIG")
+        .env("RUST_LOG", "error")
+        .args(["serve", "ingest", "--listen", &addr, "--store-addr", "http://127.0.0.1:9"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while std::net::TcpStream::connect(&addr).is_err() {
+        assert!(std::time::Instant::now() < deadline, "cairn serve ingest never listened");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let out = cairn(dir.path())
+        .args(["--addr", &addr, "store", "ls"])
+        .timeout(std::time::Duration::from_secs(30))
+        .output()
+        .unwrap();
+    let _ = ingest.kill();
+    let _ = ingest.wait();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("serves the ingest service, not the artifact-store")
+            && stderr.contains("--store-addr")
+            && !stderr.contains("[Unimplemented]"),
+        "{stderr}"
+    );
+}
+
+/// `cairn run` of a completed run some of whose code blocks were not written exits 4 and says
+/// why; the same run without such blocks exits 0.
+#[test]
+fn cairn_run_exits_4_when_blocks_were_not_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let graph = dir.path().join("graph.yaml");
+    std::fs::write(
+        &graph,
+        "nodes:\n  - id: doc\n    type: write_file\n    path: \"docs/{{run_id}}/doc.md\"\n    content: \"```python file=app.py\\nv = 1\\n```\\n\\n```python file=../escape.py\\nx\\n```\\n\"\n",
+    )
+    .unwrap();
+    let out = cairn(&data)
+        .args(["-p", "exits", "run"])
+        .arg(&graph)
+        .timeout(std::time::Duration::from_secs(120))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(4), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("[completed]"), "{stdout}");
+    assert!(
+        stdout.contains("1 code block(s) were not written"),
+        "{stdout}"
+    );
+    let clean = dir.path().join("clean.yaml");
+    std::fs::write(
+        &clean,
+        "nodes:\n  - id: doc\n    type: write_file\n    path: \"docs/{{run_id}}/doc.md\"\n    content: \"```python file=ok.py\\nv = 1\\n```\\n\"\n",
+    )
+    .unwrap();
+    cairn(&data)
+        .args(["-p", "exits", "run"])
+        .arg(&clean)
+        .timeout(std::time::Duration::from_secs(120))
+        .assert()
+        .code(0);
+}
+
+/// Kills the `cairn up` it holds when dropped.
+struct Up(std::process::Child);
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `cairn up` on a fresh data root; its address.
+fn up(data: &std::path::Path) -> (Up, String) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("cairn"))
+        .env_remove("CAIRN_ADDR")
+        .env_remove("CAIRN_CONFIG")
+        .env("RUST_LOG", "error")
+        .arg("--data-root")
+        .arg(data)
+        .args(["up", "--listen", "127.0.0.1:0", "--no-console"])
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let up = Up(child);
+    let addr = std::io::BufReader::new(stderr)
+        .lines()
+        .map_while(Result::ok)
+        .find_map(|l| {
+            l.strip_prefix("cairn is up on ")
+                .and_then(|r| r.split_whitespace().next().map(str::to_owned))
+        })
+        .expect("cairn up says where it listens");
+    (up, addr)
+}
+
+/// `cairn gate reject` against a served orchestrator prints the run after the decision (a
+/// rejection that fails the run: failed), not the state before it.
+#[test]
+fn gate_reject_prints_the_run_after_the_decision() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_up, addr) = up(&dir.path().join("data"));
+    let graph = dir.path().join("gated.yaml");
+    std::fs::write(
+        &graph,
+        "nodes:\n  - {id: draft, type: write_file, path: \"docs/{{run_id}}/d.txt\", content: d}\n  - {id: review, type: gate, needs: [draft]}\n  - {id: after, type: write_file, path: \"docs/{{run_id}}/a.txt\", content: a, needs: [review]}\n",
+    )
+    .unwrap();
+    let out = cairn(dir.path())
+        .args(["--addr", &addr, "--json", "run", "--run-id", "gated1"])
+        .arg(&graph)
+        .timeout(std::time::Duration::from_secs(60))
+        .output()
+        .unwrap();
+    let waiting: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(waiting["state"], "input-required", "{waiting}");
+    let out = cairn(dir.path())
+        .args(["--addr", &addr, "--json", "gate", "reject", "gated1", "review"])
+        .timeout(std::time::Duration::from_secs(30))
+        .output()
+        .unwrap();
+    let after: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(after["state"], "failed", "{after}");
+    assert_eq!(after["gates"][0]["state"], "rejected", "{after}");
+    assert_eq!(out.status.code(), Some(1));
+}

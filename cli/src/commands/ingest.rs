@@ -62,6 +62,8 @@ pub async fn run(global: &Global, args: IngestArgs) -> anyhow::Result<ExitCode> 
             .unwrap_or_else(|| args.document.display().to_string()),
         content: content.into(),
         overwrite: args.overwrite,
+        // Unspecified: what ingest wrote is updated, unless --overwrite says anything.
+        overwrite_policy: 0,
         source_kind: "cli".into(),
         fence,
     };

@@ -398,6 +398,7 @@ fn run_json(r: &RunInfo) -> serde_json::Value {
         "updated_at": r.updated_at,
         "run_dir": r.run_dir,
         "error": r.error,
+        "blocks_not_written": r.blocks_not_written,
         "nodes": r.nodes.iter().map(|n| json!({
             "id": n.id, "type": n.r#type, "state": node_word(n.state()), "attempts": n.attempts,
             "started_at": n.started_at, "finished_at": n.finished_at, "error": n.error,
@@ -444,6 +445,12 @@ fn print_run(r: &RunInfo) {
     if !r.error.is_empty() {
         println!("  error: {}", r.error);
     }
+    if r.blocks_not_written > 0 {
+        println!(
+            "  warning: {} code block(s) were not written to the workspace (see each node's not_written output: cairn runs show {} --json)",
+            r.blocks_not_written, r.run_id
+        );
+    }
 }
 
 fn finish(global: &Global, info: &RunInfo) -> anyhow::Result<ExitCode> {
@@ -464,11 +471,21 @@ fn finish(global: &Global, info: &RunInfo) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    Ok(match info.state() {
-        TaskState::Failed | TaskState::Canceled => ExitCode::FAILURE,
-        _ => ExitCode::SUCCESS,
-    })
+    Ok(exit_code(info))
 }
+
+/// Exit code of a followed run: 1 failed or canceled, 4 completed with code blocks that ingest
+/// did not write, else 0.
+fn exit_code(info: &RunInfo) -> ExitCode {
+    match info.state() {
+        TaskState::Failed | TaskState::Canceled => ExitCode::FAILURE,
+        TaskState::Completed if info.blocks_not_written > 0 => ExitCode::from(BLOCKS_NOT_WRITTEN),
+        _ => ExitCode::SUCCESS,
+    }
+}
+
+/// `cairn run`'s exit code for a completed run some of whose code blocks were not written.
+pub const BLOCKS_NOT_WRITTEN: u8 = 4;
 
 /// `cairn runs list|show|watch|cancel|resume|rework`.
 pub async fn runs(global: &Global, cmd: RunsCommand) -> anyhow::Result<ExitCode> {

@@ -144,6 +144,48 @@ pub enum OnReject {
     Continue,
 }
 
+/// Which existing workspace files (holding other bytes) an ingest may replace.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Overwrite {
+    /// None: such a block is rejected `exists`.
+    Never,
+    /// Files an earlier ingest wrote that nobody changed since; a human's file is kept.
+    #[default]
+    Ingested,
+    /// Every file, whoever wrote it.
+    Always,
+}
+
+impl<'de> Deserialize<'de> for Overwrite {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Spelled {
+            Flag(bool),
+            Word(String),
+        }
+        match Spelled::deserialize(d)? {
+            Spelled::Flag(true) => Ok(Overwrite::Always),
+            Spelled::Flag(false) => Ok(Overwrite::Ingested),
+            Spelled::Word(w) => match w.as_str() {
+                "never" => Ok(Overwrite::Never),
+                "ingested" => Ok(Overwrite::Ingested),
+                "always" => Ok(Overwrite::Always),
+                other => Err(serde::de::Error::custom(format!(
+                    "unknown overwrite `{other}`: one of never, ingested, always (or true = always)"
+                ))),
+            },
+        }
+    }
+}
+
+impl Overwrite {
+    fn is_default(&self) -> bool {
+        *self == Overwrite::Ingested
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WriteFile {
@@ -309,8 +351,9 @@ pub struct IngestNode {
     pub doc_path: Template,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<String>,
-    #[serde(default)]
-    pub overwrite: bool,
+    /// Which existing workspace files the blocks may replace (default `ingested`).
+    #[serde(default, skip_serializing_if = "Overwrite::is_default")]
+    pub overwrite: Overwrite,
 }
 
 /// A delivery target; `type` picks the implementation (delivery.rs).
@@ -444,6 +487,7 @@ impl NodeKind {
                 "outcome",
                 "text",
                 "workspace_files",
+                "not_written",
             ],
             NodeKind::AgentTask(_) => &[
                 "path",
@@ -456,6 +500,7 @@ impl NodeKind {
                 "agent_instance",
                 "usage",
                 "workspace_files",
+                "not_written",
             ],
             NodeKind::Condition(_) => &["value", "branch"],
             NodeKind::Map(_) => &["count", "succeeded", "items"],
@@ -478,6 +523,7 @@ impl NodeKind {
                 "skipped",
                 "rejected",
                 "workspace_files",
+                "not_written",
                 "enabled",
             ],
             NodeKind::Deliver(_) => &["target", "location", "delivered", "uploads"],
@@ -542,6 +588,8 @@ pub struct Node {
     pub timeout_s: Option<u64>,
     /// Ingest hook for this node's document: None = by document type.
     pub ingest: Option<bool>,
+    /// Which existing workspace files the hook's blocks may replace (default `ingested`).
+    pub ingest_overwrite: Overwrite,
     /// the result file (under the run's results/) this node writes, fail-safe.
     pub result: Option<Template>,
     pub kind: NodeKind,
@@ -677,6 +725,7 @@ fn parse_node(v: Value, position: usize, body_of: Option<&str>) -> Result<Node, 
     let retry: Option<RetrySpec> = take(&mut obj, id_ref, "retry")?;
     let timeout_s: Option<u64> = take(&mut obj, id_ref, "timeout_s")?;
     let ingest: Option<bool> = take(&mut obj, id_ref, "ingest")?;
+    let ingest_overwrite: Option<Overwrite> = take(&mut obj, id_ref, "ingest_overwrite")?;
     let result: Option<Template> = take(&mut obj, id_ref, "result")?;
     if body_of.is_some() && needs.as_ref().is_some_and(|n| !n.is_empty()) {
         return Err(GraphError::node(
@@ -745,6 +794,7 @@ fn parse_node(v: Value, position: usize, body_of: Option<&str>) -> Result<Node, 
         retry,
         timeout_s,
         ingest,
+        ingest_overwrite: ingest_overwrite.unwrap_or_default(),
         result,
         kind,
     })
@@ -879,6 +929,12 @@ impl Node {
         }
         if let Some(i) = self.ingest {
             m.insert("ingest".into(), i.into());
+        }
+        if !self.ingest_overwrite.is_default() {
+            m.insert(
+                "ingest_overwrite".into(),
+                serde_json::json!(self.ingest_overwrite),
+            );
         }
         if let Some(r) = &self.result {
             m.insert("result".into(), Value::String(r.source().into()));

@@ -288,6 +288,7 @@ fn schema_matches_the_parser() {
         "retry",
         "timeout_s",
         "ingest",
+        "ingest_overwrite",
         "result",
     ]
     .iter()
@@ -328,4 +329,30 @@ fn schema_matches_the_parser() {
             .collect();
         assert_eq!(listed, props, "{ty}: the schema and the parser disagree");
     }
+}
+
+/// `overwrite` of an ingest node and `ingest_overwrite` of any node: a word, or a flag
+/// (true = always); the default updates only what ingest wrote.
+#[test]
+fn ingest_overwrite_policies() {
+    let node = |extra: &str| {
+        let g = parse(&format!(
+            "nodes:\n  - {{id: a, type: write_file, path: docs/a.md, content: x{extra}}}\n  - {{id: i, type: ingest, doc_path: docs/a.md, needs: [a]{extra2}}}\n",
+            extra2 = extra.replace("ingest_overwrite", "overwrite"),
+        ))
+        .unwrap();
+        let a = g.node("a").unwrap().ingest_overwrite;
+        let NodeKind::Ingest(i) = &g.node("i").unwrap().kind else {
+            panic!("not an ingest node")
+        };
+        (a, i.overwrite)
+    };
+    assert_eq!(node(""), (Overwrite::Ingested, Overwrite::Ingested));
+    assert_eq!(node(", ingest_overwrite: always"), (Overwrite::Always, Overwrite::Always));
+    assert_eq!(node(", ingest_overwrite: never"), (Overwrite::Never, Overwrite::Never));
+    assert_eq!(node(", ingest_overwrite: true"), (Overwrite::Always, Overwrite::Always));
+    assert_eq!(node(", ingest_overwrite: false"), (Overwrite::Ingested, Overwrite::Ingested));
+    let e = err("nodes:\n  - {id: a, type: write_file, path: docs/a.md, content: x, ingest_overwrite: sometimes}\n");
+    assert!(e.message.contains("never, ingested, always"), "{e}");
+    assert_eq!(e.field.as_deref(), Some("ingest_overwrite"));
 }

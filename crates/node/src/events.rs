@@ -32,6 +32,8 @@ pub const GATE_REJECTED: &str = "gate.rejected";
 
 pub const HUMAN_NOTE: &str = "human.note";
 pub const CONTEXT_EDITED: &str = "context.edited";
+/// A human's edit of task.yaml (title, goal, milestone or roster notes) was applied.
+pub const TASK_EDITED: &str = "task.edited";
 
 pub const AGENT_STARTED: &str = "agent.started";
 pub const AGENT_COMPLETED: &str = "agent.completed";
@@ -50,6 +52,8 @@ pub const SANDBOX_FAILED: &str = "sandbox_failed";
 /// The orchestrator's side of the ingest hook (the ingest service appends its own `ingest.*`
 /// events); only written when the call itself failed (fail-open).
 pub const INGEST_HOOK_FAILED: &str = "ingest.hook_failed";
+/// Warning: some code blocks of a node's document were not written (rejected or skipped).
+pub const INGEST_INCOMPLETE: &str = "ingest.incomplete";
 
 pub const DELIVERY_COMPLETED: &str = "deliver.completed";
 

@@ -36,6 +36,9 @@ pub struct PutOptions {
     /// with `run_id`'s next events (PUT_DURABILITY_WITH_RUN_EVENTS). Only for writes that
     /// the run's events record afterwards.
     pub with_run_events: bool,
+    /// Compare-and-swap: replace only the file holding these bytes (hex sha256); other bytes
+    /// are FAILED_PRECONDITION `changed`. Empty = no condition.
+    pub if_sha256: String,
 }
 
 #[derive(Clone)]
@@ -210,6 +213,7 @@ impl Store {
                     PutDurability::Sync
                 } as i32,
                 fence: self.fence_for(project, path, &opts.run_id),
+                if_sha256: opts.if_sha256.clone(),
             })),
         });
         let mut at = 0;

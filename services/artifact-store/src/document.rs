@@ -10,18 +10,14 @@
 //! May depend on: state, layout, files, events, error, cairn-contain; never on `store`.
 
 use std::collections::HashMap;
-use std::io::Read;
 use std::os::fd::AsFd;
 use std::sync::{Arc, Mutex, Weak};
 
 use bytes::Bytes;
-use rustix::fs::{FileType, OFlags};
-use rustix::io::Errno;
 use serde_json::{Map, Value};
 
-use cairn_contain as contain;
 
-use crate::error::{refusal, Error, Result};
+use crate::error::{Error, Result};
 use crate::events::{NewEvent, RunLogs};
 use crate::files;
 use crate::layout::check_id;
@@ -184,38 +180,23 @@ fn read_document(
     path: &str,
     max: usize,
 ) -> Result<Option<Map<String, Value>>> {
-    let fd = match contain::open(root, path, OFlags::RDONLY | OFlags::NONBLOCK, 0) {
-        Ok(fd) => fd,
-        Err(Errno::NOENT) => return Ok(None),
-        Err(e) => return Err(refusal(e, project, path, "reading")),
+    let text = match files::read_at_most(root, project, path, max as u64) {
+        Ok(Some(text)) => text,
+        Ok(None) => return Ok(None),
+        Err(Error::TooLarge { limit, .. }) => {
+            return Err(Error::TooLarge {
+                what: format!("document {path:?}"),
+                limit,
+            })
+        }
+        Err(Error::NotAFile { .. }) => {
+            return Err(Error::NotAFile {
+                path: path.to_owned(),
+                found: "this is not a regular file, so not a JSON document",
+            })
+        }
+        Err(e) => return Err(e),
     };
-    let file = std::fs::File::from(fd);
-    let st = rustix::fs::fstat(&file).map_err(|e| Error::io(format!("stat of {path:?}"), e))?;
-    match contain::kind(&st) {
-        FileType::RegularFile => {}
-        FileType::Directory => {
-            return Err(Error::NotAFile {
-                path: path.to_owned(),
-                found: "a directory is there, not a JSON document",
-            })
-        }
-        _ => {
-            return Err(Error::NotAFile {
-                path: path.to_owned(),
-                found: "a special file is there, not a JSON document",
-            })
-        }
-    }
-    let mut text = Vec::new();
-    file.take(max as u64 + 1)
-        .read_to_end(&mut text)
-        .map_err(|e| Error::io(format!("reading {path:?}"), e))?;
-    if text.len() > max {
-        return Err(Error::TooLarge {
-            what: format!("document {path:?}"),
-            limit: max as u64,
-        });
-    }
     match serde_json::from_slice::<Value>(&text) {
         Ok(Value::Object(map)) => Ok(Some(map)),
         _ => Err(Error::BadRequest(format!(

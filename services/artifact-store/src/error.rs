@@ -8,6 +8,9 @@ use pathguard::{Reason, Rejection};
 use rustix::io::Errno;
 use tonic::{Code, Status};
 
+/// The fields of a run's task.yaml a person may change (see `run_records`).
+pub const TASK_YAML_EDITABLE: &str = "title, goal, milestones[].note and roster[].note";
+
 /// Everything that can go wrong in the artifact-store.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -34,6 +37,19 @@ pub enum Error {
         path: String,
         existing_size: u64,
     },
+
+    /// A compare-and-swap Put (`if_sha256`) found other bytes than expected at the path.
+    #[error("path {path:?} no longer holds the bytes this write expected to replace (sha256 {expected}, found {actual}): someone changed it since it was read; nothing was written, re-read it and decide again")]
+    Changed {
+        project: String,
+        path: String,
+        expected: String,
+        actual: String,
+    },
+
+    /// A person's edit of a run's task.yaml touched a field the orchestrator owns.
+    #[error("{path:?}: {field} may not be changed: only {editable} may be edited by hand (the rest is regenerated from the run's events; change the run with cairn gate, cairn runs or cairn notes); nothing was written. If you changed only those fields, the run moved on since you read the file: read it again and redo the edit", editable = TASK_YAML_EDITABLE)]
+    NotEditable { path: String, field: String },
 
     /// The bytes received do not match what the client announced.
     #[error("path {path:?}: received {actual} but the request expected {expected}; nothing was written, resend the file")]
@@ -149,6 +165,8 @@ impl Error {
             Error::SymlinkInPath { .. } => "symlink_in_path",
             Error::NotAFile { .. } => "not_a_file",
             Error::Exists { .. } => "exists",
+            Error::Changed { .. } => "changed",
+            Error::NotEditable { .. } => "not_editable",
             Error::DigestMismatch { .. } => "digest_mismatch",
             Error::TooLarge { .. } => "too_large",
             Error::Unavailable => "store_unavailable",
@@ -173,7 +191,12 @@ impl Error {
             | Error::SymlinkInPath { path }
             | Error::NotAFile { path, .. }
             | Error::DigestMismatch { path, .. } => vec![("path", path.clone())],
-            Error::Exists { project, path, .. } | Error::NotFound { project, path } => {
+            Error::NotEditable { path, field } => {
+                vec![("path", path.clone()), ("field", field.clone())]
+            }
+            Error::Exists { project, path, .. }
+            | Error::Changed { project, path, .. }
+            | Error::NotFound { project, path } => {
                 vec![("project", project.clone()), ("path", path.clone())]
             }
             Error::ProjectNotFound(project) => vec![("project", project.clone())],
@@ -215,6 +238,8 @@ impl Error {
             Error::NotAFile { .. }
             | Error::PublicationLost { .. }
             | Error::PublicationUnproven { .. }
+            | Error::Changed { .. }
+            | Error::NotEditable { .. }
             | Error::Fenced { .. } => Code::FailedPrecondition,
             Error::Exists { .. } => Code::AlreadyExists,
             Error::DigestMismatch { .. }

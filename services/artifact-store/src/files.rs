@@ -35,6 +35,30 @@ pub enum Outcome {
     Overwritten,
 }
 
+/// When a write may replace a file that holds other bytes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Replace {
+    /// Never: other bytes at the path are `exists` (overwrite=false).
+    #[default]
+    Never,
+    /// Always (overwrite=true).
+    Always,
+    /// Only while the file there holds exactly these bytes (lower-case hex sha256): a
+    /// compare-and-swap. Other bytes are `changed`; a missing file is created.
+    IfHolds(String),
+}
+
+impl Replace {
+    /// `overwrite` as the Put header spells it.
+    pub fn overwrite(overwrite: bool) -> Replace {
+        if overwrite {
+            Replace::Always
+        } else {
+            Replace::Never
+        }
+    }
+}
+
 /// Result of a write.
 #[derive(Debug, Clone)]
 pub struct Written {
@@ -84,6 +108,50 @@ pub(crate) fn stage(
     Ok((staged, file))
 }
 
+/// Reads a regular file of at most `max` bytes beneath `root` (None when nothing is there);
+/// a larger one is `too_large`, another kind of entry `not_a_file`.
+pub(crate) fn read_at_most(
+    root: BorrowedFd<'_>,
+    project: &str,
+    path: &str,
+    max: u64,
+) -> Result<Option<Vec<u8>>> {
+    use std::io::Read as _;
+    let fd = match contain::open(root, path, OFlags::RDONLY | OFlags::NONBLOCK, 0) {
+        Ok(fd) => fd,
+        Err(Errno::NOENT) => return Ok(None),
+        Err(e) => return Err(refusal(e, project, path, "reading")),
+    };
+    let file = File::from(fd);
+    let st = rustix::fs::fstat(&file).map_err(|e| Error::io(format!("stat of {path:?}"), e))?;
+    match contain::kind(&st) {
+        FileType::RegularFile => {}
+        FileType::Directory => {
+            return Err(Error::NotAFile {
+                path: path.to_owned(),
+                found: "a directory is there, not a file",
+            })
+        }
+        _ => {
+            return Err(Error::NotAFile {
+                path: path.to_owned(),
+                found: "a special file is there, not a regular file",
+            })
+        }
+    }
+    let mut bytes = Vec::new();
+    file.take(max + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io(format!("reading {path:?}"), e))?;
+    if bytes.len() as u64 > max {
+        return Err(Error::TooLarge {
+            what: format!("file {path:?}"),
+            limit: max,
+        });
+    }
+    Ok(Some(bytes))
+}
+
 /// What is at the target now: a regular file (its stat), nothing, or a refusal.
 pub(crate) fn existing_file(
     dir: BorrowedFd<'_>,
@@ -115,6 +183,19 @@ pub(crate) fn holds_same_bytes(
     staged: &Staged,
     digest: &Digest,
 ) -> Result<(bool, u64)> {
+    match current_digest(state, staged, Some(digest.size_bytes))? {
+        Some((sha256, size)) => Ok((sha256.as_deref() == Some(digest.sha256.as_str()), size)),
+        None => Ok((false, 0)),
+    }
+}
+
+/// The sha256 and size of the regular file at the target (None: not a regular file). The
+/// file is only hashed when its size is `size_hint` (or there is no hint).
+fn current_digest(
+    state: &State,
+    staged: &Staged,
+    size_hint: Option<u64>,
+) -> Result<Option<(Option<String>, u64)>> {
     let fd = contain::open(
         staged.dir.as_fd(),
         &staged.name,
@@ -132,29 +213,67 @@ pub(crate) fn holds_same_bytes(
             &staged.project,
             &staged.path,
         )
-        .map(|_| (false, 0));
+        .map(|_| None);
     }
     let size = u64::try_from(st.st_size).unwrap_or(0);
-    if size != digest.size_bytes {
-        return Ok((false, size));
+    if size_hint.is_some_and(|hint| hint != size) {
+        return Ok(Some((None, size)));
     }
     let theirs = state
         .digests
         .of_file(&file)
         .map_err(|e| Error::io(format!("reading {:?}", staged.path), e))?;
-    Ok((theirs.sha256 == digest.sha256, size))
+    Ok(Some((Some(theirs.sha256), size)))
+}
+
+/// Decides a compare-and-swap against the file at the target: `Unchanged` when it already
+/// holds the new bytes, `Overwritten` when it holds `expected` (replace it), `Created` when
+/// nothing is there, else `changed`.
+pub(crate) fn compare(
+    state: &State,
+    staged: &Staged,
+    digest: &Digest,
+    expected: &str,
+) -> Result<Outcome> {
+    if existing_file(staged.dir.as_fd(), &staged.name, &staged.project, &staged.path)?.is_none() {
+        return Ok(Outcome::Created);
+    }
+    let actual = match current_digest(state, staged, None)? {
+        Some((Some(sha256), _)) => sha256,
+        _ => String::new(),
+    };
+    if actual == digest.sha256 {
+        Ok(Outcome::Unchanged)
+    } else if actual == expected {
+        Ok(Outcome::Overwritten)
+    } else {
+        Err(Error::Changed {
+            project: staged.project.clone(),
+            path: staged.path.clone(),
+            expected: expected.to_owned(),
+            actual,
+        })
+    }
 }
 
 /// Gives the fsync'd temp file the target's name: no-replace (an existing file with the same
-/// bytes is `Unchanged`, other bytes `Exists`) or, with `overwrite`, by rename.
+/// bytes is `Unchanged`, other bytes `Exists`), by rename (`Always`), or by rename only while
+/// the target holds the expected bytes (`IfHolds`; the caller holds the path's slot).
 pub(crate) fn link(
     state: &State,
     staged: &mut Staged,
     file: &File,
     digest: &Digest,
-    overwrite: bool,
+    replace: &Replace,
 ) -> Result<Outcome> {
-    if !overwrite {
+    if let Replace::IfHolds(expected) = replace {
+        return match compare(state, staged, digest, expected)? {
+            Outcome::Created => link(state, staged, file, digest, &Replace::Never),
+            Outcome::Overwritten => link(state, staged, file, digest, &Replace::Always),
+            Outcome::Unchanged => Ok(Outcome::Unchanged),
+        };
+    }
+    if *replace == Replace::Never {
         let name = staged.name.clone();
         return match staged.temp.link_as(file, &name) {
             Ok(()) => Ok(Outcome::Created),
@@ -251,14 +370,14 @@ pub(crate) fn publish_sync<G>(
     mut staged: Staged,
     file: File,
     digest: &Digest,
-    overwrite: bool,
+    replace: &Replace,
     guard: impl FnOnce(&str) -> Result<G>,
 ) -> Result<Outcome> {
     file.sync_all()
         .map_err(|e| Error::io(format!("fsync of the temp file for {:?}", staged.path), e))?;
     let slot = state.slots.claim_blocking(&staged.project, &staged.path);
     let guard = guard(&staged.project)?;
-    let outcome = link(state, &mut staged, &file, digest, overwrite)?;
+    let outcome = link(state, &mut staged, &file, digest, replace)?;
     drop(guard);
     drop(slot);
     if outcome != Outcome::Unchanged {
@@ -278,7 +397,8 @@ pub(crate) fn write_bytes(
 ) -> Result<Written> {
     let digest = digest_of(bytes);
     let (staged, file) = stage_bytes(state, root, project, path, bytes)?;
-    let outcome = publish_sync(state, staged, file, &digest, overwrite, |_| Ok(()))?;
+    let replace = Replace::overwrite(overwrite);
+    let outcome = publish_sync(state, staged, file, &digest, &replace, |_| Ok(()))?;
     Ok(Written {
         path: path.to_owned(),
         digest,

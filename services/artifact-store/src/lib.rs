@@ -19,6 +19,7 @@ mod page;
 mod project;
 mod publication;
 mod read;
+mod run_records;
 mod service;
 mod slots;
 mod stamp;
@@ -109,6 +110,7 @@ mod tests {
             "direct",
             "deferred",
             "access",
+            "run_records",
         ],
         &["layout"],
         &["temp"],

@@ -28,7 +28,7 @@ use crate::page::Page;
 use crate::read::{Entry, Kind};
 use crate::store::Store;
 use crate::write::{Durability, PutSpec};
-use crate::{access, Result};
+use crate::{access, run_records, Result};
 use cairn_server::Caller;
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
@@ -156,6 +156,7 @@ impl ArtifactStore for ArtifactStoreService {
             project_id: header.project_id,
             path: header.path,
             overwrite: header.overwrite,
+            if_sha256: header.if_sha256,
             expected_sha256: header.expected_sha256,
             expected_size: header.expected_size,
             allowed_prefixes: header.allowed_prefixes,
@@ -166,6 +167,11 @@ impl ArtifactStore for ArtifactStoreService {
                 .fence
                 .filter(|f| f.epoch > 0)
                 .map(|f| (f.run_id, f.epoch)),
+            by_hand: false,
+        };
+        let spec = PutSpec {
+            by_hand: !writes_for_its_run(&caller, &spec.path, spec.fence.as_ref()),
+            ..spec
         };
         access::check_write(
             &caller,
@@ -259,6 +265,13 @@ impl ArtifactStore for ArtifactStoreService {
         let caller = Caller::of(&request);
         let r = request.into_inner();
         access::check_write(&caller, "cairn.v1.ArtifactStore/Delete", &r.path, None)?;
+        if run_records::is_task_yaml(&r.path) && !caller.is("orchestrator") {
+            return Err(Error::NotEditable {
+                path: r.path,
+                field: "the whole file (deleting it)".into(),
+            }
+            .into());
+        }
         let deleted = self.store.delete(&r.project_id, &r.path, &r.run_id).await?;
         Ok(Response::new(DeleteResponse { deleted }))
     }
@@ -371,4 +384,13 @@ impl ArtifactStore for ArtifactStoreService {
             merged_conflict: updated.merged_conflict,
         }))
     }
+}
+
+/// Whether a write comes from the writer of the run whose records it touches: the orchestrator
+/// identity, or a claim (fence) on that very run.
+fn writes_for_its_run(caller: &Caller, path: &str, fence: Option<&(String, u64)>) -> bool {
+    let run = path
+        .strip_prefix(".cairn/runs/")
+        .and_then(|rest| rest.split('/').next());
+    caller.is("orchestrator") || matches!((run, fence), (Some(r), Some((f, _))) if r == f)
 }

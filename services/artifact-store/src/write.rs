@@ -28,7 +28,8 @@ use crate::digest::{self, Digest};
 use crate::direct::DirectWriter;
 use crate::error::{refusal, Error, Result};
 use crate::events::{FenceTicket, NewEvent, RunLogs};
-use crate::files::{self, existing_file, holds_same_bytes, Outcome, Staged, Written};
+use crate::run_records;
+use crate::files::{self, existing_file, holds_same_bytes, Outcome, Replace, Staged, Written};
 use crate::layout::check_id;
 use crate::project;
 use crate::state::{blocking, State};
@@ -53,8 +54,8 @@ pub enum Durability {
 /// How a staged file is published.
 #[derive(Debug, Default)]
 struct Publish {
-    /// Replace other bytes at the target.
-    overwrite: bool,
+    /// When other bytes at the target are replaced.
+    replace: Replace,
     /// Publish after the reply, before this run's next events.
     defer: Option<Deferral>,
     /// (run, epoch) the publication is fenced by.
@@ -77,6 +78,9 @@ pub struct PutSpec {
     pub project_id: String,
     pub path: String,
     pub overwrite: bool,
+    /// Replace only while the file there holds these bytes (hex sha256; "" = no condition):
+    /// other bytes are `changed`, a missing file is created.
+    pub if_sha256: String,
     /// Hex sha256 the bytes must have ("" = no check).
     pub expected_sha256: String,
     pub expected_size: Option<u64>,
@@ -88,6 +92,9 @@ pub struct PutSpec {
     pub durability: Durability,
     /// (run, epoch): publish only while that run's writer epoch is `epoch` (ClaimRun).
     pub fence: Option<(String, u64)>,
+    /// Written by someone other than the run's writer: run records people may edit
+    /// (task.yaml) are checked (`run_records`).
+    pub by_hand: bool,
 }
 
 /// What the client announced about the bytes.
@@ -135,36 +142,44 @@ fn publish(
 ) -> Result<(Outcome, Option<String>)> {
     if let Some(defer) = how.defer {
         let slot = state.slots.claim_blocking(&staged.project, &staged.path);
-        let outcome = match existing_file(
-            staged.dir.as_fd(),
-            &staged.name,
-            &staged.project,
-            &staged.path,
-        )? {
-            None => Outcome::Created,
-            Some(_) => {
-                let (same, existing_size) = holds_same_bytes(state, &staged, digest)?;
-                if same {
-                    // The bytes may be those of a Put acknowledged before a crash whose
-                    // directory entry was never fsync'd: the run's events make it durable too.
-                    let token = state.boot.issue(&staged.project, &defer.run);
-                    if !runs.defer_dir_sync(&staged.project, &defer.run, &staged.dir) {
-                        contain::sync_dir(staged.dir.as_fd()).map_err(|e| {
-                            Error::io(format!("fsync of the directory of {:?}", staged.path), e)
-                        })?;
+        let outcome = match &how.replace {
+            Replace::IfHolds(expected) => files::compare(state, &staged, digest, expected)?,
+            _ => match existing_file(
+                staged.dir.as_fd(),
+                &staged.name,
+                &staged.project,
+                &staged.path,
+            )? {
+                None => Outcome::Created,
+                Some(_) => {
+                    let (same, existing_size) = holds_same_bytes(state, &staged, digest)?;
+                    if same {
+                        Outcome::Unchanged
+                    } else if how.replace == Replace::Never {
+                        return Err(Error::Exists {
+                            project: staged.project.clone(),
+                            path: staged.path.clone(),
+                            existing_size,
+                        });
+                    } else {
+                        Outcome::Overwritten
                     }
-                    return Ok((Outcome::Unchanged, Some(token)));
                 }
-                if !how.overwrite {
-                    return Err(Error::Exists {
-                        project: staged.project.clone(),
-                        path: staged.path.clone(),
-                        existing_size,
-                    });
-                }
-                Outcome::Overwritten
-            }
+            },
         };
+        if outcome == Outcome::Unchanged {
+            // The bytes may be those of a Put acknowledged before a crash whose directory
+            // entry was never fsync'd: the run's events make it durable too.
+            let token = state.boot.issue(&staged.project, &defer.run);
+            if !runs.defer_dir_sync(&staged.project, &defer.run, &staged.dir) {
+                contain::sync_dir(staged.dir.as_fd()).map_err(|e| {
+                    Error::io(format!("fsync of the directory of {:?}", staged.path), e)
+                })?;
+            }
+            return Ok((Outcome::Unchanged, Some(token)));
+        }
+        // Decided under the path's slot, which the publication keeps: link as decided.
+        let replace = Replace::overwrite(outcome == Outcome::Overwritten);
         let ticket = fence_ticket(state, runs, &staged.project, &how.fence)?;
         let publication = runs.start_publication(&staged.project, &defer.run, &staged.path);
         let token = state.boot.issue(&staged.project, &defer.run);
@@ -178,7 +193,7 @@ fn publish(
                 staged,
                 file,
                 &digest,
-                how.overwrite,
+                &replace,
                 &defer.run,
             );
             if let Err(e) = &result {
@@ -196,7 +211,7 @@ fn publish(
         }
         return Ok((outcome, Some(token)));
     }
-    let outcome = files::publish_sync(state, staged, file, digest, how.overwrite, |project| {
+    let outcome = files::publish_sync(state, staged, file, digest, &how.replace, |project| {
         fence_ticket(state, runs, project, &how.fence)
     })?;
     Ok((outcome, None))
@@ -223,12 +238,12 @@ fn publish_now(
     mut staged: Staged,
     file: File,
     digest: &Digest,
-    overwrite: bool,
+    replace: &Replace,
     run: &str,
 ) -> Result<Outcome> {
     file.sync_all()
         .map_err(|e| Error::io(format!("fsync of the temp file for {:?}", staged.path), e))?;
-    let outcome = files::link(state, &mut staged, &file, digest, overwrite)?;
+    let outcome = files::link(state, &mut staged, &file, digest, replace)?;
     if outcome != Outcome::Unchanged {
         let deferred = runs.defer_dir_sync(&staged.project, run, &staged.dir);
         files::sync_published(state, &staged, &file, digest, deferred)?;
@@ -297,6 +312,12 @@ where
         },
         size: spec.expected_size,
     };
+    let replace = match spec.if_sha256.as_str() {
+        "" => Replace::overwrite(spec.overwrite),
+        s => Replace::IfHolds(digest::parse_expected(s).ok_or_else(|| {
+            Error::BadRequest(format!("if_sha256 {s:?} is not 64 hex digits; send the lower-case hex sha256 of the file you expect to replace, or leave it empty"))
+        })?),
+    };
     if let Some(size) = expect.size.filter(|s| *s > max) {
         return Err(Error::TooLarge {
             what: format!("the announced size of {path:?} ({size} bytes)"),
@@ -329,6 +350,13 @@ where
         }
     }
 
+    let check_edit = spec.by_hand && run_records::is_task_yaml(&path);
+    if check_edit && !ended {
+        return Err(Error::TooLarge {
+            what: format!("an edit by hand of {path:?}"),
+            limit: SMALL_BYTES,
+        });
+    }
     let defer = match defer_to_run {
         None => None,
         Some(run) => Some(Deferral {
@@ -352,13 +380,17 @@ where
             spec.create_project,
         );
         let how = Publish {
-            overwrite: spec.overwrite,
+            replace: replace.clone(),
             defer,
             fence: spec.fence.clone(),
         };
         blocking(move || {
             let root = open_root(&state2, &project, create)?;
             let root = root.as_fd();
+            if check_edit {
+                let current = files::read_at_most(root, &project, &path2, SMALL_BYTES)?;
+                run_records::check_edit(&path2, current.as_deref(), &head.concat())?;
+            }
             write_small(&state2, &runs2, root, &project, &path2, &head, &expect, how)
         })
         .await?
@@ -383,7 +415,7 @@ where
         expect.verify(&path, &digest)?;
         let (state2, runs2) = (state.clone(), runs.clone());
         let how = Publish {
-            overwrite: spec.overwrite,
+            replace: replace.clone(),
             defer,
             fence: spec.fence.clone(),
         };
@@ -658,6 +690,95 @@ mod tests {
             futures::stream::iter([Ok(Bytes::from_static(body))]),
         )
         .await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_compare_and_swap_replaces_only_the_expected_bytes_now_or_deferred() {
+        let tmp = tempfile::tempdir().unwrap();
+        let state = open_state(tmp.path());
+        let sha = |b: &[u8]| files::digest_of(&[Bytes::copy_from_slice(b)]).sha256;
+        for durability in [Durability::Sync, Durability::WithRunEvents] {
+            let path = format!("w/{durability:?}.txt");
+            let cas = |body: &'static [u8], expected: &[u8]| {
+                let spec = PutSpec {
+                    if_sha256: sha(expected),
+                    ..spec(&path, "r", durability)
+                };
+                put_bytes(&state, spec, body)
+            };
+            // Nothing there: created.
+            assert_eq!(cas(b"v1", b"v0").await.unwrap().outcome, Outcome::Created);
+            // Holds the expected bytes: replaced.
+            assert_eq!(
+                cas(b"v2", b"v1").await.unwrap().outcome,
+                Outcome::Overwritten
+            );
+            // Holds other bytes (someone changed it): refused, nothing written.
+            match cas(b"v3", b"v1").await {
+                Err(Error::Changed {
+                    expected, actual, ..
+                }) => {
+                    assert_eq!(expected, sha(b"v1"));
+                    assert_eq!(actual, sha(b"v2"));
+                }
+                other => panic!("expected changed, got {other:?}"),
+            }
+            // The new bytes are there already: unchanged, whatever was expected.
+            assert_eq!(
+                cas(b"v2", b"v1").await.unwrap().outcome,
+                Outcome::Unchanged
+            );
+            let (entry, _) = crate::read::get(&state, "p", &path, 0, 0).await.unwrap();
+            assert_eq!(entry.sha256, sha(b"v2"));
+        }
+        let bad = PutSpec {
+            if_sha256: "xyz".into(),
+            ..spec("w/bad.txt", "", Durability::Sync)
+        };
+        assert!(matches!(
+            put_bytes(&state, bad, b"x").await,
+            Err(Error::BadRequest(m)) if m.contains("if_sha256")
+        ));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn task_yaml_by_hand_may_change_only_the_editable_fields() {
+        let tmp = tempfile::tempdir().unwrap();
+        let state = open_state(tmp.path());
+        let path = ".cairn/runs/r1/task.yaml";
+        let by_hand = |body: &'static [u8]| {
+            let spec = PutSpec {
+                overwrite: true,
+                by_hand: true,
+                ..spec(path, "", Durability::Sync)
+            };
+            put_bytes(&state, spec, body)
+        };
+        // Made by hand before the orchestrator wrote it: refused.
+        assert!(matches!(
+            by_hand(b"id: r1\ntitle: t\nstate: working\n").await,
+            Err(Error::NotEditable { .. })
+        ));
+        let run_writer = PutSpec {
+            overwrite: true,
+            ..spec(path, "", Durability::Sync)
+        };
+        put_bytes(&state, run_writer, b"id: r1\ntitle: t\nstate: working\n")
+            .await
+            .unwrap();
+        assert_eq!(
+            by_hand(b"id: r1\ntitle: better\nstate: working\n")
+                .await
+                .unwrap()
+                .outcome,
+            Outcome::Overwritten
+        );
+        match by_hand(b"id: r1\ntitle: better\nstate: completed\n").await {
+            Err(e @ Error::NotEditable { .. }) => assert!(e.to_string().contains("`state`"), "{e}"),
+            other => panic!("expected not_editable, got {other:?}"),
+        }
+        let (entry, _) = crate::read::get(&state, "p", path, 0, 0).await.unwrap();
+        assert_eq!(entry.size_bytes, "id: r1\ntitle: better\nstate: working\n".len() as u64);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

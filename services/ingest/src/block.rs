@@ -26,6 +26,10 @@ pub mod reason {
     pub const IO_ERROR: &str = "io_error";
     /// The store refused a write: a newer claim on the run fenced the caller off.
     pub const FENCED: &str = "fenced";
+    /// A workspace file someone other than ingest wrote or edited was left alone.
+    pub const KEPT: &str = "kept";
+    /// The store's compare-and-swap found the file changed meanwhile.
+    pub const CHANGED: &str = "changed";
 }
 
 /// Every file= path is written beneath this project directory.

@@ -15,6 +15,10 @@ pub enum Error {
     #[error("{kind} id {id:?} is invalid: use 1-128 characters of A-Z a-z 0-9 . _ - (not \".\" or \"..\")")]
     InvalidId { kind: &'static str, id: String },
 
+    /// An enum field holds a number the proto does not declare.
+    #[error("{field} = {value} is not a known value: send one of the values the proto declares (this server may be older than the client)")]
+    UnknownEnum { field: &'static str, value: i32 },
+
     /// The request's fence is not for its run.
     #[error("fence.run_id {fence_run:?} is not the request's run_id {run:?}: send the claim on the run being ingested")]
     FenceRun { fence_run: String, run: String },
@@ -64,6 +68,12 @@ impl From<Error> for Status {
                 message,
                 "invalid_id",
                 &[("field", kind), ("id", &id)],
+            ),
+            Error::UnknownEnum { field, value } => reason::status_with(
+                Code::InvalidArgument,
+                message,
+                reason::UNKNOWN_ENUM,
+                &[("field", field), ("value", &value.to_string())],
             ),
             Error::FenceRun { run, .. } => reason::status_with(
                 Code::InvalidArgument,

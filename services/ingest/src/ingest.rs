@@ -5,11 +5,11 @@
 //! slow, refusing) ends up in the manifest, the events and the reply's level/notes; the caller
 //! always gets a normal reply. Only a malformed request is an error. Never logs content.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::OnceLock;
 
 use bytes::Bytes;
-use cairn_proto::v1::{IngestRequest, PutHeader, RunFence, WriteOutcome};
+use cairn_proto::v1::{IngestRequest, OverwritePolicy, PutHeader, RunFence, WriteOutcome};
 use futures::StreamExt;
 use pathguard::Policy;
 
@@ -29,9 +29,45 @@ const MAX_NOTES: usize = 100;
 /// Events per AppendEvents call.
 const EVENTS_PER_CALL: usize = 500;
 
-/// Where the manifest of `node_id` in `run_id` is stored.
+/// Where the manifest of `node_id` in `run_id` is stored (the latest ingest of that node).
 pub fn manifest_path(run_id: &str, node_id: &str) -> String {
     format!(".cairn/runs/{run_id}/ingest/{node_id}.json")
+}
+
+/// Where every manifest is also kept, named by its digest: a later ingest of the same node
+/// replaces `manifest_path`, but what earlier ones wrote stays on record (provenance).
+pub fn history_path(run_id: &str, node_id: &str, sha256: &str) -> String {
+    let short = sha256.get(..16).unwrap_or(sha256);
+    format!(".cairn/runs/{run_id}/ingest/history/{node_id}.{short}.json")
+}
+
+/// Which existing workspace files (holding other bytes) a block may replace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Overwrite {
+    /// None: the block is rejected `exists`.
+    Never,
+    /// Files an earlier ingest wrote that nobody changed since (provenance from the stored
+    /// manifests); a human's file is kept and the block rejected `kept`.
+    #[default]
+    Ingested,
+    /// Every file.
+    Always,
+}
+
+impl Overwrite {
+    /// From the request's `overwrite` flag and `overwrite_policy`.
+    fn of(overwrite: bool, policy: i32) -> Result<Overwrite> {
+        let policy = OverwritePolicy::try_from(policy).map_err(|_| Error::UnknownEnum {
+            field: "overwrite_policy",
+            value: policy,
+        })?;
+        Ok(match policy {
+            OverwritePolicy::Unspecified if overwrite => Overwrite::Always,
+            OverwritePolicy::Unspecified | OverwritePolicy::Ingested => Overwrite::Ingested,
+            OverwritePolicy::Never => Overwrite::Never,
+            OverwritePolicy::Always => Overwrite::Always,
+        })
+    }
 }
 
 /// A checked ingest request.
@@ -43,7 +79,7 @@ pub struct Request {
     pub source: Source,
     /// The document; empty = read `source.doc_path` from the store.
     pub content: Bytes,
-    pub overwrite: bool,
+    pub overwrite: Overwrite,
     /// The caller's claim on the run, sent with every write; None = unfenced.
     pub fence: Option<RunFence>,
 }
@@ -67,6 +103,7 @@ impl Request {
                 });
             }
         }
+        let overwrite = Overwrite::of(r.overwrite, r.overwrite_policy)?;
         let or = |s: String, default: &str| if s.is_empty() { default.to_owned() } else { s };
         Ok(Request {
             project_id,
@@ -78,7 +115,7 @@ impl Request {
                 doc_path: r.doc_path,
             },
             content: r.content,
-            overwrite: r.overwrite,
+            overwrite,
             fence,
         })
     }
@@ -315,9 +352,19 @@ impl Ingestor {
                 fence: req.fence.clone(),
                 ..PutHeader::default()
             };
-            match self.store.put(header, body).await {
+            let history = PutHeader {
+                path: history_path(&req.run_id, &req.node_id, &header.expected_sha256),
+                overwrite: false,
+                ..header.clone()
+            };
+            match self.store.put(header, body.clone()).await {
                 Ok(_) => stored_at = path,
                 Err(e) => trouble.store_failed("storing the manifest", &e),
+            }
+            if trouble.store_up() && manifest.summary.written > 0 {
+                if let Err(e) = self.store.put(history, body).await {
+                    trouble.store_failed("keeping the manifest on record", &e);
+                }
             }
         } else {
             trouble
@@ -408,7 +455,8 @@ impl Ingestor {
         }
     }
 
-    /// Writes every block still `Written` through the store and records what the store said.
+    /// Writes every block still `Written` through the store and records what the store said;
+    /// then, under [`Overwrite::Ingested`], replaces the files an earlier ingest wrote.
     /// Returns the store's outcome word per block (created, unchanged, overwritten).
     async fn write_blocks(
         &self,
@@ -418,58 +466,190 @@ impl Ingestor {
         trouble: &Trouble,
     ) -> Vec<Option<&'static str>> {
         let mut outcomes = vec![None; blocks.len()];
-        let todo: Vec<(usize, String, Bytes, String)> = blocks
+        let todo: Vec<Write> = blocks
             .iter()
             .enumerate()
             .filter(|(_, b)| b.status == BlockStatus::Written)
-            .map(|(i, b)| {
-                (
-                    i,
-                    b.workspace_path.clone(),
-                    doc.slice(b.content.clone()),
-                    b.sha256.clone(),
-                )
-            })
+            .map(|(i, b)| Write::of(i, b, doc, None))
             .collect();
+        let results = self.put_all(req, todo, trouble).await;
+        record(blocks, &mut outcomes, results);
+        if req.overwrite == Overwrite::Ingested && trouble.store_up() {
+            self.replace_ingested(req, doc, blocks, &mut outcomes, trouble)
+                .await;
+        }
+        outcomes
+    }
+
+    /// The blocks refused `exists` whose file holds bytes an earlier ingest wrote there are
+    /// written again as a compare-and-swap on those bytes; the others are `kept`.
+    async fn replace_ingested(
+        &self,
+        req: &Request,
+        doc: &Bytes,
+        blocks: &mut [Block],
+        outcomes: &mut [Option<&'static str>],
+        trouble: &Trouble,
+    ) {
+        let held: Vec<usize> = (0..blocks.len())
+            .filter(|&i| blocks[i].status == BlockStatus::Rejected && blocks[i].reason == "exists")
+            .collect();
+        if held.is_empty() {
+            return;
+        }
+        let wanted: HashSet<&str> = held
+            .iter()
+            .map(|&i| blocks[i].workspace_path.as_str())
+            .collect();
+        let written = match self.ingested(&req.project_id, &wanted).await {
+            Ok(written) => written,
+            Err(e) => {
+                trouble.saw(&e);
+                for &i in &held {
+                    blocks[i].set(
+                        BlockStatus::Rejected,
+                        reason::KEPT,
+                        format!("kept: the earlier ingests of {:?} could not be read ({e}), so it is left as it is", blocks[i].workspace_path),
+                    );
+                }
+                return;
+            }
+        };
+        let mut todo = Vec::new();
+        for i in held {
+            let path = blocks[i].workspace_path.clone();
+            let current = match self.store.stat_sha256(&req.project_id, &path).await {
+                Ok(sha) => sha,
+                Err(e) => {
+                    trouble.saw(&e);
+                    let detail = format!("kept: {path:?} could not be read ({e})");
+                    blocks[i].set(BlockStatus::Rejected, reason::KEPT, detail);
+                    continue;
+                }
+            };
+            match current {
+                Some(sha) if written.get(&path).is_some_and(|s| s.contains(&sha)) => {
+                    todo.push(Write::of(i, &blocks[i], doc, Some(sha)));
+                }
+                _ => blocks[i].set(
+                    BlockStatus::Rejected,
+                    reason::KEPT,
+                    format!("kept: {path:?} was written or edited by someone other than ingest (its bytes match no earlier ingest of it), so it is left as it is; set the node's ingest overwrite to `always` to replace it anyway"),
+                ),
+            }
+        }
+        for w in &todo {
+            blocks[w.index].set(BlockStatus::Written, "", "");
+        }
+        let results = self.put_all(req, todo, trouble).await;
+        for (i, result) in &results {
+            if let Err(StoreError::Refused { reason: r, .. }) = result {
+                if r == reason::CHANGED {
+                    let path = blocks[*i].workspace_path.clone();
+                    blocks[*i].set(
+                        BlockStatus::Rejected,
+                        reason::KEPT,
+                        format!("kept: {path:?} was changed while this ingest was deciding to replace it; the change wins"),
+                    );
+                }
+            }
+        }
+        let results = results
+            .into_iter()
+            .filter(|(i, _)| blocks[*i].reason != reason::KEPT)
+            .collect();
+        record(blocks, outcomes, results);
+    }
+
+    /// For each of `paths`, the digests stored ingest manifests record as written there.
+    async fn ingested(
+        &self,
+        project: &str,
+        paths: &HashSet<&str>,
+    ) -> Result<HashMap<String, HashSet<String>>, StoreError> {
+        let manifests: Vec<String> = self
+            .store
+            .list_files(project, RUNS)
+            .await?
+            .into_iter()
+            .filter(|p| is_manifest(p))
+            .collect();
+        let reads = futures::stream::iter(manifests)
+            .map(|path| async move {
+                let read = self.store.get(project, &path, MAX_MANIFEST_BYTES).await;
+                (path, read)
+            })
+            .buffer_unordered(self.write_concurrency.max(1));
+        futures::pin_mut!(reads);
+        let mut written: HashMap<String, HashSet<String>> = HashMap::new();
+        while let Some((path, read)) = reads.next().await {
+            let bytes = match read {
+                Ok((_, _, bytes)) => bytes,
+                // Gone meanwhile: it records nothing any more.
+                Err(StoreError::NotFound(_)) => continue,
+                Err(e) => return Err(e),
+            };
+            let Ok(manifest) = serde_json::from_slice::<Manifest>(&bytes) else {
+                tracing::warn!(%project, manifest = %path, "an ingest manifest does not parse; its files count as not written by ingest");
+                continue;
+            };
+            for a in manifest.artifacts {
+                if a.status == BlockStatus::Written && paths.contains(a.workspace_path.as_str()) {
+                    written.entry(a.workspace_path).or_default().insert(a.sha256);
+                }
+            }
+        }
+        Ok(written)
+    }
+
+    /// Puts `todo` through the store (in document order when one block's file is another's
+    /// directory), stopping once the store is found away or the caller fenced off.
+    async fn put_all(
+        &self,
+        req: &Request,
+        todo: Vec<Write>,
+        trouble: &Trouble,
+    ) -> Vec<(usize, Result<WriteOutcome, StoreError>)> {
         // A file that is also another block's directory ("a" and "a/b"): write in document
         // order so the outcome does not depend on timing.
-        let paths: HashSet<&str> = todo.iter().map(|t| t.1.as_str()).collect();
+        let paths: HashSet<&str> = todo.iter().map(|t| t.path.as_str()).collect();
         let nested = todo.iter().any(|t| {
-            t.1.match_indices('/')
-                .any(|(at, _)| paths.contains(&t.1[..at]))
+            t.path
+                .match_indices('/')
+                .any(|(at, _)| paths.contains(&t.path[..at]))
         });
         let concurrency = if nested {
             1
         } else {
             self.write_concurrency.max(1)
         };
-
-        let results: Vec<(usize, Result<WriteOutcome, StoreError>)> = futures::stream::iter(todo)
-            .map(|(i, path, content, sha256)| async move {
+        futures::stream::iter(todo)
+            .map(|w| async move {
                 if let Some(down) = trouble.stopped() {
                     return (
-                        i,
+                        w.index,
                         Err(StoreError::Unavailable(format!("not attempted: {down}"))),
                     );
                 }
                 let header = PutHeader {
                     project_id: req.project_id.clone(),
-                    path,
-                    overwrite: req.overwrite,
-                    expected_sha256: sha256,
-                    expected_size: Some(content.len() as u64),
+                    path: w.path,
+                    overwrite: req.overwrite == Overwrite::Always,
+                    if_sha256: w.if_sha256.unwrap_or_default(),
+                    expected_sha256: w.sha256,
+                    expected_size: Some(w.content.len() as u64),
                     allowed_prefixes: vec![WORKSPACE.to_owned()],
                     run_id: req.run_id.clone(),
                     create_project: true,
                     fence: req.fence.clone(),
                     ..PutHeader::default()
                 };
-                let result = self.store.put(header, content).await;
+                let result = self.store.put(header, w.content).await;
                 if let Err(e) = &result {
                     trouble.saw(e);
                 }
                 (
-                    i,
+                    w.index,
                     result.map(|r| {
                         WriteOutcome::try_from(r.outcome).unwrap_or(WriteOutcome::Unspecified)
                     }),
@@ -477,25 +657,7 @@ impl Ingestor {
             })
             .buffer_unordered(concurrency)
             .collect()
-            .await;
-
-        for (i, result) in results {
-            let Some(b) = blocks.get_mut(i) else { continue };
-            match result {
-                Ok(outcome) => {
-                    outcomes[i] = Some(match outcome {
-                        WriteOutcome::Unchanged => "unchanged",
-                        WriteOutcome::Overwritten => "overwritten",
-                        _ => "created",
-                    });
-                }
-                Err(e) => {
-                    let r = e.reason().to_owned();
-                    b.set(BlockStatus::Rejected, &r, e.to_string());
-                }
-            }
-        }
-        outcomes
+            .await
     }
 
     /// Severity, notes and the log line of a finished ingest or dry run.
@@ -578,6 +740,69 @@ impl Ingestor {
             .await
             .map_err(store_error)?;
         self.enabled(project_id, run_id).await
+    }
+}
+
+/// Where the run records (and their ingest manifests) are.
+const RUNS: &str = ".cairn/runs";
+
+/// Largest manifest read for provenance (1,000 blocks of long paths fit easily).
+const MAX_MANIFEST_BYTES: u64 = 8 << 20;
+
+/// `.cairn/runs/<run>/ingest/<node>.json` or `.../ingest/history/<node>.<digest>.json`.
+fn is_manifest(path: &str) -> bool {
+    let parts: Vec<&str> = path.split('/').collect();
+    let json = path.ends_with(".json");
+    match parts.as_slice() {
+        [".cairn", "runs", _, "ingest", _] => json,
+        [".cairn", "runs", _, "ingest", "history", _] => json,
+        _ => false,
+    }
+}
+
+/// One block's Put.
+struct Write {
+    index: usize,
+    path: String,
+    content: Bytes,
+    sha256: String,
+    /// Replace only the file holding these bytes.
+    if_sha256: Option<String>,
+}
+
+impl Write {
+    fn of(index: usize, b: &Block, doc: &Bytes, if_sha256: Option<String>) -> Write {
+        Write {
+            index,
+            path: b.workspace_path.clone(),
+            content: doc.slice(b.content.clone()),
+            sha256: b.sha256.clone(),
+            if_sha256,
+        }
+    }
+}
+
+/// Records the store's answers: an outcome word, or the block rejected with the store's reason.
+fn record(
+    blocks: &mut [Block],
+    outcomes: &mut [Option<&'static str>],
+    results: Vec<(usize, Result<WriteOutcome, StoreError>)>,
+) {
+    for (i, result) in results {
+        let Some(b) = blocks.get_mut(i) else { continue };
+        match result {
+            Ok(outcome) => {
+                outcomes[i] = Some(match outcome {
+                    WriteOutcome::Unchanged => "unchanged",
+                    WriteOutcome::Overwritten => "overwritten",
+                    _ => "created",
+                });
+            }
+            Err(e) => {
+                let r = e.reason().to_owned();
+                b.set(BlockStatus::Rejected, &r, e.to_string());
+            }
+        }
     }
 }
 

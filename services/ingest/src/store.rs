@@ -7,8 +7,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use cairn_proto::v1::artifact_store_client::ArtifactStoreClient;
 use cairn_proto::v1::{
-    get_response, put_request, AppendEventsRequest, CreateProjectRequest, EventInput, GetRequest,
-    PutHeader, PutRequest, PutResponse,
+    get_response, put_request, AppendEventsRequest, CreateProjectRequest, EntryKind, EventInput,
+    GetRequest, ListRequest, PageRequest, PutHeader, PutRequest, PutResponse, StatRequest,
 };
 use cairn_server::retry::{Dependency, Safety};
 use cairn_telemetry::TracedChannel;
@@ -250,6 +250,67 @@ impl StoreClient {
             }
         })
         .await
+    }
+
+    /// The sha256 of the file at `path`; None when nothing (or no regular file) is there.
+    pub async fn stat_sha256(
+        &self,
+        project_id: &str,
+        path: &str,
+    ) -> Result<Option<String>, StoreError> {
+        let request = StatRequest {
+            project_id: project_id.to_owned(),
+            path: path.to_owned(),
+            include_sha256: true,
+        };
+        let stat = self
+            .timed("Stat", Safety::Idempotent, |mut client| {
+                let request = request.clone();
+                async move { client.stat(request).await.map(tonic::Response::into_inner) }
+            })
+            .await;
+        match stat {
+            Ok(info) if info.kind == EntryKind::File as i32 => Ok(Some(info.sha256)),
+            Ok(_) | Err(StoreError::NotFound(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Every file beneath `prefix` (all pages).
+    pub async fn list_files(
+        &self,
+        project_id: &str,
+        prefix: &str,
+    ) -> Result<Vec<String>, StoreError> {
+        let mut files = Vec::new();
+        let mut page_token = String::new();
+        loop {
+            let request = ListRequest {
+                project_id: project_id.to_owned(),
+                prefix: prefix.to_owned(),
+                recursive: true,
+                page: Some(PageRequest {
+                    page_size: 10_000,
+                    page_token: page_token.clone(),
+                }),
+            };
+            let page = self
+                .timed("List", Safety::Idempotent, |mut client| {
+                    let request = request.clone();
+                    async move { client.list(request).await.map(tonic::Response::into_inner) }
+                })
+                .await;
+            let page = match page {
+                Ok(page) => page,
+                Err(StoreError::NotFound(_)) => return Ok(files),
+                Err(e) => return Err(e),
+            };
+            files.extend(page.entries.into_iter().map(|e| e.path));
+            if page.next_page_token.is_empty() {
+                return Ok(files);
+            }
+            page_token = page.next_page_token;
+        }
     }
 
     /// Appends events to the run's events.jsonl, in order; `epoch` > 0 = only while that is

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use cairn_proto::v1::{BlockStatus, GetEnabledRequest, Level, SetEnabledRequest};
+use cairn_proto::v1::{BlockStatus, GetEnabledRequest, Level, OverwritePolicy, SetEnabledRequest};
 use common::{request, sha256_hex, Ingest, Store};
 use tonic::Code;
 
@@ -130,14 +130,11 @@ async fn ingest_writes_through_a_running_store_and_records_events() {
         .collect();
     assert_eq!(outcomes, ["created", "unchanged"]);
 
-    // Different bytes without overwrite: exists; with overwrite: replaced.
+    // Different bytes under NEVER: exists, nothing changes.
     let changed = DOC.replace("hello from app", "changed");
-    let refused = ingest
-        .client
-        .ingest(request("demo", "r1", changed.as_bytes()))
-        .await
-        .unwrap()
-        .into_inner();
+    let mut never = request("demo", "r1", changed.as_bytes());
+    never.overwrite_policy = OverwritePolicy::Never as i32;
+    let refused = ingest.client.ingest(never).await.unwrap().into_inner();
     assert_eq!(
         (
             refused.artifacts[0].status(),
@@ -149,7 +146,37 @@ async fn ingest_writes_through_a_running_store_and_records_events() {
         std::fs::read(store.workspace("demo").join("src/app.py")).unwrap(),
         on_disk
     );
-    let mut req = request("demo", "r1", changed.as_bytes());
+    // By default (INGESTED) a file an earlier ingest wrote is updated, in a later run too.
+    let updated = ingest
+        .client
+        .ingest(request("demo", "r2", changed.as_bytes()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(updated.artifacts[0].status(), BlockStatus::Written);
+    assert_eq!(
+        std::fs::read(store.workspace("demo").join("src/app.py")).unwrap(),
+        b"print('changed')\n"
+    );
+    // A person's edit is kept by default ...
+    std::fs::write(store.workspace("demo").join("src/app.py"), b"print('mine')\n").unwrap();
+    let kept = ingest
+        .client
+        .ingest(request("demo", "r3", DOC.as_bytes()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (kept.artifacts[0].status(), kept.artifacts[0].reason.as_str()),
+        (BlockStatus::Rejected, "kept")
+    );
+    assert!(kept.errors.iter().any(|e| e.contains("kept")), "{:?}", kept.errors);
+    assert_eq!(
+        std::fs::read(store.workspace("demo").join("src/app.py")).unwrap(),
+        b"print('mine')\n"
+    );
+    // ... and replaced with overwrite (ALWAYS).
+    let mut req = request("demo", "r3", changed.as_bytes());
     req.overwrite = true;
     let replaced = ingest.client.ingest(req).await.unwrap().into_inner();
     assert_eq!(replaced.artifacts[0].status(), BlockStatus::Written);
@@ -157,6 +184,12 @@ async fn ingest_writes_through_a_running_store_and_records_events() {
         std::fs::read(store.workspace("demo").join("src/app.py")).unwrap(),
         b"print('changed')\n"
     );
+    // An enum value the proto does not declare is refused, not read as the default.
+    let mut bad = request("demo", "r4", DOC.as_bytes());
+    bad.overwrite_policy = 9;
+    let e = ingest.client.ingest(bad).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert_eq!(cairn_proto::reason::of(&e).as_deref(), Some("unknown_enum"));
     ingest.server.stop().await;
 }
 

@@ -15,6 +15,7 @@ use common::{files_under, request, sha256_hex, Ingest, Store};
 /// Reasons only the store can find (a dry run reports such blocks as written).
 const STORE_SIDE: &[&str] = &[
     "exists",
+    "kept",
     "symlink_in_path",
     "not_a_file",
     "prefix_not_allowed",
@@ -521,9 +522,9 @@ fn cases() -> Vec<Case> {
     cases.push(Case {
         prepare: Prepare::File("a.py", b"old\n"),
         ..case(
-            "existing file, overwrite=false: exists",
+            "existing file a person wrote, no overwrite: kept",
             "```py file=a.py\nnew\n```\n",
-            vec![r("exists", "a.py")],
+            vec![r("kept", "a.py")],
         )
     });
     cases.push(Case {

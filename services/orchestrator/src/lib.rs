@@ -19,6 +19,7 @@ pub mod rundir;
 pub mod runs;
 pub mod scheduler;
 pub mod service;
+pub mod task_edits;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -168,6 +168,9 @@ pub struct NodeRecord {
     pub items: Option<MapItems>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gate: Option<GateRecord>,
+    /// A human's note on this milestone (task.yaml `milestones[].note`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -177,6 +180,9 @@ pub struct RosterEntry {
     /// working | awaiting | dormant
     pub state: String,
     pub node: String,
+    /// A human's note on this agent (task.yaml `roster[].note`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -267,6 +273,7 @@ impl RunState {
                         note_ref: None,
                     }
                 }),
+                note: None,
             })
             .collect();
         let index = nodes
@@ -483,6 +490,7 @@ impl RunState {
                 }
             }
             ev::HUMAN_NOTE => self.notes += 1,
+            ev::TASK_EDITED => crate::task_edits::apply(self, d),
             ev::AGENT_STARTED | ev::AGENT_COMPLETED | ev::AGENT_FAILED | ev::AGENT_AWAITING => {
                 let instance = text(d, "agent_instance").unwrap_or_else(|| e.node.to_owned());
                 let state = match e.kind {
@@ -497,6 +505,7 @@ impl RunState {
                         instance,
                         state: state.into(),
                         node: e.node.to_owned(),
+                        note: None,
                     }),
                 }
             }
@@ -645,7 +654,32 @@ impl RunState {
             gates,
             run_dir: run_dir.to_owned(),
             error: self.error.clone().unwrap_or_default(),
+            blocks_not_written: self.blocks_not_written(),
         }
+    }
+
+    /// Code blocks that the ingests of the nodes' (and map items') latest attempts did not
+    /// write.
+    pub fn blocks_not_written(&self) -> u32 {
+        fn of(outputs: &Value) -> u32 {
+            let count = |k: &str| {
+                outputs
+                    .pointer(&format!("/ingest/{k}"))
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0)
+            };
+            u32::try_from(count("skipped") + count("rejected")).unwrap_or(u32::MAX)
+        }
+        self.nodes
+            .iter()
+            .map(|n| {
+                let items = n
+                    .items
+                    .as_ref()
+                    .map_or(0, |m| m.records.iter().map(|r| of(&r.outputs)).sum::<u32>());
+                of(&n.outputs).saturating_add(items)
+            })
+            .fold(0u32, u32::saturating_add)
     }
 
     /// Rebuilds the id index after deserialising (state.json).

@@ -753,18 +753,31 @@ impl Runs {
                 state.state.as_str()
             )));
         }
-        // Not live (no driver): record the cancellation directly.
-        let e = Ev::run(ev::TASK_CANCELED)
-            .with("by", if by.is_empty() { "human" } else { by })
-            .with("reason", reason);
+        // Not live (no driver): record the cancellation directly, after any edit a human
+        // made to task.yaml meanwhile (the snapshot below rewrites it).
+        let mut events = Vec::new();
+        let task_yaml = RunDir::new(run_id).task_yaml();
+        if let Ok(Some(text)) = self.b.store.get_at_most(project, &task_yaml, 16 << 20).await {
+            let text = String::from_utf8_lossy(&text);
+            if crate::task_edits::changes(&text, &state).is_ok_and(|c| !c.is_empty()) {
+                events.push(crate::task_edits::event(&text, &state));
+            }
+        }
+        events.push(
+            Ev::run(ev::TASK_CANCELED)
+                .with("by", if by.is_empty() { "human" } else { by })
+                .with("reason", reason),
+        );
         let r = self
             .b
             .store
-            .append_events(project, run_id, vec![e.to_input()])
+            .append_events(project, run_id, events.iter().map(Ev::to_input).collect())
             .await
             .map_err(Error::store("recording task.canceled"))?;
         let ts = ev::now();
-        state.apply(&crate::run::EventView::live(&e, &ts));
+        for e in &events {
+            state.apply(&crate::run::EventView::live(e, &ts));
+        }
         state.last_seq = r.last_seq;
         self.write_snapshot(&state, &graph, r.last_seq).await?;
         Ok(state.to_info(RunDir::new(run_id).root()))

@@ -257,7 +257,18 @@ impl Driver {
             Exit::Final => {
                 let v = self.publish();
                 let _ = self.rec.flush().await;
-                let written = self.snaps.wait_written(v, Duration::from_secs(30)).await;
+                let mut written = self.snaps.wait_written(v, Duration::from_secs(30)).await;
+                // Edits of task.yaml found while the last snapshots were written.
+                let mut edited = false;
+                while let Ok(edit) = self.snaps.edits.try_recv() {
+                    self.emit(edit);
+                    edited = true;
+                }
+                if edited {
+                    let v = self.publish();
+                    let _ = self.rec.flush().await;
+                    written = self.snaps.wait_written(v, Duration::from_secs(30)).await;
+                }
                 if !written {
                     tracing::warn!(run_id = %self.state.run_id, "final snapshot not written in time");
                 }
@@ -362,6 +373,11 @@ impl Driver {
                 }
                 _ = sleep_until_opt(next_retry) => self.due_retries(),
                 _ = sleep_until_opt(snapshot_due) => { self.publish(); }
+                Some(edit) = self.snaps.edits.recv() => {
+                    // A human's task.yaml edit: recorded, applied, and in the next snapshot.
+                    self.emit(edit);
+                    self.state_changed = true;
+                }
             }
             if self.permit.is_none() && self.has_work() && !self.acquire_permit().await {
                 return Exit::Shutdown;

@@ -465,3 +465,88 @@ async fn cancel_at_a_gate_and_resume_rules() {
         .any(|e| e.r#type == "task.resumed" && data(e)["by"] == "carol"));
     s.stop().await;
 }
+
+/// Puts `text` at `path` as a person would (no claim on the run).
+async fn put_by_hand(s: &Stack, path: &str, text: &str) -> Result<(), tonic::Status> {
+    use cairn_proto::v1::{put_request, PutHeader, PutRequest};
+    let msgs = vec![
+        PutRequest {
+            msg: Some(put_request::Msg::Header(PutHeader {
+                project_id: PROJECT.into(),
+                path: path.into(),
+                overwrite: true,
+                ..Default::default()
+            })),
+        },
+        PutRequest {
+            msg: Some(put_request::Msg::Chunk(text.as_bytes().to_vec().into())),
+        },
+    ];
+    s.store.clone().put(tokio_stream::iter(msgs)).await.map(|_| ())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_yaml_edits_are_applied_and_other_edits_refused() {
+    let s = Stack::start(Options::default()).await;
+    let run = s.submit(GATED, &[]).await.unwrap().run_id;
+    s.wait_state(&run, TaskState::InputRequired, 20).await;
+    let path = format!(".cairn/runs/{run}/task.yaml");
+    let yaml = s.wait_text(&path, "state: input-required", 10).await;
+    assert!(yaml.contains("You may edit title, goal"), "{yaml}");
+
+    // Anything but the editable fields is refused, naming the field; nothing changes.
+    let forged = yaml.replace("state: input-required", "state: completed");
+    let e = put_by_hand(&s, &path, &forged).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    assert_eq!(cairn_proto::reason::of(&e).as_deref(), Some("not_editable"));
+    assert!(e.message().contains("`state`"), "{}", e.message());
+    assert_eq!(s.read_text(&path).await, yaml);
+    // So is deleting it.
+    let e = s
+        .store
+        .clone()
+        .delete(cairn_proto::v1::DeleteRequest {
+            project_id: PROJECT.into(),
+            path: path.clone(),
+            run_id: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(cairn_proto::reason::of(&e).as_deref(), Some("not_editable"));
+
+    // A new title, goal and a milestone note are accepted...
+    let mut task: Value = serde_saphyr::from_str(&yaml).unwrap();
+    task["title"] = "Reviewed draft".into();
+    task["goal"] = "Ship the draft once reviewed".into();
+    task["milestones"][0]["note"] = "keep it short".into();
+    let edited = serde_saphyr::to_string(&task).unwrap();
+    put_by_hand(&s, &path, &edited).await.unwrap();
+
+    // ... applied at the next step as a task.edited event, and never reverted.
+    s.client
+        .clone()
+        .approve_gate(decision(&run, "review", "ann", ""))
+        .await
+        .unwrap();
+    let done = s.wait_state(&run, TaskState::Completed, 20).await;
+    assert_eq!(done.title, "Reviewed draft");
+    let events = s.events(&run).await;
+    let edit = events
+        .iter()
+        .find(|e| e.r#type == "task.edited")
+        .expect("a task.edited event");
+    let changes = data(edit)["changes"].clone();
+    let fields: Vec<&str> = changes
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["field"].as_str().unwrap())
+        .collect();
+    assert_eq!(fields, ["title", "goal", "milestone_note"], "{changes}");
+    assert_eq!(changes[2]["id"], "draft");
+    let after = s.wait_text(&path, "state: completed", 10).await;
+    let after: Value = serde_saphyr::from_str(&after).unwrap();
+    assert_eq!(after["title"], "Reviewed draft");
+    assert_eq!(after["goal"], "Ship the draft once reviewed");
+    assert_eq!(after["milestones"][0]["note"], "keep it short");
+}

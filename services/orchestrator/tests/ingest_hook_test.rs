@@ -279,3 +279,87 @@ async fn the_hook_hands_the_runs_claim_to_ingest() {
     }
     s.stop().await;
 }
+
+/// A graph whose agent writes two workspace files (its cassette decides their content).
+const UPDATE_GRAPH: &str = r#"
+nodes:
+  - id: author
+    type: agent_task
+    prompt: write the code
+    path: "docs/{{run_id}}/design.md"
+"#;
+
+fn two_files(app: &str, util: &str) -> String {
+    format!(
+        "answers:\n  - node: author\n    content: |\n      Code.\n\n      ```python file=pkg/app.py\n      {app}\n      ```\n\n      ```python file=pkg/util.py\n      {util}\n      ```\n"
+    )
+}
+
+async fn run_with(s: &Stack, name: &str, graph: &str, answers: &str) -> cairn_proto::v1::RunInfo {
+    let llm = cassette(s.dir.path(), name, answers);
+    let req = SubmitRunRequest {
+        project_id: PROJECT.into(),
+        graph_yaml: graph.into(),
+        llm,
+        ..Default::default()
+    };
+    let run = s.submit_req(req).await.unwrap().run_id;
+    s.wait_state(&run, TaskState::Completed, 30).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_run_updates_what_ingest_wrote_and_keeps_what_a_human_wrote_or_edited() {
+    let s = Stack::start(Options::default()).await;
+    // A file a human wrote before any ingest.
+    put_file(&s.store, "workspace/pkg/notes.txt", b"mine\n").await;
+
+    let first = run_with(&s, "c1.yaml", UPDATE_GRAPH, &two_files("v = 1", "u = 1")).await;
+    assert_eq!(first.blocks_not_written, 0);
+    assert_eq!(s.read_text("workspace/pkg/app.py").await, "v = 1\n");
+
+    // A human edits one of the ingested files.
+    put_file(&s.store, "workspace/pkg/util.py", b"u = 'edited'\n").await;
+
+    let second = run_with(&s, "c2.yaml", UPDATE_GRAPH, &two_files("v = 2", "u = 2")).await;
+    // What ingest wrote and nobody touched is updated; the human's edit is kept.
+    assert_eq!(s.read_text("workspace/pkg/app.py").await, "v = 2\n");
+    assert_eq!(s.read_text("workspace/pkg/util.py").await, "u = 'edited'\n");
+    assert_eq!(s.read_text("workspace/pkg/notes.txt").await, "mine\n");
+    // ... and the run says so: outputs, a warning event, RunInfo, README.
+    assert_eq!(second.blocks_not_written, 1);
+    let out = outputs(&second, "author");
+    assert_eq!(out["workspace_files"], serde_json::json!(["workspace/pkg/app.py"]));
+    assert_eq!(out["not_written"][0]["path"], "workspace/pkg/util.py");
+    assert_eq!(out["not_written"][0]["reason"], "kept");
+    assert_eq!(out["not_written"][0]["status"], "rejected");
+    let events = s.events(&second.run_id).await;
+    let warning = events
+        .iter()
+        .find(|e| e.r#type == "ingest.incomplete")
+        .expect("an ingest.incomplete event");
+    assert_eq!(warning.level, cairn_proto::v1::Level::Warning as i32);
+    assert_eq!(data(warning)["rejected"], 1);
+    let readme = s
+        .wait_text(&format!(".cairn/runs/{}/README.md", second.run_id), "Not written", 10)
+        .await;
+    assert!(readme.contains("1 code block(s)"), "{readme}");
+
+    // `ingest_overwrite: always` replaces even the human's edit.
+    let always = UPDATE_GRAPH.replace(
+        "    prompt: write the code\n",
+        "    prompt: write the code\n    ingest_overwrite: always\n",
+    );
+    let third = run_with(&s, "c3.yaml", &always, &two_files("v = 3", "u = 3")).await;
+    assert_eq!(third.blocks_not_written, 0);
+    assert_eq!(s.read_text("workspace/pkg/util.py").await, "u = 3\n");
+
+    // `never` replaces nothing, not even ingest's own files.
+    let never = UPDATE_GRAPH.replace(
+        "    prompt: write the code\n",
+        "    prompt: write the code\n    ingest_overwrite: never\n",
+    );
+    let fourth = run_with(&s, "c4.yaml", &never, &two_files("v = 4", "u = 4")).await;
+    assert_eq!(fourth.blocks_not_written, 2);
+    assert_eq!(s.read_text("workspace/pkg/app.py").await, "v = 3\n");
+    assert_eq!(outputs(&fourth, "author")["not_written"][0]["reason"], "exists");
+}

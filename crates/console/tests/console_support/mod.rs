@@ -471,7 +471,7 @@ pub fn blocked_run(run_id: &str, title: &str, created_at: &str) -> pb::RunInfo {
             ..Default::default()
         }],
         run_dir: format!(".cairn/runs/{run_id}"),
-        error: String::new(),
+        ..Default::default()
     }
 }
 

@@ -1,19 +1,33 @@
 //! The ingest hook and the explicit `ingest` node: a document's strict code fences
 //! become workspace files through the ingest service. Fail-open: whatever goes wrong is
 //! recorded (`ingest.hook_failed` at warning level, the manifest), `workspace_files` is an
-//! empty list, and the run goes on.
+//! empty list, and the run goes on. Blocks that were not written (rejected, skipped) are
+//! listed in the node's `not_written` output and an `ingest.incomplete` warning.
 
 use std::time::Duration;
 
 use bytes::Bytes;
-use cairn_proto::v1::{BlockStatus, IngestRequest, IngestResponse, Level};
-use serde_json::{json, Map, Value};
+use cairn_proto::v1::{BlockStatus, IngestRequest, IngestResponse, Level, OverwritePolicy};
+use serde_json::{json, Value};
 
 use super::{project_path, NodeCtx, NodeError, NodeSuccess};
-use cairn_graph::IngestNode;
-use cairn_node::events::{Ev, INGEST_HOOK_FAILED};
+use cairn_graph::{IngestNode, Overwrite};
+use cairn_node::events::{Ev, INGEST_HOOK_FAILED, INGEST_INCOMPLETE};
 
 const INGEST_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Most blocks listed in `not_written` and its event (the manifest has them all).
+const MAX_LISTED: usize = 100;
+
+/// The policy sent to ingest: a node run again (rework, resume) replaces what it wrote
+/// before, even if its manifest never got stored.
+fn policy(ctx: &NodeCtx, graph: Overwrite) -> OverwritePolicy {
+    match graph {
+        Overwrite::Never => OverwritePolicy::Never,
+        Overwrite::Ingested if !ctx.reset => OverwritePolicy::Ingested,
+        Overwrite::Ingested | Overwrite::Always => OverwritePolicy::Always,
+    }
+}
 
 /// Whether the hook runs after this node wrote `path`: the server flag, an ingest service
 /// configured, and the node's `ingest:` (default: Markdown documents).
@@ -32,8 +46,9 @@ fn is_document(path: &str) -> bool {
 
 /// Calls Ingest; the outcome goes into the node's outputs and events, never into its result.
 pub async fn hook(ctx: &NodeCtx, doc_path: &str, content: Bytes, out: &mut NodeSuccess) {
-    match call(ctx, doc_path, content, ctx.reset, &ctx.scope.graph.mode).await {
-        Ok(r) => merge(&mut out.outputs, &r),
+    let overwrite = policy(ctx, ctx.node.ingest_overwrite);
+    match call(ctx, doc_path, content, overwrite, &ctx.scope.graph.mode).await {
+        Ok(r) => merge(ctx, doc_path, out, &r),
         Err(message) => {
             // fail-open, but recorded.
             out.events.push(
@@ -46,6 +61,7 @@ pub async fn hook(ctx: &NodeCtx, doc_path: &str, content: Bytes, out: &mut NodeS
                 .insert("ingest".into(), json!({"error": message}));
             // Nothing reached the workspace: later nodes read an empty list, not a hole.
             out.outputs.insert("workspace_files".into(), json!([]));
+            out.outputs.insert("not_written".into(), json!([]));
         }
     }
 }
@@ -54,7 +70,7 @@ async fn call(
     ctx: &NodeCtx,
     doc_path: &str,
     content: Bytes,
-    overwrite: bool,
+    overwrite: OverwritePolicy,
     mode: &str,
 ) -> Result<IngestResponse, String> {
     let Some(client) = ctx.backends.ingest.clone() else {
@@ -67,7 +83,8 @@ async fn call(
         mode: mode.to_owned(),
         doc_path: doc_path.to_owned(),
         content,
-        overwrite,
+        overwrite: false,
+        overwrite_policy: overwrite as i32,
         source_kind: "graph_runtime".into(),
         // Ingest writes for this run under our claim: if a successor has taken the run over,
         // nothing of this call lands.
@@ -95,15 +112,33 @@ async fn call(
     }
 }
 
-fn merge(outputs: &mut Map<String, Value>, r: &IngestResponse) {
+/// The reply into the node's outputs; blocks not written also into a warning event.
+fn merge(ctx: &NodeCtx, doc_path: &str, out: &mut NodeSuccess, r: &IngestResponse) {
+    let outputs = &mut out.outputs;
     let written: Vec<String> = r
         .artifacts
         .iter()
         .filter(|a| a.status == BlockStatus::Written as i32)
         .map(|a| a.workspace_path.clone())
         .collect();
+    let not_written: Vec<Value> = r
+        .artifacts
+        .iter()
+        .filter(|a| a.status != BlockStatus::Written as i32)
+        .take(MAX_LISTED)
+        .map(|a| {
+            let status = BlockStatus::try_from(a.status).unwrap_or(BlockStatus::Unspecified);
+            json!({
+                "index": a.index,
+                "path": if a.workspace_path.is_empty() { &a.declared_file } else { &a.workspace_path },
+                "status": status.as_str_name().trim_start_matches("BLOCK_STATUS_").to_ascii_lowercase(),
+                "reason": a.reason,
+            })
+        })
+        .collect();
     let s = r.summary.unwrap_or_default();
     outputs.insert("workspace_files".into(), json!(written));
+    outputs.insert("not_written".into(), json!(not_written));
     outputs.insert(
         "ingest".into(),
         json!({
@@ -114,6 +149,18 @@ fn merge(outputs: &mut Map<String, Value>, r: &IngestResponse) {
             "rejected": s.rejected,
         }),
     );
+    if s.skipped + s.rejected > 0 {
+        out.events.push(
+            Ev::new(INGEST_INCOMPLETE, &ctx.node_id)
+                .level(Level::Warning)
+                .with("doc_path", doc_path)
+                .with("manifest_path", r.manifest_path.as_str())
+                .with("written", s.written)
+                .with("skipped", s.skipped)
+                .with("rejected", s.rejected)
+                .with("not_written", json!(not_written)),
+        );
+    }
 }
 
 /// The explicit `ingest` node: ingests a document already in the project.
@@ -129,14 +176,14 @@ pub async fn run(ctx: &NodeCtx, spec: &IngestNode) -> Result<NodeSuccess, NodeEr
         ctx,
         &doc_path,
         Bytes::new(),
-        spec.overwrite || ctx.reset,
+        policy(ctx, spec.overwrite),
         &mode,
     )
     .await
     {
         Ok(r) => {
             let s = r.summary.unwrap_or_default();
-            merge(&mut out.outputs, &r);
+            merge(ctx, &doc_path, &mut out, &r);
             out.outputs
                 .insert("manifest_path".into(), r.manifest_path.clone().into());
             out.outputs.insert("written".into(), s.written.into());
@@ -153,14 +200,13 @@ pub async fn run(ctx: &NodeCtx, spec: &IngestNode) -> Result<NodeSuccess, NodeEr
             );
             out.outputs.insert("enabled".into(), false.into());
             out.outputs.insert("workspace_files".into(), json!([]));
+            out.outputs.insert("not_written".into(), json!([]));
             out.outputs.insert("written".into(), 0.into());
             out.outputs.insert("skipped".into(), 0.into());
             out.outputs.insert("rejected".into(), 0.into());
             out.outputs.insert("manifest_path".into(), "".into());
             out.outputs
                 .insert("ingest".into(), json!({"error": message}));
-            // Nothing reached the workspace: later nodes read an empty list, not a hole.
-            out.outputs.insert("workspace_files".into(), json!([]));
         }
     }
     Ok(out)
