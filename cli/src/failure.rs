@@ -43,9 +43,17 @@ fn cli_wording(reason: &str) -> Option<String> {
 
 /// The cairn services, as gRPC names them and as a user calls them.
 const SERVICES: [(&str, &str, &str); 4] = [
-    ("cairn.v1.ArtifactStore", "the artifact-store", "--store-addr"),
+    (
+        "cairn.v1.ArtifactStore",
+        "the artifact-store",
+        "--store-addr",
+    ),
     ("cairn.v1.Ingest", "the ingest service", "--ingest-addr"),
-    ("cairn.v1.SandboxRunner", "a sandbox-runner", "--sandbox-addr"),
+    (
+        "cairn.v1.SandboxRunner",
+        "a sandbox-runner",
+        "--sandbox-addr",
+    ),
     ("cairn.v1.Orchestrator", "the orchestrator", "--addr"),
 ];
 
@@ -72,7 +80,12 @@ impl Expected {
             _ => return None,
         };
         let addr = own.clone().or_else(|| g.addr.clone())?;
-        let tls = g.tls.config().load(crate::embedded::IDENTITY).ok().flatten();
+        let tls = g
+            .tls
+            .config()
+            .load(crate::embedded::IDENTITY)
+            .ok()
+            .flatten();
         Some(Expected { addr, service, tls })
     }
 
@@ -88,7 +101,8 @@ impl Expected {
             let check = client.check(HealthCheckRequest {
                 service: name.to_owned(),
             });
-            if let Ok(Ok(_)) = tokio::time::timeout(std::time::Duration::from_secs(3), check).await {
+            if let Ok(Ok(_)) = tokio::time::timeout(std::time::Duration::from_secs(3), check).await
+            {
                 found.push(words);
             }
         }

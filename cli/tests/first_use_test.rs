@@ -152,14 +152,24 @@ fn a_command_at_the_wrong_service_names_both() {
         .env_remove("CAIRN_ADDR")
         .env_remove("CAIRN_CONFIG")
         .env("RUST_LOG", "error")
-        .args(["serve", "ingest", "--listen", &addr, "--store-addr", "http://127.0.0.1:9"])
+        .args([
+            "serve",
+            "ingest",
+            "--listen",
+            &addr,
+            "--store-addr",
+            "http://127.0.0.1:9",
+        ])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while std::net::TcpStream::connect(&addr).is_err() {
-        assert!(std::time::Instant::now() < deadline, "cairn serve ingest never listened");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "cairn serve ingest never listened"
+        );
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
     let out = cairn(dir.path())
@@ -198,7 +208,12 @@ fn cairn_run_exits_4_when_blocks_were_not_written() {
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(4), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(stdout.contains("[completed]"), "{stdout}");
     assert!(
         stdout.contains("1 code block(s) were not written"),
@@ -276,7 +291,9 @@ fn gate_reject_prints_the_run_after_the_decision() {
     let waiting: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(waiting["state"], "input-required", "{waiting}");
     let out = cairn(dir.path())
-        .args(["--addr", &addr, "--json", "gate", "reject", "gated1", "review"])
+        .args([
+            "--addr", &addr, "--json", "gate", "reject", "gated1", "review",
+        ])
         .timeout(std::time::Duration::from_secs(30))
         .output()
         .unwrap();

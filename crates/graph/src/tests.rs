@@ -348,10 +348,22 @@ fn ingest_overwrite_policies() {
         (a, i.overwrite)
     };
     assert_eq!(node(""), (Overwrite::Ingested, Overwrite::Ingested));
-    assert_eq!(node(", ingest_overwrite: always"), (Overwrite::Always, Overwrite::Always));
-    assert_eq!(node(", ingest_overwrite: never"), (Overwrite::Never, Overwrite::Never));
-    assert_eq!(node(", ingest_overwrite: true"), (Overwrite::Always, Overwrite::Always));
-    assert_eq!(node(", ingest_overwrite: false"), (Overwrite::Ingested, Overwrite::Ingested));
+    assert_eq!(
+        node(", ingest_overwrite: always"),
+        (Overwrite::Always, Overwrite::Always)
+    );
+    assert_eq!(
+        node(", ingest_overwrite: never"),
+        (Overwrite::Never, Overwrite::Never)
+    );
+    assert_eq!(
+        node(", ingest_overwrite: true"),
+        (Overwrite::Always, Overwrite::Always)
+    );
+    assert_eq!(
+        node(", ingest_overwrite: false"),
+        (Overwrite::Ingested, Overwrite::Ingested)
+    );
     let e = err("nodes:\n  - {id: a, type: write_file, path: docs/a.md, content: x, ingest_overwrite: sometimes}\n");
     assert!(e.message.contains("never, ingested, always"), "{e}");
     assert_eq!(e.field.as_deref(), Some("ingest_overwrite"));

@@ -16,7 +16,6 @@ use std::sync::{Arc, Mutex, Weak};
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
-
 use crate::error::{Error, Result};
 use crate::events::{NewEvent, RunLogs};
 use crate::files;

@@ -235,7 +235,14 @@ pub(crate) fn compare(
     digest: &Digest,
     expected: &str,
 ) -> Result<Outcome> {
-    if existing_file(staged.dir.as_fd(), &staged.name, &staged.project, &staged.path)?.is_none() {
+    if existing_file(
+        staged.dir.as_fd(),
+        &staged.name,
+        &staged.project,
+        &staged.path,
+    )?
+    .is_none()
+    {
         return Ok(Outcome::Created);
     }
     let actual = match current_digest(state, staged, None)? {

@@ -70,14 +70,21 @@ fn first_difference(a: &Value, b: &Value, at: &str) -> Option<String> {
             differs.or_else(|| (x.len() != y.len()).then(|| format!("{at} (its length)")))
         }
         _ if a == b => None,
-        _ => Some(if at.is_empty() { "the document".into() } else { at.to_owned() }),
+        _ => Some(if at.is_empty() {
+            "the document".into()
+        } else {
+            at.to_owned()
+        }),
     }
 }
 
 /// Checks a person's Put of task.yaml: `current` is the stored file (None: there is none).
 pub fn check_edit(path: &str, current: Option<&[u8]>, new: &[u8]) -> Result<()> {
     let Some(current) = current else {
-        return Err(refuse(path, "the whole file (it is created by the orchestrator when the run is submitted, so it)"));
+        return Err(refuse(
+            path,
+            "the whole file (it is created by the orchestrator when the run is submitted, so it)",
+        ));
     };
     let before = fixed_part(path, current, "the stored task.yaml")?;
     let after = fixed_part(path, new, "the new task.yaml")?;
@@ -108,10 +115,22 @@ mod tests {
         check_edit(p, Some(STORED.as_bytes()), reflowed.as_bytes()).unwrap();
 
         for (edit, field) in [
-            (STORED.replace("state: working\ngoal", "state: completed\ngoal"), "`state`"),
-            (STORED.replace("events_seq: 7", "events_seq: 9"), "`events_seq`"),
-            (STORED.replace("  state: working\nroster", "  state: done\nroster"), "`milestones[1].state`"),
-            (STORED.replace("- id: b\n  state: working\n", ""), "`milestones (its length)`"),
+            (
+                STORED.replace("state: working\ngoal", "state: completed\ngoal"),
+                "`state`",
+            ),
+            (
+                STORED.replace("events_seq: 7", "events_seq: 9"),
+                "`events_seq`",
+            ),
+            (
+                STORED.replace("  state: working\nroster", "  state: done\nroster"),
+                "`milestones[1].state`",
+            ),
+            (
+                STORED.replace("- id: b\n  state: working\n", ""),
+                "`milestones (its length)`",
+            ),
             (format!("{STORED}extra: 1\n"), "`extra`"),
         ] {
             let e = check_edit(p, Some(STORED.as_bytes()), edit.as_bytes()).unwrap_err();

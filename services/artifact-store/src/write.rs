@@ -28,10 +28,10 @@ use crate::digest::{self, Digest};
 use crate::direct::DirectWriter;
 use crate::error::{refusal, Error, Result};
 use crate::events::{FenceTicket, NewEvent, RunLogs};
-use crate::run_records;
 use crate::files::{self, existing_file, holds_same_bytes, Outcome, Replace, Staged, Written};
 use crate::layout::check_id;
 use crate::project;
+use crate::run_records;
 use crate::state::{blocking, State};
 
 /// Bodies up to this size are received whole and written in one blocking step; larger ones
@@ -724,10 +724,7 @@ mod tests {
                 other => panic!("expected changed, got {other:?}"),
             }
             // The new bytes are there already: unchanged, whatever was expected.
-            assert_eq!(
-                cas(b"v2", b"v1").await.unwrap().outcome,
-                Outcome::Unchanged
-            );
+            assert_eq!(cas(b"v2", b"v1").await.unwrap().outcome, Outcome::Unchanged);
             let (entry, _) = crate::read::get(&state, "p", &path, 0, 0).await.unwrap();
             assert_eq!(entry.sha256, sha(b"v2"));
         }
@@ -778,7 +775,10 @@ mod tests {
             other => panic!("expected not_editable, got {other:?}"),
         }
         let (entry, _) = crate::read::get(&state, "p", path, 0, 0).await.unwrap();
-        assert_eq!(entry.size_bytes, "id: r1\ntitle: better\nstate: working\n".len() as u64);
+        assert_eq!(
+            entry.size_bytes,
+            "id: r1\ntitle: better\nstate: working\n".len() as u64
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -595,7 +595,10 @@ impl Ingestor {
             };
             for a in manifest.artifacts {
                 if a.status == BlockStatus::Written && paths.contains(a.workspace_path.as_str()) {
-                    written.entry(a.workspace_path).or_default().insert(a.sha256);
+                    written
+                        .entry(a.workspace_path)
+                        .or_default()
+                        .insert(a.sha256);
                 }
             }
         }

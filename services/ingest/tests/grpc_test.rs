@@ -159,7 +159,11 @@ async fn ingest_writes_through_a_running_store_and_records_events() {
         b"print('changed')\n"
     );
     // A person's edit is kept by default ...
-    std::fs::write(store.workspace("demo").join("src/app.py"), b"print('mine')\n").unwrap();
+    std::fs::write(
+        store.workspace("demo").join("src/app.py"),
+        b"print('mine')\n",
+    )
+    .unwrap();
     let kept = ingest
         .client
         .ingest(request("demo", "r3", DOC.as_bytes()))
@@ -167,10 +171,17 @@ async fn ingest_writes_through_a_running_store_and_records_events() {
         .unwrap()
         .into_inner();
     assert_eq!(
-        (kept.artifacts[0].status(), kept.artifacts[0].reason.as_str()),
+        (
+            kept.artifacts[0].status(),
+            kept.artifacts[0].reason.as_str()
+        ),
         (BlockStatus::Rejected, "kept")
     );
-    assert!(kept.errors.iter().any(|e| e.contains("kept")), "{:?}", kept.errors);
+    assert!(
+        kept.errors.iter().any(|e| e.contains("kept")),
+        "{:?}",
+        kept.errors
+    );
     assert_eq!(
         std::fs::read(store.workspace("demo").join("src/app.py")).unwrap(),
         b"print('mine')\n"

@@ -533,7 +533,11 @@ impl TaskFile {
                 }
             }
         }
-        let body = match self.held.as_deref().map(|t| (t, task_edits::changes(t, state))) {
+        let body = match self
+            .held
+            .as_deref()
+            .map(|t| (t, task_edits::changes(t, state)))
+        {
             Some((_, Ok(changes))) if !changes.is_empty() => {
                 let mut edited = state.clone();
                 let mut data = serde_json::Map::new();

@@ -757,7 +757,12 @@ impl Runs {
         // made to task.yaml meanwhile (the snapshot below rewrites it).
         let mut events = Vec::new();
         let task_yaml = RunDir::new(run_id).task_yaml();
-        if let Ok(Some(text)) = self.b.store.get_at_most(project, &task_yaml, 16 << 20).await {
+        if let Ok(Some(text)) = self
+            .b
+            .store
+            .get_at_most(project, &task_yaml, 16 << 20)
+            .await
+        {
             let text = String::from_utf8_lossy(&text);
             if crate::task_edits::changes(&text, &state).is_ok_and(|c| !c.is_empty()) {
                 events.push(crate::task_edits::event(&text, &state));

@@ -482,7 +482,11 @@ async fn put_by_hand(s: &Stack, path: &str, text: &str) -> Result<(), tonic::Sta
             msg: Some(put_request::Msg::Chunk(text.as_bytes().to_vec().into())),
         },
     ];
-    s.store.clone().put(tokio_stream::iter(msgs)).await.map(|_| ())
+    s.store
+        .clone()
+        .put(tokio_stream::iter(msgs))
+        .await
+        .map(|_| ())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -328,7 +328,10 @@ async fn a_later_run_updates_what_ingest_wrote_and_keeps_what_a_human_wrote_or_e
     // ... and the run says so: outputs, a warning event, RunInfo, README.
     assert_eq!(second.blocks_not_written, 1);
     let out = outputs(&second, "author");
-    assert_eq!(out["workspace_files"], serde_json::json!(["workspace/pkg/app.py"]));
+    assert_eq!(
+        out["workspace_files"],
+        serde_json::json!(["workspace/pkg/app.py"])
+    );
     assert_eq!(out["not_written"][0]["path"], "workspace/pkg/util.py");
     assert_eq!(out["not_written"][0]["reason"], "kept");
     assert_eq!(out["not_written"][0]["status"], "rejected");
@@ -340,7 +343,11 @@ async fn a_later_run_updates_what_ingest_wrote_and_keeps_what_a_human_wrote_or_e
     assert_eq!(warning.level, cairn_proto::v1::Level::Warning as i32);
     assert_eq!(data(warning)["rejected"], 1);
     let readme = s
-        .wait_text(&format!(".cairn/runs/{}/README.md", second.run_id), "Not written", 10)
+        .wait_text(
+            &format!(".cairn/runs/{}/README.md", second.run_id),
+            "Not written",
+            10,
+        )
         .await;
     assert!(readme.contains("1 code block(s)"), "{readme}");
 
@@ -361,5 +368,8 @@ async fn a_later_run_updates_what_ingest_wrote_and_keeps_what_a_human_wrote_or_e
     let fourth = run_with(&s, "c4.yaml", &never, &two_files("v = 4", "u = 4")).await;
     assert_eq!(fourth.blocks_not_written, 2);
     assert_eq!(s.read_text("workspace/pkg/app.py").await, "v = 3\n");
-    assert_eq!(outputs(&fourth, "author")["not_written"][0]["reason"], "exists");
+    assert_eq!(
+        outputs(&fourth, "author")["not_written"][0]["reason"],
+        "exists"
+    );
 }

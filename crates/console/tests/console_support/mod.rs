@@ -558,10 +558,40 @@ pub async fn append_events(store_addr: &str, project: &str, run: &str, events: &
         .unwrap();
 }
 
-/// Writes one file into the store (overwriting).
+/// Writes one file into the store (overwriting). A run record is written as the run's writer
+/// (claimed and fenced), as the orchestrator writes them: the store refuses a task.yaml written
+/// by hand unless it only edits the few fields people may change.
 pub async fn put(store_addr: &str, project: &str, path: &str, bytes: Vec<u8>) {
     let mut client = ArtifactStoreClient::new(cairn_server::connect(store_addr).unwrap())
         .max_encoding_message_size(64 << 20);
+    let run = path
+        .strip_prefix(".cairn/runs/")
+        .and_then(|rest| rest.split('/').next());
+    let fence = match run {
+        Some(run) => {
+            // The project must exist before a claim.
+            let _ = client
+                .create_project(pb::CreateProjectRequest {
+                    project_id: project.into(),
+                    ..Default::default()
+                })
+                .await;
+            let claim = client
+                .claim_run(pb::ClaimRunRequest {
+                    project_id: project.into(),
+                    run_id: run.into(),
+                    holder: "console test".into(),
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            Some(pb::RunFence {
+                run_id: run.into(),
+                epoch: claim.epoch,
+            })
+        }
+        None => None,
+    };
     let msgs = vec![
         pb::PutRequest {
             msg: Some(pb::put_request::Msg::Header(pb::PutHeader {
@@ -569,6 +599,7 @@ pub async fn put(store_addr: &str, project: &str, path: &str, bytes: Vec<u8>) {
                 path: path.into(),
                 overwrite: true,
                 create_project: true,
+                fence,
                 ..Default::default()
             })),
         },
