@@ -573,7 +573,6 @@ pub async fn put(store_addr: &str, project: &str, path: &str, bytes: Vec<u8>) {
             let _ = client
                 .create_project(pb::CreateProjectRequest {
                     project_id: project.into(),
-                    ..Default::default()
                 })
                 .await;
             let claim = client
