@@ -285,8 +285,18 @@ pub enum RunsCommand {
     },
     /// One run: state, nodes, gates, run directory.
     Show { run: String },
-    /// Follow a run's events live until it ends or waits for a human.
-    Watch { run: String },
+    /// Follow a run's events live: every event from the first, then on through rework, resume
+    /// and later actions until you stop it (Ctrl-C). One line per event (`--json`: one JSON
+    /// object per line).
+    Watch {
+        run: String,
+        /// Stop when the run ends or waits for a human, and print the run as `runs show` does.
+        #[arg(long)]
+        until_end: bool,
+        /// First event to print (to go on after the last sequence number printed).
+        #[arg(long, default_value_t = 1, value_name = "SEQ")]
+        from: u64,
+    },
     /// Cancel a run (sandbox work in flight is stopped).
     Cancel {
         run: String,

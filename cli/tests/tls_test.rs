@@ -3,11 +3,15 @@
 //! store recording who appended each event, and plaintext refused beyond loopback.
 #![allow(clippy::unwrap_used)]
 
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use assert_cmd::Command;
 use predicates::prelude::*;
+
+mod common;
+
+use common::{free_port, Killed};
 
 fn cairn() -> Command {
     let mut cmd = Command::cargo_bin("cairn").unwrap();
@@ -78,23 +82,6 @@ fn plaintext_beyond_loopback_refuses_to_start() {
     }
 }
 
-struct Up(Child);
-
-impl Drop for Up {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[test]
 fn cairn_up_over_mutual_tls_serves_only_certificate_holders() {
     let dir = tempfile::tempdir().unwrap();
@@ -105,7 +92,7 @@ fn cairn_up_over_mutual_tls_serves_only_certificate_holders() {
         .assert()
         .success();
     let addr = format!("127.0.0.1:{}", free_port());
-    let up = Up(
+    let up = Killed(
         std::process::Command::new(assert_cmd::cargo::cargo_bin("cairn"))
             .env_remove("CAIRN_ADDR")
             .env("RUST_LOG", "warn")

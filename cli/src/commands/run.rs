@@ -255,7 +255,48 @@ async fn follow(
     }
 }
 
+/// Prints every event of the run as it comes, past its end (WatchRun in follow mode), until
+/// the server ends the stream or the user stops the command.
+async fn watch_on(
+    global: &Global,
+    client: &mut Client,
+    project: &str,
+    run_id: &str,
+    from_seq: u64,
+) -> anyhow::Result<ExitCode> {
+    use std::io::Write;
+    let mut stream = client
+        .watch_run(WatchRunRequest {
+            project_id: project.to_owned(),
+            run_id: run_id.to_owned(),
+            from_seq,
+            follow_after_end: true,
+        })
+        .await?
+        .into_inner();
+    let mut out = std::io::stdout();
+    while let Some(event) = stream.next().await {
+        let e = event?;
+        if global.json {
+            let data: serde_json::Value =
+                serde_json::from_str(&e.data_json).unwrap_or(serde_json::Value::Null);
+            let line = json!({"seq": e.seq, "ts": e.ts, "type": e.r#type, "node_id": e.node_id, "data": data});
+            writeln!(out, "{line}")?;
+        } else {
+            writeln!(out, "{}", event_line(&e))?;
+        }
+        // Each event is seen as it happens, also through a pipe.
+        out.flush()?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 fn print_event(e: &cairn_proto::v1::Event) {
+    eprintln!("{}", event_line(e));
+}
+
+/// One event as a line: seq, type, node and the telling fields.
+fn event_line(e: &cairn_proto::v1::Event) -> String {
     let data: serde_json::Value = serde_json::from_str(&e.data_json).unwrap_or_default();
     let detail = ["reason", "error", "path", "state", "note", "exit_code"]
         .iter()
@@ -273,7 +314,7 @@ fn print_event(e: &cairn_proto::v1::Event) {
         })
         .collect::<Vec<_>>()
         .join(" ");
-    eprintln!("  {:>4} {:<26} {:<18} {detail}", e.seq, e.r#type, e.node_id);
+    format!("  {:>4} {:<26} {:<18} {detail}", e.seq, e.r#type, e.node_id)
 }
 
 /// A rejection that fails the run ends it once running attempts stop: wait a moment for that
@@ -493,9 +534,16 @@ pub async fn runs(global: &Global, cmd: RunsCommand) -> anyhow::Result<ExitCode>
                 Ok(ExitCode::SUCCESS)
             }
             RunsCommand::Show { run } => finish(global, &get(&mut client, &project, &run).await?),
-            RunsCommand::Watch { run } => {
-                let info = follow(global, &mut client, &project, &run, false).await?;
-                finish(global, &info)
+            RunsCommand::Watch {
+                run,
+                until_end,
+                from,
+            } => {
+                if until_end {
+                    let info = follow(global, &mut client, &project, &run, false).await?;
+                    return finish(global, &info);
+                }
+                watch_on(global, &mut client, &project, &run, from).await
             }
             RunsCommand::Cancel { run, reason } => {
                 let info = client

@@ -40,7 +40,17 @@ async fn refused(
         text: err.to_string(),
         error: true,
     };
-    match run::render(console, visitor, project, run, Some(flash), drafts).await {
+    match run::render(
+        console,
+        visitor,
+        project,
+        run,
+        Some(flash),
+        drafts,
+        run::View::default(),
+    )
+    .await
+    {
         Ok(html) => (status, html).into_response(),
         // The run page itself cannot be shown: the refusal alone.
         Err(_) => err.into_response(),

@@ -1,7 +1,9 @@
-//! The live event stream of a run page: the orchestrator's WatchRun as server-sent events.
-//! Each run event is one `run-event` message (id = the event's sequence number, so a browser
-//! that reconnects resumes after the last one it saw); an `end` message closes the stream when
-//! the run is over, the watch fails, or the console shuts down.
+//! The live event stream of a run page: the orchestrator's WatchRun in follow mode as
+//! server-sent events. Each run event is one `run-event` message (id = the event's sequence
+//! number, so a browser that reconnects resumes after the last one it saw) carrying the event
+//! and its table row as the page renders it. The stream goes on past the run's end (a failed
+//! run may be resumed or reworked) while the page is open; when the watch fails the stream
+//! just ends and the browser reconnects. Only the console's shutdown sends `end`.
 
 use std::convert::Infallible;
 
@@ -9,13 +11,14 @@ use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::Extension;
-use cairn_proto::v1::{Event, Level, WatchRunRequest};
+use cairn_proto::v1::{Event, WatchRunRequest};
 use futures::Stream;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 use tonic::Streaming;
 
+use super::history;
 use super::session::Visitor;
 use super::{Console, ConsoleError};
 
@@ -26,26 +29,17 @@ pub(super) struct EventsQuery {
     from: Option<u64>,
 }
 
-fn level_name(level: i32) -> &'static str {
-    match Level::try_from(level) {
-        Ok(Level::Debug) => "debug",
-        Ok(Level::Warning) => "warning",
-        Ok(Level::Error) => "error",
-        _ => "info",
-    }
-}
-
-/// The JSON a browser gets for one run event.
+/// The JSON a browser gets for one run event: the event, and `row`, its table row (markup
+/// rendered and escaped here, inserted as is by the page's script).
 fn browser_event(e: &Event) -> Value {
-    let data = serde_json::from_str::<Value>(&e.data_json)
-        .unwrap_or_else(|_| Value::String(e.data_json.clone()));
     json!({
         "seq": e.seq,
         "ts": e.ts,
         "type": e.r#type,
         "node_id": e.node_id,
-        "level": level_name(e.level),
-        "data": data,
+        "level": history::level_name(e.level),
+        "data": history::data(e),
+        "row": history::row(e).into_string(),
     })
 }
 
@@ -75,7 +69,7 @@ pub(super) async fn stream(
         project_id: project,
         run_id: run.clone(),
         from_seq,
-        follow_after_end: false,
+        follow_after_end: true,
     };
     let watch = console
         .call(
@@ -99,14 +93,13 @@ pub(super) async fn stream(
                 let msg = msg.unwrap_or_else(|_| SseEvent::default().event("run-event").data("{}"));
                 Some((Ok(msg), Some((watch, stopping))))
             }
-            Ok(None) => Some((Ok(end("the run is over")), None)),
-            Err(status) => Some((
-                Ok(end(&format!(
-                    "the event stream failed: {}",
-                    status.message()
-                ))),
-                None,
-            )),
+            // The watch ended or failed (an orchestrator restarting): end the response without
+            // `end`, so the browser reconnects from the last id it saw.
+            Ok(None) => None,
+            Err(status) => {
+                tracing::info!(message = status.message(), "a run's event stream ended");
+                None
+            }
         }
     });
     Ok(Sse::new(events).keep_alive(KeepAlive::default()))

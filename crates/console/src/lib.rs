@@ -11,10 +11,12 @@
 //! Embedding: [`serve_console`] on a listener; [`console_router`] for tests.
 
 mod actions;
+mod dag;
 mod error;
 mod events;
 mod files;
 mod guard;
+mod history;
 mod ingest;
 mod markdown;
 mod page;
@@ -22,6 +24,7 @@ mod run;
 mod runs;
 mod session;
 mod throttle;
+mod timeline;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -307,6 +310,7 @@ fn router(console: Console) -> Router {
         .route("/logout", post(session::logout))
         .route("/static/console.css", get(page::stylesheet))
         .route("/static/console.js", get(page::script))
+        .route("/static/favicon.svg", get(page::favicon))
         .nest("/projects/{project}", project_routes)
         .fallback(|| async { ConsoleError::NotFound("no such page".into()) })
         // Outermost first: headers, span, Host and Origin, session, CSRF, login.

@@ -99,7 +99,8 @@ pub(super) fn is_final(state: i32) -> bool {
 
 pub(super) fn gate_state_name(state: i32) -> &'static str {
     match GateState::try_from(state) {
-        Ok(GateState::Open) => "open",
+        // Declared, not reached yet: nothing to decide.
+        Ok(GateState::Open) => "not reached",
         Ok(GateState::Blocked) => "blocked",
         Ok(GateState::Approved) => "approved",
         Ok(GateState::Rejected) => "rejected",
@@ -133,7 +134,7 @@ pub(super) fn badge(state: &str) -> Markup {
     html! { span class=(class) { (state) } }
 }
 
-fn parse_time(t: &str) -> Option<OffsetDateTime> {
+pub(super) fn parse_time(t: &str) -> Option<OffsetDateTime> {
     OffsetDateTime::parse(t, &Rfc3339).ok()
 }
 
@@ -189,6 +190,7 @@ pub(super) fn layout(
                 meta charset="utf-8";
                 meta name="viewport" content="width=device-width, initial-scale=1";
                 title { (title) " · cairn" }
+                link rel="icon" type="image/svg+xml" href="/static/favicon.svg";
                 link rel="stylesheet" href="/static/console.css";
                 script src="/static/console.js" defer {}
             }
@@ -249,6 +251,17 @@ pub(super) async fn stylesheet() -> Response {
             (header::CACHE_CONTROL, "max-age=300"),
         ],
         include_str!("assets/console.css"),
+    )
+        .into_response()
+}
+
+pub(super) async fn favicon() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "image/svg+xml"),
+            (header::CACHE_CONTROL, "max-age=86400"),
+        ],
+        include_str!("assets/favicon.svg"),
     )
         .into_response()
 }

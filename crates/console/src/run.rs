@@ -1,20 +1,28 @@
 //! The run page: state and milestones (GetRun and task.yaml), the roster, gates with their
-//! Approve / Reject form, the live event stream, human-notes.md with a form to add a note, the
-//! context manifest editor, the run's artifacts, the ingest manifests, cancel and rework.
-//! Everything is read through the orchestrator and the store at each request.
+//! Approve / Reject form, the graph (dag.rs) and the timeline (timeline.rs), the events
+//! (history.rs, then live), human-notes.md with a form to add a note, the context manifest
+//! editor, the files the run wrote (the whole project's behind a toggle), the ingest
+//! manifests, cancel and rework. Everything is read through the orchestrator and the store at
+//! each request.
+//!
+//! Live: the parts marked `data-live` are fetched again by the page's script whenever an event
+//! arrives and replaced when they changed (a part someone is typing in is left alone until
+//! they are done); without JavaScript the page is the same, as of its loading.
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
-use cairn_proto::v1::{GateState, GetRunRequest, ReadEventsRequest, RunInfo};
+use cairn_proto::v1::{GateState, GetRunRequest, RunInfo};
 use maud::{html, Markup};
+use serde::Deserialize;
 use serde_json::Value;
 
 use super::files::{self, Read};
-use super::ingest;
 use super::markdown;
 use super::page::{self, layout, Html};
 use super::session::{Flash, Visitor};
+use super::{dag, history, ingest, timeline};
 use super::{Console, ConsoleError};
 use cairn_server::roles::Rpc;
 
@@ -22,6 +30,8 @@ use cairn_server::roles::Rpc;
 const FILES_PER_AREA: u32 = 100;
 /// Largest task.yaml / human-notes.md / context manifest read for the page.
 const DOC_LIMIT: u64 = 1 << 20;
+/// Largest graph.resolved.json read for the drawing.
+const GRAPH_LIMIT: u64 = 4 << 20;
 
 /// What a person typed into a form that was refused, shown again instead of the stored text.
 #[derive(Default)]
@@ -34,17 +44,50 @@ pub(super) struct Drafts {
     pub cancel_reason: Option<String>,
 }
 
+/// Header the page's script sends when it fetches the page again for its live parts (the
+/// flash message, already shown, is then left alone).
+pub(super) const LIVE_HEADER: &str = "x-cairn-live";
+
+#[derive(Default, Deserialize)]
+pub(super) struct PageQuery {
+    /// `project`: list the whole project's docs/ and workspace/ too.
+    #[serde(default)]
+    files: String,
+}
+
 pub(super) async fn page(
     State(console): State<Console>,
     Extension(visitor): Extension<Visitor>,
     Path((project, run)): Path<(String, String)>,
+    Query(q): Query<PageQuery>,
+    headers: HeaderMap,
 ) -> Result<Response, ConsoleError> {
-    let flash = console.sessions().take_flash(&visitor.session_id);
-    Ok(
-        render(&console, &visitor, &project, &run, flash, Drafts::default())
-            .await?
-            .into_response(),
+    let flash = if headers.contains_key(LIVE_HEADER) {
+        None
+    } else {
+        console.sessions().take_flash(&visitor.session_id)
+    };
+    let view = View {
+        project_files: q.files == "project",
+    };
+    Ok(render(
+        &console,
+        &visitor,
+        &project,
+        &run,
+        flash,
+        Drafts::default(),
+        view,
     )
+    .await?
+    .into_response())
+}
+
+/// How the page is asked for.
+#[derive(Clone, Copy, Default)]
+pub(super) struct View {
+    /// List the project's docs/ and workspace/ besides the run's own files.
+    pub project_files: bool,
 }
 
 /// The run's directory (the orchestrator's `run_dir`, or its known layout).
@@ -52,33 +95,6 @@ pub(super) fn run_dir(info: Option<&RunInfo>, run: &str) -> String {
     match info {
         Some(i) if !i.run_dir.is_empty() => i.run_dir.clone(),
         _ => format!(".cairn/runs/{run}"),
-    }
-}
-
-/// Most events read to find the newest one (beyond task.yaml's `events_seq`).
-const MAX_TAIL_EVENTS: u64 = 10_000;
-
-/// Sequence number of the run's newest event, read from the store after `from` (task.yaml's
-/// `events_seq`, which may lag a little); `from` when the store cannot say.
-async fn last_event_seq(console: &Console, project: &str, run: &str, from: u64) -> u64 {
-    let req = ReadEventsRequest {
-        project_id: project.to_owned(),
-        run_id: run.to_owned(),
-        from_seq: from + 1,
-        follow: false,
-        limit: MAX_TAIL_EVENTS,
-    };
-    let read = async {
-        let mut last = from;
-        let mut stream = console.store().read_events(req).await?.into_inner();
-        while let Some(e) = stream.message().await? {
-            last = last.max(e.seq);
-        }
-        Ok::<u64, tonic::Status>(last)
-    };
-    match tokio::time::timeout(console.rpc_timeout(), read).await {
-        Ok(Ok(last)) => last,
-        _ => from,
     }
 }
 
@@ -91,11 +107,15 @@ pub(super) async fn render(
     run: &str,
     flash: Option<Flash>,
     drafts: Drafts,
+    view: View,
 ) -> Result<Html, ConsoleError> {
     let dir = run_dir(None, run);
-    // task.yaml first: its `events_seq` lets the page learn cheaply which event it shows the
-    // run as of (the browser applies only later events to the state it displays).
-    let task = files::read(console, project, &format!("{dir}/task.yaml"), DOC_LIMIT).await;
+    let task_path = format!("{dir}/task.yaml");
+    let graph_path = format!("{dir}/graph.resolved.json");
+    let (task, graph) = tokio::join!(
+        files::read(console, project, &task_path, DOC_LIMIT),
+        files::read(console, project, &graph_path, GRAPH_LIMIT),
+    );
     let task_doc: Result<Option<Value>, String> = match &task {
         Ok(Some(r)) => match r.text() {
             Some(t) => serde_saphyr::from_str::<Value>(t)
@@ -106,14 +126,14 @@ pub(super) async fn render(
         Ok(None) => Ok(None),
         Err(e) => Err(e.to_string()),
     };
-    let snapshot_seq = task_doc
-        .as_ref()
-        .ok()
-        .and_then(|v| v.as_ref())
-        .and_then(|t| t.get("events_seq"))
-        .and_then(Value::as_u64)
-        .unwrap_or(0);
-    let events_seq = last_event_seq(console, project, run, snapshot_seq).await;
+    let graph = match graph {
+        Ok(Some(r)) => r
+            .text()
+            .ok_or_else(|| "graph.resolved.json is not text".to_owned())
+            .and_then(dag::parse_graph),
+        Ok(None) => Err("this run has no graph.resolved.json".to_owned()),
+        Err(e) => Err(e.to_string()),
+    };
 
     let (notes_path, context_path) = (
         format!("{dir}/shared/human-notes.md"),
@@ -128,16 +148,36 @@ pub(super) async fn render(
             run_id: run.to_owned(),
         }),
     );
-    let (info, notes, context, docs, workspace, records, manifests) = tokio::join!(
+    let project_files = async {
+        if view.project_files {
+            Some(tokio::join!(
+                files::list(console, project, "docs", true, FILES_PER_AREA, ""),
+                files::list(console, project, "workspace", true, FILES_PER_AREA, ""),
+            ))
+        } else {
+            None
+        }
+    };
+    let (info, notes, context, project_files, records, manifests, events) = tokio::join!(
         get,
         files::read(console, project, &notes_path, DOC_LIMIT),
         files::read(console, project, &context_path, DOC_LIMIT),
-        files::list(console, project, "docs", true, FILES_PER_AREA, ""),
-        files::list(console, project, "workspace", true, FILES_PER_AREA, ""),
+        project_files,
         files::list(console, project, &dir, true, FILES_PER_AREA * 2, ""),
         ingest::load(console, project, &dir),
+        history::read(console, project, run),
     );
     let info = info?;
+    let no_events: &[cairn_proto::v1::Event] = &[];
+    let event_list = events.as_ref().map_or(no_events, |h| h.events.as_slice());
+    let nodes = dag::nodes_or_run(&graph, &info);
+    let rows = timeline::rows(&nodes, event_list);
+    let now = if page::is_final(info.state) {
+        page::parse_time(&info.updated_at).unwrap_or_else(time::OffsetDateTime::now_utc)
+    } else {
+        time::OffsetDateTime::now_utc()
+    };
+    let written = history::written_files(event_list);
     let state = page::task_state_name(info.state);
     let title = if info.title.is_empty() {
         info.run_id.clone()
@@ -145,7 +185,13 @@ pub(super) async fn render(
         info.title.clone()
     };
     let run_url = page::run_url(project, run);
+    let files_url = if view.project_files {
+        format!("{run_url}#artifacts")
+    } else {
+        format!("{run_url}?files=project#artifacts")
+    };
     let body = html! {
+        div #run-head data-live {
         div.runhead {
             h1 #run-title { (title) }
             span #run-state-wrap { span #run-state data-state=(state) { (page::badge(state)) } }
@@ -160,31 +206,48 @@ pub(super) async fn render(
         @if !info.error.is_empty() {
             p.error #run-error { "Why it stopped: " (info.error) }
         }
+        }
         nav.sections {
-            a href="#gates" { "Gates" } a href="#milestones" { "Milestones" } a href="#events" { "Events" }
+            a href="#gates" { "Gates" } a href="#milestones" { "Milestones" } a href="#graph" { "Graph" }
+            a href="#timeline" { "Timeline" } a href="#events" { "Events" }
             a href="#notes" { "Notes" } a href="#context" { "Context" } a href="#artifacts" { "Artifacts" }
             a href="#ingest" { "Ingest" } a href="#control" { "Cancel / rework" }
         }
         (gates(&info, visitor, &run_url, &drafts))
         (milestones(&info, &task_doc))
+        section #graph-section data-live {
+            h2 #graph { "Graph" }
+            div.scroll { (dag::render(&graph, &info, event_list)) }
+        }
+        section #timeline-section data-live {
+            h2 #timeline { "Timeline" }
+            div.scroll { (timeline::render(&rows, now)) }
+        }
         section #events-section {
             h2 #events { "Events" }
-            p.hint #events-status { "Connecting to the event stream…" }
-            noscript { p { "The live stream needs JavaScript; " a href=(page::file_url(project, &format!("{dir}/events.jsonl"))) { "events.jsonl" } " has every event." } }
-            table.events #event-table data-src=(format!("{run_url}/events")) data-seq=(events_seq) {
-                thead { tr { th.num { "seq" } th { "time" } th { "type" } th { "node" } th { "details" } } }
-                tbody {}
-            }
+            p.hint #events-status { "Every event of the run so far; new ones are added as they happen while this page is open." }
+            (history::table(&events, &format!("{run_url}/events")))
+            p.hint { a href=(page::file_url(project, &format!("{dir}/events.jsonl"))) { "events.jsonl" } " has every event as recorded." }
         }
         (notes_section(project, &dir, &notes, visitor, &run_url, &drafts))
         (context_section(&context, visitor, &run_url, &drafts))
-        section {
+        section #artifacts-section data-live {
             h2 #artifacts { "Artifacts" }
+            h3 { "Written by this run" }
+            p.hint {
+                "The project files this run's events name. "
+                a #files-toggle href=(files_url) {
+                    @if view.project_files { "Show this run's files only" } @else { "Show the whole project's docs/ and workspace/" }
+                }
+            }
+            (history::written_table(project, &written))
             (area(project, "Run records", &dir, &records))
-            (area(project, "Documents", "docs", &docs))
-            (area(project, "Workspace", "workspace", &workspace))
+            @if let Some((docs, workspace)) = &project_files {
+                (area(project, "Documents (whole project)", "docs", docs))
+                (area(project, "Workspace (whole project)", "workspace", workspace))
+            }
         }
-        section {
+        section #ingest-section data-live {
             h2 #ingest { "Ingest" }
             @match &manifests {
                 Ok(m) => (ingest::render(project, m)),
@@ -198,7 +261,7 @@ pub(super) async fn render(
 
 fn gates(info: &RunInfo, visitor: &Visitor, run_url: &str, drafts: &Drafts) -> Markup {
     html! {
-        section {
+        section #gates-section data-live {
             h2 #gates { "Gates" }
             @if info.gates.is_empty() {
                 p.hint { "This run has no gates." }
@@ -311,7 +374,7 @@ fn milestones(info: &RunInfo, task: &Result<Option<Value>, String>) -> Markup {
         .and_then(Value::as_array);
     let rows = milestone_rows(info, ms);
     html! {
-        section {
+        section #milestones-section data-live {
             h2 #milestones { "Milestones" }
             @if let Err(e) = task { p.error { (e) } }
             @if rows.is_empty() {
@@ -321,7 +384,7 @@ fn milestones(info: &RunInfo, task: &Result<Option<Value>, String>) -> Markup {
                     thead { tr { th { "id" } th { "title" } th { "type" } th { "state" } th.num { "attempts" } th { "progress / error" } } }
                     tbody {
                         @for m in &rows {
-                            tr {
+                            tr id=(format!("node-{}", m.id)) {
                                 td { code { (m.id) } }
                                 td { (m.title) }
                                 td { (m.kind) }
@@ -365,15 +428,17 @@ fn notes_section(
             h2 #notes { "Human notes" }
             p.hint { "Agents of this run read these as high-priority context before each step. "
                 a href=(page::file_url(project, &path)) { "shared/human-notes.md" } }
-            @match notes {
-                Ok(Some(r)) => {
-                    @match r.text() {
-                        Some(t) => article.markdown #notes-text { (markdown::render(t, &markdown::Base { project, path: &path })) },
-                        None => p.error { "human-notes.md is not text" },
+            div #notes-live data-live {
+                @match notes {
+                    Ok(Some(r)) => {
+                        @match r.text() {
+                            Some(t) => article.markdown #notes-text { (markdown::render(t, &markdown::Base { project, path: &path })) },
+                            None => p.error { "human-notes.md is not text" },
+                        }
                     }
+                    Ok(None) => p.hint { "No notes file yet." },
+                    Err(e) => p.error { (e.to_string()) },
                 }
-                Ok(None) => p.hint { "No notes file yet." },
-                Err(e) => p.error { (e.to_string()) },
             }
             @if visitor.may(Rpc::AddNote) {
                 form.note method="post" action=(format!("{run_url}/notes")) {
@@ -406,7 +471,9 @@ fn context_section(
             @if visitor.may(Rpc::EditContext) {
                 form.context method="post" action=(format!("{run_url}/context")) {
                     input type="hidden" name="csrf" value=(visitor.csrf);
-                    textarea.code name="manifest_yaml" rows="12" spellcheck="false" { (text) }
+                    label { "Context manifest (YAML)"
+                        textarea.code name="manifest_yaml" rows="12" spellcheck="false" { (text) }
+                    }
                     button type="submit" { "Save context" }
                 }
             } @else {
@@ -437,7 +504,7 @@ fn area(project: &str, title: &str, prefix: &str, listing: &Listing) -> Markup {
 
 fn control(info: &RunInfo, visitor: &Visitor, run_url: &str, drafts: &Drafts) -> Markup {
     html! {
-        section {
+        section #control-section data-live {
             h2 #control { "Cancel / rework" }
             @if !visitor.may(Rpc::CancelRun) {
                 p.hint { "Your role can follow this run, not change it." }

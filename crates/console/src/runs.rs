@@ -1,5 +1,6 @@
 //! The runs list: a project's runs, newest first, filtered by state (ListRuns), with the
-//! project chosen from the store's projects (ListProjects).
+//! project chosen from the store's projects (ListProjects). The page's script fetches it again
+//! every few seconds and replaces the list when it changed.
 
 use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Response};
@@ -111,6 +112,7 @@ pub(super) async fn list(
                 a href=(page::runs_url(&project, Some(name))) class=(if current == Some(name) { "current" } else { "" }) { (name) }
             }
         }
+        div #runs-live data-live {
         @if runs.runs.is_empty() {
             p.hint #no-runs { "No runs" @if let Some(s) = current { " in state " (s) } "." }
         } @else {
@@ -135,6 +137,7 @@ pub(super) async fn list(
                     }
                 }
             }
+        }
         }
         @if !runs.next_page_token.is_empty() {
             p {

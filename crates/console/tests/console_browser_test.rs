@@ -150,11 +150,10 @@ async fn start_console(config: ConsoleConfig) -> String {
     url
 }
 
-/// Logs in through the form the run page redirects to, approves gate `review` with `note`,
-/// and waits for the run to complete with the note in the live events; saves a screenshot.
-async fn approve_in_browser(c: &Client, base: &str, run_id: &str, note: &str, shot: &str) {
-    let run_page = format!("{base}projects/{PROJECT}/runs/{run_id}");
-    c.goto(&run_page).await.unwrap();
+/// Opens `path` (relative to `base`), logs in as ann through the form it redirects to, and
+/// waits to be back on `path`.
+async fn login(c: &Client, base: &str, path: &str) {
+    c.goto(&format!("{base}{path}")).await.unwrap();
     let name = c
         .wait()
         .for_element(Locator::Css("input[name=name]"))
@@ -178,10 +177,11 @@ async fn approve_in_browser(c: &Client, base: &str, run_id: &str, note: &str, sh
         .click()
         .await
         .unwrap();
-    wait_for("the run page after login", || async {
+    let want = path.split('?').next().unwrap_or(path).to_owned();
+    wait_for("the page after login", || async {
         c.current_url()
             .await
-            .map(|u| u.path().contains(run_id))
+            .map(|u| u.path().trim_start_matches('/') == want)
             .unwrap_or(false)
     })
     .await;
@@ -194,19 +194,14 @@ async fn approve_in_browser(c: &Client, base: &str, run_id: &str, note: &str, sh
             .unwrap(),
         "ann"
     );
+}
 
-    wait_for("the run to wait at its gate", || async {
-        run_state(c).await == "input-required"
-    })
-    .await;
-    wait_for("the gate.blocked event in the live table", || async {
-        event_rows(c)
-            .await
-            .iter()
-            .any(|r| r.contains("gate.blocked"))
-    })
-    .await;
-    let gate = c.find(Locator::Css("#gate-review")).await.unwrap();
+/// Types `note` into gate `gate`'s form on the page and clicks Approve.
+async fn approve_on_page(c: &Client, gate: &str, note: &str) {
+    let gate = c
+        .find(Locator::Css(&format!("#gate-{gate}")))
+        .await
+        .unwrap();
     gate.find(Locator::Css("textarea[name=note]"))
         .await
         .unwrap()
@@ -219,6 +214,36 @@ async fn approve_in_browser(c: &Client, base: &str, run_id: &str, note: &str, sh
         .click()
         .await
         .unwrap();
+}
+
+/// A console with the shared login token over these services.
+async fn console_with_token(orchestrator_addr: String, store_addr: &str) -> String {
+    start_console(ConsoleConfig {
+        enabled: true,
+        orchestrator_addr,
+        store_addr: store_addr.to_owned(),
+        token: Some(TOKEN.into()),
+        ..ConsoleConfig::default()
+    })
+    .await
+}
+
+/// Logs in through the form the run page redirects to, approves gate `review` with `note`,
+/// and waits for the run to complete with the note in the live events; saves a screenshot.
+async fn approve_in_browser(c: &Client, base: &str, run_id: &str, note: &str, shot: &str) {
+    login(c, base, &format!("projects/{PROJECT}/runs/{run_id}")).await;
+    wait_for("the run to wait at its gate", || async {
+        run_state(c).await == "input-required"
+    })
+    .await;
+    wait_for("the gate.blocked event in the live table", || async {
+        event_rows(c)
+            .await
+            .iter()
+            .any(|r| r.contains("gate.blocked"))
+    })
+    .await;
+    approve_on_page(c, "review", note).await;
 
     wait_for("the confirmation", || async {
         match c.find(Locator::Css(".flash.ok")).await {
@@ -256,10 +281,8 @@ async fn approve_in_browser(c: &Client, base: &str, run_id: &str, note: &str, sh
         .text()
         .await
         .unwrap();
-    assert!(
-        status.contains("Stream closed: the run is over"),
-        "{status}"
-    );
+    // The stream stays open after the run's end (it may be reworked or resumed).
+    assert!(status.starts_with("Live"), "{status}");
     // The note is markup-free text everywhere it shows.
     let html = c.source().await.unwrap();
     assert!(
@@ -293,21 +316,7 @@ async fn a_person_approves_a_gate_of_a_real_run_from_the_browser() {
     };
     let dir = tempfile::tempdir().unwrap();
     let (store_addr, _store_stop) = start_store(dir.path()).await;
-    let config = cairn_orchestrator::Config {
-        store_addr: store_addr.clone(),
-        snapshot_interval_ms: 100,
-        ..cairn_orchestrator::Config::default()
-    };
-    let (server, handle) = cairn_orchestrator::orchestrator_service(config)
-        .await
-        .unwrap();
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let orchestrator_addr = l.local_addr().unwrap().to_string();
-    tokio::spawn(async move {
-        let mut host = cairn_server::Host::new();
-        host.add(server);
-        let _ = host.serve(l, std::future::pending()).await;
-    });
+    let (orchestrator_addr, handle) = real_orchestrator(&store_addr).await;
     let mut orch = OrchestratorClient::new(cairn_server::connect(&orchestrator_addr).unwrap());
     let run = orch
         .submit_run(SubmitRunRequest {
@@ -337,14 +346,7 @@ async fn a_person_approves_a_gate_of_a_real_run_from_the_browser() {
     })
     .await;
 
-    let base = start_console(ConsoleConfig {
-        enabled: true,
-        orchestrator_addr,
-        store_addr: store_addr.clone(),
-        token: Some(TOKEN.into()),
-        ..ConsoleConfig::default()
-    })
-    .await;
+    let base = console_with_token(orchestrator_addr, &store_addr).await;
     let note = "Checked the draft <b>by hand</b>; publish it.";
     approve_in_browser(&client, &base, &run_id, note, "run-page.png").await;
 
@@ -405,4 +407,364 @@ async fn a_person_approves_a_gate_from_the_browser_with_the_fake_orchestrator() 
         ("ApproveGate", "ann", note)
     );
     client.close().await.unwrap();
+}
+
+/// A graph with two gates in a row; the first gate's reason is long (its event gets folded).
+fn two_gates() -> String {
+    format!(
+        r##"
+title: Two looks
+nodes:
+  - {{id: draft, type: write_file, path: "docs/{{{{run_id}}}}/draft.md", content: "# Draft\n"}}
+  - {{id: first, type: gate, reason: "{long}", needs: [draft]}}
+  - {{id: second, type: gate, reason: "second look", needs: [first]}}
+  - {{id: publish, type: write_file, path: "docs/{{{{run_id}}}}/published.txt", content: "ok", needs: [second]}}
+"##,
+        long = "look at the draft ".repeat(20)
+    )
+}
+
+/// Marks the page so a reload (which would lose the mark) shows.
+async fn mark_page(c: &Client) {
+    c.execute("window.cairnMark = 'kept'; return true;", vec![])
+        .await
+        .unwrap();
+}
+
+async fn page_kept(c: &Client) -> bool {
+    c.execute("return window.cairnMark === 'kept';", vec![])
+        .await
+        .unwrap()
+        .as_bool()
+        .unwrap_or(false)
+}
+
+async fn attr(c: &Client, css: &str, name: &str) -> String {
+    match c.find(Locator::Css(css)).await {
+        Ok(e) => e.attr(name).await.ok().flatten().unwrap_or_default(),
+        Err(_) => String::new(),
+    }
+}
+
+async fn text_of(c: &Client, css: &str) -> String {
+    match c.find(Locator::Css(css)).await {
+        Ok(e) => e.text().await.unwrap_or_default(),
+        Err(_) => String::new(),
+    }
+}
+
+/// The seq of every row of the event table.
+async fn event_seqs(c: &Client) -> Vec<u64> {
+    let mut out = Vec::new();
+    if let Ok(rows) = c.find_all(Locator::Css("#event-table tbody tr")).await {
+        for r in rows {
+            let id = r.attr("id").await.ok().flatten().unwrap_or_default();
+            out.push(id.trim_start_matches("ev-").parse().unwrap_or(0));
+        }
+    }
+    out
+}
+
+/// Saves a PNG of the element (or the page) under the screenshots directory.
+async fn shoot(c: &Client, css: Option<&str>, name: &str) {
+    let png = match css {
+        Some(css) => c
+            .find(Locator::Css(css))
+            .await
+            .unwrap()
+            .screenshot()
+            .await
+            .unwrap(),
+        None => c.screenshot().await.unwrap(),
+    };
+    assert!(png.starts_with(b"\x89PNG"), "a PNG screenshot");
+    let path = screenshot_path(name);
+    std::fs::write(&path, &png).unwrap();
+    println!("screenshot: {}", path.display());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_follows_a_real_run_live_through_gates_rework_and_its_end() {
+    let Some((_driver, client)) = browser().await else {
+        return;
+    };
+    let c = &client;
+    let dir = tempfile::tempdir().unwrap();
+    let (store_addr, _store_stop) = start_store(dir.path()).await;
+    let (orchestrator_addr, handle) = real_orchestrator(&store_addr).await;
+    let mut orch = OrchestratorClient::new(cairn_server::connect(&orchestrator_addr).unwrap());
+    // Another run's file: the run page lists only what this run wrote, unless asked.
+    put(
+        &store_addr,
+        PROJECT,
+        "docs/elsewhere/other.md",
+        b"# other\n".to_vec(),
+    )
+    .await;
+    let base = console_with_token(orchestrator_addr, &store_addr).await;
+
+    // The runs list updates by itself when a run is submitted.
+    login(c, &base, &format!("runs?project={PROJECT}")).await;
+    mark_page(c).await;
+    let run_id = orch
+        .submit_run(SubmitRunRequest {
+            project_id: PROJECT.into(),
+            graph_yaml: two_gates(),
+            by: "cli".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .run_id;
+    wait_for("the new run in the runs list", || async {
+        text_of(c, "#runs-live").await.contains(&run_id)
+    })
+    .await;
+    assert!(page_kept(c).await, "the list changed without a reload");
+
+    // The run page, while the run waits at its first gate: the second is not reached.
+    let get = |orch: &OrchestratorClient<tonic::transport::Channel>| {
+        let mut orch = orch.clone();
+        let run_id = run_id.clone();
+        async move {
+            orch.get_run(GetRunRequest {
+                project_id: PROJECT.into(),
+                run_id,
+            })
+            .await
+            .unwrap()
+            .into_inner()
+        }
+    };
+    wait_for("the run to block at its first gate", || async {
+        get(&orch).await.state == TaskState::InputRequired as i32
+    })
+    .await;
+    c.goto(&format!("{base}projects/{PROJECT}/runs/{run_id}"))
+        .await
+        .unwrap();
+    mark_page(c).await;
+    assert!(text_of(c, "#gate-second").await.contains("not reached"));
+    assert!(c
+        .find(Locator::Css("#gate-second button.approve"))
+        .await
+        .is_err());
+
+    // Approved elsewhere (gRPC): the page shows the second gate blocked with its buttons,
+    // the milestones and the graph move on, all without a reload.
+    orch.approve_gate(cairn_proto::v1::GateDecisionRequest {
+        project_id: PROJECT.into(),
+        run_id: run_id.clone(),
+        gate_id: "first".into(),
+        by: "bob".into(),
+        note: "first ok".into(),
+    })
+    .await
+    .unwrap();
+    wait_for("the second gate's Approve button", || async {
+        c.find(Locator::Css("#gate-second button.approve"))
+            .await
+            .is_ok()
+    })
+    .await;
+    assert!(page_kept(c).await, "the gate appeared without a reload");
+    assert!(text_of(c, "#gate-first").await.contains("approved by bob"));
+    assert!(text_of(c, "#node-first").await.contains("succeeded"));
+    assert_eq!(
+        attr(c, "#dag g[data-node=first]", "data-state").await,
+        "succeeded"
+    );
+    assert_eq!(
+        attr(c, "#dag g[data-node=second]", "data-state").await,
+        "blocked"
+    );
+
+    // Approved from the page.
+    approve_on_page(c, "second", "second ok").await;
+    wait_for("the run to complete", || async {
+        run_state(c).await == "completed"
+    })
+    .await;
+    assert_eq!(get(&orch).await.gates[1].decided_by, "ann");
+
+    // Reworked after its end: the same page (no reload) follows the run on.
+    mark_page(c).await;
+    orch.request_rework(cairn_proto::v1::ReworkRequest {
+        project_id: PROJECT.into(),
+        run_id: run_id.clone(),
+        node_id: "draft".into(),
+        by: "carol".into(),
+        note: "once more".into(),
+    })
+    .await
+    .unwrap();
+    wait_for("the reworked run at its first gate again", || async {
+        run_state(c).await == "input-required"
+            && c.find(Locator::Css("#gate-first button.approve"))
+                .await
+                .is_ok()
+    })
+    .await;
+    for gate in ["first", "second"] {
+        wait_for("the gate to block", || async {
+            get(&orch)
+                .await
+                .gates
+                .iter()
+                .any(|g| g.id == gate && g.state == cairn_proto::v1::GateState::Blocked as i32)
+        })
+        .await;
+        orch.approve_gate(cairn_proto::v1::GateDecisionRequest {
+            project_id: PROJECT.into(),
+            run_id: run_id.clone(),
+            gate_id: gate.into(),
+            by: "bob".into(),
+            note: String::new(),
+        })
+        .await
+        .unwrap();
+    }
+    wait_for("the reworked run to complete", || async {
+        run_state(c).await == "completed"
+    })
+    .await;
+    assert!(page_kept(c).await, "followed without a reload");
+
+    // History: the page shows every event the store holds, in order, and is still live.
+    let stored = read_store_events(&store_addr, &run_id).await;
+    assert!(stored
+        .iter()
+        .any(|e| e.r#type == "artifact.rework-requested"));
+    wait_for("every stored event on the page", || async {
+        event_seqs(c).await.len() == stored.len()
+    })
+    .await;
+    let seqs: Vec<u64> = stored.iter().map(|e| e.seq).collect();
+    assert_eq!(event_seqs(c).await, seqs);
+    assert!(text_of(c, "#events-status").await.starts_with("Live"));
+
+    // The graph names every node with its state.
+    let info = get(&orch).await;
+    for n in &info.nodes {
+        let state = match cairn_proto::v1::NodeState::try_from(n.state).unwrap() {
+            cairn_proto::v1::NodeState::Succeeded => "succeeded",
+            other => panic!("node {} is {other:?}", n.id),
+        };
+        let css = format!("#dag g[data-node={}]", n.id);
+        assert_eq!(attr(c, &css, "data-state").await, state, "{}", n.id);
+        let label = c
+            .find(Locator::Css(&format!("{css} text.id")))
+            .await
+            .unwrap();
+        assert!(label.is_displayed().await.unwrap(), "{} is drawn", n.id);
+        assert_eq!(label.text().await.unwrap(), n.id);
+        assert!(
+            text_of(c, &format!("#node-{}", n.id)).await.contains(&n.id),
+            "the milestone row the node links to"
+        );
+    }
+    assert_eq!(
+        c.find_all(Locator::Css("#dag g.node")).await.unwrap().len(),
+        info.nodes.len()
+    );
+
+    // The timeline matches the events: first start, last end, attempts, retries.
+    for n in &info.nodes {
+        let mine: Vec<&cairn_proto::v1::Event> =
+            stored.iter().filter(|e| e.node_id == n.id).collect();
+        let starts: Vec<&str> = mine
+            .iter()
+            .filter(|e| e.r#type == "node.started")
+            .map(|e| e.ts.as_str())
+            .collect();
+        let end = mine
+            .iter()
+            .rev()
+            .find(|e| e.r#type == "node.completed")
+            .map(|e| e.ts.as_str())
+            .unwrap();
+        let row = format!("#tl-{}", n.id);
+        assert_eq!(attr(c, &row, "data-start").await, starts[0], "{}", n.id);
+        assert_eq!(attr(c, &row, "data-end").await, end, "{}", n.id);
+        assert_eq!(
+            attr(c, &row, "data-attempts").await,
+            starts.len().to_string(),
+            "{}",
+            n.id
+        );
+        assert_eq!(attr(c, &row, "data-retries").await, "0");
+    }
+    let bars = c.find_all(Locator::Css("#gantt rect.bar")).await.unwrap();
+    assert_eq!(bars.len(), 2 * info.nodes.len(), "a bar per attempt");
+    for b in bars {
+        assert!(b.is_displayed().await.unwrap());
+    }
+    // Everything was redone once: two attempts each, publish last on the critical path.
+    assert_eq!(attr(c, "#tl-draft", "data-attempts").await, "2");
+    assert!(text_of(c, "#critical-path")
+        .await
+        .contains("draft → first → second → publish"));
+
+    // Quiet events: the long gate reason is folded, and opens on a click.
+    let blocked = stored
+        .iter()
+        .find(|e| e.r#type == "gate.blocked" && e.node_id == "first")
+        .unwrap();
+    let fold = c
+        .find(Locator::Css(&format!("#ev-{} details.fold", blocked.seq)))
+        .await
+        .unwrap();
+    let pre = fold.find(Locator::Css("pre")).await.unwrap();
+    assert!(!pre.is_displayed().await.unwrap(), "folded");
+    let summary = fold.find(Locator::Css("summary")).await.unwrap();
+    assert!(summary.text().await.unwrap().chars().count() < 230);
+    summary.click().await.unwrap();
+    assert!(pre.is_displayed().await.unwrap(), "unfolded");
+    assert!(pre
+        .text()
+        .await
+        .unwrap()
+        .contains(&"look at the draft ".repeat(20).trim_end().to_owned()));
+
+    // Run-scoped files; the project's behind the toggle.
+    let files = text_of(c, "#run-files").await;
+    assert!(
+        files.contains(&format!("docs/{run_id}/draft.md")),
+        "{files}"
+    );
+    assert!(
+        files.contains(&format!("docs/{run_id}/published.txt")),
+        "{files}"
+    );
+    assert!(!c
+        .source()
+        .await
+        .unwrap()
+        .contains("docs/elsewhere/other.md"));
+
+    // Screenshots of the new views.
+    c.execute("window.scrollTo(0, 0); return true;", vec![])
+        .await
+        .unwrap();
+    shoot(c, None, "run-page-live.png").await;
+    shoot(c, Some("#graph-section"), "run-graph.png").await;
+    shoot(c, Some("#timeline-section"), "run-timeline.png").await;
+    shoot(c, Some("#events-section"), "run-events.png").await;
+
+    c.find(Locator::Css("#files-toggle"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_for("the whole project's files", || async {
+        c.source()
+            .await
+            .map(|s| s.contains("docs/elsewhere/other.md"))
+            .unwrap_or(false)
+    })
+    .await;
+    client.close().await.unwrap();
+    handle.shutdown().await;
 }

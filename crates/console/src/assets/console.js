@@ -1,94 +1,100 @@
-// cairn console: the live event table of a run page (server-sent events from WatchRun).
-// Every value is inserted with textContent: nothing from an event is ever parsed as HTML.
+// cairn console: keeps pages live without a framework.
+// - Run page: new events arrive as server-sent events (WatchRun in follow mode; the stream
+//   stays open past the run's end) and are appended to the event table; after each, the page
+//   is fetched again and every part marked data-live that changed is replaced.
+// - Runs list: fetched again every few seconds, its data-live parts replaced the same way.
+// Markup inserted here is the server's own (maud escapes every value); nothing from an event's
+// fields is ever parsed as HTML on its own.
 "use strict";
 (function () {
-  const table = document.getElementById("event-table");
-  if (!table || !window.EventSource) return;
-  const body = table.tBodies[0];
-  const status = document.getElementById("events-status");
-  const renderedSeq = Number(table.dataset.seq || "0");
-  const finalTypes = { "task.completed": "completed", "task.failed": "failed", "task.canceled": "canceled" };
-  const stateOf = Object.assign(
-    { "task.created": "created", "task.working": "working", "task.resumed": "working", "task.input-required": "input-required" },
-    finalTypes
-  );
-  const badgeClass = {
-    completed: "badge ok", failed: "badge bad", canceled: "badge bad",
-    "input-required": "badge wait", working: "badge busy", created: "badge"
-  };
-  let warned = false;
+  const RUNS_EVERY_MS = 4000;
 
-  function say(text) {
-    if (status) status.textContent = text;
+  // A part someone is using (a form field focused or edited) is left alone for now.
+  function busy(el) {
+    const active = document.activeElement;
+    if (active && el.contains(active) && /^(TEXTAREA|INPUT|SELECT)$/.test(active.tagName)) return true;
+    const fields = el.querySelectorAll("textarea, input[type=text], select");
+    for (const f of fields) {
+      if (f.tagName === "SELECT") {
+        for (const o of f.options) if (o.selected !== o.defaultSelected) return true;
+      } else if (f.value !== f.defaultValue) return true;
+    }
+    return false;
   }
 
-  function details(data) {
-    if (data === null || typeof data !== "object") return String(data);
-    return Object.keys(data)
-      .map(function (k) {
-        const v = data[k];
-        return k + ": " + (typeof v === "string" ? v : JSON.stringify(v));
-      })
-      .join(" · ");
-  }
-
-  function setState(state) {
-    const holder = document.getElementById("run-state");
-    if (!holder) return;
-    const badge = document.createElement("span");
-    badge.className = badgeClass[state] || "badge";
-    badge.textContent = state;
-    holder.replaceChildren(badge);
-    holder.dataset.state = state;
-  }
-
-  function warnStale() {
-    if (warned) return;
-    warned = true;
-    const p = document.createElement("p");
-    p.className = "flash ok";
-    p.id = "stale-notice";
-    p.append("The run moved on since this page was loaded. ");
-    const a = document.createElement("a");
-    a.href = window.location.pathname;
-    a.textContent = "Reload";
-    p.append(a, " to see its gates and files now.");
-    table.parentNode.insertBefore(p, table);
-  }
-
-  const source = new EventSource(table.dataset.src);
-  source.onopen = function () { say("Live: new events appear as they happen."); };
-  source.addEventListener("run-event", function (m) {
-    let ev;
-    try { ev = JSON.parse(m.data); } catch (e) { return; }
-    const tr = document.createElement("tr");
-    tr.className = "level-" + ev.level;
-    tr.dataset.type = ev.type;
-    // The time of day is enough in the table; the whole timestamp is the cell's tooltip.
-    const ts = String(ev.ts || "");
-    const time = ts.length >= 19 ? ts.slice(11, 23).replace(/Z$/, "") : ts;
-    [String(ev.seq), time, ev.type, ev.node_id, details(ev.data)].forEach(function (text, i) {
-      const td = document.createElement("td");
-      td.className = ["num", "nowrap", "nowrap", "nowrap", "details"][i];
-      if (i === 1) td.title = ts;
-      td.textContent = text || "";
-      tr.appendChild(td);
+  // Folded details the reader opened stay open when their part is replaced.
+  function keepOpen(from, to) {
+    const open = Array.from(from.querySelectorAll("details[open]"), function (d) { return d.textContent; });
+    to.querySelectorAll("details").forEach(function (d) {
+      if (open.indexOf(d.textContent) >= 0) d.open = true;
     });
-    body.appendChild(tr);
-    // The page was rendered with the state as of event `renderedSeq`: replayed older events
-    // must not move the badge back.
-    const state = stateOf[ev.type];
-    if (state && ev.seq > renderedSeq) setState(state);
-    if (ev.seq > renderedSeq && renderedSeq > 0 && (ev.type.indexOf("gate.") === 0 || finalTypes[ev.type])) warnStale();
-  });
-  source.addEventListener("end", function (m) {
-    source.close();
-    let reason = "";
-    try { reason = JSON.parse(m.data).reason || ""; } catch (e) { reason = ""; }
-    say("Stream closed: " + reason);
-  });
-  source.onerror = function () {
-    if (source.readyState === EventSource.CLOSED) say("The event stream is unavailable; reload the page to retry.");
-    else say("Connection lost; reconnecting…");
-  };
+  }
+
+  let inFlight = false;
+  let again = false;
+  function refresh() {
+    if (inFlight) { again = true; return; }
+    inFlight = true;
+    fetch(window.location.pathname + window.location.search, {
+      credentials: "same-origin",
+      headers: { "X-Cairn-Live": "1" },
+    })
+      .then(function (r) { return r.ok ? r.text() : null; })
+      .then(function (text) {
+        if (!text) return;
+        const fresh = new DOMParser().parseFromString(text, "text/html");
+        fresh.querySelectorAll("[data-live]").forEach(function (part) {
+          const old = document.getElementById(part.id);
+          if (!old || busy(old) || old.innerHTML === part.innerHTML) return;
+          const node = document.importNode(part, true);
+          keepOpen(old, node);
+          old.replaceWith(node);
+        });
+      })
+      .catch(function () { /* the next event or tick tries again */ })
+      .finally(function () {
+        inFlight = false;
+        if (again) { again = false; refresh(); }
+      });
+  }
+
+  let timer = null;
+  // Soon after an event, and once more a little later (snapshots may lag the event).
+  function refreshSoon() {
+    if (timer) clearTimeout(timer);
+    timer = setTimeout(function () { timer = null; refresh(); setTimeout(refresh, 1500); }, 250);
+  }
+
+  const table = document.getElementById("event-table");
+  if (table && window.EventSource) {
+    const body = table.tBodies[0];
+    const status = document.getElementById("events-status");
+    const say = function (text) { if (status) status.textContent = text; };
+    const source = new EventSource(table.dataset.src);
+    source.onopen = function () { say("Live: new events appear as they happen, also after the run ends."); };
+    source.addEventListener("run-event", function (m) {
+      let ev;
+      try { ev = JSON.parse(m.data); } catch (e) { return; }
+      if (document.getElementById("ev-" + ev.seq)) return;
+      const t = document.createElement("template");
+      t.innerHTML = String(ev.row || "");
+      const row = t.content.firstElementChild;
+      if (row) body.appendChild(row);
+      refreshSoon();
+    });
+    source.addEventListener("end", function (m) {
+      source.close();
+      let reason = "";
+      try { reason = JSON.parse(m.data).reason || ""; } catch (e) { reason = ""; }
+      say("Stream closed: " + reason);
+    });
+    source.onerror = function () {
+      if (source.readyState === EventSource.CLOSED) say("The event stream is unavailable; reload the page to retry.");
+      else say("Connection lost; reconnecting…");
+    };
+  }
+
+  if (document.getElementById("runs-live")) {
+    setInterval(function () { if (!document.hidden) refresh(); }, RUNS_EVERY_MS);
+  }
 })();

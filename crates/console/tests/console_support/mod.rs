@@ -289,7 +289,8 @@ impl Orchestrator for FakeOrchestrator {
                         return;
                     }
                 }
-                if done {
+                // Follow mode goes on past the end, like the real orchestrator.
+                if done && !r.follow_after_end {
                     return;
                 }
                 if changed.changed().await.is_err() {
@@ -494,10 +495,102 @@ pub fn manifest_json(run_id: &str) -> String {
     .to_string()
 }
 
-/// Writes one file into the store (overwriting).
+/// The real orchestrator over the store at `store_addr`, served on a 127.0.0.1 port.
+pub async fn real_orchestrator(store_addr: &str) -> (String, cairn_orchestrator::Handle) {
+    let config = cairn_orchestrator::Config {
+        store_addr: store_addr.to_owned(),
+        snapshot_interval_ms: 100,
+        ..cairn_orchestrator::Config::default()
+    };
+    let (server, handle) = cairn_orchestrator::orchestrator_service(config)
+        .await
+        .unwrap();
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        let mut host = cairn_server::Host::new();
+        host.add(server);
+        let _ = host.serve(l, std::future::pending()).await;
+    });
+    (addr, handle)
+}
+
+/// Every event of the run, as the store holds them.
+pub async fn read_store_events(store_addr: &str, run: &str) -> Vec<pb::Event> {
+    let mut client = ArtifactStoreClient::new(cairn_server::connect(store_addr).unwrap());
+    let mut stream = client
+        .read_events(pb::ReadEventsRequest {
+            project_id: PROJECT.into(),
+            run_id: run.into(),
+            from_seq: 1,
+            follow: false,
+            limit: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut out = Vec::new();
+    while let Some(e) = stream.message().await.unwrap() {
+        out.push(e);
+    }
+    out
+}
+
+/// Appends `events` (their type, node, level and data) to the run's events in the store.
+pub async fn append_events(store_addr: &str, project: &str, run: &str, events: &[pb::Event]) {
+    let mut client = ArtifactStoreClient::new(cairn_server::connect(store_addr).unwrap());
+    client
+        .append_events(pb::AppendEventsRequest {
+            project_id: project.into(),
+            run_id: run.into(),
+            events: events
+                .iter()
+                .map(|e| pb::EventInput {
+                    r#type: e.r#type.clone(),
+                    node_id: e.node_id.clone(),
+                    level: e.level,
+                    data_json: e.data_json.clone(),
+                })
+                .collect(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+}
+
+/// Writes one file into the store (overwriting). A run record is written as the run's writer
+/// (claimed and fenced), as the orchestrator writes them: the store refuses a task.yaml written
+/// by hand unless it only edits the few fields people may change.
 pub async fn put(store_addr: &str, project: &str, path: &str, bytes: Vec<u8>) {
     let mut client = ArtifactStoreClient::new(cairn_server::connect(store_addr).unwrap())
         .max_encoding_message_size(64 << 20);
+    let run = path
+        .strip_prefix(".cairn/runs/")
+        .and_then(|rest| rest.split('/').next());
+    let fence = match run {
+        Some(run) => {
+            // The project must exist before a claim.
+            let _ = client
+                .create_project(pb::CreateProjectRequest {
+                    project_id: project.into(),
+                })
+                .await;
+            let claim = client
+                .claim_run(pb::ClaimRunRequest {
+                    project_id: project.into(),
+                    run_id: run.into(),
+                    holder: "console test".into(),
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            Some(pb::RunFence {
+                run_id: run.into(),
+                epoch: claim.epoch,
+            })
+        }
+        None => None,
+    };
     let msgs = vec![
         pb::PutRequest {
             msg: Some(pb::put_request::Msg::Header(pb::PutHeader {
@@ -505,6 +598,7 @@ pub async fn put(store_addr: &str, project: &str, path: &str, bytes: Vec<u8>) {
                 path: path.into(),
                 overwrite: true,
                 create_project: true,
+                fence,
                 ..Default::default()
             })),
         },
@@ -591,6 +685,9 @@ impl Services {
         };
         let run_dir = format!(".cairn/runs/{RUN}");
         s.put(&format!("{run_dir}/task.yaml"), task_yaml(RUN)).await;
+        // The store holds what the fake emitted so far: the page reads events from the store.
+        let emitted: Vec<pb::Event> = s.fake.state.lock().unwrap().events[RUN].clone();
+        append_events(&s.store_addr, PROJECT, RUN, &emitted).await;
         s.put(
             &format!("{run_dir}/shared/human-notes.md"),
             "---\ntitle: \"Human notes\"\n---\n# Human notes for run run-1\n\n<a id=\"note-1\"></a>\n### Note 1: note (by ann, 2026-01-01)\n\nKeep the API stable. <img src=x onerror=alert(1)> [click](javascript:alert(2))\n",
@@ -774,6 +871,56 @@ impl Client {
     pub async fn get(&mut self, uri: &str) -> Page {
         let req = self.builder("GET", uri).body(Body::empty()).unwrap();
         self.send(req).await
+    }
+
+    /// GETs an event stream and reads it until its text contains `needle` (10 s at most);
+    /// returns the text and whether the stream was still open 300 ms later.
+    pub async fn stream_until(
+        &mut self,
+        uri: &str,
+        headers: &[(&str, &str)],
+        needle: &str,
+    ) -> (String, bool) {
+        use futures::StreamExt;
+        let mut b = self.builder("GET", uri);
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        let res = self
+            .router
+            .clone()
+            .oneshot(b.body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        let mut body = res.into_body().into_data_stream();
+        let mut text = String::new();
+        let found = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+            while !text.contains(needle) {
+                match body.next().await {
+                    Some(Ok(chunk)) => text.push_str(&String::from_utf8_lossy(&chunk)),
+                    _ => return false,
+                }
+            }
+            true
+        })
+        .await;
+        assert!(
+            matches!(found, Ok(true)),
+            "no {needle:?} in the stream: {text}"
+        );
+        let open = tokio::time::timeout(std::time::Duration::from_millis(300), async {
+            loop {
+                match body.next().await {
+                    // Keep-alive comments and later events: still open.
+                    Some(Ok(chunk)) => text.push_str(&String::from_utf8_lossy(&chunk)),
+                    _ => return,
+                }
+            }
+        })
+        .await
+        .is_err();
+        (text, open)
     }
 
     pub async fn get_with(&mut self, uri: &str, name: &str, value: &str) -> Page {
