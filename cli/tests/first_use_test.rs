@@ -302,3 +302,65 @@ fn gate_reject_prints_the_run_after_the_decision() {
     assert_eq!(after["gates"][0]["state"], "rejected", "{after}");
     assert_eq!(out.status.code(), Some(1));
 }
+
+/// task.yaml by hand: the editable fields are taken (and applied when the run moves on); any
+/// other change is refused with the fields one may edit.
+#[test]
+fn task_yaml_edited_by_hand_through_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let graph = dir.path().join("gated.yaml");
+    std::fs::write(
+        &graph,
+        "title: Before\nnodes:\n  - {id: draft, type: write_file, path: \"docs/{{run_id}}/d.txt\", content: d}\n  - {id: review, type: gate, needs: [draft]}\n",
+    )
+    .unwrap();
+    cairn(&data)
+        .args(["-p", "edits", "run", "--run-id", "e1"])
+        .arg(&graph)
+        .timeout(std::time::Duration::from_secs(60))
+        .assert()
+        .success();
+    let get = cairn(&data)
+        .args(["-p", "edits", "store", "get", ".cairn/runs/e1/task.yaml"])
+        .output()
+        .unwrap();
+    let yaml = String::from_utf8(get.stdout).unwrap();
+    assert!(yaml.contains("title: Before"), "{yaml}");
+    let edited = dir.path().join("task.yaml");
+    let put = |text: &str| {
+        std::fs::write(&edited, text).unwrap();
+        cairn(&data)
+            .args(["-p", "edits", "store", "put", "--overwrite"])
+            .arg(&edited)
+            .arg(".cairn/runs/e1/task.yaml")
+            .output()
+            .unwrap()
+    };
+    let refused = put(&yaml.replace("state: input-required", "state: completed"));
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("`state`")
+            && stderr.contains("title, goal, milestones[].note and roster[].note"),
+        "{stderr}"
+    );
+    let taken = put(&yaml.replace("title: Before", "title: After"));
+    assert!(
+        taken.status.success(),
+        "{}",
+        String::from_utf8_lossy(&taken.stderr)
+    );
+    cairn(&data)
+        .args(["-p", "edits", "gate", "approve", "e1", "review"])
+        .timeout(std::time::Duration::from_secs(60))
+        .assert()
+        .success();
+    let show = cairn(&data)
+        .args(["-p", "edits", "--json", "runs", "show", "e1"])
+        .output()
+        .unwrap();
+    let run: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
+    assert_eq!(run["state"], "completed", "{run}");
+    assert_eq!(run["title"], "After", "{run}");
+}
