@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::cairn;
+use common::{cairn, free_port, Killed};
 
 use predicates::prelude::*;
 
@@ -141,29 +141,26 @@ fn ingest_json_is_json_even_when_nothing_is_parsed() {
 #[test]
 fn a_command_at_the_wrong_service_names_both() {
     let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
+    let addr = format!("127.0.0.1:{}", free_port());
     // An ingest service alone (its store need not exist for this).
-    let mut ingest = std::process::Command::new(assert_cmd::cargo::cargo_bin("cairn"))
-        .env_remove("CAIRN_ADDR")
-        .env_remove("CAIRN_CONFIG")
-        .env("RUST_LOG", "error")
-        .args([
-            "serve",
-            "ingest",
-            "--listen",
-            &addr,
-            "--store-addr",
-            "http://127.0.0.1:9",
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let ingest = Killed(
+        std::process::Command::new(assert_cmd::cargo::cargo_bin("cairn"))
+            .env_remove("CAIRN_ADDR")
+            .env_remove("CAIRN_CONFIG")
+            .env("RUST_LOG", "error")
+            .args([
+                "serve",
+                "ingest",
+                "--listen",
+                &addr,
+                "--store-addr",
+                "http://127.0.0.1:9",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while std::net::TcpStream::connect(&addr).is_err() {
         assert!(
@@ -177,8 +174,7 @@ fn a_command_at_the_wrong_service_names_both() {
         .timeout(std::time::Duration::from_secs(30))
         .output()
         .unwrap();
-    let _ = ingest.kill();
-    let _ = ingest.wait();
+    drop(ingest);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -233,18 +229,8 @@ fn cairn_run_exits_4_when_blocks_were_not_written() {
         .code(0);
 }
 
-/// Kills the `cairn up` it holds when dropped.
-struct Up(std::process::Child);
-
-impl Drop for Up {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// `cairn up` on a fresh data root; its address.
-fn up(data: &std::path::Path) -> (Up, String) {
+fn up(data: &std::path::Path) -> (Killed, String) {
     use std::io::BufRead;
     let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("cairn"))
         .env_remove("CAIRN_ADDR")
@@ -258,7 +244,7 @@ fn up(data: &std::path::Path) -> (Up, String) {
         .spawn()
         .unwrap();
     let stderr = child.stderr.take().unwrap();
-    let up = Up(child);
+    let up = Killed(child);
     let addr = std::io::BufReader::new(stderr)
         .lines()
         .map_while(Result::ok)
