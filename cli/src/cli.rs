@@ -282,6 +282,16 @@ pub enum RunsCommand {
         /// Only runs in this state (repeatable): created, working, input-required, completed, failed, canceled.
         #[arg(long)]
         state: Vec<String>,
+        /// Only runs whose title, goal or run id contains this text (case-insensitive).
+        #[arg(long, value_name = "TEXT")]
+        search: Option<String>,
+        /// Only runs created at or after this time: RFC 3339 or a day (YYYY-MM-DD, UTC).
+        #[arg(long, value_name = "TIME")]
+        since: Option<String>,
+        /// Only runs created before this time: RFC 3339, or a day (YYYY-MM-DD, UTC; that day
+        /// included).
+        #[arg(long, value_name = "TIME")]
+        until: Option<String>,
     },
     /// One run: state, nodes, gates, run directory.
     Show { run: String },
@@ -305,6 +315,17 @@ pub enum RunsCommand {
     },
     /// Resume an unfinished run from its records.
     Resume { run: String },
+    /// Start a new run from this run's records: its graph as submitted (prompts and schemas
+    /// included), variables, title and LLM. Prints the new run.
+    Rerun {
+        run: String,
+        /// Replace a recorded variable (repeatable).
+        #[arg(long = "var", value_name = "KEY=VALUE")]
+        vars: Vec<String>,
+        /// Title of the new run (default: the recorded one).
+        #[arg(long)]
+        title: Option<String>,
+    },
     /// Re-run a node and everything that depends on it.
     Rework {
         run: String,

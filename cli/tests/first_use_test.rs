@@ -350,3 +350,74 @@ fn task_yaml_edited_by_hand_through_the_cli() {
     assert_eq!(run["state"], "completed", "{run}");
     assert_eq!(run["title"], "After", "{run}");
 }
+
+/// `runs rerun` starts a new run from a run's records (variables replaced with --var), and
+/// `runs list` finds runs by text and creation day.
+#[test]
+fn a_run_is_re_run_and_found_by_search() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let graph = dir.path().join("greet.yaml");
+    std::fs::write(
+        &graph,
+        "title: Greeting\ngoal: Greet someone\nnodes:\n  - {id: a, type: write_file, path: \"docs/{{run_id}}.txt\", content: \"hi {{vars.who}}\"}\n",
+    )
+    .unwrap();
+    let json = |args: &[&str]| {
+        let out = cairn(&data)
+            .args(["-p", "again", "--json"])
+            .args(args)
+            .timeout(std::time::Duration::from_secs(120))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let first = json(&[
+        "run",
+        graph.to_str().unwrap(),
+        "--run-id",
+        "first",
+        "--var",
+        "who=ann",
+    ]);
+    assert_eq!(first["state"], "completed", "{first}");
+    let second = json(&["runs", "rerun", "first", "--var", "who=bob"]);
+    assert_eq!(second["state"], "completed", "{second}");
+    assert_eq!(second["rerun_of"], "first");
+    assert_eq!(second["title"], "Greeting");
+    let id = second["run_id"].as_str().unwrap().to_owned();
+    assert_ne!(id, "first");
+    cairn(&data)
+        .args(["-p", "again", "store", "get", &format!("docs/{id}.txt")])
+        .assert()
+        .success()
+        .stdout("hi bob");
+
+    let ids = |v: serde_json::Value| -> Vec<String> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["run_id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(
+        ids(json(&["runs", "list", "--search", "GREET"])),
+        vec![id.clone(), "first".to_owned()]
+    );
+    assert!(ids(json(&["runs", "list", "--search", "farewell"])).is_empty());
+    assert!(ids(json(&["runs", "list", "--since", "2999-01-01"])).is_empty());
+    assert_eq!(
+        ids(json(&["runs", "list", "--until", "2999-01-01"])).len(),
+        2
+    );
+    cairn(&data)
+        .args(["-p", "again", "runs", "list", "--since", "last week"])
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("give a day (2026-11-25)"));
+}

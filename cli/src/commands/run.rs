@@ -112,13 +112,7 @@ pub async fn run(global: &Global, args: RunArgs) -> anyhow::Result<ExitCode> {
     if args.graph.is_some() && args.mode.is_some() {
         anyhow::bail!("give a graph file or --mode, not both (a mode is a built-in graph)");
     }
-    let mut vars = HashMap::new();
-    for kv in &args.vars {
-        let (k, v) = kv
-            .split_once('=')
-            .ok_or_else(|| anyhow::anyhow!("--var {kv:?}: expected KEY=VALUE"))?;
-        vars.insert(k.trim().to_owned(), v.to_owned());
-    }
+    let vars = parse_vars(&args.vars)?;
     let mut llm = local_cassette(args.llm.as_deref(), &graph_yaml, base_dir.as_deref()).await?;
     // Embedded, the user is the operator: a URL they give becomes a provider of this process
     // (with the key of llm.api_key_env). A remote orchestrator decides on URLs itself.
@@ -155,6 +149,7 @@ pub async fn run(global: &Global, args: RunArgs) -> anyhow::Result<ExitCode> {
                     .unwrap_or_default(),
                 // One submit per command: nothing to deduplicate.
                 request_id: String::new(),
+                rerun_of: String::new(),
             })
             .await?
             .into_inner();
@@ -393,6 +388,8 @@ fn run_json(r: &RunInfo) -> serde_json::Value {
         "run_id": r.run_id,
         "project_id": r.project_id,
         "title": r.title,
+        "goal": r.goal,
+        "rerun_of": r.rerun_of,
         "state": state_word(r.state()),
         "created_at": r.created_at,
         "updated_at": r.updated_at,
@@ -413,6 +410,9 @@ fn run_json(r: &RunInfo) -> serde_json::Value {
 
 fn print_run(r: &RunInfo) {
     println!("run {}  [{}]  {}", r.run_id, state_word(r.state()), r.title);
+    if !r.rerun_of.is_empty() {
+        println!("  re-run of {}", r.rerun_of);
+    }
     println!(
         "  project {}  created {}  updated {}",
         r.project_id, r.created_at, r.updated_at
@@ -495,7 +495,12 @@ pub async fn runs(global: &Global, cmd: RunsCommand) -> anyhow::Result<ExitCode>
     let embedded = global.addr.is_none();
     let result = async {
         match cmd {
-            RunsCommand::List { state } => {
+            RunsCommand::List {
+                state,
+                search,
+                since,
+                until,
+            } => {
                 let states = state
                     .iter()
                     .map(|s| parse_state(s))
@@ -508,6 +513,9 @@ pub async fn runs(global: &Global, cmd: RunsCommand) -> anyhow::Result<ExitCode>
                             page_size: 1000,
                             page_token: String::new(),
                         }),
+                        text: search.unwrap_or_default(),
+                        created_after: time_arg("since", since, false)?,
+                        created_before: time_arg("until", until, true)?,
                     })
                     .await;
                 // A project not made yet has no runs: on first use that is an empty list.
@@ -575,6 +583,25 @@ pub async fn runs(global: &Global, cmd: RunsCommand) -> anyhow::Result<ExitCode>
                 };
                 finish(global, &info)
             }
+            RunsCommand::Rerun { run, vars, title } => {
+                let info = client
+                    .submit_run(SubmitRunRequest {
+                        project_id: project.clone(),
+                        vars: parse_vars(&vars)?,
+                        title: title.unwrap_or_default(),
+                        by: who(),
+                        rerun_of: run,
+                        ..Default::default()
+                    })
+                    .await?
+                    .into_inner();
+                let info = if embedded {
+                    follow(global, &mut client, &project, &info.run_id, false).await?
+                } else {
+                    info
+                };
+                finish(global, &info)
+            }
             RunsCommand::Rework { run, node, note } => {
                 let info = client
                     .request_rework(ReworkRequest {
@@ -598,6 +625,42 @@ pub async fn runs(global: &Global, cmd: RunsCommand) -> anyhow::Result<ExitCode>
     .await;
     services.close().await?;
     result
+}
+
+/// `--var KEY=VALUE` flags as a map.
+fn parse_vars(flags: &[String]) -> anyhow::Result<HashMap<String, String>> {
+    let mut vars = HashMap::new();
+    for kv in flags {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("--var {kv:?}: expected KEY=VALUE"))?;
+        vars.insert(k.trim().to_owned(), v.to_owned());
+    }
+    Ok(vars)
+}
+
+/// `--since` / `--until` as an RFC 3339 time: a day (YYYY-MM-DD, UTC) is its start, or with
+/// `end` the start of the next day (so the day is included).
+fn time_arg(flag: &str, text: Option<String>, end: bool) -> anyhow::Result<String> {
+    let Some(text) = text.map(|t| t.trim().to_owned()).filter(|t| !t.is_empty()) else {
+        return Ok(String::new());
+    };
+    let day = time::macros::format_description!("[year]-[month]-[day]");
+    if let Ok(d) = time::Date::parse(&text, &day) {
+        let d = if end {
+            d.next_day()
+                .ok_or_else(|| anyhow::anyhow!("--{flag} {text}: no day follows it"))?
+        } else {
+            d
+        };
+        return Ok(format!("{d}T00:00:00Z"));
+    }
+    if time::OffsetDateTime::parse(&text, &time::format_description::well_known::Rfc3339).is_ok() {
+        return Ok(text);
+    }
+    anyhow::bail!(
+        "--{flag} {text:?}: give a day (2026-11-25) or an RFC 3339 time (2026-11-25T08:00:00Z)"
+    )
 }
 
 fn parse_state(s: &str) -> anyhow::Result<TaskState> {

@@ -1,5 +1,5 @@
 //! Human actions from the run page: approve / reject a gate, add a note, edit
-//! the context manifest, cancel, request rework. Each is the orchestrator call the CLI makes,
+//! the context manifest, cancel (after a confirmation), resume, re-run, request rework. Each is the orchestrator call the CLI makes,
 //! with `by` = the visitor's name and the visitor's personal token relayed (when people log in
 //! with their own); the orchestrator records it as an event with `by` and `ts`. An action the
 //! visitor's role does not allow is refused here first (the orchestrator would refuse it too).
@@ -10,8 +10,10 @@ use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::{Extension, Form};
 use cairn_proto::v1::{
-    AddNoteRequest, EditContextRequest, GateDecisionRequest, ReworkRequest, RunActionRequest,
+    AddNoteRequest, EditContextRequest, GateDecisionRequest, GetRunRequest, ReworkRequest,
+    RunActionRequest, SubmitRunRequest,
 };
+use maud::html;
 use serde::Deserialize;
 
 use super::page;
@@ -58,7 +60,7 @@ async fn refused(
 }
 
 /// Refuses an action the visitor's role does not allow.
-fn permitted(visitor: &Visitor, rpc: Rpc) -> Result<(), ConsoleError> {
+pub(super) fn permitted(visitor: &Visitor, rpc: Rpc) -> Result<(), ConsoleError> {
     if visitor.may(rpc) {
         return Ok(());
     }
@@ -281,6 +283,9 @@ pub(super) async fn context(
 pub(super) struct CancelForm {
     #[serde(default)]
     reason: String,
+    /// `yes` once the person confirmed on the confirmation page.
+    #[serde(default)]
+    confirm: String,
 }
 
 pub(super) async fn cancel(
@@ -291,6 +296,9 @@ pub(super) async fn cancel(
 ) -> Response {
     if let Err(e) = permitted(&visitor, Rpc::CancelRun) {
         return e.into_response();
+    }
+    if form.confirm != "yes" {
+        return confirm_cancel(&console, &visitor, &project, &run, &form.reason).await;
     }
     let req = RunActionRequest {
         project_id: project.clone(),
@@ -387,5 +395,143 @@ pub(super) async fn rework(
             )
             .await
         }
+    }
+}
+
+/// The page that asks whether to cancel: what the run is doing, what stops, and the two
+/// answers. Nothing is canceled until its "Yes" is sent.
+async fn confirm_cancel(
+    console: &Console,
+    visitor: &Visitor,
+    project: &str,
+    run: &str,
+    reason: &str,
+) -> Response {
+    let info = match console
+        .call(
+            &format!("reading run {run}"),
+            console.orchestrator(visitor).get_run(GetRunRequest {
+                project_id: project.to_owned(),
+                run_id: run.to_owned(),
+            }),
+        )
+        .await
+    {
+        Ok(i) => i,
+        Err(e) => return e.into_response(),
+    };
+    let run_url = page::run_url(project, run);
+    let running: Vec<&str> = info
+        .nodes
+        .iter()
+        .filter(|n| page::node_state_name(n.state) == "running")
+        .map(|n| n.id.as_str())
+        .collect();
+    let title = if info.title.is_empty() {
+        run.to_owned()
+    } else {
+        info.title.clone()
+    };
+    let body = html! {
+        h1 { "Cancel run " (title) "?" }
+        @if page::is_final(info.state) {
+            p #cancel-final { "The run is already " (page::task_state_name(info.state)) "; there is nothing to cancel." }
+            p { a href=(run_url) { "Back to the run" } }
+        } @else {
+            p #cancel-what {
+                "The run is " strong { (page::task_state_name(info.state)) } ". "
+                @if running.is_empty() { "No node is running now. " }
+                @else { "Running now: " (running.join(", ")) "; their sandbox work is stopped. " }
+                "A canceled run ends for good: it cannot be resumed (a re-run starts a new one)."
+            }
+            form.card #cancel-confirm method="post" action=(format!("{run_url}/cancel")) {
+                input type="hidden" name="csrf" value=(visitor.csrf);
+                input type="hidden" name="confirm" value="yes";
+                label { "Reason (recorded with the cancel)" input type="text" name="reason" value=(reason); }
+                div.buttons {
+                    button.danger type="submit" { "Yes, cancel the run" }
+                    a.button href=(run_url) { "No, keep it running" }
+                }
+            }
+        }
+    };
+    page::layout("Cancel the run?", Some(visitor), None, body).into_response()
+}
+
+pub(super) async fn resume(
+    State(console): State<Console>,
+    Extension(visitor): Extension<Visitor>,
+    Path((project, run)): Path<(String, String)>,
+) -> Response {
+    if let Err(e) = permitted(&visitor, Rpc::ResumeRun) {
+        return e.into_response();
+    }
+    let req = RunActionRequest {
+        project_id: project.clone(),
+        run_id: run.clone(),
+        by: visitor.name.clone(),
+        reason: "resumed from the console".into(),
+    };
+    match console
+        .call(
+            "resuming the run",
+            console.orchestrator(&visitor).resume_run(req),
+        )
+        .await
+    {
+        Ok(info) => {
+            done(
+                &console,
+                &visitor,
+                format!(
+                    "Run {run} resumed; it is {}.",
+                    page::task_state_name(info.state)
+                ),
+            );
+            back(&project, &run, "control")
+        }
+        Err(e) => refused(&console, &visitor, &project, &run, e, Drafts::default()).await,
+    }
+}
+
+#[derive(Deserialize)]
+pub(super) struct RerunForm {
+    /// Made when the run page was shown: the same form sent twice starts one run.
+    #[serde(default)]
+    request_id: String,
+}
+
+pub(super) async fn rerun(
+    State(console): State<Console>,
+    Extension(visitor): Extension<Visitor>,
+    Path((project, run)): Path<(String, String)>,
+    Form(form): Form<RerunForm>,
+) -> Response {
+    if let Err(e) = permitted(&visitor, Rpc::SubmitRun) {
+        return e.into_response();
+    }
+    let req = SubmitRunRequest {
+        project_id: project.clone(),
+        rerun_of: run.clone(),
+        by: visitor.name.clone(),
+        request_id: form.request_id.trim().to_owned(),
+        ..Default::default()
+    };
+    match console
+        .call(
+            &format!("re-running {run}"),
+            console.orchestrator(&visitor).submit_run(req),
+        )
+        .await
+    {
+        Ok(info) => {
+            done(
+                &console,
+                &visitor,
+                format!("Run {} started as a re-run of {run}.", info.run_id),
+            );
+            Redirect::to(&page::run_url(&info.project_id, &info.run_id)).into_response()
+        }
+        Err(e) => refused(&console, &visitor, &project, &run, e, Drafts::default()).await,
     }
 }

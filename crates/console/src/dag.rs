@@ -177,16 +177,6 @@ const PAD: i64 = 16;
 /// Characters of a node id drawn in its box (the tooltip has all of it).
 const ID_CHARS: usize = 20;
 
-fn clip(s: &str, n: usize) -> String {
-    if s.chars().count() <= n {
-        s.to_owned()
-    } else {
-        let mut t: String = s.chars().take(n.saturating_sub(1)).collect();
-        t.push('…');
-        t
-    }
-}
-
 /// The SVG of the run's graph.
 pub(super) fn render(
     graph: &Result<Vec<GraphNode>, String>,
@@ -273,8 +263,8 @@ pub(super) fn render(
                             rect.stack x=(x + 4) y=(y + 4) width=(BOX_W) height=(BOX_H) rx="6" {}
                         }
                         rect x=(x) y=(y) width=(BOX_W) height=(BOX_H) rx="6" {}
-                        text.id x=(x + 10) y=(y + 20) { (clip(&n.id, ID_CHARS)) }
-                        text.sub x=(x + 10) y=(y + 38) { (clip(&sub, 26)) }
+                        text.id x=(x + 10) y=(y + 20) { (page::clip(&n.id, ID_CHARS)) }
+                        text.sub x=(x + 10) y=(y + 38) { (page::clip(&sub, 26)) }
                     }
                 }
             }

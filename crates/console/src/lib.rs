@@ -12,6 +12,7 @@
 
 mod actions;
 mod dag;
+mod diff;
 mod error;
 mod events;
 mod files;
@@ -23,6 +24,7 @@ mod page;
 mod run;
 mod runs;
 mod session;
+mod start;
 mod throttle;
 mod timeline;
 
@@ -300,12 +302,16 @@ fn router(console: Console) -> Router {
         .route("/runs/{run}/context", post(actions::context))
         .route("/runs/{run}/cancel", post(actions::cancel))
         .route("/runs/{run}/rework", post(actions::rework))
+        .route("/runs/{run}/resume", post(actions::resume))
+        .route("/runs/{run}/rerun", post(actions::rerun))
+        .route("/runs/{run}/agents/{instance}/diff", get(diff::view))
         .route("/files", get(files::view))
         .route("/download", get(files::download))
         .route("/tree", get(files::tree));
     Router::new()
         .route("/", get(|| async { Redirect::to("/runs") }))
         .route("/runs", get(runs::list))
+        .route("/start", get(start::form).post(start::submit))
         .route("/login", get(session::login_form).post(session::login))
         .route("/logout", post(session::logout))
         .route("/static/console.css", get(page::stylesheet))

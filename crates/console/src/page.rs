@@ -56,6 +56,26 @@ pub(super) fn runs_url(project: &str, state: Option<&str>) -> String {
     }
 }
 
+/// The start-a-run form, for `project` (empty: the visitor names one).
+pub(super) fn start_url(project: &str) -> String {
+    if project.is_empty() {
+        "/start".to_owned()
+    } else {
+        format!("/start?project={}", qv(project))
+    }
+}
+
+/// At most `n` characters of `s`, with `…` when cut.
+pub(super) fn clip(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_owned()
+    } else {
+        let mut t: String = s.chars().take(n.saturating_sub(1)).collect();
+        t.push('…');
+        t
+    }
+}
+
 pub(super) fn file_url(project: &str, path: &str) -> String {
     format!("/projects/{}/files?path={}", seg(project), qv(path))
 }

@@ -22,7 +22,7 @@ use super::files::{self, Read};
 use super::markdown;
 use super::page::{self, layout, Html};
 use super::session::{Flash, Visitor};
-use super::{dag, history, ingest, timeline};
+use super::{dag, diff, history, ingest, timeline};
 use super::{Console, ConsoleError};
 use cairn_server::roles::Rpc;
 
@@ -158,7 +158,7 @@ pub(super) async fn render(
             None
         }
     };
-    let (info, notes, context, project_files, records, manifests, events) = tokio::join!(
+    let (info, notes, context, project_files, records, manifests, events, turns) = tokio::join!(
         get,
         files::read(console, project, &notes_path, DOC_LIMIT),
         files::read(console, project, &context_path, DOC_LIMIT),
@@ -166,6 +166,7 @@ pub(super) async fn render(
         files::list(console, project, &dir, true, FILES_PER_AREA * 2, ""),
         ingest::load(console, project, &dir),
         history::read(console, project, run),
+        diff::turns(console, project, &dir),
     );
     let info = info?;
     let no_events: &[cairn_proto::v1::Event] = &[];
@@ -202,6 +203,12 @@ pub(super) async fn render(
             " · " (page::duration(&info.created_at, &info.updated_at, page::is_final(info.state)))
             " · " a href=(page::file_url(project, &format!("{dir}/README.md"))) { "README.md" }
             " · " a href=(page::file_url(project, &format!("{dir}/task.yaml"))) { "task.yaml" }
+            @if !info.rerun_of.is_empty() {
+                " · re-run of " a #rerun-of href=(page::run_url(project, &info.rerun_of)) { (info.rerun_of) }
+            }
+        }
+        @if !info.goal.is_empty() {
+            p.goal #run-goal { (info.goal) }
         }
         @if !info.error.is_empty() {
             p.error #run-error { "Why it stopped: " (info.error) }
@@ -211,10 +218,10 @@ pub(super) async fn render(
             a href="#gates" { "Gates" } a href="#milestones" { "Milestones" } a href="#graph" { "Graph" }
             a href="#timeline" { "Timeline" } a href="#events" { "Events" }
             a href="#notes" { "Notes" } a href="#context" { "Context" } a href="#artifacts" { "Artifacts" }
-            a href="#ingest" { "Ingest" } a href="#control" { "Cancel / rework" }
+            a href="#ingest" { "Ingest" } a href="#control" { "Actions" }
         }
         (gates(&info, visitor, &run_url, &drafts))
-        (milestones(&info, &task_doc))
+        (milestones(&info, &task_doc, &turns))
         section #graph-section data-live {
             h2 #graph { "Graph" }
             div.scroll { (dag::render(&graph, &info, event_list)) }
@@ -364,7 +371,7 @@ fn milestone_rows(info: &RunInfo, from_task: Option<&Vec<Value>>) -> Vec<Milesto
         .collect()
 }
 
-fn milestones(info: &RunInfo, task: &Result<Option<Value>, String>) -> Markup {
+fn milestones(info: &RunInfo, task: &Result<Option<Value>, String>, turns: &diff::Turns) -> Markup {
     let from_task = task.as_ref().ok().and_then(|t| t.as_ref());
     let ms = from_task
         .and_then(|t| t.get("milestones"))
@@ -400,10 +407,14 @@ fn milestones(info: &RunInfo, task: &Result<Option<Value>, String>) -> Markup {
             @match roster {
                 Some(r) if !r.is_empty() => {
                     table.roster {
-                        thead { tr { th { "instance" } th { "agent" } th { "state" } th { "node" } } }
+                        thead { tr { th { "instance" } th { "agent" } th { "state" } th { "node" } th { "turns" } } }
                         tbody {
                             @for a in r {
-                                tr { td { code { (text_of(a, "instance")) } } td { (text_of(a, "agent")) } td { (page::badge(&text_of(a, "state"))) } td { (text_of(a, "node")) } }
+                                @let instance = text_of(a, "instance");
+                                tr {
+                                    td { code { (instance) } } td { (text_of(a, "agent")) } td { (page::badge(&text_of(a, "state"))) } td { (text_of(a, "node")) }
+                                    td.turns { (diff::links(&info.project_id, &info.run_id, &instance, turns.get(&instance).map_or(&[][..], Vec::as_slice))) }
+                                }
                             }
                         }
                     }
@@ -503,17 +514,36 @@ fn area(project: &str, title: &str, prefix: &str, listing: &Listing) -> Markup {
 }
 
 fn control(info: &RunInfo, visitor: &Visitor, run_url: &str, drafts: &Drafts) -> Markup {
+    let state = page::task_state_name(info.state);
+    let may_change = visitor.may(Rpc::CancelRun) || visitor.may(Rpc::SubmitRun);
     html! {
         section #control-section data-live {
-            h2 #control { "Cancel / rework" }
-            @if !visitor.may(Rpc::CancelRun) {
+            h2 #control { "Run actions" }
+            @if !may_change {
                 p.hint { "Your role can follow this run, not change it." }
             }
-            @if !page::is_final(info.state) && visitor.may(Rpc::CancelRun) {
-                form.cancel method="post" action=(format!("{run_url}/cancel")) {
-                    input type="hidden" name="csrf" value=(visitor.csrf);
-                    label { "Reason" input type="text" name="reason" value=(drafts.cancel_reason.as_deref().unwrap_or("")); }
-                    button.danger type="submit" { "Cancel run" }
+            div.actions {
+                @if state == "failed" && visitor.may(Rpc::ResumeRun) {
+                    form.inline-card #resume-form method="post" action=(format!("{run_url}/resume")) {
+                        input type="hidden" name="csrf" value=(visitor.csrf);
+                        p.hint { "Retry the failed nodes; what succeeded is kept." }
+                        button.approve type="submit" { "Resume" }
+                    }
+                }
+                @if visitor.may(Rpc::SubmitRun) {
+                    form.inline-card #rerun-form method="post" action=(format!("{run_url}/rerun")) {
+                        input type="hidden" name="csrf" value=(visitor.csrf);
+                        input type="hidden" name="request_id" value=(uuid::Uuid::new_v4().to_string());
+                        p.hint { "Start a new run with this run's graph, variables, title and LLM." }
+                        button type="submit" { "Re-run" }
+                    }
+                }
+                @if !page::is_final(info.state) && visitor.may(Rpc::CancelRun) {
+                    form.inline-card #cancel-form method="post" action=(format!("{run_url}/cancel")) {
+                        input type="hidden" name="csrf" value=(visitor.csrf);
+                        label { "Reason" input type="text" name="reason" value=(drafts.cancel_reason.as_deref().unwrap_or("")); }
+                        button.danger type="submit" { "Cancel run…" }
+                    }
                 }
             }
             @if !info.nodes.is_empty() && visitor.may(Rpc::RequestRework) {

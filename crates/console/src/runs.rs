@@ -1,17 +1,19 @@
-//! The runs list: a project's runs, newest first, filtered by state (ListRuns), with the
-//! project chosen from the store's projects (ListProjects). The page's script fetches it again
-//! every few seconds and replaces the list when it changed.
+//! The runs list: a project's runs, newest first, searched and filtered by text (title, goal,
+//! run id), state and creation day (ListRuns), paginated, with the project chosen from the
+//! store's projects (ListProjects). The page's script fetches it again every few seconds and
+//! replaces the list when it changed. A "Start a run" link leads to start.rs.
 
 use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
-use cairn_proto::v1::{ListProjectsRequest, ListRunsRequest, PageRequest};
+use cairn_proto::v1::{ListProjectsRequest, ListRunsRequest, PageRequest, Project};
 use maud::html;
 use serde::Deserialize;
 
 use super::page::{self, layout};
 use super::session::Visitor;
 use super::{Console, ConsoleError};
+use cairn_server::roles::Rpc;
 
 /// Runs per page.
 const PAGE_SIZE: u32 = 100;
@@ -24,24 +26,88 @@ pub(super) struct ListQuery {
     state: String,
     #[serde(default)]
     page_token: String,
+    /// Text in the title, goal or run id.
+    #[serde(default)]
+    q: String,
+    /// First day (YYYY-MM-DD, UTC) a run was created on.
+    #[serde(default)]
+    from: String,
+    /// Last day (YYYY-MM-DD, UTC) a run was created on.
+    #[serde(default)]
+    to: String,
 }
 
-pub(super) async fn list(
-    State(console): State<Console>,
-    Extension(visitor): Extension<Visitor>,
-    Query(q): Query<ListQuery>,
-) -> Result<Response, ConsoleError> {
-    let state = match q.state.as_str() {
-        "" | "all" => None,
-        s => Some(
-            page::TASK_STATES
-                .iter()
-                .find(|(name, _)| *name == s)
-                .map(|(name, st)| (*name, *st))
-                .ok_or_else(|| ConsoleError::BadRequest(format!("unknown state `{s}`; use one of created, working, input-required, completed, failed, canceled")))?,
-        ),
+/// Longest search text, in characters (the orchestrator's bound).
+const MAX_SEARCH_CHARS: usize = 200;
+
+/// The search as typed, checked, and as the orchestrator's time bounds.
+struct Search {
+    q: String,
+    from: String,
+    to: String,
+    created_after: String,
+    created_before: String,
+}
+
+impl Search {
+    fn of(q: &ListQuery) -> Result<Search, ConsoleError> {
+        let text = q.q.trim().to_owned();
+        if text.chars().count() > MAX_SEARCH_CHARS {
+            return Err(ConsoleError::BadRequest(format!(
+                "the search text is longer than {MAX_SEARCH_CHARS} characters"
+            )));
+        }
+        let from = q.from.trim().to_owned();
+        let to = q.to.trim().to_owned();
+        let created_after = day_bound("from", &from, false)?;
+        let created_before = day_bound("to", &to, true)?;
+        Ok(Search {
+            q: text,
+            from,
+            to,
+            created_after,
+            created_before,
+        })
+    }
+
+    /// This search in a runs-list URL (without the page token).
+    fn url(&self, project: &str, state: Option<&str>) -> String {
+        let mut url = page::runs_url(project, state);
+        for (k, v) in [("q", &self.q), ("from", &self.from), ("to", &self.to)] {
+            if !v.is_empty() {
+                url.push_str(&format!("&{k}={}", page::qv(v)));
+            }
+        }
+        url
+    }
+
+    fn is_empty(&self) -> bool {
+        self.q.is_empty() && self.from.is_empty() && self.to.is_empty()
+    }
+}
+
+/// A day (YYYY-MM-DD) as an RFC 3339 bound: its start, or (`end`) the next day's start.
+fn day_bound(field: &str, day: &str, end: bool) -> Result<String, ConsoleError> {
+    if day.is_empty() {
+        return Ok(String::new());
+    }
+    let format = time::macros::format_description!("[year]-[month]-[day]");
+    let bad = || ConsoleError::BadRequest(format!("{field} `{day}` is not a day like 2026-11-25"));
+    let d = time::Date::parse(day, &format).map_err(|_| bad())?;
+    let d = if end {
+        d.next_day().ok_or_else(bad)?
+    } else {
+        d
     };
-    let projects = console
+    Ok(format!("{d}T00:00:00Z"))
+}
+
+/// The store's projects this visitor may see (the first thousand).
+pub(super) async fn visible_projects(
+    console: &Console,
+    visitor: &Visitor,
+) -> Result<Vec<Project>, ConsoleError> {
+    Ok(console
         .call(
             "listing projects",
             console.store().list_projects(ListProjectsRequest {
@@ -55,7 +121,26 @@ pub(super) async fn list(
         .projects
         .into_iter()
         .filter(|p| visitor.may_see(&p.project_id))
-        .collect::<Vec<_>>();
+        .collect())
+}
+
+pub(super) async fn list(
+    State(console): State<Console>,
+    Extension(visitor): Extension<Visitor>,
+    Query(q): Query<ListQuery>,
+) -> Result<Response, ConsoleError> {
+    let search = Search::of(&q)?;
+    let state = match q.state.as_str() {
+        "" | "all" => None,
+        s => Some(
+            page::TASK_STATES
+                .iter()
+                .find(|(name, _)| *name == s)
+                .map(|(name, st)| (*name, *st))
+                .ok_or_else(|| ConsoleError::BadRequest(format!("unknown state `{s}`; use one of created, working, input-required, completed, failed, canceled")))?,
+        ),
+    };
+    let projects = visible_projects(&console, &visitor).await?;
     let default_project = &console.config().default_project;
     let project = if !q.project.is_empty() {
         q.project.clone()
@@ -72,6 +157,9 @@ pub(super) async fn list(
         let body = html! {
             h1 { "Runs" }
             p.hint { "There are no projects yet. Start a run with " code { "cairn run <graph.yaml>" } "." }
+            @if visitor.may(Rpc::SubmitRun) {
+                p { a.button #start-run href=(page::start_url("")) { "Start a run" } }
+            }
         };
         return Ok(layout("Runs", Some(&visitor), flash.as_ref(), body).into_response());
     }
@@ -82,6 +170,9 @@ pub(super) async fn list(
             page_size: PAGE_SIZE,
             page_token: q.page_token.clone(),
         }),
+        text: search.q.clone(),
+        created_after: search.created_after.clone(),
+        created_before: search.created_before.clone(),
     };
     let runs = console
         .call(
@@ -91,9 +182,14 @@ pub(super) async fn list(
         .await?;
     let current = state.map(|(n, _)| n);
     let body = html! {
-        h1 { "Runs of " (project) }
-        form.filters method="get" action="/runs" {
-            label { "Project "
+        div.listhead {
+            h1 { "Runs of " (project) }
+            @if visitor.may(Rpc::SubmitRun) {
+                a.button #start-run href=(page::start_url(&project)) { "Start a run" }
+            }
+        }
+        form.filters #run-search method="get" action="/runs" role="search" {
+            label { "Project"
                 select name="project" {
                     @for p in &projects {
                         option value=(p.project_id) selected[p.project_id == project] { (p.project_id) }
@@ -103,18 +199,38 @@ pub(super) async fn list(
                     }
                 }
             }
-            input type="hidden" name="state" value=(current.unwrap_or(""));
-            button type="submit" { "Show" }
+            label.grow { "Title, goal or run id"
+                input type="search" name="q" value=(search.q) maxlength=(MAX_SEARCH_CHARS) placeholder="text to find";
+            }
+            label { "State"
+                select name="state" {
+                    option value="" selected[current.is_none()] { "any" }
+                    @for (name, _) in page::TASK_STATES {
+                        option value=(name) selected[current == Some(name)] { (name) }
+                    }
+                }
+            }
+            label { "Created from" input type="date" name="from" value=(search.from); }
+            label { "to" input type="date" name="to" value=(search.to); }
+            button type="submit" { "Search" }
+            @if !search.is_empty() || current.is_some() {
+                a #clear-search href=(page::runs_url(&project, None)) { "clear" }
+            }
         }
-        nav.states {
-            a href=(page::runs_url(&project, None)) class=(if current.is_none() { "current" } else { "" }) { "all" }
+        nav.states aria-label="Runs by state" {
+            a href=(search.url(&project, None)) class=(if current.is_none() { "current" } else { "" }) { "all" }
             @for (name, _) in page::TASK_STATES {
-                a href=(page::runs_url(&project, Some(name))) class=(if current == Some(name) { "current" } else { "" }) { (name) }
+                a href=(search.url(&project, Some(name))) class=(if current == Some(name) { "current" } else { "" }) { (name) }
             }
         }
         div #runs-live data-live {
         @if runs.runs.is_empty() {
-            p.hint #no-runs { "No runs" @if let Some(s) = current { " in state " (s) } "." }
+            p.hint #no-runs {
+                "No runs"
+                @if let Some(s) = current { " in state " (s) }
+                @if !search.is_empty() { " match this search" }
+                "."
+            }
         } @else {
             table.runs {
                 thead { tr { th { "State" } th { "Title" } th { "Run" } th { "Started" } th { "Duration" } th { "Links" } } }
@@ -124,7 +240,10 @@ pub(super) async fn list(
                         @let run_dir = if r.run_dir.is_empty() { format!(".cairn/runs/{}", r.run_id) } else { r.run_dir.clone() };
                         tr {
                             td { (page::badge(page::task_state_name(r.state))) }
-                            td { a href=(url) { (if r.title.is_empty() { r.run_id.as_str() } else { r.title.as_str() }) } }
+                            td {
+                                a href=(url) { (if r.title.is_empty() { r.run_id.as_str() } else { r.title.as_str() }) }
+                                @if !r.goal.is_empty() { div.goal.hint { (page::clip(&r.goal, 160)) } }
+                            }
                             td { code { (r.run_id) } }
                             td { (page::when(&r.created_at)) }
                             td { (page::duration(&r.created_at, &r.updated_at, page::is_final(r.state))) }
@@ -139,9 +258,12 @@ pub(super) async fn list(
             }
         }
         }
-        @if !runs.next_page_token.is_empty() {
-            p {
-                a href=(format!("{}&state={}&page_token={}", page::runs_url(&project, None), page::qv(current.unwrap_or("")), page::qv(&runs.next_page_token))) { "Older runs" }
+        nav.pages aria-label="Pages" {
+            @if !q.page_token.is_empty() {
+                a #newest-runs href=(search.url(&project, current)) { "Newest runs" }
+            }
+            @if !runs.next_page_token.is_empty() {
+                a #older-runs href=(format!("{}&page_token={}", search.url(&project, current), page::qv(&runs.next_page_token))) { "Older runs" }
             }
         }
     };

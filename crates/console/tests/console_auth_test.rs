@@ -385,3 +385,101 @@ async fn people_log_in_with_their_own_token_and_get_what_their_role_allows() {
     assert_eq!(p.status, StatusCode::FORBIDDEN, "{}", p.body);
     assert_eq!(pat.get(&page).await.status, StatusCode::OK);
 }
+
+/// POSTs `fields` to `uri`.
+async fn post(c: &mut Client, uri: String, fields: Vec<(&str, String)>) -> console_support::Page {
+    let pairs: Vec<(&str, &str)> = fields.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    c.post(&uri, &pairs).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn starting_re_running_resuming_and_canceling_follow_the_roles() {
+    let o = auth_support::Secured::start(true).await;
+    let router = console_router(ConsoleConfig {
+        enabled: true,
+        orchestrator_addr: o.orch_addr.clone(),
+        store_addr: o.store_addr.clone(),
+        user_tokens: true,
+        ..ConsoleConfig::default()
+    })
+    .unwrap();
+    console_support::put(
+        &o.store_addr,
+        PROJECT,
+        "graphs/gated.yaml",
+        auth_support::GATED.as_bytes().to_vec(),
+    )
+    .await;
+    let run = o.blocked_run(PROJECT).await;
+    let page = format!("/projects/{PROJECT}/runs/{run}");
+    let start = |csrf: &str, project: &str| {
+        vec![
+            ("csrf", csrf.to_owned()),
+            ("project", project.to_owned()),
+            ("source", "graph".to_owned()),
+            ("graph_path", "graphs/gated.yaml".to_owned()),
+        ]
+    };
+
+    // A viewer is offered none of it, and each POST is refused before the orchestrator.
+    let mut vic = Client::new(router.clone());
+    vic.login_token(&o.token("vic")).await;
+    let list = vic.get(&format!("/runs?project={PROJECT}")).await;
+    assert!(!list.body.contains("id=\"start-run\""), "{}", list.body);
+    let p = vic.get(&page).await;
+    for id in ["rerun-form", "cancel-form", "resume-form"] {
+        assert!(
+            !p.body.contains(&format!("id=\"{id}\"")),
+            "{id}: {}",
+            p.body
+        );
+    }
+    let csrf = p.csrf();
+    assert_eq!(vic.get("/start").await.status, StatusCode::FORBIDDEN);
+    for (uri, fields) in [
+        ("/start".to_owned(), start(&csrf, PROJECT)),
+        (format!("{page}/rerun"), vec![("csrf", csrf.clone())]),
+        (format!("{page}/resume"), vec![("csrf", csrf.clone())]),
+        (
+            format!("{page}/cancel"),
+            vec![("csrf", csrf.clone()), ("confirm", "yes".to_owned())],
+        ),
+    ] {
+        let r = post(&mut vic, uri.clone(), fields).await;
+        assert_eq!(r.status, StatusCode::FORBIDDEN, "{uri}: {}", r.body);
+    }
+    assert_eq!(
+        o.get(PROJECT, &run).await.state,
+        TaskState::InputRequired as i32
+    );
+
+    // An operator starts and re-runs; the runs are recorded under its name.
+    let mut ozzy = Client::new(router.clone());
+    ozzy.login_token(&o.token("ozzy")).await;
+    let p = ozzy.get(&page).await;
+    assert!(p.body.contains("id=\"rerun-form\"") && p.body.contains("id=\"cancel-form\""));
+    let csrf = p.csrf();
+    let r = post(&mut ozzy, "/start".into(), start(&csrf, PROJECT)).await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.body);
+    let started = r.location().rsplit('/').next().unwrap().to_owned();
+    let r = post(
+        &mut ozzy,
+        format!("{page}/rerun"),
+        vec![("csrf", csrf.clone()), ("request_id", "ozzy-1".into())],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.body);
+    let rerun = r.location().rsplit('/').next().unwrap().to_owned();
+    assert_eq!(o.get(PROJECT, &rerun).await.rerun_of, run);
+    for id in [&started, &rerun] {
+        let events = common::read_events(&o.store, id).await;
+        assert_eq!(common::data(&events[0])["by"], "ozzy", "{id}");
+    }
+
+    // A token limited to one project starts nothing in another.
+    let mut pat = Client::new(router);
+    pat.login_token(&o.token("pat")).await;
+    let csrf = pat.get(&page).await.csrf();
+    let r = post(&mut pat, "/start".into(), start(&csrf, auth_support::OTHER)).await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.body);
+}

@@ -768,3 +768,297 @@ async fn the_console_follows_a_real_run_live_through_gates_rework_and_its_end() 
     client.close().await.unwrap();
     handle.shutdown().await;
 }
+
+/// A graph for the start form: an agent writes a plan, a person reviews it.
+const PLAN_GRAPH: &str = r##"
+title: Plan from a file
+goal: "Plan the work in steps"
+nodes:
+  - {id: author, type: agent_task, prompt: "plan {{vars.topic}}", path: "docs/{{run_id}}/plan.md"}
+  - {id: review, type: gate, reason: "check the plan", needs: [author]}
+"##;
+
+/// The agent's answers: a first turn, and a second one after a rework.
+const PLAN_CASSETTE: &str = "answers:\n  - {node: author, content: \"# Plan\\n\\nstep one\\nstep two\\n\"}\n  - {node: author, turn: 2, content: \"# Plan\\n\\nstep one\\nstep 2, shorter\\nstep three\\n\"}\n";
+
+async fn click(c: &Client, css: &str) {
+    c.find(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("{css}: {e}"))
+        .click()
+        .await
+        .unwrap();
+}
+
+async fn type_into(c: &Client, css: &str, text: &str) {
+    let e = c
+        .find(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("{css}: {e}"));
+    e.clear().await.unwrap();
+    e.send_keys(text).await.unwrap();
+}
+
+/// The run id of the run page the browser is on.
+async fn run_on_page(c: &Client) -> String {
+    let url = c.current_url().await.unwrap();
+    let path = url.path().to_owned();
+    path.rsplit("/runs/").next().unwrap_or_default().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_are_started_searched_reworked_compared_canceled_re_run_and_resumed_from_the_page() {
+    let Some((_driver, client)) = browser().await else {
+        return;
+    };
+    let c = &client;
+    let dir = tempfile::tempdir().unwrap();
+    let (store_addr, _store_stop) = start_store(dir.path()).await;
+    let (orchestrator_addr, handle) = real_orchestrator(&store_addr).await;
+    let mut orch = OrchestratorClient::new(cairn_server::connect(&orchestrator_addr).unwrap());
+    put(
+        &store_addr,
+        PROJECT,
+        "graphs/plan.yaml",
+        PLAN_GRAPH.as_bytes().to_vec(),
+    )
+    .await;
+    put(
+        &store_addr,
+        PROJECT,
+        "cassettes/plan.yaml",
+        PLAN_CASSETTE.as_bytes().to_vec(),
+    )
+    .await;
+    let unrelated = orch
+        .submit_run(SubmitRunRequest {
+            project_id: PROJECT.into(),
+            graph_yaml: "title: Unrelated work\nnodes:\n  - {id: g, type: gate}\n".into(),
+            by: "cli".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .run_id;
+    let base = console_with_token(orchestrator_addr, &store_addr).await;
+    let get = |run: String| {
+        let mut orch = orch.clone();
+        async move {
+            orch.get_run(GetRunRequest {
+                project_id: PROJECT.into(),
+                run_id: run,
+            })
+            .await
+            .unwrap()
+            .into_inner()
+        }
+    };
+
+    // Start: from the runs list to the form, a graph file of the project with a variable.
+    login(c, &base, &format!("runs?project={PROJECT}")).await;
+    click(c, "#start-run").await;
+    c.wait()
+        .for_element(Locator::Css("#start-form"))
+        .await
+        .unwrap();
+    type_into(c, "input[name=graph_path]", "graphs/plan.yaml").await;
+    type_into(c, "textarea[name=vars]", "topic=parser").await;
+    type_into(c, "input[name=title]", "Console plan").await;
+    type_into(c, "input[name=llm]", "replay:cassettes/plan.yaml").await;
+    shoot(c, Some("#start-form"), "start-form.png").await;
+    click(c, "#start-form button[type=submit]").await;
+    wait_for("the new run's page", || async {
+        c.current_url()
+            .await
+            .map(|u| u.path().contains("/runs/req-"))
+            .unwrap_or(false)
+    })
+    .await;
+    let run = run_on_page(c).await;
+    wait_for("the new run at its gate", || async {
+        run_state(c).await == "input-required"
+    })
+    .await;
+    let info = get(run.clone()).await;
+    assert_eq!(info.title, "Console plan");
+    assert_eq!(info.goal, "Plan the work in steps");
+    let created = read_store_events(&store_addr, &run).await;
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&created[0].data_json).unwrap()["by"],
+        "ann"
+    );
+
+    // Rework the agent from the page; its second answer is compared with the first.
+    mark_page(c).await;
+    let rework = c.find(Locator::Css("form.rework")).await.unwrap();
+    rework
+        .find(Locator::Css("select[name=node_id] option[value=author]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    rework
+        .find(Locator::Css("textarea[name=note]"))
+        .await
+        .unwrap()
+        .send_keys("shorter, and add a third step")
+        .await
+        .unwrap();
+    rework
+        .find(Locator::Css("button[type=submit]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_for("the link to the second turn's diff", || async {
+        c.find(Locator::Css("a.turn-diff")).await.is_ok()
+    })
+    .await;
+    click(c, "a.turn-diff").await;
+    c.wait()
+        .for_element(Locator::Css("#turn-diff"))
+        .await
+        .unwrap();
+    let summary = text_of(c, "#diff-summary").await;
+    assert!(summary.contains("Turn 2 against turn 1"), "{summary}");
+    assert!(
+        summary.contains("+2") && summary.contains("−1"),
+        "{summary}"
+    );
+    let added: Vec<String> = {
+        let mut v = Vec::new();
+        for r in c
+            .find_all(Locator::Css("#turn-diff tr.add td.text"))
+            .await
+            .unwrap()
+        {
+            v.push(r.text().await.unwrap());
+        }
+        v
+    };
+    assert_eq!(added, vec!["step 2, shorter", "step three"]);
+    assert_eq!(text_of(c, "#turn-diff tr.del td.text").await, "step two");
+    shoot(c, Some("main"), "turn-diff.png").await;
+
+    // Cancel asks first; "No" keeps the run, "Yes" cancels it.
+    c.goto(&format!("{base}projects/{PROJECT}/runs/{run}"))
+        .await
+        .unwrap();
+    wait_for("the reworked run at its gate", || async {
+        run_state(c).await == "input-required"
+    })
+    .await;
+    type_into(c, "#cancel-form input[name=reason]", "plan is enough").await;
+    click(c, "#cancel-form button").await;
+    c.wait()
+        .for_element(Locator::Css("#cancel-confirm"))
+        .await
+        .unwrap();
+    assert!(text_of(c, "#cancel-what").await.contains("input-required"));
+    assert_eq!(
+        get(run.clone()).await.state,
+        TaskState::InputRequired as i32,
+        "nothing is canceled before the confirmation"
+    );
+    shoot(c, Some("main"), "cancel-confirm.png").await;
+    click(c, "#cancel-confirm button.danger").await;
+    wait_for("the canceled run", || async {
+        run_state(c).await == "canceled"
+    })
+    .await;
+    let events = read_store_events(&store_addr, &run).await;
+    let canceled = events.iter().find(|e| e.r#type == "task.canceled").unwrap();
+    let d: serde_json::Value = serde_json::from_str(&canceled.data_json).unwrap();
+    assert_eq!(
+        (d["by"].as_str(), d["reason"].as_str()),
+        (Some("ann"), Some("plan is enough"))
+    );
+
+    // Re-run: a new run of the same graph, variables, title and LLM.
+    click(c, "#rerun-form button").await;
+    wait_for("the re-run's page", || async {
+        run_on_page(c).await != run && c.find(Locator::Css("#rerun-of")).await.is_ok()
+    })
+    .await;
+    let second = run_on_page(c).await;
+    // (The live refresh may replace the header between a find and a read: wait, not assert.)
+    wait_for("the link to the re-run's source", || async {
+        text_of(c, "#rerun-of").await == run
+    })
+    .await;
+    wait_for("the re-run at its gate", || async {
+        run_state(c).await == "input-required"
+    })
+    .await;
+    let info = get(second.clone()).await;
+    assert_eq!(
+        (info.title.as_str(), info.rerun_of.as_str()),
+        ("Console plan", run.as_str())
+    );
+
+    // Resume: rejected elsewhere, the run fails; the page offers Resume, which the run takes.
+    orch.reject_gate(cairn_proto::v1::GateDecisionRequest {
+        project_id: PROJECT.into(),
+        run_id: second.clone(),
+        gate_id: "review".into(),
+        by: "bob".into(),
+        note: "not yet".into(),
+    })
+    .await
+    .unwrap();
+    wait_for("the Resume button on the failed run", || async {
+        run_state(c).await == "failed" && c.find(Locator::Css("#resume-form button")).await.is_ok()
+    })
+    .await;
+    click(c, "#resume-form button").await;
+    wait_for("the resume's confirmation", || async {
+        text_of(c, ".flash.ok")
+            .await
+            .contains(&format!("Run {second} resumed"))
+    })
+    .await;
+    let events = read_store_events(&store_addr, &second).await;
+    let resumed = events.iter().find(|e| e.r#type == "task.resumed").unwrap();
+    let d: serde_json::Value = serde_json::from_str(&resumed.data_json).unwrap();
+    assert_eq!(d["by"], "ann");
+
+    // Search: text in the title, then with a state.
+    c.goto(&format!("{base}runs?project={PROJECT}"))
+        .await
+        .unwrap();
+    type_into(c, "#run-search input[name=q]", "console PLAN").await;
+    click(c, "#run-search button[type=submit]").await;
+    wait_for("the search results", || async {
+        c.current_url()
+            .await
+            .map(|u| u.query().unwrap_or_default().contains("q=console"))
+            .unwrap_or(false)
+    })
+    .await;
+    let listed = text_of(c, "#runs-live").await;
+    assert!(
+        listed.contains(&run) && listed.contains(&second),
+        "{listed}"
+    );
+    assert!(!listed.contains(&unrelated), "{listed}");
+    shoot(c, Some("main"), "runs-search.png").await;
+    c.find(Locator::Css(
+        "#run-search select[name=state] option[value=canceled]",
+    ))
+    .await
+    .unwrap()
+    .click()
+    .await
+    .unwrap();
+    click(c, "#run-search button[type=submit]").await;
+    wait_for("the canceled one only", || async {
+        let t = text_of(c, "#runs-live").await;
+        t.contains(&run) && !t.contains(&second)
+    })
+    .await;
+    client.close().await.unwrap();
+    handle.shutdown().await;
+}

@@ -389,10 +389,27 @@ async fn note_context_cancel_and_rework_call_the_orchestrator_as_the_visitor() {
         )
         .await;
     assert_eq!(p.status, StatusCode::SEE_OTHER, "{}", p.body);
+    // Cancel asks first: the first POST shows what stops, with the reason kept, and cancels
+    // nothing; the confirmation's POST cancels.
     let p = c
         .post(
             &format!("{run}/cancel"),
             &[("csrf", &csrf), ("reason", "wrong goal")],
+        )
+        .await;
+    assert_eq!(p.status, StatusCode::OK, "{}", p.body);
+    assert!(p.body.contains("id=\"cancel-confirm\""), "{}", p.body);
+    assert!(p.body.contains("value=\"wrong goal\""), "{}", p.body);
+    assert!(p.body.contains("Yes, cancel the run"), "{}", p.body);
+    assert!(!s.fake.calls().iter().any(|c| c.method == "CancelRun"));
+    let p = c
+        .post(
+            &format!("{run}/cancel"),
+            &[
+                ("csrf", &csrf),
+                ("reason", "wrong goal"),
+                ("confirm", "yes"),
+            ],
         )
         .await;
     assert_eq!(p.status, StatusCode::SEE_OTHER, "{}", p.body);

@@ -200,6 +200,9 @@ pub struct RunState {
     pub created_at: String,
     pub updated_at: String,
     pub created_by: String,
+    /// The run this one re-runs (task.created `rerun_of`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub rerun_of: String,
     pub nodes: Vec<NodeRecord>,
     pub roster: Vec<RosterEntry>,
     pub notes: u32,
@@ -299,6 +302,7 @@ impl RunState {
             created_at: String::new(),
             updated_at: String::new(),
             created_by: String::new(),
+            rerun_of: String::new(),
             nodes,
             roster: Vec::new(),
             notes: 0,
@@ -360,6 +364,7 @@ impl RunState {
                 }
                 self.created_by = text(d, "by").unwrap_or_default();
                 self.llm = text(d, "llm").unwrap_or_default();
+                self.rerun_of = text(d, "rerun_of").unwrap_or_default();
             }
             ev::TASK_WORKING => {
                 self.state = TaskState::Working;
@@ -655,6 +660,8 @@ impl RunState {
             run_dir: run_dir.to_owned(),
             error: self.error.clone().unwrap_or_default(),
             blocks_not_written: self.blocks_not_written(),
+            goal: self.goal.clone(),
+            rerun_of: self.rerun_of.clone(),
         }
     }
 

@@ -88,6 +88,60 @@ pub struct Submit {
     pub base_dir: String,
     /// Idempotency key (SubmitRunRequest.request_id); empty = none.
     pub request_id: String,
+    /// Re-run of this run of the same project (SubmitRunRequest.rerun_of); empty = none.
+    pub rerun_of: String,
+}
+
+/// Which runs ListRuns returns.
+#[derive(Debug, Default)]
+pub struct RunFilter {
+    /// Any of these states (empty = all).
+    pub states: Vec<TaskState>,
+    /// Text in the title, goal or run id, lower-cased (empty = all).
+    pub text: String,
+    /// Created at or after.
+    pub created_after: Option<time::OffsetDateTime>,
+    /// Created before.
+    pub created_before: Option<time::OffsetDateTime>,
+}
+
+impl RunFilter {
+    fn admits(&self, info: &pb::RunInfo) -> bool {
+        let state = pb::TaskState::try_from(info.state)
+            .ok()
+            .and_then(TaskState::from_proto);
+        if !self.states.is_empty() && !state.is_some_and(|s| self.states.contains(&s)) {
+            return false;
+        }
+        if !self.text.is_empty()
+            && ![&info.title, &info.goal, &info.run_id]
+                .iter()
+                .any(|f| f.to_lowercase().contains(&self.text))
+        {
+            return false;
+        }
+        if self.created_after.is_none() && self.created_before.is_none() {
+            return true;
+        }
+        // A run whose creation time is unknown matches no time bound.
+        let Ok(created) = time::OffsetDateTime::parse(
+            &info.created_at,
+            &time::format_description::well_known::Rfc3339,
+        ) else {
+            return false;
+        };
+        self.created_after.is_none_or(|t| created >= t)
+            && self.created_before.is_none_or(|t| created < t)
+    }
+}
+
+/// What a re-run starts from: the source run's frozen graph and what its people last set.
+struct Rerun {
+    graph: Value,
+    title: String,
+    goal: String,
+    llm: String,
+    base_dir: PathBuf,
 }
 
 pub struct Runs {
@@ -161,39 +215,36 @@ impl Runs {
     }
 
     async fn submit_as(&self, req: Submit, run_id: String) -> Result<pb::RunInfo> {
-        // A built-in mode (modes.rs) is an embedded graph with the prompt as vars.prompt.
-        let (graph_yaml, vars, mode_title) = if req.mode.trim().is_empty() {
-            let mut vars = req.vars.clone();
-            if !req.prompt.is_empty() {
-                vars.entry("prompt".into())
-                    .or_insert_with(|| req.prompt.clone());
-            }
-            (req.graph_yaml.as_str(), vars, None)
+        let (graph, llm_spec, base_dir) = if req.rerun_of.is_empty() {
+            self.new_graph(&req, &run_id)?
         } else {
-            let b = crate::modes::builtin(&req.mode, &req.prompt, &req.graph_yaml, &req.vars)?;
-            (b.graph_yaml, b.vars, Some(b.title))
+            let src = self.rerun_source(&req).await?;
+            let mut graph = Graph::from_value(src.graph, &run_id, &req.vars)?;
+            self.b.kinds.check(&graph)?;
+            graph.title = if req.title.is_empty() {
+                src.title
+            } else {
+                req.title.clone()
+            };
+            graph.goal = src.goal;
+            let base_dir = if req.base_dir.is_empty() {
+                src.base_dir
+            } else {
+                self.base_dir(&req.base_dir)
+            };
+            // Prompts, schemas and limits were read at the first submit and kept in the graph.
+            let llm = if req.llm.is_empty() {
+                src.llm
+            } else {
+                req.llm.clone()
+            };
+            (graph, llm, base_dir)
         };
-        if graph_yaml.trim().is_empty() {
-            return Err(Error::InvalidArgument(format!(
-                "graph_yaml is empty: send the graph (docs/graphs.md) or a built-in mode ({})",
-                crate::modes::names()
-            )));
-        }
-        let mut graph = Graph::from_yaml(graph_yaml, &run_id, &vars)?;
-        self.b.kinds.check(&graph)?;
-        if !req.title.is_empty() {
-            graph.title = req.title.clone();
-        } else if let Some(t) = mode_title {
-            graph.title = t;
-        }
-        let base_dir = self.base_dir(&req.base_dir);
-        // schema, limits and prompt files are read now and kept in the graph.
-        cairn_phases::prepare(&mut graph, &base_dir)?;
         // The provider rules of agents/providers.rs: a name, a cassette, an allowed URL.
         let llm = self
             .b
             .providers
-            .choose(&req.llm, &graph, &self.b.store, &req.project_id)
+            .choose(&llm_spec, &graph, &self.b.store, &req.project_id)
             .await?;
         self.check_resources(&graph, &llm)?;
         let graph = Arc::new(graph);
@@ -238,7 +289,7 @@ impl Runs {
         } else {
             req.by.clone()
         };
-        let created = Ev::run(ev::TASK_CREATED)
+        let mut created = Ev::run(ev::TASK_CREATED)
             .with("by", by)
             .with("title", graph.title.clone())
             .with("topology", graph.topology.clone())
@@ -246,6 +297,9 @@ impl Runs {
             .with("base_dir", base_dir.display().to_string())
             .with("nodes", graph.nodes.len())
             .with("vars", json!(graph.vars));
+        if !req.rerun_of.is_empty() {
+            created = created.with("rerun_of", req.rerun_of.clone());
+        }
         let ts = ev::now();
         state.apply(&crate::run::EventView::live(&created, &ts));
         recorder.push(&created);
@@ -268,6 +322,58 @@ impl Runs {
         span.in_scope(|| self.launch(graph, state, recorder, base_dir, None, None, cmd_rx))?;
         cairn_telemetry::metrics::run_entered(TaskState::Created.as_str());
         Ok(info)
+    }
+
+    /// A new run's graph from the request's YAML or built-in mode, its files read from
+    /// `base_dir`; with the LLM spec asked for and the base directory.
+    fn new_graph(&self, req: &Submit, run_id: &str) -> Result<(Graph, String, PathBuf)> {
+        // A built-in mode (modes.rs) is an embedded graph with the prompt as vars.prompt.
+        let (graph_yaml, vars, mode_title) = if req.mode.trim().is_empty() {
+            let mut vars = req.vars.clone();
+            if !req.prompt.is_empty() {
+                vars.entry("prompt".into())
+                    .or_insert_with(|| req.prompt.clone());
+            }
+            (req.graph_yaml.as_str(), vars, None)
+        } else {
+            let b = crate::modes::builtin(&req.mode, &req.prompt, &req.graph_yaml, &req.vars)?;
+            (b.graph_yaml, b.vars, Some(b.title))
+        };
+        if graph_yaml.trim().is_empty() {
+            return Err(Error::InvalidArgument(format!(
+                "graph_yaml is empty: send the graph (docs/graphs.md), a built-in mode ({}) or rerun_of",
+                crate::modes::names()
+            )));
+        }
+        let mut graph = Graph::from_yaml(graph_yaml, run_id, &vars)?;
+        self.b.kinds.check(&graph)?;
+        if !req.title.is_empty() {
+            graph.title = req.title.clone();
+        } else if let Some(t) = mode_title {
+            graph.title = t;
+        }
+        let base_dir = self.base_dir(&req.base_dir);
+        // schema, limits and prompt files are read now and kept in the graph.
+        cairn_phases::prepare(&mut graph, &base_dir)?;
+        Ok((graph, req.llm.clone(), base_dir))
+    }
+
+    /// The records a re-run starts from (the source run must be in the same project).
+    async fn rerun_source(&self, req: &Submit) -> Result<Rerun> {
+        check_id("rerun_of", &req.rerun_of)?;
+        if !req.graph_yaml.trim().is_empty() || !req.mode.is_empty() || !req.prompt.is_empty() {
+            return Err(Error::InvalidArgument(
+                "rerun_of starts from the recorded graph: leave graph_yaml, mode and prompt empty (vars, title and llm may replace the recorded ones)".into(),
+            ));
+        }
+        let (value, _, state, base_dir) = self.read_records(&req.project_id, &req.rerun_of).await?;
+        Ok(Rerun {
+            graph: value,
+            title: state.title,
+            goal: state.goal,
+            llm: state.llm,
+            base_dir,
+        })
     }
 
     /// Checks what a run will need before it starts: an LLM provider for agent nodes (`llm`,
@@ -478,6 +584,17 @@ impl Runs {
 
     /// Reads a run from its records.
     async fn load(&self, project: &str, run_id: &str) -> Result<Loaded> {
+        let (_, graph, state, base_dir) = self.read_records(project, run_id).await?;
+        Ok((Arc::new(graph), state, base_dir))
+    }
+
+    /// A run's frozen graph (as JSON and parsed), its state folded from its events, and its
+    /// base directory.
+    async fn read_records(
+        &self,
+        project: &str,
+        run_id: &str,
+    ) -> Result<(Value, Graph, RunState, PathBuf)> {
         check_id("project_id", project)?;
         check_id("run_id", run_id)?;
         let dir = RunDir::new(run_id);
@@ -492,7 +609,7 @@ impl Runs {
             })?;
         let value: Value = serde_json::from_slice(&bytes)
             .map_err(|e| Error::Internal(format!("{} is not JSON: {e}", dir.graph_resolved())))?;
-        let graph = Graph::from_value(value, run_id, &BTreeMap::new()).map_err(|e| {
+        let graph = Graph::from_value(value.clone(), run_id, &BTreeMap::new()).map_err(|e| {
             Error::Internal(format!("{} no longer validates: {e}", dir.graph_resolved()))
         })?;
         let events = store
@@ -507,7 +624,7 @@ impl Runs {
             .and_then(|e| serde_json::from_str::<Value>(&e.data_json).ok())
             .and_then(|d| d.get("base_dir").and_then(Value::as_str).map(PathBuf::from))
             .unwrap_or_else(|| self.base_dir(""));
-        Ok((Arc::new(graph), state, base_dir))
+        Ok((value, graph, state, base_dir))
     }
 
     /// Makes a non-final run live (resuming it from its records); returns its command line.
@@ -603,7 +720,7 @@ impl Runs {
     pub async fn list(
         &self,
         project: &str,
-        states: &[TaskState],
+        filter: &RunFilter,
         page_size: u32,
         token: &str,
     ) -> Result<(Vec<pb::RunInfo>, String)> {
@@ -625,10 +742,7 @@ impl Runs {
                 None => self.quick_info(project, &run_id).await,
             };
             if let Ok(info) = info {
-                let st = pb::TaskState::try_from(info.state)
-                    .ok()
-                    .and_then(TaskState::from_proto);
-                if states.is_empty() || st.is_some_and(|s| states.contains(&s)) {
+                if filter.admits(&info) {
                     runs.push(info);
                 }
             }

@@ -11,9 +11,10 @@ use futures::Stream;
 use tonic::{Request, Response, Status};
 
 use crate::auth::{Auth, Caller, Rpc};
+use crate::error::Error;
 use crate::gates::Decision;
 use crate::run::TaskState;
-use crate::runs::{Runs, Submit};
+use crate::runs::{RunFilter, Runs, Submit};
 
 #[derive(Clone)]
 pub struct OrchestratorService {
@@ -55,6 +56,7 @@ impl Orchestrator for OrchestratorService {
             llm: r.llm,
             base_dir: r.base_dir,
             request_id: r.request_id,
+            rerun_of: r.rerun_of,
         };
         Ok(Response::new(self.runs.submit(submit).await?))
     }
@@ -83,10 +85,16 @@ impl Orchestrator for OrchestratorService {
             // UNSPECIFIED filters nothing (as before: an empty list lists every run).
             states.extend(TaskState::from_proto(state));
         }
+        let filter = RunFilter {
+            states,
+            text: search_text(&r.text)?,
+            created_after: time_bound("created_after", &r.created_after)?,
+            created_before: time_bound("created_before", &r.created_before)?,
+        };
         let page = r.page.unwrap_or_default();
         let (runs, next_page_token) = self
             .runs
-            .list(&r.project_id, &states, page.page_size, &page.page_token)
+            .list(&r.project_id, &filter, page.page_size, &page.page_token)
             .await?;
         Ok(Response::new(pb::ListRunsResponse {
             runs,
@@ -245,4 +253,33 @@ impl Orchestrator for OrchestratorService {
             tokens_required: self.auth.tokens_required(),
         }))
     }
+}
+
+/// Longest ListRuns search text, in characters.
+const MAX_SEARCH_CHARS: usize = 200;
+
+fn search_text(text: &str) -> Result<String, Status> {
+    let text = text.trim();
+    if text.chars().count() > MAX_SEARCH_CHARS {
+        return Err(Error::InvalidArgument(format!(
+            "text is {} characters; search with at most {MAX_SEARCH_CHARS}",
+            text.chars().count()
+        ))
+        .into());
+    }
+    Ok(text.to_lowercase())
+}
+
+fn time_bound(field: &str, text: &str) -> Result<Option<time::OffsetDateTime>, Status> {
+    if text.trim().is_empty() {
+        return Ok(None);
+    }
+    time::OffsetDateTime::parse(text.trim(), &time::format_description::well_known::Rfc3339)
+        .map(Some)
+        .map_err(|e| {
+            Error::InvalidArgument(format!(
+                "{field} `{text}` is not an RFC 3339 time (e.g. 2026-11-25T00:00:00Z): {e}"
+            ))
+            .into()
+        })
 }

@@ -295,6 +295,7 @@ nodes:
             project_id: PROJECT.into(),
             states: vec![TaskState::Completed as i32],
             page: None,
+            ..Default::default()
         })
         .await
         .unwrap()

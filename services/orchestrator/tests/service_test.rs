@@ -166,6 +166,7 @@ async fn list_runs_pages_newest_first_and_filters() {
                     page_size: 2,
                     page_token: token.clone(),
                 }),
+                ..Default::default()
             })
             .await
             .unwrap()
@@ -188,6 +189,7 @@ async fn list_runs_pages_newest_first_and_filters() {
             project_id: PROJECT.into(),
             states: vec![TaskState::InputRequired as i32],
             page: None,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -208,6 +210,7 @@ async fn list_runs_pages_newest_first_and_filters() {
             project_id: "no-such-project".into(),
             states: vec![],
             page: None,
+            ..Default::default()
         })
         .await
         .unwrap_err();

@@ -16,7 +16,14 @@
     const fields = el.querySelectorAll("textarea, input[type=text], select");
     for (const f of fields) {
       if (f.tagName === "SELECT") {
-        for (const o of f.options) if (o.selected !== o.defaultSelected) return true;
+        if (f.multiple) {
+          for (const o of f.options) if (o.selected !== o.defaultSelected) return true;
+        } else {
+          // Without a `selected` option the first one is the default.
+          let initial = 0;
+          for (let i = 0; i < f.options.length; i++) if (f.options[i].defaultSelected) initial = i;
+          if (f.options.length && f.selectedIndex !== initial) return true;
+        }
       } else if (f.value !== f.defaultValue) return true;
     }
     return false;

@@ -48,6 +48,8 @@ struct Runs {
     runs: HashMap<String, pb::RunInfo>,
     events: HashMap<String, Vec<pb::Event>>,
     calls: Vec<Call>,
+    submits: Vec<pb::SubmitRunRequest>,
+    lists: Vec<pb::ListRunsRequest>,
 }
 
 #[derive(Clone)]
@@ -72,6 +74,16 @@ impl FakeOrchestrator {
 
     pub fn calls(&self) -> Vec<Call> {
         self.state.lock().unwrap().calls.clone()
+    }
+
+    /// Every SubmitRun received, in order.
+    pub fn submits(&self) -> Vec<pb::SubmitRunRequest> {
+        self.state.lock().unwrap().submits.clone()
+    }
+
+    /// Every ListRuns received, in order.
+    pub fn lists(&self) -> Vec<pb::ListRunsRequest> {
+        self.state.lock().unwrap().lists.clone()
     }
 
     pub fn run(&self, run_id: &str) -> pb::RunInfo {
@@ -206,11 +218,46 @@ type EventStream = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send +
 
 #[tonic::async_trait]
 impl Orchestrator for FakeOrchestrator {
+    /// Starts a canned working run: `req-<request_id>` (the same run again for a repeated
+    /// request id, like the real one), else `run-<n>`; a graph that says `invalid` is refused.
     async fn submit_run(
         &self,
-        _: GrpcRequest<pb::SubmitRunRequest>,
+        req: GrpcRequest<pb::SubmitRunRequest>,
     ) -> Result<GrpcResponse<pb::RunInfo>, Status> {
-        Err(Status::unimplemented("the fake takes canned runs"))
+        let r = req.into_inner();
+        let mut s = self.state.lock().unwrap();
+        s.submits.push(r.clone());
+        if r.graph_yaml.contains("invalid") {
+            return Err(Status::invalid_argument(
+                "node `a`: field `type`: unknown node type",
+            ));
+        }
+        let run_id = if r.request_id.is_empty() {
+            format!("run-{}", s.runs.len() + 1)
+        } else {
+            format!("req-{}", r.request_id)
+        };
+        if let Some(run) = s.runs.get(&run_id) {
+            return Ok(GrpcResponse::new(run.clone()));
+        }
+        let info = pb::RunInfo {
+            run_id: run_id.clone(),
+            project_id: r.project_id.clone(),
+            title: if r.title.is_empty() {
+                "Started".into()
+            } else {
+                r.title.clone()
+            },
+            state: pb::TaskState::Working as i32,
+            created_at: now(),
+            updated_at: now(),
+            run_dir: format!(".cairn/runs/{run_id}"),
+            rerun_of: r.rerun_of.clone(),
+            ..Default::default()
+        };
+        s.events.entry(run_id.clone()).or_default();
+        s.runs.insert(run_id, info.clone());
+        Ok(GrpcResponse::new(info))
     }
 
     async fn get_run(
@@ -233,7 +280,8 @@ impl Orchestrator for FakeOrchestrator {
         req: GrpcRequest<pb::ListRunsRequest>,
     ) -> Result<GrpcResponse<pb::ListRunsResponse>, Status> {
         let r = req.into_inner();
-        let s = self.state.lock().unwrap();
+        let mut s = self.state.lock().unwrap();
+        s.lists.push(r.clone());
         let mut runs: Vec<pb::RunInfo> = s
             .runs
             .values()
@@ -329,11 +377,34 @@ impl Orchestrator for FakeOrchestrator {
         Ok(GrpcResponse::new(info))
     }
 
+    /// A failed run works again; any other is refused as the real one refuses it.
     async fn resume_run(
         &self,
-        _: GrpcRequest<pb::RunActionRequest>,
+        req: GrpcRequest<pb::RunActionRequest>,
     ) -> Result<GrpcResponse<pb::RunInfo>, Status> {
-        Err(Status::unimplemented("not used by the console"))
+        let r = req.into_inner();
+        self.record(Call {
+            method: "ResumeRun",
+            project_id: r.project_id.clone(),
+            run_id: r.run_id.clone(),
+            by: r.by.clone(),
+            text: r.reason.clone(),
+            ..Default::default()
+        });
+        let info = self.update(&r.run_id, |run| {
+            if run.state != pb::TaskState::Failed as i32 {
+                return Err(Status::failed_precondition("the run has not failed"));
+            }
+            run.state = pb::TaskState::Working as i32;
+            Ok(())
+        })?;
+        self.emit(
+            &r.run_id,
+            "task.resumed",
+            "",
+            serde_json::json!({"by": r.by, "reason": r.reason}),
+        );
+        Ok(GrpcResponse::new(info))
     }
 
     async fn approve_gate(
