@@ -385,12 +385,12 @@ fn milestones(info: &RunInfo, task: &Result<Option<Value>, String>) -> Markup {
                     tbody {
                         @for m in &rows {
                             tr id=(format!("node-{}", m.id)) {
-                                td { code { (m.id) } }
-                                td { (m.title) }
-                                td { (m.kind) }
-                                td { (page::badge(&m.state)) }
-                                td.num { (m.attempts) }
-                                td { (m.detail) @if !m.error.is_empty() { " " span.error { (m.error) } } }
+                                td data-label="id" { code { (m.id) } }
+                                td data-label="title" { (m.title) }
+                                td data-label="type" { (m.kind) }
+                                td data-label="state" { (page::badge(&m.state)) }
+                                td.num data-label="attempts" { (m.attempts) }
+                                td data-label="progress / error" { (m.detail) @if !m.error.is_empty() { " " span.error { (m.error) } } }
                             }
                         }
                     }
@@ -403,7 +403,7 @@ fn milestones(info: &RunInfo, task: &Result<Option<Value>, String>) -> Markup {
                         thead { tr { th { "instance" } th { "agent" } th { "state" } th { "node" } } }
                         tbody {
                             @for a in r {
-                                tr { td { code { (text_of(a, "instance")) } } td { (text_of(a, "agent")) } td { (page::badge(&text_of(a, "state"))) } td { (text_of(a, "node")) } }
+                                tr { td data-label="instance" { code { (text_of(a, "instance")) } } td data-label="agent" { (text_of(a, "agent")) } td data-label="state" { (page::badge(&text_of(a, "state"))) } td data-label="node" { (text_of(a, "node")) } }
                             }
                         }
                     }
