@@ -36,9 +36,7 @@ fn finish(cmd: &mut Command, limit: Duration) -> (Option<i32>, String) {
             .unwrap(),
     );
     let stderr = child.0.stderr.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        std::io::read_to_string(stderr).unwrap_or_default()
-    });
+    let reader = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());
     let deadline = Instant::now() + limit;
     let status = loop {
         if let Some(s) = child.0.try_wait().unwrap() {
@@ -63,7 +61,11 @@ fn up_fails_at_once_when_its_console_cannot_start() {
         // Beyond loopback without a token.
         (
             &["--console-listen", "0.0.0.0:0"],
-            &["refusing to serve the console", "without a login token", "CAIRN_CONSOLE_TOKEN"],
+            &[
+                "refusing to serve the console",
+                "without a login token",
+                "CAIRN_CONSOLE_TOKEN",
+            ],
         ),
         // A shared token too short to be one.
         (
@@ -88,7 +90,10 @@ fn up_fails_at_once_when_its_console_cannot_start() {
         for s in says {
             assert!(stderr.contains(s), "{args:?}: expected `{s}` in: {stderr}");
         }
-        assert!(stderr.contains("--no-console"), "says the way out: {stderr}");
+        assert!(
+            stderr.contains("--no-console"),
+            "says the way out: {stderr}"
+        );
         assert!(!stderr.contains("cairn is up"), "{args:?}: {stderr}");
         assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
         std::net::TcpListener::bind(&grpc)
@@ -156,8 +161,11 @@ fn serve_console_runs_the_console_against_running_services() {
 
     // The token from a file, addresses by flag, the rest from its own config file.
     let config = dir.path().join("console.toml");
-    std::fs::write(&config, "default_name = \"ops\"\npublic_hosts = [\"cairn.example.com\"]\n")
-        .unwrap();
+    std::fs::write(
+        &config,
+        "default_name = \"ops\"\npublic_hosts = [\"cairn.example.com\"]\n",
+    )
+    .unwrap();
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
     let _console = Killed(
@@ -189,7 +197,10 @@ fn serve_console_runs_the_console_against_running_services() {
             assert!(out.contains("503"), "{out}");
             break;
         }
-        assert!(Instant::now() < deadline, "still ready without its services");
+        assert!(
+            Instant::now() < deadline,
+            "still ready without its services"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     assert!(http_health(&format!("{base}/healthz")).0);
@@ -208,7 +219,10 @@ fn serve_console_runs_the_console_against_running_services() {
     );
     let deadline = Instant::now() + Duration::from_secs(20);
     while !http_health(&format!("http://127.0.0.1:{port}/healthz")).0 {
-        assert!(Instant::now() < deadline, "the console with an env token did not start");
+        assert!(
+            Instant::now() < deadline,
+            "the console with an env token did not start"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
 
@@ -245,4 +259,20 @@ fn serve_console_runs_the_console_against_running_services() {
         .args(["serve", "console", "--console-token", TOKEN])
         .assert()
         .failure();
+}
+
+/// `--insecure-listen` is a setting of the gRPC services; the console serves HTTP and has no
+/// such key, so the flag must not reach its section (it made `cairn --insecure-listen up`
+/// fail with "unknown key").
+#[test]
+fn insecure_listen_is_not_given_to_the_console() {
+    let dir = tempfile::tempdir().unwrap();
+    cairn(&dir.path().join("data"))
+        .args(["--insecure-listen", "config", "show"])
+        .assert()
+        .success()
+        .stdout(
+            predicate::str::contains("[console]")
+                .and(predicate::str::contains("insecure_listen = true")),
+        );
 }

@@ -347,7 +347,10 @@ fn configmap_configs_load_in_each_service() {
     assert_eq!(console.orchestrator_addr, "http://orchestrator:7070");
     assert_eq!(console.store_addr, "http://artifact-store:7070");
     assert_eq!(console.tls.dir, pki);
-    assert_eq!(console.token, None, "the token comes from its Secret, not the ConfigMap");
+    assert_eq!(
+        console.token, None,
+        "the token comes from its Secret, not the ConfigMap"
+    );
 
     let runner =
         cairn_sandbox_runner::Config::load(Some(&write("sandbox-runner.toml", &sandbox))).unwrap();

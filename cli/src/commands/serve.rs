@@ -142,7 +142,9 @@ fn console_config(
         )?
         .config;
     config.enabled = true;
-    config.public_hosts.extend(args.public_hosts.iter().cloned());
+    config
+        .public_hosts
+        .extend(args.public_hosts.iter().cloned());
     if let Some(path) = &args.token_file {
         let token = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read the console token file {}", path.display()))?;

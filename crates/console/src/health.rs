@@ -39,7 +39,11 @@ pub(super) async fn ready(State(console): State<Console>) -> Response {
     );
     let mut ready = true;
     for (name, addr, result) in [
-        ("orchestrator", &inner.config.orchestrator_addr, orchestrator),
+        (
+            "orchestrator",
+            &inner.config.orchestrator_addr,
+            orchestrator,
+        ),
         ("artifact-store", &inner.config.store_addr, store),
     ] {
         match result {

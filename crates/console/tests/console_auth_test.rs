@@ -474,14 +474,24 @@ async fn probes_answer_any_host_without_login_and_say_nothing_else() {
     let mut c = Client::new(s.router(Some(TOKEN)));
     for host in ["10.244.1.17:7480", CONSOLE_HOST, "evil.example"] {
         let p = c.raw("GET", "/healthz", &[("host", host)], &[]).await;
-        assert_eq!((p.status, p.body.as_str()), (StatusCode::OK, "ok\n"), "{host}");
+        assert_eq!(
+            (p.status, p.body.as_str()),
+            (StatusCode::OK, "ok\n"),
+            "{host}"
+        );
         assert!(!p.headers.contains_key(header::SET_COOKIE), "{host}");
         let p = c.raw("GET", "/readyz", &[("host", host)], &[]).await;
-        assert_eq!((p.status, p.body.as_str()), (StatusCode::OK, "ready\n"), "{host}");
+        assert_eq!(
+            (p.status, p.body.as_str()),
+            (StatusCode::OK, "ready\n"),
+            "{host}"
+        );
         assert!(!p.headers.contains_key(header::SET_COOKIE), "{host}");
     }
     // The pod address is not a name of the console's pages.
-    let p = c.raw("GET", "/runs", &[("host", "10.244.1.17:7480")], &[]).await;
+    let p = c
+        .raw("GET", "/runs", &[("host", "10.244.1.17:7480")], &[])
+        .await;
     assert_eq!(p.status, StatusCode::FORBIDDEN, "{}", p.body);
     // Only GET: the probes are no way around the Origin and CSRF checks.
     let p = c
@@ -503,13 +513,21 @@ async fn probes_answer_any_host_without_login_and_say_nothing_else() {
         .unwrap(),
     );
     let t = Instant::now();
-    let p = down.raw("GET", "/readyz", &[("host", "10.244.1.17:7480")], &[]).await;
+    let p = down
+        .raw("GET", "/readyz", &[("host", "10.244.1.17:7480")], &[])
+        .await;
     assert_eq!(
         (p.status, p.body.as_str()),
         (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
     );
     assert!(!p.body.contains(&dead));
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
-    let p = down.raw("GET", "/healthz", &[("host", "10.244.1.17:7480")], &[]).await;
-    assert_eq!(p.status, StatusCode::OK, "alive while its services are away");
+    let p = down
+        .raw("GET", "/healthz", &[("host", "10.244.1.17:7480")], &[])
+        .await;
+    assert_eq!(
+        p.status,
+        StatusCode::OK,
+        "alive while its services are away"
+    );
 }

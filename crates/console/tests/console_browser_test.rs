@@ -1052,7 +1052,10 @@ async fn a_deep_link_from_another_site_opens_the_page_with_the_session() {
     })
     .await;
     assert_eq!(text_of(c, "#who").await, "ann", "the session came along");
-    assert!(c.find(Locator::Css("#gate-review button.approve")).await.is_ok());
+    assert!(c
+        .find(Locator::Css("#gate-review button.approve"))
+        .await
+        .is_ok());
 
     c.goto(&other).await.unwrap();
     c.find(Locator::Css("#send"))
