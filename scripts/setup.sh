@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Sets up a machine (Debian bookworm, as root) to build and test cairn; safe to run again.
 #   1. apt-get installs only the packages that are missing (no apt-get update otherwise);
-#   2. checks that the Docker engine answers;
-#   3. builds the images (deploy/images/build-images.sh: skips what is already built; prints
+#   2. fetches axe-core once (the console's accessibility test) into ~/.cache/cairn-axe;
+#   3. checks that the Docker engine answers;
+#   4. builds the images (deploy/images/build-images.sh: skips what is already built; prints
 #      how long each build took). The toolchain image's first build fetches its packages from
 #      Debian's mirror; CAIRN_TOOLCHAIN=0 leaves it out (its Docker tests then SKIP, or fail
 #      under CAIRN_REQUIRE_DOCKER=1).
@@ -10,6 +11,7 @@
 #
 # Usage: scripts/setup.sh [--force]   (--force rebuilds the images)
 # Environment:
+#   CAIRN_AXE_JS             where axe.min.js goes   (default $HOME/.cache/cairn-axe/axe.min.js)
 #   CAIRN_REQUIRE_DOCKER=1   fail when Docker does not answer (CI); otherwise warn and go on
 #                            without images (the local sandbox backend still works)
 #   plus those of deploy/images/build-images.sh (CAIRN_BASE_IMAGE, CAIRN_SANDBOX_IMAGE, ...)
@@ -20,7 +22,7 @@ REPO="$(cd "$HERE/.." && pwd)"
 
 # debootstrap + debian-archive-keyring: the offline base image; bubblewrap: the local sandbox
 # backend; python3-venv: benchmark peers (bench/); chromium + chromium-driver: the web
-# console's browser test (services/orchestrator/tests/console_browser_test.rs); the rest: image
+# console's browser test (crates/console/tests/console_browser_test.rs); the rest: image
 # builds, tests, packing.
 readonly PACKAGES=(
     debootstrap debian-archive-keyring bubblewrap
@@ -58,7 +60,36 @@ else
     say "packages present: ${PACKAGES[*]}"
 fi
 
-# 2. Docker.
+# 2. axe-core (accessibility checks of the console's browser test), once into a cache. No npm
+# registry is needed: the PyPI wheel axe-playwright-python bundles axe.min.js. Both the wheel
+# and the script are pinned by sha256; a present, matching file is left alone.
+AXE_VERSION="4.12.1"
+AXE_WHEEL="axe-playwright-python==0.1.8"
+AXE_WHEEL_SHA256="fdd263c998388f1a8e67cad02677e612d946248bd44d163be5e8650ea31f95f8"
+AXE_SHA256="84494fec757e4710dc751c8d7a636e457f4532f08f85c86dc9070133fbff53bc"
+AXE_FILE="${CAIRN_AXE_JS:-$HOME/.cache/cairn-axe/axe.min.js}"
+if [ -f "$AXE_FILE" ] && [ "$(sha256sum "$AXE_FILE" | cut -d' ' -f1)" = "$AXE_SHA256" ]; then
+    say "axe-core $AXE_VERSION present ($AXE_FILE)"
+else
+    axe_tmp="$(mktemp -d)"
+    if python3 -m pip download -q --no-deps --disable-pip-version-check "$AXE_WHEEL" -d "$axe_tmp" >/dev/null 2>&1; then
+        wheel="$(ls "$axe_tmp"/*.whl)"
+        [ "$(sha256sum "$wheel" | cut -d' ' -f1)" = "$AXE_WHEEL_SHA256" ] \
+            || die "$AXE_WHEEL: the wheel's sha256 is not the pinned one"
+        mkdir -p "$(dirname "$AXE_FILE")"
+        python3 -c 'import sys, zipfile; sys.stdout.buffer.write(zipfile.ZipFile(sys.argv[1]).read("axe_playwright_python/axe.min.js"))' \
+            "$wheel" >"$AXE_FILE.tmp"
+        [ "$(sha256sum "$AXE_FILE.tmp" | cut -d' ' -f1)" = "$AXE_SHA256" ] \
+            || { rm -f "$AXE_FILE.tmp"; die "axe.min.js of $AXE_WHEEL: sha256 is not the pinned one"; }
+        mv "$AXE_FILE.tmp" "$AXE_FILE"
+        say "axe-core $AXE_VERSION fetched into $AXE_FILE"
+    else
+        warn "could not download $AXE_WHEEL from PyPI: the console's accessibility test will SKIP (fail under CAIRN_REQUIRE_BROWSER=1)"
+    fi
+    rm -rf "$axe_tmp"
+fi
+
+# 3. Docker.
 docker_problem=""
 if ! command -v docker >/dev/null 2>&1; then
     docker_problem="the docker CLI is not installed (apt-get install docker.io)"
@@ -75,6 +106,6 @@ if [ -n "$docker_problem" ]; then
 fi
 say "Docker answers (server $(docker version -f '{{.Server.Version}}' 2>/dev/null || echo unknown))"
 
-# 3. Images.
+# 4. Images.
 "$REPO/deploy/images/build-images.sh" "${BUILD_ARGS[@]+"${BUILD_ARGS[@]}"}"
 say "ready"

@@ -486,13 +486,59 @@ pub enum ServeService {
     SandboxRunner(cairn_sandbox_runner::ConfigArgs),
     /// The orchestrator (needs --store-addr; --ingest-addr and --sandbox-addr optional).
     Orchestrator(cairn_orchestrator::ConfigArgs),
+    /// The web console alone: an HTTP server and a gRPC client of the orchestrator and the
+    /// store (needs --orchestrator-addr and --store-addr). Beyond loopback it needs a login
+    /// token (CAIRN_CONSOLE_TOKEN or --token-file) or --user-tokens. Probes: GET /healthz
+    /// (alive) and /readyz (the orchestrator and the store answer), without login.
+    Console(ConsoleArgs),
+}
+
+/// Flags of `cairn serve console`, over its `--config` file (or the `[console]` section of the
+/// one configuration) and the `CAIRN_CONSOLE_<KEY>` variables.
+#[derive(Debug, Clone, Default, Args)]
+pub struct ConsoleArgs {
+    /// TOML configuration file with the keys of the [console] section (listen,
+    /// orchestrator_addr, store_addr, token, user_tokens, public_hosts, secure_cookie, tls, ...).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// HTTP address to listen on, e.g. 0.0.0.0:7480 (env CAIRN_CONSOLE_LISTEN).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub listen: Option<String>,
+    /// The orchestrator's gRPC address (env CAIRN_CONSOLE_ORCHESTRATOR_ADDR).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub orchestrator_addr: Option<String>,
+    /// The artifact-store's gRPC address (env CAIRN_CONSOLE_STORE_ADDR). Give it after
+    /// `console`: before it, --store-addr is the CLI's own.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub store_addr: Option<String>,
+    /// A file holding the shared login token (at least 16 characters; surrounding whitespace
+    /// is dropped), e.g. a mounted Secret. The token may also come from CAIRN_CONSOLE_TOKEN or
+    /// the file's `token`; it is never taken on the command line, where others could read it.
+    #[arg(long, env = "CAIRN_CONSOLE_TOKEN_FILE", value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// People log in with their own token of the orchestrator's tokens file (the orchestrator
+    /// must have one); excludes a shared token.
+    #[arg(long)]
+    pub user_tokens: bool,
+    /// A name (or name:port) the console answers to besides its listen address and the
+    /// loopback names: the name people reach it by, e.g. behind a reverse proxy or an Ingress
+    /// (repeatable; env CAIRN_CONSOLE_PUBLIC_HOSTS, comma-separated).
+    #[arg(long = "public-host", value_name = "HOST")]
+    pub public_hosts: Vec<String>,
+    /// Mark the session cookie Secure (set it when people reach the console over HTTPS).
+    #[arg(long)]
+    pub secure_cookie: bool,
 }
 
 #[derive(Debug, Args)]
 pub struct HealthArgs {
     /// Service name to check (e.g. cairn.v1.ArtifactStore); empty = the server as a whole.
-    #[arg(long, default_value = "")]
+    #[arg(long, default_value = "", conflicts_with = "http")]
     pub service: String,
+    /// Check an HTTP endpoint instead of gRPC health, e.g. the web console's
+    /// http://127.0.0.1:7480/readyz: exit 0 when it answers 2xx within 3 s (no --addr needed).
+    #[arg(long, value_name = "URL")]
+    pub http: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -70,6 +70,7 @@ fn serve_name(s: &cli::ServeService) -> &'static str {
         cli::ServeService::Ingest(_) => "cairn-ingest",
         cli::ServeService::SandboxRunner(_) => "cairn-sandbox-runner",
         cli::ServeService::Orchestrator(_) => "cairn-orchestrator",
+        cli::ServeService::Console(_) => "cairn-console",
     }
 }
 

@@ -33,7 +33,7 @@ pub const SHARED_TLS: &str = "tls";
 
 /// `CAIRN_CONSOLE_<KEY>` overrides of the console section (the prefix is shared with the CLI's
 /// own `CAIRN_CONSOLE_TOKEN`, which names the same key).
-const CONSOLE_ENV: Env = Env {
+pub const CONSOLE_ENV: Env = Env {
     prefix: "CAIRN_CONSOLE_",
     unknown: UnknownVars::Ignore,
 };
@@ -120,6 +120,21 @@ impl File {
         Ok(File {
             path: Some(path.to_path_buf()),
             sections,
+        })
+    }
+
+    /// A service's own configuration file (its keys at the top level) as its section.
+    pub fn read_own(path: &Path, service: &str) -> anyhow::Result<File> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the configuration {}", path.display()))?;
+        let table: toml::Table = toml::from_str(&text)
+            .with_context(|| format!("the configuration {} is not TOML", path.display()))?;
+        let Value::Object(section) = serde_json::to_value(table)? else {
+            bail!("the configuration {} is not a table", path.display());
+        };
+        Ok(File {
+            path: Some(path.to_path_buf()),
+            sections: BTreeMap::from([(service.to_owned(), section)]),
         })
     }
 
@@ -225,6 +240,28 @@ pub fn is_secret(key: &str) -> bool {
         || last == "api_key"
 }
 
+/// The `[tls]` keys the global TLS flags set (`--tls-dir` etc.), as `key=value` flags.
+pub fn tls_flags(global: &crate::cli::Global) -> Vec<(&'static str, String)> {
+    let tls = global.tls.config();
+    [
+        ("tls.dir", &tls.dir),
+        ("tls.cert", &tls.cert),
+        ("tls.key", &tls.key),
+        ("tls.ca", &tls.ca),
+    ]
+    .into_iter()
+    .filter_map(|(key, value)| value.as_ref().map(|p| (key, p.display().to_string())))
+    .collect()
+}
+
+/// The console's defaults in this process: the global --project is shown first.
+pub fn console_defaults(global: &crate::cli::Global) -> cairn_console::ConsoleConfig {
+    cairn_console::ConsoleConfig {
+        default_project: global.project.clone(),
+        ..Default::default()
+    }
+}
+
 /// Every service's effective configuration as `cairn up` would run it.
 pub struct Settings {
     pub file: File,
@@ -241,18 +278,14 @@ impl Settings {
     pub fn load(global: &crate::cli::Global) -> anyhow::Result<Settings> {
         let file = File::read(global.config.as_deref())?;
         let data_root = std::path::absolute(&global.data_root)?;
-        let mut tls_flags: Vec<(&str, String)> = Vec::new();
-        let tls = global.tls.config();
-        for (key, value) in [
-            ("tls.dir", &tls.dir),
-            ("tls.cert", &tls.cert),
-            ("tls.key", &tls.key),
-            ("tls.ca", &tls.ca),
-        ] {
-            if let Some(path) = value {
-                tls_flags.push((key, path.display().to_string()));
-            }
-        }
+        let mut tls_flags = tls_flags(global);
+        let console = file.section(
+            "console",
+            console_defaults(global),
+            &CONSOLE_ENV,
+            // The console serves HTTP, never gRPC: --insecure-listen is not its key.
+            &tls_flags,
+        )?;
         if global.tls.insecure_listen {
             tls_flags.push(("insecure_listen", "true".into()));
         }
@@ -288,15 +321,6 @@ impl Settings {
             "orchestrator",
             cairn_orchestrator::Config::default(),
             &cairn_orchestrator::config::ENV,
-            &with(&[]),
-        )?;
-        let console = file.section(
-            "console",
-            cairn_console::ConsoleConfig {
-                default_project: global.project.clone(),
-                ..Default::default()
-            },
-            &CONSOLE_ENV,
             &with(&[]),
         )?;
         Ok(Settings {

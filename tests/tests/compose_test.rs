@@ -39,6 +39,8 @@ const ALL: [&str; 5] = [
     "sandbox-runner-1",
     "sandbox-runner-2",
 ];
+/// The login token of the stacks' consoles.
+const CONSOLE_TOKEN: &str = "compose-console-token-0123456789";
 
 fn docker_required() -> bool {
     std::env::var("CAIRN_REQUIRE_DOCKER").is_ok_and(|v| v == "1")
@@ -288,7 +290,9 @@ impl Stack {
             .env("CAIRN_STORE_VOLUME", self.volume())
             // Empty: any free port on 127.0.0.1 (see `port`).
             .env("CAIRN_STORE_PORT", "")
-            .env("CAIRN_ORCHESTRATOR_PORT", "");
+            .env("CAIRN_ORCHESTRATOR_PORT", "")
+            .env("CAIRN_CONSOLE_PORT", "")
+            .env("CAIRN_CONSOLE_TOKEN", CONSOLE_TOKEN);
         c
     }
 
@@ -409,7 +413,15 @@ impl Stack {
 
     /// 127.0.0.1:PORT published for the service's 7070.
     fn published(&self, service: &str) -> String {
-        let addr = self.run(&["port", service, "7070"]).trim().to_owned();
+        self.published_port(service, 7070)
+    }
+
+    /// 127.0.0.1:PORT published for the service's `port`.
+    fn published_port(&self, service: &str, port: u16) -> String {
+        let addr = self
+            .run(&["port", service, &port.to_string()])
+            .trim()
+            .to_owned();
         assert!(
             addr.starts_with("127.0.0.1:"),
             "{service} published on {addr:?}, expected 127.0.0.1 only"
@@ -786,7 +798,9 @@ fn compose_stack_serves_the_cli_and_leaves_nothing_behind() {
 
 /// The README's example through compose: `cairn run examples/hello/graph.yaml` from the host
 /// against the published orchestrator (agent replayed from its cassette, ingest, a sandbox run
-/// on a runner container, the gate approved), completed, its files in the store's volume.
+/// on a runner container, the gate approved), completed, its files in the store's volume; then
+/// the run in the console container (`cairn serve console`, published on 127.0.0.1, dialling
+/// the services over mutual TLS): a login with its token and the run's page.
 #[test]
 fn compose_runs_the_example() {
     let test = "compose_runs_the_example";
@@ -799,8 +813,9 @@ fn compose_runs_the_example() {
     }
     host.build_images();
     let mut stack = Stack::new(&host, "example");
-    stack.up(&ALL);
-    stack.wait_healthy(&ALL, Duration::from_secs(120));
+    let services = [&ALL[..], &["console"]].concat();
+    stack.up(&services);
+    stack.wait_healthy(&services, Duration::from_secs(120));
     let orch = stack.published("orchestrator");
     let run_id = format!("compose-example-{}", std::process::id());
     let t = Instant::now();
@@ -835,6 +850,15 @@ fn compose_runs_the_example() {
             "{path} not in the store volume: {found:?}"
         );
     }
+
+    let console = stack.published_port("console", 7480);
+    let page = runtime().block_on(console_run_page(&console, &run_id));
+    assert!(page.contains(&run_id), "{page}");
+    assert!(page.contains("completed"), "{page}");
+    assert!(
+        page.contains("task.completed"),
+        "the run's events (events.jsonl, read from the store): {page}"
+    );
     stack.down();
     let left = stack.sandbox_containers();
     assert!(
@@ -845,6 +869,69 @@ fn compose_runs_the_example() {
         "{test}: the example ran in {:.1}s",
         t.elapsed().as_secs_f64()
     );
+}
+
+/// Logs in to the console at `addr` (127.0.0.1:PORT) as a browser would (the login form's CSRF
+/// token, the console's own Origin, the session cookie) and returns the page of `run_id` in
+/// project `default`; a wrong token is refused first.
+async fn console_run_page(addr: &str, run_id: &str) -> String {
+    let base = format!("http://{addr}");
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let ready = http.get(format!("{base}/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), 200);
+    assert_eq!(ready.text().await.unwrap(), "ready\n");
+    let cookie_of = |r: &reqwest::Response| {
+        r.headers()
+            .get_all("set-cookie")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .find_map(|v| v.strip_prefix("cairn_console="))
+            .map(|v| v.split(';').next().unwrap_or_default().to_owned())
+    };
+    let run = format!("/projects/default/runs/{run_id}");
+    let form = http
+        .get(format!("{base}/login?next={run}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(form.status(), 200);
+    let cookie = cookie_of(&form).expect("a session cookie");
+    let body = form.text().await.unwrap();
+    let csrf = body
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("the form's CSRF token")
+        .to_owned();
+    let login = |token: &'static str| {
+        http.post(format!("{base}/login"))
+            .header("cookie", format!("cairn_console={cookie}"))
+            .header("origin", &base)
+            .header("content-type", "application/x-www-form-urlencoded")
+            // Every value is made of letters, digits, `-` and `/`: nothing to escape.
+            .body(format!(
+                "csrf={csrf}&name=compose&token={token}&next={}",
+                run.replace('/', "%2F")
+            ))
+            .send()
+    };
+    assert_eq!(login("not-the-console-token").await.unwrap().status(), 401);
+    let ok = login(CONSOLE_TOKEN).await.unwrap();
+    assert_eq!(ok.status(), 303);
+    assert_eq!(ok.headers()["location"], run.as_str());
+    let session = cookie_of(&ok).expect("a new session cookie");
+    let page = http
+        .get(format!("{base}{run}"))
+        .header("cookie", format!("cairn_console={session}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 200);
+    page.text().await.unwrap()
 }
 
 /// `docker-compose down` while sandboxes run: each runner gets SIGTERM and must remove its

@@ -1,7 +1,8 @@
 //! The Kubernetes manifests (deploy/k8s, issue 7): rendered with `kubectl kustomize` and
 //! validated by validate.sh against the Kubernetes schemas, strict; the validator and cairn's
-//! rule check (deploy/k8s/tools/rules.py) shown to reject broken manifests; and the ConfigMaps'
-//! TOML files accepted by each service's own `Config`. Needs kubectl (no cluster), python3 and,
+//! rule check (deploy/k8s/tools/rules.py) shown to reject broken manifests (the console's HTTP
+//! probes and single replica among them); and the ConfigMaps' TOML files accepted by each
+//! service's own `Config` (the console's too). Needs kubectl (no cluster), python3 and,
 //! once, PyPI (validate.sh sets up its venv). Without kubectl each test prints a `SKIP:` line,
 //! unless CAIRN_REQUIRE_DOCKER=1 (CI), which makes kubectl required.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -231,6 +232,26 @@ fn validation_rejects_broken_manifests() {
             "CAIRN_TLS_DIR must be /etc/cairn/pki",
         ),
         (
+            "for o in docs:\n    if o['kind'] == 'Deployment' and o['metadata']['name'] == 'console':\n        o['spec']['template']['spec']['containers'][0]['readinessProbe'] = {'exec': {'command': ['/usr/local/bin/cairn', 'health', '--addr', '127.0.0.1:7480']}}",
+            "readinessProbe must be an httpGet of /readyz",
+        ),
+        (
+            "for o in docs:\n    if o['kind'] == 'Deployment' and o['metadata']['name'] == 'console':\n        o['spec']['template']['spec']['containers'][0]['livenessProbe']['httpGet']['path'] = '/readyz'",
+            "livenessProbe must be an httpGet of /healthz",
+        ),
+        (
+            "for o in docs:\n    if o['kind'] == 'Deployment' and o['metadata']['name'] == 'console':\n        o['spec']['replicas'] = 2",
+            "console: replicas must be 1",
+        ),
+        (
+            "for o in docs:\n    if o['kind'] == 'Deployment' and o['metadata']['name'] == 'console':\n        o['spec']['template']['spec']['containers'][0]['args'] += ['--token', 'x' * 32]",
+            "a token on the command line",
+        ),
+        (
+            "for o in docs:\n    if o['kind'] == 'Deployment' and o['metadata']['name'] == 'console':\n        s = o['spec']['template']['spec']\n        s['volumes'] = [v for v in s['volumes'] if v['name'] != 'tls']\n        s['containers'][0]['volumeMounts'] = [m for m in s['containers'][0]['volumeMounts'] if m['name'] != 'tls']",
+            "Deployment/console container console: no Secret cairn-tls-<identity> mounted at /etc/cairn/pki",
+        ),
+        (
             "for o in docs:\n    if o['kind'] == 'ServiceAccount':\n        o['automountServiceAccountToken'] = True",
             "automountServiceAccountToken must be false",
         ),
@@ -319,6 +340,18 @@ fn configmap_configs_load_in_each_service() {
     );
     assert_eq!(orchestrator.tls.dir, pki);
 
+    let console: cairn_console::ConsoleConfig =
+        cairn_server::config::from_file(&write("console.toml", &core)).unwrap();
+    console.check().unwrap();
+    assert_eq!(console.listen, "0.0.0.0:7480");
+    assert_eq!(console.orchestrator_addr, "http://orchestrator:7070");
+    assert_eq!(console.store_addr, "http://artifact-store:7070");
+    assert_eq!(console.tls.dir, pki);
+    assert_eq!(
+        console.token, None,
+        "the token comes from its Secret, not the ConfigMap"
+    );
+
     let runner =
         cairn_sandbox_runner::Config::load(Some(&write("sandbox-runner.toml", &sandbox))).unwrap();
     assert_eq!(runner.backend, cairn_sandbox_runner::BackendChoice::Docker);
@@ -354,6 +387,8 @@ fn configmap_configs_load_in_each_service() {
         (&orchestrator.store_addr, "artifact-store"),
         (&orchestrator.ingest_addr, "ingest"),
         (&orchestrator.sandbox_addrs[0], "sandbox-runner"),
+        (&console.orchestrator_addr, "orchestrator"),
+        (&console.store_addr, "artifact-store"),
     ]
     .into_iter()
     .enumerate()

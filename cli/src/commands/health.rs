@@ -2,6 +2,8 @@
 
 use std::process::ExitCode;
 
+use anyhow::Context;
+
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
@@ -9,6 +11,9 @@ use tonic_health::pb::HealthCheckRequest;
 use crate::cli::{Global, HealthArgs};
 
 pub async fn run(global: &Global, args: HealthArgs) -> anyhow::Result<ExitCode> {
+    if let Some(url) = &args.http {
+        return http(global, url).await;
+    }
     let Some(addr) = &global.addr else {
         anyhow::bail!("cairn health needs --addr (or CAIRN_ADDR): the address to check");
     };
@@ -38,6 +43,30 @@ pub async fn run(global: &Global, args: HealthArgs) -> anyhow::Result<ExitCode> 
         );
     }
     Ok(if serving {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// `--http URL`: one GET; 2xx is healthy. (Container images have no curl; probes use this.)
+async fn http(global: &Global, url: &str) -> anyhow::Result<ExitCode> {
+    let client = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(3))
+        .redirect(reqwest::redirect::Policy::none())
+        .build()?;
+    let status = client
+        .get(url)
+        .send()
+        .await
+        .with_context(|| format!("no HTTP answer from {url}"))?
+        .status();
+    if global.json {
+        crate::output::json(&serde_json::json!({"url": url, "status": status.as_u16()}))?;
+    } else {
+        println!("{url}: {status}");
+    }
+    Ok(if status.is_success() {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE

@@ -5,8 +5,10 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::cli::{Global, ServeArgs, ServeService};
-use crate::settings::File;
+use anyhow::Context;
+
+use crate::cli::{ConsoleArgs, Global, ServeArgs, ServeService};
+use crate::settings::{self, File};
 
 /// The service's section of the one configuration as a file the service reads as its own
 /// (`None` without `--config` / `CAIRN_CONFIG`). Giving both files is refused.
@@ -89,6 +91,72 @@ pub async fn run(global: &Global, args: ServeArgs) -> anyhow::Result<ExitCode> {
             let listener = cairn_server::bind(&config.listen).await?;
             cairn_orchestrator::serve(config, listener, cairn_server::shutdown_signal()).await?;
         }
+        ServeService::Console(args) => {
+            let config = console_config(global, &args)?;
+            let listener = cairn_server::bind(&config.listen).await?;
+            cairn_console::ConsoleServer::new(config, listener)?
+                .serve(cairn_server::shutdown_signal())
+                .await?;
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The console's settings: its own `--config` file or the `[console]` section of the one
+/// configuration, then `CAIRN_CONSOLE_*`, then the flags (the global TLS flags included).
+fn console_config(
+    global: &Global,
+    args: &ConsoleArgs,
+) -> anyhow::Result<cairn_console::ConsoleConfig> {
+    let file = match (&global.config, &args.config) {
+        (Some(one), Some(own)) => anyhow::bail!(
+            "both {} (the one configuration) and --config {} were given; keep one",
+            one.display(),
+            own.display()
+        ),
+        (_, Some(own)) => File::read_own(own, "console")?,
+        (one, None) => File::read(one.as_deref())?,
+    };
+    let mut flags = settings::tls_flags(global);
+    for (key, value) in [
+        ("listen", &args.listen),
+        ("orchestrator_addr", &args.orchestrator_addr),
+        ("store_addr", &args.store_addr),
+    ] {
+        if let Some(v) = value {
+            flags.push((key, v.clone()));
+        }
+    }
+    if args.user_tokens {
+        flags.push(("user_tokens", "true".into()));
+    }
+    if args.secure_cookie {
+        flags.push(("secure_cookie", "true".into()));
+    }
+    let mut config = file
+        .section(
+            "console",
+            settings::console_defaults(global),
+            &settings::CONSOLE_ENV,
+            &flags,
+        )?
+        .config;
+    config.enabled = true;
+    config
+        .public_hosts
+        .extend(args.public_hosts.iter().cloned());
+    if let Some(path) = &args.token_file {
+        let token = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the console token file {}", path.display()))?;
+        let token = token.trim();
+        if token.is_empty() {
+            anyhow::bail!(
+                "the console token file {} is empty: write the token into it (e.g. `openssl rand -hex 16`)",
+                path.display()
+            );
+        }
+        config.token = Some(token.to_owned());
+    }
+    config.check()?;
+    Ok(config)
 }

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
-use cairn_console::{console_url, serve_console, ConsoleConfig};
+use cairn_console::{ConsoleConfig, ConsoleServer};
 use tokio::sync::watch;
 
 use crate::cli::{Global, UpArgs};
@@ -16,6 +16,14 @@ pub async fn run(global: &Global, args: UpArgs) -> anyhow::Result<ExitCode> {
     cairn_server::check_listen_text(&args.listen, own.tls.is_set(), own.insecure_listen)?;
     let listener = cairn_server::bind(&args.listen).await?;
     let addr = listener.local_addr()?.to_string();
+    // The console is checked and bound before any service starts: a console that refuses to
+    // start (no token beyond loopback, a bad setting, a taken port) fails `cairn up` at once
+    // with its reason, and nothing is left running.
+    let console = if args.no_console {
+        None
+    } else {
+        Some(console_server(&settings, &args, &addr).await?)
+    };
     let hosted = embedded::host_all(
         &settings,
         &addr,
@@ -33,49 +41,23 @@ pub async fn run(global: &Global, args: UpArgs) -> anyhow::Result<ExitCode> {
         global.data_root.display()
     );
 
-    // One signal stops both the gRPC services and the console.
+    // One signal stops both the gRPC services and the console; a console that stops with an
+    // error stops the services too.
     let (stop, stopped) = watch::channel(false);
-    let mut console = None;
-    if !args.no_console {
-        let from_file = settings.console.config.clone();
-        let listen = args
-            .console_listen
-            .clone()
-            .unwrap_or(from_file.listen.clone());
-        let mut public_hosts = from_file.public_hosts.clone();
-        public_hosts.extend(args.console_public_hosts.iter().cloned());
-        let config = ConsoleConfig {
-            enabled: true,
-            listen: listen.clone(),
-            orchestrator_addr: addr.clone(),
-            store_addr: addr.clone(),
-            token: args
-                .console_token
-                .clone()
-                .or(from_file.token.clone())
-                .filter(|t| !t.is_empty()),
-            tls: own.tls.clone(),
-            // People log in with their own tokens from the same file.
-            user_tokens: args.tokens_file.is_some() || from_file.user_tokens,
-            public_hosts,
-            ..from_file
-        };
-        let console_listener = cairn_server::bind(&listen)
-            .await
-            .with_context(|| format!("the console's listen address {listen:?}"))?;
-        eprintln!(
-            "web console: {}",
-            console_url(console_listener.local_addr()?)
-        );
+    let console = console.map(|server| {
+        eprintln!("web console: {}", server.url());
         let mut rx = stopped.clone();
-        console = Some(tokio::spawn(serve_console(
-            config,
-            console_listener,
-            async move {
-                let _ = rx.wait_for(|s| *s).await;
-            },
-        )));
-    }
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let served = server
+                .serve(async move {
+                    let _ = rx.wait_for(|s| *s).await;
+                })
+                .await;
+            let _ = stop.send(true);
+            served
+        })
+    });
     let mut rx = stopped.clone();
     let served = hosted.serve(listener, async move {
         tokio::select! {
@@ -94,4 +76,41 @@ pub async fn run(global: &Global, args: UpArgs) -> anyhow::Result<ExitCode> {
     result?;
     eprintln!("cairn stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// The console of `cairn up`, checked and bound: the `[console]` settings with the flags of
+/// `cairn up` over them, dialling the services at `addr`.
+async fn console_server(
+    settings: &Settings,
+    args: &UpArgs,
+    addr: &str,
+) -> anyhow::Result<ConsoleServer> {
+    let from_file = settings.console.config.clone();
+    let listen = args
+        .console_listen
+        .clone()
+        .unwrap_or(from_file.listen.clone());
+    let mut public_hosts = from_file.public_hosts.clone();
+    public_hosts.extend(args.console_public_hosts.iter().cloned());
+    let config = ConsoleConfig {
+        enabled: true,
+        listen: listen.clone(),
+        orchestrator_addr: addr.to_owned(),
+        store_addr: addr.to_owned(),
+        token: args
+            .console_token
+            .clone()
+            .or(from_file.token.clone())
+            .filter(|t| !t.is_empty()),
+        tls: settings.orchestrator.config.tls.clone(),
+        // People log in with their own tokens from the same file.
+        user_tokens: args.tokens_file.is_some() || from_file.user_tokens,
+        public_hosts,
+        ..from_file
+    };
+    let listener = cairn_server::bind(&listen)
+        .await
+        .with_context(|| format!("the console's listen address {listen:?}"))?;
+    ConsoleServer::new(config, listener)
+        .context("the web console cannot start (--no-console starts cairn without it)")
 }

@@ -228,7 +228,9 @@ pub(super) fn render(
     }
     html! {
         @if let Err(e) = graph { p.hint { "Drawn from the run's nodes only: " (e) } }
-        svg id="dag" class="dag" xmlns="http://www.w3.org/2000/svg" role="img" aria-label="The run's graph"
+        // A group, not an image: its nodes are links (to their milestone rows), which an image's
+        // children could not be for assistive technology.
+        svg id="dag" class="dag" xmlns="http://www.w3.org/2000/svg" role="group" aria-label="The run's graph"
             width=(width) height=(height) viewBox=(format!("0 0 {width} {height}")) {
             defs {
                 marker #arrow viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" orient="auto-start-reverse" {

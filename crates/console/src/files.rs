@@ -380,20 +380,20 @@ pub(super) async fn tree(
 pub(super) fn file_table(project: &str, entries: &[FileInfo]) -> Markup {
     html! {
         table.files {
-            thead { tr { th { "Path" } th.num { "Size" } th { "Modified" } th {} } }
+            thead { tr { th { "Path" } th.num { "Size" } th { "Modified" } th { "Download" } } }
             tbody {
                 @for e in entries {
                     tr {
                         @if e.kind == EntryKind::Directory as i32 {
-                            td { a href=(page::tree_url(project, &e.path)) { (e.path) "/" } }
-                            td {} td { (page::when(&e.modified_at)) } td {}
+                            td data-label="Path" { a href=(page::tree_url(project, &e.path)) { (e.path) "/" } }
+                            td {} td data-label="Modified" { (page::when(&e.modified_at)) } td {}
                         } @else if e.kind == EntryKind::File as i32 {
-                            td { a.file href=(page::file_url(project, &e.path)) { (e.path) } }
-                            td.num { (page::size(e.size_bytes)) }
-                            td { (page::when(&e.modified_at)) }
+                            td data-label="Path" { a.file href=(page::file_url(project, &e.path)) { (e.path) } }
+                            td.num data-label="Size" { (page::size(e.size_bytes)) }
+                            td data-label="Modified" { (page::when(&e.modified_at)) }
                             td { a href=(page::download_url(project, &e.path)) download { "download" } }
                         } @else {
-                            td { (e.path) } td {} td { (page::when(&e.modified_at)) } td { "(not served)" }
+                            td data-label="Path" { (e.path) } td {} td data-label="Modified" { (page::when(&e.modified_at)) } td { "(not served)" }
                         }
                     }
                 }

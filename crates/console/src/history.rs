@@ -101,11 +101,11 @@ pub(super) fn row(e: &Event) -> Markup {
     let time = ts.get(11..23).unwrap_or(ts).trim_end_matches('Z');
     html! {
         tr id=(format!("ev-{}", e.seq)) class=(level_class(e.level)) data-type=(e.r#type) {
-            td.num { (e.seq) }
-            td.nowrap title=(ts) { (time) }
-            td.nowrap { (e.r#type) }
-            td.nowrap { (e.node_id) }
-            td.details { (details(&data(e))) }
+            td.num data-label="seq" { (e.seq) }
+            td.nowrap data-label="time" title=(ts) { (time) }
+            td.nowrap data-label="type" { (e.r#type) }
+            td.nowrap data-label="node" { (e.node_id) }
+            td.details data-label="details" { (details(&data(e))) }
         }
     }
 }
@@ -232,11 +232,11 @@ pub(super) fn written_table(project: &str, files: &[Written]) -> Markup {
                 tbody {
                     @for f in files {
                         tr {
-                            td { a.file href=(page::file_url(project, &f.path)) { (f.path) } }
-                            td.num { @if let Some(b) = f.bytes { (page::size(b)) } }
-                            td { (f.how) }
-                            td { code { (f.node) } }
-                            td.num { a href=(format!("#ev-{}", f.seq)) { (f.seq) } }
+                            td data-label="Path" { a.file href=(page::file_url(project, &f.path)) { (f.path) } }
+                            td.num data-label="Size" { @if let Some(b) = f.bytes { (page::size(b)) } }
+                            td data-label="How" { (f.how) }
+                            td data-label="Node" { code { (f.node) } }
+                            td.num data-label="Event" { a href=(format!("#ev-{}", f.seq)) { (f.seq) } }
                         }
                     }
                 }

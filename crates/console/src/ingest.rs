@@ -120,19 +120,19 @@ pub(super) fn render(project: &str, entries: &[Entry]) -> Markup {
                                 tbody {
                                     @for b in &m.artifacts {
                                         tr {
-                                            td.num { (b.index) }
-                                            td { (b.lang) }
-                                            td { code { (b.declared_file) } }
-                                            td {
+                                            td.num data-label="#" { (b.index) }
+                                            td data-label="lang" { (b.lang) }
+                                            td data-label="declared file" { code { (b.declared_file) } }
+                                            td data-label="workspace path" {
                                                 @if b.status == "written" && !b.workspace_path.is_empty() {
                                                     a href=(page::file_url(project, &b.workspace_path)) { (b.workspace_path) }
                                                 } @else {
                                                     (b.workspace_path)
                                                 }
                                             }
-                                            td.num { (b.bytes) }
-                                            td { (page::badge(&b.status)) }
-                                            td { (b.reason) }
+                                            td.num data-label="bytes" { (b.bytes) }
+                                            td data-label="status" { (page::badge(&b.status)) }
+                                            td data-label="reason" { (b.reason) }
                                         }
                                     }
                                 }

@@ -17,6 +17,7 @@ mod error;
 mod events;
 mod files;
 mod guard;
+mod health;
 mod history;
 mod ingest;
 mod markdown;
@@ -191,6 +192,8 @@ struct Inner {
     config: ConsoleConfig,
     orchestrator: TracedChannel,
     store: ArtifactStoreClient<TracedChannel>,
+    /// What `/readyz` dials.
+    health: health::Channels,
     sessions: session::Sessions,
     hosts: guard::AllowedHosts,
     throttle: throttle::LoginThrottle,
@@ -211,21 +214,20 @@ impl Console {
             .tls
             .load(IDENTITY)
             .map_err(|e| ConsoleError::Config(e.to_string()))?;
-        let orchestrator = cairn_telemetry::traced(cairn_server::connect_tls(
-            &config.orchestrator_addr,
-            tls.as_ref(),
-        )?);
-        let store = ArtifactStoreClient::new(cairn_telemetry::traced(cairn_server::connect_tls(
-            &config.store_addr,
-            tls.as_ref(),
-        )?))
-        .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES);
+        let health = health::Channels {
+            orchestrator: cairn_server::connect_tls(&config.orchestrator_addr, tls.as_ref())?,
+            store: cairn_server::connect_tls(&config.store_addr, tls.as_ref())?,
+        };
+        let orchestrator = cairn_telemetry::traced(health.orchestrator.clone());
+        let store = ArtifactStoreClient::new(cairn_telemetry::traced(health.store.clone()))
+            .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES);
         let sessions = session::Sessions::new(&config);
         Ok(Console {
             inner: Arc::new(Inner {
                 config,
                 orchestrator,
                 store,
+                health,
                 sessions,
                 hosts,
                 throttle: throttle::LoginThrottle::default(),
@@ -308,7 +310,7 @@ fn router(console: Console) -> Router {
         .route("/files", get(files::view))
         .route("/download", get(files::download))
         .route("/tree", get(files::tree));
-    Router::new()
+    let pages = Router::new()
         .route("/", get(|| async { Redirect::to("/runs") }))
         .route("/runs", get(runs::list))
         .route("/start", get(start::form).post(start::submit))
@@ -336,10 +338,22 @@ fn router(console: Console) -> Router {
             console.clone(),
             guard::check_host_and_origin,
         ))
-        .layer(middleware::from_fn(request_span))
+        .layer(middleware::from_fn(request_span));
+    // The probes stand outside the Host check and the session: a kubelet sends the pod's
+    // address as Host and has no session, and they reveal nothing (health.rs).
+    Router::new()
+        .route(HEALTHZ, get(health::live))
+        .route(READYZ, get(health::ready))
+        .merge(pages)
         .layer(middleware::from_fn(security_headers))
         .with_state(console)
 }
+
+/// Liveness probe path: 200 while the console serves HTTP (no login, any Host).
+pub const HEALTHZ: &str = "/healthz";
+/// Readiness probe path: 200 when the orchestrator and the store answer gRPC health, else 503
+/// (no login, any Host).
+pub const READYZ: &str = "/readyz";
 
 /// One span per request, so the gRPC calls it makes carry its trace context.
 async fn request_span(req: Request, next: Next) -> Response {
@@ -369,32 +383,68 @@ async fn security_headers(req: Request, next: Next) -> Response {
     res
 }
 
-/// Serves the console on `listener` until `shutdown` resolves; open event streams are ended
-/// then, so shutdown does not wait for browsers to go away. Refuses to serve without a token
-/// on an address other machines can reach.
+/// A console ready to serve: its settings checked, its listener bound. Everything that can
+/// refuse a start refuses here, so a caller that starts other things too (`cairn up`) can
+/// fail before it starts any of them.
+pub struct ConsoleServer {
+    console: Console,
+    listener: tokio::net::TcpListener,
+    addr: SocketAddr,
+}
+
+impl ConsoleServer {
+    /// Checks `config` for `listener`; refuses to serve without a login token on an address
+    /// other machines can reach.
+    pub fn new(
+        config: ConsoleConfig,
+        listener: tokio::net::TcpListener,
+    ) -> Result<ConsoleServer, ConsoleError> {
+        let addr = listener
+            .local_addr()
+            .map_err(|e| ConsoleError::Serve(e.to_string()))?;
+        if config.token.is_none() && !config.user_tokens && !addr.ip().is_loopback() {
+            return Err(ConsoleError::Config(format!(
+                "refusing to serve the console on {addr} without a login token: set console.token (CAIRN_CONSOLE_TOKEN, at least {MIN_TOKEN_CHARS} characters), or personal tokens (user_tokens with a tokens file), or listen on 127.0.0.1"
+            )));
+        }
+        let console = Console::new(config, Some(addr))?;
+        Ok(ConsoleServer {
+            console,
+            listener,
+            addr,
+        })
+    }
+
+    /// The URL people open.
+    pub fn url(&self) -> String {
+        console_url(self.addr)
+    }
+
+    /// Serves until `shutdown` resolves; open event streams are ended then, so shutdown does
+    /// not wait for browsers to go away.
+    pub async fn serve(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ConsoleError> {
+        let stopping = self.console.inner.stopping.clone();
+        tracing::info!(url = %self.url(), "serving the web console");
+        // The peer address: login throttling and refusal logs.
+        let app = router(self.console).into_make_service_with_connect_info::<SocketAddr>();
+        axum::serve(self.listener, app)
+            .with_graceful_shutdown(async move {
+                shutdown.await;
+                stopping.cancel();
+            })
+            .await
+            .map_err(|e| ConsoleError::Serve(e.to_string()))
+    }
+}
+
+/// [`ConsoleServer::new`] then [`ConsoleServer::serve`].
 pub async fn serve_console(
     config: ConsoleConfig,
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ConsoleError> {
-    let addr = listener
-        .local_addr()
-        .map_err(|e| ConsoleError::Serve(e.to_string()))?;
-    if config.token.is_none() && !config.user_tokens && !addr.ip().is_loopback() {
-        return Err(ConsoleError::Config(format!(
-            "refusing to serve the console on {addr} without a login token: set console.token, or personal tokens (user_tokens with a tokens file), or listen on 127.0.0.1"
-        )));
-    }
-    let console = Console::new(config, Some(addr))?;
-    let stopping = console.inner.stopping.clone();
-    tracing::info!(url = %console_url(addr), "serving the web console");
-    // The peer address: login throttling and refusal logs.
-    let app = router(console).into_make_service_with_connect_info::<SocketAddr>();
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            stopping.cancel();
-        })
-        .await
-        .map_err(|e| ConsoleError::Serve(e.to_string()))
+    ConsoleServer::new(config, listener)?.serve(shutdown).await
 }

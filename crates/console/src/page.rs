@@ -217,7 +217,7 @@ pub(super) fn layout(
             body {
                 header.top {
                     a.brand href="/runs" { "cairn" }
-                    nav { a href="/runs" { "Runs" } }
+                    nav aria-label="Console" { a href="/runs" { "Runs" } }
                     @if let Some(v) = visitor {
                         @if v.authenticated {
                             span.who {

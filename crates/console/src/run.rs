@@ -392,12 +392,12 @@ fn milestones(info: &RunInfo, task: &Result<Option<Value>, String>, turns: &diff
                     tbody {
                         @for m in &rows {
                             tr id=(format!("node-{}", m.id)) {
-                                td { code { (m.id) } }
-                                td { (m.title) }
-                                td { (m.kind) }
-                                td { (page::badge(&m.state)) }
-                                td.num { (m.attempts) }
-                                td { (m.detail) @if !m.error.is_empty() { " " span.error { (m.error) } } }
+                                td data-label="id" { code { (m.id) } }
+                                td data-label="title" { (m.title) }
+                                td data-label="type" { (m.kind) }
+                                td data-label="state" { (page::badge(&m.state)) }
+                                td.num data-label="attempts" { (m.attempts) }
+                                td data-label="progress / error" { (m.detail) @if !m.error.is_empty() { " " span.error { (m.error) } } }
                             }
                         }
                     }
@@ -412,8 +412,8 @@ fn milestones(info: &RunInfo, task: &Result<Option<Value>, String>, turns: &diff
                             @for a in r {
                                 @let instance = text_of(a, "instance");
                                 tr {
-                                    td { code { (instance) } } td { (text_of(a, "agent")) } td { (page::badge(&text_of(a, "state"))) } td { (text_of(a, "node")) }
-                                    td.turns { (diff::links(&info.project_id, &info.run_id, &instance, turns.get(&instance).map_or(&[][..], Vec::as_slice))) }
+                                    td data-label="instance" { code { (instance) } } td data-label="agent" { (text_of(a, "agent")) } td data-label="state" { (page::badge(&text_of(a, "state"))) } td data-label="node" { (text_of(a, "node")) }
+                                    td.turns data-label="turns" { (diff::links(&info.project_id, &info.run_id, &instance, turns.get(&instance).map_or(&[][..], Vec::as_slice))) }
                                 }
                             }
                         }

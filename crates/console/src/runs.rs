@@ -239,15 +239,15 @@ pub(super) async fn list(
                         @let url = page::run_url(&r.project_id, &r.run_id);
                         @let run_dir = if r.run_dir.is_empty() { format!(".cairn/runs/{}", r.run_id) } else { r.run_dir.clone() };
                         tr {
-                            td { (page::badge(page::task_state_name(r.state))) }
-                            td {
+                            td data-label="State" { (page::badge(page::task_state_name(r.state))) }
+                            td data-label="Title" {
                                 a href=(url) { (if r.title.is_empty() { r.run_id.as_str() } else { r.title.as_str() }) }
                                 @if !r.goal.is_empty() { div.goal.hint { (page::clip(&r.goal, 160)) } }
                             }
-                            td { code { (r.run_id) } }
-                            td { (page::when(&r.created_at)) }
-                            td { (page::duration(&r.created_at, &r.updated_at, page::is_final(r.state))) }
-                            td.links {
+                            td data-label="Run" { code { (r.run_id) } }
+                            td data-label="Started" { (page::when(&r.created_at)) }
+                            td data-label="Duration" { (page::duration(&r.created_at, &r.updated_at, page::is_final(r.state))) }
+                            td.links data-label="Links" {
                                 a href=(url) { "run" } " "
                                 a href=(format!("{url}#gates")) { "gates" } " "
                                 a href=(page::tree_url(&r.project_id, &run_dir)) { "files" }

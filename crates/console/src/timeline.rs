@@ -255,13 +255,13 @@ pub(super) fn render(rows: &[Row], now: OffsetDateTime) -> Markup {
                         data-node=(r.id) data-start=(start.map(|s| s.start_ts.as_str()).unwrap_or(""))
                         data-end=(if running { "" } else { end.map(|(_, ts)| ts).unwrap_or("") })
                         data-attempts=(r.attempts) data-retries=(r.retries) {
-                        td { code { (r.id) } }
-                        td.nowrap { (start.map(|s| time_of(&s.start_ts)).unwrap_or_default()) }
-                        td.nowrap { @if running { "running" } @else { (end.map(|(_, ts)| time_of(ts)).unwrap_or_default()) } }
-                        td.num { @if let Some(s) = start { (span_text(if running { now } else { end.map_or(s.start, |(t, _)| t) } - s.start)) } }
-                        td.num { (r.attempts) }
-                        td.num { (r.retries) }
-                        td { @if r.critical { "yes" } }
+                        td data-label="node" { code { (r.id) } }
+                        td.nowrap data-label="start" { (start.map(|s| time_of(&s.start_ts)).unwrap_or_default()) }
+                        td.nowrap data-label="end" { @if running { "running" } @else { (end.map(|(_, ts)| time_of(ts)).unwrap_or_default()) } }
+                        td.num data-label="duration" { @if let Some(s) = start { (span_text(if running { now } else { end.map_or(s.start, |(t, _)| t) } - s.start)) } }
+                        td.num data-label="attempts" { (r.attempts) }
+                        td.num data-label="retries" { (r.retries) }
+                        td data-label="critical" { @if r.critical { "yes" } }
                     }
                 }
             }

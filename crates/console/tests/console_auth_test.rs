@@ -482,4 +482,148 @@ async fn starting_re_running_resuming_and_canceling_follow_the_roles() {
     let csrf = pat.get(&page).await.csrf();
     let r = post(&mut pat, "/start".into(), start(&csrf, auth_support::OTHER)).await;
     assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.body);
+/// A deep link from another site (chat, a ticket, a mail) opens the page when the visitor has
+/// a session: the cookie is SameSite=Lax, which browsers send with a top-level GET navigation
+/// from elsewhere, and nothing else about the request is held against it. A POST from
+/// elsewhere that carries the cookie (a form on another site, or a page of it that guessed
+/// the session) is refused without the console's own Origin, and without the session's CSRF
+/// token even with it.
+#[tokio::test]
+async fn a_link_from_another_site_opens_the_page_but_its_posts_need_the_csrf_token() {
+    let s = Services::start().await;
+    let mut c = Client::new(s.router(Some(TOKEN)));
+    let p = c.login("ann", Some(TOKEN)).await;
+    let set = p.headers.get(header::SET_COOKIE).unwrap().to_str().unwrap();
+    assert!(set.contains("SameSite=Lax"), "{set}");
+    // What a browser sends for a link clicked on another site.
+    let cross_site = [
+        ("host", CONSOLE_HOST),
+        ("referer", "https://chat.example/room/42"),
+        ("sec-fetch-site", "cross-site"),
+        ("sec-fetch-mode", "navigate"),
+        ("sec-fetch-dest", "document"),
+    ];
+    let p = c.raw("GET", &run_url(), &cross_site, &[]).await;
+    assert_eq!(p.status, StatusCode::OK, "{}", p.body);
+    assert!(p.body.contains("Draft and publish"), "{}", p.body);
+    assert!(p.body.contains(">ann</strong>"), "the session came along");
+    // Without a session the same link leads to the login, then back to the page.
+    let mut stranger = Client::new(c.router.clone());
+    let p = stranger.raw("GET", &run_url(), &cross_site, &[]).await;
+    assert_eq!(p.status, StatusCode::SEE_OTHER);
+    assert_eq!(p.location(), format!("/login?next={}", run_url()));
+
+    // POSTs with the cookie from another site: refused, and nothing reaches the orchestrator.
+    let csrf = c.csrf().await;
+    let url = format!("{}/gates/review/approve", run_url());
+    let forged = "0".repeat(64);
+    for (origin, token) in [
+        ("https://chat.example", ""),
+        ("https://chat.example", forged.as_str()),
+        ("https://chat.example", csrf.as_str()),
+        (CONSOLE_ORIGIN, ""),
+        (CONSOLE_ORIGIN, forged.as_str()),
+    ] {
+        let mut fields = vec![("note", "from elsewhere")];
+        if !token.is_empty() {
+            fields.push(("csrf", token));
+        }
+        let p = c
+            .raw(
+                "POST",
+                &url,
+                &[
+                    ("host", CONSOLE_HOST),
+                    ("origin", origin),
+                    ("sec-fetch-site", "cross-site"),
+                ],
+                &fields,
+            )
+            .await;
+        assert_eq!(
+            p.status,
+            StatusCode::FORBIDDEN,
+            "Origin {origin}, csrf {token:?}: {}",
+            p.body
+        );
+    }
+    assert!(s.fake.calls().is_empty(), "{:?}", s.fake.calls());
+    // The console's own form (its Origin, the session's token) still works.
+    let p = c
+        .raw(
+            "POST",
+            &url,
+            &[("host", CONSOLE_HOST), ("origin", CONSOLE_ORIGIN)],
+            &[("csrf", &csrf), ("note", "from the console")],
+        )
+        .await;
+    assert_eq!(p.status, StatusCode::SEE_OTHER, "{}", p.body);
+    assert_eq!(s.fake.calls().len(), 1);
+}
+
+/// The probes answer without a login and whatever the Host (a kubelet sends the pod's IP
+/// address), and reveal nothing: a word, no cookie, no address; pages stay behind the Host
+/// check. /readyz follows the orchestrator and the store.
+#[tokio::test]
+async fn probes_answer_any_host_without_login_and_say_nothing_else() {
+    let s = Services::start().await;
+    let mut c = Client::new(s.router(Some(TOKEN)));
+    for host in ["10.244.1.17:7480", CONSOLE_HOST, "evil.example"] {
+        let p = c.raw("GET", "/healthz", &[("host", host)], &[]).await;
+        assert_eq!(
+            (p.status, p.body.as_str()),
+            (StatusCode::OK, "ok\n"),
+            "{host}"
+        );
+        assert!(!p.headers.contains_key(header::SET_COOKIE), "{host}");
+        let p = c.raw("GET", "/readyz", &[("host", host)], &[]).await;
+        assert_eq!(
+            (p.status, p.body.as_str()),
+            (StatusCode::OK, "ready\n"),
+            "{host}"
+        );
+        assert!(!p.headers.contains_key(header::SET_COOKIE), "{host}");
+    }
+    // The pod address is not a name of the console's pages.
+    let p = c
+        .raw("GET", "/runs", &[("host", "10.244.1.17:7480")], &[])
+        .await;
+    assert_eq!(p.status, StatusCode::FORBIDDEN, "{}", p.body);
+    // Only GET: the probes are no way around the Origin and CSRF checks.
+    let p = c
+        .raw("POST", "/healthz", &[("host", "evil.example")], &[])
+        .await;
+    assert_eq!(p.status, StatusCode::METHOD_NOT_ALLOWED);
+
+    // The store and the orchestrator unreachable: not ready, and not why (that is logged).
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let mut down = Client::new(
+        console_router(ConsoleConfig {
+            orchestrator_addr: dead.clone(),
+            store_addr: dead.clone(),
+            ..s.config(Some(TOKEN))
+        })
+        .unwrap(),
+    );
+    let t = Instant::now();
+    let p = down
+        .raw("GET", "/readyz", &[("host", "10.244.1.17:7480")], &[])
+        .await;
+    assert_eq!(
+        (p.status, p.body.as_str()),
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+    );
+    assert!(!p.body.contains(&dead));
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    let p = down
+        .raw("GET", "/healthz", &[("host", "10.244.1.17:7480")], &[])
+        .await;
+    assert_eq!(
+        p.status,
+        StatusCode::OK,
+        "alive while its services are away"
+    );
 }

@@ -808,6 +808,100 @@ async fn run_on_page(c: &Client) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_are_started_searched_reworked_compared_canceled_re_run_and_resumed_from_the_page() {
+/// Where `scripts/setup.sh` puts axe-core (CAIRN_AXE_JS overrides).
+fn axe_path() -> PathBuf {
+    std::env::var_os("CAIRN_AXE_JS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/cairn-axe/axe.min.js")
+        })
+}
+
+/// Measures the page as laid out now: its width against the window's, and every visible table
+/// cell against 8 characters of the page's font (`8ch` of the body).
+const LAYOUT_JS: &str = r#"
+const probe = document.createElement('div');
+probe.style.cssText = 'position:absolute;visibility:hidden;width:8ch';
+document.body.appendChild(probe);
+const min = probe.getBoundingClientRect().width;
+probe.remove();
+const narrow = [];
+let cells = 0;
+for (const c of document.querySelectorAll('main td, main tbody th')) {
+  if (c.getClientRects().length === 0 || getComputedStyle(c).display === 'none') continue;
+  cells += 1;
+  const w = c.getBoundingClientRect().width;
+  if (w + 0.5 < min) {
+    narrow.push(`${c.closest('table').className} row ${c.parentElement.rowIndex} cell ${c.cellIndex}: ${w.toFixed(1)}px`);
+  }
+}
+const wide = [];
+for (const e of document.querySelectorAll('main *')) {
+  const r = e.getBoundingClientRect();
+  if (r.width === 0 || e.closest('div.scroll, pre')) continue;
+  if (r.right > document.documentElement.clientWidth + 0.5) {
+    wide.push(`${e.tagName.toLowerCase()}.${e.className} right ${r.right.toFixed(1)}`);
+  }
+}
+return {
+  scrollWidth: document.documentElement.scrollWidth,
+  clientWidth: document.documentElement.clientWidth,
+  innerWidth: window.innerWidth,
+  eightCh: min,
+  cells, narrow, wide: wide.slice(0, 20),
+};
+"#;
+
+/// Asserts the page fits a phone: no sideways scrolling, no cell under 8 characters.
+async fn assert_fits(c: &Client, what: &str, min_cells: u64) {
+    let m = c.execute(LAYOUT_JS, vec![]).await.unwrap();
+    println!("{what} at phone width: {m}");
+    let n = |k: &str| m[k].as_f64().unwrap();
+    assert!(
+        n("innerWidth") <= 400.0,
+        "{what}: the window is not phone-sized: {m}"
+    );
+    assert!(
+        n("scrollWidth") <= n("clientWidth"),
+        "{what}: the page scrolls sideways: {m}"
+    );
+    assert!(
+        m["wide"].as_array().unwrap().is_empty(),
+        "{what}: elements reach past the window: {m}"
+    );
+    assert!(
+        m["cells"].as_u64().unwrap() >= min_cells,
+        "{what}: fewer table cells than expected: {m}"
+    );
+    assert!(
+        m["narrow"].as_array().unwrap().is_empty(),
+        "{what}: table cells narrower than 8 characters: {m}"
+    );
+}
+
+/// Saves a screenshot of the whole page (the window grown to the page's height first).
+async fn shoot_page(c: &Client, width: u32, name: &str) {
+    let height = c
+        .execute(
+            "return Math.min(document.documentElement.scrollHeight, 4000);",
+            vec![],
+        )
+        .await
+        .unwrap()
+        .as_u64()
+        .unwrap_or(900) as u32;
+    c.set_window_size(width, height.max(600)).await.unwrap();
+    c.execute("window.scrollTo(0, 0); return true;", vec![])
+        .await
+        .unwrap();
+    shoot(c, None, name).await;
+}
+
+/// Item 10: at 390 px (a phone) the runs list and a run page reflow: the page never scrolls
+/// sideways and every table becomes cards whose cells are at least 8 characters wide.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runs_list_and_a_run_page_fit_a_phone() {
     let Some((_driver, client)) = browser().await else {
         return;
     };
@@ -1061,4 +1155,208 @@ async fn runs_are_started_searched_reworked_compared_canceled_re_run_and_resumed
     .await;
     client.close().await.unwrap();
     handle.shutdown().await;
+    let s = Services::start().await;
+    let base = start_console(s.config(Some(TOKEN))).await;
+    c.set_window_size(390, 844).await.unwrap();
+    login(c, &base, &format!("runs?project={PROJECT}")).await;
+    c.wait()
+        .for_element(Locator::Css("table.runs"))
+        .await
+        .unwrap();
+    assert_fits(c, "the runs list", 5).await;
+    shoot_page(c, 390, "phone-runs.png").await;
+
+    c.set_window_size(390, 844).await.unwrap();
+    c.goto(&format!("{base}projects/{PROJECT}/runs/{RUN}"))
+        .await
+        .unwrap();
+    c.wait()
+        .for_element(Locator::Css("#gate-review button.approve"))
+        .await
+        .unwrap();
+    assert_fits(c, "the run page", 20).await;
+    // The gate's buttons are on the screen, not beside it.
+    let approve = c
+        .find(Locator::Css("#gate-review button.approve"))
+        .await
+        .unwrap();
+    let (x, _, w, _) = approve.rectangle().await.unwrap();
+    assert!(x >= 0.0 && x + w <= 390.0, "Approve at x {x}, width {w}");
+    shoot_page(c, 390, "phone-run.png").await;
+
+    // The same page at desktop width keeps its tables (cells side by side).
+    c.set_window_size(1280, 900).await.unwrap();
+    let display = c
+        .execute(
+            "return getComputedStyle(document.querySelector('table.milestones td')).display;",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(display, "table-cell");
+    client.close().await.unwrap();
+}
+
+/// Item 10: axe-core finds no critical or serious accessibility problem on the login page,
+/// the runs list, a run page with a blocked gate and a file view (every finding is printed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_have_no_critical_or_serious_accessibility_findings() {
+    let axe = axe_path();
+    let Ok(source) = std::fs::read_to_string(&axe) else {
+        let why = format!(
+            "axe-core is not at {} (scripts/setup.sh fetches it; CAIRN_AXE_JS names another file)",
+            axe.display()
+        );
+        if browser_required() {
+            panic!("CAIRN_REQUIRE_BROWSER=1 but {why}");
+        }
+        println!("SKIP: {why}");
+        return;
+    };
+    let Some((_driver, client)) = browser().await else {
+        return;
+    };
+    let c = &client;
+    let s = Services::start().await;
+    let base = start_console(s.config(Some(TOKEN))).await;
+    let check = |what: &'static str| {
+        let source = source.clone();
+        async move {
+            c.execute(&format!("{source}\nreturn true;"), vec![])
+                .await
+                .unwrap();
+            let found = c
+                .execute_async(
+                    r#"const done = arguments[arguments.length - 1];
+                       axe.run(document, { resultTypes: ['violations'] })
+                         .then(r => done(r.violations.map(v => ({
+                            id: v.id, impact: v.impact, help: v.help,
+                            nodes: v.nodes.map(n => n.target.join(' ') + ' :: ' + n.failureSummary) }))))
+                         .catch(e => done([{ id: 'axe-error', impact: 'critical', help: String(e), nodes: [] }]));"#,
+                    vec![],
+                )
+                .await
+                .unwrap();
+            let all = found.as_array().cloned().unwrap_or_default();
+            for v in &all {
+                println!("axe on {what}: {v}");
+            }
+            let bad: Vec<_> = all
+                .iter()
+                .filter(|v| matches!(v["impact"].as_str(), Some("critical" | "serious")))
+                .collect();
+            assert!(
+                bad.is_empty(),
+                "{what}: {} critical/serious axe findings:\n{}",
+                bad.len(),
+                bad.iter()
+                    .map(|v| format!("{v:#}"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
+        }
+    };
+
+    c.goto(&format!("{base}login")).await.unwrap();
+    c.wait()
+        .for_element(Locator::Css("input[name=name]"))
+        .await
+        .unwrap();
+    check("the login page").await;
+
+    login(c, &base, &format!("runs?project={PROJECT}")).await;
+    check("the runs list").await;
+
+    c.goto(&format!("{base}projects/{PROJECT}/runs/{RUN}"))
+        .await
+        .unwrap();
+    c.wait()
+        .for_element(Locator::Css("#gate-review button.approve"))
+        .await
+        .unwrap();
+    check("a run page with a blocked gate").await;
+
+    c.goto(&format!(
+        "{base}projects/{PROJECT}/files?path=docs/run-1/report.md"
+    ))
+    .await
+    .unwrap();
+    c.wait()
+        .for_element(Locator::Css("article.markdown"))
+        .await
+        .unwrap();
+    check("a file view").await;
+    client.close().await.unwrap();
+}
+
+/// Item 10: a link on another site (here: a page on `localhost`, another site than the
+/// console's `127.0.0.1`) opens the run page with the session the browser holds (the cookie
+/// is SameSite=Lax); a form on that site posting to the console with a forged CSRF token is
+/// refused, and the orchestrator gets no call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deep_link_from_another_site_opens_the_page_with_the_session() {
+    let Some((_driver, client)) = browser().await else {
+        return;
+    };
+    let c = &client;
+    let s = Services::start().await;
+    let base = start_console(s.config(Some(TOKEN))).await;
+    let target = format!("{base}projects/{PROJECT}/runs/{RUN}");
+    let other = {
+        let html = format!(
+            r#"<!doctype html><title>chat</title>
+<a id="deep" href="{target}">the run</a>
+<form id="forged" method="post" action="{target}/notes">
+<input type="hidden" name="csrf" value="{forged}"><input name="text" value="from elsewhere">
+<button id="send" type="submit">send</button></form>"#,
+            forged = "0".repeat(64)
+        );
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        let app = axum::Router::new().route(
+            "/",
+            axum::routing::get(move || {
+                let html = html.clone();
+                async move { axum::response::Html(html) }
+            }),
+        );
+        tokio::spawn(async move { axum::serve(l, app).await });
+        format!("http://localhost:{port}/")
+    };
+
+    login(c, &base, "runs").await;
+    c.goto(&other).await.unwrap();
+    c.find(Locator::Css("#deep"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_for("the run page", || async {
+        c.current_url()
+            .await
+            .map(|u| u.as_str() == target)
+            .unwrap_or(false)
+    })
+    .await;
+    assert_eq!(text_of(c, "#who").await, "ann", "the session came along");
+    assert!(c
+        .find(Locator::Css("#gate-review button.approve"))
+        .await
+        .is_ok());
+
+    c.goto(&other).await.unwrap();
+    c.find(Locator::Css("#send"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_for("the refusal", || async {
+        text_of(c, "#error-message").await.contains("Origin")
+            || text_of(c, "h1").await.contains("403")
+    })
+    .await;
+    assert!(s.fake.calls().is_empty(), "{:?}", s.fake.calls());
+    client.close().await.unwrap();
 }

@@ -590,7 +590,7 @@ async fn run_page_shows_state_milestones_roster_gates_notes_context_artifacts_an
         "Node <code>draft</code>",
         "1 written",
         "1 rejected",
-        "<td>traversal</td>",
+        "<td data-label=\"reason\">traversal</td>",
         // cancel and rework
         "action=\"/projects/proj/runs/run-1/cancel\"",
         "<option value=\"publish\">publish (write_file)</option>",

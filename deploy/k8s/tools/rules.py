@@ -94,19 +94,29 @@ def check(objects):
                 for r in ("cpu", "memory"):
                     if r not in res.get(part, {}):
                         problems.append(f"{cname}: resources.{part}.{r} missing")
-            # Services require client certificates, which kubelet gRPC probes cannot present:
-            # probes run `cairn health` in the container, with the container's TLS settings.
-            for probe in ("readinessProbe", "livenessProbe"):
-                cmd = c.get(probe, {}).get("exec", {}).get("command", [])
-                if len(cmd) < 2 or not cmd[0].endswith("cairn") or cmd[1] != "health":
-                    problems.append(f"{cname}: {probe} must exec `cairn health` (mutual TLS)")
-            # Readiness ("") drops while a dependency is away; restarting would not help.
-            for probe in ("livenessProbe", "startupProbe"):
-                if probe not in c:
-                    continue
-                cmd = c[probe].get("exec", {}).get("command", [])
-                if cmd[-2:] != ["--service", "liveness"]:
-                    problems.append(f"{cname}: {probe} must ask for service 'liveness'")
+            if c.get("args", [])[:2] == ["serve", "console"]:
+                # The console serves plain HTTP (its mutual TLS is to the services it dials):
+                # the kubelet probes its unauthenticated endpoints. Readiness follows the
+                # orchestrator and the store; liveness only the process, so an outage of
+                # theirs never restarts it.
+                for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+                    got = c.get(probe, {}).get("httpGet", {}).get("path")
+                    if got != path:
+                        problems.append(f"{cname}: {probe} must be an httpGet of {path} (got {got!r})")
+            else:
+                # Services require client certificates, which kubelet gRPC probes cannot
+                # present: probes run `cairn health` in the container, with its TLS settings.
+                for probe in ("readinessProbe", "livenessProbe"):
+                    cmd = c.get(probe, {}).get("exec", {}).get("command", [])
+                    if len(cmd) < 2 or not cmd[0].endswith("cairn") or cmd[1] != "health":
+                        problems.append(f"{cname}: {probe} must exec `cairn health` (mutual TLS)")
+                # Readiness ("") drops while a dependency is away; restarting would not help.
+                for probe in ("livenessProbe", "startupProbe"):
+                    if probe not in c:
+                        continue
+                    cmd = c[probe].get("exec", {}).get("command", [])
+                    if cmd[-2:] != ["--service", "liveness"]:
+                        problems.append(f"{cname}: {probe} must ask for service 'liveness'")
             env = {e.get("name"): e.get("value") for e in c.get("env", [])}
             mounts = {m.get("mountPath"): m.get("name") for m in c.get("volumeMounts", [])}
             secrets = {v.get("name"): v.get("secret", {}).get("secretName", "")
@@ -145,6 +155,11 @@ def check(objects):
     for o in by_kind("Deployment") + by_kind("StatefulSet"):
         if o["metadata"]["name"] == "orchestrator" and o["spec"].get("replicas", 1) != 1:
             problems.append("orchestrator: replicas must be 1 (it resumes unfinished runs at start-up)")
+        if o["metadata"]["name"] == "console" and o["spec"].get("replicas", 1) != 1:
+            problems.append("console: replicas must be 1 (its login sessions live in its memory)")
+        for c in (pod_spec(o) or {}).get("containers", []):
+            if "--token" in c.get("args", []) or any(a.startswith("--token=") for a in c.get("args", [])):
+                problems.append(f"{o['kind']}/{o['metadata']['name']}: a token on the command line (use a Secret: --token-file or an env var from secretKeyRef)")
     return problems
 
 
