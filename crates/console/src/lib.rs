@@ -18,6 +18,7 @@ mod files;
 mod guard;
 mod history;
 mod ingest;
+mod logs;
 mod markdown;
 mod page;
 mod run;
@@ -294,6 +295,7 @@ fn router(console: Console) -> Router {
     let project_routes = Router::new()
         .route("/runs/{run}", get(run::page))
         .route("/runs/{run}/events", get(events::stream))
+        .route("/runs/{run}/nodes/{node}/logs", get(logs::stream))
         .route("/runs/{run}/gates/{gate}/approve", post(actions::approve))
         .route("/runs/{run}/gates/{gate}/reject", post(actions::reject))
         .route("/runs/{run}/notes", post(actions::note))

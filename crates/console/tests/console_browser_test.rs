@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use cairn_console::{serve_console, ConsoleConfig};
 use cairn_proto::v1::orchestrator_client::OrchestratorClient;
-use cairn_proto::v1::{GetRunRequest, SubmitRunRequest, TaskState};
+use cairn_proto::v1::{GetRunRequest, NodeState, SubmitRunRequest, TaskState};
 use console_support::*;
 use fantoccini::{Client, ClientBuilder, Locator};
 use tokio::process::{Child, Command};
@@ -767,4 +767,110 @@ async fn the_console_follows_a_real_run_live_through_gates_rework_and_its_end() 
     .await;
     client.close().await.unwrap();
     handle.shutdown().await;
+}
+
+/// A sandbox program that prints a marker, flushes, and keeps running a while; its first line
+/// carries markup that must stay text.
+const LIVE_OUTPUT: &str = r##"
+title: Live output
+nodes:
+  - id: job
+    type: sandbox_run
+    language: python
+    allowed_prefixes: ["docs/"]
+    timeout_s: 60
+    code: |
+      import sys, time
+      print('<script>window.cairnXss = 1</script><img src=x onerror="window.cairnXss = 2">', flush=True)
+      print('live-marker-1', flush=True)
+      print('warming up', file=sys.stderr, flush=True)
+      time.sleep(8)
+      print('after-the-wait')
+"##;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_sandbox_nodes_output_appears_live_in_its_panel() {
+    let Some((_driver, client)) = browser().await else {
+        return;
+    };
+    let c = &client;
+    let dir = tempfile::tempdir().unwrap();
+    let (store_addr, _store_stop) = start_store(dir.path()).await;
+    let (orchestrator_addr, handle, runner) =
+        match real_orchestrator_with_runner(&store_addr, dir.path()).await {
+            Ok(x) => x,
+            Err(e) => {
+                println!("SKIP: no sandbox backend can run here ({e})");
+                return;
+            }
+        };
+    let mut orch = OrchestratorClient::new(cairn_server::connect(&orchestrator_addr).unwrap());
+    let base = console_with_token(orchestrator_addr, &store_addr).await;
+    let run_id = orch
+        .submit_run(SubmitRunRequest {
+            project_id: PROJECT.into(),
+            graph_yaml: LIVE_OUTPUT.into(),
+            by: "cli".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .run_id;
+    login(c, &base, &format!("projects/{PROJECT}/runs/{run_id}")).await;
+    mark_page(c).await;
+    wait_for("the marker in the node's panel", || async {
+        text_of(c, "#log-job").await.contains("live-marker-1")
+    })
+    .await;
+    // The orchestrator still runs the node: the line came live, not with the node's end.
+    let info = orch
+        .get_run(GetRunRequest {
+            project_id: PROJECT.into(),
+            run_id: run_id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let job = info.nodes.iter().find(|n| n.id == "job").unwrap();
+    assert_eq!(job.state, NodeState::Running as i32, "{info:#?}");
+    let pane = text_of(c, "#log-job").await;
+    assert!(!pane.contains("after-the-wait"), "{pane}");
+    assert!(pane.contains("<script>window.cairnXss = 1</script>"), "{pane}");
+    assert!(page_kept(c).await, "appended, not reloaded");
+    // The program's markup stayed text: nothing ran, no element was made from it.
+    let inert = c
+        .execute(
+            "return window.cairnXss === undefined && document.querySelectorAll('#log-job img, #log-job script').length === 0;",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(inert.as_bool(), Some(true));
+    shoot(c, Some("#panel-job"), "node-output-live.png").await;
+
+    // Then the node ends: the rest of its output and its end are in the panel.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let pane = text_of(c, "#log-job").await;
+        if pane.contains("after-the-wait") && pane.contains("[attempt 1 ended: succeeded]") {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the node's end never showed: {pane}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    wait_for("the run to complete", || async {
+        run_state(c).await == "completed"
+    })
+    .await;
+    wait_for("the stream to say the output is complete", || async {
+        text_of(c, "#log-status-job").await.contains("complete")
+    })
+    .await;
+    client.close().await.unwrap();
+    handle.shutdown().await;
+    runner.shutdown().await;
 }
