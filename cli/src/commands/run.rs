@@ -8,8 +8,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use cairn_proto::v1::orchestrator_client::OrchestratorClient;
 use cairn_proto::v1::{
-    AddNoteRequest, GateDecisionRequest, GateState, GetRunRequest, ListRunsRequest, NodeState,
-    LogStream, PageRequest, ReworkRequest, RunActionRequest, RunInfo, SubmitRunRequest, TaskState,
+    AddNoteRequest, GateDecisionRequest, GateState, GetRunRequest, ListRunsRequest, LogStream,
+    NodeState, PageRequest, ReworkRequest, RunActionRequest, RunInfo, SubmitRunRequest, TaskState,
     WatchLogsRequest, WatchRunRequest,
 };
 use serde_json::json;

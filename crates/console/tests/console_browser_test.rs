@@ -836,7 +836,10 @@ async fn a_running_sandbox_nodes_output_appears_live_in_its_panel() {
     assert_eq!(job.state, NodeState::Running as i32, "{info:#?}");
     let pane = text_of(c, "#log-job").await;
     assert!(!pane.contains("after-the-wait"), "{pane}");
-    assert!(pane.contains("<script>window.cairnXss = 1</script>"), "{pane}");
+    assert!(
+        pane.contains("<script>window.cairnXss = 1</script>"),
+        "{pane}"
+    );
     assert!(page_kept(c).await, "appended, not reloaded");
     // The program's markup stayed text: nothing ran, no element was made from it.
     let inert = c

@@ -1158,7 +1158,7 @@ fn log_end(node: &str, seq: u64, outcome: &str, error: &str) -> pb::LogChunk {
 /// A run with a code_delivery node that failed at its test command and a sandbox_run node
 /// that printed markup.
 fn run_with_output(s: &Services) -> &'static str {
-    use pb::LogStream::{Stderr, Step, Stdout};
+    use pb::LogStream::{Stderr, Stdout, Step};
     let run = "run-logs";
     let mut info = blocked_run(run, "Build and probe", "2026-01-02T00:00:00.000Z");
     info.state = pb::TaskState::Failed as i32;
@@ -1246,14 +1246,23 @@ async fn node_panels_show_output_as_text_and_the_failing_step_beside_its_error()
         head.contains("Error: the task ended without a passing test run"),
         "{head}"
     );
-    let failing = head.split("id=\"failing-build\"").nth(1).unwrap_or_default();
+    let failing = head
+        .split("id=\"failing-build\"")
+        .nth(1)
+        .unwrap_or_default();
     assert!(failing.contains("$ cargo test"), "{head}");
-    assert!(failing.contains("assertion failed: left == right"), "{head}");
+    assert!(
+        failing.contains("assertion failed: left == right"),
+        "{head}"
+    );
     assert!(failing.contains("[exit 101]"), "{head}");
     assert!(!failing.contains("$ make"), "{head}");
     // The whole output is in the log pane, with the attempt's end.
     let pane = b.split("id=\"log-build\"").nth(1).unwrap_or_default();
-    assert!(pane.contains("built ok") && pane.contains("[attempt 1 ended: failed"), "{pane}");
+    assert!(
+        pane.contains("built ok") && pane.contains("[attempt 1 ended: failed"),
+        "{pane}"
+    );
 
     // The live stream relays the chunks as JSON text (never markup) and resumes after an id.
     let url = format!("/projects/{PROJECT}/runs/{run}/nodes/probe/logs");

@@ -142,10 +142,7 @@ impl LogHub {
     fn change(&self, k: &str, node: &str, attempt: u32, f: impl FnOnce(&mut Attempt, usize)) {
         let mut runs = self.lock();
         let run = runs.entry(k.to_owned()).or_insert_with(RunLogs::new);
-        let a = run
-            .attempts
-            .entry((node.to_owned(), attempt))
-            .or_default();
+        let a = run.attempts.entry((node.to_owned(), attempt)).or_default();
         f(a, self.retain);
         run.changed.send_replace(());
     }
@@ -181,7 +178,13 @@ impl LogHub {
                     Held::Stored
                 } else {
                     let first = from(n, *at);
-                    Held::Live(a.chunks.iter().filter(|c| c.seq >= first).cloned().collect())
+                    Held::Live(
+                        a.chunks
+                            .iter()
+                            .filter(|c| c.seq >= first)
+                            .cloned()
+                            .collect(),
+                    )
                 };
                 (n.clone(), *at, held)
             })
@@ -275,7 +278,8 @@ impl NodeLog {
 
     /// Opens this attempt's log (so it ends with an end marker even when nothing is printed).
     pub fn begin(&self) {
-        self.hub.change(&self.key, &self.node, self.attempt, |_, _| {});
+        self.hub
+            .change(&self.key, &self.node, self.attempt, |_, _| {});
     }
 
     /// Output of the program, as it comes.
@@ -317,7 +321,9 @@ impl NodeLog {
             .await
         {
             Ok(_) => self.hub.mark_stored(&self.key, &self.node, self.attempt),
-            Err(s) => tracing::warn!(path = %path, error = %s.message(), "cannot store the node's output; it is kept in memory until the run stops"),
+            Err(s) => {
+                tracing::warn!(path = %path, error = %s.message(), "cannot store the node's output; it is kept in memory until the run stops")
+            }
         }
     }
 }

@@ -142,8 +142,7 @@ impl Watcher {
     }
 
     async fn send_stored(&mut self, node: &str, attempt: u32) -> Result<(), Gone> {
-        match hub::read_stored(&self.store, &self.q.project, &self.q.run_id, node, attempt).await
-        {
+        match hub::read_stored(&self.store, &self.q.project, &self.q.run_id, node, attempt).await {
             Ok(chunks) => self.send(node, attempt, chunks).await,
             Err(s) => {
                 let path = cairn_node::RunDir::new(&self.q.run_id).node_log(node, attempt);
@@ -169,17 +168,21 @@ impl Watcher {
                 self.next_seq(n, a)
             });
         if stored {
-            let list =
-                match hub::list_stored(&self.store, &project, &run_id, self.q.node.as_deref())
-                    .await
-                {
-                    Ok(l) => l,
-                    Err(s) => {
-                        let msg = format!("listing the run's stored logs: {}", s.message());
-                        let _ = self.tx.send(Err(Status::new(s.code(), msg))).await;
-                        return Err(Gone);
-                    }
-                };
+            let list = match hub::list_stored(
+                &self.store,
+                &project,
+                &run_id,
+                self.q.node.as_deref(),
+            )
+            .await
+            {
+                Ok(l) => l,
+                Err(s) => {
+                    let msg = format!("listing the run's stored logs: {}", s.message());
+                    let _ = self.tx.send(Err(Status::new(s.code(), msg))).await;
+                    return Err(Gone);
+                }
+            };
             for (n, a) in list {
                 let in_hub = held.iter().any(|(hn, ha, _)| *hn == n && *ha == a);
                 if !in_hub && !self.cursor(&n, a).ended {

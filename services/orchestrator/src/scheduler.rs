@@ -910,7 +910,11 @@ impl Driver {
             // The attempt's output is stored before its end is recorded.
             let end = cairn_node::logs::End {
                 outcome: outcome.to_owned(),
-                error: result.as_ref().err().map(|e| e.message.clone()).unwrap_or_default(),
+                error: result
+                    .as_ref()
+                    .err()
+                    .map(|e| e.message.clone())
+                    .unwrap_or_default(),
             };
             ctx.log().finish(&ctx.backends.store, end).await;
             let _ = tx.send(TaskMsg::Done { task, result });

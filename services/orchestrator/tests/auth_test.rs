@@ -14,8 +14,8 @@ use cairn_orchestrator::auth::tokens::TokensFile;
 use cairn_orchestrator::auth::Role;
 use cairn_proto::v1::{
     AddNoteRequest, EditContextRequest, GateDecisionRequest, GetRunRequest, ListRunsRequest,
-    ReworkRequest, RunActionRequest, SubmitRunRequest, TaskState, WatchLogsRequest, WatchRunRequest,
-    WhoAmIRequest,
+    ReworkRequest, RunActionRequest, SubmitRunRequest, TaskState, WatchLogsRequest,
+    WatchRunRequest, WhoAmIRequest,
 };
 use common::{data, read_events, read_file, PROJECT};
 use tonic::{Code, Request, Status};
@@ -576,11 +576,13 @@ async fn watch_logs_needs_a_viewer_token_of_the_runs_project() {
     // pat's token is for PROJECT only.
     allowed(
         "pat on its project",
-        ok(c.watch_logs(as_(&s.token("pat"), req(PROJECT, &ours))).await),
+        ok(c.watch_logs(as_(&s.token("pat"), req(PROJECT, &ours)))
+            .await),
     );
     denied(
         "pat on another project",
-        ok(c.watch_logs(as_(&s.token("pat"), req(OTHER, &theirs))).await),
+        ok(c.watch_logs(as_(&s.token("pat"), req(OTHER, &theirs)))
+            .await),
         "project",
     );
     let e = c.watch_logs(req(PROJECT, &ours)).await.unwrap_err();

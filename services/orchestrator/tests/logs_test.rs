@@ -48,7 +48,10 @@ fn req(run: &str, node: &str, follow: bool) -> WatchLogsRequest {
 }
 
 /// Every chunk of a stream that ends by itself.
-async fn all(client: &mut OrchestratorClient<tonic::transport::Channel>, r: WatchLogsRequest) -> Vec<LogChunk> {
+async fn all(
+    client: &mut OrchestratorClient<tonic::transport::Channel>,
+    r: WatchLogsRequest,
+) -> Vec<LogChunk> {
     let mut s = client.watch_logs(r).await.unwrap().into_inner();
     let mut out = Vec::new();
     while let Some(c) = tokio::time::timeout(Duration::from_secs(30), s.message())
@@ -71,7 +74,11 @@ fn text(chunks: &[LogChunk], stream: LogStream) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn live_output_arrives_while_the_node_runs_and_is_replayed_after() {
-    let Some(s) = stack("live_output_arrives_while_the_node_runs_and_is_replayed_after", |_| {}).await
+    let Some(s) = stack(
+        "live_output_arrives_while_the_node_runs_and_is_replayed_after",
+        |_| {},
+    )
+    .await
     else {
         return;
     };
@@ -102,7 +109,9 @@ async fn live_output_arrives_while_the_node_runs_and_is_replayed_after() {
     let job = info.nodes.iter().find(|n| n.id == "job").unwrap();
     assert_eq!(job.state, NodeState::Running as i32, "{info:#?}");
     assert!(!text(&seen, LogStream::Stdout).contains("marker-late"));
-    assert!(seen.iter().all(|c| !c.end && c.node_id == "job" && c.attempt == 1));
+    assert!(seen
+        .iter()
+        .all(|c| !c.end && c.node_id == "job" && c.attempt == 1));
     // Then the rest, the end, and the stream closes with the run.
     while let Some(c) = tokio::time::timeout(Duration::from_secs(60), stream.message())
         .await
@@ -116,10 +125,15 @@ async fn live_output_arrives_while_the_node_runs_and_is_replayed_after() {
     assert!(last.end && last.outcome == "succeeded", "{last:?}");
     let seqs: Vec<u64> = seen.iter().map(|c| c.seq).collect();
     assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
-    assert_eq!(s.wait_final(&run, 60).await.state, TaskState::Completed as i32);
+    assert_eq!(
+        s.wait_final(&run, 60).await.state,
+        TaskState::Completed as i32
+    );
 
     // Stored with the run: read back without following, and resumed after a position.
-    let stored = s.read_text(&format!(".cairn/runs/{run}/logs/job/1.jsonl")).await;
+    let stored = s
+        .read_text(&format!(".cairn/runs/{run}/logs/job/1.jsonl"))
+        .await;
     assert!(stored.contains("marker-late"), "{stored}");
     let replay = all(&mut client, req(&run, "", false)).await;
     assert_eq!(replay, seen);
@@ -134,7 +148,9 @@ async fn live_output_arrives_while_the_node_runs_and_is_replayed_after() {
         resume_on_start: false,
         ..Default::default()
     };
-    let (server, _handle) = cairn_orchestrator::orchestrator_service(config).await.unwrap();
+    let (server, _handle) = cairn_orchestrator::orchestrator_service(config)
+        .await
+        .unwrap();
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap().to_string();
     tokio::spawn(async move {
@@ -179,11 +195,13 @@ async fn an_attempt_keeps_only_its_last_bytes_and_says_what_was_dropped() {
         return;
     };
     // 200 lines of 50 bytes, flushed one by one.
-    let graph = sandbox_graph(
-        "for i in range(200):\n    print(f'line {i:04d} ' + 'x' * 39, flush=True)\n",
-    );
+    let graph =
+        sandbox_graph("for i in range(200):\n    print(f'line {i:04d} ' + 'x' * 39, flush=True)\n");
     let run = s.submit(&graph, &[]).await.unwrap().run_id;
-    assert_eq!(s.wait_final(&run, 60).await.state, TaskState::Completed as i32);
+    assert_eq!(
+        s.wait_final(&run, 60).await.state,
+        TaskState::Completed as i32
+    );
     let mut client = s.client.clone();
     let chunks = all(&mut client, req(&run, "job", false)).await;
     let kept: usize = chunks.iter().map(|c| c.data.len()).sum();
@@ -192,7 +210,10 @@ async fn an_attempt_keeps_only_its_last_bytes_and_says_what_was_dropped() {
     assert!(chunks[0].dropped_bytes > 0, "{:?}", chunks[0]);
     assert_eq!(kept as u64 + dropped, 200 * 50);
     let out = text(&chunks, LogStream::Stdout);
-    assert!(out.ends_with(&format!("line 0199 {}\n", "x".repeat(39))), "{out}");
+    assert!(
+        out.ends_with(&format!("line 0199 {}\n", "x".repeat(39))),
+        "{out}"
+    );
     assert!(!out.contains("line 0000"));
     assert!(chunks.last().unwrap().end);
     s.stop().await;

@@ -578,7 +578,14 @@ pub async fn real_orchestrator(store_addr: &str) -> (String, cairn_orchestrator:
 pub async fn real_orchestrator_with_runner(
     store_addr: &str,
     dir: &std::path::Path,
-) -> Result<(String, cairn_orchestrator::Handle, cairn_sandbox_runner::RunnerHandle), String> {
+) -> Result<
+    (
+        String,
+        cairn_orchestrator::Handle,
+        cairn_sandbox_runner::RunnerHandle,
+    ),
+    String,
+> {
     let docker = std::env::var("CAIRN_REQUIRE_DOCKER").is_ok_and(|v| v == "1");
     let config = cairn_sandbox_runner::Config {
         work_root: dir.join("sandbox-work"),
