@@ -22,6 +22,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tonic::Streaming;
 
+use super::events::end;
 use super::page;
 use super::session::Visitor;
 use super::{Console, ConsoleError};
@@ -307,13 +308,6 @@ fn position(s: &str) -> Option<(u32, u64)> {
 
 /// The open watch, the text decoder and the shutdown signal; None once the stream has ended.
 type Watch = Option<(Streaming<LogChunk>, Utf8, CancellationToken)>;
-
-fn end(reason: &str) -> SseEvent {
-    SseEvent::default()
-        .event("end")
-        .json_data(json!({ "reason": reason }))
-        .unwrap_or_else(|_| SseEvent::default().event("end"))
-}
 
 /// The live output of one node: WatchLogs in follow mode as server-sent events.
 pub(super) async fn stream(

@@ -297,28 +297,15 @@ impl Runners {
     /// Runs `req` on the next healthy runner, moving on while runners are Unavailable.
     /// Returns the result and the address of the runner that produced it.
     pub async fn run(&self, req: RunRequest) -> Result<(RunResult, String), Status> {
-        let order = self.shared.order().await?;
-        let mut tried = Vec::new();
-        let mut last = None;
-        for e in order {
+        let mut passed = PassedOver::default();
+        for e in self.shared.order().await? {
             match e.client.clone().run(req.clone()).await {
                 Ok(r) => return Ok((r.into_inner(), e.addr.clone())),
-                Err(s) if runner_gone(&s) => {
-                    tracing::warn!(runner = %e.addr, error = %s.message(), "sandbox runner unavailable; trying the next one");
-                    if !self.shared.balancing.health_interval.is_zero() {
-                        e.set_healthy(false, s.message());
-                    }
-                    tried.push(e.addr.clone());
-                    last = Some(s);
-                }
+                Err(s) if runner_gone(&s) => passed.add(&self.shared, &e, s),
                 Err(s) => return Err(s),
             }
         }
-        let last = last.map(|s| s.message().to_owned()).unwrap_or_default();
-        Err(Status::unavailable(format!(
-            "no sandbox runner answered (tried {}): {last}",
-            tried.join(", ")
-        )))
+        Err(passed.into_status())
     }
 
     /// [`Runners::run`] over `RunStream`: `output` gets stdout/stderr chunks as the program
@@ -329,29 +316,45 @@ impl Runners {
         req: RunRequest,
         mut output: impl FnMut(OutputChunk) + Send,
     ) -> Result<(RunResult, String), Status> {
-        let order = self.shared.order().await?;
-        let mut tried = Vec::new();
-        let mut last = None;
-        for e in order {
+        let mut passed = PassedOver::default();
+        for e in self.shared.order().await? {
             let mut started = false;
             match stream_one(&e, req.clone(), &mut started, &mut output).await {
                 Ok(r) => return Ok((r, e.addr.clone())),
-                Err(s) if runner_gone(&s) && !started => {
-                    tracing::warn!(runner = %e.addr, error = %s.message(), "sandbox runner unavailable; trying the next one");
-                    if !self.shared.balancing.health_interval.is_zero() {
-                        e.set_healthy(false, s.message());
-                    }
-                    tried.push(e.addr.clone());
-                    last = Some(s);
-                }
+                Err(s) if runner_gone(&s) && !started => passed.add(&self.shared, &e, s),
                 Err(s) => return Err(s),
             }
         }
-        let last = last.map(|s| s.message().to_owned()).unwrap_or_default();
-        Err(Status::unavailable(format!(
+        Err(passed.into_status())
+    }
+}
+
+/// The runners a request moved on from because they were gone.
+#[derive(Default)]
+struct PassedOver {
+    tried: Vec<String>,
+    last: Option<Status>,
+}
+
+impl PassedOver {
+    fn add(&mut self, shared: &Shared, e: &Endpoint, s: Status) {
+        tracing::warn!(runner = %e.addr, error = %s.message(), "sandbox runner unavailable; trying the next one");
+        if !shared.balancing.health_interval.is_zero() {
+            e.set_healthy(false, s.message());
+        }
+        self.tried.push(e.addr.clone());
+        self.last = Some(s);
+    }
+
+    fn into_status(self) -> Status {
+        let last = self
+            .last
+            .map(|s| s.message().to_owned())
+            .unwrap_or_default();
+        Status::unavailable(format!(
             "no sandbox runner answered (tried {}): {last}",
-            tried.join(", ")
-        )))
+            self.tried.join(", ")
+        ))
     }
 }
 
