@@ -307,6 +307,19 @@ pub enum RunsCommand {
         #[arg(long, default_value_t = 1, value_name = "SEQ")]
         from: u64,
     },
+    /// What the run's sandbox_run and code_delivery nodes printed: stdout and command lines to
+    /// stdout, stderr to stderr, each attempt under a `==> node N attempt A <==` header. Each
+    /// attempt keeps the last 1 MiB of its output (the orchestrator's log_retain_bytes); a
+    /// line says how much earlier output was dropped. `--json`: one JSON object per chunk.
+    Logs {
+        run: String,
+        /// Only this node's output (a map item is `<map>.<index>`).
+        #[arg(long, value_name = "NODE")]
+        node: Option<String>,
+        /// Keep printing new output as it comes until the run ends.
+        #[arg(long, short = 'f')]
+        follow: bool,
+    },
     /// Cancel a run (sandbox work in flight is stopped).
     Cancel {
         run: String,

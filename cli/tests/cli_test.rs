@@ -611,3 +611,64 @@ fn sandbox_run_writes_under_an_allowed_prefix() {
         "docs/reports/weekly/r.txt"
     );
 }
+
+/// `cairn runs logs` prints what a sandbox node printed, read back from the run directory by a
+/// later command: stdout to stdout, stderr to stderr, and how the attempt ended.
+#[test]
+fn runs_logs_prints_a_nodes_output_and_how_it_ended() {
+    if !sandbox_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let graph = dir.path().join("graph.yaml");
+    std::fs::write(
+        &graph,
+        "nodes:\n  - id: job\n    type: sandbox_run\n    language: python\n    allowed_prefixes: [\"docs/\"]\n    code: |\n      import sys\n      print('to stdout', flush=True)\n      print('to stderr', file=sys.stderr, flush=True)\n      sys.exit(3)\n",
+    )
+    .unwrap();
+    cairn(&data)
+        .arg("run")
+        .arg(&graph)
+        .args(["--run-id", "logs1"])
+        .assert()
+        .failure();
+    let out = cairn(&data)
+        .args(["runs", "logs", "logs1", "--node", "job"])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stdout.starts_with("==> node job attempt 1 <==\n"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("to stdout\n"), "{stdout}");
+    // (The node's error at the end quotes its stderr tail; the output before it has none.)
+    let before_end = stdout.split("[attempt 1 ended").next().unwrap_or_default();
+    assert!(!before_end.contains("to stderr"), "{stdout}");
+    assert!(stderr.contains("to stderr\n"), "{stderr}");
+    assert!(
+        stdout.contains("[attempt 1 ended: failed: the sandbox program exited with code 3"),
+        "{stdout}"
+    );
+    let out = cairn(&data)
+        .args(["--json", "runs", "logs", "logs1"])
+        .output()
+        .unwrap();
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    // (A program's write may arrive in more than one chunk.)
+    let stderr_text: String = lines
+        .iter()
+        .filter(|l| l["stream"] == "stderr")
+        .filter_map(|l| l["text"].as_str())
+        .collect();
+    assert_eq!(stderr_text, "to stderr\n", "{lines:?}");
+    assert_eq!(lines.last().unwrap()["end"], true);
+}

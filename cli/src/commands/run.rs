@@ -8,9 +8,9 @@ use std::process::ExitCode;
 use anyhow::Context;
 use cairn_proto::v1::orchestrator_client::OrchestratorClient;
 use cairn_proto::v1::{
-    AddNoteRequest, GateDecisionRequest, GateState, GetRunRequest, ListRunsRequest, NodeState,
-    PageRequest, ReworkRequest, RunActionRequest, RunInfo, SubmitRunRequest, TaskState,
-    WatchRunRequest,
+    AddNoteRequest, GateDecisionRequest, GateState, GetRunRequest, ListRunsRequest, LogStream,
+    NodeState, PageRequest, ReworkRequest, RunActionRequest, RunInfo, SubmitRunRequest, TaskState,
+    WatchLogsRequest, WatchRunRequest,
 };
 use serde_json::json;
 use tokio_stream::StreamExt;
@@ -286,6 +286,78 @@ async fn watch_on(
     Ok(ExitCode::SUCCESS)
 }
 
+/// Prints the run's node output (WatchLogs), following it with `follow` until the run ends.
+async fn logs(
+    global: &Global,
+    client: &mut Client,
+    project: &str,
+    run_id: &str,
+    node: Option<String>,
+    follow: bool,
+) -> anyhow::Result<ExitCode> {
+    use std::io::Write;
+    let mut stream = client
+        .watch_logs(WatchLogsRequest {
+            project_id: project.to_owned(),
+            run_id: run_id.to_owned(),
+            node_id: node.unwrap_or_default(),
+            follow,
+            after_attempt: 0,
+            after_seq: 0,
+        })
+        .await?
+        .into_inner();
+    let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
+    let mut current: Option<(String, u32)> = None;
+    while let Some(chunk) = stream.next().await {
+        let c = chunk?;
+        if global.json {
+            let line = json!({
+                "node_id": c.node_id, "attempt": c.attempt, "seq": c.seq,
+                "stream": match c.stream() {
+                    LogStream::Stdout => "stdout",
+                    LogStream::Stderr => "stderr",
+                    LogStream::Step => "step",
+                    LogStream::Unspecified => "",
+                },
+                "text": String::from_utf8_lossy(&c.data),
+                "dropped_bytes": c.dropped_bytes, "end": c.end,
+                "outcome": c.outcome, "error": c.error,
+            });
+            writeln!(out, "{line}")?;
+            out.flush()?;
+            continue;
+        }
+        let at = (c.node_id.clone(), c.attempt);
+        if current.as_ref() != Some(&at) {
+            writeln!(out, "==> node {} attempt {} <==", c.node_id, c.attempt)?;
+            current = Some(at);
+        }
+        if c.dropped_bytes > 0 {
+            writeln!(out, "[{} bytes of earlier output dropped]", c.dropped_bytes)?;
+        }
+        match c.stream() {
+            LogStream::Stderr => {
+                out.flush()?;
+                err.write_all(&c.data)?;
+                err.flush()?;
+            }
+            _ => out.write_all(&c.data)?,
+        }
+        if c.end {
+            let why = if c.error.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", c.error)
+            };
+            writeln!(out, "[attempt {} ended: {}{why}]", c.attempt, c.outcome)?;
+        }
+        // Output is seen as it comes, also through a pipe.
+        out.flush()?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 fn print_event(e: &cairn_proto::v1::Event) {
     eprintln!("{}", event_line(e));
 }
@@ -487,7 +559,7 @@ fn exit_code(info: &RunInfo) -> ExitCode {
 /// `cairn run`'s exit code for a completed run some of whose code blocks were not written.
 pub const BLOCKS_NOT_WRITTEN: u8 = 4;
 
-/// `cairn runs list|show|watch|cancel|resume|rework`.
+/// `cairn runs list|show|watch|logs|cancel|resume|rework`.
 pub async fn runs(global: &Global, cmd: RunsCommand) -> anyhow::Result<ExitCode> {
     let services = Services::open(global, needs()).await?;
     let mut client = services.orchestrator()?;
@@ -552,6 +624,9 @@ pub async fn runs(global: &Global, cmd: RunsCommand) -> anyhow::Result<ExitCode>
                     return finish(global, &info);
                 }
                 watch_on(global, &mut client, &project, &run, from).await
+            }
+            RunsCommand::Logs { run, node, follow } => {
+                logs(global, &mut client, &project, &run, node, follow).await
             }
             RunsCommand::Cancel { run, reason } => {
                 let info = client

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use cairn_proto::v1::{GitSource, Level, OpenSessionRequest, PutResponse};
+use cairn_proto::v1::{GitSource, Level, LogStream, OpenSessionRequest, PutResponse};
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use serde_json::{json, Map, Value};
 use tonic::{Code, Status};
@@ -236,6 +236,8 @@ pub async fn run(
         usage: Usage::default(),
         cfg,
     };
+    // Each command and its output go to the node's log when the command has finished.
+    ctx.log().begin();
     // A fresh attempt starts a fresh workspace, so a fresh board.
     task.save_board().await?;
     let ending = match tokio::time::timeout_at(deadline, task.drive(&prompt)).await {
@@ -522,6 +524,7 @@ impl Task<'_> {
                         a.workdir.as_deref().unwrap_or_default(),
                     )
                     .await;
+                self.log_step(&a.command, &r);
                 let cap = self.text_cap();
                 self.answer(r, |x| {
                     let text = |b: &[u8], cut: bool| {
@@ -551,6 +554,29 @@ impl Task<'_> {
                 Err(e) => Ok(Reply::error(e)),
             },
             Call::End(a) => self.end(a).await,
+        }
+    }
+
+    /// A finished command with its output into the node's log (whole steps: Exec is unary).
+    fn log_step(&self, command: &str, r: &Result<cairn_proto::v1::ExecResult, Status>) {
+        let log = self.ctx.log();
+        log.step(&format!("$ {command}"));
+        match r {
+            Ok(x) => {
+                log.write(LogStream::Stdout, x.stdout.clone());
+                log.write(LogStream::Stderr, x.stderr.clone());
+                let cut = if x.stdout_truncated || x.stderr_truncated {
+                    " (output cut at the runner's size limit)"
+                } else {
+                    ""
+                };
+                if x.timed_out {
+                    log.step(&format!("[timed out after {} ms]{cut}", x.duration_ms));
+                } else {
+                    log.step(&format!("[exit {}]{cut}", x.exit_code));
+                }
+            }
+            Err(s) => log.step(&format!("[not run: {}]", s.message())),
         }
     }
 

@@ -46,7 +46,8 @@ fn browser_event(e: &Event) -> Value {
 /// The open watch and the shutdown signal; None once the stream has ended.
 type Watch = Option<(Streaming<Event>, CancellationToken)>;
 
-fn end(reason: &str) -> SseEvent {
+/// The `end` message: the stream is over and the browser should not reconnect.
+pub(super) fn end(reason: &str) -> SseEvent {
     SseEvent::default()
         .event("end")
         .json_data(json!({ "reason": reason }))

@@ -20,6 +20,7 @@ mod guard;
 mod health;
 mod history;
 mod ingest;
+mod logs;
 mod markdown;
 mod page;
 mod run;
@@ -298,6 +299,7 @@ fn router(console: Console) -> Router {
     let project_routes = Router::new()
         .route("/runs/{run}", get(run::page))
         .route("/runs/{run}/events", get(events::stream))
+        .route("/runs/{run}/nodes/{node}/logs", get(logs::stream))
         .route("/runs/{run}/gates/{gate}/approve", post(actions::approve))
         .route("/runs/{run}/gates/{gate}/reject", post(actions::reject))
         .route("/runs/{run}/notes", post(actions::note))

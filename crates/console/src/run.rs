@@ -1,5 +1,6 @@
 //! The run page: state and milestones (GetRun and task.yaml), the roster, gates with their
-//! Approve / Reject form, the graph (dag.rs) and the timeline (timeline.rs), the events
+//! Approve / Reject form, the output of sandbox_run and code_delivery nodes (logs.rs), the
+//! graph (dag.rs) and the timeline (timeline.rs), the events
 //! (history.rs, then live), human-notes.md with a form to add a note, the context manifest
 //! editor, the files the run wrote (the whole project's behind a toggle), the ingest
 //! manifests, cancel and rework. Everything is read through the orchestrator and the store at
@@ -22,7 +23,7 @@ use super::files::{self, Read};
 use super::markdown;
 use super::page::{self, layout, Html};
 use super::session::{Flash, Visitor};
-use super::{dag, diff, history, ingest, timeline};
+use super::{dag, diff, history, ingest, logs, timeline};
 use super::{Console, ConsoleError};
 use cairn_server::roles::Rpc;
 
@@ -169,6 +170,14 @@ pub(super) async fn render(
         diff::turns(console, project, &dir),
     );
     let info = info?;
+    let outputs: Vec<(String, Result<logs::NodeOutput, ConsoleError>)> =
+        futures::future::join_all(logs::logged(&info).map(|n| async move {
+            (
+                n.id.clone(),
+                logs::load(console, visitor, project, run, &n.id).await,
+            )
+        }))
+        .await;
     let no_events: &[cairn_proto::v1::Event] = &[];
     let event_list = events.as_ref().map_or(no_events, |h| h.events.as_slice());
     let nodes = dag::nodes_or_run(&graph, &info);
@@ -215,13 +224,14 @@ pub(super) async fn render(
         }
         }
         nav.sections {
-            a href="#gates" { "Gates" } a href="#milestones" { "Milestones" } a href="#graph" { "Graph" }
+            a href="#gates" { "Gates" } a href="#milestones" { "Milestones" } a href="#logs" { "Output" } a href="#graph" { "Graph" }
             a href="#timeline" { "Timeline" } a href="#events" { "Events" }
             a href="#notes" { "Notes" } a href="#context" { "Context" } a href="#artifacts" { "Artifacts" }
             a href="#ingest" { "Ingest" } a href="#control" { "Actions" }
         }
         (gates(&info, visitor, &run_url, &drafts))
         (milestones(&info, &task_doc, &turns))
+        (logs::section(&info, &run_url, &outputs))
         section #graph-section data-live {
             h2 #graph { "Graph" }
             div.scroll { (dag::render(&graph, &info, event_list)) }

@@ -482,6 +482,8 @@ async fn starting_re_running_resuming_and_canceling_follow_the_roles() {
     let csrf = pat.get(&page).await.csrf();
     let r = post(&mut pat, "/start".into(), start(&csrf, auth_support::OTHER)).await;
     assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.body);
+}
+
 /// A deep link from another site (chat, a ticket, a mail) opens the page when the visitor has
 /// a session: the cookie is SameSite=Lax, which browsers send with a top-level GET navigation
 /// from elsewhere, and nothing else about the request is held against it. A POST from

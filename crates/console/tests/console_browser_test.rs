@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use cairn_console::{serve_console, ConsoleConfig};
 use cairn_proto::v1::orchestrator_client::OrchestratorClient;
-use cairn_proto::v1::{GetRunRequest, SubmitRunRequest, TaskState};
+use cairn_proto::v1::{GetRunRequest, NodeState, SubmitRunRequest, TaskState};
 use console_support::*;
 use fantoccini::{Client, ClientBuilder, Locator};
 use tokio::process::{Child, Command};
@@ -808,100 +808,6 @@ async fn run_on_page(c: &Client) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_are_started_searched_reworked_compared_canceled_re_run_and_resumed_from_the_page() {
-/// Where `scripts/setup.sh` puts axe-core (CAIRN_AXE_JS overrides).
-fn axe_path() -> PathBuf {
-    std::env::var_os("CAIRN_AXE_JS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                .join(".cache/cairn-axe/axe.min.js")
-        })
-}
-
-/// Measures the page as laid out now: its width against the window's, and every visible table
-/// cell against 8 characters of the page's font (`8ch` of the body).
-const LAYOUT_JS: &str = r#"
-const probe = document.createElement('div');
-probe.style.cssText = 'position:absolute;visibility:hidden;width:8ch';
-document.body.appendChild(probe);
-const min = probe.getBoundingClientRect().width;
-probe.remove();
-const narrow = [];
-let cells = 0;
-for (const c of document.querySelectorAll('main td, main tbody th')) {
-  if (c.getClientRects().length === 0 || getComputedStyle(c).display === 'none') continue;
-  cells += 1;
-  const w = c.getBoundingClientRect().width;
-  if (w + 0.5 < min) {
-    narrow.push(`${c.closest('table').className} row ${c.parentElement.rowIndex} cell ${c.cellIndex}: ${w.toFixed(1)}px`);
-  }
-}
-const wide = [];
-for (const e of document.querySelectorAll('main *')) {
-  const r = e.getBoundingClientRect();
-  if (r.width === 0 || e.closest('div.scroll, pre')) continue;
-  if (r.right > document.documentElement.clientWidth + 0.5) {
-    wide.push(`${e.tagName.toLowerCase()}.${e.className} right ${r.right.toFixed(1)}`);
-  }
-}
-return {
-  scrollWidth: document.documentElement.scrollWidth,
-  clientWidth: document.documentElement.clientWidth,
-  innerWidth: window.innerWidth,
-  eightCh: min,
-  cells, narrow, wide: wide.slice(0, 20),
-};
-"#;
-
-/// Asserts the page fits a phone: no sideways scrolling, no cell under 8 characters.
-async fn assert_fits(c: &Client, what: &str, min_cells: u64) {
-    let m = c.execute(LAYOUT_JS, vec![]).await.unwrap();
-    println!("{what} at phone width: {m}");
-    let n = |k: &str| m[k].as_f64().unwrap();
-    assert!(
-        n("innerWidth") <= 400.0,
-        "{what}: the window is not phone-sized: {m}"
-    );
-    assert!(
-        n("scrollWidth") <= n("clientWidth"),
-        "{what}: the page scrolls sideways: {m}"
-    );
-    assert!(
-        m["wide"].as_array().unwrap().is_empty(),
-        "{what}: elements reach past the window: {m}"
-    );
-    assert!(
-        m["cells"].as_u64().unwrap() >= min_cells,
-        "{what}: fewer table cells than expected: {m}"
-    );
-    assert!(
-        m["narrow"].as_array().unwrap().is_empty(),
-        "{what}: table cells narrower than 8 characters: {m}"
-    );
-}
-
-/// Saves a screenshot of the whole page (the window grown to the page's height first).
-async fn shoot_page(c: &Client, width: u32, name: &str) {
-    let height = c
-        .execute(
-            "return Math.min(document.documentElement.scrollHeight, 4000);",
-            vec![],
-        )
-        .await
-        .unwrap()
-        .as_u64()
-        .unwrap_or(900) as u32;
-    c.set_window_size(width, height.max(600)).await.unwrap();
-    c.execute("window.scrollTo(0, 0); return true;", vec![])
-        .await
-        .unwrap();
-    shoot(c, None, name).await;
-}
-
-/// Item 10: at 390 px (a phone) the runs list and a run page reflow: the page never scrolls
-/// sideways and every table becomes cards whose cells are at least 8 characters wide.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_runs_list_and_a_run_page_fit_a_phone() {
     let Some((_driver, client)) = browser().await else {
         return;
     };
@@ -1155,6 +1061,106 @@ async fn the_runs_list_and_a_run_page_fit_a_phone() {
     .await;
     client.close().await.unwrap();
     handle.shutdown().await;
+}
+
+/// Where `scripts/setup.sh` puts axe-core (CAIRN_AXE_JS overrides).
+fn axe_path() -> PathBuf {
+    std::env::var_os("CAIRN_AXE_JS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/cairn-axe/axe.min.js")
+        })
+}
+
+/// Measures the page as laid out now: its width against the window's, and every visible table
+/// cell against 8 characters of the page's font (`8ch` of the body).
+const LAYOUT_JS: &str = r#"
+const probe = document.createElement('div');
+probe.style.cssText = 'position:absolute;visibility:hidden;width:8ch';
+document.body.appendChild(probe);
+const min = probe.getBoundingClientRect().width;
+probe.remove();
+const narrow = [];
+let cells = 0;
+for (const c of document.querySelectorAll('main td, main tbody th')) {
+  if (c.getClientRects().length === 0 || getComputedStyle(c).display === 'none') continue;
+  cells += 1;
+  const w = c.getBoundingClientRect().width;
+  if (w + 0.5 < min) {
+    narrow.push(`${c.closest('table').className} row ${c.parentElement.rowIndex} cell ${c.cellIndex}: ${w.toFixed(1)}px`);
+  }
+}
+const wide = [];
+for (const e of document.querySelectorAll('main *')) {
+  const r = e.getBoundingClientRect();
+  if (r.width === 0 || e.closest('div.scroll, pre')) continue;
+  if (r.right > document.documentElement.clientWidth + 0.5) {
+    wide.push(`${e.tagName.toLowerCase()}.${e.className} right ${r.right.toFixed(1)}`);
+  }
+}
+return {
+  scrollWidth: document.documentElement.scrollWidth,
+  clientWidth: document.documentElement.clientWidth,
+  innerWidth: window.innerWidth,
+  eightCh: min,
+  cells, narrow, wide: wide.slice(0, 20),
+};
+"#;
+
+/// Asserts the page fits a phone: no sideways scrolling, no cell under 8 characters.
+async fn assert_fits(c: &Client, what: &str, min_cells: u64) {
+    let m = c.execute(LAYOUT_JS, vec![]).await.unwrap();
+    println!("{what} at phone width: {m}");
+    let n = |k: &str| m[k].as_f64().unwrap();
+    assert!(
+        n("innerWidth") <= 400.0,
+        "{what}: the window is not phone-sized: {m}"
+    );
+    assert!(
+        n("scrollWidth") <= n("clientWidth"),
+        "{what}: the page scrolls sideways: {m}"
+    );
+    assert!(
+        m["wide"].as_array().unwrap().is_empty(),
+        "{what}: elements reach past the window: {m}"
+    );
+    assert!(
+        m["cells"].as_u64().unwrap() >= min_cells,
+        "{what}: fewer table cells than expected: {m}"
+    );
+    assert!(
+        m["narrow"].as_array().unwrap().is_empty(),
+        "{what}: table cells narrower than 8 characters: {m}"
+    );
+}
+
+/// Saves a screenshot of the whole page (the window grown to the page's height first).
+async fn shoot_page(c: &Client, width: u32, name: &str) {
+    let height = c
+        .execute(
+            "return Math.min(document.documentElement.scrollHeight, 4000);",
+            vec![],
+        )
+        .await
+        .unwrap()
+        .as_u64()
+        .unwrap_or(900) as u32;
+    c.set_window_size(width, height.max(600)).await.unwrap();
+    c.execute("window.scrollTo(0, 0); return true;", vec![])
+        .await
+        .unwrap();
+    shoot(c, None, name).await;
+}
+
+/// Item 10: at 390 px (a phone) the runs list and a run page reflow: the page never scrolls
+/// sideways and every table becomes cards whose cells are at least 8 characters wide.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runs_list_and_a_run_page_fit_a_phone() {
+    let Some((_driver, client)) = browser().await else {
+        return;
+    };
+    let c = &client;
     let s = Services::start().await;
     let base = start_console(s.config(Some(TOKEN))).await;
     c.set_window_size(390, 844).await.unwrap();
@@ -1359,4 +1365,113 @@ async fn a_deep_link_from_another_site_opens_the_page_with_the_session() {
     .await;
     assert!(s.fake.calls().is_empty(), "{:?}", s.fake.calls());
     client.close().await.unwrap();
+}
+
+/// A sandbox program that prints a marker, flushes, and keeps running a while; its first line
+/// carries markup that must stay text.
+const LIVE_OUTPUT: &str = r##"
+title: Live output
+nodes:
+  - id: job
+    type: sandbox_run
+    language: python
+    allowed_prefixes: ["docs/"]
+    timeout_s: 60
+    code: |
+      import sys, time
+      print('<script>window.cairnXss = 1</script><img src=x onerror="window.cairnXss = 2">', flush=True)
+      print('live-marker-1', flush=True)
+      print('warming up', file=sys.stderr, flush=True)
+      time.sleep(8)
+      print('after-the-wait')
+"##;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_sandbox_nodes_output_appears_live_in_its_panel() {
+    let Some((_driver, client)) = browser().await else {
+        return;
+    };
+    let c = &client;
+    let dir = tempfile::tempdir().unwrap();
+    let (store_addr, _store_stop) = start_store(dir.path()).await;
+    let (orchestrator_addr, handle, runner) =
+        match real_orchestrator_with_runner(&store_addr, dir.path()).await {
+            Ok(x) => x,
+            Err(e) => {
+                println!("SKIP: no sandbox backend can run here ({e})");
+                return;
+            }
+        };
+    let mut orch = OrchestratorClient::new(cairn_server::connect(&orchestrator_addr).unwrap());
+    let base = console_with_token(orchestrator_addr, &store_addr).await;
+    let run_id = orch
+        .submit_run(SubmitRunRequest {
+            project_id: PROJECT.into(),
+            graph_yaml: LIVE_OUTPUT.into(),
+            by: "cli".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .run_id;
+    login(c, &base, &format!("projects/{PROJECT}/runs/{run_id}")).await;
+    mark_page(c).await;
+    wait_for("the marker in the node's panel", || async {
+        text_of(c, "#log-job").await.contains("live-marker-1")
+    })
+    .await;
+    // The orchestrator still runs the node: the line came live, not with the node's end.
+    let info = orch
+        .get_run(GetRunRequest {
+            project_id: PROJECT.into(),
+            run_id: run_id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let job = info.nodes.iter().find(|n| n.id == "job").unwrap();
+    assert_eq!(job.state, NodeState::Running as i32, "{info:#?}");
+    let pane = text_of(c, "#log-job").await;
+    assert!(!pane.contains("after-the-wait"), "{pane}");
+    assert!(
+        pane.contains("<script>window.cairnXss = 1</script>"),
+        "{pane}"
+    );
+    assert!(page_kept(c).await, "appended, not reloaded");
+    // The program's markup stayed text: nothing ran, no element was made from it.
+    let inert = c
+        .execute(
+            "return window.cairnXss === undefined && document.querySelectorAll('#log-job img, #log-job script').length === 0;",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(inert.as_bool(), Some(true));
+    shoot(c, Some("#panel-job"), "node-output-live.png").await;
+
+    // Then the node ends: the rest of its output and its end are in the panel.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let pane = text_of(c, "#log-job").await;
+        if pane.contains("after-the-wait") && pane.contains("[attempt 1 ended: succeeded]") {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the node's end never showed: {pane}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    wait_for("the run to complete", || async {
+        run_state(c).await == "completed"
+    })
+    .await;
+    wait_for("the stream to say the output is complete", || async {
+        text_of(c, "#log-status-job").await.contains("complete")
+    })
+    .await;
+    client.close().await.unwrap();
+    handle.shutdown().await;
+    runner.shutdown().await;
 }

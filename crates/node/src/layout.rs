@@ -49,6 +49,10 @@ impl RunDir {
     pub fn sandbox_result(&self, node: &str) -> String {
         self.path(&format!("sandbox/{node}/result.json"))
     }
+    /// What one node attempt printed (sandbox_run, code_delivery), as JSON lines.
+    pub fn node_log(&self, node: &str, attempt: u32) -> String {
+        self.path(&format!("logs/{node}/{attempt}.jsonl"))
+    }
 }
 
 /// YAML front matter of a shareable Markdown artifact.

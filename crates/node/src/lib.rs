@@ -11,6 +11,7 @@ pub mod context;
 pub mod events;
 pub mod gate;
 pub mod layout;
+pub mod logs;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -137,6 +138,8 @@ pub struct Services {
     pub ingest_hook: bool,
     /// A node's deadline when it sets no `timeout_s`.
     pub node_timeout_s: u64,
+    /// What running nodes print (WatchLogs reads it).
+    pub logs: Arc<logs::LogHub>,
 }
 
 /// Why a node attempt failed; `kind` decides whether it is retried.
@@ -363,6 +366,17 @@ impl NodeCtx {
 
     pub fn run_dir(&self) -> RunDir {
         RunDir::new(&self.run_id)
+    }
+
+    /// This attempt's output line (kinds that print call `begin` first).
+    pub fn log(&self) -> logs::NodeLog {
+        logs::NodeLog::new(
+            self.backends.logs.clone(),
+            &self.project,
+            &self.run_id,
+            &self.node_id,
+            self.attempt,
+        )
     }
 }
 

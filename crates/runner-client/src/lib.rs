@@ -27,7 +27,7 @@ use std::sync::{Arc, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use cairn_proto::v1::sandbox_runner_client::SandboxRunnerClient;
-use cairn_proto::v1::{RunRequest, RunResult};
+use cairn_proto::v1::{run_stream_response, OutputChunk, RunRequest, RunResult};
 use cairn_telemetry::TracedChannel;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
@@ -297,29 +297,89 @@ impl Runners {
     /// Runs `req` on the next healthy runner, moving on while runners are Unavailable.
     /// Returns the result and the address of the runner that produced it.
     pub async fn run(&self, req: RunRequest) -> Result<(RunResult, String), Status> {
-        let order = self.shared.order().await?;
-        let mut tried = Vec::new();
-        let mut last = None;
-        for e in order {
+        let mut passed = PassedOver::default();
+        for e in self.shared.order().await? {
             match e.client.clone().run(req.clone()).await {
                 Ok(r) => return Ok((r.into_inner(), e.addr.clone())),
-                Err(s) if runner_gone(&s) => {
-                    tracing::warn!(runner = %e.addr, error = %s.message(), "sandbox runner unavailable; trying the next one");
-                    if !self.shared.balancing.health_interval.is_zero() {
-                        e.set_healthy(false, s.message());
-                    }
-                    tried.push(e.addr.clone());
-                    last = Some(s);
-                }
+                Err(s) if runner_gone(&s) => passed.add(&self.shared, &e, s),
                 Err(s) => return Err(s),
             }
         }
-        let last = last.map(|s| s.message().to_owned()).unwrap_or_default();
-        Err(Status::unavailable(format!(
-            "no sandbox runner answered (tried {}): {last}",
-            tried.join(", ")
-        )))
+        Err(passed.into_status())
     }
+
+    /// [`Runners::run`] over `RunStream`: `output` gets stdout/stderr chunks as the program
+    /// writes them. Moves on to the next runner only while the job has not started (no output
+    /// yet); a runner lost after that is the caller's Unavailable, so no output is repeated.
+    pub async fn run_streaming(
+        &self,
+        req: RunRequest,
+        mut output: impl FnMut(OutputChunk) + Send,
+    ) -> Result<(RunResult, String), Status> {
+        let mut passed = PassedOver::default();
+        for e in self.shared.order().await? {
+            let mut started = false;
+            match stream_one(&e, req.clone(), &mut started, &mut output).await {
+                Ok(r) => return Ok((r, e.addr.clone())),
+                Err(s) if runner_gone(&s) && !started => passed.add(&self.shared, &e, s),
+                Err(s) => return Err(s),
+            }
+        }
+        Err(passed.into_status())
+    }
+}
+
+/// The runners a request moved on from because they were gone.
+#[derive(Default)]
+struct PassedOver {
+    tried: Vec<String>,
+    last: Option<Status>,
+}
+
+impl PassedOver {
+    fn add(&mut self, shared: &Shared, e: &Endpoint, s: Status) {
+        tracing::warn!(runner = %e.addr, error = %s.message(), "sandbox runner unavailable; trying the next one");
+        if !shared.balancing.health_interval.is_zero() {
+            e.set_healthy(false, s.message());
+        }
+        self.tried.push(e.addr.clone());
+        self.last = Some(s);
+    }
+
+    fn into_status(self) -> Status {
+        let last = self
+            .last
+            .map(|s| s.message().to_owned())
+            .unwrap_or_default();
+        Status::unavailable(format!(
+            "no sandbox runner answered (tried {}): {last}",
+            self.tried.join(", ")
+        ))
+    }
+}
+
+/// One RunStream call: output to `output` (setting `started`), then the result.
+async fn stream_one(
+    e: &Endpoint,
+    req: RunRequest,
+    started: &mut bool,
+    output: &mut (impl FnMut(OutputChunk) + Send),
+) -> Result<RunResult, Status> {
+    let mut stream = e.client.clone().run_stream(req).await?.into_inner();
+    while let Some(msg) = stream.message().await? {
+        match msg.msg {
+            Some(run_stream_response::Msg::Output(chunk)) => {
+                *started = true;
+                output(chunk);
+            }
+            Some(run_stream_response::Msg::Result(r)) => return Ok(r),
+            None => {}
+        }
+    }
+    Err(Status::unavailable(format!(
+        "sandbox runner {} ended the run stream without a result",
+        e.addr
+    )))
 }
 
 /// Did the call fail because the runner is down or went away mid-call? Unavailable, or a

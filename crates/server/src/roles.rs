@@ -59,6 +59,7 @@ pub enum Rpc {
     GetRun,
     ListRuns,
     WatchRun,
+    WatchLogs,
     CancelRun,
     ResumeRun,
     ApproveGate,
@@ -73,7 +74,9 @@ impl Rpc {
     /// THE table: the least role each RPC needs (docs/security.md "Humans: tokens and roles").
     pub fn required_role(self) -> Role {
         match self {
-            Rpc::GetRun | Rpc::ListRuns | Rpc::WatchRun | Rpc::WhoAmI => Role::Viewer,
+            Rpc::GetRun | Rpc::ListRuns | Rpc::WatchRun | Rpc::WatchLogs | Rpc::WhoAmI => {
+                Role::Viewer
+            }
             Rpc::SubmitRun
             | Rpc::CancelRun
             | Rpc::ResumeRun
@@ -95,6 +98,7 @@ impl Rpc {
             Rpc::GetRun => "GetRun",
             Rpc::ListRuns => "ListRuns",
             Rpc::WatchRun => "WatchRun",
+            Rpc::WatchLogs => "WatchLogs",
             Rpc::CancelRun => "CancelRun",
             Rpc::ResumeRun => "ResumeRun",
             Rpc::ApproveGate => "ApproveGate",
@@ -152,5 +156,7 @@ mod tests {
         assert_eq!(Rpc::ApproveGate.required_role(), Role::Approver);
         assert_eq!(Rpc::AddNote.required_role(), Role::Operator);
         assert_eq!(Rpc::WatchRun.required_role(), Role::Viewer);
+        assert_eq!(Rpc::WatchLogs.required_role(), Role::Viewer);
+        assert!(Rpc::WatchLogs.has_project());
     }
 }

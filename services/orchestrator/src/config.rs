@@ -135,6 +135,9 @@ pub struct Config {
     /// commit: fewer fsyncs). Whatever must be durable (before a node with effects starts, a
     /// reply to a human action, a snapshot) is appended at once.
     pub event_linger_ms: u64,
+    /// Bytes of output (stdout, stderr, steps) kept per node attempt, in memory while it runs
+    /// and in its stored log (`logs/<node>/<attempt>.jsonl`); older output is dropped first.
+    pub log_retain_bytes: u64,
     /// How long calls to the store and to ingest that find them unreachable are retried
     /// (with backoff), counted from the start of the outage; 0 = not retried. A node waiting
     /// on such a call is not failed or restarted meanwhile.
@@ -201,6 +204,7 @@ impl Default for Config {
             snapshot_interval_ms: 1000,
             node_timeout_s: 3600,
             event_linger_ms: 5,
+            log_retain_bytes: cairn_node::logs::DEFAULT_RETAIN_BYTES as u64,
             dependency_outage_s: cairn_server::retry::DEFAULT_OUTAGE.as_secs(),
             drain_deadline_s: cairn_server::drain::DEFAULT_DEADLINE.as_secs(),
             retry: RetryPolicy::default(),

@@ -11,6 +11,7 @@ pub mod config;
 pub mod error;
 pub mod gates;
 pub mod human;
+pub mod logs;
 pub mod modes;
 pub mod nodes;
 pub mod recorder;
@@ -112,6 +113,9 @@ pub async fn orchestrator_service(
             .map_err(Error::Config)?,
         ingest_hook: config.ingest_hook,
         node_timeout_s: config.node_timeout_s,
+        logs: Arc::new(cairn_node::logs::LogHub::new(
+            usize::try_from(config.log_retain_bytes).unwrap_or(usize::MAX),
+        )),
     });
     let backends = Arc::new(nodes::Backends {
         services,

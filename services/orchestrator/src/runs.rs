@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use crate::error::{Error, Result};
 use crate::gates::Decision;
 use crate::human::{self, Manifest};
+use crate::logs::{LogQuery, Watcher};
 use crate::nodes::Backends;
 use crate::recorder::Recorder;
 use crate::run::{RunState, TaskState};
@@ -547,6 +548,7 @@ impl Runs {
             recorder.epoch(),
         );
         let mine = self.live_cmd(&state.project, &state.run_id);
+        let logs = self.b.logs.clone();
         let join = scheduler::launch(Launch {
             backends: self.b.clone(),
             graph,
@@ -568,6 +570,7 @@ impl Runs {
                         l.remove(&exit_key);
                     }
                 }
+                logs.forget(&project, &run_id);
                 store.forget_claim(&project, &run_id, epoch);
             }),
             cmds,
@@ -838,6 +841,71 @@ impl Runs {
             }
         });
         Ok(rx)
+    }
+
+    /// The run's node output (WatchLogs): what is kept now, then, with `follow`, live until the
+    /// run is final and every attempt seen has ended.
+    pub async fn watch_logs(
+        self: Arc<Self>,
+        q: LogQuery,
+    ) -> Result<mpsc::Receiver<std::result::Result<pb::LogChunk, tonic::Status>>> {
+        check_id("project_id", &q.project)?;
+        check_id("run_id", &q.run_id)?;
+        if let Some(n) = &q.node {
+            check_id("node_id", n)?;
+        }
+        self.get(&q.project, &q.run_id).await?;
+        let (tx, rx) = mpsc::channel(256);
+        let watcher = Watcher::new(self.b.logs.clone(), self.b.store.clone(), q, tx);
+        tokio::spawn(async move { self.follow_logs(watcher).await });
+        Ok(rx)
+    }
+
+    async fn follow_logs(&self, mut w: Watcher) {
+        let mut changes = w.subscribe();
+        let mut first = true;
+        loop {
+            if w.pass(first).await.is_err() {
+                break;
+            }
+            first = false;
+            if !w.query().follow {
+                break;
+            }
+            if w.all_ended() {
+                let (project, run_id) = (w.query().project.clone(), w.query().run_id.clone());
+                let done = match self.get(&project, &run_id).await {
+                    Ok(info) => pb::TaskState::try_from(info.state)
+                        .ok()
+                        .and_then(TaskState::from_proto)
+                        .is_some_and(TaskState::is_final),
+                    Err(_) => true,
+                };
+                if done {
+                    // Anything that ended and was forgotten since the last look.
+                    let _ = w.pass(true).await;
+                    break;
+                }
+            }
+            tokio::select! {
+                _ = w.sink().closed() => break,
+                _ = self.shutdown.cancelled() => {
+                    let why = "the orchestrator is shutting down; watch the logs again to resume";
+                    let _ = w.sink().send(Err(cairn_proto::reason::status(tonic::Code::Unavailable, why, "shutting_down"))).await;
+                    break;
+                }
+                changed = changes.changed() => {
+                    if changed.is_err() {
+                        // The run's entry was forgotten: attempts ended; look at the store too.
+                        changes = w.subscribe();
+                        first = true;
+                    }
+                }
+                _ = tokio::time::sleep(crate::logs::final_check()) => {}
+            }
+        }
+        drop(changes);
+        w.release();
     }
 
     pub async fn cancel(

@@ -907,6 +907,16 @@ impl Driver {
                 _ = token.cancelled() => (Err(NodeError::new(ErrorKind::Refused, "canceled")), "canceled"),
             };
             cairn_telemetry::metrics::node_finished(kind, outcome, started.elapsed());
+            // The attempt's output is stored before its end is recorded.
+            let end = cairn_node::logs::End {
+                outcome: outcome.to_owned(),
+                error: result
+                    .as_ref()
+                    .err()
+                    .map(|e| e.message.clone())
+                    .unwrap_or_default(),
+            };
+            ctx.log().finish(&ctx.backends.store, end).await;
             let _ = tx.send(TaskMsg::Done { task, result });
         };
         tokio::spawn(tracing::Instrument::instrument(work, span));

@@ -13,6 +13,7 @@ use tonic::{Request, Response, Status};
 use crate::auth::{Auth, Caller, Rpc};
 use crate::error::Error;
 use crate::gates::Decision;
+use crate::logs::LogQuery;
 use crate::run::TaskState;
 use crate::runs::{RunFilter, Runs, Submit};
 
@@ -34,6 +35,7 @@ impl OrchestratorService {
 }
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send + 'static>>;
+type LogStream = Pin<Box<dyn Stream<Item = Result<pb::LogChunk, Status>> + Send + 'static>>;
 
 #[tonic::async_trait]
 impl Orchestrator for OrchestratorService {
@@ -115,6 +117,29 @@ impl Orchestrator for OrchestratorService {
             .runs
             .watch(&r.project_id, &r.run_id, r.from_seq, r.follow_after_end)
             .await?;
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
+    type WatchLogsStream = LogStream;
+
+    async fn watch_logs(
+        &self,
+        req: Request<pb::WatchLogsRequest>,
+    ) -> Result<Response<Self::WatchLogsStream>, Status> {
+        self.caller(&req, Rpc::WatchLogs, &req.get_ref().project_id)?;
+        let r = req.into_inner();
+        cairn_telemetry::record_ids(&r.project_id, &r.run_id, &r.node_id);
+        let q = LogQuery {
+            project: r.project_id,
+            run_id: r.run_id,
+            node: Some(r.node_id).filter(|n| !n.is_empty()),
+            follow: r.follow,
+            after_attempt: r.after_attempt,
+            after_seq: r.after_seq,
+        };
+        let rx = self.runs.clone().watch_logs(q).await?;
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),
         )))

@@ -14,7 +14,8 @@ use cairn_orchestrator::auth::tokens::TokensFile;
 use cairn_orchestrator::auth::Role;
 use cairn_proto::v1::{
     AddNoteRequest, EditContextRequest, GateDecisionRequest, GetRunRequest, ListRunsRequest,
-    ReworkRequest, RunActionRequest, SubmitRunRequest, TaskState, WatchRunRequest, WhoAmIRequest,
+    ReworkRequest, RunActionRequest, SubmitRunRequest, TaskState, WatchLogsRequest,
+    WatchRunRequest, WhoAmIRequest,
 };
 use common::{data, read_events, read_file, PROJECT};
 use tonic::{Code, Request, Status};
@@ -549,4 +550,41 @@ async fn without_a_tokens_file_calls_need_no_token_and_keep_the_clients_name() {
         .unwrap()
         .into_inner();
     assert_eq!(info.gates[0].decided_by, "bob");
+}
+
+/// WatchLogs is a read: a viewer may follow a run's output, a token scoped to another project
+/// may not, and without a token (a tokens file being set) nobody may.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_logs_needs_a_viewer_token_of_the_runs_project() {
+    let s = Secured::start(true).await;
+    let mut c = s.client();
+    let ours = s.blocked_run(PROJECT).await;
+    let theirs = s.blocked_run(OTHER).await;
+    let req = |project: &str, run: &str| WatchLogsRequest {
+        project_id: project.into(),
+        run_id: run.into(),
+        follow: false,
+        ..Default::default()
+    };
+    // A viewer reads the (empty) output of a run; the stream ends without error.
+    let mut stream = c
+        .watch_logs(as_(&s.token("vic"), req(PROJECT, &ours)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(stream.message().await.unwrap().is_none());
+    // pat's token is for PROJECT only.
+    allowed(
+        "pat on its project",
+        ok(c.watch_logs(as_(&s.token("pat"), req(PROJECT, &ours)))
+            .await),
+    );
+    denied(
+        "pat on another project",
+        ok(c.watch_logs(as_(&s.token("pat"), req(OTHER, &theirs)))
+            .await),
+        "project",
+    );
+    let e = c.watch_logs(req(PROJECT, &ours)).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
 }

@@ -3,8 +3,10 @@
 //   stays open past the run's end) and are appended to the event table; after each, the page
 //   is fetched again and every part marked data-live that changed is replaced.
 // - Runs list: fetched again every few seconds, its data-live parts replaced the same way.
+// - Node panels of the run page: each pre.log listens to its node's output (server-sent `log`
+//   messages) and appends it as text; a node that starts again (rework, resume) reconnects.
 // Markup inserted here is the server's own (maud escapes every value); nothing from an event's
-// fields is ever parsed as HTML on its own.
+// fields is ever parsed as HTML on its own, and log output only ever becomes textContent.
 "use strict";
 (function () {
   const RUNS_EVERY_MS = 4000;
@@ -72,6 +74,46 @@
     timer = setTimeout(function () { timer = null; refresh(); setTimeout(refresh, 1500); }, 250);
   }
 
+  // Node output: appended as text only (it is whatever the program printed).
+  const logSources = {};
+  function followLog(pre) {
+    const node = pre.closest("[data-node]");
+    if (!node || !window.EventSource) return;
+    const id = node.dataset.node;
+    if (logSources[id]) return;
+    const status = document.getElementById("log-status-" + id);
+    const say = function (text) { if (status) status.textContent = text; };
+    const after = pre.dataset.after || "";
+    const source = new EventSource(pre.dataset.src + (after ? "?after=" + encodeURIComponent(after) : ""));
+    logSources[id] = source;
+    source.onopen = function () { say("Live: new output appears as it is printed."); };
+    source.addEventListener("log", function (m) {
+      let c;
+      try { c = JSON.parse(m.data); } catch (e) { return; }
+      const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+      (c.pieces || []).forEach(function (p) {
+        const span = document.createElement("span");
+        span.className = /^(stdout|stderr|step|note)$/.test(p.class) ? p.class : "note";
+        span.textContent = String(p.text || "");
+        pre.appendChild(span);
+      });
+      if (m.lastEventId) pre.dataset.after = m.lastEventId;
+      if (atBottom) pre.scrollTop = pre.scrollHeight;
+    });
+    source.addEventListener("end", function () {
+      source.close();
+      delete logSources[id];
+      say("The output is complete.");
+    });
+    source.onerror = function () {
+      if (source.readyState === EventSource.CLOSED) {
+        delete logSources[id];
+        say("The output stream is unavailable; reload the page to retry.");
+      } else say("Connection lost; reconnecting…");
+    };
+  }
+  document.querySelectorAll("pre.log[data-src]").forEach(followLog);
+
   const table = document.getElementById("event-table");
   if (table && window.EventSource) {
     const body = table.tBodies[0];
@@ -87,6 +129,10 @@
       t.innerHTML = String(ev.row || "");
       const row = t.content.firstElementChild;
       if (row) body.appendChild(row);
+      if (ev.type === "node.started") {
+        const pre = document.getElementById("log-" + ev.node_id);
+        if (pre) followLog(pre);
+      }
       refreshSoon();
     });
     source.addEventListener("end", function (m) {

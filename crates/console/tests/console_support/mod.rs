@@ -47,6 +47,8 @@ pub struct Call {
 struct Runs {
     runs: HashMap<String, pb::RunInfo>,
     events: HashMap<String, Vec<pb::Event>>,
+    /// Node output by run, in order.
+    logs: HashMap<String, Vec<pb::LogChunk>>,
     calls: Vec<Call>,
     submits: Vec<pb::SubmitRunRequest>,
     lists: Vec<pb::ListRunsRequest>,
@@ -104,6 +106,18 @@ impl FakeOrchestrator {
             .get_mut(run_id)
             .unwrap()
             .title = title.into();
+    }
+
+    /// Adds a chunk of node output (WatchLogs sends it) and wakes the watchers.
+    pub fn add_log(&self, run_id: &str, chunk: pb::LogChunk) {
+        self.state
+            .lock()
+            .unwrap()
+            .logs
+            .entry(run_id.to_owned())
+            .or_default()
+            .push(chunk);
+        self.changed.send_modify(|v| *v += 1);
     }
 
     /// Appends an event with the next sequence number and wakes the watchers.
@@ -215,6 +229,7 @@ impl FakeOrchestrator {
 }
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send + 'static>>;
+type LogStream = Pin<Box<dyn Stream<Item = Result<pb::LogChunk, Status>> + Send + 'static>>;
 
 #[tonic::async_trait]
 impl Orchestrator for FakeOrchestrator {
@@ -342,6 +357,48 @@ impl Orchestrator for FakeOrchestrator {
                     return;
                 }
                 if changed.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(GrpcResponse::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
+    type WatchLogsStream = LogStream;
+
+    async fn watch_logs(
+        &self,
+        req: GrpcRequest<pb::WatchLogsRequest>,
+    ) -> Result<GrpcResponse<Self::WatchLogsStream>, Status> {
+        let r = req.into_inner();
+        if !self.state.lock().unwrap().runs.contains_key(&r.run_id) {
+            return Err(Status::not_found(format!("run `{}` not found", r.run_id)));
+        }
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        let me = self.clone();
+        let mut changed = self.changed.subscribe();
+        tokio::spawn(async move {
+            let after = (r.after_attempt, r.after_seq);
+            let mut sent = 0;
+            loop {
+                let batch: Vec<pb::LogChunk> = {
+                    let s = me.state.lock().unwrap();
+                    s.logs
+                        .get(&r.run_id)
+                        .map(|l| l.iter().skip(sent).cloned().collect())
+                        .unwrap_or_default()
+                };
+                sent += batch.len();
+                for c in batch {
+                    let wanted = (r.node_id.is_empty() || c.node_id == r.node_id)
+                        && (c.attempt, c.seq) > after;
+                    if wanted && tx.send(Ok(c)).await.is_err() {
+                        return;
+                    }
+                }
+                if !r.follow || changed.changed().await.is_err() {
                     return;
                 }
             }
@@ -584,6 +641,62 @@ pub async fn real_orchestrator(store_addr: &str) -> (String, cairn_orchestrator:
         let _ = host.serve(l, std::future::pending()).await;
     });
     (addr, handle)
+}
+
+/// A sandbox runner on a 127.0.0.1 port (Docker when CAIRN_REQUIRE_DOCKER=1, else the local
+/// backend) and the real orchestrator over it and the store; Err(why) when no runner can start
+/// here.
+pub async fn real_orchestrator_with_runner(
+    store_addr: &str,
+    dir: &std::path::Path,
+) -> Result<
+    (
+        String,
+        cairn_orchestrator::Handle,
+        cairn_sandbox_runner::RunnerHandle,
+    ),
+    String,
+> {
+    let docker = std::env::var("CAIRN_REQUIRE_DOCKER").is_ok_and(|v| v == "1");
+    let config = cairn_sandbox_runner::Config {
+        work_root: dir.join("sandbox-work"),
+        runner_id: format!("consoletest{}", std::process::id()),
+        backend: if docker {
+            cairn_sandbox_runner::BackendChoice::Docker
+        } else {
+            cairn_sandbox_runner::BackendChoice::Local
+        },
+        ..Default::default()
+    };
+    let (server, runner) = match cairn_sandbox_runner::sandbox_service(config).await {
+        Ok(r) => r,
+        Err(e) if docker => panic!("CAIRN_REQUIRE_DOCKER=1 but the docker runner failed: {e}"),
+        Err(e) => return Err(e.to_string()),
+    };
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let sandbox_addr = l.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        let mut host = cairn_server::Host::new();
+        host.add(server);
+        let _ = host.serve(l, std::future::pending()).await;
+    });
+    let config = cairn_orchestrator::Config {
+        store_addr: store_addr.to_owned(),
+        sandbox_addrs: vec![sandbox_addr],
+        snapshot_interval_ms: 100,
+        ..cairn_orchestrator::Config::default()
+    };
+    let (server, handle) = cairn_orchestrator::orchestrator_service(config)
+        .await
+        .unwrap();
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        let mut host = cairn_server::Host::new();
+        host.add(server);
+        let _ = host.serve(l, std::future::pending()).await;
+    });
+    Ok((addr, handle, runner))
 }
 
 /// Every event of the run, as the store holds them.

@@ -1,11 +1,14 @@
 //! `sandbox_run`: stages project files from the store as the runner's /input,
 //! runs the code on a sandbox runner, writes the /output files under `output_prefix` through
 //! the store (within `allowed_prefixes`), stores `sandbox/<node>/result.json` and records
-//! sandbox_start / sandbox_complete / sandbox_failed. Cancelling the run drops the runner call,
-//! which stops the job on the runner.
+//! sandbox_start / sandbox_complete / sandbox_failed. The program's stdout/stderr stream into
+//! the node's log as they come (RunStream). Cancelling the run drops the runner call, which
+//! stops the job on the runner.
 
 use bytes::Bytes;
-use cairn_proto::v1::{FileContent, Level, Limits, RunRequest, RunResult};
+use cairn_proto::v1::{
+    FileContent, Level, Limits, LogStream, OutputChunk, RunRequest, RunResult, StdStream,
+};
 use serde_json::{json, Map, Value};
 
 use super::{expand_files, NodeCtx, NodeError, NodeSuccess};
@@ -136,7 +139,17 @@ pub async fn run(ctx: &NodeCtx, spec: &SandboxRun) -> Result<NodeSuccess, NodeEr
             .with("inputs", inputs.len())
             .with("timeout_s", timeout_s),
     );
-    let (result, runner) = match ctx.backends.runners.run(req).await {
+    // stdout/stderr go to the log hub as they come (WatchLogs, the console's node panel).
+    let log = ctx.log();
+    log.begin();
+    let live = |c: OutputChunk| {
+        let stream = match StdStream::try_from(c.stream) {
+            Ok(StdStream::Stderr) => LogStream::Stderr,
+            _ => LogStream::Stdout,
+        };
+        log.write(stream, c.data);
+    };
+    let (result, runner) = match ctx.backends.runners.run_streaming(req, live).await {
         Ok(r) => r,
         Err(s) => {
             let e = NodeError::from_status("sandbox runner", &s);
@@ -149,6 +162,16 @@ pub async fn run(ctx: &NodeCtx, spec: &SandboxRun) -> Result<NodeSuccess, NodeEr
             return Err(e);
         }
     };
+    for (name, cut) in [
+        ("stdout", result.stdout_truncated),
+        ("stderr", result.stderr_truncated),
+    ] {
+        if cut {
+            log.step(&format!(
+                "[the runner kept only the start of {name}: it reached the runner's size limit]"
+            ));
+        }
+    }
     let written = match write_outputs(ctx, spec, &result, &output_prefix, &prefixes).await {
         Ok(w) => w,
         Err(e) => {
