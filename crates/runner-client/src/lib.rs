@@ -27,7 +27,7 @@ use std::sync::{Arc, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use cairn_proto::v1::sandbox_runner_client::SandboxRunnerClient;
-use cairn_proto::v1::{run_stream_response, OutputChunk, RunRequest, RunResult};
+use cairn_proto::v1::{run_stream_response, OutputChunk, RunRequest, RunResult, StdStream};
 use cairn_telemetry::TracedChannel;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
@@ -365,7 +365,27 @@ async fn stream_one(
     started: &mut bool,
     output: &mut (impl FnMut(OutputChunk) + Send),
 ) -> Result<RunResult, Status> {
-    let mut stream = e.client.clone().run_stream(req).await?.into_inner();
+    let mut stream = match e.client.clone().run_stream(req.clone()).await {
+        Ok(s) => s.into_inner(),
+        // A runner without RunStream (an older version) runs it whole; its output follows.
+        Err(s) if s.code() == Code::Unimplemented => {
+            let r = e.client.clone().run(req).await?.into_inner();
+            *started = true;
+            for (stream, data) in [
+                (StdStream::Stdout, &r.stdout),
+                (StdStream::Stderr, &r.stderr),
+            ] {
+                if !data.is_empty() {
+                    output(OutputChunk {
+                        stream: stream as i32,
+                        data: data.clone(),
+                    });
+                }
+            }
+            return Ok(r);
+        }
+        Err(s) => return Err(s),
+    };
     while let Some(msg) = stream.message().await? {
         match msg.msg {
             Some(run_stream_response::Msg::Output(chunk)) => {
