@@ -14,7 +14,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::Extension;
-use cairn_proto::v1::{LogChunk, LogStream, NodeInfo, NodeState, RunInfo, WatchLogsRequest};
+use cairn_proto::v1::{Event, LogChunk, LogStream, NodeState, RunInfo, WatchLogsRequest};
 use futures::Stream;
 use maud::{html, Markup};
 use serde::Deserialize;
@@ -34,11 +34,35 @@ const PAGE_BYTES: usize = 64 << 10;
 /// Lines of a failed sandbox program's output shown beside its error.
 const TAIL_LINES: usize = 40;
 
-/// The nodes that get a log panel.
-pub(super) fn logged(info: &RunInfo) -> impl Iterator<Item = &NodeInfo> {
-    info.nodes
+/// What gets a log panel, as (id, type): every sandbox_run and code_delivery node, then every
+/// item of a map (`<map>.<index>`) whose `node.started` event names one of those types.
+pub(super) fn logged(info: &RunInfo, events: &[Event]) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = info
+        .nodes
         .iter()
         .filter(|n| LOGGED_TYPES.contains(&n.r#type.as_str()))
+        .map(|n| (n.id.clone(), n.r#type.clone()))
+        .collect();
+    let is_map = |id: &str| info.nodes.iter().any(|n| n.id == id && n.r#type == "map");
+    for e in events.iter().filter(|e| e.r#type == "node.started") {
+        let Some((map, index)) = e.node_id.rsplit_once('.') else {
+            continue;
+        };
+        if !is_map(map)
+            || index.parse::<u64>().is_err()
+            || out.iter().any(|(id, _)| *id == e.node_id)
+        {
+            continue;
+        }
+        let kind = serde_json::from_str::<serde_json::Value>(&e.data_json)
+            .ok()
+            .and_then(|d| d.get("node_type")?.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        if LOGGED_TYPES.contains(&kind.as_str()) {
+            out.push((e.node_id.clone(), kind));
+        }
+    }
+    out
 }
 
 /// One piece of output as the page shows it.
@@ -241,11 +265,10 @@ pub(super) fn pre(id: &str, pieces: &[Piece], src: Option<(&str, &str)>) -> Mark
 }
 
 /// The node panels of the run page.
-pub(super) fn section(
-    info: &RunInfo,
-    run_url: &str,
-    outputs: &[(String, Result<NodeOutput, ConsoleError>)],
-) -> Markup {
+/// (id, type, output) of each panel.
+pub(super) type Outputs = [(String, String, Result<NodeOutput, ConsoleError>)];
+
+pub(super) fn section(info: &RunInfo, run_url: &str, outputs: &Outputs) -> Markup {
     html! {
         section #logs-section {
             h2 #logs { "Node output" }
@@ -254,14 +277,14 @@ pub(super) fn section(
             } @else {
                 p.hint { "What sandbox programs print appears as they print it; code delivery commands appear with their output once each has finished. Each attempt keeps the last part of its output." }
             }
-            @for (id, out) in outputs {
+            @for (id, kind, out) in outputs {
                 @let node = info.nodes.iter().find(|n| n.id == *id);
-                @let kind = node.map_or("", |n| n.r#type.as_str());
+                @let kind = kind.as_str();
                 @let state = node.map_or(0, |n| n.state);
                 @let open = state != NodeState::Succeeded as i32 && state != NodeState::Skipped as i32;
                 @let src = format!("{run_url}/nodes/{}/logs", page::seg(id));
                 details.node-panel id=(format!("panel-{id}")) data-node=(id) open[open] {
-                    summary { "Node " code { (id) } " (" (kind) ")" }
+                    summary { @if node.is_some() { "Node " } @else { "Map item " } code { (id) } " (" (kind) ")" }
                     div.panel-head id=(format!("panel-head-{id}")) data-live {
                         @if let Some(n) = node {
                             p { (page::badge(page::node_state_name(n.state))) " attempts: " (n.attempts) }

@@ -170,16 +170,16 @@ pub(super) async fn render(
         diff::turns(console, project, &dir),
     );
     let info = info?;
-    let outputs: Vec<(String, Result<logs::NodeOutput, ConsoleError>)> =
-        futures::future::join_all(logs::logged(&info).map(|n| async move {
-            (
-                n.id.clone(),
-                logs::load(console, visitor, project, run, &n.id).await,
-            )
-        }))
-        .await;
     let no_events: &[cairn_proto::v1::Event] = &[];
     let event_list = events.as_ref().map_or(no_events, |h| h.events.as_slice());
+    let outputs: Vec<(String, String, Result<logs::NodeOutput, ConsoleError>)> =
+        futures::future::join_all(logs::logged(&info, event_list).into_iter().map(
+            |(id, kind)| async move {
+                let out = logs::load(console, visitor, project, run, &id).await;
+                (id, kind, out)
+            },
+        ))
+        .await;
     let nodes = dag::nodes_or_run(&graph, &info);
     let rows = timeline::rows(&nodes, event_list);
     let now = if page::is_final(info.state) {

@@ -1204,7 +1204,8 @@ async fn the_runs_list_and_a_run_page_fit_a_phone() {
 }
 
 /// Item 10: axe-core finds no critical or serious accessibility problem on the login page,
-/// the runs list, a run page with a blocked gate and a file view (every finding is printed).
+/// the runs list, a run page with a blocked gate, a file view, the start form and a diff of
+/// two turns (every finding is printed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pages_have_no_critical_or_serious_accessibility_findings() {
     let axe = axe_path();
@@ -1292,6 +1293,31 @@ async fn pages_have_no_critical_or_serious_accessibility_findings() {
         .await
         .unwrap();
     check("a file view").await;
+
+    c.goto(&format!("{base}start?project={PROJECT}"))
+        .await
+        .unwrap();
+    c.wait()
+        .for_element(Locator::Css("#start-form"))
+        .await
+        .unwrap();
+    check("the start form").await;
+
+    let turns = format!(".cairn/runs/{RUN}/agents/writer-1/artifacts");
+    s.put(&format!("{turns}/turn-1.md"), "# Plan\n\none\ntwo\n")
+        .await;
+    s.put(&format!("{turns}/turn-2.md"), "# Plan\n\none\n2\nthree\n")
+        .await;
+    c.goto(&format!(
+        "{base}projects/{PROJECT}/runs/{RUN}/agents/writer-1/diff?turn=2"
+    ))
+    .await
+    .unwrap();
+    c.wait()
+        .for_element(Locator::Css("#turn-diff"))
+        .await
+        .unwrap();
+    check("a diff of two turns").await;
     client.close().await.unwrap();
 }
 

@@ -1292,3 +1292,70 @@ async fn node_panels_show_output_as_text_and_the_failing_step_beside_its_error()
         .await;
     assert!(!t.contains("id: 1.1\n"), "{t}");
 }
+
+#[tokio::test]
+async fn items_of_a_map_that_print_get_panels_of_their_own() {
+    let s = Services::start().await;
+    let run = "run-map";
+    let mut info = blocked_run(run, "Fan out", "2026-01-03T00:00:00.000Z");
+    info.gates.clear();
+    info.state = pb::TaskState::Working as i32;
+    info.nodes = vec![pb::NodeInfo {
+        id: "fan".into(),
+        r#type: "map".into(),
+        state: pb::NodeState::Running as i32,
+        attempts: 1,
+        ..Default::default()
+    }];
+    s.fake.add_run(info);
+    let started = |node: &str, kind: &str| pb::Event {
+        r#type: "node.started".into(),
+        node_id: node.into(),
+        level: pb::Level::Info as i32,
+        data_json: serde_json::json!({"node_type": kind, "attempt": 1}).to_string(),
+        ..Default::default()
+    };
+    append_events(
+        &s.store_addr,
+        PROJECT,
+        run,
+        &[
+            started("fan", "map"),
+            started("fan.0", "sandbox_run"),
+            started("fan.1", "sandbox_run"),
+            started("fan.0", "sandbox_run"),
+            started("other.2", "sandbox_run"),
+        ],
+    )
+    .await;
+    s.fake.add_log(
+        run,
+        log_chunk(
+            "fan.0",
+            1,
+            pb::LogStream::Stdout,
+            "item zero says <b>hi</b>\n",
+        ),
+    );
+    let mut c = Client::new(s.router(None));
+    let p = c.get(&format!("/projects/{PROJECT}/runs/{run}")).await;
+    assert_eq!(p.status, StatusCode::OK, "{}", p.body);
+    let b = &p.body;
+    // One panel per item that ran a logged kind, once each; not for an id of no map.
+    assert_eq!(b.matches("id=\"panel-fan.0\"").count(), 1, "{b}");
+    assert!(b.contains("id=\"panel-fan.1\""), "{b}");
+    assert!(
+        !b.contains("id=\"panel-fan\""),
+        "the map itself prints nothing: {b}"
+    );
+    assert!(!b.contains("panel-other.2"), "{b}");
+    assert!(
+        b.contains("Map item <code>fan.0</code> (sandbox_run)"),
+        "{b}"
+    );
+    assert!(
+        b.contains("data-src=\"/projects/proj/runs/run-map/nodes/fan.0/logs\""),
+        "{b}"
+    );
+    assert!(b.contains("item zero says &lt;b&gt;hi&lt;/b&gt;"), "{b}");
+}
