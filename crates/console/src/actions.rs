@@ -10,8 +10,8 @@ use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::{Extension, Form};
 use cairn_proto::v1::{
-    AddNoteRequest, EditContextRequest, GateDecisionRequest, GetRunRequest, ReworkRequest,
-    RunActionRequest, SubmitRunRequest,
+    AddNoteRequest, EditContextRequest, GateDecisionRequest, GetRunRequest, NodeState,
+    ReworkRequest, RunActionRequest, SubmitRunRequest,
 };
 use maud::html;
 use serde::Deserialize;
@@ -424,7 +424,7 @@ async fn confirm_cancel(
     let running: Vec<&str> = info
         .nodes
         .iter()
-        .filter(|n| page::node_state_name(n.state) == "running")
+        .filter(|n| n.state == NodeState::Running as i32)
         .map(|n| n.id.as_str())
         .collect();
     let title = if info.title.is_empty() {

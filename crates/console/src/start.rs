@@ -13,6 +13,7 @@ use cairn_proto::v1::{EntryKind, SubmitRunRequest};
 use maud::html;
 use serde::Deserialize;
 
+use super::actions::permitted;
 use super::files;
 use super::page::{self, layout};
 use super::session::{Flash, Visitor};
@@ -69,7 +70,7 @@ pub(super) async fn form(
     Extension(visitor): Extension<Visitor>,
     Query(q): Query<StartQuery>,
 ) -> Result<Response, ConsoleError> {
-    permitted(&visitor)?;
+    permitted(&visitor, Rpc::SubmitRun)?;
     let form = StartForm {
         project: q.project,
         source: "graph".into(),
@@ -83,7 +84,7 @@ pub(super) async fn submit(
     Extension(visitor): Extension<Visitor>,
     Form(form): Form<StartForm>,
 ) -> Response {
-    if let Err(e) = permitted(&visitor) {
+    if let Err(e) = permitted(&visitor, Rpc::SubmitRun) {
         return e.into_response();
     }
     match start(&console, &visitor, &form).await {
@@ -105,10 +106,6 @@ pub(super) async fn submit(
             (status, render(&console, &visitor, form, Some(flash)).await).into_response()
         }
     }
-}
-
-fn permitted(visitor: &Visitor) -> Result<(), ConsoleError> {
-    super::actions::permitted(visitor, Rpc::SubmitRun)
 }
 
 /// `KEY=VALUE` lines (blank lines skipped) as variables.

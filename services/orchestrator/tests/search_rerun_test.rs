@@ -202,6 +202,14 @@ async fn a_rerun_starts_a_new_run_from_the_recorded_graph_and_variables() {
         "hello cy"
     );
 
+    // A title given replaces the recorded one.
+    let mut titled = rerun(&[], "");
+    titled.title = "Greeting again".into();
+    let fourth = s.submit_req(titled).await.unwrap();
+    assert_eq!(fourth.title, "Greeting again");
+    assert_eq!(fourth.goal, "Say hello");
+    s.wait_final(&fourth.run_id, 30).await;
+
     // Refusals: an unknown run, a graph sent alongside, a run of another project.
     let mut bad = rerun(&[], "");
     bad.rerun_of = "no-such-run".into();
