@@ -24,7 +24,7 @@ PC_PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0))
 RUST_LOG=warn "$BIN/cairn-artifact-store" --data-root "$WORK/data" --listen "127.0.0.1:$PORT" &
 STORE_PID=$!
 # A second store writing large bodies through the page cache, for the side-by-side row.
-CAIRN_STORE_DIRECT_IO=false RUST_LOG=warn "$BIN/cairn-artifact-store" --data-root "$WORK/data-pc" --listen "127.0.0.1:$PC_PORT" &
+CAIRN_ARTIFACT_STORE_DIRECT_IO=false RUST_LOG=warn "$BIN/cairn-artifact-store" --data-root "$WORK/data-pc" --listen "127.0.0.1:$PC_PORT" &
 PC_PID=$!
 for p in "$PORT" "$PC_PORT"; do
   for _ in $(seq 100); do

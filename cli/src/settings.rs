@@ -3,11 +3,11 @@
 //! up`, the commands that start services in this process and `cairn serve <service>` read it
 //! the same way; `cairn config show` prints the outcome and where each value came from.
 //!
-//! Sections: `[artifact_store]` (variables `CAIRN_STORE_*`), `[ingest]` (`CAIRN_INGEST_*`),
-//! `[sandbox_runner]` (`CAIRN_SANDBOX_RUNNER_*`), `[orchestrator]` (`CAIRN_ORCHESTRATOR_*`),
-//! `[console]` (`CAIRN_CONSOLE_*`). `[llm]`, `[code_delivery]`, `[onebot]` and `[auth]` are the
-//! orchestrator's and may stand at the top level; `[tls]` applies to every service (a service's
-//! own `tls` table wins). Any other section, and any unknown key, is refused.
+//! Sections, each with variables `CAIRN_<SECTION>_<KEY>`: `[artifact_store]`, `[ingest]`,
+//! `[sandbox_runner]`, `[orchestrator]`, `[console]`; `[llm]`, `[code_delivery]`, `[onebot]`
+//! and `[auth]` are the orchestrator's and may stand at the top level; `[tls]` (`CAIRN_TLS_DIR`
+//! etc.) applies to every service (a service's own `tls` table wins). Any other section, and any
+//! unknown key, is refused.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -36,6 +36,7 @@ pub const SHARED_TLS: &str = "tls";
 pub const CONSOLE_ENV: Env = Env {
     prefix: "CAIRN_CONSOLE_",
     unknown: UnknownVars::Ignore,
+    aliases: &[],
 };
 
 /// Where a value came from.

@@ -164,3 +164,100 @@ fn the_documented_example_is_accepted() {
         "[tls] applies to every service"
     );
 }
+
+#[test]
+fn every_section_takes_cairn_section_key_variables() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cairn.toml");
+    std::fs::write(&file, "[llm]\nmodel = \"from-file\"\n").unwrap();
+    let tokens = dir.path().join("tokens.toml");
+    let tokens = tokens.to_str().unwrap();
+    let (shown, _) = show_json(
+        &dir.path().join("data"),
+        &file,
+        &[
+            ("CAIRN_ARTIFACT_STORE_MAX_FILE_BYTES", "1000"),
+            ("CAIRN_INGEST_MAX_BLOCKS", "7"),
+            ("CAIRN_SANDBOX_RUNNER_POOL_SIZE", "3"),
+            ("CAIRN_ORCHESTRATOR_MAX_PARALLEL_RUNS", "5"),
+            ("CAIRN_LLM_MODEL", "from-env"),
+            ("CAIRN_CODE_DELIVERY_MAX_ARCHIVE_SIZE_MB", "9"),
+            ("CAIRN_AUTH_TOKENS_FILE", tokens),
+            ("CAIRN_CONSOLE_LISTEN", "127.0.0.1:7999"),
+        ],
+    );
+    for (section, key, want) in [
+        ("artifact_store", "max_file_bytes", 1000.into()),
+        ("ingest", "max_blocks", 7.into()),
+        ("sandbox_runner", "pool_size", 3.into()),
+        ("orchestrator", "max_parallel_runs", 5.into()),
+        ("orchestrator", "llm.model", "from-env".into()),
+        (
+            "orchestrator",
+            "code_delivery.max_archive_size_mb",
+            9.into(),
+        ),
+        ("orchestrator", "auth.tokens_file", tokens.into()),
+        ("console", "listen", "127.0.0.1:7999".into()),
+    ] {
+        assert_eq!(
+            value(&shown, section, key),
+            (&want, "env"),
+            "{section}.{key}"
+        );
+    }
+
+    // The older spellings still work.
+    let (shown, _) = show_json(
+        &dir.path().join("data"),
+        &file,
+        &[
+            ("CAIRN_STORE_MAX_FILE_BYTES", "2000"),
+            ("CAIRN_ORCHESTRATOR_LLM_MODEL", "old-spelling"),
+        ],
+    );
+    assert_eq!(
+        value(&shown, "artifact_store", "max_file_bytes"),
+        (&2000.into(), "env")
+    );
+    assert_eq!(
+        value(&shown, "orchestrator", "llm.model"),
+        (&"old-spelling".into(), "env")
+    );
+
+    // A typo under a section's prefix, or two spellings that disagree, are errors naming them.
+    for (env, needles) in [
+        (
+            vec![("CAIRN_LLM_MODLE", "m")],
+            vec!["CAIRN_LLM_MODLE", "model"],
+        ),
+        (
+            vec![("CAIRN_ARTIFACT_STORE_MAX_FILE_BYTE", "1")],
+            vec!["CAIRN_ARTIFACT_STORE_MAX_FILE_BYTE", "max_file_bytes"],
+        ),
+        (
+            vec![
+                ("CAIRN_LLM_MODEL", "a"),
+                ("CAIRN_ORCHESTRATOR_LLM_MODEL", "b"),
+            ],
+            vec![
+                "CAIRN_LLM_MODEL",
+                "CAIRN_ORCHESTRATOR_LLM_MODEL",
+                "llm.model",
+            ],
+        ),
+    ] {
+        let out = cairn(&dir.path().join("data"))
+            .envs(env.iter().copied())
+            .arg("--config")
+            .arg(&file)
+            .args(["config", "show"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{env:?} was accepted");
+        for n in needles {
+            assert!(stderr.contains(n), "{env:?}: {n} not in {stderr}");
+        }
+    }
+}

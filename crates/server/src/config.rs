@@ -41,11 +41,30 @@ pub enum UnknownVars {
 }
 
 /// A service's environment overrides: `<prefix><KEY>` (`<prefix>CONFIG`, the file flag's
-/// variable, is never a key).
+/// variable, is never a key), and the other spellings in `aliases`.
 #[derive(Debug, Clone, Copy)]
 pub struct Env {
     pub prefix: &'static str,
     pub unknown: UnknownVars,
+    pub aliases: &'static [Alias],
+}
+
+/// Another prefix for the keys of one section: `CAIRN_LLM_<KEY>` for the orchestrator's
+/// `[llm]`. A named section's alias is the name [`Env::names`] gives its keys; a top-level
+/// alias (`section` empty) is an older spelling of the whole service that still works.
+#[derive(Debug, Clone, Copy)]
+pub struct Alias {
+    pub prefix: &'static str,
+    pub section: &'static str,
+    pub unknown: UnknownVars,
+}
+
+/// A variable read as a key: the section its prefix names (empty = top level), the key below
+/// it in environment spelling, and what to do when no key matches.
+struct Spelling<'a> {
+    section: &'a str,
+    key: String,
+    unknown: UnknownVars,
 }
 
 impl Env {
@@ -62,7 +81,28 @@ impl Env {
         Ok(config)
     }
 
-    /// Applies the `(name, value)` pairs that carry the prefix, in name order; all or none.
+    /// What `name` is a spelling of, if it carries one of the prefixes (the longest wins).
+    fn spelling(&self, name: &str) -> Option<Spelling<'static>> {
+        let own = std::iter::once(Alias {
+            prefix: self.prefix,
+            section: "",
+            unknown: self.unknown,
+        });
+        own.chain(self.aliases.iter().copied())
+            .filter(|a| name.starts_with(a.prefix))
+            .max_by_key(|a| a.prefix.len())
+            .and_then(|a| {
+                let key = &name[a.prefix.len()..];
+                (!key.is_empty() && key != "CONFIG").then(|| Spelling {
+                    section: a.section,
+                    key: key.to_ascii_lowercase(),
+                    unknown: a.unknown,
+                })
+            })
+    }
+
+    /// Applies the `(name, value)` pairs that carry a prefix, in name order; all or none. Two
+    /// spellings of one key with different values are refused.
     pub fn apply<T>(
         &self,
         config: &mut T,
@@ -71,34 +111,64 @@ impl Env {
     where
         T: Serialize + DeserializeOwned,
     {
-        let mut vars: Vec<(String, String)> = vars
+        let mut vars: Vec<(String, String, Spelling<'static>)> = vars
             .into_iter()
-            .filter(|(name, _)| {
-                name.strip_prefix(self.prefix)
-                    .is_some_and(|k| !k.is_empty() && k != "CONFIG")
-            })
+            .filter_map(|(name, value)| self.spelling(&name).map(|s| (name, value, s)))
             .collect();
-        vars.sort();
+        vars.sort_by(|a, b| a.0.cmp(&b.0));
         let mut table = to_table(config)?;
         let mut next = None;
-        for (var, value) in vars {
+        let mut seen: Vec<(Vec<String>, String, String)> = Vec::new();
+        for (var, value, spelling) in vars {
             let err = |message: String| ConfigError::Env {
                 var: var.clone(),
                 message,
             };
-            let key = var[self.prefix.len()..].to_ascii_lowercase();
-            let Some(path) = resolve(&table, &key) else {
-                match self.unknown {
+            let path = if spelling.section.is_empty() {
+                resolve(&table, &spelling.key)
+            } else {
+                let section = table
+                    .get(spelling.section)
+                    .and_then(toml::Value::as_table)
+                    .cloned()
+                    .unwrap_or_default();
+                resolve(&section, &spelling.key).map(|mut p| {
+                    p.insert(0, spelling.section.to_owned());
+                    p
+                })
+            };
+            let Some(path) = path else {
+                match spelling.unknown {
                     UnknownVars::Ignore => continue,
                     UnknownVars::Refuse => {
+                        let shown = if spelling.section.is_empty() {
+                            leaf_names(&table)
+                        } else {
+                            leaf_names(&table)
+                                .into_iter()
+                                .filter_map(|k| {
+                                    k.strip_prefix(spelling.section)?
+                                        .strip_prefix('.')
+                                        .map(str::to_owned)
+                                })
+                                .collect()
+                        };
                         return Err(err(format!(
-                            "no key `{key}`; unset it or fix the name (keys: {})",
-                            leaf_names(&table).join(", ")
-                        )))
+                            "no key `{}`; unset it or fix the name (keys: {})",
+                            spelling.key,
+                            shown.join(", ")
+                        )));
                     }
                 }
             };
+            if let Some((_, other, _)) = seen.iter().find(|(p, _, v)| *p == path && *v != value) {
+                return Err(err(format!(
+                    "{other} sets the same key (`{}`) to another value; unset one of them",
+                    path.join(".")
+                )));
+            }
             let (t, c) = with_value(&table, &path, &value).map_err(err)?;
+            seen.push((path, var.clone(), value));
             table = t;
             next = Some(c);
         }
@@ -108,18 +178,36 @@ impl Env {
         Ok(())
     }
 
-    /// The variable names of the keys `config` has (keys whose value is `None` are absent).
+    /// The variable names of the keys `config` has (keys whose value is `None` are absent): a
+    /// key of a section with an alias under that alias, every other key under `prefix`.
     pub fn names<T: Serialize>(&self, config: &T) -> Result<Vec<String>, ConfigError> {
         Ok(leaf_names(&to_table(config)?)
             .into_iter()
             .map(|k| {
-                format!(
-                    "{}{}",
-                    self.prefix,
-                    k.replace('.', "_").to_ascii_uppercase()
-                )
+                let alias = self.aliases.iter().find_map(|a| {
+                    let rest = k.strip_prefix(a.section)?.strip_prefix('.')?;
+                    (!a.section.is_empty()).then_some((a.prefix, rest))
+                });
+                let (prefix, rest) = alias.unwrap_or((self.prefix, k.as_str()));
+                format!("{prefix}{}", rest.replace('.', "_").to_ascii_uppercase())
             })
             .collect())
+    }
+
+    /// Every spelling of every key `config` has: [`Env::names`], the same keys under
+    /// `prefix`, and under top-level aliases.
+    fn all_names<T: Serialize>(&self, config: &T) -> Result<Vec<String>, ConfigError> {
+        let mut names = self.names(config)?;
+        for k in leaf_names(&to_table(config)?) {
+            let env = k.replace('.', "_").to_ascii_uppercase();
+            names.push(format!("{}{env}", self.prefix));
+            for a in self.aliases.iter().filter(|a| a.section.is_empty()) {
+                names.push(format!("{}{env}", a.prefix));
+            }
+        }
+        names.sort();
+        names.dedup();
+        Ok(names)
     }
 
     /// Applies the variables of the keys `config` has, read through `var` (tests, embedders).
@@ -132,7 +220,7 @@ impl Env {
         T: Serialize + DeserializeOwned,
     {
         let vars: Vec<(String, String)> = self
-            .names(config)?
+            .all_names(config)?
             .into_iter()
             .filter_map(|name| var(&name).map(|v| (name, v)))
             .collect();
@@ -388,6 +476,25 @@ mod tests {
     const ENV: Env = Env {
         prefix: "DEMO_",
         unknown: UnknownVars::Refuse,
+        aliases: &[],
+    };
+
+    /// `[retry]` also as `RETRY_<KEY>`; the whole service also as `OLD_<KEY>` (lenient).
+    const ALIASED: Env = Env {
+        prefix: "DEMO_",
+        unknown: UnknownVars::Refuse,
+        aliases: &[
+            Alias {
+                prefix: "RETRY_",
+                section: "retry",
+                unknown: UnknownVars::Refuse,
+            },
+            Alias {
+                prefix: "OLD_",
+                section: "",
+                unknown: UnknownVars::Ignore,
+            },
+        ],
     };
 
     fn vars(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
@@ -540,5 +647,83 @@ mod tests {
         ENV.apply_lookup(&mut c, |k| (k == "DEMO_MAX_ITEMS").then(|| "6".into()))
             .unwrap();
         assert_eq!(c.max_items, 6);
+    }
+
+    #[test]
+    fn config_section_aliases_name_a_section_and_old_spellings_still_work() {
+        let mut c = Demo::default();
+        ALIASED
+            .apply(
+                &mut c,
+                vars(&[
+                    ("RETRY_MAX_ATTEMPTS", "7"),
+                    ("OLD_MAX_ITEMS", "4"),
+                    ("OLD_ADDR", "not a key: ignored"),
+                    ("OTHER_MAX_ITEMS", "99"),
+                ]),
+            )
+            .unwrap();
+        assert_eq!((c.retry.max_attempts, c.max_items), (7, 4));
+
+        // The section alias is the name `names` gives; the primary spelling still works.
+        let names = ALIASED.names(&c).unwrap();
+        assert!(names.contains(&"RETRY_JITTER".to_owned()), "{names:?}");
+        assert!(names.contains(&"DEMO_MAX_ITEMS".to_owned()), "{names:?}");
+        assert!(
+            !names.contains(&"DEMO_RETRY_JITTER".to_owned()),
+            "{names:?}"
+        );
+        ALIASED
+            .apply(&mut c, vars(&[("DEMO_RETRY_JITTER", "0.75")]))
+            .unwrap();
+        assert_eq!(c.retry.jitter, 0.75);
+
+        // A section alias reads keys of its section only, and refuses a typo by its name.
+        let err = ALIASED
+            .apply(&mut c, vars(&[("RETRY_MAX_ITEMS", "1")]))
+            .unwrap_err()
+            .to_string();
+        let listed = [
+            "(keys: max_attempts, jitter)",
+            "(keys: jitter, max_attempts)",
+        ];
+        assert!(
+            err.contains("RETRY_MAX_ITEMS") && listed.iter().any(|l| err.contains(l)),
+            "{err}"
+        );
+        assert_eq!(c.max_items, 4, "a refused variable changes nothing");
+
+        // Two spellings of one key must agree.
+        let err = ALIASED
+            .apply(
+                &mut c,
+                vars(&[
+                    ("DEMO_RETRY_MAX_ATTEMPTS", "2"),
+                    ("RETRY_MAX_ATTEMPTS", "3"),
+                ]),
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("DEMO_RETRY_MAX_ATTEMPTS") && err.contains("retry.max_attempts"),
+            "{err}"
+        );
+        assert_eq!(c.retry.max_attempts, 7, "all or none");
+        ALIASED
+            .apply(
+                &mut c,
+                vars(&[
+                    ("DEMO_RETRY_MAX_ATTEMPTS", "2"),
+                    ("RETRY_MAX_ATTEMPTS", "2"),
+                ]),
+            )
+            .unwrap();
+        assert_eq!(c.retry.max_attempts, 2);
+
+        // Lookups find every spelling.
+        ALIASED
+            .apply_lookup(&mut c, |k| (k == "OLD_MAX_ITEMS").then(|| "12".into()))
+            .unwrap();
+        assert_eq!(c.max_items, 12);
     }
 }

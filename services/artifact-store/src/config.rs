@@ -1,10 +1,10 @@
-//! The store's configuration: defaults, then a TOML file, then `CAIRN_STORE_*` environment
-//! variables, then command-line flags (each later source wins).
+//! The store's configuration: defaults, then a TOML file, then `CAIRN_ARTIFACT_STORE_*`
+//! environment variables, then command-line flags (each later source wins).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use cairn_server::config::{self, Env, UnknownVars};
+use cairn_server::config::{self, Alias, Env, UnknownVars};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -67,11 +67,16 @@ impl Default for Config {
     }
 }
 
-/// `CAIRN_STORE_<KEY>` overrides (lists comma-separated); other `CAIRN_STORE_*` variables (the
-/// CLI's `CAIRN_STORE_ADDR`) are not ours and are skipped.
+/// `CAIRN_ARTIFACT_STORE_<KEY>` overrides (lists comma-separated); the older `CAIRN_STORE_<KEY>` still works (that prefix is
+/// shared with `CAIRN_STORE_ADDR` and compose's variables, so unknown names are skipped there).
 pub const ENV: Env = Env {
-    prefix: "CAIRN_STORE_",
-    unknown: UnknownVars::Ignore,
+    prefix: "CAIRN_ARTIFACT_STORE_",
+    unknown: UnknownVars::Refuse,
+    aliases: &[Alias {
+        prefix: "CAIRN_STORE_",
+        section: "",
+        unknown: UnknownVars::Ignore,
+    }],
 };
 
 impl Config {
@@ -83,14 +88,14 @@ impl Config {
         }
     }
 
-    /// Defaults, then the TOML `file` (if given), then `CAIRN_STORE_*` variables.
+    /// Defaults, then the TOML `file` (if given), then `CAIRN_ARTIFACT_STORE_*` variables.
     pub fn load(file: Option<&Path>) -> Result<Config> {
         let config: Config = ENV.load(file).map_err(config_error)?;
         config.check()?;
         Ok(config)
     }
 
-    /// Applies `CAIRN_STORE_*` overrides read through `var`.
+    /// Applies `CAIRN_ARTIFACT_STORE_*` (or `CAIRN_STORE_*`) overrides read through `var`.
     pub fn apply_env(&mut self, var: impl Fn(&str) -> Option<String>) -> Result<()> {
         ENV.apply_lookup(self, var).map_err(config_error)
     }
@@ -127,10 +132,10 @@ pub struct ConfigArgs {
     /// max_file_bytes, chunk_bytes, max_event_bytes, max_json_bytes).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Directory holding the projects (env CAIRN_STORE_DATA_ROOT).
+    /// Directory holding the projects (env CAIRN_ARTIFACT_STORE_DATA_ROOT).
     #[arg(long, value_name = "DIR")]
     pub data_root: Option<PathBuf>,
-    /// Address to listen on, e.g. 127.0.0.1:7070 (env CAIRN_STORE_LISTEN).
+    /// Address to listen on, e.g. 127.0.0.1:7070 (env CAIRN_ARTIFACT_STORE_LISTEN).
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
     /// Extra denylisted name (repeatable; adds to the built-in list and the config's).
@@ -189,7 +194,7 @@ mod tests {
             toml::from_str("data_root = \"/srv/a\"\nmax_file_bytes = 10\n").unwrap();
         config
             .apply_env(|k| match k {
-                "CAIRN_STORE_MAX_FILE_BYTES" => Some("20".into()),
+                "CAIRN_ARTIFACT_STORE_MAX_FILE_BYTES" => Some("20".into()),
                 "CAIRN_STORE_DENYLIST" => Some(" secrets , .npmrc,".into()),
                 _ => None,
             })
@@ -215,5 +220,43 @@ mod tests {
         };
         assert!(config.check().is_err());
         assert!(toml::from_str::<Config>("unknown_key = 1").is_err());
+    }
+
+    #[test]
+    fn the_section_name_is_the_prefix_and_typos_under_it_are_refused() {
+        let mut config = Config::default();
+        let names = ENV.names(&config).unwrap();
+        assert!(
+            names.contains(&"CAIRN_ARTIFACT_STORE_MAX_FILE_BYTES".to_owned()),
+            "{names:?}"
+        );
+        let vars = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        // The CLI's and compose's CAIRN_STORE_* variables are not keys and pass.
+        ENV.apply(
+            &mut config,
+            vars(&[
+                ("CAIRN_STORE_ADDR", "127.0.0.1:1"),
+                ("CAIRN_STORE_VOLUME", "v"),
+                ("CAIRN_ARTIFACT_STORE_CHUNK_BYTES", "65536"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(config.chunk_bytes, 65536);
+        let err = ENV
+            .apply(
+                &mut config,
+                vars(&[("CAIRN_ARTIFACT_STORE_MAX_FILE_BYTE", "1")]),
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("CAIRN_ARTIFACT_STORE_MAX_FILE_BYTE") && err.contains("max_file_bytes"),
+            "{err}"
+        );
     }
 }

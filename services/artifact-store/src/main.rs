@@ -5,8 +5,8 @@ use clap::Parser;
 /// cairn's artifact-store: the single canonical writer of project files, run records and
 /// manifests, served over gRPC (health and reflection included).
 ///
-/// Configuration: defaults, then --config FILE (TOML), then CAIRN_STORE_* environment
-/// variables, then these flags.
+/// Configuration: defaults, then --config FILE (TOML), then CAIRN_ARTIFACT_STORE_* environment
+/// variables (the older CAIRN_STORE_* also works), then these flags.
 #[derive(Debug, Parser)]
 #[command(name = "cairn-artifact-store", version)]
 struct Cli {

@@ -74,6 +74,7 @@ impl Default for Config {
 pub const ENV: Env = Env {
     prefix: "CAIRN_INGEST_",
     unknown: UnknownVars::Ignore,
+    aliases: &[],
 };
 
 impl Config {

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use cairn_server::config::{self, Env, UnknownVars};
+use cairn_server::config::{self, Alias, Env, UnknownVars};
 use serde::{Deserialize, Serialize};
 
 use crate::auth::AuthConfig;
@@ -220,10 +220,27 @@ impl Default for Config {
 
 /// `CAIRN_ORCHESTRATOR_<KEY>` / `CAIRN_ORCHESTRATOR_<SECTION>_<KEY>` overrides; an unknown
 /// name is refused.
+/// `CAIRN_ORCHESTRATOR_<KEY>`, and the orchestrator's own sections by their names:
+/// `CAIRN_LLM_<KEY>`, `CAIRN_CODE_DELIVERY_<KEY>`, `CAIRN_ONEBOT_<KEY>`, `CAIRN_AUTH_<KEY>`
+/// (`CAIRN_ORCHESTRATOR_LLM_<KEY>` etc. also work).
 pub const ENV: Env = Env {
     prefix: ENV_PREFIX,
     unknown: UnknownVars::Refuse,
+    aliases: &[
+        section_alias("CAIRN_LLM_", "llm"),
+        section_alias("CAIRN_CODE_DELIVERY_", "code_delivery"),
+        section_alias("CAIRN_ONEBOT_", "onebot"),
+        section_alias("CAIRN_AUTH_", "auth"),
+    ],
 };
+
+const fn section_alias(prefix: &'static str, section: &'static str) -> Alias {
+    Alias {
+        prefix,
+        section,
+        unknown: UnknownVars::Refuse,
+    }
+}
 
 impl Config {
     /// Defaults, then `file` (TOML) if given, then the environment.

@@ -164,6 +164,7 @@ impl Default for Config {
 pub const ENV: Env = Env {
     prefix: ENV_PREFIX,
     unknown: UnknownVars::Refuse,
+    aliases: &[],
 };
 
 impl Config {

@@ -7,28 +7,29 @@
 //! stays as today. This module must never trust a name the client sends when a token is
 //! configured, nor compare a token other than by constant-time hash comparison.
 
+pub mod jwt;
 pub mod tokens;
+mod watched;
 
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 pub use cairn_server::roles::{Bearer, Role, Rpc, AUTHORIZATION};
+use jwt::{JwtConfig, JwtVerifier};
 use tokens::TokensFile;
-
-/// How often the tokens file is looked at for changes (`cairn tokens add|remove` take effect
-/// within this, without a restart).
-const RELOAD_CHECK: Duration = Duration::from_secs(1);
+use watched::Watched;
 
 /// `[auth]` of the orchestrator's configuration.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AuthConfig {
-    /// The tokens file (`cairn tokens add`); empty = no authentication (loopback default).
+    /// The tokens file (`cairn tokens add`); empty = no tokens.
     pub tokens_file: String,
+    /// People signed in at an identity provider (OIDC JWTs); off until `jwks_file` is set.
+    /// With neither tokens nor JWTs, nothing is authenticated (the loopback default).
+    pub jwt: JwtConfig,
 }
 
 /// Who made a call, as far as the orchestrator knows.
@@ -65,64 +66,10 @@ impl Caller {
     }
 }
 
-/// The tokens file, re-read when it changes.
-struct TokenStore {
-    path: PathBuf,
-    state: Mutex<Loaded>,
-}
-
-struct Loaded {
-    file: Arc<TokensFile>,
-    stamp: Option<(SystemTime, u64)>,
-    checked: Instant,
-}
-
-fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
-    let m = std::fs::metadata(path).ok()?;
-    Some((m.modified().ok()?, m.len()))
-}
-
-impl TokenStore {
-    fn open(path: &Path) -> Result<TokenStore> {
-        let file =
-            TokensFile::read(path).map_err(|e| Error::Config(format!("auth.tokens_file: {e}")))?;
-        if file.tokens.is_empty() {
-            tracing::warn!(path = %path.display(), "the tokens file has no tokens: every call will be refused; add one with `cairn tokens add`");
-        }
-        Ok(TokenStore {
-            path: path.to_owned(),
-            state: Mutex::new(Loaded {
-                file: Arc::new(file),
-                stamp: stamp(path),
-                checked: Instant::now(),
-            }),
-        })
-    }
-
-    fn current(&self) -> Arc<TokensFile> {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if s.checked.elapsed() >= RELOAD_CHECK {
-            s.checked = Instant::now();
-            let now = stamp(&self.path);
-            if now != s.stamp {
-                s.stamp = now;
-                match TokensFile::read(&self.path) {
-                    Ok(f) => {
-                        tracing::info!(path = %self.path.display(), tokens = f.tokens.len(), "tokens file reloaded");
-                        s.file = Arc::new(f);
-                    }
-                    // A half-edited or removed file must not open the doors: keep what we had.
-                    Err(e) => tracing::warn!(error = %e, "keeping the previous tokens"),
-                }
-            }
-        }
-        s.file.clone()
-    }
-}
-
 /// Authentication and authorization of the orchestrator's callers.
 pub struct Auth {
-    tokens: Option<TokenStore>,
+    tokens: Option<Watched<TokensFile>>,
+    jwt: Option<JwtVerifier>,
 }
 
 /// Why a call was refused: the reason word and the message.
@@ -137,46 +84,64 @@ impl Auth {
         let tokens = if path.is_empty() {
             None
         } else {
-            Some(TokenStore::open(Path::new(path))?)
+            let w = Watched::open(Path::new(path), "tokens file", |p| {
+                TokensFile::read(p).map_err(|e| e.to_string())
+            })
+            .map_err(|e| Error::Config(format!("auth.tokens_file: {e}")))?;
+            if w.current().tokens.is_empty() && !config.jwt.is_on() {
+                tracing::warn!(path, "the tokens file has no tokens: every call will be refused; add one with `cairn tokens add`");
+            }
+            Some(w)
         };
-        Ok(Auth { tokens })
+        let jwt = if config.jwt.is_on() {
+            Some(JwtVerifier::new(&config.jwt).map_err(Error::Config)?)
+        } else {
+            None
+        };
+        Ok(Auth { tokens, jwt })
     }
 
     pub fn tokens_required(&self) -> bool {
-        self.tokens.is_some()
+        self.tokens.is_some() || self.jwt.is_some()
+    }
+
+    /// Who a bearer token stands for: a JWT (three dot-separated parts) when JWTs are on,
+    /// else an entry of the tokens file.
+    fn principal(&self, token: &str) -> std::result::Result<Caller, String> {
+        if let Some(jwt) = &self.jwt {
+            if jwt::looks_like_jwt(token) {
+                return jwt.verify(token);
+            }
+        }
+        let Some(tokens) = &self.tokens else {
+            return Err("this orchestrator accepts only JWTs from its identity provider; sign in there and send the ID token".into());
+        };
+        match tokens.current().find(token) {
+            None => Err("the token is not known (mistyped, or removed from the tokens file); ask an admin for one (`cairn tokens add`)".into()),
+            Some(e) => Ok(Caller {
+                name: e.name.clone(),
+                role: e.role,
+                projects: e.projects.clone(),
+                authenticated: true,
+            }),
+        }
     }
 
     /// Who calls `rpc` on `project`, if the table lets them; every refusal is logged at warn
     /// with the principal (or "anonymous"), the peer address, the RPC and the reason.
     pub fn authorize<T>(&self, req: &tonic::Request<T>, rpc: Rpc, project: &str) -> Result<Caller> {
-        let Some(store) = &self.tokens else {
+        if !self.tokens_required() {
             return Ok(Caller::local());
-        };
+        }
         let peer = req
             .remote_addr()
             .map(|a| a.to_string())
             .unwrap_or_else(|| "unknown".into());
-        let decided = match bearer_of(req.metadata()) {
+        let decided = match bearer_of(req.metadata()).and_then(|t| self.principal(t)) {
             Err(why) => Err((None, Refusal::Unauthenticated(why))),
-            Ok(token) => match store.current().find(token) {
-                None => Err((
-                    None,
-                    Refusal::Unauthenticated(
-                        "the token is not known (mistyped, or removed from the tokens file); ask an admin for one (`cairn tokens add`)".into(),
-                    ),
-                )),
-                Some(e) => {
-                    let caller = Caller {
-                        name: e.name.clone(),
-                        role: e.role,
-                        projects: e.projects.clone(),
-                        authenticated: true,
-                    };
-                    match check(&caller, rpc, project) {
-                        Ok(()) => Ok(caller),
-                        Err(r) => Err((Some(caller.name), r)),
-                    }
-                }
+            Ok(caller) => match check(&caller, rpc, project) {
+                Ok(()) => Ok(caller),
+                Err(r) => Err((Some(caller.name), r)),
             },
         };
         decided.map_err(|(who, refusal)| {

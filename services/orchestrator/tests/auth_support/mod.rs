@@ -82,6 +82,15 @@ pub const PEOPLE: &[(&str, Role, &[&str])] = &[
 
 impl Secured {
     pub async fn start(with_tokens: bool) -> Secured {
+        Secured::start_with(with_tokens, |_, _| {}).await
+    }
+
+    /// As [`Secured::start`], with `configure` changing the orchestrator's config (given the
+    /// test's directory) before it starts.
+    pub async fn start_with(
+        with_tokens: bool,
+        configure: impl FnOnce(&mut Config, &std::path::Path),
+    ) -> Secured {
         logs();
         let dir = tempfile::tempdir().unwrap();
         let tokens_file = dir.path().join("tokens.toml");
@@ -111,6 +120,7 @@ impl Secured {
         if with_tokens {
             config.auth.tokens_file = tokens_file.display().to_string();
         }
+        configure(&mut config, dir.path());
         let (server, _handle) = cairn_orchestrator::orchestrator_service(config)
             .await
             .unwrap();

@@ -1,0 +1,261 @@
+//! People signed in at an identity provider (OIDC): a bearer JWT is verified against the
+//! provider's public keys (a JWKS file the operator keeps current), its issuer and this
+//! orchestrator's audience; one claim names the person (recorded as `by`), one the role (or
+//! groups mapped to roles), one the projects.
+//!
+//! Only asymmetric keys and algorithms are accepted (RSA, EC, Ed25519): a JWKS is public, so a
+//! symmetric (`oct`) key in it, or an HS* token, is refused. A key's algorithm must match the
+//! token's, so a token cannot pick how its own signature is checked.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk, JwkSet};
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::watched::Watched;
+use super::{Caller, Role};
+
+/// `[auth.jwt]` of the orchestrator's configuration.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct JwtConfig {
+    /// The identity provider's public keys (`{"keys": [...]}`, as its `jwks_uri` serves
+    /// them), re-read when the file changes; empty = JWTs are not accepted.
+    pub jwks_file: String,
+    /// The `iss` every token must carry (required with `jwks_file`).
+    pub issuer: String,
+    /// The `aud` every token must carry: this orchestrator's client id at the provider
+    /// (required with `jwks_file`).
+    pub audience: String,
+    /// The claim recorded as the person's name (`by`).
+    pub name_claim: String,
+    /// The claim holding the role: a role name, or with `role_map` names to map (a string or
+    /// a list; the highest role wins).
+    pub role_claim: String,
+    /// Values of `role_claim` (such as group names) and the role each gives; empty = the
+    /// claim holds role names (viewer, operator, approver, admin).
+    pub role_map: BTreeMap<String, Role>,
+    /// The claim listing the projects the person may act on (a string or a list); absent in
+    /// a token = every project.
+    pub projects_claim: String,
+    /// Clock skew allowed on `exp` and `nbf`, in seconds.
+    pub leeway_s: u64,
+}
+
+impl Default for JwtConfig {
+    fn default() -> Self {
+        JwtConfig {
+            jwks_file: String::new(),
+            issuer: String::new(),
+            audience: String::new(),
+            name_claim: "sub".into(),
+            role_claim: "cairn_role".into(),
+            role_map: BTreeMap::new(),
+            projects_claim: "cairn_projects".into(),
+            leeway_s: 60,
+        }
+    }
+}
+
+impl JwtConfig {
+    pub fn is_on(&self) -> bool {
+        !self.jwks_file.trim().is_empty()
+    }
+}
+
+/// Whether a bearer token has the shape of a JWT (header.payload.signature); tokens of the
+/// tokens file never contain a dot.
+pub fn looks_like_jwt(token: &str) -> bool {
+    token.split('.').count() == 3
+}
+
+/// One usable key of the set.
+struct Key {
+    kid: Option<String>,
+    alg: Algorithm,
+    key: DecodingKey,
+}
+
+/// The keys of a JWKS file.
+struct Keys(Vec<Key>);
+
+impl Keys {
+    fn read(path: &Path) -> Result<Keys, String> {
+        let text =
+            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let set: JwkSet = serde_json::from_slice(&text).map_err(|e| {
+            format!(
+                "{} is not a JWKS (`{{\"keys\": [...]}}`): {e}",
+                path.display()
+            )
+        })?;
+        let mut keys = Vec::new();
+        for (i, jwk) in set.keys.iter().enumerate() {
+            let kid = jwk.common.key_id.clone();
+            let name = kid.clone().unwrap_or_else(|| format!("#{i}"));
+            let alg =
+                algorithm_of(jwk).map_err(|e| format!("{}: key {name}: {e}", path.display()))?;
+            let key = DecodingKey::from_jwk(jwk)
+                .map_err(|e| format!("{}: key {name}: {e}", path.display()))?;
+            keys.push(Key { kid, alg, key });
+        }
+        if keys.is_empty() {
+            return Err(format!("{} holds no keys", path.display()));
+        }
+        Ok(Keys(keys))
+    }
+}
+
+/// The algorithm a key verifies: its `alg`, else the one its type and curve imply.
+fn algorithm_of(jwk: &Jwk) -> Result<Algorithm, String> {
+    let implied = match &jwk.algorithm {
+        AlgorithmParameters::OctetKey(_) => {
+            return Err("symmetric (`oct`) keys are refused: a key set is public".into())
+        }
+        AlgorithmParameters::RSA(_) => Algorithm::RS256,
+        AlgorithmParameters::EllipticCurve(p) => match p.curve {
+            EllipticCurve::P256 => Algorithm::ES256,
+            EllipticCurve::P384 => Algorithm::ES384,
+            ref c => return Err(format!("curve {c:?} is not supported")),
+        },
+        AlgorithmParameters::OctetKeyPair(_) => Algorithm::EdDSA,
+        _ => return Err("this key type is not supported".into()),
+    };
+    let alg = match jwk.common.key_algorithm {
+        Some(a) => Algorithm::try_from(a).map_err(|e| format!("algorithm {a:?}: {e}"))?,
+        None => implied,
+    };
+    if alg.family() == jsonwebtoken::AlgorithmFamily::Hmac {
+        return Err("HMAC algorithms are refused: a key set is public".into());
+    }
+    Ok(alg)
+}
+
+/// Verifies bearer JWTs and maps their claims to a [`Caller`].
+pub struct JwtVerifier {
+    config: JwtConfig,
+    keys: Watched<Keys>,
+}
+
+impl JwtVerifier {
+    /// Checks the settings and reads the key set; every mistake is named.
+    pub fn new(config: &JwtConfig) -> Result<JwtVerifier, String> {
+        for (key, value) in [
+            ("issuer", &config.issuer),
+            ("audience", &config.audience),
+            ("name_claim", &config.name_claim),
+            ("role_claim", &config.role_claim),
+        ] {
+            if value.trim().is_empty() {
+                return Err(format!(
+                    "auth.jwt.{key} must be set when auth.jwt.jwks_file is (tokens are checked against it)"
+                ));
+            }
+        }
+        let keys = Watched::open(Path::new(config.jwks_file.trim()), "JWKS file", Keys::read)
+            .map_err(|e| format!("auth.jwt.jwks_file: {e}"))?;
+        Ok(JwtVerifier {
+            config: config.clone(),
+            keys,
+        })
+    }
+
+    /// The person a JWT stands for, or why it is refused (never quoting the token).
+    pub fn verify(&self, token: &str) -> Result<Caller, String> {
+        let header = jsonwebtoken::decode_header(token)
+            .map_err(|e| format!("the bearer token is not a readable JWT: {e}"))?;
+        let keys = self.keys.current();
+        let key = match &header.kid {
+            Some(kid) => keys.0.iter().find(|k| k.kid.as_deref() == Some(kid.as_str())),
+            None if keys.0.len() == 1 => keys.0.first(),
+            None => None,
+        }
+        .ok_or_else(|| {
+            format!(
+                "the JWT's key ({}) is not in the identity provider's key set; if the provider rotated its keys, update auth.jwt.jwks_file",
+                header.kid.as_deref().unwrap_or("no kid")
+            )
+        })?;
+        if header.alg != key.alg {
+            return Err(format!(
+                "the JWT is signed with {:?} but its key is for {:?}",
+                header.alg, key.alg
+            ));
+        }
+        let mut v = Validation::new(key.alg);
+        v.set_issuer(&[self.config.issuer.trim()]);
+        v.set_audience(&[self.config.audience.trim()]);
+        v.set_required_spec_claims(&["exp", "iss", "aud"]);
+        v.validate_nbf = true;
+        v.leeway = self.config.leeway_s;
+        let claims = jsonwebtoken::decode::<serde_json::Map<String, Value>>(token, &key.key, &v)
+            .map_err(|e| format!("the JWT was refused: {e}"))?
+            .claims;
+        self.caller(&claims)
+    }
+
+    fn caller(&self, claims: &serde_json::Map<String, Value>) -> Result<Caller, String> {
+        let c = &self.config;
+        let name = claims
+            .get(&c.name_claim)
+            .and_then(Value::as_str)
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| format!("the JWT has no `{}` (auth.jwt.name_claim)", c.name_claim))?;
+        let values = strings(claims.get(&c.role_claim));
+        let role = values
+            .iter()
+            .filter_map(|v| match c.role_map.is_empty() {
+                true => v.parse::<Role>().ok(),
+                false => c.role_map.get(v).copied(),
+            })
+            .max()
+            .ok_or_else(|| {
+                format!(
+                    "`{name}` has no cairn role: the JWT's `{}` holds none of {} (auth.jwt.role_claim{})",
+                    c.role_claim,
+                    match c.role_map.is_empty() {
+                        true => "viewer, operator, approver, admin".to_owned(),
+                        false => c.role_map.keys().cloned().collect::<Vec<_>>().join(", "),
+                    },
+                    if c.role_map.is_empty() { "" } else { ", auth.jwt.role_map" }
+                )
+            })?;
+        // Present but empty must not read as "every project" (what no claim means).
+        let projects = match claims.get(&c.projects_claim) {
+            None | Some(Value::Null) => Vec::new(),
+            Some(v) => {
+                let p = strings(Some(v));
+                if p.is_empty() {
+                    return Err(format!(
+                        "`{name}` may act on no project: the JWT's `{}` lists none",
+                        c.projects_claim
+                    ));
+                }
+                p
+            }
+        };
+        Ok(Caller {
+            name: name.to_owned(),
+            role,
+            projects,
+            authenticated: true,
+        })
+    }
+}
+
+/// A claim read as a list of strings (a single string is a list of one).
+fn strings(v: Option<&Value>) -> Vec<String> {
+    match v {
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(Value::as_str)
+            .map(str::to_owned)
+            .collect(),
+        _ => Vec::new(),
+    }
+}
