@@ -78,8 +78,8 @@ pub struct Global {
         value_name = "NAME"
     )]
     pub tls_server_name: Option<String>,
-    /// Your token (`cairn tokens add`), sent to the orchestrator as `authorization: Bearer`;
-    /// needed when it has a tokens file.
+    /// Your token (`cairn tokens add`) or your identity provider's ID token (a JWT), sent to
+    /// the orchestrator as `authorization: Bearer`; needed when it has a tokens file or JWTs.
     #[arg(
         long,
         global = true,
