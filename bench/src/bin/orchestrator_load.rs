@@ -9,6 +9,12 @@
 //!
 //! Time: from SubmitRun until WatchRun delivers `task.completed` (validation, run directory
 //! creation and the final snapshot included). Size: every file under `.cairn/runs/<run_id>/`.
+//!
+//! `--concurrent R,...`: R runs of one 10-node graph (5 `write_file`, 5 `condition`,
+//! alternating in a chain) submitted at once and watched to their end, for each R given; then
+//! the same runs one after another as the baseline. Reports the time until the last run ends,
+//! per-run latency p50/p99 and the orchestrator's resident memory (`--orch-pid`) before, at
+//! its peak and after.
 
 use std::time::Instant;
 
@@ -55,6 +61,136 @@ struct Cli {
     /// Dial over mutual TLS with the `cli` certificate of this PKI (`cairn certs init`).
     #[arg(long)]
     tls_dir: Option<std::path::PathBuf>,
+    /// Concurrent-runs scenario: these numbers of 10-node runs at once (e.g. 100,1000); the
+    /// other scenarios are skipped.
+    #[arg(long, value_delimiter = ',')]
+    concurrent: Vec<usize>,
+    /// The orchestrator's pid, to sample its resident memory.
+    #[arg(long)]
+    orch_pid: Option<u32>,
+}
+
+/// The 10-node graph of the concurrent scenario.
+fn mixed_graph() -> String {
+    let mut g = String::from("title: bench concurrent\nnodes:\n");
+    for i in 0..5 {
+        let needs = if i == 0 {
+            String::new()
+        } else {
+            format!(", needs: [c{}]", i - 1)
+        };
+        g.push_str(&format!(
+            "  - {{id: w{i}, type: write_file, path: \"docs/{{{{run_id}}}}/w{i}.txt\", content: \"node {i} of {{{{run_id}}}}\"{needs}}}\n"
+        ));
+        g.push_str(&format!(
+            "  - {{id: c{i}, type: condition, if: \"true\", needs: [w{i}]}}\n"
+        ));
+    }
+    g
+}
+
+/// Resident memory of `pid` in KiB (VmRSS).
+fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// Submits one run and follows it to its end; returns its seconds.
+async fn submit_and_follow(mut orch: OrchestratorClient<Channel>, yaml: String) -> Result<f64> {
+    let t0 = Instant::now();
+    let info = orch
+        .submit_run(SubmitRunRequest {
+            project_id: PROJECT.into(),
+            graph_yaml: yaml,
+            by: "bench".into(),
+            ..Default::default()
+        })
+        .await
+        .context("SubmitRun")?
+        .into_inner();
+    let mut events = orch
+        .watch_run(WatchRunRequest {
+            project_id: PROJECT.into(),
+            run_id: info.run_id.clone(),
+            from_seq: 1,
+            follow_after_end: false,
+        })
+        .await?
+        .into_inner();
+    loop {
+        match events.message().await? {
+            Some(e) if e.r#type == "task.completed" => return Ok(t0.elapsed().as_secs_f64()),
+            Some(e) if e.r#type == "task.failed" || e.r#type == "task.canceled" => {
+                bail!("run {}: {}", e.r#type, e.data_json)
+            }
+            Some(_) => {}
+            None => bail!("event stream ended before the run completed"),
+        }
+    }
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+/// `runs` runs at once, then (baseline) one after another; one JSON line each.
+async fn concurrent(
+    orch: &OrchestratorClient<Channel>,
+    runs: usize,
+    pid: Option<u32>,
+) -> Result<()> {
+    let yaml = mixed_graph();
+    let before = pid.and_then(rss_kib);
+    let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(before.unwrap_or(0)));
+    let sampler = pid.map(|pid| {
+        let peak = peak.clone();
+        tokio::spawn(async move {
+            loop {
+                if let Some(r) = rss_kib(pid) {
+                    peak.fetch_max(r, std::sync::atomic::Ordering::Relaxed);
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        })
+    });
+    let t0 = Instant::now();
+    let tasks: Vec<_> = (0..runs)
+        .map(|_| tokio::spawn(submit_and_follow(orch.clone(), yaml.clone())))
+        .collect();
+    let mut lat = Vec::with_capacity(runs);
+    for t in tasks {
+        lat.push(t.await??);
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    if let Some(s) = sampler {
+        s.abort();
+    }
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let after = pid.and_then(rss_kib);
+    lat.sort_by(f64::total_cmp);
+    let mib = |k: Option<u64>| k.map_or("null".into(), |k| format!("{:.1}", k as f64 / 1024.0));
+    println!(
+        "{{\"system\": \"cairn\", \"scenario\": \"concurrent\", \"runs\": {runs}, \"nodes_per_run\": 10, \"seconds\": {wall:.3}, \"runs_per_s\": {:.1}, \"run_p50_s\": {:.3}, \"run_p99_s\": {:.3}, \"rss_before_mib\": {}, \"rss_peak_mib\": {}, \"rss_after_mib\": {}}}",
+        runs as f64 / wall,
+        percentile(&lat, 0.5),
+        percentile(&lat, 0.99),
+        mib(before),
+        mib(pid.map(|_| peak.load(std::sync::atomic::Ordering::Relaxed))),
+        mib(after),
+    );
+    let t0 = Instant::now();
+    for _ in 0..runs {
+        submit_and_follow(orch.clone(), yaml.clone()).await?;
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    println!(
+        "{{\"system\": \"cairn\", \"scenario\": \"sequential (baseline)\", \"runs\": {runs}, \"nodes_per_run\": 10, \"seconds\": {wall:.3}, \"runs_per_s\": {:.1}}}",
+        runs as f64 / wall
+    );
+    Ok(())
 }
 
 /// The plain cost of one durable 4 KiB file in this process: write a temp file, fsync it,
@@ -273,6 +409,12 @@ async fn main() -> Result<()> {
     println!("{{\"system\": \"artifact-store alone\", \"put_4k_ms\": {put:.4}, \"put_4k_with_run_events_ms\": {deferred:.4}, \"append_event_ms\": {append:.4}}}");
     // Warm-up (connections, first project creation).
     run_once(&mut orch, &mut store, &graph("chain", 10, 1)?).await?;
+    if !cli.concurrent.is_empty() {
+        for &runs in &cli.concurrent {
+            concurrent(&orch, runs, cli.orch_pid).await?;
+        }
+        return Ok(());
+    }
     for kind in &cli.only {
         let yaml = graph(kind, cli.nodes, cli.parallelism)?;
         let mut runs = Vec::new();
