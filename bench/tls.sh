@@ -28,7 +28,7 @@ RUST_LOG=warn "$BIN/cairn-artifact-store" --data-root "$WORK/plain" --listen "12
 RUST_LOG=warn "$BIN/cairn-artifact-store" --data-root "$WORK/tls" --listen "127.0.0.1:$TLS" --tls-dir "$WORK/pki" & PIDS+=($!)
 wait_port "$PLAIN"; wait_port "$TLS"
 echo "command: bash bench/tls.sh $SIZE $NODES  ($(date -u +%Y-%m-%dT%H:%MZ), $(df -T "$WORK" | awk 'NR==2{print $2}') scratch)"
-"$BIN/store_load" tls --plain-addr "http://127.0.0.1:$PLAIN" --tls-addr "127.0.0.1:$TLS" --tls-dir "$WORK/pki" --file "$WORK/input.bin"
+"$BIN/store_load" tls --plain-addr "http://127.0.0.1:$PLAIN" --tls-addr "127.0.0.1:$TLS" --tls-dir "$WORK/pki" --file "$WORK/input.bin" --pids "${PIDS[0]}" "${PIDS[1]}"
 rm -f "$WORK/input.bin"
 
 # The write_file chain: one orchestrator per store, each dialling its store as the store is served.

@@ -105,6 +105,10 @@ enum Cmd {
         /// Concurrency of the small-file Puts.
         #[arg(long, default_value_t = 16)]
         concurrency: usize,
+        /// Pids of the plaintext and the TLS store: their CPU time per large Put is reported
+        /// beside the client's (what each side pays, whatever else the machine runs).
+        #[arg(long, num_args = 2, value_names = ["PLAIN", "TLS"])]
+        pids: Vec<u32>,
     },
 }
 
@@ -139,6 +143,7 @@ async fn main() -> Result<()> {
             reps,
             small_count,
             concurrency,
+            pids,
         } => {
             let tls = cairn_server::TlsConfig::dir(&tls_dir).load("cli")?;
             let mut plain = client(&plain_addr, None).await?;
@@ -150,6 +155,7 @@ async fn main() -> Result<()> {
                 reps,
                 small_count,
                 concurrency,
+                &pids,
             )
             .await
         }
@@ -625,6 +631,7 @@ async fn run_tls(
     reps: usize,
     small_count: usize,
     concurrency: usize,
+    pids: &[u32],
 ) -> Result<()> {
     for c in [&mut *plain, &mut *secure] {
         c.create_project(CreateProjectRequest {
@@ -636,12 +643,26 @@ async fn run_tls(
     println!("machine: {}", machine());
     println!("input: {} ({:.0} MiB)\n", file.display(), size as f64 / MIB);
     let (mut big, mut small) = ([Vec::new(), Vec::new()], [Vec::new(), Vec::new()]);
+    // CPU seconds per GiB of the large Put: [side] of (server, client).
+    let (mut server_cpu, mut client_cpu) = ([Vec::new(), Vec::new()], [Vec::new(), Vec::new()]);
+    let gib = size as f64 / (1u64 << 30) as f64;
     for rep in 0..reps {
         let order = if rep % 2 == 0 { [0, 1] } else { [1, 0] };
         for side in order {
             let c = if side == 0 { &mut *plain } else { &mut *secure };
             let path = format!("workspace/tls-big-{rep}.bin");
+            let server = pids.get(side).copied();
+            let (s0, c0) = (
+                server.and_then(cpu_seconds),
+                cpu_seconds(std::process::id()),
+            );
             let t = put_file(c, file, &path, "", 1 << 20).await?;
+            if let (Some(s0), Some(s1)) = (s0, server.and_then(cpu_seconds)) {
+                server_cpu[side].push((s1 - s0) / gib);
+            }
+            if let (Some(c0), Some(c1)) = (c0, cpu_seconds(std::process::id())) {
+                client_cpu[side].push((c1 - c0) / gib);
+            }
             big[side].push(size as f64 / MIB / t.as_secs_f64());
             c.delete(DeleteRequest {
                 project_id: PROJECT.into(),
@@ -676,5 +697,26 @@ async fn run_tls(
         sp,
         st,
     );
+    if !server_cpu[0].is_empty() {
+        let [cp, ct] = client_cpu.map(median);
+        let [sp, st] = server_cpu.map(median);
+        println!(
+            "\nCPU seconds per GiB of the large Put (median): store {sp:.2} plaintext / {st:.2} TLS \
+             (the store serves {:.0}% of its plaintext bytes per CPU second over TLS); \
+             client {cp:.2} / {ct:.2}",
+            sp / st * 100.0
+        );
+    }
     Ok(())
+}
+
+/// User + system CPU seconds of process `pid` so far (from /proc; None if unreadable).
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    // /proc counts in USER_HZ, 100 on Linux's x86_64 and arm64 ABIs.
+    Some(ticks / 100.0)
 }
