@@ -19,10 +19,7 @@ async fn hello_world_in_python_bash_and_sh() {
         );
         assert_eq!(out.exit_code, 0);
         assert!(!out.timed_out && !out.oom_killed);
-        assert_eq!(
-            out.backend,
-            if backend.docker() { "docker" } else { "local" }
-        );
+        assert_eq!(out.backend, backend.name());
         let out = r.run(bash("echo hi $((6*7)); echo err >&2; exit 3")).await;
         assert_eq!(text(&out.stdout), "hi 42\n");
         assert_eq!(text(&out.stderr), "err\n");
@@ -309,6 +306,16 @@ async fn setsid_children_die_with_the_run() {
             left = processes_with(&marker);
         }
         assert!(left.is_empty(), "{backend:?}: processes survived: {left:?}");
+        if backend.gvisor() {
+            // Its guest processes live in gVisor's kernel: the sandbox itself must be gone
+            // (with a pool, the refilled waiting one stays).
+            let allowed = usize::from(backend.pool);
+            assert!(
+                wait_for_gvisor_sandboxes(r.work_root.path(), allowed).await <= allowed,
+                "gvisor sandbox left after the run"
+            );
+            assert!(processes_with(&out.job_id).is_empty());
+        }
         if backend.docker() {
             let mut left = containers_named(&out.job_id).await;
             for _ in 0..40 {
@@ -563,6 +570,8 @@ async fn cancelled_call_removes_its_sandbox() {
             let procs = processes_with(&marker);
             let containers = if backend.docker() {
                 containers_of(r.handle.runner_id()).await.len()
+            } else if backend.gvisor() {
+                gvisor_sandboxes(r.work_root.path()).await.len()
             } else {
                 0
             };
