@@ -18,7 +18,11 @@
 //! `<work_root>/gvisor/state` (its `--root`), so a restarted runner finds and removes what an
 //! earlier life left.
 //!
-//! Found on runsc 2022-12-19: `--platform=kvm` hangs in nested virtualisation (ptrace works);
+//! Found on runsc 2022-12-19: a write to the host pipe behind stdout/stderr may return short
+//! (64 KiB) although the pipe is blocking to the program, and a program that does not retry
+//! (Python's unbuffered text streams) loses the rest; so the program's stdout and stderr go
+//! through pipes of gVisor's own to two `cat`s (which retry) under a bash that waits for them
+//! (`RELAY`). `--platform=kvm` hangs in nested virtualisation (ptrace works);
 //! its statx refuses AT_NO_AUTOMOUNT (EINVAL), so coreutils' `ls` and `stat` fail inside while
 //! Python's os.stat, find and shells work; `--rootless` is not needed as root.
 
@@ -44,6 +48,19 @@ use crate::error::{Error, Result};
 use crate::job::{Job, Outcome};
 use crate::limits::Limits;
 use crate::pool::Pool;
+
+/// Runs its arguments with stdout and stderr relayed by `cat` (see the module comment), then
+/// exits with their status once both cats have written everything.
+const RELAY: &str = "exec 3>&1 4>&2; \"$@\" 1> >(exec cat >&3) 2> >(exec cat >&4) 3>&- 4>&-; rc=$?; exec 3>&- 4>&-; wait; exit $rc";
+
+/// `argv` under the relay.
+pub(super) fn relayed(argv: Vec<String>) -> Vec<String> {
+    ["/bin/bash", "-c", RELAY, "cairn-relay"]
+        .map(String::from)
+        .into_iter()
+        .chain(argv)
+        .collect()
+}
 
 /// Top-level host directories covered by an empty tmpfs unless bound (/proc, /dev, /sys and
 /// /tmp get gVisor's own).
@@ -216,7 +233,7 @@ impl GvisorBackend {
             timeout: Duration::from_millis(job.limits.timeout_ms),
             cwd: "/tmp",
             env: &env,
-            argv: job.argv(),
+            argv: relayed(job.argv()),
         };
         let caps = (job.limits.max_stdout_bytes, job.limits.max_stderr_bytes);
         let done = self.sandboxed(&spec, caps, live).await?;
@@ -247,6 +264,7 @@ impl GvisorBackend {
         let (started_at, t0) = super::local_pool::send_go(
             &mut sandbox.child,
             job,
+            relayed(job.argv()),
             rlimits(&job.limits, timeout).into_iter().collect(),
         )
         .await
@@ -277,7 +295,7 @@ impl GvisorBackend {
             timeout: spec.timeout,
             cwd: &spec.workdir,
             env: &env,
-            argv: vec!["bash".into(), "-lc".into(), spec.command.clone()],
+            argv: relayed(vec!["bash".into(), "-lc".into(), spec.command.clone()]),
         };
         let caps = (spec.max_output_bytes, spec.max_output_bytes);
         let done = self.sandboxed(&spec_, caps, None).await?;
@@ -435,7 +453,7 @@ impl Base {
                 timeout: Duration::from_secs(30),
                 cwd: "/",
                 env: &env,
-                argv: vec!["true".into()],
+                argv: vec!["/bin/true".into()],
             };
             let bundle = match self.write_bundle_sync(&spec) {
                 Ok(b) => b,

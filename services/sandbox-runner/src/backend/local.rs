@@ -482,6 +482,7 @@ impl LocalBackend {
         let (started_at, t0) = send_go(
             &mut child,
             job,
+            job.argv(),
             rlimits(&job.limits, timeout).into_iter().collect(),
         )
         .await

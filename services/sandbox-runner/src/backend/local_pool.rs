@@ -148,16 +148,17 @@ impl Source for LocalSource {
     }
 }
 
-/// Sends a waiting sandbox its job line (argv, env, cwd /tmp, `rlimits`) and closes the pipe;
+/// Sends a waiting sandbox its job line (`argv`, the job's env, cwd /tmp, `rlimits`) and closes the pipe;
 /// returns when the program started. An error means it never did (the waiter reads the whole
 /// line before it execs anything).
 pub(super) async fn send_go(
     child: &mut Child,
     job: &Job,
+    argv: Vec<String>,
     rlimits: std::collections::BTreeMap<&'static str, u64>,
 ) -> Result<(time::OffsetDateTime, std::time::Instant)> {
     let go = serde_json::json!({
-        "argv": job.argv(),
+        "argv": argv,
         "env": job.environment(),
         "cwd": "/tmp",
         "rlimits": rlimits,
