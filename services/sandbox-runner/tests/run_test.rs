@@ -422,20 +422,22 @@ async fn output_links_and_bad_names_are_refused() {
             })
             .collect();
         rejected.sort();
-        assert_eq!(
-            rejected,
-            [
-                ("CON", "reserved_name"),
-                ("bad\u{1}name", "invalid_char"),
-                ("fifo", "not_a_file"),
-                ("host", "symlink"),
-                ("loop", "symlink"),
-                ("ok-again.txt", "hardlink"),
-                ("passwd", "symlink"),
-                ("tab\tname", "invalid_char"),
-            ],
-            "{backend:?}"
-        );
+        let mut expected = vec![
+            ("CON", "reserved_name"),
+            ("bad\u{1}name", "invalid_char"),
+            ("fifo", "not_a_file"),
+            ("host", "symlink"),
+            ("loop", "symlink"),
+            ("ok-again.txt", "hardlink"),
+            ("passwd", "symlink"),
+            ("tab\tname", "invalid_char"),
+        ];
+        if backend.gvisor() {
+            // gVisor keeps a named pipe made on a bind mount inside its own kernel: the host
+            // directory never holds it, so nothing is there to refuse (nor to publish).
+            expected.retain(|(name, _)| *name != "fifo");
+        }
+        assert_eq!(rejected, expected, "{backend:?}");
         for f in &out.output_files {
             assert!(
                 !f.content.windows(4).any(|w| w == b"root"),

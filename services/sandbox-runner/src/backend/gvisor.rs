@@ -49,9 +49,13 @@ use crate::job::{Job, Outcome};
 use crate::limits::Limits;
 use crate::pool::Pool;
 
-/// Runs its arguments with stdout and stderr relayed by `cat` (see the module comment), then
-/// exits with their status once both cats have written everything.
-const RELAY: &str = "exec 3>&1 4>&2; \"$@\" 1> >(exec cat >&3) 2> >(exec cat >&4) 3>&- 4>&-; rc=$?; exec 3>&- 4>&-; wait; exit $rc";
+/// Runs its arguments with stdout and stderr relayed by `cat` (see the module comment); when
+/// the program exits, kills whatever it left running (as its sandbox ending would), then exits
+/// with its status once both cats have written everything.
+const RELAY: &str = "exec 3>&1 4>&2; exec 5> >(exec cat >&3); p1=$!; exec 6> >(exec cat >&4); p2=$!; \
+\"$@\" 1>&5 2>&6 3>&- 4>&- 5>&- 6>&-; rc=$?; exec 3>&- 4>&- 5>&- 6>&-; \
+for _ in 1 2; do for p in /proc/[0-9]*; do p=${p#/proc/}; case $p in $$|$p1|$p2) ;; *) kill -9 $p 2>/dev/null;; esac; done; done; \
+wait $p1 $p2; exit $rc";
 
 /// `argv` under the relay.
 pub(super) fn relayed(argv: Vec<String>) -> Vec<String> {

@@ -105,6 +105,19 @@ pub async fn gvisor_sandboxes(work_root: &std::path::Path) -> Vec<String> {
         .collect()
 }
 
+/// Is the program `marker` names running? On gvisor it runs in gVisor's kernel, out of the
+/// host's process list: a sandbox of the runner that has been up for 700 ms counts.
+pub async fn program_started(r: &TestRunner, marker: &str) -> bool {
+    if !r.case.gvisor() {
+        return !processes_with(marker).is_empty();
+    }
+    if gvisor_sandboxes(r.work_root.path()).await.is_empty() {
+        return false;
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    true
+}
+
 /// Waits (up to 10 s) until at most `n` gvisor sandboxes remain; returns how many there are.
 pub async fn wait_for_gvisor_sandboxes(work_root: &std::path::Path, n: usize) -> usize {
     let t0 = std::time::Instant::now();
