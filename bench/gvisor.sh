@@ -45,7 +45,7 @@ echo
 
 # After SIGTERM: sandboxes in runsc's state and runsc processes left (want 0 and 0).
 for i in 0 1; do kill "${PIDS[$i]}"; wait "${PIDS[$i]}" 2>/dev/null || true; done
-LEFT="$(cat <(runsc --root "$WORK/gvisor/gvisor/state" list -q) <(runsc --root "$WORK/gvisorpool/gvisor/state" list -q) | wc -l)"
+LEFT="$(cat <(runsc --root "$WORK/gvisor/gvisor/state" list --quiet) <(runsc --root "$WORK/gvisorpool/gvisor/state" list --quiet) | wc -l)"
 LEFT_PROCS="$( (grep -l -s "$WORK/gvisor[p/]" /proc/[0-9]*/cmdline || true) | wc -l)"
 echo
 echo "- gvisor runners after SIGTERM: $LEFT sandboxes in runsc state and $LEFT_PROCS runsc processes left"

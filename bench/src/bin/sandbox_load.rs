@@ -225,7 +225,15 @@ fn containers_of(runner_id: &str, kind: &str) -> Result<usize> {
 /// `docker run --rm --network none IMAGE python3 -c CODE`, timed.
 fn raw_docker_run(image: &str) -> Result<f64> {
     time_cmd(&[
-        "docker", "run", "--rm", "--network", "none", image, "python3", "-c", CODE,
+        "docker",
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        image,
+        "python3",
+        "-c",
+        CODE,
     ])
 }
 

@@ -445,6 +445,31 @@ mod tests {
     }
 
     #[test]
+    fn gvisor_backend_and_platform_keys() {
+        let mut c = Config::default();
+        assert_eq!(c.gvisor_platform, "ptrace");
+        let vars = [
+            ("BACKEND", "gvisor"),
+            ("GVISOR_PLATFORM", "kvm"),
+            ("RUNSC", "/opt/runsc"),
+        ]
+        .map(|(k, v)| (format!("{ENV_PREFIX}{k}"), v.to_string()));
+        ENV.apply(&mut c, vars).unwrap();
+        assert_eq!(c.backend, BackendChoice::Gvisor);
+        assert_eq!(c.runsc, "/opt/runsc");
+        c.check().unwrap();
+        c.set("gvisor_platform", "qemu").unwrap();
+        let e = c.check().unwrap_err().to_string();
+        assert!(
+            e.contains("gvisor_platform") && e.contains("ptrace or kvm"),
+            "{e}"
+        );
+        let c = parse("backend = \"gvisor\"\n").unwrap();
+        assert_eq!(c.backend, BackendChoice::Gvisor);
+        assert!(parse("backend = \"gvisr\"\n").is_err());
+    }
+
+    #[test]
     fn default_above_max_is_refused() {
         let mut c = Config::default();
         c.set("defaults.pids", "100").unwrap();

@@ -37,7 +37,11 @@ async fn the_program_sees_gvisors_kernel_not_the_hosts() {
         assert_eq!(out.exit_code, 0, "{case:?}: {}", text(&out.stderr));
         assert_eq!(out.backend, "gvisor");
         assert_eq!(text(&out.stdout), "4.4.0\n4.4.0\n", "{case:?}");
-        assert_ne!(host.trim(), "4.4.0", "the host itself reports gVisor's release");
+        assert_ne!(
+            host.trim(),
+            "4.4.0",
+            "the host itself reports gVisor's release"
+        );
         let rj: serde_json::Value = serde_json::from_str(&out.result_json).unwrap();
         assert_eq!(rj["backend"], "gvisor");
         r.stop().await;
@@ -126,7 +130,10 @@ async fn rlimits_hold_inside_gvisor() {
             text(&out.stderr)
         );
         // The sleeping children die with the run's first process.
-        assert!(t0.elapsed().as_secs() < 15, "{case:?}: children held the run");
+        assert!(
+            t0.elapsed().as_secs() < 15,
+            "{case:?}: children held the run"
+        );
         assert!(!out.timed_out);
         assert!(out.limits_enforced, "cgroups are available here");
         r.stop().await;
@@ -155,7 +162,12 @@ async fn nothing_of_a_run_is_left_after_it() {
         let allowed = usize::from(case.pool);
         assert!(wait_for_gvisor_sandboxes(work_root.path(), allowed).await <= allowed);
         assert!(processes_with(&out.job_id).is_empty());
-        assert!(!gv.join("bundles").join(&out.job_id).exists());
+        let bundle = gv.join("bundles").join(&out.job_id);
+        let t0 = std::time::Instant::now();
+        while bundle.exists() && t0.elapsed().as_secs() < 5 {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        assert!(!bundle.exists(), "bundle removed after the run");
         let task = work_root.path().join("tasks").join(&out.job_id);
         let t0 = std::time::Instant::now();
         while task.exists() && t0.elapsed().as_secs() < 5 {
@@ -206,7 +218,50 @@ async fn runner_environment_stays_out_and_images_are_refused() {
             },
         ))
         .await;
-    assert_eq!(out.stdout.len(), 1 << 20, "{} {} {}", text(&out.stderr), out.exit_code, out.duration_ms);
+    assert_eq!(
+        out.stdout.len(),
+        1 << 20,
+        "{} {} {}",
+        text(&out.stderr),
+        out.exit_code,
+        out.duration_ms
+    );
     assert!(out.stdout_truncated);
+    r.stop().await;
+}
+
+/// With network allowed, a job that asks for it reaches a host listener on the runner's
+/// non-loopback address; one that does not ask stays cut off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn network_only_when_the_job_has_it() {
+    if !gvisor_usable("gvisor_network") {
+        return;
+    }
+    // The host's outward address (no packet is sent by a UDP connect).
+    let probe = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+    if probe.connect("10.255.255.255:1").is_err() {
+        println!("SKIP: gvisor_network: this host has no non-loopback address");
+        return;
+    }
+    let ip = probe.local_addr().unwrap().ip();
+    let listener = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let r = TestRunner::start_with(
+        Case {
+            backend: BackendChoice::Gvisor,
+            pool: false,
+        },
+        |c| c.network_allowed = true,
+    )
+    .await;
+    let code = format!(
+        "import socket\ns = socket.socket(); s.settimeout(3)\nprint(s.connect_ex(('{ip}', {port})) == 0)\n"
+    );
+    let mut with = python(&code);
+    with.network = true;
+    let out = r.run(with).await;
+    assert_eq!(text(&out.stdout), "True\n", "{}", text(&out.stderr));
+    let out = r.run(python(&code)).await;
+    assert_eq!(text(&out.stdout), "False\n", "{}", text(&out.stderr));
     r.stop().await;
 }

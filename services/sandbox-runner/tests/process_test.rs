@@ -529,7 +529,10 @@ async fn sandboxes_of_a_killed_runner_stop_within_10_s() {
 /// Sandboxes in the runsc state of the runner with `work_root` whose status is running.
 async fn gvisor_running(work_root: &std::path::Path) -> usize {
     let out = tokio::process::Command::new("runsc")
-        .arg(format!("--root={}", work_root.join("gvisor/state").display()))
+        .arg(format!(
+            "--root={}",
+            work_root.join("gvisor/state").display()
+        ))
         .arg("list")
         .output()
         .await

@@ -5,8 +5,8 @@
 //! file systems; /input read-only, /output (or /workspace and /tmpfs of a session) writable,
 //! /tmp a private tmpfs; the program runs as the sandbox uid with no capabilities and an
 //! environment of its own only. No network (`--network=none` and a new network namespace)
-//! unless the job has it (`--network=sandbox`: gVisor's own network stack on the runner's
-//! interfaces). rlimits as the other backends set them (gVisor enforces RLIMIT_NPROC over its
+//! unless the job has it (`--network=host`: sockets of the runner's network namespace, as on
+//! the local backend). rlimits as the other backends set them (gVisor enforces RLIMIT_NPROC over its
 //! whole kernel, as every process there runs as the sandbox uid); memory and cpu over the
 //! whole sandbox through the cgroups runsc makes (`cairn-gvisor-<runner_id>/<id>`) when the
 //! host has them.
@@ -83,12 +83,30 @@ const HIDDEN: &[&str] = &[
     "tmpfs",
 ];
 
-
 pub struct GvisorBackend {
     base: Arc<Base>,
     /// Ids of running sandboxes (killed at shutdown).
     running: Arc<Mutex<HashSet<String>>>,
     pool: Option<Arc<Pool<GvisorSource>>>,
+}
+
+/// Sandbox deletions under way in the background (the reply does not wait for them; shutdown
+/// does).
+#[derive(Default)]
+pub(super) struct Pending {
+    count: std::sync::atomic::AtomicUsize,
+    idle: tokio::sync::Notify,
+}
+
+impl Pending {
+    /// Waits (at most `limit`) until no deletion is under way.
+    async fn settle(&self, limit: Duration) {
+        use std::sync::atomic::Ordering;
+        let t0 = Instant::now();
+        while self.count.load(Ordering::SeqCst) > 0 && t0.elapsed() < limit {
+            let _ = tokio::time::timeout(Duration::from_millis(100), self.idle.notified()).await;
+        }
+    }
 }
 
 /// What every sandbox of this backend is built from.
@@ -103,6 +121,7 @@ pub(super) struct Base {
     hidden: Vec<String>,
     /// Does runsc put sandboxes in cgroups with their memory and cpu limits here?
     cgroups: bool,
+    pending: Arc<Pending>,
 }
 
 /// One sandboxed program to start.
@@ -150,6 +169,7 @@ impl GvisorBackend {
             bundles: dir.join("bundles"),
             hidden: hidden_dirs(&config.work_root),
             cgroups: true,
+            pending: Arc::default(),
             config,
         };
         for d in [&base.state, &base.bundles] {
@@ -346,6 +366,14 @@ impl GvisorBackend {
         for id in ids {
             self.base.kill(&id, "KILL").await;
         }
+        // Their supervisors end and queue the deletions; then those finish.
+        let t0 = Instant::now();
+        while self.running.lock().map(|s| !s.is_empty()).unwrap_or(false)
+            && t0.elapsed() < Duration::from_secs(10)
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.base.pending.settle(Duration::from_secs(15)).await;
     }
 }
 
@@ -364,6 +392,7 @@ pub(super) struct BaseRef {
     runsc: PathBuf,
     global: Vec<String>,
     bundles: PathBuf,
+    pending: Arc<Pending>,
 }
 
 /// Why a sandbox did not start, with its task untouched.
@@ -379,11 +408,7 @@ impl Drop for Sandbox {
                 let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
             }
         }
-        let id = self.id.clone();
-        let base = self.base.clone();
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move { base.delete(&id).await });
-        }
+        self.base.delete_later(&self.id);
     }
 }
 
@@ -405,6 +430,21 @@ impl BaseRef {
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         cmd
+    }
+
+    /// `delete` in the background; shutdown waits for it.
+    fn delete_later(self: &Arc<Self>, id: &str) {
+        use std::sync::atomic::Ordering;
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        self.pending.count.fetch_add(1, Ordering::SeqCst);
+        let (me, id) = (self.clone(), id.to_owned());
+        rt.spawn(async move {
+            me.delete(&id).await;
+            me.pending.count.fetch_sub(1, Ordering::SeqCst);
+            me.pending.idle.notify_waiters();
+        });
     }
 
     /// `runsc delete --force` (kills what still runs) and the bundle directory.
@@ -438,6 +478,7 @@ impl Base {
             runsc: self.runsc.clone(),
             global: self.global_args(),
             bundles: self.bundles.clone(),
+            pending: self.pending.clone(),
         })
     }
 
@@ -459,20 +500,14 @@ impl Base {
                 env: &env,
                 argv: vec!["/bin/true".into()],
             };
-            let bundle = match self.write_bundle_sync(&spec) {
-                Ok(b) => b,
-                Err(e) => return Err(e),
-            };
-            let out = std::process::Command::new(&self.runsc)
-                .env_clear()
+            let bundle = self.write_bundle_sync(&spec)?;
+            let mut cmd = std::process::Command::new(&self.runsc);
+            cmd.env_clear()
                 .args(self.global_args())
                 .args(["--network=none", "run", "--bundle"])
                 .arg(&bundle)
-                .arg(&id)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .output();
+                .arg(&id);
+            let out = output_within(cmd, PROBE_LIMIT);
             let _ = std::process::Command::new(&self.runsc)
                 .env_clear()
                 .args(self.global_args())
@@ -517,12 +552,16 @@ impl Base {
         ];
         let bound = |dir: &str| spec.binds.iter().any(|(_, inside, _)| *inside == dir);
         for dir in self.hidden.iter().filter(|d| !bound(d)) {
-            mounts.push(json!({"destination": dir, "type": "tmpfs", "source": "tmpfs",
-                               "options": ["ro", "size=4096", "mode=755"]}));
+            mounts.push(
+                json!({"destination": dir, "type": "tmpfs", "source": "tmpfs",
+                               "options": ["ro", "size=4096", "mode=755"]}),
+            );
         }
         for (host, inside, writable) in &spec.binds {
-            mounts.push(json!({"destination": inside, "type": "bind", "source": host,
-                               "options": ["rbind", if *writable { "rw" } else { "ro" }]}));
+            mounts.push(
+                json!({"destination": inside, "type": "bind", "source": host,
+                               "options": ["rbind", if *writable { "rw" } else { "ro" }]}),
+            );
         }
         let mut namespaces = vec![
             json!({"type": "pid"}),
@@ -535,11 +574,7 @@ impl Base {
         }
         let mut linux = json!({ "namespaces": namespaces });
         if self.cgroups {
-            linux["cgroupsPath"] = json!(format!(
-                "/{}/{}",
-                self.runner_cgroup(),
-                spec.id
-            ));
+            linux["cgroupsPath"] = json!(format!("/{}/{}", self.runner_cgroup(), spec.id));
             linux["resources"] = json!({
                 "memory": {"limit": spec.limits.memory_bytes, "swap": spec.limits.memory_bytes},
                 "cpu": {"quota": spec.limits.cpu_millis * 100, "period": 100_000},
@@ -596,8 +631,10 @@ impl Base {
         // gets none of the runner's either.
         cmd.env_clear()
             .args(self.global_args())
+            // `--network=sandbox` (gVisor's own stack) refuses the root network namespace, where
+            // runners usually are; `host` hands the sandbox sockets of the runner's namespace.
             .arg(if spec.network {
-                "--network=sandbox"
+                "--network=host"
             } else {
                 "--network=none"
             })
@@ -683,8 +720,9 @@ impl Base {
         };
         let duration_ms = t0.elapsed().as_millis() as u64;
         let oom_killed = self.oom_kills(&sandbox.id) > 0;
+        // Its program has ended and runsc run has exited: the reply need not wait for the rest.
         sandbox.done = true;
-        sandbox.base.delete(&sandbox.id).await;
+        sandbox.base.delete_later(&sandbox.id);
         let exit_code = status.code().unwrap_or_else(|| {
             use std::os::unix::process::ExitStatusExt;
             128 + status.signal().unwrap_or(0)
@@ -770,6 +808,47 @@ impl Base {
             let _ = std::fs::remove_dir(&parent);
         }
     }
+}
+
+/// Time the start-up probe may take (runsc on the kvm platform without a working /dev/kvm
+/// hangs rather than failing).
+const PROBE_LIMIT: Duration = Duration::from_secs(30);
+
+/// Runs `cmd` (stdin and stdout null, stderr piped) for at most `limit`; killed after it.
+fn output_within(
+    mut cmd: std::process::Command,
+    limit: Duration,
+) -> std::io::Result<std::process::Output> {
+    use std::io::Read;
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no answer within {} s", limit.as_secs()),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let mut stderr = Vec::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_end(&mut stderr);
+    }
+    Ok(std::process::Output {
+        status,
+        stdout: Vec::new(),
+        stderr,
+    })
 }
 
 /// The top-level host directories to cover, and the work_root when it would show.

@@ -166,7 +166,9 @@ pub(super) async fn send_go(
     let mut line = go.to_string().into_bytes();
     line.push(b'\n');
     let Some(mut stdin) = child.stdin.take() else {
-        return Err(Error::Sandbox("waiting sandbox without a stdin pipe".into()));
+        return Err(Error::Sandbox(
+            "waiting sandbox without a stdin pipe".into(),
+        ));
     };
     let started_at = time::OffsetDateTime::now_utc();
     let t0 = std::time::Instant::now();

@@ -87,13 +87,19 @@ pub fn backend_name(b: BackendChoice) -> &'static str {
 /// Host processes of the gvisor sandboxes of the runner with `work_root` (runsc run, its
 /// gofer and sandbox all name runsc's state directory there).
 pub fn gvisor_processes(work_root: &std::path::Path) -> Vec<i32> {
-    processes_with(&format!("--root={}", work_root.join("gvisor/state").display()))
+    processes_with(&format!(
+        "--root={}",
+        work_root.join("gvisor/state").display()
+    ))
 }
 
 /// Ids in the runsc state of the gvisor runner with `work_root`.
 pub async fn gvisor_sandboxes(work_root: &std::path::Path) -> Vec<String> {
     let out = tokio::process::Command::new("runsc")
-        .arg(format!("--root={}", work_root.join("gvisor/state").display()))
+        .arg(format!(
+            "--root={}",
+            work_root.join("gvisor/state").display()
+        ))
         .args(["list", "--quiet"])
         .output()
         .await
@@ -540,7 +546,11 @@ pub fn gvisor_cgroups(runner_id: &str) -> Vec<std::path::PathBuf> {
         .into_iter()
         .flatten()
         .flatten()
-        .flat_map(|h| std::fs::read_dir(h.path().join(&name)).into_iter().flatten())
+        .flat_map(|h| {
+            std::fs::read_dir(h.path().join(&name))
+                .into_iter()
+                .flatten()
+        })
         .flatten()
         .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
         .map(|e| e.path())
