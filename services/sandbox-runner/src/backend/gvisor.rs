@@ -288,8 +288,10 @@ impl GvisorBackend {
         let (started_at, t0) = super::local_pool::send_go(
             &mut sandbox.child,
             job,
-            relayed(job.argv()),
+            job.argv(),
             rlimits(&job.limits, timeout).into_iter().collect(),
+            // The waiter relays the output itself (no bash, no cats to start).
+            true,
         )
         .await
         .map_err(Pooled::Unstarted)?;

@@ -1,8 +1,9 @@
 //! The gVisor backend's pool (refill policy in crate::pool): gVisor sandboxes started ahead of
 //! time (a fresh task directory behind /input and /output, no network, the default memory
 //! and cpu) whose first process is the local pool's waiter.py, waiting on its stdin. A run
-//! stages its inputs, sends one line (argv, env, rlimits) and the waiter execs the program in
-//! its place; the runner then supervises it as a cold run. The sandbox's own rlimits are the
+//! stages its inputs, sends one line (argv, env, rlimits, relay) and the waiter starts the
+//! program with its output relayed (see gvisor.rs on short writes); the runner then supervises
+//! it as a cold run. The sandbox's own rlimits are the
 //! runner's maxima, so the waiter can set any job's (a process may lower its hard limits,
 //! never raise them). A sandbox serves one run; its task directory is
 //! `<work_root>/tasks/pool-<uuid>`, its runsc id the same `pool-<uuid>`.

@@ -484,6 +484,7 @@ impl LocalBackend {
             job,
             job.argv(),
             rlimits(&job.limits, timeout).into_iter().collect(),
+            false,
         )
         .await
         .map_err(Pooled::Unstarted)?;

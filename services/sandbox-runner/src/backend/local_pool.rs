@@ -148,7 +148,8 @@ impl Source for LocalSource {
     }
 }
 
-/// Sends a waiting sandbox its job line (`argv`, the job's env, cwd /tmp, `rlimits`) and closes the pipe;
+/// Sends a waiting sandbox its job line (`argv`, the job's env, cwd /tmp, `rlimits`, whether
+/// the waiter relays the program's output rather than exec it) and closes the pipe;
 /// returns when the program started. An error means it never did (the waiter reads the whole
 /// line before it execs anything).
 pub(super) async fn send_go(
@@ -156,8 +157,10 @@ pub(super) async fn send_go(
     job: &Job,
     argv: Vec<String>,
     rlimits: std::collections::BTreeMap<&'static str, u64>,
+    relay: bool,
 ) -> Result<(time::OffsetDateTime, std::time::Instant)> {
     let go = serde_json::json!({
+        "relay": relay,
         "argv": argv,
         "env": job.environment(),
         "cwd": "/tmp",
