@@ -1,5 +1,6 @@
-# The waiting process of a pooled local sandbox (backend/local_pool.rs), started by bwrap as
-# the sandbox user inside a complete sandbox. It says it is ready, then reads ONE job line
+# The waiting process of a pooled local or gvisor sandbox (backend/local_pool.rs,
+# gvisor_pool.rs), and the first process of every cold gvisor sandbox, started as the sandbox
+# user inside a complete sandbox. It says it is ready, then reads ONE job line
 # (JSON: argv, env, cwd, rlimits) from stdin and execs the program in its place: stdin becomes
 # /dev/null, every other descriptor is closed, the signal dispositions Python changed are reset,
 # the rlimits are set (soft = hard, as prlimit does). On EOF (the runner dropped the sandbox) it
@@ -31,7 +32,7 @@ def close_above_2():
 
 def start(job, argv, env):
     """Becomes the program (never returns)."""
-    for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     for name, value in job["rlimits"].items():
@@ -53,6 +54,9 @@ def write_all(fd, data):
 
 
 def relay(job, argv, env):
+    # A timeout's SIGTERM reaches every process of the sandbox: the relay stays for the
+    # program's grace period (the SIGKILL after it ends everything).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     pid = os.fork()
@@ -91,7 +95,9 @@ def relay(job, argv, env):
 
 
 def main():
-    os.write(1, b"cairn-waiting\n")
+    # `--now` (a cold gvisor sandbox): the job line follows at once, nobody waits for "ready".
+    if "--now" not in sys.argv[1:]:
+        os.write(1, b"cairn-waiting\n")
     line = sys.stdin.buffer.readline()
     if not line.endswith(b"\n"):
         os._exit(0)

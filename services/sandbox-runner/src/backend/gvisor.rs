@@ -6,13 +6,14 @@
 //! /tmp a private tmpfs; the program runs as the sandbox uid with no capabilities and an
 //! environment of its own only. No network (`--network=none` and a new network namespace)
 //! unless the job has it (`--network=host`: sockets of the runner's network namespace, as on
-//! the local backend). rlimits as the other backends set them (gVisor enforces RLIMIT_NPROC over its
-//! whole kernel, as every process there runs as the sandbox uid); memory and cpu over the
-//! whole sandbox through the cgroups runsc makes (`cairn-gvisor-<runner_id>/<id>`) when the
-//! host has them.
+//! the local backend). rlimits as the other backends set them (gVisor enforces RLIMIT_NPROC
+//! over its whole kernel, as every process there runs as the sandbox uid); memory and cpu over
+//! the whole sandbox through the cgroups runsc makes (`cairn-gvisor-<runner_id>/<id>`) when
+//! the host has them.
 //!
-//! Kill semantics: on timeout `runsc kill --all <id> TERM`, the grace, then `KILL`; the
-//! sandbox ends when its first process does, taking every other process with it. `runsc run`
+//! Kill semantics: on timeout `runsc kill --all <id> TERM` (the waiter, below, ignores it), the
+//! grace, then `KILL`; the sandbox ends when its first process does, taking every other
+//! process with it. `runsc run`
 //! gets SIGKILL when the runner dies (parent-death signal), and its attached sandbox dies with
 //! it. Afterwards `runsc delete --force` and the bundle directory go. runsc keeps its state in
 //! `<work_root>/gvisor/state` (its `--root`), so a restarted runner finds and removes what an
@@ -20,11 +21,13 @@
 //!
 //! Found on runsc 2022-12-19: a write to the host pipe behind stdout/stderr may return short
 //! (64 KiB) although the pipe is blocking to the program, and a program that does not retry
-//! (Python's unbuffered text streams) loses the rest; so the program's stdout and stderr go
-//! through pipes of gVisor's own to two `cat`s (which retry) under a bash that waits for them
-//! (`RELAY`). `--platform=kvm` hangs in nested virtualisation (ptrace works);
-//! its statx refuses AT_NO_AUTOMOUNT (EINVAL), so coreutils' `ls` and `stat` fail inside while
-//! Python's os.stat, find and shells work; `--rootless` is not needed as root.
+//! (Python's unbuffered text streams) loses the rest; so every sandbox's first process is the
+//! waiter (waiter.py, as in the pools), which starts the program with stdout and stderr on
+//! pipes of gVisor's own, copies them whole, kills whatever the program left running once it
+//! has exited (as the end of its sandbox would), and exits with its status. `--platform=kvm`
+//! hangs in nested virtualisation (ptrace works); its statx refuses AT_NO_AUTOMOUNT (EINVAL),
+//! so coreutils' `ls` and `stat` fail inside while Python's os.stat, find and shells work;
+//! `--network=sandbox` refuses the root network namespace; `--rootless` is not needed as root.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -41,6 +44,7 @@ use tokio::time::sleep_until;
 
 use super::gvisor_pool::{GvisorSource, Waiting};
 use super::local::{collect, find_program, rlimits, stage_inputs, TaskDir};
+use super::local_pool::{send_go, Go, WAITER};
 use super::{keep, remove_dir, session_env, ExecOutcome, ExecSpec, Live, SessionSandbox};
 use crate::capture::Capture;
 use crate::config::Config;
@@ -48,23 +52,6 @@ use crate::error::{Error, Result};
 use crate::job::{Job, Outcome};
 use crate::limits::Limits;
 use crate::pool::Pool;
-
-/// Runs its arguments with stdout and stderr relayed by `cat` (see the module comment); when
-/// the program exits, kills whatever it left running (as its sandbox ending would), then exits
-/// with its status once both cats have written everything.
-const RELAY: &str = "exec 3>&1 4>&2; exec 5> >(exec cat >&3); p1=$!; exec 6> >(exec cat >&4); p2=$!; \
-\"$@\" 1>&5 2>&6 3>&- 4>&- 5>&- 6>&-; rc=$?; exec 3>&- 4>&- 5>&- 6>&-; \
-for _ in 1 2; do for p in /proc/[0-9]*; do p=${p#/proc/}; case $p in $$|$p1|$p2) ;; *) kill -9 $p 2>/dev/null;; esac; done; done; \
-wait $p1 $p2; exit $rc";
-
-/// `argv` under the relay.
-pub(super) fn relayed(argv: Vec<String>) -> Vec<String> {
-    ["/bin/bash", "-c", RELAY, "cairn-relay"]
-        .map(String::from)
-        .into_iter()
-        .chain(argv)
-        .collect()
-}
 
 /// Top-level host directories covered by an empty tmpfs unless bound (/proc, /dev, /sys and
 /// /tmp get gVisor's own).
@@ -176,6 +163,19 @@ impl GvisorBackend {
             std::fs::create_dir_all(d).map_err(Error::io(format!("creating {}", d.display())))?;
         }
         base.probe()?;
+        let dirs = [
+            "/usr/local/sbin",
+            "/usr/local/bin",
+            "/usr/sbin",
+            "/usr/bin",
+            "/sbin",
+            "/bin",
+        ];
+        if !dirs.iter().any(|d| Path::new(d).join("python3").is_file()) {
+            return Err(Error::NoIsolation(
+                "the gvisor backend needs python3 on the host (the first process of each sandbox is a small Python program that relays the output): apt-get install python3".into(),
+            ));
+        }
         let base = Arc::new(base);
         let pool = (base.config.pool_size > 0)
             .then(|| Arc::new(Pool::new(GvisorSource::new(base.clone()))));
@@ -257,7 +257,7 @@ impl GvisorBackend {
             timeout: Duration::from_millis(job.limits.timeout_ms),
             cwd: "/tmp",
             env: &env,
-            argv: relayed(job.argv()),
+            argv: job.argv(),
         };
         let caps = (job.limits.max_stdout_bytes, job.limits.max_stderr_bytes);
         let done = self.sandboxed(&spec, caps, live).await?;
@@ -285,16 +285,17 @@ impl GvisorBackend {
                 .map_err(Pooled::Failed)?;
         }
         let timeout = Duration::from_millis(job.limits.timeout_ms);
-        let (started_at, t0) = super::local_pool::send_go(
-            &mut sandbox.child,
-            job,
-            job.argv(),
-            rlimits(&job.limits, timeout).into_iter().collect(),
-            // The waiter relays the output itself (no bash, no cats to start).
-            true,
-        )
-        .await
-        .map_err(Pooled::Unstarted)?;
+        let (argv, env) = (job.argv(), job.environment());
+        let go = Go {
+            argv: &argv,
+            env: &env,
+            cwd: "/tmp",
+            rlimits: rlimits(&job.limits, timeout).into_iter().collect(),
+            relay: true,
+        };
+        let (started_at, t0) = send_go(&mut sandbox.child, go)
+            .await
+            .map_err(Pooled::Unstarted)?;
         let _registered = Registered::new(&self.running, &id);
         let caps = (job.limits.max_stdout_bytes, job.limits.max_stderr_bytes);
         let done = self
@@ -321,7 +322,7 @@ impl GvisorBackend {
             timeout: spec.timeout,
             cwd: &spec.workdir,
             env: &env,
-            argv: relayed(vec!["bash".into(), "-lc".into(), spec.command.clone()]),
+            argv: vec!["bash".into(), "-lc".into(), spec.command.clone()],
         };
         let caps = (spec.max_output_bytes, spec.max_output_bytes);
         let done = self.sandboxed(&spec_, caps, None).await?;
@@ -334,7 +335,9 @@ impl GvisorBackend {
         })
     }
 
-    /// Writes the bundle, starts the sandbox, supervises it; nothing of it is left after.
+    /// Writes the bundle, starts the sandbox with the waiter as its first process, sends it
+    /// the program (relayed, see the module comment), supervises it; nothing of it is left
+    /// after.
     async fn sandboxed(
         &self,
         spec: &Spec<'_>,
@@ -342,13 +345,32 @@ impl GvisorBackend {
         live: Option<&Live>,
     ) -> Result<Finished> {
         let _registered = Registered::new(&self.running, &spec.id);
+        let waiter_env = waiter_env();
+        let waiter = Spec {
+            id: spec.id.clone(),
+            binds: spec.binds.clone(),
+            network: spec.network,
+            limits: spec.limits,
+            timeout: spec.timeout,
+            cwd: "/",
+            env: &waiter_env,
+            argv: waiter_argv(true),
+        };
+        let t0 = Instant::now();
+        let started_at = OffsetDateTime::now_utc();
         let mut sandbox = self
             .base
-            .start(spec, Stdio::null())
+            .start(&waiter, Stdio::piped())
             .await
             .map_err(|e| e.0)?;
-        let started_at = OffsetDateTime::now_utc();
-        let t0 = Instant::now();
+        let go = Go {
+            argv: &spec.argv,
+            env: spec.env,
+            cwd: spec.cwd,
+            rlimits: rlimits(spec.limits, spec.timeout).into_iter().collect(),
+            relay: true,
+        };
+        send_go(&mut sandbox.child, go).await?;
         self.base
             .supervise(&mut sandbox, started_at, t0, spec.timeout, caps, live)
             .await
@@ -810,6 +832,28 @@ impl Base {
             let _ = std::fs::remove_dir(&parent);
         }
     }
+}
+
+/// The waiter's command line; `now`: no "ready" line, the job follows at once (cold runs).
+pub(super) fn waiter_argv(now: bool) -> Vec<String> {
+    let mut argv: Vec<String> = ["python3", "-I", "-S", "-c", WAITER]
+        .map(String::from)
+        .to_vec();
+    if now {
+        argv.push("--now".into());
+    }
+    argv
+}
+
+/// The waiter's own environment (the program gets its job's).
+pub(super) fn waiter_env() -> Vec<(String, String)> {
+    vec![
+        (
+            "PATH".into(),
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+        ),
+        ("LANG".into(), "C.UTF-8".into()),
+    ]
 }
 
 /// Time the start-up probe may take (runsc on the kvm platform without a working /dev/kvm

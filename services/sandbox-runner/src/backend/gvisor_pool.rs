@@ -14,9 +14,9 @@ use std::time::Duration;
 
 use tokio::io::AsyncReadExt;
 
-use super::gvisor::{Base, Sandbox, Spec};
+use super::gvisor::{waiter_argv, waiter_env, Base, Sandbox, Spec};
 use super::local::TaskDir;
-use super::local_pool::{POOL_DIR_PREFIX, READY, READY_TIMEOUT, WAITER};
+use super::local_pool::{POOL_DIR_PREFIX, READY, READY_TIMEOUT};
 use crate::error::{Error, Result};
 use crate::job::Job;
 use crate::limits::Limits;
@@ -39,13 +39,7 @@ impl GvisorSource {
     pub fn new(base: Arc<Base>) -> GvisorSource {
         GvisorSource {
             base,
-            env: vec![
-                (
-                    "PATH".into(),
-                    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
-                ),
-                ("LANG".into(), "C.UTF-8".into()),
-            ],
+            env: waiter_env(),
         }
     }
 
@@ -100,9 +94,7 @@ impl Source for GvisorSource {
             timeout: Duration::from_millis(max.timeout_ms),
             cwd: "/tmp",
             env: &self.env,
-            argv: ["python3", "-I", "-S", "-c", WAITER]
-                .map(String::from)
-                .to_vec(),
+            argv: waiter_argv(false),
         };
         let mut sandbox = match self.base.start(&spec, Stdio::piped()).await {
             Ok(s) => s,

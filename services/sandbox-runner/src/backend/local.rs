@@ -26,7 +26,7 @@ use tokio::process::{Child, Command};
 use tokio::time::sleep_until;
 
 use super::cgroup::{self, Cgroup, Cgroups};
-use super::local_pool::{send_go, LocalSource, Waiting};
+use super::local_pool::{send_go, Go, LocalSource, Waiting};
 use super::{keep, remove_dir, session_env, ExecOutcome, ExecSpec, Live, SessionSandbox};
 use crate::capture::Capture;
 use crate::config::Config;
@@ -479,15 +479,15 @@ impl LocalBackend {
                 .map_err(Pooled::Failed)?;
         }
         let timeout = Duration::from_millis(job.limits.timeout_ms);
-        let (started_at, t0) = send_go(
-            &mut child,
-            job,
-            job.argv(),
-            rlimits(&job.limits, timeout).into_iter().collect(),
-            false,
-        )
-        .await
-        .map_err(Pooled::Unstarted)?;
+        let (argv, env) = (job.argv(), job.environment());
+        let go = Go {
+            argv: &argv,
+            env: &env,
+            cwd: "/tmp",
+            rlimits: rlimits(&job.limits, timeout).into_iter().collect(),
+            relay: false,
+        };
+        let (started_at, t0) = send_go(&mut child, go).await.map_err(Pooled::Unstarted)?;
         let caps = (job.limits.max_stdout_bytes, job.limits.max_stderr_bytes);
         let done = self
             .supervise(child, started_at, t0, timeout, caps, live)

@@ -148,25 +148,30 @@ impl Source for LocalSource {
     }
 }
 
-/// Sends a waiting sandbox its job line (`argv`, the job's env, cwd /tmp, `rlimits`, whether
-/// the waiter relays the program's output rather than exec it) and closes the pipe;
-/// returns when the program started. An error means it never did (the waiter reads the whole
-/// line before it execs anything).
+/// What a waiter is to run: the program's argv, env and working directory, its rlimits, and
+/// whether the waiter relays its output (gvisor) rather than exec it in its place.
+pub(super) struct Go<'a> {
+    pub argv: &'a [String],
+    pub env: &'a [(String, String)],
+    pub cwd: &'a str,
+    pub rlimits: std::collections::BTreeMap<&'static str, u64>,
+    pub relay: bool,
+}
+
+/// Sends a waiting sandbox its job line and closes the pipe; returns when it is sent. An error
+/// means the program never started (the waiter reads the whole line before it starts anything).
 pub(super) async fn send_go(
     child: &mut Child,
-    job: &Job,
-    argv: Vec<String>,
-    rlimits: std::collections::BTreeMap<&'static str, u64>,
-    relay: bool,
+    go: Go<'_>,
 ) -> Result<(time::OffsetDateTime, std::time::Instant)> {
-    let go = serde_json::json!({
-        "relay": relay,
-        "argv": argv,
-        "env": job.environment(),
-        "cwd": "/tmp",
-        "rlimits": rlimits,
+    let line = serde_json::json!({
+        "relay": go.relay,
+        "argv": go.argv,
+        "env": go.env,
+        "cwd": go.cwd,
+        "rlimits": go.rlimits,
     });
-    let mut line = go.to_string().into_bytes();
+    let mut line = line.to_string().into_bytes();
     line.push(b'\n');
     let Some(mut stdin) = child.stdin.take() else {
         return Err(Error::Sandbox(
