@@ -180,11 +180,24 @@ async fn nothing_of_a_run_is_left_after_it() {
         }
         assert!(!task.exists(), "task directory removed after the run");
         let root = work_root.path().to_path_buf();
+        let runner_id = r.handle.runner_id().to_owned();
         r.stop().await;
         // Shutdown removes the pool's waiting sandbox too.
         assert_eq!(gvisor_sandboxes(&root).await, Vec::<String>::new());
         assert_eq!(gvisor_processes(&root), Vec::<i32>::new());
         assert_eq!(std::fs::read_dir(gv.join("bundles")).unwrap().count(), 0);
+        let cgroups: Vec<_> = std::fs::read_dir("/sys/fs/cgroup")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|h| h.path().join(format!("cairn-gvisor-{runner_id}")))
+            .filter(|d| d.exists())
+            .collect();
+        assert_eq!(
+            cgroups,
+            Vec::<std::path::PathBuf>::new(),
+            "runner cgroups left"
+        );
     }
 }
 

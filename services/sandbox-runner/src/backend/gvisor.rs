@@ -377,7 +377,7 @@ impl GvisorBackend {
     }
 
     /// Removes the waiting sandboxes, then kills every running one (their supervisors
-    /// delete them).
+    /// delete them), then the runner's cgroup directories.
     pub async fn shutdown(&self) {
         if let Some(pool) = &self.pool {
             pool.close().await;
@@ -398,6 +398,7 @@ impl GvisorBackend {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         self.base.pending.settle(Duration::from_secs(15)).await;
+        self.base.remove_runner_cgroups();
     }
 }
 

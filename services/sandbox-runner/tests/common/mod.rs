@@ -539,6 +539,17 @@ pub fn runner_cgroups(runner_id: &str) -> Vec<std::path::PathBuf> {
     out
 }
 
+/// The `cairn-gvisor-<runner_id>` directories of a gvisor runner, in every hierarchy.
+pub fn gvisor_runner_cgroups(runner_id: &str) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir("/sys/fs/cgroup")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|h| h.path().join(format!("cairn-gvisor-{runner_id}")))
+        .filter(|d| d.exists())
+        .collect()
+}
+
 /// The sandbox cgroups runsc made for a gvisor runner (`cairn-gvisor-<runner_id>/*`).
 pub fn gvisor_cgroups(runner_id: &str) -> Vec<std::path::PathBuf> {
     let name = format!("cairn-gvisor-{runner_id}");
@@ -576,6 +587,18 @@ pub async fn remove_runner_cgroups(runner_id: &str) {
             .into_iter()
             .chain(runner_cgroups(runner_id))
         {
+            let _ = std::fs::remove_dir(dir);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The gvisor backend's (runsc makes them as `cairn-gvisor-<runner_id>/<sandbox>`).
+    let t0 = std::time::Instant::now();
+    loop {
+        let parents = gvisor_runner_cgroups(runner_id);
+        if parents.is_empty() || t0.elapsed() > Duration::from_secs(10) {
+            break;
+        }
+        for dir in gvisor_cgroups(runner_id).into_iter().chain(parents) {
             let _ = std::fs::remove_dir(dir);
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
