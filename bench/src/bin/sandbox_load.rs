@@ -256,7 +256,7 @@ async fn gvisor_rows(args: &Args, cold_addr: &str) -> Result<()> {
     rows.push(stats("cairn Run, gvisor cold (gRPC)", ours));
     rows.push(stats("raw `docker run --rm IMAGE python3 -c`", raw));
     rows.push(stats(
-        "(gvisor cold: runsc run + python alone, the runner's duration_ms)",
+        "(gvisor cold: runsc run + waiter + python, the runner's duration_ms)",
         inside,
     ));
     ratios.push(("gvisor cold / raw docker run", 0, 1));
