@@ -41,7 +41,7 @@ struct Embedded {
 /// Which optional services an embedded host starts (the store and ingest always run).
 #[derive(Debug, Clone, Default)]
 pub struct Needs {
-    /// The sandbox-runner (needs Docker or bubblewrap).
+    /// The sandbox-runner (needs Docker, bubblewrap, or runsc with `backend = "gvisor"`).
     pub sandbox: bool,
     /// The orchestrator (resumes unfinished runs of the data root when it starts).
     pub orchestrator: bool,
@@ -271,11 +271,11 @@ pub async fn host_all(
                 runner = Some(handle);
             }
             Err(e) if needs.sandbox_optional => {
-                tracing::warn!(error = %e, "no sandbox-runner (it needs a Docker engine or bubblewrap); sandbox nodes will fail");
+                tracing::warn!(error = %e, "no sandbox-runner (it needs a Docker engine, bubblewrap, or runsc with backend = gvisor); sandbox nodes will fail");
             }
             Err(e) => {
                 return Err(anyhow::Error::new(e).context(
-                    "starting the sandbox-runner (it needs a Docker engine or bubblewrap)",
+                    "starting the sandbox-runner (it needs a Docker engine, bubblewrap, or runsc with backend = gvisor)",
                 ))
             }
         }

@@ -18,10 +18,10 @@ const CODE: &str = "print(1)";
 #[derive(Parser, Debug)]
 struct Args {
     /// Runner with the docker backend and no pool.
-    #[arg(long)]
+    #[arg(long, default_value = "", required_unless_present = "gvisor")]
     cold: String,
     /// Runner with the docker backend and a warm pool.
-    #[arg(long)]
+    #[arg(long, default_value = "", required_unless_present = "gvisor")]
     warm: String,
     /// Pool size of the warm runner (each warm run waits until the pool is full again, so it
     /// measures a run on an idle pool, not the refill).
@@ -35,6 +35,13 @@ struct Args {
     local_pool: Option<String>,
     #[arg(long, default_value = "cairn-sandbox:latest")]
     image: String,
+    /// Only the gvisor rows: runner with the gvisor backend and no pool (the docker runners
+    /// are then not needed).
+    #[arg(long)]
+    gvisor: Option<String>,
+    /// Runner with the gvisor backend and a pool of `pool` waiting sandboxes.
+    #[arg(long)]
+    gvisor_pool: Option<String>,
     /// Interpreter for the bare baseline.
     #[arg(long, default_value = "/usr/bin/python3")]
     python: String,
@@ -215,9 +222,96 @@ fn containers_of(runner_id: &str, kind: &str) -> Result<usize> {
     Ok(String::from_utf8_lossy(&out.stdout).lines().count())
 }
 
+/// `docker run --rm --network none IMAGE python3 -c CODE`, timed.
+fn raw_docker_run(image: &str) -> Result<f64> {
+    time_cmd(&[
+        "docker",
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        image,
+        "python3",
+        "-c",
+        CODE,
+    ])
+}
+
+/// The gvisor rows: cold and pooled runs, each interleaved with raw `docker run --rm`, and
+/// 20 concurrent runs against 20 concurrent `docker run --rm`.
+async fn gvisor_rows(args: &Args, cold_addr: &str) -> Result<()> {
+    let runs = args.runs;
+    let mut cold = connect(cold_addr).await.context("gvisor runner")?;
+    one_run(&mut cold, Some(false)).await?;
+    raw_docker_run(&args.image)?;
+    let mut rows = Vec::new();
+    let mut ratios = Vec::new();
+    let (mut ours, mut raw, mut inside) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..runs {
+        let (ms, sandbox_ms) = one_run_inner(&mut cold, Some(false)).await?;
+        ours.push(ms);
+        inside.push(sandbox_ms);
+        raw.push(raw_docker_run(&args.image)?);
+    }
+    rows.push(stats("cairn Run, gvisor cold (gRPC)", ours));
+    rows.push(stats("raw `docker run --rm IMAGE python3 -c`", raw));
+    rows.push(stats(
+        "(gvisor cold: runsc run + waiter + python, the runner's duration_ms)",
+        inside,
+    ));
+    ratios.push(("gvisor cold / raw docker run", 0, 1));
+    if let Some(addr) = &args.gvisor_pool {
+        let mut client = connect(addr).await?;
+        wait_warm(&mut client, args.pool).await?;
+        one_run(&mut client, Some(true)).await?;
+        let (mut ours, mut raw, mut inside) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..runs {
+            wait_warm(&mut client, args.pool).await?;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let (ms, sandbox_ms) = one_run_inner(&mut client, Some(true)).await?;
+            ours.push(ms);
+            inside.push(sandbox_ms);
+            raw.push(raw_docker_run(&args.image)?);
+        }
+        let at = rows.len();
+        rows.push(stats("cairn Run, gvisor pooled (gRPC)", ours));
+        rows.push(stats("raw `docker run --rm IMAGE python3 -c`", raw));
+        rows.push(stats(
+            "(gvisor pooled: go line + python alone, the runner's duration_ms)",
+            inside,
+        ));
+        ratios.push(("gvisor pooled / raw docker run", at, at + 1));
+    }
+    println!("| path | runs | p50 ms | p95 ms |");
+    println!("|---|---:|---:|---:|");
+    for r in &rows {
+        println!("| {} | {} | {:.1} | {:.1} |", r.label, r.n, r.p50, r.p95);
+    }
+    println!();
+    for (label, a, b) in ratios {
+        println!("- {label}: {:.2}x (p50)", rows[a].p50 / rows[b].p50);
+    }
+    println!();
+    println!("| concurrent | path | ok | seconds | runs/s |");
+    println!("|---:|---|---:|---:|---:|");
+    let (secs, ok) = concurrent_docker(&args.image, 20)?;
+    let base = ok as f64 / secs;
+    println!("| 20 | raw `docker run --rm` | {ok}/20 | {secs:.2} | {base:.1} |");
+    let (secs, ok) = concurrent_runs(cold_addr, 20).await?;
+    let rate = ok as f64 / secs;
+    println!(
+        "| 20 | cairn gvisor cold | {ok}/20 | {secs:.2} | {rate:.1} ({:.2}x) |",
+        rate / base
+    );
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
+    if let Some(addr) = &args.gvisor {
+        return gvisor_rows(&args, addr).await;
+    }
     let runs = args.runs;
     let mut rows = Vec::new();
 

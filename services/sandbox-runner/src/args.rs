@@ -15,7 +15,7 @@ pub struct ConfigArgs {
     /// Address to listen on (host:port).
     #[arg(long)]
     pub listen: Option<String>,
-    /// auto | docker | local.
+    /// auto | docker | local | gvisor.
     #[arg(long)]
     pub backend: Option<String>,
     /// Sandbox image (docker backend).
@@ -28,7 +28,7 @@ pub struct ConfigArgs {
     #[arg(long)]
     pub work_root: Option<PathBuf>,
     /// Sandboxes kept ready for one-shot runs: warm containers (docker) or waiting
-    /// sandboxes (local); 0 = off.
+    /// sandboxes (local, gvisor); 0 = off.
     #[arg(long)]
     pub pool_size: Option<usize>,
     /// Any other key: --set defaults.timeout_ms=5000 (repeatable).

@@ -27,6 +27,8 @@ pub enum BackendChoice {
     Auto,
     Docker,
     Local,
+    /// gVisor sandboxes through runsc (never picked by `auto`).
+    Gvisor,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -84,6 +86,11 @@ pub struct Config {
     pub cgroup_root: PathBuf,
     /// bubblewrap binary of the local backend.
     pub bwrap: String,
+    /// runsc binary of the gvisor backend.
+    pub runsc: String,
+    /// gVisor platform: `ptrace` (works anywhere) or `kvm` (faster system calls; needs a
+    /// working /dev/kvm).
+    pub gvisor_platform: String,
     /// Uid/gid the program runs as.
     pub sandbox_uid: u32,
     pub sandbox_gid: u32,
@@ -151,6 +158,8 @@ impl Default for Config {
             require_limits: false,
             cgroup_root: PathBuf::from("/sys/fs/cgroup"),
             bwrap: "bwrap".into(),
+            runsc: "runsc".into(),
+            gvisor_platform: "ptrace".into(),
             sandbox_uid: 10001,
             sandbox_gid: 10001,
             session: SessionConfig::default(),
@@ -213,6 +222,12 @@ impl Config {
             return Err(Error::Config(format!(
                 "docker_network {:?} must be a Docker network name of [A-Za-z0-9_.-] (default bridge)",
                 self.docker_network
+            )));
+        }
+        if !["ptrace", "kvm"].contains(&self.gvisor_platform.as_str()) {
+            return Err(Error::Config(format!(
+                "gvisor_platform {:?} must be ptrace or kvm",
+                self.gvisor_platform
             )));
         }
         if self.container_prefix.is_empty() && self.sweep_all_prefixed {
@@ -428,6 +443,31 @@ mod tests {
             let e = c.check().unwrap_err().to_string();
             assert!(e.contains(key), "{key}={value}: {e}");
         }
+    }
+
+    #[test]
+    fn gvisor_backend_and_platform_keys() {
+        let mut c = Config::default();
+        assert_eq!(c.gvisor_platform, "ptrace");
+        let vars = [
+            ("BACKEND", "gvisor"),
+            ("GVISOR_PLATFORM", "kvm"),
+            ("RUNSC", "/opt/runsc"),
+        ]
+        .map(|(k, v)| (format!("{ENV_PREFIX}{k}"), v.to_string()));
+        ENV.apply(&mut c, vars).unwrap();
+        assert_eq!(c.backend, BackendChoice::Gvisor);
+        assert_eq!(c.runsc, "/opt/runsc");
+        c.check().unwrap();
+        c.set("gvisor_platform", "qemu").unwrap();
+        let e = c.check().unwrap_err().to_string();
+        assert!(
+            e.contains("gvisor_platform") && e.contains("ptrace or kvm"),
+            "{e}"
+        );
+        let c = parse("backend = \"gvisor\"\n").unwrap();
+        assert_eq!(c.backend, BackendChoice::Gvisor);
+        assert!(parse("backend = \"gvisr\"\n").is_err());
     }
 
     #[test]

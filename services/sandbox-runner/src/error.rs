@@ -38,9 +38,13 @@ pub enum Error {
     /// A request asked for network on a runner whose policy forbids it.
     #[error("network access is not allowed on this runner: drop `network`, or set network_allowed = true in the runner's config ([sandbox_runner] network_allowed, CAIRN_SANDBOX_RUNNER_NETWORK_ALLOWED)")]
     NetworkNotAllowed,
-    /// The local backend runs on the host's own file system: it has no images to pick from.
-    #[error("this runner uses the local backend, which runs sandboxes on the host's file system and cannot run image {0:?}: send the work to a runner with the docker backend, or leave the image unset")]
-    ImageNeedsDocker(String),
+    /// The local and gvisor backends run on the host's own file system: they have no images
+    /// to pick from.
+    #[error("this runner uses the {backend} backend, which runs sandboxes on the host's file system and cannot run image {image:?}: send the work to a runner with the docker backend, or leave the image unset")]
+    ImageNeedsDocker {
+        backend: &'static str,
+        image: String,
+    },
     /// The engine does not have an allowed image (nothing is ever pulled).
     #[error("image {0:?} is allowed but missing on this runner's Docker engine: build it there with deploy/images/build-images.sh (nothing is pulled)")]
     ImageMissing(String),
@@ -121,7 +125,7 @@ impl Error {
             | Error::Path { .. }
             | Error::ImageNotAllowed { .. }
             | Error::NetworkNotAllowed => Code::InvalidArgument,
-            Error::ImageNeedsDocker(_) | Error::ImageMissing(_) => Code::FailedPrecondition,
+            Error::ImageNeedsDocker { .. } | Error::ImageMissing(_) => Code::FailedPrecondition,
             // The engine refused the container's settings: retrying cannot help.
             Error::Docker { source, .. } if engine_refused(source) => Code::InvalidArgument,
             Error::ResourceExhausted { .. } => Code::ResourceExhausted,
@@ -149,7 +153,7 @@ impl Error {
             Error::NoIsolation(_) => "no_isolation",
             Error::ImageNotAllowed { .. } => "image_not_allowed",
             Error::NetworkNotAllowed => "network_not_allowed",
-            Error::ImageNeedsDocker(_) => "image_needs_docker",
+            Error::ImageNeedsDocker { .. } => "image_needs_docker",
             Error::ImageMissing(_) => "image_missing",
             Error::ShuttingDown => "shutting_down",
             e => reason::fallback(e.code()),
@@ -173,7 +177,7 @@ impl Error {
             }
             Error::Refused { path, .. } => vec![("path", path.clone())],
             Error::ImageNotAllowed { image, .. }
-            | Error::ImageNeedsDocker(image)
+            | Error::ImageNeedsDocker { image, .. }
             | Error::ImageMissing(image) => {
                 vec![("field", "image".into()), ("image", image.clone())]
             }

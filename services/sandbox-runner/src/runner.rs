@@ -129,12 +129,15 @@ impl Runner {
         })
     }
 
-    /// The local backend runs on the host's files: any image but the default is refused there
-    /// rather than ignored.
+    /// The local and gvisor backends run on the host's files: any image but the default is
+    /// refused there rather than ignored.
     fn backend_runs(&self, image: &str) -> Result<()> {
         match self.backend {
-            Backend::Local(_) if image != self.config.image => {
-                Err(Error::ImageNeedsDocker(image.to_owned()))
+            Backend::Local(_) | Backend::Gvisor(_) if image != self.config.image => {
+                Err(Error::ImageNeedsDocker {
+                    backend: self.backend.name(),
+                    image: image.to_owned(),
+                })
             }
             _ => Ok(()),
         }
@@ -267,7 +270,7 @@ impl Runner {
                         git_commit,
                         image: match self.backend {
                             Backend::Docker(_) => sandbox.image.clone(),
-                            Backend::Local(_) => String::new(),
+                            Backend::Local(_) | Backend::Gvisor(_) => String::new(),
                         },
                     });
                 }

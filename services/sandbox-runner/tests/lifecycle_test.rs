@@ -163,7 +163,7 @@ async fn a_run_in_flight_at_shutdown_is_unavailable() {
         let req = python(&format!("import time\n{marker}\n"));
         let call = tokio::spawn(async move { c.run(req).await });
         let t0 = Instant::now();
-        while processes_with(&marker).is_empty() {
+        while !program_started(&r, &marker).await {
             assert!(
                 t0.elapsed() < Duration::from_secs(30),
                 "{backend:?}: never started"

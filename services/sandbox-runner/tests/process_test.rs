@@ -67,14 +67,7 @@ async fn spawn_runner_env(
             "--image",
             &image(),
         ])
-        .args([
-            "--backend",
-            if backend == BackendChoice::Docker {
-                "docker"
-            } else {
-                "local"
-            },
-        ])
+        .args(["--backend", backend_name(backend)])
         .arg("--work-root")
         .arg(work_root)
         .args(["--set", "kill_grace_ms=200"])
@@ -141,6 +134,8 @@ async fn killed_runner_removes_its_leftovers_on_restart() {
         loop {
             let exists = match backend.backend {
                 BackendChoice::Docker => !containers_of("restart-test-runner").await.is_empty(),
+                // The program runs inside gVisor's kernel, out of the host's process list.
+                BackendChoice::Gvisor => gvisor_started(work_root.path()).await,
                 _ => {
                     std::fs::read_dir(&tasks)
                         .map(|d| d.count() > 0)
@@ -173,6 +168,13 @@ async fn killed_runner_removes_its_leftovers_on_restart() {
                     std::fs::read_dir(&tasks).unwrap().count() > 0,
                     "leftover task dir expected"
                 );
+                if backend.gvisor() {
+                    let state = work_root.path().join("gvisor/state");
+                    assert!(
+                        std::fs::read_dir(&state).unwrap().count() > 0,
+                        "leftover runsc state expected"
+                    );
+                }
                 // Where the runner can make cgroups, the run's is left too.
                 assert_eq!(
                     runner_cgroups("restart-test-runner").is_empty(),
@@ -206,6 +208,26 @@ async fn killed_runner_removes_its_leftovers_on_restart() {
             Vec::<std::path::PathBuf>::new(),
             "{backend:?}: sandbox cgroups swept"
         );
+        if backend.gvisor() {
+            let gv = work_root.path().join("gvisor");
+            assert_eq!(
+                std::fs::read_dir(gv.join("bundles")).unwrap().count(),
+                0,
+                "bundles swept"
+            );
+            let list = std::process::Command::new("runsc")
+                .arg(format!("--root={}", gv.join("state").display()))
+                .args(["list", "--quiet"])
+                .output()
+                .unwrap();
+            assert_eq!(text(&list.stdout).trim(), "", "runsc state swept");
+            assert!(
+                gvisor_cgroups("restart-test-runner").is_empty(),
+                "gvisor sandbox cgroups swept"
+            );
+            let left = gvisor_processes(work_root.path());
+            assert_eq!(left.len(), 0, "only the new runner's: {left:?}");
+        }
         // local: the sandbox died with its runner (--die-with-parent)
         let mut left = processes_with(&format!("time.sleep({marker})"));
         for _ in 0..20 {
@@ -457,7 +479,11 @@ async fn sandboxes_of_a_killed_runner_stop_within_10_s() {
         }
         // Mid-step: the programs themselves run (not just bwrap or the engine setting up).
         let t0 = Instant::now();
-        while markers.iter().any(|m| programs_with(m).is_empty()) {
+        while if backend.gvisor() {
+            gvisor_running(work_root.path()).await < markers.len()
+        } else {
+            markers.iter().any(|m| programs_with(m).is_empty())
+        } {
             assert!(
                 t0.elapsed() < Duration::from_secs(60),
                 "{backend:?}: the step never started"
@@ -468,7 +494,10 @@ async fn sandboxes_of_a_killed_runner_stop_within_10_s() {
         proc.child.wait().unwrap();
         let killed = Instant::now();
         loop {
-            let procs: Vec<i32> = markers.iter().flat_map(|m| processes_with(m)).collect();
+            let mut procs: Vec<i32> = markers.iter().flat_map(|m| processes_with(m)).collect();
+            if backend.gvisor() {
+                procs.extend(gvisor_processes(work_root.path()));
+            }
             let running = if backend.docker() {
                 running_containers_of(&runner_id).await
             } else {
@@ -487,13 +516,41 @@ async fn sandboxes_of_a_killed_runner_stop_within_10_s() {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        if backend.docker() {
+        if backend.docker() || backend.gvisor() {
             // Stopped ones are removed by the next start-up sweep.
             let (proc2, _c2) = spawn_runner(backend.backend, work_root.path(), &runner_id).await;
             assert!(containers_of(&runner_id).await.is_empty());
+            assert_eq!(gvisor_running(work_root.path()).await, 0);
             drop(proc2);
         }
     }
+}
+
+/// Sandboxes in the runsc state of the runner with `work_root` whose status is running.
+async fn gvisor_running(work_root: &std::path::Path) -> usize {
+    let out = tokio::process::Command::new("runsc")
+        .arg(format!(
+            "--root={}",
+            work_root.join("gvisor/state").display()
+        ))
+        .arg("list")
+        .output()
+        .await
+        .unwrap();
+    text(&out.stdout)
+        .lines()
+        .filter(|l| l.split_whitespace().nth(2) == Some("running"))
+        .count()
+}
+
+/// Has a sandbox of the gvisor runner with `work_root` been running for a second (its
+/// program under way)?
+async fn gvisor_started(work_root: &std::path::Path) -> bool {
+    if gvisor_running(work_root).await == 0 {
+        return false;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    true
 }
 
 /// Host processes running `needle`'s program: its command line contains `needle` and is not

@@ -19,10 +19,7 @@ async fn hello_world_in_python_bash_and_sh() {
         );
         assert_eq!(out.exit_code, 0);
         assert!(!out.timed_out && !out.oom_killed);
-        assert_eq!(
-            out.backend,
-            if backend.docker() { "docker" } else { "local" }
-        );
+        assert_eq!(out.backend, backend.name());
         let out = r.run(bash("echo hi $((6*7)); echo err >&2; exit 3")).await;
         assert_eq!(text(&out.stdout), "hi 42\n");
         assert_eq!(text(&out.stderr), "err\n");
@@ -309,6 +306,20 @@ async fn setsid_children_die_with_the_run() {
             left = processes_with(&marker);
         }
         assert!(left.is_empty(), "{backend:?}: processes survived: {left:?}");
+        if backend.gvisor() {
+            // Its guest processes live in gVisor's kernel: the sandbox itself must be gone
+            // (with a pool, the refilled waiting one stays).
+            let allowed = usize::from(backend.pool);
+            assert!(
+                wait_for_gvisor_sandboxes(r.work_root.path(), allowed).await <= allowed,
+                "gvisor sandbox left after the run"
+            );
+            let t0 = std::time::Instant::now();
+            while !processes_with(&out.job_id).is_empty() && t0.elapsed().as_secs() < 5 {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            assert_eq!(processes_with(&out.job_id), Vec::<i32>::new());
+        }
         if backend.docker() {
             let mut left = containers_named(&out.job_id).await;
             for _ in 0..40 {
@@ -415,20 +426,22 @@ async fn output_links_and_bad_names_are_refused() {
             })
             .collect();
         rejected.sort();
-        assert_eq!(
-            rejected,
-            [
-                ("CON", "reserved_name"),
-                ("bad\u{1}name", "invalid_char"),
-                ("fifo", "not_a_file"),
-                ("host", "symlink"),
-                ("loop", "symlink"),
-                ("ok-again.txt", "hardlink"),
-                ("passwd", "symlink"),
-                ("tab\tname", "invalid_char"),
-            ],
-            "{backend:?}"
-        );
+        let mut expected = vec![
+            ("CON", "reserved_name"),
+            ("bad\u{1}name", "invalid_char"),
+            ("fifo", "not_a_file"),
+            ("host", "symlink"),
+            ("loop", "symlink"),
+            ("ok-again.txt", "hardlink"),
+            ("passwd", "symlink"),
+            ("tab\tname", "invalid_char"),
+        ];
+        if backend.gvisor() {
+            // gVisor keeps a named pipe made on a bind mount inside its own kernel: the host
+            // directory never holds it, so nothing is there to refuse (nor to publish).
+            expected.retain(|(name, _)| *name != "fifo");
+        }
+        assert_eq!(rejected, expected, "{backend:?}");
         for f in &out.output_files {
             assert!(
                 !f.content.windows(4).any(|w| w == b"root"),
@@ -563,6 +576,8 @@ async fn cancelled_call_removes_its_sandbox() {
             let procs = processes_with(&marker);
             let containers = if backend.docker() {
                 containers_of(r.handle.runner_id()).await.len()
+            } else if backend.gvisor() {
+                gvisor_sandboxes(r.work_root.path()).await.len()
             } else {
                 0
             };

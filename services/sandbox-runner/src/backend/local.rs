@@ -21,13 +21,13 @@ use std::time::{Duration, Instant};
 use cairn_proto::StdStream;
 use rustix::process::{Pid, Signal};
 use time::OffsetDateTime;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::process::{Child, Command};
 use tokio::time::sleep_until;
 
 use super::cgroup::{self, Cgroup, Cgroups};
-use super::local_pool::{LocalSource, Waiting, GO_TIMEOUT};
-use super::{keep, remove_dir, ExecOutcome, ExecSpec, Live, SessionSandbox};
+use super::local_pool::{send_go, Go, LocalSource, Waiting};
+use super::{keep, remove_dir, session_env, ExecOutcome, ExecSpec, Live, SessionSandbox};
 use crate::capture::Capture;
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -479,39 +479,15 @@ impl LocalBackend {
                 .map_err(Pooled::Failed)?;
         }
         let timeout = Duration::from_millis(job.limits.timeout_ms);
-        let go = serde_json::json!({
-            "argv": job.argv(),
-            "env": job.environment(),
-            "cwd": "/tmp",
-            "rlimits": rlimits(&job.limits, timeout)
-                .into_iter()
-                .collect::<std::collections::BTreeMap<_, _>>(),
-        });
-        let mut line = go.to_string().into_bytes();
-        line.push(b'\n');
-        let Some(mut stdin) = child.stdin.take() else {
-            return Err(Pooled::Unstarted(Error::Sandbox(
-                "waiting sandbox without a stdin pipe".into(),
-            )));
+        let (argv, env) = (job.argv(), job.environment());
+        let go = Go {
+            argv: &argv,
+            env: &env,
+            cwd: "/tmp",
+            rlimits: rlimits(&job.limits, timeout).into_iter().collect(),
+            relay: false,
         };
-        let started_at = OffsetDateTime::now_utc();
-        let t0 = Instant::now();
-        // The waiter reads the whole line before it execs anything, so a failed send means
-        // the program never started.
-        match tokio::time::timeout(GO_TIMEOUT, stdin.write_all(&line)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                return Err(Pooled::Unstarted(Error::io(
-                    "sending the job to a waiting sandbox",
-                )(e)))
-            }
-            Err(_) => {
-                return Err(Pooled::Unstarted(Error::Sandbox(
-                    "a waiting sandbox did not take its job".into(),
-                )))
-            }
-        }
-        drop(stdin);
+        let (started_at, t0) = send_go(&mut child, go).await.map_err(Pooled::Unstarted)?;
         let caps = (job.limits.max_stdout_bytes, job.limits.max_stderr_bytes);
         let done = self
             .supervise(child, started_at, t0, timeout, caps, live)
@@ -524,15 +500,7 @@ impl LocalBackend {
     }
 
     pub async fn exec(&self, s: &SessionSandbox, spec: &ExecSpec) -> Result<ExecOutcome> {
-        let env = [
-            (
-                "PATH".to_owned(),
-                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_owned(),
-            ),
-            ("HOME".to_owned(), "/tmpfs".to_owned()),
-            ("LANG".to_owned(), "C.UTF-8".to_owned()),
-            ("PYTHONUNBUFFERED".to_owned(), "1".to_owned()),
-        ];
+        let env = session_env();
         let spawn = Spawn {
             id: format!("{}-{}", s.session_id, uuid::Uuid::now_v7().simple()),
             frame: Frame {
@@ -693,7 +661,7 @@ enum Pooled {
 
 /// The rlimits of a program (prlimit's names): pids, memory, output bytes, CPU time (the
 /// timeout + 1 s), no core files.
-fn rlimits(limits: &Limits, timeout: Duration) -> [(&'static str, u64); 5] {
+pub(super) fn rlimits(limits: &Limits, timeout: Duration) -> [(&'static str, u64); 5] {
     [
         ("nproc", limits.pids),
         ("as", limits.memory_bytes),
@@ -708,7 +676,7 @@ fn rlimits(limits: &Limits, timeout: Duration) -> [(&'static str, u64); 5] {
 }
 
 /// Collects `/output` through its host directory (a no-follow walk, limits from the job).
-async fn collect(output: PathBuf, job: &Job) -> Result<outputs::Outputs> {
+pub(super) async fn collect(output: PathBuf, job: &Job) -> Result<outputs::Outputs> {
     let limits = OutputLimits {
         max_files: job.limits.max_output_files,
         max_bytes: job.limits.max_output_bytes,
@@ -912,7 +880,7 @@ impl Drop for TaskDir {
 
 /// Writes the inputs under `dir` (fresh, ours). The sandbox sees them through a read-only
 /// bind mount, whatever their modes.
-async fn stage_inputs(dir: &Path, job: &Job) -> Result<()> {
+pub(super) async fn stage_inputs(dir: &Path, job: &Job) -> Result<()> {
     let dir = dir.to_path_buf();
     let inputs = job.inputs.clone();
     tokio::task::spawn_blocking(move || -> std::io::Result<()> {
@@ -936,7 +904,7 @@ async fn stage_inputs(dir: &Path, job: &Job) -> Result<()> {
     .map_err(Error::io("staging /input"))
 }
 
-fn find_program(name: &str) -> Option<PathBuf> {
+pub(super) fn find_program(name: &str) -> Option<PathBuf> {
     let p = Path::new(name);
     if p.is_absolute() {
         return p.is_file().then(|| p.to_path_buf());

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rustix::process::Signal;
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::Child;
 
 use super::cgroup::Cgroup;
@@ -19,13 +19,13 @@ use crate::error::{Error, Result};
 use crate::job::Job;
 use crate::pool::Source;
 
-const WAITER: &str = include_str!("../waiter.py");
+pub(super) const WAITER: &str = include_str!("../waiter.py");
 /// What the waiter writes once it is ready (before anything of a job exists).
-const READY: &[u8] = b"cairn-waiting\n";
+pub(super) const READY: &[u8] = b"cairn-waiting\n";
 /// Time a new sandbox gets to become ready.
-const READY_TIMEOUT: Duration = Duration::from_secs(30);
+pub(super) const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Time a waiting sandbox gets to take its job line.
-pub(super) const GO_TIMEOUT: Duration = Duration::from_secs(10);
+const GO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Task directories of waiting sandboxes start with this.
 pub const POOL_DIR_PREFIX: &str = "pool-";
 
@@ -145,5 +145,46 @@ impl Source for LocalSource {
             "a waiting sandbox did not start (it needs python3 inside the sandbox): {}",
             String::from_utf8_lossy(&why).trim()
         )))
+    }
+}
+
+/// What a waiter is to run: the program's argv, env and working directory, its rlimits, and
+/// whether the waiter relays its output (gvisor) rather than exec it in its place.
+pub(super) struct Go<'a> {
+    pub argv: &'a [String],
+    pub env: &'a [(String, String)],
+    pub cwd: &'a str,
+    pub rlimits: std::collections::BTreeMap<&'static str, u64>,
+    pub relay: bool,
+}
+
+/// Sends a waiting sandbox its job line and closes the pipe; returns when it is sent. An error
+/// means the program never started (the waiter reads the whole line before it starts anything).
+pub(super) async fn send_go(
+    child: &mut Child,
+    go: Go<'_>,
+) -> Result<(time::OffsetDateTime, std::time::Instant)> {
+    let line = serde_json::json!({
+        "relay": go.relay,
+        "argv": go.argv,
+        "env": go.env,
+        "cwd": go.cwd,
+        "rlimits": go.rlimits,
+    });
+    let mut line = line.to_string().into_bytes();
+    line.push(b'\n');
+    let Some(mut stdin) = child.stdin.take() else {
+        return Err(Error::Sandbox(
+            "waiting sandbox without a stdin pipe".into(),
+        ));
+    };
+    let started_at = time::OffsetDateTime::now_utc();
+    let t0 = std::time::Instant::now();
+    match tokio::time::timeout(GO_TIMEOUT, stdin.write_all(&line)).await {
+        Ok(Ok(())) => Ok((started_at, t0)),
+        Ok(Err(e)) => Err(Error::io("sending the job to a waiting sandbox")(e)),
+        Err(_) => Err(Error::Sandbox(
+            "a waiting sandbox did not take its job".into(),
+        )),
     }
 }

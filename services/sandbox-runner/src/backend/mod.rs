@@ -1,10 +1,13 @@
-//! The two isolation backends: `docker` (containers through the Engine API) and `local`
-//! (Linux namespaces through bubblewrap). Both run one-shot jobs and session commands with the
-//! same kill semantics; `select` picks one and refuses to run without isolation.
+//! The isolation backends: `docker` (containers through the Engine API), `local` (Linux
+//! namespaces through bubblewrap) and `gvisor` (gVisor sandboxes through runsc). All run
+//! one-shot jobs and session commands with the same kill semantics; `select` picks one and
+//! refuses to run without isolation.
 
 mod cgroup;
 pub mod docker;
 mod docker_pool;
+pub mod gvisor;
+mod gvisor_pool;
 pub mod local;
 mod local_pool;
 
@@ -63,6 +66,7 @@ pub struct SessionSandbox {
 pub enum Backend {
     Docker(docker::DockerBackend),
     Local(local::LocalBackend),
+    Gvisor(gvisor::GvisorBackend),
 }
 
 impl Backend {
@@ -73,6 +77,7 @@ impl Backend {
                 docker::DockerBackend::connect(config).await?,
             )),
             BackendChoice::Local => Ok(Backend::Local(local::LocalBackend::new(config)?)),
+            BackendChoice::Gvisor => Ok(Backend::Gvisor(gvisor::GvisorBackend::new(config)?)),
             BackendChoice::Auto => {
                 let docker_error = match docker::DockerBackend::connect(config.clone()).await {
                     Ok(d) => {
@@ -99,6 +104,7 @@ impl Backend {
         match self {
             Backend::Docker(_) => "docker",
             Backend::Local(_) => "local",
+            Backend::Gvisor(_) => "gvisor",
         }
     }
 
@@ -107,6 +113,7 @@ impl Backend {
         match self {
             Backend::Docker(d) => d.warm_containers(),
             Backend::Local(l) => l.warm_sandboxes(),
+            Backend::Gvisor(g) => g.warm_sandboxes(),
         }
     }
 
@@ -115,15 +122,17 @@ impl Backend {
         match self {
             Backend::Docker(d) => d.sweep().await,
             Backend::Local(l) => Ok(l.sweep().await),
+            Backend::Gvisor(g) => Ok(g.sweep().await),
         }
     }
 
     /// Are memory, pids and cpu limits enforced over whole sandboxes? Docker: always (the
-    /// engine's cgroups); local: when the runner can make cgroups here.
+    /// engine's cgroups); local and gvisor: when cgroups can be made here.
     pub fn limits_enforced(&self) -> bool {
         match self {
             Backend::Docker(_) => true,
             Backend::Local(l) => l.limits_enforced(),
+            Backend::Gvisor(g) => g.limits_enforced(),
         }
     }
 
@@ -132,6 +141,7 @@ impl Backend {
         match self {
             Backend::Docker(d) => d.start_pool(),
             Backend::Local(l) => l.start_pool(),
+            Backend::Gvisor(g) => g.start_pool(),
         }
     }
 
@@ -139,13 +149,14 @@ impl Backend {
         match self {
             Backend::Docker(d) => d.run(job, live).await,
             Backend::Local(l) => l.run(job, live).await,
+            Backend::Gvisor(g) => g.run(job, live).await,
         }
     }
 
     pub async fn open_session(&self, s: &SessionSandbox) -> Result<()> {
         match self {
             Backend::Docker(d) => d.open_session(s).await,
-            Backend::Local(_) => Ok(()),
+            Backend::Local(_) | Backend::Gvisor(_) => Ok(()),
         }
     }
 
@@ -153,13 +164,14 @@ impl Backend {
         match self {
             Backend::Docker(d) => d.exec(s, spec).await,
             Backend::Local(l) => l.exec(s, spec).await,
+            Backend::Gvisor(g) => g.exec(s, spec).await,
         }
     }
 
     pub async fn close_session(&self, s: &SessionSandbox) -> Result<()> {
         match self {
             Backend::Docker(d) => d.remove_container(&s.name).await,
-            Backend::Local(_) => Ok(()),
+            Backend::Local(_) | Backend::Gvisor(_) => Ok(()),
         }
     }
 
@@ -168,8 +180,24 @@ impl Backend {
         match self {
             Backend::Docker(d) => d.shutdown().await,
             Backend::Local(l) => l.shutdown().await,
+            Backend::Gvisor(g) => g.shutdown().await,
         }
     }
+}
+
+/// The environment of a session command (local and gvisor backends).
+pub(crate) fn session_env() -> Vec<(String, String)> {
+    [
+        (
+            "PATH",
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        ),
+        ("HOME", "/tmpfs"),
+        ("LANG", "C.UTF-8"),
+        ("PYTHONUNBUFFERED", "1"),
+    ]
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .to_vec()
 }
 
 /// Keeps `data` in `capture` and sends the kept part live.

@@ -1,6 +1,7 @@
 //! Test support: a runner on 127.0.0.1 over real gRPC, for each backend this host offers.
-//! Docker: required when CAIRN_REQUIRE_DOCKER=1, otherwise skipped (with a `SKIP:` line) when
-//! no engine or image is there. Local: skipped when bubblewrap is missing.
+//! Docker and gvisor: required when CAIRN_REQUIRE_DOCKER=1, otherwise skipped (with a `SKIP:`
+//! line) when no engine or image, or no runsc (or not root), is there. Local: skipped when
+//! bubblewrap is missing.
 #![allow(dead_code, clippy::unwrap_used)]
 
 use std::time::Duration;
@@ -46,7 +47,96 @@ pub fn bwrap_ready() -> Result<(), String> {
     }
 }
 
-/// One backend setting to test: docker or local, cold or from the pool.
+/// Can the gvisor backend run here (runsc installed, running as root)? Err(reason) when not.
+pub fn gvisor_ready() -> Result<(), String> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    if !std::env::split_paths(&path).any(|d| d.join("runsc").is_file()) {
+        return Err("gVisor's runsc is not installed (apt-get install runsc)".into());
+    }
+    if !rustix::process::geteuid().is_root() {
+        return Err("the gvisor backend needs root".into());
+    }
+    Ok(())
+}
+
+/// Is the gvisor backend usable? Panics when CAIRN_REQUIRE_DOCKER=1 and it is not; prints a
+/// SKIP line otherwise.
+pub fn gvisor_usable(test: &str) -> bool {
+    match gvisor_ready() {
+        Ok(()) => true,
+        Err(reason) if docker_required() => {
+            panic!("CAIRN_REQUIRE_DOCKER=1 but the gvisor backend is not usable: {reason}")
+        }
+        Err(reason) => {
+            println!("SKIP: {test} [gvisor]: {reason}");
+            false
+        }
+    }
+}
+
+/// The `--backend` value of a choice.
+pub fn backend_name(b: BackendChoice) -> &'static str {
+    match b {
+        BackendChoice::Auto => "auto",
+        BackendChoice::Docker => "docker",
+        BackendChoice::Local => "local",
+        BackendChoice::Gvisor => "gvisor",
+    }
+}
+
+/// Host processes of the gvisor sandboxes of the runner with `work_root` (runsc run, its
+/// gofer and sandbox all name runsc's state directory there).
+pub fn gvisor_processes(work_root: &std::path::Path) -> Vec<i32> {
+    processes_with(&format!(
+        "--root={}",
+        work_root.join("gvisor/state").display()
+    ))
+}
+
+/// Ids in the runsc state of the gvisor runner with `work_root`.
+pub async fn gvisor_sandboxes(work_root: &std::path::Path) -> Vec<String> {
+    let out = tokio::process::Command::new("runsc")
+        .arg(format!(
+            "--root={}",
+            work_root.join("gvisor/state").display()
+        ))
+        .args(["list", "--quiet"])
+        .output()
+        .await
+        .unwrap();
+    text(&out.stdout)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| l.trim().to_owned())
+        .collect()
+}
+
+/// Is the program `marker` names running? On gvisor it runs in gVisor's kernel, out of the
+/// host's process list: a sandbox of the runner that has been up for 700 ms counts.
+pub async fn program_started(r: &TestRunner, marker: &str) -> bool {
+    if !r.case.gvisor() {
+        return !processes_with(marker).is_empty();
+    }
+    if gvisor_sandboxes(r.work_root.path()).await.is_empty() {
+        return false;
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    true
+}
+
+/// Waits (up to 10 s) until at most `n` gvisor sandboxes remain; returns how many there are.
+pub async fn wait_for_gvisor_sandboxes(work_root: &std::path::Path, n: usize) -> usize {
+    let t0 = std::time::Instant::now();
+    loop {
+        let left = gvisor_sandboxes(work_root).await.len();
+        if left <= n || t0.elapsed() > Duration::from_secs(10) {
+            return left;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// One backend setting to test: docker, local or gvisor, cold or from the pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Case {
     pub backend: BackendChoice,
@@ -56,6 +146,15 @@ pub struct Case {
 impl Case {
     pub fn docker(&self) -> bool {
         self.backend == BackendChoice::Docker
+    }
+
+    pub fn gvisor(&self) -> bool {
+        self.backend == BackendChoice::Gvisor
+    }
+
+    /// The backend's name in results (`docker`, `local`, `gvisor`).
+    pub fn name(&self) -> &'static str {
+        backend_name(self.backend)
     }
 }
 
@@ -90,6 +189,14 @@ pub async fn backends(test: &str) -> Vec<Case> {
             });
         }
         Err(reason) => println!("SKIP: {test} [local]: {reason}"),
+    }
+    if gvisor_usable(test) {
+        for pool in [false, true] {
+            out.push(Case {
+                backend: BackendChoice::Gvisor,
+                pool,
+            });
+        }
     }
     out
 }
@@ -432,6 +539,35 @@ pub fn runner_cgroups(runner_id: &str) -> Vec<std::path::PathBuf> {
     out
 }
 
+/// The `cairn-gvisor-<runner_id>` directories of a gvisor runner, in every hierarchy.
+pub fn gvisor_runner_cgroups(runner_id: &str) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir("/sys/fs/cgroup")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|h| h.path().join(format!("cairn-gvisor-{runner_id}")))
+        .filter(|d| d.exists())
+        .collect()
+}
+
+/// The sandbox cgroups runsc made for a gvisor runner (`cairn-gvisor-<runner_id>/*`).
+pub fn gvisor_cgroups(runner_id: &str) -> Vec<std::path::PathBuf> {
+    let name = format!("cairn-gvisor-{runner_id}");
+    std::fs::read_dir("/sys/fs/cgroup")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .flat_map(|h| {
+            std::fs::read_dir(h.path().join(&name))
+                .into_iter()
+                .flatten()
+        })
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.path())
+        .collect()
+}
+
 /// The sandbox cgroups of a runner (children of its `runner_cgroups`).
 pub fn sandbox_cgroups(runner_id: &str) -> Vec<std::path::PathBuf> {
     runner_cgroups(runner_id)
@@ -451,6 +587,18 @@ pub async fn remove_runner_cgroups(runner_id: &str) {
             .into_iter()
             .chain(runner_cgroups(runner_id))
         {
+            let _ = std::fs::remove_dir(dir);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The gvisor backend's (runsc makes them as `cairn-gvisor-<runner_id>/<sandbox>`).
+    let t0 = std::time::Instant::now();
+    loop {
+        let parents = gvisor_runner_cgroups(runner_id);
+        if parents.is_empty() || t0.elapsed() > Duration::from_secs(10) {
+            break;
+        }
+        for dir in gvisor_cgroups(runner_id).into_iter().chain(parents) {
             let _ = std::fs::remove_dir(dir);
         }
         tokio::time::sleep(Duration::from_millis(50)).await;

@@ -1,0 +1,980 @@
+//! The gVisor backend: each run or session command in its own gVisor sandbox (`runsc run` on
+//! an OCI bundle the runner writes), so the program talks to gVisor's user-space kernel, never
+//! to the host's. The root is the host's, read-only and served through gVisor's file proxy,
+//! with the private top-level directories (home, root, the work_root, ...) covered by empty
+//! file systems; /input read-only, /output (or /workspace and /tmpfs of a session) writable,
+//! /tmp a private tmpfs; the program runs as the sandbox uid with no capabilities and an
+//! environment of its own only. No network (`--network=none` and a new network namespace)
+//! unless the job has it (`--network=host`: sockets of the runner's network namespace, as on
+//! the local backend). rlimits as the other backends set them (gVisor enforces RLIMIT_NPROC
+//! over its whole kernel, as every process there runs as the sandbox uid); memory and cpu over
+//! the whole sandbox through the cgroups runsc makes (`cairn-gvisor-<runner_id>/<id>`) when
+//! the host has them.
+//!
+//! Kill semantics: on timeout `runsc kill --all <id> TERM` (the waiter, below, ignores it), the
+//! grace, then `KILL`; the sandbox ends when its first process does, taking every other
+//! process with it. `runsc run`
+//! gets SIGKILL when the runner dies (parent-death signal), and its attached sandbox dies with
+//! it. Afterwards `runsc delete --force` and the bundle directory go. runsc keeps its state in
+//! `<work_root>/gvisor/state` (its `--root`), so a restarted runner finds and removes what an
+//! earlier life left.
+//!
+//! Found on runsc 2022-12-19: a write to the host pipe behind stdout/stderr may return short
+//! (64 KiB) although the pipe is blocking to the program, and a program that does not retry
+//! (Python's unbuffered text streams) loses the rest; so every sandbox's first process is the
+//! waiter (waiter.py, as in the pools), which starts the program with stdout and stderr on
+//! pipes of gVisor's own, copies them whole, kills whatever the program left running once it
+//! has exited (as the end of its sandbox would), and exits with its status. `--platform=kvm`
+//! hangs in nested virtualisation (ptrace works); its statx refuses AT_NO_AUTOMOUNT (EINVAL),
+//! so coreutils' `ls` and `stat` fail inside while Python's os.stat, find and shells work;
+//! `--network=sandbox` refuses the root network namespace; `--rootless` is not needed as root.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cairn_proto::StdStream;
+use serde_json::{json, Value};
+use time::OffsetDateTime;
+use tokio::io::AsyncReadExt;
+use tokio::process::{Child, Command};
+use tokio::time::sleep_until;
+
+use super::gvisor_pool::{GvisorSource, Waiting};
+use super::local::{collect, find_program, rlimits, stage_inputs, TaskDir};
+use super::local_pool::{send_go, Go, WAITER};
+use super::{keep, remove_dir, session_env, ExecOutcome, ExecSpec, Live, SessionSandbox};
+use crate::capture::Capture;
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::job::{Job, Outcome};
+use crate::limits::Limits;
+use crate::pool::Pool;
+
+/// Top-level host directories covered by an empty tmpfs unless bound (/proc, /dev, /sys and
+/// /tmp get gVisor's own).
+const HIDDEN: &[&str] = &[
+    "run",
+    "mnt",
+    "media",
+    "lost+found",
+    "root",
+    "home",
+    "boot",
+    "srv",
+    "input",
+    "output",
+    "workspace",
+    "tmpfs",
+];
+
+pub struct GvisorBackend {
+    base: Arc<Base>,
+    /// Ids of running sandboxes (killed at shutdown).
+    running: Arc<Mutex<HashSet<String>>>,
+    pool: Option<Arc<Pool<GvisorSource>>>,
+}
+
+/// Sandbox deletions under way in the background (the reply does not wait for them; shutdown
+/// does).
+#[derive(Default)]
+pub(super) struct Pending {
+    count: std::sync::atomic::AtomicUsize,
+    idle: tokio::sync::Notify,
+}
+
+impl Pending {
+    /// Waits (at most `limit`) until no deletion is under way.
+    async fn settle(&self, limit: Duration) {
+        use std::sync::atomic::Ordering;
+        let t0 = Instant::now();
+        while self.count.load(Ordering::SeqCst) > 0 && t0.elapsed() < limit {
+            let _ = tokio::time::timeout(Duration::from_millis(100), self.idle.notified()).await;
+        }
+    }
+}
+
+/// What every sandbox of this backend is built from.
+pub(super) struct Base {
+    pub(super) config: Arc<Config>,
+    runsc: PathBuf,
+    /// runsc's `--root`: its state of this runner's sandboxes.
+    state: PathBuf,
+    /// `<id>/config.json` of each sandbox.
+    bundles: PathBuf,
+    /// Mount points covered by an empty tmpfs.
+    hidden: Vec<String>,
+    /// Does runsc put sandboxes in cgroups with their memory and cpu limits here?
+    cgroups: bool,
+    pending: Arc<Pending>,
+}
+
+/// One sandboxed program to start.
+pub(super) struct Spec<'a> {
+    pub(super) id: String,
+    /// (host path, sandbox path, writable)
+    pub(super) binds: Vec<(PathBuf, &'static str, bool)>,
+    pub(super) network: bool,
+    pub(super) limits: &'a Limits,
+    pub(super) timeout: Duration,
+    pub(super) cwd: &'a str,
+    pub(super) env: &'a [(String, String)],
+    pub(super) argv: Vec<String>,
+}
+
+pub(super) struct Finished {
+    pub(super) exit_code: i32,
+    pub(super) timed_out: bool,
+    pub(super) oom_killed: bool,
+    pub(super) started_at: OffsetDateTime,
+    pub(super) duration_ms: u64,
+    pub(super) stdout: Capture,
+    pub(super) stderr: Capture,
+}
+
+impl GvisorBackend {
+    /// Finds runsc and checks that it can run a sandbox here (with cgroups when it can).
+    pub fn new(config: Arc<Config>) -> Result<GvisorBackend> {
+        let runsc = find_program(&config.runsc).ok_or_else(|| {
+            Error::NoIsolation(format!(
+                "gVisor's runsc ({:?}) is not installed: apt-get install runsc, or set `runsc` to its path",
+                config.runsc
+            ))
+        })?;
+        if !rustix::process::geteuid().is_root() {
+            return Err(Error::NoIsolation(
+                "the gvisor backend needs the runner to run as root (runsc creates namespaces and cgroups)"
+                    .into(),
+            ));
+        }
+        let dir = config.work_root.join("gvisor");
+        let mut base = Base {
+            runsc,
+            state: dir.join("state"),
+            bundles: dir.join("bundles"),
+            hidden: hidden_dirs(&config.work_root),
+            cgroups: true,
+            pending: Arc::default(),
+            config,
+        };
+        for d in [&base.state, &base.bundles] {
+            std::fs::create_dir_all(d).map_err(Error::io(format!("creating {}", d.display())))?;
+        }
+        base.probe()?;
+        let dirs = [
+            "/usr/local/sbin",
+            "/usr/local/bin",
+            "/usr/sbin",
+            "/usr/bin",
+            "/sbin",
+            "/bin",
+        ];
+        if !dirs.iter().any(|d| Path::new(d).join("python3").is_file()) {
+            return Err(Error::NoIsolation(
+                "the gvisor backend needs python3 on the host (the first process of each sandbox is a small Python program that relays the output): apt-get install python3".into(),
+            ));
+        }
+        let base = Arc::new(base);
+        let pool = (base.config.pool_size > 0)
+            .then(|| Arc::new(Pool::new(GvisorSource::new(base.clone()))));
+        Ok(GvisorBackend {
+            base,
+            running: Arc::default(),
+            pool,
+        })
+    }
+
+    pub fn start_pool(&self) {
+        if let Some(pool) = &self.pool {
+            pool.clone().fill();
+        }
+    }
+
+    /// Waiting sandboxes ready now.
+    pub fn warm_sandboxes(&self) -> usize {
+        self.pool.as_ref().map(|p| p.ready_count()).unwrap_or(0)
+    }
+
+    /// Memory and cpu over whole sandboxes need cgroups; pids hold through RLIMIT_NPROC in
+    /// gVisor's kernel, where every process is the sandbox uid's.
+    pub fn limits_enforced(&self) -> bool {
+        self.base.cgroups
+    }
+
+    /// Kills and deletes every sandbox in runsc's state directory (an earlier life's), removes
+    /// their bundles and cgroups; returns how many sandboxes there were.
+    pub async fn sweep(&self) -> usize {
+        let ids = self.base.list().await;
+        for id in &ids {
+            self.base.destroy(id).await;
+        }
+        if let Ok(entries) = std::fs::read_dir(&self.base.bundles) {
+            for e in entries.flatten() {
+                remove_dir(&e.path()).await;
+            }
+        }
+        self.base.remove_runner_cgroups();
+        ids.len()
+    }
+
+    pub async fn run(&self, job: &Job, live: Option<&Live>) -> Result<Outcome> {
+        let mut _cold = None;
+        if let Some(pool) = &self.pool {
+            if pool.source().fits(job) {
+                if let Some(waiting) = pool.take().await {
+                    match self.run_pooled(waiting, job, live).await {
+                        Err(Pooled::Unstarted(e)) => {
+                            tracing::warn!(error = %e, "a waiting gVisor sandbox failed before its program started; running cold");
+                        }
+                        Err(Pooled::Failed(e)) => return Err(e),
+                        Ok(outcome) => return Ok(outcome),
+                    }
+                }
+                _cold = Some(pool.cold_run());
+            }
+        }
+        let config = &self.base.config;
+        let task = TaskDir::create(
+            &config.work_root,
+            &job.id,
+            config.sandbox_uid,
+            config.sandbox_gid,
+        )
+        .await?;
+        let input = task.path.join("input");
+        let output = task.path.join("output");
+        if !job.inputs.is_empty() {
+            stage_inputs(&input, job).await?;
+        }
+        let env = job.environment();
+        let spec = Spec {
+            id: job.id.clone(),
+            binds: vec![(input, "/input", false), (output.clone(), "/output", true)],
+            network: job.network,
+            limits: &job.limits,
+            timeout: Duration::from_millis(job.limits.timeout_ms),
+            cwd: "/tmp",
+            env: &env,
+            argv: job.argv(),
+        };
+        let caps = (job.limits.max_stdout_bytes, job.limits.max_stderr_bytes);
+        let done = self.sandboxed(&spec, caps, live).await?;
+        let outputs = collect(output, job).await?;
+        drop(task);
+        Ok(outcome(done, outputs, false))
+    }
+
+    /// Runs `job` in a waiting sandbox: stages its inputs, sends the go line, supervises.
+    async fn run_pooled(
+        &self,
+        waiting: Waiting,
+        job: &Job,
+        live: Option<&Live>,
+    ) -> std::result::Result<Outcome, Pooled> {
+        let Waiting {
+            mut sandbox,
+            task,
+            id,
+        } = waiting;
+        let output = task.path.join("output");
+        if !job.inputs.is_empty() {
+            stage_inputs(&task.path.join("input"), job)
+                .await
+                .map_err(Pooled::Failed)?;
+        }
+        let timeout = Duration::from_millis(job.limits.timeout_ms);
+        let (argv, env) = (job.argv(), job.environment());
+        let go = Go {
+            argv: &argv,
+            env: &env,
+            cwd: "/tmp",
+            rlimits: rlimits(&job.limits, timeout).into_iter().collect(),
+            relay: true,
+        };
+        let (started_at, t0) = send_go(&mut sandbox.child, go)
+            .await
+            .map_err(Pooled::Unstarted)?;
+        let _registered = Registered::new(&self.running, &id);
+        let caps = (job.limits.max_stdout_bytes, job.limits.max_stderr_bytes);
+        let done = self
+            .base
+            .supervise(&mut sandbox, started_at, t0, timeout, caps, live)
+            .await
+            .map_err(Pooled::Failed)?;
+        let outputs = collect(output, job).await.map_err(Pooled::Failed)?;
+        drop(task);
+        Ok(outcome(done, outputs, true))
+    }
+
+    /// A session command: a sandbox of its own over the session's /workspace and /tmpfs.
+    pub async fn exec(&self, s: &SessionSandbox, spec: &ExecSpec) -> Result<ExecOutcome> {
+        let env = session_env();
+        let spec_ = Spec {
+            id: format!("{}-{}", s.session_id, uuid::Uuid::now_v7().simple()),
+            binds: vec![
+                (s.task_dir.join("workspace"), "/workspace", true),
+                (s.task_dir.join("tmpfs"), "/tmpfs", true),
+            ],
+            network: s.network,
+            limits: &s.limits,
+            timeout: spec.timeout,
+            cwd: &spec.workdir,
+            env: &env,
+            argv: vec!["bash".into(), "-lc".into(), spec.command.clone()],
+        };
+        let caps = (spec.max_output_bytes, spec.max_output_bytes);
+        let done = self.sandboxed(&spec_, caps, None).await?;
+        Ok(ExecOutcome {
+            exit_code: done.exit_code,
+            timed_out: done.timed_out,
+            duration_ms: done.duration_ms,
+            stdout: done.stdout,
+            stderr: done.stderr,
+        })
+    }
+
+    /// Writes the bundle, starts the sandbox with the waiter as its first process, sends it
+    /// the program (relayed, see the module comment), supervises it; nothing of it is left
+    /// after.
+    async fn sandboxed(
+        &self,
+        spec: &Spec<'_>,
+        caps: (u64, u64),
+        live: Option<&Live>,
+    ) -> Result<Finished> {
+        let _registered = Registered::new(&self.running, &spec.id);
+        let waiter_env = waiter_env();
+        let waiter = Spec {
+            id: spec.id.clone(),
+            binds: spec.binds.clone(),
+            network: spec.network,
+            limits: spec.limits,
+            timeout: spec.timeout,
+            cwd: "/",
+            env: &waiter_env,
+            argv: waiter_argv(true),
+        };
+        let t0 = Instant::now();
+        let started_at = OffsetDateTime::now_utc();
+        let mut sandbox = self
+            .base
+            .start(&waiter, Stdio::piped())
+            .await
+            .map_err(|e| e.0)?;
+        let go = Go {
+            argv: &spec.argv,
+            env: spec.env,
+            cwd: spec.cwd,
+            rlimits: rlimits(spec.limits, spec.timeout).into_iter().collect(),
+            relay: true,
+        };
+        send_go(&mut sandbox.child, go).await?;
+        self.base
+            .supervise(&mut sandbox, started_at, t0, spec.timeout, caps, live)
+            .await
+    }
+
+    /// Removes the waiting sandboxes, then kills every running one (their supervisors
+    /// delete them), then the runner's cgroup directories.
+    pub async fn shutdown(&self) {
+        if let Some(pool) = &self.pool {
+            pool.close().await;
+        }
+        let ids: Vec<String> = self
+            .running
+            .lock()
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default();
+        for id in ids {
+            self.base.kill(&id, "KILL").await;
+        }
+        // Their supervisors end and queue the deletions; then those finish.
+        let t0 = Instant::now();
+        while self.running.lock().map(|s| !s.is_empty()).unwrap_or(false)
+            && t0.elapsed() < Duration::from_secs(10)
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.base.pending.settle(Duration::from_secs(15)).await;
+        self.base.remove_runner_cgroups();
+    }
+}
+
+/// A started sandbox: `runsc run` and what to remove when it is over. Dropped before
+/// `finish`, everything goes in the background (runsc run is killed on drop, its sandbox
+/// with it).
+pub(super) struct Sandbox {
+    pub(super) child: Child,
+    pub(super) id: String,
+    base: Arc<BaseRef>,
+    done: bool,
+}
+
+/// What a dropped sandbox needs to clean up after itself.
+pub(super) struct BaseRef {
+    runsc: PathBuf,
+    global: Vec<String>,
+    bundles: PathBuf,
+    pending: Arc<Pending>,
+}
+
+/// Why a sandbox did not start, with its task untouched.
+pub(super) struct StartError(pub(super) Error);
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        if let Some(pid) = self.child.id() {
+            if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+        }
+        self.base.delete_later(&self.id);
+    }
+}
+
+impl Sandbox {
+    /// Kills `runsc run` (its sandbox dies with it), waits for it, deletes the sandbox.
+    pub(super) async fn destroy(mut self) {
+        let _ = self.child.start_kill();
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await;
+        self.done = true;
+        self.base.delete(&self.id).await;
+    }
+}
+
+impl BaseRef {
+    fn command(&self) -> Command {
+        let mut cmd = Command::new(&self.runsc);
+        cmd.env_clear().args(&self.global);
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        cmd
+    }
+
+    /// `delete` in the background; shutdown waits for it.
+    fn delete_later(self: &Arc<Self>, id: &str) {
+        use std::sync::atomic::Ordering;
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        self.pending.count.fetch_add(1, Ordering::SeqCst);
+        let (me, id) = (self.clone(), id.to_owned());
+        rt.spawn(async move {
+            me.delete(&id).await;
+            me.pending.count.fetch_sub(1, Ordering::SeqCst);
+            me.pending.idle.notify_waiters();
+        });
+    }
+
+    /// `runsc delete --force` (kills what still runs) and the bundle directory.
+    async fn delete(&self, id: &str) {
+        let mut cmd = self.command();
+        cmd.args(["delete", "--force", id]);
+        if let Ok(Ok(out)) = tokio::time::timeout(Duration::from_secs(10), cmd.output()).await {
+            let err = String::from_utf8_lossy(&out.stderr);
+            if !out.status.success() && !err.contains("does not exist") {
+                tracing::warn!(sandbox = id, error = %err.trim(), "runsc delete failed");
+            }
+        }
+        remove_dir(&self.bundles.join(id)).await;
+    }
+}
+
+impl Base {
+    fn global_args(&self) -> Vec<String> {
+        let mut args = vec![
+            format!("--root={}", self.state.display()),
+            format!("--platform={}", self.config.gvisor_platform),
+        ];
+        if !self.cgroups {
+            args.push("--ignore-cgroups".into());
+        }
+        args
+    }
+
+    fn cleaner(&self) -> Arc<BaseRef> {
+        Arc::new(BaseRef {
+            runsc: self.runsc.clone(),
+            global: self.global_args(),
+            bundles: self.bundles.clone(),
+            pending: self.pending.clone(),
+        })
+    }
+
+    /// Runs `true` in a sandbox once, with cgroups, else without them; fails when neither works.
+    fn probe(&mut self) -> Result<()> {
+        let env: Vec<(String, String)> = Vec::new();
+        let limits = self.config.default_limits();
+        let mut why = String::new();
+        for cgroups in [true, false] {
+            self.cgroups = cgroups;
+            let id = format!("probe-{}", uuid::Uuid::now_v7().simple());
+            let spec = Spec {
+                id: id.clone(),
+                binds: Vec::new(),
+                network: false,
+                limits: &limits,
+                timeout: Duration::from_secs(30),
+                cwd: "/",
+                env: &env,
+                argv: vec!["/bin/true".into()],
+            };
+            let bundle = self.write_bundle_sync(&spec)?;
+            let mut cmd = std::process::Command::new(&self.runsc);
+            cmd.env_clear()
+                .args(self.global_args())
+                .args(["--network=none", "run", "--bundle"])
+                .arg(&bundle)
+                .arg(&id);
+            let out = output_within(cmd, PROBE_LIMIT);
+            let _ = std::process::Command::new(&self.runsc)
+                .env_clear()
+                .args(self.global_args())
+                .args(["delete", "--force", &id])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+            let _ = std::fs::remove_dir_all(&bundle);
+            match out {
+                Ok(o) if o.status.success() => {
+                    if !cgroups {
+                        tracing::warn!(reason = %why, "gvisor backend: runsc cannot use cgroups here; memory and cpu are limited per process only and runs report limits_enforced: false");
+                    }
+                    return Ok(());
+                }
+                Ok(o) => why = String::from_utf8_lossy(&o.stderr).trim().to_owned(),
+                Err(e) => why = e.to_string(),
+            }
+        }
+        Err(Error::NoIsolation(format!(
+            "runsc ({}) cannot run a sandbox here: {why}. Run the runner as root; with gvisor_platform = \"kvm\", /dev/kvm must work (ptrace is the default)",
+            self.runsc.display()
+        )))
+    }
+
+    /// The OCI runtime spec of a sandbox.
+    fn config_json(&self, spec: &Spec<'_>) -> Value {
+        let mut rl: Vec<Value> = rlimits(spec.limits, spec.timeout)
+            .into_iter()
+            .map(|(name, value)| {
+                json!({"type": format!("RLIMIT_{}", name.to_uppercase()), "hard": value, "soft": value})
+            })
+            .collect();
+        rl.push(json!({"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024}));
+        let mut mounts = vec![
+            json!({"destination": "/proc", "type": "proc", "source": "proc"}),
+            json!({"destination": "/dev", "type": "tmpfs", "source": "tmpfs"}),
+            json!({"destination": "/sys", "type": "sysfs", "source": "sysfs",
+                   "options": ["nosuid", "noexec", "nodev", "ro"]}),
+            json!({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
+                   "options": [format!("size={}", spec.limits.memory_bytes), "mode=1777"]}),
+        ];
+        let bound = |dir: &str| spec.binds.iter().any(|(_, inside, _)| *inside == dir);
+        for dir in self.hidden.iter().filter(|d| !bound(d)) {
+            mounts.push(
+                json!({"destination": dir, "type": "tmpfs", "source": "tmpfs",
+                               "options": ["ro", "size=4096", "mode=755"]}),
+            );
+        }
+        for (host, inside, writable) in &spec.binds {
+            mounts.push(
+                json!({"destination": inside, "type": "bind", "source": host,
+                               "options": ["rbind", if *writable { "rw" } else { "ro" }]}),
+            );
+        }
+        let mut namespaces = vec![
+            json!({"type": "pid"}),
+            json!({"type": "ipc"}),
+            json!({"type": "uts"}),
+            json!({"type": "mount"}),
+        ];
+        if !spec.network {
+            namespaces.push(json!({"type": "network"}));
+        }
+        let mut linux = json!({ "namespaces": namespaces });
+        if self.cgroups {
+            linux["cgroupsPath"] = json!(format!("/{}/{}", self.runner_cgroup(), spec.id));
+            linux["resources"] = json!({
+                "memory": {"limit": spec.limits.memory_bytes, "swap": spec.limits.memory_bytes},
+                "cpu": {"quota": spec.limits.cpu_millis * 100, "period": 100_000},
+            });
+        }
+        let no_caps: Vec<String> = Vec::new();
+        json!({
+            "ociVersion": "1.0.0",
+            "process": {
+                "user": {"uid": self.config.sandbox_uid, "gid": self.config.sandbox_gid},
+                "args": spec.argv,
+                "env": spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>(),
+                "cwd": spec.cwd,
+                "noNewPrivileges": true,
+                "capabilities": {"bounding": no_caps, "effective": no_caps,
+                                 "inheritable": no_caps, "permitted": no_caps},
+                "rlimits": rl,
+            },
+            "root": {"path": "/", "readonly": true},
+            "hostname": "sandbox",
+            "mounts": mounts,
+            "linux": linux,
+        })
+    }
+
+    fn runner_cgroup(&self) -> String {
+        format!("cairn-gvisor-{}", self.config.runner_id)
+    }
+
+    /// `<bundles>/<id>/config.json`, readable by root only.
+    fn write_bundle_sync(&self, spec: &Spec<'_>) -> Result<PathBuf> {
+        use std::os::unix::fs::DirBuilderExt;
+        let dir = self.bundles.join(&spec.id);
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(Error::io(format!("creating bundle {}", dir.display())))?;
+        let text = serde_json::to_vec(&self.config_json(spec))
+            .map_err(|e| Error::Sandbox(format!("encoding the OCI spec: {e}")))?;
+        std::fs::write(dir.join("config.json"), text)
+            .map_err(Error::io(format!("writing {}/config.json", dir.display())))?;
+        Ok(dir)
+    }
+
+    /// Writes the bundle and starts `runsc run` (its stdout and stderr piped) with `stdin`.
+    pub(super) async fn start(
+        self: &Arc<Self>,
+        spec: &Spec<'_>,
+        stdin: Stdio,
+    ) -> std::result::Result<Sandbox, StartError> {
+        let bundle = self.write_bundle_sync(spec).map_err(StartError)?;
+        let mut cmd = Command::new(&self.runsc);
+        // runsc's environment reaches nothing inside (the program gets the spec's), but it
+        // gets none of the runner's either.
+        cmd.env_clear()
+            .args(self.global_args())
+            // `--network=sandbox` (gVisor's own stack) refuses the root network namespace, where
+            // runners usually are; `host` hands the sandbox sockets of the runner's namespace.
+            .arg(if spec.network {
+                "--network=host"
+            } else {
+                "--network=none"
+            })
+            .args(["run", "--bundle"])
+            .arg(&bundle)
+            .arg(&spec.id)
+            .stdin(stdin)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        die_with_runner(&mut cmd);
+        match cmd.spawn() {
+            Ok(child) => Ok(Sandbox {
+                child,
+                id: spec.id.clone(),
+                base: self.cleaner(),
+                done: false,
+            }),
+            Err(e) => {
+                remove_dir(&bundle).await;
+                Err(StartError(Error::io("starting runsc")(e)))
+            }
+        }
+    }
+
+    /// Captures a started sandbox's output, enforces the timeout from `t0` (SIGTERM to every
+    /// process, grace, SIGKILL), waits for it, reads whether memory ran out, deletes it.
+    pub(super) async fn supervise(
+        &self,
+        sandbox: &mut Sandbox,
+        started_at: OffsetDateTime,
+        t0: Instant,
+        timeout: Duration,
+        (max_stdout, max_stderr): (u64, u64),
+        live: Option<&Live>,
+    ) -> Result<Finished> {
+        let (Some(mut out), Some(mut err)) =
+            (sandbox.child.stdout.take(), sandbox.child.stderr.take())
+        else {
+            return Err(Error::Sandbox("runsc started without pipes".into()));
+        };
+        let mut stdout = Capture::new(max_stdout);
+        let mut stderr = Capture::new(max_stderr);
+        let (mut out_open, mut err_open) = (true, true);
+        let mut obuf = vec![0u8; 64 * 1024];
+        let mut ebuf = vec![0u8; 64 * 1024];
+        let mut step = 0u8;
+        let mut next = t0 + timeout;
+        let grace = Duration::from_millis(self.config.kill_grace_ms);
+        while out_open || err_open {
+            tokio::select! {
+                r = out.read(&mut obuf), if out_open => match r {
+                    Ok(0) | Err(_) => out_open = false,
+                    Ok(n) => keep(&mut stdout, &obuf[..n], StdStream::Stdout, live).await,
+                },
+                r = err.read(&mut ebuf), if err_open => match r {
+                    Ok(0) | Err(_) => err_open = false,
+                    Ok(n) => keep(&mut stderr, &ebuf[..n], StdStream::Stderr, live).await,
+                },
+                _ = sleep_until(next.into()) => {
+                    match step {
+                        0 => {
+                            self.kill(&sandbox.id, "TERM").await;
+                            next = Instant::now() + grace;
+                        }
+                        1 => {
+                            self.kill(&sandbox.id, "KILL").await;
+                            next = Instant::now() + Duration::from_secs(5);
+                        }
+                        _ => break,
+                    }
+                    step += 1;
+                }
+            }
+        }
+        let status = tokio::select! {
+            s = sandbox.child.wait() => s.map_err(Error::io("waiting for runsc"))?,
+            _ = tokio::time::sleep(Duration::from_secs(5)) => {
+                let _ = sandbox.child.start_kill();
+                sandbox.child.wait().await.map_err(Error::io("waiting for runsc"))?
+            }
+        };
+        let duration_ms = t0.elapsed().as_millis() as u64;
+        let oom_killed = self.oom_kills(&sandbox.id) > 0;
+        // Its program has ended and runsc run has exited: the reply need not wait for the rest.
+        sandbox.done = true;
+        sandbox.base.delete_later(&sandbox.id);
+        let exit_code = status.code().unwrap_or_else(|| {
+            use std::os::unix::process::ExitStatusExt;
+            128 + status.signal().unwrap_or(0)
+        });
+        Ok(Finished {
+            exit_code: if step > 0 { -1 } else { exit_code },
+            timed_out: step > 0,
+            oom_killed,
+            started_at,
+            duration_ms,
+            stdout,
+            stderr,
+        })
+    }
+
+    /// `runsc kill --all <id> <signal>` (errors are the sandbox having ended already).
+    async fn kill(&self, id: &str, signal: &str) {
+        let mut cmd = self.cleaner().command();
+        cmd.args(["kill", "--all", id, signal]);
+        let _ = tokio::time::timeout(Duration::from_secs(10), cmd.output()).await;
+    }
+
+    async fn destroy(&self, id: &str) {
+        self.kill(id, "KILL").await;
+        self.cleaner().delete(id).await;
+    }
+
+    /// Ids in runsc's state directory.
+    async fn list(&self) -> Vec<String> {
+        let mut cmd = self.cleaner().command();
+        cmd.args(["list", "--quiet"]).stdout(Stdio::piped());
+        match tokio::time::timeout(Duration::from_secs(30), cmd.output()).await {
+            Ok(Ok(out)) => String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(str::to_owned)
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// The memory cgroup's OOM kill count of sandbox `id` (v1 `memory.oom_control`, v2
+    /// `memory.events`); 0 without cgroups.
+    fn oom_kills(&self, id: &str) -> u64 {
+        if !self.cgroups {
+            return 0;
+        }
+        let rel = format!("{}/{id}", self.runner_cgroup());
+        let root = &self.config.cgroup_root;
+        [
+            root.join("memory").join(&rel).join("memory.oom_control"),
+            root.join(&rel).join("memory.events"),
+        ]
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .flat_map(|text| {
+            text.lines()
+                .filter_map(|l| l.strip_prefix("oom_kill "))
+                .filter_map(|v| v.trim().parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum()
+    }
+
+    /// Removes `cairn-gvisor-<runner_id>` (and sandbox cgroups left in it) from every
+    /// hierarchy under cgroup_root.
+    fn remove_runner_cgroups(&self) {
+        let name = self.runner_cgroup();
+        let root = &self.config.cgroup_root;
+        let mut parents = vec![root.join(&name)];
+        if let Ok(entries) = std::fs::read_dir(root) {
+            parents.extend(entries.flatten().map(|e| e.path().join(&name)));
+        }
+        for parent in parents {
+            if let Ok(kids) = std::fs::read_dir(&parent) {
+                for kid in kids.flatten() {
+                    if kid.file_type().is_ok_and(|t| t.is_dir()) {
+                        let _ = std::fs::remove_dir(kid.path());
+                    }
+                }
+            }
+            let _ = std::fs::remove_dir(&parent);
+        }
+    }
+}
+
+/// The waiter's command line; `now`: no "ready" line, the job follows at once (cold runs).
+pub(super) fn waiter_argv(now: bool) -> Vec<String> {
+    let mut argv: Vec<String> = ["python3", "-I", "-S", "-c", WAITER]
+        .map(String::from)
+        .to_vec();
+    if now {
+        argv.push("--now".into());
+    }
+    argv
+}
+
+/// The waiter's own environment (the program gets its job's).
+pub(super) fn waiter_env() -> Vec<(String, String)> {
+    vec![
+        (
+            "PATH".into(),
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+        ),
+        ("LANG".into(), "C.UTF-8".into()),
+    ]
+}
+
+/// Time the start-up probe may take (runsc on the kvm platform without a working /dev/kvm
+/// hangs rather than failing).
+const PROBE_LIMIT: Duration = Duration::from_secs(30);
+
+/// Runs `cmd` (stdin and stdout null, stderr piped) for at most `limit`; killed after it.
+fn output_within(
+    mut cmd: std::process::Command,
+    limit: Duration,
+) -> std::io::Result<std::process::Output> {
+    use std::io::Read;
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no answer within {} s", limit.as_secs()),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let mut stderr = Vec::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_end(&mut stderr);
+    }
+    Ok(std::process::Output {
+        status,
+        stdout: Vec::new(),
+        stderr,
+    })
+}
+
+/// The top-level host directories to cover, and the work_root when it would show.
+fn hidden_dirs(work_root: &Path) -> Vec<String> {
+    let mut out: Vec<String> = HIDDEN
+        .iter()
+        .filter(|d| Path::new("/").join(d).is_dir())
+        .map(|d| format!("/{d}"))
+        .collect();
+    let top = work_root
+        .components()
+        .nth(1)
+        .and_then(|c| c.as_os_str().to_str())
+        .unwrap_or("");
+    if !top.is_empty() && top != "tmp" && !HIDDEN.contains(&top) {
+        out.push(work_root.display().to_string());
+    }
+    out
+}
+
+/// `runsc run` gets SIGKILL when the runner's thread that started it dies (its sandbox, run
+/// attached, dies with it).
+#[allow(unsafe_code)]
+fn die_with_runner(cmd: &mut Command) {
+    // SAFETY: the closure runs in the forked child before exec and makes one system call,
+    // prctl(PR_SET_PDEATHSIG), which is async-signal-safe and allocates nothing.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+}
+
+/// Why a pooled run failed: before its program started (a cold run may take the job), or after.
+enum Pooled {
+    Unstarted(Error),
+    Failed(Error),
+}
+
+fn outcome(done: Finished, outputs: crate::outputs::Outputs, warm: bool) -> Outcome {
+    Outcome {
+        exit_code: done.exit_code,
+        timed_out: done.timed_out,
+        oom_killed: done.oom_killed,
+        warm,
+        started_at: done.started_at,
+        duration_ms: done.duration_ms,
+        stdout: done.stdout,
+        stderr: done.stderr,
+        outputs,
+    }
+}
+
+/// Keeps a running sandbox's id in the shutdown list while it runs.
+struct Registered<'a> {
+    set: &'a Mutex<HashSet<String>>,
+    id: String,
+}
+
+impl<'a> Registered<'a> {
+    fn new(set: &'a Mutex<HashSet<String>>, id: &str) -> Self {
+        if let Ok(mut s) = set.lock() {
+            s.insert(id.to_owned());
+        }
+        Registered {
+            set,
+            id: id.to_owned(),
+        }
+    }
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.set.lock() {
+            s.remove(&self.id);
+        }
+    }
+}

@@ -1,0 +1,127 @@
+//! The gVisor backend's pool (refill policy in crate::pool): gVisor sandboxes started ahead of
+//! time (a fresh task directory behind /input and /output, no network, the default memory
+//! and cpu) whose first process is the local pool's waiter.py, waiting on its stdin. A run
+//! stages its inputs, sends one line (argv, env, rlimits, relay) and the waiter starts the
+//! program with its output relayed (see gvisor.rs on short writes); the runner then supervises
+//! it as a cold run. The sandbox's own rlimits are the
+//! runner's maxima, so the waiter can set any job's (a process may lower its hard limits,
+//! never raise them). A sandbox serves one run; its task directory is
+//! `<work_root>/tasks/pool-<uuid>`, its runsc id the same `pool-<uuid>`.
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::AsyncReadExt;
+
+use super::gvisor::{waiter_argv, waiter_env, Base, Sandbox, Spec};
+use super::local::TaskDir;
+use super::local_pool::{POOL_DIR_PREFIX, READY, READY_TIMEOUT};
+use crate::error::{Error, Result};
+use crate::job::Job;
+use crate::limits::Limits;
+use crate::pool::Source;
+
+pub struct GvisorSource {
+    base: Arc<Base>,
+    /// The waiter's own environment (the program gets the job's).
+    env: Vec<(String, String)>,
+}
+
+/// A sandbox whose waiter is ready for one job.
+pub struct Waiting {
+    pub sandbox: Sandbox,
+    pub task: TaskDir,
+    pub id: String,
+}
+
+impl GvisorSource {
+    pub fn new(base: Arc<Base>) -> GvisorSource {
+        GvisorSource {
+            base,
+            env: waiter_env(),
+        }
+    }
+
+    /// Can a waiting sandbox (the default memory and cpu, no network) take this job? Its
+    /// other limits are rlimits the waiter sets.
+    pub fn fits(&self, job: &Job) -> bool {
+        let d = self.base.config.default_limits();
+        !job.network
+            && job.limits.memory_bytes == d.memory_bytes
+            && job.limits.cpu_millis == d.cpu_millis
+    }
+}
+
+impl Source for GvisorSource {
+    type Item = Waiting;
+    const WHAT: &'static str = "waiting gVisor sandbox";
+
+    fn size(&self) -> usize {
+        self.base.config.pool_size
+    }
+
+    async fn discard(&self, waiting: Waiting) {
+        waiting.sandbox.destroy().await;
+        waiting.task.remove().await;
+    }
+
+    async fn make(&self) -> Result<Waiting> {
+        let config = &self.base.config;
+        let id = format!("{POOL_DIR_PREFIX}{}", uuid::Uuid::now_v7().simple());
+        let task = TaskDir::create(
+            &config.work_root,
+            &id,
+            config.sandbox_uid,
+            config.sandbox_gid,
+        )
+        .await?;
+        let max = config.max_limits();
+        let default = config.default_limits();
+        let limits = Limits {
+            memory_bytes: default.memory_bytes,
+            cpu_millis: default.cpu_millis,
+            ..max
+        };
+        let spec = Spec {
+            id: id.clone(),
+            binds: vec![
+                (task.path.join("input"), "/input", false),
+                (task.path.join("output"), "/output", true),
+            ],
+            network: false,
+            limits: &limits,
+            timeout: Duration::from_millis(max.timeout_ms),
+            cwd: "/tmp",
+            env: &self.env,
+            argv: waiter_argv(false),
+        };
+        let mut sandbox = match self.base.start(&spec, Stdio::piped()).await {
+            Ok(s) => s,
+            Err(e) => {
+                task.remove().await;
+                return Err(e.0);
+            }
+        };
+        let mut ready = [0u8; READY.len()];
+        let answered = match sandbox.child.stdout.as_mut() {
+            Some(out) => tokio::time::timeout(READY_TIMEOUT, out.read_exact(&mut ready)).await,
+            None => return Err(Error::Sandbox("runsc started without pipes".into())),
+        };
+        if matches!(answered, Ok(Ok(_))) && ready == READY {
+            return Ok(Waiting { sandbox, task, id });
+        }
+        // Not ready: say why (the waiter's or runsc's stderr), leave nothing.
+        let _ = sandbox.child.start_kill();
+        let mut why = Vec::new();
+        if let Some(mut err) = sandbox.child.stderr.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(2), err.read_to_end(&mut why)).await;
+        }
+        sandbox.destroy().await;
+        task.remove().await;
+        Err(Error::Sandbox(format!(
+            "a waiting gVisor sandbox did not start (it needs python3 on the host root): {}",
+            String::from_utf8_lossy(&why).trim()
+        )))
+    }
+}

@@ -1,0 +1,285 @@
+//! What only the gvisor backend promises, over gRPC: the program sees gVisor's kernel, not the
+//! host's; the host's private files stay out of reach; rlimits hold inside gVisor; nothing of
+//! a run (sandbox, runsc state, bundle, process) outlives it; the runner's environment never
+//! reaches the sandbox; images other than the default are refused. The shared behaviour (fork
+//! and memory bombs, output links, network off, timeouts, sessions) runs on gvisor through
+//! `common::backends` in run_test, session_test, lifecycle_test and process_test.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use cairn_proto::Limits;
+use cairn_sandbox_runner::BackendChoice;
+use common::*;
+
+fn cases() -> Vec<Case> {
+    [false, true]
+        .map(|pool| Case {
+            backend: BackendChoice::Gvisor,
+            pool,
+        })
+        .to_vec()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_program_sees_gvisors_kernel_not_the_hosts() {
+    if !gvisor_usable("gvisor_kernel") {
+        return;
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    for case in cases() {
+        let r = TestRunner::start(case).await;
+        let out = r
+            .run(python(
+                "import os\nprint(os.uname().release)\nprint(open('/proc/version').read().split()[2])",
+            ))
+            .await;
+        assert_eq!(out.exit_code, 0, "{case:?}: {}", text(&out.stderr));
+        assert_eq!(out.backend, "gvisor");
+        assert_eq!(text(&out.stdout), "4.4.0\n4.4.0\n", "{case:?}");
+        assert_ne!(
+            host.trim(),
+            "4.4.0",
+            "the host itself reports gVisor's release"
+        );
+        let rj: serde_json::Value = serde_json::from_str(&out.result_json).unwrap();
+        assert_eq!(rj["backend"], "gvisor");
+        r.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn escapes_fail_and_private_host_files_are_hidden() {
+    if !gvisor_usable("gvisor_escape") {
+        return;
+    }
+    // A file only the host has, in a private directory, and the runner's own work_root.
+    let secret_dir = tempfile::Builder::new()
+        .prefix("cairn-gv-secret")
+        .tempdir_in("/root")
+        .unwrap();
+    std::fs::write(secret_dir.path().join("key"), "host-secret").unwrap();
+    for case in cases() {
+        let r = TestRunner::start(case).await;
+        let code = format!(
+            "import os\n\
+             def tryit(what, f):\n\
+             \x20   try:\n\
+             \x20       f(); print('DID', what)\n\
+             \x20   except OSError as e:\n\
+             \x20       print('refused', what)\n\
+             tryit('write /etc', lambda: open('/etc/cairn-escape', 'w').write('x'))\n\
+             tryit('write /usr', lambda: open('/usr/cairn-escape', 'w').write('x'))\n\
+             tryit('write /input', lambda: open('/input/x', 'w').write('x'))\n\
+             tryit('read secret', lambda: open({secret:?}).read())\n\
+             tryit('read shadow', lambda: open('/etc/shadow').read())\n\
+             tryit('setuid 0', lambda: os.setuid(0))\n\
+             print('root', os.listdir('/root'))\n\
+             print('home', os.listdir('/home'))\n\
+             print('tasks', os.path.exists({tasks:?}))\n\
+             open('/output/ok.txt', 'w').write('fine')\n\
+             open('/tmp/scratch', 'w').write('fine')\n\
+             print('uid', os.getuid(), os.geteuid())\n",
+            secret = secret_dir.path().join("key").display().to_string(),
+            tasks = r.work_root.path().join("tasks").display().to_string(),
+        );
+        let out = r.run(python(&code)).await;
+        assert_eq!(
+            text(&out.stdout),
+            "refused write /etc\nrefused write /usr\nrefused write /input\nrefused read secret\n\
+             refused read shadow\nrefused setuid 0\nroot []\nhome []\ntasks False\nuid 10001 10001\n",
+            "{case:?}: {}",
+            text(&out.stderr)
+        );
+        assert!(!std::path::Path::new("/etc/cairn-escape").exists());
+        assert!(!std::path::Path::new("/usr/cairn-escape").exists());
+        assert_eq!(out.output_files.len(), 1);
+        assert_eq!(&out.output_files[0].content[..], b"fine");
+        r.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rlimits_hold_inside_gvisor() {
+    if !gvisor_usable("gvisor_rlimits") {
+        return;
+    }
+    for case in cases() {
+        let r = TestRunner::start_with(case, |c| c.defaults.pids = Some(32)).await;
+        let code = "import os, time, resource\n\
+             print('nproc', resource.getrlimit(resource.RLIMIT_NPROC)[0])\n\
+             n = 0\n\
+             try:\n\
+             \x20   for _ in range(200):\n\
+             \x20       if os.fork() == 0:\n\
+             \x20           time.sleep(20); os._exit(0)\n\
+             \x20       n += 1\n\
+             except OSError:\n\
+             \x20   pass\n\
+             print('forked at most', 32 if n < 32 else n)\n\
+             try:\n\
+             \x20   b = bytearray(1 << 30); print('ALLOCATED')\n\
+             except MemoryError:\n\
+             \x20   print('memory refused')\n";
+        let t0 = std::time::Instant::now();
+        let out = r.run(with_timeout(python(code), 15_000)).await;
+        assert_eq!(
+            text(&out.stdout),
+            "nproc 32\nforked at most 32\nmemory refused\n",
+            "{case:?}: {}",
+            text(&out.stderr)
+        );
+        // The sleeping children die with the run's first process.
+        assert!(
+            t0.elapsed().as_secs() < 15,
+            "{case:?}: children held the run"
+        );
+        assert!(!out.timed_out);
+        assert!(out.limits_enforced, "cgroups are available here");
+        r.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn nothing_of_a_run_is_left_after_it() {
+    if !gvisor_usable("gvisor_leftovers") {
+        return;
+    }
+    for case in cases() {
+        let mut r = TestRunner::start(case).await;
+        // Kept past stop (which would remove the work_root).
+        let work_root = std::mem::replace(&mut r.work_root, tempfile::tempdir().unwrap());
+        let gv = work_root.path().join("gvisor");
+        // A background process, a setsid one, and a timeout.
+        let out = r
+            .run(with_timeout(
+                bash("(sleep 300 &); setsid sleep 300 & echo started; sleep 300"),
+                1500,
+            ))
+            .await;
+        assert!(out.timed_out, "{case:?}: {out:?}");
+        assert_eq!(text(&out.stdout), "started\n");
+        let allowed = usize::from(case.pool);
+        assert!(wait_for_gvisor_sandboxes(work_root.path(), allowed).await <= allowed);
+        // (its deletion runs after the reply, in the background)
+        let t0 = std::time::Instant::now();
+        while !processes_with(&out.job_id).is_empty() && t0.elapsed().as_secs() < 5 {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        assert_eq!(processes_with(&out.job_id), Vec::<i32>::new());
+        let bundle = gv.join("bundles").join(&out.job_id);
+        let t0 = std::time::Instant::now();
+        while bundle.exists() && t0.elapsed().as_secs() < 5 {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        assert!(!bundle.exists(), "bundle removed after the run");
+        let task = work_root.path().join("tasks").join(&out.job_id);
+        let t0 = std::time::Instant::now();
+        while task.exists() && t0.elapsed().as_secs() < 5 {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        assert!(!task.exists(), "task directory removed after the run");
+        let root = work_root.path().to_path_buf();
+        let runner_id = r.handle.runner_id().to_owned();
+        r.stop().await;
+        // Shutdown removes the pool's waiting sandbox too.
+        assert_eq!(gvisor_sandboxes(&root).await, Vec::<String>::new());
+        assert_eq!(gvisor_processes(&root), Vec::<i32>::new());
+        assert_eq!(std::fs::read_dir(gv.join("bundles")).unwrap().count(), 0);
+        let cgroups: Vec<_> = std::fs::read_dir("/sys/fs/cgroup")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|h| h.path().join(format!("cairn-gvisor-{runner_id}")))
+            .filter(|d| d.exists())
+            .collect();
+        assert_eq!(
+            cgroups,
+            Vec::<std::path::PathBuf>::new(),
+            "runner cgroups left"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn runner_environment_stays_out_and_images_are_refused() {
+    if !gvisor_usable("gvisor_env") {
+        return;
+    }
+    // The test process's environment is the runner's (it runs in-process).
+    std::env::set_var("CAIRN_GVISOR_TEST_SECRET", "sk-fake-gvisor");
+    let r = TestRunner::start(Case {
+        backend: BackendChoice::Gvisor,
+        pool: false,
+    })
+    .await;
+    let out = r
+        .run(bash(
+            "for f in /proc/[0-9]*/environ; do tr '\\0' '\\n' < $f; done; env",
+        ))
+        .await;
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("PATH="), "{stdout}");
+    assert!(!stdout.contains("sk-fake-gvisor"), "{stdout}");
+    let mut req = python("print(1)");
+    req.image = "cairn-toolchain:latest".into();
+    let e = r.client.clone().run(req).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+    assert!(e.message().contains("gvisor backend"), "{}", e.message());
+    // Big output is capped as on the other backends.
+    let out = r
+        .run(with_limits(
+            python("import sys\nsys.stdout.write('x' * (4 << 20))\n"),
+            Limits {
+                max_stdout_bytes: 1 << 20,
+                ..Default::default()
+            },
+        ))
+        .await;
+    assert_eq!(
+        out.stdout.len(),
+        1 << 20,
+        "{} {} {}",
+        text(&out.stderr),
+        out.exit_code,
+        out.duration_ms
+    );
+    assert!(out.stdout_truncated);
+    r.stop().await;
+}
+
+/// With network allowed, a job that asks for it reaches a host listener on the runner's
+/// non-loopback address; one that does not ask stays cut off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn network_only_when_the_job_has_it() {
+    if !gvisor_usable("gvisor_network") {
+        return;
+    }
+    // The host's outward address (no packet is sent by a UDP connect).
+    let probe = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+    if probe.connect("10.255.255.255:1").is_err() {
+        println!("SKIP: gvisor_network: this host has no non-loopback address");
+        return;
+    }
+    let ip = probe.local_addr().unwrap().ip();
+    let listener = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let r = TestRunner::start_with(
+        Case {
+            backend: BackendChoice::Gvisor,
+            pool: false,
+        },
+        |c| c.network_allowed = true,
+    )
+    .await;
+    let code = format!(
+        "import socket\ns = socket.socket(); s.settimeout(3)\nprint(s.connect_ex(('{ip}', {port})) == 0)\n"
+    );
+    let mut with = python(&code);
+    with.network = true;
+    let out = r.run(with).await;
+    assert_eq!(text(&out.stdout), "True\n", "{}", text(&out.stderr));
+    let out = r.run(python(&code)).await;
+    assert_eq!(text(&out.stdout), "False\n", "{}", text(&out.stderr));
+    r.stop().await;
+}
