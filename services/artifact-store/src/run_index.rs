@@ -244,9 +244,9 @@ pub struct RunIndex {
     /// `<data_root>/index`.
     dir: PathBuf,
     projects: Mutex<HashMap<String, Arc<Mutex<Slot>>>>,
-    /// (project, run) pairs the loaded indexes hold: a write to a run not among them makes
-    /// the index look at it.
-    known: Mutex<HashSet<(String, String)>>,
+    /// The runs of each loaded project: a write to a run not among them makes the index look
+    /// at it (a project not loaded is looked at whole when it is).
+    known: Mutex<HashMap<String, HashSet<String>>>,
 }
 
 /// One log line for `record`.
@@ -399,7 +399,7 @@ impl RunIndex {
     /// [`RunIndex::refresh`]). Cheap: called on every write to a run.
     pub fn unknown(&self, project: &str, run: &str) -> bool {
         let known = self.known.lock().unwrap_or_else(|p| p.into_inner());
-        !known.contains(&(project.to_owned(), run.to_owned()))
+        known.get(project).is_some_and(|runs| !runs.contains(run))
     }
 
     /// Drops a project's loaded index: the next use loads it again from the run directories.
@@ -411,7 +411,7 @@ impl RunIndex {
         self.known
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .retain(|(p, _)| p != project);
+            .remove(project);
     }
 
     /// Loads a project's index if it is not loaded yet (blocking): reads its log and checks it
@@ -422,13 +422,25 @@ impl RunIndex {
         if slot.loaded.is_some() {
             return Ok(None);
         }
-        let (loaded, checked) = self.load(state, project)?;
-        {
-            let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
-            for run in loaded.runs.keys() {
-                known.insert((project.to_owned(), run.clone()));
+        // Writes during the load wait for it, then look at their run.
+        self.known
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(project.to_owned(), HashSet::new());
+        let (loaded, checked) = match self.load(state, project) {
+            Ok(done) => done,
+            Err(e) => {
+                self.known
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(project);
+                return Err(e);
             }
-        }
+        };
+        self.known
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(project.to_owned(), loaded.runs.keys().cloned().collect());
         slot.loaded = Some(loaded);
         Ok(Some(checked))
     }
@@ -572,10 +584,14 @@ impl RunIndex {
         }
         let entry = self.summarise(&runs, run)?;
         loaded.put(run, entry);
-        self.known
+        if let Some(runs) = self
+            .known
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert((project.to_owned(), run.to_owned()));
+            .get_mut(project)
+        {
+            runs.insert(run.to_owned());
+        }
         self.append(project, loaded, run)
     }
 
