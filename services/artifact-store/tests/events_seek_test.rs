@@ -12,6 +12,7 @@ use common::*;
 const EVENTS: u64 = 2000;
 
 async fn fill(client: &mut Client, run: &str) {
+    create_project(client, "p").await;
     for batch in 0..EVENTS / 100 {
         let events = (0..100)
             .map(|i| EventInput {
