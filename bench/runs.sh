@@ -44,6 +44,8 @@ for N in $SIZES; do
   RUST_LOG=warn "$BIN/cairn-artifact-store" --data-root "$DATA" --listen "127.0.0.1:$SP" &
   PIDS+=($!)
   wait_port "$SP"
+  # No index on disk yet: the first query waits for the store to build it from the run dirs.
+  "$BIN/runs_load" first-query --store "http://127.0.0.1:$SP" --label "built (none on disk)"
   OP="$(port)"
   RUST_LOG=warn "$BIN/cairn-orchestrator" --listen "127.0.0.1:$OP" --store-addr "127.0.0.1:$SP" --ingest-addr "" &
   OPID=$!
@@ -53,6 +55,12 @@ for N in $SIZES; do
   WALKS=5
   [ "$N" -ge 100000 ] && WALKS="${WALKS_AT_100000:-1}"
   "$BIN/runs_load" list --store "http://127.0.0.1:$SP" --orch "http://127.0.0.1:$OP" --walks "$WALKS"
+  stop_all
+  # Restarted over its own index: the start-up load only checks each run directory.
+  RUST_LOG=warn "$BIN/cairn-artifact-store" --data-root "$DATA" --listen "127.0.0.1:$SP" &
+  PIDS+=($!)
+  wait_port "$SP"
+  "$BIN/runs_load" first-query --store "http://127.0.0.1:$SP" --label "checked (restart)"
   stop_all
   rm -rf "$DATA"
 done

@@ -65,6 +65,15 @@ enum Cmd {
         #[arg(long, default_value_t = 5)]
         walks: usize,
     },
+    /// Times the first ListRunSummaries after a store start (it waits for the index load).
+    FirstQuery {
+        #[arg(long)]
+        store: String,
+        #[arg(long, default_value = "bench")]
+        project: String,
+        #[arg(long)]
+        label: String,
+    },
     /// ReadEvents of the last `tail` events of `run`, with `scan_run` (same log, no usable
     /// seek index) beside it.
     Tail {
@@ -113,7 +122,8 @@ fn gen_runs(root: PathBuf, project: &str, runs: u64) -> Result<()> {
             "state": STATES[(i % 3) as usize], "created_at": created, "updated_at": created,
             "created_by": "bench", "notes": 0, "last_seq": 12,
             "nodes": (0..3).map(|n| serde_json::json!({
-                "id": format!("n{n}"), "kind": "write_file", "state": "done", "attempts": 1,
+                "id": format!("n{n}"), "type": "write_file", "title": format!("step {n}"),
+                "state": "succeeded", "attempts": 1, "turn": 1, "resets": 0,
                 "started_at": created, "finished_at": created, "outputs": {"path": format!("docs/{run}-{n}.md")},
             })).collect::<Vec<_>>(),
             "roster": [],
@@ -239,6 +249,25 @@ async fn main() -> Result<()> {
             run,
             events,
         } => gen_events(data_root, &project, &run, events),
+        Cmd::FirstQuery {
+            store,
+            project,
+            label,
+        } => {
+            let mut store = ArtifactStoreClient::new(channel(&store).await?);
+            let t = Instant::now();
+            store
+                .list_run_summaries(ListRunSummariesRequest {
+                    project_id: project,
+                    ..Default::default()
+                })
+                .await?;
+            println!(
+                "{{\"bench\":\"first_query_after_start_ms\",\"index\":\"{label}\",\"ms\":{:.1}}}",
+                t.elapsed().as_secs_f64() * 1000.0
+            );
+            Ok(())
+        }
         Cmd::List {
             store,
             orch,
@@ -251,8 +280,6 @@ async fn main() -> Result<()> {
                 .max_decoding_message_size(64 << 20);
             let mut orch =
                 OrchestratorClient::new(channel(&orch).await?).max_decoding_message_size(64 << 20);
-            // The store loads its index at start: the first query waits for it.
-            let t = Instant::now();
             let first = store
                 .list_run_summaries(ListRunSummariesRequest {
                     project_id: project.clone(),
@@ -264,10 +291,6 @@ async fn main() -> Result<()> {
                 })
                 .await?
                 .into_inner();
-            println!(
-                "{{\"bench\":\"first_query_after_start_ms\",\"ms\":{:.1}}}",
-                t.elapsed().as_secs_f64() * 1000.0
-            );
             let total = {
                 let mut n = first.runs.len() as u64;
                 let mut token = first.next_page_token;
@@ -360,10 +383,10 @@ async fn main() -> Result<()> {
             iters,
             scans,
         } => {
-            let mut store = ArtifactStoreClient::new(channel(&store).await?)
+            let store = ArtifactStoreClient::new(channel(&store).await?)
                 .max_decoding_message_size(64 << 20);
             let from = events - tail + 1;
-            let mut read = |run: String| {
+            let read = |run: String| {
                 let mut store = store.clone();
                 let project = project.clone();
                 async move {

@@ -19,7 +19,7 @@
 //!
 //! May depend on: state, layout, page, error, cairn-contain.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::AsFd;
@@ -120,7 +120,12 @@ pub struct Filter {
 }
 
 impl Filter {
-    fn admits(&self, e: &Entry) -> bool {
+    /// The text to find, ready to search (None: no text filter).
+    fn finder(&self) -> Option<memchr::memmem::Finder<'_>> {
+        (!self.text.is_empty()).then(|| memchr::memmem::Finder::new(self.text.as_bytes()))
+    }
+
+    fn admits(&self, e: &Entry, finder: Option<&memchr::memmem::Finder<'_>>) -> bool {
         let Some(f) = &e.fields else {
             // Nothing is known to filter on: the caller decides.
             return true;
@@ -128,12 +133,16 @@ impl Filter {
         if !self.states.is_empty() && !self.states.contains(&f.state) {
             return false;
         }
-        if !self.text.is_empty()
-            && ![&e.lower.0, &e.lower.1, &e.lower.2]
-                .iter()
-                .any(|s| s.contains(&self.text))
-        {
-            return false;
+        if let Some(finder) = finder {
+            // `hay` joins the fields with NUL: a text with a NUL is looked for field by field.
+            let found = if self.text.contains('\0') {
+                e.hay.split('\0').any(|f| f.contains(&self.text))
+            } else {
+                finder.find(e.hay.as_bytes()).is_some()
+            };
+            if !found {
+                return false;
+            }
         }
         if self.created_after.is_none() && self.created_before.is_none() {
             return true;
@@ -150,19 +159,20 @@ impl Filter {
 struct Entry {
     stamp: Option<Stamp>,
     fields: Option<Fields>,
-    /// Lower-cased title, goal, run id.
-    lower: (String, String, String),
+    /// Lower-cased title, goal and run id, joined by NUL (one search per run).
+    hay: String,
     created: Option<time::OffsetDateTime>,
 }
 
 impl Entry {
     fn new(run: &str, stamp: Option<Stamp>, fields: Option<Fields>) -> Entry {
-        let (lower, created) = match &fields {
+        let (hay, created) = match &fields {
             Some(f) => (
-                (
+                format!(
+                    "{}\0{}\0{}",
                     f.title.to_lowercase(),
                     f.goal.to_lowercase(),
-                    run.to_lowercase(),
+                    run.to_lowercase()
                 ),
                 time::OffsetDateTime::parse(
                     &f.created_at,
@@ -175,7 +185,7 @@ impl Entry {
         Entry {
             stamp,
             fields,
-            lower,
+            hay,
             created,
         }
     }
@@ -193,30 +203,39 @@ impl Entry {
 /// One project's index, loaded.
 #[derive(Debug, Default)]
 struct Loaded {
-    runs: HashMap<String, Entry>,
-    /// (created_at, run id), ascending; queries walk it backwards.
-    order: BTreeSet<(String, String)>,
+    /// (created_at, run id) → the run, ascending; queries walk it backwards.
+    order: BTreeMap<(String, String), Entry>,
+    /// Run id → its created_at (its place in `order`).
+    places: HashMap<String, String>,
     log: Option<File>,
     lines: usize,
 }
 
 impl Loaded {
     fn put(&mut self, run: &str, entry: Entry) {
-        if let Some(old) = self.runs.remove(run) {
-            self.order.remove(&old.key(run));
-        }
-        self.order.insert(entry.key(run));
-        self.runs.insert(run.to_owned(), entry);
+        self.remove(run);
+        let key = entry.key(run);
+        self.places.insert(run.to_owned(), key.0.clone());
+        self.order.insert(key, entry);
     }
 
     fn remove(&mut self, run: &str) {
-        if let Some(old) = self.runs.remove(run) {
-            self.order.remove(&old.key(run));
+        if let Some(created) = self.places.remove(run) {
+            self.order.remove(&(created, run.to_owned()));
         }
     }
 
+    fn get(&self, run: &str) -> Option<&Entry> {
+        let created = self.places.get(run)?;
+        self.order.get(&(created.clone(), run.to_owned()))
+    }
+
+    fn len(&self) -> usize {
+        self.places.len()
+    }
+
     fn record(&self, run: &str) -> Record {
-        match self.runs.get(run) {
+        match self.get(run) {
             Some(e) => Record {
                 run: run.to_owned(),
                 gone: false,
@@ -440,7 +459,7 @@ impl RunIndex {
         self.known
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(project.to_owned(), loaded.runs.keys().cloned().collect());
+            .insert(project.to_owned(), loaded.places.keys().cloned().collect());
         slot.loaded = Some(loaded);
         Ok(Some(checked))
     }
@@ -484,13 +503,13 @@ impl RunIndex {
             }
         }
         checked.dropped = records.values().filter(|r| !r.gone).count();
-        checked.runs = loaded.runs.len();
-        let stale = lines.saturating_sub(loaded.runs.len());
+        checked.runs = loaded.len();
+        let stale = lines.saturating_sub(loaded.len());
         let rewrite = checked.rebuilt
             || checked.reread > 0
             || checked.dropped > 0
             || checked.bad_lines > 0
-            || stale > loaded.runs.len() + SLACK_LINES;
+            || stale > loaded.len() + SLACK_LINES;
         if rewrite {
             self.compact(project, &mut loaded)?;
         } else {
@@ -528,7 +547,7 @@ impl RunIndex {
             let mut out = std::io::BufWriter::with_capacity(1 << 20, File::create(&temp)?);
             out.write_all(HEADER.as_bytes())?;
             out.write_all(b"\n")?;
-            let mut runs: Vec<&String> = loaded.runs.keys().collect();
+            let mut runs: Vec<&String> = loaded.places.keys().collect();
             runs.sort();
             for run in runs {
                 out.write_all(line(&loaded.record(run)).as_bytes())?;
@@ -541,7 +560,7 @@ impl RunIndex {
         };
         let file = write().map_err(io(format!("writing {}", path.display())))?;
         loaded.log = Some(file);
-        loaded.lines = loaded.runs.len();
+        loaded.lines = loaded.len();
         Ok(())
     }
 
@@ -569,7 +588,7 @@ impl RunIndex {
             Err(e) => return Err(Error::io(format!("stat of {RUNS_DIR}/{run}"), e)),
         };
         if !exists {
-            if loaded.runs.contains_key(run) {
+            if loaded.places.contains_key(run) {
                 loaded.remove(run);
                 self.append(project, loaded, run)?;
             }
@@ -577,7 +596,7 @@ impl RunIndex {
         }
         let stamp =
             stamp_of(&runs, run).map_err(io(format!("stat of {RUNS_DIR}/{run}/{STATE_FILE}")))?;
-        if let Some(e) = loaded.runs.get(run) {
+        if let Some(e) = loaded.get(run) {
             if e.stamp == stamp {
                 return Ok(());
             }
@@ -597,7 +616,7 @@ impl RunIndex {
 
     /// Logs a run's current record; compacts when most lines are stale.
     fn append(&self, project: &str, loaded: &mut Loaded, run: &str) -> Result<()> {
-        if loaded.lines > 2 * loaded.runs.len() + SLACK_LINES {
+        if loaded.lines > 2 * loaded.len() + SLACK_LINES {
             return self.compact(project, loaded);
         }
         let text = line(&loaded.record(run));
@@ -643,18 +662,13 @@ impl RunIndex {
             let Some(loaded) = slot.loaded.as_ref() else {
                 return Ok((Vec::new(), String::new()));
             };
-            let keys: Box<dyn Iterator<Item = &(String, String)>> = match &after {
+            let runs: Box<dyn Iterator<Item = (&(String, String), &Entry)>> = match &after {
                 Some(after) => Box::new(loaded.order.range(..after.clone()).rev()),
                 None => Box::new(loaded.order.iter().rev()),
             };
-            for key in keys {
-                if filter.exclude.contains(&key.1) {
-                    continue;
-                }
-                let Some(entry) = loaded.runs.get(&key.1) else {
-                    continue;
-                };
-                if !filter.admits(entry) {
+            let finder = filter.finder();
+            for (key, entry) in runs {
+                if filter.exclude.contains(&key.1) || !filter.admits(entry, finder.as_ref()) {
                     continue;
                 }
                 if out.len() == page.size {
@@ -698,10 +712,9 @@ impl RunIndex {
 
 fn cursor(loaded: &Loaded, last: &Summary) -> String {
     let created = loaded
-        .runs
+        .places
         .get(&last.run_id)
-        .and_then(|e| e.fields.as_ref())
-        .map(|f| f.created_at.as_str())
+        .map(String::as_str)
         .unwrap_or_default();
     format!("{created}\n{}", last.run_id)
 }
@@ -788,36 +801,47 @@ mod tests {
             Entry::new("b", None, Some(fields("completed", "2026-01-03T00:00:00Z", "Beta"))),
         );
         loaded.put("c", Entry::new("c", None, None));
-        let order: Vec<&str> = loaded.order.iter().rev().map(|k| k.1.as_str()).collect();
+        let order: Vec<&str> = loaded.order.keys().rev().map(|k| k.1.as_str()).collect();
         assert_eq!(order, ["b", "a", "c"]);
         let f = Filter {
             states: vec!["working".into()],
             ..Filter::default()
         };
-        assert!(f.admits(&loaded.runs["a"]) && !f.admits(&loaded.runs["b"]));
+        assert!(f.admits(loaded.get("a").unwrap(), f.finder().as_ref()) && !f.admits(loaded.get("b").unwrap(), f.finder().as_ref()));
         // An unindexed run is left to the caller.
-        assert!(f.admits(&loaded.runs["c"]));
+        assert!(f.admits(loaded.get("c").unwrap(), f.finder().as_ref()));
         let f = Filter {
             text: "alp".into(),
             ..Filter::default()
         };
-        assert!(f.admits(&loaded.runs["a"]) && !f.admits(&loaded.runs["b"]));
+        // Fields are searched one by one: a text spanning two of them matches neither.
+        let across = Filter {
+            text: "alpha\0goal".into(),
+            ..Filter::default()
+        };
+        assert!(!across.admits(loaded.get("a").unwrap(), across.finder().as_ref()));
+        let across = Filter {
+            text: "alphagoal".into(),
+            ..Filter::default()
+        };
+        assert!(!across.admits(loaded.get("a").unwrap(), across.finder().as_ref()));
+        assert!(f.admits(loaded.get("a").unwrap(), f.finder().as_ref()) && !f.admits(loaded.get("b").unwrap(), f.finder().as_ref()));
         let f = Filter {
             created_after: Some(time::macros::datetime!(2026-01-03 00:00 UTC)),
             ..Filter::default()
         };
-        assert!(!f.admits(&loaded.runs["a"]) && f.admits(&loaded.runs["b"]));
+        assert!(!f.admits(loaded.get("a").unwrap(), f.finder().as_ref()) && f.admits(loaded.get("b").unwrap(), f.finder().as_ref()));
         let f = Filter {
             created_before: Some(time::macros::datetime!(2026-01-03 00:00 UTC)),
             ..Filter::default()
         };
-        assert!(f.admits(&loaded.runs["a"]) && !f.admits(&loaded.runs["b"]));
+        assert!(f.admits(loaded.get("a").unwrap(), f.finder().as_ref()) && !f.admits(loaded.get("b").unwrap(), f.finder().as_ref()));
         // Moving a run moves its place.
         loaded.put(
             "a",
             Entry::new("a", None, Some(fields("working", "2026-01-04T00:00:00Z", "Alpha"))),
         );
-        let order: Vec<&str> = loaded.order.iter().rev().map(|k| k.1.as_str()).collect();
+        let order: Vec<&str> = loaded.order.keys().rev().map(|k| k.1.as_str()).collect();
         assert_eq!(order, ["a", "b", "c"]);
         loaded.remove("b");
         assert_eq!(loaded.order.len(), 2);
