@@ -75,4 +75,4 @@ SP="$(port)"
 RUST_LOG=error "$BIN/cairn-artifact-store" --data-root "$DATA" --listen "127.0.0.1:$SP" &
 PIDS+=($!)
 wait_port "$SP"
-"$BIN/runs_load" tail --store "http://127.0.0.1:$SP" --run big --scan-run big-scan --events "$EVENTS"
+"$BIN/runs_load" tail --store "http://127.0.0.1:$SP" --run big --scan-run big-scan --events "$EVENTS" --iters "${TAIL_ITERS:-200}"

@@ -131,16 +131,17 @@ fn gen_runs(root: PathBuf, project: &str, runs: u64) -> Result<()> {
         let run_dir = dir.join(&run);
         std::fs::create_dir_all(&run_dir)?;
         std::fs::write(run_dir.join("state.json"), serde_json::to_vec(&state)?)?;
-        std::fs::write(
-            run_dir.join("README.md"),
-            format!("# benchmark run {i}\n"),
-        )?;
+        std::fs::write(run_dir.join("README.md"), format!("# benchmark run {i}\n"))?;
     }
     Ok(())
 }
 
 fn gen_events(root: PathBuf, project: &str, run: &str, events: u64) -> Result<()> {
-    let dir = root.join("projects").join(project).join(".cairn/runs").join(run);
+    let dir = root
+        .join("projects")
+        .join(project)
+        .join(".cairn/runs")
+        .join(run);
     std::fs::create_dir_all(&dir)?;
     let mut out = std::io::BufWriter::with_capacity(
         4 << 20,
@@ -182,7 +183,11 @@ fn report(what: &str, n: u64, samples: &mut [Duration]) {
 
 /// What ListRuns did before the index: list the run directories (pages of 10,000), Get every
 /// state.json, parse, sort newest first, cut the first page.
-async fn walk(store: &mut ArtifactStoreClient<Channel>, project: &str, page: usize) -> Result<usize> {
+async fn walk(
+    store: &mut ArtifactStoreClient<Channel>,
+    project: &str,
+    page: usize,
+) -> Result<usize> {
     let mut dirs = Vec::new();
     let mut token = String::new();
     loop {
@@ -320,11 +325,17 @@ async fn main() -> Result<()> {
                 text: text.into(),
                 ..Default::default()
             };
-            for (name, text) in [("list_runs_first_page", ""), ("list_runs_first_page_text_filter", "run 1")] {
+            for (name, text) in [
+                ("list_runs_first_page", ""),
+                ("list_runs_first_page_text_filter", "run 1"),
+            ] {
                 let mut samples = Vec::with_capacity(iters);
                 for _ in 0..iters {
                     let t = Instant::now();
-                    let r = orch.list_runs(list_runs(String::new(), text)).await?.into_inner();
+                    let r = orch
+                        .list_runs(list_runs(String::new(), text))
+                        .await?
+                        .into_inner();
                     samples.push(t.elapsed());
                     anyhow::ensure!(!r.runs.is_empty(), "ListRuns returned no runs");
                 }

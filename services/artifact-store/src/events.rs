@@ -31,8 +31,8 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use cairn_contain as contain;
 
 use crate::deferred::{self, Added, PendingDirs, Publishing};
-use crate::event_seek;
 use crate::error::{refusal, Error, Result};
+use crate::event_seek;
 use crate::files;
 use crate::layout::{check_id, EPOCH_FILE, EVENTS_FILE, EVENTS_INDEX_FILE};
 use crate::stamp::timestamp_now;

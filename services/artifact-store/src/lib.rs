@@ -72,13 +72,11 @@ pub async fn artifact_store_service(
             }
         }
     });
-    Ok(
-        ArtifactStoreServer::new(ArtifactStoreService::new(store))
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES)
-            // Clients may send gzip-compressed requests (replies stay uncompressed).
-            .accept_compressed(tonic::codec::CompressionEncoding::Gzip),
-    )
+    Ok(ArtifactStoreServer::new(ArtifactStoreService::new(store))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES)
+        // Clients may send gzip-compressed requests (replies stay uncompressed).
+        .accept_compressed(tonic::codec::CompressionEncoding::Gzip))
 }
 
 /// Serves the store alone on `listener` until `shutdown` resolves; in-flight calls finish

@@ -62,8 +62,8 @@ impl Stamp {
         Stamp {
             ino: st.st_ino,
             size: st.st_size as u64,
-            mtime_ns: ns(st.st_mtime as i64, st.st_mtime_nsec as i64),
-            ctime_ns: ns(st.st_ctime as i64, st.st_ctime_nsec as i64),
+            mtime_ns: ns(st.st_mtime, st.st_mtime_nsec as i64),
+            ctime_ns: ns(st.st_ctime, st.st_ctime_nsec as i64),
         }
     }
 }
@@ -278,9 +278,12 @@ fn check_digits(json: &str) -> String {
     hex::encode(&Sha256::digest(json.as_bytes())[..8])
 }
 
+/// A log's records by run, its line count and how many lines were bad.
+type LogContents = (HashMap<String, Record>, usize, usize);
+
 /// Reads a log: the records of its good lines (last one of each run wins) and how many lines
 /// it has; None when it is missing or its header is not [`HEADER`].
-fn read_log(path: &Path) -> std::io::Result<Option<(HashMap<String, Record>, usize, usize)>> {
+fn read_log(path: &Path) -> std::io::Result<Option<LogContents>> {
     let file = match File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -351,12 +354,7 @@ pub fn fields_of(bytes: &[u8]) -> Option<Fields> {
 /// Stamp of a run's state.json without reading it.
 fn stamp_of(runs: &impl AsFd, run: &str) -> std::io::Result<Option<Stamp>> {
     let path = format!("{run}/{STATE_FILE}");
-    let fd = match contain::open(
-        runs.as_fd(),
-        &path,
-        OFlags::PATH | OFlags::NOFOLLOW,
-        0,
-    ) {
+    let fd = match contain::open(runs.as_fd(), &path, OFlags::PATH | OFlags::NOFOLLOW, 0) {
         Ok(fd) => fd,
         Err(Errno::NOENT | Errno::NOTDIR | Errno::LOOP | Errno::XDEV) => return Ok(None),
         Err(e) => return Err(e.into()),
@@ -520,9 +518,16 @@ impl RunIndex {
             loaded.log = Some(file);
             loaded.lines = lines;
         }
-        if checked.rebuilt || checked.reread > 0 || checked.dropped > 0 || checked.bad_lines > 0
-        {
-            tracing::info!(project, runs = checked.runs, reread = checked.reread, dropped = checked.dropped, bad_lines = checked.bad_lines, rebuilt = checked.rebuilt, "run index checked against the run directories");
+        if checked.rebuilt || checked.reread > 0 || checked.dropped > 0 || checked.bad_lines > 0 {
+            tracing::info!(
+                project,
+                runs = checked.runs,
+                reread = checked.reread,
+                dropped = checked.dropped,
+                bad_lines = checked.bad_lines,
+                rebuilt = checked.rebuilt,
+                "run index checked against the run directories"
+            );
         }
         Ok((loaded, checked))
     }
@@ -794,11 +799,19 @@ mod tests {
         };
         loaded.put(
             "a",
-            Entry::new("a", None, Some(fields("working", "2026-01-02T00:00:00Z", "Alpha"))),
+            Entry::new(
+                "a",
+                None,
+                Some(fields("working", "2026-01-02T00:00:00Z", "Alpha")),
+            ),
         );
         loaded.put(
             "b",
-            Entry::new("b", None, Some(fields("completed", "2026-01-03T00:00:00Z", "Beta"))),
+            Entry::new(
+                "b",
+                None,
+                Some(fields("completed", "2026-01-03T00:00:00Z", "Beta")),
+            ),
         );
         loaded.put("c", Entry::new("c", None, None));
         let order: Vec<&str> = loaded.order.keys().rev().map(|k| k.1.as_str()).collect();
@@ -807,7 +820,10 @@ mod tests {
             states: vec!["working".into()],
             ..Filter::default()
         };
-        assert!(f.admits(loaded.get("a").unwrap(), f.finder().as_ref()) && !f.admits(loaded.get("b").unwrap(), f.finder().as_ref()));
+        assert!(
+            f.admits(loaded.get("a").unwrap(), f.finder().as_ref())
+                && !f.admits(loaded.get("b").unwrap(), f.finder().as_ref())
+        );
         // An unindexed run is left to the caller.
         assert!(f.admits(loaded.get("c").unwrap(), f.finder().as_ref()));
         let f = Filter {
@@ -825,21 +841,34 @@ mod tests {
             ..Filter::default()
         };
         assert!(!across.admits(loaded.get("a").unwrap(), across.finder().as_ref()));
-        assert!(f.admits(loaded.get("a").unwrap(), f.finder().as_ref()) && !f.admits(loaded.get("b").unwrap(), f.finder().as_ref()));
+        assert!(
+            f.admits(loaded.get("a").unwrap(), f.finder().as_ref())
+                && !f.admits(loaded.get("b").unwrap(), f.finder().as_ref())
+        );
         let f = Filter {
             created_after: Some(time::macros::datetime!(2026-01-03 00:00 UTC)),
             ..Filter::default()
         };
-        assert!(!f.admits(loaded.get("a").unwrap(), f.finder().as_ref()) && f.admits(loaded.get("b").unwrap(), f.finder().as_ref()));
+        assert!(
+            !f.admits(loaded.get("a").unwrap(), f.finder().as_ref())
+                && f.admits(loaded.get("b").unwrap(), f.finder().as_ref())
+        );
         let f = Filter {
             created_before: Some(time::macros::datetime!(2026-01-03 00:00 UTC)),
             ..Filter::default()
         };
-        assert!(f.admits(loaded.get("a").unwrap(), f.finder().as_ref()) && !f.admits(loaded.get("b").unwrap(), f.finder().as_ref()));
+        assert!(
+            f.admits(loaded.get("a").unwrap(), f.finder().as_ref())
+                && !f.admits(loaded.get("b").unwrap(), f.finder().as_ref())
+        );
         // Moving a run moves its place.
         loaded.put(
             "a",
-            Entry::new("a", None, Some(fields("working", "2026-01-04T00:00:00Z", "Alpha"))),
+            Entry::new(
+                "a",
+                None,
+                Some(fields("working", "2026-01-04T00:00:00Z", "Alpha")),
+            ),
         );
         let order: Vec<&str> = loaded.order.keys().rev().map(|k| k.1.as_str()).collect();
         assert_eq!(order, ["a", "b", "c"]);

@@ -13,8 +13,8 @@ use cairn_proto::v1::{
     self as pb, get_response, put_request, AppendEventsRequest, AppendEventsResponse,
     ClaimRunRequest, ClaimRunResponse, CreateProjectRequest, DeleteRequest, DeleteResponse,
     FileInfo, GetRequest, GetResponse, ListProjectsRequest, ListProjectsResponse, ListRequest,
-    ListResponse, ListRunSummariesRequest, ListRunSummariesResponse, PutDurability, PutRequest, PutResponse, ReadEventsRequest, StatRequest,
-    UpdateJsonRequest, UpdateJsonResponse,
+    ListResponse, ListRunSummariesRequest, ListRunSummariesResponse, PutDurability, PutRequest,
+    PutResponse, ReadEventsRequest, StatRequest, UpdateJsonRequest, UpdateJsonResponse,
 };
 use futures::{Stream, StreamExt};
 use tokio_stream::wrappers::ReceiverStream;
@@ -309,10 +309,9 @@ impl ArtifactStore for ArtifactStoreService {
         let mut page = page(r.page)?;
         if let Some(after) = r.after {
             if page.after.is_some() {
-                return Err(Error::BadRequest(
-                    "send a page token or `after`, not both".into(),
-                )
-                .into());
+                return Err(
+                    Error::BadRequest("send a page token or `after`, not both".into()).into(),
+                );
             }
             page.after = Some(format!("{}\n{}", after.created_at, after.run_id));
         }

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use cairn_artifact_store::Config;
 use cairn_proto::v1::{
-    put_request, AppendEventsRequest, EventInput, ListRunSummariesRequest, PageRequest,
-    PutHeader, PutRequest, RunCursor, RunSummary,
+    put_request, AppendEventsRequest, EventInput, ListRunSummariesRequest, PageRequest, PutHeader,
+    PutRequest, RunCursor, RunSummary,
 };
 use common::*;
 use serde_json::json;
@@ -316,7 +316,11 @@ async fn the_index_answers_as_a_walk_and_follows_writes() {
     .unwrap();
     assert_agrees(&mut c, tmp.path(), "after a change and a delete").await;
     let all = listed(&mut c, &Query::default(), 1000).await;
-    assert!(all.iter().rev().take(3).all(|r| !r.4), "{:?}", &all[all.len() - 3..]);
+    assert!(
+        all.iter().rev().take(3).all(|r| !r.4),
+        "{:?}",
+        &all[all.len() - 3..]
+    );
 
     // state_json on request; a cursor from a summary resumes after it.
     let mut first = c

@@ -761,8 +761,7 @@ impl Runs {
             n => n.min(10_000),
         } as usize;
         let after = parse_cursor(token)?;
-        let before_cursor =
-            |key: &(String, String)| after.as_ref().is_none_or(|a| key < a);
+        let before_cursor = |key: &(String, String)| after.as_ref().is_none_or(|a| key < a);
         let live_ids: Vec<String> = {
             let live = self
                 .live
@@ -796,7 +795,11 @@ impl Runs {
             .store
             .list_run_summaries(pb::ListRunSummariesRequest {
                 project_id: project.to_owned(),
-                states: filter.states.iter().map(|s| s.as_str().to_owned()).collect(),
+                states: filter
+                    .states
+                    .iter()
+                    .map(|s| s.as_str().to_owned())
+                    .collect(),
                 text: filter.text.clone(),
                 created_after: format(&filter.created_after),
                 created_before: format(&filter.created_before),
@@ -806,10 +809,9 @@ impl Runs {
                 }),
                 exclude_run_ids: live_ids,
                 include_state_json: true,
-                after: after.clone().map(|(created_at, run_id)| pb::RunCursor {
-                    created_at,
-                    run_id,
-                }),
+                after: after
+                    .clone()
+                    .map(|(created_at, run_id)| pb::RunCursor { created_at, run_id }),
             })
             .await
             .map_err(Error::store("listing runs"))?;
