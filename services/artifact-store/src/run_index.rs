@@ -266,6 +266,8 @@ pub struct RunIndex {
     /// The runs of each loaded project: a write to a run not among them makes the index look
     /// at it (a project not loaded is looked at whole when it is).
     known: Mutex<HashMap<String, HashSet<String>>>,
+    /// Projects whose index is being loaded now.
+    loading: Mutex<HashSet<String>>,
 }
 
 /// One log line for `record`.
@@ -400,6 +402,7 @@ impl RunIndex {
             dir: data_root.join("index"),
             projects: Mutex::default(),
             known: Mutex::default(),
+            loading: Mutex::default(),
         }
     }
 
@@ -439,7 +442,31 @@ impl RunIndex {
         if slot.loaded.is_some() {
             return Ok(None);
         }
-        // Writes during the load wait for it, then look at their run.
+        // Writes during the load look at their run after it.
+        self.loading
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(project.to_owned());
+        let loaded = self.load_known(state, project);
+        self.loading
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(project);
+        let (loaded, checked) = loaded?;
+        slot.loaded = Some(loaded);
+        Ok(Some(checked))
+    }
+
+    /// Whether a project's index is being loaded now (a write then does not wait for it).
+    pub fn loading(&self, project: &str) -> bool {
+        self.loading
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(project)
+    }
+
+    /// [`RunIndex::load`], with the project's runs made known to [`RunIndex::unknown`].
+    fn load_known(&self, state: &State, project: &str) -> Result<(Loaded, Checked)> {
         self.known
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -458,8 +485,7 @@ impl RunIndex {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(project.to_owned(), loaded.places.keys().cloned().collect());
-        slot.loaded = Some(loaded);
-        Ok(Some(checked))
+        Ok((loaded, checked))
     }
 
     fn load(&self, state: &State, project: &str) -> Result<(Loaded, Checked)> {

@@ -78,6 +78,9 @@ impl Store {
         if !state_json && !self.index.unknown(project, run) {
             return;
         }
+        // A query right after the write sees it; a write never waits behind a project's
+        // start-up load (its run is looked at after it).
+        let wait = wait && !self.index.loading(project);
         let (state, index, project, run) = (
             self.state.clone(),
             self.index.clone(),
