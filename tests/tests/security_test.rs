@@ -31,6 +31,7 @@ const STORE: &[&str] = &[
     "Delete",
     "AppendEvents",
     "ReadEvents",
+    "ListRunSummaries",
     "ClaimRun",
     "UpdateJson",
 ];
@@ -64,7 +65,14 @@ const ORCHESTRATOR: &[&str] = &[
 
 /// The table the services must enforce (docs/security.md), written out cell by cell.
 fn expected(identity: &str, service: &str, method: &str) -> bool {
-    let store_read = ["Get", "Stat", "List", "ListProjects", "ReadEvents"];
+    let store_read = [
+        "Get",
+        "Stat",
+        "List",
+        "ListProjects",
+        "ReadEvents",
+        "ListRunSummaries",
+    ];
     match (identity, service) {
         ("orchestrator", "ArtifactStore" | "Ingest" | "SandboxRunner") => true,
         ("ingest", "ArtifactStore") => {

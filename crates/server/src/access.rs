@@ -32,6 +32,7 @@ pub fn default_table() -> BTreeMap<String, Vec<String>> {
         "cairn.v1.ArtifactStore/List",
         "cairn.v1.ArtifactStore/ListProjects",
         "cairn.v1.ArtifactStore/ReadEvents",
+        "cairn.v1.ArtifactStore/ListRunSummaries",
     ];
     let rows: [(&str, Vec<&str>); 6] = [
         (

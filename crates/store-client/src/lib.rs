@@ -325,6 +325,20 @@ impl Store {
     }
 
     /// Every entry under `prefix` (all pages); an absent prefix lists nothing.
+    /// One page of a project's run summaries from the store's run index (ListRunSummaries),
+    /// newest first.
+    pub async fn list_run_summaries(
+        &self,
+        req: cairn_proto::v1::ListRunSummariesRequest,
+    ) -> Result<cairn_proto::v1::ListRunSummariesResponse, Status> {
+        self.call("ListRunSummaries", Safety::Idempotent, |mut c| {
+            let req = req.clone();
+            async move { c.list_run_summaries(req).await }
+        })
+        .await
+        .map(tonic::Response::into_inner)
+    }
+
     pub async fn list(
         &self,
         project: &str,

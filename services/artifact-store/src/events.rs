@@ -12,13 +12,13 @@
 //! [`RunLogs`] also keeps what Put needs of a run: the fence a ClaimRun moves, the deferred
 //! publications its next events wait for, the directories they fsync first.
 //!
-//! May depend on: state, layout, files, deferred, stamp, error, cairn-contain; never on
+//! May depend on: state, layout, files, deferred, event_seek, stamp, error, cairn-contain; never on
 //! `write`, `document` or `store` (which use it).
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Mutex};
 
@@ -32,8 +32,9 @@ use cairn_contain as contain;
 
 use crate::deferred::{self, Added, PendingDirs, Publishing};
 use crate::error::{refusal, Error, Result};
+use crate::event_seek;
 use crate::files;
-use crate::layout::{check_id, EPOCH_FILE, EVENTS_FILE};
+use crate::layout::{check_id, EPOCH_FILE, EVENTS_FILE, EVENTS_INDEX_FILE};
 use crate::stamp::timestamp_now;
 use crate::state::{blocking, State};
 
@@ -326,6 +327,8 @@ struct LogState {
     /// Bytes of complete lines in the file.
     len: u64,
     last_seq: u64,
+    /// The log's seek index (O_APPEND; see `event_seek`); None when it could not be opened.
+    marks: Option<Arc<File>>,
 }
 
 #[derive(Debug)]
@@ -670,11 +673,12 @@ async fn load(
     }
     let (store2, project2, run2) = (store.clone(), project.to_owned(), run.to_owned());
     let opened = blocking(move || open_log(&store2, &project2, &run2, create)).await?;
-    if let Some((file, len, last_seq)) = opened {
+    if let Some((file, len, last_seq, marks)) = opened {
         *state = LogState {
             file: Some(Arc::new(file)),
             len,
             last_seq,
+            marks: marks.map(Arc::new),
         };
         Ok(true)
     } else {
@@ -686,13 +690,12 @@ fn log_path(run: &str) -> String {
     format!(".cairn/runs/{run}/{EVENTS_FILE}")
 }
 
-/// Opens (or creates) a run's log beneath the project root and recovers its last seq.
-fn open_log(
-    store: &State,
-    project: &str,
-    run: &str,
-    create: bool,
-) -> Result<Option<(File, u64, u64)>> {
+/// An opened log: the file, its length, its last seq and its seek index.
+type Opened = (File, u64, u64, Option<File>);
+
+/// Opens (or creates) a run's log beneath the project root and recovers its last seq; opens
+/// and repairs its seek index (a failure there only costs seeks: it is logged).
+fn open_log(store: &State, project: &str, run: &str, create: bool) -> Result<Option<Opened>> {
     let root = store.layout.project_root(project)?;
     let dir_path = format!(".cairn/runs/{run}");
     let path = log_path(run);
@@ -733,7 +736,29 @@ fn open_log(
     }
     let (len, last_seq) = recover(&file)
         .map_err(|e| Error::io(format!("recovering {path:?} of project {project:?}"), e))?;
-    Ok(Some((file, len, last_seq)))
+    let marks = open_marks(dir.as_fd(), &file, len, last_seq);
+    if let Err(e) = &marks {
+        tracing::warn!(%project, %run, error = %e, "the event log's seek index is unusable; reads scan the log");
+    }
+    Ok(Some((file, len, last_seq, marks.ok())))
+}
+
+/// Opens (creating) a log's seek index in the run directory `dir` and brings it in line.
+fn open_marks(dir: BorrowedFd<'_>, log: &File, len: u64, last_seq: u64) -> std::io::Result<File> {
+    let flags = OFlags::RDWR | OFlags::APPEND | OFlags::CREATE | OFlags::NONBLOCK;
+    let fd = contain::open(dir, EVENTS_INDEX_FILE, flags, contain::FILE_MODE)?;
+    let st = rustix::fs::fstat(&fd)?;
+    if contain::kind(&st) != FileType::RegularFile || st.st_nlink != 1 {
+        return Err(std::io::Error::other(
+            "events.idx is not a regular file of its own; remove it",
+        ));
+    }
+    let index = File::from(fd);
+    let added = event_seek::repair(&index, log, len, last_seq)?;
+    if added > 0 {
+        tracing::debug!(added, "event log seek index caught up");
+    }
+    Ok(index)
 }
 
 fn epoch_path(run: &str) -> String {
@@ -885,6 +910,8 @@ async fn commit(log: &RunLog, state: &mut LogState, run: &str, batches: Vec<Batc
     }
     let ts = timestamp_now();
     let mut seq = state.last_seq;
+    let old_len = state.len;
+    let mut marks = Vec::new();
     let mut text = String::new();
     let mut ranges = Vec::with_capacity(batches.len());
     let mut stored = Vec::new();
@@ -893,6 +920,9 @@ async fn commit(log: &RunLog, state: &mut LogState, run: &str, batches: Vec<Batc
         for event in &batch.events {
             seq += 1;
             let line = event.render(seq, &ts, run);
+            if event_seek::is_mark(seq) {
+                marks.extend_from_slice(&event_seek::encode(seq, old_len + text.len() as u64));
+            }
             text.push_str(&line);
             text.push('\n');
             stored.push(StoredEvent {
@@ -908,9 +938,9 @@ async fn commit(log: &RunLog, state: &mut LogState, run: &str, batches: Vec<Batc
         }
         ranges.push((first, seq));
     }
-    let old_len = state.len;
     let added = text.len() as u64;
     let dirs = log.pending.take();
+    let index = state.marks.clone();
     let written = tokio::task::spawn_blocking(move || {
         // Files written before these events are durable before the events are.
         if let Err(e) = deferred::sync(&dirs) {
@@ -926,6 +956,12 @@ async fn commit(log: &RunLog, state: &mut LogState, run: &str, batches: Vec<Batc
         if result.is_err() {
             // Leave no partial batch behind: its seqs will be given again.
             let _ = file.set_len(old_len);
+        } else if let (Some(index), false) = (index, marks.is_empty()) {
+            // After the events are durable; a record lost here is added back at the next
+            // open, a wrong one is never used (see event_seek).
+            if let Err(e) = (&*index).write_all(&marks) {
+                tracing::warn!(error = %e, "could not extend the event log's seek index");
+            }
         }
         (result, Vec::new())
     })
@@ -1034,6 +1070,19 @@ impl Reader {
     }
 }
 
+/// Where in the log a read from `from` may start (0 without a usable seek index).
+fn seek_offset(root: BorrowedFd<'_>, run: &str, log: &File, from: u64) -> u64 {
+    let path = format!(".cairn/runs/{run}/{EVENTS_INDEX_FILE}");
+    let Ok(fd) = contain::open(root, &path, OFlags::RDONLY | OFlags::NONBLOCK, 0) else {
+        return 0;
+    };
+    let index = File::from(fd);
+    let (Ok(marks), Ok(meta)) = (event_seek::read_marks(&index), log.metadata()) else {
+        return 0;
+    };
+    event_seek::start(log, meta.len(), &marks, from).0
+}
+
 /// Reads lines with `from <= seq <= upto` (at most `max`) and sends them; returns how many.
 fn read_file(
     store: &State,
@@ -1048,7 +1097,18 @@ fn read_file(
     let path = log_path(run);
     let fd = contain::open(root.as_fd(), &path, OFlags::RDONLY | OFlags::NONBLOCK, 0)
         .map_err(|e| refusal(e, project, &path, "reading"))?;
-    let mut reader = BufReader::with_capacity(256 << 10, File::from(fd));
+    let file = File::from(fd);
+    let offset = if from > event_seek::STRIDE {
+        seek_offset(root.as_fd(), run, &file, from)
+    } else {
+        0
+    };
+    let mut file = file;
+    if offset > 0 {
+        std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(offset))
+            .map_err(|e| Error::io(format!("reading {path:?}"), e))?;
+    }
+    let mut reader = BufReader::with_capacity(256 << 10, file);
     let mut line = String::new();
     let mut sent = 0;
     let mut expected = from;

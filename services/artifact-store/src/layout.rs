@@ -6,8 +6,8 @@
 //! `.cairn` and the denylist: `.cairn` is not denylisted (`.git` is), because clients write run
 //! records there as ordinary files (`.cairn/runs/<run>/sandbox/result.json`, ingest
 //! manifests). The store keeps for itself only `.cairn/project.json`, each run's
-//! `events.jsonl` (appended only through AppendEvents, so sequence numbers stay gap-free) and
-//! its writer epoch, and any name starting with `.cairn-tmp-` (its temp files, swept at
+//! `events.jsonl` (appended only through AppendEvents, so sequence numbers stay gap-free), its
+//! seek index `events.idx` and its writer epoch, and any name starting with `.cairn-tmp-` (its temp files, swept at
 //! start-up). Its own writes to those bypass the client policy but still walk beneath the
 //! project root without following symlinks. An operator who adds `.cairn` to the denylist keeps
 //! clients out of run records; events keep working.
@@ -29,6 +29,8 @@ use crate::error::{refusal, Error, Result};
 pub const TEMP_PREFIX: &str = ".cairn-tmp-";
 /// A run's event log, beside its other records in `.cairn/runs/<run>/`.
 pub const EVENTS_FILE: &str = "events.jsonl";
+/// The seek index of a run's event log (see `event_seek`), beside it.
+pub const EVENTS_INDEX_FILE: &str = "events.idx";
 /// The run's writer epoch (ClaimRun), a decimal number beside its log; absent = 0.
 pub const EPOCH_FILE: &str = "events.epoch";
 
@@ -90,6 +92,9 @@ impl Layout {
             [".cairn", "project.json"] => Some("the store keeps the project's metadata there"),
             [".cairn", "runs", _, last] if last.eq_ignore_ascii_case(EVENTS_FILE) => {
                 Some("a run's events.jsonl is appended only through AppendEvents")
+            }
+            [".cairn", "runs", _, last] if last.eq_ignore_ascii_case(EVENTS_INDEX_FILE) => {
+                Some("a run's events.idx is the store's seek index of its events.jsonl")
             }
             [".cairn", "runs", _, last] if last.eq_ignore_ascii_case(EPOCH_FILE) => {
                 Some("a run's writer epoch is set only through ClaimRun")

@@ -12,6 +12,7 @@ mod digest;
 mod direct;
 mod document;
 pub mod error;
+mod event_seek;
 mod events;
 mod files;
 mod layout;
@@ -19,6 +20,7 @@ mod page;
 mod project;
 mod publication;
 mod read;
+mod run_index;
 mod run_records;
 mod service;
 mod slots;
@@ -59,13 +61,22 @@ pub async fn artifact_store_service(
     })
     .await
     .map_err(|e| Error::Server(format!("start-up task failed: {e}")))??;
-    Ok(
-        ArtifactStoreServer::new(ArtifactStoreService::new(Arc::new(store)))
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES)
-            // Clients may send gzip-compressed requests (replies stay uncompressed).
-            .accept_compressed(tonic::codec::CompressionEncoding::Gzip),
-    )
+    let store = Arc::new(store);
+    // Each project's run index is checked against its run directories in the background;
+    // a query that comes first loads its project itself.
+    let loading = store.clone();
+    tokio::task::spawn_blocking(move || {
+        for (project, checked) in loading.load_run_indexes() {
+            if let Err(e) = checked {
+                tracing::warn!(%project, error = %e, "loading the run index failed; its first query tries again");
+            }
+        }
+    });
+    Ok(ArtifactStoreServer::new(ArtifactStoreService::new(store))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES)
+        // Clients may send gzip-compressed requests (replies stay uncompressed).
+        .accept_compressed(tonic::codec::CompressionEncoding::Gzip))
 }
 
 /// Serves the store alone on `listener` until `shutdown` resolves; in-flight calls finish
@@ -111,11 +122,12 @@ mod tests {
             "deferred",
             "access",
             "run_records",
+            "event_seek",
         ],
         &["layout"],
         &["temp"],
         &["state"],
-        &["files", "read"],
+        &["files", "read", "run_index"],
         &["project"],
         &["events"],
         &["write"],

@@ -54,7 +54,7 @@ impl Page {
     }
 }
 
-fn token(last_key: &str) -> String {
+pub fn token(last_key: &str) -> String {
     format!("{TOKEN_PREFIX}{}", hex::encode(last_key.as_bytes()))
 }
 

@@ -201,6 +201,83 @@ pub async fn stat(
     .await
 }
 
+/// One List page's walk: each directory's names are read and sorted so that paths come out in
+/// byte order (a directory's subtree sorts as its name followed by `/`); names at or before
+/// the page token are passed over without a stat (whole subtrees of them unopened), and the
+/// walk stops one entry past the page.
+struct Walk<'a> {
+    state: &'a State,
+    project: &'a str,
+    recursive: bool,
+    after: Option<&'a str>,
+    want: usize,
+}
+
+impl Walk<'_> {
+    fn dir(&self, dir: &OwnedFd, rel: &str, out: &mut Vec<Entry>) -> Result<()> {
+        let names = match contain::read_dir(dir.as_fd()) {
+            Ok(names) => names,
+            // A directory removed while listing holds nothing.
+            Err(Errno::NOENT) => return Ok(()),
+            Err(e) => return Err(refusal(e, self.project, rel, "listing")),
+        };
+        let mut items: Vec<(String, String, FileType)> = names
+            .into_iter()
+            .filter(|(name, _)| !name.starts_with(TEMP_PREFIX))
+            .map(|(name, mut kind)| {
+                let path = if rel.is_empty() {
+                    name.clone()
+                } else {
+                    format!("{rel}/{name}")
+                };
+                if self.recursive && kind == FileType::Unknown {
+                    kind = contain::stat(dir.as_fd(), &name)
+                        .map_or(FileType::Unknown, |st| contain::kind(&st));
+                }
+                (path, name, kind)
+            })
+            .collect();
+        let key = |(path, _, kind): &(String, String, FileType)| {
+            let mut key = path.clone().into_bytes();
+            if self.recursive && *kind == FileType::Directory {
+                key.push(b'/');
+            }
+            key
+        };
+        items.sort_by_cached_key(key);
+        for (path, name, kind) in items {
+            if out.len() >= self.want {
+                return Ok(());
+            }
+            let descend = self.recursive && kind == FileType::Directory;
+            let passed = match self.after {
+                // Every path of the subtree sorts before `path` + "0" ('/' < '0').
+                Some(after) if descend => after.as_bytes() >= format!("{path}0").as_bytes(),
+                Some(after) => path.as_bytes() <= after.as_bytes(),
+                None => false,
+            };
+            if passed || self.state.layout.read_policy.check(&path).is_err() {
+                continue;
+            }
+            if descend {
+                // Swapped for a symlink since it was listed: ELOOP, skipped.
+                if let Ok(sub) = contain::open_dir(dir.as_fd(), &name) {
+                    self.dir(&sub, &path, out)?;
+                }
+                continue;
+            }
+            let Ok(st) = contain::stat(dir.as_fd(), &name) else {
+                continue;
+            };
+            let entry = Entry::of(path, &st);
+            if !self.recursive || entry.kind == Kind::File {
+                out.push(entry);
+            }
+        }
+        Ok(())
+    }
+}
+
 /// List: entries under `prefix` in byte order of their paths, one page.
 pub async fn list(
     state: &Arc<State>,
@@ -228,49 +305,16 @@ pub async fn list(
             },
             e => refusal(e, &project, &prefix, "listing"),
         })?;
+        // In byte order of paths, from the page token on, until one entry past the page.
         let mut entries = Vec::new();
-        // Subdirectories are opened when their turn comes, so a wide tree holds few fds.
-        let mut pending: Vec<(Arc<OwnedFd>, Option<String>, String)> =
-            vec![(Arc::new(dir), None, prefix.clone())];
-        while let Some((parent, name, rel)) = pending.pop() {
-            let dir = match name {
-                None => parent,
-                // Swapped for a symlink since it was listed: ELOOP, skipped.
-                Some(name) => match contain::open_dir(parent.as_fd(), &name) {
-                    Ok(fd) => Arc::new(fd),
-                    Err(_) => continue,
-                },
-            };
-            let names = match contain::read_dir(dir.as_fd()) {
-                Ok(names) => names,
-                // A directory removed while listing holds nothing.
-                Err(Errno::NOENT) => continue,
-                Err(e) => return Err(refusal(e, &project, &rel, "listing")),
-            };
-            for (name, _) in names {
-                if name.starts_with(TEMP_PREFIX) {
-                    continue;
-                }
-                let path = if rel.is_empty() {
-                    name.clone()
-                } else {
-                    format!("{rel}/{name}")
-                };
-                if state.layout.read_policy.check(&path).is_err() {
-                    continue;
-                }
-                let Ok(st) = contain::stat(dir.as_fd(), &name) else {
-                    continue;
-                };
-                let entry = Entry::of(path, &st);
-                if !recursive || entry.kind == Kind::File {
-                    entries.push(entry);
-                } else if entry.kind == Kind::Directory {
-                    pending.push((dir.clone(), Some(name), entry.path));
-                }
-            }
-        }
-        entries.sort_by(|a, b| a.path.cmp(&b.path));
+        let walk = Walk {
+            state: &state,
+            project: &project,
+            recursive,
+            after: page.after.as_deref(),
+            want: page.size.saturating_add(1),
+        };
+        walk.dir(&dir, &prefix, &mut entries)?;
         Ok(page.cut(entries, |e| e.path.as_str()))
     })
     .await

@@ -13,8 +13,8 @@ use cairn_proto::v1::{
     self as pb, get_response, put_request, AppendEventsRequest, AppendEventsResponse,
     ClaimRunRequest, ClaimRunResponse, CreateProjectRequest, DeleteRequest, DeleteResponse,
     FileInfo, GetRequest, GetResponse, ListProjectsRequest, ListProjectsResponse, ListRequest,
-    ListResponse, PutDurability, PutRequest, PutResponse, ReadEventsRequest, StatRequest,
-    UpdateJsonRequest, UpdateJsonResponse,
+    ListResponse, ListRunSummariesRequest, ListRunSummariesResponse, PutDurability, PutRequest,
+    PutResponse, ReadEventsRequest, StatRequest, UpdateJsonRequest, UpdateJsonResponse,
 };
 use futures::{Stream, StreamExt};
 use tokio_stream::wrappers::ReceiverStream;
@@ -26,6 +26,7 @@ use crate::events::{Level, NewEvent, StoredEvent};
 use crate::files::Outcome;
 use crate::page::Page;
 use crate::read::{Entry, Kind};
+use crate::run_index::{Filter, Summary};
 use crate::store::Store;
 use crate::write::{Durability, PutSpec};
 use crate::{access, run_records, Result};
@@ -86,6 +87,35 @@ fn level(value: i32) -> Result<Level, Status> {
         pb::Level::Error => Level::Error,
         pb::Level::Unspecified | pb::Level::Info => Level::Info,
     })
+}
+
+fn summary(s: Summary) -> pb::RunSummary {
+    let indexed = s.fields.is_some();
+    let f = s.fields.unwrap_or_default();
+    pb::RunSummary {
+        run_id: s.run_id,
+        title: f.title,
+        goal: f.goal,
+        state: f.state,
+        created_at: f.created_at,
+        updated_at: f.updated_at,
+        indexed,
+        state_json: s.state_json.map(Bytes::from).unwrap_or_default(),
+    }
+}
+
+/// A time bound of ListRunSummaries (empty = none).
+fn time_bound(name: &str, value: &str) -> Result<Option<time::OffsetDateTime>> {
+    if value.is_empty() {
+        return Ok(None);
+    }
+    time::OffsetDateTime::parse(value, &time::format_description::well_known::Rfc3339)
+        .map(Some)
+        .map_err(|e| {
+            Error::BadRequest(format!(
+                "{name} {value:?} is not an RFC 3339 time ({e}); use e.g. 2026-11-25T00:00:00Z"
+            ))
+        })
 }
 
 fn page(p: Option<pb::PageRequest>) -> Result<Page> {
@@ -254,6 +284,43 @@ impl ArtifactStore for ArtifactStoreService {
             .await?;
         Ok(Response::new(ListResponse {
             entries: entries.into_iter().map(file_info).collect(),
+            next_page_token,
+        }))
+    }
+
+    async fn list_run_summaries(
+        &self,
+        request: Request<ListRunSummariesRequest>,
+    ) -> Result<Response<ListRunSummariesResponse>, Status> {
+        let r = request.into_inner();
+        if r.text.chars().count() > 1000 {
+            return Err(Error::BadRequest(
+                "text is longer than 1000 characters; search for a shorter part".into(),
+            )
+            .into());
+        }
+        let filter = Filter {
+            states: r.states,
+            text: r.text.to_lowercase(),
+            created_after: time_bound("created_after", &r.created_after)?,
+            created_before: time_bound("created_before", &r.created_before)?,
+            exclude: r.exclude_run_ids.into_iter().collect(),
+        };
+        let mut page = page(r.page)?;
+        if let Some(after) = r.after {
+            if page.after.is_some() {
+                return Err(
+                    Error::BadRequest("send a page token or `after`, not both".into()).into(),
+                );
+            }
+            page.after = Some(format!("{}\n{}", after.created_at, after.run_id));
+        }
+        let (runs, next_page_token) = self
+            .store
+            .list_run_summaries(&r.project_id, filter, page, r.include_state_json)
+            .await?;
+        Ok(Response::new(ListRunSummariesResponse {
+            runs: runs.into_iter().map(summary).collect(),
             next_page_token,
         }))
     }

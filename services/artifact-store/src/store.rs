@@ -24,7 +24,8 @@ use crate::files::Written;
 use crate::page::Page;
 use crate::project::{self, Project};
 use crate::read::{self, Entry};
-use crate::state::State;
+use crate::run_index::{self, Checked, Filter, RunIndex, Summary};
+use crate::state::{blocking, State};
 use crate::write::{self, PutSpec};
 
 /// The artifact-store's state, shared by every request.
@@ -33,16 +34,93 @@ pub struct Store {
     state: Arc<State>,
     runs: Arc<RunLogs>,
     docs: DocLocks,
+    index: Arc<RunIndex>,
+}
+
+/// The run a project-relative path belongs to, and whether it is the run's state.json.
+fn run_of(path: &str) -> Option<(&str, bool)> {
+    let rest = path.strip_prefix(".cairn/runs/")?;
+    let (run, file) = rest.split_once('/').unwrap_or((rest, ""));
+    (!run.is_empty()).then_some((run, file == run_index::STATE_FILE))
 }
 
 impl Store {
     /// Opens (creating when missing) the data root. Does not sweep; see `sweep::remove_temp_files`.
     pub fn open(config: Config) -> Result<Store> {
+        let index = Arc::new(RunIndex::new(&config.data_root));
         Ok(Store {
             state: Arc::new(State::open(config)?),
             runs: Arc::default(),
             docs: DocLocks::default(),
+            index,
         })
+    }
+
+    /// Loads (checks against the run directories, rebuilding what is missing or stale) the run
+    /// index of every project; blocking. Queries of a project not loaded yet load it first.
+    pub fn load_run_indexes(&self) -> Vec<(String, Result<Option<Checked>>)> {
+        RunIndex::project_ids(&self.state)
+            .into_iter()
+            .map(|p| {
+                let checked = self.index.ensure_loaded(&self.state, &p);
+                (p, checked)
+            })
+            .collect()
+    }
+
+    /// After a write to `path` of a project: the run index looks at its run again when the
+    /// write was its state.json or the run is new to it. `wait`: return once it has (else in
+    /// the background, e.g. behind a deferred publication).
+    async fn touched(&self, project: &str, path: &str, wait: bool) {
+        let Some((run, state_json)) = run_of(path) else {
+            return;
+        };
+        if !state_json && !self.index.unknown(project, run) {
+            return;
+        }
+        // A query right after the write sees it; a write never waits behind a project's
+        // start-up load (its run is looked at after it).
+        let wait = wait && !self.index.loading(project);
+        let (state, index, project, run) = (
+            self.state.clone(),
+            self.index.clone(),
+            project.to_owned(),
+            run.to_owned(),
+        );
+        let work = blocking(move || {
+            if let Err(e) = index.refresh(&state, &project, &run) {
+                // The next query loads it again from the run directories.
+                tracing::warn!(%project, %run, error = %e, "run index not updated; it will be checked again");
+                index.forget(&project);
+            }
+            Ok(())
+        });
+        if wait {
+            let _ = work.await;
+        } else {
+            tokio::spawn(work);
+        }
+    }
+
+    /// A client's path as the store spells it ("" when it is not one).
+    fn normal(&self, path: &str) -> String {
+        self.state
+            .layout
+            .read_path(path)
+            .map(|p| p.to_string())
+            .unwrap_or_default()
+    }
+
+    /// ListRunSummaries: one page of a project's runs from the run index, newest first.
+    pub async fn list_run_summaries(
+        &self,
+        project: &str,
+        filter: Filter,
+        page: Page,
+        include_state_json: bool,
+    ) -> Result<(Vec<Summary>, String)> {
+        let (state, index, project) = (self.state.clone(), self.index.clone(), project.to_owned());
+        blocking(move || index.query(&state, &project, &filter, &page, include_state_json)).await
     }
 
     pub fn config(&self) -> &Config {
@@ -64,12 +142,20 @@ impl Store {
     where
         S: Stream<Item = Result<Bytes>> + Unpin + Send,
     {
-        write::put(&self.state, &self.runs, spec, chunks).await
+        let project = spec.project_id.clone();
+        let written = write::put(&self.state, &self.runs, spec, chunks).await?;
+        self.touched(&project, &written.path, written.publication.is_none())
+            .await;
+        Ok(written)
     }
 
     /// Delete; recorded as an event when a run is given.
     pub async fn delete(&self, project: &str, path: &str, run_id: &str) -> Result<bool> {
-        write::delete(&self.state, &self.runs, project, path, run_id).await
+        let deleted = write::delete(&self.state, &self.runs, project, path, run_id).await?;
+        if deleted {
+            self.touched(project, &self.normal(path), true).await;
+        }
+        Ok(deleted)
     }
 
     /// Get: a file or a byte range of it, streamed.
@@ -106,14 +192,21 @@ impl Store {
         epoch: u64,
         publications: &[String],
     ) -> Result<(u64, u64)> {
-        self.runs
+        let appended = self
+            .runs
             .append_fenced(&self.state, project, run, events, epoch, publications)
-            .await
+            .await?;
+        self.touched(project, &format!(".cairn/runs/{run}/"), true)
+            .await;
+        Ok(appended)
     }
 
     /// ClaimRun: the new writer epoch and the log's last seq.
     pub async fn claim_run(&self, project: &str, run: &str, holder: &str) -> Result<(u64, u64)> {
-        self.runs.claim(&self.state, project, run, holder).await
+        let claimed = self.runs.claim(&self.state, project, run, holder).await?;
+        self.touched(project, &format!(".cairn/runs/{run}/"), true)
+            .await;
+        Ok(claimed)
     }
 
     /// ReadEvents from `from_seq`, then (with `follow`) live ones.
@@ -132,6 +225,9 @@ impl Store {
 
     /// UpdateJson.
     pub async fn update_document(&self, request: Update) -> Result<Updated> {
-        document::update(&self.state, &self.runs, &self.docs, request).await
+        let (project, path) = (request.project_id.clone(), request.path.clone());
+        let updated = document::update(&self.state, &self.runs, &self.docs, request).await?;
+        self.touched(&project, &self.normal(&path), true).await;
+        Ok(updated)
     }
 }

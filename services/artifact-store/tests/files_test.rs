@@ -376,6 +376,73 @@ async fn list_pages_through_entries_in_byte_order() {
     assert_eq!(err.code(), Code::FailedPrecondition);
 }
 
+/// Every page of a List, concatenated.
+async fn list_all(s: &mut Served, prefix: &str, recursive: bool, size: u32) -> Vec<String> {
+    let mut token = String::new();
+    let mut out = Vec::new();
+    loop {
+        let r = s
+            .client
+            .list(ListRequest {
+                project_id: "p".into(),
+                prefix: prefix.into(),
+                recursive,
+                page: Some(PageRequest {
+                    page_size: size,
+                    page_token: token.clone(),
+                }),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(r.entries.len() <= size as usize);
+        out.extend(r.entries.into_iter().map(|e| e.path));
+        if r.next_page_token.is_empty() {
+            return out;
+        }
+        token = r.next_page_token;
+    }
+}
+
+/// Pages resume after the last path sent, in byte order of whole paths, where a directory's
+/// files sort after a sibling named like it with a `.` or `-` (`x.txt` < `x/a` < `x0`).
+#[tokio::test]
+async fn list_pages_resume_in_byte_order_of_whole_paths() {
+    let mut s = serve().await;
+    let mut names: Vec<String> = [
+        "d/x/a",
+        "d/x/b/c",
+        "d/x/b/d",
+        "d/x.txt",
+        "d/x-y/z",
+        "d/x0",
+        "d/w",
+        "d/y/q/r/s",
+    ]
+    .iter()
+    .map(|n| (*n).to_owned())
+    .collect();
+    for name in &names {
+        put(&mut s.client, "p", name, b"x").await.unwrap();
+    }
+    names.sort();
+    for size in [1, 2, 3, 100] {
+        assert_eq!(
+            list_all(&mut s, "d", true, size).await,
+            names,
+            "pages of {size}"
+        );
+    }
+    let children = ["d/w", "d/x", "d/x-y", "d/x.txt", "d/x0", "d/y"];
+    for size in [1, 4] {
+        assert_eq!(
+            list_all(&mut s, "d", false, size).await,
+            children,
+            "pages of {size}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn overwrite_policy_and_idempotent_rewrites() {
     let mut s = serve().await;

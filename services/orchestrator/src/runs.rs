@@ -69,6 +69,31 @@ fn key(project: &str, run_id: &str) -> String {
     format!("{project}/{run_id}")
 }
 
+const CURSOR_PREFIX: &str = "r1.";
+
+/// A ListRuns page token: the place (created_at, run id) of the last run sent.
+fn cursor_token((created_at, run_id): &(String, String)) -> String {
+    format!(
+        "{CURSOR_PREFIX}{}",
+        hex::encode(format!("{created_at}\n{run_id}"))
+    )
+}
+
+fn parse_cursor(token: &str) -> Result<Option<(String, String)>> {
+    if token.is_empty() {
+        return Ok(None);
+    }
+    let bad = || Error::InvalidArgument("page_token is not one this server gave".into());
+    let bytes = token
+        .strip_prefix(CURSOR_PREFIX)
+        .and_then(|h| hex::decode(h).ok())
+        .ok_or_else(bad)?;
+    let text = String::from_utf8(bytes).map_err(|_| bad())?;
+    let (created_at, run_id) = text.rsplit_once('\n').ok_or_else(bad)?;
+    check_id("page_token", run_id).map_err(|_| bad())?;
+    Ok(Some((created_at.to_owned(), run_id.to_owned())))
+}
+
 struct Live {
     cmd: mpsc::Sender<Command>,
     join: Option<tokio::task::JoinHandle<()>>,
@@ -719,7 +744,10 @@ impl Runs {
         Ok(state.to_info(RunDir::new(run_id).root()))
     }
 
-    /// Runs of a project, newest first.
+    /// Runs of a project, newest first (created_at, then run id, both descending). Runs live
+    /// here are described from memory; the others come from the store's run index, a page at
+    /// a time. The page token is the place of the last run sent (never an offset), so a page
+    /// costs the same however many runs come before it.
     pub async fn list(
         &self,
         project: &str,
@@ -728,63 +756,93 @@ impl Runs {
         token: &str,
     ) -> Result<(Vec<pb::RunInfo>, String)> {
         check_id("project_id", project)?;
-        let entries = self
-            .b
-            .store
-            .list(project, RUNS_PREFIX, false)
-            .await
-            .map_err(Error::store("listing runs"))?;
-        let mut runs = Vec::new();
-        for e in entries {
-            if e.kind != pb::EntryKind::Directory as i32 {
-                continue;
-            }
-            let run_id = e.path.rsplit('/').next().unwrap_or_default().to_owned();
-            let info = match self.live_cmd(project, &run_id) {
-                Some(_) => self.get(project, &run_id).await,
-                None => self.quick_info(project, &run_id).await,
-            };
-            if let Ok(info) = info {
-                if filter.admits(&info) {
-                    runs.push(info);
-                }
-            }
-        }
-        runs.sort_by(|a, b| {
-            b.created_at
-                .cmp(&a.created_at)
-                .then(b.run_id.cmp(&a.run_id))
-        });
         let size = match page_size {
             0 => 1000,
             n => n.min(10_000),
         } as usize;
-        let start: usize = if token.is_empty() {
-            0
-        } else {
-            token.parse().map_err(|_| {
-                Error::InvalidArgument("page_token is not one this server gave".into())
-            })?
+        let after = parse_cursor(token)?;
+        let before_cursor = |key: &(String, String)| after.as_ref().is_none_or(|a| key < a);
+        let live_ids: Vec<String> = {
+            let live = self
+                .live
+                .lock()
+                .map_err(|_| Error::Internal("the run table is poisoned".into()))?;
+            let prefix = key(project, "");
+            live.keys()
+                .filter_map(|k| k.strip_prefix(&prefix))
+                .map(str::to_owned)
+                .collect()
         };
-        let page: Vec<pb::RunInfo> = runs.iter().skip(start).take(size).cloned().collect();
-        let next = if start + size < runs.len() {
-            (start + size).to_string()
-        } else {
-            String::new()
-        };
-        Ok((page, next))
-    }
-
-    /// A run's info from state.json (falling back to its events).
-    async fn quick_info(&self, project: &str, run_id: &str) -> Result<pb::RunInfo> {
-        let dir = RunDir::new(run_id);
-        if let Ok(Some(bytes)) = self.b.store.get(project, &dir.state_json()).await {
-            if let Ok(mut s) = serde_json::from_slice::<RunState>(&bytes) {
-                s.reindex();
-                return Ok(s.to_info(dir.root()));
+        // (sort key, info): the key is the one the store's order and the cursor use.
+        let mut runs: Vec<((String, String), pb::RunInfo)> = Vec::new();
+        for run_id in &live_ids {
+            if let Ok(info) = self.get(project, run_id).await {
+                let k = (info.created_at.clone(), info.run_id.clone());
+                if filter.admits(&info) && before_cursor(&k) {
+                    runs.push((k, info));
+                }
             }
         }
-        self.get(project, run_id).await
+        let format = |t: &Option<time::OffsetDateTime>| {
+            t.and_then(|t| {
+                t.format(&time::format_description::well_known::Rfc3339)
+                    .ok()
+            })
+            .unwrap_or_default()
+        };
+        let page = self
+            .b
+            .store
+            .list_run_summaries(pb::ListRunSummariesRequest {
+                project_id: project.to_owned(),
+                states: filter
+                    .states
+                    .iter()
+                    .map(|s| s.as_str().to_owned())
+                    .collect(),
+                text: filter.text.clone(),
+                created_after: format(&filter.created_after),
+                created_before: format(&filter.created_before),
+                page: Some(pb::PageRequest {
+                    page_size: size as u32,
+                    page_token: String::new(),
+                }),
+                exclude_run_ids: live_ids,
+                include_state_json: true,
+                after: after
+                    .clone()
+                    .map(|(created_at, run_id)| pb::RunCursor { created_at, run_id }),
+            })
+            .await
+            .map_err(Error::store("listing runs"))?;
+        let dir_of = |run_id: &str| RunDir::new(run_id).root().to_owned();
+        for summary in page.runs {
+            let k = (summary.created_at.clone(), summary.run_id.clone());
+            let parsed = summary
+                .indexed
+                .then(|| serde_json::from_slice::<RunState>(&summary.state_json).ok())
+                .flatten();
+            let info = match parsed {
+                Some(mut s) => {
+                    s.reindex();
+                    s.to_info(&dir_of(&summary.run_id))
+                }
+                // No state.json (or one that does not parse): from the run's other records.
+                None => match self.get(project, &summary.run_id).await {
+                    Ok(info) if filter.admits(&info) => info,
+                    _ => continue,
+                },
+            };
+            runs.push((k, info));
+        }
+        runs.sort_by(|a, b| b.0.cmp(&a.0));
+        let more = !page.next_page_token.is_empty() || runs.len() > size;
+        runs.truncate(size);
+        let next = match runs.last() {
+            Some((k, _)) if more => cursor_token(k),
+            _ => String::new(),
+        };
+        Ok((runs.into_iter().map(|(_, info)| info).collect(), next))
     }
 
     /// Events of a run from `from_seq`, live until the run ends (or forever).

@@ -230,3 +230,116 @@ async fn a_rerun_starts_a_new_run_from_the_recorded_graph_and_variables() {
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
     s.stop().await;
 }
+
+/// A finished run's state.json as the orchestrator writes it.
+fn past_run(run: &str, title: &str, state: &str, day: u32) -> Vec<u8> {
+    let at = format!("2026-02-{day:02}T08:00:00.000Z");
+    serde_json::json!({
+        "run_id": run, "project": PROJECT, "title": title, "goal": format!("goal of {title}"),
+        "topology": "dag", "llm": "", "state": state, "created_at": at, "updated_at": at,
+        "created_by": "user", "nodes": [], "roster": [], "notes": 0, "last_seq": 3,
+    })
+    .to_string()
+    .into_bytes()
+}
+
+/// ListRuns pages through the store's run index for runs that are not live, merged with the
+/// live ones, newest first, the page token resuming after the last run sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_comes_from_the_run_index_merged_with_live_runs() {
+    let s = Stack::start(Options::default()).await;
+    let states = ["completed", "failed", "canceled"];
+    let mut past = Vec::new();
+    for i in 1..=25u32 {
+        let run = format!("past-{i:02}");
+        let state = states[(i % 3) as usize];
+        put_file(
+            &s.store,
+            &format!(".cairn/runs/{run}/state.json"),
+            &past_run(&run, &format!("old run {i}"), state, i),
+        )
+        .await;
+        past.push((run, state));
+    }
+    let live = s
+        .submit("title: Live gate\nnodes:\n  - {id: g, type: gate}\n", &[])
+        .await
+        .unwrap()
+        .run_id;
+    s.wait_state(&live, TaskState::InputRequired, 20).await;
+
+    // Pages of 4: the live run (newest), then the past runs newest first.
+    let mut pages = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = s
+            .client
+            .clone()
+            .list_runs(ListRunsRequest {
+                project_id: PROJECT.into(),
+                page: Some(PageRequest {
+                    page_size: 4,
+                    page_token: token.clone(),
+                }),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(page.runs.len() <= 4);
+        pages.extend(page.runs);
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    let mut want = vec![live.clone()];
+    want.extend(past.iter().rev().map(|(r, _)| r.clone()));
+    assert_eq!(
+        pages.iter().map(|r| r.run_id.clone()).collect::<Vec<_>>(),
+        want
+    );
+    // The live run as its driver knows it; the others as their state.json says.
+    assert_eq!(pages[0].state, TaskState::InputRequired as i32);
+    assert_eq!(pages[0].gates.len(), 1);
+    assert_eq!(pages[1].title, "old run 25");
+    assert_eq!(pages[1].run_dir, ".cairn/runs/past-25");
+    // Filters apply to both.
+    let failed = search(
+        &s,
+        ListRunsRequest {
+            states: vec![TaskState::Failed as i32, TaskState::InputRequired as i32],
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let mut want = vec![live.clone()];
+    want.extend(
+        past.iter()
+            .rev()
+            .filter(|(_, st)| *st == "failed")
+            .map(|(r, _)| r.clone()),
+    );
+    assert_eq!(failed, want);
+    assert_eq!(
+        search(&s, text("old run 7")).await.unwrap(),
+        vec!["past-07".to_owned()]
+    );
+    // An offset (what tokens used to be) is not a token this server gave.
+    let e = s
+        .client
+        .clone()
+        .list_runs(ListRunsRequest {
+            project_id: PROJECT.into(),
+            page: Some(PageRequest {
+                page_size: 4,
+                page_token: "4".into(),
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    s.stop().await;
+}
