@@ -98,8 +98,11 @@ fn rss_kib(pid: u32) -> Option<u64> {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
-/// Submits one run and follows it to its end; returns its seconds.
-async fn submit_and_follow(mut orch: OrchestratorClient<Channel>, yaml: String) -> Result<f64> {
+/// Submits one run and follows it to its end; returns its id and seconds.
+async fn submit_and_follow(
+    mut orch: OrchestratorClient<Channel>,
+    yaml: String,
+) -> Result<(String, f64)> {
     let t0 = Instant::now();
     let info = orch
         .submit_run(SubmitRunRequest {
@@ -122,7 +125,9 @@ async fn submit_and_follow(mut orch: OrchestratorClient<Channel>, yaml: String) 
         .into_inner();
     loop {
         match events.message().await? {
-            Some(e) if e.r#type == "task.completed" => return Ok(t0.elapsed().as_secs_f64()),
+            Some(e) if e.r#type == "task.completed" => {
+                return Ok((info.run_id, t0.elapsed().as_secs_f64()))
+            }
             Some(e) if e.r#type == "task.failed" || e.r#type == "task.canceled" => {
                 bail!("run {}: {}", e.r#type, e.data_json)
             }
@@ -162,7 +167,7 @@ async fn concurrent(
         .collect();
     let mut lat = Vec::with_capacity(runs);
     for t in tasks {
-        lat.push(t.await??);
+        lat.push(t.await??.1);
     }
     let wall = t0.elapsed().as_secs_f64();
     if let Some(s) = sampler {
@@ -274,41 +279,11 @@ async fn channel(addr: &str, tls_dir: Option<&std::path::Path>) -> Result<Channe
 
 /// Runs one graph; returns (seconds, record bytes, record files).
 async fn run_once(
-    orch: &mut OrchestratorClient<Channel>,
+    orch: &OrchestratorClient<Channel>,
     store: &mut ArtifactStoreClient<Channel>,
     yaml: &str,
 ) -> Result<(f64, u64, usize)> {
-    let t0 = Instant::now();
-    let info = orch
-        .submit_run(SubmitRunRequest {
-            project_id: PROJECT.into(),
-            graph_yaml: yaml.to_owned(),
-            by: "bench".into(),
-            ..Default::default()
-        })
-        .await
-        .context("SubmitRun")?
-        .into_inner();
-    let mut events = orch
-        .watch_run(WatchRunRequest {
-            project_id: PROJECT.into(),
-            run_id: info.run_id.clone(),
-            from_seq: 1,
-            follow_after_end: false,
-        })
-        .await?
-        .into_inner();
-    loop {
-        match events.message().await? {
-            Some(e) if e.r#type == "task.completed" => break,
-            Some(e) if e.r#type == "task.failed" || e.r#type == "task.canceled" => {
-                bail!("run {}: {}", e.r#type, e.data_json)
-            }
-            Some(_) => {}
-            None => bail!("event stream ended before the run completed"),
-        }
-    }
-    let secs = t0.elapsed().as_secs_f64();
+    let (run_id, secs) = submit_and_follow(orch.clone(), yaml.to_owned()).await?;
     // The final snapshot is written right after task.completed; wait for it before measuring.
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let mut bytes = 0;
@@ -318,7 +293,7 @@ async fn run_once(
         let page = store
             .list(ListRequest {
                 project_id: PROJECT.into(),
-                prefix: format!(".cairn/runs/{}", info.run_id),
+                prefix: format!(".cairn/runs/{run_id}"),
                 recursive: true,
                 page: Some(PageRequest {
                     page_size: 10_000,
@@ -402,13 +377,13 @@ async fn put_loop(
 #[tokio::main]
 async fn main() -> Result<()> {
     let cli = Cli::parse();
-    let mut orch = OrchestratorClient::new(channel(&cli.orch, cli.tls_dir.as_deref()).await?)
+    let orch = OrchestratorClient::new(channel(&cli.orch, cli.tls_dir.as_deref()).await?)
         .max_encoding_message_size(64 << 20);
     let mut store = ArtifactStoreClient::new(channel(&cli.store, cli.tls_dir.as_deref()).await?);
     let (put, deferred, append) = baseline(&mut store, 300).await?;
     println!("{{\"system\": \"artifact-store alone\", \"put_4k_ms\": {put:.4}, \"put_4k_with_run_events_ms\": {deferred:.4}, \"append_event_ms\": {append:.4}}}");
     // Warm-up (connections, first project creation).
-    run_once(&mut orch, &mut store, &graph("chain", 10, 1)?).await?;
+    run_once(&orch, &mut store, &graph("chain", 10, 1)?).await?;
     if !cli.concurrent.is_empty() {
         for &runs in &cli.concurrent {
             concurrent(&orch, runs, cli.orch_pid).await?;
@@ -423,7 +398,7 @@ async fn main() -> Result<()> {
             if let Some(dir) = &cli.scratch {
                 plain.push(fsync_write_ms(dir, 150)?);
             }
-            runs.push(run_once(&mut orch, &mut store, &yaml).await?);
+            runs.push(run_once(&orch, &mut store, &yaml).await?);
         }
         plain.sort_by(f64::total_cmp);
         let plain_ms = plain.get(plain.len() / 2).copied().unwrap_or(f64::NAN);

@@ -236,18 +236,8 @@ impl GvisorBackend {
             }
         }
         let config = &self.base.config;
-        let task = TaskDir::create(
-            &config.work_root,
-            &job.id,
-            config.sandbox_uid,
-            config.sandbox_gid,
-        )
-        .await?;
-        let input = task.path.join("input");
-        let output = task.path.join("output");
-        if !job.inputs.is_empty() {
-            stage_inputs(&input, job).await?;
-        }
+        let task = TaskDir::for_job(config, job).await?;
+        let (input, output) = (task.input(), task.output());
         let env = job.environment();
         let spec = Spec {
             id: job.id.clone(),
@@ -280,7 +270,7 @@ impl GvisorBackend {
         } = waiting;
         let output = task.path.join("output");
         if !job.inputs.is_empty() {
-            stage_inputs(&task.path.join("input"), job)
+            stage_inputs(&task.input(), job)
                 .await
                 .map_err(Pooled::Failed)?;
         }

@@ -69,13 +69,7 @@ impl Source for GvisorSource {
     async fn make(&self) -> Result<Waiting> {
         let config = &self.base.config;
         let id = format!("{POOL_DIR_PREFIX}{}", uuid::Uuid::now_v7().simple());
-        let task = TaskDir::create(
-            &config.work_root,
-            &id,
-            config.sandbox_uid,
-            config.sandbox_gid,
-        )
-        .await?;
+        let task = TaskDir::create(config, &id).await?;
         let max = config.max_limits();
         let default = config.default_limits();
         let limits = Limits {

@@ -418,18 +418,8 @@ impl LocalBackend {
             }
         }
         let config = &self.base.config;
-        let task = TaskDir::create(
-            &config.work_root,
-            &job.id,
-            config.sandbox_uid,
-            config.sandbox_gid,
-        )
-        .await?;
-        let input = task.path.join("input");
-        let output = task.path.join("output");
-        if !job.inputs.is_empty() {
-            stage_inputs(&input, job).await?;
-        }
+        let task = TaskDir::for_job(config, job).await?;
+        let (input, output) = (task.input(), task.output());
         let env = job.environment();
         let spawn = Spawn {
             id: job.id.clone(),
@@ -474,7 +464,7 @@ impl LocalBackend {
             })?;
         }
         if !job.inputs.is_empty() {
-            stage_inputs(&task.path.join("input"), job)
+            stage_inputs(&task.input(), job)
                 .await
                 .map_err(Pooled::Failed)?;
         }
@@ -826,8 +816,9 @@ pub struct TaskDir {
 impl TaskDir {
     /// `<work_root>/tasks/<id>/` with `input/` (ours, read-only for the sandbox) and `output/`
     /// (owned by the sandbox user).
-    pub async fn create(work_root: &Path, id: &str, uid: u32, gid: u32) -> Result<TaskDir> {
-        let path = work_root.join("tasks").join(id);
+    pub async fn create(config: &Config, id: &str) -> Result<TaskDir> {
+        let (uid, gid) = (config.sandbox_uid, config.sandbox_gid);
+        let path = config.work_root.join("tasks").join(id);
         let p = path.clone();
         tokio::task::spawn_blocking(move || -> std::io::Result<()> {
             use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -856,9 +847,24 @@ impl TaskDir {
         )))?;
         Ok(TaskDir { path })
     }
-}
 
-impl TaskDir {
+    /// A one-shot job's directory with its inputs staged in `input/`.
+    pub async fn for_job(config: &Config, job: &Job) -> Result<TaskDir> {
+        let task = TaskDir::create(config, &job.id).await?;
+        if !job.inputs.is_empty() {
+            stage_inputs(&task.input(), job).await?;
+        }
+        Ok(task)
+    }
+
+    pub fn input(&self) -> PathBuf {
+        self.path.join("input")
+    }
+
+    pub fn output(&self) -> PathBuf {
+        self.path.join("output")
+    }
+
     /// Removes the directory now (the drop would do it in the background).
     pub async fn remove(mut self) {
         let path = std::mem::take(&mut self.path);

@@ -91,13 +91,7 @@ impl Source for LocalSource {
     async fn make(&self) -> Result<Waiting> {
         let config = &self.base.config;
         let id = format!("{POOL_DIR_PREFIX}{}", uuid::Uuid::now_v7().simple());
-        let task = TaskDir::create(
-            &config.work_root,
-            &id,
-            config.sandbox_uid,
-            config.sandbox_gid,
-        )
-        .await?;
+        let task = TaskDir::create(config, &id).await?;
         let frame = Frame {
             binds: vec![
                 (task.path.join("input"), "/input", false),
