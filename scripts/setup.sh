@@ -21,11 +21,11 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/.." && pwd)"
 
 # debootstrap + debian-archive-keyring: the offline base image; bubblewrap: the local sandbox
-# backend; runsc: the gvisor sandbox backend; python3-venv: benchmark peers (bench/); chromium + chromium-driver: the web
+# backend; runsc: the gvisor sandbox backend; etcd-server: orchestrator replicas (their tests start an etcd); protobuf-compiler + libprotobuf-dev: the etcd-client crate's build script (cairn's own protos compile with protox); python3-venv: benchmark peers (bench/); chromium + chromium-driver: the web
 # console's browser test (crates/console/tests/console_browser_test.rs); the rest: image
 # builds, tests, packing.
 readonly PACKAGES=(
-    debootstrap debian-archive-keyring bubblewrap runsc
+    debootstrap debian-archive-keyring bubblewrap runsc etcd-server protobuf-compiler libprotobuf-dev
     python3 python3-venv
     chromium chromium-driver
     openssl ca-certificates git zip unzip tar gzip coreutils procps

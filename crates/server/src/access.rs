@@ -41,6 +41,8 @@ pub fn default_table() -> BTreeMap<String, Vec<String>> {
                 "cairn.v1.ArtifactStore/*",
                 "cairn.v1.Ingest/*",
                 "cairn.v1.SandboxRunner/*",
+                // Replicas forward calls about a run to the replica that drives it.
+                "cairn.v1.Orchestrator/*",
             ],
         ),
         (

@@ -159,6 +159,9 @@ pub struct Config {
     pub sandbox: SandboxSettings,
     /// `[auth]`: who may call (`tokens_file`: people, roles and token hashes; docs/security.md).
     pub auth: AuthConfig,
+    /// `[orchestrator.cluster]`: replicas sharing the runs of one store through etcd; off
+    /// (one orchestrator drives every run) until `etcd_endpoints` is set.
+    pub cluster: crate::cluster::ClusterConfig,
 }
 
 /// `[sandbox]` (`sandbox.runner.*` keys; the runners themselves are `sandbox_addrs`).
@@ -214,6 +217,7 @@ impl Default for Config {
             tools_dir: String::new(),
             sandbox: SandboxSettings::default(),
             auth: AuthConfig::default(),
+            cluster: crate::cluster::ClusterConfig::default(),
         }
     }
 }
@@ -281,6 +285,7 @@ impl Config {
             .map_err(Error::Config)?;
         self.onebot.check().map_err(Error::Config)?;
         self.code_delivery.check().map_err(Error::Config)?;
+        self.cluster.check().map_err(Error::Config)?;
         Ok(())
     }
 }

@@ -7,6 +7,7 @@
 
 mod args;
 pub mod auth;
+pub mod cluster;
 pub mod config;
 pub mod error;
 pub mod gates;
@@ -77,6 +78,7 @@ pub async fn orchestrator_service(
     config: Config,
 ) -> Result<(OrchestratorServer<OrchestratorService>, Handle), Error> {
     config.check()?;
+    config.cluster.check_complete().map_err(Error::Config)?;
     let tls = config
         .tls
         .load(IDENTITY)
@@ -100,10 +102,12 @@ pub async fn orchestrator_service(
         health_interval: std::time::Duration::from_millis(config.sandbox_health_interval_ms),
         resolve_interval: std::time::Duration::from_millis(config.sandbox_resolve_interval_ms),
     };
+    let peer_tls = tls.clone();
     let runners =
         cairn_runner_client::Runners::start_tls(&config.sandbox_addrs, balancing, tls).await?;
     let auth = Arc::new(auth::Auth::new(&config.auth)?);
     let resume = config.resume_on_start;
+    let cluster = config.cluster.clone();
     let services = Arc::new(nodes::Services {
         store,
         ingest,
@@ -124,7 +128,11 @@ pub async fn orchestrator_service(
     });
     let store = backends.store.dependency().clone();
     let runs = runs::Runs::new(backends);
-    if resume {
+    if cluster.is_on() {
+        // Replicas: the runs this one owns are adopted once it has joined (and whenever
+        // membership changes), not all of them at start-up.
+        runs.join_cluster(cluster, peer_tls);
+    } else if resume {
         // Its own trace: resumed runs start new traces (docs/operations.md "Tracing").
         let span = tracing::info_span!("cairn.resume_unfinished");
         tokio::spawn(tracing::Instrument::instrument(

@@ -662,6 +662,7 @@ impl RunState {
             blocks_not_written: self.blocks_not_written(),
             goal: self.goal.clone(),
             rerun_of: self.rerun_of.clone(),
+            replica: String::new(),
         }
     }
 

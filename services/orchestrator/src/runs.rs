@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio_util::sync::CancellationToken;
 
+use crate::cluster::Cluster;
 use crate::error::{Error, Result};
 use crate::gates::Decision;
 use crate::human::{self, Manifest};
@@ -49,7 +50,7 @@ pub fn check_id(what: &str, id: &str) -> Result<()> {
 /// The run id a submit with `request_id` gets: "req-" and the first 32 hex digits of
 /// sha256(project, NUL, request_id). Derived, not remembered, so a retry after a restart finds
 /// the run its first submit created.
-fn request_run_id(project: &str, request_id: &str) -> Result<String> {
+pub(crate) fn request_run_id(project: &str, request_id: &str) -> Result<String> {
     use sha2::{Digest, Sha256};
     if request_id.len() > 256 {
         return Err(Error::InvalidArgument(format!(
@@ -97,6 +98,8 @@ fn parse_cursor(token: &str) -> Result<Option<(String, String)>> {
 struct Live {
     cmd: mpsc::Sender<Command>,
     join: Option<tokio::task::JoinHandle<()>>,
+    /// Stops this driver alone (the run stays resumable): another replica now owns the run.
+    stop: Option<CancellationToken>,
 }
 
 /// What SubmitRun carries, decoded.
@@ -176,6 +179,9 @@ pub struct Runs {
     permits: Arc<Semaphore>,
     shutdown: CancellationToken,
     note_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Replicas sharing the store's runs (`[orchestrator.cluster]`); None = this one drives
+    /// every run.
+    cluster: std::sync::OnceLock<Arc<Cluster>>,
 }
 
 type Loaded = (Arc<Graph>, RunState, PathBuf);
@@ -189,7 +195,78 @@ impl Runs {
             permits,
             shutdown: CancellationToken::new(),
             note_locks: Mutex::new(HashMap::new()),
+            cluster: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Joins the replicas of `config` (etcd): from then on this orchestrator drives only the
+    /// runs the membership gives it, adopting and releasing them as members come and go.
+    pub fn join_cluster(
+        self: &Arc<Self>,
+        config: crate::cluster::ClusterConfig,
+        tls: Option<cairn_server::Tls>,
+    ) -> Arc<Cluster> {
+        let cluster = Cluster::start(config, tls, self.shutdown.clone());
+        let _ = self.cluster.set(cluster.clone());
+        tokio::spawn(self.clone().follow_cluster(cluster.clone()));
+        cluster
+    }
+
+    pub fn cluster(&self) -> Option<&Arc<Cluster>> {
+        self.cluster.get()
+    }
+
+    /// Releases the runs this replica no longer owns and adopts the unfinished ones it gained,
+    /// at every membership change.
+    async fn follow_cluster(self: Arc<Self>, cluster: Arc<Cluster>) {
+        let mut views = cluster.subscribe();
+        let handover = Duration::from_millis(cluster.config().handover_ms);
+        loop {
+            tokio::select! {
+                _ = self.shutdown.cancelled() => return,
+                changed = views.changed() => if changed.is_err() { return },
+            }
+            let released = self.release_unowned(&cluster);
+            if released > 0 {
+                tracing::info!(member = %cluster.me(), released, "released runs now owned by other replicas");
+            }
+            if !views.borrow_and_update().joined {
+                continue;
+            }
+            // Give a run's previous owner time to stop; a newer change starts over.
+            tokio::select! {
+                _ = self.shutdown.cancelled() => return,
+                _ = tokio::time::sleep(handover) => {}
+            }
+            if views.has_changed().unwrap_or(false) {
+                continue;
+            }
+            let adopted = self.clone().resume_unfinished().await;
+            if adopted > 0 {
+                tracing::info!(member = %cluster.me(), adopted, "adopted runs");
+            }
+        }
+    }
+
+    /// Stops the drivers of live runs another member owns (or all, out of the cluster).
+    fn release_unowned(&self, cluster: &Cluster) -> usize {
+        let Ok(live) = self.live.lock() else { return 0 };
+        let mut n = 0;
+        for (k, l) in live.iter() {
+            let Some((project, run_id)) = k.split_once('/') else {
+                continue;
+            };
+            if cluster.owns(project, run_id) {
+                continue;
+            }
+            if let Some(stop) = &l.stop {
+                if !stop.is_cancelled() {
+                    stop.cancel();
+                    n += 1;
+                }
+            }
+        }
+        n
     }
 
     fn live_cmd(&self, project: &str, run_id: &str) -> Option<mpsc::Sender<Command>> {
@@ -547,6 +624,7 @@ impl Runs {
             Live {
                 cmd: tx,
                 join: None,
+                stop: None,
             },
         );
         Ok(Some(rx))
@@ -574,6 +652,7 @@ impl Runs {
         );
         let mine = self.live_cmd(&state.project, &state.run_id);
         let logs = self.b.logs.clone();
+        let stop = self.shutdown.child_token();
         let join = scheduler::launch(Launch {
             backends: self.b.clone(),
             graph,
@@ -581,7 +660,7 @@ impl Runs {
             recorder,
             base_dir,
             permits: self.permits.clone(),
-            shutdown: self.shutdown.clone(),
+            shutdown: stop.clone(),
             resume,
             initial,
             on_exit: Box::new(move || {
@@ -606,6 +685,7 @@ impl Runs {
             .map_err(|_| Error::Internal("run table poisoned".into()))?;
         if let Some(l) = live.get_mut(&k) {
             l.join = Some(join);
+            l.stop = Some(stop);
         }
         Ok(())
     }
@@ -735,7 +815,10 @@ impl Runs {
         if let Some(c) = self.live_cmd(project, run_id) {
             let (tx, rx) = oneshot::channel();
             if c.send(Command::Info(tx)).await.is_ok() {
-                if let Ok(info) = rx.await {
+                if let Ok(mut info) = rx.await {
+                    if let Some(cluster) = self.cluster() {
+                        info.replica = cluster.me().to_owned();
+                    }
                     return Ok(info);
                 }
             }
@@ -1290,13 +1373,20 @@ impl Runs {
                     continue;
                 }
                 let run_id = e.path.rsplit('/').next().unwrap_or_default().to_owned();
-                if self.live_cmd(&project, &run_id).is_some()
+                let elsewhere = self.cluster().is_some_and(|c| !c.owns(&project, &run_id));
+                if elsewhere
+                    || self.live_cmd(&project, &run_id).is_some()
                     || !self.unfinished(&project, &run_id).await
                 {
                     continue;
                 }
+                let why = if self.cluster().is_some() {
+                    "adopted by this replica"
+                } else {
+                    "restart"
+                };
                 match self
-                    .ensure_live(&project, &run_id, "orchestrator", "restart", None)
+                    .ensure_live(&project, &run_id, "orchestrator", why, None)
                     .await
                 {
                     Ok(_) => {

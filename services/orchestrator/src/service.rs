@@ -1,6 +1,10 @@
 //! The Orchestrator gRPC service: authorize, decode, call `Runs`, encode. Nothing else lives
 //! here. Every handler first asks `auth` whether its caller may make this call on this project
 //! (the one table is `auth::Rpc::required_role`); the `by` it records is the caller's.
+//!
+//! With replicas (cluster.rs), a call about a run another replica drives is sent on to it
+//! with the caller's credentials, which it checks again; reads of records (ListRuns,
+//! WatchRun) are answered by any replica from the store.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -11,11 +15,14 @@ use futures::Stream;
 use tonic::{Request, Response, Status};
 
 use crate::auth::{Auth, Caller, Rpc};
+use crate::cluster::Route;
 use crate::error::Error;
 use crate::gates::Decision;
 use crate::logs::LogQuery;
 use crate::run::TaskState;
 use crate::runs::{RunFilter, Runs, Submit};
+use cairn_proto::v1::orchestrator_client::OrchestratorClient;
+use cairn_telemetry::TracedChannel;
 
 #[derive(Clone)]
 pub struct OrchestratorService {
@@ -32,6 +39,94 @@ impl OrchestratorService {
     fn caller<T>(&self, req: &Request<T>, rpc: Rpc, project: &str) -> Result<Caller, Status> {
         Ok(self.auth.authorize(req, rpc, project)?)
     }
+
+    /// The replica a call about `project/run_id` goes to, when another one drives the run.
+    /// A call a replica sent on is answered where it arrives (no forwarding loops while two
+    /// replicas' views of the members differ).
+    fn peer<T>(
+        &self,
+        req: &Request<T>,
+        project: &str,
+        run_id: &str,
+    ) -> Result<Option<Peer>, Status> {
+        let Some(cluster) = self.runs.cluster() else {
+            return Ok(None);
+        };
+        if req.metadata().contains_key(FORWARDED_BY) {
+            return Ok(None);
+        }
+        match cluster.route(project, run_id) {
+            Ok(Route::Here) => Ok(None),
+            Ok(Route::Peer { member, client }) => Ok(Some(Peer {
+                member,
+                client,
+                me: cluster.me().to_owned(),
+            })),
+            Err(why) => Err(cairn_proto::reason::status(
+                tonic::Code::Unavailable,
+                why,
+                "not_in_cluster",
+            )),
+        }
+    }
+}
+
+/// The metadata a forwarded call carries: the member id of the replica that sent it on.
+pub const FORWARDED_BY: &str = "x-cairn-forwarded-by";
+
+/// The replica that drives a run, as a client.
+struct Peer {
+    member: String,
+    client: OrchestratorClient<TracedChannel>,
+    me: String,
+}
+
+impl Peer {
+    /// `req` as sent on: the message and the caller's credentials, marked as forwarded.
+    fn request<T>(&self, req: Request<T>) -> Request<T> {
+        let auth = req.metadata().get(crate::auth::AUTHORIZATION).cloned();
+        let mut out = Request::new(req.into_inner());
+        if let Some(a) = auth {
+            out.metadata_mut().insert(crate::auth::AUTHORIZATION, a);
+        }
+        if let Ok(v) = self.me.parse() {
+            out.metadata_mut().insert(FORWARDED_BY, v);
+        }
+        out
+    }
+
+    /// A transport failure reaching the replica, said in the user's words.
+    fn unreachable(&self, s: Status) -> Status {
+        if s.code() != tonic::Code::Unavailable
+            || s.metadata().contains_key(cairn_proto::reason::METADATA_KEY)
+        {
+            return s;
+        }
+        cairn_proto::reason::status(
+            tonic::Code::Unavailable,
+            format!(
+                "replica `{}`, which drives this run, does not answer ({}): retry; if it is gone, another replica takes the run over within the cluster's lease_ttl_s",
+                self.member,
+                s.message()
+            ),
+            "replica_unreachable",
+        )
+    }
+}
+
+/// Sends a unary call about one run on to the replica that drives it, and returns its answer.
+macro_rules! forward {
+    ($self:ident, $req:ident, $run_id:expr, $method:ident) => {
+        let (project, run_id) = ($req.get_ref().project_id.clone(), $run_id);
+        if let Some(mut peer) = $self.peer(&$req, &project, &run_id)? {
+            let fwd = peer.request($req);
+            return peer
+                .client
+                .$method(fwd)
+                .await
+                .map_err(|s| peer.unreachable(s));
+        }
+    };
 }
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send + 'static>>;
@@ -43,7 +138,21 @@ impl Orchestrator for OrchestratorService {
         &self,
         req: Request<pb::SubmitRunRequest>,
     ) -> Result<Response<pb::RunInfo>, Status> {
+        let mut req = req;
         let who = self.caller(&req, Rpc::SubmitRun, &req.get_ref().project_id)?;
+        if self.runs.cluster().is_some() {
+            // The run id decides the replica: fix it here, as the owner would.
+            let r = req.get_mut();
+            if r.run_id.is_empty() && r.request_id.is_empty() {
+                r.run_id = uuid::Uuid::now_v7().to_string();
+            }
+            let id = if r.run_id.is_empty() {
+                crate::runs::request_run_id(&r.project_id, &r.request_id)?
+            } else {
+                r.run_id.clone()
+            };
+            forward!(self, req, id, submit_run);
+        }
         let r = req.into_inner();
         cairn_telemetry::record_ids(&r.project_id, &r.run_id, "");
         let submit = Submit {
@@ -68,6 +177,18 @@ impl Orchestrator for OrchestratorService {
         req: Request<pb::GetRunRequest>,
     ) -> Result<Response<pb::RunInfo>, Status> {
         self.caller(&req, Rpc::GetRun, &req.get_ref().project_id)?;
+        let run_id = req.get_ref().run_id.clone();
+        // Out of the cluster, the records still answer.
+        if let Ok(Some(mut peer)) = self.peer(&req, &req.get_ref().project_id, &run_id) {
+            let mut copy = Request::new(req.get_ref().clone());
+            *copy.metadata_mut() = req.metadata().clone();
+            let fwd = peer.request(copy);
+            match peer.client.get_run(fwd).await {
+                // The records answer while the replica driving the run does not.
+                Err(s) if s.code() == tonic::Code::Unavailable => {}
+                other => return other,
+            }
+        }
         let r = req.into_inner();
         cairn_telemetry::record_ids(&r.project_id, &r.run_id, "");
         Ok(Response::new(
@@ -129,6 +250,18 @@ impl Orchestrator for OrchestratorService {
         req: Request<pb::WatchLogsRequest>,
     ) -> Result<Response<Self::WatchLogsStream>, Status> {
         self.caller(&req, Rpc::WatchLogs, &req.get_ref().project_id)?;
+        let run_id = req.get_ref().run_id.clone();
+        if let Some(mut peer) = self.peer(&req, &req.get_ref().project_id, &run_id)? {
+            // Live output is in the memory of the replica that drives the run.
+            let fwd = peer.request(req);
+            let stream = peer
+                .client
+                .watch_logs(fwd)
+                .await
+                .map_err(|s| peer.unreachable(s))?
+                .into_inner();
+            return Ok(Response::new(Box::pin(stream)));
+        }
         let r = req.into_inner();
         cairn_telemetry::record_ids(&r.project_id, &r.run_id, &r.node_id);
         let q = LogQuery {
@@ -150,6 +283,7 @@ impl Orchestrator for OrchestratorService {
         req: Request<pb::RunActionRequest>,
     ) -> Result<Response<pb::RunInfo>, Status> {
         let who = self.caller(&req, Rpc::CancelRun, &req.get_ref().project_id)?;
+        forward!(self, req, req.get_ref().run_id.clone(), cancel_run);
         let r = req.into_inner();
         cairn_telemetry::record_ids(&r.project_id, &r.run_id, "");
         Ok(Response::new(
@@ -164,6 +298,7 @@ impl Orchestrator for OrchestratorService {
         req: Request<pb::RunActionRequest>,
     ) -> Result<Response<pb::RunInfo>, Status> {
         let who = self.caller(&req, Rpc::ResumeRun, &req.get_ref().project_id)?;
+        forward!(self, req, req.get_ref().run_id.clone(), resume_run);
         let r = req.into_inner();
         cairn_telemetry::record_ids(&r.project_id, &r.run_id, "");
         Ok(Response::new(
@@ -178,6 +313,7 @@ impl Orchestrator for OrchestratorService {
         req: Request<pb::GateDecisionRequest>,
     ) -> Result<Response<pb::RunInfo>, Status> {
         let who = self.caller(&req, Rpc::ApproveGate, &req.get_ref().project_id)?;
+        forward!(self, req, req.get_ref().run_id.clone(), approve_gate);
         let r = req.into_inner();
         cairn_telemetry::record_ids(&r.project_id, &r.run_id, &r.gate_id);
         let info = self
@@ -199,6 +335,7 @@ impl Orchestrator for OrchestratorService {
         req: Request<pb::GateDecisionRequest>,
     ) -> Result<Response<pb::RunInfo>, Status> {
         let who = self.caller(&req, Rpc::RejectGate, &req.get_ref().project_id)?;
+        forward!(self, req, req.get_ref().run_id.clone(), reject_gate);
         let r = req.into_inner();
         cairn_telemetry::record_ids(&r.project_id, &r.run_id, &r.gate_id);
         let info = self
@@ -220,6 +357,7 @@ impl Orchestrator for OrchestratorService {
         req: Request<pb::AddNoteRequest>,
     ) -> Result<Response<pb::AddNoteResponse>, Status> {
         let who = self.caller(&req, Rpc::AddNote, &req.get_ref().project_id)?;
+        forward!(self, req, req.get_ref().run_id.clone(), add_note);
         let r = req.into_inner();
         cairn_telemetry::record_ids(&r.project_id, &r.run_id, "");
         let (seq, note_ref) = self
@@ -237,6 +375,7 @@ impl Orchestrator for OrchestratorService {
         req: Request<pb::ReworkRequest>,
     ) -> Result<Response<pb::RunInfo>, Status> {
         let who = self.caller(&req, Rpc::RequestRework, &req.get_ref().project_id)?;
+        forward!(self, req, req.get_ref().run_id.clone(), request_rework);
         let r = req.into_inner();
         cairn_telemetry::record_ids(&r.project_id, &r.run_id, &r.node_id);
         Ok(Response::new(
@@ -257,6 +396,7 @@ impl Orchestrator for OrchestratorService {
         req: Request<pb::EditContextRequest>,
     ) -> Result<Response<pb::EditContextResponse>, Status> {
         let who = self.caller(&req, Rpc::EditContext, &req.get_ref().project_id)?;
+        forward!(self, req, req.get_ref().run_id.clone(), edit_context);
         let r = req.into_inner();
         cairn_telemetry::record_ids(&r.project_id, &r.run_id, "");
         let seq = self

@@ -117,7 +117,7 @@ fn chain_and_map(n_chain: usize, n_items: usize) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_dash_nine_mid_run_resumes_without_duplicates() {
     // The in-process orchestrator of the stack must not resume this run too: one orchestrator
-    // drives a run (see docs/run-directory.md, "One orchestrator per store").
+    // drives a run (see docs/run-directory.md, "Who drives a run").
     let s = Stack::start(Options {
         ingest: false,
         tweak: |c| c.resume_on_start = false,
@@ -257,7 +257,7 @@ async fn run_to_its_gate(p: &Proc) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_dash_nine_at_a_gate_keeps_it_blocked_until_approved() {
     // The in-process orchestrator of the stack must not resume this run too: one orchestrator
-    // drives a run (see docs/run-directory.md, "One orchestrator per store").
+    // drives a run (see docs/run-directory.md, "Who drives a run").
     let s = Stack::start(Options {
         ingest: false,
         tweak: |c| c.resume_on_start = false,

@@ -1,0 +1,676 @@
+//! Orchestrator replicas over a real etcd on loopback: runs spread across three processes,
+//! SubmitRun and gate decisions through a replica that does not drive the run, kill -9 of a
+//! replica mid-run (its runs complete on the others, every node once, no gap in the events)
+//! and a replica cut off from etcd fenced out and back in.
+//!
+//! Needs the `etcd` binary (scripts/setup.sh installs Debian's etcd-server); required when
+//! CAIRN_REQUIRE_DOCKER=1 (CI), else skipped with a SKIP line.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cairn_proto::v1::orchestrator_client::OrchestratorClient;
+use cairn_proto::v1::{
+    Event, GateDecisionRequest, GetRunRequest, RunInfo, SubmitRunRequest, TaskState,
+};
+use common::*;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tonic::transport::Channel;
+
+const TTL_S: u64 = 3;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// etcd as a child process with its data in a temporary directory.
+struct Etcd {
+    child: Child,
+    addr: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn etcd_binary() -> Option<std::path::PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join("etcd"))
+            .find(|p| p.is_file())
+    })
+}
+
+async fn start_etcd() -> Option<Etcd> {
+    let Some(bin) = etcd_binary() else {
+        assert!(
+            !docker_required(),
+            "etcd is required with CAIRN_REQUIRE_DOCKER=1: run scripts/setup.sh (installs etcd-server)"
+        );
+        eprintln!("SKIP: no etcd binary (install etcd-server, or run scripts/setup.sh)");
+        return None;
+    };
+    for _ in 0..5 {
+        let dir = tempfile::tempdir().unwrap();
+        let (client, peer) = (free_port(), free_port());
+        let addr = format!("127.0.0.1:{client}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let child = Command::new(&bin)
+            .args([
+                "--name",
+                "t",
+                "--data-dir",
+                dir.path().to_str().unwrap(),
+                "--listen-client-urls",
+                &format!("http://{addr}"),
+                "--advertise-client-urls",
+                &format!("http://{addr}"),
+                "--listen-peer-urls",
+                &peer_url,
+                "--initial-advertise-peer-urls",
+                &peer_url,
+                "--initial-cluster",
+                &format!("t={peer_url}"),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut etcd = Etcd {
+            child,
+            addr,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(mut c) = etcd_client::Client::connect([etcd.addr.as_str()], None).await {
+                if c.get("probe", None).await.is_ok() {
+                    return Some(etcd);
+                }
+            }
+            if etcd.child.try_wait().unwrap().is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let _ = etcd.child.kill();
+    }
+    panic!("etcd never answered");
+}
+
+/// A TCP relay to etcd that the test can cut (a network partition of one replica).
+struct Relay {
+    addr: String,
+    cut: watch::Sender<bool>,
+}
+
+impl Relay {
+    async fn start(target: String) -> Arc<Relay> {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (cut, _) = watch::channel(false);
+        let relay = Arc::new(Relay {
+            addr: l.local_addr().unwrap().to_string(),
+            cut,
+        });
+        let r = relay.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut inbound, _)) = l.accept().await else {
+                    return;
+                };
+                if *r.cut.borrow() {
+                    continue; // dropped: refused while cut
+                }
+                let mut cut = r.cut.subscribe();
+                let target = target.clone();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = TcpStream::connect(&target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = cut.wait_for(|c| *c) => {}
+                    }
+                });
+            }
+        });
+        relay
+    }
+
+    fn set_cut(&self, cut: bool) {
+        self.cut.send_replace(cut);
+    }
+}
+
+/// One orchestrator replica as its own process.
+struct Replica {
+    id: String,
+    child: Child,
+    client: OrchestratorClient<Channel>,
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Its log goes to `log` (read when a test fails).
+fn spawn_replica(id: &str, store_addr: &str, etcd: &str, log: &std::path::Path) -> Replica {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let child = Command::new(env!("CARGO_BIN_EXE_cairn-orchestrator"))
+        .args([
+            "--listen",
+            &addr,
+            "--store-addr",
+            store_addr,
+            "--ingest-addr",
+            "",
+            "--set",
+            &format!("cluster.etcd_endpoints={etcd}"),
+            "--set",
+            &format!("cluster.member_id={id}"),
+            "--set",
+            &format!("cluster.advertise_addr={addr}"),
+            "--set",
+            &format!("cluster.lease_ttl_s={TTL_S}"),
+            "--set",
+            "cluster.handover_ms=300",
+            "--set",
+            "snapshot_interval_ms=50",
+        ])
+        .env_remove("CAIRN_ORCHESTRATOR_CONFIG")
+        .env_remove("CAIRN_CONFIG")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap();
+    Replica {
+        id: id.to_owned(),
+        child,
+        client: OrchestratorClient::new(cairn_server::connect(&addr).unwrap()),
+    }
+}
+
+/// Three replicas (each reaching etcd through its own relay), all in one membership.
+struct Cluster {
+    stack: Stack,
+    _etcd: Etcd,
+    etcd_addr: String,
+    relays: Vec<Arc<Relay>>,
+    replicas: Vec<Replica>,
+}
+
+async fn members(etcd: &str) -> Vec<String> {
+    let Ok(mut c) = etcd_client::Client::connect([etcd], None).await else {
+        return Vec::new();
+    };
+    let opts = etcd_client::GetOptions::new()
+        .with_prefix()
+        .with_keys_only();
+    match c.get("/cairn/orchestrator/members/", Some(opts)).await {
+        Ok(r) => r
+            .kvs()
+            .iter()
+            .map(|kv| {
+                String::from_utf8_lossy(kv.key())
+                    .rsplit('/')
+                    .next()
+                    .unwrap()
+                    .to_owned()
+            })
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+async fn wait_members(etcd: &str, want: &[&str], secs: u64) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let mut m = members(etcd).await;
+        m.sort();
+        if m == want {
+            return;
+        }
+        assert!(Instant::now() < deadline, "members are {m:?}, not {want:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn start_cluster() -> Option<Cluster> {
+    let etcd = start_etcd().await?;
+    // The stack's own orchestrator stays out of it: only the replicas drive runs.
+    let stack = Stack::start(Options {
+        ingest: false,
+        tweak: |c| c.resume_on_start = false,
+        ..Default::default()
+    })
+    .await;
+    let mut relays = Vec::new();
+    let mut replicas = Vec::new();
+    for i in 0..3 {
+        let relay = Relay::start(etcd.addr.clone()).await;
+        let id = format!("o{i}");
+        let log = stack.dir.path().join(format!("{id}.log"));
+        replicas.push(spawn_replica(&id, &stack.store_addr, &relay.addr, &log));
+        relays.push(relay);
+    }
+    wait_members(&etcd.addr, &["o0", "o1", "o2"], 30).await;
+    // Every replica has seen the others once its handover has passed.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    Some(Cluster {
+        etcd_addr: etcd.addr.clone(),
+        _etcd: etcd,
+        stack,
+        relays,
+        replicas,
+    })
+}
+
+fn gated(run_tag: &str) -> String {
+    format!(
+        "title: gated {run_tag}\nnodes:\n\
+         \x20 - {{id: a, type: write_file, path: \"docs/{{{{run_id}}}}/a.txt\", content: \"a\"}}\n\
+         \x20 - {{id: g, type: gate, reason: \"check\", needs: [a]}}\n\
+         \x20 - {{id: b, type: write_file, path: \"docs/{{{{run_id}}}}/b.txt\", content: \"b\", needs: [g]}}\n"
+    )
+}
+
+fn chain(n: usize) -> String {
+    let mut g = String::from("title: long\nnodes:\n");
+    for i in 0..n {
+        let needs = if i == 0 {
+            String::new()
+        } else {
+            format!(", needs: [c{}]", i - 1)
+        };
+        g.push_str(&format!(
+            "  - {{id: c{i}, type: write_file, path: \"docs/{{{{run_id}}}}/c{i}.txt\", content: \"c{i}\"{needs}}}\n"
+        ));
+    }
+    g
+}
+
+async fn submit(c: &OrchestratorClient<Channel>, graph: String) -> RunInfo {
+    c.clone()
+        .submit_run(SubmitRunRequest {
+            project_id: PROJECT.into(),
+            graph_yaml: graph,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+async fn get(c: &OrchestratorClient<Channel>, run: &str) -> Result<RunInfo, tonic::Status> {
+    c.clone()
+        .get_run(GetRunRequest {
+            project_id: PROJECT.into(),
+            run_id: run.into(),
+        })
+        .await
+        .map(|r| r.into_inner())
+}
+
+/// Waits until `check` holds for the run as `c` reports it.
+async fn wait_run(
+    c: &OrchestratorClient<Channel>,
+    run: &str,
+    secs: u64,
+    what: &str,
+    check: impl Fn(&RunInfo) -> bool,
+) -> RunInfo {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let info = get(c, run).await;
+        if let Ok(i) = &info {
+            if check(i) {
+                return i.clone();
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "run {run}: {what} not reached in {secs} s: {info:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn approve(run: &str, by: &str) -> GateDecisionRequest {
+    GateDecisionRequest {
+        project_id: PROJECT.into(),
+        run_id: run.into(),
+        gate_id: "g".into(),
+        by: by.into(),
+        note: String::new(),
+    }
+}
+
+/// Nodes started and not finished in `events` (in flight when their replica died).
+fn in_flight(events: &[Event]) -> Vec<String> {
+    let mut open: BTreeMap<&str, usize> = BTreeMap::new();
+    for e in events {
+        match e.r#type.as_str() {
+            "node.started" => *open.entry(&e.node_id).or_default() += 1,
+            "node.completed" | "node.failed" => *open.entry(&e.node_id).or_default() -= 1,
+            _ => {}
+        }
+    }
+    open.into_iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(id, _)| id.to_owned())
+        .collect()
+}
+
+/// No gap and no repeat in a run's sequence numbers; each node completed exactly once and
+/// started once, except a node cut off in flight (`again`), which is started once more; one
+/// `artifact.written` per file.
+fn assert_once_and_gapless(run: &str, events: &[Event], nodes: usize, again: &[String]) {
+    for (i, e) in events.iter().enumerate() {
+        assert_eq!(e.seq, i as u64 + 1, "run {run}: a gap in the events at {i}");
+    }
+    let mut started: HashMap<&str, usize> = HashMap::new();
+    let mut completed: HashMap<&str, usize> = HashMap::new();
+    for e in events {
+        match e.r#type.as_str() {
+            "node.started" => *started.entry(&e.node_id).or_default() += 1,
+            "node.completed" => *completed.entry(&e.node_id).or_default() += 1,
+            _ => {}
+        }
+    }
+    assert_eq!(completed.len(), nodes, "run {run}: {completed:?}");
+    assert!(
+        completed.values().all(|&n| n == 1),
+        "run {run}: a node completed twice: {completed:?}"
+    );
+    for (node, n) in &started {
+        let allowed = if again.iter().any(|a| a == node) {
+            2
+        } else {
+            1
+        };
+        assert!(
+            *n <= allowed,
+            "run {run}: node {node} started {n} times (in flight at the kill: {again:?})"
+        );
+    }
+    let mut written: HashMap<String, usize> = HashMap::new();
+    for e in events.iter().filter(|e| e.r#type == "artifact.written") {
+        *written
+            .entry(data(e)["path"].as_str().unwrap_or_default().to_owned())
+            .or_default() += 1;
+    }
+    assert!(
+        written.values().all(|&n| n == 1),
+        "run {run}: a file was written twice: {written:?}"
+    );
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e.r#type == "task.completed")
+            .count(),
+        1,
+        "run {run}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_spread_and_a_killed_replicas_runs_complete_on_the_others() {
+    let Some(mut cl) = start_cluster().await else {
+        return;
+    };
+    let entry = cl.replicas[0].client.clone();
+
+    // Submitted through one replica, driven by all three (forwarded to each run's owner).
+    let mut gated_runs = Vec::new();
+    for i in 0..36 {
+        let info = submit(&entry, gated(&i.to_string())).await;
+        gated_runs.push(info.run_id);
+    }
+    let mut owners: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for run in &gated_runs {
+        let info = wait_run(&entry, run, 30, "input_required", |i| {
+            i.state == TaskState::InputRequired as i32
+        })
+        .await;
+        assert!(
+            ["o0", "o1", "o2"].contains(&info.replica.as_str()),
+            "{info:?}"
+        );
+        owners.entry(info.replica).or_default().push(run.clone());
+    }
+    assert_eq!(owners.len(), 3, "runs did not spread: {owners:?}");
+
+    // A long run driven by a replica other than the entry one: the victim.
+    let (long, victim) = loop {
+        let info = submit(&entry, chain(150)).await;
+        let info = wait_run(&entry, &info.run_id, 30, "an owner", |i| {
+            !i.replica.is_empty()
+        })
+        .await;
+        if info.replica != "o0" {
+            break (info.run_id, info.replica);
+        }
+    };
+    // Let it get somewhere, then kill -9 its replica.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let done = cl
+            .stack
+            .events(&long)
+            .await
+            .iter()
+            .filter(|e| e.r#type == "node.completed")
+            .count();
+        if done >= 20 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the long run made no progress");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let v = cl.replicas.iter_mut().find(|r| r.id == victim).unwrap();
+    v.child.kill().unwrap();
+    let killed = Instant::now();
+    v.child.wait().unwrap();
+    let before = cl.stack.events(&long).await;
+    let seen = before.len();
+    let cut_off = in_flight(&before);
+    assert!(
+        cut_off.len() <= 1,
+        "a chain runs one node at a time: {cut_off:?}"
+    );
+    assert!(
+        !cl.stack
+            .events(&long)
+            .await
+            .iter()
+            .any(|e| e.r#type == "task.completed"),
+        "killed too late; make the chain longer"
+    );
+
+    // Failover: from the kill to the first event another replica records for the run.
+    let failover = loop {
+        if cl.stack.events(&long).await.len() > seen {
+            break killed.elapsed();
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(15),
+            "no replica took the run over within 15 s of the kill"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    println!("failover: {} ms from kill -9 to the first event of the adopted run (lease_ttl_s = {TTL_S})", failover.as_millis());
+    let done = wait_run(&entry, &long, 120, "completed", |i| {
+        i.state == TaskState::Completed as i32
+    })
+    .await;
+    assert!(done.replica.is_empty() || done.replica != victim);
+    assert_once_and_gapless(&long, &cl.stack.events(&long).await, 150, &cut_off);
+
+    // Every gated run is decided through the entry replica, whoever drives it now.
+    for run in &gated_runs {
+        let r = entry.clone().approve_gate(approve(run, "ann")).await;
+        assert!(r.is_ok(), "approving {run} through o0: {r:?}");
+    }
+    for run in &gated_runs {
+        wait_run(&entry, run, 60, "completed", |i| {
+            i.state == TaskState::Completed as i32
+        })
+        .await;
+        let events = cl.stack.events(run).await;
+        assert_once_and_gapless(run, &events, 3, &[]);
+        let approved = events.iter().find(|e| e.r#type == "gate.approved").unwrap();
+        assert_eq!(data(approved)["by"], "ann", "{approved:?}");
+    }
+    // The victim's gated runs were among them: they moved.
+    assert!(!owners[&victim].is_empty());
+    wait_members(
+        &cl.etcd_addr,
+        &["o0", "o1", "o2"]
+            .into_iter()
+            .filter(|m| *m != victim)
+            .collect::<Vec<_>>(),
+        5,
+    )
+    .await;
+    let _ = &cl.relays;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_cut_off_from_etcd_is_fenced_out_and_rejoins() {
+    let Some(cl) = start_cluster().await else {
+        return;
+    };
+    let entry = cl.replicas[0].client.clone();
+    let mut runs = Vec::new();
+    for i in 0..24 {
+        runs.push(submit(&entry, gated(&i.to_string())).await.run_id);
+    }
+    let mut owner = HashMap::new();
+    for run in &runs {
+        let info = wait_run(&entry, run, 30, "input_required", |i| {
+            i.state == TaskState::InputRequired as i32
+        })
+        .await;
+        owner.insert(run.clone(), info.replica);
+    }
+    // Cut the replica that drives the most runs, other than the entry one.
+    let (idx, cut_id) = (1..3)
+        .map(|i| (i, cl.replicas[i].id.clone()))
+        .max_by_key(|(_, id)| owner.values().filter(|o| *o == id).count())
+        .unwrap();
+    let theirs: Vec<String> = runs
+        .iter()
+        .filter(|r| owner[*r] == cut_id)
+        .cloned()
+        .collect();
+    assert!(!theirs.is_empty(), "{owner:?}");
+    cl.relays[idx].set_cut(true);
+    let cut_at = Instant::now();
+
+    // The cut-off replica stops answering for runs: out of the cluster, it cannot know who
+    // drives them and must not drive them itself.
+    let cut_client = cl.replicas[idx].client.clone();
+    let deadline = Instant::now() + Duration::from_secs(TTL_S * 3);
+    let resume = cairn_proto::v1::RunActionRequest {
+        project_id: PROJECT.into(),
+        run_id: theirs[0].clone(),
+        by: "ann".into(),
+        reason: String::new(),
+    };
+    loop {
+        // Harmless while it still drives the run (the run is live: nothing changes).
+        let r = cut_client.clone().resume_run(resume.clone()).await;
+        match r {
+            Err(s) if s.code() == tonic::Code::Unavailable => {
+                assert!(s.message().contains("not in the cluster"), "{s:?}");
+                break;
+            }
+            other => {
+                assert!(
+                    Instant::now() < deadline,
+                    "the cut-off replica still acts on runs: {other:?}"
+                );
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let refused = cut_client
+        .clone()
+        .approve_gate(approve(&theirs[0], "mallory"))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    // Its runs move to the others within the lease and the handover.
+    for run in &theirs {
+        let info = wait_run(&entry, run, 15, "a new replica", |i| {
+            !i.replica.is_empty() && i.replica != cut_id
+        })
+        .await;
+        assert_ne!(info.replica, cut_id);
+    }
+    println!(
+        "partition: runs of the cut-off replica driven elsewhere {} ms after the cut",
+        cut_at.elapsed().as_millis()
+    );
+    wait_members(
+        &cl.etcd_addr,
+        &["o0", "o1", "o2"]
+            .into_iter()
+            .filter(|m| *m != cut_id)
+            .collect::<Vec<_>>(),
+        5,
+    )
+    .await;
+    for run in &runs {
+        entry
+            .clone()
+            .approve_gate(approve(run, "ann"))
+            .await
+            .unwrap();
+    }
+    for run in &runs {
+        wait_run(&entry, run, 60, "completed", |i| {
+            i.state == TaskState::Completed as i32
+        })
+        .await;
+        let events = cl.stack.events(run).await;
+        assert_once_and_gapless(run, &events, 3, &[]);
+        assert!(
+            !events.iter().any(|e| data(e)["by"] == "mallory"),
+            "a decision sent to the cut-off replica was recorded"
+        );
+    }
+
+    // Healed: it rejoins and answers again.
+    cl.relays[idx].set_cut(false);
+    wait_members(&cl.etcd_addr, &["o0", "o1", "o2"], 20).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match get(&cut_client, &runs[0]).await {
+            Ok(info) => {
+                assert_eq!(info.state, TaskState::Completed as i32);
+                break;
+            }
+            Err(s) => assert!(Instant::now() < deadline, "{s:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
