@@ -5,7 +5,9 @@
 #      Dockerfile and on the same base image: both are recorded in its label cairn.build),
 #   3. the toolchain image (toolchain.Dockerfile: the sandbox layout plus pip, venv, node, npm,
 #      gcc, make, git, curl from Debian's mirror; skipped the same way), unless --no-toolchain,
-#   4. the service image (service.Dockerfile), only with --service and a built `cairn` binary.
+#   4. the service image (service.Dockerfile), only with --service and a built `cairn` binary,
+#      and the etcd image of the compose deployment (etcd.Dockerfile: Debian's etcd-server
+#      from Debian's mirror; skipped when built).
 #
 # Usage: build-images.sh [--force] [--service] [--no-toolchain]
 #   --force          rebuild everything (the base image too, no build cache)
@@ -20,6 +22,7 @@
 #   CAIRN_TOOLCHAIN_IMAGE toolchain image            (default cairn-toolchain:latest)
 #   CAIRN_TOOLCHAIN       0: same as --no-toolchain   (default 1)
 #   CAIRN_SERVICE_IMAGE   service image              (default cairn:latest)
+#   CAIRN_ETCD_IMAGE      etcd image (with --service) (default cairn-etcd:latest)
 #   CAIRN_BINARY          the cairn binary to package (default target/release/cairn, then
 #                                                     $CARGO_TARGET_DIR/release/cairn)
 #   CAIRN_STRIP           1 (default): package the binary without debug info, which goes to
@@ -37,6 +40,7 @@ BASE_SOURCE="${CAIRN_BASE_SOURCE:-debootstrap}"
 SANDBOX_IMAGE="${CAIRN_SANDBOX_IMAGE:-cairn-sandbox:latest}"
 TOOLCHAIN_IMAGE="${CAIRN_TOOLCHAIN_IMAGE:-cairn-toolchain:latest}"
 SERVICE_IMAGE="${CAIRN_SERVICE_IMAGE:-cairn:latest}"
+ETCD_IMAGE="${CAIRN_ETCD_IMAGE:-cairn-etcd:latest}"
 # The daemon here (docker.io 20.10) has no buildx; the Dockerfiles need nothing from BuildKit.
 export DOCKER_BUILDKIT="${DOCKER_BUILDKIT:-0}"
 
@@ -182,6 +186,8 @@ if [ "$SERVICE" -eq 1 ]; then
         docker rmi "$SERVICE_IMAGE" >/dev/null 2>&1 || true
         die "the cairn binary does not start in $SERVICE_IMAGE (build it on Debian bookworm); image removed"
     fi
+    build_if_changed "$ETCD_IMAGE" "$HERE/etcd.Dockerfile" "$ctx" \
+        "$(sha256sum <"$HERE/etcd.Dockerfile" | cut -d' ' -f1)"
 fi
 
 say "done in $(( $(now_ms) - total_start )) ms"

@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 use cairn_proto::v1::orchestrator_client::OrchestratorClient;
 use cairn_proto::v1::sandbox_runner_client::SandboxRunnerClient;
 use cairn_proto::v1::{
-    CloseSessionRequest, ExecRequest, GetRunRequest, NodeState, OpenSessionRequest, RunRequest,
-    TaskState,
+    CloseSessionRequest, ExecRequest, GateDecisionRequest, GetRunRequest, NodeState,
+    OpenSessionRequest, RunInfo, RunRequest, SubmitRunRequest, TaskState,
 };
 use cairn_server::{Tls, TlsConfig};
 
@@ -32,10 +32,12 @@ const WITHOUT_ORCHESTRATOR: [&str; 4] = [
     "sandbox-runner-1",
     "sandbox-runner-2",
 ];
-const ALL: [&str; 5] = [
+const ALL: [&str; 7] = [
     "artifact-store",
     "ingest",
+    "etcd",
     "orchestrator",
+    "orchestrator-2",
     "sandbox-runner-1",
     "sandbox-runner-2",
 ];
@@ -291,6 +293,7 @@ impl Stack {
             // Empty: any free port on 127.0.0.1 (see `port`).
             .env("CAIRN_STORE_PORT", "")
             .env("CAIRN_ORCHESTRATOR_PORT", "")
+            .env("CAIRN_ORCHESTRATOR_2_PORT", "")
             .env("CAIRN_CONSOLE_PORT", "")
             .env("CAIRN_CONSOLE_TOKEN", CONSOLE_TOKEN);
         c
@@ -1212,6 +1215,141 @@ fn compose_run_completes_when_a_runner_dies() {
         left.is_empty(),
         "sandbox containers left after down: {left:?}"
     );
+}
+
+/// Two orchestrator replicas over etcd: runs submitted to one are driven by both; kill the
+/// second replica's container and the first continues its runs, its gates decided through
+/// the first all along.
+#[test]
+fn compose_orchestrator_replica_dies_and_the_other_continues_its_runs() {
+    let test = "compose_orchestrator_replica_dies_and_the_other_continues_its_runs";
+    let Some(host) = Host::probe(test) else {
+        return;
+    };
+    if let Some(why) = host.orchestrator_missing() {
+        println!("SKIP: {test}: {why}");
+        return;
+    }
+    host.build_images();
+    let mut stack = Stack::new(&host, "replicas");
+    stack.up(&ALL);
+    stack.wait_healthy(&ALL, Duration::from_secs(120));
+    let entry = stack.published("orchestrator");
+    let second = stack.published("orchestrator-2");
+    let tls = stack.tls();
+    let rt = runtime();
+    let client =
+        |addr: &str| OrchestratorClient::new(cairn_server::connect_tls(addr, Some(&tls)).unwrap());
+    let (c1, c2) = (client(&entry), client(&second));
+    let get = |c: &OrchestratorClient<tonic::transport::Channel>, run: &str| {
+        let mut c = c.clone();
+        let run = run.to_owned();
+        rt.block_on(async move {
+            c.get_run(GetRunRequest {
+                project_id: "default".into(),
+                run_id: run,
+            })
+            .await
+            .map(|r| r.into_inner())
+        })
+    };
+    let wait = |run: &str, what: &str, limit: Duration, ok: &dyn Fn(&RunInfo) -> bool| {
+        let deadline = Instant::now() + limit;
+        loop {
+            let info = get(&c1, run);
+            if let Ok(i) = &info {
+                if ok(i) {
+                    return i.clone();
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "run {run}: {what} not within {limit:?}: {info:?}\n{}",
+                stack.logs()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    let graph = "title: replicas\nnodes:\n  - {id: a, type: write_file, path: \"docs/{{run_id}}/a.txt\", content: a}\n  - {id: g, type: gate, reason: check, needs: [a]}\n  - {id: b, type: write_file, path: \"docs/{{run_id}}/b.txt\", content: b, needs: [g]}\n";
+    // Submitted through the first replica until the second drives some.
+    let mut runs = Vec::new();
+    for _ in 0..24 {
+        let mut c = c1.clone();
+        let info = rt
+            .block_on(async move {
+                c.submit_run(SubmitRunRequest {
+                    project_id: "default".into(),
+                    graph_yaml: graph.into(),
+                    ..Default::default()
+                })
+                .await
+            })
+            .unwrap_or_else(|e| panic!("submit through orchestrator: {e:?}\n{}", stack.logs()))
+            .into_inner();
+        runs.push(info.run_id);
+    }
+    let mut by_second = Vec::new();
+    for run in &runs {
+        let info = wait(run, "input_required", Duration::from_secs(60), &|i| {
+            i.state == TaskState::InputRequired as i32
+        });
+        assert!(
+            ["orchestrator-1", "orchestrator-2"].contains(&info.replica.as_str()),
+            "{info:?}"
+        );
+        // Either replica answers for every run.
+        assert_eq!(get(&c2, run).unwrap().replica, info.replica);
+        if info.replica == "orchestrator-2" {
+            by_second.push(run.clone());
+        }
+    }
+    assert!(
+        !by_second.is_empty() && by_second.len() < runs.len(),
+        "the runs did not spread over both replicas"
+    );
+
+    docker(&["kill", &stack.container("orchestrator-2")]);
+    let killed = Instant::now();
+    for run in &by_second {
+        wait(run, "taken over", Duration::from_secs(30), &|i| {
+            i.replica == "orchestrator-1"
+        });
+    }
+    let failover = killed.elapsed();
+    assert!(
+        failover < Duration::from_secs(15),
+        "the surviving replica took {failover:?} to continue the runs"
+    );
+    for run in &runs {
+        let mut c = c1.clone();
+        let run = run.clone();
+        rt.block_on(async move {
+            c.approve_gate(GateDecisionRequest {
+                project_id: "default".into(),
+                run_id: run,
+                gate_id: "g".into(),
+                by: "ann".into(),
+                note: String::new(),
+            })
+            .await
+        })
+        .unwrap_or_else(|e| panic!("approve: {e:?}\n{}", stack.logs()));
+    }
+    for run in &runs {
+        let done = wait(run, "completed", Duration::from_secs(60), &|i| {
+            i.state == TaskState::Completed as i32
+        });
+        for node in &done.nodes {
+            assert_eq!(node.state(), NodeState::Succeeded, "{node:?}");
+        }
+    }
+    eprintln!(
+        "{test}: {} of {} runs on orchestrator-2 continued by orchestrator-1 {:.1}s after the kill",
+        by_second.len(),
+        runs.len(),
+        failover.as_secs_f64()
+    );
+    stack.down();
 }
 
 /// The failover graph is one the orchestrator accepts (checked without Docker).

@@ -117,7 +117,7 @@ fn kubernetes_manifests_render_and_validate() {
         text(&out)
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
-    for target in ["base", "overlays/dev"] {
+    for target in ["base", "overlays/dev", "overlays/replicas"] {
         let line = stdout
             .lines()
             .find(|l| l.starts_with(&format!("validate: {target}: ")))
@@ -242,6 +242,10 @@ fn validation_rejects_broken_manifests() {
         (
             "for o in docs:\n    if o['kind'] == 'Deployment' and o['metadata']['name'] == 'console':\n        o['spec']['replicas'] = 2",
             "console: replicas must be 1",
+        ),
+        (
+            "for o in docs:\n    if o['kind'] == 'Deployment' and o['metadata']['name'] == 'orchestrator':\n        o['spec']['replicas'] = 2",
+            "orchestrator: more than one replica needs [orchestrator.cluster]",
         ),
         (
             "for o in docs:\n    if o['kind'] == 'Deployment' and o['metadata']['name'] == 'console':\n        o['spec']['template']['spec']['containers'][0]['args'] += ['--token', 'x' * 32]",

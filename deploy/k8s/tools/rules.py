@@ -154,7 +154,11 @@ def check(objects):
             problems.append("Service sandbox-runner: must be headless (clusterIP: None)")
     for o in by_kind("Deployment") + by_kind("StatefulSet"):
         if o["metadata"]["name"] == "orchestrator" and o["spec"].get("replicas", 1) != 1:
-            problems.append("orchestrator: replicas must be 1 (it resumes unfinished runs at start-up)")
+            env = {e.get("name") for c in (pod_spec(o) or {}).get("containers", []) for e in c.get("env", [])}
+            needed = {"CAIRN_ORCHESTRATOR_CLUSTER_ETCD_ENDPOINTS", "CAIRN_ORCHESTRATOR_CLUSTER_ADVERTISE_ADDR"}
+            if not needed <= env:
+                problems.append("orchestrator: more than one replica needs [orchestrator.cluster] (env "
+                                + " and ".join(sorted(needed)) + "): without it each resumes every unfinished run")
         if o["metadata"]["name"] == "console" and o["spec"].get("replicas", 1) != 1:
             problems.append("console: replicas must be 1 (its login sessions live in its memory)")
         for c in (pod_spec(o) or {}).get("containers", []):

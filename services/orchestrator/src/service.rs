@@ -52,7 +52,7 @@ impl OrchestratorService {
         let Some(cluster) = self.runs.cluster() else {
             return Ok(None);
         };
-        if req.metadata().contains_key(FORWARDED_BY) {
+        if req.metadata().contains_key(FORWARDED_BY) && from_a_replica(req) {
             return Ok(None);
         }
         match cluster.route(project, run_id) {
@@ -73,6 +73,17 @@ impl OrchestratorService {
 
 /// The metadata a forwarded call carries: the member id of the replica that sent it on.
 pub const FORWARDED_BY: &str = "x-cairn-forwarded-by";
+
+/// Whether a call came from another replica: the `orchestrator` certificate, or a plaintext
+/// connection (the trusted single-user setting). Anyone else's mark is ignored and the call
+/// is routed as usual, so no client can make a replica drive a run another one owns.
+fn from_a_replica<T>(req: &Request<T>) -> bool {
+    use cairn_server::caller::{Caller, Principal};
+    match Caller::of(req).principal {
+        Principal::Local => true,
+        Principal::Service(id) => id == crate::IDENTITY,
+    }
+}
 
 /// The replica that drives a run, as a client.
 struct Peer {
@@ -447,4 +458,38 @@ fn time_bound(field: &str, text: &str) -> Result<Option<time::OffsetDateTime>, S
             ))
             .into()
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_server::caller::{Caller, Principal};
+
+    fn marked(principal: Option<Principal>) -> Request<()> {
+        let mut req = Request::new(());
+        req.metadata_mut()
+            .insert(FORWARDED_BY, "o1".parse().unwrap());
+        if let Some(principal) = principal {
+            req.extensions_mut().insert(Caller {
+                principal,
+                peer: None,
+            });
+        }
+        req
+    }
+
+    #[test]
+    fn only_a_replica_may_mark_a_call_as_forwarded() {
+        assert!(from_a_replica(&marked(Some(Principal::Service(
+            crate::IDENTITY.into()
+        )))));
+        assert!(from_a_replica(&marked(Some(Principal::Local))));
+        assert!(from_a_replica(&marked(None)), "in-process: local");
+        for other in ["cli", "console", "ingest"] {
+            assert!(
+                !from_a_replica(&marked(Some(Principal::Service(other.into())))),
+                "{other} must not pass as a replica"
+            );
+        }
+    }
 }
