@@ -1240,7 +1240,8 @@ fn compose_orchestrator_replica_dies_and_the_other_continues_its_runs() {
     let rt = runtime();
     let client =
         |addr: &str| OrchestratorClient::new(cairn_server::connect_tls(addr, Some(&tls)).unwrap());
-    let (c1, c2) = (client(&entry), client(&second));
+    // Channels need the runtime's reactor.
+    let (c1, c2) = rt.block_on(async { (client(&entry), client(&second)) });
     let get = |c: &OrchestratorClient<tonic::transport::Channel>, run: &str| {
         let mut c = c.clone();
         let run = run.to_owned();
