@@ -172,7 +172,7 @@ pub enum Route {
     /// By the member that drives the run.
     Peer {
         member: String,
-        client: OrchestratorClient<TracedChannel>,
+        client: Box<OrchestratorClient<TracedChannel>>,
     },
 }
 
@@ -264,7 +264,7 @@ impl Cluster {
             Some((id, _)) if id == self.me => Ok(Route::Here),
             Some((id, addr)) => Ok(Route::Peer {
                 member: id.to_owned(),
-                client: self.peer(addr)?,
+                client: Box::new(self.peer(addr)?),
             }),
             None => Ok(Route::Here),
         }

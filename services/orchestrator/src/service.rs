@@ -59,7 +59,7 @@ impl OrchestratorService {
             Ok(Route::Here) => Ok(None),
             Ok(Route::Peer { member, client }) => Ok(Some(Peer {
                 member,
-                client,
+                client: *client,
                 me: cluster.me().to_owned(),
             })),
             Err(why) => Err(cairn_proto::reason::status(
