@@ -38,7 +38,7 @@ use crate::page::{self, Page};
 use crate::state::State;
 
 /// First line of every log; another first line means the log is rebuilt.
-pub const HEADER: &str = "cairn-run-index 1";
+pub const HEADER: &str = "cairn-run-index 2";
 /// The file a run's summary is read from.
 pub const STATE_FILE: &str = "state.json";
 const RUNS_DIR: &str = ".cairn/runs";
@@ -96,6 +96,9 @@ pub struct Fields {
     pub created_at: String,
     #[serde(default)]
     pub updated_at: String,
+    /// The last event the snapshot folded in (None: not said).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub events_seq: Option<u64>,
 }
 
 /// A run as a page of [`RunIndex::query`] returns it.
@@ -117,6 +120,10 @@ pub struct Filter {
     pub created_after: Option<time::OffsetDateTime>,
     pub created_before: Option<time::OffsetDateTime>,
     pub exclude: HashSet<String>,
+    /// Only runs that may not be final: no readable state.json, a state that is not final,
+    /// or events appended after the ones state.json folded in (a finished run taken back to
+    /// life whose snapshot lags). Costs a look at the tail of each final run's event log.
+    pub unfinished: bool,
 }
 
 impl Filter {
@@ -346,6 +353,61 @@ fn read_state(runs: &impl AsFd, run: &str) -> std::io::Result<Option<(Stamp, Vec
         .take(MAX_STATE_BYTES)
         .read_to_end(&mut bytes)?;
     Ok(Some((Stamp::of(&st), bytes)))
+}
+
+/// States after which a run does nothing more unless someone takes it back to life.
+const FINAL_STATES: [&str; 3] = ["completed", "failed", "canceled"];
+/// The most of an event log's end read to find its last line.
+const TAIL_BYTES: u64 = 64 << 10;
+
+/// Whether a run may still have work: anything but a final snapshot that folded in the last
+/// event of its log. Doubt (a log that cannot be read, a torn last line) says yes: the caller
+/// checks the run's events itself.
+fn may_be_unfinished(runs: Option<&std::os::fd::OwnedFd>, run: &str, e: &Entry) -> bool {
+    let Some(f) = &e.fields else { return true };
+    if !FINAL_STATES.contains(&f.state.as_str()) {
+        return true;
+    }
+    let (Some(runs), Some(folded)) = (runs, f.events_seq) else {
+        return true;
+    };
+    match last_event_seq(runs, run) {
+        Ok(Some(last)) => last > folded,
+        Ok(None) => false,
+        Err(_) => true,
+    }
+}
+
+/// The seq of the last whole line of a run's event log; None without a log. Err when the log
+/// cannot be read or its end is not a whole event line (an append in flight, a torn line).
+fn last_event_seq(runs: &impl AsFd, run: &str) -> std::io::Result<Option<u64>> {
+    use std::os::unix::fs::FileExt;
+    let path = format!("{run}/events.jsonl");
+    let fd = match contain::open(runs.as_fd(), &path, OFlags::RDONLY | OFlags::NONBLOCK, 0) {
+        Ok(fd) => fd,
+        Err(Errno::NOENT) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let file = File::from(fd);
+    let len = file.metadata()?.len();
+    if len == 0 {
+        return Ok(None);
+    }
+    let start = len.saturating_sub(TAIL_BYTES);
+    let mut tail = vec![0u8; (len - start) as usize];
+    file.read_exact_at(&mut tail, start)?;
+    let bad = || std::io::Error::other("the event log does not end with a whole event line");
+    let body = tail.strip_suffix(b"\n").ok_or_else(bad)?;
+    let line = match memchr::memrchr(b'\n', body) {
+        Some(i) => &body[i + 1..],
+        None if start == 0 => body,
+        None => return Err(bad()),
+    };
+    serde_json::from_slice::<serde_json::Value>(line)
+        .ok()
+        .and_then(|v| v.get("seq").and_then(serde_json::Value::as_u64))
+        .map(Some)
+        .ok_or_else(bad)
 }
 
 /// The summary fields of a state.json; None when it does not parse.
@@ -687,6 +749,11 @@ impl RunIndex {
         };
         let mut out = Vec::new();
         let mut next = String::new();
+        let runs_fd = if filter.unfinished {
+            runs_dir(state, project)?
+        } else {
+            None
+        };
         {
             let slot = self.slot(project);
             let slot = slot.lock().unwrap_or_else(|p| p.into_inner());
@@ -700,6 +767,9 @@ impl RunIndex {
             let finder = filter.finder();
             for (key, entry) in runs {
                 if filter.exclude.contains(&key.1) || !filter.admits(entry, finder.as_ref()) {
+                    continue;
+                }
+                if filter.unfinished && !may_be_unfinished(runs_fd.as_ref(), &key.1, entry) {
                     continue;
                 }
                 if out.len() == page.size {
@@ -814,6 +884,80 @@ mod tests {
     }
 
     #[test]
+    fn unfinished_means_not_final_or_events_past_the_snapshot() {
+        let tmp = tempfile::tempdir().unwrap();
+        let runs = tmp.path();
+        let run = |id: &str, state: &str, folded: Option<u64>, log: Option<&str>| {
+            std::fs::create_dir_all(runs.join(id)).unwrap();
+            if let Some(log) = log {
+                std::fs::write(runs.join(id).join("events.jsonl"), log).unwrap();
+            }
+            let fields = Fields {
+                state: state.into(),
+                events_seq: folded,
+                ..Fields::default()
+            };
+            Entry::new(id, None, Some(fields))
+        };
+        let fd: std::os::fd::OwnedFd = File::open(runs).unwrap().into();
+        let log =
+            "{\"seq\":1,\"type\":\"task.created\"}\n{\"seq\":2,\"type\":\"task.completed\"}\n";
+        let cases = [
+            // Final, and the snapshot folded in the log's last event: nothing to do.
+            ("done", run("done", "completed", Some(2), Some(log)), false),
+            ("failed", run("failed", "failed", Some(2), Some(log)), false),
+            // Not final.
+            ("busy", run("busy", "working", Some(2), Some(log)), true),
+            (
+                "gate",
+                run("gate", "input-required", Some(1), Some(log)),
+                true,
+            ),
+            // Final by a snapshot that lags its log: taken back to life (a rework).
+            (
+                "reworked",
+                run("reworked", "completed", Some(1), Some(log)),
+                true,
+            ),
+            // Doubt: the snapshot does not say what it folded, the log ends mid-line.
+            ("old", run("old", "completed", None, Some(log)), true),
+            (
+                "torn",
+                run(
+                    "torn",
+                    "completed",
+                    Some(2),
+                    Some("{\"seq\":1}\n{\"seq\":2}\n{\"seq\":3,"),
+                ),
+                true,
+            ),
+            // No log at all: nothing was ever recorded to resume.
+            ("nolog", run("nolog", "completed", Some(0), None), false),
+        ];
+        for (id, entry, want) in &cases {
+            assert_eq!(may_be_unfinished(Some(&fd), id, entry), *want, "run {id}");
+        }
+        // No state.json read: unknown, so included.
+        assert!(may_be_unfinished(
+            Some(&fd),
+            "x",
+            &Entry::new("x", None, None)
+        ));
+        // A long log: only its end is read.
+        let mut long = String::new();
+        for seq in 1..=5000 {
+            long.push_str(&format!(
+                "{{\"seq\":{seq},\"data\":\"{}\"}}\n",
+                "x".repeat(40)
+            ));
+        }
+        let e = run("long", "completed", Some(5000), Some(&long));
+        assert!(!may_be_unfinished(Some(&fd), "long", &e));
+        let e = run("long", "completed", Some(4999), Some(&long));
+        assert!(may_be_unfinished(Some(&fd), "long", &e));
+    }
+
+    #[test]
     fn filters_and_order() {
         let mut loaded = Loaded::default();
         let fields = |state: &str, created: &str, title: &str| Fields {
@@ -822,6 +966,7 @@ mod tests {
             state: state.into(),
             created_at: created.into(),
             updated_at: created.into(),
+            events_seq: None,
         };
         loaded.put(
             "a",

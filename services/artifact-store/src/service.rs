@@ -305,6 +305,7 @@ impl ArtifactStore for ArtifactStoreService {
             created_after: time_bound("created_after", &r.created_after)?,
             created_before: time_bound("created_before", &r.created_before)?,
             exclude: r.exclude_run_ids.into_iter().collect(),
+            unfinished: r.unfinished,
         };
         let mut page = page(r.page)?;
         if let Some(after) = r.after {

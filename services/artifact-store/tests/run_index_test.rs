@@ -109,6 +109,7 @@ impl Query {
             exclude_run_ids: self.exclude.clone(),
             include_state_json: false,
             after: None,
+            unfinished: false,
         }
     }
 }

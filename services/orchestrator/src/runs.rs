@@ -23,7 +23,7 @@ use crate::logs::{LogQuery, Watcher};
 use crate::nodes::Backends;
 use crate::recorder::Recorder;
 use crate::run::{RunState, TaskState};
-use crate::rundir::{self, RunDir, RUNS_PREFIX};
+use crate::rundir::{self, RunDir};
 use crate::scheduler::{self, Command, Launch};
 use cairn_graph::{Graph, NodeKind};
 use cairn_node::events::{self as ev, Ev};
@@ -895,6 +895,7 @@ impl Runs {
                 after: after
                     .clone()
                     .map(|(created_at, run_id)| pb::RunCursor { created_at, run_id }),
+                unfinished: false,
             })
             .await
             .map_err(Error::store("listing runs"))?;
@@ -1365,39 +1366,78 @@ impl Runs {
         };
         let mut resumed = 0;
         for project in projects {
-            let Ok(entries) = self.b.store.list(&project, RUNS_PREFIX, false).await else {
-                continue;
-            };
-            for e in entries {
-                if e.kind != pb::EntryKind::Directory as i32 || self.shutdown.is_cancelled() {
-                    continue;
-                }
-                let run_id = e.path.rsplit('/').next().unwrap_or_default().to_owned();
-                let elsewhere = self.cluster().is_some_and(|c| !c.owns(&project, &run_id));
-                if elsewhere
-                    || self.live_cmd(&project, &run_id).is_some()
-                    || !self.unfinished(&project, &run_id).await
-                {
-                    continue;
-                }
-                let why = if self.cluster().is_some() {
-                    "adopted by this replica"
-                } else {
-                    "restart"
-                };
-                match self
-                    .ensure_live(&project, &run_id, "orchestrator", why, None)
+            let mut token = String::new();
+            loop {
+                // The store's run index names the runs that may not be final (not every run
+                // directory is read); each is checked against its own records below.
+                let page = match self
+                    .b
+                    .store
+                    .list_run_summaries(pb::ListRunSummariesRequest {
+                        project_id: project.clone(),
+                        unfinished: true,
+                        page: Some(pb::PageRequest {
+                            page_size: 1000,
+                            page_token: token.clone(),
+                        }),
+                        ..Default::default()
+                    })
                     .await
                 {
-                    Ok(_) => {
-                        resumed += 1;
-                        tracing::info!(%project, %run_id, "resumed unfinished run");
+                    Ok(page) => page,
+                    Err(e) => {
+                        tracing::warn!(%project, error = %e, "could not list the project's unfinished runs; they are not resumed now");
+                        break;
                     }
-                    Err(e) => tracing::warn!(%project, %run_id, error = %e, "could not resume run"),
+                };
+                for summary in page.runs {
+                    if self.shutdown.is_cancelled() {
+                        return resumed;
+                    }
+                    let run_id = summary.run_id;
+                    if self.resume_one(&project, &run_id).await {
+                        resumed += 1;
+                    }
                 }
+                if page.next_page_token.is_empty() {
+                    break;
+                }
+                token = page.next_page_token;
             }
         }
         resumed
+    }
+
+    /// Resumes one run found unfinished, unless it is live here or another replica owns it.
+    async fn resume_one(&self, project: &str, run_id: &str) -> bool {
+        if check_id("run_id", run_id).is_err() {
+            return false;
+        }
+        let elsewhere = self.cluster().is_some_and(|c| !c.owns(project, run_id));
+        if elsewhere
+            || self.live_cmd(project, run_id).is_some()
+            || !self.unfinished(project, run_id).await
+        {
+            return false;
+        }
+        let why = if self.cluster().is_some() {
+            "adopted by this replica"
+        } else {
+            "restart"
+        };
+        match self
+            .ensure_live(project, run_id, "orchestrator", why, None)
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(%project, %run_id, "resumed unfinished run");
+                true
+            }
+            Err(e) => {
+                tracing::warn!(%project, %run_id, error = %e, "could not resume run");
+                false
+            }
+        }
     }
 
     /// Whether a run is not final: state.json says so, or events were recorded after it.

@@ -385,3 +385,78 @@ async fn a_successor_fences_off_a_predecessor_that_is_still_alive() {
     assert_eq!(s.read_text(&format!("docs/{run}/b.txt")).await, "b");
     s.stop().await;
 }
+
+/// A finished run taken back to life (a rework recorded) whose orchestrator died before its
+/// snapshot caught up: state.json still says `completed`, the events say otherwise. The next
+/// orchestrator finds it through the store's run index (runs whose log goes past their
+/// snapshot) and finishes the rework.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_reworked_before_a_crash_is_resumed_by_its_events_not_its_snapshot() {
+    let s = Stack::start(Options {
+        ingest: false,
+        tweak: |c| c.resume_on_start = false,
+        ..Default::default()
+    })
+    .await;
+    let graph = "title: once more\nnodes:\n  - {id: a, type: write_file, path: \"docs/{{run_id}}/a.txt\", content: \"a\"}\n";
+    let run = s.submit(graph, &[]).await.unwrap().run_id;
+    s.wait_state(&run, TaskState::Completed, 30).await;
+    // Another finished run that nobody touched: it stays as it is.
+    let untouched = s.submit(graph, &[]).await.unwrap().run_id;
+    s.wait_state(&untouched, TaskState::Completed, 30).await;
+    let snapshot = || async {
+        let text = s.read_text(&format!(".cairn/runs/{run}/state.json")).await;
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()["state"].clone()
+    };
+    // What a rework records first, appended as a driver killed right after it would leave it.
+    s.store
+        .clone()
+        .append_events(cairn_proto::v1::AppendEventsRequest {
+            project_id: PROJECT.into(),
+            run_id: run.clone(),
+            events: vec![cairn_proto::v1::EventInput {
+                r#type: "artifact.rework-requested".into(),
+                node_id: "a".into(),
+                data_json:
+                    serde_json::json!({"target": "a", "by": "ann", "note": "", "nodes": ["a"]})
+                        .to_string(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        snapshot().await,
+        "completed",
+        "the snapshot lags the events"
+    );
+
+    let mut p = spawn(&s.store_addr).await;
+    let done = wait_state(&p, &run, TaskState::Completed, 60).await;
+    p.child.kill().unwrap();
+    p.child.wait().unwrap();
+    assert_eq!(
+        done.nodes[0].state,
+        cairn_proto::v1::NodeState::Succeeded as i32
+    );
+    let types: Vec<String> = s.events(&run).await.into_iter().map(|e| e.r#type).collect();
+    let rework = types
+        .iter()
+        .position(|t| t == "artifact.rework-requested")
+        .unwrap();
+    assert!(
+        types[rework..].iter().any(|t| t == "task.resumed")
+            && types[rework..].iter().any(|t| t == "node.completed"),
+        "the rework was not carried out: {types:?}"
+    );
+    assert_eq!(
+        s.events(&untouched)
+            .await
+            .iter()
+            .filter(|e| e.r#type == "task.resumed")
+            .count(),
+        0,
+        "a finished run was resumed"
+    );
+}
