@@ -610,6 +610,144 @@ async fn a_runner_killed_while_bwrap_sets_up_leaves_nothing_running() {
     }
 }
 
+/// Kills what it names on drop (a failed assertion leaves nothing running).
+struct KillOnDrop(String);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        for pid in processes_with(&self.0) {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+        }
+    }
+}
+
+/// The real bwrap on PATH.
+fn real_bwrap() -> std::path::PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|d| d.join("bwrap"))
+        .find(|p| p.is_file())
+        .unwrap()
+}
+
+/// bubblewrap arms its own parent-death signal only after it has cloned the sandbox's pid 1,
+/// which may already run the program by then; a runner killed in between left bwrap, and the
+/// sandbox, running. Here a wrapper stands in for that window, made as wide as the program's
+/// life: the runner's child is a shell that never binds itself to the runner, and bwrap (with
+/// --die-with-parent) runs under it. The sandbox must still die with the runner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_bwrap_that_binds_itself_late_to_its_runner_still_dies_with_it() {
+    if let Err(reason) = bwrap_ready() {
+        println!("SKIP: late_death_signal [local]: {reason}");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let bin = tempfile::Builder::new()
+        .prefix("cairn-late-bwrap")
+        .tempdir()
+        .unwrap();
+    std::fs::set_permissions(bin.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let wrapper = bin.path().join("bwrap");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nexec 3<&0\n{} \"$@\" 0<&3 3<&- &\nwait \"$!\"\n",
+            real_bwrap().display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let work_root = tempfile::Builder::new()
+        .prefix("cairn-sbx-late")
+        .tempdir()
+        .unwrap();
+    let set = format!("bwrap={}", wrapper.display());
+    let (mut proc, client) = spawn_runner_with(
+        BackendChoice::Local,
+        work_root.path(),
+        "late-death",
+        &["--set", &set],
+    )
+    .await;
+    let marker = format!(
+        "time.sleep({})",
+        8000 + uuid::Uuid::new_v4().as_u128() % 1000
+    );
+    let _cleanup = KillOnDrop(marker.clone());
+    let mut c = client.clone();
+    let req = with_timeout(python(&format!("import time\n{marker}\n")), 600_000);
+    let _run = tokio::spawn(async move { c.run(req).await });
+    // The program itself runs (python3, past bwrap's set-up and the gate).
+    let python_runs = || {
+        programs_with(&marker).into_iter().any(|pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            cmd.split(|b| *b == 0)
+                .next()
+                .is_some_and(|first| first.ends_with(b"python3"))
+        })
+    };
+    let t0 = Instant::now();
+    while !python_runs() {
+        assert!(t0.elapsed() < Duration::from_secs(30), "never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    proc.child.kill().unwrap();
+    proc.child.wait().unwrap();
+    let killed = Instant::now();
+    while !processes_with(&marker).is_empty() {
+        assert!(
+            killed.elapsed() < Duration::from_secs(10),
+            "the sandbox runs on 10 s after its runner died: {:?}",
+            processes_with(&marker)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A sandbox that outlived its runner (bwrap running a program over one of its task
+/// directories, its parent gone) is killed by the restarted runner's start-up sweep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restarted_runner_kills_a_local_sandbox_its_earlier_life_left() {
+    if let Err(reason) = bwrap_ready() {
+        println!("SKIP: restart_kills_leftover [local]: {reason}");
+        return;
+    }
+    let work_root = tempfile::Builder::new()
+        .prefix("cairn-sbx-left")
+        .tempdir()
+        .unwrap();
+    let output = work_root.path().join("tasks/left-1/output");
+    std::fs::create_dir_all(&output).unwrap();
+    let marker = format!("{}", 9000 + uuid::Uuid::new_v4().as_u128() % 1000);
+    let _cleanup = KillOnDrop(format!("sleep {marker}"));
+    // Orphaned at once (its shell exits), as after its runner's death.
+    let status = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "{} --unshare-pid --ro-bind / / --dev /dev --proc /proc --bind {} /mnt -- sleep {marker} </dev/null >/dev/null 2>&1 &",
+            real_bwrap().display(),
+            output.display()
+        ))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let t0 = Instant::now();
+    while processes_with(&format!("sleep {marker}")).len() < 3 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "leftover never started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (_proc, _client) = spawn_runner(BackendChoice::Local, work_root.path(), "left").await;
+    let left = processes_with(&format!("sleep {marker}"));
+    assert!(left.is_empty(), "the leftover sandbox runs on: {left:?}");
+    assert!(
+        !work_root.path().join("tasks/left-1").exists(),
+        "its task directory is swept"
+    );
+}
+
 /// The runner's environment (API keys, console token) never reaches a local sandbox: not in
 /// the program's `env`, not in the environ of any process it can see (bwrap's pid-1 init
 /// included), neither for cold runs, nor pooled ones, nor session commands.

@@ -13,9 +13,9 @@
 //!
 //! Kill semantics: on timeout `runsc kill --all <id> TERM` (the waiter, below, ignores it), the
 //! grace, then `KILL`; the sandbox ends when its first process does, taking every other
-//! process with it. `runsc run`
-//! gets SIGKILL when the runner dies (parent-death signal), and its attached sandbox dies with
-//! it. Afterwards `runsc delete --force` and the bundle directory go. runsc keeps its state in
+//! process with it. `runsc run` gets SIGKILL when the runner dies (parent-death signal, armed
+//! before it is exec'd), and its attached sandbox dies with it; the runner's watchdog kills
+//! whatever process still names the state directory. Afterwards `runsc delete --force` and the bundle directory go. runsc keeps its state in
 //! `<work_root>/gvisor/state` (its `--root`), so a restarted runner finds and removes what an
 //! earlier life left.
 //!
@@ -45,7 +45,10 @@ use tokio::time::sleep_until;
 use super::gvisor_pool::{GvisorSource, Waiting};
 use super::local::{collect, find_program, rlimits, stage_inputs, TaskDir};
 use super::local_pool::{send_go, Go, WAITER};
-use super::{keep, remove_dir, session_env, ExecOutcome, ExecSpec, Live, SessionSandbox};
+use super::{
+    die_with_runner, keep, remove_dir, session_env, ExecOutcome, ExecSpec, Live, SessionSandbox,
+    Watchdog,
+};
 use crate::capture::Capture;
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -75,6 +78,8 @@ pub struct GvisorBackend {
     /// Ids of running sandboxes (killed at shutdown).
     running: Arc<Mutex<HashSet<String>>>,
     pool: Option<Arc<Pool<GvisorSource>>>,
+    /// Kills the runsc processes of this runner's state directory once the runner is gone.
+    _watchdog: Watchdog,
 }
 
 /// Sandbox deletions under way in the background (the reply does not wait for them; shutdown
@@ -159,6 +164,8 @@ impl GvisorBackend {
             pending: Arc::default(),
             config,
         };
+        // Before any runsc process of this life exists (see Watchdog::start).
+        let watchdog = Watchdog::start(format!("--root={}", base.state.display()).as_ref())?;
         for d in [&base.state, &base.bundles] {
             std::fs::create_dir_all(d).map_err(Error::io(format!("creating {}", d.display())))?;
         }
@@ -183,6 +190,7 @@ impl GvisorBackend {
             base,
             running: Arc::default(),
             pool,
+            _watchdog: watchdog,
         })
     }
 
@@ -904,23 +912,6 @@ fn hidden_dirs(work_root: &Path) -> Vec<String> {
         out.push(work_root.display().to_string());
     }
     out
-}
-
-/// `runsc run` gets SIGKILL when the runner's thread that started it dies (its sandbox, run
-/// attached, dies with it).
-#[allow(unsafe_code)]
-fn die_with_runner(cmd: &mut Command) {
-    // SAFETY: the closure runs in the forked child before exec and makes one system call,
-    // prctl(PR_SET_PDEATHSIG), which is async-signal-safe and allocates nothing.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == 0 {
-                Ok(())
-            } else {
-                Err(std::io::Error::last_os_error())
-            }
-        });
-    }
 }
 
 /// Why a pooled run failed: before its program started (a cold run may take the job), or after.
