@@ -500,6 +500,7 @@ impl LocalBackend {
             cwd: "/tmp",
             rlimits: rlimits(&job.limits, timeout).into_iter().collect(),
             relay: false,
+            reap: false,
         };
         let (started_at, t0) = send_go(&mut child, go).await.map_err(Pooled::Unstarted)?;
         let caps = (job.limits.max_stdout_bytes, job.limits.max_stderr_bytes);

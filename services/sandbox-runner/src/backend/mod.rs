@@ -8,6 +8,7 @@ pub mod docker;
 mod docker_pool;
 pub mod gvisor;
 mod gvisor_pool;
+mod gvisor_session;
 pub mod local;
 mod local_pool;
 
@@ -156,7 +157,8 @@ impl Backend {
     pub async fn open_session(&self, s: &SessionSandbox) -> Result<()> {
         match self {
             Backend::Docker(d) => d.open_session(s).await,
-            Backend::Local(_) | Backend::Gvisor(_) => Ok(()),
+            Backend::Gvisor(g) => g.open_session(s).await,
+            Backend::Local(_) => Ok(()),
         }
     }
 
@@ -171,7 +173,8 @@ impl Backend {
     pub async fn close_session(&self, s: &SessionSandbox) -> Result<()> {
         match self {
             Backend::Docker(d) => d.remove_container(&s.name).await,
-            Backend::Local(_) | Backend::Gvisor(_) => Ok(()),
+            Backend::Gvisor(g) => g.close_session(s).await,
+            Backend::Local(_) => Ok(()),
         }
     }
 
