@@ -836,3 +836,75 @@ async fn runner_secrets_stay_out_of_local_sandboxes() {
     drop(proc);
     remove_runner_cgroups("secrets-runner").await;
 }
+
+/// A gvisor session (its sandbox, a command still running and one left in the background)
+/// whose runner is killed with -9: its processes are gone within 10 s, and the restarted
+/// runner leaves no sandbox in runsc's state, no bundle and no task directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_runner_leaves_nothing_of_a_gvisor_session() {
+    if !gvisor_usable("killed_runner_gvisor_session") {
+        return;
+    }
+    let work_root = tempfile::Builder::new()
+        .prefix("cairn-sbx-gvsess")
+        .tempdir()
+        .unwrap();
+    let runner_id = format!("gvsess-{}", uuid::Uuid::new_v4().simple());
+    let (mut proc, client) =
+        spawn_runner(BackendChoice::Gvisor, work_root.path(), &runner_id).await;
+    let mut c = client.clone();
+    let sid = c
+        .open_session(cairn_proto::OpenSessionRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .session_id;
+    let exec = move |command: &str| cairn_proto::ExecRequest {
+        session_id: sid.clone(),
+        command: command.into(),
+        timeout_ms: 600_000,
+        ..Default::default()
+    };
+    let out = c
+        .exec(exec("sleep 300 > /dev/null 2>&1 & echo bg"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(text(&out.stdout), "bg\n", "{}", text(&out.stderr));
+    let mut c2 = client.clone();
+    let running = tokio::spawn(async move { c2.exec(exec("sleep 400")).await });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!gvisor_processes(work_root.path()).is_empty());
+    proc.child.kill().unwrap();
+    proc.child.wait().unwrap();
+    let killed = Instant::now();
+    loop {
+        let left = gvisor_processes(work_root.path());
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(10),
+            "10 s after the runner died, still running: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        running.await.unwrap().is_err(),
+        "the Exec fails with its runner"
+    );
+    let (proc2, _c2) = spawn_runner(BackendChoice::Gvisor, work_root.path(), &runner_id).await;
+    assert_eq!(
+        gvisor_sandboxes(work_root.path()).await,
+        Vec::<String>::new()
+    );
+    let gv = work_root.path().join("gvisor");
+    assert_eq!(std::fs::read_dir(gv.join("bundles")).unwrap().count(), 0);
+    assert_eq!(
+        std::fs::read_dir(work_root.path().join("tasks"))
+            .unwrap()
+            .count(),
+        0
+    );
+    drop(proc2);
+}
