@@ -17,7 +17,8 @@
 # `--warm` (a pooled gvisor sandbox started as a plain `python3 -c`, in the default
 # environment of a job): a Python job whose start would be the same as this interpreter's
 # (argv `python3 -c CODE` or `python3 FILE`, the same environment) runs in a fork of it as a
-# fresh interpreter's __main__, without starting another interpreter.
+# fresh interpreter's __main__, without starting another interpreter; the fork is made ahead,
+# while the sandbox waits, and gets the job line through a pipe.
 FRESH_MAIN = dict(globals())
 import sys
 
@@ -35,10 +36,10 @@ LIMITS = {
 DRAIN_S = 0.05
 
 
-def close_above_2():
+def close_above_2(keep=()):
     for name in os.listdir("/proc/self/fd"):
         fd = int(name)
-        if fd > 2:
+        if fd > 2 and fd not in keep:
             try:
                 os.close(fd)
             except OSError:
@@ -127,26 +128,61 @@ def frame(kind, data):
     write_all(1, kind + len(data).to_bytes(4, "big") + data)
 
 
-def relay(job, argv, env):
+def fork_ahead():
+    """A child forked before the job arrives (`--warm`): it reads the job line from a pipe and
+    runs it as __main__, or exits at end of file. Returns (pid, that pipe, stdout, stderr)."""
+    ctl_r, ctl_w = os.pipe()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
-    warm = warm_program(job)
     pid = os.fork()
     if pid == 0:
+        os.close(ctl_w)
+        line = b""
+        data = os.read(ctl_r, 65536)
+        while data:
+            line += data
+            data = os.read(ctl_r, 65536)
+        if not line:
+            os._exit(0)
+        job = json.loads(line)
+        os.chdir(job["cwd"])
+        os.dup2(os.open("/dev/null", os.O_RDONLY), 0)
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
         close_above_2()
-        if not job.get("reap"):
-            # A session command: its processes are a session of their own (exec_kill.py).
-            os.setsid()
-        if warm is not None:
-            become(job, warm)
-        start(job, argv, env)
+        become(job, warm_program(job))
+    for fd in (ctl_r, out_w, err_w):
+        os.close(fd)
+    return pid, ctl_w, out_r, err_r
+
+
+def relay(job, argv, env, line, ahead):
+    if ahead is not None and warm_program(job) is not None:
+        pid, ctl_w, out_r, err_r = ahead
+        write_all(ctl_w, line)
+        os.close(ctl_w)
+    else:
+        if ahead is not None:
+            os.close(ahead[1])
+            os.waitpid(ahead[0], 0)
+            os.close(ahead[2])
+            os.close(ahead[3])
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            close_above_2()
+            if not job.get("reap"):
+                # A session command: its processes are a session of their own (exec_kill.py).
+                os.setsid()
+            start(job, argv, env)
+        os.close(out_w)
+        os.close(err_w)
     # A timeout's SIGTERM reaches every process of the sandbox: the relay stays for the
     # program's grace period (the SIGKILL after it ends everything).
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    os.close(out_w)
-    os.close(err_w)
     kinds = {out_r: b"1", err_r: b"2"}
     status = None
     until = None
@@ -203,10 +239,12 @@ def reap(*_):
 
 
 def main():
+    # The fork of a warm job, made while nobody waits (its cost is off the run's path).
+    ahead = fork_ahead() if "--warm" in sys.argv[1:] else None
     # `--now` (a cold gvisor sandbox): the job line follows at once, nobody waits for "ready".
     if "--now" not in sys.argv[1:]:
         os.write(1, b"cairn-waiting\n")
-    if os.getpid() == 1:
+    if os.getpid() == 1 and ahead is None:
         # The init of a gVisor sandbox (a session's waits here for its life): orphans of the
         # session's commands become its children, and it reaps them.
         signal.signal(signal.SIGCHLD, reap)
@@ -220,9 +258,9 @@ def main():
     os.chdir(job["cwd"])
     null = os.open("/dev/null", os.O_RDONLY)
     os.dup2(null, 0)
-    close_above_2()
+    close_above_2(ahead[1:] if ahead is not None else ())
     if job.get("relay"):
-        relay(job, argv, env)
+        relay(job, argv, env, line, ahead)
     start(job, argv, env)
 
 

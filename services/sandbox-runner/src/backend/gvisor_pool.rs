@@ -5,7 +5,7 @@
 //! default Python job would start: such a job (`python3 -c CODE` or `python3 /input/FILE`, no
 //! variables of its own) runs in a fork of it as a fresh `__main__` (sys.argv, sys.path[0],
 //! sys.orig_argv set as `python3` sets them, the waiter's own modules dropped), without a new
-//! interpreter's start; any other job is exec'd. A run stages its inputs, sends one line
+//! interpreter's start; that fork is made while the sandbox waits. Any other job is exec'd. A run stages its inputs, sends one line
 //! (argv, env, rlimits, relay) and the runner supervises the relayed program as a cold run.
 //! The sandbox's own rlimits are the runner's maxima, so the waiter can set any job's (a
 //! process may lower its hard limits, never raise them). A sandbox serves one run; its task
