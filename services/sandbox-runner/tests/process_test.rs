@@ -569,6 +569,40 @@ fn programs_with(needle: &str) -> Vec<i32> {
         .collect()
 }
 
+/// A local runner (with `extra` arguments) over `work_root`, running a python
+/// `time.sleep(<random number from base>)`; returns it and that marker.
+async fn local_runner_with_a_sleeping_run(
+    work_root: &std::path::Path,
+    runner_id: &str,
+    extra: &[&str],
+    base: u128,
+) -> (Proc, String) {
+    let (proc, client) = spawn_runner_with(BackendChoice::Local, work_root, runner_id, extra).await;
+    let marker = format!(
+        "time.sleep({})",
+        base + uuid::Uuid::new_v4().as_u128() % 1000
+    );
+    let mut c = client.clone();
+    let req = with_timeout(python(&format!("import time\n{marker}\n")), 600_000);
+    tokio::spawn(async move { c.run(req).await });
+    (proc, marker)
+}
+
+/// Kills the runner, then asserts that no process names `marker` 10 s later.
+async fn kill_and_expect_gone(mut proc: Proc, marker: &str, what: &str) {
+    proc.child.kill().unwrap();
+    proc.child.wait().unwrap();
+    let killed = Instant::now();
+    while !processes_with(marker).is_empty() {
+        assert!(
+            killed.elapsed() < Duration::from_secs(10),
+            "{what} runs on 10 s after its runner died: {:?}",
+            processes_with(marker)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// The local backend's runner killed while bubblewrap is still building the sandbox (as soon
 /// as a bwrap process names the program): the program never runs on without it. Five tries.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -582,31 +616,14 @@ async fn a_runner_killed_while_bwrap_sets_up_leaves_nothing_running() {
             .prefix("cairn-sbx-setup")
             .tempdir()
             .unwrap();
-        let (mut proc, client) =
-            spawn_runner(BackendChoice::Local, work_root.path(), "setup-death").await;
-        let marker = format!(
-            "time.sleep({})",
-            7000 + uuid::Uuid::new_v4().as_u128() % 1000
-        );
-        let mut c = client.clone();
-        let req = with_timeout(python(&format!("import time\n{marker}\n")), 600_000);
-        let _run = tokio::spawn(async move { c.run(req).await });
+        let (proc, marker) =
+            local_runner_with_a_sleeping_run(work_root.path(), "setup-death", &[], 7000).await;
         let t0 = Instant::now();
         while processes_with(&marker).is_empty() {
             assert!(t0.elapsed() < Duration::from_secs(30), "never started");
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        proc.child.kill().unwrap();
-        proc.child.wait().unwrap();
-        let killed = Instant::now();
-        while !processes_with(&marker).is_empty() {
-            assert!(
-                killed.elapsed() < Duration::from_secs(10),
-                "a sandbox set up while its runner died runs on: {:?}",
-                processes_with(&marker)
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        kill_and_expect_gone(proc, &marker, "a sandbox set up while its runner died").await;
     }
 }
 
@@ -662,21 +679,10 @@ async fn a_bwrap_that_binds_itself_late_to_its_runner_still_dies_with_it() {
         .tempdir()
         .unwrap();
     let set = format!("bwrap={}", wrapper.display());
-    let (mut proc, client) = spawn_runner_with(
-        BackendChoice::Local,
-        work_root.path(),
-        "late-death",
-        &["--set", &set],
-    )
-    .await;
-    let marker = format!(
-        "time.sleep({})",
-        8000 + uuid::Uuid::new_v4().as_u128() % 1000
-    );
+    let (proc, marker) =
+        local_runner_with_a_sleeping_run(work_root.path(), "late-death", &["--set", &set], 8000)
+            .await;
     let _cleanup = KillOnDrop(marker.clone());
-    let mut c = client.clone();
-    let req = with_timeout(python(&format!("import time\n{marker}\n")), 600_000);
-    let _run = tokio::spawn(async move { c.run(req).await });
     // The program itself runs (python3, past bwrap's set-up and the gate).
     let python_runs = || {
         programs_with(&marker).into_iter().any(|pid| {
@@ -691,17 +697,7 @@ async fn a_bwrap_that_binds_itself_late_to_its_runner_still_dies_with_it() {
         assert!(t0.elapsed() < Duration::from_secs(30), "never started");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    proc.child.kill().unwrap();
-    proc.child.wait().unwrap();
-    let killed = Instant::now();
-    while !processes_with(&marker).is_empty() {
-        assert!(
-            killed.elapsed() < Duration::from_secs(10),
-            "the sandbox runs on 10 s after its runner died: {:?}",
-            processes_with(&marker)
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    kill_and_expect_gone(proc, &marker, "the sandbox").await;
 }
 
 /// A sandbox that outlived its runner (bwrap running a program over one of its task
