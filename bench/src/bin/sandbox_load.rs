@@ -42,6 +42,9 @@ struct Args {
     /// Runner with the gvisor backend and a pool of `pool` waiting sandboxes.
     #[arg(long)]
     gvisor_pool: Option<String>,
+    /// runsc platform of the `runsc do` baseline (gvisor rows).
+    #[arg(long, default_value = "ptrace")]
+    gvisor_platform: String,
     /// Interpreter for the bare baseline.
     #[arg(long, default_value = "/usr/bin/python3")]
     python: String,
@@ -237,34 +240,56 @@ fn raw_docker_run(image: &str) -> Result<f64> {
     ])
 }
 
-/// The gvisor rows: cold and pooled runs, each interleaved with raw `docker run --rm`, and
-/// 20 concurrent runs against 20 concurrent `docker run --rm`.
+/// `runsc --platform=P --network=none do /usr/bin/python3 -c CODE`, timed: gVisor's own
+/// one-shot sandbox, no runner.
+fn raw_runsc_do(platform: &str) -> Result<f64> {
+    time_cmd(&[
+        "runsc",
+        &format!("--platform={platform}"),
+        "--network=none",
+        "do",
+        "/usr/bin/python3",
+        "-c",
+        CODE,
+    ])
+}
+
+/// The gvisor rows: cold and pooled runs, each interleaved with raw `docker run --rm` and raw
+/// `runsc do`, and 20 concurrent runs against 20 concurrent `docker run --rm`.
 async fn gvisor_rows(args: &Args, cold_addr: &str) -> Result<()> {
     let runs = args.runs;
     let mut cold = connect(cold_addr).await.context("gvisor runner")?;
+    let platform = &args.gvisor_platform;
     one_run(&mut cold, Some(false)).await?;
     raw_docker_run(&args.image)?;
+    raw_runsc_do(platform)?;
     let mut rows = Vec::new();
     let mut ratios = Vec::new();
-    let (mut ours, mut raw, mut inside) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut ours, mut raw, mut inside, mut runsc) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..runs {
         let (ms, sandbox_ms) = one_run_inner(&mut cold, Some(false)).await?;
         ours.push(ms);
         inside.push(sandbox_ms);
         raw.push(raw_docker_run(&args.image)?);
+        runsc.push(raw_runsc_do(platform)?);
     }
+    let runsc_label = format!("raw `runsc --platform={platform} --network=none do python3 -c`");
     rows.push(stats("cairn Run, gvisor cold (gRPC)", ours));
     rows.push(stats("raw `docker run --rm IMAGE python3 -c`", raw));
+    rows.push(stats(&runsc_label, runsc));
     rows.push(stats(
         "(gvisor cold: runsc run + waiter + python, the runner's duration_ms)",
         inside,
     ));
     ratios.push(("gvisor cold / raw docker run", 0, 1));
+    ratios.push(("gvisor cold / raw runsc do", 0, 2));
     if let Some(addr) = &args.gvisor_pool {
         let mut client = connect(addr).await?;
         wait_warm(&mut client, args.pool).await?;
         one_run(&mut client, Some(true)).await?;
-        let (mut ours, mut raw, mut inside) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut ours, mut raw, mut inside, mut runsc) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for _ in 0..runs {
             wait_warm(&mut client, args.pool).await?;
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -272,15 +297,18 @@ async fn gvisor_rows(args: &Args, cold_addr: &str) -> Result<()> {
             ours.push(ms);
             inside.push(sandbox_ms);
             raw.push(raw_docker_run(&args.image)?);
+            runsc.push(raw_runsc_do(platform)?);
         }
         let at = rows.len();
         rows.push(stats("cairn Run, gvisor pooled (gRPC)", ours));
         rows.push(stats("raw `docker run --rm IMAGE python3 -c`", raw));
+        rows.push(stats(&runsc_label, runsc));
         rows.push(stats(
-            "(gvisor pooled: go line + python alone, the runner's duration_ms)",
+            "(gvisor pooled: go line to exit status, the runner's duration_ms)",
             inside,
         ));
         ratios.push(("gvisor pooled / raw docker run", at, at + 1));
+        ratios.push(("gvisor pooled / raw runsc do", at, at + 2));
     }
     println!("| path | runs | p50 ms | p95 ms |");
     println!("|---|---:|---:|---:|");

@@ -1,7 +1,8 @@
-# Signals one session Exec's processes (backend/docker.rs), run in the session's container as
-# the sandbox user: every process whose environment carries the Exec's CAIRN_EXEC_ID, and
-# every process in the sessions they lead (the engine starts each Exec in a session of its
-# own; background children stay in it). Other Execs of the session are left alone.
+# Signals one session Exec's processes (backend/docker.rs, gvisor_session.rs), run in the
+# session's container or gVisor sandbox as the sandbox user: every process whose environment
+# carries the Exec's CAIRN_EXEC_ID, and every process in the sessions they lead (each Exec's
+# command starts in a session of its own; background children stay in it). Other Execs of the
+# session are left alone.
 import os, sys
 
 sig, mark = int(sys.argv[1]), ("CAIRN_EXEC_ID=" + sys.argv[2]).encode()

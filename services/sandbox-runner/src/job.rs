@@ -220,23 +220,28 @@ impl Job {
 
     /// Environment of the program (the request's variables over cairn's).
     pub fn environment(&self) -> Vec<(String, String)> {
-        let mut env = vec![
-            (
-                "PATH".to_owned(),
-                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_owned(),
-            ),
-            ("HOME".to_owned(), "/tmp".to_owned()),
-            ("LANG".to_owned(), "C.UTF-8".to_owned()),
-            // Unbuffered, so output written before a timeout kill is kept.
-            ("PYTHONUNBUFFERED".to_owned(), "1".to_owned()),
-            ("PYTHONDONTWRITEBYTECODE".to_owned(), "1".to_owned()),
-        ];
+        let mut env = base_environment();
         for (k, v) in &self.env {
             env.retain(|(name, _)| name != k);
             env.push((k.clone(), v.clone()));
         }
         env
     }
+}
+
+/// The environment of a program whose request sets no variables.
+pub fn base_environment() -> Vec<(String, String)> {
+    vec![
+        (
+            "PATH".to_owned(),
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_owned(),
+        ),
+        ("HOME".to_owned(), "/tmp".to_owned()),
+        ("LANG".to_owned(), "C.UTF-8".to_owned()),
+        // Unbuffered, so output written before a timeout kill is kept.
+        ("PYTHONUNBUFFERED".to_owned(), "1".to_owned()),
+        ("PYTHONDONTWRITEBYTECODE".to_owned(), "1".to_owned()),
+    ]
 }
 
 /// Ids are opaque strings of [A-Za-z0-9._-], 1-128 characters (common.proto).

@@ -75,7 +75,7 @@ impl Runner {
             removed_task_dirs = dirs,
             max_concurrent_runs = config.concurrent_runs(),
             limits_enforced = backend.limits_enforced(),
-            "sandbox-runner ready; removed {containers} leftover sandboxes (containers or cgroups) and {dirs} task directories"
+            "sandbox-runner ready; removed {containers} leftover sandboxes (containers, sandbox processes or cgroups) and {dirs} task directories"
         );
         backend.start();
         let owner = rustix::process::geteuid()

@@ -283,3 +283,165 @@ async fn network_only_when_the_job_has_it() {
     assert_eq!(text(&out.stdout), "False\n", "{}", text(&out.stderr));
     r.stop().await;
 }
+
+/// A probe of the interpreter a Python program finds itself in (argv, path, flags, modules,
+/// __main__, signals, stdio, environment), then an uncaught exception.
+const INTERPRETER_PROBE: &str = r#"import os, signal, sys
+print(sys.argv, sys.path[0], sys.orig_argv[1:2], sys.flags)
+print(__name__, sorted(globals()), '__file__' in globals() and __file__)
+print(sorted(sys.modules))
+print([signal.getsignal(s) for s in (signal.SIGINT, signal.SIGPIPE, signal.SIGTERM, signal.SIGXFSZ)])
+print(sys.stdin.read() == '', sys.stdout.write_through, sys.stdout.encoding, sys.dont_write_bytecode)
+print(sorted(os.environ.items()), os.getcwd(), os.getuid())
+def fail():
+    raise ValueError("boom")
+fail()
+"#;
+
+/// A pooled run (which may run in a fork of the waiting sandbox's warm interpreter) sees what
+/// a cold run's freshly started `python3` sees: code and file programs, exit statuses,
+/// tracebacks; a job with variables of its own still runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pooled_python_run_sees_what_a_fresh_interpreter_sees() {
+    if !gvisor_usable("gvisor_warm_interpreter") {
+        return;
+    }
+    let file = |code: &str| cairn_proto::RunRequest {
+        language: "python".into(),
+        code_file: "main.py".into(),
+        input_files: vec![input("main.py", code.as_bytes())],
+        ..Default::default()
+    };
+    let mut with_env = python("import os, sys; print(os.environ['EXTRA'], sys.argv)");
+    with_env.env.insert("EXTRA".into(), "yes".into());
+    let requests = [
+        python(INTERPRETER_PROBE),
+        file(INTERPRETER_PROBE),
+        python("import sys; print('out'); sys.exit(3)"),
+        python("raise SystemExit('bye')"),
+        python("import os; os._exit(5)"),
+        python("import atexit; atexit.register(lambda: print('at exit'))"),
+        with_env,
+    ];
+    let mut seen = Vec::new();
+    for case in cases() {
+        let r = TestRunner::start(case).await;
+        let mut outs = Vec::new();
+        for req in requests.clone() {
+            let out = r.run(req).await;
+            outs.push((out.exit_code, text(&out.stdout), text(&out.stderr)));
+        }
+        r.stop().await;
+        seen.push(outs);
+    }
+    let (cold, pooled) = (&seen[0], &seen[1]);
+    assert_eq!(cold[0].0, 1, "{:?}", cold[0]);
+    assert!(
+        cold[0].2.ends_with("in fail\nValueError: boom\n"),
+        "{}",
+        cold[0].2
+    );
+    assert_eq!((cold[2].0, cold[3].0, cold[4].0), (3, 1, 5));
+    assert_eq!(cold[5].1, "at exit\n");
+    assert_eq!(cold[6].1, "yes ['-c']\n");
+    for (i, (c, p)) in cold.iter().zip(pooled).enumerate() {
+        assert_eq!(c, p, "request {i}: cold (left) and pooled (right) differ");
+    }
+}
+
+/// On gvisor a session is one sandbox for its life: a command's background processes and
+/// /tmp are there for the next; each command runs as the sandbox user in /workspace; a
+/// timeout kills that command's processes only; closing leaves no sandbox, runsc state,
+/// bundle, process or directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_gvisor_session_is_one_sandbox_for_its_life() {
+    if !gvisor_usable("gvisor_session") {
+        return;
+    }
+    let r = TestRunner::start(cases()[0]).await;
+    let mut c = r.client.clone();
+    let sid = c
+        .open_session(cairn_proto::OpenSessionRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .session_id;
+    let sandboxes = gvisor_sandboxes(r.work_root.path()).await;
+    assert_eq!(sandboxes.len(), 1, "one sandbox at open: {sandboxes:?}");
+    let exec = |command: &str, timeout_ms: u64| {
+        let mut c = r.client.clone();
+        let req = cairn_proto::ExecRequest {
+            session_id: sid.clone(),
+            command: command.into(),
+            timeout_ms,
+            ..Default::default()
+        };
+        async move { c.exec(req).await.unwrap().into_inner() }
+    };
+    let t0 = std::time::Instant::now();
+    let out = exec(
+        "sleep 30 & echo $! > /tmp/bg.pid; echo started; pwd; id -u; echo $HOME",
+        0,
+    )
+    .await;
+    assert_eq!(
+        (out.exit_code, text(&out.stdout).as_str()),
+        (0, "started\n/workspace\n10001\n/tmpfs\n"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(10),
+        "a background process held the command's reply: {:?}",
+        t0.elapsed()
+    );
+    let out = exec("kill -0 $(cat /tmp/bg.pid) && echo alive", 0).await;
+    assert_eq!(text(&out.stdout), "alive\n", "{}", text(&out.stderr));
+    // Timed out: its own processes (background ones included) die, the session's others stay.
+    let out = exec(
+        "sleep 60 & echo $! > /tmp/mine.pid; echo waiting; sleep 60",
+        1000,
+    )
+    .await;
+    assert!(out.timed_out && out.exit_code == -1, "{out:?}");
+    assert_eq!(text(&out.stdout), "waiting\n");
+    let out = exec(
+        "kill -0 $(cat /tmp/bg.pid) && echo first alive; kill -0 $(cat /tmp/mine.pid) 2>/dev/null || echo timed-out gone",
+        0,
+    )
+    .await;
+    assert_eq!(
+        text(&out.stdout),
+        "first alive\ntimed-out gone\n",
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(
+        gvisor_sandboxes(r.work_root.path()).await,
+        sandboxes,
+        "every command ran in the session's one sandbox"
+    );
+    let closed = c
+        .close_session(cairn_proto::CloseSessionRequest {
+            session_id: sid.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(closed.closed);
+    let gv = r.work_root.path().join("gvisor");
+    assert_eq!(
+        gvisor_sandboxes(r.work_root.path()).await,
+        Vec::<String>::new()
+    );
+    assert_eq!(std::fs::read_dir(gv.join("bundles")).unwrap().count(), 0);
+    assert_eq!(
+        std::fs::read_dir(r.work_root.path().join("tasks"))
+            .unwrap()
+            .count(),
+        0
+    );
+    let left = gvisor_processes(r.work_root.path());
+    assert!(left.is_empty(), "processes left: {left:?}");
+    r.stop().await;
+}

@@ -569,6 +569,40 @@ fn programs_with(needle: &str) -> Vec<i32> {
         .collect()
 }
 
+/// A local runner (with `extra` arguments) over `work_root`, running a python
+/// `time.sleep(<random number from base>)`; returns it and that marker.
+async fn local_runner_with_a_sleeping_run(
+    work_root: &std::path::Path,
+    runner_id: &str,
+    extra: &[&str],
+    base: u128,
+) -> (Proc, String) {
+    let (proc, client) = spawn_runner_with(BackendChoice::Local, work_root, runner_id, extra).await;
+    let marker = format!(
+        "time.sleep({})",
+        base + uuid::Uuid::new_v4().as_u128() % 1000
+    );
+    let mut c = client.clone();
+    let req = with_timeout(python(&format!("import time\n{marker}\n")), 600_000);
+    tokio::spawn(async move { c.run(req).await });
+    (proc, marker)
+}
+
+/// Kills the runner, then asserts that no process names `marker` 10 s later.
+async fn kill_and_expect_gone(mut proc: Proc, marker: &str, what: &str) {
+    proc.child.kill().unwrap();
+    proc.child.wait().unwrap();
+    let killed = Instant::now();
+    while !processes_with(marker).is_empty() {
+        assert!(
+            killed.elapsed() < Duration::from_secs(10),
+            "{what} runs on 10 s after its runner died: {:?}",
+            processes_with(marker)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// The local backend's runner killed while bubblewrap is still building the sandbox (as soon
 /// as a bwrap process names the program): the program never runs on without it. Five tries.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -582,32 +616,132 @@ async fn a_runner_killed_while_bwrap_sets_up_leaves_nothing_running() {
             .prefix("cairn-sbx-setup")
             .tempdir()
             .unwrap();
-        let (mut proc, client) =
-            spawn_runner(BackendChoice::Local, work_root.path(), "setup-death").await;
-        let marker = format!(
-            "time.sleep({})",
-            7000 + uuid::Uuid::new_v4().as_u128() % 1000
-        );
-        let mut c = client.clone();
-        let req = with_timeout(python(&format!("import time\n{marker}\n")), 600_000);
-        let _run = tokio::spawn(async move { c.run(req).await });
+        let (proc, marker) =
+            local_runner_with_a_sleeping_run(work_root.path(), "setup-death", &[], 7000).await;
         let t0 = Instant::now();
         while processes_with(&marker).is_empty() {
             assert!(t0.elapsed() < Duration::from_secs(30), "never started");
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        proc.child.kill().unwrap();
-        proc.child.wait().unwrap();
-        let killed = Instant::now();
-        while !processes_with(&marker).is_empty() {
-            assert!(
-                killed.elapsed() < Duration::from_secs(10),
-                "a sandbox set up while its runner died runs on: {:?}",
-                processes_with(&marker)
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        kill_and_expect_gone(proc, &marker, "a sandbox set up while its runner died").await;
+    }
+}
+
+/// Kills what it names on drop (a failed assertion leaves nothing running).
+struct KillOnDrop(String);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        for pid in processes_with(&self.0) {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
         }
     }
+}
+
+/// The real bwrap on PATH.
+fn real_bwrap() -> std::path::PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|d| d.join("bwrap"))
+        .find(|p| p.is_file())
+        .unwrap()
+}
+
+/// bubblewrap arms its own parent-death signal only after it has cloned the sandbox's pid 1,
+/// which may already run the program by then; a runner killed in between left bwrap, and the
+/// sandbox, running. Here a wrapper stands in for that window, made as wide as the program's
+/// life: the runner's child is a shell that never binds itself to the runner, and bwrap (with
+/// --die-with-parent) runs under it. The sandbox must still die with the runner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_bwrap_that_binds_itself_late_to_its_runner_still_dies_with_it() {
+    if let Err(reason) = bwrap_ready() {
+        println!("SKIP: late_death_signal [local]: {reason}");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let bin = tempfile::Builder::new()
+        .prefix("cairn-late-bwrap")
+        .tempdir()
+        .unwrap();
+    std::fs::set_permissions(bin.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let wrapper = bin.path().join("bwrap");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nexec 3<&0\n{} \"$@\" 0<&3 3<&- &\nwait \"$!\"\n",
+            real_bwrap().display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let work_root = tempfile::Builder::new()
+        .prefix("cairn-sbx-late")
+        .tempdir()
+        .unwrap();
+    let set = format!("bwrap={}", wrapper.display());
+    let (proc, marker) =
+        local_runner_with_a_sleeping_run(work_root.path(), "late-death", &["--set", &set], 8000)
+            .await;
+    let _cleanup = KillOnDrop(marker.clone());
+    // The program itself runs (python3, past bwrap's set-up and the gate).
+    let python_runs = || {
+        programs_with(&marker).into_iter().any(|pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            cmd.split(|b| *b == 0)
+                .next()
+                .is_some_and(|first| first.ends_with(b"python3"))
+        })
+    };
+    let t0 = Instant::now();
+    while !python_runs() {
+        assert!(t0.elapsed() < Duration::from_secs(30), "never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    kill_and_expect_gone(proc, &marker, "the sandbox").await;
+}
+
+/// A sandbox that outlived its runner (bwrap running a program over one of its task
+/// directories, its parent gone) is killed by the restarted runner's start-up sweep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restarted_runner_kills_a_local_sandbox_its_earlier_life_left() {
+    if let Err(reason) = bwrap_ready() {
+        println!("SKIP: restart_kills_leftover [local]: {reason}");
+        return;
+    }
+    let work_root = tempfile::Builder::new()
+        .prefix("cairn-sbx-left")
+        .tempdir()
+        .unwrap();
+    let output = work_root.path().join("tasks/left-1/output");
+    std::fs::create_dir_all(&output).unwrap();
+    let marker = format!("{}", 9000 + uuid::Uuid::new_v4().as_u128() % 1000);
+    let _cleanup = KillOnDrop(format!("sleep {marker}"));
+    // Orphaned at once (its shell exits), as after its runner's death.
+    let status = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "{} --unshare-pid --ro-bind / / --dev /dev --proc /proc --bind {} /mnt -- sleep {marker} </dev/null >/dev/null 2>&1 &",
+            real_bwrap().display(),
+            output.display()
+        ))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let t0 = Instant::now();
+    while processes_with(&format!("sleep {marker}")).len() < 3 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "leftover never started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (_proc, _client) = spawn_runner(BackendChoice::Local, work_root.path(), "left").await;
+    let left = processes_with(&format!("sleep {marker}"));
+    assert!(left.is_empty(), "the leftover sandbox runs on: {left:?}");
+    assert!(
+        !work_root.path().join("tasks/left-1").exists(),
+        "its task directory is swept"
+    );
 }
 
 /// The runner's environment (API keys, console token) never reaches a local sandbox: not in
@@ -697,4 +831,76 @@ async fn runner_secrets_stay_out_of_local_sandboxes() {
     check("session command", &exec.stdout);
     drop(proc);
     remove_runner_cgroups("secrets-runner").await;
+}
+
+/// A gvisor session (its sandbox, a command still running and one left in the background)
+/// whose runner is killed with -9: its processes are gone within 10 s, and the restarted
+/// runner leaves no sandbox in runsc's state, no bundle and no task directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_runner_leaves_nothing_of_a_gvisor_session() {
+    if !gvisor_usable("killed_runner_gvisor_session") {
+        return;
+    }
+    let work_root = tempfile::Builder::new()
+        .prefix("cairn-sbx-gvsess")
+        .tempdir()
+        .unwrap();
+    let runner_id = format!("gvsess-{}", uuid::Uuid::new_v4().simple());
+    let (mut proc, client) =
+        spawn_runner(BackendChoice::Gvisor, work_root.path(), &runner_id).await;
+    let mut c = client.clone();
+    let sid = c
+        .open_session(cairn_proto::OpenSessionRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .session_id;
+    let exec = move |command: &str| cairn_proto::ExecRequest {
+        session_id: sid.clone(),
+        command: command.into(),
+        timeout_ms: 600_000,
+        ..Default::default()
+    };
+    let out = c
+        .exec(exec("sleep 300 > /dev/null 2>&1 & echo bg"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(text(&out.stdout), "bg\n", "{}", text(&out.stderr));
+    let mut c2 = client.clone();
+    let running = tokio::spawn(async move { c2.exec(exec("sleep 400")).await });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!gvisor_processes(work_root.path()).is_empty());
+    proc.child.kill().unwrap();
+    proc.child.wait().unwrap();
+    let killed = Instant::now();
+    loop {
+        let left = gvisor_processes(work_root.path());
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(10),
+            "10 s after the runner died, still running: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        running.await.unwrap().is_err(),
+        "the Exec fails with its runner"
+    );
+    let (proc2, _c2) = spawn_runner(BackendChoice::Gvisor, work_root.path(), &runner_id).await;
+    assert_eq!(
+        gvisor_sandboxes(work_root.path()).await,
+        Vec::<String>::new()
+    );
+    let gv = work_root.path().join("gvisor");
+    assert_eq!(std::fs::read_dir(gv.join("bundles")).unwrap().count(), 0);
+    assert_eq!(
+        std::fs::read_dir(work_root.path().join("tasks"))
+            .unwrap()
+            .count(),
+        0
+    );
+    drop(proc2);
 }

@@ -39,7 +39,7 @@ use crate::pool::Pool;
 
 pub const LABEL_RUNNER: &str = "cairn.runner_id";
 const WATCHDOG: &str = include_str!("../watchdog.py");
-const EXEC_KILL: &str = include_str!("../exec_kill.py");
+pub(super) const EXEC_KILL: &str = include_str!("../exec_kill.py");
 /// The runner's end of a container's stdin: dropped (or the runner gone), the container stops.
 pub type Lease = std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>;
 pub const LABEL_KIND: &str = "cairn.kind";

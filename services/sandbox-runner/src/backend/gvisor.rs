@@ -1,21 +1,23 @@
-//! The gVisor backend: each run or session command in its own gVisor sandbox (`runsc run` on
-//! an OCI bundle the runner writes), so the program talks to gVisor's user-space kernel, never
-//! to the host's. The root is the host's, read-only and served through gVisor's file proxy,
-//! with the private top-level directories (home, root, the work_root, ...) covered by empty
-//! file systems; /input read-only, /output (or /workspace and /tmpfs of a session) writable,
-//! /tmp a private tmpfs; the program runs as the sandbox uid with no capabilities and an
-//! environment of its own only. No network (`--network=none` and a new network namespace)
-//! unless the job has it (`--network=host`: sockets of the runner's network namespace, as on
-//! the local backend). rlimits as the other backends set them (gVisor enforces RLIMIT_NPROC
-//! over its whole kernel, as every process there runs as the sandbox uid); memory and cpu over
-//! the whole sandbox through the cgroups runsc makes (`cairn-gvisor-<runner_id>/<id>`) when
-//! the host has them.
+//! The gVisor backend: each run in its own gVisor sandbox (`runsc run` on an OCI bundle the
+//! runner writes), each session in one sandbox for its life (gvisor_session.rs), so the
+//! program talks to gVisor's user-space kernel, never to the host's. The root is the host's,
+//! read-only and served through gVisor's file proxy, with the private top-level directories
+//! (home, root, the work_root, ...) covered by empty file systems; /input read-only, /output
+//! (or /workspace and /tmpfs of a session) writable, /tmp a private tmpfs; the program runs as
+//! the sandbox uid with no capabilities and an environment of its own only. No network
+//! (`--network=none` and a new network namespace) unless the job has it (`--network=host`:
+//! sockets of the runner's network namespace, as on the local backend). rlimits as the other
+//! backends set them (gVisor enforces RLIMIT_NPROC over its whole kernel, as every process
+//! there runs as the sandbox uid); memory and cpu over the whole sandbox through the cgroups
+//! runsc makes (`cairn-gvisor-<runner_id>/<id>`) when the host has them.
 //!
 //! Kill semantics: on timeout `runsc kill --all <id> TERM` (the waiter, below, ignores it), the
 //! grace, then `KILL`; the sandbox ends when its first process does, taking every other
-//! process with it. `runsc run`
-//! gets SIGKILL when the runner dies (parent-death signal), and its attached sandbox dies with
-//! it. Afterwards `runsc delete --force` and the bundle directory go. runsc keeps its state in
+//! process with it. `runsc run` gets SIGKILL when the runner dies (parent-death signal, armed
+//! before it is exec'd), and its attached sandbox dies with it; the runner's watchdog kills
+//! whatever process still names the state directory. Once the program's exit status is in,
+//! the reply goes; `runsc run` ends, then `runsc delete --force` and the bundle directory go,
+//! in the background (shutdown waits for them). runsc keeps its state in
 //! `<work_root>/gvisor/state` (its `--root`), so a restarted runner finds and removes what an
 //! earlier life left.
 //!
@@ -23,13 +25,14 @@
 //! (64 KiB) although the pipe is blocking to the program, and a program that does not retry
 //! (Python's unbuffered text streams) loses the rest; so every sandbox's first process is the
 //! waiter (waiter.py, as in the pools), which starts the program with stdout and stderr on
-//! pipes of gVisor's own, copies them whole, kills whatever the program left running once it
-//! has exited (as the end of its sandbox would), and exits with its status. `--platform=kvm`
-//! hangs in nested virtualisation (ptrace works); its statx refuses AT_NO_AUTOMOUNT (EINVAL),
-//! so coreutils' `ls` and `stat` fail inside while Python's os.stat, find and shells work;
-//! `--network=sandbox` refuses the root network namespace; `--rootless` is not needed as root.
+//! pipes of gVisor's own and sends their bytes, then the exit status, in frames on its stdout
+//! (`Frames`), and kills whatever the program left running once it has exited (as the end of
+//! its sandbox would). `--platform=kvm` hangs in nested virtualisation (ptrace works); its
+//! statx refuses AT_NO_AUTOMOUNT (EINVAL), so coreutils' `ls` and `stat` fail inside while
+//! Python's os.stat, find and shells work; `--network=sandbox` refuses the root network
+//! namespace; `--rootless` is not needed as root.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -39,13 +42,14 @@ use cairn_proto::StdStream;
 use serde_json::{json, Value};
 use time::OffsetDateTime;
 use tokio::io::AsyncReadExt;
-use tokio::process::{Child, Command};
+use tokio::process::{Child, ChildStderr, ChildStdout, Command};
 use tokio::time::sleep_until;
 
 use super::gvisor_pool::{GvisorSource, Waiting};
+use super::gvisor_session::SessionBox;
 use super::local::{collect, find_program, rlimits, stage_inputs, TaskDir};
 use super::local_pool::{send_go, Go, WAITER};
-use super::{keep, remove_dir, session_env, ExecOutcome, ExecSpec, Live, SessionSandbox};
+use super::{die_with_runner, keep, remove_dir, Live, Watchdog};
 use crate::capture::Capture;
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -71,10 +75,14 @@ const HIDDEN: &[&str] = &[
 ];
 
 pub struct GvisorBackend {
-    base: Arc<Base>,
+    pub(super) base: Arc<Base>,
     /// Ids of running sandboxes (killed at shutdown).
     running: Arc<Mutex<HashSet<String>>>,
     pool: Option<Arc<Pool<GvisorSource>>>,
+    /// The sandboxes of open sessions, by session id.
+    pub(super) sessions: Mutex<HashMap<String, SessionBox>>,
+    /// Kills the runsc processes of this runner's state directory once the runner is gone.
+    _watchdog: Watchdog,
 }
 
 /// Sandbox deletions under way in the background (the reply does not wait for them; shutdown
@@ -99,7 +107,7 @@ impl Pending {
 /// What every sandbox of this backend is built from.
 pub(super) struct Base {
     pub(super) config: Arc<Config>,
-    runsc: PathBuf,
+    pub(super) runsc: PathBuf,
     /// runsc's `--root`: its state of this runner's sandboxes.
     state: PathBuf,
     /// `<id>/config.json` of each sandbox.
@@ -114,6 +122,8 @@ pub(super) struct Base {
 /// One sandboxed program to start.
 pub(super) struct Spec<'a> {
     pub(super) id: String,
+    /// The first process runs as root (without capabilities), not as the sandbox user.
+    pub(super) root: bool,
     /// (host path, sandbox path, writable)
     pub(super) binds: Vec<(PathBuf, &'static str, bool)>,
     pub(super) network: bool,
@@ -159,6 +169,8 @@ impl GvisorBackend {
             pending: Arc::default(),
             config,
         };
+        // Before any runsc process of this life exists (see Watchdog::start).
+        let watchdog = Watchdog::start(format!("--root={}", base.state.display()).as_ref())?;
         for d in [&base.state, &base.bundles] {
             std::fs::create_dir_all(d).map_err(Error::io(format!("creating {}", d.display())))?;
         }
@@ -183,6 +195,8 @@ impl GvisorBackend {
             base,
             running: Arc::default(),
             pool,
+            sessions: Mutex::default(),
+            _watchdog: watchdog,
         })
     }
 
@@ -241,6 +255,7 @@ impl GvisorBackend {
         let env = job.environment();
         let spec = Spec {
             id: job.id.clone(),
+            root: false,
             binds: vec![(input, "/input", false), (output.clone(), "/output", true)],
             network: job.network,
             limits: &job.limits,
@@ -282,6 +297,7 @@ impl GvisorBackend {
             cwd: "/tmp",
             rlimits: rlimits(&job.limits, timeout).into_iter().collect(),
             relay: true,
+            reap: true,
         };
         let (started_at, t0) = send_go(&mut sandbox.child, go)
             .await
@@ -290,39 +306,12 @@ impl GvisorBackend {
         let caps = (job.limits.max_stdout_bytes, job.limits.max_stderr_bytes);
         let done = self
             .base
-            .supervise(&mut sandbox, started_at, t0, timeout, caps, live)
+            .supervise(sandbox, started_at, t0, timeout, caps, live)
             .await
             .map_err(Pooled::Failed)?;
         let outputs = collect(output, job).await.map_err(Pooled::Failed)?;
         drop(task);
         Ok(outcome(done, outputs, true))
-    }
-
-    /// A session command: a sandbox of its own over the session's /workspace and /tmpfs.
-    pub async fn exec(&self, s: &SessionSandbox, spec: &ExecSpec) -> Result<ExecOutcome> {
-        let env = session_env();
-        let spec_ = Spec {
-            id: format!("{}-{}", s.session_id, uuid::Uuid::now_v7().simple()),
-            binds: vec![
-                (s.task_dir.join("workspace"), "/workspace", true),
-                (s.task_dir.join("tmpfs"), "/tmpfs", true),
-            ],
-            network: s.network,
-            limits: &s.limits,
-            timeout: spec.timeout,
-            cwd: &spec.workdir,
-            env: &env,
-            argv: vec!["bash".into(), "-lc".into(), spec.command.clone()],
-        };
-        let caps = (spec.max_output_bytes, spec.max_output_bytes);
-        let done = self.sandboxed(&spec_, caps, None).await?;
-        Ok(ExecOutcome {
-            exit_code: done.exit_code,
-            timed_out: done.timed_out,
-            duration_ms: done.duration_ms,
-            stdout: done.stdout,
-            stderr: done.stderr,
-        })
     }
 
     /// Writes the bundle, starts the sandbox with the waiter as its first process, sends it
@@ -338,13 +327,14 @@ impl GvisorBackend {
         let waiter_env = waiter_env();
         let waiter = Spec {
             id: spec.id.clone(),
+            root: false,
             binds: spec.binds.clone(),
             network: spec.network,
             limits: spec.limits,
             timeout: spec.timeout,
             cwd: "/",
             env: &waiter_env,
-            argv: waiter_argv(true),
+            argv: waiter_argv(WaiterMode::Now),
         };
         let t0 = Instant::now();
         let started_at = OffsetDateTime::now_utc();
@@ -359,10 +349,11 @@ impl GvisorBackend {
             cwd: spec.cwd,
             rlimits: rlimits(spec.limits, spec.timeout).into_iter().collect(),
             relay: true,
+            reap: true,
         };
         send_go(&mut sandbox.child, go).await?;
         self.base
-            .supervise(&mut sandbox, started_at, t0, spec.timeout, caps, live)
+            .supervise(sandbox, started_at, t0, spec.timeout, caps, live)
             .await
     }
 
@@ -371,6 +362,14 @@ impl GvisorBackend {
     pub async fn shutdown(&self) {
         if let Some(pool) = &self.pool {
             pool.close().await;
+        }
+        let sessions: Vec<SessionBox> = self
+            .sessions
+            .lock()
+            .map(|mut m| m.drain().map(|(_, s)| s).collect())
+            .unwrap_or_default();
+        for s in sessions {
+            s.close().await;
         }
         let ids: Vec<String> = self
             .running
@@ -428,6 +427,28 @@ impl Drop for Sandbox {
 }
 
 impl Sandbox {
+    /// In the background: lets `runsc run` end (its first process has ended or is ending;
+    /// killed after 5 s), then deletes the sandbox. Shutdown waits for it.
+    pub(super) fn end_later(mut self) {
+        use std::sync::atomic::Ordering;
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let pending = self.base.pending.clone();
+        pending.count.fetch_add(1, Ordering::SeqCst);
+        rt.spawn(async move {
+            let ended = tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await;
+            if ended.is_err() {
+                let _ = self.child.start_kill();
+                let _ = tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await;
+            }
+            self.done = true;
+            self.base.delete(&self.id).await;
+            pending.count.fetch_sub(1, Ordering::SeqCst);
+            pending.idle.notify_waiters();
+        });
+    }
+
     /// Kills `runsc run` (its sandbox dies with it), waits for it, deletes the sandbox.
     pub(super) async fn destroy(mut self) {
         let _ = self.child.start_kill();
@@ -477,7 +498,7 @@ impl BaseRef {
 }
 
 impl Base {
-    fn global_args(&self) -> Vec<String> {
+    pub(super) fn global_args(&self) -> Vec<String> {
         let mut args = vec![
             format!("--root={}", self.state.display()),
             format!("--platform={}", self.config.gvisor_platform),
@@ -507,6 +528,7 @@ impl Base {
             let id = format!("probe-{}", uuid::Uuid::now_v7().simple());
             let spec = Spec {
                 id: id.clone(),
+                root: false,
                 binds: Vec::new(),
                 network: false,
                 limits: &limits,
@@ -599,7 +621,11 @@ impl Base {
         json!({
             "ociVersion": "1.0.0",
             "process": {
-                "user": {"uid": self.config.sandbox_uid, "gid": self.config.sandbox_gid},
+                "user": if spec.root {
+                    json!({"uid": 0, "gid": 0})
+                } else {
+                    json!({"uid": self.config.sandbox_uid, "gid": self.config.sandbox_gid})
+                },
                 "args": spec.argv,
                 "env": spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>(),
                 "cwd": spec.cwd,
@@ -676,15 +702,17 @@ impl Base {
         }
     }
 
-    /// Captures a started sandbox's output, enforces the timeout from `t0` (SIGTERM to every
-    /// process, grace, SIGKILL), waits for it, reads whether memory ran out, deletes it.
+    /// Captures a started sandbox's output (the waiter's frames), enforces the timeout from
+    /// `t0` (SIGTERM to every process, grace, SIGKILL), reads whether memory ran out. Returns
+    /// once the waiter has sent the program's exit status; the sandbox ends and is deleted in
+    /// the background.
     pub(super) async fn supervise(
         &self,
-        sandbox: &mut Sandbox,
+        mut sandbox: Sandbox,
         started_at: OffsetDateTime,
         t0: Instant,
         timeout: Duration,
-        (max_stdout, max_stderr): (u64, u64),
+        caps: (u64, u64),
         live: Option<&Live>,
     ) -> Result<Finished> {
         let (Some(mut out), Some(mut err)) =
@@ -692,56 +720,38 @@ impl Base {
         else {
             return Err(Error::Sandbox("runsc started without pipes".into()));
         };
-        let mut stdout = Capture::new(max_stdout);
-        let mut stderr = Capture::new(max_stderr);
-        let (mut out_open, mut err_open) = (true, true);
-        let mut obuf = vec![0u8; 64 * 1024];
-        let mut ebuf = vec![0u8; 64 * 1024];
-        let mut step = 0u8;
-        let mut next = t0 + timeout;
         let grace = Duration::from_millis(self.config.kill_grace_ms);
-        while out_open || err_open {
-            tokio::select! {
-                r = out.read(&mut obuf), if out_open => match r {
-                    Ok(0) | Err(_) => out_open = false,
-                    Ok(n) => keep(&mut stdout, &obuf[..n], StdStream::Stdout, live).await,
-                },
-                r = err.read(&mut ebuf), if err_open => match r {
-                    Ok(0) | Err(_) => err_open = false,
-                    Ok(n) => keep(&mut stderr, &ebuf[..n], StdStream::Stderr, live).await,
-                },
-                _ = sleep_until(next.into()) => {
-                    match step {
-                        0 => {
-                            self.kill(&sandbox.id, "TERM").await;
-                            next = Instant::now() + grace;
-                        }
-                        1 => {
-                            self.kill(&sandbox.id, "KILL").await;
-                            next = Instant::now() + Duration::from_secs(5);
-                        }
-                        _ => break,
+        let target = Target::Sandbox(&sandbox.id);
+        let relayed = self
+            .pump(&mut out, &mut err, t0 + timeout, grace, caps, live, target)
+            .await?;
+        let Relayed {
+            status,
+            step,
+            stdout,
+            stderr,
+        } = relayed;
+        let exit_code = match status {
+            Some(code) => code,
+            // No status: the sandbox ended without its waiter (killed, or runsc failed).
+            None => {
+                let status = tokio::select! {
+                    s = sandbox.child.wait() => s.map_err(Error::io("waiting for runsc"))?,
+                    _ = tokio::time::sleep(Duration::from_secs(5)) => {
+                        let _ = sandbox.child.start_kill();
+                        sandbox.child.wait().await.map_err(Error::io("waiting for runsc"))?
                     }
-                    step += 1;
-                }
-            }
-        }
-        let status = tokio::select! {
-            s = sandbox.child.wait() => s.map_err(Error::io("waiting for runsc"))?,
-            _ = tokio::time::sleep(Duration::from_secs(5)) => {
-                let _ = sandbox.child.start_kill();
-                sandbox.child.wait().await.map_err(Error::io("waiting for runsc"))?
+                };
+                status.code().unwrap_or_else(|| {
+                    use std::os::unix::process::ExitStatusExt;
+                    128 + status.signal().unwrap_or(0)
+                })
             }
         };
         let duration_ms = t0.elapsed().as_millis() as u64;
         let oom_killed = self.oom_kills(&sandbox.id) > 0;
-        // Its program has ended and runsc run has exited: the reply need not wait for the rest.
-        sandbox.done = true;
-        sandbox.base.delete_later(&sandbox.id);
-        let exit_code = status.code().unwrap_or_else(|| {
-            use std::os::unix::process::ExitStatusExt;
-            128 + status.signal().unwrap_or(0)
-        });
+        // Its program has ended: the reply need not wait for the sandbox to go.
+        sandbox.end_later();
         Ok(Finished {
             exit_code: if step > 0 { -1 } else { exit_code },
             timed_out: step > 0,
@@ -751,6 +761,80 @@ impl Base {
             stdout,
             stderr,
         })
+    }
+
+    /// Reads a relay's frames (`out`) and runsc's own stderr (`err`) until the exit frame or
+    /// the end of both; from `deadline` on signals `target`: SIGTERM, SIGKILL after `grace`,
+    /// and gives up 5 s later.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn pump(
+        &self,
+        out: &mut ChildStdout,
+        err: &mut ChildStderr,
+        deadline: Instant,
+        grace: Duration,
+        (max_stdout, max_stderr): (u64, u64),
+        live: Option<&Live>,
+        target: Target<'_>,
+    ) -> Result<Relayed> {
+        let mut frames = Frames::default();
+        let mut stdout = Capture::new(max_stdout);
+        let mut stderr = Capture::new(max_stderr);
+        let (mut out_open, mut err_open) = (true, true);
+        let mut obuf = vec![0u8; 64 * 1024];
+        let mut ebuf = vec![0u8; 64 * 1024];
+        let mut step = 0u8;
+        let mut next = deadline;
+        let mut status = None;
+        while status.is_none() && (out_open || err_open) {
+            tokio::select! {
+                r = out.read(&mut obuf), if out_open => match r {
+                    Ok(0) | Err(_) => out_open = false,
+                    Ok(n) => {
+                        for f in frames.feed(&obuf[..n])? {
+                            match f {
+                                Frame::Stdout(d) => keep(&mut stdout, &d, StdStream::Stdout, live).await,
+                                Frame::Stderr(d) => keep(&mut stderr, &d, StdStream::Stderr, live).await,
+                                Frame::Exit(code) => status = Some(code),
+                            }
+                        }
+                    }
+                },
+                // runsc's own errors, and the waiter's before it relays anything.
+                r = err.read(&mut ebuf), if err_open => match r {
+                    Ok(0) | Err(_) => err_open = false,
+                    Ok(n) => keep(&mut stderr, &ebuf[..n], StdStream::Stderr, live).await,
+                },
+                _ = sleep_until(next.into()) => {
+                    match step {
+                        0 => {
+                            self.signal(target, "TERM").await;
+                            next = Instant::now() + grace;
+                        }
+                        1 => {
+                            self.signal(target, "KILL").await;
+                            next = Instant::now() + Duration::from_secs(5);
+                        }
+                        _ => break,
+                    }
+                    step += 1;
+                }
+            }
+        }
+        Ok(Relayed {
+            status,
+            step,
+            stdout,
+            stderr,
+        })
+    }
+
+    /// Sends `signal` (TERM or KILL) to what `target` names.
+    pub(super) async fn signal(&self, target: Target<'_>, signal: &str) {
+        match target {
+            Target::Sandbox(id) => self.kill(id, signal).await,
+            Target::Exec { sandbox, exec_id } => self.kill_exec(sandbox, exec_id, signal).await,
+        }
     }
 
     /// `runsc kill --all <id> <signal>` (errors are the sandbox having ended already).
@@ -825,13 +909,34 @@ impl Base {
     }
 }
 
-/// The waiter's command line; `now`: no "ready" line, the job follows at once (cold runs).
-pub(super) fn waiter_argv(now: bool) -> Vec<String> {
-    let mut argv: Vec<String> = ["python3", "-I", "-S", "-c", WAITER]
+/// How the waiter starts.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum WaiterMode {
+    /// No "ready" line, the job follows at once (cold runs).
+    Now,
+    /// Says it is ready, waits for its job line (or end of file).
+    Ready,
+    /// As `Ready`, started as a plain `python3 -c` in a job's default environment
+    /// (`job::base_environment`), so a Python job that would start the same runs in a fork of
+    /// it (waiter.py).
+    Warm,
+}
+
+/// The waiter's command line.
+pub(super) fn waiter_argv(mode: WaiterMode) -> Vec<String> {
+    let flags: &[&str] = match mode {
+        WaiterMode::Warm => &[],
+        _ => &["-I", "-S"],
+    };
+    let mut argv: Vec<String> = std::iter::once("python3")
+        .chain(flags.iter().copied())
+        .chain(["-c", WAITER])
         .map(String::from)
-        .to_vec();
-    if now {
-        argv.push("--now".into());
+        .collect();
+    match mode {
+        WaiterMode::Now => argv.push("--now".into()),
+        WaiterMode::Warm => argv.push("--warm".into()),
+        WaiterMode::Ready => {}
     }
     argv
 }
@@ -906,20 +1011,71 @@ fn hidden_dirs(work_root: &Path) -> Vec<String> {
     out
 }
 
-/// `runsc run` gets SIGKILL when the runner's thread that started it dies (its sandbox, run
-/// attached, dies with it).
-#[allow(unsafe_code)]
-fn die_with_runner(cmd: &mut Command) {
-    // SAFETY: the closure runs in the forked child before exec and makes one system call,
-    // prctl(PR_SET_PDEATHSIG), which is async-signal-safe and allocates nothing.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == 0 {
-                Ok(())
-            } else {
-                Err(std::io::Error::last_os_error())
-            }
-        });
+/// What a relay's frames told: the exit status (None: it ended without sending one), how far
+/// the timeout's steps went (0: not timed out), the output.
+pub(super) struct Relayed {
+    pub(super) status: Option<i32>,
+    pub(super) step: u8,
+    pub(super) stdout: Capture,
+    pub(super) stderr: Capture,
+}
+
+/// What a timeout signals.
+#[derive(Clone, Copy)]
+pub(super) enum Target<'a> {
+    /// Every process of the sandbox with this id.
+    Sandbox(&'a str),
+    /// The processes of one session command (gvisor_session.rs).
+    Exec { sandbox: &'a str, exec_id: &'a str },
+}
+
+/// What the waiter sends on its stdout when it relays (waiter.py): the program's output, then
+/// its exit status.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Frame {
+    Stdout(Vec<u8>),
+    Stderr(Vec<u8>),
+    Exit(i32),
+}
+
+/// Splits the waiter's stdout into frames: a kind byte, a 4-byte big-endian length, the bytes.
+#[derive(Default)]
+pub(super) struct Frames {
+    buf: Vec<u8>,
+}
+
+impl Frames {
+    /// Adds `data`; returns the frames it completes.
+    pub(super) fn feed(&mut self, data: &[u8]) -> Result<Vec<Frame>> {
+        self.buf.extend_from_slice(data);
+        let mut out = Vec::new();
+        let mut at = 0;
+        while let Some(head) = self.buf.get(at..at + 5) {
+            let mut len = [0u8; 4];
+            len.copy_from_slice(&head[1..]);
+            let len = u32::from_be_bytes(len) as usize;
+            let kind = head[0];
+            let Some(body) = self.buf.get(at + 5..at + 5 + len) else {
+                break;
+            };
+            out.push(match (kind, body.len()) {
+                (b'1', _) => Frame::Stdout(body.to_vec()),
+                (b'2', _) => Frame::Stderr(body.to_vec()),
+                (b'x', 4) => {
+                    let mut code = [0u8; 4];
+                    code.copy_from_slice(body);
+                    Frame::Exit(i32::from_be_bytes(code))
+                }
+                _ => {
+                    return Err(Error::Sandbox(format!(
+                        "the sandbox's relay sent a malformed frame (kind {kind:#04x}, {len} bytes)"
+                    )))
+                }
+            });
+            at += 5 + len;
+        }
+        self.buf.drain(..at);
+        Ok(out)
     }
 }
 
@@ -966,5 +1122,51 @@ impl Drop for Registered<'_> {
         if let Ok(mut s) = self.set.lock() {
             s.remove(&self.id);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(kind: u8, body: &[u8]) -> Vec<u8> {
+        let mut f = vec![kind];
+        f.extend_from_slice(&(body.len() as u32).to_be_bytes());
+        f.extend_from_slice(body);
+        f
+    }
+
+    #[test]
+    fn frames_split_anywhere_come_out_whole_and_in_order() {
+        let mut wire = frame(b'1', b"hello\n");
+        wire.extend(frame(b'2', b""));
+        wire.extend(frame(b'2', &[7u8; 70_000]));
+        wire.extend(frame(b'x', &(-9i32).to_be_bytes()));
+        for cut in [1, 3, 5, 11, 4096] {
+            let mut frames = Frames::default();
+            let mut got = Vec::new();
+            for piece in wire.chunks(cut) {
+                got.extend(frames.feed(piece).unwrap_or_default());
+            }
+            assert_eq!(
+                got,
+                [
+                    Frame::Stdout(b"hello\n".to_vec()),
+                    Frame::Stderr(Vec::new()),
+                    Frame::Stderr(vec![7u8; 70_000]),
+                    Frame::Exit(-9),
+                ],
+                "cut every {cut} bytes"
+            );
+            assert!(frames.buf.is_empty());
+        }
+    }
+
+    #[test]
+    fn a_frame_of_unknown_kind_is_an_error() {
+        let mut frames = Frames::default();
+        assert!(frames.feed(&frame(b'q', b"x")).is_err());
+        let mut frames = Frames::default();
+        assert!(frames.feed(&frame(b'x', b"12345")).is_err());
     }
 }

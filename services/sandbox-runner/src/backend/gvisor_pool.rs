@@ -1,12 +1,15 @@
 //! The gVisor backend's pool (refill policy in crate::pool): gVisor sandboxes started ahead of
 //! time (a fresh task directory behind /input and /output, no network, the default memory
-//! and cpu) whose first process is the local pool's waiter.py, waiting on its stdin. A run
-//! stages its inputs, sends one line (argv, env, rlimits, relay) and the waiter starts the
-//! program with its output relayed (see gvisor.rs on short writes); the runner then supervises
-//! it as a cold run. The sandbox's own rlimits are the
-//! runner's maxima, so the waiter can set any job's (a process may lower its hard limits,
-//! never raise them). A sandbox serves one run; its task directory is
-//! `<work_root>/tasks/pool-<uuid>`, its runsc id the same `pool-<uuid>`.
+//! and cpu) whose first process is waiter.py, waiting on its stdin. It is started as a plain
+//! `python3 -c` (no -I -S) in a job's default environment, so it is itself the interpreter a
+//! default Python job would start: such a job (`python3 -c CODE` or `python3 /input/FILE`, no
+//! variables of its own) runs in a fork of it as a fresh `__main__` (sys.argv, sys.path[0],
+//! sys.orig_argv set as `python3` sets them, the waiter's own modules dropped), without a new
+//! interpreter's start; that fork is made while the sandbox waits. Any other job is exec'd. A run stages its inputs, sends one line
+//! (argv, env, rlimits, relay) and the runner supervises the relayed program as a cold run.
+//! The sandbox's own rlimits are the runner's maxima, so the waiter can set any job's (a
+//! process may lower its hard limits, never raise them). A sandbox serves one run; its task
+//! directory is `<work_root>/tasks/pool-<uuid>`, its runsc id the same `pool-<uuid>`.
 
 use std::process::Stdio;
 use std::sync::Arc;
@@ -14,7 +17,7 @@ use std::time::Duration;
 
 use tokio::io::AsyncReadExt;
 
-use super::gvisor::{waiter_argv, waiter_env, Base, Sandbox, Spec};
+use super::gvisor::{waiter_argv, Base, Sandbox, Spec, WaiterMode};
 use super::local::TaskDir;
 use super::local_pool::{POOL_DIR_PREFIX, READY, READY_TIMEOUT};
 use crate::error::{Error, Result};
@@ -24,7 +27,7 @@ use crate::pool::Source;
 
 pub struct GvisorSource {
     base: Arc<Base>,
-    /// The waiter's own environment (the program gets the job's).
+    /// The waiter's own environment: a job's default one (the program gets its job's).
     env: Vec<(String, String)>,
 }
 
@@ -39,7 +42,7 @@ impl GvisorSource {
     pub fn new(base: Arc<Base>) -> GvisorSource {
         GvisorSource {
             base,
-            env: waiter_env(),
+            env: crate::job::base_environment(),
         }
     }
 
@@ -79,6 +82,7 @@ impl Source for GvisorSource {
         };
         let spec = Spec {
             id: id.clone(),
+            root: false,
             binds: vec![
                 (task.path.join("input"), "/input", false),
                 (task.path.join("output"), "/output", true),
@@ -88,7 +92,7 @@ impl Source for GvisorSource {
             timeout: Duration::from_millis(max.timeout_ms),
             cwd: "/tmp",
             env: &self.env,
-            argv: waiter_argv(false),
+            argv: waiter_argv(WaiterMode::Warm),
         };
         let mut sandbox = match self.base.start(&spec, Stdio::piped()).await {
             Ok(s) => s,

@@ -4,8 +4,12 @@
 //! fresh directory; rlimits through prlimit; the program as the sandbox uid, never root.
 //! With `pool_size` > 0, jobs with the default memory and no network take a sandbox made
 //! ahead of time whose process waits for them (local_pool.rs); the rest run cold.
-//! Kill semantics: the sandbox's pid-1 dies with bwrap (--die-with-parent), and everything in
-//! the pid namespace dies with it, setsid'd children included.
+//! Kill semantics: bwrap gets SIGKILL when the runner dies (its parent-death signal, armed
+//! before bwrap is exec'd: `die_with_runner`), the sandbox's pid-1 dies with bwrap
+//! (--die-with-parent), and everything in the pid namespace dies with it, setsid'd children
+//! included. A pid 1 that has not yet asked for its parent-death signal (bwrap's child waits
+//! for its parent's go-ahead first, forever if the parent died) is killed by the runner's
+//! watchdog (`Watchdog`); a restarted runner kills what an earlier life left (`sweep`).
 //! Nothing of the runner reaches the sandbox: bwrap itself starts with an empty environment
 //! (its pid-1 init is a fork of it, whose /proc/1/environ the program can read), descriptors
 //! above 2 are closed on exec, and the program sees only its own pid namespace. Each sandbox
@@ -27,7 +31,10 @@ use tokio::time::sleep_until;
 
 use super::cgroup::{self, Cgroup, Cgroups};
 use super::local_pool::{send_go, Go, LocalSource, Waiting};
-use super::{keep, remove_dir, session_env, ExecOutcome, ExecSpec, Live, SessionSandbox};
+use super::{
+    die_with_runner, keep, remove_dir, session_env, ExecOutcome, ExecSpec, Live, SessionSandbox,
+    Watchdog,
+};
 use crate::capture::Capture;
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -65,6 +72,8 @@ pub struct LocalBackend {
     running: Arc<Mutex<HashSet<i32>>>,
     /// Waiting sandboxes for jobs with the default memory and no network (`pool_size` > 0).
     pool: Option<Arc<Pool<LocalSource>>>,
+    /// Kills what names this runner's task directories once the runner is gone.
+    _watchdog: Watchdog,
 }
 
 /// What every sandbox of this backend is built from.
@@ -150,10 +159,13 @@ impl LocalBackend {
         let base = Arc::new(base);
         let pool = (base.config.pool_size > 0)
             .then(|| Arc::new(Pool::new(LocalSource::new(base.clone()))));
+        let mut tasks = base.config.work_root.join("tasks").into_os_string();
+        tasks.push("/");
         Ok(LocalBackend {
             base,
             running: Arc::default(),
             pool,
+            _watchdog: Watchdog::start(&tasks)?,
         })
     }
 
@@ -173,12 +185,23 @@ impl LocalBackend {
         self.base.cgroups.is_some()
     }
 
-    /// Removes the sandbox cgroups an earlier life of this runner left; returns how many.
+    /// Kills the sandboxes an earlier life of this runner left running (a bwrap that outlived
+    /// its runner) and removes their cgroups; returns how many sandboxes and cgroups there
+    /// were.
     pub async fn sweep(&self) -> usize {
-        match &self.base.cgroups {
-            Some(c) => c.sweep().await,
-            None => 0,
+        let tasks = self.base.config.work_root.join("tasks");
+        let killed = kill_leftovers(&tasks).await;
+        if killed > 0 {
+            tracing::warn!(
+                sandboxes = killed,
+                "killed sandboxes an earlier life of this runner left running"
+            );
         }
+        killed
+            + match &self.base.cgroups {
+                Some(c) => c.sweep().await,
+                None => 0,
+            }
     }
 }
 
@@ -340,6 +363,7 @@ impl Base {
             cmd.arg("--setenv").arg(k).arg(v);
         }
         cmd.process_group(0).kill_on_drop(true);
+        die_with_runner(&mut cmd);
         if self.as_root {
             cmd.uid(self.config.sandbox_uid)
                 .gid(self.config.sandbox_gid);
@@ -476,6 +500,7 @@ impl LocalBackend {
             cwd: "/tmp",
             rlimits: rlimits(&job.limits, timeout).into_iter().collect(),
             relay: false,
+            reap: false,
         };
         let (started_at, t0) = send_go(&mut child, go).await.map_err(Pooled::Unstarted)?;
         let caps = (job.limits.max_stdout_bytes, job.limits.max_stderr_bytes);
@@ -765,6 +790,66 @@ pub(super) fn kill_group(pid: i32, sig: Signal) {
     if let Some(pid) = Pid::from_raw(pid) {
         let _ = rustix::process::kill_process_group(pid, sig);
     }
+}
+
+/// Kills every process whose command line names a task directory under `tasks` (bwrap, and
+/// the pid 1 of its namespace, a fork of it; the namespace dies with its pid 1) and waits
+/// (bounded) until they are gone; returns how many sandboxes (outermost bwraps) there were.
+async fn kill_leftovers(tasks: &Path) -> usize {
+    let mut prefix = tasks.as_os_str().as_encoded_bytes().to_vec();
+    prefix.push(b'/');
+    let me = std::process::id() as i32;
+    let mut found: Vec<(i32, i32)> = Vec::new(); // (pid, parent)
+    if let Ok(entries) = std::fs::read_dir("/proc") {
+        for entry in entries.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<i32>().ok())
+            else {
+                continue;
+            };
+            let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+                continue;
+            };
+            if pid == me
+                || !alive(pid)
+                || !cmdline.split(|b| *b == 0).any(|a| a.starts_with(&prefix))
+            {
+                continue;
+            }
+            found.push((pid, parent_of(pid).unwrap_or(0)));
+        }
+    }
+    for (pid, _) in &found {
+        if let Some(p) = Pid::from_raw(*pid) {
+            let _ = rustix::process::kill_process(p, Signal::KILL);
+        }
+    }
+    let t0 = Instant::now();
+    while found.iter().any(|(p, _)| alive(*p)) && t0.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    found
+        .iter()
+        .filter(|(_, parent)| !found.iter().any(|(p, _)| p == parent))
+        .count()
+}
+
+/// Fields 3 on of /proc/<pid>/stat (after the command name): state, parent, ...
+fn stat_fields(pid: i32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.rsplit_once(')')?.1;
+    Some(rest.split_whitespace().map(str::to_owned).collect())
+}
+
+fn parent_of(pid: i32) -> Option<i32> {
+    stat_fields(pid)?.get(1)?.parse().ok()
+}
+
+/// Exists and is not a zombie.
+fn alive(pid: i32) -> bool {
+    stat_fields(pid).is_some_and(|f| f.first().is_some_and(|s| s != "Z"))
 }
 
 /// Kills a sandbox whose supervision is dropped before bwrap was reaped (its call was

@@ -143,13 +143,15 @@ impl Source for LocalSource {
 }
 
 /// What a waiter is to run: the program's argv, env and working directory, its rlimits, and
-/// whether the waiter relays its output (gvisor) rather than exec it in its place.
+/// whether the waiter relays its output in frames (gvisor) rather than exec it in its place.
 pub(super) struct Go<'a> {
     pub argv: &'a [String],
     pub env: &'a [(String, String)],
     pub cwd: &'a str,
     pub rlimits: std::collections::BTreeMap<&'static str, u64>,
     pub relay: bool,
+    /// Kill what the program left running once it has ended (relayed one-shot runs).
+    pub reap: bool,
 }
 
 /// Sends a waiting sandbox its job line and closes the pipe; returns when it is sent. An error
@@ -160,6 +162,7 @@ pub(super) async fn send_go(
 ) -> Result<(time::OffsetDateTime, std::time::Instant)> {
     let line = serde_json::json!({
         "relay": go.relay,
+        "reap": go.reap,
         "argv": go.argv,
         "env": go.env,
         "cwd": go.cwd,

@@ -8,6 +8,7 @@ pub mod docker;
 mod docker_pool;
 pub mod gvisor;
 mod gvisor_pool;
+mod gvisor_session;
 pub mod local;
 mod local_pool;
 
@@ -156,7 +157,8 @@ impl Backend {
     pub async fn open_session(&self, s: &SessionSandbox) -> Result<()> {
         match self {
             Backend::Docker(d) => d.open_session(s).await,
-            Backend::Local(_) | Backend::Gvisor(_) => Ok(()),
+            Backend::Gvisor(g) => g.open_session(s).await,
+            Backend::Local(_) => Ok(()),
         }
     }
 
@@ -171,7 +173,8 @@ impl Backend {
     pub async fn close_session(&self, s: &SessionSandbox) -> Result<()> {
         match self {
             Backend::Docker(d) => d.remove_container(&s.name).await,
-            Backend::Local(_) | Backend::Gvisor(_) => Ok(()),
+            Backend::Gvisor(g) => g.close_session(s).await,
+            Backend::Local(_) => Ok(()),
         }
     }
 
@@ -183,6 +186,101 @@ impl Backend {
             Backend::Gvisor(g) => g.shutdown().await,
         }
     }
+}
+
+/// Binds a sandbox's first host process (bwrap, `runsc run`) to the runner: SIGKILL when the
+/// runner's thread that spawned it ends (PR_SET_PDEATHSIG, armed in the child before exec and
+/// kept across the exec, as neither program is set-user-ID), and an immediate exit when the
+/// runner died between the fork and that call (the child's parent is then another process).
+/// The programs' own parent-death handling (bwrap's --die-with-parent) comes later, after
+/// they have started sandbox processes; nothing may depend on it. Spawn on a runtime worker
+/// thread (they live as long as the runner), never from a blocking-pool thread, which exits
+/// when idle.
+#[allow(unsafe_code)]
+pub(crate) fn die_with_runner(cmd: &mut tokio::process::Command) {
+    let runner = std::process::id() as libc::pid_t;
+    // SAFETY: the closure runs in the forked child before exec; prctl(2), getppid(2) and
+    // _exit(2) are async-signal-safe, and it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() != runner {
+                libc::_exit(127);
+            }
+            Ok(())
+        });
+    }
+}
+
+/// What the watchdog runs (`sh -c`): waits for end of file on stdin, then kills, three times
+/// 100 ms apart, every process whose command line contains $NEEDLE (passed in the
+/// environment, so its own command line never matches).
+const WATCHDOG: &str = r#"read -r _
+for _ in 1 2 3; do
+  for f in $(grep -lsaF -- "$NEEDLE" /proc/[0-9]*/cmdline); do
+    p=${f#/proc/}; kill -9 "${p%/cmdline}" 2>/dev/null
+  done
+  sleep 0.1
+done"#;
+
+/// A process that outlives the runner to kill the host processes of its sandboxes: it reads
+/// a pipe only the runner holds and, at end of file (the runner exited, whatever killed it),
+/// SIGKILLs every process whose command line names `needle` (this runner's task directories,
+/// or its runsc state). It covers the windows in which a sandbox's processes are not yet
+/// bound to the runner's life: bubblewrap's child waits for its parent's go-ahead before it
+/// asks for its own parent-death signal, and blocks forever if the parent died meanwhile.
+pub(crate) struct Watchdog {
+    _lease: std::process::ChildStdin,
+}
+
+impl Watchdog {
+    /// Starts this life's watchdog, once an earlier life's (killing with the same `needle`, as
+    /// it would kill this life's processes too) has finished.
+    pub(crate) fn start(needle: &std::ffi::OsStr) -> Result<Watchdog> {
+        use std::os::unix::process::CommandExt;
+        let t0 = std::time::Instant::now();
+        while earlier_watchdog(needle) && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let mut child = std::process::Command::new("/bin/sh")
+            .args(["-c", WATCHDOG, "cairn-watchdog"])
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .env("NEEDLE", needle)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .process_group(0)
+            .spawn()
+            .map_err(Error::io("starting the sandbox watchdog (/bin/sh)"))?;
+        let lease = child
+            .stdin
+            .take()
+            .ok_or_else(|| Error::Sandbox("the sandbox watchdog has no stdin".into()))?;
+        // Reaped by a thread of its own once the runner lets it go (or never: it ends with
+        // the runner).
+        std::thread::spawn(move || child.wait());
+        Ok(Watchdog { _lease: lease })
+    }
+}
+
+/// Is a watchdog with `needle` still running (not a zombie)?
+fn earlier_watchdog(needle: &std::ffi::OsStr) -> bool {
+    let mut wanted = b"NEEDLE=".to_vec();
+    wanted.extend_from_slice(needle.as_encoded_bytes());
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    entries.flatten().any(|e| {
+        let dir = e.path();
+        let named = std::fs::read(dir.join("cmdline"))
+            .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == b"cairn-watchdog"));
+        named
+            && std::fs::read(dir.join("environ"))
+                .is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == wanted.as_slice()))
+    })
 }
 
 /// The environment of a session command (local and gvisor backends).

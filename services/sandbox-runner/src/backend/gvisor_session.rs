@@ -1,0 +1,286 @@
+//! Sessions on the gvisor backend: one gVisor sandbox for the session's life (`runsc run`,
+//! started at OpenSession), over the session's /workspace and /tmpfs, with its memory and cpu
+//! limits over the whole sandbox. Its first process is the waiter as a capability-less root
+//! (the sandbox user cannot signal it), waiting on a pipe the runner holds: at end of file
+//! (the session closed, or the runner died) it exits and the sandbox ends with every process
+//! in it. Each Exec is a `runsc exec` into it of the waiter as the sandbox user, relaying
+//! `bash -lc COMMAND` (in a session of its own, CAIRN_EXEC_ID in its environment, the
+//! session's rlimits) in frames as a run's waiter does; what a command leaves in the background
+//! runs on for the next Exec. A timed-out or cancelled Exec signals only its own processes
+//! (exec_kill.py, run through `runsc exec`): SIGTERM, the grace, SIGKILL.
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::AsyncReadExt;
+use tokio::process::Command;
+
+use super::docker::EXEC_KILL;
+use super::gvisor::{
+    waiter_argv, waiter_env, Base, GvisorBackend, Relayed, Sandbox, Spec, Target, WaiterMode,
+};
+use super::local::rlimits;
+use super::local_pool::{send_go, Go, READY, READY_TIMEOUT};
+use super::{die_with_runner, session_env, ExecOutcome, ExecSpec, SessionSandbox};
+use crate::error::{Error, Result};
+use crate::limits::Limits;
+
+/// An open session's sandbox: `runsc run`, its stdin (the waiter's pipe) held open.
+pub(super) struct SessionBox {
+    sandbox: Sandbox,
+}
+
+impl SessionBox {
+    pub(super) fn id(&self) -> &str {
+        &self.sandbox.id
+    }
+
+    /// Ends the sandbox (the waiter reads end of file; runsc run killed after 5 s) and
+    /// deletes it.
+    pub(super) async fn close(mut self) {
+        drop(self.sandbox.child.stdin.take());
+        let ended = tokio::time::timeout(Duration::from_secs(5), self.sandbox.child.wait()).await;
+        if ended.is_err() {
+            tracing::warn!(sandbox = %self.sandbox.id, "a session's gVisor sandbox did not end with its first process; killing it");
+        }
+        self.sandbox.destroy().await;
+    }
+}
+
+impl GvisorBackend {
+    /// Starts the session's sandbox and waits until its first process is ready.
+    pub async fn open_session(&self, s: &SessionSandbox) -> Result<()> {
+        let config = &self.base.config;
+        let max = config.max_limits();
+        // Memory and cpu hold over the sandbox; each command gets the session's rlimits.
+        let limits = Limits {
+            memory_bytes: s.limits.memory_bytes,
+            cpu_millis: s.limits.cpu_millis,
+            ..max
+        };
+        let env = waiter_env();
+        let spec = Spec {
+            id: format!("session-{}", uuid::Uuid::now_v7().simple()),
+            root: true,
+            binds: vec![
+                (s.task_dir.join("workspace"), "/workspace", true),
+                (s.task_dir.join("tmpfs"), "/tmpfs", true),
+            ],
+            network: s.network,
+            limits: &limits,
+            timeout: Duration::from_millis(max.timeout_ms),
+            cwd: "/",
+            env: &env,
+            argv: waiter_argv(WaiterMode::Ready),
+        };
+        let mut sandbox = self
+            .base
+            .start(&spec, Stdio::piped())
+            .await
+            .map_err(|e| e.0)?;
+        let (Some(mut out), Some(mut err)) =
+            (sandbox.child.stdout.take(), sandbox.child.stderr.take())
+        else {
+            return Err(Error::Sandbox("runsc started without pipes".into()));
+        };
+        let mut ready = [0u8; READY.len()];
+        let answered = tokio::time::timeout(READY_TIMEOUT, out.read_exact(&mut ready)).await;
+        if !(matches!(answered, Ok(Ok(_))) && ready == READY) {
+            let _ = sandbox.child.start_kill();
+            let mut why = Vec::new();
+            let _ = tokio::time::timeout(Duration::from_secs(2), err.read_to_end(&mut why)).await;
+            sandbox.destroy().await;
+            return Err(Error::Sandbox(format!(
+                "the session's gVisor sandbox did not start (it needs python3 on the host root): {}",
+                String::from_utf8_lossy(&why).trim()
+            )));
+        }
+        // Nothing more comes from the waiter; runsc's own messages are logged.
+        let sandbox_id = sandbox.id.clone();
+        tokio::spawn(async move {
+            let mut sink = Vec::new();
+            let _ = out.read_to_end(&mut sink).await;
+            let mut text = Vec::new();
+            let _ = err.read_to_end(&mut text).await;
+            if !text.is_empty() {
+                tracing::debug!(sandbox = %sandbox_id, stderr = %String::from_utf8_lossy(&text).trim(), "runsc run of a session ended");
+            }
+        });
+        let old = self
+            .sessions
+            .lock()
+            .map(|mut m| m.insert(s.session_id.clone(), SessionBox { sandbox }))
+            .unwrap_or(None);
+        if let Some(old) = old {
+            old.close().await;
+        }
+        Ok(())
+    }
+
+    /// Runs `bash -lc COMMAND` in the session's sandbox (`runsc exec` of a relaying waiter).
+    pub async fn exec(&self, s: &SessionSandbox, spec: &ExecSpec) -> Result<ExecOutcome> {
+        let sandbox = self
+            .sessions
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&s.session_id).map(|b| b.id().to_owned()))
+            .ok_or_else(|| {
+                Error::Sandbox(format!(
+                    "session {} has no gVisor sandbox (it was closed): open a new session",
+                    s.session_id
+                ))
+            })?;
+        let exec_id = uuid::Uuid::now_v7().simple().to_string();
+        let mut env = session_env();
+        env.push(("CAIRN_EXEC_ID".into(), exec_id.clone()));
+        let argv = vec!["bash".into(), "-lc".into(), spec.command.clone()];
+        let mut cmd = self
+            .base
+            .exec_command(&sandbox, &waiter_argv(WaiterMode::Now));
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        // Armed before the command can exist: a call dropped from here on (client deadline,
+        // cancel) kills what it started.
+        let mut stopper = ExecStopper {
+            base: self.base.clone(),
+            sandbox: sandbox.clone(),
+            exec_id: exec_id.clone(),
+            armed: true,
+        };
+        let mut child = cmd.spawn().map_err(Error::io("starting runsc exec"))?;
+        let go = Go {
+            argv: &argv,
+            env: &env,
+            cwd: &spec.workdir,
+            rlimits: rlimits(&s.limits, spec.timeout).into_iter().collect(),
+            relay: true,
+            reap: false,
+        };
+        let (_, t0) = send_go(&mut child, go).await?;
+        let (Some(mut out), Some(mut err)) = (child.stdout.take(), child.stderr.take()) else {
+            return Err(Error::Sandbox("runsc exec started without pipes".into()));
+        };
+        let grace = Duration::from_millis(self.base.config.kill_grace_ms);
+        let caps = (spec.max_output_bytes, spec.max_output_bytes);
+        let target = Target::Exec {
+            sandbox: &sandbox,
+            exec_id: &exec_id,
+        };
+        let Relayed {
+            status,
+            step,
+            stdout,
+            stderr,
+        } = self
+            .base
+            .pump(
+                &mut out,
+                &mut err,
+                t0 + spec.timeout,
+                grace,
+                caps,
+                None,
+                target,
+            )
+            .await?;
+        let exit_code = match status {
+            Some(code) => code,
+            // No status: the relay did not finish (the sandbox ended, or runsc failed).
+            None => {
+                let status = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+                match status {
+                    Ok(Ok(st)) => st.code().unwrap_or(-1),
+                    _ => -1,
+                }
+            }
+        };
+        // Background children of a command that ended stay, as in any shell session.
+        stopper.armed = false;
+        Ok(ExecOutcome {
+            exit_code: if step > 0 { -1 } else { exit_code },
+            timed_out: step > 0,
+            duration_ms: t0.elapsed().as_millis() as u64,
+            stdout,
+            stderr,
+        })
+    }
+
+    /// Ends the session's sandbox and deletes it (nothing when it has none).
+    pub async fn close_session(&self, s: &SessionSandbox) -> Result<()> {
+        let session = self
+            .sessions
+            .lock()
+            .ok()
+            .and_then(|mut m| m.remove(&s.session_id));
+        if let Some(session) = session {
+            session.close().await;
+        }
+        Ok(())
+    }
+}
+
+impl Base {
+    /// `runsc exec` of `argv` in sandbox `id` as the sandbox user, in `/`, with the waiter's
+    /// environment and no capabilities; killed when dropped or when the runner dies.
+    pub(super) fn exec_command(&self, id: &str, argv: &[String]) -> Command {
+        let mut cmd = Command::new(&self.runsc);
+        cmd.env_clear()
+            .args(self.global_args())
+            .arg("exec")
+            .arg(format!(
+                "--user={}:{}",
+                self.config.sandbox_uid, self.config.sandbox_gid
+            ))
+            .arg("--cwd=/");
+        for (k, v) in waiter_env() {
+            cmd.arg(format!("--env={k}={v}"));
+        }
+        cmd.arg(id)
+            .args(argv)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .kill_on_drop(true);
+        die_with_runner(&mut cmd);
+        cmd
+    }
+
+    /// Sends `signal` (TERM or KILL) to the processes of one session command: those with its
+    /// CAIRN_EXEC_ID, and the sessions they lead (exec_kill.py).
+    pub(super) async fn kill_exec(&self, sandbox: &str, exec_id: &str, signal: &str) {
+        let number = if signal == "KILL" { "9" } else { "15" };
+        let argv: Vec<String> = ["python3", "-I", "-S", "-c", EXEC_KILL, number, exec_id]
+            .map(String::from)
+            .to_vec();
+        let mut cmd = self.exec_command(sandbox, &argv);
+        let _ = tokio::time::timeout(Duration::from_secs(10), cmd.status()).await;
+    }
+}
+
+/// Kills a session command's processes when its Exec is dropped before it finished.
+struct ExecStopper {
+    base: Arc<Base>,
+    sandbox: String,
+    exec_id: String,
+    armed: bool,
+}
+
+impl Drop for ExecStopper {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (base, sandbox, exec_id) = (
+            self.base.clone(),
+            std::mem::take(&mut self.sandbox),
+            std::mem::take(&mut self.exec_id),
+        );
+        rt.spawn(async move { base.kill_exec(&sandbox, &exec_id, "KILL").await });
+    }
+}
