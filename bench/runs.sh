@@ -2,7 +2,9 @@
 # Run history benchmark: ListRuns first page (release cairn-artifact-store + cairn-orchestrator
 # on loopback) at each size, with the walk ListRuns used to do (List of .cairn/runs + Get of
 # every state.json, by the bench client against the same store) beside it; then ReadEvents of
-# the last 100 events of a 1,000,000-event log with the seek index and with a scan.
+# the last 100 events of a 1,000,000-event log with the seek index and with a scan; and finding
+# the runs to resume at start-up (ListRunSummaries `unfinished`, 1 run in 100 not final) with
+# the walk it replaced.
 # Run directories are written straight into the data root before the store starts (gRPC would
 # take longer than the measurement); the store builds its indexes from them.
 # Usage: bash bench/runs.sh [SIZES] [EVENTS]   (default "1000 10000 100000" 1000000; scratch
@@ -55,6 +57,8 @@ for N in $SIZES; do
   WALKS=5
   [ "$N" -ge 100000 ] && WALKS="${WALKS_AT_100000:-1}"
   "$BIN/runs_load" list --store "http://127.0.0.1:$SP" --orch "http://127.0.0.1:$OP" --walks "$WALKS"
+  # What an orchestrator's start-up (and a replica's adoption) asks: the runs to resume.
+  "$BIN/runs_load" unfinished --store "http://127.0.0.1:$SP" --walks "$WALKS"
   stop_all
   # Restarted over its own index: the start-up load only checks each run directory.
   RUST_LOG=warn "$BIN/cairn-artifact-store" --data-root "$DATA" --listen "127.0.0.1:$SP" &

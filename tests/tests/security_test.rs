@@ -75,6 +75,8 @@ fn expected(identity: &str, service: &str, method: &str) -> bool {
     ];
     match (identity, service) {
         ("orchestrator", "ArtifactStore" | "Ingest" | "SandboxRunner") => true,
+        // Replicas forward calls about a run to the one that drives it.
+        ("orchestrator", "Orchestrator") => true,
         ("ingest", "ArtifactStore") => {
             store_read.contains(&method)
                 || ["Put", "AppendEvents", "CreateProject"].contains(&method)

@@ -65,6 +65,20 @@ enum Cmd {
         #[arg(long, default_value_t = 5)]
         walks: usize,
     },
+    /// Times finding the runs to resume at start-up: every page of ListRunSummaries
+    /// `unfinished` (what the orchestrator asks), with the walk it replaced (List of the run
+    /// directories and a Get of every state.json) beside it.
+    Unfinished {
+        #[arg(long)]
+        store: String,
+        #[arg(long, default_value = "bench")]
+        project: String,
+        #[arg(long, default_value_t = 20)]
+        iters: usize,
+        /// Walks to time (0 = none).
+        #[arg(long, default_value_t = 3)]
+        walks: usize,
+    },
     /// Times the first ListRunSummaries after a store start (it waits for the index load).
     FirstQuery {
         #[arg(long)]
@@ -119,8 +133,9 @@ fn gen_runs(root: PathBuf, project: &str, runs: u64) -> Result<()> {
         let state = serde_json::json!({
             "run_id": run, "project": project, "title": format!("benchmark run {i}"),
             "goal": format!("goal {} of the benchmark", i % 97), "topology": "dag", "llm": "",
-            "state": STATES[(i % 3) as usize], "created_at": created, "updated_at": created,
-            "created_by": "bench", "notes": 0, "last_seq": 12,
+            "state": if i % 100 == 0 { "working" } else { STATES[(i % 3) as usize] },
+            "created_at": created, "updated_at": created,
+            "created_by": "bench", "notes": 0, "last_seq": 12, "events_seq": 12,
             "nodes": (0..3).map(|n| serde_json::json!({
                 "id": format!("n{n}"), "type": "write_file", "title": format!("step {n}"),
                 "state": "succeeded", "attempts": 1, "turn": 1, "resets": 0,
@@ -132,6 +147,13 @@ fn gen_runs(root: PathBuf, project: &str, runs: u64) -> Result<()> {
         std::fs::create_dir_all(&run_dir)?;
         std::fs::write(run_dir.join("state.json"), serde_json::to_vec(&state)?)?;
         std::fs::write(run_dir.join("README.md"), format!("# benchmark run {i}\n"))?;
+        // The 12 events the snapshot folded in (what start-up checks a final run against).
+        let events: String = (1..=12)
+            .map(|seq| {
+                format!("{{\"seq\":{seq},\"ts\":\"{created}\",\"type\":\"node.completed\",\"run_id\":\"{run}\",\"level\":\"info\"}}\n")
+            })
+            .collect();
+        std::fs::write(run_dir.join("events.jsonl"), events)?;
     }
     Ok(())
 }
@@ -183,6 +205,35 @@ fn report(what: &str, n: u64, samples: &mut [Duration]) {
 
 /// What ListRuns did before the index: list the run directories (pages of 10,000), Get every
 /// state.json, parse, sort newest first, cut the first page.
+/// Runs of every page of ListRunSummaries (only `unfinished` ones if asked).
+async fn count_runs(
+    store: &mut ArtifactStoreClient<Channel>,
+    project: &str,
+    unfinished: bool,
+) -> Result<u64> {
+    let mut n = 0;
+    let mut token = String::new();
+    loop {
+        let p = store
+            .list_run_summaries(ListRunSummariesRequest {
+                project_id: project.to_owned(),
+                page: Some(PageRequest {
+                    page_size: 10_000,
+                    page_token: token,
+                }),
+                unfinished,
+                ..Default::default()
+            })
+            .await?
+            .into_inner();
+        n += p.runs.len() as u64;
+        token = p.next_page_token;
+        if token.is_empty() {
+            return Ok(n);
+        }
+    }
+}
+
 async fn walk(
     store: &mut ArtifactStoreClient<Channel>,
     project: &str,
@@ -254,6 +305,38 @@ async fn main() -> Result<()> {
             run,
             events,
         } => gen_events(data_root, &project, &run, events),
+        Cmd::Unfinished {
+            store,
+            project,
+            iters,
+            walks,
+        } => {
+            let mut store = ArtifactStoreClient::new(channel(&store).await?)
+                .max_decoding_message_size(64 << 20);
+            let total = count_runs(&mut store, &project, false).await?;
+            let mut found = 0;
+            let mut samples = Vec::with_capacity(iters);
+            for _ in 0..iters {
+                let t = Instant::now();
+                found = count_runs(&mut store, &project, true).await?;
+                samples.push(t.elapsed());
+            }
+            anyhow::ensure!(found > 0, "no unfinished run found");
+            println!(
+                "{{\"bench\":\"unfinished_runs_found\",\"runs\":{total},\"unfinished\":{found}}}"
+            );
+            report("find_unfinished_index", total, &mut samples);
+            if walks > 0 {
+                let mut samples = Vec::with_capacity(walks);
+                for _ in 0..walks {
+                    let t = Instant::now();
+                    walk(&mut store, &project, usize::MAX).await?;
+                    samples.push(t.elapsed());
+                }
+                report("find_unfinished_walk_baseline", total, &mut samples);
+            }
+            Ok(())
+        }
         Cmd::FirstQuery {
             store,
             project,
