@@ -1022,17 +1022,9 @@ fn compose_down_removes_sandboxes_in_flight() {
 #[test]
 fn compose_run_completes_when_a_runner_dies() {
     let test = "compose_run_completes_when_a_runner_dies";
-    let Some(host) = Host::probe(test) else {
+    let Some((host, mut stack)) = whole_stack(test, "failover") else {
         return;
     };
-    if let Some(why) = host.orchestrator_missing() {
-        println!("SKIP: {test}: {why}");
-        return;
-    }
-    host.build_images();
-    let mut stack = Stack::new(&host, "failover");
-    stack.up(&ALL);
-    stack.wait_healthy(&ALL, Duration::from_secs(120));
     let orch = stack.published("orchestrator");
     let store = stack.published("artifact-store");
     let runner_1 = stack.container("sandbox-runner-1");
@@ -1223,17 +1215,9 @@ fn compose_run_completes_when_a_runner_dies() {
 #[test]
 fn compose_orchestrator_replica_dies_and_the_other_continues_its_runs() {
     let test = "compose_orchestrator_replica_dies_and_the_other_continues_its_runs";
-    let Some(host) = Host::probe(test) else {
+    let Some((_host, mut stack)) = whole_stack(test, "replicas") else {
         return;
     };
-    if let Some(why) = host.orchestrator_missing() {
-        println!("SKIP: {test}: {why}");
-        return;
-    }
-    host.build_images();
-    let mut stack = Stack::new(&host, "replicas");
-    stack.up(&ALL);
-    stack.wait_healthy(&ALL, Duration::from_secs(120));
     let entry = stack.published("orchestrator");
     let second = stack.published("orchestrator-2");
     let tls = stack.tls();
@@ -1351,6 +1335,21 @@ fn compose_orchestrator_replica_dies_and_the_other_continues_its_runs() {
         failover.as_secs_f64()
     );
     stack.down();
+}
+
+/// Every service of the stack up and healthy, images built; None (after a SKIP line) where
+/// Docker or the orchestrator's binary is missing.
+fn whole_stack(test: &str, tag: &str) -> Option<(Host, Stack)> {
+    let host = Host::probe(test)?;
+    if let Some(why) = host.orchestrator_missing() {
+        println!("SKIP: {test}: {why}");
+        return None;
+    }
+    host.build_images();
+    let stack = Stack::new(&host, tag);
+    stack.up(&ALL);
+    stack.wait_healthy(&ALL, Duration::from_secs(120));
+    Some((host, stack))
 }
 
 /// The failover graph is one the orchestrator accepts (checked without Docker).

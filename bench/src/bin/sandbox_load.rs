@@ -59,6 +59,19 @@ struct Stats {
     n: usize,
 }
 
+/// The latency table and the p50 ratios (`(label, row a, row b)`: a / b) as Markdown.
+fn print_latencies(rows: &[Stats], ratios: &[(&str, usize, usize)]) {
+    println!("| path | runs | p50 ms | p95 ms |");
+    println!("|---|---:|---:|---:|");
+    for r in rows {
+        println!("| {} | {} | {:.1} | {:.1} |", r.label, r.n, r.p50, r.p95);
+    }
+    println!();
+    for (label, a, b) in ratios {
+        println!("- {label}: {:.2}x (p50)", rows[*a].p50 / rows[*b].p50);
+    }
+}
+
 fn stats(label: &str, mut ms: Vec<f64>) -> Stats {
     ms.sort_by(|a, b| a.total_cmp(b));
     let n = ms.len();
@@ -310,15 +323,7 @@ async fn gvisor_rows(args: &Args, cold_addr: &str) -> Result<()> {
         ratios.push(("gvisor pooled / raw docker run", at, at + 1));
         ratios.push(("gvisor pooled / raw runsc do", at, at + 2));
     }
-    println!("| path | runs | p50 ms | p95 ms |");
-    println!("|---|---:|---:|---:|");
-    for r in &rows {
-        println!("| {} | {} | {:.1} | {:.1} |", r.label, r.n, r.p50, r.p95);
-    }
-    println!();
-    for (label, a, b) in ratios {
-        println!("- {label}: {:.2}x (p50)", rows[a].p50 / rows[b].p50);
-    }
+    print_latencies(&rows, &ratios);
     println!();
     println!("| concurrent | path | ok | seconds | runs/s |");
     println!("|---:|---|---:|---:|---:|");
@@ -486,15 +491,7 @@ async fn main() -> Result<()> {
         ratios.push(("local pooled back to back / bare python", at, at + 1));
     }
 
-    println!("| path | runs | p50 ms | p95 ms |");
-    println!("|---|---:|---:|---:|");
-    for r in &rows {
-        println!("| {} | {} | {:.1} | {:.1} |", r.label, r.n, r.p50, r.p95);
-    }
-    println!();
-    for (label, a, b) in ratios {
-        println!("- {label}: {:.2}x (p50)", rows[a].p50 / rows[b].p50);
-    }
+    print_latencies(&rows, &ratios);
 
     // Throughput.
     println!();

@@ -480,21 +480,7 @@ async fn runs_spread_and_a_killed_replicas_runs_complete_on_the_others() {
         }
     };
     // Let it get somewhere, then kill -9 its replica.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let done = cl
-            .stack
-            .events(&long)
-            .await
-            .iter()
-            .filter(|e| e.r#type == "node.completed")
-            .count();
-        if done >= 20 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the long run made no progress");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    cl.stack.wait_completed_nodes(&long, 20, 60).await;
     let v = cl.replicas.iter_mut().find(|r| r.id == victim).unwrap();
     v.child.kill().unwrap();
     let killed = Instant::now();
@@ -602,7 +588,6 @@ async fn runs_spread_and_a_killed_replicas_runs_complete_on_the_others() {
         5,
     )
     .await;
-    let _ = &cl.relays;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -139,20 +139,7 @@ async fn kill_dash_nine_mid_run_resumes_without_duplicates() {
         .into_inner()
         .run_id;
     // Let it get somewhere, then kill -9.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let done = s
-            .events(&run)
-            .await
-            .iter()
-            .filter(|e| e.r#type == "node.completed")
-            .count();
-        if done >= 40 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the run made no progress");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    s.wait_completed_nodes(&run, 40, 60).await;
     p.child.kill().unwrap();
     p.child.wait().unwrap();
     let before = s.events(&run).await;

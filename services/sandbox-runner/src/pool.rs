@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Mutex;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Sandboxes made at once by the refill.
 const REFILL_PARALLEL: usize = 2;
@@ -43,6 +43,22 @@ pub struct Pool<S: Source> {
     /// Runs that fit the pool but found it empty and are being served cold.
     cold: AtomicUsize,
     closed: AtomicBool,
+}
+
+/// Why a run on a waiting sandbox gave no outcome.
+pub enum Pooled {
+    /// The sandbox failed before the program started: the job may still run cold.
+    Unstarted(Error),
+    /// The program started: its run failed, and is not run again.
+    Failed(Error),
+}
+
+/// What [`Pool::serve`] did with a job.
+pub enum Served<T, S: Source> {
+    /// Ran on a waiting sandbox (or failed there once started).
+    Done(Result<T>),
+    /// Run it cold; hold this (when the job fit the pool) until the cold run ends.
+    Cold(Option<ColdRun<S>>),
 }
 
 /// Marks one cold run of a job the pool could have served; refills resume when the last ends.
@@ -131,6 +147,32 @@ impl<S: Source> Pool<S> {
             pool.fill();
         });
         item
+    }
+
+    /// Runs a job on a waiting sandbox (`run`) when there is a pool, the job `fits` it and an
+    /// item is ready; a sandbox that failed before the program started is logged and the job
+    /// goes cold, as it does when the pool is empty.
+    pub async fn serve<T, Fut>(
+        pool: Option<&Arc<Self>>,
+        fits: impl FnOnce(&S) -> bool,
+        run: impl FnOnce(S::Item) -> Fut,
+    ) -> Served<T, S>
+    where
+        Fut: Future<Output = std::result::Result<T, Pooled>>,
+    {
+        let Some(pool) = pool.filter(|p| fits(p.source())) else {
+            return Served::Cold(None);
+        };
+        if let Some(item) = pool.take().await {
+            match run(item).await {
+                Ok(done) => return Served::Done(Ok(done)),
+                Err(Pooled::Failed(e)) => return Served::Done(Err(e)),
+                Err(Pooled::Unstarted(e)) => {
+                    tracing::warn!(error = %e, "a {} failed before its program started; running cold", S::WHAT);
+                }
+            }
+        }
+        Served::Cold(Some(pool.cold_run()))
     }
 
     /// Called when a job that fits the pool goes cold: holds refills until it ends.

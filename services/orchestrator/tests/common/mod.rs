@@ -339,6 +339,27 @@ impl Stack {
         read_events(&self.store, run_id).await
     }
 
+    /// Waits until `n` nodes of the run have completed (a run under way, to kill mid-run).
+    pub async fn wait_completed_nodes(&self, run_id: &str, n: usize, secs: u64) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+        loop {
+            let done = self
+                .events(run_id)
+                .await
+                .iter()
+                .filter(|e| e.r#type == "node.completed")
+                .count();
+            if done >= n {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "run {run_id}: {done} of {n} nodes completed within {secs} s"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
     pub async fn event_types(&self, run_id: &str) -> Vec<String> {
         self.events(run_id)
             .await

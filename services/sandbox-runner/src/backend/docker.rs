@@ -27,7 +27,7 @@ use futures::{Stream, StreamExt, TryStreamExt};
 use time::OffsetDateTime;
 use tokio::time::sleep_until;
 
-use super::docker_pool::DockerSource;
+use super::docker_pool::{DockerSource, Warm};
 use super::{keep, ExecOutcome, ExecSpec, Live, SessionSandbox};
 use crate::capture::Capture;
 use crate::config::Config;
@@ -35,7 +35,7 @@ use crate::error::{Error, Result};
 use crate::job::{Job, Outcome};
 use crate::limits::Limits;
 use crate::outputs::{self, OutputLimits, Outputs};
-use crate::pool::Pool;
+use crate::pool::{Pool, Pooled, Served};
 
 pub const LABEL_RUNNER: &str = "cairn.runner_id";
 const WATCHDOG: &str = include_str!("../watchdog.py");
@@ -163,15 +163,14 @@ impl DockerBackend {
     }
 
     pub async fn run(&self, job: &Job, live: Option<&Live>) -> Result<Outcome> {
-        if let Some(pool) = &self.pool {
-            if pool.source().fits(job) {
-                if let Some(warm) = pool.take().await {
-                    return warm.run(job, live, self.config.kill_grace_ms).await;
-                }
-                let _held = pool.cold_run();
-                return self.run_cold(job, live).await;
-            }
-        }
+        let grace = self.config.kill_grace_ms;
+        // A warm container's failure is the run's: its program had started.
+        let warm =
+            |warm: Warm| async move { warm.run(job, live, grace).await.map_err(Pooled::Failed) };
+        let _cold = match Pool::serve(self.pool.as_ref(), |p| p.fits(job), warm).await {
+            Served::Done(outcome) => return outcome,
+            Served::Cold(hold) => hold,
+        };
         self.run_cold(job, live).await
     }
 

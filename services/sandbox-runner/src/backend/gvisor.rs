@@ -55,7 +55,7 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::job::{Job, Outcome};
 use crate::limits::Limits;
-use crate::pool::Pool;
+use crate::pool::{Pool, Pooled, Served};
 
 /// Top-level host directories covered by an empty tmpfs unless bound (/proc, /dev, /sys and
 /// /tmp get gVisor's own).
@@ -234,21 +234,11 @@ impl GvisorBackend {
     }
 
     pub async fn run(&self, job: &Job, live: Option<&Live>) -> Result<Outcome> {
-        let mut _cold = None;
-        if let Some(pool) = &self.pool {
-            if pool.source().fits(job) {
-                if let Some(waiting) = pool.take().await {
-                    match self.run_pooled(waiting, job, live).await {
-                        Err(Pooled::Unstarted(e)) => {
-                            tracing::warn!(error = %e, "a waiting gVisor sandbox failed before its program started; running cold");
-                        }
-                        Err(Pooled::Failed(e)) => return Err(e),
-                        Ok(outcome) => return Ok(outcome),
-                    }
-                }
-                _cold = Some(pool.cold_run());
-            }
-        }
+        let pooled = |waiting| self.run_pooled(waiting, job, live);
+        let _cold = match Pool::serve(self.pool.as_ref(), |p| p.fits(job), pooled).await {
+            Served::Done(outcome) => return outcome,
+            Served::Cold(hold) => hold,
+        };
         let config = &self.base.config;
         let task = TaskDir::for_job(config, job).await?;
         let (input, output) = (task.input(), task.output());
@@ -1077,12 +1067,6 @@ impl Frames {
         self.buf.drain(..at);
         Ok(out)
     }
-}
-
-/// Why a pooled run failed: before its program started (a cold run may take the job), or after.
-enum Pooled {
-    Unstarted(Error),
-    Failed(Error),
 }
 
 fn outcome(done: Finished, outputs: crate::outputs::Outputs, warm: bool) -> Outcome {

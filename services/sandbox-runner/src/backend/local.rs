@@ -41,7 +41,7 @@ use crate::error::{Error, Result};
 use crate::job::{Job, Outcome};
 use crate::limits::Limits;
 use crate::outputs::{self, OutputLimits};
-use crate::pool::Pool;
+use crate::pool::{Pool, Pooled, Served};
 
 /// Runs its arguments unless stdin (the runner's end held open) is already at end of file.
 const GATE: &str = "read -t 0 && exit 125; exec \"$@\" </dev/null";
@@ -426,21 +426,11 @@ fn close_inherited_fds_on_exec(cmd: &mut Command) {
 
 impl LocalBackend {
     pub async fn run(&self, job: &Job, live: Option<&Live>) -> Result<Outcome> {
-        let mut _cold = None;
-        if let Some(pool) = &self.pool {
-            if pool.source().fits(job) {
-                if let Some(waiting) = pool.take().await {
-                    match self.run_pooled(waiting, job, live).await {
-                        Err(Pooled::Unstarted(e)) => {
-                            tracing::warn!(error = %e, "a waiting sandbox failed before its program started; running cold");
-                        }
-                        Err(Pooled::Failed(e)) => return Err(e),
-                        Ok(outcome) => return Ok(outcome),
-                    }
-                }
-                _cold = Some(pool.cold_run());
-            }
-        }
+        let pooled = |waiting| self.run_pooled(waiting, job, live);
+        let _cold = match Pool::serve(self.pool.as_ref(), |p| p.fits(job), pooled).await {
+            Served::Done(outcome) => return outcome,
+            Served::Cold(hold) => hold,
+        };
         let config = &self.base.config;
         let task = TaskDir::for_job(config, job).await?;
         let (input, output) = (task.input(), task.output());
@@ -666,12 +656,6 @@ impl LocalBackend {
             c.close().await;
         }
     }
-}
-
-/// Why a pooled run failed: before its program started (a cold run may take the job), or after.
-enum Pooled {
-    Unstarted(Error),
-    Failed(Error),
 }
 
 /// The rlimits of a program (prlimit's names): pids, memory, output bytes, CPU time (the
