@@ -12,15 +12,8 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 cargo build --release -q -p cairn-artifact-store -p cairn-orchestrator -p cairn-bench
 BIN="$CARGO_TARGET_DIR/release"
 
-WORK="$(mktemp -d -p "${BENCH_DIR:-/tmp}" cairn-concurrent-bench.XXXXXX)"
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() { for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return; sleep 0.1; done; echo "port $1 never opened" >&2; exit 1; }
+. bench/scratch.sh
+scratch concurrent-bench
 
 SP="$(port)"; OP="$(port)"
 RUST_LOG=warn "$BIN/cairn-artifact-store" --data-root "$WORK/data" --listen "127.0.0.1:$SP" & PIDS+=($!)

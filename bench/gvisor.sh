@@ -20,15 +20,9 @@ cargo build --profile "$PROFILE" -q -p cairn-sandbox-runner -p cairn-bench --bin
 BIN="$CARGO_TARGET_DIR/$([ "$PROFILE" = dev ] && echo debug || echo "$PROFILE")"
 RUNNER="${CAIRN_BENCH_RUNNER:-$BIN/cairn-sandbox-runner}"
 
-WORK="$(mktemp -d -p "${BENCH_DIR:-/tmp}" cairn-gvisor-bench.XXXXXX)"
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+. bench/scratch.sh
+scratch gvisor-bench
 
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 start() { # NAME POOL: starts a gvisor runner, sets ADDR
   local name="$1" pool="$2" p
   p="$(port)"

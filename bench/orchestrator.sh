@@ -16,15 +16,8 @@ if [ ! -x bench/.venv/bin/python ]; then
   bench/.venv/bin/pip install -q langgraph langgraph-checkpoint-sqlite
 fi
 
-WORK="$(mktemp -d -p "${BENCH_DIR:-/tmp}" cairn-orch-bench.XXXXXX)"
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() { for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return; sleep 0.1; done; echo "port $1 never opened" >&2; exit 1; }
+. bench/scratch.sh
+scratch orch-bench
 
 SP="$(port)"
 RUST_LOG=warn "$BIN/cairn-artifact-store" --data-root "$WORK/data" --listen "127.0.0.1:$SP" &

@@ -213,15 +213,16 @@ pub struct CertsInitArgs {
     #[arg(long = "dns", value_name = "NAME")]
     pub dns: Vec<String>,
     /// An identity to issue (repeatable; default: artifact-store, ingest, sandbox-runner,
-    /// orchestrator, console, cli).
+    /// orchestrator, console, cli, etcd).
     #[arg(long = "name", value_name = "IDENTITY")]
     pub names: Vec<String>,
     /// Replace files that exist (every certificate issued before stops being trusted when the
     /// CA is replaced).
     #[arg(long, conflicts_with = "if_missing")]
     pub force: bool,
-    /// Do nothing (and succeed) when DIR already holds a CA (ca.pem): for deployments that
-    /// run this at every start.
+    /// When DIR already holds a CA (ca.pem), issue with it only the identities that have no
+    /// certificate yet, and succeed writing nothing when none is missing: for deployments
+    /// that run this at every start (an upgrade that adds an identity gets its files).
     #[arg(long)]
     pub if_missing: bool,
     /// Also give each identity a directory DIR/<identity>/ holding only ca.pem,

@@ -67,21 +67,33 @@ fn certs_init_split_owner_writes_one_directory_per_identity() {
 
     // Run again at the next start: nothing written, nothing replaced.
     let before = std::fs::read(out.join("cli/cli.key")).unwrap();
-    cairn()
-        .args([
-            "certs",
-            "init",
-            "--split",
-            "--if-missing",
-            "--owner",
-            "1:1",
-            "--out",
-        ])
-        .arg(&out)
-        .assert()
-        .success()
-        .stdout(predicate::str::is_empty());
+    let ca = std::fs::read(out.join("ca.pem")).unwrap();
+    let again = |names: &[&str]| {
+        let mut cmd = cairn();
+        cmd.args(["certs", "init", "--split", "--if-missing", "--owner"])
+            .arg(format!("{}:{}", owner.0, owner.1));
+        for n in names {
+            cmd.args(["--name", n]);
+        }
+        cmd.arg("--out").arg(&out).assert().success()
+    };
+    again(&["ingest", "cli"]).stdout(predicate::str::is_empty());
     assert_eq!(std::fs::read(out.join("cli/cli.key")).unwrap(), before);
+
+    // A start that asks for every identity (an upgrade added some): the same CA issues only
+    // the missing ones.
+    let written = again(&[]).get_output().stdout.clone();
+    let written = String::from_utf8(written).unwrap();
+    assert!(written.contains("etcd/etcd.key"), "{written}");
+    assert!(written.contains("orchestrator.pem"), "{written}");
+    assert!(
+        !written.contains("cli.key") && !written.contains("ingest.pem"),
+        "{written}"
+    );
+    assert_eq!(std::fs::read(out.join("cli/cli.key")).unwrap(), before);
+    assert_eq!(std::fs::read(out.join("ca.pem")).unwrap(), ca);
+    assert_eq!(std::fs::read(out.join("etcd/ca.pem")).unwrap(), ca);
+    again(&[]).stdout(predicate::str::is_empty());
 }
 
 #[test]

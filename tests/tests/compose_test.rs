@@ -1292,6 +1292,42 @@ fn compose_orchestrator_replica_dies_and_the_other_continues_its_runs() {
         !by_second.is_empty() && by_second.len() < runs.len(),
         "the runs did not spread over both replicas"
     );
+    // etcd serves the replicas mutual TLS: a client with a certificate of the CA reads both
+    // members; plaintext and a TLS client without a certificate are refused.
+    let etcd = stack.container("etcd");
+    let etcdctl = |args: &[&str]| {
+        let mut cmd = Command::new("docker");
+        cmd.args(["exec", &etcd, "etcdctl", "--command-timeout=3s"])
+            .args(args)
+            .args([
+                "get",
+                "--prefix",
+                "--keys-only",
+                "/cairn/orchestrator/members/",
+            ]);
+        cmd.output().unwrap()
+    };
+    let ca = "--cacert=/etc/cairn/pki/ca.pem";
+    let with_cert = etcdctl(&[
+        "--endpoints=https://127.0.0.1:2379",
+        ca,
+        "--cert=/etc/cairn/pki/etcd.pem",
+        "--key=/etc/cairn/pki/etcd.key",
+    ]);
+    let members = String::from_utf8_lossy(&with_cert.stdout);
+    assert!(
+        with_cert.status.success()
+            && members.contains("orchestrator-1")
+            && members.contains("orchestrator-2"),
+        "{}",
+        show(&with_cert)
+    );
+    for refused in [
+        etcdctl(&["--endpoints=http://127.0.0.1:2379"]),
+        etcdctl(&["--endpoints=https://127.0.0.1:2379", ca]),
+    ] {
+        assert!(!refused.status.success(), "{}", show(&refused));
+    }
 
     docker(&["kill", &stack.container("orchestrator-2")]);
     let killed = Instant::now();

@@ -9,17 +9,29 @@ use crate::cli::{CertsCommand, Global};
 pub fn run(global: &Global, cmd: CertsCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         CertsCommand::Init(args) => {
+            let mut names = args.names;
             if args.if_missing && args.out.join("ca.pem").exists() {
+                if names.is_empty() {
+                    names = cairn_server::tls::IDENTITIES.map(String::from).to_vec();
+                }
+                names.retain(|id| !args.out.join(format!("{id}.pem")).exists());
+                if names.is_empty() {
+                    eprintln!(
+                        "{} already holds a PKI (ca.pem) with every identity asked for; nothing written",
+                        args.out.display()
+                    );
+                    return Ok(ExitCode::SUCCESS);
+                }
                 eprintln!(
-                    "{} already holds a PKI (ca.pem); nothing written",
-                    args.out.display()
+                    "{} holds a PKI (ca.pem); its CA issues the identities it lacks: {}",
+                    args.out.display(),
+                    names.join(", ")
                 );
-                return Ok(ExitCode::SUCCESS);
             }
             let spec = PkiSpec {
                 days: args.days,
                 dns: args.dns,
-                identities: args.names,
+                identities: names,
                 force: args.force,
                 split: args.split,
                 owner: args.owner,

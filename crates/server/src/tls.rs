@@ -8,14 +8,16 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
 
-/// The identities of cairn's programs; each has one certificate in a PKI directory.
-pub const IDENTITIES: [&str; 6] = [
+/// The identities `cairn certs init` issues by default: cairn's programs, and `etcd`, which
+/// serves the orchestrator replicas' membership with it (and is granted no cairn call).
+pub const IDENTITIES: [&str; 7] = [
     "artifact-store",
     "ingest",
     "sandbox-runner",
     "orchestrator",
     "console",
     "cli",
+    "etcd",
 ];
 
 /// Where a certificate names its identity: a subject alternative name URI `cairn://<identity>`.

@@ -33,8 +33,10 @@ use tokio_util::sync::CancellationToken;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ClusterConfig {
-    /// etcd client endpoints (`host:port` or `http://host:port`); empty = no replicas: this
-    /// orchestrator drives every run of its store.
+    /// etcd client endpoints (`host:port`, `http://host:port` or `https://host:port`); empty =
+    /// no replicas: this orchestrator drives every run of its store. With `[tls]` set, etcd is
+    /// dialled over mutual TLS with the orchestrator's certificate and must serve one of the
+    /// same CA naming the host dialled (`cairn certs init` issues `etcd`).
     pub etcd_endpoints: Vec<String>,
     /// This replica's name among the members, unique and stable across restarts (a pod or
     /// host name); empty = the host name.
@@ -67,7 +69,7 @@ impl Default for ClusterConfig {
 
 impl ClusterConfig {
     pub fn is_on(&self) -> bool {
-        self.etcd_endpoints.iter().any(|e| !e.trim().is_empty())
+        self.endpoints().next().is_some()
     }
 
     /// Each key's value (flags set one key at a time: keys that go together are checked by
@@ -106,6 +108,41 @@ impl ClusterConfig {
             return Err("cluster.advertise_addr is required with cluster.etcd_endpoints: the address the other replicas reach this one at (e.g. orchestrator-0.orchestrator:7070)".into());
         }
         Ok(())
+    }
+
+    /// How etcd is dialled, given whether `[tls]` is set: with TLS every endpoint is dialled
+    /// over mutual TLS (an `http://` one is refused); without it an `https://` endpoint is
+    /// refused (there is no certificate to present) and plaintext to an address beyond
+    /// loopback is logged as a warning (keep etcd on a network only the replicas reach).
+    pub fn check_transport(&self, tls: bool) -> Result<(), String> {
+        for e in self.endpoints() {
+            if tls && e.starts_with("http://") {
+                return Err(format!(
+                    "cluster.etcd_endpoints: `{e}` is plaintext while [tls] is set: write `https://{}` (or `{}`); replicas dial etcd with mutual TLS",
+                    &e["http://".len()..],
+                    &e["http://".len()..]
+                ));
+            }
+            if !tls && e.starts_with("https://") {
+                return Err(format!(
+                    "cluster.etcd_endpoints: `{e}` needs a certificate to present: set [tls] (--tls-dir), or dial etcd in plaintext on loopback"
+                ));
+            }
+            if !tls {
+                let bare = e.strip_prefix("http://").unwrap_or(e);
+                if cairn_server::check_listen_text(bare, false, false).is_err() {
+                    tracing::warn!(endpoint = %e, "etcd is dialled in PLAINTEXT beyond loopback: whoever reaches it can end this replica's membership; set [tls] (etcd then serves a certificate of the cairn CA)");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn endpoints(&self) -> impl Iterator<Item = &str> {
+        self.etcd_endpoints
+            .iter()
+            .map(|e| e.trim())
+            .filter(|e| !e.is_empty())
     }
 
     /// The member id: as configured, else the host name.
@@ -206,7 +243,7 @@ enum SessionError {
 
 impl Cluster {
     /// Starts membership (in the background, retrying until etcd answers). `tls`: the identity
-    /// calls to peer replicas are made with.
+    /// calls to etcd and to peer replicas are made with.
     pub fn start(
         config: ClusterConfig,
         tls: Option<cairn_server::Tls>,
@@ -331,16 +368,13 @@ impl Cluster {
         let call = ttl / 3;
         // Renewals every third of the TTL; out after two thirds without one.
         let fence_after = ttl * 2 / 3;
-        let opts = ConnectOptions::new()
+        let mut opts = ConnectOptions::new()
             .with_connect_timeout(call)
             .with_keep_alive(call, call);
-        let endpoints: Vec<&str> = self
-            .config
-            .etcd_endpoints
-            .iter()
-            .map(|e| e.trim())
-            .filter(|e| !e.is_empty())
-            .collect();
+        if let Some(tls) = &self.tls {
+            opts = opts.with_tls(tls.client());
+        }
+        let endpoints: Vec<&str> = self.config.endpoints().collect();
         let mut client = within(call, Client::connect(endpoints, Some(opts))).await?;
         let granted = within(
             call,
@@ -576,5 +610,24 @@ mod tests {
         c.member_id = "orchestrator-0".into();
         c.key_prefix = "cairn".into();
         assert!(c.check().unwrap_err().contains("key_prefix"));
+    }
+
+    #[test]
+    fn etcd_is_dialled_over_tls_when_tls_is_set() {
+        let with = |e: &str| ClusterConfig {
+            etcd_endpoints: vec![e.into()],
+            ..ClusterConfig::default()
+        };
+        let err = with("http://etcd:2379").check_transport(true).unwrap_err();
+        assert!(err.contains("https://etcd:2379"), "{err}");
+        assert!(with("etcd:2379").check_transport(true).is_ok());
+        assert!(with("https://etcd:2379").check_transport(true).is_ok());
+        let err = with("https://etcd:2379")
+            .check_transport(false)
+            .unwrap_err();
+        assert!(err.contains("--tls-dir"), "{err}");
+        // Plaintext is allowed (beyond loopback with a warning).
+        assert!(with("http://127.0.0.1:2379").check_transport(false).is_ok());
+        assert!(with("etcd:2379").check_transport(false).is_ok());
     }
 }

@@ -83,6 +83,12 @@ pub async fn orchestrator_service(
         .tls
         .load(IDENTITY)
         .map_err(cairn_server::Error::from)?;
+    if config.cluster.is_on() {
+        config
+            .cluster
+            .check_transport(tls.is_some())
+            .map_err(Error::Config)?;
+    }
     let outage = std::time::Duration::from_secs(config.dependency_outage_s);
     let store =
         cairn_store_client::Store::connect_tls(&config.store_addr, tls.as_ref())?.riding_out(

@@ -63,6 +63,33 @@ fn etcd_binary() -> Option<std::path::PathBuf> {
 }
 
 async fn start_etcd() -> Option<Etcd> {
+    start_etcd_with(None).await
+}
+
+/// Connect options for a client of an etcd serving mutual TLS with the PKI in `pki`;
+/// `identity`: the PKI directory and identity whose certificate to present (None: none).
+fn tls_options(
+    pki: &std::path::Path,
+    identity: Option<(&std::path::Path, &str)>,
+) -> etcd_client::ConnectOptions {
+    let ca = std::fs::read(pki.join("ca.pem")).unwrap();
+    let mut tls =
+        etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(ca));
+    if let Some((holder, id)) = identity {
+        let read = |f: String| std::fs::read(holder.join(f)).unwrap();
+        tls = tls.identity(etcd_client::Identity::from_pem(
+            read(format!("{id}.pem")),
+            read(format!("{id}.key")),
+        ));
+    }
+    etcd_client::ConnectOptions::new()
+        .with_tls(tls)
+        .with_connect_timeout(Duration::from_secs(2))
+}
+
+/// etcd; with `pki`, serving mutual TLS with its `etcd` certificate and requiring a client
+/// certificate of that CA.
+async fn start_etcd_with(pki: Option<&std::path::Path>) -> Option<Etcd> {
     let Some(bin) = etcd_binary() else {
         assert!(
             !docker_required(),
@@ -76,16 +103,28 @@ async fn start_etcd() -> Option<Etcd> {
         let (client, peer) = (free_port(), free_port());
         let addr = format!("127.0.0.1:{client}");
         let peer_url = format!("http://127.0.0.1:{peer}");
-        let child = Command::new(&bin)
+        let scheme = if pki.is_some() { "https" } else { "http" };
+        let mut cmd = Command::new(&bin);
+        if let Some(pki) = pki {
+            let file = |f: &str| pki.join(f).to_str().unwrap().to_owned();
+            cmd.args([
+                "--cert-file",
+                &file("etcd.pem"),
+                "--key-file",
+                &file("etcd.key"),
+            ])
+            .args(["--trusted-ca-file", &file("ca.pem"), "--client-cert-auth"]);
+        }
+        let child = cmd
             .args([
                 "--name",
                 "t",
                 "--data-dir",
                 dir.path().to_str().unwrap(),
                 "--listen-client-urls",
-                &format!("http://{addr}"),
+                &format!("{scheme}://{addr}"),
                 "--advertise-client-urls",
-                &format!("http://{addr}"),
+                &format!("{scheme}://{addr}"),
                 "--listen-peer-urls",
                 &peer_url,
                 "--initial-advertise-peer-urls",
@@ -104,7 +143,8 @@ async fn start_etcd() -> Option<Etcd> {
         };
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
-            if let Ok(mut c) = etcd_client::Client::connect([etcd.addr.as_str()], None).await {
+            let opts = pki.map(|p| tls_options(p, Some((p, "cli"))));
+            if let Ok(mut c) = etcd_client::Client::connect([etcd.addr.as_str()], opts).await {
                 if c.get("probe", None).await.is_ok() {
                     return Some(etcd);
                 }
@@ -179,8 +219,20 @@ impl Drop for Replica {
 
 /// Its log goes to `log` (read when a test fails).
 fn spawn_replica(id: &str, store_addr: &str, etcd: &str, log: &std::path::Path) -> Replica {
+    spawn_replica_with(id, store_addr, etcd, log, &[])
+}
+
+/// A replica process; `extra`: more arguments (e.g. `--tls-dir`).
+fn spawn_replica_with(
+    id: &str,
+    store_addr: &str,
+    etcd: &str,
+    log: &std::path::Path,
+    extra: &[&str],
+) -> Replica {
     let addr = format!("127.0.0.1:{}", free_port());
     let child = Command::new(env!("CARGO_BIN_EXE_cairn-orchestrator"))
+        .args(extra)
         .args([
             "--listen",
             &addr,
@@ -228,26 +280,29 @@ struct Cluster {
 }
 
 async fn members(etcd: &str) -> Vec<String> {
-    let Ok(mut c) = etcd_client::Client::connect([etcd], None).await else {
-        return Vec::new();
-    };
+    members_with(etcd, None).await.unwrap_or_default()
+}
+
+/// The member ids in etcd; Err when etcd cannot be reached or refuses the read.
+async fn members_with(
+    etcd: &str,
+    opts: Option<etcd_client::ConnectOptions>,
+) -> Result<Vec<String>, etcd_client::Error> {
+    let mut c = etcd_client::Client::connect([etcd], opts).await?;
     let opts = etcd_client::GetOptions::new()
         .with_prefix()
         .with_keys_only();
-    match c.get("/cairn/orchestrator/members/", Some(opts)).await {
-        Ok(r) => r
-            .kvs()
-            .iter()
-            .map(|kv| {
-                String::from_utf8_lossy(kv.key())
-                    .rsplit('/')
-                    .next()
-                    .unwrap()
-                    .to_owned()
-            })
-            .collect(),
-        Err(_) => Vec::new(),
-    }
+    let r = c.get("/cairn/orchestrator/members/", Some(opts)).await?;
+    Ok(r.kvs()
+        .iter()
+        .map(|kv| {
+            String::from_utf8_lossy(kv.key())
+                .rsplit('/')
+                .next()
+                .unwrap()
+                .to_owned()
+        })
+        .collect())
 }
 
 async fn wait_members(etcd: &str, want: &[&str], secs: u64) {
@@ -710,4 +765,75 @@ async fn a_replica_cut_off_from_etcd_is_fenced_out_and_rejoins() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// With `[tls]` set a replica dials etcd over mutual TLS with the orchestrator certificate. That
+/// etcd refuses a plaintext client, a client without a certificate and one whose certificate
+/// another CA signed; a replica told to dial etcd in plaintext while TLS is set does not start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_reach_etcd_over_mutual_tls_and_etcd_refuses_everyone_else() {
+    use cairn_server::pki::{self, PkiSpec};
+    let dir = tempfile::tempdir().unwrap();
+    let (ours, theirs) = (dir.path().join("pki"), dir.path().join("other"));
+    pki::init(&PkiSpec::new(&ours)).unwrap();
+    pki::init(&PkiSpec::new(&theirs)).unwrap();
+    let Some(etcd) = start_etcd_with(Some(&ours)).await else {
+        return;
+    };
+    // Membership needs no store: nothing listens at this address.
+    let store = format!("127.0.0.1:{}", free_port());
+    let tls_dir = ours.to_str().unwrap();
+    let log = dir.path().join("o0.log");
+    let _replica = spawn_replica_with("o0", &store, &etcd.addr, &log, &["--tls-dir", tls_dir]);
+    let read = |opts| async {
+        tokio::time::timeout(Duration::from_secs(5), members_with(&etcd.addr, opts)).await
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(Ok(m)) = read(Some(tls_options(&ours, Some((&ours, "cli"))))).await {
+            if m == ["o0"] {
+                break;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the replica never joined over TLS: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for (who, opts) in [
+        ("plaintext", None),
+        ("no client certificate", Some(tls_options(&ours, None))),
+        (
+            "another CA's certificate",
+            Some(tls_options(&ours, Some((&theirs, "orchestrator")))),
+        ),
+    ] {
+        let got = read(opts).await;
+        assert!(!matches!(got, Ok(Ok(_))), "{who}: etcd answered {got:?}");
+    }
+
+    let out = Command::new(env!("CARGO_BIN_EXE_cairn-orchestrator"))
+        .args([
+            "--tls-dir",
+            tls_dir,
+            "--listen",
+            "127.0.0.1:0",
+            "--store-addr",
+            &store,
+        ])
+        .args(["--ingest-addr", "", "--set"])
+        .arg(format!("cluster.etcd_endpoints=http://{}", etcd.addr))
+        .args(["--set", "cluster.advertise_addr=127.0.0.1:1"])
+        .env_remove("CAIRN_ORCHESTRATOR_CONFIG")
+        .env_remove("CAIRN_CONFIG")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "started with a plaintext etcd: {err}"
+    );
+    assert!(err.contains(&format!("https://{}", etcd.addr)), "{err}");
 }

@@ -19,6 +19,14 @@ struct Proc {
     client: OrchestratorClient<Channel>,
 }
 
+/// A test that fails midway leaves no orchestrator running.
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 async fn spawn(store_addr: &str) -> Proc {
     // A free port can be taken by someone else before the child binds it: then it exits (or
     // something else answers) and we try another.
