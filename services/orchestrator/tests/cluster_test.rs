@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 
 use cairn_proto::v1::orchestrator_client::OrchestratorClient;
 use cairn_proto::v1::{
-    Event, GateDecisionRequest, GetRunRequest, RunInfo, SubmitRunRequest, TaskState,
+    Event, GateDecisionRequest, GetRunRequest, LogStream, RunInfo, SubmitRunRequest, TaskState,
+    WatchLogsRequest,
 };
 use common::*;
 use tokio::net::{TcpListener, TcpStream};
@@ -836,4 +837,95 @@ async fn replicas_reach_etcd_over_mutual_tls_and_etcd_refuses_everyone_else() {
         "started with a plaintext etcd: {err}"
     );
     assert!(err.contains(&format!("https://{}", etcd.addr)), "{err}");
+}
+
+/// A sandboxed program's live output is in the memory of the replica driving the run: asked
+/// of another replica, WatchLogs is forwarded and the output arrives while the node runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_logs_of_a_run_come_through_a_replica_that_does_not_drive_it() {
+    let Some(etcd) = start_etcd().await else {
+        return;
+    };
+    let stack = match Stack::try_start(Options {
+        ingest: false,
+        sandbox: Sandbox::Required,
+        tweak: |c| c.resume_on_start = false,
+        ..Default::default()
+    })
+    .await
+    {
+        Ok(s) => s,
+        Err(e) => {
+            println!("SKIP: no sandbox backend can run here ({e})");
+            return;
+        }
+    };
+    let runner = stack.sandbox_addr.clone().unwrap();
+    let replicas: Vec<Replica> = ["o0", "o1"]
+        .iter()
+        .map(|id| {
+            let log = stack.dir.path().join(format!("{id}.log"));
+            spawn_replica_with(
+                id,
+                &stack.store_addr,
+                &etcd.addr,
+                &log,
+                &["--sandbox-addr", &runner],
+            )
+        })
+        .collect();
+    wait_members(&etcd.addr, &["o0", "o1"], 30).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+
+    let graph = "nodes:\n  - id: job\n    type: sandbox_run\n    language: python\n    timeout_s: 60\n    code: |\n      import time\n      print('marker-early', flush=True)\n      time.sleep(3)\n      print('marker-late', flush=True)\n";
+    // Submitted through o0 until o1 drives one.
+    let mut run = None;
+    for _ in 0..12 {
+        let info = submit(&replicas[0].client, graph.into()).await;
+        let info = wait_run(&replicas[0].client, &info.run_id, 30, "an owner", |i| {
+            !i.replica.is_empty()
+        })
+        .await;
+        if info.replica == "o1" {
+            run = Some(info.run_id);
+            break;
+        }
+    }
+    let run = run.expect("no run driven by o1 in 12 submissions");
+    let mut through_o0 = replicas[0].client.clone();
+    let mut stream = through_o0
+        .watch_logs(WatchLogsRequest {
+            project_id: PROJECT.into(),
+            run_id: run.clone(),
+            node_id: "job".into(),
+            follow: true,
+            ..Default::default()
+        })
+        .await
+        .expect("WatchLogs through o0")
+        .into_inner();
+    let mut out = String::new();
+    let mut early_while_running = None;
+    while let Some(c) = tokio::time::timeout(Duration::from_secs(60), stream.message())
+        .await
+        .expect("the stream ends by itself when the node does")
+        .unwrap()
+    {
+        if c.stream == LogStream::Stdout as i32 {
+            out.push_str(&String::from_utf8_lossy(&c.data));
+        }
+        if early_while_running.is_none() && out.contains("marker-early") {
+            let info = get(&replicas[1].client, &run).await.unwrap();
+            early_while_running = Some(info.state == TaskState::Working as i32);
+        }
+    }
+    assert!(
+        out.contains("marker-early") && out.contains("marker-late"),
+        "{out:?}"
+    );
+    assert_eq!(
+        early_while_running,
+        Some(true),
+        "the output did not come live"
+    );
 }
