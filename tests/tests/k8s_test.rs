@@ -248,6 +248,10 @@ fn validation_rejects_broken_manifests() {
             "orchestrator: more than one replica needs [orchestrator.cluster]",
         ),
         (
+            "for o in docs:\n    if o['kind'] == 'Deployment' and o['metadata']['name'] == 'orchestrator':\n        o['spec']['template']['spec']['containers'][0]['env'].append({'name': 'CAIRN_ORCHESTRATOR_CLUSTER_ETCD_ENDPOINTS', 'value': 'http://etcd:2379'})",
+            "orchestrator: etcd endpoints must be https://",
+        ),
+        (
             "for o in docs:\n    if o['kind'] == 'Deployment' and o['metadata']['name'] == 'console':\n        o['spec']['template']['spec']['containers'][0]['args'] += ['--token', 'x' * 32]",
             "a token on the command line",
         ),

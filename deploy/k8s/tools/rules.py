@@ -159,6 +159,12 @@ def check(objects):
             if not needed <= env:
                 problems.append("orchestrator: more than one replica needs [orchestrator.cluster] (env "
                                 + " and ".join(sorted(needed)) + "): without it each resumes every unfinished run")
+        for c in (pod_spec(o) or {}).get("containers", []):
+            for e in c.get("env", []):
+                if e.get("name") == "CAIRN_ORCHESTRATOR_CLUSTER_ETCD_ENDPOINTS" and any(
+                        u.strip().startswith("http://") for u in str(e.get("value", "")).split(",")):
+                    problems.append(f"{o['metadata']['name']}: etcd endpoints must be https:// "
+                                    "(with TLS the replicas dial etcd over mutual TLS and refuse http://)")
         if o["metadata"]["name"] == "console" and o["spec"].get("replicas", 1) != 1:
             problems.append("console: replicas must be 1 (its login sessions live in its memory)")
         for c in (pod_spec(o) or {}).get("containers", []):

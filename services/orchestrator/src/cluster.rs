@@ -29,6 +29,17 @@ use tokio::sync::watch;
 use tokio::time::{timeout, Instant};
 use tokio_util::sync::CancellationToken;
 
+/// Whether an etcd endpoint (`host:port`, `http://host:port`) names this machine's loopback.
+fn on_loopback(endpoint: &str) -> bool {
+    let bare = endpoint.strip_prefix("http://").unwrap_or(endpoint);
+    let host = bare.rsplit_once(':').map_or(bare, |(h, _)| h);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 /// `[orchestrator.cluster]`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -128,11 +139,8 @@ impl ClusterConfig {
                     "cluster.etcd_endpoints: `{e}` needs a certificate to present: set [tls] (--tls-dir), or dial etcd in plaintext on loopback"
                 ));
             }
-            if !tls {
-                let bare = e.strip_prefix("http://").unwrap_or(e);
-                if cairn_server::check_listen_text(bare, false, false).is_err() {
-                    tracing::warn!(endpoint = %e, "etcd is dialled in PLAINTEXT beyond loopback: whoever reaches it can end this replica's membership; set [tls] (etcd then serves a certificate of the cairn CA)");
-                }
+            if !tls && !on_loopback(e) {
+                tracing::warn!(endpoint = %e, "etcd is dialled in PLAINTEXT beyond loopback: whoever reaches it can end this replica's membership; set [tls] (etcd then serves a certificate of the cairn CA)");
             }
         }
         Ok(())
@@ -629,5 +637,14 @@ mod tests {
         // Plaintext is allowed (beyond loopback with a warning).
         assert!(with("http://127.0.0.1:2379").check_transport(false).is_ok());
         assert!(with("etcd:2379").check_transport(false).is_ok());
+        for (e, loopback) in [
+            ("127.0.0.1:2379", true),
+            ("http://localhost:2379", true),
+            ("[::1]:2379", true),
+            ("etcd:2379", false),
+            ("http://10.0.0.5:2379", false),
+        ] {
+            assert_eq!(on_loopback(e), loopback, "{e}");
+        }
     }
 }
