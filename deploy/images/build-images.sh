@@ -186,8 +186,9 @@ if [ "$SERVICE" -eq 1 ]; then
         docker rmi "$SERVICE_IMAGE" >/dev/null 2>&1 || true
         die "the cairn binary does not start in $SERVICE_IMAGE (build it on Debian bookworm); image removed"
     fi
+    cp "$HERE/etcd-entrypoint.sh" "$ctx/etcd-entrypoint.sh"
     build_if_changed "$ETCD_IMAGE" "$HERE/etcd.Dockerfile" "$ctx" \
-        "$(sha256sum <"$HERE/etcd.Dockerfile" | cut -d' ' -f1)"
+        "$(cat "$HERE/etcd.Dockerfile" "$HERE/etcd-entrypoint.sh" | sha256sum | cut -d' ' -f1)"
 fi
 
 say "done in $(( $(now_ms) - total_start )) ms"

@@ -3,6 +3,8 @@
 # inside the build, as the toolchain image); nothing is pulled from a registry. Orchestrator
 # replicas keep their membership leases in it ([orchestrator.cluster]); it holds nothing else,
 # so its data directory may be a tmpfs. User etcd (uid/gid 10003), data in /var/lib/etcd.
+# The entry point (etcd-entrypoint.sh) runs etcd with the arguments given and, when asked,
+# turns etcd's authentication on so that one certificate identity alone may use it.
 ARG BASE_IMAGE=cairn-base:bookworm
 FROM ${BASE_IMAGE}
 ARG CAIRN_BUILD=""
@@ -22,7 +24,8 @@ RUN set -eu; \
         --shell /usr/sbin/nologin cairn-etcd; \
     install -d -o 10003 -g 10003 -m 0700 /var/lib/etcd; \
     etcd --version >/dev/null && etcdctl version >/dev/null
+COPY etcd-entrypoint.sh /usr/local/bin/cairn-etcd
 USER 10003:10003
 HEALTHCHECK --interval=5s --timeout=3s --start-period=10s --retries=3 \
     CMD etcdctl --endpoints=http://127.0.0.1:2379 endpoint health >/dev/null || exit 1
-ENTRYPOINT ["/usr/bin/etcd"]
+ENTRYPOINT ["/usr/local/bin/cairn-etcd"]

@@ -1292,9 +1292,25 @@ fn compose_orchestrator_replica_dies_and_the_other_continues_its_runs() {
         !by_second.is_empty() && by_second.len() < runs.len(),
         "the runs did not spread over both replicas"
     );
-    // etcd serves the replicas mutual TLS: a client with a certificate of the CA reads both
-    // members; plaintext and a TLS client without a certificate are refused.
+    // etcd serves the replicas mutual TLS and, with its authentication on, to the orchestrator
+    // identity alone: that certificate reads both members; etcd's own certificate (another
+    // identity of the same CA), plaintext and a TLS client without a certificate are refused.
     let etcd = stack.container("etcd");
+    for file in ["orchestrator.pem", "orchestrator.key"] {
+        let copied = Command::new("docker")
+            .args([
+                "exec",
+                "-i",
+                &etcd,
+                "sh",
+                "-c",
+                &format!("cat > /tmp/{file}"),
+            ])
+            .stdin(std::fs::File::open(stack.pki().join(file)).unwrap())
+            .output()
+            .unwrap();
+        assert!(copied.status.success(), "{}", show(&copied));
+    }
     let etcdctl = |args: &[&str]| {
         let mut cmd = Command::new("docker");
         cmd.args(["exec", &etcd, "etcdctl", "--command-timeout=3s"])
@@ -1307,24 +1323,38 @@ fn compose_orchestrator_replica_dies_and_the_other_continues_its_runs() {
             ]);
         cmd.output().unwrap()
     };
-    let ca = "--cacert=/etc/cairn/pki/ca.pem";
-    let with_cert = etcdctl(&[
+    let (tls, ca) = (
         "--endpoints=https://127.0.0.1:2379",
+        "--cacert=/etc/cairn/pki/ca.pem",
+    );
+    let as_orchestrator = etcdctl(&[
+        tls,
+        ca,
+        "--cert=/tmp/orchestrator.pem",
+        "--key=/tmp/orchestrator.key",
+    ]);
+    let members = String::from_utf8_lossy(&as_orchestrator.stdout);
+    assert!(
+        as_orchestrator.status.success()
+            && members.contains("orchestrator-1")
+            && members.contains("orchestrator-2"),
+        "{}",
+        show(&as_orchestrator)
+    );
+    let as_etcd = etcdctl(&[
+        tls,
         ca,
         "--cert=/etc/cairn/pki/etcd.pem",
         "--key=/etc/cairn/pki/etcd.key",
     ]);
-    let members = String::from_utf8_lossy(&with_cert.stdout);
     assert!(
-        with_cert.status.success()
-            && members.contains("orchestrator-1")
-            && members.contains("orchestrator-2"),
+        !as_etcd.status.success() && show(&as_etcd).contains("permission denied"),
         "{}",
-        show(&with_cert)
+        show(&as_etcd)
     );
     for refused in [
         etcdctl(&["--endpoints=http://127.0.0.1:2379"]),
-        etcdctl(&["--endpoints=https://127.0.0.1:2379", ca]),
+        etcdctl(&[tls, ca]),
     ] {
         assert!(!refused.status.success(), "{}", show(&refused));
     }
