@@ -14,12 +14,7 @@ BIN="$CARGO_TARGET_DIR/release"
 . bench/scratch.sh
 scratch tls-bench
 
-"$BIN/cairn" certs init --out "$WORK/pki" >/dev/null 2>&1
-"$BIN/store_load" gen --out "$WORK/input.bin" --size "$SIZE"
-PLAIN="$(port)"; TLS="$(port)"
-RUST_LOG=warn "$BIN/cairn-artifact-store" --data-root "$WORK/plain" --listen "127.0.0.1:$PLAIN" & PIDS+=($!)
-RUST_LOG=warn "$BIN/cairn-artifact-store" --data-root "$WORK/tls" --listen "127.0.0.1:$TLS" --tls-dir "$WORK/pki" & PIDS+=($!)
-wait_port "$PLAIN"; wait_port "$TLS"
+tls_stores "$SIZE"
 echo "command: bash bench/tls.sh $SIZE $NODES  ($(date -u +%Y-%m-%dT%H:%MZ), $(df -T "$WORK" | awk 'NR==2{print $2}') scratch)"
 "$BIN/store_load" tls --plain-addr "http://127.0.0.1:$PLAIN" --tls-addr "127.0.0.1:$TLS" --tls-dir "$WORK/pki" --file "$WORK/input.bin" --pids "${PIDS[0]}" "${PIDS[1]}"
 rm -f "$WORK/input.bin"

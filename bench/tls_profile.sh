@@ -15,12 +15,7 @@ BIN="$CARGO_TARGET_DIR/release"
 . bench/scratch.sh
 scratch tls-profile
 
-"$BIN/cairn" certs init --out "$WORK/pki" >/dev/null 2>&1
-"$BIN/store_load" gen --out "$WORK/input.bin" --size "$SIZE"
-PLAIN="$(port)"; TLS="$(port)"
-RUST_LOG=warn "$BIN/cairn-artifact-store" --data-root "$WORK/plain" --listen "127.0.0.1:$PLAIN" & PIDS+=($!)
-RUST_LOG=warn "$BIN/cairn-artifact-store" --data-root "$WORK/tls" --listen "127.0.0.1:$TLS" --tls-dir "$WORK/pki" & PIDS+=($!)
-wait_port "$PLAIN"; wait_port "$TLS"
+tls_stores "$SIZE"
 echo "command: bash bench/tls_profile.sh $SIZE  ($(date -u +%Y-%m-%dT%H:%MZ), load average $(cut -d' ' -f1 /proc/loadavg))"
 
 for side in plain tls; do

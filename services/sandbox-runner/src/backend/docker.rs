@@ -28,7 +28,7 @@ use time::OffsetDateTime;
 use tokio::time::sleep_until;
 
 use super::docker_pool::{DockerSource, Warm};
-use super::{keep, ExecOutcome, ExecSpec, Live, SessionSandbox};
+use super::{keep, ExecOutcome, ExecSpec, KillOnDrop, Live, SessionSandbox};
 use crate::capture::Capture;
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -460,12 +460,17 @@ impl DockerBackend {
         let user = format!("{}:{}", self.config.sandbox_uid, self.config.sandbox_gid);
         // Armed before the exec exists: a call dropped (client deadline, cancel) from here on
         // kills what the command started.
-        let mut stopper = ExecStopper {
-            client: self.client.clone(),
-            container: s.name.clone(),
-            user: user.clone(),
-            exec_id: exec_id.clone(),
-            armed: true,
+        let mut stopper = {
+            let (client, container) = (self.client.clone(), s.name.clone());
+            let (user, exec_id) = (user.clone(), exec_id.clone());
+            KillOnDrop::new(async move {
+                let target = Target::Exec {
+                    name: &container,
+                    user: &user,
+                    exec_id: &exec_id,
+                };
+                signal(&client, target, "SIGKILL").await;
+            })
         };
         let opts = CreateExecOptions {
             attach_stdin: Some(false),
@@ -541,7 +546,7 @@ impl DockerBackend {
             info.exit_code.unwrap_or(-1) as i32
         };
         // Background children of a command that ended stay, as in any shell session.
-        stopper.armed = false;
+        stopper.disarm();
         Ok(ExecOutcome {
             exit_code,
             timed_out,
@@ -808,39 +813,6 @@ impl Drop for PendingCreate {
                     }
                 }
                 forget(&live, &name);
-            });
-        }
-    }
-}
-
-/// Stops a session Exec's processes (SIGKILL) when its call is dropped before it finished.
-struct ExecStopper {
-    client: bollard::Docker,
-    container: String,
-    user: String,
-    exec_id: String,
-    armed: bool,
-}
-
-impl Drop for ExecStopper {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let client = self.client.clone();
-        let (container, user, exec_id) = (
-            self.container.clone(),
-            self.user.clone(),
-            self.exec_id.clone(),
-        );
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            handle.spawn(async move {
-                let target = Target::Exec {
-                    name: &container,
-                    user: &user,
-                    exec_id: &exec_id,
-                };
-                signal(&client, target, "SIGKILL").await;
             });
         }
     }

@@ -10,7 +10,6 @@
 //! (exec_kill.py, run through `runsc exec`): SIGTERM, the grace, SIGKILL.
 
 use std::process::Stdio;
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::AsyncReadExt;
@@ -22,7 +21,7 @@ use super::gvisor::{
 };
 use super::local::rlimits;
 use super::local_pool::{send_go, Go, READY, READY_TIMEOUT};
-use super::{die_with_runner, session_env, ExecOutcome, ExecSpec, SessionSandbox};
+use super::{die_with_runner, session_env, ExecOutcome, ExecSpec, KillOnDrop, SessionSandbox};
 use crate::error::{Error, Result};
 use crate::limits::Limits;
 
@@ -143,11 +142,9 @@ impl GvisorBackend {
             .stderr(Stdio::piped());
         // Armed before the command can exist: a call dropped from here on (client deadline,
         // cancel) kills what it started.
-        let mut stopper = ExecStopper {
-            base: self.base.clone(),
-            sandbox: sandbox.clone(),
-            exec_id: exec_id.clone(),
-            armed: true,
+        let mut stopper = {
+            let (base, sandbox, exec_id) = (self.base.clone(), sandbox.clone(), exec_id.clone());
+            KillOnDrop::new(async move { base.kill_exec(&sandbox, &exec_id, "KILL").await })
         };
         let mut child = cmd.spawn().map_err(Error::io("starting runsc exec"))?;
         let go = Go {
@@ -197,7 +194,7 @@ impl GvisorBackend {
             }
         };
         // Background children of a command that ended stay, as in any shell session.
-        stopper.armed = false;
+        stopper.disarm();
         Ok(ExecOutcome {
             exit_code: if step > 0 { -1 } else { exit_code },
             timed_out: step > 0,
@@ -257,30 +254,5 @@ impl Base {
             .to_vec();
         let mut cmd = self.exec_command(sandbox, &argv);
         let _ = tokio::time::timeout(Duration::from_secs(10), cmd.status()).await;
-    }
-}
-
-/// Kills a session command's processes when its Exec is dropped before it finished.
-struct ExecStopper {
-    base: Arc<Base>,
-    sandbox: String,
-    exec_id: String,
-    armed: bool,
-}
-
-impl Drop for ExecStopper {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let (base, sandbox, exec_id) = (
-            self.base.clone(),
-            std::mem::take(&mut self.sandbox),
-            std::mem::take(&mut self.exec_id),
-        );
-        rt.spawn(async move { base.kill_exec(&sandbox, &exec_id, "KILL").await });
     }
 }

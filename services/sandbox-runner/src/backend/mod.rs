@@ -225,6 +225,32 @@ for _ in 1 2 3; do
   sleep 0.1
 done"#;
 
+/// Kills a session command's processes when its call is dropped before it finished (client
+/// deadline, cancel): the clean-up future runs on the current runtime unless disarmed first.
+pub(crate) struct KillOnDrop(
+    Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>>,
+);
+
+impl KillOnDrop {
+    /// Armed from here on: build it before the command can exist.
+    pub(crate) fn new(kill: impl std::future::Future<Output = ()> + Send + 'static) -> Self {
+        KillOnDrop(Some(Box::pin(kill)))
+    }
+
+    /// The command ended by itself: nothing to kill.
+    pub(crate) fn disarm(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let (Some(kill), Ok(rt)) = (self.0.take(), tokio::runtime::Handle::try_current()) {
+            rt.spawn(kill);
+        }
+    }
+}
+
 /// A process that outlives the runner to kill the host processes of its sandboxes: it reads
 /// a pipe only the runner holds and, at end of file (the runner exited, whatever killed it),
 /// SIGKILLs every process whose command line names `needle` (this runner's task directories,
