@@ -99,11 +99,7 @@ async fn kill_during_put(previous: Option<&[u8]>) {
         Some(old) => assert_eq!(listed.unwrap(), old),
         None => assert_eq!(listed.unwrap_err().code(), tonic::Code::NotFound),
     }
-    assert!(
-        temp_files(tmp.path()).is_empty(),
-        "temp files left: {:?}",
-        temp_files(tmp.path())
-    );
+    assert_no_temp_files_stay(tmp.path(), "after the restart").await;
     check_target();
 }
 
@@ -346,6 +342,6 @@ async fn kill_9_amid_deferred_puts_loses_no_file_that_an_event_names() {
                 "round {round}: {name} is partial"
             );
         }
-        assert!(temp_files(tmp.path()).is_empty(), "round {round}");
+        assert_no_temp_files_stay(tmp.path(), &format!("round {round}")).await;
     }
 }

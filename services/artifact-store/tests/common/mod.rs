@@ -297,6 +297,24 @@ pub fn temp_files(dir: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
+/// Fails unless every `.cairn-tmp-*` file under `root` is gone within 30 s. A live store
+/// writes its run index through a temp file too (a restarted one rewrites it in the
+/// background), so only a temp file that stays is a leftover.
+pub async fn assert_no_temp_files_stay(root: &Path, context: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let left = temp_files(root);
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{context}: temp files left: {left:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 /// Temp files the process `pid` is writing under `root`: named `.cairn-tmp-*` ones and
 /// unnamed (O_TMPFILE) ones, with the bytes each holds so far.
 pub fn open_temp_files(pid: u32, root: &Path) -> Vec<(String, u64)> {
