@@ -117,6 +117,9 @@ pub struct SessionConfig {
     pub max_walk_entries: u64,
     /// Time a git clone of OpenSession may take.
     pub git_timeout_ms: u64,
+    /// A session no call has used for this long (none in flight) is closed by the runner,
+    /// freeing its slot: a client that died never closes its sessions. 0 = never.
+    pub idle_timeout_ms: u64,
 }
 
 impl Default for SessionConfig {
@@ -129,6 +132,7 @@ impl Default for SessionConfig {
             max_archive_bytes: 200 * 1024 * 1024,
             max_walk_entries: 200_000,
             git_timeout_ms: 120_000,
+            idle_timeout_ms: 900_000,
         }
     }
 }

@@ -65,6 +65,12 @@ pub enum Error {
     NotFound { what: &'static str, name: String },
     #[error("session {0:?} already exists: close it first or use another id")]
     SessionExists(String),
+    /// Closed by the runner after no call used it for the session idle timeout.
+    #[error(
+        "session {id:?} was closed by the runner after {} ms without a call (its [session] idle_timeout_ms): open a new session, or call at least that often",
+        idle_ms
+    )]
+    SessionExpired { id: String, idle_ms: u64 },
     /// CloseSession (or the client going away) came while the session was opening.
     #[error(
         "session {0:?} was closed before it finished opening: open it again if it is still needed"
@@ -130,7 +136,7 @@ impl Error {
             Error::Docker { source, .. } if engine_refused(source) => Code::InvalidArgument,
             Error::ResourceExhausted { .. } => Code::ResourceExhausted,
             Error::Refused { .. } => Code::PermissionDenied,
-            Error::NotFound { .. } => Code::NotFound,
+            Error::NotFound { .. } | Error::SessionExpired { .. } => Code::NotFound,
             Error::SessionExists(_) => Code::AlreadyExists,
             Error::OpenAborted(_) => Code::Aborted,
             Error::NoIsolation(_) => Code::FailedPrecondition,
@@ -150,6 +156,7 @@ impl Error {
             Error::Path { rejection, .. } => rejection.reason.as_str(),
             Error::LimitAboveMax { .. } | Error::LimitBelowMin { .. } => "limit_out_of_range",
             Error::SessionExists(_) => "exists",
+            Error::SessionExpired { .. } => "session_idle",
             Error::NoIsolation(_) => "no_isolation",
             Error::ImageNotAllowed { .. } => "image_not_allowed",
             Error::NetworkNotAllowed => "network_not_allowed",
@@ -183,7 +190,11 @@ impl Error {
             }
             Error::NetworkNotAllowed => vec![("field", "network".into())],
             Error::NotFound { what, name } => vec![(*what, name.clone())],
-            Error::SessionExists(id) | Error::OpenAborted(id) => vec![("session_id", id.clone())],
+            Error::SessionExists(id)
+            | Error::OpenAborted(id)
+            | Error::SessionExpired { id, .. } => {
+                vec![("session_id", id.clone())]
+            }
             _ => Vec::new(),
         }
     }

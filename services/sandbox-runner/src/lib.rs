@@ -66,6 +66,7 @@ pub async fn sandbox_service(
     config: Config,
 ) -> Result<(SandboxRunnerServer<SandboxService>, RunnerHandle), Error> {
     let runner = Arc::new(Runner::start(config).await?);
+    runner.expire_idle_sessions();
     let server = SandboxRunnerServer::new(SandboxService::new(runner.clone()))
         .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES)

@@ -324,12 +324,64 @@ impl Runner {
             workspace,
             git_commit,
             _slot: slot,
+            activity: session::Activity::new(),
         })
+    }
+
+    /// The open session `id`, in use (not idle) while the returned guard lives.
+    fn session(&self, id: &str) -> Result<session::InUse> {
+        self.sessions.enter(id, self.idle_timeout())
+    }
+
+    fn idle_timeout(&self) -> Duration {
+        Duration::from_millis(self.config.session.idle_timeout_ms)
+    }
+
+    /// Closes, every `idle_timeout_ms / 4` (at least 50 ms, at most 10 s), the sessions no
+    /// call has used for `idle_timeout_ms`; stops with the runner (or at once when it is 0).
+    pub fn expire_idle_sessions(self: &Arc<Self>) {
+        let idle = self.idle_timeout();
+        if idle.is_zero() {
+            return;
+        }
+        let every = (idle / 4).clamp(Duration::from_millis(50), Duration::from_secs(10));
+        let runner = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(runner) = runner.upgrade() else {
+                    return;
+                };
+                if runner.closing.load(Ordering::SeqCst) {
+                    return;
+                }
+                for s in runner.sessions.take_idle(idle) {
+                    let id = &s.sandbox.session_id;
+                    match runner.remove_session(&s).await {
+                        Ok(()) => {
+                            tracing::warn!(session_id = %id, idle_timeout_ms = idle.as_millis() as u64, run_id = %s.sandbox.run_id, node_id = %s.sandbox.node_id, "session closed: no call used it for the idle timeout")
+                        }
+                        Err(e) => {
+                            tracing::warn!(session_id = %id, error = %e, "closing an idle session failed")
+                        }
+                    }
+                }
+            }
+        });
+    }
+
+    /// Removes a session taken out of the map: its sandbox, then its directories.
+    async fn remove_session(&self, s: &Session) -> Result<()> {
+        let closed = self.backend.close_session(&s.sandbox).await;
+        backend::remove_dir(&s.sandbox.task_dir).await;
+        closed
     }
 
     pub async fn exec(&self, req: pb::ExecRequest) -> Result<pb::ExecResult> {
         self.open()?;
-        let s = self.sessions.get(&req.session_id)?;
+        let s = self.session(&req.session_id)?;
         let max = self.config.max_limits();
         let timeout_ms = match req.timeout_ms {
             0 => self.config.default_limits().timeout_ms,
@@ -390,7 +442,7 @@ impl Runner {
 
     pub async fn read_file(&self, req: pb::ReadFileRequest) -> Result<pb::ReadFileResponse> {
         self.open()?;
-        let s = self.sessions.get(&req.session_id)?;
+        let s = self.session(&req.session_id)?;
         let cap = self.config.session.read_max_bytes;
         let max = match req.max_bytes {
             0 => cap,
@@ -416,7 +468,7 @@ impl Runner {
 
     pub async fn write_file(&self, req: pb::WriteFileRequest) -> Result<pb::WriteFileResponse> {
         self.open()?;
-        let s = self.sessions.get(&req.session_id)?;
+        let s = self.session(&req.session_id)?;
         let path = workspace::path(&req.path, "path", false)?
             .ok_or_else(|| Error::invalid("path is empty"))?;
         let append = req.mode == pb::WriteMode::Append as i32;
@@ -432,7 +484,7 @@ impl Runner {
 
     pub async fn glob(&self, req: pb::GlobRequest) -> Result<pb::GlobResponse> {
         self.open()?;
-        let s = self.sessions.get(&req.session_id)?;
+        let s = self.session(&req.session_id)?;
         let cap = self.config.session.glob_max_results;
         let max = match req.max_results {
             0 => cap,
@@ -458,7 +510,7 @@ impl Runner {
 
     pub async fn grep(&self, req: pb::GrepRequest) -> Result<pb::GrepResponse> {
         self.open()?;
-        let s = self.sessions.get(&req.session_id)?;
+        let s = self.session(&req.session_id)?;
         let cap = self.config.session.grep_max_matches;
         let max = match req.max_matches {
             0 => cap,
@@ -504,7 +556,7 @@ impl Runner {
     /// Packs the workspace into a file of the task directory (outside the workspace).
     pub async fn pack(&self, req: pb::PackRequest) -> Result<Packed> {
         self.open()?;
-        let s = self.sessions.get(&req.session_id)?;
+        let s = self.session(&req.session_id)?;
         // The service refused numbers the proto does not declare (reason `unknown_enum`).
         let format = match req.format() {
             pb::ArchiveFormat::Zip => Format::Zip,
@@ -571,8 +623,7 @@ impl Runner {
                 Ok(true)
             }
             Closing::Open(s) => {
-                self.backend.close_session(&s.sandbox).await?;
-                backend::remove_dir(&s.sandbox.task_dir).await;
+                self.remove_session(&s).await?;
                 tracing::info!(session_id = %id, "session closed");
                 Ok(true)
             }
@@ -600,10 +651,9 @@ impl Runner {
             return;
         }
         for s in self.sessions.drain() {
-            if let Err(e) = self.backend.close_session(&s.sandbox).await {
+            if let Err(e) = self.remove_session(&s).await {
                 tracing::warn!(session_id = %s.sandbox.session_id, error = %e, "could not close session at shutdown");
             }
-            backend::remove_dir(&s.sandbox.task_dir).await;
         }
         self.backend.shutdown().await;
         tracing::info!(

@@ -1,13 +1,14 @@
 //! Sessions: one long-lived sandbox per task with `/workspace` and `/tmpfs`, kept
 //! in `<work_root>/tasks/<session_id>/{workspace,tmpfs}` on this host. Opening clones a git
 //! source on the host side (never with hooks, never through the `ext` transport); closing,
-//! failing to open, and shutting down remove the container and the directories.
+//! failing to open, shutting down, and going unused for `idle_timeout_ms` remove the container
+//! and the directories.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::io::AsyncReadExt;
 use tokio::sync::watch;
@@ -26,7 +27,59 @@ pub struct Session {
     /// Its share of max_concurrent_runs, held while the session is open (and while a call
     /// still uses it after its close).
     pub _slot: tokio::sync::OwnedSemaphorePermit,
+    /// Calls using it now, and when the last one ended (or it opened).
+    pub activity: Mutex<Activity>,
 }
+
+#[derive(Debug)]
+pub struct Activity {
+    in_flight: usize,
+    since: Instant,
+}
+
+impl Activity {
+    pub fn new() -> Mutex<Activity> {
+        Mutex::new(Activity {
+            in_flight: 0,
+            since: Instant::now(),
+        })
+    }
+}
+
+impl Session {
+    fn activity(&self) -> std::sync::MutexGuard<'_, Activity> {
+        self.activity
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// No call in flight and none for `idle` or longer.
+    fn idle_for(&self, idle: Duration) -> bool {
+        let a = self.activity();
+        a.in_flight == 0 && a.since.elapsed() >= idle
+    }
+}
+
+/// A call's use of an open session: while it lives the session is not idle.
+pub struct InUse(Arc<Session>);
+
+impl std::ops::Deref for InUse {
+    type Target = Session;
+    fn deref(&self) -> &Session {
+        &self.0
+    }
+}
+
+impl Drop for InUse {
+    fn drop(&mut self) {
+        let mut a = self.0.activity();
+        a.in_flight -= 1;
+        a.since = Instant::now();
+    }
+}
+
+/// Ids of sessions closed for idleness that a late call may still name (the newest ones).
+const EXPIRED_KEPT: usize = 1024;
 
 enum Slot {
     /// Being opened (clone, container start): the id is taken. Cancelling `cancel` makes the
@@ -65,6 +118,8 @@ pub enum Closing {
 #[derive(Default)]
 pub struct Sessions {
     map: Mutex<HashMap<String, Slot>>,
+    /// Sessions closed for idleness, to tell a late caller why (oldest first).
+    expired: Mutex<(VecDeque<String>, HashSet<String>)>,
 }
 
 impl Sessions {
@@ -74,14 +129,58 @@ impl Sessions {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    pub fn get(&self, id: &str) -> Result<Arc<Session>> {
-        match self.lock().get(id) {
-            Some(Slot::Open(s)) => Ok(s.clone()),
-            _ => Err(Error::NotFound {
-                what: "session",
-                name: id.to_owned(),
-            }),
+    fn expired(&self) -> std::sync::MutexGuard<'_, (VecDeque<String>, HashSet<String>)> {
+        self.expired
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The open session `id`, marked in use until the returned guard is dropped (taken under
+    /// the lock `take_idle` looks under, so a session in use is never closed as idle).
+    pub fn enter(&self, id: &str, idle_timeout: Duration) -> Result<InUse> {
+        if let Some(Slot::Open(s)) = self.lock().get(id) {
+            s.activity().in_flight += 1;
+            return Ok(InUse(s.clone()));
         }
+        if self.expired().1.contains(id) {
+            return Err(Error::SessionExpired {
+                id: id.to_owned(),
+                idle_ms: idle_timeout.as_millis() as u64,
+            });
+        }
+        Err(Error::NotFound {
+            what: "session",
+            name: id.to_owned(),
+        })
+    }
+
+    /// Takes out the open sessions no call has used for `idle` (none in flight).
+    pub fn take_idle(&self, idle: Duration) -> Vec<Arc<Session>> {
+        let mut map = self.lock();
+        let ids: Vec<String> = map
+            .iter()
+            .filter_map(|(id, slot)| match slot {
+                Slot::Open(s) if s.idle_for(idle) => Some(id.clone()),
+                _ => None,
+            })
+            .collect();
+        let mut taken = Vec::new();
+        for id in ids {
+            if let Some(Slot::Open(s)) = map.remove(&id) {
+                taken.push(s);
+                let mut expired = self.expired();
+                let (order, set) = &mut *expired;
+                if set.insert(id.clone()) {
+                    order.push_back(id);
+                }
+                while order.len() > EXPIRED_KEPT {
+                    if let Some(old) = order.pop_front() {
+                        set.remove(&old);
+                    }
+                }
+            }
+        }
+        taken
     }
 
     /// Takes `id` while the session is being opened (fails when taken or `max` are open).
@@ -99,6 +198,7 @@ impl Sessions {
                 reason: "too_many_files",
             });
         }
+        self.expired().1.remove(id);
         let cancel = CancellationToken::new();
         let (gone_tx, gone) = watch::channel(());
         map.insert(

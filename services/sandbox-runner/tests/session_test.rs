@@ -551,3 +551,112 @@ async fn empty_session_and_shutdown_cleanup() {
         r.stop().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_idle_session_is_closed_and_frees_its_slot() {
+    // A client that vanishes (an orchestrator killed mid-task) never closes its session:
+    // the runner closes it once no call has used it for `idle_timeout_ms`, removing its
+    // sandbox and directories and giving back its share of max_concurrent_runs.
+    for backend in cold_backends("session_idle").await {
+        let r = TestRunner::start_with(backend, |c| {
+            c.session.idle_timeout_ms = 1000;
+            c.max_concurrent_runs = 1;
+        })
+        .await;
+        let mut c = r.client.clone();
+        let open = |id: &str| pb::OpenSessionRequest {
+            session_id: id.into(),
+            ..Default::default()
+        };
+        // Container names are the engine's, shared with any other test process.
+        let (id_a, id_b) = (
+            format!("idle-a-{}", std::process::id()),
+            format!("idle-b-{}", std::process::id()),
+        );
+        let a = c.open_session(open(&id_a)).await.unwrap().into_inner();
+        // The session holds the runner's only slot.
+        let refused = c.open_session(open(&id_b)).await.unwrap_err();
+        assert_eq!(
+            refused.code(),
+            tonic::Code::ResourceExhausted,
+            "{refused:?}"
+        );
+        // A call running longer than the timeout is not cut short, and calls keep it open.
+        let slow = exec(&r, &a.session_id, "sleep 2; echo done", "", 10_000).await;
+        assert_eq!((slow.exit_code, text(&slow.stdout)), (0, "done\n".into()));
+        for _ in 0..5 {
+            tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+            let out = exec(&r, &a.session_id, "true", "", 0).await;
+            assert_eq!(
+                out.exit_code,
+                0,
+                "{}: used every 400 ms, still open",
+                backend.name()
+            );
+        }
+        // Then nobody calls: it is closed, its sandbox and directories removed, within a few
+        // timeouts.
+        let last_call = std::time::Instant::now();
+        let runner_id = r.handle.runner_id().to_string();
+        let task_dir = r.work_root.path().join("tasks").join(&id_a);
+        loop {
+            let open_sessions = c
+                .get_runner_info(pb::GetRunnerInfoRequest {})
+                .await
+                .unwrap()
+                .into_inner()
+                .open_sessions;
+            let container_left = backend.docker() && !containers_of(&runner_id).await.is_empty();
+            if open_sessions == 0 && !task_dir.exists() && !container_left {
+                break;
+            }
+            assert!(
+                last_call.elapsed() < std::time::Duration::from_secs(10),
+                "{}: an idle session was not removed (open {open_sessions}, directory {}, container {container_left})",
+                backend.name(),
+                task_dir.exists()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        assert!(last_call.elapsed() >= std::time::Duration::from_millis(900));
+        let gone = c
+            .exec(pb::ExecRequest {
+                session_id: a.session_id.clone(),
+                command: "true".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(gone.code(), tonic::Code::NotFound, "{gone:?}");
+        assert!(
+            gone.message().contains("idle_timeout_ms"),
+            "the message says why it is gone: {}",
+            gone.message()
+        );
+        // Its slot is free again (given back as the teardown ends).
+        let b = loop {
+            match c.open_session(open(&id_b)).await {
+                Ok(b) => break b.into_inner(),
+                Err(e) if e.code() == tonic::Code::ResourceExhausted => {
+                    assert!(
+                        last_call.elapsed() < std::time::Duration::from_secs(10),
+                        "{}: the idle session's slot was never given back",
+                        backend.name()
+                    );
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("{e:?}"),
+            }
+        };
+        assert!(
+            c.close_session(pb::CloseSessionRequest {
+                session_id: b.session_id,
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .closed
+        );
+        r.stop().await;
+    }
+}
