@@ -47,6 +47,7 @@ const RUNNER: &[&str] = &[
     "Grep",
     "Pack",
     "CloseSession",
+    "TouchSession",
     "GetRunnerInfo",
 ];
 const ORCHESTRATOR: &[&str] = &[

@@ -5,14 +5,17 @@
 //!
 //! Nothing outlives its task: a session dropped while open (a cancelled run, a node deadline)
 //! and an OpenSession dropped in flight (the id is ours, chosen before the call) are closed by
-//! a CloseSession sent from a background task.
+//! a CloseSession sent from a background task. While a session is held, a background task
+//! touches it (TouchSession) three times per runner idle timeout, so a holder waiting for a
+//! model keeps it; a holder that dies stops touching and the runner closes the session.
 
 use bytes::{Bytes, BytesMut};
 use cairn_proto::v1::sandbox_runner_client::SandboxRunnerClient;
 use cairn_proto::v1::{
     pack_response, ArchiveFormat, CloseSessionRequest, ExecRequest, ExecResult, GlobRequest,
     GlobResponse, GrepRequest, GrepResponse, OpenSessionRequest, PackRequest, PackSummary,
-    ReadFileRequest, ReadFileResponse, SessionInfo, WriteFileRequest, WriteFileResponse, WriteMode,
+    ReadFileRequest, ReadFileResponse, SessionInfo, TouchSessionRequest, WriteFileRequest,
+    WriteFileResponse, WriteMode,
 };
 use cairn_telemetry::TracedChannel;
 use tonic::{Code, Status};
@@ -28,6 +31,8 @@ pub struct RunnerSession {
     pub info: SessionInfo,
     /// Still to be closed (by `close` or on drop).
     open: bool,
+    /// The task touching the session while it is held; stopped on drop.
+    keepalive: Option<tokio::task::AbortHandle>,
 }
 
 /// A packed archive, fully received and checked against the runner's digest.
@@ -78,11 +83,14 @@ impl RunnerSession {
             guard.armed = false;
             match answer {
                 Ok(info) => {
+                    let info = info.into_inner();
+                    let keepalive = keep_touching(&client, &info);
                     return Ok(RunnerSession {
                         client,
                         runner: addr,
-                        info: info.into_inner(),
+                        info,
                         open: true,
+                        keepalive,
                     });
                 }
                 Err(s) if s.code() == Code::Unavailable => {
@@ -252,8 +260,9 @@ impl RunnerSession {
             .map(|r| r.into_inner().closed)
     }
 
-    /// Leaves the session open (`code_delivery.cleanup_on_finish = false`): the runner removes
-    /// it at its shutdown or next start.
+    /// Leaves the session open (`code_delivery.cleanup_on_finish = false`) and stops touching
+    /// it: the runner removes it once idle (`[session] idle_timeout_ms`), at its shutdown or at
+    /// its next start.
     pub fn keep(mut self) -> SessionInfo {
         self.open = false;
         self.info.clone()
@@ -262,10 +271,47 @@ impl RunnerSession {
 
 impl Drop for RunnerSession {
     fn drop(&mut self) {
+        if let Some(k) = self.keepalive.take() {
+            k.abort();
+        }
         if self.open {
             close_in_background(self.client.clone(), self.info.session_id.clone());
         }
     }
+}
+
+/// Touches the session three times per idle timeout until aborted or the session is gone
+/// (none when the runner never closes idle sessions, or there is no runtime).
+fn keep_touching(client: &Client, info: &SessionInfo) -> Option<tokio::task::AbortHandle> {
+    if info.idle_timeout_ms == 0 {
+        return None;
+    }
+    let handle = tokio::runtime::Handle::try_current().ok()?;
+    let every = std::time::Duration::from_millis((info.idle_timeout_ms / 3).max(10));
+    let mut client = client.clone();
+    let id = info.session_id.clone();
+    let task = handle.spawn(async move {
+        loop {
+            tokio::time::sleep(every).await;
+            let touched = client
+                .touch_session(TouchSessionRequest {
+                    session_id: id.clone(),
+                })
+                .await;
+            match touched {
+                Ok(_) => {}
+                Err(e) if e.code() == Code::NotFound => {
+                    tracing::warn!(session_id = %id, error = %e.message(), "the sandbox session is gone; no longer touching it");
+                    return;
+                }
+                // A runner briefly out of reach: the next touch may get through in time.
+                Err(e) => {
+                    tracing::warn!(session_id = %id, error = %e.message(), "touching the sandbox session failed")
+                }
+            }
+        }
+    });
+    Some(task.abort_handle())
 }
 
 /// Closes a session id on drop while armed: an OpenSession dropped in flight.

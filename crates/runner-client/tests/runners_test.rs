@@ -71,6 +71,12 @@ impl SandboxRunner for Fake {
     ) -> Reply<pb::CloseSessionResponse> {
         Err(Status::unimplemented("fake"))
     }
+    async fn touch_session(
+        &self,
+        _: Request<pb::TouchSessionRequest>,
+    ) -> Reply<pb::TouchSessionResponse> {
+        Err(Status::unimplemented("fake"))
+    }
     async fn get_runner_info(&self, _: Request<pb::GetRunnerInfoRequest>) -> Reply<pb::RunnerInfo> {
         Err(Status::unimplemented("fake"))
     }

@@ -77,6 +77,12 @@ impl SandboxRunner for SlowRunner {
     ) -> Reply<pb::CloseSessionResponse> {
         Err(Status::unimplemented("fake"))
     }
+    async fn touch_session(
+        &self,
+        _: Request<pb::TouchSessionRequest>,
+    ) -> Reply<pb::TouchSessionResponse> {
+        Err(Status::unimplemented("fake"))
+    }
     async fn get_runner_info(&self, _: Request<pb::GetRunnerInfoRequest>) -> Reply<pb::RunnerInfo> {
         Ok(Response::new(pb::RunnerInfo {
             runner_id: "slow".into(),

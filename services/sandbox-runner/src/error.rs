@@ -67,7 +67,7 @@ pub enum Error {
     SessionExists(String),
     /// Closed by the runner after no call used it for the session idle timeout.
     #[error(
-        "session {id:?} was closed by the runner after {} ms without a call (its [session] idle_timeout_ms): open a new session, or call at least that often",
+        "session {id:?} was closed by the runner after {} ms without a call (its [session] idle_timeout_ms): open a new session, or call it (TouchSession) at least that often",
         idle_ms
     )]
     SessionExpired { id: String, idle_ms: u64 },

@@ -272,6 +272,7 @@ impl Runner {
                             Backend::Docker(_) => sandbox.image.clone(),
                             Backend::Local(_) | Backend::Gvisor(_) => String::new(),
                         },
+                        idle_timeout_ms: self.config.session.idle_timeout_ms,
                     });
                 }
                 None
@@ -370,6 +371,13 @@ impl Runner {
                 }
             }
         });
+    }
+
+    /// TouchSession: the session's idle time starts again; returns the idle timeout.
+    pub fn touch_session(&self, id: &str) -> Result<u64> {
+        self.open()?;
+        drop(self.session(id)?);
+        Ok(self.config.session.idle_timeout_ms)
     }
 
     /// Removes a session taken out of the map: its sandbox, then its directories.

@@ -226,6 +226,16 @@ impl SandboxRunner for SandboxService {
         Ok(Response::new(pb::CloseSessionResponse { closed }))
     }
 
+    async fn touch_session(
+        &self,
+        request: Request<pb::TouchSessionRequest>,
+    ) -> Result<Response<pb::TouchSessionResponse>, Status> {
+        let idle_timeout_ms = self
+            .runner
+            .touch_session(&request.into_inner().session_id)?;
+        Ok(Response::new(pb::TouchSessionResponse { idle_timeout_ms }))
+    }
+
     async fn get_runner_info(
         &self,
         _request: Request<pb::GetRunnerInfoRequest>,

@@ -660,3 +660,59 @@ async fn an_idle_session_is_closed_and_frees_its_slot() {
         r.stop().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_held_session_is_touched_until_its_holder_lets_go() {
+    // The orchestrator's session client touches its session while it holds it, so a node
+    // waiting minutes for a model keeps its workspace; once nothing touches it (here `keep`,
+    // which stops the touching without closing, as a killed orchestrator would leave it) the
+    // runner's idle timeout ends it.
+    use cairn_runner_client::{session::RunnerSession, Balancing, Runners};
+    for backend in cold_backends("session_touch").await {
+        let r = TestRunner::start_with(backend, |c| c.session.idle_timeout_ms = 600).await;
+        let runners = Runners::start(std::slice::from_ref(&r.addr), Balancing::default())
+            .await
+            .unwrap();
+        let id = format!("held-{}", std::process::id());
+        let req = pb::OpenSessionRequest {
+            session_id: id.clone(),
+            ..Default::default()
+        };
+        let held = RunnerSession::open(runners.rotation(), req, "test")
+            .await
+            .unwrap();
+        assert_eq!(held.info.idle_timeout_ms, 600);
+        // Quiet for more than three idle timeouts, yet open.
+        tokio::time::sleep(std::time::Duration::from_millis(2000)).await;
+        let out = held.exec("echo alive", 0, "").await.unwrap();
+        assert_eq!(text(&out.stdout), "alive\n", "{}", backend.name());
+        let mut c = r.client.clone();
+        let touched = c
+            .touch_session(pb::TouchSessionRequest {
+                session_id: id.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(touched.idle_timeout_ms, 600);
+        // Let go without closing: nothing touches it any more and the runner closes it.
+        let let_go = std::time::Instant::now();
+        held.keep();
+        let task_dir = r.work_root.path().join("tasks").join(&id);
+        while task_dir.exists() {
+            assert!(
+                let_go.elapsed() < std::time::Duration::from_secs(10),
+                "{}: a session nobody touches was not closed",
+                backend.name()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        assert!(let_go.elapsed() >= std::time::Duration::from_millis(500));
+        let gone = c
+            .touch_session(pb::TouchSessionRequest { session_id: id })
+            .await
+            .unwrap_err();
+        assert_eq!(gone.code(), tonic::Code::NotFound, "{gone:?}");
+        r.stop().await;
+    }
+}
