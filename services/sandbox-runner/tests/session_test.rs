@@ -559,7 +559,7 @@ async fn an_idle_session_is_closed_and_frees_its_slot() {
     // sandbox and directories and giving back its share of max_concurrent_runs.
     for backend in cold_backends("session_idle").await {
         let r = TestRunner::start_with(backend, |c| {
-            c.session.idle_timeout_ms = 1000;
+            c.session.idle_timeout_ms = 1500;
             c.max_concurrent_runs = 1;
         })
         .await;
@@ -582,7 +582,7 @@ async fn an_idle_session_is_closed_and_frees_its_slot() {
             "{refused:?}"
         );
         // A call running longer than the timeout is not cut short, and calls keep it open.
-        let slow = exec(&r, &a.session_id, "sleep 2; echo done", "", 10_000).await;
+        let slow = exec(&r, &a.session_id, "sleep 3; echo done", "", 10_000).await;
         assert_eq!((slow.exit_code, text(&slow.stdout)), (0, "done\n".into()));
         for _ in 0..5 {
             tokio::time::sleep(std::time::Duration::from_millis(400)).await;
@@ -618,7 +618,7 @@ async fn an_idle_session_is_closed_and_frees_its_slot() {
             );
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
-        assert!(last_call.elapsed() >= std::time::Duration::from_millis(900));
+        assert!(last_call.elapsed() >= std::time::Duration::from_millis(1400));
         let gone = c
             .exec(pb::ExecRequest {
                 session_id: a.session_id.clone(),
@@ -669,7 +669,7 @@ async fn a_held_session_is_touched_until_its_holder_lets_go() {
     // runner's idle timeout ends it.
     use cairn_runner_client::{session::RunnerSession, Balancing, Runners};
     for backend in cold_backends("session_touch").await {
-        let r = TestRunner::start_with(backend, |c| c.session.idle_timeout_ms = 600).await;
+        let r = TestRunner::start_with(backend, |c| c.session.idle_timeout_ms = 1500).await;
         let runners = Runners::start(std::slice::from_ref(&r.addr), Balancing::default())
             .await
             .unwrap();
@@ -681,9 +681,9 @@ async fn a_held_session_is_touched_until_its_holder_lets_go() {
         let held = RunnerSession::open(runners.rotation(), req, "test")
             .await
             .unwrap();
-        assert_eq!(held.info.idle_timeout_ms, 600);
+        assert_eq!(held.info.idle_timeout_ms, 1500);
         // Quiet for more than three idle timeouts, yet open.
-        tokio::time::sleep(std::time::Duration::from_millis(2000)).await;
+        tokio::time::sleep(std::time::Duration::from_millis(4000)).await;
         let out = held.exec("echo alive", 0, "").await.unwrap();
         assert_eq!(text(&out.stdout), "alive\n", "{}", backend.name());
         let mut c = r.client.clone();
@@ -694,7 +694,7 @@ async fn a_held_session_is_touched_until_its_holder_lets_go() {
             .await
             .unwrap()
             .into_inner();
-        assert_eq!(touched.idle_timeout_ms, 600);
+        assert_eq!(touched.idle_timeout_ms, 1500);
         // Let go without closing: nothing touches it any more and the runner closes it.
         let let_go = std::time::Instant::now();
         held.keep();
@@ -707,7 +707,8 @@ async fn a_held_session_is_touched_until_its_holder_lets_go() {
             );
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
-        assert!(let_go.elapsed() >= std::time::Duration::from_millis(500));
+        // Its last touch came at most a third of the timeout before `keep`.
+        assert!(let_go.elapsed() >= std::time::Duration::from_millis(900));
         let gone = c
             .touch_session(pb::TouchSessionRequest { session_id: id })
             .await
