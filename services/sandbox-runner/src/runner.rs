@@ -325,7 +325,7 @@ impl Runner {
             workspace,
             git_commit,
             _slot: slot,
-            activity: session::Activity::new(),
+            activity: std::sync::Mutex::new(session::Activity::new()),
         })
     }
 

@@ -4,7 +4,7 @@
 //! failing to open, shutting down, and going unused for `idle_timeout_ms` remove the container
 //! and the directories.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -38,11 +38,12 @@ pub struct Activity {
 }
 
 impl Activity {
-    pub fn new() -> Mutex<Activity> {
-        Mutex::new(Activity {
+    /// No call yet; idle from now.
+    pub fn new() -> Activity {
+        Activity {
             in_flight: 0,
             since: Instant::now(),
-        })
+        }
     }
 }
 
@@ -118,8 +119,9 @@ pub enum Closing {
 #[derive(Default)]
 pub struct Sessions {
     map: Mutex<HashMap<String, Slot>>,
-    /// Sessions closed for idleness, to tell a late caller why (oldest first).
-    expired: Mutex<(VecDeque<String>, HashSet<String>)>,
+    /// Sessions closed for idleness, to tell a late caller why (oldest first, at most
+    /// `EXPIRED_KEPT`; only looked through on the NotFound path).
+    expired: Mutex<VecDeque<String>>,
 }
 
 impl Sessions {
@@ -129,7 +131,7 @@ impl Sessions {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn expired(&self) -> std::sync::MutexGuard<'_, (VecDeque<String>, HashSet<String>)> {
+    fn expired(&self) -> std::sync::MutexGuard<'_, VecDeque<String>> {
         self.expired
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -142,7 +144,7 @@ impl Sessions {
             s.activity().in_flight += 1;
             return Ok(InUse(s.clone()));
         }
-        if self.expired().1.contains(id) {
+        if self.expired().iter().any(|e| e == id) {
             return Err(Error::SessionExpired {
                 id: id.to_owned(),
                 idle_ms: idle_timeout.as_millis() as u64,
@@ -157,30 +159,19 @@ impl Sessions {
     /// Takes out the open sessions no call has used for `idle` (none in flight).
     pub fn take_idle(&self, idle: Duration) -> Vec<Arc<Session>> {
         let mut map = self.lock();
-        let ids: Vec<String> = map
-            .iter()
+        let mut expired = self.expired();
+        map.extract_if(|_, slot| matches!(slot, Slot::Open(s) if s.idle_for(idle)))
             .filter_map(|(id, slot)| match slot {
-                Slot::Open(s) if s.idle_for(idle) => Some(id.clone()),
-                _ => None,
-            })
-            .collect();
-        let mut taken = Vec::new();
-        for id in ids {
-            if let Some(Slot::Open(s)) = map.remove(&id) {
-                taken.push(s);
-                let mut expired = self.expired();
-                let (order, set) = &mut *expired;
-                if set.insert(id.clone()) {
-                    order.push_back(id);
-                }
-                while order.len() > EXPIRED_KEPT {
-                    if let Some(old) = order.pop_front() {
-                        set.remove(&old);
+                Slot::Open(s) => {
+                    expired.push_back(id);
+                    if expired.len() > EXPIRED_KEPT {
+                        expired.pop_front();
                     }
+                    Some(s)
                 }
-            }
-        }
-        taken
+                Slot::Opening { .. } => None,
+            })
+            .collect()
     }
 
     /// Takes `id` while the session is being opened (fails when taken or `max` are open).
@@ -198,7 +189,7 @@ impl Sessions {
                 reason: "too_many_files",
             });
         }
-        self.expired().1.remove(id);
+        self.expired().retain(|e| e != id);
         let cancel = CancellationToken::new();
         let (gone_tx, gone) = watch::channel(());
         map.insert(
