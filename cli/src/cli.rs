@@ -432,7 +432,9 @@ pub struct SandboxRunArgs {
 pub struct IngestArgs {
     /// The document (Markdown) to ingest.
     pub document: PathBuf,
-    /// Run id the manifest and events belong to (default: a new `manual-<uuid>`).
+    /// Run id the manifest and events belong to (default: a new `manual-<uuid>`). Over mutual
+    /// TLS the command claims this run and hands ingest an ingest claim on it, which fences off
+    /// any other writer of the run: give manual ingests runs of their own.
     #[arg(long)]
     pub run: Option<String>,
     /// Node id (names the manifest: .cairn/runs/<run>/ingest/<node>.json).

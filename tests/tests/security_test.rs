@@ -33,6 +33,7 @@ const STORE: &[&str] = &[
     "ReadEvents",
     "ListRunSummaries",
     "ClaimRun",
+    "GrantIngestClaim",
     "UpdateJson",
 ];
 const INGEST: &[&str] = &["Parse", "Ingest", "SetEnabled", "GetEnabled"];
@@ -334,11 +335,21 @@ async fn put(
     path: &str,
     fence: Option<RunFence>,
 ) -> Result<(), tonic::Status> {
+    put_claimed(client, path, fence, "").await
+}
+
+async fn put_claimed(
+    client: &mut ArtifactStoreClient<Channel>,
+    path: &str,
+    fence: Option<RunFence>,
+    claim: &str,
+) -> Result<(), tonic::Status> {
     let header = PutHeader {
         project_id: "p".into(),
         path: path.into(),
         create_project: true,
         fence,
+        claim: claim.into(),
         ..Default::default()
     };
     let msgs = vec![
@@ -395,8 +406,9 @@ async fn forged_records_claims_and_events_are_refused_and_accepted_ones_name_the
         .unwrap_err();
     assert_eq!(s.code(), Code::PermissionDenied);
 
-    // Ingest: not without a claim, not outside its scopes, not another run's records; with
-    // the orchestrator's claim it may write workspace/ and the claimed run's manifests.
+    // Ingest: not without an ingest claim (the run's epoch is no claim), not outside its
+    // scopes, not another run's records; with the ingest claim the orchestrator was granted it
+    // may write workspace/ and the claimed run's manifests.
     let mut orch = ArtifactStoreClient::new(d.channel(&d.store, "orchestrator"));
     let claim = orch
         .claim_run(ClaimRunRequest {
@@ -411,16 +423,27 @@ async fn forged_records_claims_and_events_are_refused_and_accepted_ones_name_the
         run_id: "r1".into(),
         epoch: claim.epoch,
     });
+    let granted = orch
+        .grant_ingest_claim(cairn_proto::v1::GrantIngestClaimRequest {
+            project_id: "p".into(),
+            run_id: "r1".into(),
+            epoch: claim.epoch,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .claim;
     let mut ingest = ArtifactStoreClient::new(d.channel(&d.store, "ingest"));
-    for (path, fence, ok) in [
-        ("workspace/a.py", None, false),
-        ("workspace/a.py", fence.clone(), true),
-        (".cairn/runs/r1/ingest/n.json", fence.clone(), true),
-        (".cairn/runs/r1/task.yaml", fence.clone(), false),
-        (".cairn/runs/r2/ingest/n.json", fence.clone(), false),
-        ("docs/x.md", fence.clone(), false),
+    for (path, claimed, ok) in [
+        ("workspace/a.py", "", false),
+        ("workspace/a.py", granted.as_str(), true),
+        (".cairn/runs/r1/ingest/n.json", &granted, true),
+        (".cairn/runs/r1/task.yaml", &granted, false),
+        (".cairn/runs/r2/ingest/n.json", &granted, false),
+        ("docs/x.md", &granted, false),
     ] {
-        let r = put(&mut ingest, path, fence).await;
+        let r = put_claimed(&mut ingest, path, fence.clone(), claimed).await;
         assert_eq!(r.is_ok(), ok, "ingest Put {path}: {r:?}");
         if let Err(s) = r {
             assert_eq!(s.code(), Code::PermissionDenied, "{s:?}");
@@ -433,6 +456,7 @@ async fn forged_records_claims_and_events_are_refused_and_accepted_ones_name_the
         path: "docs/y.md".into(),
         allowed_prefixes: vec!["docs/".into()],
         fence: fence.clone(),
+        claim: granted.clone(),
         ..Default::default()
     };
     let r = ingest
@@ -456,8 +480,16 @@ async fn forged_records_claims_and_events_are_refused_and_accepted_ones_name_the
         .await
         .unwrap_err();
     assert_eq!(s.code(), Code::PermissionDenied);
-    ingest
+    let s = ingest
         .append_events(append_req("r1", vec![event("ingest.done")], claim.epoch))
+        .await
+        .unwrap_err();
+    assert_eq!(s.code(), Code::PermissionDenied);
+    ingest
+        .append_events(AppendEventsRequest {
+            claim: granted.clone(),
+            ..append_req("r1", vec![event("ingest.done")], 0)
+        })
         .await
         .unwrap();
     orch.append_events(append_req("r1", vec![event("node.completed")], claim.epoch))

@@ -367,6 +367,7 @@ async fn e2e(
                 epoch: 0,
                 publication_tokens: Vec::new(),
                 events: events(1),
+                claim: String::new(),
             })
             .await?;
         let puts = parsed.iter().map(|b| {
@@ -429,6 +430,7 @@ async fn e2e(
                     epoch: 0,
                     publication_tokens: Vec::new(),
                     events: chunk.to_vec(),
+                    claim: String::new(),
                 })
                 .await?;
         }

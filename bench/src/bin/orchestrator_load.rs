@@ -332,6 +332,7 @@ async fn baseline(store: &mut ArtifactStoreClient<Channel>, n: usize) -> Result<
                     data_json: "{}".into(),
                     ..Default::default()
                 }],
+                claim: String::new(),
             })
             .await?;
     }

@@ -399,6 +399,7 @@ async fn events_store(
                         epoch: 0,
                         publication_tokens: Vec::new(),
                         events: vec![event],
+                        claim: String::new(),
                     })
                     .await?;
             }

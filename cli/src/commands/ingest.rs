@@ -2,7 +2,9 @@
 
 use std::process::ExitCode;
 
-use cairn_proto::v1::{BlockStatus, ClaimRunRequest, IngestRequest, IngestResponse, RunFence};
+use cairn_proto::v1::{
+    BlockStatus, ClaimRunRequest, GrantIngestClaimRequest, IngestRequest, IngestResponse,
+};
 
 use crate::cli::{Global, IngestArgs};
 use crate::embedded::{Needs, Services};
@@ -32,24 +34,32 @@ pub async fn run(global: &Global, args: IngestArgs) -> anyhow::Result<ExitCode> 
         .run
         .clone()
         .unwrap_or_else(|| format!("manual-{}", uuid::Uuid::now_v7()));
-    // Over mutual TLS ingest writes only under a claim on the run: take it (this fences any
-    // other writer of that run, so give manual ingests runs of their own).
-    let fence = if !args.dry_run && global.tls.config().is_set() && global.addr.is_some() {
-        let claim = services
-            .store()?
+    // Over mutual TLS ingest writes only under an ingest claim on the run: claim the run
+    // (this fences any other writer of it, so give manual ingests runs of their own) and ask
+    // the store for a claim to hand to ingest.
+    let claim = if !args.dry_run && global.tls.config().is_set() && global.addr.is_some() {
+        let mut store = services.store()?;
+        let epoch = store
             .claim_run(ClaimRunRequest {
                 project_id: global.project.clone(),
                 run_id: run_id.clone(),
                 holder: "cairn ingest".into(),
             })
             .await?
-            .into_inner();
-        Some(RunFence {
-            run_id: run_id.clone(),
-            epoch: claim.epoch,
-        })
+            .into_inner()
+            .epoch;
+        store
+            .grant_ingest_claim(GrantIngestClaimRequest {
+                project_id: global.project.clone(),
+                run_id: run_id.clone(),
+                epoch,
+                ..Default::default()
+            })
+            .await?
+            .into_inner()
+            .claim
     } else {
-        None
+        String::new()
     };
     let request = IngestRequest {
         project_id: global.project.clone(),
@@ -65,7 +75,7 @@ pub async fn run(global: &Global, args: IngestArgs) -> anyhow::Result<ExitCode> 
         // Unspecified: what ingest wrote is updated, unless --overwrite says anything.
         overwrite_policy: 0,
         source_kind: "cli".into(),
-        fence,
+        claim,
     };
     let mut client = services.ingest()?;
     let response = if args.dry_run {

@@ -286,6 +286,7 @@ async fn append(
                 level: level as i32,
                 data_json: data.to_string(),
             }],
+            claim: String::new(),
         })
         .await
         .with_context(|| format!("appending {kind} to run {run_id}"))?;

@@ -8,6 +8,7 @@
 pub mod access;
 pub mod caller;
 pub mod config;
+pub mod events;
 #[cfg(feature = "pki")]
 pub mod pki;
 pub mod tls;

@@ -9,9 +9,9 @@ use bytes::Bytes;
 use cairn_proto::v1::artifact_store_client::ArtifactStoreClient;
 use cairn_proto::v1::{
     get_response, put_request, AppendEventsRequest, AppendEventsResponse, ClaimRunRequest,
-    CreateProjectRequest, Event, EventInput, FileInfo, GetRequest, ListProjectsRequest,
-    ListRequest, PageRequest, PutDurability, PutHeader, PutRequest, PutResponse, ReadEventsRequest,
-    RunFence, StatRequest, UpdateJsonRequest, UpdateJsonResponse,
+    CreateProjectRequest, Event, EventInput, FileInfo, GetRequest, GrantIngestClaimRequest,
+    ListProjectsRequest, ListRequest, PageRequest, PutDurability, PutHeader, PutRequest,
+    PutResponse, ReadEventsRequest, RunFence, StatRequest, UpdateJsonRequest, UpdateJsonResponse,
 };
 use cairn_server::retry::{Dependency, Safety};
 use cairn_telemetry::TracedChannel;
@@ -214,6 +214,7 @@ impl Store {
                 } as i32,
                 fence: self.fence_for(project, path, &opts.run_id),
                 if_sha256: opts.if_sha256.clone(),
+                claim: String::new(),
             })),
         });
         let mut at = 0;
@@ -435,6 +436,7 @@ impl Store {
             events,
             epoch,
             publication_tokens: tokens.clone(),
+            claim: String::new(),
         };
         // The store does not recognise a batch sent twice: resent here only when it never
         // reached the store (the recorder checks the log's tail before its own retries).
@@ -535,9 +537,31 @@ impl Store {
         }
     }
 
-    /// This process's claim on a run, for services that write to it on our behalf (ingest).
-    pub fn run_fence(&self, project: &str, run_id: &str) -> Option<RunFence> {
-        self.fence_for(project, "", run_id)
+    /// An ingest claim (GrantIngestClaim) on a run this process drives, for the ingest service
+    /// to write for it; None when this process holds no claim on the run. The store binds it
+    /// to our current epoch: once a successor claims the run, nothing written with it lands.
+    pub async fn ingest_claim(
+        &self,
+        project: &str,
+        run_id: &str,
+    ) -> Result<Option<String>, Status> {
+        let Some(fence) = self.fence_for(project, "", run_id) else {
+            return Ok(None);
+        };
+        let req = GrantIngestClaimRequest {
+            project_id: project.to_owned(),
+            run_id: run_id.to_owned(),
+            epoch: fence.epoch,
+            ..Default::default()
+        };
+        let r = self
+            .call("GrantIngestClaim", Safety::Idempotent, |mut c| {
+                let req = req.clone();
+                async move { c.grant_ingest_claim(req).await }
+            })
+            .await?
+            .into_inner();
+        Ok(Some(r.claim))
     }
 
     /// The fence for a write of `path` on behalf of `run_id` (or, without one, of the run

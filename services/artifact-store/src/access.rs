@@ -4,14 +4,17 @@
 //!
 //! - `orchestrator`, `cli` (the operator's admin tool) and plaintext callers (`local`, the
 //!   single-user loopback default): anywhere.
-//! - `ingest`: only under a claim on a run (a fence), and only `workspace/…` or that run's
-//!   `.cairn/runs/<run>/ingest/…`; its events only with that claim's epoch.
+//! - `ingest`: only under an ingest claim (GrantIngestClaim, verified by the store), and only
+//!   under the claim's prefixes (`workspace/…`, that run's `.cairn/runs/<run>/ingest/…`); its
+//!   events only with a claim on their run, and only `ingest.*` types.
+//! - a write under a claim, whoever sends it, lands only under the claim's prefixes.
 //! - any other identity an operator grants writes to: never under `.cairn/`.
 //!
 //! Every refusal is logged at warn with the identity, the peer and what was refused.
 
 use cairn_server::Caller;
 
+use crate::claim::Claim;
 use crate::error::{Error, Result};
 
 const RECORDS: &str = ".cairn/";
@@ -46,7 +49,7 @@ pub fn check_write(
                 caller,
                 rpc,
                 action(),
-                "ingest writes only under a claim on the run (send the fence the orchestrator passed on)",
+                "ingest writes only under an ingest claim on the run (send the claim the run's driver passed on)",
             ));
         };
         let manifests = format!("{RECORDS}runs/{run}/ingest/");
@@ -81,10 +84,70 @@ pub fn check_append(caller: &Caller, run: &str, epoch: u64) -> Result<()> {
         "cairn.v1.ArtifactStore/AppendEvents",
         format!("append events to run {run:?}"),
         if caller.is("ingest") {
-            "ingest appends only with the epoch of a claim on the run"
+            "ingest appends only with an ingest claim on the run"
         } else {
             "only the orchestrator appends run events"
         },
+    ))
+}
+
+/// A write under an ingest claim lands only under the claim's prefixes.
+pub fn check_claim(caller: &Caller, rpc: &str, path: &str, claim: Option<&Claim>) -> Result<()> {
+    match claim {
+        Some(c) if !c.allows(path) => Err(refuse(
+            caller,
+            rpc,
+            format!("write {path:?}"),
+            "a write under an ingest claim lands only under the claim's prefixes (workspace/ and its run's .cairn/runs/<run>/ingest/)",
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// May `caller` append events of these `types` (the event table of `cairn_server::events`)?
+/// One type it may not emit refuses the whole batch.
+pub fn check_event_types<'a>(
+    caller: &Caller,
+    run: &str,
+    types: impl IntoIterator<Item = &'a str>,
+) -> Result<()> {
+    if caller.is_local() {
+        return Ok(());
+    }
+    let identity = caller.name();
+    match types
+        .into_iter()
+        .find(|t| !cairn_server::events::may_emit(Some(identity), t))
+    {
+        Some(kind) => {
+            cairn_server::access::audit_refusal(
+                identity,
+                &caller.peer_text(),
+                "cairn.v1.ArtifactStore/AppendEvents",
+                "event_not_permitted",
+            );
+            Err(Error::EventNotPermitted {
+                identity: identity.to_owned(),
+                run: run.to_owned(),
+                kind: kind.to_owned(),
+                rule: cairn_server::events::rule(identity),
+            })
+        }
+        None => Ok(()),
+    }
+}
+
+/// May `caller` be granted ingest claims? Only a run's driver: the orchestrator, the cli, a
+/// plaintext caller.
+pub fn check_grant(caller: &Caller, run: &str) -> Result<()> {
+    if trusted(caller) {
+        return Ok(());
+    }
+    Err(refuse(
+        caller,
+        "cairn.v1.ArtifactStore/GrantIngestClaim",
+        format!("be granted an ingest claim on run {run:?}"),
+        "only a run's driver (the orchestrator or the cli) is granted ingest claims",
     ))
 }
 
@@ -127,5 +190,23 @@ mod tests {
         assert!(check_write(&caller("console"), "Put", ".cairn/runs/r/task.yaml", None).is_err());
         assert!(check_write(&caller("reporter"), "Put", "docs/r.md", None).is_ok());
         assert!(check_append(&caller("console"), "r", 0).is_err());
+    }
+
+    #[test]
+    fn ingest_appends_only_its_own_event_types() {
+        let ingest = caller("ingest");
+        assert!(check_event_types(&ingest, "r", ["ingest.started", "ingest.completed"]).is_ok());
+        for forged in [
+            "gate.approved",
+            "node.completed",
+            "task.working",
+            "store.deleted",
+        ] {
+            let e = check_event_types(&ingest, "r", ["ingest.started", forged]).unwrap_err();
+            assert_eq!(e.reason(), "event_not_permitted", "{forged}");
+        }
+        assert!(check_event_types(&caller("orchestrator"), "r", ["gate.approved"]).is_ok());
+        assert!(check_grant(&caller("ingest"), "r").is_err());
+        assert!(check_grant(&caller("orchestrator"), "r").is_ok());
     }
 }

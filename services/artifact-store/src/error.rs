@@ -125,6 +125,23 @@ pub enum Error {
         rule: &'static str,
     },
 
+    /// An ingest claim the store does not accept (`reason`: claim_invalid, claim_expired,
+    /// claim_other_run).
+    #[error("{message}")]
+    ClaimRefused {
+        reason: &'static str,
+        message: String,
+    },
+
+    /// A batch holds an event type the caller's identity may not emit.
+    #[error("identity `{identity}` may not append events of type {kind:?} to run {run:?} ({rule}); nothing was appended")]
+    EventNotPermitted {
+        identity: String,
+        run: String,
+        kind: String,
+        rule: &'static str,
+    },
+
     /// The store is shutting down or a background task ended.
     #[error("the artifact-store is shutting down; retry against a running store")]
     Unavailable,
@@ -173,6 +190,8 @@ impl Error {
             Error::Io { .. } | Error::PublicationLost { .. } => "io_error",
             Error::Fenced { .. } => "fenced",
             Error::NotPermitted { .. } => "identity",
+            Error::ClaimRefused { reason, .. } => reason,
+            Error::EventNotPermitted { .. } => "event_not_permitted",
             Error::PublicationUnproven { .. } => "publication_unproven",
             Error::InvalidId { .. } => "invalid_id",
             // A project not made yet has a word of its own: clients tell it from a missing
@@ -217,6 +236,9 @@ impl Error {
                 vec![("run_id", run.clone()), ("path", path.clone())]
             }
             Error::PublicationUnproven { run, .. } => vec![("run_id", run.clone())],
+            Error::EventNotPermitted { run, kind, .. } => {
+                vec![("run_id", run.clone()), ("type", kind.clone())]
+            }
             Error::InvalidId { kind, id } => {
                 vec![("field", (*kind).to_owned()), ("id", id.clone())]
             }
@@ -230,9 +252,11 @@ impl Error {
                 Reason::Denied | Reason::PrefixNotAllowed => Code::PermissionDenied,
                 _ => Code::InvalidArgument,
             },
-            Error::Reserved { .. } | Error::SymlinkInPath { .. } | Error::NotPermitted { .. } => {
-                Code::PermissionDenied
-            }
+            Error::Reserved { .. }
+            | Error::SymlinkInPath { .. }
+            | Error::NotPermitted { .. }
+            | Error::ClaimRefused { .. }
+            | Error::EventNotPermitted { .. } => Code::PermissionDenied,
             Error::NotAFile { .. }
             | Error::PublicationLost { .. }
             | Error::PublicationUnproven { .. }

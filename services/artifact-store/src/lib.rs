@@ -6,6 +6,7 @@
 //! (with health, reflection and graceful shutdown from `cairn-server`).
 
 mod access;
+mod claim;
 pub mod config;
 mod deferred;
 mod digest;
@@ -111,6 +112,7 @@ mod tests {
     /// graph of `crate::` imports has no cycle, and nothing beneath `store` reaches it).
     const LAYERS: &[&[&str]] = &[
         &["error"],
+        &["claim"],
         &[
             "config",
             "page",

@@ -12,9 +12,10 @@ use cairn_proto::v1::artifact_store_server::ArtifactStore;
 use cairn_proto::v1::{
     self as pb, get_response, put_request, AppendEventsRequest, AppendEventsResponse,
     ClaimRunRequest, ClaimRunResponse, CreateProjectRequest, DeleteRequest, DeleteResponse,
-    FileInfo, GetRequest, GetResponse, ListProjectsRequest, ListProjectsResponse, ListRequest,
-    ListResponse, ListRunSummariesRequest, ListRunSummariesResponse, PutDurability, PutRequest,
-    PutResponse, ReadEventsRequest, StatRequest, UpdateJsonRequest, UpdateJsonResponse,
+    FileInfo, GetRequest, GetResponse, GrantIngestClaimRequest, GrantIngestClaimResponse,
+    ListProjectsRequest, ListProjectsResponse, ListRequest, ListResponse, ListRunSummariesRequest,
+    ListRunSummariesResponse, PutDurability, PutRequest, PutResponse, ReadEventsRequest,
+    StatRequest, UpdateJsonRequest, UpdateJsonResponse,
 };
 use futures::{Stream, StreamExt};
 use tokio_stream::wrappers::ReceiverStream;
@@ -182,6 +183,22 @@ impl ArtifactStore for ArtifactStoreService {
             PutDurability::WithRunEvents => Durability::WithRunEvents,
             PutDurability::Unspecified | PutDurability::Sync => Durability::Sync,
         };
+        // A claim decides the run and epoch a write is fenced by; ingest gets no fence
+        // from a number it sends.
+        let claim = self.store.verify_claim(&header.claim, &header.project_id)?;
+        let fence = match &claim {
+            Some(c) if !header.run_id.is_empty() && c.run != header.run_id => {
+                return Err(
+                    crate::store::other_run(c, &header.project_id, Some(&header.run_id)).into(),
+                )
+            }
+            Some(c) => Some((c.run.clone(), c.epoch)),
+            None if caller.is("ingest") => None,
+            None => header
+                .fence
+                .filter(|f| f.epoch > 0)
+                .map(|f| (f.run_id, f.epoch)),
+        };
         let spec = PutSpec {
             project_id: header.project_id,
             path: header.path,
@@ -193,16 +210,19 @@ impl ArtifactStore for ArtifactStoreService {
             run_id: header.run_id,
             create_project: header.create_project,
             durability,
-            fence: header
-                .fence
-                .filter(|f| f.epoch > 0)
-                .map(|f| (f.run_id, f.epoch)),
+            fence,
             by_hand: false,
         };
         let spec = PutSpec {
             by_hand: !writes_for_its_run(&caller, &spec.path, spec.fence.as_ref()),
             ..spec
         };
+        access::check_claim(
+            &caller,
+            "cairn.v1.ArtifactStore/Put",
+            &spec.path,
+            claim.as_ref(),
+        )?;
         access::check_write(
             &caller,
             "cairn.v1.ArtifactStore/Put",
@@ -351,7 +371,22 @@ impl ArtifactStore for ArtifactStoreService {
         let caller = Caller::of(&request);
         let r = request.into_inner();
         cairn_telemetry::record_ids(&r.project_id, &r.run_id, "");
-        access::check_append(&caller, &r.run_id, r.epoch)?;
+        // A claim decides the epoch a batch is fenced by; ingest's own number counts for nothing.
+        let claim = self.store.verify_claim(&r.claim, &r.project_id)?;
+        let epoch = match &claim {
+            Some(c) if c.run != r.run_id => {
+                return Err(crate::store::other_run(c, &r.project_id, Some(&r.run_id)).into())
+            }
+            Some(c) => c.epoch,
+            None if caller.is("ingest") => 0,
+            None => r.epoch,
+        };
+        access::check_append(&caller, &r.run_id, epoch)?;
+        access::check_event_types(
+            &caller,
+            &r.run_id,
+            r.events.iter().map(|e| e.r#type.as_str()),
+        )?;
         let identity = (!caller.is_local()).then(|| caller.name().to_owned());
         let levels = r
             .events
@@ -376,7 +411,7 @@ impl ArtifactStore for ArtifactStoreService {
                 &r.project_id,
                 &r.run_id,
                 events,
-                r.epoch,
+                epoch,
                 &r.publication_tokens,
             )
             .await?;
@@ -404,6 +439,39 @@ impl ArtifactStore for ArtifactStoreService {
             .claim_run(&r.project_id, &r.run_id, &holder)
             .await?;
         Ok(Response::new(ClaimRunResponse { epoch, last_seq }))
+    }
+
+    async fn grant_ingest_claim(
+        &self,
+        request: Request<GrantIngestClaimRequest>,
+    ) -> Result<Response<GrantIngestClaimResponse>, Status> {
+        let caller = Caller::of(&request);
+        let r = request.into_inner();
+        cairn_telemetry::record_ids(&r.project_id, &r.run_id, "");
+        access::check_grant(&caller, &r.run_id)?;
+        let (claim, expires_ms, allowed_prefixes) = self
+            .store
+            .grant_ingest_claim(
+                &r.project_id,
+                &r.run_id,
+                r.epoch,
+                r.ttl_s,
+                &r.allowed_prefixes,
+            )
+            .await?;
+        let expires_at =
+            time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(expires_ms) * 1_000_000)
+                .ok()
+                .and_then(|t| {
+                    t.format(&time::format_description::well_known::Rfc3339)
+                        .ok()
+                })
+                .unwrap_or_default();
+        Ok(Response::new(GrantIngestClaimResponse {
+            claim,
+            expires_at,
+            allowed_prefixes,
+        }))
     }
 
     type ReadEventsStream = BoxStream<pb::Event>;

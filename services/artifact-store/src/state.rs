@@ -1,9 +1,9 @@
 //! The state the operation modules share: the config, the data root's [`Layout`], the digest
-//! cache, the slots of paths being published, this boot's publication tokens and the bounds
-//! on background work. The run logs and document locks are not here: they belong to the
+//! cache, the slots of paths being published, this boot's publication tokens, the key of
+//! ingest claims and the bounds on background work. The run logs and document locks are not here: they belong to the
 //! modules above (`events`, `document`), and the `Store` composes all three.
 //!
-//! May depend on: config, error, layout, temp, digest, slots, publication; never on an
+//! May depend on: config, error, layout, temp, digest, slots, publication, claim; never on an
 //! operation module (files, project, events, write, read, document) or on `store`.
 
 use std::os::fd::AsFd;
@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use tokio::sync::Semaphore;
 
+use crate::claim::ClaimKey;
 use crate::config::Config;
 use crate::digest::DigestCache;
 use crate::error::{Error, Result};
@@ -33,6 +34,8 @@ pub struct State {
     pub(crate) digests: DigestCache,
     /// This boot of the process: the publication tokens of deferred Puts are bound to it.
     pub(crate) boot: Boot,
+    /// The key ingest claims are made and checked with (kept beneath the data root).
+    pub(crate) claims: ClaimKey,
     /// Writes stage into unnamed O_TMPFILE inodes (probed at open; else `.cairn-tmp-*` names).
     pub(crate) unnamed_temps: bool,
     /// The paths being published now.
@@ -52,7 +55,9 @@ impl State {
         config.check()?;
         let layout = Layout::open(&config)?;
         let unnamed_temps = temp::unnamed_temps_work(layout.projects.as_fd());
+        let claims = ClaimKey::load_or_create(&config.data_root)?;
         Ok(State {
+            claims,
             unnamed_temps,
             layout,
             digests: DigestCache::default(),

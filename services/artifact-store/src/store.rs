@@ -4,7 +4,7 @@
 //! module only the parts it works on.
 //!
 //! Layers, each using only those below it (a test in `lib.rs` checks the imports):
-//! leaves (error, config, page, stamp, digest, slots, publication, direct, deferred, access)
+//! error → claim → leaves (config, page, stamp, digest, slots, publication, direct, deferred, access)
 //! → layout → temp → state → files, read → project → events → write → document → store,
 //! sweep → service.
 //!
@@ -16,11 +16,13 @@ use bytes::Bytes;
 use futures::Stream;
 use tokio::sync::mpsc;
 
+use crate::claim::{self, Claim, Refused};
 use crate::config::Config;
 use crate::document::{self, DocLocks, Update, Updated};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::events::{NewEvent, RunLogs, StoredEvent};
 use crate::files::Written;
+use crate::layout::check_id;
 use crate::page::Page;
 use crate::project::{self, Project};
 use crate::read::{self, Entry};
@@ -201,6 +203,71 @@ impl Store {
         Ok(appended)
     }
 
+    /// The ingest claim `text` grants for a request on `project` (None when `text` is empty).
+    pub fn verify_claim(&self, text: &str, project: &str) -> Result<Option<Claim>> {
+        if text.is_empty() {
+            return Ok(None);
+        }
+        let claim = self.state.claims.verify(text, claim::now_ms()).map_err(|why| match why {
+            Refused::Invalid => Error::ClaimRefused {
+                reason: "claim_invalid",
+                message: "the ingest claim is not one this store issued (malformed, altered, or made with another key); nothing was written: pass on, unchanged, the claim the run's driver got from GrantIngestClaim".into(),
+            },
+            Refused::Expired => Error::ClaimRefused {
+                reason: "claim_expired",
+                message: "the ingest claim has expired; nothing was written: the run's driver asks for a new one (GrantIngestClaim) and calls ingest again".into(),
+            },
+        })?;
+        if claim.project != project {
+            return Err(other_run(&claim, project, None));
+        }
+        Ok(Some(claim))
+    }
+
+    /// GrantIngestClaim: a claim for the holder of `run`'s current `epoch`; returns it, its
+    /// expiry (ms since the Unix epoch) and its prefixes.
+    pub async fn grant_ingest_claim(
+        &self,
+        project: &str,
+        run: &str,
+        epoch: u64,
+        ttl_s: u32,
+        asked: &[String],
+    ) -> Result<(String, u64, Vec<String>)> {
+        check_id("project", project)?;
+        check_id("run", run)?;
+        if epoch == 0 {
+            return Err(Error::BadRequest(
+                "epoch 0 is no claim on the run: call ClaimRun first and send the epoch it returned".into(),
+            ));
+        }
+        let ttl_s = match ttl_s {
+            0 => claim::DEFAULT_TTL_S,
+            t if t > claim::MAX_TTL_S => {
+                return Err(Error::BadRequest(format!(
+                    "ttl_s {t} is longer than an ingest claim may last ({} s); ask for less and a new claim when it runs out",
+                    claim::MAX_TTL_S
+                )))
+            }
+            t => t,
+        };
+        let prefixes = claim::ingest_prefixes(run, asked).map_err(Error::BadRequest)?;
+        // Only the run's current claim holder gets one (a fenced-off driver is refused).
+        let (state, runs, p, r) = (
+            self.state.clone(),
+            self.runs.clone(),
+            project.to_owned(),
+            run.to_owned(),
+        );
+        blocking(move || runs.enter_fence(&state, &p, &r, epoch).map(drop)).await?;
+        let expires_ms = claim::now_ms().saturating_add(u64::from(ttl_s) * 1000);
+        let text = self
+            .state
+            .claims
+            .issue(project, run, epoch, prefixes.clone(), expires_ms);
+        Ok((text, expires_ms, prefixes))
+    }
+
     /// ClaimRun: the new writer epoch and the log's last seq.
     pub async fn claim_run(&self, project: &str, run: &str, holder: &str) -> Result<(u64, u64)> {
         let claimed = self.runs.claim(&self.state, project, run, holder).await?;
@@ -229,5 +296,20 @@ impl Store {
         let updated = document::update(&self.state, &self.runs, &self.docs, request).await?;
         self.touched(&project, &self.normal(&path), true).await;
         Ok(updated)
+    }
+}
+
+/// The refusal of a claim used for another project (or, with `run`, another run).
+pub fn other_run(claim: &Claim, project: &str, run: Option<&str>) -> Error {
+    let asked = match run {
+        Some(run) => format!("run {run:?} of project {project:?}"),
+        None => format!("project {project:?}"),
+    };
+    Error::ClaimRefused {
+        reason: "claim_other_run",
+        message: format!(
+            "the ingest claim is for run {:?} of project {:?}, not for {asked}; nothing was written: ingest writes only for the run whose claim it was handed",
+            claim.run, claim.project
+        ),
     }
 }

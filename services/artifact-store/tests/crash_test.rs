@@ -282,8 +282,7 @@ async fn kill_9_amid_deferred_puts_loses_no_file_that_an_event_names() {
                             project_id: "p".into(),
                             run_id: "r".into(),
                             events: vec![event],
-                            epoch: 0,
-                            publication_tokens: Vec::new(),
+                            ..Default::default()
                         })
                         .await;
                     if appended_now.is_err() {

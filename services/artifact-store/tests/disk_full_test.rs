@@ -97,6 +97,7 @@ async fn every_write_rpc_answers_resource_exhausted_on_a_full_disk() {
         events,
         epoch: 0,
         publication_tokens: Vec::new(),
+        claim: String::new(),
     };
     c.append_events(append(vec![event("run.started", 10)]))
         .await

@@ -29,6 +29,7 @@ async fn fill(client: &mut Client, run: &str) {
                 events,
                 epoch: 0,
                 publication_tokens: Vec::new(),
+                claim: String::new(),
             })
             .await
             .unwrap();

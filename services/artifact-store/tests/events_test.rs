@@ -54,6 +54,7 @@ async fn append_as(
             events,
             epoch,
             publication_tokens: Vec::new(),
+            claim: String::new(),
         })
         .await?
         .into_inner();

@@ -139,6 +139,7 @@ async fn puts_whose_directory_syncs_with_the_runs_events() {
                 data_json: r#"{"path":"docs/a.md"}"#.into(),
                 ..Default::default()
             }],
+            claim: String::new(),
         })
         .await
         .unwrap()
@@ -760,6 +761,7 @@ async fn events_are_refused_for_publications_the_store_cannot_prove_durable() {
             data_json: r#"{"path":"docs/a.md"}"#.into(),
             ..Default::default()
         }],
+        claim: String::new(),
     };
     let a = put_with(&mut s.client, deferred("docs/a.md"), b"a")
         .await

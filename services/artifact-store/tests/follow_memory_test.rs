@@ -41,6 +41,7 @@ async fn idle_follow_streams_cost_bounded_memory() {
             events,
             epoch: 0,
             publication_tokens: Vec::new(),
+            claim: String::new(),
         })
         .await
         .unwrap();

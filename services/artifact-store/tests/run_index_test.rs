@@ -80,6 +80,7 @@ async fn append_event(client: &mut Client, run: &str) -> Result<(), tonic::Statu
             }],
             epoch: 0,
             publication_tokens: Vec::new(),
+            claim: String::new(),
         })
         .await
         .map(|_| ())

@@ -32,6 +32,7 @@ async fn sigterm_ends_follow_and_health_watch_streams_and_the_process_exits() {
         }],
         epoch: 0,
         publication_tokens: Vec::new(),
+        claim: String::new(),
     })
     .await
     .unwrap();

@@ -19,9 +19,9 @@ pub enum Error {
     #[error("{field} = {value} is not a known value: send one of the values the proto declares (this server may be older than the client)")]
     UnknownEnum { field: &'static str, value: i32 },
 
-    /// The request's fence is not for its run.
-    #[error("fence.run_id {fence_run:?} is not the request's run_id {run:?}: send the claim on the run being ingested")]
-    FenceRun { fence_run: String, run: String },
+    /// The store refused the caller's ingest claim (expired, forged, for another run).
+    #[error("{message}")]
+    ClaimRefused { reason: String, message: String },
 
     /// A newer claim on the run fenced the caller off (the store refused a write `fenced`).
     #[error(
@@ -75,12 +75,9 @@ impl From<Error> for Status {
                 reason::UNKNOWN_ENUM,
                 &[("field", field), ("value", &value.to_string())],
             ),
-            Error::FenceRun { run, .. } => reason::status_with(
-                Code::InvalidArgument,
-                message,
-                reason::fallback(Code::InvalidArgument),
-                &[("field", "fence.run_id"), ("run_id", &run)],
-            ),
+            Error::ClaimRefused { reason, .. } => {
+                reason::status(Code::PermissionDenied, message, &reason)
+            }
             Error::Fenced(_) => reason::status(
                 Code::FailedPrecondition,
                 message,

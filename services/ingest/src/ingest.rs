@@ -9,7 +9,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::OnceLock;
 
 use bytes::Bytes;
-use cairn_proto::v1::{IngestRequest, OverwritePolicy, PutHeader, RunFence, WriteOutcome};
+use cairn_proto::v1::{IngestRequest, OverwritePolicy, PutHeader, WriteOutcome};
 use futures::StreamExt;
 use pathguard::Policy;
 
@@ -80,8 +80,9 @@ pub struct Request {
     /// The document; empty = read `source.doc_path` from the store.
     pub content: Bytes,
     pub overwrite: Overwrite,
-    /// The caller's claim on the run, sent with every write; None = unfenced.
-    pub fence: Option<RunFence>,
+    /// The caller's ingest claim on the run (opaque; the store verifies it), sent with every
+    /// write and event batch; empty = none.
+    pub claim: String,
 }
 
 impl Request {
@@ -94,15 +95,6 @@ impl Request {
         } else {
             check_id("node", "node_id", r.node_id)?
         };
-        let fence = r.fence.filter(|f| f.epoch > 0);
-        if let Some(f) = &fence {
-            if f.run_id != run_id {
-                return Err(Error::FenceRun {
-                    fence_run: f.run_id.clone(),
-                    run: run_id,
-                });
-            }
-        }
         let overwrite = Overwrite::of(r.overwrite, r.overwrite_policy)?;
         let or = |s: String, default: &str| if s.is_empty() { default.to_owned() } else { s };
         Ok(Request {
@@ -116,13 +108,8 @@ impl Request {
             },
             content: r.content,
             overwrite,
-            fence,
+            claim: r.claim,
         })
-    }
-
-    /// The epoch sent with this request's event batches (0 = unfenced).
-    fn epoch(&self) -> u64 {
-        self.fence.as_ref().map_or(0, |f| f.epoch)
     }
 }
 
@@ -173,9 +160,9 @@ enum Document {
 struct Trouble {
     /// Set once the store was found unavailable; later store calls are not attempted.
     store_down: OnceLock<String>,
-    /// Set once the store refused a write as `fenced` (a newer claim holds the run): nothing
-    /// more is written and the call fails.
-    fenced: OnceLock<String>,
+    /// Set once the store refused the caller's claim: `fenced` (a newer claim holds the run)
+    /// or expired, forged, other-run. Nothing more is written and the call fails.
+    refused: OnceLock<StoreError>,
     /// The first failure of ingest's own job: (reason word, message). Makes `ingest.failed`.
     failure: Option<(String, String)>,
     notes: Vec<String>,
@@ -204,18 +191,21 @@ impl Trouble {
         self.fail(e.reason(), format!("{what}: {e}"));
     }
 
-    /// Notes a store error that stops later store calls (unavailable, fenced).
+    /// Notes a store error that stops later store calls (unavailable, claim refused).
     fn saw(&self, e: &StoreError) {
         if e.is_unavailable() {
             let _ = self.store_down.set(e.to_string());
-        } else if e.is_fenced() {
-            let _ = self.fenced.set(e.to_string());
+        } else if e.is_fenced() || e.is_claim_refused() {
+            let _ = self.refused.set(e.clone());
         }
     }
 
     /// Why no further store call is attempted, if one is not.
-    fn stopped(&self) -> Option<&String> {
-        self.store_down.get().or(self.fenced.get())
+    fn stopped(&self) -> Option<String> {
+        self.store_down
+            .get()
+            .cloned()
+            .or_else(|| self.refused.get().map(ToString::to_string))
     }
 
     fn store_up(&self) -> bool {
@@ -305,7 +295,7 @@ impl Ingestor {
             let started = events::started(&req.node_id, &req.source, bytes, &sha256);
             if let Err(e) = self
                 .store
-                .append_events(&req.project_id, &req.run_id, req.epoch(), vec![started])
+                .append_events(&req.project_id, &req.run_id, &req.claim, vec![started])
                 .await
             {
                 trouble.store_failed("appending ingest.started", &e);
@@ -349,7 +339,7 @@ impl Ingestor {
                 expected_size: Some(body.len() as u64),
                 run_id: req.run_id.clone(),
                 create_project: true,
-                fence: req.fence.clone(),
+                claim: req.claim.clone(),
                 ..PutHeader::default()
             };
             let history = PutHeader {
@@ -387,7 +377,7 @@ impl Ingestor {
             for batch in list.chunks(EVENTS_PER_CALL) {
                 if let Err(e) = self
                     .store
-                    .append_events(&req.project_id, &req.run_id, req.epoch(), batch.to_vec())
+                    .append_events(&req.project_id, &req.run_id, &req.claim, batch.to_vec())
                     .await
                 {
                     trouble.store_failed("appending the ingest events", &e);
@@ -395,9 +385,16 @@ impl Ingestor {
                 }
             }
         }
-        if let Some(fenced) = trouble.fenced.get() {
-            tracing::warn!(project = %req.project_id, run = %req.run_id, node = %req.node_id, %fenced, "ingest stopped: the caller was fenced off");
-            return Err(Error::Fenced(fenced.clone()));
+        if let Some(refused) = trouble.refused.get() {
+            tracing::warn!(project = %req.project_id, run = %req.run_id, node = %req.node_id, %refused, "ingest stopped: the store refused the caller's claim");
+            return Err(if refused.is_fenced() {
+                Error::Fenced(refused.to_string())
+            } else {
+                Error::ClaimRefused {
+                    reason: refused.reason().to_owned(),
+                    message: refused.to_string(),
+                }
+            });
         }
         Ok(self.finish(req, manifest, blocks, stored_at, trouble))
     }
@@ -644,7 +641,7 @@ impl Ingestor {
                     allowed_prefixes: vec![WORKSPACE.to_owned()],
                     run_id: req.run_id.clone(),
                     create_project: true,
-                    fence: req.fence.clone(),
+                    claim: req.claim.clone(),
                     ..PutHeader::default()
                 };
                 let result = self.store.put(header, w.content).await;

@@ -66,6 +66,12 @@ impl StoreError {
         matches!(self, StoreError::Refused { reason, .. } if reason == reason::FENCED)
     }
 
+    /// The store refused the ingest claim itself (expired, forged, another run's): every
+    /// further write would be refused too.
+    pub fn is_claim_refused(&self) -> bool {
+        matches!(self, StoreError::Refused { reason, .. } if reason.starts_with("claim_"))
+    }
+
     /// The gRPC code the store answered with (Unavailable for a dead or silent store).
     pub fn code(&self) -> Code {
         match self {
@@ -313,22 +319,23 @@ impl StoreClient {
         }
     }
 
-    /// Appends events to the run's events.jsonl, in order; `epoch` > 0 = only while that is
-    /// still the run's writer epoch (ClaimRun). The store does not recognise a batch sent
-    /// twice, so it is resent only when it provably never reached the store.
+    /// Appends events to the run's events.jsonl, in order, under the caller's ingest `claim`
+    /// (empty = none): only while the claim's epoch is still the run's. The store does not
+    /// recognise a batch sent twice, so it is resent only when it provably never reached the
+    /// store.
     pub async fn append_events(
         &self,
         project_id: &str,
         run_id: &str,
-        epoch: u64,
+        claim: &str,
         events: Vec<EventInput>,
     ) -> Result<(), StoreError> {
         let request = AppendEventsRequest {
             project_id: project_id.to_owned(),
             run_id: run_id.to_owned(),
-            epoch,
-            publication_tokens: Vec::new(),
+            claim: claim.to_owned(),
             events,
+            ..Default::default()
         };
         self.timed("AppendEvents", Safety::Once, |mut client| {
             let request = request.clone();

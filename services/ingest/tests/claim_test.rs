@@ -1,11 +1,14 @@
-//! Ingest under a caller's claim on the run (IngestRequest.fence, artifact-store ClaimRun):
-//! once a newer claim holds the run, nothing of the older caller's ingest lands.
+//! Ingest under a caller's ingest claim on the run (IngestRequest.claim, artifact-store
+//! ClaimRun and GrantIngestClaim): once a newer claim holds the run, nothing of the older
+//! caller's ingest lands.
 #![allow(clippy::unwrap_used)]
 
 mod common;
 
 use cairn_proto::v1::artifact_store_client::ArtifactStoreClient;
-use cairn_proto::v1::{ClaimRunRequest, CreateProjectRequest, IngestRequest, RunFence};
+use cairn_proto::v1::{
+    ClaimRunRequest, CreateProjectRequest, GrantIngestClaimRequest, IngestRequest,
+};
 use common::{request, Ingest, Store};
 use tonic::Code;
 
@@ -20,8 +23,9 @@ async fn store_client(store: &Store) -> ArtifactStoreClient<tonic::transport::Ch
     client
 }
 
-async fn claim(client: &mut ArtifactStoreClient<tonic::transport::Channel>, run: &str) -> u64 {
-    client
+/// Claims the run and returns an ingest claim for that epoch.
+async fn claim(client: &mut ArtifactStoreClient<tonic::transport::Channel>, run: &str) -> String {
+    let epoch = client
         .claim_run(ClaimRunRequest {
             project_id: "demo".into(),
             run_id: run.into(),
@@ -30,15 +34,23 @@ async fn claim(client: &mut ArtifactStoreClient<tonic::transport::Channel>, run:
         .await
         .unwrap()
         .into_inner()
-        .epoch
-}
-
-fn fenced(run: &str, doc: &str, epoch: u64) -> IngestRequest {
-    IngestRequest {
-        fence: Some(RunFence {
+        .epoch;
+    client
+        .grant_ingest_claim(GrantIngestClaimRequest {
+            project_id: "demo".into(),
             run_id: run.into(),
             epoch,
-        }),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .claim
+}
+
+fn fenced(run: &str, doc: &str, claim: &str) -> IngestRequest {
+    IngestRequest {
+        claim: claim.into(),
         overwrite: true,
         ..request("demo", run, doc.as_bytes())
     }
@@ -69,7 +81,7 @@ async fn a_caller_fenced_off_by_a_newer_claim_lands_nothing() {
     let doc = "```python file=src/app.py\nprint('v1')\n```\n";
     let reply = ingest
         .client
-        .ingest(fenced("r1", doc, first))
+        .ingest(fenced("r1", doc, &first))
         .await
         .unwrap()
         .into_inner();
@@ -86,12 +98,12 @@ async fn a_caller_fenced_off_by_a_newer_claim_lands_nothing() {
     // A successor claims the run: the first caller's next ingest is refused and changes
     // nothing (no file, manifest or event).
     let second = claim(&mut client, "r1").await;
-    assert!(second > first);
+    assert_ne!(second, first);
     let doc2 =
         "```python file=src/app.py\nprint('v2')\n```\n```python file=src/new.py\nx = 1\n```\n";
     let status = ingest
         .client
-        .ingest(fenced("r1", doc2, first))
+        .ingest(fenced("r1", doc2, &first))
         .await
         .unwrap_err();
     assert_fenced(&status);
@@ -102,7 +114,7 @@ async fn a_caller_fenced_off_by_a_newer_claim_lands_nothing() {
     // The successor ingests under its own claim.
     let reply = ingest
         .client
-        .ingest(fenced("r1", doc2, second))
+        .ingest(fenced("r1", doc2, &second))
         .await
         .unwrap()
         .into_inner();
@@ -112,17 +124,25 @@ async fn a_caller_fenced_off_by_a_newer_claim_lands_nothing() {
         b"print('v2')\n"
     );
 
-    // A fence must be the request's run; epoch 0 is unfenced.
-    let mut other = fenced("r1", doc, second);
-    other.fence = Some(RunFence {
-        run_id: "r2".into(),
-        epoch: second,
-    });
-    let status = ingest.client.ingest(other).await.unwrap_err();
-    assert_eq!(status.code(), Code::InvalidArgument);
-    assert!(status.message().contains("fence.run_id"), "{status:?}");
-    let unfenced = fenced("r1", doc, 0);
-    assert!(ingest.client.ingest(unfenced).await.is_ok());
+    // A claim must be for the request's run: another run's claim lands nothing here.
+    let r2 = claim(&mut client, "r2").await;
+    let before = (store.workspace_files("demo"), store.events("demo", "r1"));
+    let status = ingest
+        .client
+        .ingest(fenced("r1", "```python file=src/x.py\nx\n```\n", &r2))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    assert_eq!(
+        cairn_proto::reason::of(&status).as_deref(),
+        Some("claim_other_run")
+    );
+    assert_eq!(
+        (store.workspace_files("demo"), store.events("demo", "r1")),
+        before
+    );
+    // A plaintext (single-user) deployment needs no claim.
+    assert!(ingest.client.ingest(fenced("r1", doc, "")).await.is_ok());
     ingest.server.stop().await;
 }
 
@@ -137,12 +157,12 @@ async fn a_claim_in_the_middle_of_an_ingest_stops_its_writes() {
     config.max_blocks = 5_000;
     let mut ingest = Ingest::start(config).await;
     let mut client = store_client(&store).await;
-    let epoch = claim(&mut client, "r1").await;
+    let first = claim(&mut client, "r1").await;
     let doc: String = (0..2_000)
         .map(|i| format!("```text file=many/f{i}.txt\n{i}\n```\n"))
         .collect();
     let mut c = ingest.client.clone();
-    let call = tokio::spawn(async move { c.ingest(fenced("r1", &doc, epoch)).await });
+    let call = tokio::spawn(async move { c.ingest(fenced("r1", &doc, &first)).await });
 
     let dir = store.workspace("demo").join("many");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);

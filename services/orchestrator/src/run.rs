@@ -208,10 +208,34 @@ pub struct RunState {
     pub notes: u32,
     /// Highest event sequence number folded in (0 when only live events were applied).
     pub last_seq: u64,
+    /// Stored events the fold left out, not yet reported by a `records.event_ignored`.
+    #[serde(skip)]
+    pub ignored: Vec<Ignored>,
     #[serde(skip)]
     index: HashMap<String, usize>,
     #[serde(skip)]
     gate_nodes: Vec<usize>,
+}
+
+/// A stored event the fold left out: its `identity` may not emit its type (an ingest that
+/// appended `gate.approved` before the store checked event types).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Ignored {
+    pub seq: u64,
+    pub kind: String,
+    pub identity: String,
+}
+
+impl Ignored {
+    /// The warning that reports it.
+    pub fn event(&self) -> Ev {
+        Ev::run(ev::RECORDS_EVENT_IGNORED)
+            .level(pb::Level::Warning)
+            .with("seq", self.seq)
+            .with("type", self.kind.as_str())
+            .with("identity", self.identity.as_str())
+            .with("rule", cairn_server::events::rule(&self.identity))
+    }
 }
 
 /// An event as the fold sees it (stored, or live before its sequence number is known).
@@ -307,6 +331,7 @@ impl RunState {
             roster: Vec::new(),
             notes: 0,
             last_seq: 0,
+            ignored: Vec::new(),
             index,
             gate_nodes,
         }
@@ -597,11 +622,27 @@ impl RunState {
         }
     }
 
-    /// Folds stored events (resume, GetRun of a run not in memory).
+    /// Folds stored events (resume, GetRun of a run not in memory). An event whose stored
+    /// `identity` may not emit its type is left out (defence in depth for logs written before
+    /// the store checked types) and kept in `ignored` until a `records.event_ignored` names it.
     pub fn apply_stored(&mut self, events: &[pb::Event]) {
         let empty = Map::new();
+        let mut reported = std::collections::HashSet::new();
         for e in events {
             let data: Map<String, Value> = serde_json::from_str(&e.data_json).unwrap_or_default();
+            let identity = data.get("identity").and_then(Value::as_str);
+            if !cairn_server::events::may_emit(identity, &e.r#type) {
+                self.last_seq = self.last_seq.max(e.seq);
+                self.ignored.push(Ignored {
+                    seq: e.seq,
+                    kind: e.r#type.clone(),
+                    identity: identity.unwrap_or_default().to_owned(),
+                });
+                continue;
+            }
+            if e.r#type == ev::RECORDS_EVENT_IGNORED {
+                reported.extend(data.get("seq").and_then(Value::as_u64));
+            }
             let view = EventView {
                 seq: e.seq,
                 ts: &e.ts,
@@ -611,6 +652,7 @@ impl RunState {
             };
             self.apply(&view);
         }
+        self.ignored.retain(|i| !reported.contains(&i.seq));
     }
 
     /// The RunInfo message.

@@ -232,6 +232,11 @@ impl Driver {
 
     async fn run(mut self, resume: Option<(String, String)>, initial: Option<Command>) {
         self.snapshot_every = Duration::from_millis(self.b.config.snapshot_interval_ms.max(10));
+        // Events the fold left out are reported once, by the run's driver.
+        for ignored in std::mem::take(&mut self.state.ignored) {
+            tracing::warn!(run_id = %self.state.run_id, seq = ignored.seq, r#type = %ignored.kind, identity = %ignored.identity, "a stored event was ignored: its identity may not emit that type");
+            self.emit(ignored.event());
+        }
         if let Some((by, reason)) = resume {
             let interrupted: Vec<String> = self
                 .state

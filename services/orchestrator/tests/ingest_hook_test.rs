@@ -240,7 +240,8 @@ static RECORDING_ADDR: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_hook_hands_the_runs_claim_to_ingest() {
-    // Ingest writes under the orchestrator's claim on the run (IngestRequest.fence), so a hook
+    // Ingest writes under an ingest claim bound to the orchestrator's claim on the run
+    // (IngestRequest.claim), so a hook
     // of an orchestrator that a successor fenced off lands nothing (services/ingest
     // claim_test covers that side).
     let recording = Recording::default();
@@ -256,23 +257,28 @@ async fn the_hook_hands_the_runs_claim_to_ingest() {
     })
     .await;
     let (run, _) = run(&s).await;
-    let epoch: u64 = s
-        .read_text(&format!(".cairn/runs/{run}/events.epoch"))
-        .await
-        .trim()
-        .parse()
-        .unwrap();
-    assert!(epoch > 0);
     let asked = recording.0.lock().unwrap().clone();
     let nodes: Vec<_> = asked.iter().map(|r| r.node_id.as_str()).collect();
     assert_eq!(nodes.len(), 2, "{nodes:?}");
+    let mut store = s.store.clone();
     for r in &asked {
+        // An ingest claim the store made for this run: it verifies it, and binds it to the run.
+        assert!(!r.claim.is_empty(), "node {}", r.node_id);
+        let append = |run: &str| cairn_proto::v1::AppendEventsRequest {
+            project_id: PROJECT.into(),
+            run_id: run.into(),
+            claim: r.claim.clone(),
+            events: vec![cairn_proto::v1::EventInput {
+                r#type: "ingest.checked".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        store.append_events(append(&run)).await.unwrap();
+        let other = store.append_events(append("other-run")).await.unwrap_err();
         assert_eq!(
-            r.fence,
-            Some(cairn_proto::v1::RunFence {
-                run_id: run.clone(),
-                epoch
-            }),
+            cairn_proto::reason::of(&other).as_deref(),
+            Some("claim_other_run"),
             "node {}",
             r.node_id
         );

@@ -76,6 +76,21 @@ async fn call(
     let Some(client) = ctx.backends.ingest.clone() else {
         return Err("no ingest service configured (ingest_addr)".into());
     };
+    // Ingest writes for this run under a claim the store binds to our claim on it: if a
+    // successor has taken the run over, nothing of this call lands.
+    let claim = ctx
+        .backends
+        .store
+        .ingest_claim(&ctx.project, &ctx.run_id)
+        .await
+        .map_err(|s| {
+            format!(
+                "ingest of {doc_path} not started: no ingest claim from the store: {} ({:?})",
+                s.message(),
+                s.code()
+            )
+        })?
+        .unwrap_or_default();
     let req = IngestRequest {
         project_id: ctx.project.clone(),
         run_id: ctx.run_id.clone(),
@@ -86,9 +101,7 @@ async fn call(
         overwrite: false,
         overwrite_policy: overwrite as i32,
         source_kind: "graph_runtime".into(),
-        // Ingest writes for this run under our claim: if a successor has taken the run over,
-        // nothing of this call lands.
-        fence: ctx.backends.store.run_fence(&ctx.project, &ctx.run_id),
+        claim,
     };
     // Ingest appends events of its own: resent only when it never reached the service.
     let call =
