@@ -66,7 +66,11 @@ async fn submit_legacy(
 fn host_secrets(s: &Stack) -> PathBuf {
     let host = s.dir.path().join("host");
     std::fs::create_dir_all(host.join("graphs")).unwrap();
-    std::fs::write(host.join("shadow"), format!("root:{MARKER}:19000:0:99999:7:::\n")).unwrap();
+    std::fs::write(
+        host.join("shadow"),
+        format!("root:{MARKER}:19000:0:99999:7:::\n"),
+    )
+    .unwrap();
     std::fs::write(
         host.join("shadow.yaml"),
         format!("tasks:\n  t: {{daily_limit: 1, prompt: \"{MARKER}\"}}\n"),
@@ -117,7 +121,13 @@ async fn everything(s: &Stack) -> String {
 }
 
 /// The submit was refused naming `field`, and run `run` does not exist.
-async fn assert_refused(s: &Stack, run: &str, what: &str, field: &str, r: Result<RunInfo, tonic::Status>) {
+async fn assert_refused(
+    s: &Stack,
+    run: &str,
+    what: &str,
+    field: &str,
+    r: Result<RunInfo, tonic::Status>,
+) {
     let e = match r {
         Ok(info) => panic!(
             "{what}: accepted; graph.resolved.json: {}",
@@ -196,7 +206,11 @@ async fn a_legacy_base_dir_reads_no_host_file_through_any_field() {
             let run = format!("attack-{n}");
             let what = format!("{field}: {file} (base_dir {})", base.display());
             let r = submit_legacy(&s, &run, &graph(field, file), "", base).await;
-            let shown = if field == "prompt_file" { "limits" } else { field };
+            let shown = if field == "prompt_file" {
+                "limits"
+            } else {
+                field
+            };
             assert_refused(&s, &run, &what, shown, r).await;
         }
     }
