@@ -8,9 +8,9 @@ use std::process::ExitCode;
 use anyhow::Context;
 use cairn_proto::v1::orchestrator_client::OrchestratorClient;
 use cairn_proto::v1::{
-    AddNoteRequest, GateDecisionRequest, GateState, GetRunRequest, ListRunsRequest, LogStream,
-    NodeState, PageRequest, ReworkRequest, RunActionRequest, RunInfo, SubmitRunRequest, TaskState,
-    WatchLogsRequest, WatchRunRequest,
+    AddNoteRequest, GateDecisionRequest, GateState, GetRunRequest, InputFile, ListRunsRequest,
+    LogStream, NodeState, PageRequest, ReworkRequest, RunActionRequest, RunInfo, SubmitRunRequest,
+    TaskState, WatchLogsRequest, WatchRunRequest,
 };
 use serde_json::json;
 use tokio_stream::StreamExt;
@@ -86,6 +86,23 @@ async fn local_cassette(
     ))
 }
 
+/// The files the graph names (schemas, limits and prompt files), read here from the graph
+/// file's directory to send with it: the orchestrator never reads its own host's files. A
+/// graph that does not parse sends none (the orchestrator says what is wrong with it).
+async fn graph_files(
+    graph_yaml: &str,
+    vars: &HashMap<String, String>,
+    dir: &Path,
+) -> anyhow::Result<Vec<InputFile>> {
+    let vars = vars.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let Ok(graph) = cairn_graph::Graph::from_yaml(graph_yaml, "run", &vars) else {
+        return Ok(Vec::new());
+    };
+    cairn_phases::inputs::collect(dir, &graph)
+        .await
+        .map_err(|m| anyhow::anyhow!("a file the graph names is not sent: {m}"))
+}
+
 /// An `openai:` or bare `http(s)://` setting.
 fn is_url(llm: &str) -> bool {
     let llm = llm.trim();
@@ -96,7 +113,7 @@ fn is_url(llm: &str) -> bool {
 
 /// `cairn run GRAPH.yaml` / `cairn run --mode M --prompt P`.
 pub async fn run(global: &Global, args: RunArgs) -> anyhow::Result<ExitCode> {
-    let (graph_yaml, base_dir) = match &args.graph {
+    let (graph_yaml, graph_dir) = match &args.graph {
         Some(path) => {
             let text = tokio::fs::read_to_string(path)
                 .await
@@ -113,7 +130,11 @@ pub async fn run(global: &Global, args: RunArgs) -> anyhow::Result<ExitCode> {
         anyhow::bail!("give a graph file or --mode, not both (a mode is a built-in graph)");
     }
     let vars = parse_vars(&args.vars)?;
-    let mut llm = local_cassette(args.llm.as_deref(), &graph_yaml, base_dir.as_deref()).await?;
+    let mut llm = local_cassette(args.llm.as_deref(), &graph_yaml, graph_dir.as_deref()).await?;
+    let files = match (&args.graph, &graph_dir) {
+        (Some(_), Some(dir)) => graph_files(&graph_yaml, &vars, dir).await?,
+        _ => Vec::new(),
+    };
     // Embedded, the user is the operator: a URL they give becomes a provider of this process
     // (with the key of llm.api_key_env). A remote orchestrator decides on URLs itself.
     let mut llm_url = None;
@@ -143,10 +164,9 @@ pub async fn run(global: &Global, args: RunArgs) -> anyhow::Result<ExitCode> {
                 prompt: args.prompt.clone().unwrap_or_default(),
                 by: who(),
                 llm,
-                base_dir: base_dir
-                    .as_ref()
-                    .map(|d| d.display().to_string())
-                    .unwrap_or_default(),
+                files,
+                // The files come with the graph, not from the project.
+                graph_dir: String::new(),
                 // One submit per command: nothing to deduplicate.
                 request_id: String::new(),
                 rerun_of: String::new(),

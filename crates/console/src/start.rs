@@ -203,6 +203,12 @@ async fn start(
                 )));
             };
             req.graph_yaml = text.to_owned();
+            // The files it names are found beside it in the project.
+            req.graph_dir = path
+                .trim_start_matches('/')
+                .rsplit_once('/')
+                .map(|(dir, _)| dir.to_owned())
+                .unwrap_or_default();
         }
         other => {
             return Err(ConsoleError::BadRequest(format!(
@@ -305,7 +311,7 @@ pub(super) async fn render(
             label { "LLM provider (empty: the graph's, else the server's default; e.g. a provider name or replay:cassettes/x.yaml)"
                 input type="text" name="llm" value=(form.llm) autocomplete="off";
             }
-            p.hint { "Local files a graph names (schemas, prompts) are read on the orchestrator's host, from its llm_base_dir." }
+            p.hint { "Files a graph names (schemas, limits, prompts) are read from the project, relative to the graph file's directory." }
             button.approve type="submit" { "Start the run" }
         }
     };

@@ -317,9 +317,6 @@ pub struct NodeCtx {
     pub progress: Progress,
     /// The run's LLM provider spec.
     pub llm: String,
-    /// The submitter's `base_dir` (phase files were read from it at submit); cassettes never
-    /// resolve against it (they come through the store).
-    pub base_dir: std::path::PathBuf,
     /// This node's own gate, for nodes that block on one mid-way (`external_agent`): the
     /// decision a resumed attempt continues from.
     pub gate: Option<GateRecord>,

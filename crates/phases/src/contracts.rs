@@ -6,12 +6,11 @@
 //! Schema violations never fail the node: the result is kept as written and reported, and the
 //! assemble step reads it as failed with the reason (the final file is the truth).
 
-use std::path::Path;
-
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
-use crate::{check_result_name, read_local, results_path, RESULT_INVALID, RESULT_MISSING};
+use crate::inputs::{self, GraphFiles};
+use crate::{check_result_name, results_path, RESULT_INVALID, RESULT_MISSING};
 use crate::{RESULT_PLACEHOLDER, RESULT_WRITTEN};
 use cairn_node::events::{now, Ev};
 use cairn_node::{NodeCtx, NodeError, NodeSuccess};
@@ -21,15 +20,15 @@ use cairn_store_client::PutOptions;
 pub const MAX_RESULT_BYTES: usize = 1 << 20;
 pub use cairn_graph::contract::{check_all, compile, Contract, Contracts};
 
-/// Loads a contract's `schema_file` (relative to `base_dir`) unless the schema is already there.
-pub fn load(contract: &mut Contract, base_dir: &Path) -> Result<(), String> {
+/// Loads a contract's `schema_file` (relative to the graph) unless the schema is already there.
+pub async fn load<F: GraphFiles>(contract: &mut Contract, files: &F) -> Result<(), String> {
     if contract.schema.is_some() {
         return Ok(());
     }
     let Some(file) = &contract.schema_file else {
         return Ok(());
     };
-    let text = read_local(base_dir, file)?;
+    let text = files.read(&inputs::resolve(None, file)?).await?;
     let schema: Value =
         serde_json::from_str(&text).map_err(|e| format!("{file} is not JSON: {e}"))?;
     compile(&schema).map_err(|e| format!("{file}: {e}"))?;
@@ -375,22 +374,24 @@ mod tests {
         assert!(check_all(&[bad]).is_err());
     }
 
-    #[test]
-    fn schema_files_load_relative_to_the_graph() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir(dir.path().join("contracts")).unwrap();
-        std::fs::write(
-            dir.path().join("contracts/a.schema.json"),
-            r#"{"type": "object", "required": ["status"]}"#,
-        )
-        .unwrap();
-        std::fs::write(dir.path().join("contracts/bad.json"), "{not json").unwrap();
+    #[tokio::test]
+    async fn schema_files_load_relative_to_the_graph() {
+        let files = crate::inputs::Mem(
+            [
+                (
+                    "contracts/a.schema.json",
+                    r#"{"type": "object", "required": ["status"]}"#,
+                ),
+                ("contracts/bad.json", "{not json"),
+            ]
+            .into(),
+        );
         let mut c = Contract {
             files: vec!["a.json".into()],
             schema: None,
             schema_file: Some("contracts/a.schema.json".into()),
         };
-        load(&mut c, dir.path()).unwrap();
+        load(&mut c, &files).await.unwrap();
         assert_eq!(c.schema.as_ref().unwrap()["required"], json!(["status"]));
         let compiled = Contracts::compile(&[c]).unwrap();
         assert_eq!(compiled.violations("a.json", &json!({})).len(), 1);
@@ -399,6 +400,7 @@ mod tests {
             schema: None,
             schema_file: Some("contracts/bad.json".into()),
         };
-        assert!(load(&mut bad, dir.path()).unwrap_err().contains("not JSON"));
+        let e = load(&mut bad, &files).await.unwrap_err();
+        assert!(e.contains("not JSON"), "{e}");
     }
 }

@@ -14,22 +14,23 @@
 //!   max-merge after a conflict keeps every increment).
 //! - [`plan_node`] and [`assemble_node`]: the `plan` and `assemble` node kinds.
 //!
-//! Files a graph names relative to its own directory (schema files, the limits file, prompt
-//! files) are read once at submit by [`prepare`] and embedded in graph.resolved.json, so a run
-//! never depends on them again (resume, edits of the source files).
+//! - [`inputs`]: the files a graph names (schema files, the limits file, prompt files): read
+//!   once at submit by [`prepare`] from what the submitter sent or the run's project, and
+//!   embedded in graph.resolved.json, so a run never depends on them again (resume, rerun,
+//!   edits of the source files).
 
 pub mod assemble;
 pub mod assemble_node;
 pub mod contracts;
 pub mod counters;
+pub mod inputs;
 pub mod plan;
 pub mod plan_node;
-
-use std::path::Path;
 
 pub use assemble::AssembleSpec;
 pub use cairn_graph::contract::{check_result_name, normalize_key, RESULT_OUTPUTS};
 pub use contracts::{Contract, Contracts};
+pub use inputs::GraphFiles;
 pub use plan::{LimitTask, Limits, PlanSpec};
 
 use cairn_graph::{Graph, GraphError, NodeKind};
@@ -48,9 +49,6 @@ pub const PLAN_SELECTED: &str = "plan.selected";
 /// `counters.updated`: an assemble node counted successes in the counters document.
 pub const COUNTERS_UPDATED: &str = "counters.updated";
 
-/// Largest file read from the graph's directory at submit (schema, limits, prompt).
-const MAX_LOCAL_FILE_BYTES: u64 = 1 << 20;
-
 /// The project path of result file `name` of run `run_id`.
 pub fn results_path(run_id: &str, name: &str) -> String {
     RunDir::new(run_id).path(&format!("results/{name}"))
@@ -61,35 +59,12 @@ pub fn results_dir(run_id: &str) -> String {
     RunDir::new(run_id).path("results")
 }
 
-/// Reads a file the graph names relative to its directory. Only relative paths that pathguard
-/// accepts are read (no absolute paths, no `..`): a graph cannot make the server read files
-/// outside its own directory.
-pub fn read_local(base_dir: &Path, rel: &str) -> Result<String, String> {
-    pathguard::validate(rel).map_err(|rej| {
-        format!("`{rel}`: {rej} (files are named relative to the graph's directory)")
-    })?;
-    let path = base_dir.join(rel);
-    let meta =
-        std::fs::metadata(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    if !meta.is_file() {
-        return Err(format!("{} is not a file", path.display()));
-    }
-    if meta.len() > MAX_LOCAL_FILE_BYTES {
-        return Err(format!(
-            "{} is larger than {} KiB",
-            path.display(),
-            MAX_LOCAL_FILE_BYTES >> 10
-        ));
-    }
-    std::fs::read_to_string(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))
-}
-
-/// Submit time: loads the files the graph names relative to `base_dir` (contract
-/// `schema_file`s, plan `limits_file`s and their prompt files) into the graph, and checks them,
-/// so graph.resolved.json holds everything the phases need.
-pub fn prepare(graph: &mut Graph, base_dir: &Path) -> Result<(), GraphError> {
+/// Submit time: loads the files the graph names (contract `schema_file`s, plan
+/// `limits_file`s and their prompt files) from `files` into the graph, and checks them, so
+/// graph.resolved.json holds everything the phases need.
+pub async fn prepare<F: GraphFiles>(graph: &mut Graph, files: &F) -> Result<(), GraphError> {
     for (i, c) in graph.contracts.iter_mut().enumerate() {
-        contracts::load(c, base_dir).map_err(|m| GraphError {
+        contracts::load(c, files).await.map_err(|m| GraphError {
             node: None,
             field: Some(format!("contracts[{i}].schema_file")),
             message: m,
@@ -101,11 +76,13 @@ pub fn prepare(graph: &mut Graph, base_dir: &Path) -> Result<(), GraphError> {
             NodeKind::Plan(p) => p,
             _ => continue,
         };
-        plan::load(spec, base_dir).map_err(|(field, m)| GraphError {
-            node: Some(id),
-            field: Some(field),
-            message: m,
-        })?;
+        plan::load(spec, files)
+            .await
+            .map_err(|(field, m)| GraphError {
+                node: Some(id),
+                field: Some(field),
+                message: m,
+            })?;
     }
     Ok(())
 }
@@ -129,16 +106,5 @@ mod tests {
         assert!(check_result_name("../x.json").is_err());
         assert!(check_result_name("/abs.json").is_err());
         assert!(check_result_name("plan.md").is_err());
-    }
-
-    #[test]
-    fn local_files_stay_under_the_graph_directory() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("a.json"), "{}").unwrap();
-        assert_eq!(read_local(dir.path(), "a.json").unwrap(), "{}");
-        assert!(read_local(dir.path(), "../a.json").is_err());
-        assert!(read_local(dir.path(), "/etc/passwd").is_err());
-        let e = read_local(dir.path(), "missing.json").unwrap_err();
-        assert!(e.contains("cannot read"), "{e}");
     }
 }

@@ -9,27 +9,23 @@
 //!   tech-research: {daily_limit: 3}     # key normalised to tech_research
 //! ```
 
-use std::path::Path;
+use pathguard::SafePath;
 
-use crate::read_local;
+use crate::inputs::{self, GraphFiles};
 
 pub use cairn_graph::plan::*;
 
-/// Submit time: the limits file and prompt files, relative to `base_dir`. Err = (field,
-/// message).
-pub fn load(spec: &mut PlanSpec, base_dir: &Path) -> Result<(), (String, String)> {
+/// Submit time: the limits file and prompt files (a prompt file relative to the limits file's
+/// directory). Err = (field, message).
+pub async fn load<F: GraphFiles>(spec: &mut PlanSpec, files: &F) -> Result<(), (String, String)> {
     let (mut limits, dir) = match (&spec.limits, &spec.limits_file) {
-        (Some(l), _) => (l.clone(), base_dir.to_path_buf()),
+        (Some(l), _) => (l.clone(), None),
         (None, Some(file)) => {
-            let text = read_local(base_dir, file).map_err(|m| ("limits_file".into(), m))?;
-            let limits =
-                Limits::parse(&text).map_err(|m| ("limits_file".into(), format!("{file}: {m}")))?;
-            let dir = base_dir
-                .join(file)
-                .parent()
-                .map(Path::to_path_buf)
-                .unwrap_or_else(|| base_dir.to_path_buf());
-            (limits, dir)
+            let err = |m| ("limits_file".to_owned(), m);
+            let path = inputs::resolve(None, file).map_err(err)?;
+            let text = files.read(&path).await.map_err(err)?;
+            let limits = Limits::parse(&text).map_err(|m| err(format!("{file}: {m}")))?;
+            (limits, path.parent())
         }
         (None, None) => return Ok(()),
     };
@@ -39,13 +35,19 @@ pub fn load(spec: &mut PlanSpec, base_dir: &Path) -> Result<(), (String, String)
         "limits_file"
     };
     limits.normalise().map_err(|m| (field.to_owned(), m))?;
-    load_prompts(&mut limits, &dir).map_err(|m| (field.to_owned(), m))?;
+    load_prompts(&mut limits, dir.as_ref(), files)
+        .await
+        .map_err(|m| (field.to_owned(), m))?;
     spec.limits = Some(limits);
     Ok(())
 }
 
 /// Loads every task's prompt file (relative to `dir`) that is not loaded yet.
-fn load_prompts(limits: &mut Limits, dir: &Path) -> Result<(), String> {
+async fn load_prompts<F: GraphFiles>(
+    limits: &mut Limits,
+    dir: Option<&SafePath>,
+    files: &F,
+) -> Result<(), String> {
     for t in &mut limits.tasks {
         if t.prompt.is_some() {
             continue;
@@ -54,7 +56,9 @@ fn load_prompts(limits: &mut Limits, dir: &Path) -> Result<(), String> {
             .prompt_file
             .clone()
             .unwrap_or_else(|| format!("prompts/todoist-auto-{}.md", t.key));
-        let text = read_local(dir, &file).map_err(|e| format!("task `{}`: {e}", t.key))?;
+        let err = |e| format!("task `{}`: {e}", t.key);
+        let path = inputs::resolve(dir, &file).map_err(err)?;
+        let text = files.read(&path).await.map_err(err)?;
         t.prompt_file = Some(file);
         t.prompt = Some(text);
     }
@@ -218,17 +222,19 @@ mod tests {
         assert!(bad.normalise().unwrap_err().contains("max_per_run"));
     }
 
-    #[test]
-    fn prompt_files_load_relative_to_the_limits_file() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(dir.path().join("cfg/prompts")).unwrap();
-        std::fs::write(
-            dir.path().join("cfg/limits.yaml"),
-            "tasks:\n  a-b: {daily_limit: 1}\n  c: {daily_limit: 1, prompt_file: prompts/other.md}\n",
-        )
-        .unwrap();
-        std::fs::write(dir.path().join("cfg/prompts/todoist-auto-a_b.md"), "do a").unwrap();
-        std::fs::write(dir.path().join("cfg/prompts/other.md"), "do c").unwrap();
+    #[tokio::test]
+    async fn prompt_files_load_relative_to_the_limits_file() {
+        let mut files = crate::inputs::Mem(
+            [
+                (
+                    "cfg/limits.yaml",
+                    "tasks:\n  a-b: {daily_limit: 1}\n  c: {daily_limit: 1, prompt_file: prompts/other.md}\n",
+                ),
+                ("cfg/prompts/todoist-auto-a_b.md", "do a"),
+                ("cfg/prompts/other.md", "do c"),
+            ]
+            .into(),
+        );
         let mut spec = PlanSpec {
             limits_file: Some("cfg/limits.yaml".into()),
             limits: None,
@@ -238,7 +244,7 @@ mod tests {
             date: None,
             utc_offset: None,
         };
-        load(&mut spec, dir.path()).unwrap();
+        load(&mut spec, &files).await.unwrap();
         let l = spec.limits.as_ref().unwrap();
         assert_eq!(l.tasks[0].prompt.as_deref(), Some("do a"));
         assert_eq!(
@@ -246,11 +252,24 @@ mod tests {
             Some("prompts/todoist-auto-a_b.md")
         );
         assert_eq!(l.tasks[1].prompt.as_deref(), Some("do c"));
-        std::fs::remove_file(dir.path().join("cfg/prompts/other.md")).unwrap();
+        files.0.remove("cfg/prompts/other.md");
         spec.limits = None;
-        let (field, e) = load(&mut spec, dir.path()).unwrap_err();
+        let (field, e) = load(&mut spec, &files).await.unwrap_err();
         assert_eq!(field, "limits_file");
         assert!(e.contains("task `c`") && e.contains("other.md"), "{e}");
+        // Out of the graph's files: refused before anything is read.
+        for bad in ["../x.md", "/etc/passwd"] {
+            let mut spec = spec.clone();
+            spec.limits = Some(
+                Limits::parse(&format!(
+                    "tasks:\n  t: {{daily_limit: 1, prompt_file: \"{bad}\"}}\n"
+                ))
+                .unwrap(),
+            );
+            let (field, e) = load(&mut spec, &files).await.unwrap_err();
+            assert_eq!(field, "limits", "{bad}");
+            assert!(e.contains("task `t`"), "{e}");
+        }
     }
 
     #[test]

@@ -123,9 +123,6 @@ pub struct Config {
     /// in the project>`, which make the implicit provider `default` (a URL here gets the key
     /// of `llm.api_key_env`).
     pub default_llm: String,
-    /// Directory relative phase files (schemas, prompts) resolve against when the submitter
-    /// gives none (empty = the working directory). Cassettes never come from the host.
-    pub llm_base_dir: String,
     /// Longest interval between rewrites of README.md/task.yaml/state.json while a run moves
     /// (state changes are written at once).
     pub snapshot_interval_ms: u64,
@@ -203,7 +200,6 @@ impl Default for Config {
             ingest_hook: true,
             resume_on_start: true,
             default_llm: String::new(),
-            llm_base_dir: String::new(),
             snapshot_interval_ms: 1000,
             node_timeout_s: 3600,
             event_linger_ms: 5,
@@ -291,7 +287,14 @@ impl Config {
 }
 
 fn config_error(e: config::ConfigError) -> Error {
-    Error::Config(e.to_string())
+    let m = e.to_string();
+    if m.contains("llm_base_dir") || m.contains("LLM_BASE_DIR") {
+        // A setting of earlier versions: say why it went instead of only "unknown key".
+        return Error::Config(format!(
+            "{m}; `llm_base_dir` was removed: the orchestrator reads no file of its host for a graph (`cairn run` sends the files a graph names with the submit, and a graph started from the project finds them beside it); delete the setting"
+        ));
+    }
+    Error::Config(m)
 }
 
 #[cfg(test)]
@@ -360,7 +363,6 @@ mod tests {
         let mut c = Config::default();
         c.set("llm_model", "qwen").unwrap();
         c.set("llm.max_attempts", "3").unwrap();
-        c.set("llm_base_dir", "/cassettes").unwrap();
         c.set("onebot_api_base", "http://127.0.0.1:3000").unwrap();
         c.set("code_delivery_llm_max_retries_per_request", "4")
             .unwrap();
@@ -368,7 +370,6 @@ mod tests {
             .unwrap();
         assert_eq!(c.llm.model, "qwen");
         assert_eq!(c.llm.max_attempts, 3);
-        assert_eq!(c.llm_base_dir, "/cassettes");
         assert_eq!(c.onebot.api_base, "http://127.0.0.1:3000");
         assert_eq!(c.code_delivery.llm_max_retries_per_request, 4);
         assert_eq!(
@@ -458,5 +459,26 @@ mod tests {
             let d = j.backoff(2).as_millis();
             assert!((500..=1500).contains(&d), "{d}");
         }
+    }
+
+    #[test]
+    fn an_old_llm_base_dir_setting_says_it_was_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("o.toml");
+        std::fs::write(
+            &file,
+            "store_addr = \"127.0.0.1:1\"\nllm_base_dir = \"/etc\"\n",
+        )
+        .unwrap();
+        let e = Config::load(Some(&file)).unwrap_err().to_string();
+        assert!(
+            e.contains("llm_base_dir") && e.contains("was removed"),
+            "{e}"
+        );
+        let e = Config::default()
+            .set("llm_base_dir", "/etc")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("was removed") && e.contains("cairn run"), "{e}");
     }
 }

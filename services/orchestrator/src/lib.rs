@@ -12,6 +12,7 @@ pub mod config;
 pub mod error;
 pub mod gates;
 pub mod human;
+pub mod inputs;
 pub mod logs;
 pub mod modes;
 pub mod nodes;

@@ -4,7 +4,6 @@
 //! rework, a gate decision). At start-up every run that is not final is resumed.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -19,6 +18,7 @@ use crate::cluster::Cluster;
 use crate::error::{Error, Result};
 use crate::gates::Decision;
 use crate::human::{self, Manifest};
+use crate::inputs::Inputs;
 use crate::logs::{LogQuery, Watcher};
 use crate::nodes::Backends;
 use crate::recorder::Recorder;
@@ -28,6 +28,7 @@ use crate::scheduler::{self, Command, Launch};
 use cairn_graph::{Graph, NodeKind};
 use cairn_node::events::{self as ev, Ev};
 use cairn_store_client::PutOptions;
+use pathguard::SafePath;
 
 /// Project and run ids: `[A-Za-z0-9._-]`, 1-128 characters (common.proto).
 pub fn check_id(what: &str, id: &str) -> Result<()> {
@@ -114,7 +115,10 @@ pub struct Submit {
     pub prompt: String,
     pub by: String,
     pub llm: String,
-    pub base_dir: String,
+    /// The files the graph names, as sent (SubmitRunRequest.files).
+    pub files: Vec<pb::InputFile>,
+    /// Where the graph's files are in the project when not sent (SubmitRunRequest.graph_dir).
+    pub graph_dir: String,
     /// Idempotency key (SubmitRunRequest.request_id); empty = none.
     pub request_id: String,
     /// Re-run of this run of the same project (SubmitRunRequest.rerun_of); empty = none.
@@ -170,7 +174,6 @@ struct Rerun {
     title: String,
     goal: String,
     llm: String,
-    base_dir: PathBuf,
 }
 
 pub struct Runs {
@@ -184,7 +187,7 @@ pub struct Runs {
     cluster: std::sync::OnceLock<Arc<Cluster>>,
 }
 
-type Loaded = (Arc<Graph>, RunState, PathBuf);
+type Loaded = (Arc<Graph>, RunState);
 
 impl Runs {
     pub fn new(b: Arc<Backends>) -> Arc<Runs> {
@@ -278,19 +281,6 @@ impl Runs {
         Duration::from_millis(self.b.config.event_linger_ms)
     }
 
-    fn base_dir(&self, given: &str) -> PathBuf {
-        let dir = if !given.is_empty() {
-            given
-        } else {
-            &self.b.config.llm_base_dir
-        };
-        if dir.is_empty() {
-            std::env::current_dir().unwrap_or_default()
-        } else {
-            PathBuf::from(dir)
-        }
-    }
-
     /// Validates and starts a run; returns once its directory and first events are durable.
     /// With a request id, a submit whose run already exists returns that run.
     pub async fn submit(&self, req: Submit) -> Result<pb::RunInfo> {
@@ -318,8 +308,8 @@ impl Runs {
     }
 
     async fn submit_as(&self, req: Submit, run_id: String) -> Result<pb::RunInfo> {
-        let (graph, llm_spec, base_dir) = if req.rerun_of.is_empty() {
-            self.new_graph(&req, &run_id)?
+        let (graph, llm_spec, inputs) = if req.rerun_of.is_empty() {
+            self.new_graph(&req, &run_id).await?
         } else {
             let src = self.rerun_source(&req).await?;
             let mut graph = Graph::from_value(src.graph, &run_id, &req.vars)?;
@@ -330,18 +320,13 @@ impl Runs {
                 req.title.clone()
             };
             graph.goal = src.goal;
-            let base_dir = if req.base_dir.is_empty() {
-                src.base_dir
-            } else {
-                self.base_dir(&req.base_dir)
-            };
             // Prompts, schemas and limits were read at the first submit and kept in the graph.
             let llm = if req.llm.is_empty() {
                 src.llm
             } else {
                 req.llm.clone()
             };
-            (graph, llm, base_dir)
+            (graph, llm, BTreeMap::new())
         };
         // The provider rules of agents/providers.rs: a name, a cassette, an allowed URL.
         let llm = self
@@ -360,6 +345,10 @@ impl Runs {
             return Err(Error::RunExists { project, run_id });
         };
         let created = match self.create_run_dir(&project, &run_id, &graph).await {
+            Ok(()) => crate::inputs::record(store, &project, &run_id, &inputs).await,
+            Err(e) => Err(e),
+        };
+        let created = match created {
             Ok(()) => store
                 .claim_run(&project, &run_id)
                 .await
@@ -397,7 +386,10 @@ impl Runs {
             .with("title", graph.title.clone())
             .with("topology", graph.topology.clone())
             .with("llm", llm)
-            .with("base_dir", base_dir.display().to_string())
+            .with(
+                "inputs",
+                inputs.keys().map(|p| p.as_str()).collect::<Vec<_>>(),
+            )
             .with("nodes", graph.nodes.len())
             .with("vars", json!(graph.vars));
         if !req.rerun_of.is_empty() {
@@ -422,14 +414,18 @@ impl Runs {
             return Err(e);
         }
         let info = state.to_info(dir.root());
-        span.in_scope(|| self.launch(graph, state, recorder, base_dir, None, None, cmd_rx))?;
+        span.in_scope(|| self.launch(graph, state, recorder, None, None, cmd_rx))?;
         cairn_telemetry::metrics::run_entered(TaskState::Created.as_str());
         Ok(info)
     }
 
-    /// A new run's graph from the request's YAML or built-in mode, its files read from
-    /// `base_dir`; with the LLM spec asked for and the base directory.
-    fn new_graph(&self, req: &Submit, run_id: &str) -> Result<(Graph, String, PathBuf)> {
+    /// A new run's graph from the request's YAML or built-in mode, with the files it names
+    /// read (inputs.rs); with the LLM spec asked for and those files, to record.
+    async fn new_graph(
+        &self,
+        req: &Submit,
+        run_id: &str,
+    ) -> Result<(Graph, String, BTreeMap<SafePath, Bytes>)> {
         // A built-in mode (modes.rs) is an embedded graph with the prompt as vars.prompt.
         let (graph_yaml, vars, mode_title) = if req.mode.trim().is_empty() {
             let mut vars = req.vars.clone();
@@ -455,10 +451,19 @@ impl Runs {
         } else if let Some(t) = mode_title {
             graph.title = t;
         }
-        let base_dir = self.base_dir(&req.base_dir);
         // schema, limits and prompt files are read now and kept in the graph.
-        cairn_phases::prepare(&mut graph, &base_dir)?;
-        Ok((graph, req.llm.clone(), base_dir))
+        let files = Inputs::new(
+            &self.b.store,
+            &req.project_id,
+            &req.graph_dir,
+            req.files.clone(),
+        )?;
+        let prepared = cairn_phases::prepare(&mut graph, &files).await;
+        if let Some(e) = files.unavailable() {
+            return Err(e);
+        }
+        prepared?;
+        Ok((graph, req.llm.clone(), files.into_used()))
     }
 
     /// The records a re-run starts from (the source run must be in the same project).
@@ -469,13 +474,12 @@ impl Runs {
                 "rerun_of starts from the recorded graph: leave graph_yaml, mode and prompt empty (vars, title and llm may replace the recorded ones)".into(),
             ));
         }
-        let (value, _, state, base_dir) = self.read_records(&req.project_id, &req.rerun_of).await?;
+        let (value, _, state) = self.read_records(&req.project_id, &req.rerun_of).await?;
         Ok(Rerun {
             graph: value,
             title: state.title,
             goal: state.goal,
             llm: state.llm,
-            base_dir,
         })
     }
 
@@ -636,7 +640,6 @@ impl Runs {
         graph: Arc<Graph>,
         state: RunState,
         recorder: Recorder,
-        base_dir: PathBuf,
         resume: Option<(String, String)>,
         initial: Option<Command>,
         cmds: mpsc::Receiver<Command>,
@@ -658,7 +661,6 @@ impl Runs {
             graph,
             state,
             recorder,
-            base_dir,
             permits: self.permits.clone(),
             shutdown: stop.clone(),
             resume,
@@ -692,17 +694,12 @@ impl Runs {
 
     /// Reads a run from its records.
     async fn load(&self, project: &str, run_id: &str) -> Result<Loaded> {
-        let (_, graph, state, base_dir) = self.read_records(project, run_id).await?;
-        Ok((Arc::new(graph), state, base_dir))
+        let (_, graph, state) = self.read_records(project, run_id).await?;
+        Ok((Arc::new(graph), state))
     }
 
-    /// A run's frozen graph (as JSON and parsed), its state folded from its events, and its
-    /// base directory.
-    async fn read_records(
-        &self,
-        project: &str,
-        run_id: &str,
-    ) -> Result<(Value, Graph, RunState, PathBuf)> {
+    /// A run's frozen graph (as JSON and parsed) and its state folded from its events.
+    async fn read_records(&self, project: &str, run_id: &str) -> Result<(Value, Graph, RunState)> {
         check_id("project_id", project)?;
         check_id("run_id", run_id)?;
         let dir = RunDir::new(run_id);
@@ -726,13 +723,7 @@ impl Runs {
             .map_err(Error::store(format!("reading the events of {run_id}")))?;
         let mut state = RunState::new(project, &graph);
         state.apply_stored(&events);
-        let base_dir = events
-            .iter()
-            .find(|e| e.r#type == ev::TASK_CREATED)
-            .and_then(|e| serde_json::from_str::<Value>(&e.data_json).ok())
-            .and_then(|d| d.get("base_dir").and_then(Value::as_str).map(PathBuf::from))
-            .unwrap_or_else(|| self.base_dir(""));
-        Ok((value, graph, state, base_dir))
+        Ok((value, graph, state))
     }
 
     /// Makes a non-final run live (resuming it from its records); returns its command line.
@@ -771,7 +762,7 @@ impl Runs {
                 .claim_run(project, run_id)
                 .await
                 .map_err(Error::store(format!("claiming run {run_id}")))?;
-            let (graph, state, base_dir) = self.load(project, run_id).await?;
+            let (graph, state) = self.load(project, run_id).await?;
             let resume = match (state.state, &initial) {
                 // A finished run comes back only for the command (a rework resets what it
                 // names).
@@ -785,10 +776,10 @@ impl Runs {
                 // Not final (restart), or a failed run to retry: resume from the records.
                 _ => Some((by.clone(), reason.to_owned())),
             };
-            Ok((graph, state, base_dir, epoch, resume))
+            Ok((graph, state, epoch, resume))
         }
         .await;
-        let (graph, state, base_dir, epoch, resume) = match loaded {
+        let (graph, state, epoch, resume) = match loaded {
             Ok(loaded) => loaded,
             Err(e) => {
                 self.unreserve(project, run_id);
@@ -806,7 +797,7 @@ impl Runs {
                 self.linger(),
             )
         });
-        span.in_scope(|| self.launch(graph, state, recorder, base_dir, resume, initial, cmds))?;
+        span.in_scope(|| self.launch(graph, state, recorder, resume, initial, cmds))?;
         self.live_cmd(project, run_id)
             .ok_or_else(|| Error::Internal("run did not start".into()))
     }
@@ -823,7 +814,7 @@ impl Runs {
                 }
             }
         }
-        let (_, state, _) = self.load(project, run_id).await?;
+        let (_, state) = self.load(project, run_id).await?;
         Ok(state.to_info(RunDir::new(run_id).root()))
     }
 
@@ -1070,7 +1061,7 @@ impl Runs {
                 }
             }
         }
-        let (graph, mut state, _) = self.load(project, run_id).await?;
+        let (graph, mut state) = self.load(project, run_id).await?;
         if state.state.is_final() {
             return Err(Error::FailedPrecondition(format!(
                 "run {run_id} is already {}",
@@ -1122,7 +1113,7 @@ impl Runs {
         if self.live_cmd(project, run_id).is_some() {
             return self.get(project, run_id).await;
         }
-        let (_, state, _) = self.load(project, run_id).await?;
+        let (_, state) = self.load(project, run_id).await?;
         match state.state {
             TaskState::Completed | TaskState::Canceled => Err(Error::FailedPrecondition(format!(
                 "run {run_id} is {}; request a rework of a node to run parts of it again",
@@ -1190,7 +1181,7 @@ impl Runs {
             .iter()
             .any(|g| g.id == gate && g.state == pb::GateState::Blocked as i32);
         if !blocked {
-            let (_, state, _) = self.load(project, run_id).await?;
+            let (_, state) = self.load(project, run_id).await?;
             crate::gates::check_decidable(&state, gate)?;
         }
         let note_ref = if note.trim().is_empty() {
@@ -1460,14 +1451,14 @@ impl Runs {
         if !matches!(state.as_str(), "completed" | "failed" | "canceled") {
             // Not final by its snapshot: check the events (the snapshot may lag).
             return match self.load(project, run_id).await {
-                Ok((_, s, _)) => !s.state.is_final() && s.last_seq > 0,
+                Ok((_, s)) => !s.state.is_final() && s.last_seq > 0,
                 Err(_) => false,
             };
         }
         // Final by its snapshot; anything recorded after it (a rework) means it moved on.
         match self.b.store.read_events(project, run_id, seq + 1).await {
             Ok(later) if !later.is_empty() => match self.load(project, run_id).await {
-                Ok((_, s, _)) => !s.state.is_final(),
+                Ok((_, s)) => !s.state.is_final(),
                 Err(_) => false,
             },
             _ => false,

@@ -13,7 +13,6 @@
 //! call goes away).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -71,7 +70,6 @@ pub struct Launch {
     pub graph: Arc<Graph>,
     pub state: RunState,
     pub recorder: Recorder,
-    pub base_dir: PathBuf,
     pub permits: Arc<Semaphore>,
     pub shutdown: CancellationToken,
     /// Picked up again from records: (by, reason) for task.resumed.
@@ -105,7 +103,6 @@ pub fn launch(l: Launch) -> tokio::task::JoinHandle<()> {
         state: l.state,
         rec: l.recorder,
         snaps,
-        base_dir: l.base_dir,
         cmds: rx,
         tasks_tx: ttx,
         tasks_rx: trx,
@@ -163,7 +160,6 @@ struct Driver {
     rec: Recorder,
     snaps: Snapshots,
     run_dir: String,
-    base_dir: PathBuf,
     cmds: mpsc::Receiver<Command>,
     tasks_tx: mpsc::UnboundedSender<TaskMsg>,
     tasks_rx: mpsc::UnboundedReceiver<TaskMsg>,
@@ -880,7 +876,6 @@ impl Driver {
             scope: job.scope,
             progress: Progress(self.tasks_tx.clone()),
             llm: self.state.llm.clone(),
-            base_dir: self.base_dir.clone(),
             gate: self.state.node(&job.id).and_then(|r| r.gate.clone()),
         };
         let tx = self.tasks_tx.clone();

@@ -176,7 +176,8 @@ impl Orchestrator for OrchestratorService {
             prompt: r.prompt,
             by: who.by(&r.by),
             llm: r.llm,
-            base_dir: r.base_dir,
+            files: r.files,
+            graph_dir: r.graph_dir,
             request_id: r.request_id,
             rerun_of: r.rerun_of,
         };

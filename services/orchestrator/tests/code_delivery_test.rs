@@ -1115,7 +1115,7 @@ async fn the_code_delivery_example_runs_offline() {
         .submit_req(SubmitRunRequest {
             project_id: PROJECT.into(),
             graph_yaml: std::fs::read_to_string(dir.join("graph.yaml")).unwrap(),
-            base_dir: dir.display().to_string(),
+            files: graph_files(&dir).await,
             // What `cairn run` sends for the graph's local `replay:cassette.yaml`.
             llm: inline_cassette(&std::fs::read(dir.join("cassette.yaml")).unwrap()),
             by: "example".into(),

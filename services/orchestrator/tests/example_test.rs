@@ -28,7 +28,7 @@ async fn hello_example_runs_to_its_report() {
     let req = SubmitRunRequest {
         project_id: PROJECT.into(),
         graph_yaml: graph,
-        base_dir: dir.display().to_string(),
+        files: graph_files(&dir).await,
         // What `cairn run` sends for the graph's local `replay:cassette.yaml`.
         llm: inline_cassette(&std::fs::read(dir.join("cassette.yaml")).unwrap()),
         by: "example".into(),

@@ -138,7 +138,7 @@ async fn an_allowed_request_url_gets_no_key_configured_for_another_url() {
 #[tokio::test]
 async fn replay_of_host_files_is_refused_and_their_content_appears_nowhere() {
     let s = stack("").await;
-    // A host file with a recognisable secret, beside and above the submitter's base_dir.
+    // A host file with a recognisable secret.
     let marker = "SECRET-MARKER-7f3a9c";
     let secret = s.dir.path().join("shadow");
     std::fs::write(
@@ -148,8 +148,6 @@ async fn replay_of_host_files_is_refused_and_their_content_appears_nowhere() {
         ),
     )
     .unwrap();
-    let base = s.dir.path().join("graphs");
-    std::fs::create_dir_all(&base).unwrap();
     let abs = format!("replay:{}", secret.display());
     let cases = [
         (abs.clone(), "absolute_path"),
@@ -158,9 +156,7 @@ async fn replay_of_host_files_is_refused_and_their_content_appears_nowhere() {
         ("replay:graphs/../../shadow".to_owned(), "traversal"),
     ];
     for (llm, want) in &cases {
-        let mut req = request(GRAPH, llm);
-        req.base_dir = base.display().to_string();
-        let e = s.submit_req(req).await.unwrap_err();
+        let e = s.submit_req(request(GRAPH, llm)).await.unwrap_err();
         assert_eq!(e.code(), Code::InvalidArgument, "{llm}: {e:?}");
         assert_eq!(reason(&e), *want, "{llm}: {e:?}");
         assert!(
@@ -175,9 +171,7 @@ async fn replay_of_host_files_is_refused_and_their_content_appears_nowhere() {
         );
         // The graph's own `llm:` follows the same rule.
         let graph = format!("llm: \"{llm}\"\n{GRAPH}");
-        let mut req = request(&graph, "");
-        req.base_dir = base.display().to_string();
-        let e = s.submit_req(req).await.unwrap_err();
+        let e = s.submit_req(request(&graph, "")).await.unwrap_err();
         assert_eq!(reason(&e), *want, "graph llm {llm}: {e:?}");
         assert!(!e.message().contains(marker), "{}", e.message());
     }
