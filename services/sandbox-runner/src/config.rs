@@ -94,6 +94,10 @@ pub struct Config {
     /// Uid/gid the program runs as.
     pub sandbox_uid: u32,
     pub sandbox_gid: u32,
+    /// Bytes a sandbox may write in all: a run's /output, or a session's /workspace and
+    /// /tmpfs together, each a file system of this size. Past it writes fail with ENOSPC and
+    /// the result says `writable_area_full` (a run's outputs are then not published).
+    pub max_total_output_bytes: u64,
     /// Session tool limits.
     pub session: SessionConfig,
     /// Limits applied when a request leaves them at 0.
@@ -166,6 +170,7 @@ impl Default for Config {
             gvisor_platform: "ptrace".into(),
             sandbox_uid: 10001,
             sandbox_gid: 10001,
+            max_total_output_bytes: 256 * 1024 * 1024,
             session: SessionConfig::default(),
             defaults: LimitsTable::default(),
             max: LimitsTable::default(),

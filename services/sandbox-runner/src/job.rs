@@ -423,6 +423,7 @@ pub fn run_result(
         rejected_outputs_truncated: outcome.outputs.listing_truncated,
         result_json: result_json.to_string(),
         limits_enforced,
+        writable_area_full: false,
     }
 }
 

@@ -445,6 +445,7 @@ impl Runner {
             stdout: out.stdout.into_bytes().into(),
             stderr: out.stderr.into_bytes().into(),
             duration_ms: out.duration_ms,
+            writable_area_full: false,
         })
     }
 
