@@ -167,7 +167,9 @@ def main():
     if code < 0:
         code = 128 - code
     unreadable = []
-    frame(4, json.dumps({"exit_code": code, "timed_out": timed_out, "oom": oom_kills() > oom_before}).encode())
+    st = os.statvfs("/output")
+    full = st.f_bavail * st.f_frsize < 65536
+    frame(4, json.dumps({"exit_code": code, "timed_out": timed_out, "oom": oom_kills() > oom_before, "full": full}).encode())
     send_outputs(unreadable)
     frame(5, json.dumps({"unreadable": unreadable}).encode())
 

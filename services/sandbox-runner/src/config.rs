@@ -88,12 +88,19 @@ pub struct Config {
     pub bwrap: String,
     /// runsc binary of the gvisor backend.
     pub runsc: String,
+    /// Where the gvisor backend keeps the sandbox image's root file system, exported once
+    /// per image id through the Docker engine ("" = `<work_root>/gvisor/rootfs`).
+    pub gvisor_rootfs_cache: PathBuf,
     /// gVisor platform: `ptrace` (works anywhere) or `kvm` (faster system calls; needs a
     /// working /dev/kvm).
     pub gvisor_platform: String,
     /// Uid/gid the program runs as.
     pub sandbox_uid: u32,
     pub sandbox_gid: u32,
+    /// Bytes a sandbox may write in all: a run's /output, or a session's /workspace and
+    /// /tmpfs together, each a file system of this size. Past it writes fail with ENOSPC and
+    /// the result says `writable_area_full` (a run's outputs are then not published).
+    pub max_total_output_bytes: u64,
     /// Session tool limits.
     pub session: SessionConfig,
     /// Limits applied when a request leaves them at 0.
@@ -164,8 +171,10 @@ impl Default for Config {
             bwrap: "bwrap".into(),
             runsc: "runsc".into(),
             gvisor_platform: "ptrace".into(),
+            gvisor_rootfs_cache: PathBuf::new(),
             sandbox_uid: 10001,
             sandbox_gid: 10001,
+            max_total_output_bytes: 256 * 1024 * 1024,
             session: SessionConfig::default(),
             defaults: LimitsTable::default(),
             max: LimitsTable::default(),
@@ -238,6 +247,21 @@ impl Config {
             return Err(Error::Config(
                 "sweep_all_prefixed needs a non-empty container_prefix".into(),
             ));
+        }
+        if !self.gvisor_rootfs_cache.as_os_str().is_empty()
+            && !self.gvisor_rootfs_cache.is_absolute()
+        {
+            return Err(Error::Config(format!(
+                "gvisor_rootfs_cache {:?} must be an absolute path (or empty for <work_root>/gvisor/rootfs)",
+                self.gvisor_rootfs_cache
+            )));
+        }
+        if self.max_total_output_bytes < crate::limits::MIN_AREA_BYTES {
+            return Err(Error::Config(format!(
+                "max_total_output_bytes = {} is below {} (1 MiB): a sandbox needs room to write",
+                self.max_total_output_bytes,
+                crate::limits::MIN_AREA_BYTES
+            )));
         }
         for (name, path) in [
             ("work_root", &self.work_root),

@@ -38,9 +38,9 @@ pub enum Error {
     /// A request asked for network on a runner whose policy forbids it.
     #[error("network access is not allowed on this runner: drop `network`, or set network_allowed = true in the runner's config ([sandbox_runner] network_allowed, CAIRN_SANDBOX_RUNNER_NETWORK_ALLOWED)")]
     NetworkNotAllowed,
-    /// The local and gvisor backends run on the host's own file system: they have no images
-    /// to pick from.
-    #[error("this runner uses the {backend} backend, which runs sandboxes on the host's file system and cannot run image {image:?}: send the work to a runner with the docker backend, or leave the image unset")]
+    /// The local backend runs on the host's interpreters and the gvisor backend on the
+    /// runner's one image: neither picks images per request.
+    #[error("this runner uses the {backend} backend, which runs sandboxes on one file system only (the host's interpreters, or the runner's image) and cannot run image {image:?}: send the work to a runner with the docker backend, or leave the image unset")]
     ImageNeedsDocker {
         backend: &'static str,
         image: String,

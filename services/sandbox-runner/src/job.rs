@@ -332,6 +332,8 @@ pub struct Outcome {
     pub stdout: Capture,
     pub stderr: Capture,
     pub outputs: Outputs,
+    /// The writable area (/output) was full when the program ended.
+    pub writable_area_full: bool,
 }
 
 /// The reply for `job`, with result.json.
@@ -372,6 +374,7 @@ pub fn run_result(
         "oom_killed": outcome.oom_killed,
         "warm": outcome.warm,
         "limits_enforced": limits_enforced,
+        "writable_area_full": outcome.writable_area_full,
         "duration_ms": outcome.duration_ms,
         "started_at": rfc3339(outcome.started_at),
         "finished_at": rfc3339(finished),
@@ -423,6 +426,7 @@ pub fn run_result(
         rejected_outputs_truncated: outcome.outputs.listing_truncated,
         result_json: result_json.to_string(),
         limits_enforced,
+        writable_area_full: outcome.writable_area_full,
     }
 }
 

@@ -11,6 +11,9 @@ const MIB: u64 = 1024 * 1024;
 /// interpreter starts in less on the local backend either.
 pub const MIN_MEMORY_BYTES: u64 = 6 * MIB;
 
+/// The smallest `max_total_output_bytes` a runner accepts.
+pub const MIN_AREA_BYTES: u64 = MIB;
+
 /// Every limit of sandbox.proto `Limits`, resolved (no zeros).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Limits {

@@ -173,6 +173,21 @@ impl Outputs {
         self.finish()
     }
 
+    /// The writable area filled up, so any file may be cut short: nothing is published and
+    /// each collected file is listed `no_space`.
+    pub fn out_of_space(mut self) -> Outputs {
+        self.truncated = true;
+        for f in std::mem::take(&mut self.files) {
+            self.rejected.push(Rejected {
+                path: f.path,
+                reason: "no_space".to_owned(),
+            });
+        }
+        self.bytes = 0;
+        self.rejected.sort_by(|a, b| a.path.cmp(&b.path));
+        self
+    }
+
     /// All or nothing: when the set is withheld its files are listed `unpublished`. The
     /// listing is sorted by path (the same on every backend).
     fn finish(mut self) -> Outputs {

@@ -304,7 +304,12 @@ impl Runner {
     ) -> Result<Session> {
         let cancel = reservation.token();
         // Not cut short (it is quick): a directory made after the teardown would stay.
-        session::create_task_dir(&sandbox.task_dir, self.owner).await?;
+        session::create_task_dir(
+            &sandbox.task_dir,
+            self.owner,
+            self.config.max_total_output_bytes,
+        )
+        .await?;
         let ws = sandbox.task_dir.join("workspace");
         let git_commit = match git {
             Some(g) if !g.url.is_empty() => {
@@ -445,6 +450,7 @@ impl Runner {
             stdout: out.stdout.into_bytes().into(),
             stderr: out.stderr.into_bytes().into(),
             duration_ms: out.duration_ms,
+            writable_area_full: backend::area::is_full(&s.sandbox.task_dir),
         })
     }
 
@@ -481,9 +487,23 @@ impl Runner {
             .ok_or_else(|| Error::invalid("path is empty"))?;
         let append = req.mode == pb::WriteMode::Append as i32;
         let owner = self.owner;
+        let cap = self.config.max_total_output_bytes;
         let (written, size) =
             blocking(move || workspace::write(&s.workspace, &path, &req.content, append, owner))
-                .await?;
+                .await
+                .map_err(|e| match e {
+                    Error::Io { source, .. }
+                        if source.raw_os_error() == Some(libc::ENOSPC) =>
+                    {
+                        Error::ResourceExhausted {
+                            message: format!(
+                                "the session's writable area is full (max_total_output_bytes = {cap} for /workspace and /tmpfs together): remove files, or ask the operator to raise the cap"
+                            ),
+                            reason: "no_space",
+                        }
+                    }
+                    other => other,
+                })?;
         Ok(pb::WriteFileResponse {
             bytes_written: written,
             size_bytes: size,
@@ -561,7 +581,7 @@ impl Runner {
         })
     }
 
-    /// Packs the workspace into a file of the task directory (outside the workspace).
+    /// Packs the workspace into a file beside the task directory.
     pub async fn pack(&self, req: pb::PackRequest) -> Result<Packed> {
         self.open()?;
         let s = self.session(&req.session_id)?;
@@ -598,10 +618,13 @@ impl Runner {
             p.as_str().to_owned()
         };
         let excludes = pack::excludes(&req.exclude_patterns)?;
-        let path = s
-            .sandbox
-            .task_dir
-            .join(format!("pack-{}", uuid::Uuid::new_v4().simple()));
+        // Beside the task directory, not in it: the archive does not count against the
+        // session's writable area (its own cap is max_archive_bytes).
+        let path = s.sandbox.task_dir.with_file_name(format!(
+            "{}.pack-{}",
+            s.sandbox.session_id,
+            uuid::Uuid::new_v4().simple()
+        ));
         let file = std::fs::OpenOptions::new()
             .write(true)
             .read(true)

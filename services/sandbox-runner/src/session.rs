@@ -14,7 +14,7 @@ use tokio::io::AsyncReadExt;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::SessionSandbox;
+use crate::backend::{area, SessionSandbox};
 use crate::error::{Error, Result};
 use cairn_contain::Root;
 
@@ -273,11 +273,13 @@ impl Sessions {
     }
 }
 
-/// Creates `<task_dir>/workspace` and `<task_dir>/tmpfs`, owned by the sandbox user.
-pub async fn create_task_dir(task_dir: &Path, owner: Option<(u32, u32)>) -> Result<()> {
+/// Creates `<task_dir>/workspace` and `<task_dir>/tmpfs`, owned by the sandbox user, on one
+/// file system of `bytes` at `task_dir` when the runner is root (area.rs): both count against
+/// the session's cap.
+pub async fn create_task_dir(task_dir: &Path, owner: Option<(u32, u32)>, bytes: u64) -> Result<()> {
     let dir = task_dir.to_path_buf();
     tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-        use std::os::unix::fs::DirBuilderExt;
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
         if let Some(parent) = dir.parent() {
             std::fs::DirBuilder::new()
                 .recursive(true)
@@ -285,6 +287,10 @@ pub async fn create_task_dir(task_dir: &Path, owner: Option<(u32, u32)>) -> Resu
                 .create(parent)?;
         }
         std::fs::DirBuilder::new().mode(0o711).create(&dir)?;
+        if owner.is_some() {
+            area::mount(&dir, bytes, (0, 0), 0o711)?;
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))?;
+        }
         for sub in ["workspace", "tmpfs"] {
             let p = dir.join(sub);
             std::fs::DirBuilder::new().mode(0o755).create(&p)?;
@@ -297,7 +303,7 @@ pub async fn create_task_dir(task_dir: &Path, owner: Option<(u32, u32)>) -> Resu
     .await
     .map_err(|e| Error::Sandbox(format!("task directory creation panicked: {e}")))?
     .map_err(Error::io(format!(
-        "creating task directory {}",
+        "creating task directory {} (a tmpfs of max_total_output_bytes)",
         task_dir.display()
     )))
 }

@@ -28,7 +28,8 @@ use time::OffsetDateTime;
 use tokio::time::sleep_until;
 
 use super::docker_pool::{DockerSource, Warm};
-use super::{keep, ExecOutcome, ExecSpec, KillOnDrop, Live, SessionSandbox};
+use super::local::TaskDir;
+use super::{area, keep, ExecOutcome, ExecSpec, KillOnDrop, Live, SessionSandbox};
 use crate::capture::Capture;
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -192,6 +193,9 @@ impl DockerBackend {
             self.config.sandbox_gid.to_string(),
         ];
         cmd.extend(job.argv());
+        // /output is the task directory's writable area (a tmpfs of max_total_output_bytes
+        // the runner mounted), bound in; it is still read back through the engine.
+        let task = TaskDir::create(&self.config, &job.id).await?;
         let body = ContainerCreateBody {
             image: Some(job.image.clone()),
             cmd: Some(cmd),
@@ -211,10 +215,11 @@ impl DockerBackend {
             stdin_once: Some(true),
             tty: Some(false),
             network_disabled: Some(!job.network),
-            // Anonymous volumes: uploads and downloads work with a read-only root filesystem,
-            // and /output survives the container's exit until we have read it.
-            volumes: Some(vec!["/input".into(), "/output".into()]),
+            // An anonymous volume: uploads work with a read-only root filesystem. /output is
+            // bound, so it survives the container's exit until we have read it.
+            volumes: Some(vec!["/input".into()]),
             host_config: Some(HostConfig {
+                binds: Some(vec![format!("{}:/output:rw", task.output().display())]),
                 ulimits: Some(vec![ResourcesUlimits {
                     // No single file beyond the output limit: a 10 GB write stops there, one
                     // byte over it, so the collection knows the file was cut.
@@ -285,10 +290,16 @@ impl DockerBackend {
         let duration_ms = t0.elapsed().as_millis() as u64;
         // The flag is only worth a call when the kernel's SIGKILL is the likely cause.
         let oom_killed = !timed_out && exit_code == 137 && self.oom_killed(&name).await;
-        let outputs = self.collect(&name, &job.limits).await?;
+        let mut outputs = self.collect(&name, &job.limits).await?;
+        let writable_area_full = area::is_full(&task.output());
+        if writable_area_full {
+            outputs = outputs.out_of_space();
+        }
         // Everything is read: the reply need not wait for the engine to delete the container
-        // (slow for a big /output). Shutdown still finds it in the live set until it is gone.
+        // (slow for a big /output), nor for the task directory to go. Shutdown still finds it
+        // in the live set until it is gone.
         container.remove_in_background();
+        drop(task);
         Ok(Outcome {
             exit_code: if timed_out { -1 } else { exit_code },
             timed_out,
@@ -299,6 +310,7 @@ impl DockerBackend {
             stdout,
             stderr,
             outputs,
+            writable_area_full,
         })
     }
 

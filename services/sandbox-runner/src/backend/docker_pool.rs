@@ -103,11 +103,12 @@ impl Source for DockerSource {
                 d.max_input_bytes + (1 << 20)
             ),
         );
+        // The writable area: writes past max_total_output_bytes fail with ENOSPC.
         tmpfs.insert(
             "/output".into(),
             format!(
                 "rw,nosuid,nodev,size={},mode=755,uid={},gid={}",
-                d.max_output_bytes + (1 << 20),
+                self.config.max_total_output_bytes,
                 self.config.sandbox_uid,
                 self.config.sandbox_gid
             ),
@@ -318,6 +319,10 @@ impl Warm {
             .and_then(|v| v.as_i64())
             .unwrap_or(-1) as i32;
         let oom = result.get("oom").and_then(|v| v.as_bool()).unwrap_or(false);
+        let writable_area_full = result.get("full").and_then(|v| v.as_bool()) == Some(true);
+        if writable_area_full {
+            outputs = outputs.out_of_space();
+        }
         Ok(Outcome {
             exit_code: if timed_out { -1 } else { exit_code },
             timed_out,
@@ -328,6 +333,7 @@ impl Warm {
             stdout,
             stderr,
             outputs,
+            writable_area_full,
         })
     }
 }

@@ -1,9 +1,9 @@
 //! The gVisor backend: each run in its own gVisor sandbox (`runsc run` on an OCI bundle the
 //! runner writes), each session in one sandbox for its life (gvisor_session.rs), so the
-//! program talks to gVisor's user-space kernel, never to the host's. The root is the host's,
-//! read-only and served through gVisor's file proxy, with the private top-level directories
-//! (home, root, the work_root, ...) covered by empty file systems; /input read-only, /output
-//! (or /workspace and /tmpfs of a session) writable, /tmp a private tmpfs; the program runs as
+//! program talks to gVisor's user-space kernel, never to the host's. The root is the sandbox
+//! image's file system (gvisor_rootfs.rs), read-only and served through gVisor's file proxy:
+//! nothing of the host's own files; /input read-only, /output (or /workspace and /tmpfs of a
+//! session) writable areas of bounded size, /tmp a private tmpfs; the program runs as
 //! the sandbox uid with no capabilities and an environment of its own only. No network
 //! (`--network=none` and a new network namespace) unless the job has it (`--network=host`:
 //! sockets of the runner's network namespace, as on the local backend). rlimits as the other
@@ -33,7 +33,7 @@
 //! namespace; `--rootless` is not needed as root.
 
 use std::collections::{HashMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -47,7 +47,7 @@ use tokio::time::sleep_until;
 
 use super::gvisor_pool::{GvisorSource, Waiting};
 use super::gvisor_session::SessionBox;
-use super::local::{collect, find_program, rlimits, stage_inputs, TaskDir};
+use super::local::{collect, find_program, rlimits, stage_inputs, Collected, TaskDir};
 use super::local_pool::{send_go, Go, WAITER};
 use super::{die_with_runner, keep, remove_dir, Live, Watchdog};
 use crate::capture::Capture;
@@ -56,23 +56,6 @@ use crate::error::{Error, Result};
 use crate::job::{Job, Outcome};
 use crate::limits::Limits;
 use crate::pool::{Pool, Pooled, Served};
-
-/// Top-level host directories covered by an empty tmpfs unless bound (/proc, /dev, /sys and
-/// /tmp get gVisor's own).
-const HIDDEN: &[&str] = &[
-    "run",
-    "mnt",
-    "media",
-    "lost+found",
-    "root",
-    "home",
-    "boot",
-    "srv",
-    "input",
-    "output",
-    "workspace",
-    "tmpfs",
-];
 
 pub struct GvisorBackend {
     pub(super) base: Arc<Base>,
@@ -112,8 +95,8 @@ pub(super) struct Base {
     state: PathBuf,
     /// `<id>/config.json` of each sandbox.
     bundles: PathBuf,
-    /// Mount points covered by an empty tmpfs.
-    hidden: Vec<String>,
+    /// The sandbox image's root file system, shared read-only by every sandbox.
+    rootfs: PathBuf,
     /// Does runsc put sandboxes in cgroups with their memory and cpu limits here?
     cgroups: bool,
     pending: Arc<Pending>,
@@ -145,8 +128,9 @@ pub(super) struct Finished {
 }
 
 impl GvisorBackend {
-    /// Finds runsc and checks that it can run a sandbox here (with cgroups when it can).
-    pub fn new(config: Arc<Config>) -> Result<GvisorBackend> {
+    /// Finds runsc, makes (or finds) the image's root file system, and checks that runsc can
+    /// run a sandbox on it here (with cgroups when it can).
+    pub async fn new(config: Arc<Config>) -> Result<GvisorBackend> {
         let runsc = find_program(&config.runsc).ok_or_else(|| {
             Error::NoIsolation(format!(
                 "gVisor's runsc ({:?}) is not installed: apt-get install runsc, or set `runsc` to its path",
@@ -160,11 +144,16 @@ impl GvisorBackend {
             ));
         }
         let dir = config.work_root.join("gvisor");
+        let cache = match config.gvisor_rootfs_cache.as_os_str().is_empty() {
+            true => dir.join("rootfs"),
+            false => config.gvisor_rootfs_cache.clone(),
+        };
+        let rootfs = super::gvisor_rootfs::prepare(&cache, &config.image).await?;
         let mut base = Base {
             runsc,
             state: dir.join("state"),
             bundles: dir.join("bundles"),
-            hidden: hidden_dirs(&config.work_root),
+            rootfs,
             cgroups: true,
             pending: Arc::default(),
             config,
@@ -174,20 +163,14 @@ impl GvisorBackend {
         for d in [&base.state, &base.bundles] {
             std::fs::create_dir_all(d).map_err(Error::io(format!("creating {}", d.display())))?;
         }
-        base.probe()?;
-        let dirs = [
-            "/usr/local/sbin",
-            "/usr/local/bin",
-            "/usr/sbin",
-            "/usr/bin",
-            "/sbin",
-            "/bin",
-        ];
-        if !dirs.iter().any(|d| Path::new(d).join("python3").is_file()) {
-            return Err(Error::NoIsolation(
-                "the gvisor backend needs python3 on the host (the first process of each sandbox is a small Python program that relays the output): apt-get install python3".into(),
-            ));
+        let dirs = ["usr/local/bin", "usr/bin", "bin"];
+        if !dirs.iter().any(|d| base.rootfs.join(d).join("python3").symlink_metadata().is_ok()) {
+            return Err(Error::NoIsolation(format!(
+                "image {:?} has no python3, which the gvisor backend needs (the first process of each sandbox is a small Python program that relays the output): use an image with python3, such as the one deploy/images/ builds",
+                base.config.image
+            )));
         }
+        base.probe()?;
         let base = Arc::new(base);
         let pool = (base.config.pool_size > 0)
             .then(|| Arc::new(Pool::new(GvisorSource::new(base.clone()))));
@@ -577,13 +560,6 @@ impl Base {
             json!({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
                    "options": [format!("size={}", spec.limits.memory_bytes), "mode=1777"]}),
         ];
-        let bound = |dir: &str| spec.binds.iter().any(|(_, inside, _)| *inside == dir);
-        for dir in self.hidden.iter().filter(|d| !bound(d)) {
-            mounts.push(
-                json!({"destination": dir, "type": "tmpfs", "source": "tmpfs",
-                               "options": ["ro", "size=4096", "mode=755"]}),
-            );
-        }
         for (host, inside, writable) in &spec.binds {
             mounts.push(
                 json!({"destination": inside, "type": "bind", "source": host,
@@ -624,7 +600,7 @@ impl Base {
                                  "inheritable": no_caps, "permitted": no_caps},
                 "rlimits": rl,
             },
-            "root": {"path": "/", "readonly": true},
+            "root": {"path": self.rootfs, "readonly": true},
             "hostname": "sandbox",
             "mounts": mounts,
             "linux": linux,
@@ -983,24 +959,6 @@ fn output_within(
     })
 }
 
-/// The top-level host directories to cover, and the work_root when it would show.
-fn hidden_dirs(work_root: &Path) -> Vec<String> {
-    let mut out: Vec<String> = HIDDEN
-        .iter()
-        .filter(|d| Path::new("/").join(d).is_dir())
-        .map(|d| format!("/{d}"))
-        .collect();
-    let top = work_root
-        .components()
-        .nth(1)
-        .and_then(|c| c.as_os_str().to_str())
-        .unwrap_or("");
-    if !top.is_empty() && top != "tmp" && !HIDDEN.contains(&top) {
-        out.push(work_root.display().to_string());
-    }
-    out
-}
-
 /// What a relay's frames told: the exit status (None: it ended without sending one), how far
 /// the timeout's steps went (0: not timed out), the output.
 pub(super) struct Relayed {
@@ -1069,7 +1027,7 @@ impl Frames {
     }
 }
 
-fn outcome(done: Finished, outputs: crate::outputs::Outputs, warm: bool) -> Outcome {
+fn outcome(done: Finished, collected: Collected, warm: bool) -> Outcome {
     Outcome {
         exit_code: done.exit_code,
         timed_out: done.timed_out,
@@ -1079,7 +1037,8 @@ fn outcome(done: Finished, outputs: crate::outputs::Outputs, warm: bool) -> Outc
         duration_ms: done.duration_ms,
         stdout: done.stdout,
         stderr: done.stderr,
-        outputs,
+        outputs: collected.outputs,
+        writable_area_full: collected.full,
     }
 }
 

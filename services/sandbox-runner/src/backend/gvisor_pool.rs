@@ -118,7 +118,7 @@ impl Source for GvisorSource {
         sandbox.destroy().await;
         task.remove().await;
         Err(Error::Sandbox(format!(
-            "a waiting gVisor sandbox did not start (it needs python3 on the host root): {}",
+            "a waiting gVisor sandbox did not start (its image needs python3): {}",
             String::from_utf8_lossy(&why).trim()
         )))
     }

@@ -91,7 +91,7 @@ impl GvisorBackend {
             let _ = tokio::time::timeout(Duration::from_secs(2), err.read_to_end(&mut why)).await;
             sandbox.destroy().await;
             return Err(Error::Sandbox(format!(
-                "the session's gVisor sandbox did not start (it needs python3 on the host root): {}",
+                "the session's gVisor sandbox did not start (its image needs python3): {}",
                 String::from_utf8_lossy(&why).trim()
             )));
         }

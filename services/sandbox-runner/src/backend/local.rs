@@ -1,7 +1,8 @@
 //! The local backend: each run or session command in its own bubblewrap sandbox: new mount,
-//! pid, network (off), ipc, uts, user and cgroup namespaces; the host's root mirrored
-//! read-only (the runner's work_root hidden); a private /tmp; /input read-only and /output a
-//! fresh directory; rlimits through prlimit; the program as the sandbox uid, never root.
+//! pid, network (off), ipc, uts, user and cgroup namespaces; a root of the host's interpreters
+//! only (/usr, /bin, /lib*, a few /etc files: `SHOWN_DIRS`, `SHOWN_ETC`), read-only; a private
+//! /tmp; /input read-only and /output a fresh directory of bounded size (TaskDir); rlimits
+//! through prlimit; the program as the sandbox uid, never root.
 //! With `pool_size` > 0, jobs with the default memory and no network take a sandbox made
 //! ahead of time whose process waits for them (local_pool.rs); the rest run cold.
 //! Kill semantics: bwrap gets SIGKILL when the runner dies (its parent-death signal, armed
@@ -29,6 +30,7 @@ use tokio::io::AsyncReadExt;
 use tokio::process::{Child, Command};
 use tokio::time::sleep_until;
 
+use super::area;
 use super::cgroup::{self, Cgroup, Cgroups};
 use super::local_pool::{send_go, Go, LocalSource, Waiting};
 use super::{
@@ -46,24 +48,44 @@ use crate::pool::{Pool, Pooled, Served};
 /// Runs its arguments unless stdin (the runner's end held open) is already at end of file.
 const GATE: &str = "read -t 0 && exit 125; exec \"$@\" </dev/null";
 
-/// Top-level host directories never shown inside a sandbox.
-const HIDDEN: &[&str] = &[
-    "proc",
-    "dev",
-    "sys",
-    "tmp",
-    "run",
-    "mnt",
-    "media",
-    "lost+found",
-    "root",
-    "home",
-    "boot",
-    "srv",
-    "input",
-    "output",
-    "workspace",
-    "tmpfs",
+/// Host directories shown read-only (when present): the interpreters and their libraries.
+/// Never /var, /srv, /opt, /home, /root, /mnt, /media, /work or a data root.
+const SHOWN_DIRS: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
+];
+
+/// Files and directories of the host's /etc shown read-only (when present): users and groups,
+/// the dynamic linker's cache, certificates, alternatives, locale and shell start-up files,
+/// name resolution without DNS. Nothing else of /etc (no shadow, no keys, no service config).
+const SHOWN_ETC: &[&str] = &[
+    "passwd",
+    "group",
+    "nsswitch.conf",
+    "hosts",
+    "host.conf",
+    "services",
+    "protocols",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "ssl",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "alternatives",
+    "localtime",
+    "timezone",
+    "locale.alias",
+    "mime.types",
+    "profile",
+    "profile.d",
+    "bash.bashrc",
+    "inputrc",
+    "environment",
+    "shells",
+    "gitconfig",
+    "python3",
+    "debian_version",
+    "os-release",
 ];
 
 pub struct LocalBackend {
@@ -80,7 +102,7 @@ pub struct LocalBackend {
 pub(super) struct Base {
     pub(super) config: Arc<Config>,
     bwrap: PathBuf,
-    /// Arguments that mirror the host root read-only.
+    /// Arguments that build the read-only root from the host's shown set.
     root_args: Vec<OsString>,
     as_root: bool,
     /// Where sandbox cgroups are made; None when this host does not let the runner (runs then
@@ -151,7 +173,7 @@ impl LocalBackend {
             config,
             cgroups,
         };
-        base.root_args = base.mirror_root()?;
+        base.root_args = base.minimal_root();
         if as_root {
             base.check_reachable()?;
         }
@@ -206,56 +228,41 @@ impl LocalBackend {
 }
 
 impl Base {
-    /// `--ro-bind` each top-level directory of the host (symlinks recreated), except the
-    /// hidden ones; the work_root is covered by an empty tmpfs if it would show.
-    fn mirror_root(&self) -> Result<Vec<OsString>> {
+    /// The root of every sandbox: an empty tmpfs with the shown directories bound read-only
+    /// (top-level symlinks, /bin -> usr/bin, recreated), /etc holding only the shown files,
+    /// and the work_root covered by an empty tmpfs should it lie below a shown directory.
+    fn minimal_root(&self) -> Vec<OsString> {
         let mut args: Vec<OsString> = Vec::new();
-        let mut entries: Vec<_> = std::fs::read_dir("/")
-            .map_err(Error::io("listing /"))?
-            .filter_map(|e| e.ok())
-            .collect();
-        entries.sort_by_key(|e| e.file_name());
-        let mut shown = HashSet::new();
-        for entry in entries {
-            let name = entry.file_name();
-            let Some(name_str) = name.to_str() else {
-                continue;
-            };
-            if HIDDEN.contains(&name_str) || name_str.starts_with('.') {
-                continue;
-            }
-            let path = PathBuf::from("/").join(&name);
-            let Ok(meta) = std::fs::symlink_metadata(&path) else {
+        for dir in SHOWN_DIRS {
+            let path = Path::new(dir);
+            let Ok(meta) = std::fs::symlink_metadata(path) else {
                 continue;
             };
             if meta.file_type().is_symlink() {
-                if let Ok(target) = std::fs::read_link(&path) {
-                    args.extend([
-                        "--symlink".into(),
-                        target.into_os_string(),
-                        path.into_os_string(),
-                    ]);
-                    shown.insert(name_str.to_owned());
+                if let Ok(target) = std::fs::read_link(path) {
+                    args.extend(["--symlink".into(), target.into_os_string(), path.into()]);
                 }
             } else if meta.is_dir() {
+                args.extend(["--ro-bind".into(), path.into(), path.into()]);
+            }
+        }
+        args.extend(["--dir".into(), "/etc".into()]);
+        for name in SHOWN_ETC {
+            let path = Path::new("/etc").join(name);
+            // Bound by what it names (a link to /run or /usr resolves on the host).
+            if path.exists() {
                 args.extend([
                     "--ro-bind".into(),
                     path.clone().into_os_string(),
                     path.into_os_string(),
                 ]);
-                shown.insert(name_str.to_owned());
             }
         }
         let work_root = &self.config.work_root;
-        let top = work_root
-            .components()
-            .nth(1)
-            .and_then(|c| c.as_os_str().to_str())
-            .unwrap_or("");
-        if shown.contains(top) {
+        if SHOWN_DIRS.iter().any(|d| work_root.starts_with(d)) {
             args.extend(["--tmpfs".into(), work_root.clone().into_os_string()]);
         }
-        Ok(args)
+        args
     }
 
     /// bwrap runs as the sandbox user and must reach the task directories: work_root (ours) is
@@ -352,6 +359,10 @@ impl Base {
         cmd.args(&self.root_args);
         cmd.args(["--dev", "/dev", "--proc", "/proc"]);
         cmd.args(["--size", &frame.memory_bytes.to_string(), "--tmpfs", "/tmp"]);
+        if frame.network && Path::new("/etc/resolv.conf").exists() {
+            // Name servers only for a sandbox that has the network.
+            cmd.args(["--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf"]);
+        }
         for (host, inside, writable) in &frame.binds {
             cmd.args(["--dir", inside]);
             cmd.arg(if *writable { "--bind" } else { "--ro-bind" })
@@ -674,19 +685,38 @@ pub(super) fn rlimits(limits: &Limits, timeout: Duration) -> [(&'static str, u64
     ]
 }
 
-/// Collects `/output` through its host directory (a no-follow walk, limits from the job).
-pub(super) async fn collect(output: PathBuf, job: &Job) -> Result<outputs::Outputs> {
+/// Collects `/output` through its host directory (a no-follow walk, limits from the job);
+/// nothing is published when its area filled up (`writable_area_full`).
+pub(super) async fn collect(output: PathBuf, job: &Job) -> Result<Collected> {
     let limits = OutputLimits {
         max_files: job.limits.max_output_files,
         max_bytes: job.limits.max_output_bytes,
     };
-    tokio::task::spawn_blocking(move || outputs::from_dir(&output, limits))
-        .await
-        .map_err(|e| Error::Sandbox(format!("output collection panicked: {e}")))?
-        .map_err(Error::io("reading /output"))
+    tokio::task::spawn_blocking(move || {
+        let outputs = outputs::from_dir(&output, limits)?;
+        Ok(match area::is_full(&output) {
+            true => Collected {
+                outputs: outputs.out_of_space(),
+                full: true,
+            },
+            false => Collected {
+                outputs,
+                full: false,
+            },
+        })
+    })
+    .await
+    .map_err(|e| Error::Sandbox(format!("output collection panicked: {e}")))?
+    .map_err(Error::io("reading /output"))
 }
 
-fn outcome(done: Finished, outputs: outputs::Outputs, warm: bool) -> Outcome {
+/// What /output held, and whether its area was full.
+pub(super) struct Collected {
+    pub(super) outputs: outputs::Outputs,
+    pub(super) full: bool,
+}
+
+fn outcome(done: Finished, collected: Collected, warm: bool) -> Outcome {
     Outcome {
         exit_code: done.exit_code,
         timed_out: done.timed_out,
@@ -698,7 +728,8 @@ fn outcome(done: Finished, outputs: outputs::Outputs, warm: bool) -> Outcome {
         duration_ms: done.duration_ms,
         stdout: done.stdout,
         stderr: done.stderr,
-        outputs,
+        outputs: collected.outputs,
+        writable_area_full: collected.full,
     }
 }
 
@@ -884,11 +915,14 @@ pub struct TaskDir {
 
 impl TaskDir {
     /// `<work_root>/tasks/<id>/` with `input/` (ours, read-only for the sandbox) and `output/`
-    /// (owned by the sandbox user).
+    /// (owned by the sandbox user), a file system of `max_total_output_bytes` (area.rs).
     pub async fn create(config: &Config, id: &str) -> Result<TaskDir> {
         let (uid, gid) = (config.sandbox_uid, config.sandbox_gid);
+        let bytes = config.max_total_output_bytes;
         let path = config.work_root.join("tasks").join(id);
         let p = path.clone();
+        // From here on the directory is ours to remove, made whole or not.
+        let task = TaskDir { path };
         tokio::task::spawn_blocking(move || -> std::io::Result<()> {
             use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
             std::fs::DirBuilder::new()
@@ -902,8 +936,10 @@ impl TaskDir {
             std::fs::DirBuilder::new()
                 .mode(0o700)
                 .create(p.join("output"))?;
-            if rustix::process::geteuid().is_root() {
+            let as_root = rustix::process::geteuid().is_root();
+            if as_root {
                 std::os::unix::fs::chown(p.join("output"), Some(uid), Some(gid))?;
+                area::mount(&p.join("output"), bytes, (uid, gid), 0o700)?;
             }
             std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o711))?;
             Ok(())
@@ -911,10 +947,10 @@ impl TaskDir {
         .await
         .map_err(|e| Error::Sandbox(format!("task directory creation panicked: {e}")))?
         .map_err(Error::io(format!(
-            "creating task directory {}",
-            path.display()
+            "creating task directory {} (its /output a tmpfs of max_total_output_bytes)",
+            task.path.display()
         )))?;
-        Ok(TaskDir { path })
+        Ok(task)
     }
 
     /// A one-shot job's directory with its inputs staged in `input/`.

@@ -3,11 +3,13 @@
 //! one-shot jobs and session commands with the same kill semantics; `select` picks one and
 //! refuses to run without isolation.
 
+pub mod area;
 mod cgroup;
 pub mod docker;
 mod docker_pool;
 pub mod gvisor;
 mod gvisor_pool;
+mod gvisor_rootfs;
 mod gvisor_session;
 pub mod local;
 mod local_pool;
@@ -78,7 +80,9 @@ impl Backend {
                 docker::DockerBackend::connect(config).await?,
             )),
             BackendChoice::Local => Ok(Backend::Local(local::LocalBackend::new(config)?)),
-            BackendChoice::Gvisor => Ok(Backend::Gvisor(gvisor::GvisorBackend::new(config)?)),
+            BackendChoice::Gvisor => Ok(Backend::Gvisor(
+                gvisor::GvisorBackend::new(config).await?,
+            )),
             BackendChoice::Auto => {
                 let docker_error = match docker::DockerBackend::connect(config.clone()).await {
                     Ok(d) => {
@@ -342,10 +346,18 @@ pub(crate) async fn keep(
     }
 }
 
-/// Removes a task directory (never follows links inside it).
+/// Removes a task directory (never follows links inside it), its writable areas unmounted
+/// first; a file (a leftover archive) is removed too.
 pub(crate) async fn remove_dir(path: &Path) {
     let owned = path.to_path_buf();
-    let result = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&owned)).await;
+    let result = tokio::task::spawn_blocking(move || {
+        area::unmount_below(&owned);
+        match std::fs::symlink_metadata(&owned) {
+            Ok(m) if !m.is_dir() => std::fs::remove_file(&owned),
+            _ => std::fs::remove_dir_all(&owned),
+        }
+    })
+    .await;
     match result {
         Ok(Ok(())) => {}
         Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => {}

@@ -228,6 +228,8 @@ pub fn config(backend: BackendChoice, work_root: &std::path::Path) -> Config {
         backend,
         image: image(),
         work_root: work_root.to_path_buf(),
+        // One export of the image for every test runner (made once, safe to share).
+        gvisor_rootfs_cache: std::env::temp_dir().join("cairn-test-gvisor-rootfs"),
         kill_grace_ms: 500,
         ..Config::default()
     }

@@ -1,0 +1,144 @@
+//! Writable areas: the host directories a sandbox writes (a run's /output, a session's task
+//! directory holding /workspace and /tmpfs) as tmpfs file systems of `max_total_output_bytes`
+//! each, mounted by the runner, so a program that writes past the cap gets ENOSPC and the
+//! runner's disk never holds its writes. Mounting needs root; a runner without it keeps plain
+//! directories (unbounded) and says so once at start. Removing a task directory unmounts
+//! every area below it first (`unmount_below`).
+
+use std::path::{Path, PathBuf};
+
+/// Free space below which an area counts as full: a writer that met ENOSPC leaves less than
+/// a page or two.
+const FULL_BELOW: u64 = 64 * 1024;
+
+/// Makes `dir` (existing, empty) a tmpfs of `bytes` owned by `owner` with `mode`. Ok(false)
+/// when this process may not mount (not root): `dir` stays a plain directory.
+#[allow(unsafe_code)]
+pub fn mount(dir: &Path, bytes: u64, owner: (u32, u32), mode: u32) -> std::io::Result<bool> {
+    use std::os::unix::ffi::OsStrExt;
+    if !rustix::process::geteuid().is_root() {
+        return Ok(false);
+    }
+    let target = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::other("a task directory path holds a NUL byte"))?;
+    // Pages of the runner's tmpfs, never its disk; exec stays allowed (build tools run what
+    // they make), setuid files and devices do not.
+    let data = std::ffi::CString::new(format!(
+        "size={bytes},mode={mode:o},uid={},gid={}",
+        owner.0, owner.1
+    ))
+    .map_err(|_| std::io::Error::other("mount options hold a NUL byte"))?;
+    let fstype = c"tmpfs";
+    // SAFETY: every pointer is a valid NUL-terminated string that outlives the call.
+    let rc = unsafe {
+        libc::mount(
+            fstype.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            data.as_ptr().cast(),
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(true)
+}
+
+/// Is the file system of `dir` (an area) full? False when it cannot be asked.
+pub fn is_full(dir: &Path) -> bool {
+    match rustix::fs::statvfs(dir) {
+        Ok(st) => st.f_bavail.saturating_mul(st.f_frsize) < FULL_BELOW,
+        Err(_) => false,
+    }
+}
+
+/// Is `dir` a mount point (an area the runner mounted)?
+#[cfg(test)]
+fn is_mounted(dir: &Path) -> bool {
+    mounts().iter().any(|m| m == dir)
+}
+
+/// Unmounts (lazily: a container still holding one lets go later) every mount at or below
+/// `path`, deepest first, so the directory can be removed.
+#[allow(unsafe_code)]
+pub fn unmount_below(path: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let mut below: Vec<PathBuf> = mounts()
+        .into_iter()
+        .filter(|m| m.starts_with(path))
+        .collect();
+    below.sort_by_key(|m| std::cmp::Reverse(m.components().count()));
+    for m in below {
+        let Ok(target) = std::ffi::CString::new(m.as_os_str().as_bytes()) else {
+            continue;
+        };
+        // SAFETY: a valid NUL-terminated path that outlives the call.
+        let rc = unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+        if rc != 0 {
+            let e = std::io::Error::last_os_error();
+            tracing::warn!(path = %m.display(), error = %e, "could not unmount a sandbox's writable area");
+        }
+    }
+}
+
+/// Mount points of this process's mount namespace (/proc/self/mountinfo, octal escapes
+/// decoded).
+fn mounts() -> Vec<PathBuf> {
+    let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    text.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|p| PathBuf::from(unescape(p)))
+        .collect()
+}
+
+/// `\040` and the like back to their bytes.
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_escapes_are_decoded() {
+        assert_eq!(unescape("/a\\040b"), "/a b");
+        assert_eq!(unescape("/plain"), "/plain");
+        assert_eq!(unescape("/end\\04"), "/end\\04");
+    }
+
+    #[test]
+    fn an_area_is_bounded_and_goes_with_its_directory() {
+        if !rustix::process::geteuid().is_root() {
+            println!("SKIP: area mount: needs root");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let area = dir.path().join("output");
+        std::fs::create_dir(&area).unwrap();
+        assert!(mount(&area, 1 << 20, (0, 0), 0o700).unwrap());
+        assert!(is_mounted(&area) && !is_full(&area));
+        let e = std::fs::write(area.join("big"), vec![0u8; 2 << 20]).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOSPC));
+        assert!(is_full(&area));
+        unmount_below(dir.path());
+        assert!(!is_mounted(&area));
+        assert!(!area.join("big").exists());
+    }
+}
