@@ -232,11 +232,12 @@ async fn suggestions(
     visitor: &Visitor,
     project: &str,
 ) -> (Vec<String>, Vec<String>) {
-    let projects = super::runs::visible_projects(console, visitor)
+    let projects: Vec<String> = super::runs::visible_projects(console, visitor)
         .await
         .map(|ps| ps.into_iter().map(|p| p.project_id).collect())
         .unwrap_or_default();
-    let graphs = if project.is_empty() {
+    // File names are data of the project: listed only where the visitor may act.
+    let graphs = if project.is_empty() || !visitor.may_see(project) {
         Vec::new()
     } else {
         files::list(console, project, "", true, LISTED_FILES, "")

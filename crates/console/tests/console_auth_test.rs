@@ -484,6 +484,49 @@ async fn starting_re_running_resuming_and_canceling_follow_the_roles() {
     assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.body);
 }
 
+/// The start form suggests graph files of the projects the visitor may act on only: an
+/// operator scoped to one project who names another in `?project=` gets none of its names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_start_form_lists_no_graph_of_a_project_outside_the_visitors_scope() {
+    let o = auth_support::Secured::start(true).await;
+    let router = console_router(ConsoleConfig {
+        enabled: true,
+        orchestrator_addr: o.orch_addr.clone(),
+        store_addr: o.store_addr.clone(),
+        user_tokens: true,
+        ..ConsoleConfig::default()
+    })
+    .unwrap();
+    for project in [PROJECT, auth_support::OTHER] {
+        console_support::put(
+            &o.store_addr,
+            project,
+            &format!("graphs/plan-of-{project}.yaml"),
+            auth_support::GATED.as_bytes().to_vec(),
+        )
+        .await;
+    }
+    let mut pat = Client::new(router);
+    pat.login_token(&o.token("pat")).await;
+    let own = pat.get(&format!("/start?project={PROJECT}")).await;
+    assert_eq!(own.status, StatusCode::OK, "{}", own.body);
+    assert!(
+        own.body.contains(&format!("plan-of-{PROJECT}.yaml")),
+        "{}",
+        own.body
+    );
+    let other = pat
+        .get(&format!("/start?project={}", auth_support::OTHER))
+        .await;
+    assert!(
+        !other
+            .body
+            .contains(&format!("plan-of-{}.yaml", auth_support::OTHER)),
+        "{}",
+        other.body
+    );
+}
+
 /// A deep link from another site (chat, a ticket, a mail) opens the page when the visitor has
 /// a session: the cookie is SameSite=Lax, which browsers send with a top-level GET navigation
 /// from elsewhere, and nothing else about the request is held against it. A POST from

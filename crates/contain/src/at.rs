@@ -26,10 +26,11 @@ const RESOLVE: ResolveFlags = ResolveFlags::BENEATH
     .union(ResolveFlags::NO_SYMLINKS)
     .union(ResolveFlags::NO_MAGICLINKS);
 
-/// Mode of the directories [`ensure_dir`] creates.
-pub const DIR_MODE: u32 = 0o755;
+/// Mode of the directories [`ensure_dir`] creates: the owner and its group only (a runner
+/// that shares the store's group may read; other local users get nothing).
+pub const DIR_MODE: u32 = 0o750;
 /// Mode of files created beneath a root (callers pass it to [`open`] with O_CREAT).
-pub const FILE_MODE: u32 = 0o644;
+pub const FILE_MODE: u32 = 0o640;
 
 /// Opens `rel` ('/'-separated, validated, non-empty) beneath `dir` without following any
 /// symlink, including the last component.

@@ -21,5 +21,8 @@ mod safe_path;
 
 pub use policy::{validate_prefix, Policy, DEFAULT_DENYLIST};
 pub use reason::{Reason, Rejection, UnknownReason};
-pub use rules::{fold_key, is_format_char, validate, MAX_COMPONENT_BYTES, MAX_PATH_BYTES};
+pub use rules::{
+    fold_key, is_format_char, is_project_id, validate, MAX_COMPONENT_BYTES, MAX_PATH_BYTES,
+    PROJECT_ID_RULE,
+};
 pub use safe_path::SafePath;

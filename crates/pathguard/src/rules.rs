@@ -224,3 +224,19 @@ fn excerpt(text: &str) -> String {
         None => text.to_owned(),
     }
 }
+
+/// The one pattern of project ids, as users read it in errors and docs.
+pub const PROJECT_ID_RULE: &str = "1-128 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit, and not a Windows device name (CON, NUL, COM1, ... with any extension)";
+
+/// Whether `id` may name a project: `[A-Za-z0-9][A-Za-z0-9._-]{0,127}` and no Windows device
+/// name. A project id is a directory name on every platform the data may be copied to, and
+/// an argument in shells: no leading `.` (hidden, `.cairn`) or `-` (read as an option).
+pub fn is_project_id(id: &str) -> bool {
+    let bytes = id.as_bytes();
+    bytes.first().is_some_and(u8::is_ascii_alphanumeric)
+        && bytes.len() <= 128
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        && device_name(id).is_none()
+}

@@ -67,6 +67,10 @@ pub enum Error {
     #[error("{kind} id {id:?} is invalid: use 1-128 characters of A-Z a-z 0-9 . _ - (not \".\" or \"..\")")]
     InvalidId { kind: &'static str, id: String },
 
+    /// A project id outside the project id rule.
+    #[error("project id {0:?} is invalid: use {rule}", rule = pathguard::PROJECT_ID_RULE)]
+    InvalidProjectId(String),
+
     /// The request is malformed.
     #[error("{0}")]
     BadRequest(String),
@@ -193,7 +197,7 @@ impl Error {
             Error::ClaimRefused { reason, .. } => reason,
             Error::EventNotPermitted { .. } => "event_not_permitted",
             Error::PublicationUnproven { .. } => "publication_unproven",
-            Error::InvalidId { .. } => "invalid_id",
+            Error::InvalidId { .. } | Error::InvalidProjectId(_) => "invalid_id",
             // A project not made yet has a word of its own: clients tell it from a missing
             // file (the CLI names `cairn project create`; listings of a missing prefix are empty).
             Error::ProjectNotFound(_) => "no_project",
@@ -242,6 +246,9 @@ impl Error {
             Error::InvalidId { kind, id } => {
                 vec![("field", (*kind).to_owned()), ("id", id.clone())]
             }
+            Error::InvalidProjectId(id) => {
+                vec![("field", "project".to_owned()), ("id", id.clone())]
+            }
             _ => Vec::new(),
         }
     }
@@ -266,6 +273,7 @@ impl Error {
             Error::Exists { .. } => Code::AlreadyExists,
             Error::DigestMismatch { .. }
             | Error::InvalidId { .. }
+            | Error::InvalidProjectId(_)
             | Error::BadRequest(_)
             | Error::Stream(_) => Code::InvalidArgument,
             Error::TooLarge { .. } => Code::ResourceExhausted,

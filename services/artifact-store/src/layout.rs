@@ -49,7 +49,12 @@ impl Layout {
     /// Opens (creating when missing) `<data_root>/projects` and builds the path policies.
     pub fn open(config: &Config) -> Result<Layout> {
         let projects_path = config.data_root.join("projects");
-        std::fs::create_dir_all(&projects_path).map_err(|e| {
+        std::os::unix::fs::DirBuilderExt::mode(
+            std::fs::DirBuilder::new().recursive(true),
+            contain::DIR_MODE,
+        )
+        .create(&projects_path)
+        .map_err(|e| {
             Error::io(
                 format!("cannot create data root {}", projects_path.display()),
                 e,
@@ -120,8 +125,16 @@ impl Layout {
     }
 }
 
-/// Refuses ids outside [A-Za-z0-9._-]{1,128}, and `.`/`..`.
+/// Refuses ids outside [A-Za-z0-9._-]{1,128}, and `.`/`..`; project ids follow the stricter
+/// rule of [`pathguard::is_project_id`].
 pub fn check_id(kind: &'static str, id: &str) -> Result<()> {
+    if kind == "project" {
+        return if pathguard::is_project_id(id) {
+            Ok(())
+        } else {
+            Err(Error::InvalidProjectId(id.chars().take(160).collect()))
+        };
+    }
     let ok = !id.is_empty()
         && id.len() <= 128
         && id != "."

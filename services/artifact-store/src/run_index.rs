@@ -633,11 +633,24 @@ impl RunIndex {
     /// Writes the whole log anew (temp file, fsync, rename, fsync of the directory).
     fn compact(&self, project: &str, loaded: &mut Loaded) -> Result<()> {
         let dir = self.dir.join(project);
-        std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
+        std::os::unix::fs::DirBuilderExt::mode(
+            std::fs::DirBuilder::new().recursive(true),
+            contain::DIR_MODE,
+        )
+        .create(&dir)
+        .map_err(io(format!("creating {}", dir.display())))?;
         let temp = dir.join(format!("{TEMP_PREFIX}runs.log"));
         let path = dir.join("runs.log");
         let write = || -> std::io::Result<File> {
-            let mut out = std::io::BufWriter::with_capacity(1 << 20, File::create(&temp)?);
+            let file = std::os::unix::fs::OpenOptionsExt::mode(
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true),
+                contain::FILE_MODE,
+            )
+            .open(&temp)?;
+            let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
             out.write_all(HEADER.as_bytes())?;
             out.write_all(b"\n")?;
             let mut runs: Vec<&String> = loaded.places.keys().collect();

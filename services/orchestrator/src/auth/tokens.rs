@@ -106,14 +106,10 @@ pub fn check_name(name: &str) -> Result<(), TokensError> {
 }
 
 fn check_project(project: &str) -> Result<(), TokensError> {
-    if project.is_empty()
-        || project.len() > 255
-        || project
-            .chars()
-            .any(|c| c.is_whitespace() || c.is_control() || c == '/')
-    {
+    if !pathguard::is_project_id(project) {
         return Err(TokensError::Invalid(format!(
-            "project `{project}`: give a project id (no spaces, slashes or control characters)"
+            "project `{project}`: a project id is {}",
+            pathguard::PROJECT_ID_RULE
         )));
     }
     Ok(())
