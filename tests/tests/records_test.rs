@@ -225,6 +225,23 @@ nodes:
   - {id: publish, type: write_file, path: "docs/{{run_id}}/published.txt", content: "ok by {{nodes.review.by}}", needs: [review]}
 "#;
 
+async fn wait(c: &OrchestratorClient<Channel>, run: &str, want: TaskState) {
+    let req = GetRunRequest {
+        project_id: "p".into(),
+        run_id: run.into(),
+    };
+    let mut info = None;
+    for _ in 0..400 {
+        let got = c.clone().get_run(req.clone()).await.unwrap().into_inner();
+        if got.state == want as i32 {
+            return;
+        }
+        info = Some(got);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("run never reached {want:?}: {info:#?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_orchestrator_over_mtls_claims_every_record_it_writes() {
     let d = Deployment::start().await;
@@ -239,28 +256,7 @@ async fn an_orchestrator_over_mtls_claims_every_record_it_writes() {
         .unwrap()
         .into_inner()
         .run_id;
-    let get = |c: &mut OrchestratorClient<Channel>| {
-        let req = GetRunRequest {
-            project_id: "p".into(),
-            run_id: run.clone(),
-        };
-        let mut c = c.clone();
-        async move { c.get_run(req).await.unwrap().into_inner() }
-    };
-    let wait = |want: TaskState| {
-        let mut c = c.clone();
-        async move {
-            for _ in 0..400 {
-                let info = get(&mut c).await;
-                if info.state == want as i32 {
-                    return info;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            panic!("run never reached {want:?}: {:#?}", get(&mut c).await);
-        }
-    };
-    wait(TaskState::InputRequired).await;
+    wait(&c, &run, TaskState::InputRequired).await;
     c.add_note(AddNoteRequest {
         project_id: "p".into(),
         run_id: run.clone(),
@@ -278,7 +274,7 @@ async fn an_orchestrator_over_mtls_claims_every_record_it_writes() {
     })
     .await
     .unwrap();
-    wait(TaskState::Completed).await;
+    wait(&c, &run, TaskState::Completed).await;
     // A note to a run no driver holds any more is written under a claim taken for it.
     c.add_note(AddNoteRequest {
         project_id: "p".into(),

@@ -270,10 +270,10 @@ nodes:
 async fn deliveries_never_land_in_records() {
     let s = Stack::start(Options::default()).await;
     let victim = gated_run(&s).await;
-    let dir = format!(".cairn/runs/{victim}");
+    let dir = format!(".cairn/runs/{victim}/shared/decisions");
     let run = s
         .submit(
-            r#"nodes: [{id: w, type: write_file, path: "docs/x/task.yaml", content: forged}]"#,
+            r#"nodes: [{id: w, type: write_file, path: "docs/x/forged.md", content: forged}]"#,
             &[],
         )
         .await
@@ -282,12 +282,12 @@ async fn deliveries_never_land_in_records() {
     s.wait_state(&run, TaskState::Completed, 20).await;
     let error = failed_node(
         &s,
-        r#"nodes: [{id: d, type: deliver, files: [docs/x/task.yaml], target: {type: local_dir, path: "{{vars.dir}}"}}]"#,
+        r#"nodes: [{id: d, type: deliver, files: [docs/x/forged.md], target: {type: local_dir, path: "{{vars.dir}}"}}]"#,
         &[("dir", &dir)],
     )
     .await;
-    assert!(error.contains(".cairn/"), "deliver: {error}");
-    assert!(!s.read_text(&format!("{dir}/task.yaml")).await.contains("forged"));
+    assert!(error.contains("only the run's driver"), "deliver: {error}");
+    assert!(s.read(&format!("{dir}/forged.md")).await.is_none());
     s.stop().await;
 }
 
@@ -306,7 +306,7 @@ async fn sandbox_outputs_never_land_in_records() {
         }
     };
     let victim = gated_run(&s).await;
-    let dir = format!(".cairn/runs/{victim}");
+    let dir = format!(".cairn/runs/{victim}/shared");
     let error = failed_node(
         &s,
         r#"
@@ -314,7 +314,7 @@ nodes:
   - id: s
     type: sandbox_run
     language: python
-    code: "open('/output/task.yaml', 'w').write('forged')"
+    code: "open('/output/forged.md', 'w').write('forged')"
     output_prefix: "{{vars.dir}}"
     allowed_prefixes: ["{{vars.dir}}/"]
     overwrite: true
@@ -322,7 +322,7 @@ nodes:
         &[("dir", &dir)],
     )
     .await;
-    assert!(error.contains(".cairn/"), "sandbox_run: {error}");
-    assert!(!s.read_text(&format!("{dir}/task.yaml")).await.contains("forged"));
+    assert!(error.contains("only the run's driver"), "sandbox_run: {error}");
+    assert!(s.read(&format!("{dir}/forged.md")).await.is_none());
     s.stop().await;
 }
