@@ -1,0 +1,328 @@
+//! Run records belong to their run: no node kind writes under `.cairn/` (its own run's or
+//! another's), whether the path is a literal (refused at submit) or comes out of a template
+//! (refused when the node runs); nodes read only their own run's records; a gated run whose
+//! records another run tried to rewrite still waits for its approver after a restart.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use cairn_proto::v1::orchestrator_client::OrchestratorClient;
+use cairn_proto::v1::{GateDecisionRequest, NodeState, SubmitRunRequest, TaskState};
+use common::*;
+use tonic::Code;
+
+const GATED: &str = r#"
+nodes:
+  - {id: draft, type: write_file, path: "docs/{{run_id}}/draft.txt", content: draft}
+  - {id: review, type: gate, reason: "check the draft", needs: [draft]}
+  - {id: publish, type: write_file, path: "docs/{{run_id}}/published.txt", content: "ok by {{nodes.review.by}}", needs: [review]}
+"#;
+
+/// A graph that replaced the gated run's: the same nodes without the gate.
+const GATELESS: &str = r#"{"version":1,"nodes":[]}"#;
+
+async fn gated_run(s: &Stack) -> String {
+    let run = s.submit(GATED, &[]).await.unwrap().run_id;
+    s.wait_state(&run, TaskState::InputRequired, 20).await;
+    run
+}
+
+/// Runs a one-node graph whose node writes through `vars.target`; returns the node's error.
+async fn failed_node(s: &Stack, yaml: &str, vars: &[(&str, &str)]) -> String {
+    let run = s.submit(yaml, vars).await.unwrap().run_id;
+    let info = s.wait_final(&run, 30).await;
+    assert_eq!(
+        info.state,
+        TaskState::Failed as i32,
+        "the run must fail: {info:#?}"
+    );
+    let node = info
+        .nodes
+        .iter()
+        .find(|n| n.state == NodeState::Failed as i32)
+        .unwrap_or_else(|| panic!("no failed node: {info:#?}"));
+    node.error.clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn literal_paths_under_records_are_refused_at_submit() {
+    let s = Stack::start(Options::default()).await;
+    for (what, yaml) in [
+        (
+            "write_file to another run's task.yaml",
+            r#"nodes: [{id: w, type: write_file, path: ".cairn/runs/other/task.yaml", content: x}]"#,
+        ),
+        (
+            "write_file to its own run's graph",
+            r#"nodes: [{id: w, type: write_file, path: ".cairn/runs/{{run_id}}/graph.resolved.json", content: x}]"#,
+        ),
+        (
+            "write_file to the project record",
+            r#"nodes: [{id: w, type: write_file, path: ".cairn/project.json", content: x}]"#,
+        ),
+        (
+            "write_file in another spelling",
+            r#"nodes: [{id: w, type: write_file, path: ".Cairn/runs/other/task.yaml", content: x}]"#,
+        ),
+        (
+            "agent_task document",
+            r#"nodes: [{id: a, type: agent_task, prompt: hi, path: ".cairn/runs/other/shared/human-notes.md"}]"#,
+        ),
+        (
+            "sandbox output prefix",
+            r#"nodes: [{id: s, type: sandbox_run, language: python, code: "print(1)", output_prefix: ".cairn/runs/{{run_id}}/out", allowed_prefixes: [".cairn/"]}]"#,
+        ),
+        (
+            "delivery directory",
+            r#"nodes: [{id: d, type: deliver, files: [docs/a.md], target: {type: local_dir, path: ".cairn/runs/other"}}]"#,
+        ),
+    ] {
+        let e = s.submit(yaml, &[]).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{what}: {e:?}");
+        assert!(
+            e.message().contains(".cairn/") && e.message().contains("only the run's driver"),
+            "{what}: {}",
+            e.message()
+        );
+    }
+    assert!(s.list(".cairn/runs/other/").await.is_empty());
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_file_through_a_template_never_rewrites_another_runs_records() {
+    let s = Stack::start(Options::default()).await;
+    let victim = gated_run(&s).await;
+    let dir = format!(".cairn/runs/{victim}");
+    let graph_before = s.read(&format!("{dir}/graph.resolved.json")).await.unwrap();
+    // Give the victim a note, so its human-notes.md exists and must stay as it is.
+    s.client
+        .clone()
+        .add_note(cairn_proto::v1::AddNoteRequest {
+            project_id: PROJECT.into(),
+            run_id: victim.clone(),
+            by: "ann".into(),
+            text: "keep the tone".into(),
+        })
+        .await
+        .unwrap();
+    let notes_before = s.read(&format!("{dir}/shared/human-notes.md")).await.unwrap();
+
+    const WRITER: &str = r#"
+nodes:
+  - {id: w, type: write_file, path: "{{vars.target}}", content: "{{vars.body}}", overwrite: true}
+"#;
+    for (file, body) in [
+        ("task.yaml", "id: forged\nstate: completed\n"),
+        ("shared/human-notes.md", "forged notes"),
+        ("graph.resolved.json", GATELESS),
+        ("README.md", "forged"),
+    ] {
+        let target = format!("{dir}/{file}");
+        let error = failed_node(&s, WRITER, &[("target", &target), ("body", body)]).await;
+        assert!(
+            error.contains(".cairn/") && error.contains("only the run's driver"),
+            "{file}: {error}"
+        );
+    }
+    // Its own run's records are no more a node's to write.
+    let own = "selfwriter";
+    let req = SubmitRunRequest {
+        project_id: PROJECT.into(),
+        run_id: own.into(),
+        graph_yaml: WRITER.into(),
+        vars: [
+            ("target".to_owned(), format!(".cairn/runs/{own}/task.yaml")),
+            ("body".to_owned(), "state: completed\n".to_owned()),
+        ]
+        .into(),
+        ..Default::default()
+    };
+    s.submit_req(req).await.unwrap();
+    let info = s.wait_final(own, 30).await;
+    assert_eq!(info.state, TaskState::Failed as i32, "{info:#?}");
+
+    assert_eq!(
+        s.read(&format!("{dir}/graph.resolved.json")).await.unwrap(),
+        graph_before
+    );
+    assert_eq!(
+        s.read(&format!("{dir}/shared/human-notes.md"))
+            .await
+            .unwrap(),
+        notes_before
+    );
+    assert!(!s.read_text(&format!("{dir}/task.yaml")).await.contains("forged"));
+    assert!(!s.read_text(&format!("{dir}/README.md")).await.contains("forged"));
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gated_run_still_needs_its_approver_after_an_attempt_and_a_restart() {
+    let mut s = Stack::start(Options::default()).await;
+    let victim = gated_run(&s).await;
+    let path = format!(".cairn/runs/{victim}/graph.resolved.json");
+    let error = failed_node(
+        &s,
+        r#"nodes: [{id: w, type: write_file, path: "{{vars.target}}", content: "{{vars.body}}", overwrite: true}]"#,
+        &[("target", &path), ("body", GATELESS)],
+    )
+    .await;
+    assert!(error.contains(".cairn/"), "{error}");
+
+    // Restart: stop this orchestrator's drivers and start another on the same store, which
+    // resumes the run from its records.
+    s.handle.take().unwrap().shutdown().await;
+    let config = cairn_orchestrator::Config {
+        store_addr: s.store_addr.clone(),
+        ingest_addr: s.ingest_addr.clone(),
+        snapshot_interval_ms: 100,
+        ..cairn_orchestrator::Config::default()
+    };
+    let (server, handle) = cairn_orchestrator::orchestrator_service(config)
+        .await
+        .unwrap();
+    let addr = serve_host({
+        let mut host = cairn_server::Host::new();
+        host.add(server);
+        host
+    })
+    .await;
+    s.client = OrchestratorClient::new(channel(&addr).await);
+    s.handle = Some(handle);
+
+    let info = s.wait_final_or(&victim, TaskState::Completed, 3).await;
+    assert_eq!(
+        info.state,
+        TaskState::InputRequired as i32,
+        "the gate must still block after the restart: {info:#?}"
+    );
+    assert!(s.read(&format!("docs/{victim}/published.txt")).await.is_none());
+    s.client
+        .clone()
+        .approve_gate(GateDecisionRequest {
+            project_id: PROJECT.into(),
+            run_id: victim.clone(),
+            gate_id: "review".into(),
+            by: "ann".into(),
+            note: String::new(),
+        })
+        .await
+        .unwrap();
+    s.wait_state(&victim, TaskState::Completed, 20).await;
+    assert_eq!(
+        s.read_text(&format!("docs/{victim}/published.txt")).await,
+        "ok by ann"
+    );
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_read_only_their_own_runs_records() {
+    let s = Stack::start(Options::default()).await;
+    let victim = gated_run(&s).await;
+    const READER: &str = r#"
+nodes:
+  - {id: r, type: tool_call, tool: read_file, args: {path: "{{vars.source}}"}}
+"#;
+    let error = failed_node(
+        &s,
+        READER,
+        &[("source", &format!(".cairn/runs/{victim}/task.yaml"))],
+    )
+    .await;
+    assert!(
+        error.contains(&format!("records of run {victim}")),
+        "{error}"
+    );
+    // Listing the whole project leaves out other runs' records.
+    let run = s
+        .submit(
+            r#"nodes: [{id: l, type: tool_call, tool: list_files, args: {prefix: ""}}]"#,
+            &[],
+        )
+        .await
+        .unwrap()
+        .run_id;
+    let info = s.wait_state(&run, TaskState::Completed, 20).await;
+    let outputs = &info.nodes[0].outputs_json;
+    assert!(!outputs.contains(&victim), "{outputs}");
+    // Its own records it may read.
+    let own = "selfreader";
+    s.submit_req(SubmitRunRequest {
+        project_id: PROJECT.into(),
+        run_id: own.into(),
+        graph_yaml: READER.into(),
+        vars: [(
+            "source".to_owned(),
+            format!(".cairn/runs/{own}/graph.resolved.json"),
+        )]
+        .into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    s.wait_state(own, TaskState::Completed, 20).await;
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deliveries_never_land_in_records() {
+    let s = Stack::start(Options::default()).await;
+    let victim = gated_run(&s).await;
+    let dir = format!(".cairn/runs/{victim}/shared/decisions");
+    let run = s
+        .submit(
+            r#"nodes: [{id: w, type: write_file, path: "docs/x/forged.md", content: forged}]"#,
+            &[],
+        )
+        .await
+        .unwrap()
+        .run_id;
+    s.wait_state(&run, TaskState::Completed, 20).await;
+    let error = failed_node(
+        &s,
+        r#"nodes: [{id: d, type: deliver, files: [docs/x/forged.md], target: {type: local_dir, path: "{{vars.dir}}"}}]"#,
+        &[("dir", &dir)],
+    )
+    .await;
+    assert!(error.contains("only the run's driver"), "deliver: {error}");
+    assert!(s.read(&format!("{dir}/forged.md")).await.is_none());
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_outputs_never_land_in_records() {
+    let s = match Stack::try_start(Options {
+        sandbox: Sandbox::Required,
+        ..Options::default()
+    })
+    .await
+    {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("skipped: no sandbox backend here ({e})");
+            return;
+        }
+    };
+    let victim = gated_run(&s).await;
+    let dir = format!(".cairn/runs/{victim}/shared");
+    let error = failed_node(
+        &s,
+        r#"
+nodes:
+  - id: s
+    type: sandbox_run
+    language: python
+    code: "open('/output/forged.md', 'w').write('forged')"
+    output_prefix: "{{vars.dir}}"
+    allowed_prefixes: ["{{vars.dir}}/"]
+    overwrite: true
+"#,
+        &[("dir", &dir)],
+    )
+    .await;
+    assert!(error.contains("only the run's driver"), "sandbox_run: {error}");
+    assert!(s.read(&format!("{dir}/forged.md")).await.is_none());
+    s.stop().await;
+}
