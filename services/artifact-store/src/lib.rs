@@ -6,6 +6,8 @@
 //! (with health, reflection and graceful shutdown from `cairn-server`).
 
 mod access;
+#[cfg(test)]
+mod commit_order;
 pub mod config;
 mod deferred;
 mod digest;
@@ -131,7 +133,7 @@ mod tests {
         &["project"],
         &["events"],
         &["write"],
-        &["document"],
+        &["document", "commit_order"],
         &["store", "sweep"],
         &["service"],
         &["lib", "main"],
