@@ -2,7 +2,9 @@
 
 #![allow(clippy::unwrap_used)] // tests may unwrap
 
-use pathguard::{validate, validate_prefix, Policy, Reason, SafePath, DEFAULT_DENYLIST};
+use pathguard::{
+    validate, validate_prefix, Policy, Reason, SafePath, DEFAULT_DENYLIST, MAX_PATH_BYTES,
+};
 
 fn policy(prefixes: &[&str]) -> Policy {
     Policy::from_strings(DEFAULT_DENYLIST, prefixes).unwrap()
@@ -317,5 +319,89 @@ fn safe_path_helpers() {
     assert_eq!(
         "a/../b".parse::<SafePath>().unwrap_err().reason,
         Reason::Traversal
+    );
+}
+
+#[test]
+fn a_hashed_alias_must_start_with_the_denied_names_first_two_characters() {
+    let p = Policy::default();
+    refused(&p, "SS1A2B~1", Reason::Denied);
+    refused(&p, "gn0f3c~2/k", Reason::Denied);
+    // Six characters, hex after the first two, but the start of no denied name.
+    accepted(&p, "ZZ1A2B~1");
+    accepted(&p, "QQ0000~1/x");
+}
+
+#[test]
+fn aliases_drop_spaces_and_inner_dots_of_the_long_name() {
+    let p = Policy::new(vec!["my docs".into(), "a.b.conf".into()], Vec::new());
+    refused(&p, "MYDOCS~1", Reason::Denied);
+    refused(&p, "AB~1.CON", Reason::Denied);
+    accepted(&p, "AB~1");
+}
+
+#[test]
+fn a_denied_name_with_no_alias_letters_matches_no_tilde_component() {
+    // Nothing is left of "..." once dots are dropped: it has no 8.3 alias.
+    let p = Policy::new(vec!["...".into()], Vec::new());
+    accepted(&p, "~1");
+    accepted(&p, "x/~12");
+}
+
+#[test]
+fn configuration_errors_say_which_setting_is_wrong() {
+    let err = Policy::from_strings(["../x"], Vec::<String>::new()).unwrap_err();
+    assert!(
+        err.message.starts_with("denylist entry: "),
+        "{}",
+        err.message
+    );
+    let err = validate_prefix("docs//").unwrap_err();
+    assert!(
+        err.message.starts_with("allowed prefix: "),
+        "{}",
+        err.message
+    );
+}
+
+#[test]
+fn a_join_of_exactly_the_limit_is_allowed() {
+    let a = validate(&format!("{}/{}", "a".repeat(255), "b".repeat(255))).unwrap();
+    let rest = |last: usize| {
+        validate(&format!(
+            "{}/{}/{}",
+            "c".repeat(255),
+            "d".repeat(200),
+            "e".repeat(last)
+        ))
+        .unwrap()
+    };
+    // 511 + 1 + 512 = 1024 bytes: at the limit, allowed; one more byte is not.
+    let joined = a.checked_join(&rest(55)).unwrap();
+    assert_eq!(joined.as_str().len(), MAX_PATH_BYTES);
+    assert_eq!(
+        a.checked_join(&rest(56)).unwrap_err().reason,
+        Reason::PathTooLong
+    );
+}
+
+#[test]
+fn a_safe_path_converts_to_its_text() {
+    let p = validate("docs/a.md").unwrap();
+    let as_ref: &str = p.as_ref();
+    assert_eq!(as_ref, "docs/a.md");
+    assert_eq!(String::from(p), "docs/a.md");
+}
+
+#[test]
+fn messages_quote_the_offending_name_cut_to_40_characters() {
+    let err = validate("docs/CON.txt").unwrap_err();
+    assert!(err.message.contains("`CON.txt`"), "{}", err.message);
+    let long = "n".repeat(300);
+    let err = validate(&format!("d/{long}")).unwrap_err();
+    assert!(
+        err.message.contains(&format!("`{}…`", "n".repeat(40))),
+        "{}",
+        err.message
     );
 }

@@ -257,6 +257,117 @@ mod tests {
         assert!(!matches("cairn.v1.Ingest/*", "cairn.v1.IngestX/Parse"));
     }
 
+    /// Every RPC of cairn's protos as `cairn.v1.Service/Method`, read from the .proto files
+    /// (so an RPC added later is in the matrix below without anyone listing it).
+    fn every_rpc() -> Vec<(String, String)> {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../proto/cairn/v1");
+        let mut rpcs = Vec::new();
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+            let mut service = String::new();
+            for line in text.lines().map(str::trim) {
+                if let Some(rest) = line.strip_prefix("service ") {
+                    service = rest.trim_end_matches('{').trim().to_owned();
+                } else if let Some(rest) = line.strip_prefix("rpc ") {
+                    let method = rest.split('(').next().unwrap().trim().to_owned();
+                    rpcs.push((service.clone(), method));
+                }
+            }
+        }
+        rpcs
+    }
+
+    /// Calls that change something, by service; everything else is a read.
+    fn writes(service: &str, method: &str) -> bool {
+        match service {
+            "ArtifactStore" => [
+                "CreateProject",
+                "Put",
+                "Delete",
+                "AppendEvents",
+                "ClaimRun",
+                "UpdateJson",
+            ]
+            .contains(&method),
+            "Ingest" => ["Ingest", "SetEnabled"].contains(&method),
+            "SandboxRunner" => true,
+            "Orchestrator" => {
+                !["GetRun", "ListRuns", "WatchRun", "WatchLogs", "WhoAmI"].contains(&method)
+            }
+            other => panic!("service {other} has no cells here: add them"),
+        }
+    }
+
+    /// What each identity may call, written out on its own (not derived from the table).
+    fn expected(identity: &str, service: &str, method: &str) -> bool {
+        let write = writes(service, method);
+        match (identity, service) {
+            ("orchestrator" | "cli", _) => true,
+            ("ingest", "ArtifactStore") => {
+                !write || ["Put", "AppendEvents", "CreateProject"].contains(&method)
+            }
+            // The console reads the store and acts through the orchestrator only.
+            ("console", "ArtifactStore") => !write,
+            ("console", "Orchestrator") => true,
+            _ => false,
+        }
+    }
+
+    #[test]
+    fn every_identity_gets_exactly_its_cells_of_every_rpc() {
+        let a = Access::default();
+        let rpcs = every_rpc();
+        let services: std::collections::BTreeSet<_> =
+            rpcs.iter().map(|(s, _)| s.as_str()).collect();
+        assert_eq!(
+            services.into_iter().collect::<Vec<_>>(),
+            ["ArtifactStore", "Ingest", "Orchestrator", "SandboxRunner"]
+        );
+        let identities = [
+            "orchestrator",
+            "ingest",
+            "sandbox-runner",
+            "console",
+            "cli",
+            "artifact-store",
+            "stranger",
+        ];
+        let mut wrong = Vec::new();
+        for id in identities {
+            for (service, method) in &rpcs {
+                let path = format!("/cairn.v1.{service}/{method}");
+                let want = expected(id, service, method);
+                if a.allows(&caller(id), &path) != want {
+                    wrong.push(format!("{id} {path}: expected allowed={want}"));
+                }
+            }
+        }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+        let write_rpcs = rpcs.iter().filter(|(s, m)| writes(s, m)).count();
+        assert!(rpcs.len() >= 40 && write_rpcs >= 25, "{} rpcs", rpcs.len());
+        // The console's write cells, named: none on the store, none on the runner or ingest.
+        for m in [
+            "Put",
+            "Delete",
+            "AppendEvents",
+            "ClaimRun",
+            "UpdateJson",
+            "CreateProject",
+        ] {
+            let path = format!("/cairn.v1.ArtifactStore/{m}");
+            assert!(!a.allows(&caller("console"), &path), "{path}");
+        }
+        assert!(!a.allows(&caller("console"), "/cairn.v1.Ingest/SetEnabled"));
+        assert!(a.allows(&caller("console"), "/cairn.v1.Orchestrator/ApproveGate"));
+        // Every caller, even one the table does not know, may probe health.
+        for id in identities {
+            assert!(
+                a.allows(&caller(id), "/grpc.health.v1.Health/Watch"),
+                "{id}"
+            );
+        }
+    }
+
     #[test]
     fn overrides_replace_an_identity_entry() {
         let overrides = BTreeMap::from([(

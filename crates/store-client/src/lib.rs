@@ -424,12 +424,7 @@ impl Store {
         events: Vec<EventInput>,
         epoch: u64,
     ) -> Result<AppendEventsResponse, Status> {
-        let tokens: Vec<String> = self
-            .unproven_of(project, run_id)
-            .entries()
-            .iter()
-            .map(|u| u.token.clone())
-            .collect();
+        let tokens = self.unproven_of(project, run_id).tokens();
         let req = AppendEventsRequest {
             project_id: project.to_owned(),
             run_id: run_id.to_owned(),
@@ -449,9 +444,7 @@ impl Store {
         match sent {
             Ok(r) => {
                 // Committed: every file those tokens stand for is durable.
-                let spent: std::collections::HashSet<&String> = tokens.iter().collect();
-                self.unproven_of(project, run_id)
-                    .retain(|u| !spent.contains(&u.token));
+                self.unproven_of(project, run_id).spend(&tokens);
                 Ok(r)
             }
             Err(s) if is_publication_unproven(&s) => {
@@ -495,10 +488,7 @@ impl Store {
         futures::pin_mut!(rewritten);
         while let Some(r) = rewritten.next().await {
             let (old, new) = r?;
-            let mut unproven = self.unproven_of(project, run_id);
-            if let Some(u) = unproven.entries_mut().iter_mut().find(|u| u.token == old) {
-                u.token = new;
-            }
+            self.unproven_of(project, run_id).replace(&old, new);
         }
         Ok(())
     }
@@ -654,10 +644,26 @@ impl UnprovenGuard<'_> {
         self.map.get(&self.key).map_or(&[], Vec::as_slice)
     }
 
-    fn entries_mut(&mut self) -> &mut [Unproven] {
-        self.map
+    /// The tokens an AppendEvents of the run presents.
+    fn tokens(&self) -> Vec<String> {
+        self.entries().iter().map(|u| u.token.clone()).collect()
+    }
+
+    /// A batch that presented `tokens` was committed: those files are durable.
+    fn spend(&mut self, tokens: &[String]) {
+        let spent: std::collections::HashSet<&String> = tokens.iter().collect();
+        self.retain(|u| !spent.contains(&u.token));
+    }
+
+    /// A file was written again: its new token stands for it.
+    fn replace(&mut self, old: &str, new: String) {
+        let entries = self
+            .map
             .get_mut(&self.key)
-            .map_or(&mut [], Vec::as_mut_slice)
+            .map_or(&mut [][..], Vec::as_mut_slice);
+        if let Some(u) = entries.iter_mut().find(|u| u.token == old) {
+            u.token = new;
+        }
     }
 
     fn push(&mut self, u: Unproven) {
@@ -675,5 +681,69 @@ impl UnprovenGuard<'_> {
 
     fn clear(&mut self) {
         self.map.remove(&self.key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unproven(token: &str, path: &str) -> Unproven {
+        Unproven {
+            token: token.to_owned(),
+            path: path.to_owned(),
+            bytes: Bytes::from_static(b"x"),
+            opts: PutOptions::default(),
+        }
+    }
+
+    fn guard<'a>(map: &'a std::sync::Mutex<UnprovenPuts>, run: &str) -> UnprovenGuard<'a> {
+        UnprovenGuard {
+            map: map.lock().unwrap_or_else(|p| p.into_inner()),
+            key: ("p".to_owned(), run.to_owned()),
+        }
+    }
+
+    #[test]
+    fn tokens_presented_by_a_committed_batch_are_dropped_and_only_those() {
+        let map = std::sync::Mutex::new(UnprovenPuts::new());
+        guard(&map, "r1").push(unproven("t1", "a.md"));
+        guard(&map, "r1").push(unproven("t2", "b.md"));
+        guard(&map, "r2").push(unproven("t3", "c.md"));
+        let presented = guard(&map, "r1").tokens();
+        assert_eq!(presented, ["t1", "t2"]);
+        // A Put that replied while the batch was in flight is not proven by it.
+        guard(&map, "r1").push(unproven("t4", "d.md"));
+        guard(&map, "r1").spend(&presented);
+        assert_eq!(guard(&map, "r1").tokens(), ["t4"]);
+        assert_eq!(guard(&map, "r2").tokens(), ["t3"], "another run's stay");
+        guard(&map, "r1").spend(&["t4".to_owned()]);
+        assert!(guard(&map, "r1").tokens().is_empty());
+        let runs = map.lock().unwrap_or_else(|p| p.into_inner()).len();
+        assert_eq!(runs, 1, "a run with nothing unproven leaves no entry");
+    }
+
+    #[test]
+    fn a_rewritten_file_is_presented_with_its_new_token() {
+        let map = std::sync::Mutex::new(UnprovenPuts::new());
+        guard(&map, "r1").push(unproven("old-a", "a.md"));
+        guard(&map, "r1").push(unproven("old-b", "b.md"));
+        guard(&map, "r1").replace("old-a", "new-a".to_owned());
+        assert_eq!(guard(&map, "r1").tokens(), ["new-a", "old-b"]);
+        let paths: Vec<_> = guard(&map, "r1")
+            .entries()
+            .iter()
+            .map(|u| u.path.clone())
+            .collect();
+        assert_eq!(paths, ["a.md", "b.md"]);
+        // A token no longer kept (spent meanwhile) changes nothing.
+        guard(&map, "r1").replace("gone", "new-x".to_owned());
+        guard(&map, "r2").replace("old-b", "new-y".to_owned());
+        assert_eq!(guard(&map, "r1").tokens(), ["new-a", "old-b"]);
+        // The old token no longer proves anything; the new one does.
+        guard(&map, "r1").spend(&["old-a".to_owned()]);
+        assert_eq!(guard(&map, "r1").tokens(), ["new-a", "old-b"]);
+        guard(&map, "r1").spend(&["new-a".to_owned()]);
+        assert_eq!(guard(&map, "r1").tokens(), ["old-b"]);
     }
 }

@@ -91,10 +91,80 @@ impl PendingDirs {
 
 /// fsyncs each directory (blocking).
 pub fn sync(dirs: &[((u64, u64), Arc<OwnedFd>)]) -> Result<(), Errno> {
-    for (_, dir) in dirs {
+    for (_key, dir) in dirs {
+        #[cfg(test)]
+        probe::dir_fsync(*_key)?;
         rustix::fs::fsync(dir.as_fd())?;
     }
     Ok(())
+}
+
+/// Test-only record of the durability steps in the order they happen, and fsync failures on
+/// demand. Keyed by (device, inode), so tests running side by side see only their own files.
+#[cfg(test)]
+pub mod probe {
+    use std::collections::HashSet;
+    use std::os::fd::AsFd;
+    use std::sync::Mutex;
+
+    use rustix::io::Errno;
+
+    /// One step, by the (device, inode) it touched.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Step {
+        /// A directory's fsync was called.
+        DirFsync((u64, u64)),
+        /// A batch of events is about to be written to this event log.
+        EventsWritten((u64, u64)),
+    }
+
+    static STEPS: Mutex<Vec<Step>> = Mutex::new(Vec::new());
+    static FAILING: Mutex<Option<HashSet<(u64, u64)>>> = Mutex::new(None);
+
+    pub fn key_of(fd: impl AsFd) -> (u64, u64) {
+        let st = rustix::fs::fstat(fd).unwrap_or_else(|e| panic!("fstat: {e}"));
+        (st.st_dev, st.st_ino)
+    }
+
+    pub(super) fn dir_fsync(key: (u64, u64)) -> Result<(), Errno> {
+        let failing = FAILING.lock().unwrap_or_else(|p| p.into_inner());
+        if failing.as_ref().is_some_and(|f| f.contains(&key)) {
+            return Err(Errno::IO);
+        }
+        record(Step::DirFsync(key));
+        Ok(())
+    }
+
+    pub fn events_written(log: impl AsFd) {
+        record(Step::EventsWritten(key_of(log)));
+    }
+
+    fn record(step: Step) {
+        STEPS.lock().unwrap_or_else(|p| p.into_inner()).push(step);
+    }
+
+    /// The steps so far that touched one of `keys`, in order.
+    pub fn steps(keys: &[(u64, u64)]) -> Vec<Step> {
+        let steps = STEPS.lock().unwrap_or_else(|p| p.into_inner());
+        steps
+            .iter()
+            .filter(|s| match s {
+                Step::DirFsync(k) | Step::EventsWritten(k) => keys.contains(k),
+            })
+            .copied()
+            .collect()
+    }
+
+    /// Makes the fsync of this directory fail with EIO (or succeed again).
+    pub fn fail_fsync(key: (u64, u64), fail: bool) {
+        let mut failing = FAILING.lock().unwrap_or_else(|p| p.into_inner());
+        let set = failing.get_or_insert_with(HashSet::new);
+        if fail {
+            set.insert(key);
+        } else {
+            set.remove(&key);
+        }
+    }
 }
 
 impl Drop for PendingDirs {

@@ -230,6 +230,9 @@ impl StoredEvent {
 #[derive(Debug, Default)]
 pub struct RunLogs {
     logs: Mutex<HashMap<(String, String), Arc<RunLog>>>,
+    /// Tests set this to leave deferred directories to the events alone (no timer).
+    #[cfg(test)]
+    pub(crate) no_timer: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Debug)]
@@ -389,6 +392,8 @@ impl RunLogs {
         match log.pending.add(dir) {
             Added::Full => false,
             Added::Joined => true,
+            #[cfg(test)]
+            Added::First if self.no_timer.load(std::sync::atomic::Ordering::Relaxed) => true,
             Added::First => {
                 let (project, run) = (project.to_owned(), run.to_owned());
                 runtime.spawn(async move {
@@ -950,6 +955,8 @@ async fn commit(log: &RunLog, state: &mut LogState, run: &str, batches: Vec<Batc
             );
             return (Err(e), dirs);
         }
+        #[cfg(test)]
+        deferred::probe::events_written(&*file);
         let result = (&*file)
             .write_all(text.as_bytes())
             .and_then(|()| file.sync_data());

@@ -7,6 +7,8 @@
 
 mod access;
 mod claim;
+#[cfg(test)]
+mod commit_order;
 pub mod config;
 mod deferred;
 mod digest;
@@ -133,7 +135,7 @@ mod tests {
         &["project"],
         &["events"],
         &["write"],
-        &["document"],
+        &["document", "commit_order"],
         &["store", "sweep"],
         &["service"],
         &["lib", "main"],

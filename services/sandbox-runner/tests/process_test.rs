@@ -833,6 +833,80 @@ async fn runner_secrets_stay_out_of_local_sandboxes() {
     remove_runner_cgroups("secrets-runner").await;
 }
 
+/// Checked a second way: what a local sandbox reads of every environment it can see holds
+/// none of the runner's secret values, and the reading itself is proven to work (each environ
+/// read succeeds, pid 1's included, and a variable the job sets is seen through it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_local_sandbox_reads_every_environ_it_sees_and_finds_no_runner_secret() {
+    if let Err(reason) = bwrap_ready() {
+        println!("SKIP: environ_reads [local]: {reason}");
+        return;
+    }
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let secrets = [
+        ("OPENAI_API_KEY", format!("sk-openai-{id}")),
+        ("ANTHROPIC_API_KEY", format!("sk-ant-{id}")),
+        ("CAIRN_CONSOLE_TOKEN", format!("console-{id}")),
+        ("CAIRN_ENV_PROBE_SECRET", format!("probe-{id}")),
+    ];
+    let env: Vec<(&str, &str)> = secrets.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let work_root = tempfile::Builder::new()
+        .prefix("cairn-sbx-environ")
+        .tempdir()
+        .unwrap();
+    let runner_id = format!("environ-{}", &id[..8]);
+    let (proc, client) = spawn_runner_env(
+        BackendChoice::Local,
+        work_root.path(),
+        &runner_id,
+        &[],
+        &env,
+    )
+    .await;
+    let read = r#"n=0
+for f in /proc/[0-9]*/environ; do
+  if tr '\0' '\n' < "$f" > /tmp/environ 2>/dev/null; then
+    n=$((n+1)); echo "READ $f"; cat /tmp/environ
+  else
+    echo "UNREADABLE $f"
+  fi
+done
+echo "READ-COUNT $n""#;
+    let mut req = bash(read);
+    let visible = format!("visible-{id}");
+    req.env.insert("CAIRN_JOB_VISIBLE".into(), visible.clone());
+    let r = client.clone().run(req).await.unwrap().into_inner();
+    let out = text(&r.stdout);
+    assert_eq!(r.exit_code, 0, "{out}{}", text(&r.stderr));
+    assert!(
+        out.contains("READ /proc/1/environ\n"),
+        "pid 1's environ unread:\n{out}"
+    );
+    assert!(
+        !out.contains("UNREADABLE"),
+        "an environ could not be read:\n{out}"
+    );
+    let count: usize = out
+        .lines()
+        .find_map(|l| l.strip_prefix("READ-COUNT "))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(count >= 2, "{out}");
+    // The reads see environments: the job's own variable is there.
+    assert!(
+        out.contains(&format!("CAIRN_JOB_VISIBLE={visible}")),
+        "the reads saw no environment at all:\n{out}"
+    );
+    for (name, value) in &secrets {
+        assert!(
+            !out.contains(value.as_str()),
+            "{name} reached the sandbox:\n{out}"
+        );
+    }
+    drop(proc);
+    remove_runner_cgroups(&runner_id).await;
+}
+
 /// A gvisor session (its sandbox, a command still running and one left in the background)
 /// whose runner is killed with -9: its processes are gone within 10 s, and the restarted
 /// runner leaves no sandbox in runsc's state, no bundle and no task directory.

@@ -1,0 +1,132 @@
+//! Tests that watch the order of the durability steps of a commit after deferred Puts (a
+//! process kill cannot show a missing fsync: the page cache survives it).
+#![allow(clippy::unwrap_used)]
+
+use std::os::fd::AsFd;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::config::Config;
+use crate::deferred::probe::{self, Step};
+use crate::events::{NewEvent, RunLogs};
+use crate::state::State;
+use crate::write::{put, Durability, PutSpec};
+
+struct Fixture {
+    state: Arc<State>,
+    runs: Arc<RunLogs>,
+    root: tempfile::TempDir,
+}
+
+fn fixture() -> Fixture {
+    let root = tempfile::tempdir().unwrap();
+    let state = State::open(Config {
+        data_root: root.path().to_path_buf(),
+        ..Config::default()
+    })
+    .unwrap();
+    let runs = Arc::<RunLogs>::default();
+    // Only the run's events may sync the deferred directories here.
+    runs.no_timer.store(true, Ordering::Relaxed);
+    Fixture {
+        state: Arc::new(state),
+        runs,
+        root,
+    }
+}
+
+impl Fixture {
+    async fn put_deferred(&self, path: &str) {
+        let spec = PutSpec {
+            project_id: "p".into(),
+            path: path.into(),
+            run_id: "r1".into(),
+            create_project: true,
+            durability: Durability::WithRunEvents,
+            ..PutSpec::default()
+        };
+        let body = futures::stream::iter([Ok(Bytes::from_static(b"bytes"))]);
+        put(&self.state, &self.runs, spec, body).await.unwrap();
+        self.state.slots.settled("p", path).await;
+    }
+
+    async fn append(&self, run: &str) -> crate::Result<(u64, u64)> {
+        let x = NewEvent::store("x", serde_json::json!({}));
+        self.runs.append(&self.state, "p", run, vec![x]).await
+    }
+
+    fn key(&self, rel: &str) -> (u64, u64) {
+        let file = std::fs::File::open(self.root.path().join("projects/p").join(rel)).unwrap();
+        probe::key_of(file.as_fd())
+    }
+
+    fn log_text(&self, run: &str) -> String {
+        let path = self
+            .root
+            .path()
+            .join(format!("projects/p/.cairn/runs/{run}/events.jsonl"));
+        std::fs::read_to_string(path).unwrap_or_default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deferred_directories_are_fsynced_before_the_event_line_is_written() {
+    let f = fixture();
+    f.put_deferred("docs/a.md").await;
+    f.put_deferred("docs/b.md").await;
+    f.put_deferred("out/c.md").await;
+    let (docs, out) = (f.key("docs"), f.key("out"));
+    assert_eq!(f.runs.pending_dirs("p", "r1"), 2);
+    f.append("r1").await.unwrap();
+    let log = f.key(".cairn/runs/r1/events.jsonl");
+    let steps = probe::steps(&[docs, out, log]);
+    assert_eq!(steps.len(), 3, "{steps:?}");
+    let (syncs, last) = steps.split_at(2);
+    assert_eq!(last, [Step::EventsWritten(log)], "{steps:?}");
+    let mut synced: Vec<_> = syncs.to_vec();
+    let mut want = vec![Step::DirFsync(docs), Step::DirFsync(out)];
+    synced.sort_by_key(|s| format!("{s:?}"));
+    want.sort_by_key(|s| format!("{s:?}"));
+    assert_eq!(synced, want, "each directory once, before the events");
+    // The next batch has nothing left to sync.
+    f.append("r1").await.unwrap();
+    let steps = probe::steps(&[docs, out, log]);
+    assert_eq!(steps[3..], [Step::EventsWritten(log)], "{steps:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_directory_fsync_refuses_the_batch_and_the_next_one_retries_it() {
+    let f = fixture();
+    f.put_deferred("docs/a.md").await;
+    f.put_deferred("out/c.md").await;
+    let (docs, out) = (f.key("docs"), f.key("out"));
+    probe::fail_fsync(out, true);
+    let err = f.append("r1").await.unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("fsync of a directory written before these events"),
+        "{err}"
+    );
+    // Nothing written; both directories still pending.
+    assert_eq!(f.log_text("r1"), "");
+    assert_eq!(f.runs.pending_dirs("p", "r1"), 2);
+    probe::fail_fsync(out, false);
+    let (first, last) = f.append("r1").await.unwrap();
+    assert_eq!((first, last), (1, 1), "the refused batch took no seq");
+    assert_eq!(f.log_text("r1").lines().count(), 1);
+    assert_eq!(f.runs.pending_dirs("p", "r1"), 0);
+    let log = f.key(".cairn/runs/r1/events.jsonl");
+    let steps = probe::steps(&[docs, out, log]);
+    let written = steps
+        .iter()
+        .position(|s| *s == Step::EventsWritten(log))
+        .unwrap();
+    assert_eq!(written, steps.len() - 1, "{steps:?}");
+    assert!(steps[..written].contains(&Step::DirFsync(out)), "{steps:?}");
+    assert!(
+        steps[..written].contains(&Step::DirFsync(docs)),
+        "{steps:?}"
+    );
+}
