@@ -58,7 +58,7 @@ pub const INGEST_INCOMPLETE: &str = "ingest.incomplete";
 pub const DELIVERY_COMPLETED: &str = "deliver.completed";
 
 /// Warning: folding the run's log left out a stored event whose identity may not emit its
-/// type (`seq`, `type`, `identity`); recorded once per such event.
+/// type (`ignored_seq`, `ignored_type`, `ignored_identity`); recorded once per such event.
 pub const RECORDS_EVENT_IGNORED: &str = "records.event_ignored";
 
 /// Events that end a run (WatchRun stops after one unless asked to follow).

@@ -231,9 +231,9 @@ impl Ignored {
     pub fn event(&self) -> Ev {
         Ev::run(ev::RECORDS_EVENT_IGNORED)
             .level(pb::Level::Warning)
-            .with("seq", self.seq)
-            .with("type", self.kind.as_str())
-            .with("identity", self.identity.as_str())
+            .with("ignored_seq", self.seq)
+            .with("ignored_type", self.kind.as_str())
+            .with("ignored_identity", self.identity.as_str())
             .with("rule", cairn_server::events::rule(&self.identity))
     }
 }
@@ -641,7 +641,7 @@ impl RunState {
                 continue;
             }
             if e.r#type == ev::RECORDS_EVENT_IGNORED {
-                reported.extend(data.get("seq").and_then(Value::as_u64));
+                reported.extend(data.get("ignored_seq").and_then(Value::as_u64));
             }
             let view = EventView {
                 seq: e.seq,

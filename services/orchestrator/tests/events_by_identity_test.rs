@@ -143,9 +143,9 @@ async fn ignored(store_addr: &str, run: &str) -> Vec<(u64, String, String)> {
         .map(|e| {
             let d: Value = serde_json::from_str(&e.data_json).unwrap();
             (
-                d["seq"].as_u64().unwrap(),
-                d["type"].as_str().unwrap().to_owned(),
-                d["identity"].as_str().unwrap().to_owned(),
+                d["ignored_seq"].as_u64().unwrap(),
+                d["ignored_type"].as_str().unwrap().to_owned(),
+                d["ignored_identity"].as_str().unwrap().to_owned(),
             )
         })
         .collect()
@@ -153,6 +153,10 @@ async fn ignored(store_addr: &str, run: &str) -> Vec<(u64, String, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forged_gate_approval_in_the_log_is_ignored_and_reported_after_a_restart() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let s = store(&data).await;
@@ -214,7 +218,12 @@ async fn a_forged_gate_approval_in_the_log_is_ignored_and_reported_after_a_resta
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(ignored(&s.addr, &run).await, expected);
+    let all: Vec<String> = events(&s.addr, &run)
+        .await
+        .iter()
+        .map(|e| format!("{} {} {}", e.seq, e.r#type, e.data_json))
+        .collect();
+    assert_eq!(ignored(&s.addr, &run).await, expected, "{all:#?}");
     tokio::time::sleep(Duration::from_millis(500)).await;
     let now = info(&mut client, &run).await.unwrap();
     assert_eq!(now.state, TaskState::InputRequired as i32, "{now:#?}");
