@@ -6,6 +6,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+#[path = "support/graph_files.rs"]
+mod graph_files;
 
 use std::collections::VecDeque;
 use std::io::Read;
@@ -24,6 +26,7 @@ use base64::Engine as _;
 use cairn_orchestrator::Config;
 use cairn_proto::v1::{RunActionRequest, RunInfo, SubmitRunRequest, TaskState};
 use common::*;
+use graph_files::graph_files;
 #[path = "../../sandbox-runner/tests/common/index.rs"]
 mod index;
 use index::toolchain_image as toolchain;

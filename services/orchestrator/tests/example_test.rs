@@ -3,9 +3,12 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
+#[path = "support/graph_files.rs"]
+mod graph_files;
 
 use cairn_proto::v1::{GateDecisionRequest, SubmitRunRequest, TaskState};
 use common::*;
+use graph_files::graph_files;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hello_example_runs_to_its_report() {

@@ -3,10 +3,13 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
+#[path = "support/graph_files.rs"]
+mod graph_files;
 
 use cairn_phases::counters::Counters;
 use cairn_proto::v1::{RunInfo, SubmitRunRequest, TaskState};
 use common::*;
+use graph_files::graph_files;
 use serde_json::Value;
 
 fn example(name: &str) -> std::path::PathBuf {

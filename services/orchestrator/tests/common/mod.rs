@@ -498,15 +498,6 @@ pub fn cassette(dir: &std::path::Path, name: &str, yaml: &str) -> String {
     inline_cassette(yaml.as_bytes())
 }
 
-/// What `cairn run` sends with the graph in `dir/graph.yaml`: the files it names, read from
-/// `dir` (the orchestrator never reads its host's files).
-pub async fn graph_files(dir: &std::path::Path) -> Vec<cairn_proto::v1::InputFile> {
-    let yaml = std::fs::read_to_string(dir.join("graph.yaml")).unwrap();
-    let graph =
-        cairn_graph::Graph::from_yaml(&yaml, "run", &std::collections::BTreeMap::new()).unwrap();
-    cairn_phases::inputs::collect(dir, &graph).await.unwrap()
-}
-
 /// `replay-inline:<base64 of bytes>`.
 pub fn inline_cassette(bytes: &[u8]) -> String {
     use base64::Engine as _;
