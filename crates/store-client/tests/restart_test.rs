@@ -186,7 +186,7 @@ async fn a_file_lost_in_a_store_restart_is_written_again_before_its_events_commi
     {
         let seen = seen.lock().unwrap();
         assert_eq!(seen.len(), 1);
-        assert_eq!(seen[0].publication_tokens, [put.publication_token.clone()]);
+        assert_eq!(seen[0].publication_tokens, [put.publication_token.as_str()]);
     }
     // Refused, nothing committed; the client wrote the file again.
     let none = client.read_events("p", "r1", 1).await.unwrap_err();
@@ -268,16 +268,20 @@ async fn without_a_restart_the_tokens_are_presented_once_and_commit() {
         .append_events("p", "r1", vec![event("y")])
         .await
         .unwrap();
-    let seen = seen.lock().unwrap();
     let carried: Vec<_> = seen
+        .lock()
+        .unwrap()
         .iter()
-        .map(|r| (r.run_id.as_str(), r.publication_tokens.clone()))
+        .map(|r| (r.run_id.clone(), r.publication_tokens.clone()))
         .collect();
     assert_eq!(
         carried,
-        [("r2", vec![]), ("r1", tokens), ("r1", vec![])],
+        [
+            ("r2".to_owned(), vec![]),
+            ("r1".to_owned(), tokens),
+            ("r1".to_owned(), vec![])
+        ],
         "each deferred Put's token goes once, with its own run's next events"
     );
-    drop(seen);
     store.stop().await;
 }
