@@ -8,8 +8,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use bollard::query_parameters::{CreateContainerOptionsBuilder, RemoveContainerOptionsBuilder};
 use bollard::models::ContainerCreateBody;
+use bollard::query_parameters::{CreateContainerOptionsBuilder, RemoveContainerOptionsBuilder};
 use futures::StreamExt;
 use tokio::io::AsyncWriteExt;
 
@@ -62,7 +62,9 @@ pub async fn prepare(cache: &Path, image: &str) -> Result<PathBuf> {
             Ok(()) => Ok(()),
             // Another maker was first: use theirs.
             Err(_) if root.join("rootfs").is_dir() => Ok(()),
-            Err(e) => Err(Error::io(format!("moving {} into place", root.display()))(e)),
+            Err(e) => Err(Error::io(format!("moving {} into place", root.display()))(
+                e,
+            )),
         },
         Err(e) => Err(e),
     };
@@ -88,7 +90,9 @@ async fn export(client: &bollard::Docker, image: &str, dir: &Path) -> Result<()>
     client
         .create_container(Some(opts), body)
         .await
-        .map_err(Error::docker(format!("creating a container of {image} to export")))?;
+        .map_err(Error::docker(format!(
+            "creating a container of {image} to export"
+        )))?;
     let tar = dir.join("rootfs.tar");
     let written = async {
         let mut file = tokio::fs::File::create(&tar)
@@ -120,7 +124,10 @@ async fn export(client: &bollard::Docker, image: &str, dir: &Path) -> Result<()>
     })
     .await
     .map_err(|e| Error::Sandbox(format!("unpacking the image panicked: {e}")))?
-    .map_err(Error::io(format!("unpacking {image} into {}", dir.display())))
+    .map_err(Error::io(format!(
+        "unpacking {image} into {}",
+        dir.display()
+    )))
 }
 
 /// `dir` and its parents, `dir` itself readable by root only.
