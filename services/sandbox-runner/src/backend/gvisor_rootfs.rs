@@ -154,3 +154,40 @@ fn sweep(cache: &Path) {
         }
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// Two first uses at once end with one root file system and nothing half made.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_first_uses_share_one_root() {
+        let image = crate::config::SANDBOX_IMAGE;
+        let ready = async {
+            let c = bollard::Docker::connect_with_local_defaults().ok()?;
+            c.inspect_image(image).await.ok()
+        };
+        if !rustix::process::geteuid().is_root() || ready.await.is_none() {
+            assert!(
+                std::env::var("CAIRN_REQUIRE_DOCKER").as_deref() != Ok("1"),
+                "CAIRN_REQUIRE_DOCKER=1 but docker with {image} (as root) is not usable"
+            );
+            println!("SKIP: rootfs export: needs root and a Docker engine with {image}");
+            return;
+        }
+        let cache = tempfile::tempdir().unwrap();
+        let (a, b) = tokio::join!(prepare(cache.path(), image), prepare(cache.path(), image));
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert_eq!(a, b);
+        assert!(a.join("usr/bin").is_dir() && a.join("etc/passwd").is_file());
+        let names: Vec<String> = std::fs::read_dir(cache.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+        assert!(!names[0].starts_with(MAKING));
+        // A third use finds it without exporting again.
+        assert_eq!(prepare(cache.path(), image).await.unwrap(), a);
+    }
+}
