@@ -499,6 +499,27 @@ mod tests {
     }
 
     #[test]
+    fn writable_area_and_rootfs_cache_keys() {
+        let c = Config::default();
+        assert_eq!(c.max_total_output_bytes, 256 << 20);
+        let c = parse(
+            "max_total_output_bytes = 8388608\ngvisor_rootfs_cache = \"/var/cache/cairn-rootfs\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.max_total_output_bytes, 8 << 20);
+        c.check().unwrap();
+        for (key, value) in [
+            ("max_total_output_bytes", "4096"),
+            ("gvisor_rootfs_cache", "relative/dir"),
+        ] {
+            let mut c = Config::default();
+            c.set(key, value).unwrap();
+            let e = c.check().unwrap_err().to_string();
+            assert!(e.contains(key), "{key}={value}: {e}");
+        }
+    }
+
+    #[test]
     fn default_above_max_is_refused() {
         let mut c = Config::default();
         c.set("defaults.pids", "100").unwrap();

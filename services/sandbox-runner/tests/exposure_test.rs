@@ -178,12 +178,26 @@ async fn outputs_past_the_total_cap_get_enospc_and_the_next_run_works() {
             let out = r.run(python(&code)).await;
             let stdout = text(&out.stdout);
             let (bytes, err) = written(&stdout);
-            assert_eq!(err, "ENOSPC", "{case:?} {what}: {stdout} {}", text(&out.stderr));
-            assert!(bytes <= CAP, "{case:?} {what}: {bytes} bytes written past the cap");
-            assert!(out.writable_area_full, "{case:?} {what}: the result says so");
+            assert_eq!(
+                err,
+                "ENOSPC",
+                "{case:?} {what}: {stdout} {}",
+                text(&out.stderr)
+            );
+            assert!(
+                bytes <= CAP,
+                "{case:?} {what}: {bytes} bytes written past the cap"
+            );
+            assert!(
+                out.writable_area_full,
+                "{case:?} {what}: the result says so"
+            );
             let rj: serde_json::Value = serde_json::from_str(&out.result_json).unwrap();
             assert_eq!(rj["writable_area_full"], true, "{case:?} {what}");
-            assert!(out.output_files.is_empty(), "{case:?} {what}: nothing is published");
+            assert!(
+                out.output_files.is_empty(),
+                "{case:?} {what}: nothing is published"
+            );
             assert!(out.outputs_truncated, "{case:?} {what}");
             assert!(
                 out.rejected_outputs.iter().any(|o| o.reason == "no_space"),
@@ -201,7 +215,12 @@ async fn outputs_past_the_total_cap_get_enospc_and_the_next_run_works() {
             .await;
         assert_eq!(out.exit_code, 0, "{case:?}: {}", text(&out.stderr));
         assert!(!out.writable_area_full);
-        assert_eq!(out.output_files.len(), 1, "{case:?}: {:?}", out.rejected_outputs);
+        assert_eq!(
+            out.output_files.len(),
+            1,
+            "{case:?}: {:?}",
+            out.rejected_outputs
+        );
         assert_eq!(&out.output_files[0].content[..], b"fine");
         r.stop().await;
     }
@@ -238,7 +257,12 @@ async fn a_session_past_its_total_cap_gets_enospc_and_works_on() {
             refused.message()
         );
         // Freed space is usable again within the same session.
-        let e = exec(&r, &s, "rm -f /workspace/f* && echo ok > /workspace/ok && cat /workspace/ok").await;
+        let e = exec(
+            &r,
+            &s,
+            "rm -f /workspace/f* && echo ok > /workspace/ok && cat /workspace/ok",
+        )
+        .await;
         assert_eq!(text(&e.stdout), "ok\n", "{case:?}: {}", text(&e.stderr));
         assert!(!e.writable_area_full, "{case:?}");
         close_session(&r, &s).await;

@@ -164,7 +164,13 @@ impl GvisorBackend {
             std::fs::create_dir_all(d).map_err(Error::io(format!("creating {}", d.display())))?;
         }
         let dirs = ["usr/local/bin", "usr/bin", "bin"];
-        if !dirs.iter().any(|d| base.rootfs.join(d).join("python3").symlink_metadata().is_ok()) {
+        if !dirs.iter().any(|d| {
+            base.rootfs
+                .join(d)
+                .join("python3")
+                .symlink_metadata()
+                .is_ok()
+        }) {
             return Err(Error::NoIsolation(format!(
                 "image {:?} has no python3, which the gvisor backend needs (the first process of each sandbox is a small Python program that relays the output): use an image with python3, such as the one deploy/images/ builds",
                 base.config.image

@@ -8,8 +8,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use bollard::query_parameters::{CreateContainerOptionsBuilder, RemoveContainerOptionsBuilder};
 use bollard::models::ContainerCreateBody;
+use bollard::query_parameters::{CreateContainerOptionsBuilder, RemoveContainerOptionsBuilder};
 use futures::StreamExt;
 use tokio::io::AsyncWriteExt;
 
@@ -62,7 +62,9 @@ pub async fn prepare(cache: &Path, image: &str) -> Result<PathBuf> {
             Ok(()) => Ok(()),
             // Another maker was first: use theirs.
             Err(_) if root.join("rootfs").is_dir() => Ok(()),
-            Err(e) => Err(Error::io(format!("moving {} into place", root.display()))(e)),
+            Err(e) => Err(Error::io(format!("moving {} into place", root.display()))(
+                e,
+            )),
         },
         Err(e) => Err(e),
     };
@@ -88,7 +90,9 @@ async fn export(client: &bollard::Docker, image: &str, dir: &Path) -> Result<()>
     client
         .create_container(Some(opts), body)
         .await
-        .map_err(Error::docker(format!("creating a container of {image} to export")))?;
+        .map_err(Error::docker(format!(
+            "creating a container of {image} to export"
+        )))?;
     let tar = dir.join("rootfs.tar");
     let written = async {
         let mut file = tokio::fs::File::create(&tar)
@@ -120,7 +124,10 @@ async fn export(client: &bollard::Docker, image: &str, dir: &Path) -> Result<()>
     })
     .await
     .map_err(|e| Error::Sandbox(format!("unpacking the image panicked: {e}")))?
-    .map_err(Error::io(format!("unpacking {image} into {}", dir.display())))
+    .map_err(Error::io(format!(
+        "unpacking {image} into {}",
+        dir.display()
+    )))
 }
 
 /// `dir` and its parents, `dir` itself readable by root only.
@@ -145,5 +152,42 @@ fn sweep(cache: &Path) {
         if pid.is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists()) {
             let _ = std::fs::remove_dir_all(e.path());
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// Two first uses at once end with one root file system and nothing half made.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_first_uses_share_one_root() {
+        let image = crate::config::SANDBOX_IMAGE;
+        let ready = async {
+            let c = bollard::Docker::connect_with_local_defaults().ok()?;
+            c.inspect_image(image).await.ok()
+        };
+        if !rustix::process::geteuid().is_root() || ready.await.is_none() {
+            assert!(
+                std::env::var("CAIRN_REQUIRE_DOCKER").as_deref() != Ok("1"),
+                "CAIRN_REQUIRE_DOCKER=1 but docker with {image} (as root) is not usable"
+            );
+            println!("SKIP: rootfs export: needs root and a Docker engine with {image}");
+            return;
+        }
+        let cache = tempfile::tempdir().unwrap();
+        let (a, b) = tokio::join!(prepare(cache.path(), image), prepare(cache.path(), image));
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert_eq!(a, b);
+        assert!(a.join("usr/bin").is_dir() && a.join("etc/passwd").is_file());
+        let names: Vec<String> = std::fs::read_dir(cache.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+        assert!(!names[0].starts_with(MAKING));
+        // A third use finds it without exporting again.
+        assert_eq!(prepare(cache.path(), image).await.unwrap(), a);
     }
 }

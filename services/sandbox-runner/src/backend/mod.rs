@@ -80,9 +80,7 @@ impl Backend {
                 docker::DockerBackend::connect(config).await?,
             )),
             BackendChoice::Local => Ok(Backend::Local(local::LocalBackend::new(config)?)),
-            BackendChoice::Gvisor => Ok(Backend::Gvisor(
-                gvisor::GvisorBackend::new(config).await?,
-            )),
+            BackendChoice::Gvisor => Ok(Backend::Gvisor(gvisor::GvisorBackend::new(config).await?)),
             BackendChoice::Auto => {
                 let docker_error = match docker::DockerBackend::connect(config.clone()).await {
                     Ok(d) => {
