@@ -78,16 +78,48 @@ pub struct Global {
         value_name = "NAME"
     )]
     pub tls_server_name: Option<String>,
-    /// Your token (`cairn tokens add`) or your identity provider's ID token (a JWT), sent to
-    /// the orchestrator as `authorization: Bearer`; needed when it has a tokens file or JWTs.
+    /// A file holding your token (`cairn tokens add`) or your identity provider's ID token (a
+    /// JWT), sent to every service as `authorization: Bearer`; needed when the orchestrator
+    /// has a tokens file or JWTs. CAIRN_TOKEN may hold the token itself instead.
     #[arg(
         long,
         global = true,
-        env = "CAIRN_TOKEN",
-        hide_env_values = true,
-        value_name = "TOKEN"
+        env = "CAIRN_TOKEN_FILE",
+        value_name = "FILE",
+        conflicts_with = "token"
     )]
+    pub token_file: Option<PathBuf>,
+    /// The token itself. On the command line other local users can read it in the process
+    /// list (a warning is printed): prefer --token-file or CAIRN_TOKEN.
+    #[arg(long, global = true, value_name = "TOKEN")]
     pub token: Option<String>,
+}
+
+impl Global {
+    /// The bearer token: --token-file, else --token (with a warning: argv is public), else
+    /// CAIRN_TOKEN.
+    pub fn bearer_token(&self) -> anyhow::Result<Option<String>> {
+        if let Some(path) = &self.token_file {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                anyhow::anyhow!("cannot read the token file {}: {e}", path.display())
+            })?;
+            let token = text.trim();
+            if token.is_empty() {
+                anyhow::bail!(
+                    "the token file {} is empty: write your token into it",
+                    path.display()
+                );
+            }
+            return Ok(Some(token.to_owned()));
+        }
+        if let Some(token) = &self.token {
+            eprintln!("warning: --token puts the token on the command line, where other local users can read it (the process list); use --token-file FILE or CAIRN_TOKEN");
+            return Ok(Some(token.clone()));
+        }
+        Ok(std::env::var("CAIRN_TOKEN")
+            .ok()
+            .filter(|t| !t.trim().is_empty()))
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -471,8 +503,9 @@ pub struct UpArgs {
     /// Do not start the web console.
     #[arg(long)]
     pub no_console: bool,
-    /// The tokens file (`cairn tokens add`): every orchestrator call then needs a token
-    /// (--token / CAIRN_TOKEN), and people log in to the console with their own token.
+    /// The tokens file (`cairn tokens add`): every call on the port then needs a token
+    /// (--token-file / CAIRN_TOKEN; the store, ingest and the sandbox-runner take admin tokens
+    /// only), and people log in to the console with their own token.
     #[arg(
         long,
         env = "CAIRN_TOKENS_FILE",

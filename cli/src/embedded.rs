@@ -26,11 +26,12 @@ pub struct Services {
     sandbox: Option<TracedChannel>,
     addr: String,
     embedded: Option<Embedded>,
-    /// --token / CAIRN_TOKEN, sent with every orchestrator call.
+    /// --token-file / --token / CAIRN_TOKEN, sent with every call (a host that requires
+    /// tokens takes admin tokens on the store, ingest and the runner).
     bearer: Bearer,
 }
 
-/// A channel whose calls carry the user's token (orchestrator calls).
+/// A channel whose calls carry the user's token.
 pub type Authed = InterceptedService<TracedChannel, Bearer>;
 
 struct Embedded {
@@ -64,6 +65,8 @@ pub struct Hosted {
     host: cairn_server::Host,
     runner: Option<cairn_sandbox_runner::RunnerHandle>,
     orchestrator: Option<cairn_orchestrator::Handle>,
+    /// Plaintext callers need a token (the orchestrator has tokens or JWTs).
+    pub tokens_required: bool,
 }
 
 impl Hosted {
@@ -98,7 +101,7 @@ impl Hosted {
 impl Services {
     /// Connects to --addr, or starts the services in this process.
     pub async fn open(global: &Global, needs: Needs) -> anyhow::Result<Services> {
-        let bearer = Bearer::new(global.token.as_deref()).map_err(anyhow::Error::msg)?;
+        let bearer = Bearer::new(global.bearer_token()?.as_deref()).map_err(anyhow::Error::msg)?;
         let remote = [
             &global.addr,
             &global.store_addr,
@@ -135,9 +138,11 @@ impl Services {
         }
         let listener = cairn_server::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?.to_string();
-        // In-process services talk plaintext over loopback (nothing else can reach them).
+        // This command's calls, like the services' calls to each other, stay in the process.
+        let in_process = cairn_server::inproc::Listener::new();
+        let internal = in_process.addr().to_owned();
         let settings = Settings::load(global)?;
-        let hosted = host_all(&settings, &addr, needs, true).await?;
+        let hosted = host_all(&settings, &addr, needs, Some(in_process)).await?;
         let (stop, stopped) = oneshot::channel();
         let task = tokio::spawn(async move {
             hosted
@@ -146,7 +151,7 @@ impl Services {
                 })
                 .await
         });
-        let channel = cairn_server::connect(&addr)?;
+        let channel = cairn_server::connect(&internal)?;
         Ok(Services {
             channel: Some(cairn_telemetry::traced(channel)),
             store: None,
@@ -169,37 +174,42 @@ impl Services {
             .ok_or_else(|| anyhow::anyhow!("no address for this service: give --addr or {flag}"))
     }
 
-    pub fn store(&self) -> anyhow::Result<ArtifactStoreClient<TracedChannel>> {
+    pub fn store(&self) -> anyhow::Result<ArtifactStoreClient<Authed>> {
         Ok(
-            ArtifactStoreClient::new(self.channel_for(&self.store, "--store-addr")?)
+            ArtifactStoreClient::new(self.authed(&self.store, "--store-addr")?)
                 .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES),
         )
     }
 
-    pub fn ingest(&self) -> anyhow::Result<IngestClient<TracedChannel>> {
+    pub fn ingest(&self) -> anyhow::Result<IngestClient<Authed>> {
         Ok(
-            IngestClient::new(self.channel_for(&self.ingest, "--ingest-addr")?)
+            IngestClient::new(self.authed(&self.ingest, "--ingest-addr")?)
                 .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES),
         )
     }
 
-    pub fn sandbox(&self) -> anyhow::Result<SandboxRunnerClient<TracedChannel>> {
+    pub fn sandbox(&self) -> anyhow::Result<SandboxRunnerClient<Authed>> {
         Ok(
-            SandboxRunnerClient::new(self.channel_for(&self.sandbox, "--sandbox-addr")?)
+            SandboxRunnerClient::new(self.authed(&self.sandbox, "--sandbox-addr")?)
                 .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES),
         )
+    }
+
+    /// [`Services::channel_for`] carrying the user's token.
+    fn authed(&self, own: &Option<TracedChannel>, flag: &str) -> anyhow::Result<Authed> {
+        Ok(InterceptedService::new(
+            self.channel_for(own, flag)?,
+            self.bearer.clone(),
+        ))
     }
 
     pub fn orchestrator(&self) -> anyhow::Result<OrchestratorClient<Authed>> {
-        let channel = self.channel_for(&None, "--addr")?;
-        Ok(
-            OrchestratorClient::new(InterceptedService::new(channel, self.bearer.clone()))
-                .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES),
-        )
+        Ok(OrchestratorClient::new(self.authed(&None, "--addr")?)
+            .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES))
     }
 
     #[allow(dead_code)]
@@ -220,16 +230,18 @@ impl Services {
 /// The identity CLI commands dial with (`<tls.dir>/cli.pem`).
 pub const IDENTITY: &str = "cli";
 
-/// cairn's services on one host, configured by `settings` (the one configuration), talking to
-/// each other through `self_addr`. With TLS the host serves the orchestrator's certificate and
-/// each service dials with its own; `plaintext` forces plaintext (in-process services on a
-/// loopback port nothing else can reach).
+/// cairn's services on one host, configured by `settings` (the one configuration). With
+/// `in_process` the host serves plaintext (TLS settings are ignored) and the services call each
+/// other through it, in memory; without, the host serves the orchestrator's TLS settings and
+/// each service dials `self_addr` with its own certificate. When the orchestrator has tokens
+/// or JWTs, every caller on the port needs a token or a certificate (see `trust_mode`).
 pub async fn host_all(
     settings: &Settings,
     self_addr: &str,
     needs: Needs,
-    plaintext: bool,
+    in_process: Option<cairn_server::inproc::Listener>,
 ) -> anyhow::Result<Hosted> {
+    let plaintext = in_process.is_some();
     let tls = |t: &cairn_server::TlsConfig| {
         if plaintext {
             cairn_server::TlsConfig::default()
@@ -246,6 +258,14 @@ pub async fn host_all(
         &Default::default(),
     )
     .context("reading the TLS files (--tls-dir / CAIRN_TLS_DIR / [tls])")?;
+    let self_addr = match &in_process {
+        Some(l) => l.addr().to_owned(),
+        None => self_addr.to_owned(),
+    };
+    let self_addr = self_addr.as_str();
+    if let Some(l) = in_process {
+        host.in_process(l);
+    }
     let store_config = settings.artifact_store.config.clone();
     let data_root = store_config.data_root.clone();
     let store = cairn_artifact_store::artifact_store_service(store_config)
@@ -281,6 +301,7 @@ pub async fn host_all(
         }
     }
     let mut orchestrator = None;
+    let mut tokens_required = false;
     if needs.orchestrator {
         // The one configuration applies; the addresses are ours.
         let mut config = cairn_orchestrator::Config {
@@ -317,12 +338,17 @@ pub async fn host_all(
             .await
             .context("starting the orchestrator")?;
         host.add(service);
+        if let Some(check) = handle.token_check() {
+            host.require_tokens(check);
+            tokens_required = true;
+        }
         orchestrator = Some(handle);
     }
     Ok(Hosted {
         host,
         runner,
         orchestrator,
+        tokens_required,
     })
 }
 

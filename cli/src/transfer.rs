@@ -1,12 +1,12 @@
 //! Streaming file bodies to and from the artifact-store (header message, then chunks), with
 //! memory bounded by a few chunks whatever the file size.
 
+use crate::embedded::Authed;
 use bytes::Bytes;
 use cairn_proto::v1::artifact_store_client::ArtifactStoreClient;
 use cairn_proto::v1::{
     get_response, put_request, FileInfo, GetRequest, PutHeader, PutRequest, PutResponse,
 };
-use cairn_telemetry::TracedChannel;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
@@ -15,7 +15,7 @@ const CHUNK: usize = 1 << 20;
 
 /// Uploads everything `reader` yields under `header`.
 pub async fn put(
-    client: &mut ArtifactStoreClient<TracedChannel>,
+    client: &mut ArtifactStoreClient<Authed>,
     header: PutHeader,
     mut reader: impl AsyncRead + Unpin + Send + 'static,
 ) -> anyhow::Result<PutResponse> {
@@ -62,7 +62,7 @@ pub async fn put(
 
 /// Downloads `request` into `writer`; returns the file's description.
 pub async fn get(
-    client: &mut ArtifactStoreClient<TracedChannel>,
+    client: &mut ArtifactStoreClient<Authed>,
     request: GetRequest,
     writer: &mut (impl AsyncWrite + Unpin),
 ) -> anyhow::Result<FileInfo> {

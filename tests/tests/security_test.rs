@@ -312,6 +312,95 @@ async fn plaintext_certificateless_expired_and_foreign_clients_are_refused() {
     assert_eq!(ok.code(), Code::Ok, "{ok:?}");
 }
 
+/// A certificate of the deployment's CA with these SAN URIs, written as `<name>.pem`/`.key`
+/// into `dir` next to a copy of the CA certificate, so `TlsConfig::dir(dir).load(name)` reads it.
+fn cert_with_uris(pki: &Path, dir: &Path, name: &str, uris: &[&str]) {
+    let ca_key =
+        rcgen::KeyPair::from_pem(&std::fs::read_to_string(pki.join("ca.key")).unwrap()).unwrap();
+    let issuer = rcgen::Issuer::from_ca_cert_pem(
+        &std::fs::read_to_string(pki.join("ca.pem")).unwrap(),
+        ca_key,
+    )
+    .unwrap();
+    let mut params = rcgen::CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+    for uri in uris {
+        params
+            .subject_alt_names
+            .push(rcgen::SanType::URI((*uri).try_into().unwrap()));
+    }
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    std::fs::copy(pki.join("ca.pem"), dir.join("ca.pem")).unwrap();
+    std::fs::write(dir.join(format!("{name}.pem")), cert.pem()).unwrap();
+    std::fs::write(dir.join(format!("{name}.key")), key.serialize_pem()).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_certificate_naming_two_identities_is_refused_whichever_is_valid() {
+    let d = deploy().await;
+    let dir = tempfile::tempdir().unwrap();
+    cert_with_uris(
+        &d.pki,
+        dir.path(),
+        "two",
+        &["cairn://sandbox-runner", "cairn://cli"],
+    );
+    cert_with_uris(
+        &d.pki,
+        dir.path(),
+        "bad-first",
+        &["cairn://NOT_AN_ID", "cairn://cli"],
+    );
+    cert_with_uris(&d.pki, dir.path(), "one", &["cairn://cli"]);
+    for name in ["two", "bad-first"] {
+        let tls = TlsConfig::dir(dir.path()).load(name).unwrap().unwrap();
+        for (addr, service, method) in [
+            (&d.store, "ArtifactStore", "ListProjects"),
+            (&d.runner, "SandboxRunner", "GetRunnerInfo"),
+        ] {
+            let ch = cairn_server::connect_tls(addr, Some(&tls)).unwrap();
+            let s = call(ch, service, method).await;
+            assert_eq!(
+                s.code(),
+                Code::Unauthenticated,
+                "{name} to {service}: {s:?}"
+            );
+            if name == "two" {
+                assert!(s.message().contains("more than one"), "{s:?}");
+            }
+        }
+    }
+    // The same CA's certificate with one identity works.
+    let tls = TlsConfig::dir(dir.path()).load("one").unwrap().unwrap();
+    let ok = call(
+        cairn_server::connect_tls(&d.store, Some(&tls)).unwrap(),
+        "ArtifactStore",
+        "ListProjects",
+    )
+    .await;
+    assert_eq!(ok.code(), Code::Ok, "{ok:?}");
+}
+
+/// etcd authorizes its clients by the subject's common name, cairn by the SAN URI: both must
+/// name the same identity.
+#[test]
+fn certs_init_names_the_identity_in_the_common_name_too() {
+    let dir = tempfile::tempdir().unwrap();
+    pki::init(&PkiSpec::new(dir.path())).unwrap();
+    for id in cairn_server::tls::IDENTITIES {
+        let pem = std::fs::read(dir.path().join(format!("{id}.pem"))).unwrap();
+        let (_, pem) = x509_parser::pem::parse_x509_pem(&pem).unwrap();
+        let cert = pem.parse_x509().unwrap();
+        let cns: Vec<&str> = cert
+            .subject()
+            .iter_common_name()
+            .map(|cn| cn.as_str().unwrap())
+            .collect();
+        assert_eq!(cns, vec![id], "{id}");
+    }
+}
+
 fn append_req(run: &str, events: Vec<EventInput>, epoch: u64) -> AppendEventsRequest {
     AppendEventsRequest {
         project_id: "p".into(),

@@ -75,7 +75,7 @@ async fn run_with(
 
 async fn list(
     store: &mut cairn_proto::v1::artifact_store_client::ArtifactStoreClient<
-        cairn_telemetry::TracedChannel,
+        crate::embedded::Authed,
     >,
 ) -> anyhow::Result<Vec<cairn_proto::v1::Project>> {
     let mut all = Vec::new();

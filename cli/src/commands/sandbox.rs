@@ -243,7 +243,7 @@ fn summary(
 
 async fn read_project_file(
     store: &mut cairn_proto::v1::artifact_store_client::ArtifactStoreClient<
-        cairn_telemetry::TracedChannel,
+        crate::embedded::Authed,
     >,
     project: &str,
     path: &str,
@@ -266,7 +266,7 @@ async fn read_project_file(
 
 async fn append(
     store: &mut cairn_proto::v1::artifact_store_client::ArtifactStoreClient<
-        cairn_telemetry::TracedChannel,
+        crate::embedded::Authed,
     >,
     project: &str,
     run_id: &str,

@@ -16,13 +16,20 @@ pub async fn run(global: &Global, args: UpArgs) -> anyhow::Result<ExitCode> {
     cairn_server::check_listen_text(&args.listen, own.tls.is_set(), own.insecure_listen)?;
     let listener = cairn_server::bind(&args.listen).await?;
     let addr = listener.local_addr()?.to_string();
+    // Without TLS the services and the console call each other in memory: nothing on the port
+    // needs to be trusted for them.
+    let tls = own.tls.is_set();
+    let in_process = (!tls).then(cairn_server::inproc::Listener::new);
+    let internal = in_process
+        .as_ref()
+        .map_or(addr.clone(), |l| l.addr().to_owned());
     // The console is checked and bound before any service starts: a console that refuses to
     // start (no token beyond loopback, a bad setting, a taken port) fails `cairn up` at once
     // with its reason, and nothing is left running.
     let console = if args.no_console {
         None
     } else {
-        Some(console_server(&settings, &args, &addr).await?)
+        Some(console_server(&settings, &args, &internal).await?)
     };
     let hosted = embedded::host_all(
         &settings,
@@ -33,13 +40,14 @@ pub async fn run(global: &Global, args: UpArgs) -> anyhow::Result<ExitCode> {
             tokens_file: args.tokens_file.clone(),
             ..Default::default()
         },
-        false,
+        in_process,
     )
     .await?;
     eprintln!(
         "cairn is up on {addr} (data root {}); use CAIRN_ADDR={addr} with other cairn commands. Ctrl-C stops.",
         global.data_root.display()
     );
+    eprintln!("{}", trust_mode(tls, hosted.tokens_required));
 
     // One signal stops both the gRPC services and the console; a console that stops with an
     // error stops the services too.
@@ -76,6 +84,16 @@ pub async fn run(global: &Global, args: UpArgs) -> anyhow::Result<ExitCode> {
     result?;
     eprintln!("cairn stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// The one line `cairn up` prints about who may call it.
+fn trust_mode(tls: bool, tokens: bool) -> &'static str {
+    match (tls, tokens) {
+        (true, false) => "trust: mutual TLS: every call needs a client certificate of the PKI",
+        (true, true) => "trust: mutual TLS, and people's tokens: every call needs a client certificate; the orchestrator also checks the token",
+        (false, true) => "trust: tokens: every call needs a token (the store, ingest and the sandbox-runner take admin tokens only); no call is trusted for coming from this machine",
+        (false, false) => "trust: NONE: no authentication is configured, so every local user who reaches this port may do everything (give --tokens-file or --tls-dir to require credentials)",
+    }
 }
 
 /// The console of `cairn up`, checked and bound: the `[console]` settings with the flags of

@@ -94,6 +94,10 @@ impl Target {
             reason: reason.to_owned(),
         };
         let trimmed = spec.trim();
+        // The runner hosted in this very process.
+        if trimmed.starts_with(cairn_server::inproc::SCHEME) {
+            return Ok(Target::Fixed(trimmed.to_owned()));
+        }
         let (explicit_dns, rest) = match trimmed.strip_prefix("dns:") {
             Some(r) => (true, r.trim_start_matches('/')),
             None => (false, trimmed),
@@ -147,7 +151,7 @@ impl Endpoint {
         tls: Option<&cairn_server::Tls>,
         server_name: Option<&str>,
     ) -> Result<Arc<Endpoint>, cairn_server::Error> {
-        let channel = cairn_server::endpoint(&addr, tls, server_name)?.connect_lazy();
+        let channel = cairn_server::connect_named(&addr, tls, server_name)?;
         let client = SandboxRunnerClient::new(cairn_telemetry::traced(channel.clone()))
             .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES);

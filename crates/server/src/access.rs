@@ -1,20 +1,53 @@
 //! Who may call which RPC: one table of identity → allowed methods, enforced by a layer in
-//! front of every service a [`crate::Host`] serves. Plaintext callers (`local`: loopback, or a
-//! listener told `--insecure-listen`) are the single trusted user and pass; certificate
-//! identities get only what the table grants. Health and reflection are open to every
-//! authenticated caller (probes). Every refusal is logged at warn with the identity, the
+//! front of every service a [`crate::Host`] serves. In-process callers, and plaintext callers
+//! of a host that requires no credential (`local`: loopback, or a listener told
+//! `--insecure-listen`), are the single trusted user and pass; certificate identities get only
+//! what the table grants. On a host that requires tokens ([`TokenCheck`]) a plaintext caller
+//! is `anonymous`: it reaches the orchestrator (which checks the token itself) and the probes;
+//! an admin token for every project acts as `cli`; anything else is refused. Health and
+//! reflection are open to every authenticated caller (probes). Every refusal is logged at warn with the identity, the
 //! peer's address, the RPC and the reason. Finer rules (which paths an identity may write)
 //! belong to the service that owns the data; the store applies them itself.
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use tonic::body::Body;
 
-use crate::caller::{Caller, Unidentified};
+use crate::caller::{Caller, Principal, Unidentified};
+use crate::inproc::InProcess;
+
+/// Services that authenticate their callers' tokens themselves: an `anonymous` caller reaches
+/// them, and they decide.
+const CHECKS_TOKENS: &str = "cairn.v1.Orchestrator/*";
+
+/// The identity an admin token acts as on a host that requires tokens.
+pub const ADMIN_TOKEN_IDENTITY: &str = "cli";
+
+/// What a host that requires tokens learns of a bearer token. The orchestrator's
+/// authentication implements it (tokens file, JWTs, the throttle of wrong tokens).
+pub trait TokenCheck: Send + Sync {
+    /// Who `token` stands for, presented from `peer`.
+    fn check(&self, peer: Option<IpAddr>, token: &str) -> TokenHolder;
+}
+
+/// The answer of a [`TokenCheck`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenHolder {
+    /// An admin for every project: acts as [`ADMIN_TOKEN_IDENTITY`].
+    Admin { name: String },
+    /// A valid token that is not an admin's for every project.
+    Limited { name: String, role: String },
+    /// Not a token this deployment knows; the message says what to do.
+    Invalid(String),
+    /// Too many wrong tokens from this peer lately.
+    Throttled { retry_after: Duration },
+}
 
 /// Methods every authenticated caller may use.
 const OPEN: [&str; 3] = [
@@ -115,6 +148,9 @@ impl Access {
         if caller.is_local() || OPEN.iter().any(|p| matches(p, method)) {
             return true;
         }
+        if caller.principal == Principal::Anonymous {
+            return matches(CHECKS_TOKENS, method);
+        }
         self.table
             .get(caller.name())
             .is_some_and(|patterns| patterns.iter().any(|p| matches(p, method)))
@@ -135,15 +171,18 @@ pub fn audit_refusal(identity: &str, peer: &str, rpc: &str, reason: &str) {
 
 /// The layer: identifies the caller, refuses what the table does not grant, and hands the
 /// [`Caller`] to the service in the request's extensions.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct AccessLayer {
     access: Arc<Access>,
+    tokens: Option<Arc<dyn TokenCheck>>,
 }
 
 impl AccessLayer {
-    pub fn new(access: Access) -> AccessLayer {
+    /// `tokens`: the host requires a token (or a certificate) from every caller.
+    pub fn new(access: Access, tokens: Option<Arc<dyn TokenCheck>>) -> AccessLayer {
         AccessLayer {
             access: Arc::new(access),
+            tokens,
         }
     }
 }
@@ -154,14 +193,77 @@ impl<S> tower::Layer<S> for AccessLayer {
         AccessService {
             inner,
             access: self.access.clone(),
+            tokens: self.tokens.clone(),
         }
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct AccessService<S> {
     inner: S,
     access: Arc<Access>,
+    tokens: Option<Arc<dyn TokenCheck>>,
+}
+
+/// Who a plaintext caller of a host that requires tokens is, by its bearer token.
+fn by_token(
+    tokens: &dyn TokenCheck,
+    caller: Caller,
+    rpc: &str,
+    authorization: Option<&http::HeaderValue>,
+) -> Result<Caller, tonic::Status> {
+    let refuse = |code, who: &str, reason, message: String| {
+        audit_refusal(who, &caller.peer_text(), rpc, reason);
+        cairn_proto::reason::status(code, message, reason)
+    };
+    if OPEN.iter().any(|p| matches(p, rpc)) || matches(CHECKS_TOKENS, rpc) {
+        return Ok(Caller {
+            principal: Principal::Anonymous,
+            ..caller
+        });
+    }
+    let token = authorization
+        .and_then(|v| v.to_str().ok())
+        .and_then(crate::roles::bearer_token);
+    let Some(token) = token else {
+        return Err(refuse(
+            tonic::Code::Unauthenticated,
+            "anonymous",
+            "unauthenticated",
+            format!("this cairn requires a credential for {rpc}: an admin's token (`authorization: Bearer`; cairn --token-file or CAIRN_TOKEN) or a client certificate"),
+        ));
+    };
+    match tokens.check(caller.peer.map(|p| p.ip()), token) {
+        TokenHolder::Admin { .. } => Ok(Caller {
+            principal: Principal::Service(ADMIN_TOKEN_IDENTITY.to_owned()),
+            ..caller
+        }),
+        TokenHolder::Limited { name, role } => Err(refuse(
+            tonic::Code::PermissionDenied,
+            &name,
+            "role",
+            format!("`{name}` (role {role}) may not call {rpc}: only an admin token for every project may call the store, ingest or the sandbox-runner directly; use the orchestrator's commands (cairn run, runs, gate, notes)"),
+        )),
+        TokenHolder::Invalid(why) => Err(refuse(
+            tonic::Code::Unauthenticated,
+            "anonymous",
+            "unauthenticated",
+            why,
+        )),
+        TokenHolder::Throttled { retry_after } => {
+            let secs = retry_after.as_secs().max(1);
+            let mut status = refuse(
+                tonic::Code::ResourceExhausted,
+                "anonymous",
+                "throttled",
+                format!("too many wrong tokens from this address; retry in {secs} s"),
+            );
+            if let Ok(v) = secs.to_string().parse() {
+                status.metadata_mut().insert(crate::roles::RETRY_AFTER, v);
+            }
+            Err(status)
+        }
+    }
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -182,7 +284,24 @@ where
 
     fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
         let rpc = req.uri().path().trim_start_matches('/').to_owned();
-        let status = match Caller::from_extensions(req.extensions()) {
+        let identified = Caller::from_extensions(req.extensions());
+        let identified = match (&self.tokens, identified) {
+            (Some(tokens), Ok(caller))
+                if caller.is_local() && req.extensions().get::<InProcess>().is_none() =>
+            {
+                match by_token(
+                    tokens.as_ref(),
+                    caller,
+                    &rpc,
+                    req.headers().get(crate::roles::AUTHORIZATION),
+                ) {
+                    Ok(caller) => Ok(caller),
+                    Err(status) => return Box::pin(std::future::ready(Ok(status.into_http()))),
+                }
+            }
+            (_, identified) => identified,
+        };
+        let status = match identified {
             Ok(caller) if self.access.allows(&caller, &rpc) => {
                 req.extensions_mut().insert(caller);
                 return Box::pin(self.inner.call(req));
@@ -207,6 +326,10 @@ where
                     Unidentified::NoIdentity => (
                         "no_identity",
                         "the client certificate names no cairn identity (a SAN URI cairn://<identity>; make certificates with `cairn certs init`)",
+                    ),
+                    Unidentified::SeveralIdentities => (
+                        "several_identities",
+                        "the client certificate names more than one cairn identity (SAN URIs cairn://...); a certificate must name exactly one: make it with `cairn certs init`",
                     ),
                 };
                 let peer = req

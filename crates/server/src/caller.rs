@@ -1,6 +1,7 @@
 //! Who is calling: the identity a verified client certificate names (SAN URI
-//! `cairn://<identity>`), or `local` for a plaintext connection (loopback, or a listener
-//! started with `--insecure-listen`), and the peer's address. Put into every request's
+//! `cairn://<identity>`), `local` for an in-process connection or a plaintext one (loopback,
+//! or a listener started with `--insecure-listen`) on a host that requires no credential, and
+//! the peer's address. Put into every request's
 //! extensions by [`crate::access`]; services read it with [`Caller::of`].
 
 use std::net::SocketAddr;
@@ -16,8 +17,12 @@ pub const LOCAL: &str = "local";
 pub enum Principal {
     /// A plaintext connection: the single-user default, trusted with everything.
     Local,
-    /// The identity of a certificate the server's CA signed.
+    /// The identity of a certificate the server's CA signed (or of an admin token, which acts
+    /// as `cli` on a host that requires tokens).
     Service(String),
+    /// A plaintext connection to a host that requires tokens: it reaches only the services
+    /// that check the token themselves (the orchestrator) and the probes.
+    Anonymous,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,6 +38,8 @@ pub enum Unidentified {
     NoCertificate,
     /// A certificate the CA signed but that names no `cairn://` identity.
     NoIdentity,
+    /// A certificate with more than one `cairn://` URI.
+    SeveralIdentities,
 }
 
 impl Caller {
@@ -54,7 +61,7 @@ impl Caller {
             let peer = tls.get_ref().remote_addr();
             let certs = tls.peer_certs().ok_or(Unidentified::NoCertificate)?;
             let leaf = certs.first().ok_or(Unidentified::NoCertificate)?;
-            let identity = cached_identity_of(leaf.as_ref()).ok_or(Unidentified::NoIdentity)?;
+            let identity = cached_identity_of(leaf.as_ref())?;
             return Ok(Caller {
                 principal: Principal::Service(identity),
                 peer,
@@ -63,6 +70,7 @@ impl Caller {
         let peer = ext
             .get::<TcpConnectInfo>()
             .and_then(TcpConnectInfo::remote_addr);
+        // In-process connections and plaintext ones are told apart by the access layer.
         Ok(Caller {
             principal: Principal::Local,
             peer,
@@ -74,6 +82,7 @@ impl Caller {
         match &self.principal {
             Principal::Local => LOCAL,
             Principal::Service(name) => name,
+            Principal::Anonymous => "anonymous",
         }
     }
 
@@ -82,7 +91,8 @@ impl Caller {
         matches!(&self.principal, Principal::Service(name) if name == identity)
     }
 
-    /// Whether the caller came over plaintext (trusted as the single local user).
+    /// Whether the caller is trusted as the single local user (in-process, or plaintext on a
+    /// host that requires no credential).
     pub fn is_local(&self) -> bool {
         self.principal == Principal::Local
     }
@@ -99,11 +109,12 @@ impl Caller {
 /// connection presents the same certificate, and parsing it each time costs more than the
 /// lookup. A verified certificate's bytes fully determine the identity, so the cache can
 /// never answer for another certificate.
-fn cached_identity_of(der: &[u8]) -> Option<String> {
+fn cached_identity_of(der: &[u8]) -> Result<String, Unidentified> {
     use std::collections::HashMap;
     use std::sync::{Mutex, OnceLock};
     const ENTRIES: usize = 256;
-    static CACHE: OnceLock<Mutex<HashMap<Vec<u8>, Option<String>>>> = OnceLock::new();
+    type Cache = HashMap<Vec<u8>, Result<String, Unidentified>>;
+    static CACHE: OnceLock<Mutex<Cache>> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
     if let Some(hit) = cache.lock().ok().and_then(|c| c.get(der).cloned()) {
         return hit;
@@ -118,17 +129,30 @@ fn cached_identity_of(der: &[u8]) -> Option<String> {
     identity
 }
 
-/// The identity a DER certificate names: its first SAN URI `cairn://<identity>`.
-pub fn identity_of(der: &[u8]) -> Option<String> {
-    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
-    let san = cert.subject_alternative_name().ok()??;
-    san.value.general_names.iter().find_map(|name| match name {
-        x509_parser::extensions::GeneralName::URI(uri) => uri
-            .strip_prefix(IDENTITY_URI_SCHEME)
-            .filter(|id| is_identity_name(id))
-            .map(str::to_owned),
-        _ => None,
-    })
+/// The identity a DER certificate names: its one SAN URI `cairn://<identity>`. A certificate
+/// with several `cairn://` URIs names no single identity and is refused, whichever of them
+/// would be valid.
+pub fn identity_of(der: &[u8]) -> Result<String, Unidentified> {
+    let (_, cert) =
+        x509_parser::parse_x509_certificate(der).map_err(|_| Unidentified::NoIdentity)?;
+    let san = cert
+        .subject_alternative_name()
+        .ok()
+        .flatten()
+        .ok_or(Unidentified::NoIdentity)?;
+    let mut uris = san
+        .value
+        .general_names
+        .iter()
+        .filter_map(|name| match name {
+            x509_parser::extensions::GeneralName::URI(uri) => uri.strip_prefix(IDENTITY_URI_SCHEME),
+            _ => None,
+        });
+    match (uris.next(), uris.next()) {
+        (Some(id), None) if is_identity_name(id) => Ok(id.to_owned()),
+        (Some(_), Some(_)) => Err(Unidentified::SeveralIdentities),
+        _ => Err(Unidentified::NoIdentity),
+    }
 }
 
 /// Identity names: lowercase letters, digits and `-`, 1-63 characters.

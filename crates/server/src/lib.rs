@@ -9,6 +9,7 @@ pub mod access;
 pub mod caller;
 pub mod config;
 pub mod events;
+pub mod inproc;
 #[cfg(feature = "pki")]
 pub mod pki;
 pub mod tls;
@@ -67,6 +68,8 @@ pub struct Host {
     access: Access,
     drain: drain::Drain,
     required: Vec<health::Required>,
+    tokens: Option<std::sync::Arc<dyn access::TokenCheck>>,
+    in_process: Option<inproc::Listener>,
 }
 
 impl Host {
@@ -103,6 +106,20 @@ impl Host {
         self.insecure_listen = insecure_listen;
         self.access = Access::with_overrides(access);
         Ok(self)
+    }
+
+    /// Every caller on the listener needs a token `tokens` vouches for, or a client
+    /// certificate; plaintext callers are no longer trusted as the local user (see
+    /// [`access`]). In-process callers stay trusted.
+    pub fn require_tokens(&mut self, tokens: std::sync::Arc<dyn access::TokenCheck>) -> &mut Self {
+        self.tokens = Some(tokens);
+        self
+    }
+
+    /// Also serves the same services to this process's own clients at `listener`'s address.
+    pub fn in_process(&mut self, listener: inproc::Listener) -> &mut Self {
+        self.in_process = Some(listener);
+        self
     }
 
     /// How long calls get to finish once shutdown begins (default 5 s); then the calls still
@@ -164,6 +181,31 @@ impl Host {
         if let Some(tls) = &self.tls {
             builder = builder.tls_config(tls.server())?;
         }
+        let routes = routes.routes();
+        let access = access::AccessLayer::new(self.access, self.tokens);
+        // The in-process listener stops with the TCP one.
+        let (stopped, stop_in_process) = tokio::sync::watch::channel(false);
+        let in_process = self.in_process.map(|listener| {
+            let server = tonic::transport::Server::builder()
+                .initial_stream_window_size(Some(STREAM_WINDOW))
+                .initial_connection_window_size(Some(CONNECTION_WINDOW))
+                .layer(drain.layer())
+                .layer(cairn_telemetry::server_layer())
+                .layer(access.clone())
+                .layer(malformed::MalformedLayer)
+                .add_routes(routes.clone());
+            let mut stop = stop_in_process.clone();
+            tokio::spawn(server.serve_with_incoming_shutdown(
+                listener.into_incoming(),
+                async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                },
+            ))
+        });
+        let shutdown = async move {
+            shutdown.await;
+            let _ = stopped.send(true);
+        };
         let served = builder
             .tcp_nodelay(true)
             // Streamed file bodies: larger flow-control windows and frames cut the round trips
@@ -174,20 +216,23 @@ impl Host {
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .layer(drain.layer())
             .layer(cairn_telemetry::server_layer())
-            .layer(access::AccessLayer::new(self.access))
+            .layer(access)
             .layer(malformed::MalformedLayer)
-            .add_routes(routes.routes())
+            .add_routes(routes)
             // tonic's own tcp_nodelay is not applied to a caller's listener; without it Nagle
             // delays HTTP/2 window updates and streamed Puts crawl.
             .serve_with_incoming_shutdown(
                 tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
                 shutdown,
             );
-        drain.bounded(served).await.transpose()?;
+        let served = drain.bounded(served).await;
+        if let Some(task) = in_process {
+            task.abort();
+        }
+        served.transpose()?;
         Ok(())
     }
 }
-
 /// HTTP/2 flow-control windows (bytes a peer may send before it must wait for an update).
 pub const STREAM_WINDOW: u32 = 4 << 20;
 pub const CONNECTION_WINDOW: u32 = 8 << 20;
@@ -248,7 +293,20 @@ pub fn connect(addr: &str) -> Result<Channel, Error> {
 /// [`connect`], over mutual TLS when `tls` is given (the address's scheme becomes https; the
 /// server must present a certificate of the CA for the host name dialled).
 pub fn connect_tls(addr: &str, tls: Option<&Tls>) -> Result<Channel, Error> {
-    Ok(endpoint(addr, tls, None)?.connect_lazy())
+    connect_named(addr, tls, None)
+}
+
+/// [`connect_tls`] with the name the server's certificate must carry (see [`endpoint`]); an
+/// in-process address (`inproc://`, [`inproc`]) is dialled in memory, without TLS.
+pub fn connect_named(
+    addr: &str,
+    tls: Option<&Tls>,
+    server_name: Option<&str>,
+) -> Result<Channel, Error> {
+    if addr.starts_with(inproc::SCHEME) {
+        return Ok(inproc::channel(addr));
+    }
+    Ok(endpoint(addr, tls, server_name)?.connect_lazy())
 }
 
 /// The endpoint [`connect_tls`] dials. `server_name`: the name the server's certificate must

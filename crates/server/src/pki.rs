@@ -354,7 +354,7 @@ pub fn describe(path: &Path) -> Result<CertInfo, DescribeError> {
         }
     }
     Ok(CertInfo {
-        identity: crate::caller::identity_of(&pem.contents),
+        identity: crate::caller::identity_of(&pem.contents).ok(),
         names,
         not_before: cert.validity().not_before.to_string(),
         not_after: cert.validity().not_after.to_string(),

@@ -9,6 +9,16 @@ use tonic::metadata::{Ascii, MetadataValue};
 /// Metadata key of the bearer token.
 pub const AUTHORIZATION: &str = "authorization";
 
+/// Metadata key of the seconds a throttled caller should wait before trying again.
+pub const RETRY_AFTER: &str = "retry-after";
+
+/// The token of an `authorization` value `Bearer <token>` (scheme in any case).
+pub fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
 /// What a person may do; each role includes the ones before it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -41,7 +41,11 @@ async fn project_ids_with_a_leading_dot_or_dash_or_a_device_name_are_refused() {
 }
 
 fn mode(path: &Path) -> u32 {
-    std::fs::symlink_metadata(path).unwrap().permissions().mode() & 0o777
+    std::fs::symlink_metadata(path)
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777
 }
 
 /// Every file is 0640 and every directory 0750 at and below `root` (tests run with umask 022).
@@ -67,7 +71,9 @@ fn assert_private(root: &Path) {
 #[tokio::test]
 async fn the_stores_files_are_0640_and_its_directories_0750() {
     let mut s = serve().await;
-    put(&mut s.client, "p", "docs/deep/a.md", b"hello").await.unwrap();
+    put(&mut s.client, "p", "docs/deep/a.md", b"hello")
+        .await
+        .unwrap();
     put(&mut s.client, "p", "workspace/src/main.rs", b"fn main() {}")
         .await
         .unwrap();

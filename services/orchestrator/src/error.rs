@@ -34,6 +34,9 @@ pub enum Error {
     /// No token, or one the tokens file does not know.
     #[error("{0}")]
     Unauthenticated(String),
+    /// Too many wrong tokens from the caller's address lately.
+    #[error("too many wrong tokens from this address; retry in {retry_after_s} s")]
+    Throttled { retry_after_s: u64 },
     /// The caller's role or project scope does not allow the call; `reason` is `role` or
     /// `project`.
     #[error("{message}")]
@@ -89,6 +92,15 @@ impl From<Error> for Status {
             Error::Unavailable(_) => plain(Code::Unavailable, message),
             Error::Server(_) | Error::Internal(_) => plain(Code::Internal, message),
             Error::Unauthenticated(_) => plain(Code::Unauthenticated, message),
+            Error::Throttled { retry_after_s } => {
+                let mut status = reason::status(Code::ResourceExhausted, message, "throttled");
+                if let Ok(v) = retry_after_s.to_string().parse() {
+                    status
+                        .metadata_mut()
+                        .insert(cairn_server::roles::RETRY_AFTER, v);
+                }
+                status
+            }
             Error::PermissionDenied { reason: word, .. } => {
                 reason::status(Code::PermissionDenied, message, word)
             }

@@ -43,9 +43,18 @@ const PROBE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 pub struct Handle {
     runs: Arc<runs::Runs>,
     store: cairn_server::retry::Dependency,
+    auth: Arc<auth::Auth>,
 }
 
 impl Handle {
+    /// The check a host serving other services beside this orchestrator applies to their
+    /// plaintext callers' tokens; `None` when no tokens or JWTs are configured.
+    pub fn token_check(&self) -> Option<Arc<dyn cairn_server::access::TokenCheck>> {
+        self.auth
+            .tokens_required()
+            .then(|| self.auth.clone() as Arc<dyn cairn_server::access::TokenCheck>)
+    }
+
     /// Resumes every run that is not final (done automatically when `resume_on_start`).
     /// Returns how many were resumed.
     pub async fn resume_unfinished(&self) -> usize {
@@ -147,12 +156,12 @@ pub async fn orchestrator_service(
             span,
         ));
     }
-    let server = OrchestratorServer::new(OrchestratorService::new(runs.clone(), auth))
+    let server = OrchestratorServer::new(OrchestratorService::new(runs.clone(), auth.clone()))
         .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
         // Clients may send gzip-compressed requests (replies stay uncompressed).
         .accept_compressed(tonic::codec::CompressionEncoding::Gzip);
-    Ok((server, Handle { runs, store }))
+    Ok((server, Handle { runs, store, auth }))
 }
 
 /// Serves the orchestrator alone on `listener` until `shutdown` resolves; then stops the run

@@ -82,6 +82,7 @@ fn from_a_replica<T>(req: &Request<T>) -> bool {
     match Caller::of(req).principal {
         Principal::Local => true,
         Principal::Service(id) => id == crate::IDENTITY,
+        Principal::Anonymous => false,
     }
 }
 

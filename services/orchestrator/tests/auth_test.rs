@@ -588,3 +588,48 @@ async fn watch_logs_needs_a_viewer_token_of_the_runs_project() {
     let e = c.watch_logs(req(PROJECT, &ours)).await.unwrap_err();
     assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
 }
+
+/// Guessing tokens over gRPC: after 30 wrong tokens from one address, that address gets
+/// RESOURCE_EXHAUSTED with the seconds to wait (even for a right token), while a right token
+/// from another address still works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_tokens_from_one_address_are_throttled_and_other_addresses_are_not() {
+    let s = Secured::start(true).await;
+    let mut c = s.client();
+    let list = || ListRunsRequest {
+        project_id: PROJECT.into(),
+        ..Default::default()
+    };
+    for i in 0..30 {
+        let e = c
+            .list_runs(as_(&format!("cairn_wrong_guess_{i:02}"), list()))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::Unauthenticated, "guess {i}: {e:?}");
+    }
+    for token in ["cairn_wrong_guess_30".to_owned(), s.token("ada")] {
+        let e = c.list_runs(as_(&token, list())).await.unwrap_err();
+        assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+        let wait: u64 = e
+            .metadata()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("a retry-after in seconds: {e:?}"));
+        assert!((1..=60).contains(&wait), "{wait}");
+        assert!(e.message().contains("retry"), "{e:?}");
+    }
+    // Another address of this machine is not held up.
+    let other = tonic::transport::Endpoint::from_shared(format!("http://{}", s.orch_addr))
+        .unwrap()
+        .local_address(Some([127, 0, 0, 2].into()))
+        .connect()
+        .await
+        .unwrap();
+    let mut other = cairn_proto::v1::orchestrator_client::OrchestratorClient::new(other);
+    let me = other
+        .who_am_i(as_(&s.token("ada"), WhoAmIRequest {}))
+        .await
+        .unwrap();
+    assert_eq!(me.into_inner().name, "ada");
+}

@@ -8,6 +8,7 @@
 //! configured, nor compare a token other than by constant-time hash comparison.
 
 pub mod jwt;
+mod throttle;
 pub mod tokens;
 mod watched;
 
@@ -70,12 +71,21 @@ impl Caller {
 pub struct Auth {
     tokens: Option<Watched<TokensFile>>,
     jwt: Option<JwtVerifier>,
+    throttle: throttle::Throttle,
 }
 
 /// Why a call was refused: the reason word and the message.
 enum Refusal {
     Unauthenticated(String),
     Denied(&'static str, String),
+    Throttled(std::time::Duration),
+}
+
+/// Why a presented token stands for nobody.
+enum Unknown {
+    /// Too many wrong tokens from the caller's address lately (not even checked).
+    Throttled(std::time::Duration),
+    Wrong(String),
 }
 
 impl Auth {
@@ -98,7 +108,11 @@ impl Auth {
         } else {
             None
         };
-        Ok(Auth { tokens, jwt })
+        Ok(Auth {
+            tokens,
+            jwt,
+            throttle: Default::default(),
+        })
     }
 
     pub fn tokens_required(&self) -> bool {
@@ -127,19 +141,35 @@ impl Auth {
         }
     }
 
+    /// [`Auth::principal`] behind the throttle of wrong tokens per peer address.
+    fn checked_principal(
+        &self,
+        peer: Option<std::net::IpAddr>,
+        token: &str,
+    ) -> std::result::Result<Caller, Unknown> {
+        self.throttle.check(peer).map_err(Unknown::Throttled)?;
+        self.principal(token).map_err(|why| {
+            self.throttle.failed(peer);
+            Unknown::Wrong(why)
+        })
+    }
+
     /// Who calls `rpc` on `project`, if the table lets them; every refusal is logged at warn
     /// with the principal (or "anonymous"), the peer address, the RPC and the reason.
     pub fn authorize<T>(&self, req: &tonic::Request<T>, rpc: Rpc, project: &str) -> Result<Caller> {
         if !self.tokens_required() {
             return Ok(Caller::local());
         }
+        let addr = req.remote_addr().map(|a| a.ip());
         let peer = req
             .remote_addr()
             .map(|a| a.to_string())
             .unwrap_or_else(|| "unknown".into());
-        let decided = match bearer_of(req.metadata()).and_then(|t| self.principal(t)) {
+        let decided = match bearer_of(req.metadata()).map(|t| self.checked_principal(addr, t)) {
             Err(why) => Err((None, Refusal::Unauthenticated(why))),
-            Ok(caller) => match check(&caller, rpc, project) {
+            Ok(Err(Unknown::Throttled(wait))) => Err((None, Refusal::Throttled(wait))),
+            Ok(Err(Unknown::Wrong(why))) => Err((None, Refusal::Unauthenticated(why))),
+            Ok(Ok(caller)) => match check(&caller, rpc, project) {
                 Ok(()) => Ok(caller),
                 Err(r) => Err((Some(caller.name), r)),
             },
@@ -148,6 +178,12 @@ impl Auth {
             let who = who.unwrap_or_else(|| "anonymous".into());
             let (reason, error) = match refusal {
                 Refusal::Unauthenticated(m) => ("unauthenticated", Error::Unauthenticated(m)),
+                Refusal::Throttled(wait) => (
+                    "throttled",
+                    Error::Throttled {
+                        retry_after_s: wait.as_secs().max(1),
+                    },
+                ),
                 Refusal::Denied(reason, message) => {
                     (reason, Error::PermissionDenied { reason, message })
                 }
@@ -155,6 +191,29 @@ impl Auth {
             tracing::warn!(principal = %who, peer = %peer, rpc = rpc.name(), reason, project, "call refused");
             error
         })
+    }
+}
+
+/// The store, ingest and the runner on a host with tokens (`cairn up --tokens-file`): an
+/// admin token for every project acts as the `cli` identity there, other tokens get nothing.
+impl cairn_server::access::TokenCheck for Auth {
+    fn check(
+        &self,
+        peer: Option<std::net::IpAddr>,
+        token: &str,
+    ) -> cairn_server::access::TokenHolder {
+        use cairn_server::access::TokenHolder;
+        match self.checked_principal(peer, token) {
+            Ok(c) if c.role == Role::Admin && c.projects.is_empty() => {
+                TokenHolder::Admin { name: c.name }
+            }
+            Ok(c) => TokenHolder::Limited {
+                name: c.name,
+                role: c.role.to_string(),
+            },
+            Err(Unknown::Throttled(retry_after)) => TokenHolder::Throttled { retry_after },
+            Err(Unknown::Wrong(why)) => TokenHolder::Invalid(why),
+        }
     }
 }
 
