@@ -1648,7 +1648,22 @@ fn check_static_path(n: &Node, field: &str, t: &Template, prefix: bool) -> Resul
     result.map_err(|rej| GraphError::node(&n.id, Some(field), format!("`{text}`: {rej}")))
 }
 
+/// Refuses at submit a path a node writes whose literal head is the records directory
+/// `.cairn/` (the same rule is applied at run time to the rendered path).
+pub(crate) fn check_write_template(source: &str) -> Result<(), String> {
+    if pathguard::records::template_in_records(source) {
+        return pathguard::records::check_node_write(source).map_err(|e| e.to_string());
+    }
+    Ok(())
+}
+
+/// [`check_write_template`] for a node's field.
+fn check_write_field(n: &Node, field: &str, t: &Template) -> Result<(), GraphError> {
+    check_write_template(t.source()).map_err(|m| GraphError::node(&n.id, Some(field), m))
+}
+
 fn check_kind(n: &Node) -> Result<(), GraphError> {
+    check_record_writes(n)?;
     match &n.kind {
         NodeKind::WriteFile(w) => check_static_path(n, "path", &w.path, false)?,
         NodeKind::AgentTask(a) => {
@@ -1776,6 +1791,32 @@ fn check_kind(n: &Node) -> Result<(), GraphError> {
         }
     }
     Ok(())
+}
+
+/// Every field a node writes through: none may name `.cairn/`.
+fn check_record_writes(n: &Node) -> Result<(), GraphError> {
+    match &n.kind {
+        NodeKind::WriteFile(w) => check_write_field(n, "path", &w.path),
+        NodeKind::AgentTask(a) => match &a.path {
+            Some(p) => check_write_field(n, "path", p),
+            None => Ok(()),
+        },
+        NodeKind::SandboxRun(s) => check_write_field(n, "output_prefix", &s.output_prefix),
+        NodeKind::ExternalAgent(x) => check_write_field(n, "workspace", &x.workspace),
+        NodeKind::Plan(p) => match &p.counters {
+            Some(c) => check_write_field(n, "counters", c),
+            None => Ok(()),
+        },
+        NodeKind::Assemble(a) => {
+            for (field, t) in [("counters", &a.counters), ("report", &a.report)] {
+                if let Some(t) = t {
+                    check_write_field(n, field, t)?;
+                }
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
 }
 
 fn check_external_agent(n: &Node, x: &ExternalAgent) -> Result<(), GraphError> {

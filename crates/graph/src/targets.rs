@@ -40,7 +40,7 @@ pub fn check_deliver_target(t: &Target) -> Result<(), String> {
                 let p = path.trim_end_matches('/');
                 pathguard::validate_prefix(p).map_err(|rej| format!("`{path}`: {rej}"))?;
             }
-            Ok(())
+            crate::check_write_template(path)
         }
         "group" | "private" => check_chat_target(t),
         other => Err(format!(
@@ -67,7 +67,7 @@ pub fn check_code_delivery_target(t: &Target) -> Result<(), String> {
                 pathguard::validate_prefix(path.trim_end_matches('/'))
                     .map_err(|rej| format!("`{path}`: {rej}"))?;
             }
-            Ok(())
+            crate::check_write_template(path)
         }
         other => Err(format!(
             "target type `{other}` is not one of group, private, directory"

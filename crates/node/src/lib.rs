@@ -387,15 +387,39 @@ pub fn write_error(path: &str, s: &tonic::Status) -> NodeError {
     NodeError::from_status(&format!("writing {path}"), s)
 }
 
-/// Renders and checks a project path field.
-pub fn project_path(scope: &Scope, field: &str, t: &Template) -> Result<String, NodeError> {
+/// What a node does with a path its graph names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    Read,
+    Write,
+}
+
+/// The run-records rule for a path (or prefix) a graph names, after rendering: a node never
+/// writes under `.cairn/` and reads only its own run's records there.
+pub fn check_access(run_id: &str, field: &str, path: &str, access: Access) -> Result<(), NodeError> {
+    let checked = match access {
+        Access::Write => pathguard::records::check_node_write(path),
+        Access::Read => pathguard::records::check_node_read(path, run_id),
+    };
+    checked.map_err(|e| NodeError::refused(format!("field `{field}`: {e}")))
+}
+
+/// Renders and checks a project path field the node uses as `access` says.
+pub fn project_path(
+    scope: &Scope,
+    field: &str,
+    t: &Template,
+    access: Access,
+) -> Result<String, NodeError> {
     let path = scope.render(field, t)?;
     pathguard::validate(&path)
         .map_err(|rej| NodeError::refused(format!("field `{field}`: `{path}`: {rej}")))?;
+    check_access(&scope.graph.run_id, field, &path, access)?;
     Ok(path)
 }
 
-/// Expands file entries: an entry ending in `/` is every file beneath that prefix.
+/// Expands file entries a node reads: an entry ending in `/` is every file beneath that
+/// prefix.
 pub async fn expand_files(
     ctx: &NodeCtx,
     field: &str,
@@ -410,6 +434,7 @@ pub async fn expand_files(
                     let p = cairn_graph::template::value_text(&v);
                     pathguard::validate(&p)
                         .map_err(|rej| NodeError::refused(format!("field `{f}`: `{p}`: {rej}")))?;
+                    check_access(&ctx.run_id, &f, &p, Access::Read)?;
                     out.push(p);
                 }
             }
@@ -418,6 +443,7 @@ pub async fn expand_files(
                 if let Some(prefix) = p.strip_suffix('/') {
                     pathguard::validate_prefix(prefix)
                         .map_err(|rej| NodeError::refused(format!("field `{f}`: `{p}`: {rej}")))?;
+                    check_access(&ctx.run_id, &f, &p, Access::Read)?;
                     let listed = ctx
                         .store()
                         .list(&ctx.project, prefix, true)
@@ -432,6 +458,7 @@ pub async fn expand_files(
                 } else {
                     pathguard::validate(&p)
                         .map_err(|rej| NodeError::refused(format!("field `{f}`: `{p}`: {rej}")))?;
+                    check_access(&ctx.run_id, &f, &p, Access::Read)?;
                     out.push(p);
                 }
             }

@@ -16,6 +16,7 @@
 
 mod policy;
 mod reason;
+pub mod records;
 mod rules;
 mod safe_path;
 

@@ -15,7 +15,7 @@ use crate::{
 };
 use cairn_node::events::Ev;
 use cairn_node::layout::front_matter;
-use cairn_node::{artifact_written, file_outputs, project_path, NodeCtx, NodeError, NodeSuccess};
+use cairn_node::{artifact_written, file_outputs, project_path, Access, NodeCtx, NodeError, NodeSuccess};
 use cairn_store_client::PutOptions;
 
 /// One result to read: its name and what the plan says it is.
@@ -116,11 +116,14 @@ pub async fn run(ctx: &NodeCtx, spec: &AssembleSpec) -> Result<NodeSuccess, Node
     let mut counters_out = Value::Null;
     if plan_type == "auto" {
         let path = match &spec.counters {
-            Some(t) => project_path(&ctx.scope, "counters", t)?,
+            Some(t) => project_path(&ctx.scope, "counters", t, Access::Write)?,
             None => plan
                 .get("counters")
                 .and_then(Value::as_str)
-                .filter(|p| pathguard::validate(p).is_ok())
+                .filter(|p| {
+                    pathguard::validate(p).is_ok()
+                        && pathguard::records::check_node_write(p).is_ok()
+                })
                 .unwrap_or(counters::DEFAULT_PATH)
                 .to_owned(),
         };
@@ -187,7 +190,7 @@ pub async fn run(ctx: &NodeCtx, spec: &AssembleSpec) -> Result<NodeSuccess, Node
     });
 
     let report_path = match &spec.report {
-        Some(t) => project_path(&ctx.scope, "report", t)?,
+        Some(t) => project_path(&ctx.scope, "report", t, Access::Write)?,
         None => format!("docs/{}/{}.md", ctx.run_id, ctx.node_id),
     };
     let body = report(ctx, &plan_type, status, &verdicts, &counts, &counters_out);

@@ -13,7 +13,7 @@ use crate::plan::{
 };
 use crate::{Limits, PLAN_SELECTED};
 use cairn_node::events::{now, Ev};
-use cairn_node::{project_path, NodeCtx, NodeError, NodeSuccess};
+use cairn_node::{project_path, Access, NodeCtx, NodeError, NodeSuccess};
 
 pub async fn run(ctx: &NodeCtx, spec: &PlanSpec) -> Result<NodeSuccess, NodeError> {
     let limits = spec.limits.as_ref().ok_or_else(|| {
@@ -36,7 +36,7 @@ pub async fn run(ctx: &NodeCtx, spec: &PlanSpec) -> Result<NodeSuccess, NodeErro
         None => today(offset),
     };
     let counters_path = match &spec.counters {
-        Some(t) => project_path(&ctx.scope, "counters", t)?,
+        Some(t) => project_path(&ctx.scope, "counters", t, Access::Write)?,
         None => counters::DEFAULT_PATH.to_owned(),
     };
     let max = spec

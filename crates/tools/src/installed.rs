@@ -184,6 +184,8 @@ fn places(t: &InstalledTool, run_id: &str, node: &str) -> Result<(Vec<String>, S
         let r = manifest::render(p, run_id, node);
         let r = r.trim_end_matches('/').to_owned();
         pathguard::validate_prefix(&r).map_err(|rej| bad("allowed path", p, rej.to_string()))?;
+        pathguard::records::check_node_read(&r, run_id)
+            .map_err(|e| bad("allowed path", p, e.to_string()))?;
         if r.is_empty() {
             return Err(bad(
                 "allowed path",
@@ -203,6 +205,8 @@ fn places(t: &InstalledTool, run_id: &str, node: &str) -> Result<(Vec<String>, S
         .to_owned();
     pathguard::validate_prefix(&rendered)
         .map_err(|rej| bad("output_prefix", &out, rej.to_string()))?;
+    pathguard::records::check_node_write(&rendered)
+        .map_err(|e| bad("output_prefix", &out, e.to_string()))?;
     if !allowed
         .iter()
         .any(|a| under_prefix(&format!("{rendered}/x"), a))
@@ -411,6 +415,7 @@ async fn finish(
         let path = format!("{output_prefix}/{rel}");
         pathguard::validate(&path)
             .map_err(|rej| NodeError::refused(format!("tool `{name}`: output `{rel}`: {rej}")))?;
+        cairn_node::check_access(&ctx.run_id, "output", &path, cairn_node::Access::Write)?;
         let put = ctx
             .store()
             .put(&ctx.project, &path, bytes.clone(), &opts)

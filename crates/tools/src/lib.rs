@@ -27,23 +27,26 @@ fn text_arg<'a>(args: &'a Map<String, Value>, key: &str) -> Result<&'a str, Node
         .ok_or_else(|| NodeError::refused(format!("argument `{key}` must be text")))
 }
 
-fn checked_path(p: &str) -> Result<(), NodeError> {
+/// A path a built-in tool reads for a node of `run_id`: valid, and not another run's records.
+fn checked_path(p: &str, run_id: &str) -> Result<(), NodeError> {
     pathguard::validate(p)
         .map(|_| ())
-        .map_err(|rej| NodeError::refused(format!("`{p}`: {rej}")))
+        .map_err(|rej| NodeError::refused(format!("`{p}`: {rej}")))?;
+    cairn_node::check_access(run_id, "path", p, cairn_node::Access::Read)
 }
 
-/// Runs `tool` with rendered `args`; returns its outputs.
+/// Runs `tool` with rendered `args` for a node of `run_id`; returns its outputs.
 pub async fn call(
     store: &Store,
     project: &str,
+    run_id: &str,
     tool: &str,
     args: &Map<String, Value>,
 ) -> Result<Map<String, Value>, NodeError> {
     let out = match tool {
         "read_file" => {
             let path = text_arg(args, "path")?;
-            checked_path(path)?;
+            checked_path(path, run_id)?;
             let bytes = store
                 .get(project, path)
                 .await
@@ -57,6 +60,7 @@ pub async fn call(
             if !prefix.is_empty() {
                 pathguard::validate_prefix(prefix)
                     .map_err(|rej| NodeError::refused(format!("`{prefix}`: {rej}")))?;
+                cairn_node::check_access(run_id, "prefix", prefix, cairn_node::Access::Read)?;
             }
             let recursive = args
                 .get("recursive")
@@ -69,13 +73,15 @@ pub async fn call(
             let paths: Vec<String> = entries
                 .into_iter()
                 .filter(|e| e.kind == cairn_proto::v1::EntryKind::File as i32)
+                // The whole project's listing leaves out other runs' records.
+                .filter(|e| pathguard::records::check_node_read(&e.path, run_id).is_ok())
                 .map(|e| e.path)
                 .collect();
             json!({"count": paths.len(), "paths": paths})
         }
         "stat" => {
             let path = text_arg(args, "path")?;
-            checked_path(path)?;
+            checked_path(path, run_id)?;
             match store
                 .stat(project, path, true)
                 .await
@@ -96,7 +102,7 @@ pub async fn call(
         }
         "json_get" => {
             let path = text_arg(args, "path")?;
-            checked_path(path)?;
+            checked_path(path, run_id)?;
             let bytes = store
                 .get(project, path)
                 .await

@@ -16,7 +16,7 @@ pub async fn run(
         return crate::installed::call(ctx, &kind.tools_dir, kind.use_sandbox, &spec.tool, &args)
             .await;
     }
-    let outputs = crate::call(ctx.store(), &ctx.project, &spec.tool, &args).await?;
+    let outputs = crate::call(ctx.store(), &ctx.project, &ctx.run_id, &spec.tool, &args).await?;
     Ok(NodeSuccess {
         outputs,
         events: vec![],

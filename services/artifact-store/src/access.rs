@@ -74,6 +74,40 @@ pub fn check_write(
     Ok(())
 }
 
+/// May `caller` write `path` with this claim, as far as run records go? The orchestrator
+/// writes a run's records (`.cairn/runs/<run>/…`) only under its claim on that very run
+/// (the fence; its epoch is checked against the run's current one when the write lands), so
+/// a node of one run, or a driver whose claim was taken over, never writes another run's
+/// records. Delete and UpdateJson carry no claim: the orchestrator may not use them there.
+pub fn check_record_claim(
+    caller: &Caller,
+    rpc: &str,
+    path: &str,
+    fence: Option<&(String, u64)>,
+) -> Result<()> {
+    if !caller.is("orchestrator") {
+        return Ok(());
+    }
+    let Some(run) = pathguard::records::run_of(path) else {
+        return Ok(());
+    };
+    match fence {
+        Some((claimed, _)) if claimed == run => Ok(()),
+        Some((claimed, _)) => Err(refuse(
+            caller,
+            rpc,
+            format!("write {path:?} under its claim on run {claimed:?}"),
+            "a run's records are written only under a claim on that run",
+        )),
+        None => Err(refuse(
+            caller,
+            rpc,
+            format!("write {path:?} without a claim on run {run:?}"),
+            "a run's records are written only by its driver, with the fence of its current claim (ClaimRun)",
+        )),
+    }
+}
+
 /// May `caller` append events to a run with this `epoch` (0 = unfenced)?
 pub fn check_append(caller: &Caller, run: &str, epoch: u64) -> Result<()> {
     if trusted(caller) || (caller.is("ingest") && epoch > 0) {
@@ -176,6 +210,23 @@ mod tests {
         assert!(check_write(&ingest, "Put", "docs/x.md", Some(&fence)).is_err());
         assert!(check_append(&ingest, "r1", 0).is_err());
         assert!(check_append(&ingest, "r1", 3).is_ok());
+    }
+
+    #[test]
+    fn the_orchestrator_writes_a_runs_records_only_under_its_claim_on_that_run() {
+        let orch = caller("orchestrator");
+        let r1 = ("r1".to_owned(), 2);
+        let put = |path: &str, fence: Option<&(String, u64)>| {
+            check_record_claim(&orch, "Put", path, fence).is_ok()
+        };
+        assert!(put(".cairn/runs/r1/task.yaml", Some(&r1)));
+        assert!(!put(".cairn/runs/r1/task.yaml", None));
+        assert!(!put(".cairn/runs/r2/graph.resolved.json", Some(&r1)));
+        assert!(!put(".CAIRN/runs/r2/task.yaml", Some(&r1)));
+        assert!(put("docs/a.md", None));
+        assert!(put(".cairn/project.json", None));
+        // People's tools keep their own rules (task.yaml edits are validated).
+        assert!(check_record_claim(&caller("cli"), "Put", ".cairn/runs/r1/task.yaml", None).is_ok());
     }
 
     #[test]

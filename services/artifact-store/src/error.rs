@@ -38,6 +38,10 @@ pub enum Error {
         existing_size: u64,
     },
 
+    /// A run's graph.resolved.json is there already with other bytes, or was asked deleted.
+    #[error("{path:?} is written once, when its run is submitted, and is never replaced or deleted (the same bytes again are accepted as unchanged): a run's graph cannot change; submit a new run to run another graph")]
+    WriteOnce { path: String },
+
     /// A compare-and-swap Put (`if_sha256`) found other bytes than expected at the path.
     #[error("path {path:?} no longer holds the bytes this write expected to replace (sha256 {expected}, found {actual}): someone changed it since it was read; nothing was written, re-read it and decide again")]
     Changed {
@@ -188,6 +192,7 @@ impl Error {
             Error::Exists { .. } => "exists",
             Error::Changed { .. } => "changed",
             Error::NotEditable { .. } => "not_editable",
+            Error::WriteOnce { .. } => "write_once",
             Error::DigestMismatch { .. } => "digest_mismatch",
             Error::TooLarge { .. } => "too_large",
             Error::Unavailable => "store_unavailable",
@@ -214,7 +219,9 @@ impl Error {
             | Error::SymlinkInPath { path }
             | Error::NotAFile { path, .. }
             | Error::DigestMismatch { path, .. } => vec![("path", path.clone())],
-            Error::NotEditable { path, .. } => vec![("path", path.clone())],
+            Error::NotEditable { path, .. } | Error::WriteOnce { path } => {
+                vec![("path", path.clone())]
+            }
             Error::Exists { project, path, .. }
             | Error::Changed { project, path, .. }
             | Error::NotFound { project, path } => {
@@ -269,6 +276,7 @@ impl Error {
             | Error::PublicationUnproven { .. }
             | Error::Changed { .. }
             | Error::NotEditable { .. }
+            | Error::WriteOnce { .. }
             | Error::Fenced { .. } => Code::FailedPrecondition,
             Error::Exists { .. } => Code::AlreadyExists,
             Error::DigestMismatch { .. }

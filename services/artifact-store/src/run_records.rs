@@ -2,7 +2,9 @@
 //! run's events; a writer without a claim on the run (a person, through `cairn store put` or
 //! any client) may change only its title, goal, milestones[].note and roster[].note, which the
 //! orchestrator then applies as a `task.edited` event. Any other change, a file that does not
-//! parse or deleting task.yaml is refused `not_editable`, naming the field.
+//! parse or deleting task.yaml is refused `not_editable`, naming the field. A run's
+//! graph.resolved.json is written once, by whoever asks: the same bytes again are
+//! `unchanged`, other bytes or a delete are refused `write_once`.
 
 use serde_json::Value;
 
@@ -13,6 +15,13 @@ pub fn is_task_yaml(path: &str) -> bool {
     path.strip_prefix(".cairn/runs/")
         .and_then(|rest| rest.split_once('/'))
         .is_some_and(|(run, file)| !run.is_empty() && file == "task.yaml")
+}
+
+/// Whether `path` is a run's graph.resolved.json, written once when the run is submitted.
+pub fn is_graph_resolved(path: &str) -> bool {
+    path.strip_prefix(".cairn/runs/")
+        .and_then(|rest| rest.split_once('/'))
+        .is_some_and(|(run, file)| !run.is_empty() && file == "graph.resolved.json")
 }
 
 fn refuse(path: &str, problem: impl Into<String>) -> Error {
@@ -144,6 +153,13 @@ mod tests {
         assert!(e.to_string().contains("does not parse"), "{e}");
         // Nothing stored yet: nothing to protect.
         check_edit(p, None, STORED.as_bytes()).unwrap();
+    }
+
+    #[test]
+    fn graph_resolved_paths() {
+        assert!(is_graph_resolved(".cairn/runs/r1/graph.resolved.json"));
+        assert!(!is_graph_resolved(".cairn/runs/r1/x/graph.resolved.json"));
+        assert!(!is_graph_resolved("docs/graph.resolved.json"));
     }
 
     #[test]

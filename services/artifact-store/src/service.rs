@@ -229,6 +229,12 @@ impl ArtifactStore for ArtifactStoreService {
             &spec.path,
             spec.fence.as_ref(),
         )?;
+        access::check_record_claim(
+            &caller,
+            "cairn.v1.ArtifactStore/Put",
+            &spec.path,
+            spec.fence.as_ref(),
+        )?;
         let chunks = stream.map(|m| -> Result<Bytes> {
             match m {
                 Ok(PutRequest {
@@ -353,6 +359,7 @@ impl ArtifactStore for ArtifactStoreService {
         let caller = Caller::of(&request);
         let r = request.into_inner();
         access::check_write(&caller, "cairn.v1.ArtifactStore/Delete", &r.path, None)?;
+        access::check_record_claim(&caller, "cairn.v1.ArtifactStore/Delete", &r.path, None)?;
         if run_records::is_task_yaml(&r.path) && !caller.is("orchestrator") {
             return Err(Error::NotEditable {
                 path: r.path,
@@ -501,6 +508,7 @@ impl ArtifactStore for ArtifactStoreService {
         let caller = Caller::of(&request);
         let r = request.into_inner();
         access::check_write(&caller, "cairn.v1.ArtifactStore/UpdateJson", &r.path, None)?;
+        access::check_record_claim(&caller, "cairn.v1.ArtifactStore/UpdateJson", &r.path, None)?;
         let merge = match known::<pb::MergePolicy>("merge", r.merge)? {
             pb::MergePolicy::None => Merge::None,
             pb::MergePolicy::Max => Merge::Max,

@@ -275,8 +275,29 @@ fn write_small(
     })
 }
 
-/// Put: checks, receives the stream, publishes; records an overwrite as a run event.
+/// Put: checks, receives the stream, publishes; records an overwrite as a run event. A run's
+/// graph.resolved.json is never replaced, whatever the request asks.
 pub async fn put<S>(
+    state: &Arc<State>,
+    runs: &Arc<RunLogs>,
+    mut spec: PutSpec,
+    chunks: S,
+) -> Result<Written>
+where
+    S: Stream<Item = Result<Bytes>> + Unpin + Send,
+{
+    let write_once = run_records::is_graph_resolved(&spec.path);
+    if write_once {
+        spec.overwrite = false;
+        spec.if_sha256.clear();
+    }
+    match put_any(state, runs, spec, chunks).await {
+        Err(Error::Exists { path, .. }) if write_once => Err(Error::WriteOnce { path }),
+        other => other,
+    }
+}
+
+async fn put_any<S>(
     state: &Arc<State>,
     runs: &Arc<RunLogs>,
     spec: PutSpec,
@@ -594,6 +615,9 @@ pub async fn delete(
         check_id("run", run_id)?;
     }
     let path = state.layout.write_path(path, &[])?.to_string();
+    if run_records::is_graph_resolved(&path) {
+        return Err(Error::WriteOnce { path });
+    }
     let (state2, project2, path2) = (state.clone(), project.to_owned(), path.clone());
     let deleted = blocking(move || {
         let _slot = state2.slots.claim_blocking(&project2, &path2);

@@ -345,18 +345,17 @@ impl Runs {
             return Err(Error::RunExists { project, run_id });
         };
         let created = match self.create_run_dir(&project, &run_id, &graph).await {
-            Ok(()) => crate::inputs::record(store, &project, &run_id, &inputs).await,
-            Err(e) => Err(e),
-        };
-        let created = match created {
-            Ok(()) => store
-                .claim_run(&project, &run_id)
-                .await
-                .map_err(Error::store(format!("claiming run {run_id}"))),
+            Ok(epoch) => match crate::inputs::record(store, &project, &run_id, &inputs).await {
+                Ok(()) => Ok(epoch),
+                Err(e) => {
+                    store.forget_claim(&project, &run_id, epoch);
+                    Err(e)
+                }
+            },
             Err(e) => Err(e),
         };
         let epoch = match created {
-            Ok((epoch, _)) => epoch,
+            Ok(epoch) => epoch,
             Err(e) => {
                 self.unreserve(&project, &run_id);
                 return Err(e);
@@ -523,7 +522,8 @@ impl Runs {
         Ok(())
     }
 
-    async fn create_run_dir(&self, project: &str, run_id: &str, graph: &Graph) -> Result<()> {
+    /// Claims a new run and writes its first records under that claim; returns the epoch.
+    async fn create_run_dir(&self, project: &str, run_id: &str, graph: &Graph) -> Result<u64> {
         let store = &self.b.store;
         let dir = RunDir::new(run_id);
         store
@@ -541,6 +541,21 @@ impl Runs {
                 run_id: run_id.to_owned(),
             });
         }
+        // Records are written only under the run's claim, the first ones included.
+        let (epoch, _) = store
+            .claim_run(project, run_id)
+            .await
+            .map_err(Error::store(format!("claiming run {run_id}")))?;
+        let written = self.write_first_records(project, run_id, graph).await;
+        if written.is_err() {
+            store.forget_claim(project, run_id, epoch);
+        }
+        written.map(|()| epoch)
+    }
+
+    async fn write_first_records(&self, project: &str, run_id: &str, graph: &Graph) -> Result<()> {
+        let store = &self.b.store;
+        let dir = RunDir::new(run_id);
         let resolved = format!("{:#}\n", graph.to_resolved_json());
         store
             .put(
@@ -551,7 +566,10 @@ impl Runs {
             )
             .await
             .map_err(|s| {
-                if s.code() == tonic::Code::AlreadyExists {
+                // Written once: another submit of this run id got there first.
+                if s.code() == tonic::Code::AlreadyExists
+                    || cairn_proto::reason::of(&s).as_deref() == Some("write_once")
+                {
                     Error::RunExists {
                         project: project.to_owned(),
                         run_id: run_id.to_owned(),
@@ -1088,18 +1106,38 @@ impl Runs {
                 .with("by", if by.is_empty() { "human" } else { by })
                 .with("reason", reason),
         );
-        let r = self
-            .b
-            .store
-            .append_events(project, run_id, events.iter().map(Ev::to_input).collect())
-            .await
-            .map_err(Error::store("recording task.canceled"))?;
-        let ts = ev::now();
-        for e in &events {
-            state.apply(&crate::run::EventView::live(e, &ts));
-        }
-        state.last_seq = r.last_seq;
-        self.write_snapshot(&state, &graph, r.last_seq).await?;
+        // The event and the snapshot are written under a claim of the run, like any driver's.
+        let snapshot = async {
+            let (epoch, _) = self
+                .b
+                .store
+                .claim_run(project, run_id)
+                .await
+                .map_err(Error::store(format!("claiming run {run_id}")))?;
+            let written = async {
+                let r = self
+                    .b
+                    .store
+                    .append_events_fenced(
+                        project,
+                        run_id,
+                        events.iter().map(Ev::to_input).collect(),
+                        epoch,
+                    )
+                    .await
+                    .map_err(Error::store("recording task.canceled"))?;
+                let ts = ev::now();
+                for e in &events {
+                    state.apply(&crate::run::EventView::live(e, &ts));
+                }
+                state.last_seq = r.last_seq;
+                self.write_snapshot(&state, &graph, r.last_seq).await
+            }
+            .await;
+            self.b.store.forget_claim(project, run_id, epoch);
+            written
+        };
+        snapshot.await?;
         Ok(state.to_info(RunDir::new(run_id).root()))
     }
 
@@ -1152,7 +1190,31 @@ impl Runs {
     ) -> Result<String> {
         let lock = self.note_lock(project, run_id);
         let _g = lock.lock().await;
-        human::append_note(&self.b.store, project, run_id, by, heading, text).await
+        let note = human::append_note(&self.b.store, project, run_id, by, heading, text);
+        self.under_claim(project, run_id, note).await
+    }
+
+    /// Runs `write` (a write of a run's records) under this process's claim on the run: the
+    /// live driver's, or one taken for this write when no driver here holds one (a person's
+    /// note to a run nobody drives).
+    async fn under_claim<T>(
+        &self,
+        project: &str,
+        run_id: &str,
+        write: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        if self.b.store.run_fence(project, run_id).is_some() {
+            return write.await;
+        }
+        let (epoch, _) = self
+            .b
+            .store
+            .claim_run(project, run_id)
+            .await
+            .map_err(Error::store(format!("claiming run {run_id}")))?;
+        let written = write.await;
+        self.b.store.forget_claim(project, run_id, epoch);
+        written
     }
 
     pub async fn decide(
@@ -1322,11 +1384,14 @@ impl Runs {
             run_id: run_id.to_owned(),
             ..Default::default()
         };
-        self.b
-            .store
-            .put(project, &path, Bytes::from(yaml.to_owned()), &opts)
-            .await
-            .map_err(Error::store(format!("writing {path}")))?;
+        let put = async {
+            self.b
+                .store
+                .put(project, &path, Bytes::from(yaml.to_owned()), &opts)
+                .await
+                .map_err(Error::store(format!("writing {path}")))
+        };
+        self.under_claim(project, run_id, put).await?;
         let by = if by.is_empty() { "human" } else { by };
         let e = Ev::run(ev::CONTEXT_EDITED)
             .with("by", by)

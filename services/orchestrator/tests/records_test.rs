@@ -27,7 +27,15 @@ async fn gated_run(s: &Stack) -> String {
     run
 }
 
-/// Runs a one-node graph whose node writes through `vars.target`; returns the node's error.
+/// A graph whose node `n` (YAML flow mapping) names `{{nodes.v.value}}`: the value of
+/// `vars.target`, known only when the node runs (vars alone are filled in at submit).
+fn at_run_time(node: &str) -> String {
+    format!(
+        "nodes:\n  - {{id: v, type: tool_call, tool: echo, args: {{value: \"{{{{vars.target}}}}\"}}}}\n  - {node}\n"
+    )
+}
+
+/// Runs a graph expected to fail on one of its nodes; returns that node's error.
 async fn failed_node(s: &Stack, yaml: &str, vars: &[(&str, &str)]) -> String {
     let run = s.submit(yaml, vars).await.unwrap().run_id;
     let info = s.wait_final(&run, 30).await;
@@ -85,6 +93,15 @@ async fn literal_paths_under_records_are_refused_at_submit() {
             e.message()
         );
     }
+    // A variable is filled in at submit: refused there too.
+    let e = s
+        .submit(
+            r#"nodes: [{id: w, type: write_file, path: "{{vars.p}}", content: x}]"#,
+            &[("p", ".cairn/runs/other/shared/human-notes.md")],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
     assert!(s.list(".cairn/runs/other/").await.is_empty());
     s.stop().await;
 }
@@ -108,10 +125,9 @@ async fn write_file_through_a_template_never_rewrites_another_runs_records() {
         .unwrap();
     let notes_before = s.read(&format!("{dir}/shared/human-notes.md")).await.unwrap();
 
-    const WRITER: &str = r#"
-nodes:
-  - {id: w, type: write_file, path: "{{vars.target}}", content: "{{vars.body}}", overwrite: true}
-"#;
+    let writer = at_run_time(
+        r#"{id: w, type: write_file, path: "{{nodes.v.value}}", content: "{{vars.body}}", overwrite: true}"#,
+    );
     for (file, body) in [
         ("task.yaml", "id: forged\nstate: completed\n"),
         ("shared/human-notes.md", "forged notes"),
@@ -119,7 +135,7 @@ nodes:
         ("README.md", "forged"),
     ] {
         let target = format!("{dir}/{file}");
-        let error = failed_node(&s, WRITER, &[("target", &target), ("body", body)]).await;
+        let error = failed_node(&s, &writer, &[("target", &target), ("body", body)]).await;
         assert!(
             error.contains(".cairn/") && error.contains("only the run's driver"),
             "{file}: {error}"
@@ -130,7 +146,7 @@ nodes:
     let req = SubmitRunRequest {
         project_id: PROJECT.into(),
         run_id: own.into(),
-        graph_yaml: WRITER.into(),
+        graph_yaml: writer.clone(),
         vars: [
             ("target".to_owned(), format!(".cairn/runs/{own}/task.yaml")),
             ("body".to_owned(), "state: completed\n".to_owned()),
@@ -162,12 +178,10 @@ async fn a_gated_run_still_needs_its_approver_after_an_attempt_and_a_restart() {
     let mut s = Stack::start(Options::default()).await;
     let victim = gated_run(&s).await;
     let path = format!(".cairn/runs/{victim}/graph.resolved.json");
-    let error = failed_node(
-        &s,
-        r#"nodes: [{id: w, type: write_file, path: "{{vars.target}}", content: "{{vars.body}}", overwrite: true}]"#,
-        &[("target", &path), ("body", GATELESS)],
-    )
-    .await;
+    let writer = at_run_time(
+        r#"{id: w, type: write_file, path: "{{nodes.v.value}}", content: "{{vars.body}}", overwrite: true}"#,
+    );
+    let error = failed_node(&s, &writer, &[("target", &path), ("body", GATELESS)]).await;
     assert!(error.contains(".cairn/"), "{error}");
 
     // Restart: stop this orchestrator's drivers and start another on the same store, which
@@ -221,14 +235,12 @@ async fn a_gated_run_still_needs_its_approver_after_an_attempt_and_a_restart() {
 async fn nodes_read_only_their_own_runs_records() {
     let s = Stack::start(Options::default()).await;
     let victim = gated_run(&s).await;
-    const READER: &str = r#"
-nodes:
-  - {id: r, type: tool_call, tool: read_file, args: {path: "{{vars.source}}"}}
-"#;
+    let reader =
+        at_run_time(r#"{id: r, type: tool_call, tool: read_file, args: {path: "{{nodes.v.value}}"}}"#);
     let error = failed_node(
         &s,
-        READER,
-        &[("source", &format!(".cairn/runs/{victim}/task.yaml"))],
+        &reader,
+        &[("target", &format!(".cairn/runs/{victim}/task.yaml"))],
     )
     .await;
     assert!(
@@ -246,15 +258,19 @@ nodes:
         .run_id;
     let info = s.wait_state(&run, TaskState::Completed, 20).await;
     let outputs = &info.nodes[0].outputs_json;
-    assert!(!outputs.contains(&victim), "{outputs}");
+    assert!(outputs.contains(&format!(".cairn/runs/{run}/")), "{outputs}");
+    assert!(
+        !outputs.contains(&format!(".cairn/runs/{victim}")),
+        "{outputs}"
+    );
     // Its own records it may read.
     let own = "selfreader";
     s.submit_req(SubmitRunRequest {
         project_id: PROJECT.into(),
         run_id: own.into(),
-        graph_yaml: READER.into(),
+        graph_yaml: reader.clone(),
         vars: [(
-            "source".to_owned(),
+            "target".to_owned(),
             format!(".cairn/runs/{own}/graph.resolved.json"),
         )]
         .into(),
@@ -280,12 +296,10 @@ async fn deliveries_never_land_in_records() {
         .unwrap()
         .run_id;
     s.wait_state(&run, TaskState::Completed, 20).await;
-    let error = failed_node(
-        &s,
-        r#"nodes: [{id: d, type: deliver, files: [docs/x/forged.md], target: {type: local_dir, path: "{{vars.dir}}"}}]"#,
-        &[("dir", &dir)],
-    )
-    .await;
+    let deliver = at_run_time(
+        r#"{id: d, type: deliver, files: [docs/x/forged.md], target: {type: local_dir, path: "{{nodes.v.value}}"}, needs: [v]}"#,
+    );
+    let error = failed_node(&s, &deliver, &[("target", &dir)]).await;
     assert!(error.contains("only the run's driver"), "deliver: {error}");
     assert!(s.read(&format!("{dir}/forged.md")).await.is_none());
     s.stop().await;
@@ -307,21 +321,10 @@ async fn sandbox_outputs_never_land_in_records() {
     };
     let victim = gated_run(&s).await;
     let dir = format!(".cairn/runs/{victim}/shared");
-    let error = failed_node(
-        &s,
-        r#"
-nodes:
-  - id: s
-    type: sandbox_run
-    language: python
-    code: "open('/output/forged.md', 'w').write('forged')"
-    output_prefix: "{{vars.dir}}"
-    allowed_prefixes: ["{{vars.dir}}/"]
-    overwrite: true
-"#,
-        &[("dir", &dir)],
-    )
-    .await;
+    let sandbox = at_run_time(
+        r#"{id: s, type: sandbox_run, language: python, code: "open('/output/forged.md', 'w').write('forged')", output_prefix: "{{nodes.v.value}}", allowed_prefixes: ["{{nodes.v.value}}/"], overwrite: true}"#,
+    );
+    let error = failed_node(&s, &sandbox, &[("target", &dir)]).await;
     assert!(error.contains("only the run's driver"), "sandbox_run: {error}");
     assert!(s.read(&format!("{dir}/forged.md")).await.is_none());
     s.stop().await;

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 
 use super::{
-    artifact_written, file_outputs, ingest, project_path, NodeCtx, NodeError, NodeSuccess,
+    artifact_written, file_outputs, ingest, project_path, Access, NodeCtx, NodeError, NodeSuccess,
 };
 use crate::rundir::front_matter;
 use cairn_agents::{AgentError, AgentRequest, Attempt, Message, Role};
@@ -54,7 +54,7 @@ pub async fn run(ctx: &NodeCtx, spec: &AgentTask) -> Result<NodeSuccess, NodeErr
         .await
         .map_err(agent_error)?;
     let path = match &spec.path {
-        Some(t) => project_path(&ctx.scope, "path", t)?,
+        Some(t) => project_path(&ctx.scope, "path", t, Access::Write)?,
         None => format!("docs/{}/{}.md", ctx.run_id, ctx.node_id),
     };
     let messages = messages(ctx, spec, &agent).await?;
@@ -268,11 +268,9 @@ async fn messages(ctx: &NodeCtx, spec: &AgentTask, agent: &str) -> Result<Vec<Me
     {
         if let Ok(m) = crate::human::Manifest::parse(&String::from_utf8_lossy(&manifest)) {
             for a in m.attachments {
-                files.push((
-                    a.resolved_path(&ctx.run_id),
-                    a.range.clone(),
-                    a.reason.clone(),
-                ));
+                let path = a.resolved_path(&ctx.run_id);
+                super::check_access(&ctx.run_id, "context attachment", &path, Access::Read)?;
+                files.push((path, a.range.clone(), a.reason.clone()));
             }
         }
     }

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use cairn_proto::v1::{BlockStatus, IngestRequest, IngestResponse, Level, OverwritePolicy};
 use serde_json::{json, Value};
 
-use super::{project_path, NodeCtx, NodeError, NodeSuccess};
+use super::{project_path, Access, NodeCtx, NodeError, NodeSuccess};
 use cairn_graph::{IngestNode, Overwrite};
 use cairn_node::events::{Ev, INGEST_HOOK_FAILED, INGEST_INCOMPLETE};
 
@@ -178,7 +178,7 @@ fn merge(ctx: &NodeCtx, doc_path: &str, out: &mut NodeSuccess, r: &IngestRespons
 
 /// The explicit `ingest` node: ingests a document already in the project.
 pub async fn run(ctx: &NodeCtx, spec: &IngestNode) -> Result<NodeSuccess, NodeError> {
-    let doc_path = project_path(&ctx.scope, "doc_path", &spec.doc_path)?;
+    let doc_path = project_path(&ctx.scope, "doc_path", &spec.doc_path, Access::Read)?;
     let mode = spec
         .mode
         .clone()

@@ -36,7 +36,7 @@ pub async fn items(
             }
         },
         MapOver::File { file, pointer } => {
-            let path = super::project_path(scope, "over.file", file)?;
+            let path = super::project_path(scope, "over.file", file, super::Access::Read)?;
             let bytes = store
                 .get(project, &path)
                 .await

@@ -14,7 +14,7 @@ pub mod write_file;
 use std::sync::Arc;
 
 pub use cairn_node::{
-    artifact_written, expand_files, file_outputs, outcome_word, project_path, NodeCtx, NodeError,
+    artifact_written, check_access, expand_files, file_outputs, outcome_word, project_path, Access, NodeCtx, NodeError,
     NodeSuccess, Progress, Registry, Scope, Services, TaskMsg,
 };
 

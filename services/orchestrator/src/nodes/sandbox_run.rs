@@ -43,6 +43,8 @@ fn allowed(path: &str, prefixes: &[String]) -> bool {
 pub fn check_output_prefix(output_prefix: &str, prefixes: &[String]) -> Result<(), String> {
     pathguard::validate_prefix(output_prefix)
         .map_err(|rej| format!("field `output_prefix`: `{output_prefix}`: {rej}"))?;
+    pathguard::records::check_node_write(output_prefix)
+        .map_err(|e| format!("field `output_prefix`: {e}"))?;
     if !allowed(&format!("{output_prefix}/x"), prefixes) {
         return Err(format!(
             "field `output_prefix`: `{output_prefix}` is not under allowed_prefixes {prefixes:?}"
@@ -67,7 +69,7 @@ pub async fn run(ctx: &NodeCtx, spec: &SandboxRun) -> Result<NodeSuccess, NodeEr
     let mut inputs = expand_files(ctx, "input_files", &spec.input_files).await?;
     let code_file = match &spec.code_file {
         Some(t) => {
-            let p = super::project_path(scope, "code_file", t)?;
+            let p = super::project_path(scope, "code_file", t, super::Access::Read)?;
             if !inputs.contains(&p) {
                 inputs.push(p.clone());
             }
@@ -279,6 +281,7 @@ async fn write_outputs(
         let path = format!("{output_prefix}/{}", f.path);
         pathguard::validate(&path)
             .map_err(|rej| NodeError::refused(format!("output `{}`: {rej}", f.path)))?;
+        super::check_access(&ctx.run_id, "output", &path, super::Access::Write)?;
         if !allowed(&path, prefixes) {
             return Err(NodeError::refused(format!(
                 "output `{path}` is not under allowed_prefixes {prefixes:?}"

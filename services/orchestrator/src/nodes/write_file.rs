@@ -4,13 +4,13 @@
 use bytes::Bytes;
 
 use super::{
-    artifact_written, file_outputs, ingest, project_path, NodeCtx, NodeError, NodeSuccess,
+    artifact_written, file_outputs, ingest, project_path, Access, NodeCtx, NodeError, NodeSuccess,
 };
 use cairn_graph::WriteFile;
 use cairn_store_client::PutOptions;
 
 pub async fn run(ctx: &NodeCtx, spec: &WriteFile) -> Result<NodeSuccess, NodeError> {
-    let path = project_path(&ctx.scope, "path", &spec.path)?;
+    let path = project_path(&ctx.scope, "path", &spec.path, Access::Write)?;
     let content = Bytes::from(ctx.scope.render("content", &spec.content)?);
     // Identical bytes come back UNCHANGED, so a redone attempt never duplicates a file. The
     // node's completion event makes the directory entry durable (one fsync per event batch).
