@@ -554,6 +554,11 @@ impl Store {
         Ok(Some(r.claim))
     }
 
+    /// This process's claim on a run, if it holds one.
+    pub fn run_fence(&self, project: &str, run_id: &str) -> Option<RunFence> {
+        self.fence_for(project, "", run_id)
+    }
+
     /// The fence for a write of `path` on behalf of `run_id` (or, without one, of the run
     /// whose directory holds `path`), when this process holds a claim on that run.
     fn fence_for(&self, project: &str, path: &str, run_id: &str) -> Option<RunFence> {
