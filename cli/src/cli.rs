@@ -277,7 +277,8 @@ pub struct TokensFileArg {
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// The graph file (docs/graphs.md). Omit with --mode.
+    /// The graph file (docs/graphs.md). The files it names (schemas, limits, prompts) are
+    /// read from its directory and sent with it; none from outside it. Omit with --mode.
     pub graph: Option<PathBuf>,
     /// A value for {{vars.KEY}} (repeatable).
     #[arg(long = "var", value_name = "KEY=VALUE")]
