@@ -194,8 +194,19 @@ impl DockerBackend {
         ];
         cmd.extend(job.argv());
         // /output is the task directory's writable area (a tmpfs of max_total_output_bytes
-        // the runner mounted), bound in; it is still read back through the engine.
-        let task = TaskDir::create(&self.config, &job.id).await?;
+        // the runner mounted), bound in; it is still read back through the engine. A runner
+        // that may not mount (not root) keeps an anonymous volume, bounded per file only.
+        let task = match rustix::process::geteuid().is_root() {
+            true => Some(TaskDir::create(&self.config, &job.id).await?),
+            false => None,
+        };
+        let (volumes, binds) = match &task {
+            Some(t) => (
+                vec!["/input".to_string()],
+                Some(vec![format!("{}:/output:rw", t.output().display())]),
+            ),
+            None => (vec!["/input".to_string(), "/output".to_string()], None),
+        };
         let body = ContainerCreateBody {
             image: Some(job.image.clone()),
             cmd: Some(cmd),
@@ -215,11 +226,11 @@ impl DockerBackend {
             stdin_once: Some(true),
             tty: Some(false),
             network_disabled: Some(!job.network),
-            // An anonymous volume: uploads work with a read-only root filesystem. /output is
-            // bound, so it survives the container's exit until we have read it.
-            volumes: Some(vec!["/input".into()]),
+            // Anonymous volumes: uploads work with a read-only root filesystem, and /output
+            // (bound or a volume) survives the container's exit until we have read it.
+            volumes: Some(volumes),
             host_config: Some(HostConfig {
-                binds: Some(vec![format!("{}:/output:rw", task.output().display())]),
+                binds,
                 ulimits: Some(vec![ResourcesUlimits {
                     // No single file beyond the output limit: a 10 GB write stops there, one
                     // byte over it, so the collection knows the file was cut.
@@ -291,7 +302,7 @@ impl DockerBackend {
         // The flag is only worth a call when the kernel's SIGKILL is the likely cause.
         let oom_killed = !timed_out && exit_code == 137 && self.oom_killed(&name).await;
         let mut outputs = self.collect(&name, &job.limits).await?;
-        let writable_area_full = area::is_full(&task.output());
+        let writable_area_full = task.as_ref().is_some_and(|t| area::is_full(&t.output()));
         if writable_area_full {
             outputs = outputs.out_of_space();
         }
