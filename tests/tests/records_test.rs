@@ -178,7 +178,9 @@ async fn the_orchestrator_writes_a_runs_records_only_under_its_current_claim_on_
         .unwrap_err();
     assert_eq!(s.code(), Code::PermissionDenied, "{s:?}");
     // Outside run records nothing changes.
-    put(&mut orch, "docs/a.md", b"a", false, None).await.unwrap();
+    put(&mut orch, "docs/a.md", b"a", false, None)
+        .await
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -212,9 +214,15 @@ async fn graph_resolved_json_is_written_once_whoever_asks() {
     // The run's driver, under its claim, is held to it too.
     let mut orch = d.store("orchestrator");
     let epoch = claim(&mut orch, "r1").await;
-    let s = put(&mut orch, path, b"{\"nodes\":[]}", true, Some(("r1", epoch)))
-        .await
-        .unwrap_err();
+    let s = put(
+        &mut orch,
+        path,
+        b"{\"nodes\":[]}",
+        true,
+        Some(("r1", epoch)),
+    )
+    .await
+    .unwrap_err();
     assert_eq!(reason(&s).as_deref(), Some("write_once"), "{s:?}");
 }
 
@@ -302,5 +310,8 @@ async fn an_orchestrator_over_mtls_claims_every_record_it_writes() {
         }
     }
     let text = String::from_utf8(text).unwrap();
-    assert!(text.contains("fine") && text.contains("afterwards"), "{text}");
+    assert!(
+        text.contains("fine") && text.contains("afterwards"),
+        "{text}"
+    );
 }

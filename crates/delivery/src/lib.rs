@@ -65,7 +65,12 @@ pub fn target_dir(t: &Target, scope: &Scope) -> Result<String, NodeError> {
         .to_owned();
     pathguard::validate_prefix(&dir)
         .map_err(|rej| NodeError::refused(format!("target.path `{dir}`: {rej}")))?;
-    cairn_node::check_access(&scope.graph.run_id, "target.path", &dir, cairn_node::Access::Write)?;
+    cairn_node::check_access(
+        &scope.graph.run_id,
+        "target.path",
+        &dir,
+        cairn_node::Access::Write,
+    )?;
     Ok(dir)
 }
 

@@ -245,7 +245,12 @@ pub async fn run(ctx: &NodeCtx, spec: &ExternalAgent) -> Result<NodeSuccess, Nod
     pathguard::validate_prefix(&workspace)
         .map_err(|rej| NodeError::refused(format!("field `workspace`: `{workspace}`: {rej}")))?;
     // Staged in and written back: the records rule for writes covers both.
-    cairn_node::check_access(&ctx.run_id, "workspace", &workspace, cairn_node::Access::Write)?;
+    cairn_node::check_access(
+        &ctx.run_id,
+        "workspace",
+        &workspace,
+        cairn_node::Access::Write,
+    )?;
     if workspace.is_empty() {
         return Err(NodeError::refused(
             "field `workspace`: name a project directory such as `workspace/`",

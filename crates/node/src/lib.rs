@@ -396,7 +396,12 @@ pub enum Access {
 
 /// The run-records rule for a path (or prefix) a graph names, after rendering: a node never
 /// writes under `.cairn/` and reads only its own run's records there.
-pub fn check_access(run_id: &str, field: &str, path: &str, access: Access) -> Result<(), NodeError> {
+pub fn check_access(
+    run_id: &str,
+    field: &str,
+    path: &str,
+    access: Access,
+) -> Result<(), NodeError> {
     let checked = match access {
         Access::Write => pathguard::records::check_node_write(path),
         Access::Read => pathguard::records::check_node_read(path, run_id),

@@ -92,7 +92,12 @@ mod tests {
         ] {
             assert!(check_node_write(p).is_err(), "{p}");
         }
-        for p in ["docs/a.md", "workspace/.cairn/x", ".cairn-agent/x", "cairn/x"] {
+        for p in [
+            "docs/a.md",
+            "workspace/.cairn/x",
+            ".cairn-agent/x",
+            "cairn/x",
+        ] {
             assert!(check_node_write(p).is_ok(), "{p}");
         }
     }

@@ -15,7 +15,9 @@ use crate::{
 };
 use cairn_node::events::Ev;
 use cairn_node::layout::front_matter;
-use cairn_node::{artifact_written, file_outputs, project_path, Access, NodeCtx, NodeError, NodeSuccess};
+use cairn_node::{
+    artifact_written, file_outputs, project_path, Access, NodeCtx, NodeError, NodeSuccess,
+};
 use cairn_store_client::PutOptions;
 
 /// One result to read: its name and what the plan says it is.

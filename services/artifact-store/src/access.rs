@@ -226,7 +226,9 @@ mod tests {
         assert!(put("docs/a.md", None));
         assert!(put(".cairn/project.json", None));
         // People's tools keep their own rules (task.yaml edits are validated).
-        assert!(check_record_claim(&caller("cli"), "Put", ".cairn/runs/r1/task.yaml", None).is_ok());
+        assert!(
+            check_record_claim(&caller("cli"), "Put", ".cairn/runs/r1/task.yaml", None).is_ok()
+        );
     }
 
     #[test]

@@ -123,7 +123,10 @@ async fn write_file_through_a_template_never_rewrites_another_runs_records() {
         })
         .await
         .unwrap();
-    let notes_before = s.read(&format!("{dir}/shared/human-notes.md")).await.unwrap();
+    let notes_before = s
+        .read(&format!("{dir}/shared/human-notes.md"))
+        .await
+        .unwrap();
 
     let writer = at_run_time(
         r#"{id: w, type: write_file, path: "{{nodes.v.value}}", content: "{{vars.body}}", overwrite: true}"#,
@@ -168,8 +171,14 @@ async fn write_file_through_a_template_never_rewrites_another_runs_records() {
             .unwrap(),
         notes_before
     );
-    assert!(!s.read_text(&format!("{dir}/task.yaml")).await.contains("forged"));
-    assert!(!s.read_text(&format!("{dir}/README.md")).await.contains("forged"));
+    assert!(!s
+        .read_text(&format!("{dir}/task.yaml"))
+        .await
+        .contains("forged"));
+    assert!(!s
+        .read_text(&format!("{dir}/README.md"))
+        .await
+        .contains("forged"));
     s.stop().await;
 }
 
@@ -211,7 +220,10 @@ async fn a_gated_run_still_needs_its_approver_after_an_attempt_and_a_restart() {
         TaskState::InputRequired as i32,
         "the gate must still block after the restart: {info:#?}"
     );
-    assert!(s.read(&format!("docs/{victim}/published.txt")).await.is_none());
+    assert!(s
+        .read(&format!("docs/{victim}/published.txt"))
+        .await
+        .is_none());
     s.client
         .clone()
         .approve_gate(GateDecisionRequest {
@@ -235,8 +247,9 @@ async fn a_gated_run_still_needs_its_approver_after_an_attempt_and_a_restart() {
 async fn nodes_read_only_their_own_runs_records() {
     let s = Stack::start(Options::default()).await;
     let victim = gated_run(&s).await;
-    let reader =
-        at_run_time(r#"{id: r, type: tool_call, tool: read_file, args: {path: "{{nodes.v.value}}"}}"#);
+    let reader = at_run_time(
+        r#"{id: r, type: tool_call, tool: read_file, args: {path: "{{nodes.v.value}}"}}"#,
+    );
     let error = failed_node(
         &s,
         &reader,
@@ -258,7 +271,10 @@ async fn nodes_read_only_their_own_runs_records() {
         .run_id;
     let info = s.wait_state(&run, TaskState::Completed, 20).await;
     let outputs = &info.nodes[0].outputs_json;
-    assert!(outputs.contains(&format!(".cairn/runs/{run}/")), "{outputs}");
+    assert!(
+        outputs.contains(&format!(".cairn/runs/{run}/")),
+        "{outputs}"
+    );
     assert!(
         !outputs.contains(&format!(".cairn/runs/{victim}")),
         "{outputs}"
@@ -325,7 +341,10 @@ async fn sandbox_outputs_never_land_in_records() {
         r#"{id: s, type: sandbox_run, language: python, code: "open('/output/forged.md', 'w').write('forged')", output_prefix: "{{nodes.v.value}}", allowed_prefixes: ["{{nodes.v.value}}/"], overwrite: true}"#,
     );
     let error = failed_node(&s, &sandbox, &[("target", &dir)]).await;
-    assert!(error.contains("only the run's driver"), "sandbox_run: {error}");
+    assert!(
+        error.contains("only the run's driver"),
+        "sandbox_run: {error}"
+    );
     assert!(s.read(&format!("{dir}/forged.md")).await.is_none());
     s.stop().await;
 }

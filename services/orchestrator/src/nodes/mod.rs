@@ -14,8 +14,8 @@ pub mod write_file;
 use std::sync::Arc;
 
 pub use cairn_node::{
-    artifact_written, check_access, expand_files, file_outputs, outcome_word, project_path, Access, NodeCtx, NodeError,
-    NodeSuccess, Progress, Registry, Scope, Services, TaskMsg,
+    artifact_written, check_access, expand_files, file_outputs, outcome_word, project_path, Access,
+    NodeCtx, NodeError, NodeSuccess, Progress, Registry, Scope, Services, TaskMsg,
 };
 
 use crate::config::Config;
