@@ -66,11 +66,19 @@ fn up(data: &std::path::Path, extra: &[&std::ffi::OsStr]) -> (common::Killed, St
         .unwrap();
     let stderr = child.stderr.take().unwrap();
     let killed = common::Killed(child);
-    let mut lines = BufReader::new(stderr).lines();
+    // Lines come through a thread, so a `cairn up` that never prints one fails the test
+    // instead of hanging it; the thread keeps reading so the child never blocks on the pipe.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            if tx.send(line.unwrap_or_default()).is_err() {
+                break;
+            }
+        }
+    });
     let mut said = String::new();
     let mut addr = None;
-    for line in lines.by_ref() {
-        let line = line.unwrap();
+    while let Ok(line) = rx.recv_timeout(std::time::Duration::from_secs(60)) {
         said.push_str(&line);
         said.push('\n');
         if let Some(rest) = line.strip_prefix("cairn is up on ") {
@@ -80,9 +88,8 @@ fn up(data: &std::path::Path, extra: &[&std::ffi::OsStr]) -> (common::Killed, St
             break;
         }
     }
+    std::thread::spawn(move || for _ in rx {});
     let addr = addr.unwrap_or_else(|| panic!("cairn up says where it listens: {said}"));
-    // Keep reading so the child never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
     (killed, addr, said)
 }
 
