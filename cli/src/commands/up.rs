@@ -43,11 +43,13 @@ pub async fn run(global: &Global, args: UpArgs) -> anyhow::Result<ExitCode> {
         in_process,
     )
     .await?;
+    // One write: a caller that reads only the first line and closes the pipe must not make
+    // the second one fail.
     eprintln!(
-        "cairn is up on {addr} (data root {}); use CAIRN_ADDR={addr} with other cairn commands. Ctrl-C stops.",
-        global.data_root.display()
+        "cairn is up on {addr} (data root {}); use CAIRN_ADDR={addr} with other cairn commands. Ctrl-C stops.\n{}",
+        global.data_root.display(),
+        trust_mode(tls, hosted.tokens_required)
     );
-    eprintln!("{}", trust_mode(tls, hosted.tokens_required));
 
     // One signal stops both the gRPC services and the console; a console that stops with an
     // error stops the services too.
