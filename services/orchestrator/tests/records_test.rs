@@ -348,3 +348,211 @@ async fn sandbox_outputs_never_land_in_records() {
     assert!(s.read(&format!("{dir}/forged.md")).await.is_none());
     s.stop().await;
 }
+
+/// Submits `yaml` (as run `run_id` when not empty) with `vars` and the `llm` setting; returns
+/// the error of the node that failed the run.
+async fn failed_run(
+    s: &Stack,
+    run_id: &str,
+    yaml: &str,
+    vars: &[(&str, &str)],
+    llm: &str,
+) -> String {
+    let run = s
+        .submit_req(SubmitRunRequest {
+            project_id: PROJECT.into(),
+            run_id: run_id.into(),
+            graph_yaml: yaml.into(),
+            vars: vars
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            llm: llm.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .run_id;
+    let info = s.wait_final(&run, 30).await;
+    assert_eq!(
+        info.state,
+        TaskState::Failed as i32,
+        "the run must fail: {info:#?}"
+    );
+    info.nodes
+        .iter()
+        .find(|n| n.state == NodeState::Failed as i32)
+        .unwrap_or_else(|| panic!("no failed node: {info:#?}"))
+        .error
+        .clone()
+}
+
+/// Nothing at `path` (a file or a directory) in the project.
+async fn nothing_at(s: &Stack, path: &str) {
+    assert!(s.read(path).await.is_none(), "{path} was written");
+    let under = s.list(&format!("{path}/")).await;
+    assert!(under.is_empty(), "written under {path}/: {under:?}");
+}
+
+/// Runs `node` (which takes a path from `{{nodes.v.value}}`, see `at_run_time`) aimed first at
+/// `file` in the records of a waiting run, then at `file` in its own run's records: each time
+/// the node fails naming the records rule and `field`, and nothing lands there.
+async fn refused_in_any_records(s: &Stack, node: &str, file: &str, field: &str, llm: &str) {
+    let victim = gated_run(s).await;
+    let own = format!("own{}", victim.replace(['-', '_'], ""));
+    for (run_id, records) in [("", &victim), (own.as_str(), &own)] {
+        let target = format!(".cairn/runs/{records}/{file}");
+        let error = failed_run(s, run_id, &at_run_time(node), &[("target", &target)], llm).await;
+        assert!(
+            error.contains("only the run's driver") && error.contains(field),
+            "{field} at {target}: {error}"
+        );
+        nothing_at(s, &target).await;
+    }
+    // The waiting run is still waiting, its graph as it was.
+    assert_eq!(
+        s.get(&victim).await.state,
+        TaskState::InputRequired as i32
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_task_documents_never_land_in_records() {
+    let s = Stack::start(Options::default()).await;
+    let llm = inline_cassette(b"answers:\n  - node: a\n    content: forged\n");
+    refused_in_any_records(
+        &s,
+        r#"{id: a, type: agent_task, prompt: hi, path: "{{nodes.v.value}}", needs: [v]}"#,
+        "shared/forged.md",
+        "field `path`",
+        &llm,
+    )
+    .await;
+    s.stop().await;
+}
+
+/// Room for every plan of the test: each selects `k`, so its run's plan is an auto one.
+const LIMITS: &str = "limits: {tasks: [{key: k, daily_limit: 1000, prompt: x}]}";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn phase_counters_and_reports_never_land_in_records() {
+    let s = Stack::start(Options {
+        ingest: false,
+        ..Options::default()
+    })
+    .await;
+    // plan `counters`.
+    refused_in_any_records(
+        &s,
+        &format!(
+            r#"{{id: p, type: plan, {LIMITS}, counters: "{{{{nodes.v.value}}}}", needs: [v]}}"#
+        ),
+        "shared/counters.json",
+        "field `counters`",
+        "",
+    )
+    .await;
+    // assemble `counters` and `report`, after an auto plan of the same run.
+    for (field, file) in [
+        ("counters", "shared/counters.json"),
+        ("report", "shared/report.md"),
+    ] {
+        let assemble = format!(
+            "{{id: p, type: plan, {LIMITS}, result: todoist-plan.json}}\n  - {{id: a, type: assemble, needs: [p, v], trigger: none_failed, plan: todoist-plan.json, {field}: \"{{{{nodes.v.value}}}}\"}}"
+        );
+        refused_in_any_records(&s, &assemble, file, &format!("field `{field}`"), "").await;
+    }
+    s.stop().await;
+}
+
+fn tools_dir(c: &mut cairn_orchestrator::Config) {
+    c.tools_dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tools").into();
+    c.retry.max_attempts = 1;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn installed_tool_outputs_never_land_in_records() {
+    let s = Stack::start(Options {
+        ingest: false,
+        tweak: tools_dir,
+        ..Options::default()
+    })
+    .await;
+    // The run whose records the first tool's manifest names.
+    s.submit_req(SubmitRunRequest {
+        project_id: PROJECT.into(),
+        run_id: "toolvictim".into(),
+        graph_yaml: GATED.into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    s.wait_state("toolvictim", TaskState::InputRequired, 20)
+        .await;
+    let own = "toolwriter";
+    for (tool, run_id, records) in [
+        ("recordwriter", "", "toolvictim"),
+        ("ownrecordwriter", own, own),
+    ] {
+        let yaml = format!("nodes: [{{id: t, type: tool_call, tool: {tool}}}]");
+        let error = failed_run(&s, run_id, &yaml, &[], "").await;
+        assert!(
+            error.contains("only the run's driver") && error.contains("output_prefix"),
+            "{tool}: {error}"
+        );
+        nothing_at(&s, &format!(".cairn/runs/{records}/shared/forged.md")).await;
+    }
+    assert_eq!(
+        s.get("toolvictim").await.state,
+        TaskState::InputRequired as i32
+    );
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn code_delivery_directories_never_land_in_records() {
+    let s = Stack::start(Options {
+        ingest: false,
+        ..Options::default()
+    })
+    .await;
+    // The target is checked before any model or sandbox is used: neither is needed here.
+    refused_in_any_records(
+        &s,
+        r#"{id: cd, type: code_delivery, prompt: hi, source_type: empty, target: {type: directory, path: "{{nodes.v.value}}"}, needs: [v]}"#,
+        "shared/delivered",
+        "field `target.path`",
+        "",
+    )
+    .await;
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn external_agent_workspaces_never_land_in_records() {
+    // Submit wants a sandbox runner for external_agent nodes (Docker under
+    // CAIRN_REQUIRE_DOCKER=1, else the local backend); the workspace is refused before any
+    // session starts.
+    let s = match Stack::try_start(Options {
+        ingest: false,
+        sandbox: Sandbox::Required,
+        ..Options::default()
+    })
+    .await
+    {
+        Ok(s) => s,
+        Err(e) => {
+            println!("SKIP: external_agent_workspaces_never_land_in_records: no sandbox backend can run here ({e})");
+            return;
+        }
+    };
+    refused_in_any_records(
+        &s,
+        r#"{id: x, type: external_agent, agent: dev, prompt: hi, command: [python3, fake.py], workspace: "{{nodes.v.value}}", needs: [v]}"#,
+        "workspace",
+        "field `workspace`",
+        "",
+    )
+    .await;
+    s.stop().await;
+}
