@@ -409,11 +409,8 @@ async fn refused_in_any_records(s: &Stack, node: &str, file: &str, field: &str, 
         );
         nothing_at(s, &target).await;
     }
-    // The waiting run is still waiting, its graph as it was.
-    assert_eq!(
-        s.get(&victim).await.state,
-        TaskState::InputRequired as i32
-    );
+    // The waiting run still waits for its approver.
+    assert_eq!(s.get(&victim).await.state, TaskState::InputRequired as i32);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
