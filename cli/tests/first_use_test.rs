@@ -274,7 +274,12 @@ fn gate_reject_prints_the_run_after_the_decision() {
         .timeout(std::time::Duration::from_secs(60))
         .output()
         .unwrap();
-    let waiting: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let waiting: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "cairn run printed no run ({e}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
     assert_eq!(waiting["state"], "input-required", "{waiting}");
     let out = cairn(dir.path())
         .args([

@@ -409,6 +409,8 @@ mod tests {
                 "Delete",
                 "AppendEvents",
                 "ClaimRun",
+                // Issues a capability to write for a run: a write in effect.
+                "GrantIngestClaim",
                 "UpdateJson",
             ]
             .contains(&method),

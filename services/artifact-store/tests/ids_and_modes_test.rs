@@ -48,7 +48,8 @@ fn mode(path: &Path) -> u32 {
         & 0o777
 }
 
-/// Every file is 0640 and every directory 0750 at and below `root` (tests run with umask 022).
+/// Every file is 0640 (the claim key 0600) and every directory 0750 at and below `root` (tests
+/// run with umask 022).
 fn assert_private(root: &Path) {
     let mut seen = 0;
     let mut stack = vec![root.to_path_buf()];
@@ -60,7 +61,13 @@ fn assert_private(root: &Path) {
             if ft.is_dir() {
                 stack.push(path);
             } else if ft.is_file() {
-                assert_eq!(mode(&path), 0o640, "file {}", path.display());
+                // The claim key is the store's secret: owner only.
+                let want = if path.ends_with("claim.key") {
+                    0o600
+                } else {
+                    0o640
+                };
+                assert_eq!(mode(&path), want, "file {}", path.display());
                 seen += 1;
             }
         }

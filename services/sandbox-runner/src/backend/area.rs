@@ -1,9 +1,10 @@
 //! Writable areas: the host directories a sandbox writes (a run's /output, a session's task
 //! directory holding /workspace and /tmpfs) as tmpfs file systems of `max_total_output_bytes`
 //! each, mounted by the runner, so a program that writes past the cap gets ENOSPC and the
-//! runner's disk never holds its writes. Mounting needs root; a runner without it keeps plain
-//! directories (unbounded) and says so once at start. Removing a task directory unmounts
-//! every area below it first (`unmount_below`).
+//! runner's disk never holds its writes. Mounting needs root with the right to mount (a runner
+//! in a container usually lacks it); a runner without it keeps plain directories (bounded per
+//! file only) and says so once, at warn. Removing a task directory unmounts every area below
+//! it first (`unmount_below`).
 
 use std::path::{Path, PathBuf};
 
@@ -11,14 +12,56 @@ use std::path::{Path, PathBuf};
 /// a page or two.
 const FULL_BELOW: u64 = 64 * 1024;
 
+/// May this process mount writable areas? Asked once: root, and a probe tmpfs mounts (a
+/// root without CAP_SYS_ADMIN, as in most containers, gets EPERM). Says so at warn when not.
+pub fn available() -> bool {
+    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        let why = if rustix::process::geteuid().is_root() {
+            match probe() {
+                Ok(()) => return true,
+                Err(e) => format!("a probe tmpfs could not be mounted ({e})"),
+            }
+        } else {
+            "the runner is not root".to_owned()
+        };
+        tracing::warn!(
+            "writable areas are not bounded: {why}; sandboxes' /output and sessions' directories are plain directories, capped per file only (run the runner as root with the right to mount, e.g. CAP_SYS_ADMIN, to cap their total at max_total_output_bytes)"
+        );
+        false
+    })
+}
+
+/// Mounts and unmounts a small tmpfs in a fresh temporary directory.
+fn probe() -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    let dir = std::env::temp_dir().join(format!(
+        "cairn-area-probe-{}-{}",
+        std::process::id(),
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
+    let mounted = mount_tmpfs(&dir, 1 << 20, (0, 0), 0o700);
+    if mounted.is_ok() {
+        unmount_below(&dir);
+    }
+    let _ = std::fs::remove_dir(&dir);
+    mounted
+}
+
 /// Makes `dir` (existing, empty) a tmpfs of `bytes` owned by `owner` with `mode`. Ok(false)
-/// when this process may not mount (not root): `dir` stays a plain directory.
-#[allow(unsafe_code)]
+/// when this process may not mount ([`available`]): `dir` stays a plain directory.
 pub fn mount(dir: &Path, bytes: u64, owner: (u32, u32), mode: u32) -> std::io::Result<bool> {
-    use std::os::unix::ffi::OsStrExt;
-    if !rustix::process::geteuid().is_root() {
+    if !available() {
         return Ok(false);
     }
+    mount_tmpfs(dir, bytes, owner, mode)?;
+    Ok(true)
+}
+
+#[allow(unsafe_code)]
+fn mount_tmpfs(dir: &Path, bytes: u64, owner: (u32, u32), mode: u32) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
     let target = std::ffi::CString::new(dir.as_os_str().as_bytes())
         .map_err(|_| std::io::Error::other("a task directory path holds a NUL byte"))?;
     // Pages of the runner's tmpfs, never its disk; exec stays allowed (build tools run what
@@ -42,7 +85,7 @@ pub fn mount(dir: &Path, bytes: u64, owner: (u32, u32), mode: u32) -> std::io::R
     if rc != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    Ok(true)
+    Ok(())
 }
 
 /// Is the file system of `dir` (an area) full? False when it cannot be asked.

@@ -195,8 +195,9 @@ impl DockerBackend {
         cmd.extend(job.argv());
         // /output is the task directory's writable area (a tmpfs of max_total_output_bytes
         // the runner mounted), bound in; it is still read back through the engine. A runner
-        // that may not mount (not root) keeps an anonymous volume, bounded per file only.
-        let task = match rustix::process::geteuid().is_root() {
+        // that may not mount (not root, or no right to mount) keeps an anonymous volume,
+        // bounded per file only.
+        let task = match area::available() {
             true => Some(TaskDir::create(&self.config, &job.id).await?),
             false => None,
         };

@@ -1,0 +1,363 @@
+//! The human actions on a run: cancel, resume, gate decisions, rework, notes and context edits.
+//! Each is recorded as an event carrying who did it; a run with no driver here is brought back
+//! to life when the action needs one, and its records are written only under a claim on it.
+
+use std::sync::Arc;
+
+use cairn_proto::v1 as pb;
+use tokio::sync::oneshot;
+
+use bytes::Bytes;
+use cairn_store_client::PutOptions;
+
+use super::{key, Runs};
+use crate::error::{Error, Result};
+use crate::gates::Decision;
+use crate::human::{self, Manifest};
+use crate::run::TaskState;
+use crate::rundir::RunDir;
+use crate::scheduler::Command;
+use cairn_node::events::{self as ev, Ev};
+
+impl Runs {
+    pub async fn cancel(
+        &self,
+        project: &str,
+        run_id: &str,
+        by: &str,
+        reason: &str,
+    ) -> Result<pb::RunInfo> {
+        if let Some(c) = self.live_cmd(project, run_id) {
+            let (tx, rx) = oneshot::channel();
+            let cmd = Command::Cancel {
+                by: by.to_owned(),
+                reason: reason.to_owned(),
+                reply: tx,
+            };
+            if c.send(cmd).await.is_ok() {
+                if let Ok(r) = rx.await {
+                    return r;
+                }
+            }
+        }
+        let (graph, mut state) = self.load(project, run_id).await?;
+        if state.state.is_final() {
+            return Err(Error::FailedPrecondition(format!(
+                "run {run_id} is already {}",
+                state.state.as_str()
+            )));
+        }
+        // Not live (no driver): record the cancellation directly, after any edit a human
+        // made to task.yaml meanwhile (the snapshot below rewrites it).
+        let mut events = Vec::new();
+        let task_yaml = RunDir::new(run_id).task_yaml();
+        if let Ok(Some(text)) = self
+            .b
+            .store
+            .get_at_most(project, &task_yaml, 16 << 20)
+            .await
+        {
+            let text = String::from_utf8_lossy(&text);
+            if crate::task_edits::changes(&text, &state).is_ok_and(|c| !c.is_empty()) {
+                events.push(crate::task_edits::event(&text, &state));
+            }
+        }
+        events.push(
+            Ev::run(ev::TASK_CANCELED)
+                .with("by", if by.is_empty() { "human" } else { by })
+                .with("reason", reason),
+        );
+        // The event and the snapshot are written under a claim of the run, like any driver's.
+        let snapshot = async {
+            let (epoch, _) = self
+                .b
+                .store
+                .claim_run(project, run_id)
+                .await
+                .map_err(Error::store(format!("claiming run {run_id}")))?;
+            let written = async {
+                let r = self
+                    .b
+                    .store
+                    .append_events_fenced(
+                        project,
+                        run_id,
+                        events.iter().map(Ev::to_input).collect(),
+                        epoch,
+                    )
+                    .await
+                    .map_err(Error::store("recording task.canceled"))?;
+                let ts = ev::now();
+                for e in &events {
+                    state.apply(&crate::run::EventView::live(e, &ts));
+                }
+                state.last_seq = r.last_seq;
+                self.write_snapshot(&state, &graph, r.last_seq).await
+            }
+            .await;
+            self.b.store.forget_claim(project, run_id, epoch);
+            written
+        };
+        snapshot.await?;
+        Ok(state.to_info(RunDir::new(run_id).root()))
+    }
+
+    pub async fn resume(
+        &self,
+        project: &str,
+        run_id: &str,
+        by: &str,
+        reason: &str,
+    ) -> Result<pb::RunInfo> {
+        if self.live_cmd(project, run_id).is_some() {
+            return self.get(project, run_id).await;
+        }
+        let (_, state) = self.load(project, run_id).await?;
+        match state.state {
+            TaskState::Completed | TaskState::Canceled => Err(Error::FailedPrecondition(format!(
+                "run {run_id} is {}; request a rework of a node to run parts of it again",
+                state.state.as_str()
+            ))),
+            _ => {
+                self.ensure_live(
+                    project,
+                    run_id,
+                    by,
+                    if reason.is_empty() {
+                        "resume requested"
+                    } else {
+                        reason
+                    },
+                    None,
+                )
+                .await?;
+                self.get(project, run_id).await
+            }
+        }
+    }
+
+    fn note_lock(&self, project: &str, run_id: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.note_locks.lock().unwrap_or_else(|p| p.into_inner());
+        locks.entry(key(project, run_id)).or_default().clone()
+    }
+
+    async fn append_note(
+        &self,
+        project: &str,
+        run_id: &str,
+        by: &str,
+        heading: &str,
+        text: &str,
+    ) -> Result<String> {
+        let lock = self.note_lock(project, run_id);
+        let _g = lock.lock().await;
+        let note = human::append_note(&self.b.store, project, run_id, by, heading, text);
+        self.under_claim(project, run_id, note).await
+    }
+
+    /// Runs `write` (a write of a run's records) under this process's claim on the run: the
+    /// live driver's, or one taken for this write when no driver here holds one (a person's
+    /// note to a run nobody drives).
+    async fn under_claim<T>(
+        &self,
+        project: &str,
+        run_id: &str,
+        write: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        if self.b.store.run_fence(project, run_id).is_some() {
+            return write.await;
+        }
+        let (epoch, _) = self
+            .b
+            .store
+            .claim_run(project, run_id)
+            .await
+            .map_err(Error::store(format!("claiming run {run_id}")))?;
+        let written = write.await;
+        self.b.store.forget_claim(project, run_id, epoch);
+        written
+    }
+
+    pub async fn decide(
+        &self,
+        project: &str,
+        run_id: &str,
+        gate: &str,
+        d: Decision,
+        by: &str,
+        note: &str,
+    ) -> Result<pb::RunInfo> {
+        // Check before writing the note, so a refused decision leaves nothing behind.
+        let info = self.get(project, run_id).await?;
+        if let Some(st) = pb::TaskState::try_from(info.state)
+            .ok()
+            .and_then(TaskState::from_proto)
+            .filter(|s| s.is_final())
+        {
+            return Err(Error::FailedPrecondition(format!(
+                "run {run_id} is {}; its gates can no longer be decided",
+                st.as_str()
+            )));
+        }
+        let blocked = info
+            .gates
+            .iter()
+            .any(|g| g.id == gate && g.state == pb::GateState::Blocked as i32);
+        if !blocked {
+            let (_, state) = self.load(project, run_id).await?;
+            crate::gates::check_decidable(&state, gate)?;
+        }
+        let note_ref = if note.trim().is_empty() {
+            None
+        } else {
+            Some(
+                self.append_note(
+                    project,
+                    run_id,
+                    by,
+                    &format!("{} of gate `{gate}`", d.word()),
+                    note,
+                )
+                .await?,
+            )
+        };
+        let (tx, rx) = oneshot::channel();
+        let cmd = Command::Decide {
+            gate: gate.to_owned(),
+            decision: d,
+            by: by.to_owned(),
+            note: note.to_owned(),
+            note_ref,
+            reply: tx,
+        };
+        self.ensure_live(project, run_id, by, "gate decision", Some(cmd))
+            .await?;
+        rx.await
+            .map_err(|_| Error::Unavailable("the run stopped before deciding; retry".into()))?
+    }
+
+    pub async fn rework(
+        &self,
+        project: &str,
+        run_id: &str,
+        node: &str,
+        by: &str,
+        note: &str,
+    ) -> Result<pb::RunInfo> {
+        let info = self.get(project, run_id).await?;
+        if !info.nodes.iter().any(|n| n.id == node) {
+            return Err(Error::NotFound(format!(
+                "run {run_id} has no node `{node}`"
+            )));
+        }
+        if info.state == pb::TaskState::Canceled as i32 {
+            return Err(Error::FailedPrecondition(format!(
+                "run {run_id} is canceled; submit it again instead"
+            )));
+        }
+        let note_ref = if note.trim().is_empty() {
+            None
+        } else {
+            Some(
+                self.append_note(
+                    project,
+                    run_id,
+                    by,
+                    &format!("rework of node `{node}`"),
+                    note,
+                )
+                .await?,
+            )
+        };
+        let (tx, rx) = oneshot::channel();
+        let cmd = Command::Rework {
+            node: node.to_owned(),
+            by: by.to_owned(),
+            note: note.to_owned(),
+            note_ref,
+            reply: tx,
+        };
+        self.ensure_live(project, run_id, by, "rework requested", Some(cmd))
+            .await?;
+        rx.await
+            .map_err(|_| Error::Unavailable("the run stopped before the rework; retry".into()))?
+    }
+
+    /// Records a human event: through the live run's recorder, or straight to the store.
+    async fn record(&self, project: &str, run_id: &str, e: Ev) -> Result<u64> {
+        if let Some(c) = self.live_cmd(project, run_id) {
+            let (tx, rx) = oneshot::channel();
+            if c.send(Command::Record {
+                event: e.clone(),
+                reply: tx,
+            })
+            .await
+            .is_ok()
+            {
+                if let Ok(r) = rx.await {
+                    return r;
+                }
+            }
+        }
+        let r = self
+            .b
+            .store
+            .append_events(project, run_id, vec![e.to_input()])
+            .await
+            .map_err(Error::store("recording the event"))?;
+        Ok(r.first_seq)
+    }
+
+    pub async fn add_note(
+        &self,
+        project: &str,
+        run_id: &str,
+        by: &str,
+        text: &str,
+    ) -> Result<(u64, String)> {
+        if text.trim().is_empty() {
+            return Err(Error::InvalidArgument("the note is empty".into()));
+        }
+        self.get(project, run_id).await?;
+        let by = if by.is_empty() { "human" } else { by };
+        let note_ref = self.append_note(project, run_id, by, "note", text).await?;
+        let e = Ev::run(ev::HUMAN_NOTE)
+            .with("by", by)
+            .with("ref", note_ref.clone())
+            .with("bytes", text.len());
+        let seq = self.record(project, run_id, e).await?;
+        Ok((seq, note_ref))
+    }
+
+    pub async fn edit_context(
+        &self,
+        project: &str,
+        run_id: &str,
+        by: &str,
+        yaml: &str,
+    ) -> Result<u64> {
+        let manifest = Manifest::parse(yaml)
+            .map_err(|e| Error::InvalidArgument(format!("context manifest: {e}")))?;
+        self.get(project, run_id).await?;
+        let path = RunDir::new(run_id).context_manifest();
+        let opts = PutOptions {
+            overwrite: true,
+            run_id: run_id.to_owned(),
+            ..Default::default()
+        };
+        let put = async {
+            self.b
+                .store
+                .put(project, &path, Bytes::from(yaml.to_owned()), &opts)
+                .await
+                .map_err(Error::store(format!("writing {path}")))
+        };
+        self.under_claim(project, run_id, put).await?;
+        let by = if by.is_empty() { "human" } else { by };
+        let e = Ev::run(ev::CONTEXT_EDITED)
+            .with("by", by)
+            .with("path", "shared/context-manifest.yaml")
+            .with("attachments", manifest.attachments.len());
+        self.record(project, run_id, e).await
+    }
+}
