@@ -245,14 +245,17 @@ fn up(data: &std::path::Path) -> (Killed, String) {
         .unwrap();
     let stderr = child.stderr.take().unwrap();
     let up = Killed(child);
-    let addr = std::io::BufReader::new(stderr)
-        .lines()
+    let mut lines = std::io::BufReader::new(stderr).lines();
+    let addr = lines
+        .by_ref()
         .map_while(Result::ok)
         .find_map(|l| {
             l.strip_prefix("cairn is up on ")
                 .and_then(|r| r.split_whitespace().next().map(str::to_owned))
         })
         .expect("cairn up says where it listens");
+    // Its later log lines are read and dropped: a closed pipe would end their writes.
+    std::thread::spawn(move || lines.for_each(drop));
     (up, addr)
 }
 

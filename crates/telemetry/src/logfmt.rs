@@ -41,7 +41,11 @@ impl LogFormat {
         S: Subscriber + for<'a> LookupSpan<'a>,
         W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
     {
-        let fmt = tracing_subscriber::fmt::layer().with_writer(writer);
+        // A log line that cannot be written (stderr closed: `cairn up 2>&1 | head -1`) is
+        // dropped; reporting it would eprintln! into the same closed pipe and panic.
+        let fmt = tracing_subscriber::fmt::layer()
+            .with_writer(writer)
+            .log_internal_errors(false);
         match self {
             LogFormat::Json => fmt
                 .fmt_fields(JsonFields::new())

@@ -69,6 +69,8 @@ impl Runs {
         );
         // The event and the snapshot are written under a claim of the run, like any driver's.
         let snapshot = async {
+            let claiming = self.claim_lock(project, run_id);
+            let _claimed = claiming.lock().await;
             let (epoch, _) = self
                 .b
                 .store
@@ -164,6 +166,9 @@ impl Runs {
         run_id: &str,
         write: impl std::future::Future<Output = Result<T>>,
     ) -> Result<T> {
+        // Held to the end: no driver here claims the run while this write is under way.
+        let claiming = self.claim_lock(project, run_id);
+        let _claimed = claiming.lock().await;
         if self.b.store.run_fence(project, run_id).is_some() {
             return write.await;
         }

@@ -182,6 +182,10 @@ pub struct Runs {
     permits: Arc<Semaphore>,
     shutdown: CancellationToken,
     note_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Per run: held while this process takes a claim on it (and while it writes under a claim
+    /// taken only for that write), so a driver coming to life here and a person's note to the
+    /// same run never fence each other off.
+    claim_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Replicas sharing the store's runs (`[orchestrator.cluster]`); None = this one drives
     /// every run.
     cluster: std::sync::OnceLock<Arc<Cluster>>,
@@ -198,6 +202,7 @@ impl Runs {
             permits,
             shutdown: CancellationToken::new(),
             note_locks: Mutex::new(HashMap::new()),
+            claim_locks: Mutex::new(HashMap::new()),
             cluster: std::sync::OnceLock::new(),
         })
     }
@@ -275,6 +280,12 @@ impl Runs {
     fn live_cmd(&self, project: &str, run_id: &str) -> Option<mpsc::Sender<Command>> {
         let live = self.live.lock().ok()?;
         live.get(&key(project, run_id)).map(|l| l.cmd.clone())
+    }
+
+    /// The lock this process holds while it claims `run_id` (see `claim_locks`).
+    fn claim_lock(&self, project: &str, run_id: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.claim_locks.lock().unwrap_or_else(|p| p.into_inner());
+        locks.entry(key(project, run_id)).or_default().clone()
     }
 
     fn linger(&self) -> Duration {
@@ -774,12 +785,15 @@ impl Runs {
             // Fence off any earlier driver (a killed or partitioned orchestrator whose appends
             // may still be in flight), then read the records: after the claim they are
             // complete.
+            let claiming = self.claim_lock(project, run_id);
+            let claimed = claiming.lock().await;
             let (epoch, _) = self
                 .b
                 .store
                 .claim_run(project, run_id)
                 .await
                 .map_err(Error::store(format!("claiming run {run_id}")))?;
+            drop(claimed);
             let (graph, state) = self.load(project, run_id).await?;
             let resume = match (state.state, &initial) {
                 // A finished run comes back only for the command (a rework resets what it
