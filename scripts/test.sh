@@ -11,6 +11,8 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/cairn-target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+# One-shot builds gain nothing from incremental caches, which grow by tens of GiB here.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 step() { printf '\n== %s ==\n' "$*"; }
 
 step "setup"
