@@ -4,6 +4,8 @@
 //! forged gate approval no longer lets a gated run complete after an orchestrator restart.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::path::Path;
 use std::time::Duration;
 
@@ -63,17 +65,8 @@ impl Deployment {
             _data: data,
             store,
         };
-        let ch = d.channel(&d.store, "cli");
-        for _ in 0..200 {
-            if cairn_server::serving(ch.clone(), "", Duration::from_secs(2))
-                .await
-                .unwrap_or(false)
-            {
-                return d;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("the store never answered health over mTLS");
+        common::wait_serving(d.channel(&d.store, "cli"), "the store (over mTLS)").await;
+        d
     }
 
     fn channel(&self, addr: &str, identity: &str) -> Channel {
@@ -512,18 +505,7 @@ nodes:
 async fn a_forged_gate_approval_does_not_complete_a_gated_run_after_an_orchestrator_restart() {
     let d = Deployment::start().await;
     let (mut client, stop, join, channel) = orchestrator(&d).await;
-    let mut ready = false;
-    for _ in 0..200 {
-        if cairn_server::serving(channel.clone(), "", Duration::from_secs(2))
-            .await
-            .unwrap_or(false)
-        {
-            ready = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(ready, "the orchestrator never answered");
+    common::wait_serving(channel.clone(), "the orchestrator").await;
     let run = client
         .submit_run(SubmitRunRequest {
             project_id: "p".into(),

@@ -6,8 +6,6 @@
 //! and a permanent limit error is INVALID_ARGUMENT, never retryable.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::time::Duration;
-
 use cairn_proto::reason;
 use cairn_proto::v1::artifact_store_client::ArtifactStoreClient;
 use cairn_proto::v1::orchestrator_client::OrchestratorClient;
@@ -39,17 +37,7 @@ async fn deploy() -> Deployment {
 }
 
 async fn wait_serving(addr: &str) {
-    let ch = cairn_server::connect(addr).unwrap();
-    for _ in 0..200 {
-        if cairn_server::serving(ch.clone(), "", Duration::from_secs(2))
-            .await
-            .unwrap_or(false)
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("{addr} never answered health");
+    common::wait_serving(cairn_server::connect(addr).unwrap(), addr).await;
 }
 
 fn channel(addr: &str) -> Channel {

@@ -6,8 +6,6 @@
 
 mod common;
 
-use std::time::Duration;
-
 use cairn_proto::v1::artifact_store_client::ArtifactStoreClient;
 use cairn_proto::v1::orchestrator_client::OrchestratorClient;
 use cairn_proto::v1::{GetRequest, GetRunRequest, ListRequest, RunInfo};
@@ -58,18 +56,7 @@ async fn the_orchestrators_key_is_not_readable_through_a_submit() {
         cairn_server::connect_tls(addr, Some(&id)).unwrap()
     };
     let orch = channel(&s.orchestrator);
-    let mut up = false;
-    for _ in 0..200 {
-        if cairn_server::serving(orch.clone(), "", Duration::from_secs(2))
-            .await
-            .unwrap_or(false)
-        {
-            up = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(up, "the orchestrator never answered health over mTLS");
+    common::wait_serving(orch.clone(), "the orchestrator (over mTLS)").await;
 
     let key = std::fs::read_to_string(pki_dir.path().join("orchestrator.key")).unwrap();
     let key_body: String = key.lines().nth(1).unwrap().to_owned();

@@ -32,19 +32,7 @@ impl Deployment {
         let services = common::start(&TlsConfig::dir(pki.path())).await;
         let d = Deployment { pki, services };
         for addr in [&d.services.store, &d.services.orchestrator] {
-            let ch = d.channel(addr, "cli");
-            let mut up = false;
-            for _ in 0..200 {
-                if cairn_server::serving(ch.clone(), "", Duration::from_secs(2))
-                    .await
-                    .unwrap_or(false)
-                {
-                    up = true;
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            assert!(up, "{addr} never answered health over mTLS");
+            common::wait_serving(d.channel(addr, "cli"), &format!("{addr} (over mTLS)")).await;
         }
         d
     }

@@ -127,19 +127,7 @@ async fn deploy() -> Deployment {
     };
     // Every server answers health over mTLS before the test starts.
     for addr in [&d.store, &d.ingest, &d.runner, &d.orchestrator] {
-        let ch = d.channel(addr, "cli");
-        let mut ok = false;
-        for _ in 0..200 {
-            if cairn_server::serving(ch.clone(), "", Duration::from_secs(2))
-                .await
-                .unwrap_or(false)
-            {
-                ok = true;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        assert!(ok, "{addr} never answered health over mTLS");
+        common::wait_serving(d.channel(addr, "cli"), &format!("{addr} (over mTLS)")).await;
     }
     d
 }

@@ -70,3 +70,17 @@ pub async fn start(tls: &TlsConfig) -> Services {
         dirs: vec![data, work],
     }
 }
+
+/// Waits (up to about 10 s) until `channel` answers health; panics naming `what` otherwise.
+pub async fn wait_serving(channel: tonic::transport::Channel, what: &str) {
+    for _ in 0..200 {
+        if cairn_server::serving(channel.clone(), "", std::time::Duration::from_secs(2))
+            .await
+            .unwrap_or(false)
+        {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("{what} never answered health");
+}
