@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::io::BufRead;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -101,29 +100,6 @@ fn up_fails_at_once_when_its_console_cannot_start() {
     }
 }
 
-/// `cairn up --no-console` on a fresh data root; its address.
-fn up(data: &std::path::Path) -> (Killed, String) {
-    let mut child = bin()
-        .arg("--data-root")
-        .arg(data)
-        .args(["up", "--listen", "127.0.0.1:0", "--no-console"])
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let up = Killed(child);
-    let addr = std::io::BufReader::new(stderr)
-        .lines()
-        .map_while(Result::ok)
-        .find_map(|l| {
-            l.strip_prefix("cairn is up on ")
-                .and_then(|r| r.split_whitespace().next().map(str::to_owned))
-        })
-        .expect("cairn up says where it listens");
-    (up, addr)
-}
-
 /// `cairn health --http URL`: exit code and what it printed.
 fn http_health(url: &str) -> (bool, String) {
     let out = bin().args(["health", "--http", url]).output().unwrap();
@@ -137,14 +113,39 @@ fn http_health(url: &str) -> (bool, String) {
     )
 }
 
-fn wait_ready(url: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
+/// The console's URL from its start-up log line, without the trailing `/`.
+fn served_at(log: &std::path::Path) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let said = std::fs::read_to_string(log).unwrap_or_default();
+        let url = said
+            .lines()
+            .filter(|l| l.contains("serving the web console"))
+            .find_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("url=")));
+        if let Some(url) = url {
+            return url.trim_end_matches('/').to_owned();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the console never said where it serves:\n{said}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Waits for `url` to answer 2xx; on time-out, fails with what the console logged to `log`.
+fn wait_ready(url: &str, log: &std::path::Path) {
+    let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let (ok, out) = http_health(url);
         if ok {
             return;
         }
-        assert!(Instant::now() < deadline, "{url} not ready: {out}");
+        assert!(
+            Instant::now() < deadline,
+            "{url} not ready: {out}\nthe console logged:\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
 }
@@ -155,7 +156,7 @@ fn wait_ready(url: &str) {
 #[test]
 fn serve_console_runs_the_console_against_running_services() {
     let dir = tempfile::tempdir().unwrap();
-    let (up, addr) = up(&dir.path().join("data"));
+    let (up, addr, _) = common::up(&dir.path().join("data"), &[]);
     let token_file = dir.path().join("token");
     std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
 
@@ -166,22 +167,25 @@ fn serve_console_runs_the_console_against_running_services() {
         "default_name = \"ops\"\npublic_hosts = [\"cairn.example.com\"]\n",
     )
     .unwrap();
-    let port = free_port();
-    let base = format!("http://127.0.0.1:{port}");
+    // Port 0: the console says where it listens (a port picked beforehand may be taken by
+    // another test's server in between, whose answers would then be read as this one's).
+    let console_log = dir.path().join("console.log");
     let _console = Killed(
         bin()
             .args(["serve", "console", "--config"])
             .arg(&config)
-            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--listen", "127.0.0.1:0"])
             .args(["--orchestrator-addr", &addr, "--store-addr", &addr])
             .arg("--token-file")
             .arg(&token_file)
+            .env("RUST_LOG", "info")
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(&console_log).unwrap())
             .spawn()
             .unwrap(),
     );
-    wait_ready(&format!("{base}/readyz"));
+    let base = served_at(&console_log);
+    wait_ready(&format!("{base}/readyz"), &console_log);
     let (ok, out) = http_health(&format!("{base}/healthz"));
     assert!(ok, "{out}");
     // Pages need a login: /runs redirects to it (not 2xx, so `health --http` says no).

@@ -229,42 +229,12 @@ fn cairn_run_exits_4_when_blocks_were_not_written() {
         .code(0);
 }
 
-/// `cairn up` on a fresh data root; its address.
-fn up(data: &std::path::Path) -> (Killed, String) {
-    use std::io::BufRead;
-    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("cairn"))
-        .env_remove("CAIRN_ADDR")
-        .env_remove("CAIRN_CONFIG")
-        .env("RUST_LOG", "error")
-        .arg("--data-root")
-        .arg(data)
-        .args(["up", "--listen", "127.0.0.1:0", "--no-console"])
-        .stderr(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let up = Killed(child);
-    let mut lines = std::io::BufReader::new(stderr).lines();
-    let addr = lines
-        .by_ref()
-        .map_while(Result::ok)
-        .find_map(|l| {
-            l.strip_prefix("cairn is up on ")
-                .and_then(|r| r.split_whitespace().next().map(str::to_owned))
-        })
-        .expect("cairn up says where it listens");
-    // Its later log lines are read and dropped: a closed pipe would end their writes.
-    std::thread::spawn(move || lines.for_each(drop));
-    (up, addr)
-}
-
 /// `cairn gate reject` against a served orchestrator prints the run after the decision (a
 /// rejection that fails the run: failed), not the state before it.
 #[test]
 fn gate_reject_prints_the_run_after_the_decision() {
     let dir = tempfile::tempdir().unwrap();
-    let (_up, addr) = up(&dir.path().join("data"));
+    let (_up, addr, _) = common::up(&dir.path().join("data"), &[]);
     let graph = dir.path().join("gated.yaml");
     std::fs::write(
         &graph,

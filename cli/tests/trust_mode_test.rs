@@ -6,9 +6,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::Stdio;
-
 use assert_cmd::Command;
 use bytes::Bytes;
 use cairn_proto::v1::artifact_store_client::ArtifactStoreClient;
@@ -46,51 +43,6 @@ fn add(data: &std::path::Path, file: &std::path::Path, name: &str, role: &str) -
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout).unwrap().trim().to_owned()
-}
-
-/// `cairn up` on a free loopback port: the process, its address and its start-up lines.
-fn up(data: &std::path::Path, extra: &[&std::ffi::OsStr]) -> (common::Killed, String, String) {
-    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("cairn"))
-        .env_remove("CAIRN_TOKENS_FILE")
-        .env_remove("CAIRN_ORCHESTRATOR_AUTH_TOKENS_FILE")
-        .env_remove("CAIRN_CONFIG")
-        .env_remove("CAIRN_TLS_DIR")
-        .env("RUST_LOG", "error")
-        .arg("--data-root")
-        .arg(data)
-        .args(["up", "--listen", "127.0.0.1:0", "--no-console"])
-        .args(extra)
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let killed = common::Killed(child);
-    // Lines come through a thread, so a `cairn up` that never prints one fails the test
-    // instead of hanging it; the thread keeps reading so the child never blocks on the pipe.
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines() {
-            if tx.send(line.unwrap_or_default()).is_err() {
-                break;
-            }
-        }
-    });
-    let mut said = String::new();
-    let mut addr = None;
-    while let Ok(line) = rx.recv_timeout(std::time::Duration::from_secs(60)) {
-        said.push_str(&line);
-        said.push('\n');
-        if let Some(rest) = line.strip_prefix("cairn is up on ") {
-            addr = rest.split_whitespace().next().map(str::to_owned);
-        }
-        if line.starts_with("trust: ") {
-            break;
-        }
-    }
-    std::thread::spawn(move || for _ in rx {});
-    let addr = addr.unwrap_or_else(|| panic!("cairn up says where it listens: {said}"));
-    (killed, addr, said)
 }
 
 type Authed = InterceptedService<Channel, Bearer>;
@@ -203,7 +155,7 @@ async fn cairn_up_with_a_tokens_file_requires_a_token_on_every_service() {
     let file = dir.path().join("tokens.toml");
     let admin = add(&data, &file, "ada", "admin");
     let operator = add(&data, &file, "ozzy", "operator");
-    let (_up, addr, said) = up(&data, &["--tokens-file".as_ref(), file.as_os_str()]);
+    let (_up, addr, said) = common::up(&data, &["--tokens-file".as_ref(), file.as_os_str()]);
     assert!(said.contains("trust: tokens"), "{said}");
 
     // The admin puts a file the others then try to read.
@@ -287,7 +239,7 @@ async fn cairn_up_with_a_tokens_file_requires_a_token_on_every_service() {
 #[test]
 fn cairn_up_without_authentication_says_so_at_start() {
     let dir = tempfile::tempdir().unwrap();
-    let (_up, _addr, said) = up(&dir.path().join("data"), &[]);
+    let (_up, _addr, said) = common::up(&dir.path().join("data"), &[]);
     assert!(
         said.contains("trust: NONE") && said.contains("--tokens-file"),
         "{said}"

@@ -1,5 +1,6 @@
 //! `cairn up`: every service in one process on one address, plus the web console.
 
+use std::io::Write;
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -55,7 +56,8 @@ pub async fn run(global: &Global, args: UpArgs) -> anyhow::Result<ExitCode> {
     // error stops the services too.
     let (stop, stopped) = watch::channel(false);
     let console = console.map(|server| {
-        eprintln!("web console: {}", server.url());
+        // A closed stderr (the caller read the first line) must not stop the services.
+        let _ = writeln!(std::io::stderr(), "web console: {}", server.url());
         let mut rx = stopped.clone();
         let stop = stop.clone();
         tokio::spawn(async move {
@@ -84,7 +86,7 @@ pub async fn run(global: &Global, args: UpArgs) -> anyhow::Result<ExitCode> {
             .context("the console failed")?;
     }
     result?;
-    eprintln!("cairn stopped");
+    let _ = writeln!(std::io::stderr(), "cairn stopped");
     Ok(ExitCode::SUCCESS)
 }
 

@@ -32,3 +32,52 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// `cairn up --no-console` on a free loopback port, with `extra` arguments: the process, its
+/// address and its start-up lines (through the `trust:` line). Its stderr is read to the end
+/// by a thread, so the child never blocks on, nor writes into, a closed pipe; a `cairn up`
+/// that never says where it listens fails the test instead of hanging it.
+pub fn up(data: &std::path::Path, extra: &[&std::ffi::OsStr]) -> (Killed, String, String) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("cairn"))
+        .env_remove("CAIRN_ADDR")
+        .env_remove("CAIRN_PROJECT")
+        .env_remove("CAIRN_CONFIG")
+        .env_remove("CAIRN_TLS_DIR")
+        .env_remove("CAIRN_TOKENS_FILE")
+        .env_remove("CAIRN_ORCHESTRATOR_AUTH_TOKENS_FILE")
+        .env("RUST_LOG", "error")
+        .arg("--data-root")
+        .arg(data)
+        .args(["up", "--listen", "127.0.0.1:0", "--no-console"])
+        .args(extra)
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let killed = Killed(child);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines() {
+            if tx.send(line.unwrap_or_default()).is_err() {
+                break;
+            }
+        }
+    });
+    let mut said = String::new();
+    let mut addr = None;
+    while let Ok(line) = rx.recv_timeout(std::time::Duration::from_secs(60)) {
+        said.push_str(&line);
+        said.push('\n');
+        if let Some(rest) = line.strip_prefix("cairn is up on ") {
+            addr = rest.split_whitespace().next().map(str::to_owned);
+        }
+        if line.starts_with("trust: ") {
+            break;
+        }
+    }
+    std::thread::spawn(move || for _ in rx {});
+    let addr = addr.unwrap_or_else(|| panic!("cairn up says where it listens: {said}"));
+    (killed, addr, said)
+}
