@@ -320,6 +320,16 @@ pub struct NodeCtx {
     /// This node's own gate, for nodes that block on one mid-way (`external_agent`): the
     /// decision a resumed attempt continues from.
     pub gate: Option<GateRecord>,
+    /// The step this attempt performs: a key that stays the same when the attempt is
+    /// delivered again after its driver went away, so effects outside cairn can be deduplicated.
+    pub step: Step,
+}
+
+/// An attempt's idempotency key (`<run>/<node>/<attempt>`) and how often it was delivered before.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Step {
+    pub key: String,
+    pub redelivery: u32,
 }
 
 /// What a node task sends its scheduler.

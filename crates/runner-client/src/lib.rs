@@ -317,21 +317,50 @@ impl Runners {
     /// yet); a runner lost after that is the caller's Unavailable, so no output is repeated.
     pub async fn run_streaming(
         &self,
-        req: RunRequest,
+        mut req: RunRequest,
         mut output: impl FnMut(OutputChunk) + Send,
+        mut redelivered: impl FnMut(&str, &Status) + Send,
     ) -> Result<(RunResult, String), Status> {
         let mut passed = PassedOver::default();
         for e in self.shared.order().await? {
             let mut started = false;
             match stream_one(&e, req.clone(), &mut started, &mut output).await {
                 Ok(r) => return Ok((r, e.addr.clone())),
-                Err(s) if runner_gone(&s) && !started => passed.add(&self.shared, &e, s),
-                Err(s) => return Err(s),
+                // A runner that went quiet may still be running the step: the next runner
+                // gets it as a redelivery of the same step.
+                Err(Failure::Silent(s)) => {
+                    redelivered(&e.addr, &s);
+                    passed.add(&self.shared, &e, s);
+                    req.redelivery += 1;
+                }
+                Err(Failure::Status(s)) if runner_gone(&s) && !started => {
+                    passed.add(&self.shared, &e, s)
+                }
+                Err(Failure::Status(s)) => return Err(s),
             }
         }
         Err(passed.into_status())
     }
 }
+
+/// How one RunStream call failed.
+enum Failure {
+    /// The runner answered with this status, or the connection broke.
+    Status(Status),
+    /// The runner sent heartbeats and then nothing for [`MISSED_HEARTBEATS`] intervals.
+    Silent(Status),
+}
+
+impl From<Status> for Failure {
+    fn from(s: Status) -> Self {
+        Failure::Status(s)
+    }
+}
+
+/// Heartbeat intervals without a message after which a runner is taken for lost.
+const MISSED_HEARTBEATS: u32 = 3;
+/// The shortest silence taken for a lost runner, whatever its interval.
+const MIN_SILENCE: Duration = Duration::from_secs(1);
 
 /// The runners a request moved on from because they were gone.
 #[derive(Default)]
@@ -362,13 +391,14 @@ impl PassedOver {
     }
 }
 
-/// One RunStream call: output to `output` (setting `started`), then the result.
+/// One RunStream call: output to `output` (setting `started`), then the result. A runner
+/// that heartbeats is given [`MISSED_HEARTBEATS`] intervals of silence at most.
 async fn stream_one(
     e: &Endpoint,
     req: RunRequest,
     started: &mut bool,
     output: &mut (impl FnMut(OutputChunk) + Send),
-) -> Result<RunResult, Status> {
+) -> Result<RunResult, Failure> {
     let mut stream = match e.client.clone().run_stream(req.clone()).await {
         Ok(s) => s.into_inner(),
         // A runner without RunStream (an older version) runs it whole; its output follows.
@@ -388,22 +418,42 @@ async fn stream_one(
             }
             return Ok(r);
         }
-        Err(s) => return Err(s),
+        Err(s) => return Err(s.into()),
     };
-    while let Some(msg) = stream.message().await? {
+    let mut silence: Option<Duration> = None;
+    loop {
+        let next = match silence {
+            Some(limit) => match tokio::time::timeout(limit, stream.message()).await {
+                Ok(next) => next?,
+                Err(_) => {
+                    return Err(Failure::Silent(Status::unavailable(format!(
+                        "sandbox runner {} sent no heartbeat for {} ms",
+                        e.addr,
+                        limit.as_millis()
+                    ))))
+                }
+            },
+            None => stream.message().await?,
+        };
+        let Some(msg) = next else { break };
         match msg.msg {
             Some(run_stream_response::Msg::Output(chunk)) => {
                 *started = true;
                 output(chunk);
             }
             Some(run_stream_response::Msg::Result(r)) => return Ok(r),
-            None => {}
+            Some(run_stream_response::Msg::Heartbeat(h)) if h.interval_ms > 0 => {
+                let every = Duration::from_millis(h.interval_ms);
+                silence = Some((every * MISSED_HEARTBEATS).max(MIN_SILENCE));
+            }
+            Some(run_stream_response::Msg::Heartbeat(_)) | None => {}
         }
     }
     Err(Status::unavailable(format!(
         "sandbox runner {} ended the run stream without a result",
         e.addr
-    )))
+    ))
+    .into())
 }
 
 /// Did the call fail because the runner is down or went away mid-call? Unavailable, or a

@@ -49,6 +49,9 @@ pub async fn run(
         env,
         // Installed tools run in the runner's default image.
         image: String::new(),
+        // One call among an agent turn's many: no step of its own.
+        step_key: String::new(),
+        redelivery: 0,
     };
     let (r, runner) = runners.run(req).await?;
     let record = serde_json::from_str(&r.result_json).ok();

@@ -119,6 +119,45 @@ pub struct ItemRecord {
     pub outputs: Value,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The step its latest attempt performed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<StepRecord>,
+}
+
+/// The step an attempt performs: its key stays the same when the attempt is delivered again
+/// because its driver went away mid-way (a failover, a restart), and `redelivery` counts those.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StepRecord {
+    pub key: String,
+    #[serde(default)]
+    pub redelivery: u32,
+    /// The attempt was running when its driver went away: the next start delivers it again.
+    #[serde(default)]
+    pub interrupted: bool,
+}
+
+impl StepRecord {
+    fn from_started(d: &Map<String, Value>) -> Option<StepRecord> {
+        Some(StepRecord {
+            key: text(d, "step_key")?,
+            redelivery: d.get("redelivery").and_then(Value::as_u64).unwrap_or(0) as u32,
+            interrupted: false,
+        })
+    }
+
+    /// The key and redelivery count of the next start, when it delivers this step again.
+    pub fn redelivered(step: Option<&StepRecord>) -> Option<(String, u32)> {
+        step.filter(|s| s.interrupted)
+            .map(|s| (s.key.clone(), s.redelivery + 1))
+    }
+}
+
+/// Marks the step of an attempt that was running as interrupted (a resume), or of one that
+/// ended as done with (the next start is a new step).
+fn end_step(step: &mut Option<StepRecord>, running: bool) {
+    if let Some(s) = step.as_mut() {
+        s.interrupted = running;
+    }
 }
 
 impl ItemRecord {
@@ -129,6 +168,7 @@ impl ItemRecord {
             resets: 0,
             outputs: Value::Null,
             error: None,
+            step: None,
         }
     }
 }
@@ -171,6 +211,9 @@ pub struct NodeRecord {
     /// A human's note on this milestone (task.yaml `milestones[].note`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// The step its latest attempt performed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<StepRecord>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -301,6 +344,7 @@ impl RunState {
                     }
                 }),
                 note: None,
+                step: None,
             })
             .collect();
         let index = nodes
@@ -420,6 +464,7 @@ impl RunState {
                         n.state,
                         NodeState::Running | NodeState::Failed | NodeState::Canceled
                     ) {
+                        end_step(&mut n.step, n.state == NodeState::Running);
                         n.state = NodeState::Pending;
                         n.resets += 1;
                     }
@@ -429,6 +474,7 @@ impl RunState {
                                 it.state,
                                 NodeState::Running | NodeState::Failed | NodeState::Canceled
                             ) {
+                                end_step(&mut it.step, it.state == NodeState::Running);
                                 it.state = NodeState::Pending;
                                 it.resets += 1;
                             }
@@ -494,6 +540,7 @@ impl RunState {
                     if let Some(n) = self.node_mut(&id) {
                         n.state = NodeState::Pending;
                         n.resets += 1;
+                        n.step = None;
                         n.outputs = Value::Null;
                         n.error = None;
                         n.skip_reason = None;
@@ -552,10 +599,14 @@ impl RunState {
             let Some(it) = items.records.get_mut(index) else {
                 return;
             };
+            if e.kind != ev::NODE_STARTED {
+                end_step(&mut it.step, false);
+            }
             match e.kind {
                 ev::NODE_STARTED => {
                     it.state = NodeState::Running;
                     it.attempts = d.get("attempt").and_then(Value::as_u64).unwrap_or(1) as u32;
+                    it.step = StepRecord::from_started(d);
                 }
                 ev::NODE_COMPLETED => {
                     it.state = NodeState::Succeeded;
@@ -582,10 +633,14 @@ impl RunState {
         let Some(n) = self.node_mut(e.node) else {
             return;
         };
+        if e.kind != ev::NODE_STARTED {
+            end_step(&mut n.step, false);
+        }
         match e.kind {
             ev::NODE_STARTED => {
                 n.state = NodeState::Running;
                 n.attempts = d.get("attempt").and_then(Value::as_u64).unwrap_or(1) as u32;
+                n.step = StepRecord::from_started(d);
                 n.started_at = Some(e.ts.to_owned());
                 n.error = None;
             }
@@ -747,5 +802,69 @@ impl RunState {
             .filter(|(_, n)| n.gate.is_some())
             .map(|(i, _)| i)
             .collect();
+    }
+}
+
+#[cfg(test)]
+mod step_tests {
+    use super::*;
+    use serde_json::json;
+
+    fn apply(state: &mut RunState, kind: &str, node: &str, data: Value) {
+        let data = data.as_object().cloned().unwrap_or_default();
+        state.apply(&EventView {
+            seq: state.last_seq + 1,
+            ts: "",
+            kind,
+            node,
+            data: &data,
+        });
+    }
+
+    fn step(state: &RunState) -> Option<(String, u32)> {
+        StepRecord::redelivered(state.node("a").and_then(|n| n.step.as_ref()))
+    }
+
+    /// Only an attempt that was running when its driver went away is delivered again; a retry
+    /// after a failure, a rework or a finished attempt starts a new step.
+    #[test]
+    fn a_step_is_redelivered_only_after_an_interruption() {
+        let graph = cairn_graph::Graph::from_yaml(
+            "nodes:\n  - {id: a, type: write_file, path: docs/a.txt, content: a}\n",
+            "r1",
+            &Default::default(),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let mut s = RunState::new("p", &graph);
+        let started = |key: &str, n: u32| json!({"attempt": 1, "step_key": key, "redelivery": n});
+        apply(&mut s, ev::NODE_STARTED, "a", started("r1/a/1", 0));
+        assert_eq!(step(&s), None, "running, not interrupted");
+        // The driver went away: the resume delivers r1/a/1 again.
+        apply(&mut s, ev::TASK_RESUMED, "", json!({}));
+        assert_eq!(step(&s), Some(("r1/a/1".into(), 1)));
+        apply(&mut s, ev::NODE_STARTED, "a", started("r1/a/1", 1));
+        apply(&mut s, ev::TASK_RESUMED, "", json!({}));
+        assert_eq!(step(&s), Some(("r1/a/1".into(), 2)), "counted on");
+        // A failure ends the step: a resume of a failed node starts a new one.
+        apply(&mut s, ev::NODE_STARTED, "a", started("r1/a/1", 2));
+        apply(&mut s, ev::NODE_FAILED, "a", json!({"will_retry": true}));
+        assert_eq!(step(&s), None);
+        apply(&mut s, ev::NODE_STARTED, "a", started("r1/a/2", 0));
+        apply(&mut s, ev::NODE_FAILED, "a", json!({}));
+        apply(&mut s, ev::TASK_RESUMED, "", json!({}));
+        assert_eq!(
+            step(&s),
+            None,
+            "a failed attempt is retried, not redelivered"
+        );
+        // A rework is a new step even when it caught the attempt running.
+        apply(&mut s, ev::NODE_STARTED, "a", started("r1/a/3", 0));
+        apply(
+            &mut s,
+            ev::REWORK_REQUESTED,
+            "",
+            json!({"target": "a", "nodes": ["a"]}),
+        );
+        assert_eq!(step(&s), None);
     }
 }

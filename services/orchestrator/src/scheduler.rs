@@ -706,6 +706,23 @@ impl Driver {
         Ok(())
     }
 
+    /// The step attempt `attempt` of `id` performs: the interrupted one's again (its key, one
+    /// more redelivery) when the last attempt was running as its driver went away, else a new
+    /// one keyed by run, node and attempt.
+    fn step_of(&self, id: &str, attempt: u32) -> cairn_node::Step {
+        let recorded = match crate::run::split_item(id) {
+            Some((map, index)) => self.state.item(map, index).and_then(|r| r.step.as_ref()),
+            None => self.state.node(id).and_then(|r| r.step.as_ref()),
+        };
+        match crate::run::StepRecord::redelivered(recorded) {
+            Some((key, redelivery)) => cairn_node::Step { key, redelivery },
+            None => cairn_node::Step {
+                key: format!("{}/{id}/{attempt}", self.state.run_id),
+                redelivery: 0,
+            },
+        }
+    }
+
     fn next_attempt(&mut self, id: &str) -> u32 {
         *self.tries.entry(id.to_owned()).or_insert(0) += 1;
         let before = match crate::run::split_item(id) {
@@ -834,10 +851,13 @@ impl Driver {
     fn start_job(&mut self, job: Job) {
         let attempt = self.next_attempt(&job.id);
         let tries = self.tries.get(&job.id).copied().unwrap_or(1);
+        let step = self.step_of(&job.id, attempt);
         self.emit(
             Ev::new(ev::NODE_STARTED, &job.id)
                 .with("node_type", job.node.kind.type_name())
-                .with("attempt", attempt),
+                .with("attempt", attempt)
+                .with("step_key", step.key.as_str())
+                .with("redelivery", step.redelivery),
         );
         let task = self.next_task;
         self.next_task += 1;
@@ -877,6 +897,7 @@ impl Driver {
             progress: Progress(self.tasks_tx.clone()),
             llm: self.state.llm.clone(),
             gate: self.state.node(&job.id).and_then(|r| r.gate.clone()),
+            step,
         };
         let tx = self.tasks_tx.clone();
         let token = cancel.clone();

@@ -28,6 +28,11 @@ impl Drop for Proc {
 }
 
 async fn spawn(store_addr: &str) -> Proc {
+    spawn_with(store_addr, &[]).await
+}
+
+/// [`spawn`] with more arguments.
+async fn spawn_with(store_addr: &str, extra: &[&str]) -> Proc {
     // A free port can be taken by someone else before the child binds it: then it exits (or
     // something else answers) and we try another.
     for _ in 0..5 {
@@ -47,6 +52,7 @@ async fn spawn(store_addr: &str) -> Proc {
                 "--set",
                 "snapshot_interval_ms=50",
             ])
+            .args(extra)
             .env_remove("CAIRN_ORCHESTRATOR_CONFIG")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -75,6 +81,21 @@ async fn spawn(store_addr: &str) -> Proc {
         }
     }
     panic!("the orchestrator process never answered");
+}
+
+/// Submits `graph` to `p`; the run's id.
+async fn submit(p: &Proc, graph: impl Into<String>) -> String {
+    p.client
+        .clone()
+        .submit_run(SubmitRunRequest {
+            project_id: PROJECT.into(),
+            graph_yaml: graph.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .run_id
 }
 
 async fn info(p: &Proc, run: &str) -> RunInfo {
@@ -134,18 +155,7 @@ async fn kill_dash_nine_mid_run_resumes_without_duplicates() {
     .await;
     let (n_chain, n_items) = (120, 150);
     let mut p = spawn(&s.store_addr).await;
-    let run = p
-        .client
-        .clone()
-        .submit_run(SubmitRunRequest {
-            project_id: PROJECT.into(),
-            graph_yaml: chain_and_map(n_chain, n_items),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .run_id;
+    let run = submit(&p, chain_and_map(n_chain, n_items)).await;
     // Let it get somewhere, then kill -9.
     s.wait_completed_nodes(&run, 40, 60).await;
     p.child.kill().unwrap();
@@ -233,18 +243,7 @@ async fn kill_dash_nine_mid_run_resumes_without_duplicates() {
 /// Submits `a` (write_file) -> `g` (gate) -> `b` (write_file) and waits until it blocks.
 async fn run_to_its_gate(p: &Proc) -> String {
     let graph = "nodes:\n  - {id: a, type: write_file, path: 'docs/{{run_id}}/a.txt', content: a}\n  - {id: g, type: gate, needs: [a]}\n  - {id: b, type: write_file, path: 'docs/{{run_id}}/b.txt', content: b, needs: [g]}\n";
-    let run = p
-        .client
-        .clone()
-        .submit_run(SubmitRunRequest {
-            project_id: PROJECT.into(),
-            graph_yaml: graph.into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .run_id;
+    let run = submit(p, graph).await;
     wait_state(p, &run, TaskState::InputRequired, 30).await;
     run
 }
@@ -454,4 +453,109 @@ async fn a_run_reworked_before_a_crash_is_resumed_by_its_events_not_its_snapshot
         0,
         "a finished run was resumed"
     );
+}
+
+/// kill -9 of the orchestrator while a sandbox step runs: the restarted one delivers the same
+/// step again, under the same step key with one more redelivery (in the events and in the
+/// program's environment); a step that finished is not delivered again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_interrupted_by_a_crash_is_redelivered_under_the_same_key() {
+    let s = match Stack::try_start(Options {
+        ingest: false,
+        sandbox: Sandbox::Required,
+        tweak: |c| c.resume_on_start = false,
+        ..Default::default()
+    })
+    .await
+    {
+        Ok(s) => s,
+        Err(e) => {
+            println!("SKIP: a_step_interrupted_by_a_crash_is_redelivered_under_the_same_key: no sandbox backend ({e})");
+            return;
+        }
+    };
+    let runner = s.sandbox_addr.clone().unwrap();
+    let graph = r#"
+nodes:
+  - id: first
+    type: sandbox_run
+    language: python
+    allowed_prefixes: ["docs/"]
+    output_prefix: "docs/{{run_id}}/first"
+    code: |
+      import os
+      open("/output/step.txt", "w").write(os.environ["CAIRN_STEP_KEY"] + " " + os.environ["CAIRN_STEP_REDELIVERY"])
+  - id: slow
+    type: sandbox_run
+    language: python
+    needs: [first]
+    timeout_s: 120
+    allowed_prefixes: ["docs/"]
+    output_prefix: "docs/{{run_id}}/slow"
+    code: |
+      import os, time
+      key, n = os.environ["CAIRN_STEP_KEY"], os.environ["CAIRN_STEP_REDELIVERY"]
+      if n == "0":
+          time.sleep(600)
+      open("/output/step.txt", "w").write(key + " " + n)
+"#;
+    let mut p = spawn_with(&s.store_addr, &["--sandbox-addr", &runner]).await;
+    let run = submit(&p, graph).await;
+    // The slow step is running: kill -9 the orchestrator.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !s
+        .events(&run)
+        .await
+        .iter()
+        .any(|e| e.r#type == "sandbox_start" && e.node_id == "slow")
+    {
+        assert!(Instant::now() < deadline, "the slow step never started");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    p.child.kill().unwrap();
+    p.child.wait().unwrap();
+    let mut p = spawn_with(&s.store_addr, &["--sandbox-addr", &runner]).await;
+    wait_state(&p, &run, TaskState::Completed, 120).await;
+    p.child.kill().unwrap();
+    p.child.wait().unwrap();
+
+    let events = s.events(&run).await;
+    let started = |node: &str| -> Vec<(String, u64, u64)> {
+        events
+            .iter()
+            .filter(|e| e.r#type == "node.started" && e.node_id == node)
+            .map(|e| {
+                let d = data(e);
+                (
+                    d["step_key"].as_str().unwrap_or_default().to_owned(),
+                    d["redelivery"].as_u64().unwrap(),
+                    d["attempt"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    // Finished before the crash: one delivery, its own key.
+    assert_eq!(started("first"), vec![(format!("{run}/first/1"), 0, 1)]);
+    assert_eq!(
+        s.read_text(&format!("docs/{run}/first/step.txt")).await,
+        format!("{run}/first/1 0")
+    );
+    // Interrupted: the same key twice, the second a redelivery (a new attempt number).
+    let slow = started("slow");
+    assert_eq!(slow.len(), 2, "{slow:?}");
+    assert_eq!(slow[0].0, format!("{run}/slow/1"));
+    assert_eq!((slow[0].1, slow[1].1), (0, 1));
+    assert_eq!(slow[1].0, slow[0].0, "the redelivery keeps the key");
+    assert_eq!(
+        s.read_text(&format!("docs/{run}/slow/step.txt")).await,
+        format!("{run}/slow/1 1"),
+        "the program saw the key and its redelivery"
+    );
+    let complete = events
+        .iter()
+        .find(|e| e.r#type == "sandbox_complete" && e.node_id == "slow")
+        .unwrap();
+    assert_eq!(data(complete)["step_key"], format!("{run}/slow/1"));
+    assert_eq!(data(complete)["redelivery"], 1);
+    s.stop().await;
 }

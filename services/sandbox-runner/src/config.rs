@@ -72,6 +72,9 @@ pub struct Config {
     pub sweep_all_prefixed: bool,
     /// Time between SIGTERM and SIGKILL when a run times out.
     pub kill_grace_ms: u64,
+    /// RunStream sends a heartbeat this often while the program runs (0 = never), so a caller
+    /// can tell a long quiet step from a runner that stopped.
+    pub heartbeat_interval_ms: u64,
     /// Open sessions at most.
     pub max_sessions: usize,
     /// Runs and open sessions at once at most (each open session holds one); beyond it Run
@@ -164,6 +167,7 @@ impl Default for Config {
             docker_network: "bridge".into(),
             sweep_all_prefixed: false,
             kill_grace_ms: 2000,
+            heartbeat_interval_ms: 5000,
             max_sessions: 64,
             max_concurrent_runs: 0,
             require_limits: false,

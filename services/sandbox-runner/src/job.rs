@@ -92,6 +92,9 @@ pub struct Job {
     pub limits: Limits,
     pub network: bool,
     pub env: Vec<(String, String)>,
+    /// The step it performs, stable across deliveries (empty = none), and its redelivery count.
+    pub step_key: String,
+    pub redelivery: u32,
     /// The image it runs in (docker): the request's, allowed by the runner, or the default.
     pub image: String,
 }
@@ -188,6 +191,18 @@ impl Job {
                 )));
             }
         }
+        if let Some((name, _)) = env.iter().find(|(n, _)| n.starts_with(STEP_ENV_PREFIX)) {
+            return Err(Error::invalid(format!(
+                "environment variable {name}: names starting with {STEP_ENV_PREFIX} are set by the runner from step_key and redelivery"
+            )));
+        }
+        if req.step_key.len() > MAX_STEP_KEY_BYTES
+            || !req.step_key.bytes().all(|b| b.is_ascii_graphic())
+        {
+            return Err(Error::invalid(format!(
+                "step_key must be at most {MAX_STEP_KEY_BYTES} printable ASCII bytes without spaces"
+            )));
+        }
         let id = uuid::Uuid::now_v7().simple().to_string();
         let request_id = if req.request_id.is_empty() {
             id.clone()
@@ -205,6 +220,8 @@ impl Job {
             limits,
             network: req.network,
             env,
+            step_key: req.step_key,
+            redelivery: req.redelivery,
             image,
         })
     }
@@ -225,9 +242,21 @@ impl Job {
             env.retain(|(name, _)| name != k);
             env.push((k.clone(), v.clone()));
         }
+        if !self.step_key.is_empty() {
+            env.push(("CAIRN_STEP_KEY".to_owned(), self.step_key.clone()));
+            env.push((
+                "CAIRN_STEP_REDELIVERY".to_owned(),
+                self.redelivery.to_string(),
+            ));
+        }
         env
     }
 }
+
+/// Variables the runner sets from the request's step fields; a request may not name them.
+const STEP_ENV_PREFIX: &str = "CAIRN_STEP_";
+/// Longest step key.
+const MAX_STEP_KEY_BYTES: usize = 256;
 
 /// The environment of a program whose request sets no variables.
 pub fn base_environment() -> Vec<(String, String)> {
@@ -543,5 +572,36 @@ mod tests {
         let mut r = req("print(1)");
         r.env.insert("GOOD_1".into(), "x".into());
         assert!(check(r).is_ok());
+    }
+
+    #[test]
+    fn the_step_key_reaches_the_program_and_cannot_be_forged_through_env() {
+        let mut r = req("print(1)");
+        r.step_key = "run1/build/2".into();
+        r.redelivery = 1;
+        let job = Job::from_request(r, &Config::default()).unwrap();
+        let env = job.environment();
+        let get = |n: &str| env.iter().find(|(k, _)| k == n).map(|(_, v)| v.as_str());
+        assert_eq!(get("CAIRN_STEP_KEY"), Some("run1/build/2"));
+        assert_eq!(get("CAIRN_STEP_REDELIVERY"), Some("1"));
+        // No key, no variables.
+        let job = Job::from_request(req("print(1)"), &Config::default()).unwrap();
+        assert!(!job
+            .environment()
+            .iter()
+            .any(|(k, _)| k.starts_with("CAIRN_STEP_")));
+        // A request may not set them itself.
+        let mut r = req("print(1)");
+        r.env.insert("CAIRN_STEP_KEY".into(), "forged".into());
+        let e = check(r).unwrap_err().to_string();
+        assert!(
+            e.contains("CAIRN_STEP_KEY") && e.contains("step_key"),
+            "{e}"
+        );
+        for bad in ["has space", "new\nline", &"k".repeat(257)] {
+            let mut r = req("print(1)");
+            r.step_key = bad.into();
+            assert!(check(r).is_err(), "{bad:?}");
+        }
     }
 }

@@ -103,6 +103,12 @@ impl Runner {
     }
 
     /// Leftovers removed at start-up (containers + task directories).
+    /// How often RunStream sends a heartbeat while a program runs (None = never).
+    pub fn heartbeat_interval(&self) -> Option<std::time::Duration> {
+        (self.config.heartbeat_interval_ms > 0)
+            .then(|| std::time::Duration::from_millis(self.config.heartbeat_interval_ms))
+    }
+
     pub fn swept(&self) -> usize {
         self.swept
     }

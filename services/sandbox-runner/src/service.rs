@@ -52,6 +52,7 @@ impl SandboxRunner for SandboxService {
     ) -> Result<Response<Self::RunStreamStream>, Status> {
         let (tx, rx) = mpsc::channel(64);
         let runner = self.runner.clone();
+        let heartbeat = runner.heartbeat_interval();
         let req = request.into_inner();
         cairn_telemetry::record_ids("", &req.run_id, &req.node_id);
         // In the call's span: the run's logs carry its trace id.
@@ -60,10 +61,25 @@ impl SandboxRunner for SandboxService {
             let forward = {
                 let tx = tx.clone();
                 async move {
-                    while let Some(chunk) = live_rx.recv().await {
-                        let msg = pb::RunStreamResponse {
-                            msg: Some(pb::run_stream_response::Msg::Output(chunk)),
+                    let started = std::time::Instant::now();
+                    // Without heartbeats the ticker never fires.
+                    let period = heartbeat.unwrap_or(std::time::Duration::from_secs(86_400));
+                    let mut ticks = tokio::time::interval(period);
+                    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    loop {
+                        let msg = tokio::select! {
+                            chunk = live_rx.recv() => match chunk {
+                                Some(chunk) => pb::run_stream_response::Msg::Output(chunk),
+                                None => break,
+                            },
+                            _ = ticks.tick(), if heartbeat.is_some() => {
+                                pb::run_stream_response::Msg::Heartbeat(pb::Heartbeat {
+                                    interval_ms: period.as_millis() as u64,
+                                    elapsed_ms: started.elapsed().as_millis() as u64,
+                                })
+                            }
                         };
+                        let msg = pb::RunStreamResponse { msg: Some(msg) };
                         if tx.send(Ok(msg)).await.is_err() {
                             break;
                         }

@@ -243,8 +243,16 @@ async fn runs_beyond_max_concurrent_runs_are_refused() {
             .await
             .unwrap()
             .into_inner();
-        // The first chunk says the program runs.
-        let first = stream.message().await.unwrap().unwrap();
+        // The first output says the program runs (heartbeats come before it).
+        let first = loop {
+            let m = stream.message().await.unwrap().unwrap();
+            if !matches!(
+                m.msg,
+                Some(cairn_proto::run_stream_response::Msg::Heartbeat(_))
+            ) {
+                break m;
+            }
+        };
         assert!(
             matches!(
                 first.msg,

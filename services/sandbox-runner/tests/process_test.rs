@@ -57,6 +57,18 @@ async fn spawn_runner_env(
     extra: &[&str],
     env: &[(&str, &str)],
 ) -> (Proc, SandboxRunnerClient<tonic::transport::Channel>) {
+    let (proc, client, _) = spawn_runner_at(backend, work_root, runner_id, extra, env).await;
+    (proc, client)
+}
+
+/// The runner process and a client of it, and its address.
+async fn spawn_runner_at(
+    backend: BackendChoice,
+    work_root: &std::path::Path,
+    runner_id: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> (Proc, SandboxRunnerClient<tonic::transport::Channel>, String) {
     let addr = format!("127.0.0.1:{}", free_port());
     let child = Command::new(env!("CARGO_BIN_EXE_cairn-sandbox-runner"))
         .args([
@@ -97,7 +109,7 @@ async fn spawn_runner_env(
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    (proc, client)
+    (proc, client, addr)
 }
 
 fn peak_rss_kib(pid: u32) -> u64 {
@@ -977,4 +989,124 @@ async fn a_killed_runner_leaves_nothing_of_a_gvisor_session() {
         0
     );
     drop(proc2);
+}
+
+/// The processes `pid` started.
+fn children(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+/// A runner stopped mid-step (SIGSTOP: its connection stays open and nothing answers) stops
+/// heartbeating; the client delivers the step to the next runner within a few intervals, with
+/// the same step key and one more redelivery, long before the step's own timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_runner_that_stops_heartbeating_loses_its_step_to_the_next_runner() {
+    // The local backend: its programs are the runner's children, so the one running it shows.
+    if let Err(reason) = bwrap_ready() {
+        if docker_required() {
+            panic!("CAIRN_REQUIRE_DOCKER=1 but the local backend is not usable: {reason}");
+        }
+        println!(
+            "SKIP: a_runner_that_stops_heartbeating_loses_its_step_to_the_next_runner: {reason}"
+        );
+        return;
+    }
+    let roots = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let beat = ["--set", "heartbeat_interval_ms=200"];
+    let (mut a, _, a_addr) =
+        spawn_runner_at(BackendChoice::Local, roots[0].path(), "beat-a", &beat, &[]).await;
+    let (mut b, _, b_addr) =
+        spawn_runner_at(BackendChoice::Local, roots[1].path(), "beat-b", &beat, &[]).await;
+    let runners = cairn_runner_client::Runners::start(
+        &[a_addr.clone(), b_addr.clone()],
+        cairn_runner_client::Balancing::default(),
+    )
+    .await
+    .unwrap();
+    let mut req = with_timeout(
+        python(
+            "import os, time\nprint(os.environ['CAIRN_STEP_KEY'], os.environ['CAIRN_STEP_REDELIVERY'], flush=True)\ntime.sleep(3)\n",
+        ),
+        120_000,
+    );
+    req.step_key = "run-9/build/1".into();
+    let first = std::sync::Arc::new(std::sync::Mutex::new(None::<Instant>));
+    let seen = first.clone();
+    let redelivered = std::sync::Arc::new(std::sync::Mutex::new(Vec::<(String, Instant)>::new()));
+    let noted = redelivered.clone();
+    let call = tokio::spawn(async move {
+        runners
+            .run_streaming(
+                req,
+                move |_| {
+                    seen.lock().unwrap().get_or_insert_with(Instant::now);
+                },
+                move |addr: &str, _: &tonic::Status| {
+                    noted
+                        .lock()
+                        .unwrap()
+                        .push((addr.to_owned(), Instant::now()))
+                },
+            )
+            .await
+    });
+    // The first output: the step runs; stop the runner whose child runs it.
+    let t0 = Instant::now();
+    while first.lock().unwrap().is_none() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the step never started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (stopped, stopped_addr) = if !children(a.child.id()).is_empty() {
+        (&mut a, a_addr.clone())
+    } else {
+        assert!(
+            !children(b.child.id()).is_empty(),
+            "neither runner runs the step"
+        );
+        (&mut b, b_addr.clone())
+    };
+    let pid = stopped.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let stopped_at = Instant::now();
+    let outcome = tokio::time::timeout(Duration::from_secs(30), call).await;
+    let _ = Command::new("kill").args(["-CONT", &pid]).status();
+    let (result, ran_on) = outcome
+        .expect("the step waited on the stopped runner instead of going elsewhere")
+        .unwrap()
+        .unwrap();
+    assert_ne!(
+        ran_on, stopped_addr,
+        "the stopped runner cannot have finished it"
+    );
+    assert_eq!(
+        result.exit_code,
+        0,
+        "{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&result.stdout).trim(),
+        "run-9/build/1 1",
+        "the same step key, one redelivery"
+    );
+    let redelivered = redelivered.lock().unwrap().clone();
+    assert_eq!(redelivered.len(), 1, "{redelivered:?}");
+    assert_eq!(redelivered[0].0, stopped_addr);
+    // Three 200 ms intervals, at least a second: far sooner than the step's 120 s timeout.
+    let noticed = redelivered[0].1 - stopped_at;
+    assert!(
+        noticed >= Duration::from_millis(900) && noticed < Duration::from_secs(5),
+        "noticed after {noticed:?}"
+    );
 }

@@ -536,6 +536,7 @@ async fn run_stream_sends_chunks_then_the_result() {
             .into_inner();
         let mut chunks = Vec::new();
         let mut result = None;
+        let mut beats = Vec::new();
         while let Some(msg) = stream.message().await.unwrap() {
             match msg.msg.unwrap() {
                 cairn_proto::run_stream_response::Msg::Output(c) => {
@@ -544,8 +545,15 @@ async fn run_stream_sends_chunks_then_the_result() {
                     chunks.extend_from_slice(&c.data);
                 }
                 cairn_proto::run_stream_response::Msg::Result(res) => result = Some(res),
+                cairn_proto::run_stream_response::Msg::Heartbeat(h) => {
+                    assert!(result.is_none() && chunks.is_empty(), "{h:?}");
+                    beats.push(h);
+                }
             }
         }
+        // One heartbeat at once, with the runner's interval (5 s: none more in 0.3 s).
+        assert_eq!(beats.len(), 1, "{beats:?}");
+        assert_eq!(beats[0].interval_ms, 5000);
         assert_eq!(text(&chunks), "a\nb\n");
         assert_eq!(text(&result.unwrap().stdout), "a\nb\n");
         r.stop().await;

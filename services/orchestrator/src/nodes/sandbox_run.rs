@@ -131,10 +131,14 @@ pub async fn run(ctx: &NodeCtx, spec: &SandboxRun) -> Result<NodeSuccess, NodeEr
         network: spec.network,
         env: Default::default(),
         image: spec.image.clone().unwrap_or_default(),
+        step_key: ctx.step.key.clone(),
+        redelivery: ctx.step.redelivery,
     };
     ctx.progress.emit(
         Ev::new(SANDBOX_START, &ctx.node_id)
             .with("request_id", request_id.as_str())
+            .with("step_key", ctx.step.key.as_str())
+            .with("redelivery", ctx.step.redelivery)
             .with("language", spec.language.as_str())
             .with("image", spec.image.as_deref().unwrap_or(""))
             .with("network", spec.network)
@@ -151,7 +155,24 @@ pub async fn run(ctx: &NodeCtx, spec: &SandboxRun) -> Result<NodeSuccess, NodeEr
         };
         log.write(stream, c.data);
     };
-    let (result, runner) = match ctx.backends.runners.run_streaming(req, live).await {
+    let mut redeliveries = 0u32;
+    // A runner that stopped heartbeating may still be running the step: the next runner runs
+    // it again under the same step key, and the log says so.
+    let redelivered = |runner: &str, why: &tonic::Status| {
+        redeliveries += 1;
+        log.step(&format!(
+            "[{}; the step is delivered to the next runner as redelivery {}]",
+            why.message(),
+            ctx.step.redelivery + redeliveries
+        ));
+        tracing::warn!(runner, step_key = %ctx.step.key, error = %why.message(), "a sandbox runner went quiet mid-step; delivering the step to the next runner");
+    };
+    let (result, runner) = match ctx
+        .backends
+        .runners
+        .run_streaming(req, live, redelivered)
+        .await
+    {
         Ok(r) => r,
         Err(s) => {
             let e = NodeError::from_status("sandbox runner", &s);
@@ -226,6 +247,8 @@ pub async fn run(ctx: &NodeCtx, spec: &SandboxRun) -> Result<NodeSuccess, NodeEr
     }
     let complete = Ev::new(SANDBOX_COMPLETE, &ctx.node_id)
         .with("request_id", request_id.as_str())
+        .with("step_key", ctx.step.key.as_str())
+        .with("redelivery", ctx.step.redelivery + redeliveries)
         .with("runner", runner.as_str())
         .with("exit_code", result.exit_code)
         .with("timed_out", result.timed_out)
