@@ -67,16 +67,31 @@ pub fn default_table() -> BTreeMap<String, Vec<String>> {
         "cairn.v1.ArtifactStore/ReadEvents",
         "cairn.v1.ArtifactStore/ListRunSummaries",
     ];
+    // Everything the orchestrator does with the store; backups, restores and archiving are
+    // the operator's (admin) alone.
+    let store_driver = [
+        "cairn.v1.ArtifactStore/CreateProject",
+        "cairn.v1.ArtifactStore/Put",
+        "cairn.v1.ArtifactStore/Delete",
+        "cairn.v1.ArtifactStore/AppendEvents",
+        "cairn.v1.ArtifactStore/ClaimRun",
+        "cairn.v1.ArtifactStore/GrantIngestClaim",
+        "cairn.v1.ArtifactStore/UpdateJson",
+    ];
     let rows: [(&str, Vec<&str>); 6] = [
         (
             "orchestrator",
-            vec![
-                "cairn.v1.ArtifactStore/*",
+            [
+                &store_read[..],
+                &store_driver[..],
+                &[
                 "cairn.v1.Ingest/*",
                 "cairn.v1.SandboxRunner/*",
-                // Replicas forward calls about a run to the replica that drives it.
-                "cairn.v1.Orchestrator/*",
-            ],
+                    // Replicas forward calls about a run to the replica that drives it.
+                    "cairn.v1.Orchestrator/*",
+                ],
+            ]
+            .concat(),
         ),
         (
             "ingest",
@@ -412,6 +427,10 @@ mod tests {
                 // Issues a capability to write for a run: a write in effect.
                 "GrantIngestClaim",
                 "UpdateJson",
+                // Reads every project's bytes at once: admin only, like the writes below.
+                "Backup",
+                "Restore",
+                "ArchiveRun",
             ]
             .contains(&method),
             "Ingest" => ["Ingest", "SetEnabled"].contains(&method),
@@ -423,11 +442,16 @@ mod tests {
         }
     }
 
+    const ADMIN_ONLY: [&str; 3] = ["Backup", "Restore", "ArchiveRun"];
+
     /// What each identity may call, written out on its own (not derived from the table).
     fn expected(identity: &str, service: &str, method: &str) -> bool {
         let write = writes(service, method);
         match (identity, service) {
-            ("orchestrator" | "cli", _) => true,
+            ("cli", _) => true,
+            // Backups, restores and archiving are the operator's (admin) alone.
+            ("orchestrator", "ArtifactStore") => !ADMIN_ONLY.contains(&method),
+            ("orchestrator", _) => true,
             ("ingest", "ArtifactStore") => {
                 !write || ["Put", "AppendEvents", "CreateProject"].contains(&method)
             }
@@ -483,6 +507,14 @@ mod tests {
             assert!(!a.allows(&caller("console"), &path), "{path}");
         }
         assert!(!a.allows(&caller("console"), "/cairn.v1.Ingest/SetEnabled"));
+        // Backup and restore, named: the admin tool only.
+        for m in ADMIN_ONLY {
+            let path = format!("/cairn.v1.ArtifactStore/{m}");
+            assert!(a.allows(&caller("cli"), &path), "{path}");
+            for id in ["orchestrator", "ingest", "console", "sandbox-runner", "stranger"] {
+                assert!(!a.allows(&caller(id), &path), "{id} {path}");
+            }
+        }
         assert!(a.allows(&caller("console"), "/cairn.v1.Orchestrator/ApproveGate"));
         // Every caller, even one the table does not know, may probe health.
         for id in identities {
