@@ -85,8 +85,8 @@ pub fn default_table() -> BTreeMap<String, Vec<String>> {
                 &store_read[..],
                 &store_driver[..],
                 &[
-                "cairn.v1.Ingest/*",
-                "cairn.v1.SandboxRunner/*",
+                    "cairn.v1.Ingest/*",
+                    "cairn.v1.SandboxRunner/*",
                     // Replicas forward calls about a run to the replica that drives it.
                     "cairn.v1.Orchestrator/*",
                 ],
@@ -511,7 +511,13 @@ mod tests {
         for m in ADMIN_ONLY {
             let path = format!("/cairn.v1.ArtifactStore/{m}");
             assert!(a.allows(&caller("cli"), &path), "{path}");
-            for id in ["orchestrator", "ingest", "console", "sandbox-runner", "stranger"] {
+            for id in [
+                "orchestrator",
+                "ingest",
+                "console",
+                "sandbox-runner",
+                "stranger",
+            ] {
                 assert!(!a.allows(&caller(id), &path), "{id} {path}");
             }
         }

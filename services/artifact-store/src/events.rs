@@ -34,7 +34,7 @@ use crate::deferred::{self, Added, PendingDirs, Publishing};
 use crate::error::{refusal, Error, Result};
 use crate::event_seek;
 use crate::files;
-use crate::layout::{check_id, EPOCH_FILE, EVENTS_FILE, EVENTS_INDEX_FILE};
+use crate::layout::{check_id, ARCHIVE_FILE, EPOCH_FILE, EVENTS_FILE, EVENTS_INDEX_FILE};
 use crate::stamp::timestamp_now;
 use crate::state::{blocking, State};
 
@@ -197,7 +197,7 @@ pub struct StoredEvent {
 }
 
 impl StoredEvent {
-    fn parse(line: &str) -> Option<StoredEvent> {
+    pub(crate) fn parse(line: &str) -> Option<StoredEvent> {
         let Ok(Value::Object(mut map)) = serde_json::from_str::<Value>(line) else {
             return None;
         };
@@ -626,6 +626,20 @@ impl RunLogs {
         Ok((epoch, state.last_seq))
     }
 
+    /// Runs `work` (blocking) while none of the run's events is committed, then closes the
+    /// run's log: its next use opens it from the disk again.
+    pub async fn quiesced<T, F>(&self, project: &str, run: &str, work: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> Result<T> + Send + 'static,
+    {
+        let log = self.log(project, run);
+        let mut state = log.state.lock().await;
+        let done = blocking(work).await;
+        *state = LogState::default();
+        done
+    }
+
     /// Streams a run's events from `from_seq`, then (with `follow`) live ones.
     pub async fn read(
         &self,
@@ -714,6 +728,15 @@ fn open_log(store: &State, project: &str, run: &str, create: bool) -> Result<Opt
         Err(Errno::NOENT) if !create => return Ok(None),
         Err(e) => return Err(refusal(e, project, &path, "opening the run directory of")),
     };
+    // An archived run's log is read from its archive and never written again.
+    if contain::stat(dir.as_fd(), ARCHIVE_FILE).is_ok() {
+        return match create {
+            true => Err(Error::Archived {
+                run: run.to_owned(),
+            }),
+            false => Ok(None),
+        };
+    }
     let mut flags = OFlags::RDWR | OFlags::APPEND | OFlags::NONBLOCK;
     if create {
         flags |= OFlags::CREATE;
