@@ -1,6 +1,7 @@
 //! `cairn store put|get|ls|stat|events|backup|restore`: the artifact-store from the command
 //! line.
 
+use std::path::Path;
 use std::process::ExitCode;
 
 use cairn_proto::v1::{
@@ -81,21 +82,10 @@ async fn run_with(
             };
             match local.filter(|l| l.as_os_str() != "-") {
                 Some(local) => {
-                    // Download beside the target, then rename: a failed download leaves no partial file.
-                    let tmp = local.with_extension("cairn-partial");
-                    let mut file = tokio::fs::File::create(&tmp)
-                        .await
-                        .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", tmp.display()))?;
-                    let got = transfer::get(&mut store, request, &mut file).await;
-                    drop(file);
-                    let info = match got {
-                        Ok(info) => info,
-                        Err(e) => {
-                            let _ = tokio::fs::remove_file(&tmp).await;
-                            return Err(e);
-                        }
-                    };
-                    tokio::fs::rename(&tmp, &local).await?;
+                    let info = replace_whole(&local, async |file| {
+                        transfer::get(&mut store, request, file).await
+                    })
+                    .await?;
                     if global.json {
                         output::json(&file_json(&info))?;
                     } else {
@@ -190,12 +180,7 @@ async fn run_with(
                 })
                 .await?
                 .into_inner();
-            // Written beside the target, then renamed: a failed backup leaves no partial file.
-            let tmp = out.with_extension("cairn-partial");
-            let mut file = tokio::fs::File::create(&tmp)
-                .await
-                .map_err(|e| anyhow::anyhow!("cannot create {} (--out): {e}", tmp.display()))?;
-            let copied = async {
+            let size = replace_whole(&out, async |file| {
                 let mut size = 0u64;
                 while let Some(chunk) = stream.next().await {
                     let chunk = chunk?.chunk;
@@ -204,16 +189,8 @@ async fn run_with(
                 }
                 file.sync_all().await?;
                 anyhow::Ok(size)
-            }
-            .await;
-            let size = match copied {
-                Ok(size) => size,
-                Err(e) => {
-                    let _ = tokio::fs::remove_file(&tmp).await;
-                    return Err(e);
-                }
-            };
-            tokio::fs::rename(&tmp, &out).await?;
+            })
+            .await?;
             let what = if project.is_empty() {
                 "every project".to_owned()
             } else {
@@ -307,6 +284,30 @@ async fn run_with(
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Writes `local` through `fill` beside it, then renames it into place: a failure leaves no
+/// partial file.
+async fn replace_whole<T>(
+    local: &Path,
+    fill: impl AsyncFnOnce(&mut tokio::fs::File) -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    let tmp = local.with_extension("cairn-partial");
+    let mut file = tokio::fs::File::create(&tmp)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", tmp.display()))?;
+    let filled = fill(&mut file).await;
+    drop(file);
+    match filled {
+        Ok(value) => {
+            tokio::fs::rename(&tmp, local).await?;
+            Ok(value)
+        }
+        Err(e) => {
+            let _ = tokio::fs::remove_file(&tmp).await;
+            Err(e)
+        }
+    }
 }
 
 /// Whether a project was named (`--project`, `-p` or CAIRN_PROJECT) rather than left at its

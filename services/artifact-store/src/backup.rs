@@ -174,7 +174,14 @@ pub fn write(state: &State, projects: &[String], out: impl Write) -> Result<()> 
             {
                 return contain::Visit::Continue;
             }
-            let added = e.open_file().and_then(|(file, st)| {
+            let opened = match e.open_file() {
+                // Deleted (or archived away) since the walk saw it: not in this backup.
+                Err(err) if err.kind() == io::ErrorKind::NotFound => {
+                    return contain::Visit::Continue
+                }
+                opened => opened,
+            };
+            let added = opened.and_then(|(file, st)| {
                 let size = u64::try_from(st.st_size).unwrap_or(0);
                 let size = match logs.get(rel) {
                     Some(len) => whole_lines(&file, (*len).min(size))?,
