@@ -531,6 +531,41 @@ mod tests {
         }
     }
 
+    /// Tokens on a host that requires them: only an admin's reaches backups and restores.
+    #[test]
+    fn only_an_admin_token_backs_up_or_restores() {
+        struct Tokens;
+        impl TokenCheck for Tokens {
+            fn check(&self, _: Option<IpAddr>, token: &str) -> TokenHolder {
+                match token {
+                    "admin" => TokenHolder::Admin { name: "ann".into() },
+                    "viewer" | "operator" | "approver" => TokenHolder::Limited {
+                        name: "bob".into(),
+                        role: token.into(),
+                    },
+                    _ => TokenHolder::Invalid("unknown token".into()),
+                }
+            }
+        }
+        let a = Access::default();
+        let plaintext = Caller {
+            principal: Principal::Local,
+            peer: None,
+        };
+        for m in ADMIN_ONLY {
+            let rpc = format!("cairn.v1.ArtifactStore/{m}");
+            let admin = http::HeaderValue::from_static("Bearer admin");
+            let caller = by_token(&Tokens, plaintext.clone(), &rpc, Some(&admin)).unwrap();
+            assert!(a.allows(&caller, &format!("/{rpc}")), "{rpc}");
+            for token in ["viewer", "operator", "approver", "nobody"] {
+                let value = http::HeaderValue::from_str(&format!("Bearer {token}")).unwrap();
+                let refused = by_token(&Tokens, plaintext.clone(), &rpc, Some(&value));
+                assert!(refused.is_err(), "{token} {rpc}");
+            }
+            assert!(by_token(&Tokens, plaintext.clone(), &rpc, None).is_err(), "{rpc}");
+        }
+    }
+
     #[test]
     fn overrides_replace_an_identity_entry() {
         let overrides = BTreeMap::from([(
