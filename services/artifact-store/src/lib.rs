@@ -152,7 +152,7 @@ mod tests {
         &["state"],
         &["files", "read", "run_index"],
         &["project"],
-        &["events", "retention"],
+        &["events", "events_reader", "retention"],
         &["write", "archive", "backup"],
         &["document", "commit_order"],
         &["store", "sweep"],
