@@ -1446,6 +1446,27 @@ fn documented(name: &str) -> String {
         .to_owned()
 }
 
+/// A stack named `name` serving only the store, `content` put at docs/backup/kept.txt; the
+/// store's published address.
+fn store_with_kept_file(host: &Host, name: &str, content: &str) -> (Stack, String) {
+    let store_only = ["artifact-store"];
+    let stack = Stack::new(host, name);
+    stack.up(&store_only);
+    stack.wait_healthy(&store_only, Duration::from_secs(90));
+    let store = stack.published("artifact-store");
+    let file = stack.dir.path().join("kept.txt");
+    std::fs::write(&file, content).unwrap();
+    ok(
+        stack
+            .cairn(host)
+            .args(["--addr", &store, "store", "put"])
+            .arg(&file)
+            .arg("docs/backup/kept.txt"),
+        Duration::from_secs(30),
+    );
+    (stack, store)
+}
+
 /// The names of the files in `dir`, which must be one documented backup, `cairn-store-*<suffix>`.
 fn the_backup_made(dir: &Path, suffix: &str) -> Vec<String> {
     let archives: Vec<String> = std::fs::read_dir(dir)
@@ -1480,20 +1501,7 @@ fn compose_backup_and_restore_as_documented() {
         .unwrap();
     let content = format!("kept across a restore {}\n", std::process::id());
 
-    let mut first = Stack::new(&host, "backup");
-    first.up(&store_only);
-    first.wait_healthy(&store_only, Duration::from_secs(90));
-    let store = first.published("artifact-store");
-    let file = first.dir.path().join("kept.txt");
-    std::fs::write(&file, &content).unwrap();
-    ok(
-        first
-            .cairn(&host)
-            .args(["--addr", &store, "store", "put"])
-            .arg(&file)
-            .arg("docs/backup/kept.txt"),
-        Duration::from_secs(30),
-    );
+    let (mut first, _) = store_with_kept_file(&host, "backup", &content);
     ok(
         &mut first.shell(backups.path(), &backup),
         Duration::from_secs(120),
@@ -1582,20 +1590,7 @@ fn compose_online_backup_and_restore_as_documented() {
         c
     };
 
-    let mut first = Stack::new(&host, "online-backup");
-    first.up(&store_only);
-    first.wait_healthy(&store_only, Duration::from_secs(90));
-    let store = first.published("artifact-store");
-    let file = first.dir.path().join("kept.txt");
-    std::fs::write(&file, &content).unwrap();
-    ok(
-        first
-            .cairn(&host)
-            .args(["--addr", &store, "store", "put"])
-            .arg(&file)
-            .arg("docs/backup/kept.txt"),
-        Duration::from_secs(30),
-    );
+    let (mut first, store) = store_with_kept_file(&host, "online-backup", &content);
     ok(
         &mut shell(&first, &backup, &store),
         Duration::from_secs(120),
