@@ -398,6 +398,11 @@ fn unpack(
         )));
     }
     let mut listed = manifest.projects;
+    if let Some(odd) = listed.keys().find(|p| check_id("project", p).is_err()) {
+        return Err(bad(format!(
+            "its list names {odd:?}, which is no project id"
+        )));
+    }
     if !only.is_empty() {
         let held: Vec<String> = listed.keys().cloned().collect();
         listed.retain(|p, _| p == only);
