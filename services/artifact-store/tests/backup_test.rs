@@ -382,3 +382,28 @@ async fn retention_archives_finished_runs_beyond_the_newest_and_never_unfinished
     );
     assert_eq!(run_events(&mut client, "p", "old").await, before);
 }
+
+#[tokio::test]
+async fn a_backup_naming_what_is_no_project_restores_nothing() {
+    let mut tar = tar::Builder::new(flate2::write::GzEncoder::new(
+        Vec::new(),
+        flate2::Compression::fast(),
+    ));
+    let list = json!({"format": 1, "created_at": "", "projects": {"../escape": []}}).to_string();
+    let mut header = tar::Header::new_gnu();
+    header.set_size(list.len() as u64);
+    header.set_mode(0o644);
+    tar.append_data(&mut header, "cairn-backup.json", list.as_bytes())
+        .unwrap();
+    let bytes = tar.into_inner().unwrap().finish().unwrap();
+    let target = serve().await;
+    let mut c = target.client.clone();
+    assert_refused(
+        restore(&mut c, "", &bytes).await,
+        Code::DataLoss,
+        "backup_corrupt",
+    );
+    assert!(projects(&mut c).await.is_empty());
+    assert!(!target.data_root.join("escape").exists());
+    assert!(!target.data_root.parent().unwrap().join("escape").exists());
+}
