@@ -562,7 +562,10 @@ mod tests {
                 let refused = by_token(&Tokens, plaintext.clone(), &rpc, Some(&value));
                 assert!(refused.is_err(), "{token} {rpc}");
             }
-            assert!(by_token(&Tokens, plaintext.clone(), &rpc, None).is_err(), "{rpc}");
+            assert!(
+                by_token(&Tokens, plaintext.clone(), &rpc, None).is_err(),
+                "{rpc}"
+            );
         }
     }
 
