@@ -5,8 +5,8 @@
 //!
 //! Layers, each using only those below it (a test in `lib.rs` checks the imports):
 //! error → claim → leaves (config, page, stamp, digest, slots, publication, direct, deferred, access)
-//! → layout → temp → state → files, read → project → events → write → document → store,
-//! sweep → service.
+//! → layout → temp → state → files, read, run_index → project → events, retention → write,
+//! archive, backup → document → store, sweep → service.
 //!
 //! May depend on: every operation module; nothing but `service` and the crate root use it.
 
