@@ -329,6 +329,10 @@ pub enum RunsCommand {
     },
     /// One run: state, nodes, gates, run directory.
     Show { run: String },
+    /// Pack a finished (completed, failed or canceled) run into one compressed file,
+    /// .cairn/runs/RUN/run.tar.gz; `runs show`, `runs list` and `store events` still read it,
+    /// but it takes no more events (no resume, rework or notes). Admin only.
+    Archive { run: String },
     /// Follow a run's events live: every event from the first, then on through rework, resume
     /// and later actions until you stop it (Ctrl-C). One line per event (`--json`: one JSON
     /// object per line).
@@ -633,6 +637,22 @@ pub enum StoreCommand {
     Stat {
         /// Project-relative path.
         path: String,
+    },
+    /// Write a consistent backup of every project (or the one --project / CAIRN_PROJECT
+    /// names) to a local file while the store keeps serving: a gzip tar with the sha256 of
+    /// every file. Admin only.
+    Backup {
+        /// Local file to write (replaced whole when the backup is complete).
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+    },
+    /// Restore a backup made by `store backup` into a store without its projects: every
+    /// project of it (the store must have no project), or only the one --project /
+    /// CAIRN_PROJECT names. Every file is checked first; a damaged backup restores nothing.
+    /// Admin only.
+    Restore {
+        /// The backup file.
+        file: PathBuf,
     },
     /// Print a run's events (events.jsonl), optionally following new ones.
     Events {

@@ -399,3 +399,129 @@ fn a_run_is_re_run_and_found_by_search() {
         .failure()
         .stderr(predicate::str::contains("give a day (2026-11-25)"));
 }
+
+/// `cairn runs archive`: a run waiting at a gate is refused; a completed run is packed into one
+/// file, and `cairn runs show` and `cairn store events` still read it.
+#[test]
+fn an_archived_run_is_still_shown_and_an_unfinished_one_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let done = dir.path().join("done.yaml");
+    std::fs::write(
+        &done,
+        "nodes:\n  - {id: doc, type: write_file, path: \"docs/{{run_id}}/d.txt\", content: d}\n",
+    )
+    .unwrap();
+    let gated = dir.path().join("gated.yaml");
+    std::fs::write(
+        &gated,
+        "nodes:\n  - {id: draft, type: write_file, path: \"docs/{{run_id}}/d.txt\", content: d}\n  - {id: review, type: gate, needs: [draft]}\n",
+    )
+    .unwrap();
+    for (run, graph) in [("a1", &done), ("g1", &gated)] {
+        cairn(&data)
+            .args(["-p", "arch", "run", "--run-id", run])
+            .arg(graph)
+            .timeout(std::time::Duration::from_secs(60))
+            .assert()
+            .success();
+    }
+    let refused = cairn(&data)
+        .args(["-p", "arch", "runs", "archive", "g1"])
+        .timeout(std::time::Duration::from_secs(60))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && stderr.contains("run_unfinished"),
+        "{stderr}"
+    );
+    let before = cairn(&data)
+        .args(["-p", "arch", "--json", "store", "events", "a1"])
+        .output()
+        .unwrap();
+    cairn(&data)
+        .args(["-p", "arch", "runs", "archive", "a1"])
+        .timeout(std::time::Duration::from_secs(60))
+        .assert()
+        .success();
+    let run_dir = data.join("projects/arch/.cairn/runs/a1");
+    assert!(run_dir.join("run.tar.gz").exists() && !run_dir.join("events.jsonl").exists());
+    let show = cairn(&data)
+        .args(["-p", "arch", "--json", "runs", "show", "a1"])
+        .timeout(std::time::Duration::from_secs(60))
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&show.stdout);
+    assert!(
+        show.status.success() && shown.contains("completed"),
+        "{shown}\n{}",
+        String::from_utf8_lossy(&show.stderr)
+    );
+    let after = cairn(&data)
+        .args(["-p", "arch", "--json", "store", "events", "a1"])
+        .output()
+        .unwrap();
+    assert!(!before.stdout.is_empty());
+    assert_eq!(after.stdout, before.stdout);
+}
+
+/// `cairn store backup` of a data root with a run waiting at a gate, restored into another
+/// data root: the run is shown there as it was, and approving its gate drives it to the end.
+#[test]
+fn a_restored_run_is_shown_and_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let (source, target) = (dir.path().join("a"), dir.path().join("b"));
+    let gated = dir.path().join("gated.yaml");
+    std::fs::write(
+        &gated,
+        "nodes:\n  - {id: draft, type: write_file, path: \"docs/{{run_id}}/d.txt\", content: d}\n  - {id: review, type: gate, needs: [draft]}\n  - {id: after, type: write_file, needs: [review], path: \"docs/{{run_id}}/e.txt\", content: e}\n",
+    )
+    .unwrap();
+    cairn(&source)
+        .args(["-p", "kept", "run", "--run-id", "g1"])
+        .arg(&gated)
+        .timeout(std::time::Duration::from_secs(60))
+        .assert()
+        .success();
+    let file = dir.path().join("backup.tar.gz");
+    cairn(&source)
+        .args(["store", "backup", "--out"])
+        .arg(&file)
+        .timeout(std::time::Duration::from_secs(60))
+        .assert()
+        .success();
+    cairn(&target)
+        .args(["store", "restore"])
+        .arg(&file)
+        .timeout(std::time::Duration::from_secs(60))
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("restored kept"));
+    let show = cairn(&target)
+        .args(["-p", "kept", "--json", "runs", "show", "g1"])
+        .timeout(std::time::Duration::from_secs(60))
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&show.stdout);
+    assert!(shown.contains("input-required"), "{shown}");
+    cairn(&target)
+        .args(["-p", "kept", "gate", "approve", "g1", "review"])
+        .timeout(std::time::Duration::from_secs(60))
+        .assert()
+        .success();
+    cairn(&target)
+        .args(["-p", "kept", "store", "get", "docs/g1/e.txt"])
+        .timeout(std::time::Duration::from_secs(60))
+        .assert()
+        .success()
+        .stdout("e");
+    // A second restore into the now non-empty data root is refused, in CLI words.
+    cairn(&target)
+        .args(["store", "restore"])
+        .arg(&file)
+        .timeout(std::time::Duration::from_secs(60))
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("--project"));
+}

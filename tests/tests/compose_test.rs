@@ -1446,6 +1446,42 @@ fn documented(name: &str) -> String {
         .to_owned()
 }
 
+/// A stack named `name` serving only the store, `content` put at docs/backup/kept.txt; the
+/// store's published address.
+fn store_with_kept_file(host: &Host, name: &str, content: &str) -> (Stack, String) {
+    let store_only = ["artifact-store"];
+    let stack = Stack::new(host, name);
+    stack.up(&store_only);
+    stack.wait_healthy(&store_only, Duration::from_secs(90));
+    let store = stack.published("artifact-store");
+    let file = stack.dir.path().join("kept.txt");
+    std::fs::write(&file, content).unwrap();
+    ok(
+        stack
+            .cairn(host)
+            .args(["--addr", &store, "store", "put"])
+            .arg(&file)
+            .arg("docs/backup/kept.txt"),
+        Duration::from_secs(30),
+    );
+    (stack, store)
+}
+
+/// The names of the files in `dir`, which must be one documented backup, `cairn-store-*<suffix>`.
+fn the_backup_made(dir: &Path, suffix: &str) -> Vec<String> {
+    let archives: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        archives.len() == 1
+            && archives[0].starts_with("cairn-store-")
+            && archives[0].ends_with(suffix),
+        "the documented backup made {archives:?}"
+    );
+    archives
+}
+
 /// docs/operations.md's backup of the compose store, run as written against one stack, and its
 /// restore into a fresh stack (another volume, another PKI): the file put before the backup is
 /// read back over gRPC from the restored store.
@@ -1465,34 +1501,12 @@ fn compose_backup_and_restore_as_documented() {
         .unwrap();
     let content = format!("kept across a restore {}\n", std::process::id());
 
-    let mut first = Stack::new(&host, "backup");
-    first.up(&store_only);
-    first.wait_healthy(&store_only, Duration::from_secs(90));
-    let store = first.published("artifact-store");
-    let file = first.dir.path().join("kept.txt");
-    std::fs::write(&file, &content).unwrap();
-    ok(
-        first
-            .cairn(&host)
-            .args(["--addr", &store, "store", "put"])
-            .arg(&file)
-            .arg("docs/backup/kept.txt"),
-        Duration::from_secs(30),
-    );
+    let (mut first, _) = store_with_kept_file(&host, "backup", &content);
     ok(
         &mut first.shell(backups.path(), &backup),
         Duration::from_secs(120),
     );
-    let archives: Vec<String> = std::fs::read_dir(backups.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    assert!(
-        archives.len() == 1
-            && archives[0].starts_with("cairn-store-")
-            && archives[0].ends_with(".tgz"),
-        "the documented backup made {archives:?}"
-    );
+    let archives = the_backup_made(backups.path(), ".tgz");
     first.down();
 
     let second = Stack::new(&host, "restore");
@@ -1538,6 +1552,75 @@ fn compose_backup_and_restore_as_documented() {
             .arg(&got)
             .arg("docs/backup/after-restore.txt"),
         Duration::from_secs(30),
+    );
+}
+
+/// docs/operations.md's online backup, run as written from the host against a serving store,
+/// and its restore into a fresh stack's empty store: the file put before the backup is read
+/// back, and a second restore into the now non-empty store is refused.
+#[test]
+fn compose_online_backup_and_restore_as_documented() {
+    let test = "compose_online_backup_and_restore_as_documented";
+    let backup = documented("compose-online-backup");
+    let restore = documented("compose-online-restore");
+    let Some(host) = Host::probe(test) else {
+        return;
+    };
+    host.build_images();
+    let store_only = ["artifact-store"];
+    let backups = tempfile::Builder::new()
+        .prefix("cairn-online-backup-")
+        .tempdir()
+        .unwrap();
+    let content = format!("kept across an online restore {}\n", std::process::id());
+    // The documented commands run with `cairn` on PATH, the store's address and the `cli`
+    // certificate in the environment, as the text says.
+    let bin = host.cairn.parent().unwrap().to_path_buf();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let shell = |stack: &Stack, script: &str, store: &str| {
+        let mut c = stack.shell(backups.path(), script);
+        c.env("PATH", &path)
+            .env("CAIRN_ADDR", store)
+            .env("CAIRN_TLS_DIR", stack.pki().join("cli"))
+            .env_remove("CAIRN_PROJECT");
+        c
+    };
+
+    let (mut first, store) = store_with_kept_file(&host, "online-backup", &content);
+    ok(
+        &mut shell(&first, &backup, &store),
+        Duration::from_secs(120),
+    );
+    let archives = the_backup_made(backups.path(), ".tar.gz");
+    first.down();
+
+    let second = Stack::new(&host, "online-restore");
+    second.up(&store_only);
+    second.wait_healthy(&store_only, Duration::from_secs(90));
+    let store = second.published("artifact-store");
+    let mut restoring = shell(&second, &restore, &store);
+    restoring.env("BACKUP", &archives[0]);
+    ok(&mut restoring, Duration::from_secs(120));
+    let got = second.dir.path().join("got.txt");
+    ok(
+        second
+            .cairn(&host)
+            .args(["--addr", &store, "store", "get", "docs/backup/kept.txt"])
+            .arg(&got),
+        Duration::from_secs(30),
+    );
+    assert_eq!(std::fs::read_to_string(&got).unwrap(), content);
+    let mut again = shell(&second, &restore, &store);
+    again.env("BACKUP", &archives[0]);
+    let out = run(&mut again, Duration::from_secs(60));
+    assert!(
+        !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("store_not_empty"),
+        "a restore into a store with the projects: {}",
+        show(&out)
     );
 }
 

@@ -634,6 +634,27 @@ pub async fn runs(global: &Global, cmd: RunsCommand) -> anyhow::Result<ExitCode>
                 Ok(ExitCode::SUCCESS)
             }
             RunsCommand::Show { run } => finish(global, &get(&mut client, &project, &run).await?),
+            RunsCommand::Archive { run } => {
+                let archived = services
+                    .store()?
+                    .archive_run(cairn_proto::v1::ArchiveRunRequest {
+                        project_id: project,
+                        run_id: run.clone(),
+                    })
+                    .await?
+                    .into_inner();
+                if global.json {
+                    output::json(&serde_json::json!({"run_id": run, "path": archived.path, "size_bytes": archived.size_bytes, "files": archived.files}))?;
+                } else {
+                    println!(
+                        "archived {run} -> {} ({} files, {})",
+                        archived.path,
+                        archived.files,
+                        output::bytes(archived.size_bytes)
+                    );
+                }
+                Ok(ExitCode::SUCCESS)
+            }
             RunsCommand::Watch {
                 run,
                 until_end,

@@ -1,12 +1,15 @@
-//! `cairn store put|get|ls|stat|events`: the artifact-store from the command line.
+//! `cairn store put|get|ls|stat|events|backup|restore`: the artifact-store from the command
+//! line.
 
+use std::path::Path;
 use std::process::ExitCode;
 
 use cairn_proto::v1::{
-    EntryKind, FileInfo, GetRequest, ListRequest, PageRequest, PutHeader, ReadEventsRequest,
-    StatRequest, WriteOutcome,
+    BackupRequest, EntryKind, FileInfo, GetRequest, ListRequest, PageRequest, PutHeader,
+    ReadEventsRequest, RestoreRequest, StatRequest, WriteOutcome,
 };
 use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_stream::StreamExt;
 
 use crate::cli::{Global, StoreCommand};
@@ -79,21 +82,10 @@ async fn run_with(
             };
             match local.filter(|l| l.as_os_str() != "-") {
                 Some(local) => {
-                    // Download beside the target, then rename: a failed download leaves no partial file.
-                    let tmp = local.with_extension("cairn-partial");
-                    let mut file = tokio::fs::File::create(&tmp)
-                        .await
-                        .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", tmp.display()))?;
-                    let got = transfer::get(&mut store, request, &mut file).await;
-                    drop(file);
-                    let info = match got {
-                        Ok(info) => info,
-                        Err(e) => {
-                            let _ = tokio::fs::remove_file(&tmp).await;
-                            return Err(e);
-                        }
-                    };
-                    tokio::fs::rename(&tmp, &local).await?;
+                    let info = replace_whole(&local, async |file| {
+                        transfer::get(&mut store, request, file).await
+                    })
+                    .await?;
                     if global.json {
                         output::json(&file_json(&info))?;
                     } else {
@@ -176,6 +168,92 @@ async fn run_with(
                 );
             }
         }
+        StoreCommand::Backup { out } => {
+            let project = if project_named() {
+                project
+            } else {
+                String::new()
+            };
+            let mut stream = store
+                .backup(BackupRequest {
+                    project_id: project.clone(),
+                })
+                .await?
+                .into_inner();
+            let size = replace_whole(&out, async |file| {
+                let mut size = 0u64;
+                while let Some(chunk) = stream.next().await {
+                    let chunk = chunk?.chunk;
+                    size += chunk.len() as u64;
+                    file.write_all(&chunk).await?;
+                }
+                file.sync_all().await?;
+                anyhow::Ok(size)
+            })
+            .await?;
+            let what = if project.is_empty() {
+                "every project".to_owned()
+            } else {
+                format!("project {project}")
+            };
+            if global.json {
+                output::json(&json!({"out": out, "size_bytes": size, "project": project}))?;
+            } else {
+                eprintln!(
+                    "backup of {what} -> {} ({})",
+                    out.display(),
+                    output::bytes(size)
+                );
+            }
+        }
+        StoreCommand::Restore { file } => {
+            let only = if project_named() {
+                project
+            } else {
+                String::new()
+            };
+            let mut local = tokio::fs::File::open(&file)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", file.display()))?;
+            let (tx, rx) = tokio::sync::mpsc::channel::<RestoreRequest>(4);
+            // The file is read beside the call; a read error ends the stream so nothing is restored.
+            let pump = tokio::spawn(async move {
+                let mut first = Some(only);
+                loop {
+                    let mut buf = vec![0u8; 1 << 20];
+                    let n = local.read(&mut buf).await?;
+                    if n == 0 && first.is_none() {
+                        return Ok::<(), std::io::Error>(());
+                    }
+                    buf.truncate(n);
+                    let msg = RestoreRequest {
+                        chunk: buf.into(),
+                        project_id: first.take().unwrap_or_default(),
+                    };
+                    if tx.send(msg).await.is_err() || n == 0 {
+                        return Ok(());
+                    }
+                }
+            });
+            let reply = store
+                .restore(tokio_stream::wrappers::ReceiverStream::new(rx))
+                .await;
+            pump.await?
+                .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", file.display()))?;
+            let reply = reply?.into_inner();
+            if global.json {
+                output::json(
+                    &json!({"projects": reply.project_ids, "files": reply.files, "size_bytes": reply.bytes}),
+                )?;
+            } else {
+                println!(
+                    "restored {} ({} files, {})",
+                    reply.project_ids.join(", "),
+                    reply.files,
+                    output::bytes(reply.bytes)
+                );
+            }
+        }
         StoreCommand::Events { run, from, follow } => {
             let mut stream = store
                 .read_events(ReadEventsRequest {
@@ -206,6 +284,40 @@ async fn run_with(
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Writes `local` through `fill` beside it, then renames it into place: a failure leaves no
+/// partial file.
+async fn replace_whole<T>(
+    local: &Path,
+    fill: impl AsyncFnOnce(&mut tokio::fs::File) -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    let tmp = local.with_extension("cairn-partial");
+    let mut file = tokio::fs::File::create(&tmp)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", tmp.display()))?;
+    let filled = fill(&mut file).await;
+    drop(file);
+    match filled {
+        Ok(value) => {
+            tokio::fs::rename(&tmp, local).await?;
+            Ok(value)
+        }
+        Err(e) => {
+            let _ = tokio::fs::remove_file(&tmp).await;
+            Err(e)
+        }
+    }
+}
+
+/// Whether a project was named (`--project`, `-p` or CAIRN_PROJECT) rather than left at its
+/// default: backups and restores then cover that project alone.
+fn project_named() -> bool {
+    std::env::var_os("CAIRN_PROJECT").is_some_and(|v| !v.is_empty())
+        || std::env::args()
+            .skip(1)
+            .take_while(|a| a != "--")
+            .any(|a| a == "-p" || a == "--project" || a.starts_with("--project="))
 }
 
 fn outcome_word(o: WriteOutcome) -> &'static str {

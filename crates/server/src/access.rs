@@ -67,16 +67,31 @@ pub fn default_table() -> BTreeMap<String, Vec<String>> {
         "cairn.v1.ArtifactStore/ReadEvents",
         "cairn.v1.ArtifactStore/ListRunSummaries",
     ];
+    // Everything the orchestrator does with the store; backups, restores and archiving are
+    // the operator's (admin) alone.
+    let store_driver = [
+        "cairn.v1.ArtifactStore/CreateProject",
+        "cairn.v1.ArtifactStore/Put",
+        "cairn.v1.ArtifactStore/Delete",
+        "cairn.v1.ArtifactStore/AppendEvents",
+        "cairn.v1.ArtifactStore/ClaimRun",
+        "cairn.v1.ArtifactStore/GrantIngestClaim",
+        "cairn.v1.ArtifactStore/UpdateJson",
+    ];
     let rows: [(&str, Vec<&str>); 6] = [
         (
             "orchestrator",
-            vec![
-                "cairn.v1.ArtifactStore/*",
-                "cairn.v1.Ingest/*",
-                "cairn.v1.SandboxRunner/*",
-                // Replicas forward calls about a run to the replica that drives it.
-                "cairn.v1.Orchestrator/*",
-            ],
+            [
+                &store_read[..],
+                &store_driver[..],
+                &[
+                    "cairn.v1.Ingest/*",
+                    "cairn.v1.SandboxRunner/*",
+                    // Replicas forward calls about a run to the replica that drives it.
+                    "cairn.v1.Orchestrator/*",
+                ],
+            ]
+            .concat(),
         ),
         (
             "ingest",
@@ -412,6 +427,10 @@ mod tests {
                 // Issues a capability to write for a run: a write in effect.
                 "GrantIngestClaim",
                 "UpdateJson",
+                // Reads every project's bytes at once: admin only, like the writes below.
+                "Backup",
+                "Restore",
+                "ArchiveRun",
             ]
             .contains(&method),
             "Ingest" => ["Ingest", "SetEnabled"].contains(&method),
@@ -423,11 +442,16 @@ mod tests {
         }
     }
 
+    const ADMIN_ONLY: [&str; 3] = ["Backup", "Restore", "ArchiveRun"];
+
     /// What each identity may call, written out on its own (not derived from the table).
     fn expected(identity: &str, service: &str, method: &str) -> bool {
         let write = writes(service, method);
         match (identity, service) {
-            ("orchestrator" | "cli", _) => true,
+            ("cli", _) => true,
+            // Backups, restores and archiving are the operator's (admin) alone.
+            ("orchestrator", "ArtifactStore") => !ADMIN_ONLY.contains(&method),
+            ("orchestrator", _) => true,
             ("ingest", "ArtifactStore") => {
                 !write || ["Put", "AppendEvents", "CreateProject"].contains(&method)
             }
@@ -483,12 +507,64 @@ mod tests {
             assert!(!a.allows(&caller("console"), &path), "{path}");
         }
         assert!(!a.allows(&caller("console"), "/cairn.v1.Ingest/SetEnabled"));
+        // Backup and restore, named: the admin tool only.
+        for m in ADMIN_ONLY {
+            let path = format!("/cairn.v1.ArtifactStore/{m}");
+            assert!(a.allows(&caller("cli"), &path), "{path}");
+            for id in [
+                "orchestrator",
+                "ingest",
+                "console",
+                "sandbox-runner",
+                "stranger",
+            ] {
+                assert!(!a.allows(&caller(id), &path), "{id} {path}");
+            }
+        }
         assert!(a.allows(&caller("console"), "/cairn.v1.Orchestrator/ApproveGate"));
         // Every caller, even one the table does not know, may probe health.
         for id in identities {
             assert!(
                 a.allows(&caller(id), "/grpc.health.v1.Health/Watch"),
                 "{id}"
+            );
+        }
+    }
+
+    /// Tokens on a host that requires them: only an admin's reaches backups and restores.
+    #[test]
+    fn only_an_admin_token_backs_up_or_restores() {
+        struct Tokens;
+        impl TokenCheck for Tokens {
+            fn check(&self, _: Option<IpAddr>, token: &str) -> TokenHolder {
+                match token {
+                    "admin" => TokenHolder::Admin { name: "ann".into() },
+                    "viewer" | "operator" | "approver" => TokenHolder::Limited {
+                        name: "bob".into(),
+                        role: token.into(),
+                    },
+                    _ => TokenHolder::Invalid("unknown token".into()),
+                }
+            }
+        }
+        let a = Access::default();
+        let plaintext = Caller {
+            principal: Principal::Local,
+            peer: None,
+        };
+        for m in ADMIN_ONLY {
+            let rpc = format!("cairn.v1.ArtifactStore/{m}");
+            let admin = http::HeaderValue::from_static("Bearer admin");
+            let caller = by_token(&Tokens, plaintext.clone(), &rpc, Some(&admin)).unwrap();
+            assert!(a.allows(&caller, &format!("/{rpc}")), "{rpc}");
+            for token in ["viewer", "operator", "approver", "nobody"] {
+                let value = http::HeaderValue::from_str(&format!("Bearer {token}")).unwrap();
+                let refused = by_token(&Tokens, plaintext.clone(), &rpc, Some(&value));
+                assert!(refused.is_err(), "{token} {rpc}");
+            }
+            assert!(
+                by_token(&Tokens, plaintext.clone(), &rpc, None).is_err(),
+                "{rpc}"
             );
         }
     }

@@ -45,6 +45,68 @@ pub struct Config {
     /// On shutdown, how long calls get to finish before they end with UNAVAILABLE (follow
     /// streams end at once).
     pub drain_deadline_s: u64,
+    /// Which finished runs the store archives, and deletes, by itself (`[retention]`).
+    pub retention: Retention,
+}
+
+/// What the retention sweep keeps of finished (completed, failed, canceled) runs: a finished
+/// run is archived (packed into one file its records are still read from) once it is older
+/// than `archive_after_days` and not among the project's newest `keep_runs` finished runs
+/// (a 0 leaves that condition out; both 0 archive nothing). An archived run is deleted
+/// `delete_after_days` after it was archived (0 = never). Unfinished runs are never touched.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Retention {
+    pub archive_after_days: u64,
+    pub keep_runs: u64,
+    pub delete_after_days: u64,
+    /// Seconds between sweeps.
+    pub sweep_interval_s: u64,
+    /// Rules of single projects, replacing the three above for them.
+    pub projects: std::collections::BTreeMap<String, RetentionRule>,
+}
+
+/// The retention of one project (see [`Retention`]).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetentionRule {
+    pub archive_after_days: u64,
+    pub keep_runs: u64,
+    pub delete_after_days: u64,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Retention {
+            archive_after_days: 0,
+            keep_runs: 0,
+            delete_after_days: 0,
+            sweep_interval_s: 3600,
+            projects: Default::default(),
+        }
+    }
+}
+
+impl Retention {
+    /// The rule of `project`.
+    pub fn rule(&self, project: &str) -> RetentionRule {
+        self.projects
+            .get(project)
+            .copied()
+            .unwrap_or(RetentionRule {
+                archive_after_days: self.archive_after_days,
+                keep_runs: self.keep_runs,
+                delete_after_days: self.delete_after_days,
+            })
+    }
+
+    /// Whether any project's rule archives or deletes anything.
+    pub fn active(&self) -> bool {
+        let on = |r: &RetentionRule| {
+            r.archive_after_days > 0 || r.keep_runs > 0 || r.delete_after_days > 0
+        };
+        on(&self.rule("")) || self.projects.values().any(on)
+    }
 }
 
 impl Default for Config {
@@ -63,6 +125,7 @@ impl Default for Config {
             insecure_listen: false,
             access: Default::default(),
             drain_deadline_s: cairn_server::drain::DEFAULT_DEADLINE.as_secs(),
+            retention: Retention::default(),
         }
     }
 }
@@ -113,6 +176,11 @@ impl Config {
         }
         if self.max_json_bytes < 256 {
             return Err(Error::Config("max_json_bytes must be at least 256".into()));
+        }
+        if self.retention.sweep_interval_s == 0 {
+            return Err(Error::Config(
+                "retention.sweep_interval_s must be at least 1".into(),
+            ));
         }
         if self.data_root.as_os_str().is_empty() {
             return Err(Error::Config("data_root is empty: give a directory".into()));

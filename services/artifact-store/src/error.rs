@@ -150,6 +150,22 @@ pub enum Error {
         rule: &'static str,
     },
 
+    /// A write, event or claim for a run that was archived.
+    #[error("run {run:?} is archived (its records are packed into .cairn/runs/{run}/run.tar.gz) and takes no more writes, events or claims; its records are still read as before: submit a new run to continue the work")]
+    Archived { run: String },
+
+    /// Archiving a run that may still have work.
+    #[error("run {run:?} is {state}, not finished; only completed, failed or canceled runs are archived: wait for it to end or cancel it (cairn runs cancel) first")]
+    Unfinished { run: String, state: String },
+
+    /// A restore into a store that already has a project of the backup.
+    #[error("the store already has {what}; a restore writes only into a store without the backup's projects: restore into an empty store, or restore one project the store does not have with --project")]
+    NotEmpty { what: String },
+
+    /// A backup file that cannot be read back whole or does not match its own list.
+    #[error("the backup is not usable: {0}; nothing was restored: take the backup again (cairn store backup --out FILE) or restore another copy")]
+    BadBackup(String),
+
     /// The store is shutting down or a background task ended.
     #[error("the artifact-store is shutting down; retry against a running store")]
     Unavailable,
@@ -208,6 +224,10 @@ impl Error {
             Error::ProjectNotFound(_) => "no_project",
             Error::NotFound { .. } | Error::RunNotFound { .. } => "not_found",
             Error::VersionConflict { .. } => "version_conflict",
+            Error::Archived { .. } => "archived",
+            Error::Unfinished { .. } => "run_unfinished",
+            Error::NotEmpty { .. } => "store_not_empty",
+            Error::BadBackup(_) => "backup_corrupt",
             e => cairn_proto::reason::fallback(e.code()),
         }
     }
@@ -246,7 +266,9 @@ impl Error {
             Error::PublicationLost { run, path, .. } => {
                 vec![("run_id", run.clone()), ("path", path.clone())]
             }
-            Error::PublicationUnproven { run, .. } => vec![("run_id", run.clone())],
+            Error::PublicationUnproven { run, .. }
+            | Error::Archived { run }
+            | Error::Unfinished { run, .. } => vec![("run_id", run.clone())],
             Error::EventNotPermitted { run, kind, .. } => {
                 vec![("run_id", run.clone()), ("type", kind.clone())]
             }
@@ -277,7 +299,11 @@ impl Error {
             | Error::Changed { .. }
             | Error::NotEditable { .. }
             | Error::WriteOnce { .. }
+            | Error::Archived { .. }
+            | Error::Unfinished { .. }
+            | Error::NotEmpty { .. }
             | Error::Fenced { .. } => Code::FailedPrecondition,
+            Error::BadBackup(_) => Code::DataLoss,
             Error::Exists { .. } => Code::AlreadyExists,
             Error::DigestMismatch { .. }
             | Error::InvalidId { .. }

@@ -34,7 +34,7 @@ use crate::deferred::{self, Added, PendingDirs, Publishing};
 use crate::error::{refusal, Error, Result};
 use crate::event_seek;
 use crate::files;
-use crate::layout::{check_id, EPOCH_FILE, EVENTS_FILE, EVENTS_INDEX_FILE};
+use crate::layout::{check_id, ARCHIVE_FILE, EPOCH_FILE, EVENTS_FILE, EVENTS_INDEX_FILE};
 use crate::stamp::timestamp_now;
 use crate::state::{blocking, State};
 
@@ -197,7 +197,7 @@ pub struct StoredEvent {
 }
 
 impl StoredEvent {
-    fn parse(line: &str) -> Option<StoredEvent> {
+    pub(crate) fn parse(line: &str) -> Option<StoredEvent> {
         let Ok(Value::Object(mut map)) = serde_json::from_str::<Value>(line) else {
             return None;
         };
@@ -626,6 +626,20 @@ impl RunLogs {
         Ok((epoch, state.last_seq))
     }
 
+    /// Runs `work` (blocking) while none of the run's events is committed, then closes the
+    /// run's log: its next use opens it from the disk again.
+    pub async fn quiesced<T, F>(&self, project: &str, run: &str, work: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> Result<T> + Send + 'static,
+    {
+        let log = self.log(project, run);
+        let mut state = log.state.lock().await;
+        let done = blocking(work).await;
+        *state = LogState::default();
+        done
+    }
+
     /// Streams a run's events from `from_seq`, then (with `follow`) live ones.
     pub async fn read(
         &self,
@@ -714,6 +728,15 @@ fn open_log(store: &State, project: &str, run: &str, create: bool) -> Result<Opt
         Err(Errno::NOENT) if !create => return Ok(None),
         Err(e) => return Err(refusal(e, project, &path, "opening the run directory of")),
     };
+    // An archived run's log is read from its archive and never written again.
+    if contain::stat(dir.as_fd(), ARCHIVE_FILE).is_ok() {
+        return match create {
+            true => Err(Error::Archived {
+                run: run.to_owned(),
+            }),
+            false => Ok(None),
+        };
+    }
     let mut flags = OFlags::RDWR | OFlags::APPEND | OFlags::NONBLOCK;
     if create {
         flags |= OFlags::CREATE;
@@ -1000,162 +1023,9 @@ async fn commit(log: &RunLog, state: &mut LogState, run: &str, batches: Vec<Batc
     }
 }
 
-/// One ReadEvents stream.
-struct Reader {
-    store: Arc<State>,
-    log: Arc<RunLog>,
-    project: String,
-    run: String,
-    /// Next seq to send.
-    next: u64,
-    remaining: u64,
-    follow: bool,
-    tx: mpsc::Sender<Result<StoredEvent>>,
-}
-
-impl Reader {
-    async fn run(mut self) {
-        loop {
-            // Subscribe under the run's mutex: every event after `upto` reaches `live`.
-            let (mut live, upto) = {
-                let state = self.log.state.lock().await;
-                (self.log.live.subscribe(), state.last_seq)
-            };
-            if self.next <= upto && !self.send_stored(upto).await {
-                return;
-            }
-            if !self.follow || self.remaining == 0 {
-                return;
-            }
-            // Live phase; any gap (lagging behind the broadcast) goes back to the file.
-            loop {
-                let received = tokio::select! {
-                    _ = self.tx.closed() => return,
-                    r = live.recv() => r,
-                };
-                match received {
-                    Ok(event) if event.seq < self.next => {}
-                    Ok(event) if event.seq == self.next => {
-                        if self.tx.send(Ok((*event).clone())).await.is_err() {
-                            return;
-                        }
-                        self.next += 1;
-                        self.remaining -= 1;
-                        if self.remaining == 0 {
-                            return;
-                        }
-                    }
-                    Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => break,
-                    Err(broadcast::error::RecvError::Closed) => return,
-                }
-            }
-        }
-    }
-
-    /// Sends stored events `next..=upto` from the file; false when the stream should end.
-    async fn send_stored(&mut self, upto: u64) -> bool {
-        let (store, project, run, tx) = (
-            self.store.clone(),
-            self.project.clone(),
-            self.run.clone(),
-            self.tx.clone(),
-        );
-        let (from, remaining) = (self.next, self.remaining);
-        let read =
-            blocking(move || read_file(&store, &project, &run, from, upto, remaining, &tx)).await;
-        match read {
-            Ok(sent) => {
-                self.next += sent;
-                self.remaining -= sent;
-                self.remaining > 0 && !self.tx.is_closed()
-            }
-            Err(e) => {
-                let _ = self.tx.send(Err(e)).await;
-                false
-            }
-        }
-    }
-}
-
-/// Where in the log a read from `from` may start (0 without a usable seek index).
-fn seek_offset(root: BorrowedFd<'_>, run: &str, log: &File, from: u64) -> u64 {
-    let path = format!(".cairn/runs/{run}/{EVENTS_INDEX_FILE}");
-    let Ok(fd) = contain::open(root, &path, OFlags::RDONLY | OFlags::NONBLOCK, 0) else {
-        return 0;
-    };
-    let index = File::from(fd);
-    let (Ok(marks), Ok(meta)) = (event_seek::read_marks(&index), log.metadata()) else {
-        return 0;
-    };
-    event_seek::start(log, meta.len(), &marks, from).0
-}
-
-/// Reads lines with `from <= seq <= upto` (at most `max`) and sends them; returns how many.
-fn read_file(
-    store: &State,
-    project: &str,
-    run: &str,
-    from: u64,
-    upto: u64,
-    max: u64,
-    tx: &mpsc::Sender<Result<StoredEvent>>,
-) -> Result<u64> {
-    let root = store.layout.project_root(project)?;
-    let path = log_path(run);
-    let fd = contain::open(root.as_fd(), &path, OFlags::RDONLY | OFlags::NONBLOCK, 0)
-        .map_err(|e| refusal(e, project, &path, "reading"))?;
-    let file = File::from(fd);
-    let offset = if from > event_seek::STRIDE {
-        seek_offset(root.as_fd(), run, &file, from)
-    } else {
-        0
-    };
-    let mut file = file;
-    if offset > 0 {
-        std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(offset))
-            .map_err(|e| Error::io(format!("reading {path:?}"), e))?;
-    }
-    let mut reader = BufReader::with_capacity(256 << 10, file);
-    let mut line = String::new();
-    let mut sent = 0;
-    let mut expected = from;
-    while sent < max && expected <= upto {
-        line.clear();
-        if reader
-            .read_line(&mut line)
-            .map_err(|e| Error::io(format!("reading {path:?}"), e))?
-            == 0
-        {
-            break;
-        }
-        let text = line.trim_end_matches('\n');
-        let event = StoredEvent::parse(text).ok_or_else(|| {
-            Error::io(
-                format!("reading {path:?}"),
-                std::io::Error::other("a line is not a JSON event with a seq"),
-            )
-        })?;
-        if event.seq < expected {
-            continue;
-        }
-        if event.seq > expected {
-            return Err(Error::io(
-                format!("reading {path:?}"),
-                std::io::Error::other(format!(
-                    "seq {} follows {}; the log has a gap",
-                    event.seq,
-                    expected - 1
-                )),
-            ));
-        }
-        if tx.blocking_send(Ok(event)).is_err() {
-            break;
-        }
-        expected += 1;
-        sent += 1;
-    }
-    Ok(sent)
-}
+#[path = "events_reader.rs"]
+mod reader;
+use reader::Reader;
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]

@@ -33,6 +33,8 @@ pub const EVENTS_FILE: &str = "events.jsonl";
 pub const EVENTS_INDEX_FILE: &str = "events.idx";
 /// The run's writer epoch (ClaimRun), a decimal number beside its log; absent = 0.
 pub const EPOCH_FILE: &str = "events.epoch";
+/// An archived run's records, packed (see `archive`), beside its state.json.
+pub const ARCHIVE_FILE: &str = "run.tar.gz";
 
 /// The data root as the store sees it.
 #[derive(Debug)]
@@ -103,6 +105,9 @@ impl Layout {
             }
             [".cairn", "runs", _, last] if last.eq_ignore_ascii_case(EPOCH_FILE) => {
                 Some("a run's writer epoch is set only through ClaimRun")
+            }
+            [".cairn", "runs", _, last] if last.eq_ignore_ascii_case(ARCHIVE_FILE) => {
+                Some("an archived run's records are packed there only by ArchiveRun")
             }
             _ => None,
         };

@@ -6,6 +6,8 @@
 //! (with health, reflection and graceful shutdown from `cairn-server`).
 
 mod access;
+mod archive;
+mod backup;
 mod claim;
 #[cfg(test)]
 mod commit_order;
@@ -23,6 +25,7 @@ mod page;
 mod project;
 mod publication;
 mod read;
+mod retention;
 mod run_index;
 mod run_records;
 mod service;
@@ -75,6 +78,22 @@ pub async fn artifact_store_service(
             }
         }
     });
+    if store.config().retention.active() {
+        let sweeping = Arc::downgrade(&store);
+        let every = std::time::Duration::from_secs(store.config().retention.sweep_interval_s);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                // The sweep ends with the store.
+                let Some(store) = sweeping.upgrade() else {
+                    return;
+                };
+                store.sweep_retention().await;
+            }
+        });
+    }
     Ok(ArtifactStoreServer::new(ArtifactStoreService::new(store))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES)
@@ -133,8 +152,8 @@ mod tests {
         &["state"],
         &["files", "read", "run_index"],
         &["project"],
-        &["events"],
-        &["write"],
+        &["events", "events_reader", "retention"],
+        &["write", "archive", "backup"],
         &["document", "commit_order"],
         &["store", "sweep"],
         &["service"],

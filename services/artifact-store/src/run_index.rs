@@ -356,7 +356,7 @@ fn read_state(runs: &impl AsFd, run: &str) -> std::io::Result<Option<(Stamp, Vec
 }
 
 /// States after which a run does nothing more unless someone takes it back to life.
-const FINAL_STATES: [&str; 3] = ["completed", "failed", "canceled"];
+pub(crate) const FINAL_STATES: [&str; 3] = ["completed", "failed", "canceled"];
 /// The most of an event log's end read to find its last line.
 const TAIL_BYTES: u64 = 64 << 10;
 
@@ -380,7 +380,7 @@ fn may_be_unfinished(runs: Option<&std::os::fd::OwnedFd>, run: &str, e: &Entry) 
 
 /// The seq of the last whole line of a run's event log; None without a log. Err when the log
 /// cannot be read or its end is not a whole event line (an append in flight, a torn line).
-fn last_event_seq(runs: &impl AsFd, run: &str) -> std::io::Result<Option<u64>> {
+pub(crate) fn last_event_seq(runs: &impl AsFd, run: &str) -> std::io::Result<Option<u64>> {
     use std::os::unix::fs::FileExt;
     let path = format!("{run}/events.jsonl");
     let fd = match contain::open(runs.as_fd(), &path, OFlags::RDONLY | OFlags::NONBLOCK, 0) {

@@ -11,11 +11,12 @@ use cairn_proto::reason::known;
 use cairn_proto::v1::artifact_store_server::ArtifactStore;
 use cairn_proto::v1::{
     self as pb, get_response, put_request, AppendEventsRequest, AppendEventsResponse,
-    ClaimRunRequest, ClaimRunResponse, CreateProjectRequest, DeleteRequest, DeleteResponse,
-    FileInfo, GetRequest, GetResponse, GrantIngestClaimRequest, GrantIngestClaimResponse,
-    ListProjectsRequest, ListProjectsResponse, ListRequest, ListResponse, ListRunSummariesRequest,
-    ListRunSummariesResponse, PutDurability, PutRequest, PutResponse, ReadEventsRequest,
-    StatRequest, UpdateJsonRequest, UpdateJsonResponse,
+    ArchiveRunRequest, ArchiveRunResponse, BackupRequest, ClaimRunRequest, ClaimRunResponse,
+    CreateProjectRequest, DeleteRequest, DeleteResponse, FileInfo, GetRequest, GetResponse,
+    GrantIngestClaimRequest, GrantIngestClaimResponse, ListProjectsRequest, ListProjectsResponse,
+    ListRequest, ListResponse, ListRunSummariesRequest, ListRunSummariesResponse, PutDurability,
+    PutRequest, PutResponse, ReadEventsRequest, RestoreRequest, RestoreResponse, StatRequest,
+    UpdateJsonRequest, UpdateJsonResponse,
 };
 use futures::{Stream, StreamExt};
 use tokio_stream::wrappers::ReceiverStream;
@@ -526,6 +527,55 @@ impl ArtifactStore for ArtifactStoreService {
             version: updated.version,
             document_json: updated.document,
             merged_conflict: updated.merged_conflict,
+        }))
+    }
+
+    type BackupStream = BoxStream<pb::BackupChunk>;
+
+    async fn backup(
+        &self,
+        request: Request<BackupRequest>,
+    ) -> Result<Response<Self::BackupStream>, Status> {
+        let r = request.into_inner();
+        let chunks = self.store.backup(&r.project_id).await?;
+        let stream = ReceiverStream::new(chunks).map(|c| {
+            c.map(|chunk| pb::BackupChunk { chunk })
+                .map_err(Status::from)
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn restore(
+        &self,
+        request: Request<Streaming<RestoreRequest>>,
+    ) -> Result<Response<RestoreResponse>, Status> {
+        let mut stream = request.into_inner();
+        let first = stream.message().await?.unwrap_or_default();
+        let only = first.project_id;
+        let rest = stream.map(|m| match m {
+            Ok(m) => Ok(m.chunk),
+            Err(status) => Err(Error::Stream(status.message().to_owned())),
+        });
+        let chunks = futures::stream::once(async { Ok(first.chunk) }).chain(rest);
+        let restored = self.store.restore(&only, Box::pin(chunks)).await?;
+        Ok(Response::new(RestoreResponse {
+            project_ids: restored.projects,
+            files: restored.files,
+            bytes: restored.bytes,
+        }))
+    }
+
+    async fn archive_run(
+        &self,
+        request: Request<ArchiveRunRequest>,
+    ) -> Result<Response<ArchiveRunResponse>, Status> {
+        let r = request.into_inner();
+        cairn_telemetry::record_ids(&r.project_id, &r.run_id, "");
+        let archived = self.store.archive_run(&r.project_id, &r.run_id).await?;
+        Ok(Response::new(ArchiveRunResponse {
+            path: archived.path,
+            size_bytes: archived.size_bytes,
+            files: archived.files,
         }))
     }
 }

@@ -5,8 +5,8 @@
 //!
 //! Layers, each using only those below it (a test in `lib.rs` checks the imports):
 //! error → claim → leaves (config, page, stamp, digest, slots, publication, direct, deferred, access)
-//! → layout → temp → state → files, read → project → events → write → document → store,
-//! sweep → service.
+//! → layout → temp → state → files, read, run_index → project → events, retention → write,
+//! archive, backup → document → store, sweep → service.
 //!
 //! May depend on: every operation module; nothing but `service` and the crate root use it.
 
@@ -16,6 +16,8 @@ use bytes::Bytes;
 use futures::Stream;
 use tokio::sync::mpsc;
 
+use crate::archive::{self, Archived};
+use crate::backup::{self, Restored};
 use crate::claim::{self, Claim, Refused};
 use crate::config::Config;
 use crate::document::{self, DocLocks, Update, Updated};
@@ -26,6 +28,7 @@ use crate::layout::check_id;
 use crate::page::Page;
 use crate::project::{self, Project};
 use crate::read::{self, Entry};
+use crate::retention;
 use crate::run_index::{self, Checked, Filter, RunIndex, Summary};
 use crate::state::{blocking, State};
 use crate::write::{self, PutSpec};
@@ -145,6 +148,8 @@ impl Store {
         S: Stream<Item = Result<Bytes>> + Unpin + Send,
     {
         let project = spec.project_id.clone();
+        self.refuse_archived(&project, &self.normal(&spec.path))
+            .await?;
         let written = write::put(&self.state, &self.runs, spec, chunks).await?;
         self.touched(&project, &written.path, written.publication.is_none())
             .await;
@@ -168,11 +173,182 @@ impl Store {
         offset: u64,
         length: u64,
     ) -> Result<(Entry, mpsc::Receiver<Result<Bytes>>)> {
-        read::get(&self.state, project, path, offset, length).await
+        match read::get(&self.state, project, path, offset, length).await {
+            Err(Error::NotFound { .. }) if archive::run_file(&self.normal(path)).is_some() => {
+                let (entry, bytes) = self.archived_file(project, path).await?;
+                let chunks = archive::chunks(&bytes, offset, length, self.config().chunk_bytes)?;
+                let (tx, rx) = mpsc::channel(chunks.len().max(1));
+                for chunk in chunks {
+                    let _ = tx.try_send(Ok(chunk));
+                }
+                Ok((entry, rx))
+            }
+            other => other,
+        }
     }
 
     pub async fn stat(&self, project: &str, path: &str, include_sha256: bool) -> Result<Entry> {
-        read::stat(&self.state, project, path, include_sha256).await
+        match read::stat(&self.state, project, path, include_sha256).await {
+            Err(Error::NotFound { .. }) if archive::run_file(&self.normal(path)).is_some() => {
+                let (mut entry, _) = self.archived_file(project, path).await?;
+                if !include_sha256 {
+                    entry.sha256.clear();
+                }
+                Ok(entry)
+            }
+            other => other,
+        }
+    }
+
+    /// A file of an archived run (NotFound when there is none).
+    async fn archived_file(&self, project: &str, path: &str) -> Result<(Entry, Vec<u8>)> {
+        let (state, project, path) = (self.state.clone(), project.to_owned(), self.normal(path));
+        blocking(move || {
+            archive::read_file(&state, &project, &path)?.ok_or(Error::NotFound { project, path })
+        })
+        .await
+    }
+
+    /// Refuses a write into an archived run's directory.
+    async fn refuse_archived(&self, project: &str, path: &str) -> Result<()> {
+        let Some((run, _)) = archive::run_file(path) else {
+            return Ok(());
+        };
+        let (state, project, run) = (self.state.clone(), project.to_owned(), run.to_owned());
+        blocking(move || match archive::is_archived(&state, &project, &run) {
+            Ok(true) => Err(Error::Archived { run }),
+            // A missing project or run is the write's own business.
+            _ => Ok(()),
+        })
+        .await
+    }
+
+    /// ArchiveRun: packs a finished run; no event of it is committed meanwhile.
+    pub async fn archive_run(&self, project: &str, run: &str) -> Result<Archived> {
+        check_id("project", project)?;
+        check_id("run", run)?;
+        let (state, p, r) = (self.state.clone(), project.to_owned(), run.to_owned());
+        let archived = self
+            .runs
+            .quiesced(project, run, move || archive::pack(&state, &p, &r))
+            .await?;
+        self.touched(project, &format!(".cairn/runs/{run}/"), true)
+            .await;
+        Ok(archived)
+    }
+
+    /// Backup: the backup file's bytes, streamed, of `project` ("" = every project).
+    pub async fn backup(&self, project: &str) -> Result<mpsc::Receiver<Result<Bytes>>> {
+        let (state, project) = (self.state.clone(), project.to_owned());
+        let projects = blocking(move || {
+            if project.is_empty() {
+                return Ok(backup::existing_projects(&state));
+            }
+            state.layout.project_root(&project)?;
+            Ok(vec![project])
+        })
+        .await?;
+        let (tx, rx) = mpsc::channel(8);
+        let state = self.state.clone();
+        tokio::task::spawn_blocking(move || {
+            let out = ChannelWriter {
+                tx: tx.clone(),
+                buf: Vec::with_capacity(CHUNK),
+            };
+            if let Err(e) = backup::write(&state, &projects, out) {
+                tracing::warn!(error = %e, "backup not finished");
+                let _ = tx.blocking_send(Err(e));
+            }
+        });
+        Ok(rx)
+    }
+
+    /// Restore: writes the backup's bytes aside, then restores `only` ("" = every project).
+    pub async fn restore<S>(&self, only: &str, mut chunks: S) -> Result<Restored>
+    where
+        S: Stream<Item = Result<Bytes>> + Unpin + Send,
+    {
+        use futures::StreamExt;
+        use tokio::io::AsyncWriteExt;
+        let root = &self.state.config.data_root;
+        let path = root.join(format!(
+            "{}restore-{}.tar.gz",
+            crate::layout::TEMP_PREFIX,
+            uuid::Uuid::new_v4()
+        ));
+        let received = async {
+            let mut file = tokio::fs::File::create(&path)
+                .await
+                .map_err(|e| Error::io(format!("creating {}", path.display()), e))?;
+            while let Some(chunk) = chunks.next().await {
+                file.write_all(&chunk?)
+                    .await
+                    .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
+            }
+            file.flush()
+                .await
+                .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
+            std::fs::File::open(&path)
+                .map_err(|e| Error::io(format!("opening {}", path.display()), e))
+        }
+        .await;
+        let restored = match received {
+            Ok(file) => {
+                let (state, only) = (self.state.clone(), only.to_owned());
+                blocking(move || backup::restore(&state, file, &only)).await
+            }
+            Err(e) => Err(e),
+        };
+        let _ = tokio::fs::remove_file(&path).await;
+        let restored = restored?;
+        for project in &restored.projects {
+            self.index.forget(project);
+        }
+        Ok(restored)
+    }
+
+    /// One retention sweep over every project (blocking work off the async threads).
+    pub async fn sweep_retention(&self) {
+        let retention = &self.state.config.retention;
+        let state = self.state.clone();
+        let projects = blocking(move || Ok(backup::existing_projects(&state)))
+            .await
+            .unwrap_or_default();
+        for project in projects {
+            let rule = retention.rule(&project);
+            let (state, p) = (self.state.clone(), project.clone());
+            let due = match blocking(move || retention::due(&state, &p, &rule)).await {
+                Ok(due) => due,
+                Err(e) => {
+                    tracing::warn!(%project, error = %e, "retention sweep skipped the project");
+                    continue;
+                }
+            };
+            for run in due.archive {
+                match self.archive_run(&project, &run).await {
+                    Ok(a) => {
+                        tracing::info!(%project, %run, size_bytes = a.size_bytes, "retention archived a run")
+                    }
+                    Err(e) => {
+                        tracing::warn!(%project, %run, error = %e, "retention could not archive a run")
+                    }
+                }
+            }
+            for run in due.delete {
+                let (state, p, r) = (self.state.clone(), project.clone(), run.clone());
+                let removed = self
+                    .runs
+                    .quiesced(&project, &run, move || archive::remove(&state, &p, &r))
+                    .await;
+                match removed {
+                    Ok(()) => tracing::info!(%project, %run, "retention deleted an archived run"),
+                    Err(e) => {
+                        tracing::warn!(%project, %run, error = %e, "retention could not delete a run")
+                    }
+                }
+                self.index.forget(&project);
+            }
+        }
     }
 
     pub async fn list(
@@ -285,9 +461,25 @@ impl Store {
         follow: bool,
         limit: u64,
     ) -> Result<mpsc::Receiver<Result<StoredEvent>>> {
-        self.runs
-            .read(&self.state, project, run, from_seq, follow, limit)
-            .await
+        let (state, p, r) = (self.state.clone(), project.to_owned(), run.to_owned());
+        let archived = blocking(move || {
+            check_id("project", &p)?;
+            check_id("run", &r)?;
+            archive::events(&state, &p, &r, from_seq.max(1), limit)
+        })
+        .await?;
+        let Some(events) = archived else {
+            return self
+                .runs
+                .read(&self.state, project, run, from_seq, follow, limit)
+                .await;
+        };
+        // An archived run has all its events: a follow ends after them.
+        let (tx, rx) = mpsc::channel(events.len().max(1));
+        for event in events {
+            let _ = tx.try_send(Ok(event));
+        }
+        Ok(rx)
     }
 
     /// UpdateJson.
@@ -296,6 +488,42 @@ impl Store {
         let updated = document::update(&self.state, &self.runs, &self.docs, request).await?;
         self.touched(&project, &self.normal(&path), true).await;
         Ok(updated)
+    }
+}
+
+/// Bytes of a Backup reply message.
+const CHUNK: usize = 1 << 20;
+
+/// Sends what is written in chunks down a channel (blocking); a closed channel (the client
+/// went away) ends the writing.
+struct ChannelWriter {
+    tx: mpsc::Sender<Result<Bytes>>,
+    buf: Vec<u8>,
+}
+
+impl ChannelWriter {
+    fn send(&mut self) -> std::io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let chunk = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK)));
+        self.tx.blocking_send(Ok(chunk)).map_err(|_| {
+            std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the client went away")
+        })
+    }
+}
+
+impl std::io::Write for ChannelWriter {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        if self.buf.len() >= CHUNK {
+            self.send()?;
+        }
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.send()
     }
 }
 

@@ -1,5 +1,6 @@
 //! The start-up sweep: temp files (`.cairn-tmp-*`) left by a crash or kill are removed from the
-//! whole data root before the store serves, so a half-written file never outlives a restart.
+//! whole data root before the store serves, so a half-written file never outlives a restart;
+//! so are the staging directories of restores (`<data_root>/.cairn-tmp-restore-*/`).
 //!
 //! May depend on: layout (the temp prefix).
 
@@ -8,9 +9,21 @@ use std::path::Path;
 use crate::layout::TEMP_PREFIX;
 
 /// Removes every regular file named `.cairn-tmp-*` under `data_root` (symlinks are not
-/// followed). Returns how many were removed.
+/// followed), and the staging directories of restores that did not finish. Returns how many
+/// were removed.
 pub fn remove_temp_files(data_root: &Path) -> std::io::Result<usize> {
     let mut removed = 0;
+    for entry in std::fs::read_dir(data_root)? {
+        let entry = entry?;
+        let staging = entry
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.starts_with(TEMP_PREFIX));
+        if staging && entry.file_type()?.is_dir() {
+            std::fs::remove_dir_all(entry.path())?;
+            removed += 1;
+        }
+    }
     for entry in walkdir::WalkDir::new(data_root).follow_links(false) {
         let entry = match entry {
             Ok(entry) => entry,
