@@ -128,6 +128,8 @@ pub fn launch(l: Launch) -> tokio::task::JoinHandle<()> {
         state_changed: false,
         last_snapshot: Instant::now(),
         snapshot_every: Duration::from_millis(0),
+        last_event: Instant::now(),
+        stall_reported: false,
     };
     let on_exit = l.on_exit;
     let resume = l.resume;
@@ -143,6 +145,11 @@ struct Running {
     task: u64,
     cancel: CancellationToken,
     canceled: bool,
+    /// The attempt's deadline (the watchdog's limit derives from it).
+    deadline: Duration,
+    /// Stopped by the watchdog (`stall_policy = "retry"`): its end is a failed attempt that
+    /// runs again at once.
+    stall_retry: bool,
 }
 
 /// A map whose items are being worked through.
@@ -191,6 +198,17 @@ struct Driver {
     state_changed: bool,
     last_snapshot: Instant,
     snapshot_every: Duration,
+    /// When the run's last event (other than `run.stalled`) was emitted.
+    last_event: Instant,
+    /// The current stall was reported (until the next event).
+    stall_reported: bool,
+}
+
+impl Drop for Driver {
+    /// A driver that ends any way (its task aborted included) stops its node attempts.
+    fn drop(&mut self) {
+        self.children.cancel();
+    }
 }
 
 enum Exit {
@@ -206,6 +224,10 @@ impl Driver {
         self.state.apply(&EventView::live(&e, &ts));
         self.rec.push(&e);
         self.dirty = true;
+        if e.kind != ev::RUN_STALLED {
+            self.last_event = Instant::now();
+            self.stall_reported = false;
+        }
         if self.state.state != before.0 {
             cairn_telemetry::metrics::run_entered(self.state.state.as_str());
         }
@@ -355,6 +377,7 @@ impl Driver {
             }
             let next_retry = self.retry_at.keys().next().map(|(t, _)| *t);
             let snapshot_due = self.dirty.then(|| self.last_snapshot + self.snapshot_every);
+            let stall_due = self.stall_due();
             tokio::select! {
                 biased;
                 _ = self.shutdown.cancelled() => return Exit::Shutdown,
@@ -374,6 +397,7 @@ impl Driver {
                 }
                 _ = sleep_until_opt(next_retry) => self.due_retries(),
                 _ = sleep_until_opt(snapshot_due) => { self.publish(); }
+                _ = sleep_until_opt(stall_due) => self.on_stall(),
                 Some(edit) = self.snaps.edits.recv() => {
                     // A human's task.yaml edit: recorded, applied, and in the next snapshot.
                     self.emit(edit);
@@ -930,6 +954,8 @@ impl Driver {
                 task,
                 cancel,
                 canceled: false,
+                deadline,
+                stall_retry: false,
             },
         );
     }
@@ -954,6 +980,22 @@ impl Driver {
         let item = crate::run::split_item(&id);
         if item.is_none() {
             self.running_nodes = self.running_nodes.saturating_sub(1);
+        }
+        if run.stall_retry && !run.canceled {
+            // Stopped by the watchdog: a failed attempt, run again now whatever the budget.
+            self.emit(
+                Ev::new(ev::NODE_FAILED, &id)
+                    .level(pb::Level::Warning)
+                    .with("error", "stalled: stopped by the watchdog to run again")
+                    .with("kind", ErrorKind::Timeout.as_str())
+                    .with("will_retry", true)
+                    .with("retry_in_ms", 0),
+            );
+            self.retry_at
+                .insert((Instant::now(), self.next_task), id.clone());
+            self.next_task += 1;
+            self.waiting_retry.insert(id);
+            return;
         }
         if run.canceled {
             self.emit(Ev::new(ev::NODE_CANCELED, &id));
@@ -1049,6 +1091,70 @@ impl Driver {
                     self.final_failure(&id, attempt, &e);
                 }
             }
+        }
+    }
+
+    /// When the watchdog next looks (None: nothing runs, the stall is reported, or the run
+    /// is ending).
+    fn stall_due(&self) -> Option<Instant> {
+        if self.stall_reported || self.failing.is_some() || self.canceling.is_some() {
+            return None;
+        }
+        let after = Duration::from_secs(self.b.config.stall_after_s);
+        crate::watchdog::stall_at(
+            self.last_event,
+            self.running
+                .values()
+                .filter(|r| !r.canceled && !r.stall_retry)
+                .map(|r| r.deadline),
+            after,
+        )
+    }
+
+    /// Reports a stall (`run.stalled`, a log line, a metric) and acts on it by `stall_policy`.
+    fn on_stall(&mut self) {
+        let after = Duration::from_secs(self.b.config.stall_after_s);
+        let ids: Vec<String> = crate::watchdog::stalled(
+            Instant::now(),
+            self.last_event,
+            self.running
+                .iter()
+                .filter(|(_, r)| !r.canceled && !r.stall_retry)
+                .map(|(id, r)| (id.as_str(), r.deadline)),
+            after,
+        )
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+        if ids.is_empty() {
+            return;
+        }
+        let policy = self.b.config.stall_policy;
+        let silent_s = self.last_event.elapsed().as_secs();
+        tracing::warn!(run_id = %self.state.run_id, nodes = ?ids, silent_s, policy = policy.as_str(), "run stalled: running nodes went past their stall limit without any event");
+        cairn_telemetry::metrics::run_stalled(policy.as_str());
+        self.emit(
+            Ev::run(ev::RUN_STALLED)
+                .level(pb::Level::Warning)
+                .with("nodes", json!(ids))
+                .with("silent_s", silent_s)
+                .with("policy", policy.as_str()),
+        );
+        self.stall_reported = true;
+        match policy {
+            crate::config::StallPolicy::Notify => {}
+            crate::config::StallPolicy::Retry => {
+                for id in &ids {
+                    if let Some(r) = self.running.get_mut(id) {
+                        r.stall_retry = true;
+                        r.cancel.cancel();
+                    }
+                }
+            }
+            crate::config::StallPolicy::Fail => self.fail(format!(
+                "stalled: node {} went {silent_s} s without any event (stall_policy = fail)",
+                ids.join(", ")
+            )),
         }
     }
 
