@@ -23,7 +23,6 @@ pub mod runs;
 pub mod scheduler;
 pub mod service;
 pub mod task_edits;
-pub mod watchdog;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -11,6 +11,10 @@
 //! Cancellation: every node task runs under a child of the run's token; cancelling drops the
 //! task's future, which aborts its gRPC calls (a sandbox run is stopped by the runner when its
 //! call goes away).
+//!
+//! The commands of the outside world (gate decisions, rework, cancel, recorded human events) are
+//! commands.rs; the watchdog of the run's progress (a node silent past its stall limit) is
+//! watchdog.rs.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -23,13 +27,16 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
-use crate::gates::{self, Decision};
+use crate::gates::Decision;
 use crate::nodes::{self, Backends, NodeCtx, NodeError, NodeSuccess, Progress, Scope, TaskMsg};
 use crate::recorder::Recorder;
 use crate::run::{EventView, NodeState, RunState, TaskState};
 use crate::rundir::{RunDir, Snapshots};
 use cairn_graph::{ErrorKind, Graph, Node, NodeKind, Trigger};
 use cairn_node::events::{self as ev, now, Ev};
+
+mod commands;
+mod watchdog;
 
 /// Extra time a sandbox node gets beyond its program's `timeout_s` (staging and outputs).
 const SANDBOX_GRACE: Duration = Duration::from_secs(60);
@@ -1094,70 +1101,6 @@ impl Driver {
         }
     }
 
-    /// When the watchdog next looks (None: nothing runs, the stall is reported, or the run
-    /// is ending).
-    fn stall_due(&self) -> Option<Instant> {
-        if self.stall_reported || self.failing.is_some() || self.canceling.is_some() {
-            return None;
-        }
-        let after = Duration::from_secs(self.b.config.stall_after_s);
-        crate::watchdog::stall_at(
-            self.last_event,
-            self.running
-                .values()
-                .filter(|r| !r.canceled && !r.stall_retry)
-                .map(|r| r.deadline),
-            after,
-        )
-    }
-
-    /// Reports a stall (`run.stalled`, a log line, a metric) and acts on it by `stall_policy`.
-    fn on_stall(&mut self) {
-        let after = Duration::from_secs(self.b.config.stall_after_s);
-        let ids: Vec<String> = crate::watchdog::stalled(
-            Instant::now(),
-            self.last_event,
-            self.running
-                .iter()
-                .filter(|(_, r)| !r.canceled && !r.stall_retry)
-                .map(|(id, r)| (id.as_str(), r.deadline)),
-            after,
-        )
-        .into_iter()
-        .map(str::to_owned)
-        .collect();
-        if ids.is_empty() {
-            return;
-        }
-        let policy = self.b.config.stall_policy;
-        let silent_s = self.last_event.elapsed().as_secs();
-        tracing::warn!(run_id = %self.state.run_id, nodes = ?ids, silent_s, policy = policy.as_str(), "run stalled: running nodes went past their stall limit without any event");
-        cairn_telemetry::metrics::run_stalled(policy.as_str());
-        self.emit(
-            Ev::run(ev::RUN_STALLED)
-                .level(pb::Level::Warning)
-                .with("nodes", json!(ids))
-                .with("silent_s", silent_s)
-                .with("policy", policy.as_str()),
-        );
-        self.stall_reported = true;
-        match policy {
-            crate::config::StallPolicy::Notify => {}
-            crate::config::StallPolicy::Retry => {
-                for id in &ids {
-                    if let Some(r) = self.running.get_mut(id) {
-                        r.stall_retry = true;
-                        r.cancel.cancel();
-                    }
-                }
-            }
-            crate::config::StallPolicy::Fail => self.fail(format!(
-                "stalled: node {} went {silent_s} s without any event (stall_policy = fail)",
-                ids.join(", ")
-            )),
-        }
-    }
-
     fn final_failure(&mut self, id: &str, attempt: u32, e: &NodeError) {
         self.emit(
             Ev::new(ev::NODE_FAILED, id)
@@ -1286,228 +1229,6 @@ impl Driver {
             ));
         }
         Some(Exit::Final)
-    }
-
-    async fn command(&mut self, c: Command) {
-        match c {
-            Command::Info(reply) => {
-                let _ = reply.send(self.info());
-            }
-            Command::Decide {
-                gate,
-                decision,
-                by,
-                note,
-                note_ref,
-                reply,
-            } => {
-                let r = self
-                    .decide(&gate, decision, &by, &note, note_ref.as_deref())
-                    .await;
-                let _ = reply.send(r);
-            }
-            Command::Rework {
-                node,
-                by,
-                note,
-                note_ref,
-                reply,
-            } => {
-                let r = self.rework(&node, &by, &note, note_ref.as_deref()).await;
-                let _ = reply.send(r);
-            }
-            Command::Cancel { by, reason, reply } => {
-                if self.state.state.is_final() {
-                    let _ = reply.send(Ok(self.info()));
-                    return;
-                }
-                if self.canceling.is_none() {
-                    self.canceling =
-                        Some((if by.is_empty() { "human".into() } else { by }, reason));
-                    self.cancel_running(None);
-                }
-                self.cancel_replies.push(reply);
-            }
-            Command::Record { event, reply } => {
-                let ts = now();
-                self.state.apply(&EventView::live(&event, &ts));
-                self.dirty = true;
-                let r = self
-                    .rec
-                    .record(&event)
-                    .await
-                    .map_err(|e| Error::Unavailable(e.to_string()));
-                let _ = reply.send(r);
-            }
-        }
-    }
-
-    async fn decide(
-        &mut self,
-        gate: &str,
-        d: Decision,
-        by: &str,
-        note: &str,
-        note_ref: Option<&str>,
-    ) -> Result<pb::RunInfo> {
-        if self.state.state.is_final() || self.canceling.is_some() || self.failing.is_some() {
-            return Err(Error::FailedPrecondition(format!(
-                "run {} is {}; its gates can no longer be decided",
-                self.state.run_id,
-                if self.canceling.is_some() {
-                    "being canceled"
-                } else if self.failing.is_some() {
-                    "failing"
-                } else {
-                    self.state.state.as_str()
-                }
-            )));
-        }
-        gates::check_decidable(&self.state, gate)?;
-        let by = if by.is_empty() { "human" } else { by };
-        self.emit(gates::decision_event(d, gate, by, note, note_ref));
-        let decided_at = now();
-        let (on_reject, resumes) = match self.graph.node(gate).map(|n| &n.kind) {
-            Some(NodeKind::Gate(g)) => (g.on_reject, false),
-            Some(NodeKind::ExternalAgent(x)) => (x.on_reject, true),
-            _ => (cairn_graph::OnReject::Fail, false),
-        };
-        match (d, on_reject) {
-            _ if resumes => {
-                // The node asked mid-way: whatever the decision, it runs again and acts on it
-                // (resumes its agent, or ends it and fails on a rejection); the fold of the
-                // decision made it pending. A fresh retry budget for that phase.
-                self.tries.remove(gate);
-                if self.state.blocked_gates().next().is_none() && self.failing.is_none() {
-                    self.emit(Ev::run(ev::TASK_WORKING).with("by", by));
-                }
-                if let Some(i) = self.graph.position(gate) {
-                    self.consider(i);
-                }
-            }
-            (Decision::Approve, _) | (Decision::Reject, cairn_graph::OnReject::Continue) => {
-                let approved = d == Decision::Approve;
-                self.emit(Ev::new(ev::NODE_COMPLETED, gate).with(
-                    "outputs",
-                    Value::Object(nodes::gate::outputs(approved, by, note, &decided_at)),
-                ));
-                if self.state.blocked_gates().next().is_none() && self.failing.is_none() {
-                    self.emit(Ev::run(ev::TASK_WORKING).with("by", by));
-                }
-                self.after_finish(gate);
-            }
-            (Decision::Reject, cairn_graph::OnReject::Fail) => {
-                let why = format!(
-                    "gate `{gate}` rejected by {by}{}",
-                    if note.is_empty() {
-                        String::new()
-                    } else {
-                        format!(": {note}")
-                    }
-                );
-                self.emit(
-                    Ev::new(ev::NODE_FAILED, gate)
-                        .level(pb::Level::Error)
-                        .with("error", why.clone())
-                        .with("kind", ErrorKind::Refused.as_str())
-                        .with("will_retry", false),
-                );
-                self.fail(why);
-            }
-        }
-        self.rec
-            .flush()
-            .await
-            .map_err(|e| Error::Unavailable(e.to_string()))?;
-        Ok(self.info())
-    }
-
-    async fn rework(
-        &mut self,
-        node: &str,
-        by: &str,
-        note: &str,
-        note_ref: Option<&str>,
-    ) -> Result<pb::RunInfo> {
-        if self.graph.node(node).is_none() {
-            return Err(Error::NotFound(format!(
-                "run {} has no node `{node}` (map items are reworked through their map)",
-                self.state.run_id
-            )));
-        }
-        if self.canceling.is_some() || self.state.state == TaskState::Canceled {
-            return Err(Error::FailedPrecondition(format!(
-                "run {} is canceled; submit it again instead",
-                self.state.run_id
-            )));
-        }
-        let ids = self.graph.downstream(node);
-        let set: HashSet<String> = ids.iter().cloned().collect();
-        // Attempts of these nodes in flight are abandoned (their completion is ignored).
-        let stale: Vec<String> = self
-            .running
-            .keys()
-            .filter(|id| {
-                set.contains(*id)
-                    || crate::run::split_item(id).is_some_and(|(m, _)| set.contains(m))
-            })
-            .cloned()
-            .collect();
-        for id in stale {
-            if let Some(r) = self.running.remove(&id) {
-                r.cancel.cancel();
-                self.task_ids.remove(&r.task);
-                if crate::run::split_item(&id).is_none() {
-                    self.running_nodes = self.running_nodes.saturating_sub(1);
-                }
-            }
-        }
-        for id in &ids {
-            if let Some(i) = self.graph.position(id) {
-                self.ready.remove(&i);
-            }
-            if self.maps.remove(id).is_some() {
-                self.running_nodes = self.running_nodes.saturating_sub(1);
-            }
-            self.tries.remove(id);
-            self.waiting_retry.remove(id);
-        }
-        self.retry_at.retain(|_, id| {
-            !set.contains(id) && !crate::run::split_item(id).is_some_and(|(m, _)| set.contains(m))
-        });
-        self.tries
-            .retain(|id, _| !crate::run::split_item(id).is_some_and(|(m, _)| set.contains(m)));
-        let by = if by.is_empty() { "human" } else { by };
-        let mut e = Ev::new(ev::REWORK_REQUESTED, node)
-            .with("target", node)
-            .with("by", by)
-            .with("note", note)
-            .with("nodes", json!(ids));
-        if let Some(r) = note_ref {
-            e = e.with("note_ref", r);
-        }
-        self.emit(e);
-        // A failure caused by a reworked node no longer stands.
-        if self.failing.is_some()
-            && self
-                .state
-                .nodes
-                .iter()
-                .all(|n| n.state != NodeState::Failed)
-        {
-            self.failing = None;
-        }
-        if self.state.blocked_gates().next().is_some()
-            && self.state.state != TaskState::InputRequired
-        {
-            self.emit(Ev::run(ev::TASK_INPUT_REQUIRED));
-        }
-        self.refresh_all();
-        self.rec
-            .flush()
-            .await
-            .map_err(|e| Error::Unavailable(e.to_string()))?;
-        Ok(self.info())
     }
 }
 

@@ -7,7 +7,12 @@
 
 use std::time::Duration;
 
+use cairn_proto::v1 as pb;
+use serde_json::json;
 use tokio::time::Instant;
+
+use super::Driver;
+use cairn_node::events::{self as ev, Ev};
 
 /// Time past a node attempt's own deadline before it counts as stalled (when `stall_after_s`
 /// is not set).
@@ -50,6 +55,72 @@ pub fn stalled<'a>(
         .collect();
     ids.sort_unstable();
     ids
+}
+
+impl Driver {
+    /// When the watchdog next looks (None: nothing runs, the stall is reported, or the run
+    /// is ending).
+    pub(super) fn stall_due(&self) -> Option<Instant> {
+        if self.stall_reported || self.failing.is_some() || self.canceling.is_some() {
+            return None;
+        }
+        let after = Duration::from_secs(self.b.config.stall_after_s);
+        stall_at(
+            self.last_event,
+            self.running
+                .values()
+                .filter(|r| !r.canceled && !r.stall_retry)
+                .map(|r| r.deadline),
+            after,
+        )
+    }
+
+    /// Reports a stall (`run.stalled`, a log line, a metric) and acts on it by `stall_policy`.
+    pub(super) fn on_stall(&mut self) {
+        let after = Duration::from_secs(self.b.config.stall_after_s);
+        let ids: Vec<String> = stalled(
+            Instant::now(),
+            self.last_event,
+            self.running
+                .iter()
+                .filter(|(_, r)| !r.canceled && !r.stall_retry)
+                .map(|(id, r)| (id.as_str(), r.deadline)),
+            after,
+        )
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+        if ids.is_empty() {
+            return;
+        }
+        let policy = self.b.config.stall_policy;
+        let silent_s = self.last_event.elapsed().as_secs();
+        tracing::warn!(run_id = %self.state.run_id, nodes = ?ids, silent_s, policy = policy.as_str(), "run stalled: running nodes went past their stall limit without any event");
+        cairn_telemetry::metrics::run_stalled(policy.as_str());
+        self.emit(
+            Ev::run(ev::RUN_STALLED)
+                .level(pb::Level::Warning)
+                .with("nodes", json!(ids))
+                .with("silent_s", silent_s)
+                .with("policy", policy.as_str()),
+        );
+        self.stall_reported = true;
+        match policy {
+            crate::config::StallPolicy::Notify => {}
+            crate::config::StallPolicy::Retry => {
+                for id in &ids {
+                    if let Some(r) = self.running.get_mut(id) {
+                        r.stall_retry = true;
+                        r.cancel.cancel();
+                    }
+                }
+            }
+            crate::config::StallPolicy::Fail => self.fail(format!(
+                "stalled: node {} went {silent_s} s without any event (stall_policy = fail)",
+                ids.join(", ")
+            )),
+        }
+    }
 }
 
 #[cfg(test)]
