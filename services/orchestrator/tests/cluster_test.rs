@@ -999,6 +999,26 @@ fn restarted_at_handovers(run: &str, events: &[Event]) -> Vec<String> {
     again
 }
 
+/// Approves the run's gate `g` through o0 and waits for the run to complete, with `nodes`
+/// nodes each completed once, no gap, and a node started again only after a handover.
+async fn approve_to_the_end(cl: &Cluster, run: &str, nodes: usize) {
+    let entry = &cl.replicas[0].client;
+    entry
+        .clone()
+        .approve_gate(approve(run, "ann"))
+        .await
+        .unwrap();
+    wait_run(entry, run, 30, "completed", |i| {
+        i.state == TaskState::Completed as i32
+    })
+    .await;
+    // Nothing moves after the end (no second driver left behind).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let events = cl.stack.events(run).await;
+    let again = restarted_at_handovers(run, &events);
+    assert_once_and_gapless(run, &events, nodes, &again);
+}
+
 /// Healing bound after a membership change: the lease, the handover and 5 s.
 fn heal_bound() -> Duration {
     Duration::from_secs(ttl_s() + 5) + Duration::from_millis(300)
@@ -1047,20 +1067,7 @@ async fn a_paused_owner_heals(pause: Duration, mid_chain: bool) {
         pause.as_secs(),
         resumed.elapsed().as_millis()
     );
-    entry
-        .clone()
-        .approve_gate(approve(&run, "ann"))
-        .await
-        .unwrap();
-    wait_run(&entry, &run, 30, "completed", |i| {
-        i.state == TaskState::Completed as i32
-    })
-    .await;
-    // Nothing moves after the end (no second driver left behind).
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let events = cl.stack.events(&run).await;
-    let again = restarted_at_handovers(&run, &events);
-    assert_once_and_gapless(&run, &events, nodes, &again);
+    approve_to_the_end(&cl, &run, nodes).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1108,17 +1115,5 @@ async fn an_owner_restarted_with_the_same_member_id_heals() {
         "restarted as {id}: run {run} driven again {} ms later",
         restarted.elapsed().as_millis()
     );
-    entry
-        .clone()
-        .approve_gate(approve(&run, "ann"))
-        .await
-        .unwrap();
-    wait_run(&entry, &run, 30, "completed", |i| {
-        i.state == TaskState::Completed as i32
-    })
-    .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let events = cl.stack.events(&run).await;
-    let again = restarted_at_handovers(&run, &events);
-    assert_once_and_gapless(&run, &events, 42, &again);
+    approve_to_the_end(&cl, &run, 42).await;
 }
