@@ -326,6 +326,10 @@ pub enum RunsCommand {
         /// included).
         #[arg(long, value_name = "TIME")]
         until: Option<String>,
+        /// Only runs the orchestrator's watchdog reports stalled (a running node went past its
+        /// stall limit without any event).
+        #[arg(long)]
+        stalled: bool,
     },
     /// One run: state, nodes, gates, run directory.
     Show { run: String },

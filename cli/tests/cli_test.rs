@@ -471,6 +471,13 @@ fn the_example_runs_to_completion_through_a_gate() {
         .unwrap();
     let runs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(runs.as_array().unwrap().len(), 2);
+    // No run stalled: --stalled lists none of them.
+    let out = cairn(&data)
+        .args(["-p", "hello", "--json", "runs", "list", "--stalled"])
+        .output()
+        .unwrap();
+    let runs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(runs, serde_json::json!([]), "{runs}");
 }
 
 #[test]

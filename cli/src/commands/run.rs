@@ -488,6 +488,7 @@ fn run_json(r: &RunInfo) -> serde_json::Value {
         "run_dir": r.run_dir,
         "error": r.error,
         "blocks_not_written": r.blocks_not_written,
+        "stalled_since": r.stalled_since,
         "nodes": r.nodes.iter().map(|n| json!({
             "id": n.id, "type": n.r#type, "state": node_word(n.state()), "attempts": n.attempts,
             "started_at": n.started_at, "finished_at": n.finished_at, "error": n.error,
@@ -504,6 +505,12 @@ fn print_run(r: &RunInfo) {
     println!("run {}  [{}]  {}", r.run_id, state_word(r.state()), r.title);
     if !r.rerun_of.is_empty() {
         println!("  re-run of {}", r.rerun_of);
+    }
+    if !r.stalled_since.is_empty() {
+        println!(
+            "  STALLED since {}: a running node has gone past its stall limit without any event",
+            r.stalled_since
+        );
     }
     println!(
         "  project {}  created {}  updated {}",
@@ -592,6 +599,7 @@ pub async fn runs(global: &Global, cmd: RunsCommand) -> anyhow::Result<ExitCode>
                 search,
                 since,
                 until,
+                stalled,
             } => {
                 let states = state
                     .iter()
@@ -608,6 +616,7 @@ pub async fn runs(global: &Global, cmd: RunsCommand) -> anyhow::Result<ExitCode>
                         text: search.unwrap_or_default(),
                         created_after: time_arg("since", since, false)?,
                         created_before: time_arg("until", until, true)?,
+                        stalled,
                     })
                     .await;
                 // A project not made yet has no runs: on first use that is an empty list.
@@ -622,8 +631,13 @@ pub async fn runs(global: &Global, cmd: RunsCommand) -> anyhow::Result<ExitCode>
                     output::json(&runs.iter().map(run_json).collect::<Vec<_>>())?;
                 } else {
                     for r in &runs {
+                        let stalled = if r.stalled_since.is_empty() {
+                            String::new()
+                        } else {
+                            format!("  [stalled since {}]", r.stalled_since)
+                        };
                         println!(
-                            "{:<40} {:<15} {}  {}",
+                            "{:<40} {:<15} {}  {}{stalled}",
                             r.run_id,
                             state_word(r.state()),
                             r.created_at,

@@ -205,6 +205,9 @@ pub(super) async fn render(
         div.runhead {
             h1 #run-title { (title) }
             span #run-state-wrap { span #run-state data-state=(state) { (page::badge(state)) } }
+            @if !info.stalled_since.is_empty() {
+                " " span.badge.bad #run-stalled { "stalled" }
+            }
         }
         p.meta {
             "run " code #run-id { (info.run_id) } " · project " a href=(page::runs_url(project, None)) { (project) }
@@ -221,6 +224,9 @@ pub(super) async fn render(
         }
         @if !info.error.is_empty() {
             p.error #run-error { "Why it stopped: " (info.error) }
+        }
+        @if !info.stalled_since.is_empty() {
+            p.error #run-stall { "Stalled since " (page::when(&info.stalled_since)) ": a running node has gone past its stall limit without any event (see the run.stalled event)." }
         }
         }
         nav.sections {

@@ -173,6 +173,7 @@ pub(super) async fn list(
         text: search.q.clone(),
         created_after: search.created_after.clone(),
         created_before: search.created_before.clone(),
+        stalled: false,
     };
     let runs = console
         .call(

@@ -230,6 +230,23 @@ async fn a_run_is_re_run_and_a_failed_run_resumed_from_its_page() {
 }
 
 #[tokio::test]
+async fn a_stalled_run_says_so_on_its_page() {
+    let s = Services::start().await;
+    let mut c = Client::new(s.router(Some(TOKEN)));
+    c.login("eve", Some(TOKEN)).await;
+    let page = c.get(&run_url()).await;
+    assert!(!page.body.contains("id=\"run-stalled\""), "{}", page.body);
+    s.fake.add_run(cairn_proto::v1::RunInfo {
+        state: TaskState::Working as i32,
+        stalled_since: "2026-01-01T00:05:00.000Z".into(),
+        ..blocked_run(RUN, "Draft and publish", "2026-01-01T00:00:00.000Z")
+    });
+    let page = c.get(&run_url()).await;
+    assert!(page.body.contains("id=\"run-stalled\""), "{}", page.body);
+    assert!(page.body.contains("Stalled since"), "{}", page.body);
+}
+
+#[tokio::test]
 async fn the_runs_list_searches_by_text_state_and_days_and_pages_keep_the_search() {
     let s = Services::start().await;
     let mut c = Client::new(s.router(Some(TOKEN)));

@@ -60,6 +60,9 @@ pub const DELIVERY_COMPLETED: &str = "deliver.completed";
 /// Warning: folding the run's log left out a stored event whose identity may not emit its
 /// type (`ignored_seq`, `ignored_type`, `ignored_identity`); recorded once per such event.
 pub const RECORDS_EVENT_IGNORED: &str = "records.event_ignored";
+/// A running node went longer than its stall limit without any event of its run (the
+/// orchestrator's watchdog; `nodes`, `silent_s`, `policy`).
+pub const RUN_STALLED: &str = "run.stalled";
 
 /// Events that end a run (WatchRun stops after one unless asked to follow).
 pub fn is_final(kind: &str) -> bool {

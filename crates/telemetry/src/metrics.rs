@@ -24,6 +24,8 @@ struct Instruments {
     node_duration: Histogram<f64>,
     sandbox_duration: Histogram<f64>,
     store_bytes: Counter<u64>,
+    healed: Counter<u64>,
+    stalled: Counter<u64>,
 }
 
 fn instruments() -> &'static Instruments {
@@ -53,6 +55,18 @@ fn instruments() -> &'static Instruments {
                 .with_description("Bytes of files the artifact-store wrote (new or replaced)")
                 .with_unit("By")
                 .build(),
+            healed: meter
+                .u64_counter("cairn.runs.healed")
+                .with_description(
+                    "Unfinished runs the reconcile pass found without a live driver and resumed",
+                )
+                .with_unit("{run}")
+                .build(),
+            stalled: meter
+                .u64_counter("cairn.runs.stalled")
+                .with_description("Stalls of runs the watchdog reported, by stall policy")
+                .with_unit("{run}")
+                .build(),
         }
     })
 }
@@ -63,6 +77,18 @@ pub fn run_entered(state: &str) {
     instruments()
         .runs
         .add(1, &[KeyValue::new("cairn.run.state", state.to_owned())]);
+}
+
+/// The reconcile pass resumed an unfinished run that had no live driver here.
+pub fn run_healed() {
+    instruments().healed.add(1, &[]);
+}
+
+/// The watchdog found a run stalled and acted on it by `policy` (`notify`, `retry`, `fail`).
+pub fn run_stalled(policy: &str) {
+    instruments()
+        .stalled
+        .add(1, &[KeyValue::new("cairn.stall.policy", policy.to_owned())]);
 }
 
 /// A node attempt of `kind` (`sandbox_run`, `agent_task`, ...) ended with `outcome`

@@ -143,6 +143,18 @@ pub struct Config {
     pub drain_deadline_s: u64,
     /// Default retry policy of nodes.
     pub retry: RetryPolicy,
+    /// Time between reconcile passes: every unfinished run this orchestrator owns that no
+    /// live driver here holds is resumed (a driver that ended without finishing its run, a
+    /// run left behind by a membership change). 0 = no passes (start-up and membership
+    /// changes only).
+    pub reconcile_interval_ms: u64,
+    /// Seconds a running node may go without any event of its run before the run is reported
+    /// stalled; 0 = the node's own deadline (its `timeout_s`, else `node_timeout_s`).
+    pub stall_after_s: u64,
+    /// What happens to a stalled run besides its `run.stalled` event: `notify` (nothing
+    /// more), `retry` (the stalled attempts are stopped and the nodes run again) or `fail`
+    /// (the run fails, saying which nodes stalled).
+    pub stall_policy: StallPolicy,
     /// `[llm]`: OpenAI-compatible providers (timeouts, attempts, API key variable).
     pub llm: LlmConfig,
     /// `[onebot]`: the OneBot v11 endpoint of `group` / `private` delivery targets.
@@ -159,6 +171,29 @@ pub struct Config {
     /// `[orchestrator.cluster]`: replicas sharing the runs of one store through etcd; off
     /// (one orchestrator drives every run) until `etcd_endpoints` is set.
     pub cluster: crate::cluster::ClusterConfig,
+}
+
+/// What the watchdog does with a stalled run (`stall_policy`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StallPolicy {
+    /// Only the `run.stalled` event (and log line and metric).
+    #[default]
+    Notify,
+    /// Stop the stalled attempts and run their nodes again.
+    Retry,
+    /// Fail the run.
+    Fail,
+}
+
+impl StallPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StallPolicy::Notify => "notify",
+            StallPolicy::Retry => "retry",
+            StallPolicy::Fail => "fail",
+        }
+    }
 }
 
 /// `[sandbox]` (`sandbox.runner.*` keys; the runners themselves are `sandbox_addrs`).
@@ -207,6 +242,9 @@ impl Default for Config {
             dependency_outage_s: cairn_server::retry::DEFAULT_OUTAGE.as_secs(),
             drain_deadline_s: cairn_server::drain::DEFAULT_DEADLINE.as_secs(),
             retry: RetryPolicy::default(),
+            reconcile_interval_ms: 3000,
+            stall_after_s: 0,
+            stall_policy: StallPolicy::Notify,
             llm: LlmConfig::default(),
             onebot: OneBotConfig::default(),
             code_delivery: CodeDeliveryConfig::default(),
@@ -356,6 +394,12 @@ mod tests {
             .contains("unknown key"));
         assert!(c.set("max_parallel_runs", "many").is_err());
         assert!(c.set("max_parallel_runs", "0").is_err());
+        c.set("stall_policy", "retry").unwrap();
+        assert_eq!(c.stall_policy, StallPolicy::Retry);
+        assert!(c.set("stall_policy", "panic").is_err());
+        c.set("reconcile_interval_ms", "500").unwrap();
+        c.set("stall_after_s", "30").unwrap();
+        assert_eq!((c.reconcile_interval_ms, c.stall_after_s), (500, 30));
     }
 
     #[test]

@@ -148,13 +148,16 @@ pub async fn orchestrator_service(
         // Replicas: the runs this one owns are adopted once it has joined (and whenever
         // membership changes), not all of them at start-up.
         runs.join_cluster(cluster, peer_tls);
-    } else if resume {
-        // Its own trace: resumed runs start new traces (docs/operations.md "Tracing").
-        let span = tracing::info_span!("cairn.resume_unfinished");
-        tokio::spawn(tracing::Instrument::instrument(
-            runs.clone().resume_unfinished(),
-            span,
-        ));
+    } else {
+        if resume {
+            // Its own trace: resumed runs start new traces (docs/operations.md "Tracing").
+            let span = tracing::info_span!("cairn.resume_unfinished");
+            tokio::spawn(tracing::Instrument::instrument(
+                runs.clone().resume_unfinished(),
+                span,
+            ));
+        }
+        tokio::spawn(runs.clone().reconcile_forever());
     }
     let server = OrchestratorServer::new(OrchestratorService::new(runs.clone(), auth.clone()))
         .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES)

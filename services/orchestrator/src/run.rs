@@ -251,6 +251,10 @@ pub struct RunState {
     pub notes: u32,
     /// Highest event sequence number folded in (0 when only live events were applied).
     pub last_seq: u64,
+    /// When the watchdog reported the run stalled (`run.stalled`), until its next node or
+    /// task event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stalled_since: Option<String>,
     /// Stored events the fold left out, not yet reported by a `records.event_ignored`.
     #[serde(skip)]
     pub ignored: Vec<Ignored>,
@@ -375,6 +379,7 @@ impl RunState {
             roster: Vec::new(),
             notes: 0,
             last_seq: 0,
+            stalled_since: None,
             ignored: Vec::new(),
             index,
             gate_nodes,
@@ -424,6 +429,13 @@ impl RunState {
             self.updated_at = e.ts.to_owned();
         }
         let d = e.data;
+        if e.kind == ev::RUN_STALLED {
+            if self.stalled_since.is_none() {
+                self.stalled_since = Some(e.ts.to_owned());
+            }
+        } else if !e.node.is_empty() || e.kind.starts_with("task.") {
+            self.stalled_since = None;
+        }
         match e.kind {
             ev::TASK_CREATED => {
                 self.state = TaskState::Created;
@@ -760,6 +772,7 @@ impl RunState {
             goal: self.goal.clone(),
             rerun_of: self.rerun_of.clone(),
             replica: String::new(),
+            stalled_since: self.stalled_since.clone().unwrap_or_default(),
         }
     }
 

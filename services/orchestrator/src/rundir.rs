@@ -492,6 +492,11 @@ async fn write_loop(
             .chain([task_result.map(|_| ())])
             .find(Result::is_err);
         if let Some(Err(e)) = failed {
+            if cairn_proto::reason::of(&e).as_deref() == Some("fenced") {
+                // Another driver has claimed the run: no later snapshot of ours may land.
+                tracing::warn!(run_id = %snap.state.run_id, error = %e, "the run snapshot is fenced off (another driver claimed the run); this driver writes no more snapshots");
+                return;
+            }
             tracing::warn!(run_id = %snap.state.run_id, error = %e, "writing the run snapshot failed; retrying with the next one");
             tokio::time::sleep(Duration::from_millis(200)).await;
             // Make sure a later snapshot (or this one again) is written.

@@ -11,6 +11,10 @@
 //! Cancellation: every node task runs under a child of the run's token; cancelling drops the
 //! task's future, which aborts its gRPC calls (a sandbox run is stopped by the runner when its
 //! call goes away).
+//!
+//! The commands of the outside world (gate decisions, rework, cancel, recorded human events) are
+//! commands.rs; the watchdog of the run's progress (a node silent past its stall limit) is
+//! watchdog.rs.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -23,13 +27,16 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
-use crate::gates::{self, Decision};
+use crate::gates::Decision;
 use crate::nodes::{self, Backends, NodeCtx, NodeError, NodeSuccess, Progress, Scope, TaskMsg};
 use crate::recorder::Recorder;
 use crate::run::{EventView, NodeState, RunState, TaskState};
 use crate::rundir::{RunDir, Snapshots};
 use cairn_graph::{ErrorKind, Graph, Node, NodeKind, Trigger};
 use cairn_node::events::{self as ev, now, Ev};
+
+mod commands;
+mod watchdog;
 
 /// Extra time a sandbox node gets beyond its program's `timeout_s` (staging and outputs).
 const SANDBOX_GRACE: Duration = Duration::from_secs(60);
@@ -128,6 +135,8 @@ pub fn launch(l: Launch) -> tokio::task::JoinHandle<()> {
         state_changed: false,
         last_snapshot: Instant::now(),
         snapshot_every: Duration::from_millis(0),
+        last_event: Instant::now(),
+        stall_reported: false,
     };
     let on_exit = l.on_exit;
     let resume = l.resume;
@@ -143,6 +152,11 @@ struct Running {
     task: u64,
     cancel: CancellationToken,
     canceled: bool,
+    /// The attempt's deadline (the watchdog's limit derives from it).
+    deadline: Duration,
+    /// Stopped by the watchdog (`stall_policy = "retry"`): its end is a failed attempt that
+    /// runs again at once.
+    stall_retry: bool,
 }
 
 /// A map whose items are being worked through.
@@ -191,6 +205,17 @@ struct Driver {
     state_changed: bool,
     last_snapshot: Instant,
     snapshot_every: Duration,
+    /// When the run's last event (other than `run.stalled`) was emitted.
+    last_event: Instant,
+    /// The current stall was reported (until the next event).
+    stall_reported: bool,
+}
+
+impl Drop for Driver {
+    /// A driver that ends any way (its task aborted included) stops its node attempts.
+    fn drop(&mut self) {
+        self.children.cancel();
+    }
 }
 
 enum Exit {
@@ -206,6 +231,10 @@ impl Driver {
         self.state.apply(&EventView::live(&e, &ts));
         self.rec.push(&e);
         self.dirty = true;
+        if e.kind != ev::RUN_STALLED {
+            self.last_event = Instant::now();
+            self.stall_reported = false;
+        }
         if self.state.state != before.0 {
             cairn_telemetry::metrics::run_entered(self.state.state.as_str());
         }
@@ -355,6 +384,7 @@ impl Driver {
             }
             let next_retry = self.retry_at.keys().next().map(|(t, _)| *t);
             let snapshot_due = self.dirty.then(|| self.last_snapshot + self.snapshot_every);
+            let stall_due = self.stall_due();
             tokio::select! {
                 biased;
                 _ = self.shutdown.cancelled() => return Exit::Shutdown,
@@ -374,6 +404,7 @@ impl Driver {
                 }
                 _ = sleep_until_opt(next_retry) => self.due_retries(),
                 _ = sleep_until_opt(snapshot_due) => { self.publish(); }
+                _ = sleep_until_opt(stall_due) => self.on_stall(),
                 Some(edit) = self.snaps.edits.recv() => {
                     // A human's task.yaml edit: recorded, applied, and in the next snapshot.
                     self.emit(edit);
@@ -951,6 +982,8 @@ impl Driver {
                 task,
                 cancel,
                 canceled: false,
+                deadline,
+                stall_retry: false,
             },
         );
     }
@@ -975,6 +1008,22 @@ impl Driver {
         let item = crate::run::split_item(&id);
         if item.is_none() {
             self.running_nodes = self.running_nodes.saturating_sub(1);
+        }
+        if run.stall_retry && !run.canceled {
+            // Stopped by the watchdog: a failed attempt, run again now whatever the budget.
+            self.emit(
+                Ev::new(ev::NODE_FAILED, &id)
+                    .level(pb::Level::Warning)
+                    .with("error", "stalled: stopped by the watchdog to run again")
+                    .with("kind", ErrorKind::Timeout.as_str())
+                    .with("will_retry", true)
+                    .with("retry_in_ms", 0),
+            );
+            self.retry_at
+                .insert((Instant::now(), self.next_task), id.clone());
+            self.next_task += 1;
+            self.waiting_retry.insert(id);
+            return;
         }
         if run.canceled {
             self.emit(Ev::new(ev::NODE_CANCELED, &id));
@@ -1201,228 +1250,6 @@ impl Driver {
             ));
         }
         Some(Exit::Final)
-    }
-
-    async fn command(&mut self, c: Command) {
-        match c {
-            Command::Info(reply) => {
-                let _ = reply.send(self.info());
-            }
-            Command::Decide {
-                gate,
-                decision,
-                by,
-                note,
-                note_ref,
-                reply,
-            } => {
-                let r = self
-                    .decide(&gate, decision, &by, &note, note_ref.as_deref())
-                    .await;
-                let _ = reply.send(r);
-            }
-            Command::Rework {
-                node,
-                by,
-                note,
-                note_ref,
-                reply,
-            } => {
-                let r = self.rework(&node, &by, &note, note_ref.as_deref()).await;
-                let _ = reply.send(r);
-            }
-            Command::Cancel { by, reason, reply } => {
-                if self.state.state.is_final() {
-                    let _ = reply.send(Ok(self.info()));
-                    return;
-                }
-                if self.canceling.is_none() {
-                    self.canceling =
-                        Some((if by.is_empty() { "human".into() } else { by }, reason));
-                    self.cancel_running(None);
-                }
-                self.cancel_replies.push(reply);
-            }
-            Command::Record { event, reply } => {
-                let ts = now();
-                self.state.apply(&EventView::live(&event, &ts));
-                self.dirty = true;
-                let r = self
-                    .rec
-                    .record(&event)
-                    .await
-                    .map_err(|e| Error::Unavailable(e.to_string()));
-                let _ = reply.send(r);
-            }
-        }
-    }
-
-    async fn decide(
-        &mut self,
-        gate: &str,
-        d: Decision,
-        by: &str,
-        note: &str,
-        note_ref: Option<&str>,
-    ) -> Result<pb::RunInfo> {
-        if self.state.state.is_final() || self.canceling.is_some() || self.failing.is_some() {
-            return Err(Error::FailedPrecondition(format!(
-                "run {} is {}; its gates can no longer be decided",
-                self.state.run_id,
-                if self.canceling.is_some() {
-                    "being canceled"
-                } else if self.failing.is_some() {
-                    "failing"
-                } else {
-                    self.state.state.as_str()
-                }
-            )));
-        }
-        gates::check_decidable(&self.state, gate)?;
-        let by = if by.is_empty() { "human" } else { by };
-        self.emit(gates::decision_event(d, gate, by, note, note_ref));
-        let decided_at = now();
-        let (on_reject, resumes) = match self.graph.node(gate).map(|n| &n.kind) {
-            Some(NodeKind::Gate(g)) => (g.on_reject, false),
-            Some(NodeKind::ExternalAgent(x)) => (x.on_reject, true),
-            _ => (cairn_graph::OnReject::Fail, false),
-        };
-        match (d, on_reject) {
-            _ if resumes => {
-                // The node asked mid-way: whatever the decision, it runs again and acts on it
-                // (resumes its agent, or ends it and fails on a rejection); the fold of the
-                // decision made it pending. A fresh retry budget for that phase.
-                self.tries.remove(gate);
-                if self.state.blocked_gates().next().is_none() && self.failing.is_none() {
-                    self.emit(Ev::run(ev::TASK_WORKING).with("by", by));
-                }
-                if let Some(i) = self.graph.position(gate) {
-                    self.consider(i);
-                }
-            }
-            (Decision::Approve, _) | (Decision::Reject, cairn_graph::OnReject::Continue) => {
-                let approved = d == Decision::Approve;
-                self.emit(Ev::new(ev::NODE_COMPLETED, gate).with(
-                    "outputs",
-                    Value::Object(nodes::gate::outputs(approved, by, note, &decided_at)),
-                ));
-                if self.state.blocked_gates().next().is_none() && self.failing.is_none() {
-                    self.emit(Ev::run(ev::TASK_WORKING).with("by", by));
-                }
-                self.after_finish(gate);
-            }
-            (Decision::Reject, cairn_graph::OnReject::Fail) => {
-                let why = format!(
-                    "gate `{gate}` rejected by {by}{}",
-                    if note.is_empty() {
-                        String::new()
-                    } else {
-                        format!(": {note}")
-                    }
-                );
-                self.emit(
-                    Ev::new(ev::NODE_FAILED, gate)
-                        .level(pb::Level::Error)
-                        .with("error", why.clone())
-                        .with("kind", ErrorKind::Refused.as_str())
-                        .with("will_retry", false),
-                );
-                self.fail(why);
-            }
-        }
-        self.rec
-            .flush()
-            .await
-            .map_err(|e| Error::Unavailable(e.to_string()))?;
-        Ok(self.info())
-    }
-
-    async fn rework(
-        &mut self,
-        node: &str,
-        by: &str,
-        note: &str,
-        note_ref: Option<&str>,
-    ) -> Result<pb::RunInfo> {
-        if self.graph.node(node).is_none() {
-            return Err(Error::NotFound(format!(
-                "run {} has no node `{node}` (map items are reworked through their map)",
-                self.state.run_id
-            )));
-        }
-        if self.canceling.is_some() || self.state.state == TaskState::Canceled {
-            return Err(Error::FailedPrecondition(format!(
-                "run {} is canceled; submit it again instead",
-                self.state.run_id
-            )));
-        }
-        let ids = self.graph.downstream(node);
-        let set: HashSet<String> = ids.iter().cloned().collect();
-        // Attempts of these nodes in flight are abandoned (their completion is ignored).
-        let stale: Vec<String> = self
-            .running
-            .keys()
-            .filter(|id| {
-                set.contains(*id)
-                    || crate::run::split_item(id).is_some_and(|(m, _)| set.contains(m))
-            })
-            .cloned()
-            .collect();
-        for id in stale {
-            if let Some(r) = self.running.remove(&id) {
-                r.cancel.cancel();
-                self.task_ids.remove(&r.task);
-                if crate::run::split_item(&id).is_none() {
-                    self.running_nodes = self.running_nodes.saturating_sub(1);
-                }
-            }
-        }
-        for id in &ids {
-            if let Some(i) = self.graph.position(id) {
-                self.ready.remove(&i);
-            }
-            if self.maps.remove(id).is_some() {
-                self.running_nodes = self.running_nodes.saturating_sub(1);
-            }
-            self.tries.remove(id);
-            self.waiting_retry.remove(id);
-        }
-        self.retry_at.retain(|_, id| {
-            !set.contains(id) && !crate::run::split_item(id).is_some_and(|(m, _)| set.contains(m))
-        });
-        self.tries
-            .retain(|id, _| !crate::run::split_item(id).is_some_and(|(m, _)| set.contains(m)));
-        let by = if by.is_empty() { "human" } else { by };
-        let mut e = Ev::new(ev::REWORK_REQUESTED, node)
-            .with("target", node)
-            .with("by", by)
-            .with("note", note)
-            .with("nodes", json!(ids));
-        if let Some(r) = note_ref {
-            e = e.with("note_ref", r);
-        }
-        self.emit(e);
-        // A failure caused by a reworked node no longer stands.
-        if self.failing.is_some()
-            && self
-                .state
-                .nodes
-                .iter()
-                .all(|n| n.state != NodeState::Failed)
-        {
-            self.failing = None;
-        }
-        if self.state.blocked_gates().next().is_some()
-            && self.state.state != TaskState::InputRequired
-        {
-            self.emit(Ev::run(ev::TASK_INPUT_REQUIRED));
-        }
-        self.refresh_all();
-        self.rec
-            .flush()
-            .await
-            .map_err(|e| Error::Unavailable(e.to_string()))?;
-        Ok(self.info())
     }
 }
 

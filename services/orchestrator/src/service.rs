@@ -226,6 +226,7 @@ impl Orchestrator for OrchestratorService {
             text: search_text(&r.text)?,
             created_after: time_bound("created_after", &r.created_after)?,
             created_before: time_bound("created_before", &r.created_before)?,
+            stalled: r.stalled,
         };
         let page = r.page.unwrap_or_default();
         let (runs, next_page_token) = self

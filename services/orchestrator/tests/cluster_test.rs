@@ -929,3 +929,191 @@ async fn live_logs_of_a_run_come_through_a_replica_that_does_not_drive_it() {
         "the output did not come live"
     );
 }
+
+/// A chain of `n` write_file nodes, then a gate and one more node: the run is still
+/// unfinished (at the gate) when a replica paused mid-chain comes back.
+fn chain_then_gate(n: usize) -> String {
+    let mut g = chain(n);
+    g.push_str(&format!(
+        "  - {{id: g, type: gate, reason: \"check\", needs: [c{}]}}\n\
+         \x20 - {{id: z, type: write_file, path: \"docs/{{{{run_id}}}}/z.txt\", content: \"z\", needs: [g]}}\n",
+        n - 1
+    ));
+    g
+}
+
+/// Sends `signal` to a replica's process.
+fn signal(r: &Replica, signal: rustix::process::Signal) {
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(r.child.id() as i32).unwrap(),
+        signal,
+    )
+    .unwrap();
+}
+
+/// Submits `graph` through o0 until a run is driven by another replica; returns it and its
+/// owner's index.
+async fn run_driven_elsewhere(cl: &Cluster, graph: impl Fn() -> String) -> (String, usize) {
+    let entry = &cl.replicas[0].client;
+    for _ in 0..12 {
+        let info = submit(entry, graph()).await;
+        let info = wait_run(entry, &info.run_id, 30, "an owner", |i| {
+            !i.replica.is_empty()
+        })
+        .await;
+        if info.replica != "o0" {
+            let idx = cl.replicas.iter().position(|r| r.id == info.replica);
+            return (info.run_id, idx.unwrap());
+        }
+    }
+    panic!("no run driven by a replica other than o0 in 12 submissions");
+}
+
+/// Nodes started more than once; each restart must follow a `task.resumed` (a node cut off
+/// in flight by a handover is started once more by the next driver, never otherwise).
+fn restarted_at_handovers(run: &str, events: &[Event]) -> Vec<String> {
+    let mut open: HashMap<&str, bool> = HashMap::new();
+    let mut resumed_since: HashMap<&str, bool> = HashMap::new();
+    let mut again = Vec::new();
+    for e in events {
+        match e.r#type.as_str() {
+            "task.resumed" => resumed_since.values_mut().for_each(|r| *r = true),
+            "node.started" => {
+                let id = e.node_id.as_str();
+                if open.get(id).copied().unwrap_or(false) {
+                    assert!(
+                        resumed_since.get(id).copied().unwrap_or(false),
+                        "run {run}: node {id} started again without a handover"
+                    );
+                    again.push(id.to_owned());
+                }
+                open.insert(id, true);
+                resumed_since.insert(id, false);
+            }
+            "node.completed" | "node.failed" => {
+                open.insert(&e.node_id, false);
+            }
+            _ => {}
+        }
+    }
+    again
+}
+
+/// Approves the run's gate `g` through o0 and waits for the run to complete, with `nodes`
+/// nodes each completed once, no gap, and a node started again only after a handover.
+async fn approve_to_the_end(cl: &Cluster, run: &str, nodes: usize) {
+    let entry = &cl.replicas[0].client;
+    entry
+        .clone()
+        .approve_gate(approve(run, "ann"))
+        .await
+        .unwrap();
+    wait_run(entry, run, 30, "completed", |i| {
+        i.state == TaskState::Completed as i32
+    })
+    .await;
+    // Nothing moves after the end (no second driver left behind).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let events = cl.stack.events(run).await;
+    let again = restarted_at_handovers(run, &events);
+    assert_once_and_gapless(run, &events, nodes, &again);
+}
+
+/// Healing bound after a membership change: the lease, the handover and 5 s.
+fn heal_bound() -> Duration {
+    Duration::from_secs(ttl_s() + 5) + Duration::from_millis(300)
+}
+
+/// The replica driving a run is stopped (SIGSTOP: a paused container) for `pause`, during its
+/// chain (`mid_chain`) or while the run waits at its gate, and then continued. The others
+/// adopt the run meanwhile; once the paused one is back in the membership the run is driven
+/// again within the healing bound, and it completes with every node once and no gap.
+async fn a_paused_owner_heals(pause: Duration, mid_chain: bool) {
+    let Some(cl) = start_cluster().await else {
+        return;
+    };
+    let entry = cl.replicas[0].client.clone();
+    let (nodes, graph) = if mid_chain {
+        (42, chain_then_gate(40))
+    } else {
+        (3, gated("paused"))
+    };
+    let (run, idx) = run_driven_elsewhere(&cl, || graph.clone()).await;
+    if mid_chain {
+        cl.stack.wait_completed_nodes(&run, 3, 30).await;
+    } else {
+        wait_run(&entry, &run, 30, "input_required", |i| {
+            i.state == TaskState::InputRequired as i32
+        })
+        .await;
+    }
+    let owner = cl.replicas[idx].id.clone();
+    signal(&cl.replicas[idx], rustix::process::Signal::STOP);
+    tokio::time::sleep(pause).await;
+    signal(&cl.replicas[idx], rustix::process::Signal::CONT);
+    let resumed = Instant::now();
+    // Out of the membership and back in (its lease expired while it was stopped); the run
+    // is its own again, and it drives it (at the gate, where the others took it meanwhile).
+    wait_run(
+        &entry,
+        &run,
+        (heal_bound() + Duration::from_secs(ttl_s())).as_secs(),
+        "driven again by the replica that was paused, at its gate",
+        |i| i.replica == owner && i.state == TaskState::InputRequired as i32,
+    )
+    .await;
+    println!(
+        "paused {} s: run {run} driven again by {owner} {} ms after SIGCONT",
+        pause.as_secs(),
+        resumed.elapsed().as_millis()
+    );
+    approve_to_the_end(&cl, &run, nodes).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_paused_5s_mid_chain_heals() {
+    a_paused_owner_heals(Duration::from_secs(5), true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_paused_10s_at_a_gate_heals() {
+    a_paused_owner_heals(Duration::from_secs(10), false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_paused_15s_mid_chain_heals() {
+    a_paused_owner_heals(Duration::from_secs(15), true).await;
+}
+
+/// The replica driving a run is killed and started again at once with the same member id
+/// (a pod restarted in place): the run is driven again within the healing bound (counted from
+/// when the new process holds the id) and completes with every node once and no gap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_restarted_with_the_same_member_id_heals() {
+    let Some(mut cl) = start_cluster().await else {
+        return;
+    };
+    let entry = cl.replicas[0].client.clone();
+    let (run, idx) = run_driven_elsewhere(&cl, || chain_then_gate(40)).await;
+    cl.stack.wait_completed_nodes(&run, 3, 30).await;
+    let id = cl.replicas[idx].id.clone();
+    let r = &mut cl.replicas[idx];
+    r.child.kill().unwrap();
+    r.child.wait().unwrap();
+    let log = cl.stack.dir.path().join(format!("{id}-again.log"));
+    cl.replicas[idx] = spawn_replica(&id, &cl.stack.store_addr, &cl.relays[idx].addr, &log);
+    let restarted = Instant::now();
+    wait_run(
+        &entry,
+        &run,
+        (heal_bound() + Duration::from_secs(ttl_s() + 1)).as_secs(),
+        "driven again by the restarted replica, at its gate",
+        |i| i.replica == id && i.state == TaskState::InputRequired as i32,
+    )
+    .await;
+    println!(
+        "restarted as {id}: run {run} driven again {} ms later",
+        restarted.elapsed().as_millis()
+    );
+    approve_to_the_end(&cl, &run, 42).await;
+}

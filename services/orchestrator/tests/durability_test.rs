@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cairn_proto::v1::orchestrator_client::OrchestratorClient;
-use cairn_proto::v1::{GateDecisionRequest, GetRunRequest, RunInfo, SubmitRunRequest, TaskState};
+use cairn_proto::v1::{GetRunRequest, RunInfo, SubmitRunRequest, TaskState};
 use common::*;
 use tonic::transport::Channel;
 
@@ -270,13 +270,7 @@ async fn kill_dash_nine_at_a_gate_keeps_it_blocked_until_approved() {
     );
     p.client
         .clone()
-        .approve_gate(GateDecisionRequest {
-            project_id: PROJECT.into(),
-            run_id: run.clone(),
-            gate_id: "g".into(),
-            by: "ann".into(),
-            note: String::new(),
-        })
+        .approve_gate(approval(&run, "g", "ann"))
         .await
         .unwrap();
     wait_state(&p, &run, TaskState::Completed, 30).await;
@@ -314,13 +308,7 @@ async fn a_successor_fences_off_a_predecessor_that_is_still_alive() {
     let run = run_to_its_gate(&a).await;
 
     let mut b = spawn(&s.store_addr).await;
-    let decision = |by: &str| GateDecisionRequest {
-        project_id: PROJECT.into(),
-        run_id: run.clone(),
-        gate_id: "g".into(),
-        by: by.into(),
-        note: String::new(),
-    };
+    let decision = |by: &str| approval(&run, "g", by);
     b.client
         .clone()
         .approve_gate(decision("bea"))

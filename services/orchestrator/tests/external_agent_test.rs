@@ -14,19 +14,7 @@ use serde_json::Value;
 const FAKE_CODEX: &str = include_str!("fixtures/fake_codex.py");
 
 async fn stack(test: &str) -> Option<Stack> {
-    match Stack::try_start(Options {
-        ingest: false,
-        sandbox: Sandbox::Required,
-        ..Default::default()
-    })
-    .await
-    {
-        Ok(s) => Some(s),
-        Err(e) => {
-            println!("SKIP: {test}: no sandbox backend can run here ({e})");
-            None
-        }
-    }
+    Stack::with_sandbox(test, |_| {}).await
 }
 
 async fn put(s: &Stack, path: &str, text: &str) {

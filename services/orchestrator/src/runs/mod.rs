@@ -15,6 +15,7 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 mod actions;
+mod heal;
 mod views;
 
 use crate::cluster::Cluster;
@@ -136,6 +137,8 @@ pub struct RunFilter {
     pub created_after: Option<time::OffsetDateTime>,
     /// Created before.
     pub created_before: Option<time::OffsetDateTime>,
+    /// Only runs reported stalled.
+    pub stalled: bool,
 }
 
 impl RunFilter {
@@ -144,6 +147,9 @@ impl RunFilter {
             .ok()
             .and_then(TaskState::from_proto);
         if !self.states.is_empty() && !state.is_some_and(|s| self.states.contains(&s)) {
+            return false;
+        }
+        if self.stalled && info.stalled_since.is_empty() {
             return false;
         }
         if !self.text.is_empty()
@@ -189,6 +195,10 @@ pub struct Runs {
     /// Replicas sharing the store's runs (`[orchestrator.cluster]`); None = this one drives
     /// every run.
     cluster: std::sync::OnceLock<Arc<Cluster>>,
+    /// Drivers released (stopping, no longer in `live`): waited for at shutdown.
+    draining: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Runs the reconcile pass could not resume, and when it tries again.
+    retry_resume: Mutex<HashMap<String, tokio::time::Instant>>,
 }
 
 type Loaded = (Arc<Graph>, RunState);
@@ -204,6 +214,8 @@ impl Runs {
             note_locks: Mutex::new(HashMap::new()),
             claim_locks: Mutex::new(HashMap::new()),
             cluster: std::sync::OnceLock::new(),
+            draining: Mutex::new(Vec::new()),
+            retry_resume: Mutex::new(HashMap::new()),
         })
     }
 
@@ -222,59 +234,6 @@ impl Runs {
 
     pub fn cluster(&self) -> Option<&Arc<Cluster>> {
         self.cluster.get()
-    }
-
-    /// Releases the runs this replica no longer owns and adopts the unfinished ones it gained,
-    /// at every membership change.
-    async fn follow_cluster(self: Arc<Self>, cluster: Arc<Cluster>) {
-        let mut views = cluster.subscribe();
-        let handover = Duration::from_millis(cluster.config().handover_ms);
-        loop {
-            tokio::select! {
-                _ = self.shutdown.cancelled() => return,
-                changed = views.changed() => if changed.is_err() { return },
-            }
-            let released = self.release_unowned(&cluster);
-            if released > 0 {
-                tracing::info!(member = %cluster.me(), released, "released runs now owned by other replicas");
-            }
-            if !views.borrow_and_update().joined {
-                continue;
-            }
-            // Give a run's previous owner time to stop; a newer change starts over.
-            tokio::select! {
-                _ = self.shutdown.cancelled() => return,
-                _ = tokio::time::sleep(handover) => {}
-            }
-            if views.has_changed().unwrap_or(false) {
-                continue;
-            }
-            let adopted = self.clone().resume_unfinished().await;
-            if adopted > 0 {
-                tracing::info!(member = %cluster.me(), adopted, "adopted runs");
-            }
-        }
-    }
-
-    /// Stops the drivers of live runs another member owns (or all, out of the cluster).
-    fn release_unowned(&self, cluster: &Cluster) -> usize {
-        let Ok(live) = self.live.lock() else { return 0 };
-        let mut n = 0;
-        for (k, l) in live.iter() {
-            let Some((project, run_id)) = k.split_once('/') else {
-                continue;
-            };
-            if cluster.owns(project, run_id) {
-                continue;
-            }
-            if let Some(stop) = &l.stop {
-                if !stop.is_cancelled() {
-                    stop.cancel();
-                    n += 1;
-                }
-            }
-        }
-        n
     }
 
     fn live_cmd(&self, project: &str, run_id: &str) -> Option<mpsc::Sender<Command>> {
@@ -764,6 +723,7 @@ impl Runs {
         reason: &str,
         initial: Option<Command>,
     ) -> Result<mpsc::Sender<Command>> {
+        self.held_here(project, run_id);
         if let Some(c) = self.live_cmd(project, run_id) {
             if let Some(cmd) = initial {
                 c.send(cmd)
@@ -854,6 +814,12 @@ impl Runs {
                 }
             }
         };
+        self.resume_listed(projects).await
+    }
+
+    /// Resumes the runs of `projects` the store's run index names unfinished, unless live
+    /// here or owned by another replica; returns how many came to life.
+    async fn resume_listed(&self, projects: Vec<String>) -> usize {
         let mut resumed = 0;
         for project in projects {
             let mut token = String::new();
@@ -905,7 +871,8 @@ impl Runs {
         }
         let elsewhere = self.cluster().is_some_and(|c| !c.owns(project, run_id));
         if elsewhere
-            || self.live_cmd(project, run_id).is_some()
+            || self.held_here(project, run_id)
+            || self.resume_backing_off(project, run_id)
             || !self.unfinished(project, run_id).await
         {
             return false;
@@ -925,6 +892,7 @@ impl Runs {
             }
             Err(e) => {
                 tracing::warn!(%project, %run_id, error = %e, "could not resume run");
+                self.resume_failed(project, run_id);
                 false
             }
         }
@@ -967,10 +935,13 @@ impl Runs {
     /// Stops every driver (runs stay resumable) and waits for their records to be flushed.
     pub async fn shutdown(&self) {
         self.shutdown.cancel();
-        let joins: Vec<tokio::task::JoinHandle<()>> = match self.live.lock() {
+        let mut joins: Vec<tokio::task::JoinHandle<()>> = match self.live.lock() {
             Ok(mut l) => l.values_mut().filter_map(|r| r.join.take()).collect(),
             Err(_) => Vec::new(),
         };
+        if let Ok(mut d) = self.draining.lock() {
+            joins.append(&mut d);
+        }
         for j in joins {
             let _ = tokio::time::timeout(Duration::from_secs(30), j).await;
         }

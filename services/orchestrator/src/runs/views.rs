@@ -101,7 +101,8 @@ impl Runs {
                 after: after
                     .clone()
                     .map(|(created_at, run_id)| pb::RunCursor { created_at, run_id }),
-                unfinished: false,
+                // A stalled run is not final.
+                unfinished: filter.stalled,
             })
             .await
             .map_err(Error::store("listing runs"))?;
@@ -115,7 +116,12 @@ impl Runs {
             let info = match parsed {
                 Some(mut s) => {
                     s.reindex();
-                    s.to_info(&dir_of(&summary.run_id))
+                    let info = s.to_info(&dir_of(&summary.run_id));
+                    // The store's index filters the rest.
+                    if filter.stalled && info.stalled_since.is_empty() {
+                        continue;
+                    }
+                    info
                 }
                 // No state.json (or one that does not parse): from the run's other records.
                 None => match self.get(project, &summary.run_id).await {

@@ -232,6 +232,25 @@ impl Stack {
         })
     }
 
+    /// A stack with a sandbox runner (and no ingest) whose orchestrator `tweak` changes;
+    /// None, with a SKIP line naming `test`, when no sandbox backend can run here.
+    pub async fn with_sandbox(test: &str, tweak: fn(&mut Config)) -> Option<Stack> {
+        match Stack::try_start(Options {
+            ingest: false,
+            sandbox: Sandbox::Required,
+            tweak,
+            ..Default::default()
+        })
+        .await
+        {
+            Ok(s) => Some(s),
+            Err(e) => {
+                println!("SKIP: {test}: no sandbox backend can run here ({e})");
+                None
+            }
+        }
+    }
+
     pub async fn stop(mut self) {
         if let Some((tx, join)) = self.orch_stop.take() {
             let _ = tx.send(());
@@ -484,6 +503,17 @@ pub async fn serve_host(host: cairn_server::Host) -> String {
         let _ = host.serve(l, std::future::pending()).await;
     });
     addr
+}
+
+/// An approval of gate `gate` of `run` in PROJECT by `by`, without a note.
+pub fn approval(run: &str, gate: &str, by: &str) -> cairn_proto::v1::GateDecisionRequest {
+    cairn_proto::v1::GateDecisionRequest {
+        project_id: PROJECT.into(),
+        run_id: run.into(),
+        gate_id: gate.into(),
+        by: by.into(),
+        note: String::new(),
+    }
 }
 
 pub fn data(e: &Event) -> serde_json::Value {
