@@ -132,6 +132,20 @@ impl Host {
         self
     }
 
+    /// A service's telemetry settings: applies `telemetry` and, unless `metrics_listen` is
+    /// empty, binds it for [`Host::metrics`].
+    pub async fn observe(
+        &mut self,
+        metrics_listen: &str,
+        telemetry: &TelemetryConfig,
+    ) -> Result<&mut Self, Error> {
+        telemetry.apply();
+        if !metrics_listen.trim().is_empty() {
+            self.metrics(bind(metrics_listen.trim()).await?);
+        }
+        Ok(self)
+    }
+
     /// How long calls get to finish once shutdown begins (default 5 s); then the calls still
     /// open end with UNAVAILABLE and `serve` returns.
     pub fn drain_deadline(&mut self, deadline: Duration) -> &mut Self {

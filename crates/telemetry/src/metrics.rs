@@ -171,7 +171,7 @@ fn instruments() -> &'static Instruments {
                 .build(),
             fsync_duration: seconds(
                 "cairn.store.fsync.duration",
-                "Time the artifact-store spent in fsync of a file's bytes",
+                "Time the artifact-store spent in one fsync, by what it made durable",
                 &QUICK_SECONDS,
             ),
             rpc_requests: meter
@@ -216,9 +216,20 @@ pub fn runs_stalled(n: u64) {
     instruments().runs_stalled.record(n, &[]);
 }
 
-/// A run started (`1`) or stopped (`-1`) waiting for a slot of max_parallel_runs.
-pub fn run_queued(delta: i64) {
-    instruments().runs_queued.add(delta, &[]);
+/// A run waits for a slot of max_parallel_runs until the value returned is dropped.
+pub fn run_queued() -> Queued {
+    instruments().runs_queued.add(1, &[]);
+    Queued(())
+}
+
+/// One run counted in `cairn.runs.queued` while this lives.
+#[must_use = "the run counts as queued only while this lives"]
+pub struct Queued(());
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        instruments().runs_queued.add(-1, &[]);
+    }
 }
 
 /// This process took over an unfinished run (`reason`: `restart` or `failover`) in `took`.
@@ -274,9 +285,12 @@ pub fn store_written(bytes: u64, outcome: &str) {
         .add(bytes, &[kv("cairn.store.outcome", outcome)]);
 }
 
-/// One fsync of a file's bytes by the store took `took`.
-pub fn store_fsynced(took: Duration) {
-    instruments().fsync_duration.record(took.as_secs_f64(), &[]);
+/// One fsync by the store (`what`: `file` for a file's bytes, `events` for a batch of a run's
+/// events) took `took`.
+pub fn store_fsynced(what: &str, took: Duration) {
+    instruments()
+        .fsync_duration
+        .record(took.as_secs_f64(), &[kv("cairn.store.fsync", what)]);
 }
 
 /// One gRPC call to `service`/`method` ended with status `code` after `took`.

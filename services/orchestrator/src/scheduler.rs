@@ -208,6 +208,10 @@ impl Driver {
         self.dirty = true;
         if self.state.state != before.0 {
             cairn_telemetry::metrics::run_entered(self.state.state.as_str());
+            cairn_telemetry::metrics::run_moved(
+                Some(before.0.as_str()),
+                Some(self.state.state.as_str()),
+            );
         }
         if (self.state.state, self.state.blocked_gates().count()) != before {
             self.state_changed = true;
@@ -227,6 +231,7 @@ impl Driver {
     }
 
     async fn run(mut self, resume: Option<(String, String)>, initial: Option<Command>) {
+        cairn_telemetry::metrics::run_moved(None, Some(self.state.state.as_str()));
         self.snapshot_every = Duration::from_millis(self.b.config.snapshot_interval_ms.max(10));
         // Events the fold left out are reported once, by the run's driver.
         for ignored in std::mem::take(&mut self.state.ignored) {
@@ -246,12 +251,15 @@ impl Driver {
                 })
                 .map(|n| n.id.clone())
                 .collect();
-            self.emit(
-                Ev::run(ev::TASK_RESUMED)
-                    .with("by", by)
-                    .with("reason", reason)
-                    .with("reset", json!(interrupted)),
-            );
+            let mut resumed = Ev::run(ev::TASK_RESUMED)
+                .with("by", by)
+                .with("reason", reason)
+                .with("reset", json!(interrupted));
+            // In the run's span: the trace of this life, for a later one to link to.
+            if let Some(t) = cairn_telemetry::traceparent(&tracing::Span::current()) {
+                resumed = resumed.with("traceparent", t);
+            }
+            self.emit(resumed);
         }
         let exit = self.drive(initial).await;
         match exit {
@@ -292,6 +300,7 @@ impl Driver {
                 }
             }
         }
+        cairn_telemetry::metrics::run_moved(Some(self.state.state.as_str()), None);
         // Answer whatever is still queued so no caller waits forever.
         self.cmds.close();
         while let Ok(cmd) = self.cmds.try_recv() {
@@ -387,6 +396,10 @@ impl Driver {
     }
 
     async fn acquire_permit(&mut self) -> bool {
+        let _queued = self
+            .permit
+            .is_none()
+            .then(cairn_telemetry::metrics::run_queued);
         while self.permit.is_none() {
             let permits = self.permits.clone();
             tokio::select! {
