@@ -195,9 +195,11 @@ fn resource(service_name: &str) -> Resource {
 
 /// Spans always get ids (for logs and propagation); they are exported only when `export`.
 fn tracer_provider(resource: &Resource, export: bool) -> SdkTracerProvider {
-    let builder = SdkTracerProvider::builder()
-        .with_resource(resource.clone())
-        .with_sampler(sampling::Sampling);
+    let mut builder = SdkTracerProvider::builder().with_resource(resource.clone());
+    // A sampler named by OTEL_TRACES_SAMPLER replaces cairn's (and sample_untraced with it).
+    if env::var("OTEL_TRACES_SAMPLER").map_or(true, |v| v.trim().is_empty()) {
+        builder = builder.with_sampler(sampling::Sampling);
+    }
     if !export {
         return builder.build();
     }
