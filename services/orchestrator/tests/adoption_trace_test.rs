@@ -73,11 +73,13 @@ async fn an_adopted_run_links_its_previous_trace() {
     let life = spans
         .iter()
         .find(|sp| {
-            sp.name == "run"
-                && sp
-                    .attributes
+            let has = |k: &str, v: &str| {
+                sp.attributes
                     .iter()
-                    .any(|kv| kv.key.as_str() == "cairn.run_id" && kv.value.as_str() == run)
+                    .any(|kv| kv.key.as_str() == k && kv.value.as_str() == v)
+            };
+            // The first life's span may end (and be exported) only now: the new one is resumed.
+            sp.name == "run" && has("cairn.run_id", &run) && has("cairn.resumed", "true")
         })
         .unwrap_or_else(|| {
             panic!(
