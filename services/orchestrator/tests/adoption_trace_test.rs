@@ -9,7 +9,9 @@ use common::*;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
+use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::Layer as _;
 
 const GATED: &str = r#"
 nodes:
@@ -31,7 +33,11 @@ async fn an_adopted_run_links_its_previous_trace() {
         .with_simple_exporter(exporter.clone())
         .build();
     let subscriber = tracing_subscriber::registry()
-        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+        .with(
+            tracing_opentelemetry::layer()
+                .with_tracer(provider.tracer("test"))
+                .with_filter(LevelFilter::INFO),
+        );
     tracing::subscriber::set_global_default(subscriber).unwrap();
 
     let s = Stack::start(Options {
@@ -67,26 +73,31 @@ async fn an_adopted_run_links_its_previous_trace() {
     exporter.reset();
     assert_eq!(second.resume_unfinished().await, 1, "the run is taken over");
     second.shutdown().await;
-    let _ = provider.force_flush();
 
-    let spans = exporter.get_finished_spans().unwrap();
-    let life = spans
-        .iter()
-        .find(|sp| {
-            let has = |k: &str, v: &str| {
-                sp.attributes
-                    .iter()
-                    .any(|kv| kv.key.as_str() == k && kv.value.as_str() == v)
-            };
-            // The first life's span may end (and be exported) only now: the new one is resumed.
-            sp.name == "run" && has("cairn.run_id", &run) && has("cairn.resumed", "true")
-        })
-        .unwrap_or_else(|| {
-            panic!(
-                "the new life's run span was exported: {:?}",
-                spans.iter().map(|sp| &sp.name).collect::<Vec<_>>()
-            )
-        });
+    // The life's span ends when the last of its tasks (driver, recorder, snapshots) has.
+    let is_new_life = |sp: &opentelemetry_sdk::trace::SpanData| {
+        let has = |k: &str, v: &str| {
+            sp.attributes
+                .iter()
+                .any(|kv| kv.key.as_str() == k && kv.value.as_str() == v)
+        };
+        // The first life's span may end (and be exported) only now: the new one is resumed.
+        sp.name == "run" && has("cairn.run_id", &run) && has("cairn.resumed", "true")
+    };
+    let mut life = None;
+    for _ in 0..100 {
+        let _ = provider.force_flush();
+        life = exporter
+            .get_finished_spans()
+            .unwrap()
+            .into_iter()
+            .find(|sp| is_new_life(sp));
+        if life.is_some() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let life = life.expect("the new life's run span was exported");
     assert_eq!(
         life.parent_span_id,
         opentelemetry::SpanId::INVALID,
