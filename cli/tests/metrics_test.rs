@@ -78,7 +78,11 @@ impl Scrape {
                     .iter()
                     .map(|(k, l)| (k.clone(), l.as_str().unwrap().to_owned()))
                     .collect();
-                (s[0].as_str().unwrap().to_owned(), labels, s[2].as_f64().unwrap())
+                (
+                    s[0].as_str().unwrap().to_owned(),
+                    labels,
+                    s[2].as_f64().unwrap(),
+                )
             })
             .collect();
         Scrape { families, samples }

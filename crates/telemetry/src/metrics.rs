@@ -194,9 +194,7 @@ fn kv(key: &'static str, value: &str) -> KeyValue {
 /// A run entered `state` (`created`, `working`, `input-required`, `completed`, `failed`,
 /// `canceled`).
 pub fn run_entered(state: &str) {
-    instruments()
-        .runs
-        .add(1, &[kv("cairn.run.state", state)]);
+    instruments().runs.add(1, &[kv("cairn.run.state", state)]);
 }
 
 /// A run this process drives moved from `from` (none: it was not driven here) to `to` (none:

@@ -61,7 +61,12 @@ impl Call {
 
 /// The name of a `grpc-status` value (`OK`, `NOT_FOUND`, ...).
 fn code_name(headers: &http::HeaderMap) -> Option<&'static str> {
-    let code = headers.get("grpc-status")?.to_str().ok()?.parse::<i32>().ok()?;
+    let code = headers
+        .get("grpc-status")?
+        .to_str()
+        .ok()?
+        .parse::<i32>()
+        .ok()?;
     Some(match tonic::Code::from(code) {
         tonic::Code::Ok => "OK",
         tonic::Code::Cancelled => "CANCELLED",

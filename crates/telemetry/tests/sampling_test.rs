@@ -1,6 +1,7 @@
 //! Calls without a trace context start a trace only at the `sample_untraced` ratio: none at
 //! 0.0, every one at 1.0; a call that carries a context is traced at 0.0 too. Health checks
 //! make no span at any ratio.
+#![allow(clippy::unwrap_used)]
 
 use cairn_telemetry::traced;
 use opentelemetry::trace::TracerProvider as _;
@@ -12,7 +13,9 @@ use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
 use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
 use tonic_reflection::pb::v1::ServerReflectionRequest;
 use tracing::Instrument;
+use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::Layer as _;
 
 const REFLECTION: &str = "grpc.reflection.v1.ServerReflection/ServerReflectionInfo";
 
@@ -63,8 +66,11 @@ async fn untraced_calls_are_sampled_at_the_configured_ratio() {
         .with_sampler(cairn_telemetry::Sampling)
         .with_simple_exporter(exporter.clone())
         .build();
-    let subscriber = tracing_subscriber::registry()
-        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+    let subscriber = tracing_subscriber::registry().with(
+        tracing_opentelemetry::layer()
+            .with_tracer(provider.tracer("test"))
+            .with_filter(LevelFilter::INFO),
+    );
     tracing::subscriber::set_global_default(subscriber).unwrap();
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -104,7 +110,11 @@ async fn untraced_calls_are_sampled_at_the_configured_ratio() {
     cairn_telemetry::sample_untraced(1.0);
     call(&addr, false).await;
     let roots = server_roots(&finished());
-    assert_eq!(roots.len(), 1, "one root per untraced call at 1.0: {roots:?}");
+    assert_eq!(
+        roots.len(),
+        1,
+        "one root per untraced call at 1.0: {roots:?}"
+    );
     assert!(roots[0].contains(REFLECTION), "{roots:?}");
 
     let _ = stop.send(());

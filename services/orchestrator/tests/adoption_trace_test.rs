@@ -32,12 +32,11 @@ async fn an_adopted_run_links_its_previous_trace() {
         .with_sampler(cairn_telemetry::Sampling)
         .with_simple_exporter(exporter.clone())
         .build();
-    let subscriber = tracing_subscriber::registry()
-        .with(
-            tracing_opentelemetry::layer()
-                .with_tracer(provider.tracer("test"))
-                .with_filter(LevelFilter::INFO),
-        );
+    let subscriber = tracing_subscriber::registry().with(
+        tracing_opentelemetry::layer()
+            .with_tracer(provider.tracer("test"))
+            .with_filter(LevelFilter::INFO),
+    );
     tracing::subscriber::set_global_default(subscriber).unwrap();
 
     let s = Stack::start(Options {
