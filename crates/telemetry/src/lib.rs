@@ -1,6 +1,9 @@
-//! Logs, traces, metrics and trace-context propagation for every cairn service. Services call [`init`] once, wrap clients with [`traced`] and servers with
-//! [`server_layer`], and count what they do through [`metrics`]; nothing else in cairn touches
-//! OpenTelemetry directly.
+//! Logs, traces, metrics and trace-context propagation for every cairn service. Services call
+//! [`init`] once, wrap clients with [`traced`] and servers with [`server_layer`] and
+//! [`RpcMetricsLayer`], and count what they do through [`metrics`] (read as Prometheus text by
+//! [`metrics::encode`], pushed over OTLP when configured); nothing else in cairn touches
+//! OpenTelemetry directly. Calls without a trace context are traced at the
+//! [`sample_untraced`] ratio (see [`Sampling`]).
 //!
 //! Spans always get W3C ids (logs print them, and calls carry them to the next service);
 //! export is configured by the standard `OTEL_*` variables and is off when no OTLP endpoint is
