@@ -89,6 +89,17 @@ else
     rm -rf "$axe_tmp"
 fi
 
+# 2b. prometheus_client: the metrics test parses /metrics with Prometheus's own Python parser.
+PROM_CLIENT="prometheus_client==0.26.0"
+if python3 -c 'import prometheus_client' >/dev/null 2>&1; then
+    say "python prometheus_client present"
+elif python3 -m pip install -q --disable-pip-version-check "$PROM_CLIENT" >/dev/null 2>&1 \
+    || python3 -m pip install -q --disable-pip-version-check --break-system-packages "$PROM_CLIENT" >/dev/null 2>&1; then
+    say "python $PROM_CLIENT installed"
+else
+    warn "could not install $PROM_CLIENT from PyPI: the metrics test will SKIP (fail under CAIRN_REQUIRE_DOCKER=1)"
+fi
+
 # 3. Docker.
 docker_problem=""
 if ! command -v docker >/dev/null 2>&1; then

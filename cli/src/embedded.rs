@@ -70,6 +70,11 @@ pub struct Hosted {
 }
 
 impl Hosted {
+    /// Also serves `/metrics` on `listener` (see [`cairn_server::Host::metrics`]).
+    pub fn metrics(&mut self, listener: tokio::net::TcpListener) {
+        self.host.metrics(listener);
+    }
+
     /// Serves until `shutdown`, then removes every sandbox the runner started.
     pub async fn serve(
         self,
@@ -250,6 +255,7 @@ pub async fn host_all(
         }
     };
     let own = &settings.orchestrator.config;
+    own.telemetry.apply();
     let mut host = cairn_server::Host::new();
     host.secure(
         cairn_orchestrator::IDENTITY,

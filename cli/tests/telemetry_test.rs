@@ -476,7 +476,7 @@ async fn one_run_is_one_trace_across_all_services_with_logs_and_metrics() {
                 ("cairn.sandbox.outcome", "ok"),
             ],
         ) && point(
-            "cairn.store.bytes_written",
+            "cairn.store.written",
             "cairn-artifact-store",
             &[("cairn.store.outcome", "created")],
         )

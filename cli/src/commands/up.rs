@@ -32,7 +32,7 @@ pub async fn run(global: &Global, args: UpArgs) -> anyhow::Result<ExitCode> {
     } else {
         Some(console_server(&settings, &args, &internal).await?)
     };
-    let hosted = embedded::host_all(
+    let mut hosted = embedded::host_all(
         &settings,
         &addr,
         embedded::Needs {
@@ -44,6 +44,15 @@ pub async fn run(global: &Global, args: UpArgs) -> anyhow::Result<ExitCode> {
         in_process,
     )
     .await?;
+    let metrics = match own.metrics_listen.trim() {
+        "" => None,
+        at => {
+            let listener = cairn_server::bind(at).await?;
+            let url = format!("http://{}/metrics", listener.local_addr()?);
+            hosted.metrics(listener);
+            Some(url)
+        }
+    };
     // One write: a caller that reads only the first line and closes the pipe must not make
     // the second one fail.
     eprintln!(
@@ -51,6 +60,9 @@ pub async fn run(global: &Global, args: UpArgs) -> anyhow::Result<ExitCode> {
         global.data_root.display(),
         trust_mode(tls, hosted.tokens_required)
     );
+    if let Some(url) = metrics {
+        eprintln!("metrics: {url}");
+    }
 
     // One signal stops both the gRPC services and the console; a console that stops with an
     // error stops the services too.

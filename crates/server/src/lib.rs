@@ -20,10 +20,12 @@ pub use tls::{Tls, TlsArgs, TlsConfig};
 pub mod drain;
 mod health;
 pub mod malformed;
+pub mod observe;
 pub mod retry;
 pub mod roles;
 
 pub use health::LIVENESS;
+pub use observe::TelemetryConfig;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -70,6 +72,7 @@ pub struct Host {
     required: Vec<health::Required>,
     tokens: Option<std::sync::Arc<dyn access::TokenCheck>>,
     in_process: Option<inproc::Listener>,
+    metrics: Option<tokio::net::TcpListener>,
 }
 
 impl Host {
@@ -120,6 +123,27 @@ impl Host {
     pub fn in_process(&mut self, listener: inproc::Listener) -> &mut Self {
         self.in_process = Some(listener);
         self
+    }
+
+    /// Also serves `GET /metrics` (Prometheus text) over plain HTTP on `listener`, for as long
+    /// as the gRPC listener serves (see [`observe::serve_metrics`]).
+    pub fn metrics(&mut self, listener: tokio::net::TcpListener) -> &mut Self {
+        self.metrics = Some(listener);
+        self
+    }
+
+    /// A service's telemetry settings: applies `telemetry` and, unless `metrics_listen` is
+    /// empty, binds it for [`Host::metrics`].
+    pub async fn observe(
+        &mut self,
+        metrics_listen: &str,
+        telemetry: &TelemetryConfig,
+    ) -> Result<&mut Self, Error> {
+        telemetry.apply();
+        if !metrics_listen.trim().is_empty() {
+            self.metrics(bind(metrics_listen.trim()).await?);
+        }
+        Ok(self)
     }
 
     /// How long calls get to finish once shutdown begins (default 5 s); then the calls still
@@ -185,12 +209,19 @@ impl Host {
         let access = access::AccessLayer::new(self.access, self.tokens);
         // The in-process listener stops with the TCP one.
         let (stopped, stop_in_process) = tokio::sync::watch::channel(false);
+        let metrics = self.metrics.map(|listener| {
+            let mut stop = stop_in_process.clone();
+            tokio::spawn(observe::serve_metrics(listener, async move {
+                let _ = stop.wait_for(|s| *s).await;
+            }))
+        });
         let in_process = self.in_process.map(|listener| {
             let server = tonic::transport::Server::builder()
                 .initial_stream_window_size(Some(STREAM_WINDOW))
                 .initial_connection_window_size(Some(CONNECTION_WINDOW))
                 .layer(drain.layer())
                 .layer(cairn_telemetry::server_layer())
+                .layer(cairn_telemetry::RpcMetricsLayer)
                 .layer(access.clone())
                 .layer(malformed::MalformedLayer)
                 .add_routes(routes.clone());
@@ -216,6 +247,7 @@ impl Host {
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .layer(drain.layer())
             .layer(cairn_telemetry::server_layer())
+            .layer(cairn_telemetry::RpcMetricsLayer)
             .layer(access)
             .layer(malformed::MalformedLayer)
             .add_routes(routes)
@@ -227,6 +259,9 @@ impl Host {
             );
         let served = drain.bounded(served).await;
         if let Some(task) = in_process {
+            task.abort();
+        }
+        if let Some(task) = metrics {
             task.abort();
         }
         served.transpose()?;

@@ -1,6 +1,9 @@
-//! Logs, traces, metrics and trace-context propagation for every cairn service. Services call [`init`] once, wrap clients with [`traced`] and servers with
-//! [`server_layer`], and count what they do through [`metrics`]; nothing else in cairn touches
-//! OpenTelemetry directly.
+//! Logs, traces, metrics and trace-context propagation for every cairn service. Services call
+//! [`init`] once, wrap clients with [`traced`] and servers with [`server_layer`] and
+//! [`RpcMetricsLayer`], and count what they do through [`metrics`] (read as Prometheus text by
+//! [`metrics::encode`], pushed over OTLP when configured); nothing else in cairn touches
+//! OpenTelemetry directly. Calls without a trace context are traced at the
+//! [`sample_untraced`] ratio (see [`Sampling`]).
 //!
 //! Spans always get W3C ids (logs print them, and calls carry them to the next service);
 //! export is configured by the standard `OTEL_*` variables and is off when no OTLP endpoint is
@@ -10,13 +13,15 @@
 
 mod logfmt;
 pub mod metrics;
+mod rpc;
+mod sampling;
 
 use std::env;
 use std::sync::{Arc, OnceLock};
 
 use opentelemetry::propagation::{Extractor, Injector};
 use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
+use opentelemetry_sdk::metrics::SdkMeterProvider;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use opentelemetry_sdk::Resource;
@@ -30,6 +35,8 @@ use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
 pub use logfmt::LogFormat;
+pub use rpc::{RpcMetrics, RpcMetricsLayer};
+pub use sampling::{link_to, sample_untraced, sampled, traceparent, Sampling};
 
 /// Keeps the exporters alive; flushes and shuts them down when dropped.
 #[must_use = "dropping the guard stops export"]
@@ -84,8 +91,9 @@ pub fn init_with_level(service_name: &str, default_level: &str) -> Guard {
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     let export = Export::from_env();
     let resource = resource(service_name);
+    // Metrics do not need the subscriber: /metrics works whoever installed it.
+    let metrics = metrics::install(&resource, export.metrics.then(otlp_metrics).flatten());
     let traces = (!export.sdk_disabled).then(|| tracer_provider(&resource, export.traces));
-    let metrics = export.metrics.then(|| meter_provider(&resource)).flatten();
     let dispatch = dispatch(
         LogFormat::from_env(),
         log_filter(default_level),
@@ -97,11 +105,8 @@ pub fn init_with_level(service_name: &str, default_level: &str) -> Guard {
         tracing::warn!("a tracing subscriber was already installed; OTLP export not attached");
         return Guard {
             traces: None,
-            metrics: None,
+            metrics,
         };
-    }
-    if let Some(m) = &metrics {
-        opentelemetry::global::set_meter_provider(m.clone());
     }
     if export.traces && traces.is_some() {
         tracing::info!(service = service_name, "OTLP trace export on");
@@ -193,7 +198,11 @@ fn resource(service_name: &str) -> Resource {
 
 /// Spans always get ids (for logs and propagation); they are exported only when `export`.
 fn tracer_provider(resource: &Resource, export: bool) -> SdkTracerProvider {
-    let builder = SdkTracerProvider::builder().with_resource(resource.clone());
+    let mut builder = SdkTracerProvider::builder().with_resource(resource.clone());
+    // A sampler named by OTEL_TRACES_SAMPLER replaces cairn's (and sample_untraced with it).
+    if env::var("OTEL_TRACES_SAMPLER").map_or(true, |v| v.trim().is_empty()) {
+        builder = builder.with_sampler(sampling::Sampling);
+    }
     if !export {
         return builder.build();
     }
@@ -209,24 +218,18 @@ fn tracer_provider(resource: &Resource, export: bool) -> SdkTracerProvider {
     }
 }
 
-/// Metrics are pushed every `OTEL_METRIC_EXPORT_INTERVAL` ms (default 60000) and at shutdown.
-fn meter_provider(resource: &Resource) -> Option<SdkMeterProvider> {
-    let exporter = match opentelemetry_otlp::MetricExporter::builder()
+/// The OTLP metrics exporter the `OTEL_*` variables describe.
+fn otlp_metrics() -> Option<opentelemetry_otlp::MetricExporter> {
+    match opentelemetry_otlp::MetricExporter::builder()
         .with_tonic()
         .build()
     {
-        Ok(e) => e,
+        Ok(e) => Some(e),
         Err(e) => {
             eprintln!("cairn: OTLP metrics exporter not started: {e}");
-            return None;
+            None
         }
-    };
-    Some(
-        SdkMeterProvider::builder()
-            .with_resource(resource.clone())
-            .with_reader(PeriodicReader::builder(exporter).build())
-            .build(),
-    )
+    }
 }
 
 struct MetadataInjector<'a>(&'a mut tonic::metadata::MetadataMap);

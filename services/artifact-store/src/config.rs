@@ -40,6 +40,10 @@ pub struct Config {
     pub tls: cairn_server::TlsConfig,
     /// Serve plaintext beyond loopback anyway (anyone who reaches the port is trusted).
     pub insecure_listen: bool,
+    /// Address of the plain-HTTP `/metrics` page (Prometheus text); empty = not served.
+    pub metrics_listen: String,
+    /// `[telemetry]`: sampling of calls that carry no trace context.
+    pub telemetry: cairn_server::TelemetryConfig,
     /// Replacements for entries of the built-in access table (identity -> methods).
     pub access: std::collections::BTreeMap<String, Vec<String>>,
     /// On shutdown, how long calls get to finish before they end with UNAVAILABLE (follow
@@ -123,6 +127,8 @@ impl Default for Config {
             direct_io: true,
             tls: cairn_server::TlsConfig::default(),
             insecure_listen: false,
+            metrics_listen: String::new(),
+            telemetry: cairn_server::TelemetryConfig::default(),
             access: Default::default(),
             drain_deadline_s: cairn_server::drain::DEFAULT_DEADLINE.as_secs(),
             retention: Retention::default(),
@@ -165,6 +171,7 @@ impl Config {
 
     /// Refuses values the store cannot work with.
     pub fn check(&self) -> Result<()> {
+        self.telemetry.check().map_err(Error::Config)?;
         if !(MIN_CHUNK_BYTES..=MAX_CHUNK_BYTES).contains(&self.chunk_bytes) {
             return Err(Error::Config(format!(
                 "chunk_bytes = {} is out of range: use {MIN_CHUNK_BYTES}..={MAX_CHUNK_BYTES}",

@@ -980,9 +980,12 @@ async fn commit(log: &RunLog, state: &mut LogState, run: &str, batches: Vec<Batc
         }
         #[cfg(test)]
         deferred::probe::events_written(&*file);
-        let result = (&*file)
-            .write_all(text.as_bytes())
-            .and_then(|()| file.sync_data());
+        let result = (&*file).write_all(text.as_bytes()).and_then(|()| {
+            let started = std::time::Instant::now();
+            let synced = file.sync_data();
+            cairn_telemetry::metrics::store_fsynced("events", started.elapsed());
+            synced
+        });
         if result.is_err() {
             // Leave no partial batch behind: its seqs will be given again.
             let _ = file.set_len(old_len);

@@ -372,6 +372,14 @@ pub(crate) fn stage_bytes(
 /// fsyncs the temp file and publishes it now, holding the path's slot (and what `guard`
 /// returns for the project: a run's fence ticket) across the link; the directory is fsync'd
 /// before this returns.
+/// `sync_all` of a file's bytes, timed for `cairn.store.fsync.duration`.
+pub(crate) fn timed_sync(file: &File) -> std::io::Result<()> {
+    let started = std::time::Instant::now();
+    let synced = file.sync_all();
+    cairn_telemetry::metrics::store_fsynced("file", started.elapsed());
+    synced
+}
+
 pub(crate) fn publish_sync<G>(
     state: &State,
     mut staged: Staged,
@@ -380,7 +388,7 @@ pub(crate) fn publish_sync<G>(
     replace: &Replace,
     guard: impl FnOnce(&str) -> Result<G>,
 ) -> Result<Outcome> {
-    file.sync_all()
+    timed_sync(&file)
         .map_err(|e| Error::io(format!("fsync of the temp file for {:?}", staged.path), e))?;
     let slot = state.slots.claim_blocking(&staged.project, &staged.path);
     let guard = guard(&staged.project)?;

@@ -117,6 +117,9 @@ pub async fn serve(
         &config.access,
     )
     .map_err(|e| Error::Config(e.to_string()))?;
+    host.observe(&config.metrics_listen, &config.telemetry)
+        .await
+        .map_err(|e| Error::Server(e.to_string()))?;
     let service = artifact_store_service(config).await?;
     host.add(service).drain_deadline(drain);
     host.serve(listener, shutdown)

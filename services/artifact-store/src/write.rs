@@ -241,7 +241,7 @@ fn publish_now(
     replace: &Replace,
     run: &str,
 ) -> Result<Outcome> {
-    file.sync_all()
+    files::timed_sync(&file)
         .map_err(|e| Error::io(format!("fsync of the temp file for {:?}", staged.path), e))?;
     let outcome = files::link(state, &mut staged, &file, digest, replace)?;
     if outcome != Outcome::Unchanged {

@@ -21,6 +21,10 @@ pub struct Config {
     pub tls: cairn_server::TlsConfig,
     /// Serve plaintext beyond loopback anyway (anyone who reaches the port is trusted).
     pub insecure_listen: bool,
+    /// Address of the plain-HTTP `/metrics` page (Prometheus text); empty = not served.
+    pub metrics_listen: String,
+    /// `[telemetry]`: sampling of calls that carry no trace context.
+    pub telemetry: cairn_server::TelemetryConfig,
     /// Replacements for entries of the built-in access table (identity -> methods).
     pub access: std::collections::BTreeMap<String, Vec<String>>,
     /// The artifact-store ingest writes through (`host:port` or `http://host:port`).
@@ -54,6 +58,8 @@ impl Default for Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 7071)),
             tls: cairn_server::TlsConfig::default(),
             insecure_listen: false,
+            metrics_listen: String::new(),
+            telemetry: cairn_server::TelemetryConfig::default(),
             access: Default::default(),
             store_addr: "http://127.0.0.1:7070".to_owned(),
             store_timeout_ms: 10_000,
@@ -92,6 +98,7 @@ impl Config {
 
     /// Refuses values ingest cannot work with.
     pub fn check(&self) -> Result<()> {
+        self.telemetry.check().map_err(Error::Config)?;
         if self.store_addr.trim().is_empty() {
             return Err(Error::Config("store_addr is empty: give the artifact-store's address, e.g. http://127.0.0.1:7070".into()));
         }

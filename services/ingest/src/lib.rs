@@ -121,6 +121,9 @@ mod serving {
             &config.access,
         )
         .map_err(|e| Error::Config(e.to_string()))?;
+        host.observe(&config.metrics_listen, &config.telemetry)
+            .await
+            .map_err(|e| Error::Server(e.to_string()))?;
         host.add(service)
             .require(&store)
             .drain_deadline(config.drain_deadline());

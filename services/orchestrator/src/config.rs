@@ -94,6 +94,10 @@ pub struct Config {
     pub tls: cairn_server::TlsConfig,
     /// Serve plaintext beyond loopback anyway (anyone who reaches the port is trusted).
     pub insecure_listen: bool,
+    /// Address of the plain-HTTP `/metrics` page (Prometheus text); empty = not served.
+    pub metrics_listen: String,
+    /// `[telemetry]`: sampling of calls that carry no trace context.
+    pub telemetry: cairn_server::TelemetryConfig,
     /// Replacements for entries of the built-in access table (identity -> methods).
     pub access: std::collections::BTreeMap<String, Vec<String>>,
     /// The artifact-store (required): every file and event goes there.
@@ -224,6 +228,8 @@ impl Default for Config {
             listen: "127.0.0.1:50054".into(),
             tls: cairn_server::TlsConfig::default(),
             insecure_listen: false,
+            metrics_listen: String::new(),
+            telemetry: cairn_server::TelemetryConfig::default(),
             access: Default::default(),
             store_addr: "127.0.0.1:50051".into(),
             ingest_addr: String::new(),
@@ -299,6 +305,7 @@ impl Config {
     }
 
     pub fn check(&self) -> Result<()> {
+        self.telemetry.check().map_err(Error::Config)?;
         if self.store_addr.trim().is_empty() {
             return Err(Error::Config(
                 "store_addr is required (the artifact-store's address)".into(),

@@ -183,6 +183,8 @@ pub async fn serve(
         config.insecure_listen,
         &config.access,
     )?;
+    host.observe(&config.metrics_listen, &config.telemetry)
+        .await?;
     let tls = config
         .tls
         .load(IDENTITY)

@@ -246,6 +246,10 @@ pub struct RunState {
     /// The run this one re-runs (task.created `rerun_of`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub rerun_of: String,
+    /// W3C traceparent of the run's latest life (task.created or task.resumed `traceparent`):
+    /// the trace a run taken over later links to.
+    #[serde(skip)]
+    pub trace: String,
     pub nodes: Vec<NodeRecord>,
     pub roster: Vec<RosterEntry>,
     pub notes: u32,
@@ -375,6 +379,7 @@ impl RunState {
             updated_at: String::new(),
             created_by: String::new(),
             rerun_of: String::new(),
+            trace: String::new(),
             nodes,
             roster: Vec::new(),
             notes: 0,
@@ -446,6 +451,7 @@ impl RunState {
                 self.created_by = text(d, "by").unwrap_or_default();
                 self.llm = text(d, "llm").unwrap_or_default();
                 self.rerun_of = text(d, "rerun_of").unwrap_or_default();
+                self.trace = text(d, "traceparent").unwrap_or_default();
             }
             ev::TASK_WORKING => {
                 self.state = TaskState::Working;
@@ -468,6 +474,9 @@ impl RunState {
             ev::TASK_RESUMED => {
                 self.state = TaskState::Working;
                 self.error = None;
+                if let Some(t) = text(d, "traceparent") {
+                    self.trace = t;
+                }
                 for n in &mut self.nodes {
                     if let Some(g) = n.gate.as_mut().filter(|g| g.state == GateState::Canceled) {
                         g.state = GateState::Open;

@@ -215,6 +215,9 @@ impl Drop for Driver {
     /// A driver that ends any way (its task aborted included) stops its node attempts.
     fn drop(&mut self) {
         self.children.cancel();
+        if self.stall_reported {
+            cairn_telemetry::metrics::run_stall(&self.stall_key(), false);
+        }
     }
 }
 
@@ -225,18 +228,31 @@ enum Exit {
 }
 
 impl Driver {
+    /// The run's name in the stalled-runs gauge.
+    fn stall_key(&self) -> String {
+        format!("{}/{}", self.state.project, self.state.run_id)
+    }
+
     fn emit(&mut self, e: Ev) {
         let ts = now();
         let before = (self.state.state, self.state.blocked_gates().count());
         self.state.apply(&EventView::live(&e, &ts));
         self.rec.push(&e);
         self.dirty = true;
-        if e.kind != ev::RUN_STALLED {
+        if e.kind == ev::RUN_STALLED {
+            cairn_telemetry::metrics::run_stall(&self.stall_key(), true);
+        } else {
             self.last_event = Instant::now();
-            self.stall_reported = false;
+            if std::mem::take(&mut self.stall_reported) {
+                cairn_telemetry::metrics::run_stall(&self.stall_key(), false);
+            }
         }
         if self.state.state != before.0 {
             cairn_telemetry::metrics::run_entered(self.state.state.as_str());
+            cairn_telemetry::metrics::run_moved(
+                Some(before.0.as_str()),
+                Some(self.state.state.as_str()),
+            );
         }
         if (self.state.state, self.state.blocked_gates().count()) != before {
             self.state_changed = true;
@@ -256,6 +272,7 @@ impl Driver {
     }
 
     async fn run(mut self, resume: Option<(String, String)>, initial: Option<Command>) {
+        cairn_telemetry::metrics::run_moved(None, Some(self.state.state.as_str()));
         self.snapshot_every = Duration::from_millis(self.b.config.snapshot_interval_ms.max(10));
         // Events the fold left out are reported once, by the run's driver.
         for ignored in std::mem::take(&mut self.state.ignored) {
@@ -275,12 +292,15 @@ impl Driver {
                 })
                 .map(|n| n.id.clone())
                 .collect();
-            self.emit(
-                Ev::run(ev::TASK_RESUMED)
-                    .with("by", by)
-                    .with("reason", reason)
-                    .with("reset", json!(interrupted)),
-            );
+            let mut resumed = Ev::run(ev::TASK_RESUMED)
+                .with("by", by)
+                .with("reason", reason)
+                .with("reset", json!(interrupted));
+            // In the run's span: the trace of this life, for a later one to link to.
+            if let Some(t) = cairn_telemetry::traceparent(&tracing::Span::current()) {
+                resumed = resumed.with("traceparent", t);
+            }
+            self.emit(resumed);
         }
         let exit = self.drive(initial).await;
         match exit {
@@ -321,6 +341,7 @@ impl Driver {
                 }
             }
         }
+        cairn_telemetry::metrics::run_moved(Some(self.state.state.as_str()), None);
         // Answer whatever is still queued so no caller waits forever.
         self.cmds.close();
         while let Ok(cmd) = self.cmds.try_recv() {
@@ -418,6 +439,10 @@ impl Driver {
     }
 
     async fn acquire_permit(&mut self) -> bool {
+        let _queued = self
+            .permit
+            .is_none()
+            .then(cairn_telemetry::metrics::run_queued);
         while self.permit.is_none() {
             let permits = self.permits.clone();
             tokio::select! {

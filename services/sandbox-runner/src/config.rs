@@ -40,6 +40,10 @@ pub struct Config {
     pub tls: cairn_server::TlsConfig,
     /// Serve plaintext beyond loopback anyway (anyone who reaches the port is trusted).
     pub insecure_listen: bool,
+    /// Address of the plain-HTTP `/metrics` page (Prometheus text); empty = not served.
+    pub metrics_listen: String,
+    /// `[telemetry]`: sampling of calls that carry no trace context.
+    pub telemetry: cairn_server::TelemetryConfig,
     /// Replacements for entries of the built-in access table (identity -> methods).
     pub access: std::collections::BTreeMap<String, Vec<String>>,
     /// On shutdown, how long calls get to finish before they end with UNAVAILABLE (sandboxes
@@ -153,6 +157,8 @@ impl Default for Config {
             listen: "127.0.0.1:50053".into(),
             tls: cairn_server::TlsConfig::default(),
             insecure_listen: false,
+            metrics_listen: String::new(),
+            telemetry: cairn_server::TelemetryConfig::default(),
             access: Default::default(),
             drain_deadline_s: cairn_server::drain::DEFAULT_DEADLINE.as_secs(),
             runner_id: String::new(),
@@ -207,6 +213,7 @@ impl Config {
     }
 
     pub fn check(&self) -> Result<()> {
+        self.telemetry.check().map_err(Error::Config)?;
         self.default_limits().check_against(&self.max_limits())?;
         for (name, value) in [
             ("container_prefix", &self.container_prefix),

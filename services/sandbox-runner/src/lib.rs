@@ -92,6 +92,8 @@ pub async fn serve(
         &config.access,
     )
     .map_err(|e| Error::Config(e.to_string()))?;
+    host.observe(&config.metrics_listen, &config.telemetry)
+        .await?;
     let drain = std::time::Duration::from_secs(config.drain_deadline_s);
     let (server, handle) = sandbox_service(config).await?;
     host.add(server).drain_deadline(drain);

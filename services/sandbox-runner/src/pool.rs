@@ -27,6 +27,8 @@ pub trait Source: Send + Sync + 'static {
     type Item: Send + 'static;
     /// Names one item in logs ("warm container").
     const WHAT: &'static str;
+    /// Names the pool in metrics (`docker`, `local`, `gvisor`).
+    const KIND: &'static str;
     /// Items to keep ready.
     fn size(&self) -> usize;
     fn make(&self) -> impl Future<Output = Result<Self::Item>> + Send;
@@ -84,6 +86,12 @@ impl<S: Source> Pool<S> {
         }
     }
 
+    /// Keeps `ready_len` and the `cairn.sandbox.pool.ready` gauge at `n`.
+    fn set_ready(&self, n: usize) {
+        self.ready_len.store(n, Ordering::SeqCst);
+        cairn_telemetry::metrics::pool_ready(S::KIND, n);
+    }
+
     pub fn source(&self) -> &S {
         &self.source
     }
@@ -114,7 +122,7 @@ impl<S: Source> Pool<S> {
                             pool.source.discard(item).await;
                         } else {
                             ready.push_back(item);
-                            pool.ready_len.store(ready.len(), Ordering::SeqCst);
+                            pool.set_ready(ready.len());
                         }
                     }
                     Err(e) => {
@@ -138,7 +146,7 @@ impl<S: Source> Pool<S> {
         let item = {
             let mut ready = self.ready.lock().await;
             let item = ready.pop_front();
-            self.ready_len.store(ready.len(), Ordering::SeqCst);
+            self.set_ready(ready.len());
             item
         };
         let pool = self.clone();
@@ -195,7 +203,7 @@ impl<S: Source> Pool<S> {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let drained: Vec<S::Item> = self.ready.lock().await.drain(..).collect();
-        self.ready_len.store(0, Ordering::SeqCst);
+        self.set_ready(0);
         for item in drained {
             self.source.discard(item).await;
         }

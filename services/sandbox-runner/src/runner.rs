@@ -115,6 +115,7 @@ impl Runner {
 
     fn open(&self) -> Result<()> {
         if self.closing.load(Ordering::SeqCst) {
+            cairn_telemetry::metrics::sandbox_refused("shutting_down");
             return Err(Error::ShuttingDown);
         }
         Ok(())
@@ -124,6 +125,7 @@ impl Runner {
     /// caller decides whether to retry, and where).
     fn admit(&self) -> Result<tokio::sync::OwnedSemaphorePermit> {
         self.slots.clone().try_acquire_owned().map_err(|_| {
+            cairn_telemetry::metrics::sandbox_refused("max_concurrent_runs");
             let max = self.config.concurrent_runs();
             Error::ResourceExhausted {
                 message: format!(

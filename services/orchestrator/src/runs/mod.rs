@@ -364,6 +364,9 @@ impl Runs {
         if !req.rerun_of.is_empty() {
             created = created.with("rerun_of", req.rerun_of.clone());
         }
+        if let Some(t) = cairn_telemetry::traceparent(&span) {
+            created = created.with("traceparent", t);
+        }
         let ts = ev::now();
         state.apply(&crate::run::EventView::live(&created, &ts));
         recorder.push(&created);
@@ -779,6 +782,10 @@ impl Runs {
             }
         };
         let span = run_span(project, run_id, true);
+        // The life before this one (a failover or restart has no caller to follow from).
+        if !state.trace.is_empty() {
+            cairn_telemetry::link_to(&span, &state.trace);
+        }
         let recorder = span.in_scope(|| {
             Recorder::start(
                 self.b.store.clone(),
@@ -877,16 +884,18 @@ impl Runs {
         {
             return false;
         }
-        let why = if self.cluster().is_some() {
-            "adopted by this replica"
+        let started = std::time::Instant::now();
+        let (why, reason) = if self.cluster().is_some() {
+            ("adopted by this replica", "failover")
         } else {
-            "restart"
+            ("restart", "restart")
         };
         match self
             .ensure_live(project, run_id, "orchestrator", why, None)
             .await
         {
             Ok(_) => {
+                cairn_telemetry::metrics::run_adopted(reason, started.elapsed());
                 tracing::info!(%project, %run_id, "resumed unfinished run");
                 true
             }
@@ -949,11 +958,15 @@ impl Runs {
 }
 
 /// The span of one life of a run: its driver, recorder, snapshots and node tasks run in it,
-/// so every call they make joins its trace. A submitted run continues the submitter's trace; a
-/// run brought back to life (resume, rework or gate decision of a run with no driver, start-up
-/// resume) starts a new trace, linked to the span that brought it back.
+/// so every call they make joins its trace. A submitted run continues the submitter's trace
+/// when that trace is recorded (a call without a trace context may not be: see
+/// `sample_untraced`); otherwise, and for a run brought back to life (resume, rework or gate
+/// decision of a run with no driver, start-up resume, adoption by another replica), it starts
+/// a new trace that follows from the span that brought it back. A run brought back also links
+/// its previous life's trace (see `ensure_live`).
 fn run_span(project: &str, run_id: &str, resumed: bool) -> tracing::Span {
-    if !resumed {
+    let current = tracing::Span::current();
+    if !resumed && cairn_telemetry::sampled(&current) {
         return tracing::info_span!(
             "cairn.run",
             otel.name = "run",
@@ -967,8 +980,8 @@ fn run_span(project: &str, run_id: &str, resumed: bool) -> tracing::Span {
         otel.name = "run",
         cairn.project = %project,
         cairn.run_id = %run_id,
-        cairn.resumed = true,
+        cairn.resumed = resumed,
     );
-    span.follows_from(tracing::Span::current());
+    span.follows_from(current);
     span
 }

@@ -70,6 +70,7 @@ impl DockerSource {
 impl Source for DockerSource {
     type Item = Warm;
     const WHAT: &'static str = "warm container";
+    const KIND: &'static str = "docker";
 
     fn size(&self) -> usize {
         self.config.pool_size

@@ -59,6 +59,7 @@ impl GvisorSource {
 impl Source for GvisorSource {
     type Item = Waiting;
     const WHAT: &'static str = "waiting gVisor sandbox";
+    const KIND: &'static str = "gvisor";
 
     fn size(&self) -> usize {
         self.base.config.pool_size

@@ -70,6 +70,7 @@ impl LocalSource {
 impl Source for LocalSource {
     type Item = Waiting;
     const WHAT: &'static str = "waiting local sandbox";
+    const KIND: &'static str = "local";
 
     fn size(&self) -> usize {
         self.base.config.pool_size
