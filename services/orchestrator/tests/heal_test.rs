@@ -135,11 +135,19 @@ async fn a_hanging_node_is_reported_stalled_once_and_notify_only_tells() {
         vec![run.clone()],
         "{listed:?} ({quiet} is not stalled)"
     );
+    // The stalled-runs gauge of this process counts it (the stack runs in this test).
+    let gauge = || {
+        cairn_telemetry::metrics::encode()
+            .lines()
+            .find_map(|l| l.strip_prefix("cairn_runs_stalled ").map(str::to_owned))
+    };
+    assert_eq!(gauge().as_deref(), Some("1"));
     // Notify only tells: the node goes on and completes; the stall ends with it.
     let done = s.wait_final(&run, 30).await;
     assert_eq!(done.state, TaskState::Completed as i32, "{done:?}");
     assert!(done.stalled_since.is_empty(), "{done:?}");
     assert!(stalled_list(&s).await.is_empty());
+    assert_eq!(gauge().as_deref(), Some("0"));
     let events = s.events(&run).await;
     let stalls: Vec<_> = events
         .iter()
