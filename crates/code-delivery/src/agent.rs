@@ -264,6 +264,7 @@ impl Task<'_> {
             run_id: &self.ctx.run_id,
             node_id: &self.ctx.node_id,
             overwrite: self.ctx.reset,
+            step_key: &self.ctx.step.key,
         }
     }
 

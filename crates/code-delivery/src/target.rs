@@ -22,6 +22,8 @@ pub struct Place<'a> {
     pub node_id: &'a str,
     /// Replace what an earlier attempt of the node wrote.
     pub overwrite: bool,
+    /// The step delivering (its idempotency key; "" = none).
+    pub step_key: &'a str,
 }
 
 /// A checked, rendered target.
@@ -94,6 +96,7 @@ impl Target {
                         project: place.project,
                         stored_path,
                         run_id: place.run_id,
+                        step_key: place.step_key,
                     })
                     .await;
                 Delivery {

@@ -35,6 +35,8 @@ pub struct DeliveryCtx<'a> {
     pub run_id: &'a str,
     /// Replace files an earlier attempt delivered.
     pub overwrite: bool,
+    /// The step delivering (its idempotency key; "" = none).
+    pub step_key: &'a str,
 }
 
 /// One way to hand a run's files to someone.

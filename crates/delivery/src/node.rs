@@ -26,6 +26,7 @@ pub async fn run(
         project: &ctx.project,
         run_id: &ctx.run_id,
         overwrite: ctx.reset,
+        step_key: &ctx.step.key,
     };
     let receipt = target.deliver(&dctx, &files).await?;
     let mut out = NodeSuccess::default();

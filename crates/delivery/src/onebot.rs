@@ -258,12 +258,28 @@ impl OneBotClient {
 
     /// `POST {api_base}/{action}` with `params`; the reply's `data` on success.
     pub async fn call(&self, action: &str, params: Value) -> Result<Value, OneBotError> {
-        self.call_inner(action, params)
+        self.call_keyed(action, params, None).await
+    }
+
+    /// [`OneBotClient::call`] with an `Idempotency-Key` header: the same key for every attempt
+    /// at one effect, so a gateway or the implementation can drop a repeat.
+    pub async fn call_keyed(
+        &self,
+        action: &str,
+        params: Value,
+        key: Option<&str>,
+    ) -> Result<Value, OneBotError> {
+        self.call_inner(action, params, key)
             .await
             .map_err(|e| self.redact(e))
     }
 
-    async fn call_inner(&self, action: &str, params: Value) -> Result<Value, OneBotError> {
+    async fn call_inner(
+        &self,
+        action: &str,
+        params: Value,
+        key: Option<&str>,
+    ) -> Result<Value, OneBotError> {
         let failed = |message: String| OneBotError::Failed {
             action: action.to_owned(),
             message,
@@ -280,6 +296,9 @@ impl OneBotClient {
             .json(&params);
         if let Some(t) = &self.token {
             req = req.bearer_auth(&t.0);
+        }
+        if let Some(k) = key {
+            req = req.header("Idempotency-Key", k);
         }
         let response = req.send().await.map_err(|e| unreachable(chain(&e)))?;
         let status = response.status();
@@ -410,6 +429,17 @@ pub struct OutgoingFile<'a> {
     /// Its path in the project (`docs/artifacts/<run_id>/<name>`).
     pub stored_path: &'a str,
     pub run_id: &'a str,
+    /// The step delivering it (`<run>/<node>/<attempt>`, the same when the step is delivered
+    /// again after a failover); "" = none. Each call carries `<step>/<stored_path>#<action>`
+    /// as its `Idempotency-Key`.
+    pub step_key: &'a str,
+}
+
+impl OutgoingFile<'_> {
+    fn idempotency_key(&self, action: &str) -> Option<String> {
+        (!self.step_key.is_empty())
+            .then(|| format!("{}/{}#{action}", self.step_key, self.stored_path))
+    }
 }
 
 /// How a file delivery ended.
@@ -501,10 +531,11 @@ impl OneBotTarget {
         };
         let out = match self
             .client
-            .call(
+            .call_keyed(
                 upload,
                 self.chat
                     .params(json!({"file": reference.file, "name": file.name})),
+                file.idempotency_key(upload).as_deref(),
             )
             .await
         {
@@ -513,7 +544,8 @@ impl OneBotTarget {
                 let fallback = self.chat.message_action();
                 let segment =
                     json!([{"type": "file", "data": {"file": reference.file, "name": file.name}}]);
-                match self.client.call(fallback, self.chat.params(json!({"message": segment}))).await {
+                let key = file.idempotency_key(fallback);
+                match self.client.call_keyed(fallback, self.chat.params(json!({"message": segment})), key.as_deref()).await {
                     Ok(_) => receipt(UploadStatus::SentAsMessage, fallback, None),
                     Err(e) => receipt(
                         UploadStatus::Failed,
@@ -677,6 +709,7 @@ impl DeliveryTarget for OneBotTarget {
                     project: ctx.project,
                     stored_path: f,
                     run_id: ctx.run_id,
+                    step_key: ctx.step_key,
                 };
                 let receipt = self.send_file(&file).await;
                 if receipt.status == UploadStatus::Failed {

@@ -41,6 +41,7 @@ enum Behaviour {
 struct Call {
     action: String,
     authorization: Option<String>,
+    idempotency_key: Option<String>,
     body: Value,
     /// For `shared_dir` references: the spooled file's bytes at call time (mapped back to
     /// our side of the mount).
@@ -81,6 +82,9 @@ async fn action(
     fake.calls.lock().unwrap().push(Call {
         action: action.clone(),
         authorization: authorization.clone(),
+        idempotency_key: headers
+            .get("idempotency-key")
+            .map(|v| v.to_str().unwrap().to_owned()),
         body,
         spooled,
     });
@@ -160,6 +164,7 @@ fn archive() -> OutgoingFile<'static> {
         project: "proj",
         stored_path: STORED,
         run_id: "run-1",
+        step_key: "run-1/ship/2",
     }
 }
 
@@ -288,6 +293,16 @@ async fn an_unsupported_upload_falls_back_to_a_file_segment() {
         vec!["upload_group_file", "send_group_msg"]
     );
     assert_eq!(calls[1].body["group_id"], 42);
+    // Each effect its own key, the same for every attempt at it (the step key stays the same
+    // when the step is delivered again after a failover).
+    assert_eq!(
+        calls[0].idempotency_key.as_deref(),
+        Some("run-1/ship/2/docs/artifacts/run-1/app.zip#upload_group_file")
+    );
+    assert_eq!(
+        calls[1].idempotency_key.as_deref(),
+        Some("run-1/ship/2/docs/artifacts/run-1/app.zip#send_group_msg")
+    );
     let segment = &calls[1].body["message"][0];
     assert_eq!(segment["type"], "file");
     assert_eq!(segment["data"]["name"], "app.zip");
@@ -589,6 +604,7 @@ async fn deliver_reads_from_the_store_and_reports_the_stored_path_on_failure() {
         project: "proj",
         run_id: "run-1",
         overwrite: false,
+        step_key: "",
     };
     let files = vec![STORED.to_owned()];
 
@@ -603,6 +619,7 @@ async fn deliver_reads_from_the_store_and_reports_the_stored_path_on_failure() {
         decode(good.calls()[0].body["file"].as_str().unwrap()),
         ARCHIVE
     );
+    assert_eq!(good.calls()[0].idempotency_key, None, "no step, no key");
 
     let bad = fake(&[], None).await;
     let e = target(&bad, Chat::Private(5))
