@@ -3,8 +3,7 @@
 //! embedded and through `cairn up --tokens-file`.
 #![allow(clippy::unwrap_used)]
 
-use std::io::{BufRead, BufReader};
-use std::process::Stdio;
+mod common;
 
 use assert_cmd::Command;
 use predicates::prelude::*;
@@ -201,51 +200,13 @@ fn the_token_goes_to_the_embedded_orchestrator_as_bearer() {
     assert_eq!(created["by"], "ozzy", "{created}");
 }
 
-/// Kills the `cairn up` it holds when dropped.
-struct Up(std::process::Child);
-
-impl Drop for Up {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn cairn_up_takes_a_tokens_file() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let file = dir.path().join("tokens.toml");
     let viewer = add(&data, &file, "vic", "viewer", &[]);
-    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("cairn"))
-        .env_remove("CAIRN_TOKENS_FILE")
-        .env_remove("CAIRN_ORCHESTRATOR_AUTH_TOKENS_FILE")
-        .env("RUST_LOG", "error")
-        .arg("--data-root")
-        .arg(&data)
-        .args([
-            "up",
-            "--listen",
-            "127.0.0.1:0",
-            "--no-console",
-            "--tokens-file",
-        ])
-        .arg(&file)
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let up = Up(child);
-    let mut addr = None;
-    for line in BufReader::new(stderr).lines() {
-        let line = line.unwrap();
-        if let Some(rest) = line.strip_prefix("cairn is up on ") {
-            addr = rest.split_whitespace().next().map(str::to_owned);
-            break;
-        }
-    }
-    let addr = addr.expect("cairn up says where it listens");
+    let (_up, addr, _) = common::up(&data, &["--tokens-file".as_ref(), file.as_os_str()]);
     cairn(&data)
         .args(["--addr", &addr, "runs", "list"])
         .assert()

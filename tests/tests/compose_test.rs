@@ -296,6 +296,17 @@ impl Stack {
             .env("CAIRN_ORCHESTRATOR_2_PORT", "")
             .env("CAIRN_CONSOLE_PORT", "")
             .env("CAIRN_CONSOLE_TOKEN", CONSOLE_TOKEN);
+        // The /metrics pages as well: several stacks run at once.
+        for port in [
+            "CAIRN_STORE_METRICS_PORT",
+            "CAIRN_INGEST_METRICS_PORT",
+            "CAIRN_ORCHESTRATOR_METRICS_PORT",
+            "CAIRN_ORCHESTRATOR_2_METRICS_PORT",
+            "CAIRN_RUNNER_1_METRICS_PORT",
+            "CAIRN_RUNNER_2_METRICS_PORT",
+        ] {
+            c.env(port, "");
+        }
         c
     }
 
@@ -862,6 +873,27 @@ fn compose_runs_the_example() {
         page.contains("task.completed"),
         "the run's events (events.jsonl, read from the store): {page}"
     );
+    // Every service's /metrics is published on loopback and counts the calls it served.
+    for service in [
+        "artifact-store",
+        "orchestrator",
+        "ingest",
+        "sandbox-runner-1",
+    ] {
+        let at = stack.published_port(service, 9464);
+        let page = runtime().block_on(async {
+            reqwest::get(format!("http://{at}/metrics"))
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap()
+        });
+        assert!(
+            page.contains("cairn_rpc_server_requests_total{"),
+            "{service} /metrics: {page}"
+        );
+    }
     stack.down();
     let left = stack.sandbox_containers();
     assert!(

@@ -53,16 +53,17 @@ pub async fn run(global: &Global, args: UpArgs) -> anyhow::Result<ExitCode> {
             Some(url)
         }
     };
-    // One write: a caller that reads only the first line and closes the pipe must not make
-    // the second one fail.
-    eprintln!(
-        "cairn is up on {addr} (data root {}); use CAIRN_ADDR={addr} with other cairn commands. Ctrl-C stops.\n{}",
+    // One write, whose failure is ignored: a caller that reads only the first line and closes
+    // the pipe must not stop the services.
+    let mut said = format!(
+        "cairn is up on {addr} (data root {}); use CAIRN_ADDR={addr} with other cairn commands. Ctrl-C stops.\n{}\n",
         global.data_root.display(),
         trust_mode(tls, hosted.tokens_required)
     );
     if let Some(url) = metrics {
-        eprintln!("metrics: {url}");
+        said.push_str(&format!("metrics: {url}\n"));
     }
+    let _ = std::io::stderr().write_all(said.as_bytes());
 
     // One signal stops both the gRPC services and the console; a console that stops with an
     // error stops the services too.
