@@ -12,6 +12,7 @@ pub mod events;
 pub mod inproc;
 #[cfg(feature = "pki")]
 pub mod pki;
+pub mod reload;
 pub mod tls;
 
 pub use access::Access;
@@ -73,6 +74,7 @@ pub struct Host {
     tokens: Option<std::sync::Arc<dyn access::TokenCheck>>,
     in_process: Option<inproc::Listener>,
     metrics: Option<tokio::net::TcpListener>,
+    tls_poll: Option<Duration>,
 }
 
 impl Host {
@@ -146,6 +148,13 @@ impl Host {
         Ok(self)
     }
 
+    /// How often the TLS files are checked for changes (default [`reload::POLL_EVERY`]);
+    /// SIGHUP reloads them at once either way.
+    pub fn tls_poll(&mut self, every: Duration) -> &mut Self {
+        self.tls_poll = Some(every);
+        self
+    }
+
     /// How long calls get to finish once shutdown begins (default 5 s); then the calls still
     /// open end with UNAVAILABLE and `serve` returns.
     pub fn drain_deadline(&mut self, deadline: Duration) -> &mut Self {
@@ -201,10 +210,15 @@ impl Host {
             reporter.stopping().await;
             start_drain.start();
         };
-        let mut builder = tonic::transport::Server::builder();
-        if let Some(tls) = &self.tls {
-            builder = builder.tls_config(tls.server())?;
-        }
+        // TLS is served here rather than by tonic, whose configuration is fixed at start: the
+        // files are read again on SIGHUP and when they change (see [`reload`]).
+        let reloading = match &self.tls {
+            Some(tls) => Some(std::sync::Arc::new(reload::ReloadingTls::new(
+                tls.paths().clone(),
+            )?)),
+            None => None,
+        };
+        let builder = tonic::transport::Server::builder();
         let routes = routes.routes();
         let access = access::AccessLayer::new(self.access, self.tokens);
         // The in-process listener stops with the TCP one.
@@ -237,7 +251,7 @@ impl Host {
             shutdown.await;
             let _ = stopped.send(true);
         };
-        let served = builder
+        let router = builder
             .tcp_nodelay(true)
             // Streamed file bodies: larger flow-control windows and frames cut the round trips
             // and per-frame work of a Put (see bench/RESULTS.md, artifact-store).
@@ -250,14 +264,29 @@ impl Host {
             .layer(cairn_telemetry::RpcMetricsLayer)
             .layer(access)
             .layer(malformed::MalformedLayer)
-            .add_routes(routes)
-            // tonic's own tcp_nodelay is not applied to a caller's listener; without it Nagle
-            // delays HTTP/2 window updates and streamed Puts crawl.
-            .serve_with_incoming_shutdown(
-                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-                shutdown,
-            );
-        let served = drain.bounded(served).await;
+            .add_routes(routes);
+        let served = match reloading {
+            Some(tls) => {
+                let watcher = tls
+                    .clone()
+                    .watch(self.tls_poll.unwrap_or(reload::POLL_EVERY));
+                let incoming = reload::incoming(listener, tls);
+                let served = drain
+                    .bounded(router.serve_with_incoming_shutdown(incoming, shutdown))
+                    .await;
+                watcher.abort();
+                served
+            }
+            None => {
+                // tonic's own tcp_nodelay is not applied to a caller's listener; without it
+                // Nagle delays HTTP/2 window updates and streamed Puts crawl.
+                let incoming =
+                    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+                drain
+                    .bounded(router.serve_with_incoming_shutdown(incoming, shutdown))
+                    .await
+            }
+        };
         if let Some(task) = in_process {
             task.abort();
         }
@@ -326,7 +355,9 @@ pub fn connect(addr: &str) -> Result<Channel, Error> {
 }
 
 /// [`connect`], over mutual TLS when `tls` is given (the address's scheme becomes https; the
-/// server must present a certificate of the CA for the host name dialled).
+/// server must present a certificate of the CA for the host name dialled). The channel keeps
+/// the material `tls` holds: a client takes renewed files when it is restarted (servers reload
+/// theirs, see [`reload`]).
 pub fn connect_tls(addr: &str, tls: Option<&Tls>) -> Result<Channel, Error> {
     connect_named(addr, tls, None)
 }
