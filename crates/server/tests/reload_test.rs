@@ -164,7 +164,7 @@ async fn renewed_certificates_are_served_to_new_connections_while_calls_go_on() 
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
 
-    reissue(dir, &cairn_server::tls::IDENTITIES);
+    pki::renew(dir, 30).unwrap();
     let new = leaf_of(&dir.join(format!("{SERVICE}.pem")));
     assert_ne!(new, old);
     assert!(
