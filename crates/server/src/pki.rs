@@ -249,7 +249,22 @@ fn read_issuer(dir: &Path) -> Result<Issuer<'static, KeyPair>, PkiError> {
         why,
     };
     let key = KeyPair::from_pem(&read("ca.key")?).map_err(|e| bad(e.to_string()))?;
-    Issuer::from_ca_cert_pem(&read("ca.pem")?, key).map_err(|e| bad(e.to_string()))
+    let bundle = read("ca.pem")?;
+    // During a CA roll-over ca.pem holds the old and the new CA: issue as the one whose key
+    // ca.key is.
+    for pem in x509_parser::pem::Pem::iter_from_buffer(bundle.as_bytes()) {
+        let pem = pem.map_err(|e| bad(format!("ca.pem: {e}")))?;
+        let Ok((_, cert)) = x509_parser::parse_x509_certificate(&pem.contents) else {
+            continue;
+        };
+        if cert.public_key().subject_public_key.data.as_ref() == key.public_key_raw() {
+            let der = rustls::pki_types::CertificateDer::from(pem.contents.as_slice());
+            return Issuer::from_ca_cert_der(&der, key).map_err(|e| bad(e.to_string()));
+        }
+    }
+    Err(bad(
+        "no certificate in ca.pem is the CA of ca.key".to_owned()
+    ))
 }
 
 /// The certificate of identity `id` for host names `names`: serves and dials.

@@ -241,3 +241,48 @@ fn a_failed_reload_names_the_file_and_keeps_the_configuration() {
     assert!(err.contains(&paths.key.display().to_string()), "{err}");
     assert!(Arc::ptr_eq(&before, &tls.current()));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ca_roll_over_with_an_overlap_bundle_keeps_serving() {
+    let pki_dir = tempfile::tempdir().unwrap();
+    let dir = pki_dir.path();
+    pki::init(&PkiSpec::new(dir)).unwrap();
+    let served = serve(dir).await;
+    wait_up(&served.addr, dir).await;
+    // The material of a client of the old CA only, kept aside.
+    let old_client = tempfile::tempdir().unwrap();
+    for f in ["ca.pem", "cli.pem", "cli.key"] {
+        std::fs::copy(dir.join(f), old_client.path().join(f)).unwrap();
+    }
+    let open = channel(&served.addr, dir);
+    assert!(healthy(open.clone()).await);
+
+    // 1. The new CA joins the trust bundle (and its key becomes the one that issues).
+    let new_ca = tempfile::tempdir().unwrap();
+    pki::init(&PkiSpec {
+        identities: vec!["cli".into()],
+        ..PkiSpec::new(new_ca.path())
+    })
+    .unwrap();
+    let old_ca = std::fs::read(dir.join("ca.pem")).unwrap();
+    let new_ca_pem = std::fs::read(new_ca.path().join("ca.pem")).unwrap();
+    replace(&dir.join("ca.pem"), &[old_ca, new_ca_pem.clone()].concat());
+    replace(
+        &dir.join("ca.key"),
+        &std::fs::read(new_ca.path().join("ca.key")).unwrap(),
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // 2. Every leaf re-issued by the new CA.
+    pki::renew(dir, 30).unwrap();
+    let new = leaf_of(&dir.join(format!("{SERVICE}.pem")));
+    assert!(served_becomes(&served.addr, dir, &new).await);
+    assert!(healthy(channel(&served.addr, dir)).await);
+    // 3. The old CA leaves the bundle: new-CA clients get through, old-CA ones no longer.
+    replace(&dir.join("ca.pem"), &new_ca_pem);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(healthy(channel(&served.addr, dir)).await);
+    assert!(!healthy(channel(&served.addr, old_client.path())).await);
+    // A connection made before the roll-over keeps working.
+    assert!(healthy(open).await);
+    stop(served).await;
+}
