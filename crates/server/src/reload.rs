@@ -19,13 +19,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
-use crate::tls::TlsError;
+use crate::tls::{TlsError, HANDSHAKE_TIMEOUT};
 
 /// How often the files are checked for changes unless a host says otherwise.
 pub const POLL_EVERY: Duration = Duration::from_secs(3);
-
-/// How long a TLS handshake may take before the connection is dropped.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where a server's TLS material lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,6 +92,15 @@ impl ReloadingTls {
         Ok(())
     }
 
+    /// Takes the files as they are now as seen.
+    fn remember(&self) {
+        let now = signature(&self.paths);
+        match self.seen.lock() {
+            Ok(mut s) => *s = now,
+            Err(poisoned) => *poisoned.into_inner() = now,
+        }
+    }
+
     /// Reloads when a file changed since the last check; `None` when none did.
     pub fn reload_if_changed(&self) -> Option<Result<(), TlsError>> {
         let now = signature(&self.paths);
@@ -149,8 +155,8 @@ impl ReloadingTls {
                         }
                     }
                     Some(()) = hup_received => {
-                        // The signature too, so the poll does not load the same files again.
-                        let _ = self.reload_if_changed();
+                        // Remembered first, so the poll does not load the same files again.
+                        self.remember();
                         let result = self.reload();
                         self.logged("SIGHUP", result);
                     }

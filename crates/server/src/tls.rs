@@ -6,9 +6,9 @@
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
 
 pub use crate::reload::TlsPaths;
-use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
 
 /// The identities `cairn certs init` issues by default: cairn's programs, and `etcd`, which
 /// serves the orchestrator replicas' membership with it (and is granted no cairn call).
@@ -26,7 +26,7 @@ pub const IDENTITIES: [&str; 7] = [
 pub const IDENTITY_URI_SCHEME: &str = "cairn://";
 
 /// How long a TLS handshake may take before the connection is dropped.
-const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+pub(crate) const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {

@@ -82,10 +82,14 @@ struct Served {
 }
 
 async fn serve(dir: &Path) -> Served {
+    serve_polling(dir, Duration::from_millis(100)).await
+}
+
+async fn serve_polling(dir: &Path, every: Duration) -> Served {
     let mut host = Host::new();
     host.secure(SERVICE, &TlsConfig::dir(dir), false, &Default::default())
         .unwrap();
-    host.tls_poll(Duration::from_millis(100));
+    host.tls_poll(every);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -284,5 +288,29 @@ async fn a_ca_roll_over_with_an_overlap_bundle_keeps_serving() {
     assert!(!healthy(channel(&served.addr, old_client.path())).await);
     // A connection made before the roll-over keeps working.
     assert!(healthy(open).await);
+    stop(served).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_at_once() {
+    // Our own handler first: a SIGHUP before the host's would end the test process.
+    let _hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).unwrap();
+    let pki_dir = tempfile::tempdir().unwrap();
+    let dir = pki_dir.path();
+    pki::init(&PkiSpec::new(dir)).unwrap();
+    let served = serve_polling(dir, Duration::from_secs(3600)).await;
+    wait_up(&served.addr, dir).await;
+    let old = leaf_of(&dir.join(format!("{SERVICE}.pem")));
+    pki::renew(dir, 30).unwrap();
+    let new = leaf_of(&dir.join(format!("{SERVICE}.pem")));
+    // No poll comes for an hour: the old certificate stays until the signal.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(served_leaf(&served.addr, dir).await, old);
+    let status = std::process::Command::new("kill")
+        .args(["-HUP", &std::process::id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert!(served_becomes(&served.addr, dir, &new).await);
     stop(served).await;
 }
