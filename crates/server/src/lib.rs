@@ -8,6 +8,7 @@
 pub mod access;
 pub mod caller;
 pub mod config;
+mod dial;
 pub mod events;
 pub mod inproc;
 #[cfg(feature = "pki")]
@@ -355,9 +356,8 @@ pub fn connect(addr: &str) -> Result<Channel, Error> {
 }
 
 /// [`connect`], over mutual TLS when `tls` is given (the address's scheme becomes https; the
-/// server must present a certificate of the CA for the host name dialled). The channel keeps
-/// the material `tls` holds: a client takes renewed files when it is restarted (servers reload
-/// theirs, see [`reload`]).
+/// server must present a certificate of the CA for the host name dialled). Each new connection
+/// reads `tls`'s files as they are then: renewed ones are taken without a restart.
 pub fn connect_tls(addr: &str, tls: Option<&Tls>) -> Result<Channel, Error> {
     connect_named(addr, tls, None)
 }
@@ -372,20 +372,33 @@ pub fn connect_named(
     if addr.starts_with(inproc::SCHEME) {
         return Ok(inproc::channel(addr));
     }
-    Ok(endpoint(addr, tls, server_name)?.connect_lazy())
+    let Some(tls) = tls else {
+        return Ok(endpoint(addr, None, None)?.connect_lazy());
+    };
+    // TLS is dialled here rather than by tonic, whose configuration is fixed: each new
+    // connection reads the files as they are then (see [`dial`]). The scheme stays http, or
+    // tonic would insist on its own TLS.
+    let dialer = dial::Dialer::new(tls.paths().clone(), server_name)?;
+    let plain = endpoint(&format!("http://{}", bare_address(addr)), None, None)?;
+    Ok(plain.connect_with_connector_lazy(tower::service_fn(move |uri| dialer.clone().dial(uri))))
 }
 
-/// The endpoint [`connect_tls`] dials. `server_name`: the name the server's certificate must
+/// `addr` without an `http://` or `https://` scheme.
+fn bare_address(addr: &str) -> &str {
+    addr.strip_prefix("http://")
+        .or_else(|| addr.strip_prefix("https://"))
+        .unwrap_or(addr)
+}
+
+/// An endpoint to `addr`, with tonic's TLS when `tls` is given: that material is fixed when
+/// the endpoint is made ([`connect_named`] follows renewed files instead). `server_name`: the name the server's certificate must
 /// carry when `addr` is an address a name resolved to (default: the host dialled).
 pub fn endpoint(
     addr: &str,
     tls: Option<&Tls>,
     server_name: Option<&str>,
 ) -> Result<Endpoint, Error> {
-    let bare = addr
-        .strip_prefix("http://")
-        .or_else(|| addr.strip_prefix("https://"))
-        .unwrap_or(addr);
+    let bare = bare_address(addr);
     let uri = match (tls.is_some(), addr.contains("://")) {
         (true, _) => format!("https://{bare}"),
         (false, true) => addr.to_owned(),

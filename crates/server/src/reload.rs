@@ -34,9 +34,9 @@ pub struct TlsPaths {
 
 /// What the poll compares: a file replaced by rename changes inode, one rewritten in place
 /// changes mtime or size.
-type Signature = Vec<Option<(u64, u64, i64, i64, u64)>>;
+pub(crate) type Signature = Vec<Option<(u64, u64, i64, i64, u64)>>;
 
-fn signature(paths: &TlsPaths) -> Signature {
+pub(crate) fn signature(paths: &TlsPaths) -> Signature {
     [&paths.cert, &paths.key, &paths.ca]
         .into_iter()
         .map(|p| {
@@ -216,7 +216,7 @@ fn read(path: &Path, what: &'static str) -> Result<Vec<u8>, TlsError> {
     })
 }
 
-fn invalid(what: &'static str, path: &Path, why: impl std::fmt::Display) -> TlsError {
+pub(crate) fn invalid(what: &'static str, path: &Path, why: impl std::fmt::Display) -> TlsError {
     TlsError::Invalid {
         what,
         path: path.to_owned(),
@@ -240,18 +240,42 @@ fn certificates(path: &Path, what: &'static str) -> Result<Vec<CertificateDer<'s
     Ok(certs)
 }
 
+/// What the files hold: our certificate chain and key, and the CA bundle.
+pub(crate) struct Material {
+    pub(crate) chain: Vec<CertificateDer<'static>>,
+    pub(crate) key: PrivateKeyDer<'static>,
+    pub(crate) roots: RootCertStore,
+}
+
+impl Material {
+    pub(crate) fn read(paths: &TlsPaths) -> Result<Material, TlsError> {
+        let chain = certificates(&paths.cert, "certificate")?;
+        let key_pem = read(&paths.key, "key")?;
+        let key =
+            PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| invalid("key", &paths.key, e))?;
+        let mut roots = RootCertStore::empty();
+        for ca in certificates(&paths.ca, "CA certificate")? {
+            roots
+                .add(ca)
+                .map_err(|e| invalid("CA certificate", &paths.ca, e))?;
+        }
+        Ok(Material { chain, key, roots })
+    }
+}
+
+/// The error of a key that does not go with its certificate (or is unusable).
+pub(crate) fn mismatch(paths: &TlsPaths, e: rustls::Error) -> TlsError {
+    invalid(
+        "key",
+        &paths.key,
+        format!("does not go with {}: {e}", paths.cert.display()),
+    )
+}
+
 /// The server configuration the files give: our certificate, and clients must present one a
 /// CA of the bundle signed. HTTP/2 only, as gRPC.
 pub fn server_config(paths: &TlsPaths) -> Result<ServerConfig, TlsError> {
-    let chain = certificates(&paths.cert, "certificate")?;
-    let key_pem = read(&paths.key, "key")?;
-    let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| invalid("key", &paths.key, e))?;
-    let mut roots = RootCertStore::empty();
-    for ca in certificates(&paths.ca, "CA certificate")? {
-        roots
-            .add(ca)
-            .map_err(|e| invalid("CA certificate", &paths.ca, e))?;
-    }
+    let Material { chain, key, roots } = Material::read(paths)?;
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
         .build()
@@ -261,13 +285,7 @@ pub fn server_config(paths: &TlsPaths) -> Result<ServerConfig, TlsError> {
         .map_err(|e| invalid("certificate", &paths.cert, e))?
         .with_client_cert_verifier(verifier)
         .with_single_cert(chain, key)
-        .map_err(|e| {
-            invalid(
-                "key",
-                &paths.key,
-                format!("does not go with {}: {e}", paths.cert.display()),
-            )
-        })?;
+        .map_err(|e| mismatch(paths, e))?;
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(config)
 }

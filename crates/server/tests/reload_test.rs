@@ -260,6 +260,8 @@ async fn a_ca_roll_over_with_an_overlap_bundle_keeps_serving() {
     }
     let open = channel(&served.addr, dir);
     assert!(healthy(open.clone()).await);
+    // A channel made now and first used after the roll-over.
+    let later = channel(&served.addr, dir);
 
     // 1. The new CA joins the trust bundle (and its key becomes the one that issues).
     let new_ca = tempfile::tempdir().unwrap();
@@ -288,6 +290,11 @@ async fn a_ca_roll_over_with_an_overlap_bundle_keeps_serving() {
     assert!(!healthy(channel(&served.addr, old_client.path())).await);
     // A connection made before the roll-over keeps working.
     assert!(healthy(open).await);
+    // A new connection of a channel made before reads the files as they are now.
+    assert!(
+        healthy(later).await,
+        "a channel made before the roll-over still dials with the old files"
+    );
     stop(served).await;
 }
 
