@@ -195,6 +195,11 @@ pub enum CertsCommand {
     /// the compose and Kubernetes service names as host names. Refuses to replace files. With
     /// --split each identity also gets DIR/<identity>/ with only its own files.
     Init(CertsInitArgs),
+    /// Re-issue every identity certificate in DIR (each <identity>.pem with its .key beside
+    /// it, and its DIR/<identity>/ copy) from the CA in DIR, valid --days from now. Identities,
+    /// host names, keys and the CA stay; each file is replaced by rename. Running services
+    /// pick the new certificates up within seconds (or on SIGHUP).
+    Renew(CertsRenewArgs),
     /// Print the identity a certificate names, and its host names and validity.
     Show {
         /// A certificate (PEM).
@@ -266,6 +271,16 @@ pub struct CertsInitArgs {
     /// service container runs as, 10002:10002); needs root unless it is your own.
     #[arg(long, value_name = "UID:GID", value_parser = cairn_server::pki::parse_owner)]
     pub owner: Option<(u32, u32)>,
+}
+
+#[derive(Debug, Args)]
+pub struct CertsRenewArgs {
+    /// A directory made by `cairn certs init` (it holds ca.pem and ca.key).
+    #[arg(long, value_name = "DIR")]
+    pub dir: PathBuf,
+    /// Validity of every renewed certificate, in days from now (1-3650).
+    #[arg(long, default_value_t = 365)]
+    pub days: u32,
 }
 
 #[derive(Debug, Args)]

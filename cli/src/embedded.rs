@@ -125,9 +125,11 @@ impl Services {
                 a.as_deref()
                     .map(|a| {
                         let name = server_name_for(a, global.tls_server_name.as_deref());
-                        Ok(cairn_telemetry::traced(
-                            cairn_server::endpoint(a, tls.as_ref(), name)?.connect_lazy(),
-                        ))
+                        Ok(cairn_telemetry::traced(cairn_server::connect_named(
+                            a,
+                            tls.as_ref(),
+                            name,
+                        )?))
                     })
                     .transpose()
             };

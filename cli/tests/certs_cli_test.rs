@@ -107,3 +107,54 @@ fn certs_init_refuses_an_owner_that_is_not_uid_gid() {
         .stderr(predicate::str::contains("UID:GID"));
     assert!(!tmp.path().join("pki").exists());
 }
+
+/// `cairn certs show --json` of a certificate.
+fn show(path: &std::path::Path) -> serde_json::Value {
+    let out = cairn()
+        .args(["--json", "certs", "show"])
+        .arg(path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn certs_renew_reissues_every_identity_from_the_same_ca() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("pki");
+    cairn()
+        .args(["certs", "init", "--days", "2", "--out"])
+        .arg(&out)
+        .assert()
+        .success();
+    let ca = std::fs::read(out.join("ca.pem")).unwrap();
+    let ca_key = std::fs::read(out.join("ca.key")).unwrap();
+    let before = show(&out.join("orchestrator.pem"));
+    cairn()
+        .args(["certs", "renew", "--days", "90", "--dir"])
+        .arg(&out)
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("orchestrator.pem"))
+        .stdout(predicate::str::contains("cli.pem"));
+    assert_eq!(std::fs::read(out.join("ca.pem")).unwrap(), ca);
+    assert_eq!(std::fs::read(out.join("ca.key")).unwrap(), ca_key);
+    let after = show(&out.join("orchestrator.pem"));
+    assert_eq!(after["identity"], "orchestrator");
+    assert_eq!(after["names"], before["names"]);
+    assert_ne!(after["not_after"], before["not_after"]);
+    // A directory without a CA is refused with the reason.
+    let empty = tmp.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    cairn()
+        .args(["certs", "renew", "--dir"])
+        .arg(&empty)
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("ca.key"));
+}

@@ -38,17 +38,24 @@ pub fn run(global: &Global, cmd: CertsCommand) -> anyhow::Result<ExitCode> {
                 ..PkiSpec::new(args.out)
             };
             let written = pki::init(&spec)?;
-            if global.json {
-                let files: Vec<String> = written.iter().map(|p| p.display().to_string()).collect();
-                crate::output::json(&serde_json::json!({ "files": files }))?;
-            } else {
-                for path in &written {
-                    println!("{}", path.display());
-                }
+            print_files(global, &written)?;
+            if !global.json {
                 eprintln!(
                     "PKI written to {}: give it to every service and client with --tls-dir {} (or CAIRN_TLS_DIR); keep ca.key offline",
                     spec.out.display(),
                     spec.out.display()
+                );
+            }
+        }
+        CertsCommand::Renew(args) => {
+            let written = pki::renew(&args.dir, args.days)?;
+            print_files(global, &written)?;
+            if !global.json {
+                eprintln!(
+                    "{} certificates renewed for {} days from the CA in {}; running services pick them up within seconds (or send them SIGHUP); clients on restart",
+                    written.len(),
+                    args.days,
+                    args.dir.display()
                 );
             }
         }
@@ -74,4 +81,17 @@ pub fn run(global: &Global, cmd: CertsCommand) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The files written: one a line, or `{"files": [...]}` with --json.
+fn print_files(global: &Global, written: &[std::path::PathBuf]) -> anyhow::Result<()> {
+    if global.json {
+        let files: Vec<String> = written.iter().map(|p| p.display().to_string()).collect();
+        crate::output::json(&serde_json::json!({ "files": files }))?;
+    } else {
+        for path in written {
+            println!("{}", path.display());
+        }
+    }
+    Ok(())
 }

@@ -8,10 +8,12 @@
 pub mod access;
 pub mod caller;
 pub mod config;
+mod dial;
 pub mod events;
 pub mod inproc;
 #[cfg(feature = "pki")]
 pub mod pki;
+pub mod reload;
 pub mod tls;
 
 pub use access::Access;
@@ -73,6 +75,7 @@ pub struct Host {
     tokens: Option<std::sync::Arc<dyn access::TokenCheck>>,
     in_process: Option<inproc::Listener>,
     metrics: Option<tokio::net::TcpListener>,
+    tls_poll: Option<Duration>,
 }
 
 impl Host {
@@ -146,6 +149,13 @@ impl Host {
         Ok(self)
     }
 
+    /// How often the TLS files are checked for changes (default [`reload::POLL_EVERY`]);
+    /// SIGHUP reloads them at once either way.
+    pub fn tls_poll(&mut self, every: Duration) -> &mut Self {
+        self.tls_poll = Some(every);
+        self
+    }
+
     /// How long calls get to finish once shutdown begins (default 5 s); then the calls still
     /// open end with UNAVAILABLE and `serve` returns.
     pub fn drain_deadline(&mut self, deadline: Duration) -> &mut Self {
@@ -201,10 +211,15 @@ impl Host {
             reporter.stopping().await;
             start_drain.start();
         };
-        let mut builder = tonic::transport::Server::builder();
-        if let Some(tls) = &self.tls {
-            builder = builder.tls_config(tls.server())?;
-        }
+        // TLS is served here rather than by tonic, whose configuration is fixed at start: the
+        // files are read again on SIGHUP and when they change (see [`reload`]).
+        let reloading = match &self.tls {
+            Some(tls) => Some(std::sync::Arc::new(reload::ReloadingTls::new(
+                tls.paths().clone(),
+            )?)),
+            None => None,
+        };
+        let builder = tonic::transport::Server::builder();
         let routes = routes.routes();
         let access = access::AccessLayer::new(self.access, self.tokens);
         // The in-process listener stops with the TCP one.
@@ -237,7 +252,7 @@ impl Host {
             shutdown.await;
             let _ = stopped.send(true);
         };
-        let served = builder
+        let router = builder
             .tcp_nodelay(true)
             // Streamed file bodies: larger flow-control windows and frames cut the round trips
             // and per-frame work of a Put (see bench/RESULTS.md, artifact-store).
@@ -250,14 +265,29 @@ impl Host {
             .layer(cairn_telemetry::RpcMetricsLayer)
             .layer(access)
             .layer(malformed::MalformedLayer)
-            .add_routes(routes)
-            // tonic's own tcp_nodelay is not applied to a caller's listener; without it Nagle
-            // delays HTTP/2 window updates and streamed Puts crawl.
-            .serve_with_incoming_shutdown(
-                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-                shutdown,
-            );
-        let served = drain.bounded(served).await;
+            .add_routes(routes);
+        let served = match reloading {
+            Some(tls) => {
+                let watcher = tls
+                    .clone()
+                    .watch(self.tls_poll.unwrap_or(reload::POLL_EVERY));
+                let incoming = reload::incoming(listener, tls);
+                let served = drain
+                    .bounded(router.serve_with_incoming_shutdown(incoming, shutdown))
+                    .await;
+                watcher.abort();
+                served
+            }
+            None => {
+                // tonic's own tcp_nodelay is not applied to a caller's listener; without it
+                // Nagle delays HTTP/2 window updates and streamed Puts crawl.
+                let incoming =
+                    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+                drain
+                    .bounded(router.serve_with_incoming_shutdown(incoming, shutdown))
+                    .await
+            }
+        };
         if let Some(task) = in_process {
             task.abort();
         }
@@ -326,7 +356,8 @@ pub fn connect(addr: &str) -> Result<Channel, Error> {
 }
 
 /// [`connect`], over mutual TLS when `tls` is given (the address's scheme becomes https; the
-/// server must present a certificate of the CA for the host name dialled).
+/// server must present a certificate of the CA for the host name dialled). Each new connection
+/// reads `tls`'s files as they are then: renewed ones are taken without a restart.
 pub fn connect_tls(addr: &str, tls: Option<&Tls>) -> Result<Channel, Error> {
     connect_named(addr, tls, None)
 }
@@ -341,20 +372,33 @@ pub fn connect_named(
     if addr.starts_with(inproc::SCHEME) {
         return Ok(inproc::channel(addr));
     }
-    Ok(endpoint(addr, tls, server_name)?.connect_lazy())
+    let Some(tls) = tls else {
+        return Ok(endpoint(addr, None, None)?.connect_lazy());
+    };
+    // TLS is dialled here rather than by tonic, whose configuration is fixed: each new
+    // connection reads the files as they are then (see [`dial`]). The scheme stays http, or
+    // tonic would insist on its own TLS.
+    let dialer = dial::Dialer::new(tls.paths().clone(), server_name)?;
+    let plain = endpoint(&format!("http://{}", bare_address(addr)), None, None)?;
+    Ok(plain.connect_with_connector_lazy(tower::service_fn(move |uri| dialer.clone().dial(uri))))
 }
 
-/// The endpoint [`connect_tls`] dials. `server_name`: the name the server's certificate must
+/// `addr` without an `http://` or `https://` scheme.
+fn bare_address(addr: &str) -> &str {
+    addr.strip_prefix("http://")
+        .or_else(|| addr.strip_prefix("https://"))
+        .unwrap_or(addr)
+}
+
+/// An endpoint to `addr`, with tonic's TLS when `tls` is given: that material is fixed when
+/// the endpoint is made ([`connect_named`] follows renewed files instead). `server_name`: the name the server's certificate must
 /// carry when `addr` is an address a name resolved to (default: the host dialled).
 pub fn endpoint(
     addr: &str,
     tls: Option<&Tls>,
     server_name: Option<&str>,
 ) -> Result<Endpoint, Error> {
-    let bare = addr
-        .strip_prefix("http://")
-        .or_else(|| addr.strip_prefix("https://"))
-        .unwrap_or(addr);
+    let bare = bare_address(addr);
     let uri = match (tls.is_some(), addr.contains("://")) {
         (true, _) => format!("https://{bare}"),
         (false, true) => addr.to_owned(),

@@ -34,6 +34,8 @@ pub enum PkiError {
     Cert(#[from] rcgen::Error),
     #[error("reading the CA in {}: {why}", dir.display())]
     Ca { dir: PathBuf, why: String },
+    #[error("cannot renew {}: {why}", path.display())]
+    Renew { path: PathBuf, why: String },
     #[error("giving {} to {uid}:{gid}: {source} (--owner needs root, or the owner itself)", path.display())]
     Chown {
         path: PathBuf,
@@ -195,18 +197,7 @@ pub fn init(spec: &PkiSpec) -> Result<Vec<PathBuf>, PkiError> {
     let not_after = now + Duration::days(i64::from(spec.days));
     let mut written = Vec::new();
     let issuer = if reuse_ca {
-        let read = |name: &str| {
-            std::fs::read_to_string(spec.out.join(name)).map_err(|e| PkiError::Ca {
-                dir: spec.out.clone(),
-                why: format!("{name}: {e}"),
-            })
-        };
-        let bad = |why: String| PkiError::Ca {
-            dir: spec.out.clone(),
-            why,
-        };
-        let key = KeyPair::from_pem(&read("ca.key")?).map_err(|e| bad(e.to_string()))?;
-        Issuer::from_ca_cert_pem(&read("ca.pem")?, key).map_err(|e| bad(e.to_string()))?
+        read_issuer(&spec.out)?
     } else {
         new_ca(now, not_after, &write, &mut written)?
     };
@@ -214,25 +205,7 @@ pub fn init(spec: &PkiSpec) -> Result<Vec<PathBuf>, PkiError> {
         let key = KeyPair::generate()?;
         let mut names = standard_names(id);
         names.extend(spec.dns.iter().cloned());
-        let mut params =
-            CertificateParams::new(names).map_err(|_| PkiError::BadName(id.clone()))?;
-        params.subject_alt_names.push(SanType::URI(
-            format!("{IDENTITY_URI_SCHEME}{id}")
-                .try_into()
-                .map_err(|_| PkiError::BadIdentity(id.clone()))?,
-        ));
-        params.distinguished_name = dn(id);
-        params.key_usages = vec![
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::KeyEncipherment,
-        ];
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        params.not_before = now - Duration::minutes(5);
-        params.not_after = not_after;
-        let cert = params.signed_by(&key, &issuer)?;
+        let cert = leaf(id, names, now, not_after)?.signed_by(&key, &issuer)?;
         written.push(write(&format!("{id}.pem"), &cert.pem(), 0o644)?);
         written.push(write(&format!("{id}.key"), &key.serialize_pem(), 0o600)?);
     }
@@ -261,6 +234,178 @@ pub fn init(spec: &PkiSpec) -> Result<Vec<PathBuf>, PkiError> {
         }
     }
     Ok(written)
+}
+
+/// The CA `dir` holds (`ca.pem`, `ca.key`), to issue with.
+fn read_issuer(dir: &Path) -> Result<Issuer<'static, KeyPair>, PkiError> {
+    let read = |name: &str| {
+        std::fs::read_to_string(dir.join(name)).map_err(|e| PkiError::Ca {
+            dir: dir.to_owned(),
+            why: format!("{name}: {e}"),
+        })
+    };
+    let bad = |why: String| PkiError::Ca {
+        dir: dir.to_owned(),
+        why,
+    };
+    let key = KeyPair::from_pem(&read("ca.key")?).map_err(|e| bad(e.to_string()))?;
+    let bundle = read("ca.pem")?;
+    // During a CA roll-over ca.pem holds the old and the new CA: issue as the one whose key
+    // ca.key is.
+    for pem in x509_parser::pem::Pem::iter_from_buffer(bundle.as_bytes()) {
+        let pem = pem.map_err(|e| bad(format!("ca.pem: {e}")))?;
+        let Ok((_, cert)) = x509_parser::parse_x509_certificate(&pem.contents) else {
+            continue;
+        };
+        if cert.public_key().subject_public_key.data.as_ref() == key.public_key_raw() {
+            let der = rustls::pki_types::CertificateDer::from(pem.contents.as_slice());
+            return Issuer::from_ca_cert_der(&der, key).map_err(|e| bad(e.to_string()));
+        }
+    }
+    Err(bad(
+        "no certificate in ca.pem is the CA of ca.key".to_owned()
+    ))
+}
+
+/// The certificate of identity `id` for host names `names`: serves and dials.
+fn leaf(
+    id: &str,
+    names: Vec<String>,
+    now: OffsetDateTime,
+    not_after: OffsetDateTime,
+) -> Result<CertificateParams, PkiError> {
+    let mut params = CertificateParams::new(names).map_err(|_| PkiError::BadName(id.to_owned()))?;
+    params.subject_alt_names.push(SanType::URI(
+        format!("{IDENTITY_URI_SCHEME}{id}")
+            .try_into()
+            .map_err(|_| PkiError::BadIdentity(id.to_owned()))?,
+    ));
+    params.distinguished_name = dn(id);
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    params.extended_key_usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    params.not_before = now - Duration::minutes(5);
+    params.not_after = not_after;
+    Ok(params)
+}
+
+/// Re-issues every identity certificate in `dir` (each `<identity>.pem` with its
+/// `<identity>.key` beside it, and its copy in `<identity>/` when `--split` made one) from the
+/// CA the directory holds, valid `days` from now. Identities, host names and keys stay; the
+/// CA is not touched. Each file is replaced by rename, so a reader sees the old certificate or
+/// the new one, never a mix (a certificate and its key always match: the key is kept).
+/// Returns the files written.
+pub fn renew(dir: &Path, days: u32) -> Result<Vec<PathBuf>, PkiError> {
+    if !(1..=3650).contains(&days) {
+        return Err(PkiError::BadDays(days));
+    }
+    let issuer = read_issuer(dir)?;
+    let listing = std::fs::read_dir(dir).map_err(|e| PkiError::Ca {
+        dir: dir.to_owned(),
+        why: e.to_string(),
+    })?;
+    let mut ids: Vec<String> = listing
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let id = name.strip_suffix(".pem")?.to_owned();
+            (id != "ca" && dir.join(format!("{id}.key")).is_file()).then_some(id)
+        })
+        .collect();
+    ids.sort();
+    let now = OffsetDateTime::now_utc();
+    let not_after = now + Duration::days(i64::from(days));
+    let mut written = Vec::new();
+    for id in &ids {
+        let path = dir.join(format!("{id}.pem"));
+        let info = describe(&path).map_err(|e| PkiError::Renew {
+            path: path.clone(),
+            why: e.to_string(),
+        })?;
+        if info.identity.as_deref() != Some(id.as_str()) {
+            return Err(PkiError::Renew {
+                path,
+                why: format!("it does not name the identity cairn://{id}"),
+            });
+        }
+        let key_path = dir.join(format!("{id}.key"));
+        let key_pem = std::fs::read_to_string(&key_path).map_err(|e| PkiError::Renew {
+            path: key_path.clone(),
+            why: e.to_string(),
+        })?;
+        let key = KeyPair::from_pem(&key_pem).map_err(|e| PkiError::Renew {
+            path: key_path.clone(),
+            why: e.to_string(),
+        })?;
+        let mut params = leaf(id, info.names, now, not_after)?;
+        // rcgen derives the serial from the key, which is kept: a renewal needs its own.
+        params.serial_number = Some(fresh_serial(id));
+        let pem = params.signed_by(&key, &issuer)?.pem();
+        let copy = dir.join(id).join(format!("{id}.pem"));
+        for target in std::iter::once(path).chain(copy.is_file().then_some(copy)) {
+            replace_file(&target, &pem, 0o644)?;
+            written.push(target);
+        }
+    }
+    Ok(written)
+}
+
+/// A serial number no other certificate of the CA has: the time of issue and a per-process
+/// random hash, positive.
+fn fresh_serial(id: &str) -> rcgen::SerialNumber {
+    use std::hash::BuildHasher;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let random = std::collections::hash_map::RandomState::new().hash_one((id, nanos));
+    let mut bytes = [0u8; 16];
+    bytes[..8].copy_from_slice(&random.to_be_bytes());
+    bytes[8..].copy_from_slice(&(nanos as u64).to_be_bytes());
+    // Positive and without a leading zero byte.
+    bytes[0] = (bytes[0] & 0x7f) | 0x40;
+    rcgen::SerialNumber::from_slice(&bytes)
+}
+
+/// Writes `body` to `path` through a temporary file renamed over it, with `mode` and the
+/// owner of the file it replaces.
+fn replace_file(path: &Path, body: &str, mode: u32) -> Result<(), PkiError> {
+    let err = |source| PkiError::Write {
+        path: path.to_owned(),
+        source,
+    };
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.renew"));
+    let owner = std::fs::metadata(path).ok().map(|m| {
+        use std::os::unix::fs::MetadataExt;
+        (m.uid(), m.gid())
+    });
+    let result = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode)
+            .open(&tmp)?;
+        f.write_all(body.as_bytes())?;
+        f.sync_all()?;
+        if let Some((uid, gid)) = owner {
+            std::os::unix::fs::fchown(&f, Some(uid), Some(gid))?;
+        }
+        std::fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.map_err(err)
 }
 
 /// The files of an identity's own directory (`--split`): (flat file, its copy).
@@ -470,6 +615,68 @@ mod tests {
             let m = std::fs::metadata(path).unwrap();
             assert_eq!((m.uid(), m.gid()), target, "{}", path.display());
         }
+    }
+
+    /// Identity, host names, serial and validity end of a PEM certificate.
+    fn facts(path: &Path) -> (Option<String>, Vec<String>, Vec<u8>, i64) {
+        let info = describe(path).unwrap();
+        let bytes = std::fs::read(path).unwrap();
+        let (_, pem) = x509_parser::pem::parse_x509_pem(&bytes).unwrap();
+        let (_, cert) = x509_parser::parse_x509_certificate(&pem.contents).unwrap();
+        (
+            info.identity,
+            info.names,
+            cert.raw_serial().to_vec(),
+            cert.validity().not_after.timestamp(),
+        )
+    }
+
+    #[test]
+    fn renew_keeps_identities_names_keys_and_the_ca_and_extends_validity() {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("pki");
+        init(&PkiSpec {
+            days: 2,
+            split: true,
+            dns: vec!["store.example".into()],
+            ..PkiSpec::new(&out)
+        })
+        .unwrap();
+        let read = |name: &str| std::fs::read(out.join(name)).unwrap();
+        let ca = (read("ca.pem"), read("ca.key"));
+        let before: Vec<_> = IDENTITIES
+            .iter()
+            .map(|id| {
+                (
+                    facts(&out.join(format!("{id}.pem"))),
+                    read(&format!("{id}.key")),
+                )
+            })
+            .collect();
+
+        let written = renew(&out, 30).unwrap();
+        assert_eq!(written.len(), 2 * IDENTITIES.len(), "{written:?}");
+        assert_eq!((read("ca.pem"), read("ca.key")), ca, "the CA changed");
+        for (id, ((identity, names, serial, not_after), key)) in IDENTITIES.iter().zip(before) {
+            let pem = out.join(format!("{id}.pem"));
+            let (identity2, names2, serial2, not_after2) = facts(&pem);
+            assert_eq!(identity2, identity, "{id}");
+            assert_eq!(identity2.as_deref(), Some(*id));
+            assert_eq!(names2, names, "{id}");
+            assert!(names2.contains(&"store.example".to_owned()), "{id}");
+            assert_ne!(serial2, serial, "{id}");
+            assert!(not_after2 > not_after + 20 * 86_400, "{id}");
+            assert_eq!(read(&format!("{id}.key")), key, "{id}: the key changed");
+            assert_eq!(
+                std::fs::read(&pem).unwrap(),
+                read(&format!("{id}/{id}.pem"))
+            );
+            let mode = std::fs::metadata(&pem).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o644, "{id}");
+        }
+        // No temporary file is left behind.
+        assert!(!names_in(&out).iter().any(|n| n.starts_with('.')));
+        assert!(matches!(renew(&out, 0), Err(PkiError::BadDays(0))));
     }
 
     #[test]

@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
 
+pub use crate::reload::TlsPaths;
+
 /// The identities `cairn certs init` issues by default: cairn's programs, and `etcd`, which
 /// serves the orchestrator replicas' membership with it (and is granted no cairn call).
 pub const IDENTITIES: [&str; 7] = [
@@ -24,7 +26,7 @@ pub const IDENTITIES: [&str; 7] = [
 pub const IDENTITY_URI_SCHEME: &str = "cairn://";
 
 /// How long a TLS handshake may take before the connection is dropped.
-const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+pub(crate) const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -39,6 +41,12 @@ pub enum TlsError {
         what: &'static str,
         path: PathBuf,
         expected: &'static str,
+    },
+    #[error("{what} {}: {why}", path.display())]
+    Invalid {
+        what: &'static str,
+        path: PathBuf,
+        why: String,
     },
     #[error("TLS settings are incomplete: {0}")]
     Incomplete(String),
@@ -105,6 +113,7 @@ impl TlsConfig {
             cert_pem: read_pem(&cert, "certificate", "CERTIFICATE")?,
             key_pem: read_pem(&key, "key", "PRIVATE KEY")?,
             ca_pem: read_pem(&ca, "CA certificate", "CERTIFICATE")?,
+            paths: TlsPaths { cert, key, ca },
         }))
     }
 }
@@ -133,6 +142,7 @@ pub struct Tls {
     cert_pem: Vec<u8>,
     key_pem: Vec<u8>,
     ca_pem: Vec<u8>,
+    paths: TlsPaths,
 }
 
 impl std::fmt::Debug for Tls {
@@ -148,6 +158,11 @@ impl Tls {
     /// The identity whose files were read.
     pub fn identity(&self) -> &str {
         &self.identity
+    }
+
+    /// The files the material was read from (a serving host reads them again when they change).
+    pub fn paths(&self) -> &TlsPaths {
+        &self.paths
     }
 
     /// Server side: our certificate; every client must present one signed by the CA.
