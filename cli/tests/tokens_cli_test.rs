@@ -206,7 +206,7 @@ fn cairn_up_takes_a_tokens_file() {
     let data = dir.path().join("data");
     let file = dir.path().join("tokens.toml");
     let viewer = add(&data, &file, "vic", "viewer", &[]);
-    let (_up, addr, _) = common::up(&data, &["--tokens-file".as_ref(), file.as_os_str()]);
+    let (up, addr, _) = common::up(&data, &["--tokens-file".as_ref(), file.as_os_str()]);
     cairn(&data)
         .args(["--addr", &addr, "runs", "list"])
         .assert()

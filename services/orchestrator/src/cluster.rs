@@ -323,9 +323,9 @@ impl Cluster {
         // Peers present the orchestrator's certificate whatever name they are dialled by: a
         // member entry written by anyone else gets no forwarded call (nor its token).
         let name = self.tls.as_ref().map(|_| crate::IDENTITY);
-        let channel = cairn_server::endpoint(addr, self.tls.as_ref(), name)
-            .map_err(|e| format!("replica address {addr}: {e}"))?
-            .connect_lazy();
+        // Each new connection dials with the certificate files as they are then (renewals).
+        let channel = cairn_server::connect_named(addr, self.tls.as_ref(), name)
+            .map_err(|e| format!("replica address {addr}: {e}"))?;
         let client = OrchestratorClient::new(cairn_telemetry::traced(channel))
             .max_decoding_message_size(cairn_server::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(cairn_server::MAX_MESSAGE_BYTES);
