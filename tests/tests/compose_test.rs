@@ -302,8 +302,6 @@ impl Stack {
             "CAIRN_INGEST_METRICS_PORT",
             "CAIRN_ORCHESTRATOR_METRICS_PORT",
             "CAIRN_ORCHESTRATOR_2_METRICS_PORT",
-            "CAIRN_RUNNER_1_METRICS_PORT",
-            "CAIRN_RUNNER_2_METRICS_PORT",
         ] {
             c.env(port, "");
         }
@@ -446,6 +444,11 @@ impl Stack {
     /// The container's address on one of its networks (the host reaches compose bridge
     /// networks directly, internal ones included): for services that publish no port.
     fn reach(&self, service: &str) -> String {
+        self.reach_port(service, 7070)
+    }
+
+    /// [`Stack::reach`] for another port of the service.
+    fn reach_port(&self, service: &str, port: u16) -> String {
         let ips = docker(&[
             "inspect",
             "-f",
@@ -456,7 +459,7 @@ impl Stack {
             .split_whitespace()
             .next()
             .unwrap_or_else(|| panic!("{service} has no address"));
-        format!("{ip}:7070")
+        format!("{ip}:{port}")
     }
 
     /// Names of sandbox containers (any state) labelled with this stack's runner ids.
@@ -873,14 +876,19 @@ fn compose_runs_the_example() {
         page.contains("task.completed"),
         "the run's events (events.jsonl, read from the store): {page}"
     );
-    // Every service's /metrics is published on loopback and counts the calls it served.
+    // Every service's /metrics counts the calls it served: published on loopback, the
+    // runners' on their internal network only (a scraper joins it).
     for service in [
         "artifact-store",
         "orchestrator",
         "ingest",
         "sandbox-runner-1",
     ] {
-        let at = stack.published_port(service, 9464);
+        let at = if service.starts_with("sandbox-runner") {
+            stack.reach_port(service, 9464)
+        } else {
+            stack.published_port(service, 9464)
+        };
         let page = runtime().block_on(async {
             reqwest::get(format!("http://{at}/metrics"))
                 .await
