@@ -448,19 +448,13 @@ async fn a_run_reworked_before_a_crash_is_resumed_by_its_events_not_its_snapshot
 /// program's environment); a step that finished is not delivered again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_step_interrupted_by_a_crash_is_redelivered_under_the_same_key() {
-    let s = match Stack::try_start(Options {
-        ingest: false,
-        sandbox: Sandbox::Required,
-        tweak: |c| c.resume_on_start = false,
-        ..Default::default()
-    })
+    let Some(s) = Stack::with_sandbox(
+        "a_step_interrupted_by_a_crash_is_redelivered_under_the_same_key",
+        |c| c.resume_on_start = false,
+    )
     .await
-    {
-        Ok(s) => s,
-        Err(e) => {
-            println!("SKIP: a_step_interrupted_by_a_crash_is_redelivered_under_the_same_key: no sandbox backend ({e})");
-            return;
-        }
+    else {
+        return;
     };
     let runner = s.sandbox_addr.clone().unwrap();
     let graph = r#"
