@@ -111,15 +111,24 @@ impl Runs {
         by: &str,
         reason: &str,
     ) -> Result<pb::RunInfo> {
+        let ended = |state: &str| {
+            Error::FailedPrecondition(format!(
+                "run {run_id} is {state}; request a rework of a node to run parts of it again",
+            ))
+        };
         if self.live_cmd(project, run_id).is_some() {
-            return self.get(project, run_id).await;
+            // A driver still finishing a run it just ended (a cancel) must not make resume
+            // look as if it worked.
+            let info = self.get(project, run_id).await?;
+            return match pb::TaskState::try_from(info.state) {
+                Ok(pb::TaskState::Completed) => Err(ended("completed")),
+                Ok(pb::TaskState::Canceled) => Err(ended("canceled")),
+                _ => Ok(info),
+            };
         }
         let (_, state) = self.load(project, run_id).await?;
         match state.state {
-            TaskState::Completed | TaskState::Canceled => Err(Error::FailedPrecondition(format!(
-                "run {run_id} is {}; request a rework of a node to run parts of it again",
-                state.state.as_str()
-            ))),
+            TaskState::Completed | TaskState::Canceled => Err(ended(state.state.as_str())),
             _ => {
                 self.ensure_live(
                     project,
