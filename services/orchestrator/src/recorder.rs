@@ -35,9 +35,9 @@ pub struct Durable {
     pub failed: Option<String>,
 }
 
-enum Msg {
-    Event(EventInput, Option<oneshot::Sender<u64>>),
-}
+/// An event, who waits for its sequence number, and whether the next event belongs to the
+/// same group (appended in the same batch: never split by a crash).
+struct Msg(EventInput, Option<oneshot::Sender<u64>>, bool);
 
 /// Handle to a run's recorder (cheap to clone).
 #[derive(Clone)]
@@ -109,11 +109,22 @@ impl Recorder {
         self.push_input(e.to_input(), None)
     }
 
+    /// Queues events that are appended in one batch, all or none (a node's effects with its
+    /// completion); returns the position of the last.
+    pub fn push_group(&self, es: &[Ev]) -> u64 {
+        let mut queued = self.queued.lock().unwrap_or_else(|p| p.into_inner());
+        for (i, e) in es.iter().enumerate() {
+            *queued += 1;
+            let _ = self.tx.send(Msg(e.to_input(), None, i + 1 < es.len()));
+        }
+        *queued
+    }
+
     fn push_input(&self, input: EventInput, reply: Option<oneshot::Sender<u64>>) -> u64 {
         // Positions and channel order agree: both are taken under the same lock.
         let mut queued = self.queued.lock().unwrap_or_else(|p| p.into_inner());
         *queued += 1;
-        let _ = self.tx.send(Msg::Event(input, reply));
+        let _ = self.tx.send(Msg(input, reply, false));
         *queued
     }
 
@@ -196,6 +207,23 @@ impl Recorder {
     }
 }
 
+/// How many of `buf`'s events go in the next batch: what fits the limits, never splitting a
+/// group (a group longer than the limits goes whole).
+fn batch_len(buf: &[Msg]) -> usize {
+    let mut bytes = 0;
+    let mut take = 0;
+    let mut in_group = false;
+    for Msg(e, _, more) in buf {
+        bytes += e.data_json.len() + e.r#type.len() + e.node_id.len() + 16;
+        if take > 0 && !in_group && (bytes > MAX_BATCH_BYTES || take >= MAX_BATCH_EVENTS) {
+            break;
+        }
+        take += 1;
+        in_group = *more;
+    }
+    take
+}
+
 struct Task {
     store: Store,
     project: String,
@@ -230,18 +258,15 @@ impl Task {
                     }
                 }
             }
-            // Take what fits in one batch; the rest waits for the next round.
-            let mut bytes = 0;
-            let mut take = 0;
-            for Msg::Event(e, _) in &buf {
-                bytes += e.data_json.len() + e.r#type.len() + e.node_id.len() + 16;
-                if take > 0 && (bytes > MAX_BATCH_BYTES || take >= MAX_BATCH_EVENTS) {
+            // A group still arriving is waited for (its sender queues it all at once).
+            while buf.last().is_some_and(|m| m.2) {
+                if rx.recv_many(&mut buf, MAX_BATCH_EVENTS).await == 0 {
                     break;
                 }
-                take += 1;
             }
+            let take = batch_len(&buf);
             let batch: Vec<Msg> = buf.drain(..take).collect();
-            let inputs: Vec<EventInput> = batch.iter().map(|Msg::Event(e, _)| e.clone()).collect();
+            let inputs: Vec<EventInput> = batch.iter().map(|m| m.0.clone()).collect();
             match self.append(inputs).await {
                 Ok(first_seq) => {
                     let n = batch.len() as u64;
@@ -253,7 +278,7 @@ impl Task {
                             s.batches.pop_front();
                         }
                     }
-                    for (i, Msg::Event(_, reply)) in batch.into_iter().enumerate() {
+                    for (i, Msg(_, reply, _)) in batch.into_iter().enumerate() {
                         if let Some(r) = reply {
                             let _ = r.send(first_seq + i as u64);
                         }
@@ -346,4 +371,40 @@ fn same(stored: &Event, input: &EventInput) -> bool {
     stored.r#type == input.r#type
         && stored.node_id == input.node_id
         && (a == b || (a.is_null() && b == Value::Object(Default::default())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msgs(groups: &[usize]) -> Vec<Msg> {
+        let mut out = Vec::new();
+        for &n in groups {
+            for i in 0..n {
+                let input = EventInput {
+                    r#type: "node.completed".into(),
+                    ..Default::default()
+                };
+                out.push(Msg(input, None, i + 1 < n));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_batch_ends_at_the_limit_but_never_inside_a_group() {
+        // Single events: the limit cuts.
+        assert_eq!(batch_len(&msgs(&[1; 5000])), MAX_BATCH_EVENTS);
+        // A group straddling the limit goes whole into the batch.
+        let mut groups = vec![1; MAX_BATCH_EVENTS - 2];
+        groups.push(5);
+        groups.push(1);
+        assert_eq!(batch_len(&msgs(&groups)), MAX_BATCH_EVENTS + 3);
+        // A group alone, longer than the limit, is not split either.
+        assert_eq!(
+            batch_len(&msgs(&[MAX_BATCH_EVENTS + 10, 1])),
+            MAX_BATCH_EVENTS + 10
+        );
+        assert_eq!(batch_len(&[]), 0);
+    }
 }

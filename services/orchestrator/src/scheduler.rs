@@ -235,10 +235,15 @@ impl Driver {
     }
 
     fn emit(&mut self, e: Ev) {
+        self.apply(&e);
+        self.rec.push(&e);
+    }
+
+    /// Folds `e` into the run's state (the caller queues it with the recorder).
+    fn apply(&mut self, e: &Ev) {
         let ts = now();
         let before = (self.state.state, self.state.blocked_gates().count());
-        self.state.apply(&EventView::live(&e, &ts));
-        self.rec.push(&e);
+        self.state.apply(&EventView::live(e, &ts));
         self.dirty = true;
         if e.kind == ev::RUN_STALLED {
             cairn_telemetry::metrics::run_stall(&self.stall_key(), true);
@@ -953,10 +958,13 @@ impl Driver {
         };
         match result {
             Ok(success) => {
-                for e in success.events {
-                    self.emit(e);
+                // The node's effects and its completion go in one group.
+                let mut group = success.events;
+                for e in &group {
+                    self.apply(e);
                 }
                 if self.state.node(&id).map(|r| r.state) == Some(NodeState::Blocked) {
+                    self.rec.push_group(&group);
                     // The attempt ended at the node's own gate (an external agent asked for
                     // approval): the run waits; a decision starts the node again.
                     self.must_flush_to = self.rec.queued();
@@ -965,10 +973,11 @@ impl Driver {
                     }
                     return;
                 }
-                self.emit(
-                    Ev::new(ev::NODE_COMPLETED, &id)
-                        .with("outputs", Value::Object(success.outputs)),
-                );
+                let done = Ev::new(ev::NODE_COMPLETED, &id)
+                    .with("outputs", Value::Object(success.outputs));
+                self.apply(&done);
+                group.push(done);
+                self.rec.push_group(&group);
                 if !deterministic {
                     self.must_flush_to = self.rec.queued();
                 }
