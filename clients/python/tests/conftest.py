@@ -182,6 +182,8 @@ class Synced:
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._t, name)
+        if type(attr).__module__ == _async.__name__:
+            return Synced(attr, self._b)
         if callable(attr) and not isinstance(attr, type):
             return lambda *a, **kw: self._wrap(attr(*a, **kw))
         return self._wrap(attr)

@@ -548,9 +548,17 @@ class Ingest:
                  doc_path: str = "", mode: str = "", overwrite: bool = False,
                  dry_run: bool = False, claim: str = "", project: str | None = None) -> Manifest:
         """Ingests `document` (its text or bytes, or a pathlib.Path to read) for `run` and
-        returns the manifest; with `dry_run` nothing is written."""
-        req = rq.ingest_request(self._c.project(project), document, run=run, node=node,
-                                doc_path=doc_path, mode=mode, overwrite=overwrite, claim=claim)
+        returns the manifest; with `dry_run` nothing is written. Over mutual TLS ingest writes
+        only under an ingest claim: without `claim` one is taken on `run` (which fences any
+        other writer of that run, so give manual ingests runs of their own)."""
+        project_id = self._c.project(project)
+        if not claim and not dry_run and self._c.settings.tls:
+            epoch = (await self._c.unary(rq.CLAIM_RUN, store_pb.ClaimRunRequest(
+                project_id=project_id, run_id=run, holder="cairn-client"))).epoch
+            claim = (await self._c.unary(rq.GRANT_CLAIM, store_pb.GrantIngestClaimRequest(
+                project_id=project_id, run_id=run, epoch=epoch))).claim
+        req = rq.ingest_request(project_id, document, run=run, node=node, doc_path=doc_path,
+                                mode=mode, overwrite=overwrite, claim=claim)
         return Manifest._from(await self._c.unary(rq.PARSE if dry_run else rq.INGEST, req))
 
     async def enabled(self, *, run: str = "", project: str | None = None) -> bool:

@@ -120,9 +120,13 @@ class Settings:
                              "pass addr= (e.g. the address `cairn up` prints)")
         return _strip_scheme(found)
 
+    @property
+    def tls(self) -> bool:
+        return any((self.tls_dir, self.tls_cert, self.tls_key, self.tls_ca))
+
     def credentials(self) -> grpc.ChannelCredentials | None:
         """Mutual-TLS credentials from the TLS settings, or None for plaintext."""
-        if not any((self.tls_dir, self.tls_cert, self.tls_key, self.tls_ca)):
+        if not self.tls:
             return None
 
         def pick(own: Path | None, name: str, what: str) -> bytes:

@@ -162,7 +162,8 @@ def from_status(
     if not hint and "; " in message:
         # The services word a refusal as "what was wrong; what to do about it".
         hint = message.split("; ", 1)[1]
-    hint = hint or _DEFAULT_HINTS.get(code, "")
+    if code != grpc.StatusCode.PERMISSION_DENIED or reason in ("role", "project", ""):
+        hint = hint or _DEFAULT_HINTS.get(code, "")
     family = _FAMILIES.get(code, InternalError)
     return family(
         code,

@@ -96,6 +96,9 @@ GET = _store("Get", store_pb.GetRequest, store_pb.GetResponse)
 STAT = _store("Stat", store_pb.StatRequest, store_pb.FileInfo)
 LIST = _store("List", store_pb.ListRequest, store_pb.ListResponse)
 DELETE = _store("Delete", store_pb.DeleteRequest, store_pb.DeleteResponse)
+CLAIM_RUN = _store("ClaimRun", store_pb.ClaimRunRequest, store_pb.ClaimRunResponse)
+GRANT_CLAIM = _store("GrantIngestClaim", store_pb.GrantIngestClaimRequest,
+                     store_pb.GrantIngestClaimResponse)
 READ_EVENTS = _store("ReadEvents", store_pb.ReadEventsRequest, common_pb.Event)
 
 SB_RUN = _sandbox("Run", sandbox_pb.RunRequest, sandbox_pb.RunResult)
