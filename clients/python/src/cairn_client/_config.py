@@ -20,6 +20,8 @@ PathLike = Union[str, "os.PathLike[str]"]
 IDENTITY = "cli"
 # Room for sandbox results that carry their output files inline.
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+# The longest wait a service's RetryInfo may ask for between two attempts.
+MAX_SERVER_DELAY = 60.0
 
 
 @dataclass(frozen=True)
@@ -28,16 +30,16 @@ class RetryPolicy:
     service asked for (google.rpc.RetryInfo) when it gave one. `reconnect_for` bounds how long a
     stream (watch, logs, events) keeps reconnecting after it lost its service."""
 
-    attempts: int = 5
-    initial_backoff: float = 0.2
-    max_backoff: float = 5.0
+    attempts: int = 6
+    initial_backoff: float = 0.25
+    max_backoff: float = 4.0
     multiplier: float = 2.0
     reconnect_for: float = 60.0
 
     def delay(self, attempt: int, error: CairnError | None = None) -> float:
         """Seconds to wait before retry number `attempt` (from 1)."""
         if error is not None and error.retry_delay is not None:
-            return min(error.retry_delay, self.max_backoff * 4)
+            return min(error.retry_delay, MAX_SERVER_DELAY)
         base = min(self.initial_backoff * self.multiplier ** (attempt - 1), self.max_backoff)
         return base * (0.5 + random.random() / 2)
 
@@ -152,6 +154,10 @@ class Settings:
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.keepalive_time_ms", 30_000),
+            # Reconnect soon after a service restarts (gRPC's default backoff grows to 2 min).
+            ("grpc.initial_reconnect_backoff_ms", 200),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 2_000),
         ]
         name = server_name_for(address, self.tls_server_name)
         if name:

@@ -159,8 +159,8 @@ def from_status(
             hint = hint or "; ".join(f"{l.description} {l.url}".strip() for l in help_.links)
         elif detail.Unpack(localized):
             hint = hint or localized.message
-    if not hint and "; " in message:
-        # The services word a refusal as "what was wrong; what to do about it".
+    if not hint and reason and "; " in message:
+        # cairn's services word a refusal as "what was wrong; what to do about it".
         hint = message.split("; ", 1)[1]
     if code != grpc.StatusCode.PERMISSION_DENIED or reason in ("role", "project", ""):
         hint = hint or _DEFAULT_HINTS.get(code, "")
