@@ -6,13 +6,13 @@ import asyncio
 import io
 import time
 from types import TracebackType
-from typing import IO, AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Literal, Mapping, TypeVar, cast, overload
+from typing import IO, TYPE_CHECKING, AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Literal, Mapping, TypeVar, cast, overload
 
 import grpc
 from google.protobuf.message import Message
 
 from . import _requests as rq
-from ._config import PathLike, Settings, open_aio_channel
+from ._config import Options, PathLike, Settings, open_aio_channel
 from ._errors import CairnError, from_rpc_error
 from ._pb.cairn.v1 import artifact_store_pb2 as store_pb
 from ._pb.cairn.v1 import common_pb2 as common_pb
@@ -23,6 +23,9 @@ from ._types import (
     FINAL_STATES, Event, ExecResult, FileInfo, GrepMatch, Identity, LogChunk, Manifest, Note,
     PackSummary, Project, PutResult, Run, RunnerInfo, RunResult, TaskState,
 )
+
+if TYPE_CHECKING:
+    from ._config import Unpack
 
 Q = TypeVar("Q", bound=Message)
 R = TypeVar("R", bound=Message)
@@ -576,7 +579,7 @@ class AsyncClient:
     here or there override them. Use it in an `async with` block, or await close()."""
 
     def __init__(self, addr: str | None = None, *, settings: Settings | None = None,
-                 **options: object) -> None:
+                 **options: Unpack[Options]) -> None:
         base = settings or Settings()
         self.settings = base.merged(addr=addr, **options)
         self._conn = _Conn(self.settings)
@@ -586,7 +589,7 @@ class AsyncClient:
         self.ingest = Ingest(self._conn)
 
     @classmethod
-    def from_env(cls, addr: str | None = None, **options: object) -> AsyncClient:
+    def from_env(cls, addr: str | None = None, **options: Unpack[Options]) -> AsyncClient:
         """Settings from CAIRN_ADDR, CAIRN_STORE_ADDR, CAIRN_INGEST_ADDR, CAIRN_SANDBOX_ADDR,
         CAIRN_TLS_DIR (or CAIRN_TLS_CERT/KEY/CA), CAIRN_TLS_SERVER_NAME, CAIRN_TOKEN (or
         CAIRN_TOKEN_FILE) and CAIRN_PROJECT; keyword arguments override them."""

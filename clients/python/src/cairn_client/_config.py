@@ -8,7 +8,7 @@ import os
 import random
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Mapping, Union
+from typing import TYPE_CHECKING, Mapping, TypedDict, Union
 
 import grpc
 
@@ -44,7 +44,28 @@ class RetryPolicy:
         return base * (0.5 + random.random() / 2)
 
 
-NO_RETRY = RetryPolicy(attempts=1, reconnect_for=0.0)
+class Options(TypedDict, total=False):
+    """The keyword arguments of Client / AsyncClient and their from_env (each overrides the
+    setting of the same name; token_file is read into token)."""
+
+    store_addr: str
+    ingest_addr: str
+    sandbox_addr: str
+    tls_dir: PathLike
+    tls_cert: PathLike
+    tls_key: PathLike
+    tls_ca: PathLike
+    tls_server_name: str
+    token: str | None
+    token_file: PathLike
+    project: str
+    timeout: float
+    transfer_timeout: float
+    retry: RetryPolicy
+
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack as Unpack
 
 
 @dataclass(frozen=True)

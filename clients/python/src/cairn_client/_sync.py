@@ -4,13 +4,13 @@ from __future__ import annotations
 import io
 import time
 from types import TracebackType
-from typing import IO, Callable, Iterable, Iterator, Literal, Mapping, TypeVar, cast, overload
+from typing import IO, TYPE_CHECKING, Callable, Iterable, Iterator, Literal, Mapping, TypeVar, cast, overload
 
 import grpc
 from google.protobuf.message import Message
 
 from . import _requests as rq
-from ._config import PathLike, Settings, open_channel
+from ._config import Options, PathLike, Settings, open_channel
 from ._errors import CairnError, from_rpc_error
 from ._pb.cairn.v1 import artifact_store_pb2 as store_pb
 from ._pb.cairn.v1 import common_pb2 as common_pb
@@ -21,6 +21,9 @@ from ._types import (
     FINAL_STATES, Event, ExecResult, FileInfo, GrepMatch, Identity, LogChunk, Manifest, Note,
     PackSummary, Project, PutResult, Run, RunnerInfo, RunResult, TaskState,
 )
+
+if TYPE_CHECKING:
+    from ._config import Unpack
 
 Q = TypeVar("Q", bound=Message)
 R = TypeVar("R", bound=Message)
@@ -555,7 +558,7 @@ class Client:
     here or there override them. Use it in a `with` block, or call close()."""
 
     def __init__(self, addr: str | None = None, *, settings: Settings | None = None,
-                 **options: object) -> None:
+                 **options: Unpack[Options]) -> None:
         base = settings or Settings()
         self.settings = base.merged(addr=addr, **options)
         self._conn = _Conn(self.settings)
@@ -565,7 +568,7 @@ class Client:
         self.ingest = Ingest(self._conn)
 
     @classmethod
-    def from_env(cls, addr: str | None = None, **options: object) -> Client:
+    def from_env(cls, addr: str | None = None, **options: Unpack[Options]) -> Client:
         """Settings from CAIRN_ADDR, CAIRN_STORE_ADDR, CAIRN_INGEST_ADDR, CAIRN_SANDBOX_ADDR,
         CAIRN_TLS_DIR (or CAIRN_TLS_CERT/KEY/CA), CAIRN_TLS_SERVER_NAME, CAIRN_TOKEN (or
         CAIRN_TOKEN_FILE) and CAIRN_PROJECT; keyword arguments override them."""
