@@ -1,5 +1,6 @@
 """The async client: a file in and out of the store, a sandbox run and session, an ingest, and a
 run followed to its end. Needs CAIRN_ADDR (the address `cairn up` prints)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -17,18 +18,23 @@ async def main() -> None:
 
         result = await cairn.sandbox.run(
             "print(open('/input/data.csv').read().count('\\n'))",
-            inputs={"data.csv": await cairn.store.get("docs/tour/data.csv")})
+            inputs={"data.csv": await cairn.store.get("docs/tour/data.csv")},
+        )
         print("sandbox printed", result.stdout.decode().strip())
         async with cairn.sandbox.session() as s:
             await s.write("hello.sh", "echo hello from a session\n")
             print((await s.exec("bash hello.sh")).stdout.decode().strip())
 
-        manifest = await cairn.ingest("```python file=tour/hi.py\nprint('hi')\n```\n",
-                                      run="tour-ingest")
+        manifest = await cairn.ingest(
+            "```python file=tour/hi.py\nprint('hi')\n```\n", run="tour-ingest"
+        )
         print("ingest wrote", manifest.written, "of", manifest.total_blocks, "blocks")
 
-        graph = {"nodes": [{"id": "a", "type": "write_file", "path": "docs/{{run_id}}/a.txt",
-                            "content": "a"}]}
+        graph = {
+            "nodes": [
+                {"id": "a", "type": "write_file", "path": "docs/{{run_id}}/a.txt", "content": "a"}
+            ]
+        }
         run = await cairn.runs.submit(graph)
         async for event in cairn.runs.watch(run):
             print("event", event.seq, event.type)

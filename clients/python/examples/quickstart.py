@@ -3,8 +3,12 @@ from cairn_client import Client
 graph = {
     "vars": {"who": "world"},
     "nodes": [
-        {"id": "hello", "type": "write_file", "path": "docs/{{run_id}}/hello.txt",
-         "content": "hello {{vars.who}}"},
+        {
+            "id": "hello",
+            "type": "write_file",
+            "path": "docs/{{run_id}}/hello.txt",
+            "content": "hello {{vars.who}}",
+        },
         {"id": "review", "type": "gate", "reason": "read hello.txt", "needs": ["hello"]},
     ],
 }

@@ -1,5 +1,6 @@
 """Puts and gets SIZE bytes through cairn-client in a process of its own and prints, as JSON,
 how much its peak resident memory grew meanwhile (run by test_bigfile.py)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -7,8 +8,8 @@ import hashlib
 import json
 import resource
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import cairn_client
 
@@ -59,8 +60,17 @@ def main() -> None:
         got = hashlib.sha256()
         for block in iter(lambda: f.read(MIB), b""):
             got.update(block)
-    print(json.dumps({"growth_kib": growth, "put_sha256": sha, "expected": expected.hexdigest(),
-                      "file_sha256": got.hexdigest(), "file_size": target.stat().st_size}))
+    print(
+        json.dumps(
+            {
+                "growth_kib": growth,
+                "put_sha256": sha,
+                "expected": expected.hexdigest(),
+                "file_sha256": got.hexdigest(),
+                "file_size": target.stat().st_size,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

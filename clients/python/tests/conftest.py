@@ -1,6 +1,7 @@
 """A real `cairn up` per test session (plaintext, and one over mutual TLS with a tokens file),
 and the client under test in each flavour: `Client`, and `AsyncClient` driven through a bridge
 that runs its coroutines on an event loop thread, so one suite tests both."""
+
 from __future__ import annotations
 
 import asyncio
@@ -13,8 +14,9 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -52,8 +54,9 @@ class Server:
     """`cairn up` on 127.0.0.1:port over a data root; stop() kills it, start() again reuses
     both (a restart)."""
 
-    def __init__(self, root: Path, args: list[str] | None = None,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, root: Path, args: list[str] | None = None, env: dict[str, str] | None = None
+    ) -> None:
         self.root = root
         self.data = root / "data"
         self.data.mkdir(mode=0o755, exist_ok=True)
@@ -72,9 +75,20 @@ class Server:
     def start(self) -> None:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                [cairn_bin(), "--data-root", str(self.data), "up", "--listen", self.addr,
-                 "--no-console", *self.args],
-                stdout=log, stderr=subprocess.STDOUT, env=self.env)
+                [
+                    cairn_bin(),
+                    "--data-root",
+                    str(self.data),
+                    "up",
+                    "--listen",
+                    self.addr,
+                    "--no-console",
+                    *self.args,
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+            )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -92,8 +106,9 @@ class Server:
             log.write("\n--- start ---\n")
 
     def cli(self, *args: str) -> str:
-        return subprocess.run([cairn_bin(), *args], check=True, capture_output=True, text=True,
-                              env=self.env).stdout
+        return subprocess.run(
+            [cairn_bin(), *args], check=True, capture_output=True, text=True, env=self.env
+        ).stdout
 
 
 @pytest.fixture(scope="session")
@@ -127,8 +142,7 @@ def secure_server() -> Iterator[Secure]:
     server = Server(root, ["--tls-dir", str(tls_dir), "--tokens-file", str(tokens)])
     server.cli("certs", "init", "--out", str(tls_dir))
     admin = token_of(server.cli("tokens", "add", "--file", str(tokens), "ada", "--role", "admin"))
-    viewer = token_of(server.cli("tokens", "add", "--file", str(tokens), "vic", "--role",
-                                 "viewer"))
+    viewer = token_of(server.cli("tokens", "add", "--file", str(tokens), "vic", "--role", "viewer"))
     server.start()
     yield Secure(server, tls_dir, admin, viewer)
     server.stop(signal.SIGTERM)
@@ -136,6 +150,7 @@ def secure_server() -> Iterator[Secure]:
 
 
 # -- the async client, driven from synchronous tests ----------------------------------------------
+
 
 class Bridge:
     """An event loop on a thread; `run` waits for a coroutine there."""
@@ -194,7 +209,7 @@ class Synced:
     def __enter__(self) -> Synced:
         return Synced(self._b.run(self._t.__aenter__()), self._b)
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._b.run(self._t.__aexit__(*exc))
 
 

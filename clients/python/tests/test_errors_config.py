@@ -1,12 +1,13 @@
 """Settings from the CLI's environment variables, errors decoded from google.rpc.Status
 details, retries after UNAVAILABLE that honour RetryInfo (against a stand-in gRPC server), and
 what mutual TLS with a tokens file refuses."""
+
 from __future__ import annotations
 
 import time
 from concurrent import futures
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import grpc
 import pytest
@@ -17,8 +18,13 @@ from grpc_status import rpc_status
 
 import cairn_client
 from cairn_client import (
-    Client, FailedPreconditionError, InvalidArgumentError, PermissionDeniedError, RetryPolicy,
-    Settings, UnavailableError,
+    Client,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    PermissionDeniedError,
+    RetryPolicy,
+    Settings,
+    UnavailableError,
 )
 from cairn_client._pb.cairn.v1 import orchestrator_pb2
 
@@ -26,13 +32,22 @@ from cairn_client._pb.cairn.v1 import orchestrator_pb2
 def test_settings_from_the_cli_environment(tmp_path: Path) -> None:
     token_file = tmp_path / "token"
     token_file.write_text("  from-file\n")
-    env = {"CAIRN_ADDR": "10.0.0.1:7070", "CAIRN_STORE_ADDR": "store:7071",
-           "CAIRN_SANDBOX_ADDR": "http://runner:7072", "CAIRN_TLS_DIR": str(tmp_path),
-           "CAIRN_TLS_SERVER_NAME": "orchestrator", "CAIRN_TOKEN": "from-env",
-           "CAIRN_PROJECT": "proj"}
+    env = {
+        "CAIRN_ADDR": "10.0.0.1:7070",
+        "CAIRN_STORE_ADDR": "store:7071",
+        "CAIRN_SANDBOX_ADDR": "http://runner:7072",
+        "CAIRN_TLS_DIR": str(tmp_path),
+        "CAIRN_TLS_SERVER_NAME": "orchestrator",
+        "CAIRN_TOKEN": "from-env",
+        "CAIRN_PROJECT": "proj",
+    }
     s = Settings.from_env(env)
-    assert (s.address("orchestrator"), s.address("store"), s.address("sandbox"),
-            s.address("ingest")) == ("10.0.0.1:7070", "store:7071", "runner:7072", "10.0.0.1:7070")
+    assert (
+        s.address("orchestrator"),
+        s.address("store"),
+        s.address("sandbox"),
+        s.address("ingest"),
+    ) == ("10.0.0.1:7070", "store:7071", "runner:7072", "10.0.0.1:7070")
     assert s.tls_dir == tmp_path and s.token == "from-env" and s.project == "proj"
     assert s.metadata() == (("authorization", "Bearer from-env"),)
     assert ("grpc.ssl_target_name_override", "orchestrator") in s.channel_options("10.0.0.1:7070")
@@ -41,7 +56,10 @@ def test_settings_from_the_cli_environment(tmp_path: Path) -> None:
     # Explicit arguments override the environment.
     over = s.merged(addr="127.0.0.1:9", token="explicit", project="other")
     assert (over.address("orchestrator"), over.token, over.project) == (
-        "127.0.0.1:9", "explicit", "other")
+        "127.0.0.1:9",
+        "explicit",
+        "other",
+    )
     assert over.address("store") == "store:7071"
     with pytest.raises(ValueError, match="CAIRN_ADDR"):
         Settings.from_env({}).address("orchestrator")
@@ -67,10 +85,16 @@ class StandIn:
     def __init__(self, failures: int, status: status_pb2.Status) -> None:
         self.failures, self.status, self.calls = failures, status, []  # type: list[float]
         self.server = grpc.server(futures.ThreadPoolExecutor(4))
-        handler = grpc.method_handlers_generic_handler("cairn.v1.Orchestrator", {
-            "WhoAmI": grpc.unary_unary_rpc_method_handler(
-                self.whoami, request_deserializer=orchestrator_pb2.WhoAmIRequest.FromString,
-                response_serializer=orchestrator_pb2.WhoAmIResponse.SerializeToString)})
+        handler = grpc.method_handlers_generic_handler(
+            "cairn.v1.Orchestrator",
+            {
+                "WhoAmI": grpc.unary_unary_rpc_method_handler(
+                    self.whoami,
+                    request_deserializer=orchestrator_pb2.WhoAmIRequest.FromString,
+                    response_serializer=orchestrator_pb2.WhoAmIResponse.SerializeToString,
+                )
+            },
+        )
         self.server.add_generic_rpc_handlers((handler,))
         self.port = self.server.add_insecure_port("127.0.0.1:0")
         self.server.start()
@@ -95,8 +119,11 @@ def flavour(request: pytest.FixtureRequest) -> str:
 
 
 def stand_in_client(flavour: str, server: StandIn) -> tuple[Any, Any]:
-    return make_client(flavour, addr=f"127.0.0.1:{server.port}",
-                       retry=RetryPolicy(attempts=4, initial_backoff=0.01, max_backoff=0.02))
+    return make_client(
+        flavour,
+        addr=f"127.0.0.1:{server.port}",
+        retry=RetryPolicy(attempts=4, initial_backoff=0.01, max_backoff=0.02),
+    )
 
 
 def test_unavailable_is_retried_after_the_delay_retry_info_asks(flavour: str) -> None:
@@ -113,20 +140,31 @@ def test_unavailable_is_retried_after_the_delay_retry_info_asks(flavour: str) ->
 
 
 def test_refusals_are_not_retried_and_carry_their_details(flavour: str) -> None:
-    info = error_details_pb2.ErrorInfo(reason="wrong_state", domain="cairn",
-                                       metadata={"run_id": "r1"})
-    bad = error_details_pb2.BadRequest(field_violations=[
-        error_details_pb2.BadRequest.FieldViolation(field="gate_id", description="unknown")])
-    server = StandIn(1, status_with(code_pb2.FAILED_PRECONDITION,
-                                    "run r1 is completed; rework a node instead", info, bad))
+    info = error_details_pb2.ErrorInfo(
+        reason="wrong_state", domain="cairn", metadata={"run_id": "r1"}
+    )
+    bad = error_details_pb2.BadRequest(
+        field_violations=[
+            error_details_pb2.BadRequest.FieldViolation(field="gate_id", description="unknown")
+        ]
+    )
+    server = StandIn(
+        1,
+        status_with(
+            code_pb2.FAILED_PRECONDITION, "run r1 is completed; rework a node instead", info, bad
+        ),
+    )
     c, close = stand_in_client(flavour, server)
     try:
         with pytest.raises(FailedPreconditionError) as e:
             c.runs.whoami()
         assert len(server.calls) == 1
         err = e.value
-        assert (err.reason, err.hint, err.metadata) == ("wrong_state", "rework a node instead",
-                                                        {"run_id": "r1"})
+        assert (err.reason, err.hint, err.metadata) == (
+            "wrong_state",
+            "rework a node instead",
+            {"run_id": "r1"},
+        )
         assert [(v.field, v.description) for v in err.field_violations] == [("gate_id", "unknown")]
         assert isinstance(err, cairn_client.CairnError)
     finally:
@@ -136,8 +174,12 @@ def test_refusals_are_not_retried_and_carry_their_details(flavour: str) -> None:
 
 def test_an_unreachable_address_is_unavailable_with_a_hint(flavour: str) -> None:
     from conftest import free_port
-    c, close = make_client(flavour, addr=f"127.0.0.1:{free_port()}",
-                           retry=RetryPolicy(attempts=2, initial_backoff=0.01))
+
+    c, close = make_client(
+        flavour,
+        addr=f"127.0.0.1:{free_port()}",
+        retry=RetryPolicy(attempts=2, initial_backoff=0.01),
+    )
     try:
         with pytest.raises(UnavailableError) as e:
             c.runs.whoami()
@@ -156,8 +198,9 @@ def test_mtls_refuses_missing_and_weak_tokens(secure_server: Secure, flavour: st
         assert e.value.reason == "unauthenticated" and "cairn tokens add" in e.value.hint
     finally:
         close()
-    c, close = make_client(flavour, addr=addr, tls_dir=tls, token=secure_server.viewer,
-                           project="auth")
+    c, close = make_client(
+        flavour, addr=addr, tls_dir=tls, token=secure_server.viewer, project="auth"
+    )
     try:
         assert c.runs.whoami().role == "viewer"
         with pytest.raises(PermissionDeniedError) as e:
@@ -166,9 +209,15 @@ def test_mtls_refuses_missing_and_weak_tokens(secure_server: Secure, flavour: st
     finally:
         close()
     # Without a client certificate the TLS handshake fails: the service is unreachable.
-    c, close = make_client(flavour, addr=addr, tls_ca=tls / "ca.pem", tls_cert=tls / "ca.pem",
-                           tls_key=tls / "ca.key", token=secure_server.admin,
-                           retry=RetryPolicy(attempts=1))
+    c, close = make_client(
+        flavour,
+        addr=addr,
+        tls_ca=tls / "ca.pem",
+        tls_cert=tls / "ca.pem",
+        tls_key=tls / "ca.key",
+        token=secure_server.admin,
+        retry=RetryPolicy(attempts=1),
+    )
     try:
         with pytest.raises((UnavailableError, PermissionDeniedError)):
             c.store.put("docs/x.txt", b"x")

@@ -1,4 +1,5 @@
 """The README's quick start and the examples run as written against `cairn up`."""
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,14 @@ def run_python(code: str, server: Server, tmp_path: Path) -> str:
     env = dict(os.environ, CAIRN_ADDR=server.addr, CAIRN_PROJECT=f"doc-{uuid.uuid4().hex[:8]}")
     for name in ("CAIRN_TOKEN", "CAIRN_TLS_DIR", "CAIRN_TOKEN_FILE"):
         env.pop(name, None)
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                         timeout=120, env=env, cwd=tmp_path)
+    out = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -28,7 +35,7 @@ def run_python(code: str, server: Server, tmp_path: Path) -> str:
 def test_the_quick_start_runs(plain_server: Server, tmp_path: Path) -> None:
     readme = (HERE / "README.md").read_text()
     section = readme.split("## Quick start", 1)[1]
-    code = re.search(r"```python\n(.*?)```", section, re.S)
+    code = re.search(r"```python\n(.*?)```", section, re.DOTALL)
     assert code, "no python block under Quick start"
     # The same text is examples/quickstart.py, which mypy --strict checks.
     assert code.group(1) == (HERE / "examples" / "quickstart.py").read_text()

@@ -1,25 +1,34 @@
 """`watch` across a restart of the service: `cairn up` is killed while a run waits at a gate and
 started again on the same data root and port; the watcher reconnects by itself and delivers
 every event exactly once."""
+
 from __future__ import annotations
 
 import shutil
 import signal
 import threading
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from conftest import Server, make_client, open_dir
 
 from cairn_client import RetryPolicy, TaskState
 
-GATED = {"nodes": [
-    {"id": "a", "type": "write_file", "path": "docs/{{run_id}}/a.txt", "content": "a"},
-    {"id": "check", "type": "gate", "reason": "restart first", "needs": ["a"]},
-    {"id": "b", "type": "write_file", "path": "docs/{{run_id}}/b.txt", "content": "b",
-     "needs": ["check"]},
-]}
+GATED = {
+    "nodes": [
+        {"id": "a", "type": "write_file", "path": "docs/{{run_id}}/a.txt", "content": "a"},
+        {"id": "check", "type": "gate", "reason": "restart first", "needs": ["a"]},
+        {
+            "id": "b",
+            "type": "write_file",
+            "path": "docs/{{run_id}}/b.txt",
+            "content": "b",
+            "needs": ["check"],
+        },
+    ]
+}
 
 
 @pytest.fixture
@@ -39,16 +48,21 @@ def test_watch_resumes_after_a_restart(own_server: Server, flavour: str, api: st
     c, close = make_client(flavour, addr=own_server.addr, project="restart", retry=retry)
     try:
         run = c.runs.submit(GATED)
-        assert c.runs.wait(run, until={TaskState.INPUT_REQUIRED}, timeout=30).state == \
-            TaskState.INPUT_REQUIRED
+        assert (
+            c.runs.wait(run, until={TaskState.INPUT_REQUIRED}, timeout=30).state
+            == TaskState.INPUT_REQUIRED
+        )
         seen: list[Any] = []
         failure: list[BaseException] = []
         before_kill = threading.Event()
 
         def watch() -> None:
             try:
-                stream = (c.runs.watch(run, follow=True) if api == "runs.watch"
-                          else c.store.events(run, follow=True))
+                stream = (
+                    c.runs.watch(run, follow=True)
+                    if api == "runs.watch"
+                    else c.store.events(run, follow=True)
+                )
                 for event in stream:
                     seen.append(event)
                     if event.type == "gate.blocked":
@@ -73,7 +87,7 @@ def test_watch_resumes_after_a_restart(own_server: Server, flavour: str, api: st
         assert seqs == list(range(1, len(seqs) + 1)), seqs  # no gap, no repeat
         assert len(seen) > count_before
         stored = [e.line for e in c.store.events(run)]
-        assert [e.line for e in seen] == stored[:len(seen)]
+        assert [e.line for e in seen] == stored[: len(seen)]
         assert seen[-1].type == "task.completed"
         assert c.runs.get(run).state == TaskState.COMPLETED
     finally:

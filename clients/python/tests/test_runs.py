@@ -1,5 +1,6 @@
 """Runs through the orchestrator of a real `cairn up`: every method of `client.runs`, in each
 client flavour (sync, async; plaintext and mutual TLS with a token)."""
+
 from __future__ import annotations
 
 import time
@@ -10,18 +11,39 @@ from typing import Any
 import pytest
 
 from cairn_client import (
-    FINAL_STATES, ConflictError, FailedPreconditionError, GateState, InvalidArgumentError,
-    NotFoundError, TaskState,
+    FINAL_STATES,
+    ConflictError,
+    FailedPreconditionError,
+    GateState,
+    InvalidArgumentError,
+    NotFoundError,
+    TaskState,
 )
 
-WRITE = {"vars": {"who": "world"}, "nodes": [{"id": "a", "type": "write_file", "path": "docs/{{run_id}}/a.txt",
-                    "content": "hello {{vars.who}}"}]}
-GATED = {"nodes": [
-    {"id": "a", "type": "write_file", "path": "docs/{{run_id}}/a.txt", "content": "a"},
-    {"id": "check", "type": "gate", "reason": "look at a", "needs": ["a"]},
-    {"id": "b", "type": "write_file", "path": "docs/{{run_id}}/b.txt", "content": "b",
-     "needs": ["check"]},
-]}
+WRITE = {
+    "vars": {"who": "world"},
+    "nodes": [
+        {
+            "id": "a",
+            "type": "write_file",
+            "path": "docs/{{run_id}}/a.txt",
+            "content": "hello {{vars.who}}",
+        }
+    ],
+}
+GATED = {
+    "nodes": [
+        {"id": "a", "type": "write_file", "path": "docs/{{run_id}}/a.txt", "content": "a"},
+        {"id": "check", "type": "gate", "reason": "look at a", "needs": ["a"]},
+        {
+            "id": "b",
+            "type": "write_file",
+            "path": "docs/{{run_id}}/b.txt",
+            "content": "b",
+            "needs": ["check"],
+        },
+    ]
+}
 BLOCKED = {TaskState.INPUT_REQUIRED, *FINAL_STATES}
 
 
@@ -45,8 +67,9 @@ def test_submit_get_wait_and_watch(client: Any, tmp_path: Path) -> None:
     assert [e.seq for e in later] == [e.seq for e in events[2:]]
     # A graph file's path works as well as a dict (JSON is YAML).
     graph = tmp_path / "graph.yaml"
-    graph.write_text("nodes:\n  - {id: a, type: write_file, path: 'docs/{{run_id}}/y.txt', "
-                     "content: yaml}\n")
+    graph.write_text(
+        "nodes:\n  - {id: a, type: write_file, path: 'docs/{{run_id}}/y.txt', content: yaml}\n"
+    )
     from_file = client.runs.wait(client.runs.submit(graph), timeout=30)
     assert from_file.state == TaskState.COMPLETED
     assert client.store.get(f"docs/{from_file.run_id}/y.txt") == b"yaml"
@@ -60,15 +83,18 @@ def test_submit_is_idempotent_and_ids_conflict(client: Any) -> None:
         client.runs.submit(WRITE, vars={"who": "x"}, run_id=first.run_id)
     assert e.value.reason == "exists" and e.value.metadata["run_id"] == first.run_id
     with pytest.raises(InvalidArgumentError) as bad:
-        client.runs.submit({"nodes": [{"id": "a", "type": "write_file", "path": "../x",
-                                       "content": "x"}]})
+        client.runs.submit(
+            {"nodes": [{"id": "a", "type": "write_file", "path": "../x", "content": "x"}]}
+        )
     assert bad.value.reason == "invalid_graph" and "relative" in bad.value.hint
 
 
 def test_list_pages_search_and_time_bounds(client: Any) -> None:
     before = datetime.now(timezone.utc) - timedelta(seconds=5)
-    ids = [client.runs.submit(WRITE, vars={"who": str(i)}, title=f"listed {i}").run_id
-           for i in range(3)]
+    ids = [
+        client.runs.submit(WRITE, vars={"who": str(i)}, title=f"listed {i}").run_id
+        for i in range(3)
+    ]
     client.runs.submit(WRITE, title="other")
     for rid in ids:
         client.runs.wait(rid, timeout=30)
@@ -133,10 +159,18 @@ def test_cancel_resume_rework_rerun_and_context(client: Any) -> None:
 
 def test_resume_of_a_failed_run(client: Any) -> None:
     # A sandbox_run node that fails the first time and succeeds once a marker is in place.
-    graph = {"nodes": [{"id": "flaky", "type": "sandbox_run", "language": "python",
-                        "input_files": ["docs/gate/"],
-                        "code": "import os, sys\nsys.exit(0 if os.path.exists("
-                                "'/input/docs/gate/open') else 3)\n"}]}
+    graph = {
+        "nodes": [
+            {
+                "id": "flaky",
+                "type": "sandbox_run",
+                "language": "python",
+                "input_files": ["docs/gate/"],
+                "code": "import os, sys\nsys.exit(0 if os.path.exists("
+                "'/input/docs/gate/open') else 3)\n",
+            }
+        ]
+    }
     client.store.put("docs/gate/placeholder", b"x")
     run = client.runs.submit(graph)
     assert client.runs.wait(run, timeout=60).state == TaskState.FAILED
@@ -146,8 +180,16 @@ def test_resume_of_a_failed_run(client: Any) -> None:
 
 
 def test_logs_follow_a_sandbox_node(client: Any) -> None:
-    graph = {"nodes": [{"id": "talk", "type": "sandbox_run", "language": "python",
-                        "code": "for i in range(3):\n    print('line', i, flush=True)\n"}]}
+    graph = {
+        "nodes": [
+            {
+                "id": "talk",
+                "type": "sandbox_run",
+                "language": "python",
+                "code": "for i in range(3):\n    print('line', i, flush=True)\n",
+            }
+        ]
+    }
     run = client.runs.submit(graph)
     chunks = list(client.runs.logs(run, follow=True, timeout=60))
     out = b"".join(c.data for c in chunks if c.node_id == "talk" and c.stream.name == "STDOUT")

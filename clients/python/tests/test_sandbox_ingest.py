@@ -1,5 +1,6 @@
 """The sandbox-runner (one-shot runs and sessions) and ingest, in each client flavour. The
 runner of `cairn up` uses the local backend (bubblewrap) when it is installed, else Docker."""
+
 from __future__ import annotations
 
 import io
@@ -10,7 +11,11 @@ from typing import Any
 import pytest
 
 from cairn_client import (
-    BlockStatus, CairnError, InvalidArgumentError, NotFoundError, PermissionDeniedError,
+    BlockStatus,
+    CairnError,
+    InvalidArgumentError,
+    NotFoundError,
+    PermissionDeniedError,
 )
 
 
@@ -28,12 +33,15 @@ def test_one_shot_run_with_inputs_and_outputs(client: Any, tmp_path: Path) -> No
     runner_or_skip(client)
     info = client.sandbox.info()
     assert "python" in info.languages and info.runner_id
-    code = ("import sys\n"
-            "data = open('/input/in/data.txt').read()\n"
-            "open('/output/upper.txt', 'w').write(data.upper())\n"
-            "print('stdout line'); print('stderr line', file=sys.stderr)\n")
-    result = client.sandbox.run(code, "python", inputs={"in/data.txt": b"hello"},
-                                outputs=tmp_path / "out")
+    code = (
+        "import sys\n"
+        "data = open('/input/in/data.txt').read()\n"
+        "open('/output/upper.txt', 'w').write(data.upper())\n"
+        "print('stdout line'); print('stderr line', file=sys.stderr)\n"
+    )
+    result = client.sandbox.run(
+        code, "python", inputs={"in/data.txt": b"hello"}, outputs=tmp_path / "out"
+    )
     assert result.ok and result.exit_code == 0, result
     assert (result.stdout, result.stderr) == (b"stdout line\n", b"stderr line\n")
     assert result.outputs == {"upper.txt": b"HELLO"}
@@ -71,8 +79,10 @@ def test_session_as_context_manager(client: Any, tmp_path: Path) -> None:
 
 
 def test_ingest_writes_blocks_and_returns_manifest(client: Any, tmp_path: Path) -> None:
-    doc = ("Plan:\n\n```python file=pkg/hello.py\nprint('hi')\n```\n\n"
-           "```python file=../escape.py\nx = 1\n```\n")
+    doc = (
+        "Plan:\n\n```python file=pkg/hello.py\nprint('hi')\n```\n\n"
+        "```python file=../escape.py\nx = 1\n```\n"
+    )
     client.store.create_project(client.settings.project)
     dry = client.ingest(doc, run="ing-run", dry_run=True)
     assert dry.path == "" and dry.total_blocks == 2
@@ -82,7 +92,9 @@ def test_ingest_writes_blocks_and_returns_manifest(client: Any, tmp_path: Path) 
     assert manifest.version == 1 and manifest.run_id == "ing-run" and manifest.node_id == "writer"
     assert (manifest.total_blocks, manifest.written, manifest.rejected) == (2, 1, 1)
     written, refused = manifest.artifacts
-    assert written.status == BlockStatus.WRITTEN and written.workspace_path == "workspace/pkg/hello.py"
+    assert (
+        written.status == BlockStatus.WRITTEN and written.workspace_path == "workspace/pkg/hello.py"
+    )
     assert refused.status == BlockStatus.REJECTED and refused.reason == "traversal"
     assert manifest.path == ".cairn/runs/ing-run/ingest/writer.json"
     assert client.store.get("workspace/pkg/hello.py") == b"print('hi')\n"

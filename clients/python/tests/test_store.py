@@ -1,15 +1,22 @@
 """The artifact-store through `client.store`, in each client flavour."""
+
 from __future__ import annotations
 
 import hashlib
 import io
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
 from cairn_client import (
-    ConflictError, EntryKind, InvalidArgumentError, NotFoundError, TaskState, WriteOutcome,
+    ConflictError,
+    EntryKind,
+    InvalidArgumentError,
+    NotFoundError,
+    TaskState,
+    WriteOutcome,
 )
 
 BODY = bytes(range(256)) * 4096 + b"tail"  # 1 MiB + 4 bytes: several chunks
@@ -19,7 +26,11 @@ def test_put_every_source_and_get_back(client: Any, tmp_path: Path) -> None:
     digest = hashlib.sha256(BODY).hexdigest()
     put = client.store.put("docs/py/data.bin", BODY)
     assert (put.path, put.sha256, put.size, put.outcome) == (
-        "docs/py/data.bin", digest, len(BODY), WriteOutcome.CREATED)
+        "docs/py/data.bin",
+        digest,
+        len(BODY),
+        WriteOutcome.CREATED,
+    )
     assert client.store.put("docs/py/data.bin", BODY).outcome == WriteOutcome.UNCHANGED
     local = tmp_path / "local.bin"
     local.write_bytes(BODY)
@@ -29,11 +40,13 @@ def test_put_every_source_and_get_back(client: Any, tmp_path: Path) -> None:
 
     def pieces() -> Iterator[bytes]:
         for i in range(0, len(BODY), 100_000):
-            yield BODY[i:i + 100_000]
+            yield BODY[i : i + 100_000]
 
     assert client.store.put("docs/py/from-iter.bin", pieces()).sha256 == digest
-    assert client.store.put("docs/py/from-iter.bin", b"new", overwrite=True).outcome == \
-        WriteOutcome.OVERWRITTEN
+    assert (
+        client.store.put("docs/py/from-iter.bin", b"new", overwrite=True).outcome
+        == WriteOutcome.OVERWRITTEN
+    )
     for name in ("data", "from-path", "from-file"):
         assert client.store.get(f"docs/py/{name}.bin") == BODY
     assert client.store.get("docs/py/data.bin", offset=10, length=5) == BODY[10:15]
@@ -50,7 +63,11 @@ def test_stat_ls_delete_and_projects(client: Any) -> None:
     for name in ("a.txt", "b.txt", "sub/c.txt"):
         client.store.put(f"docs/ls/{name}", name.encode())
     st = client.store.stat("docs/ls/a.txt", sha256=True)
-    assert (st.kind, st.size, st.sha256) == (EntryKind.FILE, 5, hashlib.sha256(b"a.txt").hexdigest())
+    assert (st.kind, st.size, st.sha256) == (
+        EntryKind.FILE,
+        5,
+        hashlib.sha256(b"a.txt").hexdigest(),
+    )
     assert client.store.stat("docs/ls/a.txt").sha256 == ""
     flat = [e.path for e in client.store.ls("docs/ls")]
     assert flat == ["docs/ls/a.txt", "docs/ls/b.txt", "docs/ls/sub"]
@@ -80,8 +97,13 @@ def test_refusals_carry_reason_metadata_and_hint(client: Any) -> None:
 
 
 def test_events_of_a_run(client: Any) -> None:
-    run = client.runs.submit({"nodes": [{"id": "a", "type": "write_file",
-                                         "path": "docs/{{run_id}}/a.txt", "content": "a"}]})
+    run = client.runs.submit(
+        {
+            "nodes": [
+                {"id": "a", "type": "write_file", "path": "docs/{{run_id}}/a.txt", "content": "a"}
+            ]
+        }
+    )
     assert client.runs.wait(run, timeout=30).state == TaskState.COMPLETED
     stored = list(client.store.events(run))
     watched = list(client.runs.watch(run))

@@ -1,14 +1,16 @@
 """Where the services are and how to reach them: the CLI's settings (CAIRN_ADDR, the per-service
 addresses, CAIRN_TLS_DIR and its files, CAIRN_TOKEN / CAIRN_TOKEN_FILE, CAIRN_PROJECT), with
 explicit arguments over the environment; and the retry policy of every call."""
+
 from __future__ import annotations
 
 import ipaddress
 import os
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, TypedDict, Union
+from typing import TYPE_CHECKING, TypedDict, Union
 
 import grpc
 
@@ -132,15 +134,23 @@ class Settings:
 
     def address(self, service: str) -> str:
         """The address of `service` (store | ingest | sandbox | orchestrator)."""
-        own = {"store": self.store_addr, "ingest": self.ingest_addr,
-               "sandbox": self.sandbox_addr}.get(service)
+        own = {
+            "store": self.store_addr,
+            "ingest": self.ingest_addr,
+            "sandbox": self.sandbox_addr,
+        }.get(service)
         found = own or self.addr
         if not found:
-            flag = {"store": "CAIRN_STORE_ADDR", "ingest": "CAIRN_INGEST_ADDR",
-                    "sandbox": "CAIRN_SANDBOX_ADDR"}.get(service)
+            flag = {
+                "store": "CAIRN_STORE_ADDR",
+                "ingest": "CAIRN_INGEST_ADDR",
+                "sandbox": "CAIRN_SANDBOX_ADDR",
+            }.get(service)
             more = f" (or {flag} for this service alone)" if flag else ""
-            raise ValueError(f"no address for the {service} service: set CAIRN_ADDR{more} or "
-                             "pass addr= (e.g. the address `cairn up` prints)")
+            raise ValueError(
+                f"no address for the {service} service: set CAIRN_ADDR{more} or "
+                "pass addr= (e.g. the address `cairn up` prints)"
+            )
         return _strip_scheme(found)
 
     @property
@@ -155,14 +165,17 @@ class Settings:
         def pick(own: Path | None, name: str, what: str) -> bytes:
             chosen = own or (self.tls_dir / name if self.tls_dir else None)
             if chosen is None:
-                raise ValueError(f"TLS needs the {what}: set CAIRN_TLS_DIR (a directory of "
-                                 f"`cairn certs init`) or the {what} file itself")
+                raise ValueError(
+                    f"TLS needs the {what}: set CAIRN_TLS_DIR (a directory of "
+                    f"`cairn certs init`) or the {what} file itself"
+                )
             try:
                 return chosen.read_bytes()
             except OSError as e:
-                raise ValueError(f"cannot read the TLS {what} {chosen}: {e.strerror}; check "
-                                 "CAIRN_TLS_DIR / CAIRN_TLS_CERT / CAIRN_TLS_KEY / CAIRN_TLS_CA"
-                                 ) from None
+                raise ValueError(
+                    f"cannot read the TLS {what} {chosen}: {e.strerror}; check "
+                    "CAIRN_TLS_DIR / CAIRN_TLS_CERT / CAIRN_TLS_KEY / CAIRN_TLS_CA"
+                ) from None
 
         return grpc.ssl_channel_credentials(
             root_certificates=pick(self.tls_ca, "ca.pem", "CA certificate"),

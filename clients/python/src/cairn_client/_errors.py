@@ -1,14 +1,14 @@
 """Refusals of the cairn services as exceptions: one class per family of gRPC codes, each with
 the reason word, message, hint, metadata, field violations and retry delay that the service's
 google.rpc.Status details carry. `from_rpc_error` is the one place codes become classes."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
-import google.rpc.error_details_pb2 as error_details_pb2
-import google.rpc.status_pb2 as status_pb2
+from google.rpc import error_details_pb2, status_pb2
 
 DETAILS_KEY = "grpc-status-details-bin"
 REASON_KEY = "cairn-reason"
@@ -129,9 +129,7 @@ def _status_details(trailers: Any) -> status_pb2.Status | None:
     return None
 
 
-def from_status(
-    code: grpc.StatusCode, message: str, trailers: Any
-) -> CairnError:
+def from_status(code: grpc.StatusCode, message: str, trailers: Any) -> CairnError:
     """The exception of a failed call, from its code, message and trailing metadata."""
     reason = ""
     hint = ""

@@ -1,5 +1,6 @@
 """What the sync and the async client share: the RPC table, request builders, chunking with
 sha256, and the cursors that let a resumed stream skip what it already delivered."""
+
 from __future__ import annotations
 
 import getpass
@@ -8,10 +9,11 @@ import io
 import json
 import os
 import uuid
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Any, Generic, cast, Iterable, Iterator, Mapping, TypeVar, Union
+from typing import IO, Any, Generic, TypeVar, Union, cast
 
 from google.protobuf.message import Message
 
@@ -97,8 +99,9 @@ STAT = _store("Stat", store_pb.StatRequest, store_pb.FileInfo)
 LIST = _store("List", store_pb.ListRequest, store_pb.ListResponse)
 DELETE = _store("Delete", store_pb.DeleteRequest, store_pb.DeleteResponse)
 CLAIM_RUN = _store("ClaimRun", store_pb.ClaimRunRequest, store_pb.ClaimRunResponse)
-GRANT_CLAIM = _store("GrantIngestClaim", store_pb.GrantIngestClaimRequest,
-                     store_pb.GrantIngestClaimResponse)
+GRANT_CLAIM = _store(
+    "GrantIngestClaim", store_pb.GrantIngestClaimRequest, store_pb.GrantIngestClaimResponse
+)
 READ_EVENTS = _store("ReadEvents", store_pb.ReadEventsRequest, common_pb.Event)
 
 SB_RUN = _sandbox("Run", sandbox_pb.RunRequest, sandbox_pb.RunResult)
@@ -109,18 +112,18 @@ SB_WRITE = _sandbox("WriteFile", sandbox_pb.WriteFileRequest, sandbox_pb.WriteFi
 SB_GLOB = _sandbox("Glob", sandbox_pb.GlobRequest, sandbox_pb.GlobResponse)
 SB_GREP = _sandbox("Grep", sandbox_pb.GrepRequest, sandbox_pb.GrepResponse)
 SB_PACK = _sandbox("Pack", sandbox_pb.PackRequest, sandbox_pb.PackResponse)
-SB_CLOSE = _sandbox("CloseSession", sandbox_pb.CloseSessionRequest,
-                    sandbox_pb.CloseSessionResponse)
-SB_TOUCH = _sandbox("TouchSession", sandbox_pb.TouchSessionRequest,
-                    sandbox_pb.TouchSessionResponse)
+SB_CLOSE = _sandbox("CloseSession", sandbox_pb.CloseSessionRequest, sandbox_pb.CloseSessionResponse)
+SB_TOUCH = _sandbox("TouchSession", sandbox_pb.TouchSessionRequest, sandbox_pb.TouchSessionResponse)
 SB_INFO = _sandbox("GetRunnerInfo", sandbox_pb.GetRunnerInfoRequest, sandbox_pb.RunnerInfo)
 
 INGEST = _rpc("ingest", "Ingest", "Ingest", ingest_pb.IngestRequest, ingest_pb.IngestResponse)
 PARSE = _rpc("ingest", "Ingest", "Parse", ingest_pb.IngestRequest, ingest_pb.IngestResponse)
-SET_ENABLED = _rpc("ingest", "Ingest", "SetEnabled", ingest_pb.SetEnabledRequest,
-                   ingest_pb.SetEnabledResponse)
-GET_ENABLED = _rpc("ingest", "Ingest", "GetEnabled", ingest_pb.GetEnabledRequest,
-                   ingest_pb.SetEnabledResponse)
+SET_ENABLED = _rpc(
+    "ingest", "Ingest", "SetEnabled", ingest_pb.SetEnabledRequest, ingest_pb.SetEnabledResponse
+)
+GET_ENABLED = _rpc(
+    "ingest", "Ingest", "GetEnabled", ingest_pb.GetEnabledRequest, ingest_pb.SetEnabledResponse
+)
 
 
 def run_id(run: RunRef) -> str:
@@ -164,22 +167,45 @@ def submit_request(
     if not run_id and not request_id:
         request_id = f"py-{uuid.uuid4()}"
     return orch_pb.SubmitRunRequest(
-        project_id=project, graph_yaml=graph_yaml, vars=dict(vars or {}), run_id=run_id or "",
-        request_id=request_id or "", title=title, mode=mode, prompt=prompt, llm=llm,
+        project_id=project,
+        graph_yaml=graph_yaml,
+        vars=dict(vars or {}),
+        run_id=run_id or "",
+        request_id=request_id or "",
+        title=title,
+        mode=mode,
+        prompt=prompt,
+        llm=llm,
         files=[orch_pb.InputFile(path=p, content=c) for p, c in (files or {}).items()],
-        graph_dir=graph_dir, rerun_of=rerun_of)
+        graph_dir=graph_dir,
+        rerun_of=rerun_of,
+    )
 
 
-def list_runs_request(project: str, *, states: Iterable[TaskState] | None, search: str,
-                      since: Time | None, until: Time | None, stalled: bool, page_size: int,
-                      page_token: str) -> orch_pb.ListRunsRequest:
+def list_runs_request(
+    project: str,
+    *,
+    states: Iterable[TaskState] | None,
+    search: str,
+    since: Time | None,
+    until: Time | None,
+    stalled: bool,
+    page_size: int,
+    page_token: str,
+) -> orch_pb.ListRunsRequest:
     return orch_pb.ListRunsRequest(
-        project_id=project, states=[f"TASK_STATE_{TaskState(s).name}" for s in states or ()], text=search,
-        created_after=timestamp(since), created_before=timestamp(until), stalled=stalled,
-        page=common_pb.PageRequest(page_size=page_size, page_token=page_token))
+        project_id=project,
+        states=[f"TASK_STATE_{TaskState(s).name}" for s in states or ()],
+        text=search,
+        created_after=timestamp(since),
+        created_before=timestamp(until),
+        stalled=stalled,
+        page=common_pb.PageRequest(page_size=page_size, page_token=page_token),
+    )
 
 
 # -- streams that resume ------------------------------------------------------------------------
+
 
 class EventCursor:
     """Where a resumed WatchRun / ReadEvents picks up: after the last event delivered. Events at
@@ -219,9 +245,14 @@ class LogCursor:
             if mine:
                 # Skips through (after_attempt, after_seq): later chunks and later attempts.
                 after_attempt, after_seq = max(mine)
-        return orch_pb.WatchLogsRequest(project_id=project, run_id=run, node_id=node,
-                                        follow=follow, after_attempt=after_attempt,
-                                        after_seq=after_seq)
+        return orch_pb.WatchLogsRequest(
+            project_id=project,
+            run_id=run,
+            node_id=node,
+            follow=follow,
+            after_attempt=after_attempt,
+            after_seq=after_seq,
+        )
 
 
 def state_may_change(event: Event) -> bool:
@@ -230,6 +261,7 @@ def state_may_change(event: Event) -> bool:
 
 
 # -- store transfers ----------------------------------------------------------------------------
+
 
 class Upload:
     """The chunks of a Put, with their sha256. Bytes and files are hashed before the header
@@ -290,7 +322,7 @@ class Upload:
         n = self.chunk_size
         if self._bytes is not None:
             for i in range(0, len(self._bytes), n):
-                yield bytes(self._bytes[i:i + n])
+                yield bytes(self._bytes[i : i + n])
         elif self._path is not None:
             with open(self._path, "rb") as f:
                 yield from iter(lambda: f.read(n), b"")
@@ -303,12 +335,14 @@ class Upload:
             for chunk in self._iter:
                 # Cut big pieces so that no message nears the gRPC size limit.
                 for i in range(0, len(chunk), n):
-                    yield bytes(chunk[i:i + n])
+                    yield bytes(chunk[i : i + n])
 
     def check(self, digest_sha256: str) -> None:
         if self.sha256 == "" and digest_sha256 != self.sent.hexdigest():
-            raise ValueError(f"the store holds sha256 {digest_sha256} but {self.sent.hexdigest()} "
-                             "was sent: the upload was altered in transit; put it again")
+            raise ValueError(
+                f"the store holds sha256 {digest_sha256} but {self.sent.hexdigest()} "
+                "was sent: the upload was altered in transit; put it again"
+            )
 
 
 def _hash_file(path: Path, chunk_size: int) -> tuple[str, int]:
@@ -340,11 +374,15 @@ class Download:
 
     def finish(self, whole: bool) -> FileInfo:
         if self.info is None:
-            raise ValueError("the store's answer carried no file information; is the address a "
-                             "cairn artifact-store?")
+            raise ValueError(
+                "the store's answer carried no file information; is the address a "
+                "cairn artifact-store?"
+            )
         if whole and self.info.sha256 and self.hash.hexdigest() != self.info.sha256:
-            raise ValueError(f"received {self.size} bytes with sha256 {self.hash.hexdigest()}, "
-                             f"the store announced {self.info.sha256}: get it again")
+            raise ValueError(
+                f"received {self.size} bytes with sha256 {self.hash.hexdigest()}, "
+                f"the store announced {self.info.sha256}: get it again"
+            )
         return self.info
 
 
@@ -367,6 +405,7 @@ class FileSink:
 
 # -- sandbox ------------------------------------------------------------------------------------
 
+
 def _content(v: bytes | str | PathLike) -> bytes:
     """Bytes as given, a str as its UTF-8 text, a path object's file read."""
     if isinstance(v, bytes):
@@ -376,18 +415,37 @@ def _content(v: bytes | str | PathLike) -> bytes:
     return Path(v).read_bytes()
 
 
-def sandbox_request(code: str, language: str, *, inputs: Mapping[str, bytes | str] | None,
-                    code_file: str, env: Mapping[str, str] | None, image: str, network: bool,
-                    timeout: float | None, memory_bytes: int, run: str,
-                    node: str) -> sandbox_pb.RunRequest:
-    limits = sandbox_pb.Limits(timeout_ms=int(timeout * 1000) if timeout else 0,
-                               memory_bytes=memory_bytes)
+def sandbox_request(
+    code: str,
+    language: str,
+    *,
+    inputs: Mapping[str, bytes | str] | None,
+    code_file: str,
+    env: Mapping[str, str] | None,
+    image: str,
+    network: bool,
+    timeout: float | None,
+    memory_bytes: int,
+    run: str,
+    node: str,
+) -> sandbox_pb.RunRequest:
+    limits = sandbox_pb.Limits(
+        timeout_ms=int(timeout * 1000) if timeout else 0, memory_bytes=memory_bytes
+    )
     return sandbox_pb.RunRequest(
-        language=language, code=code, code_file=code_file,
-        input_files=[common_pb.FileContent(path=p, content=_content(c))
-                     for p, c in (inputs or {}).items()],
-        limits=limits, env=dict(env or {}), image=image, network=network, run_id=run,
-        node_id=node)
+        language=language,
+        code=code,
+        code_file=code_file,
+        input_files=[
+            common_pb.FileContent(path=p, content=_content(c)) for p, c in (inputs or {}).items()
+        ],
+        limits=limits,
+        env=dict(env or {}),
+        image=image,
+        network=network,
+        run_id=run,
+        node_id=node,
+    )
 
 
 def write_outputs(outputs: Mapping[str, bytes], directory: PathLike) -> None:
@@ -401,14 +459,29 @@ def write_outputs(outputs: Mapping[str, bytes], directory: PathLike) -> None:
         target.write_bytes(content)
 
 
-def ingest_request(project: str, document: bytes | str | PathLike, *, run: str, node: str,
-                   doc_path: str, mode: str, overwrite: bool,
-                   claim: str) -> ingest_pb.IngestRequest:
+def ingest_request(
+    project: str,
+    document: bytes | str | PathLike,
+    *,
+    run: str,
+    node: str,
+    doc_path: str,
+    mode: str,
+    overwrite: bool,
+    claim: str,
+) -> ingest_pb.IngestRequest:
     """A str document is its text; a path (pathlib.Path, os.PathLike) is read."""
     content = _content(document)
-    return ingest_pb.IngestRequest(project_id=project, run_id=run, node_id=node, mode=mode,
-                                   doc_path=doc_path, content=content, overwrite=overwrite,
-                                   claim=claim)
+    return ingest_pb.IngestRequest(
+        project_id=project,
+        run_id=run,
+        node_id=node,
+        mode=mode,
+        doc_path=doc_path,
+        content=content,
+        overwrite=overwrite,
+        claim=claim,
+    )
 
 
 def blocked_gate(run: Run) -> str:
@@ -422,8 +495,16 @@ def blocked_gate(run: Run) -> str:
 
 def pack_summary(summaries: list[sandbox_pb.PackSummary]) -> PackSummary:
     if not summaries:
-        raise ValueError("the runner's Pack stream ended without its summary: the archive is "
-                         "incomplete; pack again")
+        raise ValueError(
+            "the runner's Pack stream ended without its summary: the archive is "
+            "incomplete; pack again"
+        )
     s = summaries[-1]
-    return PackSummary(s.archive_name, s.digest.sha256, s.digest.size_bytes, s.entries,
-                       s.excluded, tuple((r.path, r.reason) for r in s.refused))
+    return PackSummary(
+        s.archive_name,
+        s.digest.sha256,
+        s.digest.size_bytes,
+        s.entries,
+        s.excluded,
+        tuple((r.path, r.reason) for r in s.refused),
+    )

@@ -1,5 +1,6 @@
 """What the client returns: frozen dataclasses and enums made from the services' messages
 (proto/cairn/v1), so that callers never handle protobuf objects."""
+
 from __future__ import annotations
 
 import enum
@@ -116,8 +117,16 @@ class Node:
 
     @classmethod
     def _from(cls, m: orch_pb.NodeInfo) -> Node:
-        return cls(m.id, m.type, _enum(NodeState, m.state), m.attempts, m.started_at,
-                   m.finished_at, m.error, _json(m.outputs_json))
+        return cls(
+            m.id,
+            m.type,
+            _enum(NodeState, m.state),
+            m.attempts,
+            m.started_at,
+            m.finished_at,
+            m.error,
+            _json(m.outputs_json),
+        )
 
 
 @dataclass(frozen=True)
@@ -155,10 +164,22 @@ class Run:
 
     @classmethod
     def _from(cls, m: orch_pb.RunInfo) -> Run:
-        return cls(m.run_id, m.project_id, m.title, _enum(TaskState, m.state), m.created_at,
-                   m.updated_at, tuple(Node._from(n) for n in m.nodes),
-                   tuple(Gate._from(g) for g in m.gates), m.run_dir, m.error,
-                   m.blocks_not_written, m.goal, m.rerun_of, m.stalled_since)
+        return cls(
+            m.run_id,
+            m.project_id,
+            m.title,
+            _enum(TaskState, m.state),
+            m.created_at,
+            m.updated_at,
+            tuple(Node._from(n) for n in m.nodes),
+            tuple(Gate._from(g) for g in m.gates),
+            m.run_dir,
+            m.error,
+            m.blocks_not_written,
+            m.goal,
+            m.rerun_of,
+            m.stalled_since,
+        )
 
     def node(self, node_id: str) -> Node:
         """The node with this id (KeyError when the graph has none)."""
@@ -187,8 +208,16 @@ class Event:
 
     @classmethod
     def _from(cls, m: common_pb.Event) -> Event:
-        return cls(m.seq, m.ts, m.type, m.run_id, m.node_id, _enum(Level, m.level),
-                   _json(m.data_json), m.line_json)
+        return cls(
+            m.seq,
+            m.ts,
+            m.type,
+            m.run_id,
+            m.node_id,
+            _enum(Level, m.level),
+            _json(m.data_json),
+            m.line_json,
+        )
 
 
 @dataclass(frozen=True)
@@ -207,8 +236,17 @@ class LogChunk:
 
     @classmethod
     def _from(cls, m: orch_pb.LogChunk) -> LogChunk:
-        return cls(m.node_id, m.attempt, m.seq, _enum(LogStream, m.stream), m.data,
-                   m.dropped_bytes, m.end, m.outcome, m.error)
+        return cls(
+            m.node_id,
+            m.attempt,
+            m.seq,
+            _enum(LogStream, m.stream),
+            m.data,
+            m.dropped_bytes,
+            m.end,
+            m.outcome,
+            m.error,
+        )
 
 
 @dataclass(frozen=True)
@@ -285,11 +323,24 @@ class RunResult:
 
     @classmethod
     def _from(cls, m: sandbox_pb.RunResult) -> RunResult:
-        return cls(m.exit_code, m.timed_out, m.oom_killed, m.duration_ms, m.stdout, m.stderr,
-                   m.stdout_truncated, m.stderr_truncated,
-                   {f.path: f.content for f in m.output_files},
-                   tuple((r.path, r.reason) for r in m.rejected_outputs), m.outputs_truncated,
-                   m.request_id, m.job_id, m.runner_id, m.backend, m.limits_enforced)
+        return cls(
+            m.exit_code,
+            m.timed_out,
+            m.oom_killed,
+            m.duration_ms,
+            m.stdout,
+            m.stderr,
+            m.stdout_truncated,
+            m.stderr_truncated,
+            {f.path: f.content for f in m.output_files},
+            tuple((r.path, r.reason) for r in m.rejected_outputs),
+            m.outputs_truncated,
+            m.request_id,
+            m.job_id,
+            m.runner_id,
+            m.backend,
+            m.limits_enforced,
+        )
 
 
 @dataclass(frozen=True)
@@ -309,8 +360,16 @@ class ExecResult:
 
     @classmethod
     def _from(cls, m: sandbox_pb.ExecResult) -> ExecResult:
-        return cls(m.exit_code, m.timed_out, m.stdout, m.stderr, m.stdout_truncated,
-                   m.stderr_truncated, m.duration_ms, m.writable_area_full)
+        return cls(
+            m.exit_code,
+            m.timed_out,
+            m.stdout,
+            m.stderr,
+            m.stdout_truncated,
+            m.stderr_truncated,
+            m.duration_ms,
+            m.writable_area_full,
+        )
 
 
 @dataclass(frozen=True)
@@ -342,8 +401,15 @@ class RunnerInfo:
 
     @classmethod
     def _from(cls, m: sandbox_pb.RunnerInfo) -> RunnerInfo:
-        return cls(m.runner_id, m.backend, tuple(m.languages), m.open_sessions, m.image,
-                   tuple(m.allowed_images), m.network_allowed)
+        return cls(
+            m.runner_id,
+            m.backend,
+            tuple(m.languages),
+            m.open_sessions,
+            m.image,
+            tuple(m.allowed_images),
+            m.network_allowed,
+        )
 
 
 @dataclass(frozen=True)
@@ -386,11 +452,34 @@ class Manifest:
         doc = doc if isinstance(doc, dict) else {}
         version = str(doc.get("version", "1"))
         source = doc.get("source")
-        arts = tuple(ManifestArtifact(a.index, a.lang, a.declared_file, a.workspace_path, a.bytes,
-                                      a.sha256, _enum(BlockStatus, a.status), a.reason)
-                     for a in m.artifacts)
+        arts = tuple(
+            ManifestArtifact(
+                a.index,
+                a.lang,
+                a.declared_file,
+                a.workspace_path,
+                a.bytes,
+                a.sha256,
+                _enum(BlockStatus, a.status),
+                a.reason,
+            )
+            for a in m.artifacts
+        )
         s = m.summary
-        return cls(int(version) if version.isdigit() else 0, str(doc.get("run_id", "")),
-                   str(doc.get("node_id", "")), source if isinstance(source, dict) else {}, arts,
-                   s.total_blocks, s.written, s.skipped, s.rejected, m.manifest_path,
-                   _enum(Level, m.level), tuple(m.errors), m.enabled, m.manifest_json, doc)
+        return cls(
+            int(version) if version.isdigit() else 0,
+            str(doc.get("run_id", "")),
+            str(doc.get("node_id", "")),
+            source if isinstance(source, dict) else {},
+            arts,
+            s.total_blocks,
+            s.written,
+            s.skipped,
+            s.rejected,
+            m.manifest_path,
+            _enum(Level, m.level),
+            tuple(m.errors),
+            m.enabled,
+            m.manifest_json,
+            doc,
+        )
