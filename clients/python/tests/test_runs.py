@@ -112,6 +112,8 @@ def test_gates_notes_approve_and_reject(client: Any) -> None:
     blocked = client.runs.wait(run, until=BLOCKED, timeout=30)
     assert blocked.state == TaskState.INPUT_REQUIRED
     assert [g.id for g in blocked.blocked_gates] == ["check"]
+    with pytest.raises(TimeoutError):  # it waits for a human: no end within half a second
+        client.runs.wait(run, timeout=0.5)
     note = client.runs.note(run, "a is fine", by="tester")
     assert note.ref.startswith("shared/human-notes.md#") and note.seq > 0
     approved = client.runs.approve(run, note="ship it", by="tester")
