@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,14 @@ def test_put_every_source_and_get_back(client: Any, tmp_path: Path) -> None:
             yield BODY[i : i + 100_000]
 
     assert client.store.put("docs/py/from-iter.bin", pieces()).sha256 == digest
+    if client.flavour.startswith("async"):
+
+        async def async_pieces() -> AsyncIterator[bytes]:
+            for piece in pieces():
+                yield piece
+
+        assert client.store.put("docs/py/from-aiter.bin", async_pieces()).sha256 == digest
+        assert client.store.get("docs/py/from-aiter.bin") == BODY
     assert (
         client.store.put("docs/py/from-iter.bin", b"new", overwrite=True).outcome
         == WriteOutcome.OVERWRITTEN

@@ -489,8 +489,7 @@ class Store:
             create_project=create_project,
         )
         if isinstance(data, AsyncIterable):
-            sent = rq.Upload(b"", chunk_size)
-            sent.sha256 = ""
+            sent = rq.Upload((), chunk_size)  # no digest ahead: hashed as sent, checked after
             reply = await self._c.upload(
                 rq.PUT, lambda: _async_requests(header, data, sent), replayable=False
             )
