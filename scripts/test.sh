@@ -5,7 +5,9 @@
 #   2. formatting and clippy (warnings are errors);
 #   3. every Rust test (cargo nextest, the workspace);
 #   4. the fuzz targets still build;
-#   5. the Python grpcio client against `cairn up` (tests/python).
+#   5. the Python grpcio client against `cairn up` (tests/python);
+#   6. the Python client package (clients/python): generated code against proto/, mypy --strict,
+#      pytest against `cairn up`.
 # CAIRN_REQUIRE_DOCKER=1 makes the Docker tests mandatory (CI sets it).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -56,5 +58,8 @@ done
 
 step "python grpc client"
 bash tests/python/run.sh
+
+step "python client package"
+bash clients/python/run-tests.sh
 
 step "all tests passed"

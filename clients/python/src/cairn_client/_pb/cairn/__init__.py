@@ -1,0 +1,1 @@
+"""Generated from proto/ by gen_stubs.py; do not edit."""
