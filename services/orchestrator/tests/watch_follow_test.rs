@@ -87,5 +87,32 @@ async fn watch_run_follows_a_failed_run_through_its_resume() {
         "the stream stays open until the client leaves"
     );
     drop(stream);
+
+    // Without follow, a watch of the finished run from its start reads through its earlier
+    // end (task.failed) to the log's end, then ends.
+    let mut replay = s
+        .client
+        .clone()
+        .watch_run(WatchRunRequest {
+            project_id: PROJECT.into(),
+            run_id: run.clone(),
+            from_seq: 1,
+            follow_after_end: false,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut all = Vec::new();
+    while let Some(e) = tokio::time::timeout(Duration::from_secs(20), replay.message())
+        .await
+        .expect("the stream ends within 20 s")
+        .unwrap()
+    {
+        all.push((e.seq, e.r#type));
+    }
+    assert_eq!(
+        all, stored,
+        "a non-following watch of an ended run reads every event"
+    );
     s.stop().await;
 }

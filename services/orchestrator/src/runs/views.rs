@@ -155,6 +155,17 @@ impl Runs {
             .and_then(TaskState::from_proto)
             .is_some_and(TaskState::is_final);
         let follow = follow_after_end || !final_now;
+        // An end already in the log when the watch starts is history (a run resumed or
+        // reworked after it): the stream goes on past it. An ended run's stream ends with the
+        // log; a live run's at its next end.
+        let history_end = if final_now {
+            u64::MAX
+        } else {
+            self.load(project, run_id)
+                .await
+                .map(|(_, s)| s.last_seq)
+                .unwrap_or(0)
+        };
         let mut stream = self
             .b
             .store
@@ -181,7 +192,8 @@ impl Runs {
                 }
                 match next {
                     Some(Ok(e)) => {
-                        let end = ev::is_final(&e.r#type) && !follow_after_end;
+                        let end =
+                            ev::is_final(&e.r#type) && !follow_after_end && e.seq > history_end;
                         if tx.send(Ok(e)).await.is_err() || end {
                             return;
                         }
