@@ -54,6 +54,9 @@ pub struct Global {
         default_value = ".cairn-data"
     )]
     pub data_root: PathBuf,
+    /// Where --data-root came from (flag, CAIRN_DATA_ROOT or the default), for `config show`.
+    #[arg(skip)]
+    pub data_root_source: Option<clap::parser::ValueSource>,
     /// Project to act on.
     #[arg(
         long,
@@ -63,9 +66,14 @@ pub struct Global {
         default_value = "default"
     )]
     pub project: String,
-    /// Machine-readable JSON output on stdout.
+    /// Machine-readable JSON output on stdout (a failure too: {"error": {"reason", "message",
+    /// "hint"}}).
     #[arg(long, global = true)]
     pub json: bool,
+    /// Print where the embedded services' log file is (<data-root>/logs/cairn.log) and copy
+    /// its lines, from level info, to stderr.
+    #[arg(long, short = 'v', global = true)]
+    pub verbose: bool,
     #[command(flatten)]
     pub tls: cairn_server::TlsArgs,
     /// With TLS: the host name a server's certificate must carry when an address is a
@@ -93,6 +101,18 @@ pub struct Global {
     /// list (a warning is printed): prefer --token-file or CAIRN_TOKEN.
     #[arg(long, global = true, value_name = "TOKEN")]
     pub token: Option<String>,
+}
+
+impl Cli {
+    /// Parses the command line (exiting with clap's usage error, code 2, when it is wrong),
+    /// remembering where --data-root came from.
+    pub fn parse_args() -> Cli {
+        use clap::{CommandFactory, FromArgMatches};
+        let matches = Cli::command().get_matches();
+        let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+        cli.global.data_root_source = matches.value_source("data_root");
+        cli
+    }
 }
 
 impl Global {
