@@ -16,7 +16,11 @@ use clap::{Args, Parser, Subcommand};
     name = "cairn",
     version,
     propagate_version = true,
-    max_term_width = 100
+    max_term_width = 100,
+    after_help = "Errors: `error: <what happened>` and `hint: <what to do>` on stderr (--json: \
+{\"error\": {\"reason\", \"message\", \"hint\"}} on stdout). Exit codes, the same for \
+every command: 0 ok, 1 failed work, 2 usage, 3 not found, 4 partial, 5 refused or no \
+permission, 6 unavailable (docs/troubleshooting.md)."
 )]
 pub struct Cli {
     #[command(flatten)]
@@ -167,9 +171,9 @@ pub enum Command {
     Sandbox(SandboxCommand),
     /// Run a graph (YAML) or a built-in mode, showing progress live; ends with a summary.
     ///
-    /// Exit codes: 0 completed (or waiting at a gate), 1 failed or canceled, 3 a service could
-    /// not be reached, 4 completed but some code blocks of its documents were not written to
-    /// the workspace (rejected or skipped: see the nodes' not_written outputs).
+    /// Exit codes: 0 completed (or waiting at a gate), 1 failed or canceled, 4 completed but
+    /// some code blocks of its documents were not written to the workspace (rejected or
+    /// skipped: see the nodes' not_written outputs), 6 a service could not be reached.
     Run(RunArgs),
     /// List, show, watch, cancel, resume or rework runs.
     #[command(subcommand)]

@@ -201,8 +201,8 @@ fn from_status(status: &tonic::Status, cx: &Context) -> Report {
     }
     // The services word a refusal as "<what happened>; <what to do>".
     let message = status.message();
-    let (what, advice) = match message.split_once("; ") {
-        Some((what, advice)) => (what.to_owned(), Some(advice)),
+    let (what, advice) = match advice_at(message) {
+        Some(at) => (message[..at].to_owned(), Some(&message[at + 2..])),
         None => (message.to_owned(), None),
     };
     let hint = cli_hint(&reason, status)
@@ -214,6 +214,21 @@ fn from_status(status: &tonic::Status, cx: &Context) -> Report {
         hint,
         exit: exit_of(status.code()),
     }
+}
+
+/// Where a service's advice starts: the first "; " outside brackets and quotes.
+fn advice_at(message: &str) -> Option<usize> {
+    let (mut depth, mut quoted) = (0i32, false);
+    for (i, c) in message.char_indices() {
+        match c {
+            '"' | '`' => quoted = !quoted,
+            '(' | '[' | '{' if !quoted => depth += 1,
+            ')' | ']' | '}' if !quoted => depth -= 1,
+            ';' if depth == 0 && !quoted && message[i..].starts_with("; ") => return Some(i),
+            _ => {}
+        }
+    }
+    None
 }
 
 /// A status that says the connection itself failed, worded for the user.
@@ -418,6 +433,13 @@ mod tests {
             "check the run id, or pass --follow to wait for them"
         );
         assert!(cli_words("check the path with List").contains("cairn store ls"));
+    }
+
+    #[test]
+    fn advice_starts_after_the_first_top_level_semicolon() {
+        let m = "needs a token (cairn --token; or CAIRN_TOKEN); use one";
+        assert_eq!(&m[advice_at(m).unwrap() + 2..], "use one");
+        assert_eq!(advice_at("no advice here"), None);
     }
 
     #[test]

@@ -337,7 +337,19 @@ pub struct Settings {
 impl Settings {
     /// The one file (if any), the environment, then what this process decides: the data root
     /// (`--data-root`) and the TLS flags.
+    /// A configuration that cannot be used is a usage error (exit 2), with how to check it.
     pub fn load(global: &crate::cli::Global) -> anyhow::Result<Settings> {
+        Settings::load_unchecked(global).map_err(|e| {
+            crate::failure::Failure::usage(
+                "config",
+                format!("{e:#}"),
+                "fix the file and check it with `cairn --config FILE config show`; docs/configuration.md lists every key",
+            )
+            .into()
+        })
+    }
+
+    fn load_unchecked(global: &crate::cli::Global) -> anyhow::Result<Settings> {
         let file = File::read(global.config.as_deref())?;
         let data_root = std::path::absolute(&global.data_root)?;
         let mut tls_flags = tls_flags(global);
