@@ -141,12 +141,6 @@ fn one_line(s: &str) -> String {
 }
 
 fn describe(e: &anyhow::Error, cx: &Context) -> Report {
-    if let Some(io) = e.chain().find_map(|c| c.downcast_ref::<std::io::Error>()) {
-        if io.kind() == std::io::ErrorKind::BrokenPipe {
-            // A command streaming to a closed stdout (`cairn store get F | head -c 10`).
-            crate::output::stdout_failed(std::io::Error::from(io.kind()));
-        }
-    }
     if let Some(f) = e.downcast_ref::<Failure>() {
         return Report {
             reason: f.reason.to_owned(),
@@ -157,6 +151,13 @@ fn describe(e: &anyhow::Error, cx: &Context) -> Report {
     }
     if let Some(status) = e.chain().find_map(|c| c.downcast_ref::<tonic::Status>()) {
         return from_status(status, cx);
+    }
+    // Not a service's answer (whose cause may be a broken socket): a command streaming to a
+    // closed stdout (`cairn store get F | head -c 10`).
+    if let Some(io) = e.chain().find_map(|c| c.downcast_ref::<std::io::Error>()) {
+        if io.kind() == std::io::ErrorKind::BrokenPipe {
+            crate::output::stdout_failed(std::io::Error::from(io.kind()));
+        }
     }
     if let Some(clap) = e.downcast_ref::<clap::Error>() {
         return Report {

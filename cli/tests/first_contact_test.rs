@@ -423,3 +423,19 @@ fn operations_doc_names_no_issue_numbers() {
         "docs state the rule, not an issue number"
     );
 }
+
+#[test]
+fn an_llm_url_refused_by_a_server_says_to_name_a_provider() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (_up, addr, _) = common::up(&data, &[]);
+    let out = cairn(&data)
+        .args(["--addr", &addr, "run", "--mode", "single", "--prompt", "p"])
+        .args(["--llm", "openai:http://127.0.0.1:9/v1#m"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "a flag to change: {stderr}");
+    assert_error_style(&stderr);
+    assert!(stderr.contains("--llm NAME"), "{stderr}");
+}
