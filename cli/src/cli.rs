@@ -16,7 +16,11 @@ use clap::{Args, Parser, Subcommand};
     name = "cairn",
     version,
     propagate_version = true,
-    max_term_width = 100
+    max_term_width = 100,
+    after_help = "Errors: `error: <what happened>` and `hint: <what to do>` on stderr (--json: \
+{\"error\": {\"reason\", \"message\", \"hint\"}} on stdout). Exit codes, the same for \
+every command: 0 ok, 1 failed work, 2 usage, 3 not found, 4 partial, 5 refused or no \
+permission, 6 unavailable (docs/troubleshooting.md)."
 )]
 pub struct Cli {
     #[command(flatten)]
@@ -54,6 +58,9 @@ pub struct Global {
         default_value = ".cairn-data"
     )]
     pub data_root: PathBuf,
+    /// Where --data-root came from (flag, CAIRN_DATA_ROOT or the default), for `config show`.
+    #[arg(skip)]
+    pub data_root_source: Option<clap::parser::ValueSource>,
     /// Project to act on.
     #[arg(
         long,
@@ -63,9 +70,14 @@ pub struct Global {
         default_value = "default"
     )]
     pub project: String,
-    /// Machine-readable JSON output on stdout.
+    /// Machine-readable JSON output on stdout (a failure too: {"error": {"reason", "message",
+    /// "hint"}}).
     #[arg(long, global = true)]
     pub json: bool,
+    /// Print where the embedded services' log file is (<data-root>/logs/cairn.log) and copy
+    /// its lines, from level info, to stderr.
+    #[arg(long, short = 'v', global = true)]
+    pub verbose: bool,
     #[command(flatten)]
     pub tls: cairn_server::TlsArgs,
     /// With TLS: the host name a server's certificate must carry when an address is a
@@ -93,6 +105,18 @@ pub struct Global {
     /// list (a warning is printed): prefer --token-file or CAIRN_TOKEN.
     #[arg(long, global = true, value_name = "TOKEN")]
     pub token: Option<String>,
+}
+
+impl Cli {
+    /// Parses the command line (exiting with clap's usage error, code 2, when it is wrong),
+    /// remembering where --data-root came from.
+    pub fn parse_args() -> Cli {
+        use clap::{CommandFactory, FromArgMatches};
+        let matches = Cli::command().get_matches();
+        let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+        cli.global.data_root_source = matches.value_source("data_root");
+        cli
+    }
 }
 
 impl Global {
@@ -147,9 +171,9 @@ pub enum Command {
     Sandbox(SandboxCommand),
     /// Run a graph (YAML) or a built-in mode, showing progress live; ends with a summary.
     ///
-    /// Exit codes: 0 completed (or waiting at a gate), 1 failed or canceled, 3 a service could
-    /// not be reached, 4 completed but some code blocks of its documents were not written to
-    /// the workspace (rejected or skipped: see the nodes' not_written outputs).
+    /// Exit codes: 0 completed (or waiting at a gate), 1 failed or canceled, 4 completed but
+    /// some code blocks of its documents were not written to the workspace (rejected or
+    /// skipped: see the nodes' not_written outputs), 6 a service could not be reached.
     Run(RunArgs),
     /// List, show, watch, cancel, resume or rework runs.
     #[command(subcommand)]

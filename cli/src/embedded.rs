@@ -116,6 +116,16 @@ impl Services {
         .iter()
         .any(|a| a.is_some());
         if remote {
+            if let Some(path) = &global.config {
+                // The file configures services this process starts; remote ones have their
+                // own. Still check it, and say it is not used, rather than ignore it silently.
+                Settings::load(global)?;
+                eprintln!(
+                    "note: {} configures the services cairn starts itself; the services at {} use their own configuration (leave out --addr / CAIRN_ADDR to use this file)",
+                    path.display(),
+                    global.addr.as_deref().unwrap_or("the given addresses")
+                );
+            }
             let tls = global
                 .tls
                 .config()

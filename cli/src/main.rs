@@ -2,20 +2,42 @@
 //! `CAIRN_ADDR` when given and otherwise starts the services it needs in this process (over
 //! `--data-root`), then talks to them over gRPC on loopback like any other client.
 
+/// `println!` for this crate: a closed stdout (`cairn runs show RUN | head -2`) ends the
+/// command quietly, as SIGPIPE ends any Unix tool, instead of panicking.
+macro_rules! println {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut out = std::io::stdout().lock();
+        if let Err(e) = writeln!(out, $($arg)*) {
+            $crate::output::stdout_failed(e);
+        }
+    }};
+}
+
+/// `print!` for this crate (see `println!`).
+macro_rules! print {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut out = std::io::stdout().lock();
+        if let Err(e) = write!(out, $($arg)*).and_then(|()| out.flush()) {
+            $crate::output::stdout_failed(e);
+        }
+    }};
+}
+
 mod cli;
 mod commands;
 mod embedded;
 mod failure;
+mod logs;
 mod output;
 mod settings;
 mod transfer;
 
 use std::process::ExitCode;
 
-use clap::Parser;
-
 fn main() -> ExitCode {
-    let cli = cli::Cli::parse();
+    let cli = cli::Cli::parse_args();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -32,7 +54,21 @@ fn main() -> ExitCode {
             cli::Command::Up(_) => ("info", "cairn"),
             _ => ("warn", "cairn"),
         };
-        let _telemetry = cairn_telemetry::init_with_level(service, level);
+        let _telemetry = match logs::file_of(&cli) {
+            // Client commands: the logs of the services they embed go to a file, not the
+            // terminal (-v: to the terminal too, and its path is printed).
+            Some(path) => {
+                if cli.global.verbose {
+                    eprintln!("logs: {}", path.display());
+                }
+                cairn_telemetry::init_with_writer(
+                    service,
+                    if cli.global.verbose { "info" } else { level },
+                    logs::LogFile::new(path, cli.global.verbose),
+                )
+            }
+            None => cairn_telemetry::init_with_level(service, level),
+        };
         // A client command is one trace: its calls carry this span's context to the services
         // (servers make a span per call instead). `cairn health` is a probe run every few
         // seconds by Docker and Kubernetes: no trace.
@@ -43,6 +79,7 @@ fn main() -> ExitCode {
             c => tracing::info_span!("cairn", otel.name = %command_name(c), otel.kind = "client"),
         };
         let expected = failure::Expected::of(&cli);
+        let context = failure::Context::of(&cli);
         let result = tracing::Instrument::instrument(commands::dispatch(cli), span).await;
         match result {
             Ok(code) => code,
@@ -53,11 +90,10 @@ fn main() -> ExitCode {
                     .is_some_and(|s| s.code() == tonic::Code::Unimplemented);
                 if let (true, Some(expected)) = (unimplemented, expected) {
                     if let Some(why) = expected.explain().await {
-                        eprintln!("error: {why}");
-                        return ExitCode::FAILURE;
+                        return failure::report_failure(why, &context);
                     }
                 }
-                failure::report(&e)
+                failure::report(&e, &context)
             }
         }
     })

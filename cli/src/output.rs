@@ -8,6 +8,23 @@ pub fn json(value: &impl Serialize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A write to stdout failed: a closed pipe ends the process the way SIGPIPE ends any Unix
+/// tool (quietly, killed by the signal); any other error is reported once, exit 1.
+#[allow(unsafe_code)]
+pub fn stdout_failed(e: std::io::Error) -> ! {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        use nix::sys::signal::{raise, signal, SigHandler, Signal};
+        // SAFETY: restoring the default action of SIGPIPE installs no handler code.
+        unsafe {
+            let _ = signal(Signal::SIGPIPE, SigHandler::SigDfl);
+        }
+        let _ = raise(Signal::SIGPIPE);
+        std::process::exit(141);
+    }
+    eprintln!("error: cannot write to stdout: {e}");
+    std::process::exit(i32::from(crate::failure::exit::FAILED));
+}
+
 /// Human-readable byte count.
 pub fn bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];

@@ -94,17 +94,36 @@ impl File {
                 bail!("{}: `{name}` must be a section ([{name}])", path.display());
             };
             if SERVICES.contains(&name.as_str()) {
-                merge(sections.entry(name).or_default(), table);
+                let section = sections.entry(name).or_default();
+                if let Some(key) = both(section, &table) {
+                    bail!("{}: {}", path.display(), twice(&key));
+                }
+                merge(section, table);
             } else if ORCHESTRATOR_PARTS.contains(&name.as_str()) {
                 let mut part = Map::new();
                 part.insert(name, Value::Object(table));
-                merge(sections.entry("orchestrator".into()).or_default(), part);
+                let orchestrator = sections.entry("orchestrator".into()).or_default();
+                if let Some(key) = both(orchestrator, &part) {
+                    bail!("{}: {}", path.display(), twice(&key));
+                }
+                merge(orchestrator, part);
             } else {
                 bail!(
                     "{}: unknown section [{name}]; the sections are {}, {} and [{SHARED_TLS}]",
                     path.display(),
                     SERVICES.map(|s| format!("[{s}]")).join(", "),
                     ORCHESTRATOR_PARTS.map(|s| format!("[{s}]")).join(", ")
+                );
+            }
+        }
+        for (section, key, old, now) in MOVED {
+            if sections
+                .get(section)
+                .is_some_and(|t| pointer(&Value::Object(t.clone()), key).is_some())
+            {
+                bail!(
+                    "{}: {old} is not a key of cairn's configuration; it is now {now}",
+                    path.display()
                 );
             }
         }
@@ -199,6 +218,48 @@ impl File {
 }
 
 /// Deep-merges `over` into `base` (tables merge, everything else is replaced).
+/// Keys of earlier configurations that moved: section, key, as the file spells it, where it
+/// is now.
+const MOVED: [(&str, &str, &str, &str); 3] = [
+    (
+        "orchestrator",
+        "docker_image",
+        "[orchestrator] docker_image",
+        "`image` in [sandbox_runner] (other images a graph may name: `allowed_images` there)",
+    ),
+    (
+        "orchestrator",
+        "code_delivery.docker_image",
+        "[code_delivery] docker_image",
+        "`image` in [sandbox_runner] (other images a graph may name: `allowed_images` there)",
+    ),
+    (
+        "orchestrator",
+        "code_delivery.network_allowed",
+        "[code_delivery] network_allowed",
+        "`network_allowed` in [sandbox_runner]",
+    ),
+];
+
+/// The refusal of an orchestrator key (`llm.model`) set both at the top level and in
+/// [orchestrator].
+fn twice(key: &str) -> String {
+    let (part, rest) = key.split_once('.').unwrap_or((key, ""));
+    format!("[{part}] and [orchestrator.{part}] both set `{rest}`; keep one of them")
+}
+
+/// The first leaf key (`a.b`) both tables set, if any: the same key given twice.
+fn both(a: &Map<String, Value>, b: &Map<String, Value>) -> Option<String> {
+    let a = Value::Object(a.clone());
+    let mut found = None;
+    leaves(&Value::Object(b.clone()), "", &mut |key, _| {
+        if found.is_none() && pointer(&a, key).is_some() {
+            found = Some(key.to_owned());
+        }
+    });
+    found
+}
+
 fn merge(base: &mut Map<String, Value>, over: Map<String, Value>) {
     for (k, v) in over {
         match (base.get_mut(&k), v) {
@@ -276,7 +337,19 @@ pub struct Settings {
 impl Settings {
     /// The one file (if any), the environment, then what this process decides: the data root
     /// (`--data-root`) and the TLS flags.
+    /// A configuration that cannot be used is a usage error (exit 2), with how to check it.
     pub fn load(global: &crate::cli::Global) -> anyhow::Result<Settings> {
+        Settings::load_unchecked(global).map_err(|e| {
+            crate::failure::Failure::usage(
+                "config",
+                format!("{e:#}"),
+                "fix the file and check it with `cairn --config FILE config show`; docs/configuration.md lists every key",
+            )
+            .into()
+        })
+    }
+
+    fn load_unchecked(global: &crate::cli::Global) -> anyhow::Result<Settings> {
         let file = File::read(global.config.as_deref())?;
         let data_root = std::path::absolute(&global.data_root)?;
         let mut tls_flags = tls_flags(global);
@@ -297,12 +370,20 @@ impl Settings {
                 .chain(extra.iter().cloned())
                 .collect()
         };
-        let artifact_store = file.section(
+        let mut artifact_store = file.section(
             "artifact_store",
             cairn_artifact_store::Config::default(),
             &cairn_artifact_store::config::ENV,
             &with(&[("data_root", data_root.display().to_string())]),
         )?;
+        // --data-root always decides the store's data_root; say where its value came from.
+        use clap::parser::ValueSource;
+        let source = match global.data_root_source {
+            Some(ValueSource::EnvVariable) => Source::Env,
+            Some(ValueSource::CommandLine) => Source::Flag,
+            _ => Source::Default,
+        };
+        artifact_store.sources.insert("data_root".into(), source);
         let ingest = file.section(
             "ingest",
             cairn_ingest::Config::default(),

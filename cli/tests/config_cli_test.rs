@@ -133,8 +133,8 @@ fn embedded_commands_run_with_the_file() {
         .arg(&local)
         .arg("docs/big.txt")
         .assert()
-        .failure()
-        .stderr(predicate::str::contains("too_large"));
+        .code(5)
+        .stderr(predicate::str::contains("exceeds the limit of 10 bytes"));
     // Without the file the same put succeeds.
     cairn(&data)
         .args(["store", "put"])

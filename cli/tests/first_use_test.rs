@@ -433,7 +433,7 @@ fn an_archived_run_is_still_shown_and_an_unfinished_one_is_refused() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(
-        !refused.status.success() && stderr.contains("run_unfinished"),
+        refused.status.code() == Some(5) && stderr.contains("is input-required, not finished"),
         "{stderr}"
     );
     let before = cairn(&data)

@@ -152,13 +152,13 @@ fn the_token_goes_to_the_embedded_orchestrator_as_bearer() {
     with_file()
         .args(["runs", "list"])
         .assert()
-        .failure()
-        .stderr(predicate::str::contains("Unauthenticated"));
+        .code(5)
+        .stderr(predicate::str::contains("needs a token"));
     with_file()
         .args(["--token", "cairn_wrong", "runs", "list"])
         .assert()
-        .failure()
-        .stderr(predicate::str::contains("Unauthenticated"));
+        .code(5)
+        .stderr(predicate::str::contains("the token is not known"));
     with_file()
         .args(["--token", &viewer, "runs", "list"])
         .assert()
@@ -179,8 +179,8 @@ fn the_token_goes_to_the_embedded_orchestrator_as_bearer() {
         .arg("run")
         .arg(&graph)
         .assert()
-        .failure()
-        .stderr(predicate::str::contains("reason: role"));
+        .code(5)
+        .stderr(predicate::str::contains("role"));
     with_file()
         .env("USER", "mallory")
         .args(["--token", &op, "run"])
@@ -210,8 +210,8 @@ fn cairn_up_takes_a_tokens_file() {
     cairn(&data)
         .args(["--addr", &addr, "runs", "list"])
         .assert()
-        .failure()
-        .stderr(predicate::str::contains("Unauthenticated"));
+        .code(5)
+        .stderr(predicate::str::contains("needs a token"));
     cairn(&data)
         .args(["--addr", &addr, "--token", &viewer, "runs", "list"])
         .assert()

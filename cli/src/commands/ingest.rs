@@ -8,6 +8,7 @@ use cairn_proto::v1::{
 
 use crate::cli::{Global, IngestArgs};
 use crate::embedded::{Needs, Services};
+use crate::failure::{exit, Failure};
 
 /// What one ingest request may carry besides the document (ids, paths, the fence).
 const ENVELOPE_BYTES: u64 = 64 << 10;
@@ -20,11 +21,7 @@ pub async fn run(global: &Global, args: IngestArgs) -> anyhow::Result<ExitCode> 
         .len();
     let most = cairn_ingest::MAX_MESSAGE_BYTES as u64 - ENVELOPE_BYTES;
     if size > most {
-        anyhow::bail!(
-            "{} is {} bytes; one ingest request carries at most {most} bytes, and the ingest service parses documents of at most `max_document_bytes` ([ingest] in the configuration, 16 MiB by default): split the document",
-            args.document.display(),
-            size
-        );
+        return Err(too_large(&args.document.display().to_string(), size).into());
     }
     let content = tokio::fs::read(&args.document)
         .await
@@ -85,6 +82,14 @@ pub async fn run(global: &Global, args: IngestArgs) -> anyhow::Result<ExitCode> 
     };
     services.close().await?;
     let response = response?.into_inner();
+    // A document over the service's limit was not parsed at all: one error, with the numbers.
+    if let Some(whole) = response
+        .artifacts
+        .iter()
+        .find(|a| a.reason == "too_large" && a.declared_file.is_empty())
+    {
+        return Err(too_large(&args.document.display().to_string(), whole.bytes).into());
+    }
     if global.json {
         if response.manifest_json.trim().is_empty() {
             // Disabled: no manifest was made; say so in JSON rather than print an empty line.
@@ -95,19 +100,36 @@ pub async fn run(global: &Global, args: IngestArgs) -> anyhow::Result<ExitCode> 
     } else {
         print_table(&response, args.dry_run);
     }
-    // A document over the service's limit was not parsed at all: a failure, with the numbers.
-    if let Some(whole) = response
+    // Some blocks rejected: the others were written (or would be), a partial success.
+    let rejected = response
         .artifacts
         .iter()
-        .find(|a| a.reason == "too_large" && a.declared_file.is_empty())
-    {
+        .filter(|a| a.status() == BlockStatus::Rejected)
+        .count();
+    if rejected > 0 {
         eprintln!(
-            "error: the document is {} bytes, over the ingest service's `max_document_bytes` ([ingest] in the configuration, 16 MiB by default); nothing was parsed: split the document or raise the limit",
-            whole.bytes
+            "error: {rejected} of {} code blocks were rejected (see their reason{})",
+            response.artifacts.len(),
+            if global.json {
+                " in the manifest"
+            } else {
+                " above"
+            }
         );
-        return Ok(ExitCode::FAILURE);
+        eprintln!("hint: fix those fences' file= paths in the document (project-relative, under the workspace), or pass --overwrite for blocks rejected `kept`; docs/ingest.md lists every reason");
+        return Ok(ExitCode::from(exit::PARTIAL));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A document over what one ingest request carries or the service parses (exit 5).
+fn too_large(document: &str, bytes: u64) -> Failure {
+    Failure {
+        reason: "too_large",
+        message: format!("{document} is {bytes} bytes, over what the ingest service parses; nothing was parsed or written"),
+        hint: Some("split the document, or raise `max_document_bytes` in the [ingest] section of the configuration (16 MiB by default; one request carries at most 32 MiB)".into()),
+        exit: exit::REFUSED,
+    }
 }
 
 fn print_table(r: &IngestResponse, dry_run: bool) {
@@ -156,13 +178,8 @@ fn print_table(r: &IngestResponse, dry_run: bool) {
             }
         );
     }
+    // The blocks not written, with why (the one error line follows).
     for e in &r.errors {
-        eprintln!(
-            "{}: {e}",
-            r.level()
-                .as_str_name()
-                .trim_start_matches("LEVEL_")
-                .to_lowercase()
-        );
+        eprintln!("  {e}");
     }
 }

@@ -489,6 +489,7 @@ fn run_json(r: &RunInfo) -> serde_json::Value {
         "error": r.error,
         "blocks_not_written": r.blocks_not_written,
         "stalled_since": r.stalled_since,
+        "replica": r.replica,
         "nodes": r.nodes.iter().map(|n| json!({
             "id": n.id, "type": n.r#type, "state": node_word(n.state()), "attempts": n.attempts,
             "started_at": n.started_at, "finished_at": n.finished_at, "error": n.error,
@@ -584,7 +585,7 @@ fn exit_code(info: &RunInfo) -> ExitCode {
 }
 
 /// `cairn run`'s exit code for a completed run some of whose code blocks were not written.
-pub const BLOCKS_NOT_WRITTEN: u8 = 4;
+pub const BLOCKS_NOT_WRITTEN: u8 = crate::failure::exit::PARTIAL;
 
 /// `cairn runs list|show|watch|logs|cancel|resume|rework`.
 pub async fn runs(global: &Global, cmd: RunsCommand) -> anyhow::Result<ExitCode> {

@@ -15,6 +15,7 @@ use cairn_orchestrator::nodes::sandbox_run::check_output_prefix;
 
 use crate::cli::{Global, SandboxCommand, SandboxRunArgs};
 use crate::embedded::{Needs, Services};
+use crate::failure::{exit, Failure};
 use crate::{output, transfer};
 
 pub async fn run(global: &Global, cmd: SandboxCommand) -> anyhow::Result<ExitCode> {
@@ -68,23 +69,38 @@ impl OutputTarget {
             .chain(allowed.iter().map(|p| ("--allowed-prefix", p)))
         {
             if under_prefix(p, ".cairn") {
-                anyhow::bail!(
-                    "{what} {p:?} is refused: .cairn/ holds the run records, which only cairn writes; \
-                     choose a prefix such as {own}/"
-                );
+                return Err(Failure::usage(
+                    "output_prefix",
+                    format!("{what} {p:?} is refused: .cairn/ holds the run records, which only cairn writes"),
+                    format!("choose a prefix such as {own}/"),
+                )
+                .into());
             }
         }
         if under_prefix(&prefix, "docs/artifacts") && !under_prefix(&prefix, &own) {
-            anyhow::bail!(
-                "--output-prefix {prefix:?} is refused: it lies in another run's directory under docs/artifacts/; \
-                 this run's is {own}/"
-            );
+            return Err(Failure::usage(
+                "output_prefix",
+                format!("--output-prefix {prefix:?} is refused: it lies in another run's directory under docs/artifacts/"),
+                format!("this run's is {own}/: leave --output-prefix out, or pass --run with that run's id"),
+            )
+            .into());
         }
         check_output_prefix(&prefix, &allowed).map_err(|reason| {
-            anyhow::anyhow!("--output-prefix refused: {reason}; widen with --allowed-prefix")
+            // A prefix that is not a clean project path cannot be allowed by any prefix.
+            let hint = if pathguard_clean(&prefix) {
+                format!("give --allowed-prefix {prefix}/ too, or an --output-prefix under {}", allowed.join(", "))
+            } else {
+                format!("give a project path without `..`, `.` or a leading `/`, e.g. --output-prefix {own}")
+            };
+            Failure::usage("output_prefix", format!("--output-prefix refused: {reason}"), hint)
         })?;
         Ok(OutputTarget { run_id, prefix })
     }
+}
+
+/// A relative project path without `.` or `..` parts.
+fn pathguard_clean(p: &str) -> bool {
+    !p.starts_with('/') && !p.split('/').any(|c| c == ".." || c == "." || c.is_empty())
 }
 
 async fn sandbox_run(
@@ -99,6 +115,12 @@ async fn sandbox_run(
         prefix: output_prefix,
     } = target;
     let mut store = services.store()?;
+    // A command that writes creates its project (an existing one is left as it is).
+    store
+        .create_project(cairn_proto::v1::CreateProjectRequest {
+            project_id: project.clone(),
+        })
+        .await?;
 
     // Inputs and the code file come from the canonical store.
     let mut input_files = Vec::new();
@@ -113,7 +135,14 @@ async fn sandbox_run(
             }
             (String::new(), file.clone())
         }
-        _ => anyhow::bail!("give exactly one of --code TEXT or --code-file PROJECT_PATH"),
+        _ => {
+            return Err(Failure::usage(
+                "usage",
+                "no program to run",
+                "give exactly one of --code TEXT or --code-file PROJECT_PATH",
+            )
+            .into())
+        }
     };
 
     append(&mut store, &project, &run_id, "sandbox_start", Level::Info, json!({
@@ -170,7 +199,7 @@ async fn sandbox_run(
             Ok(r) => written.push(
                 json!({"path": r.path, "size_bytes": file.size_bytes, "sha256": file.sha256}),
             ),
-            Err(e) => refused.push(json!({"path": file.path, "error": format!("{e:#}")})),
+            Err(e) => refused.push(json!({"path": file.path, "error": refusal(&e)})),
         }
     }
     for r in &result.rejected_outputs {
@@ -209,11 +238,33 @@ async fn sandbox_run(
     } else {
         print!("{}", serde_saphyr::to_string(&summary)?);
     }
-    Ok(if ok {
-        ExitCode::SUCCESS
+    Ok(if !ok {
+        ExitCode::from(exit::FAILED)
+    } else if !refused.is_empty() {
+        // The code ran, but not every output file landed (as a graph's sandbox node fails).
+        eprintln!(
+            "error: {} output file(s) were not written (see `refused` above)",
+            refused.len()
+        );
+        eprintln!("hint: pass --overwrite to replace files that hold other bytes, or choose another --output-prefix");
+        ExitCode::from(exit::PARTIAL)
     } else {
-        ExitCode::FAILURE
+        ExitCode::SUCCESS
     })
+}
+
+/// Why an output file was not written, in the service's words up to its advice (the advice
+/// is in the hint printed at the end).
+fn refusal(e: &anyhow::Error) -> String {
+    match e.downcast_ref::<tonic::Status>() {
+        Some(s) => s
+            .message()
+            .split("; ")
+            .next()
+            .unwrap_or_default()
+            .to_owned(),
+        None => format!("{e:#}"),
+    }
 }
 
 fn summary(
@@ -255,9 +306,21 @@ async fn read_project_file(
         offset: 0,
         length: 0,
     };
-    transfer::get(store, request, &mut content)
-        .await
-        .with_context(|| format!("reading input {path:?} from project {project:?} (inputs are project paths: `cairn store put` them first)"))?;
+    if let Err(e) = transfer::get(store, request, &mut content).await {
+        let missing = e
+            .downcast_ref::<tonic::Status>()
+            .is_some_and(|s| s.code() == tonic::Code::NotFound);
+        if !missing {
+            return Err(e.context(format!("reading input {path:?} of project {project:?}")));
+        }
+        let name = path.rsplit('/').next().unwrap_or(path);
+        return Err(Failure::not_found(
+            "no_input",
+            format!("input {path:?} is not in project {project:?}"),
+            format!("inputs are project files: upload it first with `cairn store put {name} {path}` (see what is there with `cairn store ls -r`)"),
+        )
+        .into());
+    }
     Ok(FileContent {
         path: path.to_owned(),
         content: content.into(),

@@ -255,6 +255,28 @@ async fn run_with(
             }
         }
         StoreCommand::Events { run, from, follow } => {
+            if follow {
+                // Following a run that has no events yet waits for its first one: say so,
+                // rather than wait silently on a mistyped id.
+                let probe = store
+                    .read_events(ReadEventsRequest {
+                        project_id: project.clone(),
+                        run_id: run.clone(),
+                        from_seq: 1,
+                        follow: false,
+                        limit: 1,
+                    })
+                    .await;
+                let missing = match probe {
+                    Err(s) => s.code() == tonic::Code::NotFound,
+                    Ok(r) => {
+                        matches!(r.into_inner().next().await, Some(Err(s)) if s.code() == tonic::Code::NotFound)
+                    }
+                };
+                if missing {
+                    eprintln!("note: run {run:?} of project {project:?} has no events yet; waiting for its first one (Ctrl-C to stop; `cairn runs list` lists the runs)");
+                }
+            }
             let mut stream = store
                 .read_events(ReadEventsRequest {
                     project_id: project,

@@ -81,3 +81,17 @@ pub fn up(data: &std::path::Path, extra: &[&std::ffi::OsStr]) -> (Killed, String
     let addr = addr.unwrap_or_else(|| panic!("cairn up says where it listens: {said}"));
     (killed, addr, said)
 }
+
+/// Docker and the cairn-sandbox:latest image are there for sandbox commands; with
+/// CAIRN_REQUIRE_DOCKER=1 their absence fails the test instead.
+pub fn sandbox_available() -> bool {
+    let docker = std::process::Command::new("docker")
+        .args(["image", "inspect", "cairn-sandbox:latest"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if std::env::var("CAIRN_REQUIRE_DOCKER").as_deref() == Ok("1") {
+        assert!(docker, "CAIRN_REQUIRE_DOCKER=1 but Docker or the cairn-sandbox:latest image is missing (run scripts/setup.sh)");
+        return true;
+    }
+    docker
+}

@@ -88,18 +88,38 @@ pub fn init(service_name: &str) -> Guard {
 /// [`init`] with another default log level than `info` when `RUST_LOG` is unset (the CLI's
 /// one-shot commands log only warnings; their spans are still made and exported).
 pub fn init_with_level(service_name: &str, default_level: &str) -> Guard {
+    install(
+        service_name,
+        default_level,
+        LogFormat::from_env(),
+        std::io::stderr,
+    )
+}
+
+/// [`init_with_level`] writing the logs to `writer` instead of stderr, without colours (the
+/// CLI's commands keep the logs of the services they embed in a file).
+pub fn init_with_writer<W>(service_name: &str, default_level: &str, writer: W) -> Guard
+where
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    let format = match LogFormat::from_env() {
+        LogFormat::Text { .. } => LogFormat::Text { ansi: false },
+        json => json,
+    };
+    install(service_name, default_level, format, writer)
+}
+
+fn install<W>(service_name: &str, default_level: &str, format: LogFormat, writer: W) -> Guard
+where
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     let export = Export::from_env();
     let resource = resource(service_name);
     // Metrics do not need the subscriber: /metrics works whoever installed it.
     let metrics = metrics::install(&resource, export.metrics.then(otlp_metrics).flatten());
     let traces = (!export.sdk_disabled).then(|| tracer_provider(&resource, export.traces));
-    let dispatch = dispatch(
-        LogFormat::from_env(),
-        log_filter(default_level),
-        std::io::stderr,
-        traces.as_ref(),
-    );
+    let dispatch = dispatch(format, log_filter(default_level), writer, traces.as_ref());
     let installed = dispatch.try_init().is_ok();
     if !installed {
         tracing::warn!("a tracing subscriber was already installed; OTLP export not attached");

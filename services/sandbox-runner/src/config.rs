@@ -298,8 +298,14 @@ impl Config {
         }
         Err(Error::ImageNotAllowed {
             image: requested.to_owned(),
+            // `image` once, even when allowed_images names it too.
             allowed: std::iter::once(self.image.clone())
-                .chain(self.allowed_images.iter().cloned())
+                .chain(
+                    self.allowed_images
+                        .iter()
+                        .filter(|i| **i != self.image)
+                        .cloned(),
+                )
                 .collect(),
         })
     }
@@ -453,6 +459,17 @@ mod tests {
         assert_eq!(c.docker_network, "net1");
         c.set("allowed_images", "").unwrap();
         assert!(c.allowed_images.is_empty());
+    }
+
+    #[test]
+    fn a_refused_image_lists_each_allowed_image_once() {
+        // The default allows its own image in allowed_images too.
+        let e = Config::default()
+            .image_for("nope:1")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e.matches("cairn-sandbox:latest").count(), 1, "{e}");
+        assert!(e.contains("cairn-toolchain:latest"), "{e}");
     }
 
     #[test]
