@@ -2,7 +2,7 @@
 //! four services each on a listener of its own): refusals carry a `google.rpc.Status` with an
 //! `ErrorInfo` (reason word, domain `cairn`, what was refused), a request that is not protobuf
 //! is INVALID_ARGUMENT, enum numbers the protos do not declare are refused, SubmitRun is
-//! idempotent by request_id, reflection lists the health service, gzip requests are accepted,
+//! idempotent by request_id, reflection lists exactly the services a port serves, gzip requests are accepted,
 //! and a permanent limit error is INVALID_ARGUMENT, never retryable.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -353,7 +353,12 @@ async fn reflection_lists_health_and_gzip_requests_are_accepted() {
 
     let d = deploy().await;
     wait_serving(&d.runner).await;
-    for addr in [&d.store, &d.runner, &d.orchestrator] {
+    for (addr, own) in [
+        (&d.store, "cairn.v1.ArtifactStore"),
+        (&d.ingest, "cairn.v1.Ingest"),
+        (&d.runner, "cairn.v1.SandboxRunner"),
+        (&d.orchestrator, "cairn.v1.Orchestrator"),
+    ] {
         let mut client = ServerReflectionClient::new(channel(addr));
         let mut replies = client
             .server_reflection_info(tokio_stream::once(ServerReflectionRequest {
@@ -367,10 +372,19 @@ async fn reflection_lists_health_and_gzip_requests_are_accepted() {
         let Some(MessageResponse::ListServicesResponse(list)) = reply.message_response else {
             panic!("{addr}: not a service list: {reply:?}");
         };
-        let names: Vec<&str> = list.service.iter().map(|s| s.name.as_str()).collect();
-        assert!(
-            names.contains(&"grpc.health.v1.Health"),
-            "{addr}: {names:?}"
+        let mut names: Vec<&str> = list.service.iter().map(|s| s.name.as_str()).collect();
+        names.sort_unstable();
+        // Exactly what the port serves: a client never finds a service that answers
+        // UNIMPLEMENTED.
+        assert_eq!(
+            names,
+            [
+                own,
+                "grpc.health.v1.Health",
+                "grpc.reflection.v1.ServerReflection",
+                "grpc.reflection.v1alpha.ServerReflection",
+            ],
+            "{addr}"
         );
         // Its file resolves too, so a client can call it from reflection alone.
         let mut replies = client

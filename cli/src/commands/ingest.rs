@@ -66,7 +66,7 @@ pub async fn run(global: &Global, args: IngestArgs) -> anyhow::Result<ExitCode> 
         doc_path: args
             .doc_path
             .clone()
-            .unwrap_or_else(|| args.document.display().to_string()),
+            .unwrap_or_else(|| recorded_path(&args.document)),
         content: content.into(),
         overwrite: args.overwrite,
         // Unspecified: what ingest wrote is updated, unless --overwrite says anything.
@@ -181,5 +181,18 @@ fn print_table(r: &IngestResponse, dry_run: bool) {
     // The blocks not written, with why (the one error line follows).
     for e in &r.errors {
         eprintln!("  {e}");
+    }
+}
+
+/// The source path recorded for DOCUMENT: as given when it is a plain relative path, else
+/// its file name (ingest refuses absolute paths and `..`).
+fn recorded_path(document: &std::path::Path) -> String {
+    use std::path::Component;
+    let plain = document
+        .components()
+        .all(|c| matches!(c, Component::Normal(_)));
+    match document.file_name() {
+        Some(name) if !plain => name.to_string_lossy().into_owned(),
+        _ => document.display().to_string(),
     }
 }

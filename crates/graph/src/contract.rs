@@ -83,6 +83,7 @@ fn glob(pattern: &str) -> Result<Glob, String> {
 /// Graph validation of `contracts:` (a schema file is checked when it is loaded).
 pub fn check_all(contracts: &[Contract]) -> Result<(), GraphError> {
     let err = |i: usize, field: &str, message: String| GraphError {
+        position: None,
         node: None,
         field: Some(format!("contracts[{i}].{field}")),
         message,

@@ -47,11 +47,14 @@ pub struct GraphError {
     pub node: Option<String>,
     pub field: Option<String>,
     pub message: String,
+    /// The node's index in the graph's `nodes:` list, once known.
+    pub position: Option<usize>,
 }
 
 impl GraphError {
     fn graph(message: impl Into<String>) -> Self {
         GraphError {
+            position: None,
             node: None,
             field: None,
             message: message.into(),
@@ -59,9 +62,40 @@ impl GraphError {
     }
     pub fn node(node: &str, field: Option<&str>, message: impl Into<String>) -> Self {
         GraphError {
+            position: None,
             node: Some(node.to_owned()),
             field: field.map(str::to_owned),
             message: message.into(),
+        }
+    }
+}
+
+impl GraphError {
+    /// This error with the index of its node in `ids` (the graph's node ids, in order).
+    pub fn locate(mut self, ids: &[String]) -> Self {
+        if self.position.is_none() {
+            let id = self.node.as_deref().unwrap_or_default();
+            // A map body is named `<map>.item`; its fields are under the map's `node:`.
+            let top = id.strip_suffix(".item").unwrap_or(id);
+            self.position = ids.iter().position(|i| i == top);
+        }
+        self
+    }
+
+    /// The refused field as a path into the graph document, as in a `BadRequest` field
+    /// violation: `nodes[3].prompt_file`, `nodes[2].node.type` (a map body),
+    /// `contracts[0].schema_file`, `version`; empty for the graph as a whole.
+    pub fn field_path(&self) -> String {
+        let body = self.node.as_deref().is_some_and(|n| n.ends_with(".item"));
+        let field = self.field.as_deref().map(|f| match body {
+            true if !f.starts_with("node.") => format!("node.{f}"),
+            _ => f.to_owned(),
+        });
+        match (self.position, field) {
+            (Some(i), Some(f)) => format!("nodes[{i}].{f}"),
+            (Some(i), None) => format!("nodes[{i}]"),
+            (None, Some(f)) => f,
+            (None, None) => String::new(),
         }
     }
 }
@@ -840,6 +874,7 @@ fn fields<T: serde::de::DeserializeOwned>(id: &str, rest: Value) -> Result<T, Gr
             Some(path)
         };
         GraphError {
+            position: None,
             node: Some(id.to_owned()),
             field,
             message: msg,
@@ -1196,6 +1231,7 @@ impl Graph {
                 .nth(1)
                 .filter(|_| msg.starts_with("unknown field") || msg.starts_with("missing field"));
             GraphError {
+                position: None,
                 node: None,
                 field: field.map(str::to_owned),
                 message: msg.clone(),
@@ -1203,6 +1239,7 @@ impl Graph {
         })?;
         if raw.version != 1 {
             return Err(GraphError {
+                position: None,
                 node: None,
                 field: Some("version".into()),
                 message: "only version 1 exists".into(),
@@ -1210,6 +1247,7 @@ impl Graph {
         }
         if raw.nodes.is_empty() {
             return Err(GraphError {
+                position: None,
                 node: None,
                 field: Some("nodes".into()),
                 message: "a graph needs at least one node".into(),
@@ -1228,6 +1266,7 @@ impl Graph {
                 Value::Bool(_) | Value::Number(_) => v.to_string(),
                 _ => {
                     return Err(GraphError {
+                        position: None,
                         node: None,
                         field: Some(format!("vars.{k}")),
                         message: "variables are text (or numbers/booleans)".into(),
@@ -1239,8 +1278,12 @@ impl Graph {
         all_vars.extend(vars.iter().map(|(k, v)| (k.clone(), v.clone())));
         let mut nodes = Vec::with_capacity(raw.nodes.len());
         for (i, v) in raw.nodes.into_iter().enumerate() {
-            nodes.push(parse_node(v, i, None)?);
+            nodes.push(parse_node(v, i, None).map_err(|e| GraphError {
+                position: Some(i),
+                ..e
+            })?);
         }
+        let ids: Vec<String> = nodes.iter().map(|n| n.id.clone()).collect();
         let mut graph = Graph {
             run_id: run_id.to_owned(),
             title: raw.title.unwrap_or_default(),
@@ -1257,7 +1300,7 @@ impl Graph {
             dependents: Vec::new(),
             store_outputs: HashMap::new(),
         };
-        graph.validate()?;
+        graph.validate().map_err(|e| e.locate(&ids))?;
         Ok(graph)
     }
 
@@ -1507,6 +1550,7 @@ impl Graph {
         check_kind(n)?;
         if let NodeKind::Map(m) = &n.kind {
             check_kind(&m.node).map_err(|e| GraphError {
+                position: None,
                 node: Some(n.id.clone()),
                 field: Some(format!("node.{}", e.field.unwrap_or_default())),
                 message: e.message,

@@ -65,12 +65,13 @@ pub fn results_dir(run_id: &str) -> String {
 pub async fn prepare<F: GraphFiles>(graph: &mut Graph, files: &F) -> Result<(), GraphError> {
     for (i, c) in graph.contracts.iter_mut().enumerate() {
         contracts::load(c, files).await.map_err(|m| GraphError {
+            position: None,
             node: None,
             field: Some(format!("contracts[{i}].schema_file")),
             message: m,
         })?;
     }
-    for n in graph.nodes.iter_mut() {
+    for (i, n) in graph.nodes.iter_mut().enumerate() {
         let id = n.id.clone();
         let spec = match &mut n.kind {
             NodeKind::Plan(p) => p,
@@ -79,6 +80,7 @@ pub async fn prepare<F: GraphFiles>(graph: &mut Graph, files: &F) -> Result<(), 
         plan::load(spec, files)
             .await
             .map_err(|(field, m)| GraphError {
+                position: Some(i),
                 node: Some(id),
                 field: Some(field),
                 message: m,

@@ -37,17 +37,22 @@ pub async fn load<F: GraphFiles>(spec: &mut PlanSpec, files: &F) -> Result<(), (
     limits.normalise().map_err(|m| (field.to_owned(), m))?;
     load_prompts(&mut limits, dir.as_ref(), files)
         .await
-        .map_err(|m| (field.to_owned(), m))?;
+        .map_err(|(key, m)| match spec.limits {
+            // An inline task names its own prompt file; a limits file's tasks are in that file.
+            Some(_) => (format!("limits.tasks.{key}.prompt_file"), m),
+            None => (field.to_owned(), m),
+        })?;
     spec.limits = Some(limits);
     Ok(())
 }
 
-/// Loads every task's prompt file (relative to `dir`) that is not loaded yet.
+/// Loads every task's prompt file (relative to `dir`) that is not loaded yet. Err = (task
+/// key, message).
 async fn load_prompts<F: GraphFiles>(
     limits: &mut Limits,
     dir: Option<&SafePath>,
     files: &F,
-) -> Result<(), String> {
+) -> Result<(), (String, String)> {
     for t in &mut limits.tasks {
         if t.prompt.is_some() {
             continue;
@@ -56,7 +61,7 @@ async fn load_prompts<F: GraphFiles>(
             .prompt_file
             .clone()
             .unwrap_or_else(|| format!("prompts/todoist-auto-{}.md", t.key));
-        let err = |e| format!("task `{}`: {e}", t.key);
+        let err = |e| (t.key.clone(), format!("task `{}`: {e}", t.key));
         let path = inputs::resolve(dir, &file).map_err(err)?;
         let text = files.read(&path).await.map_err(err)?;
         t.prompt_file = Some(file);
@@ -267,7 +272,7 @@ mod tests {
                 .unwrap(),
             );
             let (field, e) = load(&mut spec, &files).await.unwrap_err();
-            assert_eq!(field, "limits", "{bad}");
+            assert_eq!(field, "limits.tasks.t.prompt_file", "{bad}");
             assert!(e.contains("task `t`"), "{e}");
         }
     }

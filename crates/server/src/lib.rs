@@ -182,11 +182,18 @@ impl Host {
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), Error> {
         let (reporter, health) = health::Health::start(self.names.clone(), self.required).await;
-        // Reflection lists cairn's services and grpc.health.v1.Health beside them.
+        // Reflection lists exactly what this port serves: its cairn services, health and
+        // reflection itself (the descriptors of the other cairn services stay resolvable).
+        let names = self.names.clone();
         let reflection = || {
-            tonic_reflection::server::Builder::configure()
+            let builder = tonic_reflection::server::Builder::configure()
                 .register_encoded_file_descriptor_set(cairn_proto::FILE_DESCRIPTOR_SET)
-                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET);
+            names
+                .iter()
+                .copied()
+                .chain(ALWAYS_SERVED)
+                .fold(builder, |b, name| b.with_service_name(name))
         };
         let reflection_v1 = reflection()
             .build_v1()
@@ -338,6 +345,13 @@ pub fn check_listen_text(addr: &str, tls: bool, insecure_listen: bool) -> Result
         None => Ok(()),
     }
 }
+
+/// The services every port serves beside its own (listed by reflection).
+const ALWAYS_SERVED: [&str; 3] = [
+    "grpc.health.v1.Health",
+    "grpc.reflection.v1.ServerReflection",
+    "grpc.reflection.v1alpha.ServerReflection",
+];
 
 /// Binds a TCP listener, with an error that names the address.
 pub async fn bind(addr: &str) -> Result<tokio::net::TcpListener, Error> {

@@ -23,6 +23,17 @@ pub enum Error {
     #[error("{message}")]
     ClaimRefused { reason: String, message: String },
 
+    /// The store requires an ingest claim of this caller and the request carried none.
+    #[error("the artifact-store refused this write without an ingest claim ({0}); nothing was written: send the claim the run's orchestrator grants (IngestRequest.claim, from the store's GrantIngestClaim; `cairn ingest` asks for one itself), or ingest through a graph's `ingest:` node")]
+    ClaimRequired(String),
+
+    /// `doc_path` is not a relative path inside the project.
+    #[error("doc_path {path:?} is not a path inside the project: {rejection}; give the document's path relative to the project root (no `..`, not absolute)")]
+    DocPath {
+        path: String,
+        rejection: pathguard::Rejection,
+    },
+
     /// A newer claim on the run fenced the caller off (the store refused a write `fenced`).
     #[error(
         "{0}; another orchestrator has claimed this run, so this caller may no longer write to it"
@@ -78,6 +89,18 @@ impl From<Error> for Status {
             Error::ClaimRefused { reason, .. } => {
                 reason::status(Code::PermissionDenied, message, &reason)
             }
+            Error::ClaimRequired(_) => reason::status_with(
+                Code::PermissionDenied,
+                message,
+                "claim_required",
+                &[("field", "claim")],
+            ),
+            Error::DocPath { path, rejection } => reason::status_with(
+                Code::InvalidArgument,
+                message,
+                rejection.reason.as_str(),
+                &[("field", "doc_path"), ("path", &path)],
+            ),
             Error::Fenced(_) => reason::status(
                 Code::FailedPrecondition,
                 message,

@@ -96,6 +96,12 @@ impl Request {
             check_id("node", "node_id", r.node_id)?
         };
         let overwrite = Overwrite::of(r.overwrite, r.overwrite_policy)?;
+        if !r.doc_path.is_empty() {
+            pathguard::validate(&r.doc_path).map_err(|rejection| Error::DocPath {
+                path: r.doc_path.clone(),
+                rejection,
+            })?;
+        }
         let or = |s: String, default: &str| if s.is_empty() { default.to_owned() } else { s };
         Ok(Request {
             project_id,
@@ -163,6 +169,8 @@ struct Trouble {
     /// Set once the store refused the caller's claim: `fenced` (a newer claim holds the run)
     /// or expired, forged, other-run. Nothing more is written and the call fails.
     refused: OnceLock<StoreError>,
+    /// The request carries no claim: an `identity` refusal then means one is required.
+    claimless: bool,
     /// The first failure of ingest's own job: (reason word, message). Makes `ingest.failed`.
     failure: Option<(String, String)>,
     notes: Vec<String>,
@@ -195,7 +203,7 @@ impl Trouble {
     fn saw(&self, e: &StoreError) {
         if e.is_unavailable() {
             let _ = self.store_down.set(e.to_string());
-        } else if e.is_fenced() || e.is_claim_refused() {
+        } else if e.is_fenced() || e.is_claim_refused() || (self.claimless && e.is_identity()) {
             let _ = self.refused.set(e.clone());
         }
     }
@@ -251,7 +259,10 @@ impl Ingestor {
     /// manifest, appends the events. Fails only when a newer claim on the run fenced the
     /// caller off (then it stops writing); anything else goes into the outcome (fail-open).
     pub async fn ingest(&self, req: &Request) -> Result<Outcome> {
-        let mut trouble = Trouble::default();
+        let mut trouble = Trouble {
+            claimless: req.claim.is_empty(),
+            ..Trouble::default()
+        };
         let enabled = match flag::effective(
             &self.store,
             &req.project_id,
@@ -389,6 +400,8 @@ impl Ingestor {
             tracing::warn!(project = %req.project_id, run = %req.run_id, node = %req.node_id, %refused, "ingest stopped: the store refused the caller's claim");
             return Err(if refused.is_fenced() {
                 Error::Fenced(refused.to_string())
+            } else if refused.is_identity() {
+                Error::ClaimRequired(refused.to_string())
             } else {
                 Error::ClaimRefused {
                     reason: refused.reason().to_owned(),

@@ -72,6 +72,12 @@ impl StoreError {
         matches!(self, StoreError::Refused { reason, .. } if reason.starts_with("claim_"))
     }
 
+    /// The store refused the caller's identity itself (`identity`): a caller that sent no
+    /// claim where the store requires one.
+    pub fn is_identity(&self) -> bool {
+        matches!(self, StoreError::Refused { reason, .. } if reason == "identity")
+    }
+
     /// The gRPC code the store answered with (Unavailable for a dead or silent store).
     pub fn code(&self) -> Code {
         match self {

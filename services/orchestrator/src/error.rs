@@ -65,7 +65,23 @@ impl From<Error> for Status {
         let plain =
             |code: Code, message: String| reason::status(code, message, reason::fallback(code));
         match e {
-            Error::Graph(_) => reason::status(Code::InvalidArgument, message, "invalid_graph"),
+            Error::Graph(g) => {
+                let path = g.field_path();
+                let extra = reason::Extra {
+                    violations: vec![(path.clone(), g.message.clone())],
+                    ..Default::default()
+                };
+                reason::detailed(
+                    Code::InvalidArgument,
+                    message,
+                    "invalid_graph",
+                    &[
+                        ("field", &path),
+                        ("node", g.node.as_deref().unwrap_or_default()),
+                    ],
+                    extra,
+                )
+            }
             Error::InvalidArgument(_) | Error::Config(_) => plain(Code::InvalidArgument, message),
             Error::RunNotFound { project, run_id } => reason::status_with(
                 Code::NotFound,
@@ -93,7 +109,12 @@ impl From<Error> for Status {
             Error::Server(_) | Error::Internal(_) => plain(Code::Internal, message),
             Error::Unauthenticated(_) => plain(Code::Unauthenticated, message),
             Error::Throttled { retry_after_s } => {
-                let mut status = reason::status(Code::ResourceExhausted, message, "throttled");
+                let mut status = reason::status_with(
+                    Code::ResourceExhausted,
+                    message,
+                    "throttled",
+                    &[("retry_after_s", &retry_after_s.to_string())],
+                );
                 if let Ok(v) = retry_after_s.to_string().parse() {
                     status
                         .metadata_mut()

@@ -203,7 +203,10 @@ async fn without_cgroups_limits_are_reported_unenforced_or_refused() {
 }
 
 fn refused_as_busy(status: &tonic::Status) -> bool {
-    status.code() == Code::ResourceExhausted && status.message().contains("max_concurrent_runs")
+    status.code() == Code::ResourceExhausted
+        && status.message().contains("max_concurrent_runs")
+        // A client may retry the refusal: it says when.
+        && cairn_proto::reason::retry_delay(status).is_some()
 }
 
 /// Waits until a run is admitted again (the slot of a dropped call is freed when its

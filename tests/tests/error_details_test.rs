@@ -1,0 +1,224 @@
+//! The `google.rpc.Status` details of cairn's refusals, over real gRPC on loopback, as the
+//! Google API design guide has them: `BadRequest` with field paths on INVALID_ARGUMENT (graph
+//! errors name `nodes[i].field`), `ResourceInfo` on NOT_FOUND, `PreconditionFailure` on sha
+//! and epoch mismatches; ingest refuses a `doc_path` outside the project, and an ingest
+//! without the claim the store requires is an error status, not an OK with every block
+//! rejected.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use cairn_proto::reason;
+use cairn_proto::v1::artifact_store_client::ArtifactStoreClient;
+use cairn_proto::v1::ingest_client::IngestClient;
+use cairn_proto::v1::orchestrator_client::OrchestratorClient;
+use cairn_proto::v1::{
+    put_request, AppendEventsRequest, ClaimRunRequest, EventInput, GetRunRequest, IngestRequest,
+    PutHeader, PutRequest, StatRequest, SubmitRunRequest,
+};
+use cairn_server::TlsConfig;
+use tonic::transport::Channel;
+use tonic::Code;
+
+async fn deploy(tls: &TlsConfig) -> common::Services {
+    common::start(tls).await
+}
+
+async fn plain() -> common::Services {
+    let d = deploy(&TlsConfig::default()).await;
+    for addr in [&d.store, &d.ingest, &d.orchestrator] {
+        common::wait_serving(cairn_server::connect(addr).unwrap(), addr).await;
+    }
+    d
+}
+
+fn channel(addr: &str) -> Channel {
+    cairn_server::connect(addr).unwrap()
+}
+
+async fn put(
+    client: &mut ArtifactStoreClient<Channel>,
+    header: PutHeader,
+    body: &[u8],
+) -> Result<(), tonic::Status> {
+    let messages = vec![
+        PutRequest {
+            msg: Some(put_request::Msg::Header(header)),
+        },
+        PutRequest {
+            msg: Some(put_request::Msg::Chunk(body.to_vec().into())),
+        },
+    ];
+    client.put(tokio_stream::iter(messages)).await.map(|_| ())
+}
+
+fn header(path: &str) -> PutHeader {
+    PutHeader {
+        project_id: "p".into(),
+        path: path.into(),
+        create_project: true,
+        ..PutHeader::default()
+    }
+}
+
+fn owned(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn store_refusals_carry_resource_precondition_and_field_details() {
+    let d = plain().await;
+    let mut s = ArtifactStoreClient::new(channel(&d.store));
+    put(&mut s, header("docs/a.txt"), b"one").await.unwrap();
+
+    // NOT_FOUND names the resource: a file of project p.
+    let e = s
+        .stat(StatRequest {
+            project_id: "p".into(),
+            path: "docs/missing.txt".into(),
+            include_sha256: false,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+    assert_eq!(
+        reason::resource(&e),
+        Some(("file".into(), "docs/missing.txt".into(), "p".into())),
+        "{e:?}"
+    );
+
+    // A compare-and-swap Put over other bytes: PreconditionFailure on the path.
+    let mut cas = header("docs/a.txt");
+    cas.overwrite = true;
+    cas.if_sha256 = "0".repeat(64);
+    let e = put(&mut s, cas, b"two").await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert_eq!(
+        reason::preconditions(&e),
+        owned(&[("changed", "docs/a.txt")])
+    );
+
+    // A fenced epoch: PreconditionFailure on the run.
+    let claim = || ClaimRunRequest {
+        project_id: "p".into(),
+        run_id: "r1".into(),
+        holder: "t".into(),
+    };
+    let old = s.claim_run(claim()).await.unwrap().into_inner().epoch;
+    s.claim_run(claim()).await.unwrap();
+    let e = s
+        .append_events(AppendEventsRequest {
+            project_id: "p".into(),
+            run_id: "r1".into(),
+            epoch: old,
+            events: vec![EventInput {
+                r#type: "x.y".into(),
+                ..EventInput::default()
+            }],
+            ..AppendEventsRequest::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(reason::preconditions(&e), owned(&[("fenced", "r1")]));
+
+    // INVALID_ARGUMENT names the field.
+    let e = s
+        .stat(StatRequest {
+            project_id: "bad id!".into(),
+            path: "docs/a.txt".into(),
+            include_sha256: false,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    let v = reason::violations(&e);
+    assert_eq!(v.len(), 1, "{e:?}");
+    assert_eq!(v[0].0, "project", "{e:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn graph_errors_name_the_field_path_and_missing_runs_the_run() {
+    let d = plain().await;
+    let mut o = OrchestratorClient::new(channel(&d.orchestrator));
+    let graph = "nodes:\n  - {id: a, type: write_file, path: docs/a, content: x}\n  - {id: b, type: write_file, path: docs/b, content: '{{nodes.a.size}}'}\n";
+    let e = o
+        .submit_run(SubmitRunRequest {
+            project_id: "p".into(),
+            graph_yaml: graph.into(),
+            ..SubmitRunRequest::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert_eq!(reason::of(&e).as_deref(), Some("invalid_graph"));
+    let v = reason::violations(&e);
+    assert_eq!(v.len(), 1, "{e:?}");
+    assert_eq!(v[0].0, "nodes[1].content", "{e:?}");
+    assert!(v[0].1.contains("no output `size`"), "{e:?}");
+    assert_eq!(reason::detail(&e, "node").as_deref(), Some("b"));
+    assert_eq!(
+        reason::detail(&e, "field").as_deref(),
+        Some("nodes[1].content")
+    );
+
+    let e = o
+        .get_run(GetRunRequest {
+            project_id: "p".into(),
+            run_id: "nope".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+    assert_eq!(
+        reason::resource(&e),
+        Some(("run".into(), "nope".into(), "p".into())),
+        "{e:?}"
+    );
+}
+
+fn doc(doc_path: &str) -> IngestRequest {
+    IngestRequest {
+        project_id: "p".into(),
+        run_id: "r1".into(),
+        doc_path: doc_path.into(),
+        content: b"```text file=a.txt\nhi\n```\n".to_vec().into(),
+        ..IngestRequest::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ingest_refuses_a_doc_path_outside_the_project() {
+    let d = plain().await;
+    let mut i = IngestClient::new(channel(&d.ingest));
+    for bad in ["../x.md", "/etc/x.md", "docs/../../x.md"] {
+        let e = i.parse(doc(bad)).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{bad}: {e:?}");
+        let v = reason::violations(&e);
+        assert_eq!(v.len(), 1, "{e:?}");
+        assert_eq!(v[0].0, "doc_path", "{e:?}");
+        let e = i.ingest(doc(bad)).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{bad}: {e:?}");
+    }
+    i.parse(doc("docs/x.md")).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ingest_without_the_claim_the_store_requires_is_refused() {
+    let pki = tempfile::tempdir().unwrap();
+    cairn_server::pki::init(&cairn_server::pki::PkiSpec::new(pki.path())).unwrap();
+    let tls = TlsConfig::dir(pki.path());
+    let d = deploy(&tls).await;
+    let cli = tls.load("cli").unwrap().unwrap();
+    let ch = cairn_server::connect_tls(&d.ingest, Some(&cli)).unwrap();
+    common::wait_serving(ch.clone(), "ingest over mTLS").await;
+    let e = IngestClient::new(ch)
+        .ingest(doc("docs/x.md"))
+        .await
+        .expect_err("the store writes nothing of ingest's without a claim");
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    assert_eq!(reason::of(&e).as_deref(), Some("claim_required"), "{e:?}");
+    assert!(e.message().contains("claim"), "{e:?}");
+}
