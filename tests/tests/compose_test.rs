@@ -106,9 +106,14 @@ fn run(cmd: &mut Command, limit: Duration) -> Output {
 }
 
 fn ok(cmd: &mut Command, limit: Duration) -> String {
+    exits(cmd, 0, limit)
+}
+
+/// Runs `cmd`, which must exit with `code`; returns its stdout.
+fn exits(cmd: &mut Command, code: i32, limit: Duration) -> String {
     let what = format!("{cmd:?}");
     let o = run(cmd, limit);
-    assert!(o.status.success(), "{what} failed: {}", show(&o));
+    assert_eq!(o.status.code(), Some(code), "{what}: {}", show(&o));
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
@@ -652,7 +657,8 @@ fn compose_stack_serves_the_cli_and_leaves_nothing_behind() {
         "# compose\n\n```python file=src/hello.py\nprint('hello from ingest')\n```\n\n```text file=../escape.txt\nno\n```\n",
     )
     .unwrap();
-    let manifest = ok(
+    // One block rejected: the command exits 4 (partial) and prints the manifest.
+    let manifest = exits(
         stack
             .cairn(&host)
             // The container's address: its certificate names the service.
@@ -662,6 +668,7 @@ fn compose_stack_serves_the_cli_and_leaves_nothing_behind() {
             .args(["--addr", &stack.reach("ingest"), "--json", "ingest"])
             .arg(&doc)
             .args(["--run", &run_id, "--node", "n1"]),
+        4,
         Duration::from_secs(30),
     );
     let manifest: serde_json::Value = serde_json::from_str(&manifest).unwrap();
