@@ -14,6 +14,46 @@ use cairn_proto::v1::{
 use common::*;
 use tonic::{Code, Request, Response, Status};
 
+/// A watch started while a short run ends (between the service's looks at the run) still ends
+/// with the run, whatever moment it starts at.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_started_as_the_run_ends_ends_with_it() {
+    let s = Stack::start(Options::default()).await;
+    let graph =
+        "nodes:\n  - {id: a, type: write_file, path: 'docs/{{run_id}}/a.txt', content: a}\n";
+    for i in 0..30 {
+        let run = s.submit(graph, &[]).await.unwrap().run_id;
+        if i % 3 == 1 {
+            tokio::time::sleep(Duration::from_millis(i)).await;
+        }
+        let mut stream = s
+            .client
+            .clone()
+            .watch_run(WatchRunRequest {
+                project_id: PROJECT.into(),
+                run_id: run.clone(),
+                from_seq: 1,
+                follow_after_end: false,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let mut last = String::new();
+        let ended = tokio::time::timeout(Duration::from_secs(10), async {
+            while let Some(e) = stream.message().await.unwrap() {
+                last = e.r#type;
+            }
+        })
+        .await;
+        assert!(
+            ended.is_ok(),
+            "run {i}: the watch did not end with the run (last {last})"
+        );
+        assert_eq!(last, "task.completed", "run {i}");
+    }
+    s.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_run_streams_live_until_the_run_ends() {
     let s = Stack::start(Options::default()).await;

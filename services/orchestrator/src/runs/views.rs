@@ -149,23 +149,15 @@ impl Runs {
         from_seq: u64,
         follow_after_end: bool,
     ) -> Result<mpsc::Receiver<std::result::Result<pb::Event, tonic::Status>>> {
-        let info = self.get(project, run_id).await?;
-        let final_now = pb::TaskState::try_from(info.state)
-            .ok()
-            .and_then(TaskState::from_proto)
-            .is_some_and(TaskState::is_final);
+        self.get(project, run_id).await?;
+        // Whether the run has ended and where its log ends, from one read of the log: an end
+        // at or before `history_end` is history (a run resumed or reworked after it) and the
+        // stream goes on past it. An ended run's stream ends with the log; a live run's at its
+        // next end.
+        let (_, state) = self.load(project, run_id).await?;
+        let final_now = state.state.is_final();
+        let history_end = state.last_seq;
         let follow = follow_after_end || !final_now;
-        // An end already in the log when the watch starts is history (a run resumed or
-        // reworked after it): the stream goes on past it. An ended run's stream ends with the
-        // log; a live run's at its next end.
-        let history_end = if final_now {
-            u64::MAX
-        } else {
-            self.load(project, run_id)
-                .await
-                .map(|(_, s)| s.last_seq)
-                .unwrap_or(0)
-        };
         let mut stream = self
             .b
             .store
