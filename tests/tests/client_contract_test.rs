@@ -159,6 +159,11 @@ async fn store_refusals_carry_error_info_with_what_was_refused() {
         .unwrap_err();
     let info = refused(&e, Code::FailedPrecondition, "fenced");
     assert_eq!(info.metadata.get("run_id").map(String::as_str), Some("r1"));
+    // The PreconditionFailure detail names the violation and the run.
+    assert_eq!(
+        reason::preconditions(&e),
+        vec![("fenced".to_owned(), "r1".to_owned())]
+    );
     let mut fenced_put = header("p", "docs/b.txt");
     fenced_put.fence = Some(RunFence {
         run_id: "r1".into(),

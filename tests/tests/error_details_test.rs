@@ -13,8 +13,7 @@ use cairn_proto::v1::artifact_store_client::ArtifactStoreClient;
 use cairn_proto::v1::ingest_client::IngestClient;
 use cairn_proto::v1::orchestrator_client::OrchestratorClient;
 use cairn_proto::v1::{
-    put_request, AppendEventsRequest, ClaimRunRequest, EventInput, GetRunRequest, IngestRequest,
-    PutHeader, PutRequest, StatRequest, SubmitRunRequest,
+    put_request, GetRunRequest, IngestRequest, PutHeader, PutRequest, StatRequest, SubmitRunRequest,
 };
 use cairn_server::TlsConfig;
 use tonic::transport::Channel;
@@ -101,28 +100,7 @@ async fn store_refusals_carry_resource_precondition_and_field_details() {
         owned(&[("changed", "docs/a.txt")])
     );
 
-    // A fenced epoch: PreconditionFailure on the run.
-    let claim = || ClaimRunRequest {
-        project_id: "p".into(),
-        run_id: "r1".into(),
-        holder: "t".into(),
-    };
-    let old = s.claim_run(claim()).await.unwrap().into_inner().epoch;
-    s.claim_run(claim()).await.unwrap();
-    let e = s
-        .append_events(AppendEventsRequest {
-            project_id: "p".into(),
-            run_id: "r1".into(),
-            epoch: old,
-            events: vec![EventInput {
-                r#type: "x.y".into(),
-                ..EventInput::default()
-            }],
-            ..AppendEventsRequest::default()
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(reason::preconditions(&e), owned(&[("fenced", "r1")]));
+    // A fenced epoch's PreconditionFailure: client_contract_test's fenced case.
 
     // INVALID_ARGUMENT names the field.
     let e = s
