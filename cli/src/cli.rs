@@ -372,6 +372,24 @@ pub enum RunsCommand {
     },
     /// One run: state, nodes, gates, run directory.
     Show { run: String },
+    /// Change a run's title, goal or milestone notes, running or finished (a task.edited
+    /// event; task.yaml, state.json and README.md follow). Prints the run.
+    Edit {
+        run: String,
+        /// The new title.
+        #[arg(long)]
+        title: Option<String>,
+        /// The new goal.
+        #[arg(long)]
+        goal: Option<String>,
+        /// A milestone's note (repeatable); an empty TEXT removes the note.
+        #[arg(long = "note", value_name = "MILESTONE=TEXT")]
+        notes: Vec<String>,
+    },
+    /// Replace a run's shared/context-manifest.yaml (the files and snippets shared with its
+    /// agents) with FILE (`-`: standard input): checked, then recorded as a context.edited event.
+    /// Without FILE, print the current manifest.
+    Context { run: String, file: Option<PathBuf> },
     /// Pack a finished (completed, failed or canceled) run into one compressed file,
     /// .cairn/runs/RUN/run.tar.gz; `runs show`, `runs list` and `store events` still read it,
     /// but it takes no more events (no resume, rework or notes). Admin only.

@@ -13,7 +13,8 @@ use cairn_proto::v1::artifact_store_client::ArtifactStoreClient;
 use cairn_proto::v1::ingest_client::IngestClient;
 use cairn_proto::v1::orchestrator_client::OrchestratorClient;
 use cairn_proto::v1::{
-    put_request, GetRunRequest, IngestRequest, PutHeader, PutRequest, StatRequest, SubmitRunRequest,
+    put_request, GateDecisionRequest, GetRunRequest, IngestRequest, PutHeader, PutRequest,
+    ReworkRequest, StatRequest, SubmitRunRequest,
 };
 use cairn_server::TlsConfig;
 use tonic::transport::Channel;
@@ -153,6 +154,50 @@ async fn graph_errors_name_the_field_path_and_missing_runs_the_run() {
     assert_eq!(
         reason::resource(&e),
         Some(("run".into(), "nope".into(), "p".into())),
+        "{e:?}"
+    );
+
+    // A run that exists, a node or gate it does not have: ResourceInfo names the node.
+    let run = o
+        .submit_run(SubmitRunRequest {
+            project_id: "p".into(),
+            graph_yaml: "nodes:\n  - {id: a, type: write_file, path: docs/a, content: x}\n".into(),
+            ..SubmitRunRequest::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .run_id;
+    let e = o
+        .approve_gate(GateDecisionRequest {
+            project_id: "p".into(),
+            run_id: run.clone(),
+            gate_id: "nogate".into(),
+            ..GateDecisionRequest::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+    assert_eq!(
+        reason::resource(&e),
+        Some(("node".into(), "nogate".into(), "p".into())),
+        "{e:?}"
+    );
+    assert_eq!(reason::detail(&e, "run_id").as_deref(), Some(run.as_str()));
+    assert!(e.message().contains("cairn runs show"), "{e:?}");
+    let e = o
+        .request_rework(ReworkRequest {
+            project_id: "p".into(),
+            run_id: run,
+            node_id: "zz".into(),
+            ..ReworkRequest::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+    assert_eq!(
+        reason::resource(&e).map(|r| (r.0, r.1)),
+        Some(("node".into(), "zz".into())),
         "{e:?}"
     );
 }

@@ -63,6 +63,7 @@ const ORCHESTRATOR: &[&str] = &[
     "AddNote",
     "RequestRework",
     "EditContext",
+    "EditTask",
 ];
 
 /// The table the services must enforce (docs/security.md), written out cell by cell.

@@ -8,15 +8,17 @@ use std::process::ExitCode;
 use anyhow::Context;
 use cairn_proto::v1::orchestrator_client::OrchestratorClient;
 use cairn_proto::v1::{
-    AddNoteRequest, GateDecisionRequest, GateState, GetRunRequest, InputFile, ListRunsRequest,
-    LogStream, NodeState, PageRequest, ReworkRequest, RunActionRequest, RunInfo, SubmitRunRequest,
-    TaskState, WatchLogsRequest, WatchRunRequest,
+    AddNoteRequest, EditContextRequest, EditTaskRequest, GateDecisionRequest, GateState,
+    GetRequest, GetRunRequest, InputFile, ListRunsRequest, LogStream, NodeState, PageRequest,
+    ReworkRequest, RunActionRequest, RunInfo, SubmitRunRequest, TaskState, WatchLogsRequest,
+    WatchRunRequest,
 };
 use serde_json::json;
 use tokio_stream::StreamExt;
 
 use crate::cli::{GateCommand, Global, NotesCommand, RunArgs, RunsCommand};
 use crate::embedded::{Needs, Services};
+use crate::failure::Failure;
 use crate::output;
 
 type Client = OrchestratorClient<crate::embedded::Authed>;
@@ -649,6 +651,84 @@ pub async fn runs(global: &Global, cmd: RunsCommand) -> anyhow::Result<ExitCode>
                 Ok(ExitCode::SUCCESS)
             }
             RunsCommand::Show { run } => finish(global, &get(&mut client, &project, &run).await?),
+            RunsCommand::Edit {
+                run,
+                title,
+                goal,
+                notes,
+            } => {
+                if title.is_none() && goal.is_none() && notes.is_empty() {
+                    return Err(Failure::usage(
+                        "nothing_to_edit",
+                        "nothing to change",
+                        "give --title TEXT, --goal TEXT or --note MILESTONE=TEXT",
+                    )
+                    .into());
+                }
+                let mut milestone_notes = HashMap::new();
+                for n in &notes {
+                    let (id, text) = n.split_once('=').ok_or_else(|| {
+                        Failure::usage(
+                            "note_flag",
+                            format!("--note {n:?} is not MILESTONE=TEXT"),
+                            "name the milestone (a node id of the run) and its note, e.g. --note review=\"check the error paths\"",
+                        )
+                    })?;
+                    milestone_notes.insert(id.trim().to_owned(), text.to_owned());
+                }
+                let info = client
+                    .edit_task(EditTaskRequest {
+                        project_id: project,
+                        run_id: run,
+                        by: who(),
+                        title,
+                        goal,
+                        milestone_notes,
+                    })
+                    .await?
+                    .into_inner();
+                finish(global, &info)
+            }
+            RunsCommand::Context { run, file } => {
+                let path = format!(".cairn/runs/{run}/shared/context-manifest.yaml");
+                let Some(file) = file else {
+                    let request = GetRequest {
+                        project_id: project,
+                        path,
+                        ..Default::default()
+                    };
+                    crate::transfer::get(&mut services.store()?, request, &mut tokio::io::stdout())
+                        .await?;
+                    return Ok(ExitCode::SUCCESS);
+                };
+                let yaml = if file.as_os_str() == "-" {
+                    std::io::read_to_string(std::io::stdin())
+                } else {
+                    std::fs::read_to_string(&file)
+                }
+                .map_err(|e| {
+                    Failure::usage(
+                        "context_file",
+                        format!("cannot read {}: {e}", file.display()),
+                        "give a readable YAML file, or - for standard input",
+                    )
+                })?;
+                let r = client
+                    .edit_context(EditContextRequest {
+                        project_id: project,
+                        run_id: run,
+                        by: who(),
+                        manifest_yaml: yaml,
+                    })
+                    .await?
+                    .into_inner();
+                if global.json {
+                    output::json(&json!({"seq": r.seq, "path": path}))?;
+                } else {
+                    println!("{path} replaced (event {})", r.seq);
+                }
+                Ok(ExitCode::SUCCESS)
+            }
             RunsCommand::Archive { run } => {
                 let archived = services
                     .store()?

@@ -47,6 +47,11 @@ pub struct LimitTask {
     /// in graph.resolved.json, this is what was read).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt: Option<String>,
+    /// The name of the task's result file under results/, when it is not the one the
+    /// `assemble` node's `auto_results` gives (`todoist-auto-<key>.json`): e.g. the key
+    /// `git_push` with `todoist-auto-gitpush.json`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<String>,
 }
 
 /// The frequency limits: task key -> daily limit and prompt.
@@ -120,6 +125,10 @@ impl Limits {
                     t.key
                 ));
             }
+            if let Some(result) = &t.result {
+                crate::contract::check_result_name(result)
+                    .map_err(|m| format!("task `{}`: result {m}", t.key))?;
+            }
             let raw = std::mem::take(&mut t.key);
             t.key = normalize_key(&raw);
             if let Some(other) = seen.insert(t.key.clone(), raw.clone()) {
@@ -144,6 +153,9 @@ impl Limits {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PlanSpec {
+    /// The agent name the plan document records as `agent` (default the node id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
     /// The frequency-limits file, relative to the graph's directory (read at submit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits_file: Option<String>,

@@ -262,7 +262,11 @@ fn plan_results(
                     )));
                 };
                 let key = normalize_key(raw);
-                let name = spec.auto_results.replace("{key}", &key);
+                // A task whose result file is named otherwise says so in the limits file.
+                let name = match t.get("result_file").and_then(Value::as_str) {
+                    Some(file) => file.to_owned(),
+                    None => spec.auto_results.replace("{key}", &key),
+                };
                 check_result_name(&name)
                     .map_err(|m| NodeError::refused(format!("{plan_name}: key `{raw}`: {m}")))?;
                 out.push(Expected {

@@ -44,10 +44,12 @@ pub async fn run(ctx: &NodeCtx, spec: &PlanSpec) -> Result<NodeSuccess, NodeErro
         .or(limits.max_per_run)
         .unwrap_or(DEFAULT_MAX_PER_RUN) as usize;
 
+    // The document names the agent as the phase contract knows it.
+    let agent = spec.agent.as_deref().unwrap_or(&ctx.node_id);
     if let Some(t) = &spec.tasks {
         let tasks = task_list(ctx.scope.render_value("tasks", t)?)?;
         if !tasks.is_empty() {
-            return Ok(tasks_plan(ctx, &date, &counters_path, tasks));
+            return Ok(tasks_plan(ctx, agent, &date, &counters_path, tasks));
         }
     }
 
@@ -75,6 +77,7 @@ pub async fn run(ctx: &NodeCtx, spec: &PlanSpec) -> Result<NodeSuccess, NodeErro
     .await?;
     Ok(auto_plan(
         ctx,
+        agent,
         limits,
         &date,
         &counters_path,
@@ -103,9 +106,9 @@ fn task_list(v: Value) -> Result<Vec<Value>, NodeError> {
     }
 }
 
-fn base_doc(ctx: &NodeCtx, date: &str, counters_path: &str, plan_type: &str) -> Map<String, Value> {
+fn base_doc(agent: &str, date: &str, counters_path: &str, plan_type: &str) -> Map<String, Value> {
     let mut doc = Map::new();
-    doc.insert("agent".into(), ctx.node_id.clone().into());
+    doc.insert("agent".into(), agent.into());
     doc.insert("status".into(), "success".into());
     doc.insert("fetched_at".into(), now().into());
     doc.insert("plan_type".into(), plan_type.into());
@@ -137,7 +140,13 @@ fn finish(mut doc: Map<String, Value>, extra: Map<String, Value>, event: Ev) -> 
     }
 }
 
-fn tasks_plan(ctx: &NodeCtx, date: &str, counters_path: &str, tasks: Vec<Value>) -> NodeSuccess {
+fn tasks_plan(
+    ctx: &NodeCtx,
+    agent: &str,
+    date: &str,
+    counters_path: &str,
+    tasks: Vec<Value>,
+) -> NodeSuccess {
     let n = tasks.len();
     let ranked: Vec<Value> = tasks
         .into_iter()
@@ -150,7 +159,7 @@ fn tasks_plan(ctx: &NodeCtx, date: &str, counters_path: &str, tasks: Vec<Value>)
             other => json!({"rank": i + 1, "content": other}),
         })
         .collect();
-    let mut doc = base_doc(ctx, date, counters_path, "tasks");
+    let mut doc = base_doc(agent, date, counters_path, "tasks");
     doc.insert("tasks".into(), Value::Array(ranked));
     doc.insert("auto_tasks".into(), Value::Null);
     doc.insert(
@@ -173,6 +182,7 @@ fn tasks_plan(ctx: &NodeCtx, date: &str, counters_path: &str, tasks: Vec<Value>)
 #[allow(clippy::too_many_arguments)]
 fn auto_plan(
     ctx: &NodeCtx,
+    agent: &str,
     limits: &Limits,
     date: &str,
     counters_path: &str,
@@ -197,6 +207,7 @@ fn auto_plan(
                 "execution_order": p.index + 1,
                 "selection_order": i + 1,
                 "prompt_file": t.prompt_file,
+                "result_file": t.result,
                 "prompt": t.prompt,
             })
         })
@@ -215,7 +226,7 @@ fn auto_plan(
             json!({"key": t.key, "current_count": used, "limit": t.daily_limit, "reason": "daily limit reached"})
         })
         .collect();
-    let mut doc = base_doc(ctx, date, counters_path, plan_type);
+    let mut doc = base_doc(agent, date, counters_path, plan_type);
     doc.insert("tasks".into(), json!([]));
     doc.insert(
         "auto_tasks".into(),

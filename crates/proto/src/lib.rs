@@ -61,8 +61,9 @@ pub mod reason {
     ///   the [`NOT_RETRYABLE`] reasons (a request too large stays too large);
     /// - FAILED_PRECONDITION / ABORTED: `PreconditionFailure`, type = the reason word, subject =
     ///   the `path`, `run_id` or `project` metadata;
-    /// - NOT_FOUND: `ResourceInfo` for the `session_id`, `run_id`, `path` or `project` metadata
-    ///   (types `session`, `run`, `file`, `project`), owner = the project.
+    /// - NOT_FOUND: `ResourceInfo` for the `session_id`, `node_id`, `run_id`, `path` or
+    ///   `project` metadata (types `session`, `node`, `run`, `file`, `project`), owner = the
+    ///   project.
     #[derive(Clone, Debug, Default)]
     pub struct Extra {
         /// `BadRequest` field violations: (field path, what is wrong with it).
@@ -81,6 +82,7 @@ pub mod reason {
     /// most specific first.
     pub const RESOURCE_KEYS: &[(&str, &str)] = &[
         ("session_id", "session"),
+        ("node_id", "node"),
         ("run_id", "run"),
         ("path", "file"),
         ("project", "project"),

@@ -77,6 +77,7 @@ pub enum Rpc {
     AddNote,
     RequestRework,
     EditContext,
+    EditTask,
     WhoAmI,
 }
 
@@ -92,7 +93,8 @@ impl Rpc {
             | Rpc::ResumeRun
             | Rpc::AddNote
             | Rpc::RequestRework
-            | Rpc::EditContext => Role::Operator,
+            | Rpc::EditContext
+            | Rpc::EditTask => Role::Operator,
             Rpc::ApproveGate | Rpc::RejectGate => Role::Approver,
         }
     }
@@ -116,6 +118,7 @@ impl Rpc {
             Rpc::AddNote => "AddNote",
             Rpc::RequestRework => "RequestRework",
             Rpc::EditContext => "EditContext",
+            Rpc::EditTask => "EditTask",
             Rpc::WhoAmI => "WhoAmI",
         }
     }

@@ -55,6 +55,14 @@ pub enum Error {
     #[error("{path:?}: {problem}; a person may edit only {editable} of a run's task.yaml (the rest is regenerated from the run's events: change the run with cairn gate, cairn runs or cairn notes), and nothing was written", editable = TASK_YAML_EDITABLE)]
     NotEditable { path: String, problem: String },
 
+    /// A person's write of a run record that only a command may change (the command is named).
+    #[error("{path:?}: {why}; {instead}. Nothing was written")]
+    EditByCommand {
+        path: String,
+        why: String,
+        instead: &'static str,
+    },
+
     /// The bytes received do not match what the client announced.
     #[error("path {path:?}: received {actual} but the request expected {expected}; nothing was written, resend the file")]
     DigestMismatch {
@@ -207,7 +215,7 @@ impl Error {
             Error::NotAFile { .. } => "not_a_file",
             Error::Exists { .. } => "exists",
             Error::Changed { .. } => "changed",
-            Error::NotEditable { .. } => "not_editable",
+            Error::NotEditable { .. } | Error::EditByCommand { .. } => "not_editable",
             Error::WriteOnce { .. } => "write_once",
             Error::DigestMismatch { .. } => "digest_mismatch",
             Error::TooLarge { .. } => "too_large",
@@ -239,7 +247,9 @@ impl Error {
             | Error::SymlinkInPath { path }
             | Error::NotAFile { path, .. }
             | Error::DigestMismatch { path, .. } => vec![("path", path.clone())],
-            Error::NotEditable { path, .. } | Error::WriteOnce { path } => {
+            Error::NotEditable { path, .. }
+            | Error::EditByCommand { path, .. }
+            | Error::WriteOnce { path } => {
                 vec![("path", path.clone())]
             }
             Error::Exists { project, path, .. }
@@ -298,6 +308,7 @@ impl Error {
             | Error::PublicationUnproven { .. }
             | Error::Changed { .. }
             | Error::NotEditable { .. }
+            | Error::EditByCommand { .. }
             | Error::WriteOnce { .. }
             | Error::Archived { .. }
             | Error::Unfinished { .. }

@@ -12,16 +12,42 @@ use crate::error::{Error, Result};
 
 /// Whether `path` is a run's task.yaml (`.cairn/runs/<run>/task.yaml`).
 pub fn is_task_yaml(path: &str) -> bool {
+    run_file(path).is_some_and(|(_, f)| f == "task.yaml")
+}
+
+/// The file of a run's directory `path` names (`.cairn/runs/<run>/<file>`): (run, file).
+fn run_file(path: &str) -> Option<(&str, &str)> {
     path.strip_prefix(".cairn/runs/")
         .and_then(|rest| rest.split_once('/'))
-        .is_some_and(|(run, file)| !run.is_empty() && file == "task.yaml")
+        .filter(|(run, _)| !run.is_empty())
+}
+
+/// Whether `path` is a run's shared/context-manifest.yaml: changed only through the
+/// orchestrator, which checks it and records the change.
+pub fn is_context_manifest(path: &str) -> bool {
+    run_file(path).is_some_and(|(_, f)| f == "shared/context-manifest.yaml")
+}
+
+/// The run whose shared/human-notes.md `path` is: a person's edit of it is recorded as a
+/// `notes.edited` event of that run.
+pub fn human_notes_run(path: &str) -> Option<&str> {
+    run_file(path)
+        .filter(|(_, f)| *f == "shared/human-notes.md")
+        .map(|(run, _)| run)
+}
+
+/// What refuses a person's write of a run's context manifest.
+pub fn context_manifest_refused(path: &str) -> Error {
+    Error::EditByCommand {
+        path: path.to_owned(),
+        why: "a run's context manifest is checked and recorded by the orchestrator".into(),
+        instead: "replace it with `cairn runs context RUN FILE` (attachments[] of id, kind file or snippet, path, range, reason; recorded as a context.edited event)",
+    }
 }
 
 /// Whether `path` is a run's graph.resolved.json, written once when the run is submitted.
 pub fn is_graph_resolved(path: &str) -> bool {
-    path.strip_prefix(".cairn/runs/")
-        .and_then(|rest| rest.split_once('/'))
-        .is_some_and(|(run, file)| !run.is_empty() && file == "graph.resolved.json")
+    run_file(path).is_some_and(|(_, f)| f == "graph.resolved.json")
 }
 
 fn refuse(path: &str, problem: impl Into<String>) -> Error {
@@ -96,6 +122,15 @@ pub fn check_edit(path: &str, current: Option<&[u8]>, new: &[u8]) -> Result<()> 
     let before = fixed_part(path, current, "the stored task.yaml")?;
     let after = fixed_part(path, new, "the new task.yaml")?;
     match first_difference(&before, &after, "") {
+        // No driver applies an edit of a run that has ended: say how to change it instead.
+        None if ended(&before).is_some() && edited(current, new) => Err(Error::EditByCommand {
+            path: path.to_owned(),
+            why: format!(
+                "the run has ended ({}), so an edit of its task.yaml by hand would never be applied",
+                ended(&before).unwrap_or_default()
+            ),
+            instead: "change a finished run's title, goal or milestone notes with `cairn runs edit RUN --title TEXT --goal TEXT --note MILESTONE=TEXT`",
+        }),
         None => Ok(()),
         Some(field) => Err(refuse(
             path,
@@ -104,12 +139,85 @@ pub fn check_edit(path: &str, current: Option<&[u8]>, new: &[u8]) -> Result<()> 
     }
 }
 
+/// The final state (completed, failed, canceled) task.yaml's fixed part records, if any.
+fn ended(fixed: &Value) -> Option<&str> {
+    fixed
+        .get("state")
+        .and_then(Value::as_str)
+        .filter(|s| matches!(*s, "completed" | "failed" | "canceled"))
+}
+
+/// Whether the editable fields of two task.yaml texts differ.
+fn edited(a: &[u8], b: &[u8]) -> bool {
+    let editable = |t: &[u8]| -> Option<Value> {
+        let v: Value = serde_saphyr::from_str(std::str::from_utf8(t).ok()?).ok()?;
+        let notes = |list: &str| -> Vec<Value> {
+            v.get(list)
+                .and_then(Value::as_array)
+                .map(|items| {
+                    items
+                        .iter()
+                        .map(|i| i.get("note").cloned().unwrap_or(Value::Null))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        Some(serde_json::json!([
+            v.get("title"),
+            v.get("goal"),
+            notes("milestones"),
+            notes("roster")
+        ]))
+    };
+    editable(a) != editable(b)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::error::TASK_YAML_EDITABLE as EDITABLE;
 
     const STORED: &str = "id: r1\ntitle: Old\nstate: working\ngoal: g\nevents_seq: 7\nmilestones:\n- id: a\n  state: done\n- id: b\n  state: working\nroster:\n- instance: w\n  state: working\n";
+
+    #[test]
+    fn a_finished_runs_task_yaml_is_edited_only_by_command() {
+        let p = ".cairn/runs/r1/task.yaml";
+        for state in ["completed", "failed", "canceled"] {
+            let stored = STORED.replace("state: working\ngoal", &format!("state: {state}\ngoal"));
+            let titled = stored.replace("title: Old", "title: New");
+            match check_edit(p, Some(stored.as_bytes()), titled.as_bytes()) {
+                Err(e @ Error::EditByCommand { .. }) => {
+                    let text = e.to_string();
+                    assert!(
+                        text.contains(state) && text.contains("cairn runs edit"),
+                        "{text}"
+                    );
+                    assert_eq!(e.reason(), "not_editable");
+                }
+                other => panic!("{state}: {other:?}"),
+            }
+            let noted = stored.replace("instance: w\n", "instance: w\n  note: hi\n");
+            assert!(check_edit(p, Some(stored.as_bytes()), noted.as_bytes()).is_err());
+            // The same fields in another layout are no edit.
+            let reflowed = format!("# mine\n{stored}");
+            check_edit(p, Some(stored.as_bytes()), reflowed.as_bytes()).unwrap();
+        }
+    }
+
+    #[test]
+    fn run_record_paths() {
+        assert!(is_context_manifest(
+            ".cairn/runs/r1/shared/context-manifest.yaml"
+        ));
+        assert!(!is_context_manifest(".cairn/runs/r1/context-manifest.yaml"));
+        assert!(!is_context_manifest("docs/shared/context-manifest.yaml"));
+        assert_eq!(
+            human_notes_run(".cairn/runs/r1/shared/human-notes.md"),
+            Some("r1")
+        );
+        assert_eq!(human_notes_run(".cairn/runs//shared/human-notes.md"), None);
+        assert_eq!(human_notes_run(".cairn/runs/r1/human-notes.md"), None);
+    }
 
     #[test]
     fn only_the_editable_fields_may_change() {

@@ -247,7 +247,41 @@ impl ArtifactStore for ArtifactStoreService {
                 Err(status) => Err(Error::Stream(status.message().to_owned())),
             }
         });
+        let notes_of = spec
+            .by_hand
+            .then(|| run_records::human_notes_run(&spec.path))
+            .flatten()
+            .map(str::to_owned);
+        let project = spec.project_id.clone();
         let written = self.store.put(spec, chunks).await?;
+        if let (Some(run), Outcome::Overwritten) = (notes_of, &written.outcome) {
+            // A person's edit of a run's human notes is part of the run's history.
+            let by = if caller.is_local() {
+                "human"
+            } else {
+                caller.name()
+            };
+            let event = NewEvent::from_client(
+                "notes.edited",
+                "",
+                Level::Info,
+                &serde_json::json!({
+                    "by": by,
+                    "path": "shared/human-notes.md",
+                    "sha256": written.digest.sha256,
+                    "bytes": written.digest.size_bytes,
+                })
+                .to_string(),
+            )?;
+            let event = if caller.is_local() {
+                event
+            } else {
+                event.by(caller.name())
+            };
+            self.store
+                .append_events(&project, &run, vec![event], 0, &[])
+                .await?;
+        }
         match written.outcome {
             Outcome::Created => {
                 cairn_telemetry::metrics::store_written(written.digest.size_bytes, "created")
@@ -367,6 +401,9 @@ impl ArtifactStore for ArtifactStoreService {
                 problem: "it may not be deleted".into(),
             }
             .into());
+        }
+        if run_records::is_context_manifest(&r.path) && !caller.is("orchestrator") {
+            return Err(run_records::context_manifest_refused(&r.path).into());
         }
         let deleted = self.store.delete(&r.project_id, &r.path, &r.run_id).await?;
         Ok(Response::new(DeleteResponse { deleted }))

@@ -371,6 +371,10 @@ where
         }
     }
 
+    // Creating it (a new run's) is no edit; replacing it is.
+    if spec.by_hand && spec.overwrite && run_records::is_context_manifest(&path) {
+        return Err(run_records::context_manifest_refused(&path));
+    }
     let check_edit = spec.by_hand && run_records::is_task_yaml(&path);
     if check_edit && !ended {
         return Err(Error::TooLarge {

@@ -15,8 +15,17 @@ pub enum Error {
     RunNotFound { project: String, run_id: String },
     #[error("run `{run_id}` already exists in project `{project}`; choose another run id or leave it empty to get a new one (a retried submit should send the same request_id instead)")]
     RunExists { project: String, run_id: String },
-    #[error("{0}")]
-    NotFound(String),
+    /// The run has no such node (or gate).
+    #[error("run `{run_id}` has no {what} `{node}`{hint}")]
+    NodeNotFound {
+        project: String,
+        run_id: String,
+        node: String,
+        /// `node` or `gate`.
+        what: &'static str,
+        /// More to say (how to find the right one), starting with `;` or empty.
+        hint: &'static str,
+    },
     /// The request does not fit the run's state (gate not blocked, run already final, ...).
     #[error("{0}")]
     FailedPrecondition(String),
@@ -89,7 +98,21 @@ impl From<Error> for Status {
                 "not_found",
                 &[("project", &project), ("run_id", &run_id)],
             ),
-            Error::NotFound(_) => plain(Code::NotFound, message),
+            Error::NodeNotFound {
+                project,
+                run_id,
+                node,
+                ..
+            } => reason::status_with(
+                Code::NotFound,
+                message,
+                "not_found",
+                &[
+                    ("project", &project),
+                    ("run_id", &run_id),
+                    ("node_id", &node),
+                ],
+            ),
             Error::RunExists { project, run_id } => reason::status_with(
                 Code::AlreadyExists,
                 message,

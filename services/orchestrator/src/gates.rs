@@ -23,10 +23,13 @@ impl Decision {
 /// A decision is only taken on a gate that is blocked right now.
 pub fn check_decidable(state: &RunState, gate_id: &str) -> Result<()> {
     let Some(node) = state.node(gate_id) else {
-        return Err(Error::NotFound(format!(
-            "run {} has no node `{gate_id}`",
-            state.run_id
-        )));
+        return Err(Error::NodeNotFound {
+            project: state.project.clone(),
+            run_id: state.run_id.clone(),
+            node: gate_id.to_owned(),
+            what: "gate",
+            hint: "; `cairn runs show RUN` lists its gates",
+        });
     };
     let Some(gate) = &node.gate else {
         return Err(Error::InvalidArgument(format!(

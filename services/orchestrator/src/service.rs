@@ -420,6 +420,26 @@ impl Orchestrator for OrchestratorService {
         Ok(Response::new(pb::EditContextResponse { seq }))
     }
 
+    async fn edit_task(
+        &self,
+        req: Request<pb::EditTaskRequest>,
+    ) -> Result<Response<pb::RunInfo>, Status> {
+        let who = self.caller(&req, Rpc::EditTask, &req.get_ref().project_id)?;
+        forward!(self, req, req.get_ref().run_id.clone(), edit_task);
+        let r = req.into_inner();
+        cairn_telemetry::record_ids(&r.project_id, &r.run_id, "");
+        let edit = crate::task_edits::Edit {
+            title: r.title,
+            goal: r.goal,
+            milestone_notes: r.milestone_notes.into_iter().collect(),
+        };
+        Ok(Response::new(
+            self.runs
+                .edit_task(&r.project_id, &r.run_id, &who.by(&r.by), &edit)
+                .await?,
+        ))
+    }
+
     async fn who_am_i(
         &self,
         req: Request<pb::WhoAmIRequest>,

@@ -111,6 +111,55 @@ pub fn event(file: &str, state: &RunState) -> Ev {
     }
 }
 
+/// An edit asked for through the API (`EditTask`, `cairn runs edit`): what to set, unset = keep.
+#[derive(Debug, Default)]
+pub struct Edit {
+    pub title: Option<String>,
+    pub goal: Option<String>,
+    /// Milestone (node id) → its new note; empty removes it.
+    pub milestone_notes: Vec<(String, String)>,
+}
+
+/// The task.edited event for `edit` against `state` (None: it changes nothing). Err names
+/// what is wrong: an empty title, a milestone the run does not have.
+pub fn edit_event(edit: &Edit, state: &RunState, by: &str) -> Result<Option<Ev>, String> {
+    let mut out = Vec::new();
+    if let Some(title) = &edit.title {
+        if title.trim().is_empty() {
+            return Err("the title is empty; give the run a title (`--title TEXT`)".into());
+        }
+        if *title != state.title {
+            out.push(change("title", None, Some(&state.title), Some(title)));
+        }
+    }
+    if let Some(goal) = edit.goal.as_ref().filter(|g| **g != state.goal) {
+        out.push(change("goal", None, Some(&state.goal), Some(goal)));
+    }
+    for (id, text) in &edit.milestone_notes {
+        let Some(n) = state.nodes.iter().find(|n| n.id == *id) else {
+            let known: Vec<&str> = state.nodes.iter().map(|n| n.id.as_str()).collect();
+            return Err(format!(
+                "the run has no milestone {id:?}; name one of its milestones: {}",
+                known.join(", ")
+            ));
+        };
+        let to = note(&Some(text.clone())).map(str::to_owned);
+        if to.as_deref() != note(&n.note) {
+            out.push(change(
+                "milestone_note",
+                Some(id),
+                note(&n.note),
+                to.as_deref(),
+            ));
+        }
+    }
+    Ok((!out.is_empty()).then(|| {
+        Ev::run(TASK_EDITED)
+            .with("by", by)
+            .with("changes", Value::Array(out))
+    }))
+}
+
 /// Applies a task.edited event's `changes` to the state.
 pub fn apply(state: &mut RunState, data: &Map<String, Value>) {
     let Some(Value::Array(changes)) = data.get("changes") else {
@@ -134,5 +183,80 @@ pub fn apply(state: &mut RunState, data: &Map<String, Value>) {
             }
             _ => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state() -> RunState {
+        let graph = cairn_graph::Graph::from_yaml(
+            "title: T\ngoal: G\nnodes: [{id: a, type: gate}, {id: b, type: gate, needs: [a]}]",
+            "r1",
+            &Default::default(),
+        )
+        .unwrap();
+        RunState::new("p", &graph)
+    }
+
+    fn fields(e: &Ev) -> Vec<(String, Option<String>)> {
+        let data: Value = serde_json::from_str(&e.to_input().data_json).unwrap();
+        data["changes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                (
+                    c["field"].as_str().unwrap().to_owned(),
+                    c["to"].as_str().map(str::to_owned),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_edit_records_only_what_it_changes() {
+        let mut s = state();
+        let edit = Edit {
+            title: Some("New".into()),
+            goal: Some(s.goal.clone()),
+            milestone_notes: vec![("b".into(), "check it".into())],
+        };
+        let e = edit_event(&edit, &s, "ann").unwrap().unwrap();
+        assert_eq!(
+            fields(&e),
+            [
+                ("title".into(), Some("New".into())),
+                ("milestone_note".into(), Some("check it".into()))
+            ]
+        );
+        // Applied, the same edit is no change; an empty note removes it.
+        let data: Map<String, Value> = serde_json::from_str(&e.to_input().data_json).unwrap();
+        apply(&mut s, &data);
+        assert_eq!(s.title, "New");
+        assert!(edit_event(&edit, &s, "ann").unwrap().is_none());
+        let clear = Edit {
+            milestone_notes: vec![("b".into(), " ".into())],
+            ..Edit::default()
+        };
+        let e = edit_event(&clear, &s, "ann").unwrap().unwrap();
+        assert_eq!(fields(&e), [("milestone_note".into(), None)]);
+    }
+
+    #[test]
+    fn an_edit_naming_nothing_real_is_refused() {
+        let s = state();
+        let unknown = Edit {
+            milestone_notes: vec![("zz".into(), "x".into())],
+            ..Edit::default()
+        };
+        let err = edit_event(&unknown, &s, "ann").unwrap_err();
+        assert!(err.contains("\"zz\"") && err.contains("a, b"), "{err}");
+        let empty = Edit {
+            title: Some("  ".into()),
+            ..Edit::default()
+        };
+        assert!(edit_event(&empty, &s, "ann").unwrap_err().contains("title"));
     }
 }

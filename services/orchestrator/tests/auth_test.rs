@@ -13,9 +13,9 @@ use auth_support::*;
 use cairn_orchestrator::auth::tokens::TokensFile;
 use cairn_orchestrator::auth::Role;
 use cairn_proto::v1::{
-    AddNoteRequest, EditContextRequest, GateDecisionRequest, GetRunRequest, ListRunsRequest,
-    ReworkRequest, RunActionRequest, SubmitRunRequest, TaskState, WatchLogsRequest,
-    WatchRunRequest, WhoAmIRequest,
+    AddNoteRequest, EditContextRequest, EditTaskRequest, GateDecisionRequest, GetRunRequest,
+    ListRunsRequest, ReworkRequest, RunActionRequest, SubmitRunRequest, TaskState,
+    WatchLogsRequest, WatchRunRequest, WhoAmIRequest,
 };
 use common::{data, read_events, read_file, PROJECT};
 use tonic::{Code, Request, Status};
@@ -229,6 +229,20 @@ async fn each_role_may_make_the_calls_of_its_row_and_no_others() {
                     run_id: approve_run.clone(),
                     by: String::new(),
                     manifest_yaml: "attachments: []\n".into(),
+                },
+            ))
+            .await),
+        );
+        expect(
+            "EditTask",
+            Role::Operator,
+            ok(c.edit_task(as_(
+                &t,
+                EditTaskRequest {
+                    project_id: PROJECT.into(),
+                    run_id: approve_run.clone(),
+                    goal: Some(format!("a goal set by {name}")),
+                    ..Default::default()
                 },
             ))
             .await),

@@ -397,6 +397,10 @@ async fn bad_phase_graphs_are_refused_at_submit() {
             "nodes: [{id: p, type: plan, limits_file: no-such-limits.yaml}]",
             "no-such-limits.yaml",
         ),
+        (
+            "nodes: [{id: p, type: plan, limits: {tasks: {git_push: {daily_limit: 1, prompt: x, result: ../gitpush.json}}}}]",
+            "task `git_push`: result",
+        ),
         ("nodes: [{id: p, type: assemble}]", "node `p` field `plan`"),
         (
             "nodes: [{id: p, type: assemble, plan: x.json, auto_results: auto.json}]",
@@ -696,6 +700,53 @@ async fn concurrent_conflicting_counter_updates_keep_every_increment() {
             .unwrap()
             .cursor(),
         6
+    );
+    s.stop().await;
+}
+
+/// The plan document names the agent as the phase contract does, and a task whose result file
+/// has another name than `todoist-auto-<key>.json` (the contract's `git_push` writes
+/// `todoist-auto-gitpush.json`) is read under that name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_plan_names_its_agent_and_a_task_may_name_its_result_file() {
+    let s = Stack::start(quick()).await;
+    let g = r##"
+nodes:
+  - id: plan
+    type: plan
+    agent: todoist-query
+    date: "2026-03-01"
+    counters: context/gitpush.json
+    limits: {tasks: {git_push: {daily_limit: 1, prompt: push, result: todoist-auto-gitpush.json}}}
+    result: todoist-plan.json
+  - id: push
+    type: write_file
+    when: nodes.plan.selected.git_push
+    path: "docs/{{run_id}}/push.json"
+    content: '{"agent": "todoist-gitpush", "status": "success", "type": "git_push", "summary": "pushed"}'
+    result: todoist-auto-gitpush.json
+  - id: assemble
+    type: assemble
+    needs: [push]
+    plan: todoist-plan.json
+"##;
+    let info = completed(&s, g, &[]).await;
+    let plan = json_file(&s, &result_path(&info.run_id, "todoist-plan.json")).await;
+    assert_eq!(plan["agent"], "todoist-query", "{plan}");
+    let picked = &plan["auto_tasks"]["selected_tasks"][0];
+    assert_eq!(picked["key"], "git_push", "{plan}");
+    assert_eq!(picked["result_file"], "todoist-auto-gitpush.json", "{plan}");
+    let assembled = outputs(&info, "assemble");
+    assert_eq!(assembled["status"], "success", "{assembled}");
+    let c = Counters::parse(
+        "context/gitpush.json",
+        Some(s.read_text("context/gitpush.json").await.as_bytes()),
+    )
+    .unwrap();
+    assert_eq!(
+        c.used("2026-03-01", "git_push"),
+        1,
+        "the success is counted"
     );
     s.stop().await;
 }

@@ -557,6 +557,20 @@ impl Orchestrator for FakeOrchestrator {
         Ok(GrpcResponse::new(pb::EditContextResponse { seq }))
     }
 
+    async fn edit_task(
+        &self,
+        req: GrpcRequest<pb::EditTaskRequest>,
+    ) -> Result<GrpcResponse<pb::RunInfo>, Status> {
+        let r = req.into_inner();
+        let info = self.update(&r.run_id, |run| {
+            if let Some(title) = &r.title {
+                run.title = title.clone();
+            }
+            Ok(())
+        })?;
+        Ok(GrpcResponse::new(info))
+    }
+
     async fn who_am_i(
         &self,
         _: GrpcRequest<pb::WhoAmIRequest>,

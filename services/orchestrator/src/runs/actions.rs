@@ -17,6 +17,7 @@ use crate::human::{self, Manifest};
 use crate::run::TaskState;
 use crate::rundir::RunDir;
 use crate::scheduler::Command;
+use crate::task_edits;
 use cairn_node::events::{self as ev, Ev};
 
 impl Runs {
@@ -260,9 +261,13 @@ impl Runs {
     ) -> Result<pb::RunInfo> {
         let info = self.get(project, run_id).await?;
         if !info.nodes.iter().any(|n| n.id == node) {
-            return Err(Error::NotFound(format!(
-                "run {run_id} has no node `{node}`"
-            )));
+            return Err(Error::NodeNotFound {
+                project: project.to_owned(),
+                run_id: run_id.to_owned(),
+                node: node.to_owned(),
+                what: "node",
+                hint: "; `cairn runs show RUN` lists its nodes",
+            });
         }
         if info.state == pb::TaskState::Canceled as i32 {
             return Err(Error::FailedPrecondition(format!(
@@ -339,8 +344,41 @@ impl Runs {
             .with("by", by)
             .with("ref", note_ref.clone())
             .with("bytes", text.len());
-        let seq = self.record(project, run_id, e).await?;
+        let seq = self.record_and_show(project, run_id, e).await?;
         Ok((seq, note_ref))
+    }
+
+    /// Changes a run's title, goal or milestone notes (`EditTask`), running or finished.
+    pub async fn edit_task(
+        &self,
+        project: &str,
+        run_id: &str,
+        by: &str,
+        edit: &task_edits::Edit,
+    ) -> Result<pb::RunInfo> {
+        let (_, state) = self.load(project, run_id).await?;
+        let by = if by.is_empty() { "human" } else { by };
+        let event = task_edits::edit_event(edit, &state, by).map_err(Error::InvalidArgument)?;
+        if let Some(e) = event {
+            self.record_and_show(project, run_id, e).await?;
+        }
+        self.get(project, run_id).await
+    }
+
+    /// Records a human event; on a run no driver here holds (a finished one, say) also writes
+    /// its task.yaml, state.json and README.md again, so every view shows the event.
+    async fn record_and_show(&self, project: &str, run_id: &str, e: Ev) -> Result<u64> {
+        if self.live_cmd(project, run_id).is_some() {
+            return self.record(project, run_id, e).await;
+        }
+        let write = async {
+            let seq = self.record(project, run_id, e).await?;
+            let (_, graph, state) = self.read_records(project, run_id).await?;
+            self.write_snapshot(&state, &graph, state.last_seq.max(seq))
+                .await?;
+            Ok(seq)
+        };
+        self.under_claim(project, run_id, write).await
     }
 
     pub async fn edit_context(

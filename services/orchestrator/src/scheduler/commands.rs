@@ -157,10 +157,13 @@ impl Driver {
         note_ref: Option<&str>,
     ) -> Result<pb::RunInfo> {
         if self.graph.node(node).is_none() {
-            return Err(Error::NotFound(format!(
-                "run {} has no node `{node}` (map items are reworked through their map)",
-                self.state.run_id
-            )));
+            return Err(Error::NodeNotFound {
+                project: self.state.project.clone(),
+                run_id: self.state.run_id.clone(),
+                node: node.to_owned(),
+                what: "node",
+                hint: " (map items are reworked through their map)",
+            });
         }
         if self.canceling.is_some() || self.state.state == TaskState::Canceled {
             return Err(Error::FailedPrecondition(format!(

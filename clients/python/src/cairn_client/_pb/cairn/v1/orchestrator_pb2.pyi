@@ -325,6 +325,29 @@ class EditContextRequest(_message.Message):
     manifest_yaml: str
     def __init__(self, project_id: _Optional[str] = ..., run_id: _Optional[str] = ..., by: _Optional[str] = ..., manifest_yaml: _Optional[str] = ...) -> None: ...
 
+class EditTaskRequest(_message.Message):
+    __slots__ = ("project_id", "run_id", "by", "title", "goal", "milestone_notes")
+    class MilestoneNotesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    BY_FIELD_NUMBER: _ClassVar[int]
+    TITLE_FIELD_NUMBER: _ClassVar[int]
+    GOAL_FIELD_NUMBER: _ClassVar[int]
+    MILESTONE_NOTES_FIELD_NUMBER: _ClassVar[int]
+    project_id: str
+    run_id: str
+    by: str
+    title: str
+    goal: str
+    milestone_notes: _containers.ScalarMap[str, str]
+    def __init__(self, project_id: _Optional[str] = ..., run_id: _Optional[str] = ..., by: _Optional[str] = ..., title: _Optional[str] = ..., goal: _Optional[str] = ..., milestone_notes: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
 class EditContextResponse(_message.Message):
     __slots__ = ("seq",)
     SEQ_FIELD_NUMBER: _ClassVar[int]
