@@ -311,4 +311,25 @@ mod tests {
         assert_eq!(split_parent("a/b/c.md"), ("a/b", "c.md"));
         assert_eq!(split_parent("c.md"), ("", "c.md"));
     }
+
+    #[test]
+    fn the_component_walk_refuses_empty_and_dot_parts_and_a_last_link_with_any_flags() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(tmp.path().join("a")).unwrap();
+        std::fs::write(tmp.path().join("a/f"), b"x").unwrap();
+        symlink("f", tmp.path().join("a/l")).unwrap();
+        let fd = root(tmp.path());
+        let walk = |p: &str, f: OFlags| open_by_components(fd.as_fd(), p, f, Mode::empty());
+        for bad in ["a//f", "./a/f", "a/./f", "a/", ""] {
+            assert_eq!(
+                walk(bad, OFlags::RDONLY).unwrap_err(),
+                Errno::INVAL,
+                "{bad:?}"
+            );
+        }
+        // The caller's own O_NOFOLLOW is kept, not toggled off.
+        let nofollow = OFlags::RDONLY | OFlags::NOFOLLOW;
+        assert_eq!(walk("a/l", nofollow).unwrap_err(), Errno::LOOP);
+        assert!(walk("a/f", nofollow).is_ok());
+    }
 }
