@@ -308,6 +308,7 @@ mod tests {
         assert_eq!(kind(&stat(fd.as_fd(), "l").unwrap()), FileType::Symlink);
         assert_eq!(kind(&stat(fd.as_fd(), "d").unwrap()), FileType::Directory);
         assert_eq!(stat(fd.as_fd(), "none").unwrap_err(), Errno::NOENT);
+        assert_eq!(open_dir(fd.as_fd(), "f").unwrap_err(), Errno::NOTDIR);
         assert_eq!(split_parent("a/b/c.md"), ("a/b", "c.md"));
         assert_eq!(split_parent("c.md"), ("", "c.md"));
     }
