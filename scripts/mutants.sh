@@ -37,10 +37,24 @@ scopes=(
     "sandbox-isolation|cairn-sandbox-runner|services/sandbox-runner/src/backend/local.rs"
 )
 
+# What each mutant of a scope runs, where the package's whole suite would be too slow (a
+# mutant rebuilds every test binary selected, and runs them): cargo-mutants options, among
+# them `-C` (cargo: the test targets built) and `--cargo-test-arg` (a nextest filter). Any
+# other scope runs every test of its package. docs/testing.md says why each choice suffices.
+declare -A narrow=(
+    [store]="-C --lib -C --test=files_test -C --test=paths_test -C --test=crash_test"
+    [orchestrator-auth]="-C --lib -C --test=auth_test -C --test=jwt_test --cargo-test-arg=-E --cargo-test-arg=not(kind(lib))|test(/^auth::/)"
+    [console-guard]="-C --lib -C --test=console_auth_test"
+    [sandbox-isolation]="-F (Base::(minimal_root|check_reachable|probe|namespace_args|command)|close_inherited_fds_on_exec|rlimits) -C --lib -C --test=process_test --cargo-test-arg=-E --cargo-test-arg=test(/environ|secret|^backend::local::/)"
+)
+
 if [ "${1:-}" = "--list" ]; then
     for s in "${scopes[@]}"; do
         IFS='|' read -r name package files <<<"$s"
         printf '%-18s %-22s %s\n' "$name" "$package" "$files"
+        if [ -n "${narrow[$name]:-}" ]; then
+            printf '%-18s %-22s %s\n' "" "" "only: ${narrow[$name]}"
+        fi
     done
     exit 0
 fi
@@ -60,6 +74,9 @@ for s in "${scopes[@]}"; do
     args=(--package "$package" --jobs 1 --timeout "$timeout" --build-timeout 900
         --test-tool nextest --output "$out_root/$name" --no-shuffle)
     for f in $files; do args+=(--file "$f"); done
+    # read -a splits on blanks without globbing the filters' parentheses and stars.
+    read -r -a only <<<"${narrow[$name]:-}"
+    args+=("${only[@]}")
     # shellcheck disable=SC2206 # options are words
     args+=(${CAIRN_MUTANTS_ARGS:-})
     mkdir -p "$out_root/$name"

@@ -247,4 +247,90 @@ mod tests {
         assert_eq!(ensure_dir(fd.as_fd(), "x/s/new").unwrap_err(), Errno::LOOP);
         assert!(!outside.path().join("new").exists());
     }
+
+    #[test]
+    fn every_descriptor_opened_is_close_on_exec() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(tmp.path().join("d/e")).unwrap();
+        std::fs::write(tmp.path().join("d/f"), b"x").unwrap();
+        let fd = root(tmp.path());
+        let cloexec = |fd: &OwnedFd| {
+            rustix::io::fcntl_getfd(fd)
+                .unwrap()
+                .contains(rustix::io::FdFlags::CLOEXEC)
+        };
+        // Callers' flags with or without O_CLOEXEC: the descriptor has it either way.
+        let with = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW;
+        let opened = [
+            open(fd.as_fd(), "d/f", OFlags::RDONLY, 0).unwrap(),
+            open(fd.as_fd(), "d/f", with, 0).unwrap(),
+            open_by_components(fd.as_fd(), "d/f", OFlags::RDONLY, Mode::empty()).unwrap(),
+            open_by_components(fd.as_fd(), "d/f", with, Mode::empty()).unwrap(),
+            open_by_components(fd.as_fd(), "d/e", OFlags::RDONLY, Mode::empty()).unwrap(),
+            dup_dir(fd.as_fd()).unwrap(),
+            open_dir(fd.as_fd(), "").unwrap(),
+            open_dir(fd.as_fd(), "d/e").unwrap(),
+            ensure_dir(fd.as_fd(), "d/new").unwrap(),
+        ];
+        for (i, fd) in opened.iter().enumerate() {
+            assert!(cloexec(fd), "descriptor {i} would reach an exec'd program");
+        }
+        // A created file gets the mode asked for.
+        use std::os::unix::fs::PermissionsExt;
+        let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL;
+        drop(open(fd.as_fd(), "d/new.txt", flags, FILE_MODE).unwrap());
+        let mode = std::fs::metadata(tmp.path().join("d/new.txt"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, FILE_MODE);
+    }
+
+    #[test]
+    fn listing_stat_and_split_report_what_is_there() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(tmp.path().join("d")).unwrap();
+        std::fs::write(tmp.path().join("f"), b"abc").unwrap();
+        symlink("f", tmp.path().join("l")).unwrap();
+        let fd = root(tmp.path());
+        let mut names = read_dir(fd.as_fd()).unwrap();
+        names.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(
+            names,
+            [
+                ("d".to_owned(), FileType::Directory),
+                ("f".to_owned(), FileType::RegularFile),
+                ("l".to_owned(), FileType::Symlink),
+            ]
+        );
+        let st = stat(fd.as_fd(), "f").unwrap();
+        assert_eq!((kind(&st), st.st_size), (FileType::RegularFile, 3));
+        assert_eq!(kind(&stat(fd.as_fd(), "l").unwrap()), FileType::Symlink);
+        assert_eq!(kind(&stat(fd.as_fd(), "d").unwrap()), FileType::Directory);
+        assert_eq!(stat(fd.as_fd(), "none").unwrap_err(), Errno::NOENT);
+        assert_eq!(open_dir(fd.as_fd(), "f").unwrap_err(), Errno::NOTDIR);
+        assert_eq!(split_parent("a/b/c.md"), ("a/b", "c.md"));
+        assert_eq!(split_parent("c.md"), ("", "c.md"));
+    }
+
+    #[test]
+    fn the_component_walk_refuses_empty_and_dot_parts_and_a_last_link_with_any_flags() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(tmp.path().join("a")).unwrap();
+        std::fs::write(tmp.path().join("a/f"), b"x").unwrap();
+        symlink("f", tmp.path().join("a/l")).unwrap();
+        let fd = root(tmp.path());
+        let walk = |p: &str, f: OFlags| open_by_components(fd.as_fd(), p, f, Mode::empty());
+        for bad in ["a//f", "./a/f", "a/./f", "a/", ""] {
+            assert_eq!(
+                walk(bad, OFlags::RDONLY).unwrap_err(),
+                Errno::INVAL,
+                "{bad:?}"
+            );
+        }
+        // The caller's own O_NOFOLLOW is kept, not toggled off.
+        let nofollow = OFlags::RDONLY | OFlags::NOFOLLOW;
+        assert_eq!(walk("a/l", nofollow).unwrap_err(), Errno::LOOP);
+        assert!(walk("a/f", nofollow).is_ok());
+    }
 }

@@ -213,4 +213,33 @@ mod tests {
         .unwrap();
         assert!(matches!(opened, Some(Err(_))));
     }
+
+    #[test]
+    fn entries_give_their_path_as_text_when_it_is_utf8() {
+        use std::os::unix::ffi::OsStrExt;
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(tmp.path().join("dir")).unwrap();
+        std::fs::write(tmp.path().join("dir/é.md"), b"x").unwrap();
+        std::fs::write(tmp.path().join(OsStr::from_bytes(b"bad\xff")), b"x").unwrap();
+        let root = Root::open(tmp.path()).unwrap();
+        let mut texts = Vec::new();
+        walk(root.fd(), &mut |e| {
+            texts.push((lossy(e.rel), e.rel_str().map(str::to_owned)));
+            Visit::Continue
+        })
+        .unwrap();
+        assert_eq!(
+            texts,
+            [
+                ("bad\u{fffd}".to_owned(), None),
+                ("dir".to_owned(), Some("dir".to_owned())),
+                ("dir/é.md".to_owned(), Some("dir/é.md".to_owned())),
+            ]
+        );
+        // The depth cap: a tree exactly as deep as the cap is walked whole.
+        let (_, complete) = seen(&root, 1);
+        assert!(complete);
+        let (_, complete) = seen(&root, 0);
+        assert!(!complete);
+    }
 }

@@ -163,3 +163,113 @@ pub fn is_identity_name(name: &str) -> bool {
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use rcgen::{CertificateParams, KeyPair, SanType};
+
+    /// A self-signed certificate (DER) with these SAN URIs beside a DNS name.
+    fn cert_naming(uris: &[&str]) -> Vec<u8> {
+        let mut params = CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+        for uri in uris {
+            params
+                .subject_alt_names
+                .push(SanType::URI((*uri).try_into().unwrap()));
+        }
+        let key = KeyPair::generate().unwrap();
+        params.self_signed(&key).unwrap().der().to_vec()
+    }
+
+    #[test]
+    fn a_certificate_names_exactly_one_valid_identity_or_none() {
+        let named = |uris: &[&str]| identity_of(&cert_naming(uris));
+        assert_eq!(named(&["cairn://ingest"]), Ok("ingest".to_owned()));
+        assert_eq!(
+            named(&["https://cli.example/", "cairn://cli"]),
+            Ok("cli".to_owned())
+        );
+        assert_eq!(
+            named(&["cairn://cli", "cairn://orchestrator"]),
+            Err(Unidentified::SeveralIdentities)
+        );
+        // One of them invalid: still two names, still refused.
+        assert_eq!(
+            named(&["cairn://cli", "cairn://Admin"]),
+            Err(Unidentified::SeveralIdentities)
+        );
+        assert_eq!(named(&["cairn://Admin"]), Err(Unidentified::NoIdentity));
+        assert_eq!(
+            named(&["https://cli.example/"]),
+            Err(Unidentified::NoIdentity)
+        );
+        assert_eq!(named(&[]), Err(Unidentified::NoIdentity));
+        assert_eq!(
+            identity_of(b"not a certificate"),
+            Err(Unidentified::NoIdentity)
+        );
+        // The cache answers as the parse does, each certificate for itself.
+        let console = cert_naming(&["cairn://console"]);
+        let two = cert_naming(&["cairn://a", "cairn://b"]);
+        for _ in 0..2 {
+            assert_eq!(cached_identity_of(&console), Ok("console".to_owned()));
+            assert_eq!(
+                cached_identity_of(&two),
+                Err(Unidentified::SeveralIdentities)
+            );
+        }
+    }
+
+    #[test]
+    fn identity_names_are_1_to_63_lowercase_letters_digits_and_dashes() {
+        for good in ["a", "7", "-", "sandbox-runner-2", &"a".repeat(63)] {
+            assert!(is_identity_name(good), "{good}");
+        }
+        for bad in [
+            "",
+            "Cli",
+            "cli_1",
+            "cli.x",
+            "cli/x",
+            "cli x",
+            "é",
+            &"a".repeat(64),
+        ] {
+            assert!(!is_identity_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_caller_is_named_by_its_kind_and_only_plaintext_is_local() {
+        let peer = Some("127.0.0.1:4000".parse().unwrap());
+        let ingest = Caller {
+            principal: Principal::Service("ingest".into()),
+            peer,
+        };
+        assert_eq!(ingest.name(), "ingest");
+        assert!(ingest.is("ingest") && !ingest.is("cli") && !ingest.is_local());
+        assert_eq!(ingest.peer_text(), "127.0.0.1:4000");
+        let local = Caller {
+            principal: Principal::Local,
+            peer: None,
+        };
+        assert_eq!(
+            (local.name(), local.peer_text().as_str()),
+            (LOCAL, "unknown")
+        );
+        assert!(local.is_local() && !local.is(LOCAL));
+        let anonymous = Caller {
+            principal: Principal::Anonymous,
+            peer,
+        };
+        assert_eq!(anonymous.name(), "anonymous");
+        assert!(!anonymous.is_local() && !anonymous.is("anonymous"));
+
+        // A request that came through no host is the local user's; else the host's caller.
+        assert_eq!(Caller::of(&tonic::Request::new(())), local);
+        let mut req = tonic::Request::new(());
+        req.extensions_mut().insert(ingest.clone());
+        assert_eq!(Caller::of(&req), ingest);
+    }
+}

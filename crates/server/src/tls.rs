@@ -217,3 +217,142 @@ impl TlsArgs {
         }
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn path(s: &str) -> Option<PathBuf> {
+        Some(PathBuf::from(s))
+    }
+
+    #[test]
+    fn any_one_setting_turns_tls_on_and_flags_override_the_file_one_by_one() {
+        assert!(!TlsConfig::default().is_set());
+        let none = TlsConfig::default;
+        for one in [
+            TlsConfig::dir("d"),
+            TlsConfig {
+                cert: path("c"),
+                ..none()
+            },
+            TlsConfig {
+                key: path("k"),
+                ..none()
+            },
+            TlsConfig {
+                ca: path("a"),
+                ..none()
+            },
+        ] {
+            assert!(one.is_set(), "{one:?}");
+        }
+        assert_eq!(TlsConfig::dir("d").dir, path("d"));
+        let file = TlsConfig {
+            dir: path("d"),
+            cert: path("c"),
+            key: None,
+            ca: path("a"),
+        };
+        let flags = TlsConfig {
+            dir: None,
+            cert: path("c2"),
+            key: path("k2"),
+            ca: None,
+        };
+        assert_eq!(
+            file.overridden_by(&flags),
+            TlsConfig {
+                dir: path("d"),
+                cert: path("c2"),
+                key: path("k2"),
+                ca: path("a"),
+            }
+        );
+        let args = TlsArgs {
+            tls_dir: path("d"),
+            tls_cert: path("c"),
+            tls_key: path("k"),
+            tls_ca: path("a"),
+            insecure_listen: false,
+        };
+        assert_eq!(
+            args.config(),
+            TlsConfig {
+                dir: path("d"),
+                cert: path("c"),
+                key: path("k"),
+                ca: path("a"),
+            }
+        );
+    }
+
+    #[test]
+    fn load_reads_the_identitys_files_and_refuses_wrong_or_missing_ones() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        crate::pki::init(&crate::pki::PkiSpec::new(dir)).unwrap();
+        assert!(TlsConfig::default().load("ingest").unwrap().is_none());
+
+        let tls = TlsConfig::dir(dir).load("ingest").unwrap().unwrap();
+        assert_eq!(tls.identity(), "ingest");
+        let read = |name: &str| std::fs::read(dir.join(name)).unwrap();
+        assert_eq!(
+            (&tls.cert_pem, &tls.key_pem, &tls.ca_pem),
+            (&read("ingest.pem"), &read("ingest.key"), &read("ca.pem"))
+        );
+        assert_eq!(tls.paths().cert, dir.join("ingest.pem"));
+        assert_eq!(tls.paths().key, dir.join("ingest.key"));
+        assert_eq!(tls.paths().ca, dir.join("ca.pem"));
+        // Logs name the identity and never show the key.
+        let shown = format!("{tls:?}");
+        assert!(shown.contains("ingest"), "{shown}");
+        assert!(
+            !shown.contains("PRIVATE") && !shown.contains("key_pem"),
+            "{shown}"
+        );
+
+        // An explicit path wins over the directory's file.
+        let cli = TlsConfig {
+            cert: Some(dir.join("cli.pem")),
+            key: Some(dir.join("cli.key")),
+            ..TlsConfig::dir(dir)
+        };
+        assert_eq!(
+            cli.load("ingest").unwrap().unwrap().cert_pem,
+            read("cli.pem")
+        );
+
+        // No directory and no key path: incomplete, naming what is missing.
+        let incomplete = TlsConfig {
+            cert: Some(dir.join("cli.pem")),
+            ..TlsConfig::default()
+        };
+        let err = incomplete.load("cli").unwrap_err();
+        assert!(
+            matches!(&err, TlsError::Incomplete(m) if m.contains("no key")),
+            "{err}"
+        );
+
+        // A certificate where the key belongs, a file of no PEM, a missing file.
+        for (key, want) in [
+            (dir.join("cli.pem"), "holds no PEM PRIVATE KEY"),
+            (dir.join("missing.key"), "cannot read key"),
+        ] {
+            let wrong = TlsConfig {
+                key: Some(key),
+                ..TlsConfig::dir(dir)
+            };
+            let err = wrong.load("cli").unwrap_err().to_string();
+            assert!(err.contains(want), "{err}");
+        }
+        std::fs::write(dir.join("junk.pem"), "CERTIFICATE but no PEM armour").unwrap();
+        let junk = TlsConfig {
+            ca: Some(dir.join("junk.pem")),
+            ..TlsConfig::dir(dir)
+        };
+        let err = junk.load("cli").unwrap_err().to_string();
+        assert!(err.contains("holds no PEM CERTIFICATE"), "{err}");
+    }
+}
