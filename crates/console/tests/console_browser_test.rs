@@ -575,11 +575,14 @@ async fn runs_are_started_searched_reworked_compared_canceled_re_run_and_resumed
     wait_for("the new run's page", || async {
         c.current_url()
             .await
-            .map(|u| u.path().contains("/runs/req-"))
+            .map(|u| u.path().starts_with(&format!("/projects/{PROJECT}/runs/")))
             .unwrap_or(false)
     })
     .await;
     let run = run_on_page(c).await;
+    // The run id is a time-ordered UUID, like a run `cairn run` starts.
+    assert_eq!(run.len(), 36, "{run}");
+    assert_eq!(&run[14..15], "7", "{run}");
     wait_for("the new run at its gate", || async {
         run_state(c).await == "input-required"
     })

@@ -306,7 +306,11 @@ async fn the_runs_list_counts_its_runs_and_a_live_fetch_of_an_unchanged_list_is_
         .raw(
             "GET",
             &url,
-            &[("x-cairn-live", "1"), ("if-none-match", &tag)],
+            &[
+                ("host", CONSOLE_HOST),
+                ("x-cairn-live", "1"),
+                ("if-none-match", &tag),
+            ],
             &[],
         )
         .await;
@@ -318,7 +322,11 @@ async fn the_runs_list_counts_its_runs_and_a_live_fetch_of_an_unchanged_list_is_
         .raw(
             "GET",
             &url,
-            &[("x-cairn-live", "1"), ("if-none-match", &tag)],
+            &[
+                ("host", CONSOLE_HOST),
+                ("x-cairn-live", "1"),
+                ("if-none-match", &tag),
+            ],
             &[],
         )
         .await;

@@ -320,12 +320,12 @@ pub fn axe_path() -> PathBuf {
 /// Measures the page as laid out now: its width against the window's, and every visible table
 /// cell against 8 characters of the page's font (`8ch` of the body).
 pub const LAYOUT_JS: &str = r#"
-pub const probe = document.createElement('div');
+const probe = document.createElement('div');
 probe.style.cssText = 'position:absolute;visibility:hidden;width:8ch';
 document.body.appendChild(probe);
-pub const min = probe.getBoundingClientRect().width;
+const min = probe.getBoundingClientRect().width;
 probe.remove();
-pub const narrow = [];
+const narrow = [];
 let cells = 0;
 for (const c of document.querySelectorAll('main td, main tbody th')) {
   if (c.getClientRects().length === 0 || getComputedStyle(c).display === 'none') continue;
@@ -335,7 +335,7 @@ for (const c of document.querySelectorAll('main td, main tbody th')) {
     narrow.push(`${c.closest('table').className} row ${c.parentElement.rowIndex} cell ${c.cellIndex}: ${w.toFixed(1)}px`);
   }
 }
-pub const wide = [];
+const wide = [];
 for (const e of document.querySelectorAll('main *')) {
   const r = e.getBoundingClientRect();
   if (r.width === 0 || e.closest('div.scroll, pre')) continue;
