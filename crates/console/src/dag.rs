@@ -197,11 +197,11 @@ const BAR_ORDER: [&str; 6] = [
     "skipped",
 ];
 
+/// A map's items: how many, and how many in each state.
+type MapCounts = (u64, Vec<(&'static str, u64)>);
+
 /// Items of each map node by state: (total, [(state, count)] in [`BAR_ORDER`], pending last).
-fn map_counts(
-    nodes: &[GraphNode],
-    events: &[Event],
-) -> HashMap<String, (u64, Vec<(&'static str, u64)>)> {
+fn map_counts(nodes: &[GraphNode], events: &[Event]) -> HashMap<String, MapCounts> {
     let mut out = HashMap::new();
     for n in nodes.iter().filter(|n| n.kind == "map") {
         let items = item_states(&n.id, events);
