@@ -145,16 +145,15 @@ async fn decide(
             .await
     };
     match result {
-        Ok(info) => {
-            let word = if approve { "Approved" } else { "Rejected" };
-            done(
-                &console,
-                &visitor,
-                format!(
-                    "{word} gate {gate} of run {run}; the run is {}.",
-                    page::task_state_name(info.state)
-                ),
-            );
+        Ok(_) => {
+            // The answer is the run as of the decision; what follows (the run going on, or
+            // failing) happens after it, so the message says what the decision does.
+            let text = if approve {
+                format!("Approved gate {gate} of run {run}: the run goes on.")
+            } else {
+                format!("Rejected gate {gate} of run {run}: its node fails, and the run stops unless a rework or a resume follows.")
+            };
+            done(&console, &visitor, text);
             back(&project, &run, "gates")
         }
         Err(e) => {
@@ -510,20 +509,14 @@ pub(super) async fn rerun(
     if let Err(e) = permitted(&visitor, Rpc::SubmitRun) {
         return e.into_response();
     }
-    let req = SubmitRunRequest {
+    let mut req = SubmitRunRequest {
         project_id: project.clone(),
         rerun_of: run.clone(),
         by: visitor.name.clone(),
-        request_id: form.request_id.trim().to_owned(),
         ..Default::default()
     };
-    match console
-        .call(
-            &format!("re-running {run}"),
-            console.orchestrator(&visitor).submit_run(req),
-        )
-        .await
-    {
+    super::start::identify(&mut req, &form.request_id);
+    match super::start::submit_run(&console, &visitor, req, &format!("re-running {run}")).await {
         Ok(info) => {
             done(
                 &console,

@@ -136,37 +136,114 @@ pub(super) fn state_class(state: &str) -> &'static str {
     }
 }
 
-/// Items of each map node: how many were announced (`map.items`) or seen, and how many
-/// completed, from the events of its items (`<map>.<index>`).
-fn map_counts(nodes: &[GraphNode], events: &[Event]) -> HashMap<String, (u64, u64)> {
-    let mut out = HashMap::new();
-    for n in nodes.iter().filter(|n| n.kind == "map") {
-        let prefix = format!("{}.", n.id);
-        let mut seen: BTreeMap<&str, bool> = BTreeMap::new();
-        let mut announced = 0;
-        for e in events {
-            if e.node_id == n.id && e.r#type == "map.items" {
+/// The state of each item of map `map` (`<map>.<index>`), from its items' events, in index
+/// order; items announced (`map.items`) but not started yet are pending.
+pub(super) fn item_states(map: &str, events: &[Event]) -> Vec<(String, &'static str)> {
+    let prefix = format!("{map}.");
+    let mut announced = 0u64;
+    let mut seen: BTreeMap<u64, &'static str> = BTreeMap::new();
+    for e in events {
+        if e.node_id == map && e.r#type == "map.items" {
+            let d: Value = serde_json::from_str(&e.data_json).unwrap_or_default();
+            announced = d.get("count").and_then(Value::as_u64).unwrap_or(announced);
+        }
+        let Some(index) = e
+            .node_id
+            .strip_prefix(&prefix)
+            .and_then(|i| i.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        let st = match e.r#type.as_str() {
+            "node.started" => "running",
+            "node.completed" => "succeeded",
+            "node.failed" => {
                 let d: Value = serde_json::from_str(&e.data_json).unwrap_or_default();
-                announced = d.get("count").and_then(Value::as_u64).unwrap_or(announced);
-            }
-            if let Some(rest) = e.node_id.strip_prefix(&prefix) {
-                if !rest.is_empty() {
-                    let done = seen.entry(e.node_id.as_str()).or_default();
-                    if e.r#type == "node.completed" {
-                        *done = true;
-                    } else if e.r#type == "node.started" {
-                        *done = false;
-                    }
+                if d.get("will_retry").and_then(Value::as_bool) == Some(true) {
+                    "running"
+                } else {
+                    "failed"
                 }
             }
-        }
-        let total = announced.max(seen.len() as u64);
-        out.insert(
-            n.id.clone(),
-            (total, seen.values().filter(|d| **d).count() as u64),
-        );
+            "node.skipped" => "skipped",
+            "node.canceled" => "canceled",
+            _ => continue,
+        };
+        seen.insert(index, st);
+    }
+    let total = announced
+        .max(seen.keys().next_back().map_or(0, |i| i + 1))
+        .min(MAX_ITEMS);
+    (0..total)
+        .map(|i| {
+            (
+                format!("{map}.{i}"),
+                seen.get(&i).copied().unwrap_or("pending"),
+            )
+        })
+        .collect()
+}
+
+/// Most items of one map listed (a count beyond it in an event is not believed).
+const MAX_ITEMS: u64 = 100_000;
+
+/// States in the order a map's bar draws them.
+const BAR_ORDER: [&str; 6] = [
+    "succeeded",
+    "running",
+    "failed",
+    "blocked",
+    "canceled",
+    "skipped",
+];
+
+/// A map's items: how many, and how many in each state.
+type MapCounts = (u64, Vec<(&'static str, u64)>);
+
+/// Items of each map node by state: (total, [(state, count)] in [`BAR_ORDER`], pending last).
+fn map_counts(nodes: &[GraphNode], events: &[Event]) -> HashMap<String, MapCounts> {
+    let mut out = HashMap::new();
+    for n in nodes.iter().filter(|n| n.kind == "map") {
+        let items = item_states(&n.id, events);
+        let by: Vec<(&'static str, u64)> = BAR_ORDER
+            .iter()
+            .chain(["pending"].iter())
+            .map(|s| (*s, items.iter().filter(|(_, st)| st == s).count() as u64))
+            .filter(|(_, k)| *k > 0)
+            .collect();
+        out.insert(n.id.clone(), (items.len() as u64, by));
     }
     out
+}
+
+/// The segments of a map's bar: (state, count, x, width), `width` shared by count.
+fn segments(
+    by: &[(&'static str, u64)],
+    total: u64,
+    x0: i64,
+    width: i64,
+) -> Vec<(&'static str, u64, f64, f64)> {
+    let mut left = x0 as f64;
+    by.iter()
+        .map(|(s, k)| {
+            let w = width as f64 * *k as f64 / total.max(1) as f64;
+            left += w;
+            (*s, *k, left - w, w)
+        })
+        .collect()
+}
+
+/// A short text cue for a state, so it is not told by colour alone.
+pub(super) fn state_glyph(state: &str) -> &'static str {
+    match state {
+        "succeeded" | "completed" => "✓",
+        "running" => "▶",
+        "failed" => "✗",
+        "blocked" => "⏸",
+        "skipped" => "↷",
+        "canceled" => "⊘",
+        _ => "○",
+    }
 }
 
 const BOX_W: i64 = 168;
@@ -177,11 +254,12 @@ const PAD: i64 = 16;
 /// Characters of a node id drawn in its box (the tooltip has all of it).
 const ID_CHARS: usize = 20;
 
-/// The SVG of the run's graph.
+/// The SVG of the run's graph; each node links to its panel (`{node_url}/<node>`).
 pub(super) fn render(
     graph: &Result<Vec<GraphNode>, String>,
     info: &RunInfo,
     events: &[Event],
+    node_url: &str,
 ) -> Markup {
     let nodes = nodes_or_run(graph, info);
     let depth = depths(&nodes);
@@ -208,13 +286,14 @@ pub(super) fn render(
     let width = 2 * PAD + (cols - 1) * COL + BOX_W;
     let height = 2 * PAD + (rows - 1) * ROW + BOX_H;
     // Edges: (from, to, branch label).
+    let by_id: HashMap<&str, &GraphNode> = nodes.iter().map(|n| (n.id.as_str(), n)).collect();
     let mut edges: Vec<(&str, &str, &'static str)> = Vec::new();
     for n in &nodes {
         for need in &n.needs {
             if !at.contains_key(need.as_str()) {
                 continue;
             }
-            let branch = nodes.iter().find(|c| c.id == *need).map_or("", |c| {
+            let branch = by_id.get(need.as_str()).map_or("", |c| {
                 if c.then.contains(&n.id) {
                     "then"
                 } else if c.otherwise.contains(&n.id) {
@@ -253,20 +332,30 @@ pub(super) fn render(
             @for n in &nodes {
                 @let (x, y) = at[n.id.as_str()];
                 @let st = state.get(n.id.as_str()).copied().unwrap_or("pending");
-                @let sub = match counts.get(&n.id) {
-                    Some((total, done)) => format!("map ×{total} · {done} done"),
+                @let map = counts.get(&n.id);
+                @let sub = match map {
+                    Some((total, by)) => format!("map ×{total} · {} done", by.iter().find(|(s, _)| *s == "succeeded").map_or(0, |(_, k)| *k)),
                     None => format!("{} · {st}", n.kind),
                 };
-                a href=(format!("#node-{}", n.id)) {
+                a.nodelink href=(format!("{node_url}/{}", page::seg(&n.id))) data-node=(n.id) {
                     g class=(format!("node {}", state_class(st))) data-node=(n.id) data-state=(st) {
                         title { (n.id) " (" (n.kind) "): " (st) }
                         // A map is a stack of boxes: one for all its items.
-                        @if counts.contains_key(&n.id) {
+                        @if map.is_some() {
                             rect.stack x=(x + 4) y=(y + 4) width=(BOX_W) height=(BOX_H) rx="6" {}
                         }
-                        rect x=(x) y=(y) width=(BOX_W) height=(BOX_H) rx="6" {}
+                        rect.box x=(x) y=(y) width=(BOX_W) height=(BOX_H) rx="6" {}
+                        text.glyph x=(x + BOX_W - 8) y=(y + 20) text-anchor="end" aria-hidden="true" { (state_glyph(st)) }
                         text.id x=(x + 10) y=(y + 20) { (page::clip(&n.id, ID_CHARS)) }
                         text.sub x=(x + 10) y=(y + 38) { (page::clip(&sub, 26)) }
+                        // The map's items by state: a bar of segments, one per state.
+                        @if let Some((total, by)) = map {
+                            g.mapbar data-total=(total) {
+                                @for (bs, k, sx, w) in segments(by, *total, x + 10, BOX_W - 20) {
+                                    rect class=(format!("seg {}", state_class(bs))) data-state=(bs) data-count=(k) x=(format!("{sx:.1}")) y=(y + BOX_H - 9) width=(format!("{w:.1}")) height="5" {}
+                                }
+                            }
+                        }
                     }
                 }
             }

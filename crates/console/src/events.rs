@@ -31,7 +31,7 @@ pub(super) struct EventsQuery {
 
 /// The JSON a browser gets for one run event: the event, and `row`, its table row (markup
 /// rendered and escaped here, inserted as is by the page's script).
-fn browser_event(e: &Event) -> Value {
+fn browser_event(project: &str, e: &Event) -> Value {
     json!({
         "seq": e.seq,
         "ts": e.ts,
@@ -39,12 +39,12 @@ fn browser_event(e: &Event) -> Value {
         "node_id": e.node_id,
         "level": history::level_name(e.level),
         "data": history::data(e),
-        "row": history::row(e).into_string(),
+        "row": history::row(project, e).into_string(),
     })
 }
 
 /// The open watch and the shutdown signal; None once the stream has ended.
-type Watch = Option<(Streaming<Event>, CancellationToken)>;
+type Watch = Option<(Streaming<Event>, CancellationToken, String)>;
 
 /// The `end` message: the stream is over and the browser should not reconnect.
 pub(super) fn end(reason: &str) -> SseEvent {
@@ -67,7 +67,7 @@ pub(super) async fn stream(
         .and_then(|v| v.trim().parse::<u64>().ok());
     let from_seq = resume.map(|s| s + 1).or(q.from).unwrap_or(1);
     let req = WatchRunRequest {
-        project_id: project,
+        project_id: project.clone(),
         run_id: run.clone(),
         from_seq,
         follow_after_end: true,
@@ -78,9 +78,9 @@ pub(super) async fn stream(
             console.orchestrator(&visitor).watch_run(req),
         )
         .await?;
-    let state: Watch = Some((watch, console.inner.stopping.clone()));
+    let state: Watch = Some((watch, console.inner.stopping.clone(), project));
     let events = futures::stream::unfold(state, |state| async move {
-        let (mut watch, stopping) = state?;
+        let (mut watch, stopping, project) = state?;
         let next = tokio::select! {
             _ = stopping.cancelled() => return Some((Ok(end("the console is shutting down")), None)),
             next = watch.message() => next,
@@ -90,9 +90,9 @@ pub(super) async fn stream(
                 let msg = SseEvent::default()
                     .event("run-event")
                     .id(e.seq.to_string())
-                    .json_data(browser_event(&e));
+                    .json_data(browser_event(&project, &e));
                 let msg = msg.unwrap_or_else(|_| SseEvent::default().event("run-event").data("{}"));
-                Some((Ok(msg), Some((watch, stopping))))
+                Some((Ok(msg), Some((watch, stopping, project))))
             }
             // The watch ended or failed (an orchestrator restarting): end the response without
             // `end`, so the browser reconnects from the last id it saw.

@@ -94,8 +94,8 @@ fn level_class(level: i32) -> &'static str {
     }
 }
 
-/// One row of the events table.
-pub(super) fn row(e: &Event) -> Markup {
+/// One row of the events table; paths in its fields link to the files of `project`.
+pub(super) fn row(project: &str, e: &Event) -> Markup {
     let ts = e.ts.as_str();
     // The time of day is enough in the table; the whole timestamp is the cell's tooltip.
     let time = ts.get(11..23).unwrap_or(ts).trim_end_matches('Z');
@@ -105,22 +105,77 @@ pub(super) fn row(e: &Event) -> Markup {
             td.nowrap data-label="time" title=(ts) { (time) }
             td.nowrap data-label="type" { (e.r#type) }
             td.nowrap data-label="node" { (e.node_id) }
-            td.details data-label="details" { (details(&data(e))) }
+            td.details data-label="details" { (details(project, &data(e))) }
         }
     }
 }
 
-/// The fields of an event as `key: value` items, long values folded.
-fn details(data: &Value) -> Markup {
+/// The fields of an event as `key: value` items, long values folded, paths as links.
+fn details(project: &str, data: &Value) -> Markup {
     match data {
         Value::Object(m) => html! {
             @for (i, (k, v)) in m.iter().enumerate() {
                 @if i > 0 { " · " }
-                span.field { (k) ": " (value(v)) }
+                span.field { (k) ": " (field(project, k, v)) }
             }
         },
         other => value(other),
     }
+}
+
+/// Fields that name a file of the project (by its project-relative path).
+fn names_a_file(key: &str) -> bool {
+    key == "path" || key == "file" || key.ends_with("_path")
+}
+
+/// A project-relative path worth a link (the store still checks it when it is opened).
+fn linkable(path: &str) -> bool {
+    !path.is_empty()
+        && path.len() <= 1024
+        && !path.starts_with('/')
+        && !path.contains("://")
+        && !path.split('/').any(|p| p == "..")
+        && !path.chars().any(char::is_whitespace)
+}
+
+/// A field's value: a path as a link to the file, an inline cassette or other base64 blob
+/// as its size only, anything else as [`value`].
+fn field(project: &str, key: &str, v: &Value) -> Markup {
+    match v {
+        Value::String(s) if names_a_file(key) && linkable(s) => {
+            html! { a.path href=(page::file_url(project, s)) { (s) } }
+        }
+        Value::String(s) if blob(s).is_some() => {
+            let (what, bytes) = blob(s).unwrap_or_default();
+            html! { span.hint.blob { (what) " (" (page::size(bytes)) ", not shown)" } }
+        }
+        Value::Array(a) if names_a_file(key.trim_end_matches('s')) || key == "written_files" => {
+            html! {
+                @for (i, p) in a.iter().enumerate() {
+                    @if i > 0 { ", " }
+                    @let path = p.as_str().or_else(|| p.get("path").and_then(Value::as_str)).filter(|x| linkable(x));
+                    @if let Some(path) = path {
+                        a.path href=(page::file_url(project, path)) { (path) }
+                    } @else {
+                        (value(p))
+                    }
+                }
+            }
+        }
+        other => value(other),
+    }
+}
+
+/// An inline cassette (`replay-inline:<base64>`) or a long base64 text: what it is and its
+/// size in bytes.
+fn blob(s: &str) -> Option<(&'static str, u64)> {
+    if let Some(b) = s.strip_prefix("replay-inline:") {
+        return Some(("replay-inline: an inline cassette", b.len() as u64 * 3 / 4));
+    }
+    let base64 = s.len() > FOLD_CHARS
+        && s.bytes()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'+' | b'/' | b'=' | b'\n' | b'\r'));
+    base64.then_some(("base64 data", s.len() as u64 * 3 / 4))
 }
 
 /// One value: strings as they are, JSON compact when short and pretty when folded open.
@@ -146,7 +201,7 @@ fn value(v: &Value) -> Markup {
 }
 
 /// The events table, every event read.
-pub(super) fn table(history: &Result<History, ConsoleError>, src: &str) -> Markup {
+pub(super) fn table(project: &str, history: &Result<History, ConsoleError>, src: &str) -> Markup {
     let (events, last, more) = match history {
         Ok(h) => (h.events.as_slice(), h.last_seq(), h.more),
         Err(_) => (&[][..], 0, false),
@@ -157,7 +212,7 @@ pub(super) fn table(history: &Result<History, ConsoleError>, src: &str) -> Marku
         table.events #event-table data-src=(format!("{src}?from={}", last + 1)) data-seq=(last) {
             thead { tr { th.num { "seq" } th { "time" } th { "type" } th { "node" } th { "details" } } }
             tbody {
-                @for e in events { (row(e)) }
+                @for e in events { (row(project, e)) }
             }
         }
     }

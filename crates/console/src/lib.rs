@@ -11,6 +11,7 @@
 //! Embedding: [`serve_console`] on a listener; [`console_router`] for tests.
 
 mod actions;
+mod ansi;
 mod dag;
 mod diff;
 mod error;
@@ -21,7 +22,9 @@ mod health;
 mod history;
 mod ingest;
 mod logs;
+mod logview;
 mod markdown;
+mod nodepage;
 mod page;
 mod run;
 mod runs;
@@ -299,7 +302,9 @@ fn router(console: Console) -> Router {
     let project_routes = Router::new()
         .route("/runs/{run}", get(run::page))
         .route("/runs/{run}/events", get(events::stream))
+        .route("/runs/{run}/nodes/{node}", get(nodepage::page))
         .route("/runs/{run}/nodes/{node}/logs", get(logs::stream))
+        .route("/runs/{run}/nodes/{node}/log", get(logview::view))
         .route("/runs/{run}/gates/{gate}/approve", post(actions::approve))
         .route("/runs/{run}/gates/{gate}/reject", post(actions::reject))
         .route("/runs/{run}/notes", post(actions::note))
@@ -340,7 +345,8 @@ fn router(console: Console) -> Router {
             console.clone(),
             guard::check_host_and_origin,
         ))
-        .layer(middleware::from_fn(request_span));
+        .layer(middleware::from_fn(request_span))
+        .layer(middleware::from_fn(page::conditional));
     // The probes stand outside the Host check and the session: a kubelet sends the pod's
     // address as Host and has no session, and they reveal nothing (health.rs).
     Router::new()

@@ -25,12 +25,13 @@ use tonic::Streaming;
 use super::events::end;
 use super::page;
 use super::session::Visitor;
+use super::{ansi, logview};
 use super::{Console, ConsoleError};
 
 /// Node types whose output the orchestrator keeps.
 const LOGGED_TYPES: [&str; 2] = ["sandbox_run", "code_delivery"];
 /// Most bytes of one node's output put on the page when it loads (the tail).
-const PAGE_BYTES: usize = 64 << 10;
+pub(super) const PAGE_BYTES: usize = 64 << 10;
 /// Lines of a failed sandbox program's output shown beside its error.
 const TAIL_LINES: usize = 40;
 
@@ -148,13 +149,14 @@ fn pieces(c: &LogChunk, utf8: &mut Utf8) -> Vec<Piece> {
     out
 }
 
-/// What node `node` printed so far (WatchLogs without follow), its last PAGE_BYTES.
+/// What node `node` printed so far (WatchLogs without follow), its last `limit` bytes.
 pub(super) async fn load(
     console: &Console,
     visitor: &Visitor,
     project: &str,
     run: &str,
     node: &str,
+    limit: usize,
 ) -> Result<NodeOutput, ConsoleError> {
     let what = format!("reading the output of node {node}");
     let req = WatchLogsRequest {
@@ -179,7 +181,7 @@ pub(super) async fn load(
                 out.pieces.push(p);
             }
             // Keep the tail: drop whole pieces from the front beyond the bound.
-            while bytes > PAGE_BYTES && out.pieces.len() > 1 {
+            while bytes > limit && out.pieces.len() > 1 {
                 bytes -= out.pieces.remove(0).text.len();
             }
         }
@@ -250,16 +252,28 @@ pub(super) fn failing_step(kind: &str, pieces: &[Piece]) -> Vec<Piece> {
     out
 }
 
-/// A `<pre>` of pieces, each a span with its stream's class.
+/// A `<pre>` of pieces, each a span with its stream's class (terminal colours as classes).
 pub(super) fn pre(id: &str, pieces: &[Piece], src: Option<(&str, &str)>) -> Markup {
+    let mut style = ansi::Style::default();
+    let spans = html! {
+        @for p in pieces { span class=(p.class) { (ansi::render(&p.text, &mut style)) } }
+    };
     html! {
         @match src {
-            Some((src, after)) => pre.log id=(id) data-src=(src) data-after=(after) {
-                @for p in pieces { span class=(p.class) { (p.text) } }
-            },
-            None => pre.log id=(id) {
-                @for p in pieces { span class=(p.class) { (p.text) } }
-            },
+            // A box that scrolls: focusable, so keyboards can scroll it too.
+            Some((src, after)) => pre.log id=(id) data-src=(src) data-after=(after) tabindex="0" { (spans) },
+            None => pre.log id=(id) tabindex="0" { (spans) },
+        }
+    }
+}
+
+/// The panel's tools: the "following" switch (on for a running node; scrolling up turns it
+/// off) and the link to the whole output.
+pub(super) fn tools(log_id: &str, follow: bool, full: &str) -> Markup {
+    html! {
+        div.log-tools {
+            label.follow { input.follow type="checkbox" data-log=(log_id) checked[follow]; " following (scroll up to pause)" }
+            " " a.full-log href=(full) { "whole output, numbered and searchable" }
         }
     }
 }
@@ -273,7 +287,7 @@ pub(super) fn section(info: &RunInfo, run_url: &str, outputs: &Outputs) -> Marku
         section #logs-section {
             h2 #logs { "Node output" }
             @if outputs.is_empty() {
-                p.hint { "No node of this run prints output (sandbox_run and code_delivery nodes do)." }
+                p.hint #logs-none { "No node of this run prints output (sandbox_run and code_delivery nodes do)." }
             } @else {
                 p.hint { "What sandbox programs print appears as they print it; code delivery commands appear with their output once each has finished. Each attempt keeps the last part of its output." }
             }
@@ -304,6 +318,7 @@ pub(super) fn section(info: &RunInfo, run_url: &str, outputs: &Outputs) -> Marku
                     }
                     @match out {
                         Ok(o) => {
+                            (tools(&format!("log-{id}"), node.is_none_or(|n| n.state == NodeState::Running as i32), &logview::log_url(run_url, id)))
                             (pre(&format!("log-{id}"), &o.pieces, Some((&src, &o.after))))
                             p.hint.log-status id=(format!("log-status-{id}")) {
                                 @if o.pieces.is_empty() { "No output yet." } @else { "Output as of the page's loading." }

@@ -23,6 +23,7 @@ const BLOCKED: &str = "#link-refused";
 
 /// Renders `text`; the result is safe to embed as is.
 pub(super) fn render(text: &str, base: &Base<'_>) -> Markup {
+    let text = without_front_matter(text);
     let options = Options::ENABLE_TABLES
         | Options::ENABLE_STRIKETHROUGH
         | Options::ENABLE_TASKLISTS
@@ -31,6 +32,25 @@ pub(super) fn render(text: &str, base: &Base<'_>) -> Markup {
     let mut out = String::with_capacity(text.len() * 3 / 2);
     pulldown_cmark::html::push_html(&mut out, events.into_iter());
     PreEscaped(out)
+}
+
+/// The text after its YAML front matter (`---` lines around `key: value` lines at the very
+/// start): the file's metadata, not something to read.
+fn without_front_matter(text: &str) -> &str {
+    let Some(rest) = text
+        .strip_prefix("---\n")
+        .or_else(|| text.strip_prefix("---\r\n"))
+    else {
+        return text;
+    };
+    let mut at = 0;
+    for line in rest.split_inclusive('\n') {
+        at += line.len();
+        if matches!(line.trim_end(), "---" | "...") {
+            return &rest[at..];
+        }
+    }
+    text
 }
 
 fn sanitise<'a>(parser: Parser<'a>, base: &Base<'_>) -> Vec<Event<'a>> {
@@ -193,6 +213,27 @@ fn join(doc: &str, link: &str) -> Option<String> {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+    #[test]
+    fn front_matter_is_not_shown() {
+        let base = Base {
+            project: "p",
+            path: "r/shared/human-notes.md",
+        };
+        let html = render(
+            "---\ntitle: \"Human notes\"\ntags: [\"human-notes\"]\n---\n# Human notes\n\nhello\n",
+            &base,
+        )
+        .into_string();
+        assert!(!html.contains("tags"), "{html}");
+        assert!(
+            html.contains("<h1>Human notes</h1>") && html.contains("hello"),
+            "{html}"
+        );
+        // A rule later in the text is not front matter.
+        assert_eq!(without_front_matter("# a\n---\nb"), "# a\n---\nb");
+        assert_eq!(without_front_matter("---\nno end"), "---\nno end");
+    }
+
     use super::*;
 
     fn md(text: &str) -> String {
@@ -233,13 +274,10 @@ mod tests {
     }
 
     #[test]
-    fn note_anchors_survive_and_front_matter_is_code() {
+    fn note_anchors_survive_and_front_matter_is_not_shown() {
         let out = md("---\ntitle: \"Human notes\"\n---\n# Notes\n\n<a id=\"note-1\"></a>\n### Note 1: by ann\n\ntext\n");
         assert!(out.contains("<a id=\"note-1\"></a>"), "{out}");
-        assert!(
-            out.contains("<pre><code class=\"language-yaml\">title: \"Human notes\""),
-            "{out}"
-        );
+        assert!(!out.contains("title:"), "{out}");
         assert!(!out.contains("&lt;a id"), "{out}");
         let forged = md("<a id=\"x\" onclick=\"y\">z</a>");
         assert!(!forged.contains("<a id"), "{forged}");

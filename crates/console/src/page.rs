@@ -88,6 +88,41 @@ pub(super) fn tree_url(project: &str, prefix: &str) -> String {
     format!("/projects/{}/tree?prefix={}", seg(project), qv(prefix))
 }
 
+/// Top-level directories whose paths in free text (gate reasons, errors) become links.
+const LINKED_DIRS: [&str; 4] = ["docs/", "workspace/", "graphs/", ".cairn/runs/"];
+
+/// `text` with the project paths in it (words under [`LINKED_DIRS`]) as links to the files.
+pub(super) fn linkify(project: &str, text: &str) -> Markup {
+    let mut parts: Vec<(bool, &str)> = Vec::new();
+    let mut rest = text;
+    while !rest.is_empty() {
+        let start = rest
+            .char_indices()
+            .find(|(i, _)| {
+                (*i == 0
+                    || rest[..*i].ends_with(|c: char| c.is_whitespace() || "(`'\"".contains(c)))
+                    && LINKED_DIRS.iter().any(|d| rest[*i..].starts_with(d))
+            })
+            .map(|(i, _)| i);
+        let Some(start) = start else {
+            parts.push((false, rest));
+            break;
+        };
+        let len = rest[start..]
+            .find(|c: char| c.is_whitespace() || "`'\"()<>".contains(c))
+            .unwrap_or(rest.len() - start);
+        let path = rest[start..start + len].trim_end_matches(['.', ',', ';', ':', '!', '?']);
+        parts.push((false, &rest[..start]));
+        parts.push((!path.split('/').any(|p| p == ".."), path));
+        rest = &rest[start + path.len()..];
+    }
+    html! {
+        @for (link, t) in parts {
+            @if link { a.path href=(file_url(project, t)) { (t) } } @else { (t) }
+        }
+    }
+}
+
 /// The task state names.
 pub(super) fn task_state_name(state: i32) -> &'static str {
     match TaskState::try_from(state) {
@@ -215,6 +250,7 @@ pub(super) fn layout(
                 script src="/static/console.js" defer {}
             }
             body {
+                a.skip href="#main" { "Skip to the content" }
                 header.top {
                     a.brand href="/runs" { "cairn" }
                     nav aria-label="Console" { a href="/runs" { "Runs" } }
@@ -238,7 +274,7 @@ pub(super) fn layout(
                         }
                     }
                 }
-                main {
+                main #main tabindex="-1" {
                     @if let Some(f) = flash {
                         p class=(if f.error { "flash error" } else { "flash ok" }) role="status" { (f.text) }
                     }
@@ -263,6 +299,60 @@ pub(super) fn error_page(status: StatusCode, message: &str) -> Html {
         },
     )
 }
+
+/// Live fetches of a page (header `X-Cairn-Live`) get an `ETag` (a hash of the page); when it
+/// matches their `If-None-Match`, the answer is 304 without a body, so a list that did not
+/// change costs a few bytes.
+pub(super) async fn conditional(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    use sha2::{Digest, Sha256};
+    let live =
+        req.headers().contains_key("x-cairn-live") && req.method() == axum::http::Method::GET;
+    let known = req
+        .headers()
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let res = next.run(req).await;
+    let html = res
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/html"));
+    if !live || res.status() != StatusCode::OK || !html {
+        return res;
+    }
+    let (mut parts, body) = res.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, PAGE_LIMIT).await else {
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the page could not be read",
+        )
+            .into_response();
+    };
+    let digest = Sha256::digest(&bytes);
+    let tag = format!(
+        "\"{}\"",
+        digest
+            .iter()
+            .take(16)
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    );
+    if let Ok(v) = header::HeaderValue::from_str(&tag) {
+        parts.headers.insert(header::ETAG, v);
+    }
+    if known.as_deref() == Some(tag.as_str()) {
+        parts.status = StatusCode::NOT_MODIFIED;
+        parts.headers.remove(header::CONTENT_TYPE);
+        return Response::from_parts(parts, axum::body::Body::empty());
+    }
+    Response::from_parts(parts, axum::body::Body::from(bytes))
+}
+
+/// Largest page a live fetch is compared for.
+const PAGE_LIMIT: usize = 64 << 20;
 
 pub(super) async fn stylesheet() -> Response {
     (
@@ -295,4 +385,22 @@ pub(super) async fn script() -> Response {
         include_str!("assets/console.js"),
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_in_text_become_links() {
+        let m = linkify(
+            "p",
+            "check docs/run-1/draft.md, then (workspace/a<b>.rs) and ../docs/x",
+        );
+        assert_eq!(
+            m.into_string(),
+            "check <a class=\"path\" href=\"/projects/p/files?path=docs/run-1/draft.md\">docs/run-1/draft.md</a>, then (<a class=\"path\" href=\"/projects/p/files?path=workspace/a\">workspace/a</a>&lt;b&gt;.rs) and ../docs/x"
+        );
+        assert_eq!(linkify("p", "no path").into_string(), "no path");
+    }
 }

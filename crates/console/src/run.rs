@@ -23,7 +23,7 @@ use super::files::{self, Read};
 use super::markdown;
 use super::page::{self, layout, Html};
 use super::session::{Flash, Visitor};
-use super::{dag, diff, history, ingest, logs, timeline};
+use super::{dag, diff, history, ingest, logs, nodepage, timeline};
 use super::{Console, ConsoleError};
 use cairn_server::roles::Rpc;
 
@@ -175,7 +175,7 @@ pub(super) async fn render(
     let outputs: Vec<(String, String, Result<logs::NodeOutput, ConsoleError>)> =
         futures::future::join_all(logs::logged(&info, event_list).into_iter().map(
             |(id, kind)| async move {
-                let out = logs::load(console, visitor, project, run, &id).await;
+                let out = logs::load(console, visitor, project, run, &id, logs::PAGE_BYTES).await;
                 (id, kind, out)
             },
         ))
@@ -223,7 +223,7 @@ pub(super) async fn render(
             p.goal #run-goal { (info.goal) }
         }
         @if !info.error.is_empty() {
-            p.error #run-error { "Why it stopped: " (info.error) }
+            p.error #run-error { "Why it stopped: " (page::linkify(project, &info.error)) }
         }
         @if !info.stalled_since.is_empty() {
             p.error #run-stall { "Stalled since " (page::when(&info.stalled_since)) ": a running node has gone past its stall limit without any event (see the run.stalled event)." }
@@ -235,21 +235,31 @@ pub(super) async fn render(
             a href="#notes" { "Notes" } a href="#context" { "Context" } a href="#artifacts" { "Artifacts" }
             a href="#ingest" { "Ingest" } a href="#control" { "Actions" }
         }
-        (gates(&info, visitor, &run_url, &drafts))
+        (gates(&info, event_list, visitor, &run_url, &drafts))
         (milestones(&info, &task_doc, &turns))
         (logs::section(&info, &run_url, &outputs))
-        section #graph-section data-live {
+        section #graph-section {
             h2 #graph { "Graph" }
-            div.scroll { (dag::render(&graph, &info, event_list)) }
+            div.graph-tools role="toolbar" aria-label="Zoom the graph" aria-controls="graph-view" {
+                button type="button" data-zoom="in" aria-label="Zoom in" { "+" }
+                button type="button" data-zoom="out" aria-label="Zoom out" { "−" }
+                button type="button" data-zoom="fit" { "Fit" }
+                button type="button" data-zoom="reset" { "100%" }
+                span.hint { "Click a node for its panel. Wheel or + and − zoom, dragging or the arrow keys move." }
+            }
+            div.scroll.graph-view #graph-view tabindex="0" role="region" aria-label="The run's graph, zoomable" {
+                div #graph-live data-live { (dag::render(&graph, &info, event_list, &format!("{run_url}/nodes"))) }
+            }
+            aside #node-aside aria-label="Node panel" aria-live="polite" hidden {}
         }
         section #timeline-section data-live {
             h2 #timeline { "Timeline" }
-            div.scroll { (timeline::render(&rows, now)) }
+            div.scroll tabindex="0" role="region" aria-label="Timeline strip" { (timeline::render(&rows, now)) }
         }
         section #events-section {
             h2 #events { "Events" }
             p.hint #events-status { "Every event of the run so far; new ones are added as they happen while this page is open." }
-            (history::table(&events, &format!("{run_url}/events")))
+            (history::table(project, &events, &format!("{run_url}/events")))
             p.hint { a href=(page::file_url(project, &format!("{dir}/events.jsonl"))) { "events.jsonl" } " has every event as recorded." }
         }
         (notes_section(project, &dir, &notes, visitor, &run_url, &drafts))
@@ -282,7 +292,13 @@ pub(super) async fn render(
     Ok(layout(&title, Some(visitor), flash.as_ref(), body))
 }
 
-fn gates(info: &RunInfo, visitor: &Visitor, run_url: &str, drafts: &Drafts) -> Markup {
+fn gates(
+    info: &RunInfo,
+    events: &[cairn_proto::v1::Event],
+    visitor: &Visitor,
+    run_url: &str,
+    drafts: &Drafts,
+) -> Markup {
     html! {
         section #gates-section data-live {
             h2 #gates { "Gates" }
@@ -292,7 +308,7 @@ fn gates(info: &RunInfo, visitor: &Visitor, run_url: &str, drafts: &Drafts) -> M
             @for g in &info.gates {
                 div.gate id=(format!("gate-{}", g.id)) {
                     h3 { "Gate " code { (g.id) } " " (page::badge(page::gate_state_name(g.state))) }
-                    @if !g.reason.is_empty() { p.reason { (g.reason) } }
+                    @if !g.reason.is_empty() { p.reason { (page::linkify(&info.project_id, &g.reason)) } }
                     @if !g.decided_by.is_empty() {
                         p.decision {
                             (page::gate_state_name(g.state)) " by " strong { (g.decided_by) }
@@ -300,6 +316,7 @@ fn gates(info: &RunInfo, visitor: &Visitor, run_url: &str, drafts: &Drafts) -> M
                             @if !g.note.is_empty() { ": " q.note { (g.note) } }
                         }
                     }
+                    (nodepage::gate_history_list(&g.id, events))
                     @if g.state == GateState::Blocked as i32 && visitor.may(Rpc::ApproveGate) {
                         @let gate_url = format!("{run_url}/gates/{}", page::seg(&g.id));
                         @let draft = drafts.gate_note.as_ref().filter(|(id, _)| *id == g.id).map(|(_, n)| n.as_str()).unwrap_or("");
@@ -403,7 +420,7 @@ fn milestones(info: &RunInfo, task: &Result<Option<Value>, String>, turns: &diff
             @if rows.is_empty() {
                 p.hint { "No milestones yet." }
             } @else {
-                table.milestones {
+                table.milestones #milestones-table {
                     thead { tr { th { "id" } th { "title" } th { "type" } th { "state" } th.num { "attempts" } th { "progress / error" } } }
                     tbody {
                         @for m in &rows {
@@ -549,7 +566,7 @@ fn control(info: &RunInfo, visitor: &Visitor, run_url: &str, drafts: &Drafts) ->
                 @if visitor.may(Rpc::SubmitRun) {
                     form.inline-card #rerun-form method="post" action=(format!("{run_url}/rerun")) {
                         input type="hidden" name="csrf" value=(visitor.csrf);
-                        input type="hidden" name="request_id" value=(uuid::Uuid::new_v4().to_string());
+                        input type="hidden" name="request_id" value=(super::start::new_request_id());
                         p.hint { "Start a new run with this run's graph, variables, title and LLM." }
                         button type="submit" { "Re-run" }
                     }

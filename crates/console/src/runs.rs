@@ -6,7 +6,9 @@
 use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
-use cairn_proto::v1::{ListProjectsRequest, ListRunsRequest, PageRequest, Project};
+use cairn_proto::v1::{
+    ListProjectsRequest, ListRunSummariesRequest, ListRunsRequest, PageRequest, Project,
+};
 use maud::html;
 use serde::Deserialize;
 
@@ -124,6 +126,49 @@ pub(super) async fn visible_projects(
         .collect())
 }
 
+/// Runs counted per call, and most calls, when the list's total is counted.
+const COUNT_PAGE: u32 = 10_000;
+const COUNT_PAGES: usize = 10;
+
+/// How many runs match the search, from the store's run index (the states of runs still
+/// running may lag there by a moment); None when it cannot say. `at_least` when there were
+/// more than it counts.
+async fn count(
+    console: &Console,
+    project: &str,
+    state: Option<&str>,
+    search: &Search,
+) -> Option<(u64, bool)> {
+    let mut total = 0u64;
+    let mut token = String::new();
+    for _ in 0..COUNT_PAGES {
+        let page = console
+            .call(
+                "counting runs",
+                console.store().list_run_summaries(ListRunSummariesRequest {
+                    project_id: project.to_owned(),
+                    states: state.map(|s| vec![s.to_owned()]).unwrap_or_default(),
+                    text: search.q.clone(),
+                    created_after: search.created_after.clone(),
+                    created_before: search.created_before.clone(),
+                    page: Some(PageRequest {
+                        page_size: COUNT_PAGE,
+                        page_token: token,
+                    }),
+                    ..Default::default()
+                }),
+            )
+            .await
+            .ok()?;
+        total += page.runs.len() as u64;
+        if page.next_page_token.is_empty() {
+            return Some((total, false));
+        }
+        token = page.next_page_token;
+    }
+    Some((total, true))
+}
+
 pub(super) async fn list(
     State(console): State<Console>,
     Extension(visitor): Extension<Visitor>,
@@ -175,12 +220,13 @@ pub(super) async fn list(
         created_before: search.created_before.clone(),
         stalled: false,
     };
-    let runs = console
-        .call(
-            &format!("listing the runs of {project}"),
-            console.orchestrator(&visitor).list_runs(req),
-        )
-        .await?;
+    let what = format!("listing the runs of {project}");
+    let mut orchestrator = console.orchestrator(&visitor);
+    let (runs, total) = tokio::join!(
+        console.call(&what, orchestrator.list_runs(req)),
+        count(&console, &project, state.map(|(n, _)| n), &search),
+    );
+    let runs = runs?;
     let current = state.map(|(n, _)| n);
     let body = html! {
         div.listhead {
@@ -225,6 +271,14 @@ pub(super) async fn list(
             }
         }
         div #runs-live data-live {
+        // The index may not know runs the orchestrator just started: never fewer than shown.
+        @if let Some((n, more)) = total.filter(|(n, _)| *n >= runs.runs.len() as u64) {
+            p.hint #runs-total {
+                @if more { "more than " } (n) @if n == 1 { " run" } @else { " runs" }
+                @if current.is_some() || !search.is_empty() { " match" }
+                @if n > u64::from(PAGE_SIZE) { " · " (PAGE_SIZE) " per page" }
+            }
+        }
         @if runs.runs.is_empty() {
             p.hint #no-runs {
                 "No runs"

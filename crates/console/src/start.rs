@@ -22,8 +22,16 @@ use cairn_server::roles::Rpc;
 
 /// Largest graph file sent (the orchestrator reads graphs of this size comfortably).
 const MAX_GRAPH_BYTES: u64 = 1 << 20;
-/// Files of the project looked through for graph files to suggest.
-const LISTED_FILES: u32 = 1000;
+/// Directories looked through first for graph files to suggest, in this order.
+const GRAPH_DIRS: [&str; 2] = ["graphs", "examples"];
+/// Other top-level directories looked through (hidden ones and `.cairn/` never are).
+const MORE_DIRS: usize = 8;
+/// Files listed per directory looked through.
+const LISTED_PER_DIR: u32 = 500;
+/// YAML files read to see whether they are graphs.
+const READ_CANDIDATES: usize = 40;
+/// Bytes of a candidate read to tell whether it is a graph.
+const CANDIDATE_BYTES: u64 = 64 << 10;
 /// The built-in modes (graphs the orchestrator carries; `prompt` is their goal).
 const MODES: [(&str, &str); 3] = [
     ("single", "single: one agent writes the document"),
@@ -135,6 +143,57 @@ fn parse_vars(text: &str) -> Result<HashMap<String, String>, ConsoleError> {
     Ok(vars)
 }
 
+/// A new form's request id: a time-ordered UUID, the kind of run id the orchestrator gives
+/// runs started without one (`cairn run`), which the run started from the form then gets.
+pub(super) fn new_request_id() -> String {
+    uuid::Uuid::now_v7().to_string()
+}
+
+/// Sets how a submit names its run: a form's request id that is a UUID becomes the run id
+/// (so a run started from the console has the same kind of id as one started by `cairn run`,
+/// and sending the form twice finds the run the first one started); any other text is sent
+/// as the request id, from which the orchestrator derives the run id.
+pub(super) fn identify(req: &mut SubmitRunRequest, request_id: &str) {
+    let id = request_id.trim();
+    match uuid::Uuid::parse_str(id) {
+        Ok(u) => req.run_id = u.hyphenated().to_string(),
+        Err(_) => req.request_id = id.to_owned(),
+    }
+}
+
+/// SubmitRun; a run id that already exists in the project is the run an earlier send of the
+/// same form started (its id was made for that form), so that run is the answer.
+pub(super) async fn submit_run(
+    console: &Console,
+    visitor: &Visitor,
+    req: SubmitRunRequest,
+    what: &str,
+) -> Result<cairn_proto::v1::RunInfo, ConsoleError> {
+    let (project, run_id) = (req.project_id.clone(), req.run_id.clone());
+    match console
+        .call(what, console.orchestrator(visitor).submit_run(req))
+        .await
+    {
+        Err(ConsoleError::Rpc {
+            code: tonic::Code::AlreadyExists,
+            ..
+        }) if !run_id.is_empty() => {
+            console
+                .call(
+                    what,
+                    console
+                        .orchestrator(visitor)
+                        .get_run(cairn_proto::v1::GetRunRequest {
+                            project_id: project,
+                            run_id,
+                        }),
+                )
+                .await
+        }
+        other => other,
+    }
+}
+
 /// Submits the run; its project and id.
 async fn start(
     console: &Console,
@@ -160,9 +219,9 @@ async fn start(
         title: form.title.trim().to_owned(),
         by: visitor.name.clone(),
         llm: form.llm.trim().to_owned(),
-        request_id: form.request_id.trim().to_owned(),
         ..Default::default()
     };
+    identify(&mut req, &form.request_id);
     match form.source.as_str() {
         "mode" => {
             if !MODES.iter().any(|(m, _)| *m == form.mode) {
@@ -216,12 +275,7 @@ async fn start(
             )))
         }
     }
-    let info = console
-        .call(
-            "starting the run",
-            console.orchestrator(visitor).submit_run(req),
-        )
-        .await?;
+    let info = submit_run(console, visitor, req, "starting the run").await?;
     Ok((info.project_id, info.run_id))
 }
 
@@ -240,21 +294,86 @@ async fn suggestions(
     let graphs = if project.is_empty() || !visitor.may_see(project) {
         Vec::new()
     } else {
-        files::list(console, project, "", true, LISTED_FILES, "")
-            .await
-            .map(|(entries, _)| {
-                entries
-                    .into_iter()
-                    .filter(|e| e.kind == EntryKind::File as i32)
-                    .map(|e| e.path)
-                    .filter(|p| {
-                        (p.ends_with(".yaml") || p.ends_with(".yml")) && !p.starts_with(".cairn/")
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
+        graph_files(console, project).await
     };
     (projects, graphs)
+}
+
+fn is_yaml(path: &str) -> bool {
+    path.ends_with(".yaml") || path.ends_with(".yml")
+}
+
+/// Whether `text` reads as a graph: a YAML mapping with a `nodes` list.
+fn is_graph(text: &str) -> bool {
+    serde_saphyr::from_str::<serde_json::Value>(text)
+        .ok()
+        .and_then(|v| v.get("nodes").map(serde_json::Value::is_array))
+        .unwrap_or(false)
+}
+
+/// Graph files of `project` to suggest, by a bounded search outside the run records: the
+/// project root, `graphs/` and `examples/`, then a few other top-level directories (never
+/// hidden ones such as `.cairn/`); YAML files that read as graphs (a `nodes` list), those of
+/// `graphs/` and `examples/` first. Nothing when the store cannot list them.
+async fn graph_files(console: &Console, project: &str) -> Vec<String> {
+    let Ok((top, _)) = files::list(console, project, "", false, 1000, "").await else {
+        return Vec::new();
+    };
+    let dir = EntryKind::Directory as i32;
+    let name = |p: &str| {
+        p.trim_end_matches('/')
+            .rsplit('/')
+            .next()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let mut dirs: Vec<String> = GRAPH_DIRS
+        .iter()
+        .filter(|d| top.iter().any(|e| e.kind == dir && name(&e.path) == **d))
+        .map(|d| (*d).to_owned())
+        .collect();
+    dirs.extend(
+        top.iter()
+            .filter(|e| e.kind == dir)
+            .map(|e| name(&e.path))
+            .filter(|n| !n.starts_with('.') && !GRAPH_DIRS.contains(&n.as_str()))
+            .take(MORE_DIRS),
+    );
+    let listed = futures::future::join_all(
+        dirs.iter()
+            .map(|d| files::list(console, project, d, true, LISTED_PER_DIR, "")),
+    )
+    .await;
+    let mut candidates: Vec<String> = top
+        .iter()
+        .filter(|e| e.kind == EntryKind::File as i32 && is_yaml(&e.path))
+        .map(|e| e.path.clone())
+        .collect();
+    // graphs/ and examples/ first: they come first in `dirs`.
+    let mut ordered: Vec<String> = listed
+        .into_iter()
+        .flat_map(|l| l.map(|(entries, _)| entries).unwrap_or_default())
+        .filter(|e| e.kind == EntryKind::File as i32 && is_yaml(&e.path))
+        .map(|e| e.path)
+        .filter(|p| !p.starts_with(".cairn/") && !p.split('/').any(|s| s.starts_with('.')))
+        .collect();
+    ordered.append(&mut candidates);
+    ordered.truncate(READ_CANDIDATES);
+    let reads = futures::future::join_all(
+        ordered
+            .iter()
+            .map(|p| files::read(console, project, p, CANDIDATE_BYTES)),
+    )
+    .await;
+    ordered
+        .into_iter()
+        .zip(reads)
+        .filter(|(_, r)| match r {
+            Ok(Some(r)) => !r.truncated && r.text().is_some_and(is_graph),
+            _ => false,
+        })
+        .map(|(p, _)| p)
+        .collect()
 }
 
 pub(super) async fn render(
@@ -264,7 +383,7 @@ pub(super) async fn render(
     flash: Option<Flash>,
 ) -> page::Html {
     if form.request_id.trim().is_empty() {
-        form.request_id = uuid::Uuid::new_v4().to_string();
+        form.request_id = new_request_id();
     }
     let project = form.project.trim().to_owned();
     let (projects, graphs) = suggestions(console, visitor, &project).await;
@@ -333,5 +452,13 @@ mod tests {
         let e = parse_vars("ok=1\nno equals sign").unwrap_err();
         assert!(e.to_string().contains("line 2"), "{e}");
         assert!(parse_vars("=x").unwrap_err().to_string().contains("empty"));
+    }
+
+    #[test]
+    fn only_yaml_with_a_node_list_is_a_graph() {
+        assert!(is_graph("title: t\nnodes:\n  - id: a\n    type: agent\n"));
+        assert!(!is_graph("services:\n  web: {}\n"));
+        assert!(!is_graph("nodes: 3\n"));
+        assert!(!is_graph(": : not yaml ["));
     }
 }

@@ -21,6 +21,15 @@ pub(super) struct Span {
     pub end: Option<(OffsetDateTime, String)>,
     /// completed | failed | skipped | canceled | running
     pub outcome: &'static str,
+    /// Waiting for a person (a gate's attempt), not work.
+    pub wait: bool,
+}
+
+impl Span {
+    /// How long it took (until `now` while it runs).
+    pub fn took(&self, now: OffsetDateTime) -> time::Duration {
+        self.end.as_ref().map_or(now, |(t, _)| *t) - self.start
+    }
 }
 
 /// A node's row of the timeline.
@@ -35,6 +44,15 @@ pub(super) struct Row {
 impl Row {
     fn first_start(&self) -> Option<&Span> {
         self.spans.first()
+    }
+
+    /// Time spent working (`wait` false) or waiting (`wait` true), summed over attempts.
+    pub fn total(&self, wait: bool, now: OffsetDateTime) -> time::Duration {
+        self.spans
+            .iter()
+            .filter(|s| s.wait == wait)
+            .map(|s| s.took(now))
+            .sum()
     }
 
     fn last_end(&self) -> Option<(OffsetDateTime, &str)> {
@@ -61,6 +79,7 @@ pub(super) fn rows(nodes: &[GraphNode], events: &[Event]) -> Vec<Row> {
             critical: false,
         })
         .collect();
+    let waits: Vec<bool> = nodes.iter().map(|n| n.kind == "gate").collect();
     let index: HashMap<String, usize> = rows
         .iter()
         .enumerate()
@@ -80,6 +99,7 @@ pub(super) fn rows(nodes: &[GraphNode], events: &[Event]) -> Vec<Row> {
                     start_ts: e.ts.clone(),
                     end: None,
                     outcome: "running",
+                    wait: waits[i],
                 });
                 continue;
             }
@@ -106,6 +126,7 @@ pub(super) fn rows(nodes: &[GraphNode], events: &[Event]) -> Vec<Row> {
                 start_ts: e.ts.clone(),
                 end: Some((t, e.ts.clone())),
                 outcome,
+                wait: waits[i],
             }),
         }
     }
@@ -155,8 +176,15 @@ pub(super) fn span_text(d: time::Duration) -> String {
     }
 }
 
-/// An outcome as a class of the stylesheet (fixed set).
-fn bar_class(outcome: &str, critical: bool) -> &'static str {
+/// An outcome as a class of the stylesheet (fixed set); a wait at a gate has its own.
+fn bar_class(outcome: &str, critical: bool, wait: bool) -> &'static str {
+    if wait {
+        return if outcome == "running" {
+            "bar wait st-blocked"
+        } else {
+            "bar wait"
+        };
+    }
     match (outcome, critical) {
         ("completed", false) => "bar st-succeeded",
         ("completed", true) => "bar st-succeeded critical",
@@ -201,25 +229,16 @@ pub(super) fn render(rows: &[Row], now: OffsetDateTime) -> Markup {
         .filter(|r| r.critical)
         .map(|r| r.id.as_str())
         .collect();
-    let critical_span = {
-        let first = rows
-            .iter()
-            .filter(|r| r.critical)
-            .filter_map(|r| r.first_start().map(|s| s.start))
-            .min();
-        let last = rows
-            .iter()
-            .filter(|r| r.critical)
-            .filter_map(|r| r.last_end().map(|(t, _)| t))
-            .max();
-        match (first, last) {
-            (Some(a), Some(b)) => span_text(b - a),
-            _ => String::new(),
-        }
-    };
+    // The critical path's work (its attempts, not the time between them) and its waits.
+    let on_path = || rows.iter().filter(|r| r.critical);
+    let work: time::Duration = on_path().map(|r| r.total(false, now)).sum();
+    let waiting: time::Duration = on_path().map(|r| r.total(true, now)).sum();
     html! {
         @if !critical.is_empty() {
-            p #critical-path { "Critical path: " strong { (critical.join(" → ")) } " · " (critical_span) }
+            p #critical-path {
+                "Critical path: " strong { (critical.join(" → ")) } " · work " span #critical-work { (span_text(work)) }
+                @if waiting > time::Duration::ZERO { " · waiting at gates " span #critical-wait { (span_text(waiting)) } }
+            }
         }
         svg id="gantt" class="gantt" xmlns="http://www.w3.org/2000/svg" role="img" aria-label="When each node ran"
             width=(width) height=(height) viewBox=(format!("0 0 {width} {height}")) {
@@ -237,15 +256,15 @@ pub(super) fn render(rows: &[Row], now: OffsetDateTime) -> Markup {
                     @for (a, s) in r.spans.iter().enumerate() {
                         @let x1 = x(s.start);
                         @let x2 = x(s.end.as_ref().map_or(now, |(t, _)| *t));
-                        rect class=(bar_class(s.outcome, r.critical)) x=(x1) y=(y) width=((x2 - x1).max(2.0)) height=(BAR_H) rx="3" {
-                            title { (r.id) " attempt " (a + 1) ": " (s.outcome) " · " (span_text(s.end.as_ref().map_or(now, |(t, _)| *t) - s.start)) }
+                        rect class=(bar_class(s.outcome, r.critical, s.wait)) data-attempt=(a + 1) x=(x1) y=(y) width=((x2 - x1).max(2.0)) height=(BAR_H) rx="3" {
+                            title { (r.id) " attempt " (a + 1) ": " @if s.wait { "waiting, " } (s.outcome) " · " (span_text(s.took(now))) }
                         }
                     }
                 }
             }
         }
         table.timeline #timeline-table {
-            thead { tr { th { "node" } th { "start" } th { "end" } th.num { "duration" } th.num { "attempts" } th.num { "retries" } th { "critical" } } }
+            thead { tr { th { "node" } th { "start" } th { "end" } th.num { "work" } th.num { "waiting" } th.num { "attempts" } th.num { "retries" } th { "critical" } } }
             tbody {
                 @for r in rows {
                     @let start = r.first_start();
@@ -258,7 +277,8 @@ pub(super) fn render(rows: &[Row], now: OffsetDateTime) -> Markup {
                         td data-label="node" { code { (r.id) } }
                         td.nowrap data-label="start" { (start.map(|s| time_of(&s.start_ts)).unwrap_or_default()) }
                         td.nowrap data-label="end" { @if running { "running" } @else { (end.map(|(_, ts)| time_of(ts)).unwrap_or_default()) } }
-                        td.num data-label="duration" { @if let Some(s) = start { (span_text(if running { now } else { end.map_or(s.start, |(t, _)| t) } - s.start)) } }
+                        td.num data-label="work" { @if start.is_some() { (span_text(r.total(false, now))) } }
+                        td.num data-label="waiting" { @if r.spans.iter().any(|s| s.wait) { (span_text(r.total(true, now))) } }
                         td.num data-label="attempts" { (r.attempts) }
                         td.num data-label="retries" { (r.retries) }
                         td data-label="critical" { @if r.critical { "yes" } }

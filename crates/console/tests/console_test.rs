@@ -245,7 +245,7 @@ async fn approve_sends_the_logged_in_name_and_the_note() {
     assert!(
         after
             .body
-            .contains("Approved gate review of run run-1; the run is completed."),
+            .contains("Approved gate review of run run-1: the run goes on."),
         "{}",
         after.body
     );
@@ -1096,7 +1096,13 @@ async fn the_graph_is_an_svg_of_nodes_edges_and_branches_without_script() {
             svg.contains(&format!("data-node=\"{node}\" data-state=\"{state}\"")),
             "{node} {state}: {svg}"
         );
-        assert!(svg.contains(&format!("<a href=\"#node-{node}\">")), "{svg}");
+        // Each node opens its panel.
+        assert!(
+            svg.contains(&format!(
+                "href=\"/projects/proj/runs/run-1/nodes/{node}\" data-node=\"{node}\""
+            )),
+            "{svg}"
+        );
     }
     // The map once, with its items counted; ids escaped.
     assert!(

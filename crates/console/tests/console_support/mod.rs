@@ -108,6 +108,16 @@ impl FakeOrchestrator {
             .title = title.into();
     }
 
+    /// Sets (or adds) node `node.id` of run `run_id` as GetRun reports it.
+    pub fn set_node(&self, run_id: &str, node: pb::NodeInfo) {
+        let mut s = self.state.lock().unwrap();
+        let run = s.runs.get_mut(run_id).unwrap();
+        match run.nodes.iter_mut().find(|n| n.id == node.id) {
+            Some(n) => *n = node,
+            None => run.nodes.push(node),
+        }
+    }
+
     /// Adds a chunk of node output (WatchLogs sends it) and wakes the watchers.
     pub fn add_log(&self, run_id: &str, chunk: pb::LogChunk) {
         self.state
@@ -233,8 +243,9 @@ type LogStream = Pin<Box<dyn Stream<Item = Result<pb::LogChunk, Status>> + Send 
 
 #[tonic::async_trait]
 impl Orchestrator for FakeOrchestrator {
-    /// Starts a canned working run: `req-<request_id>` (the same run again for a repeated
-    /// request id, like the real one), else `run-<n>`; a graph that says `invalid` is refused.
+    /// Starts a canned working run: the run id given (ALREADY_EXISTS when it exists, like the
+    /// real one), `req-<request_id>` (the same run again for a repeated request id), else
+    /// `run-<n>`; a graph that says `invalid` is refused.
     async fn submit_run(
         &self,
         req: GrpcRequest<pb::SubmitRunRequest>,
@@ -247,12 +258,16 @@ impl Orchestrator for FakeOrchestrator {
                 "node `a`: field `type`: unknown node type",
             ));
         }
-        let run_id = if r.request_id.is_empty() {
-            format!("run-{}", s.runs.len() + 1)
-        } else {
-            format!("req-{}", r.request_id)
+        let run_id = match (r.run_id.is_empty(), r.request_id.is_empty()) {
+            (false, _) => r.run_id.clone(),
+            (true, true) => format!("run-{}", s.runs.len() + 1),
+            (true, false) => format!("req-{}", r.request_id),
         };
         if let Some(run) = s.runs.get(&run_id) {
+            // Like the real one: a run id given twice is refused, a request id finds its run.
+            if !r.run_id.is_empty() {
+                return Err(Status::already_exists(format!("run {run_id} exists")));
+            }
             return Ok(GrpcResponse::new(run.clone()));
         }
         let info = pb::RunInfo {
@@ -307,9 +322,17 @@ impl Orchestrator for FakeOrchestrator {
             .cloned()
             .collect();
         runs.sort_by(|a, b| b.created_at.cmp(&a.created_at));
+        // One page (the token is not followed: the tests read first pages).
+        let size = r.page.as_ref().map_or(0, |p| p.page_size as usize);
+        let next_page_token = if size > 0 && runs.len() > size {
+            runs.truncate(size);
+            "more".to_owned()
+        } else {
+            String::new()
+        };
         Ok(GrpcResponse::new(pb::ListRunsResponse {
             runs,
-            next_page_token: String::new(),
+            next_page_token,
         }))
     }
 
@@ -921,6 +944,17 @@ impl Services {
 
     pub async fn put(&self, path: &str, text: impl Into<String>) {
         put(&self.store_addr, PROJECT, path, text.into().into_bytes()).await
+    }
+
+    /// An event of run `run`, both where the page reads it (the store) and live (the fake's
+    /// WatchRun).
+    pub async fn emit(&self, run: &str, kind: &str, node: &str, data: serde_json::Value) {
+        self.fake.emit(run, kind, node, data);
+        let last = self.fake.state.lock().unwrap().events[run]
+            .last()
+            .cloned()
+            .unwrap();
+        append_events(&self.store_addr, PROJECT, run, &[last]).await;
     }
 
     pub async fn put_bytes(&self, path: &str, bytes: Vec<u8>) {
