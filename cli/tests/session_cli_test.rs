@@ -8,18 +8,22 @@ mod common;
 
 use common::*;
 
-fn json(data: &std::path::Path, addr: &str, args: &[&str]) -> serde_json::Value {
+/// The command's exit code and --json output.
+fn run(data: &std::path::Path, addr: &str, args: &[&str]) -> (i32, serde_json::Value) {
     let out = cairn(data)
         .args(["--addr", addr, "--json", "sandbox", "session"])
         .args(args)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    let value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("{args:?}: {}", String::from_utf8_lossy(&out.stderr)));
+    (out.status.code().unwrap(), value)
+}
+
+fn json(data: &std::path::Path, addr: &str, args: &[&str]) -> serde_json::Value {
+    let (code, value) = run(data, addr, args);
+    assert_eq!(code, 0, "{args:?}: {value}");
+    value
 }
 
 #[test]
@@ -35,7 +39,7 @@ fn a_session_paused_into_the_store_resumes_and_forks_with_its_files() {
     let opened = json(data.path(), addr, &["open"]);
     let id = opened["session_id"].as_str().unwrap().to_owned();
     assert!(opened["ms"].as_u64().is_some());
-    let exec = json(
+    let (code, exec) = run(
         data.path(),
         addr,
         &[
@@ -45,6 +49,8 @@ fn a_session_paused_into_the_store_resumes_and_forks_with_its_files() {
             "echo kept > /workspace/a.txt; echo out; echo err >&2; exit 3",
         ],
     );
+    // The command's exit code is the CLI's.
+    assert_eq!(code, 3);
     assert_eq!(exec["exit_code"], 3);
     assert_eq!(exec["stdout"], "out\n");
     assert_eq!(exec["stderr"], "err\n");

@@ -238,9 +238,16 @@ async fn fetch_snapshot(
     let got = {
         let p = file.path().to_owned();
         tokio::task::spawn_blocking(move || -> std::io::Result<String> {
-            let mut h = Sha256::new();
-            std::io::copy(&mut std::fs::File::open(p)?, &mut h)?;
-            Ok(hex::encode(h.finalize()))
+            use std::io::Read;
+            let (mut h, mut f) = (Sha256::new(), std::fs::File::open(p)?);
+            let mut buf = vec![0u8; 1 << 20];
+            loop {
+                let n = f.read(&mut buf)?;
+                if n == 0 {
+                    return Ok(hex::encode(h.finalize()));
+                }
+                h.update(&buf[..n]);
+            }
         })
         .await??
     };
