@@ -115,7 +115,7 @@ impl Runner {
         let req = pb::OpenSessionRequest {
             session_id,
             network: header.network,
-            limits: header.limits.clone(),
+            limits: header.limits,
             image: header.image.clone(),
             ..Default::default()
         };
