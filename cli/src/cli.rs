@@ -480,6 +480,60 @@ pub enum SandboxCommand {
     /// docs/artifacts/ directory), and the run record to .cairn/runs/<run_id>/sandbox/result.json.
     /// Prints a YAML (or --json) summary. Exits 1 when the code fails, times out or is killed.
     Run(SandboxRunArgs),
+    /// Long-lived sessions on a served runner (--sandbox-addr or --addr): open, exec, pause
+    /// into a snapshot kept in the store under .cairn/snapshots/<session>/<n>.snap, resume or
+    /// fork a snapshot on any runner of the same backend and image, close.
+    #[command(subcommand)]
+    Session(SessionCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SessionCommand {
+    /// Open a session; prints its id (--json: {"session_id", "ms"}).
+    Open {
+        /// Image to run in (default: the runner's `image`).
+        #[arg(long)]
+        image: Option<String>,
+        /// Give the session network access (refused unless the runner allows it).
+        #[arg(long)]
+        network: bool,
+    },
+    /// Run `bash -lc COMMAND` in a session; prints its output and exits with its exit code
+    /// (--json: {"exit_code", "stdout", "stderr"}).
+    Exec {
+        session: String,
+        /// Start it in the background and return at once (its process id on stdout); it runs
+        /// until the session closes or is paused, and a gvisor pause keeps it running.
+        #[arg(long)]
+        detach: bool,
+        /// Timeout in seconds (default: the runner's).
+        #[arg(long, value_name = "SECONDS")]
+        timeout: Option<f64>,
+        #[arg(last = true, required = true, value_name = "COMMAND")]
+        command: Vec<String>,
+    },
+    /// Pause a session into a snapshot stored at .cairn/snapshots/<session>/<n>.snap (the
+    /// session is closed); prints its path, size, whether memory is in it, and the time taken
+    /// (--json: {"snapshot", "bytes", "memory", "ms"}).
+    Pause {
+        session: String,
+        /// Keep files only, even where memory and processes could be kept (gvisor).
+        #[arg(long)]
+        files_only: bool,
+    },
+    /// Resume a stored snapshot as a new session; prints its id (--json: {"session_id", "ms"}).
+    Resume {
+        /// Store path of the snapshot (.cairn/snapshots/<session>/<n>.snap).
+        snapshot: String,
+    },
+    /// Resume a stored snapshot N times; prints the N session ids (--json: {"sessions"}).
+    Fork {
+        snapshot: String,
+        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=100))]
+        count: u32,
+    },
+    /// Close a session (--json: {"closed"}).
+    Close { session: String },
 }
 
 #[derive(Debug, Args)]

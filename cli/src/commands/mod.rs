@@ -7,6 +7,7 @@ mod ingest;
 mod project;
 mod run;
 mod sandbox;
+mod sandbox_session;
 mod serve;
 mod store;
 mod tokens;

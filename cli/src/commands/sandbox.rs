@@ -35,6 +35,7 @@ pub async fn run(global: &Global, cmd: SandboxCommand) -> anyhow::Result<ExitCod
             services.close().await?;
             result
         }
+        SandboxCommand::Session(cmd) => super::sandbox_session::run(global, cmd).await,
     }
 }
 

@@ -16,6 +16,7 @@
 //! the HTTP/2 stream so the runner stops the job.
 
 pub mod session;
+pub mod snapshot;
 
 use std::collections::HashMap;
 use std::future::Future;

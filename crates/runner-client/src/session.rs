@@ -122,6 +122,7 @@ impl RunnerSession {
                 timeout_ms,
                 workdir: workdir.to_owned(),
                 max_output_bytes: 0,
+                detach: false,
             })
             .await
             .map(|r| r.into_inner())

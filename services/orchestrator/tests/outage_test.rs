@@ -83,6 +83,19 @@ impl SandboxRunner for SlowRunner {
     ) -> Reply<pb::TouchSessionResponse> {
         Err(Status::unimplemented("fake"))
     }
+    type PauseSessionStream = Streamed<pb::SnapshotPart>;
+    async fn pause_session(
+        &self,
+        _: Request<pb::PauseSessionRequest>,
+    ) -> Reply<Self::PauseSessionStream> {
+        Err(Status::unimplemented("fake"))
+    }
+    async fn resume_session(
+        &self,
+        _: Request<tonic::Streaming<pb::SnapshotPart>>,
+    ) -> Reply<pb::SessionInfo> {
+        Err(Status::unimplemented("fake"))
+    }
     async fn get_runner_info(&self, _: Request<pb::GetRunnerInfoRequest>) -> Reply<pb::RunnerInfo> {
         Ok(Response::new(pb::RunnerInfo {
             runner_id: "slow".into(),

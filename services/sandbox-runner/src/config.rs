@@ -134,6 +134,8 @@ pub struct SessionConfig {
     /// A session no call has used for this long (none in flight) is closed by the runner,
     /// freeing its slot: a client that died never closes its sessions. 0 = never.
     pub idle_timeout_ms: u64,
+    /// Largest snapshot PauseSession makes and ResumeSession takes.
+    pub max_snapshot_bytes: u64,
 }
 
 impl Default for SessionConfig {
@@ -147,6 +149,7 @@ impl Default for SessionConfig {
             max_walk_entries: 200_000,
             git_timeout_ms: 120_000,
             idle_timeout_ms: 900_000,
+            max_snapshot_bytes: 4 * 1024 * 1024 * 1024,
         }
     }
 }

@@ -76,6 +76,15 @@ pub enum Error {
         "session {0:?} was closed before it finished opening: open it again if it is still needed"
     )]
     OpenAborted(String),
+    /// A snapshot taken on another backend or image than this runner's.
+    #[error("{0}")]
+    SnapshotMismatch(String),
+    /// A snapshot whose bytes do not match its header (cut short, altered, or not a snapshot).
+    #[error("{0}")]
+    SnapshotCorrupt(String),
+    /// Detached commands need a backend whose sessions keep processes between calls.
+    #[error("this runner uses the local backend, whose session commands end with their Exec: a detached command needs a runner with the docker or gvisor backend")]
+    DetachUnsupported,
     /// No isolation backend is available.
     #[error("{0}")]
     NoIsolation(String),
@@ -140,6 +149,8 @@ impl Error {
             Error::SessionExists(_) => Code::AlreadyExists,
             Error::OpenAborted(_) => Code::Aborted,
             Error::NoIsolation(_) => Code::FailedPrecondition,
+            Error::SnapshotMismatch(_) | Error::DetachUnsupported => Code::FailedPrecondition,
+            Error::SnapshotCorrupt(_) => Code::InvalidArgument,
             Error::ShuttingDown | Error::Docker { .. } => Code::Unavailable,
             Error::Io { .. } | Error::Sandbox(_) | Error::Server(_) => Code::Internal,
         }
@@ -158,6 +169,9 @@ impl Error {
             Error::SessionExists(_) => "exists",
             Error::SessionExpired { .. } => "session_idle",
             Error::NoIsolation(_) => "no_isolation",
+            Error::SnapshotMismatch(_) => "snapshot_mismatch",
+            Error::SnapshotCorrupt(_) => "snapshot_corrupt",
+            Error::DetachUnsupported => "detach_unsupported",
             Error::ImageNotAllowed { .. } => "image_not_allowed",
             Error::NetworkNotAllowed => "network_not_allowed",
             Error::ImageNeedsDocker { .. } => "image_needs_docker",

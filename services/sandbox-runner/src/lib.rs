@@ -19,6 +19,7 @@ mod pool;
 mod runner;
 mod service;
 mod session;
+mod snapshot;
 mod workspace;
 
 use std::future::Future;

@@ -16,8 +16,11 @@ use crate::job::{self, Job};
 use crate::limits::Limits;
 use crate::pack::{self, Format, PackReport};
 use crate::session::{self, Closing, Session, Sessions};
+use crate::snapshot::{Origin, Restore};
 use crate::workspace;
 use cairn_contain::Root;
+
+mod pause;
 
 pub struct Runner {
     config: Arc<Config>,
@@ -189,6 +192,15 @@ impl Runner {
         self: &Arc<Self>,
         req: pb::OpenSessionRequest,
     ) -> Result<pb::SessionInfo> {
+        let git = req.git.clone();
+        self.open_from(req, Origin::Git(git)).await
+    }
+
+    async fn open_from(
+        self: &Arc<Self>,
+        req: pb::OpenSessionRequest,
+        origin: Origin,
+    ) -> Result<pb::SessionInfo> {
         self.open()?;
         let session_id = if req.session_id.is_empty() {
             uuid::Uuid::new_v4().to_string()
@@ -230,7 +242,7 @@ impl Runner {
         let runner = self.clone();
         tokio::spawn(tracing::Instrument::in_current_span(async move {
             let opened = runner
-                .open_reserved(reservation, sandbox, req.git, slot)
+                .open_reserved(reservation, sandbox, origin, slot)
                 .await;
             // Opened just as the caller left: nobody will learn of it, so close it.
             if let Err(Ok(info)) = answer.send(opened) {
@@ -260,11 +272,15 @@ impl Runner {
         &self,
         reservation: session::Reservation,
         sandbox: SessionSandbox,
-        git: Option<pb::GitSource>,
+        origin: Origin,
         slot: tokio::sync::OwnedSemaphorePermit,
     ) -> Result<pb::SessionInfo> {
+        let (snapshot_of, memory_restored) = match &origin {
+            Origin::Git(_) => (String::new(), false),
+            Origin::Snapshot { header, .. } => (header.session_id.clone(), header.memory),
+        };
         let failed = match self
-            .open_sandbox(&reservation, &sandbox, git.as_ref(), slot)
+            .open_sandbox(&reservation, &sandbox, origin, slot)
             .await
         {
             Ok(session) => {
@@ -281,6 +297,8 @@ impl Runner {
                             Backend::Local(_) | Backend::Gvisor(_) => String::new(),
                         },
                         idle_timeout_ms: self.config.session.idle_timeout_ms,
+                        snapshot_of,
+                        memory_restored,
                     });
                 }
                 None
@@ -307,7 +325,7 @@ impl Runner {
         &self,
         reservation: &session::Reservation,
         sandbox: &SessionSandbox,
-        git: Option<&pb::GitSource>,
+        origin: Origin,
         slot: tokio::sync::OwnedSemaphorePermit,
     ) -> Result<Session> {
         let cancel = reservation.token();
@@ -319,12 +337,20 @@ impl Runner {
         )
         .await?;
         let ws = sandbox.task_dir.join("workspace");
-        let git_commit = match git {
-            Some(g) if !g.url.is_empty() => {
+        let mut restore = None;
+        let git_commit = match origin {
+            Origin::Git(Some(g)) if !g.url.is_empty() => {
                 let timeout = Duration::from_millis(self.config.session.git_timeout_ms);
                 session::clone(&g.url, &g.r#ref, &ws, self.owner, timeout, cancel).await?
             }
-            _ => String::new(),
+            Origin::Git(_) => String::new(),
+            Origin::Snapshot { header, payload } => {
+                restore = Some(
+                    self.unpack_snapshot(sandbox, payload, header.memory)
+                        .await?,
+                );
+                String::new()
+            }
         };
         let workspace = Root::open(&ws).map_err(Error::io("opening the workspace"))?;
         if cancel.is_cancelled() {
@@ -332,7 +358,14 @@ impl Runner {
         }
         // Not cut short either: a container create cancelled in flight may still finish in
         // the engine; once this returns, the teardown's removal is sure to find it.
-        self.backend.open_session(sandbox).await?;
+        match &restore {
+            Some(Restore {
+                checkpoint: Some(dir),
+                ..
+            }) => self.backend.restore_session(sandbox, dir).await?,
+            _ => self.backend.open_session(sandbox).await?,
+        }
+        drop(restore);
         Ok(Session {
             sandbox: sandbox.clone(),
             workspace,
@@ -440,8 +473,15 @@ impl Runner {
         if req.command.contains('\0') {
             return Err(Error::invalid("command contains a NUL character"));
         }
+        if req.detach && !self.backend.keeps_background() {
+            return Err(Error::DetachUnsupported);
+        }
         let spec = ExecSpec {
-            command: req.command,
+            command: if req.detach {
+                session::detached(&req.command)
+            } else {
+                req.command
+            },
             workdir,
             timeout: Duration::from_millis(timeout_ms),
             max_output_bytes,

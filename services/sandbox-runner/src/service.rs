@@ -15,9 +15,10 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Request, Response, Status};
 
+use crate::error::Error;
 use crate::runner::Runner;
 
-/// Size of the archive chunks Pack streams.
+/// Size of the chunks Pack and PauseSession stream.
 const PACK_CHUNK: usize = 256 * 1024;
 
 #[derive(Clone)]
@@ -164,48 +165,16 @@ impl SandboxRunner for SandboxService {
         let packed = self.runner.pack(request).await?;
         let (tx, rx) = mpsc::channel(4);
         let task = tokio::spawn(async move {
-            let send_err = |e: std::io::Error| {
-                reason::status(
-                    Code::Internal,
-                    format!("reading the archive: {e}"),
-                    "io_error",
-                )
+            let chunk = |c: bytes::Bytes| pb::PackResponse {
+                msg: Some(pb::pack_response::Msg::Chunk(c)),
             };
-            let mut file = match tokio::fs::File::open(&packed.path).await {
-                Ok(f) => f,
-                Err(e) => {
-                    let _ = tx.send(Err(send_err(e))).await;
-                    return;
-                }
+            let Some((sha256, size_bytes)) = send_file(&packed.path, "archive", &tx, chunk).await
+            else {
+                return;
             };
-            let mut hasher = Sha256::new();
-            let mut size = 0u64;
-            loop {
-                let mut buf = vec![0u8; PACK_CHUNK];
-                let n = match file.read(&mut buf).await {
-                    Ok(0) => break,
-                    Ok(n) => n,
-                    Err(e) => {
-                        let _ = tx.send(Err(send_err(e))).await;
-                        return;
-                    }
-                };
-                buf.truncate(n);
-                hasher.update(&buf);
-                size += n as u64;
-                let msg = pb::PackResponse {
-                    msg: Some(pb::pack_response::Msg::Chunk(buf.into())),
-                };
-                if tx.send(Ok(msg)).await.is_err() {
-                    return;
-                }
-            }
             let summary = pb::PackSummary {
                 archive_name: packed.name.clone(),
-                digest: Some(pb::Digest {
-                    sha256: hex::encode(hasher.finalize()),
-                    size_bytes: size,
-                }),
+                digest: Some(pb::Digest { sha256, size_bytes }),
                 entries: packed.report.entries,
                 excluded: packed.report.excluded,
                 refused: packed
@@ -252,12 +221,135 @@ impl SandboxRunner for SandboxService {
         Ok(Response::new(pb::TouchSessionResponse { idle_timeout_ms }))
     }
 
+    type PauseSessionStream = Responses<pb::SnapshotPart>;
+
+    async fn pause_session(
+        &self,
+        request: Request<pb::PauseSessionRequest>,
+    ) -> Result<Response<Self::PauseSessionStream>, Status> {
+        let req = request.into_inner();
+        let made = self
+            .runner
+            .pause_session(&req.session_id, req.files_only)
+            .await?;
+        let (tx, rx) = mpsc::channel(4);
+        let runner = self.runner.clone();
+        let task = tokio::spawn(async move {
+            let header = pb::SnapshotPart {
+                msg: Some(pb::snapshot_part::Msg::Header(made.header.clone())),
+                ..Default::default()
+            };
+            if tx.send(Ok(header)).await.is_err() {
+                return;
+            }
+            let chunk = |c: bytes::Bytes| pb::SnapshotPart {
+                msg: Some(pb::snapshot_part::Msg::Chunk(c)),
+                ..Default::default()
+            };
+            if send_file(&made.payload.path, "snapshot", &tx, chunk)
+                .await
+                .is_none()
+            {
+                return;
+            }
+            // Delivered: the paused session ends here (a gvisor one ended at its checkpoint).
+            if !made.header.memory {
+                if let Err(e) = runner.close_session(&made.header.session_id).await {
+                    tracing::warn!(session_id = %made.header.session_id, error = %e, "closing a paused session failed");
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(AbortOnDrop {
+            inner: ReceiverStream::new(rx),
+            task,
+        })))
+    }
+
+    async fn resume_session(
+        &self,
+        request: Request<tonic::Streaming<pb::SnapshotPart>>,
+    ) -> Result<Response<pb::SessionInfo>, Status> {
+        let mut parts = request.into_inner();
+        let first = parts.message().await?.ok_or_else(|| {
+            Status::from(Error::invalid(
+                "ResumeSession got no message: send the SnapshotHeader first, then the bytes",
+            ))
+        })?;
+        let Some(pb::snapshot_part::Msg::Header(header)) = first.msg else {
+            return Err(
+                Error::invalid("ResumeSession's first message must be the SnapshotHeader").into(),
+            );
+        };
+        let mut received = self.runner.begin_resume(header)?;
+        while let Some(part) = parts.message().await? {
+            match part.msg {
+                Some(pb::snapshot_part::Msg::Chunk(c)) => received.push(&c)?,
+                Some(pb::snapshot_part::Msg::Header(_)) => {
+                    return Err(Error::invalid(
+                        "ResumeSession got a second SnapshotHeader: send one header, then bytes",
+                    )
+                    .into())
+                }
+                None => {}
+            }
+        }
+        Ok(Response::new(
+            self.runner
+                .resume_session(received, first.session_id)
+                .await?,
+        ))
+    }
+
     async fn get_runner_info(
         &self,
         _request: Request<pb::GetRunnerInfoRequest>,
     ) -> Result<Response<pb::RunnerInfo>, Status> {
         Ok(Response::new(self.runner.info()))
     }
+}
+
+/// Streams the file at `path` in chunks made by `wrap`; returns its sha256 (hex) and size,
+/// or None when it could not be read (the error was sent) or the client left.
+async fn send_file<T>(
+    path: &std::path::Path,
+    what: &str,
+    tx: &mpsc::Sender<Result<T, Status>>,
+    wrap: impl Fn(bytes::Bytes) -> T,
+) -> Option<(String, u64)> {
+    let send_err = |e: std::io::Error| {
+        reason::status(
+            Code::Internal,
+            format!("reading the {what}: {e}"),
+            "io_error",
+        )
+    };
+    let mut file = match tokio::fs::File::open(path).await {
+        Ok(f) => f,
+        Err(e) => {
+            let _ = tx.send(Err(send_err(e))).await;
+            return None;
+        }
+    };
+    let mut hasher = Sha256::new();
+    let mut size = 0u64;
+    loop {
+        let mut buf = vec![0u8; PACK_CHUNK];
+        let n = match file.read(&mut buf).await {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) => {
+                let _ = tx.send(Err(send_err(e))).await;
+                return None;
+            }
+        };
+        buf.truncate(n);
+        hasher.update(&buf);
+        size += n as u64;
+        if tx.send(Ok(wrap(buf.into()))).await.is_err() {
+            return None;
+        }
+    }
+    Some((hex::encode(hasher.finalize()), size))
 }
 
 /// A response stream that aborts its producing task when the client drops it.

@@ -466,7 +466,7 @@ async fn read_capped(pipe: Option<impl tokio::io::AsyncRead + Unpin>, buf: &mut 
 }
 
 /// lchown every entry under `root` (links themselves, never their targets).
-fn chown_tree(root: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
+pub(crate) fn chown_tree(root: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
     let mut stack = vec![root.to_path_buf()];
     while let Some(dir) = stack.pop() {
         std::os::unix::fs::lchown(&dir, Some(uid), Some(gid))?;
@@ -481,4 +481,11 @@ fn chown_tree(root: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `command` as a detached session command: `bash -lc COMMAND` started in a session of its
+/// own with stdin, stdout and stderr on /dev/null; the shell prints its process id and ends.
+pub fn detached(command: &str) -> String {
+    let quoted = command.replace('\'', r"'\''");
+    format!("setsid bash -lc '{quoted}' </dev/null >/dev/null 2>&1 & echo $!")
 }

@@ -292,6 +292,7 @@ async fn exec(r: &TestRunner, sid: &str, command: &str) -> pb::ExecResult {
             timeout_ms: 60_000,
             workdir: String::new(),
             max_output_bytes: 0,
+            detach: false,
         })
         .await
         .unwrap()

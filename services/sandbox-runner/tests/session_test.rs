@@ -88,6 +88,7 @@ async fn exec(
             timeout_ms,
             workdir: workdir.into(),
             max_output_bytes: 0,
+            detach: false,
         })
         .await
         .unwrap()

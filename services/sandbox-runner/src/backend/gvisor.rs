@@ -638,6 +638,17 @@ impl Base {
         spec: &Spec<'_>,
         stdin: Stdio,
     ) -> std::result::Result<Sandbox, StartError> {
+        self.launch(spec, stdin, None).await
+    }
+
+    /// `start`, with `runsc restore` from the checkpoint in `image` (a directory) when given:
+    /// the sandbox goes on from its checkpointed memory and processes.
+    pub(super) async fn launch(
+        self: &Arc<Self>,
+        spec: &Spec<'_>,
+        stdin: Stdio,
+        image: Option<&std::path::Path>,
+    ) -> std::result::Result<Sandbox, StartError> {
         let bundle = self.write_bundle_sync(spec).map_err(StartError)?;
         let mut cmd = Command::new(&self.runsc);
         // runsc's environment reaches nothing inside (the program gets the spec's), but it
@@ -651,7 +662,14 @@ impl Base {
             } else {
                 "--network=none"
             })
-            .args(["run", "--bundle"])
+            .args(match image {
+                Some(dir) => vec![
+                    "restore".to_owned(),
+                    format!("--image-path={}", dir.display()),
+                ],
+                None => vec!["run".to_owned()],
+            })
+            .arg("--bundle")
             .arg(&bundle)
             .arg(&spec.id)
             .stdin(stdin)

@@ -9,6 +9,7 @@
 //! runs on for the next Exec. A timed-out or cancelled Exec signals only its own processes
 //! (exec_kill.py, run through `runsc exec`): SIGTERM, the grace, SIGKILL.
 
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -24,6 +25,9 @@ use super::local_pool::{send_go, Go, READY, READY_TIMEOUT};
 use super::{die_with_runner, session_env, ExecOutcome, ExecSpec, KillOnDrop, SessionSandbox};
 use crate::error::{Error, Result};
 use crate::limits::Limits;
+
+/// Longest a `runsc checkpoint` may take.
+const CHECKPOINT_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// An open session's sandbox: `runsc run`, its stdin (the waiter's pipe) held open.
 pub(super) struct SessionBox {
@@ -50,6 +54,61 @@ impl SessionBox {
 impl GvisorBackend {
     /// Starts the session's sandbox and waits until its first process is ready.
     pub async fn open_session(&self, s: &SessionSandbox) -> Result<()> {
+        self.boot(s, None).await
+    }
+
+    /// Starts the session's sandbox from the checkpoint in `image` (`runsc restore`): its
+    /// processes go on where they were, over the session's (unpacked) files.
+    pub async fn restore_session(&self, s: &SessionSandbox, image: &Path) -> Result<()> {
+        self.boot(s, Some(image)).await
+    }
+
+    /// `runsc checkpoint` of the session's sandbox into `image`: memory, processes and the
+    /// sandbox's own /tmp. The sandbox stops (this runsc cannot leave it running); the
+    /// caller closes the session after.
+    pub async fn checkpoint(&self, s: &SessionSandbox, image: &Path) -> Result<()> {
+        let sandbox = self.session_sandbox(s)?;
+        let mut cmd = Command::new(&self.base.runsc);
+        cmd.env_clear()
+            .args(self.base.global_args())
+            .arg("checkpoint")
+            .arg(format!("--image-path={}", image.display()))
+            .arg(&sandbox)
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        let out = tokio::time::timeout(CHECKPOINT_TIMEOUT, cmd.output())
+            .await
+            .map_err(|_| {
+                Error::Sandbox(format!(
+                    "runsc checkpoint took longer than {} s",
+                    CHECKPOINT_TIMEOUT.as_secs()
+                ))
+            })?
+            .map_err(Error::io("running runsc checkpoint"))?;
+        if !out.status.success() {
+            return Err(Error::Sandbox(format!(
+                "runsc checkpoint of session {} failed: {}",
+                s.session_id,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        Ok(())
+    }
+
+    fn session_sandbox(&self, s: &SessionSandbox) -> Result<String> {
+        self.sessions
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&s.session_id).map(|b| b.id().to_owned()))
+            .ok_or_else(|| {
+                Error::Sandbox(format!(
+                    "session {} has no gVisor sandbox (it was closed): open a new session",
+                    s.session_id
+                ))
+            })
+    }
+
+    async fn boot(&self, s: &SessionSandbox, image: Option<&Path>) -> Result<()> {
         let config = &self.base.config;
         let max = config.max_limits();
         // Memory and cpu hold over the sandbox; each command gets the session's rlimits.
@@ -75,7 +134,7 @@ impl GvisorBackend {
         };
         let mut sandbox = self
             .base
-            .start(&spec, Stdio::piped())
+            .launch(&spec, Stdio::piped(), image)
             .await
             .map_err(|e| e.0)?;
         let (Some(mut out), Some(mut err)) =
@@ -83,17 +142,32 @@ impl GvisorBackend {
         else {
             return Err(Error::Sandbox("runsc started without pipes".into()));
         };
-        let mut ready = [0u8; READY.len()];
-        let answered = tokio::time::timeout(READY_TIMEOUT, out.read_exact(&mut ready)).await;
-        if !(matches!(answered, Ok(Ok(_))) && ready == READY) {
+        let started = match image {
+            // The restored waiter said it was ready before its checkpoint: wait for runsc.
+            Some(_) => self.base.restored(&mut sandbox).await,
+            None => {
+                let mut ready = [0u8; READY.len()];
+                let answered =
+                    tokio::time::timeout(READY_TIMEOUT, out.read_exact(&mut ready)).await;
+                matches!(answered, Ok(Ok(_))) && ready == READY
+            }
+        };
+        if !started {
             let _ = sandbox.child.start_kill();
             let mut why = Vec::new();
             let _ = tokio::time::timeout(Duration::from_secs(2), err.read_to_end(&mut why)).await;
             sandbox.destroy().await;
-            return Err(Error::Sandbox(format!(
-                "the session's gVisor sandbox did not start (its image needs python3): {}",
-                String::from_utf8_lossy(&why).trim()
-            )));
+            let why = String::from_utf8_lossy(&why);
+            return Err(Error::Sandbox(match image {
+                Some(_) => format!(
+                    "runsc restore could not restore the session from its snapshot: {}",
+                    why.trim()
+                ),
+                None => format!(
+                    "the session's gVisor sandbox did not start (its image needs python3): {}",
+                    why.trim()
+                ),
+            }));
         }
         // Nothing more comes from the waiter; runsc's own messages are logged.
         let sandbox_id = sandbox.id.clone();
@@ -119,17 +193,7 @@ impl GvisorBackend {
 
     /// Runs `bash -lc COMMAND` in the session's sandbox (`runsc exec` of a relaying waiter).
     pub async fn exec(&self, s: &SessionSandbox, spec: &ExecSpec) -> Result<ExecOutcome> {
-        let sandbox = self
-            .sessions
-            .lock()
-            .ok()
-            .and_then(|m| m.get(&s.session_id).map(|b| b.id().to_owned()))
-            .ok_or_else(|| {
-                Error::Sandbox(format!(
-                    "session {} has no gVisor sandbox (it was closed): open a new session",
-                    s.session_id
-                ))
-            })?;
+        let sandbox = self.session_sandbox(s)?;
         let exec_id = uuid::Uuid::now_v7().simple().to_string();
         let mut env = session_env();
         env.push(("CAIRN_EXEC_ID".into(), exec_id.clone()));
@@ -219,6 +283,33 @@ impl GvisorBackend {
 }
 
 impl Base {
+    /// Waits until a restored sandbox runs (`runsc state`), false when `runsc restore`
+    /// ended first or READY_TIMEOUT passed.
+    async fn restored(&self, sandbox: &mut super::gvisor::Sandbox) -> bool {
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < READY_TIMEOUT {
+            if !matches!(sandbox.child.try_wait(), Ok(None)) {
+                return false;
+            }
+            let mut cmd = Command::new(&self.runsc);
+            cmd.env_clear()
+                .args(self.global_args())
+                .args(["state", &sandbox.id])
+                .stdin(Stdio::null())
+                .stderr(Stdio::null())
+                .kill_on_drop(true);
+            if let Ok(Ok(out)) = tokio::time::timeout(Duration::from_secs(5), cmd.output()).await {
+                let state: serde_json::Value =
+                    serde_json::from_slice(&out.stdout).unwrap_or_default();
+                if state["status"] == "running" {
+                    return true;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        false
+    }
+
     /// `runsc exec` of `argv` in sandbox `id` as the sandbox user, in `/`, with the waiter's
     /// environment and no capabilities; killed when dropped or when the runner dies.
     pub(super) fn exec_command(&self, id: &str, argv: &[String]) -> Command {

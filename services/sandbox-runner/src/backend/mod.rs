@@ -172,6 +172,32 @@ impl Backend {
         }
     }
 
+    /// Saves the session's memory and processes into `dir` when the backend can (gvisor:
+    /// `runsc checkpoint`, which stops the sandbox); false when it keeps files only.
+    pub async fn checkpoint(&self, s: &SessionSandbox, dir: &Path) -> Result<bool> {
+        match self {
+            Backend::Gvisor(g) => g.checkpoint(s, dir).await.map(|()| true),
+            Backend::Docker(_) | Backend::Local(_) => Ok(false),
+        }
+    }
+
+    /// Starts a session's sandbox from the checkpoint in `dir` (gvisor only).
+    pub async fn restore_session(&self, s: &SessionSandbox, dir: &Path) -> Result<()> {
+        match self {
+            Backend::Gvisor(g) => g.restore_session(s, dir).await,
+            Backend::Docker(_) | Backend::Local(_) => Err(Error::SnapshotMismatch(format!(
+                "the {} backend restores files only, not memory and processes",
+                self.name()
+            ))),
+        }
+    }
+
+    /// Do processes a session command leaves behind live on after it (not on local, where
+    /// each command is a sandbox of its own)?
+    pub fn keeps_background(&self) -> bool {
+        !matches!(self, Backend::Local(_))
+    }
+
     pub async fn close_session(&self, s: &SessionSandbox) -> Result<()> {
         match self {
             Backend::Docker(d) => d.remove_container(&s.name).await,

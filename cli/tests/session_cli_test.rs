@@ -1,0 +1,112 @@
+//! `cairn sandbox session ...` against the runner and store of `cairn up`: open, exec, pause
+//! into the store under .cairn/snapshots/, resume and fork from there, close; the --json
+//! shapes the help promises. Docker when the engine and image are there, else the local backend
+//! `cairn up` picks; files-only snapshots either way.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+
+/// The command's exit code and --json output.
+fn run(data: &std::path::Path, addr: &str, args: &[&str]) -> (i32, serde_json::Value) {
+    let out = cairn(data)
+        .args(["--addr", addr, "--json", "sandbox", "session"])
+        .args(args)
+        .output()
+        .unwrap();
+    let value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("{args:?}: {}", String::from_utf8_lossy(&out.stderr)));
+    (out.status.code().unwrap(), value)
+}
+
+fn json(data: &std::path::Path, addr: &str, args: &[&str]) -> serde_json::Value {
+    let (code, value) = run(data, addr, args);
+    assert_eq!(code, 0, "{args:?}: {value}");
+    value
+}
+
+#[test]
+fn a_session_paused_into_the_store_resumes_and_forks_with_its_files() {
+    if !sandbox_available() && which_bwrap().is_none() {
+        println!("SKIP: session_cli: neither Docker with cairn-sandbox:latest nor bubblewrap");
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let (_up, addr, _) = up(data.path(), &[]);
+    let addr = addr.as_str();
+
+    let opened = json(data.path(), addr, &["open"]);
+    let id = opened["session_id"].as_str().unwrap().to_owned();
+    assert!(opened["ms"].as_u64().is_some());
+    let (code, exec) = run(
+        data.path(),
+        addr,
+        &[
+            "exec",
+            &id,
+            "--",
+            "echo kept > /workspace/a.txt; echo out; echo err >&2; exit 3",
+        ],
+    );
+    // The command's exit code is the CLI's.
+    assert_eq!(code, 3);
+    assert_eq!(exec["exit_code"], 3);
+    assert_eq!(exec["stdout"], "out\n");
+    assert_eq!(exec["stderr"], "err\n");
+
+    let paused = json(data.path(), addr, &["pause", &id]);
+    let snap = paused["snapshot"].as_str().unwrap().to_owned();
+    assert_eq!(snap, format!(".cairn/snapshots/{id}/1.snap"));
+    assert!(paused["bytes"].as_u64().unwrap() > 0);
+    assert_eq!(paused["memory"], false);
+    assert!(paused["ms"].as_u64().is_some());
+    // Paused: the session is closed on its runner.
+    let closed = json(data.path(), addr, &["close", &id]);
+    assert_eq!(closed["closed"], false);
+
+    let resumed = json(data.path(), addr, &["resume", &snap]);
+    let new_id = resumed["session_id"].as_str().unwrap().to_owned();
+    assert_ne!(new_id, id);
+    let cat = json(
+        data.path(),
+        addr,
+        &["exec", &new_id, "--", "cat /workspace/a.txt"],
+    );
+    assert_eq!(cat["stdout"], "kept\n");
+
+    let forked = json(data.path(), addr, &["fork", &snap, "--count", "2"]);
+    let forks = forked["sessions"].as_array().unwrap();
+    assert_eq!(forks.len(), 2);
+    for f in forks {
+        let f = f.as_str().unwrap();
+        let cat = json(
+            data.path(),
+            addr,
+            &["exec", f, "--", "cat /workspace/a.txt"],
+        );
+        assert_eq!(cat["stdout"], "kept\n");
+        assert_eq!(json(data.path(), addr, &["close", f])["closed"], true);
+    }
+    // The resumed session pauses under its own id.
+    let again = json(data.path(), addr, &["pause", &new_id]);
+    assert_eq!(
+        again["snapshot"],
+        format!(".cairn/snapshots/{new_id}/1.snap")
+    );
+
+    // Without a served runner the commands say what to give.
+    let out = cairn(data.path())
+        .args(["sandbox", "session", "open"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--sandbox-addr"));
+}
+
+fn which_bwrap() -> Option<std::path::PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join("bwrap"))
+        .find(|p| p.is_file())
+}

@@ -1,0 +1,290 @@
+//! Snapshots of sessions: the bytes PauseSession sends and ResumeSession takes. A snapshot is
+//! a header (backend, image, memory or files only, sha256 and size of the payload) and a
+//! payload: a tar of the session's `workspace/` and `tmpfs/` and, with memory (gvisor), the
+//! `checkpoint/` directory `runsc checkpoint` wrote. Payloads live as files beside the task
+//! directories (never inside them: they do not count against a session's writable area) and
+//! are removed when dropped. Nothing here knows gRPC or the store.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use cairn_proto as pb;
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+
+/// The snapshot layout this runner writes and reads.
+pub const FORMAT: u32 = 1;
+
+/// A payload file, removed when dropped.
+pub struct Payload {
+    pub path: PathBuf,
+}
+
+impl Drop for Payload {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// A snapshot made by a pause, ready to stream.
+pub struct Made {
+    pub header: pb::SnapshotHeader,
+    pub payload: Payload,
+}
+
+/// Writes the payload of `task_dir` (and `checkpoint`, a directory) to `out`; returns its
+/// sha256 (hex) and size. Links are stored as links, never followed.
+pub fn write(task_dir: &Path, checkpoint: Option<&Path>, out: &Path) -> Result<(String, u64)> {
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(out)
+        .map_err(Error::io(format!(
+            "creating snapshot file {}",
+            out.display()
+        )))?;
+    let mut tar = tar::Builder::new(Hashing::new(std::io::BufWriter::new(file)));
+    tar.follow_symlinks(false);
+    let mut parts = vec![
+        ("workspace", task_dir.join("workspace")),
+        ("tmpfs", task_dir.join("tmpfs")),
+    ];
+    if let Some(dir) = checkpoint {
+        parts.push(("checkpoint", dir.to_path_buf()));
+    }
+    for (name, dir) in parts {
+        tar.append_dir_all(name, &dir).map_err(Error::io(format!(
+            "writing {} into the snapshot (a socket or special file there cannot be kept: remove it)",
+            dir.display()
+        )))?;
+    }
+    let hashing = tar
+        .into_inner()
+        .map_err(Error::io("finishing the snapshot"))?;
+    let (mut inner, sha, size) = hashing.finish();
+    inner
+        .flush()
+        .map_err(Error::io("writing the snapshot file"))?;
+    Ok((sha, size))
+}
+
+/// Checks a header before any byte is taken: this runner's layout, backend and image.
+pub fn check_header(h: &pb::SnapshotHeader, backend: &str, image: &str, max: u64) -> Result<()> {
+    if h.format != FORMAT {
+        return Err(Error::SnapshotMismatch(format!(
+            "the snapshot has layout {} and this runner reads layout {FORMAT}: resume it on a runner of the version that paused it",
+            h.format
+        )));
+    }
+    if h.backend != backend {
+        return Err(Error::SnapshotMismatch(format!(
+            "the snapshot was taken on the {} backend and this runner uses the {backend} backend: resume it on a {} runner",
+            h.backend, h.backend
+        )));
+    }
+    if h.image != image {
+        return Err(Error::SnapshotMismatch(format!(
+            "the snapshot was taken in image {:?} and this runner runs {image:?}: resume it on a runner with that image",
+            h.image
+        )));
+    }
+    if h.memory && backend != "gvisor" {
+        return Err(Error::SnapshotMismatch(format!(
+            "the snapshot holds memory and processes, which only the gvisor backend restores, not {backend}"
+        )));
+    }
+    if h.size_bytes > max {
+        return Err(Error::ResourceExhausted {
+            message: format!(
+                "the snapshot is {} bytes, above this runner's [session] max_snapshot_bytes = {max}",
+                h.size_bytes
+            ),
+            reason: "too_large",
+        });
+    }
+    if h.sha256.len() != 64 || !h.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(Error::SnapshotCorrupt(format!(
+            "the snapshot header's sha256 {:?} is not 64 hex digits",
+            h.sha256
+        )));
+    }
+    Ok(())
+}
+
+/// Takes a streamed payload into a file, hashing it; `finish` checks it against the header.
+pub struct Receiver {
+    pub header: pb::SnapshotHeader,
+    payload: Payload,
+    file: std::io::BufWriter<std::fs::File>,
+    hasher: Sha256,
+    size: u64,
+}
+
+impl Receiver {
+    pub fn new(header: pb::SnapshotHeader, path: PathBuf) -> Result<Receiver> {
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(Error::io(format!(
+                "creating snapshot file {}",
+                path.display()
+            )))?;
+        Ok(Receiver {
+            header,
+            payload: Payload { path },
+            file: std::io::BufWriter::new(file),
+            hasher: Sha256::new(),
+            size: 0,
+        })
+    }
+
+    /// Appends a chunk; more bytes than the header said are refused at once.
+    pub fn push(&mut self, chunk: &[u8]) -> Result<()> {
+        self.size += chunk.len() as u64;
+        if self.size > self.header.size_bytes {
+            return Err(Error::SnapshotCorrupt(format!(
+                "the snapshot has more bytes than its header's {}: it is not the snapshot the header describes",
+                self.header.size_bytes
+            )));
+        }
+        self.hasher.update(chunk);
+        self.file
+            .write_all(chunk)
+            .map_err(Error::io("writing the received snapshot"))
+    }
+
+    /// The payload, when its size and sha256 are the header's.
+    pub fn finish(mut self) -> Result<(pb::SnapshotHeader, Payload)> {
+        if self.size != self.header.size_bytes {
+            return Err(Error::SnapshotCorrupt(format!(
+                "the snapshot is cut short: {} of its {} bytes arrived; send it whole",
+                self.size, self.header.size_bytes
+            )));
+        }
+        let sha = hex::encode(self.hasher.finalize_reset());
+        if sha != self.header.sha256 {
+            return Err(Error::SnapshotCorrupt(format!(
+                "the snapshot's bytes have sha256 {sha}, its header says {}: it was altered or damaged; nothing was resumed",
+                self.header.sha256
+            )));
+        }
+        self.file
+            .flush()
+            .map_err(Error::io("writing the received snapshot"))?;
+        Ok((self.header, self.payload))
+    }
+}
+
+/// Unpacks a verified payload: `workspace/` and `tmpfs/` into `task_dir`, `checkpoint/` into
+/// `restore_dir`. Only files, directories and links, each resolved beneath its target (the
+/// tar crate refuses `..`, absolute names and writing through a link); anything else refused.
+pub fn unpack(payload: &Path, task_dir: &Path, restore_dir: &Path) -> Result<()> {
+    let file = std::fs::File::open(payload).map_err(Error::io("opening the snapshot"))?;
+    let mut tar = tar::Archive::new(std::io::BufReader::new(file));
+    tar.set_preserve_permissions(true);
+    tar.set_unpack_xattrs(false);
+    tar.set_overwrite(true);
+    let corrupt = |e: std::io::Error| Error::SnapshotCorrupt(format!("reading the snapshot: {e}"));
+    for entry in tar.entries().map_err(corrupt)? {
+        let mut entry = entry.map_err(corrupt)?;
+        let path = entry.path().map_err(corrupt)?.into_owned();
+        let kind = entry.header().entry_type();
+        if !(kind.is_file() || kind.is_dir() || kind.is_symlink()) {
+            return Err(Error::SnapshotCorrupt(format!(
+                "the snapshot holds {} of a kind sessions do not keep",
+                path.display()
+            )));
+        }
+        let target = match path.components().next() {
+            Some(std::path::Component::Normal(c)) if c == "workspace" || c == "tmpfs" => task_dir,
+            Some(std::path::Component::Normal(c)) if c == "checkpoint" => restore_dir,
+            _ => {
+                return Err(Error::SnapshotCorrupt(format!(
+                    "the snapshot holds {}, outside workspace/, tmpfs/ and checkpoint/",
+                    path.display()
+                )))
+            }
+        };
+        let unpacked = entry.unpack_in(target).map_err(|e| {
+            Error::SnapshotCorrupt(format!(
+                "unpacking {} from the snapshot: {e}",
+                path.display()
+            ))
+        })?;
+        if !unpacked {
+            return Err(Error::SnapshotCorrupt(format!(
+                "the snapshot names {}, which would land outside the session",
+                path.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Now in Unix milliseconds.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// A writer that hashes and counts what goes through it.
+struct Hashing<W> {
+    inner: W,
+    hasher: Sha256,
+    size: u64,
+}
+
+impl<W: Write> Hashing<W> {
+    fn new(inner: W) -> Self {
+        Hashing {
+            inner,
+            hasher: Sha256::new(),
+            size: 0,
+        }
+    }
+
+    fn finish(self) -> (W, String, u64) {
+        (self.inner, hex::encode(self.hasher.finalize()), self.size)
+    }
+}
+
+impl<W: Write> Write for Hashing<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        self.size += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Where a session's files come from when it opens.
+pub enum Origin {
+    /// Empty, or cloned from git.
+    Git(Option<pb::GitSource>),
+    /// Unpacked from a verified snapshot.
+    Snapshot {
+        header: pb::SnapshotHeader,
+        payload: Payload,
+    },
+}
+
+/// A snapshot unpacked for a resume: its checkpoint directory (with memory), removed when
+/// dropped (the task directory holds the files).
+pub struct Restore {
+    pub dir: PathBuf,
+    pub checkpoint: Option<PathBuf>,
+}
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

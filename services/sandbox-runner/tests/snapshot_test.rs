@@ -1,0 +1,403 @@
+//! Session snapshots over gRPC between two runners on loopback: a gvisor session paused on
+//! runner A goes on, memory and processes included, on runner B; forks diverge; docker and
+//! local keep files only; a snapshot is refused by a runner of another backend, and when its
+//! bytes were altered or cut short, with nothing left half-resumed.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use cairn_proto::{
+    CloseSessionRequest, ExecRequest, ExecResult, OpenSessionRequest, PauseSessionRequest,
+    ReadFileRequest, SessionInfo,
+};
+use cairn_runner_client::snapshot;
+use cairn_sandbox_runner::BackendChoice;
+use common::*;
+
+const GVISOR: Case = Case {
+    backend: BackendChoice::Gvisor,
+    pool: false,
+};
+const LOCAL: Case = Case {
+    backend: BackendChoice::Local,
+    pool: false,
+};
+const DOCKER: Case = Case {
+    backend: BackendChoice::Docker,
+    pool: false,
+};
+
+/// A counter that keeps its value in memory only and writes it to /tmpfs/count every 20 ms.
+const COUNTER: &str = "python3 -c 'import time\ni = 0\nwhile True:\n    i += 1\n    open(\"/tmpfs/count.tmp\", \"w\").write(str(i))\n    __import__(\"os\").replace(\"/tmpfs/count.tmp\", \"/tmpfs/count\")\n    time.sleep(0.02)'";
+
+async fn runner(case: Case) -> TestRunner {
+    TestRunner::start_with(case, |c| {
+        c.max_concurrent_runs = 8;
+        c.max_sessions = 8;
+    })
+    .await
+}
+
+async fn open(r: &TestRunner) -> String {
+    r.client
+        .clone()
+        .open_session(OpenSessionRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .session_id
+}
+
+async fn exec(r: &TestRunner, id: &str, command: &str, detach: bool) -> ExecResult {
+    let out = r
+        .client
+        .clone()
+        .exec(ExecRequest {
+            session_id: id.into(),
+            command: command.into(),
+            detach,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(out.exit_code, 0, "{command}: {}", text(&out.stderr));
+    out
+}
+
+async fn read(r: &TestRunner, id: &str, path: &str) -> Result<String, tonic::Status> {
+    let out = r
+        .client
+        .clone()
+        .read_file(ReadFileRequest {
+            session_id: id.into(),
+            path: path.into(),
+            max_bytes: 0,
+        })
+        .await?;
+    Ok(text(&out.into_inner().content))
+}
+
+/// The counter's value, read through the workspace's sibling /tmpfs (via Exec).
+async fn count(r: &TestRunner, id: &str) -> u64 {
+    let out = exec(r, id, "cat /tmpfs/count", false).await;
+    text(&out.stdout).trim().parse().unwrap()
+}
+
+async fn wait_count(r: &TestRunner, id: &str, at_least: u64) -> u64 {
+    let t0 = std::time::Instant::now();
+    loop {
+        let out = r
+            .client
+            .clone()
+            .exec(ExecRequest {
+                session_id: id.into(),
+                command: "cat /tmpfs/count 2>/dev/null || echo 0".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let n: u64 = text(&out.stdout).trim().parse().unwrap_or(0);
+        if n >= at_least {
+            return n;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "counter stuck at {n}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Pauses `id` on `r`; returns the snapshot file's bytes and header.
+async fn pause(
+    r: &TestRunner,
+    id: &str,
+    files_only: bool,
+) -> (Vec<u8>, cairn_proto::SnapshotHeader) {
+    let stream = r
+        .client
+        .clone()
+        .pause_session(PauseSessionRequest {
+            session_id: id.into(),
+            files_only,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut file = Vec::new();
+    let saved = snapshot::save(stream, &mut file).await.unwrap();
+    assert_eq!(saved.file_bytes, file.len() as u64);
+    (file, saved.header)
+}
+
+async fn resume(r: &TestRunner, file: &[u8]) -> Result<SessionInfo, tonic::Status> {
+    let mut reader = std::io::Cursor::new(file.to_vec());
+    let header = snapshot::read_header(&mut reader).await.unwrap();
+    Ok(r.client
+        .clone()
+        .resume_session(snapshot::parts(header, reader, String::new()))
+        .await?
+        .into_inner())
+}
+
+fn reason(s: &tonic::Status) -> String {
+    cairn_proto::reason::of(s).unwrap_or_default()
+}
+
+async fn open_sessions(r: &TestRunner) -> u32 {
+    r.client
+        .clone()
+        .get_runner_info(cairn_proto::GetRunnerInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .open_sessions
+}
+
+/// What a refused resume may leave: nothing in the tasks directory, no session.
+async fn assert_nothing_resumed(r: &TestRunner) {
+    assert_eq!(open_sessions(r).await, 0);
+    let left: Vec<_> = std::fs::read_dir(r.work_root.path().join("tasks"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_gvisor_session_paused_on_a_goes_on_on_b_with_its_processes_and_files() {
+    if !gvisor_usable("gvisor_pause_resume") {
+        return;
+    }
+    let (a, b) = tokio::join!(runner(GVISOR), runner(GVISOR));
+    let id = open(&a).await;
+    exec(&a, &id, "echo before > /workspace/before.txt", false).await;
+    let pid = exec(&a, &id, COUNTER, true).await;
+    assert!(
+        text(&pid.stdout).trim().parse::<u32>().is_ok(),
+        "detach prints a pid"
+    );
+    let before = wait_count(&a, &id, 25).await;
+
+    let (file, header) = pause(&a, &id, false).await;
+    assert!(header.memory, "gvisor keeps memory");
+    assert_eq!(header.backend, "gvisor");
+    assert_eq!(header.session_id, id);
+    // Paused: the session is gone from A, and so is its sandbox.
+    let gone = a
+        .client
+        .clone()
+        .exec(ExecRequest {
+            session_id: id.clone(),
+            command: "true".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(gone.code(), tonic::Code::NotFound);
+    assert_eq!(open_sessions(&a).await, 0);
+    assert!(gvisor_sandboxes(a.work_root.path()).await.is_empty());
+
+    let info = resume(&b, &file).await.unwrap();
+    assert_eq!(info.snapshot_of, id);
+    assert!(info.memory_restored);
+    let resumed = info.session_id;
+    assert_ne!(resumed, id);
+    assert_eq!(read(&b, &resumed, "before.txt").await.unwrap(), "before\n");
+    // The counter goes on from its value: a restarted one would be back near 1.
+    let first = count(&b, &resumed).await;
+    assert!(first >= before, "counter {first} < {before} at the pause");
+    let later = wait_count(&b, &resumed, first + 10).await;
+    assert!(later > first);
+    let ps = exec(&b, &resumed, "ps -eo args 2>/dev/null || ls /proc", false).await;
+    assert!(!text(&ps.stdout).is_empty());
+    b.client
+        .clone()
+        .close_session(CloseSessionRequest {
+            session_id: resumed,
+        })
+        .await
+        .unwrap();
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn five_forks_start_with_the_same_memory_and_files_and_diverge() {
+    if !gvisor_usable("gvisor_fork") {
+        return;
+    }
+    let (a, b) = tokio::join!(runner(GVISOR), runner(GVISOR));
+    let id = open(&a).await;
+    exec(&a, &id, "echo shared > /workspace/shared.txt", false).await;
+    exec(&a, &id, COUNTER, true).await;
+    let before = wait_count(&a, &id, 10).await;
+    let (file, _) = pause(&a, &id, false).await;
+    let forks = futures::future::join_all((0..5).map(|_| resume(&b, &file))).await;
+    let forks: Vec<String> = forks.into_iter().map(|f| f.unwrap().session_id).collect();
+    assert_eq!(open_sessions(&b).await, 5);
+    for (i, f) in forks.iter().enumerate() {
+        assert_eq!(read(&b, f, "shared.txt").await.unwrap(), "shared\n");
+        assert!(
+            count(&b, f).await >= before,
+            "fork {i} restarted its counter"
+        );
+        exec(&b, f, &format!("echo {i} > /workspace/mine.txt"), false).await;
+    }
+    for (i, f) in forks.iter().enumerate() {
+        assert_eq!(read(&b, f, "mine.txt").await.unwrap(), format!("{i}\n"));
+    }
+    b.stop().await;
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn docker_and_local_keep_files_only_and_close_the_session_once_delivered() {
+    let mut cases = Vec::new();
+    match bwrap_ready() {
+        Ok(()) => cases.push(LOCAL),
+        Err(why) => println!("SKIP: files_only_snapshot [local]: {why}"),
+    }
+    if docker_only("files_only_snapshot").await {
+        cases.push(DOCKER);
+    }
+    for case in cases {
+        let (a, b) = tokio::join!(runner(case), runner(case));
+        let id = open(&a).await;
+        exec(&a, &id, "mkdir -p /workspace/d && echo kept > /workspace/d/f.txt && echo t > /tmpfs/t.txt && ln -s d/f.txt /workspace/link", false).await;
+        let (file, header) = pause(&a, &id, false).await;
+        assert!(!header.memory, "{case:?}: files only");
+        assert_eq!(header.backend, case.name());
+        // The stream ended: the session is closed on A.
+        let t0 = std::time::Instant::now();
+        while open_sessions(&a).await > 0 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "{case:?}: still open"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let info = resume(&b, &file).await.unwrap();
+        assert!(!info.memory_restored);
+        assert_eq!(info.snapshot_of, id);
+        let s = info.session_id;
+        assert_eq!(read(&b, &s, "d/f.txt").await.unwrap(), "kept\n", "{case:?}");
+        let out = exec(&b, &s, "cat /tmpfs/t.txt; readlink /workspace/link; stat -c %U /workspace/d/f.txt 2>/dev/null || true", false).await;
+        let out = text(&out.stdout);
+        assert!(out.starts_with("t\nd/f.txt\n"), "{case:?}: {out}");
+        // Writable by the session's user.
+        exec(&b, &s, "echo more >> /workspace/d/f.txt", false).await;
+        a.stop().await;
+        b.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_snapshot_is_refused_by_a_runner_of_another_backend() {
+    if !gvisor_usable("snapshot_other_backend") {
+        return;
+    }
+    let a = runner(GVISOR).await;
+    let id = open(&a).await;
+    exec(&a, &id, "echo x > /workspace/x", false).await;
+    let (file, _) = pause(&a, &id, false).await;
+    let mut others = Vec::new();
+    if bwrap_ready().is_ok() {
+        others.push(LOCAL);
+    }
+    if docker_only("gvisor_snapshot_on_docker").await {
+        others.push(DOCKER);
+    }
+    for case in others {
+        let b = runner(case).await;
+        let err = resume(&b, &file).await.unwrap_err();
+        assert_eq!(
+            err.code(),
+            tonic::Code::FailedPrecondition,
+            "{case:?}: {err}"
+        );
+        assert_eq!(reason(&err), "snapshot_mismatch");
+        assert!(err.message().contains("gvisor"), "{}", err.message());
+        assert_nothing_resumed(&b).await;
+        b.stop().await;
+    }
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_altered_or_cut_snapshot_is_refused_and_nothing_is_half_resumed() {
+    let case = if bwrap_ready().is_ok() {
+        LOCAL
+    } else if gvisor_usable("snapshot_corrupt") {
+        GVISOR
+    } else {
+        println!("SKIP: snapshot_corrupt: neither bubblewrap nor gvisor");
+        return;
+    };
+    let (a, b) = tokio::join!(runner(case), runner(case));
+    let id = open(&a).await;
+    exec(
+        &a,
+        &id,
+        "head -c 300000 /dev/urandom > /workspace/blob",
+        false,
+    )
+    .await;
+    let (file, _) = pause(&a, &id, true).await;
+    let mut flipped = file.clone();
+    let at = file.len() - 1000;
+    flipped[at] ^= 0x40;
+    let cut = &file[..file.len() - 4096];
+    for (what, bytes) in [("altered", &flipped[..]), ("cut short", cut)] {
+        let err = resume(&b, bytes).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{what}: {err}");
+        assert_eq!(reason(&err), "snapshot_corrupt", "{what}");
+        assert_nothing_resumed(&b).await;
+    }
+    // A header that is not the runner's layout.
+    let mut reader = std::io::Cursor::new(file.clone());
+    let mut header = snapshot::read_header(&mut reader).await.unwrap();
+    header.format = 99;
+    let err = b
+        .client
+        .clone()
+        .resume_session(snapshot::parts(header, reader, String::new()))
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&err), "snapshot_mismatch");
+    // The intact one resumes.
+    let s = resume(&b, &file).await.unwrap().session_id;
+    let out = exec(&b, &s, "wc -c < /workspace/blob", false).await;
+    assert_eq!(text(&out.stdout).trim(), "300000");
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn detach_is_refused_on_the_local_backend() {
+    if let Err(why) = bwrap_ready() {
+        println!("SKIP: detach_local: {why}");
+        return;
+    }
+    let r = runner(LOCAL).await;
+    let id = open(&r).await;
+    let err = r
+        .client
+        .clone()
+        .exec(ExecRequest {
+            session_id: id,
+            command: "sleep 100".into(),
+            detach: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+    assert_eq!(reason(&err), "detach_unsupported");
+    r.stop().await;
+}
