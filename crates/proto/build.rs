@@ -33,9 +33,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
-        // Unimplemented for RPCs a server does not implement yet: an RPC added to a proto
-        // does not break test doubles of the service.
-        .generate_default_stubs(true)
         .bytes(".")
         .compile_fds(compiler.file_descriptor_set())?;
     Ok(())

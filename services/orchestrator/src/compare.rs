@@ -156,9 +156,9 @@ fn stable(v: Value, n: &Norm) -> Value {
             Value::Object(m) => Value::Object(
                 m.into_iter()
                     .filter(|(k, x)| {
-                        !VOLATILE.contains(&k.as_str())
-                            && !(k == "outcome"
-                                && x.as_str().is_some_and(|w| WRITE_OUTCOMES.contains(&w)))
+                        let write_outcome = k == "outcome"
+                            && x.as_str().is_some_and(|w| WRITE_OUTCOMES.contains(&w));
+                        !VOLATILE.contains(&k.as_str()) && !write_outcome
                     })
                     .map(|(k, x)| (k, strip(x)))
                     .collect(),

@@ -154,6 +154,15 @@ async fn record(stack: &Stack, llm: &RandomLlm) -> String {
     run
 }
 
+/// A run of GRAPH recorded against the random provider, which is stopped.
+async fn recorded_offline() -> (Stack, String) {
+    let llm = RandomLlm::start().await;
+    let stack = stack().await;
+    let run = record(&stack, &llm).await;
+    llm.stop().await;
+    (stack, run)
+}
+
 async fn replay(stack: &Stack, run: &str, vars: &[(&str, &str)]) -> Result<String, tonic::Status> {
     let info = stack
         .client
@@ -274,10 +283,7 @@ async fn a_recorded_run_replays_identically_with_its_provider_gone() {
 
 #[tokio::test]
 async fn a_changed_variable_diverges_at_the_node_whose_request_changed() {
-    let llm = RandomLlm::start().await;
-    let stack = stack().await;
-    let run = record(&stack, &llm).await;
-    llm.stop().await;
+    let (stack, run) = recorded_offline().await;
     let replayed = replay(&stack, &run, &[("topic", "snow")]).await.unwrap();
     let (v, _) = verdict(&stack, &run, &replayed).await;
     assert_eq!(v["verdict"], "diverged", "{v:#}");
@@ -309,10 +315,7 @@ async fn a_changed_variable_diverges_at_the_node_whose_request_changed() {
 
 #[tokio::test]
 async fn a_damaged_record_is_refused_naming_its_file_and_line() {
-    let llm = RandomLlm::start().await;
-    let stack = stack().await;
-    let run = record(&stack, &llm).await;
-    llm.stop().await;
+    let (stack, run) = recorded_offline().await;
     let path = format!(".cairn/runs/{run}/agents/first/runtime/exchanges/1-1-1.json");
     let text = stack.read_text(&path).await;
     let line = text.lines().position(|l| l.contains("\"step\"")).unwrap() + 1;
@@ -330,10 +333,7 @@ async fn a_damaged_record_is_refused_naming_its_file_and_line() {
 
 #[tokio::test]
 async fn a_run_without_exchange_records_says_which_are_missing() {
-    let llm = RandomLlm::start().await;
-    let stack = stack().await;
-    let run = record(&stack, &llm).await;
-    llm.stop().await;
+    let (stack, run) = recorded_offline().await;
     // As a run recorded before exchanges were: the directory of `second` is gone.
     let dir = format!(".cairn/runs/{run}/agents/second/runtime/exchanges/");
     for f in stack.list(&dir).await {

@@ -27,16 +27,15 @@ fn data(e: &pb::Event) -> Map<String, Value> {
     }
 }
 
-/// The recorded events of this node's attempt (without node.started) and how it ended.
+/// An event type and its data.
+type Recorded = (String, Map<String, Value>);
+
+/// The recorded events of this node's attempt (without node.started), and how it ended.
 fn recorded_attempt(
     events: &[pb::Event],
     node: &str,
     attempt: u32,
-) -> Option<(
-    Vec<(String, Map<String, Value>)>,
-    String,
-    Map<String, Value>,
-)> {
+) -> Option<(Vec<Recorded>, Recorded)> {
     let mut inside = false;
     let mut seen = Vec::new();
     let mut end = None;
@@ -52,7 +51,7 @@ fn recorded_attempt(
                 }
             }
             "node.completed" | "node.failed" if inside => {
-                end = Some((std::mem::take(&mut seen), e.r#type.clone(), d));
+                end = Some((std::mem::take(&mut seen), (e.r#type.clone(), d)));
                 inside = false;
             }
             t if inside => seen.push((t.to_owned(), d)),
@@ -71,7 +70,7 @@ pub async fn replay(ctx: &NodeCtx, source: &str) -> Result<NodeSuccess, NodeErro
         .map_err(|s| {
             NodeError::from_status(&format!("reading the events of recorded run {source}"), &s)
         })?;
-    let Some((seen, end, end_data)) = recorded_attempt(&events, &ctx.node_id, ctx.attempt) else {
+    let Some((seen, (end, end_data))) = recorded_attempt(&events, &ctx.node_id, ctx.attempt) else {
         return Err(NodeError::refused(format!(
             "replay record missing: recorded run {source} has no finished attempt {} of node `{}`; replay with live sandbox steps instead",
             ctx.attempt, ctx.node_id
