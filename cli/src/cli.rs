@@ -438,6 +438,29 @@ pub enum RunsCommand {
         #[arg(long)]
         title: Option<String>,
     },
+    /// Replay a recorded run offline: a new run of its graph and variables in which every
+    /// provider request is answered from the run's recorded exchanges (no model is called;
+    /// a request that differs from the recorded one stops the replay). Follows the replay to
+    /// its end and prints `identical` (exit 0) or the first divergence: node, attempt, what
+    /// differed and a unified diff (exit 4); 1 when the replay failed otherwise. `--json`:
+    /// {"run_id", "replay_of", "verdict", "divergence"} (docs/replay.md).
+    Replay {
+        run: String,
+        /// Replace a recorded variable (repeatable): the first node whose request changes
+        /// diverges.
+        #[arg(long = "var", value_name = "KEY=VALUE")]
+        vars: Vec<String>,
+        /// sandbox_run steps: `recorded` returns the recorded results, outputs and files;
+        /// `live` runs them again on a runner.
+        #[arg(long, value_enum, default_value_t = Replayed::Recorded)]
+        sandbox: Replayed,
+        /// Gates: `recorded` takes the recorded decisions; `live` waits for people.
+        #[arg(long, value_enum, default_value_t = Replayed::Recorded)]
+        gates: Replayed,
+    },
+    /// Compare two runs: graph and variables, per-node outputs, files written (path, sha256,
+    /// unified diff of text), token usage and durations. `--json`: one object.
+    Diff { a: String, b: String },
     /// Re-run a node and everything that depends on it.
     Rework {
         run: String,
@@ -446,6 +469,13 @@ pub enum RunsCommand {
         #[arg(long)]
         note: Option<String>,
     },
+}
+
+/// Whether a part of a replay comes from the records or runs live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Replayed {
+    Recorded,
+    Live,
 }
 
 #[derive(Debug, Subcommand)]

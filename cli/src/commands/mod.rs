@@ -5,6 +5,7 @@ mod config;
 mod health;
 mod ingest;
 mod project;
+mod replay;
 mod run;
 mod sandbox;
 mod sandbox_session;

@@ -21,7 +21,7 @@ use crate::embedded::{Needs, Services};
 use crate::failure::Failure;
 use crate::output;
 
-type Client = OrchestratorClient<crate::embedded::Authed>;
+pub(super) type Client = OrchestratorClient<crate::embedded::Authed>;
 
 fn needs() -> Needs {
     Needs {
@@ -31,7 +31,7 @@ fn needs() -> Needs {
     }
 }
 
-fn who() -> String {
+pub(super) fn who() -> String {
     std::env::var("USER")
         .ok()
         .filter(|u| !u.is_empty())
@@ -200,7 +200,7 @@ pub async fn run(global: &Global, args: RunArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Streams the run's events until it ends or waits for a human; approves gates when asked.
-async fn follow(
+pub(super) async fn follow(
     global: &Global,
     client: &mut Client,
     project: &str,
@@ -431,7 +431,11 @@ async fn settled(
     Ok(info)
 }
 
-async fn get(client: &mut Client, project: &str, run_id: &str) -> anyhow::Result<RunInfo> {
+pub(super) async fn get(
+    client: &mut Client,
+    project: &str,
+    run_id: &str,
+) -> anyhow::Result<RunInfo> {
     Ok(client
         .get_run(GetRunRequest {
             project_id: project.to_owned(),
@@ -813,6 +817,27 @@ pub async fn runs(global: &Global, cmd: RunsCommand) -> anyhow::Result<ExitCode>
                 };
                 finish(global, &info)
             }
+            RunsCommand::Replay {
+                run,
+                vars,
+                sandbox,
+                gates,
+            } => {
+                let live = |p| p == crate::cli::Replayed::Live;
+                let req = cairn_proto::v1::ReplayRunRequest {
+                    project_id: project.clone(),
+                    run_id: run,
+                    vars: parse_vars(&vars)?,
+                    by: who(),
+                    replay_run_id: String::new(),
+                    live_sandbox: live(sandbox),
+                    live_gates: live(gates),
+                };
+                super::replay::replay(global, &mut client, req).await
+            }
+            RunsCommand::Diff { a, b } => {
+                super::replay::diff(global, &mut client, &project, &a, &b).await
+            }
             RunsCommand::Rework { run, node, note } => {
                 let info = client
                     .request_rework(ReworkRequest {
@@ -839,7 +864,7 @@ pub async fn runs(global: &Global, cmd: RunsCommand) -> anyhow::Result<ExitCode>
 }
 
 /// `--var KEY=VALUE` flags as a map.
-fn parse_vars(flags: &[String]) -> anyhow::Result<HashMap<String, String>> {
+pub(super) fn parse_vars(flags: &[String]) -> anyhow::Result<HashMap<String, String>> {
     let mut vars = HashMap::new();
     for kv in flags {
         let (k, v) = kv

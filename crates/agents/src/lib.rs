@@ -8,6 +8,8 @@
 pub mod cassette;
 pub mod openai;
 pub mod providers;
+pub mod recorded;
+pub mod records;
 pub mod replay;
 pub mod retry;
 
@@ -141,16 +143,17 @@ pub struct Usage {
     pub completion_tokens: u64,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct AgentReply {
     pub content: String,
     pub model: String,
+    #[serde(default)]
     pub usage: Usage,
     /// Tool calls the model asked for, in order.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCall>,
     /// `stop`, `tool_calls`, `length` ... as the provider said ("" when it said nothing).
-    #[serde(skip_serializing_if = "String::is_empty")]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub finish_reason: String,
 }
 
@@ -188,6 +191,13 @@ pub enum AgentError {
     /// An OpenAI-compatible request that ended without an answer (its attempts are in it).
     #[error(transparent)]
     Llm(Box<retry::LlmError>),
+    /// A replay could not use the recorded exchange (missing, unreadable, or the request
+    /// differs from the recorded one).
+    #[error("{0}")]
+    Record(Box<records::RecordError>),
+    /// A recorded provider failure, replayed.
+    #[error("{0}")]
+    Replayed(String),
     #[error("no LLM provider configured for this run; submit with llm=<provider name> (or a cassette: `cairn run --llm replay:<file>`) or set the graph's `llm:`")]
     NotConfigured,
 }
@@ -200,6 +210,7 @@ impl AgentError {
                 Some(reason)
             }
             AgentError::Unavailable(_) => Some("store_unavailable"),
+            AgentError::Record(r) => Some(r.reason()),
             _ => None,
         }
     }

@@ -164,7 +164,7 @@ impl ReplayProvider {
 }
 
 /// 1 + the assistant messages already in the request: the n-th model call of a tool loop.
-fn step_of(request: &AgentRequest) -> u32 {
+pub(crate) fn step_of(request: &AgentRequest) -> u32 {
     let answered = request
         .messages
         .iter()

@@ -10,10 +10,10 @@ use std::fmt;
 use std::future::Future;
 use std::time::{Duration, Instant, SystemTime};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Why one attempt failed, as the retry rule sees it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FailureKind {
     /// No connection (refused, DNS, TLS, reset before an answer). Retried.
@@ -32,11 +32,11 @@ pub enum FailureKind {
 }
 
 /// One failed attempt.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AttemptFailure {
     pub kind: FailureKind,
     /// The HTTP status, when the server answered.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<u16>,
     /// What went wrong and what to check; never contains the API key.
     pub message: String,
@@ -135,7 +135,7 @@ impl RetryRule {
 }
 
 /// What one attempt came to.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum AttemptOutcome {
     Succeeded,
@@ -150,7 +150,7 @@ pub enum AttemptOutcome {
 /// One attempt of one request, as reported to the observer (serialises into an event's
 /// data: `{"attempt":2,"max_attempts":5,"elapsed_ms":31,"outcome":"failed","kind":"http",
 /// "status":503,"message":"...","will_retry":true,"retry_in_ms":812}`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Attempt {
     /// 1-based.
     pub attempt: u32,
@@ -161,7 +161,7 @@ pub struct Attempt {
     #[serde(flatten)]
     pub outcome: AttemptOutcome,
     /// The wait before the next attempt, when one follows.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_in_ms: Option<u64>,
 }
 

@@ -360,15 +360,48 @@ impl NodeCtx {
 
     /// The provider a node uses: its own `llm:`, else the run's, under the orchestrator's
     /// provider rules (a cassette is read from the run's project).
+    /// Every exchange is recorded in the run directory (`agents/<instance>/runtime/exchanges/`);
+    /// in a replay (the run's setting is `recorded:<run>`) every node is answered from that
+    /// run's records instead, whatever its own `llm:`.
     pub async fn provider(
         &self,
         node_llm: Option<&str>,
     ) -> Result<Arc<dyn cairn_agents::Provider>, cairn_agents::AgentError> {
-        let spec = node_llm.unwrap_or(&self.llm);
-        self.backends
-            .providers
-            .get(spec, &self.backends.store, &self.project)
-            .await
+        use cairn_agents::records::{Recording, EXCHANGES_DIR};
+        let instance = self.node_id.replace('.', "-");
+        let store = &self.backends.store;
+        let inner: Arc<dyn cairn_agents::Provider> =
+            match cairn_agents::recorded::source_of(&self.llm) {
+                Some(source) => Arc::new(
+                    cairn_agents::recorded::Recorded::load(
+                        store.clone(),
+                        &self.project,
+                        &RunDir::new(&source).agent(&instance, EXCHANGES_DIR),
+                        self.attempt,
+                        self.turn,
+                    )
+                    .await?,
+                ),
+                None => {
+                    let spec = node_llm.unwrap_or(&self.llm);
+                    self.backends
+                        .providers
+                        .get(spec, store, &self.project)
+                        .await?
+                }
+            };
+        Ok(Arc::new(Recording::new(
+            inner,
+            store.clone(),
+            &self.project,
+            &self.run_dir().agent(&instance, EXCHANGES_DIR),
+            self.attempt,
+        )))
+    }
+
+    /// How this run replays a recorded one, when it is a replay.
+    pub fn replay(&self) -> Option<cairn_agents::recorded::ReplaySpec> {
+        cairn_agents::recorded::ReplaySpec::parse(&self.llm)
     }
 
     pub fn run_dir(&self) -> RunDir {

@@ -79,16 +79,23 @@ pub enum Rpc {
     EditContext,
     EditTask,
     WhoAmI,
+    ReplayRun,
+    DiffRuns,
 }
 
 impl Rpc {
     /// THE table: the least role each RPC needs (docs/security.md "Humans: tokens and roles").
     pub fn required_role(self) -> Role {
         match self {
-            Rpc::GetRun | Rpc::ListRuns | Rpc::WatchRun | Rpc::WatchLogs | Rpc::WhoAmI => {
-                Role::Viewer
-            }
-            Rpc::SubmitRun
+            Rpc::GetRun
+            | Rpc::ListRuns
+            | Rpc::WatchRun
+            | Rpc::WatchLogs
+            | Rpc::WhoAmI
+            | Rpc::DiffRuns => Role::Viewer,
+            // A replay starts a run: what SubmitRun needs, on the recorded run's project.
+            Rpc::ReplayRun
+            | Rpc::SubmitRun
             | Rpc::CancelRun
             | Rpc::ResumeRun
             | Rpc::AddNote
@@ -120,6 +127,8 @@ impl Rpc {
             Rpc::EditContext => "EditContext",
             Rpc::EditTask => "EditTask",
             Rpc::WhoAmI => "WhoAmI",
+            Rpc::ReplayRun => "ReplayRun",
+            Rpc::DiffRuns => "DiffRuns",
         }
     }
 }

@@ -50,6 +50,15 @@ pub fn check_decidable(state: &RunState, gate_id: &str) -> Result<()> {
 }
 
 /// The gate.approved / gate.rejected event (example fields).
+/// A decision a replay takes from its recorded run: when it was made there, and who
+/// started the replay (recorded beside the recorded `by`).
+#[derive(Clone, Debug)]
+pub struct Recorded {
+    pub decided_at: String,
+    pub replayed_by: String,
+    pub replay_of: String,
+}
+
 pub fn decision_event(
     d: Decision,
     gate_id: &str,

@@ -8,6 +8,7 @@
 mod args;
 pub mod auth;
 pub mod cluster;
+pub mod compare;
 pub mod config;
 pub mod error;
 pub mod gates;

@@ -246,6 +246,9 @@ pub struct RunState {
     /// The run this one re-runs (task.created `rerun_of`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub rerun_of: String,
+    /// The run this one replays from its records (task.created `replay_of`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub replay_of: String,
     /// W3C traceparent of the run's latest life (task.created or task.resumed `traceparent`):
     /// the trace a run taken over later links to.
     #[serde(skip)]
@@ -379,6 +382,7 @@ impl RunState {
             updated_at: String::new(),
             created_by: String::new(),
             rerun_of: String::new(),
+            replay_of: String::new(),
             trace: String::new(),
             nodes,
             roster: Vec::new(),
@@ -451,6 +455,7 @@ impl RunState {
                 self.created_by = text(d, "by").unwrap_or_default();
                 self.llm = text(d, "llm").unwrap_or_default();
                 self.rerun_of = text(d, "rerun_of").unwrap_or_default();
+                self.replay_of = text(d, "replay_of").unwrap_or_default();
                 self.trace = text(d, "traceparent").unwrap_or_default();
             }
             ev::TASK_WORKING => {
@@ -780,6 +785,7 @@ impl RunState {
             blocks_not_written: self.blocks_not_written(),
             goal: self.goal.clone(),
             rerun_of: self.rerun_of.clone(),
+            replay_of: self.replay_of.clone(),
             replica: String::new(),
             stalled_since: self.stalled_since.clone().unwrap_or_default(),
         }

@@ -118,6 +118,9 @@ struct TaskYaml<'a> {
     created_at: &'a str,
     updated_at: &'a str,
     created_by: &'a str,
+    /// The run this one replays from its records.
+    #[serde(skip_serializing_if = "str::is_empty")]
+    replay_of: &'a str,
     /// Last event of events.jsonl this file reflects.
     events_seq: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -145,6 +148,7 @@ pub fn render_task_yaml(s: &RunState, events_seq: u64) -> String {
         created_at: &s.created_at,
         updated_at: &s.updated_at,
         created_by: &s.created_by,
+        replay_of: &s.replay_of,
         events_seq,
         error: s.error.as_deref(),
         milestones: s

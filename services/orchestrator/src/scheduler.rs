@@ -51,6 +51,8 @@ pub enum Command {
         by: String,
         note: String,
         note_ref: Option<String>,
+        /// A replay's recorded decision.
+        recorded: Option<crate::gates::Recorded>,
         reply: oneshot::Sender<Result<pb::RunInfo>>,
     },
     Rework {

@@ -181,6 +181,7 @@ impl Orchestrator for OrchestratorService {
             graph_dir: r.graph_dir,
             request_id: r.request_id,
             rerun_of: r.rerun_of,
+            ..Submit::default()
         };
         Ok(Response::new(self.runs.submit(submit).await?))
     }
@@ -450,6 +451,54 @@ impl Orchestrator for OrchestratorService {
             role: who.role.as_str().to_owned(),
             projects: who.projects,
             tokens_required: self.auth.tokens_required(),
+        }))
+    }
+
+    async fn replay_run(
+        &self,
+        req: Request<pb::ReplayRunRequest>,
+    ) -> Result<Response<pb::RunInfo>, Status> {
+        let mut req = req;
+        // A replay is a new run of the recorded run's project: SubmitRun's role there, which
+        // includes reading the recorded run.
+        let who = self.caller(&req, Rpc::ReplayRun, &req.get_ref().project_id)?;
+        if self.runs.cluster().is_some() {
+            let r = req.get_mut();
+            if r.replay_run_id.is_empty() {
+                r.replay_run_id = uuid::Uuid::now_v7().to_string();
+            }
+            forward!(self, req, req.get_ref().replay_run_id.clone(), replay_run);
+        }
+        let r = req.into_inner();
+        cairn_telemetry::record_ids(&r.project_id, &r.run_id, "");
+        let info = self
+            .runs
+            .replay(
+                &r.project_id,
+                &r.run_id,
+                r.vars.into_iter().collect(),
+                &who.by(&r.by),
+                &r.replay_run_id,
+                crate::runs::LiveParts {
+                    sandbox: r.live_sandbox,
+                    gates: r.live_gates,
+                },
+            )
+            .await?;
+        Ok(Response::new(info))
+    }
+
+    async fn diff_runs(
+        &self,
+        req: Request<pb::DiffRunsRequest>,
+    ) -> Result<Response<pb::DiffRunsResponse>, Status> {
+        self.caller(&req, Rpc::DiffRuns, &req.get_ref().project_id)?;
+        let r = req.into_inner();
+        let (report, verdict) = self.runs.diff(&r.project_id, &r.run_a, &r.run_b).await?;
+        Ok(Response::new(pb::DiffRunsResponse {
+            report_json: report.to_string(),
+            verdict: verdict["verdict"].as_str().unwrap_or_default().to_owned(),
+            verdict_json: verdict.to_string(),
         }))
     }
 }

@@ -606,6 +606,24 @@ impl Orchestrator for FakeOrchestrator {
             tokens_required: false,
         }))
     }
+
+    async fn replay_run(
+        &self,
+        _: GrpcRequest<pb::ReplayRunRequest>,
+    ) -> Result<GrpcResponse<pb::RunInfo>, Status> {
+        Err(Status::unimplemented(
+            "the console's fake orchestrator does not replay runs",
+        ))
+    }
+
+    async fn diff_runs(
+        &self,
+        _: GrpcRequest<pb::DiffRunsRequest>,
+    ) -> Result<GrpcResponse<pb::DiffRunsResponse>, Status> {
+        Err(Status::unimplemented(
+            "the console's fake orchestrator does not compare runs",
+        ))
+    }
 }
 
 /// A run blocked at gate `review`, like the real orchestrator reports one.

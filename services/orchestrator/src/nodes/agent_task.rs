@@ -29,13 +29,14 @@ pub fn agent_error(e: AgentError) -> NodeError {
         | AgentError::Unsupported(_)
         | AgentError::BadSpec { .. }
         | AgentError::Refused { .. }
+        | AgentError::Record(_)
         | AgentError::NotConfigured => NodeError::refused(e.to_string()),
         // The store did not answer for the cassette: worth another attempt.
         AgentError::Unavailable(_) => {
             NodeError::new(cairn_graph::ErrorKind::Unavailable, e.to_string())
         }
         // The provider already made its attempts; not retried as a node.
-        AgentError::Llm(_) => NodeError::failed(e.to_string()),
+        AgentError::Llm(_) | AgentError::Replayed(_) => NodeError::failed(e.to_string()),
     }
 }
 

@@ -8,6 +8,7 @@ pub mod condition;
 pub mod gate;
 pub mod ingest;
 pub mod map;
+pub mod recorded_step;
 pub mod sandbox_run;
 pub mod write_file;
 

@@ -54,6 +54,9 @@ pub fn check_output_prefix(output_prefix: &str, prefixes: &[String]) -> Result<(
 }
 
 pub async fn run(ctx: &NodeCtx, spec: &SandboxRun) -> Result<NodeSuccess, NodeError> {
+    if let Some(r) = ctx.replay().filter(|r| !r.live_sandbox) {
+        return super::recorded_step::replay(ctx, &r.source).await;
+    }
     let scope = &ctx.scope;
     let prefixes: Vec<String> = spec
         .allowed_prefixes

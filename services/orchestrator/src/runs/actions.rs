@@ -202,6 +202,22 @@ impl Runs {
         by: &str,
         note: &str,
     ) -> Result<pb::RunInfo> {
+        self.decide_as(project, run_id, gate, d, by, note, None)
+            .await
+    }
+
+    /// `decide`, for a replay taking a recorded decision too.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn decide_as(
+        &self,
+        project: &str,
+        run_id: &str,
+        gate: &str,
+        d: Decision,
+        by: &str,
+        note: &str,
+        recorded: Option<crate::gates::Recorded>,
+    ) -> Result<pb::RunInfo> {
         // Check before writing the note, so a refused decision leaves nothing behind.
         let info = self.get(project, run_id).await?;
         if let Some(st) = pb::TaskState::try_from(info.state)
@@ -243,6 +259,7 @@ impl Runs {
             by: by.to_owned(),
             note: note.to_owned(),
             note_ref,
+            recorded,
             reply: tx,
         };
         self.ensure_live(project, run_id, by, "gate decision", Some(cmd))

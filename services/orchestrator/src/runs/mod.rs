@@ -16,7 +16,10 @@ use tokio_util::sync::CancellationToken;
 
 mod actions;
 mod heal;
+mod replay;
 mod views;
+
+pub use replay::LiveParts;
 
 use crate::cluster::Cluster;
 use crate::error::{Error, Result};
@@ -124,6 +127,12 @@ pub struct Submit {
     pub request_id: String,
     /// Re-run of this run of the same project (SubmitRunRequest.rerun_of); empty = none.
     pub rerun_of: String,
+    /// Replay of this run of the same project from its records (ReplayRun); empty = none.
+    pub replay_of: String,
+    /// In a replay: sandbox steps run again instead of returning their recorded results.
+    pub live_sandbox: bool,
+    /// In a replay: gates wait for people instead of taking their recorded decisions.
+    pub live_gates: bool,
 }
 
 /// Which runs ListRuns returns.
@@ -278,7 +287,8 @@ impl Runs {
     }
 
     async fn submit_as(&self, req: Submit, run_id: String) -> Result<pb::RunInfo> {
-        let (graph, llm_spec, inputs) = if req.rerun_of.is_empty() {
+        let replay = !req.replay_of.is_empty();
+        let (graph, llm_spec, inputs) = if req.rerun_of.is_empty() && !replay {
             self.new_graph(&req, &run_id).await?
         } else {
             let src = self.rerun_source(&req).await?;
@@ -298,12 +308,21 @@ impl Runs {
             };
             (graph, llm, BTreeMap::new())
         };
-        // The provider rules of agents/providers.rs: a name, a cassette, an allowed URL.
-        let llm = self
-            .b
-            .providers
-            .choose(&llm_spec, &graph, &self.b.store, &req.project_id)
-            .await?;
+        // The provider rules of agents/providers.rs: a name, a cassette, an allowed URL. A
+        // replay is answered from the recorded run's exchanges only (cairn_agents::recorded).
+        let llm = if replay {
+            cairn_agents::recorded::ReplaySpec {
+                source: req.replay_of.clone(),
+                live_sandbox: req.live_sandbox,
+                live_gates: req.live_gates,
+            }
+            .to_spec_string()
+        } else {
+            self.b
+                .providers
+                .choose(&llm_spec, &graph, &self.b.store, &req.project_id)
+                .await?
+        };
         self.check_resources(&graph, &llm)?;
         let graph = Arc::new(graph);
         let project = req.project_id.clone();
@@ -363,6 +382,9 @@ impl Runs {
             .with("vars", json!(graph.vars));
         if !req.rerun_of.is_empty() {
             created = created.with("rerun_of", req.rerun_of.clone());
+        }
+        if replay {
+            created = created.with("replay_of", req.replay_of.clone());
         }
         if let Some(t) = cairn_telemetry::traceparent(&span) {
             created = created.with("traceparent", t);
@@ -440,13 +462,18 @@ impl Runs {
 
     /// The records a re-run starts from (the source run must be in the same project).
     async fn rerun_source(&self, req: &Submit) -> Result<Rerun> {
-        check_id("rerun_of", &req.rerun_of)?;
+        let (field, source) = if req.replay_of.is_empty() {
+            ("rerun_of", &req.rerun_of)
+        } else {
+            ("replay_of", &req.replay_of)
+        };
+        check_id(field, source)?;
         if !req.graph_yaml.trim().is_empty() || !req.mode.is_empty() || !req.prompt.is_empty() {
-            return Err(Error::InvalidArgument(
-                "rerun_of starts from the recorded graph: leave graph_yaml, mode and prompt empty (vars, title and llm may replace the recorded ones)".into(),
-            ));
+            return Err(Error::InvalidArgument(format!(
+                "{field} starts from the recorded graph: leave graph_yaml, mode and prompt empty (vars, title and llm may replace the recorded ones)"
+            )));
         }
-        let (value, _, state) = self.read_records(&req.project_id, &req.rerun_of).await?;
+        let (value, _, state) = self.read_records(&req.project_id, source).await?;
         Ok(Rerun {
             graph: value,
             title: state.title,
@@ -470,7 +497,13 @@ impl Runs {
                 "the graph has agent_task nodes but no LLM provider: set `llm:` in the graph to a provider name, pass llm (e.g. `cairn run --llm replay:cassette.yaml`), or configure default_llm".into(),
             ));
         }
-        if kinds(&|k| matches!(k, NodeKind::SandboxRun(_))) && self.b.runners.is_empty() {
+        // A replay's sandbox_run steps return their recorded results unless they run live.
+        let recorded_sandbox =
+            cairn_agents::recorded::ReplaySpec::parse(llm).is_some_and(|r| !r.live_sandbox);
+        if kinds(&|k| matches!(k, NodeKind::SandboxRun(_)))
+            && self.b.runners.is_empty()
+            && !recorded_sandbox
+        {
             return Err(Error::FailedPrecondition(
                 "the graph has sandbox_run nodes but this orchestrator has no sandbox runner (set sandbox_addrs)".into(),
             ));

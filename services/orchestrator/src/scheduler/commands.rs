@@ -26,10 +26,18 @@ impl Driver {
                 by,
                 note,
                 note_ref,
+                recorded,
                 reply,
             } => {
                 let r = self
-                    .decide(&gate, decision, &by, &note, note_ref.as_deref())
+                    .decide(
+                        &gate,
+                        decision,
+                        &by,
+                        &note,
+                        note_ref.as_deref(),
+                        recorded.as_ref(),
+                    )
                     .await;
                 let _ = reply.send(r);
             }
@@ -76,6 +84,7 @@ impl Driver {
         by: &str,
         note: &str,
         note_ref: Option<&str>,
+        recorded: Option<&gates::Recorded>,
     ) -> Result<pb::RunInfo> {
         if self.state.state.is_final() || self.canceling.is_some() || self.failing.is_some() {
             return Err(Error::FailedPrecondition(format!(
@@ -92,8 +101,17 @@ impl Driver {
         }
         gates::check_decidable(&self.state, gate)?;
         let by = if by.is_empty() { "human" } else { by };
-        self.emit(gates::decision_event(d, gate, by, note, note_ref));
-        let decided_at = now();
+        let mut event = gates::decision_event(d, gate, by, note, note_ref);
+        let decided_at = match recorded {
+            Some(r) => {
+                event = event
+                    .with("replayed_by", r.replayed_by.as_str())
+                    .with("replay_of", r.replay_of.as_str());
+                r.decided_at.clone()
+            }
+            None => now(),
+        };
+        self.emit(event);
         let (on_reject, resumes) = match self.graph.node(gate).map(|n| &n.kind) {
             Some(NodeKind::Gate(g)) => (g.on_reject, false),
             Some(NodeKind::ExternalAgent(x)) => (x.on_reject, true),

@@ -1,0 +1,124 @@
+//! `cairn runs replay` and `cairn runs diff` with embedded services: a recorded run replays
+//! to `identical` (exit 0; `--json` is the verdict object), a changed variable diverges at the
+//! first node whose request changed (exit 4, with the request diff), and `runs diff` reports
+//! the two runs' files.
+#![allow(clippy::unwrap_used)]
+
+use assert_cmd::Command;
+use serde_json::Value;
+
+fn repo_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn cairn(data: &std::path::Path) -> Command {
+    let mut cmd = Command::cargo_bin("cairn").unwrap();
+    cmd.env_remove("CAIRN_ADDR")
+        .env_remove("CAIRN_PROJECT")
+        .env("RUST_LOG", "error")
+        .current_dir(repo_root())
+        .arg("--data-root")
+        .arg(data)
+        .args(["-p", "replay"]);
+    cmd
+}
+
+fn record(data: &std::path::Path) {
+    let out = cairn(data)
+        .args([
+            "--json",
+            "run",
+            "--mode",
+            "self_critique",
+            "--prompt",
+            "Write a word-count tool",
+            "--llm",
+            "replay:examples/modes/self_critique.yaml",
+            "--run-id",
+            "sc1",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn a_recorded_run_replays_identically_and_a_changed_prompt_diverges() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    record(&data);
+
+    let out = cairn(&data)
+        .args(["--json", "runs", "replay", "sc1"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let keys: Vec<&String> = v.as_object().unwrap().keys().collect();
+    assert_eq!(
+        keys,
+        ["divergence", "replay_of", "run_id", "verdict"],
+        "{v}"
+    );
+    assert_eq!(v["verdict"], "identical", "{v}");
+    assert_eq!(v["replay_of"], "sc1");
+    assert!(v["divergence"].is_null());
+    let replayed = v["run_id"].as_str().unwrap().to_owned();
+
+    let out = cairn(&data)
+        .args(["runs", "replay", "sc1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .any(|l| l == "identical"));
+
+    let out = cairn(&data)
+        .args([
+            "runs",
+            "replay",
+            "sc1",
+            "--var",
+            "prompt=Write a line-count tool",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(4), "{stdout}");
+    assert!(
+        stdout.contains("diverged at node `draft` attempt 1: request"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("-") && stdout.contains("+") && stdout.contains("line-count"),
+        "{stdout}"
+    );
+
+    let out = cairn(&data)
+        .args(["--json", "runs", "diff", "sc1", &replayed])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let files = report["files"].as_array().unwrap();
+    assert!(!files.is_empty(), "{report}");
+    assert!(files.iter().all(|f| f["same"] == true), "{report}");
+    assert_eq!(report["graph"]["same"], true);
+}

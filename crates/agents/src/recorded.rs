@@ -1,0 +1,206 @@
+//! The recorded provider of a replay: answers each request of a node attempt from the
+//! exchange the recorded run made at the same node, attempt, turn and step (records.rs),
+//! after checking that the request hashes to the recorded request's hash. It never calls a
+//! model: a replay runs with every provider unreachable. A missing record, a damaged one or
+//! a different request ends the request with an error saying which.
+
+use futures::future::BoxFuture;
+use tonic::Code;
+
+use super::records::{self, RecordError, RUN_ID_MARK};
+use super::{AgentError, AgentReply, AgentRequest, AttemptObserver, NoObserver, Provider};
+use cairn_store_client::Store;
+
+/// The `llm` setting of a replay run: `recorded:<source run id>`, with `#sandbox=live`
+/// and/or `#gates=live` when those run live. Only a replay sets it.
+pub const SPEC_PREFIX: &str = "recorded:";
+
+/// A replay's `llm` setting.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReplaySpec {
+    /// The recorded run.
+    pub source: String,
+    /// Sandbox steps run again instead of returning their recorded results.
+    pub live_sandbox: bool,
+    /// Gates wait for people instead of taking their recorded decisions.
+    pub live_gates: bool,
+}
+
+impl ReplaySpec {
+    pub fn parse(spec: &str) -> Option<ReplaySpec> {
+        let rest = spec.trim().strip_prefix(SPEC_PREFIX)?;
+        let mut parts = rest.split('#');
+        let source = parts.next()?.trim();
+        if source.is_empty() {
+            return None;
+        }
+        let mut out = ReplaySpec {
+            source: source.to_owned(),
+            ..ReplaySpec::default()
+        };
+        for p in parts {
+            match p.trim() {
+                "sandbox=live" => out.live_sandbox = true,
+                "gates=live" => out.live_gates = true,
+                _ => {}
+            }
+        }
+        Some(out)
+    }
+
+    pub fn to_spec_string(&self) -> String {
+        let mut s = format!("{SPEC_PREFIX}{}", self.source);
+        if self.live_sandbox {
+            s.push_str("#sandbox=live");
+        }
+        if self.live_gates {
+            s.push_str("#gates=live");
+        }
+        s
+    }
+}
+
+/// The source run of a replay's `llm` setting, if it is one.
+pub fn source_of(spec: &str) -> Option<String> {
+    ReplaySpec::parse(spec).map(|r| r.source)
+}
+
+/// Answers one node attempt of a replay from the recorded run's exchanges.
+pub struct Recorded {
+    store: Store,
+    project: String,
+    /// The recorded instance's exchanges directory (in the source run).
+    dir: String,
+    attempt: u32,
+    /// The provider's name as the recorded run knew it.
+    name: String,
+}
+
+impl Recorded {
+    /// The recorded exchanges in `dir` (the source run's
+    /// `agents/<instance>/runtime/exchanges`) for attempt `attempt` of a node at `turn`.
+    /// The recorded provider's name is read from the attempt's first exchange.
+    pub async fn load(
+        store: Store,
+        project: &str,
+        dir: &str,
+        attempt: u32,
+        turn: u32,
+    ) -> Result<Recorded, AgentError> {
+        let mut r = Recorded {
+            store,
+            project: project.to_owned(),
+            dir: dir.to_owned(),
+            attempt,
+            name: String::new(),
+        };
+        r.name = match r.read(turn, 1).await? {
+            Some(ex) => ex.provider,
+            None => format!("{SPEC_PREFIX}{dir}"),
+        };
+        Ok(r)
+    }
+
+    async fn read(&self, turn: u32, step: u32) -> Result<Option<records::Exchange>, AgentError> {
+        let path = format!(
+            "{}/{}",
+            self.dir,
+            records::file_name(self.attempt, turn, step)
+        );
+        match self.store.get(&self.project, &path).await {
+            Ok(Some(bytes)) => Ok(Some(records::parse(&path, &bytes)?)),
+            Ok(None) => Ok(None),
+            Err(s) if s.code() == Code::NotFound => Ok(None),
+            Err(s) => Err(AgentError::Unavailable(format!(
+                "cannot read replay record {path}: {}",
+                s.message()
+            ))),
+        }
+    }
+}
+
+impl Provider for Recorded {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn complete<'a>(
+        &'a self,
+        request: &'a AgentRequest,
+    ) -> BoxFuture<'a, Result<AgentReply, AgentError>> {
+        self.complete_observed(request, &NoObserver)
+    }
+
+    fn complete_observed<'a>(
+        &'a self,
+        request: &'a AgentRequest,
+        observer: &'a dyn AttemptObserver,
+    ) -> BoxFuture<'a, Result<AgentReply, AgentError>> {
+        Box::pin(async move {
+            let step = super::replay::step_of(request);
+            let Some(ex) = self.read(request.turn, step).await? else {
+                return Err(RecordError::Missing {
+                    path: format!(
+                        "{}/{}",
+                        self.dir,
+                        records::file_name(self.attempt, request.turn, step)
+                    ),
+                    node: request.node_id.clone(),
+                    attempt: self.attempt,
+                    turn: request.turn,
+                    step,
+                }
+                .into());
+            };
+            let mine = records::comparable(request);
+            if records::hash(&mine) != ex.request_sha256 {
+                return Err(RecordError::Diverged {
+                    node: request.node_id.clone(),
+                    attempt: self.attempt,
+                    turn: request.turn,
+                    step,
+                    diff: records::unified_diff(
+                        &records::pretty(&ex.request),
+                        &records::pretty(&mine),
+                        "recorded",
+                        "replay",
+                    ),
+                }
+                .into());
+            }
+            let run = request.run_id.as_str();
+            for a in ex.attempts {
+                let a = serde_json::to_value(a)
+                    .ok()
+                    .map(|v| records::replace_in(v, RUN_ID_MARK, run))
+                    .and_then(|v| serde_json::from_value(v).ok());
+                if let Some(a) = a {
+                    observer.attempt(&a);
+                }
+            }
+            match (ex.reply, ex.error) {
+                (Some(reply), _) => {
+                    let v = serde_json::to_value(reply).unwrap_or_default();
+                    serde_json::from_value(records::replace_in(v, RUN_ID_MARK, run)).map_err(|e| {
+                        AgentError::Unavailable(format!(
+                            "replay record of node `{}`: {e}",
+                            request.node_id
+                        ))
+                    })
+                }
+                (None, Some(error)) => Err(AgentError::Replayed(error.replace(RUN_ID_MARK, run))),
+                (None, None) => Err(RecordError::Corrupt {
+                    path: format!(
+                        "{}/{}",
+                        self.dir,
+                        records::file_name(self.attempt, request.turn, step)
+                    ),
+                    line: 1,
+                    column: 1,
+                    message: "neither `reply` nor `error`".into(),
+                }
+                .into()),
+            }
+        })
+    }
+}

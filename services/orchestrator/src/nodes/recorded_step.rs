@@ -1,0 +1,158 @@
+//! A sandbox step of a replay, answered from the recorded run: the recorded attempt's events
+//! (sandbox_start, sandbox_complete, the files it wrote) and its outputs or failure, with the
+//! recorded run's id replaced by this run's. The files come from the store by the sha256 the
+//! recorded run named; a file whose bytes no longer match is refused. No runner is called.
+
+use bytes::Bytes;
+use serde_json::{Map, Value};
+
+use super::{artifact_written, NodeCtx, NodeError, NodeSuccess};
+use cairn_agents::records::replace_in;
+use cairn_node::events::Ev;
+use cairn_proto::v1 as pb;
+use cairn_store_client::PutOptions;
+use sha2::{Digest, Sha256};
+
+/// The event types a sandbox step records besides its files.
+const STEP_EVENTS: &[&str] = &[
+    cairn_node::events::SANDBOX_START,
+    cairn_node::events::SANDBOX_COMPLETE,
+    cairn_node::events::SANDBOX_FAILED,
+];
+
+fn data(e: &pb::Event) -> Map<String, Value> {
+    match serde_json::from_str(&e.data_json) {
+        Ok(Value::Object(m)) => m,
+        _ => Map::new(),
+    }
+}
+
+/// An event type and its data.
+type Recorded = (String, Map<String, Value>);
+
+/// The recorded events of this node's attempt (without node.started), and how it ended.
+fn recorded_attempt(
+    events: &[pb::Event],
+    node: &str,
+    attempt: u32,
+) -> Option<(Vec<Recorded>, Recorded)> {
+    let mut inside = false;
+    let mut seen = Vec::new();
+    let mut end = None;
+    for e in events.iter().filter(|e| e.node_id == node) {
+        let d = data(e);
+        match e.r#type.as_str() {
+            "node.started" => {
+                inside = d.get("attempt").and_then(Value::as_u64) == Some(u64::from(attempt));
+                if inside {
+                    // A redelivered attempt starts over.
+                    seen.clear();
+                    end = None;
+                }
+            }
+            "node.completed" | "node.failed" if inside => {
+                end = Some((std::mem::take(&mut seen), (e.r#type.clone(), d)));
+                inside = false;
+            }
+            t if inside => seen.push((t.to_owned(), d)),
+            _ => {}
+        }
+    }
+    end
+}
+
+/// Replays attempt `ctx.attempt` of this node from run `source`'s records.
+pub async fn replay(ctx: &NodeCtx, source: &str) -> Result<NodeSuccess, NodeError> {
+    let store = ctx.store();
+    let events = store
+        .read_events(&ctx.project, source, 1)
+        .await
+        .map_err(|s| {
+            NodeError::from_status(&format!("reading the events of recorded run {source}"), &s)
+        })?;
+    let Some((seen, (end, end_data))) = recorded_attempt(&events, &ctx.node_id, ctx.attempt) else {
+        return Err(NodeError::refused(format!(
+            "replay record missing: recorded run {source} has no finished attempt {} of node `{}`; replay with live sandbox steps instead",
+            ctx.attempt, ctx.node_id
+        )));
+    };
+    let ours = |v: Value| replace_in(v, source, &ctx.run_id);
+    // result.json of the step, as recorded.
+    let result_from = cairn_node::RunDir::new(source).sandbox_result(&ctx.node_id);
+    if let Ok(Some(bytes)) = store.get(&ctx.project, &result_from).await {
+        let text = String::from_utf8_lossy(&bytes).replace(source, &ctx.run_id);
+        let to = ctx.run_dir().sandbox_result(&ctx.node_id);
+        let opts = PutOptions {
+            overwrite: true,
+            ..Default::default()
+        };
+        store
+            .put(&ctx.project, &to, Bytes::from(text), &opts)
+            .await
+            .map_err(|s| NodeError::from_status(&format!("writing {to}"), &s))?;
+    }
+    let mut out = NodeSuccess::default();
+    for (kind, d) in seen {
+        if kind != cairn_node::events::ARTIFACT_WRITTEN {
+            // Only the step's own event types are replayed.
+            let Some(kind) = STEP_EVENTS.iter().find(|k| **k == kind) else {
+                continue;
+            };
+            let mut e = Ev::new(kind, &ctx.node_id);
+            if let Value::Object(m) = ours(Value::Object(d)) {
+                e.data.extend(m);
+            }
+            out.events.push(e);
+            continue;
+        }
+        let from = d
+            .get("path")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        let sha = d.get("sha256").and_then(Value::as_str).unwrap_or_default();
+        let bytes = store
+            .get(&ctx.project, &from)
+            .await
+            .map_err(|s| NodeError::from_status(&format!("reading recorded output {from}"), &s))?
+            .filter(|b| hex::encode(Sha256::digest(b)) == sha)
+            .ok_or_else(|| {
+                NodeError::refused(format!(
+                    "replay record missing: recorded output {from} (sha256 {sha}) is gone or changed; replay with live sandbox steps instead"
+                ))
+            })?;
+        let to = from.replace(source, &ctx.run_id);
+        let opts = PutOptions {
+            overwrite: true,
+            run_id: ctx.run_id.clone(),
+            ..Default::default()
+        };
+        let put = store
+            .put(&ctx.project, &to, bytes, &opts)
+            .await
+            .map_err(|s| super::write_file::write_error(&to, &s))?;
+        out.events.push(artifact_written(&ctx.node_id, &put, None));
+    }
+    let d = match ours(Value::Object(end_data)) {
+        Value::Object(m) => m,
+        _ => Map::new(),
+    };
+    if end == cairn_node::events::NODE_FAILED {
+        for e in out.events {
+            ctx.progress.emit(e);
+        }
+        use cairn_graph::ErrorKind;
+        let kind = match d.get("kind").and_then(Value::as_str) {
+            Some("timeout") => ErrorKind::Timeout,
+            Some("unavailable") => ErrorKind::Unavailable,
+            Some("refused") => ErrorKind::Refused,
+            _ => ErrorKind::Failed,
+        };
+        let error = d.get("error").and_then(Value::as_str).unwrap_or_default();
+        return Err(NodeError::new(kind, error.to_owned()));
+    }
+    if let Some(Value::Object(o)) = d.get("outputs") {
+        out.outputs = o.clone();
+    }
+    Ok(out)
+}

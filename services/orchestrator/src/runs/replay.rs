@@ -1,0 +1,259 @@
+//! Replays and comparisons of runs: `ReplayRun` starts a run of a recorded run's graph whose
+//! provider requests are answered from that run's exchange records (cairn_agents::recorded),
+//! after checking that the records are there; `DiffRuns` loads two runs' records and hands
+//! them to `compare.rs`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use cairn_agents::records::EXCHANGES_DIR;
+use cairn_proto::v1 as pb;
+use serde_json::Value;
+
+use super::{check_id, Runs, Submit};
+use crate::compare::{self, FileSeen, Side};
+use crate::error::{Error, Result};
+use crate::gates::{Decision, Recorded};
+use crate::rundir::RunDir;
+
+/// Event fields naming the provider a node used: a node with one made provider requests.
+const PROVIDER_EVENTS: &[&str] = &["agent.started", "code_delivery.started"];
+
+/// What parts of a replay run live instead of from the records.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LiveParts {
+    pub sandbox: bool,
+    pub gates: bool,
+}
+
+/// A gate decision of the recorded run.
+struct GateDecision {
+    gate: String,
+    decision: Decision,
+    by: String,
+    note: String,
+    recorded: Recorded,
+}
+
+fn event_data(e: &pb::Event) -> serde_json::Map<String, Value> {
+    match serde_json::from_str(&e.data_json) {
+        Ok(Value::Object(m)) => m,
+        _ => serde_json::Map::new(),
+    }
+}
+
+/// The recorded run's gate decisions in order, each with when it was made (the gate's
+/// `decided_at` output, else the event's time).
+fn recorded_decisions(events: &[pb::Event], source: &str, replayed_by: &str) -> Vec<GateDecision> {
+    let mut out = Vec::new();
+    for (i, e) in events.iter().enumerate() {
+        let decision = match e.r#type.as_str() {
+            "gate.approved" => Decision::Approve,
+            "gate.rejected" => Decision::Reject,
+            _ => continue,
+        };
+        let d = event_data(e);
+        let text = |k: &str| {
+            d.get(k)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let decided_at = events[i..]
+            .iter()
+            .find(|x| x.node_id == e.node_id && x.r#type == "node.completed")
+            .and_then(|x| {
+                event_data(x)
+                    .get("outputs")
+                    .and_then(|o| o.get("decided_at"))
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+            })
+            .unwrap_or_else(|| e.ts.clone());
+        out.push(GateDecision {
+            gate: text("gate_id"),
+            decision,
+            by: text("by"),
+            note: text("note"),
+            recorded: Recorded {
+                decided_at,
+                replayed_by: replayed_by.to_owned(),
+                replay_of: source.to_owned(),
+            },
+        });
+    }
+    out
+}
+
+impl Runs {
+    /// Starts a replay of `source` (same project); `vars` replace recorded variables.
+    pub async fn replay(
+        self: &Arc<Self>,
+        project: &str,
+        source: &str,
+        vars: BTreeMap<String, String>,
+        by: &str,
+        replay_run_id: &str,
+        live: LiveParts,
+    ) -> Result<pb::RunInfo> {
+        check_id("project_id", project)?;
+        check_id("run_id", source)?;
+        let events = self
+            .b
+            .store
+            .read_events(project, source, 1)
+            .await
+            .map_err(Error::store(format!("reading the events of {source}")))?;
+        if events.is_empty() {
+            return Err(Error::RunNotFound {
+                project: project.to_owned(),
+                run_id: source.to_owned(),
+            });
+        }
+        self.check_records(project, source, &events).await?;
+        let info = self
+            .submit(Submit {
+                project_id: project.to_owned(),
+                vars,
+                run_id: replay_run_id.to_owned(),
+                by: by.to_owned(),
+                replay_of: source.to_owned(),
+                live_sandbox: live.sandbox,
+                live_gates: live.gates,
+                ..Submit::default()
+            })
+            .await?;
+        let decisions = recorded_decisions(&events, source, by);
+        if !live.gates && !decisions.is_empty() {
+            let runs = self.clone();
+            let (project, run) = (project.to_owned(), info.run_id.clone());
+            tokio::spawn(async move { runs.take_decisions(&project, &run, decisions).await });
+        }
+        Ok(info)
+    }
+
+    /// Decides each gate of replay `run` as it blocks, with the recorded decisions in order,
+    /// until the run ends. A gate without a recorded decision is left for people.
+    async fn take_decisions(&self, project: &str, run: &str, mut decisions: Vec<GateDecision>) {
+        loop {
+            let Ok(info) = self.get(project, run).await else {
+                return;
+            };
+            let state = pb::TaskState::try_from(info.state).unwrap_or_default();
+            if matches!(
+                state,
+                pb::TaskState::Completed | pb::TaskState::Failed | pb::TaskState::Canceled
+            ) || decisions.is_empty()
+            {
+                return;
+            }
+            for g in info
+                .gates
+                .iter()
+                .filter(|g| g.state == pb::GateState::Blocked as i32)
+            {
+                let Some(i) = decisions.iter().position(|d| d.gate == g.id) else {
+                    continue;
+                };
+                let d = decisions.remove(i);
+                if let Err(e) = self
+                    .decide_as(
+                        project,
+                        run,
+                        &d.gate,
+                        d.decision,
+                        &d.by,
+                        &d.note,
+                        Some(d.recorded),
+                    )
+                    .await
+                {
+                    tracing::warn!(run, gate = %g.id, error = %e, "replay could not take a recorded gate decision");
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Every node of `source` that asked a provider has exchange records; the message lists
+    /// the missing ones (a run recorded before complete records has none).
+    async fn check_records(&self, project: &str, source: &str, events: &[pb::Event]) -> Result<()> {
+        let dir = RunDir::new(source);
+        let mut asked: Vec<String> = Vec::new();
+        for e in events {
+            if PROVIDER_EVENTS.contains(&e.r#type.as_str()) && !asked.contains(&e.node_id) {
+                asked.push(e.node_id.clone());
+            }
+        }
+        let mut missing = Vec::new();
+        for node in &asked {
+            let prefix = dir.agent(&node.replace('.', "-"), EXCHANGES_DIR);
+            let files = self
+                .b
+                .store
+                .list(project, &prefix, false)
+                .await
+                .map_err(Error::store(format!("listing {prefix}")))?;
+            if files.is_empty() {
+                missing.push(format!("{prefix}/ (node `{node}`)"));
+            }
+        }
+        if missing.is_empty() {
+            return Ok(());
+        }
+        Err(Error::FailedPrecondition(format!(
+            "run {source} cannot be replayed: its provider exchanges are not recorded (it ran before cairn recorded complete exchanges, or they were deleted); missing: {}; re-run it live with `cairn runs rerun {source}` instead",
+            missing.join(", ")
+        )))
+    }
+
+    /// One run's records as the comparison reads them.
+    async fn side(&self, project: &str, run_id: &str) -> Result<Side> {
+        let (graph, _, state) = self.read_records(project, run_id).await?;
+        let store = &self.b.store;
+        let events = store
+            .read_events(project, run_id, 1)
+            .await
+            .map_err(Error::store(format!("reading the events of {run_id}")))?;
+        let mut vars = BTreeMap::new();
+        if let Some(e) = events.iter().find(|e| e.r#type == "task.created") {
+            if let Ok(Value::Object(d)) = serde_json::from_str::<Value>(&e.data_json) {
+                if let Some(Value::Object(v)) = d.get("vars") {
+                    for (k, x) in v {
+                        let text = x.as_str().map_or_else(|| x.to_string(), str::to_owned);
+                        vars.insert(k.clone(), text);
+                    }
+                }
+            }
+        }
+        let mut files = BTreeMap::new();
+        for (path, sha256) in compare::written_paths(&events) {
+            let bytes = match store
+                .get_at_most(project, &path, compare::MAX_DIFF_BYTES as u64)
+                .await
+            {
+                Ok(b) => b.map(|b| b.to_vec()),
+                Err(s) if s.code() == tonic::Code::ResourceExhausted => None,
+                Err(s) => return Err(Error::store(format!("reading {path}"))(s)),
+            };
+            files.insert(path, FileSeen { sha256, bytes });
+        }
+        Ok(Side {
+            run_id: run_id.to_owned(),
+            state: state.state.as_str().to_owned(),
+            error: state.error.clone().unwrap_or_default(),
+            graph,
+            vars,
+            events,
+            files,
+        })
+    }
+
+    /// The comparison of two runs of `project`, and `b`'s verdict as a replay of `a`.
+    pub async fn diff(&self, project: &str, a: &str, b: &str) -> Result<(Value, Value)> {
+        let (sa, sb) = (self.side(project, a).await?, self.side(project, b).await?);
+        let report = compare::diff(&sa, &sb);
+        let verdict = compare::verdict(&sa, &sb, &report);
+        Ok((report, verdict))
+    }
+}

@@ -1,0 +1,491 @@
+//! Replays of recorded runs (ReplayRun, DiffRuns) over gRPC: runs recorded against a fake
+//! OpenAI-compatible server that answers at random replay to `identical` with the server
+//! gone; a changed variable diverges at exactly the node whose request changed, with the
+//! request diff; a damaged record and a run without records are refused, naming what.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use axum::routing::post;
+use axum::Router;
+use cairn_orchestrator::Config;
+use cairn_proto::v1::{DiffRunsRequest, ReplayRunRequest, SubmitRunRequest, TaskState};
+use common::{data, put_file, Options, Stack, PROJECT};
+use serde_json::{json, Value};
+
+/// Two agents and a file made from their outputs; only `second` reads the variable.
+const GRAPH: &str = r#"
+version: 1
+title: two agents
+nodes:
+  - id: first
+    type: agent_task
+    prompt: "Name a colour."
+    path: "docs/{{run_id}}/first.md"
+  - id: second
+    type: agent_task
+    needs: [first]
+    prompt: "Write a line about {{vars.topic}} in the colour of: {{nodes.first.path}}"
+    path: "docs/{{run_id}}/second.md"
+  - id: summary
+    type: write_file
+    needs: [second]
+    path: "docs/{{run_id}}/summary.md"
+    content: "first {{nodes.first.sha256}} second {{nodes.second.sha256}} tokens {{nodes.second.usage.completion_tokens}}"
+"#;
+
+/// An OpenAI-compatible server on loopback whose every answer is new random text (so a live
+/// re-run differs from the recorded one); `stop` takes it off the network.
+struct RandomLlm {
+    base_url: String,
+    calls: Arc<AtomicU64>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    join: tokio::task::JoinHandle<()>,
+}
+
+impl RandomLlm {
+    async fn start() -> RandomLlm {
+        RandomLlm::answering("answer").await
+    }
+
+    /// Each answer is `text` followed by a random line.
+    async fn answering(text: &str) -> RandomLlm {
+        RandomLlm::slow(text, 0).await
+    }
+
+    /// `answering`, each answer after `delay_ms` (a model's latency).
+    async fn slow(text: &str, delay_ms: u64) -> RandomLlm {
+        let text = text.to_owned();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let calls = Arc::new(AtomicU64::new(0));
+        let counter = calls.clone();
+        let app = Router::new().route(
+            "/v1/chat/completions",
+            post(move || {
+                let counter = counter.clone();
+                let text = text.clone();
+                async move {
+                    tokio::time::sleep(std::time::Duration::from_millis(delay_ms)).await;
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    let text = format!("{text} {}\n", uuid::Uuid::new_v4());
+                    let tokens = 1 + fastrand::u64(0..50);
+                    axum::Json(json!({
+                        "id": "x", "object": "chat.completion", "model": "random-model",
+                        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+                        "usage": {"prompt_tokens": 10, "completion_tokens": tokens, "total_tokens": 10 + tokens}
+                    }))
+                }
+            }),
+        );
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let join = tokio::spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(async {
+                    let _ = rx.await;
+                })
+                .await;
+        });
+        RandomLlm {
+            base_url: format!("http://{addr}/v1"),
+            calls,
+            stop: Some(tx),
+            join,
+        }
+    }
+
+    fn llm(&self) -> String {
+        format!("openai:{}#m", self.base_url)
+    }
+
+    /// Stops the server and checks that nothing listens there any more.
+    async fn stop(mut self) -> String {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        self.join.abort();
+        let _ = self.join.await;
+        let addr = self
+            .base_url
+            .trim_start_matches("http://")
+            .trim_end_matches("/v1");
+        assert!(
+            tokio::net::TcpStream::connect(addr).await.is_err(),
+            "the fake provider still answers"
+        );
+        self.base_url
+    }
+}
+
+fn fast(c: &mut Config) {
+    c.llm.initial_backoff_ms = 5;
+    c.llm.max_backoff_ms = 20;
+    c.llm.max_attempts = 2;
+    c.llm.allow_request_llm_urls = true;
+}
+
+async fn stack() -> Stack {
+    Stack::start(Options {
+        ingest: false,
+        tweak: fast,
+        ..Default::default()
+    })
+    .await
+}
+
+async fn record(stack: &Stack, llm: &RandomLlm) -> String {
+    let run = stack
+        .submit_req(SubmitRunRequest {
+            project_id: PROJECT.into(),
+            graph_yaml: GRAPH.into(),
+            vars: [("topic".to_owned(), "rain".to_owned())].into(),
+            llm: llm.llm(),
+            by: "tester".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .run_id;
+    let info = stack.wait_final(&run, 30).await;
+    assert_eq!(info.state, TaskState::Completed as i32, "{info:#?}");
+    run
+}
+
+/// A run of GRAPH recorded against the random provider, which is stopped.
+async fn recorded_offline() -> (Stack, String) {
+    let llm = RandomLlm::start().await;
+    let stack = stack().await;
+    let run = record(&stack, &llm).await;
+    llm.stop().await;
+    (stack, run)
+}
+
+async fn replay(stack: &Stack, run: &str, vars: &[(&str, &str)]) -> Result<String, tonic::Status> {
+    let info = stack
+        .client
+        .clone()
+        .replay_run(ReplayRunRequest {
+            project_id: PROJECT.into(),
+            run_id: run.into(),
+            vars: vars
+                .iter()
+                .map(|(k, v)| ((*k).into(), (*v).into()))
+                .collect(),
+            by: "tester".into(),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    assert_eq!(info.replay_of, run);
+    stack.wait_final(&info.run_id, 30).await;
+    Ok(info.run_id)
+}
+
+async fn verdict(stack: &Stack, a: &str, b: &str) -> (Value, Value) {
+    let d = stack
+        .client
+        .clone()
+        .diff_runs(DiffRunsRequest {
+            project_id: PROJECT.into(),
+            run_a: a.into(),
+            run_b: b.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let v: Value = serde_json::from_str(&d.verdict_json).unwrap();
+    assert_eq!(v["verdict"], d.verdict.as_str());
+    (v, serde_json::from_str(&d.report_json).unwrap())
+}
+
+#[tokio::test]
+async fn a_recorded_run_replays_identically_with_its_provider_gone() {
+    let llm = RandomLlm::start().await;
+    let stack = stack().await;
+    let run = record(&stack, &llm).await;
+    assert_eq!(llm.calls.load(Ordering::SeqCst), 2);
+    // Every exchange is recorded whole: request with its hash, reply with usage.
+    let ex = stack
+        .read_text(&format!(
+            ".cairn/runs/{run}/agents/second/runtime/exchanges/1-1-1.json"
+        ))
+        .await;
+    let ex: Value = serde_json::from_str(&ex).unwrap();
+    assert_eq!(ex["node"], "second");
+    assert_eq!(ex["request_sha256"].as_str().unwrap().len(), 64);
+    assert!(ex["request"]["messages"].to_string().contains("rain"));
+    assert!(ex["reply"]["content"]
+        .as_str()
+        .unwrap()
+        .starts_with("answer "));
+    assert_eq!(ex["reply"]["finish_reason"], "stop");
+    assert!(ex["reply"]["usage"]["completion_tokens"].as_u64().unwrap() > 0);
+    assert_eq!(ex["attempts"][0]["outcome"], "succeeded");
+
+    // A live re-run gets other answers: the comparison sees it.
+    let rerun = stack
+        .submit_req(SubmitRunRequest {
+            project_id: PROJECT.into(),
+            rerun_of: run.clone(),
+            by: "tester".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .run_id;
+    stack.wait_final(&rerun, 30).await;
+    let (v, _) = verdict(&stack, &run, &rerun).await;
+    assert_eq!(v["verdict"], "diverged", "{v:#}");
+
+    let calls = llm.calls.load(Ordering::SeqCst);
+    llm.stop().await;
+    let replayed = replay(&stack, &run, &[]).await.unwrap();
+    let info = stack.get(&replayed).await;
+    assert_eq!(info.state, TaskState::Completed as i32, "{info:#?}");
+    let (v, report) = verdict(&stack, &run, &replayed).await;
+    assert_eq!(
+        v,
+        json!({"run_id": replayed, "replay_of": run, "verdict": "identical", "divergence": null}),
+        "{report:#}"
+    );
+    // Byte for byte but for the run id: the documents hold the recorded answers. (summary.md
+    // holds the documents' hashes, which change with the id they contain: compared above.)
+    for f in ["first.md", "second.md"] {
+        let a = stack.read_text(&format!("docs/{run}/{f}")).await;
+        let b = stack.read_text(&format!("docs/{replayed}/{f}")).await;
+        assert_eq!(a.replace(&run, "R"), b.replace(&replayed, "R"), "{f}");
+    }
+    assert_eq!(report["files"].as_array().unwrap().len(), 3, "{report:#}");
+    // task.created and task.yaml name the source.
+    let created = stack
+        .events(&replayed)
+        .await
+        .into_iter()
+        .find(|e| e.r#type == "task.created")
+        .unwrap();
+    assert_eq!(data(&created)["replay_of"], run.as_str());
+    let task = stack
+        .read_text(&format!(".cairn/runs/{replayed}/task.yaml"))
+        .await;
+    assert!(task.contains(&format!("replay_of: {run}")), "{task}");
+    // A replay of the replay is identical too (its own exchanges were recorded).
+    let again = replay(&stack, &replayed, &[]).await.unwrap();
+    assert_eq!(
+        verdict(&stack, &replayed, &again).await.0["verdict"],
+        "identical"
+    );
+    assert_eq!(calls, 4);
+    stack.stop().await;
+}
+
+#[tokio::test]
+async fn a_changed_variable_diverges_at_the_node_whose_request_changed() {
+    let (stack, run) = recorded_offline().await;
+    let replayed = replay(&stack, &run, &[("topic", "snow")]).await.unwrap();
+    let (v, _) = verdict(&stack, &run, &replayed).await;
+    assert_eq!(v["verdict"], "diverged", "{v:#}");
+    assert_eq!(v["divergence"]["node"], "second");
+    assert_eq!(v["divergence"]["attempt"], 1);
+    assert_eq!(v["divergence"]["what"], "request");
+    let diff = v["divergence"]["diff"].as_str().unwrap();
+    assert!(
+        diff.contains("--- recorded") && diff.contains("+++ replay"),
+        "{diff}"
+    );
+    let minus: Vec<&str> = diff
+        .lines()
+        .filter(|l| l.starts_with('-') && !l.starts_with("---"))
+        .collect();
+    let plus: Vec<&str> = diff
+        .lines()
+        .filter(|l| l.starts_with('+') && !l.starts_with("+++"))
+        .collect();
+    assert!(minus.len() == 1 && minus[0].contains("rain"), "{diff}");
+    assert!(plus.len() == 1 && plus[0].contains("snow"), "{diff}");
+    // `first` did not change: it replayed from the records.
+    let info = stack.get(&replayed).await;
+    let state = |id: &str| info.nodes.iter().find(|n| n.id == id).unwrap().state;
+    assert_eq!(state("first"), cairn_proto::v1::NodeState::Succeeded as i32);
+    assert_eq!(state("second"), cairn_proto::v1::NodeState::Failed as i32);
+    stack.stop().await;
+}
+
+#[tokio::test]
+async fn a_damaged_record_is_refused_naming_its_file_and_line() {
+    let (stack, run) = recorded_offline().await;
+    let path = format!(".cairn/runs/{run}/agents/first/runtime/exchanges/1-1-1.json");
+    let text = stack.read_text(&path).await;
+    let line = text.lines().position(|l| l.contains("\"step\"")).unwrap() + 1;
+    let broken = text.replacen("\"step\": 1", "\"step\": one", 1);
+    put_file(&stack.store, &path, broken.as_bytes()).await;
+    let replayed = replay(&stack, &run, &[]).await.unwrap();
+    let (v, _) = verdict(&stack, &run, &replayed).await;
+    assert_eq!(v["verdict"], "failed", "{v:#}");
+    assert_eq!(v["divergence"]["node"], "first");
+    let error = v["divergence"]["diff"].as_str().unwrap();
+    assert!(error.contains(&path), "{error}");
+    assert!(error.contains(&format!("line {line}")), "{error}");
+    stack.stop().await;
+}
+
+#[tokio::test]
+async fn a_run_without_exchange_records_says_which_are_missing() {
+    let (stack, run) = recorded_offline().await;
+    // As a run recorded before exchanges were: the directory of `second` is gone.
+    let dir = format!(".cairn/runs/{run}/agents/second/runtime/exchanges/");
+    for f in stack.list(&dir).await {
+        stack
+            .store
+            .clone()
+            .delete(cairn_proto::v1::DeleteRequest {
+                project_id: PROJECT.into(),
+                path: f,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+    let e = replay(&stack, &run, &[]).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    assert!(
+        e.message()
+            .contains("agents/second/runtime/exchanges/ (node `second`)"),
+        "{}",
+        e.message()
+    );
+    assert!(!e.message().contains("node `first`"), "{}", e.message());
+    stack.stop().await;
+}
+
+/// The hello example (agent, ingest, sandbox_run, gate, write_file), recorded against the
+/// random provider and a real sandbox runner, replays to `identical` with the provider gone:
+/// the sandbox step returns its recorded result and files, the gate takes the recorded
+/// decision.
+#[tokio::test]
+async fn the_hello_example_replays_identically_with_recorded_sandbox_and_gate() {
+    let cassette: Value =
+        serde_saphyr::from_str(include_str!("../../../examples/hello/cassette.yaml")).unwrap();
+    let answer = cassette["answers"][0]["content"].as_str().unwrap();
+    let llm = RandomLlm::answering(answer).await;
+    let stack = match Stack::try_start(Options {
+        ingest: true,
+        sandbox: common::Sandbox::Required,
+        tweak: fast,
+        ..Default::default()
+    })
+    .await
+    {
+        Ok(s) => s,
+        Err(e) => {
+            println!("SKIP: the_hello_example_replays_identically_with_recorded_sandbox_and_gate: no sandbox backend can run here ({e})");
+            return;
+        }
+    };
+    let run = stack
+        .submit_req(SubmitRunRequest {
+            project_id: PROJECT.into(),
+            graph_yaml: include_str!("../../../examples/hello/graph.yaml").into(),
+            llm: llm.llm(),
+            by: "tester".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .run_id;
+    stack.wait_state(&run, TaskState::InputRequired, 60).await;
+    let mut approve = common::approval(&run, "approve", "alice");
+    approve.note = "tests look fine".into();
+    stack.client.clone().approve_gate(approve).await.unwrap();
+    let info = stack.wait_final(&run, 30).await;
+    assert_eq!(info.state, TaskState::Completed as i32, "{info:#?}");
+    llm.stop().await;
+
+    let replayed = replay(&stack, &run, &[]).await.unwrap();
+    let info = stack.get(&replayed).await;
+    assert_eq!(info.state, TaskState::Completed as i32, "{info:#?}");
+    let (v, report) = verdict(&stack, &run, &replayed).await;
+    assert_eq!(v["verdict"], "identical", "{v:#}\n{report:#}");
+    // The report names the recorded approval, its time and the recorded test run.
+    let a = stack
+        .read_text(&format!("docs/hello/{run}/report.md"))
+        .await;
+    let b = stack
+        .read_text(&format!("docs/hello/{replayed}/report.md"))
+        .await;
+    assert_eq!(a.replace(&run, "R"), b.replace(&replayed, "R"));
+    assert!(b.contains("Approved by alice"), "{b}");
+    let decided = stack
+        .events(&replayed)
+        .await
+        .into_iter()
+        .find(|e| e.r#type == "gate.approved")
+        .unwrap();
+    assert_eq!(data(&decided)["by"], "alice");
+    assert_eq!(data(&decided)["replayed_by"], "tester");
+    stack.stop().await;
+}
+
+/// Benchmark (bench/RESULTS.md): a 100-node agent run recorded against the random provider
+/// answering after `CAIRN_BENCH_LATENCY_MS` (default 200 ms), then replayed; prints both wall
+/// times, the ratio and the replay's time per node. Ignored in the suite: run it with
+/// `cargo nextest run -p cairn-orchestrator --test replay_test --run-ignored only --no-capture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn bench_replay_of_a_100_node_run() {
+    let latency: u64 = std::env::var("CAIRN_BENCH_LATENCY_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200);
+    let nodes: u64 = 100;
+    let mut graph = String::from("version: 1\ntitle: hundred\nmax_parallel: 8\nnodes:\n");
+    for i in 0..nodes {
+        graph.push_str(&format!(
+            "  - id: n{i}\n    type: agent_task\n    prompt: \"Step {i} of {{{{vars.topic}}}}.\"\n    path: \"docs/{{{{run_id}}}}/n{i}.md\"\n"
+        ));
+        if i >= 8 {
+            graph.push_str(&format!("    needs: [n{}]\n", i - 8));
+        }
+    }
+    let llm = RandomLlm::slow("answer", latency).await;
+    let stack = stack().await;
+    let started = std::time::Instant::now();
+    let run = stack
+        .submit_req(SubmitRunRequest {
+            project_id: PROJECT.into(),
+            graph_yaml: graph,
+            vars: [("topic".to_owned(), "rain".to_owned())].into(),
+            llm: llm.llm(),
+            by: "tester".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .run_id;
+    let info = stack.wait_final(&run, 600).await;
+    let original = started.elapsed();
+    assert_eq!(info.state, TaskState::Completed as i32);
+    llm.stop().await;
+    let started = std::time::Instant::now();
+    let replayed = replay(&stack, &run, &[]).await.unwrap();
+    let replay_time = started.elapsed();
+    assert_eq!(
+        verdict(&stack, &run, &replayed).await.0["verdict"],
+        "identical"
+    );
+    // The provider's latency the original spent waiting, on its critical path (8 parallel
+    // chains of 12-13 requests).
+    let waited = std::time::Duration::from_millis(latency * nodes.div_ceil(8));
+    println!(
+        "BENCH replay_100_nodes latency_ms={latency} original_ms={} original_without_latency_ms={} replay_ms={} ratio_pct={:.1} ratio_without_latency_pct={:.1} replay_ms_per_node={:.1}",
+        original.as_millis(),
+        original.saturating_sub(waited).as_millis(),
+        replay_time.as_millis(),
+        100.0 * replay_time.as_secs_f64() / original.as_secs_f64(),
+        100.0 * replay_time.as_secs_f64() / original.saturating_sub(waited).as_secs_f64().max(0.001),
+        replay_time.as_secs_f64() * 1000.0 / nodes as f64,
+    );
+    stack.stop().await;
+}
