@@ -5,6 +5,8 @@
 # with raw `docker run --rm`, raw `docker exec`, a bare `python3 -c`, 20/50 concurrent runs vs
 # 20 concurrent raw `docker run --rm`, and the llm-sandbox package (PyPI) on the same image.
 # Usage: bash bench/sandbox.sh [RUNS] [IMAGE]   (defaults 30, cairn-sandbox:latest)
+#        CAIRN_BENCH_ONLY=throughput CAIRN_BENCH_POOL=20 bash bench/sandbox.sh
+#          (only the 20/50 concurrent runs, docker runners with default admission settings)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS="${1:-30}"
@@ -40,6 +42,11 @@ start() { # NAME BACKEND POOL: starts a runner, sets ADDR (not in a subshell: PI
 }
 start cold docker 0; COLD="$ADDR"
 start warm docker "$POOL"; WARM="$ADDR"
+if [ "${CAIRN_BENCH_ONLY:-}" = throughput ]; then
+  echo "command: CAIRN_BENCH_ONLY=throughput CAIRN_BENCH_POOL=$POOL bash bench/sandbox.sh  ($(date -u +%Y-%m-%dT%H:%MZ); $(nproc) cores; docker $(docker version -f '{{.Server.Version}}'); load $(cut -d' ' -f1 /proc/loadavg))"
+  "$BIN/sandbox_load" --cold "$COLD" --warm "$WARM" --image "$IMAGE" --pool "$POOL" --throughput-only
+  exit 0
+fi
 start local local 0; LOCAL="$ADDR"
 start localpool local "$POOL"; LOCALPOOL="$ADDR"
 

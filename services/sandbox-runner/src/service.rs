@@ -8,8 +8,8 @@ use std::task::{Context, Poll};
 use cairn_proto as pb;
 use cairn_proto::reason;
 use cairn_proto::sandbox_runner_server::SandboxRunner;
+use cairn_sha256::Sha256;
 use futures::{Stream, StreamExt};
-use sha2::{Digest, Sha256};
 use tokio::io::AsyncReadExt;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -203,7 +203,7 @@ impl SandboxRunner for SandboxService {
             let summary = pb::PackSummary {
                 archive_name: packed.name.clone(),
                 digest: Some(pb::Digest {
-                    sha256: hex::encode(hasher.finalize()),
+                    sha256: hasher.finish_hex(),
                     size_bytes: size,
                 }),
                 entries: packed.report.entries,
