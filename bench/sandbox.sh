@@ -13,8 +13,15 @@ RUNS="${1:-30}"
 IMAGE="${2:-cairn-sandbox:latest}"
 POOL="${CAIRN_BENCH_POOL:-4}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
-cargo build --release -q -p cairn-sandbox-runner -p cairn-bench --bin cairn-sandbox-runner --bin sandbox_load
-BIN="$CARGO_TARGET_DIR/release"
+# CAIRN_BENCH_PROFILE=dev: debug binaries (when a release build is out of reach; say so with
+# the figures).
+if [ "${CAIRN_BENCH_PROFILE:-release}" = dev ]; then
+  cargo build -q -p cairn-sandbox-runner -p cairn-bench --bin cairn-sandbox-runner --bin sandbox_load
+  BIN="$CARGO_TARGET_DIR/debug"
+else
+  cargo build --release -q -p cairn-sandbox-runner -p cairn-bench --bin cairn-sandbox-runner --bin sandbox_load
+  BIN="$CARGO_TARGET_DIR/release"
+fi
 
 WORK="$(mktemp -d -p "${BENCH_DIR:-/tmp}" cairn-sandbox-bench.XXXXXX)"
 chmod 711 "$WORK"  # the local backend runs bwrap as the sandbox user, which must reach its work_root
@@ -43,7 +50,7 @@ start() { # NAME BACKEND POOL: starts a runner, sets ADDR (not in a subshell: PI
 start cold docker 0; COLD="$ADDR"
 start warm docker "$POOL"; WARM="$ADDR"
 if [ "${CAIRN_BENCH_ONLY:-}" = throughput ]; then
-  echo "command: CAIRN_BENCH_ONLY=throughput CAIRN_BENCH_POOL=$POOL bash bench/sandbox.sh  ($(date -u +%Y-%m-%dT%H:%MZ); $(nproc) cores; docker $(docker version -f '{{.Server.Version}}'); load $(cut -d' ' -f1 /proc/loadavg))"
+  echo "command: CAIRN_BENCH_ONLY=throughput CAIRN_BENCH_POOL=$POOL bash bench/sandbox.sh  (${CAIRN_BENCH_PROFILE:-release} build; $(date -u +%Y-%m-%dT%H:%MZ); $(nproc) cores; docker $(docker version -f '{{.Server.Version}}'); load $(cut -d' ' -f1 /proc/loadavg))"
   "$BIN/sandbox_load" --cold "$COLD" --warm "$WARM" --image "$IMAGE" --pool "$POOL" --throughput-only
   exit 0
 fi

@@ -17,9 +17,9 @@ const REASON: &str = "max_concurrent_runs";
 
 /// Calls waiting in the queue now, shared with the warm pools so refills yield to them.
 #[derive(Clone, Debug, Default)]
-pub struct Waiting(Arc<AtomicUsize>);
+pub struct Queued(Arc<AtomicUsize>);
 
-impl Waiting {
+impl Queued {
     pub fn count(&self) -> usize {
         self.0.load(Ordering::SeqCst)
     }
@@ -30,7 +30,7 @@ pub struct Admission {
     max: usize,
     depth: usize,
     timeout: Duration,
-    waiting: Waiting,
+    queued: Queued,
 }
 
 /// One place in the queue, given back however the wait ends.
@@ -49,18 +49,13 @@ impl Admission {
             max,
             depth,
             timeout,
-            waiting: Waiting::default(),
+            queued: Queued::default(),
         }
     }
 
     /// The queue's length, for the pools.
-    pub fn waiting(&self) -> Waiting {
-        self.waiting.clone()
-    }
-
-    /// Slots free now.
-    pub fn free(&self) -> usize {
-        self.slots.available_permits()
+    pub fn queued(&self) -> Queued {
+        self.queued.clone()
     }
 
     /// A slot for one run or session: at once when one is free, else after the calls queued
@@ -72,7 +67,7 @@ impl Admission {
             Err(tokio::sync::TryAcquireError::NoPermits) => {}
         }
         let queued = self
-            .waiting
+            .queued
             .0
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
                 (n < self.depth).then_some(n + 1)
@@ -84,7 +79,7 @@ impl Admission {
                 self.max, self.depth
             )));
         }
-        let _place = Place(&self.waiting.0);
+        let _place = Place(&self.queued.0);
         match tokio::time::timeout(self.timeout, self.slots.clone().acquire_owned()).await {
             Ok(Ok(slot)) => Ok(slot),
             Ok(Err(_closed)) => Err(Error::ShuttingDown),
@@ -131,15 +126,15 @@ mod tests {
         let order = Arc::new(std::sync::Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
         for i in 0..4 {
-            let (a, order) = (a.clone(), order.clone());
+            let (admission, order) = (a.clone(), order.clone());
             tasks.push(tokio::spawn(async move {
-                let slot = a.admit().await.unwrap();
+                let slot = admission.admit().await.unwrap();
                 order.lock().unwrap().push(i);
                 tokio::time::sleep(Duration::from_millis(5)).await;
                 drop(slot);
             }));
             // Each is queued before the next arrives.
-            while a.waiting().count() < i + 1 {
+            while a.queued().count() < i + 1 {
                 tokio::task::yield_now().await;
             }
         }
@@ -148,7 +143,8 @@ mod tests {
             t.await.unwrap();
         }
         assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3]);
-        assert_eq!((a.free(), a.waiting().count()), (1, 0));
+        assert_eq!(a.queued().count(), 0);
+        assert!(a.admit().await.is_ok(), "the slot came back");
     }
 
     #[tokio::test]
@@ -159,7 +155,7 @@ mod tests {
             let a = a.clone();
             async move { a.admit().await.map(drop) }
         });
-        while a.waiting().count() < 1 {
+        while a.queued().count() < 1 {
             tokio::task::yield_now().await;
         }
         let t0 = std::time::Instant::now();
@@ -171,7 +167,7 @@ mod tests {
         assert!(full.to_string().contains("queue_depth"), "{full}");
         let late = waiter.await.unwrap().unwrap_err();
         assert!(late.to_string().contains("queue_timeout_ms"), "{late}");
-        assert_eq!(a.waiting().count(), 0);
+        assert_eq!(a.queued().count(), 0);
         let status = tonic::Status::from(late);
         assert_eq!(status.code(), tonic::Code::ResourceExhausted);
         assert!(cairn_proto::reason::retry_delay(&status).is_some());
@@ -185,7 +181,7 @@ mod tests {
             let a = a.clone();
             async move { a.admit().await.map(drop) }
         });
-        while a.waiting().count() < 1 {
+        while a.queued().count() < 1 {
             tokio::task::yield_now().await;
         }
         a.close();

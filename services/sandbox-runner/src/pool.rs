@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Mutex;
 
-use crate::admission::Waiting;
+use crate::admission::Queued;
 use crate::error::{Error, Result};
 
 /// Sandboxes made at once by the refill.
@@ -46,7 +46,7 @@ pub struct Pool<S: Source> {
     /// Runs that fit the pool but found it empty and are being served cold.
     cold: AtomicUsize,
     /// Calls waiting for admission (runner-wide).
-    waiting: Waiting,
+    queued: Queued,
     closed: AtomicBool,
 }
 
@@ -78,14 +78,14 @@ impl<S: Source> Drop for ColdRun<S> {
 }
 
 impl<S: Source> Pool<S> {
-    pub fn new(source: S, waiting: Waiting) -> Pool<S> {
+    pub fn new(source: S, queued: Queued) -> Pool<S> {
         Pool {
             source,
             ready: Mutex::new(VecDeque::new()),
             ready_len: AtomicUsize::new(0),
             creating: AtomicUsize::new(0),
             cold: AtomicUsize::new(0),
-            waiting,
+            queued,
             closed: AtomicBool::new(false),
         }
     }
@@ -111,7 +111,7 @@ impl<S: Source> Pool<S> {
             if ready + creating >= self.source.size()
                 || creating >= REFILL_PARALLEL
                 || self.cold.load(Ordering::SeqCst) > 0
-                || self.waiting.count() > 0
+                || self.queued.count() > 0
             {
                 return;
             }
@@ -241,14 +241,14 @@ mod tests {
     async fn refills_wait_while_calls_wait_for_admission() {
         let admission = crate::admission::Admission::new(1, 4, Duration::from_secs(60));
         let made = Arc::new(AtomicUsize::new(0));
-        let pool = Arc::new(Pool::new(Counter(made.clone()), admission.waiting()));
+        let pool = Arc::new(Pool::new(Counter(made.clone()), admission.queued()));
         let held = admission.admit().await.unwrap();
         let admission = Arc::new(admission);
         let queued = tokio::spawn({
             let admission = admission.clone();
             async move { admission.admit().await.map(drop) }
         });
-        while admission.waiting().count() == 0 {
+        while admission.queued().count() == 0 {
             tokio::task::yield_now().await;
         }
         pool.clone().fill();

@@ -71,7 +71,7 @@ impl Runner {
             config.queue_depth,
             Duration::from_millis(config.queue_timeout_ms),
         );
-        let backend = Backend::select(config.clone(), admission.waiting()).await?;
+        let backend = Backend::select(config.clone(), admission.queued()).await?;
         let containers = backend.sweep().await?;
         let dirs = sweep_task_dirs(&config.work_root.join("tasks")).await;
         let swept = containers + dirs;
