@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# In-process SHA-256 next to OpenSSL on the same core: `openssl speed -evp sha256` on 1 MiB
-# blocks before and after the criterion benchmark crates/sha256/benches/sha256.rs (sha2, aws-lc as
-# cairn-sha256, ring), each implementation's rate divided by OpenSSL's mean of the two.
+# In-process SHA-256 next to OpenSSL on the same core: `openssl speed -evp sha256` (per user CPU
+# second) on 1 MiB blocks before and after the criterion benchmark crates/sha256/benches/sha256.rs (sha2, aws-lc as
+# cairn-sha256, ring; per CPU second of the thread), each implementation's rate divided by OpenSSL's mean of the two.
 # Usage: bash bench/sha256.sh   (prints the Markdown rows recorded in bench/RESULTS.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
