@@ -21,14 +21,16 @@ fn streamed_puts_of_random_sizes_and_chunkings_have_the_reference_digest() {
         .build()
         .unwrap();
     let served = rt.block_on(serve());
-    let mut client = served.client.clone();
+    let client = served.client.clone();
     let sizes = prop_oneof![0usize..4096, (MIB - 64)..(MIB + 64), 0usize..(3 * MIB)];
     let cuts = proptest::collection::vec(any::<prop::sample::Index>(), 0..24);
     let mut runner = TestRunner::new(Cases::with_cases(40));
-    let mut n = 0u32;
+    let count = std::cell::Cell::new(0u32);
     runner
         .run(&(sizes, any::<u64>(), cuts), |(size, seed, cuts)| {
-            n += 1;
+            count.set(count.get() + 1);
+            let n = count.get();
+            let mut client = client.clone();
             let mut body = vec![0u8; size];
             Bytegen::new(seed).fill(&mut body);
             let mut at: Vec<usize> = cuts.iter().map(|i| i.index(size + 1)).collect();
