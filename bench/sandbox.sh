@@ -5,14 +5,23 @@
 # with raw `docker run --rm`, raw `docker exec`, a bare `python3 -c`, 20/50 concurrent runs vs
 # 20 concurrent raw `docker run --rm`, and the llm-sandbox package (PyPI) on the same image.
 # Usage: bash bench/sandbox.sh [RUNS] [IMAGE]   (defaults 30, cairn-sandbox:latest)
+#        CAIRN_BENCH_ONLY=throughput CAIRN_BENCH_POOL=20 bash bench/sandbox.sh
+#          (only the 20/50 concurrent runs, docker runners with default admission settings)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS="${1:-30}"
 IMAGE="${2:-cairn-sandbox:latest}"
 POOL="${CAIRN_BENCH_POOL:-4}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
-cargo build --release -q -p cairn-sandbox-runner -p cairn-bench --bin cairn-sandbox-runner --bin sandbox_load
-BIN="$CARGO_TARGET_DIR/release"
+# CAIRN_BENCH_PROFILE=dev: debug binaries (when a release build is out of reach; say so with
+# the figures).
+if [ "${CAIRN_BENCH_PROFILE:-release}" = dev ]; then
+  cargo build -q -p cairn-sandbox-runner -p cairn-bench --bin cairn-sandbox-runner --bin sandbox_load
+  BIN="$CARGO_TARGET_DIR/debug"
+else
+  cargo build --release -q -p cairn-sandbox-runner -p cairn-bench --bin cairn-sandbox-runner --bin sandbox_load
+  BIN="$CARGO_TARGET_DIR/release"
+fi
 
 WORK="$(mktemp -d -p "${BENCH_DIR:-/tmp}" cairn-sandbox-bench.XXXXXX)"
 chmod 711 "$WORK"  # the local backend runs bwrap as the sandbox user, which must reach its work_root
@@ -40,6 +49,11 @@ start() { # NAME BACKEND POOL: starts a runner, sets ADDR (not in a subshell: PI
 }
 start cold docker 0; COLD="$ADDR"
 start warm docker "$POOL"; WARM="$ADDR"
+if [ "${CAIRN_BENCH_ONLY:-}" = throughput ]; then
+  echo "command: CAIRN_BENCH_ONLY=throughput CAIRN_BENCH_POOL=$POOL bash bench/sandbox.sh  (${CAIRN_BENCH_PROFILE:-release} build; $(date -u +%Y-%m-%dT%H:%MZ); $(nproc) cores; docker $(docker version -f '{{.Server.Version}}'); load $(cut -d' ' -f1 /proc/loadavg))"
+  "$BIN/sandbox_load" --cold "$COLD" --warm "$WARM" --image "$IMAGE" --pool "$POOL" --throughput-only
+  exit 0
+fi
 start local local 0; LOCAL="$ADDR"
 start localpool local "$POOL"; LOCALPOOL="$ADDR"
 

@@ -27,7 +27,6 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::{Extension, Form};
 use maud::html;
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
 
 use super::page::{self, layout};
 use super::{Console, ConsoleConfig, ConsoleError};
@@ -146,8 +145,8 @@ fn secret() -> String {
 /// so their lengths do not show either).
 fn same_secret(given: &str, expected: &str) -> bool {
     let (a, b) = (
-        Sha256::digest(given.as_bytes()),
-        Sha256::digest(expected.as_bytes()),
+        cairn_sha256::sha256(given.as_bytes()),
+        cairn_sha256::sha256(expected.as_bytes()),
     );
     let diff = a
         .iter()

@@ -234,7 +234,7 @@ impl RunnerSession {
         let summary =
             summary.ok_or_else(|| PackError::Corrupt("the runner sent no pack summary".into()))?;
         let digest = summary.digest.clone().unwrap_or_default();
-        let sha = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&buf));
+        let sha = cairn_sha256::sha256_hex(&buf);
         if digest.size_bytes != buf.len() as u64 || digest.sha256 != sha {
             return Err(PackError::Corrupt(format!(
                 "the archive received ({} bytes, sha256 {sha}) differs from the runner's summary ({} bytes, sha256 {})",

@@ -52,7 +52,7 @@ pub async fn call(
                 .await
                 .map_err(|s| NodeError::from_status(&format!("reading {path}"), &s))?
                 .ok_or_else(|| NodeError::refused(format!("{path} does not exist")))?;
-            let sha = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
+            let sha = cairn_sha256::sha256_hex(&bytes);
             json!({"path": path, "text": String::from_utf8_lossy(&bytes), "bytes": bytes.len(), "sha256": sha})
         }
         "list_files" => {

@@ -14,7 +14,6 @@ use bytes::Bytes;
 use flate2::read::GzDecoder;
 use flate2::write::GzEncoder;
 use rustix::io::Errno;
-use sha2::{Digest, Sha256};
 
 use cairn_contain as contain;
 
@@ -245,7 +244,7 @@ pub fn read_file(state: &State, project: &str, path: &str) -> Result<Option<(Ent
         path: path.to_owned(),
         kind: Kind::File,
         size_bytes: bytes.len() as u64,
-        sha256: hex::encode(Sha256::digest(&bytes)),
+        sha256: cairn_sha256::sha256_hex(&bytes),
         modified_at,
     };
     Ok(Some((entry, bytes)))

@@ -23,10 +23,10 @@ use std::os::fd::AsFd;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use cairn_sha256::Sha256;
 use flate2::read::GzDecoder;
 use flate2::write::GzEncoder;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use cairn_contain as contain;
 
@@ -85,7 +85,7 @@ impl<R: Read> Hashing<R> {
     fn digest(self, path: String) -> FileDigest {
         FileDigest {
             path,
-            sha256: hex::encode(self.hasher.finalize()),
+            sha256: self.hasher.finish_hex(),
             size_bytes: self.read,
         }
     }

@@ -9,8 +9,8 @@ use std::fs::File;
 use std::io::Read;
 use std::sync::Mutex;
 
+use cairn_sha256::Sha256;
 use rustix::fs::Stat;
-use sha2::{Digest as _, Sha256};
 
 /// Size and sha256 of a byte sequence.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,7 +105,7 @@ pub fn hash_reader(mut reader: impl Read) -> std::io::Result<Digest> {
         size_bytes += n as u64;
     }
     Ok(Digest {
-        sha256: hex::encode(hasher.finalize()),
+        sha256: hasher.finish_hex(),
         size_bytes,
     })
 }

@@ -15,9 +15,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use cairn_contain as contain;
+use cairn_sha256::Sha256;
 use rustix::fs::{FileType, OFlags};
 use rustix::io::Errno;
-use sha2::{Digest as _, Sha256};
 
 use crate::digest::Digest;
 use crate::error::{refusal, Error, Result};
@@ -348,7 +348,7 @@ pub(crate) fn digest_of(bytes: &[Bytes]) -> Digest {
         size_bytes += chunk.len() as u64;
     }
     Digest {
-        sha256: hex::encode(hasher.finalize()),
+        sha256: hasher.finish_hex(),
         size_bytes,
     }
 }

@@ -15,7 +15,7 @@
 //! (the commit waits for it and fsyncs its directory), or the log was closed, which happens
 //! only once nothing of it is in flight or pending, i.e. once it is durable.
 
-use sha2::{Digest as _, Sha256};
+use cairn_sha256::Sha256;
 
 /// Version prefix of tokens (a later format gets another).
 const PREFIX: &str = "p1";
@@ -110,14 +110,14 @@ impl Boot {
 
     fn proof(&self, project: &str, run: &str, boot: u64, n: u64) -> String {
         let mut h = Sha256::new();
-        h.update(self.key);
+        h.update(&self.key);
         h.update(project.as_bytes());
-        h.update([0]);
+        h.update(&[0]);
         h.update(run.as_bytes());
-        h.update([0]);
-        h.update(boot.to_le_bytes());
-        h.update(n.to_le_bytes());
-        let mut hex = hex::encode(h.finalize());
+        h.update(&[0]);
+        h.update(&boot.to_le_bytes());
+        h.update(&n.to_le_bytes());
+        let mut hex = h.finish_hex();
         hex.truncate(PROOF_HEX);
         hex
     }

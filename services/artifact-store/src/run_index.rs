@@ -30,7 +30,6 @@ use cairn_contain as contain;
 use rustix::fs::{FileType, OFlags};
 use rustix::io::Errno;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 use crate::layout::{check_id, TEMP_PREFIX};
@@ -284,7 +283,7 @@ pub fn line(record: &impl Serialize) -> String {
 }
 
 fn check_digits(json: &str) -> String {
-    hex::encode(&Sha256::digest(json.as_bytes())[..8])
+    hex::encode(&cairn_sha256::sha256(json.as_bytes())[..8])
 }
 
 /// A log's records by run, its line count and how many lines were bad.

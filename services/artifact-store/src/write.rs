@@ -18,10 +18,10 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use cairn_contain as contain;
+use cairn_sha256::Sha256;
 use futures::{Stream, StreamExt};
 use rustix::fs::AtFlags;
 use rustix::io::Errno;
-use sha2::{Digest as _, Sha256};
 use tokio::sync::mpsc;
 
 use crate::digest::{self, Digest};
@@ -530,7 +530,7 @@ where
         while let Some(chunk) = hasher_rx.blocking_recv() {
             hasher.update(&chunk);
         }
-        hex::encode(hasher.finalize())
+        hasher.finish_hex()
     });
 
     let fed = async {

@@ -10,7 +10,6 @@ use std::ops::Range;
 
 use pathguard::Policy;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use crate::fence::{self, Header};
 
@@ -119,7 +118,7 @@ impl Block {
 
 /// Lower-case hex sha256.
 pub fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
+    cairn_sha256::sha256_hex(bytes)
 }
 
 /// Parses `doc` into its recorded blocks with their planned status. Never panics.

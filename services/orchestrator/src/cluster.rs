@@ -18,13 +18,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cairn_proto::v1::orchestrator_client::OrchestratorClient;
+use cairn_sha256::Sha256;
 use cairn_telemetry::TracedChannel;
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp,
     WatchOptions,
 };
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 use tokio::time::{timeout, Instant};
 use tokio_util::sync::CancellationToken;
@@ -201,12 +201,12 @@ impl View {
 
 fn score(member: &str, project: &str, run_id: &str) -> u64 {
     let d = Sha256::new()
-        .chain_update(member.as_bytes())
-        .chain_update([0u8])
-        .chain_update(project.as_bytes())
-        .chain_update([0u8])
-        .chain_update(run_id.as_bytes())
-        .finalize();
+        .chain(member.as_bytes())
+        .chain(&[0u8])
+        .chain(project.as_bytes())
+        .chain(&[0u8])
+        .chain(run_id.as_bytes())
+        .finish();
     u64::from_be_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]])
 }
 

@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use serde::Serialize;
-use sha2::{Digest as _, Sha256};
 use tokio::sync::{mpsc, watch};
 
 use crate::recorder::Recorder;
@@ -596,7 +595,7 @@ impl TaskFile {
             self.sha = Some(String::new());
             return Ok(None);
         };
-        self.sha = Some(hex::encode(Sha256::digest(&bytes)));
+        self.sha = Some(cairn_sha256::sha256_hex(&bytes));
         Ok(Some(String::from_utf8_lossy(&bytes).into_owned()))
     }
 }

@@ -82,9 +82,16 @@ pub struct Config {
     /// Open sessions at most.
     pub max_sessions: usize,
     /// Runs and open sessions at once at most (each open session holds one); beyond it Run
-    /// and OpenSession are refused with RESOURCE_EXHAUSTED. 0 = derived from this host:
-    /// min(4 × CPUs, memory / 256 MiB), at least 2 (`derived_max_concurrent_runs`).
+    /// and OpenSession wait in the queue. 0 = derived from this host: min(4 × CPUs,
+    /// memory / 256 MiB), at least 2 (`derived_max_concurrent_runs`).
     pub max_concurrent_runs: usize,
+    /// Runs and OpenSessions that may wait, first come first served, for a slot of
+    /// `max_concurrent_runs`; one more is refused at once with RESOURCE_EXHAUSTED (RetryInfo).
+    /// 0 = no queue: refused as soon as every slot is taken.
+    pub queue_depth: usize,
+    /// How long a call waits in the queue at most (never beyond its own deadline); then it is
+    /// refused with RESOURCE_EXHAUSTED (RetryInfo).
+    pub queue_timeout_ms: u64,
     /// Local backend: refuse to start when memory, pids and cpu limits cannot be enforced
     /// over whole sandboxes (no cgroups for the runner). Off: runs proceed with per-process
     /// rlimits and report `limits_enforced: false`.
@@ -179,6 +186,8 @@ impl Default for Config {
             heartbeat_interval_ms: 5000,
             max_sessions: 64,
             max_concurrent_runs: 0,
+            queue_depth: 64,
+            queue_timeout_ms: 60_000,
             require_limits: false,
             cgroup_root: PathBuf::from("/sys/fs/cgroup"),
             bwrap: "bwrap".into(),
@@ -269,6 +278,11 @@ impl Config {
                 "gvisor_rootfs_cache {:?} must be an absolute path (or empty for <work_root>/gvisor/rootfs)",
                 self.gvisor_rootfs_cache
             )));
+        }
+        if self.queue_depth > 0 && self.queue_timeout_ms == 0 {
+            return Err(Error::Config(
+                "queue_timeout_ms must be positive while queue_depth is above 0 (set queue_depth = 0 to refuse at once instead of queueing)".into(),
+            ));
         }
         if self.max_total_output_bytes < crate::limits::MIN_AREA_BYTES {
             return Err(Error::Config(format!(

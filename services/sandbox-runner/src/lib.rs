@@ -6,6 +6,7 @@
 //! Embedding: [`sandbox_service`] gives the tonic service plus a [`RunnerHandle`] whose
 //! `shutdown` kills and removes every sandbox; [`serve`] runs it standalone.
 
+mod admission;
 mod args;
 mod backend;
 mod capture;

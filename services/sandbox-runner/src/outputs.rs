@@ -16,8 +16,6 @@ use std::io::Read;
 use std::os::fd::AsFd;
 use std::path::Path;
 
-use sha2::{Digest, Sha256};
-
 use cairn_contain::{self as contain, Kind, Visit};
 
 /// Entries `rejected` lists at most, and bytes of their names: the reply stays bounded
@@ -154,7 +152,7 @@ impl Outputs {
             ));
         }
         self.bytes += size;
-        let sha256 = hex::encode(Sha256::digest(&content));
+        let sha256 = cairn_sha256::sha256_hex(&content);
         self.files.push(OutputFile {
             path,
             sha256,

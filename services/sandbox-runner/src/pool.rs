@@ -3,9 +3,9 @@
 //! whose process waits for its job, backend/local_pool.rs). A sandbox serves one run and is
 //! discarded; a replacement is made in the background.
 //!
-//! Refills yield to demand: while runs that missed the pool are being served cold, no
-//! replacement is started (both would compete for the same engine or cores), and at most
-//! `REFILL_PARALLEL` replacements are made at once.
+//! Refills yield to demand: while runs that missed the pool are being served cold, or calls
+//! wait in the admission queue for a slot, no replacement is started (both would compete for
+//! the same engine or cores), and at most `REFILL_PARALLEL` replacements are made at once.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Mutex;
 
+use crate::admission::Queued;
 use crate::error::{Error, Result};
 
 /// Sandboxes made at once by the refill.
@@ -44,6 +45,8 @@ pub struct Pool<S: Source> {
     creating: AtomicUsize,
     /// Runs that fit the pool but found it empty and are being served cold.
     cold: AtomicUsize,
+    /// Calls waiting for admission (runner-wide).
+    queued: Queued,
     closed: AtomicBool,
 }
 
@@ -75,13 +78,14 @@ impl<S: Source> Drop for ColdRun<S> {
 }
 
 impl<S: Source> Pool<S> {
-    pub fn new(source: S) -> Pool<S> {
+    pub fn new(source: S, queued: Queued) -> Pool<S> {
         Pool {
             source,
             ready: Mutex::new(VecDeque::new()),
             ready_len: AtomicUsize::new(0),
             creating: AtomicUsize::new(0),
             cold: AtomicUsize::new(0),
+            queued,
             closed: AtomicBool::new(false),
         }
     }
@@ -107,6 +111,7 @@ impl<S: Source> Pool<S> {
             if ready + creating >= self.source.size()
                 || creating >= REFILL_PARALLEL
                 || self.cold.load(Ordering::SeqCst) > 0
+                || self.queued.count() > 0
             {
                 return;
             }
@@ -206,6 +211,63 @@ impl<S: Source> Pool<S> {
         self.set_ready(0);
         for item in drained {
             self.source.discard(item).await;
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// Counts what it makes.
+    struct Counter(Arc<AtomicUsize>);
+
+    impl Source for Counter {
+        type Item = ();
+        const WHAT: &'static str = "test item";
+        const KIND: &'static str = "test";
+        fn size(&self) -> usize {
+            2
+        }
+        async fn make(&self) -> Result<()> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+        async fn discard(&self, _item: ()) {}
+    }
+
+    #[tokio::test]
+    async fn refills_wait_while_calls_wait_for_admission() {
+        let admission = crate::admission::Admission::new(1, 4, Duration::from_secs(60));
+        let made = Arc::new(AtomicUsize::new(0));
+        let pool = Arc::new(Pool::new(Counter(made.clone()), admission.queued()));
+        let held = admission.admit().await.unwrap();
+        let admission = Arc::new(admission);
+        let queued = tokio::spawn({
+            let admission = admission.clone();
+            async move { admission.admit().await.map(drop) }
+        });
+        while admission.queued().count() == 0 {
+            tokio::task::yield_now().await;
+        }
+        pool.clone().fill();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(
+            made.load(Ordering::SeqCst),
+            0,
+            "a refill ran while a call waited"
+        );
+        drop(held);
+        queued.await.unwrap().unwrap();
+        pool.clone().fill();
+        let t0 = Instant::now();
+        while pool.ready_count() < 2 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "no refill once the queue emptied"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use cairn_proto as pb;
 
+use crate::admission::Admission;
 use crate::backend::{self, Backend, ExecSpec, Live, SessionSandbox};
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -30,8 +31,9 @@ pub struct Runner {
     closing: AtomicBool,
     /// Runs in flight (for shutdown to wait on).
     running: AtomicUsize,
-    /// One permit per run in flight or open session, `max_concurrent_runs` in all.
-    slots: Arc<tokio::sync::Semaphore>,
+    /// One slot per run in flight or open session, `max_concurrent_runs` in all, and the
+    /// queue of calls waiting for one.
+    admission: Admission,
     /// Owner given to workspace files when the runner is root.
     owner: Option<(u32, u32)>,
 }
@@ -67,7 +69,12 @@ impl Runner {
             )));
         }
         let config = Arc::new(config);
-        let backend = Backend::select(config.clone()).await?;
+        let admission = Admission::new(
+            config.concurrent_runs(),
+            config.queue_depth,
+            Duration::from_millis(config.queue_timeout_ms),
+        );
+        let backend = Backend::select(config.clone(), admission.queued()).await?;
         let containers = backend.sweep().await?;
         let dirs = sweep_task_dirs(&config.work_root.join("tasks")).await;
         let swept = containers + dirs;
@@ -84,9 +91,8 @@ impl Runner {
         let owner = rustix::process::geteuid()
             .is_root()
             .then_some((config.sandbox_uid, config.sandbox_gid));
-        let slots = Arc::new(tokio::sync::Semaphore::new(config.concurrent_runs()));
         Ok(Runner {
-            slots,
+            admission,
             config,
             backend,
             sessions: Sessions::default(),
@@ -124,22 +130,6 @@ impl Runner {
         Ok(())
     }
 
-    /// A slot for one run or session, refused beyond `max_concurrent_runs` (never queued: the
-    /// caller decides whether to retry, and where).
-    fn admit(&self) -> Result<tokio::sync::OwnedSemaphorePermit> {
-        self.slots.clone().try_acquire_owned().map_err(|_| {
-            cairn_telemetry::metrics::sandbox_refused("max_concurrent_runs");
-            let max = self.config.concurrent_runs();
-            Error::ResourceExhausted {
-                message: format!(
-                    "this runner already has {max} runs and open sessions, its max_concurrent_runs: \
-                     retry when one has finished, close an idle session, or raise max_concurrent_runs in the runner config"
-                ),
-                reason: "max_concurrent_runs",
-            }
-        })
-    }
-
     /// The local and gvisor backends run on the host's files: any image but the default is
     /// refused there rather than ignored.
     fn backend_runs(&self, image: &str) -> Result<()> {
@@ -158,7 +148,7 @@ impl Runner {
         self.open()?;
         let job = Job::from_request(req, &self.config)?;
         self.backend_runs(&job.image)?;
-        let _slot = self.admit()?;
+        let _slot = self.admission.admit().await?;
         self.running.fetch_add(1, Ordering::SeqCst);
         let _done = Decrement(&self.running);
         tracing::info!(job_id = %job.id, request_id = %job.request_id, run_id = %job.run_id, language = job.language.as_str(), "run");
@@ -220,7 +210,7 @@ impl Runner {
             &self.config.default_limits(),
             &self.config.max_limits(),
         )?;
-        let slot = self.admit()?;
+        let slot = self.admission.admit().await?;
         let reservation = self
             .sessions
             .reserve(&session_id, self.config.max_sessions)?;
@@ -729,6 +719,7 @@ impl Runner {
         if self.closing.swap(true, Ordering::SeqCst) {
             return;
         }
+        self.admission.close();
         for s in self.sessions.drain() {
             if let Err(e) = self.remove_session(&s).await {
                 tracing::warn!(session_id = %s.sandbox.session_id, error = %e, "could not close session at shutdown");

@@ -1,6 +1,7 @@
 //! Limits over whole sandboxes: on the local backend a program that forks, or fills its /tmp,
 //! is held to its memory limit (or the runner refuses to run it), and its cgroup is gone after
-//! the run; on both backends runs and sessions beyond max_concurrent_runs are refused.
+//! the run; on both backends runs and sessions beyond max_concurrent_runs are refused when
+//! the runner has no queue (queue_depth = 0; the queue has tests of its own).
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -228,13 +229,17 @@ async fn until_admitted(r: &TestRunner) {
     }
 }
 
-/// With max_concurrent_runs = 1: while one run goes, another run and a session are refused
-/// RESOURCE_EXHAUSTED naming the setting; an open session holds the slot too.
+/// With max_concurrent_runs = 1 and no queue: while one run goes, another run and a session
+/// are refused RESOURCE_EXHAUSTED naming the setting; an open session holds the slot too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn runs_beyond_max_concurrent_runs_are_refused() {
     for case in cold_backends("max_concurrent_runs").await {
         println!("max_concurrent_runs: {case:?}");
-        let r = TestRunner::start_with(case, |c| c.max_concurrent_runs = 1).await;
+        let r = TestRunner::start_with(case, |c| {
+            c.max_concurrent_runs = 1;
+            c.queue_depth = 0;
+        })
+        .await;
         let long = with_timeout(
             python("import time\nprint('started', flush=True)\ntime.sleep(120)"),
             300_000,

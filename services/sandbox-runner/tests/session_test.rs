@@ -562,6 +562,8 @@ async fn an_idle_session_is_closed_and_frees_its_slot() {
         let r = TestRunner::start_with(backend, |c| {
             c.session.idle_timeout_ms = 1500;
             c.max_concurrent_runs = 1;
+            // No queue: a second session is refused at once.
+            c.queue_depth = 0;
         })
         .await;
         let mut c = r.client.clone();

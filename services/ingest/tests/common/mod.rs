@@ -191,8 +191,10 @@ pub fn config(store_addr: &str) -> cairn_ingest::Config {
     }
 }
 
+/// The sha256 of `bytes` by the `sha2` crate, independent of the one ingest computes with.
 pub fn sha256_hex(bytes: &[u8]) -> String {
-    cairn_ingest::sha256_hex(bytes)
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::digest(bytes))
 }
 
 /// An ingest request over an inline document.

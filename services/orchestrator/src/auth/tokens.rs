@@ -14,7 +14,6 @@
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use super::Role;
 
@@ -68,7 +67,7 @@ pub struct TokensFile {
 
 /// sha256 of a token, lowercase hex.
 pub fn hash(token: &str) -> String {
-    hex::encode(Sha256::digest(token.as_bytes()))
+    cairn_sha256::sha256_hex(token.as_bytes())
 }
 
 /// A new token: 244 random bits from the OS (two v4 UUIDs), hex, with the cairn prefix.
@@ -240,7 +239,7 @@ impl TokensFile {
     /// The entry a token belongs to. Every entry's hash is compared, each in constant time, so
     /// the answer's timing says nothing about which bytes matched.
     pub fn find(&self, token: &str) -> Option<&TokenEntry> {
-        let given = Sha256::digest(token.as_bytes());
+        let given = cairn_sha256::sha256(token.as_bytes());
         let mut found = None;
         for t in &self.tokens {
             let Ok(expected) = hex::decode(&t.sha256) else {

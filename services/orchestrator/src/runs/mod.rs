@@ -56,19 +56,18 @@ pub fn check_id(what: &str, id: &str) -> Result<()> {
 /// sha256(project, NUL, request_id). Derived, not remembered, so a retry after a restart finds
 /// the run its first submit created.
 pub(crate) fn request_run_id(project: &str, request_id: &str) -> Result<String> {
-    use sha2::{Digest, Sha256};
     if request_id.len() > 256 {
         return Err(Error::InvalidArgument(format!(
             "request_id is {} bytes long: use at most 256 (a UUID is enough)",
             request_id.len()
         )));
     }
-    let digest = Sha256::new()
-        .chain_update(project.as_bytes())
-        .chain_update([0u8])
-        .chain_update(request_id.as_bytes())
-        .finalize();
-    Ok(format!("req-{}", &hex::encode(digest)[..32]))
+    let digest = cairn_sha256::Sha256::new()
+        .chain(project.as_bytes())
+        .chain(&[0u8])
+        .chain(request_id.as_bytes())
+        .finish_hex();
+    Ok(format!("req-{}", &digest[..32]))
 }
 
 fn key(project: &str, run_id: &str) -> String {

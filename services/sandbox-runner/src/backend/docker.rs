@@ -30,6 +30,7 @@ use tokio::time::sleep_until;
 use super::docker_pool::{DockerSource, Warm};
 use super::local::TaskDir;
 use super::{area, keep, ExecOutcome, ExecSpec, KillOnDrop, Live, SessionSandbox};
+use crate::admission::Queued;
 use crate::capture::Capture;
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -62,7 +63,7 @@ pub struct DockerBackend {
 
 impl DockerBackend {
     /// Connects and negotiates the API version (the engine here speaks 1.41); checks the image.
-    pub async fn connect(config: Arc<Config>) -> Result<DockerBackend> {
+    pub async fn connect(config: Arc<Config>, queued: Queued) -> Result<DockerBackend> {
         let client = bollard::Docker::connect_with_local_defaults()
             .map_err(Error::docker("connecting to the Docker engine"))?;
         let client = tokio::time::timeout(Duration::from_secs(5), client.negotiate_version())
@@ -78,11 +79,14 @@ impl DockerBackend {
         })?;
         let live = LiveSet::default();
         let pool = (config.pool_size > 0).then(|| {
-            Arc::new(Pool::new(DockerSource {
-                client: client.clone(),
-                config: config.clone(),
-                live: live.clone(),
-            }))
+            Arc::new(Pool::new(
+                DockerSource {
+                    client: client.clone(),
+                    config: config.clone(),
+                    live: live.clone(),
+                },
+                queued,
+            ))
         });
         Ok(DockerBackend {
             client,

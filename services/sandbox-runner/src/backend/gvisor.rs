@@ -50,6 +50,7 @@ use super::gvisor_session::SessionBox;
 use super::local::{collect, find_program, rlimits, stage_inputs, Collected, TaskDir};
 use super::local_pool::{send_go, Go, WAITER};
 use super::{die_with_runner, keep, remove_dir, Live, Watchdog};
+use crate::admission::Queued;
 use crate::capture::Capture;
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -130,7 +131,7 @@ pub(super) struct Finished {
 impl GvisorBackend {
     /// Finds runsc, makes (or finds) the image's root file system, and checks that runsc can
     /// run a sandbox on it here (with cgroups when it can).
-    pub async fn new(config: Arc<Config>) -> Result<GvisorBackend> {
+    pub async fn new(config: Arc<Config>, queued: Queued) -> Result<GvisorBackend> {
         let runsc = find_program(&config.runsc).ok_or_else(|| {
             Error::NoIsolation(format!(
                 "gVisor's runsc ({:?}) is not installed: apt-get install runsc, or set `runsc` to its path",
@@ -179,7 +180,7 @@ impl GvisorBackend {
         base.probe()?;
         let base = Arc::new(base);
         let pool = (base.config.pool_size > 0)
-            .then(|| Arc::new(Pool::new(GvisorSource::new(base.clone()))));
+            .then(|| Arc::new(Pool::new(GvisorSource::new(base.clone()), queued)));
         Ok(GvisorBackend {
             base,
             running: Arc::default(),

@@ -37,6 +37,7 @@ use super::{
     die_with_runner, keep, remove_dir, session_env, ExecOutcome, ExecSpec, Live, SessionSandbox,
     Watchdog,
 };
+use crate::admission::Queued;
 use crate::capture::Capture;
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -145,7 +146,7 @@ struct Finished {
 
 impl LocalBackend {
     /// Finds bubblewrap and checks that it can build a sandbox here.
-    pub fn new(config: Arc<Config>) -> Result<LocalBackend> {
+    pub fn new(config: Arc<Config>, queued: Queued) -> Result<LocalBackend> {
         let bwrap = find_program(&config.bwrap).ok_or_else(|| {
             Error::NoIsolation(format!(
                 "bubblewrap ({:?}) is not installed: apt-get install bubblewrap, or set `bwrap` to its path",
@@ -180,7 +181,7 @@ impl LocalBackend {
         base.probe()?;
         let base = Arc::new(base);
         let pool = (base.config.pool_size > 0)
-            .then(|| Arc::new(Pool::new(LocalSource::new(base.clone()))));
+            .then(|| Arc::new(Pool::new(LocalSource::new(base.clone()), queued)));
         let mut tasks = base.config.work_root.join("tasks").into_os_string();
         tasks.push("/");
         Ok(LocalBackend {

@@ -21,6 +21,7 @@ use std::time::Duration;
 use cairn_proto::{OutputChunk, StdStream};
 use tokio::sync::mpsc;
 
+use crate::admission::Queued;
 use crate::capture::Capture;
 use crate::config::{BackendChoice, Config};
 use crate::error::{Error, Result};
@@ -74,22 +75,26 @@ pub enum Backend {
 
 impl Backend {
     /// Picks the backend `config.backend` names; `auto` prefers docker when an engine answers.
-    pub async fn select(config: Arc<Config>) -> Result<Backend> {
+    /// Its warm pool refills only while no call is `queued` for admission.
+    pub async fn select(config: Arc<Config>, queued: Queued) -> Result<Backend> {
         match config.backend {
             BackendChoice::Docker => Ok(Backend::Docker(
-                docker::DockerBackend::connect(config).await?,
+                docker::DockerBackend::connect(config, queued).await?,
             )),
-            BackendChoice::Local => Ok(Backend::Local(local::LocalBackend::new(config)?)),
-            BackendChoice::Gvisor => Ok(Backend::Gvisor(gvisor::GvisorBackend::new(config).await?)),
+            BackendChoice::Local => Ok(Backend::Local(local::LocalBackend::new(config, queued)?)),
+            BackendChoice::Gvisor => Ok(Backend::Gvisor(
+                gvisor::GvisorBackend::new(config, queued).await?,
+            )),
             BackendChoice::Auto => {
-                let docker_error = match docker::DockerBackend::connect(config.clone()).await {
-                    Ok(d) => {
-                        tracing::info!("backend auto: picked docker (the engine answered)");
-                        return Ok(Backend::Docker(d));
-                    }
-                    Err(e) => e,
-                };
-                match local::LocalBackend::new(config) {
+                let docker_error =
+                    match docker::DockerBackend::connect(config.clone(), queued.clone()).await {
+                        Ok(d) => {
+                            tracing::info!("backend auto: picked docker (the engine answered)");
+                            return Ok(Backend::Docker(d));
+                        }
+                        Err(e) => e,
+                    };
+                match local::LocalBackend::new(config, queued) {
                     Ok(l) => {
                         tracing::info!(docker = %docker_error, "backend auto: picked local (bubblewrap); docker is unavailable");
                         Ok(Backend::Local(l))
