@@ -38,6 +38,51 @@ LOG_STREAM_STDOUT: LogStream
 LOG_STREAM_STDERR: LogStream
 LOG_STREAM_STEP: LogStream
 
+class ReplayRunRequest(_message.Message):
+    __slots__ = ("project_id", "run_id", "vars", "by", "replay_run_id", "live_sandbox", "live_gates")
+    class VarsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    VARS_FIELD_NUMBER: _ClassVar[int]
+    BY_FIELD_NUMBER: _ClassVar[int]
+    REPLAY_RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    LIVE_SANDBOX_FIELD_NUMBER: _ClassVar[int]
+    LIVE_GATES_FIELD_NUMBER: _ClassVar[int]
+    project_id: str
+    run_id: str
+    vars: _containers.ScalarMap[str, str]
+    by: str
+    replay_run_id: str
+    live_sandbox: bool
+    live_gates: bool
+    def __init__(self, project_id: _Optional[str] = ..., run_id: _Optional[str] = ..., vars: _Optional[_Mapping[str, str]] = ..., by: _Optional[str] = ..., replay_run_id: _Optional[str] = ..., live_sandbox: _Optional[bool] = ..., live_gates: _Optional[bool] = ...) -> None: ...
+
+class DiffRunsRequest(_message.Message):
+    __slots__ = ("project_id", "run_a", "run_b")
+    PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_A_FIELD_NUMBER: _ClassVar[int]
+    RUN_B_FIELD_NUMBER: _ClassVar[int]
+    project_id: str
+    run_a: str
+    run_b: str
+    def __init__(self, project_id: _Optional[str] = ..., run_a: _Optional[str] = ..., run_b: _Optional[str] = ...) -> None: ...
+
+class DiffRunsResponse(_message.Message):
+    __slots__ = ("report_json", "verdict", "verdict_json")
+    REPORT_JSON_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_JSON_FIELD_NUMBER: _ClassVar[int]
+    report_json: str
+    verdict: str
+    verdict_json: str
+    def __init__(self, report_json: _Optional[str] = ..., verdict: _Optional[str] = ..., verdict_json: _Optional[str] = ...) -> None: ...
+
 class SubmitRunRequest(_message.Message):
     __slots__ = ("project_id", "graph_yaml", "vars", "run_id", "title", "mode", "prompt", "by", "llm", "request_id", "rerun_of", "files", "graph_dir")
     class VarsEntry(_message.Message):
@@ -136,7 +181,7 @@ class GateInfo(_message.Message):
     def __init__(self, id: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.GateState, str]] = ..., reason: _Optional[str] = ..., decided_by: _Optional[str] = ..., note: _Optional[str] = ..., decided_at: _Optional[str] = ...) -> None: ...
 
 class RunInfo(_message.Message):
-    __slots__ = ("run_id", "project_id", "title", "state", "created_at", "updated_at", "nodes", "gates", "run_dir", "error", "blocks_not_written", "goal", "rerun_of", "replica", "stalled_since")
+    __slots__ = ("run_id", "project_id", "title", "state", "created_at", "updated_at", "nodes", "gates", "run_dir", "error", "blocks_not_written", "goal", "rerun_of", "replica", "stalled_since", "replay_of")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
     TITLE_FIELD_NUMBER: _ClassVar[int]
@@ -152,6 +197,7 @@ class RunInfo(_message.Message):
     RERUN_OF_FIELD_NUMBER: _ClassVar[int]
     REPLICA_FIELD_NUMBER: _ClassVar[int]
     STALLED_SINCE_FIELD_NUMBER: _ClassVar[int]
+    REPLAY_OF_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     project_id: str
     title: str
@@ -167,7 +213,8 @@ class RunInfo(_message.Message):
     rerun_of: str
     replica: str
     stalled_since: str
-    def __init__(self, run_id: _Optional[str] = ..., project_id: _Optional[str] = ..., title: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.TaskState, str]] = ..., created_at: _Optional[str] = ..., updated_at: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., gates: _Optional[_Iterable[_Union[GateInfo, _Mapping]]] = ..., run_dir: _Optional[str] = ..., error: _Optional[str] = ..., blocks_not_written: _Optional[int] = ..., goal: _Optional[str] = ..., rerun_of: _Optional[str] = ..., replica: _Optional[str] = ..., stalled_since: _Optional[str] = ...) -> None: ...
+    replay_of: str
+    def __init__(self, run_id: _Optional[str] = ..., project_id: _Optional[str] = ..., title: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.TaskState, str]] = ..., created_at: _Optional[str] = ..., updated_at: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., gates: _Optional[_Iterable[_Union[GateInfo, _Mapping]]] = ..., run_dir: _Optional[str] = ..., error: _Optional[str] = ..., blocks_not_written: _Optional[int] = ..., goal: _Optional[str] = ..., rerun_of: _Optional[str] = ..., replica: _Optional[str] = ..., stalled_since: _Optional[str] = ..., replay_of: _Optional[str] = ...) -> None: ...
 
 class GetRunRequest(_message.Message):
     __slots__ = ("project_id", "run_id")

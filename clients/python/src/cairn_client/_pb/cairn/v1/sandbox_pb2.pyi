@@ -207,34 +207,40 @@ class OpenSessionRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., git: _Optional[_Union[GitSource, _Mapping]] = ..., network: _Optional[bool] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., run_id: _Optional[str] = ..., node_id: _Optional[str] = ..., image: _Optional[str] = ...) -> None: ...
 
 class SessionInfo(_message.Message):
-    __slots__ = ("session_id", "container_name", "backend", "git_commit", "image", "idle_timeout_ms")
+    __slots__ = ("session_id", "container_name", "backend", "git_commit", "image", "idle_timeout_ms", "snapshot_of", "memory_restored")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CONTAINER_NAME_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     GIT_COMMIT_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
     IDLE_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_OF_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_RESTORED_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     container_name: str
     backend: str
     git_commit: str
     image: str
     idle_timeout_ms: int
-    def __init__(self, session_id: _Optional[str] = ..., container_name: _Optional[str] = ..., backend: _Optional[str] = ..., git_commit: _Optional[str] = ..., image: _Optional[str] = ..., idle_timeout_ms: _Optional[int] = ...) -> None: ...
+    snapshot_of: str
+    memory_restored: bool
+    def __init__(self, session_id: _Optional[str] = ..., container_name: _Optional[str] = ..., backend: _Optional[str] = ..., git_commit: _Optional[str] = ..., image: _Optional[str] = ..., idle_timeout_ms: _Optional[int] = ..., snapshot_of: _Optional[str] = ..., memory_restored: _Optional[bool] = ...) -> None: ...
 
 class ExecRequest(_message.Message):
-    __slots__ = ("session_id", "command", "timeout_ms", "workdir", "max_output_bytes")
+    __slots__ = ("session_id", "command", "timeout_ms", "workdir", "max_output_bytes", "detach")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     COMMAND_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     WORKDIR_FIELD_NUMBER: _ClassVar[int]
     MAX_OUTPUT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DETACH_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     command: str
     timeout_ms: int
     workdir: str
     max_output_bytes: int
-    def __init__(self, session_id: _Optional[str] = ..., command: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., workdir: _Optional[str] = ..., max_output_bytes: _Optional[int] = ...) -> None: ...
+    detach: bool
+    def __init__(self, session_id: _Optional[str] = ..., command: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., workdir: _Optional[str] = ..., max_output_bytes: _Optional[int] = ..., detach: _Optional[bool] = ...) -> None: ...
 
 class ExecResult(_message.Message):
     __slots__ = ("exit_code", "timed_out", "stdout", "stderr", "stdout_truncated", "stderr_truncated", "duration_ms", "writable_area_full")
@@ -409,6 +415,48 @@ class TouchSessionResponse(_message.Message):
     IDLE_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     idle_timeout_ms: int
     def __init__(self, idle_timeout_ms: _Optional[int] = ...) -> None: ...
+
+class PauseSessionRequest(_message.Message):
+    __slots__ = ("session_id", "files_only")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    FILES_ONLY_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    files_only: bool
+    def __init__(self, session_id: _Optional[str] = ..., files_only: _Optional[bool] = ...) -> None: ...
+
+class SnapshotHeader(_message.Message):
+    __slots__ = ("format", "backend", "image", "memory", "sha256", "size_bytes", "session_id", "network", "limits", "created_unix_ms")
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    NETWORK_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    format: int
+    backend: str
+    image: str
+    memory: bool
+    sha256: str
+    size_bytes: int
+    session_id: str
+    network: bool
+    limits: Limits
+    created_unix_ms: int
+    def __init__(self, format: _Optional[int] = ..., backend: _Optional[str] = ..., image: _Optional[str] = ..., memory: _Optional[bool] = ..., sha256: _Optional[str] = ..., size_bytes: _Optional[int] = ..., session_id: _Optional[str] = ..., network: _Optional[bool] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., created_unix_ms: _Optional[int] = ...) -> None: ...
+
+class SnapshotPart(_message.Message):
+    __slots__ = ("header", "chunk", "session_id")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    header: SnapshotHeader
+    chunk: bytes
+    session_id: str
+    def __init__(self, header: _Optional[_Union[SnapshotHeader, _Mapping]] = ..., chunk: _Optional[bytes] = ..., session_id: _Optional[str] = ...) -> None: ...
 
 class GetRunnerInfoRequest(_message.Message):
     __slots__ = ()
