@@ -12,8 +12,8 @@ use cairn_proto::v1::{
     PauseSessionRequest, PutHeader, StatRequest,
 };
 use cairn_runner_client::snapshot;
+use cairn_sha256::Sha256;
 use serde_json::json;
-use sha2::{Digest, Sha256};
 use tokio::io::AsyncSeekExt;
 
 use crate::cli::{Global, SessionCommand};
@@ -244,7 +244,7 @@ async fn fetch_snapshot(
             loop {
                 let n = f.read(&mut buf)?;
                 if n == 0 {
-                    return Ok(hex::encode(h.finalize()));
+                    return Ok(h.finish_hex());
                 }
                 h.update(&buf[..n]);
             }

@@ -9,10 +9,10 @@
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+use cairn_sha256::sha256_hex;
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 
 use super::{AgentError, AgentReply, AgentRequest, Attempt, AttemptObserver, NoObserver, Provider};
 use cairn_store_client::{PutOptions, Store};
@@ -129,7 +129,7 @@ pub fn comparable(request: &AgentRequest) -> Value {
 
 /// sha256 (hex) of `v` as compact JSON; object keys are sorted, so equal values hash equal.
 pub fn hash(v: &Value) -> String {
-    hex::encode(Sha256::digest(v.to_string().as_bytes()))
+    sha256_hex(v.to_string().as_bytes())
 }
 
 /// A unified diff of two texts, `a` as `recorded`, `b` as `replay`.

@@ -307,7 +307,6 @@ pub(super) async fn conditional(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    use sha2::{Digest, Sha256};
     let live =
         req.headers().contains_key("x-cairn-live") && req.method() == axum::http::Method::GET;
     let known = req
@@ -331,15 +330,7 @@ pub(super) async fn conditional(
         )
             .into_response();
     };
-    let digest = Sha256::digest(&bytes);
-    let tag = format!(
-        "\"{}\"",
-        digest
-            .iter()
-            .take(16)
-            .map(|b| format!("{b:02x}"))
-            .collect::<String>()
-    );
+    let tag = format!("\"{}\"", &cairn_sha256::sha256_hex(&bytes)[..32]);
     if let Ok(v) = header::HeaderValue::from_str(&tag) {
         parts.headers.insert(header::ETAG, v);
     }

@@ -152,6 +152,7 @@ mod tests {
                 execution_order: None,
                 prompt_file: None,
                 prompt: Some(format!("do {k}")),
+                result: None,
             })
             .collect()
     }
@@ -241,6 +242,7 @@ mod tests {
             .into(),
         );
         let mut spec = PlanSpec {
+            agent: None,
             limits_file: Some("cfg/limits.yaml".into()),
             limits: None,
             counters: None,

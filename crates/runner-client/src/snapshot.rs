@@ -6,8 +6,8 @@
 
 use bytes::Bytes;
 use cairn_proto::v1::{snapshot_part, SnapshotHeader, SnapshotPart};
+use cairn_sha256::Sha256;
 use prost::Message;
-use sha2::{Digest, Sha256};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// First bytes of a snapshot file.
@@ -110,7 +110,7 @@ pub async fn save(
         }
     }
     out.flush().await?;
-    let sha = hex::encode(payload_hash.finalize());
+    let sha = payload_hash.finish_hex();
     if size != header.size_bytes || sha != header.sha256 {
         return Err(SnapshotError::Corrupt(format!(
             "the snapshot arrived as {size} bytes with sha256 {sha}; its header says {} bytes with sha256 {}",
@@ -119,7 +119,7 @@ pub async fn save(
     }
     Ok(Saved {
         file_bytes: head.len() as u64 + size,
-        file_sha256: hex::encode(file_hash.finalize()),
+        file_sha256: file_hash.finish_hex(),
         header,
     })
 }

@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 
 use cairn_agents::records::{pretty, replace_in, unified_diff, RUN_ID_MARK};
 use cairn_proto::v1 as pb;
+use cairn_sha256::sha256_hex;
 use serde_json::{json, Map, Value};
-use sha2::{Digest, Sha256};
 
 /// Fields that differ between two lives of the same work: times, sequence numbers, ids of
 /// one delivery, the runner that happened to take a step.
@@ -104,7 +104,7 @@ impl Norm {
                 .values()
                 .filter_map(|f| {
                     let text = n.text(std::str::from_utf8(f.bytes.as_deref()?).ok()?);
-                    let sha = hex::encode(Sha256::digest(text.as_bytes()));
+                    let sha = sha256_hex(text.as_bytes());
                     (sha != f.sha256).then(|| (f.sha256.clone(), format!("sha256:{sha}")))
                 })
                 .collect();
@@ -140,7 +140,7 @@ impl Norm {
             Some(b) => match std::str::from_utf8(b) {
                 Ok(t) => {
                     let t = self.text(t);
-                    (hex::encode(Sha256::digest(t.as_bytes())), Some(t))
+                    (sha256_hex(t.as_bytes()), Some(t))
                 }
                 Err(_) => (f.sha256.clone(), None),
             },

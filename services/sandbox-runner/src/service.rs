@@ -349,7 +349,7 @@ async fn send_file<T>(
             return None;
         }
     }
-    Some((hex::encode(hasher.finalize()), size))
+    Some((hasher.finish_hex(), size))
 }
 
 /// A response stream that aborts its producing task when the client drops it.

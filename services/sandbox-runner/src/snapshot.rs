@@ -9,7 +9,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use cairn_proto as pb;
-use sha2::{Digest, Sha256};
+use cairn_sha256::Sha256;
 
 use crate::error::{Error, Result};
 
@@ -163,7 +163,7 @@ impl Receiver {
                 self.size, self.header.size_bytes
             )));
         }
-        let sha = hex::encode(self.hasher.finalize_reset());
+        let sha = std::mem::take(&mut self.hasher).finish_hex();
         if sha != self.header.sha256 {
             return Err(Error::SnapshotCorrupt(format!(
                 "the snapshot's bytes have sha256 {sha}, its header says {}: it was altered or damaged; nothing was resumed",
@@ -248,7 +248,7 @@ impl<W: Write> Hashing<W> {
     }
 
     fn finish(self) -> (W, String, u64) {
-        (self.inner, hex::encode(self.hasher.finalize()), self.size)
+        (self.inner, self.hasher.finish_hex(), self.size)
     }
 }
 

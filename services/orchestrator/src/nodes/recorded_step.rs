@@ -10,8 +10,8 @@ use super::{artifact_written, NodeCtx, NodeError, NodeSuccess};
 use cairn_agents::records::replace_in;
 use cairn_node::events::Ev;
 use cairn_proto::v1 as pb;
+use cairn_sha256::sha256_hex;
 use cairn_store_client::PutOptions;
-use sha2::{Digest, Sha256};
 
 /// The event types a sandbox step records besides its files.
 const STEP_EVENTS: &[&str] = &[
@@ -115,7 +115,7 @@ pub async fn replay(ctx: &NodeCtx, source: &str) -> Result<NodeSuccess, NodeErro
             .get(&ctx.project, &from)
             .await
             .map_err(|s| NodeError::from_status(&format!("reading recorded output {from}"), &s))?
-            .filter(|b| hex::encode(Sha256::digest(b)) == sha)
+            .filter(|b| sha256_hex(b) == sha)
             .ok_or_else(|| {
                 NodeError::refused(format!(
                     "replay record missing: recorded output {from} (sha256 {sha}) is gone or changed; replay with live sandbox steps instead"
