@@ -157,11 +157,12 @@ async fn graph_errors_name_the_field_path_and_missing_runs_the_run() {
         "{e:?}"
     );
 
-    // A run that exists, a node or gate it does not have: ResourceInfo names the node.
+    // A run that exists (waiting at its gate), a node or gate it does not have: ResourceInfo
+    // names the node.
     let run = o
         .submit_run(SubmitRunRequest {
             project_id: "p".into(),
-            graph_yaml: "nodes:\n  - {id: a, type: write_file, path: docs/a, content: x}\n".into(),
+            graph_yaml: "nodes:\n  - {id: g, type: gate}\n".into(),
             ..SubmitRunRequest::default()
         })
         .await

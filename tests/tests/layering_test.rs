@@ -176,7 +176,13 @@ fn the_console_is_a_client() {
     let cairn: Vec<&String> = deps.iter().filter(|d| d.starts_with("cairn-")).collect();
     for d in &cairn {
         assert!(
-            ["cairn-proto", "cairn-server", "cairn-telemetry"].contains(&d.as_str()),
+            [
+                "cairn-proto",
+                "cairn-server",
+                "cairn-telemetry",
+                "cairn-sha256"
+            ]
+            .contains(&d.as_str()),
             "cairn-console depends on {d}; it talks to the services over gRPC only"
         );
     }

@@ -347,7 +347,7 @@ mod tests {
 
     #[test]
     fn a_damaged_record_names_its_line_and_a_changed_one_is_caught_by_its_hash() {
-        let req = comparable(&request("r", "hi"));
+        let req = comparable(&request("run-7", "hi"));
         let ex = Exchange {
             version: RECORD_VERSION,
             node: "a".into(),

@@ -8,7 +8,6 @@
 mod args;
 pub mod auth;
 pub mod cluster;
-pub mod compare;
 pub mod config;
 pub mod error;
 pub mod gates;

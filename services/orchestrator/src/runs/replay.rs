@@ -11,10 +11,10 @@ use cairn_proto::v1 as pb;
 use serde_json::Value;
 
 use super::{check_id, Runs, Submit};
-use crate::compare::{self, FileSeen, Side};
 use crate::error::{Error, Result};
 use crate::gates::{Decision, Recorded};
 use crate::rundir::RunDir;
+use cairn_run_diff::{self as compare, FileSeen, Side};
 
 /// Event fields naming the provider a node used: a node with one made provider requests.
 const PROVIDER_EVENTS: &[&str] = &["agent.started", "code_delivery.started"];

@@ -37,8 +37,14 @@ const VOLATILE: &[&str] = &[
 /// workspace files as `unchanged`); the bytes are compared by their hash.
 const WRITE_OUTCOMES: &[&str] = &["created", "unchanged", "overwritten", "written"];
 
-/// Run-level events that describe how a run was started, not what it did.
-const START_EVENTS: &[&str] = &["task.created", "task.resumed", "task.edited"];
+/// Run-level events that describe how a run was started, not what it did, or what the
+/// project held before it (`store.overwritten`: a write replaced other bytes), not the run.
+const START_EVENTS: &[&str] = &[
+    "task.created",
+    "task.resumed",
+    "task.edited",
+    "store.overwritten",
+];
 
 /// Most bytes of a file read to diff it.
 pub const MAX_DIFF_BYTES: usize = 1 << 20;
@@ -153,16 +159,22 @@ impl Norm {
 fn stable(v: Value, n: &Norm) -> Value {
     fn strip(v: Value) -> Value {
         match v {
-            Value::Object(m) => Value::Object(
-                m.into_iter()
-                    .filter(|(k, x)| {
-                        let write_outcome = k == "outcome"
-                            && x.as_str().is_some_and(|w| WRITE_OUTCOMES.contains(&w));
-                        !VOLATILE.contains(&k.as_str()) && !write_outcome
-                    })
-                    .map(|(k, x)| (k, strip(x)))
-                    .collect(),
-            ),
+            Value::Object(m) => {
+                // A size beside a sha256 says nothing the (normalised) hash does not, and it
+                // changes with the length of a run id the file names.
+                let hashed = m.contains_key("sha256");
+                Value::Object(
+                    m.into_iter()
+                        .filter(|(k, x)| {
+                            let write_outcome = k == "outcome"
+                                && x.as_str().is_some_and(|w| WRITE_OUTCOMES.contains(&w));
+                            let size = hashed && matches!(k.as_str(), "bytes" | "size_bytes");
+                            !VOLATILE.contains(&k.as_str()) && !write_outcome && !size
+                        })
+                        .map(|(k, x)| (k, strip(x)))
+                        .collect(),
+                )
+            }
             Value::Array(a) => Value::Array(a.into_iter().map(strip).collect()),
             other => other,
         }
@@ -179,6 +191,11 @@ fn node_events(s: &Side, n: &Norm) -> BTreeMap<String, Vec<Value>> {
         }
         let v = json!({"type": e.r#type, "data": Value::Object(data(e))});
         out.entry(e.node_id.clone()).or_default().push(stable(v, n));
+    }
+    // The ingest service appends its own events while the orchestrator appends the node's:
+    // each writer's events keep their order, but how the two interleave is timing.
+    for events in out.values_mut() {
+        events.sort_by_key(|v| v["type"].as_str().is_some_and(|t| t.starts_with("ingest.")));
     }
     out
 }
