@@ -112,8 +112,11 @@ impl Cli {
     /// remembering where --data-root came from.
     pub fn parse_args() -> Cli {
         use clap::{CommandFactory, FromArgMatches};
-        let matches = Cli::command().get_matches();
-        let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+        let matches = Cli::command()
+            .try_get_matches()
+            .unwrap_or_else(|e| crate::failure::usage_exit(e));
+        let mut cli =
+            Cli::from_arg_matches(&matches).unwrap_or_else(|e| crate::failure::usage_exit(e));
         cli.global.data_root_source = matches.value_source("data_root");
         cli
     }
@@ -484,6 +487,8 @@ pub enum GateCommand {
     Approve {
         run: String,
         gate: String,
+        /// Why, kept in the run's notes; may cite entries of the run's evidence index
+        /// (.cairn/runs/RUN/shared/evidence/index.json) as evidence:E42.
         #[arg(long)]
         note: Option<String>,
     },
@@ -491,6 +496,8 @@ pub enum GateCommand {
     Reject {
         run: String,
         gate: String,
+        /// Why, kept in the run's notes; may cite entries of the run's evidence index
+        /// (.cairn/runs/RUN/shared/evidence/index.json) as evidence:E42.
         #[arg(long)]
         note: Option<String>,
     },

@@ -124,6 +124,67 @@ pub fn report_failure(f: Failure, cx: &Context) -> ExitCode {
     ExitCode::from(r.exit)
 }
 
+/// Ends the process on a command line clap refused, in the one error style (exit 2); help and
+/// version requests print as clap has them.
+pub fn usage_exit(e: clap::Error) -> ! {
+    use clap::error::ErrorKind as K;
+    if matches!(
+        e.kind(),
+        K::DisplayHelp | K::DisplayVersion | K::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        e.exit();
+    }
+    let json = std::env::args_os().any(|a| a == "--json");
+    let r = usage_report(&e.render().to_string());
+    print(&r, json);
+    std::process::exit(i32::from(r.exit));
+}
+
+/// clap's rendered error as one `error:` line and a `hint:` with the usage line.
+fn usage_report(rendered: &str) -> Report {
+    let mut what = Vec::new();
+    let mut usage = None;
+    let mut tip = None;
+    for line in rendered.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        if let Some(u) = line.strip_prefix("Usage:") {
+            usage = Some(u.trim().to_owned());
+        } else if line.starts_with("For more information") {
+        } else if let Some(t) = line.strip_prefix("tip:") {
+            tip = Some(t.trim().to_owned());
+        } else if usage.is_none() {
+            what.push(
+                line.strip_prefix("error:")
+                    .unwrap_or(line)
+                    .trim()
+                    .to_owned(),
+            );
+        }
+    }
+    let help = usage
+        .as_deref()
+        .map(|u| {
+            let words: Vec<&str> = u
+                .split_whitespace()
+                .take_while(|w| !w.starts_with(['[', '<', '-']))
+                .collect();
+            format!(
+                "usage: {u}; `{} --help` explains each flag",
+                words.join(" ")
+            )
+        })
+        .unwrap_or_else(|| "`cairn --help` lists the commands".to_owned());
+    let hint = match tip {
+        Some(t) => format!("{t}; {help}"),
+        None => help,
+    };
+    Report {
+        reason: "usage".into(),
+        message: what.join(" "),
+        hint: Some(hint),
+        exit: exit::USAGE,
+    }
+}
+
 fn print(r: &Report, json: bool) {
     if json {
         let doc = json!({"error": {"reason": r.reason, "message": r.message, "hint": r.hint}});
@@ -441,6 +502,29 @@ mod tests {
         let m = "needs a token (cairn --token; or CAIRN_TOKEN); use one";
         assert_eq!(&m[advice_at(m).unwrap() + 2..], "use one");
         assert_eq!(advice_at("no advice here"), None);
+    }
+
+    #[test]
+    fn a_refused_command_line_is_one_error_and_one_hint() {
+        let rendered = "error: the following required arguments were not provided:\n  <FILE>\n  <PATH>\n\nUsage: cairn store put <FILE> <PATH>\n\nFor more information, try '--help'.\n";
+        let r = usage_report(rendered);
+        assert_eq!(
+            r.message,
+            "the following required arguments were not provided: <FILE> <PATH>"
+        );
+        assert_eq!(
+            r.hint.as_deref(),
+            Some(
+                "usage: cairn store put <FILE> <PATH>; `cairn store put --help` explains each flag"
+            )
+        );
+        assert_eq!((r.reason.as_str(), r.exit), ("usage", exit::USAGE));
+        let r = usage_report("error: unexpected argument '--nope' found\n\n  tip: to pass '--nope' as a value, use '-- --nope'\n\nUsage: cairn runs list [OPTIONS]\n");
+        assert_eq!(r.message, "unexpected argument '--nope' found");
+        assert_eq!(
+            r.hint.as_deref(),
+            Some("to pass '--nope' as a value, use '-- --nope'; usage: cairn runs list [OPTIONS]; `cairn runs list --help` explains each flag")
+        );
     }
 
     #[test]

@@ -1,35 +1,10 @@
 //! The `cairn` binary end to end, with embedded services over a temporary data root.
 #![allow(clippy::unwrap_used)]
 
-use assert_cmd::Command;
+mod common;
+
+use common::{cairn, events, repo_root};
 use predicates::prelude::*;
-
-fn cairn(data: &std::path::Path) -> Command {
-    let mut cmd = Command::cargo_bin("cairn").unwrap();
-    cmd.env_remove("CAIRN_ADDR")
-        .env_remove("CAIRN_PROJECT")
-        .env("RUST_LOG", "error")
-        .arg("--data-root")
-        .arg(data);
-    cmd
-}
-
-/// The events of `run` in `project`, read back through `cairn --json store events`.
-fn events(data: &std::path::Path, project: &str, run: &str) -> Vec<serde_json::Value> {
-    let out = cairn(data)
-        .args(["-p", project, "--json", "store", "events", run])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
 
 fn event_types(data: &std::path::Path, project: &str, run: &str) -> Vec<String> {
     events(data, project, run)
@@ -368,13 +343,6 @@ fn sandbox_run_stages_inputs_and_stores_outputs_and_result() {
         event_types(&data, "default", "sb2"),
         ["sandbox_start", "sandbox_failed"]
     );
-}
-
-fn repo_root() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
 }
 
 #[test]

@@ -97,6 +97,41 @@ fn refusals_are_one_error_line_and_one_hint_with_their_exit_code() {
     assert!(stderr.contains("cairn up"), "{stderr}");
 }
 
+/// A command line clap refuses (a missing argument, an unknown flag) reads like every other
+/// error: one `error:` line, one `hint:` with the usage, exit 2; `--json` gets the object.
+#[test]
+fn a_wrong_command_line_is_one_error_line_and_one_hint() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let out = cairn(&data).args(["store", "put"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_error_style(&stderr);
+    assert!(
+        stderr.contains("<PATH>") && stderr.contains("cairn store put --help"),
+        "{stderr}"
+    );
+    let out = cairn(&data)
+        .args(["--json", "runs", "list", "--nope"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["error"]["reason"], "usage");
+    assert!(
+        doc["error"]["message"].as_str().unwrap().contains("--nope"),
+        "{doc}"
+    );
+    assert!(doc["error"]["hint"]
+        .as_str()
+        .unwrap()
+        .contains("cairn runs list --help"));
+    // Help is still help.
+    let out = cairn(&data).args(["store", "--help"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Usage:"));
+}
+
 #[test]
 fn sandbox_run_on_a_fresh_data_root_creates_its_project_and_explains_missing_inputs() {
     let dir = tempfile::tempdir().unwrap();

@@ -3,25 +3,9 @@
 //! relative to where the user stands.
 #![allow(clippy::unwrap_used)]
 
-use assert_cmd::Command;
+mod common;
 
-fn repo_root() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-fn cairn(data: &std::path::Path) -> Command {
-    let mut cmd = Command::cargo_bin("cairn").unwrap();
-    cmd.env_remove("CAIRN_ADDR")
-        .env_remove("CAIRN_PROJECT")
-        .env("RUST_LOG", "error")
-        .current_dir(repo_root())
-        .arg("--data-root")
-        .arg(data);
-    cmd
-}
+use common::cairn_in_repo as cairn;
 
 fn get(data: &std::path::Path, path: &str) -> String {
     let out = cairn(data)

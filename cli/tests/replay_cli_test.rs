@@ -4,25 +4,14 @@
 //! the two runs' files.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use assert_cmd::Command;
 use serde_json::Value;
 
-fn repo_root() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
 fn cairn(data: &std::path::Path) -> Command {
-    let mut cmd = Command::cargo_bin("cairn").unwrap();
-    cmd.env_remove("CAIRN_ADDR")
-        .env_remove("CAIRN_PROJECT")
-        .env("RUST_LOG", "error")
-        .current_dir(repo_root())
-        .arg("--data-root")
-        .arg(data)
-        .args(["-p", "replay"]);
+    let mut cmd = common::cairn_in_repo(data);
+    cmd.args(["-p", "replay"]);
     cmd
 }
 

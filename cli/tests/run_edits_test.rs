@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::cairn;
+use common::{cairn, events};
 use sha2::{Digest, Sha256};
 
 const GRAPH: &str = "version: 1\ntitle: Old title\ngoal: the first goal\nnodes:\n  - id: note\n    type: write_file\n    path: docs/edits/x.md\n    ingest: false\n    content: \"x\\n\"\n";
@@ -60,22 +60,6 @@ fn put(
         .arg(path)
         .output()
         .unwrap()
-}
-
-fn events(data: &std::path::Path) -> Vec<serde_json::Value> {
-    let out = cairn(data)
-        .args(["-p", "p", "--json", "store", "events", "r1"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 #[test]
@@ -148,7 +132,7 @@ fn a_finished_runs_title_changes_through_runs_edit_and_a_hand_edit_says_how() {
         .unwrap();
     let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(list[0]["title"], "New title", "the run list: {list}");
-    let edited: Vec<_> = events(&data)
+    let edited: Vec<_> = events(&data, "p", "r1")
         .into_iter()
         .filter(|e| e["type"] == "task.edited")
         .collect();
@@ -171,7 +155,7 @@ fn a_finished_runs_title_changes_through_runs_edit_and_a_hand_edit_says_how() {
         .assert()
         .success();
     assert_eq!(
-        events(&data)
+        events(&data, "p", "r1")
             .iter()
             .filter(|e| e["type"] == "task.edited")
             .count(),
@@ -206,7 +190,7 @@ fn a_finished_runs_title_changes_through_runs_edit_and_a_hand_edit_says_how() {
         "names the milestones"
     );
     assert_eq!(
-        events(&data)
+        events(&data, "p", "r1")
             .iter()
             .filter(|e| e["type"] == "task.edited")
             .count(),
@@ -265,7 +249,9 @@ fn the_context_manifest_changes_only_checked_and_recorded() {
         good,
         "prints the manifest"
     );
-    assert!(events(&data).iter().any(|e| e["type"] == "context.edited"));
+    assert!(events(&data, "p", "r1")
+        .iter()
+        .any(|e| e["type"] == "context.edited"));
 }
 
 #[test]
@@ -279,7 +265,7 @@ fn a_hand_edit_of_the_human_notes_is_an_event_with_its_digest() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let edited: Vec<_> = events(&data)
+    let edited: Vec<_> = events(&data, "p", "r1")
         .into_iter()
         .filter(|e| e["type"] == "notes.edited")
         .collect();
@@ -294,7 +280,7 @@ fn a_hand_edit_of_the_human_notes_is_an_event_with_its_digest() {
     // The same bytes again are no edit.
     put(dir.path(), &data, path, &text);
     assert_eq!(
-        events(&data)
+        events(&data, "p", "r1")
             .iter()
             .filter(|e| e["type"] == "notes.edited")
             .count(),

@@ -13,8 +13,8 @@ use cairn_proto::v1::artifact_store_client::ArtifactStoreClient;
 use cairn_proto::v1::ingest_client::IngestClient;
 use cairn_proto::v1::orchestrator_client::OrchestratorClient;
 use cairn_proto::v1::{
-    put_request, GateDecisionRequest, GetRunRequest, IngestRequest, PutHeader, PutRequest,
-    ReworkRequest, StatRequest, SubmitRunRequest,
+    put_request, GateDecisionRequest, GetRunRequest, IngestRequest, ListRunsRequest, PageRequest,
+    PutHeader, PutRequest, ReworkRequest, StatRequest, SubmitRunRequest,
 };
 use cairn_server::TlsConfig;
 use tonic::transport::Channel;
@@ -201,6 +201,84 @@ async fn graph_errors_name_the_field_path_and_missing_runs_the_run() {
         Some(("node".into(), "zz".into())),
         "{e:?}"
     );
+}
+
+/// Every INVALID_ARGUMENT of a plain request field names that field's path, not only graph
+/// errors: a run id, a page token, a mode, a variable, a search text, a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn request_field_errors_name_the_field_path() {
+    let d = plain().await;
+    let mut o = OrchestratorClient::new(channel(&d.orchestrator));
+    let field_of = |e: &tonic::Status| {
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        let v = reason::violations(e);
+        assert_eq!(v.len(), 1, "{e:?}");
+        assert_eq!(v[0].1, e.message(), "{e:?}");
+        assert_eq!(reason::detail(e, "field"), Some(v[0].0.clone()), "{e:?}");
+        v[0].0.clone()
+    };
+    let submit = |req: SubmitRunRequest| {
+        let mut o = o.clone();
+        async move { o.submit_run(req).await.unwrap_err() }
+    };
+    let e = submit(SubmitRunRequest {
+        project_id: "p".into(),
+        run_id: "bad id!".into(),
+        graph_yaml: "nodes:\n  - {id: g, type: gate}\n".into(),
+        ..SubmitRunRequest::default()
+    })
+    .await;
+    assert_eq!(field_of(&e), "run_id");
+    let e = submit(SubmitRunRequest {
+        project_id: "p".into(),
+        mode: "nope".into(),
+        ..SubmitRunRequest::default()
+    })
+    .await;
+    assert_eq!(field_of(&e), "mode");
+    let e = submit(SubmitRunRequest {
+        project_id: "p".into(),
+        mode: "self_critique".into(),
+        prompt: "x".into(),
+        vars: [("reviews".to_owned(), "99".to_owned())].into(),
+        ..SubmitRunRequest::default()
+    })
+    .await;
+    assert_eq!(field_of(&e), "vars.reviews");
+    let e = submit(SubmitRunRequest {
+        project_id: "p".into(),
+        ..SubmitRunRequest::default()
+    })
+    .await;
+    assert_eq!(field_of(&e), "graph_yaml");
+    let list = |req: ListRunsRequest| {
+        let mut o = o.clone();
+        async move { o.list_runs(req).await.unwrap_err() }
+    };
+    let e = list(ListRunsRequest {
+        project_id: "p".into(),
+        page: Some(PageRequest {
+            page_size: 10,
+            page_token: "forged".into(),
+        }),
+        ..ListRunsRequest::default()
+    })
+    .await;
+    assert_eq!(field_of(&e), "page.page_token");
+    let e = list(ListRunsRequest {
+        project_id: "p".into(),
+        text: "x".repeat(500),
+        ..ListRunsRequest::default()
+    })
+    .await;
+    assert_eq!(field_of(&e), "text");
+    let e = list(ListRunsRequest {
+        project_id: "p".into(),
+        created_after: "yesterday".into(),
+        ..ListRunsRequest::default()
+    })
+    .await;
+    assert_eq!(field_of(&e), "created_after");
 }
 
 fn doc(doc_path: &str) -> IngestRequest {

@@ -14,6 +14,38 @@ pub fn cairn(data: &std::path::Path) -> Command {
     cmd
 }
 
+/// The checkout's root (examples/ and docs/ are found from there).
+pub fn repo_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// `cairn` run from the checkout's root, so the examples' relative paths resolve.
+pub fn cairn_in_repo(data: &std::path::Path) -> Command {
+    let mut cmd = cairn(data);
+    cmd.current_dir(repo_root());
+    cmd
+}
+
+/// The events of `run` in `project`, read back through `cairn --json store events`.
+pub fn events(data: &std::path::Path, project: &str, run: &str) -> Vec<serde_json::Value> {
+    let out = cairn(data)
+        .args(["-p", project, "--json", "store", "events", run])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 /// Kills the child process when dropped, however the test ends.
 pub struct Killed(pub std::process::Child);
 

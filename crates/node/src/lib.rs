@@ -9,6 +9,7 @@
 
 pub mod context;
 pub mod events;
+pub mod evidence;
 pub mod gate;
 pub mod layout;
 pub mod logs;

@@ -288,6 +288,7 @@ impl Error {
             Error::InvalidProjectId(id) => {
                 vec![("field", "project".to_owned()), ("id", id.clone())]
             }
+            Error::Path(r) => vec![("path", r.path.clone())],
             _ => Vec::new(),
         }
     }

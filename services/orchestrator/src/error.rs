@@ -11,6 +11,10 @@ pub enum Error {
     Graph(#[from] GraphError),
     #[error("{0}")]
     InvalidArgument(String),
+    /// One request field is wrong: `field` is its path in the request (`page.page_token`,
+    /// `vars.reviews`), sent as a BadRequest field violation.
+    #[error("{message}")]
+    BadField { field: String, message: String },
     #[error("run `{run_id}` not found in project `{project}`; list runs with `cairn runs list`")]
     RunNotFound { project: String, run_id: String },
     #[error("run `{run_id}` already exists in project `{project}`; choose another run id or leave it empty to get a new one (a retried submit should send the same request_id instead)")]
@@ -26,6 +30,9 @@ pub enum Error {
         /// More to say (how to find the right one), starting with `;` or empty.
         hint: &'static str,
     },
+    /// A note cites `evidence:<id>` ids the run's evidence index does not hold.
+    #[error("the note cites {} that run `{run_id}` does not hold; `cairn store get PROJECT .cairn/runs/{run_id}/shared/evidence/index.json` lists its evidence ids", ids.iter().map(|i| format!("evidence:{i}")).collect::<Vec<_>>().join(", "))]
+    UnknownEvidence { run_id: String, ids: Vec<String> },
     /// The request does not fit the run's state (gate not blocked, run already final, ...).
     #[error("{0}")]
     FailedPrecondition(String),
@@ -60,6 +67,14 @@ pub enum Error {
 }
 
 impl Error {
+    /// A refusal of one request field.
+    pub fn field(field: impl Into<String>, message: impl Into<String>) -> Error {
+        Error::BadField {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
     /// Wraps a store status with what we were doing.
     pub fn store(context: impl Into<String>) -> impl FnOnce(Status) -> Error {
         let context = context.into();
@@ -92,6 +107,16 @@ impl From<Error> for Status {
                 )
             }
             Error::InvalidArgument(_) | Error::Config(_) => plain(Code::InvalidArgument, message),
+            Error::BadField { field, .. } => reason::detailed(
+                Code::InvalidArgument,
+                message.clone(),
+                reason::fallback(Code::InvalidArgument),
+                &[("field", &field)],
+                reason::Extra {
+                    violations: vec![(field.clone(), message)],
+                    ..Default::default()
+                },
+            ),
             Error::RunNotFound { project, run_id } => reason::status_with(
                 Code::NotFound,
                 message,
@@ -118,6 +143,16 @@ impl From<Error> for Status {
                 message,
                 "exists",
                 &[("project", &project), ("run_id", &run_id)],
+            ),
+            Error::UnknownEvidence { run_id, ids } => reason::detailed(
+                Code::InvalidArgument,
+                message.clone(),
+                "unknown_evidence",
+                &[("run_id", &run_id), ("evidence", &ids.join(","))],
+                reason::Extra {
+                    violations: vec![("note".into(), message)],
+                    ..Default::default()
+                },
             ),
             Error::FailedPrecondition(_) => plain(Code::FailedPrecondition, message),
             Error::Store { status, .. } => {

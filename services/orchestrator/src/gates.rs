@@ -32,10 +32,10 @@ pub fn check_decidable(state: &RunState, gate_id: &str) -> Result<()> {
         });
     };
     let Some(gate) = &node.gate else {
-        return Err(Error::InvalidArgument(format!(
-            "node `{gate_id}` is a {}, not a gate",
-            node.kind
-        )));
+        return Err(Error::field(
+            "gate_id",
+            format!("node `{gate_id}` is a {}, not a gate", node.kind),
+        ));
     };
     match gate.state {
         GateState::Blocked => Ok(()),

@@ -23,10 +23,12 @@ pub async fn append_note(
     text: &str,
 ) -> Result<String> {
     if text.len() > MAX_NOTE_BYTES {
-        return Err(Error::InvalidArgument(format!(
-            "the note is {} bytes; at most {MAX_NOTE_BYTES}",
-            text.len()
-        )));
+        // AddNote sends the note as `text`; gate decisions and reworks as `note`.
+        let field = if heading == "note" { "text" } else { "note" };
+        return Err(Error::field(
+            field,
+            format!("the note is {} bytes; at most {MAX_NOTE_BYTES}", text.len()),
+        ));
     }
     let path = RunDir::new(run_id).human_notes();
     let current = store

@@ -46,9 +46,10 @@ impl<'a> Inputs<'a> {
             "" => None,
             d => {
                 let dir = pathguard::validate(d).map_err(|rej| {
-                    Error::InvalidArgument(format!(
-                        "graph_dir `{d}`: {rej} (a directory of the run's project)"
-                    ))
+                    Error::field(
+                        "graph_dir",
+                        format!("graph_dir `{d}`: {rej} (a directory of the run's project)"),
+                    )
                 })?;
                 if dir.components().next() == Some(RECORDS) {
                     return Err(records_refused("graph_dir", d));
@@ -140,9 +141,14 @@ impl GraphFiles for Inputs<'_> {
 }
 
 fn records_refused(what: &str, path: &str) -> Error {
-    Error::InvalidArgument(format!(
+    let message = format!(
         "{what} `{path}` is under `{RECORDS}/`, the run records, which are no graph's input; {HINT}"
-    ))
+    );
+    if what == "graph_dir" {
+        Error::field(what, message)
+    } else {
+        Error::InvalidArgument(message)
+    }
 }
 
 /// The project path where run `run_id` keeps input `path`.

@@ -146,13 +146,8 @@ impl Watcher {
             Ok(chunks) => self.send(node, attempt, chunks).await,
             Err(s) => {
                 let path = cairn_node::RunDir::new(&self.q.run_id).node_log(node, attempt);
-                let _ = self
-                    .tx
-                    .send(Err(Status::new(
-                        s.code(),
-                        format!("reading {path}: {}", s.message()),
-                    )))
-                    .await;
+                let e = crate::error::Error::store(format!("reading {path}"))(s);
+                let _ = self.tx.send(Err(e.into())).await;
                 Err(Gone)
             }
         }
@@ -178,8 +173,8 @@ impl Watcher {
             {
                 Ok(l) => l,
                 Err(s) => {
-                    let msg = format!("listing the run's stored logs: {}", s.message());
-                    let _ = self.tx.send(Err(Status::new(s.code(), msg))).await;
+                    let e = crate::error::Error::store("listing the run's stored logs")(s);
+                    let _ = self.tx.send(Err(e.into())).await;
                     return Err(Gone);
                 }
             };

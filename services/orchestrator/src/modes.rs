@@ -46,15 +46,16 @@ pub fn builtin(
     vars: &BTreeMap<String, String>,
 ) -> Result<BuiltIn> {
     let Some((name, yaml)) = MODES.iter().find(|(name, _)| *name == mode.trim()) else {
-        return Err(Error::InvalidArgument(format!(
-            "unknown mode `{mode}`; the built-in modes are: {}",
-            names()
-        )));
+        return Err(Error::field(
+            "mode",
+            format!("unknown mode `{mode}`; the built-in modes are: {}", names()),
+        ));
     };
     if !graph_yaml.trim().is_empty() {
-        return Err(Error::InvalidArgument(format!(
-            "both mode `{name}` and graph_yaml were given; send one of them (a mode is a built-in graph)"
-        )));
+        return Err(Error::field(
+            "graph_yaml",
+            format!("both mode `{name}` and graph_yaml were given; send one of them (a mode is a built-in graph)"),
+        ));
     }
     let prompt = if prompt.trim().is_empty() {
         vars.get("prompt").map(String::as_str).unwrap_or_default()
@@ -71,9 +72,10 @@ pub fn builtin(
     if *name == "self_critique" {
         let n = match vars.get("reviews") {
             Some(v) => v.trim().parse::<u32>().ok().filter(|n| (1..=MAX_REVIEWS).contains(n)).ok_or_else(|| {
-                Error::InvalidArgument(format!(
-                    "vars.reviews `{v}`: the number of reviews must be a whole number from 1 to {MAX_REVIEWS}"
-                ))
+                Error::field(
+                    "vars.reviews",
+                    format!("vars.reviews `{v}`: the number of reviews must be a whole number from 1 to {MAX_REVIEWS}"),
+                )
             })?,
             None => 2,
         };

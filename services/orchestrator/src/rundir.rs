@@ -47,7 +47,7 @@ pub fn initial_files(state: &RunState) -> Vec<(String, String)> {
     vec![
         (dir.human_notes(), notes),
         (dir.context_manifest(), manifest),
-        (dir.path("shared/evidence/index.json"), "[]\n".into()),
+        (dir.path(EVIDENCE_INDEX), "[]\n".into()),
         section(
             "contracts",
             "Contracts shared by the agents of this run (API, schemas, error models).",
@@ -454,6 +454,9 @@ async fn write_loop(
     edits: mpsc::UnboundedSender<Ev>,
 ) {
     let mut task = TaskFile::default();
+    // The evidence index, grown from the run's stored events (see cairn_node::evidence).
+    let mut evidence: Option<cairn_node::evidence::Index> = None;
+    let mut evidence_written = false;
     loop {
         if rx.changed().await.is_err() {
             return;
@@ -470,10 +473,25 @@ async fn write_loop(
             recorder.seq_of(snap.upto).unwrap_or(snap.state.last_seq)
         };
         let dir = RunDir::new(&snap.state.run_id);
-        let files = [
+        let mut files = vec![
             (dir.state_json(), render_state_json(&snap.state, seq)),
             (dir.readme(), render_readme(&snap.state, &snap.graph)),
         ];
+        let evidence =
+            evidence.get_or_insert_with(|| cairn_node::evidence::Index::new(&snap.state.run_id));
+        let known = evidence.entries().len();
+        match store
+            .read_events(&project, &snap.state.run_id, evidence.last_seq + 1)
+            .await
+        {
+            Ok(events) => events.iter().for_each(|e| evidence.observe(e)),
+            Err(e) => {
+                tracing::warn!(run_id = %snap.state.run_id, error = %e, "reading the run's events for its evidence index failed; the index catches up with the next snapshot")
+            }
+        }
+        if evidence.entries().len() != known || !evidence_written {
+            files.push((dir.path(EVIDENCE_INDEX), evidence.render()));
+        }
         let opts = PutOptions {
             overwrite: true,
             ..Default::default()
@@ -506,9 +524,13 @@ async fn write_loop(
             rx.mark_changed();
             continue;
         }
+        evidence_written = true;
         written.send_replace(snap.version);
     }
 }
+
+/// The run's evidence index, relative to its run directory.
+pub const EVIDENCE_INDEX: &str = "shared/evidence/index.json";
 
 /// task.yaml as the snapshot writer knows it: it replaces the file only while the file holds
 /// what it last wrote or read (compare-and-swap), so a human's edit is read, never lost.

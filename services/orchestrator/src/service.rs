@@ -509,10 +509,13 @@ const MAX_SEARCH_CHARS: usize = 200;
 fn search_text(text: &str) -> Result<String, Status> {
     let text = text.trim();
     if text.chars().count() > MAX_SEARCH_CHARS {
-        return Err(Error::InvalidArgument(format!(
-            "text is {} characters; search with at most {MAX_SEARCH_CHARS}",
-            text.chars().count()
-        ))
+        return Err(Error::field(
+            "text",
+            format!(
+                "text is {} characters; search with at most {MAX_SEARCH_CHARS}",
+                text.chars().count()
+            ),
+        )
         .into());
     }
     Ok(text.to_lowercase())
@@ -525,9 +528,12 @@ fn time_bound(field: &str, text: &str) -> Result<Option<time::OffsetDateTime>, S
     time::OffsetDateTime::parse(text.trim(), &time::format_description::well_known::Rfc3339)
         .map(Some)
         .map_err(|e| {
-            Error::InvalidArgument(format!(
-                "{field} `{text}` is not an RFC 3339 time (e.g. 2026-11-25T00:00:00Z): {e}"
-            ))
+            Error::field(
+                field,
+                format!(
+                    "{field} `{text}` is not an RFC 3339 time (e.g. 2026-11-25T00:00:00Z): {e}"
+                ),
+            )
             .into()
         })
 }

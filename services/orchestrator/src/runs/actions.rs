@@ -238,6 +238,9 @@ impl Runs {
             let (_, state) = self.load(project, run_id).await?;
             crate::gates::check_decidable(&state, gate)?;
         }
+        if recorded.is_none() {
+            self.check_cited(project, run_id, note).await?;
+        }
         let note_ref = if note.trim().is_empty() {
             None
         } else {
@@ -266,6 +269,37 @@ impl Runs {
             .await?;
         rx.await
             .map_err(|_| Error::Unavailable("the run stopped before deciding; retry".into()))?
+    }
+
+    /// Every `evidence:<id>` a decision's note cites must be in the run's evidence index.
+    async fn check_cited(&self, project: &str, run_id: &str, note: &str) -> Result<()> {
+        let cited = cairn_node::evidence::cited(note);
+        if cited.is_empty() {
+            return Ok(());
+        }
+        let path = crate::rundir::RunDir::new(run_id).path(crate::rundir::EVIDENCE_INDEX);
+        let held = self
+            .b
+            .store
+            .get_at_most(project, &path, EVIDENCE_INDEX_MAX)
+            .await
+            .map_err(Error::store(format!(
+                "reading the evidence index of run {run_id}"
+            )))?
+            .and_then(|b| cairn_node::evidence::parse(&String::from_utf8_lossy(&b)))
+            .unwrap_or_default();
+        let ids: Vec<String> = cited
+            .into_iter()
+            .filter(|c| !held.iter().any(|e| &e.id == c))
+            .collect();
+        if ids.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::UnknownEvidence {
+                run_id: run_id.to_owned(),
+                ids,
+            })
+        }
     }
 
     pub async fn rework(
@@ -352,7 +386,7 @@ impl Runs {
         text: &str,
     ) -> Result<(u64, String)> {
         if text.trim().is_empty() {
-            return Err(Error::InvalidArgument("the note is empty".into()));
+            return Err(Error::field("text", "the note is empty"));
         }
         self.get(project, run_id).await?;
         let by = if by.is_empty() { "human" } else { by };
@@ -406,7 +440,7 @@ impl Runs {
         yaml: &str,
     ) -> Result<u64> {
         let manifest = Manifest::parse(yaml)
-            .map_err(|e| Error::InvalidArgument(format!("context manifest: {e}")))?;
+            .map_err(|e| Error::field("manifest_yaml", format!("context manifest: {e}")))?;
         self.get(project, run_id).await?;
         let path = RunDir::new(run_id).context_manifest();
         let opts = PutOptions {
@@ -430,3 +464,6 @@ impl Runs {
         self.record(project, run_id, e).await
     }
 }
+
+/// Largest evidence index read back to check a note's citations.
+const EVIDENCE_INDEX_MAX: u64 = 64 << 20;

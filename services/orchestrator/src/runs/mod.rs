@@ -46,9 +46,10 @@ pub fn check_id(what: &str, id: &str) -> Result<()> {
     if ok {
         Ok(())
     } else {
-        Err(Error::InvalidArgument(format!(
-            "{what} `{id}` must be 1-128 characters of letters, digits, `.`, `_`, `-`"
-        )))
+        Err(Error::field(
+            what,
+            format!("{what} `{id}` must be 1-128 characters of letters, digits, `.`, `_`, `-`"),
+        ))
     }
 }
 
@@ -88,7 +89,12 @@ fn parse_cursor(token: &str) -> Result<Option<(String, String)>> {
     if token.is_empty() {
         return Ok(None);
     }
-    let bad = || Error::InvalidArgument("page_token is not one this server gave".into());
+    let bad = || {
+        Error::field(
+            "page.page_token",
+            "page_token is not one this server gave; start again without it",
+        )
+    };
     let bytes = token
         .strip_prefix(CURSOR_PREFIX)
         .and_then(|h| hex::decode(h).ok())
@@ -268,8 +274,9 @@ impl Runs {
             (false, true) => req.run_id.clone(),
             (true, false) => request_run_id(&req.project_id, &req.request_id)?,
             (false, false) => {
-                return Err(Error::InvalidArgument(
-                    "run_id and request_id are both set: send request_id alone (the run id is derived from it, so a retry finds the run) or run_id alone".into(),
+                return Err(Error::field(
+                    "request_id",
+                    "run_id and request_id are both set: send request_id alone (the run id is derived from it, so a retry finds the run) or run_id alone",
                 ))
             }
         };
@@ -432,10 +439,13 @@ impl Runs {
             (b.graph_yaml, b.vars, Some(b.title))
         };
         if graph_yaml.trim().is_empty() {
-            return Err(Error::InvalidArgument(format!(
-                "graph_yaml is empty: send the graph (docs/graphs.md), a built-in mode ({}) or rerun_of",
-                crate::modes::names()
-            )));
+            return Err(Error::field(
+                "graph_yaml",
+                format!(
+                    "graph_yaml is empty: send the graph (docs/graphs.md), a built-in mode ({}) or rerun_of",
+                    crate::modes::names()
+                ),
+            ));
         }
         let mut graph = Graph::from_yaml(graph_yaml, run_id, &vars)?;
         self.b.kinds.check(&graph)?;
@@ -468,9 +478,10 @@ impl Runs {
         };
         check_id(field, source)?;
         if !req.graph_yaml.trim().is_empty() || !req.mode.is_empty() || !req.prompt.is_empty() {
-            return Err(Error::InvalidArgument(format!(
-                "{field} starts from the recorded graph: leave graph_yaml, mode and prompt empty (vars, title and llm may replace the recorded ones)"
-            )));
+            return Err(Error::field(
+                "graph_yaml",
+                format!("{field} starts from the recorded graph: leave graph_yaml, mode and prompt empty (vars, title and llm may replace the recorded ones)"),
+            ));
         }
         let (value, _, state) = self.read_records(&req.project_id, source).await?;
         Ok(Rerun {
