@@ -208,7 +208,7 @@ async fn graph_errors_name_the_field_path_and_missing_runs_the_run() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn request_field_errors_name_the_field_path() {
     let d = plain().await;
-    let mut o = OrchestratorClient::new(channel(&d.orchestrator));
+    let o = OrchestratorClient::new(channel(&d.orchestrator));
     let field_of = |e: &tonic::Status| {
         assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
         let v = reason::violations(e);
