@@ -347,7 +347,8 @@ pub fn send_events(
             if lines.read_until(b'\n', &mut line).map_err(bad)? == 0 {
                 break;
             }
-            let Some(event) = StoredEvent::parse(&String::from_utf8_lossy(&line)) else {
+            let text = String::from_utf8_lossy(&line);
+            let Some(event) = StoredEvent::parse(text.trim_end_matches(['\n', '\r'])) else {
                 continue;
             };
             if event.seq < from {
