@@ -227,10 +227,17 @@ pub enum CertsCommand {
     /// host names, keys and the CA stay; each file is replaced by rename. Running services
     /// pick the new certificates up within seconds (or on SIGHUP).
     Renew(CertsRenewArgs),
-    /// Print the identity a certificate names, and its host names and validity.
+    /// Print the identity a certificate names, its host names, validity, serial number and
+    /// issuer: of a file, or (--served) of the certificate a running service presents.
     Show {
         /// A certificate (PEM).
-        cert: PathBuf,
+        #[arg(required_unless_present = "served", conflicts_with = "served")]
+        cert: Option<PathBuf>,
+        /// Instead of a file: the certificate the service at HOST:PORT presents to a new
+        /// connection, dialled with your TLS settings (--tls-dir: the `cli` identity), e.g.
+        /// to see that a service serves its renewed certificate.
+        #[arg(long, value_name = "HOST:PORT")]
+        served: Option<String>,
     },
 }
 
@@ -395,8 +402,13 @@ pub enum RunsCommand {
     Context { run: String, file: Option<PathBuf> },
     /// Pack a finished (completed, failed or canceled) run into one compressed file,
     /// .cairn/runs/RUN/run.tar.gz; `runs show`, `runs list` and `store events` still read it,
-    /// but it takes no more events (no resume, rework or notes). Admin only.
+    /// but it takes no more events (no resume, rework or notes) until `runs unarchive`. Admin
+    /// only.
     Archive { run: String },
+    /// Unpack an archived run: its files go back into .cairn/runs/RUN/ and it takes events
+    /// again (resume, rework, notes). The retention sweep archives it again when its rule
+    /// still picks it. Admin only.
+    Unarchive { run: String },
     /// Follow a run's events live: every event from the first, then on through rework, resume
     /// and later actions until you stop it (Ctrl-C). One line per event (`--json`: one JSON
     /// object per line).

@@ -401,7 +401,8 @@ fn a_run_is_re_run_and_found_by_search() {
 }
 
 /// `cairn runs archive`: a run waiting at a gate is refused; a completed run is packed into one
-/// file, and `cairn runs show` and `cairn store events` still read it.
+/// file, and `cairn runs show` and `cairn store events` still read it; it takes no note until
+/// `cairn runs unarchive` puts its files back, which reads the same and takes one.
 #[test]
 fn an_archived_run_is_still_shown_and_an_unfinished_one_is_refused() {
     let dir = tempfile::tempdir().unwrap();
@@ -464,6 +465,39 @@ fn an_archived_run_is_still_shown_and_an_unfinished_one_is_refused() {
         .unwrap();
     assert!(!before.stdout.is_empty());
     assert_eq!(after.stdout, before.stdout);
+    // Archived, it takes no note; unarchived, its files are back and it takes one.
+    let note = |text: &str| {
+        cairn(&data)
+            .args(["-p", "arch", "notes", "add", "a1", text])
+            .timeout(std::time::Duration::from_secs(60))
+            .output()
+            .unwrap()
+    };
+    let refused = note("while archived");
+    assert!(
+        !refused.status.success()
+            && String::from_utf8_lossy(&refused.stderr).contains("cairn runs unarchive"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    cairn(&data)
+        .args(["-p", "arch", "runs", "unarchive", "a1"])
+        .timeout(std::time::Duration::from_secs(60))
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("unarchived a1"));
+    assert!(run_dir.join("events.jsonl").exists() && !run_dir.join("run.tar.gz").exists());
+    let unpacked = cairn(&data)
+        .args(["-p", "arch", "--json", "store", "events", "a1"])
+        .output()
+        .unwrap();
+    assert_eq!(unpacked.stdout, before.stdout);
+    let noted = note("after unarchiving");
+    assert!(
+        noted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&noted.stderr)
+    );
 }
 
 /// `cairn store backup` of a data root with a run waiting at a gate, restored into another

@@ -2,11 +2,12 @@
 
 use std::process::ExitCode;
 
+use anyhow::Context;
 use cairn_server::pki::{self, PkiSpec};
 
 use crate::cli::{CertsCommand, Global};
 
-pub fn run(global: &Global, cmd: CertsCommand) -> anyhow::Result<ExitCode> {
+pub async fn run(global: &Global, cmd: CertsCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         CertsCommand::Init(args) => {
             let mut names = args.names;
@@ -59,14 +60,30 @@ pub fn run(global: &Global, cmd: CertsCommand) -> anyhow::Result<ExitCode> {
                 );
             }
         }
-        CertsCommand::Show { cert } => {
-            let info = pki::describe(&cert)?;
+        CertsCommand::Show { cert, served } => {
+            let info = match (cert, served) {
+                (Some(cert), _) => pki::describe(&cert)?,
+                (None, Some(addr)) => {
+                    let tls = global
+                        .tls
+                        .config()
+                        .load(crate::embedded::IDENTITY)
+                        .context("reading the TLS files (--tls-dir / CAIRN_TLS_DIR)")?
+                        .context("--served dials with your TLS settings: give --tls-dir (or CAIRN_TLS_DIR) with the cli certificate")?;
+                    let name = global.tls_server_name.as_deref();
+                    let der = cairn_server::served_certificate(&addr, &tls, name).await?;
+                    pki::describe_der(&der)?
+                }
+                (None, None) => anyhow::bail!("name a certificate file, or --served HOST:PORT"),
+            };
             if global.json {
                 crate::output::json(&serde_json::json!({
                     "identity": info.identity,
                     "names": info.names,
                     "not_before": info.not_before,
                     "not_after": info.not_after,
+                    "serial": info.serial,
+                    "issuer": info.issuer,
                 }))?;
             } else {
                 println!(
@@ -77,6 +94,8 @@ pub fn run(global: &Global, cmd: CertsCommand) -> anyhow::Result<ExitCode> {
                 );
                 println!("names: {}", info.names.join(", "));
                 println!("valid: {} .. {}", info.not_before, info.not_after);
+                println!("serial: {}", info.serial);
+                println!("issuer: {}", info.issuer);
             }
         }
     }

@@ -32,7 +32,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Runs(cmd) => run::runs(&cli.global, cmd).await,
         Command::Gate(cmd) => run::gate(&cli.global, cmd).await,
         Command::Notes(cmd) => run::notes(&cli.global, cmd).await,
-        Command::Certs(cmd) => certs::run(&cli.global, cmd),
+        Command::Certs(cmd) => certs::run(&cli.global, cmd).await,
         Command::Tokens(cmd) => tokens::run(&cli.global, cmd),
     }
 }

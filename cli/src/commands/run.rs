@@ -754,6 +754,26 @@ pub async fn runs(global: &Global, cmd: RunsCommand) -> anyhow::Result<ExitCode>
                 }
                 Ok(ExitCode::SUCCESS)
             }
+            RunsCommand::Unarchive { run } => {
+                let unarchived = services
+                    .store()?
+                    .unarchive_run(cairn_proto::v1::UnarchiveRunRequest {
+                        project_id: project,
+                        run_id: run.clone(),
+                    })
+                    .await?
+                    .into_inner();
+                if global.json {
+                    output::json(&serde_json::json!({"run_id": run, "files": unarchived.files, "size_bytes": unarchived.size_bytes}))?;
+                } else {
+                    println!(
+                        "unarchived {run}: {} files ({}) back in .cairn/runs/{run}/",
+                        unarchived.files,
+                        output::bytes(unarchived.size_bytes)
+                    );
+                }
+                Ok(ExitCode::SUCCESS)
+            }
             RunsCommand::Watch {
                 run,
                 until_end,

@@ -3,6 +3,8 @@
 
 use assert_cmd::Command;
 
+pub mod procs;
+
 pub fn cairn(data: &std::path::Path) -> Command {
     let mut cmd = Command::cargo_bin("cairn").unwrap();
     cmd.env_remove("CAIRN_ADDR")

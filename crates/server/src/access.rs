@@ -431,6 +431,7 @@ mod tests {
                 "Backup",
                 "Restore",
                 "ArchiveRun",
+                "UnarchiveRun",
             ]
             .contains(&method),
             "Ingest" => ["Ingest", "SetEnabled"].contains(&method),
@@ -442,7 +443,7 @@ mod tests {
         }
     }
 
-    const ADMIN_ONLY: [&str; 3] = ["Backup", "Restore", "ArchiveRun"];
+    const ADMIN_ONLY: [&str; 4] = ["Backup", "Restore", "ArchiveRun", "UnarchiveRun"];
 
     /// What each identity may call, written out on its own (not derived from the table).
     fn expected(identity: &str, service: &str, method: &str) -> bool {

@@ -60,6 +60,11 @@ pub enum Error {
     PlaintextBeyondLoopback { addr: String },
     #[error("TLS: {0}")]
     Tls(#[from] tls::TlsError),
+    #[error("could not make a TLS connection to {addr}: {source} (is the service up, and are your TLS settings of its CA?)")]
+    Dial {
+        addr: String,
+        source: std::io::Error,
+    },
 }
 
 /// The services to host on one listener.
@@ -395,6 +400,36 @@ pub fn connect_named(
     let dialer = dial::Dialer::new(tls.paths().clone(), server_name)?;
     let plain = endpoint(&format!("http://{}", bare_address(addr)), None, None)?;
     Ok(plain.connect_with_connector_lazy(tower::service_fn(move |uri| dialer.clone().dial(uri))))
+}
+
+/// The certificate (DER) the server at `addr` presents to a new connection made with `tls`'s
+/// files, verified as every connection is (the CA bundle, the name dialled or `server_name`):
+/// what `cairn certs show --served` prints, to check which certificate a service serves.
+pub async fn served_certificate(
+    addr: &str,
+    tls: &Tls,
+    server_name: Option<&str>,
+) -> Result<Vec<u8>, Error> {
+    let dialer = dial::Dialer::new(tls.paths().clone(), server_name)?;
+    let uri: http::Uri = format!("https://{}", bare_address(addr))
+        .parse()
+        .map_err(|e: http::uri::InvalidUri| Error::Address {
+            addr: addr.to_owned(),
+            reason: e.to_string(),
+        })?;
+    let io = dialer.dial(uri).await.map_err(|source| Error::Dial {
+        addr: addr.to_owned(),
+        source,
+    })?;
+    let (_, connection) = io.inner().get_ref();
+    connection
+        .peer_certificates()
+        .and_then(|chain| chain.first())
+        .map(|leaf| leaf.to_vec())
+        .ok_or_else(|| Error::Dial {
+            addr: addr.to_owned(),
+            source: std::io::Error::other("the server presented no certificate"),
+        })
 }
 
 /// `addr` without an `http://` or `https://` scheme.

@@ -459,6 +459,10 @@ pub struct CertInfo {
     pub names: Vec<String>,
     pub not_before: String,
     pub not_after: String,
+    /// The serial number in hex (a renewal gives a new one).
+    pub serial: String,
+    /// The issuing CA's distinguished name.
+    pub issuer: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -470,6 +474,8 @@ pub enum DescribeError {
     },
     #[error("{} is not a PEM certificate", .0.display())]
     NotACertificate(PathBuf),
+    #[error("the certificate presented is not X.509 DER")]
+    NotDer,
 }
 
 /// Reads a PEM certificate file.
@@ -480,7 +486,12 @@ pub fn describe(path: &Path) -> Result<CertInfo, DescribeError> {
     })?;
     let not_cert = || DescribeError::NotACertificate(path.to_owned());
     let (_, pem) = x509_parser::pem::parse_x509_pem(&bytes).map_err(|_| not_cert())?;
-    let (_, cert) = x509_parser::parse_x509_certificate(&pem.contents).map_err(|_| not_cert())?;
+    describe_der(&pem.contents).map_err(|_| not_cert())
+}
+
+/// Reads a certificate in DER (as a server presents it).
+pub fn describe_der(der: &[u8]) -> Result<CertInfo, DescribeError> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).map_err(|_| DescribeError::NotDer)?;
     let mut names = Vec::new();
     if let Ok(Some(san)) = cert.subject_alternative_name() {
         for name in &san.value.general_names {
@@ -499,10 +510,12 @@ pub fn describe(path: &Path) -> Result<CertInfo, DescribeError> {
         }
     }
     Ok(CertInfo {
-        identity: crate::caller::identity_of(&pem.contents).ok(),
+        identity: crate::caller::identity_of(der).ok(),
         names,
         not_before: cert.validity().not_before.to_string(),
         not_after: cert.validity().not_after.to_string(),
+        serial: cert.raw_serial_as_string().replace(':', ""),
+        issuer: cert.issuer().to_string(),
     })
 }
 

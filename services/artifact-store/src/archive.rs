@@ -1,25 +1,29 @@
 //! Archived runs: a finished run's directory packed into one gzip tar, `run.tar.gz`, beside
 //! its state.json (kept, so the run index still lists the run); the run's other files are
 //! then removed. Get, Stat and ReadEvents of its records are answered from the archive, and
-//! the run takes no more writes, events or claims (`events` refuses to reopen its log).
+//! the run takes no more writes, events or claims (`events` refuses to reopen its log) until
+//! it is unpacked again. Packing, unpacking and reading stream: memory stays bounded by a few
+//! buffers whatever the size of the run's files.
 //!
 //! May depend on: state, layout, read (entries), events (stored lines), run_index (final
-//! states), files, stamp, error, cairn-contain.
+//! states), files, digest, stamp, error, cairn-contain.
 
 use std::fs::File;
-use std::io::Read;
+use std::io::{BufRead, Read};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use bytes::Bytes;
 use flate2::read::GzDecoder;
 use flate2::write::GzEncoder;
 use rustix::io::Errno;
+use tokio::sync::mpsc;
 
 use cairn_contain as contain;
 
+use crate::digest::{hash_reader, HashingWriter};
 use crate::error::{refusal, Error, Result};
 use crate::events::StoredEvent;
-use crate::files;
+use crate::files::{self, Replace};
 use crate::layout::{check_id, ARCHIVE_FILE, EVENTS_FILE, EVENTS_INDEX_FILE, TEMP_PREFIX};
 use crate::read::{Entry, Kind};
 use crate::run_index::{fields_of, last_event_seq, FINAL_STATES, STATE_FILE};
@@ -32,6 +36,15 @@ pub struct Archived {
     pub path: String,
     pub size_bytes: u64,
     pub files: u64,
+}
+
+/// What UnarchiveRun put back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unarchived {
+    /// Files written back into the run's directory.
+    pub files: u64,
+    /// Their bytes.
+    pub size_bytes: u64,
 }
 
 fn run_dir(run: &str) -> String {
@@ -108,7 +121,12 @@ pub fn pack(state: &State, project: &str, run: &str) -> Result<Archived> {
     let runs = contain::open_dir(root.as_fd(), ".cairn/runs")
         .map_err(|e| refusal(e, project, ".cairn/runs", "opening"))?;
     check_finished(runs.as_fd(), run)?;
-    let mut tar = tar::Builder::new(GzEncoder::new(Vec::new(), flate2::Compression::default()));
+    // Written straight into the archive's temp file beside it: nothing of the run is held in
+    // memory but the compressor's and the copy's buffers.
+    let path = format!("{}/{ARCHIVE_FILE}", run_dir(run));
+    let (staged, file) = files::stage(state, root.as_fd(), project, &path)?;
+    let out = HashingWriter::new(std::io::BufWriter::with_capacity(1 << 16, &file));
+    let mut tar = tar::Builder::new(GzEncoder::new(out, flate2::Compression::default()));
     let (mut packed, mut dirs, mut failed) = (Vec::new(), Vec::new(), None);
     contain::walk(dir.as_fd(), &mut |e| {
         let Some(rel) = e.rel_str() else {
@@ -145,20 +163,13 @@ pub fn pack(state: &State, project: &str, run: &str) -> Result<Archived> {
     if let Some(e) = failed {
         return Err(e);
     }
-    let bytes = tar
+    let (digest, _) = tar
         .into_inner()
         .and_then(|gz| gz.finish())
+        .and_then(HashingWriter::finish)
         .map_err(|e| Error::io(format!("packing run {run:?}"), e))?;
-    let size_bytes = bytes.len() as u64;
-    let path = format!("{}/{ARCHIVE_FILE}", run_dir(run));
-    files::write_bytes(
-        state,
-        root.as_fd(),
-        project,
-        &path,
-        &[Bytes::from(bytes)],
-        false,
-    )?;
+    let size_bytes = digest.size_bytes;
+    files::publish_sync(state, staged, file, &digest, &Replace::Never, |_| Ok(()))?;
     // The archive is durable: what it holds goes (a failure here leaves copies that read the same).
     let mut files = 0;
     for rel in &packed {
@@ -201,14 +212,17 @@ pub fn remove(state: &State, project: &str, run: &str) -> Result<()> {
     Ok(())
 }
 
-/// One file of an archived run, with the archive's modification time; None when the run is
-/// not archived or its archive has no such file (blocking).
-fn member(
+/// Opens the run's archive at its file `file` and hands `read` that file's bytes, its size and
+/// the archive's modification time; None when the run is not archived or its archive has no
+/// such file (blocking). The archive is decompressed up to the file and through it, never
+/// held whole.
+fn with_member<T>(
     state: &State,
     project: &str,
     run: &str,
     file: &str,
-) -> Result<Option<(Vec<u8>, String)>> {
+    read: impl FnOnce(&mut dyn Read, u64, String) -> Result<T>,
+) -> Result<Option<T>> {
     let Some((_, dir)) = open_run(state, project, run)? else {
         return Ok(None);
     };
@@ -223,80 +237,189 @@ fn member(
     for entry in archive.entries().map_err(bad)? {
         let mut entry = entry.map_err(bad)?;
         if entry.path_bytes().as_ref() == file.as_bytes() {
-            let mut bytes = Vec::with_capacity(entry.size() as usize);
-            entry.read_to_end(&mut bytes).map_err(bad)?;
-            return Ok(Some((bytes, mtime_of(&st))));
+            let size = entry.size();
+            return read(&mut entry, size, mtime_of(&st)).map(Some);
         }
     }
     Ok(None)
 }
 
-/// A file of an archived run read whole, described as Stat and Get describe files; None
-/// when it is not there (blocking).
-pub fn read_file(state: &State, project: &str, path: &str) -> Result<Option<(Entry, Vec<u8>)>> {
+/// A file of an archived run described as Stat and Get describe files (the sha256 only with
+/// `include_sha256`: it costs a read of the file); None when it is not there (blocking).
+pub fn describe(
+    state: &State,
+    project: &str,
+    path: &str,
+    include_sha256: bool,
+) -> Result<Option<Entry>> {
     let Some((run, file)) = run_file(path) else {
         return Ok(None);
     };
-    let Some((bytes, modified_at)) = member(state, project, run, file)? else {
-        return Ok(None);
-    };
-    let entry = Entry {
-        path: path.to_owned(),
-        kind: Kind::File,
-        size_bytes: bytes.len() as u64,
-        sha256: cairn_sha256::sha256_hex(&bytes),
-        modified_at,
-    };
-    Ok(Some((entry, bytes)))
+    with_member(state, project, run, file, |bytes, size, modified_at| {
+        let sha256 = match include_sha256 {
+            true => {
+                hash_reader(bytes)
+                    .map_err(|e| Error::io(format!("reading {path:?} from its run's archive"), e))?
+                    .sha256
+            }
+            false => String::new(),
+        };
+        Ok(Entry {
+            path: path.to_owned(),
+            kind: Kind::File,
+            size_bytes: size,
+            sha256,
+            modified_at,
+        })
+    })
 }
 
-/// The events of an archived run from `from` (at most `limit`, 0 = all); None when the run
-/// is not archived (blocking).
-pub fn events(
+/// Sends bytes `offset..offset+length` (0 = to the end) of an archived file down `tx` in
+/// chunks of `chunk` bytes, as Get does (blocking; a closed channel ends it).
+pub fn send_range(
     state: &State,
     project: &str,
-    run: &str,
-    from: u64,
-    limit: u64,
-) -> Result<Option<Vec<StoredEvent>>> {
-    if !is_archived(state, project, run)? {
-        return Ok(None);
-    }
-    let bytes = member(state, project, run, EVENTS_FILE)?
-        .map(|(b, _)| b)
-        .unwrap_or_default();
-    let limit = if limit == 0 {
-        usize::MAX
-    } else {
-        limit as usize
+    path: &str,
+    (offset, length): (u64, u64),
+    chunk: usize,
+    tx: &mpsc::Sender<Result<Bytes>>,
+) -> Result<()> {
+    let not_found = || Error::NotFound {
+        project: project.to_owned(),
+        path: path.to_owned(),
     };
-    let events = String::from_utf8_lossy(&bytes)
-        .lines()
-        .filter_map(StoredEvent::parse)
-        .filter(|e| e.seq >= from)
-        .take(limit)
-        .collect();
-    Ok(Some(events))
+    let (run, file) = run_file(path).ok_or_else(not_found)?;
+    let sent = with_member(state, project, run, file, |bytes, size, _| {
+        check_range(offset, size)?;
+        let bad =
+            |e: std::io::Error| Error::io(format!("reading {path:?} from its run's archive"), e);
+        std::io::copy(&mut bytes.take(offset), &mut std::io::sink()).map_err(bad)?;
+        let mut left = match length {
+            0 => size - offset,
+            n => n.min(size - offset),
+        };
+        let mut buf = vec![0u8; chunk.max(1)];
+        while left > 0 {
+            let want = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+            bytes.read_exact(&mut buf[..want]).map_err(bad)?;
+            if tx
+                .blocking_send(Ok(Bytes::copy_from_slice(&buf[..want])))
+                .is_err()
+            {
+                break;
+            }
+            left -= want as u64;
+        }
+        Ok(())
+    })?;
+    sent.ok_or_else(not_found)
 }
 
-/// The requested range of an archived file in Get's chunks.
-pub fn chunks(bytes: &[u8], offset: u64, length: u64, chunk: usize) -> Result<Vec<Bytes>> {
-    let size = bytes.len() as u64;
+/// Refuses a Get offset past the end of a file of `size` bytes.
+pub fn check_range(offset: u64, size: u64) -> Result<()> {
     if offset > size {
         return Err(Error::BadRequest(format!(
             "offset {offset} is past the end of the file ({size} bytes); use an offset up to the size"
         )));
     }
-    let end = match length {
-        0 => size,
-        n => offset.saturating_add(n).min(size),
-    };
-    let mut out = Vec::new();
-    let mut range = &bytes[offset as usize..end as usize];
-    while !range.is_empty() {
-        let (head, rest) = range.split_at(chunk.min(range.len()));
-        out.push(Bytes::copy_from_slice(head));
-        range = rest;
+    Ok(())
+}
+
+/// Sends the events of an archived run from `from` (at most `limit`, 0 = all) down `tx`, a
+/// line at a time (blocking; a closed channel ends it). False when the run is not archived.
+pub fn send_events(
+    state: &State,
+    project: &str,
+    run: &str,
+    (from, limit): (u64, u64),
+    tx: &mpsc::Sender<Result<StoredEvent>>,
+) -> Result<bool> {
+    if !is_archived(state, project, run)? {
+        return Ok(false);
     }
-    Ok(out)
+    let mut left = if limit == 0 { u64::MAX } else { limit };
+    with_member(state, project, run, EVENTS_FILE, |bytes, _, _| {
+        let bad = |e: std::io::Error| Error::io(format!("reading the events of run {run:?}"), e);
+        let mut lines = std::io::BufReader::new(bytes);
+        let mut line = Vec::new();
+        while left > 0 {
+            line.clear();
+            if lines.read_until(b'\n', &mut line).map_err(bad)? == 0 {
+                break;
+            }
+            let text = String::from_utf8_lossy(&line);
+            let Some(event) = StoredEvent::parse(text.trim_end_matches(['\n', '\r'])) else {
+                continue;
+            };
+            if event.seq < from {
+                continue;
+            }
+            if tx.blocking_send(Ok(event)).is_err() {
+                break;
+            }
+            left -= 1;
+        }
+        Ok(())
+    })?;
+    Ok(true)
+}
+
+/// Unpacks an archived run (blocking; the caller keeps its events from being committed):
+/// writes every file of the archive back into the run's directory, each through its own temp
+/// file, fsync'd and renamed into place, then removes the archive. Until that removal the run
+/// is still archived (read from the archive, no writes), so an unpacking cut short by a crash
+/// is simply done again.
+pub fn unpack(state: &State, project: &str, run: &str) -> Result<Unarchived> {
+    let Some((root, dir)) = open_run(state, project, run)? else {
+        return Err(Error::NotFound {
+            project: project.to_owned(),
+            path: run_dir(run),
+        });
+    };
+    let fd = match contain::open(dir.as_fd(), ARCHIVE_FILE, rustix::fs::OFlags::RDONLY, 0) {
+        Ok(fd) => fd,
+        Err(Errno::NOENT) => {
+            return Err(Error::NotArchived {
+                run: run.to_owned(),
+            })
+        }
+        Err(e) => return Err(refusal(e, project, &run_dir(run), "opening the archive of")),
+    };
+    let bad = |e: std::io::Error| Error::io(format!("unpacking the archive of run {run:?}"), e);
+    let mut archive = tar::Archive::new(GzDecoder::new(std::io::BufReader::new(File::from(fd))));
+    let mut done = Unarchived {
+        files: 0,
+        size_bytes: 0,
+    };
+    for entry in archive.entries().map_err(bad)? {
+        let mut entry = entry.map_err(bad)?;
+        let rel = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+        let safe = rel
+            .split('/')
+            .all(|part| !part.is_empty() && part != "." && part != "..");
+        if entry.header().entry_type() != tar::EntryType::Regular
+            || !safe
+            || rel == ARCHIVE_FILE
+            || rel.starts_with(TEMP_PREFIX)
+        {
+            return Err(Error::io(
+                format!("unpacking the archive of run {run:?}"),
+                std::io::Error::other(format!("it holds {rel:?}, which is no file of a run")),
+            ));
+        }
+        let path = format!("{}/{rel}", run_dir(run));
+        let (staged, file) = files::stage(state, root.as_fd(), project, &path)?;
+        let mut out = HashingWriter::new(std::io::BufWriter::with_capacity(1 << 16, &file));
+        std::io::copy(&mut entry, &mut out).map_err(bad)?;
+        let (digest, _) = out.finish().map_err(bad)?;
+        files::publish_sync(state, staged, file, &digest, &Replace::Always, |_| Ok(()))?;
+        done.files += 1;
+        done.size_bytes += digest.size_bytes;
+    }
+    rustix::fs::unlinkat(dir.as_fd(), ARCHIVE_FILE, rustix::fs::AtFlags::empty())
+        .map_err(|e| Error::io(format!("removing the archive of run {run:?}"), e))?;
+    contain::sync_dir(dir.as_fd())
+        .map_err(|e| Error::io(format!("fsync of run {run:?}'s directory"), e))?;
+    tracing::info!(project, run, files = done.files, "run unarchived");
+    Ok(done)
 }

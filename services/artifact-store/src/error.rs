@@ -159,8 +159,12 @@ pub enum Error {
     },
 
     /// A write, event or claim for a run that was archived.
-    #[error("run {run:?} is archived (its records are packed into .cairn/runs/{run}/run.tar.gz) and takes no more writes, events or claims; its records are still read as before: submit a new run to continue the work")]
+    #[error("run {run:?} is archived (its records are packed into .cairn/runs/{run}/run.tar.gz) and takes no more writes, events or claims; its records are still read as before: unpack it first (cairn runs unarchive), or submit a new run to continue the work")]
     Archived { run: String },
+
+    /// Unarchiving a run that is not archived.
+    #[error("run {run:?} is not archived (there is no .cairn/runs/{run}/run.tar.gz): its records are on disk already")]
+    NotArchived { run: String },
 
     /// Archiving a run that may still have work.
     #[error("run {run:?} is {state}, not finished; only completed, failed or canceled runs are archived: wait for it to end or cancel it (cairn runs cancel) first")]
@@ -233,6 +237,7 @@ impl Error {
             Error::NotFound { .. } | Error::RunNotFound { .. } => "not_found",
             Error::VersionConflict { .. } => "version_conflict",
             Error::Archived { .. } => "archived",
+            Error::NotArchived { .. } => "not_archived",
             Error::Unfinished { .. } => "run_unfinished",
             Error::NotEmpty { .. } => "store_not_empty",
             Error::BadBackup(_) => "backup_corrupt",
@@ -278,6 +283,7 @@ impl Error {
             }
             Error::PublicationUnproven { run, .. }
             | Error::Archived { run }
+            | Error::NotArchived { run }
             | Error::Unfinished { run, .. } => vec![("run_id", run.clone())],
             Error::EventNotPermitted { run, kind, .. } => {
                 vec![("run_id", run.clone()), ("type", kind.clone())]
@@ -312,6 +318,7 @@ impl Error {
             | Error::EditByCommand { .. }
             | Error::WriteOnce { .. }
             | Error::Archived { .. }
+            | Error::NotArchived { .. }
             | Error::Unfinished { .. }
             | Error::NotEmpty { .. }
             | Error::Fenced { .. } => Code::FailedPrecondition,

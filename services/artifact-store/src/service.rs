@@ -16,7 +16,7 @@ use cairn_proto::v1::{
     GrantIngestClaimRequest, GrantIngestClaimResponse, ListProjectsRequest, ListProjectsResponse,
     ListRequest, ListResponse, ListRunSummariesRequest, ListRunSummariesResponse, PutDurability,
     PutRequest, PutResponse, ReadEventsRequest, RestoreRequest, RestoreResponse, StatRequest,
-    UpdateJsonRequest, UpdateJsonResponse,
+    UnarchiveRunRequest, UnarchiveRunResponse, UpdateJsonRequest, UpdateJsonResponse,
 };
 use futures::{Stream, StreamExt};
 use tokio_stream::wrappers::ReceiverStream;
@@ -613,6 +613,19 @@ impl ArtifactStore for ArtifactStoreService {
             path: archived.path,
             size_bytes: archived.size_bytes,
             files: archived.files,
+        }))
+    }
+
+    async fn unarchive_run(
+        &self,
+        request: Request<UnarchiveRunRequest>,
+    ) -> Result<Response<UnarchiveRunResponse>, Status> {
+        let r = request.into_inner();
+        cairn_telemetry::record_ids(&r.project_id, &r.run_id, "");
+        let unarchived = self.store.unarchive_run(&r.project_id, &r.run_id).await?;
+        Ok(Response::new(UnarchiveRunResponse {
+            files: unarchived.files,
+            size_bytes: unarchived.size_bytes,
         }))
     }
 }

@@ -16,7 +16,7 @@ use bytes::Bytes;
 use futures::Stream;
 use tokio::sync::mpsc;
 
-use crate::archive::{self, Archived};
+use crate::archive::{self, Archived, Unarchived};
 use crate::backup::{self, Restored};
 use crate::claim::{self, Claim, Refused};
 use crate::config::Config;
@@ -175,12 +175,19 @@ impl Store {
     ) -> Result<(Entry, mpsc::Receiver<Result<Bytes>>)> {
         match read::get(&self.state, project, path, offset, length).await {
             Err(Error::NotFound { .. }) if archive::run_file(&self.normal(path)).is_some() => {
-                let (entry, bytes) = self.archived_file(project, path).await?;
-                let chunks = archive::chunks(&bytes, offset, length, self.config().chunk_bytes)?;
-                let (tx, rx) = mpsc::channel(chunks.len().max(1));
-                for chunk in chunks {
-                    let _ = tx.try_send(Ok(chunk));
-                }
+                let entry = self.archived_file(project, path, true).await?;
+                archive::check_range(offset, entry.size_bytes)?;
+                let (state, project, path) =
+                    (self.state.clone(), project.to_owned(), self.normal(path));
+                let chunk = self.config().chunk_bytes;
+                let (tx, rx) = mpsc::channel(4);
+                tokio::task::spawn_blocking(move || {
+                    let range = (offset, length);
+                    if let Err(e) = archive::send_range(&state, &project, &path, range, chunk, &tx)
+                    {
+                        let _ = tx.blocking_send(Err(e));
+                    }
+                });
                 Ok((entry, rx))
             }
             other => other,
@@ -190,21 +197,23 @@ impl Store {
     pub async fn stat(&self, project: &str, path: &str, include_sha256: bool) -> Result<Entry> {
         match read::stat(&self.state, project, path, include_sha256).await {
             Err(Error::NotFound { .. }) if archive::run_file(&self.normal(path)).is_some() => {
-                let (mut entry, _) = self.archived_file(project, path).await?;
-                if !include_sha256 {
-                    entry.sha256.clear();
-                }
-                Ok(entry)
+                self.archived_file(project, path, include_sha256).await
             }
             other => other,
         }
     }
 
-    /// A file of an archived run (NotFound when there is none).
-    async fn archived_file(&self, project: &str, path: &str) -> Result<(Entry, Vec<u8>)> {
+    /// A file of an archived run described (NotFound when there is none).
+    async fn archived_file(
+        &self,
+        project: &str,
+        path: &str,
+        include_sha256: bool,
+    ) -> Result<Entry> {
         let (state, project, path) = (self.state.clone(), project.to_owned(), self.normal(path));
         blocking(move || {
-            archive::read_file(&state, &project, &path)?.ok_or(Error::NotFound { project, path })
+            archive::describe(&state, &project, &path, include_sha256)?
+                .ok_or(Error::NotFound { project, path })
         })
         .await
     }
@@ -235,6 +244,20 @@ impl Store {
         self.touched(project, &format!(".cairn/runs/{run}/"), true)
             .await;
         Ok(archived)
+    }
+
+    /// UnarchiveRun: puts an archived run's files back; no event of it is committed meanwhile.
+    pub async fn unarchive_run(&self, project: &str, run: &str) -> Result<Unarchived> {
+        check_id("project", project)?;
+        check_id("run", run)?;
+        let (state, p, r) = (self.state.clone(), project.to_owned(), run.to_owned());
+        let unarchived = self
+            .runs
+            .quiesced(project, run, move || archive::unpack(&state, &p, &r))
+            .await?;
+        self.touched(project, &format!(".cairn/runs/{run}/"), true)
+            .await;
+        Ok(unarchived)
     }
 
     /// Backup: the backup file's bytes, streamed, of `project` ("" = every project).
@@ -461,24 +484,32 @@ impl Store {
         follow: bool,
         limit: u64,
     ) -> Result<mpsc::Receiver<Result<StoredEvent>>> {
+        check_id("project", project)?;
+        check_id("run", run)?;
         let (state, p, r) = (self.state.clone(), project.to_owned(), run.to_owned());
-        let archived = blocking(move || {
-            check_id("project", &p)?;
-            check_id("run", &r)?;
-            archive::events(&state, &p, &r, from_seq.max(1), limit)
-        })
-        .await?;
-        let Some(events) = archived else {
+        let archived = blocking(move || archive::is_archived(&state, &p, &r)).await?;
+        if !archived {
             return self
                 .runs
                 .read(&self.state, project, run, from_seq, follow, limit)
                 .await;
-        };
-        // An archived run has all its events: a follow ends after them.
-        let (tx, rx) = mpsc::channel(events.len().max(1));
-        for event in events {
-            let _ = tx.try_send(Ok(event));
         }
+        // An archived run has all its events: a follow ends after them.
+        let (state, p, r) = (self.state.clone(), project.to_owned(), run.to_owned());
+        let (tx, rx) = mpsc::channel(256);
+        let range = (from_seq.max(1), limit);
+        tokio::task::spawn_blocking(move || {
+            let failed = match archive::send_events(&state, &p, &r, range, &tx) {
+                Ok(true) => return,
+                // Unpacked meanwhile: its log is on disk again, read it afresh.
+                Ok(false) => Error::RunNotFound {
+                    project: p.clone(),
+                    run: r.clone(),
+                },
+                Err(e) => e,
+            };
+            let _ = tx.blocking_send(Err(failed));
+        });
         Ok(rx)
     }
 

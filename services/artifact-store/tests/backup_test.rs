@@ -383,6 +383,191 @@ async fn retention_archives_finished_runs_beyond_the_newest_and_never_unfinished
     assert_eq!(run_events(&mut client, "p", "old").await, before);
 }
 
+/// Bytes of the large file of the memory test: far more than the bound, incompressible.
+const BIG: u64 = 96 << 20;
+/// What archiving, reading or unarchiving that run may add to the store's resident memory.
+const BOUND_KIB: u64 = 32 << 10;
+
+/// Writes `BIG` pseudo-random bytes to `path` a MiB at a time; returns their sha256.
+fn write_big(path: &std::path::Path) -> String {
+    use sha2::Digest;
+    use std::io::Write;
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let mut file = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    let (mut gen, mut hasher) = (Bytegen::new(7), sha2::Sha256::new());
+    let mut buf = vec![0u8; 1 << 20];
+    for _ in 0..BIG >> 20 {
+        gen.fill(&mut buf);
+        hasher.update(&buf);
+        file.write_all(&buf).unwrap();
+    }
+    file.flush().unwrap();
+    hex::encode(hasher.finalize())
+}
+
+/// Gets a file, hashing it as it streams in: (Get's sha256, the bytes' sha256, their size).
+async fn get_hashed(client: &mut Client, project: &str, path: &str) -> (String, String, u64) {
+    use sha2::Digest;
+    let mut stream = client
+        .get(cairn_proto::v1::GetRequest {
+            project_id: project.into(),
+            path: path.into(),
+            offset: 0,
+            length: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let (mut info, mut hasher, mut size) = (String::new(), sha2::Sha256::new(), 0u64);
+    while let Some(msg) = stream.next().await {
+        match msg.unwrap().msg {
+            Some(cairn_proto::v1::get_response::Msg::Info(i)) => info = i.sha256,
+            Some(cairn_proto::v1::get_response::Msg::Chunk(c)) => {
+                hasher.update(&c);
+                size += c.len() as u64;
+            }
+            None => {}
+        }
+    }
+    (info, hex::encode(hasher.finalize()), size)
+}
+
+/// A finished run whose records hold a 96 MiB file is archived, read from its archive and
+/// unarchived by a store process whose resident memory grows by far less than the file
+/// each time (the archive is written and read as a stream), and the bytes come back the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_with_a_large_file_is_archived_read_and_unarchived_in_bounded_memory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let store = Process::spawn(&data);
+    let mut client = connect(&store.addr).await;
+    make_run(&mut client, "p", "big", "completed", 1).await;
+    let rel = ".cairn/runs/big/sandbox/blob.bin";
+    let want = write_big(&data.join("projects/p").join(rel));
+    let grown = |base: u64| store.peak_rss_kib().saturating_sub(base);
+
+    let base = store.reset_peak_rss();
+    let reply = client
+        .archive_run(ArchiveRunRequest {
+            project_id: "p".into(),
+            run_id: "big".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let archiving = grown(base);
+    assert!(
+        reply.size_bytes > BIG,
+        "incompressible bytes: {}",
+        reply.size_bytes
+    );
+    assert!(!data.join("projects/p").join(rel).exists());
+
+    let base = store.reset_peak_rss();
+    let (said, got, size) = get_hashed(&mut client, "p", rel).await;
+    let reading = grown(base);
+    assert_eq!(
+        (said.as_str(), got.as_str(), size),
+        (want.as_str(), want.as_str(), BIG)
+    );
+
+    let base = store.reset_peak_rss();
+    let back = client
+        .unarchive_run(cairn_proto::v1::UnarchiveRunRequest {
+            project_id: "p".into(),
+            run_id: "big".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let unarchiving = grown(base);
+    assert!(back.size_bytes > BIG, "{back:?}");
+    assert_eq!(get_hashed(&mut client, "p", rel).await.1, want);
+    println!(
+        "peak resident memory added (KiB) for a {} MiB file: archive {archiving}, read {reading}, unarchive {unarchiving}",
+        BIG >> 20
+    );
+    for (what, kib) in [
+        ("archiving", archiving),
+        ("reading from the archive", reading),
+        ("unarchiving", unarchiving),
+    ] {
+        assert!(
+            kib < BOUND_KIB,
+            "{what} added {kib} KiB of resident memory (bound {BOUND_KIB} KiB)"
+        );
+    }
+}
+
+/// An unarchived run has its files on disk again, reads the same, and takes events, writes and
+/// claims again (also after a second round trip); unarchiving a run that is not archived is
+/// refused.
+#[tokio::test]
+async fn an_unarchived_run_reads_the_same_and_takes_writes_again() {
+    let served = serve().await;
+    let mut client = served.client.clone();
+    make_run(&mut client, "p", "done", "completed", 1).await;
+    let before = run_events(&mut client, "p", "done").await;
+    let req = |run: &str| {
+        (
+            ArchiveRunRequest {
+                project_id: "p".into(),
+                run_id: run.into(),
+            },
+            cairn_proto::v1::UnarchiveRunRequest {
+                project_id: "p".into(),
+                run_id: run.into(),
+            },
+        )
+    };
+    assert_refused(
+        client.unarchive_run(req("done").1).await,
+        Code::FailedPrecondition,
+        "not_archived",
+    );
+    client.archive_run(req("done").0).await.unwrap();
+    let dir = served.project_dir("p").join(".cairn/runs/done");
+    let back = client
+        .unarchive_run(req("done").1)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(back.files, 3, "graph, events, state: {back:?}");
+    assert!(dir.join("events.jsonl").exists() && !dir.join("run.tar.gz").exists());
+    assert_eq!(run_events(&mut client, "p", "done").await, before);
+    assert_eq!(
+        get(&mut client, "p", ".cairn/runs/done/graph.resolved.json")
+            .await
+            .unwrap(),
+        b"{\"nodes\":[]}"
+    );
+    // The round trip again: it packs and unpacks as the first time.
+    client.archive_run(req("done").0).await.unwrap();
+    client.unarchive_run(req("done").1).await.unwrap();
+    assert_eq!(run_events(&mut client, "p", "done").await, before);
+    // Writable again: an event (the next seq), a file, a claim.
+    let seq = append(&mut client, "p", "done", event("human.note", json!({})))
+        .await
+        .unwrap();
+    assert_eq!(seq, before.len() as u64 + 1);
+    put(&mut client, "p", ".cairn/runs/done/x.txt", b"x")
+        .await
+        .unwrap();
+    client
+        .claim_run(cairn_proto::v1::ClaimRunRequest {
+            project_id: "p".into(),
+            run_id: "done".into(),
+            holder: "test".into(),
+        })
+        .await
+        .unwrap();
+    assert_refused(
+        client.unarchive_run(req("done").1).await,
+        Code::FailedPrecondition,
+        "not_archived",
+    );
+}
+
 #[tokio::test]
 async fn a_backup_naming_what_is_no_project_restores_nothing() {
     let mut tar = tar::Builder::new(flate2::write::GzEncoder::new(

@@ -1,7 +1,12 @@
 //! Orchestrator replicas over a real etcd on loopback: runs spread across three processes,
 //! SubmitRun and gate decisions through a replica that does not drive the run, kill -9 of a
 //! replica mid-run (its runs complete on the others, every node once, no gap in the events)
-//! and a replica cut off from etcd fenced out and back in.
+//! and a replica cut off from etcd fenced out and back in. Healing: the owner of a run paused
+//! (SIGSTOP, then SIGCONT) 5, 10 and 15 s during a sandbox step, mid-chain and at a gate, cut
+//! off from etcd and healed, restarted with the same member id, and a replica added: each
+//! unfinished run is driven again within `lease_ttl + handover + 5 s` of the change and
+//! completes once per node (a sandbox step delivered again under its step key, one
+//! redelivery higher), with no gap in its events.
 //!
 //! Needs the `etcd` binary (scripts/setup.sh installs Debian's etcd-server); required when
 //! CAIRN_REQUIRE_DOCKER=1 (CI), else skipped with a SKIP line.
@@ -280,6 +285,23 @@ struct Cluster {
     replicas: Vec<Replica>,
 }
 
+impl Cluster {
+    /// A replica process `id` reaching etcd through `relay`, with the cluster's runner.
+    fn spawn(&self, id: &str, relay: &Relay, log_name: &str) -> Replica {
+        let log = self.stack.dir.path().join(log_name);
+        match &self.stack.sandbox_addr {
+            Some(runner) => spawn_replica_with(
+                id,
+                &self.stack.store_addr,
+                &relay.addr,
+                &log,
+                &["--sandbox-addr", runner],
+            ),
+            None => spawn_replica(id, &self.stack.store_addr, &relay.addr, &log),
+        }
+    }
+}
+
 async fn members(etcd: &str) -> Vec<String> {
     members_with(etcd, None).await.unwrap_or_default()
 }
@@ -320,33 +342,47 @@ async fn wait_members(etcd: &str, want: &[&str], secs: u64) {
 }
 
 async fn start_cluster() -> Option<Cluster> {
+    start_cluster_with(Sandbox::None, "").await
+}
+
+/// Three replicas over a real etcd; with `Sandbox::Required` a sandbox runner they all use
+/// (None, with a SKIP line naming `test`, when no sandbox backend can run here).
+async fn start_cluster_with(sandbox: Sandbox, test: &str) -> Option<Cluster> {
     let etcd = start_etcd().await?;
     // The stack's own orchestrator stays out of it: only the replicas drive runs.
-    let stack = Stack::start(Options {
+    let stack = match Stack::try_start(Options {
         ingest: false,
+        sandbox,
         tweak: |c| c.resume_on_start = false,
         ..Default::default()
     })
-    .await;
-    let mut relays = Vec::new();
-    let mut replicas = Vec::new();
-    for i in 0..3 {
-        let relay = Relay::start(etcd.addr.clone()).await;
-        let id = format!("o{i}");
-        let log = stack.dir.path().join(format!("{id}.log"));
-        replicas.push(spawn_replica(&id, &stack.store_addr, &relay.addr, &log));
-        relays.push(relay);
-    }
-    wait_members(&etcd.addr, &["o0", "o1", "o2"], 30).await;
-    // Every replica has seen the others once its handover has passed.
-    tokio::time::sleep(Duration::from_millis(800)).await;
-    Some(Cluster {
+    .await
+    {
+        Ok(s) => s,
+        Err(e) => {
+            println!("SKIP: {test}: no sandbox backend can run here ({e})");
+            return None;
+        }
+    };
+    let mut cluster = Cluster {
         etcd_addr: etcd.addr.clone(),
         _etcd: etcd,
         stack,
-        relays,
-        replicas,
-    })
+        relays: Vec::new(),
+        replicas: Vec::new(),
+    };
+    for i in 0..3 {
+        let relay = Relay::start(cluster.etcd_addr.clone()).await;
+        let id = format!("o{i}");
+        cluster
+            .replicas
+            .push(cluster.spawn(&id, &relay, &format!("{id}.log")));
+        cluster.relays.push(relay);
+    }
+    wait_members(&cluster.etcd_addr, &["o0", "o1", "o2"], 30).await;
+    // Every replica has seen the others once its handover has passed.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    Some(cluster)
 }
 
 fn gated(run_tag: &str) -> String {
@@ -403,7 +439,18 @@ async fn wait_run(
     what: &str,
     check: impl Fn(&RunInfo) -> bool,
 ) -> RunInfo {
-    let deadline = Instant::now() + Duration::from_secs(secs);
+    wait_run_within(c, run, Duration::from_secs(secs), what, check).await
+}
+
+/// Waits at most `limit` until `check` holds for the run as `c` reports it.
+async fn wait_run_within(
+    c: &OrchestratorClient<Channel>,
+    run: &str,
+    limit: Duration,
+    what: &str,
+    check: impl Fn(&RunInfo) -> bool,
+) -> RunInfo {
+    let deadline = Instant::now() + limit;
     loop {
         let info = get(c, run).await;
         if let Ok(i) = &info {
@@ -413,7 +460,7 @@ async fn wait_run(
         }
         assert!(
             Instant::now() < deadline,
-            "run {run}: {what} not reached in {secs} s: {info:?}"
+            "run {run}: {what} not reached in {limit:?}: {info:?}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -562,9 +609,11 @@ async fn runs_spread_and_a_killed_replicas_runs_complete_on_the_others() {
         if cl.stack.events(&long).await.len() > seen {
             break killed.elapsed();
         }
+        // The lease lapses at most a TTL after the kill; that change heals within the bound.
+        let bound = Duration::from_secs(ttl_s()) + heal_bound();
         assert!(
-            killed.elapsed() < Duration::from_secs(15),
-            "no replica took the run over within 15 s of the kill"
+            killed.elapsed() < bound,
+            "no replica took the run over within {bound:?} of the kill"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
@@ -1001,7 +1050,7 @@ fn restarted_at_handovers(run: &str, events: &[Event]) -> Vec<String> {
 
 /// Approves the run's gate `g` through o0 and waits for the run to complete, with `nodes`
 /// nodes each completed once, no gap, and a node started again only after a handover.
-async fn approve_to_the_end(cl: &Cluster, run: &str, nodes: usize) {
+async fn approve_to_the_end(cl: &Cluster, run: &str, nodes: usize) -> Vec<Event> {
     let entry = &cl.replicas[0].client;
     entry
         .clone()
@@ -1017,6 +1066,7 @@ async fn approve_to_the_end(cl: &Cluster, run: &str, nodes: usize) {
     let events = cl.stack.events(run).await;
     let again = restarted_at_handovers(run, &events);
     assert_once_and_gapless(run, &events, nodes, &again);
+    events
 }
 
 /// Healing bound after a membership change: the lease, the handover and 5 s.
@@ -1024,65 +1074,355 @@ fn heal_bound() -> Duration {
     Duration::from_secs(ttl_s() + 5) + Duration::from_millis(300)
 }
 
-/// The replica driving a run is stopped (SIGSTOP: a paused container) for `pause`, during its
-/// chain (`mid_chain`) or while the run waits at its gate, and then continued. The others
-/// adopt the run meanwhile; once the paused one is back in the membership the run is driven
-/// again within the healing bound, and it completes with every node once and no gap.
-async fn a_paused_owner_heals(pause: Duration, mid_chain: bool) {
-    let Some(cl) = start_cluster().await else {
+/// Where its run is when the owner is stopped or cut off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Moment {
+    /// During a node: a sandbox step is running (the runner goes on with it).
+    Step,
+    /// Mid-chain: write_file nodes one after another (inside one or between two).
+    Chain,
+    /// Between nodes: the run waits at its gate, no node in flight.
+    Gate,
+}
+
+/// How long the sandbox step of `Moment::Step` runs.
+const STEP_S: u64 = 4;
+
+/// One sandbox step that runs `STEP_S` s and writes the step key and redelivery it was
+/// given, then a gate and one more node.
+fn step_then_gate() -> String {
+    format!(
+        "title: step\nnodes:\n\
+         \x20 - id: step\n    type: sandbox_run\n    language: python\n    timeout_s: 120\n\
+         \x20   allowed_prefixes: [\"docs/\"]\n    output_prefix: \"docs/{{{{run_id}}}}/step\"\n\
+         \x20   code: |\n      import os, time\n      time.sleep({STEP_S})\n\
+         \x20     open(\"/output/step.txt\", \"w\").write(os.environ[\"CAIRN_STEP_KEY\"] + \" \" + os.environ[\"CAIRN_STEP_REDELIVERY\"])\n\
+         \x20 - {{id: g, type: gate, reason: \"check\", needs: [step]}}\n\
+         \x20 - {{id: z, type: write_file, path: \"docs/{{{{run_id}}}}/z.txt\", content: \"z\", needs: [g]}}\n"
+    )
+}
+
+impl Moment {
+    /// The run's graph and its number of nodes.
+    fn graph(self) -> (String, usize) {
+        match self {
+            Moment::Step => (step_then_gate(), 3),
+            Moment::Chain => (chain_then_gate(40), 42),
+            Moment::Gate => (gated("paused"), 3),
+        }
+    }
+
+    /// The cluster that runs such a graph; None (SKIP) when a sandbox is needed and none can
+    /// run here.
+    async fn cluster(self, test: &str) -> Option<Cluster> {
+        match self {
+            Moment::Step => start_cluster_with(Sandbox::Required, test).await,
+            _ => start_cluster().await,
+        }
+    }
+
+    /// Waits until the run is at this moment.
+    async fn reach(self, cl: &Cluster, run: &str) {
+        match self {
+            Moment::Step => {
+                let deadline = Instant::now() + Duration::from_secs(60);
+                while !cl
+                    .stack
+                    .events(run)
+                    .await
+                    .iter()
+                    .any(|e| e.r#type == "sandbox_start" && e.node_id == "step")
+                {
+                    assert!(
+                        Instant::now() < deadline,
+                        "run {run}: the step never started"
+                    );
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+            Moment::Chain => cl.stack.wait_completed_nodes(run, 3, 30).await,
+            Moment::Gate => {
+                wait_run(&cl.replicas[0].client, run, 30, "input_required", |i| {
+                    i.state == TaskState::InputRequired as i32
+                })
+                .await;
+            }
+        }
+    }
+}
+
+/// Polls the run through `entry` for `during`; returns how long after the start a replica
+/// other than `owner` was first seen driving it (None: not within `during`).
+async fn first_driven_elsewhere(
+    entry: &OrchestratorClient<Channel>,
+    run: &str,
+    owner: &str,
+    during: Duration,
+) -> Option<Duration> {
+    let start = Instant::now();
+    let mut seen = None;
+    while start.elapsed() < during {
+        if seen.is_none() {
+            let probe = tokio::time::timeout(Duration::from_secs(1), get(entry, run)).await;
+            if let Ok(Ok(i)) = probe {
+                if !i.replica.is_empty() && i.replica != owner {
+                    seen = Some(start.elapsed());
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    seen
+}
+
+/// The sandbox step was delivered under one step key, each delivery after the first one
+/// redelivery higher, and its program's output is that of the delivery that completed.
+async fn assert_one_key_per_step(cl: &Cluster, run: &str, events: &[Event]) {
+    let key = format!("{run}/step/1");
+    let deliveries: Vec<(String, u64)> = events
+        .iter()
+        .filter(|e| e.r#type == "node.started" && e.node_id == "step")
+        .map(|e| {
+            let d = data(e);
+            (
+                d["step_key"].as_str().unwrap_or_default().to_owned(),
+                d["redelivery"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let want: Vec<(String, u64)> = (0..deliveries.len() as u64)
+        .map(|r| (key.clone(), r))
+        .collect();
+    assert_eq!(deliveries, want, "run {run}: the step's deliveries");
+    let last = deliveries.last().unwrap().1;
+    assert_eq!(
+        cl.stack
+            .read_text(&format!("docs/{run}/step/step.txt"))
+            .await,
+        format!("{key} {last}"),
+        "run {run}: the program saw the key and its redelivery"
+    );
+}
+
+/// The replica driving a run is stopped (SIGSTOP: a paused container) for `pause` at `moment`
+/// and then continued. Its lease lapses and another replica drives the run within the
+/// healing bound of that change; once the paused one is back in the membership the run is
+/// its own again and driven by it within the healing bound of the SIGCONT. The run then
+/// completes with every node completed once, a node started again only after a handover (a
+/// sandbox step under the same key, one redelivery higher), and no gap in its events.
+async fn a_paused_owner_heals(pause: Duration, moment: Moment) {
+    let test = format!("an owner paused {} s at {moment:?}", pause.as_secs());
+    let Some(cl) = moment.cluster(&test).await else {
         return;
     };
     let entry = cl.replicas[0].client.clone();
-    let (nodes, graph) = if mid_chain {
-        (42, chain_then_gate(40))
-    } else {
-        (3, gated("paused"))
-    };
+    let (graph, nodes) = moment.graph();
     let (run, idx) = run_driven_elsewhere(&cl, || graph.clone()).await;
-    if mid_chain {
-        cl.stack.wait_completed_nodes(&run, 3, 30).await;
-    } else {
-        wait_run(&entry, &run, 30, "input_required", |i| {
-            i.state == TaskState::InputRequired as i32
-        })
-        .await;
-    }
+    moment.reach(&cl, &run).await;
     let owner = cl.replicas[idx].id.clone();
     signal(&cl.replicas[idx], rustix::process::Signal::STOP);
-    tokio::time::sleep(pause).await;
+    // The lease lapses at most a TTL after the stop; that change heals within the bound.
+    let taken = first_driven_elsewhere(&entry, &run, &owner, pause).await;
     signal(&cl.replicas[idx], rustix::process::Signal::CONT);
     let resumed = Instant::now();
-    // Out of the membership and back in (its lease expired while it was stopped); the run
-    // is its own again, and it drives it (at the gate, where the others took it meanwhile).
-    wait_run(
+    let adopt_bound = Duration::from_secs(ttl_s()) + heal_bound();
+    if pause > adopt_bound {
+        assert!(
+            taken.is_some_and(|t| t <= adopt_bound),
+            "{test}: run {run} not driven by another replica within {adopt_bound:?} of the stop (seen: {taken:?})"
+        );
+    }
+    // Back in the membership: the run is its own again, and it drives it.
+    let info = wait_run_within(
         &entry,
         &run,
-        (heal_bound() + Duration::from_secs(ttl_s())).as_secs(),
-        "driven again by the replica that was paused, at its gate",
-        |i| i.replica == owner && i.state == TaskState::InputRequired as i32,
+        heal_bound(),
+        "driven again by the replica that was paused",
+        |i| i.replica == owner,
     )
     .await;
     println!(
-        "paused {} s: run {run} driven again by {owner} {} ms after SIGCONT",
-        pause.as_secs(),
-        resumed.elapsed().as_millis()
+        "{test}: run {run} driven by another replica {} after the stop; by {owner} again {} ms after SIGCONT ({})",
+        taken.map_or("not".to_owned(), |t| format!("{} ms", t.as_millis())),
+        resumed.elapsed().as_millis(),
+        info.state
     );
-    approve_to_the_end(&cl, &run, nodes).await;
+    wait_run(&entry, &run, 60, "at its gate", |i| {
+        i.state == TaskState::InputRequired as i32
+    })
+    .await;
+    let events = approve_to_the_end(&cl, &run, nodes).await;
+    if moment == Moment::Step {
+        assert_one_key_per_step(&cl, &run, &events).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_paused_5s_during_a_sandbox_step_heals() {
+    a_paused_owner_heals(Duration::from_secs(5), Moment::Step).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_paused_10s_during_a_sandbox_step_heals() {
+    a_paused_owner_heals(Duration::from_secs(10), Moment::Step).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_paused_15s_during_a_sandbox_step_heals() {
+    a_paused_owner_heals(Duration::from_secs(15), Moment::Step).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_owner_paused_5s_mid_chain_heals() {
-    a_paused_owner_heals(Duration::from_secs(5), true).await;
+    a_paused_owner_heals(Duration::from_secs(5), Moment::Chain).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_owner_paused_10s_at_a_gate_heals() {
-    a_paused_owner_heals(Duration::from_secs(10), false).await;
+async fn an_owner_paused_10s_mid_chain_heals() {
+    a_paused_owner_heals(Duration::from_secs(10), Moment::Chain).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_owner_paused_15s_mid_chain_heals() {
-    a_paused_owner_heals(Duration::from_secs(15), true).await;
+    a_paused_owner_heals(Duration::from_secs(15), Moment::Chain).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_paused_5s_at_a_gate_heals() {
+    a_paused_owner_heals(Duration::from_secs(5), Moment::Gate).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_paused_10s_at_a_gate_heals() {
+    a_paused_owner_heals(Duration::from_secs(10), Moment::Gate).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_paused_15s_at_a_gate_heals() {
+    a_paused_owner_heals(Duration::from_secs(15), Moment::Gate).await;
+}
+
+/// The replica driving a run is cut off from etcd (a network partition: it still reaches the
+/// store) at `moment` for `cut` s, then the cut heals. Another replica drives the run within
+/// the healing bound of the lapsed lease, the cut-off one drives it again within the bound of
+/// its rejoining, and the run completes once per node with no gap.
+async fn a_partitioned_owner_heals(cut: Duration, moment: Moment) {
+    let test = format!(
+        "an owner cut off from etcd {} s at {moment:?}",
+        cut.as_secs()
+    );
+    let Some(cl) = moment.cluster(&test).await else {
+        return;
+    };
+    let entry = cl.replicas[0].client.clone();
+    let (graph, nodes) = moment.graph();
+    let (run, idx) = run_driven_elsewhere(&cl, || graph.clone()).await;
+    moment.reach(&cl, &run).await;
+    let owner = cl.replicas[idx].id.clone();
+    cl.relays[idx].set_cut(true);
+    let taken = first_driven_elsewhere(&entry, &run, &owner, cut).await;
+    let adopt_bound = Duration::from_secs(ttl_s()) + heal_bound();
+    assert!(
+        taken.is_some_and(|t| t <= adopt_bound),
+        "{test}: run {run} not driven by another replica within {adopt_bound:?} of the cut (seen: {taken:?})"
+    );
+    let others: Vec<&str> = ["o0", "o1", "o2"]
+        .into_iter()
+        .filter(|m| *m != owner)
+        .collect();
+    wait_members(&cl.etcd_addr, &others, 1).await;
+    cl.relays[idx].set_cut(false);
+    let healed = Instant::now();
+    wait_run_within(
+        &entry,
+        &run,
+        heal_bound(),
+        "driven again by the replica that was cut off",
+        |i| i.replica == owner,
+    )
+    .await;
+    println!(
+        "{test}: run {run} driven by another replica {} ms after the cut; by {owner} again {} ms after the heal",
+        taken.unwrap().as_millis(),
+        healed.elapsed().as_millis()
+    );
+    wait_members(&cl.etcd_addr, &["o0", "o1", "o2"], 1).await;
+    wait_run(&entry, &run, 60, "at its gate", |i| {
+        i.state == TaskState::InputRequired as i32
+    })
+    .await;
+    let events = approve_to_the_end(&cl, &run, nodes).await;
+    if moment == Moment::Step {
+        assert_one_key_per_step(&cl, &run, &events).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_cut_off_from_etcd_mid_chain_heals() {
+    a_partitioned_owner_heals(Duration::from_secs(10), Moment::Chain).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_cut_off_from_etcd_during_a_sandbox_step_heals() {
+    a_partitioned_owner_heals(Duration::from_secs(10), Moment::Step).await;
+}
+
+/// A replica joins a cluster whose runs wait at their gates: the runs it now owns are driven
+/// by it within the healing bound of its joining, every run has one live driver, and all of
+/// them complete once per node with no gap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_added_drives_the_runs_it_gains_within_the_bound() {
+    let Some(mut cl) = start_cluster().await else {
+        return;
+    };
+    let entry = cl.replicas[0].client.clone();
+    let mut runs = Vec::new();
+    for i in 0..24 {
+        runs.push(submit(&entry, gated(&format!("added {i}"))).await.run_id);
+    }
+    for run in &runs {
+        wait_run(&entry, run, 30, "input_required", |i| {
+            i.state == TaskState::InputRequired as i32
+        })
+        .await;
+    }
+    let relay = Relay::start(cl.etcd_addr.clone()).await;
+    let added = cl.spawn("o3", &relay, "o3.log");
+    cl.replicas.push(added);
+    cl.relays.push(relay);
+    wait_members(&cl.etcd_addr, &["o0", "o1", "o2", "o3"], 30).await;
+    let joined = Instant::now();
+    let deadline = joined + heal_bound();
+    let drivers = loop {
+        let mut drivers = BTreeMap::new();
+        for run in &runs {
+            let replica = get(&entry, run)
+                .await
+                .map(|i| i.replica)
+                .unwrap_or_default();
+            drivers.insert(run.clone(), replica);
+        }
+        let settled =
+            drivers.values().all(|r| !r.is_empty()) && drivers.values().any(|r| r == "o3");
+        if settled {
+            break drivers;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "runs not all driven, o3 among the drivers, within {:?} of o3 joining: {drivers:?}",
+            heal_bound()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    println!(
+        "added o3: {} of {} runs driven by it {} ms after it joined",
+        drivers.values().filter(|r| *r == "o3").count(),
+        runs.len(),
+        joined.elapsed().as_millis()
+    );
+    for run in &runs {
+        approve_to_the_end(&cl, run, 3).await;
+    }
 }
 
 /// The replica driving a run is killed and started again at once with the same member id
@@ -1100,8 +1440,7 @@ async fn an_owner_restarted_with_the_same_member_id_heals() {
     let r = &mut cl.replicas[idx];
     r.child.kill().unwrap();
     r.child.wait().unwrap();
-    let log = cl.stack.dir.path().join(format!("{id}-again.log"));
-    cl.replicas[idx] = spawn_replica(&id, &cl.stack.store_addr, &cl.relays[idx].addr, &log);
+    cl.replicas[idx] = cl.spawn(&id, &cl.relays[idx], &format!("{id}-again.log"));
     let restarted = Instant::now();
     wait_run(
         &entry,

@@ -371,6 +371,14 @@ impl Process {
         line.split_whitespace().nth(1).unwrap().parse().unwrap()
     }
 
+    /// Resets the peak (VmHWM) to what is resident now, and returns that (KiB).
+    pub fn reset_peak_rss(&self) -> u64 {
+        std::fs::write(format!("/proc/{}/clear_refs", self.child.id()), "5").unwrap();
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+
     pub fn kill9(&mut self) {
         self.child.kill().unwrap();
         self.child.wait().unwrap();

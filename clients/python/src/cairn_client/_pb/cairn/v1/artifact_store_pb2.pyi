@@ -94,6 +94,22 @@ class ArchiveRunResponse(_message.Message):
     files: int
     def __init__(self, path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., files: _Optional[int] = ...) -> None: ...
 
+class UnarchiveRunRequest(_message.Message):
+    __slots__ = ("project_id", "run_id")
+    PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    project_id: str
+    run_id: str
+    def __init__(self, project_id: _Optional[str] = ..., run_id: _Optional[str] = ...) -> None: ...
+
+class UnarchiveRunResponse(_message.Message):
+    __slots__ = ("files", "size_bytes")
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    files: int
+    size_bytes: int
+    def __init__(self, files: _Optional[int] = ..., size_bytes: _Optional[int] = ...) -> None: ...
+
 class Project(_message.Message):
     __slots__ = ("project_id", "created_at")
     PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
