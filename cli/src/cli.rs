@@ -31,7 +31,8 @@ pub struct Cli {
 
 #[derive(Debug, Clone, Args)]
 pub struct Global {
-    /// Address of running cairn services (host:port); all services are expected there.
+    /// Address of running cairn services (host:port, or unix:PATH for `cairn up --socket`);
+    /// all services are expected there.
     #[arg(long, global = true, env = "CAIRN_ADDR", value_name = "HOST:PORT")]
     pub addr: Option<String>,
     /// Address of the artifact-store when it is not at --addr (give it before the subcommand).
@@ -662,6 +663,12 @@ pub struct UpArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:7070", value_name = "HOST:PORT")]
     pub listen: String,
+    /// Serve on this Unix socket instead of a TCP port. The socket is made mode 0600, so only
+    /// this user (and root) can connect: other local users cannot reach the services even
+    /// without tokens. Clients use --addr unix:PATH (CAIRN_ADDR). Not with TLS; the console
+    /// (a TCP port) then needs --console-token or --tokens-file, or --no-console.
+    #[arg(long, value_name = "PATH", conflicts_with = "listen")]
+    pub socket: Option<PathBuf>,
     /// Address of the web console (runs, gates, notes); default: [console] listen of the
     /// configuration, 127.0.0.1:7480.
     #[arg(long, value_name = "HOST:PORT")]

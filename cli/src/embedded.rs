@@ -78,7 +78,7 @@ impl Hosted {
     /// Serves until `shutdown`, then removes every sandbox the runner started.
     pub async fn serve(
         self,
-        listener: tokio::net::TcpListener,
+        listener: impl Into<cairn_server::Listen>,
         shutdown: impl std::future::Future<Output = ()> + Send,
     ) -> anyhow::Result<()> {
         // Stop run drivers and kill sandboxes first, then drain calls: a long sandbox run must

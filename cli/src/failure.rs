@@ -293,6 +293,20 @@ fn advice_at(message: &str) -> Option<usize> {
     None
 }
 
+/// Did the connection fail because the OS refused this user (EACCES), e.g. on a socket's mode?
+fn permission_denied(status: &tonic::Status) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(e) = cause {
+        if e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::PermissionDenied)
+        {
+            return true;
+        }
+        cause = e.source();
+    }
+    status.message().contains("Permission denied")
+}
+
 /// A status that says the connection itself failed, worded for the user.
 fn transport(status: &tonic::Status, cx: &Context) -> Option<Report> {
     let m = status.message();
@@ -313,7 +327,14 @@ fn transport(status: &tonic::Status, cx: &Context) -> Option<Report> {
     }
     let addr = cx.remote.as_deref().unwrap_or("the embedded services");
     let refused = m.contains("Connection refused") || m.contains("tcp connect error");
-    let (message, hint, exit) = if refused || status.code() == Code::Unavailable && !broken {
+    let socket_denied = addr.starts_with(cairn_server::unix::SCHEME) && permission_denied(status);
+    let (message, hint, exit) = if socket_denied {
+        (
+            format!("{addr} does not let this user in (permission denied)"),
+            "the socket of `cairn up --socket` is mode 0600: only the user who started it (and root) may connect; run the command as that user".to_owned(),
+            exit::UNAVAILABLE,
+        )
+    } else if refused || status.code() == Code::Unavailable && !broken {
         (
             format!("could not reach cairn at {addr}"),
             "start it with `cairn up` (or check --addr / CAIRN_ADDR); without --addr, commands start the services themselves over --data-root".to_owned(),

@@ -245,3 +245,164 @@ fn cairn_up_without_authentication_says_so_at_start() {
         "{said}"
     );
 }
+
+/// `cairn` copied where any user may run it, for the other-user cases below.
+fn cairn_for_anyone(dir: &std::path::Path) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let copy = dir.join("cairn");
+    std::fs::copy(assert_cmd::cargo::cargo_bin("cairn"), &copy).unwrap();
+    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+    copy
+}
+
+/// `cairn --addr ADDR -p demo store put FILE PATH` run as the user nobody (setpriv).
+fn put_as_nobody(
+    cairn: &std::path::Path,
+    home: &std::path::Path,
+    addr: &str,
+    file: &std::path::Path,
+    path: &str,
+) -> std::process::Output {
+    std::process::Command::new("setpriv")
+        .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"])
+        .arg(cairn)
+        .args(["--addr", addr, "-p", "demo", "store", "put"])
+        .arg(file)
+        .arg(path)
+        .env_clear()
+        .env("HOME", home)
+        .env("PATH", "/usr/bin:/bin")
+        .env("RUST_LOG", "error")
+        .output()
+        .unwrap()
+}
+
+/// `cairn up --socket PATH`: the socket is mode 0600 from the start, the CLI works through
+/// `unix:PATH`, and another local user cannot connect (though it can once the socket's mode
+/// lets it: the refusal is the mode's, not the directory's); with a tokens file every service
+/// behind the socket still needs a token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cairn_up_on_a_socket_lets_only_its_owner_in() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    // Everyone may pass through the directory: only the socket's own mode keeps others out.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let data = dir.path().join("data");
+    let sock = dir.path().join("cairn.sock");
+    let (_up, addr, said) = common::up_on(&data, &["--socket".as_ref(), sock.as_os_str()], &[]);
+    assert_eq!(addr, format!("unix:{}", sock.display()), "{said}");
+    assert!(
+        said.contains("trust: the Unix socket") && said.contains("0600"),
+        "{said}"
+    );
+    let mode = std::fs::symlink_metadata(&sock)
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "the socket's mode");
+
+    // Its owner: the CLI through unix:PATH.
+    let file = dir.path().join("note.md");
+    std::fs::write(&file, "owner\n").unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    cairn(&data)
+        .args(["--addr", &addr, "-p", "demo", "store", "put"])
+        .arg(&file)
+        .arg("docs/owner.md")
+        .assert()
+        .success();
+    cairn(&data)
+        .args(["--addr", &addr, "-p", "demo", "runs", "list"])
+        .assert()
+        .success();
+
+    // /proc/self belongs to this process's effective user.
+    let root = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self").unwrap()) == 0;
+    if !root {
+        println!("SKIP: cairn_up_on_a_socket_lets_only_its_owner_in [another user]: setpriv to nobody needs root");
+    } else {
+        let bin = cairn_for_anyone(dir.path());
+        let home = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(home.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let refused = put_as_nobody(&bin, home.path(), &addr, &file, "docs/nobody.md");
+        let said = String::from_utf8_lossy(&refused.stderr);
+        assert!(
+            !refused.status.success(),
+            "nobody wrote through the 0600 socket: {said}"
+        );
+        assert!(
+            said.contains("permission denied") && said.contains("only the user who started it"),
+            "{said}"
+        );
+        cairn(&data)
+            .args([
+                "--addr",
+                &addr,
+                "-p",
+                "demo",
+                "store",
+                "stat",
+                "docs/nobody.md",
+            ])
+            .assert()
+            .failure();
+        // The control: the same user and command get in once the mode lets them.
+        std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let let_in = put_as_nobody(&bin, home.path(), &addr, &file, "docs/nobody.md");
+        assert!(
+            let_in.status.success(),
+            "the control failed, so the refusal above proves nothing: {}",
+            String::from_utf8_lossy(&let_in.stderr)
+        );
+    }
+
+    // One trust mode: with a tokens file, the socket's callers need tokens on every service.
+    let file = dir.path().join("tokens.toml");
+    let data2 = dir.path().join("data2");
+    add(&data2, &file, "ada", "admin");
+    let sock2 = dir.path().join("tokens.sock");
+    let (_up2, addr2, said) = common::up_on(
+        &data2,
+        &["--socket".as_ref(), sock2.as_os_str()],
+        &["--tokens-file".as_ref(), file.as_os_str()],
+    );
+    assert!(said.contains("trust: tokens, on the Unix socket"), "{said}");
+    for (what, code) in outcomes(&addr2, None).await {
+        assert_eq!(code, Code::Unauthenticated, "{what} with no token");
+    }
+}
+
+/// What `--socket` refuses: TLS settings (the file's mode is the socket's only guard), and a
+/// console anyone on the machine could use without a login.
+#[test]
+fn cairn_up_on_a_socket_refuses_tls_and_an_open_console() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let sock = dir.path().join("cairn.sock");
+    cairn(&data)
+        .args(["up", "--socket"])
+        .arg(&sock)
+        .args(["--console-listen", "127.0.0.1:0"])
+        .timeout(std::time::Duration::from_secs(60))
+        .assert()
+        .failure()
+        .stderr(
+            predicate::str::contains("--no-console")
+                .and(predicate::str::contains("--console-token")),
+        );
+    assert!(!sock.exists(), "the refused start left its socket behind");
+    cairn(&data)
+        .env("CAIRN_TLS_DIR", dir.path().join("pki"))
+        .args(["up", "--no-console", "--socket"])
+        .arg(&sock)
+        .timeout(std::time::Duration::from_secs(60))
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("TLS"));
+    cairn(&data)
+        .args(["up", "--no-console", "--listen", "127.0.0.1:0", "--socket"])
+        .arg(&sock)
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("cannot be used with"));
+}

@@ -14,12 +14,26 @@ use crate::settings::Settings;
 pub async fn run(global: &Global, args: UpArgs) -> anyhow::Result<ExitCode> {
     let settings = Settings::load(global)?;
     let own = &settings.orchestrator.config;
-    cairn_server::check_listen_text(&args.listen, own.tls.is_set(), own.insecure_listen)?;
-    let listener = cairn_server::bind(&args.listen).await?;
-    let addr = listener.local_addr()?.to_string();
+    let tls = own.tls.is_set();
+    let (listener, addr): (cairn_server::Listen, String) = match &args.socket {
+        Some(path) => {
+            anyhow::ensure!(
+                !tls,
+                "--socket serves without TLS (the socket file's mode, 0600, decides who may connect), but TLS is configured (--tls-dir, CAIRN_TLS_DIR or [tls]): leave out one of them"
+            );
+            let listener = cairn_server::unix::Listener::bind(path)?;
+            let addr = listener.addr();
+            (listener.into(), addr)
+        }
+        None => {
+            cairn_server::check_listen_text(&args.listen, tls, own.insecure_listen)?;
+            let listener = cairn_server::bind(&args.listen).await?;
+            let addr = listener.local_addr()?.to_string();
+            (listener.into(), addr)
+        }
+    };
     // Without TLS the services and the console call each other in memory: nothing on the port
     // needs to be trusted for them.
-    let tls = own.tls.is_set();
     let in_process = (!tls).then(cairn_server::inproc::Listener::new);
     let internal = in_process
         .as_ref()
@@ -58,7 +72,7 @@ pub async fn run(global: &Global, args: UpArgs) -> anyhow::Result<ExitCode> {
     let mut said = format!(
         "cairn is up on {addr} (data root {}); use CAIRN_ADDR={addr} with other cairn commands. Ctrl-C stops.\n{}\n",
         global.data_root.display(),
-        trust_mode(tls, hosted.tokens_required)
+        trust_mode(tls, hosted.tokens_required, args.socket.as_deref())
     );
     if let Some(url) = metrics {
         said.push_str(&format!("metrics: {url}\n"));
@@ -104,13 +118,19 @@ pub async fn run(global: &Global, args: UpArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// The one line `cairn up` prints about who may call it.
-fn trust_mode(tls: bool, tokens: bool) -> &'static str {
-    match (tls, tokens) {
+fn trust_mode(tls: bool, tokens: bool, socket: Option<&std::path::Path>) -> String {
+    match (socket, tokens) {
+        (Some(path), false) => return format!("trust: the Unix socket {} (mode 0600): only its owner and root can connect, and they may do everything (give --tokens-file to require tokens too)", path.display()),
+        (Some(path), true) => return format!("trust: tokens, on the Unix socket {} (mode 0600): only its owner and root can connect, and every call needs a token (the store, ingest and the sandbox-runner take admin tokens only)", path.display()),
+        (None, _) => {}
+    }
+    let said = match (tls, tokens) {
         (true, false) => "trust: mutual TLS: every call needs a client certificate of the PKI",
         (true, true) => "trust: mutual TLS, and people's tokens: every call needs a client certificate; the orchestrator also checks the token",
         (false, true) => "trust: tokens: every call needs a token (the store, ingest and the sandbox-runner take admin tokens only); no call is trusted for coming from this machine",
-        (false, false) => "trust: NONE: no authentication is configured, so every local user who reaches this port may do everything (give --tokens-file or --tls-dir to require credentials)",
-    }
+        (false, false) => "trust: NONE: no authentication is configured, so every local user who reaches this port may do everything (give --tokens-file or --tls-dir to require credentials, or --socket PATH to keep other local users out)",
+    };
+    said.to_owned()
 }
 
 /// The console of `cairn up`, checked and bound: the `[console]` settings with the flags of
@@ -143,6 +163,12 @@ async fn console_server(
         public_hosts,
         ..from_file
     };
+    // A socket keeps other local users away from the services; a console anyone on this
+    // machine may use without logging in would let them back in.
+    anyhow::ensure!(
+        args.socket.is_none() || config.token.is_some() || config.user_tokens,
+        "--socket keeps other local users away from the services, but the web console on {listen} would let them in without a login: give --console-token (or --tokens-file), or --no-console"
+    );
     let listener = cairn_server::bind(&listen)
         .await
         .with_context(|| format!("the console's listen address {listen:?}"))?;

@@ -72,6 +72,15 @@ pub fn free_port() -> u16 {
 /// by a thread, so the child never blocks on, nor writes into, a closed pipe; a `cairn up`
 /// that never says where it listens fails the test instead of hanging it.
 pub fn up(data: &std::path::Path, extra: &[&std::ffi::OsStr]) -> (Killed, String, String) {
+    up_on(data, &["--listen".as_ref(), "127.0.0.1:0".as_ref()], extra)
+}
+
+/// [`up`] listening where `listen` says (e.g. `--socket PATH`).
+pub fn up_on(
+    data: &std::path::Path,
+    listen: &[&std::ffi::OsStr],
+    extra: &[&std::ffi::OsStr],
+) -> (Killed, String, String) {
     use std::io::BufRead;
     let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("cairn"))
         .env_remove("CAIRN_ADDR")
@@ -83,7 +92,8 @@ pub fn up(data: &std::path::Path, extra: &[&std::ffi::OsStr]) -> (Killed, String
         .env("RUST_LOG", "error")
         .arg("--data-root")
         .arg(data)
-        .args(["up", "--listen", "127.0.0.1:0", "--no-console"])
+        .args(["up", "--no-console"])
+        .args(listen)
         .args(extra)
         .stderr(std::process::Stdio::piped())
         .stdout(std::process::Stdio::null())

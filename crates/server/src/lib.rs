@@ -15,6 +15,7 @@ pub mod inproc;
 pub mod pki;
 pub mod reload;
 pub mod tls;
+pub mod unix;
 
 pub use access::Access;
 pub use caller::Caller;
@@ -49,8 +50,14 @@ pub enum Error {
     Reflection(String),
     #[error("gRPC server failed: {0}")]
     Transport(#[from] tonic::transport::Error),
-    #[error("invalid address {addr:?}: {reason} (expected host:port or http://host:port)")]
+    #[error(
+        "invalid address {addr:?}: {reason} (expected host:port, http://host:port or unix:PATH)"
+    )]
     Address { addr: String, reason: String },
+    #[error("TLS is not served on a Unix socket ({path}): the socket file's mode (0600) decides who may connect; serve TLS on a TCP port instead")]
+    TlsOnUnixSocket { path: String },
+    #[error("could not bind the Unix socket {0}")]
+    BindUnix(#[from] unix::BindError),
     #[error("could not bind {addr}: {source}")]
     Bind {
         addr: String,
@@ -65,6 +72,24 @@ pub enum Error {
         addr: String,
         source: std::io::Error,
     },
+}
+
+/// Where a host serves: a TCP port, or a Unix socket ([`unix`]).
+pub enum Listen {
+    Tcp(tokio::net::TcpListener),
+    Unix(unix::Listener),
+}
+
+impl From<tokio::net::TcpListener> for Listen {
+    fn from(l: tokio::net::TcpListener) -> Self {
+        Listen::Tcp(l)
+    }
+}
+
+impl From<unix::Listener> for Listen {
+    fn from(l: unix::Listener) -> Self {
+        Listen::Unix(l)
+    }
 }
 
 /// The services to host on one listener.
@@ -183,9 +208,10 @@ impl Host {
     /// (see [`drain`]).
     pub async fn serve(
         self,
-        listener: tokio::net::TcpListener,
+        listener: impl Into<Listen>,
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), Error> {
+        let listener = listener.into();
         let (reporter, health) = health::Health::start(self.names.clone(), self.required).await;
         // Reflection lists exactly what this port serves: its cairn services, health and
         // reflection itself (the descriptors of the other cairn services stay resolvable).
@@ -210,11 +236,22 @@ impl Host {
         routes.add_service(health);
         routes.add_service(reflection_v1);
         routes.add_service(reflection_v1alpha);
-        let local = listener.local_addr().ok();
+        let local = match &listener {
+            Listen::Tcp(l) => l.local_addr().ok(),
+            Listen::Unix(l) if self.tls.is_some() => {
+                return Err(Error::TlsOnUnixSocket {
+                    path: l.path().display().to_string(),
+                })
+            }
+            Listen::Unix(l) => {
+                tracing::info!(socket = %l.path().display(), services = ?self.names, "serving gRPC on a Unix socket (mode 0600)");
+                None
+            }
+        };
         if let Some(addr) = local {
             check_listen(addr, self.tls.is_some(), self.insecure_listen)?;
+            tracing::info!(addr = ?local, services = ?self.names, tls = self.tls.is_some(), "serving gRPC");
         }
-        tracing::info!(addr = ?local, services = ?self.names, tls = self.tls.is_some(), "serving gRPC");
         let drain = self.drain;
         let start_drain = drain.clone();
         let shutdown = async move {
@@ -278,8 +315,15 @@ impl Host {
             .layer(access)
             .layer(malformed::MalformedLayer)
             .add_routes(routes);
-        let served = match reloading {
-            Some(tls) => {
+        let served = match (reloading, listener) {
+            (_, Listen::Unix(listener)) => {
+                drain
+                    .bounded(
+                        router.serve_with_incoming_shutdown(listener.into_incoming(), shutdown),
+                    )
+                    .await
+            }
+            (Some(tls), Listen::Tcp(listener)) => {
                 let watcher = tls
                     .clone()
                     .watch(self.tls_poll.unwrap_or(reload::POLL_EVERY));
@@ -290,7 +334,7 @@ impl Host {
                 watcher.abort();
                 served
             }
-            None => {
+            (None, Listen::Tcp(listener)) => {
                 // tonic's own tcp_nodelay is not applied to a caller's listener; without it
                 // Nagle delays HTTP/2 window updates and streamed Puts crawl.
                 let incoming =
@@ -382,7 +426,8 @@ pub fn connect_tls(addr: &str, tls: Option<&Tls>) -> Result<Channel, Error> {
 }
 
 /// [`connect_tls`] with the name the server's certificate must carry (see [`endpoint`]); an
-/// in-process address (`inproc://`, [`inproc`]) is dialled in memory, without TLS.
+/// in-process address (`inproc://`, [`inproc`]) is dialled in memory, and a Unix socket
+/// (`unix:PATH`, [`unix`]) without TLS.
 pub fn connect_named(
     addr: &str,
     tls: Option<&Tls>,
@@ -390,6 +435,15 @@ pub fn connect_named(
 ) -> Result<Channel, Error> {
     if addr.starts_with(inproc::SCHEME) {
         return Ok(inproc::channel(addr));
+    }
+    if let Some(path) = unix::path_of(addr) {
+        if tls.is_some() {
+            return Err(Error::Address {
+                addr: addr.to_owned(),
+                reason: "a Unix socket is dialled without TLS (its file's mode decides who may connect): leave out --tls-dir / CAIRN_TLS_DIR".into(),
+            });
+        }
+        return Ok(unix::channel(path));
     }
     let Some(tls) = tls else {
         return Ok(endpoint(addr, None, None)?.connect_lazy());
