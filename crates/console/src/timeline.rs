@@ -327,7 +327,10 @@ mod tests {
     /// and the gate's attempts are waiting, never work.
     #[test]
     fn attempts_are_bars_of_their_own_and_work_leaves_waiting_out() {
-        let nodes = [node("draft", "write_file", &[]), node("review", "gate", &["draft"])];
+        let nodes = [
+            node("draft", "write_file", &[]),
+            node("review", "gate", &["draft"]),
+        ];
         let events = [
             ev("node.started", "draft", "00:00"),
             ev("node.completed", "draft", "00:01"),

@@ -465,12 +465,13 @@ pub async fn served_certificate(
     server_name: Option<&str>,
 ) -> Result<Vec<u8>, Error> {
     let dialer = dial::Dialer::new(tls.paths().clone(), server_name)?;
-    let uri: http::Uri = format!("https://{}", bare_address(addr))
-        .parse()
-        .map_err(|e: http::uri::InvalidUri| Error::Address {
-            addr: addr.to_owned(),
-            reason: e.to_string(),
-        })?;
+    let uri: http::Uri =
+        format!("https://{}", bare_address(addr))
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| Error::Address {
+                addr: addr.to_owned(),
+                reason: e.to_string(),
+            })?;
     let io = dialer.dial(uri).await.map_err(|source| Error::Dial {
         addr: addr.to_owned(),
         source,
