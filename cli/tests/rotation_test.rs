@@ -320,11 +320,21 @@ impl Deployment {
     /// Approves the run's gate as `cli` of the PKI and checks that it completed with every
     /// node once and nothing failed.
     async fn approve_and_check(&self, pki: &Path, run: &str) {
-        let out = cli(
-            &pki.join("cli"),
-            &self.orchestrator,
-            &["--json", "gate", "approve", run, "g"],
-        );
+        // The run may not have reached its gate yet: approve once it waits there.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let out = loop {
+            let out = cli(
+                &pki.join("cli"),
+                &self.orchestrator,
+                &["--json", "gate", "approve", run, "g"],
+            );
+            let early = String::from_utf8_lossy(&out.stdout).contains("\"wrong_state\"")
+                && String::from_utf8_lossy(&out.stdout).contains("not been reached yet");
+            if !early || Instant::now() > deadline {
+                break out;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
         ok("gate approve", out);
         let deadline = Instant::now() + Duration::from_secs(60);
         let events = loop {

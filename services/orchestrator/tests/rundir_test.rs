@@ -215,7 +215,23 @@ async fn task_yaml_always_parses_and_matches_the_events() {
             .unwrap(),
     )
     .unwrap();
-    assert_eq!(evidence, serde_json::json!([]));
+    // The evidence index names each file the run wrote by the event that recorded it.
+    let written: Vec<String> = s
+        .events(&run)
+        .await
+        .iter()
+        .filter(|e| e.r#type == "artifact.written")
+        .map(|e| format!("E{}", e.seq))
+        .collect();
+    let files: Vec<String> = evidence
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "file")
+        .map(|e| e["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(!written.is_empty());
+    assert_eq!(files, written);
     // Every line of events.jsonl has ts, seq, type, run_id.
     let raw = s.read_text(&format!("{dir}/events.jsonl")).await;
     for line in raw.lines() {

@@ -1,5 +1,5 @@
-# The agent: the command of every one-shot docker run's container, warm (started ahead of time)
-# or made for the run (backend/docker_pool.rs). It reads ONE job (a JSON line) from stdin, stages /input, runs the program as the sandbox user
+# The warm-pool agent: the command of a pre-started container (backend/docker_pool.rs). It
+# reads ONE job (a JSON line) from stdin, stages /input, runs the program as the sandbox user
 # with stdin closed, streams stdout/stderr, enforces the timeout (SIGTERM, grace, SIGKILL),
 # kills every sandbox-user process, then sends the result and /output as a tar stream.
 # Frames on stdout: kind (1 byte) + length (4 bytes, big endian) + payload;
@@ -120,11 +120,8 @@ def main():
             os.setuid(uid)
             os.chdir("/tmp")
             os.execvpe(job["argv"][0], job["argv"], job["env"])
-        except BaseException as e:
-            try:
-                os.write(2, b"cairn: cannot start %s: %s\n" % (job["argv"][0].encode(), str(e).encode()))
-            except BaseException:
-                pass
+        except BaseException:
+            pass
         os._exit(127)
     os.close(w_out)
     os.close(w_err)
