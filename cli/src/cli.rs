@@ -236,7 +236,8 @@ pub enum CertsCommand {
         cert: Option<PathBuf>,
         /// Instead of a file: the certificate the service at HOST:PORT presents to a new
         /// connection, dialled with your TLS settings (--tls-dir: the `cli` identity), e.g.
-        /// to see that a service serves its renewed certificate.
+        /// to see that a service serves its renewed certificate; also says whether the
+        /// service answers a call made with your certificate (`accepted`).
         #[arg(long, value_name = "HOST:PORT")]
         served: Option<String>,
     },
@@ -459,21 +460,10 @@ pub enum RunsCommand {
     /// a request that differs from the recorded one stops the replay). Follows the replay to
     /// its end and prints `identical` (exit 0) or the first divergence: node, attempt, what
     /// differed and a unified diff (exit 4); 1 when the replay failed otherwise. `--json`:
-    /// {"run_id", "replay_of", "verdict", "divergence"} (docs/replay.md).
-    Replay {
-        run: String,
-        /// Replace a recorded variable (repeatable): the first node whose request changes
-        /// diverges.
-        #[arg(long = "var", value_name = "KEY=VALUE")]
-        vars: Vec<String>,
-        /// sandbox_run steps: `recorded` returns the recorded results, outputs and files;
-        /// `live` runs them again on a runner.
-        #[arg(long, value_enum, default_value_t = Replayed::Recorded)]
-        sandbox: Replayed,
-        /// Gates: `recorded` takes the recorded decisions; `live` waits for people.
-        #[arg(long, value_enum, default_value_t = Replayed::Recorded)]
-        gates: Replayed,
-    },
+    /// {"run_id", "replay_of", "verdict", "divergence"} (docs/replay.md). With --graph, a
+    /// changed graph is evaluated against the records; with --select, many runs are replayed
+    /// and a report is written.
+    Replay(ReplayArgs),
     /// Compare two runs: graph and variables, per-node outputs, files written (path, sha256,
     /// unified diff of text), token usage and durations. `--json`: one object.
     Diff { a: String, b: String },
@@ -485,6 +475,56 @@ pub enum RunsCommand {
         #[arg(long)]
         note: Option<String>,
     },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ReplayArgs {
+    /// The recorded run (or --select to replay many).
+    #[arg(required_unless_present = "select", conflicts_with = "select")]
+    pub run: Option<String>,
+    /// Replace a recorded variable (repeatable): the first node whose request changes
+    /// diverges.
+    #[arg(long = "var", value_name = "KEY=VALUE")]
+    pub vars: Vec<String>,
+    /// sandbox_run steps: `recorded` returns the recorded results, outputs and files (a step
+    /// whose request changed diverges); `live` runs them again on a runner.
+    #[arg(long, value_enum, default_value_t = Replayed::Recorded)]
+    pub sandbox: Replayed,
+    /// Gates: `recorded` takes the recorded decisions; `live` waits for people.
+    #[arg(long, value_enum, default_value_t = Replayed::Recorded)]
+    pub gates: Replayed,
+    /// A changed graph to evaluate against the records instead of the recorded one (its
+    /// files are sent with it, as `cairn run` does): unchanged requests and steps replay from
+    /// the records, and the first changed one is the divergence.
+    #[arg(long, value_name = "GRAPH.yaml")]
+    pub graph: Option<PathBuf>,
+    /// Stop at the first divergence: its node fails and the verdict names it (the default).
+    #[arg(long, conflicts_with = "live_after")]
+    pub until_divergence: bool,
+    /// At a request or step that differs from the records (or has none), go on live instead
+    /// of stopping: the model (--llm, else the recorded run's provider) answers from there,
+    /// so a change costs only the part it changed. The verdict still names the divergence.
+    #[arg(long)]
+    pub live_after: bool,
+    /// The provider --live-after uses, as `cairn run --llm` takes it.
+    #[arg(long, requires = "live_after")]
+    pub llm: Option<String>,
+    /// Replay every run a filter selects, one after another, and write a report: space-
+    /// separated `graph=TITLE` (runs with that title, a graph's own unless the run was given
+    /// another; quote a title with spaces: `graph='two agents'`), `since=DATE`,
+    /// `until=DATE` (as `runs list`), `state=STATE` (default completed), `limit=N`
+    /// (default 100). Replays themselves are never selected.
+    #[arg(long, value_name = "FILTER")]
+    pub select: Option<String>,
+    /// With --select: the report's path without extension; REPORT.json and REPORT.md are
+    /// written.
+    #[arg(
+        long,
+        value_name = "REPORT",
+        requires = "select",
+        default_value = "replay-report"
+    )]
+    pub report: PathBuf,
 }
 
 /// Whether a part of a replay comes from the records or runs live.

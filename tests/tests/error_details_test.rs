@@ -3,7 +3,7 @@
 //! errors name `nodes[i].field`), `ResourceInfo` on NOT_FOUND, `PreconditionFailure` on sha
 //! and epoch mismatches; ingest refuses a `doc_path` outside the project, and an ingest
 //! without the claim the store requires is an error status, not an OK with every block
-//! rejected.
+//! rejected; a service whose store is down says UNAVAILABLE with `RetryInfo`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -323,4 +323,87 @@ async fn ingest_without_the_claim_the_store_requires_is_refused() {
     assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
     assert_eq!(reason::of(&e).as_deref(), Some("claim_required"), "{e:?}");
     assert!(e.message().contains("claim"), "{e:?}");
+}
+
+/// A service whose store cannot be reached answers UNAVAILABLE with `RetryInfo` (and the
+/// reason `unavailable`), so a client knows to retry and when; the same service answers again
+/// once the store is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_service_whose_store_is_down_answers_unavailable_with_retry_info() {
+    // An address nothing listens on: the store "down".
+    let (l, store) = common::listener().await;
+    drop(l);
+    let (l, ingest) = common::listener().await;
+    let c = cairn_ingest::Config {
+        store_addr: store.clone(),
+        ..cairn_ingest::Config::default()
+    };
+    tokio::spawn(cairn_ingest::serve(c, l, std::future::pending()));
+    let (l, orchestrator) = common::listener().await;
+    let c = cairn_orchestrator::Config {
+        store_addr: store.clone(),
+        ingest_addr: ingest.clone(),
+        resume_on_start: false,
+        ..cairn_orchestrator::Config::default()
+    };
+    tokio::spawn(cairn_orchestrator::serve(c, l, std::future::pending()));
+    for addr in [&ingest, &orchestrator] {
+        common::wait_serving(channel(addr), addr).await;
+    }
+    let retryable = |what: &str, e: &tonic::Status| {
+        assert_eq!(e.code(), Code::Unavailable, "{what}: {e:?}");
+        assert!(
+            reason::retry_delay(e).is_some_and(|d| !d.is_zero()),
+            "{what}: UNAVAILABLE without a RetryInfo delay: {e:?}"
+        );
+        assert!(
+            reason::of(e).is_some(),
+            "{what}: no ErrorInfo reason: {e:?}"
+        );
+    };
+    let mut o = OrchestratorClient::new(channel(&orchestrator));
+    let e = o
+        .list_runs(ListRunsRequest {
+            project_id: "p".into(),
+            ..ListRunsRequest::default()
+        })
+        .await
+        .unwrap_err();
+    retryable("ListRuns", &e);
+    let e = o
+        .get_run(GetRunRequest {
+            project_id: "p".into(),
+            run_id: "r1".into(),
+        })
+        .await
+        .unwrap_err();
+    retryable("GetRun", &e);
+    // (Ingest answers a store outage with its manifest, every block `store_unavailable`, after
+    // riding it out for `dependency_outage_s`: ingest's own outage tests cover that.)
+
+    // The store comes up on its address: the same orchestrator answers without a restart.
+    let data = tempfile::tempdir().unwrap();
+    let l = tokio::net::TcpListener::bind(&store).await.unwrap();
+    let c = cairn_artifact_store::Config::new(data.path());
+    tokio::spawn(cairn_artifact_store::serve(c, l, std::future::pending()));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let answer = o
+            .list_runs(ListRunsRequest {
+                project_id: "p".into(),
+                ..ListRunsRequest::default()
+            })
+            .await;
+        match answer {
+            Ok(_) => break,
+            Err(e) if e.code() == Code::NotFound => break,
+            Err(e) => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the orchestrator still refuses with the store back: {e:?}"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+        }
+    }
 }

@@ -61,8 +61,8 @@ pub async fn run(global: &Global, cmd: CertsCommand) -> anyhow::Result<ExitCode>
             }
         }
         CertsCommand::Show { cert, served } => {
-            let info = match (cert, served) {
-                (Some(cert), _) => pki::describe(&cert)?,
+            let (info, served) = match (cert, served) {
+                (Some(cert), _) => (pki::describe(&cert)?, None),
                 (None, Some(addr)) => {
                     let tls = global
                         .tls
@@ -72,7 +72,10 @@ pub async fn run(global: &Global, cmd: CertsCommand) -> anyhow::Result<ExitCode>
                         .context("--served dials with your TLS settings: give --tls-dir (or CAIRN_TLS_DIR) with the cli certificate")?;
                     let name = global.tls_server_name.as_deref();
                     let der = cairn_server::served_certificate(&addr, &tls, name).await?;
-                    pki::describe_der(&der)?
+                    // TLS 1.3 ends the client's handshake before the server has checked the
+                    // client's certificate: only a call answered shows it was accepted.
+                    let refused = accepted_by(&addr, &tls, name).await.err();
+                    (pki::describe_der(&der)?, Some(refused))
                 }
                 (None, None) => anyhow::bail!("name a certificate file, or --served HOST:PORT"),
             };
@@ -84,6 +87,8 @@ pub async fn run(global: &Global, cmd: CertsCommand) -> anyhow::Result<ExitCode>
                     "not_after": info.not_after,
                     "serial": info.serial,
                     "issuer": info.issuer,
+                    "accepted": served.as_ref().map(Option::is_none),
+                    "refused_because": served.as_ref().and_then(|r| r.as_deref()),
                 }))?;
             } else {
                 println!(
@@ -96,10 +101,41 @@ pub async fn run(global: &Global, cmd: CertsCommand) -> anyhow::Result<ExitCode>
                 println!("valid: {} .. {}", info.not_before, info.not_after);
                 println!("serial: {}", info.serial);
                 println!("issuer: {}", info.issuer);
+                match &served {
+                    Some(None) => println!("your certificate: accepted"),
+                    Some(Some(why)) => println!("your certificate: refused ({why})"),
+                    None => {}
+                }
             }
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Whether the service at `addr` answers a call made with `tls` (its health check): `Err`
+/// with the reason when the connection is refused, e.g. a certificate of a CA it no longer
+/// trusts. An answer of any status means the TLS layer accepted the certificate.
+async fn accepted_by(
+    addr: &str,
+    tls: &cairn_server::Tls,
+    name: Option<&str>,
+) -> Result<(), String> {
+    let channel = cairn_server::connect_named(addr, Some(tls), name).map_err(|e| e.to_string())?;
+    match cairn_server::serving(channel, "", std::time::Duration::from_secs(5)).await {
+        Ok(_) => Ok(()),
+        Err(s)
+            if matches!(
+                s.code(),
+                tonic::Code::Unavailable
+                    | tonic::Code::Unknown
+                    | tonic::Code::Cancelled
+                    | tonic::Code::DeadlineExceeded
+            ) =>
+        {
+            Err(s.message().to_owned())
+        }
+        Err(_) => Ok(()),
+    }
 }
 
 /// The files written: one a line, or `{"files": [...]}` with --json.

@@ -16,7 +16,7 @@ mod up;
 
 use std::process::ExitCode;
 
-use crate::cli::{Cli, Command};
+use crate::cli::{Cli, Command, RunsCommand};
 
 pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
@@ -29,6 +29,8 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Ingest(args) => ingest::run(&cli.global, args).await,
         Command::Sandbox(cmd) => sandbox::run(&cli.global, cmd).await,
         Command::Run(args) => run::run(&cli.global, args).await,
+        Command::Runs(RunsCommand::Replay(args)) => replay::command(&cli.global, args).await,
+        Command::Runs(RunsCommand::Diff { a, b }) => replay::diff(&cli.global, &a, &b).await,
         Command::Runs(cmd) => run::runs(&cli.global, cmd).await,
         Command::Gate(cmd) => run::gate(&cli.global, cmd).await,
         Command::Notes(cmd) => run::notes(&cli.global, cmd).await,

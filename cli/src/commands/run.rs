@@ -23,7 +23,7 @@ use crate::output;
 
 pub(super) type Client = OrchestratorClient<crate::embedded::Authed>;
 
-fn needs() -> Needs {
+pub(super) fn needs() -> Needs {
     Needs {
         sandbox: true,
         orchestrator: true,
@@ -91,7 +91,7 @@ async fn local_cassette(
 /// The files the graph names (schemas, limits and prompt files), read here from the graph
 /// file's directory to send with it: the orchestrator never reads its own host's files. A
 /// graph that does not parse sends none (the orchestrator says what is wrong with it).
-async fn graph_files(
+pub(super) async fn graph_files(
     graph_yaml: &str,
     vars: &HashMap<String, String>,
     dir: &Path,
@@ -106,7 +106,7 @@ async fn graph_files(
 }
 
 /// An `openai:` or bare `http(s)://` setting.
-fn is_url(llm: &str) -> bool {
+pub(super) fn is_url(llm: &str) -> bool {
     let llm = llm.trim();
     ["openai:", "http://", "https://"]
         .iter()
@@ -837,26 +837,8 @@ pub async fn runs(global: &Global, cmd: RunsCommand) -> anyhow::Result<ExitCode>
                 };
                 finish(global, &info)
             }
-            RunsCommand::Replay {
-                run,
-                vars,
-                sandbox,
-                gates,
-            } => {
-                let live = |p| p == crate::cli::Replayed::Live;
-                let req = cairn_proto::v1::ReplayRunRequest {
-                    project_id: project.clone(),
-                    run_id: run,
-                    vars: parse_vars(&vars)?,
-                    by: who(),
-                    replay_run_id: String::new(),
-                    live_sandbox: live(sandbox),
-                    live_gates: live(gates),
-                };
-                super::replay::replay(global, &mut client, req).await
-            }
-            RunsCommand::Diff { a, b } => {
-                super::replay::diff(global, &mut client, &project, &a, &b).await
+            RunsCommand::Replay(_) | RunsCommand::Diff { .. } => {
+                anyhow::bail!("`cairn runs replay` and `cairn runs diff` are dispatched to their own module")
             }
             RunsCommand::Rework { run, node, note } => {
                 let info = client
@@ -897,7 +879,7 @@ pub(super) fn parse_vars(flags: &[String]) -> anyhow::Result<HashMap<String, Str
 
 /// `--since` / `--until` as an RFC 3339 time: a day (YYYY-MM-DD, UTC) is its start, or with
 /// `end` the start of the next day (so the day is included).
-fn time_arg(flag: &str, text: Option<String>, end: bool) -> anyhow::Result<String> {
+pub(super) fn time_arg(flag: &str, text: Option<String>, end: bool) -> anyhow::Result<String> {
     let Some(text) = text.map(|t| t.trim().to_owned()).filter(|t| !t.is_empty()) else {
         return Ok(String::new());
     };
@@ -919,7 +901,7 @@ fn time_arg(flag: &str, text: Option<String>, end: bool) -> anyhow::Result<Strin
     )
 }
 
-fn parse_state(s: &str) -> anyhow::Result<TaskState> {
+pub(super) fn parse_state(s: &str) -> anyhow::Result<TaskState> {
     Ok(match s {
         "created" => TaskState::Created,
         "working" => TaskState::Working,

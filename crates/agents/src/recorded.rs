@@ -2,7 +2,12 @@
 //! exchange the recorded run made at the same node, attempt, turn and step (records.rs),
 //! after checking that the request hashes to the recorded request's hash. It never calls a
 //! model: a replay runs with every provider unreachable. A missing record, a damaged one or
-//! a different request ends the request with an error saying which.
+//! a different request ends the request with an error saying which, unless the replay goes
+//! on live after a divergence (`live_after`): then that request and every later one of the
+//! attempt go to the live provider, and the divergence is reported once.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use tonic::Code;
@@ -12,8 +17,12 @@ use super::{AgentError, AgentReply, AgentRequest, AttemptObserver, NoObserver, P
 use cairn_store_client::Store;
 
 /// The `llm` setting of a replay run: `recorded:<source run id>`, with `#sandbox=live`
-/// and/or `#gates=live` when those run live. Only a replay sets it.
+/// and/or `#gates=live` when those run live, and last `#live_after=<provider setting>` when
+/// the replay goes on live after a divergence. Only a replay sets it.
 pub const SPEC_PREFIX: &str = "recorded:";
+
+/// The part of a replay's setting naming the live provider (the rest of the setting).
+const LIVE_AFTER: &str = "#live_after=";
 
 /// A replay's `llm` setting.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -24,11 +33,19 @@ pub struct ReplaySpec {
     pub live_sandbox: bool,
     /// Gates wait for people instead of taking their recorded decisions.
     pub live_gates: bool,
+    /// A request or step that differs from the records goes on live, to this provider
+    /// setting (a node's own `llm:` first); None: it fails its node.
+    pub live_after: Option<String>,
 }
 
 impl ReplaySpec {
     pub fn parse(spec: &str) -> Option<ReplaySpec> {
         let rest = spec.trim().strip_prefix(SPEC_PREFIX)?;
+        // The live provider's setting is last and taken whole (a URL may hold a `#`).
+        let (rest, live_after) = match rest.split_once(LIVE_AFTER) {
+            Some((head, live)) => (head, Some(live.to_owned())),
+            None => (rest, None),
+        };
         let mut parts = rest.split('#');
         let source = parts.next()?.trim();
         if source.is_empty() {
@@ -36,6 +53,7 @@ impl ReplaySpec {
         }
         let mut out = ReplaySpec {
             source: source.to_owned(),
+            live_after,
             ..ReplaySpec::default()
         };
         for p in parts {
@@ -56,8 +74,59 @@ impl ReplaySpec {
         if self.live_gates {
             s.push_str("#gates=live");
         }
+        if let Some(live) = &self.live_after {
+            s.push_str(LIVE_AFTER);
+            s.push_str(live);
+        }
         s
     }
+}
+
+/// Where a replay left its records and went live, told once per node attempt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WentLive {
+    pub node: String,
+    pub attempt: u32,
+    pub turn: u32,
+    pub step: u32,
+    /// `request` (it differs from the recorded one) or `missing` (no record of it).
+    pub why: &'static str,
+    /// Unified diff of the requests, recorded first (empty when no record).
+    pub diff: String,
+}
+
+/// Where a replay going live left its records; `attempt` is the replaying attempt.
+fn went_live(e: &RecordError, attempt: u32) -> WentLive {
+    let (node, turn, step, why, diff) = match e {
+        RecordError::Missing {
+            node, turn, step, ..
+        } => (node.clone(), *turn, *step, "missing", String::new()),
+        RecordError::Diverged {
+            node,
+            turn,
+            step,
+            diff,
+            ..
+        } => (node.clone(), *turn, *step, "request", diff.clone()),
+        RecordError::Corrupt { .. } => (String::new(), 0, 0, "corrupt", String::new()),
+    };
+    WentLive {
+        node,
+        attempt,
+        turn,
+        step,
+        why,
+        diff,
+    }
+}
+
+/// Receives a replay's divergence before it goes live (the node records it as an event).
+pub type OnLive = Arc<dyn Fn(WentLive) + Send + Sync>;
+
+/// The live provider of a `live_after` replay and what to tell when it is first used.
+pub struct LiveAfter {
+    pub provider: Arc<dyn Provider>,
+    pub on_live: OnLive,
 }
 
 /// The source run of a replay's `llm` setting, if it is one.
@@ -74,6 +143,10 @@ pub struct Recorded {
     attempt: u32,
     /// The provider's name as the recorded run knew it.
     name: String,
+    /// Where a divergence goes on (`live_after`); None: it fails the request.
+    live: Option<LiveAfter>,
+    /// This attempt left its records: every later request goes live.
+    went_live: AtomicBool,
 }
 
 impl Recorded {
@@ -93,12 +166,20 @@ impl Recorded {
             dir: dir.to_owned(),
             attempt,
             name: String::new(),
+            live: None,
+            went_live: AtomicBool::new(false),
         };
         r.name = match r.read(turn, 1).await? {
             Some(ex) => ex.provider,
             None => format!("{SPEC_PREFIX}{dir}"),
         };
         Ok(r)
+    }
+
+    /// Requests that differ from the records (or have none) go to `live` instead of failing.
+    pub fn live_after(mut self, live: LiveAfter) -> Recorded {
+        self.live = Some(live);
+        self
     }
 
     async fn read(&self, turn: u32, step: u32) -> Result<Option<records::Exchange>, AgentError> {
@@ -137,6 +218,31 @@ impl Provider for Recorded {
         observer: &'a dyn AttemptObserver,
     ) -> BoxFuture<'a, Result<AgentReply, AgentError>> {
         Box::pin(async move {
+            let Some(live) = &self.live else {
+                return self.from_records(request, observer).await;
+            };
+            if !self.went_live.load(Ordering::SeqCst) {
+                match self.from_records(request, observer).await {
+                    Err(AgentError::Record(r)) if r.left_records() => {
+                        self.went_live.store(true, Ordering::SeqCst);
+                        (live.on_live)(went_live(&r, self.attempt));
+                    }
+                    other => return other,
+                }
+            }
+            live.provider.complete_observed(request, observer).await
+        })
+    }
+}
+
+impl Recorded {
+    /// The recorded answer to `request`, or why there is none.
+    async fn from_records(
+        &self,
+        request: &AgentRequest,
+        observer: &dyn AttemptObserver,
+    ) -> Result<AgentReply, AgentError> {
+        {
             let step = super::replay::step_of(request);
             let Some(ex) = self.read(request.turn, step).await? else {
                 return Err(RecordError::Missing {
@@ -201,6 +307,6 @@ impl Provider for Recorded {
                 }
                 .into()),
             }
-        })
+        }
     }
 }

@@ -80,6 +80,15 @@ pub enum RecordError {
 }
 
 impl RecordError {
+    /// A request the records do not answer as it is (a divergence or no record of it), as
+    /// opposed to records that cannot be read.
+    pub fn left_records(&self) -> bool {
+        matches!(
+            self,
+            RecordError::Missing { .. } | RecordError::Diverged { .. }
+        )
+    }
+
     /// Reason word (`cairn-reason`).
     pub fn reason(&self) -> &'static str {
         match self {

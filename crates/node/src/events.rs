@@ -64,6 +64,11 @@ pub const RECORDS_EVENT_IGNORED: &str = "records.event_ignored";
 /// orchestrator's watchdog; `nodes`, `silent_s`, `policy`).
 pub const RUN_STALLED: &str = "run.stalled";
 
+/// A replay left its records at a node and went on live (`live_after`): `attempt`, `why`
+/// (`request`: it differs from the recorded one; `missing`: no record; `sandbox`: the step's
+/// request differs), `turn`, `step` and `diff` (recorded first).
+pub const REPLAY_LIVE: &str = "replay.live";
+
 /// Events that end a run (WatchRun stops after one unless asked to follow).
 pub fn is_final(kind: &str) -> bool {
     matches!(kind, TASK_COMPLETED | TASK_FAILED | TASK_CANCELED)

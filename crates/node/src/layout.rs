@@ -49,6 +49,11 @@ impl RunDir {
     pub fn sandbox_result(&self, node: &str) -> String {
         self.path(&format!("sandbox/{node}/result.json"))
     }
+    /// request.json: the request of a sandbox node's last attempt as a replay compares it
+    /// (the run id written as a mark, inputs by sha256).
+    pub fn sandbox_request(&self, node: &str) -> String {
+        self.path(&format!("sandbox/{node}/request.json"))
+    }
     /// What one node attempt printed (sandbox_run, code_delivery), as JSON lines.
     pub fn node_log(&self, node: &str, attempt: u32) -> String {
         self.path(&format!("logs/{node}/{attempt}.jsonl"))

@@ -363,34 +363,52 @@ impl NodeCtx {
     /// provider rules (a cassette is read from the run's project).
     /// Every exchange is recorded in the run directory (`agents/<instance>/runtime/exchanges/`);
     /// in a replay (the run's setting is `recorded:<run>`) every node is answered from that
-    /// run's records instead, whatever its own `llm:`.
+    /// run's records instead, whatever its own `llm:`; a replay that goes on live after a
+    /// divergence sends what the records do not answer to the node's own `llm:` or the
+    /// replay's live provider, and records a `replay.live` event once per attempt.
     pub async fn provider(
         &self,
         node_llm: Option<&str>,
     ) -> Result<Arc<dyn cairn_agents::Provider>, cairn_agents::AgentError> {
+        use cairn_agents::recorded::{LiveAfter, Recorded, WentLive};
         use cairn_agents::records::{Recording, EXCHANGES_DIR};
         let instance = self.node_id.replace('.', "-");
         let store = &self.backends.store;
-        let inner: Arc<dyn cairn_agents::Provider> =
-            match cairn_agents::recorded::source_of(&self.llm) {
-                Some(source) => Arc::new(
-                    cairn_agents::recorded::Recorded::load(
-                        store.clone(),
-                        &self.project,
-                        &RunDir::new(&source).agent(&instance, EXCHANGES_DIR),
-                        self.attempt,
-                        self.turn,
-                    )
-                    .await?,
-                ),
-                None => {
-                    let spec = node_llm.unwrap_or(&self.llm);
-                    self.backends
-                        .providers
-                        .get(spec, store, &self.project)
-                        .await?
+        let providers = &self.backends.providers;
+        let inner: Arc<dyn cairn_agents::Provider> = match self.replay() {
+            Some(replay) => {
+                let recorded = Recorded::load(
+                    store.clone(),
+                    &self.project,
+                    &RunDir::new(&replay.source).agent(&instance, EXCHANGES_DIR),
+                    self.attempt,
+                    self.turn,
+                )
+                .await?;
+                match &replay.live_after {
+                    Some(spec) => {
+                        let progress = self.progress.clone();
+                        let on_live = move |w: WentLive| {
+                            progress.emit(went_live_event(&w));
+                        };
+                        Arc::new(
+                            recorded.live_after(LiveAfter {
+                                provider: providers
+                                    .get(node_llm.unwrap_or(spec), store, &self.project)
+                                    .await?,
+                                on_live: Arc::new(on_live),
+                            }),
+                        )
+                    }
+                    None => Arc::new(recorded),
                 }
-            };
+            }
+            None => {
+                providers
+                    .get(node_llm.unwrap_or(&self.llm), store, &self.project)
+                    .await?
+            }
+        };
         Ok(Arc::new(Recording::new(
             inner,
             store.clone(),
@@ -419,6 +437,17 @@ impl NodeCtx {
             self.attempt,
         )
     }
+}
+
+/// The `replay.live` event of a replay that left its records at a node.
+pub fn went_live_event(w: &cairn_agents::recorded::WentLive) -> events::Ev {
+    events::Ev::new(events::REPLAY_LIVE, &w.node)
+        .level(cairn_proto::v1::Level::Warning)
+        .with("attempt", w.attempt)
+        .with("why", w.why)
+        .with("turn", w.turn)
+        .with("step", w.step)
+        .with("diff", w.diff.as_str())
 }
 
 /// A refused or failed write, with the fix for the common case.

@@ -364,16 +364,37 @@ pub fn verdict(a: &Side, b: &Side, report: &Value) -> Value {
     if !["completed", "failed", "canceled"].contains(&b.state.as_str()) {
         return out("running", Value::Null);
     }
-    // A request that differs from the recorded one failed its node: the first such is the
-    // divergence (its message carries the request diff).
+    // A request that differs from the recorded one failed its node, or (`live_after`) went
+    // on live with a `replay.live` event: the first such is the divergence (the message or
+    // the event carries the request diff).
     const DIVERGED: &str = "replay diverged at node";
-    if let Some(e) = b.events.iter().find(|e| {
-        e.r#type == "node.failed"
-            && data(e)
-                .get("error")
-                .and_then(Value::as_str)
-                .is_some_and(|t| t.contains(DIVERGED))
-    }) {
+    let first = b.events.iter().find(|e| {
+        e.r#type == "replay.live"
+            || e.r#type == "node.failed"
+                && data(e)
+                    .get("error")
+                    .and_then(Value::as_str)
+                    .is_some_and(|t| t.contains(DIVERGED))
+    });
+    if let Some(e) = first.filter(|e| e.r#type == "replay.live") {
+        let d = data(e);
+        let text = |k: &str| d.get(k).and_then(Value::as_str).unwrap_or_default();
+        let what = match text("why") {
+            "missing" => "request (no record; went on live)",
+            "sandbox" => "sandbox request (went on live)",
+            _ => "request (went on live)",
+        };
+        return out(
+            "diverged",
+            div(
+                &e.node_id,
+                d.get("attempt").and_then(Value::as_u64).unwrap_or(1),
+                what.into(),
+                text("diff").to_owned(),
+            ),
+        );
+    }
+    if let Some(e) = first {
         let d = data(e);
         let text = d.get("error").and_then(Value::as_str).unwrap_or_default();
         let from = text.find(DIVERGED).unwrap_or(0);

@@ -473,17 +473,20 @@ impl Orchestrator for OrchestratorService {
         cairn_telemetry::record_ids(&r.project_id, &r.run_id, "");
         let info = self
             .runs
-            .replay(
-                &r.project_id,
-                &r.run_id,
-                r.vars.into_iter().collect(),
-                &who.by(&r.by),
-                &r.replay_run_id,
-                crate::runs::LiveParts {
-                    sandbox: r.live_sandbox,
-                    gates: r.live_gates,
-                },
-            )
+            .replay(crate::runs::Submit {
+                project_id: r.project_id,
+                replay_of: r.run_id,
+                vars: r.vars.into_iter().collect(),
+                by: who.by(&r.by),
+                run_id: r.replay_run_id,
+                live_sandbox: r.live_sandbox,
+                live_gates: r.live_gates,
+                graph_yaml: r.graph_yaml,
+                files: r.files,
+                live_after: r.live_after,
+                llm: r.llm,
+                ..crate::runs::Submit::default()
+            })
             .await?;
         Ok(Response::new(info))
     }

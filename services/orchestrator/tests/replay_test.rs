@@ -1,7 +1,9 @@
 //! Replays of recorded runs (ReplayRun, DiffRuns) over gRPC: runs recorded against a fake
 //! OpenAI-compatible server that answers at random replay to `identical` with the server
 //! gone; a changed variable diverges at exactly the node whose request changed, with the
-//! request diff; a damaged record and a run without records are refused, naming what.
+//! request diff; a changed graph diverges at its change, and goes on live only from there
+//! when asked; a changed sandbox step diverges; a damaged record and a run without records
+//! are refused, naming what.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -425,6 +427,241 @@ async fn the_hello_example_replays_identically_with_recorded_sandbox_and_gate() 
         .unwrap();
     assert_eq!(data(&decided)["by"], "alice");
     assert_eq!(data(&decided)["replayed_by"], "tester");
+    stack.stop().await;
+}
+
+/// `replay` with the request `tweak` makes of the default one.
+async fn replay_with(
+    stack: &Stack,
+    run: &str,
+    tweak: impl FnOnce(&mut ReplayRunRequest),
+) -> Result<String, tonic::Status> {
+    let mut req = ReplayRunRequest {
+        project_id: PROJECT.into(),
+        run_id: run.into(),
+        by: "tester".into(),
+        ..Default::default()
+    };
+    tweak(&mut req);
+    let info = stack.client.clone().replay_run(req).await?.into_inner();
+    assert_eq!(info.replay_of, run);
+    stack.wait_final(&info.run_id, 30).await;
+    Ok(info.run_id)
+}
+
+/// GRAPH with `second`'s prompt changed.
+fn changed_graph() -> String {
+    let g = GRAPH.replace("Write a line about", "Write two lines about");
+    assert_ne!(g, GRAPH);
+    g
+}
+
+/// A changed graph evaluated against the records: `first`, unchanged, replays from them;
+/// `second`, whose prompt changed, is the divergence. By default the replay stops there;
+/// with live_after it goes on against the live provider for `second` only, completes, and
+/// the verdict still names the divergence with the request diff.
+#[tokio::test]
+async fn a_changed_graph_diverges_at_its_change_and_goes_on_live_only_after_it() {
+    let (stack, run) = recorded_offline().await;
+
+    // Until the divergence (the default): `second` fails, nothing is asked of any model.
+    let stopped = replay_with(&stack, &run, |r| r.graph_yaml = changed_graph())
+        .await
+        .unwrap();
+    let (v, _) = verdict(&stack, &run, &stopped).await;
+    assert_eq!(v["verdict"], "diverged", "{v:#}");
+    assert_eq!(v["divergence"]["node"], "second", "{v:#}");
+    assert_eq!(v["divergence"]["what"], "request", "{v:#}");
+    let diff = v["divergence"]["diff"].as_str().unwrap();
+    assert!(
+        diff.contains("-") && diff.contains("Write a line") && diff.contains("Write two lines"),
+        "{diff}"
+    );
+    let info = stack.get(&stopped).await;
+    let state = |info: &cairn_proto::v1::RunInfo, id: &str| {
+        info.nodes.iter().find(|n| n.id == id).unwrap().state
+    };
+    assert_eq!(
+        state(&info, "first"),
+        cairn_proto::v1::NodeState::Succeeded as i32
+    );
+    assert_eq!(
+        state(&info, "second"),
+        cairn_proto::v1::NodeState::Failed as i32
+    );
+
+    // live_after needs a provider: a live one answering "live ...".
+    let llm = RandomLlm::answering("live").await;
+    let went_on = replay_with(&stack, &run, |r| {
+        r.graph_yaml = changed_graph();
+        r.live_after = true;
+        r.llm = llm.llm();
+    })
+    .await
+    .unwrap();
+    let info = stack.get(&went_on).await;
+    assert_eq!(info.state, TaskState::Completed as i32, "{info:#?}");
+    // Only the changed node asked the model.
+    assert_eq!(llm.calls.load(Ordering::SeqCst), 1);
+    let first_a = stack.read_text(&format!("docs/{run}/first.md")).await;
+    let first_b = stack.read_text(&format!("docs/{went_on}/first.md")).await;
+    assert_eq!(first_a.replace(&run, "R"), first_b.replace(&went_on, "R"));
+    let second = stack.read_text(&format!("docs/{went_on}/second.md")).await;
+    assert!(second.starts_with("live "), "{second}");
+    let (v, _) = verdict(&stack, &run, &went_on).await;
+    assert_eq!(v["verdict"], "diverged", "{v:#}");
+    assert_eq!(v["divergence"]["node"], "second", "{v:#}");
+    assert_eq!(v["divergence"]["what"], "request (went on live)", "{v:#}");
+    assert!(
+        v["divergence"]["diff"]
+            .as_str()
+            .unwrap()
+            .contains("Write two lines"),
+        "{v:#}"
+    );
+    let live: Vec<_> = stack
+        .events(&went_on)
+        .await
+        .into_iter()
+        .filter(|e| e.r#type == "replay.live")
+        .collect();
+    assert_eq!(live.len(), 1, "{live:?}");
+    assert_eq!(live[0].node_id, "second");
+    assert_eq!(data(&live[0])["why"], "request");
+
+    // The same change without live_after but with a provider named is refused: the provider
+    // would never be asked.
+    let e = stack
+        .client
+        .clone()
+        .replay_run(ReplayRunRequest {
+            project_id: PROJECT.into(),
+            run_id: run.clone(),
+            llm: llm.llm(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert_eq!(
+        cairn_proto::reason::violations(&e)
+            .first()
+            .map(|v| v.0.clone()),
+        Some("llm".to_owned()),
+        "{e:?}"
+    );
+    llm.stop().await;
+    stack.stop().await;
+}
+
+/// A graph whose sandbox step, agent and file writer; the step's code is `code`.
+fn step_graph(code: &str) -> String {
+    format!(
+        r#"
+version: 1
+title: step
+nodes:
+  - id: ask
+    type: agent_task
+    prompt: "Name a number."
+    path: "docs/{{{{run_id}}}}/ask.md"
+  - id: step
+    type: sandbox_run
+    needs: [ask]
+    language: python
+    allowed_prefixes: ["docs/"]
+    input_files: ["docs/{{{{run_id}}}}/ask.md"]
+    output_prefix: "docs/{{{{run_id}}}}/step"
+    code: |
+      import uuid
+      open("/output/out.txt", "w").write("{code} " + str(uuid.uuid4()))
+"#
+    )
+}
+
+/// A recorded sandbox step is returned from the records only while its request (code,
+/// inputs by content, limits) is the one recorded: a changed step diverges naming the
+/// code's diff, and with live_after runs again on a runner.
+#[tokio::test]
+async fn a_changed_sandbox_step_diverges_and_runs_live_only_after_it() {
+    let llm = RandomLlm::start().await;
+    let stack = match Stack::try_start(Options {
+        ingest: false,
+        sandbox: common::Sandbox::Required,
+        tweak: fast,
+        ..Default::default()
+    })
+    .await
+    {
+        Ok(s) => s,
+        Err(e) => {
+            println!("SKIP: a_changed_sandbox_step_diverges_and_runs_live_only_after_it: no sandbox backend can run here ({e})");
+            return;
+        }
+    };
+    let run = stack
+        .submit_req(SubmitRunRequest {
+            project_id: PROJECT.into(),
+            graph_yaml: step_graph("old"),
+            llm: llm.llm(),
+            by: "tester".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .run_id;
+    let info = stack.wait_final(&run, 60).await;
+    assert_eq!(info.state, TaskState::Completed as i32, "{info:#?}");
+    llm.stop().await;
+    let recorded_out = stack.read_text(&format!("docs/{run}/step/out.txt")).await;
+
+    // Unchanged: the step's recorded output comes back (its random part included).
+    let same = replay_with(&stack, &run, |r| r.graph_yaml = step_graph("old"))
+        .await
+        .unwrap();
+    let (v, _) = verdict(&stack, &run, &same).await;
+    assert_eq!(v["verdict"], "identical", "{v:#}");
+    assert_eq!(
+        stack.read_text(&format!("docs/{same}/step/out.txt")).await,
+        recorded_out
+    );
+
+    // Changed code: the divergence names the step and shows the code's diff.
+    let stopped = replay_with(&stack, &run, |r| r.graph_yaml = step_graph("new"))
+        .await
+        .unwrap();
+    let (v, _) = verdict(&stack, &run, &stopped).await;
+    assert_eq!(v["verdict"], "diverged", "{v:#}");
+    assert_eq!(v["divergence"]["node"], "step", "{v:#}");
+    let diff = v["divergence"]["diff"].as_str().unwrap();
+    assert!(diff.contains("old") && diff.contains("new"), "{diff}");
+    assert!(
+        stack
+            .read(&format!("docs/{stopped}/step/out.txt"))
+            .await
+            .is_none(),
+        "a diverged step wrote its recorded output"
+    );
+
+    // live_after: the changed step runs on the runner; the agent before it still replays.
+    let went_on = replay_with(&stack, &run, |r| {
+        r.graph_yaml = step_graph("new");
+        r.live_after = true;
+    })
+    .await
+    .unwrap();
+    let info = stack.get(&went_on).await;
+    assert_eq!(info.state, TaskState::Completed as i32, "{info:#?}");
+    let out = stack
+        .read_text(&format!("docs/{went_on}/step/out.txt"))
+        .await;
+    assert!(out.starts_with("new "), "{out}");
+    let (v, _) = verdict(&stack, &run, &went_on).await;
+    assert_eq!(v["divergence"]["node"], "step", "{v:#}");
+    assert_eq!(
+        v["divergence"]["what"], "sandbox request (went on live)",
+        "{v:#}"
+    );
     stack.stop().await;
 }
 

@@ -61,6 +61,51 @@ fn recorded_attempt(
     end
 }
 
+/// Whether this attempt's sandbox request (`ours`, as `request_json` makes it) differs from
+/// the one recorded at the same node and attempt of `source`: the unified diff (recorded
+/// first) when it does; None when it is the same, or when the recorded run kept no request
+/// hash (recorded before requests were kept: replayed as it stands).
+pub async fn diverges(
+    ctx: &NodeCtx,
+    source: &str,
+    ours: &str,
+) -> Result<Option<String>, NodeError> {
+    let store = ctx.store();
+    let events = store
+        .read_events(&ctx.project, source, 1)
+        .await
+        .map_err(|s| {
+            NodeError::from_status(&format!("reading the events of recorded run {source}"), &s)
+        })?;
+    let Some((seen, _)) = recorded_attempt(&events, &ctx.node_id, ctx.attempt) else {
+        // No finished attempt: `replay` says so.
+        return Ok(None);
+    };
+    let recorded_sha = seen
+        .iter()
+        .find(|(t, _)| t == cairn_node::events::SANDBOX_START)
+        .and_then(|(_, d)| d.get("request_sha256").and_then(Value::as_str))
+        .map(str::to_owned);
+    let Some(recorded_sha) = recorded_sha else {
+        return Ok(None);
+    };
+    if recorded_sha == sha256_hex(ours.as_bytes()) {
+        return Ok(None);
+    }
+    // The recorded request.json holds the node's last attempt: shown when it is this one.
+    let path = cairn_node::RunDir::new(source).sandbox_request(&ctx.node_id);
+    let recorded = match store.get(&ctx.project, &path).await {
+        Ok(Some(b)) if sha256_hex(&b) == recorded_sha => String::from_utf8_lossy(&b).into_owned(),
+        _ => format!(
+            "(the recorded request of attempt {} is not kept; its sha256 is {recorded_sha})\n",
+            ctx.attempt
+        ),
+    };
+    Ok(Some(cairn_agents::records::unified_diff(
+        &recorded, ours, "recorded", "replay",
+    )))
+}
+
 /// Replays attempt `ctx.attempt` of this node from run `source`'s records.
 pub async fn replay(ctx: &NodeCtx, source: &str) -> Result<NodeSuccess, NodeError> {
     let store = ctx.store();

@@ -53,10 +53,54 @@ pub fn check_output_prefix(output_prefix: &str, prefixes: &[String]) -> Result<(
     Ok(())
 }
 
-pub async fn run(ctx: &NodeCtx, spec: &SandboxRun) -> Result<NodeSuccess, NodeError> {
-    if let Some(r) = ctx.replay().filter(|r| !r.live_sandbox) {
-        return super::recorded_step::replay(ctx, &r.source).await;
+/// `haystack` with every `needle` replaced by `with` (bytes; `needle` not empty).
+fn replace_bytes(haystack: &[u8], needle: &[u8], with: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(haystack.len());
+    let mut i = 0;
+    while i < haystack.len() {
+        if haystack[i..].starts_with(needle) {
+            out.extend_from_slice(with);
+            i += needle.len();
+        } else {
+            out.push(haystack[i]);
+            i += 1;
+        }
     }
+    out
+}
+
+/// The request as a replay compares it (request.json, hashed into `request_sha256` of
+/// sandbox_start): what the program gets, with this run's id written as a mark and each
+/// input by the sha256 of its content (the id marked there too), without the ids that
+/// differ per run or delivery.
+fn request_json(req: &RunRequest, run_id: &str) -> String {
+    use cairn_agents::records::{pretty, replace_in, RUN_ID_MARK};
+    let inputs: Vec<Value> = req
+        .input_files
+        .iter()
+        .map(|f| {
+            let content = if run_id.is_empty() {
+                f.content.to_vec()
+            } else {
+                replace_bytes(&f.content, run_id.as_bytes(), RUN_ID_MARK.as_bytes())
+            };
+            json!({"path": f.path, "sha256": cairn_sha256::sha256_hex(&content)})
+        })
+        .collect();
+    let v = json!({
+        "language": req.language,
+        "code": req.code,
+        "code_file": req.code_file,
+        "inputs": inputs,
+        "timeout_ms": req.limits.as_ref().map(|l| l.timeout_ms).unwrap_or_default(),
+        "network": req.network,
+        "image": req.image,
+        "env": req.env.iter().collect::<std::collections::BTreeMap<_, _>>(),
+    });
+    pretty(&replace_in(v, run_id, RUN_ID_MARK))
+}
+
+pub async fn run(ctx: &NodeCtx, spec: &SandboxRun) -> Result<NodeSuccess, NodeError> {
     let scope = &ctx.scope;
     let prefixes: Vec<String> = spec
         .allowed_prefixes
@@ -137,9 +181,44 @@ pub async fn run(ctx: &NodeCtx, spec: &SandboxRun) -> Result<NodeSuccess, NodeEr
         step_key: ctx.step.key.clone(),
         redelivery: ctx.step.redelivery,
     };
+    let request = request_json(&req, &ctx.run_id);
+    if let Some(r) = ctx.replay().filter(|r| !r.live_sandbox) {
+        match super::recorded_step::diverges(ctx, &r.source, &request).await? {
+            None => {
+                put_request(ctx, &request).await?;
+                return super::recorded_step::replay(ctx, &r.source).await;
+            }
+            Some(diff) if r.live_after.is_some() => {
+                ctx.progress.emit(cairn_node::went_live_event(
+                    &cairn_agents::recorded::WentLive {
+                        node: ctx.node_id.clone(),
+                        attempt: ctx.attempt,
+                        turn: 0,
+                        step: 0,
+                        why: "sandbox",
+                        diff,
+                    },
+                ));
+            }
+            Some(diff) => {
+                return Err(NodeError::new(
+                    ErrorKind::Failed,
+                    format!(
+                        "replay diverged at node `{}` attempt {}: the sandbox request differs from the recorded one (replay with --live-after to run it, or --sandbox live)\n{diff}",
+                        ctx.node_id, ctx.attempt
+                    ),
+                ));
+            }
+        }
+    }
+    put_request(ctx, &request).await?;
     ctx.progress.emit(
         Ev::new(SANDBOX_START, &ctx.node_id)
             .with("request_id", request_id.as_str())
+            .with(
+                "request_sha256",
+                cairn_sha256::sha256_hex(request.as_bytes()),
+            )
             .with("step_key", ctx.step.key.as_str())
             .with("redelivery", ctx.step.redelivery)
             .with("language", spec.language.as_str())
@@ -292,6 +371,20 @@ pub async fn run(ctx: &NodeCtx, spec: &SandboxRun) -> Result<NodeSuccess, NodeEr
     }
     out.events.insert(0, complete);
     Ok(out)
+}
+
+/// Keeps this attempt's request (`request_json`) in the run directory, for a replay's diff.
+async fn put_request(ctx: &NodeCtx, request: &str) -> Result<(), NodeError> {
+    let path = ctx.run_dir().sandbox_request(&ctx.node_id);
+    let opts = PutOptions {
+        overwrite: true,
+        ..Default::default()
+    };
+    ctx.store()
+        .put(&ctx.project, &path, Bytes::from(request.to_owned()), &opts)
+        .await
+        .map(|_| ())
+        .map_err(|s| NodeError::from_status(&format!("writing {path}"), &s))
 }
 
 /// Writes /output files under the prefix; any refusal fails the node.

@@ -19,8 +19,6 @@ mod heal;
 mod replay;
 mod views;
 
-pub use replay::LiveParts;
-
 use crate::cluster::Cluster;
 use crate::error::{Error, Result};
 use crate::inputs::Inputs;
@@ -138,6 +136,9 @@ pub struct Submit {
     pub live_sandbox: bool,
     /// In a replay: gates wait for people instead of taking their recorded decisions.
     pub live_gates: bool,
+    /// In a replay: what the records do not answer goes on live (to `llm`, else the recorded
+    /// run's provider) instead of failing its node.
+    pub live_after: bool,
 }
 
 /// Which runs ListRuns returns.
@@ -292,9 +293,32 @@ impl Runs {
         }
     }
 
-    async fn submit_as(&self, req: Submit, run_id: String) -> Result<pb::RunInfo> {
+    async fn submit_as(&self, mut req: Submit, run_id: String) -> Result<pb::RunInfo> {
         let replay = !req.replay_of.is_empty();
-        let (graph, llm_spec, inputs) = if req.rerun_of.is_empty() && !replay {
+        // A replay against a changed graph: the new graph with the recorded run's variables
+        // (those of the request replace them), the recorded run's provider.
+        let changed = replay && !req.graph_yaml.trim().is_empty();
+        let (graph, llm_spec, inputs) = if changed {
+            let (recorded, _, state) = self.read_records(&req.project_id, &req.replay_of).await?;
+            let mut vars: BTreeMap<String, String> = recorded
+                .get("vars")
+                .and_then(serde_json::Value::as_object)
+                .map(|m| {
+                    m.iter()
+                        .filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_owned())))
+                        .collect()
+                })
+                .unwrap_or_default();
+            vars.extend(std::mem::take(&mut req.vars));
+            req.vars = vars;
+            let (graph, _, inputs) = self.new_graph(&req, &run_id).await?;
+            let llm = if req.llm.is_empty() {
+                state.llm
+            } else {
+                req.llm.clone()
+            };
+            (graph, llm, inputs)
+        } else if req.rerun_of.is_empty() && !replay {
             self.new_graph(&req, &run_id).await?
         } else {
             let src = self.rerun_source(&req).await?;
@@ -315,12 +339,27 @@ impl Runs {
             (graph, llm, BTreeMap::new())
         };
         // The provider rules of agents/providers.rs: a name, a cassette, an allowed URL. A
-        // replay is answered from the recorded run's exchanges only (cairn_agents::recorded).
+        // replay is answered from the recorded run's exchanges only (cairn_agents::recorded),
+        // or after a divergence by the provider those rules choose (`live_after`).
         let llm = if replay {
+            let live_after = if req.live_after {
+                let spec = cairn_agents::recorded::ReplaySpec::parse(&llm_spec)
+                    .and_then(|r| r.live_after)
+                    .unwrap_or(llm_spec);
+                Some(
+                    self.b
+                        .providers
+                        .choose(&spec, &graph, &self.b.store, &req.project_id)
+                        .await?,
+                )
+            } else {
+                None
+            };
             cairn_agents::recorded::ReplaySpec {
                 source: req.replay_of.clone(),
                 live_sandbox: req.live_sandbox,
                 live_gates: req.live_gates,
+                live_after,
             }
             .to_spec_string()
         } else {

@@ -19,13 +19,6 @@ use cairn_run_diff::{self as compare, FileSeen, Side};
 /// Event fields naming the provider a node used: a node with one made provider requests.
 const PROVIDER_EVENTS: &[&str] = &["agent.started", "code_delivery.started"];
 
-/// What parts of a replay run live instead of from the records.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct LiveParts {
-    pub sandbox: bool,
-    pub gates: bool,
-}
-
 /// A gate decision of the recorded run.
 struct GateDecision {
     gate: String,
@@ -86,18 +79,24 @@ fn recorded_decisions(events: &[pb::Event], source: &str, replayed_by: &str) -> 
 }
 
 impl Runs {
-    /// Starts a replay of `source` (same project); `vars` replace recorded variables.
-    pub async fn replay(
-        self: &Arc<Self>,
-        project: &str,
-        source: &str,
-        vars: BTreeMap<String, String>,
-        by: &str,
-        replay_run_id: &str,
-        live: LiveParts,
-    ) -> Result<pb::RunInfo> {
+    /// Starts the replay `req` describes (`replay_of`: the recorded run, same project):
+    /// `vars` replace recorded variables, `graph_yaml` (with `files`) replaces the recorded
+    /// graph, `live_*` say what runs live.
+    pub async fn replay(self: &Arc<Self>, req: Submit) -> Result<pb::RunInfo> {
+        let (project, source, by) = (
+            req.project_id.clone(),
+            req.replay_of.clone(),
+            req.by.clone(),
+        );
+        let (project, source, by) = (project.as_str(), source.as_str(), by.as_str());
         check_id("project_id", project)?;
         check_id("run_id", source)?;
+        if !req.llm.is_empty() && !req.live_after {
+            return Err(Error::field(
+                "llm",
+                "llm names the provider a replay goes on to after a divergence: set live_after too (--live-after), or leave llm empty",
+            ));
+        }
         let events = self
             .b
             .store
@@ -110,21 +109,15 @@ impl Runs {
                 run_id: source.to_owned(),
             });
         }
-        self.check_records(project, source, &events).await?;
-        let info = self
-            .submit(Submit {
-                project_id: project.to_owned(),
-                vars,
-                run_id: replay_run_id.to_owned(),
-                by: by.to_owned(),
-                replay_of: source.to_owned(),
-                live_sandbox: live.sandbox,
-                live_gates: live.gates,
-                ..Submit::default()
-            })
-            .await?;
+        // Going on live covers what the records lack; otherwise every node that asked a
+        // provider needs its records.
+        if !req.live_after {
+            self.check_records(project, source, &events).await?;
+        }
+        let live_gates = req.live_gates;
+        let info = self.submit(req).await?;
         let decisions = recorded_decisions(&events, source, by);
-        if !live.gates && !decisions.is_empty() {
+        if !live_gates && !decisions.is_empty() {
             let runs = self.clone();
             let (project, run) = (project.to_owned(), info.run_id.clone());
             tokio::spawn(async move { runs.take_decisions(&project, &run, decisions).await });
