@@ -1,19 +1,21 @@
 //! A node's panel (`/projects/<p>/runs/<r>/nodes/<node>`): its state, every attempt with its
-//! outcome and duration, a gate's decisions, a map's items by state, its outputs, its output
-//! (live while it runs), the files it wrote and its events. A page of its own; the run page's
+//! outcome and duration, two attempts compared (attempts.rs), a gate's decisions, a map's
+//! items by state, its outputs, its output (live while it runs), the files it wrote and its
+//! events. A page of its own; the run page's
 //! script opens it beside the graph when a node is clicked.
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use cairn_proto::v1::{Event, GetRunRequest};
 use maud::{html, Markup};
+use serde::Deserialize;
 use serde_json::Value;
 
 use super::dag::{self, GraphNode};
 use super::page::{self, layout};
 use super::session::Visitor;
-use super::{history, logs, logview, timeline};
+use super::{attempts, history, logs, logview, timeline};
 use super::{Console, ConsoleError};
 
 /// One line of a gate's history: when, and what happened.
@@ -123,10 +125,18 @@ fn kind_of(info: &cairn_proto::v1::RunInfo, events: &[Event], node: &str) -> Opt
         })
 }
 
+#[derive(Deserialize)]
+pub(super) struct NodeQuery {
+    /// Two attempts to compare (`A,B`); default: the last two.
+    #[serde(default)]
+    attempts: String,
+}
+
 pub(super) async fn page(
     State(console): State<Console>,
     Extension(visitor): Extension<Visitor>,
     Path((project, run, node)): Path<(String, String, String)>,
+    Query(q): Query<NodeQuery>,
 ) -> Result<Response, ConsoleError> {
     let what = format!("reading run {run}");
     let mut orchestrator = console.orchestrator(&visitor);
@@ -145,6 +155,7 @@ pub(super) async fn page(
             "run {run} has no node `{node}`"
         )));
     };
+    let compared = attempts::pick(&q.attempts, &node, &events).map_err(ConsoleError::BadRequest)?;
     let run_url = page::run_url(&project, &run);
     let here = node_url(&run_url, &node);
     let known = info.nodes.iter().find(|n| n.id == node);
@@ -211,6 +222,7 @@ pub(super) async fn page(
             }
             _ => p.hint { "It has not started." },
         }
+        @if let Some(pair) = compared { (attempts::section(&node, &here, &events, pair)) }
         @if kind == "gate" {
             h2 { "Decisions" }
             (gate_history_list(&node, &events))

@@ -23,7 +23,7 @@ use super::files::{self, Read};
 use super::markdown;
 use super::page::{self, layout, Html};
 use super::session::{Flash, Visitor};
-use super::{dag, diff, history, ingest, logs, nodepage, timeline};
+use super::{compare, dag, diff, history, ingest, logs, nodepage, timeline};
 use super::{Console, ConsoleError};
 use cairn_server::roles::Rpc;
 
@@ -54,6 +54,9 @@ pub(super) struct PageQuery {
     /// `project`: list the whole project's docs/ and workspace/ too.
     #[serde(default)]
     files: String,
+    /// Maps drawn with their items in the graph (ids separated by commas).
+    #[serde(default)]
+    expand: String,
 }
 
 pub(super) async fn page(
@@ -70,6 +73,7 @@ pub(super) async fn page(
     };
     let view = View {
         project_files: q.files == "project",
+        expand: dag::expand_list(&q.expand),
     };
     Ok(render(
         &console,
@@ -85,10 +89,12 @@ pub(super) async fn page(
 }
 
 /// How the page is asked for.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Default)]
 pub(super) struct View {
     /// List the project's docs/ and workspace/ besides the run's own files.
     pub project_files: bool,
+    /// Maps whose items the graph draws as nodes.
+    pub expand: Vec<String>,
 }
 
 /// The run's directory (the orchestrator's `run_dir`, or its known layout).
@@ -217,7 +223,13 @@ pub(super) async fn render(
             " · " a href=(page::file_url(project, &format!("{dir}/task.yaml"))) { "task.yaml" }
             @if !info.rerun_of.is_empty() {
                 " · re-run of " a #rerun-of href=(page::run_url(project, &info.rerun_of)) { (info.rerun_of) }
+                " (" a #compare-rerun href=(compare::compare_url(project, &info.rerun_of, run)) { "compare" } ")"
             }
+            @if !info.replay_of.is_empty() {
+                " · replay of " a #replay-of href=(page::run_url(project, &info.replay_of)) { (info.replay_of) }
+                " (" a #compare-replay href=(compare::compare_url(project, &info.replay_of, run)) { "compare" } ")"
+            }
+            " · " a #compare-other href=(compare::compare_url(project, run, "")) { "compare with another run" }
         }
         @if !info.goal.is_empty() {
             p.goal #run-goal { (info.goal) }
@@ -248,7 +260,7 @@ pub(super) async fn render(
                 span.hint { "Click a node for its panel. Wheel or + and − zoom, dragging or the arrow keys move." }
             }
             div.scroll.graph-view #graph-view tabindex="0" role="region" aria-label="The run's graph, zoomable" {
-                div #graph-live data-live { (dag::render(&graph, &info, event_list, &format!("{run_url}/nodes"))) }
+                div #graph-live data-live { (dag::render(&graph, &info, event_list, &format!("{run_url}/nodes"), &dag::View { expand: &view.expand, run_url: &run_url })) }
             }
             aside #node-aside aria-label="Node panel" aria-live="polite" hidden {}
         }
