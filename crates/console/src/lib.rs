@@ -18,6 +18,7 @@ mod dag;
 mod diff;
 mod error;
 mod events;
+mod evidence;
 mod files;
 mod guard;
 mod health;

@@ -19,6 +19,7 @@ use maud::{html, Markup};
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::evidence::{self, Cites};
 use super::files::{self, Read};
 use super::markdown;
 use super::page::{self, layout, Html};
@@ -165,7 +166,7 @@ pub(super) async fn render(
             None
         }
     };
-    let (info, notes, context, project_files, records, manifests, events, turns) = tokio::join!(
+    let (info, notes, context, project_files, records, manifests, events, turns, cites) = tokio::join!(
         get,
         files::read(console, project, &notes_path, DOC_LIMIT),
         files::read(console, project, &context_path, DOC_LIMIT),
@@ -174,6 +175,7 @@ pub(super) async fn render(
         ingest::load(console, project, &dir),
         history::read(console, project, run),
         diff::turns(console, project, &dir),
+        evidence::load(console, project, run),
     );
     let info = info?;
     let no_events: &[cairn_proto::v1::Event] = &[];
@@ -247,7 +249,7 @@ pub(super) async fn render(
             a href="#notes" { "Notes" } a href="#context" { "Context" } a href="#artifacts" { "Artifacts" }
             a href="#ingest" { "Ingest" } a href="#control" { "Actions" }
         }
-        (gates(&info, event_list, visitor, &run_url, &drafts))
+        (gates(&info, event_list, &cites, visitor, &run_url, &drafts))
         (milestones(&info, &task_doc, &turns))
         (logs::section(&info, &run_url, &outputs))
         section #graph-section {
@@ -274,7 +276,7 @@ pub(super) async fn render(
             (history::table(project, &events, &format!("{run_url}/events")))
             p.hint { a href=(page::file_url(project, &format!("{dir}/events.jsonl"))) { "events.jsonl" } " has every event as recorded." }
         }
-        (notes_section(project, &dir, &notes, visitor, &run_url, &drafts))
+        (notes_section(project, &dir, &notes, &cites, visitor, &run_url, &drafts))
         (context_section(&context, visitor, &run_url, &drafts))
         section #artifacts-section data-live {
             h2 #artifacts { "Artifacts" }
@@ -307,6 +309,7 @@ pub(super) async fn render(
 fn gates(
     info: &RunInfo,
     events: &[cairn_proto::v1::Event],
+    cites: &Cites,
     visitor: &Visitor,
     run_url: &str,
     drafts: &Drafts,
@@ -325,10 +328,10 @@ fn gates(
                         p.decision {
                             (page::gate_state_name(g.state)) " by " strong { (g.decided_by) }
                             @if !g.decided_at.is_empty() { " at " (page::when(&g.decided_at)) }
-                            @if !g.note.is_empty() { ": " q.note { (g.note) } }
+                            @if !g.note.is_empty() { ": " q.note { (cites.text(&g.note)) } }
                         }
                     }
-                    (nodepage::gate_history_list(&g.id, events))
+                    (nodepage::gate_history_list(&g.id, events, cites))
                     @if g.state == GateState::Blocked as i32 && visitor.may(Rpc::ApproveGate) {
                         @let gate_url = format!("{run_url}/gates/{}", page::seg(&g.id));
                         @let draft = drafts.gate_note.as_ref().filter(|(id, _)| *id == g.id).map(|(_, n)| n.as_str()).unwrap_or("");
@@ -474,6 +477,7 @@ fn notes_section(
     project: &str,
     dir: &str,
     notes: &Result<Option<Read>, ConsoleError>,
+    cites: &Cites,
     visitor: &Visitor,
     run_url: &str,
     drafts: &Drafts,
@@ -488,7 +492,7 @@ fn notes_section(
                 @match notes {
                     Ok(Some(r)) => {
                         @match r.text() {
-                            Some(t) => article.markdown #notes-text { (markdown::render(t, &markdown::Base { project, path: &path })) },
+                            Some(t) => article.markdown #notes-text { (markdown::render(t, &markdown::Base { project, path: &path, cites: Some(cites) })) },
                             None => p.error { "human-notes.md is not text" },
                         }
                     }

@@ -285,8 +285,12 @@ pub(super) async fn list(
                         @let url = page::run_url(&r.project_id, &r.run_id);
                         @let run_dir = if r.run_dir.is_empty() { format!(".cairn/runs/{}", r.run_id) } else { r.run_dir.clone() };
                         tr {
-                            td.pick data-label="Compare" {
-                                input type="checkbox" name="run" value=(r.run_id) form="compare-runs" aria-label=(format!("Compare run {}", r.run_id));
+                            // On a phone the box is a row of its own, its word beside it.
+                            td.pick {
+                                label.pick {
+                                    input type="checkbox" name="run" value=(r.run_id) form="compare-runs" aria-label=(format!("Compare run {}", r.run_id));
+                                    span.pick-word { "Compare" }
+                                }
                             }
                             td data-label="State" { (page::badge(page::task_state_name(r.state))) }
                             td data-label="Title" {

@@ -259,3 +259,101 @@ async fn note_context_cancel_and_rework_call_the_orchestrator_as_the_visitor() {
         ]
     );
 }
+
+/// The `href` of the link the page gives citation `evidence:<id>` (None when it is no link).
+fn cite_href<'a>(html: &'a str, id: &str) -> Option<&'a str> {
+    let end = html.find(&format!("data-evidence=\"{id}\">evidence:{id}</a>"))?;
+    let tag = &html[html[..end].rfind("<a class=\"evidence\"")?..end];
+    let from = tag.find("href=\"")? + "href=\"".len();
+    Some(&tag[from..from + tag[from..].find('"')?])
+}
+
+/// A gate note, a human note or a run's report citing `evidence:<id>` links to what the run's
+/// evidence index (shared/evidence/index.json) says the id is: a file to the file, a gate's
+/// wait to its first event on the run page, a command to its node's output at that attempt.
+/// An id the index does not hold, and a citation in code, stay text.
+#[tokio::test]
+async fn cited_evidence_links_to_the_entry_it_names() {
+    let s = Services::start().await;
+    let dir = format!(".cairn/runs/{RUN}");
+    let index = [
+        r#"{"id":"E2","kind":"file","source":"docs/run-1/draft.txt","sha256":"aa","run":"run-1","node":"draft","event":"artifact.written","ts":"t","detail":{"bytes":3}}"#,
+        r#"{"id":"E7","kind":"command","source":"step run-1/tests/2","sha256":"bb","run":"run-1","node":"tests","event":"sandbox_failed","ts":"t","detail":{"exit_code":1}}"#,
+        r#"{"id":"E9","kind":"event_range","source":"events.jsonl#4-9","sha256":"cc","run":"run-1","node":"review","event":"gate.approved","ts":"t","detail":{"gate":"review","decision":"approved","by":"ann","from_seq":4,"to_seq":9}}"#,
+    ];
+    s.put(
+        &format!("{dir}/shared/evidence/index.json"),
+        format!("[\n{}\n]\n", index.join(",\n")),
+    )
+    .await;
+    s.put(
+        &format!("{dir}/shared/human-notes.md"),
+        "# Human notes\n\nThe draft is evidence:E2; the tests failed (evidence:E7).\n\n`evidence:E2` is how to cite it; evidence:E404 is no entry.\n",
+    )
+    .await;
+    s.put(
+        &format!("{dir}/shared/reports/review.md"),
+        "# Review\n\nApproved on evidence:E9.\n",
+    )
+    .await;
+    let mut c = logged_in(&s).await;
+    let csrf = c.get(&run_url()).await.csrf();
+    let note = "Ship it per evidence:E9 and evidence:E2.";
+    let p = c
+        .post(
+            &format!("{}/gates/review/approve", run_url()),
+            &[("csrf", &csrf), ("note", note)],
+        )
+        .await;
+    assert_eq!(p.status, StatusCode::SEE_OTHER, "{}", p.body);
+    s.emit(
+        RUN,
+        "gate.approved",
+        "review",
+        serde_json::json!({"gate_id": "review", "by": "ann", "note": note}),
+    )
+    .await;
+
+    let file = "/projects/proj/files?path=docs/run-1/draft.txt";
+    let range = "/projects/proj/runs/run-1#ev-4";
+    let command = "/projects/proj/runs/run-1/nodes/tests/log?attempt=2";
+    let page = c.get(&run_url()).await.body;
+    let at = page.find("id=\"notes-text\"").unwrap();
+    let notes = &page[at..at + page[at..].find("</article>").unwrap()];
+    assert_eq!(cite_href(notes, "E2"), Some(file), "{notes}");
+    assert_eq!(cite_href(notes, "E7"), Some(command), "{notes}");
+    assert!(notes.contains("<code>evidence:E2</code>"), "{notes}");
+    assert!(
+        notes.contains(">evidence:E404</span>") && cite_href(notes, "E404").is_none(),
+        "{notes}"
+    );
+    // The decision on the gate, and the gate's history, link the note's evidence.
+    let at = page.find("id=\"gate-review\"").unwrap();
+    let gate = &page[at..at + page[at..].find("</ol>").unwrap()];
+    let decision = &gate[gate.find("<q class=\"note\">").unwrap()..];
+    assert_eq!(cite_href(decision, "E9"), Some(range), "{gate}");
+    let history = &gate[gate.find("gate-history-review").unwrap()..];
+    assert_eq!(cite_href(history, "E9"), Some(range), "{gate}");
+    assert_eq!(cite_href(history, "E2"), Some(file), "{gate}");
+
+    // The gate's own panel.
+    let panel = c.get(&format!("{}/nodes/review", run_url())).await.body;
+    assert_eq!(cite_href(&panel, "E9"), Some(range), "{panel}");
+    // A report of the run, opened as a file.
+    let report = c
+        .get(&format!(
+            "/projects/{PROJECT}/files?path={dir}/shared/reports/review.md"
+        ))
+        .await
+        .body;
+    assert_eq!(cite_href(&report, "E9"), Some(range), "{report}");
+    // A document outside a run has no index: its citations stay text.
+    s.put("docs/run-1/cites.md", "See evidence:E9.\n").await;
+    let doc = c
+        .get(&format!(
+            "/projects/{PROJECT}/files?path=docs/run-1/cites.md"
+        ))
+        .await
+        .body;
+    assert!(doc.contains("See evidence:E9."), "{doc}");
+}

@@ -532,8 +532,15 @@ async fn a_nodes_panel_compares_two_of_its_attempts() {
     let b = &p.body;
     assert!(b.contains("Attempt 2 against attempt 1"), "{b}");
     assert!(b.contains("id=\"attempt-outputs-diff\""), "{b}");
-    assert!(b.contains("&quot;words&quot;: 10\n"), "{b}");
-    assert!(b.contains("&quot;words&quot;: 12\n"), "{b}");
+    // The line of attempt 1 removed, that of attempt 2 added (whole lines of the outputs).
+    assert!(
+        b.contains("<td class=\"sign\">−</td><td class=\"text\">  &quot;words&quot;: 10</td>"),
+        "{b}"
+    );
+    assert!(
+        b.contains("<td class=\"sign\">+</td><td class=\"text\">  &quot;words&quot;: 12</td>"),
+        "{b}"
+    );
     // The events differ only in their outputs, not in their times or attempt numbers.
     let at = b.find("id=\"attempts-compared\"").unwrap();
     let section = &b[at..at + b[at..].find("</section>").unwrap()];

@@ -418,7 +418,9 @@ pub fn axe_path() -> PathBuf {
 }
 
 /// Measures the page as laid out now: its width against the window's, and every visible table
-/// cell against 8 characters of the page's font (`8ch` of the body).
+/// cell against 8 characters of the page's font (`8ch` of the body). A diff and a node's output
+/// stay tables on a phone, in their own scroll box, like code: their gutters (line numbers, the
+/// change sign) are narrow so the text keeps the width; their text column is measured.
 pub const LAYOUT_JS: &str = r#"
 const probe = document.createElement('div');
 probe.style.cssText = 'position:absolute;visibility:hidden;width:8ch';
@@ -429,6 +431,7 @@ const narrow = [];
 let cells = 0;
 for (const c of document.querySelectorAll('main td, main tbody th')) {
   if (c.getClientRects().length === 0 || getComputedStyle(c).display === 'none') continue;
+  if (c.matches('table.diff td.num, table.diff td.sign, table.logview td.ln')) continue;
   cells += 1;
   const w = c.getBoundingClientRect().width;
   if (w + 0.5 < min) {
