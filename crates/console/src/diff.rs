@@ -93,7 +93,7 @@ pub(super) struct DiffQuery {
 }
 
 /// One line of the diff as shown.
-struct Line<'a> {
+pub(super) struct Line<'a> {
     tag: ChangeTag,
     old: Option<usize>,
     new: Option<usize>,
@@ -101,7 +101,7 @@ struct Line<'a> {
 }
 
 /// Hunks of changed lines with their context; (added, removed) counts.
-fn hunks<'a>(diff: &'a TextDiff<'a, 'a, 'a, str>) -> (Vec<Vec<Line<'a>>>, usize, usize) {
+pub(super) fn hunks<'a>(diff: &'a TextDiff<'a, 'a, 'a, str>) -> (Vec<Vec<Line<'a>>>, usize, usize) {
     let (mut added, mut removed) = (0, 0);
     let hunks = diff
         .grouped_ops(CONTEXT)
@@ -129,9 +129,68 @@ fn hunks<'a>(diff: &'a TextDiff<'a, 'a, 'a, str>) -> (Vec<Vec<Line<'a>>>, usize,
     (hunks, added, removed)
 }
 
-fn table(hunks: &[Vec<Line<'_>>]) -> Markup {
+/// A unified diff as text (`---`/`+++` header, `@@ -a,b +c,d @@` hunks) back into hunks of
+/// numbered lines, at most `max_lines` lines; also how many lines were left out. Lines that
+/// are neither context nor change (`\ No newline at end of file`) are dropped.
+pub(super) fn parse_unified(text: &str, max_lines: usize) -> (Vec<Vec<Line<'_>>>, usize) {
+    let mut hunks: Vec<Vec<Line<'_>>> = Vec::new();
+    let (mut old, mut new) = (0usize, 0usize);
+    let (mut shown, mut left_out) = (0usize, 0usize);
+    for raw in text.lines() {
+        // The file names above the first hunk.
+        if hunks.is_empty() && (raw.starts_with("--- ") || raw.starts_with("+++ ")) {
+            continue;
+        }
+        if let Some(rest) = raw.strip_prefix("@@ -") {
+            // "a,b +c,d @@ ..." (a count may be missing: one line).
+            let mut parts = rest.split_whitespace();
+            let start = |p: Option<&str>| {
+                p.and_then(|x| x.trim_start_matches('+').split(',').next())
+                    .and_then(|n| n.parse::<usize>().ok())
+                    .unwrap_or(1)
+            };
+            old = start(parts.next());
+            new = start(parts.next());
+            hunks.push(Vec::new());
+            continue;
+        }
+        let Some(hunk) = hunks.last_mut() else {
+            continue;
+        };
+        let (tag, body) = match raw.chars().next() {
+            Some('+') => (ChangeTag::Insert, &raw[1..]),
+            Some('-') => (ChangeTag::Delete, &raw[1..]),
+            Some(' ') => (ChangeTag::Equal, &raw[1..]),
+            None => (ChangeTag::Equal, ""),
+            Some(_) => continue,
+        };
+        let line = Line {
+            tag,
+            old: (tag != ChangeTag::Insert).then_some(old),
+            new: (tag != ChangeTag::Delete).then_some(new),
+            text: body.trim_end_matches('\r'),
+        };
+        if tag != ChangeTag::Insert {
+            old += 1;
+        }
+        if tag != ChangeTag::Delete {
+            new += 1;
+        }
+        if shown < max_lines {
+            hunk.push(line);
+            shown += 1;
+        } else {
+            left_out += 1;
+        }
+    }
+    hunks.retain(|h| !h.is_empty());
+    (hunks, left_out)
+}
+
+/// Hunks as a table with both line numbers (`id`: the table's id).
+pub(super) fn table(id: &str, hunks: &[Vec<Line<'_>>]) -> Markup {
     html! {
-        table.diff #turn-diff {
+        table.diff id=(id) {
             thead { tr { th.num { "old" } th.num { "new" } th { span.visually-hidden { "change" } } th { "line" } } }
             @for (i, h) in hunks.iter().enumerate() {
                 tbody.hunk {
@@ -221,7 +280,7 @@ pub(super) async fn view(
                 @if parts.is_empty() {
                     p.hint #no-change { "The two turns are the same, line for line." }
                 } @else {
-                    div.scroll { (table(&parts)) }
+                    div.scroll { (table("turn-diff", &parts)) }
                 }
             }
             _ => {
@@ -281,5 +340,20 @@ mod tests {
         );
         let same = TextDiff::configure().diff_lines(old, old);
         assert!(hunks(&same).0.is_empty());
+    }
+
+    #[test]
+    fn a_unified_diff_is_read_back_with_line_numbers() {
+        let text = "--- a/x\n+++ b/x\n@@ -2,3 +2,3 @@\n b\n-c\n+C\n d\n\\ No newline at end of file\n@@ -10 +10,2 @@\n j\n+k\n";
+        let (hunks, left_out) = parse_unified(text, 100);
+        assert_eq!((hunks.len(), left_out), (2, 0));
+        let del = &hunks[0][1];
+        assert_eq!((del.old, del.new, del.text), (Some(3), None, "c"));
+        let add = &hunks[0][2];
+        assert_eq!((add.old, add.new, add.text), (None, Some(3), "C"));
+        let k = &hunks[1][1];
+        assert_eq!((k.old, k.new, k.text), (None, Some(11), "k"));
+        let (cut, left_out) = parse_unified(text, 3);
+        assert_eq!((cut.iter().map(Vec::len).sum::<usize>(), left_out), (3, 3));
     }
 }

@@ -13,6 +13,7 @@ use maud::{html, Markup};
 use serde::Deserialize;
 use tonic::Code;
 
+use super::evidence;
 use super::markdown;
 use super::page::{self, layout};
 use super::session::Visitor;
@@ -203,6 +204,11 @@ pub(super) async fn view(
         )));
     };
     let download = page::download_url(&project, &q.path);
+    // A run's documents (its notes, its reports) link the evidence they cite.
+    let cites = match (shape(&q.path), evidence::run_of(&q.path)) {
+        (Shape::Markdown, Some(run)) => Some(evidence::load(&console, &project, run).await),
+        _ => None,
+    };
     let content = match (shape(&q.path), file.text()) {
         (Shape::Image(_), _) => {
             html! { img.preview src=(format!("{download}&inline=1")) alt=(q.path); }
@@ -211,7 +217,7 @@ pub(super) async fn view(
             p.hint { "This file is not text; download it to open it." }
         },
         (Shape::Markdown, Some(text)) => html! {
-            article.markdown { (markdown::render(text, &markdown::Base { project: &project, path: &q.path })) }
+            article.markdown { (markdown::render(text, &markdown::Base { project: &project, path: &q.path, cites: cites.as_ref() })) }
         },
         (Shape::Text, Some(text)) => html! { pre.code { code { (text) } } },
     };

@@ -12,10 +12,13 @@
 
 mod actions;
 mod ansi;
+mod attempts;
+mod compare;
 mod dag;
 mod diff;
 mod error;
 mod events;
+mod evidence;
 mod files;
 mod guard;
 mod health;
@@ -314,12 +317,14 @@ fn router(console: Console) -> Router {
         .route("/runs/{run}/resume", post(actions::resume))
         .route("/runs/{run}/rerun", post(actions::rerun))
         .route("/runs/{run}/agents/{instance}/diff", get(diff::view))
+        .route("/diff", get(compare::view))
         .route("/files", get(files::view))
         .route("/download", get(files::download))
         .route("/tree", get(files::tree));
     let pages = Router::new()
         .route("/", get(|| async { Redirect::to("/runs") }))
         .route("/runs", get(runs::list))
+        .route("/diff", get(compare::top))
         .route("/start", get(start::form).post(start::submit))
         .route("/login", get(session::login_form).post(session::login))
         .route("/logout", post(session::logout))

@@ -3,12 +3,15 @@
 //! https, mailto, in-page anchors and other files of the same project (rewritten to the
 //! console's file view, where the store validates the path). The one exception is the note
 //! anchor the orchestrator writes into human-notes.md (`<a id="note-3"></a>`), rebuilt here
-//! from its checked id.
+//! from its checked id. A run's documents link what they cite as `evidence:<id>` (as text or
+//! as a link's target) to the entry of the run's evidence index (evidence.rs).
 
-use maud::{Markup, PreEscaped};
+use cairn_node::evidence::{citations, CITE_PREFIX};
+use maud::{Markup, PreEscaped, Render};
 use percent_encoding::percent_decode_str;
 use pulldown_cmark::{CodeBlockKind, CowStr, Event, Options, Parser, Tag, TagEnd};
 
+use super::evidence::Cites;
 use super::page;
 
 /// Where a document lives, so its relative links can point at the files next to it.
@@ -16,6 +19,8 @@ pub(super) struct Base<'a> {
     pub project: &'a str,
     /// Project-relative path of the document.
     pub path: &'a str,
+    /// The evidence index of the run the document belongs to.
+    pub cites: Option<&'a Cites>,
 }
 
 /// Target of links the console will not follow (`javascript:`, `data:`, paths above the project).
@@ -57,6 +62,8 @@ fn sanitise<'a>(parser: Parser<'a>, base: &Base<'_>) -> Vec<Event<'a>> {
     let mut out = Vec::new();
     let mut html_block: Option<String> = None;
     let mut skip_close_a = false;
+    // Citations in code and in a link's or an image's text stay as written.
+    let (mut in_code, mut in_link) = (0u32, 0u32);
     for event in parser {
         if let Some(buf) = html_block.as_mut() {
             match event {
@@ -78,6 +85,22 @@ fn sanitise<'a>(parser: Parser<'a>, base: &Base<'_>) -> Vec<Event<'a>> {
         }
         let was_anchor = std::mem::take(&mut skip_close_a);
         match event {
+            Event::Start(Tag::CodeBlock(_)) => {
+                in_code += 1;
+                out.push(event);
+            }
+            Event::End(TagEnd::CodeBlock) => {
+                in_code = in_code.saturating_sub(1);
+                out.push(event);
+            }
+            Event::End(TagEnd::Link | TagEnd::Image) => {
+                in_link = in_link.saturating_sub(1);
+                out.push(event);
+            }
+            Event::Text(t) if in_code == 0 && in_link == 0 => match base.cites {
+                Some(cites) => cite_links(t, cites, &mut out),
+                None => out.push(Event::Text(t)),
+            },
             Event::Start(Tag::HtmlBlock) => html_block = Some(String::new()),
             Event::Html(s) => out.push(Event::Text(s)),
             Event::InlineHtml(s) => {
@@ -92,17 +115,31 @@ fn sanitise<'a>(parser: Parser<'a>, base: &Base<'_>) -> Vec<Event<'a>> {
                     None => out.push(Event::Text(s)),
                 }
             }
-            Event::Start(Tag::MetadataBlock(_)) => out.push(Event::Start(Tag::CodeBlock(
-                CodeBlockKind::Fenced(CowStr::Borrowed("yaml")),
-            ))),
-            Event::End(TagEnd::MetadataBlock(_)) => out.push(Event::End(TagEnd::CodeBlock)),
+            Event::Start(Tag::MetadataBlock(_)) => {
+                in_code += 1;
+                out.push(Event::Start(Tag::CodeBlock(CodeBlockKind::Fenced(
+                    CowStr::Borrowed("yaml"),
+                ))));
+            }
+            Event::End(TagEnd::MetadataBlock(_)) => {
+                in_code = in_code.saturating_sub(1);
+                out.push(Event::End(TagEnd::CodeBlock));
+            }
             Event::Start(Tag::Link {
                 link_type,
                 dest_url,
                 title,
                 id,
             }) => {
-                let dest_url = link_target(&dest_url, base, false).into();
+                in_link += 1;
+                let cited = dest_url
+                    .strip_prefix(CITE_PREFIX)
+                    .and_then(|id| base.cites?.get(id));
+                let dest_url = match cited {
+                    Some(c) => c.href.clone(),
+                    None => link_target(&dest_url, base, false),
+                }
+                .into();
                 out.push(Event::Start(Tag::Link {
                     link_type,
                     dest_url,
@@ -116,6 +153,7 @@ fn sanitise<'a>(parser: Parser<'a>, base: &Base<'_>) -> Vec<Event<'a>> {
                 title,
                 id,
             }) => {
+                in_link += 1;
                 let dest_url = link_target(&dest_url, base, true).into();
                 out.push(Event::Start(Tag::Image {
                     link_type,
@@ -128,6 +166,16 @@ fn sanitise<'a>(parser: Parser<'a>, base: &Base<'_>) -> Vec<Event<'a>> {
         }
     }
     out
+}
+
+/// `text` with its `evidence:<id>` citations as links (see [`Cites::one`]).
+fn cite_links<'a>(text: CowStr<'a>, cites: &Cites, out: &mut Vec<Event<'a>>) {
+    if citations(&text).is_empty() {
+        out.push(Event::Text(text));
+        return;
+    }
+    let html = cites.text(&text).render().into_string();
+    out.push(Event::InlineHtml(html.into()));
 }
 
 /// `<a id="note-3">` or `<a id="note-3"></a>` as written by the orchestrator, rebuilt.
@@ -218,6 +266,7 @@ mod tests {
         let base = Base {
             project: "p",
             path: "r/shared/human-notes.md",
+            cites: None,
         };
         let html = render(
             "---\ntitle: \"Human notes\"\ntags: [\"human-notes\"]\n---\n# Human notes\n\nhello\n",
@@ -242,6 +291,7 @@ mod tests {
             &Base {
                 project: "p",
                 path: "docs/run/report.md",
+                cites: None,
             },
         )
         .into_string()
@@ -281,6 +331,49 @@ mod tests {
         assert!(!out.contains("&lt;a id"), "{out}");
         let forged = md("<a id=\"x\" onclick=\"y\">z</a>");
         assert!(!forged.contains("<a id"), "{forged}");
+    }
+
+    #[test]
+    fn citations_link_to_the_evidence_outside_code_and_links() {
+        let entry = cairn_node::evidence::EvidenceEntry {
+            id: "E3".into(),
+            kind: "file".into(),
+            source: "docs/a.md".into(),
+            sha256: String::new(),
+            run: "r1".into(),
+            node: String::new(),
+            event: String::new(),
+            ts: String::new(),
+            detail: Default::default(),
+        };
+        let cites = Cites::new("p", "r1", &[entry]);
+        let base = Base {
+            project: "p",
+            path: ".cairn/runs/r1/shared/human-notes.md",
+            cites: Some(&cites),
+        };
+        let out = render(
+            "Approved per evidence:E3 <b>x</b>.\n\n`evidence:E3` [see](evidence:E3) [evidence:E3](https://e.example)\n\n    evidence:E3\n",
+            &base,
+        )
+        .into_string();
+        let link = "<a class=\"evidence\" href=\"/projects/p/files?path=docs/a.md\"";
+        assert!(out.contains(&format!("Approved per {link}")), "{out}");
+        assert!(out.contains("&lt;b&gt;"), "{out}");
+        assert!(out.contains("<code>evidence:E3</code>"), "{out}");
+        assert!(
+            out.contains("<a href=\"/projects/p/files?path=docs/a.md\">see</a>"),
+            "{out}"
+        );
+        assert!(
+            out.contains("<a href=\"https://e.example\">evidence:E3</a>"),
+            "{out}"
+        );
+        assert!(
+            out.contains("<pre><code>evidence:E3\n</code></pre>"),
+            "{out}"
+        );
+        assert_eq!(out.matches(link).count(), 1, "{out}");
     }
 
     #[test]

@@ -1,26 +1,31 @@
 //! A node's panel (`/projects/<p>/runs/<r>/nodes/<node>`): its state, every attempt with its
-//! outcome and duration, a gate's decisions, a map's items by state, its outputs, its output
-//! (live while it runs), the files it wrote and its events. A page of its own; the run page's
+//! outcome and duration, two attempts compared (attempts.rs), a gate's decisions (the evidence
+//! their notes cite linked, evidence.rs), a map's
+//! items by state, its outputs, its output (live while it runs), the files it wrote and its
+//! events. A page of its own; the run page's
 //! script opens it beside the graph when a node is clicked.
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use cairn_proto::v1::{Event, GetRunRequest};
 use maud::{html, Markup};
+use serde::Deserialize;
 use serde_json::Value;
 
 use super::dag::{self, GraphNode};
+use super::evidence::{self, Cites};
 use super::page::{self, layout};
 use super::session::Visitor;
-use super::{history, logs, logview, timeline};
+use super::{attempts, history, logs, logview, timeline};
 use super::{Console, ConsoleError};
 
-/// One line of a gate's history: when, and what happened.
+/// One line of a gate's history: when, what happened, and a decision's note.
 pub(super) struct GateStep {
     pub attempt: u32,
     pub ts: String,
     pub text: String,
+    pub note: String,
 }
 
 /// Everything that happened to gate `gate`, oldest first: each time it blocked (with the
@@ -36,6 +41,7 @@ pub(super) fn gate_history(gate: &str, events: &[Event]) -> Vec<GateStep> {
                 .unwrap_or_default()
                 .to_owned()
         };
+        let mut note = String::new();
         let step = match e.r#type.as_str() {
             "node.started" if e.node_id == gate => {
                 attempt += 1;
@@ -55,12 +61,8 @@ pub(super) fn gate_history(gate: &str, events: &[Event]) -> Vec<GateStep> {
                 } else {
                     "rejected"
                 };
-                let note = text("note");
-                let mut s = format!("{word} by {}", text("by"));
-                if !note.is_empty() {
-                    s.push_str(&format!(": “{note}”"));
-                }
-                s
+                note = text("note");
+                format!("{word} by {}", text("by"))
             }
             "artifact.rework-requested" => {
                 let reopened = d
@@ -83,19 +85,21 @@ pub(super) fn gate_history(gate: &str, events: &[Event]) -> Vec<GateStep> {
             attempt: attempt.max(1),
             ts: e.ts.clone(),
             text: step,
+            note,
         });
     }
     out
 }
 
-/// A gate's history as a list (nothing when it has none).
-pub(super) fn gate_history_list(gate: &str, events: &[Event]) -> Markup {
+/// A gate's history as a list (nothing when it has none); the evidence its notes cite linked.
+pub(super) fn gate_history_list(gate: &str, events: &[Event], cites: &Cites) -> Markup {
     let steps = gate_history(gate, events);
     html! {
         @if !steps.is_empty() {
             ol.gate-history id=(format!("gate-history-{gate}")) aria-label=(format!("History of gate {gate}")) {
                 @for s in &steps {
-                    li { "attempt " (s.attempt) " · " time datetime=(s.ts) { (page::when(&s.ts)) } " · " (s.text) }
+                    li { "attempt " (s.attempt) " · " time datetime=(s.ts) { (page::when(&s.ts)) } " · " (s.text)
+                        @if !s.note.is_empty() { ": “" (cites.text(&s.note)) "”" } }
                 }
             }
         }
@@ -123,10 +127,18 @@ fn kind_of(info: &cairn_proto::v1::RunInfo, events: &[Event], node: &str) -> Opt
         })
 }
 
+#[derive(Deserialize)]
+pub(super) struct NodeQuery {
+    /// Two attempts to compare (`A,B`); default: the last two.
+    #[serde(default)]
+    attempts: String,
+}
+
 pub(super) async fn page(
     State(console): State<Console>,
     Extension(visitor): Extension<Visitor>,
     Path((project, run, node)): Path<(String, String, String)>,
+    Query(q): Query<NodeQuery>,
 ) -> Result<Response, ConsoleError> {
     let what = format!("reading run {run}");
     let mut orchestrator = console.orchestrator(&visitor);
@@ -134,9 +146,10 @@ pub(super) async fn page(
         project_id: project.clone(),
         run_id: run.clone(),
     });
-    let (info, events) = tokio::join!(
+    let (info, events, cites) = tokio::join!(
         console.call(&what, get),
         history::read(&console, &project, &run),
+        evidence::load(&console, &project, &run),
     );
     let info = info?;
     let events = events?.events;
@@ -145,6 +158,7 @@ pub(super) async fn page(
             "run {run} has no node `{node}`"
         )));
     };
+    let compared = attempts::pick(&q.attempts, &node, &events).map_err(ConsoleError::BadRequest)?;
     let run_url = page::run_url(&project, &run);
     let here = node_url(&run_url, &node);
     let known = info.nodes.iter().find(|n| n.id == node);
@@ -211,9 +225,10 @@ pub(super) async fn page(
             }
             _ => p.hint { "It has not started." },
         }
+        @if let Some(pair) = compared { (attempts::section(&node, &here, &events, pair)) }
         @if kind == "gate" {
             h2 { "Decisions" }
-            (gate_history_list(&node, &events))
+            (gate_history_list(&node, &events, &cites))
         }
         @if let Some(items) = &items {
             h2 { "Items (" (items.len()) ")" }

@@ -19,11 +19,12 @@ use maud::{html, Markup};
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::evidence::{self, Cites};
 use super::files::{self, Read};
 use super::markdown;
 use super::page::{self, layout, Html};
 use super::session::{Flash, Visitor};
-use super::{dag, diff, history, ingest, logs, nodepage, timeline};
+use super::{compare, dag, diff, history, ingest, logs, nodepage, timeline};
 use super::{Console, ConsoleError};
 use cairn_server::roles::Rpc;
 
@@ -54,6 +55,9 @@ pub(super) struct PageQuery {
     /// `project`: list the whole project's docs/ and workspace/ too.
     #[serde(default)]
     files: String,
+    /// Maps drawn with their items in the graph (ids separated by commas).
+    #[serde(default)]
+    expand: String,
 }
 
 pub(super) async fn page(
@@ -70,6 +74,7 @@ pub(super) async fn page(
     };
     let view = View {
         project_files: q.files == "project",
+        expand: dag::expand_list(&q.expand),
     };
     Ok(render(
         &console,
@@ -85,10 +90,12 @@ pub(super) async fn page(
 }
 
 /// How the page is asked for.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Default)]
 pub(super) struct View {
     /// List the project's docs/ and workspace/ besides the run's own files.
     pub project_files: bool,
+    /// Maps whose items the graph draws as nodes.
+    pub expand: Vec<String>,
 }
 
 /// The run's directory (the orchestrator's `run_dir`, or its known layout).
@@ -159,7 +166,7 @@ pub(super) async fn render(
             None
         }
     };
-    let (info, notes, context, project_files, records, manifests, events, turns) = tokio::join!(
+    let (info, notes, context, project_files, records, manifests, events, turns, cites) = tokio::join!(
         get,
         files::read(console, project, &notes_path, DOC_LIMIT),
         files::read(console, project, &context_path, DOC_LIMIT),
@@ -168,6 +175,7 @@ pub(super) async fn render(
         ingest::load(console, project, &dir),
         history::read(console, project, run),
         diff::turns(console, project, &dir),
+        evidence::load(console, project, run),
     );
     let info = info?;
     let no_events: &[cairn_proto::v1::Event] = &[];
@@ -217,7 +225,13 @@ pub(super) async fn render(
             " · " a href=(page::file_url(project, &format!("{dir}/task.yaml"))) { "task.yaml" }
             @if !info.rerun_of.is_empty() {
                 " · re-run of " a #rerun-of href=(page::run_url(project, &info.rerun_of)) { (info.rerun_of) }
+                " (" a #compare-rerun href=(compare::compare_url(project, &info.rerun_of, run)) { "compare" } ")"
             }
+            @if !info.replay_of.is_empty() {
+                " · replay of " a #replay-of href=(page::run_url(project, &info.replay_of)) { (info.replay_of) }
+                " (" a #compare-replay href=(compare::compare_url(project, &info.replay_of, run)) { "compare" } ")"
+            }
+            " · " a #compare-other href=(compare::compare_url(project, run, "")) { "compare with another run" }
         }
         @if !info.goal.is_empty() {
             p.goal #run-goal { (info.goal) }
@@ -235,7 +249,7 @@ pub(super) async fn render(
             a href="#notes" { "Notes" } a href="#context" { "Context" } a href="#artifacts" { "Artifacts" }
             a href="#ingest" { "Ingest" } a href="#control" { "Actions" }
         }
-        (gates(&info, event_list, visitor, &run_url, &drafts))
+        (gates(&info, event_list, &cites, visitor, &run_url, &drafts))
         (milestones(&info, &task_doc, &turns))
         (logs::section(&info, &run_url, &outputs))
         section #graph-section {
@@ -248,7 +262,7 @@ pub(super) async fn render(
                 span.hint { "Click a node for its panel. Wheel or + and − zoom, dragging or the arrow keys move." }
             }
             div.scroll.graph-view #graph-view tabindex="0" role="region" aria-label="The run's graph, zoomable" {
-                div #graph-live data-live { (dag::render(&graph, &info, event_list, &format!("{run_url}/nodes"))) }
+                div #graph-live data-live { (dag::render(&graph, &info, event_list, &format!("{run_url}/nodes"), &dag::View { expand: &view.expand, run_url: &run_url })) }
             }
             aside #node-aside aria-label="Node panel" aria-live="polite" hidden {}
         }
@@ -262,7 +276,7 @@ pub(super) async fn render(
             (history::table(project, &events, &format!("{run_url}/events")))
             p.hint { a href=(page::file_url(project, &format!("{dir}/events.jsonl"))) { "events.jsonl" } " has every event as recorded." }
         }
-        (notes_section(project, &dir, &notes, visitor, &run_url, &drafts))
+        (notes_section(project, &dir, &notes, &cites, visitor, &run_url, &drafts))
         (context_section(&context, visitor, &run_url, &drafts))
         section #artifacts-section data-live {
             h2 #artifacts { "Artifacts" }
@@ -295,6 +309,7 @@ pub(super) async fn render(
 fn gates(
     info: &RunInfo,
     events: &[cairn_proto::v1::Event],
+    cites: &Cites,
     visitor: &Visitor,
     run_url: &str,
     drafts: &Drafts,
@@ -313,10 +328,10 @@ fn gates(
                         p.decision {
                             (page::gate_state_name(g.state)) " by " strong { (g.decided_by) }
                             @if !g.decided_at.is_empty() { " at " (page::when(&g.decided_at)) }
-                            @if !g.note.is_empty() { ": " q.note { (g.note) } }
+                            @if !g.note.is_empty() { ": " q.note { (cites.text(&g.note)) } }
                         }
                     }
-                    (nodepage::gate_history_list(&g.id, events))
+                    (nodepage::gate_history_list(&g.id, events, cites))
                     @if g.state == GateState::Blocked as i32 && visitor.may(Rpc::ApproveGate) {
                         @let gate_url = format!("{run_url}/gates/{}", page::seg(&g.id));
                         @let draft = drafts.gate_note.as_ref().filter(|(id, _)| *id == g.id).map(|(_, n)| n.as_str()).unwrap_or("");
@@ -462,6 +477,7 @@ fn notes_section(
     project: &str,
     dir: &str,
     notes: &Result<Option<Read>, ConsoleError>,
+    cites: &Cites,
     visitor: &Visitor,
     run_url: &str,
     drafts: &Drafts,
@@ -476,7 +492,7 @@ fn notes_section(
                 @match notes {
                     Ok(Some(r)) => {
                         @match r.text() {
-                            Some(t) => article.markdown #notes-text { (markdown::render(t, &markdown::Base { project, path: &path })) },
+                            Some(t) => article.markdown #notes-text { (markdown::render(t, &markdown::Base { project, path: &path, cites: Some(cites) })) },
                             None => p.error { "human-notes.md is not text" },
                         }
                     }

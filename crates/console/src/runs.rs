@@ -12,6 +12,7 @@ use cairn_proto::v1::{
 use maud::html;
 use serde::Deserialize;
 
+use super::compare;
 use super::page::{self, layout};
 use super::session::Visitor;
 use super::{Console, ConsoleError};
@@ -126,47 +127,30 @@ pub(super) async fn visible_projects(
         .collect())
 }
 
-/// Runs counted per call, and most calls, when the list's total is counted.
-const COUNT_PAGE: u32 = 10_000;
-const COUNT_PAGES: usize = 10;
-
-/// How many runs match the search, from the store's run index (the states of runs still
-/// running may lag there by a moment); None when it cannot say. `at_least` when there were
-/// more than it counts.
+/// How many runs match the search, counted by the store in its run index (the states of
+/// runs still running may lag there by a moment; no run is sent); None when it cannot say.
 async fn count(
     console: &Console,
     project: &str,
     state: Option<&str>,
     search: &Search,
-) -> Option<(u64, bool)> {
-    let mut total = 0u64;
-    let mut token = String::new();
-    for _ in 0..COUNT_PAGES {
-        let page = console
-            .call(
-                "counting runs",
-                console.store().list_run_summaries(ListRunSummariesRequest {
-                    project_id: project.to_owned(),
-                    states: state.map(|s| vec![s.to_owned()]).unwrap_or_default(),
-                    text: search.q.clone(),
-                    created_after: search.created_after.clone(),
-                    created_before: search.created_before.clone(),
-                    page: Some(PageRequest {
-                        page_size: COUNT_PAGE,
-                        page_token: token,
-                    }),
-                    ..Default::default()
-                }),
-            )
-            .await
-            .ok()?;
-        total += page.runs.len() as u64;
-        if page.next_page_token.is_empty() {
-            return Some((total, false));
-        }
-        token = page.next_page_token;
-    }
-    Some((total, true))
+) -> Option<u64> {
+    let counted = console
+        .call(
+            "counting runs",
+            console.store().list_run_summaries(ListRunSummariesRequest {
+                project_id: project.to_owned(),
+                states: state.map(|s| vec![s.to_owned()]).unwrap_or_default(),
+                text: search.q.clone(),
+                created_after: search.created_after.clone(),
+                created_before: search.created_before.clone(),
+                count_only: true,
+                ..Default::default()
+            }),
+        )
+        .await
+        .ok()?;
+    Some(counted.total)
 }
 
 pub(super) async fn list(
@@ -231,8 +215,15 @@ pub(super) async fn list(
     let body = html! {
         div.listhead {
             h1 { "Runs of " (project) }
-            @if visitor.may(Rpc::SubmitRun) {
-                a.button #start-run href=(page::start_url(&project)) { "Start a run" }
+            div.buttons {
+                // The rows' boxes belong to this form (`form=`), so the list can be replaced
+                // live without it.
+                form #compare-runs method="get" action=(compare::compare_url(&project, "", "")) {
+                    button type="submit" #compare-button { "Compare ticked runs" }
+                }
+                @if visitor.may(Rpc::SubmitRun) {
+                    a.button #start-run href=(page::start_url(&project)) { "Start a run" }
+                }
             }
         }
         form.filters #run-search method="get" action="/runs" role="search" {
@@ -272,9 +263,9 @@ pub(super) async fn list(
         }
         div #runs-live data-live {
         // The index may not know runs the orchestrator just started: never fewer than shown.
-        @if let Some((n, more)) = total.filter(|(n, _)| *n >= runs.runs.len() as u64) {
+        @if let Some(n) = total.filter(|n| *n >= runs.runs.len() as u64) {
             p.hint #runs-total {
-                @if more { "more than " } (n) @if n == 1 { " run" } @else { " runs" }
+                (n) @if n == 1 { " run" } @else { " runs" }
                 @if current.is_some() || !search.is_empty() { " match" }
                 @if n > u64::from(PAGE_SIZE) { " · " (PAGE_SIZE) " per page" }
             }
@@ -288,12 +279,19 @@ pub(super) async fn list(
             }
         } @else {
             table.runs {
-                thead { tr { th { "State" } th { "Title" } th { "Run" } th { "Started" } th { "Duration" } th { "Links" } } }
+                thead { tr { th { span.visually-hidden { "Compare" } } th { "State" } th { "Title" } th { "Run" } th { "Started" } th { "Duration" } th { "Links" } } }
                 tbody {
                     @for r in &runs.runs {
                         @let url = page::run_url(&r.project_id, &r.run_id);
                         @let run_dir = if r.run_dir.is_empty() { format!(".cairn/runs/{}", r.run_id) } else { r.run_dir.clone() };
                         tr {
+                            // On a phone the box is a row of its own, its word beside it.
+                            td.pick {
+                                label.pick {
+                                    input type="checkbox" name="run" value=(r.run_id) form="compare-runs" aria-label=(format!("Compare run {}", r.run_id));
+                                    span.pick-word { "Compare" }
+                                }
+                            }
                             td data-label="State" { (page::badge(page::task_state_name(r.state))) }
                             td data-label="Title" {
                                 a href=(url) { (if r.title.is_empty() { r.run_id.as_str() } else { r.title.as_str() }) }

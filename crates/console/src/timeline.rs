@@ -296,3 +296,61 @@ fn time_of(ts: &str) -> String {
         .trim_end_matches('Z')
         .to_owned()
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn node(id: &str, kind: &str, needs: &[&str]) -> GraphNode {
+        GraphNode {
+            id: id.into(),
+            kind: kind.into(),
+            needs: needs.iter().map(|s| (*s).to_owned()).collect(),
+            then: Vec::new(),
+            otherwise: Vec::new(),
+        }
+    }
+
+    fn ev(kind: &str, node: &str, ts: &str) -> Event {
+        Event {
+            r#type: kind.into(),
+            node_id: node.into(),
+            ts: format!("2026-01-01T00:{ts}Z"),
+            data_json: "{}".into(),
+            ..Default::default()
+        }
+    }
+
+    /// A draft reworked after a gate approved it: each attempt is a bar of its own, the work
+    /// is the attempts' time summed (not the span from the first start to the last end),
+    /// and the gate's attempts are waiting, never work.
+    #[test]
+    fn attempts_are_bars_of_their_own_and_work_leaves_waiting_out() {
+        let nodes = [
+            node("draft", "write_file", &[]),
+            node("review", "gate", &["draft"]),
+        ];
+        let events = [
+            ev("node.started", "draft", "00:00"),
+            ev("node.completed", "draft", "00:01"),
+            ev("node.started", "review", "00:01"),
+            ev("node.completed", "review", "01:01"),
+            ev("node.started", "draft", "02:00"),
+            ev("node.completed", "draft", "02:02"),
+            ev("node.started", "review", "02:02"),
+            ev("node.completed", "review", "02:32"),
+        ];
+        let rows = rows(&nodes, &events);
+        let now = OffsetDateTime::now_utc();
+        let (draft, review) = (&rows[0], &rows[1]);
+        assert_eq!((draft.spans.len(), draft.attempts), (2, 2));
+        assert_eq!(draft.total(false, now), time::Duration::seconds(3));
+        assert_eq!(draft.total(true, now), time::Duration::ZERO);
+        assert!(review.spans.iter().all(|s| s.wait));
+        assert_eq!(review.total(false, now), time::Duration::ZERO);
+        assert_eq!(review.total(true, now), time::Duration::seconds(90));
+        // The review finished last; the critical path goes back through the draft.
+        assert!(review.critical && draft.critical);
+    }
+}

@@ -10,10 +10,6 @@ use axum::http::StatusCode;
 use cairn_proto::v1::TaskState;
 use console_support::*;
 
-fn run_url() -> String {
-    format!("/projects/{PROJECT}/runs/{RUN}")
-}
-
 /// POSTs the start form with these fields.
 async fn post(c: &mut Client, fields: Vec<(&str, String)>) -> Page {
     let pairs: Vec<(&str, &str)> = fields.iter().map(|(k, v)| (*k, v.as_str())).collect();

@@ -18,11 +18,7 @@ use std::time::{Duration, Instant};
 use axum::http::{header, StatusCode};
 use cairn_console::{console_router, serve_console, ConsoleConfig};
 use cairn_proto::v1::{GateState, TaskState};
-use console_support::{Client, Services, CONSOLE_HOST, CONSOLE_ORIGIN, PROJECT, RUN, TOKEN};
-
-fn run_url() -> String {
-    format!("/projects/{PROJECT}/runs/{RUN}")
-}
+use console_support::{run_url, Client, Services, CONSOLE_HOST, CONSOLE_ORIGIN, PROJECT, TOKEN};
 
 #[tokio::test]
 async fn a_foreign_host_gets_nothing() {

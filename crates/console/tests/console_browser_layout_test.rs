@@ -12,8 +12,7 @@ mod console_support;
 use std::time::Duration;
 
 use browser_support::*;
-use cairn_proto::v1::orchestrator_client::OrchestratorClient;
-use cairn_proto::v1::{GetRunRequest, NodeState, SubmitRunRequest};
+use cairn_proto::v1::NodeState;
 use console_support::*;
 use fantoccini::Locator;
 
@@ -69,8 +68,8 @@ async fn the_runs_list_and_a_run_page_fit_a_phone() {
 
 /// axe-core finds no critical or serious accessibility problem on any page (the login page,
 /// the runs list, a run page with a blocked gate, a node's panel, its whole output, a file
-/// view, a directory, the start form, a diff of two turns) at desktop and phone widths, and
-/// at 390 px no page scrolls sideways (every finding is printed).
+/// view, a directory, the start form, a diff of two turns, two runs compared) at desktop and
+/// phone widths, and at 390 px no page scrolls sideways (every finding is printed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pages_have_no_critical_or_serious_accessibility_findings() {
     let axe = axe_path();
@@ -95,6 +94,10 @@ async fn pages_have_no_critical_or_serious_accessibility_findings() {
         .await;
     s.put(&format!("{turns}/turn-2.md"), "# Plan\n\none\n2\nthree\n")
         .await;
+    s.fake
+        .add_run(blocked_run("run-2", "Again", "2026-01-02T00:00:00.000Z"));
+    let (report, verdict) = sample_diff(RUN, "run-2");
+    s.fake.set_diff(report, verdict);
     let base = start_console(s.config(Some(TOKEN))).await;
     let pages = [
         (format!("runs?project={PROJECT}"), "table.runs"),
@@ -122,6 +125,10 @@ async fn pages_have_no_critical_or_serious_accessibility_findings() {
         (
             format!("projects/{PROJECT}/runs/{RUN}/agents/writer-1/diff?turn=2"),
             "#turn-diff",
+        ),
+        (
+            format!("projects/{PROJECT}/diff?a={RUN}&b=run-2"),
+            "#compare-verdict",
         ),
     ];
     for (width, height) in [(1280, 900), (390, 844)] {
@@ -253,7 +260,7 @@ async fn a_running_sandbox_nodes_output_appears_live_in_its_panel() {
     };
     let c = &client;
     let dir = tempfile::tempdir().unwrap();
-    let (store_addr, _store_stop) = start_store(dir.path()).await;
+    let (store_addr, store_stop) = start_store(dir.path()).await;
     let (orchestrator_addr, handle, runner) =
         match real_orchestrator_with_runner(&store_addr, dir.path()).await {
             Ok(x) => x,
@@ -262,34 +269,16 @@ async fn a_running_sandbox_nodes_output_appears_live_in_its_panel() {
                 return;
             }
         };
-    let mut orch = OrchestratorClient::new(cairn_server::connect(&orchestrator_addr).unwrap());
-    let base = console_with_token(orchestrator_addr, &store_addr).await;
-    let run_id = orch
-        .submit_run(SubmitRunRequest {
-            project_id: PROJECT.into(),
-            graph_yaml: LIVE_OUTPUT.into(),
-            by: "cli".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .run_id;
-    login(c, &base, &format!("projects/{PROJECT}/runs/{run_id}")).await;
+    let r = RealStack::over(dir, store_addr, store_stop, orchestrator_addr, handle).await;
+    let run_id = r.submit(LIVE_OUTPUT, &[]).await;
+    login(c, &r.base, &format!("projects/{PROJECT}/runs/{run_id}")).await;
     mark_page(c).await;
     wait_for("the marker in the node's panel", || async {
         text_of(c, "#log-job").await.contains("live-marker-1")
     })
     .await;
     // The orchestrator still runs the node: the line came live, not with the node's end.
-    let info = orch
-        .get_run(GetRunRequest {
-            project_id: PROJECT.into(),
-            run_id: run_id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let info = r.get(&run_id).await;
     let job = info.nodes.iter().find(|n| n.id == "job").unwrap();
     assert_eq!(job.state, NodeState::Running as i32, "{info:#?}");
     let pane = text_of(c, "#log-job").await;
@@ -332,6 +321,6 @@ async fn a_running_sandbox_nodes_output_appears_live_in_its_panel() {
     })
     .await;
     client.close().await.unwrap();
-    handle.shutdown().await;
+    r.handle.shutdown().await;
     runner.shutdown().await;
 }

@@ -11,8 +11,7 @@ mod browser_support;
 mod console_support;
 
 use browser_support::*;
-use cairn_proto::v1::orchestrator_client::OrchestratorClient;
-use cairn_proto::v1::{GetRunRequest, SubmitRunRequest, TaskState};
+use cairn_proto::v1::TaskState;
 use console_support::*;
 use fantoccini::{Client, Locator};
 
@@ -102,51 +101,14 @@ async fn a_person_approves_a_gate_of_a_real_run_from_the_browser() {
     let Some((_driver, client)) = browser().await else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let (store_addr, _store_stop) = start_store(dir.path()).await;
-    let (orchestrator_addr, handle) = real_orchestrator(&store_addr).await;
-    let mut orch = OrchestratorClient::new(cairn_server::connect(&orchestrator_addr).unwrap());
-    let run = orch
-        .submit_run(SubmitRunRequest {
-            project_id: PROJECT.into(),
-            graph_yaml: GATED.into(),
-            by: "cli".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let run_id = run.run_id.clone();
-    wait_for("the real run to block at its gate", || {
-        let mut orch = orch.clone();
-        let run_id = run_id.clone();
-        async move {
-            let info = orch
-                .get_run(GetRunRequest {
-                    project_id: PROJECT.into(),
-                    run_id,
-                })
-                .await
-                .unwrap()
-                .into_inner();
-            info.state == TaskState::InputRequired as i32
-        }
-    })
-    .await;
-
-    let base = console_with_token(orchestrator_addr, &store_addr).await;
+    let r = RealStack::start().await;
+    let run_id = r.submit(GATED, &[]).await;
+    r.wait_state(&run_id, TaskState::InputRequired).await;
     let note = "Checked the draft <b>by hand</b>; publish it.";
-    approve_in_browser(&client, &base, &run_id, note, "run-page.png").await;
+    approve_in_browser(&client, &r.base, &run_id, note, "run-page.png").await;
 
     // The orchestrator continued the run with the decision: who approved, and the note.
-    let info = orch
-        .get_run(GetRunRequest {
-            project_id: PROJECT.into(),
-            run_id: run_id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let info = r.get(&run_id).await;
     assert_eq!(info.state, TaskState::Completed as i32);
     assert_eq!(
         (
@@ -172,7 +134,7 @@ async fn a_person_approves_a_gate_of_a_real_run_from_the_browser() {
         "the published file is linked"
     );
     client.close().await.unwrap();
-    handle.shutdown().await;
+    r.handle.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -218,34 +180,15 @@ async fn the_console_follows_a_real_run_live_through_gates_rework_and_its_end() 
         return;
     };
     let c = &client;
-    let dir = tempfile::tempdir().unwrap();
-    let (store_addr, _store_stop) = start_store(dir.path()).await;
-    let (orchestrator_addr, handle) = real_orchestrator(&store_addr).await;
-    let mut orch = OrchestratorClient::new(cairn_server::connect(&orchestrator_addr).unwrap());
+    let r = RealStack::start().await;
+    let (base, mut orch) = (r.base.clone(), r.orch.clone());
     // Another run's file: the run page lists only what this run wrote, unless asked.
-    put(
-        &store_addr,
-        PROJECT,
-        "docs/elsewhere/other.md",
-        b"# other\n".to_vec(),
-    )
-    .await;
-    let base = console_with_token(orchestrator_addr, &store_addr).await;
+    r.put("docs/elsewhere/other.md", "# other\n").await;
 
     // The runs list updates by itself when a run is submitted.
     login(c, &base, &format!("runs?project={PROJECT}")).await;
     mark_page(c).await;
-    let run_id = orch
-        .submit_run(SubmitRunRequest {
-            project_id: PROJECT.into(),
-            graph_yaml: two_gates(),
-            by: "cli".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .run_id;
+    let run_id = r.submit(&two_gates(), &[]).await;
     wait_for("the new run in the runs list", || async {
         text_of(c, "#runs-live").await.contains(&run_id)
     })
@@ -253,23 +196,7 @@ async fn the_console_follows_a_real_run_live_through_gates_rework_and_its_end() 
     assert!(page_kept(c).await, "the list changed without a reload");
 
     // The run page, while the run waits at its first gate: the second is not reached.
-    let get = |orch: &OrchestratorClient<tonic::transport::Channel>| {
-        let mut orch = orch.clone();
-        let run_id = run_id.clone();
-        async move {
-            orch.get_run(GetRunRequest {
-                project_id: PROJECT.into(),
-                run_id,
-            })
-            .await
-            .unwrap()
-            .into_inner()
-        }
-    };
-    wait_for("the run to block at its first gate", || async {
-        get(&orch).await.state == TaskState::InputRequired as i32
-    })
-    .await;
+    r.wait_state(&run_id, TaskState::InputRequired).await;
     c.goto(&format!("{base}projects/{PROJECT}/runs/{run_id}"))
         .await
         .unwrap();
@@ -315,7 +242,7 @@ async fn the_console_follows_a_real_run_live_through_gates_rework_and_its_end() 
         run_state(c).await == "completed"
     })
     .await;
-    assert_eq!(get(&orch).await.gates[1].decided_by, "ann");
+    assert_eq!(r.get(&run_id).await.gates[1].decided_by, "ann");
 
     // Reworked after its end: the same page (no reload) follows the run on.
     mark_page(c).await;
@@ -337,7 +264,7 @@ async fn the_console_follows_a_real_run_live_through_gates_rework_and_its_end() 
     .await;
     for gate in ["first", "second"] {
         wait_for("the gate to block", || async {
-            get(&orch)
+            r.get(&run_id)
                 .await
                 .gates
                 .iter()
@@ -361,7 +288,7 @@ async fn the_console_follows_a_real_run_live_through_gates_rework_and_its_end() 
     assert!(page_kept(c).await, "followed without a reload");
 
     // History: the page shows every event the store holds, in order, and is still live.
-    let stored = read_store_events(&store_addr, &run_id).await;
+    let stored = read_store_events(&r.store_addr, &run_id).await;
     assert!(stored
         .iter()
         .any(|e| e.r#type == "artifact.rework-requested"));
@@ -374,7 +301,7 @@ async fn the_console_follows_a_real_run_live_through_gates_rework_and_its_end() 
     assert!(text_of(c, "#events-status").await.starts_with("Live"));
 
     // The graph names every node with its state.
-    let info = get(&orch).await;
+    let info = r.get(&run_id).await;
     for n in &info.nodes {
         let state = match cairn_proto::v1::NodeState::try_from(n.state).unwrap() {
             cairn_proto::v1::NodeState::Succeeded => "succeeded",
@@ -495,7 +422,7 @@ async fn the_console_follows_a_real_run_live_through_gates_rework_and_its_end() 
     })
     .await;
     client.close().await.unwrap();
-    handle.shutdown().await;
+    r.handle.shutdown().await;
 }
 
 /// A graph for the start form: an agent writes a plan, a person reviews it.
@@ -516,48 +443,16 @@ async fn runs_are_started_searched_reworked_compared_canceled_re_run_and_resumed
         return;
     };
     let c = &client;
-    let dir = tempfile::tempdir().unwrap();
-    let (store_addr, _store_stop) = start_store(dir.path()).await;
-    let (orchestrator_addr, handle) = real_orchestrator(&store_addr).await;
-    let mut orch = OrchestratorClient::new(cairn_server::connect(&orchestrator_addr).unwrap());
-    put(
-        &store_addr,
-        PROJECT,
-        "graphs/plan.yaml",
-        PLAN_GRAPH.as_bytes().to_vec(),
-    )
-    .await;
-    put(
-        &store_addr,
-        PROJECT,
-        "cassettes/plan.yaml",
-        PLAN_CASSETTE.as_bytes().to_vec(),
-    )
-    .await;
-    let unrelated = orch
-        .submit_run(SubmitRunRequest {
-            project_id: PROJECT.into(),
-            graph_yaml: "title: Unrelated work\nnodes:\n  - {id: g, type: gate}\n".into(),
-            by: "cli".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .run_id;
-    let base = console_with_token(orchestrator_addr, &store_addr).await;
-    let get = |run: String| {
-        let mut orch = orch.clone();
-        async move {
-            orch.get_run(GetRunRequest {
-                project_id: PROJECT.into(),
-                run_id: run,
-            })
-            .await
-            .unwrap()
-            .into_inner()
-        }
-    };
+    let r = RealStack::start().await;
+    let (base, mut orch) = (r.base.clone(), r.orch.clone());
+    r.put("graphs/plan.yaml", PLAN_GRAPH).await;
+    r.put("cassettes/plan.yaml", PLAN_CASSETTE).await;
+    let unrelated = r
+        .submit(
+            "title: Unrelated work\nnodes:\n  - {id: g, type: gate}\n",
+            &[],
+        )
+        .await;
 
     // Start: from the runs list to the form, a graph file of the project with a variable.
     login(c, &base, &format!("runs?project={PROJECT}")).await;
@@ -587,10 +482,10 @@ async fn runs_are_started_searched_reworked_compared_canceled_re_run_and_resumed
         run_state(c).await == "input-required"
     })
     .await;
-    let info = get(run.clone()).await;
+    let info = r.get(&run).await;
     assert_eq!(info.title, "Console plan");
     assert_eq!(info.goal, "Plan the work in steps");
-    let created = read_store_events(&store_addr, &run).await;
+    let created = read_store_events(&r.store_addr, &run).await;
     assert_eq!(
         serde_json::from_str::<serde_json::Value>(&created[0].data_json).unwrap()["by"],
         "ann"
@@ -666,7 +561,7 @@ async fn runs_are_started_searched_reworked_compared_canceled_re_run_and_resumed
         .unwrap();
     assert!(text_of(c, "#cancel-what").await.contains("input-required"));
     assert_eq!(
-        get(run.clone()).await.state,
+        r.get(&run).await.state,
         TaskState::InputRequired as i32,
         "nothing is canceled before the confirmation"
     );
@@ -676,7 +571,7 @@ async fn runs_are_started_searched_reworked_compared_canceled_re_run_and_resumed
         run_state(c).await == "canceled"
     })
     .await;
-    let events = read_store_events(&store_addr, &run).await;
+    let events = read_store_events(&r.store_addr, &run).await;
     let canceled = events.iter().find(|e| e.r#type == "task.canceled").unwrap();
     let d: serde_json::Value = serde_json::from_str(&canceled.data_json).unwrap();
     assert_eq!(
@@ -700,11 +595,30 @@ async fn runs_are_started_searched_reworked_compared_canceled_re_run_and_resumed
         run_state(c).await == "input-required"
     })
     .await;
-    let info = get(second.clone()).await;
+    let info = r.get(&second).await;
     assert_eq!(
         (info.title.as_str(), info.rerun_of.as_str()),
         ("Console plan", run.as_str())
     );
+
+    // The re-run's page compares it with its source (DiffRuns): A the source, B the re-run.
+    click(c, "#compare-rerun").await;
+    c.wait()
+        .for_element(Locator::Css("#compare-verdict"))
+        .await
+        .unwrap();
+    assert_eq!(
+        c.current_url().await.unwrap().query().unwrap_or_default(),
+        format!("a={run}&b={second}")
+    );
+    assert!(text_of(c, "#side-a").await.contains(&run));
+    assert!(text_of(c, "#side-b").await.contains(&second));
+    assert!(text_of(c, "#nodes-table").await.contains("author"));
+    // The source was canceled at its gate, the re-run waits there.
+    assert_eq!(attr(c, "#verdict", "data-verdict").await, "running");
+    c.goto(&format!("{base}projects/{PROJECT}/runs/{second}"))
+        .await
+        .unwrap();
 
     // Resume: rejected elsewhere, the run fails; the page offers Resume, which the run takes.
     orch.reject_gate(cairn_proto::v1::GateDecisionRequest {
@@ -727,7 +641,7 @@ async fn runs_are_started_searched_reworked_compared_canceled_re_run_and_resumed
             .contains(&format!("Run {second} resumed"))
     })
     .await;
-    let events = read_store_events(&store_addr, &second).await;
+    let events = read_store_events(&r.store_addr, &second).await;
     let resumed = events.iter().find(|e| e.r#type == "task.resumed").unwrap();
     let d: serde_json::Value = serde_json::from_str(&resumed.data_json).unwrap();
     assert_eq!(d["by"], "ann");
@@ -767,5 +681,5 @@ async fn runs_are_started_searched_reworked_compared_canceled_re_run_and_resumed
     })
     .await;
     client.close().await.unwrap();
-    handle.shutdown().await;
+    r.handle.shutdown().await;
 }

@@ -11,7 +11,6 @@ mod console_support;
 
 use browser_support::*;
 use cairn_proto::v1 as pb;
-use cairn_proto::v1::orchestrator_client::OrchestratorClient;
 use console_support::*;
 use fantoccini::{Client, Locator};
 use serde_json::json;
@@ -204,6 +203,43 @@ async fn graph_nodes_are_filled_by_state_live_zoom_and_open_their_panel() {
     assert!(text_of(c, "#node-aside #map-items").await.contains("fan.2"));
     assert!(page_kept(c).await, "the panel opened in the page");
     shoot(c, None, "run-graph-panel.png").await;
+
+    // The map unfolds in the drawing: its items as nodes, each filled by its state, live.
+    click(c, "#node-aside button.close").await;
+    click(c, "#dag a.maptoggle[data-map=fan]").await;
+    wait_for("the map's items in the graph", || async {
+        c.find(Locator::Css("#dag g[data-node='fan.0']"))
+            .await
+            .is_ok()
+    })
+    .await;
+    assert_eq!(fill(c, "fan.0").await, "rgb(220, 242, 227)", "succeeded");
+    assert_eq!(fill(c, "fan.1").await, "rgb(221, 233, 249)", "running");
+    assert_eq!(fill(c, "fan.2").await, "rgb(221, 233, 249)", "running");
+    assert!(c
+        .find(Locator::Css("#dag g.edge[data-from=fan][data-to='fan.2']"))
+        .await
+        .is_ok());
+    assert_eq!(attr(c, "#dag a.maptoggle", "aria-expanded").await, "true");
+    mark_page(c).await;
+    s.emit(run, "node.completed", "fan.1", json!({})).await;
+    wait_for("item fan.1's box to turn green", || async {
+        fill(c, "fan.1").await == "rgb(220, 242, 227)"
+    })
+    .await;
+    assert!(
+        page_kept(c).await,
+        "the unfolded map follows the run without a reload"
+    );
+    shoot(c, Some("#graph-section"), "run-graph-map-items.png").await;
+    // And folds back into one node.
+    click(c, "#dag a.maptoggle[data-map=fan]").await;
+    wait_for("the map folded", || async {
+        c.find(Locator::Css("#dag g[data-node='fan.0']"))
+            .await
+            .is_err()
+    })
+    .await;
     client.close().await.unwrap();
 }
 
@@ -323,23 +359,9 @@ async fn a_gates_decisions_are_kept_through_a_rework_of_an_earlier_node() {
         return;
     };
     let c = &client;
-    let dir = tempfile::tempdir().unwrap();
-    let (store_addr, _stop) = start_store(dir.path()).await;
-    let (orchestrator_addr, handle) = real_orchestrator(&store_addr).await;
-    let mut orch = OrchestratorClient::new(cairn_server::connect(&orchestrator_addr).unwrap());
-    let base = console_with_token(orchestrator_addr, &store_addr).await;
-    let run_id = orch
-        .submit_run(pb::SubmitRunRequest {
-            project_id: PROJECT.into(),
-            graph_yaml: REWORKED.into(),
-            by: "cli".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .run_id;
-    login(c, &base, &format!("projects/{PROJECT}/runs/{run_id}")).await;
+    let r = RealStack::start().await;
+    let run_id = r.submit(REWORKED, &[]).await;
+    login(c, &r.base, &format!("projects/{PROJECT}/runs/{run_id}")).await;
     c.wait()
         .for_element(Locator::Css("#gate-review button.approve"))
         .await
@@ -349,15 +371,17 @@ async fn a_gates_decisions_are_kept_through_a_rework_of_an_earlier_node() {
         run_state(c).await == "completed"
     })
     .await;
-    orch.request_rework(pb::ReworkRequest {
-        project_id: PROJECT.into(),
-        run_id: run_id.clone(),
-        node_id: "draft".into(),
-        by: "bob".into(),
-        note: "again".into(),
-    })
-    .await
-    .unwrap();
+    r.orch
+        .clone()
+        .request_rework(pb::ReworkRequest {
+            project_id: PROJECT.into(),
+            run_id: run_id.clone(),
+            node_id: "draft".into(),
+            by: "bob".into(),
+            note: "again".into(),
+        })
+        .await
+        .unwrap();
     wait_for("the gate to block again", || async {
         c.find(Locator::Css("#gate-review button.approve"))
             .await
@@ -396,7 +420,7 @@ async fn a_gates_decisions_are_kept_through_a_rework_of_an_earlier_node() {
     assert_eq!(drafts.len(), 2, "two attempts of draft");
     shoot(c, Some("#gates-section"), "gate-history.png").await;
     client.close().await.unwrap();
-    handle.shutdown().await;
+    r.handle.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -496,17 +520,18 @@ async fn a_thousand_node_run_page_paints_quickly() {
     client.close().await.unwrap();
 }
 
-/// The first paint of the runs list of a project with 10,000 runs (the fake orchestrator
-/// lists them; the store's run index, which the list's count reads, holds them too).
+/// The first paint of the runs list of a project with 10,000 runs, against the real
+/// orchestrator and store (whose run index lists and counts them). The run directories are
+/// written before the store starts, as `bench/runs.sh` does: finished runs, one a second, each
+/// with the state.json and event log an orchestrator leaves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_runs_list_of_10000_runs_paints_quickly() {
     let Some((_driver, client)) = browser().await else {
         return;
     };
     let c = &client;
-    let s = Services::start().await;
-    let root = s
-        .dir
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir
         .path()
         .join("data/projects")
         .join(PROJECT)
@@ -519,23 +544,29 @@ async fn the_runs_list_of_10000_runs_paints_quickly() {
             (i / 60) % 60,
             i % 60
         );
-        let mut info = blocked_run(&id, &format!("Run number {i}"), &created);
-        info.state = pb::TaskState::Completed as i32;
-        info.gates.clear();
-        s.fake.add_run(info);
+        let state = json!({
+            "run_id": id, "project": PROJECT, "title": format!("Run number {i}"),
+            "goal": format!("goal {} of the list", i % 97), "topology": "dag", "llm": "",
+            "state": "completed", "created_at": created, "updated_at": created,
+            "created_by": "test", "notes": 0, "last_seq": 2, "events_seq": 2,
+            "nodes": [{"id": "n0", "type": "write_file", "title": "step", "state": "succeeded",
+                       "attempts": 1, "turn": 1, "resets": 0, "started_at": created,
+                       "finished_at": created, "outputs": {}}],
+            "roster": [],
+        });
         let dir = root.join(&id);
         std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(
-            dir.join("state.json"),
-            json!({"title": format!("Run number {i}"), "goal": "", "state": "completed", "created_at": created, "updated_at": created}).to_string(),
-        )
-        .unwrap();
+        std::fs::write(dir.join("state.json"), state.to_string()).unwrap();
+        let events: String = (1..=2)
+            .map(|seq| format!("{{\"seq\":{seq},\"ts\":\"{created}\",\"type\":\"node.completed\",\"run_id\":\"{id}\",\"level\":\"info\"}}\n"))
+            .collect();
+        std::fs::write(dir.join("events.jsonl"), events).unwrap();
     }
-    let base = start_console(s.config(Some(TOKEN))).await;
-    login(c, &base, "start").await;
+    let r = RealStack::start_in(dir).await;
+    login(c, &r.base, "start").await;
     let mut samples = Vec::new();
     for _ in 0..4 {
-        c.goto(&format!("{base}runs?project={PROJECT}"))
+        c.goto(&format!("{}runs?project={PROJECT}", r.base))
             .await
             .unwrap();
         c.wait()
@@ -544,7 +575,7 @@ async fn the_runs_list_of_10000_runs_paints_quickly() {
             .unwrap();
         let t = timings(
             c,
-            "const n = performance.getEntriesByType('navigation')[0]; const p = performance.getEntriesByName('first-contentful-paint')[0]; return {paint: p ? p.startTime : -1, server: n.responseStart - n.requestStart, rows: document.querySelectorAll('table.runs tbody tr').length};",
+            "const n = performance.getEntriesByType('navigation')[0]; const p = performance.getEntriesByName('first-contentful-paint')[0]; return {paint: p ? p.startTime : -1, server: n.responseStart - n.requestStart, bytes: n.transferSize, rows: document.querySelectorAll('table.runs tbody tr').length};",
         )
         .await;
         println!("runs list of 10,000 runs: {t}");
@@ -566,12 +597,85 @@ async fn the_runs_list_of_10000_runs_paints_quickly() {
     );
     let total = text_of(c, "#runs-total").await;
     println!("count: {total}");
-    // The 10,000 and the services' own run.
-    assert!(total.starts_with("10001 runs"), "{total}");
+    assert!(total.starts_with("10000 runs"), "{total}");
+    // Newest first.
+    assert!(text_of(c, "table.runs tbody tr").await.contains("r-09999"));
     // A regression guard on a shared machine; the target and the figures: bench/RESULTS.md.
     assert!(
         best("paint") > 0.0 && best("paint") <= 1500.0,
         "{samples:?}"
     );
     client.close().await.unwrap();
+    r.handle.shutdown().await;
+}
+
+/// Two runs of one graph, the second under another variable.
+const WORDS: &str = r##"
+title: Words
+vars: {word: one}
+nodes:
+  - {id: write, type: write_file, path: "docs/{{run_id}}/word.md", content: "# Word\n\nthe word is {{vars.word}}\n"}
+  - {id: fixed, type: write_file, path: "docs/{{run_id}}/fixed.md", content: "fixed", needs: [write]}
+"##;
+
+/// Two runs ticked on the runs list are compared (DiffRuns of the real orchestrator): the
+/// variable that differs, the node whose outputs differ, the file's changed line in its
+/// diff; the boxes stay ticked while the list refreshes itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_runs_ticked_on_the_runs_list_are_compared() {
+    let Some((_driver, client)) = browser().await else {
+        return;
+    };
+    let c = &client;
+    let r = RealStack::start().await;
+    let first = r.submit(WORDS, &[("word", "one")]).await;
+    r.wait_state(&first, pb::TaskState::Completed).await;
+    let second = r.submit(WORDS, &[("word", "two")]).await;
+    r.wait_state(&second, pb::TaskState::Completed).await;
+    login(c, &r.base, &format!("runs?project={PROJECT}")).await;
+    for run in [&first, &second] {
+        click(c, &format!("input[name=run][value='{run}']")).await;
+    }
+    // The list refreshes every few seconds; what was ticked stays ticked.
+    mark_page(c).await;
+    tokio::time::sleep(std::time::Duration::from_millis(4500)).await;
+    let ticked = js(
+        c,
+        "return Array.from(document.querySelectorAll('input[name=run]:checked'), b => b.value);",
+    )
+    .await;
+    assert_eq!(ticked.as_array().unwrap().len(), 2, "{ticked}");
+    click(c, "#compare-button").await;
+    c.wait()
+        .for_element(Locator::Css("#compare-verdict"))
+        .await
+        .unwrap();
+    // The older run is A.
+    let url = c.current_url().await.unwrap();
+    assert_eq!(
+        url.query().unwrap_or_default(),
+        format!("a={first}&b={second}")
+    );
+    assert_eq!(attr(c, "#verdict", "data-verdict").await, "diverged");
+    let vars = text_of(c, "#vars-table").await;
+    assert!(
+        vars.contains("word") && vars.contains("one") && vars.contains("two"),
+        "{vars}"
+    );
+    assert_eq!(attr(c, "#cmp-node-write", "data-same").await, "false");
+    assert_eq!(attr(c, "#cmp-node-fixed", "data-same").await, "true");
+    assert_eq!(
+        text_of(c, "table[id^=file-diff-table] tr.del td.text").await,
+        "the word is one"
+    );
+    assert_eq!(
+        text_of(c, "table[id^=file-diff-table] tr.add td.text").await,
+        "the word is two"
+    );
+    shoot(c, Some("main"), "compare-runs.png").await;
+    // At 390 px it fits the phone.
+    c.set_window_size(390, 844).await.unwrap();
+    assert_fits(c, "the comparison", 4).await;
+    client.close().await.unwrap();
+    r.handle.shutdown().await;
 }

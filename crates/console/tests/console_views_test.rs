@@ -11,16 +11,6 @@ use cairn_proto::v1 as pb;
 use console_support::*;
 use serde_json::json;
 
-fn run_url() -> String {
-    format!("/projects/{PROJECT}/runs/{RUN}")
-}
-
-async fn logged_in(s: &Services) -> Client {
-    let mut c = Client::new(s.router(Some(TOKEN)));
-    c.login("ann", Some(TOKEN)).await;
-    c
-}
-
 #[tokio::test]
 async fn a_node_has_a_panel_with_its_attempts_outputs_files_and_events() {
     let s = Services::start().await;
@@ -408,4 +398,161 @@ fn uuid_of(id: &str) -> u32 {
         "{id}"
     );
     u32::from_str_radix(&parts[2][..1], 16).unwrap()
+}
+
+/// A map asked to unfold (`?expand=`) draws its items as nodes in the graph, at most 24 of
+/// a large map (those that failed or run first) and one box for the rest that opens the
+/// map's panel; folded, it is one node with a link that unfolds it.
+#[tokio::test]
+async fn a_map_unfolds_in_the_graph_with_a_bounded_number_of_items() {
+    let s = Services::start().await;
+    let mut info = blocked_run("run-map", "Fan out", "2026-02-01T00:00:00.000Z");
+    info.gates.clear();
+    info.nodes = vec![
+        pb::NodeInfo {
+            id: "fan".into(),
+            r#type: "map".into(),
+            state: pb::NodeState::Running as i32,
+            ..Default::default()
+        },
+        pb::NodeInfo {
+            id: "join".into(),
+            r#type: "write_file".into(),
+            ..Default::default()
+        },
+    ];
+    s.fake.add_run(info);
+    s.put(
+        ".cairn/runs/run-map/graph.resolved.json",
+        json!({"nodes": [{"id": "fan", "type": "map"}, {"id": "join", "type": "write_file", "needs": ["fan"]}]}).to_string(),
+    )
+    .await;
+    let mut events = vec![("map.items", "fan".to_owned(), json!({"count": 500}))];
+    for i in 0..500 {
+        events.push(("node.started", format!("fan.{i}"), json!({})));
+        if i != 400 {
+            events.push(("node.completed", format!("fan.{i}"), json!({})));
+        }
+    }
+    let events: Vec<(&str, &str, serde_json::Value)> = events
+        .iter()
+        .map(|(k, n, d)| (*k, n.as_str(), d.clone()))
+        .collect();
+    s.emit_all("run-map", &events).await;
+    let mut c = logged_in(&s).await;
+    let url = format!("/projects/{PROJECT}/runs/run-map");
+
+    let folded = c.get(&url).await;
+    assert_eq!(folded.status, StatusCode::OK, "{}", folded.body);
+    assert!(
+        !folded.body.contains("data-node=\"fan.0\""),
+        "{}",
+        folded.body
+    );
+    assert!(
+        folded.body.contains(&format!(
+            "href=\"{url}?expand=fan#graph\" data-map=\"fan\" aria-expanded=\"false\""
+        )),
+        "{}",
+        folded.body
+    );
+    assert!(
+        folded.body.contains("show the 500 items"),
+        "{}",
+        folded.body
+    );
+
+    let open = c.get(&format!("{url}?expand=fan")).await;
+    assert_eq!(open.status, StatusCode::OK, "{}", open.body);
+    let b = &open.body;
+    let boxes = b.matches("<g class=\"node st-").count();
+    let drawn_items = b.matches(" item\" data-node=\"fan.").count();
+    assert_eq!(drawn_items, 24, "{b}");
+    assert_eq!(boxes, 2 + 24, "the map, join and 24 items: {b}");
+    // The running item far down the list is among them.
+    assert!(
+        b.contains("data-node=\"fan.400\" data-state=\"running\""),
+        "{b}"
+    );
+    assert!(
+        b.contains("data-node=\"fan.0\" data-state=\"succeeded\""),
+        "{b}"
+    );
+    assert!(!b.contains("data-node=\"fan.30\""), "{b}");
+    // The rest: one box, linked to the map's panel.
+    assert!(b.contains("data-more=\"476\""), "{b}");
+    assert!(b.contains("+476 more"), "{b}");
+    assert!(
+        b.contains(&format!("href=\"{url}/nodes/fan\" data-node=\"fan\"")),
+        "{b}"
+    );
+    // Edges: the map to its items, its items to what needed the map.
+    assert!(b.contains("data-from=\"fan\" data-to=\"fan.0\""), "{b}");
+    assert!(b.contains("data-from=\"fan.0\" data-to=\"join\""), "{b}");
+    assert!(!b.contains("data-from=\"fan\" data-to=\"join\""), "{b}");
+    // The link folds it again.
+    assert!(
+        b.contains(&format!(
+            "href=\"{url}#graph\" data-map=\"fan\" aria-expanded=\"true\""
+        )),
+        "{b}"
+    );
+}
+
+/// A node that ran twice (a rework) has its two attempts compared on its panel: the output
+/// that changed and the events, without their times; another pair can be asked for, and a
+/// pair it does not have is refused.
+#[tokio::test]
+async fn a_nodes_panel_compares_two_of_its_attempts() {
+    let s = Services::start().await;
+    for (kind, data) in [
+        (
+            "node.started",
+            json!({"node_type": "write_file", "attempt": 1}),
+        ),
+        (
+            "node.completed",
+            json!({"outputs": {"words": 10, "path": "docs/run-1/draft.txt"}, "duration_ms": 4}),
+        ),
+        (
+            "node.started",
+            json!({"node_type": "write_file", "attempt": 2}),
+        ),
+        (
+            "node.completed",
+            json!({"outputs": {"words": 12, "path": "docs/run-1/draft.txt"}, "duration_ms": 9}),
+        ),
+    ] {
+        s.emit(RUN, kind, "draft", data).await;
+    }
+    let mut c = logged_in(&s).await;
+    let page = format!("{}/nodes/draft", run_url());
+    let p = c.get(&page).await;
+    assert_eq!(p.status, StatusCode::OK, "{}", p.body);
+    let b = &p.body;
+    assert!(b.contains("Attempt 2 against attempt 1"), "{b}");
+    assert!(b.contains("id=\"attempt-outputs-diff\""), "{b}");
+    // The line of attempt 1 removed, that of attempt 2 added (whole lines of the outputs).
+    assert!(
+        b.contains("<td class=\"sign\">−</td><td class=\"text\">  &quot;words&quot;: 10</td>"),
+        "{b}"
+    );
+    assert!(
+        b.contains("<td class=\"sign\">+</td><td class=\"text\">  &quot;words&quot;: 12</td>"),
+        "{b}"
+    );
+    // The events differ only in their outputs, not in their times or attempt numbers.
+    let at = b.find("id=\"attempts-compared\"").unwrap();
+    let section = &b[at..at + b[at..].find("</section>").unwrap()];
+    assert!(section.contains("id=\"attempt-events-diff\""), "{section}");
+    assert!(!section.contains("duration_ms"), "{section}");
+    assert!(!section.contains("&quot;attempt&quot;"), "{section}");
+    let p = c.get(&format!("{page}?attempts=2,1")).await;
+    assert!(p.body.contains("Attempt 1 against attempt 2"), "{}", p.body);
+    let p = c.get(&format!("{page}?attempts=1,5")).await;
+    assert_eq!(p.status, StatusCode::BAD_REQUEST, "{}", p.body);
+    assert!(p.body.contains("it has 1, 2"), "{}", p.body);
+    // A node that ran once has nothing to compare.
+    let p = c.get(&format!("{}/nodes/review", run_url())).await;
+    assert!(!p.body.contains("attempts-compared"), "{}", p.body);
 }

@@ -176,17 +176,27 @@ pub fn parse(text: &str) -> Option<Vec<EvidenceEntry>> {
     serde_json::from_str(text).ok()
 }
 
+/// Where `text` cites entries: the byte range of each `evidence:<id>` and its id, in order
+/// (an id is ASCII letters, digits, `-` and `_`).
+pub fn citations(text: &str) -> Vec<(std::ops::Range<usize>, &str)> {
+    text.match_indices(CITE_PREFIX)
+        .filter_map(|(i, _)| {
+            let start = i + CITE_PREFIX.len();
+            let rest = &text[start..];
+            let len = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_')))
+                .unwrap_or(rest.len());
+            (len > 0).then(|| (i..start + len, &rest[..len]))
+        })
+        .collect()
+}
+
 /// The ids `text` cites as `evidence:<id>`, in order, without repeats.
 pub fn cited(text: &str) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
-    for (i, _) in text.match_indices(CITE_PREFIX) {
-        let rest = &text[i + CITE_PREFIX.len()..];
-        let id: String = rest
-            .chars()
-            .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_'))
-            .collect();
-        if !id.is_empty() && !out.contains(&id) {
-            out.push(id);
+    for (_, id) in citations(text) {
+        if !out.iter().any(|o| o == id) {
+            out.push(id.to_owned());
         }
     }
     out
@@ -366,5 +376,11 @@ mod tests {
         );
         assert!(cited("no evidence: here").is_empty());
         assert!(cited("").is_empty());
+        let text = "(evidence:E4), evidence:E12.";
+        let found: Vec<(&str, &str)> = citations(text)
+            .into_iter()
+            .map(|(r, id)| (&text[r], id))
+            .collect();
+        assert_eq!(found, [("evidence:E4", "E4"), ("evidence:E12", "E12")]);
     }
 }

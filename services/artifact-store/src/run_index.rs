@@ -737,6 +737,33 @@ impl RunIndex {
         Ok(())
     }
 
+    /// How many runs match `filter`: one pass over the project's index, nothing copied (loads
+    /// the index on first use; blocking).
+    pub fn count(&self, state: &State, project: &str, filter: &Filter) -> Result<u64> {
+        self.ensure_loaded(state, project)?;
+        let runs_fd = if filter.unfinished {
+            runs_dir(state, project)?
+        } else {
+            None
+        };
+        let slot = self.slot(project);
+        let slot = slot.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(loaded) = slot.loaded.as_ref() else {
+            return Ok(0);
+        };
+        let finder = filter.finder();
+        let n = loaded
+            .order
+            .iter()
+            .filter(|(key, entry)| {
+                !filter.exclude.contains(&key.1)
+                    && filter.admits(entry, finder.as_ref())
+                    && (!filter.unfinished || may_be_unfinished(runs_fd.as_ref(), &key.1, entry))
+            })
+            .count();
+        Ok(n as u64)
+    }
+
     /// One page of a project's runs, newest first (loads the index on first use; blocking).
     pub fn query(
         &self,

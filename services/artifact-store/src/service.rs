@@ -368,6 +368,16 @@ impl ArtifactStore for ArtifactStoreService {
             exclude: r.exclude_run_ids.into_iter().collect(),
             unfinished: r.unfinished,
         };
+        if r.count_only {
+            let total = self
+                .store
+                .count_run_summaries(&r.project_id, filter)
+                .await?;
+            return Ok(Response::new(ListRunSummariesResponse {
+                total,
+                ..Default::default()
+            }));
+        }
         let mut page = page(r.page)?;
         if let Some(after) = r.after {
             if page.after.is_some() {
@@ -384,6 +394,7 @@ impl ArtifactStore for ArtifactStoreService {
         Ok(Response::new(ListRunSummariesResponse {
             runs: runs.into_iter().map(summary).collect(),
             next_page_token,
+            total: 0,
         }))
     }
 

@@ -128,6 +128,12 @@ impl Store {
         blocking(move || index.query(&state, &project, &filter, &page, include_state_json)).await
     }
 
+    /// ListRunSummaries `count_only`: how many of a project's runs match, from the run index.
+    pub async fn count_run_summaries(&self, project: &str, filter: Filter) -> Result<u64> {
+        let (state, index, project) = (self.state.clone(), self.index.clone(), project.to_owned());
+        blocking(move || index.count(&state, &project, &filter)).await
+    }
+
     pub fn config(&self) -> &Config {
         &self.state.config
     }

@@ -111,6 +111,7 @@ impl Query {
             include_state_json: false,
             after: None,
             unfinished: false,
+            count_only: false,
         }
     }
 }
@@ -247,11 +248,25 @@ fn queries() -> Vec<Query> {
 
 async fn assert_agrees(client: &mut Client, data_root: &Path, when: &str) {
     for (i, q) in queries().iter().enumerate() {
+        let want = walked(data_root, q);
         for size in [1000, 7] {
             let got = listed(client, q, size).await;
-            let want = walked(data_root, q);
             assert_eq!(got, want, "{when}: query {i}, pages of {size}");
         }
+        // Counted instead of listed: as many as the pages hold, and no run sent.
+        let counted = client
+            .list_run_summaries(ListRunSummariesRequest {
+                count_only: true,
+                ..q.request(7, "")
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            (counted.total, counted.runs.len()),
+            (want.len() as u64, 0),
+            "{when}: query {i} counted"
+        );
     }
 }
 

@@ -37,11 +37,17 @@
     return false;
   }
 
-  // Folded details the reader opened stay open when their part is replaced.
+  // Folded details the reader opened stay open, and boxes they ticked (runs picked for a
+  // comparison) stay ticked, when their part is replaced.
   function keepOpen(from, to) {
     const open = Array.from(from.querySelectorAll("details[open]"), function (d) { return d.textContent; });
     to.querySelectorAll("details").forEach(function (d) {
       if (open.indexOf(d.textContent) >= 0) d.open = true;
+    });
+    const key = function (c) { return c.name + "=" + c.value; };
+    const ticked = Array.from(from.querySelectorAll("input[type=checkbox]:checked"), key);
+    to.querySelectorAll("input[type=checkbox]").forEach(function (c) {
+      if (ticked.indexOf(key(c)) >= 0) c.checked = true;
     });
   }
 

@@ -13,7 +13,11 @@ use cairn_console::{serve_console, ConsoleConfig};
 use fantoccini::{Client, ClientBuilder, Locator};
 use tokio::process::{Child, Command};
 
-use crate::console_support::TOKEN;
+use cairn_proto::v1::orchestrator_client::OrchestratorClient;
+use cairn_proto::v1::{GetRunRequest, RunInfo, SubmitRunRequest, TaskState};
+use tonic::transport::Channel;
+
+use crate::console_support::{put, real_orchestrator, start_store, PROJECT, TOKEN};
 
 pub fn browser_required() -> bool {
     std::env::var("CAIRN_REQUIRE_BROWSER")
@@ -223,6 +227,102 @@ pub async fn console_with_token(orchestrator_addr: String, store_addr: &str) -> 
     .await
 }
 
+/// What most browser tests start from: a real artifact-store and the real orchestrator on
+/// loopback ports (a temp dir each), a gRPC client of the orchestrator, and a console with
+/// the shared login token over them.
+pub struct RealStack {
+    pub dir: tempfile::TempDir,
+    pub store_addr: String,
+    pub orchestrator_addr: String,
+    pub orch: OrchestratorClient<Channel>,
+    pub handle: cairn_orchestrator::Handle,
+    /// The console's URL.
+    pub base: String,
+    _store_stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl RealStack {
+    pub async fn start() -> RealStack {
+        RealStack::start_in(tempfile::tempdir().unwrap()).await
+    }
+
+    /// The stack over `dir`, whose `data/` may hold projects already (the store indexes them
+    /// at start).
+    pub async fn start_in(dir: tempfile::TempDir) -> RealStack {
+        let (store_addr, store_stop) = start_store(dir.path()).await;
+        let (orchestrator_addr, handle) = real_orchestrator(&store_addr).await;
+        RealStack::over(dir, store_addr, store_stop, orchestrator_addr, handle).await
+    }
+
+    /// The stack over services already started (e.g. an orchestrator with a sandbox runner).
+    pub async fn over(
+        dir: tempfile::TempDir,
+        store_addr: String,
+        store_stop: tokio::sync::oneshot::Sender<()>,
+        orchestrator_addr: String,
+        handle: cairn_orchestrator::Handle,
+    ) -> RealStack {
+        let orch = OrchestratorClient::new(cairn_server::connect(&orchestrator_addr).unwrap());
+        let base = console_with_token(orchestrator_addr.clone(), &store_addr).await;
+        RealStack {
+            dir,
+            store_addr,
+            orchestrator_addr,
+            orch,
+            handle,
+            base,
+            _store_stop: store_stop,
+        }
+    }
+
+    /// Submits `graph` to the project (by `cli`) with `vars`; the new run's id.
+    pub async fn submit(&self, graph: &str, vars: &[(&str, &str)]) -> String {
+        self.orch
+            .clone()
+            .submit_run(SubmitRunRequest {
+                project_id: PROJECT.into(),
+                graph_yaml: graph.into(),
+                by: "cli".into(),
+                vars: vars
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .run_id
+    }
+
+    /// GetRun of `run` in the project.
+    pub async fn get(&self, run: &str) -> RunInfo {
+        self.orch
+            .clone()
+            .get_run(GetRunRequest {
+                project_id: PROJECT.into(),
+                run_id: run.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+    }
+
+    /// Waits until `run` is in `state` (as GetRun says).
+    pub async fn wait_state(&self, run: &str, state: TaskState) -> RunInfo {
+        wait_for(&format!("run {run} to be {state:?}"), || async {
+            self.get(run).await.state == state as i32
+        })
+        .await;
+        self.get(run).await
+    }
+
+    /// Writes `text` to `path` of the project.
+    pub async fn put(&self, path: &str, text: &str) {
+        put(&self.store_addr, PROJECT, path, text.as_bytes().to_vec()).await
+    }
+}
+
 /// Marks the page so a reload (which would lose the mark) shows.
 pub async fn mark_page(c: &Client) {
     c.execute("window.cairnMark = 'kept'; return true;", vec![])
@@ -318,7 +418,9 @@ pub fn axe_path() -> PathBuf {
 }
 
 /// Measures the page as laid out now: its width against the window's, and every visible table
-/// cell against 8 characters of the page's font (`8ch` of the body).
+/// cell against 8 characters of the page's font (`8ch` of the body). A diff and a node's output
+/// stay tables on a phone, in their own scroll box, like code: their gutters (line numbers, the
+/// change sign) are narrow so the text keeps the width; their text column is measured.
 pub const LAYOUT_JS: &str = r#"
 const probe = document.createElement('div');
 probe.style.cssText = 'position:absolute;visibility:hidden;width:8ch';
@@ -329,6 +431,7 @@ const narrow = [];
 let cells = 0;
 for (const c of document.querySelectorAll('main td, main tbody th')) {
   if (c.getClientRects().length === 0 || getComputedStyle(c).display === 'none') continue;
+  if (c.matches('table.diff td.num, table.diff td.sign, table.logview td.ln')) continue;
   cells += 1;
   const w = c.getBoundingClientRect().width;
   if (w + 0.5 < min) {

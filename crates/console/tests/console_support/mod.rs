@@ -30,6 +30,18 @@ pub const CONSOLE_HOST: &str = "127.0.0.1:7480";
 /// The Origin a browser sends with the console's own forms.
 pub const CONSOLE_ORIGIN: &str = "http://127.0.0.1:7480";
 
+/// The canned run's page.
+pub fn run_url() -> String {
+    format!("/projects/{PROJECT}/runs/{RUN}")
+}
+
+/// A client of a console over `s` (shared token), logged in as ann.
+pub async fn logged_in(s: &Services) -> Client {
+    let mut c = Client::new(s.router(Some(TOKEN)));
+    c.login("ann", Some(TOKEN)).await;
+    c
+}
+
 /// One call the fake received.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Call {
@@ -52,6 +64,9 @@ struct Runs {
     calls: Vec<Call>,
     submits: Vec<pb::SubmitRunRequest>,
     lists: Vec<pb::ListRunsRequest>,
+    diffs: Vec<pb::DiffRunsRequest>,
+    /// What DiffRuns answers (None: an empty report, the runs identical).
+    diff_reply: Option<pb::DiffRunsResponse>,
 }
 
 #[derive(Clone)]
@@ -86,6 +101,20 @@ impl FakeOrchestrator {
     /// Every ListRuns received, in order.
     pub fn lists(&self) -> Vec<pb::ListRunsRequest> {
         self.state.lock().unwrap().lists.clone()
+    }
+
+    /// Every DiffRuns received, in order.
+    pub fn diffs(&self) -> Vec<pb::DiffRunsRequest> {
+        self.state.lock().unwrap().diffs.clone()
+    }
+
+    /// What DiffRuns answers from now on: `report` and `verdict` as the orchestrator's JSON.
+    pub fn set_diff(&self, report: serde_json::Value, verdict: serde_json::Value) {
+        self.state.lock().unwrap().diff_reply = Some(pb::DiffRunsResponse {
+            report_json: report.to_string(),
+            verdict: verdict["verdict"].as_str().unwrap_or_default().to_owned(),
+            verdict_json: verdict.to_string(),
+        });
     }
 
     pub fn run(&self, run_id: &str) -> pb::RunInfo {
@@ -618,11 +647,24 @@ impl Orchestrator for FakeOrchestrator {
 
     async fn diff_runs(
         &self,
-        _: GrpcRequest<pb::DiffRunsRequest>,
+        req: GrpcRequest<pb::DiffRunsRequest>,
     ) -> Result<GrpcResponse<pb::DiffRunsResponse>, Status> {
-        Err(Status::unimplemented(
-            "the console's fake orchestrator does not compare runs",
-        ))
+        let r = req.into_inner();
+        let mut s = self.state.lock().unwrap();
+        s.diffs.push(r.clone());
+        for run in [&r.run_a, &r.run_b] {
+            if !s.runs.contains_key(run.as_str()) {
+                return Err(Status::not_found(format!("run `{run}` not found")));
+            }
+        }
+        let verdict = serde_json::json!({"run_id": r.run_b, "replay_of": r.run_a, "verdict": "identical", "divergence": null});
+        Ok(GrpcResponse::new(s.diff_reply.clone().unwrap_or_else(|| {
+            pb::DiffRunsResponse {
+                report_json: serde_json::json!({"run_a": r.run_a, "run_b": r.run_b, "graph": {"same": true}}).to_string(),
+                verdict: "identical".into(),
+                verdict_json: verdict.to_string(),
+            }
+        })))
     }
 }
 
@@ -975,6 +1017,16 @@ impl Services {
         append_events(&self.store_addr, PROJECT, run, &[last]).await;
     }
 
+    /// Many events of run `run` at once, as [`Services::emit`] does one by one.
+    pub async fn emit_all(&self, run: &str, events: &[(&str, &str, serde_json::Value)]) {
+        for (kind, node, data) in events {
+            self.fake.emit(run, kind, node, data.clone());
+        }
+        let all = self.fake.state.lock().unwrap().events[run].clone();
+        let new = &all[all.len() - events.len()..];
+        append_events(&self.store_addr, PROJECT, run, new).await;
+    }
+
     pub async fn put_bytes(&self, path: &str, bytes: Vec<u8>) {
         put(&self.store_addr, PROJECT, path, bytes).await
     }
@@ -1222,4 +1274,43 @@ impl Client {
             .await
             .csrf()
     }
+}
+
+/// A DiffRuns answer comparing `a` and `b` as the orchestrator writes it: the graph and a
+/// variable changed, node `draft`'s outputs and its file differ (the new text names markup,
+/// which the page must show as text), `review` is the same, `extra` ran in B only, and B
+/// diverged at `draft`.
+pub fn sample_diff(a: &str, b: &str) -> (serde_json::Value, serde_json::Value) {
+    let report = serde_json::json!({
+        "run_a": a, "run_b": b,
+        "state": {"a": "completed", "b": "completed"},
+        "graph": {"same": false, "diff": "--- a\n+++ b\n@@ -1,3 +1,4 @@\n {\n   \"nodes\": [\n+    \"extra\",\n     \"draft\"\n"},
+        "vars": [{"name": "topic", "a": "snow", "b": "<b>rain</b>"}, {"name": "only_a", "a": "1", "b": null}],
+        "nodes": [
+            {"node": "draft", "attempts": {"a": 1, "b": 2}, "outputs_same": false,
+             "outputs_diff": "--- a\n+++ b\n@@ -1,3 +1,3 @@\n {\n-  \"words\": 10\n+  \"words\": 12\n }\n",
+             "usage": {"a": {"prompt_tokens": 10, "completion_tokens": 5}, "b": {"prompt_tokens": 11, "completion_tokens": 7}},
+             "duration_ms": {"a": 1200, "b": 65000}},
+            {"node": "review", "attempts": {"a": 1, "b": 1}, "outputs_same": true,
+             "usage": {"a": {"prompt_tokens": 0, "completion_tokens": 0}, "b": {"prompt_tokens": 0, "completion_tokens": 0}},
+             "duration_ms": {"a": 5, "b": null}},
+            {"node": "extra", "attempts": {"a": 0, "b": 1}, "outputs_same": false, "outputs_diff": "--- a\n+++ b\n@@ -1 +1 @@\n-null\n+{}\n",
+             "usage": {"a": {"prompt_tokens": 0, "completion_tokens": 0}, "b": {"prompt_tokens": 0, "completion_tokens": 0}},
+             "duration_ms": {"a": null, "b": 3}}
+        ],
+        "files": [
+            {"path": "docs/⟨run_id⟩/draft.md", "sha256": {"a": "sha256:aaaa1111", "b": "sha256:bbbb2222"}, "same": false,
+             "diff": "--- a/docs/⟨run_id⟩/draft.md\n+++ b/docs/⟨run_id⟩/draft.md\n@@ -1,2 +1,2 @@\n # Draft\n-snow falls\n+<script>alert(1)</script> rain falls\n"},
+            {"path": "docs/⟨run_id⟩/same.md", "sha256": {"a": "sha256:cccc", "b": "sha256:cccc"}, "same": true},
+            {"path": "docs/⟨run_id⟩/image.png", "sha256": {"a": null, "b": "sha256:dddd"}, "same": false}
+        ],
+        "usage": {"a": {"prompt_tokens": 10, "completion_tokens": 5}, "b": {"prompt_tokens": 11, "completion_tokens": 7}},
+        "duration_ms": {"a": 1300, "b": 66000}
+    });
+    let verdict = serde_json::json!({
+        "run_id": b, "replay_of": a, "verdict": "diverged",
+        "divergence": {"node": "draft", "attempt": 2, "what": "outputs",
+                       "diff": "--- a\n+++ b\n@@ -1,3 +1,3 @@\n {\n-  \"words\": 10\n+  \"words\": 12\n }\n"}
+    });
+    (report, verdict)
 }

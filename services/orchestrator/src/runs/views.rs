@@ -103,6 +103,7 @@ impl Runs {
                     .map(|(created_at, run_id)| pb::RunCursor { created_at, run_id }),
                 // A stalled run is not final.
                 unfinished: filter.stalled,
+                count_only: false,
             })
             .await
             .map_err(Error::store("listing runs"))?;

@@ -251,7 +251,7 @@ class ListResponse(_message.Message):
     def __init__(self, entries: _Optional[_Iterable[_Union[FileInfo, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class ListRunSummariesRequest(_message.Message):
-    __slots__ = ("project_id", "states", "text", "created_after", "created_before", "page", "exclude_run_ids", "include_state_json", "after", "unfinished")
+    __slots__ = ("project_id", "states", "text", "created_after", "created_before", "page", "exclude_run_ids", "include_state_json", "after", "unfinished", "count_only")
     PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
     STATES_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -262,6 +262,7 @@ class ListRunSummariesRequest(_message.Message):
     INCLUDE_STATE_JSON_FIELD_NUMBER: _ClassVar[int]
     AFTER_FIELD_NUMBER: _ClassVar[int]
     UNFINISHED_FIELD_NUMBER: _ClassVar[int]
+    COUNT_ONLY_FIELD_NUMBER: _ClassVar[int]
     project_id: str
     states: _containers.RepeatedScalarFieldContainer[str]
     text: str
@@ -272,7 +273,8 @@ class ListRunSummariesRequest(_message.Message):
     include_state_json: bool
     after: RunCursor
     unfinished: bool
-    def __init__(self, project_id: _Optional[str] = ..., states: _Optional[_Iterable[str]] = ..., text: _Optional[str] = ..., created_after: _Optional[str] = ..., created_before: _Optional[str] = ..., page: _Optional[_Union[_common_pb2.PageRequest, _Mapping]] = ..., exclude_run_ids: _Optional[_Iterable[str]] = ..., include_state_json: _Optional[bool] = ..., after: _Optional[_Union[RunCursor, _Mapping]] = ..., unfinished: _Optional[bool] = ...) -> None: ...
+    count_only: bool
+    def __init__(self, project_id: _Optional[str] = ..., states: _Optional[_Iterable[str]] = ..., text: _Optional[str] = ..., created_after: _Optional[str] = ..., created_before: _Optional[str] = ..., page: _Optional[_Union[_common_pb2.PageRequest, _Mapping]] = ..., exclude_run_ids: _Optional[_Iterable[str]] = ..., include_state_json: _Optional[bool] = ..., after: _Optional[_Union[RunCursor, _Mapping]] = ..., unfinished: _Optional[bool] = ..., count_only: _Optional[bool] = ...) -> None: ...
 
 class RunCursor(_message.Message):
     __slots__ = ("created_at", "run_id")
@@ -303,12 +305,14 @@ class RunSummary(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., title: _Optional[str] = ..., goal: _Optional[str] = ..., state: _Optional[str] = ..., created_at: _Optional[str] = ..., updated_at: _Optional[str] = ..., indexed: _Optional[bool] = ..., state_json: _Optional[bytes] = ...) -> None: ...
 
 class ListRunSummariesResponse(_message.Message):
-    __slots__ = ("runs", "next_page_token")
+    __slots__ = ("runs", "next_page_token", "total")
     RUNS_FIELD_NUMBER: _ClassVar[int]
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
     runs: _containers.RepeatedCompositeFieldContainer[RunSummary]
     next_page_token: str
-    def __init__(self, runs: _Optional[_Iterable[_Union[RunSummary, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+    total: int
+    def __init__(self, runs: _Optional[_Iterable[_Union[RunSummary, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., total: _Optional[int] = ...) -> None: ...
 
 class DeleteRequest(_message.Message):
     __slots__ = ("project_id", "path", "run_id")
