@@ -39,7 +39,7 @@ LOG_STREAM_STDERR: LogStream
 LOG_STREAM_STEP: LogStream
 
 class ReplayRunRequest(_message.Message):
-    __slots__ = ("project_id", "run_id", "vars", "by", "replay_run_id", "live_sandbox", "live_gates")
+    __slots__ = ("project_id", "run_id", "vars", "by", "replay_run_id", "live_sandbox", "live_gates", "graph_yaml", "files", "live_after", "llm")
     class VarsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -54,6 +54,10 @@ class ReplayRunRequest(_message.Message):
     REPLAY_RUN_ID_FIELD_NUMBER: _ClassVar[int]
     LIVE_SANDBOX_FIELD_NUMBER: _ClassVar[int]
     LIVE_GATES_FIELD_NUMBER: _ClassVar[int]
+    GRAPH_YAML_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    LIVE_AFTER_FIELD_NUMBER: _ClassVar[int]
+    LLM_FIELD_NUMBER: _ClassVar[int]
     project_id: str
     run_id: str
     vars: _containers.ScalarMap[str, str]
@@ -61,7 +65,11 @@ class ReplayRunRequest(_message.Message):
     replay_run_id: str
     live_sandbox: bool
     live_gates: bool
-    def __init__(self, project_id: _Optional[str] = ..., run_id: _Optional[str] = ..., vars: _Optional[_Mapping[str, str]] = ..., by: _Optional[str] = ..., replay_run_id: _Optional[str] = ..., live_sandbox: _Optional[bool] = ..., live_gates: _Optional[bool] = ...) -> None: ...
+    graph_yaml: str
+    files: _containers.RepeatedCompositeFieldContainer[InputFile]
+    live_after: bool
+    llm: str
+    def __init__(self, project_id: _Optional[str] = ..., run_id: _Optional[str] = ..., vars: _Optional[_Mapping[str, str]] = ..., by: _Optional[str] = ..., replay_run_id: _Optional[str] = ..., live_sandbox: _Optional[bool] = ..., live_gates: _Optional[bool] = ..., graph_yaml: _Optional[str] = ..., files: _Optional[_Iterable[_Union[InputFile, _Mapping]]] = ..., live_after: _Optional[bool] = ..., llm: _Optional[str] = ...) -> None: ...
 
 class DiffRunsRequest(_message.Message):
     __slots__ = ("project_id", "run_a", "run_b")
