@@ -344,6 +344,8 @@ async fn a_service_whose_store_is_down_answers_unavailable_with_retry_info() {
         store_addr: store.clone(),
         ingest_addr: ingest.clone(),
         resume_on_start: false,
+        // Calls ride out a store outage this long before they answer UNAVAILABLE.
+        dependency_outage_s: 2,
         ..cairn_orchestrator::Config::default()
     };
     tokio::spawn(cairn_orchestrator::serve(c, l, std::future::pending()));
