@@ -778,6 +778,8 @@ fn compose_stack_serves_the_cli_and_leaves_nothing_behind() {
             .unwrap_or_else(|e| panic!("{service}: {e}\n{}", stack.logs()))
             .into_inner();
         assert_eq!(result.exit_code, 0, "{service}: {result:?}");
+        // runner-1's area is fresh after the filling run above.
+        assert!(!result.writable_area_full, "{service}: {result:?}");
         assert_eq!(String::from_utf8_lossy(&result.stdout), "1\n");
         assert_eq!(&result.runner_id, runner_id);
         assert_eq!(result.backend, "docker");
