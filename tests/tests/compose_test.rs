@@ -43,6 +43,36 @@ const ALL: [&str; 7] = [
 ];
 /// The login token of the stacks' consoles.
 const CONSOLE_TOKEN: &str = "compose-console-token-0123456789";
+/// Writes 100 files of 15 MB to /output until a write fails; prints `written BYTES ERROR`.
+const OUTPUT_FILLER: &str = "import errno, os\n\
+written, err = 0, 'none'\n\
+chunk = b'x' * (1 << 20)\n\
+try:\n\
+\x20   for i in range(100):\n\
+\x20       with open('/output/f%03d' % i, 'wb') as f:\n\
+\x20           left = 15_000_000\n\
+\x20           while left > 0:\n\
+\x20               n = f.write(chunk[:min(left, len(chunk))])\n\
+\x20               f.flush(); os.fsync(f.fileno())\n\
+\x20               written += n; left -= n\n\
+except OSError as e:\n\
+\x20   err = errno.errorcode.get(e.errno, str(e.errno))\n\
+print('written', written, err)\n";
+
+/// Bytes of the regular files under `dir` (0 when it does not exist).
+fn du(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => du(&e.path()),
+            Ok(t) if t.is_file() => e.metadata().map(|m| m.len()).unwrap_or(0),
+            _ => 0,
+        })
+        .sum()
+}
 
 fn docker_required() -> bool {
     std::env::var("CAIRN_REQUIRE_DOCKER").is_ok_and(|v| v == "1")
@@ -682,9 +712,54 @@ fn compose_stack_serves_the_cli_and_leaves_nothing_behind() {
     );
     assert!(listed.contains("workspace/src/hello.py"), "{listed}");
 
-    // Both runners start sandboxes as siblings through the host's Docker socket.
     let rt = runtime();
     let tls = stack.tls();
+    // A run that writes 100 files of 15 MB: the runner in its container may not mount, yet
+    // /output holds at most max_total_output_bytes (256 MiB by default): ENOSPC, the result
+    // says writable_area_full, nothing is published, and the runner's directory on the host
+    // holds none of it. The runs below (runner-1 again) show the next run works.
+    let full = rt
+        .block_on(async {
+            runner_client(&stack.reach("sandbox-runner-1"), &tls)
+                .await
+                .run(RunRequest {
+                    run_id: run_id.clone(),
+                    node_id: "fills-output".into(),
+                    language: "python".into(),
+                    code: OUTPUT_FILLER.into(),
+                    ..Default::default()
+                })
+                .await
+        })
+        .unwrap_or_else(|e| panic!("the filling run: {e}\n{}", stack.logs()))
+        .into_inner();
+    let said = String::from_utf8_lossy(&full.stdout).into_owned();
+    let written: u64 = said
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no written line: {said:?} {full:?}"));
+    assert!(
+        said.trim_end().ends_with("ENOSPC"),
+        "100 x 15 MB were not stopped by ENOSPC: {said:?} stderr {:?}",
+        String::from_utf8_lossy(&full.stderr)
+    );
+    assert!(written <= 256 << 20, "{written} bytes written past the cap");
+    assert!(full.writable_area_full, "{full:?}");
+    assert!(full.output_files.is_empty() && full.outputs_truncated);
+    assert!(
+        full.rejected_outputs.iter().all(|o| o.reason == "no_space")
+            && !full.rejected_outputs.is_empty(),
+        "{:?}",
+        full.rejected_outputs
+    );
+    let on_host = du(&work.join("sandbox"));
+    assert!(
+        on_host < 16 << 20,
+        "the runners' directories on the host hold {on_host} bytes"
+    );
+
+    // Both runners start sandboxes as siblings through the host's Docker socket.
     for (service, runner_id) in RUNNERS.iter().zip(&stack.runner_ids) {
         let addr = stack.reach(service);
         let result = rt.block_on(async {
@@ -703,6 +778,8 @@ fn compose_stack_serves_the_cli_and_leaves_nothing_behind() {
             .unwrap_or_else(|e| panic!("{service}: {e}\n{}", stack.logs()))
             .into_inner();
         assert_eq!(result.exit_code, 0, "{service}: {result:?}");
+        // runner-1's area is fresh after the filling run above.
+        assert!(!result.writable_area_full, "{service}: {result:?}");
         assert_eq!(String::from_utf8_lossy(&result.stdout), "1\n");
         assert_eq!(&result.runner_id, runner_id);
         assert_eq!(result.backend, "docker");

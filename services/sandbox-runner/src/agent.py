@@ -1,13 +1,17 @@
-# The warm-pool agent: the command of a pre-started container (backend/docker_pool.rs). It
-# reads ONE job (a JSON line) from stdin, stages /input, runs the program as the sandbox user
-# with stdin closed, streams stdout/stderr, enforces the timeout (SIGTERM, grace, SIGKILL),
-# kills every sandbox-user process, then sends the result and /output as a tar stream.
+# The agent: the command of every one-shot docker run's container, warm (started ahead of
+# time) or made for the run (backend/docker_pool.rs). It reads ONE job (a JSON line) from
+# stdin, stages /input, runs the program as the sandbox user with stdin closed, streams
+# stdout/stderr (the first cap bytes of each, the rest counted), enforces the timeout (SIGTERM,
+# grace, SIGKILL), kills every sandbox-user process, then sends the result and /output (a tmpfs
+# of max_total_output_bytes the engine mounts) as a tar stream.
 # Frames on stdout: kind (1 byte) + length (4 bytes, big endian) + payload;
 # 1 stdout, 2 stderr, 3 tar bytes, 4 result JSON, 5 end. The runner trusts none of it beyond
 # what it checks itself. Runs as root with only SETUID, SETGID and KILL capabilities.
 # After the job line, stdin stays open while the runner lives: at its end of file (the runner
 # gone) the agent kills every process and exits, so the container stops.
-import base64, json, os, resource, select, signal, struct, sys, tarfile, threading, time
+# Only what the program's start needs is imported first: threading and tarfile load after the
+# fork, while the program starts (a cold run waits for this interpreter, then the program's).
+import binascii, json, os, resource, select, signal, struct, sys, time
 
 OUT = sys.stdout.buffer
 
@@ -47,6 +51,8 @@ class TarFrames:
 
 
 def send_outputs(unreadable):
+    import tarfile
+
     tar = tarfile.open(fileobj=TarFrames(), mode="w|", format=tarfile.GNU_FORMAT)
     stack = ["/output"]
     while stack:
@@ -90,13 +96,12 @@ def watch_runner():
 
 def main():
     job = json.loads(sys.stdin.buffer.readline())
-    threading.Thread(target=watch_runner, daemon=True).start()
     uid, gid = job["uid"], job["gid"]
     for f in job["inputs"]:
         p = os.path.join("/input", f["path"])
         os.makedirs(os.path.dirname(p), mode=0o755, exist_ok=True)
         with open(p, "wb") as fh:
-            fh.write(base64.b64decode(f["b64"]))
+            fh.write(binascii.a2b_base64(f["b64"]))
         os.chmod(p, 0o444)
     oom_before = oom_kills()
     r_out, w_out = os.pipe()
@@ -120,13 +125,21 @@ def main():
             os.setuid(uid)
             os.chdir("/tmp")
             os.execvpe(job["argv"][0], job["argv"], job["env"])
-        except BaseException:
-            pass
+        except BaseException as e:
+            try:
+                os.write(2, b"cairn: cannot start %s: %s\n" % (job["argv"][0].encode(), str(e).encode()))
+            except BaseException:
+                pass
         os._exit(127)
     os.close(w_out)
     os.close(w_err)
+    import tarfile, threading  # noqa: F401 (tarfile for send_outputs, loaded now)
+
+    threading.Thread(target=watch_runner, daemon=True).start()
     caps = {r_out: job["max_stdout"] + 1, r_err: job["max_stderr"] + 1}
     kinds = {r_out: 1, r_err: 2}
+    # Bytes the program wrote to each stream, kept or not (the result counts them all).
+    seen = {r_out: 0, r_err: 0}
     open_fds = [r_out, r_err]
     step, timed_out, status = 0, False, None
     next_at = time.monotonic() + job["timeout_ms"] / 1000.0
@@ -145,6 +158,7 @@ def main():
             if not data:
                 open_fds.remove(fd)
                 continue
+            seen[fd] += len(data)
             keep = data[: max(0, caps[fd])]
             caps[fd] -= len(data)
             if keep:
@@ -169,7 +183,7 @@ def main():
     unreadable = []
     st = os.statvfs("/output")
     full = st.f_bavail * st.f_frsize < 65536
-    frame(4, json.dumps({"exit_code": code, "timed_out": timed_out, "oom": oom_kills() > oom_before, "full": full}).encode())
+    frame(4, json.dumps({"exit_code": code, "timed_out": timed_out, "oom": oom_kills() > oom_before, "full": full, "stdout_bytes": seen[r_out], "stderr_bytes": seen[r_err]}).encode())
     send_outputs(unreadable)
     frame(5, json.dumps({"unreadable": unreadable}).encode())
 

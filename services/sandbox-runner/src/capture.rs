@@ -37,6 +37,12 @@ impl Capture {
         self.seen
     }
 
+    /// Records that the program wrote `total` bytes in all, when fewer reached this capture
+    /// (a sandbox agent that forwards only the first cap bytes and counts the rest).
+    pub fn wrote(&mut self, total: u64) {
+        self.seen = self.seen.max(total);
+    }
+
     pub fn bytes(&self) -> &[u8] {
         &self.kept
     }
@@ -60,5 +66,18 @@ mod tests {
         assert!(c.truncated());
         assert_eq!(c.seen(), 8);
         assert_eq!(c.into_bytes(), b"abcde");
+    }
+
+    #[test]
+    fn a_reported_total_counts_bytes_that_never_arrived() {
+        let mut c = Capture::new(4);
+        c.push(b"abcde");
+        c.wrote(50 << 20);
+        assert_eq!(c.seen(), 50 << 20);
+        assert!(c.truncated());
+        // A smaller report never hides bytes that did arrive.
+        c.wrote(1);
+        assert_eq!(c.seen(), 50 << 20);
+        assert_eq!(c.bytes(), b"abcd");
     }
 }

@@ -161,7 +161,7 @@ impl Outputs {
         Ok(())
     }
 
-    /// Entries the sandbox could not read (the warm agent's report): nothing is published.
+    /// Entries the sandbox could not read (the docker agent's report): nothing is published.
     pub fn unreadable(mut self, paths: impl IntoIterator<Item = String>) -> Outputs {
         for p in paths {
             if let Admit::Stop = self.withhold(p.as_bytes(), "io_error") {
@@ -171,8 +171,11 @@ impl Outputs {
         self.finish()
     }
 
-    /// The writable area filled up, so any file may be cut short: nothing is published and
-    /// each collected file is listed `no_space`.
+    /// The writable area filled up (the program got ENOSPC), so any file may be cut short:
+    /// nothing is published and every output of the set is listed `no_space`, the cause to act
+    /// on, also where a limit was reached after it (`too_large`, `too_many_files`) or the
+    /// file was only held back (`unpublished`). Entries refused on their own (names, links,
+    /// special files, a file cut at the size limit, unreadable ones) keep their reason.
     pub fn out_of_space(mut self) -> Outputs {
         self.truncated = true;
         for f in std::mem::take(&mut self.files) {
@@ -180,6 +183,14 @@ impl Outputs {
                 path: f.path,
                 reason: "no_space".to_owned(),
             });
+        }
+        for r in &mut self.rejected {
+            if matches!(
+                r.reason.as_str(),
+                "unpublished" | "too_large" | "too_many_files"
+            ) {
+                r.reason = "no_space".to_owned();
+            }
         }
         self.bytes = 0;
         self.rejected.sort_by(|a, b| a.path.cmp(&b.path));
@@ -313,6 +324,14 @@ pub fn from_dir(dir: &Path, limits: OutputLimits) -> std::io::Result<Outputs> {
 mod tests {
     use super::*;
 
+    /// (path, reason) of each listed entry.
+    fn listing(out: &Outputs) -> Vec<(&str, &str)> {
+        out.rejected
+            .iter()
+            .map(|r| (r.path.as_str(), r.reason.as_str()))
+            .collect()
+    }
+
     fn tar_of(entries: &[(&str, tar::EntryType, &[u8], &str)]) -> Vec<u8> {
         let mut b = tar::Builder::new(Vec::new());
         let mut h = tar::Header::new_gnu();
@@ -372,15 +391,40 @@ mod tests {
         // All or nothing: the first file fits but is not published; all three are listed.
         assert!(out.files.is_empty());
         assert!(out.truncated && !out.listing_truncated);
-        let listed: Vec<_> = out
-            .rejected
-            .iter()
-            .map(|r| (r.path.as_str(), r.reason.as_str()))
-            .collect();
+        let listed = listing(&out);
         assert_eq!(
             listed,
             [("a", "unpublished"), ("b", "too_large"), ("c", "too_large")]
         );
+    }
+
+    #[test]
+    fn a_full_area_lists_every_output_no_space() {
+        let big = vec![7u8; 80];
+        let t = tar_of(&[
+            ("a", tar::EntryType::Regular, &big, ""),
+            ("b", tar::EntryType::Regular, &big, ""),
+            ("c", tar::EntryType::Regular, b"x", ""),
+            ("l", tar::EntryType::Symlink, b"", "a"),
+        ]);
+        // Past the byte limit (b, c) and held back (a): the full area is the cause of each.
+        let out = from_tar(&t[..], "output", LIMITS).unwrap().out_of_space();
+        assert!(out.files.is_empty() && out.truncated && out.bytes == 0);
+        let listed = listing(&out);
+        assert_eq!(
+            listed,
+            [
+                ("a", "no_space"),
+                ("b", "no_space"),
+                ("c", "no_space"),
+                ("l", "symlink")
+            ]
+        );
+        // Collected whole before the area filled: listed, not published.
+        let t = tar_of(&[("ok", tar::EntryType::Regular, b"fine", "")]);
+        let out = from_tar(&t[..], "output", LIMITS).unwrap().out_of_space();
+        assert!(out.files.is_empty());
+        assert_eq!(out.rejected[0].reason, "no_space");
     }
 
     #[test]
@@ -392,11 +436,7 @@ mod tests {
         ]);
         let out = from_tar(&t[..], "output", LIMITS).unwrap();
         assert!(out.files.is_empty() && out.truncated);
-        let listed: Vec<_> = out
-            .rejected
-            .iter()
-            .map(|r| (r.path.as_str(), r.reason.as_str()))
-            .collect();
+        let listed = listing(&out);
         assert_eq!(listed, [("cut", "truncated"), ("ok", "unpublished")]);
     }
 

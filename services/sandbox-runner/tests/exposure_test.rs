@@ -170,12 +170,22 @@ async fn outputs_past_the_total_cap_get_enospc_and_the_next_run_works() {
         })
         .await;
         // 100 files of 1 MiB (the attack's 100 × 15 MB, scaled to the cap), then one huge file.
-        for (what, code) in [
-            ("many files", writer("/output", 100, 1 << 20)),
-            ("one huge file", writer("/output", 1, 30 << 20)),
+        // The third also passes its own byte limit (2 MiB) before the area fills: the full
+        // area is still the reason given for each output.
+        let past_limit = with_limits(
+            python(&writer("/output", 100, 1 << 20)),
+            pb::Limits {
+                max_output_bytes: 2 << 20,
+                ..Default::default()
+            },
+        );
+        for (what, req) in [
+            ("many files", python(&writer("/output", 100, 1 << 20))),
+            ("one huge file", python(&writer("/output", 1, 30 << 20))),
+            ("many files past the byte limit", past_limit),
         ] {
             let t0 = std::time::Instant::now();
-            let out = r.run(python(&code)).await;
+            let out = r.run(req).await;
             let stdout = text(&out.stdout);
             let (bytes, err) = written(&stdout);
             assert_eq!(
@@ -199,8 +209,10 @@ async fn outputs_past_the_total_cap_get_enospc_and_the_next_run_works() {
                 "{case:?} {what}: nothing is published"
             );
             assert!(out.outputs_truncated, "{case:?} {what}");
+            // The full area is the reason given for every output.
             assert!(
-                out.rejected_outputs.iter().any(|o| o.reason == "no_space"),
+                !out.rejected_outputs.is_empty()
+                    && out.rejected_outputs.iter().all(|o| o.reason == "no_space"),
                 "{case:?} {what}: {:?}",
                 out.rejected_outputs
             );

@@ -1,10 +1,11 @@
-//! Writable areas: the host directories a sandbox writes (a run's /output, a session's task
-//! directory holding /workspace and /tmpfs) as tmpfs file systems of `max_total_output_bytes`
-//! each, mounted by the runner, so a program that writes past the cap gets ENOSPC and the
-//! runner's disk never holds its writes. Mounting needs root with the right to mount (a runner
-//! in a container usually lacks it); a runner without it keeps plain directories (bounded per
-//! file only) and says so once, at warn. Removing a task directory unmounts every area below
-//! it first (`unmount_below`).
+//! Writable areas: the host directories a sandbox writes (a local or gvisor run's /output, a
+//! session's task directory holding /workspace and /tmpfs) as tmpfs file systems of
+//! `max_total_output_bytes` each, mounted by the runner, so a program that writes past the cap
+//! gets ENOSPC and the runner's disk never holds its writes. (A docker run's /output is a tmpfs
+//! the engine mounts: backend/docker_pool.rs.) Mounting needs root with the right to mount (a
+//! runner in a container usually lacks it); a runner without it keeps plain directories
+//! (bounded per file only) and says so once, at warn. Removing a task directory unmounts every
+//! area below it first (`unmount_below`).
 
 use std::path::{Path, PathBuf};
 
@@ -26,7 +27,7 @@ pub fn available() -> bool {
             "the runner is not root".to_owned()
         };
         tracing::warn!(
-            "writable areas are not bounded: {why}; sandboxes' /output and sessions' directories are plain directories, capped per file only (run the runner as root with the right to mount, e.g. CAP_SYS_ADMIN, to cap their total at max_total_output_bytes)"
+            "writable areas the runner mounts are not bounded: {why}; sessions' directories and the local and gvisor backends' /output are plain directories, capped per file only (docker runs' /output is bounded by the engine either way; run the runner as root with the right to mount, e.g. CAP_SYS_ADMIN, to cap the others' total at max_total_output_bytes)"
         );
         false
     })

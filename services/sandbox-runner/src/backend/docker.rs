@@ -1,13 +1,13 @@
 //! The docker backend: one container per run (or per session), created with every limit the
-//! engine offers, inputs staged by the archive API, /output read back as a tar stream, and
-//! removed on every path (a drop guard removes it when a call is cancelled or fails).
+//! engine offers, and removed on every path (a drop guard removes it when a call is cancelled
+//! or fails). A run's container runs the agent (docker_pool.rs, agent.py): inputs in, /output
+//! (a tmpfs of `max_total_output_bytes` the engine mounts) read back as a tar stream.
 //! It must never leave a container behind nor read an output file through the host.
 //!
 //! Runner liveness: every container's first process reads an attach stream the runner holds
 //! open (stdin, closed by the engine when the runner's connection goes: `stdin_once`). A run's
-//! watchdog (watchdog.py), a session's idle process and the warm agent end the container at end
-//! of file, so the sandboxes of a runner that died stop at once instead of running on beside
-//! the retry. Session Execs carry a CAIRN_EXEC_ID in their environment: a timed-out or
+//! agent and a session's idle process end the container at end of file, so the sandboxes of a
+//! runner that died stop at once instead of running on beside the retry. Session Execs carry a CAIRN_EXEC_ID in their environment: a timed-out or
 //! cancelled Exec kills its own processes (exec_kill.py), never the session's others.
 
 use std::collections::{HashMap, HashSet};
@@ -16,31 +16,26 @@ use std::time::{Duration, Instant};
 
 use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
-use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig, ResourcesUlimits};
+use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig};
 use bollard::query_parameters::{
-    AttachContainerOptionsBuilder, CreateContainerOptionsBuilder,
-    DownloadFromContainerOptionsBuilder, KillContainerOptionsBuilder, ListContainersOptionsBuilder,
-    RemoveContainerOptionsBuilder, UploadToContainerOptionsBuilder, WaitContainerOptionsBuilder,
+    AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, ListContainersOptionsBuilder,
+    RemoveContainerOptionsBuilder,
 };
 use cairn_proto::StdStream;
-use futures::{Stream, StreamExt, TryStreamExt};
-use time::OffsetDateTime;
+use futures::{Stream, StreamExt};
 use tokio::time::sleep_until;
 
-use super::docker_pool::{DockerSource, Warm};
-use super::local::TaskDir;
-use super::{area, keep, ExecOutcome, ExecSpec, KillOnDrop, Live, SessionSandbox};
+use super::docker_pool::{start_agent, AgentContainer, DockerSource, Warm};
+use super::{keep, ExecOutcome, ExecSpec, KillOnDrop, Live, SessionSandbox};
 use crate::admission::Queued;
 use crate::capture::Capture;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::job::{Job, Outcome};
 use crate::limits::Limits;
-use crate::outputs::{self, OutputLimits, Outputs};
 use crate::pool::{Pool, Pooled, Served};
 
 pub const LABEL_RUNNER: &str = "cairn.runner_id";
-const WATCHDOG: &str = include_str!("../watchdog.py");
 pub(super) const EXEC_KILL: &str = include_str!("../exec_kill.py");
 /// The runner's end of a container's stdin: dropped (or the runner gone), the container stops.
 pub type Lease = std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>;
@@ -179,155 +174,28 @@ impl DockerBackend {
         self.run_cold(job, live).await
     }
 
+    /// A container made for this job, running the agent as a warm one does (its /output a
+    /// tmpfs of `max_total_output_bytes` the engine mounts): whatever rights the runner has.
     async fn run_cold(&self, job: &Job, live: Option<&Live>) -> Result<Outcome> {
-        let name = self.container_name(&job.id);
         let mut labels = self.labels("run");
         labels.insert("cairn.job_id".into(), job.id.clone());
         labels.insert("cairn.run_id".into(), job.run_id.clone());
         labels.insert("cairn.node_id".into(), job.node_id.clone());
-        // The watchdog starts the program as the sandbox user and ends the run when the
-        // runner's stdin lease closes.
-        let mut cmd = vec![
-            "/usr/bin/python3".to_string(),
-            "-I".into(),
-            "-S".into(),
-            "-c".into(),
-            WATCHDOG.into(),
-            self.config.sandbox_uid.to_string(),
-            self.config.sandbox_gid.to_string(),
-        ];
-        cmd.extend(job.argv());
-        // /output is the task directory's writable area (a tmpfs of max_total_output_bytes
-        // the runner mounted), bound in; it is still read back through the engine. A runner
-        // that may not mount (not root, or no right to mount) keeps an anonymous volume,
-        // bounded per file only.
-        let task = match area::available() {
-            true => Some(TaskDir::create(&self.config, &job.id).await?),
-            false => None,
-        };
-        let (volumes, binds) = match &task {
-            Some(t) => (
-                vec!["/input".to_string()],
-                Some(vec![format!("{}:/output:rw", t.output().display())]),
-            ),
-            None => (vec!["/input".to_string(), "/output".to_string()], None),
-        };
-        let body = ContainerCreateBody {
-            image: Some(job.image.clone()),
-            cmd: Some(cmd),
-            env: Some(
-                job.environment()
-                    .into_iter()
-                    .map(|(k, v)| format!("{k}={v}"))
-                    .collect(),
-            ),
-            user: Some("0:0".into()),
-            working_dir: Some("/tmp".into()),
-            labels: Some(labels),
-            attach_stdin: Some(true),
-            attach_stdout: Some(true),
-            attach_stderr: Some(true),
-            open_stdin: Some(true),
-            stdin_once: Some(true),
-            tty: Some(false),
-            network_disabled: Some(!job.network),
-            // Anonymous volumes: uploads work with a read-only root filesystem, and /output
-            // (bound or a volume) survives the container's exit until we have read it.
-            volumes: Some(volumes),
-            host_config: Some(HostConfig {
-                binds,
-                ulimits: Some(vec![ResourcesUlimits {
-                    // No single file beyond the output limit: a 10 GB write stops there, one
-                    // byte over it, so the collection knows the file was cut.
-                    name: Some("fsize".into()),
-                    soft: Some(OutputLimits::file_size_cap(job.limits.max_output_bytes) as i64),
-                    hard: Some(OutputLimits::file_size_cap(job.limits.max_output_bytes) as i64),
-                }]),
-                // The watchdog's, dropped for the program (setuid clears them).
-                cap_add: Some(vec!["SETUID".into(), "SETGID".into(), "KILL".into()]),
-                ..self.host_config(&job.limits, job.network)
-            }),
-            ..Default::default()
-        };
-        let container = self.create(&name, body).await?;
-        if !job.inputs.is_empty() {
-            let tar = input_tar(job)?;
-            let opts = UploadToContainerOptionsBuilder::default()
-                .path("/input")
-                .build();
-            self.client
-                .upload_to_container(&name, Some(opts), bollard::body_full(tar.into()))
-                .await
-                .map_err(Error::docker("staging /input"))?;
-        }
-        let attach = AttachContainerOptionsBuilder::default()
-            .stdin(true)
-            .stdout(true)
-            .stderr(true)
-            .stream(true)
-            .logs(false)
-            .build();
-        let attached = self
-            .client
-            .attach_container(&name, Some(attach))
-            .await
-            .map_err(Error::docker("attaching to the container"))?;
-        let (mut output, _lease) = (attached.output, attached.input);
-        let started_at = OffsetDateTime::now_utc();
-        let t0 = Instant::now();
-        self.client
-            .start_container(&name, None)
-            .await
-            .map_err(Error::docker("starting the container"))?;
-        let mut stdout = Capture::new(job.limits.max_stdout_bytes);
-        let mut stderr = Capture::new(job.limits.max_stderr_bytes);
-        let deadline = t0 + Duration::from_millis(job.limits.timeout_ms);
-        let mut timed_out = self
-            .pump(
-                &mut output,
-                &mut stdout,
-                &mut stderr,
-                live,
-                deadline,
-                Target::Container(&name),
-            )
-            .await;
-        // The stream can end early (engine trouble) while the program runs on: the wait is
-        // bounded too, and past the deadline the container is killed.
-        let latest = deadline + Duration::from_millis(self.config.kill_grace_ms) + KILL_BACKSTOP;
-        let exit_code = match tokio::time::timeout_at(latest.into(), self.exit_code(&name)).await {
-            Ok(code) => code?,
-            Err(_) => {
-                timed_out = true;
-                signal(&self.client, Target::Container(&name), "SIGKILL").await;
-                -1
-            }
-        };
-        let duration_ms = t0.elapsed().as_millis() as u64;
-        // The flag is only worth a call when the kernel's SIGKILL is the likely cause.
-        let oom_killed = !timed_out && exit_code == 137 && self.oom_killed(&name).await;
-        let mut outputs = self.collect(&name, &job.limits).await?;
-        let writable_area_full = task.as_ref().is_some_and(|t| area::is_full(&t.output()));
-        if writable_area_full {
-            outputs = outputs.out_of_space();
-        }
-        // Everything is read: the reply need not wait for the engine to delete the container
-        // (slow for a big /output), nor for the task directory to go. Shutdown still finds it
-        // in the live set until it is gone.
-        container.remove_in_background();
-        drop(task);
-        Ok(Outcome {
-            exit_code: if timed_out { -1 } else { exit_code },
-            timed_out,
-            oom_killed,
-            warm: false,
-            started_at,
-            duration_ms,
-            stdout,
-            stderr,
-            outputs,
-            writable_area_full,
-        })
+        let agent = start_agent(
+            &self.client,
+            &self.live,
+            &self.config,
+            AgentContainer {
+                name: self.container_name(&job.id),
+                labels,
+                image: &job.image,
+                limits: &job.limits,
+                network: job.network.then_some(self.config.docker_network.as_str()),
+                warm: false,
+            },
+        )
+        .await?;
+        agent.run(job, live, self.config.kill_grace_ms).await
     }
 
     fn labels(&self, kind: &str) -> HashMap<String, String> {
@@ -373,58 +241,6 @@ impl DockerBackend {
             target,
         )
         .await
-    }
-
-    async fn exit_code(&self, name: &str) -> Result<i32> {
-        let opts = WaitContainerOptionsBuilder::default()
-            .condition("not-running")
-            .build();
-        let mut wait = self.client.wait_container(name, Some(opts));
-        match wait.next().await {
-            Some(Ok(r)) => Ok(r.status_code as i32),
-            Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. })) => {
-                Ok(code as i32)
-            }
-            Some(Err(e)) => Err(Error::docker("waiting for the container")(e)),
-            None => Err(Error::Sandbox(
-                "the engine closed the wait stream without an exit code".into(),
-            )),
-        }
-    }
-
-    async fn oom_killed(&self, name: &str) -> bool {
-        match self.client.inspect_container(name, None).await {
-            Ok(info) => info.state.and_then(|s| s.oom_killed).unwrap_or(false),
-            Err(e) => {
-                tracing::warn!(container = name, error = %e, "inspect for OOMKilled failed");
-                false
-            }
-        }
-    }
-
-    /// Streams /output out of the stopped container and parses it as it arrives.
-    async fn collect(&self, name: &str, limits: &Limits) -> Result<Outputs> {
-        let opts = DownloadFromContainerOptionsBuilder::default()
-            .path("/output")
-            .build();
-        let stream = self
-            .client
-            .download_from_container(name, Some(opts))
-            .map_err(std::io::Error::other);
-        let reader = tokio_util::io::StreamReader::new(stream);
-        let limits = OutputLimits {
-            max_files: limits.max_output_files,
-            max_bytes: limits.max_output_bytes,
-        };
-        let handle = tokio::runtime::Handle::current();
-        tokio::task::spawn_blocking(move || {
-            let _guard = handle.enter();
-            let bridge = tokio_util::io::SyncIoBridge::new_with_handle(reader, handle.clone());
-            outputs::from_tar(bridge, "output", limits)
-        })
-        .await
-        .map_err(|e| Error::Sandbox(format!("output collection panicked: {e}")))?
-        .map_err(Error::io("reading /output from the container"))
     }
 
     /// Starts the long-lived container of a session: /workspace and /tmpfs bound
@@ -492,7 +308,7 @@ impl DockerBackend {
             let (client, container) = (self.client.clone(), s.name.clone());
             let (user, exec_id) = (user.clone(), exec_id.clone());
             KillOnDrop::new(async move {
-                let target = Target::Exec {
+                let target = Target {
                     name: &container,
                     user: &user,
                     exec_id: &exec_id,
@@ -548,7 +364,7 @@ impl DockerBackend {
         drop(input);
         let mut stdout = Capture::new(spec.max_output_bytes);
         let mut stderr = Capture::new(spec.max_output_bytes);
-        let target = Target::Exec {
+        let target = Target {
             name: &s.name,
             user: &user,
             exec_id: &exec_id,
@@ -644,17 +460,13 @@ pub fn host_config(limits: &Limits, network: Option<&str>) -> HostConfig {
     }
 }
 
-/// Which processes a timeout signal goes to.
+/// Which processes a timeout signal goes to: one Exec of a session container, the processes
+/// carrying its id (exec_kill.py).
 #[derive(Clone, Copy)]
-pub enum Target<'a> {
-    /// The whole container (one-shot runs, warm runs).
-    Container(&'a str),
-    /// One Exec of a session container: the processes carrying its id (exec_kill.py).
-    Exec {
-        name: &'a str,
-        user: &'a str,
-        exec_id: &'a str,
-    },
+pub struct Target<'a> {
+    name: &'a str,
+    user: &'a str,
+    exec_id: &'a str,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -708,45 +520,38 @@ pub async fn pump(
 }
 
 async fn signal(client: &bollard::Docker, target: Target<'_>, sig: &str) {
-    let result = match target {
-        Target::Container(name) => {
-            let opts = KillContainerOptionsBuilder::default().signal(sig).build();
-            client.kill_container(name, Some(opts)).await
-        }
-        Target::Exec {
-            name,
-            user,
-            exec_id,
-        } => {
-            let number = if sig == "SIGKILL" { "9" } else { "15" };
-            let opts = CreateExecOptions {
-                cmd: Some(vec![
-                    "/usr/bin/python3".to_string(),
-                    "-I".to_string(),
-                    "-S".to_string(),
-                    "-c".to_string(),
-                    EXEC_KILL.to_string(),
-                    number.to_string(),
-                    exec_id.to_string(),
-                ]),
-                user: Some(user.to_string()),
-                ..Default::default()
-            };
-            match client.create_exec(name, opts).await {
-                Ok(exec) => client
-                    .start_exec(
-                        &exec.id,
-                        Some(StartExecOptions {
-                            detach: true,
-                            tty: false,
-                            output_capacity: None,
-                        }),
-                    )
-                    .await
-                    .map(|_| ()),
-                Err(e) => Err(e),
-            }
-        }
+    let Target {
+        name,
+        user,
+        exec_id,
+    } = target;
+    let number = if sig == "SIGKILL" { "9" } else { "15" };
+    let opts = CreateExecOptions {
+        cmd: Some(vec![
+            "/usr/bin/python3".to_string(),
+            "-I".to_string(),
+            "-S".to_string(),
+            "-c".to_string(),
+            EXEC_KILL.to_string(),
+            number.to_string(),
+            exec_id.to_string(),
+        ]),
+        user: Some(user.to_string()),
+        ..Default::default()
+    };
+    let result = match client.create_exec(name, opts).await {
+        Ok(exec) => client
+            .start_exec(
+                &exec.id,
+                Some(StartExecOptions {
+                    detach: true,
+                    tty: false,
+                    output_capacity: None,
+                }),
+            )
+            .await
+            .map(|_| ()),
+        Err(e) => Err(e),
     };
     if let Err(e) = result {
         // 409: the container already stopped; nothing to kill.
@@ -936,48 +741,4 @@ impl Drop for ContainerGuard {
             }
         }
     }
-}
-
-/// The tar staged at /input: directories 0555 and files 0444, all owned by root, so the
-/// program (another uid) can read but not change them.
-fn input_tar(job: &Job) -> Result<Vec<u8>> {
-    let mut builder = tar::Builder::new(Vec::new());
-    let mut dirs = std::collections::BTreeSet::new();
-    for input in &job.inputs {
-        let comps: Vec<&str> = input.path.components().collect();
-        for n in 1..comps.len() {
-            dirs.insert(comps[..n].join("/"));
-        }
-    }
-    let mtime = OffsetDateTime::now_utc().unix_timestamp().max(0) as u64;
-    let header = |kind: tar::EntryType, mode: u32, size: u64| {
-        let mut h = tar::Header::new_gnu();
-        h.set_entry_type(kind);
-        h.set_mode(mode);
-        h.set_uid(0);
-        h.set_gid(0);
-        h.set_size(size);
-        h.set_mtime(mtime);
-        h
-    };
-    let err = Error::io("building the /input archive");
-    for dir in &dirs {
-        let mut h = header(tar::EntryType::Directory, 0o555, 0);
-        builder
-            .append_data(&mut h, dir, std::io::empty())
-            .map_err(|e| Error::Io {
-                context: format!("building the /input archive ({dir})"),
-                source: e,
-            })?;
-    }
-    for input in &job.inputs {
-        let mut h = header(tar::EntryType::Regular, 0o444, input.content.len() as u64);
-        builder
-            .append_data(&mut h, input.path.as_str(), &input.content[..])
-            .map_err(|e| Error::Io {
-                context: format!("building the /input archive ({})", input.path),
-                source: e,
-            })?;
-    }
-    builder.into_inner().map_err(err)
 }

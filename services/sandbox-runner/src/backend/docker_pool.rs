@@ -1,7 +1,8 @@
-//! The docker backend's warm pool (refill policy in crate::pool): containers for the default
-//! image and limits, created and started ahead of time, each running the agent (agent.py) with
-//! its stdin/stdout attached, so a run is one round trip: job in, framed output, result and
-//! /output tar back. A container serves one run and is removed.
+//! The docker backend's agent containers and its warm pool (refill policy in crate::pool).
+//! Every one-shot run goes to a container running the agent (agent.py) with its stdin/stdout
+//! attached, so a run is one round trip: job in, framed output, result and /output tar back.
+//! The pool creates and starts such containers ahead of time for the default image and limits;
+//! a run the pool cannot serve gets one made for it. A container serves one run and is removed.
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -26,6 +27,7 @@ use crate::capture::Capture;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::job::{Job, Outcome};
+use crate::limits::Limits;
 use crate::outputs::{self, OutputLimits};
 use crate::pool::Source;
 
@@ -44,13 +46,14 @@ pub struct DockerSource {
     pub live: LiveSet,
 }
 
-/// A started container whose agent waits for its one job.
+/// A started container whose agent waits for its one job (a warm one, or a cold run's).
 pub struct Warm {
     guard: ContainerGuard,
     input: Pin<Box<dyn AsyncWrite + Send>>,
     output: Output,
     uid: u32,
     gid: u32,
+    warm: bool,
 }
 
 impl DockerSource {
@@ -81,13 +84,6 @@ impl Source for DockerSource {
     }
 
     async fn make(&self) -> Result<Warm> {
-        let d = self.config.default_limits();
-        let name = format!(
-            "{}{}{}",
-            self.config.container_prefix,
-            uuid::Uuid::now_v7().simple(),
-            self.config.container_suffix
-        );
         let labels = HashMap::from([
             (
                 docker::LABEL_RUNNER.to_string(),
@@ -95,77 +91,121 @@ impl Source for DockerSource {
             ),
             (docker::LABEL_KIND.to_string(), "pool".to_string()),
         ]);
-        let base = docker::host_config(&d, None);
-        let mut tmpfs = base.tmpfs.clone().unwrap_or_default();
-        tmpfs.insert(
-            "/input".into(),
-            format!(
-                "rw,nosuid,nodev,size={},mode=755",
-                d.max_input_bytes + (1 << 20)
-            ),
-        );
-        // The writable area: writes past max_total_output_bytes fail with ENOSPC.
-        tmpfs.insert(
-            "/output".into(),
-            format!(
-                "rw,nosuid,nodev,size={},mode=755,uid={},gid={}",
-                self.config.max_total_output_bytes,
-                self.config.sandbox_uid,
-                self.config.sandbox_gid
-            ),
-        );
-        let body = ContainerCreateBody {
-            image: Some(self.config.image.clone()),
-            cmd: Some(vec![
-                "python3".into(),
-                "-I".into(),
-                "-c".into(),
-                AGENT.into(),
-            ]),
-            // The agent is root with only SETUID/SETGID/KILL: it drops to the sandbox user for
-            // the program (which then cannot signal or trace it) and can kill all it started.
-            user: Some("0:0".into()),
-            working_dir: Some("/tmp".into()),
-            labels: Some(labels),
-            attach_stdin: Some(true),
-            attach_stdout: Some(true),
-            attach_stderr: Some(true),
-            open_stdin: Some(true),
-            stdin_once: Some(true),
-            tty: Some(false),
-            network_disabled: Some(true),
-            host_config: Some(HostConfig {
-                tmpfs: Some(tmpfs),
-                cap_add: Some(vec!["SETUID".into(), "SETGID".into(), "KILL".into()]),
-                ..base
-            }),
-            ..Default::default()
-        };
-        let guard = docker::create(&self.client, &self.live, &name, body).await?;
-        let attach = AttachContainerOptionsBuilder::default()
-            .stdin(true)
-            .stdout(true)
-            .stderr(true)
-            .stream(true)
-            .logs(false)
-            .build();
-        let attached = self
-            .client
-            .attach_container(&name, Some(attach))
-            .await
-            .map_err(Error::docker("attaching to a warm container"))?;
-        self.client
-            .start_container(&name, None)
-            .await
-            .map_err(Error::docker("starting a warm container"))?;
-        Ok(Warm {
-            guard,
-            input: attached.input,
-            output: attached.output,
-            uid: self.config.sandbox_uid,
-            gid: self.config.sandbox_gid,
-        })
+        start_agent(
+            &self.client,
+            &self.live,
+            &self.config,
+            AgentContainer {
+                name: format!(
+                    "{}{}{}",
+                    self.config.container_prefix,
+                    uuid::Uuid::now_v7().simple(),
+                    self.config.container_suffix
+                ),
+                labels,
+                image: &self.config.image,
+                limits: &self.config.default_limits(),
+                network: None,
+                warm: true,
+            },
+        )
+        .await
     }
+}
+
+/// What an agent container is made for: the pool's (ahead of time, the default image and
+/// limits, no network) or one cold run's (its image, limits and network).
+pub struct AgentContainer<'a> {
+    pub name: String,
+    pub labels: HashMap<String, String>,
+    pub image: &'a str,
+    pub limits: &'a Limits,
+    /// The Docker network to join, or None for none.
+    pub network: Option<&'a str>,
+    /// Made ahead of time (the result says `warm`).
+    pub warm: bool,
+}
+
+/// Creates and starts a container whose agent waits for its one job. Its `/output` is a tmpfs
+/// the engine mounts with `max_total_output_bytes` as its size (writes past it fail with
+/// ENOSPC), read back by the agent as a tar stream before the container stops: the engine's
+/// archive API never sees a tmpfs, and the runner needs no right to mount anything.
+pub async fn start_agent(
+    client: &bollard::Docker,
+    live: &docker::LiveSet,
+    config: &Config,
+    spec: AgentContainer<'_>,
+) -> Result<Warm> {
+    let base = docker::host_config(spec.limits, spec.network);
+    let mut tmpfs = base.tmpfs.clone().unwrap_or_default();
+    tmpfs.insert(
+        "/input".into(),
+        format!(
+            "rw,nosuid,nodev,size={},mode=755",
+            spec.limits.max_input_bytes + (1 << 20)
+        ),
+    );
+    // The writable area: writes past max_total_output_bytes fail with ENOSPC.
+    tmpfs.insert(
+        "/output".into(),
+        format!(
+            "rw,nosuid,nodev,size={},mode=755,uid={},gid={}",
+            config.max_total_output_bytes, config.sandbox_uid, config.sandbox_gid
+        ),
+    );
+    let body = ContainerCreateBody {
+        image: Some(spec.image.to_owned()),
+        cmd: Some(vec![
+            "python3".into(),
+            "-I".into(),
+            "-S".into(),
+            "-c".into(),
+            AGENT.into(),
+        ]),
+        // The agent is root with only SETUID/SETGID/KILL: it drops to the sandbox user for
+        // the program (which then cannot signal or trace it) and can kill all it started.
+        user: Some("0:0".into()),
+        working_dir: Some("/tmp".into()),
+        labels: Some(spec.labels),
+        attach_stdin: Some(true),
+        attach_stdout: Some(true),
+        attach_stderr: Some(true),
+        open_stdin: Some(true),
+        stdin_once: Some(true),
+        tty: Some(false),
+        network_disabled: Some(spec.network.is_none()),
+        host_config: Some(HostConfig {
+            tmpfs: Some(tmpfs),
+            cap_add: Some(vec!["SETUID".into(), "SETGID".into(), "KILL".into()]),
+            ..base
+        }),
+        ..Default::default()
+    };
+    let name = spec.name;
+    let guard = docker::create(client, live, &name, body).await?;
+    let attach = AttachContainerOptionsBuilder::default()
+        .stdin(true)
+        .stdout(true)
+        .stderr(true)
+        .stream(true)
+        .logs(false)
+        .build();
+    let attached = client
+        .attach_container(&name, Some(attach))
+        .await
+        .map_err(Error::docker("attaching to an agent container"))?;
+    client
+        .start_container(&name, None)
+        .await
+        .map_err(Error::docker("starting an agent container"))?;
+    Ok(Warm {
+        guard,
+        input: attached.input,
+        output: attached.output,
+        uid: config.sandbox_uid,
+        gid: config.sandbox_gid,
+        warm: spec.warm,
+    })
 }
 
 impl Warm {
@@ -248,7 +288,7 @@ impl Warm {
                 let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
                 if len > MAX_FRAME {
                     return Err(Error::Sandbox(format!(
-                        "warm agent sent a {len}-byte frame"
+                        "the sandbox agent sent a {len}-byte frame"
                     )));
                 }
                 if buf.len() < 5 + len {
@@ -274,7 +314,7 @@ impl Warm {
                     }
                     other => {
                         return Err(Error::Sandbox(format!(
-                            "warm agent sent frame kind {other}"
+                            "the sandbox agent sent frame kind {other}"
                         )))
                     }
                 }
@@ -287,14 +327,14 @@ impl Warm {
         let Some(result) = result else {
             let log = String::from_utf8_lossy(agent_log.bytes()).into_owned();
             return Err(Error::Sandbox(if backstop_hit {
-                "the warm agent did not answer in time".into()
+                "the sandbox agent did not answer within the timeout, the grace and 10 s".into()
             } else {
-                format!("the warm agent ended without a result: {log}")
+                format!("the sandbox agent ended without a result: {log}")
             }));
         };
         let mut outputs = match collector.await {
             Ok(Ok(o)) => o,
-            Ok(Err(e)) => return Err(Error::io("reading /output from the warm agent")(e)),
+            Ok(Err(e)) => return Err(Error::io("reading /output from the sandbox agent")(e)),
             Err(e) => return Err(Error::Sandbox(format!("output collection panicked: {e}"))),
         };
         if let Some(list) = end
@@ -321,6 +361,10 @@ impl Warm {
             .unwrap_or(-1) as i32;
         let oom = result.get("oom").and_then(|v| v.as_bool()).unwrap_or(false);
         let writable_area_full = result.get("full").and_then(|v| v.as_bool()) == Some(true);
+        // The agent forwards each stream up to its cap and counts the rest.
+        let wrote = |key: &str| result.get(key).and_then(|v| v.as_u64()).unwrap_or(0);
+        stdout.wrote(wrote("stdout_bytes"));
+        stderr.wrote(wrote("stderr_bytes"));
         if writable_area_full {
             outputs = outputs.out_of_space();
         }
@@ -328,7 +372,7 @@ impl Warm {
             exit_code: if timed_out { -1 } else { exit_code },
             timed_out,
             oom_killed: !timed_out && oom && exit_code == 137,
-            warm: true,
+            warm: self.warm,
             started_at,
             duration_ms,
             stdout,
