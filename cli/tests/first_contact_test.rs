@@ -474,3 +474,119 @@ fn an_llm_url_refused_by_a_server_says_to_name_a_provider() {
     assert_error_style(&stderr);
     assert!(stderr.contains("--llm NAME"), "{stderr}");
 }
+
+/// The findings above hold against a served stack too (`cairn up`, `--addr`), not only with
+/// embedded services: the same exit codes, one error and one hint, a created project, the
+/// upload hint, no advice that cannot help, SIGPIPE, a follow that says it waits, and the
+/// replica in `runs show --json`.
+#[test]
+fn the_first_contact_findings_hold_against_cairn_up() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (_up, addr, _) = common::up(&data, &[]);
+    let client = || {
+        let mut c = cairn(&dir.path().join("unused"));
+        c.args(["--addr", &addr]);
+        c
+    };
+    // A missing input: exit 3, the upload hint, the project made (not "does not exist").
+    let out = client()
+        .args([
+            "sandbox",
+            "run",
+            "--code",
+            "print(1)",
+            "--input",
+            "docs/data.csv",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert_error_style(&stderr);
+    assert!(
+        stderr.contains("cairn store put data.csv docs/data.csv"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("does not exist"), "{stderr}");
+    // An output prefix that goes up: usage, and no advice that cannot help.
+    let out = client()
+        .args([
+            "sandbox",
+            "run",
+            "--code",
+            "print(1)",
+            "--output-prefix",
+            "../x",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_error_style(&stderr);
+    assert!(!stderr.contains("widen with --allowed-prefix"), "{stderr}");
+    // A document with a rejected block: partial, exit 4.
+    let doc = dir.path().join("doc.md");
+    std::fs::write(
+        &doc,
+        "```python file=src/a.py\nx\n```\n```python file=../b.py\ny\n```\n",
+    )
+    .unwrap();
+    let out = client().arg("ingest").arg(&doc).output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A reader that went away: ended by SIGPIPE, nothing printed.
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("cairn"))
+        .env_remove("CAIRN_ADDR")
+        .args(["--addr", &addr, "store", "ls", "-r"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.is_empty(), "{stderr}");
+    assert_eq!(out.status.signal(), Some(13), "ended by SIGPIPE");
+    // Following a run with no events says so at once.
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("cairn"))
+        .env_remove("CAIRN_ADDR")
+        .args(["--addr", &addr, "store", "events", "NOPE", "--follow"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let _killed = common::Killed(child);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr).lines() {
+            let _ = tx.send(line.unwrap_or_default());
+        }
+    });
+    let line = rx.recv_timeout(std::time::Duration::from_secs(30)).unwrap();
+    assert!(
+        line.contains("NOPE") && line.contains("no events yet"),
+        "{line}"
+    );
+    // A run's JSON names its replica.
+    let cassette = common::repo_root().join("examples/modes/single.yaml");
+    client()
+        .args(["run", "--mode", "single", "--prompt", "p", "--run-id", "w"])
+        .arg("--llm")
+        .arg(format!("replay:{}", cassette.display()))
+        .assert()
+        .success();
+    let out = client()
+        .args(["--json", "runs", "show", "w"])
+        .output()
+        .unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(doc.get("replica").is_some(), "{doc}");
+}
