@@ -180,7 +180,8 @@ fn the_console_is_a_client() {
                 "cairn-proto",
                 "cairn-server",
                 "cairn-telemetry",
-                "cairn-sha256"
+                "cairn-sha256",
+                "cairn-evidence"
             ]
             .contains(&d.as_str()),
             "cairn-console depends on {d}; it talks to the services over gRPC only"

@@ -219,10 +219,10 @@ impl Provider for Recorded {
     ) -> BoxFuture<'a, Result<AgentReply, AgentError>> {
         Box::pin(async move {
             let Some(live) = &self.live else {
-                return self.from_records(request, observer).await;
+                return self.answer_from_records(request, observer).await;
             };
             if !self.went_live.load(Ordering::SeqCst) {
-                match self.from_records(request, observer).await {
+                match self.answer_from_records(request, observer).await {
                     Err(AgentError::Record(r)) if r.left_records() => {
                         self.went_live.store(true, Ordering::SeqCst);
                         (live.on_live)(went_live(&r, self.attempt));
@@ -237,7 +237,7 @@ impl Provider for Recorded {
 
 impl Recorded {
     /// The recorded answer to `request`, or why there is none.
-    async fn from_records(
+    async fn answer_from_records(
         &self,
         request: &AgentRequest,
         observer: &dyn AttemptObserver,

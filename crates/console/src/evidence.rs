@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use cairn_node::evidence::{citations, parse, EvidenceEntry};
+use cairn_evidence::{citations, parse, EvidenceEntry};
 use maud::{html, Markup, Render};
 use serde_json::Value;
 

@@ -6,7 +6,7 @@
 //! from its checked id. A run's documents link what they cite as `evidence:<id>` (as text or
 //! as a link's target) to the entry of the run's evidence index (evidence.rs).
 
-use cairn_node::evidence::{citations, CITE_PREFIX};
+use cairn_evidence::{citations, CITE_PREFIX};
 use maud::{Markup, PreEscaped, Render};
 use percent_encoding::percent_decode_str;
 use pulldown_cmark::{CodeBlockKind, CowStr, Event, Options, Parser, Tag, TagEnd};
@@ -335,7 +335,7 @@ mod tests {
 
     #[test]
     fn citations_link_to_the_evidence_outside_code_and_links() {
-        let entry = cairn_node::evidence::EvidenceEntry {
+        let entry = cairn_evidence::EvidenceEntry {
             id: "E3".into(),
             kind: "file".into(),
             source: "docs/a.md".into(),
