@@ -17,7 +17,6 @@
 use std::collections::HashMap;
 
 use cairn_proto::v1::Event;
-use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::events as ev;
