@@ -306,16 +306,12 @@ fn embedded_services_log_to_a_file_not_the_terminal() {
     assert!(stderr.contains(" INFO "), "{stderr}");
 }
 
-#[test]
-fn following_a_run_without_events_says_so() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
+/// The first line `cairn ARGS` prints on stderr (within 30 s; the process is killed after).
+fn first_stderr_line(args: &[&std::ffi::OsStr]) -> String {
     let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("cairn"))
         .env_remove("CAIRN_ADDR")
         .env("RUST_LOG", "error")
-        .arg("--data-root")
-        .arg(&data)
-        .args(["store", "events", "NOPE", "--follow"])
+        .args(args)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -329,7 +325,21 @@ fn following_a_run_without_events_says_so() {
             let _ = tx.send(line.unwrap_or_default());
         }
     });
-    let line = rx.recv_timeout(std::time::Duration::from_secs(30)).unwrap();
+    rx.recv_timeout(std::time::Duration::from_secs(30)).unwrap()
+}
+
+#[test]
+fn following_a_run_without_events_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let line = first_stderr_line(&[
+        "--data-root".as_ref(),
+        data.as_os_str(),
+        "store".as_ref(),
+        "events".as_ref(),
+        "NOPE".as_ref(),
+        "--follow".as_ref(),
+    ]);
     assert!(
         line.contains("NOPE") && line.contains("no events yet"),
         "{line}"
@@ -554,23 +564,14 @@ fn the_first_contact_findings_hold_against_cairn_up() {
     assert!(stderr.is_empty(), "{stderr}");
     assert_eq!(out.status.signal(), Some(13), "ended by SIGPIPE");
     // Following a run with no events says so at once.
-    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("cairn"))
-        .env_remove("CAIRN_ADDR")
-        .args(["--addr", &addr, "store", "events", "NOPE", "--follow"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let _killed = common::Killed(child);
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        for line in std::io::BufReader::new(stderr).lines() {
-            let _ = tx.send(line.unwrap_or_default());
-        }
-    });
-    let line = rx.recv_timeout(std::time::Duration::from_secs(30)).unwrap();
+    let line = first_stderr_line(&[
+        "--addr".as_ref(),
+        addr.as_ref(),
+        "store".as_ref(),
+        "events".as_ref(),
+        "NOPE".as_ref(),
+        "--follow".as_ref(),
+    ]);
     assert!(
         line.contains("NOPE") && line.contains("no events yet"),
         "{line}"

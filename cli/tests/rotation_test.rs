@@ -113,36 +113,28 @@ fn serial_of(pem: &Path) -> String {
     v["serial"].as_str().unwrap().to_owned()
 }
 
-/// The serial number of the certificate the service at `addr` presents to a new connection
-/// (`cairn certs show --served`, as `cli` of `tls`); None when no connection is made.
-fn served_serial(tls: &Path, addr: &str) -> Option<String> {
+/// What `cairn certs show --served addr --json` says as `cli` of `tls`; None when no
+/// connection is made at all.
+fn served(tls: &Path, addr: &str) -> Option<serde_json::Value> {
     let out = cairn()
         .arg("--tls-dir")
         .arg(tls)
         .args(["--json", "certs", "show", "--served", addr])
         .output()
         .unwrap();
-    if !out.status.success() {
-        return None;
-    }
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    v["serial"].as_str().map(str::to_owned)
+    out.status
+        .success()
+        .then(|| serde_json::from_slice(&out.stdout).unwrap())
 }
 
-/// Whether the service at `addr` answers a call made as `cli` of `tls` (`cairn certs show
-/// --served`'s `accepted`); None when no connection is made at all.
+/// The serial number of the certificate the service at `addr` presents to a new connection.
+fn served_serial(tls: &Path, addr: &str) -> Option<String> {
+    served(tls, addr).and_then(|v| v["serial"].as_str().map(str::to_owned))
+}
+
+/// Whether the service at `addr` answers a call made with that certificate (`accepted`).
 fn accepted(tls: &Path, addr: &str) -> Option<bool> {
-    let out = cairn()
-        .arg("--tls-dir")
-        .arg(tls)
-        .args(["--json", "certs", "show", "--served", addr])
-        .output()
-        .unwrap();
-    if !out.status.success() {
-        return None;
-    }
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    v["accepted"].as_bool()
+    served(tls, addr).and_then(|v| v["accepted"].as_bool())
 }
 
 /// Replaces `path` by rename, as a deployment's tooling would.

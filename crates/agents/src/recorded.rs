@@ -242,71 +242,69 @@ impl Recorded {
         request: &AgentRequest,
         observer: &dyn AttemptObserver,
     ) -> Result<AgentReply, AgentError> {
-        {
-            let step = super::replay::step_of(request);
-            let Some(ex) = self.read(request.turn, step).await? else {
-                return Err(RecordError::Missing {
-                    path: format!(
-                        "{}/{}",
-                        self.dir,
-                        records::file_name(self.attempt, request.turn, step)
-                    ),
-                    node: request.node_id.clone(),
-                    attempt: self.attempt,
-                    turn: request.turn,
-                    step,
-                }
-                .into());
-            };
-            let mine = records::comparable(request);
-            if records::hash(&mine) != ex.request_sha256 {
-                return Err(RecordError::Diverged {
-                    node: request.node_id.clone(),
-                    attempt: self.attempt,
-                    turn: request.turn,
-                    step,
-                    diff: records::unified_diff(
-                        &records::pretty(&ex.request),
-                        &records::pretty(&mine),
-                        "recorded",
-                        "replay",
-                    ),
-                }
-                .into());
+        let step = super::replay::step_of(request);
+        let Some(ex) = self.read(request.turn, step).await? else {
+            return Err(RecordError::Missing {
+                path: format!(
+                    "{}/{}",
+                    self.dir,
+                    records::file_name(self.attempt, request.turn, step)
+                ),
+                node: request.node_id.clone(),
+                attempt: self.attempt,
+                turn: request.turn,
+                step,
             }
-            let run = request.run_id.as_str();
-            for a in ex.attempts {
-                let a = serde_json::to_value(a)
-                    .ok()
-                    .map(|v| records::replace_in(v, RUN_ID_MARK, run))
-                    .and_then(|v| serde_json::from_value(v).ok());
-                if let Some(a) = a {
-                    observer.attempt(&a);
-                }
+            .into());
+        };
+        let mine = records::comparable(request);
+        if records::hash(&mine) != ex.request_sha256 {
+            return Err(RecordError::Diverged {
+                node: request.node_id.clone(),
+                attempt: self.attempt,
+                turn: request.turn,
+                step,
+                diff: records::unified_diff(
+                    &records::pretty(&ex.request),
+                    &records::pretty(&mine),
+                    "recorded",
+                    "replay",
+                ),
             }
-            match (ex.reply, ex.error) {
-                (Some(reply), _) => {
-                    let v = serde_json::to_value(reply).unwrap_or_default();
-                    serde_json::from_value(records::replace_in(v, RUN_ID_MARK, run)).map_err(|e| {
-                        AgentError::Unavailable(format!(
-                            "replay record of node `{}`: {e}",
-                            request.node_id
-                        ))
-                    })
-                }
-                (None, Some(error)) => Err(AgentError::Replayed(error.replace(RUN_ID_MARK, run))),
-                (None, None) => Err(RecordError::Corrupt {
-                    path: format!(
-                        "{}/{}",
-                        self.dir,
-                        records::file_name(self.attempt, request.turn, step)
-                    ),
-                    line: 1,
-                    column: 1,
-                    message: "neither `reply` nor `error`".into(),
-                }
-                .into()),
+            .into());
+        }
+        let run = request.run_id.as_str();
+        for a in ex.attempts {
+            let a = serde_json::to_value(a)
+                .ok()
+                .map(|v| records::replace_in(v, RUN_ID_MARK, run))
+                .and_then(|v| serde_json::from_value(v).ok());
+            if let Some(a) = a {
+                observer.attempt(&a);
             }
+        }
+        match (ex.reply, ex.error) {
+            (Some(reply), _) => {
+                let v = serde_json::to_value(reply).unwrap_or_default();
+                serde_json::from_value(records::replace_in(v, RUN_ID_MARK, run)).map_err(|e| {
+                    AgentError::Unavailable(format!(
+                        "replay record of node `{}`: {e}",
+                        request.node_id
+                    ))
+                })
+            }
+            (None, Some(error)) => Err(AgentError::Replayed(error.replace(RUN_ID_MARK, run))),
+            (None, None) => Err(RecordError::Corrupt {
+                path: format!(
+                    "{}/{}",
+                    self.dir,
+                    records::file_name(self.attempt, request.turn, step)
+                ),
+                line: 1,
+                column: 1,
+                message: "neither `reply` nor `error`".into(),
+            }
+            .into()),
         }
     }
 }

@@ -372,19 +372,14 @@ async fn the_hello_example_replays_identically_with_recorded_sandbox_and_gate() 
         serde_saphyr::from_str(include_str!("../../../examples/hello/cassette.yaml")).unwrap();
     let answer = cassette["answers"][0]["content"].as_str().unwrap();
     let llm = RandomLlm::answering(answer).await;
-    let stack = match Stack::try_start(Options {
-        ingest: true,
-        sandbox: common::Sandbox::Required,
-        tweak: fast,
-        ..Default::default()
-    })
+    let Some(stack) = Stack::sandboxed(
+        "the_hello_example_replays_identically_with_recorded_sandbox_and_gate",
+        true,
+        fast,
+    )
     .await
-    {
-        Ok(s) => s,
-        Err(e) => {
-            println!("SKIP: the_hello_example_replays_identically_with_recorded_sandbox_and_gate: no sandbox backend can run here ({e})");
-            return;
-        }
+    else {
+        return;
     };
     let run = stack
         .submit_req(SubmitRunRequest {
@@ -554,6 +549,69 @@ async fn a_changed_graph_diverges_at_its_change_and_goes_on_live_only_after_it()
     stack.stop().await;
 }
 
+/// The provider a replay goes on live to is under SubmitRun's rules: an orchestrator that
+/// takes no URLs from clients refuses one given as a replay's `llm`, and starts nothing.
+#[tokio::test]
+async fn a_live_after_provider_url_is_refused_where_clients_may_not_name_urls() {
+    let stack = Stack::start(Options {
+        ingest: false,
+        tweak: |c: &mut Config| {
+            fast(c);
+            c.llm.allow_request_llm_urls = false;
+        },
+        ..Default::default()
+    })
+    .await;
+    // A recorded run that asked no model (nothing else may use a URL here).
+    let run = stack
+        .submit_req(SubmitRunRequest {
+            project_id: PROJECT.into(),
+            graph_yaml: "version: 1\nnodes:\n  - {id: w, type: write_file, path: \"docs/{{run_id}}/w.md\", content: \"w\"}\n".into(),
+            by: "tester".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .run_id;
+    stack.wait_final(&run, 30).await;
+    let llm = RandomLlm::start().await;
+    let e = stack
+        .client
+        .clone()
+        .replay_run(ReplayRunRequest {
+            project_id: PROJECT.into(),
+            run_id: run.clone(),
+            graph_yaml: GRAPH.into(),
+            vars: [("topic".to_owned(), "rain".to_owned())].into(),
+            live_after: true,
+            llm: llm.llm(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        cairn_proto::reason::of(&e).as_deref(),
+        Some("llm_url_not_allowed"),
+        "{e:?}"
+    );
+    assert_eq!(llm.calls.load(Ordering::SeqCst), 0);
+    // Nothing was started: the project holds the recorded run only.
+    let runs = stack
+        .client
+        .clone()
+        .list_runs(cairn_proto::v1::ListRunsRequest {
+            project_id: PROJECT.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .runs;
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    llm.stop().await;
+    stack.stop().await;
+}
+
 /// A graph whose sandbox step, agent and file writer; the step's code is `code`.
 fn step_graph(code: &str) -> String {
     format!(
@@ -585,19 +643,14 @@ nodes:
 #[tokio::test]
 async fn a_changed_sandbox_step_diverges_and_runs_live_only_after_it() {
     let llm = RandomLlm::start().await;
-    let stack = match Stack::try_start(Options {
-        ingest: false,
-        sandbox: common::Sandbox::Required,
-        tweak: fast,
-        ..Default::default()
-    })
+    let Some(stack) = Stack::sandboxed(
+        "a_changed_sandbox_step_diverges_and_runs_live_only_after_it",
+        false,
+        fast,
+    )
     .await
-    {
-        Ok(s) => s,
-        Err(e) => {
-            println!("SKIP: a_changed_sandbox_step_diverges_and_runs_live_only_after_it: no sandbox backend can run here ({e})");
-            return;
-        }
+    else {
+        return;
     };
     let run = stack
         .submit_req(SubmitRunRequest {

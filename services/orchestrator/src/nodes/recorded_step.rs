@@ -68,16 +68,11 @@ fn recorded_attempt(
 pub async fn diverges(
     ctx: &NodeCtx,
     source: &str,
+    events: &[pb::Event],
     ours: &str,
 ) -> Result<Option<String>, NodeError> {
     let store = ctx.store();
-    let events = store
-        .read_events(&ctx.project, source, 1)
-        .await
-        .map_err(|s| {
-            NodeError::from_status(&format!("reading the events of recorded run {source}"), &s)
-        })?;
-    let Some((seen, _)) = recorded_attempt(&events, &ctx.node_id, ctx.attempt) else {
+    let Some((seen, _)) = recorded_attempt(events, &ctx.node_id, ctx.attempt) else {
         // No finished attempt: `replay` says so.
         return Ok(None);
     };
@@ -106,16 +101,24 @@ pub async fn diverges(
     )))
 }
 
-/// Replays attempt `ctx.attempt` of this node from run `source`'s records.
-pub async fn replay(ctx: &NodeCtx, source: &str) -> Result<NodeSuccess, NodeError> {
-    let store = ctx.store();
-    let events = store
+/// The stored events of recorded run `source` (what `diverges` and `replay` read).
+pub async fn recorded_events(ctx: &NodeCtx, source: &str) -> Result<Vec<pb::Event>, NodeError> {
+    ctx.store()
         .read_events(&ctx.project, source, 1)
         .await
         .map_err(|s| {
             NodeError::from_status(&format!("reading the events of recorded run {source}"), &s)
-        })?;
-    let Some((seen, (end, end_data))) = recorded_attempt(&events, &ctx.node_id, ctx.attempt) else {
+        })
+}
+
+/// Replays attempt `ctx.attempt` of this node from run `source`'s records (`events`).
+pub async fn replay(
+    ctx: &NodeCtx,
+    source: &str,
+    events: &[pb::Event],
+) -> Result<NodeSuccess, NodeError> {
+    let store = ctx.store();
+    let Some((seen, (end, end_data))) = recorded_attempt(events, &ctx.node_id, ctx.attempt) else {
         return Err(NodeError::refused(format!(
             "replay record missing: recorded run {source} has no finished attempt {} of node `{}`; replay with live sandbox steps instead",
             ctx.attempt, ctx.node_id

@@ -53,20 +53,23 @@ pub fn check_output_prefix(output_prefix: &str, prefixes: &[String]) -> Result<(
     Ok(())
 }
 
-/// `haystack` with every `needle` replaced by `with` (bytes; `needle` not empty).
-fn replace_bytes(haystack: &[u8], needle: &[u8], with: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(haystack.len());
-    let mut i = 0;
-    while i < haystack.len() {
-        if haystack[i..].starts_with(needle) {
-            out.extend_from_slice(with);
-            i += needle.len();
-        } else {
-            out.push(haystack[i]);
-            i += 1;
-        }
+/// The sha256 of `content` with every `run_id` in it written as the run-id mark (hashed as
+/// it is, without a copy, when the id does not occur).
+fn marked_sha256(content: &[u8], run_id: &str) -> String {
+    use cairn_agents::records::RUN_ID_MARK;
+    let finder = memchr::memmem::Finder::new(run_id.as_bytes());
+    if run_id.is_empty() || finder.find(content).is_none() {
+        return cairn_sha256::sha256_hex(content);
     }
-    out
+    let mut marked = Vec::with_capacity(content.len());
+    let mut at = 0;
+    for i in finder.find_iter(content) {
+        marked.extend_from_slice(&content[at..i]);
+        marked.extend_from_slice(RUN_ID_MARK.as_bytes());
+        at = i + run_id.len();
+    }
+    marked.extend_from_slice(&content[at..]);
+    cairn_sha256::sha256_hex(&marked)
 }
 
 /// The request as a replay compares it (request.json, hashed into `request_sha256` of
@@ -78,14 +81,7 @@ fn request_json(req: &RunRequest, run_id: &str) -> String {
     let inputs: Vec<Value> = req
         .input_files
         .iter()
-        .map(|f| {
-            let content = if run_id.is_empty() {
-                f.content.to_vec()
-            } else {
-                replace_bytes(&f.content, run_id.as_bytes(), RUN_ID_MARK.as_bytes())
-            };
-            json!({"path": f.path, "sha256": cairn_sha256::sha256_hex(&content)})
-        })
+        .map(|f| json!({"path": f.path, "sha256": marked_sha256(&f.content, run_id)}))
         .collect();
     let v = json!({
         "language": req.language,
@@ -183,10 +179,11 @@ pub async fn run(ctx: &NodeCtx, spec: &SandboxRun) -> Result<NodeSuccess, NodeEr
     };
     let request = request_json(&req, &ctx.run_id);
     if let Some(r) = ctx.replay().filter(|r| !r.live_sandbox) {
-        match super::recorded_step::diverges(ctx, &r.source, &request).await? {
+        let events = super::recorded_step::recorded_events(ctx, &r.source).await?;
+        match super::recorded_step::diverges(ctx, &r.source, &events, &request).await? {
             None => {
                 put_request(ctx, &request).await?;
-                return super::recorded_step::replay(ctx, &r.source).await;
+                return super::recorded_step::replay(ctx, &r.source, &events).await;
             }
             Some(diff) if r.live_after.is_some() => {
                 ctx.progress.emit(cairn_node::went_live_event(

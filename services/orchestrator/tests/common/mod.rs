@@ -235,8 +235,13 @@ impl Stack {
     /// A stack with a sandbox runner (and no ingest) whose orchestrator `tweak` changes;
     /// None, with a SKIP line naming `test`, when no sandbox backend can run here.
     pub async fn with_sandbox(test: &str, tweak: fn(&mut Config)) -> Option<Stack> {
+        Stack::sandboxed(test, false, tweak).await
+    }
+
+    /// [`Stack::with_sandbox`], with the ingest service when `ingest`.
+    pub async fn sandboxed(test: &str, ingest: bool, tweak: fn(&mut Config)) -> Option<Stack> {
         match Stack::try_start(Options {
-            ingest: false,
+            ingest,
             sandbox: Sandbox::Required,
             tweak,
             ..Default::default()
