@@ -21,7 +21,7 @@ use cairn_proto::v1::orchestrator_client::OrchestratorClient;
 use cairn_proto::v1::sandbox_runner_client::SandboxRunnerClient;
 use cairn_proto::v1::{
     CloseSessionRequest, ExecRequest, GateDecisionRequest, GetRunRequest, NodeState,
-    OpenSessionRequest, RunInfo, RunRequest, SubmitRunRequest, TaskState,
+    OpenSessionRequest, ReadFileRequest, RunInfo, RunRequest, SubmitRunRequest, TaskState,
 };
 use cairn_server::{Tls, TlsConfig};
 
@@ -791,9 +791,12 @@ fn compose_stack_serves_the_cli_and_leaves_nothing_behind() {
         assert_eq!(files, vec![("result.txt", &b"ok"[..])]);
     }
 
-    // A session bind-mounts its task directory: the work_root is the same path on the host.
+    // A session's /workspace and /tmpfs are tmpfs mounts the engine makes (the runner may not
+    // mount), of the cap each: the 100 x 15 MB stop at ENOSPC there too, the result says so,
+    // the host holds none of it, and the runner's tools reach the files (it shares the host's
+    // pid namespace).
     let addr = stack.reach("sandbox-runner-1");
-    let exec = rt.block_on(async {
+    let session = rt.block_on(async {
         let mut c = runner_client(&addr, &tls).await;
         let s = c
             .open_session(OpenSessionRequest {
@@ -803,23 +806,69 @@ fn compose_stack_serves_the_cli_and_leaves_nothing_behind() {
             })
             .await?
             .into_inner();
-        let r = c
-            .exec(ExecRequest {
+        let execs = c.clone();
+        let exec = |command: String| {
+            let (mut c, session_id) = (execs.clone(), s.session_id.clone());
+            async move {
+                c.exec(ExecRequest {
+                    session_id,
+                    command,
+                    ..Default::default()
+                })
+                .await
+                .map(|r| r.into_inner())
+            }
+        };
+        let small = exec(
+            "echo written > /workspace/a.txt && cat /workspace/a.txt && id -u && stat -f -c %T /workspace"
+                .into(),
+        )
+        .await?;
+        let read = c
+            .read_file(ReadFileRequest {
                 session_id: s.session_id.clone(),
-                command: "echo written > /workspace/a.txt && cat /workspace/a.txt && id -u".into(),
+                path: "a.txt".into(),
                 ..Default::default()
             })
             .await?
             .into_inner();
+        let filled = exec(format!(
+            "cd /workspace && python3 - <<'EOF'\n{}EOF\n",
+            OUTPUT_FILLER.replace("/output/", "/workspace/")
+        ))
+        .await?;
+        let on_host = du(&work.join("sandbox"));
         c.close_session(CloseSessionRequest {
             session_id: s.session_id,
         })
         .await?;
-        Ok::<_, tonic::Status>(r)
+        Ok::<_, tonic::Status>((small, read, filled, on_host))
     });
-    let exec = exec.unwrap_or_else(|e| panic!("session: {e}\n{}", stack.logs()));
+    let (exec, read, filled, on_host) =
+        session.unwrap_or_else(|e| panic!("session: {e}\n{}", stack.logs()));
     assert_eq!(exec.exit_code, 0, "{exec:?}");
-    assert_eq!(String::from_utf8_lossy(&exec.stdout), "written\n10001\n");
+    assert_eq!(
+        String::from_utf8_lossy(&exec.stdout),
+        "written\n10001\ntmpfs\n"
+    );
+    assert_eq!(&read.content[..], b"written\n");
+    let said = String::from_utf8_lossy(&filled.stdout).into_owned();
+    assert!(
+        said.trim_end().ends_with("ENOSPC"),
+        "a session's 100 x 15 MB were not stopped by ENOSPC: {said:?} stderr {:?}",
+        String::from_utf8_lossy(&filled.stderr)
+    );
+    let written: u64 = said
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no written line: {said:?}"));
+    assert!(written <= 256 << 20, "{written} bytes written past the cap");
+    assert!(filled.writable_area_full, "{filled:?}");
+    assert!(
+        on_host < 16 << 20,
+        "the runners' directories on the host hold {on_host} bytes while a session is full"
+    );
 
     // `cairn sandbox run` needs the store and a runner, which compose puts at two addresses.
     if host.cli_has_service_addrs() {

@@ -31,6 +31,21 @@ pub enum BackendChoice {
     Gvisor,
 }
 
+/// Who makes a session's writable areas (/workspace and /tmpfs, bounded together or each by
+/// `max_total_output_bytes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum AreasChoice {
+    /// The runner when it may mount; else, on docker, the engine when the runner shares its
+    /// pid namespace; else plain directories, capped per file only (said at warn).
+    #[default]
+    Auto,
+    /// The runner mounts one tmpfs for both (plain directories when it may not).
+    Runner,
+    /// Docker only: the engine mounts each as a tmpfs of the session container.
+    Engine,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
@@ -143,6 +158,8 @@ pub struct SessionConfig {
     pub idle_timeout_ms: u64,
     /// Largest snapshot PauseSession makes and ResumeSession takes.
     pub max_snapshot_bytes: u64,
+    /// Who makes the session's writable areas.
+    pub areas: AreasChoice,
 }
 
 impl Default for SessionConfig {
@@ -157,6 +174,7 @@ impl Default for SessionConfig {
             git_timeout_ms: 120_000,
             idle_timeout_ms: 900_000,
             max_snapshot_bytes: 4 * 1024 * 1024 * 1024,
+            areas: AreasChoice::Auto,
         }
     }
 }
@@ -265,6 +283,13 @@ impl Config {
                 "gvisor_platform {:?} must be ptrace or kvm",
                 self.gvisor_platform
             )));
+        }
+        if self.session.areas == AreasChoice::Engine
+            && matches!(self.backend, BackendChoice::Local | BackendChoice::Gvisor)
+        {
+            return Err(Error::Config(
+                "[session] areas = \"engine\" needs the docker backend (the engine mounts the areas); use auto or runner".into(),
+            ));
         }
         if self.container_prefix.is_empty() && self.sweep_all_prefixed {
             return Err(Error::Config(

@@ -12,6 +12,7 @@ mod backend;
 mod capture;
 pub mod config;
 mod error;
+mod graft;
 mod job;
 mod limits;
 mod outputs;

@@ -13,6 +13,7 @@ use crate::admission::Admission;
 use crate::backend::{self, Backend, ExecSpec, Live, SessionSandbox};
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::graft::{self, AreaRoots, GraftError};
 use crate::job::{self, Job};
 use crate::limits::Limits;
 use crate::pack::{self, Format, PackReport};
@@ -214,12 +215,14 @@ impl Runner {
         let reservation = self
             .sessions
             .reserve(&session_id, self.config.max_sessions)?;
+        let task_dir = self.config.work_root.join("tasks").join(&session_id);
         let sandbox = SessionSandbox {
             name: format!(
                 "{}{}{}",
                 self.config.container_prefix, session_id, self.config.container_suffix
             ),
-            task_dir: self.config.work_root.join("tasks").join(&session_id),
+            areas: backend::area::SessionAreas::in_task_dir(&task_dir),
+            task_dir,
             session_id,
             network: req.network,
             image,
@@ -319,24 +322,31 @@ impl Runner {
         slot: tokio::sync::OwnedSemaphorePermit,
     ) -> Result<Session> {
         let cancel = reservation.token();
+        let engine = self.backend.engine_areas();
         // Not cut short (it is quick): a directory made after the teardown would stay.
         session::create_task_dir(
             &sandbox.task_dir,
             self.owner,
             self.config.max_total_output_bytes,
+            !engine,
         )
         .await?;
-        let ws = sandbox.task_dir.join("workspace");
+        let mut sandbox = sandbox.clone();
+        if engine {
+            // The engine makes the areas: the container first, then the files go in.
+            self.backend.open_session(&sandbox).await?;
+            sandbox.areas = self.backend.session_areas(&sandbox).await?;
+        }
+        let ws = sandbox.areas.workspace();
         let mut restore = None;
         let git_commit = match origin {
             Origin::Git(Some(g)) if !g.url.is_empty() => {
-                let timeout = Duration::from_millis(self.config.session.git_timeout_ms);
-                session::clone(&g.url, &g.r#ref, &ws, self.owner, timeout, cancel).await?
+                self.clone_into(&sandbox, &g, engine, cancel).await?
             }
             Origin::Git(_) => String::new(),
             Origin::Snapshot { header, payload } => {
                 restore = Some(
-                    self.unpack_snapshot(sandbox, payload, header.memory)
+                    self.unpack_snapshot(&sandbox, payload, header.memory)
                         .await?,
                 );
                 String::new()
@@ -352,17 +362,61 @@ impl Runner {
             Some(Restore {
                 checkpoint: Some(dir),
                 ..
-            }) => self.backend.restore_session(sandbox, dir).await?,
-            _ => self.backend.open_session(sandbox).await?,
+            }) => self.backend.restore_session(&sandbox, dir).await?,
+            _ if engine => {}
+            _ => self.backend.open_session(&sandbox).await?,
         }
         drop(restore);
         Ok(Session {
-            sandbox: sandbox.clone(),
+            sandbox,
             workspace,
             git_commit,
             _slot: slot,
             activity: std::sync::Mutex::new(session::Activity::new()),
         })
+    }
+
+    /// Clones `g` into the session's /workspace; returns the commit. Areas the engine made are
+    /// reached through the container's root, where git (which resolves its paths) would lead
+    /// back into the runner's own: there it clones beside the task directory, and the tree is
+    /// copied in by descriptor (graft.rs).
+    async fn clone_into(
+        &self,
+        sandbox: &SessionSandbox,
+        g: &pb::GitSource,
+        engine: bool,
+        cancel: &tokio_util::sync::CancellationToken,
+    ) -> Result<String> {
+        let timeout = Duration::from_millis(self.config.session.git_timeout_ms);
+        if !engine {
+            let ws = sandbox.areas.workspace();
+            return session::clone(&g.url, &g.r#ref, &ws, self.owner, timeout, cancel).await;
+        }
+        let staging = sandbox.task_dir.join("clone");
+        let commit =
+            session::clone(&g.url, &g.r#ref, &staging, self.owner, timeout, cancel).await?;
+        let (areas, owner, from) = (
+            sandbox.areas.dir().to_path_buf(),
+            self.owner,
+            staging.clone(),
+        );
+        let copied = blocking(move || {
+            let roots =
+                AreaRoots::open(&areas, owner).map_err(Error::io("opening the session's areas"))?;
+            graft::copy_tree(&from, "workspace", &roots).map_err(|e| match e {
+                GraftError::Io { source, .. } if source.raw_os_error() == Some(libc::ENOSPC) => {
+                    Error::ResourceExhausted {
+                        message: "the repository does not fit the session's /workspace (max_total_output_bytes): ask the operator to raise the cap".into(),
+                        reason: "no_space",
+                    }
+                }
+                GraftError::Io { context, source } => Error::Io { context, source },
+                GraftError::Refused(why) => Error::Sandbox(why),
+            })
+        })
+        .await;
+        backend::remove_dir(&staging).await;
+        copied.map(|()| commit)
     }
 
     /// The open session `id`, in use (not idle) while the returned guard lives.
@@ -488,7 +542,7 @@ impl Runner {
             stdout: out.stdout.into_bytes().into(),
             stderr: out.stderr.into_bytes().into(),
             duration_ms: out.duration_ms,
-            writable_area_full: backend::area::is_full(&s.sandbox.task_dir),
+            writable_area_full: s.sandbox.areas.is_full(),
         })
     }
 
@@ -526,6 +580,11 @@ impl Runner {
         let append = req.mode == pb::WriteMode::Append as i32;
         let owner = self.owner;
         let cap = self.config.max_total_output_bytes;
+        let together = if s.sandbox.areas.in_engine() {
+            "for /workspace and for /tmpfs each"
+        } else {
+            "for /workspace and /tmpfs together"
+        };
         let (written, size) =
             blocking(move || workspace::write(&s.workspace, &path, &req.content, append, owner))
                 .await
@@ -535,7 +594,7 @@ impl Runner {
                     {
                         Error::ResourceExhausted {
                             message: format!(
-                                "the session's writable area is full (max_total_output_bytes = {cap} for /workspace and /tmpfs together): remove files, or ask the operator to raise the cap"
+                                "the session's writable area is full (max_total_output_bytes = {cap} {together}): remove files, or ask the operator to raise the cap"
                             ),
                             reason: "no_space",
                         }

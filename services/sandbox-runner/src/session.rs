@@ -273,10 +273,15 @@ impl Sessions {
     }
 }
 
-/// Creates `<task_dir>/workspace` and `<task_dir>/tmpfs`, owned by the sandbox user, on one
-/// file system of `bytes` at `task_dir` when the runner is root (area.rs): both count against
-/// the session's cap.
-pub async fn create_task_dir(task_dir: &Path, owner: Option<(u32, u32)>, bytes: u64) -> Result<()> {
+/// Creates `task_dir` and, with `areas`, `<task_dir>/workspace` and `<task_dir>/tmpfs`, owned
+/// by the sandbox user, on one file system of `bytes` at `task_dir` when the runner is root
+/// (area.rs): both count against the session's cap. Without `areas` the engine makes them.
+pub async fn create_task_dir(
+    task_dir: &Path,
+    owner: Option<(u32, u32)>,
+    bytes: u64,
+    areas: bool,
+) -> Result<()> {
     let dir = task_dir.to_path_buf();
     tokio::task::spawn_blocking(move || -> std::io::Result<()> {
         use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -287,6 +292,9 @@ pub async fn create_task_dir(task_dir: &Path, owner: Option<(u32, u32)>, bytes: 
                 .create(parent)?;
         }
         std::fs::DirBuilder::new().mode(0o711).create(&dir)?;
+        if !areas {
+            return Ok(());
+        }
         if owner.is_some() {
             area::mount(&dir, bytes, (0, 0), 0o711)?;
             std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))?;

@@ -12,6 +12,7 @@ use cairn_proto as pb;
 use cairn_sha256::Sha256;
 
 use crate::error::{Error, Result};
+use crate::graft::{AreaRoots, GraftError};
 
 /// The snapshot layout this runner writes and reads.
 pub const FORMAT: u32 = 1;
@@ -177,10 +178,10 @@ impl Receiver {
     }
 }
 
-/// Unpacks a verified payload: `workspace/` and `tmpfs/` into `task_dir`, `checkpoint/` into
-/// `restore_dir`. Only files, directories and links, each resolved beneath its target (the
-/// tar crate refuses `..`, absolute names and writing through a link); anything else refused.
-pub fn unpack(payload: &Path, task_dir: &Path, restore_dir: &Path) -> Result<()> {
+/// Unpacks a verified payload: `workspace/` and `tmpfs/` into the session's `areas` (by
+/// descriptor, graft.rs), `checkpoint/` into `restore_dir`. Only files, directories and
+/// links, each made beneath its target without following a link; anything else refused.
+pub fn unpack(payload: &Path, areas: &AreaRoots, restore_dir: &Path) -> Result<()> {
     let file = std::fs::File::open(payload).map_err(Error::io("opening the snapshot"))?;
     let mut tar = tar::Archive::new(std::io::BufReader::new(file));
     tar.set_preserve_permissions(true);
@@ -190,6 +191,31 @@ pub fn unpack(payload: &Path, task_dir: &Path, restore_dir: &Path) -> Result<()>
     for entry in tar.entries().map_err(corrupt)? {
         let mut entry = entry.map_err(corrupt)?;
         let path = entry.path().map_err(corrupt)?.into_owned();
+        let top = match path.components().next() {
+            Some(std::path::Component::Normal(c)) => c.to_string_lossy().into_owned(),
+            _ => String::new(),
+        };
+        if areas.takes(&top).is_some() {
+            areas.place(&mut entry).map_err(|e| match e {
+                GraftError::Refused(why) => {
+                    Error::SnapshotCorrupt(format!("the snapshot cannot be unpacked: {why}"))
+                }
+                GraftError::Io { source, .. } if source.raw_os_error() == Some(libc::ENOSPC) => {
+                    Error::ResourceExhausted {
+                        message: "the snapshot's files do not fit the session's writable area (max_total_output_bytes): resume it on a runner with a larger cap".into(),
+                        reason: "no_space",
+                    }
+                }
+                GraftError::Io { context, source } => Error::Io { context, source },
+            })?;
+            continue;
+        }
+        if top != "checkpoint" {
+            return Err(Error::SnapshotCorrupt(format!(
+                "the snapshot holds {}, outside workspace/, tmpfs/ and checkpoint/",
+                path.display()
+            )));
+        }
         let kind = entry.header().entry_type();
         if !(kind.is_file() || kind.is_dir() || kind.is_symlink()) {
             return Err(Error::SnapshotCorrupt(format!(
@@ -197,17 +223,7 @@ pub fn unpack(payload: &Path, task_dir: &Path, restore_dir: &Path) -> Result<()>
                 path.display()
             )));
         }
-        let target = match path.components().next() {
-            Some(std::path::Component::Normal(c)) if c == "workspace" || c == "tmpfs" => task_dir,
-            Some(std::path::Component::Normal(c)) if c == "checkpoint" => restore_dir,
-            _ => {
-                return Err(Error::SnapshotCorrupt(format!(
-                    "the snapshot holds {}, outside workspace/, tmpfs/ and checkpoint/",
-                    path.display()
-                )))
-            }
-        };
-        let unpacked = entry.unpack_in(target).map_err(|e| {
+        let unpacked = entry.unpack_in(restore_dir).map_err(|e| {
             Error::SnapshotCorrupt(format!(
                 "unpacking {} from the snapshot: {e}",
                 path.display()

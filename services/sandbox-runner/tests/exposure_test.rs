@@ -251,15 +251,7 @@ async fn a_session_past_its_total_cap_gets_enospc_and_works_on() {
         assert!(bytes <= CAP, "{case:?}: {bytes} bytes written past the cap");
         assert!(e.writable_area_full, "{case:?}: the result says so");
         // The runner's own writes into the full workspace are refused with the reason.
-        let refused = r
-            .client
-            .clone()
-            .write_file(pb::WriteFileRequest {
-                session_id: s.clone(),
-                path: "more.bin".into(),
-                content: vec![0u8; 2 << 20].into(),
-                mode: 0,
-            })
+        let refused = write_file(&r, &s, "more.bin", vec![0u8; 2 << 20])
             .await
             .unwrap_err();
         assert_eq!(refused.code(), tonic::Code::ResourceExhausted, "{case:?}");
@@ -280,6 +272,205 @@ async fn a_session_past_its_total_cap_gets_enospc_and_works_on() {
         close_session(&r, &s).await;
         r.stop().await;
     }
+}
+
+/// A docker runner that may not mount (in a container without CAP_SYS_ADMIN) gets each
+/// session's /workspace and /tmpfs from the engine: a tmpfs of the cap each, reached by the
+/// runner's tools through the container, with none of the session's bytes on its own disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_docker_session_on_engine_areas_is_capped_and_leaves_the_runners_disk_alone() {
+    if !docker_only("exposure_engine_areas").await {
+        return;
+    }
+    let case = Case {
+        backend: cairn_sandbox_runner::BackendChoice::Docker,
+        pool: false,
+    };
+    let r = TestRunner::start_with(case, |c| {
+        c.max_total_output_bytes = CAP;
+        c.session.areas = cairn_sandbox_runner::config::AreasChoice::Engine;
+    })
+    .await;
+    // A clone lands in the engine's /workspace, given to the sandbox user.
+    let repo = tempfile::tempdir().unwrap();
+    let url = one_file_repo(repo.path());
+    let mut c = r.client.clone();
+    let cloned = c
+        .open_session(pb::OpenSessionRequest {
+            image: image(),
+            git: Some(pb::GitSource {
+                url,
+                r#ref: String::new(),
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(cloned.git_commit.len(), 40, "{cloned:?}");
+    let e = exec(
+        &r,
+        &cloned.session_id,
+        "cat README.md && stat -c %U README.md .git && test -f .git/HEAD && echo git",
+    )
+    .await;
+    assert_eq!(
+        text(&e.stdout),
+        "cloned\nsandbox\nsandbox\ngit\n",
+        "{}",
+        text(&e.stderr)
+    );
+    close_session(&r, &cloned.session_id).await;
+    let s = open_session(&r).await;
+    // The runner's tools and the session's code see the same files.
+    write_file(&r, &s, "in/a.txt", b"from the runner\n".to_vec())
+        .await
+        .unwrap();
+    let e = exec(
+        &r,
+        &s,
+        "cat in/a.txt && echo 'from the code' > out.txt && stat -c %U in/a.txt && stat -f -c %T /workspace /tmpfs",
+    )
+    .await;
+    assert_eq!(
+        text(&e.stdout),
+        "from the runner\nsandbox\ntmpfs\ntmpfs\n",
+        "{}",
+        text(&e.stderr)
+    );
+    let read = c
+        .read_file(pb::ReadFileRequest {
+            session_id: s.clone(),
+            path: "out.txt".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(&read.content[..], b"from the code\n");
+    // Past the cap: ENOSPC for the code, the result says so, the runner refuses its writes.
+    let code = writer("/workspace", 100, 1 << 20);
+    let e = exec(&r, &s, &format!("python3 - <<'EOF'\n{code}EOF\n")).await;
+    let (bytes, err) = written(&text(&e.stdout));
+    assert_eq!(err, "ENOSPC", "{}", text(&e.stderr));
+    assert!(bytes <= CAP, "{bytes} bytes written past the cap");
+    assert!(e.writable_area_full, "the result says so");
+    let refused = write_file(&r, &s, "more.bin", vec![0u8; 2 << 20])
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+    assert!(
+        refused.message().contains("/tmpfs each"),
+        "{}",
+        refused.message()
+    );
+    // /tmpfs (HOME) is bounded too.
+    let code = writer("/tmpfs", 100, 1 << 20);
+    let e = exec(&r, &s, &format!("python3 - <<'EOF'\n{code}EOF\n")).await;
+    assert_eq!(written(&text(&e.stdout)).1, "ENOSPC", "{}", text(&e.stderr));
+    // None of it is on the runner's disk.
+    let on_disk = disk_bytes(r.work_root.path());
+    assert!(
+        on_disk < 1 << 20,
+        "{on_disk} bytes of the session under the runner's work_root"
+    );
+    // A files-only snapshot carries the areas into a new session.
+    let e = exec(
+        &r,
+        &s,
+        "rm -f /workspace/f* /tmpfs/f* && echo kept > /tmpfs/home.txt",
+    )
+    .await;
+    assert_eq!(e.exit_code, 0, "{}", text(&e.stderr));
+    let stream = c
+        .pause_session(pb::PauseSessionRequest {
+            session_id: s.clone(),
+            files_only: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut file = Vec::new();
+    let saved = cairn_runner_client::snapshot::save(stream, &mut file)
+        .await
+        .unwrap();
+    assert!(!saved.header.memory);
+    close_session(&r, &s).await;
+    let mut reader = std::io::Cursor::new(file);
+    let header = cairn_runner_client::snapshot::read_header(&mut reader)
+        .await
+        .unwrap();
+    let resumed = c
+        .resume_session(cairn_runner_client::snapshot::parts(
+            header,
+            reader,
+            String::new(),
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .session_id;
+    let e = exec(
+        &r,
+        &resumed,
+        "cat in/a.txt out.txt /tmpfs/home.txt; stat -c %U out.txt",
+    )
+    .await;
+    assert_eq!(
+        text(&e.stdout),
+        "from the runner\nfrom the code\nkept\nsandbox\n",
+        "{}",
+        text(&e.stderr)
+    );
+    close_session(&r, &resumed).await;
+    r.stop().await;
+}
+
+/// A bare repository with one commit of README.md ("cloned"); its URL.
+fn one_file_repo(dir: &std::path::Path) -> String {
+    let git = |args: &[&str], cwd: &std::path::Path| {
+        let out = std::process::Command::new("git")
+            .args([
+                "-c",
+                "user.name=t",
+                "-c",
+                "user.email=t@t",
+                "-c",
+                "init.defaultBranch=main",
+            ])
+            .args(args)
+            .current_dir(cwd)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "git {args:?}: {out:?}");
+    };
+    let src = dir.join("src");
+    std::fs::create_dir(&src).unwrap();
+    git(&["init", "-q"], &src);
+    std::fs::write(src.join("README.md"), "cloned\n").unwrap();
+    git(&["add", "-A"], &src);
+    git(&["commit", "-qm", "one"], &src);
+    git(&["clone", "-q", "--bare", "src", "repo.git"], dir);
+    dir.join("repo.git").to_string_lossy().into_owned()
+}
+
+/// Bytes of regular files below `dir`.
+fn disk_bytes(dir: &std::path::Path) -> u64 {
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            match entry.metadata() {
+                Ok(m) if m.is_dir() => stack.push(entry.path()),
+                Ok(m) => total += m.len(),
+                Err(_) => {}
+            }
+        }
+    }
+    total
 }
 
 async fn open_session(r: &TestRunner) -> String {
@@ -309,6 +500,25 @@ async fn exec(r: &TestRunner, sid: &str, command: &str) -> pb::ExecResult {
         .await
         .unwrap()
         .into_inner()
+}
+
+/// WriteFile (overwrite) of `content` at `path` in session `sid`.
+async fn write_file(
+    r: &TestRunner,
+    sid: &str,
+    path: &str,
+    content: Vec<u8>,
+) -> Result<pb::WriteFileResponse, tonic::Status> {
+    r.client
+        .clone()
+        .write_file(pb::WriteFileRequest {
+            session_id: sid.into(),
+            path: path.into(),
+            content: content.into(),
+            mode: 0,
+        })
+        .await
+        .map(|r| r.into_inner())
 }
 
 async fn close_session(r: &TestRunner, sid: &str) {

@@ -6,8 +6,15 @@
 //! runner in a container usually lacks it); a runner without it keeps plain directories
 //! (bounded per file only) and says so once, at warn. Removing a task directory unmounts every
 //! area below it first (`unmount_below`).
+//!
+//! A docker session on a runner that may not mount gets its areas from the engine instead
+//! (`[session] areas`): /workspace and /tmpfs are tmpfs mounts of the session container, and
+//! the runner reaches them through that container's root in /proc ([`SessionAreas`]), which
+//! needs the runner in the engine's pid namespace (in a container: `pid: host`).
 
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Free space below which an area counts as full: a writer that met ENOSPC leaves less than
 /// a page or two.
@@ -27,7 +34,7 @@ pub fn available() -> bool {
             "the runner is not root".to_owned()
         };
         tracing::warn!(
-            "writable areas the runner mounts are not bounded: {why}; sessions' directories and the local and gvisor backends' /output are plain directories, capped per file only (docker runs' /output is bounded by the engine either way; run the runner as root with the right to mount, e.g. CAP_SYS_ADMIN, to cap the others' total at max_total_output_bytes)"
+            "writable areas the runner mounts are not bounded: {why}; the local and gvisor backends' /output and sessions' directories are plain directories, capped per file only (on docker, runs' /output is bounded by the engine either way, and sessions' areas are too when [session] areas picks the engine; run the runner as root with the right to mount, e.g. CAP_SYS_ADMIN, to cap the others' total at max_total_output_bytes)"
         );
         false
     })
@@ -95,6 +102,78 @@ pub fn is_full(dir: &Path) -> bool {
         Ok(st) => st.f_bavail.saturating_mul(st.f_frsize) < FULL_BELOW,
         Err(_) => false,
     }
+}
+
+/// Where a session's `workspace/` and `tmpfs/` are, as the runner reaches them: in its task
+/// directory, or (areas the engine mounted) below the session container's root, held open
+/// so that a pid reused after the container ends never leads elsewhere.
+#[derive(Clone, Debug)]
+pub struct SessionAreas {
+    dir: PathBuf,
+    root: Option<Arc<OwnedFd>>,
+}
+
+impl SessionAreas {
+    pub fn in_task_dir(task_dir: &Path) -> SessionAreas {
+        SessionAreas {
+            dir: task_dir.to_path_buf(),
+            root: None,
+        }
+    }
+
+    /// The root of the process `pid` (of this runner's pid namespace), held open; its
+    /// `/workspace` and `/tmpfs` are the areas. The caller checks that `pid` is still the
+    /// container's once this returns.
+    pub fn of_process_root(pid: i64) -> std::io::Result<SessionAreas> {
+        use rustix::fs::{Mode, OFlags};
+        if pid <= 0 {
+            return Err(std::io::Error::other(format!("no process {pid}")));
+        }
+        let fd = rustix::fs::open(
+            format!("/proc/{pid}/root"),
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        // Paths through this process's own descriptor: also valid for a git it starts
+        // (descriptors are close-on-exec, so /proc/self/fd would not be).
+        let dir = PathBuf::from(format!(
+            "/proc/{}/fd/{}",
+            std::process::id(),
+            fd.as_raw_fd()
+        ));
+        std::fs::metadata(dir.join("workspace"))?;
+        Ok(SessionAreas {
+            dir,
+            root: Some(Arc::new(fd)),
+        })
+    }
+
+    /// The directory holding `workspace/` and `tmpfs/`.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn workspace(&self) -> PathBuf {
+        self.dir.join("workspace")
+    }
+
+    /// Areas the engine mounted (not the runner's task directory)?
+    pub fn in_engine(&self) -> bool {
+        self.root.is_some()
+    }
+
+    /// Is either area full?
+    pub fn is_full(&self) -> bool {
+        is_full(&self.workspace()) || is_full(&self.dir.join("tmpfs"))
+    }
+}
+
+/// Is this process in the initial pid namespace, as a Docker engine on the host is (so a
+/// container's pid from the engine names the same process here)?
+pub fn in_host_pid_namespace() -> bool {
+    // The initial pid namespace has a fixed inode number (PROC_PID_INIT_INO).
+    const INIT_PID_NS: u64 = 0xEFFF_FFFC;
+    rustix::fs::stat("/proc/self/ns/pid").is_ok_and(|st| st.st_ino == INIT_PID_NS)
 }
 
 /// Is `dir` a mount point (an area the runner mounted)?

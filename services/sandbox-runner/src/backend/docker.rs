@@ -25,11 +25,12 @@ use cairn_proto::StdStream;
 use futures::{Stream, StreamExt};
 use tokio::time::sleep_until;
 
+use super::area::{self, SessionAreas};
 use super::docker_pool::{start_agent, AgentContainer, DockerSource, Warm};
 use super::{keep, ExecOutcome, ExecSpec, KillOnDrop, Live, SessionSandbox};
 use crate::admission::Queued;
 use crate::capture::Capture;
-use crate::config::Config;
+use crate::config::{AreasChoice, Config};
 use crate::error::{Error, Result};
 use crate::job::{Job, Outcome};
 use crate::limits::Limits;
@@ -54,6 +55,8 @@ pub struct DockerBackend {
     pool: Option<Arc<Pool<DockerSource>>>,
     /// The stdin leases of session containers (by name), held until the session is removed.
     leases: Mutex<HashMap<String, Lease>>,
+    /// Sessions' /workspace and /tmpfs are tmpfs mounts the engine makes (area.rs).
+    engine_areas: bool,
 }
 
 impl DockerBackend {
@@ -83,12 +86,24 @@ impl DockerBackend {
                 queued,
             ))
         });
+        let engine_areas = match config.session.areas {
+            AreasChoice::Engine => true,
+            AreasChoice::Runner => false,
+            AreasChoice::Auto => !area::available() && area::in_host_pid_namespace(),
+        };
+        if engine_areas {
+            tracing::info!(
+                bytes = config.max_total_output_bytes,
+                "sessions' /workspace and /tmpfs are tmpfs mounts the engine makes, each of max_total_output_bytes"
+            );
+        }
         Ok(DockerBackend {
             client,
             config,
             live,
             pool,
             leases: Mutex::default(),
+            engine_areas,
         })
     }
 
@@ -243,8 +258,51 @@ impl DockerBackend {
         .await
     }
 
-    /// Starts the long-lived container of a session: /workspace and /tmpfs bound
-    /// from the task directory; the main process only sleeps, commands come by exec.
+    pub fn engine_areas(&self) -> bool {
+        self.engine_areas
+    }
+
+    /// The session container's /workspace and /tmpfs as this runner reaches them (areas the
+    /// engine mounted): through the root of its main process, checked to still be its own
+    /// once held open.
+    pub async fn session_areas(&self, s: &SessionSandbox) -> Result<SessionAreas> {
+        let pid = self.running_pid(&s.name).await?;
+        let areas = SessionAreas::of_process_root(pid).map_err(|e| {
+            Error::Sandbox(format!(
+                "the runner cannot reach the files of session container {} (process {pid}): {e}. \
+                 With [session] areas = \"engine\" the runner must share the engine's pid namespace \
+                 (in a container: pid: host) and may read other processes' roots; otherwise set areas = \"runner\"",
+                s.name
+            ))
+        })?;
+        if self.running_pid(&s.name).await? != pid {
+            return Err(Error::Sandbox(format!(
+                "session container {} restarted while its files were being reached",
+                s.name
+            )));
+        }
+        Ok(areas)
+    }
+
+    async fn running_pid(&self, name: &str) -> Result<i64> {
+        let info = self
+            .client
+            .inspect_container(name, None)
+            .await
+            .map_err(Error::docker("inspecting the session container"))?;
+        match info.state.as_ref().and_then(|st| st.pid) {
+            Some(pid) if pid > 0 && info.state.as_ref().and_then(|st| st.running) == Some(true) => {
+                Ok(pid)
+            }
+            _ => Err(Error::Sandbox(format!(
+                "session container {name} is not running"
+            ))),
+        }
+    }
+
+    /// Starts the long-lived container of a session: /workspace and /tmpfs bound from the
+    /// task directory, or (engine areas) tmpfs mounts of `max_total_output_bytes` each; the
+    /// main process only sleeps, commands come by exec.
     pub async fn open_session(&self, s: &SessionSandbox) -> Result<()> {
         let mut labels = self.labels("session");
         labels.insert("cairn.session_id".into(), s.session_id.clone());
@@ -266,13 +324,7 @@ impl DockerBackend {
             stdin_once: Some(true),
             tty: Some(false),
             network_disabled: Some(!s.network),
-            host_config: Some(HostConfig {
-                binds: Some(vec![
-                    format!("{}:/workspace:rw", workspace.display()),
-                    format!("{}:/tmpfs:rw", tmpfs.display()),
-                ]),
-                ..self.host_config(&s.limits, s.network)
-            }),
+            host_config: Some(self.session_host_config(s, &workspace, &tmpfs)),
             ..Default::default()
         };
         let guard = self.create(&s.name, body).await?;
@@ -296,6 +348,41 @@ impl DockerBackend {
         // The session owns it from here; CloseSession (or shutdown) removes it.
         guard.keep();
         Ok(())
+    }
+
+    fn session_host_config(
+        &self,
+        s: &SessionSandbox,
+        workspace: &std::path::Path,
+        tmpfs: &std::path::Path,
+    ) -> HostConfig {
+        let base = self.host_config(&s.limits, s.network);
+        if !self.engine_areas {
+            return HostConfig {
+                binds: Some(vec![
+                    format!("{}:/workspace:rw", workspace.display()),
+                    format!("{}:/tmpfs:rw", tmpfs.display()),
+                ]),
+                ..base
+            };
+        }
+        let mut mounts = base.tmpfs.clone().unwrap_or_default();
+        for dir in ["/workspace", "/tmpfs"] {
+            // Owned by the sandbox user; exec allowed, as on the runner's own areas.
+            mounts.insert(
+                dir.to_string(),
+                format!(
+                    "rw,exec,nosuid,nodev,size={},mode=0755,uid={},gid={}",
+                    self.config.max_total_output_bytes,
+                    self.config.sandbox_uid,
+                    self.config.sandbox_gid
+                ),
+            );
+        }
+        HostConfig {
+            tmpfs: Some(mounts),
+            ..base
+        }
     }
 
     /// Runs `bash -lc COMMAND` in the session's container as the sandbox user.

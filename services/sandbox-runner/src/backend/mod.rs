@@ -57,8 +57,11 @@ pub struct SessionSandbox {
     pub session_id: String,
     /// `<prefix><session_id><suffix>`.
     pub name: String,
-    /// The task directory (`workspace/`, `tmpfs/` inside).
+    /// The task directory on this host (`workspace/`, `tmpfs/` inside unless the engine
+    /// makes them).
     pub task_dir: PathBuf,
+    /// Where `workspace/` and `tmpfs/` are, as the runner reaches them.
+    pub areas: area::SessionAreas,
     pub network: bool,
     /// The image (docker), allowed by the runner.
     pub image: String,
@@ -94,6 +97,11 @@ impl Backend {
                         }
                         Err(e) => e,
                     };
+                if config.session.areas == crate::config::AreasChoice::Engine {
+                    return Err(Error::Config(format!(
+                        "[session] areas = \"engine\" needs the docker backend, which is unavailable: {docker_error}"
+                    )));
+                }
                 match local::LocalBackend::new(config, queued) {
                     Ok(l) => {
                         tracing::info!(docker = %docker_error, "backend auto: picked local (bubblewrap); docker is unavailable");
@@ -174,6 +182,20 @@ impl Backend {
             Backend::Docker(d) => d.exec(s, spec).await,
             Backend::Local(l) => l.exec(s, spec).await,
             Backend::Gvisor(g) => g.exec(s, spec).await,
+        }
+    }
+
+    /// Does the engine make sessions' areas (docker, `[session] areas`)? Their container then
+    /// starts before any file goes in, and [`Backend::session_areas`] says where they are.
+    pub fn engine_areas(&self) -> bool {
+        matches!(self, Backend::Docker(d) if d.engine_areas())
+    }
+
+    /// The areas of a started session whose engine made them.
+    pub async fn session_areas(&self, s: &SessionSandbox) -> Result<area::SessionAreas> {
+        match self {
+            Backend::Docker(d) if d.engine_areas() => d.session_areas(s).await,
+            _ => Ok(s.areas.clone()),
         }
     }
 

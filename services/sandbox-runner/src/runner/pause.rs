@@ -8,7 +8,7 @@ use cairn_proto as pb;
 use super::{blocking, Runner};
 use crate::backend::SessionSandbox;
 use crate::error::{Error, Result};
-use crate::session;
+use crate::graft::AreaRoots;
 use crate::snapshot::{self, Made, Origin, Payload, Receiver, Restore};
 
 impl Runner {
@@ -36,7 +36,7 @@ impl Runner {
         };
         let checkpointed = std::time::Instant::now();
         let written = {
-            let (task_dir, out) = (s.sandbox.task_dir.clone(), payload.path.clone());
+            let (task_dir, out) = (s.sandbox.areas.dir().to_path_buf(), payload.path.clone());
             let dir = memory.then(|| scratch.dir.clone());
             blocking(move || snapshot::write(&task_dir, dir.as_deref(), &out)).await
         };
@@ -140,17 +140,18 @@ impl Runner {
             checkpoint: memory.then(|| dir.join("checkpoint")),
             dir,
         };
-        let (task_dir, dir, owner) = (sandbox.task_dir.clone(), restore.dir.clone(), self.owner);
+        let (areas, dir, owner) = (
+            sandbox.areas.dir().to_path_buf(),
+            restore.dir.clone(),
+            self.owner,
+        );
         blocking(move || {
             std::fs::create_dir(&dir).map_err(Error::io("creating the restore directory"))?;
-            snapshot::unpack(&payload.path, &task_dir, &dir)?;
+            // What is placed is given to the sandbox user as it is made.
+            let roots =
+                AreaRoots::open(&areas, owner).map_err(Error::io("opening the session's areas"))?;
+            snapshot::unpack(&payload.path, &roots, &dir)?;
             drop(payload);
-            if let Some((uid, gid)) = owner {
-                for sub in ["workspace", "tmpfs"] {
-                    session::chown_tree(&task_dir.join(sub), uid, gid)
-                        .map_err(Error::io("giving the restored files to the sandbox user"))?;
-                }
-            }
             if memory && !dir.join("checkpoint").join("checkpoint.img").is_file() {
                 return Err(Error::SnapshotCorrupt(
                     "the snapshot says it holds memory but has no checkpoint/checkpoint.img".into(),
