@@ -403,6 +403,16 @@ mod tests {
     }
 
     #[test]
+    fn provider_names_are_1_to_64_letters_digits_underscores_and_dashes() {
+        for name in ["a", "local-llm_2", "_", "-", &"x".repeat(64)] {
+            assert!(valid_name(name), "{name}");
+        }
+        for name in ["", "a b", "a.b", "a/b", "é", &"x".repeat(65)] {
+            assert!(!valid_name(name), "{name}");
+        }
+    }
+
+    #[test]
     fn a_replay_table_refuses_any_openai_key() {
         let replay = |base_url: &str, api_key_env: &str| ProviderConfig {
             kind: ProviderKind::Replay,
@@ -525,6 +535,18 @@ mod tests {
         );
         assert_eq!(providers.key_for("http://127.0.0.1:10/v1"), None);
         assert_eq!(providers.key_for("http://127.0.0.1:9/v2"), None);
+        // A provider of the same URL without a key (sorted first) does not hide the key.
+        let mut llm = providers.llm.clone();
+        llm.providers
+            .insert("a-keyless".into(), openai("http://127.0.0.1:9/v1", ""));
+        llm.providers
+            .insert("p".into(), openai("http://127.0.0.1:9/v1/", &env));
+        assert_eq!(
+            Providers::new(llm)
+                .key_for("http://127.0.0.1:9/v1")
+                .as_deref(),
+            Some("sk-unit")
+        );
         std::env::remove_var(&env);
     }
 }
