@@ -42,8 +42,9 @@ scopes=(
 # them `-C` (cargo: the test targets built) and `--cargo-test-arg` (a nextest filter). Any
 # other scope runs every test of its package. docs/testing.md says why each choice suffices.
 declare -A narrow=(
-    [store]="-C --lib -C --test=files_test -C --test=paths_test -C --test=crash_test"
-    [orchestrator-auth]="-C --lib -C --test=auth_test -C --test=jwt_test --cargo-test-arg=-E --cargo-test-arg=not(kind(lib))|test(/^auth::/)"
+    [store]="-F access\.rs|publication\.rs:.*Boot::|deferred\.rs|Publication>?::(finish|drop)|RunLogs::(defer_dir_sync|start_publication|append_fenced)|(replace|in)\scommit\b|write\.rs:.*(\bpublish\b|fence_ticket|publish_now) -E PendingDirs::lock -C --lib -C --test=files_test"
+    [store-client]="-F is_publication_unproven|Store::(put|unproven_of|append_events_fenced|write_again|forget_claim)\b|UnprovenGuard"
+    [orchestrator-auth]="-F auth/mod\.rs|JwtVerifier::(verify|caller)|algorithm_of|\bstrings\b|same_bytes|TokensFile::find|tokens\.rs:.*\bhash\b -C --lib -C --test=auth_test -C --test=jwt_test --cargo-test-arg=-E --cargo-test-arg=not(kind(lib))|test(/^auth::/)"
     [console-guard]="-C --lib -C --test=console_auth_test"
     [sandbox-isolation]="-F (Base::(minimal_root|check_reachable|probe|namespace_args|command)|close_inherited_fds_on_exec|rlimits) -C --lib -C --test=process_test --cargo-test-arg=-E --cargo-test-arg=test(/environ|secret|^backend::local::/)"
 )

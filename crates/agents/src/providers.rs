@@ -403,6 +403,119 @@ mod tests {
     }
 
     #[test]
+    fn provider_names_are_1_to_64_letters_digits_underscores_and_dashes() {
+        for name in ["a", "local-llm_2", "_", "-", &"x".repeat(64)] {
+            assert!(valid_name(name), "{name}");
+        }
+        for name in ["", "a b", "a.b", "a/b", "é", &"x".repeat(65)] {
+            assert!(!valid_name(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn a_replay_table_refuses_any_openai_key() {
+        let replay = |base_url: &str, api_key_env: &str| ProviderConfig {
+            kind: ProviderKind::Replay,
+            base_url: base_url.into(),
+            api_key_env: api_key_env.into(),
+            cassette: "docs/c.yaml".into(),
+            ..Default::default()
+        };
+        assert!(replay("", "").check("r", "").is_ok());
+        for (base_url, key) in [("http://h/v1", ""), ("", "K"), ("http://h/v1", "K")] {
+            let e = replay(base_url, key).check("r", "").unwrap_err();
+            assert!(e.contains("llm.providers.r.base_url"), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_config_check_refuses_a_default_llm_no_table_backs() {
+        let mut llm = LlmConfig::default();
+        assert!(check_default(&llm, "").is_ok());
+        assert!(check_default(&llm, "openai:http://h:1/v1#m").is_ok());
+        let e = check_default(&llm, "local").unwrap_err();
+        assert!(e.contains("[llm.providers.local]"), "{e}");
+        assert!(check_default(&llm, "replay:../c.yaml").is_err());
+        llm.providers
+            .insert("local".into(), openai("http://h/v1", ""));
+        assert!(check_default(&llm, "local").is_ok());
+    }
+
+    fn graph(yaml: &str) -> Graph {
+        Graph::from_yaml(yaml, "r1", &BTreeMap::new()).unwrap()
+    }
+
+    const PLAIN: &str = "version: 1\nnodes:\n  - id: a\n    type: agent_task\n    prompt: hi\n";
+
+    /// Named providers only: the store is never dialled.
+    fn store() -> Store {
+        Store::connect("127.0.0.1:1").unwrap()
+    }
+
+    fn refusal(e: AgentError) -> (&'static str, String) {
+        match e {
+            AgentError::Refused {
+                reason, message, ..
+            } => (reason, message),
+            e => panic!("not a refusal: {e}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_run_gets_the_request_s_then_the_graph_s_then_the_default_provider() {
+        let mut llm = LlmConfig::default();
+        llm.providers.insert("p".into(), openai("http://h/v1", ""));
+        let providers = Providers::with_default(llm, "openai:http://h:1/v1#m").unwrap();
+        let store = store();
+        let plain = graph(PLAIN);
+        let chose = |requested: &'static str, g: Graph| {
+            let (providers, store) = (&providers, &store);
+            async move { providers.choose(requested, &g, store, "p").await }
+        };
+        assert_eq!(chose("", plain.clone()).await.unwrap(), "provider:default");
+        assert_eq!(chose("p", plain.clone()).await.unwrap(), "provider:p");
+        let with_llm = graph(&format!("llm: provider:p\n{PLAIN}"));
+        assert_eq!(chose("", with_llm.clone()).await.unwrap(), "provider:p");
+        assert_eq!(
+            chose("default", with_llm).await.unwrap(),
+            "provider:default"
+        );
+
+        // Whatever is chosen is checked now, and so is every node's own setting.
+        let (reason, message) = refusal(chose("nope", plain).await.unwrap_err());
+        assert_eq!(reason, REASON_UNKNOWN_PROVIDER);
+        assert!(
+            message.contains("no provider `nope` (configured: default, p)"),
+            "{message}"
+        );
+        let task = graph(&format!("{PLAIN}    llm: provider:nope\n"));
+        let (reason, _) = refusal(chose("", task).await.unwrap_err());
+        assert_eq!(reason, REASON_UNKNOWN_PROVIDER);
+        let delivery = graph(concat!(
+            "version: 1\nnodes:\n  - id: d\n    type: code_delivery\n    prompt: hi\n",
+            "    source_type: empty\n    target: {type: directory, path: out}\n",
+            "    llm: provider:nope\n",
+        ));
+        let (reason, _) = refusal(chose("", delivery).await.unwrap_err());
+        assert_eq!(reason, REASON_UNKNOWN_PROVIDER);
+    }
+
+    #[tokio::test]
+    async fn a_url_from_a_request_is_refused_unless_allowed() {
+        let store = store();
+        let spec = "openai:http://127.0.0.1:9/v1#m";
+        let off = Providers::new(LlmConfig::default());
+        let (reason, message) = refusal(off.get(spec, &store, "p").await.err().unwrap());
+        assert_eq!(reason, REASON_URL_NOT_ALLOWED);
+        assert!(message.contains("(configured: none)"), "{message}");
+        let on = Providers::new(LlmConfig {
+            allow_request_llm_urls: true,
+            ..LlmConfig::default()
+        });
+        assert!(on.get(spec, &store, "p").await.is_ok());
+    }
+
+    #[test]
     fn keys_go_only_to_their_base_url() {
         let env = format!("CAIRN_UNIT_KEY_{}", std::process::id());
         std::env::set_var(&env, "sk-unit");
@@ -422,6 +535,18 @@ mod tests {
         );
         assert_eq!(providers.key_for("http://127.0.0.1:10/v1"), None);
         assert_eq!(providers.key_for("http://127.0.0.1:9/v2"), None);
+        // A provider of the same URL without a key (sorted first) does not hide the key.
+        let mut llm = providers.llm.clone();
+        llm.providers
+            .insert("a-keyless".into(), openai("http://127.0.0.1:9/v1", ""));
+        llm.providers
+            .insert("p".into(), openai("http://127.0.0.1:9/v1/", &env));
+        assert_eq!(
+            Providers::new(llm)
+                .key_for("http://127.0.0.1:9/v1")
+                .as_deref(),
+            Some("sk-unit")
+        );
         std::env::remove_var(&env);
     }
 }

@@ -1002,6 +1002,55 @@ async fn providers_build_openai_from_the_llm_setting_with_the_key_configured_for
 }
 
 #[tokio::test]
+async fn a_named_provider_sends_its_own_key_and_follows_no_redirect() {
+    let env = format!("CAIRN_TEST_NAMED_KEY_{}", std::process::id());
+    std::env::set_var(&env, KEY);
+    let fake = fake(vec![ok(completion(json!("named")))], None).await;
+    // A provider that answers with a redirect elsewhere: the request (and its key) must not
+    // follow it.
+    let elsewhere = self::fake(vec![], Some(ok(completion(json!("followed"))))).await;
+    let redirect = Answer::Json {
+        status: 307,
+        body: json!({}),
+        headers: vec![(
+            "location",
+            format!("{}/chat/completions", elsewhere.base_url),
+        )],
+    };
+    let redirecting = self::fake(vec![], Some(redirect)).await;
+    let table = |base_url: &str| cairn_agents::ProviderConfig {
+        base_url: base_url.to_owned(),
+        model: "m".into(),
+        api_key_env: env.clone(),
+        ..Default::default()
+    };
+    let providers = Providers::new(LlmConfig {
+        providers: [
+            ("fake".to_owned(), table(&fake.base_url)),
+            ("redirecting".to_owned(), table(&redirecting.base_url)),
+        ]
+        .into(),
+        ..config()
+    });
+    let store = cairn_store_client::Store::connect("127.0.0.1:1").unwrap();
+    let named = providers.get("fake", &store, "p").await.unwrap();
+    assert_eq!(named.complete(&hello()).await.unwrap().content, "named");
+    assert_eq!(
+        fake.requests()[0].authorization.as_deref(),
+        Some(format!("Bearer {KEY}").as_str())
+    );
+    let redirected = providers.get("redirecting", &store, "p").await.unwrap();
+    assert!(redirected.complete(&hello()).await.is_err());
+    assert!(!redirecting.requests().is_empty());
+    assert!(
+        elsewhere.requests().is_empty(),
+        "a redirect was followed: {:?}",
+        elsewhere.requests()
+    );
+    std::env::remove_var(&env);
+}
+
+#[tokio::test]
 async fn dropping_the_request_aborts_it() {
     let fake = fake(vec![], Some(Answer::Hang)).await;
     let p = provider(&fake, &config());

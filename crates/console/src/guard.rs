@@ -159,6 +159,33 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_post_s_origin_must_be_the_host_it_was_sent_to_or_a_public_host() {
+        let hosts = AllowedHosts::new(None, &["ops.example.com:8443".into()]).unwrap();
+        let ok = |origin: Option<&str>, host: &str| {
+            let mut headers = HeaderMap::new();
+            if let Some(o) = origin {
+                headers.insert(header::ORIGIN, o.parse().unwrap());
+            }
+            origin_ok(&hosts, &headers, host)
+        };
+        assert!(ok(Some("http://127.0.0.1:7480"), "127.0.0.1:7480"));
+        assert!(ok(Some("https://LOCALHOST:7480"), "localhost:7480"));
+        // Behind a proxy that rewrites Host: the configured public name.
+        assert!(ok(Some("https://ops.example.com:8443"), "127.0.0.1:7480"));
+        for (origin, host) in [
+            (None, "127.0.0.1:7480"),
+            (Some("null"), "127.0.0.1:7480"),
+            (Some("http://127.0.0.1:7481"), "127.0.0.1:7480"),
+            (Some("http://evil.example"), "127.0.0.1:7480"),
+            (Some("127.0.0.1:7480"), "127.0.0.1:7480"),
+            (Some("http://127.0.0.1:7480/x"), "127.0.0.1:7480"),
+            (Some("https://ops.example.com"), "127.0.0.1:7480"),
+        ] {
+            assert!(!ok(origin, host), "{origin:?} to {host}");
+        }
+    }
+
+    #[test]
     fn host_names_parse() {
         assert_eq!(
             HostName::parse("LocalHost:7480").unwrap(),

@@ -710,6 +710,20 @@ mod tests {
     }
 
     #[test]
+    fn only_a_failed_precondition_with_its_reason_word_is_publication_unproven() {
+        use cairn_proto::reason::status;
+        let unproven = status(Code::FailedPrecondition, "m", PUBLICATION_UNPROVEN);
+        assert!(is_publication_unproven(&unproven));
+        for other in [
+            status(Code::FailedPrecondition, "m", "fenced"),
+            status(Code::InvalidArgument, "m", PUBLICATION_UNPROVEN),
+            Status::failed_precondition("m"),
+        ] {
+            assert!(!is_publication_unproven(&other), "{other:?}");
+        }
+    }
+
+    #[test]
     fn tokens_presented_by_a_committed_batch_are_dropped_and_only_those() {
         let map = std::sync::Mutex::new(UnprovenPuts::new());
         guard(&map, "r1").push(unproven("t1", "a.md"));

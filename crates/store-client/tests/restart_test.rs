@@ -285,3 +285,96 @@ async fn without_a_restart_the_tokens_are_presented_once_and_commit() {
     );
     store.stop().await;
 }
+
+/// A deferred Put of run r1 on a fresh store and client; the store, the client, what the
+/// store received, and the Put's token.
+async fn one_deferred_put(tmp: &std::path::Path) -> (Served, Store, Seen, String) {
+    let addr = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let seen = Seen::default();
+    let store = serve(&addr, tmp, &seen).await;
+    let client = Store::connect(&addr).unwrap();
+    let deferred = PutOptions {
+        run_id: "r1".into(),
+        with_run_events: true,
+        ..PutOptions::default()
+    };
+    let token = client
+        .put("p", "a.md", Bytes::from_static(b"x"), &deferred)
+        .await
+        .unwrap()
+        .publication_token;
+    assert!(!token.is_empty());
+    (store, client, seen, token)
+}
+
+fn presented(seen: &Seen) -> Vec<Vec<String>> {
+    seen.lock()
+        .unwrap()
+        .iter()
+        .map(|r| r.publication_tokens.clone())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_refused_for_another_reason_keeps_its_tokens_and_rewrites_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (store, client, seen, token) = one_deferred_put(tmp.path()).await;
+    let bad = EventInput {
+        r#type: "x".to_owned(),
+        data_json: "[1]".to_owned(),
+        ..Default::default()
+    };
+    let err = client
+        .append_events("p", "r1", vec![bad])
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(!is_publication_unproven(&err));
+    // Nothing committed, so the same token (not a rewrite's new one) goes with the next batch.
+    client
+        .append_events("p", "r1", vec![event("x")])
+        .await
+        .unwrap();
+    assert_eq!(presented(&seen), [[token.clone()], [token]]);
+    store.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_driver_that_forgets_its_claim_drops_its_runs_tokens_and_an_older_epoch_does_not() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (store, client, seen, token) = one_deferred_put(tmp.path()).await;
+    assert_eq!(client.ingest_claim("p", "r1").await.unwrap(), None);
+    let (epoch, _) = client.claim_run("p", "r1").await.unwrap();
+    // The store grants an ingest claim for the run this process now drives.
+    let claim = client.ingest_claim("p", "r1").await.unwrap();
+    assert!(claim.is_some_and(|c| !c.is_empty()));
+    // Not the claim this process holds: nothing is forgotten.
+    client.forget_claim("p", "r1", epoch + 1);
+    assert!(client.run_fence("p", "r1").is_some());
+    client
+        .append_events_fenced("p", "r1", vec![event("x")], epoch)
+        .await
+        .unwrap();
+    let deferred = PutOptions {
+        run_id: "r1".into(),
+        with_run_events: true,
+        ..PutOptions::default()
+    };
+    client
+        .put("p", "b.md", Bytes::from_static(b"y"), &deferred)
+        .await
+        .unwrap();
+    // The driver ended: its claim and the Puts no event of it named are forgotten.
+    client.forget_claim("p", "r1", epoch);
+    assert!(client.run_fence("p", "r1").is_none());
+    assert_eq!(client.ingest_claim("p", "r1").await.unwrap(), None);
+    client
+        .append_events("p", "r1", vec![event("y")])
+        .await
+        .unwrap();
+    assert_eq!(presented(&seen), [vec![token], vec![]]);
+    store.stop().await;
+}

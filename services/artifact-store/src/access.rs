@@ -246,6 +246,31 @@ mod tests {
     }
 
     #[test]
+    fn a_write_under_a_claim_lands_only_under_its_prefixes_whoever_sends_it() {
+        let key = crate::claim::ClaimKey::ephemeral();
+        let text = key.issue(
+            "p",
+            "r1",
+            3,
+            vec!["workspace/".into(), ".cairn/runs/r1/ingest/".into()],
+            u64::MAX,
+        );
+        let Ok(claim) = key.verify(&text, 0) else {
+            panic!("a claim this key issued is refused")
+        };
+        for who in ["ingest", "orchestrator"] {
+            let c = caller(who);
+            assert!(check_claim(&c, "Put", "workspace/a.py", Some(&claim)).is_ok());
+            assert!(check_claim(&c, "Put", ".cairn/runs/r1/ingest/n.json", Some(&claim)).is_ok());
+            let refused = check_claim(&c, "Put", "docs/a.md", Some(&claim)).err();
+            assert_eq!(refused.map(|e| e.reason()), Some("identity"), "{who}");
+            assert!(check_claim(&c, "Put", ".cairn/runs/r2/ingest/n.json", Some(&claim)).is_err());
+        }
+        // Without a claim the other rules decide.
+        assert!(check_claim(&caller("ingest"), "Put", "docs/a.md", None).is_ok());
+    }
+
+    #[test]
     fn ingest_appends_only_its_own_event_types() {
         let ingest = caller("ingest");
         assert!(check_event_types(&ingest, "r", ["ingest.started", "ingest.completed"]).is_ok());

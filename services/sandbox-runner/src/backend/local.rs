@@ -1026,3 +1026,144 @@ pub(super) fn find_program(name: &str) -> Option<PathBuf> {
         .map(|d| d.join(name))
         .find(|c| c.is_file())
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn base(work_root: &Path, sandbox_uid: u32, bwrap: &str) -> Base {
+        Base {
+            config: Arc::new(Config {
+                work_root: work_root.to_owned(),
+                sandbox_uid,
+                ..Config::default()
+            }),
+            bwrap: bwrap.into(),
+            root_args: Vec::new(),
+            as_root: false,
+            cgroups: None,
+        }
+    }
+
+    fn args(cmd: &Command) -> Vec<String> {
+        cmd.as_std()
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn every_namespace_is_new_and_the_network_only_when_asked() {
+        let b = base(Path::new("/nonexistent"), 65534, "bwrap");
+        let isolated = b.namespace_args(false);
+        for flag in [
+            "--unshare-user",
+            "--unshare-pid",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--unshare-cgroup-try",
+            "--unshare-net",
+            "--disable-userns",
+            "--die-with-parent",
+            "--new-session",
+        ] {
+            assert!(isolated.iter().any(|a| a == flag), "{flag} missing");
+        }
+        let networked = b.namespace_args(true);
+        assert!(!networked.iter().any(|a| a == "--unshare-net"));
+        assert_eq!(networked.len() + 1, isolated.len());
+    }
+
+    #[test]
+    fn name_servers_are_shown_only_to_a_sandbox_with_the_network() {
+        let b = base(Path::new("/nonexistent"), 65534, "bwrap");
+        let frame = |network| Frame {
+            binds: Vec::new(),
+            network,
+            memory_bytes: 1 << 20,
+            chdir: "/",
+            env: &[],
+        };
+        let resolv = |cmd: &Command| args(cmd).iter().any(|a| a == "/etc/resolv.conf");
+        assert!(!resolv(&b.command(&frame(false))));
+        if Path::new("/etc/resolv.conf").exists() {
+            assert!(resolv(&b.command(&frame(true))));
+        }
+    }
+
+    #[test]
+    fn rlimits_bound_processes_memory_output_cpu_and_core_files() {
+        let limits = Limits {
+            pids: 7,
+            memory_bytes: 1 << 20,
+            max_output_bytes: 1000,
+            ..Limits::DEFAULTS
+        };
+        assert_eq!(
+            rlimits(&limits, Duration::from_millis(5_500)),
+            [
+                ("nproc", 7),
+                ("as", 1 << 20),
+                ("fsize", 1001),
+                ("cpu", 6),
+                ("core", 0)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_work_root_the_sandbox_user_cannot_traverse_to_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+        let locked = tmp.path().join("locked");
+        std::fs::create_dir(&locked).unwrap();
+        std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let root = locked.join("work");
+        let me = rustix::process::geteuid().as_raw();
+        let other = if me == 65534 { 65533 } else { 65534 };
+        let e = base(&root, other, "bwrap").check_reachable().unwrap_err();
+        assert!(
+            matches!(&e, Error::NoIsolation(m) if m.contains(&locked.display().to_string())),
+            "{e:?}"
+        );
+        // The owner passes its own directory; anyone passes one others may traverse.
+        base(&root, me, "bwrap").check_reachable().unwrap();
+        std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o701)).unwrap();
+        base(&root, other, "bwrap").check_reachable().unwrap();
+        let mode = std::fs::metadata(&root).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o711);
+    }
+
+    #[test]
+    fn a_host_where_bubblewrap_fails_is_refused_at_start() {
+        let tmp = tempfile::tempdir().unwrap();
+        let e = base(tmp.path(), 65534, "/bin/false").probe().unwrap_err();
+        assert!(matches!(e, Error::NoIsolation(_)), "{e:?}");
+    }
+
+    #[tokio::test]
+    async fn a_descriptor_left_open_on_exec_does_not_reach_the_program() {
+        let file = std::fs::File::open("/dev/null").unwrap();
+        // A high number, so the program's own descriptors cannot take it.
+        let leaked = rustix::io::fcntl_dupfd_cloexec(&file, 200).unwrap();
+        rustix::io::fcntl_setfd(&leaked, rustix::io::FdFlags::empty()).unwrap();
+        let n = std::os::fd::AsRawFd::as_raw_fd(&leaked).to_string();
+        let listing = |close: bool| {
+            let mut cmd = Command::new("/bin/ls");
+            cmd.arg("/proc/self/fd");
+            if close {
+                close_inherited_fds_on_exec(&mut cmd);
+            }
+            async move {
+                let out = cmd.output().await.unwrap();
+                assert!(out.status.success());
+                String::from_utf8(out.stdout).unwrap()
+            }
+        };
+        // The descriptor is inheritable, so without the call the program would see it.
+        assert!(listing(false).await.lines().any(|l| l == n));
+        assert!(!listing(true).await.lines().any(|l| l == n));
+    }
+}
