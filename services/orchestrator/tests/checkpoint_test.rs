@@ -102,6 +102,8 @@ async fn chat(State(fake): State<FakeLlm>, body: Bytes) -> Response {
 
 // ---------------------------------------------------------------- two runners and a stack
 
+static NEXT_RUNNER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// One served sandbox runner.
 struct Runner {
     addr: String,
@@ -115,7 +117,13 @@ impl Runner {
         let dir = tempfile::tempdir().unwrap();
         let config = cairn_sandbox_runner::Config {
             work_root: dir.path().join("work"),
-            runner_id: format!("ckpt{name}{}", std::process::id()),
+            // Unique among the runners of this process: a runner's shutdown and start-up
+            // sweep remove what its id started.
+            runner_id: format!(
+                "ckpt{name}{}x{}",
+                std::process::id(),
+                NEXT_RUNNER.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            ),
             backend: if docker_required() {
                 cairn_sandbox_runner::BackendChoice::Docker
             } else {
