@@ -26,11 +26,14 @@ use tokio::sync::{oneshot, Notify};
 
 // ---------------------------------------------------------------- fake LLM
 
+/// The tool calls of one answer: (tool, arguments).
+type Turn = Vec<(&'static str, Value)>;
+
 /// Scripted tool calls, one list per request; request `hold` (1-based) is answered only once
 /// the test calls `release`.
 #[derive(Clone)]
 struct FakeLlm {
-    answers: Arc<Mutex<VecDeque<Vec<(&'static str, Value)>>>>,
+    answers: Arc<Mutex<VecDeque<Turn>>>,
     seen: Arc<Mutex<Vec<Value>>>,
     hold: usize,
     gate: Arc<Notify>,
@@ -38,7 +41,7 @@ struct FakeLlm {
 }
 
 impl FakeLlm {
-    async fn start(answers: Vec<Vec<(&'static str, Value)>>, hold: usize) -> FakeLlm {
+    async fn start(answers: Vec<Turn>, hold: usize) -> FakeLlm {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
         let fake = FakeLlm {

@@ -121,22 +121,18 @@ impl Task<'_> {
         let Err(s) = self.checkpoint(step).await else {
             return Ok(());
         };
-        match self.session()?.lost(&s) {
-            true => {
-                let e = NodeError::from_status("checkpointing the sandbox session", &s);
-                self.fail_over(e, s).await
-            }
-            false => {
-                self.ctx.progress.emit(
-                    Ev::new(SESSION_CHECKPOINT_FAILED, self.node())
-                        .level(Level::Warning)
-                        .with("session_id", self.session()?.id())
-                        .with("step", step)
-                        .with("error", s.message()),
-                );
-                Ok(())
-            }
+        if self.session()?.lost(&s) {
+            let e = NodeError::from_status("checkpointing the sandbox session", &s);
+            return self.fail_over(e, s).await;
         }
+        self.ctx.progress.emit(
+            Ev::new(SESSION_CHECKPOINT_FAILED, self.node())
+                .level(Level::Warning)
+                .with("session_id", self.session()?.id())
+                .with("step", step)
+                .with("error", s.message()),
+        );
+        Ok(())
     }
 
     /// Takes and stores one checkpoint.
