@@ -465,3 +465,80 @@ async fn checkpoints_keep_the_session_open_and_off_means_none() {
         r.kill().await;
     }
 }
+
+/// Without checkpoints a lost session is what it always was: the attempt fails (unavailable)
+/// and the node's retry starts over in a fresh session, without the earlier files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_checkpoint_a_killed_runner_starts_the_task_over() {
+    let Some((s, mut runners)) =
+        two_runners("without_a_checkpoint_a_killed_runner_starts_the_task_over").await
+    else {
+        return;
+    };
+    let llm = FakeLlm::start(
+        vec![
+            vec![(
+                "write",
+                json!({"path": "notes.txt", "content": "first attempt\n"}),
+            )],
+            // 2 (held until the runner is gone): fails, and so does the attempt.
+            vec![(
+                "write",
+                json!({"path": "lost.txt", "content": "never kept"}),
+            )],
+            // The second attempt, from scratch.
+            vec![
+                ("write", json!({"path": "README.md", "content": README})),
+                (
+                    "end",
+                    json!({"exclude_patterns": [], "archive_name": "notes.zip"}),
+                ),
+            ],
+        ],
+        2,
+    )
+    .await;
+    let run = submit(&s, "", &llm).await;
+    let opened = wait_event(&s, &run, "code_delivery.session_opened", 60).await;
+    // Request 2 is asked (and held) once turn 1's write is done.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while llm.requests().len() < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "no second request");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let first_runner = opened["runner"].as_str().unwrap().to_owned();
+    runners
+        .iter_mut()
+        .find(|r| r.addr == first_runner)
+        .unwrap()
+        .kill()
+        .await;
+    llm.release();
+    let done = s.wait_final(&run, 120).await;
+    assert_eq!(
+        done.state,
+        TaskState::Completed as i32,
+        "{done:#?}\n{:#?}",
+        s.event_types(&run).await
+    );
+    assert!(events_of(&s, &run, "session.resumed").await.is_empty());
+    assert!(events_of(&s, &run, "session.checkpointed").await.is_empty());
+    assert!(s
+        .list(&format!(".cairn/runs/{run}/snapshots/"))
+        .await
+        .is_empty());
+    let opened = events_of(&s, &run, "code_delivery.session_opened").await;
+    assert_eq!(opened.len(), 2, "{opened:#?}");
+    assert_ne!(opened[1]["runner"], first_runner.as_str());
+    // A fresh workspace: the first attempt's file is gone.
+    let archive = s
+        .read(&format!("docs/artifacts/{run}/notes.zip"))
+        .await
+        .unwrap();
+    assert_eq!(zip_file(&archive, "notes.txt"), None);
+    assert_eq!(zip_file(&archive, "README.md").as_deref(), Some(README));
+    s.stop().await;
+    for mut r in runners {
+        r.kill().await;
+    }
+}
