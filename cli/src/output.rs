@@ -41,8 +41,41 @@ pub fn bytes(n: u64) -> String {
     }
 }
 
+/// How long ago an RFC 3339 time was, at `now`, in its largest whole unit ("40 s", "5 min",
+/// "3 h", "12 d"); "" when the time does not parse.
+pub fn age(at: &str, now: time::OffsetDateTime) -> String {
+    let Ok(t) = time::OffsetDateTime::parse(at, &time::format_description::well_known::Rfc3339)
+    else {
+        return String::new();
+    };
+    let s = (now - t).whole_seconds().max(0);
+    match s {
+        0..=119 => format!("{s} s"),
+        120..=7_199 => format!("{} min", s / 60),
+        7_200..=172_799 => format!("{} h", s / 3600),
+        _ => format!("{} d", s / 86_400),
+    }
+}
+
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
+    #[test]
+    fn ages_are_readable() {
+        let now = time::OffsetDateTime::parse(
+            "2026-11-29T10:00:00Z",
+            &time::format_description::well_known::Rfc3339,
+        )
+        .unwrap();
+        assert_eq!(super::age("2026-11-29T09:59:20Z", now), "40 s");
+        assert_eq!(super::age("2026-11-29T09:55:00Z", now), "5 min");
+        assert_eq!(super::age("2026-11-29T07:00:00Z", now), "3 h");
+        assert_eq!(super::age("2026-11-17T10:00:00Z", now), "12 d");
+        // A clock behind the store's reads as now; a missing time as nothing.
+        assert_eq!(super::age("2026-11-29T10:00:05Z", now), "0 s");
+        assert_eq!(super::age("", now), "");
+    }
+
     #[test]
     fn bytes_are_readable() {
         assert_eq!(super::bytes(12), "12 B");

@@ -94,6 +94,7 @@ async fn session(
                 .pause_session(PauseSessionRequest {
                     session_id: session.clone(),
                     files_only,
+                    keep_open: false,
                 })
                 .await?
                 .into_inner();

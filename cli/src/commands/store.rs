@@ -105,6 +105,7 @@ async fn run_with(
         StoreCommand::Ls { prefix, recursive } => {
             let mut token = String::new();
             let mut all = Vec::new();
+            let now = time::OffsetDateTime::now_utc();
             loop {
                 let page = store
                     .list(ListRequest {
@@ -125,15 +126,15 @@ async fn run_with(
                         } else {
                             "file"
                         };
-                        println!(
-                            "{kind} {:>10}  {}",
-                            if entry.kind() == EntryKind::File {
-                                output::bytes(entry.size_bytes)
-                            } else {
-                                String::new()
-                            },
-                            entry.path
-                        );
+                        let (size, age) = if entry.kind() == EntryKind::File {
+                            (
+                                output::bytes(entry.size_bytes),
+                                output::age(&entry.modified_at, now),
+                            )
+                        } else {
+                            (String::new(), String::new())
+                        };
+                        println!("{kind} {size:>10} {age:>7}  {}", entry.path);
                     }
                 }
                 all.extend(page.entries);

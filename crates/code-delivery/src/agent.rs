@@ -3,17 +3,21 @@
 //! session. Limits: `max_iterations` requests, and the node's deadline (minus a margin kept for
 //! cleanup). Whatever the model sends, the loop answers with a tool result; only the sandbox
 //! or store going away, a limit, or an LLM request that used all its attempts end the task,
-//! and the last one sends the failure notice to the target first.
+//! and the last one sends the failure notice to the target first. A session lost with its
+//! runner is resumed from the last checkpoint instead, when there is one (`checkpoint`).
 
-use std::sync::Arc;
+mod checkpoint;
+
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use cairn_proto::v1::{GitSource, Level, LogStream, OpenSessionRequest, PutResponse};
-use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
+use globset::GlobSet;
 use serde_json::{json, Map, Value};
 use tonic::{Code, Status};
 
+use crate::archive::{archive_name, exclude_set, excluded, format_name};
 use crate::config::{ArchiveFormat, CodeDeliveryConfig};
 use crate::prompt::{self, Source};
 use crate::spec::{CodeDelivery, SourceType};
@@ -137,13 +141,9 @@ struct Task<'a> {
     iterations: u32,
     tool_calls: u32,
     usage: Usage,
-}
-
-fn format_name(f: ArchiveFormat) -> &'static str {
-    match f {
-        ArchiveFormat::Zip => "zip",
-        ArchiveFormat::TarGz => "tar.gz",
-    }
+    checkpoints: checkpoint::Checkpoints,
+    /// Why the session was found lost by the last call (set by `refusal`), for a failover.
+    lost: Mutex<Option<Status>>,
 }
 
 fn archive_format(f: ArchiveFormat) -> cairn_proto::v1::ArchiveFormat {
@@ -234,6 +234,10 @@ pub async fn run(
         iterations: 0,
         tool_calls: 0,
         usage: Usage::default(),
+        checkpoints: checkpoint::Checkpoints::new(
+            spec.checkpoint_every_s.unwrap_or(cfg.checkpoint_every_s),
+        ),
+        lost: Mutex::new(None),
         cfg,
     };
     // Each command and its output go to the node's log when the command has finished.
@@ -282,7 +286,10 @@ impl Task<'_> {
             return Ending::Failed(e);
         }
         let specs = tools::specs();
-        loop {
+        'turns: loop {
+            if let Err(e) = self.checkpoint_if_due(self.iterations + 1).await {
+                return Ending::Failed(e);
+            }
             if self.iterations >= self.max_iterations {
                 return Ending::Failed(NodeError::failed(format!(
                     "the model used all {} turns (max_iterations) without a successful `end`; raise max_iterations or narrow the task (its tool calls are in the run's events)",
@@ -356,7 +363,11 @@ impl Task<'_> {
                 let started = Instant::now();
                 let answer = match self.call(call).await {
                     Ok(a) => a,
-                    Err(e) => return Ending::Failed(e),
+                    // A lost session resumed from a checkpoint goes on from that turn.
+                    Err(e) => match self.recover(e).await {
+                        Ok(()) => continue 'turns,
+                        Err(e) => return Ending::Failed(e),
+                    },
                 };
                 self.tool_calls += 1;
                 self.messages
@@ -419,6 +430,7 @@ impl Task<'_> {
                 .with("runner", session.runner.as_str()),
         );
         self.session = Some(session);
+        self.checkpoints.opened();
         Ok(())
     }
 
@@ -620,6 +632,9 @@ impl Task<'_> {
             _ => false,
         };
         if lost {
+            if self.session.as_ref().is_some_and(|x| x.lost(&s)) {
+                *self.lost.lock().unwrap_or_else(|p| p.into_inner()) = Some(s.clone());
+            }
             return Err(NodeError::from_status("the sandbox session", &s));
         }
         Ok(Reply::error(s.message().to_owned()))
@@ -1009,75 +1024,6 @@ impl Task<'_> {
     }
 }
 
-/// The archive's file name and format: the model's name (the extension it carries, or the
-/// format's appended) or `<node>.<ext>`.
-fn archive_name(
-    given: Option<&str>,
-    format: Option<ArchiveFormat>,
-    default: ArchiveFormat,
-    node: &str,
-) -> Result<(String, ArchiveFormat), String> {
-    let ext_of = |n: &str| {
-        let lower = n.to_ascii_lowercase();
-        if lower.ends_with(".zip") {
-            Some(ArchiveFormat::Zip)
-        } else if lower.ends_with(".tar.gz") || lower.ends_with(".tgz") {
-            Some(ArchiveFormat::TarGz)
-        } else {
-            None
-        }
-    };
-    let given = given.map(str::trim).filter(|n| !n.is_empty());
-    let Some(name) = given else {
-        let f = format.unwrap_or(default);
-        return Ok((format!("{node}.{}", format_name(f)), f));
-    };
-    if name.contains('/') || name.contains('\\') {
-        return Err(format!(
-            "archive_name `{name}` must be a file name without directories"
-        ));
-    }
-    pathguard::validate(name).map_err(|rej| format!("archive_name `{name}`: {rej}"))?;
-    match (ext_of(name), format) {
-        (Some(e), Some(f)) if e != f => Err(format!(
-            "archive_name `{name}` ends in .{} but archive_format is {}; make them agree",
-            format_name(e),
-            format_name(f)
-        )),
-        (Some(e), _) => Ok((name.to_owned(), e)),
-        (None, f) => {
-            let f = f.unwrap_or(default);
-            Ok((format!("{name}.{}", format_name(f)), f))
-        }
-    }
-}
-
-/// The exclude globs as the runner reads them (`**` crosses directories; a pattern naming a
-/// directory leaves out everything under it).
-fn exclude_set(patterns: &[String]) -> Result<GlobSet, String> {
-    let mut set = GlobSetBuilder::new();
-    for p in patterns {
-        let glob = GlobBuilder::new(p.trim_start_matches("./"))
-            .literal_separator(true)
-            .build()
-            .map_err(|e| format!("exclude pattern `{p}` is not a glob: {e}"))?;
-        set.add(glob);
-    }
-    set.build().map_err(|e| format!("exclude patterns: {e}"))
-}
-
-/// Whether `path` or one of its directories is excluded.
-fn excluded(set: &GlobSet, path: &str) -> bool {
-    let mut at = 0;
-    while let Some(i) = path[at..].find('/') {
-        if set.is_match(&path[..at + i]) {
-            return true;
-        }
-        at += i + 1;
-    }
-    set.is_match(path)
-}
-
 /// A Markdown heading about using or running the project.
 fn has_usage_section(readme: &str) -> bool {
     const WORDS: [&str; 9] = [
@@ -1138,47 +1084,6 @@ fn clip_event(text: &str) -> String {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn archive_names() {
-        let z = ArchiveFormat::Zip;
-        let t = ArchiveFormat::TarGz;
-        assert_eq!(
-            archive_name(None, None, z, "cd").unwrap(),
-            ("cd.zip".into(), z)
-        );
-        assert_eq!(
-            archive_name(Some(" "), Some(t), z, "cd").unwrap(),
-            ("cd.tar.gz".into(), t)
-        );
-        assert_eq!(
-            archive_name(Some("app"), Some(t), z, "cd").unwrap(),
-            ("app.tar.gz".into(), t)
-        );
-        assert_eq!(
-            archive_name(Some("app.tgz"), None, z, "cd").unwrap(),
-            ("app.tgz".into(), t)
-        );
-        assert!(archive_name(Some("app.zip"), Some(t), z, "cd")
-            .unwrap_err()
-            .contains("make them agree"));
-        assert!(archive_name(Some("out/app.zip"), None, z, "cd")
-            .unwrap_err()
-            .contains("without directories"));
-        assert!(archive_name(Some(".."), None, z, "cd").is_err());
-    }
-
-    #[test]
-    fn excludes_cover_directories() {
-        let set = exclude_set(&[".git/**".into(), "build".into(), "*.log".into()]).unwrap();
-        assert!(excluded(&set, ".git/config"));
-        assert!(excluded(&set, "build/out/a.o"));
-        assert!(excluded(&set, "x.log"));
-        assert!(!excluded(&set, "src/x.log"), "`*` stays within a directory");
-        assert!(!excluded(&set, "README.md"));
-        assert!(!excluded(&set, "a.git/x"));
-        assert!(exclude_set(&["a[".into()]).is_err());
-    }
 
     #[test]
     fn usage_sections() {

@@ -32,6 +32,9 @@ pub struct CodeDeliveryConfig {
     pub llm_max_retries_per_request: u32,
     /// Send the failure notice to the target when an LLM request used all its attempts.
     pub notify_on_llm_failure: bool,
+    /// Seconds between checkpoints of a task's session when its node sets no
+    /// `checkpoint_every_s`; 0 = none.
+    pub checkpoint_every_s: u64,
 }
 
 impl Default for CodeDeliveryConfig {
@@ -45,6 +48,7 @@ impl Default for CodeDeliveryConfig {
             cleanup_on_finish: true,
             llm_max_retries_per_request: 5,
             notify_on_llm_failure: true,
+            checkpoint_every_s: 0,
         }
     }
 }
@@ -60,6 +64,12 @@ impl CodeDeliveryConfig {
             || self.max_command_output_chars == 0
         {
             return Err("code_delivery.default_command_timeout_seconds, max_command_output_chars and max_archive_size_mb must be more than 0".into());
+        }
+        if self.checkpoint_every_s > cairn_graph::code_delivery::MAX_CHECKPOINT_EVERY_S {
+            return Err(format!(
+                "code_delivery.checkpoint_every_s must be at most {} (a day); 0 turns checkpoints off",
+                cairn_graph::code_delivery::MAX_CHECKPOINT_EVERY_S
+            ));
         }
         Ok(())
     }
@@ -81,6 +91,7 @@ max_archive_size_mb = 200
 cleanup_on_finish = true
 llm_max_retries_per_request = 5
 notify_on_llm_failure = true
+checkpoint_every_s = 0
 "#;
         let c: CodeDeliveryConfig = toml::from_str(text).unwrap();
         assert_eq!(c.default_archive_format, ArchiveFormat::TarGz);

@@ -8,12 +8,15 @@
 //!
 //! - `spec`: the node's fields and submit-time checks;
 //! - `agent`: the loop, limits, `end`, the failure notice and cleanup;
+//! - `agent::checkpoint`: checkpoints of the session and failover to another runner;
+//! - `archive`: the archive's name, format and excludes;
 //! - `tools`: the tools' JSON schemas and argument parsing;
 //! - `node`: the `code_delivery` node kind; the runner session is cairn-runner-client's
 //!   (closed on drop, so cancel cleans up too);
 //! - `target`: OneBot chat or directory; `todo`: the `todo` board; `prompt`: what the model is told.
 
 pub mod agent;
+mod archive;
 pub mod config;
 pub mod node;
 pub mod prompt;

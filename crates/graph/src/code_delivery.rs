@@ -9,6 +9,8 @@ use crate::{Target, Template};
 pub const DEFAULT_MAX_ITERATIONS: u32 = 50;
 /// Most turns a node may ask for.
 pub const MAX_ITERATIONS: u32 = 1000;
+/// Longest time between checkpoints a node may ask for (a day).
+pub const MAX_CHECKPOINT_EVERY_S: u64 = 86_400;
 
 /// Where the workspace starts from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -46,6 +48,11 @@ pub struct CodeDelivery {
     /// Image of the sandbox session (the runner must allow it); default the runner's image.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// Seconds between checkpoints of the session (files-only snapshots taken between tool
+    /// calls; the node resumes from the last one on another runner when its runner is lost);
+    /// 0 = none; unset = the orchestrator's `code_delivery.checkpoint_every_s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_every_s: Option<u64>,
 }
 
 fn default_max_iterations() -> u32 {
@@ -120,6 +127,17 @@ impl CodeDelivery {
         }
         crate::targets::check_code_delivery_target(&self.target).map_err(|e| ("target", e))?;
         crate::check_image(self.image.as_deref()).map_err(|e| ("image", e))?;
+        if self
+            .checkpoint_every_s
+            .is_some_and(|s| s > MAX_CHECKPOINT_EVERY_S)
+        {
+            return Err((
+                "checkpoint_every_s",
+                format!(
+                    "must be at most {MAX_CHECKPOINT_EVERY_S} (a day); 0 turns checkpoints off"
+                ),
+            ));
+        }
         Ok(())
     }
 }

@@ -69,6 +69,19 @@ pub const RUN_STALLED: &str = "run.stalled";
 /// request differs), `turn`, `step` and `diff` (recorded first).
 pub const REPLAY_LIVE: &str = "replay.live";
 
+// Sessions of session-holding nodes (code_delivery).
+/// A checkpoint of a node's sandbox session was stored: `session_id`, `snapshot` (its store
+/// path), `bytes`, `sha256`, `memory`, `n`, `step`, `runner`, `ms`.
+pub const SESSION_CHECKPOINTED: &str = "session.checkpointed";
+/// Warning: a due checkpoint was not taken (`session_id`, `error`); the work goes on, and a
+/// failover would use the previous one.
+pub const SESSION_CHECKPOINT_FAILED: &str = "session.checkpoint_failed";
+/// A node whose session's runner was lost goes on in a session resumed from its last
+/// checkpoint: `snapshot`, `session_id` (the new one), `runner`, `previous_session_id`,
+/// `previous_runner`, `error` (how the old one was lost), `step` (of the checkpoint),
+/// `turns_undone`, `ms`.
+pub const SESSION_RESUMED: &str = "session.resumed";
+
 /// Events that end a run (WatchRun stops after one unless asked to follow).
 pub fn is_final(kind: &str) -> bool {
     matches!(kind, TASK_COMPLETED | TASK_FAILED | TASK_CANCELED)

@@ -461,10 +461,13 @@ async fn stream_one(
 /// Cancelled that the transport made (hyper's "connection closed" when the runner dies while
 /// answering; our own cancellation drops the call and never sees a status).
 fn runner_gone(s: &Status) -> bool {
-    s.code() == Code::Unavailable
-        || (s.code() == Code::Cancelled
-            && std::error::Error::source(s)
-                .is_some_and(|e| e.downcast_ref::<tonic::transport::Error>().is_some()))
+    s.code() == Code::Unavailable || (s.code() == Code::Cancelled && from_transport(s))
+}
+
+/// The status was made by the transport (the connection), not sent by the runner.
+fn from_transport(s: &Status) -> bool {
+    std::error::Error::source(s)
+        .is_some_and(|e| e.downcast_ref::<tonic::transport::Error>().is_some())
 }
 
 impl Shared {

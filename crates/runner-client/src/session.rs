@@ -1,7 +1,9 @@
 //! A session on a sandbox runner (sandbox.proto's session calls), the one
 //! client of that API in the orchestrator: the `code_delivery` and `external_agent` nodes
 //! both work through it. Opening picks the first runner that answers; the session then stays
-//! on that runner for Exec, ReadFile, WriteFile, Glob, Grep and Pack until it is closed.
+//! on that runner for Exec, ReadFile, WriteFile, Glob, Grep and Pack until it is closed. A
+//! session can be checkpointed while it goes on (`checkpoint`), and a snapshot resumed as a
+//! new session on any runner that takes it (`resume`).
 //!
 //! Nothing outlives its task: a session dropped while open (a cancelled run, a node deadline)
 //! and an OpenSession dropped in flight (the id is ours, chosen before the call) are closed by
@@ -14,8 +16,8 @@ use cairn_proto::v1::sandbox_runner_client::SandboxRunnerClient;
 use cairn_proto::v1::{
     pack_response, ArchiveFormat, CloseSessionRequest, ExecRequest, ExecResult, GlobRequest,
     GlobResponse, GrepRequest, GrepResponse, OpenSessionRequest, PackRequest, PackSummary,
-    ReadFileRequest, ReadFileResponse, SessionInfo, TouchSessionRequest, WriteFileRequest,
-    WriteFileResponse, WriteMode,
+    PauseSessionRequest, ReadFileRequest, ReadFileResponse, SessionInfo, SnapshotPart,
+    TouchSessionRequest, WriteFileRequest, WriteFileResponse, WriteMode,
 };
 use cairn_telemetry::TracedChannel;
 use tonic::{Code, Status};
@@ -103,8 +105,84 @@ impl RunnerSession {
         Err(last.unwrap_or_else(|| Status::unavailable("no sandbox runner answered")))
     }
 
+    /// Opens a new session `session_id` from a snapshot file (`snapshot.rs`'s layout) on the
+    /// first runner of `rotation` that takes it, moving on while runners are Unavailable.
+    /// A runner of another backend or image refuses it (FailedPrecondition), a damaged file
+    /// is refused by the runner (InvalidArgument) before any session exists.
+    pub async fn resume(
+        rotation: Vec<(String, Client)>,
+        file: Bytes,
+        session_id: String,
+    ) -> Result<RunnerSession, Status> {
+        let mut rest: &[u8] = &file;
+        let header = crate::snapshot::read_header(&mut rest)
+            .await
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let payload = file.slice(file.len() - rest.len()..);
+        let mut last = None;
+        for (addr, client) in rotation {
+            let mut guard = CloseOnDrop {
+                client: client.clone(),
+                id: session_id.clone(),
+                armed: true,
+            };
+            let parts = crate::snapshot::parts(
+                header.clone(),
+                std::io::Cursor::new(payload.clone()),
+                session_id.clone(),
+            );
+            let answer = client.clone().resume_session(parts).await;
+            guard.armed = false;
+            match answer {
+                Ok(info) => {
+                    let info = info.into_inner();
+                    let keepalive = keep_touching(&client, &info);
+                    return Ok(RunnerSession {
+                        client,
+                        runner: addr,
+                        info,
+                        open: true,
+                        keepalive,
+                    });
+                }
+                Err(s) if crate::runner_gone(&s) => {
+                    tracing::warn!(runner = %addr, error = %s.message(), "sandbox runner unavailable; resuming the snapshot on the next one");
+                    last = Some(s);
+                }
+                Err(s) => return Err(s),
+            }
+        }
+        Err(last.unwrap_or_else(|| Status::unavailable("no sandbox runner answered")))
+    }
+
     pub fn id(&self) -> &str {
         &self.info.session_id
+    }
+
+    /// A checkpoint: a files-only snapshot of the session while it stays open (PauseSession
+    /// with `keep_open`), to be written with `snapshot::save`. Call it while no other call
+    /// runs in the session: the files are read as they are.
+    pub async fn checkpoint(&self) -> Result<tonic::Streaming<SnapshotPart>, Status> {
+        self.client
+            .clone()
+            .pause_session(PauseSessionRequest {
+                session_id: self.id().to_owned(),
+                files_only: true,
+                keep_open: true,
+            })
+            .await
+            .map(|r| r.into_inner())
+    }
+
+    /// Did `s`, the answer to a call in this session, come from losing the session: its
+    /// runner down or gone mid-call (an Unknown the transport made counts too), or the runner
+    /// no longer knowing the session (it restarted, or closed it)? Such a session can only be
+    /// replaced.
+    pub fn lost(&self, s: &Status) -> bool {
+        crate::runner_gone(s)
+            || (s.code() == Code::Unknown && crate::from_transport(s))
+            || (s.code() == Code::NotFound
+                && s.message().contains(&format!("session \"{}\"", self.id())))
     }
 
     /// Runs `bash -lc COMMAND` in `workdir` ("" = /workspace).

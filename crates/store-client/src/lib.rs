@@ -39,6 +39,9 @@ pub struct PutOptions {
     /// Compare-and-swap: replace only the file holding these bytes (hex sha256); other bytes
     /// are FAILED_PRECONDITION `changed`. Empty = no condition.
     pub if_sha256: String,
+    /// The bytes' hex sha256 as the writer computed it: the store refuses bytes that arrive
+    /// with another. Empty = not checked.
+    pub expected_sha256: String,
 }
 
 #[derive(Clone)]
@@ -202,7 +205,7 @@ impl Store {
                 project_id: project.to_owned(),
                 path: path.to_owned(),
                 overwrite: opts.overwrite,
-                expected_sha256: String::new(),
+                expected_sha256: opts.expected_sha256.clone(),
                 expected_size: Some(bytes.len() as u64),
                 allowed_prefixes: opts.allowed_prefixes.clone(),
                 run_id: opts.run_id.clone(),

@@ -24,7 +24,9 @@ use crate::digest::{hash_reader, HashingWriter};
 use crate::error::{refusal, Error, Result};
 use crate::events::StoredEvent;
 use crate::files::{self, Replace};
-use crate::layout::{check_id, ARCHIVE_FILE, EVENTS_FILE, EVENTS_INDEX_FILE, TEMP_PREFIX};
+use crate::layout::{
+    check_id, ARCHIVE_FILE, EVENTS_FILE, EVENTS_INDEX_FILE, SNAPSHOTS_DIR, TEMP_PREFIX,
+};
 use crate::read::{Entry, Kind};
 use crate::run_index::{fields_of, last_event_seq, FINAL_STATES, STATE_FILE};
 use crate::stamp::mtime_of;
@@ -105,7 +107,8 @@ fn check_finished(runs: BorrowedFd<'_>, run: &str) -> Result<()> {
 }
 
 /// Packs a finished run (blocking; the caller keeps its events from being committed):
-/// writes the archive whole, then removes the files it holds but state.json.
+/// writes the archive whole, then removes the files it holds but state.json, and the run's
+/// session snapshots (not packed: nothing resumes a finished run's sessions).
 pub fn pack(state: &State, project: &str, run: &str) -> Result<Archived> {
     let Some((root, dir)) = open_run(state, project, run)? else {
         return Err(Error::NotFound {
@@ -127,7 +130,8 @@ pub fn pack(state: &State, project: &str, run: &str) -> Result<Archived> {
     let (staged, file) = files::stage(state, root.as_fd(), project, &path)?;
     let out = HashingWriter::new(std::io::BufWriter::with_capacity(1 << 16, &file));
     let mut tar = tar::Builder::new(GzEncoder::new(out, flate2::Compression::default()));
-    let (mut packed, mut dirs, mut failed) = (Vec::new(), Vec::new(), None);
+    let (mut packed, mut dropped, mut dirs, mut failed) =
+        (Vec::new(), Vec::new(), Vec::new(), None);
     contain::walk(dir.as_fd(), &mut |e| {
         let Some(rel) = e.rel_str() else {
             return contain::Visit::Continue;
@@ -139,6 +143,7 @@ pub fn pack(state: &State, project: &str, run: &str) -> Result<Archived> {
         match e.kind {
             contain::Kind::Dir => dirs.push(rel.to_owned()),
             contain::Kind::File if rel == EVENTS_INDEX_FILE => packed.push(rel.to_owned()),
+            contain::Kind::File if rel.starts_with(SNAPSHOTS_DIR) => dropped.push(rel.to_owned()),
             contain::Kind::File => {
                 let added = e.open_file().and_then(|(file, st)| {
                     let mut header = tar::Header::new_gnu();
@@ -180,11 +185,21 @@ pub fn pack(state: &State, project: &str, run: &str) -> Result<Archived> {
             let _ = rustix::fs::unlinkat(dir.as_fd(), rel.as_str(), rustix::fs::AtFlags::empty());
         }
     }
+    for rel in &dropped {
+        let _ = rustix::fs::unlinkat(dir.as_fd(), rel.as_str(), rustix::fs::AtFlags::empty());
+    }
     for rel in dirs.iter().rev() {
         let _ = rustix::fs::unlinkat(dir.as_fd(), rel.as_str(), rustix::fs::AtFlags::REMOVEDIR);
     }
     let _ = contain::sync_dir(dir.as_fd());
-    tracing::info!(project, run, size_bytes, files, "run archived");
+    tracing::info!(
+        project,
+        run,
+        size_bytes,
+        files,
+        snapshots_removed = dropped.len(),
+        "run archived"
+    );
     Ok(Archived {
         path,
         size_bytes,

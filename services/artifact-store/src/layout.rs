@@ -35,6 +35,9 @@ pub const EVENTS_INDEX_FILE: &str = "events.idx";
 pub const EPOCH_FILE: &str = "events.epoch";
 /// An archived run's records, packed (see `archive`), beside its state.json.
 pub const ARCHIVE_FILE: &str = "run.tar.gz";
+/// Directory of a run's session snapshots (checkpoints of its nodes' sandbox sessions): of no
+/// use once the run is finished, so archiving removes them instead of packing them.
+pub const SNAPSHOTS_DIR: &str = "snapshots/";
 
 /// The data root as the store sees it.
 #[derive(Debug)]

@@ -289,6 +289,10 @@ async fn an_archived_run_is_still_read_and_an_unfinished_one_is_refused() {
     let mut client = served.client.clone();
     make_run(&mut client, "p", "done", "completed", 1).await;
     make_run(&mut client, "p", "busy", "working", 2).await;
+    let snapshot = ".cairn/runs/done/snapshots/cd-1/1.snap";
+    put(&mut client, "p", snapshot, b"cairn-snapshot\n...")
+        .await
+        .unwrap();
     let before = run_events(&mut client, "p", "done").await;
     let archive = |run: &str| ArchiveRunRequest {
         project_id: "p".into(),
@@ -311,6 +315,9 @@ async fn an_archived_run_is_still_read_and_an_unfinished_one_is_refused() {
     assert_eq!(reply.path, ".cairn/runs/done/run.tar.gz");
     let dir = served.project_dir("p").join(".cairn/runs/done");
     assert!(!dir.join("events.jsonl").exists() && dir.join("state.json").exists());
+    // Its session snapshots are removed, not packed.
+    assert!(!dir.join("snapshots/cd-1/1.snap").exists());
+    assert!(get(&mut client, "p", snapshot).await.is_err());
     // What `cairn runs show` reads: the graph and the events, as before.
     assert_eq!(run_events(&mut client, "p", "done").await, before);
     let graph = get(&mut client, "p", ".cairn/runs/done/graph.resolved.json")

@@ -228,10 +228,17 @@ impl SandboxRunner for SandboxService {
         request: Request<pb::PauseSessionRequest>,
     ) -> Result<Response<Self::PauseSessionStream>, Status> {
         let req = request.into_inner();
+        if req.keep_open && !req.files_only {
+            return Err(Error::invalid(
+                "PauseSession keep_open needs files_only: a memory checkpoint stops the sandbox",
+            )
+            .into());
+        }
         let made = self
             .runner
             .pause_session(&req.session_id, req.files_only)
             .await?;
+        let keep_open = req.keep_open;
         let (tx, rx) = mpsc::channel(4);
         let runner = self.runner.clone();
         let task = tokio::spawn(async move {
@@ -252,8 +259,9 @@ impl SandboxRunner for SandboxService {
             {
                 return;
             }
-            // Delivered: the paused session ends here (a gvisor one ended at its checkpoint).
-            if !made.header.memory {
+            // Delivered: the paused session ends here (a gvisor one ended at its checkpoint),
+            // unless it was a checkpoint of a session that goes on.
+            if !made.header.memory && !keep_open {
                 if let Err(e) = runner.close_session(&made.header.session_id).await {
                     tracing::warn!(session_id = %made.header.session_id, error = %e, "closing a paused session failed");
                 }

@@ -118,20 +118,30 @@ async fn pause(
     id: &str,
     files_only: bool,
 ) -> (Vec<u8>, cairn_proto::SnapshotHeader) {
+    pause_with(r, id, files_only, false).await.unwrap()
+}
+
+/// [`pause`], as a checkpoint when `keep_open`.
+async fn pause_with(
+    r: &TestRunner,
+    id: &str,
+    files_only: bool,
+    keep_open: bool,
+) -> Result<(Vec<u8>, cairn_proto::SnapshotHeader), tonic::Status> {
     let stream = r
         .client
         .clone()
         .pause_session(PauseSessionRequest {
             session_id: id.into(),
             files_only,
+            keep_open,
         })
-        .await
-        .unwrap()
+        .await?
         .into_inner();
     let mut file = Vec::new();
     let saved = snapshot::save(stream, &mut file).await.unwrap();
     assert_eq!(saved.file_bytes, file.len() as u64);
-    (file, saved.header)
+    Ok((file, saved.header))
 }
 
 async fn resume(r: &TestRunner, file: &[u8]) -> Result<SessionInfo, tonic::Status> {
@@ -292,6 +302,40 @@ async fn docker_and_local_keep_files_only_and_close_the_session_once_delivered()
         assert!(out.starts_with("t\nd/f.txt\n"), "{case:?}: {out}");
         // Writable by the session's user.
         exec(&b, &s, "echo more >> /workspace/d/f.txt", false).await;
+        a.stop().await;
+        b.stop().await;
+    }
+}
+
+/// `keep_open`: a checkpoint of a session that goes on (files only); the snapshot holds the
+/// files as they were then. Without files_only it is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_checkpoint_keeps_the_session_open() {
+    let mut cases = Vec::new();
+    match bwrap_ready() {
+        Ok(()) => cases.push(LOCAL),
+        Err(why) => println!("SKIP: a_checkpoint_keeps_the_session_open [local]: {why}"),
+    }
+    if docker_only("a_checkpoint_keeps_the_session_open").await {
+        cases.push(DOCKER);
+    }
+    for case in cases {
+        let (a, b) = tokio::join!(runner(case), runner(case));
+        let id = open(&a).await;
+        exec(&a, &id, "echo one > /workspace/n.txt", false).await;
+        let refused = pause_with(&a, &id, false, true).await.unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+        let (file, header) = pause_with(&a, &id, true, true).await.unwrap();
+        assert!(!header.memory);
+        assert_eq!(header.session_id, id);
+        // The stream has ended and the session goes on.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(open_sessions(&a).await, 1, "{case:?}");
+        exec(&a, &id, "echo two >> /workspace/n.txt", false).await;
+        assert_eq!(read(&a, &id, "n.txt").await.unwrap(), "one\ntwo\n");
+        // The checkpoint holds the files as they were when it was taken.
+        let s = resume(&b, &file).await.unwrap().session_id;
+        assert_eq!(read(&b, &s, "n.txt").await.unwrap(), "one\n", "{case:?}");
         a.stop().await;
         b.stop().await;
     }

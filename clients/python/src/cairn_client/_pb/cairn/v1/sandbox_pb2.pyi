@@ -417,12 +417,14 @@ class TouchSessionResponse(_message.Message):
     def __init__(self, idle_timeout_ms: _Optional[int] = ...) -> None: ...
 
 class PauseSessionRequest(_message.Message):
-    __slots__ = ("session_id", "files_only")
+    __slots__ = ("session_id", "files_only", "keep_open")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     FILES_ONLY_FIELD_NUMBER: _ClassVar[int]
+    KEEP_OPEN_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     files_only: bool
-    def __init__(self, session_id: _Optional[str] = ..., files_only: _Optional[bool] = ...) -> None: ...
+    keep_open: bool
+    def __init__(self, session_id: _Optional[str] = ..., files_only: _Optional[bool] = ..., keep_open: _Optional[bool] = ...) -> None: ...
 
 class SnapshotHeader(_message.Message):
     __slots__ = ("format", "backend", "image", "memory", "sha256", "size_bytes", "session_id", "network", "limits", "created_unix_ms")

@@ -1,0 +1,301 @@
+//! Checkpoints of a task's session and failover. With `checkpoint_every_s` set, the session's
+//! files are snapshotted between turns (at most that often) while it stays open, and stored
+//! at `.cairn/runs/<run>/snapshots/<session>/<n>.snap` with their sha256 for the store to
+//! check. When a call finds the session's runner gone (or the session unknown to it), the
+//! task resumes the last checkpoint on another runner and goes on from the conversation as it
+//! was at that checkpoint: the turns after it are undone, since the files they changed are.
+//! A task without a checkpoint fails as it always did. This module never touches the runner
+//! but through `RunnerSession`, nor the store but through the node's store client.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use cairn_node::events::{Ev, SESSION_CHECKPOINTED, SESSION_CHECKPOINT_FAILED, SESSION_RESUMED};
+use cairn_node::NodeError;
+use cairn_proto::v1::Level;
+use cairn_runner_client::session::RunnerSession;
+use cairn_runner_client::snapshot;
+use cairn_store_client::PutOptions;
+use tonic::Status;
+
+use super::Task;
+use crate::todo::TodoBoard;
+
+/// Largest checkpoint kept: it passes through the orchestrator's memory whole (a larger one
+/// is reported and skipped; the work goes on).
+pub(super) const MAX_CHECKPOINT_BYTES: u64 = 512 << 20;
+/// Failovers of one task at most: a session lost again and again points at something other
+/// than one dying runner.
+const MAX_FAILOVERS: u32 = 3;
+
+/// A stored checkpoint and the task's state when it was taken.
+#[derive(Clone)]
+struct Taken {
+    path: String,
+    sha256: String,
+    bytes: u64,
+    /// The turn it was taken before.
+    step: u32,
+    /// Messages of the conversation then.
+    messages: usize,
+    board: TodoBoard,
+}
+
+/// The checkpoints of one task.
+pub(super) struct Checkpoints {
+    /// Zero: none are taken.
+    every: Duration,
+    /// Since the session opened, or the last checkpoint.
+    since: Instant,
+    /// Checkpoints of the current session so far.
+    n: u32,
+    last: Option<Taken>,
+    failovers: u32,
+}
+
+impl Checkpoints {
+    pub(super) fn new(every_s: u64) -> Checkpoints {
+        Checkpoints {
+            every: Duration::from_secs(every_s),
+            since: Instant::now(),
+            n: 0,
+            last: None,
+            failovers: 0,
+        }
+    }
+
+    fn due(&self) -> bool {
+        !self.every.is_zero() && self.since.elapsed() >= self.every
+    }
+
+    /// The session was (re)opened: its checkpoints count from here.
+    pub(super) fn opened(&mut self) {
+        self.since = Instant::now();
+        self.n = 0;
+    }
+}
+
+/// A `Vec` that refuses to grow past its cap (a snapshot received into memory).
+struct Capped {
+    buf: Vec<u8>,
+    cap: u64,
+}
+
+impl tokio::io::AsyncWrite for Capped {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+        data: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        if (self.buf.len() + data.len()) as u64 > self.cap {
+            return std::task::Poll::Ready(Err(std::io::Error::other(format!(
+                "the checkpoint is larger than {} MiB, the most a task keeps",
+                self.cap >> 20
+            ))));
+        }
+        self.buf.extend_from_slice(data);
+        std::task::Poll::Ready(Ok(data.len()))
+    }
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+impl Task<'_> {
+    /// Before turn `step`: a checkpoint when one is due. A session found lost here fails over
+    /// (Ok: go on, maybe from an earlier turn); any other failure is reported and skipped.
+    pub(super) async fn checkpoint_if_due(&mut self, step: u32) -> Result<(), NodeError> {
+        if !self.checkpoints.due() {
+            return Ok(());
+        }
+        self.checkpoints.since = Instant::now();
+        let Err(s) = self.checkpoint(step).await else {
+            return Ok(());
+        };
+        if self.session()?.lost(&s) {
+            let e = NodeError::from_status("checkpointing the sandbox session", &s);
+            return self.fail_over(e, s).await;
+        }
+        self.ctx.progress.emit(
+            Ev::new(SESSION_CHECKPOINT_FAILED, self.node())
+                .level(Level::Warning)
+                .with("session_id", self.session()?.id())
+                .with("step", step)
+                .with("error", s.message()),
+        );
+        Ok(())
+    }
+
+    /// Takes and stores one checkpoint.
+    async fn checkpoint(&mut self, step: u32) -> Result<(), Status> {
+        let t0 = Instant::now();
+        let session = self
+            .session
+            .as_ref()
+            .ok_or_else(|| Status::failed_precondition("the sandbox session is not open"))?;
+        let stream = session.checkpoint().await?;
+        let mut out = Capped {
+            buf: Vec::new(),
+            cap: MAX_CHECKPOINT_BYTES,
+        };
+        let saved = snapshot::save(stream, &mut out)
+            .await
+            .map_err(|e| match e {
+                snapshot::SnapshotError::Rpc(s) => s,
+                other => Status::data_loss(other.to_string()),
+            })?;
+        let n = self.checkpoints.n + 1;
+        let path = self
+            .ctx
+            .run_dir()
+            .path(&format!("snapshots/{}/{n}.snap", session.id()));
+        let opts = PutOptions {
+            run_id: self.ctx.run_id.clone(),
+            expected_sha256: saved.file_sha256.clone(),
+            ..Default::default()
+        };
+        self.ctx
+            .store()
+            .put(&self.ctx.project, &path, Bytes::from(out.buf), &opts)
+            .await
+            // Not the session's fault: never taken for a lost runner.
+            .map_err(|s| Status::failed_precondition(format!("storing {path}: {}", s.message())))?;
+        self.checkpoints.n = n;
+        self.ctx.progress.emit(
+            Ev::new(SESSION_CHECKPOINTED, self.node())
+                .with("session_id", session.id())
+                .with("snapshot", path.as_str())
+                .with("bytes", saved.file_bytes)
+                .with("sha256", saved.file_sha256.as_str())
+                .with("memory", saved.header.memory)
+                .with("n", n)
+                .with("step", step)
+                .with("runner", session.runner.as_str())
+                .with("ms", t0.elapsed().as_millis() as u64),
+        );
+        self.checkpoints.last = Some(Taken {
+            path,
+            sha256: saved.file_sha256,
+            bytes: saved.file_bytes,
+            step,
+            messages: self.messages.len(),
+            board: self.board.clone(),
+        });
+        Ok(())
+    }
+
+    /// After a tool call failed with `error`: Ok when the session was lost and the task goes
+    /// on in one resumed from the last checkpoint (its turns after the checkpoint undone).
+    pub(super) async fn recover(&mut self, error: NodeError) -> Result<(), NodeError> {
+        let lost = self.lost.lock().unwrap_or_else(|p| p.into_inner()).take();
+        match lost {
+            Some(s) => self.fail_over(error, s).await,
+            None => Err(error),
+        }
+    }
+
+    /// After `error` (from `lost`, a call that found the session lost): the session resumed
+    /// from the last checkpoint on another runner, the conversation and the board as they were
+    /// then. Err(error) when there is no checkpoint (today's behaviour: the task fails, and the
+    /// node's retry policy may start it over).
+    async fn fail_over(&mut self, error: NodeError, lost: Status) -> Result<(), NodeError> {
+        let Some(last) = self.checkpoints.last.clone() else {
+            return Err(error);
+        };
+        if self.checkpoints.failovers >= MAX_FAILOVERS {
+            return Err(NodeError::new(
+                error.kind,
+                format!(
+                    "{} (the session was already resumed from a checkpoint {MAX_FAILOVERS} times)",
+                    error.message
+                ),
+            ));
+        }
+        let t0 = Instant::now();
+        let unusable = |what: String| {
+            NodeError::new(
+                error.kind,
+                format!(
+                    "{}; resuming the checkpoint {} failed: {what}",
+                    error.message, last.path
+                ),
+            )
+        };
+        let file = match self
+            .ctx
+            .store()
+            .get_at_most(
+                &self.ctx.project,
+                &last.path,
+                MAX_CHECKPOINT_BYTES + (1 << 20),
+            )
+            .await
+        {
+            Ok(Some(b)) => b,
+            Ok(None) => return Err(unusable("it is no longer in the store".into())),
+            Err(s) => return Err(unusable(s.message().to_owned())),
+        };
+        let got = cairn_sha256::sha256_hex(&file);
+        if got != last.sha256 || file.len() as u64 != last.bytes {
+            return Err(unusable(format!(
+                "it reads back as {} bytes with sha256 {got}, stored as {} bytes with sha256 {}",
+                file.len(),
+                last.bytes,
+                last.sha256
+            )));
+        }
+        let old = self.session.take();
+        let (old_id, old_runner) = old
+            .as_ref()
+            .map(|s| (s.id().to_owned(), s.runner.clone()))
+            .unwrap_or_default();
+        // Every runner may take it; the one that lost the session is tried last (it may be
+        // back, having forgotten its sessions).
+        let mut rotation = self.ctx.backends.runners.rotation();
+        rotation.sort_by_key(|(addr, _)| *addr == old_runner);
+        let id = format!("cd-{}", uuid::Uuid::new_v4().simple());
+        let mut session = match RunnerSession::resume(rotation, file, id).await {
+            Ok(s) => s,
+            Err(s) => {
+                self.session = old;
+                return Err(unusable(s.message().to_owned()));
+            }
+        };
+        if let Some(o) = &old {
+            // The checked-out commit of a git source is the task's, whatever the session.
+            session.info.git_commit.clone_from(&o.info.git_commit);
+        }
+        // The old session is closed in the background (if its runner is still there).
+        drop(old);
+        self.checkpoints.failovers += 1;
+        self.checkpoints.opened();
+        let undone = self.iterations.saturating_sub(last.step.saturating_sub(1));
+        self.messages.truncate(last.messages);
+        self.board = last.board;
+        self.save_board().await?;
+        self.ctx.progress.emit(
+            Ev::new(SESSION_RESUMED, self.node())
+                .level(Level::Warning)
+                .with("snapshot", last.path.as_str())
+                .with("session_id", session.id())
+                .with("runner", session.runner.as_str())
+                .with("previous_session_id", old_id.as_str())
+                .with("previous_runner", old_runner.as_str())
+                .with("error", lost.message())
+                .with("step", last.step)
+                .with("turns_undone", undone)
+                .with("ms", t0.elapsed().as_millis() as u64),
+        );
+        self.session = Some(session);
+        Ok(())
+    }
+}

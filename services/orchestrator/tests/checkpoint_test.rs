@@ -1,0 +1,544 @@
+//! Checkpoints of a code_delivery session and failover, end to end over real gRPC on
+//! loopback: the embedded store, the orchestrator, two sandbox runners (Docker under
+//! CAIRN_REQUIRE_DOCKER=1, the local bubblewrap backend otherwise; a `SKIP:` line when neither
+//! runs here) and a fake OpenAI-compatible server whose answers the test scripts and can hold
+//! back (so a runner is stopped at a known point of the tool loop).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::VecDeque;
+use std::io::Read;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::response::Response;
+use axum::routing::post;
+use axum::Router;
+use cairn_orchestrator::Config;
+use cairn_proto::v1::{RunInfo, SubmitRunRequest, TaskState};
+use common::*;
+use serde_json::{json, Value};
+use sha2::Digest;
+use tokio::sync::{oneshot, Notify};
+
+// ---------------------------------------------------------------- fake LLM
+
+/// The tool calls of one answer: (tool, arguments).
+type Turn = Vec<(&'static str, Value)>;
+
+/// Scripted tool calls, one list per request; request `hold` (1-based) is answered only once
+/// the test calls `release`.
+#[derive(Clone)]
+struct FakeLlm {
+    answers: Arc<Mutex<VecDeque<Turn>>>,
+    seen: Arc<Mutex<Vec<Value>>>,
+    hold: usize,
+    gate: Arc<Notify>,
+    spec: String,
+}
+
+impl FakeLlm {
+    async fn start(answers: Vec<Turn>, hold: usize) -> FakeLlm {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let fake = FakeLlm {
+            answers: Arc::new(Mutex::new(answers.into())),
+            seen: Default::default(),
+            hold,
+            gate: Arc::new(Notify::new()),
+            spec: format!("openai:http://{addr}/v1#fake-model"),
+        };
+        let app = Router::new()
+            .route("/v1/chat/completions", post(chat))
+            .with_state(fake.clone());
+        tokio::spawn(async move {
+            let _ = axum::serve(l, app).await;
+        });
+        fake
+    }
+
+    fn release(&self) {
+        self.gate.notify_one();
+    }
+
+    fn requests(&self) -> Vec<Value> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+async fn chat(State(fake): State<FakeLlm>, body: Bytes) -> Response {
+    let n = {
+        let mut seen = fake.seen.lock().unwrap();
+        seen.push(serde_json::from_slice(&body).unwrap_or(Value::Null));
+        seen.len()
+    };
+    if n == fake.hold {
+        fake.gate.notified().await;
+    }
+    let answer = fake.answers.lock().unwrap().pop_front();
+    let (status, body) = match answer {
+        None => (
+            400,
+            json!({"error": {"message": "the test's script has no answer left"}}),
+        ),
+        Some(list) => {
+            let tool_calls: Vec<Value> = list
+                .iter()
+                .enumerate()
+                .map(|(i, (name, args))| json!({"id": format!("call_{n}_{i}"), "type": "function", "function": {"name": name, "arguments": args.to_string()}}))
+                .collect();
+            (
+                200,
+                json!({"model": "fake-model", "choices": [{"index": 0, "message": {"role": "assistant", "content": null, "tool_calls": tool_calls}, "finish_reason": "tool_calls"}], "usage": {"prompt_tokens": 10, "completion_tokens": 5}}),
+            )
+        }
+    };
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap()
+}
+
+// ---------------------------------------------------------------- two runners and a stack
+
+static NEXT_RUNNER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// One served sandbox runner.
+struct Runner {
+    addr: String,
+    handle: cairn_sandbox_runner::RunnerHandle,
+    stop: Option<(oneshot::Sender<()>, tokio::task::JoinHandle<()>)>,
+    _dir: tempfile::TempDir,
+}
+
+impl Runner {
+    async fn start(name: &str) -> Result<Runner, String> {
+        let dir = tempfile::tempdir().unwrap();
+        let config = cairn_sandbox_runner::Config {
+            work_root: dir.path().join("work"),
+            // Unique among the runners of this process: a runner's shutdown and start-up
+            // sweep remove what its id started.
+            runner_id: format!(
+                "ckpt{name}{}x{}",
+                std::process::id(),
+                NEXT_RUNNER.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            ),
+            backend: if docker_required() {
+                cairn_sandbox_runner::BackendChoice::Docker
+            } else {
+                cairn_sandbox_runner::BackendChoice::Local
+            },
+            ..Default::default()
+        };
+        let (server, handle) = cairn_sandbox_runner::sandbox_service(config)
+            .await
+            .map_err(|e| e.to_string())?;
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let (tx, rx) = oneshot::channel();
+        let join = tokio::spawn(async move {
+            let mut host = cairn_server::Host::new();
+            host.add(server);
+            let _ = host
+                .serve(l, async {
+                    let _ = rx.await;
+                })
+                .await;
+        });
+        Ok(Runner {
+            addr,
+            handle,
+            stop: Some((tx, join)),
+            _dir: dir,
+        })
+    }
+
+    /// Gone, as a runner whose host died: its sessions are closed and nothing answers at its
+    /// address any more.
+    async fn kill(&mut self) {
+        self.handle.shutdown().await;
+        if let Some((tx, join)) = self.stop.take() {
+            let _ = tx.send(());
+            let _ = tokio::time::timeout(Duration::from_secs(10), join).await;
+        }
+    }
+}
+
+tokio::task_local! {
+    /// The runners of the stack being started.
+    static RUNNERS: Vec<String>;
+}
+
+fn tweak(c: &mut Config) {
+    c.llm.initial_backoff_ms = 5;
+    c.llm.max_backoff_ms = 20;
+    c.llm.request_timeout_ms = 60_000;
+    c.llm.allow_request_llm_urls = true;
+    c.code_delivery.default_command_timeout_seconds = 60;
+    c.sandbox_addrs = RUNNERS.try_with(|r| r.clone()).unwrap_or_default();
+    c.sandbox_health_interval_ms = 200;
+}
+
+/// Two runners and a stack using both; None (with a SKIP line) when no backend runs here.
+async fn two_runners(test: &str) -> Option<(Stack, Vec<Runner>)> {
+    let mut runners = Vec::new();
+    for name in ["a", "b"] {
+        match Runner::start(name).await {
+            Ok(r) => runners.push(r),
+            Err(e) if docker_required() => {
+                panic!("CAIRN_REQUIRE_DOCKER=1 but the docker runner failed: {e}")
+            }
+            Err(e) => {
+                println!("SKIP: {test}: no sandbox backend can run here ({e})");
+                return None;
+            }
+        }
+    }
+    let addrs: Vec<String> = runners.iter().map(|r| r.addr.clone()).collect();
+    let start = Stack::try_start(Options {
+        ingest: false,
+        tweak,
+        ..Default::default()
+    });
+    let stack = RUNNERS.scope(addrs, start).await.unwrap();
+    eprintln!("{test}: backend {}", runners[0].handle.backend());
+    Some((stack, runners))
+}
+
+async fn submit(s: &Stack, node: &str, llm: &FakeLlm) -> String {
+    let yaml = format!(
+        "title: checkpoint test\nnodes:\n  - id: cd\n    type: code_delivery\n    prompt: \"Write notes.\"\n    source_type: empty\n    target: {{type: directory, path: \"out/{{{{run_id}}}}\"}}\n{node}"
+    );
+    s.submit_req(SubmitRunRequest {
+        project_id: PROJECT.into(),
+        graph_yaml: yaml,
+        by: "tester".into(),
+        llm: llm.spec.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+    .run_id
+}
+
+fn outputs(info: &RunInfo) -> Value {
+    serde_json::from_str(&info.nodes[0].outputs_json).unwrap_or(Value::Null)
+}
+
+fn zip_file(bytes: &[u8], name: &str) -> Option<String> {
+    let mut z = zip::ZipArchive::new(std::io::Cursor::new(bytes)).unwrap();
+    let mut out = String::new();
+    z.by_name(name).ok()?.read_to_string(&mut out).unwrap();
+    Some(out)
+}
+
+/// The data of the run's events of type `kind`.
+async fn events_of(s: &Stack, run: &str, kind: &str) -> Vec<Value> {
+    s.events(run)
+        .await
+        .iter()
+        .filter(|e| e.r#type == kind)
+        .map(data)
+        .collect()
+}
+
+/// Waits for the first event of type `kind`.
+async fn wait_event(s: &Stack, run: &str, kind: &str, secs: u64) -> Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(e) = events_of(s, run, kind).await.into_iter().next() {
+            return e;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no {kind} event in {secs} s: {:#?}",
+            s.event_types(run).await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+const README: &str = "# Notes\n\nNotes kept across a failover.\n\n## Usage\n\n    cat notes.txt\n";
+
+// ---------------------------------------------------------------- tests
+
+/// A file written, a checkpoint taken, the session's runner killed: the next tool call fails
+/// over to the other runner from the checkpoint, the conversation goes on from the
+/// checkpoint's turn, and the archive holds the file written before the failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_runner_is_replaced_by_the_last_checkpoint() {
+    let Some((s, mut runners)) =
+        two_runners("a_killed_runner_is_replaced_by_the_last_checkpoint").await
+    else {
+        return;
+    };
+    let llm = FakeLlm::start(
+        vec![
+            // 1: a file, then time for a checkpoint to fall due.
+            vec![
+                (
+                    "write",
+                    json!({"path": "notes.txt", "content": "written before the failure\n"}),
+                ),
+                ("run_bash_command", json!({"command": "sleep 1.3"})),
+            ],
+            // 2 (held until the runner is gone): undone by the failover.
+            vec![(
+                "write",
+                json!({"path": "lost.txt", "content": "never kept"}),
+            )],
+            // 3: in the resumed session.
+            vec![
+                ("run_bash_command", json!({"command": "cat notes.txt; ls"})),
+                ("write", json!({"path": "README.md", "content": README})),
+                (
+                    "end",
+                    json!({"exclude_patterns": [], "archive_name": "notes.zip"}),
+                ),
+            ],
+        ],
+        2,
+    )
+    .await;
+    let run = submit(&s, "    checkpoint_every_s: 1\n", &llm).await;
+
+    let checkpoint = wait_event(&s, &run, "session.checkpointed", 60).await;
+    let opened = wait_event(&s, &run, "code_delivery.session_opened", 5).await;
+    let first_session = opened["session_id"].as_str().unwrap().to_owned();
+    let first_runner = opened["runner"].as_str().unwrap().to_owned();
+    let snapshot = checkpoint["snapshot"].as_str().unwrap().to_owned();
+    assert_eq!(
+        snapshot,
+        format!(".cairn/runs/{run}/snapshots/{first_session}/1.snap")
+    );
+    assert_eq!(checkpoint["memory"], false);
+    assert_eq!(checkpoint["step"], 2);
+    runners
+        .iter_mut()
+        .find(|r| r.addr == first_runner)
+        .expect("the session's runner is one of ours")
+        .kill()
+        .await;
+    llm.release();
+
+    let done = s.wait_final(&run, 120).await;
+    assert_eq!(
+        done.state,
+        TaskState::Completed as i32,
+        "{done:#?}\n{:#?}",
+        s.event_types(&run).await
+    );
+
+    // The stored checkpoint is the one the events name, with its sha256.
+    let stored = s.read(&snapshot).await.expect("the checkpoint is stored");
+    assert_eq!(stored.len() as u64, checkpoint["bytes"].as_u64().unwrap());
+    assert_eq!(
+        hex::encode(sha2::Sha256::digest(&stored)),
+        checkpoint["sha256"].as_str().unwrap()
+    );
+    assert!(stored.starts_with(b"cairn-snapshot\n"));
+
+    // Resumed on the other runner from that snapshot; turn 2 undone.
+    let resumed = events_of(&s, &run, "session.resumed").await;
+    assert_eq!(resumed.len(), 1, "{resumed:#?}");
+    let r = &resumed[0];
+    assert_eq!(r["snapshot"], snapshot.as_str());
+    assert_eq!(r["previous_session_id"], first_session.as_str());
+    assert_eq!(r["previous_runner"], first_runner.as_str());
+    assert_ne!(r["runner"], first_runner.as_str());
+    assert_ne!(r["session_id"], first_session.as_str());
+    assert_eq!(r["turns_undone"], 1);
+    let out = outputs(&done);
+    assert_eq!(out["session_id"], r["session_id"]);
+
+    // The model's third request continued from the checkpoint's conversation: the second
+    // request's messages, without its answer.
+    let reqs = llm.requests();
+    assert_eq!(reqs.len(), 3);
+    assert_eq!(reqs[2]["messages"], reqs[1]["messages"]);
+
+    // The file written before the failure is in the resumed session and in the archive; the
+    // undone write is not.
+    let archive = s
+        .read(&format!("docs/artifacts/{run}/notes.zip"))
+        .await
+        .unwrap();
+    assert_eq!(
+        zip_file(&archive, "notes.txt").as_deref(),
+        Some("written before the failure\n")
+    );
+    assert_eq!(zip_file(&archive, "lost.txt"), None);
+    assert_eq!(zip_file(&archive, "README.md").as_deref(), Some(README));
+    let cat = events_of(&s, &run, "code_delivery.tool_call")
+        .await
+        .into_iter()
+        .find(|e| {
+            e["arguments"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("cat notes.txt")
+        })
+        .unwrap();
+    assert!(
+        cat["result"]
+            .as_str()
+            .unwrap()
+            .contains("written before the failure"),
+        "{cat}"
+    );
+    s.stop().await;
+    for mut r in runners {
+        r.kill().await;
+    }
+}
+
+/// Checkpoints on: the session goes on after each (the same session to the end); off: no
+/// snapshot is stored at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoints_keep_the_session_open_and_off_means_none() {
+    let Some((s, runners)) =
+        two_runners("checkpoints_keep_the_session_open_and_off_means_none").await
+    else {
+        return;
+    };
+    let script = || {
+        vec![
+            vec![
+                ("write", json!({"path": "notes.txt", "content": "one\n"})),
+                ("run_bash_command", json!({"command": "sleep 1.2"})),
+            ],
+            vec![
+                (
+                    "write",
+                    json!({"path": "notes.txt", "content": "two\n", "mode": "append"}),
+                ),
+                ("run_bash_command", json!({"command": "sleep 1.2"})),
+            ],
+            vec![
+                ("write", json!({"path": "README.md", "content": README})),
+                (
+                    "end",
+                    json!({"exclude_patterns": [], "archive_name": "notes.zip"}),
+                ),
+            ],
+        ]
+    };
+    for (node, want) in [("    checkpoint_every_s: 1\n", 2usize), ("", 0)] {
+        let llm = FakeLlm::start(script(), 0).await;
+        let run = submit(&s, node, &llm).await;
+        let done = s.wait_final(&run, 120).await;
+        assert_eq!(
+            done.state,
+            TaskState::Completed as i32,
+            "{node:?}: {done:#?}\n{:#?}",
+            s.event_types(&run).await
+        );
+        let session = outputs(&done)["session_id"].as_str().unwrap().to_owned();
+        let taken = events_of(&s, &run, "session.checkpointed").await;
+        let files = s.list(&format!(".cairn/runs/{run}/snapshots/")).await;
+        assert_eq!(taken.len(), want, "{node:?}: {taken:#?}");
+        assert_eq!(files.len(), want, "{node:?}: {files:?}");
+        for (i, t) in taken.iter().enumerate() {
+            // Every checkpoint is of the one session the task ended in.
+            assert_eq!(t["session_id"], session.as_str());
+            assert_eq!(
+                t["snapshot"],
+                format!(".cairn/runs/{run}/snapshots/{session}/{}.snap", i + 1)
+            );
+        }
+        assert!(events_of(&s, &run, "session.resumed").await.is_empty());
+        let archive = s
+            .read(&format!("docs/artifacts/{run}/notes.zip"))
+            .await
+            .unwrap();
+        assert_eq!(
+            zip_file(&archive, "notes.txt").as_deref(),
+            Some("one\ntwo\n")
+        );
+    }
+    s.stop().await;
+    for mut r in runners {
+        r.kill().await;
+    }
+}
+
+/// Without checkpoints a lost session is what it always was: the attempt fails (unavailable)
+/// and the node's retry starts over in a fresh session, without the earlier files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_checkpoint_a_killed_runner_starts_the_task_over() {
+    let Some((s, mut runners)) =
+        two_runners("without_a_checkpoint_a_killed_runner_starts_the_task_over").await
+    else {
+        return;
+    };
+    let llm = FakeLlm::start(
+        vec![
+            vec![(
+                "write",
+                json!({"path": "notes.txt", "content": "first attempt\n"}),
+            )],
+            // 2 (held until the runner is gone): fails, and so does the attempt.
+            vec![(
+                "write",
+                json!({"path": "lost.txt", "content": "never kept"}),
+            )],
+            // The second attempt, from scratch.
+            vec![
+                ("write", json!({"path": "README.md", "content": README})),
+                (
+                    "end",
+                    json!({"exclude_patterns": [], "archive_name": "notes.zip"}),
+                ),
+            ],
+        ],
+        2,
+    )
+    .await;
+    let run = submit(&s, "", &llm).await;
+    let opened = wait_event(&s, &run, "code_delivery.session_opened", 60).await;
+    // Request 2 is asked (and held) once turn 1's write is done.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while llm.requests().len() < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "no second request");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let first_runner = opened["runner"].as_str().unwrap().to_owned();
+    runners
+        .iter_mut()
+        .find(|r| r.addr == first_runner)
+        .unwrap()
+        .kill()
+        .await;
+    llm.release();
+    let done = s.wait_final(&run, 120).await;
+    assert_eq!(
+        done.state,
+        TaskState::Completed as i32,
+        "{done:#?}\n{:#?}",
+        s.event_types(&run).await
+    );
+    assert!(events_of(&s, &run, "session.resumed").await.is_empty());
+    assert!(events_of(&s, &run, "session.checkpointed").await.is_empty());
+    assert!(s
+        .list(&format!(".cairn/runs/{run}/snapshots/"))
+        .await
+        .is_empty());
+    let opened = events_of(&s, &run, "code_delivery.session_opened").await;
+    assert_eq!(opened.len(), 2, "{opened:#?}");
+    assert_ne!(opened[1]["runner"], first_runner.as_str());
+    // A fresh workspace: the first attempt's file is gone.
+    let archive = s
+        .read(&format!("docs/artifacts/{run}/notes.zip"))
+        .await
+        .unwrap();
+    assert_eq!(zip_file(&archive, "notes.txt"), None);
+    assert_eq!(zip_file(&archive, "README.md").as_deref(), Some(README));
+    s.stop().await;
+    for mut r in runners {
+        r.kill().await;
+    }
+}
