@@ -386,6 +386,7 @@ async fn a_docker_session_on_engine_areas_is_capped_and_leaves_the_runners_disk_
         .pause_session(pb::PauseSessionRequest {
             session_id: s.clone(),
             files_only: true,
+            keep_open: false,
         })
         .await
         .unwrap()
