@@ -130,3 +130,57 @@ async fn a_failing_directory_fsync_refuses_the_batch_and_the_next_one_retries_it
         "{steps:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publication_dropped_unfinished_refuses_the_runs_later_events() {
+    let f = fixture();
+    f.put_deferred("docs/a.md").await;
+    f.append("r1").await.unwrap();
+    // A publication whose task ended (a panic, a runtime shut down) before it finished.
+    drop(f.runs.start_publication("p", "r1", "docs/b.md"));
+    let err = f.append("r1").await.unwrap_err();
+    assert!(
+        matches!(&err, crate::Error::PublicationLost { run, path, cause }
+            if run == "r1" && path == "docs/b.md" && cause.contains("ended before publishing")),
+        "{err}"
+    );
+    assert_eq!(
+        f.log_text("r1").lines().count(),
+        1,
+        "nothing more committed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_seek_record_a_commit_writes_points_at_its_events_line() {
+    let f = fixture();
+    f.put_deferred("docs/a.md").await;
+    // Three commits, so that records are written by later commits too (at offsets past the
+    // bytes of the earlier ones).
+    let mut n = 0;
+    for size in [200, 100, 300] {
+        let batch = (0..size)
+            .map(|_| {
+                n += 1;
+                NewEvent::store("x", serde_json::json!({ "n": n, "pad": "y".repeat(n % 7) }))
+            })
+            .collect();
+        f.runs.append(&f.state, "p", "r1", batch).await.unwrap();
+    }
+    let dir = f.root.path().join("projects/p/.cairn/runs/r1");
+    let index = std::fs::File::open(dir.join("events.idx")).unwrap();
+    let log = std::fs::File::open(dir.join("events.jsonl")).unwrap();
+    let len = log.metadata().unwrap().len();
+    let marks = crate::event_seek::read_marks(&index).unwrap();
+    assert_eq!(
+        marks.iter().map(|m| m.0).collect::<Vec<_>>(),
+        [1, 257, 513],
+        "{marks:?}"
+    );
+    for (seq, offset) in &marks {
+        assert!(
+            crate::event_seek::verify(&log, len, *seq, *offset),
+            "the record of {seq} points at {offset}, not at its line"
+        );
+    }
+}
