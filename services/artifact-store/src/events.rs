@@ -1034,6 +1034,8 @@ use reader::Reader;
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::config::Config;
+    use crate::write::{put, PutSpec};
 
     #[test]
     fn lines_have_the_fixed_fields_first_and_parse_back() {
@@ -1084,5 +1086,39 @@ mod tests {
             .open(&path)
             .unwrap();
         assert_eq!(recover(&file).unwrap(), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn an_event_is_refused_only_when_its_line_is_longer_than_the_limit() {
+        let event = NewEvent::store("x", serde_json::json!({ "pad": "y".repeat(300) }));
+        let size = event
+            .render(u64::MAX, "2026-01-01T00:00:00.000Z", "r1")
+            .len();
+        for (max, refused) in [(size - 1, true), (size, false)] {
+            let root = tempfile::tempdir().unwrap();
+            let state = Arc::new(
+                State::open(Config {
+                    data_root: root.path().to_path_buf(),
+                    max_event_bytes: max,
+                    ..Config::default()
+                })
+                .unwrap(),
+            );
+            let runs = Arc::<RunLogs>::default();
+            let spec = PutSpec {
+                project_id: "p".into(),
+                path: "a.md".into(),
+                create_project: true,
+                ..PutSpec::default()
+            };
+            let body = futures::stream::iter([Ok(Bytes::from_static(b"x"))]);
+            put(&state, &runs, spec, body).await.unwrap();
+            let got = runs.append(&state, "p", "r1", vec![event.clone()]).await;
+            match got {
+                Err(Error::TooLarge { .. }) => assert!(refused, "refused at exactly the limit"),
+                Ok(range) => assert!(!refused, "a line over the limit was committed: {range:?}"),
+                Err(e) => panic!("{e}"),
+            }
+        }
     }
 }
