@@ -1121,4 +1121,42 @@ mod tests {
             }
         }
     }
+
+    #[tokio::test]
+    async fn after_a_restart_a_fenced_batch_is_checked_against_the_epoch_on_disk() {
+        let root = tempfile::tempdir().unwrap();
+        let state = Arc::new(
+            State::open(Config {
+                data_root: root.path().to_path_buf(),
+                ..Config::default()
+            })
+            .unwrap(),
+        );
+        let runs = Arc::<RunLogs>::default();
+        let spec = PutSpec {
+            project_id: "p".into(),
+            path: "a.md".into(),
+            create_project: true,
+            ..PutSpec::default()
+        };
+        let body = futures::stream::iter([Ok(Bytes::from_static(b"x"))]);
+        put(&state, &runs, spec, body).await.unwrap();
+        let (epoch, _) = runs.claim(&state, "p", "r1", "driver").await.unwrap();
+        runs.claim(&state, "p", "r1", "driver").await.unwrap();
+        // The store restarted: its run logs know no epoch until they read it.
+        let restarted = Arc::<RunLogs>::default();
+        let x = || vec![NewEvent::store("x", serde_json::json!({}))];
+        let stale = restarted
+            .append_fenced(&state, "p", "r1", x(), epoch, &[])
+            .await;
+        assert!(
+            matches!(stale, Err(Error::Fenced { sent, current, .. }) if sent == epoch && current == epoch + 1),
+            "{stale:?}"
+        );
+        let restarted = Arc::<RunLogs>::default();
+        let current = restarted
+            .append_fenced(&state, "p", "r1", x(), epoch + 1, &[])
+            .await;
+        assert_eq!(current.unwrap(), (1, 1));
+    }
 }
