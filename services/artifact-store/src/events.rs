@@ -160,7 +160,7 @@ impl NewEvent {
     }
 
     /// The stored line (without newline).
-    fn render(&self, seq: u64, ts: &str, run_id: &str) -> String {
+    pub(crate) fn render(&self, seq: u64, ts: &str, run_id: &str) -> String {
         let s = |v: &str| Value::from(v).to_string();
         let mut line = format!(
             "{{\"ts\":{},\"seq\":{seq},\"type\":{},\"run_id\":{},\"node_id\":{},\"level\":\"{}\"",
@@ -1034,8 +1034,6 @@ use reader::Reader;
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::config::Config;
-    use crate::write::{put, PutSpec};
 
     #[test]
     fn lines_have_the_fixed_fields_first_and_parse_back() {
@@ -1086,77 +1084,5 @@ mod tests {
             .open(&path)
             .unwrap();
         assert_eq!(recover(&file).unwrap(), (0, 0));
-    }
-
-    #[tokio::test]
-    async fn an_event_is_refused_only_when_its_line_is_longer_than_the_limit() {
-        let event = NewEvent::store("x", serde_json::json!({ "pad": "y".repeat(300) }));
-        let size = event
-            .render(u64::MAX, "2026-01-01T00:00:00.000Z", "r1")
-            .len();
-        for (max, refused) in [(size - 1, true), (size, false)] {
-            let root = tempfile::tempdir().unwrap();
-            let state = Arc::new(
-                State::open(Config {
-                    data_root: root.path().to_path_buf(),
-                    max_event_bytes: max,
-                    ..Config::default()
-                })
-                .unwrap(),
-            );
-            let runs = Arc::<RunLogs>::default();
-            let spec = PutSpec {
-                project_id: "p".into(),
-                path: "a.md".into(),
-                create_project: true,
-                ..PutSpec::default()
-            };
-            let body = futures::stream::iter([Ok(Bytes::from_static(b"x"))]);
-            put(&state, &runs, spec, body).await.unwrap();
-            let got = runs.append(&state, "p", "r1", vec![event.clone()]).await;
-            match got {
-                Err(Error::TooLarge { .. }) => assert!(refused, "refused at exactly the limit"),
-                Ok(range) => assert!(!refused, "a line over the limit was committed: {range:?}"),
-                Err(e) => panic!("{e}"),
-            }
-        }
-    }
-
-    #[tokio::test]
-    async fn after_a_restart_a_fenced_batch_is_checked_against_the_epoch_on_disk() {
-        let root = tempfile::tempdir().unwrap();
-        let state = Arc::new(
-            State::open(Config {
-                data_root: root.path().to_path_buf(),
-                ..Config::default()
-            })
-            .unwrap(),
-        );
-        let runs = Arc::<RunLogs>::default();
-        let spec = PutSpec {
-            project_id: "p".into(),
-            path: "a.md".into(),
-            create_project: true,
-            ..PutSpec::default()
-        };
-        let body = futures::stream::iter([Ok(Bytes::from_static(b"x"))]);
-        put(&state, &runs, spec, body).await.unwrap();
-        let (epoch, _) = runs.claim(&state, "p", "r1", "driver").await.unwrap();
-        runs.claim(&state, "p", "r1", "driver").await.unwrap();
-        // The store restarted: its run logs know no epoch until they read it.
-        let restarted = Arc::<RunLogs>::default();
-        let x = || vec![NewEvent::store("x", serde_json::json!({}))];
-        let stale = restarted
-            .append_fenced(&state, "p", "r1", x(), epoch, &[])
-            .await;
-        assert!(
-            matches!(stale, Err(Error::Fenced { sent, current, .. }) if sent == epoch && current == epoch + 1),
-            "{stale:?}"
-        );
-        let restarted = Arc::<RunLogs>::default();
-        let current = restarted
-            .append_fenced(&state, "p", "r1", x(), epoch + 1, &[])
-            .await;
-        assert_eq!(current.unwrap(), (1, 1));
     }
 }
