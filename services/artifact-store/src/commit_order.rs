@@ -130,3 +130,133 @@ async fn a_failing_directory_fsync_refuses_the_batch_and_the_next_one_retries_it
         "{steps:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publication_dropped_unfinished_refuses_the_runs_later_events() {
+    let f = fixture();
+    f.put_deferred("docs/a.md").await;
+    f.append("r1").await.unwrap();
+    // A publication whose task ended (a panic, a runtime shut down) before it finished.
+    drop(f.runs.start_publication("p", "r1", "docs/b.md"));
+    // Refused at once: nothing in flight is left to wait for.
+    let appended = tokio::time::timeout(std::time::Duration::from_secs(10), f.append("r1")).await;
+    let Ok(Err(err)) = appended else {
+        panic!("the events were not refused: {appended:?}")
+    };
+    assert!(
+        matches!(&err, crate::Error::PublicationLost { run, path, cause }
+            if run == "r1" && path == "docs/b.md" && cause.contains("ended before publishing")),
+        "{err}"
+    );
+    assert_eq!(
+        f.log_text("r1").lines().count(),
+        1,
+        "nothing more committed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_seek_record_a_commit_writes_points_at_its_events_line() {
+    let f = fixture();
+    f.put_deferred("docs/a.md").await;
+    // Three commits, so that records are written by later commits too (at offsets past the
+    // bytes of the earlier ones).
+    let mut n = 0;
+    for size in [200, 100, 300] {
+        let batch = (0..size)
+            .map(|_| {
+                n += 1;
+                NewEvent::store("x", serde_json::json!({ "n": n, "pad": "y".repeat(n % 7) }))
+            })
+            .collect();
+        f.runs.append(&f.state, "p", "r1", batch).await.unwrap();
+    }
+    let dir = f.root.path().join("projects/p/.cairn/runs/r1");
+    let index = std::fs::File::open(dir.join("events.idx")).unwrap();
+    let log = std::fs::File::open(dir.join("events.jsonl")).unwrap();
+    let len = log.metadata().unwrap().len();
+    let marks = crate::event_seek::read_marks(&index).unwrap();
+    assert_eq!(
+        marks.iter().map(|m| m.0).collect::<Vec<_>>(),
+        [1, 257, 513],
+        "{marks:?}"
+    );
+    for (seq, offset) in &marks {
+        assert!(
+            crate::event_seek::verify(&log, len, *seq, *offset),
+            "the record of {seq} points at {offset}, not at its line"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_event_is_refused_only_when_its_line_is_longer_than_the_limit() {
+    let event = NewEvent::store("x", serde_json::json!({ "pad": "y".repeat(300) }));
+    let size = event
+        .render(u64::MAX, "2026-01-01T00:00:00.000Z", "r1")
+        .len();
+    for (max, refused) in [(size - 1, true), (size, false)] {
+        let root = tempfile::tempdir().unwrap();
+        let state = Arc::new(
+            State::open(Config {
+                data_root: root.path().to_path_buf(),
+                max_event_bytes: max,
+                ..Config::default()
+            })
+            .unwrap(),
+        );
+        let runs = Arc::<RunLogs>::default();
+        let spec = PutSpec {
+            project_id: "p".into(),
+            path: "a.md".into(),
+            create_project: true,
+            ..PutSpec::default()
+        };
+        let body = futures::stream::iter([Ok(Bytes::from_static(b"x"))]);
+        put(&state, &runs, spec, body).await.unwrap();
+        let got = runs.append(&state, "p", "r1", vec![event.clone()]).await;
+        match got {
+            Err(crate::Error::TooLarge { .. }) => assert!(refused, "refused at exactly the limit"),
+            Ok(range) => assert!(!refused, "a line over the limit was committed: {range:?}"),
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn after_a_restart_a_fenced_batch_is_checked_against_the_epoch_on_disk() {
+    let root = tempfile::tempdir().unwrap();
+    let state = Arc::new(
+        State::open(Config {
+            data_root: root.path().to_path_buf(),
+            ..Config::default()
+        })
+        .unwrap(),
+    );
+    let runs = Arc::<RunLogs>::default();
+    let spec = PutSpec {
+        project_id: "p".into(),
+        path: "a.md".into(),
+        create_project: true,
+        ..PutSpec::default()
+    };
+    let body = futures::stream::iter([Ok(Bytes::from_static(b"x"))]);
+    put(&state, &runs, spec, body).await.unwrap();
+    let (epoch, _) = runs.claim(&state, "p", "r1", "driver").await.unwrap();
+    runs.claim(&state, "p", "r1", "driver").await.unwrap();
+    // The store restarted: its run logs know no epoch until they read it.
+    let restarted = Arc::<RunLogs>::default();
+    let x = || vec![NewEvent::store("x", serde_json::json!({}))];
+    let stale = restarted
+        .append_fenced(&state, "p", "r1", x(), epoch, &[])
+        .await;
+    assert!(
+        matches!(stale, Err(crate::Error::Fenced { sent, current, .. }) if sent == epoch && current == epoch + 1),
+        "{stale:?}"
+    );
+    let restarted = Arc::<RunLogs>::default();
+    let current = restarted
+        .append_fenced(&state, "p", "r1", x(), epoch + 1, &[])
+        .await;
+    assert_eq!(current.unwrap(), (1, 1));
+}

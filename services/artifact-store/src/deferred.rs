@@ -276,6 +276,19 @@ mod tests {
         assert_eq!(pending.take().len(), 2);
     }
 
+    #[test]
+    fn a_set_dropped_at_close_syncs_the_directories_left_in_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let pending = PendingDirs::default();
+        let d = dir(tmp.path());
+        let key = probe::key_of(d.as_fd());
+        assert_eq!(pending.add(&d), Added::First);
+        let before = probe::steps(&[key]).len();
+        drop(pending);
+        let steps = probe::steps(&[key]);
+        assert_eq!(steps[before..], [probe::Step::DirFsync(key)], "{steps:?}");
+    }
+
     #[tokio::test]
     async fn events_wait_for_earlier_publications_only_and_a_lost_one_sticks() {
         let publishing = Publishing::default();
@@ -286,7 +299,11 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(50)).await;
             publishing.finish(a, None);
         };
-        let (lost, ()) = tokio::join!(publishing.settle(), settle);
+        let (lost, ()) = tokio::time::timeout(Duration::from_secs(10), async {
+            tokio::join!(publishing.settle(), settle)
+        })
+        .await
+        .expect("the settle never ended: a finished publication still counts as in flight");
         assert_eq!(lost, None);
         assert!(!publishing.is_idle(), "the late one is still in flight");
         let b = publishing.start();
@@ -301,6 +318,19 @@ mod tests {
         .unwrap();
         assert_eq!(lost, Some(("x.txt".into(), "fsync failed".into())));
         assert!(!publishing.is_idle(), "a lost publication keeps the log");
+    }
+
+    #[test]
+    fn a_run_with_nothing_in_flight_and_nothing_lost_is_idle() {
+        let publishing = Publishing::default();
+        assert!(publishing.is_idle());
+        let a = publishing.start();
+        assert!(!publishing.is_idle());
+        publishing.finish(a, None);
+        assert!(
+            publishing.is_idle(),
+            "finished without a loss: its log may close"
+        );
     }
 
     #[test]

@@ -160,7 +160,7 @@ impl NewEvent {
     }
 
     /// The stored line (without newline).
-    fn render(&self, seq: u64, ts: &str, run_id: &str) -> String {
+    pub(crate) fn render(&self, seq: u64, ts: &str, run_id: &str) -> String {
         let s = |v: &str| Value::from(v).to_string();
         let mut line = format!(
             "{{\"ts\":{},\"seq\":{seq},\"type\":{},\"run_id\":{},\"node_id\":{},\"level\":\"{}\"",
