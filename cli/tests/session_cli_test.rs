@@ -104,6 +104,97 @@ fn a_session_paused_into_the_store_resumes_and_forks_with_its_files() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--sandbox-addr"));
 }
 
+#[test]
+fn a_pause_the_store_refuses_loses_neither_the_session_nor_its_snapshot() {
+    if !sandbox_available() && which_bwrap().is_none() {
+        println!("SKIP: session_cli: neither Docker with cairn-sandbox:latest nor bubblewrap");
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let (_up, addr, _) = up_env(
+        data.path(),
+        &[("CAIRN_ARTIFACT_STORE_SNAPSHOTS_MAX_PROJECT_BYTES", "65536")],
+    );
+    let addr = addr.as_str();
+    let id = json(data.path(), addr, &["open"])["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    json(
+        data.path(),
+        addr,
+        &[
+            "exec",
+            &id,
+            "--",
+            "head -c 200000 /dev/urandom > /workspace/big.bin; echo kept > /workspace/a.txt",
+        ],
+    );
+    let pause = |args: &[&str]| {
+        let out = cairn(data.path())
+            .args(["--addr", addr, "sandbox", "session", "pause"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            !out.status.success(),
+            "a snapshot past the quota is refused"
+        );
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+
+    // Files only: the session is kept open until the store has the snapshot.
+    let said = pause(&[&id, "--files-only"]);
+    assert!(
+        said.contains("snapshot_quota") || said.contains("quota"),
+        "{said}"
+    );
+    assert!(said.contains("stays open"), "{said}");
+    let cat = json(
+        data.path(),
+        addr,
+        &["exec", &id, "--", "cat /workspace/a.txt"],
+    );
+    assert_eq!(
+        cat["stdout"], "kept\n",
+        "the refused pause left the session working"
+    );
+
+    // A pause that ends the session keeps the refused snapshot on this machine.
+    let said = pause(&[&id]);
+    let kept = said
+        .split("kept at ")
+        .nth(1)
+        .and_then(|rest| rest.split(':').next())
+        .unwrap_or_else(|| panic!("the refusal names where the snapshot is kept: {said}"));
+    let bytes = std::fs::read(kept).unwrap();
+    assert!(bytes.len() > 200_000, "the whole snapshot is kept");
+    assert!(
+        bytes.starts_with(b"cairn-snapshot"),
+        "it is a snapshot file"
+    );
+    std::fs::remove_file(kept).unwrap();
+    assert!(
+        walk_files(data.path())
+            .iter()
+            .all(|p| !p.to_string_lossy().contains(".cairn/snapshots/")),
+        "nothing of either snapshot is in the store"
+    );
+}
+
+fn walk_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(walk_files(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
+
 fn which_bwrap() -> Option<std::path::PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)

@@ -18,6 +18,7 @@ use tokio::io::AsyncSeekExt;
 
 use crate::cli::{Global, SessionCommand};
 use crate::embedded::{Needs, Services};
+use crate::failure::{self, Failure};
 use crate::{output, transfer};
 
 /// Where the CLI keeps the snapshots of its sessions.
@@ -90,18 +91,49 @@ async fn session(
             session,
             files_only,
         } => {
+            // A files-only pause keeps the session open until the store has the snapshot, so
+            // a refusal (a full quota, a store away) loses nothing. Without --files-only the
+            // runner ends the session (a memory checkpoint stops the sandbox), so a snapshot
+            // the store refuses is kept on this machine instead.
             let stream = runner
                 .pause_session(PauseSessionRequest {
                     session_id: session.clone(),
                     files_only,
-                    keep_open: false,
+                    keep_open: files_only,
                 })
                 .await?
                 .into_inner();
-            let mut file = tokio::fs::File::from_std(tempfile::tempfile()?);
+            let local = tempfile::NamedTempFile::with_prefix("cairn-snapshot-")?;
+            let mut file = tokio::fs::File::from_std(local.reopen()?);
             let saved = snapshot::save(stream, &mut file).await?;
             file.rewind().await?;
-            let path = store_snapshot(global, services, &session, &saved, file).await?;
+            let path = match store_snapshot(global, services, &session, &saved, file).await {
+                Ok(path) => path,
+                Err(e) if files_only => {
+                    return Err(not_stored(
+                        e,
+                        format!("the session {session} stays open: free room in the store and pause it again, or close it"),
+                    ))
+                }
+                Err(e) => {
+                    let (_, kept) = local.keep()?;
+                    return Err(not_stored(
+                        e,
+                        format!(
+                            "the session {session} ended with its pause; its snapshot is kept at {}: once the store has room, `cairn store put {} {SNAPSHOTS}/{session}/<n>.snap`, then resume it from there",
+                            kept.display(),
+                            kept.display()
+                        ),
+                    ));
+                }
+            };
+            if files_only {
+                runner
+                    .close_session(CloseSessionRequest {
+                        session_id: session.clone(),
+                    })
+                    .await?;
+            }
             let ms = t0.elapsed().as_millis() as u64;
             if global.json {
                 output::json(&json!({
@@ -168,6 +200,27 @@ fn print_id(global: &Global, id: &str, t0: Instant) -> anyhow::Result<()> {
         println!("{id}");
         Ok(())
     }
+}
+
+/// A snapshot the store did not take, in the CLI's words: the store's own, and `hint` (what
+/// became of the session and of the snapshot).
+fn not_stored(e: anyhow::Error, hint: String) -> anyhow::Error {
+    let status = e.chain().find_map(|c| c.downcast_ref::<tonic::Status>());
+    let reason = match status.and_then(cairn_proto::reason::of).as_deref() {
+        Some("snapshot_quota") => "snapshot_quota",
+        _ => "snapshot_not_stored",
+    };
+    let (message, exit) = match status {
+        Some(s) => (format!("{e}: {}", s.message()), failure::exit_of(s.code())),
+        None => (format!("{e:#}"), failure::exit::FAILED),
+    };
+    Failure {
+        reason,
+        message,
+        hint: Some(hint),
+        exit,
+    }
+    .into()
 }
 
 /// Puts a saved snapshot at the next free `<n>.snap` of the session, with its sha256 for

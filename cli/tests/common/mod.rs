@@ -81,8 +81,28 @@ pub fn up_on(
     listen: &[&std::ffi::OsStr],
     extra: &[&std::ffi::OsStr],
 ) -> (Killed, String, String) {
+    up_full(data, listen, extra, &[])
+}
+
+/// [`up`] with configuration variables (`CAIRN_<SERVICE>_<KEY>`) set.
+pub fn up_env(data: &std::path::Path, env: &[(&str, &str)]) -> (Killed, String, String) {
+    up_full(
+        data,
+        &["--listen".as_ref(), "127.0.0.1:0".as_ref()],
+        &[],
+        env,
+    )
+}
+
+fn up_full(
+    data: &std::path::Path,
+    listen: &[&std::ffi::OsStr],
+    extra: &[&std::ffi::OsStr],
+    env: &[(&str, &str)],
+) -> (Killed, String, String) {
     use std::io::BufRead;
     let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("cairn"))
+        .envs(env.iter().copied())
         .env_remove("CAIRN_ADDR")
         .env_remove("CAIRN_PROJECT")
         .env_remove("CAIRN_CONFIG")

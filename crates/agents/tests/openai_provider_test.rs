@@ -1,6 +1,6 @@
 //! The OpenAI-compatible provider against a fake chat-completions server (axum on
 //! 127.0.0.1:0) with scripted answers: content, tool calls (plain and streamed), retries with
-//! backoff and Retry-After, the 5-attempt limit (seed 003 §7.4), statuses never retried,
+//! backoff and Retry-After, the 5-attempt limit, statuses never retried,
 //! timeouts, malformed answers, the API key kept out of errors, cancellation.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -196,7 +196,7 @@ async fn fake(answers: Vec<Answer>, then: Option<Answer>) -> Fake {
     fake
 }
 
-/// Small waits so retry tests run fast; the attempt limit stays the seed's 5.
+/// Small waits so retry tests run fast; the attempt limit stays 5.
 fn config() -> LlmConfig {
     LlmConfig {
         initial_backoff_ms: 10,

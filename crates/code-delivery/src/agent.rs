@@ -236,6 +236,7 @@ pub async fn run(
         usage: Usage::default(),
         checkpoints: checkpoint::Checkpoints::new(
             spec.checkpoint_every_s.unwrap_or(cfg.checkpoint_every_s),
+            spec.pause_after_ms.unwrap_or(cfg.pause_after_ms),
         ),
         lost: Mutex::new(None),
         cfg,
@@ -332,10 +333,27 @@ impl Task<'_> {
                 }
                 progress.emit(e);
             };
-            let reply = match self.provider.complete_observed(&request, &observer).await {
+            let provider = self.provider.clone();
+            let answer = provider.complete_observed(&request, &observer);
+            tokio::pin!(answer);
+            let answer = match self.checkpoints.pause_after() {
+                None => answer.await,
+                // A slow answer: the session is paused meanwhile, holding no sandbox.
+                Some(after) => tokio::select! {
+                    a = &mut answer => a,
+                    () = tokio::time::sleep(after) => {
+                        self.pause_while_waiting(step).await;
+                        answer.await
+                    }
+                },
+            };
+            let reply = match answer {
                 Ok(r) => r,
                 Err(error) => return Ending::LlmFailed { error, step },
             };
+            if let Err(e) = self.resume_if_paused().await {
+                return Ending::Failed(e);
+            }
             self.usage.prompt_tokens += reply.usage.prompt_tokens;
             self.usage.completion_tokens += reply.usage.completion_tokens;
             if reply.tool_calls.is_empty() {

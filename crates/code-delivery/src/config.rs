@@ -35,6 +35,9 @@ pub struct CodeDeliveryConfig {
     /// Seconds between checkpoints of a task's session when its node sets no
     /// `checkpoint_every_s`; 0 = none.
     pub checkpoint_every_s: u64,
+    /// Milliseconds a task's session may sit idle while the model answers before it is
+    /// paused (checkpointed and closed) when its node sets no `pause_after_ms`; 0 = never.
+    pub pause_after_ms: u64,
 }
 
 impl Default for CodeDeliveryConfig {
@@ -49,6 +52,7 @@ impl Default for CodeDeliveryConfig {
             llm_max_retries_per_request: 5,
             notify_on_llm_failure: true,
             checkpoint_every_s: 0,
+            pause_after_ms: 0,
         }
     }
 }
@@ -69,6 +73,12 @@ impl CodeDeliveryConfig {
             return Err(format!(
                 "code_delivery.checkpoint_every_s must be at most {} (a day); 0 turns checkpoints off",
                 cairn_graph::code_delivery::MAX_CHECKPOINT_EVERY_S
+            ));
+        }
+        let min = cairn_graph::code_delivery::MIN_PAUSE_AFTER_MS;
+        if self.pause_after_ms != 0 && self.pause_after_ms < min {
+            return Err(format!(
+                "code_delivery.pause_after_ms must be 0 (never) or at least {min} (a second)"
             ));
         }
         Ok(())
@@ -92,6 +102,7 @@ cleanup_on_finish = true
 llm_max_retries_per_request = 5
 notify_on_llm_failure = true
 checkpoint_every_s = 0
+pause_after_ms = 0
 "#;
         let c: CodeDeliveryConfig = toml::from_str(text).unwrap();
         assert_eq!(c.default_archive_format, ArchiveFormat::TarGz);

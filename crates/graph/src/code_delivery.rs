@@ -11,6 +11,8 @@ pub const DEFAULT_MAX_ITERATIONS: u32 = 50;
 pub const MAX_ITERATIONS: u32 = 1000;
 /// Longest time between checkpoints a node may ask for (a day).
 pub const MAX_CHECKPOINT_EVERY_S: u64 = 86_400;
+/// Shortest idle time before a session is paused, when pausing is on (a second).
+pub const MIN_PAUSE_AFTER_MS: u64 = 1_000;
 
 /// Where the workspace starts from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -53,6 +55,11 @@ pub struct CodeDelivery {
     /// 0 = none; unset = the orchestrator's `code_delivery.checkpoint_every_s`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_every_s: Option<u64>,
+    /// Milliseconds the session may sit idle while the model answers before it is paused
+    /// (checkpointed and closed: no sandbox held while waiting; resumed on any runner when
+    /// the answer comes); 0 = never; unset = the orchestrator's `code_delivery.pause_after_ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pause_after_ms: Option<u64>,
 }
 
 fn default_max_iterations() -> u32 {
@@ -136,6 +143,15 @@ impl CodeDelivery {
                 format!(
                     "must be at most {MAX_CHECKPOINT_EVERY_S} (a day); 0 turns checkpoints off"
                 ),
+            ));
+        }
+        if self
+            .pause_after_ms
+            .is_some_and(|ms| ms != 0 && ms < MIN_PAUSE_AFTER_MS)
+        {
+            return Err((
+                "pause_after_ms",
+                format!("must be 0 (never) or at least {MIN_PAUSE_AFTER_MS} (a second)"),
             ));
         }
         Ok(())

@@ -79,8 +79,15 @@ pub const SESSION_CHECKPOINT_FAILED: &str = "session.checkpoint_failed";
 /// A node whose session's runner was lost goes on in a session resumed from its last
 /// checkpoint: `snapshot`, `session_id` (the new one), `runner`, `previous_session_id`,
 /// `previous_runner`, `error` (how the old one was lost), `step` (of the checkpoint),
-/// `turns_undone`, `ms`.
+/// `turns_undone`, `ms`, `cause` (`failover`; `idle` after a `session.paused`, with
+/// `paused_ms` and no `error`).
 pub const SESSION_RESUMED: &str = "session.resumed";
+/// A node's session, idle past `pause_after_ms` while the model answered, was checkpointed
+/// and closed, so it holds no sandbox while it waits: `session_id`, `snapshot`, `step`,
+/// `runner`, `idle_ms`, `ms`. A `session.resumed` with `cause: idle` follows when work goes on.
+pub const SESSION_PAUSED: &str = "session.paused";
+/// Warning: an idle session could not be paused (`session_id`, `error`); it stays open.
+pub const SESSION_PAUSE_FAILED: &str = "session.pause_failed";
 
 /// Events that end a run (WatchRun stops after one unless asked to follow).
 pub fn is_final(kind: &str) -> bool {

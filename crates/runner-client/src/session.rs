@@ -56,7 +56,7 @@ pub enum PackError {
 
 impl RunnerSession {
     /// Opens `req.session_id` (set by the caller, so a dropped call can still be closed) on the
-    /// first runner of `rotation` that answers, moving on while runners are Unavailable.
+    /// first runner of `rotation` that answers, moving on while runners are gone.
     /// `node_type` names the node kind in the message given when no runner is configured.
     pub async fn open(
         rotation: Vec<(String, Client)>,
@@ -73,40 +73,16 @@ impl RunnerSession {
                 "a session id is needed before opening: without one a dropped OpenSession could not be closed",
             ));
         }
-        let mut last = None;
-        for (addr, client) in rotation {
-            let mut guard = CloseOnDrop {
-                client: client.clone(),
-                id: req.session_id.clone(),
-                armed: true,
-            };
-            let answer = client.clone().open_session(req.clone()).await;
-            // Answered: either opened (the session closes it from here) or nothing was made.
-            guard.armed = false;
-            match answer {
-                Ok(info) => {
-                    let info = info.into_inner();
-                    let keepalive = keep_touching(&client, &info);
-                    return Ok(RunnerSession {
-                        client,
-                        runner: addr,
-                        info,
-                        open: true,
-                        keepalive,
-                    });
-                }
-                Err(s) if s.code() == Code::Unavailable => {
-                    tracing::warn!(runner = %addr, error = %s.message(), "sandbox runner unavailable; opening the session on the next one");
-                    last = Some(s);
-                }
-                Err(s) => return Err(s),
-            }
-        }
-        Err(last.unwrap_or_else(|| Status::unavailable("no sandbox runner answered")))
+        let id = req.session_id.clone();
+        on_first_that_answers(rotation, &id, "opening the session", |mut client| {
+            let req = req.clone();
+            async move { client.open_session(req).await }
+        })
+        .await
     }
 
     /// Opens a new session `session_id` from a snapshot file (`snapshot.rs`'s layout) on the
-    /// first runner of `rotation` that takes it, moving on while runners are Unavailable.
+    /// first runner of `rotation` that takes it, moving on while runners are gone.
     /// A runner of another backend or image refuses it (FailedPrecondition), a damaged file
     /// is refused by the runner (InvalidArgument) before any session exists.
     pub async fn resume(
@@ -119,40 +95,20 @@ impl RunnerSession {
             .await
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let payload = file.slice(file.len() - rest.len()..);
-        let mut last = None;
-        for (addr, client) in rotation {
-            let mut guard = CloseOnDrop {
-                client: client.clone(),
-                id: session_id.clone(),
-                armed: true,
-            };
-            let parts = crate::snapshot::parts(
-                header.clone(),
-                std::io::Cursor::new(payload.clone()),
-                session_id.clone(),
-            );
-            let answer = client.clone().resume_session(parts).await;
-            guard.armed = false;
-            match answer {
-                Ok(info) => {
-                    let info = info.into_inner();
-                    let keepalive = keep_touching(&client, &info);
-                    return Ok(RunnerSession {
-                        client,
-                        runner: addr,
-                        info,
-                        open: true,
-                        keepalive,
-                    });
-                }
-                Err(s) if crate::runner_gone(&s) => {
-                    tracing::warn!(runner = %addr, error = %s.message(), "sandbox runner unavailable; resuming the snapshot on the next one");
-                    last = Some(s);
-                }
-                Err(s) => return Err(s),
-            }
-        }
-        Err(last.unwrap_or_else(|| Status::unavailable("no sandbox runner answered")))
+        on_first_that_answers(
+            rotation,
+            &session_id,
+            "resuming the snapshot",
+            |mut client| {
+                let parts = crate::snapshot::parts(
+                    header.clone(),
+                    std::io::Cursor::new(payload.clone()),
+                    session_id.clone(),
+                );
+                async move { client.resume_session(parts).await }
+            },
+        )
+        .await
     }
 
     pub fn id(&self) -> &str {
@@ -357,6 +313,57 @@ impl Drop for RunnerSession {
             close_in_background(self.client.clone(), self.info.session_id.clone());
         }
     }
+}
+
+/// Makes session `id` with `call` on the first runner of `rotation` that answers, moving on
+/// while runners are gone (Unavailable, or the connection lost mid-call); any other refusal
+/// ends it. A call dropped in flight, or lost with its connection, is followed by a
+/// CloseSession of `id` in the background, in case the runner made the session.
+async fn on_first_that_answers<F, Fut>(
+    rotation: Vec<(String, Client)>,
+    id: &str,
+    what: &str,
+    mut call: F,
+) -> Result<RunnerSession, Status>
+where
+    F: FnMut(Client) -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<SessionInfo>, Status>>,
+{
+    let mut last = None;
+    for (addr, client) in rotation {
+        let mut guard = CloseOnDrop {
+            client: client.clone(),
+            id: id.to_owned(),
+            armed: true,
+        };
+        let answer = call(client.clone()).await;
+        match answer {
+            Ok(info) => {
+                // Opened: the session closes it from here.
+                guard.armed = false;
+                let info = info.into_inner();
+                let keepalive = keep_touching(&client, &info);
+                return Ok(RunnerSession {
+                    client,
+                    runner: addr,
+                    info,
+                    open: true,
+                    keepalive,
+                });
+            }
+            Err(s) if crate::runner_gone(&s) => {
+                guard.armed = s.code() != Code::Unavailable;
+                tracing::warn!(runner = %addr, error = %s.message(), "sandbox runner unavailable; {what} on the next one");
+                last = Some(s);
+            }
+            Err(s) => {
+                // Refused: nothing was made.
+                guard.armed = false;
+                return Err(s);
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| Status::unavailable("no sandbox runner answered")))
 }
 
 /// Touches the session three times per idle timeout until aborted or the session is gone

@@ -51,6 +51,43 @@ pub struct Config {
     pub drain_deadline_s: u64,
     /// Which finished runs the store archives, and deletes, by itself (`[retention]`).
     pub retention: Retention,
+    /// Session snapshots: the per-project quota, how long the CLI's are kept (`[snapshots]`).
+    pub snapshots: Snapshots,
+}
+
+/// Session snapshots (the CLI's `.cairn/snapshots/`, the runs' `.cairn/runs/<run>/snapshots/`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Snapshots {
+    /// Most bytes of snapshots one project may hold; a snapshot Put past it is refused
+    /// (RESOURCE_EXHAUSTED, `snapshot_quota`). 0 = no limit.
+    pub max_project_bytes: u64,
+    /// The sweep removes the CLI's snapshots last written more than this many days ago
+    /// (0 = kept until removed by hand). A run's snapshots go when the run is archived.
+    pub delete_after_days: u64,
+    /// Quotas of single projects (project id -> bytes, 0 = no limit), replacing
+    /// `max_project_bytes` for them.
+    pub projects: std::collections::BTreeMap<String, u64>,
+}
+
+impl Default for Snapshots {
+    fn default() -> Self {
+        Snapshots {
+            max_project_bytes: 64 << 30,
+            delete_after_days: 30,
+            projects: Default::default(),
+        }
+    }
+}
+
+impl Snapshots {
+    /// The snapshot quota of `project` in bytes (0 = no limit).
+    pub fn quota(&self, project: &str) -> u64 {
+        self.projects
+            .get(project)
+            .copied()
+            .unwrap_or(self.max_project_bytes)
+    }
 }
 
 /// What the retention sweep keeps of finished (completed, failed, canceled) runs: a finished
@@ -106,10 +143,14 @@ impl Retention {
 
     /// Whether any project's rule archives or deletes anything.
     pub fn active(&self) -> bool {
-        let on = |r: &RetentionRule| {
-            r.archive_after_days > 0 || r.keep_runs > 0 || r.delete_after_days > 0
-        };
-        on(&self.rule("")) || self.projects.values().any(on)
+        self.rule("").active() || self.projects.values().any(RetentionRule::active)
+    }
+}
+
+impl RetentionRule {
+    /// Whether the rule archives or deletes anything.
+    pub fn active(&self) -> bool {
+        self.archive_after_days > 0 || self.keep_runs > 0 || self.delete_after_days > 0
     }
 }
 
@@ -132,6 +173,7 @@ impl Default for Config {
             access: Default::default(),
             drain_deadline_s: cairn_server::drain::DEFAULT_DEADLINE.as_secs(),
             retention: Retention::default(),
+            snapshots: Snapshots::default(),
         }
     }
 }
@@ -167,6 +209,12 @@ impl Config {
     /// Applies `CAIRN_ARTIFACT_STORE_*` (or `CAIRN_STORE_*`) overrides read through `var`.
     pub fn apply_env(&mut self, var: impl Fn(&str) -> Option<String>) -> Result<()> {
         ENV.apply_lookup(self, var).map_err(config_error)
+    }
+
+    /// Whether the store sweeps by itself: runs by `[retention]`, old CLI snapshots by
+    /// `snapshots.delete_after_days`.
+    pub fn sweeps(&self) -> bool {
+        self.retention.active() || self.snapshots.delete_after_days > 0
     }
 
     /// Refuses values the store cannot work with.

@@ -75,6 +75,16 @@ pub enum Error {
     #[error("{what} exceeds the limit of {limit} bytes")]
     TooLarge { what: String, limit: u64 },
 
+    /// A snapshot Put would take the project's snapshots past their quota.
+    #[error("snapshot {path:?} ({bytes} bytes) would take the snapshots of project {project:?} past their quota of {limit} bytes ({held} bytes held); remove old snapshots (cairn store ls -r .cairn/snapshots, cairn runs archive) or raise snapshots.max_project_bytes")]
+    SnapshotQuota {
+        project: String,
+        path: String,
+        bytes: u64,
+        held: u64,
+        limit: u64,
+    },
+
     /// An id (project, run) is not of the form [A-Za-z0-9._-]{1,128}.
     #[error("{kind} id {id:?} is invalid: use 1-128 characters of A-Z a-z 0-9 . _ - (not \".\" or \"..\")")]
     InvalidId { kind: &'static str, id: String },
@@ -223,6 +233,7 @@ impl Error {
             Error::WriteOnce { .. } => "write_once",
             Error::DigestMismatch { .. } => "digest_mismatch",
             Error::TooLarge { .. } => "too_large",
+            Error::SnapshotQuota { .. } => "snapshot_quota",
             Error::Unavailable => "store_unavailable",
             Error::Io { .. } | Error::PublicationLost { .. } => "io_error",
             Error::Fenced { .. } => "fenced",
@@ -263,6 +274,18 @@ impl Error {
                 vec![("project", project.clone()), ("path", path.clone())]
             }
             Error::ProjectNotFound(project) => vec![("project", project.clone())],
+            Error::SnapshotQuota {
+                project,
+                path,
+                held,
+                limit,
+                ..
+            } => vec![
+                ("project", project.clone()),
+                ("path", path.clone()),
+                ("held_bytes", held.to_string()),
+                ("limit_bytes", limit.to_string()),
+            ],
             Error::RunNotFound { project, run } => {
                 vec![("project", project.clone()), ("run_id", run.clone())]
             }
@@ -329,7 +352,7 @@ impl Error {
             | Error::InvalidProjectId(_)
             | Error::BadRequest(_)
             | Error::Stream(_) => Code::InvalidArgument,
-            Error::TooLarge { .. } => Code::ResourceExhausted,
+            Error::TooLarge { .. } | Error::SnapshotQuota { .. } => Code::ResourceExhausted,
             Error::ProjectNotFound(_) | Error::NotFound { .. } | Error::RunNotFound { .. } => {
                 Code::NotFound
             }

@@ -24,12 +24,14 @@ mod layout;
 mod page;
 mod project;
 mod publication;
+mod quota;
 mod read;
 mod retention;
 mod run_index;
 mod run_records;
 mod service;
 mod slots;
+mod snapshots;
 mod stamp;
 mod state;
 mod store;
@@ -78,7 +80,7 @@ pub async fn artifact_store_service(
             }
         }
     });
-    if store.config().retention.active() {
+    if store.config().sweeps() {
         let sweeping = Arc::downgrade(&store);
         let every = std::time::Duration::from_secs(store.config().retention.sweep_interval_s);
         tokio::spawn(async move {
@@ -147,13 +149,14 @@ mod tests {
             "direct",
             "deferred",
             "access",
+            "quota",
             "run_records",
             "event_seek",
         ],
         &["layout"],
         &["temp"],
         &["state"],
-        &["files", "read", "run_index"],
+        &["files", "read", "run_index", "snapshots"],
         &["project"],
         &["events", "events_reader", "retention"],
         &["write", "archive", "backup"],

@@ -3,8 +3,8 @@
 //! ingest claims and the bounds on background work. The run logs and document locks are not here: they belong to the
 //! modules above (`events`, `document`), and the `Store` composes all three.
 //!
-//! May depend on: config, error, layout, temp, digest, slots, publication, claim; never on an
-//! operation module (files, project, events, write, read, document) or on `store`.
+//! May depend on: config, error, layout, temp, digest, slots, publication, claim, quota; never
+//! on an operation module (files, project, events, write, read, document) or on `store`.
 
 use std::os::fd::AsFd;
 use std::sync::Arc;
@@ -44,6 +44,8 @@ pub struct State {
     pub(crate) publish_permits: Arc<Semaphore>,
     /// Bounds the large Puts written with O_DIRECT; beyond it a Put uses the page cache.
     pub(crate) direct_writers: Arc<Semaphore>,
+    /// Admissions of snapshot Puts under the projects' quotas.
+    pub(crate) snapshot_quota: crate::quota::Quota,
     /// Tests hold this to keep background publications from starting.
     #[cfg(test)]
     pub(crate) hold_publications: std::sync::Mutex<()>,
@@ -65,6 +67,7 @@ impl State {
             slots: Default::default(),
             publish_permits: Arc::new(Semaphore::new(PUBLICATIONS_IN_FLIGHT)),
             direct_writers: Arc::new(Semaphore::new(DIRECT_WRITERS)),
+            snapshot_quota: Default::default(),
             #[cfg(test)]
             hold_publications: std::sync::Mutex::new(()),
             config,

@@ -30,6 +30,7 @@ use crate::project::{self, Project};
 use crate::read::{self, Entry};
 use crate::retention;
 use crate::run_index::{self, Checked, Filter, RunIndex, Summary};
+use crate::snapshots;
 use crate::state::{blocking, State};
 use crate::write::{self, PutSpec};
 
@@ -344,7 +345,11 @@ impl Store {
             .await
             .unwrap_or_default();
         for project in projects {
+            self.sweep_snapshots(&project).await;
             let rule = retention.rule(&project);
+            if !rule.active() {
+                continue;
+            }
             let (state, p) = (self.state.clone(), project.clone());
             let due = match blocking(move || retention::due(&state, &p, &rule)).await {
                 Ok(due) => due,
@@ -377,6 +382,38 @@ impl Store {
                 }
                 self.index.forget(&project);
             }
+        }
+    }
+
+    /// Removes `project`'s CLI snapshots older than `snapshots.delete_after_days` (0: none).
+    async fn sweep_snapshots(&self, project: &str) {
+        let days = self.state.config.snapshots.delete_after_days;
+        if days == 0 {
+            return;
+        }
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        let (state, p) = (self.state.clone(), project.to_owned());
+        let old = match blocking(move || snapshots::older_than(&state, &p, days, now)).await {
+            Ok(old) => old,
+            Err(e) => {
+                tracing::warn!(%project, error = %e, "the snapshot sweep skipped the project");
+                return;
+            }
+        };
+        if old.is_empty() {
+            return;
+        }
+        for path in &old {
+            match write::delete(&self.state, &self.runs, project, path, "").await {
+                Ok(_) => tracing::info!(%project, %path, days, "removed an old session snapshot"),
+                Err(e) => {
+                    tracing::warn!(%project, %path, error = %e, "could not remove an old session snapshot")
+                }
+            }
+        }
+        let (state, p) = (self.state.clone(), project.to_owned());
+        if let Err(e) = blocking(move || snapshots::remove_empty_dirs(&state, &p)).await {
+            tracing::warn!(%project, error = %e, "could not remove empty snapshot directories");
         }
     }
 

@@ -8,8 +8,8 @@
 //! unnamed file is then gone) or unlinks it. An overwrite or a delete in a run is recorded as
 //! one of its events.
 //!
-//! May depend on: state, layout, files, events, digest, direct, error, cairn-contain; never on
-//! `document`, `read` or `store`.
+//! May depend on: state, layout, files, events, digest, direct, quota, snapshots, error,
+//! cairn-contain; never on `document`, `read` or `store`.
 
 use std::fs::File;
 use std::io::Write;
@@ -31,7 +31,9 @@ use crate::events::{FenceTicket, NewEvent, RunLogs};
 use crate::files::{self, existing_file, holds_same_bytes, Outcome, Replace, Staged, Written};
 use crate::layout::check_id;
 use crate::project;
+use crate::quota::Reservation;
 use crate::run_records;
+use crate::snapshots;
 use crate::state::{blocking, State};
 
 /// Bodies up to this size are received whole and written in one blocking step; larger ones
@@ -70,6 +72,8 @@ struct Deferral {
     run: String,
     /// One of the store's bounded publications in flight.
     _permit: tokio::sync::OwnedSemaphorePermit,
+    /// A snapshot's room under its project's quota, held until it is published.
+    quota: Option<Reservation>,
 }
 
 /// A Put's header, in the store's words.
@@ -350,6 +354,12 @@ where
         limit: max,
     };
 
+    // A snapshot of announced size is refused before its bytes come when it would not fit.
+    let mut reserved = match expect.size {
+        Some(size) => snapshots::admit(state, &spec.project_id, &path, size).await?,
+        None => None,
+    };
+
     // Receive up to SMALL_BYTES before touching the disk.
     let mut head = Vec::new();
     let mut total = 0u64;
@@ -382,12 +392,13 @@ where
             limit: SMALL_BYTES,
         });
     }
-    let defer = match defer_to_run {
+    let mut defer = match defer_to_run {
         None => None,
         Some(run) => Some(Deferral {
             state: state.clone(),
             runs: runs.clone(),
             run,
+            quota: None,
             _permit: state
                 .publish_permits
                 .clone()
@@ -397,6 +408,12 @@ where
         }),
     };
     let written = if ended {
+        if reserved.is_none() {
+            reserved = snapshots::admit(state, &spec.project_id, &path, total).await?;
+        }
+        if let Some(d) = defer.as_mut() {
+            d.quota = reserved.take();
+        }
         let (state2, runs2, project, path2, create) = (
             state.clone(),
             runs.clone(),
@@ -438,6 +455,12 @@ where
         };
         let (file, digest, _) = stream_into(file, head, chunks, total, max, &path, direct).await?;
         expect.verify(&path, &digest)?;
+        if reserved.is_none() {
+            reserved = snapshots::admit(state, &spec.project_id, &path, digest.size_bytes).await?;
+        }
+        if let Some(d) = defer.as_mut() {
+            d.quota = reserved.take();
+        }
         let (state2, runs2) = (state.clone(), runs.clone());
         let how = Publish {
             replace: replace.clone(),

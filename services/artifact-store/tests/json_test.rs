@@ -1,5 +1,5 @@
 //! UpdateJson: write_version optimistic lock, Aborted without merge, max-merge on conflict
-//! (seed 004 §6.4), RFC 7386 merge patches.
+//!, RFC 7386 merge patches.
 #![allow(clippy::unwrap_used)]
 
 mod common;

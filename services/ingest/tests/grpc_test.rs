@@ -1,5 +1,5 @@
 //! Ingest over real gRPC: against a running artifact-store, a stopped one, one that never
-//! answers (seed 000: fail-open), the feature flag, doc_path reads and request checks.
+//! answers (fail-open), the feature flag, doc_path reads and request checks.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -66,7 +66,7 @@ async fn ingest_writes_through_a_running_store_and_records_events() {
             && !store.data_root.path().join("projects/escape.py").exists()
     );
 
-    // The manifest: seed 000 fields, stored where the reply says.
+    // The manifest: its fields, stored where the reply says.
     let manifest: serde_json::Value = serde_json::from_str(&reply.manifest_json).unwrap();
     assert_eq!(manifest["version"], "1");
     assert_eq!(manifest["run_id"], "r1");

@@ -182,7 +182,7 @@ fn cases() -> Vec<Case> {
             "~~~py file=a.py\n```py file=b.py\nx\n```\n~~~\n",
             vec![s("malformed_header", "a.py")],
         ),
-        // --- malformed headers (seed 000 明確拒絕) ---
+        // --- malformed headers (refused outright) ---
         case(
             "double-quoted path",
             "```py file=\"a.py\"\nx\n```\n",
@@ -763,7 +763,7 @@ async fn table_over_grpc_against_a_real_store() {
             c.name
         );
 
-        // Summary = per-status counts; level per seed 000.
+        // Summary = per-status counts; level by the counts.
         let count = |st: &str| c.expect.iter().filter(|e| e.status == st).count() as u64;
         assert_eq!(manifest["summary"]["total_blocks"], c.expect.len() as u64);
         assert_eq!(

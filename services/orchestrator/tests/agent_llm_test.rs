@@ -1,6 +1,6 @@
 //! `agent_task` through a graph run against a local fake OpenAI-compatible server: every
 //! attempt of the LLM request is an `llm.attempt` event, token usage lands in the node's
-//! outputs, five failures fail the node with the seed 003 §7.4 message, and cancelling the
+//! outputs, five failures fail the node with the five-failures message, and cancelling the
 //! run aborts the request in flight.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

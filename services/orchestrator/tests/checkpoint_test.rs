@@ -542,3 +542,111 @@ async fn without_a_checkpoint_a_killed_runner_starts_the_task_over() {
         r.kill().await;
     }
 }
+
+/// Sessions open on the runner at `addr`.
+async fn open_sessions(addr: &str) -> u32 {
+    cairn_proto::v1::sandbox_runner_client::SandboxRunnerClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap()
+        .get_runner_info(cairn_proto::v1::GetRunnerInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .open_sessions
+}
+
+/// `pause_after_ms`: while a slow answer is awaited the session is checkpointed and closed (no
+/// runner holds a session), then resumed from that checkpoint when the answer comes, with
+/// nothing undone; the task finishes with the files written before the pause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_session_is_paused_while_the_model_answers_and_resumed_after() {
+    let Some((s, runners)) =
+        two_runners("an_idle_session_is_paused_while_the_model_answers_and_resumed_after").await
+    else {
+        return;
+    };
+    let llm = FakeLlm::start(
+        vec![
+            vec![(
+                "write",
+                json!({"path": "notes.txt", "content": "written before the pause\n"}),
+            )],
+            // 2: held until the session has been paused.
+            vec![
+                ("run_bash_command", json!({"command": "cat notes.txt"})),
+                ("write", json!({"path": "README.md", "content": README})),
+                (
+                    "end",
+                    json!({"exclude_patterns": [], "archive_name": "notes.zip"}),
+                ),
+            ],
+        ],
+        2,
+    )
+    .await;
+    let run = submit(&s, "    pause_after_ms: 1000\n", &llm).await;
+    let opened = wait_event(&s, &run, "code_delivery.session_opened", 60).await;
+    let first_session = opened["session_id"].as_str().unwrap().to_owned();
+    let paused = wait_event(&s, &run, "session.paused", 60).await;
+    assert_eq!(paused["session_id"], first_session.as_str());
+    assert_eq!(paused["step"], 2);
+    assert_eq!(paused["idle_ms"], 1000);
+    let snapshot = paused["snapshot"].as_str().unwrap().to_owned();
+    assert_eq!(
+        snapshot,
+        format!(".cairn/runs/{run}/snapshots/{first_session}/1.snap")
+    );
+    // Waiting for the model, the node holds no sandbox on either runner.
+    for r in &runners {
+        assert_eq!(open_sessions(&r.addr).await, 0, "runner {}", r.addr);
+    }
+    assert!(
+        s.read(&snapshot).await.is_some(),
+        "the pause's snapshot is stored"
+    );
+    llm.release();
+
+    let done = s.wait_final(&run, 120).await;
+    assert_eq!(
+        done.state,
+        TaskState::Completed as i32,
+        "{done:#?}\n{:#?}",
+        s.event_types(&run).await
+    );
+    let resumed = events_of(&s, &run, "session.resumed").await;
+    assert_eq!(resumed.len(), 1, "{resumed:#?}");
+    let r = &resumed[0];
+    assert_eq!(r["cause"], "idle");
+    assert_eq!(r["snapshot"], snapshot.as_str());
+    assert_eq!(r["previous_session_id"], first_session.as_str());
+    assert_eq!(r["turns_undone"], 0);
+    assert!(r["paused_ms"].as_u64().is_some());
+    assert_ne!(r["session_id"], first_session.as_str());
+    assert_eq!(outputs(&done)["session_id"], r["session_id"]);
+    // Nothing redone: two requests in all.
+    assert_eq!(llm.requests().len(), 2);
+    let cat = events_of(&s, &run, "code_delivery.tool_call")
+        .await
+        .into_iter()
+        .find(|e| e["tool"] == "run_bash_command")
+        .unwrap();
+    assert!(
+        cat["result"]
+            .as_str()
+            .unwrap()
+            .contains("written before the pause"),
+        "{cat}"
+    );
+    let archive = s
+        .read(&format!("docs/artifacts/{run}/notes.zip"))
+        .await
+        .unwrap();
+    assert_eq!(
+        zip_file(&archive, "notes.txt").as_deref(),
+        Some("written before the pause\n")
+    );
+    s.stop().await;
+    for mut r in runners {
+        r.kill().await;
+    }
+}

@@ -1,4 +1,4 @@
-//! The code delivery agent (seed 003) end to end: the embedded store, ingest and a sandbox
+//! The code delivery agent end to end: the embedded store, ingest and a sandbox
 //! runner over real gRPC (Docker under CAIRN_REQUIRE_DOCKER=1, the local bubblewrap backend
 //! otherwise; a `SKIP:` line when neither runs here), a fake OpenAI-compatible server with
 //! scripted tool calls, and a fake OneBot v11 server. Every test also checks the cleanup: the
@@ -226,7 +226,7 @@ tokio::task_local! {
 }
 
 fn tweak(c: &mut Config) {
-    // Fast retries; the attempt limit stays the seed's 5.
+    // Fast retries; the attempt limit stays 5.
     c.llm.initial_backoff_ms = 5;
     c.llm.max_backoff_ms = 20;
     c.llm.request_timeout_ms = 30_000;

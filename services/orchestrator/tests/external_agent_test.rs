@@ -1,4 +1,4 @@
-//! External agent CLIs (seed 001 §2.1.1) end to end over real gRPC: a fake `codex exec --json`
+//! External agent CLIs end to end over real gRPC: a fake `codex exec --json`
 //! (tests/fixtures/fake_codex.py) runs in a sandbox session (Docker under
 //! CAIRN_REQUIRE_DOCKER=1, the local backend otherwise; a `SKIP:` line when neither can run
 //! here), asks for approval once, goes awaiting behind the node's gate, and is resumed by its
@@ -102,7 +102,7 @@ async fn asks_for_approval_once_then_resumes_by_thread_id() {
     let after = blocked.nodes.iter().find(|n| n.id == "after").unwrap();
     assert_eq!(after.state, NodeState::Pending as i32);
 
-    // session.json in the seed's shape: awaiting, with the thread id as the opaque handle.
+    // session.json: awaiting, with the thread id as the opaque handle.
     let sess = session(&s, &run).await;
     let mut keys: Vec<&str> = sess
         .as_object()
@@ -195,6 +195,23 @@ async fn asks_for_approval_once_then_resumes_by_thread_id() {
         .wait_text(&format!(".cairn/runs/{run}/task.yaml"), "awaiting", 10)
         .await;
     assert!(task.contains("instance: coder"), "{task}");
+
+    // Waiting at its gate the node holds no sandbox: no session open on the runner.
+    let mut runner = cairn_proto::v1::sandbox_runner_client::SandboxRunnerClient::connect(format!(
+        "http://{}",
+        s.sandbox_addr.clone().unwrap()
+    ))
+    .await
+    .unwrap();
+    let info = runner
+        .get_runner_info(cairn_proto::v1::GetRunnerInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        info.open_sessions, 0,
+        "a node waiting at a gate holds no session"
+    );
 
     // Approve: the same thread is resumed, told the decision, with its sandbox lifted.
     s.client

@@ -1,7 +1,7 @@
 //! OneBot v11 delivery against a fake OneBot HTTP API (axum on 127.0.0.1:0): group and
 //! private uploads, the fallback to a `file` message segment, total failure keeping the
-//! stored path (seed 003 §7.3), the access token, and the failure notice after an LLM
-//! request used its 5 attempts (seed 003 §7.4).
+//! stored path, the access token, and the failure notice after an LLM
+//! request used its 5 attempts.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;

@@ -1,5 +1,5 @@
 //! examples/team-phases and examples/daily-digest run to completion with replayed agents
-//! (seed 004 phase contracts and auto tasks).
+//! (phase contracts and auto tasks).
 #![allow(clippy::unwrap_used)]
 
 mod common;

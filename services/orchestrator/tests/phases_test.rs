@@ -1,4 +1,4 @@
-//! Phase contracts and auto tasks (seed 004) over real gRPC: the fail-safe placeholder and its
+//! Phase contracts and auto tasks over real gRPC: the fail-safe placeholder and its
 //! replacement, the assemble rules (missing results, statuses, schema violations, `-`/`_`
 //! keys), the counters document under concurrent conflicting updates, and the plan's
 //! round-robin across runs, limits, idle, the daily reset and concurrent runs.
@@ -220,7 +220,7 @@ async fn assemble_reads_results_by_the_seed_rules() {
             .find(|r| r["key"] == k)
             .unwrap_or_else(|| panic!("no {k} in {results:#?}"))
     };
-    // Hyphenated plan key and file name, compared in underscore form (seed 004 §6.3).
+    // Hyphenated plan key and file name, compared in underscore form.
     let tech = by_key("tech_research");
     assert_eq!(tech["status"], "success");
     assert_eq!(tech["file"], "todoist-auto-tech_research.json");

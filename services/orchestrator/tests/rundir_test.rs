@@ -1,4 +1,4 @@
-//! The run directory (seed 001 §2): its layout, task.yaml that always parses and matches the
+//! The run directory: its layout, task.yaml that always parses and matches the
 //! events it claims to reflect, and many runs at once each in their own directory.
 #![allow(clippy::unwrap_used)]
 
@@ -167,7 +167,7 @@ async fn task_yaml_always_parses_and_matches_the_events() {
         .unwrap();
     assert_eq!(bad["state"], "skipped");
 
-    // Layout (seed 001 §2, seed 002 §4).
+    // Layout.
     for f in [
         "README.md",
         "task.yaml",

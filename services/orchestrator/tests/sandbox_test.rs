@@ -158,7 +158,7 @@ async fn failing_program_refused_input_and_timeout() {
     assert_eq!(out["exit_code"], 4);
     assert_eq!(out["ok"], false);
 
-    // An input outside allowed_prefixes is refused before anything runs (seed 002 §3.1).
+    // An input outside allowed_prefixes is refused before anything runs.
     let run = s
         .submit("nodes:\n  - {id: w, type: write_file, path: workspace/in.txt, content: x}\n  - {id: r, type: sandbox_run, language: sh, code: 'cat /input/workspace/in.txt', input_files: ['{{nodes.w.path}}']}\n", &[])
         .await

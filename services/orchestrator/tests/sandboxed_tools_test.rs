@@ -1,4 +1,4 @@
-//! Installed tools of `tool_call` nodes on both backends (seed 002 §7): the legacy subprocess
+//! Installed tools of `tool_call` nodes on both backends: the legacy subprocess
 //! (default) and the sandbox runner (`sandbox.runner.features.use_for_tools = true`). The same
 //! tool gives the same result on both; the flag off changes nothing; a timeout or protocol
 //! error on the sandbox backend fails the node and never falls back to the legacy one. Tests
@@ -172,7 +172,7 @@ async fn the_same_tool_gives_the_same_result_on_both_backends() {
     assert_eq!(b.written, a.written);
     assert_eq!(b.files, a.files);
     assert_eq!(b.report, a.report);
-    // The sandbox run is recorded as one (seed 002 §4.2).
+    // The sandbox run is recorded as one.
     for t in ["sandbox_start count", "sandbox_complete count"] {
         assert!(b.events.iter().any(|e| e == t), "{t}: {:?}", b.events);
     }

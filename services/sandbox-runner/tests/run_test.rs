@@ -1,4 +1,4 @@
-//! One-shot runs over gRPC, on every backend this host offers (seed 002 §3, §5).
+//! One-shot runs over gRPC, on every backend this host offers.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -32,7 +32,7 @@ async fn hello_world_in_python_bash_and_sh() {
             "10001\n10001\n",
             "runs as the sandbox uid, not root ({backend:?})"
         );
-        // result.json per seed 002 §4.2
+        // result.json's fields
         let rj: serde_json::Value = serde_json::from_str(&out.result_json).unwrap();
         assert_eq!(rj["job_id"], out.job_id.as_str());
         assert_eq!(rj["exit_code"], 0);

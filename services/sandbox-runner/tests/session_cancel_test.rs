@@ -1,4 +1,4 @@
-//! Sessions that never finish opening (seed 003) leave nothing behind, over gRPC on every
+//! Sessions that never finish opening leave nothing behind, over gRPC on every
 //! backend: the client dropping OpenSession mid-clone, CloseSession while opening, and
 //! cancels landing at any point of an empty open. The slow source is a git:// server on
 //! 127.0.0.1 that accepts and never answers, so the clone hangs until stopped.

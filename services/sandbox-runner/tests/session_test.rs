@@ -1,4 +1,4 @@
-//! Sessions (seed 003) over gRPC on every backend: git source from a local bare repository,
+//! Sessions over gRPC on every backend: git source from a local bare repository,
 //! exec, confined workspace tools, pack with excludes, close.
 #![allow(clippy::unwrap_used)]
 
@@ -397,7 +397,7 @@ async fn session_from_git_exec_tools_pack_close() {
             m.matches
         );
 
-        // pack: zip and tar.gz with the seed's excludes
+        // pack: zip and tar.gz with the default excludes
         let excludes = [".git/**", "node_modules/**", "**/__pycache__/**"];
         let mut expected: BTreeMap<String, Vec<u8>> = files
             .iter()

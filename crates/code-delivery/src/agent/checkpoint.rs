@@ -4,13 +4,19 @@
 //! check. When a call finds the session's runner gone (or the session unknown to it), the
 //! task resumes the last checkpoint on another runner and goes on from the conversation as it
 //! was at that checkpoint: the turns after it are undone, since the files they changed are.
-//! A task without a checkpoint fails as it always did. This module never touches the runner
-//! but through `RunnerSession`, nor the store but through the node's store client.
+//! A task without a checkpoint fails as it always did. With `pause_after_ms` set, a session
+//! left idle that long while the model answers is checkpointed and closed (no sandbox held
+//! while waiting) and resumed from that checkpoint, on any runner, when the answer comes.
+//! This module never touches the runner but through `RunnerSession`, nor the store but
+//! through the node's store client.
 
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use cairn_node::events::{Ev, SESSION_CHECKPOINTED, SESSION_CHECKPOINT_FAILED, SESSION_RESUMED};
+use cairn_node::events::{
+    Ev, SESSION_CHECKPOINTED, SESSION_CHECKPOINT_FAILED, SESSION_PAUSED, SESSION_PAUSE_FAILED,
+    SESSION_RESUMED,
+};
 use cairn_node::NodeError;
 use cairn_proto::v1::Level;
 use cairn_runner_client::session::RunnerSession;
@@ -41,10 +47,21 @@ struct Taken {
     board: TodoBoard,
 }
 
+/// A session paused while the model answered.
+struct Paused {
+    session_id: String,
+    runner: String,
+    git_commit: String,
+    since: Instant,
+}
+
 /// The checkpoints of one task.
 pub(super) struct Checkpoints {
     /// Zero: none are taken.
     every: Duration,
+    /// Zero: an idle session is never paused.
+    pause_after: Duration,
+    paused: Option<Paused>,
     /// Since the session opened, or the last checkpoint.
     since: Instant,
     /// Checkpoints of the current session so far.
@@ -54,14 +71,21 @@ pub(super) struct Checkpoints {
 }
 
 impl Checkpoints {
-    pub(super) fn new(every_s: u64) -> Checkpoints {
+    pub(super) fn new(every_s: u64, pause_after_ms: u64) -> Checkpoints {
         Checkpoints {
             every: Duration::from_secs(every_s),
+            pause_after: Duration::from_millis(pause_after_ms),
+            paused: None,
             since: Instant::now(),
             n: 0,
             last: None,
             failovers: 0,
         }
+    }
+
+    /// How long an idle session waits before it is paused (None: never).
+    pub(super) fn pause_after(&self) -> Option<Duration> {
+        (!self.pause_after.is_zero()).then_some(self.pause_after)
     }
 
     fn due(&self) -> bool {
@@ -221,53 +245,22 @@ impl Task<'_> {
             ));
         }
         let t0 = Instant::now();
-        let unusable = |what: String| {
-            NodeError::new(
-                error.kind,
-                format!(
-                    "{}; resuming the checkpoint {} failed: {what}",
-                    error.message, last.path
-                ),
-            )
-        };
-        let file = match self
-            .ctx
-            .store()
-            .get_at_most(
-                &self.ctx.project,
-                &last.path,
-                MAX_CHECKPOINT_BYTES + (1 << 20),
-            )
-            .await
-        {
-            Ok(Some(b)) => b,
-            Ok(None) => return Err(unusable("it is no longer in the store".into())),
-            Err(s) => return Err(unusable(s.message().to_owned())),
-        };
-        let got = cairn_sha256::sha256_hex(&file);
-        if got != last.sha256 || file.len() as u64 != last.bytes {
-            return Err(unusable(format!(
-                "it reads back as {} bytes with sha256 {got}, stored as {} bytes with sha256 {}",
-                file.len(),
-                last.bytes,
-                last.sha256
-            )));
-        }
         let old = self.session.take();
         let (old_id, old_runner) = old
             .as_ref()
             .map(|s| (s.id().to_owned(), s.runner.clone()))
             .unwrap_or_default();
-        // Every runner may take it; the one that lost the session is tried last (it may be
-        // back, having forgotten its sessions).
-        let mut rotation = self.ctx.backends.runners.rotation();
-        rotation.sort_by_key(|(addr, _)| *addr == old_runner);
-        let id = format!("cd-{}", uuid::Uuid::new_v4().simple());
-        let mut session = match RunnerSession::resume(rotation, file, id).await {
+        let mut session = match self.resume_taken(&last, &old_runner).await {
             Ok(s) => s,
-            Err(s) => {
+            Err(what) => {
                 self.session = old;
-                return Err(unusable(s.message().to_owned()));
+                return Err(NodeError::new(
+                    error.kind,
+                    format!(
+                        "{}; resuming the checkpoint {} failed: {what}",
+                        error.message, last.path
+                    ),
+                ));
             }
         };
         if let Some(o) = &old {
@@ -293,7 +286,125 @@ impl Task<'_> {
                 .with("error", lost.message())
                 .with("step", last.step)
                 .with("turns_undone", undone)
+                .with("ms", t0.elapsed().as_millis() as u64)
+                .with("cause", "failover"),
+        );
+        self.session = Some(session);
+        Ok(())
+    }
+
+    /// A new session from checkpoint `last`, read back from the store and checked again, on
+    /// the first runner that takes it (`avoid`, the one that lost or held the old session,
+    /// tried last: it may be back, having forgotten its sessions). Err says why not.
+    async fn resume_taken(&self, last: &Taken, avoid: &str) -> Result<RunnerSession, String> {
+        let file = match self
+            .ctx
+            .store()
+            .get_at_most(
+                &self.ctx.project,
+                &last.path,
+                MAX_CHECKPOINT_BYTES + (1 << 20),
+            )
+            .await
+        {
+            Ok(Some(b)) => b,
+            Ok(None) => return Err("it is no longer in the store".into()),
+            Err(s) => return Err(s.message().to_owned()),
+        };
+        let got = cairn_sha256::sha256_hex(&file);
+        if got != last.sha256 || file.len() as u64 != last.bytes {
+            return Err(format!(
+                "it reads back as {} bytes with sha256 {got}, stored as {} bytes with sha256 {}",
+                file.len(),
+                last.bytes,
+                last.sha256
+            ));
+        }
+        let mut rotation = self.ctx.backends.runners.rotation();
+        rotation.sort_by_key(|(addr, _)| *addr == avoid);
+        let id = format!("cd-{}", uuid::Uuid::new_v4().simple());
+        RunnerSession::resume(rotation, file, id)
+            .await
+            .map_err(|s| s.message().to_owned())
+    }
+
+    /// While the model answers turn `step` and the session has been idle past
+    /// `pause_after_ms`: checkpoint it and close it. A pause that fails leaves it open.
+    pub(super) async fn pause_while_waiting(&mut self, step: u32) {
+        let t0 = Instant::now();
+        let idle_ms = self.checkpoints.pause_after.as_millis() as u64;
+        if let Err(s) = self.checkpoint(step).await {
+            let id = self.session.as_ref().map(|s| s.id().to_owned());
+            self.ctx.progress.emit(
+                Ev::new(SESSION_PAUSE_FAILED, self.node())
+                    .level(Level::Warning)
+                    .with("session_id", id.unwrap_or_default())
+                    .with("step", step)
+                    .with("error", s.message()),
+            );
+            return;
+        }
+        let Some(session) = self.session.take() else {
+            return;
+        };
+        let paused = Paused {
+            session_id: session.id().to_owned(),
+            runner: session.runner.clone(),
+            git_commit: session.info.git_commit.clone(),
+            since: Instant::now(),
+        };
+        if let Err(e) = session.close().await {
+            // The runner closes it when its idle timeout passes, untouched from now on.
+            tracing::warn!(session_id = %paused.session_id, error = %e.message(), "closing the paused session failed");
+        }
+        let snapshot = self.checkpoints.last.as_ref().map(|t| t.path.clone());
+        self.ctx.progress.emit(
+            Ev::new(SESSION_PAUSED, self.node())
+                .with("session_id", paused.session_id.as_str())
+                .with("snapshot", snapshot.unwrap_or_default())
+                .with("step", step)
+                .with("runner", paused.runner.as_str())
+                .with("idle_ms", idle_ms)
                 .with("ms", t0.elapsed().as_millis() as u64),
+        );
+        self.checkpoints.paused = Some(paused);
+    }
+
+    /// When the session was paused while the model answered: resume it from the pause's
+    /// checkpoint on any runner (nothing changed in it since, so no turn is undone).
+    pub(super) async fn resume_if_paused(&mut self) -> Result<(), NodeError> {
+        let Some(paused) = self.checkpoints.paused.take() else {
+            return Ok(());
+        };
+        let Some(last) = self.checkpoints.last.clone() else {
+            return Err(NodeError::failed(
+                "the paused session has no checkpoint to resume from",
+            ));
+        };
+        let t0 = Instant::now();
+        let mut session = self.resume_taken(&last, "").await.map_err(|what| {
+            NodeError::new(
+                cairn_graph::ErrorKind::Unavailable,
+                format!(
+                    "resuming the paused sandbox session from {}: {what}",
+                    last.path
+                ),
+            )
+        })?;
+        session.info.git_commit = paused.git_commit;
+        self.checkpoints.opened();
+        self.ctx.progress.emit(
+            Ev::new(SESSION_RESUMED, self.node())
+                .with("snapshot", last.path.as_str())
+                .with("session_id", session.id())
+                .with("runner", session.runner.as_str())
+                .with("previous_session_id", paused.session_id.as_str())
+                .with("previous_runner", paused.runner.as_str())
+                .with("step", last.step)
+                .with("turns_undone", 0u32)
+                .with("paused_ms", paused.since.elapsed().as_millis() as u64)
+                .with("ms", t0.elapsed().as_millis() as u64)
+                .with("cause", "idle"),
         );
         self.session = Some(session);
         Ok(())
