@@ -56,7 +56,10 @@ b = bytearray(os.urandom(1 << 20)) * 100
 n = 0
 while True:
     n += 1
-    open("/workspace/counter", "w").write(str(n))
+    # Replaced whole, never seen half-written (a reader between truncate and write would
+    # read nothing).
+    open("/workspace/counter.tmp", "w").write(str(n))
+    os.replace("/workspace/counter.tmp", "/workspace/counter")
     time.sleep(0.05)'
 
 echo "command: bash bench/snapshots.sh $ROUNDS $IMAGE  (profile $PROFILE; platform $PLATFORM; $(date -u +%Y-%m-%dT%H:%MZ); $(nproc) cores; $(runsc --version | head -1))"

@@ -474,6 +474,10 @@ pub enum RunsCommand {
         /// What to change (appended to human-notes.md, given to the agent).
         #[arg(long)]
         note: Option<String>,
+        /// Start the node's sandbox session from its last snapshot (a code_delivery node's
+        /// checkpoint or pause) instead of a fresh workspace.
+        #[arg(long)]
+        from_snapshot: bool,
     },
 }
 

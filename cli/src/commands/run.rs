@@ -840,7 +840,12 @@ pub async fn runs(global: &Global, cmd: RunsCommand) -> anyhow::Result<ExitCode>
             RunsCommand::Replay(_) | RunsCommand::Diff { .. } => {
                 anyhow::bail!("`cairn runs replay` and `cairn runs diff` are dispatched to their own module")
             }
-            RunsCommand::Rework { run, node, note } => {
+            RunsCommand::Rework {
+                run,
+                node,
+                note,
+                from_snapshot,
+            } => {
                 let info = client
                     .request_rework(ReworkRequest {
                         project_id: project.clone(),
@@ -848,6 +853,7 @@ pub async fn runs(global: &Global, cmd: RunsCommand) -> anyhow::Result<ExitCode>
                         node_id: node,
                         by: who(),
                         note: note.unwrap_or_default(),
+                        from_snapshot,
                     })
                     .await?
                     .into_inner();

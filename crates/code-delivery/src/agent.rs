@@ -7,12 +7,13 @@
 //! runner is resumed from the last checkpoint instead, when there is one (`checkpoint`).
 
 mod checkpoint;
+mod opening;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use cairn_proto::v1::{GitSource, Level, LogStream, OpenSessionRequest, PutResponse};
+use cairn_proto::v1::{Level, LogStream, PutResponse};
 use globset::GlobSet;
 use serde_json::{json, Map, Value};
 use tonic::{Code, Status};
@@ -24,7 +25,7 @@ use crate::spec::{CodeDelivery, SourceType};
 use crate::target::{Delivery, Place, Target};
 use crate::todo::TodoBoard;
 use crate::tools::{self, Call, WriteMode};
-use crate::{CLOSED, DELIVERED, FAILURE_NOTICE, KEPT, SESSION_OPENED, STARTED, TOOL_CALL};
+use crate::{CLOSED, DELIVERED, FAILURE_NOTICE, KEPT, STARTED, TOOL_CALL};
 use cairn_agents::{
     AgentError, AgentRequest, Attempt, Message, Provider, Role, ToolCall, ToolChoice, Usage,
 };
@@ -413,43 +414,6 @@ impl Task<'_> {
                 }
             }
         }
-    }
-
-    async fn open(&mut self) -> Result<(), NodeError> {
-        let git = match &self.source {
-            Source::Empty => None,
-            Source::Git { url, git_ref } => Some(GitSource {
-                url: url.clone(),
-                r#ref: git_ref.clone(),
-            }),
-        };
-        let id = format!("cd-{}", uuid::Uuid::new_v4().simple());
-        let req = OpenSessionRequest {
-            session_id: id,
-            git,
-            network: self.network,
-            limits: None,
-            run_id: self.ctx.run_id.clone(),
-            node_id: self.ctx.node_id.clone(),
-            image: self.image.clone(),
-        };
-        let session =
-            RunnerSession::open(self.ctx.backends.runners.rotation(), req, "code_delivery")
-                .await
-                .map_err(|s| NodeError::from_status("opening the sandbox session", &s))?;
-        self.ctx.progress.emit(
-            Ev::new(SESSION_OPENED, self.node())
-                .with("session_id", session.info.session_id.as_str())
-                .with("container_name", session.info.container_name.as_str())
-                .with("backend", session.info.backend.as_str())
-                .with("git_commit", session.info.git_commit.as_str())
-                .with("image", session.info.image.as_str())
-                .with("network", self.network)
-                .with("runner", session.runner.as_str()),
-        );
-        self.session = Some(session);
-        self.checkpoints.opened();
-        Ok(())
     }
 
     /// System prompt, human notes (highest priority), the task with its source.

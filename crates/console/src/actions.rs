@@ -360,6 +360,7 @@ pub(super) async fn rework(
         node_id: form.node_id.clone(),
         by: visitor.name.clone(),
         note: form.note.trim().to_owned(),
+        from_snapshot: false,
     };
     match console
         .call(

@@ -252,6 +252,7 @@ async fn the_console_follows_a_real_run_live_through_gates_rework_and_its_end() 
         node_id: "draft".into(),
         by: "carol".into(),
         note: "once more".into(),
+        from_snapshot: false,
     })
     .await
     .unwrap();

@@ -379,6 +379,7 @@ async fn a_gates_decisions_are_kept_through_a_rework_of_an_earlier_node() {
             node_id: "draft".into(),
             by: "bob".into(),
             note: "again".into(),
+            from_snapshot: false,
         })
         .await
         .unwrap();

@@ -71,7 +71,8 @@ pub const REPLAY_LIVE: &str = "replay.live";
 
 // Sessions of session-holding nodes (code_delivery).
 /// A checkpoint of a node's sandbox session was stored: `session_id`, `snapshot` (its store
-/// path), `bytes`, `sha256`, `memory`, `n`, `step`, `runner`, `ms`.
+/// path), `bytes`, `sha256`, `memory`, `n`, `step`, `runner`, `git_commit`, `ms`. The run
+/// keeps the last as the node's `snapshot` (what `rework --from-snapshot` starts from).
 pub const SESSION_CHECKPOINTED: &str = "session.checkpointed";
 /// Warning: a due checkpoint was not taken (`session_id`, `error`); the work goes on, and a
 /// failover would use the previous one.
@@ -80,7 +81,7 @@ pub const SESSION_CHECKPOINT_FAILED: &str = "session.checkpoint_failed";
 /// checkpoint: `snapshot`, `session_id` (the new one), `runner`, `previous_session_id`,
 /// `previous_runner`, `error` (how the old one was lost), `step` (of the checkpoint),
 /// `turns_undone`, `ms`, `cause` (`failover`; `idle` after a `session.paused`, with
-/// `paused_ms` and no `error`).
+/// `paused_ms` and no `error`; `rework` for a reworked attempt started from a snapshot).
 pub const SESSION_RESUMED: &str = "session.resumed";
 /// A node's session, idle past `pause_after_ms` while the model answered, was checkpointed
 /// and closed, so it holds no sandbox while it waits: `session_id`, `snapshot`, `step`,

@@ -13,6 +13,7 @@ pub mod evidence;
 pub mod gate;
 pub mod layout;
 pub mod logs;
+pub mod snapshot;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -30,6 +31,7 @@ use tonic::{Code, Status};
 pub use events::Ev;
 pub use gate::{GateRecord, GateState};
 pub use layout::RunDir;
+pub use snapshot::SnapshotRef;
 
 /// One node kind: what nodes of one graph `type:` do when they run.
 pub trait Kind: Send + Sync {
@@ -324,6 +326,8 @@ pub struct NodeCtx {
     /// The step this attempt performs: a key that stays the same when the attempt is
     /// delivered again after its driver went away, so effects outside cairn can be deduplicated.
     pub step: Step,
+    /// A rework asked this node to start its sandbox session from this snapshot.
+    pub start_from: Option<SnapshotRef>,
 }
 
 /// An attempt's idempotency key (`<run>/<node>/<attempt>`) and how often it was delivered before.

@@ -11,6 +11,7 @@ use serde_json::{Map, Value};
 
 use cairn_graph::{Graph, NodeKind};
 use cairn_node::events::{self as ev, Ev};
+use cairn_node::SnapshotRef;
 
 /// Task states.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -214,6 +215,12 @@ pub struct NodeRecord {
     /// The step its latest attempt performed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step: Option<StepRecord>,
+    /// The last session snapshot it took (a code_delivery checkpoint or pause).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<SnapshotRef>,
+    /// The snapshot a rework asked its next attempts to start their session from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_from: Option<SnapshotRef>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -356,6 +363,8 @@ impl RunState {
                 }),
                 note: None,
                 step: None,
+                snapshot: None,
+                start_from: None,
             })
             .collect();
         let index = nodes
@@ -562,8 +571,12 @@ impl RunState {
                             .collect()
                     })
                     .unwrap_or_default();
+                let from: Option<SnapshotRef> = d
+                    .get("from_snapshot")
+                    .and_then(|v| serde_json::from_value(v.clone()).ok());
                 for id in nodes {
                     if let Some(n) = self.node_mut(&id) {
+                        n.start_from = if id == target { from.clone() } else { None };
                         n.state = NodeState::Pending;
                         n.resets += 1;
                         n.step = None;
@@ -593,6 +606,12 @@ impl RunState {
                 }
             }
             ev::HUMAN_NOTE => self.notes += 1,
+            ev::SESSION_CHECKPOINTED => {
+                if let (Some(taken), Some(n)) = (SnapshotRef::from_event(d), self.node_mut(e.node))
+                {
+                    n.snapshot = Some(taken);
+                }
+            }
             ev::TASK_EDITED => crate::task_edits::apply(self, d),
             ev::AGENT_STARTED | ev::AGENT_COMPLETED | ev::AGENT_FAILED | ev::AGENT_AWAITING => {
                 let instance = text(d, "agent_instance").unwrap_or_else(|| e.node.to_owned());

@@ -60,6 +60,8 @@ pub enum Command {
         by: String,
         note: String,
         note_ref: Option<String>,
+        /// Start the node's session from its last snapshot.
+        from_snapshot: bool,
         reply: oneshot::Sender<Result<pb::RunInfo>>,
     },
     Cancel {
@@ -846,6 +848,7 @@ impl Driver {
             llm: self.state.llm.clone(),
             gate: self.state.node(&job.id).and_then(|r| r.gate.clone()),
             step,
+            start_from: self.state.node(&job.id).and_then(|r| r.start_from.clone()),
         };
         let tx = self.tasks_tx.clone();
         let token = cancel.clone();

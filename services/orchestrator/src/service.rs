@@ -401,6 +401,7 @@ impl Orchestrator for OrchestratorService {
                     &r.node_id,
                     &who.by(&r.by),
                     &r.note,
+                    r.from_snapshot,
                 )
                 .await?,
         ))

@@ -292,6 +292,7 @@ async fn each_role_may_make_the_calls_of_its_row_and_no_others() {
                     node_id: "draft".into(),
                     by: String::new(),
                     note: String::new(),
+                    from_snapshot: false,
                 },
             ))
             .await),

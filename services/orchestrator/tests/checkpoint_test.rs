@@ -650,3 +650,136 @@ async fn an_idle_session_is_paused_while_the_model_answers_and_resumed_after() {
         r.kill().await;
     }
 }
+
+/// `cairn runs rework --from-snapshot`: the reworked attempt's session starts from the node's
+/// last checkpoint (its files as they were then), not from a fresh workspace; a node that took
+/// no snapshot is refused, naming why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rework_from_the_snapshot_starts_the_session_with_its_files() {
+    let Some((s, runners)) =
+        two_runners("a_rework_from_the_snapshot_starts_the_session_with_its_files").await
+    else {
+        return;
+    };
+    let end = || {
+        (
+            "end",
+            json!({"exclude_patterns": [], "archive_name": "notes.zip"}),
+        )
+    };
+    let llm = FakeLlm::start(
+        vec![
+            vec![
+                (
+                    "write",
+                    json!({"path": "notes.txt", "content": "kept in the snapshot\n"}),
+                ),
+                ("run_bash_command", json!({"command": "sleep 1.2"})),
+            ],
+            // After the checkpoint: not in it.
+            vec![
+                ("write", json!({"path": "README.md", "content": README})),
+                end(),
+            ],
+            // The reworked attempt.
+            vec![
+                ("run_bash_command", json!({"command": "cat notes.txt; ls"})),
+                ("write", json!({"path": "README.md", "content": README})),
+                end(),
+            ],
+        ],
+        0,
+    )
+    .await;
+    let run = submit(&s, "    checkpoint_every_s: 1\n", &llm).await;
+    let done = s.wait_final(&run, 120).await;
+    assert_eq!(done.state, TaskState::Completed as i32, "{done:#?}");
+    let taken = events_of(&s, &run, "session.checkpointed").await;
+    assert_eq!(taken.len(), 1, "{taken:#?}");
+    let snapshot = taken[0]["snapshot"].as_str().unwrap().to_owned();
+
+    s.client
+        .clone()
+        .request_rework(cairn_proto::v1::ReworkRequest {
+            project_id: PROJECT.into(),
+            run_id: run.clone(),
+            node_id: "cd".into(),
+            by: "tester".into(),
+            note: "again, from where it was".into(),
+            from_snapshot: true,
+        })
+        .await
+        .unwrap();
+    let done = s.wait_final(&run, 120).await;
+    assert_eq!(
+        done.state,
+        TaskState::Completed as i32,
+        "{done:#?}\n{:#?}",
+        s.event_types(&run).await
+    );
+    let resumed = events_of(&s, &run, "session.resumed").await;
+    assert_eq!(resumed.len(), 1, "{resumed:#?}");
+    assert_eq!(resumed[0]["cause"], "rework");
+    assert_eq!(resumed[0]["snapshot"], snapshot.as_str());
+    assert_eq!(resumed[0]["previous_session_id"], taken[0]["session_id"]);
+    let opened = events_of(&s, &run, "code_delivery.session_opened").await;
+    assert_eq!(opened.len(), 2, "{opened:#?}");
+    assert_eq!(opened[1]["from_snapshot"], snapshot.as_str());
+    // The snapshot's file is there; what the first attempt wrote after it is not.
+    let ls = events_of(&s, &run, "code_delivery.tool_call")
+        .await
+        .into_iter()
+        .find(|e| {
+            e["tool"] == "run_bash_command"
+                && e["arguments"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains("cat notes.txt")
+        })
+        .unwrap();
+    let listed = ls["result"].as_str().unwrap();
+    assert!(listed.contains("kept in the snapshot"), "{listed}");
+    assert!(
+        !listed.contains("README.md"),
+        "README.md came after the checkpoint: {listed}"
+    );
+
+    // Without a snapshot there is nothing to start from.
+    let plain = FakeLlm::start(
+        vec![vec![
+            ("write", json!({"path": "README.md", "content": README})),
+            end(),
+        ]],
+        0,
+    )
+    .await;
+    let other = submit(&s, "", &plain).await;
+    s.wait_final(&other, 120).await;
+    let refused = s
+        .client
+        .clone()
+        .request_rework(cairn_proto::v1::ReworkRequest {
+            project_id: PROJECT.into(),
+            run_id: other.clone(),
+            node_id: "cd".into(),
+            by: "tester".into(),
+            from_snapshot: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
+    assert!(
+        refused.message().contains("took no session snapshot"),
+        "{}",
+        refused.message()
+    );
+    s.stop().await;
+    for mut r in runners {
+        r.kill().await;
+    }
+}

@@ -354,6 +354,7 @@ async fn a_declined_request_with_on_reject_continue_resumes_told_so_and_rework_r
             node_id: "coder".into(),
             by: "ann".into(),
             note: "add a comment".into(),
+            from_snapshot: false,
         })
         .await
         .unwrap();

@@ -293,6 +293,7 @@ async fn notes_reach_later_agents_and_rework_reruns_dependents() {
             node_id: "author".into(),
             by: "ann".into(),
             note: "make it shorter".into(),
+            from_snapshot: false,
         })
         .await
         .unwrap()
@@ -358,6 +359,7 @@ async fn notes_reach_later_agents_and_rework_reruns_dependents() {
             node_id: "ghost".into(),
             by: "ann".into(),
             note: String::new(),
+            from_snapshot: false,
         })
         .await
         .unwrap_err();

@@ -204,6 +204,7 @@ impl Task<'_> {
                 .with("n", n)
                 .with("step", step)
                 .with("runner", session.runner.as_str())
+                .with("git_commit", session.info.git_commit.as_str())
                 .with("ms", t0.elapsed().as_millis() as u64),
         );
         self.checkpoints.last = Some(Taken {
@@ -297,14 +298,23 @@ impl Task<'_> {
     /// the first runner that takes it (`avoid`, the one that lost or held the old session,
     /// tried last: it may be back, having forgotten its sessions). Err says why not.
     async fn resume_taken(&self, last: &Taken, avoid: &str) -> Result<RunnerSession, String> {
+        self.resume_snapshot(&last.path, &last.sha256, last.bytes, avoid)
+            .await
+    }
+
+    /// A new session from the snapshot at `path` (checked against `sha256` and `bytes`), as
+    /// [`Task::resume_taken`] makes one.
+    pub(super) async fn resume_snapshot(
+        &self,
+        path: &str,
+        sha256: &str,
+        bytes: u64,
+        avoid: &str,
+    ) -> Result<RunnerSession, String> {
         let file = match self
             .ctx
             .store()
-            .get_at_most(
-                &self.ctx.project,
-                &last.path,
-                MAX_CHECKPOINT_BYTES + (1 << 20),
-            )
+            .get_at_most(&self.ctx.project, path, MAX_CHECKPOINT_BYTES + (1 << 20))
             .await
         {
             Ok(Some(b)) => b,
@@ -312,12 +322,10 @@ impl Task<'_> {
             Err(s) => return Err(s.message().to_owned()),
         };
         let got = cairn_sha256::sha256_hex(&file);
-        if got != last.sha256 || file.len() as u64 != last.bytes {
+        if got != sha256 || file.len() as u64 != bytes {
             return Err(format!(
-                "it reads back as {} bytes with sha256 {got}, stored as {} bytes with sha256 {}",
+                "it reads back as {} bytes with sha256 {got}, stored as {bytes} bytes with sha256 {sha256}",
                 file.len(),
-                last.bytes,
-                last.sha256
             ));
         }
         let mut rotation = self.ctx.backends.runners.rotation();

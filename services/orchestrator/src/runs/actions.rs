@@ -309,6 +309,7 @@ impl Runs {
         node: &str,
         by: &str,
         note: &str,
+        from_snapshot: bool,
     ) -> Result<pb::RunInfo> {
         let info = self.get(project, run_id).await?;
         if !info.nodes.iter().any(|n| n.id == node) {
@@ -345,6 +346,7 @@ impl Runs {
             by: by.to_owned(),
             note: note.to_owned(),
             note_ref,
+            from_snapshot,
             reply: tx,
         };
         self.ensure_live(project, run_id, by, "rework requested", Some(cmd))

@@ -46,9 +46,12 @@ impl Driver {
                 by,
                 note,
                 note_ref,
+                from_snapshot,
                 reply,
             } => {
-                let r = self.rework(&node, &by, &note, note_ref.as_deref()).await;
+                let r = self
+                    .rework(&node, &by, &note, note_ref.as_deref(), from_snapshot)
+                    .await;
                 let _ = reply.send(r);
             }
             Command::Cancel { by, reason, reply } => {
@@ -173,6 +176,7 @@ impl Driver {
         by: &str,
         note: &str,
         note_ref: Option<&str>,
+        from_snapshot: bool,
     ) -> Result<pb::RunInfo> {
         if self.graph.node(node).is_none() {
             return Err(Error::NodeNotFound {
@@ -189,6 +193,20 @@ impl Driver {
                 self.state.run_id
             )));
         }
+        let start_from = match from_snapshot {
+            false => None,
+            true => Some(
+                self.state
+                    .node(node)
+                    .and_then(|n| n.snapshot.clone())
+                    .ok_or_else(|| {
+                        Error::FailedPrecondition(format!(
+                            "node `{node}` of run {} took no session snapshot to start from: only code_delivery nodes with checkpoint_every_s or pause_after_ms take them; rework it without --from-snapshot",
+                            self.state.run_id
+                        ))
+                    })?,
+            ),
+        };
         let ids = self.graph.downstream(node);
         let set: HashSet<String> = ids.iter().cloned().collect();
         // Attempts of these nodes in flight are abandoned (their completion is ignored).
@@ -233,6 +251,9 @@ impl Driver {
             .with("nodes", json!(ids));
         if let Some(r) = note_ref {
             e = e.with("note_ref", r);
+        }
+        if let Some(from) = start_from {
+            e = e.with("from_snapshot", json!(from));
         }
         self.emit(e);
         // A failure caused by a reworked node no longer stands.

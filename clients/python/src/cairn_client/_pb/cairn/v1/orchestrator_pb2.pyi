@@ -355,18 +355,20 @@ class AddNoteResponse(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., ref: _Optional[str] = ...) -> None: ...
 
 class ReworkRequest(_message.Message):
-    __slots__ = ("project_id", "run_id", "node_id", "by", "note")
+    __slots__ = ("project_id", "run_id", "node_id", "by", "note", "from_snapshot")
     PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     BY_FIELD_NUMBER: _ClassVar[int]
     NOTE_FIELD_NUMBER: _ClassVar[int]
+    FROM_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     project_id: str
     run_id: str
     node_id: str
     by: str
     note: str
-    def __init__(self, project_id: _Optional[str] = ..., run_id: _Optional[str] = ..., node_id: _Optional[str] = ..., by: _Optional[str] = ..., note: _Optional[str] = ...) -> None: ...
+    from_snapshot: bool
+    def __init__(self, project_id: _Optional[str] = ..., run_id: _Optional[str] = ..., node_id: _Optional[str] = ..., by: _Optional[str] = ..., note: _Optional[str] = ..., from_snapshot: _Optional[bool] = ...) -> None: ...
 
 class EditContextRequest(_message.Message):
     __slots__ = ("project_id", "run_id", "by", "manifest_yaml")
