@@ -15,7 +15,7 @@
 # when they just passed on this tree: a failing baseline would count every mutant caught).
 #
 # Needs cargo-mutants and cargo-nextest (`cargo install cargo-mutants --locked`). One mutant at
-# a time (-j1: the machine has 2 cores); each mutant runs only the tests of its own package
+# a time (in place: one checkout, 2 cores); each mutant runs only the tests of its own package
 # (or the narrower set below).
 #
 # Mutants are made in a checkout kept for this script alone (CAIRN_MUTANTS_CHECKOUT, default
@@ -161,7 +161,7 @@ for s in "${scopes[@]}"; do
     if [ "$changed" = 1 ] && [ -z "${diffs[$name]:-}" ]; then
         continue
     fi
-    args=(--package "$package" --jobs 1 --timeout "$timeout" --build-timeout 900
+    args=(--package "$package" --timeout "$timeout" --build-timeout 900
         --test-tool nextest --output "$out_root/$name" --no-shuffle --in-place)
     for f in $files; do args+=(--file "$f"); done
     # read -a splits on blanks without globbing the filters' parentheses and stars.
