@@ -52,9 +52,14 @@ impl Fixture {
         self.state.slots.settled("p", path).await;
     }
 
+    /// Appends one event. A commit waits for the run's publications: one never settled
+    /// fails the test in 10 s instead of hanging it.
     async fn append(&self, run: &str) -> crate::Result<(u64, u64)> {
         let x = NewEvent::store("x", serde_json::json!({}));
-        self.runs.append(&self.state, "p", run, vec![x]).await
+        let append = self.runs.append(&self.state, "p", run, vec![x]);
+        tokio::time::timeout(std::time::Duration::from_secs(10), append)
+            .await
+            .expect("the commit waited 10 s for a publication that never settled")
     }
 
     fn key(&self, rel: &str) -> (u64, u64) {
@@ -138,11 +143,9 @@ async fn a_publication_dropped_unfinished_refuses_the_runs_later_events() {
     f.append("r1").await.unwrap();
     // A publication whose task ended (a panic, a runtime shut down) before it finished.
     drop(f.runs.start_publication("p", "r1", "docs/b.md"));
-    // Refused at once: nothing in flight is left to wait for.
-    let appended = tokio::time::timeout(std::time::Duration::from_secs(10), f.append("r1")).await;
-    let Ok(Err(err)) = appended else {
-        panic!("the events were not refused: {appended:?}")
-    };
+    // Refused at once (`append` fails after 10 s of waiting): nothing in flight is left to
+    // wait for.
+    let err = f.append("r1").await.unwrap_err();
     assert!(
         matches!(&err, crate::Error::PublicationLost { run, path, cause }
             if run == "r1" && path == "docs/b.md" && cause.contains("ended before publishing")),
@@ -259,4 +262,37 @@ async fn after_a_restart_a_fenced_batch_is_checked_against_the_epoch_on_disk() {
         .append_fenced(&state, "p", "r1", x(), epoch + 1, &[])
         .await;
     assert_eq!(current.unwrap(), (1, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unchanged_deferred_put_leaves_its_directory_to_the_events_unless_the_set_is_full() {
+    let f = fixture();
+    f.put_deferred("docs/a.md").await;
+    f.put_deferred("out/c.md").await;
+    f.append("r1").await.unwrap();
+    let (docs, out) = (f.key("docs"), f.key("out"));
+    let fsyncs = |key| {
+        probe::steps(&[key])
+            .iter()
+            .filter(|s| **s == Step::DirFsync(key))
+            .count()
+    };
+    assert_eq!((fsyncs(docs), fsyncs(out)), (1, 1));
+    // The same bytes again: the Put replies without an fsync, its directory joins the
+    // run's pending set (the bytes may be a pre-crash Put's, never made durable).
+    f.put_deferred("docs/a.md").await;
+    assert_eq!(fsyncs(docs), 1, "an fsync the run's events were to make");
+    assert_eq!(f.runs.pending_dirs("p", "r1"), 1);
+    // With the set full, a Put syncs its directory itself before replying.
+    let more = tempfile::tempdir().unwrap();
+    for i in 1..1024 {
+        let path = more.path().join(i.to_string());
+        std::fs::create_dir(&path).unwrap();
+        let dir = std::fs::File::open(&path).unwrap();
+        assert!(f.runs.defer_dir_sync("p", "r1", &Arc::new(dir.into())));
+    }
+    assert_eq!(f.runs.pending_dirs("p", "r1"), 1024);
+    f.put_deferred("out/c.md").await;
+    assert_eq!(fsyncs(out), 2, "the full set took no more directories");
+    assert_eq!(f.runs.pending_dirs("p", "r1"), 1024);
 }

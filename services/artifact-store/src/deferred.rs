@@ -89,6 +89,13 @@ impl PendingDirs {
     }
 }
 
+/// fsyncs one directory now (blocking): a Put's own, when its run could not defer it.
+pub fn sync_now(dir: &OwnedFd) -> Result<(), Errno> {
+    #[cfg(test)]
+    probe::dir_fsync(probe::key_of(dir))?;
+    rustix::fs::fsync(dir.as_fd())
+}
+
 /// fsyncs each directory (blocking).
 pub fn sync(dirs: &[((u64, u64), Arc<OwnedFd>)]) -> Result<(), Errno> {
     for (_key, dir) in dirs {

@@ -420,6 +420,12 @@ impl RunLogs {
         }
     }
 
+    /// fsyncs `dir` now (blocking): what a Put does when [`RunLogs::defer_dir_sync`] says
+    /// it could not defer it.
+    pub fn sync_dir_now(&self, dir: &OwnedFd) -> std::result::Result<(), Errno> {
+        deferred::sync_now(dir)
+    }
+
     /// Registers a publication of `path` that finishes after its Put replied.
     pub fn start_publication(&self, project: &str, run: &str, path: &str) -> Publication {
         let log = self.log(project, run);

@@ -175,8 +175,9 @@ fn publish(
             // The bytes may be those of a Put acknowledged before a crash whose directory
             // entry was never fsync'd: the run's events make it durable too.
             let token = state.boot.issue(&staged.project, &defer.run);
-            if !runs.defer_dir_sync(&staged.project, &defer.run, &staged.dir) {
-                contain::sync_dir(staged.dir.as_fd()).map_err(|e| {
+            let deferred = runs.defer_dir_sync(&staged.project, &defer.run, &staged.dir);
+            if !deferred {
+                runs.sync_dir_now(&staged.dir).map_err(|e| {
                     Error::io(format!("fsync of the directory of {:?}", staged.path), e)
                 })?;
             }

@@ -259,3 +259,91 @@ fn strings(v: Option<&Value>) -> Vec<String> {
         _ => Vec::new(),
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use base64::Engine;
+    use jsonwebtoken::{EncodingKey, Header};
+    use serde_json::json;
+
+    const ISSUER: &str = "https://idp.example.test";
+    const AUDIENCE: &str = "cairn";
+
+    /// An EC P-256 signing key and its public JWK (kid `kid`).
+    fn signing_key(kid: &str) -> (EncodingKey, Value) {
+        let pair = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let raw = pair.public_key_raw();
+        let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+        let jwk = json!({
+            "kty": "EC", "crv": "P-256", "alg": "ES256", "kid": kid,
+            "x": b64(&raw[1..33]), "y": b64(&raw[33..]),
+        });
+        let key = EncodingKey::from_ec_pem(pair.serialize_pem().as_bytes()).unwrap();
+        (key, jwk)
+    }
+
+    fn verifier(dir: &Path, keys: &[&Value]) -> JwtVerifier {
+        let path = dir.join(format!("jwks-{}.json", keys.len()));
+        std::fs::write(&path, json!({ "keys": keys }).to_string()).unwrap();
+        JwtVerifier::new(&JwtConfig {
+            jwks_file: path.display().to_string(),
+            issuer: ISSUER.into(),
+            audience: AUDIENCE.into(),
+            ..JwtConfig::default()
+        })
+        .unwrap()
+    }
+
+    fn token(key: &EncodingKey, kid: Option<&str>) -> String {
+        let mut header = Header::new(Algorithm::ES256);
+        header.kid = kid.map(str::to_owned);
+        let exp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            + 600;
+        let claims = json!({
+            "iss": ISSUER, "aud": AUDIENCE, "sub": "ann", "cairn_role": "viewer", "exp": exp,
+        });
+        jsonwebtoken::encode(&header, &claims, key).unwrap()
+    }
+
+    #[test]
+    fn a_jwt_without_a_kid_is_checked_only_against_a_set_of_one_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, a_jwk) = signing_key("a");
+        let (_, b_jwk) = signing_key("b");
+        let one = verifier(dir.path(), &[&a_jwk]);
+        assert_eq!(one.verify(&token(&a, None)).unwrap().name, "ann");
+        // Among several keys, which one signed a kid-less token is unknown: it is refused,
+        // even when the first key of the set would verify it.
+        let two = verifier(dir.path(), &[&a_jwk, &b_jwk]);
+        let e = two.verify(&token(&a, None)).unwrap_err();
+        assert!(e.contains("no kid"), "{e}");
+        assert_eq!(two.verify(&token(&a, Some("a"))).unwrap().name, "ann");
+        assert!(two.verify(&token(&a, Some("b"))).is_err());
+    }
+
+    #[test]
+    fn a_keys_algorithm_is_its_alg_or_the_one_its_type_implies_and_never_hmac() {
+        let alg = |jwk: Value| algorithm_of(&serde_json::from_value::<Jwk>(jwk).unwrap());
+        let rsa = json!({"kty": "RSA", "n": "AQAB", "e": "AQAB"});
+        let ec = |crv: &str| json!({"kty": "EC", "crv": crv, "x": "AA", "y": "AA"});
+        assert_eq!(alg(rsa.clone()), Ok(Algorithm::RS256));
+        let mut ps384 = rsa.clone();
+        ps384["alg"] = json!("PS384");
+        assert_eq!(alg(ps384), Ok(Algorithm::PS384));
+        assert_eq!(alg(ec("P-256")), Ok(Algorithm::ES256));
+        assert_eq!(alg(ec("P-384")), Ok(Algorithm::ES384));
+        assert!(alg(ec("P-521")).unwrap_err().contains("not supported"));
+        let ed = json!({"kty": "OKP", "crv": "Ed25519", "x": "AA"});
+        assert_eq!(alg(ed), Ok(Algorithm::EdDSA));
+        let oct = json!({"kty": "oct", "k": "c2VjcmV0"});
+        assert!(alg(oct).unwrap_err().contains("symmetric"));
+        let mut hs = rsa;
+        hs["alg"] = json!("HS256");
+        assert!(alg(hs).unwrap_err().contains("HMAC"));
+    }
+}

@@ -281,4 +281,92 @@ mod tests {
         md.insert(AUTHORIZATION, "Bearer ".parse().unwrap());
         assert!(bearer_of(&md).is_err());
     }
+
+    /// What `f` logs, at debug level and above.
+    fn logged_by(f: impl FnOnce()) -> String {
+        #[derive(Clone, Default)]
+        struct Lines(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Lines {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let lines = Lines::default();
+        let out = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .with_writer(move || out.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, f);
+        let bytes = lines.0.lock().unwrap().clone();
+        String::from_utf8(bytes).unwrap()
+    }
+
+    #[test]
+    fn a_token_holders_by_is_the_tokens_name_and_another_claimed_name_is_logged() {
+        let ann = Caller {
+            name: "ann".into(),
+            role: Role::Viewer,
+            projects: Vec::new(),
+            authenticated: true,
+        };
+        let lines = logged_by(|| {
+            assert_eq!(ann.by("mallory"), "ann");
+            assert_eq!(ann.by(""), "ann");
+            assert_eq!(ann.by("ann"), "ann");
+        });
+        // Only the name that differs from the token's is worth a line.
+        assert_eq!(
+            lines.matches("ignoring the client's `by`").count(),
+            1,
+            "{lines}"
+        );
+        assert!(
+            lines.contains("mallory") && lines.contains("ann"),
+            "{lines}"
+        );
+        // Without tokens, the client's name is the only one there is.
+        assert_eq!(Caller::local().by("bob"), "bob");
+    }
+
+    /// The store, ingest and the runner (`cairn up --tokens-file`) ask the orchestrator's
+    /// tokens who a bearer is: only an admin of every project acts as their `cli` identity.
+    #[test]
+    fn only_an_admin_token_for_every_project_is_an_admin_on_the_other_services() {
+        use cairn_server::access::{TokenCheck, TokenHolder};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens.toml");
+        let mut file = TokensFile::read_or_empty(&path).unwrap();
+        let root = file.add("root", Role::Admin, &[]).unwrap();
+        let web_admin = file.add("wadmin", Role::Admin, &["web".into()]).unwrap();
+        let viewer = file.add("vera", Role::Viewer, &[]).unwrap();
+        file.write(&path).unwrap();
+        let auth = Auth::new(&AuthConfig {
+            tokens_file: path.display().to_string(),
+            ..AuthConfig::default()
+        })
+        .unwrap();
+        let peer = Some(std::net::IpAddr::from([127, 0, 0, 1]));
+        let limited = |name: &str, role: &str| TokenHolder::Limited {
+            name: name.into(),
+            role: role.into(),
+        };
+        assert_eq!(
+            auth.check(peer, &root),
+            TokenHolder::Admin {
+                name: "root".into()
+            }
+        );
+        assert_eq!(auth.check(peer, &web_admin), limited("wadmin", "admin"));
+        assert_eq!(auth.check(peer, &viewer), limited("vera", "viewer"));
+        assert!(matches!(
+            auth.check(peer, "cairn_wrong"),
+            TokenHolder::Invalid(m) if m.contains("not known")
+        ));
+    }
 }

@@ -297,6 +297,17 @@ mod tests {
     }
 
     #[test]
+    fn bytes_are_the_same_only_when_every_byte_and_the_length_are() {
+        assert!(same_bytes(b"", b""));
+        assert!(same_bytes(b"token", b"token"));
+        assert!(!same_bytes(b"token", b"tokens"));
+        assert!(!same_bytes(b"token", b"tokem"));
+        // Two differences whose bits cancel out (0x03 each) are still two differences.
+        assert!(!same_bytes(b"ab", b"ba"));
+        assert!(!same_bytes(&[0x01, 0x02], &[0x02, 0x01]));
+    }
+
+    #[test]
     fn a_bad_file_is_refused_with_its_path() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("tokens.toml");
