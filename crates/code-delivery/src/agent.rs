@@ -18,7 +18,7 @@ use globset::GlobSet;
 use serde_json::{json, Map, Value};
 use tonic::{Code, Status};
 
-use crate::archive::{archive_name, exclude_set, excluded, format_name};
+use crate::archive::{archive_name, exclude_set, excluded, format_name, ENTRY_MTIME};
 use crate::config::{ArchiveFormat, CodeDeliveryConfig};
 use crate::prompt::{self, Source};
 use crate::spec::{CodeDelivery, SourceType};
@@ -529,10 +529,12 @@ impl Task<'_> {
                         }
                         s
                     };
+                    // No wall-clock time: the model's next request is then a function of the
+                    // work alone, and a replay of the run sends it byte for byte (the time is
+                    // in the tool_call event's duration_ms).
                     json!({
                         "exit_code": x.exit_code,
                         "timed_out": x.timed_out,
-                        "duration_ms": x.duration_ms,
                         "stdout": text(&x.stdout, x.stdout_truncated),
                         "stderr": text(&x.stderr, x.stderr_truncated),
                     })
@@ -683,7 +685,13 @@ impl Task<'_> {
         let max_bytes = self.cfg.max_archive_size_mb.saturating_mul(1 << 20);
         let packed = match self
             .session()?
-            .pack(archive_format(format), &patterns, &name, max_bytes)
+            .pack(
+                archive_format(format),
+                &patterns,
+                &name,
+                ENTRY_MTIME,
+                max_bytes,
+            )
             .await
         {
             Ok(p) => p,

@@ -5,6 +5,11 @@ use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 
 use crate::config::ArchiveFormat;
 
+/// The time every entry of a delivered archive carries (the earliest a zip can hold): the
+/// same files make the same archive bytes, whenever they were written, so a replay of the run
+/// delivers the recorded archive byte for byte.
+pub(crate) const ENTRY_MTIME: &str = "1980-01-01T00:00:00Z";
+
 pub(crate) fn format_name(f: ArchiveFormat) -> &'static str {
     match f {
         ArchiveFormat::Zip => "zip",

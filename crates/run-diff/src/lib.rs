@@ -27,6 +27,10 @@ const VOLATILE: &[&str] = &[
     "runner",
     "runner_id",
     "decided_at",
+    // A sandbox session's id and its container's name: drawn afresh for each session, like
+    // a runner's id (what the session did is in the tool calls and the files).
+    "session_id",
+    "container_name",
     // Who replayed a recorded gate decision, and from which run.
     "replayed_by",
     "replay_of",
@@ -507,3 +511,6 @@ pub fn verdict(a: &Side, b: &Side, report: &Value) -> Value {
     }
     out("identical", Value::Null)
 }
+
+#[cfg(test)]
+mod tests;

@@ -230,12 +230,14 @@ impl RunnerSession {
     }
 
     /// Packs the workspace and receives the whole archive (at most `max_bytes`), checking its
-    /// size and sha256 against the runner's summary.
+    /// size and sha256 against the runner's summary. `entry_mtime` (RFC 3339; empty: the
+    /// files' own times) is given to every entry, so the same files pack to the same bytes.
     pub async fn pack(
         &self,
         format: ArchiveFormat,
         exclude_patterns: &[String],
         archive_name: &str,
+        entry_mtime: &str,
         max_bytes: u64,
     ) -> Result<Packed, PackError> {
         let mut stream = self
@@ -247,6 +249,7 @@ impl RunnerSession {
                 exclude_patterns: exclude_patterns.to_vec(),
                 archive_name: archive_name.to_owned(),
                 max_archive_bytes: 0,
+                entry_mtime: entry_mtime.to_owned(),
             })
             .await
             .map_err(PackError::Status)?

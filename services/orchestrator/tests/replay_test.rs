@@ -39,6 +39,9 @@ nodes:
     content: "first {{nodes.first.sha256}} second {{nodes.second.sha256}} tokens {{nodes.second.usage.completion_tokens}}"
 "#;
 
+/// How long a replay may take to end (a code delivery replay runs its session again).
+const REPLAY_WAIT_S: u64 = 120;
+
 /// An OpenAI-compatible server on loopback whose every answer is new random text (so a live
 /// re-run differs from the recorded one); `stop` takes it off the network.
 struct RandomLlm {
@@ -61,8 +64,6 @@ impl RandomLlm {
     /// `answering`, each answer after `delay_ms` (a model's latency).
     async fn slow(text: &str, delay_ms: u64) -> RandomLlm {
         let text = text.to_owned();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
         let calls = Arc::new(AtomicU64::new(0));
         let counter = calls.clone();
         let app = Router::new().route(
@@ -83,6 +84,13 @@ impl RandomLlm {
                 }
             }),
         );
+        RandomLlm::serving(app, calls).await
+    }
+
+    /// Serves `app` on loopback; `calls` counts the answers it gave.
+    async fn serving(app: Router, calls: Arc<AtomicU64>) -> RandomLlm {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let join = tokio::spawn(async move {
             let _ = axum::serve(listener, app)
@@ -182,7 +190,7 @@ async fn replay(stack: &Stack, run: &str, vars: &[(&str, &str)]) -> Result<Strin
         .await?
         .into_inner();
     assert_eq!(info.replay_of, run);
-    stack.wait_final(&info.run_id, 30).await;
+    stack.wait_final(&info.run_id, REPLAY_WAIT_S).await;
     Ok(info.run_id)
 }
 
@@ -425,6 +433,185 @@ async fn the_hello_example_replays_identically_with_recorded_sandbox_and_gate() 
     stack.stop().await;
 }
 
+/// An OpenAI-compatible server answering each request of a tool loop with the tool calls
+/// `cassette` (the examples' format) gives its step (the assistant messages so far, plus
+/// one), each answer with random text and random call ids: a live re-run differs.
+async fn cassette_llm(cassette: &str) -> RandomLlm {
+    let cassette: Value = serde_saphyr::from_str(cassette).unwrap();
+    let answers = Arc::new(cassette["answers"].as_array().unwrap().clone());
+    let calls = Arc::new(AtomicU64::new(0));
+    let counter = calls.clone();
+    let app = Router::new().route(
+        "/v1/chat/completions",
+        post(move |axum::Json(req): axum::Json<Value>| {
+            let counter = counter.clone();
+            let answers = answers.clone();
+            async move {
+                counter.fetch_add(1, Ordering::SeqCst);
+                let step = 1 + req["messages"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|m| m["role"] == "assistant")
+                    .count() as u64;
+                let answer = answers
+                    .iter()
+                    .find(|a| a["step"].as_u64() == Some(step))
+                    .unwrap_or_else(|| panic!("the cassette has no step {step}"));
+                let tool_calls: Vec<Value> = answer["tool_calls"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|c| {
+                        json!({"id": format!("call_{}", uuid::Uuid::new_v4().simple()), "type": "function",
+                               "function": {"name": c["name"], "arguments": c["arguments"].to_string()}})
+                    })
+                    .collect();
+                let content = format!(
+                    "{} {}",
+                    answer["content"].as_str().unwrap_or_default(),
+                    uuid::Uuid::new_v4()
+                );
+                let tokens = 1 + fastrand::u64(0..50);
+                axum::Json(json!({
+                    "id": "x", "object": "chat.completion", "model": "random-model",
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": content, "tool_calls": tool_calls}, "finish_reason": "tool_calls"}],
+                    "usage": {"prompt_tokens": 100, "completion_tokens": tokens, "total_tokens": 100 + tokens}
+                }))
+            }
+        }),
+    );
+    RandomLlm::serving(app, calls).await
+}
+
+/// The code delivery example (its tool calls from its cassette, each answer with random text
+/// and call ids), recorded against a live provider and a real sandbox runner, replays to
+/// `identical` with the provider gone: the session's commands run again on the runner, and
+/// the archive it delivers is the recorded one byte for byte (every entry carries one fixed
+/// time). A replay with a changed prompt diverges at `deliver`, with the request diff.
+#[tokio::test]
+async fn the_code_delivery_example_replays_identically_with_its_provider_gone() {
+    const TEST: &str = "the_code_delivery_example_replays_identically_with_its_provider_gone";
+    let Some(stack) = Stack::sandboxed(TEST, false, fast).await else {
+        return;
+    };
+    let graph = include_str!("../../../examples/code_delivery/graph.yaml");
+    let llm = cassette_llm(include_str!(
+        "../../../examples/code_delivery/cassette.yaml"
+    ))
+    .await;
+    let submit = |rerun_of: &str| SubmitRunRequest {
+        project_id: PROJECT.into(),
+        graph_yaml: if rerun_of.is_empty() {
+            graph.into()
+        } else {
+            String::new()
+        },
+        rerun_of: rerun_of.into(),
+        llm: if rerun_of.is_empty() {
+            llm.llm()
+        } else {
+            String::new()
+        },
+        by: "tester".into(),
+        ..Default::default()
+    };
+    let run = stack.submit_req(submit("")).await.unwrap().run_id;
+    let info = stack.wait_final(&run, 300).await;
+    assert_eq!(info.state, TaskState::Completed as i32, "{info:#?}");
+    assert_eq!(llm.calls.load(Ordering::SeqCst), 5);
+    let archive = |run: &str| format!("docs/artifacts/{run}/wordcount.zip");
+    let recorded = stack.read(&archive(&run)).await.unwrap();
+    // Every entry carries the fixed time, whenever its file was written.
+    let mut zip = zip::ZipArchive::new(std::io::Cursor::new(recorded.clone())).unwrap();
+    assert!(zip.len() >= 4, "{:?}", zip.file_names().collect::<Vec<_>>());
+    for i in 0..zip.len() {
+        let t = zip.by_index(i).unwrap().last_modified().unwrap();
+        assert_eq!(
+            (
+                t.year(),
+                t.month(),
+                t.day(),
+                t.hour(),
+                t.minute(),
+                t.second()
+            ),
+            (1980, 1, 1, 0, 0, 0)
+        );
+    }
+
+    // A live re-run gets other answers (text, call ids): the comparison sees it.
+    let rerun = stack.submit_req(submit(&run)).await.unwrap().run_id;
+    let info = stack.wait_final(&rerun, 300).await;
+    assert_eq!(info.state, TaskState::Completed as i32, "{info:#?}");
+    let (v, _) = verdict(&stack, &run, &rerun).await;
+    assert_eq!(v["verdict"], "diverged", "{v:#}");
+    assert_eq!(v["divergence"]["node"], "deliver", "{v:#}");
+    assert_eq!(llm.calls.load(Ordering::SeqCst), 10);
+    llm.stop().await;
+
+    let replayed = replay(&stack, &run, &[]).await.unwrap();
+    let info = stack.get(&replayed).await;
+    assert_eq!(info.state, TaskState::Completed as i32, "{info:#?}");
+    let (v, report) = verdict(&stack, &run, &replayed).await;
+    assert_eq!(
+        v,
+        json!({"run_id": replayed, "replay_of": run, "verdict": "identical", "divergence": null}),
+        "{report:#}"
+    );
+    // The session ran again (another session), and delivered the same bytes.
+    let opened = |events: Vec<cairn_proto::v1::Event>| {
+        events
+            .into_iter()
+            .find(|e| e.r#type == "code_delivery.session_opened")
+            .map(|e| data(&e)["session_id"].as_str().unwrap().to_owned())
+            .unwrap()
+    };
+    assert_ne!(
+        opened(stack.events(&run).await),
+        opened(stack.events(&replayed).await)
+    );
+    let again = stack.read(&archive(&replayed)).await.unwrap();
+    assert!(
+        again == recorded,
+        "the replay's archive differs from the recorded one"
+    );
+    let delivered = |run: &str| format!("delivered/{run}/wordcount.zip");
+    assert!(stack.read(&delivered(&replayed)).await.unwrap() == recorded);
+    assert!(stack.read(&delivered(&run)).await.unwrap() == recorded);
+
+    // A changed prompt: the first request differs; `deliver` fails there with the diff.
+    let changed = graph.replace(
+        "that prints the number of words",
+        "that prints the number of lines",
+    );
+    assert_ne!(changed, graph);
+    let diverged = replay_with(&stack, &run, |r| r.graph_yaml = changed)
+        .await
+        .unwrap();
+    let (v, _) = verdict(&stack, &run, &diverged).await;
+    assert_eq!(v["verdict"], "diverged", "{v:#}");
+    assert_eq!(v["divergence"]["node"], "deliver", "{v:#}");
+    assert_eq!(v["divergence"]["what"], "request", "{v:#}");
+    let diff = v["divergence"]["diff"].as_str().unwrap();
+    let changed_lines = |sign: char| {
+        diff.lines()
+            .filter(|l| l.starts_with(sign) && !l.starts_with(&sign.to_string().repeat(3)))
+            .collect::<Vec<_>>()
+    };
+    let (minus, plus) = (changed_lines('-'), changed_lines('+'));
+    assert!(
+        minus.len() == 1 && minus[0].contains("number of words"),
+        "{diff}"
+    );
+    assert!(
+        plus.len() == 1 && plus[0].contains("number of lines"),
+        "{diff}"
+    );
+    assert!(stack.read(&archive(&diverged)).await.is_none());
+    stack.stop().await;
+}
+
 /// `replay` with the request `tweak` makes of the default one.
 async fn replay_with(
     stack: &Stack,
@@ -440,7 +627,7 @@ async fn replay_with(
     tweak(&mut req);
     let info = stack.client.clone().replay_run(req).await?.into_inner();
     assert_eq!(info.replay_of, run);
-    stack.wait_final(&info.run_id, 30).await;
+    stack.wait_final(&info.run_id, REPLAY_WAIT_S).await;
     Ok(info.run_id)
 }
 

@@ -1,7 +1,9 @@
 //! Pack: the workspace as a zip or tar.gz, leaving out what the exclude
 //! globs match (`.git/**`, `**/__pycache__/**`; `**` crosses directories). Entries are the
 //! workspace's regular files under pathguard-valid names; links are refused and reported, never
-//! followed; the archive stops with ResourceExhausted at its size cap.
+//! followed; the archive stops with ResourceExhausted at its size cap. Entries go in byte order
+//! of their paths; with one entry time (`PackRequest.entry_mtime`) the same files pack to the
+//! same bytes whenever they were written.
 
 use std::fs::File;
 use std::io::{Seek, SeekFrom, Write};
@@ -36,6 +38,50 @@ pub struct PackReport {
     pub refused: Vec<Rejected>,
 }
 
+/// One modification time for every entry of an archive (`PackRequest.entry_mtime`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EntryTime {
+    /// Seconds since the Unix epoch (tar).
+    unix: u64,
+    /// The same time as a zip holds it (even seconds).
+    zip: zip::DateTime,
+}
+
+/// Parses `PackRequest.entry_mtime`: empty is None (each file's own time); otherwise an RFC
+/// 3339 time from 1980-01-01 to 2107-12-31, the range a zip can hold.
+pub fn entry_time(text: &str) -> Result<Option<EntryTime>> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Ok(None);
+    }
+    let bad = |why: &str| {
+        Error::invalid(format!(
+            "entry_mtime {text:?} {why}: give an RFC 3339 time from 1980-01-01T00:00:00Z to 2107-12-31T23:59:59Z, or leave it empty"
+        ))
+    };
+    let t = time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
+        .map_err(|_| bad("is not an RFC 3339 time"))?
+        .to_offset(time::UtcOffset::UTC);
+    let zip = u16::try_from(t.year())
+        .ok()
+        .and_then(|year| {
+            zip::DateTime::from_date_and_time(
+                year,
+                u8::from(t.month()),
+                t.day(),
+                t.hour(),
+                t.minute(),
+                t.second(),
+            )
+            .ok()
+        })
+        .ok_or_else(|| bad("is outside the range a zip can hold"))?;
+    Ok(Some(EntryTime {
+        unix: u64::try_from(t.unix_timestamp()).map_err(|_| bad("is before 1970"))?,
+        zip,
+    }))
+}
+
 /// Compiles exclude patterns; a pattern also excludes everything under a directory it names.
 pub fn excludes(patterns: &[String]) -> Result<GlobSet> {
     let mut set = GlobSetBuilder::new();
@@ -50,11 +96,13 @@ pub fn excludes(patterns: &[String]) -> Result<GlobSet> {
         .map_err(|e| Error::invalid(format!("exclude patterns: {e}")))
 }
 
-/// Writes the archive of the workspace into `out` (a fresh file), at most `max_bytes`.
+/// Writes the archive of the workspace into `out` (a fresh file), at most `max_bytes`; every
+/// entry gets `mtime` when given.
 pub fn pack(
     root: &Root,
     format: Format,
     excludes: &GlobSet,
+    mtime: Option<EntryTime>,
     out: File,
     max_bytes: u64,
     max_walk: u64,
@@ -123,6 +171,8 @@ pub fn pack(
             reason: "too_many_files",
         });
     }
+    // Byte order of the paths, whatever order the directories listed them in.
+    files.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
     let sink = Capped {
         file: out,
         pos: 0,
@@ -150,10 +200,13 @@ pub fn pack(
                     });
                     continue;
                 };
-                let opts = zip::write::SimpleFileOptions::default()
+                let mut opts = zip::write::SimpleFileOptions::default()
                     .compression_method(zip::CompressionMethod::Deflated)
                     .unix_permissions(mode(*perm))
                     .large_file(true);
+                if let Some(t) = mtime {
+                    opts = opts.last_modified_time(t.zip);
+                }
                 zip.start_file(path.as_str(), opts)
                     .map_err(|e| over(zip_io(e)))?;
                 std::io::copy(&mut file, &mut zip).map_err(over)?;
@@ -162,9 +215,12 @@ pub fn pack(
             zip.finish().map_err(|e| over(zip_io(e)))?;
         }
         Format::TarGz => {
-            let gz = flate2::write::GzEncoder::new(sink, flate2::Compression::default());
+            // Header time 0, no file name: the header says nothing of when or where.
+            let gz = flate2::GzBuilder::new()
+                .mtime(0)
+                .write(sink, flate2::Compression::default());
             let mut tar = tar::Builder::new(gz);
-            for (path, perm, mtime) in &files {
+            for (path, perm, file_mtime) in &files {
                 let Ok((file, stat)) = root.open_file(path.as_str()) else {
                     report.refused.push(Rejected {
                         path: path.to_string(),
@@ -176,7 +232,10 @@ pub fn pack(
                 h.set_entry_type(tar::EntryType::Regular);
                 h.set_size(stat.st_size.max(0) as u64);
                 h.set_mode(mode(*perm));
-                h.set_mtime((*mtime).max(0) as u64);
+                h.set_mtime(match mtime {
+                    Some(t) => t.unix,
+                    None => (*file_mtime).max(0) as u64,
+                });
                 h.set_uid(0);
                 h.set_gid(0);
                 // Exactly the size we announced, even if the file changes meanwhile.
@@ -250,5 +309,25 @@ mod tests {
         assert!(set.is_match("src/pkg/__pycache__/x.pyc"));
         assert!(!set.is_match("src/main.py"));
         assert!(!set.is_match("a.git/x"));
+    }
+
+    #[test]
+    fn entry_times_are_checked_against_what_a_zip_holds() {
+        assert_eq!(entry_time("").unwrap(), None);
+        let t = entry_time("1980-01-01T00:00:00Z").unwrap().unwrap();
+        assert_eq!(t.unix, 315_532_800);
+        assert_eq!((t.zip.year(), t.zip.month(), t.zip.day()), (1980, 1, 1));
+        let t = entry_time("2026-11-29T15:00:02+01:00").unwrap().unwrap();
+        assert_eq!(t.unix, 1_795_960_802);
+        assert_eq!((t.zip.hour(), t.zip.second()), (14, 2));
+        for bad in [
+            "1979-12-31T23:59:59Z",
+            "2108-01-01T00:00:00Z",
+            "yesterday",
+            "1980-01-01",
+        ] {
+            let e = entry_time(bad).unwrap_err().to_string();
+            assert!(e.contains("entry_mtime") && e.contains(bad), "{e}");
+        }
     }
 }

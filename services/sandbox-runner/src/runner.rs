@@ -715,6 +715,7 @@ impl Runner {
             p.as_str().to_owned()
         };
         let excludes = pack::excludes(&req.exclude_patterns)?;
+        let mtime = pack::entry_time(&req.entry_mtime)?;
         // Beside the task directory, not in it: the archive does not count against the
         // session's writable area (its own cap is max_archive_bytes).
         let path = s.sandbox.task_dir.with_file_name(format!(
@@ -735,7 +736,8 @@ impl Runner {
         };
         let walk = self.config.session.max_walk_entries;
         packed.report =
-            blocking(move || pack::pack(&s.workspace, format, &excludes, file, max, walk)).await?;
+            blocking(move || pack::pack(&s.workspace, format, &excludes, mtime, file, max, walk))
+                .await?;
         Ok(packed)
     }
 

@@ -101,6 +101,17 @@ async fn pack(
     format: pb::ArchiveFormat,
     excludes: &[&str],
 ) -> (Vec<u8>, pb::PackSummary) {
+    pack_at(r, sid, format, excludes, "").await.unwrap()
+}
+
+/// `pack` with every entry at `entry_mtime` (empty: the files' own times).
+async fn pack_at(
+    r: &TestRunner,
+    sid: &str,
+    format: pb::ArchiveFormat,
+    excludes: &[&str],
+    entry_mtime: &str,
+) -> Result<(Vec<u8>, pb::PackSummary), tonic::Status> {
     let mut stream = r
         .client
         .clone()
@@ -110,19 +121,19 @@ async fn pack(
             exclude_patterns: excludes.iter().map(|s| s.to_string()).collect(),
             archive_name: String::new(),
             max_archive_bytes: 0,
+            entry_mtime: entry_mtime.into(),
         })
-        .await
-        .unwrap()
+        .await?
         .into_inner();
     let mut bytes = Vec::new();
     let mut summary = None;
-    while let Some(msg) = stream.message().await.unwrap() {
+    while let Some(msg) = stream.message().await? {
         match msg.msg.unwrap() {
             pb::pack_response::Msg::Chunk(c) => bytes.extend_from_slice(&c),
             pb::pack_response::Msg::Summary(s) => summary = Some(s),
         }
     }
-    (bytes, summary.unwrap())
+    Ok((bytes, summary.unwrap()))
 }
 
 fn unzip(bytes: &[u8]) -> BTreeMap<String, Vec<u8>> {
@@ -484,6 +495,150 @@ async fn session_from_git_exec_tools_pack_close() {
             .await
             .unwrap_err();
         assert_eq!(err.code(), tonic::Code::NotFound);
+        r.stop().await;
+    }
+}
+
+/// The files of `same_files_pack_to_the_same_bytes`, written into session `sid` in `order`
+/// (one directory listing order or another), `stamp` then set as every file's mtime.
+async fn write_tree(r: &TestRunner, sid: &str, order: &[usize], stamp: &str) {
+    const FILES: [(&str, &str); 4] = [
+        ("README.md", "# Tool\n"),
+        ("src/main.sh", "#!/bin/sh\necho hi\n"),
+        ("src/a.txt", "a\n"),
+        ("src.txt", "beside the directory\n"),
+    ];
+    for &i in order {
+        let (path, content) = FILES[i];
+        r.client
+            .clone()
+            .write_file(pb::WriteFileRequest {
+                session_id: sid.into(),
+                path: path.into(),
+                content: content.as_bytes().to_vec().into(),
+                mode: pb::WriteMode::Overwrite as i32,
+            })
+            .await
+            .unwrap();
+    }
+    let out = exec(
+        r,
+        sid,
+        &format!(
+            "chmod +x src/main.sh && touch -d '{stamp}' README.md src/main.sh src/a.txt src.txt"
+        ),
+        "",
+        0,
+    )
+    .await;
+    assert_eq!(out.exit_code, 0, "{}", text(&out.stderr));
+}
+
+/// With one entry time, the same files pack to the same bytes in both formats, whatever their
+/// own mtimes and the order they were written in; without it the tar entries keep the files'
+/// mtimes, so the bytes differ. Entries are in byte order of their paths.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn same_files_pack_to_the_same_bytes() {
+    const FIXED: &str = "1980-01-01T00:00:00Z";
+    for backend in cold_backends("pack_reproducible").await {
+        let r = TestRunner::start(backend).await;
+        let mut c = r.client.clone();
+        let mut packs = Vec::new();
+        for (order, stamp) in [
+            ([0, 1, 2, 3], "2001-02-03 04:05:06"),
+            ([3, 2, 1, 0], "2019-08-07 06:05:04"),
+        ] {
+            let sid = c
+                .open_session(pb::OpenSessionRequest::default())
+                .await
+                .unwrap()
+                .into_inner()
+                .session_id;
+            write_tree(&r, &sid, &order, stamp).await;
+            let mut one = Vec::new();
+            for format in [pb::ArchiveFormat::Zip, pb::ArchiveFormat::TarGz] {
+                let fixed = pack_at(&r, &sid, format, &[], FIXED).await.unwrap().0;
+                let own = pack_at(&r, &sid, format, &[], "").await.unwrap().0;
+                one.push((fixed, own));
+            }
+            let bad = pack_at(
+                &r,
+                &sid,
+                pb::ArchiveFormat::Zip,
+                &[],
+                "1970-01-01T00:00:00Z",
+            )
+            .await
+            .unwrap_err();
+            assert_eq!(bad.code(), tonic::Code::InvalidArgument, "{bad:?}");
+            assert!(bad.message().contains("entry_mtime"), "{bad:?}");
+            c.close_session(pb::CloseSessionRequest { session_id: sid })
+                .await
+                .unwrap();
+            packs.push(one);
+        }
+        let [zip_fixed, tar_fixed] = [0, 1].map(|f| (&packs[0][f].0, &packs[1][f].0));
+        assert!(zip_fixed.0 == zip_fixed.1, "{backend:?}: the zips differ");
+        assert!(
+            tar_fixed.0 == tar_fixed.1,
+            "{backend:?}: the tar.gz archives differ"
+        );
+        assert!(
+            packs[0][1].1 != packs[1][1].1,
+            "{backend:?}: tar entries without entry_mtime keep the files' times"
+        );
+
+        // Byte order of paths (`src.txt` before `src/...`), the fixed time, the modes.
+        let mut z = zip::ZipArchive::new(std::io::Cursor::new(zip_fixed.0.clone())).unwrap();
+        let mut names = Vec::new();
+        for i in 0..z.len() {
+            let f = z.by_index(i).unwrap();
+            let t = f.last_modified().unwrap();
+            assert_eq!(
+                (
+                    t.year(),
+                    t.month(),
+                    t.day(),
+                    t.hour(),
+                    t.minute(),
+                    t.second()
+                ),
+                (1980, 1, 1, 0, 0, 0)
+            );
+            names.push((
+                f.name().unwrap().to_string(),
+                f.unix_mode().unwrap() & 0o777,
+            ));
+        }
+        assert_eq!(
+            names,
+            [
+                ("README.md".to_string(), 0o644),
+                ("src.txt".into(), 0o644),
+                ("src/a.txt".into(), 0o644),
+                ("src/main.sh".into(), 0o755)
+            ]
+        );
+        let gz = flate2::read::GzDecoder::new(&tar_fixed.0[..]);
+        assert_eq!(gz.header().unwrap().mtime(), 0);
+        let mut a = tar::Archive::new(gz);
+        let mut entries = Vec::new();
+        for e in a.entries().unwrap() {
+            let e = e.unwrap();
+            entries.push((
+                e.path().unwrap().to_string_lossy().into_owned(),
+                e.header().mtime().unwrap(),
+            ));
+        }
+        assert_eq!(
+            entries,
+            [
+                ("README.md".to_string(), 315_532_800),
+                ("src.txt".into(), 315_532_800),
+                ("src/a.txt".into(), 315_532_800),
+                ("src/main.sh".into(), 315_532_800)
+            ]
+        );
         r.stop().await;
     }
 }
