@@ -53,6 +53,22 @@ enum Cmd {
         #[arg(long, default_value_t = 1 << 20)]
         chunk: usize,
     },
+    /// Durable 4 KiB Puts from CALLERS callers next to the plain write+fsync+rename loop (with
+    /// and without the directory fsync), interleaved ROUNDS times: the one-caller figure alone,
+    /// quick to repeat while profiling the store (`strace -c -f -p <store pid>` during it).
+    Small {
+        #[arg(long)]
+        addr: String,
+        /// Scratch directory for the loops (same filesystem as the store's data root).
+        #[arg(long)]
+        work: PathBuf,
+        #[arg(long, default_value_t = 1000)]
+        count: usize,
+        #[arg(long, default_value_t = 1)]
+        callers: usize,
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+    },
     /// Runs every measurement with its baselines and prints a Markdown table.
     All {
         /// Store address (http://127.0.0.1:PORT).
@@ -158,6 +174,16 @@ async fn main() -> Result<()> {
                 &pids,
             )
             .await
+        }
+        Cmd::Small {
+            addr,
+            work,
+            count,
+            callers,
+            rounds,
+        } => {
+            let client = client(&addr, None).await?;
+            run_small(&client, &work, count, callers, rounds).await
         }
         Cmd::All {
             addr,
@@ -371,6 +397,45 @@ async fn small_store(
         t.await??;
     }
     Ok(count as f64 / started.elapsed().as_secs_f64())
+}
+
+/// The one-caller comparison alone, interleaved per round; medians printed.
+async fn run_small(
+    client: &ArtifactStoreClient<Channel>,
+    work: &Path,
+    count: usize,
+    callers: usize,
+    rounds: usize,
+) -> Result<()> {
+    let mut c = client.clone();
+    c.create_project(CreateProjectRequest {
+        project_id: PROJECT.into(),
+    })
+    .await?;
+    println!("machine: {}", machine());
+    let (mut plain, mut dirsync, mut put) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let dir = work.join(format!("small-plain-{round}"));
+        plain.push(small_baseline(&dir, count, false)?);
+        std::fs::remove_dir_all(&dir)?;
+        let dir = work.join(format!("small-dirsync-{round}"));
+        dirsync.push(small_baseline(&dir, count, true)?);
+        std::fs::remove_dir_all(&dir)?;
+        let prefix = format!("small-{}/r{round}", std::process::id());
+        put.push(small_store(client, &prefix, count, callers).await?);
+        eprintln!(
+            "round {round}: plain loop {:.0}/s, loop with directory fsync {:.0}/s, Puts ({callers} callers) {:.0}/s",
+            plain[round], dirsync[round], put[round]
+        );
+    }
+    let (plain, dirsync, put) = (median(plain), median(dirsync), median(put));
+    println!(
+        "medians of {rounds}: plain loop {plain:.0} files/s, with directory fsync {dirsync:.0} files/s, \
+         durable Puts ({callers} callers) {put:.0} files/s = {:.0}% of the plain loop, {:.0}% of the loop with the directory fsync",
+        put / plain * 100.0,
+        put / dirsync * 100.0
+    );
+    Ok(())
 }
 
 /// `callers` tasks each appending `each` single-event calls to one run; events per second.
@@ -588,9 +653,9 @@ async fn run_all(
     println!("| `dd bs=4M conv=fsync` of the input | {dd:.0} MiB/s | | | |");
     println!("| `openssl dgst -sha256` of the input | {ssl:.0} MiB/s | | | |");
     println!(
-        "| streamed Put, 1 MiB chunks, loopback gRPC (median of {reps}) | {put:.0} MiB/s | {slower:.0} MiB/s (slower of dd/openssl) | {:.0}% | >= 70% {} |",
+        "| streamed Put, 1 MiB chunks, loopback gRPC (median of {reps}) | {put:.0} MiB/s | {slower:.0} MiB/s (slower of dd/openssl) | {:.0}% | >= 95% {} |",
         put / slower * 100.0,
-        if put / slower >= 0.7 { "met" } else { "**missed**" }
+        if put / slower >= 0.95 { "met" } else { "**missed**" }
     );
     if let Some(pc) = put_pc {
         println!(
@@ -603,10 +668,14 @@ async fn run_all(
         "| plain write+fsync+rename+fsync(dir) loop, 4 KiB | {base_dirsync:.0} files/s | | | |"
     );
     for (c, rate) in &small {
+        // One caller: >= 60% of the loop; with concurrency (group commit): >= 50%.
+        let target = if *c == 1 { 0.6 } else { 0.5 };
         println!(
-            "| durable 4 KiB Puts, concurrency {c} | {rate:.0} files/s | {base:.0} files/s (plain loop) | {:.0}% | >= 50% {} |",
+            "| durable 4 KiB Puts, concurrency {c} | {rate:.0} files/s | {base:.0} files/s (plain loop; with the directory fsync {base_dirsync:.0}) | {:.0}% ({:.0}% of the loop with the directory fsync) | >= {:.0}% {} |",
             rate / base * 100.0,
-            if rate / base >= 0.5 { "met" } else { "**missed**" }
+            rate / base_dirsync * 100.0,
+            target * 100.0,
+            if rate / base >= target { "met" } else { "**missed**" }
         );
     }
     println!("| plain append+fdatasync loop, one event per sync | {ev_base:.0} events/s | | | |");
