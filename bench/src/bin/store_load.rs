@@ -8,6 +8,7 @@
 
 use std::fs::File;
 use std::io::{Read, Write};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -52,6 +53,22 @@ enum Cmd {
         file: PathBuf,
         #[arg(long, default_value_t = 1 << 20)]
         chunk: usize,
+    },
+    /// Durable 4 KiB Puts from CALLERS callers next to the plain write+fsync+rename loop (with
+    /// and without the directory fsync), interleaved ROUNDS times: the one-caller figure alone,
+    /// quick to repeat while profiling the store (`strace -c -f -p <store pid>` during it).
+    Small {
+        #[arg(long)]
+        addr: String,
+        /// Scratch directory for the loops (same filesystem as the store's data root).
+        #[arg(long)]
+        work: PathBuf,
+        #[arg(long, default_value_t = 1000)]
+        count: usize,
+        #[arg(long, default_value_t = 1)]
+        callers: usize,
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
     },
     /// Runs every measurement with its baselines and prints a Markdown table.
     All {
@@ -158,6 +175,16 @@ async fn main() -> Result<()> {
                 &pids,
             )
             .await
+        }
+        Cmd::Small {
+            addr,
+            work,
+            count,
+            callers,
+            rounds,
+        } => {
+            let client = client(&addr, None).await?;
+            run_small(&client, &work, count, callers, rounds).await
         }
         Cmd::All {
             addr,
@@ -315,12 +342,12 @@ fn small_body(i: usize) -> Bytes {
 }
 
 /// The baseline: write a temp file, fsync it, rename it into place (optionally fsync the
-/// directory too), one file after another in one process.
-fn small_baseline(dir: &Path, count: usize, sync_dir: bool) -> Result<f64> {
+/// directory too), one file after another in one process; files `range` of `dir`.
+fn small_baseline(dir: &Path, range: Range<usize>, sync_dir: bool) -> Result<Duration> {
     std::fs::create_dir_all(dir)?;
     let dir_handle = File::open(dir)?;
     let started = Instant::now();
-    for i in 0..count {
+    for i in range {
         let tmp = dir.join(format!(".tmp-{i}"));
         let mut f = File::create(&tmp)?;
         f.write_all(&small_body(i))?;
@@ -330,24 +357,60 @@ fn small_baseline(dir: &Path, count: usize, sync_dir: bool) -> Result<f64> {
             dir_handle.sync_all()?;
         }
     }
-    Ok(count as f64 / started.elapsed().as_secs_f64())
+    Ok(started.elapsed())
 }
 
-/// `count` 4 KiB Puts to distinct paths from `concurrency` tasks.
+/// Files per second.
+fn rate(count: usize, took: Duration) -> f64 {
+    count as f64 / took.as_secs_f64()
+}
+
+/// One caller's durable Puts and both plain loops, `count` files each, interleaved in blocks
+/// of `block` files (loop, loop with the directory fsync, Puts, then the next block), so the
+/// three see the same phases of a disk other programs share: (plain, dirsync, Puts) per second.
+async fn small_interleaved(
+    client: &ArtifactStoreClient<Channel>,
+    work: &Path,
+    prefix: &str,
+    count: usize,
+    block: usize,
+) -> Result<(f64, f64, f64)> {
+    let (plain_dir, dirsync_dir) = (work.join("plain"), work.join("plain-dirsync"));
+    let mut took = [Duration::ZERO; 3];
+    let mut start = 0;
+    while start < count {
+        let range = start..(start + block).min(count);
+        took[0] += small_baseline(&plain_dir, range.clone(), false)?;
+        took[1] += small_baseline(&dirsync_dir, range.clone(), true)?;
+        took[2] += small_store(client, prefix, range.clone(), 1).await?;
+        start = range.end;
+    }
+    std::fs::remove_dir_all(&plain_dir)?;
+    std::fs::remove_dir_all(&dirsync_dir)?;
+    Ok((
+        rate(count, took[0]),
+        rate(count, took[1]),
+        rate(count, took[2]),
+    ))
+}
+
+/// 4 KiB Puts of files `range` under `prefix` from `concurrency` tasks.
 async fn small_store(
     client: &ArtifactStoreClient<Channel>,
     prefix: &str,
-    count: usize,
+    range: Range<usize>,
     concurrency: usize,
-) -> Result<f64> {
+) -> Result<Duration> {
     let started = Instant::now();
     let mut tasks = Vec::new();
     for t in 0..concurrency {
         let mut client = client.clone();
         let prefix = prefix.to_owned();
+        let end = range.end;
+        let first = range.start + t;
         tasks.push(tokio::spawn(async move {
-            let mut i = t;
-            while i < count {
+            let mut i = first;
+            while i < end {
                 let header = PutHeader {
                     project_id: PROJECT.into(),
                     path: format!("{prefix}/f-{i}"),
@@ -370,7 +433,56 @@ async fn small_store(
     for t in tasks {
         t.await??;
     }
-    Ok(count as f64 / started.elapsed().as_secs_f64())
+    Ok(started.elapsed())
+}
+
+/// The small-file comparison alone (one caller: interleaved in blocks of 100 files), medians
+/// of `rounds` printed.
+async fn run_small(
+    client: &ArtifactStoreClient<Channel>,
+    work: &Path,
+    count: usize,
+    callers: usize,
+    rounds: usize,
+) -> Result<()> {
+    let mut c = client.clone();
+    c.create_project(CreateProjectRequest {
+        project_id: PROJECT.into(),
+    })
+    .await?;
+    println!("machine: {}", machine());
+    let (mut plain, mut dirsync, mut put) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let prefix = format!("small-{}/r{round}", std::process::id());
+        let (p, d, s) = if callers == 1 {
+            small_interleaved(client, work, &prefix, count, 100).await?
+        } else {
+            let dir = work.join("small-plain");
+            let p = rate(count, small_baseline(&dir, 0..count, false)?);
+            std::fs::remove_dir_all(&dir)?;
+            let d = rate(count, small_baseline(&dir, 0..count, true)?);
+            std::fs::remove_dir_all(&dir)?;
+            let s = rate(
+                count,
+                small_store(client, &prefix, 0..count, callers).await?,
+            );
+            (p, d, s)
+        };
+        eprintln!(
+            "round {round}: plain loop {p:.0}/s, loop with directory fsync {d:.0}/s, Puts ({callers} callers) {s:.0}/s"
+        );
+        plain.push(p);
+        dirsync.push(d);
+        put.push(s);
+    }
+    let (plain, dirsync, put) = (median(plain), median(dirsync), median(put));
+    println!(
+        "medians of {rounds}: plain loop {plain:.0} files/s, with directory fsync {dirsync:.0} files/s, \
+         durable Puts ({callers} callers) {put:.0} files/s = {:.0}% of the plain loop, {:.0}% of the loop with the directory fsync",
+        put / plain * 100.0,
+        put / dirsync * 100.0
+    );
+    Ok(())
 }
 
 /// `callers` tasks each appending `each` single-event calls to one run; events per second.
@@ -535,14 +647,18 @@ async fn run_all(
     let (dd, ssl, put) = (median(dd), median(ssl), median(put));
     let slower = dd.min(ssl);
 
-    // Small durable files.
-    let base = small_baseline(&work.join("plain"), small_count, false)?;
-    let base_dirsync = small_baseline(&work.join("plain-dirsync"), small_count, true)?;
-    std::fs::remove_dir_all(work.join("plain"))?;
-    std::fs::remove_dir_all(work.join("plain-dirsync"))?;
+    // Small durable files: one caller interleaved with the loops, in blocks of 100 files.
+    let (base, base_dirsync, one) =
+        small_interleaved(&client, work, "small/c1", small_count, 100).await?;
     let mut small = Vec::new();
     for &c in concurrency {
-        let rate = small_store(&client, &format!("small/c{c}"), small_count, c).await?;
+        let rate = match c {
+            1 => one,
+            c => rate(
+                small_count,
+                small_store(&client, &format!("small/c{c}"), 0..small_count, c).await?,
+            ),
+        };
         eprintln!("small files, concurrency {c}: {rate:.0}/s");
         small.push((c, rate));
     }
@@ -588,9 +704,9 @@ async fn run_all(
     println!("| `dd bs=4M conv=fsync` of the input | {dd:.0} MiB/s | | | |");
     println!("| `openssl dgst -sha256` of the input | {ssl:.0} MiB/s | | | |");
     println!(
-        "| streamed Put, 1 MiB chunks, loopback gRPC (median of {reps}) | {put:.0} MiB/s | {slower:.0} MiB/s (slower of dd/openssl) | {:.0}% | >= 70% {} |",
+        "| streamed Put, 1 MiB chunks, loopback gRPC (median of {reps}) | {put:.0} MiB/s | {slower:.0} MiB/s (slower of dd/openssl) | {:.0}% | >= 95% {} |",
         put / slower * 100.0,
-        if put / slower >= 0.7 { "met" } else { "**missed**" }
+        if put / slower >= 0.95 { "met" } else { "**missed**" }
     );
     if let Some(pc) = put_pc {
         println!(
@@ -598,15 +714,19 @@ async fn run_all(
             pc / slower * 100.0
         );
     }
-    println!("| plain write+fsync+rename loop, 4 KiB | {base:.0} files/s | | | |");
+    println!("| plain write+fsync+rename loop, 4 KiB (blocks of 100 files alternating with the loop below and the one-caller Puts) | {base:.0} files/s | | | |");
     println!(
         "| plain write+fsync+rename+fsync(dir) loop, 4 KiB | {base_dirsync:.0} files/s | | | |"
     );
     for (c, rate) in &small {
+        // One caller: >= 60% of the loop; with concurrency (group commit): >= 50%.
+        let target = if *c == 1 { 0.6 } else { 0.5 };
         println!(
-            "| durable 4 KiB Puts, concurrency {c} | {rate:.0} files/s | {base:.0} files/s (plain loop) | {:.0}% | >= 50% {} |",
+            "| durable 4 KiB Puts, concurrency {c} | {rate:.0} files/s | {base:.0} files/s (plain loop; with the directory fsync {base_dirsync:.0}) | {:.0}% ({:.0}% of the loop with the directory fsync) | >= {:.0}% {} |",
             rate / base * 100.0,
-            if rate / base >= 0.5 { "met" } else { "**missed**" }
+            rate / base_dirsync * 100.0,
+            target * 100.0,
+            if rate / base >= target { "met" } else { "**missed**" }
         );
     }
     println!("| plain append+fdatasync loop, one event per sync | {ev_base:.0} events/s | | | |");
@@ -671,9 +791,9 @@ async fn run_tls(
                 run_id: String::new(),
             })
             .await?;
-            let rate =
-                small_store(c, &format!("tls-small/r{rep}"), small_count, concurrency).await?;
-            small[side].push(rate);
+            let took =
+                small_store(c, &format!("tls-small/r{rep}"), 0..small_count, concurrency).await?;
+            small[side].push(rate(small_count, took));
         }
         eprintln!(
             "rep {rep}: put plain {:.0} / tls {:.0} MiB/s; 4 KiB plain {:.0} / tls {:.0} files/s",
