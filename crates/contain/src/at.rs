@@ -124,9 +124,10 @@ pub fn ensure_dir(dir: BorrowedFd<'_>, rel: &str) -> Result<OwnedFd, Errno> {
         let next = match open_dir(held.as_fd(), part) {
             Err(Errno::NOENT) => {
                 match fs::mkdirat(held.as_fd(), part, Mode::from_raw_mode(DIR_MODE)) {
-                    // A new directory's entry must be durable before files published in it.
-                    Ok(()) => fs::fsync(held.as_fd())?,
-                    Err(Errno::EXIST) => {}
+                    // A new directory's entry must be durable before files published in it;
+                    // when another writer made it a moment ago, its fsync may not have come
+                    // yet, so this one does not wait for it.
+                    Ok(()) | Err(Errno::EXIST) => fs::fsync(held.as_fd())?,
                     Err(e) => return Err(e),
                 }
                 open_dir(held.as_fd(), part)?

@@ -357,18 +357,20 @@ class GrepResponse(_message.Message):
     def __init__(self, matches: _Optional[_Iterable[_Union[GrepMatch, _Mapping]]] = ..., truncated: _Optional[bool] = ...) -> None: ...
 
 class PackRequest(_message.Message):
-    __slots__ = ("session_id", "format", "exclude_patterns", "archive_name", "max_archive_bytes")
+    __slots__ = ("session_id", "format", "exclude_patterns", "archive_name", "max_archive_bytes", "entry_mtime")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
     EXCLUDE_PATTERNS_FIELD_NUMBER: _ClassVar[int]
     ARCHIVE_NAME_FIELD_NUMBER: _ClassVar[int]
     MAX_ARCHIVE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_MTIME_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     format: ArchiveFormat
     exclude_patterns: _containers.RepeatedScalarFieldContainer[str]
     archive_name: str
     max_archive_bytes: int
-    def __init__(self, session_id: _Optional[str] = ..., format: _Optional[_Union[ArchiveFormat, str]] = ..., exclude_patterns: _Optional[_Iterable[str]] = ..., archive_name: _Optional[str] = ..., max_archive_bytes: _Optional[int] = ...) -> None: ...
+    entry_mtime: str
+    def __init__(self, session_id: _Optional[str] = ..., format: _Optional[_Union[ArchiveFormat, str]] = ..., exclude_patterns: _Optional[_Iterable[str]] = ..., archive_name: _Optional[str] = ..., max_archive_bytes: _Optional[int] = ..., entry_mtime: _Optional[str] = ...) -> None: ...
 
 class PackSummary(_message.Message):
     __slots__ = ("archive_name", "digest", "entries", "excluded", "refused")
