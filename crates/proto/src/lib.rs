@@ -72,8 +72,9 @@ pub mod reason {
         pub retry_after: Option<Duration>,
     }
 
-    /// RESOURCE_EXHAUSTED reasons a retry cannot cure: they carry no `RetryInfo`.
-    pub const NOT_RETRYABLE: &[&str] = &["too_large", "too_many_files"];
+    /// RESOURCE_EXHAUSTED reasons a retry cannot cure: they carry no `RetryInfo` (a full
+    /// snapshot quota stays full until someone removes snapshots).
+    pub const NOT_RETRYABLE: &[&str] = &["too_large", "too_many_files", "snapshot_quota"];
 
     /// The delay `RetryInfo` carries when the refusal names none.
     pub const DEFAULT_RETRY: Duration = Duration::from_secs(1);

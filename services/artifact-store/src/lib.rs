@@ -159,7 +159,7 @@ mod tests {
         &["files", "read", "run_index", "snapshots"],
         &["project"],
         &["events", "events_reader", "retention"],
-        &["write", "archive", "backup"],
+        &["write", "write_tests", "archive", "backup"],
         &["document", "commit_order"],
         &["store", "sweep"],
         &["service"],

@@ -30,6 +30,12 @@ fn assert_quota_refusal<T: std::fmt::Debug>(result: Result<T, tonic::Status>) {
         "the refusal says what to change: {}",
         status.message()
     );
+    assert_eq!(
+        cairn_proto::reason::retry_delay(&status),
+        None,
+        "a full quota is not cured by retrying"
+    );
+    assert!(cairn_proto::reason::detail(&status, "limit_bytes").is_some());
 }
 
 #[tokio::test]

@@ -7,7 +7,7 @@
 
 mod args;
 pub mod auth;
-pub mod cluster;
+pub use cairn_cluster as cluster;
 pub mod config;
 pub mod error;
 pub mod gates;

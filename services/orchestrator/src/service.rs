@@ -2,7 +2,7 @@
 //! here. Every handler first asks `auth` whether its caller may make this call on this project
 //! (the one table is `auth::Rpc::required_role`); the `by` it records is the caller's.
 //!
-//! With replicas (cluster.rs), a call about a run another replica drives is sent on to it
+//! With replicas (the cairn-cluster crate), a call about a run another replica drives is sent on to it
 //! with the caller's credentials, which it checks again; reads of records (ListRuns,
 //! WatchRun) are answered by any replica from the store.
 

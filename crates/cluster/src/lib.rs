@@ -1,5 +1,5 @@
 //! Orchestrator replicas (`[orchestrator.cluster]`): membership in etcd and who drives which
-//! run.
+//! run (a crate of its own: the orchestrator composes it).
 //!
 //! Each replica registers `<key_prefix>members/<member_id>` under a lease of `lease_ttl_s` and
 //! keeps it alive; every replica watches the members and so knows the same set. A run belongs
@@ -11,13 +11,16 @@
 //! A replica that has not renewed its lease for two thirds of the TTL stops driving (it may
 //! be cut off from etcd while the others already see its lease expire) and rejoins with a new
 //! lease once etcd answers again. Calls about a run another member drives are forwarded to it
-//! (service.rs); a replica out of the cluster refuses them with UNAVAILABLE.
+//! (the orchestrator's service.rs); a replica out of the cluster refuses them with UNAVAILABLE.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cairn_proto::v1::orchestrator_client::OrchestratorClient;
+
+/// The identity peers present and are dialled as (the orchestrator's certificate).
+const IDENTITY: &str = "orchestrator";
 use cairn_sha256::Sha256;
 use cairn_telemetry::TracedChannel;
 use etcd_client::{
@@ -322,7 +325,7 @@ impl Cluster {
         }
         // Peers present the orchestrator's certificate whatever name they are dialled by: a
         // member entry written by anyone else gets no forwarded call (nor its token).
-        let name = self.tls.as_ref().map(|_| crate::IDENTITY);
+        let name = self.tls.as_ref().map(|_| IDENTITY);
         // Each new connection dials with the certificate files as they are then (renewals).
         let channel = cairn_server::connect_named(addr, self.tls.as_ref(), name)
             .map_err(|e| format!("replica address {addr}: {e}"))?;
