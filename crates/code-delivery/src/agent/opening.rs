@@ -38,16 +38,7 @@ impl Task<'_> {
             RunnerSession::open(self.ctx.backends.runners.rotation(), req, "code_delivery")
                 .await
                 .map_err(|s| NodeError::from_status("opening the sandbox session", &s))?;
-        self.ctx.progress.emit(
-            Ev::new(SESSION_OPENED, self.node())
-                .with("session_id", session.info.session_id.as_str())
-                .with("container_name", session.info.container_name.as_str())
-                .with("backend", session.info.backend.as_str())
-                .with("git_commit", session.info.git_commit.as_str())
-                .with("image", session.info.image.as_str())
-                .with("network", self.network)
-                .with("runner", session.runner.as_str()),
-        );
+        self.ctx.progress.emit(self.opened(&session));
         self.session = Some(session);
         self.checkpoints.opened();
         Ok(())
@@ -68,14 +59,7 @@ impl Task<'_> {
             })?;
         session.info.git_commit = from.git_commit.clone();
         self.ctx.progress.emit(
-            Ev::new(SESSION_OPENED, self.node())
-                .with("session_id", session.info.session_id.as_str())
-                .with("container_name", session.info.container_name.as_str())
-                .with("backend", session.info.backend.as_str())
-                .with("git_commit", session.info.git_commit.as_str())
-                .with("image", session.info.image.as_str())
-                .with("network", self.network)
-                .with("runner", session.runner.as_str())
+            self.opened(&session)
                 .with("from_snapshot", from.path.as_str()),
         );
         self.ctx.progress.emit(
@@ -91,5 +75,17 @@ impl Task<'_> {
         self.session = Some(session);
         self.checkpoints.opened();
         Ok(())
+    }
+
+    /// `code_delivery.session_opened` for `session`.
+    fn opened(&self, session: &RunnerSession) -> Ev {
+        Ev::new(SESSION_OPENED, self.node())
+            .with("session_id", session.info.session_id.as_str())
+            .with("container_name", session.info.container_name.as_str())
+            .with("backend", session.info.backend.as_str())
+            .with("git_commit", session.info.git_commit.as_str())
+            .with("image", session.info.image.as_str())
+            .with("network", self.network)
+            .with("runner", session.runner.as_str())
     }
 }
