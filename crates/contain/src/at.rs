@@ -13,6 +13,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use rustix::fs::{self, AtFlags, FileType, Mode, OFlags, ResolveFlags, Stat};
 use rustix::io::Errno;
 
+// The two calls whose failures a test cannot cause on purpose (openat2's EAGAIN, which needs a
+// rename racing the lookup; a skipped fsync): the kernel's own, except in this crate's unit
+// tests, which answer them from `tests::sys`.
+#[cfg(not(test))]
+use rustix::fs::{fsync, openat2};
+#[cfg(test)]
+use tests::sys::{fsync, openat2};
+
 /// False once openat2 turned out to be unavailable on this kernel/sandbox.
 static OPENAT2_WORKS: AtomicBool = AtomicBool::new(true);
 
@@ -45,7 +53,7 @@ pub fn open(dir: BorrowedFd<'_>, rel: &str, flags: OFlags, mode: u32) -> Result<
     if OPENAT2_WORKS.load(Ordering::Relaxed) {
         let mut tries = 0;
         loop {
-            match fs::openat2(dir, rel, flags, mode, RESOLVE) {
+            match openat2(dir, rel, flags, mode, RESOLVE) {
                 // openat2 may ask for a retry when a rename raced with the lookup.
                 Err(Errno::AGAIN) if tries < 8 => tries += 1,
                 Err(Errno::NOSYS) | Err(Errno::PERM) => {
@@ -127,7 +135,7 @@ pub fn ensure_dir(dir: BorrowedFd<'_>, rel: &str) -> Result<OwnedFd, Errno> {
                     // A new directory's entry must be durable before files published in it;
                     // when another writer made it a moment ago, its fsync may not have come
                     // yet, so this one does not wait for it.
-                    Ok(()) | Err(Errno::EXIST) => fs::fsync(held.as_fd())?,
+                    Ok(()) | Err(Errno::EXIST) => fsync(held.as_fd())?,
                     Err(e) => return Err(e),
                 }
                 open_dir(held.as_fd(), part)?
@@ -168,7 +176,7 @@ pub fn read_dir(dir: BorrowedFd<'_>) -> Result<Vec<(String, FileType)>, Errno> {
 
 /// fsync of a directory, so a rename or unlink in it is durable.
 pub fn sync_dir(dir: BorrowedFd<'_>) -> Result<(), Errno> {
-    fs::fsync(dir)
+    fsync(dir)
 }
 
 /// Splits a validated path into its parent ("" for top-level names) and its last component.
@@ -184,6 +192,60 @@ pub fn split_parent(path: &str) -> (&str, &str) {
 mod tests {
     use super::*;
     use std::os::unix::fs::symlink;
+
+    /// The kernel's openat2 and fsync as `open`, `ensure_dir` and `sync_dir` see them in unit
+    /// tests (this thread's calls only): openat2 answers EAGAIN as many times as a test asks
+    /// before the real call, and fsync records which directory it synced.
+    pub(super) mod sys {
+        use std::cell::{Cell, RefCell};
+        use std::os::fd::{BorrowedFd, OwnedFd};
+
+        use rustix::fs::{Mode, OFlags, ResolveFlags};
+        use rustix::io::Errno;
+
+        thread_local! {
+            static EAGAINS: Cell<u32> = const { Cell::new(0) };
+            static OPENAT2_CALLS: Cell<u32> = const { Cell::new(0) };
+            static SYNCED: RefCell<Vec<(u64, u64)>> = const { RefCell::new(Vec::new()) };
+        }
+
+        pub fn openat2(
+            dir: BorrowedFd<'_>,
+            path: &str,
+            flags: OFlags,
+            mode: Mode,
+            resolve: ResolveFlags,
+        ) -> Result<OwnedFd, Errno> {
+            OPENAT2_CALLS.set(OPENAT2_CALLS.get() + 1);
+            let left = EAGAINS.get();
+            if left > 0 {
+                EAGAINS.set(left - 1);
+                return Err(Errno::AGAIN);
+            }
+            rustix::fs::openat2(dir, path, flags, mode, resolve)
+        }
+
+        pub fn fsync(fd: BorrowedFd<'_>) -> Result<(), Errno> {
+            let st = rustix::fs::fstat(fd)?;
+            SYNCED.with_borrow_mut(|s| s.push((st.st_dev, st.st_ino)));
+            rustix::fs::fsync(fd)
+        }
+
+        /// The next `n` openat2 calls answer EAGAIN; the count of calls starts again at 0.
+        pub fn eagain_next(n: u32) {
+            EAGAINS.set(n);
+            OPENAT2_CALLS.set(0);
+        }
+
+        pub fn openat2_calls() -> u32 {
+            OPENAT2_CALLS.get()
+        }
+
+        /// The directories (device, inode) fsync'd since the last call, in order.
+        pub fn take_synced() -> Vec<(u64, u64)> {
+            SYNCED.take()
+        }
+    }
 
     fn root(dir: &std::path::Path) -> OwnedFd {
         fs::open(
@@ -333,5 +395,52 @@ mod tests {
         let nofollow = OFlags::RDONLY | OFlags::NOFOLLOW;
         assert_eq!(walk("a/l", nofollow).unwrap_err(), Errno::LOOP);
         assert!(walk("a/f", nofollow).is_ok());
+    }
+
+    #[test]
+    fn open_asks_openat2_again_after_eagain_eight_times_at_most() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(tmp.path().join("d")).unwrap();
+        std::fs::write(tmp.path().join("d/f"), b"x").unwrap();
+        let fd = root(tmp.path());
+        // Were openat2 found missing by another test of this process, ask it again (a kernel
+        // without it says so again at once, and the component walk answers).
+        OPENAT2_WORKS.store(true, Ordering::Relaxed);
+        for racing in [1, 8] {
+            sys::eagain_next(racing);
+            assert!(
+                open(fd.as_fd(), "d/f", OFlags::RDONLY, 0).is_ok(),
+                "{racing}"
+            );
+            assert_eq!(sys::openat2_calls(), racing + 1, "{racing}");
+        }
+        // A ninth EAGAIN in a row is the caller's answer: the lookup keeps racing.
+        sys::eagain_next(9);
+        assert_eq!(
+            open(fd.as_fd(), "d/f", OFlags::RDONLY, 0).unwrap_err(),
+            Errno::AGAIN
+        );
+        assert_eq!(sys::openat2_calls(), 9);
+        sys::eagain_next(0);
+    }
+
+    #[test]
+    fn directories_are_fsynced_by_sync_dir_and_for_each_entry_ensure_dir_makes() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(tmp.path().join("old")).unwrap();
+        let fd = root(tmp.path());
+        let id = |rel: &str| {
+            let st = std::fs::metadata(tmp.path().join(rel)).unwrap();
+            use std::os::unix::fs::MetadataExt;
+            (st.dev(), st.ino())
+        };
+        sys::take_synced();
+        sync_dir(fd.as_fd()).unwrap();
+        assert_eq!(sys::take_synced(), [id(".")]);
+        // New entries: each one's parent, once; an existing directory: nothing to make durable.
+        drop(ensure_dir(fd.as_fd(), "old/a/b").unwrap());
+        assert_eq!(sys::take_synced(), [id("old"), id("old/a")]);
+        drop(ensure_dir(fd.as_fd(), "old/a").unwrap());
+        assert!(sys::take_synced().is_empty());
     }
 }

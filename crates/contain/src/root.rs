@@ -113,4 +113,68 @@ mod tests {
         // The root itself may not be a link.
         assert!(Root::open(&tmp.path().join("out")).is_err());
     }
+
+    #[test]
+    fn every_descriptor_is_close_on_exec_and_no_follow_with_the_callers_flags_kept() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(tmp.path().join("d")).unwrap();
+        std::fs::write(tmp.path().join("d/f"), b"x").unwrap();
+        let root = Root::open(tmp.path()).unwrap();
+        let fd_flags = |fd: BorrowedFd<'_>| {
+            let cloexec = rustix::io::fcntl_getfd(fd).unwrap();
+            (
+                cloexec.contains(rustix::io::FdFlags::CLOEXEC),
+                rustix::fs::fcntl_getfl(fd).unwrap(),
+            )
+        };
+        let dir = OFlags::RDONLY | OFlags::DIRECTORY;
+        let file = OFlags::RDONLY | OFlags::NONBLOCK;
+        // (what, the descriptor, flags it must have been opened with)
+        let opened: Vec<(&str, OwnedFd, OFlags)> = vec![
+            ("root", root.open_dir("").unwrap(), dir),
+            ("dir", root.open_dir("d").unwrap(), dir),
+            (
+                "file",
+                OwnedFd::from(root.open_file("d/f").unwrap().0),
+                file,
+            ),
+            // Callers' flags with O_CLOEXEC or O_NOFOLLOW of their own keep them.
+            (
+                "root, cloexec given",
+                root.open_at("", dir | OFlags::CLOEXEC, Mode::empty())
+                    .unwrap(),
+                dir,
+            ),
+            (
+                "file, cloexec given",
+                root.open_at("d/f", file | OFlags::CLOEXEC, Mode::empty())
+                    .unwrap(),
+                file,
+            ),
+            (
+                "root, nofollow given",
+                root.open_at("", dir | OFlags::NOFOLLOW, Mode::empty())
+                    .unwrap(),
+                dir,
+            ),
+            (
+                "file, nofollow given",
+                root.open_at("d/f", file | OFlags::NOFOLLOW, Mode::empty())
+                    .unwrap(),
+                file,
+            ),
+        ];
+        for (what, fd, want) in &opened {
+            let (cloexec, flags) = fd_flags(fd.as_fd());
+            assert!(cloexec, "{what}: would reach an exec'd program");
+            assert!(flags.contains(OFlags::NOFOLLOW), "{what}: {flags:?}");
+            assert!(flags.contains(*want), "{what}: {flags:?}, not {want:?}");
+        }
+        // A directory open is refused on a file.
+        let errno = |e: io::Error| Errno::from_io_error(&e);
+        assert_eq!(
+            errno(root.open_dir("d/f").unwrap_err()),
+            Some(Errno::NOTDIR)
+        );
+    }
 }

@@ -242,4 +242,48 @@ mod tests {
         let (_, complete) = seen(&root, 0);
         assert!(!complete);
     }
+
+    #[test]
+    fn an_entry_opens_only_as_the_regular_file_it_was_without_blocking() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("f"), b"x").unwrap();
+        symlink(tmp.path().join("f"), tmp.path().join("link")).unwrap();
+        rustix::fs::mkfifoat(rustix::fs::CWD, tmp.path().join("pipe"), Mode::from(0o600)).unwrap();
+        let root = Root::open(tmp.path()).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let dir = root.fd().try_clone_to_owned().unwrap();
+        // In a thread: opening a fifo that waits for a writer would never return.
+        std::thread::spawn(move || {
+            let mut opened = Vec::new();
+            walk(dir.as_fd(), &mut |e| {
+                opened.push((lossy(e.rel), e.open_file()));
+                Visit::Continue
+            })
+            .unwrap();
+            tx.send(opened).unwrap();
+        });
+        let opened = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("opening a fifo waited for a writer");
+        let [(f, file), (link, to_file), (pipe, fifo)] = &opened[..] else {
+            panic!("{opened:?}");
+        };
+        assert_eq!(
+            (f.as_str(), link.as_str(), pipe.as_str()),
+            ("f", "link", "pipe")
+        );
+        let (file, stat) = file.as_ref().unwrap();
+        assert_eq!(stat.st_size, 1);
+        let fd_flags = rustix::io::fcntl_getfd(file).unwrap();
+        assert!(fd_flags.contains(rustix::io::FdFlags::CLOEXEC));
+        // A link to a file is not opened through, even though its target is a regular file.
+        let errno = |r: &io::Result<(File, Stat)>| {
+            Errno::from_io_error(r.as_ref().map(|_| ()).unwrap_err())
+        };
+        assert_eq!(errno(to_file), Some(Errno::LOOP));
+        assert_eq!(
+            fifo.as_ref().map(|_| ()).unwrap_err().kind(),
+            io::ErrorKind::InvalidInput
+        );
+    }
 }
