@@ -59,6 +59,7 @@ scopes=(
 # other scope runs every test of its package. docs/testing.md says why each choice suffices.
 declare -A narrow=(
     [store]="-F access\.rs|publication\.rs:.*Boot::|deferred\.rs|Publication>?::(finish|drop)|RunLogs::(defer_dir_sync|sync_dir_now|start_publication|append_fenced)|(replace|in)\scommit\b|write\.rs:.*(\bpublish\b|fence_ticket|publish_now) -E PendingDirs::lock -C --lib -C --test=files_test"
+    [server-tls]="-C --lib -C --test=access_layer_test"
     [store-client]="-F is_publication_unproven|Store::(put|unproven_of|append_events_fenced|write_again|forget_claim)\b|UnprovenGuard"
     [orchestrator-auth]="-F auth/mod\.rs|JwtVerifier::(verify|caller)|algorithm_of|\bstrings\b|same_bytes|TokensFile::find|tokens\.rs:.*\bhash\b -C --lib -C --test=auth_test -C --test=jwt_test --cargo-test-arg=-E --cargo-test-arg=not(kind(lib))|test(/^auth::/)"
     [console-guard]="-C --lib -C --test=console_auth_test"

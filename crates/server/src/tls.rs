@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
+use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
 pub use crate::reload::TlsPaths;
 
@@ -163,14 +163,6 @@ impl Tls {
     /// The files the material was read from (a serving host reads them again when they change).
     pub fn paths(&self) -> &TlsPaths {
         &self.paths
-    }
-
-    /// Server side: our certificate; every client must present one signed by the CA.
-    pub fn server(&self) -> ServerTlsConfig {
-        ServerTlsConfig::new()
-            .identity(Identity::from_pem(&self.cert_pem, &self.key_pem))
-            .client_ca_root(Certificate::from_pem(&self.ca_pem))
-            .timeout(HANDSHAKE_TIMEOUT)
     }
 
     /// Client side: the server must present a certificate signed by the CA for the host name

@@ -112,6 +112,26 @@ async fn identities_reach_only_what_the_table_grants_and_refusals_are_logged() {
         );
         assert_eq!(cairn_proto::reason::of(&s).as_deref(), Some("identity"));
     }
+    // tonic's own TLS (`endpoint` with the material, as the benches and etcd dial): the host's
+    // certificate is trusted and the identity presented is the material's.
+    let tonic_tls = |identity: &str| {
+        let tls = tls.load(identity).unwrap().unwrap();
+        cairn_server::endpoint(&addr, Some(&tls), None)
+            .unwrap()
+            .connect_lazy()
+    };
+    let s = call(tonic_tls("cli"), "ArtifactStore/Delete").await;
+    assert_eq!(s.code(), Code::Unimplemented, "cli over tonic's TLS: {s:?}");
+    let s = call(tonic_tls("console"), "ArtifactStore/Put").await;
+    assert_eq!(
+        s.code(),
+        Code::PermissionDenied,
+        "console over tonic's TLS: {s:?}"
+    );
+    assert!(
+        s.message().contains("identity `console` may not call"),
+        "{s:?}"
+    );
     let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
     let refused: Vec<&str> = text
         .lines()
@@ -123,7 +143,7 @@ async fn identities_reach_only_what_the_table_grants_and_refusals_are_logged() {
             && l.contains("cairn.v1.ArtifactStore/Put")),
         "{text}"
     );
-    assert_eq!(refused.len(), 5, "{text}");
+    assert_eq!(refused.len(), 6, "{text}");
     let _ = stop.send(());
     server.await.unwrap().unwrap();
 }
