@@ -286,4 +286,33 @@ mod tests {
             io::ErrorKind::InvalidInput
         );
     }
+
+    #[test]
+    fn an_entry_that_became_a_directory_after_it_was_reported_is_not_descended_into() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("f"), b"x").unwrap();
+        symlink("f", tmp.path().join("link")).unwrap();
+        let root = Root::open(tmp.path()).unwrap();
+        let mut seen = Vec::new();
+        let complete = walk(root.fd(), &mut |e| {
+            seen.push((lossy(e.rel), e.kind));
+            // Swapped for a directory while the walk looks at it (after its lstat).
+            if e.kind != Kind::Dir {
+                let path = tmp.path().join(lossy(e.rel));
+                std::fs::remove_file(&path).unwrap();
+                std::fs::create_dir(&path).unwrap();
+                std::fs::write(path.join("inside"), b"x").unwrap();
+            }
+            Visit::Continue
+        })
+        .unwrap();
+        assert!(complete);
+        assert_eq!(
+            seen,
+            [
+                ("f".to_owned(), Kind::File),
+                ("link".to_owned(), Kind::Symlink)
+            ]
+        );
+    }
 }
