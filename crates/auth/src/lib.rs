@@ -395,7 +395,11 @@ mod tests {
 
     /// A tokens file with one person per role (and `webop`, an operator of `web` only), the
     /// `Auth` reading it, and each person's token.
-    fn people() -> (tempfile::TempDir, Auth, std::collections::HashMap<&'static str, String>) {
+    fn people() -> (
+        tempfile::TempDir,
+        Auth,
+        std::collections::HashMap<&'static str, String>,
+    ) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("tokens.toml");
         let mut file = TokensFile::read_or_empty(&path).unwrap();
@@ -442,7 +446,9 @@ mod tests {
     fn without_tokens_every_call_is_the_local_admins_and_keeps_the_clients_name() {
         let auth = Auth::new(&AuthConfig::default()).unwrap();
         assert!(!auth.tokens_required());
-        let c = auth.authorize(&request(None, None), Rpc::ApproveGate, "web").unwrap();
+        let c = auth
+            .authorize(&request(None, None), Rpc::ApproveGate, "web")
+            .unwrap();
         assert_eq!(c, Caller::local());
         assert_eq!((c.role, c.authenticated), (Role::Admin, false));
         assert_eq!(c.by("bob"), "bob");
@@ -494,7 +500,10 @@ mod tests {
                     match got {
                         Err(Error::PermissionDenied { reason, message }) => {
                             assert_eq!(reason, "role", "{name} {rpc:?}");
-                            assert!(message.contains(name) && message.contains(rpc.name()), "{message}");
+                            assert!(
+                                message.contains(name) && message.contains(rpc.name()),
+                                "{message}"
+                            );
                         }
                         other => panic!("{name} {rpc:?} must be refused: {other:?}"),
                     }
@@ -512,7 +521,10 @@ mod tests {
         match auth.authorize(&req(), Rpc::GetRun, "api") {
             Err(Error::PermissionDenied { reason, message }) => {
                 assert_eq!(reason, "project");
-                assert!(message.contains("`api`") && message.contains("web"), "{message}");
+                assert!(
+                    message.contains("`api`") && message.contains("web"),
+                    "{message}"
+                );
             }
             other => panic!("{other:?}"),
         }
@@ -530,7 +542,11 @@ mod tests {
         let (_dir, auth, tokens) = people();
         let (a, b) = ([127, 0, 0, 1], [127, 0, 0, 2]);
         for _ in 0..throttle::LIMIT {
-            let r = auth.authorize(&request(bearer("cairn_x").as_deref(), Some(a)), Rpc::GetRun, "w");
+            let r = auth.authorize(
+                &request(bearer("cairn_x").as_deref(), Some(a)),
+                Rpc::GetRun,
+                "w",
+            );
             assert!(matches!(r, Err(Error::Unauthenticated(_))), "{r:?}");
         }
         let right = bearer(&tokens["vera"]);
@@ -541,11 +557,17 @@ mod tests {
             other => panic!("{other:?}"),
         }
         // Another address, and a call with no address, are not held back.
-        assert!(auth.authorize(&request(right.as_deref(), Some(b)), Rpc::GetRun, "w").is_ok());
-        assert!(auth.authorize(&request(right.as_deref(), None), Rpc::GetRun, "w").is_ok());
+        assert!(auth
+            .authorize(&request(right.as_deref(), Some(b)), Rpc::GetRun, "w")
+            .is_ok());
+        assert!(auth
+            .authorize(&request(right.as_deref(), None), Rpc::GetRun, "w")
+            .is_ok());
         // Right tokens do not count as failures.
         for _ in 0..throttle::LIMIT + 1 {
-            assert!(auth.authorize(&request(right.as_deref(), Some(b)), Rpc::GetRun, "w").is_ok());
+            assert!(auth
+                .authorize(&request(right.as_deref(), Some(b)), Rpc::GetRun, "w")
+                .is_ok());
         }
     }
 
@@ -559,12 +581,25 @@ mod tests {
                 Rpc::EditTask,
                 "web",
             );
-            let _ = auth.authorize(&request(bearer(&tokens["vera"]).as_deref(), None), Rpc::GetRun, "web");
+            let _ = auth.authorize(
+                &request(bearer(&tokens["vera"]).as_deref(), None),
+                Rpc::GetRun,
+                "web",
+            );
         });
-        let refused: Vec<&str> = lines.lines().filter(|l| l.contains("call refused")).collect();
+        let refused: Vec<&str> = lines
+            .lines()
+            .filter(|l| l.contains("call refused"))
+            .collect();
         assert_eq!(refused.len(), 2, "{lines}");
         for (line, who, peer, rpc, reason) in [
-            (refused[0], "anonymous", "10.1.2.3:50000", "SubmitRun", "unauthenticated"),
+            (
+                refused[0],
+                "anonymous",
+                "10.1.2.3:50000",
+                "SubmitRun",
+                "unauthenticated",
+            ),
             (refused[1], "vera", "10.1.2.4:50000", "EditTask", "role"),
         ] {
             assert!(line.contains("WARN"), "{line}");
@@ -595,7 +630,10 @@ mod tests {
             tokens_file: missing.display().to_string(),
             ..AuthConfig::default()
         }) {
-            Err(Error::Config(m)) => assert!(m.contains("auth.tokens_file") && m.contains("none.toml"), "{m}"),
+            Err(Error::Config(m)) => assert!(
+                m.contains("auth.tokens_file") && m.contains("none.toml"),
+                "{m}"
+            ),
             Err(e) => panic!("{e:?}"),
             Ok(_) => panic!("a missing tokens file must be refused"),
         }
