@@ -173,15 +173,12 @@ impl TokensFile {
         let text = format!(
             "# cairn tokens: one [[token]] per person (name, role, optional projects, sha256 of the\n# token). Manage with `cairn tokens add|list|remove`; the tokens themselves are not stored.\n\n{body}"
         );
-        let dir = match path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
-            _ => PathBuf::from("."),
-        };
         let name = path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "tokens".into());
-        let tmp = dir.join(format!(".{name}.{}.tmp", uuid::Uuid::new_v4().simple()));
+        // Beside the file, so that the rename stays in its directory (and file system).
+        let tmp = path.with_file_name(format!(".{name}.{}.tmp", uuid::Uuid::new_v4().simple()));
         let written = (|| {
             use std::io::Write;
             let mut opts = std::fs::OpenOptions::new();
