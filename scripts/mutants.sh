@@ -47,7 +47,7 @@ scopes=(
     "contain|cairn-contain|crates/contain/src/*.rs"
     "store|cairn-artifact-store|services/artifact-store/src/write.rs services/artifact-store/src/events.rs services/artifact-store/src/deferred.rs services/artifact-store/src/access.rs services/artifact-store/src/publication.rs"
     "store-client|cairn-store-client|crates/store-client/src/lib.rs"
-    "orchestrator-auth|cairn-orchestrator|services/orchestrator/src/auth/*.rs"
+    "orchestrator-auth|cairn-auth|crates/auth/src/*.rs"
     "console-guard|cairn-console|crates/console/src/guard.rs"
     "agents-providers|cairn-agents|crates/agents/src/providers.rs"
     "sandbox-isolation|cairn-sandbox-runner|services/sandbox-runner/src/backend/local.rs"
@@ -61,7 +61,6 @@ declare -A narrow=(
     [store]="-F access\.rs|publication\.rs:.*Boot::|deferred\.rs|Publication>?::(finish|drop)|RunLogs::(defer_dir_sync|sync_dir_now|start_publication|append_fenced)|(replace|in)\scommit\b|write\.rs:.*(\bpublish\b|fence_ticket|publish_now) -E PendingDirs::lock -C --lib -C --test=files_test"
     [server-tls]="-C --lib -C --test=access_layer_test"
     [store-client]="-F is_publication_unproven|Store::(put|unproven_of|append_events_fenced|write_again|forget_claim)\b|UnprovenGuard"
-    [orchestrator-auth]="-F auth/mod\.rs|JwtVerifier::(verify|caller)|algorithm_of|\bstrings\b|same_bytes|TokensFile::find|tokens\.rs:.*\bhash\b -C --lib -C --test=auth_test -C --test=jwt_test --cargo-test-arg=-E --cargo-test-arg=not(kind(lib))|test(/^auth::/)"
     [console-guard]="-C --lib -C --test=console_auth_test"
     [sandbox-isolation]="-F (Base::(minimal_root|check_reachable|probe|namespace_args|command)|close_inherited_fds_on_exec|rlimits) -C --lib -C --test=process_test --cargo-test-arg=-E --cargo-test-arg=test(/environ|secret|^backend::local::/)"
 )

@@ -82,6 +82,19 @@ impl Error {
     }
 }
 
+impl From<cairn_auth::Error> for Error {
+    fn from(e: cairn_auth::Error) -> Error {
+        match e {
+            cairn_auth::Error::Config(m) => Error::Config(m),
+            cairn_auth::Error::Unauthenticated(m) => Error::Unauthenticated(m),
+            cairn_auth::Error::Throttled { retry_after_s } => Error::Throttled { retry_after_s },
+            cairn_auth::Error::PermissionDenied { reason, message } => {
+                Error::PermissionDenied { reason, message }
+            }
+        }
+    }
+}
+
 impl From<Error> for Status {
     fn from(e: Error) -> Status {
         use cairn_proto::reason;

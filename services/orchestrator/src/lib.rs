@@ -6,7 +6,7 @@
 //! standalone: [`serve`].
 
 mod args;
-pub mod auth;
+pub use cairn_auth as auth;
 pub use cairn_cluster as cluster;
 pub mod config;
 pub mod error;

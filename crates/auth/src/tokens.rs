@@ -173,15 +173,12 @@ impl TokensFile {
         let text = format!(
             "# cairn tokens: one [[token]] per person (name, role, optional projects, sha256 of the\n# token). Manage with `cairn tokens add|list|remove`; the tokens themselves are not stored.\n\n{body}"
         );
-        let dir = match path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
-            _ => PathBuf::from("."),
-        };
         let name = path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "tokens".into());
-        let tmp = dir.join(format!(".{name}.{}.tmp", uuid::Uuid::new_v4().simple()));
+        // Beside the file, so that the rename stays in its directory (and file system).
+        let tmp = path.with_file_name(format!(".{name}.{}.tmp", uuid::Uuid::new_v4().simple()));
         let written = (|| {
             use std::io::Write;
             let mut opts = std::fs::OpenOptions::new();
@@ -331,5 +328,110 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("64 hex"));
+    }
+
+    #[test]
+    fn names_and_projects_follow_their_rules() {
+        let max = "a".repeat(MAX_NAME_CHARS);
+        for ok in ["ann", "a.b_c-d@e", "ünal", max.as_str()] {
+            assert!(check_name(ok).is_ok(), "{ok}");
+        }
+        let over = "a".repeat(MAX_NAME_CHARS + 1);
+        for bad in ["", "a b", "a/b", "a:b", over.as_str()] {
+            let e = check_name(bad).unwrap_err().to_string();
+            assert!(e.contains("1-64"), "{bad}: {e}");
+        }
+        assert!(check_project("web").is_ok());
+        assert!(check_project("../web")
+            .unwrap_err()
+            .to_string()
+            .contains("../web"));
+    }
+
+    #[test]
+    fn a_file_is_refused_for_a_repeated_name_a_bad_project_or_a_bad_hash() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens.toml");
+        let entry = |name: &str, projects: &str, sha: &str| {
+            format!("[[token]]\nname = \"{name}\"\nrole = \"viewer\"\nprojects = [{projects}]\nsha256 = \"{sha}\"\n")
+        };
+        let good = "a".repeat(64);
+        for (text, says) in [
+            (
+                entry("ann", "", &good) + &entry("ann", "", &good),
+                "two tokens are named `ann`",
+            ),
+            (entry("ann", "\"a b\"", &good), "project `a b`"),
+            (entry("a b", "", &good), "name `a b`"),
+            (entry("ann", "", &"g".repeat(64)), "64 hex"),
+            (entry("ann", "", &"a".repeat(65)), "64 hex"),
+        ] {
+            std::fs::write(&path, &text).unwrap();
+            let e = TokensFile::read(&path).unwrap_err().to_string();
+            assert!(e.contains(says) && e.contains("tokens.toml"), "{says}: {e}");
+        }
+        std::fs::write(&path, entry("ann", "\"web\"", &good.to_uppercase())).unwrap();
+        assert_eq!(TokensFile::read(&path).unwrap().tokens.len(), 1);
+        // read_or_empty: only a file that is not there reads as empty.
+        let none = dir.path().join("none.toml");
+        assert!(TokensFile::read_or_empty(&none).unwrap().tokens.is_empty());
+        std::fs::write(&path, "not toml [").unwrap();
+        assert!(TokensFile::read_or_empty(&path).is_err());
+    }
+
+    #[test]
+    fn a_token_is_found_by_its_hash_and_the_first_entry_with_it_wins() {
+        let token = new_token();
+        assert_ne!(token, new_token(), "each token is new");
+        let entry = |name: &str, sha256: String| TokenEntry {
+            name: name.into(),
+            role: Role::Viewer,
+            projects: Vec::new(),
+            sha256,
+        };
+        let file = TokensFile {
+            tokens: vec![
+                entry("bad-hex", "zz".repeat(32)),
+                entry("first", hash(&token)),
+                entry("second", hash(&token).to_uppercase()),
+            ],
+        };
+        assert_eq!(file.find(&token).unwrap().name, "first");
+        assert_eq!(
+            hash("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert!(file.find("abc").is_none());
+    }
+
+    #[test]
+    fn a_failed_write_leaves_no_temporary_file_and_names_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        // The path is a directory: the rename over it fails after the temporary file exists.
+        let path = dir.path().join("tokens.toml");
+        std::fs::create_dir(&path).unwrap();
+        std::fs::write(path.join("keep"), "x").unwrap();
+        let e = TokensFile::default().write(&path).unwrap_err().to_string();
+        assert!(
+            e.contains("cannot write the tokens file") && e.contains("tokens.toml"),
+            "{e}"
+        );
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(
+            left,
+            vec![std::ffi::OsString::from("tokens.toml")],
+            "no temporary file is left"
+        );
+        // A written file starts with the comment that explains it.
+        let file = TokensFile::default();
+        let text = {
+            let p = dir.path().join("t.toml");
+            file.write(&p).unwrap();
+            std::fs::read_to_string(p).unwrap()
+        };
+        assert!(text.starts_with("# cairn tokens:"), "{text}");
     }
 }

@@ -346,4 +346,197 @@ mod tests {
         hs["alg"] = json!("HS256");
         assert!(alg(hs).unwrap_err().contains("HMAC"));
     }
+
+    fn now() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+    }
+
+    fn signed(key: &EncodingKey, claims: &Value) -> String {
+        let mut header = Header::new(Algorithm::ES256);
+        header.kid = Some("a".into());
+        jsonwebtoken::encode(&header, claims, key).unwrap()
+    }
+
+    #[test]
+    fn a_jwt_is_refused_unless_its_issuer_audience_times_and_algorithm_are_right() {
+        let dir = tempfile::tempdir().unwrap();
+        let (key, jwk) = signing_key("a");
+        let v = verifier(dir.path(), &[&jwk]);
+        let good = json!({
+            "iss": ISSUER, "aud": AUDIENCE, "sub": "ann", "cairn_role": "viewer", "exp": now() + 600,
+        });
+        assert_eq!(v.verify(&signed(&key, &good)).unwrap().name, "ann");
+        let with = |k: &str, val: Value| {
+            let mut c = good.clone();
+            c[k] = val;
+            signed(&key, &c)
+        };
+        let without = |k: &str| {
+            let mut c = good.clone();
+            c.as_object_mut().unwrap().remove(k);
+            signed(&key, &c)
+        };
+        for (what, t) in [
+            ("another issuer", with("iss", json!("https://evil.test"))),
+            ("another audience", with("aud", json!("someone-else"))),
+            ("expired past the leeway", with("exp", json!(now() - 120))),
+            ("not yet valid", with("nbf", json!(now() + 600))),
+            ("no exp", without("exp")),
+            ("no iss", without("iss")),
+            ("no aud", without("aud")),
+        ] {
+            let e = v.verify(&t).expect_err(what);
+            assert!(e.contains("refused"), "{what}: {e}");
+        }
+        // Within the leeway (60 s) an expired token still passes.
+        assert!(v.verify(&with("exp", json!(now() - 10))).is_ok());
+        // Another key's signature under this kid.
+        let (other, _) = signing_key("a");
+        assert!(v.verify(&signed(&other, &good)).is_err());
+        // A token that names another algorithm than its key's.
+        let mut header = Header::new(Algorithm::ES384);
+        header.kid = Some("a".into());
+        let p384 = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384).unwrap();
+        let k384 = EncodingKey::from_ec_pem(p384.serialize_pem().as_bytes()).unwrap();
+        let e = v
+            .verify(&jsonwebtoken::encode(&header, &good, &k384).unwrap())
+            .unwrap_err();
+        assert!(e.contains("ES384") && e.contains("ES256"), "{e}");
+        assert!(v
+            .verify("a.b.c")
+            .unwrap_err()
+            .contains("not a readable JWT"));
+    }
+
+    fn caller_of(config: JwtConfig, claims: Value) -> Result<Caller, String> {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, jwk) = signing_key("a");
+        let path = dir.path().join("jwks.json");
+        std::fs::write(&path, json!({ "keys": [jwk] }).to_string()).unwrap();
+        let v = JwtVerifier::new(&JwtConfig {
+            jwks_file: path.display().to_string(),
+            issuer: ISSUER.into(),
+            audience: AUDIENCE.into(),
+            ..config
+        })
+        .unwrap();
+        v.caller(claims.as_object().unwrap())
+    }
+
+    #[test]
+    fn claims_map_to_a_name_the_highest_role_and_the_projects() {
+        let plain = JwtConfig::default();
+        let c = caller_of(
+            plain.clone(),
+            json!({"sub": " ann ", "cairn_role": ["viewer", "approver", "nonsense"]}),
+        )
+        .unwrap();
+        assert_eq!((c.name.as_str(), c.role), ("ann", Role::Approver));
+        assert!(
+            c.projects.is_empty() && c.authenticated,
+            "no claim: every project"
+        );
+        let c = caller_of(
+            plain.clone(),
+            json!({"sub": "ann", "cairn_role": "operator", "cairn_projects": "web"}),
+        )
+        .unwrap();
+        assert_eq!(
+            (c.role, c.projects),
+            (Role::Operator, vec!["web".to_owned()])
+        );
+        let c = caller_of(
+            plain.clone(),
+            json!({"sub": "ann", "cairn_role": "admin", "cairn_projects": ["web", "api"]}),
+        )
+        .unwrap();
+        assert_eq!(c.projects, vec!["web".to_owned(), "api".to_owned()]);
+        let c = caller_of(
+            plain.clone(),
+            json!({"sub": "ann", "cairn_role": "admin", "cairn_projects": null}),
+        )
+        .unwrap();
+        assert!(c.projects.is_empty());
+        // An empty list is no project at all, never every project.
+        let e = caller_of(
+            plain.clone(),
+            json!({"sub": "ann", "cairn_role": "admin", "cairn_projects": []}),
+        )
+        .unwrap_err();
+        assert!(e.contains("no project"), "{e}");
+        let e = caller_of(plain.clone(), json!({"sub": "  ", "cairn_role": "admin"})).unwrap_err();
+        assert!(e.contains("no `sub`"), "{e}");
+        let e = caller_of(
+            plain.clone(),
+            json!({"sub": "ann", "cairn_role": ["root", 3]}),
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("no cairn role") && e.contains("viewer, operator"),
+            "{e}"
+        );
+
+        // With a role map, the claim's values are names to map; role names are not taken.
+        let mapped = JwtConfig {
+            name_claim: "email".into(),
+            role_claim: "groups".into(),
+            role_map: BTreeMap::from([
+                ("devs".to_owned(), Role::Operator),
+                ("leads".to_owned(), Role::Approver),
+            ]),
+            ..JwtConfig::default()
+        };
+        let c = caller_of(
+            mapped.clone(),
+            json!({"email": "b@x.test", "groups": ["devs", "leads", "admin"]}),
+        )
+        .unwrap();
+        assert_eq!((c.name.as_str(), c.role), ("b@x.test", Role::Approver));
+        let e = caller_of(mapped, json!({"email": "b@x.test", "groups": ["admin"]})).unwrap_err();
+        assert!(e.contains("devs, leads") && e.contains("role_map"), "{e}");
+    }
+
+    #[test]
+    fn settings_are_checked_and_a_key_set_must_hold_usable_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, jwk) = signing_key("a");
+        let path = dir.path().join("jwks.json");
+        std::fs::write(&path, json!({ "keys": [jwk] }).to_string()).unwrap();
+        let base = JwtConfig {
+            jwks_file: path.display().to_string(),
+            issuer: ISSUER.into(),
+            audience: AUDIENCE.into(),
+            ..JwtConfig::default()
+        };
+        assert!(base.is_on() && !JwtConfig::default().is_on());
+        for key in ["issuer", "audience", "name_claim", "role_claim"] {
+            let mut c = base.clone();
+            match key {
+                "issuer" => c.issuer = " ".into(),
+                "audience" => c.audience = String::new(),
+                "name_claim" => c.name_claim = String::new(),
+                _ => c.role_claim = String::new(),
+            }
+            let e = JwtVerifier::new(&c).err().unwrap();
+            assert!(e.contains(&format!("auth.jwt.{key}")), "{e}");
+        }
+        for (body, says) in [
+            (json!({"keys": []}).to_string(), "holds no keys"),
+            ("not json".to_owned(), "is not a JWKS"),
+            (
+                json!({"keys": [{"kty": "oct", "k": "c2VjcmV0", "kid": "s"}]}).to_string(),
+                "key s",
+            ),
+        ] {
+            std::fs::write(&path, body).unwrap();
+            let e = JwtVerifier::new(&base).err().unwrap();
+            assert!(e.contains(says) && e.contains("jwks.json"), "{e}");
+        }
+        assert!(
+            looks_like_jwt("a.b.c") && !looks_like_jwt("cairn_abc") && !looks_like_jwt("a.b.c.d")
+        );
+    }
 }

@@ -1,10 +1,10 @@
 //! Humans as principals: who is calling the orchestrator (a bearer token from the tokens file),
 //! what each role may do (the one table, [`Rpc::required_role`]), and on which projects.
 //!
-//! service.rs asks [`Auth::authorize`] at the top of every handler, before anything is read or
-//! written; what it returns ([`Caller`]) is the only source of the `by` recorded. Without a
-//! tokens file nothing is checked (the single-user loopback default) and the client's `by`
-//! stays as today. This module must never trust a name the client sends when a token is
+//! The orchestrator asks [`Auth::authorize`] at the top of every handler, before anything is
+//! read or written; what it returns ([`Caller`]) is the only source of the `by` recorded.
+//! Without a tokens file nothing is checked (the single-user loopback default) and the
+//! client's `by` is kept. This crate must never trust a name the client sends when a token is
 //! configured, nor compare a token other than by constant-time hash comparison.
 
 pub mod jwt;
@@ -16,11 +16,34 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
 pub use cairn_server::roles::{Bearer, Role, Rpc, AUTHORIZATION};
 use jwt::{JwtConfig, JwtVerifier};
 use tokens::TokensFile;
 use watched::Watched;
+
+/// Why a configuration was not taken or a call was refused; the orchestrator maps each to its
+/// gRPC status (INVALID_ARGUMENT, UNAUTHENTICATED, UNAVAILABLE with a retry delay,
+/// PERMISSION_DENIED with the reason word).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("configuration: {0}")]
+    Config(String),
+    /// No token, or one nobody is known by.
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// Too many wrong tokens from the caller's address lately.
+    #[error("too many wrong tokens from this address; retry in {retry_after_s} s")]
+    Throttled { retry_after_s: u64 },
+    /// The caller's role or project scope does not allow the call; `reason` is `role` or
+    /// `project`.
+    #[error("{message}")]
+    PermissionDenied {
+        reason: &'static str,
+        message: String,
+    },
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
 
 /// `[auth]` of the orchestrator's configuration.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -368,5 +391,258 @@ mod tests {
             auth.check(peer, "cairn_wrong"),
             TokenHolder::Invalid(m) if m.contains("not known")
         ));
+    }
+
+    /// A tokens file with one person per role (and `webop`, an operator of `web` only), the
+    /// `Auth` reading it, and each person's token.
+    fn people() -> (
+        tempfile::TempDir,
+        Auth,
+        std::collections::HashMap<&'static str, String>,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens.toml");
+        let mut file = TokensFile::read_or_empty(&path).unwrap();
+        let mut tokens = std::collections::HashMap::new();
+        for (name, role, projects) in [
+            ("vera", Role::Viewer, vec![]),
+            ("otto", Role::Operator, vec![]),
+            ("april", Role::Approver, vec![]),
+            ("ada", Role::Admin, vec![]),
+            ("webop", Role::Operator, vec!["web".to_owned()]),
+        ] {
+            tokens.insert(name, file.add(name, role, &projects).unwrap());
+        }
+        file.write(&path).unwrap();
+        let auth = Auth::new(&AuthConfig {
+            tokens_file: path.display().to_string(),
+            ..AuthConfig::default()
+        })
+        .unwrap();
+        (dir, auth, tokens)
+    }
+
+    /// A request carrying `header` as its authorization, from `peer` when given.
+    fn request(header: Option<&str>, peer: Option<[u8; 4]>) -> tonic::Request<()> {
+        let mut req = tonic::Request::new(());
+        if let Some(h) = header {
+            req.metadata_mut().insert(AUTHORIZATION, h.parse().unwrap());
+        }
+        if let Some(ip) = peer {
+            req.extensions_mut()
+                .insert(tonic::transport::server::TcpConnectInfo {
+                    local_addr: None,
+                    remote_addr: Some((ip, 50_000).into()),
+                });
+        }
+        req
+    }
+
+    fn bearer(token: &str) -> Option<String> {
+        Some(format!("Bearer {token}"))
+    }
+
+    #[test]
+    fn without_tokens_every_call_is_the_local_admins_and_keeps_the_clients_name() {
+        let auth = Auth::new(&AuthConfig::default()).unwrap();
+        assert!(!auth.tokens_required());
+        let c = auth
+            .authorize(&request(None, None), Rpc::ApproveGate, "web")
+            .unwrap();
+        assert_eq!(c, Caller::local());
+        assert_eq!((c.role, c.authenticated), (Role::Admin, false));
+        assert_eq!(c.by("bob"), "bob");
+    }
+
+    #[test]
+    fn a_call_without_a_known_bearer_token_is_unauthenticated() {
+        let (_dir, auth, _) = people();
+        assert!(auth.tokens_required());
+        for (header, says) in [
+            (None, "needs a token"),
+            (Some("Basic abc".to_owned()), "must be `Bearer <token>`"),
+            (bearer("cairn_0123"), "not known"),
+        ] {
+            match auth.authorize(&request(header.as_deref(), None), Rpc::GetRun, "web") {
+                Err(Error::Unauthenticated(m)) => assert!(m.contains(says), "{m}"),
+                other => panic!("{header:?}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn each_role_may_make_exactly_the_calls_its_role_allows_on_any_project() {
+        let (_dir, auth, tokens) = people();
+        let rank = |name: &str| match name {
+            "vera" => Role::Viewer,
+            "otto" => Role::Operator,
+            "april" => Role::Approver,
+            _ => Role::Admin,
+        };
+        let rpcs = [
+            Rpc::GetRun,
+            Rpc::WhoAmI,
+            Rpc::SubmitRun,
+            Rpc::EditTask,
+            Rpc::ApproveGate,
+            Rpc::RejectGate,
+        ];
+        for name in ["vera", "otto", "april", "ada"] {
+            let token = &tokens[name];
+            for rpc in rpcs {
+                let got = auth.authorize(&request(bearer(token).as_deref(), None), rpc, "any");
+                if rank(name) >= rpc.required_role() {
+                    let c = got.unwrap_or_else(|e| panic!("{name} {rpc:?}: {e:?}"));
+                    assert_eq!((c.name.as_str(), c.role), (name, rank(name)));
+                    assert!(c.authenticated && c.projects.is_empty());
+                    assert_eq!(c.by("someone-else"), name);
+                } else {
+                    match got {
+                        Err(Error::PermissionDenied { reason, message }) => {
+                            assert_eq!(reason, "role", "{name} {rpc:?}");
+                            assert!(
+                                message.contains(name) && message.contains(rpc.name()),
+                                "{message}"
+                            );
+                        }
+                        other => panic!("{name} {rpc:?} must be refused: {other:?}"),
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_project_scoped_token_acts_on_its_projects_only() {
+        let (_dir, auth, tokens) = people();
+        let req = || request(bearer(&tokens["webop"]).as_deref(), None);
+        let c = auth.authorize(&req(), Rpc::SubmitRun, "web").unwrap();
+        assert_eq!(c.projects, vec!["web".to_owned()]);
+        match auth.authorize(&req(), Rpc::GetRun, "api") {
+            Err(Error::PermissionDenied { reason, message }) => {
+                assert_eq!(reason, "project");
+                assert!(
+                    message.contains("`api`") && message.contains("web"),
+                    "{message}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        // A call on no project (who am I) is not scoped.
+        assert!(auth.authorize(&req(), Rpc::WhoAmI, "").is_ok());
+        // The role is checked before the project.
+        match auth.authorize(&req(), Rpc::ApproveGate, "api") {
+            Err(Error::PermissionDenied { reason, .. }) => assert_eq!(reason, "role"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn wrong_tokens_from_one_address_are_throttled_and_its_right_ones_wait_too() {
+        let (_dir, auth, tokens) = people();
+        let (a, b) = ([127, 0, 0, 1], [127, 0, 0, 2]);
+        for _ in 0..throttle::LIMIT {
+            let r = auth.authorize(
+                &request(bearer("cairn_x").as_deref(), Some(a)),
+                Rpc::GetRun,
+                "w",
+            );
+            assert!(matches!(r, Err(Error::Unauthenticated(_))), "{r:?}");
+        }
+        let right = bearer(&tokens["vera"]);
+        match auth.authorize(&request(right.as_deref(), Some(a)), Rpc::GetRun, "w") {
+            Err(Error::Throttled { retry_after_s }) => {
+                assert!((1..=throttle::WINDOW.as_secs()).contains(&retry_after_s))
+            }
+            other => panic!("{other:?}"),
+        }
+        // Another address, and a call with no address, are not held back.
+        assert!(auth
+            .authorize(&request(right.as_deref(), Some(b)), Rpc::GetRun, "w")
+            .is_ok());
+        assert!(auth
+            .authorize(&request(right.as_deref(), None), Rpc::GetRun, "w")
+            .is_ok());
+        // Right tokens do not count as failures.
+        for _ in 0..throttle::LIMIT + 1 {
+            assert!(auth
+                .authorize(&request(right.as_deref(), Some(b)), Rpc::GetRun, "w")
+                .is_ok());
+        }
+    }
+
+    #[test]
+    fn every_refusal_is_logged_with_who_from_where_which_call_and_why() {
+        let (_dir, auth, tokens) = people();
+        let lines = logged_by(|| {
+            let _ = auth.authorize(&request(None, Some([10, 1, 2, 3])), Rpc::SubmitRun, "web");
+            let _ = auth.authorize(
+                &request(bearer(&tokens["vera"]).as_deref(), Some([10, 1, 2, 4])),
+                Rpc::EditTask,
+                "web",
+            );
+            let _ = auth.authorize(
+                &request(bearer(&tokens["vera"]).as_deref(), None),
+                Rpc::GetRun,
+                "web",
+            );
+        });
+        let refused: Vec<&str> = lines
+            .lines()
+            .filter(|l| l.contains("call refused"))
+            .collect();
+        assert_eq!(refused.len(), 2, "{lines}");
+        for (line, who, peer, rpc, reason) in [
+            (
+                refused[0],
+                "anonymous",
+                "10.1.2.3:50000",
+                "SubmitRun",
+                "unauthenticated",
+            ),
+            (refused[1], "vera", "10.1.2.4:50000", "EditTask", "role"),
+        ] {
+            assert!(line.contains("WARN"), "{line}");
+            for part in [who, peer, rpc, reason, "web"] {
+                assert!(line.contains(part), "{part} missing: {line}");
+            }
+        }
+    }
+
+    #[test]
+    fn with_jwts_only_a_token_that_is_no_jwt_is_told_to_sign_in() {
+        let (_dir, auth, _) = people();
+        // Not a JWT and not in the file: the file's answer.
+        assert!(matches!(auth.principal("cairn_x"), Err(m) if m.contains("not known")));
+        let jwt_only = Auth {
+            tokens: None,
+            jwt: None,
+            throttle: Default::default(),
+        };
+        assert!(matches!(jwt_only.principal("cairn_x"), Err(m) if m.contains("only JWTs")));
+    }
+
+    #[test]
+    fn a_tokens_file_that_cannot_be_read_is_a_configuration_error_naming_the_setting() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("none.toml");
+        match Auth::new(&AuthConfig {
+            tokens_file: missing.display().to_string(),
+            ..AuthConfig::default()
+        }) {
+            Err(Error::Config(m)) => assert!(
+                m.contains("auth.tokens_file") && m.contains("none.toml"),
+                "{m}"
+            ),
+            Err(e) => panic!("{e:?}"),
+            Ok(_) => panic!("a missing tokens file must be refused"),
+        }
+        // Blank is no tokens file at all.
+        let blank = Auth::new(&AuthConfig {
+            tokens_file: "  ".into(),
+            ..AuthConfig::default()
+        })
+        .unwrap();
+        assert!(!blank.tokens_required());
     }
 }

@@ -69,3 +69,49 @@ impl<T> Watched<T> {
         s.value.clone()
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn number(path: &Path) -> Result<u32, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
+        text.trim().parse().map_err(|e| format!("{e}"))
+    }
+
+    /// Waits out the reload check (the stamp compares whole modification times and sizes).
+    fn past_the_check() {
+        std::thread::sleep(RELOAD_CHECK + Duration::from_millis(100));
+    }
+
+    #[test]
+    fn a_change_is_read_after_the_check_and_a_broken_or_removed_file_keeps_the_last_good_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("n");
+        std::fs::write(&path, "1").unwrap();
+        let w = Watched::open(&path, "number", number).unwrap();
+        assert_eq!(*w.current(), 1);
+
+        // Within the check interval a change is not looked at.
+        std::fs::write(&path, "22").unwrap();
+        assert_eq!(*w.current(), 1, "read again before the check interval");
+        past_the_check();
+        assert_eq!(*w.current(), 22);
+
+        // A change that does not parse keeps the value before it.
+        std::fs::write(&path, "not a number").unwrap();
+        past_the_check();
+        assert_eq!(*w.current(), 22);
+        // And a good edit after it is taken.
+        std::fs::write(&path, "333").unwrap();
+        past_the_check();
+        assert_eq!(*w.current(), 333);
+
+        // A removed file does not open the doors either.
+        std::fs::remove_file(&path).unwrap();
+        past_the_check();
+        assert_eq!(*w.current(), 333);
+        assert!(Watched::open(&path, "number", number).is_err());
+    }
+}
