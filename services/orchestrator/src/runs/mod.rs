@@ -214,6 +214,10 @@ pub struct Runs {
     draining: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// Runs the reconcile pass could not resume, and when it tries again.
     retry_resume: Mutex<HashMap<String, tokio::time::Instant>>,
+    /// Replays whose recorded gate decisions a task of this process is taking (one per run).
+    deciding: Mutex<std::collections::HashSet<String>>,
+    /// This, for tasks that outlive a call (a resumed replay's gate decisions).
+    me: std::sync::Weak<Runs>,
 }
 
 type Loaded = (Arc<Graph>, RunState);
@@ -221,7 +225,7 @@ type Loaded = (Arc<Graph>, RunState);
 impl Runs {
     pub fn new(b: Arc<Backends>) -> Arc<Runs> {
         let permits = Arc::new(Semaphore::new(b.config.max_parallel_runs));
-        Arc::new(Runs {
+        Arc::new_cyclic(|me| Runs {
             b,
             live: Arc::new(Mutex::new(HashMap::new())),
             permits,
@@ -231,6 +235,8 @@ impl Runs {
             cluster: std::sync::OnceLock::new(),
             draining: Mutex::new(Vec::new()),
             retry_resume: Mutex::new(HashMap::new()),
+            deciding: Mutex::new(Default::default()),
+            me: me.clone(),
         })
     }
 
@@ -863,6 +869,9 @@ impl Runs {
                 return Err(e);
             }
         };
+        // A replay resumed here takes its recorded gate decisions here.
+        let replay = (resume.is_some() && !state.replay_of.is_empty())
+            .then(|| (state.llm.clone(), state.created_by.clone()));
         let span = run_span(project, run_id, true);
         // The life before this one (a failover or restart has no caller to follow from).
         if !state.trace.is_empty() {
@@ -879,6 +888,13 @@ impl Runs {
             )
         });
         span.in_scope(|| self.launch(graph, state, recorder, resume, initial, cmds))?;
+        if let (Some((llm, created_by)), Some(runs)) = (replay, self.me.upgrade()) {
+            let (project, run) = (project.to_owned(), run_id.to_owned());
+            tokio::spawn(async move {
+                runs.take_remaining_decisions(&project, &run, &llm, &created_by)
+                    .await
+            });
+        }
         self.live_cmd(project, run_id)
             .ok_or_else(|| Error::Internal("run did not start".into()))
     }

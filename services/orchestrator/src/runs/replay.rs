@@ -78,6 +78,32 @@ fn recorded_decisions(events: &[pb::Event], source: &str, replayed_by: &str) -> 
     out
 }
 
+/// The recorded decisions a replay has not taken yet: per gate, its first decisions are
+/// those the replay's own events (`taken`) show already made there.
+fn remaining_decisions(recorded: Vec<GateDecision>, taken: &[pb::Event]) -> Vec<GateDecision> {
+    let mut made: BTreeMap<String, usize> = BTreeMap::new();
+    for e in taken {
+        if matches!(e.r#type.as_str(), "gate.approved" | "gate.rejected") {
+            let gate = event_data(e)
+                .get("gate_id")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned();
+            *made.entry(gate).or_default() += 1;
+        }
+    }
+    recorded
+        .into_iter()
+        .filter(|d| match made.get_mut(&d.gate) {
+            Some(n) if *n > 0 => {
+                *n -= 1;
+                false
+            }
+            _ => true,
+        })
+        .collect()
+}
+
 impl Runs {
     /// Starts the replay `req` describes (`replay_of`: the recorded run, same project):
     /// `vars` replace recorded variables, `graph_yaml` (with `files`) replaces the recorded
@@ -125,10 +151,62 @@ impl Runs {
         Ok(info)
     }
 
+    /// After replay `run` came back to life on this orchestrator (a restart, a failover):
+    /// goes on taking the recorded run's gate decisions, less those the replay took already,
+    /// unless its gates are live. Whoever drives a replay takes its recorded decisions.
+    pub(super) async fn take_remaining_decisions(
+        &self,
+        project: &str,
+        run: &str,
+        llm: &str,
+        created_by: &str,
+    ) {
+        let Some(spec) = cairn_agents::recorded::ReplaySpec::parse(llm) else {
+            return;
+        };
+        if spec.live_gates {
+            return;
+        }
+        let read = |id: String| async move {
+            self.b
+                .store
+                .read_events(project, &id, 1)
+                .await
+                .map_err(|e| tracing::warn!(run, source = %id, error = %e, "a resumed replay could not read events; its gates wait for people"))
+                .ok()
+        };
+        let (Some(source), Some(taken)) = (read(spec.source.clone()).await, read(run.to_owned()).await) else {
+            return;
+        };
+        let decisions = remaining_decisions(
+            recorded_decisions(&source, &spec.source, created_by),
+            &taken,
+        );
+        if !decisions.is_empty() {
+            self.take_decisions(project, run, decisions).await;
+        }
+    }
+
     /// Decides each gate of replay `run` as it blocks, with the recorded decisions in order,
     /// until the run ends. A gate without a recorded decision is left for people.
     async fn take_decisions(&self, project: &str, run: &str, mut decisions: Vec<GateDecision>) {
+        let key = format!("{project}/{run}");
+        if !self.deciding.lock().unwrap_or_else(|e| e.into_inner()).insert(key.clone()) {
+            return;
+        }
+        struct Done<'a>(&'a Runs, String);
+        impl Drop for Done<'_> {
+            fn drop(&mut self) {
+                let mut d = self.0.deciding.lock().unwrap_or_else(|e| e.into_inner());
+                d.remove(&self.1);
+            }
+        }
+        let _done = Done(self, key);
         loop {
+            // A stopped orchestrator decides nothing: whoever resumes the replay goes on.
+            if self.shutdown.is_cancelled() {
+                return;
+            }
             let Ok(info) = self.get(project, run).await else {
                 return;
             };
