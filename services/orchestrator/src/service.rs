@@ -37,7 +37,10 @@ impl OrchestratorService {
 
     /// Who may make `rpc` on the request's project (refusals are logged there).
     fn caller<T>(&self, req: &Request<T>, rpc: Rpc, project: &str) -> Result<Caller, Status> {
-        Ok(self.auth.authorize(req, rpc, project)?)
+        Ok(self
+            .auth
+            .authorize(req, rpc, project)
+            .map_err(crate::error::Error::from)?)
     }
 
     /// The replica a call about `project/run_id` goes to, when another one drives the run.

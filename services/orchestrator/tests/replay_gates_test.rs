@@ -46,14 +46,22 @@ async fn a_replay_resumed_by_another_orchestrator_takes_the_recorded_decisions_t
     s.client.clone().approve_gate(first).await.unwrap();
     // The second gate blocks once `a` is written.
     for _ in 0..600 {
-        if s.events(&run).await.iter().any(|e| e.r#type == "gate.blocked" && e.node_id == "second") {
+        if s.events(&run)
+            .await
+            .iter()
+            .any(|e| e.r#type == "gate.blocked" && e.node_id == "second")
+        {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     let mut second = approval(&run, "second", "bob");
     second.note = "ship it".into();
-    s.client.clone().reject_gate(second.clone()).await.unwrap_or_else(|_| panic!("rejecting `second`"));
+    s.client
+        .clone()
+        .reject_gate(second.clone())
+        .await
+        .unwrap_or_else(|_| panic!("rejecting `second`"));
     let recorded = s.wait_final(&run, 60).await;
 
     // The replay starts here; this orchestrator stops while the replay is still in the chain.
@@ -100,26 +108,61 @@ async fn a_replay_resumed_by_another_orchestrator_takes_the_recorded_decisions_t
         resume_on_start: false,
         ..Default::default()
     };
-    let (_server, other) = cairn_orchestrator::orchestrator_service(config).await.unwrap();
-    assert_eq!(other.resume_unfinished().await, 1, "the replay is taken over");
+    let (_server, other) = cairn_orchestrator::orchestrator_service(config)
+        .await
+        .unwrap();
+    assert_eq!(
+        other.resume_unfinished().await,
+        1,
+        "the replay is taken over"
+    );
     let mut events = Vec::new();
     for _ in 0..1200 {
         events = read_events(&s.store, &replay).await;
-        if events.iter().any(|e| e.r#type.starts_with("task.") && e.r#type != "task.created" && e.r#type != "task.resumed") {
+        if events.iter().any(|e| {
+            e.r#type.starts_with("task.")
+                && e.r#type != "task.created"
+                && e.r#type != "task.resumed"
+        }) {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     let want = vec![
-        ("gate.approved".to_owned(), "first".to_owned(), "alice".to_owned(), "tester".to_owned(), run.clone()),
-        ("gate.rejected".to_owned(), "second".to_owned(), "bob".to_owned(), "tester".to_owned(), run.clone()),
+        (
+            "gate.approved".to_owned(),
+            "first".to_owned(),
+            "alice".to_owned(),
+            "tester".to_owned(),
+            run.clone(),
+        ),
+        (
+            "gate.rejected".to_owned(),
+            "second".to_owned(),
+            "bob".to_owned(),
+            "tester".to_owned(),
+            run.clone(),
+        ),
     ];
-    assert_eq!(decided(&events), want, "the resumed replay took the recorded decisions, each once");
+    assert_eq!(
+        decided(&events),
+        want,
+        "the resumed replay took the recorded decisions, each once"
+    );
     let end = |events: &[cairn_proto::v1::Event]| {
-        events.iter().rev().find(|e| e.r#type.starts_with("task.")).map(|e| e.r#type.clone())
+        events
+            .iter()
+            .rev()
+            .find(|e| e.r#type.starts_with("task."))
+            .map(|e| e.r#type.clone())
     };
     let source_events = read_events(&s.store, &run).await;
-    assert_eq!(end(&events), end(&source_events), "the replay ends as the recorded run did ({:?})", recorded.state);
+    assert_eq!(
+        end(&events),
+        end(&source_events),
+        "the replay ends as the recorded run did ({:?})",
+        recorded.state
+    );
     other.shutdown().await;
     s.stop().await;
 }

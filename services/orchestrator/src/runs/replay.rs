@@ -175,7 +175,9 @@ impl Runs {
                 .map_err(|e| tracing::warn!(run, source = %id, error = %e, "a resumed replay could not read events; its gates wait for people"))
                 .ok()
         };
-        let (Some(source), Some(taken)) = (read(spec.source.clone()).await, read(run.to_owned()).await) else {
+        let (Some(source), Some(taken)) =
+            (read(spec.source.clone()).await, read(run.to_owned()).await)
+        else {
             return;
         };
         let decisions = remaining_decisions(
@@ -189,61 +191,74 @@ impl Runs {
 
     /// Decides each gate of replay `run` as it blocks, with the recorded decisions in order,
     /// until the run ends. A gate without a recorded decision is left for people.
-    async fn take_decisions(&self, project: &str, run: &str, mut decisions: Vec<GateDecision>) {
-        let key = format!("{project}/{run}");
-        if !self.deciding.lock().unwrap_or_else(|e| e.into_inner()).insert(key.clone()) {
-            return;
-        }
-        struct Done<'a>(&'a Runs, String);
-        impl Drop for Done<'_> {
-            fn drop(&mut self) {
-                let mut d = self.0.deciding.lock().unwrap_or_else(|e| e.into_inner());
-                d.remove(&self.1);
-            }
-        }
-        let _done = Done(self, key);
-        loop {
-            // A stopped orchestrator decides nothing: whoever resumes the replay goes on.
-            if self.shutdown.is_cancelled() {
-                return;
-            }
-            let Ok(info) = self.get(project, run).await else {
-                return;
-            };
-            let state = pb::TaskState::try_from(info.state).unwrap_or_default();
-            if matches!(
-                state,
-                pb::TaskState::Completed | pb::TaskState::Failed | pb::TaskState::Canceled
-            ) || decisions.is_empty()
+    /// (Boxed: deciding may bring the run to life, which may start this again elsewhere.)
+    fn take_decisions<'a>(
+        &'a self,
+        project: &'a str,
+        run: &'a str,
+        mut decisions: Vec<GateDecision>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>> {
+        Box::pin(async move {
+            let key = format!("{project}/{run}");
+            if !self
+                .deciding
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(key.clone())
             {
                 return;
             }
-            for g in info
-                .gates
-                .iter()
-                .filter(|g| g.state == pb::GateState::Blocked as i32)
-            {
-                let Some(i) = decisions.iter().position(|d| d.gate == g.id) else {
-                    continue;
-                };
-                let d = decisions.remove(i);
-                if let Err(e) = self
-                    .decide_as(
-                        project,
-                        run,
-                        &d.gate,
-                        d.decision,
-                        &d.by,
-                        &d.note,
-                        Some(d.recorded),
-                    )
-                    .await
-                {
-                    tracing::warn!(run, gate = %g.id, error = %e, "replay could not take a recorded gate decision");
+            struct Done<'a>(&'a Runs, String);
+            impl Drop for Done<'_> {
+                fn drop(&mut self) {
+                    let mut d = self.0.deciding.lock().unwrap_or_else(|e| e.into_inner());
+                    d.remove(&self.1);
                 }
             }
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
+            let _done = Done(self, key);
+            loop {
+                // A stopped orchestrator decides nothing: whoever resumes the replay goes on.
+                if self.shutdown.is_cancelled() {
+                    return;
+                }
+                let Ok(info) = self.get(project, run).await else {
+                    return;
+                };
+                let state = pb::TaskState::try_from(info.state).unwrap_or_default();
+                if matches!(
+                    state,
+                    pb::TaskState::Completed | pb::TaskState::Failed | pb::TaskState::Canceled
+                ) || decisions.is_empty()
+                {
+                    return;
+                }
+                for g in info
+                    .gates
+                    .iter()
+                    .filter(|g| g.state == pb::GateState::Blocked as i32)
+                {
+                    let Some(i) = decisions.iter().position(|d| d.gate == g.id) else {
+                        continue;
+                    };
+                    let d = decisions.remove(i);
+                    if let Err(e) = self
+                        .decide_as(
+                            project,
+                            run,
+                            &d.gate,
+                            d.decision,
+                            &d.by,
+                            &d.note,
+                            Some(d.recorded),
+                        )
+                        .await
+                    {
+                        tracing::warn!(run, gate = %g.id, error = %e, "replay could not take a recorded gate decision");
+                    }
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        })
     }
 
     /// Every node of `source` that asked a provider has exchange records; the message lists
