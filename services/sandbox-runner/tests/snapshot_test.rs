@@ -426,6 +426,54 @@ async fn a_gvisor_memory_checkpoint_keeps_the_session_and_its_processes_going() 
     b.stop().await;
 }
 
+/// A gvisor runner whose runsc does `then` (shell) instead of, or after, a `verb` command.
+async fn runner_whose_runsc(dir: &std::path::Path, verb: &str, then: &str) -> TestRunner {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let real = std::env::split_paths(&path)
+        .map(|d| d.join("runsc"))
+        .find(|p| p.is_file())
+        .unwrap();
+    let wrapper = dir.join("runsc");
+    let script = format!(
+        "#!/bin/sh\nREAL={}\nfor a in \"$@\"; do\n  if [ \"$a\" = {verb} ]; then {then}; fi\ndone\nexec $REAL \"$@\"\n",
+        real.display()
+    );
+    std::fs::write(&wrapper, script).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    TestRunner::start_with(GVISOR, |c| {
+        c.runsc = wrapper.to_string_lossy().into_owned();
+    })
+    .await
+}
+
+/// After a checkpoint that failed and closed session `id`: nothing of it is left on `r`, and
+/// the runner goes on.
+async fn assert_closed_cleanly(r: &TestRunner, id: &str) {
+    assert_eq!(open_sessions(r).await, 0);
+    let gone = r
+        .client
+        .clone()
+        .exec(ExecRequest {
+            session_id: id.into(),
+            command: "true".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(gone.code(), tonic::Code::NotFound);
+    assert!(gvisor_sandboxes(r.work_root.path()).await.is_empty());
+    assert!(task_entries(r).is_empty(), "left: {:?}", task_entries(r));
+    let bundles: Vec<_> = std::fs::read_dir(r.work_root.path().join("gvisor/bundles"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(bundles.is_empty(), "bundles left: {bundles:?}");
+    let fresh = open(r).await;
+    exec(r, &fresh, "true", false).await;
+}
+
 /// A memory checkpoint whose restore in place fails (runsc here refuses `restore`): the call
 /// fails saying the session is closed, and it is, with nothing left of it on the runner.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -433,22 +481,12 @@ async fn a_checkpoint_that_cannot_be_restored_closes_the_session_cleanly() {
     if !gvisor_usable("gvisor_checkpoint_restore_fails") {
         return;
     }
-    let real = which_runsc();
     let dir = tempfile::tempdir().unwrap();
-    let wrapper = dir.path().join("runsc");
-    std::fs::write(
-        &wrapper,
-        format!(
-            "#!/bin/sh\nfor a in \"$@\"; do\n  if [ \"$a\" = restore ]; then echo 'restore refused by the test' >&2; exit 3; fi\ndone\nexec {} \"$@\"\n",
-            real.display()
-        ),
+    let a = runner_whose_runsc(
+        dir.path(),
+        "restore",
+        "echo 'restore refused by the test' >&2; exit 3",
     )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let a = TestRunner::start_with(GVISOR, |c| {
-        c.runsc = wrapper.to_string_lossy().into_owned();
-    })
     .await;
     let id = open(&a).await;
     exec(&a, &id, COUNTER, true).await;
@@ -462,38 +500,59 @@ async fn a_checkpoint_that_cannot_be_restored_closes_the_session_cleanly() {
         "{}",
         err.message()
     );
-    assert_eq!(open_sessions(&a).await, 0);
-    let gone = a
-        .client
-        .clone()
-        .exec(ExecRequest {
-            session_id: id.clone(),
-            command: "true".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(gone.code(), tonic::Code::NotFound);
-    assert!(gvisor_sandboxes(a.work_root.path()).await.is_empty());
-    assert!(task_entries(&a).is_empty(), "left: {:?}", task_entries(&a));
-    let bundles: Vec<_> = std::fs::read_dir(a.work_root.path().join("gvisor/bundles"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name())
-        .collect();
-    assert!(bundles.is_empty(), "bundles left: {bundles:?}");
-    // The runner goes on: a new session works.
-    let fresh = open(&a).await;
-    exec(&a, &fresh, "true", false).await;
+    assert_closed_cleanly(&a, &id).await;
     a.stop().await;
 }
 
-fn which_runsc() -> std::path::PathBuf {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .map(|d| d.join("runsc"))
-        .find(|p| p.is_file())
-        .unwrap()
+/// A `runsc checkpoint` that fails: a session whose sandbox still runs stays open and goes
+/// on; one whose sandbox it stopped is closed, with nothing left of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failed_checkpoint_closes_the_session_only_when_it_stopped_the_sandbox() {
+    if !gvisor_usable("gvisor_checkpoint_fails") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let refused = runner_whose_runsc(
+        dir.path(),
+        "checkpoint",
+        "echo 'checkpoint refused by the test' >&2; exit 3",
+    )
+    .await;
+    let id = open(&refused).await;
+    exec(&refused, &id, COUNTER, true).await;
+    let before = wait_count(&refused, &id, 5).await;
+    let err = pause_with(&refused, &id, false, true).await.unwrap_err();
+    assert!(
+        err.message().contains("checkpoint refused by the test"),
+        "{}",
+        err.message()
+    );
+    assert!(!err.message().contains("closed"), "{}", err.message());
+    assert_eq!(open_sessions(&refused).await, 1);
+    assert!(wait_count(&refused, &id, before + 10).await > before);
+    assert_eq!(task_entries(&refused), vec![id.clone()]);
+    refused.stop().await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let stopped = runner_whose_runsc(
+        dir.path(),
+        "checkpoint",
+        "$REAL \"$@\" >/dev/null 2>&1; echo 'checkpoint failed after it stopped the sandbox' >&2; exit 3",
+    )
+    .await;
+    let id = open(&stopped).await;
+    exec(&stopped, &id, COUNTER, true).await;
+    wait_count(&stopped, &id, 5).await;
+    let err = pause_with(&stopped, &id, false, true).await.unwrap_err();
+    assert!(
+        err.message()
+            .contains("checkpoint failed after it stopped the sandbox")
+            && err.message().contains("closed"),
+        "{}",
+        err.message()
+    );
+    assert_closed_cleanly(&stopped, &id).await;
+    stopped.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

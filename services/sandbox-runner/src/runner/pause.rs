@@ -1,5 +1,5 @@
-//! The runner's PauseSession and ResumeSession: a session into a snapshot (and closed), and a
-//! snapshot into a new session. The snapshot's layout and checks are snapshot.rs's.
+//! The runner's PauseSession and ResumeSession: a session into a snapshot (and closed, or
+//! going on as a checkpoint), and a snapshot into a new session. The snapshot's layout and checks are snapshot.rs's.
 
 use std::sync::Arc;
 
@@ -23,7 +23,7 @@ impl Runner {
         let s = self.session(id)?;
         let memory = !files_only && self.backend.checkpoints_memory();
         // A memory checkpoint is taken between commands (see Session::checkpointing).
-        let _alone = match memory {
+        let mut alone = match memory {
             true => Some(s.checkpointing.write().await),
             false => None,
         };
@@ -69,6 +69,10 @@ impl Runner {
                 .backend
                 .restore_in_place(&s.sandbox, &scratch.dir)
                 .await;
+            if restored.is_ok() {
+                // The sandbox runs again: Execs go on while the snapshot is finished.
+                alone.take();
+            }
             Some(restored.map(|()| (r0, t0.elapsed())))
         };
         let ((written, written_at), restored) = tokio::join!(writing, restoring);
@@ -77,7 +81,10 @@ impl Runner {
             Some(Ok(timing)) => Some(timing),
             Some(Err(e)) => {
                 // Closed before the Execs waiting for the checkpoint go on: they find no session.
-                self.close_session(id).await?;
+                if let Err(c) = self.close_session(id).await {
+                    tracing::warn!(session_id = %id, error = %c, "closing a session whose restore failed failed");
+                }
+                drop(alone);
                 tracing::warn!(session_id = %id, error = %e, "a session's checkpoint could not be restored in place; the session is closed");
                 return Err(Error::Sandbox(format!(
                     "session {id} was checkpointed but could not go on, so it is closed (open a new one, or resume a snapshot of it): {e}"
@@ -89,6 +96,7 @@ impl Runner {
             // The checkpoint stopped the sandbox: the session is over whatever comes next.
             self.close_session(id).await?;
         }
+        drop(alone);
         let (sha256, size_bytes) = written?;
         let max = self.config.session.max_snapshot_bytes;
         if size_bytes > max {
