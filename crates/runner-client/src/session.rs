@@ -115,15 +115,23 @@ impl RunnerSession {
         &self.info.session_id
     }
 
-    /// A checkpoint: a files-only snapshot of the session while it stays open (PauseSession
-    /// with `keep_open`), to be written with `snapshot::save`. Call it while no other call
-    /// runs in the session: the files are read as they are.
+    /// Do this session's snapshots hold its memory and processes (a gvisor runner), not
+    /// only its files?
+    pub fn keeps_memory(&self) -> bool {
+        self.info.backend == "gvisor"
+    }
+
+    /// A checkpoint: a snapshot of the session while it stays open (PauseSession with
+    /// `keep_open`), to be written with `snapshot::save`: with its memory and processes where
+    /// the runner keeps them ([`RunnerSession::keeps_memory`]; the sandbox stops for the
+    /// checkpoint and goes on restored in place), else its files only. Call it while no other
+    /// call runs in the session: the files are read as they are.
     pub async fn checkpoint(&self) -> Result<tonic::Streaming<SnapshotPart>, Status> {
         self.client
             .clone()
             .pause_session(PauseSessionRequest {
                 session_id: self.id().to_owned(),
-                files_only: true,
+                files_only: !self.keeps_memory(),
                 keep_open: true,
             })
             .await

@@ -1,8 +1,9 @@
 //! Checkpoints of a code_delivery session and failover, end to end over real gRPC on
 //! loopback: the embedded store, the orchestrator, two sandbox runners (Docker under
 //! CAIRN_REQUIRE_DOCKER=1, the local bubblewrap backend otherwise; a `SKIP:` line when neither
-//! runs here) and a fake OpenAI-compatible server whose answers the test scripts and can hold
-//! back (so a runner is stopped at a known point of the tool loop).
+//! runs here; gvisor for the test of memory checkpoints) and a fake OpenAI-compatible server
+//! whose answers the test scripts and can hold back (so a runner is stopped at a known point
+//! of the tool loop).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -117,6 +118,18 @@ struct Runner {
 
 impl Runner {
     async fn start(name: &str) -> Result<Runner, String> {
+        let backend = if docker_required() {
+            cairn_sandbox_runner::BackendChoice::Docker
+        } else {
+            cairn_sandbox_runner::BackendChoice::Local
+        };
+        Runner::start_on(name, backend).await
+    }
+
+    async fn start_on(
+        name: &str,
+        backend: cairn_sandbox_runner::BackendChoice,
+    ) -> Result<Runner, String> {
         let dir = tempfile::tempdir().unwrap();
         let config = cairn_sandbox_runner::Config {
             work_root: dir.path().join("work"),
@@ -127,11 +140,9 @@ impl Runner {
                 std::process::id(),
                 NEXT_RUNNER.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             ),
-            backend: if docker_required() {
-                cairn_sandbox_runner::BackendChoice::Docker
-            } else {
-                cairn_sandbox_runner::BackendChoice::Local
-            },
+            backend,
+            // One export of the sandbox image for every gvisor runner of the tests.
+            gvisor_rootfs_cache: std::env::temp_dir().join("cairn-test-gvisor-rootfs"),
             ..Default::default()
         };
         let (server, handle) = cairn_sandbox_runner::sandbox_service(config)
@@ -185,9 +196,21 @@ fn tweak(c: &mut Config) {
 
 /// Two runners and a stack using both; None (with a SKIP line) when no backend runs here.
 async fn two_runners(test: &str) -> Option<(Stack, Vec<Runner>)> {
+    two_runners_on(test, None).await
+}
+
+/// [`two_runners`] on `backend` when given (else docker or local, as above).
+async fn two_runners_on(
+    test: &str,
+    backend: Option<cairn_sandbox_runner::BackendChoice>,
+) -> Option<(Stack, Vec<Runner>)> {
     let mut runners = Vec::new();
     for name in ["a", "b"] {
-        match Runner::start(name).await {
+        let started = match backend {
+            Some(b) => Runner::start_on(name, b).await,
+            None => Runner::start(name).await,
+        };
+        match started {
             Ok(r) => runners.push(r),
             Err(e) if docker_required() => {
                 panic!("CAIRN_REQUIRE_DOCKER=1 but the docker runner failed: {e}")
@@ -389,6 +412,136 @@ async fn a_killed_runner_is_replaced_by_the_last_checkpoint() {
             .unwrap()
             .contains("written before the failure"),
         "{cat}"
+    );
+    s.stop().await;
+    for mut r in runners {
+        r.kill().await;
+    }
+}
+
+/// A counter in memory only, writing its value to /tmpfs/count every 20 ms, left running.
+const COUNTER: &str = "nohup python3 -c 'import os, time\ni = 0\nwhile True:\n    i += 1\n    open(\"/tmpfs/c.tmp\", \"w\").write(str(i))\n    os.replace(\"/tmpfs/c.tmp\", \"/tmpfs/count\")\n    time.sleep(0.02)' > /dev/null 2>&1 & sleep 1.3; cat /tmpfs/count";
+
+/// Is the gvisor backend usable here (runsc, root)? Required under CAIRN_REQUIRE_DOCKER=1.
+fn gvisor_usable(test: &str) -> bool {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let why = if !std::env::split_paths(&path).any(|d| d.join("runsc").is_file()) {
+        "gVisor's runsc is not installed"
+    } else if !rustix::process::geteuid().is_root() {
+        "the gvisor backend needs root"
+    } else {
+        return true;
+    };
+    assert!(
+        !docker_required(),
+        "CAIRN_REQUIRE_DOCKER=1 but the gvisor backend is not usable: {why}"
+    );
+    println!("SKIP: {test} [gvisor]: {why}");
+    false
+}
+
+/// The numbers a run_bash_command's stdout holds (its tool_call event's `result`).
+fn numbers_printed(result: &str) -> Vec<u64> {
+    let out: Value = serde_json::from_str(result).unwrap_or(Value::Null);
+    out["stdout"]
+        .as_str()
+        .unwrap_or_default()
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect()
+}
+
+/// On gvisor runners a checkpoint holds the session's memory: a counter a command left
+/// running goes on in the session after the checkpoint and, once the session's runner is
+/// killed, in the session resumed from it on the other runner, from its checkpointed value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_gvisor_a_background_process_survives_a_failover() {
+    let test = "on_gvisor_a_background_process_survives_a_failover";
+    if !gvisor_usable(test) {
+        return;
+    }
+    let Some((s, mut runners)) =
+        two_runners_on(test, Some(cairn_sandbox_runner::BackendChoice::Gvisor)).await
+    else {
+        return;
+    };
+    let llm = FakeLlm::start(
+        vec![
+            // 1: the counter, left running; a checkpoint falls due after it.
+            vec![("run_bash_command", json!({"command": COUNTER}))],
+            // 2 (held until the runner is gone): undone by the failover.
+            vec![("run_bash_command", json!({"command": "cat /tmpfs/count"}))],
+            // 3: in the resumed session.
+            vec![
+                (
+                    "run_bash_command",
+                    json!({"command": "cat /tmpfs/count; echo; sleep 1; cat /tmpfs/count"}),
+                ),
+                ("write", json!({"path": "README.md", "content": README})),
+                (
+                    "end",
+                    json!({"exclude_patterns": [], "archive_name": "notes.zip"}),
+                ),
+            ],
+        ],
+        2,
+    )
+    .await;
+    let run = submit(&s, "    checkpoint_every_s: 1\n", &llm).await;
+    let checkpoint = wait_event(&s, &run, "session.checkpointed", 120).await;
+    assert_eq!(checkpoint["memory"], true, "{checkpoint}");
+    let opened = wait_event(&s, &run, "code_delivery.session_opened", 5).await;
+    let first_runner = opened["runner"].as_str().unwrap().to_owned();
+    // Request 2 is asked (and held) after the checkpoint: the session went on.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while llm.requests().len() < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "no second request");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(open_sessions(&first_runner).await, 1);
+    runners
+        .iter_mut()
+        .find(|r| r.addr == first_runner)
+        .unwrap()
+        .kill()
+        .await;
+    llm.release();
+    let done = s.wait_final(&run, 180).await;
+    assert_eq!(
+        done.state,
+        TaskState::Completed as i32,
+        "{done:#?}\n{:#?}",
+        s.event_types(&run).await
+    );
+    let resumed = events_of(&s, &run, "session.resumed").await;
+    assert_eq!(resumed.len(), 1, "{resumed:#?}");
+    assert_eq!(resumed[0]["memory"], true);
+    assert_ne!(resumed[0]["runner"], first_runner.as_str());
+    let results: Vec<Vec<u64>> = events_of(&s, &run, "code_delivery.tool_call")
+        .await
+        .into_iter()
+        .filter(|e| {
+            e["arguments"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("/tmpfs/count")
+        })
+        .map(|e| numbers_printed(e["result"].as_str().unwrap_or_default()))
+        .collect();
+    // Turn 1's value before the checkpoint; turn 3's two values a second apart on the
+    // other runner: not back near 0, and still counting.
+    assert!(results.len() >= 2, "{results:?}");
+    let before = results[0].first().copied().unwrap_or(0);
+    let after = results.last().unwrap();
+    assert!(before > 0 && after.len() == 2, "{results:?}");
+    let (first, second) = (after[0], after[1]);
+    assert!(
+        first >= before,
+        "resumed at {first}, below {before}: {results:?}"
+    );
+    assert!(
+        second > first,
+        "not counting after the failover: {results:?}"
     );
     s.stop().await;
     for mut r in runners {

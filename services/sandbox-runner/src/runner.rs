@@ -373,6 +373,7 @@ impl Runner {
             git_commit,
             _slot: slot,
             activity: std::sync::Mutex::new(session::Activity::new()),
+            checkpointing: tokio::sync::RwLock::new(()),
         })
     }
 
@@ -530,7 +531,10 @@ impl Runner {
             timeout: Duration::from_millis(timeout_ms),
             max_output_bytes,
         };
-        let out = self.backend.exec(&s.sandbox, &spec).await;
+        let out = {
+            let _between_checkpoints = s.checkpointing.read().await;
+            self.backend.exec(&s.sandbox, &spec).await
+        };
         // Shutdown killed it (and removed the session): retry elsewhere.
         self.open()?;
         let out = out?;

@@ -228,15 +228,9 @@ impl SandboxRunner for SandboxService {
         request: Request<pb::PauseSessionRequest>,
     ) -> Result<Response<Self::PauseSessionStream>, Status> {
         let req = request.into_inner();
-        if req.keep_open && !req.files_only {
-            return Err(Error::invalid(
-                "PauseSession keep_open needs files_only: a memory checkpoint stops the sandbox",
-            )
-            .into());
-        }
         let made = self
             .runner
-            .pause_session(&req.session_id, req.files_only)
+            .pause_session(&req.session_id, req.files_only, req.keep_open)
             .await?;
         let keep_open = req.keep_open;
         let (tx, rx) = mpsc::channel(4);
@@ -259,8 +253,8 @@ impl SandboxRunner for SandboxService {
             {
                 return;
             }
-            // Delivered: the paused session ends here (a gvisor one ended at its checkpoint),
-            // unless it was a checkpoint of a session that goes on.
+            // Delivered: the paused session ends here (one with memory ended at its
+            // checkpoint), unless it was a checkpoint of a session that goes on.
             if !made.header.memory && !keep_open {
                 if let Err(e) = runner.close_session(&made.header.session_id).await {
                     tracing::warn!(session_id = %made.header.session_id, error = %e, "closing a paused session failed");

@@ -29,6 +29,9 @@ pub struct Session {
     pub _slot: tokio::sync::OwnedSemaphorePermit,
     /// Calls using it now, and when the last one ended (or it opened).
     pub activity: Mutex<Activity>,
+    /// Held by each Exec (shared) and by a memory checkpoint (alone): a checkpoint waits
+    /// for the running commands, and commands sent meanwhile wait for it.
+    pub checkpointing: tokio::sync::RwLock<()>,
 }
 
 #[derive(Debug)]

@@ -35,8 +35,14 @@ pub struct Made {
 }
 
 /// Writes the payload of `task_dir` (and `checkpoint`, a directory) to `out`; returns its
-/// sha256 (hex) and size. Links are stored as links, never followed.
-pub fn write(task_dir: &Path, checkpoint: Option<&Path>, out: &Path) -> Result<(String, u64)> {
+/// sha256 (hex) and size. Links are stored as links, never followed. `files_in` is called
+/// once the session's files are in, before the checkpoint's (not when writing fails first).
+pub fn write(
+    task_dir: &Path,
+    checkpoint: Option<&Path>,
+    out: &Path,
+    files_in: impl FnOnce(),
+) -> Result<(String, u64)> {
     let file = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -47,18 +53,20 @@ pub fn write(task_dir: &Path, checkpoint: Option<&Path>, out: &Path) -> Result<(
         )))?;
     let mut tar = tar::Builder::new(Hashing::new(std::io::BufWriter::new(file)));
     tar.follow_symlinks(false);
-    let mut parts = vec![
+    let files = [
         ("workspace", task_dir.join("workspace")),
         ("tmpfs", task_dir.join("tmpfs")),
     ];
-    if let Some(dir) = checkpoint {
-        parts.push(("checkpoint", dir.to_path_buf()));
-    }
-    for (name, dir) in parts {
+    for (name, dir) in files {
         tar.append_dir_all(name, &dir).map_err(Error::io(format!(
             "writing {} into the snapshot (a socket or special file there cannot be kept: remove it)",
             dir.display()
         )))?;
+    }
+    files_in();
+    if let Some(dir) = checkpoint {
+        tar.append_dir_all("checkpoint", dir)
+            .map_err(Error::io("writing the checkpoint into the snapshot"))?;
     }
     let hashing = tar
         .into_inner()

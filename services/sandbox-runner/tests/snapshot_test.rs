@@ -1,6 +1,7 @@
 //! Session snapshots over gRPC between two runners on loopback: a gvisor session paused on
-//! runner A goes on, memory and processes included, on runner B; forks diverge; docker and
-//! local keep files only; a snapshot is refused by a runner of another backend, and when its
+//! runner A goes on, memory and processes included, on runner B; a gvisor checkpoint with
+//! memory keeps the session going on A (and a failed restore closes it cleanly); forks
+//! diverge; docker and local keep files only; a snapshot is refused by a runner of another backend, and when its
 //! bytes were altered or cut short, with nothing left half-resumed.
 #![allow(clippy::unwrap_used)]
 
@@ -308,7 +309,7 @@ async fn docker_and_local_keep_files_only_and_close_the_session_once_delivered()
 }
 
 /// `keep_open`: a checkpoint of a session that goes on (files only); the snapshot holds the
-/// files as they were then. Without files_only it is refused.
+/// files as they were then. Without files_only it holds files only too, and says so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_checkpoint_keeps_the_session_open() {
     let mut cases = Vec::new();
@@ -323,8 +324,8 @@ async fn a_checkpoint_keeps_the_session_open() {
         let (a, b) = tokio::join!(runner(case), runner(case));
         let id = open(&a).await;
         exec(&a, &id, "echo one > /workspace/n.txt", false).await;
-        let refused = pause_with(&a, &id, false, true).await.unwrap_err();
-        assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+        let (_, asked_memory) = pause_with(&a, &id, false, true).await.unwrap();
+        assert!(!asked_memory.memory, "{case:?}: no memory on this backend");
         let (file, header) = pause_with(&a, &id, true, true).await.unwrap();
         assert!(!header.memory);
         assert_eq!(header.session_id, id);
@@ -339,6 +340,219 @@ async fn a_checkpoint_keeps_the_session_open() {
         a.stop().await;
         b.stop().await;
     }
+}
+
+/// What is in `r`'s tasks directory (session directories, payloads, scratch directories).
+fn task_entries(r: &TestRunner) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(r.work_root.path().join("tasks"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// A memory checkpoint of a session that goes on: the sandbox is checkpointed and restored in
+/// place, so the same session's counter goes on from where it was and Exec works; nothing of
+/// the checkpoint is left on the runner; the snapshot, resumed on B, goes on from the value
+/// it held, over the files as they were then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_gvisor_memory_checkpoint_keeps_the_session_and_its_processes_going() {
+    if !gvisor_usable("gvisor_memory_checkpoint") {
+        return;
+    }
+    let (a, b) = tokio::join!(runner(GVISOR), runner(GVISOR));
+    let id = open(&a).await;
+    exec(&a, &id, "echo one > /workspace/n.txt", false).await;
+    exec(&a, &id, COUNTER, true).await;
+    let before = wait_count(&a, &id, 25).await;
+
+    let t0 = std::time::Instant::now();
+    let (file, header) = pause_with(&a, &id, false, true).await.unwrap();
+    let took = t0.elapsed();
+    assert!(header.memory, "a gvisor checkpoint keeps memory");
+    assert_eq!(header.backend, "gvisor");
+    assert_eq!(header.session_id, id);
+    println!(
+        "memory checkpoint of a session that goes on: {} ms, {} bytes",
+        took.as_millis(),
+        header.size_bytes
+    );
+
+    // The same session goes on: its counter from where it was (a restarted one would be
+    // back near 1), and Exec works.
+    assert_eq!(open_sessions(&a).await, 1);
+    let first = count(&a, &id).await;
+    assert!(
+        first >= before,
+        "counter {first} < {before} before the checkpoint"
+    );
+    let later = wait_count(&a, &id, first + 10).await;
+    assert!(later > first);
+    exec(&a, &id, "echo two >> /workspace/n.txt", false).await;
+    assert_eq!(read(&a, &id, "n.txt").await.unwrap(), "one\ntwo\n");
+    // One sandbox (the restored one), and no payload or checkpoint directory left.
+    assert_eq!(gvisor_sandboxes(a.work_root.path()).await.len(), 1);
+    assert_eq!(task_entries(&a), vec![id.clone()]);
+
+    // A second checkpoint of the restored session works as the first.
+    let (_, again) = pause_with(&a, &id, false, true).await.unwrap();
+    assert!(again.memory);
+    assert!(count(&a, &id).await >= later);
+
+    // On B the snapshot goes on from its counter, over the files of the checkpoint.
+    let info = resume(&b, &file).await.unwrap();
+    assert!(info.memory_restored);
+    assert_eq!(info.snapshot_of, id);
+    let resumed = info.session_id;
+    assert_eq!(read(&b, &resumed, "n.txt").await.unwrap(), "one\n");
+    let on_b = count(&b, &resumed).await;
+    assert!(
+        on_b >= before,
+        "counter {on_b} < {before} at the checkpoint"
+    );
+    assert!(wait_count(&b, &resumed, on_b + 10).await > on_b);
+
+    a.client
+        .clone()
+        .close_session(CloseSessionRequest {
+            session_id: id.clone(),
+        })
+        .await
+        .unwrap();
+    assert!(gvisor_sandboxes(a.work_root.path()).await.is_empty());
+    a.stop().await;
+    b.stop().await;
+}
+
+/// A gvisor runner whose runsc does `then` (shell) instead of, or after, a `verb` command.
+async fn runner_whose_runsc(dir: &std::path::Path, verb: &str, then: &str) -> TestRunner {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let real = std::env::split_paths(&path)
+        .map(|d| d.join("runsc"))
+        .find(|p| p.is_file())
+        .unwrap();
+    let wrapper = dir.join("runsc");
+    let script = format!(
+        "#!/bin/sh\nREAL={}\nfor a in \"$@\"; do\n  if [ \"$a\" = {verb} ]; then {then}; fi\ndone\nexec $REAL \"$@\"\n",
+        real.display()
+    );
+    std::fs::write(&wrapper, script).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    TestRunner::start_with(GVISOR, |c| {
+        c.runsc = wrapper.to_string_lossy().into_owned();
+    })
+    .await
+}
+
+/// After a checkpoint that failed and closed session `id`: nothing of it is left on `r`, and
+/// the runner goes on.
+async fn assert_closed_cleanly(r: &TestRunner, id: &str) {
+    assert_eq!(open_sessions(r).await, 0);
+    let gone = r
+        .client
+        .clone()
+        .exec(ExecRequest {
+            session_id: id.into(),
+            command: "true".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(gone.code(), tonic::Code::NotFound);
+    assert!(gvisor_sandboxes(r.work_root.path()).await.is_empty());
+    assert!(task_entries(r).is_empty(), "left: {:?}", task_entries(r));
+    let bundles: Vec<_> = std::fs::read_dir(r.work_root.path().join("gvisor/bundles"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(bundles.is_empty(), "bundles left: {bundles:?}");
+    let fresh = open(r).await;
+    exec(r, &fresh, "true", false).await;
+}
+
+/// A memory checkpoint whose restore in place fails (runsc here refuses `restore`): the call
+/// fails saying the session is closed, and it is, with nothing left of it on the runner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_checkpoint_that_cannot_be_restored_closes_the_session_cleanly() {
+    if !gvisor_usable("gvisor_checkpoint_restore_fails") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let a = runner_whose_runsc(
+        dir.path(),
+        "restore",
+        "echo 'restore refused by the test' >&2; exit 3",
+    )
+    .await;
+    let id = open(&a).await;
+    exec(&a, &id, COUNTER, true).await;
+    wait_count(&a, &id, 5).await;
+
+    let err = pause_with(&a, &id, false, true).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Internal, "{err:?}");
+    assert!(err.message().contains("closed"), "{}", err.message());
+    assert!(
+        err.message().contains("restore refused by the test"),
+        "{}",
+        err.message()
+    );
+    assert_closed_cleanly(&a, &id).await;
+    a.stop().await;
+}
+
+/// A `runsc checkpoint` that fails: a session whose sandbox still runs stays open and goes
+/// on; one whose sandbox it stopped is closed, with nothing left of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failed_checkpoint_closes_the_session_only_when_it_stopped_the_sandbox() {
+    if !gvisor_usable("gvisor_checkpoint_fails") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let refused = runner_whose_runsc(
+        dir.path(),
+        "checkpoint",
+        "echo 'checkpoint refused by the test' >&2; exit 3",
+    )
+    .await;
+    let id = open(&refused).await;
+    exec(&refused, &id, COUNTER, true).await;
+    let before = wait_count(&refused, &id, 5).await;
+    let err = pause_with(&refused, &id, false, true).await.unwrap_err();
+    assert!(
+        err.message().contains("checkpoint refused by the test"),
+        "{}",
+        err.message()
+    );
+    assert!(!err.message().contains("closed"), "{}", err.message());
+    assert_eq!(open_sessions(&refused).await, 1);
+    assert!(wait_count(&refused, &id, before + 10).await > before);
+    assert_eq!(task_entries(&refused), vec![id.clone()]);
+    refused.stop().await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let stopped = runner_whose_runsc(
+        dir.path(),
+        "checkpoint",
+        "$REAL \"$@\" >/dev/null 2>&1; echo 'checkpoint failed after it stopped the sandbox' >&2; exit 3",
+    )
+    .await;
+    let id = open(&stopped).await;
+    exec(&stopped, &id, COUNTER, true).await;
+    wait_count(&stopped, &id, 5).await;
+    let err = pause_with(&stopped, &id, false, true).await.unwrap_err();
+    assert!(
+        err.message()
+            .contains("checkpoint failed after it stopped the sandbox")
+            && err.message().contains("closed"),
+        "{}",
+        err.message()
+    );
+    assert_closed_cleanly(&stopped, &id).await;
+    stopped.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -1,6 +1,7 @@
 //! Checkpoints of a task's session and failover. With `checkpoint_every_s` set, the session's
-//! files are snapshotted between turns (at most that often) while it stays open, and stored
-//! at `.cairn/runs/<run>/snapshots/<session>/<n>.snap` with their sha256 for the store to
+//! files (and, where the runner's backend keeps them, gvisor, its memory and processes) are
+//! snapshotted between turns (at most that often) while it stays open, and stored at
+//! `.cairn/runs/<run>/snapshots/<session>/<n>.snap` with their sha256 for the store to
 //! check. When a call finds the session's runner gone (or the session unknown to it), the
 //! task resumes the last checkpoint on another runner and goes on from the conversation as it
 //! was at that checkpoint: the turns after it are undone, since the files they changed are.
@@ -40,6 +41,8 @@ struct Taken {
     path: String,
     sha256: String,
     bytes: u64,
+    /// It holds the session's memory and processes, not files only.
+    memory: bool,
     /// The turn it was taken before.
     step: u32,
     /// Messages of the conversation then.
@@ -211,6 +214,7 @@ impl Task<'_> {
             path,
             sha256: saved.file_sha256,
             bytes: saved.file_bytes,
+            memory: saved.header.memory,
             step,
             messages: self.messages.len(),
             board: self.board.clone(),
@@ -285,6 +289,7 @@ impl Task<'_> {
                 .with("previous_session_id", old_id.as_str())
                 .with("previous_runner", old_runner.as_str())
                 .with("error", lost.message())
+                .with("memory", session.info.memory_restored)
                 .with("step", last.step)
                 .with("turns_undone", undone)
                 .with("ms", t0.elapsed().as_millis() as u64)
@@ -365,11 +370,17 @@ impl Task<'_> {
             // The runner closes it when its idle timeout passes, untouched from now on.
             tracing::warn!(session_id = %paused.session_id, error = %e.message(), "closing the paused session failed");
         }
-        let snapshot = self.checkpoints.last.as_ref().map(|t| t.path.clone());
+        let (snapshot, memory) = self
+            .checkpoints
+            .last
+            .as_ref()
+            .map(|t| (t.path.clone(), t.memory))
+            .unwrap_or_default();
         self.ctx.progress.emit(
             Ev::new(SESSION_PAUSED, self.node())
                 .with("session_id", paused.session_id.as_str())
-                .with("snapshot", snapshot.unwrap_or_default())
+                .with("snapshot", snapshot)
+                .with("memory", memory)
                 .with("step", step)
                 .with("runner", paused.runner.as_str())
                 .with("idle_ms", idle_ms)
@@ -408,6 +419,7 @@ impl Task<'_> {
                 .with("runner", session.runner.as_str())
                 .with("previous_session_id", paused.session_id.as_str())
                 .with("previous_runner", paused.runner.as_str())
+                .with("memory", session.info.memory_restored)
                 .with("step", last.step)
                 .with("turns_undone", 0u32)
                 .with("paused_ms", paused.since.elapsed().as_millis() as u64)

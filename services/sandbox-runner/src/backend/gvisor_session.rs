@@ -54,18 +54,27 @@ impl SessionBox {
 impl GvisorBackend {
     /// Starts the session's sandbox and waits until its first process is ready.
     pub async fn open_session(&self, s: &SessionSandbox) -> Result<()> {
-        self.boot(s, None).await
+        self.boot(s, None, false).await
     }
 
     /// Starts the session's sandbox from the checkpoint in `image` (`runsc restore`): its
     /// processes go on where they were, over the session's (unpacked) files.
     pub async fn restore_session(&self, s: &SessionSandbox, image: &Path) -> Result<()> {
-        self.boot(s, Some(image)).await
+        self.boot(s, Some(image), false).await
+    }
+
+    /// After a `checkpoint` of the open session into `image`: its sandbox again from that
+    /// image (`runsc restore`, over the same task directory), in place of the stopped one,
+    /// so the session goes on under its id with its processes. Err when the restore fails
+    /// (the stopped sandbox stays in the map for the caller's close) or the session was
+    /// closed meanwhile (the restored sandbox is ended).
+    pub async fn restore_in_place(&self, s: &SessionSandbox, image: &Path) -> Result<()> {
+        self.boot(s, Some(image), true).await
     }
 
     /// `runsc checkpoint` of the session's sandbox into `image`: memory, processes and the
-    /// sandbox's own /tmp. The sandbox stops (this runsc cannot leave it running); the
-    /// caller closes the session after.
+    /// sandbox's own /tmp. The sandbox stops (this runsc cannot leave it running): the
+    /// caller closes the session after, or restores it in place.
     pub async fn checkpoint(&self, s: &SessionSandbox, image: &Path) -> Result<()> {
         let sandbox = self.session_sandbox(s)?;
         let mut cmd = Command::new(&self.base.runsc);
@@ -108,7 +117,18 @@ impl GvisorBackend {
             })
     }
 
-    async fn boot(&self, s: &SessionSandbox, image: Option<&Path>) -> Result<()> {
+    /// Is the session's sandbox running (`runsc state`)? False when it has none.
+    pub async fn session_running(&self, s: &SessionSandbox) -> bool {
+        match self.session_sandbox(s) {
+            Ok(id) => self.base.state(&id).await.as_deref() == Some("running"),
+            Err(_) => false,
+        }
+    }
+
+    /// Starts the session's sandbox (restored from `image` when given). `in_place`: it
+    /// replaces the session's stopped sandbox, which must still be in the map (a session
+    /// closed meanwhile has none, and the new sandbox is ended).
+    async fn boot(&self, s: &SessionSandbox, image: Option<&Path>, in_place: bool) -> Result<()> {
         let config = &self.base.config;
         let max = config.max_limits();
         // Memory and cpu hold over the sandbox; each command gets the session's rlimits.
@@ -180,13 +200,23 @@ impl GvisorBackend {
                 tracing::debug!(sandbox = %sandbox_id, stderr = %String::from_utf8_lossy(&text).trim(), "runsc run of a session ended");
             }
         });
-        let old = self
-            .sessions
-            .lock()
-            .map(|mut m| m.insert(s.session_id.clone(), SessionBox { sandbox }))
-            .unwrap_or(None);
+        let (old, orphan) = {
+            let mut m = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+            if in_place && !m.contains_key(&s.session_id) {
+                (None, Some(SessionBox { sandbox }))
+            } else {
+                (m.insert(s.session_id.clone(), SessionBox { sandbox }), None)
+            }
+        };
         if let Some(old) = old {
             old.close().await;
+        }
+        if let Some(orphan) = orphan {
+            orphan.close().await;
+            return Err(Error::Sandbox(format!(
+                "session {} was closed while it was being checkpointed",
+                s.session_id
+            )));
         }
         Ok(())
     }
@@ -291,23 +321,29 @@ impl Base {
             if !matches!(sandbox.child.try_wait(), Ok(None)) {
                 return false;
             }
-            let mut cmd = Command::new(&self.runsc);
-            cmd.env_clear()
-                .args(self.global_args())
-                .args(["state", &sandbox.id])
-                .stdin(Stdio::null())
-                .stderr(Stdio::null())
-                .kill_on_drop(true);
-            if let Ok(Ok(out)) = tokio::time::timeout(Duration::from_secs(5), cmd.output()).await {
-                let state: serde_json::Value =
-                    serde_json::from_slice(&out.stdout).unwrap_or_default();
-                if state["status"] == "running" {
-                    return true;
-                }
+            if self.state(&sandbox.id).await.as_deref() == Some("running") {
+                return true;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         false
+    }
+
+    /// The status `runsc state` gives sandbox `id` (None when it does not answer).
+    async fn state(&self, id: &str) -> Option<String> {
+        let mut cmd = Command::new(&self.runsc);
+        cmd.env_clear()
+            .args(self.global_args())
+            .args(["state", id])
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true);
+        let out = tokio::time::timeout(Duration::from_secs(5), cmd.output())
+            .await
+            .ok()?
+            .ok()?;
+        let state: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        state["status"].as_str().map(str::to_owned)
     }
 
     /// `runsc exec` of `argv` in sandbox `id` as the sandbox user, in `/`, with the waiter's

@@ -199,12 +199,34 @@ impl Backend {
         }
     }
 
+    /// Can a session's snapshot hold its memory and processes (gvisor), not files only?
+    pub fn checkpoints_memory(&self) -> bool {
+        matches!(self, Backend::Gvisor(_))
+    }
+
     /// Saves the session's memory and processes into `dir` when the backend can (gvisor:
     /// `runsc checkpoint`, which stops the sandbox); false when it keeps files only.
     pub async fn checkpoint(&self, s: &SessionSandbox, dir: &Path) -> Result<bool> {
         match self {
             Backend::Gvisor(g) => g.checkpoint(s, dir).await.map(|()| true),
             Backend::Docker(_) | Backend::Local(_) => Ok(false),
+        }
+    }
+
+    /// After `checkpoint` into `dir`: the open session's sandbox restored from it in place
+    /// of the stopped one (gvisor only), so the session goes on.
+    pub async fn restore_in_place(&self, s: &SessionSandbox, dir: &Path) -> Result<()> {
+        match self {
+            Backend::Gvisor(g) => g.restore_in_place(s, dir).await,
+            Backend::Docker(_) | Backend::Local(_) => Ok(()),
+        }
+    }
+
+    /// Does the session's sandbox run? Only gvisor's checkpoint stops one: true elsewhere.
+    pub async fn session_running(&self, s: &SessionSandbox) -> bool {
+        match self {
+            Backend::Gvisor(g) => g.session_running(s).await,
+            Backend::Docker(_) | Backend::Local(_) => true,
         }
     }
 

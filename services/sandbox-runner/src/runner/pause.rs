@@ -1,5 +1,5 @@
-//! The runner's PauseSession and ResumeSession: a session into a snapshot (and closed), and a
-//! snapshot into a new session. The snapshot's layout and checks are snapshot.rs's.
+//! The runner's PauseSession and ResumeSession: a session into a snapshot (and closed, or
+//! going on as a checkpoint), and a snapshot into a new session. The snapshot's layout and checks are snapshot.rs's.
 
 use std::sync::Arc;
 
@@ -13,12 +13,20 @@ use crate::snapshot::{self, Made, Origin, Payload, Receiver, Restore};
 
 impl Runner {
     /// Makes a snapshot of session `id`: with its memory and processes when the backend can
-    /// and `files_only` is off (gvisor; the session is closed then, its sandbox stopped by
-    /// the checkpoint), else its files while it stays open (the caller closes it once the
-    /// snapshot is delivered).
-    pub async fn pause_session(&self, id: &str, files_only: bool) -> Result<Made> {
+    /// and `files_only` is off (gvisor), else its files. A memory checkpoint stops the
+    /// sandbox: with `keep_open` it is restored in place (the session goes on under its id,
+    /// its processes where they were; a restore that fails closes the session), else the
+    /// session is closed. A files-only session stays open (the caller closes it once the
+    /// snapshot is delivered, unless `keep_open`).
+    pub async fn pause_session(&self, id: &str, files_only: bool, keep_open: bool) -> Result<Made> {
         self.open()?;
         let s = self.session(id)?;
+        let memory = !files_only && self.backend.checkpoints_memory();
+        // A memory checkpoint is taken between commands (see Session::checkpointing).
+        let mut alone = match memory {
+            true => Some(s.checkpointing.write().await),
+            false => None,
+        };
         let sandbox = s.sandbox.clone();
         let stem = format!("{id}.snap-{}", uuid::Uuid::new_v4().simple());
         let payload = Payload {
@@ -29,23 +37,66 @@ impl Runner {
             checkpoint: None,
         };
         let t0 = std::time::Instant::now();
-        let memory = !files_only && {
+        if memory {
             std::fs::create_dir(&scratch.dir)
                 .map_err(Error::io("creating the checkpoint directory"))?;
-            self.backend.checkpoint(&s.sandbox, &scratch.dir).await?
-        };
-        let checkpointed = std::time::Instant::now();
-        let written = {
+            if let Err(e) = self.backend.checkpoint(&s.sandbox, &scratch.dir).await {
+                return Err(self.after_failed_checkpoint(&s, e).await);
+            }
+        }
+        let checkpointed = t0.elapsed();
+        // The files are read while the sandbox is stopped (they match its memory); a
+        // restore in place starts once they are in, as the checkpoint's bytes are written.
+        let (files_in, in_files) = tokio::sync::oneshot::channel();
+        let writing = {
             let (task_dir, out) = (s.sandbox.areas.dir().to_path_buf(), payload.path.clone());
             let dir = memory.then(|| scratch.dir.clone());
-            blocking(move || snapshot::write(&task_dir, dir.as_deref(), &out)).await
+            let write = blocking(move || {
+                snapshot::write(&task_dir, dir.as_deref(), &out, move || {
+                    let _ = files_in.send(());
+                })
+            });
+            async move { (write.await, t0.elapsed()) }
         };
+        let restoring = async {
+            if !(memory && keep_open) {
+                return None;
+            }
+            // Err: the writing failed before the files were in; the session goes on anyway.
+            let _ = in_files.await;
+            let r0 = t0.elapsed();
+            let restored = self
+                .backend
+                .restore_in_place(&s.sandbox, &scratch.dir)
+                .await;
+            if restored.is_ok() {
+                // The sandbox runs again: Execs go on while the snapshot is finished.
+                alone.take();
+            }
+            Some(restored.map(|()| (r0, t0.elapsed())))
+        };
+        let ((written, written_at), restored) = tokio::join!(writing, restoring);
         drop(scratch);
-        if memory {
+        let timing = match restored {
+            Some(Ok(timing)) => Some(timing),
+            Some(Err(e)) => {
+                // Closed before the Execs waiting for the checkpoint go on: they find no session.
+                if let Err(c) = self.close_session(id).await {
+                    tracing::warn!(session_id = %id, error = %c, "closing a session whose restore failed failed");
+                }
+                drop(alone);
+                tracing::warn!(session_id = %id, error = %e, "a session's checkpoint could not be restored in place; the session is closed");
+                return Err(Error::Sandbox(format!(
+                    "session {id} was checkpointed but could not go on, so it is closed (open a new one, or resume a snapshot of it): {e}"
+                )));
+            }
+            None => None,
+        };
+        if memory && !keep_open {
             // The checkpoint stopped the sandbox: the session is over whatever comes next.
-            drop(s);
             self.close_session(id).await?;
         }
+        drop(alone);
         let (sha256, size_bytes) = written?;
         let max = self.config.session.max_snapshot_bytes;
         if size_bytes > max {
@@ -56,11 +107,18 @@ impl Runner {
                 reason: "too_large",
             });
         }
+        let (restore_from_ms, paused_ms) = timing
+            .map(|(from, to)| (from.as_millis() as u64, to.as_millis() as u64))
+            .unwrap_or_default();
         tracing::info!(
             session_id = %id,
             memory,
+            keep_open,
             bytes = size_bytes,
-            checkpoint_ms = (checkpointed - t0).as_millis() as u64,
+            checkpoint_ms = checkpointed.as_millis() as u64,
+            written_ms = written_at.as_millis() as u64,
+            restore_from_ms,
+            paused_ms,
             total_ms = t0.elapsed().as_millis() as u64,
             "session snapshot made"
         );
@@ -79,6 +137,21 @@ impl Runner {
             },
             payload,
         })
+    }
+
+    /// A memory checkpoint failed with `e`: a session whose sandbox it stopped cannot go on
+    /// and is closed (the error says so); one still running stays open.
+    async fn after_failed_checkpoint(&self, s: &crate::session::InUse, e: Error) -> Error {
+        if self.backend.session_running(&s.sandbox).await {
+            return e;
+        }
+        let id = s.sandbox.session_id.clone();
+        if let Err(c) = self.close_session(&id).await {
+            tracing::warn!(session_id = %id, error = %c, "closing a session whose checkpoint failed failed");
+        }
+        Error::Sandbox(format!(
+            "{e}; the session's sandbox stopped, so session {id} is closed"
+        ))
     }
 
     /// Checks a snapshot's header (this runner's backend and image) before its bytes come.
