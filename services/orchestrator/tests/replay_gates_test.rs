@@ -120,9 +120,10 @@ async fn a_replay_resumed_by_another_orchestrator_takes_the_recorded_decisions_t
     for _ in 0..1200 {
         events = read_events(&s.store, &replay).await;
         if events.iter().any(|e| {
-            e.r#type.starts_with("task.")
-                && e.r#type != "task.created"
-                && e.r#type != "task.resumed"
+            matches!(
+                e.r#type.as_str(),
+                "task.completed" | "task.failed" | "task.canceled"
+            )
         }) {
             break;
         }
@@ -144,10 +145,11 @@ async fn a_replay_resumed_by_another_orchestrator_takes_the_recorded_decisions_t
             run.clone(),
         ),
     ];
+    let types: Vec<&str> = events.iter().map(|e| e.r#type.as_str()).collect();
     assert_eq!(
         decided(&events),
         want,
-        "the resumed replay took the recorded decisions, each once"
+        "the resumed replay took the recorded decisions, each once: {types:?}"
     );
     let end = |events: &[cairn_proto::v1::Event]| {
         events
