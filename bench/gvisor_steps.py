@@ -7,6 +7,8 @@ host, rounds interleaved with `docker run --rm` and `runsc do` so all see the sa
 Usage: sudo python3 bench/gvisor_steps.py ROOTFS [RUNS] [IMAGE]
 ROOTFS is the image's exported root (the runner's <gvisor_rootfs_cache>/<image id>/rootfs).
 Prints p50/p95 per step and the ratio of each to `docker run --rm` in the same rounds.
+CAIRN_STEPS_WAITER_BEFORE=FILE adds the two cold steps with that waiter.py (e.g. `git show
+main:services/sandbox-runner/src/waiter.py`), interleaved with this tree's.
 """
 import json
 import os
@@ -208,18 +210,18 @@ def main():
                                                            WAITER_ENV)[2],
         "runsc run python3 -c, no waiter (first output)": lambda: runsc_run(
             work, rootfs, job, BASE_ENV)[1],
-        "cold now: waiter -I -S + exec python3 (exit frame)": lambda: runsc_run(
+        "cold: waiter -I -S, exec python3 (exit frame)": lambda: runsc_run(
             work, rootfs, cold_waiter, WAITER_ENV, go_line(job, BASE_ENV))[1],
-        "waiter as the job's interpreter, fork (exit frame)": lambda: runsc_run(
+        "cold: waiter as the job's interpreter, fork (exit frame)": lambda: runsc_run(
             work, rootfs, warm_waiter, BASE_ENV, go_line(job, BASE_ENV))[1],
     }
     if before:
         # The same cold step with another waiter.py (e.g. the one before a change).
         old = open(before).read()
-        steps["cold now, waiter %s (exit frame)" % before] = lambda: runsc_run(
+        steps["cold: waiter -I -S, exec python3; %s" % before] = lambda: runsc_run(
             work, rootfs, ["python3", "-I", "-S", "-c", old, "--now"], WAITER_ENV,
             go_line(job, BASE_ENV))[1]
-        steps["job's interpreter, waiter %s (exit frame)" % before] = lambda: runsc_run(
+        steps["cold: waiter as the job's interpreter; %s" % before] = lambda: runsc_run(
             work, rootfs, ["python3", "-c", old, "--warm", "--now"], BASE_ENV,
             go_line(job, BASE_ENV))[1]
     times = {k: [] for k in steps}
@@ -240,13 +242,15 @@ def main():
             extra["runsc start to exit frame"].append(s)
             print("round %d/%d done" % (i + 1, runs), file=sys.stderr)
     finally:
-        subprocess.run(["runsc", "--root=" + work + "/state", "list"], stderr=subprocess.DEVNULL)
+        left = subprocess.run(["runsc", "--root=" + work + "/state", "list", "--quiet"],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL).stdout.split()
         shutil.rmtree(work, ignore_errors=True)
         for h in os.listdir("/sys/fs/cgroup"):
             try:
                 os.rmdir(os.path.join("/sys/fs/cgroup", h, "cairn-gvisor-steps"))
             except OSError:
                 pass
+    print("sandboxes left in runsc's state: %d" % len(left))
     base = statistics.median(times["docker run --rm (baseline)"])
     print("| step | runs | p50 ms | p95 ms | p50 / docker run |")
     print("|---|---:|---:|---:|---:|")

@@ -160,29 +160,29 @@ async fn nothing_of_a_run_is_left_after_it() {
             ),
         ];
         for job in jobs {
-        let out = r.run(with_timeout(job, 1500)).await;
-        assert!(out.timed_out, "{case:?}: {out:?}");
-        assert_eq!(text(&out.stdout), "started\n");
-        let allowed = usize::from(case.pool);
-        assert!(wait_for_gvisor_sandboxes(work_root.path(), allowed).await <= allowed);
-        // (its deletion runs after the reply, in the background)
-        let t0 = std::time::Instant::now();
-        while !processes_with(&out.job_id).is_empty() && t0.elapsed().as_secs() < 5 {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-        assert_eq!(processes_with(&out.job_id), Vec::<i32>::new());
-        let bundle = gv.join("bundles").join(&out.job_id);
-        let t0 = std::time::Instant::now();
-        while bundle.exists() && t0.elapsed().as_secs() < 5 {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-        assert!(!bundle.exists(), "bundle removed after the run");
-        let task = work_root.path().join("tasks").join(&out.job_id);
-        let t0 = std::time::Instant::now();
-        while task.exists() && t0.elapsed().as_secs() < 5 {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-        assert!(!task.exists(), "task directory removed after the run");
+            let out = r.run(with_timeout(job, 1500)).await;
+            assert!(out.timed_out, "{case:?}: {out:?}");
+            assert_eq!(text(&out.stdout), "started\n");
+            let allowed = usize::from(case.pool);
+            assert!(wait_for_gvisor_sandboxes(work_root.path(), allowed).await <= allowed);
+            // (its deletion runs after the reply, in the background)
+            let t0 = std::time::Instant::now();
+            while !processes_with(&out.job_id).is_empty() && t0.elapsed().as_secs() < 5 {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            assert_eq!(processes_with(&out.job_id), Vec::<i32>::new());
+            let bundle = gv.join("bundles").join(&out.job_id);
+            let t0 = std::time::Instant::now();
+            while bundle.exists() && t0.elapsed().as_secs() < 5 {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            assert!(!bundle.exists(), "bundle removed after the run");
+            let task = work_root.path().join("tasks").join(&out.job_id);
+            let t0 = std::time::Instant::now();
+            while task.exists() && t0.elapsed().as_secs() < 5 {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            assert!(!task.exists(), "task directory removed after the run");
         }
         let root = work_root.path().to_path_buf();
         let runner_id = r.handle.runner_id().to_owned();
@@ -352,10 +352,19 @@ async fn a_pooled_python_run_sees_what_a_fresh_interpreter_sees() {
     }
     let (cold, pooled) = (&seen[0], &seen[1]);
     for outs in [cold, pooled] {
-        assert_eq!(outs[7], outs[0], "code: a fresh interpreter (left) and a fork differ");
-        assert_eq!(outs[8], outs[1], "file: a fresh interpreter (left) and a fork differ");
+        assert_eq!(
+            outs[7], outs[0],
+            "code: a fresh interpreter (left) and a fork differ"
+        );
+        assert_eq!(
+            outs[8], outs[1],
+            "file: a fresh interpreter (left) and a fork differ"
+        );
     }
-    assert_eq!(cold[9].1, "['--warm', '--now']\n", "a cold Python job runs in its waiter");
+    assert_eq!(
+        cold[9].1, "['--warm', '--now']\n",
+        "a cold Python job runs in its waiter"
+    );
     assert_eq!(cold[10].1, format!("['-c', {cmdline:?}]\n"));
     assert_eq!(cold[0].0, 1, "{:?}", cold[0]);
     assert!(
