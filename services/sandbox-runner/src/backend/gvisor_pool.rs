@@ -127,10 +127,11 @@ impl Source for GvisorSource {
 
 /// Can a cold run of `argv` in `env` run in a fork of its waiter started as a plain `python3
 /// -c` in that same environment (waiter.py's warm path), rather than in a second interpreter?
-/// For `python3 -c CODE` and `python3 /input/FILE` whose `PYTHON*` variables are the defaults:
-/// the others change how an interpreter starts (PYTHONSAFEPATH: sys.path), runs its main
-/// module (PYTHONINSPECT) or what it prints of its own imports (PYTHONVERBOSE,
-/// PYTHONPROFILEIMPORTTIME), where the waiter and a fresh interpreter would differ.
+/// For `python3 -c CODE` and `python3 /input/FILE` whose `PYTHON*` variables and `PATH` are the
+/// defaults: the others change how an interpreter starts (PYTHONSAFEPATH: sys.path), runs its
+/// main module (PYTHONINSPECT) or what it prints of its own imports (PYTHONVERBOSE,
+/// PYTHONPROFILEIMPORTTIME), where the waiter and a fresh interpreter would differ; and a
+/// `PATH` without python3 must fail as the program's start does (exit 127), not runsc's.
 pub(super) fn runs_in_the_waiter(argv: &[String], env: &[(String, String)]) -> bool {
     let base = crate::job::base_environment();
     let shape = match argv {
@@ -141,7 +142,7 @@ pub(super) fn runs_in_the_waiter(argv: &[String], env: &[(String, String)]) -> b
     shape
         && env
             .iter()
-            .filter(|(k, _)| k.starts_with("PYTHON"))
+            .filter(|(k, _)| k.starts_with("PYTHON") || k == "PATH")
             .all(|kv| base.contains(kv))
 }
 
@@ -169,6 +170,7 @@ mod tests {
             ("PYTHONSAFEPATH", "1"),
             ("PYTHONUNBUFFERED", "0"),
             ("PYTHONINSPECT", "1"),
+            ("PATH", "/opt/bin"),
         ] {
             let mut env = base.clone();
             env.retain(|(name, _)| name != k);
