@@ -13,6 +13,7 @@ main:services/sandbox-runner/src/waiter.py`), interleaved with this tree's.
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -186,6 +187,21 @@ def create_start(work, rootfs, argv, env, go):
         box.close()
 
 
+def sweep(work):
+    """Deletes every sandbox in the state directory and unmounts the task directories'
+    tmpfs (what a failed or interrupted round left); returns the ids it found."""
+    state = ["runsc", "--root=" + work + "/state"]
+    left = subprocess.run(state + ["list", "--quiet"], stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL).stdout.decode().split()
+    for id in left:
+        subprocess.run(state + ["delete", "--force", id], stderr=subprocess.DEVNULL)
+    tasks = os.path.join(work, "tasks")
+    for name in os.listdir(tasks) if os.path.isdir(tasks) else []:
+        subprocess.run(["umount", os.path.join(tasks, name, "output")],
+                       stderr=subprocess.DEVNULL)
+    return left
+
+
 def pct(xs, q):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
@@ -227,6 +243,8 @@ def main():
     times = {k: [] for k in steps}
     extra = {"bundle + task dir prep": [], "runsc create": [], "runsc start to exit frame": [],
              "runsc run exit after the exit frame": []}
+    # A SIGTERM (e.g. `timeout`) ends through the `finally` below, which sweeps.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         for name, f in steps.items():  # warm-up
             f()
@@ -242,15 +260,14 @@ def main():
             extra["runsc start to exit frame"].append(s)
             print("round %d/%d done" % (i + 1, runs), file=sys.stderr)
     finally:
-        left = subprocess.run(["runsc", "--root=" + work + "/state", "list", "--quiet"],
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL).stdout.split()
+        left = sweep(work)
         shutil.rmtree(work, ignore_errors=True)
         for h in os.listdir("/sys/fs/cgroup"):
             try:
                 os.rmdir(os.path.join("/sys/fs/cgroup", h, "cairn-gvisor-steps"))
             except OSError:
                 pass
-    print("sandboxes left in runsc's state: %d" % len(left))
+    print("sandboxes the rounds left in runsc's state (deleted): %d" % len(left))
     base = statistics.median(times["docker run --rm (baseline)"])
     print("| step | runs | p50 ms | p95 ms | p50 / docker run |")
     print("|---|---:|---:|---:|---:|")
