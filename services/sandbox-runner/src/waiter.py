@@ -15,7 +15,8 @@
 # the end of its sandbox would; without (session commands) background processes stay, and
 # their output after the command's end is not relayed.
 # `--warm` (a pooled gvisor sandbox started as a plain `python3 -c`, in the default
-# environment of a job): a Python job whose start would be the same as this interpreter's
+# environment of a job; or, with `--now`, a cold one started in its Python job's own
+# environment): a Python job whose start would be the same as this interpreter's
 # (argv `python3 -c CODE` or `python3 FILE`, the same environment) runs in a fork of it as a
 # fresh interpreter's __main__, without starting another interpreter; the fork is made ahead,
 # while the sandbox waits, and gets the job line through a pipe.
@@ -23,7 +24,10 @@ FRESH_MAIN = dict(globals())
 import sys
 
 FRESH_MODULES = set(sys.modules)
-import json, os, resource, select, signal, time
+# Only what an interpreter has loaded already or builds in, and resource: `json` and `signal`
+# would import re and enum, tens of ms of trapped system calls in a cold gVisor sandbox.
+import os, resource, select, time
+import _signal as signal
 
 LIMITS = {
     "nproc": resource.RLIMIT_NPROC,
@@ -34,6 +38,35 @@ LIMITS = {
 }
 # Output of a session command still arriving this long after it ended is relayed.
 DRAIN_S = 0.05
+
+
+class Decoding:
+    """What _json's scanner reads of a json.JSONDecoder: the defaults of json.loads."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = float
+
+
+def loads(line):
+    """json.loads of a job line, through the C scanner json.loads itself uses."""
+    text = line.decode()
+    try:
+        from _json import make_scanner
+    except ImportError:
+        import json
+
+        return json.loads(text)
+    try:
+        value, end = make_scanner(Decoding)(text, 0)
+    except StopIteration as e:
+        raise ValueError("the job line is not JSON (at character %d)" % e.value) from None
+    if text[end:].strip():
+        raise ValueError("the job line has more than one JSON value")
+    return value
 
 
 def close_above_2(keep=()):
@@ -144,7 +177,7 @@ def fork_ahead():
             data = os.read(ctl_r, 65536)
         if not line:
             os._exit(0)
-        job = json.loads(line)
+        job = loads(line)
         os.chdir(job["cwd"])
         os.dup2(os.open("/dev/null", os.O_RDONLY), 0)
         os.dup2(out_w, 1)
@@ -252,7 +285,7 @@ def main():
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     if not line:
         os._exit(0)
-    job = json.loads(line)
+    job = loads(line)
     argv = [a.encode() for a in job["argv"]]
     env = {k.encode(): v.encode() for k, v in job["env"]}
     os.chdir(job["cwd"])

@@ -151,35 +151,39 @@ async fn nothing_of_a_run_is_left_after_it() {
         // Kept past stop (which would remove the work_root).
         let work_root = std::mem::replace(&mut r.work_root, tempfile::tempdir().unwrap());
         let gv = work_root.path().join("gvisor");
-        // A background process, a setsid one, and a timeout.
-        let out = r
-            .run(with_timeout(
-                bash("(sleep 300 &); setsid sleep 300 & echo started; sleep 300"),
-                1500,
-            ))
-            .await;
-        assert!(out.timed_out, "{case:?}: {out:?}");
-        assert_eq!(text(&out.stdout), "started\n");
-        let allowed = usize::from(case.pool);
-        assert!(wait_for_gvisor_sandboxes(work_root.path(), allowed).await <= allowed);
-        // (its deletion runs after the reply, in the background)
-        let t0 = std::time::Instant::now();
-        while !processes_with(&out.job_id).is_empty() && t0.elapsed().as_secs() < 5 {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        // A background process, a setsid one, and a timeout; in bash, and in Python (which a
+        // cold run starts in a fork of its waiter).
+        let jobs = [
+            bash("(sleep 300 &); setsid sleep 300 & echo started; sleep 300"),
+            python(
+                "import os, time\nif os.fork() == 0:\n    os.setsid(); time.sleep(300)\nprint('started', flush=True); time.sleep(300)",
+            ),
+        ];
+        for job in jobs {
+            let out = r.run(with_timeout(job, 1500)).await;
+            assert!(out.timed_out, "{case:?}: {out:?}");
+            assert_eq!(text(&out.stdout), "started\n");
+            let allowed = usize::from(case.pool);
+            assert!(wait_for_gvisor_sandboxes(work_root.path(), allowed).await <= allowed);
+            // (its deletion runs after the reply, in the background)
+            let t0 = std::time::Instant::now();
+            while !processes_with(&out.job_id).is_empty() && t0.elapsed().as_secs() < 5 {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            assert_eq!(processes_with(&out.job_id), Vec::<i32>::new());
+            let bundle = gv.join("bundles").join(&out.job_id);
+            let t0 = std::time::Instant::now();
+            while bundle.exists() && t0.elapsed().as_secs() < 5 {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            assert!(!bundle.exists(), "bundle removed after the run");
+            let task = work_root.path().join("tasks").join(&out.job_id);
+            let t0 = std::time::Instant::now();
+            while task.exists() && t0.elapsed().as_secs() < 5 {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            assert!(!task.exists(), "task directory removed after the run");
         }
-        assert_eq!(processes_with(&out.job_id), Vec::<i32>::new());
-        let bundle = gv.join("bundles").join(&out.job_id);
-        let t0 = std::time::Instant::now();
-        while bundle.exists() && t0.elapsed().as_secs() < 5 {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-        assert!(!bundle.exists(), "bundle removed after the run");
-        let task = work_root.path().join("tasks").join(&out.job_id);
-        let t0 = std::time::Instant::now();
-        while task.exists() && t0.elapsed().as_secs() < 5 {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-        assert!(!task.exists(), "task directory removed after the run");
         let root = work_root.path().to_path_buf();
         let runner_id = r.handle.runner_id().to_owned();
         r.stop().await;
@@ -293,15 +297,16 @@ print(__name__, sorted(globals()), '__file__' in globals() and __file__)
 print(sorted(sys.modules))
 print([signal.getsignal(s) for s in (signal.SIGINT, signal.SIGPIPE, signal.SIGTERM, signal.SIGXFSZ)])
 print(sys.stdin.read() == '', sys.stdout.write_through, sys.stdout.encoding, sys.dont_write_bytecode)
-print(sorted(os.environ.items()), os.getcwd(), os.getuid())
+print(sorted(kv for kv in os.environ.items() if kv[0] != 'PYTHONCAIRNFRESH'), os.getcwd(), os.getuid())
 def fail():
     raise ValueError("boom")
 fail()
 "#;
 
-/// A pooled run (which may run in a fork of the waiting sandbox's warm interpreter) sees what
-/// a cold run's freshly started `python3` sees: code and file programs, exit statuses,
-/// tracebacks; a job with variables of its own still runs.
+/// A pooled run (which may run in a fork of the waiting sandbox's warm interpreter) and a cold
+/// one (in a fork of its waiter started as the job's interpreter) see what a freshly started
+/// `python3` sees (a `PYTHON*` variable of the job's own makes the runner start one): code
+/// and file programs, exit statuses, tracebacks; a job with variables of its own still runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_pooled_python_run_sees_what_a_fresh_interpreter_sees() {
     if !gvisor_usable("gvisor_warm_interpreter") {
@@ -315,6 +320,12 @@ async fn a_pooled_python_run_sees_what_a_fresh_interpreter_sees() {
     };
     let mut with_env = python("import os, sys; print(os.environ['EXTRA'], sys.argv)");
     with_env.env.insert("EXTRA".into(), "yes".into());
+    let fresh = |mut req: cairn_proto::RunRequest| {
+        req.env.insert("PYTHONCAIRNFRESH".into(), "1".into());
+        req
+    };
+    // Which interpreter ran the job: the waiter's (its fork) or a new one.
+    let cmdline = "print(open('/proc/self/cmdline').read().split(chr(0))[-3:-1])";
     let requests = [
         python(INTERPRETER_PROBE),
         file(INTERPRETER_PROBE),
@@ -323,6 +334,10 @@ async fn a_pooled_python_run_sees_what_a_fresh_interpreter_sees() {
         python("import os; os._exit(5)"),
         python("import atexit; atexit.register(lambda: print('at exit'))"),
         with_env,
+        fresh(python(INTERPRETER_PROBE)),
+        fresh(file(INTERPRETER_PROBE)),
+        python(cmdline),
+        fresh(python(cmdline)),
     ];
     let mut seen = Vec::new();
     for case in cases() {
@@ -336,6 +351,21 @@ async fn a_pooled_python_run_sees_what_a_fresh_interpreter_sees() {
         seen.push(outs);
     }
     let (cold, pooled) = (&seen[0], &seen[1]);
+    for outs in [cold, pooled] {
+        assert_eq!(
+            outs[7], outs[0],
+            "code: a fresh interpreter (left) and a fork differ"
+        );
+        assert_eq!(
+            outs[8], outs[1],
+            "file: a fresh interpreter (left) and a fork differ"
+        );
+    }
+    assert_eq!(
+        cold[9].1, "['--warm', '--now']\n",
+        "a cold Python job runs in its waiter"
+    );
+    assert_eq!(cold[10].1, format!("['-c', {cmdline:?}]\n"));
     assert_eq!(cold[0].0, 1, "{:?}", cold[0]);
     assert!(
         cold[0].2.ends_with("in fail\nValueError: boom\n"),
@@ -345,7 +375,7 @@ async fn a_pooled_python_run_sees_what_a_fresh_interpreter_sees() {
     assert_eq!((cold[2].0, cold[3].0, cold[4].0), (3, 1, 5));
     assert_eq!(cold[5].1, "at exit\n");
     assert_eq!(cold[6].1, "yes ['-c']\n");
-    for (i, (c, p)) in cold.iter().zip(pooled).enumerate() {
+    for (i, (c, p)) in cold.iter().zip(pooled).enumerate().take(9) {
         assert_eq!(c, p, "request {i}: cold (left) and pooled (right) differ");
     }
 }

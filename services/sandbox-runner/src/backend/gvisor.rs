@@ -45,7 +45,7 @@ use tokio::io::AsyncReadExt;
 use tokio::process::{Child, ChildStderr, ChildStdout, Command};
 use tokio::time::sleep_until;
 
-use super::gvisor_pool::{GvisorSource, Waiting};
+use super::gvisor_pool::{runs_in_the_waiter, GvisorSource, Waiting};
 use super::gvisor_session::SessionBox;
 use super::local::{collect, find_program, rlimits, stage_inputs, Collected, TaskDir};
 use super::local_pool::{send_go, Go, WAITER};
@@ -230,7 +230,9 @@ impl GvisorBackend {
             Served::Cold(hold) => hold,
         };
         let config = &self.base.config;
+        let t0 = Instant::now();
         let task = TaskDir::for_job(config, job).await?;
+        tracing::debug!(job = %job.id, ms = t0.elapsed().as_secs_f64() * 1e3, "gvisor cold run: task directory ready");
         let (input, output) = (task.input(), task.output());
         let env = job.environment();
         let spec = Spec {
@@ -304,7 +306,13 @@ impl GvisorBackend {
         live: Option<&Live>,
     ) -> Result<Finished> {
         let _registered = Registered::new(&self.running, &spec.id);
-        let waiter_env = waiter_env();
+        // A Python job that starts as a pooled warm one would runs in a fork of the waiter,
+        // started as that job's interpreter (its environment and directory): one
+        // interpreter's start instead of two.
+        let (mode, waiter_env, cwd) = match runs_in_the_waiter(&spec.argv, spec.env) {
+            true => (WaiterMode::JobInterpreter, spec.env.to_vec(), spec.cwd),
+            false => (WaiterMode::Now, waiter_env(), "/"),
+        };
         let waiter = Spec {
             id: spec.id.clone(),
             root: false,
@@ -312,9 +320,9 @@ impl GvisorBackend {
             network: spec.network,
             limits: spec.limits,
             timeout: spec.timeout,
-            cwd: "/",
+            cwd,
             env: &waiter_env,
-            argv: waiter_argv(WaiterMode::Now),
+            argv: waiter_argv(mode),
         };
         let t0 = Instant::now();
         let started_at = OffsetDateTime::now_utc();
@@ -331,10 +339,20 @@ impl GvisorBackend {
             relay: true,
             reap: true,
         };
+        let spawned = t0.elapsed();
         send_go(&mut sandbox.child, go).await?;
-        self.base
+        let done = self
+            .base
             .supervise(sandbox, started_at, t0, spec.timeout, caps, live)
-            .await
+            .await;
+        tracing::debug!(
+            job = %spec.id,
+            in_the_waiter = mode == WaiterMode::JobInterpreter,
+            bundle_and_spawn_ms = spawned.as_secs_f64() * 1e3,
+            to_exit_status_ms = t0.elapsed().as_secs_f64() * 1e3,
+            "gvisor cold run: sandbox"
+        );
+        done
     }
 
     /// Removes the waiting sandboxes, then kills every running one (their supervisors
@@ -911,13 +929,16 @@ pub(super) enum WaiterMode {
     /// (`job::base_environment`), so a Python job that would start the same runs in a fork of
     /// it (waiter.py).
     Warm,
+    /// As `Warm` in the job's own environment, the job following at once (a cold run of a
+    /// Python job, see `runs_in_the_waiter`).
+    JobInterpreter,
 }
 
 /// The waiter's command line.
 pub(super) fn waiter_argv(mode: WaiterMode) -> Vec<String> {
     let flags: &[&str] = match mode {
-        WaiterMode::Warm => &[],
-        _ => &["-I", "-S"],
+        WaiterMode::Warm | WaiterMode::JobInterpreter => &[],
+        WaiterMode::Now | WaiterMode::Ready => &["-I", "-S"],
     };
     let mut argv: Vec<String> = std::iter::once("python3")
         .chain(flags.iter().copied())
@@ -927,6 +948,7 @@ pub(super) fn waiter_argv(mode: WaiterMode) -> Vec<String> {
     match mode {
         WaiterMode::Now => argv.push("--now".into()),
         WaiterMode::Warm => argv.push("--warm".into()),
+        WaiterMode::JobInterpreter => argv.extend(["--warm".into(), "--now".into()]),
         WaiterMode::Ready => {}
     }
     argv

@@ -124,3 +124,67 @@ impl Source for GvisorSource {
         )))
     }
 }
+
+/// Can a cold run of `argv` in `env` run in a fork of its waiter started as a plain `python3
+/// -c` in that same environment (waiter.py's warm path), rather than in a second interpreter?
+/// For `python3 -c CODE` and `python3 /input/FILE` whose `PYTHON*` variables and `PATH` are the
+/// defaults: the others change how an interpreter starts (PYTHONSAFEPATH: sys.path), runs its
+/// main module (PYTHONINSPECT) or what it prints of its own imports (PYTHONVERBOSE,
+/// PYTHONPROFILEIMPORTTIME), where the waiter and a fresh interpreter would differ; and a
+/// `PATH` without python3 must fail as the program's start does (exit 127), not runsc's.
+pub(super) fn runs_in_the_waiter(argv: &[String], env: &[(String, String)]) -> bool {
+    let base = crate::job::base_environment();
+    let shape = match argv {
+        [python, c, _] => python == "python3" && c == "-c",
+        [python, file] => python == "python3" && file.starts_with("/input/"),
+        _ => false,
+    };
+    shape
+        && env
+            .iter()
+            .filter(|(k, _)| k.starts_with("PYTHON") || k == "PATH")
+            .all(|kv| base.contains(kv))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn only_default_python_starts_run_in_the_waiter() {
+        let base = crate::job::base_environment();
+        let code = strings(&["python3", "-c", "print(1)"]);
+        let file = strings(&["python3", "/input/main.py"]);
+        assert!(runs_in_the_waiter(&code, &base));
+        assert!(runs_in_the_waiter(&file, &base));
+        // Variables of its own that no interpreter reads: still one interpreter.
+        let mut step = base.clone();
+        step.push(("CAIRN_STEP_KEY".into(), "k".into()));
+        step.push(("API_URL".into(), "http://x".into()));
+        assert!(runs_in_the_waiter(&code, &step));
+        for (k, v) in [
+            ("PYTHONSAFEPATH", "1"),
+            ("PYTHONUNBUFFERED", "0"),
+            ("PYTHONINSPECT", "1"),
+            ("PATH", "/opt/bin"),
+        ] {
+            let mut env = base.clone();
+            env.retain(|(name, _)| name != k);
+            env.push((k.into(), v.into()));
+            assert!(!runs_in_the_waiter(&code, &env), "{k}={v}");
+        }
+        for argv in [
+            strings(&["python3", "-u", "-c", "print(1)"]),
+            strings(&["python3", "main.py"]),
+            strings(&["node", "-e", "1"]),
+            strings(&["bash", "-c", "true"]),
+            Vec::new(),
+        ] {
+            assert!(!runs_in_the_waiter(&argv, &base), "{argv:?}");
+        }
+    }
+}

@@ -155,22 +155,30 @@ pub(super) struct Go<'a> {
     pub reap: bool,
 }
 
+impl Go<'_> {
+    /// The job line: one JSON object and a newline.
+    fn line(&self) -> Vec<u8> {
+        let line = serde_json::json!({
+            "relay": self.relay,
+            "reap": self.reap,
+            "argv": self.argv,
+            "env": self.env,
+            "cwd": self.cwd,
+            "rlimits": self.rlimits,
+        });
+        let mut line = line.to_string().into_bytes();
+        line.push(b'\n');
+        line
+    }
+}
+
 /// Sends a waiting sandbox its job line and closes the pipe; returns when it is sent. An error
 /// means the program never started (the waiter reads the whole line before it starts anything).
 pub(super) async fn send_go(
     child: &mut Child,
     go: Go<'_>,
 ) -> Result<(time::OffsetDateTime, std::time::Instant)> {
-    let line = serde_json::json!({
-        "relay": go.relay,
-        "reap": go.reap,
-        "argv": go.argv,
-        "env": go.env,
-        "cwd": go.cwd,
-        "rlimits": go.rlimits,
-    });
-    let mut line = line.to_string().into_bytes();
-    line.push(b'\n');
+    let line = go.line();
     let Some(mut stdin) = child.stdin.take() else {
         return Err(Error::Sandbox(
             "waiting sandbox without a stdin pipe".into(),
@@ -184,5 +192,101 @@ pub(super) async fn send_go(
         Err(_) => Err(Error::Sandbox(
             "a waiting sandbox did not take its job".into(),
         )),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// The waiter run by the host's python3 with the job line `go` (not relayed: it execs the
+    /// program in its place); returns (exit code, stdout, the waiter's stderr).
+    fn waiter(python: &std::path::Path, flags: &[&str], line: &[u8]) -> (i32, String, String) {
+        let mut child = std::process::Command::new(python)
+            .args(flags)
+            .args(["-c", WAITER, "--now"])
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(line).unwrap();
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// The waiter decodes every line the runner sends (escapes, any Unicode, large integers)
+    /// as json.loads would, without importing json, re or enum (tens of ms of a cold gVisor
+    /// sandbox's start); a line that is not one JSON object starts nothing.
+    #[test]
+    fn the_waiter_reads_job_lines_without_importing_json() {
+        let Some(python) = super::super::local::find_program("/usr/bin/python3")
+            .or_else(|| super::super::local::find_program("python3"))
+        else {
+            println!("SKIP: waiter_job_line: no python3 on this host");
+            return;
+        };
+        let tricky = "quote \" backslash \\ tab\t soh\u{1} é 漢字 😀 \u{7f}\u{2028}";
+        let argv = [
+            python.display().to_string(),
+            "-c".to_owned(),
+            "import sys, resource; print(ascii(sys.argv[1]), resource.getrlimit(resource.RLIMIT_AS)[0])".to_owned(),
+            tricky.to_owned(),
+        ];
+        let env = [("PATH".to_owned(), "/usr/bin:/bin".to_owned())];
+        let go = Go {
+            argv: &argv,
+            env: &env,
+            cwd: "/",
+            rlimits: [("as", 1u64 << 40), ("core", 0)].into_iter().collect(),
+            relay: false,
+            reap: false,
+        };
+        let (code, stdout, stderr) = waiter(&python, &["-I", "-S", "-X", "importtime"], &go.line());
+        assert_eq!(code, 0, "{stderr}");
+        let expected = format!("{} {}\n", ascii(tricky), 1u64 << 40);
+        assert_eq!(stdout, expected);
+        let imported: Vec<&str> = stderr
+            .lines()
+            .filter_map(|l| l.rsplit('|').next())
+            .map(str::trim)
+            .filter(|m| ["json", "re", "enum", "signal"].contains(m))
+            .collect();
+        assert!(stderr.contains("import time:"), "{stderr}");
+        assert_eq!(imported, Vec::<&str>::new(), "{stderr}");
+        for bad in [&b"{\"argv\": [\"x\"]} {}\n"[..], b"{\"argv\": \n"] {
+            let (code, stdout, stderr) = waiter(&python, &["-I", "-S"], bad);
+            assert_ne!(code, 0, "{stderr}");
+            assert_eq!(stdout, "");
+            assert!(stderr.contains("ValueError"), "{stderr}");
+        }
+    }
+
+    /// Python's ascii() of `s`.
+    fn ascii(s: &str) -> String {
+        let mut out = String::from("'");
+        for c in s.chars() {
+            match c {
+                '\'' => out.push_str("\\'"),
+                '\\' => out.push_str("\\\\"),
+                '\t' => out.push_str("\\t"),
+                '\n' => out.push_str("\\n"),
+                '\r' => out.push_str("\\r"),
+                ' '..='~' => out.push(c),
+                c if (c as u32) < 0x100 => out.push_str(&format!("\\x{:02x}", c as u32)),
+                c if (c as u32) < 0x10000 => out.push_str(&format!("\\u{:04x}", c as u32)),
+                c => out.push_str(&format!("\\U{:08x}", c as u32)),
+            }
+        }
+        out.push('\'');
+        out
     }
 }
