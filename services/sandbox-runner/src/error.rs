@@ -111,6 +111,25 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+impl From<cairn_pack::Error> for Error {
+    fn from(e: cairn_pack::Error) -> Error {
+        use cairn_pack::Error as P;
+        let message = e.to_string();
+        match e {
+            P::Invalid(_) => Error::invalid(message),
+            P::TooManyFiles { .. } => Error::ResourceExhausted {
+                message,
+                reason: "too_many_files",
+            },
+            P::TooLarge { .. } => Error::ResourceExhausted {
+                message,
+                reason: "too_large",
+            },
+            P::Io { context, source } => Error::io(context)(source),
+        }
+    }
+}
+
 impl Error {
     pub fn invalid(message: impl Into<String>) -> Self {
         Error::InvalidArgument {

@@ -16,7 +16,6 @@ mod graft;
 mod job;
 mod limits;
 mod outputs;
-mod pack;
 mod pool;
 mod runner;
 mod service;

@@ -16,11 +16,11 @@ use crate::error::{Error, Result};
 use crate::graft::{self, AreaRoots, GraftError};
 use crate::job::{self, Job};
 use crate::limits::Limits;
-use crate::pack::{self, Format, PackReport};
 use crate::session::{self, Closing, Session, Sessions};
 use crate::snapshot::{Origin, Restore};
 use crate::workspace;
 use cairn_contain::Root;
+use cairn_pack::{self as pack, Format, PackReport};
 
 mod pause;
 
@@ -739,9 +739,10 @@ impl Runner {
             report: PackReport::default(),
         };
         let walk = self.config.session.max_walk_entries;
-        packed.report =
-            blocking(move || pack::pack(&s.workspace, format, &excludes, mtime, file, max, walk))
-                .await?;
+        packed.report = blocking(move || {
+            pack::pack(&s.workspace, format, &excludes, mtime, file, max, walk).map_err(Error::from)
+        })
+        .await?;
         Ok(packed)
     }
 

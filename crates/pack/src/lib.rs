@@ -1,9 +1,9 @@
-//! Pack: the workspace as a zip or tar.gz, leaving out what the exclude
-//! globs match (`.git/**`, `**/__pycache__/**`; `**` crosses directories). Entries are the
-//! workspace's regular files under pathguard-valid names; links are refused and reported, never
-//! followed; the archive stops with ResourceExhausted at its size cap. Entries go in byte order
-//! of their paths; with one entry time (`PackRequest.entry_mtime`) the same files pack to the
-//! same bytes whenever they were written.
+//! A session's workspace as a zip or tar.gz (the sandbox-runner's Pack), leaving out what the
+//! exclude globs match (`.git/**`, `**/__pycache__/**`; `**` crosses directories). Entries are
+//! the workspace's regular files under pathguard-valid names, read beneath a held directory
+//! (cairn-contain); links are refused and reported, never followed; the archive stops at its
+//! size cap. Entries go in byte order of their paths; with one entry time (`entry_mtime`) the
+//! same files pack to the same bytes whenever they were written.
 
 use std::fs::File;
 use std::io::{Seek, SeekFrom, Write};
@@ -11,9 +11,39 @@ use std::os::fd::AsFd;
 
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 
-use crate::error::{Error, Result};
-use crate::outputs::Rejected;
 use cairn_contain::{self as contain, Kind, Root, Visit};
+
+/// Why a pack was refused or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A request's field is not acceptable (an exclude pattern, an entry time).
+    #[error("{0}")]
+    Invalid(String),
+    #[error(
+        "the workspace has more than {max_walk} entries (or nests too deep) to pack: exclude more"
+    )]
+    TooManyFiles { max_walk: u64 },
+    #[error("the archive would exceed {max_bytes} bytes: exclude more or raise max_archive_bytes")]
+    TooLarge { max_bytes: u64 },
+    #[error("{context}: {source}")]
+    Io {
+        context: &'static str,
+        source: std::io::Error,
+    },
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+fn io(context: &'static str) -> impl FnOnce(std::io::Error) -> Error {
+    move |source| Error::Io { context, source }
+}
+
+/// An entry left out of the archive, with its reason word.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejected {
+    pub path: String,
+    pub reason: String,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
@@ -55,7 +85,7 @@ pub fn entry_time(text: &str) -> Result<Option<EntryTime>> {
         return Ok(None);
     }
     let bad = |why: &str| {
-        Error::invalid(format!(
+        Error::Invalid(format!(
             "entry_mtime {text:?} {why}: give an RFC 3339 time from 1980-01-01T00:00:00Z to 2107-12-31T23:59:59Z, or leave it empty"
         ))
     };
@@ -89,11 +119,11 @@ pub fn excludes(patterns: &[String]) -> Result<GlobSet> {
         let glob = GlobBuilder::new(p.trim_start_matches("./"))
             .literal_separator(true)
             .build()
-            .map_err(|e| Error::invalid(format!("exclude pattern {p:?}: {e}")))?;
+            .map_err(|e| Error::Invalid(format!("exclude pattern {p:?}: {e}")))?;
         set.add(glob);
     }
     set.build()
-        .map_err(|e| Error::invalid(format!("exclude patterns: {e}")))
+        .map_err(|e| Error::Invalid(format!("exclude patterns: {e}")))
 }
 
 /// Writes the archive of the workspace into `out` (a fresh file), at most `max_bytes`; every
@@ -110,9 +140,7 @@ pub fn pack(
     let mut report = PackReport::default();
     let mut files = Vec::new();
     let mut visited = 0u64;
-    let dir = root
-        .open_dir("")
-        .map_err(Error::io("opening the workspace"))?;
+    let dir = root.open_dir("").map_err(io("opening the workspace"))?;
     let complete = contain::walk(dir.as_fd(), &mut |e| {
         visited += 1;
         if visited > max_walk {
@@ -164,12 +192,9 @@ pub fn pack(
             }
         }
     })
-    .map_err(Error::io("walking the workspace"))?;
+    .map_err(io("walking the workspace"))?;
     if !complete {
-        return Err(Error::ResourceExhausted {
-            message: format!("the workspace has more than {max_walk} entries (or nests too deep) to pack: exclude more"),
-            reason: "too_many_files",
-        });
+        return Err(Error::TooManyFiles { max_walk });
     }
     // Byte order of the paths, whatever order the directories listed them in.
     files.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
@@ -180,12 +205,9 @@ pub fn pack(
     };
     let over = |e: std::io::Error| -> Error {
         if e.kind() == std::io::ErrorKind::FileTooLarge {
-            Error::ResourceExhausted {
-                message: format!("the archive would exceed {max_bytes} bytes: exclude more or raise max_archive_bytes"),
-                reason: "too_large",
-            }
+            Error::TooLarge { max_bytes }
         } else {
-            Error::io("writing the archive")(e)
+            io("writing the archive")(e)
         }
     };
     let mode = |m: u32| if m & 0o111 != 0 { 0o755 } else { 0o644 };
