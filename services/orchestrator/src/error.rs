@@ -47,19 +47,9 @@ pub enum Error {
     Server(#[from] cairn_server::Error),
     #[error("internal error: {0}")]
     Internal(String),
-    /// No token, or one the tokens file does not know.
-    #[error("{0}")]
-    Unauthenticated(String),
-    /// Too many wrong tokens from the caller's address lately.
-    #[error("too many wrong tokens from this address; retry in {retry_after_s} s")]
-    Throttled { retry_after_s: u64 },
-    /// The caller's role or project scope does not allow the call; `reason` is `role` or
-    /// `project`.
-    #[error("{message}")]
-    PermissionDenied {
-        reason: &'static str,
-        message: String,
-    },
+    /// A caller not signed in, throttled or not allowed the call; the auth settings refused.
+    #[error(transparent)]
+    Auth(#[from] cairn_auth::Error),
     /// An `llm` setting refused at submit (URL rule, unknown provider, cassette); its reason
     /// word goes in `cairn-reason`.
     #[error(transparent)]
@@ -79,19 +69,6 @@ impl Error {
     pub fn store(context: impl Into<String>) -> impl FnOnce(Status) -> Error {
         let context = context.into();
         move |status| Error::Store { context, status }
-    }
-}
-
-impl From<cairn_auth::Error> for Error {
-    fn from(e: cairn_auth::Error) -> Error {
-        match e {
-            cairn_auth::Error::Config(m) => Error::Config(m),
-            cairn_auth::Error::Unauthenticated(m) => Error::Unauthenticated(m),
-            cairn_auth::Error::Throttled { retry_after_s } => Error::Throttled { retry_after_s },
-            cairn_auth::Error::PermissionDenied { reason, message } => {
-                Error::PermissionDenied { reason, message }
-            }
-        }
     }
 }
 
@@ -178,8 +155,11 @@ impl From<Error> for Status {
             }
             Error::Unavailable(_) => plain(Code::Unavailable, message),
             Error::Server(_) | Error::Internal(_) => plain(Code::Internal, message),
-            Error::Unauthenticated(_) => plain(Code::Unauthenticated, message),
-            Error::Throttled { retry_after_s } => {
+            Error::Auth(cairn_auth::Error::Config(_)) => plain(Code::InvalidArgument, message),
+            Error::Auth(cairn_auth::Error::Unauthenticated(_)) => {
+                plain(Code::Unauthenticated, message)
+            }
+            Error::Auth(cairn_auth::Error::Throttled { retry_after_s }) => {
                 let mut status = reason::status_with(
                     Code::ResourceExhausted,
                     message,
@@ -193,7 +173,7 @@ impl From<Error> for Status {
                 }
                 status
             }
-            Error::PermissionDenied { reason: word, .. } => {
+            Error::Auth(cairn_auth::Error::PermissionDenied { reason: word, .. }) => {
                 reason::status(Code::PermissionDenied, message, word)
             }
             Error::Llm(e) => {
