@@ -26,6 +26,7 @@ use futures::{Stream, StreamExt};
 use tokio::time::sleep_until;
 
 use super::area::{self, SessionAreas};
+pub use super::docker_config::{host_config, session_host_config, SessionAreasAt};
 use super::docker_pool::{start_agent, AgentContainer, DockerSource, Warm};
 use super::{keep, ExecOutcome, ExecSpec, KillOnDrop, Live, SessionSandbox};
 use crate::admission::Queued;
@@ -220,15 +221,6 @@ impl DockerBackend {
         ])
     }
 
-    /// Every restriction the engine offers, for runs and sessions alike; with network, the
-    /// container joins `docker_network`.
-    pub fn host_config(&self, limits: &Limits, network: bool) -> HostConfig {
-        host_config(
-            limits,
-            network.then_some(self.config.docker_network.as_str()),
-        )
-    }
-
     /// Creates a container and returns the guard that removes it.
     async fn create(&self, name: &str, body: ContainerCreateBody) -> Result<ContainerGuard> {
         create(&self.client, &self.live, name, body).await
@@ -324,7 +316,23 @@ impl DockerBackend {
             stdin_once: Some(true),
             tty: Some(false),
             network_disabled: Some(!s.network),
-            host_config: Some(self.session_host_config(s, &workspace, &tmpfs)),
+            host_config: Some(session_host_config(
+                host_config(
+                    &s.limits,
+                    s.network.then_some(self.config.docker_network.as_str()),
+                ),
+                match self.engine_areas {
+                    true => SessionAreasAt::Engine {
+                        size: self.config.max_total_output_bytes,
+                        uid: self.config.sandbox_uid,
+                        gid: self.config.sandbox_gid,
+                    },
+                    false => SessionAreasAt::Runner {
+                        workspace: &workspace,
+                        tmpfs: &tmpfs,
+                    },
+                },
+            )),
             ..Default::default()
         };
         let guard = self.create(&s.name, body).await?;
@@ -348,41 +356,6 @@ impl DockerBackend {
         // The session owns it from here; CloseSession (or shutdown) removes it.
         guard.keep();
         Ok(())
-    }
-
-    fn session_host_config(
-        &self,
-        s: &SessionSandbox,
-        workspace: &std::path::Path,
-        tmpfs: &std::path::Path,
-    ) -> HostConfig {
-        let base = self.host_config(&s.limits, s.network);
-        if !self.engine_areas {
-            return HostConfig {
-                binds: Some(vec![
-                    format!("{}:/workspace:rw", workspace.display()),
-                    format!("{}:/tmpfs:rw", tmpfs.display()),
-                ]),
-                ..base
-            };
-        }
-        let mut mounts = base.tmpfs.clone().unwrap_or_default();
-        for dir in ["/workspace", "/tmpfs"] {
-            // Owned by the sandbox user; exec allowed, as on the runner's own areas.
-            mounts.insert(
-                dir.to_string(),
-                format!(
-                    "rw,exec,nosuid,nodev,size={},mode=0755,uid={},gid={}",
-                    self.config.max_total_output_bytes,
-                    self.config.sandbox_uid,
-                    self.config.sandbox_gid
-                ),
-            );
-        }
-        HostConfig {
-            tmpfs: Some(mounts),
-            ..base
-        }
     }
 
     /// Runs `bash -lc COMMAND` in the session's container as the sandbox user.
@@ -509,41 +482,6 @@ impl DockerBackend {
                 tracing::warn!(container = %name, error = %e, "could not remove container at shutdown");
             }
         }
-    }
-}
-
-/// `network`: the Docker network to join, or None for none.
-pub fn host_config(limits: &Limits, network: Option<&str>) -> HostConfig {
-    let memory = limits.memory_bytes as i64;
-    HostConfig {
-        network_mode: Some(network.unwrap_or("none").into()),
-        memory: Some(memory),
-        // Equal to memory: no swap.
-        memory_swap: Some(memory),
-        nano_cpus: Some((limits.cpu_millis * 1_000_000) as i64),
-        pids_limit: Some(limits.pids as i64),
-        readonly_rootfs: Some(true),
-        // `exec` (the engine's default is noexec), as on the local backend: build tools run
-        // what they make there (a venv's scripts, test binaries).
-        tmpfs: Some(HashMap::from([(
-            "/tmp".to_string(),
-            format!(
-                "rw,exec,nosuid,nodev,size={},mode=1777",
-                limits.memory_bytes
-            ),
-        )])),
-        // An init reaps zombies and passes SIGTERM on; when it exits everything in the
-        // container's pid namespace dies, setsid'd or double-forked children included.
-        init: Some(true),
-        cap_drop: Some(vec!["ALL".into()]),
-        security_opt: Some(vec!["no-new-privileges".into()]),
-        auto_remove: Some(false),
-        // Output is read from the attach stream; nothing is kept in engine logs on disk.
-        log_config: Some(HostConfigLogConfig {
-            typ: Some("none".into()),
-            config: None,
-        }),
-        ..Default::default()
     }
 }
 
@@ -829,3 +767,4 @@ impl Drop for ContainerGuard {
         }
     }
 }
+

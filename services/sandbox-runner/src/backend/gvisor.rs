@@ -39,7 +39,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cairn_proto::StdStream;
-use serde_json::{json, Value};
 use time::OffsetDateTime;
 use tokio::io::AsyncReadExt;
 use tokio::process::{Child, ChildStderr, ChildStdout, Command};
@@ -47,6 +46,8 @@ use tokio::time::sleep_until;
 
 use super::gvisor_pool::{runs_in_the_waiter, GvisorSource, Waiting};
 use super::gvisor_session::SessionBox;
+pub(super) use super::gvisor_spec::Spec;
+use super::gvisor_spec::{network_flag, oci_config};
 use super::local::{collect, find_program, rlimits, stage_inputs, Collected, TaskDir};
 use super::local_pool::{send_go, Go, WAITER};
 use super::{die_with_runner, keep, remove_dir, Live, Watchdog};
@@ -101,21 +102,6 @@ pub(super) struct Base {
     /// Does runsc put sandboxes in cgroups with their memory and cpu limits here?
     cgroups: bool,
     pending: Arc<Pending>,
-}
-
-/// One sandboxed program to start.
-pub(super) struct Spec<'a> {
-    pub(super) id: String,
-    /// The first process runs as root (without capabilities), not as the sandbox user.
-    pub(super) root: bool,
-    /// (host path, sandbox path, writable)
-    pub(super) binds: Vec<(PathBuf, &'static str, bool)>,
-    pub(super) network: bool,
-    pub(super) limits: &'a Limits,
-    pub(super) timeout: Duration,
-    pub(super) cwd: &'a str,
-    pub(super) env: &'a [(String, String)],
-    pub(super) argv: Vec<String>,
 }
 
 pub(super) struct Finished {
@@ -539,7 +525,8 @@ impl Base {
             let mut cmd = std::process::Command::new(&self.runsc);
             cmd.env_clear()
                 .args(self.global_args())
-                .args(["--network=none", "run", "--bundle"])
+                .arg(network_flag(false))
+                .args(["run", "--bundle"])
                 .arg(&bundle)
                 .arg(&id);
             let out = output_within(cmd, PROBE_LIMIT);
@@ -568,70 +555,6 @@ impl Base {
         )))
     }
 
-    /// The OCI runtime spec of a sandbox.
-    fn config_json(&self, spec: &Spec<'_>) -> Value {
-        let mut rl: Vec<Value> = rlimits(spec.limits, spec.timeout)
-            .into_iter()
-            .map(|(name, value)| {
-                json!({"type": format!("RLIMIT_{}", name.to_uppercase()), "hard": value, "soft": value})
-            })
-            .collect();
-        rl.push(json!({"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024}));
-        let mut mounts = vec![
-            json!({"destination": "/proc", "type": "proc", "source": "proc"}),
-            json!({"destination": "/dev", "type": "tmpfs", "source": "tmpfs"}),
-            json!({"destination": "/sys", "type": "sysfs", "source": "sysfs",
-                   "options": ["nosuid", "noexec", "nodev", "ro"]}),
-            json!({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
-                   "options": [format!("size={}", spec.limits.memory_bytes), "mode=1777"]}),
-        ];
-        for (host, inside, writable) in &spec.binds {
-            mounts.push(
-                json!({"destination": inside, "type": "bind", "source": host,
-                               "options": ["rbind", if *writable { "rw" } else { "ro" }]}),
-            );
-        }
-        let mut namespaces = vec![
-            json!({"type": "pid"}),
-            json!({"type": "ipc"}),
-            json!({"type": "uts"}),
-            json!({"type": "mount"}),
-        ];
-        if !spec.network {
-            namespaces.push(json!({"type": "network"}));
-        }
-        let mut linux = json!({ "namespaces": namespaces });
-        if self.cgroups {
-            linux["cgroupsPath"] = json!(format!("/{}/{}", self.runner_cgroup(), spec.id));
-            linux["resources"] = json!({
-                "memory": {"limit": spec.limits.memory_bytes, "swap": spec.limits.memory_bytes},
-                "cpu": {"quota": spec.limits.cpu_millis * 100, "period": 100_000},
-            });
-        }
-        let no_caps: Vec<String> = Vec::new();
-        json!({
-            "ociVersion": "1.0.0",
-            "process": {
-                "user": if spec.root {
-                    json!({"uid": 0, "gid": 0})
-                } else {
-                    json!({"uid": self.config.sandbox_uid, "gid": self.config.sandbox_gid})
-                },
-                "args": spec.argv,
-                "env": spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>(),
-                "cwd": spec.cwd,
-                "noNewPrivileges": true,
-                "capabilities": {"bounding": no_caps, "effective": no_caps,
-                                 "inheritable": no_caps, "permitted": no_caps},
-                "rlimits": rl,
-            },
-            "root": {"path": self.rootfs, "readonly": true},
-            "hostname": "sandbox",
-            "mounts": mounts,
-            "linux": linux,
-        })
-    }
-
     fn runner_cgroup(&self) -> String {
         format!("cairn-gvisor-{}", self.config.runner_id)
     }
@@ -644,7 +567,10 @@ impl Base {
             .mode(0o700)
             .create(&dir)
             .map_err(Error::io(format!("creating bundle {}", dir.display())))?;
-        let text = serde_json::to_vec(&self.config_json(spec))
+        let cgroup = self.cgroups.then(|| self.runner_cgroup());
+        let user = (self.config.sandbox_uid, self.config.sandbox_gid);
+        let config = oci_config(spec, &self.rootfs, cgroup.as_deref(), user);
+        let text = serde_json::to_vec(&config)
             .map_err(|e| Error::Sandbox(format!("encoding the OCI spec: {e}")))?;
         std::fs::write(dir.join("config.json"), text)
             .map_err(Error::io(format!("writing {}/config.json", dir.display())))?;
@@ -676,11 +602,7 @@ impl Base {
             .args(self.global_args())
             // `--network=sandbox` (gVisor's own stack) refuses the root network namespace, where
             // runners usually are; `host` hands the sandbox sockets of the runner's namespace.
-            .arg(if spec.network {
-                "--network=host"
-            } else {
-                "--network=none"
-            })
+            .arg(network_flag(spec.network))
             .args(match image {
                 Some(dir) => vec![
                     "restore".to_owned(),

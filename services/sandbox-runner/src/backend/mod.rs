@@ -6,11 +6,13 @@
 pub mod area;
 mod cgroup;
 pub mod docker;
+mod docker_config;
 mod docker_pool;
 pub mod gvisor;
 mod gvisor_pool;
 mod gvisor_rootfs;
 mod gvisor_session;
+mod gvisor_spec;
 pub mod local;
 mod local_pool;
 
