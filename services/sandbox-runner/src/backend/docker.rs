@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
-use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig};
+use bollard::models::ContainerCreateBody;
 use bollard::query_parameters::{
     AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, ListContainersOptionsBuilder,
     RemoveContainerOptionsBuilder,
@@ -34,7 +34,6 @@ use crate::capture::Capture;
 use crate::config::{AreasChoice, Config};
 use crate::error::{Error, Result};
 use crate::job::{Job, Outcome};
-use crate::limits::Limits;
 use crate::pool::{Pool, Pooled, Served};
 
 pub const LABEL_RUNNER: &str = "cairn.runner_id";

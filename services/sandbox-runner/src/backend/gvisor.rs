@@ -56,7 +56,6 @@ use crate::capture::Capture;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::job::{Job, Outcome};
-use crate::limits::Limits;
 use crate::pool::{Pool, Pooled, Served};
 
 pub struct GvisorBackend {
