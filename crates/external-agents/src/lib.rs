@@ -8,8 +8,10 @@
 //! the orchestrator.
 
 pub mod codex;
+mod live;
 pub mod node;
 pub mod session;
+pub mod turns;
 
 use serde::Serialize;
 use serde_json::Value;
