@@ -121,10 +121,7 @@ pub struct TurnDir(String);
 
 impl TurnDir {
     pub fn of(ctx: &NodeCtx) -> TurnDir {
-        TurnDir(format!(
-            "{AGENT_TURNS_DIR}/{}-{}",
-            ctx.attempt, ctx.turn
-        ))
+        TurnDir(format!("{AGENT_TURNS_DIR}/{}-{}", ctx.attempt, ctx.turn))
     }
 
     fn rel(&self, name: &str) -> String {
@@ -249,15 +246,16 @@ pub(crate) async fn lookup(
     let dir = dir.trim_end_matches('/').to_owned();
     let turn_path = format!("{dir}/{TURN}");
     let went_live = |why: &'static str, diff: String| {
-        ctx.progress
-            .emit(cairn_node::went_live_event(&cairn_agents::recorded::WentLive {
+        ctx.progress.emit(cairn_node::went_live_event(
+            &cairn_agents::recorded::WentLive {
                 node: ctx.node_id.clone(),
                 attempt: ctx.attempt,
                 turn: ctx.turn,
                 step: 0,
                 why,
                 diff,
-            }));
+            },
+        ));
     };
     let Some(bytes) = ctx
         .store()

@@ -47,7 +47,9 @@ async fn record(s: &Stack, prompt: &str) -> String {
     put_file(&s.store, "app/README.md", b"# app\n").await;
     put_file(&s.store, "app/.fake-codex.py", FAKE_CODEX.as_bytes()).await;
     let run = s.submit(&graph(prompt), &[]).await.unwrap().run_id;
-    let info = s.wait_final_or(&run, TaskState::InputRequired, WAIT_S).await;
+    let info = s
+        .wait_final_or(&run, TaskState::InputRequired, WAIT_S)
+        .await;
     if info.state == TaskState::InputRequired as i32 {
         s.client
             .clone()
@@ -164,12 +166,15 @@ async fn an_external_agent_replays_identically_from_its_turn_records_with_no_run
     let dirs = turn_dirs(&s, &run).await;
     assert_eq!(dirs.len(), 2, "{dirs:?}");
     let events = s
-        .read_text(&format!(".cairn/runs/{run}/agents/coder/runtime/events.jsonl"))
+        .read_text(&format!(
+            ".cairn/runs/{run}/agents/coder/runtime/events.jsonl"
+        ))
         .await;
     let mut transcripts = String::new();
     for d in &dirs {
         let t = s.read_text(&format!("{d}/transcript.jsonl")).await;
-        let turn: Value = serde_json::from_str(&s.read_text(&format!("{d}/turn.json")).await).unwrap();
+        let turn: Value =
+            serde_json::from_str(&s.read_text(&format!("{d}/turn.json")).await).unwrap();
         assert_eq!(turn["version"], 1);
         assert_eq!(turn["node"], "coder");
         assert_eq!(turn["transcript_sha256"], sha256(t.as_bytes()).as_str());
@@ -187,7 +192,10 @@ async fn an_external_agent_replays_identically_from_its_turn_records_with_no_run
     }
     assert_eq!(transcripts, events);
     let start = s.read_text(&format!("{}/request.json", dirs[0])).await;
-    assert!(start.contains("add hello.py and deploy it [random]"), "{start}");
+    assert!(
+        start.contains("add hello.py and deploy it [random]"),
+        "{start}"
+    );
     let resume = s.read_text(&format!("{}/request.json", dirs[1])).await;
     assert!(resume.contains("ann approved this request"), "{resume}");
     let first: Value =
@@ -222,8 +230,14 @@ async fn an_external_agent_replays_identically_from_its_turn_records_with_no_run
         .await;
     assert!(said.contains(nonce.trim()), "{said}");
     let types = s.event_types(&replayed).await;
-    assert!(types.iter().any(|t| t.starts_with("gate.approved ")), "{types:?}");
-    assert!(!types.iter().any(|t| t.starts_with("replay.live")), "{types:?}");
+    assert!(
+        types.iter().any(|t| t.starts_with("gate.approved ")),
+        "{types:?}"
+    );
+    assert!(
+        !types.iter().any(|t| t.starts_with("replay.live")),
+        "{types:?}"
+    );
     // Answered from the records: the replay's requests name them and no sandbox.
     let requests = s
         .read_text(&format!(
@@ -267,11 +281,15 @@ async fn a_damaged_turn_record_is_refused_naming_the_file() {
     assert_eq!(v["verdict"], "failed", "{v:#}");
     assert_eq!(v["divergence"]["node"], "coder", "{v:#}");
     let error = v["divergence"]["diff"].as_str().unwrap();
-    assert!(error.contains(&path) && error.contains("damaged"), "{error}");
+    assert!(
+        error.contains(&path) && error.contains("damaged"),
+        "{error}"
+    );
     put_file(&s.store, &path, &good).await;
 
     // The recorded bytes of nonce.txt, changed.
-    let turn: Value = serde_json::from_str(&s.read_text(&format!("{dir}/turn.json")).await).unwrap();
+    let turn: Value =
+        serde_json::from_str(&s.read_text(&format!("{dir}/turn.json")).await).unwrap();
     let sha = turn["files"]
         .as_array()
         .unwrap()
@@ -362,7 +380,10 @@ async fn a_run_without_turn_records_says_which_are_missing() {
         .await
         .unwrap();
     let v = verdict(&s, &run, &live).await;
-    assert_eq!(v["verdict"], "diverged", "a live CLI draws another nonce: {v:#}");
+    assert_eq!(
+        v["verdict"], "diverged",
+        "a live CLI draws another nonce: {v:#}"
+    );
     assert_eq!(v["divergence"]["node"], "coder", "{v:#}");
     s.stop().await;
 }
