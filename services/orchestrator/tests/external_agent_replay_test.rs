@@ -8,15 +8,17 @@
 
 mod common;
 
+use cairn_proto::v1::orchestrator_client::OrchestratorClient;
 use cairn_proto::v1::{DeleteRequest, DiffRunsRequest, ReplayRunRequest, TaskState};
 use common::*;
 use serde_json::Value;
+use tonic::transport::Channel;
 
 const FAKE_CODEX: &str = include_str!("fixtures/fake_codex.py");
 const WAIT_S: u64 = 120;
 
 async fn stack(test: &str) -> Option<Stack> {
-    Stack::with_sandbox(test, |c| c.retry.max_attempts = 1).await
+    Stack::with_sandbox(test, |_| {}).await
 }
 
 fn graph(prompt: &str) -> String {
@@ -143,6 +145,22 @@ async fn written(s: &Stack, run: &str) -> Vec<(String, String)> {
     out
 }
 
+/// Another orchestrator over the same store, with no sandbox runner configured at all.
+async fn runnerless(s: &Stack) -> (OrchestratorClient<Channel>, cairn_orchestrator::Handle) {
+    let config = cairn_orchestrator::Config {
+        store_addr: s.store_addr.clone(),
+        resume_on_start: false,
+        ..Default::default()
+    };
+    let (server, handle) = cairn_orchestrator::orchestrator_service(config)
+        .await
+        .unwrap();
+    let mut host = cairn_server::Host::new();
+    host.add(server);
+    let addr = serve_host(host).await;
+    (OrchestratorClient::new(channel(&addr).await), handle)
+}
+
 fn sha256(bytes: &[u8]) -> String {
     cairn_sha256::sha256_hex(bytes)
 }
@@ -250,10 +268,20 @@ async fn an_external_agent_replays_identically_from_its_turn_records_with_no_run
         assert_eq!(r["replay_of"], run.as_str(), "{r}");
         assert!(r.get("sandbox").is_none(), "{r}");
     }
-    // The replay keeps turn records of its own: it can be replayed in turn.
+    // The replay keeps turn records of its own: it can be replayed in turn, here by an
+    // orchestrator that has no sandbox runner at all.
     assert_eq!(turn_dirs(&s, &replayed).await.len(), 2);
+    let (other, handle) = runnerless(&s).await;
+    let first = std::mem::replace(&mut s.client, other);
     let again = replay_with(&s, &replayed, |_| {}).await.unwrap();
-    assert_eq!(verdict(&s, &replayed, &again).await["verdict"], "identical");
+    assert_eq!(
+        verdict(&s, &replayed, &again).await["verdict"],
+        "identical",
+        "{:#?}",
+        s.event_types(&again).await
+    );
+    handle.shutdown().await;
+    s.client = first;
     s.stop().await;
 }
 
@@ -321,7 +349,8 @@ async fn a_damaged_turn_record_is_refused_naming_the_file() {
 }
 
 /// A changed prompt (`--graph` with another prompt) diverges at the agent, with the diff of
-/// the recorded request against the new one; the CLI is not run.
+/// the recorded request against the new one: with `--live-after` the turn goes on live, by
+/// default the node fails there and the CLI is not run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_changed_prompt_diverges_at_the_agent_with_the_request_diff() {
     let Some(mut s) = stack("a_changed_prompt_diverges_at_the_agent_with_the_request_diff").await
@@ -329,8 +358,33 @@ async fn a_changed_prompt_diverges_at_the_agent_with_the_request_diff() {
         return;
     };
     let run = record(&s, ONE_TURN).await;
-    s.stop_sandbox().await;
     let changed = graph("add hello.py and a test [no-approval] [random]");
+    let line = |diff: &str, sign: char, text: &str| {
+        diff.lines()
+            .any(|l| l.starts_with(sign) && l.contains(text))
+    };
+
+    // --live-after: the changed turn is told as `replay.live` and runs on the runner.
+    let went_on = replay_with(&s, &run, |r| {
+        r.graph_yaml = changed.clone();
+        r.live_after = true;
+    })
+    .await
+    .unwrap();
+    assert_eq!(s.get(&went_on).await.state, TaskState::Completed as i32);
+    let v = verdict(&s, &run, &went_on).await;
+    assert_eq!(v["verdict"], "diverged", "{v:#}");
+    assert_eq!(v["divergence"]["node"], "coder", "{v:#}");
+    assert_eq!(
+        v["divergence"]["what"], "external agent request (went on live)",
+        "{v:#}"
+    );
+    let diff = v["divergence"]["diff"].as_str().unwrap();
+    assert!(line(diff, '-', "add hello.py [no-approval]"), "{diff}");
+    assert!(!written(&s, &went_on).await.is_empty());
+
+    // Until the divergence (the default): the node fails there, the CLI is not run.
+    s.stop_sandbox().await;
     let replayed = replay_with(&s, &run, |r| r.graph_yaml = changed)
         .await
         .unwrap();
@@ -339,12 +393,8 @@ async fn a_changed_prompt_diverges_at_the_agent_with_the_request_diff() {
     assert_eq!(v["divergence"]["node"], "coder", "{v:#}");
     assert_eq!(v["divergence"]["what"], "request", "{v:#}");
     let diff = v["divergence"]["diff"].as_str().unwrap();
-    let line = |sign: char, text: &str| {
-        diff.lines()
-            .any(|l| l.starts_with(sign) && l.contains(text))
-    };
     assert!(
-        line('-', "add hello.py [no-approval]") && line('+', "add hello.py and a test"),
+        line(diff, '-', "add hello.py [no-approval]") && line(diff, '+', "add hello.py and a test"),
         "{diff}"
     );
     assert!(written(&s, &replayed).await.is_empty());
