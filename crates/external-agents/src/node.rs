@@ -647,7 +647,7 @@ async fn readme(
     let run = &ctx.run_id;
     let instance = &records.instance;
     let body = format!(
-        "{}# Agent `{agent}` ({instance})\n\nExternal agent CLI `{adapter}` of node `{}` in run {run}; state **{}**.\n\n- Session handle: [session.json](session.json)\n- Requests: [runtime/requests.jsonl](runtime/requests.jsonl)\n- CLI events: [runtime/events.jsonl](runtime/events.jsonl)\n- CLI stderr: [runtime/stderr.log](runtime/stderr.log)\n- Messages: [artifacts/](artifacts/)\n",
+        "{}# Agent `{agent}` ({instance})\n\nExternal agent CLI `{adapter}` of node `{}` in run {run}; state **{}**.\n\n- Session handle: [session.json](session.json)\n- Requests: [runtime/requests.jsonl](runtime/requests.jsonl)\n- CLI events: [runtime/events.jsonl](runtime/events.jsonl)\n- CLI stderr: [runtime/stderr.log](runtime/stderr.log)\n- Turn records (what a replay answers each turn from): [turns/](turns/)\n- Messages: [artifacts/](artifacts/)\n",
         front_matter(
             &format!("Agent {instance}"),
             &format!("Index of agent {instance} in run {run}"),
