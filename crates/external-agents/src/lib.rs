@@ -10,6 +10,7 @@
 pub mod codex;
 mod live;
 pub mod node;
+mod report;
 pub mod session;
 pub mod turns;
 

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use cairn_proto::v1::{OpenSessionRequest, WriteMode};
 use serde_json::json;
 
-use crate::node::{
+use crate::report::{
     plan_changes, status_error, write_messages, TurnDone, TurnReport, MAX_STAGED_BYTES,
     MAX_STAGED_FILES, PROJECT_DIR, STATE_ROOT,
 };
@@ -203,7 +203,7 @@ async fn turn_in(
 
     let timeout_s = spec
         .turn_timeout_s
-        .unwrap_or(crate::node::DEFAULT_TURN_TIMEOUT_S);
+        .unwrap_or(crate::report::DEFAULT_TURN_TIMEOUT_S);
     let dir = turns::TurnDir::of(ctx);
     dir.put_request(records, request).await?;
     records

@@ -19,7 +19,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::node::{plan_changes, status_error, write_messages, TurnDone, TurnReport};
+use crate::report::{plan_changes, status_error, write_messages, TurnDone, TurnReport};
 use crate::session::{InstanceRecords, EVENTS, REQUESTS, STDERR};
 use crate::AgentAdapter;
 use cairn_agents::records::{pretty, replace_in, unified_diff, RUN_ID_MARK};
@@ -332,7 +332,7 @@ pub(crate) async fn replay_turn(
     let timeout_s = serde_json::from_str::<Value>(&rec.request)
         .ok()
         .and_then(|v| v.get("timeout_s").and_then(Value::as_u64))
-        .unwrap_or(crate::node::DEFAULT_TURN_TIMEOUT_S);
+        .unwrap_or(crate::report::DEFAULT_TURN_TIMEOUT_S);
     records
         .append(
             REQUESTS,
