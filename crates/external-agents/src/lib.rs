@@ -8,8 +8,11 @@
 //! the orchestrator.
 
 pub mod codex;
+mod live;
 pub mod node;
+mod report;
 pub mod session;
+pub mod turns;
 
 use serde::Serialize;
 use serde_json::Value;

@@ -11,191 +11,40 @@
 //!   told the decision.
 //! - `dormant`: no process, handle kept (turn done or failed); a rework resumes the session.
 //!
-//! Each attempt has its own runner session (runner_session.rs): the project files are staged
+//! Each attempt has its own runner session (live.rs): the project files are staged
 //! into `/workspace/project`, the CLI's kept state into `/workspace/.cairn-agent/<dir>`, and
 //! the turn is one unary `Exec` of the CLI (`codex exec` is one process per turn, so the whole
 //! JSONL stream comes back when the turn ends; docs/adapters.md says why no streaming Exec is
 //! needed). The session is closed when the attempt ends, also when it is dropped (cancel,
 //! deadline): nothing outlives the attempt but what went to the store.
-
-use std::collections::BTreeMap;
+//!
+//! Each turn is recorded under `agents/<instance>/turns/<attempt>-<turn>/` (turns.rs). A
+//! replay with recorded sandbox steps opens no session: the turn is answered from the
+//! recorded run's record of the same attempt and turn, through the same parser (report.rs).
 
 use bytes::Bytes;
-use cairn_proto::v1::{OpenSessionRequest, WriteMode};
 use serde_json::{json, Map, Value};
 
-use crate::session::{
-    InstanceRecords, InstanceState, Recording, SessionFile, EVENTS, PID, REQUESTS, STDERR,
-};
-use crate::{
-    shell_quote, AdapterError, AgentAdapter, AgentEvent, ChangeKind, Turn, TurnKind, TurnUsage,
-};
-use cairn_graph::{under_prefix, ErrorKind, ExternalAgent, OnReject};
+pub use crate::report::DEFAULT_TURN_TIMEOUT_S;
+use crate::report::{status_error, PROJECT_DIR};
+use crate::session::{InstanceRecords, InstanceState, Recording, SessionFile, EVENTS};
+use crate::{AdapterError, Turn, TurnKind};
+use cairn_graph::{ErrorKind, ExternalAgent, OnReject};
 use cairn_node::events::{
     now, Ev, AGENT_AWAITING, AGENT_COMPLETED, AGENT_FAILED, AGENT_STARTED, GATE_BLOCKED,
 };
 use cairn_node::layout::front_matter;
 use cairn_node::{artifact_written, NodeCtx, NodeError, NodeSuccess};
 use cairn_node::{GateRecord, GateState};
-use cairn_runner_client::session::RunnerSession;
-use cairn_store_client::PutOptions;
 
-/// The CLI's working directory (the staged project files), relative to /workspace.
-const PROJECT_DIR: &str = "project";
-/// Parent of the CLI's state directory, relative to /workspace.
-const STATE_ROOT: &str = ".cairn-agent";
-
-/// Turn timeout when the node sets none.
-pub const DEFAULT_TURN_TIMEOUT_S: u64 = 600;
-/// Most project files / bytes staged into the sandbox.
-const MAX_STAGED_FILES: usize = 5000;
-const MAX_STAGED_BYTES: u64 = 256 << 20;
 /// Longest prompt given on the command line (Linux caps one argument at 128 KiB).
 const MAX_PROMPT_BYTES: usize = 100 << 10;
-/// Marker the turn's shell writes to stderr before it becomes the CLI.
-const PID_MARKER: &str = "cairn-agent-pid ";
-
-fn status_error(context: &str) -> impl Fn(tonic::Status) -> NodeError + '_ {
-    move |s| NodeError::from_status(context, &s)
-}
 
 fn adapter_error(e: AdapterError) -> NodeError {
     match e {
         AdapterError::Request { .. } => NodeError::refused(e.to_string()),
         AdapterError::Protocol { .. } => NodeError::failed(e.to_string()),
     }
-}
-
-/// What one turn reported, folded from its event lines.
-#[derive(Default)]
-struct TurnReport {
-    handle: Option<String>,
-    messages: Vec<String>,
-    /// Changed paths as the CLI wrote them, last kind per path.
-    changes: BTreeMap<String, ChangeKind>,
-    approvals: Vec<(String, String)>,
-    completed: Option<TurnUsage>,
-    failed: Vec<String>,
-    errors: Vec<String>,
-    protocol: Option<AdapterError>,
-    lines: usize,
-}
-
-impl TurnReport {
-    fn read(adapter: &dyn AgentAdapter, stdout: &str) -> TurnReport {
-        let mut r = TurnReport::default();
-        for (i, line) in stdout.lines().enumerate() {
-            let line = line.trim_end_matches('\r');
-            if line.trim().is_empty() {
-                continue;
-            }
-            r.lines += 1;
-            match adapter.parse_line(i + 1, line) {
-                Ok(AgentEvent::SessionStarted { handle }) => r.handle = Some(handle),
-                Ok(AgentEvent::Message { text }) => r.messages.push(text),
-                Ok(AgentEvent::FilesChanged { changes }) => {
-                    for c in changes {
-                        r.changes.insert(c.path, c.kind);
-                    }
-                }
-                Ok(AgentEvent::ApprovalRequested { id, what }) => r.approvals.push((id, what)),
-                Ok(AgentEvent::TurnCompleted { usage }) => r.completed = Some(usage),
-                Ok(AgentEvent::TurnFailed { message }) => r.failed.push(message),
-                Ok(AgentEvent::Error { message }) => r.errors.push(message),
-                Ok(AgentEvent::TurnStarted | AgentEvent::Command { .. } | AgentEvent::Other) => {}
-                Err(e) => {
-                    if r.protocol.is_none() {
-                        r.protocol = Some(e);
-                    }
-                }
-            }
-        }
-        r
-    }
-
-    /// Why the turn failed, if it did.
-    fn failure(&self, adapter: &str, exit_code: i32) -> Option<String> {
-        if let Some(p) = &self.protocol {
-            return Some(p.to_string());
-        }
-        if !self.failed.is_empty() {
-            return Some(format!(
-                "{adapter}: turn failed: {}",
-                self.failed.join("; ")
-            ));
-        }
-        if self.completed.is_none() {
-            let why = if self.errors.is_empty() {
-                format!(
-                    "exited with code {exit_code} before its turn completed ({} event lines)",
-                    self.lines
-                )
-            } else {
-                format!(
-                    "errors before its turn completed: {}",
-                    self.errors.join("; ")
-                )
-            };
-            return Some(format!("{adapter}: {why}"));
-        }
-        if exit_code != 0 {
-            return Some(format!(
-                "{adapter}: exited with code {exit_code} after its turn"
-            ));
-        }
-        None
-    }
-}
-
-/// The shell command of a turn: make the directories, point the CLI at its state, announce
-/// the pid, then become the CLI.
-fn turn_command(
-    argv: &[String],
-    env: &BTreeMap<String, String>,
-    state_env: &str,
-    state_dir: &str,
-) -> String {
-    let mut cmd = format!(
-        "mkdir -p /workspace/{PROJECT_DIR} /workspace/{STATE_ROOT}/{state_dir} && cd /workspace/{PROJECT_DIR} && export {state_env}=/workspace/{STATE_ROOT}/{state_dir}"
-    );
-    for (k, v) in env {
-        cmd.push_str(&format!(" {k}={}", shell_quote(v)));
-    }
-    cmd.push_str(&format!(" && echo \"{PID_MARKER}$$\" >&2 && exec"));
-    for a in argv {
-        cmd.push(' ');
-        cmd.push_str(&shell_quote(a));
-    }
-    cmd
-}
-
-/// The pid marker line out of stderr: (pid, the rest of stderr).
-fn split_pid(stderr: &str) -> (Option<u32>, String) {
-    let mut pid = None;
-    let mut rest = String::with_capacity(stderr.len());
-    for line in stderr.split_inclusive('\n') {
-        if pid.is_none() {
-            if let Some(p) = line.trim_end().strip_prefix(PID_MARKER) {
-                if let Ok(n) = p.trim().parse() {
-                    pid = Some(n);
-                    continue;
-                }
-            }
-        }
-        rest.push_str(line);
-    }
-    (pid, rest)
-}
-
-/// A path the CLI reported, as a path inside the staged project (None: outside it).
-fn project_relative(path: &str) -> Option<String> {
-    let root = format!("/workspace/{PROJECT_DIR}/");
-    let rel = match path.strip_prefix(&root) {
-        Some(r) => r,
-        None if path.starts_with('/') => return None,
-        None => path.strip_prefix("./").unwrap_or(path),
-    };
-    pathguard::validate(rel).ok().map(|_| rel.to_owned())
 }
 
 fn human_section(notes: &Option<String>) -> String {
@@ -350,6 +199,28 @@ pub async fn run(ctx: &NodeCtx, spec: &ExternalAgent) -> Result<NodeSuccess, Nod
     };
     let argv = adapter.argv(&command, &turn).map_err(adapter_error)?;
     let state_dir = adapter.state_dir();
+    // The turn as a replay compares it.
+    let request = crate::turns::request_json(
+        &ctx.run_id,
+        json!({
+            "adapter": adapter.name(),
+            "kind": if resumed { "resume" } else { "start" },
+            "approved": turn.approved,
+            "argv": argv,
+            "env": spec.env,
+            "workspace": workspace,
+            "network": spec.network,
+            "timeout_s": spec.turn_timeout_s.unwrap_or(DEFAULT_TURN_TIMEOUT_S),
+        }),
+    );
+    // A replay with recorded sandbox steps answers the turn from the recorded run.
+    let recorded = match ctx.replay().filter(|r| !r.live_sandbox) {
+        Some(r) => {
+            crate::turns::lookup(ctx, &r.source, &instance, &request, r.live_after.is_some())
+                .await?
+        }
+        None => None,
+    };
 
     let mut session = SessionFile {
         agent: agent.clone(),
@@ -400,40 +271,17 @@ pub async fn run(ctx: &NodeCtx, spec: &ExternalAgent) -> Result<NodeSuccess, Nod
             NodeError::new(kind, message)
         };
 
-        // The sandbox session of this attempt (closed on every way out: `close` or drop).
-        let sandbox_id = format!("agent-{}", uuid::Uuid::new_v4());
-        // The balancer picks a healthy runner; the session stays on it.
-        let opened = match ctx.backends.runners.pick().await {
-            Ok(runner) => {
-                let req = OpenSessionRequest {
-                    session_id: sandbox_id.clone(),
-                    git: None,
-                    network: spec.network,
-                    limits: None,
-                    run_id: ctx.run_id.clone(),
-                    node_id: ctx.node_id.clone(),
-                    // The runner's default image (the adapter's CLI is staged into it).
-                    image: String::new(),
-                };
-                RunnerSession::open(vec![runner], req, "external_agent").await
-            }
-            Err(s) => Err(s),
-        };
-        let sandbox = match opened {
-            Ok(s) => s,
-            Err(s) => {
-                let e = NodeError::from_status("opening the agent's sandbox session", &s);
-                let _ = dormant(&records, &mut session).await;
-                return Err(fail(e.message, e.kind));
+        let outcome = match recorded {
+            // A replay: the recorded turn, no session, no CLI.
+            Some(rec) => crate::turns::replay_turn(ctx, adapter, &records, &workspace, &request, rec)
+                .await,
+            None => {
+                crate::live::live_turn(
+                    ctx, spec, adapter, &records, &workspace, &argv, resumed, &turn, &request,
+                )
+                .await
             }
         };
-        let outcome = turn_in(
-            ctx, spec, adapter, &records, &sandbox, &workspace, &argv, resumed, &turn,
-        )
-        .await;
-        if let Err(e) = sandbox.close().await {
-            tracing::warn!(session_id = %sandbox_id, error = %e.message(), "closing the agent's sandbox session failed; the runner removes it at its next start");
-        }
         let done = match outcome {
             Ok(d) => d,
             Err(e) => {
@@ -617,283 +465,6 @@ async fn dormant(records: &InstanceRecords, s: &mut SessionFile) -> Result<(), t
     records.save_session(s).await
 }
 
-/// What a turn left behind.
-struct TurnDone {
-    report: TurnReport,
-    exit_code: i32,
-    timed_out: bool,
-    timeout_s: u64,
-    written: Vec<cairn_proto::v1::PutResponse>,
-    deleted: Vec<String>,
-    /// Kept state files (relative to the state dir).
-    kept: Vec<String>,
-}
-
-/// Stages, runs the turn, records it, writes its file changes back and keeps the CLI's state.
-#[allow(clippy::too_many_arguments)]
-async fn turn_in(
-    ctx: &NodeCtx,
-    spec: &ExternalAgent,
-    adapter: &dyn AgentAdapter,
-    records: &InstanceRecords,
-    sandbox: &RunnerSession,
-    workspace: &str,
-    argv: &[String],
-    resumed: bool,
-    turn: &Turn,
-) -> Result<TurnDone, NodeError> {
-    let state = adapter.state_dir();
-    // The project directory, then the CLI's kept state.
-    let files = ctx
-        .store()
-        .list(&ctx.project, workspace, true)
-        .await
-        .map_err(status_error(&format!("listing {workspace}/")))?;
-    let files: Vec<String> = files
-        .into_iter()
-        .filter(|e| e.kind == cairn_proto::v1::EntryKind::File as i32)
-        .map(|e| e.path)
-        .collect();
-    if files.len() > MAX_STAGED_FILES {
-        return Err(NodeError::refused(format!(
-            "{workspace}/ holds {} files; at most {MAX_STAGED_FILES} are staged: point `workspace` at a smaller directory",
-            files.len()
-        )));
-    }
-    let mut total = 0u64;
-    for path in &files {
-        let Some(rel) = path
-            .strip_prefix(workspace)
-            .and_then(|r| r.strip_prefix('/'))
-        else {
-            continue;
-        };
-        let bytes = ctx
-            .store()
-            .get(&ctx.project, path)
-            .await
-            .map_err(status_error(&format!("reading {path}")))?
-            .unwrap_or_default();
-        total += bytes.len() as u64;
-        if total > MAX_STAGED_BYTES {
-            return Err(NodeError::refused(format!(
-                "{workspace}/ holds more than {} MiB; point `workspace` at a smaller directory",
-                MAX_STAGED_BYTES >> 20
-            )));
-        }
-        sandbox
-            .write(&format!("{PROJECT_DIR}/{rel}"), bytes, WriteMode::Overwrite)
-            .await
-            .map_err(status_error(&format!("staging {path}")))?;
-    }
-    let kept_prefix = records.path(state.name);
-    let kept_files = ctx
-        .store()
-        .list(&ctx.project, &kept_prefix, true)
-        .await
-        .map_err(status_error(&format!("listing {kept_prefix}/")))?;
-    for e in kept_files
-        .into_iter()
-        .filter(|e| e.kind == cairn_proto::v1::EntryKind::File as i32)
-    {
-        let Some(rel) = e
-            .path
-            .strip_prefix(&format!("{kept_prefix}/"))
-            .map(str::to_owned)
-        else {
-            continue;
-        };
-        let bytes = ctx
-            .store()
-            .get(&ctx.project, &e.path)
-            .await
-            .map_err(status_error(&format!("reading {}", e.path)))?
-            .unwrap_or_default();
-        sandbox
-            .write(
-                &format!("{STATE_ROOT}/{}/{rel}", state.name),
-                bytes,
-                WriteMode::Overwrite,
-            )
-            .await
-            .map_err(status_error("restoring the agent's state"))?;
-    }
-
-    let timeout_s = spec.turn_timeout_s.unwrap_or(DEFAULT_TURN_TIMEOUT_S);
-    records
-        .append(
-            REQUESTS,
-            &json!({
-                "ts": now(),
-                "node": ctx.node_id,
-                "turn": ctx.turn,
-                "attempt": ctx.attempt,
-                "kind": if resumed { "resume" } else { "start" },
-                "approved": turn.approved,
-                "argv": argv,
-                "env": spec.env,
-                "sandbox": {"runner": sandbox.runner, "session_id": sandbox.id()},
-                "staged_files": files.len(),
-                "timeout_s": timeout_s,
-            })
-            .to_string(),
-        )
-        .await
-        .map_err(status_error("recording the request"))?;
-    let command = turn_command(argv, &spec.env, state.env, state.name);
-    let result = sandbox
-        .exec(&command, timeout_s.saturating_mul(1000), "")
-        .await
-        .map_err(status_error("running the agent's turn"))?;
-    let stdout = String::from_utf8_lossy(&result.stdout).into_owned();
-    let (pid, stderr) = split_pid(&String::from_utf8_lossy(&result.stderr));
-    records
-        .append(EVENTS, &stdout)
-        .await
-        .map_err(status_error("recording the agent's events"))?;
-    records
-        .append(STDERR, &stderr)
-        .await
-        .map_err(status_error("recording the agent's stderr"))?;
-    if let Some(pid) = pid {
-        records
-            .put(PID, Bytes::from(format!("{pid}\n")))
-            .await
-            .map_err(status_error("recording the agent's pid"))?;
-    }
-    let mut report = TurnReport::read(adapter, &stdout);
-    if result.stdout_truncated && report.protocol.is_none() {
-        report.protocol = Some(AdapterError::Protocol {
-            adapter: adapter.name(),
-            line: report.lines,
-            message: "the stream was cut at the runner's exec output cap (raise `session.exec_max_output_bytes` on the runner)".into(),
-        });
-    }
-
-    // File changes go back to the project, beneath `workspace` only.
-    let mut written = Vec::new();
-    let mut deleted = Vec::new();
-    let opts = PutOptions {
-        overwrite: spec.overwrite || ctx.reset || resumed,
-        run_id: ctx.run_id.clone(),
-        allowed_prefixes: vec![workspace.to_owned()],
-        ..Default::default()
-    };
-    // Every reported path is checked before anything is written: all or nothing.
-    let mut planned = Vec::with_capacity(report.changes.len());
-    for (reported, kind) in &report.changes {
-        match project_relative(reported) {
-            Some(rel) if under_prefix(&format!("{workspace}/{rel}"), workspace) => {
-                planned.push((rel, *kind))
-            }
-            _ => {
-                return Err(NodeError::refused(format!(
-                    "{} changed `{reported}`, which is outside its working directory /workspace/{PROJECT_DIR}; none of its changes were written back",
-                    adapter.name()
-                )))
-            }
-        }
-    }
-    for (rel, kind) in planned {
-        let path = format!("{workspace}/{rel}");
-        let file = match kind {
-            ChangeKind::Delete => None,
-            // Gone again by the end of the turn (removed by a command): mirrored as deleted.
-            _ => match sandbox.read(&format!("{PROJECT_DIR}/{rel}"), 0).await {
-                Ok(f) => Some(f),
-                Err(s) if s.code() == tonic::Code::NotFound => None,
-                Err(s) => {
-                    return Err(NodeError::from_status(
-                        &format!("reading the changed file {rel}"),
-                        &s,
-                    ))
-                }
-            },
-        };
-        let Some(file) = file else {
-            if ctx
-                .store()
-                .delete(&ctx.project, &path, &ctx.run_id)
-                .await
-                .map_err(status_error(&format!("deleting {path}")))?
-            {
-                deleted.push(path);
-            }
-            continue;
-        };
-        if file.truncated {
-            return Err(NodeError::new(
-                ErrorKind::Failed,
-                format!(
-                    "the changed file {rel} is {} bytes, more than the runner's read cap; nothing of it was written back",
-                    file.size_bytes
-                ),
-            ));
-        }
-        let put = ctx
-            .store()
-            .put(&ctx.project, &path, file.content, &opts)
-            .await
-            .map_err(|s| cairn_node::write_error(&path, &s))?;
-        written.push(put);
-    }
-
-    // The CLI's resumable state, for the next attempt (maybe in another session).
-    let base = format!("{STATE_ROOT}/{}", state.name);
-    let listed = sandbox
-        .glob("**", &base)
-        .await
-        .map_err(status_error("listing the agent's state"))?;
-    let (paths, truncated) = (listed.paths, listed.truncated);
-    if truncated {
-        tracing::warn!(run_id = %ctx.run_id, node = %ctx.node_id, "the agent's state directory has more files than one Glob returns; some are not kept");
-    }
-    let mut kept = Vec::new();
-    for p in paths {
-        let Some(rel) = p.strip_prefix(&format!("{base}/")).map(str::to_owned) else {
-            continue;
-        };
-        if !state
-            .keep
-            .iter()
-            .any(|k| rel == *k || (k.ends_with('/') && rel.starts_with(k)))
-        {
-            continue;
-        }
-        let file = sandbox
-            .read(&p, 0)
-            .await
-            .map_err(status_error("reading the agent's state"))?;
-        if file.truncated {
-            tracing::warn!(run_id = %ctx.run_id, node = %ctx.node_id, file = %rel, "an agent state file is larger than the runner's read cap; not kept");
-            continue;
-        }
-        records
-            .put(&format!("{}/{rel}", state.name), file.content)
-            .await
-            .map_err(status_error("keeping the agent's state"))?;
-        kept.push(rel);
-    }
-
-    // The agent's own words of this attempt.
-    if !report.messages.is_empty() {
-        let rel = format!("artifacts/turn-{}-attempt-{}.md", ctx.turn, ctx.attempt);
-        records
-            .put(&rel, Bytes::from(report.messages.join("\n\n")))
-            .await
-            .map_err(status_error("writing the agent's messages"))?;
-    }
-    Ok(TurnDone {
-        report,
-        exit_code: result.exit_code,
-        timed_out: result.timed_out,
-        timeout_s,
-        written,
-        deleted,
-        kept,
-    })
-}
-
 /// agents/<instance>/README.md: the human entry of the instance.
 async fn readme(
     ctx: &NodeCtx,
@@ -905,7 +476,7 @@ async fn readme(
     let run = &ctx.run_id;
     let instance = &records.instance;
     let body = format!(
-        "{}# Agent `{agent}` ({instance})\n\nExternal agent CLI `{adapter}` of node `{}` in run {run}; state **{}**.\n\n- Session handle: [session.json](session.json)\n- Requests: [runtime/requests.jsonl](runtime/requests.jsonl)\n- CLI events: [runtime/events.jsonl](runtime/events.jsonl)\n- CLI stderr: [runtime/stderr.log](runtime/stderr.log)\n- Messages: [artifacts/](artifacts/)\n",
+        "{}# Agent `{agent}` ({instance})\n\nExternal agent CLI `{adapter}` of node `{}` in run {run}; state **{}**.\n\n- Session handle: [session.json](session.json)\n- Requests: [runtime/requests.jsonl](runtime/requests.jsonl)\n- CLI events: [runtime/events.jsonl](runtime/events.jsonl)\n- CLI stderr: [runtime/stderr.log](runtime/stderr.log)\n- Turn records (what a replay answers each turn from): [turns/](turns/)\n- Messages: [artifacts/](artifacts/)\n",
         front_matter(
             &format!("Agent {instance}"),
             &format!("Index of agent {instance} in run {run}"),
@@ -954,69 +525,5 @@ impl cairn_node::Kind for ExternalAgentKind {
                 _ => Err(cairn_node::mismatch(self.type_name(), &ctx.node)),
             }
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_turn_command_quotes_everything() {
-        let env = BTreeMap::from([("MODE".to_owned(), "a b".to_owned())]);
-        let cmd = turn_command(
-            &["codex".into(), "exec".into(), "it's".into()],
-            &env,
-            "CODEX_HOME",
-            "codex_home",
-        );
-        assert_eq!(
-            cmd,
-            "mkdir -p /workspace/project /workspace/.cairn-agent/codex_home && cd /workspace/project && export CODEX_HOME=/workspace/.cairn-agent/codex_home MODE='a b' && echo \"cairn-agent-pid $$\" >&2 && exec codex exec 'it'\\''s'"
-        );
-    }
-
-    #[test]
-    fn the_pid_marker_is_taken_out_of_stderr() {
-        assert_eq!(
-            split_pid("cairn-agent-pid 42\nwarn: x\n"),
-            (Some(42), "warn: x\n".to_owned())
-        );
-        assert_eq!(split_pid("no marker\n"), (None, "no marker\n".to_owned()));
-    }
-
-    #[test]
-    fn reported_paths_must_stay_in_the_project() {
-        assert_eq!(
-            project_relative("/workspace/project/src/a.rs").as_deref(),
-            Some("src/a.rs")
-        );
-        assert_eq!(project_relative("src/a.rs").as_deref(), Some("src/a.rs"));
-        assert_eq!(project_relative("./a.rs").as_deref(), Some("a.rs"));
-        assert_eq!(project_relative("/etc/passwd"), None);
-        assert_eq!(project_relative("/workspace/.cairn-agent/x"), None);
-        assert_eq!(project_relative("../up"), None);
-        assert_eq!(project_relative("/workspace/project/../x"), None);
-    }
-
-    #[test]
-    fn a_turn_fails_unless_it_completes() {
-        let a = crate::CodexExec;
-        let ok = TurnReport::read(&a, "{\"type\":\"thread.started\",\"thread_id\":\"t\"}\n{\"type\":\"error\",\"message\":\"retrying\"}\n{\"type\":\"turn.completed\",\"usage\":{}}\n");
-        assert_eq!(ok.failure("codex-exec", 0), None);
-        assert_eq!(ok.handle.as_deref(), Some("t"));
-        assert!(ok.failure("codex-exec", 1).unwrap().contains("code 1"));
-        let cut = TurnReport::read(
-            &a,
-            "{\"type\":\"turn.started\"}\n{\"type\":\"error\",\"message\":\"boom\"}\n",
-        );
-        assert!(cut.failure("codex-exec", 1).unwrap().contains("boom"));
-        let failed = TurnReport::read(
-            &a,
-            "{\"type\":\"turn.failed\",\"error\":{\"message\":\"quota\"}}\n",
-        );
-        assert!(failed.failure("codex-exec", 1).unwrap().contains("quota"));
-        let garbage = TurnReport::read(&a, "{\"type\":\"turn.completed\"}\nnot json\n");
-        assert!(garbage.failure("codex-exec", 0).unwrap().contains("line 2"));
     }
 }

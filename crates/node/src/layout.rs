@@ -5,6 +5,9 @@ use std::fmt::Write as _;
 
 /// Where all runs of a project live.
 pub const RUNS_PREFIX: &str = ".cairn/runs";
+/// An external agent instance's turn records, under `agents/<instance>/`: one directory
+/// `<attempt>-<turn>/` per CLI turn (what a replay answers the turn from).
+pub const AGENT_TURNS_DIR: &str = "turns";
 
 /// Paths inside one run directory.
 #[derive(Clone, Debug)]
@@ -44,6 +47,13 @@ impl RunDir {
     }
     pub fn agent(&self, instance: &str, rel: &str) -> String {
         self.path(&format!("agents/{instance}/{rel}"))
+    }
+    /// The records of one external agent turn: `agents/<instance>/turns/<attempt>-<turn>/<rel>`.
+    pub fn agent_turn(&self, instance: &str, attempt: u32, turn: u32, rel: &str) -> String {
+        self.agent(
+            instance,
+            &format!("{AGENT_TURNS_DIR}/{attempt}-{turn}/{rel}"),
+        )
     }
     /// result.json, one per sandbox node (or map item).
     pub fn sandbox_result(&self, node: &str) -> String {

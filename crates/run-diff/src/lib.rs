@@ -386,6 +386,7 @@ pub fn verdict(a: &Side, b: &Side, report: &Value) -> Value {
         let what = match text("why") {
             "missing" => "request (no record; went on live)",
             "sandbox" => "sandbox request (went on live)",
+            "agent" => "external agent request (went on live)",
             _ => "request (went on live)",
         };
         return out(

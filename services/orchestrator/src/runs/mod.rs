@@ -552,7 +552,8 @@ impl Runs {
                 "the graph has agent_task nodes but no LLM provider: set `llm:` in the graph to a provider name, pass llm (e.g. `cairn run --llm replay:cassette.yaml`), or configure default_llm".into(),
             ));
         }
-        // A replay's sandbox_run steps return their recorded results unless they run live.
+        // A replay's sandbox_run steps (and external agent turns) return their recorded
+        // results unless they run live.
         let recorded_sandbox =
             cairn_agents::recorded::ReplaySpec::parse(llm).is_some_and(|r| !r.live_sandbox);
         if kinds(&|k| matches!(k, NodeKind::SandboxRun(_)))
@@ -575,7 +576,11 @@ impl Runs {
                 "sandbox.runner.features.use_for_tools is on but this orchestrator has no sandbox runner (set sandbox_addrs, or turn the feature off)".into(),
             ));
         }
-        if kinds(&|k| matches!(k, NodeKind::ExternalAgent(_))) && self.b.runners.is_empty() {
+        // A replay's external agent turns are answered from their records the same way.
+        if kinds(&|k| matches!(k, NodeKind::ExternalAgent(_)))
+            && self.b.runners.is_empty()
+            && !recorded_sandbox
+        {
             return Err(Error::FailedPrecondition(
                 "the graph has external_agent nodes, which run in a sandbox session, but this orchestrator has no sandbox runner (set sandbox_addrs)".into(),
             ));

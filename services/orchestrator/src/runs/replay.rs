@@ -16,7 +16,8 @@ use crate::gates::{Decision, Recorded};
 use crate::rundir::RunDir;
 use cairn_run_diff::{self as compare, FileSeen, Side};
 
-/// Event fields naming the provider a node used: a node with one made provider requests.
+/// Event types of a node that made provider requests (an `agent.started` with an `adapter`
+/// is an external agent's turn instead).
 const PROVIDER_EVENTS: &[&str] = &["agent.started", "code_delivery.started"];
 
 /// A gate decision of the recorded run.
@@ -138,7 +139,8 @@ impl Runs {
         // Going on live covers what the records lack; otherwise every node that asked a
         // provider needs its records.
         if !req.live_after {
-            self.check_records(project, source, &events).await?;
+            self.check_records(project, source, &events, req.live_sandbox)
+                .await?;
         }
         let live_gates = req.live_gates;
         let info = self.submit(req).await?;
@@ -261,34 +263,64 @@ impl Runs {
         })
     }
 
-    /// Every node of `source` that asked a provider has exchange records; the message lists
-    /// the missing ones (a run recorded before complete records has none).
-    async fn check_records(&self, project: &str, source: &str, events: &[pb::Event]) -> Result<()> {
+    /// Every node of `source` that asked a provider has exchange records, and (unless
+    /// `live_sandbox`) every external agent node turn records; the message lists the missing
+    /// ones (a run recorded before complete records has none).
+    async fn check_records(
+        &self,
+        project: &str,
+        source: &str,
+        events: &[pb::Event],
+        live_sandbox: bool,
+    ) -> Result<()> {
         let dir = RunDir::new(source);
-        let mut asked: Vec<String> = Vec::new();
+        // (node, the records directory, what it holds)
+        let mut needed: Vec<(String, String, &str)> = Vec::new();
         for e in events {
-            if PROVIDER_EVENTS.contains(&e.r#type.as_str()) && !asked.contains(&e.node_id) {
-                asked.push(e.node_id.clone());
+            if !PROVIDER_EVENTS.contains(&e.r#type.as_str())
+                || needed.iter().any(|(n, _, _)| *n == e.node_id)
+            {
+                continue;
+            }
+            let d = event_data(e);
+            let instance = d
+                .get("agent_instance")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+                .unwrap_or_else(|| e.node_id.replace('.', "-"));
+            if d.contains_key("adapter") {
+                // An external agent: its turns run again with live sandbox steps.
+                if !live_sandbox {
+                    let prefix = dir.agent(&instance, cairn_node::layout::AGENT_TURNS_DIR);
+                    needed.push((e.node_id.clone(), prefix, "external agent turns"));
+                }
+            } else {
+                let prefix = dir.agent(&e.node_id.replace('.', "-"), EXCHANGES_DIR);
+                needed.push((e.node_id.clone(), prefix, ""));
             }
         }
         let mut missing = Vec::new();
-        for node in &asked {
-            let prefix = dir.agent(&node.replace('.', "-"), EXCHANGES_DIR);
+        for (node, prefix, what) in &needed {
+            // Files only, at any depth (a turn's records are one directory each).
             let files = self
                 .b
                 .store
-                .list(project, &prefix, false)
+                .list(project, prefix, true)
                 .await
                 .map_err(Error::store(format!("listing {prefix}")))?;
-            if files.is_empty() {
-                missing.push(format!("{prefix}/ (node `{node}`)"));
+            if !files.iter().any(|e| e.kind == pb::EntryKind::File as i32) {
+                missing.push(if what.is_empty() {
+                    format!("{prefix}/ (node `{node}`)")
+                } else {
+                    format!("{prefix}/ (node `{node}`, {what})")
+                });
             }
         }
         if missing.is_empty() {
             return Ok(());
         }
         Err(Error::FailedPrecondition(format!(
-            "run {source} cannot be replayed: its provider exchanges are not recorded (it ran before cairn recorded complete exchanges, or they were deleted); missing: {}; re-run it live with `cairn runs rerun {source}` instead",
+            "run {source} cannot be replayed: its provider exchanges or external agent turns are not recorded (it ran before cairn recorded them, or they were deleted); missing: {}; re-run it live with `cairn runs rerun {source}` instead (or replay external agents live with --sandbox live)",
             missing.join(", ")
         )))
     }

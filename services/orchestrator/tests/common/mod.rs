@@ -29,6 +29,7 @@ pub struct Stack {
     stops: Vec<(oneshot::Sender<()>, tokio::task::JoinHandle<()>)>,
     orch_stop: Option<(oneshot::Sender<()>, tokio::task::JoinHandle<()>)>,
     sandbox_handle: Option<cairn_sandbox_runner::RunnerHandle>,
+    sandbox_stop: Option<(oneshot::Sender<()>, tokio::task::JoinHandle<()>)>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -172,10 +173,11 @@ impl Stack {
         let mut sandbox_addr = None;
         let mut sandbox_backend = None;
         let mut sandbox_handle = None;
+        let mut sandbox_stop = None;
         if opts.sandbox == Sandbox::Required {
             match start_sandbox(dir.path(), opts.runner).await {
                 Ok((handle, addr, backend, tx, join)) => {
-                    stops.push((tx, join));
+                    sandbox_stop = Some((tx, join));
                     sandbox_addr = Some(addr);
                     sandbox_backend = Some(backend);
                     sandbox_handle = Some(handle);
@@ -229,6 +231,7 @@ impl Stack {
             stops,
             orch_stop: Some((tx, join)),
             sandbox_handle,
+            sandbox_stop,
         })
     }
 
@@ -261,10 +264,20 @@ impl Stack {
             let _ = tx.send(());
             let _ = tokio::time::timeout(Duration::from_secs(30), join).await;
         }
+        self.stop_sandbox().await;
+        for (tx, join) in self.stops.drain(..).rev() {
+            let _ = tx.send(());
+            let _ = tokio::time::timeout(Duration::from_secs(10), join).await;
+        }
+    }
+
+    /// Stops the sandbox runner (its sessions and its gRPC server): from here on nothing can
+    /// open a session or run a step.
+    pub async fn stop_sandbox(&mut self) {
         if let Some(h) = self.sandbox_handle.take() {
             h.shutdown().await;
         }
-        for (tx, join) in self.stops.drain(..).rev() {
+        if let Some((tx, join)) = self.sandbox_stop.take() {
             let _ = tx.send(());
             let _ = tokio::time::timeout(Duration::from_secs(10), join).await;
         }
