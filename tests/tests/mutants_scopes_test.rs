@@ -136,7 +136,11 @@ fn every_scope_names_files_that_exist_in_a_workspace_package() {
         assert!(!s.files.is_empty(), "scope {} has no files", s.name);
         for pattern in &s.files {
             let files = expand(pattern);
-            assert!(!files.is_empty(), "scope {}: {pattern} matches nothing", s.name);
+            assert!(
+                !files.is_empty(),
+                "scope {}: {pattern} matches nothing",
+                s.name
+            );
             for f in files {
                 assert!(
                     root().join(&f).is_file(),
@@ -156,8 +160,16 @@ fn every_scope_names_files_that_exist_in_a_workspace_package() {
         .split_once(')')
         .unwrap()
         .0;
-    for member in groups.split('"').skip(1).step_by(2).flat_map(str::split_whitespace) {
-        assert!(names.contains(member), "group member {member}: no such scope");
+    for member in groups
+        .split('"')
+        .skip(1)
+        .step_by(2)
+        .flat_map(str::split_whitespace)
+    {
+        assert!(
+            names.contains(member),
+            "group member {member}: no such scope"
+        );
     }
 }
 
@@ -169,7 +181,10 @@ fn every_critical_file_is_mutated_by_some_scope() {
         .collect();
     for f in CRITICAL {
         assert!(root().join(f).is_file(), "{f} is gone: update this list");
-        assert!(covered.contains(*f), "{f} is in no scope of scripts/mutants.sh");
+        assert!(
+            covered.contains(*f),
+            "{f} is in no scope of scripts/mutants.sh"
+        );
     }
 }
 

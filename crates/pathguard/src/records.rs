@@ -116,7 +116,18 @@ mod tests {
         assert!(check_node_read(".cairn/runs/", "r1").is_err());
         assert!(check_node_read(".cairn/", "r1").is_err());
         assert!(check_node_read(".cairn/project.json", "r1").is_err());
-        assert!(check_node_read(".CAIRN/runs/r1/x", "r1").is_err());
+        // Its own run's records, spelled otherwise: the general rule, not "another run".
+        assert_eq!(
+            check_node_read(".CAIRN/runs/r1/x", "r1"),
+            Err(RecordsRefusal::Read(".CAIRN/runs/r1/x".into()))
+        );
+        assert_eq!(
+            check_node_read(".cairn/RUNS/r2/x", "r1"),
+            Err(RecordsRefusal::OtherRun {
+                path: ".cairn/RUNS/r2/x".into(),
+                run: "r2".into()
+            })
+        );
         assert!(check_node_read(".cairn/runs/r1/x", "").is_err());
     }
 

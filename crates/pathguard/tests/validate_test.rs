@@ -306,3 +306,44 @@ fn fold_key_equates_case_and_normalisation_forms() {
     let k = fold_key("İstanbul/Straße");
     assert_eq!(fold_key(&k), k, "fold_key is idempotent");
 }
+
+/// Project ids: a directory name on every platform and a safe shell argument.
+#[test]
+fn project_ids_follow_their_one_pattern() {
+    let longest = format!("a{}", "b".repeat(127));
+    for ok in [
+        "p",
+        "p1",
+        "0",
+        "My.Project_2-x",
+        longest.as_str(),
+        "console",
+        "CONX",
+        "com10",
+    ] {
+        assert!(pathguard::is_project_id(ok), "{ok:?} is a project id");
+    }
+    let too_long = format!("a{}", "b".repeat(128));
+    for bad in [
+        "",
+        too_long.as_str(),
+        ".cairn",
+        "-rf",
+        "_p",
+        "a/b",
+        "a b",
+        "a\\b",
+        "é",
+        "p\u{0}",
+        "a:b",
+        "CON",
+        "nul.txt",
+        "com1",
+        "LPT9.log",
+    ] {
+        assert!(
+            !pathguard::is_project_id(bad),
+            "{bad:?} is not a project id"
+        );
+    }
+}

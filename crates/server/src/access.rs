@@ -532,22 +532,134 @@ mod tests {
         }
     }
 
+    /// A host's tokens: `admin` an admin for every project, three limited roles, nothing else.
+    struct Tokens;
+    impl TokenCheck for Tokens {
+        fn check(&self, _: Option<IpAddr>, token: &str) -> TokenHolder {
+            match token {
+                "admin" => TokenHolder::Admin { name: "ann".into() },
+                "viewer" | "operator" | "approver" => TokenHolder::Limited {
+                    name: "bob".into(),
+                    role: token.into(),
+                },
+                _ => TokenHolder::Invalid("unknown token".into()),
+            }
+        }
+    }
+
+    fn plaintext() -> Caller {
+        Caller {
+            principal: Principal::Local,
+            peer: Some("127.0.0.1:4000".parse().unwrap()),
+        }
+    }
+
+    /// Probes and the orchestrator (which checks tokens itself) take a plaintext caller
+    /// without a token as `anonymous`; an admin token acts as `cli`; the peer is kept.
+    #[test]
+    fn a_plaintext_caller_is_anonymous_on_open_rpcs_and_cli_with_an_admin_token() {
+        for rpc in [
+            "grpc.health.v1.Health/Check",
+            "grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+            "cairn.v1.Orchestrator/SubmitRun",
+        ] {
+            let c = by_token(&Tokens, plaintext(), rpc, None).unwrap();
+            assert_eq!(c.principal, Principal::Anonymous, "{rpc}");
+            assert_eq!(c.peer, plaintext().peer, "{rpc}");
+        }
+        let admin = http::HeaderValue::from_static("Bearer admin");
+        let c = by_token(
+            &Tokens,
+            plaintext(),
+            "cairn.v1.ArtifactStore/Get",
+            Some(&admin),
+        )
+        .unwrap();
+        assert_eq!(
+            c.principal,
+            Principal::Service(ADMIN_TOKEN_IDENTITY.to_owned())
+        );
+        assert_eq!(c.peer, plaintext().peer);
+        let e = by_token(&Tokens, plaintext(), "cairn.v1.ArtifactStore/Get", None).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unauthenticated);
+    }
+
+    /// The inner service: answers OK, and says which caller the layer let through.
+    #[derive(Clone)]
+    struct Inner;
+    impl tower::Service<http::Request<()>> for Inner {
+        type Response = http::Response<Body>;
+        type Error = std::convert::Infallible;
+        type Future = std::future::Ready<Result<http::Response<Body>, Self::Error>>;
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+        fn call(&mut self, req: http::Request<()>) -> Self::Future {
+            let who = req
+                .extensions()
+                .get::<Caller>()
+                .map(|c| c.name().to_owned())
+                .unwrap_or_default();
+            let mut resp = http::Response::new(Body::empty());
+            resp.headers_mut()
+                .insert("x-caller", http::HeaderValue::from_str(&who).unwrap());
+            std::future::ready(Ok(resp))
+        }
+    }
+
+    async fn call(in_process: bool, token: Option<&str>) -> http::Response<Body> {
+        use tower::Service as _;
+        let mut layer = AccessService {
+            inner: Inner,
+            access: Arc::new(Access::default()),
+            tokens: Some(Arc::new(Tokens)),
+        };
+        let mut req = http::Request::builder()
+            .uri("/cairn.v1.ArtifactStore/Stat")
+            .body(())
+            .unwrap();
+        if in_process {
+            req.extensions_mut().insert(InProcess);
+        }
+        if let Some(t) = token {
+            req.headers_mut().insert(
+                crate::roles::AUTHORIZATION,
+                http::HeaderValue::from_str(&format!("Bearer {t}")).unwrap(),
+            );
+        }
+        layer.call(req).await.unwrap()
+    }
+
+    fn grpc_status(r: &http::Response<Body>) -> Option<&str> {
+        r.headers().get("grpc-status").and_then(|v| v.to_str().ok())
+    }
+
+    /// On a host that requires tokens, a plaintext caller must show one; a call from this
+    /// very process (an in-process connection) needs none.
+    #[tokio::test]
+    async fn on_a_host_with_tokens_only_in_process_callers_pass_without_one() {
+        let plain = call(false, None).await;
+        assert_eq!(grpc_status(&plain), Some("16"), "unauthenticated");
+        assert!(
+            plain.headers().get("x-caller").is_none(),
+            "never reached the service"
+        );
+
+        let admin = call(false, Some("admin")).await;
+        assert_eq!(grpc_status(&admin), None);
+        assert_eq!(admin.headers()["x-caller"], ADMIN_TOKEN_IDENTITY);
+
+        let viewer = call(false, Some("viewer")).await;
+        assert_eq!(grpc_status(&viewer), Some("7"), "permission denied");
+
+        let inproc = call(true, None).await;
+        assert_eq!(grpc_status(&inproc), None, "in-process: no token asked");
+        assert_eq!(inproc.headers()["x-caller"], crate::caller::LOCAL);
+    }
+
     /// Tokens on a host that requires them: only an admin's reaches backups and restores.
     #[test]
     fn only_an_admin_token_backs_up_or_restores() {
-        struct Tokens;
-        impl TokenCheck for Tokens {
-            fn check(&self, _: Option<IpAddr>, token: &str) -> TokenHolder {
-                match token {
-                    "admin" => TokenHolder::Admin { name: "ann".into() },
-                    "viewer" | "operator" | "approver" => TokenHolder::Limited {
-                        name: "bob".into(),
-                        role: token.into(),
-                    },
-                    _ => TokenHolder::Invalid("unknown token".into()),
-                }
-            }
-        }
         let a = Access::default();
         let plaintext = Caller {
             principal: Principal::Local,

@@ -766,4 +766,3 @@ impl Drop for ContainerGuard {
         }
     }
 }
-

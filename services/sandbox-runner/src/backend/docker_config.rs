@@ -107,10 +107,7 @@ mod tests {
         assert_eq!(c.pids_limit, Some(33));
         assert_eq!(c.readonly_rootfs, Some(true));
         assert_eq!(c.cap_drop, Some(vec!["ALL".to_owned()]));
-        assert_eq!(
-            c.security_opt,
-            Some(vec!["no-new-privileges".to_owned()])
-        );
+        assert_eq!(c.security_opt, Some(vec!["no-new-privileges".to_owned()]));
         assert_eq!(c.init, Some(true), "an init reaps and forwards signals");
         assert_eq!(c.auto_remove, Some(false), "the runner removes it");
         assert_eq!(

@@ -65,8 +65,10 @@ pub(super) fn oci_config(
                "options": [format!("size={}", spec.limits.memory_bytes), "mode=1777"]}),
     ];
     for (host, inside, writable) in &spec.binds {
-        mounts.push(json!({"destination": inside, "type": "bind", "source": host,
-                           "options": ["rbind", if *writable { "rw" } else { "ro" }]}));
+        mounts.push(
+            json!({"destination": inside, "type": "bind", "source": host,
+                           "options": ["rbind", if *writable { "rw" } else { "ro" }]}),
+        );
     }
     let mut namespaces = vec![
         json!({"type": "pid"}),
