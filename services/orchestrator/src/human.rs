@@ -7,13 +7,13 @@ use bytes::Bytes;
 
 use crate::error::{Error, Result};
 use crate::rundir::RunDir;
-use cairn_node::events::now;
 use cairn_store_client::{PutOptions, Store};
 
 /// Most bytes of one note.
 pub const MAX_NOTE_BYTES: usize = 64 << 10;
 
-/// Appends a note; returns its anchor ref (`shared/human-notes.md#note-3`).
+/// Appends a note made at `at` (its heading says when); returns its anchor ref
+/// (`shared/human-notes.md#note-3`).
 pub async fn append_note(
     store: &Store,
     project: &str,
@@ -21,6 +21,7 @@ pub async fn append_note(
     by: &str,
     heading: &str,
     text: &str,
+    at: &str,
 ) -> Result<String> {
     if text.len() > MAX_NOTE_BYTES {
         // AddNote sends the note as `text`; gate decisions and reworks as `note`.
@@ -45,7 +46,7 @@ pub async fn append_note(
     }
     next.push_str(&format!(
         "\n<a id=\"note-{n}\"></a>\n### Note {n}: {heading} (by {by}, {})\n\n{}\n",
-        now(),
+        at,
         text.trim_end()
     ));
     let opts = PutOptions {

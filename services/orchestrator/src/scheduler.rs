@@ -51,6 +51,8 @@ pub enum Command {
         by: String,
         note: String,
         note_ref: Option<String>,
+        /// When it was made (a replay's: when the recorded one was).
+        at: String,
         /// A replay's recorded decision.
         recorded: Option<crate::gates::Recorded>,
         reply: oneshot::Sender<Result<pb::RunInfo>>,

@@ -9,7 +9,9 @@
 mod common;
 
 use cairn_proto::v1::orchestrator_client::OrchestratorClient;
-use cairn_proto::v1::{DeleteRequest, DiffRunsRequest, ReplayRunRequest, TaskState};
+use cairn_proto::v1::{
+    DeleteRequest, DiffRunsRequest, GateDecisionRequest, ReplayRunRequest, TaskState,
+};
 use common::*;
 use serde_json::Value;
 use tonic::transport::Channel;
@@ -55,7 +57,10 @@ async fn record(s: &Stack, prompt: &str) -> String {
     if info.state == TaskState::InputRequired as i32 {
         s.client
             .clone()
-            .approve_gate(approval(&run, "coder", "ann"))
+            .approve_gate(GateDecisionRequest {
+                note: "keep it on port 8080".into(),
+                ..approval(&run, "coder", "ann")
+            })
             .await
             .unwrap();
     }

@@ -160,10 +160,11 @@ impl Runs {
         by: &str,
         heading: &str,
         text: &str,
+        at: &str,
     ) -> Result<String> {
         let lock = self.note_lock(project, run_id);
         let _g = lock.lock().await;
-        let note = human::append_note(&self.b.store, project, run_id, by, heading, text);
+        let note = human::append_note(&self.b.store, project, run_id, by, heading, text, at);
         self.under_claim(project, run_id, note).await
     }
 
@@ -241,6 +242,12 @@ impl Runs {
         if recorded.is_none() {
             self.check_cited(project, run_id, note).await?;
         }
+        // When the decision is made: its note's heading and its `decided_at` say the same
+        // time, and a replay taking it says the recorded one, so the notes later agents read
+        // are the same bytes.
+        let at = recorded
+            .as_ref()
+            .map_or_else(ev::now, |r| r.decided_at.clone());
         let note_ref = if note.trim().is_empty() {
             None
         } else {
@@ -251,6 +258,7 @@ impl Runs {
                     by,
                     &format!("{} of gate `{gate}`", d.word()),
                     note,
+                    &at,
                 )
                 .await?,
             )
@@ -262,6 +270,7 @@ impl Runs {
             by: by.to_owned(),
             note: note.to_owned(),
             note_ref,
+            at,
             recorded,
             reply: tx,
         };
@@ -336,6 +345,7 @@ impl Runs {
                     by,
                     &format!("rework of node `{node}`"),
                     note,
+                    &ev::now(),
                 )
                 .await?,
             )
@@ -392,7 +402,9 @@ impl Runs {
         }
         self.get(project, run_id).await?;
         let by = if by.is_empty() { "human" } else { by };
-        let note_ref = self.append_note(project, run_id, by, "note", text).await?;
+        let note_ref = self
+            .append_note(project, run_id, by, "note", text, &ev::now())
+            .await?;
         let e = Ev::run(ev::HUMAN_NOTE)
             .with("by", by)
             .with("ref", note_ref.clone())

@@ -36,8 +36,9 @@ fn event_data(e: &pb::Event) -> serde_json::Map<String, Value> {
     }
 }
 
-/// The recorded run's gate decisions in order, each with when it was made (the gate's
-/// `decided_at` output, else the event's time).
+/// The recorded run's gate decisions in order, each with when it was made (the event's
+/// `decided_at`; in runs recorded before events carried it, the gate's `decided_at` output,
+/// else the event's time).
 fn recorded_decisions(events: &[pb::Event], source: &str, replayed_by: &str) -> Vec<GateDecision> {
     let mut out = Vec::new();
     for (i, e) in events.iter().enumerate() {
@@ -53,15 +54,21 @@ fn recorded_decisions(events: &[pb::Event], source: &str, replayed_by: &str) -> 
                 .unwrap_or_default()
                 .to_owned()
         };
-        let decided_at = events[i..]
-            .iter()
-            .find(|x| x.node_id == e.node_id && x.r#type == "node.completed")
-            .and_then(|x| {
-                event_data(x)
-                    .get("outputs")
-                    .and_then(|o| o.get("decided_at"))
-                    .and_then(Value::as_str)
-                    .map(str::to_owned)
+        let decided_at = d
+            .get("decided_at")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .or_else(|| {
+                events[i..]
+                    .iter()
+                    .find(|x| x.node_id == e.node_id && x.r#type == "node.completed")
+                    .and_then(|x| {
+                        event_data(x)
+                            .get("outputs")
+                            .and_then(|o| o.get("decided_at"))
+                            .and_then(Value::as_str)
+                            .map(str::to_owned)
+                    })
             })
             .unwrap_or_else(|| e.ts.clone());
         out.push(GateDecision {

@@ -26,6 +26,7 @@ impl Driver {
                 by,
                 note,
                 note_ref,
+                at,
                 recorded,
                 reply,
             } => {
@@ -36,6 +37,7 @@ impl Driver {
                         &by,
                         &note,
                         note_ref.as_deref(),
+                        &at,
                         recorded.as_ref(),
                     )
                     .await;
@@ -80,6 +82,7 @@ impl Driver {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn decide(
         &mut self,
         gate: &str,
@@ -87,6 +90,7 @@ impl Driver {
         by: &str,
         note: &str,
         note_ref: Option<&str>,
+        at: &str,
         recorded: Option<&gates::Recorded>,
     ) -> Result<pb::RunInfo> {
         if self.state.state.is_final() || self.canceling.is_some() || self.failing.is_some() {
@@ -104,16 +108,13 @@ impl Driver {
         }
         gates::check_decidable(&self.state, gate)?;
         let by = if by.is_empty() { "human" } else { by };
-        let mut event = gates::decision_event(d, gate, by, note, note_ref);
-        let decided_at = match recorded {
-            Some(r) => {
-                event = event
-                    .with("replayed_by", r.replayed_by.as_str())
-                    .with("replay_of", r.replay_of.as_str());
-                r.decided_at.clone()
-            }
-            None => now(),
-        };
+        let mut event = gates::decision_event(d, gate, by, note, note_ref).with("decided_at", at);
+        if let Some(r) = recorded {
+            event = event
+                .with("replayed_by", r.replayed_by.as_str())
+                .with("replay_of", r.replay_of.as_str());
+        }
+        let decided_at = at.to_owned();
         self.emit(event);
         let (on_reject, resumes) = match self.graph.node(gate).map(|n| &n.kind) {
             Some(NodeKind::Gate(g)) => (g.on_reject, false),
