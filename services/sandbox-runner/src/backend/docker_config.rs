@@ -88,18 +88,16 @@ pub fn session_host_config(base: HostConfig, areas: SessionAreasAt<'_>) -> HostC
 mod tests {
     use super::*;
 
-    fn limits() -> Limits {
-        Limits {
-            memory_bytes: 256 << 20,
-            cpu_millis: 1500,
-            pids: 33,
-            ..Limits::DEFAULTS
-        }
-    }
+    const L: Limits = Limits {
+        memory_bytes: 256 << 20,
+        cpu_millis: 1500,
+        pids: 33,
+        ..Limits::DEFAULTS
+    };
 
     #[test]
     fn a_container_gets_every_restriction_the_engine_offers() {
-        let c = host_config(&limits(), None);
+        let c = host_config(&L, None);
         assert_eq!(c.network_mode.as_deref(), Some("none"), "no network");
         assert_eq!(c.memory, Some(256 << 20));
         assert_eq!(c.memory_swap, Some(256 << 20), "no swap beyond memory");
@@ -129,39 +127,23 @@ mod tests {
 
     #[test]
     fn with_network_a_container_joins_only_the_named_network() {
-        let c = host_config(&limits(), Some("cairn-sandbox"));
+        let c = host_config(&L, Some("cairn-sandbox"));
         assert_eq!(c.network_mode.as_deref(), Some("cairn-sandbox"));
         assert_eq!(c.cap_drop, Some(vec!["ALL".to_owned()]));
     }
 
     #[test]
     fn a_sessions_areas_are_bound_or_engine_tmpfs_never_setuid_or_devices() {
-        let base = || host_config(&limits(), None);
-        let bound = session_host_config(
-            base(),
-            SessionAreasAt::Runner {
-                workspace: std::path::Path::new("/areas/w"),
-                tmpfs: std::path::Path::new("/areas/t"),
-            },
-        );
-        assert_eq!(
-            bound.binds,
-            Some(vec![
-                "/areas/w:/workspace:rw".to_owned(),
-                "/areas/t:/tmpfs:rw".to_owned()
-            ])
-        );
+        let base = || host_config(&L, None);
+        let (workspace, tmpfs) = (std::path::Path::new("/a/w"), std::path::Path::new("/a/t"));
+        let bound = session_host_config(base(), SessionAreasAt::Runner { workspace, tmpfs });
+        let binds = ["/a/w:/workspace:rw", "/a/t:/tmpfs:rw"].map(str::to_owned);
+        assert_eq!(bound.binds, Some(binds.to_vec()));
         assert_eq!(bound.tmpfs, base().tmpfs, "only /tmp as a tmpfs");
         assert_eq!(bound.readonly_rootfs, Some(true));
 
-        let engine = session_host_config(
-            base(),
-            SessionAreasAt::Engine {
-                size: 4096,
-                uid: 10001,
-                gid: 10002,
-            },
-        );
+        let (size, uid, gid) = (4096, 10001, 10002);
+        let engine = session_host_config(base(), SessionAreasAt::Engine { size, uid, gid });
         assert_eq!(engine.binds, None, "no host path");
         let tmpfs = engine.tmpfs.unwrap_or_default();
         for dir in ["/workspace", "/tmpfs"] {

@@ -112,158 +112,114 @@ pub(super) fn oci_config(
 mod tests {
     use super::*;
 
-    fn limits() -> Limits {
-        Limits {
-            pids: 9,
-            memory_bytes: 64 << 20,
-            cpu_millis: 500,
-            max_output_bytes: 1000,
-            ..Limits::DEFAULTS
-        }
-    }
+    const L: Limits = Limits {
+        pids: 9,
+        memory_bytes: 64 << 20,
+        cpu_millis: 500,
+        max_output_bytes: 1000,
+        ..Limits::DEFAULTS
+    };
+    const T: Duration = Duration::from_millis(4_500);
 
-    fn spec<'a>(limits: &'a Limits, env: &'a [(String, String)], network: bool) -> Spec<'a> {
-        Spec {
+    fn config(root: bool, network: bool, cgroup: Option<&str>) -> Value {
+        let env = [("HOME".to_owned(), "/output".to_owned())];
+        let spec = Spec {
             id: "sb-1".into(),
-            root: false,
+            root,
             binds: vec![
-                (PathBuf::from("/host/in"), "/input", false),
-                (PathBuf::from("/host/out"), "/output", true),
+                ("/h/in".into(), "/input", false),
+                ("/h/out".into(), "/output", true),
             ],
             network,
-            limits,
-            timeout: Duration::from_millis(4_500),
+            limits: &L,
+            timeout: T,
             cwd: "/output",
-            env,
+            env: &env,
             argv: vec!["python3".into(), "-c".into(), "pass".into()],
-        }
-    }
-
-    fn config(spec: &Spec<'_>, cgroup: Option<&str>) -> Value {
-        oci_config(spec, Path::new("/roots/img"), cgroup, (10001, 10002))
-    }
-
-    fn types(v: &Value) -> Vec<&str> {
-        v.as_array()
-            .map(|a| a.iter().filter_map(|n| n["type"].as_str()).collect())
-            .unwrap_or_default()
+        };
+        oci_config(&spec, Path::new("/roots/img"), cgroup, (10001, 10002))
     }
 
     #[test]
     fn the_program_runs_unprivileged_on_a_read_only_root_with_only_its_environment() {
-        let l = limits();
-        let env = vec![("HOME".to_owned(), "/output".to_owned())];
-        let c = config(&spec(&l, &env, false), None);
+        let c = config(false, false, None);
         let p = &c["process"];
         assert_eq!(p["user"], json!({"uid": 10001, "gid": 10002}));
         assert_eq!(p["noNewPrivileges"], json!(true));
-        for set in ["bounding", "effective", "inheritable", "permitted"] {
-            assert_eq!(p["capabilities"][set], json!([]), "{set} capabilities");
-        }
-        assert_eq!(p["env"], json!(["HOME=/output"]));
+        let none = json!({"bounding": [], "effective": [], "inheritable": [], "permitted": []});
+        assert_eq!(p["capabilities"], none);
+        assert_eq!(
+            (&p["env"], &p["cwd"]),
+            (&json!(["HOME=/output"]), &json!("/output"))
+        );
         assert_eq!(p["args"], json!(["python3", "-c", "pass"]));
-        assert_eq!(p["cwd"], json!("/output"));
         assert_eq!(c["root"], json!({"path": "/roots/img", "readonly": true}));
         assert_eq!(c["hostname"], json!("sandbox"));
-
-        let root = Spec {
-            root: true,
-            ..spec(&l, &env, false)
-        };
-        let c = config(&root, None);
-        assert_eq!(c["process"]["user"], json!({"uid": 0, "gid": 0}));
+        let root = config(true, false, None);
+        assert_eq!(root["process"]["user"], json!({"uid": 0, "gid": 0}));
         assert_eq!(
-            c["process"]["capabilities"]["effective"],
-            json!([]),
-            "root inside has no capabilities either"
+            root["process"]["capabilities"], none,
+            "root has no capabilities"
         );
     }
 
     #[test]
     fn rlimits_are_those_of_every_backend_plus_open_files() {
-        let l = limits();
-        let c = config(&spec(&l, &[], false), None);
-        let got: Vec<(String, u64, u64)> = c["process"]["rlimits"]
-            .as_array()
-            .unwrap_or(&Vec::new())
-            .iter()
-            .map(|r| {
-                (
-                    r["type"].as_str().unwrap_or_default().to_owned(),
-                    r["hard"].as_u64().unwrap_or(u64::MAX),
-                    r["soft"].as_u64().unwrap_or(u64::MAX),
-                )
-            })
-            .collect();
-        let mut want: Vec<(String, u64, u64)> = rlimits(&l, Duration::from_millis(4_500))
+        let mut want: Vec<Value> = rlimits(&L, T)
             .into_iter()
-            .map(|(n, v)| (format!("RLIMIT_{}", n.to_uppercase()), v, v))
+            .map(|(n, v)| json!({"type": format!("RLIMIT_{}", n.to_uppercase()), "hard": v, "soft": v}))
             .collect();
-        want.push(("RLIMIT_NOFILE".into(), NOFILE, NOFILE));
-        assert_eq!(got, want);
-        assert!(got.iter().any(|r| r == &("RLIMIT_NPROC".to_owned(), 9, 9)));
+        want.push(json!({"type": "RLIMIT_NOFILE", "hard": NOFILE, "soft": NOFILE}));
+        assert_eq!(
+            config(false, false, None)["process"]["rlimits"],
+            json!(want)
+        );
+        assert!(want.contains(&json!({"type": "RLIMIT_NPROC", "hard": 9, "soft": 9})));
     }
 
     #[test]
     fn only_the_given_binds_are_mounted_and_read_only_unless_writable() {
-        let l = limits();
-        let c = config(&spec(&l, &[], false), None);
-        let mounts = c["mounts"].as_array().cloned().unwrap_or_default();
-        let dest: Vec<&str> = mounts
-            .iter()
-            .filter_map(|m| m["destination"].as_str())
+        let c = config(false, false, None);
+        let m = &c["mounts"];
+        let dest: Vec<&str> = (0..6)
+            .filter_map(|i| m[i]["destination"].as_str())
             .collect();
         assert_eq!(dest, ["/proc", "/dev", "/sys", "/tmp", "/input", "/output"]);
+        assert!(m[6].is_null(), "nothing else");
+        assert_eq!(m[2]["options"], json!(["nosuid", "noexec", "nodev", "ro"]));
         assert_eq!(
-            mounts[2]["options"],
-            json!(["nosuid", "noexec", "nodev", "ro"]),
-            "/sys read-only"
+            m[3]["options"],
+            json!([format!("size={}", 64u64 << 20), "mode=1777"])
         );
-        assert_eq!(
-            mounts[3]["options"],
-            json!([format!("size={}", 64u64 << 20), "mode=1777"]),
-            "/tmp bounded by the memory limit"
-        );
-        assert_eq!(
-            mounts[4],
-            json!({"destination": "/input", "type": "bind", "source": "/host/in",
-                   "options": ["rbind", "ro"]})
-        );
-        assert_eq!(mounts[5]["options"], json!(["rbind", "rw"]));
+        let input = json!({"destination": "/input", "type": "bind", "source": "/h/in", "options": ["rbind", "ro"]});
+        assert_eq!((&m[4], &m[5]["options"]), (&input, &json!(["rbind", "rw"])));
     }
 
     #[test]
     fn without_network_the_sandbox_gets_its_own_network_namespace_and_none_from_runsc() {
-        let l = limits();
-        let off = config(&spec(&l, &[], false), None);
+        let ns = |network| config(false, network, None)["linux"]["namespaces"].clone();
+        let own = ["pid", "ipc", "uts", "mount"].map(|t| json!({"type": t}));
+        assert_eq!(ns(true), json!(own));
+        let mut off = own.to_vec();
+        off.push(json!({"type": "network"}));
+        assert_eq!(ns(false), json!(off));
         assert_eq!(
-            types(&off["linux"]["namespaces"]),
-            ["pid", "ipc", "uts", "mount", "network"]
+            (network_flag(false), network_flag(true)),
+            ("--network=none", "--network=host")
         );
-        let on = config(&spec(&l, &[], true), None);
-        assert_eq!(
-            types(&on["linux"]["namespaces"]),
-            ["pid", "ipc", "uts", "mount"]
-        );
-        assert_eq!(network_flag(false), "--network=none");
-        assert_eq!(network_flag(true), "--network=host");
     }
 
     #[test]
     fn memory_and_cpu_go_to_the_runners_cgroup_when_there_is_one() {
-        let l = limits();
-        let c = config(&spec(&l, &[], false), Some("cairn-gvisor-r1"));
+        let c = config(false, false, Some("cairn-gvisor-r1"));
         assert_eq!(c["linux"]["cgroupsPath"], json!("/cairn-gvisor-r1/sb-1"));
-        assert_eq!(
-            c["linux"]["resources"],
-            json!({
-                "memory": {"limit": 64u64 << 20, "swap": 64u64 << 20},
-                "cpu": {"quota": 50_000, "period": 100_000},
-            }),
-            "no swap beyond memory; 500 millicores = half of each period"
+        // No swap beyond memory; 500 millicores: half of each period.
+        let mem = 64u64 << 20;
+        let want = json!({"memory": {"limit": mem, "swap": mem}, "cpu": {"quota": 50_000, "period": 100_000}});
+        assert_eq!(c["linux"]["resources"], want);
+        let none = config(false, false, None);
+        assert!(
+            none["linux"].get("cgroupsPath").is_none() && none["linux"].get("resources").is_none()
         );
-        let none = config(&spec(&l, &[], false), None);
-        assert!(none["linux"].get("cgroupsPath").is_none());
-        assert!(none["linux"].get("resources").is_none());
     }
 }
