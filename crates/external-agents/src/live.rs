@@ -11,8 +11,8 @@ use cairn_proto::v1::{OpenSessionRequest, WriteMode};
 use serde_json::json;
 
 use crate::report::{
-    plan_changes, status_error, write_messages, TurnDone, TurnReport, MAX_STAGED_BYTES,
-    MAX_STAGED_FILES, PROJECT_DIR, STATE_ROOT,
+    plan_changes, status_error, TurnDone, TurnReport, MAX_STAGED_BYTES, MAX_STAGED_FILES,
+    PROJECT_DIR, STATE_ROOT,
 };
 use crate::session::{InstanceRecords, EVENTS, PID, REQUESTS, STDERR};
 use crate::turns::{self, TurnRecord};
@@ -58,14 +58,27 @@ pub(crate) async fn live_turn(
         }
         Err(s) => Err(s),
     };
-    let sandbox =
-        opened.map_err(|s| NodeError::from_status("opening the agent's sandbox session", &s))?;
-    let outcome = turn_in(
-        ctx, spec, adapter, records, &sandbox, workspace, argv, resumed, turn, request,
-    )
-    .await;
-    if let Err(e) = sandbox.close().await {
-        tracing::warn!(session_id = %sandbox_id, error = %e.message(), "closing the agent's sandbox session failed; the runner removes it at its next start");
+    // The turn's record once its CLI ran (None: it failed before).
+    let mut ran = None;
+    let outcome = match opened {
+        Ok(sandbox) => {
+            let outcome = turn_in(
+                ctx, spec, adapter, records, &sandbox, workspace, argv, resumed, turn, request,
+                &mut ran,
+            )
+            .await;
+            if let Err(e) = sandbox.close().await {
+                tracing::warn!(session_id = %sandbox_id, error = %e.message(), "closing the agent's sandbox session failed; the runner removes it at its next start");
+            }
+            outcome
+        }
+        Err(s) => Err(NodeError::from_status(
+            "opening the agent's sandbox session",
+            &s,
+        )),
+    };
+    if let Err(e) = &outcome {
+        turns::record_failure(ctx, records, adapter.name(), request, ran, e).await;
     }
     outcome
 }
@@ -123,6 +136,7 @@ async fn turn_in(
     resumed: bool,
     turn: &Turn,
     request: &str,
+    ran: &mut Option<TurnRecord>,
 ) -> Result<TurnDone, NodeError> {
     let state = adapter.state_dir();
     // The project directory, then the CLI's kept state.
@@ -253,6 +267,7 @@ async fn turn_in(
     record.timed_out = result.timed_out;
     record.stdout_truncated = result.stdout_truncated;
     dir.put_exec(records, &stdout, &stderr, &record).await?;
+    *ran = Some(record.clone());
     let report = TurnReport::read(adapter, &stdout, result.stdout_truncated);
 
     // File changes go back to the project, beneath `workspace` only.
@@ -353,11 +368,7 @@ async fn turn_in(
         kept.push(rel);
     }
 
-    record.kept = kept.clone();
-    record.complete = true;
-    dir.put_record(records, &record).await?;
-    write_messages(ctx, records, &report).await?;
-    Ok(TurnDone {
+    let done = TurnDone {
         report,
         exit_code: result.exit_code,
         timed_out: result.timed_out,
@@ -365,7 +376,8 @@ async fn turn_in(
         written,
         deleted,
         kept,
-    })
+    };
+    turns::finish(ctx, records, &dir, record, done).await
 }
 
 #[cfg(test)]

@@ -8,7 +8,8 @@
 //! - `files/<sha256>`: the bytes of each file the turn wrote back into the workspace;
 //! - `turn.json`: exit code, timeout, the sha256 of the request and the transcript, the files
 //!   written back (project path, sha256, size), the paths mirrored as deleted, the CLI state
-//!   files kept, and whether the turn got that far (`complete`).
+//!   files kept, whether the turn got that far (`complete`) and, for a turn that failed (its
+//!   CLI run or not: no runner, staging refused), the node's `error`.
 //!
 //! A replay (`--sandbox recorded`) takes the record of the same attempt and turn of the
 //! recorded run, checks its request against the one it would send, feeds the transcript
@@ -72,6 +73,17 @@ pub struct TurnRecord {
     pub kept: Vec<String>,
     /// The turn's changes went back and its state was kept (false: it failed in between).
     pub complete: bool,
+    /// Why the turn failed, as the node failed (absent: it did not, or it was recorded before
+    /// failures were); a replay fails the turn with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<RecordedError>,
+}
+
+/// A turn's failure: the node error's kind and message (the run's id written as a mark).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordedError {
+    pub kind: cairn_graph::ErrorKind,
+    pub message: String,
 }
 
 impl TurnRecord {
@@ -99,6 +111,7 @@ impl TurnRecord {
             deleted: Vec::new(),
             kept: Vec::new(),
             complete: false,
+            error: None,
         }
     }
 }
@@ -182,6 +195,58 @@ impl TurnDir {
             .await
             .map_err(status_error("recording a changed file of the turn"))?;
         Ok(sha)
+    }
+}
+
+/// Ends a turn that got through, run live or answered from its record: its record is
+/// complete with the kept state, and the agent's words of the attempt are written.
+pub(crate) async fn finish(
+    ctx: &NodeCtx,
+    records: &InstanceRecords,
+    dir: &TurnDir,
+    mut record: TurnRecord,
+    done: TurnDone,
+) -> Result<TurnDone, NodeError> {
+    record.kept = done.kept.clone();
+    record.complete = true;
+    dir.put_record(records, &record).await?;
+    write_messages(ctx, records, &done.report).await?;
+    Ok(done)
+}
+
+/// Records why a live turn failed, so a replay fails it the same way: `error` in turn.json,
+/// added to the record of `ran` (the turn's CLI ran in this attempt) or, when it never ran,
+/// in a record of its own with the request and an empty transcript. Best effort: a record
+/// that cannot be written is logged, and the turn's own error stands.
+pub(crate) async fn record_failure(
+    ctx: &NodeCtx,
+    records: &InstanceRecords,
+    adapter: &str,
+    request: &str,
+    ran: Option<TurnRecord>,
+    e: &NodeError,
+) {
+    let dir = TurnDir::of(ctx);
+    let error = Some(RecordedError {
+        kind: e.kind,
+        message: mark(&e.message, &ctx.run_id),
+    });
+    let written = match ran {
+        Some(mut record) => {
+            record.error = error;
+            dir.put_record(records, &record).await
+        }
+        None => {
+            let mut record = TurnRecord::new(ctx, adapter, request, "", "");
+            record.error = error;
+            match dir.put_request(records, request).await {
+                Ok(()) => dir.put_exec(records, "", "", &record).await,
+                Err(e) => Err(e),
+            }
+        }
+    };
+    if let Err(w) = written {
+        tracing::warn!(run_id = %ctx.run_id, node = %ctx.node_id, attempt = ctx.attempt, error = %w.message, "the failed turn's record could not be written; a replay of this run cannot answer the turn");
     }
 }
 
@@ -366,6 +431,13 @@ pub(crate) async fn replay_turn(
     dir.put_exec(records, &transcript, &stderr, &record).await?;
     let report = TurnReport::read(adapter, &transcript, rec.record.stdout_truncated);
 
+    // A turn that failed fails again, as it did.
+    if let Some(error) = rec.record.error {
+        let failed = NodeError::new(error.kind, error.message.replace(RUN_ID_MARK, &ctx.run_id));
+        record.error = Some(error);
+        dir.put_record(records, &record).await?;
+        return Err(failed);
+    }
     // What goes back, every recorded byte checked before anything is written.
     let planned = plan_changes(adapter, &report, workspace)?;
     if !rec.record.complete {
@@ -458,11 +530,7 @@ pub(crate) async fn replay_turn(
         }
         kept.push(rel.clone());
     }
-    record.kept = kept.clone();
-    record.complete = true;
-    dir.put_record(records, &record).await?;
-    write_messages(ctx, records, &report).await?;
-    Ok(TurnDone {
+    let done = TurnDone {
         report,
         exit_code: rec.record.exit_code,
         timed_out: rec.record.timed_out,
@@ -470,7 +538,8 @@ pub(crate) async fn replay_turn(
         written,
         deleted,
         kept,
-    })
+    };
+    finish(ctx, records, &dir, record, done).await
 }
 
 #[cfg(test)]
@@ -512,8 +581,22 @@ mod tests {
             deleted: vec!["app/y".into()],
             kept: vec!["sessions/r.jsonl".into()],
             complete: true,
+            error: None,
         };
         let text = serde_json::to_string_pretty(&r).unwrap();
+        assert!(!text.contains("\"error\""), "{text}");
         assert_eq!(serde_json::from_str::<TurnRecord>(&text).unwrap(), r);
+        // A failed turn keeps its error, kind and message.
+        let failed = TurnRecord {
+            complete: false,
+            error: Some(RecordedError {
+                kind: cairn_graph::ErrorKind::Unavailable,
+                message: "opening the agent's sandbox session: no runner".into(),
+            }),
+            ..r
+        };
+        let text = serde_json::to_string_pretty(&failed).unwrap();
+        assert!(text.contains("\"kind\": \"unavailable\""), "{text}");
+        assert_eq!(serde_json::from_str::<TurnRecord>(&text).unwrap(), failed);
     }
 }

@@ -13,6 +13,7 @@ pub mod evidence;
 pub mod gate;
 pub mod layout;
 pub mod logs;
+pub mod recorded;
 pub mod snapshot;
 
 use std::collections::{BTreeMap, HashMap};

@@ -116,7 +116,14 @@ pub async fn run(ctx: &NodeCtx, spec: &AssembleSpec) -> Result<NodeSuccess, Node
 
     let mut events = Vec::new();
     let mut counters_out = Value::Null;
-    if plan_type == "auto" {
+    // A replay counts nothing: the counters are reported as the recorded run left them.
+    let replay = ctx.replay();
+    if let (Some(r), "auto") = (&replay, plan_type.as_str()) {
+        if let Some((out, event)) = crate::replayed::counters(ctx, &r.source).await? {
+            counters_out = out;
+            events.push(event);
+        }
+    } else if plan_type == "auto" {
         let path = match &spec.counters {
             Some(t) => project_path(&ctx.scope, "counters", t, Access::Write)?,
             None => plan

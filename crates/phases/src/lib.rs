@@ -26,6 +26,7 @@ pub mod counters;
 pub mod inputs;
 pub mod plan;
 pub mod plan_node;
+pub mod replayed;
 
 pub use assemble::AssembleSpec;
 pub use cairn_graph::contract::{check_result_name, normalize_key, RESULT_OUTPUTS};

@@ -16,6 +16,10 @@ use cairn_node::events::{now, Ev};
 use cairn_node::{project_path, Access, NodeCtx, NodeError, NodeSuccess};
 
 pub async fn run(ctx: &NodeCtx, spec: &PlanSpec) -> Result<NodeSuccess, NodeError> {
+    // A replay takes the recorded decision and claims nothing (replayed.rs).
+    if let Some(r) = ctx.replay() {
+        return crate::replayed::plan(ctx, &r.source).await;
+    }
     let limits = spec.limits.as_ref().ok_or_else(|| {
         NodeError::refused(
             "field `limits_file`: the limits were not loaded at submit (submit the graph through the orchestrator's SubmitRun)",

@@ -9,9 +9,7 @@
 mod common;
 
 use cairn_proto::v1::orchestrator_client::OrchestratorClient;
-use cairn_proto::v1::{
-    DeleteRequest, DiffRunsRequest, GateDecisionRequest, ReplayRunRequest, TaskState,
-};
+use cairn_proto::v1::{DeleteRequest, GateDecisionRequest, TaskState};
 use common::*;
 use serde_json::Value;
 use tonic::transport::Channel;
@@ -64,13 +62,7 @@ async fn record(s: &Stack, prompt: &str) -> String {
             .await
             .unwrap();
     }
-    let done = s.wait_final(&run, WAIT_S).await;
-    assert_eq!(
-        done.state,
-        TaskState::Completed as i32,
-        "{done:#?}\n{:#?}",
-        s.event_types(&run).await
-    );
+    s.wait_completed(&run, WAIT_S).await;
     run
 }
 
@@ -96,39 +88,6 @@ async fn turn_dirs(s: &Stack, run: &str) -> Vec<String> {
         .collect();
     dirs.sort();
     dirs
-}
-
-async fn replay_with(
-    s: &Stack,
-    run: &str,
-    tweak: impl FnOnce(&mut ReplayRunRequest),
-) -> Result<String, tonic::Status> {
-    let mut req = ReplayRunRequest {
-        project_id: PROJECT.into(),
-        run_id: run.into(),
-        by: "tester".into(),
-        ..Default::default()
-    };
-    tweak(&mut req);
-    let info = s.client.clone().replay_run(req).await?.into_inner();
-    assert_eq!(info.replay_of, run);
-    s.wait_final(&info.run_id, WAIT_S).await;
-    Ok(info.run_id)
-}
-
-async fn verdict(s: &Stack, a: &str, b: &str) -> Value {
-    let d = s
-        .client
-        .clone()
-        .diff_runs(DiffRunsRequest {
-            project_id: PROJECT.into(),
-            run_a: a.into(),
-            run_b: b.into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    serde_json::from_str(&d.verdict_json).unwrap()
 }
 
 /// (path, sha256) of every artifact.written of `run`'s coder, sorted.
@@ -235,8 +194,8 @@ async fn an_external_agent_replays_identically_from_its_turn_records_with_no_run
     s.stop_sandbox().await;
     delete(&s, "app/.fake-codex.py").await;
 
-    let replayed = replay_with(&s, &run, |_| {}).await.unwrap();
-    let v = verdict(&s, &run, &replayed).await;
+    let replayed = s.replay_with(&run, WAIT_S, |_| {}).await.unwrap();
+    let v = s.verdict(&run, &replayed).await.0;
     assert_eq!(
         v["verdict"],
         "identical",
@@ -278,9 +237,9 @@ async fn an_external_agent_replays_identically_from_its_turn_records_with_no_run
     assert_eq!(turn_dirs(&s, &replayed).await.len(), 2);
     let (other, handle) = runnerless(&s).await;
     let first = std::mem::replace(&mut s.client, other);
-    let again = replay_with(&s, &replayed, |_| {}).await.unwrap();
+    let again = s.replay_with(&replayed, WAIT_S, |_| {}).await.unwrap();
     assert_eq!(
-        verdict(&s, &replayed, &again).await["verdict"],
+        s.verdict(&replayed, &again).await.0["verdict"],
         "identical",
         "{:#?}",
         s.event_types(&again).await
@@ -309,8 +268,8 @@ async fn a_damaged_turn_record_is_refused_naming_the_file() {
     let text = String::from_utf8(good.clone()).unwrap();
     assert!(text.contains("Nonce "), "{text}");
     put_file(&s.store, &path, text.replace("Nonce ", "Nonse ").as_bytes()).await;
-    let replayed = replay_with(&s, &run, |_| {}).await.unwrap();
-    let v = verdict(&s, &run, &replayed).await;
+    let replayed = s.replay_with(&run, WAIT_S, |_| {}).await.unwrap();
+    let v = s.verdict(&run, &replayed).await.0;
     assert_eq!(v["verdict"], "failed", "{v:#}");
     assert_eq!(v["divergence"]["node"], "coder", "{v:#}");
     let error = v["divergence"]["diff"].as_str().unwrap();
@@ -335,8 +294,8 @@ async fn a_damaged_turn_record_is_refused_naming_the_file() {
     let kept = format!("{dir}/files/{sha}");
     let bytes = s.read(&kept).await.unwrap();
     put_file(&s.store, &kept, b"not the recorded nonce\n").await;
-    let replayed = replay_with(&s, &run, |_| {}).await.unwrap();
-    let v = verdict(&s, &run, &replayed).await;
+    let replayed = s.replay_with(&run, WAIT_S, |_| {}).await.unwrap();
+    let v = s.verdict(&run, &replayed).await.0;
     assert_eq!(v["verdict"], "failed", "{v:#}");
     let error = v["divergence"]["diff"].as_str().unwrap();
     assert!(
@@ -347,8 +306,8 @@ async fn a_damaged_turn_record_is_refused_naming_the_file() {
     assert!(written(&s, &replayed).await.is_empty());
 
     put_file(&s.store, &kept, &bytes).await;
-    let replayed = replay_with(&s, &run, |_| {}).await.unwrap();
-    let v = verdict(&s, &run, &replayed).await;
+    let replayed = s.replay_with(&run, WAIT_S, |_| {}).await.unwrap();
+    let v = s.verdict(&run, &replayed).await.0;
     assert_eq!(v["verdict"], "identical", "{v:#}");
     s.stop().await;
 }
@@ -370,14 +329,15 @@ async fn a_changed_prompt_diverges_at_the_agent_with_the_request_diff() {
     };
 
     // --live-after: the changed turn is told as `replay.live` and runs on the runner.
-    let went_on = replay_with(&s, &run, |r| {
-        r.graph_yaml = changed.clone();
-        r.live_after = true;
-    })
-    .await
-    .unwrap();
+    let went_on = s
+        .replay_with(&run, WAIT_S, |r| {
+            r.graph_yaml = changed.clone();
+            r.live_after = true;
+        })
+        .await
+        .unwrap();
     assert_eq!(s.get(&went_on).await.state, TaskState::Completed as i32);
-    let v = verdict(&s, &run, &went_on).await;
+    let v = s.verdict(&run, &went_on).await.0;
     assert_eq!(v["verdict"], "diverged", "{v:#}");
     assert_eq!(v["divergence"]["node"], "coder", "{v:#}");
     assert_eq!(
@@ -390,10 +350,11 @@ async fn a_changed_prompt_diverges_at_the_agent_with_the_request_diff() {
 
     // Until the divergence (the default): the node fails there, the CLI is not run.
     s.stop_sandbox().await;
-    let replayed = replay_with(&s, &run, |r| r.graph_yaml = changed)
+    let replayed = s
+        .replay_with(&run, WAIT_S, |r| r.graph_yaml = changed)
         .await
         .unwrap();
-    let v = verdict(&s, &run, &replayed).await;
+    let v = s.verdict(&run, &replayed).await.0;
     assert_eq!(v["verdict"], "diverged", "{v:#}");
     assert_eq!(v["divergence"]["node"], "coder", "{v:#}");
     assert_eq!(v["divergence"]["what"], "request", "{v:#}");
@@ -420,7 +381,7 @@ async fn a_run_without_turn_records_says_which_are_missing() {
     {
         delete(&s, &f).await;
     }
-    let e = replay_with(&s, &run, |_| {}).await.unwrap_err();
+    let e = s.replay_with(&run, WAIT_S, |_| {}).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
     assert!(
         e.message().contains(&format!(
@@ -431,14 +392,67 @@ async fn a_run_without_turn_records_says_which_are_missing() {
     );
     assert!(e.message().contains("--sandbox live"), "{}", e.message());
 
-    let live = replay_with(&s, &run, |r| r.live_sandbox = true)
+    let live = s
+        .replay_with(&run, WAIT_S, |r| r.live_sandbox = true)
         .await
         .unwrap();
-    let v = verdict(&s, &run, &live).await;
+    let v = s.verdict(&run, &live).await.0;
     assert_eq!(
         v["verdict"], "diverged",
         "a live CLI draws another nonce: {v:#}"
     );
     assert_eq!(v["divergence"]["node"], "coder", "{v:#}");
+    s.stop().await;
+}
+
+/// A turn that failed before its CLI ran (its one runner does not answer) is recorded with
+/// the node's error, request and an empty transcript; the replay, with no runner at all,
+/// fails the turn with the same error and ends `identical`, where a replay used to stop at a
+/// missing record.
+#[tokio::test]
+async fn a_turn_that_failed_before_its_cli_ran_fails_the_same_way_in_the_replay() {
+    let s = Stack::start(Options {
+        ingest: false,
+        tweak: |c| c.sandbox_addrs = vec!["127.0.0.1:1".into()],
+        ..Default::default()
+    })
+    .await;
+    let run = s.submit(&graph(ONE_TURN), &[]).await.unwrap().run_id;
+    let info = s.wait_final(&run, WAIT_S).await;
+    assert_eq!(info.state, TaskState::Failed as i32, "{info:#?}");
+    let error = |info: &cairn_proto::v1::RunInfo| {
+        info.nodes
+            .iter()
+            .find(|n| n.id == "coder")
+            .unwrap()
+            .error
+            .clone()
+    };
+    let recorded_error = error(&info);
+    assert!(
+        recorded_error.contains("sandbox session"),
+        "{recorded_error}"
+    );
+    let turns = turn_dirs(&s, &run).await;
+    assert!(!turns.is_empty(), "no turn record of the failed turn");
+    let record: Value =
+        serde_json::from_str(&s.read_text(&format!("{}/turn.json", turns[0])).await).unwrap();
+    assert_eq!(record["complete"], false, "{record:#}");
+    assert!(
+        record["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("sandbox session"),
+        "{record:#}"
+    );
+    assert!(record["error"]["kind"].is_string(), "{record:#}");
+
+    let replayed = s.replay_with(&run, WAIT_S, |_| {}).await.unwrap();
+    let again = s.get(&replayed).await;
+    assert_eq!(again.state, TaskState::Failed as i32, "{again:#?}");
+    assert_eq!(error(&again).replace(&replayed, &run), recorded_error);
+    let v = s.verdict(&run, &replayed).await.0;
+    assert_eq!(v["verdict"], "identical", "{v:#}");
+    assert_eq!(turn_dirs(&s, &replayed).await.len(), turns.len());
     s.stop().await;
 }

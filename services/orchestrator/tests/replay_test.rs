@@ -7,15 +7,15 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+#[path = "support/random_llm.rs"]
+mod random_llm;
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
-use axum::routing::post;
-use axum::Router;
 use cairn_orchestrator::Config;
-use cairn_proto::v1::{DiffRunsRequest, ReplayRunRequest, SubmitRunRequest, TaskState};
+use cairn_proto::v1::{ReplayRunRequest, SubmitRunRequest, TaskState};
 use common::{data, put_file, Options, Stack, PROJECT};
+use random_llm::{cassette_llm, RandomLlm};
 use serde_json::{json, Value};
 
 /// Two agents and a file made from their outputs; only `second` reads the variable.
@@ -41,94 +41,6 @@ nodes:
 
 /// How long a replay may take to end (a code delivery replay runs its session again).
 const REPLAY_WAIT_S: u64 = 120;
-
-/// An OpenAI-compatible server on loopback whose every answer is new random text (so a live
-/// re-run differs from the recorded one); `stop` takes it off the network.
-struct RandomLlm {
-    base_url: String,
-    calls: Arc<AtomicU64>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    join: tokio::task::JoinHandle<()>,
-}
-
-impl RandomLlm {
-    async fn start() -> RandomLlm {
-        RandomLlm::answering("answer").await
-    }
-
-    /// Each answer is `text` followed by a random line.
-    async fn answering(text: &str) -> RandomLlm {
-        RandomLlm::slow(text, 0).await
-    }
-
-    /// `answering`, each answer after `delay_ms` (a model's latency).
-    async fn slow(text: &str, delay_ms: u64) -> RandomLlm {
-        let text = text.to_owned();
-        let calls = Arc::new(AtomicU64::new(0));
-        let counter = calls.clone();
-        let app = Router::new().route(
-            "/v1/chat/completions",
-            post(move || {
-                let counter = counter.clone();
-                let text = text.clone();
-                async move {
-                    tokio::time::sleep(std::time::Duration::from_millis(delay_ms)).await;
-                    counter.fetch_add(1, Ordering::SeqCst);
-                    let text = format!("{text} {}\n", uuid::Uuid::new_v4());
-                    let tokens = 1 + fastrand::u64(0..50);
-                    axum::Json(json!({
-                        "id": "x", "object": "chat.completion", "model": "random-model",
-                        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-                        "usage": {"prompt_tokens": 10, "completion_tokens": tokens, "total_tokens": 10 + tokens}
-                    }))
-                }
-            }),
-        );
-        RandomLlm::serving(app, calls).await
-    }
-
-    /// Serves `app` on loopback; `calls` counts the answers it gave.
-    async fn serving(app: Router, calls: Arc<AtomicU64>) -> RandomLlm {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let join = tokio::spawn(async move {
-            let _ = axum::serve(listener, app)
-                .with_graceful_shutdown(async {
-                    let _ = rx.await;
-                })
-                .await;
-        });
-        RandomLlm {
-            base_url: format!("http://{addr}/v1"),
-            calls,
-            stop: Some(tx),
-            join,
-        }
-    }
-
-    fn llm(&self) -> String {
-        format!("openai:{}#m", self.base_url)
-    }
-
-    /// Stops the server and checks that nothing listens there any more.
-    async fn stop(mut self) -> String {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        self.join.abort();
-        let _ = self.join.await;
-        let addr = self
-            .base_url
-            .trim_start_matches("http://")
-            .trim_end_matches("/v1");
-        assert!(
-            tokio::net::TcpStream::connect(addr).await.is_err(),
-            "the fake provider still answers"
-        );
-        self.base_url
-    }
-}
 
 fn fast(c: &mut Config) {
     c.llm.initial_backoff_ms = 5;
@@ -173,44 +85,6 @@ async fn recorded_offline() -> (Stack, String) {
     (stack, run)
 }
 
-async fn replay(stack: &Stack, run: &str, vars: &[(&str, &str)]) -> Result<String, tonic::Status> {
-    let info = stack
-        .client
-        .clone()
-        .replay_run(ReplayRunRequest {
-            project_id: PROJECT.into(),
-            run_id: run.into(),
-            vars: vars
-                .iter()
-                .map(|(k, v)| ((*k).into(), (*v).into()))
-                .collect(),
-            by: "tester".into(),
-            ..Default::default()
-        })
-        .await?
-        .into_inner();
-    assert_eq!(info.replay_of, run);
-    stack.wait_final(&info.run_id, REPLAY_WAIT_S).await;
-    Ok(info.run_id)
-}
-
-async fn verdict(stack: &Stack, a: &str, b: &str) -> (Value, Value) {
-    let d = stack
-        .client
-        .clone()
-        .diff_runs(DiffRunsRequest {
-            project_id: PROJECT.into(),
-            run_a: a.into(),
-            run_b: b.into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let v: Value = serde_json::from_str(&d.verdict_json).unwrap();
-    assert_eq!(v["verdict"], d.verdict.as_str());
-    (v, serde_json::from_str(&d.report_json).unwrap())
-}
-
 #[tokio::test]
 async fn a_recorded_run_replays_identically_with_its_provider_gone() {
     let llm = RandomLlm::start().await;
@@ -247,15 +121,18 @@ async fn a_recorded_run_replays_identically_with_its_provider_gone() {
         .unwrap()
         .run_id;
     stack.wait_final(&rerun, 30).await;
-    let (v, _) = verdict(&stack, &run, &rerun).await;
+    let (v, _) = stack.verdict(&run, &rerun).await;
     assert_eq!(v["verdict"], "diverged", "{v:#}");
 
     let calls = llm.calls.load(Ordering::SeqCst);
     llm.stop().await;
-    let replayed = replay(&stack, &run, &[]).await.unwrap();
+    let replayed = stack
+        .replay_with(&run, REPLAY_WAIT_S, |_| {})
+        .await
+        .unwrap();
     let info = stack.get(&replayed).await;
     assert_eq!(info.state, TaskState::Completed as i32, "{info:#?}");
-    let (v, report) = verdict(&stack, &run, &replayed).await;
+    let (v, report) = stack.verdict(&run, &replayed).await;
     assert_eq!(
         v,
         json!({"run_id": replayed, "replay_of": run, "verdict": "identical", "divergence": null}),
@@ -282,9 +159,12 @@ async fn a_recorded_run_replays_identically_with_its_provider_gone() {
         .await;
     assert!(task.contains(&format!("replay_of: {run}")), "{task}");
     // A replay of the replay is identical too (its own exchanges were recorded).
-    let again = replay(&stack, &replayed, &[]).await.unwrap();
+    let again = stack
+        .replay_with(&replayed, REPLAY_WAIT_S, |_| {})
+        .await
+        .unwrap();
     assert_eq!(
-        verdict(&stack, &replayed, &again).await.0["verdict"],
+        stack.verdict(&replayed, &again).await.0["verdict"],
         "identical"
     );
     assert_eq!(calls, 4);
@@ -294,8 +174,13 @@ async fn a_recorded_run_replays_identically_with_its_provider_gone() {
 #[tokio::test]
 async fn a_changed_variable_diverges_at_the_node_whose_request_changed() {
     let (stack, run) = recorded_offline().await;
-    let replayed = replay(&stack, &run, &[("topic", "snow")]).await.unwrap();
-    let (v, _) = verdict(&stack, &run, &replayed).await;
+    let replayed = stack
+        .replay_with(&run, REPLAY_WAIT_S, |r| {
+            r.vars = [("topic".to_owned(), "snow".to_owned())].into();
+        })
+        .await
+        .unwrap();
+    let (v, _) = stack.verdict(&run, &replayed).await;
     assert_eq!(v["verdict"], "diverged", "{v:#}");
     assert_eq!(v["divergence"]["node"], "second");
     assert_eq!(v["divergence"]["attempt"], 1);
@@ -331,8 +216,11 @@ async fn a_damaged_record_is_refused_naming_its_file_and_line() {
     let line = text.lines().position(|l| l.contains("\"step\"")).unwrap() + 1;
     let broken = text.replacen("\"step\": 1", "\"step\": one", 1);
     put_file(&stack.store, &path, broken.as_bytes()).await;
-    let replayed = replay(&stack, &run, &[]).await.unwrap();
-    let (v, _) = verdict(&stack, &run, &replayed).await;
+    let replayed = stack
+        .replay_with(&run, REPLAY_WAIT_S, |_| {})
+        .await
+        .unwrap();
+    let (v, _) = stack.verdict(&run, &replayed).await;
     assert_eq!(v["verdict"], "failed", "{v:#}");
     assert_eq!(v["divergence"]["node"], "first");
     let error = v["divergence"]["diff"].as_str().unwrap();
@@ -358,7 +246,10 @@ async fn a_run_without_exchange_records_says_which_are_missing() {
             .await
             .unwrap();
     }
-    let e = replay(&stack, &run, &[]).await.unwrap_err();
+    let e = stack
+        .replay_with(&run, REPLAY_WAIT_S, |_| {})
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
     assert!(
         e.message()
@@ -408,10 +299,13 @@ async fn the_hello_example_replays_identically_with_recorded_sandbox_and_gate() 
     assert_eq!(info.state, TaskState::Completed as i32, "{info:#?}");
     llm.stop().await;
 
-    let replayed = replay(&stack, &run, &[]).await.unwrap();
+    let replayed = stack
+        .replay_with(&run, REPLAY_WAIT_S, |_| {})
+        .await
+        .unwrap();
     let info = stack.get(&replayed).await;
     assert_eq!(info.state, TaskState::Completed as i32, "{info:#?}");
-    let (v, report) = verdict(&stack, &run, &replayed).await;
+    let (v, report) = stack.verdict(&run, &replayed).await;
     assert_eq!(v["verdict"], "identical", "{v:#}\n{report:#}");
     // The report names the recorded approval, its time and the recorded test run.
     let a = stack
@@ -431,57 +325,6 @@ async fn the_hello_example_replays_identically_with_recorded_sandbox_and_gate() 
     assert_eq!(data(&decided)["by"], "alice");
     assert_eq!(data(&decided)["replayed_by"], "tester");
     stack.stop().await;
-}
-
-/// An OpenAI-compatible server answering each request of a tool loop with the tool calls
-/// `cassette` (the examples' format) gives its step (the assistant messages so far, plus
-/// one), each answer with random text and random call ids: a live re-run differs.
-async fn cassette_llm(cassette: &str) -> RandomLlm {
-    let cassette: Value = serde_saphyr::from_str(cassette).unwrap();
-    let answers = Arc::new(cassette["answers"].as_array().unwrap().clone());
-    let calls = Arc::new(AtomicU64::new(0));
-    let counter = calls.clone();
-    let app = Router::new().route(
-        "/v1/chat/completions",
-        post(move |axum::Json(req): axum::Json<Value>| {
-            let counter = counter.clone();
-            let answers = answers.clone();
-            async move {
-                counter.fetch_add(1, Ordering::SeqCst);
-                let step = 1 + req["messages"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .filter(|m| m["role"] == "assistant")
-                    .count() as u64;
-                let answer = answers
-                    .iter()
-                    .find(|a| a["step"].as_u64() == Some(step))
-                    .unwrap_or_else(|| panic!("the cassette has no step {step}"));
-                let tool_calls: Vec<Value> = answer["tool_calls"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|c| {
-                        json!({"id": format!("call_{}", uuid::Uuid::new_v4().simple()), "type": "function",
-                               "function": {"name": c["name"], "arguments": c["arguments"].to_string()}})
-                    })
-                    .collect();
-                let content = format!(
-                    "{} {}",
-                    answer["content"].as_str().unwrap_or_default(),
-                    uuid::Uuid::new_v4()
-                );
-                let tokens = 1 + fastrand::u64(0..50);
-                axum::Json(json!({
-                    "id": "x", "object": "chat.completion", "model": "random-model",
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": content, "tool_calls": tool_calls}, "finish_reason": "tool_calls"}],
-                    "usage": {"prompt_tokens": 100, "completion_tokens": tokens, "total_tokens": 100 + tokens}
-                }))
-            }
-        }),
-    );
-    RandomLlm::serving(app, calls).await
 }
 
 /// The code delivery example (its tool calls from its cassette, each answer with random text
@@ -544,16 +387,19 @@ async fn the_code_delivery_example_replays_identically_with_its_provider_gone() 
     let rerun = stack.submit_req(submit(&run)).await.unwrap().run_id;
     let info = stack.wait_final(&rerun, 300).await;
     assert_eq!(info.state, TaskState::Completed as i32, "{info:#?}");
-    let (v, _) = verdict(&stack, &run, &rerun).await;
+    let (v, _) = stack.verdict(&run, &rerun).await;
     assert_eq!(v["verdict"], "diverged", "{v:#}");
     assert_eq!(v["divergence"]["node"], "deliver", "{v:#}");
     assert_eq!(llm.calls.load(Ordering::SeqCst), 10);
     llm.stop().await;
 
-    let replayed = replay(&stack, &run, &[]).await.unwrap();
+    let replayed = stack
+        .replay_with(&run, REPLAY_WAIT_S, |_| {})
+        .await
+        .unwrap();
     let info = stack.get(&replayed).await;
     assert_eq!(info.state, TaskState::Completed as i32, "{info:#?}");
-    let (v, report) = verdict(&stack, &run, &replayed).await;
+    let (v, report) = stack.verdict(&run, &replayed).await;
     assert_eq!(
         v,
         json!({"run_id": replayed, "replay_of": run, "verdict": "identical", "divergence": null}),
@@ -586,10 +432,11 @@ async fn the_code_delivery_example_replays_identically_with_its_provider_gone() 
         "that prints the number of lines",
     );
     assert_ne!(changed, graph);
-    let diverged = replay_with(&stack, &run, |r| r.graph_yaml = changed)
+    let diverged = stack
+        .replay_with(&run, REPLAY_WAIT_S, |r| r.graph_yaml = changed)
         .await
         .unwrap();
-    let (v, _) = verdict(&stack, &run, &diverged).await;
+    let (v, _) = stack.verdict(&run, &diverged).await;
     assert_eq!(v["verdict"], "diverged", "{v:#}");
     assert_eq!(v["divergence"]["node"], "deliver", "{v:#}");
     assert_eq!(v["divergence"]["what"], "request", "{v:#}");
@@ -612,25 +459,6 @@ async fn the_code_delivery_example_replays_identically_with_its_provider_gone() 
     stack.stop().await;
 }
 
-/// `replay` with the request `tweak` makes of the default one.
-async fn replay_with(
-    stack: &Stack,
-    run: &str,
-    tweak: impl FnOnce(&mut ReplayRunRequest),
-) -> Result<String, tonic::Status> {
-    let mut req = ReplayRunRequest {
-        project_id: PROJECT.into(),
-        run_id: run.into(),
-        by: "tester".into(),
-        ..Default::default()
-    };
-    tweak(&mut req);
-    let info = stack.client.clone().replay_run(req).await?.into_inner();
-    assert_eq!(info.replay_of, run);
-    stack.wait_final(&info.run_id, REPLAY_WAIT_S).await;
-    Ok(info.run_id)
-}
-
 /// GRAPH with `second`'s prompt changed.
 fn changed_graph() -> String {
     let g = GRAPH.replace("Write a line about", "Write two lines about");
@@ -647,10 +475,11 @@ async fn a_changed_graph_diverges_at_its_change_and_goes_on_live_only_after_it()
     let (stack, run) = recorded_offline().await;
 
     // Until the divergence (the default): `second` fails, nothing is asked of any model.
-    let stopped = replay_with(&stack, &run, |r| r.graph_yaml = changed_graph())
+    let stopped = stack
+        .replay_with(&run, REPLAY_WAIT_S, |r| r.graph_yaml = changed_graph())
         .await
         .unwrap();
-    let (v, _) = verdict(&stack, &run, &stopped).await;
+    let (v, _) = stack.verdict(&run, &stopped).await;
     assert_eq!(v["verdict"], "diverged", "{v:#}");
     assert_eq!(v["divergence"]["node"], "second", "{v:#}");
     assert_eq!(v["divergence"]["what"], "request", "{v:#}");
@@ -674,13 +503,14 @@ async fn a_changed_graph_diverges_at_its_change_and_goes_on_live_only_after_it()
 
     // live_after needs a provider: a live one answering "live ...".
     let llm = RandomLlm::answering("live").await;
-    let went_on = replay_with(&stack, &run, |r| {
-        r.graph_yaml = changed_graph();
-        r.live_after = true;
-        r.llm = llm.llm();
-    })
-    .await
-    .unwrap();
+    let went_on = stack
+        .replay_with(&run, REPLAY_WAIT_S, |r| {
+            r.graph_yaml = changed_graph();
+            r.live_after = true;
+            r.llm = llm.llm();
+        })
+        .await
+        .unwrap();
     let info = stack.get(&went_on).await;
     assert_eq!(info.state, TaskState::Completed as i32, "{info:#?}");
     // Only the changed node asked the model.
@@ -690,7 +520,7 @@ async fn a_changed_graph_diverges_at_its_change_and_goes_on_live_only_after_it()
     assert_eq!(first_a.replace(&run, "R"), first_b.replace(&went_on, "R"));
     let second = stack.read_text(&format!("docs/{went_on}/second.md")).await;
     assert!(second.contains("\nlive "), "{second}");
-    let (v, _) = verdict(&stack, &run, &went_on).await;
+    let (v, _) = stack.verdict(&run, &went_on).await;
     assert_eq!(v["verdict"], "diverged", "{v:#}");
     assert_eq!(v["divergence"]["node"], "second", "{v:#}");
     assert_eq!(v["divergence"]["what"], "request (went on live)", "{v:#}");
@@ -856,10 +686,11 @@ async fn a_changed_sandbox_step_diverges_and_runs_live_only_after_it() {
     let recorded_out = stack.read_text(&format!("docs/{run}/step/out.txt")).await;
 
     // Unchanged: the step's recorded output comes back (its random part included).
-    let same = replay_with(&stack, &run, |r| r.graph_yaml = step_graph("old"))
+    let same = stack
+        .replay_with(&run, REPLAY_WAIT_S, |r| r.graph_yaml = step_graph("old"))
         .await
         .unwrap();
-    let (v, _) = verdict(&stack, &run, &same).await;
+    let (v, _) = stack.verdict(&run, &same).await;
     assert_eq!(v["verdict"], "identical", "{v:#}");
     assert_eq!(
         stack.read_text(&format!("docs/{same}/step/out.txt")).await,
@@ -867,10 +698,11 @@ async fn a_changed_sandbox_step_diverges_and_runs_live_only_after_it() {
     );
 
     // Changed code: the divergence names the step and shows the code's diff.
-    let stopped = replay_with(&stack, &run, |r| r.graph_yaml = step_graph("new"))
+    let stopped = stack
+        .replay_with(&run, REPLAY_WAIT_S, |r| r.graph_yaml = step_graph("new"))
         .await
         .unwrap();
-    let (v, _) = verdict(&stack, &run, &stopped).await;
+    let (v, _) = stack.verdict(&run, &stopped).await;
     assert_eq!(v["verdict"], "diverged", "{v:#}");
     assert_eq!(v["divergence"]["node"], "step", "{v:#}");
     let diff = v["divergence"]["diff"].as_str().unwrap();
@@ -884,19 +716,20 @@ async fn a_changed_sandbox_step_diverges_and_runs_live_only_after_it() {
     );
 
     // live_after: the changed step runs on the runner; the agent before it still replays.
-    let went_on = replay_with(&stack, &run, |r| {
-        r.graph_yaml = step_graph("new");
-        r.live_after = true;
-    })
-    .await
-    .unwrap();
+    let went_on = stack
+        .replay_with(&run, REPLAY_WAIT_S, |r| {
+            r.graph_yaml = step_graph("new");
+            r.live_after = true;
+        })
+        .await
+        .unwrap();
     let info = stack.get(&went_on).await;
     assert_eq!(info.state, TaskState::Completed as i32, "{info:#?}");
     let out = stack
         .read_text(&format!("docs/{went_on}/step/out.txt"))
         .await;
     assert!(out.starts_with("new "), "{out}");
-    let (v, _) = verdict(&stack, &run, &went_on).await;
+    let (v, _) = stack.verdict(&run, &went_on).await;
     assert_eq!(v["divergence"]["node"], "step", "{v:#}");
     assert_eq!(
         v["divergence"]["what"], "sandbox request (went on live)",
@@ -946,10 +779,13 @@ async fn bench_replay_of_a_100_node_run() {
     assert_eq!(info.state, TaskState::Completed as i32);
     llm.stop().await;
     let started = std::time::Instant::now();
-    let replayed = replay(&stack, &run, &[]).await.unwrap();
+    let replayed = stack
+        .replay_with(&run, REPLAY_WAIT_S, |_| {})
+        .await
+        .unwrap();
     let replay_time = started.elapsed();
     assert_eq!(
-        verdict(&stack, &run, &replayed).await.0["verdict"],
+        stack.verdict(&run, &replayed).await.0["verdict"],
         "identical"
     );
     // The provider's latency the original spent waiting, on its critical path (8 parallel

@@ -20,46 +20,7 @@ const STEP_EVENTS: &[&str] = &[
     cairn_node::events::SANDBOX_FAILED,
 ];
 
-fn data(e: &pb::Event) -> Map<String, Value> {
-    match serde_json::from_str(&e.data_json) {
-        Ok(Value::Object(m)) => m,
-        _ => Map::new(),
-    }
-}
-
-/// An event type and its data.
-type Recorded = (String, Map<String, Value>);
-
-/// The recorded events of this node's attempt (without node.started), and how it ended.
-fn recorded_attempt(
-    events: &[pb::Event],
-    node: &str,
-    attempt: u32,
-) -> Option<(Vec<Recorded>, Recorded)> {
-    let mut inside = false;
-    let mut seen = Vec::new();
-    let mut end = None;
-    for e in events.iter().filter(|e| e.node_id == node) {
-        let d = data(e);
-        match e.r#type.as_str() {
-            "node.started" => {
-                inside = d.get("attempt").and_then(Value::as_u64) == Some(u64::from(attempt));
-                if inside {
-                    // A redelivered attempt starts over.
-                    seen.clear();
-                    end = None;
-                }
-            }
-            "node.completed" | "node.failed" if inside => {
-                end = Some((std::mem::take(&mut seen), (e.r#type.clone(), d)));
-                inside = false;
-            }
-            t if inside => seen.push((t.to_owned(), d)),
-            _ => {}
-        }
-    }
-    end
-}
+use cairn_node::recorded::attempt as recorded_attempt;
 
 /// Whether this attempt's sandbox request (`ours`, as `request_json` makes it) differs from
 /// the one recorded at the same node and attempt of `source`: the unified diff (recorded
@@ -101,15 +62,7 @@ pub async fn diverges(
     )))
 }
 
-/// The stored events of recorded run `source` (what `diverges` and `replay` read).
-pub async fn recorded_events(ctx: &NodeCtx, source: &str) -> Result<Vec<pb::Event>, NodeError> {
-    ctx.store()
-        .read_events(&ctx.project, source, 1)
-        .await
-        .map_err(|s| {
-            NodeError::from_status(&format!("reading the events of recorded run {source}"), &s)
-        })
-}
+pub use cairn_node::recorded::events as recorded_events;
 
 /// Replays attempt `ctx.attempt` of this node from run `source`'s records (`events`).
 pub async fn replay(
@@ -189,15 +142,7 @@ pub async fn replay(
         for e in out.events {
             ctx.progress.emit(e);
         }
-        use cairn_graph::ErrorKind;
-        let kind = match d.get("kind").and_then(Value::as_str) {
-            Some("timeout") => ErrorKind::Timeout,
-            Some("unavailable") => ErrorKind::Unavailable,
-            Some("refused") => ErrorKind::Refused,
-            _ => ErrorKind::Failed,
-        };
-        let error = d.get("error").and_then(Value::as_str).unwrap_or_default();
-        return Err(NodeError::new(kind, error.to_owned()));
+        return Err(cairn_node::recorded::failure(&d));
     }
     if let Some(Value::Object(o)) = d.get("outputs") {
         out.outputs = o.clone();

@@ -306,16 +306,28 @@ impl Runs {
                 needed.push((e.node_id.clone(), prefix, ""));
             }
         }
+        if needed.is_empty() {
+            return Ok(());
+        }
+        // One listing of every agent's records (files only, at any depth: a turn's records
+        // are one directory each), however many nodes asked.
+        let agents = dir.path("agents");
+        let agents = agents.trim_end_matches('/');
+        let files = self
+            .b
+            .store
+            .list(project, agents, true)
+            .await
+            .map_err(Error::store(format!("listing {agents}/")))?;
+        let files: Vec<&str> = files
+            .iter()
+            .filter(|e| e.kind == pb::EntryKind::File as i32)
+            .map(|e| e.path.as_str())
+            .collect();
         let mut missing = Vec::new();
         for (node, prefix, what) in &needed {
-            // Files only, at any depth (a turn's records are one directory each).
-            let files = self
-                .b
-                .store
-                .list(project, prefix, true)
-                .await
-                .map_err(Error::store(format!("listing {prefix}")))?;
-            if !files.iter().any(|e| e.kind == pb::EntryKind::File as i32) {
+            let under = format!("{}/", prefix.trim_end_matches('/'));
+            if !files.iter().any(|f| f.starts_with(&under)) {
                 missing.push(if what.is_empty() {
                     format!("{prefix}/ (node `{node}`)")
                 } else {

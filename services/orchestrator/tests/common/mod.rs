@@ -309,6 +309,45 @@ impl Stack {
             .map(|r| r.into_inner())
     }
 
+    /// Replays `run` (ReplayRun with the request `tweak` makes of the plain one) and waits up
+    /// to `secs` for the replay to end; the replay's run id.
+    pub async fn replay_with(
+        &self,
+        run: &str,
+        secs: u64,
+        tweak: impl FnOnce(&mut cairn_proto::v1::ReplayRunRequest),
+    ) -> Result<String, tonic::Status> {
+        let mut req = cairn_proto::v1::ReplayRunRequest {
+            project_id: PROJECT.into(),
+            run_id: run.into(),
+            by: "tester".into(),
+            ..Default::default()
+        };
+        tweak(&mut req);
+        let info = self.client.clone().replay_run(req).await?.into_inner();
+        assert_eq!(info.replay_of, run);
+        self.wait_final(&info.run_id, secs).await;
+        Ok(info.run_id)
+    }
+
+    /// DiffRuns of `a` and `b`: (the verdict object, the report).
+    pub async fn verdict(&self, a: &str, b: &str) -> (serde_json::Value, serde_json::Value) {
+        let d = self
+            .client
+            .clone()
+            .diff_runs(cairn_proto::v1::DiffRunsRequest {
+                project_id: PROJECT.into(),
+                run_a: a.into(),
+                run_b: b.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let v: serde_json::Value = serde_json::from_str(&d.verdict_json).unwrap();
+        assert_eq!(v["verdict"], d.verdict.as_str());
+        (v, serde_json::from_str(&d.report_json).unwrap())
+    }
+
     pub async fn get(&self, run_id: &str) -> RunInfo {
         self.client
             .clone()
@@ -370,6 +409,18 @@ impl Stack {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// `wait_final`, asserting the run completed (the failure shows the run and its events).
+    pub async fn wait_completed(&self, run_id: &str, secs: u64) -> RunInfo {
+        let info = self.wait_final(run_id, secs).await;
+        assert_eq!(
+            info.state,
+            TaskState::Completed as i32,
+            "{info:#?}\n{:#?}",
+            self.event_types(run_id).await
+        );
+        info
     }
 
     pub async fn events(&self, run_id: &str) -> Vec<Event> {
