@@ -788,6 +788,39 @@ async fn bench_replay_of_a_100_node_run() {
         stack.verdict(&run, &replayed).await.0["verdict"],
         "identical"
     );
+    // Where the replay's time went: each node's own time (started to completed) and its
+    // wait after the node it needs completed (scheduling).
+    let ts = |e: &cairn_proto::v1::Event| {
+        time::OffsetDateTime::parse(&e.ts, &time::format_description::well_known::Rfc3339).unwrap()
+    };
+    let events = stack.events(&replayed).await;
+    let at = |node: &str, kind: &str| {
+        events
+            .iter()
+            .find(|e| e.node_id == node && e.r#type == kind)
+            .map(ts)
+    };
+    if std::env::var("CAIRN_BENCH_TRACE").is_ok() {
+        for e in events.iter().filter(|e| e.node_id == "n50") {
+            println!("TRACE {} {} {}", e.ts, e.r#type, e.data_json.chars().take(150).collect::<String>());
+        }
+    }
+    let (mut own, mut wait) = (0f64, 0f64);
+    for i in 0..nodes {
+        let (s, c) = (
+            at(&format!("n{i}"), "node.started").unwrap(),
+            at(&format!("n{i}"), "node.completed").unwrap(),
+        );
+        own += (c - s).as_seconds_f64();
+        if i >= 8 {
+            wait += (s - at(&format!("n{}", i - 8), "node.completed").unwrap()).as_seconds_f64();
+        }
+    }
+    println!(
+        "BENCH replay_breakdown node_ms_mean={:.1} wait_after_need_ms_mean={:.1}",
+        own * 1000.0 / nodes as f64,
+        wait * 1000.0 / (nodes - 8) as f64
+    );
     // The provider's latency the original spent waiting, on its critical path (8 parallel
     // chains of 12-13 requests).
     let waited = std::time::Duration::from_millis(latency * nodes.div_ceil(8));
