@@ -147,6 +147,8 @@ pub struct Recorded {
     live: Option<LiveAfter>,
     /// This attempt left its records: every later request goes live.
     went_live: AtomicBool,
+    /// The exchange `load` read (turn, step 1), taken by the request it answers.
+    first: std::sync::Mutex<Option<(u32, records::Exchange)>>,
 }
 
 impl Recorded {
@@ -168,9 +170,14 @@ impl Recorded {
             name: String::new(),
             live: None,
             went_live: AtomicBool::new(false),
+            first: std::sync::Mutex::new(None),
         };
         r.name = match r.read(turn, 1).await? {
-            Some(ex) => ex.provider,
+            Some(ex) => {
+                let name = ex.provider.clone();
+                *r.first.get_mut().unwrap_or_else(|p| p.into_inner()) = Some((turn, ex));
+                name
+            }
             None => format!("{SPEC_PREFIX}{dir}"),
         };
         Ok(r)
@@ -243,7 +250,15 @@ impl Recorded {
         observer: &dyn AttemptObserver,
     ) -> Result<AgentReply, AgentError> {
         let step = super::replay::step_of(request);
-        let Some(ex) = self.read(request.turn, step).await? else {
+        let loaded = match self.first.lock() {
+            Ok(mut first) => first.take_if(|(turn, _)| step == 1 && *turn == request.turn),
+            Err(_) => None,
+        };
+        let ex = match loaded {
+            Some((_, ex)) => Some(ex),
+            None => self.read(request.turn, step).await?,
+        };
+        let Some(ex) = ex else {
             return Err(RecordError::Missing {
                 path: format!(
                     "{}/{}",
