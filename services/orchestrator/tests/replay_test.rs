@@ -802,7 +802,12 @@ async fn bench_replay_of_a_100_node_run() {
     };
     if std::env::var("CAIRN_BENCH_TRACE").is_ok() {
         for e in events.iter().filter(|e| e.node_id == "n50") {
-            println!("TRACE {} {} {}", e.ts, e.r#type, e.data_json.chars().take(150).collect::<String>());
+            println!(
+                "TRACE {} {} {}",
+                e.ts,
+                e.r#type,
+                e.data_json.chars().take(150).collect::<String>()
+            );
         }
     }
     let (mut own, mut wait) = (0f64, 0f64);
