@@ -13,9 +13,9 @@ use auth_support::*;
 use cairn_orchestrator::auth::tokens::TokensFile;
 use cairn_orchestrator::auth::Role;
 use cairn_proto::v1::{
-    AddNoteRequest, EditContextRequest, EditTaskRequest, GateDecisionRequest, GetRunRequest,
-    ListRunsRequest, ReworkRequest, RunActionRequest, SubmitRunRequest, TaskState,
-    WatchLogsRequest, WatchRunRequest, WhoAmIRequest,
+    AddNoteRequest, DiffRunsRequest, EditContextRequest, EditTaskRequest, GateDecisionRequest,
+    GetRunRequest, ListRunsRequest, ReplayRunRequest, ReworkRequest, RunActionRequest,
+    SubmitRunRequest, TaskState, WatchLogsRequest, WatchRunRequest, WhoAmIRequest,
 };
 use common::{data, read_events, read_file, PROJECT};
 use tonic::{Code, Request, Status};
@@ -647,4 +647,58 @@ async fn wrong_tokens_from_one_address_are_throttled_and_other_addresses_are_not
         .await
         .unwrap();
     assert_eq!(me.into_inner().name, "ada");
+}
+
+/// A replay is a submit that reads the recorded run: a viewer may compare runs (DiffRuns) and
+/// not replay one; a token scoped to one project may neither replay nor compare another
+/// project's runs; an operator (and the scoped token in its own project) may replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replaying_needs_a_submitters_role_in_the_recorded_runs_project() {
+    let s = Secured::start(true).await;
+    let mut c = s.client();
+    let (mine, theirs) = (s.blocked_run(PROJECT).await, s.blocked_run(OTHER).await);
+    let replay = |project: &str, run: &str| ReplayRunRequest {
+        project_id: project.into(),
+        run_id: run.into(),
+        ..Default::default()
+    };
+    let diff = |project: &str, run: &str| DiffRunsRequest {
+        project_id: project.into(),
+        run_a: run.into(),
+        run_b: run.into(),
+    };
+    denied(
+        "a viewer replays",
+        c.replay_run(as_(&s.token("vic"), replay(PROJECT, &mine)))
+            .await,
+        "role",
+    );
+    allowed(
+        "a viewer compares",
+        c.diff_runs(as_(&s.token("vic"), diff(PROJECT, &mine)))
+            .await,
+    );
+    denied(
+        "a scoped token replays another project's run",
+        c.replay_run(as_(&s.token("pat"), replay(OTHER, &theirs)))
+            .await,
+        "project",
+    );
+    denied(
+        "a scoped token compares another project's runs",
+        c.diff_runs(as_(&s.token("pat"), diff(OTHER, &theirs)))
+            .await,
+        "project",
+    );
+    for who in ["ozzy", "pat"] {
+        let info = c
+            .replay_run(as_(&s.token(who), replay(PROJECT, &mine)))
+            .await
+            .unwrap_or_else(|e| panic!("{who} replays: {e:?}"))
+            .into_inner();
+        assert_eq!(info.replay_of, mine, "{who}");
+    }
+    assert!(logged()
+        .lines()
+        .any(|l| l.contains("call refused") && l.contains("vic") && l.contains("ReplayRun")));
 }
