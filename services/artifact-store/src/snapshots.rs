@@ -57,9 +57,13 @@ pub async fn admit(
     }
     let quota = &state.snapshot_quota;
     let _one = quota.one_at_a_time().await;
+    // Read before the walk: see `Quota::reserve`.
+    let pending_before = quota.pending(project);
     let (state2, project2, path2) = (state.clone(), project.to_owned(), path.to_owned());
     let stored = blocking(move || usage(&state2, &project2, Some(&path2))).await?;
-    quota.reserve(project, path, stored, bytes, limit).map(Some)
+    quota
+        .reserve(project, path, stored, pending_before, bytes, limit)
+        .map(Some)
 }
 
 /// Bytes of `project`'s snapshots on disk, the file at `except` left out (blocking).
