@@ -451,6 +451,33 @@ fn numbers_printed(result: &str) -> Vec<u64> {
         .collect()
 }
 
+/// The counter's reads (each `run_bash_command` that read /tmpfs/count): the first read's
+/// value, then the last read's two values a second apart must show the counter resumed from
+/// where it was (not back near 0) and still counting.
+async fn assert_counter_went_on(s: &Stack, run: &str) {
+    let results: Vec<Vec<u64>> = events_of(s, run, "code_delivery.tool_call")
+        .await
+        .into_iter()
+        .filter(|e| {
+            e["arguments"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("/tmpfs/count")
+        })
+        .map(|e| numbers_printed(e["result"].as_str().unwrap_or_default()))
+        .collect();
+    assert!(results.len() >= 2, "{results:?}");
+    let before = results[0].first().copied().unwrap_or(0);
+    let after = results.last().unwrap();
+    assert!(before > 0 && after.len() == 2, "{results:?}");
+    let (first, second) = (after[0], after[1]);
+    assert!(
+        first >= before,
+        "resumed at {first}, below {before}: {results:?}"
+    );
+    assert!(second > first, "not counting after the resume: {results:?}");
+}
+
 /// On gvisor runners a checkpoint holds the session's memory: a counter a command left
 /// running goes on in the session after the checkpoint and, once the session's runner is
 /// killed, in the session resumed from it on the other runner, from its checkpointed value.
@@ -517,32 +544,9 @@ async fn on_gvisor_a_background_process_survives_a_failover() {
     assert_eq!(resumed.len(), 1, "{resumed:#?}");
     assert_eq!(resumed[0]["memory"], true);
     assert_ne!(resumed[0]["runner"], first_runner.as_str());
-    let results: Vec<Vec<u64>> = events_of(&s, &run, "code_delivery.tool_call")
-        .await
-        .into_iter()
-        .filter(|e| {
-            e["arguments"]
-                .as_str()
-                .unwrap_or_default()
-                .contains("/tmpfs/count")
-        })
-        .map(|e| numbers_printed(e["result"].as_str().unwrap_or_default()))
-        .collect();
     // Turn 1's value before the checkpoint; turn 3's two values a second apart on the
     // other runner: not back near 0, and still counting.
-    assert!(results.len() >= 2, "{results:?}");
-    let before = results[0].first().copied().unwrap_or(0);
-    let after = results.last().unwrap();
-    assert!(before > 0 && after.len() == 2, "{results:?}");
-    let (first, second) = (after[0], after[1]);
-    assert!(
-        first >= before,
-        "resumed at {first}, below {before}: {results:?}"
-    );
-    assert!(
-        second > first,
-        "not counting after the failover: {results:?}"
-    );
+    assert_counter_went_on(&s, &run).await;
     s.stop().await;
     for mut r in runners {
         r.kill().await;
@@ -798,6 +802,66 @@ async fn an_idle_session_is_paused_while_the_model_answers_and_resumed_after() {
         zip_file(&archive, "notes.txt").as_deref(),
         Some("written before the pause\n")
     );
+    s.stop().await;
+    for mut r in runners {
+        r.kill().await;
+    }
+}
+
+/// `pause_after_ms` on gvisor runners: the idle pause holds the session's memory, so a counter
+/// a command left running is, after the model's slow answer, still counting in the resumed
+/// session from where it stood, while no runner held a sandbox for it in between.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_gvisor_an_idle_pause_keeps_a_background_process() {
+    let test = "on_gvisor_an_idle_pause_keeps_a_background_process";
+    if !gvisor_usable(test) {
+        return;
+    }
+    let Some((s, runners)) =
+        two_runners_on(test, Some(cairn_sandbox_runner::BackendChoice::Gvisor)).await
+    else {
+        return;
+    };
+    let llm = FakeLlm::start(
+        vec![
+            vec![("run_bash_command", json!({"command": COUNTER}))],
+            // 2: held until the session has been paused.
+            vec![
+                (
+                    "run_bash_command",
+                    json!({"command": "cat /tmpfs/count; echo; sleep 1; cat /tmpfs/count"}),
+                ),
+                ("write", json!({"path": "README.md", "content": README})),
+                (
+                    "end",
+                    json!({"exclude_patterns": [], "archive_name": "notes.zip"}),
+                ),
+            ],
+        ],
+        2,
+    )
+    .await;
+    let run = submit(&s, "    pause_after_ms: 1000\n", &llm).await;
+    let paused = wait_event(&s, &run, "session.paused", 120).await;
+    assert_eq!(paused["memory"], true, "{paused}");
+    for r in &runners {
+        assert_eq!(open_sessions(&r.addr).await, 0, "runner {}", r.addr);
+    }
+    llm.release();
+    let done = s.wait_final(&run, 180).await;
+    assert_eq!(
+        done.state,
+        TaskState::Completed as i32,
+        "{done:#?}\n{:#?}",
+        s.event_types(&run).await
+    );
+    let resumed = events_of(&s, &run, "session.resumed").await;
+    assert_eq!(resumed.len(), 1, "{resumed:#?}");
+    assert_eq!(resumed[0]["cause"], "idle");
+    assert_eq!(resumed[0]["memory"], true);
+    assert_eq!(resumed[0]["turns_undone"], 0);
+    assert_counter_went_on(&s, &run).await;
+    assert_eq!(llm.requests().len(), 2);
     s.stop().await;
     for mut r in runners {
         r.kill().await;

@@ -9,8 +9,11 @@
 # what it checks itself. Runs as root with only SETUID, SETGID and KILL capabilities.
 # After the job line, stdin stays open while the runner lives: at its end of file (the runner
 # gone) the agent kills every process and exits, so the container stops.
-# Only what the program's start needs is imported first: threading and tarfile load after the
-# fork, while the program starts (a cold run waits for this interpreter, then the program's).
+# Only what the program's start needs is imported first: tarfile loads after the fork, while
+# the program starts (a cold run waits for this interpreter, then the program's).
+# The agent makes no thread or process after the fork: the program shares the container's pids
+# limit and may have filled it (a fork bomb), so the runner's end of stdin is watched in the
+# same select loop as the program's output.
 import binascii, json, os, resource, select, signal, struct, sys, time
 
 OUT = sys.stdout.buffer
@@ -82,16 +85,12 @@ def send_outputs(unreadable):
     tar.close()
 
 
-def watch_runner():
-    # The job line was read whole (nothing follows it): any read now ends at end of file.
-    while True:
-        try:
-            if not os.read(0, 4096):
-                break
-        except OSError:
-            break
-    kill(-1, signal.SIGKILL)
-    os._exit(137)
+def runner_gone():
+    # The job line was read whole (nothing follows it): a read now ends at end of file.
+    try:
+        return not os.read(0, 4096)
+    except OSError:
+        return True
 
 
 def main():
@@ -133,9 +132,8 @@ def main():
         os._exit(127)
     os.close(w_out)
     os.close(w_err)
-    import tarfile, threading  # noqa: F401 (tarfile for send_outputs, loaded now)
+    import tarfile  # noqa: F401 (for send_outputs, loaded now)
 
-    threading.Thread(target=watch_runner, daemon=True).start()
     caps = {r_out: job["max_stdout"] + 1, r_err: job["max_stderr"] + 1}
     kinds = {r_out: 1, r_err: 2}
     # Bytes the program wrote to each stream, kept or not (the result counts them all).
@@ -152,8 +150,13 @@ def main():
                 # whose init exits), so its pipes close.
                 kill(-1, signal.SIGKILL)
         wait = max(0.0, next_at - time.monotonic())
-        ready, _, _ = select.select(open_fds, [], [], min(wait, 0.05))
+        ready, _, _ = select.select(open_fds + [0], [], [], min(wait, 0.05))
         for fd in ready:
+            if fd == 0:
+                if runner_gone():
+                    kill(-1, signal.SIGKILL)
+                    os._exit(137)
+                continue
             data = os.read(fd, 65536)
             if not data:
                 open_fds.remove(fd)

@@ -357,6 +357,27 @@ async fn fork_bomb_ends_and_the_next_run_works() {
     }
 }
 
+/// The agent in a container shares the program's pids limit: once the program has started it
+/// may hold every pid left (a fork bomb does within milliseconds), so the agent must finish the
+/// run without a thread or process of its own. Here the program takes the last pid at once:
+/// init, the agent and the program are 3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_program_holding_the_last_pid_still_gets_its_result() {
+    for backend in backends("last_pid").await.into_iter().filter(|b| b.docker()) {
+        let r = TestRunner::start_with(backend, |c| c.defaults.pids = Some(3)).await;
+        let out = r
+            .run(python("import time\ntime.sleep(1)\nprint('done')"))
+            .await;
+        assert_eq!(
+            (out.exit_code, text(&out.stdout)),
+            (0, "done\n".to_string()),
+            "{backend:?}: {}",
+            text(&out.stderr)
+        );
+        r.stop().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn memory_bomb_is_stopped() {
     for backend in backends("memory_bomb").await {

@@ -62,8 +62,6 @@ pub async fn diverges(
     )))
 }
 
-pub use cairn_node::recorded::events as recorded_events;
-
 /// Replays attempt `ctx.attempt` of this node from run `source`'s records (`events`).
 pub async fn replay(
     ctx: &NodeCtx,

@@ -179,7 +179,7 @@ pub async fn run(ctx: &NodeCtx, spec: &SandboxRun) -> Result<NodeSuccess, NodeEr
     };
     let request = request_json(&req, &ctx.run_id);
     if let Some(r) = ctx.replay().filter(|r| !r.live_sandbox) {
-        let events = super::recorded_step::recorded_events(ctx, &r.source).await?;
+        let events = cairn_node::recorded::events(ctx, &r.source).await?;
         match super::recorded_step::diverges(ctx, &r.source, &events, &request).await? {
             None => {
                 put_request(ctx, &request).await?;
