@@ -363,7 +363,11 @@ async fn fork_bomb_ends_and_the_next_run_works() {
 /// init, the agent and the program are 3.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_program_holding_the_last_pid_still_gets_its_result() {
-    for backend in backends("last_pid").await.into_iter().filter(|b| b.docker()) {
+    for backend in backends("last_pid")
+        .await
+        .into_iter()
+        .filter(|b| b.docker())
+    {
         let r = TestRunner::start_with(backend, |c| c.defaults.pids = Some(3)).await;
         let out = r
             .run(python("import time\ntime.sleep(1)\nprint('done')"))
