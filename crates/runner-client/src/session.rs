@@ -74,17 +74,25 @@ impl RunnerSession {
             ));
         }
         let id = req.session_id.clone();
-        on_first_that_answers(rotation, &id, "opening the session", |mut client| {
-            let req = req.clone();
-            async move { client.open_session(req).await }
-        })
+        on_first_that_answers(
+            rotation,
+            &id,
+            "opening the session",
+            |_| false,
+            |mut client| {
+                let req = req.clone();
+                async move { client.open_session(req).await }
+            },
+        )
         .await
     }
 
     /// Opens a new session `session_id` from a snapshot file (`snapshot.rs`'s layout) on the
-    /// first runner of `rotation` that takes it, moving on while runners are gone.
-    /// A runner of another backend or image refuses it (FailedPrecondition), a damaged file
-    /// is refused by the runner (InvalidArgument) before any session exists.
+    /// first runner of `rotation` that takes it, moving on while runners are gone and past
+    /// runners of another backend or image (they refuse it, FailedPrecondition: a fleet may
+    /// mix backends). A damaged file is refused by the runner (InvalidArgument) before any
+    /// session exists, and tried nowhere else. When no runner took it: a runner that was gone
+    /// (it may come back) over a refusal.
     pub async fn resume(
         rotation: Vec<(String, Client)>,
         file: Bytes,
@@ -99,6 +107,7 @@ impl RunnerSession {
             rotation,
             &session_id,
             "resuming the snapshot",
+            |s| s.code() == Code::FailedPrecondition,
             |mut client| {
                 let parts = crate::snapshot::parts(
                     header.clone(),
@@ -334,6 +343,7 @@ async fn on_first_that_answers<F, Fut>(
     rotation: Vec<(String, Client)>,
     id: &str,
     what: &str,
+    not_for_this_runner: fn(&Status) -> bool,
     mut call: F,
 ) -> Result<RunnerSession, Status>
 where
@@ -341,6 +351,7 @@ where
     Fut: std::future::Future<Output = Result<tonic::Response<SessionInfo>, Status>>,
 {
     let mut last = None;
+    let mut refused = None;
     for (addr, client) in rotation {
         let mut guard = CloseOnDrop {
             client: client.clone(),
@@ -367,6 +378,12 @@ where
                 tracing::warn!(runner = %addr, error = %s.message(), "sandbox runner unavailable; {what} on the next one");
                 last = Some(s);
             }
+            Err(s) if not_for_this_runner(&s) => {
+                // Refused by this runner only: nothing was made; another may take it.
+                guard.armed = false;
+                tracing::info!(runner = %addr, error = %s.message(), "sandbox runner refused; {what} on the next one");
+                refused = Some(s);
+            }
             Err(s) => {
                 // Refused: nothing was made.
                 guard.armed = false;
@@ -374,7 +391,9 @@ where
             }
         }
     }
-    Err(last.unwrap_or_else(|| Status::unavailable("no sandbox runner answered")))
+    Err(last
+        .or(refused)
+        .unwrap_or_else(|| Status::unavailable("no sandbox runner answered")))
 }
 
 /// Touches the session three times per idle timeout until aborted or the session is gone

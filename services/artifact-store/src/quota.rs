@@ -1,10 +1,15 @@
 //! The bookkeeping of snapshot quotas: snapshot Puts admitted one at a time, and the bytes
 //! each holds until it is published. What counts and the walk of the disk are `snapshots`'.
 //!
+//! A snapshot is counted exactly once: while a walk of the disk runs, no admitted snapshot is
+//! published (its link and the return of its reservation happen together, never during a
+//! walk), so each one is either on the disk the walk sees or in the pending bytes read with
+//! it, never in both nor in neither.
+//!
 //! May depend on: error.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use crate::error::{Error, Result};
 
@@ -15,13 +20,16 @@ pub struct Quota {
     admitting: tokio::sync::Mutex<()>,
     /// Bytes admitted per project and not yet published.
     pending: Arc<Mutex<HashMap<String, u64>>>,
+    /// Written by a walk of the disk, read by publications (see the module's comment).
+    walking: Arc<RwLock<()>>,
 }
 
 /// Room taken by an admitted snapshot Put until it is published (or fails): given back when
-/// dropped.
+/// dropped, or by [`Reservation::publish`] together with the publication.
 #[derive(Debug)]
 pub struct Reservation {
     pending: Arc<Mutex<HashMap<String, u64>>>,
+    walking: Arc<RwLock<()>>,
     project: String,
     bytes: u64,
 }
@@ -32,24 +40,22 @@ impl Quota {
         self.admitting.lock().await
     }
 
-    /// Reserves `bytes` for `path` of `project`, which holds `on_disk` bytes of snapshots
-    /// (the file `path` replaces left out), unless with the pending ones they pass `limit`.
-    /// `pending_before` is [`Quota::pending`] read before the disk was walked: a Put
-    /// published during the walk may be missing from both the walk and the reservations
-    /// left now, so the larger of the two counts (a Put counted twice is a refusal at worst,
-    /// one counted nowhere would let two Puts share the last room).
+    /// Reserves `bytes` for `path` of `project`, unless with the snapshots `walk` finds on
+    /// disk (the file `path` replaces left out) and the pending ones they pass `limit`. No
+    /// admitted snapshot is published while `walk` runs (blocking: call off the async
+    /// threads).
     pub fn reserve(
         &self,
         project: &str,
         path: &str,
-        on_disk: u64,
-        pending_before: u64,
         bytes: u64,
         limit: u64,
+        walk: impl FnOnce() -> Result<u64>,
     ) -> Result<Reservation> {
+        let _walk = self.walking.write().unwrap_or_else(|e| e.into_inner());
+        let on_disk = walk()?;
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        let now = pending.get(project).copied().unwrap_or(0);
-        let held = on_disk.saturating_add(now.max(pending_before));
+        let held = on_disk.saturating_add(pending.get(project).copied().unwrap_or(0));
         if held.saturating_add(bytes) > limit {
             return Err(Error::SnapshotQuota {
                 project: project.to_owned(),
@@ -62,15 +68,37 @@ impl Quota {
         *pending.entry(project.to_owned()).or_insert(0) += bytes;
         Ok(Reservation {
             pending: self.pending.clone(),
+            walking: self.walking.clone(),
             project: project.to_owned(),
             bytes,
         })
     }
 
     /// Bytes reserved for `project` now.
+    #[cfg(test)]
     pub fn pending(&self, project: &str) -> u64 {
         let pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         pending.get(project).copied().unwrap_or(0)
+    }
+}
+
+impl Reservation {
+    /// Runs `publish` (what puts the snapshot on disk) and gives the room back with it, both
+    /// outside any walk of the disk (blocking).
+    pub fn publish<T>(self, publish: impl FnOnce() -> T) -> T {
+        let walking = self.walking.clone();
+        let _published = walking.read().unwrap_or_else(|e| e.into_inner());
+        let out = publish();
+        drop(self);
+        out
+    }
+}
+
+/// [`Reservation::publish`] when there is a reservation, else `publish` alone.
+pub fn publish_with<T>(reservation: Option<Reservation>, publish: impl FnOnce() -> T) -> T {
+    match reservation {
+        Some(r) => r.publish(publish),
+        None => publish(),
     }
 }
 
@@ -90,15 +118,21 @@ impl Drop for Reservation {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Duration;
+
+    fn disk(bytes: u64) -> impl FnOnce() -> Result<u64> {
+        move || Ok(bytes)
+    }
 
     #[test]
     fn reservations_count_until_dropped_and_the_limit_is_inclusive() {
         let quota = Quota::default();
-        let a = quota.reserve("p", "a", 40, 0, 30, 100).unwrap();
+        let a = quota.reserve("p", "a", 30, 100, disk(40)).unwrap();
         assert_eq!(quota.pending("p"), 30);
         // 40 on disk + 30 pending + 30 = 100: exactly the limit fits.
-        let b = quota.reserve("p", "b", 40, 0, 30, 100).unwrap();
-        let refused = quota.reserve("p", "c", 40, 0, 1, 100).unwrap_err();
+        let b = quota.reserve("p", "b", 30, 100, disk(40)).unwrap();
+        let refused = quota.reserve("p", "c", 1, 100, disk(40)).unwrap_err();
         assert!(matches!(
             refused,
             Error::SnapshotQuota {
@@ -110,32 +144,88 @@ mod tests {
         ));
         assert_eq!(refused.reason(), "snapshot_quota");
         // Another project has its own room.
-        drop(quota.reserve("q", "a", 0, 0, 100, 100).unwrap());
+        drop(quota.reserve("q", "a", 100, 100, disk(0)).unwrap());
         drop(a);
         assert_eq!(quota.pending("p"), 30);
-        drop(b);
+        // Published: the room goes back with it.
+        assert_eq!(b.publish(|| 7), 7);
         assert_eq!(quota.pending("p"), 0);
-        assert!(quota.reserve("p", "c", 40, 0, 60, 100).is_ok());
+        let _c = quota.reserve("p", "c", 60, 100, disk(40)).unwrap();
+        // A walk that fails reserves nothing.
+        let failed = quota.reserve("p", "d", 1, 100, || Err(Error::Unavailable));
+        assert!(failed.is_err());
+        assert_eq!(quota.pending("p"), 60);
     }
 
-    /// A Put published while an admission walked the disk: the walk missed its file and its
-    /// reservation is gone by the time of the check. It still counts, so a 4th Put of 300
-    /// under 1024 is refused where it used to be let in.
-    #[test]
-    fn a_put_published_during_the_walk_is_still_counted() {
+    /// Put `a` (300 bytes, admitted, `on_disk_before` bytes of snapshots on disk) is
+    /// published while Put `b` (300) is admitted under 1024. `walk_first`: the publication is
+    /// asked for during b's walk, else the walk during the publication. Was b let in?
+    fn race(on_disk_before: u64, walk_first: bool) -> bool {
         let quota = Quota::default();
-        let published = quota.reserve("p", "a", 600, 0, 300, 1024).unwrap();
-        let before = quota.pending("p");
-        // The walk ran (600 on disk: it missed `a`), then `a` was published.
-        drop(published);
-        let refused = quota.reserve("p", "d", 600, before, 300, 1024).unwrap_err();
-        assert!(
-            matches!(refused, Error::SnapshotQuota { held: 900, .. }),
-            "{refused:?}"
-        );
-        // Read after the walk, the same numbers would have let it in.
-        assert!(quota
-            .reserve("p", "d", 600, quota.pending("p"), 300, 1024)
-            .is_ok());
+        let on_disk = AtomicU64::new(on_disk_before);
+        let published = quota
+            .reserve("p", "a", 300, 1024, disk(on_disk_before))
+            .unwrap();
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let (tx, rx) = (Mutex::new(Some(tx)), Mutex::new(Some(rx)));
+        let signal = || {
+            if let Some(tx) = tx.lock().unwrap().take() {
+                tx.send(()).unwrap();
+            }
+        };
+        let wait = || {
+            if let Some(rx) = rx.lock().unwrap().take() {
+                rx.recv().unwrap();
+            }
+        };
+        std::thread::scope(|scope| {
+            let publisher = scope.spawn(|| {
+                if walk_first {
+                    wait();
+                }
+                published.publish(|| {
+                    if !walk_first {
+                        signal();
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                    on_disk.fetch_add(300, Ordering::SeqCst)
+                });
+            });
+            if !walk_first {
+                wait();
+            }
+            let admitted = quota.reserve("p", "b", 300, 1024, || {
+                let seen = on_disk.load(Ordering::SeqCst);
+                if walk_first {
+                    signal();
+                    // The publication waits for this walk (else: counted twice).
+                    std::thread::sleep(Duration::from_millis(100));
+                    Ok(on_disk.load(Ordering::SeqCst))
+                } else {
+                    // A walk that read the disk before the link and ended after the room
+                    // went back would count the Put nowhere.
+                    std::thread::sleep(Duration::from_millis(200));
+                    Ok(seen)
+                }
+            });
+            publisher.join().unwrap();
+            admitted.is_ok()
+        })
+    }
+
+    /// A Put published while another admission walks the disk is counted once, on the disk
+    /// or in the pending bytes, whichever of the two asks first: 300 + 300 + 300 fit in
+    /// 1024 (not counted twice), 600 + 300 + 300 do not (not counted nowhere).
+    #[test]
+    fn a_put_published_during_a_walk_is_counted_exactly_once() {
+        for on_disk_before in [300, 600] {
+            for walk_first in [true, false] {
+                assert_eq!(
+                    race(on_disk_before, walk_first),
+                    on_disk_before == 300,
+                    "{on_disk_before} on disk, walk first: {walk_first}"
+                );
+            }
+        }
     }
 }

@@ -5,7 +5,8 @@
 //!
 //! The quota is checked against a walk of the snapshot directories plus the bytes of snapshot
 //! Puts admitted and not yet published (`quota`); one admission at a time, so two Puts cannot
-//! both fit in the same room.
+//! both fit in the same room, and no admitted Put is published during a walk, so none is
+//! counted twice or not at all.
 //!
 //! May depend on: state, layout, quota, error, cairn-contain.
 
@@ -55,15 +56,16 @@ pub async fn admit(
     if limit == 0 || !is_snapshot(path) {
         return Ok(None);
     }
-    let quota = &state.snapshot_quota;
-    let _one = quota.one_at_a_time().await;
-    // Read before the walk: see `Quota::reserve`.
-    let pending_before = quota.pending(project);
-    let (state2, project2, path2) = (state.clone(), project.to_owned(), path.to_owned());
-    let stored = blocking(move || usage(&state2, &project2, Some(&path2))).await?;
-    quota
-        .reserve(project, path, stored, pending_before, bytes, limit)
-        .map(Some)
+    let _one = state.snapshot_quota.one_at_a_time().await;
+    let (state, project, path) = (state.clone(), project.to_owned(), path.to_owned());
+    blocking(move || {
+        let walk = || usage(&state, &project, Some(&path));
+        state
+            .snapshot_quota
+            .reserve(&project, &path, bytes, limit, walk)
+            .map(Some)
+    })
+    .await
 }
 
 /// Bytes of `project`'s snapshots on disk, the file at `except` left out (blocking).

@@ -192,18 +192,21 @@ fn publish(
         let work = move || {
             // The whole deferral, not only the fields used below (a closure captures fields
             // apart): its publication permit and snapshot reservation last until this is done.
-            let defer = defer;
+            let mut defer = defer;
             #[cfg(test)]
             drop(defer.state.hold_publications.lock());
-            let result = publish_now(
-                &defer.state,
-                &defer.runs,
-                staged,
-                file,
-                &digest,
-                &replace,
-                &defer.run,
-            );
+            let room = defer.quota.take();
+            let result = crate::quota::publish_with(room, || {
+                publish_now(
+                    &defer.state,
+                    &defer.runs,
+                    staged,
+                    file,
+                    &digest,
+                    &replace,
+                    &defer.run,
+                )
+            });
             if let Err(e) = &result {
                 tracing::error!(run = %defer.run, error = %e, "a deferred publication failed; the run's events are refused");
             }
@@ -430,6 +433,7 @@ where
             defer,
             fence: spec.fence.clone(),
         };
+        let room = reserved.take();
         blocking(move || {
             let root = open_root(&state2, &project, create)?;
             let root = root.as_fd();
@@ -437,7 +441,9 @@ where
                 let current = files::read_at_most(root, &project, &path2, SMALL_BYTES)?;
                 run_records::check_edit(&path2, current.as_deref(), &head.concat())?;
             }
-            write_small(&state2, &runs2, root, &project, &path2, &head, &expect, how)
+            crate::quota::publish_with(room, || {
+                write_small(&state2, &runs2, root, &project, &path2, &head, &expect, how)
+            })
         })
         .await?
     } else {
@@ -471,8 +477,11 @@ where
             defer,
             fence: spec.fence.clone(),
         };
+        let room = reserved.take();
         blocking(move || {
-            let (outcome, publication) = publish(&state2, &runs2, staged, file, &digest, how)?;
+            let (outcome, publication) = crate::quota::publish_with(room, || {
+                publish(&state2, &runs2, staged, file, &digest, how)
+            })?;
             Ok(Written {
                 path: path.clone(),
                 digest,

@@ -1,8 +1,9 @@
 //! Session snapshots over gRPC between two runners on loopback: a gvisor session paused on
 //! runner A goes on, memory and processes included, on runner B; a gvisor checkpoint with
 //! memory keeps the session going on A (and a failed restore closes it cleanly); forks
-//! diverge; docker and local keep files only; a snapshot is refused by a runner of another backend, and when its
-//! bytes were altered or cut short, with nothing left half-resumed.
+//! diverge; docker and local keep files only; a snapshot is refused by a runner of another backend
+//! (and a resume passes over such runners to one that takes it), and when its bytes were
+//! altered or cut short, with nothing left half-resumed.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -585,6 +586,70 @@ async fn a_snapshot_is_refused_by_a_runner_of_another_backend() {
         b.stop().await;
     }
     a.stop().await;
+}
+
+/// A fleet that mixes backends: the runner client's resume passes over runners of another
+/// backend (each refuses, leaving nothing) to the one that takes it; when every runner
+/// refuses, that refusal is what the caller gets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_resume_in_a_mixed_fleet_passes_over_runners_of_another_backend() {
+    let test = "snapshot_mixed_fleet";
+    if !gvisor_usable(test) {
+        return;
+    }
+    let mut others = Vec::new();
+    if bwrap_ready().is_ok() {
+        others.push(runner(LOCAL).await);
+    }
+    if docker_only(test).await {
+        others.push(runner(DOCKER).await);
+    }
+    if others.is_empty() {
+        println!("SKIP: {test}: no runner of another backend can run here");
+        return;
+    }
+    let a = runner(GVISOR).await;
+    let id = open(&a).await;
+    exec(&a, &id, "echo kept > /workspace/x", false).await;
+    let (file, _) = pause(&a, &id, false).await;
+    let b = runner(GVISOR).await;
+    let mut addrs: Vec<String> = others.iter().map(|r| r.addr.clone()).collect();
+    addrs.push(b.addr.clone());
+    let fleet =
+        cairn_runner_client::Runners::start(&addrs, cairn_runner_client::Balancing::default())
+            .await
+            .unwrap();
+    // The runners of another backend first, the gvisor one last.
+    let mut rotation = fleet.rotation();
+    rotation.sort_by_key(|(addr, _)| *addr == b.addr);
+    let file = bytes::Bytes::from(file);
+    let resumed = cairn_runner_client::session::RunnerSession::resume(
+        rotation.clone(),
+        file.clone(),
+        "mixed-1".into(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(resumed.runner, b.addr);
+    assert_eq!(read(&b, resumed.id(), "x").await.unwrap(), "kept\n");
+    for r in &others {
+        assert_nothing_resumed(r).await;
+    }
+    resumed.close().await.unwrap();
+
+    rotation.retain(|(addr, _)| *addr != b.addr);
+    let err = cairn_runner_client::session::RunnerSession::resume(rotation, file, "mixed-2".into())
+        .await
+        .err()
+        .expect("no runner of the snapshot's backend: refused");
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err}");
+    assert_eq!(reason(&err), "snapshot_mismatch");
+    for r in others {
+        assert_nothing_resumed(&r).await;
+        r.stop().await;
+    }
+    a.stop().await;
+    b.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
