@@ -9,7 +9,9 @@
 //! May depend on: error.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
+
+use parking_lot::RwLock;
 
 use crate::error::{Error, Result};
 
@@ -20,7 +22,10 @@ pub struct Quota {
     admitting: tokio::sync::Mutex<()>,
     /// Bytes admitted per project and not yet published.
     pending: Arc<Mutex<HashMap<String, u64>>>,
-    /// Written by a walk of the disk, read by publications (see the module's comment).
+    /// Written by a walk of the disk, read by publications (see the module's comment). A
+    /// publication may wait for a path's slot that another publication holds while that one
+    /// asks for its read: reads never queue behind a waiting walk (`read_recursive`), or the
+    /// three would wait on each other.
     walking: Arc<RwLock<()>>,
 }
 
@@ -52,7 +57,7 @@ impl Quota {
         limit: u64,
         walk: impl FnOnce() -> Result<u64>,
     ) -> Result<Reservation> {
-        let _walk = self.walking.write().unwrap_or_else(|e| e.into_inner());
+        let _walk = self.walking.write();
         let on_disk = walk()?;
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         let held = on_disk.saturating_add(pending.get(project).copied().unwrap_or(0));
@@ -87,7 +92,7 @@ impl Reservation {
     /// outside any walk of the disk (blocking).
     pub fn publish<T>(self, publish: impl FnOnce() -> T) -> T {
         let walking = self.walking.clone();
-        let _published = walking.read().unwrap_or_else(|e| e.into_inner());
+        let _published = walking.read_recursive();
         let out = publish();
         drop(self);
         out
@@ -155,6 +160,38 @@ mod tests {
         let failed = quota.reserve("p", "d", 1, 100, || Err(Error::Unavailable));
         assert!(failed.is_err());
         assert_eq!(quota.pending("p"), 60);
+    }
+
+    /// A publication that waits (for a path's slot) on a second one, while a walk waits for
+    /// the first: the second's read must not queue behind the walk, or none of the three
+    /// would ever go on.
+    #[test]
+    fn a_publication_is_not_held_up_by_a_walk_waiting_for_another_publication() {
+        let quota = Quota::default();
+        let first = quota.reserve("p", "a", 1, 1024, disk(0)).unwrap();
+        let second = quota.reserve("p", "b", 1, 1024, disk(0)).unwrap();
+        let (in_first_tx, in_first_rx) = std::sync::mpsc::channel::<()>();
+        let (second_done_tx, second_done_rx) = std::sync::mpsc::channel::<()>();
+        std::thread::scope(|scope| {
+            let first = scope.spawn(move || {
+                first.publish(|| {
+                    in_first_tx.send(()).unwrap();
+                    second_done_rx.recv_timeout(Duration::from_secs(5))
+                })
+            });
+            in_first_rx.recv().unwrap();
+            let walk = scope.spawn(|| quota.reserve("p", "c", 1, 1024, disk(0)).is_ok());
+            // The walk is waiting for the first publication by now.
+            std::thread::sleep(Duration::from_millis(100));
+            second.publish(|| {
+                let _ = second_done_tx.send(());
+            });
+            assert!(
+                first.join().unwrap().is_ok(),
+                "the second publication waited behind the walk"
+            );
+            assert!(walk.join().unwrap());
+        });
     }
 
     /// Put `a` (300 bytes, admitted, `on_disk_before` bytes of snapshots on disk) is
