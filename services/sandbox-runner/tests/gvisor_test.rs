@@ -166,11 +166,10 @@ async fn nothing_of_a_run_is_left_after_it() {
             let allowed = usize::from(case.pool);
             assert!(wait_for_gvisor_sandboxes(work_root.path(), allowed).await <= allowed);
             // (its deletion runs after the reply, in the background)
-            let t0 = std::time::Instant::now();
-            while !processes_with(&out.job_id).is_empty() && t0.elapsed().as_secs() < 5 {
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            }
-            assert_eq!(processes_with(&out.job_id), Vec::<i32>::new());
+            assert_eq!(
+                settled_processes_with(&out.job_id, 10).await,
+                Vec::<i32>::new()
+            );
             let bundle = gv.join("bundles").join(&out.job_id);
             let t0 = std::time::Instant::now();
             while bundle.exists() && t0.elapsed().as_secs() < 5 {

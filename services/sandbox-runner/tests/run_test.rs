@@ -314,11 +314,10 @@ async fn setsid_children_die_with_the_run() {
                 wait_for_gvisor_sandboxes(r.work_root.path(), allowed).await <= allowed,
                 "gvisor sandbox left after the run"
             );
-            let t0 = std::time::Instant::now();
-            while !processes_with(&out.job_id).is_empty() && t0.elapsed().as_secs() < 5 {
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            }
-            assert_eq!(processes_with(&out.job_id), Vec::<i32>::new());
+            assert_eq!(
+                settled_processes_with(&out.job_id, 10).await,
+                Vec::<i32>::new()
+            );
         }
         if backend.docker() {
             let mut left = containers_named(&out.job_id).await;

@@ -470,6 +470,22 @@ pub async fn containers_labelled(labels: &[String]) -> Vec<String> {
 }
 
 /// Host processes whose command line contains `needle`.
+/// Waits (at most `secs`) until no process names `needle` in three checks in a row, 100 ms
+/// apart: a process in the middle of an exec or of its exit can read as having no command
+/// line once. Returns what the last check found (empty: none left).
+pub async fn settled_processes_with(needle: &str, secs: u64) -> Vec<i32> {
+    let t0 = std::time::Instant::now();
+    let mut clean = 0;
+    loop {
+        let seen = processes_with(needle);
+        clean = if seen.is_empty() { clean + 1 } else { 0 };
+        if clean == 3 || t0.elapsed().as_secs() >= secs {
+            return seen;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 pub fn processes_with(needle: &str) -> Vec<i32> {
     let mut out = Vec::new();
     let me = std::process::id() as i32;
