@@ -451,6 +451,21 @@ fn numbers_printed(result: &str) -> Vec<u64> {
         .collect()
 }
 
+/// The last answer of the counter tests: the counter read twice a second apart, then the end.
+fn counter_read_twice_then_end() -> Turn {
+    vec![
+        (
+            "run_bash_command",
+            json!({"command": "cat /tmpfs/count; echo; sleep 1; cat /tmpfs/count"}),
+        ),
+        ("write", json!({"path": "README.md", "content": README})),
+        (
+            "end",
+            json!({"exclude_patterns": [], "archive_name": "notes.zip"}),
+        ),
+    ]
+}
+
 /// The counter's reads (each `run_bash_command` that read /tmpfs/count): the first read's
 /// value, then the last read's two values a second apart must show the counter resumed from
 /// where it was (not back near 0) and still counting.
@@ -499,17 +514,7 @@ async fn on_gvisor_a_background_process_survives_a_failover() {
             // 2 (held until the runner is gone): undone by the failover.
             vec![("run_bash_command", json!({"command": "cat /tmpfs/count"}))],
             // 3: in the resumed session.
-            vec![
-                (
-                    "run_bash_command",
-                    json!({"command": "cat /tmpfs/count; echo; sleep 1; cat /tmpfs/count"}),
-                ),
-                ("write", json!({"path": "README.md", "content": README})),
-                (
-                    "end",
-                    json!({"exclude_patterns": [], "archive_name": "notes.zip"}),
-                ),
-            ],
+            counter_read_twice_then_end(),
         ],
         2,
     )
@@ -826,17 +831,7 @@ async fn on_gvisor_an_idle_pause_keeps_a_background_process() {
         vec![
             vec![("run_bash_command", json!({"command": COUNTER}))],
             // 2: held until the session has been paused.
-            vec![
-                (
-                    "run_bash_command",
-                    json!({"command": "cat /tmpfs/count; echo; sleep 1; cat /tmpfs/count"}),
-                ),
-                ("write", json!({"path": "README.md", "content": README})),
-                (
-                    "end",
-                    json!({"exclude_patterns": [], "archive_name": "notes.zip"}),
-                ),
-            ],
+            counter_read_twice_then_end(),
         ],
         2,
     )
