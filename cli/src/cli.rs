@@ -620,7 +620,8 @@ pub enum SessionCommand {
         /// Store path of the snapshot (.cairn/snapshots/<session>/<n>.snap).
         snapshot: String,
     },
-    /// Resume a stored snapshot N times; prints the N session ids (--json: {"sessions"}).
+    /// Resume a stored snapshot N times on one runner, which gets its bytes once; all N open
+    /// or none. Prints the N session ids (--json: {"sessions"}).
     Fork {
         snapshot: String,
         #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=100))]

@@ -28,8 +28,7 @@ fn json(data: &std::path::Path, addr: &str, args: &[&str]) -> serde_json::Value 
 
 #[test]
 fn a_session_paused_into_the_store_resumes_and_forks_with_its_files() {
-    if !sandbox_available() && which_bwrap().is_none() {
-        println!("SKIP: session_cli: neither Docker with cairn-sandbox:latest nor bubblewrap");
+    if !sessions_here() {
         return;
     }
     let data = tempfile::tempdir().unwrap();
@@ -106,8 +105,7 @@ fn a_session_paused_into_the_store_resumes_and_forks_with_its_files() {
 
 #[test]
 fn a_pause_the_store_refuses_loses_neither_the_session_nor_its_snapshot() {
-    if !sandbox_available() && which_bwrap().is_none() {
-        println!("SKIP: session_cli: neither Docker with cairn-sandbox:latest nor bubblewrap");
+    if !sessions_here() {
         return;
     }
     let data = tempfile::tempdir().unwrap();
@@ -116,19 +114,10 @@ fn a_pause_the_store_refuses_loses_neither_the_session_nor_its_snapshot() {
         &[("CAIRN_ARTIFACT_STORE_SNAPSHOTS_MAX_PROJECT_BYTES", "65536")],
     );
     let addr = addr.as_str();
-    let id = json(data.path(), addr, &["open"])["session_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    json(
+    let id = open_and_run(
         data.path(),
         addr,
-        &[
-            "exec",
-            &id,
-            "--",
-            "head -c 200000 /dev/urandom > /workspace/big.bin; echo kept > /workspace/a.txt",
-        ],
+        "head -c 200000 /dev/urandom > /workspace/big.bin; echo kept > /workspace/a.txt",
     );
     let pause = |args: &[&str]| {
         let out = cairn(data.path())
@@ -180,6 +169,69 @@ fn a_pause_the_store_refuses_loses_neither_the_session_nor_its_snapshot() {
             .all(|p| !p.to_string_lossy().contains(".cairn/snapshots/")),
         "nothing of either snapshot is in the store"
     );
+}
+
+#[test]
+fn a_stored_snapshot_damaged_in_the_store_is_neither_resumed_nor_forked() {
+    if !sessions_here() {
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let (_up, addr, _) = up(data.path(), &[]);
+    let addr = addr.as_str();
+    let id = open_and_run(
+        data.path(),
+        addr,
+        "head -c 300000 /dev/urandom > /workspace/blob",
+    );
+    let snap = json(data.path(), addr, &["pause", &id])["snapshot"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let stored = walk_files(data.path())
+        .into_iter()
+        .find(|p| p.to_string_lossy().ends_with(&snap))
+        .expect("the snapshot is a file in the store's data root");
+    // One byte of the payload flipped behind the store's back.
+    let mut bytes = std::fs::read(&stored).unwrap();
+    let at = bytes.len() - 2000;
+    bytes[at] ^= 0x20;
+    std::fs::write(&stored, &bytes).unwrap();
+    for args in [vec!["resume", &snap], vec!["fork", &snap, "--count", "2"]] {
+        let out = cairn(data.path())
+            .args(["--addr", addr, "sandbox", "session"])
+            .args(&args)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} of a damaged snapshot");
+        assert!(said.contains("sha256"), "{args:?}: {said}");
+        // Nothing half-resumed: the runner holds no session directory.
+        let tasks = data.path().join("sandbox/tasks");
+        let left: Vec<_> = std::fs::read_dir(&tasks)
+            .map(|d| d.flatten().map(|e| e.file_name()).collect())
+            .unwrap_or_default();
+        assert!(left.is_empty(), "{args:?} left {left:?}");
+    }
+}
+
+/// Whether sessions can run here (Docker with the image, or bubblewrap); says SKIP when not.
+fn sessions_here() -> bool {
+    let here = sandbox_available() || which_bwrap().is_some();
+    if !here {
+        println!("SKIP: session_cli: neither Docker with cairn-sandbox:latest nor bubblewrap");
+    }
+    here
+}
+
+/// Opens a session and runs `command` in it; returns the session's id.
+fn open_and_run(data: &std::path::Path, addr: &str, command: &str) -> String {
+    let id = json(data, addr, &["open"])["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    json(data, addr, &["exec", &id, "--", command]);
+    id
 }
 
 fn walk_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {

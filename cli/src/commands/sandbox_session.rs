@@ -8,18 +8,19 @@ use std::time::Instant;
 
 use anyhow::Context;
 use cairn_proto::v1::{
-    CloseSessionRequest, ExecRequest, FileInfo, GetRequest, OpenSessionRequest,
-    PauseSessionRequest, PutHeader, StatRequest,
+    get_response, snapshot_part, CloseSessionRequest, ExecRequest, FileInfo, GetRequest,
+    OpenSessionRequest, PauseSessionRequest, PutHeader, SnapshotHeader, SnapshotPart, StatRequest,
 };
 use cairn_runner_client::snapshot;
 use cairn_sha256::Sha256;
 use serde_json::json;
-use tokio::io::AsyncSeekExt;
 
 use crate::cli::{Global, SessionCommand};
 use crate::embedded::{Needs, Services};
 use crate::failure::{self, Failure};
 use crate::{output, transfer};
+
+type Runner = cairn_proto::v1::sandbox_runner_client::SandboxRunnerClient<crate::embedded::Authed>;
 
 /// Where the CLI keeps the snapshots of its sessions.
 const SNAPSHOTS: &str = ".cairn/snapshots";
@@ -95,19 +96,8 @@ async fn session(
             // a refusal (a full quota, a store away) loses nothing. Without --files-only the
             // runner ends the session (a memory checkpoint stops the sandbox), so a snapshot
             // the store refuses is kept on this machine instead.
-            let stream = runner
-                .pause_session(PauseSessionRequest {
-                    session_id: session.clone(),
-                    files_only,
-                    keep_open: files_only,
-                })
-                .await?
-                .into_inner();
-            let local = tempfile::NamedTempFile::with_prefix("cairn-snapshot-")?;
-            let mut file = tokio::fs::File::from_std(local.reopen()?);
-            let saved = snapshot::save(stream, &mut file).await?;
-            file.rewind().await?;
-            let path = match store_snapshot(global, services, &session, &saved, file).await {
+            let paused = pause(global, services, &mut runner, &session, files_only).await?;
+            let path = match paused.stored {
                 Ok(path) => path,
                 Err(e) if files_only => {
                     return Err(not_stored(
@@ -116,7 +106,7 @@ async fn session(
                     ))
                 }
                 Err(e) => {
-                    let (_, kept) = local.keep()?;
+                    let (_, kept) = paused.local.keep()?;
                     return Err(not_stored(
                         e,
                         format!(
@@ -138,15 +128,15 @@ async fn session(
             if global.json {
                 output::json(&json!({
                     "snapshot": path,
-                    "bytes": saved.file_bytes,
-                    "memory": saved.header.memory,
+                    "bytes": paused.bytes,
+                    "memory": paused.header.memory,
                     "ms": ms,
                 }))?;
             } else {
                 println!(
                     "{path}  {}  {}  {ms} ms",
-                    output::bytes(saved.file_bytes),
-                    if saved.header.memory {
+                    output::bytes(paused.bytes),
+                    if paused.header.memory {
                         "memory and files"
                     } else {
                         "files only"
@@ -155,18 +145,13 @@ async fn session(
             }
         }
         SessionCommand::Resume { snapshot } => {
-            let file = fetch_snapshot(global, services, &snapshot).await?;
-            let id = resume(&mut runner, &file).await?;
+            let id = resume(global, services, &mut runner, &snapshot, 1)
+                .await?
+                .remove(0);
             print_id(global, &id, t0)?;
         }
         SessionCommand::Fork { snapshot, count } => {
-            let file = fetch_snapshot(global, services, &snapshot).await?;
-            let resumes = (0..count).map(|_| {
-                let mut runner = runner.clone();
-                let file = &file;
-                async move { resume(&mut runner, file).await }
-            });
-            let sessions = futures::future::try_join_all(resumes).await?;
+            let sessions = resume(global, services, &mut runner, &snapshot, count).await?;
             if global.json {
                 output::json(&json!({ "sessions": sessions }))?;
             } else {
@@ -223,14 +208,116 @@ fn not_stored(e: anyhow::Error, hint: String) -> anyhow::Error {
     .into()
 }
 
-/// Puts a saved snapshot at the next free `<n>.snap` of the session, with its sha256 for
-/// the store to check; returns the path.
-async fn store_snapshot(
+/// A pause as the CLI delivered it.
+struct Paused {
+    header: SnapshotHeader,
+    /// Bytes of the snapshot file (header and payload).
+    bytes: u64,
+    /// The store path it was put at, or why the store does not have it.
+    stored: anyhow::Result<String>,
+    /// The same file on this machine, kept when the store did not take it.
+    local: tempfile::NamedTempFile,
+}
+
+/// Pauses `session` and puts its snapshot at the next free `<n>.snap` of the session as the
+/// bytes arrive, while also writing them to a local file. The store gets the file's size
+/// up front and its last chunk only once the payload matched the runner's header (size and
+/// sha256): a damaged snapshot arrives short, and the store publishes nothing.
+async fn pause(
+    global: &Global,
+    services: &Services,
+    runner: &mut Runner,
+    session: &str,
+    files_only: bool,
+) -> anyhow::Result<Paused> {
+    use tokio::io::AsyncWriteExt;
+    // A files-only pause keeps the session open until the store has the snapshot, so a
+    // refusal loses nothing; a memory checkpoint ends the session.
+    let request = PauseSessionRequest {
+        session_id: session.to_owned(),
+        files_only,
+        keep_open: files_only,
+    };
+    let (paused, path) = tokio::join!(
+        runner.pause_session(request),
+        next_snapshot_path(global, services, session)
+    );
+    let mut stream = paused?.into_inner();
+    let header = match stream.message().await? {
+        Some(SnapshotPart {
+            msg: Some(snapshot_part::Msg::Header(h)),
+            ..
+        }) => h,
+        _ => anyhow::bail!("the runner's snapshot stream did not start with its header"),
+    };
+    let head = snapshot::prefix(&header);
+    let bytes = head.len() as u64 + header.size_bytes;
+    let local = tempfile::NamedTempFile::with_prefix("cairn-snapshot-")?;
+    let mut file = tokio::fs::File::from_std(local.reopen()?);
+    file.write_all(&head).await?;
+    let (mut into_store, from_here) = tokio::io::duplex(4 << 20);
+    let put = path.map(|path| {
+        let header = PutHeader {
+            project_id: global.project.clone(),
+            path: path.clone(),
+            expected_size: Some(bytes),
+            allowed_prefixes: vec![format!("{SNAPSHOTS}/")],
+            ..Default::default()
+        };
+        let store = services.store();
+        tokio::spawn(async move {
+            transfer::put(&mut store?, header, from_here)
+                .await
+                .with_context(|| format!("storing the snapshot at {path}"))
+                .map(|_| path)
+        })
+    });
+    // False once the store stopped reading (its answer says why).
+    let mut feeding = put.is_ok() && into_store.write_all(&head).await.is_ok();
+    let (mut hash, mut size, mut held) = (Sha256::new(), 0u64, None::<bytes::Bytes>);
+    while let Some(part) = stream.message().await? {
+        if let Some(snapshot_part::Msg::Chunk(c)) = part.msg {
+            hash.update(&c);
+            size += c.len() as u64;
+            file.write_all(&c).await?;
+            if let Some(prev) = held.replace(c) {
+                feeding = feeding && into_store.write_all(&prev).await.is_ok();
+            }
+        }
+    }
+    file.flush().await?;
+    let sha = hash.finish_hex();
+    if size != header.size_bytes || sha != header.sha256 {
+        anyhow::bail!(
+            "the snapshot arrived as {size} bytes with sha256 {sha}; its header says {} bytes with sha256 {}: it was damaged on its way, and nothing was stored",
+            header.size_bytes,
+            header.sha256
+        );
+    }
+    if let (Some(last), true) = (held, feeding) {
+        let _ = into_store.write_all(&last).await;
+    }
+    let _ = into_store.shutdown().await;
+    drop(into_store);
+    let stored = match put {
+        Ok(task) => task
+            .await
+            .unwrap_or_else(|e| Err(anyhow::anyhow!("the snapshot storing task failed: {e}"))),
+        Err(e) => Err(e),
+    };
+    Ok(Paused {
+        header,
+        bytes,
+        stored,
+        local,
+    })
+}
+
+/// The next free `<n>.snap` of the session in the store (its project made if missing).
+async fn next_snapshot_path(
     global: &Global,
     services: &Services,
     session: &str,
-    saved: &snapshot::Saved,
-    file: tokio::fs::File,
 ) -> anyhow::Result<String> {
     let mut store = services.store()?;
     let project = global.project.clone();
@@ -240,7 +327,7 @@ async fn store_snapshot(
         })
         .await?;
     let mut n = 1u32;
-    let path = loop {
+    loop {
         let path = format!("{SNAPSHOTS}/{session}/{n}.snap");
         let stat = store
             .stat(StatRequest {
@@ -250,82 +337,84 @@ async fn store_snapshot(
             })
             .await;
         match stat {
-            Err(s) if s.code() == tonic::Code::NotFound => break path,
+            Err(s) if s.code() == tonic::Code::NotFound => return Ok(path),
             Err(s) => return Err(s.into()),
             Ok(_) => n += 1,
         }
-    };
-    let header = PutHeader {
-        project_id: project,
-        path: path.clone(),
-        expected_sha256: saved.file_sha256.clone(),
-        expected_size: Some(saved.file_bytes),
-        allowed_prefixes: vec![format!("{SNAPSHOTS}/")],
-        ..Default::default()
-    };
-    transfer::put(&mut store, header, file)
-        .await
-        .with_context(|| format!("storing the snapshot at {path}"))?;
-    Ok(path)
+    }
 }
 
-/// Reads a stored snapshot into a temporary file, checked against the store's sha256.
-async fn fetch_snapshot(
+/// Streams the stored snapshot at `path` from the store to the runner, which opens `copies`
+/// sessions from it; returns their ids. The bytes pass through as they arrive; the last
+/// chunk is held back until the whole file matched the store's sha256, so a snapshot
+/// damaged on its way reaches the runner cut short, and the runner resumes nothing.
+async fn resume(
     global: &Global,
     services: &Services,
+    runner: &mut Runner,
     path: &str,
-) -> anyhow::Result<tempfile::NamedTempFile> {
+    copies: u32,
+) -> anyhow::Result<Vec<String>> {
     let mut store = services.store()?;
-    let file = tempfile::NamedTempFile::new()?;
-    let mut out = tokio::fs::File::create(file.path()).await?;
-    let info: FileInfo = transfer::get(
-        &mut store,
-        GetRequest {
+    let mut stream = store
+        .get(GetRequest {
             project_id: global.project.clone(),
             path: path.to_owned(),
             ..Default::default()
-        },
-        &mut out,
-    )
-    .await
-    .with_context(|| format!("reading the snapshot {path} from the store"))?;
-    let got = {
-        let p = file.path().to_owned();
-        tokio::task::spawn_blocking(move || -> std::io::Result<String> {
-            use std::io::Read;
-            let (mut h, mut f) = (Sha256::new(), std::fs::File::open(p)?);
-            let mut buf = vec![0u8; 1 << 20];
-            loop {
-                let n = f.read(&mut buf)?;
-                if n == 0 {
-                    return Ok(h.finish_hex());
-                }
-                h.update(&buf[..n]);
-            }
         })
-        .await??
-    };
-    if !info.sha256.is_empty() && got != info.sha256 {
-        anyhow::bail!(
-            "the snapshot {path} read back with sha256 {got}, the store has {}: read it again",
-            info.sha256
-        );
-    }
-    Ok(file)
-}
-
-/// Streams a snapshot file to the runner as a new session; returns its id.
-async fn resume(
-    runner: &mut cairn_proto::v1::sandbox_runner_client::SandboxRunnerClient<
-        crate::embedded::Authed,
-    >,
-    file: &tempfile::NamedTempFile,
-) -> anyhow::Result<String> {
-    let mut reader = tokio::fs::File::open(file.path()).await?;
-    let header = snapshot::read_header(&mut reader).await?;
-    let info = runner
-        .resume_session(snapshot::parts(header, reader, String::new()))
-        .await?
+        .await
+        .with_context(|| format!("reading the snapshot {path} from the store"))?
         .into_inner();
-    Ok(info.session_id)
+    let (mut into_runner, from_store) = tokio::io::duplex(4 << 20);
+    let shown = path.to_owned();
+    let pump = tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt;
+        let (mut hash, mut info, mut held) = (Sha256::new(), None, None::<bytes::Bytes>);
+        while let Some(msg) = stream.message().await? {
+            match msg.msg {
+                Some(get_response::Msg::Info(i)) => info = Some(i),
+                Some(get_response::Msg::Chunk(c)) => {
+                    hash.update(&c);
+                    if let Some(prev) = held.replace(c) {
+                        // The runner stopped reading: its answer says why.
+                        if into_runner.write_all(&prev).await.is_err() {
+                            return Ok(());
+                        }
+                    }
+                }
+                None => {}
+            }
+        }
+        let info: FileInfo = info.context("the store sent no file header")?;
+        let got = hash.finish_hex();
+        if !info.sha256.is_empty() && got != info.sha256 {
+            anyhow::bail!(
+                "the snapshot {shown} read back with sha256 {got}, the store has {}: read it again",
+                info.sha256
+            );
+        }
+        if let Some(last) = held {
+            let _ = into_runner.write_all(&last).await;
+        }
+        let _ = into_runner.shutdown().await;
+        Ok::<(), anyhow::Error>(())
+    });
+    let resumed = async {
+        let mut reader = from_store;
+        let header = snapshot::read_header(&mut reader).await?;
+        let info = runner
+            .resume_session(snapshot::parts(header, reader, String::new(), copies))
+            .await?
+            .into_inner();
+        let mut ids = vec![info.session_id];
+        ids.extend(info.copies.into_iter().map(|c| c.session_id));
+        anyhow::Ok(ids)
+    }
+    .await;
+    // The store's side first: a snapshot that failed its check explains a refused resume.
+    match pump.await {
+        Ok(Err(e)) => Err(e).with_context(|| format!("reading the snapshot {path} from the store")),
+        Err(e) => anyhow::bail!("the snapshot reading task failed: {e}"),
+        Ok(Ok(())) => resumed,
+    }
 }

@@ -74,7 +74,12 @@ pub mod reason {
 
     /// RESOURCE_EXHAUSTED reasons a retry cannot cure: they carry no `RetryInfo` (a full
     /// snapshot quota stays full until someone removes snapshots).
-    pub const NOT_RETRYABLE: &[&str] = &["too_large", "too_many_files", "snapshot_quota"];
+    pub const NOT_RETRYABLE: &[&str] = &[
+        "too_large",
+        "too_many_files",
+        "too_many_sessions",
+        "snapshot_quota",
+    ];
 
     /// The delay `RetryInfo` carries when the refusal names none.
     pub const DEFAULT_RETRY: Duration = Duration::from_secs(1);

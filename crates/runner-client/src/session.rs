@@ -113,6 +113,7 @@ impl RunnerSession {
                     header.clone(),
                     std::io::Cursor::new(payload.clone()),
                     session_id.clone(),
+                    1,
                 );
                 async move { client.resume_session(parts).await }
             },

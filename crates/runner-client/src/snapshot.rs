@@ -125,16 +125,19 @@ pub async fn save(
 }
 
 /// ResumeSession's stream from a snapshot file's payload (`reader` just past the header):
-/// the header (naming the new session `session_id`, empty for a UUID), then the bytes.
-/// A read error ends the stream early; the runner then refuses the short snapshot.
+/// the header (naming the new session `session_id`, empty for a UUID, and asking for
+/// `copies` sessions, a fork when above 1), then the bytes. A read error ends the stream
+/// early; the runner then refuses the short snapshot.
 pub fn parts(
     header: SnapshotHeader,
     reader: impl AsyncRead + Unpin + Send + 'static,
     session_id: String,
+    copies: u32,
 ) -> impl futures::Stream<Item = SnapshotPart> + Send + 'static {
     let first = SnapshotPart {
         msg: Some(snapshot_part::Msg::Header(header)),
         session_id,
+        copies,
     };
     let chunks = futures::stream::unfold(Some(reader), |reader| async move {
         let mut reader = reader?;

@@ -17,7 +17,7 @@ use crate::graft::{self, AreaRoots, GraftError};
 use crate::job::{self, Job};
 use crate::limits::Limits;
 use crate::session::{self, Closing, Session, Sessions};
-use crate::snapshot::{Origin, Restore};
+use crate::snapshot::Origin;
 use crate::workspace;
 use cairn_contain::Root;
 use cairn_pack::{self as pack, Format, PackReport};
@@ -270,7 +270,7 @@ impl Runner {
     ) -> Result<pb::SessionInfo> {
         let (snapshot_of, memory_restored) = match &origin {
             Origin::Git(_) => (String::new(), false),
-            Origin::Snapshot { header, .. } => (header.session_id.clone(), header.memory),
+            Origin::Snapshot(p) => (p.header.session_id.clone(), p.header.memory),
         };
         let failed = match self
             .open_sandbox(&reservation, &sandbox, origin, slot)
@@ -292,6 +292,7 @@ impl Runner {
                         idle_timeout_ms: self.config.session.idle_timeout_ms,
                         snapshot_of,
                         memory_restored,
+                        copies: Vec::new(),
                     });
                 }
                 None
@@ -338,17 +339,15 @@ impl Runner {
             sandbox.areas = self.backend.session_areas(&sandbox).await?;
         }
         let ws = sandbox.areas.workspace();
-        let mut restore = None;
+        let mut snapshot = None;
         let git_commit = match origin {
             Origin::Git(Some(g)) if !g.url.is_empty() => {
                 self.clone_into(&sandbox, &g, engine, cancel).await?
             }
             Origin::Git(_) => String::new(),
-            Origin::Snapshot { header, payload } => {
-                restore = Some(
-                    self.unpack_snapshot(&sandbox, payload, header.memory)
-                        .await?,
-                );
+            Origin::Snapshot(p) => {
+                self.unpack_snapshot(&sandbox, p.clone()).await?;
+                snapshot = Some(p);
                 String::new()
             }
         };
@@ -358,15 +357,16 @@ impl Runner {
         }
         // Not cut short either: a container create cancelled in flight may still finish in
         // the engine; once this returns, the teardown's removal is sure to find it.
-        match &restore {
-            Some(Restore {
-                checkpoint: Some(dir),
-                ..
-            }) => self.backend.restore_session(&sandbox, dir).await?,
-            _ if engine => {}
-            _ => self.backend.open_session(&sandbox).await?,
+        let checkpoint = snapshot
+            .as_ref()
+            .and_then(|p| p.checkpoint.as_ref())
+            .and_then(|r| r.checkpoint.as_deref());
+        match checkpoint {
+            Some(dir) => self.backend.restore_session(&sandbox, dir).await?,
+            None if engine => {}
+            None => self.backend.open_session(&sandbox).await?,
         }
-        drop(restore);
+        drop(snapshot);
         Ok(Session {
             sandbox,
             workspace,

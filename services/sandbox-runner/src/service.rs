@@ -282,6 +282,7 @@ impl SandboxRunner for SandboxService {
                 Error::invalid("ResumeSession's first message must be the SnapshotHeader").into(),
             );
         };
+        let t0 = std::time::Instant::now();
         let mut received = self.runner.begin_resume(header)?;
         while let Some(part) = parts.message().await? {
             match part.msg {
@@ -295,11 +296,19 @@ impl SandboxRunner for SandboxService {
                 None => {}
             }
         }
-        Ok(Response::new(
-            self.runner
-                .resume_session(received, first.session_id)
-                .await?,
-        ))
+        let received_ms = t0.elapsed().as_millis() as u64;
+        let info = self
+            .runner
+            .resume_session(received, first.session_id, first.copies)
+            .await?;
+        tracing::info!(
+            session_id = %info.session_id,
+            copies = 1 + info.copies.len(),
+            received_ms,
+            total_ms = t0.elapsed().as_millis() as u64,
+            "snapshot resumed"
+        );
+        Ok(Response::new(info))
     }
 
     async fn get_runner_info(

@@ -186,65 +186,82 @@ impl Receiver {
     }
 }
 
-/// Unpacks a verified payload: `workspace/` and `tmpfs/` into the session's `areas` (by
-/// descriptor, graft.rs), `checkpoint/` into `restore_dir`. Only files, directories and
-/// links, each made beneath its target without following a link; anything else refused.
-pub fn unpack(payload: &Path, areas: &AreaRoots, restore_dir: &Path) -> Result<()> {
+/// What one pass over a verified payload takes from it; every entry is checked either way.
+pub enum Take<'a> {
+    /// `checkpoint/` into this directory (made once for every session resumed from it).
+    Checkpoint(&'a Path),
+    /// `workspace/` and `tmpfs/` into a session's areas (by descriptor, graft.rs).
+    Files(&'a AreaRoots),
+}
+
+/// Unpacks what `take` names from a verified payload. Only files, directories and links,
+/// each made beneath its target without following a link; anything else, or anything
+/// outside `workspace/`, `tmpfs/` and `checkpoint/`, refused. Entries another pass takes
+/// are skipped by seeking past them.
+pub fn unpack(payload: &Path, take: Take<'_>) -> Result<()> {
     let file = std::fs::File::open(payload).map_err(Error::io("opening the snapshot"))?;
     let mut tar = tar::Archive::new(std::io::BufReader::new(file));
     tar.set_preserve_permissions(true);
     tar.set_unpack_xattrs(false);
     tar.set_overwrite(true);
     let corrupt = |e: std::io::Error| Error::SnapshotCorrupt(format!("reading the snapshot: {e}"));
-    for entry in tar.entries().map_err(corrupt)? {
+    for entry in tar.entries_with_seek().map_err(corrupt)? {
         let mut entry = entry.map_err(corrupt)?;
         let path = entry.path().map_err(corrupt)?.into_owned();
         let top = match path.components().next() {
             Some(std::path::Component::Normal(c)) => c.to_string_lossy().into_owned(),
             _ => String::new(),
         };
-        if areas.takes(&top).is_some() {
-            areas.place(&mut entry).map_err(|e| match e {
-                GraftError::Refused(why) => {
-                    Error::SnapshotCorrupt(format!("the snapshot cannot be unpacked: {why}"))
-                }
-                GraftError::Io { source, .. } if source.raw_os_error() == Some(libc::ENOSPC) => {
-                    Error::ResourceExhausted {
-                        message: "the snapshot's files do not fit the session's writable area (max_total_output_bytes): resume it on a runner with a larger cap".into(),
-                        reason: "no_space",
-                    }
-                }
-                GraftError::Io { context, source } => Error::Io { context, source },
-            })?;
-            continue;
-        }
-        if top != "checkpoint" {
+        let kind = entry.header().entry_type();
+        let files = top == "workspace" || top == "tmpfs";
+        if !files && top != "checkpoint" {
             return Err(Error::SnapshotCorrupt(format!(
                 "the snapshot holds {}, outside workspace/, tmpfs/ and checkpoint/",
                 path.display()
             )));
         }
-        let kind = entry.header().entry_type();
         if !(kind.is_file() || kind.is_dir() || kind.is_symlink()) {
             return Err(Error::SnapshotCorrupt(format!(
                 "the snapshot holds {} of a kind sessions do not keep",
                 path.display()
             )));
         }
-        let unpacked = entry.unpack_in(restore_dir).map_err(|e| {
-            Error::SnapshotCorrupt(format!(
-                "unpacking {} from the snapshot: {e}",
-                path.display()
-            ))
-        })?;
-        if !unpacked {
-            return Err(Error::SnapshotCorrupt(format!(
-                "the snapshot names {}, which would land outside the session",
-                path.display()
-            )));
+        match take {
+            Take::Files(areas) if files => place(areas, &mut entry)?,
+            Take::Checkpoint(dir) if !files => {
+                let unpacked = entry.unpack_in(dir).map_err(|e| {
+                    Error::SnapshotCorrupt(format!(
+                        "unpacking {} from the snapshot: {e}",
+                        path.display()
+                    ))
+                })?;
+                if !unpacked {
+                    return Err(Error::SnapshotCorrupt(format!(
+                        "the snapshot names {}, which would land outside the session",
+                        path.display()
+                    )));
+                }
+            }
+            _ => {}
         }
     }
     Ok(())
+}
+
+/// One `workspace/` or `tmpfs/` entry into a session's areas.
+fn place<R: std::io::Read>(areas: &AreaRoots, entry: &mut tar::Entry<'_, R>) -> Result<()> {
+    areas.place(entry).map_err(|e| match e {
+        GraftError::Refused(why) => {
+            Error::SnapshotCorrupt(format!("the snapshot cannot be unpacked: {why}"))
+        }
+        GraftError::Io { source, .. } if source.raw_os_error() == Some(libc::ENOSPC) => {
+            Error::ResourceExhausted {
+                message: "the snapshot's files do not fit the session's writable area (max_total_output_bytes): resume it on a runner with a larger cap".into(),
+                reason: "no_space",
+            }
+        }
+        GraftError::Io { context, source } => Error::Io { context, source },
+    })
 }
 
 /// Now in Unix milliseconds.
@@ -293,15 +310,21 @@ impl<W: Write> Write for Hashing<W> {
 pub enum Origin {
     /// Empty, or cloned from git.
     Git(Option<pb::GitSource>),
-    /// Unpacked from a verified snapshot.
-    Snapshot {
-        header: pb::SnapshotHeader,
-        payload: Payload,
-    },
+    /// Unpacked from a verified snapshot (shared by the copies of a fork).
+    Snapshot(std::sync::Arc<Prepared>),
 }
 
-/// A snapshot unpacked for a resume: its checkpoint directory (with memory), removed when
-/// dropped (the task directory holds the files).
+/// A verified snapshot that sessions open from: its payload, whose files each session
+/// unpacks, and, with memory, its checkpoint unpacked once for all of them (runsc only
+/// reads it). Both go when the last session opened from it no longer needs them.
+pub struct Prepared {
+    pub header: pb::SnapshotHeader,
+    pub payload: Payload,
+    pub checkpoint: Option<Restore>,
+}
+
+/// A checkpoint unpacked for a restore: `dir`, holding `checkpoint` (runsc's image
+/// directory), removed when dropped (the task directory holds the files).
 pub struct Restore {
     pub dir: PathBuf,
     pub checkpoint: Option<PathBuf>,

@@ -406,6 +406,7 @@ async fn a_docker_session_on_engine_areas_is_capped_and_leaves_the_runners_disk_
             header,
             reader,
             String::new(),
+            1,
         ))
         .await
         .unwrap()

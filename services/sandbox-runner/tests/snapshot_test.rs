@@ -1,7 +1,7 @@
 //! Session snapshots over gRPC between two runners on loopback: a gvisor session paused on
 //! runner A goes on, memory and processes included, on runner B; a gvisor checkpoint with
 //! memory keeps the session going on A (and a failed restore closes it cleanly); forks
-//! diverge; docker and local keep files only; a snapshot is refused by a runner of another backend
+//! from one sending of the bytes diverge, and open all their copies or none; docker and local keep files only; a snapshot is refused by a runner of another backend
 //! (and a resume passes over such runners to one that takes it), and when its bytes were
 //! altered or cut short, with nothing left half-resumed.
 #![allow(clippy::unwrap_used)]
@@ -147,11 +147,20 @@ async fn pause_with(
 }
 
 async fn resume(r: &TestRunner, file: &[u8]) -> Result<SessionInfo, tonic::Status> {
+    resume_copies(r, file, 1).await
+}
+
+/// A resume that asks for `copies` sessions (a fork) from one sending of the snapshot.
+async fn resume_copies(
+    r: &TestRunner,
+    file: &[u8],
+    copies: u32,
+) -> Result<SessionInfo, tonic::Status> {
     let mut reader = std::io::Cursor::new(file.to_vec());
     let header = snapshot::read_header(&mut reader).await.unwrap();
     Ok(r.client
         .clone()
-        .resume_session(snapshot::parts(header, reader, String::new()))
+        .resume_session(snapshot::parts(header, reader, String::new(), copies))
         .await?
         .into_inner())
 }
@@ -239,6 +248,57 @@ async fn a_gvisor_session_paused_on_a_goes_on_on_b_with_its_processes_and_files(
     b.stop().await;
 }
 
+/// The runner sees a restore through the container's state file under runsc's `--root`; a
+/// runsc that keeps its state elsewhere is asked with `runsc state`, and the resume works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_resume_works_when_runsc_keeps_its_state_elsewhere() {
+    if !gvisor_usable("gvisor_state_elsewhere") {
+        return;
+    }
+    let bin = tempfile::tempdir().unwrap();
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let real = std::env::split_paths(&path)
+        .map(|d| d.join("runsc"))
+        .find(|p| p.is_file())
+        .unwrap();
+    let wrapper = bin.path().join("runsc");
+    let script = format!(
+        "#!/bin/bash\nargs=()\nfor a in \"$@\"; do\n  case \"$a\" in\n    --root=*) mkdir -p \"${{a#--root=}}/elsewhere\"; args+=(\"$a/elsewhere\") ;;\n    *) args+=(\"$a\") ;;\n  esac\ndone\nexec {} \"${{args[@]}}\"\n",
+        real.display()
+    );
+    std::fs::write(&wrapper, script).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (a, b) = tokio::join!(
+        runner(GVISOR),
+        TestRunner::start_with(GVISOR, |c| {
+            c.runsc = wrapper.to_string_lossy().into_owned();
+        })
+    );
+    let id = open(&a).await;
+    exec(&a, &id, COUNTER, true).await;
+    let before = wait_count(&a, &id, 10).await;
+    let (file, _) = pause(&a, &id, false).await;
+    let info = resume(&b, &file).await.unwrap();
+    assert!(info.memory_restored);
+    let first = count(&b, &info.session_id).await;
+    assert!(first >= before, "counter {first} < {before} at the pause");
+    wait_count(&b, &info.session_id, first + 5).await;
+    let state = b.work_root.path().join("gvisor/state");
+    let kept: Vec<_> = std::fs::read_dir(&state)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(
+        kept,
+        vec![std::ffi::OsString::from("elsewhere")],
+        "{kept:?}"
+    );
+    a.stop().await;
+    b.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn five_forks_start_with_the_same_memory_and_files_and_diverge() {
     if !gvisor_usable("gvisor_fork") {
@@ -250,8 +310,19 @@ async fn five_forks_start_with_the_same_memory_and_files_and_diverge() {
     exec(&a, &id, COUNTER, true).await;
     let before = wait_count(&a, &id, 10).await;
     let (file, _) = pause(&a, &id, false).await;
-    let forks = futures::future::join_all((0..5).map(|_| resume(&b, &file))).await;
-    let forks: Vec<String> = forks.into_iter().map(|f| f.unwrap().session_id).collect();
+    // One sending of the bytes, five sessions restored from one unpacked checkpoint.
+    let first = resume_copies(&b, &file, 5).await.unwrap();
+    let mut forks = vec![first.session_id.clone()];
+    for copy in &first.copies {
+        assert!(copy.memory_restored && copy.snapshot_of == id, "{copy:?}");
+        forks.push(copy.session_id.clone());
+    }
+    assert!(first.memory_restored);
+    assert_eq!(forks.len(), 5);
+    assert_eq!(
+        forks.iter().collect::<std::collections::HashSet<_>>().len(),
+        5
+    );
     assert_eq!(open_sessions(&b).await, 5);
     for (i, f) in forks.iter().enumerate() {
         assert_eq!(read(&b, f, "shared.txt").await.unwrap(), "shared\n");
@@ -689,7 +760,7 @@ async fn an_altered_or_cut_snapshot_is_refused_and_nothing_is_half_resumed() {
     let err = b
         .client
         .clone()
-        .resume_session(snapshot::parts(header, reader, String::new()))
+        .resume_session(snapshot::parts(header, reader, String::new(), 1))
         .await
         .unwrap_err();
     assert_eq!(reason(&err), "snapshot_mismatch");
@@ -697,6 +768,55 @@ async fn an_altered_or_cut_snapshot_is_refused_and_nothing_is_half_resumed() {
     let s = resume(&b, &file).await.unwrap().session_id;
     let out = exec(&b, &s, "wc -c < /workspace/blob", false).await;
     assert_eq!(text(&out.stdout).trim(), "300000");
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fork_opens_every_copy_or_none() {
+    let case = if bwrap_ready().is_ok() {
+        LOCAL
+    } else if docker_only("fork_all_or_none").await {
+        DOCKER
+    } else {
+        println!("SKIP: fork_all_or_none: neither bubblewrap nor docker");
+        return;
+    };
+    let (a, b) = tokio::join!(
+        runner(case),
+        TestRunner::start_with(case, |c| {
+            c.max_concurrent_runs = 4;
+            c.max_sessions = 3;
+        })
+    );
+    let id = open(&a).await;
+    exec(&a, &id, "echo kept > /workspace/kept.txt", false).await;
+    let (file, _) = pause(&a, &id, true).await;
+    // More copies than the runner can ever hold: refused before anything is made.
+    let err = resume_copies(&b, &file, 4).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err}");
+    assert_eq!(reason(&err), "too_many_sessions");
+    assert_nothing_resumed(&b).await;
+    // Three would fit an empty runner; with one session open the third copy cannot open, and
+    // the two that did are closed again.
+    let other = open(&b).await;
+    let err = resume_copies(&b, &file, 3).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err}");
+    assert_eq!(open_sessions(&b).await, 1);
+    assert_eq!(task_entries(&b), vec![other.clone()]);
+    // With room, all three open, each with the files.
+    b.client
+        .clone()
+        .close_session(CloseSessionRequest { session_id: other })
+        .await
+        .unwrap();
+    let first = resume_copies(&b, &file, 3).await.unwrap();
+    assert_eq!(first.copies.len(), 2);
+    for s in std::iter::once(&first).chain(&first.copies) {
+        assert_eq!(read(&b, &s.session_id, "kept.txt").await.unwrap(), "kept\n");
+        assert_eq!(s.snapshot_of, id);
+    }
+    assert_eq!(open_sessions(&b).await, 3);
     a.stop().await;
     b.stop().await;
 }

@@ -93,7 +93,7 @@ pub(super) struct Base {
     pub(super) config: Arc<Config>,
     pub(super) runsc: PathBuf,
     /// runsc's `--root`: its state of this runner's sandboxes.
-    state: PathBuf,
+    pub(super) state: PathBuf,
     /// `<id>/config.json` of each sandbox.
     bundles: PathBuf,
     /// The sandbox image's root file system, shared read-only by every sandbox.

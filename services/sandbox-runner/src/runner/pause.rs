@@ -9,7 +9,7 @@ use super::{blocking, Runner};
 use crate::backend::SessionSandbox;
 use crate::error::{Error, Result};
 use crate::graft::AreaRoots;
-use crate::snapshot::{self, Made, Origin, Payload, Receiver, Restore};
+use crate::snapshot::{self, Made, Origin, Payload, Prepared, Receiver, Restore, Take};
 
 impl Runner {
     /// Makes a snapshot of session `id`: with its memory and processes when the backend can
@@ -178,61 +178,118 @@ impl Runner {
         Receiver::new(header, path)
     }
 
-    /// Opens a new session from the received snapshot once its bytes are verified.
+    /// Opens `copies` new sessions (at least one) from the received snapshot once its bytes
+    /// are verified, the first named `session_id`: the answer is the first's, the others in
+    /// its `copies`. All open or none: when one fails, those open are closed.
     pub async fn resume_session(
         self: &Arc<Self>,
         received: Receiver,
         session_id: String,
+        copies: u32,
     ) -> Result<pb::SessionInfo> {
-        let (header, payload) = blocking(move || received.finish()).await?;
-        let req = pb::OpenSessionRequest {
-            session_id,
-            network: header.network,
-            limits: header.limits,
-            image: header.image.clone(),
-            ..Default::default()
-        };
-        self.open_from(req, Origin::Snapshot { header, payload })
-            .await
+        let copies = copies.max(1);
+        let most = self.config.max_sessions.min(self.config.concurrent_runs());
+        if copies as usize > most {
+            return Err(Error::ResourceExhausted {
+                message: format!(
+                    "{copies} copies of a snapshot asked for, and this runner holds at most {most} sessions (max_sessions, max_concurrent_runs): fork fewer at once, or across runners"
+                ),
+                reason: "too_many_sessions",
+            });
+        }
+        let t0 = std::time::Instant::now();
+        let prepared = Arc::new(self.prepare(received).await?);
+        tracing::debug!(
+            prepared_ms = t0.elapsed().as_millis() as u64,
+            "snapshot checked and its checkpoint unpacked"
+        );
+        let opens = (0..copies).map(|n| {
+            let req = pb::OpenSessionRequest {
+                session_id: if n == 0 {
+                    session_id.clone()
+                } else {
+                    String::new()
+                },
+                network: prepared.header.network,
+                limits: prepared.header.limits,
+                image: prepared.header.image.clone(),
+                ..Default::default()
+            };
+            self.open_from(req, Origin::Snapshot(prepared.clone()))
+        });
+        let opened = futures::future::join_all(opens).await;
+        drop(prepared);
+        let mut infos = Vec::with_capacity(opened.len());
+        let mut failed = None;
+        for o in opened {
+            match o {
+                Ok(info) => infos.push(info),
+                Err(e) => failed = failed.or(Some(e)),
+            }
+        }
+        if let Some(e) = failed {
+            for info in &infos {
+                if let Err(c) = self.close_session(&info.session_id).await {
+                    tracing::warn!(session_id = %info.session_id, error = %c, "closing a copy of a fork that failed failed");
+                }
+            }
+            return Err(e);
+        }
+        let mut first = infos.remove(0);
+        first.copies = infos;
+        Ok(first)
     }
 
-    /// Unpacks a snapshot into a new session's task directory (and, with memory, its
-    /// checkpoint beside it), files given to the sandbox user.
+    /// Checks the received bytes and, with memory, unpacks the checkpoint once for every
+    /// session resumed from them.
+    async fn prepare(&self, received: Receiver) -> Result<Prepared> {
+        let dir = self
+            .config
+            .work_root
+            .join("tasks")
+            .join(format!("resume-{}.d", uuid::Uuid::new_v4().simple()));
+        blocking(move || {
+            let (header, payload) = received.finish()?;
+            let checkpoint = match header.memory {
+                false => None,
+                true => {
+                    std::fs::create_dir(&dir)
+                        .map_err(Error::io("creating the restore directory"))?;
+                    let restore = Restore {
+                        checkpoint: Some(dir.join("checkpoint")),
+                        dir,
+                    };
+                    snapshot::unpack(&payload.path, Take::Checkpoint(&restore.dir))?;
+                    if !restore.dir.join("checkpoint").join("checkpoint.img").is_file() {
+                        return Err(Error::SnapshotCorrupt(
+                            "the snapshot says it holds memory but has no checkpoint/checkpoint.img".into(),
+                        ));
+                    }
+                    Some(restore)
+                }
+            };
+            Ok(Prepared {
+                header,
+                payload,
+                checkpoint,
+            })
+        })
+        .await
+    }
+
+    /// Unpacks a snapshot's files into a new session's areas, given to the sandbox user as
+    /// they are made.
     pub(super) async fn unpack_snapshot(
         &self,
         sandbox: &SessionSandbox,
-        payload: Payload,
-        memory: bool,
-    ) -> Result<Restore> {
-        let dir = sandbox.task_dir.with_file_name(format!(
-            "{}.restore-{}",
-            sandbox.session_id,
-            uuid::Uuid::new_v4().simple()
-        ));
-        let restore = Restore {
-            checkpoint: memory.then(|| dir.join("checkpoint")),
-            dir,
-        };
-        let (areas, dir, owner) = (
-            sandbox.areas.dir().to_path_buf(),
-            restore.dir.clone(),
-            self.owner,
-        );
+        prepared: Arc<Prepared>,
+    ) -> Result<()> {
+        let (areas, owner) = (sandbox.areas.dir().to_path_buf(), self.owner);
         blocking(move || {
-            std::fs::create_dir(&dir).map_err(Error::io("creating the restore directory"))?;
-            // What is placed is given to the sandbox user as it is made.
             let roots =
                 AreaRoots::open(&areas, owner).map_err(Error::io("opening the session's areas"))?;
-            snapshot::unpack(&payload.path, &roots, &dir)?;
-            drop(payload);
-            if memory && !dir.join("checkpoint").join("checkpoint.img").is_file() {
-                return Err(Error::SnapshotCorrupt(
-                    "the snapshot says it holds memory but has no checkpoint/checkpoint.img".into(),
-                ));
-            }
-            Ok(())
+            snapshot::unpack(&prepared.payload.path, Take::Files(&roots))
         })
-        .await?;
-        Ok(restore)
+        .await
     }
 }

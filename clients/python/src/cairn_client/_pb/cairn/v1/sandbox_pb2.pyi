@@ -207,7 +207,7 @@ class OpenSessionRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., git: _Optional[_Union[GitSource, _Mapping]] = ..., network: _Optional[bool] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., run_id: _Optional[str] = ..., node_id: _Optional[str] = ..., image: _Optional[str] = ...) -> None: ...
 
 class SessionInfo(_message.Message):
-    __slots__ = ("session_id", "container_name", "backend", "git_commit", "image", "idle_timeout_ms", "snapshot_of", "memory_restored")
+    __slots__ = ("session_id", "container_name", "backend", "git_commit", "image", "idle_timeout_ms", "snapshot_of", "memory_restored", "copies")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CONTAINER_NAME_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
@@ -216,6 +216,7 @@ class SessionInfo(_message.Message):
     IDLE_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_OF_FIELD_NUMBER: _ClassVar[int]
     MEMORY_RESTORED_FIELD_NUMBER: _ClassVar[int]
+    COPIES_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     container_name: str
     backend: str
@@ -224,7 +225,8 @@ class SessionInfo(_message.Message):
     idle_timeout_ms: int
     snapshot_of: str
     memory_restored: bool
-    def __init__(self, session_id: _Optional[str] = ..., container_name: _Optional[str] = ..., backend: _Optional[str] = ..., git_commit: _Optional[str] = ..., image: _Optional[str] = ..., idle_timeout_ms: _Optional[int] = ..., snapshot_of: _Optional[str] = ..., memory_restored: _Optional[bool] = ...) -> None: ...
+    copies: _containers.RepeatedCompositeFieldContainer[SessionInfo]
+    def __init__(self, session_id: _Optional[str] = ..., container_name: _Optional[str] = ..., backend: _Optional[str] = ..., git_commit: _Optional[str] = ..., image: _Optional[str] = ..., idle_timeout_ms: _Optional[int] = ..., snapshot_of: _Optional[str] = ..., memory_restored: _Optional[bool] = ..., copies: _Optional[_Iterable[_Union[SessionInfo, _Mapping]]] = ...) -> None: ...
 
 class ExecRequest(_message.Message):
     __slots__ = ("session_id", "command", "timeout_ms", "workdir", "max_output_bytes", "detach")
@@ -453,14 +455,16 @@ class SnapshotHeader(_message.Message):
     def __init__(self, format: _Optional[int] = ..., backend: _Optional[str] = ..., image: _Optional[str] = ..., memory: _Optional[bool] = ..., sha256: _Optional[str] = ..., size_bytes: _Optional[int] = ..., session_id: _Optional[str] = ..., network: _Optional[bool] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., created_unix_ms: _Optional[int] = ...) -> None: ...
 
 class SnapshotPart(_message.Message):
-    __slots__ = ("header", "chunk", "session_id")
+    __slots__ = ("header", "chunk", "session_id", "copies")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    COPIES_FIELD_NUMBER: _ClassVar[int]
     header: SnapshotHeader
     chunk: bytes
     session_id: str
-    def __init__(self, header: _Optional[_Union[SnapshotHeader, _Mapping]] = ..., chunk: _Optional[bytes] = ..., session_id: _Optional[str] = ...) -> None: ...
+    copies: int
+    def __init__(self, header: _Optional[_Union[SnapshotHeader, _Mapping]] = ..., chunk: _Optional[bytes] = ..., session_id: _Optional[str] = ..., copies: _Optional[int] = ...) -> None: ...
 
 class GetRunnerInfoRequest(_message.Message):
     __slots__ = ()
