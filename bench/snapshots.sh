@@ -30,7 +30,7 @@ STORE="$(port)"
 RUST_LOG=warn "$BIN/cairn-artifact-store" --data-root "$WORK/store" --listen "127.0.0.1:$STORE" \
   >"$WORK/store.log" 2>&1 & PIDS+=($!)
 wait_port "$STORE"
-runner() { # NAME: a gvisor runner; prints its address
+runner() { # NAME: starts a gvisor runner, sets ADDR (not in a subshell: PIDS must keep it)
   local p
   p="$(port)"
   RUST_LOG=warn "$BIN/cairn-sandbox-runner" --listen "127.0.0.1:$p" --backend gvisor \
@@ -38,9 +38,9 @@ runner() { # NAME: a gvisor runner; prints its address
     --set max_concurrent_runs=24 --set "gvisor_platform=$PLATFORM" >"$WORK/$1.log" 2>&1 &
   PIDS+=($!)
   wait_port "$p"
-  echo "127.0.0.1:$p"
+  ADDR="127.0.0.1:$p"
 }
-A="$(runner a)"; B="$(runner b)"
+runner a; A="$ADDR"; runner b; B="$ADDR"
 
 cli() { # ADDR ARGS...: `cairn sandbox session ARGS --json` against runner ADDR
   local addr="$1"; shift

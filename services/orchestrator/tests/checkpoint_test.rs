@@ -813,6 +813,85 @@ async fn an_idle_session_is_paused_while_the_model_answers_and_resumed_after() {
     }
 }
 
+/// A paused session whose snapshot no longer resumes (its bytes were replaced in the store
+/// while the model answered) fails the attempt as `unavailable`, naming the snapshot; the
+/// retry starts over in a fresh session, and nothing of the failed resume is left open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_that_cannot_be_resumed_fails_the_attempt_and_the_retry_starts_over() {
+    let Some((s, runners)) =
+        two_runners("a_pause_that_cannot_be_resumed_fails_the_attempt_and_the_retry_starts_over")
+            .await
+    else {
+        return;
+    };
+    let llm = FakeLlm::start(
+        vec![
+            vec![(
+                "write",
+                json!({"path": "notes.txt", "content": "written before the pause\n"}),
+            )],
+            // 2: held until the snapshot has been replaced; never run (the resume fails).
+            vec![(
+                "write",
+                json!({"path": "lost.txt", "content": "never kept"}),
+            )],
+            // The second attempt, from scratch.
+            vec![
+                ("write", json!({"path": "README.md", "content": README})),
+                (
+                    "end",
+                    json!({"exclude_patterns": [], "archive_name": "notes.zip"}),
+                ),
+            ],
+        ],
+        2,
+    )
+    .await;
+    let run = submit(&s, "    pause_after_ms: 1000\n", &llm).await;
+    let paused = wait_event(&s, &run, "session.paused", 60).await;
+    let snapshot = paused["snapshot"].as_str().unwrap().to_owned();
+    put_file(
+        &s.store,
+        &snapshot,
+        b"cairn-snapshot\nnot the bytes that were paused",
+    )
+    .await;
+    llm.release();
+    let done = s.wait_final(&run, 120).await;
+    assert_eq!(
+        done.state,
+        TaskState::Completed as i32,
+        "{done:#?}\n{:#?}",
+        s.event_types(&run).await
+    );
+    assert!(events_of(&s, &run, "session.resumed").await.is_empty());
+    let failed = events_of(&s, &run, "node.failed").await;
+    assert_eq!(failed.len(), 1, "{failed:#?}");
+    assert_eq!(failed[0]["will_retry"], true, "{failed:#?}");
+    let said = failed[0].to_string();
+    assert!(
+        said.contains("unavailable") && said.contains(&snapshot),
+        "the failure is unavailable and names the snapshot: {said}"
+    );
+    let opened = events_of(&s, &run, "code_delivery.session_opened").await;
+    assert_eq!(opened.len(), 2, "{opened:#?}");
+    // A fresh workspace: the first attempt's file is gone, and no runner keeps a session.
+    let archive = s
+        .read(&format!("docs/artifacts/{run}/notes.zip"))
+        .await
+        .unwrap();
+    assert_eq!(zip_file(&archive, "notes.txt"), None);
+    assert_eq!(zip_file(&archive, "README.md").as_deref(), Some(README));
+    assert_eq!(zip_file(&archive, "lost.txt"), None);
+    for r in &runners {
+        assert_eq!(open_sessions(&r.addr).await, 0, "runner {}", r.addr);
+    }
+    s.stop().await;
+    for mut r in runners {
+        r.kill().await;
+    }
+}
+
 /// `pause_after_ms` on gvisor runners: the idle pause holds the session's memory, so a counter
 /// a command left running is, after the model's slow answer, still counting in the resumed
 /// session from where it stood, while no runner held a sandbox for it in between.

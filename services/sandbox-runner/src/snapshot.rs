@@ -228,6 +228,9 @@ pub fn unpack(payload: &Path, take: Take<'_>) -> Result<()> {
         }
         match take {
             Take::Files(areas) if files => place(areas, &mut entry)?,
+            Take::Checkpoint(dir) if kind.is_file() && path == Path::new(IMAGE) => {
+                copy_image(payload, entry.raw_file_position(), entry.size(), dir)?
+            }
             Take::Checkpoint(dir) if !files => {
                 let unpacked = entry.unpack_in(dir).map_err(|e| {
                     Error::SnapshotCorrupt(format!(
@@ -244,6 +247,64 @@ pub fn unpack(payload: &Path, take: Take<'_>) -> Result<()> {
             }
             _ => {}
         }
+    }
+    Ok(())
+}
+
+/// runsc's memory image in a payload: the bulk of a snapshot with memory.
+const IMAGE: &str = "checkpoint/checkpoint.img";
+
+/// The memory image, `len` bytes at `at` in the payload, copied by the kernel
+/// (copy_file_range: no pass through this process) to `dir/checkpoint/checkpoint.img`,
+/// made new beneath `dir` without following a link.
+fn copy_image(payload: &Path, at: u64, len: u64, dir: &Path) -> Result<()> {
+    use std::os::fd::AsFd;
+    let failed = |e: std::io::Error| Error::Io {
+        context: "copying the checkpoint's image out of the snapshot".into(),
+        source: e,
+    };
+    let src = std::fs::File::open(payload).map_err(failed)?;
+    let root = std::fs::File::open(dir).map_err(failed)?;
+    let sub = match cairn_contain::open_dir(root.as_fd(), "checkpoint") {
+        Err(rustix::io::Errno::NOENT) => {
+            rustix::fs::mkdirat(&root, "checkpoint", rustix::fs::Mode::from_raw_mode(0o700))
+                .map_err(|e| failed(e.into()))?;
+            cairn_contain::open_dir(root.as_fd(), "checkpoint")
+        }
+        other => other,
+    }
+    .map_err(|e| failed(e.into()))?;
+    let dst = rustix::fs::openat(
+        &sub,
+        "checkpoint.img",
+        rustix::fs::OFlags::WRONLY
+            | rustix::fs::OFlags::CREATE
+            | rustix::fs::OFlags::EXCL
+            | rustix::fs::OFlags::NOFOLLOW
+            | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::from_raw_mode(0o600),
+    )
+    .map_err(|e| {
+        Error::SnapshotCorrupt(format!(
+            "the snapshot holds {IMAGE} twice or beside a link: {e}"
+        ))
+    })?;
+    let (mut off, mut left) = (at, len);
+    while left > 0 {
+        let n = rustix::fs::copy_file_range(
+            &src,
+            Some(&mut off),
+            &dst,
+            None,
+            left.min(1 << 30) as usize,
+        )
+        .map_err(|e| failed(e.into()))?;
+        if n == 0 {
+            return Err(Error::SnapshotCorrupt(format!(
+                "the snapshot ends inside {IMAGE}"
+            )));
+        }
+        left -= n as u64;
     }
     Ok(())
 }
@@ -333,5 +394,95 @@ pub struct Restore {
 impl Drop for Restore {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A payload tar of `entries`: (path, Some(bytes)) a file, (path, None) a directory;
+    /// `link` adds `checkpoint` as a symlink to that target first.
+    fn payload(dir: &Path, link: Option<&Path>, entries: &[(&str, Option<&[u8]>)]) -> PathBuf {
+        let out = dir.join("payload.tar");
+        let mut tar = tar::Builder::new(std::fs::File::create(&out).unwrap());
+        if let Some(target) = link {
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(tar::EntryType::Symlink);
+            h.set_size(0);
+            tar.append_link(&mut h, "checkpoint", target).unwrap();
+        }
+        for (path, bytes) in entries {
+            let mut h = tar::Header::new_gnu();
+            match bytes {
+                Some(b) => {
+                    h.set_entry_type(tar::EntryType::Regular);
+                    h.set_size(b.len() as u64);
+                    h.set_mode(0o644);
+                    tar.append_data(&mut h, path, *b).unwrap();
+                }
+                None => {
+                    h.set_entry_type(tar::EntryType::Directory);
+                    h.set_size(0);
+                    h.set_mode(0o755);
+                    tar.append_data(&mut h, path, std::io::empty()).unwrap();
+                }
+            }
+        }
+        tar.finish().unwrap();
+        out
+    }
+
+    #[test]
+    fn the_memory_image_is_copied_out_whole_beside_the_other_entries() {
+        let t = tempfile::tempdir().unwrap();
+        let image: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let p = payload(
+            t.path(),
+            None,
+            &[
+                ("workspace/", None),
+                ("workspace/a.txt", Some(b"a\n")),
+                ("checkpoint/", None),
+                ("checkpoint/checkpoint.img", Some(&image)),
+                ("checkpoint/meta", Some(b"m")),
+            ],
+        );
+        let dir = t.path().join("restore");
+        std::fs::create_dir(&dir).unwrap();
+        unpack(&p, Take::Checkpoint(&dir)).unwrap();
+        assert_eq!(std::fs::read(dir.join(IMAGE)).unwrap(), image);
+        assert_eq!(std::fs::read(dir.join("checkpoint/meta")).unwrap(), b"m");
+        assert!(!dir.join("workspace").exists(), "files are another pass's");
+    }
+
+    #[test]
+    fn a_memory_image_behind_a_link_or_twice_is_refused_and_lands_nowhere() {
+        let t = tempfile::tempdir().unwrap();
+        let outside = t.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        let p = payload(
+            t.path(),
+            Some(&outside),
+            &[("checkpoint/checkpoint.img", Some(b"not yours"))],
+        );
+        let dir = t.path().join("restore");
+        std::fs::create_dir(&dir).unwrap();
+        assert!(unpack(&p, Take::Checkpoint(&dir)).is_err());
+        assert!(!outside.join("checkpoint.img").exists());
+
+        let p = payload(
+            t.path(),
+            None,
+            &[
+                ("checkpoint/checkpoint.img", Some(b"one")),
+                ("checkpoint/checkpoint.img", Some(b"two")),
+            ],
+        );
+        let dir = t.path().join("restore2");
+        std::fs::create_dir(&dir).unwrap();
+        let e = unpack(&p, Take::Checkpoint(&dir)).unwrap_err();
+        assert!(matches!(e, Error::SnapshotCorrupt(_)), "{e}");
+        assert_eq!(std::fs::read(dir.join(IMAGE)).unwrap(), b"one");
     }
 }
