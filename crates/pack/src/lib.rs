@@ -3,7 +3,10 @@
 //! the workspace's regular files under pathguard-valid names, read beneath a held directory
 //! (cairn-contain); links are refused and reported, never followed; the archive stops at its
 //! size cap. Entries go in byte order of their paths; with one entry time (`entry_mtime`) the
-//! same files pack to the same bytes whenever they were written.
+//! same files pack to the same bytes whenever they were written. The way back in is
+//! [`graft`]: archive entries placed into a session's areas by descriptor.
+
+pub mod graft;
 
 use std::fs::File;
 use std::io::{Seek, SeekFrom, Write};

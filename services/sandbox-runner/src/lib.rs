@@ -12,7 +12,6 @@ mod backend;
 mod capture;
 pub mod config;
 mod error;
-mod graft;
 mod job;
 mod limits;
 mod outputs;

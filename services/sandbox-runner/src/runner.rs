@@ -13,13 +13,13 @@ use crate::admission::Admission;
 use crate::backend::{self, Backend, ExecSpec, Live, SessionSandbox};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::graft::{self, AreaRoots, GraftError};
 use crate::job::{self, Job};
 use crate::limits::Limits;
 use crate::session::{self, Closing, Session, Sessions};
 use crate::snapshot::Origin;
 use crate::workspace;
 use cairn_contain::Root;
+use cairn_pack::graft::{self, AreaRoots, GraftError};
 use cairn_pack::{self as pack, Format, PackReport};
 
 mod pause;
@@ -380,7 +380,7 @@ impl Runner {
     /// Clones `g` into the session's /workspace; returns the commit. Areas the engine made are
     /// reached through the container's root, where git (which resolves its paths) would lead
     /// back into the runner's own: there it clones beside the task directory, and the tree is
-    /// copied in by descriptor (graft.rs).
+    /// copied in by descriptor (cairn_pack::graft).
     async fn clone_into(
         &self,
         sandbox: &SessionSandbox,

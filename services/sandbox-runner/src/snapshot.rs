@@ -12,7 +12,7 @@ use cairn_proto as pb;
 use cairn_sha256::Sha256;
 
 use crate::error::{Error, Result};
-use crate::graft::{AreaRoots, GraftError};
+use cairn_pack::graft::{AreaRoots, GraftError};
 
 /// The snapshot layout this runner writes and reads.
 pub const FORMAT: u32 = 1;
@@ -190,7 +190,7 @@ impl Receiver {
 pub enum Take<'a> {
     /// `checkpoint/` into this directory (made once for every session resumed from it).
     Checkpoint(&'a Path),
-    /// `workspace/` and `tmpfs/` into a session's areas (by descriptor, graft.rs).
+    /// `workspace/` and `tmpfs/` into a session's areas (by descriptor, cairn_pack::graft).
     Files(&'a AreaRoots),
 }
 

@@ -267,4 +267,28 @@ mod tests {
         assert!(!is_mounted(&area));
         assert!(!area.join("big").exists());
     }
+
+    #[test]
+    fn a_tree_copied_into_a_full_area_stops_with_enospc() {
+        if !rustix::process::geteuid().is_root() {
+            println!("SKIP: graft full area: needs root to mount a tmpfs");
+            return;
+        }
+        let src = tempfile::tempdir().unwrap();
+        std::fs::write(src.path().join("big"), vec![1u8; 3 << 20]).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("workspace");
+        std::fs::create_dir(&ws).unwrap();
+        assert!(mount(&ws, 1 << 20, (0, 0), 0o755).unwrap());
+        std::fs::create_dir(dir.path().join("tmpfs")).unwrap();
+        let a = cairn_pack::graft::AreaRoots::open(dir.path(), None).unwrap();
+        let e = cairn_pack::graft::copy_tree(src.path(), "workspace", &a).unwrap_err();
+        unmount_below(dir.path());
+        match e {
+            cairn_pack::graft::GraftError::Io { source, .. } => {
+                assert_eq!(source.raw_os_error(), Some(libc::ENOSPC))
+            }
+            other => panic!("{other}"),
+        }
+    }
 }

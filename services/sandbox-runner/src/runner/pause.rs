@@ -8,8 +8,8 @@ use cairn_proto as pb;
 use super::{blocking, Runner};
 use crate::backend::SessionSandbox;
 use crate::error::{Error, Result};
-use crate::graft::AreaRoots;
 use crate::snapshot::{self, Made, Origin, Payload, Prepared, Receiver, Restore, Take};
+use cairn_pack::graft::AreaRoots;
 
 impl Runner {
     /// Makes a snapshot of session `id`: with its memory and processes when the backend can
