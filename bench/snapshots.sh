@@ -7,12 +7,16 @@
 # Needs root, runsc (apt-get install runsc) and the image.
 # Usage: bash bench/snapshots.sh [ROUNDS] [IMAGE]   (defaults 3, cairn-sandbox:latest)
 # CAIRN_BENCH_PROFILE=dev uses debug binaries; CAIRN_BENCH_BIN=DIR uses the binaries in DIR
-# (cairn, cairn-sandbox-runner, cairn-artifact-store) without building.
+# (cairn, cairn-sandbox-runner, cairn-artifact-store) without building. CAIRN_BENCH_RUNSC=PATH
+# runs the runners on that runsc (default: runsc on PATH); CAIRN_BENCH_RUNNER_LOG=info keeps
+# the runners' timings of each checkpoint and restore in their logs, printed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS="${1:-3}"
 IMAGE="${2:-cairn-sandbox:latest}"
 PLATFORM="${CAIRN_BENCH_GVISOR_PLATFORM:-ptrace}"
+RUNSC="${CAIRN_BENCH_RUNSC:-$(command -v runsc)}"
+RUNNER_LOG="${CAIRN_BENCH_RUNNER_LOG:-warn}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 PROFILE="${CAIRN_BENCH_PROFILE:-release}"
 if [ -n "${CAIRN_BENCH_BIN:-}" ]; then
@@ -33,9 +37,10 @@ wait_port "$STORE"
 runner() { # NAME: starts a gvisor runner, sets ADDR (not in a subshell: PIDS must keep it)
   local p
   p="$(port)"
-  RUST_LOG=warn "$BIN/cairn-sandbox-runner" --listen "127.0.0.1:$p" --backend gvisor \
+  RUST_LOG="$RUNNER_LOG" "$BIN/cairn-sandbox-runner" --listen "127.0.0.1:$p" --backend gvisor \
     --image "$IMAGE" --pool-size 0 --work-root "$WORK/$1" --runner-id "bench-$1-$$" \
-    --set max_concurrent_runs=24 --set "gvisor_platform=$PLATFORM" >"$WORK/$1.log" 2>&1 &
+    --set max_concurrent_runs=24 --set "gvisor_platform=$PLATFORM" --set "runsc=$RUNSC" \
+    >"$WORK/$1.log" 2>&1 &
   PIDS+=($!)
   wait_port "$p"
   ADDR="127.0.0.1:$p"
@@ -62,7 +67,7 @@ while True:
     os.replace("/workspace/counter.tmp", "/workspace/counter")
     time.sleep(0.05)'
 
-echo "command: bash bench/snapshots.sh $ROUNDS $IMAGE  (profile $PROFILE; platform $PLATFORM; $(date -u +%Y-%m-%dT%H:%MZ); $(nproc) cores; $(runsc --version | head -1))"
+echo "command: bash bench/snapshots.sh $ROUNDS $IMAGE  (profile $PROFILE; platform $PLATFORM; $(date -u +%Y-%m-%dT%H:%MZ); $(nproc) cores; $RUNSC: $("$RUNSC" --version | head -1))"
 echo
 : >"$WORK/cold"; : >"$WORK/pause"; : >"$WORK/resume"; : >"$WORK/fork"; : >"$WORK/bytes"
 for round in $(seq "$ROUNDS"); do
@@ -111,3 +116,9 @@ echo "| resume on another runner (from the store) | $RESUME ms | $COLD ms | $(ra
 echo "| fork x10 (wall, CLI) | $FORK ms | $COLD ms | $(ratio "$FORK" "$COLD") | <= 3000 ms: $(verdict "$FORK" 3000) |"
 echo
 echo "- snapshot size: $BYTES bytes ($(python3 -c "print(f'{$BYTES / (1 << 20):.1f}')") MiB); store throughput while pausing: $(python3 -c "print(f'{$BYTES / (1 << 20) / ($PAUSE / 1000):.0f}')") MiB/s of snapshot per second of pause"
+if [ "$RUNNER_LOG" != warn ]; then
+  echo
+  echo "runner timings (ms):"
+  grep -h -E 'session snapshot made|snapshot resumed' "$WORK/a.log" "$WORK/b.log" \
+    | sed -E 's/\x1b\[[0-9;]*m//g; s/^.*(INFO|DEBUG) [^ ]+: //' || true
+fi

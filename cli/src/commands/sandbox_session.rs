@@ -253,8 +253,25 @@ async fn pause(
     let head = snapshot::prefix(&header);
     let bytes = head.len() as u64 + header.size_bytes;
     let local = tempfile::NamedTempFile::with_prefix("cairn-snapshot-")?;
-    let mut file = tokio::fs::File::from_std(local.reopen()?);
-    file.write_all(&head).await?;
+    // The local copy is written and the payload hashed on a thread of their own, beside the
+    // bytes' way into the store.
+    let (to_disk, mut from_stream) = tokio::sync::mpsc::channel::<bytes::Bytes>(64);
+    let disk = {
+        use std::io::Write;
+        let (mut file, head) = (local.reopen()?, head.clone());
+        tokio::task::spawn_blocking(move || -> std::io::Result<(String, u64)> {
+            file.write_all(&head)?;
+            let mut file = std::io::BufWriter::with_capacity(1 << 20, file);
+            let (mut hash, mut size) = (Sha256::new(), 0u64);
+            while let Some(c) = from_stream.blocking_recv() {
+                hash.update(&c);
+                size += c.len() as u64;
+                file.write_all(&c)?;
+            }
+            file.flush()?;
+            Ok((hash.finish_hex(), size))
+        })
+    };
     let (mut into_store, from_here) = tokio::io::duplex(4 << 20);
     let put = path.map(|path| {
         let header = PutHeader {
@@ -274,19 +291,22 @@ async fn pause(
     });
     // False once the store stopped reading (its answer says why).
     let mut feeding = put.is_ok() && into_store.write_all(&head).await.is_ok();
-    let (mut hash, mut size, mut held) = (Sha256::new(), 0u64, None::<bytes::Bytes>);
+    let mut held = None::<bytes::Bytes>;
     while let Some(part) = stream.message().await? {
         if let Some(snapshot_part::Msg::Chunk(c)) = part.msg {
-            hash.update(&c);
-            size += c.len() as u64;
-            file.write_all(&c).await?;
+            if to_disk.send(c.clone()).await.is_err() {
+                break; // the local file failed: its error is below
+            }
             if let Some(prev) = held.replace(c) {
                 feeding = feeding && into_store.write_all(&prev).await.is_ok();
             }
         }
     }
-    file.flush().await?;
-    let sha = hash.finish_hex();
+    drop(to_disk);
+    let (sha, size) = disk
+        .await
+        .map_err(|e| anyhow::anyhow!("the snapshot's local copy failed: {e}"))?
+        .context("writing the snapshot's local copy")?;
     if size != header.size_bytes || sha != header.sha256 {
         anyhow::bail!(
             "the snapshot arrived as {size} bytes with sha256 {sha}; its header says {} bytes with sha256 {}: it was damaged on its way, and nothing was stored",

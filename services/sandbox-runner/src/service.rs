@@ -168,7 +168,8 @@ impl SandboxRunner for SandboxService {
             let chunk = |c: bytes::Bytes| pb::PackResponse {
                 msg: Some(pb::pack_response::Msg::Chunk(c)),
             };
-            let Some((sha256, size_bytes)) = send_file(&packed.path, "archive", &tx, chunk).await
+            let Some((Some(sha256), size_bytes)) =
+                send_file(&packed.path, "archive", &tx, chunk, Some(Sha256::new())).await
             else {
                 return;
             };
@@ -247,7 +248,8 @@ impl SandboxRunner for SandboxService {
                 msg: Some(pb::snapshot_part::Msg::Chunk(c)),
                 ..Default::default()
             };
-            if send_file(&made.payload.path, "snapshot", &tx, chunk)
+            // Its sha256 is in the header already: the bytes are not hashed again.
+            if send_file(&made.payload.path, "snapshot", &tx, chunk, None)
                 .await
                 .is_none()
             {
@@ -326,7 +328,8 @@ async fn send_file<T>(
     what: &str,
     tx: &mpsc::Sender<Result<T, Status>>,
     wrap: impl Fn(bytes::Bytes) -> T,
-) -> Option<(String, u64)> {
+    mut hasher: Option<Sha256>,
+) -> Option<(Option<String>, u64)> {
     let send_err = |e: std::io::Error| {
         reason::status(
             Code::Internal,
@@ -341,7 +344,6 @@ async fn send_file<T>(
             return None;
         }
     };
-    let mut hasher = Sha256::new();
     let mut size = 0u64;
     loop {
         let mut buf = vec![0u8; PACK_CHUNK];
@@ -354,13 +356,15 @@ async fn send_file<T>(
             }
         };
         buf.truncate(n);
-        hasher.update(&buf);
+        if let Some(h) = hasher.as_mut() {
+            h.update(&buf);
+        }
         size += n as u64;
         if tx.send(Ok(wrap(buf.into()))).await.is_err() {
             return None;
         }
     }
-    Some((hasher.finish_hex(), size))
+    Some((hasher.map(Sha256::finish_hex), size))
 }
 
 /// A response stream that aborts its producing task when the client drops it.

@@ -51,7 +51,11 @@ pub fn write(
             "creating snapshot file {}",
             out.display()
         )))?;
-    let mut tar = tar::Builder::new(Hashing::new(std::io::BufWriter::new(file)));
+    // tar copies each file in 8 KiB pieces: buffered, the hash and the file get 1 MiB ones.
+    let mut tar = tar::Builder::new(std::io::BufWriter::with_capacity(
+        1 << 20,
+        Hashing::new(file),
+    ));
     tar.follow_symlinks(false);
     let files = [
         ("workspace", task_dir.join("workspace")),
@@ -70,11 +74,10 @@ pub fn write(
     }
     let hashing = tar
         .into_inner()
-        .map_err(Error::io("finishing the snapshot"))?;
-    let (mut inner, sha, size) = hashing.finish();
-    inner
-        .flush()
-        .map_err(Error::io("writing the snapshot file"))?;
+        .map_err(Error::io("finishing the snapshot"))?
+        .into_inner()
+        .map_err(|e| Error::io("writing the snapshot file")(e.into_error()))?;
+    let (_file, sha, size) = hashing.finish();
     Ok((sha, size))
 }
 

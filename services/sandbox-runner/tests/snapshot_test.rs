@@ -577,31 +577,55 @@ async fn a_checkpoint_that_cannot_be_restored_closes_the_session_cleanly() {
 }
 
 /// A `runsc checkpoint` that fails: a session whose sandbox still runs stays open and goes
-/// on; one whose sandbox it stopped is closed, with nothing left of it.
+/// on, with its CPU quota back in place (it is lifted while runsc saves the sandbox); one
+/// whose sandbox it stopped is closed, with nothing left of it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_failed_checkpoint_closes_the_session_only_when_it_stopped_the_sandbox() {
     if !gvisor_usable("gvisor_checkpoint_fails") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
+    // The refusal names the sandbox's CPU quota file (v1 or v2) and what it held meanwhile.
     let refused = runner_whose_runsc(
         dir.path(),
         "checkpoint",
-        "echo 'checkpoint refused by the test' >&2; exit 3",
+        "for last in \"$@\"; do :; done; \
+         f=$(ls /sys/fs/cgroup/cpu/cairn-gvisor-*/\"$last\"/cpu.cfs_quota_us /sys/fs/cgroup/cairn-gvisor-*/\"$last\"/cpu.max 2>/dev/null | head -1); \
+         echo \"checkpoint refused by the test [quota file ${f:-none}] [quota $(cat \"$f\" 2>/dev/null)]\" >&2; exit 3",
     )
     .await;
     let id = open(&refused).await;
     exec(&refused, &id, COUNTER, true).await;
     let before = wait_count(&refused, &id, 5).await;
     let err = pause_with(&refused, &id, false, true).await.unwrap_err();
+    let message = err.message().to_owned();
     assert!(
-        err.message().contains("checkpoint refused by the test"),
-        "{}",
-        err.message()
+        message.contains("checkpoint refused by the test"),
+        "{message}"
     );
-    assert!(!err.message().contains("closed"), "{}", err.message());
+    assert!(!message.contains("closed"), "{message}");
     assert_eq!(open_sessions(&refused).await, 1);
     assert!(wait_count(&refused, &id, before + 10).await > before);
+    let between = |open: &str, close: char| {
+        let from = message.find(open).map(|i| i + open.len())?;
+        let len = message[from..].find(close)?;
+        Some(message[from..from + len].trim().to_owned())
+    };
+    match between("[quota file ", ']').filter(|f| f != "none") {
+        None => println!("SKIP the quota part: runsc puts no sandbox in a cgroup here"),
+        Some(file) => {
+            let during = between("] [quota ", ']').unwrap_or_default();
+            assert!(
+                during == "-1" || during.starts_with("max"),
+                "the quota was not lifted while runsc checkpointed: {message}"
+            );
+            let after = std::fs::read_to_string(&file).unwrap();
+            assert!(
+                after.trim() == "100000" || after.trim() == "100000 100000",
+                "the session's one-core quota is not back after the failed checkpoint: {after:?}"
+            );
+        }
+    }
     assert_eq!(task_entries(&refused), vec![id.clone()]);
     refused.stop().await;
 

@@ -817,6 +817,32 @@ impl Base {
         .sum()
     }
 
+    /// Lifts sandbox `id`'s CPU quota (v1 `cpu.cfs_quota_us`, v2 `cpu.max`) until the
+    /// returned guard drops: `runsc checkpoint` saves the sandbox inside its own cgroup, and
+    /// under a one-core quota its parallel compression of the memory took 0.6 s where two
+    /// cores take 0.35 s. The sandbox's tasks are stopped while it saves. None without
+    /// cgroups, or when no quota file is found.
+    pub(super) fn lift_cpu_quota(&self, id: &str) -> Option<CpuQuota> {
+        if !self.cgroups {
+            return None;
+        }
+        let rel = format!("{}/{id}", self.runner_cgroup());
+        let root = &self.config.cgroup_root;
+        let files = [
+            (root.join("cpu").join(&rel).join("cpu.cfs_quota_us"), "-1"),
+            (
+                root.join("cpu,cpuacct").join(&rel).join("cpu.cfs_quota_us"),
+                "-1",
+            ),
+            (root.join(&rel).join("cpu.max"), "max"),
+        ];
+        files.into_iter().find_map(|(file, unlimited)| {
+            let was = std::fs::read_to_string(&file).ok()?.trim().to_owned();
+            std::fs::write(&file, unlimited).ok()?;
+            Some(CpuQuota { file, was })
+        })
+    }
+
     /// Removes `cairn-gvisor-<runner_id>` (and sandbox cgroups left in it) from every
     /// hierarchy under cgroup_root.
     fn remove_runner_cgroups(&self) {
@@ -836,6 +862,20 @@ impl Base {
             }
             let _ = std::fs::remove_dir(&parent);
         }
+    }
+}
+
+/// A sandbox's CPU quota lifted for a checkpoint, put back when dropped (a sandbox the
+/// checkpoint left running keeps its limit; a stopped one's cgroup is gone, and the write
+/// fails unseen).
+pub(super) struct CpuQuota {
+    file: PathBuf,
+    was: String,
+}
+
+impl Drop for CpuQuota {
+    fn drop(&mut self) {
+        let _ = std::fs::write(&self.file, &self.was);
     }
 }
 

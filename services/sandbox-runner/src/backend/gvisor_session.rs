@@ -77,6 +77,7 @@ impl GvisorBackend {
     /// caller closes the session after, or restores it in place.
     pub async fn checkpoint(&self, s: &SessionSandbox, image: &Path) -> Result<()> {
         let sandbox = self.session_sandbox(s)?;
+        let _lifted = self.base.lift_cpu_quota(&sandbox);
         let mut cmd = Command::new(&self.base.runsc);
         cmd.env_clear()
             .args(self.base.global_args())
