@@ -382,13 +382,24 @@ pub async fn shoot(c: &Client, css: Option<&str>, name: &str) {
     println!("screenshot: {}", path.display());
 }
 
+/// Clicks the element `css` finds. A live page may redraw it between the find and the click
+/// (the graph is drawn again on its run's events): WebDriver then refuses the click as stale,
+/// without clicking, and it is found and clicked again.
 pub async fn click(c: &Client, css: &str) {
-    c.find(Locator::Css(css))
-        .await
-        .unwrap_or_else(|e| panic!("{css}: {e}"))
-        .click()
-        .await
-        .unwrap();
+    for _ in 0..20 {
+        let found = c
+            .find(Locator::Css(css))
+            .await
+            .unwrap_or_else(|e| panic!("{css}: {e}"));
+        match found.click().await {
+            Ok(_) => return,
+            Err(e) if e.is_stale_element_reference() => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(e) => panic!("clicking {css}: {e}"),
+        }
+    }
+    panic!("{css}: still redrawn after 20 tries to click it");
 }
 
 pub async fn type_into(c: &Client, css: &str, text: &str) {
