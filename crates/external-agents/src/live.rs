@@ -11,10 +11,10 @@ use cairn_proto::v1::{OpenSessionRequest, WriteMode};
 use serde_json::json;
 
 use crate::report::{
-    plan_changes, status_error, TurnDone, TurnReport, MAX_STAGED_BYTES, MAX_STAGED_FILES,
-    PROJECT_DIR, STATE_ROOT,
+    plan_changes, status_error, TurnDone, MAX_STAGED_BYTES, MAX_STAGED_FILES, PROJECT_DIR,
+    STATE_ROOT,
 };
-use crate::session::{InstanceRecords, EVENTS, PID, REQUESTS, STDERR};
+use crate::session::{InstanceRecords, PID, REQUESTS};
 use crate::turns::{self, TurnRecord};
 use crate::{shell_quote, AgentAdapter, ChangeKind, Turn};
 use cairn_graph::{ErrorKind, ExternalAgent};
@@ -247,28 +247,23 @@ async fn turn_in(
         .map_err(status_error("running the agent's turn"))?;
     let stdout = String::from_utf8_lossy(&result.stdout).into_owned();
     let (pid, stderr) = split_pid(&String::from_utf8_lossy(&result.stderr));
-    records
-        .append(EVENTS, &stdout)
-        .await
-        .map_err(status_error("recording the agent's events"))?;
-    records
-        .append(STDERR, &stderr)
-        .await
-        .map_err(status_error("recording the agent's stderr"))?;
+    // The turn's record, before anything else can fail: a replay answers the turn from it.
+    let ended = turns::Ended {
+        exit_code: result.exit_code,
+        timed_out: result.timed_out,
+        stdout_truncated: result.stdout_truncated,
+    };
+    let (mut record, report) = turns::record_output(
+        ctx, records, adapter, &dir, request, &stdout, &stderr, ended,
+    )
+    .await?;
+    *ran = Some(record.clone());
     if let Some(pid) = pid {
         records
             .put(PID, Bytes::from(format!("{pid}\n")))
             .await
             .map_err(status_error("recording the agent's pid"))?;
     }
-    // The turn's record, before anything else can fail: a replay answers the turn from it.
-    let mut record = TurnRecord::new(ctx, adapter.name(), request, &stdout, &stderr);
-    record.exit_code = result.exit_code;
-    record.timed_out = result.timed_out;
-    record.stdout_truncated = result.stdout_truncated;
-    dir.put_exec(records, &stdout, &stderr, &record).await?;
-    *ran = Some(record.clone());
-    let report = TurnReport::read(adapter, &stdout, result.stdout_truncated);
 
     // File changes go back to the project, beneath `workspace` only.
     let mut written = Vec::new();

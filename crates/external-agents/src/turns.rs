@@ -116,6 +116,45 @@ impl TurnRecord {
     }
 }
 
+/// How a turn's CLI ended: its exit code, whether it timed out, whether the runner cut its
+/// stdout at the output cap.
+pub(crate) struct Ended {
+    pub exit_code: i32,
+    pub timed_out: bool,
+    pub stdout_truncated: bool,
+}
+
+/// What a turn's CLI printed, run live or answered from its record: its event lines and
+/// stderr appended to the instance's logs, the turn's transcript and record written, and the
+/// event lines read as the turn's report.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn record_output(
+    ctx: &NodeCtx,
+    records: &InstanceRecords,
+    adapter: &dyn AgentAdapter,
+    dir: &TurnDir,
+    request: &str,
+    stdout: &str,
+    stderr: &str,
+    ended: Ended,
+) -> Result<(TurnRecord, TurnReport), NodeError> {
+    records
+        .append(EVENTS, stdout)
+        .await
+        .map_err(status_error("recording the agent's events"))?;
+    records
+        .append(STDERR, stderr)
+        .await
+        .map_err(status_error("recording the agent's stderr"))?;
+    let mut record = TurnRecord::new(ctx, adapter.name(), request, stdout, stderr);
+    record.exit_code = ended.exit_code;
+    record.timed_out = ended.timed_out;
+    record.stdout_truncated = ended.stdout_truncated;
+    dir.put_exec(records, stdout, stderr, &record).await?;
+    let report = TurnReport::read(adapter, stdout, ended.stdout_truncated);
+    Ok((record, report))
+}
+
 /// `s` with the run's id written as the mark.
 pub fn mark(s: &str, run_id: &str) -> String {
     if run_id.is_empty() {
@@ -414,22 +453,24 @@ pub(crate) async fn replay_turn(
         )
         .await
         .map_err(status_error("recording the request"))?;
-    records
-        .append(EVENTS, &transcript)
-        .await
-        .map_err(status_error("recording the agent's events"))?;
-    records
-        .append(STDERR, &stderr)
-        .await
-        .map_err(status_error("recording the agent's stderr"))?;
     let dir = TurnDir::of(ctx);
     dir.put_request(records, request).await?;
-    let mut record = TurnRecord::new(ctx, adapter.name(), request, &transcript, &stderr);
-    record.exit_code = rec.record.exit_code;
-    record.timed_out = rec.record.timed_out;
-    record.stdout_truncated = rec.record.stdout_truncated;
-    dir.put_exec(records, &transcript, &stderr, &record).await?;
-    let report = TurnReport::read(adapter, &transcript, rec.record.stdout_truncated);
+    let ended = Ended {
+        exit_code: rec.record.exit_code,
+        timed_out: rec.record.timed_out,
+        stdout_truncated: rec.record.stdout_truncated,
+    };
+    let (mut record, report) = record_output(
+        ctx,
+        records,
+        adapter,
+        &dir,
+        request,
+        &transcript,
+        &stderr,
+        ended,
+    )
+    .await?;
 
     // A turn that failed fails again, as it did.
     if let Some(error) = rec.record.error {
