@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up a machine (Debian bookworm, as root) to build and test cairn; safe to run again.
 #   1. apt-get installs only the packages that are missing (no apt-get update otherwise);
-#   2. fetches axe-core once (the console's accessibility test) into ~/.cache/cairn-axe;
+#   2. fetches axe-core once (the console's accessibility test) into ~/.cache/cairn-axe, and
+#      Debian 13's runsc once into /opt/cairn-runsc/trixie (sessions are tested on both);
 #   3. checks that the Docker engine answers;
 #   4. builds the images (deploy/images/build-images.sh: skips what is already built; prints
 #      how long each build took). The toolchain image's first build fetches its packages from
@@ -12,6 +13,7 @@
 # Usage: scripts/setup.sh [--force]   (--force rebuilds the images)
 # Environment:
 #   CAIRN_AXE_JS             where axe.min.js goes   (default $HOME/.cache/cairn-axe/axe.min.js)
+#   CAIRN_NEWER_RUNSC        where Debian 13's runsc goes (default /opt/cairn-runsc/trixie/runsc)
 #   CAIRN_REQUIRE_DOCKER=1   fail when Docker does not answer (CI); otherwise warn and go on
 #                            without images (the local sandbox backend still works)
 #   plus those of deploy/images/build-images.sh (CAIRN_BASE_IMAGE, CAIRN_SANDBOX_IMAGE, ...)
@@ -98,6 +100,31 @@ elif python3 -m pip install -q --disable-pip-version-check "$PROM_CLIENT" >/dev/
     say "python $PROM_CLIENT installed"
 else
     warn "could not install $PROM_CLIENT from PyPI: the metrics test will SKIP (fail under CAIRN_REQUIRE_DOCKER=1)"
+fi
+
+# 2c. A second, newer runsc (Debian 13's) beside the system's: the session snapshot tests run
+# on both, and a runner may be pointed at it (`[sandbox_runner] runsc`). Fetched with apt
+# from Debian's mirror through lists of its own (the signed Release checked with this
+# machine's Debian keyring), unpacked, never installed over the system's.
+NEWER_RUNSC="${CAIRN_NEWER_RUNSC:-/opt/cairn-runsc/trixie/runsc}"
+if [ -x "$NEWER_RUNSC" ]; then
+    say "newer runsc present ($("$NEWER_RUNSC" --version 2>/dev/null | head -1))"
+elif [ "$(id -u)" -eq 0 ]; then
+    apt_dir="$(mktemp -d)"
+    mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial"
+    echo 'deb http://deb.debian.org/debian trixie main' >"$apt_dir/sources.list"
+    apt_opts=(-o "Dir::Etc::SourceList=$apt_dir/sources.list" -o Dir::Etc::SourceParts=/dev/null
+        -o "Dir::State::Lists=$apt_dir/lists" -o "Dir::Cache=$apt_dir/cache")
+    if apt-get -qq "${apt_opts[@]}" update >/dev/null 2>&1 \
+        && (cd "$apt_dir" && apt-get -qq "${apt_opts[@]}" download runsc >/dev/null 2>&1) \
+        && dpkg-deb -x "$apt_dir"/runsc_*.deb "$apt_dir/x"; then
+        mkdir -p "$(dirname "$NEWER_RUNSC")"
+        install -m 0755 "$apt_dir/x/usr/bin/runsc" "$NEWER_RUNSC"
+        say "newer runsc fetched into $NEWER_RUNSC ($("$NEWER_RUNSC" --version | head -1))"
+    else
+        warn "could not fetch Debian 13's runsc: its session snapshot tests will SKIP (fail under CAIRN_REQUIRE_DOCKER=1)"
+    fi
+    rm -rf "$apt_dir"
 fi
 
 # 3. Docker.

@@ -123,6 +123,10 @@ pub struct Config {
     /// gVisor platform: `ptrace` (works anywhere) or `kvm` (faster system calls; needs a
     /// working /dev/kvm).
     pub gvisor_platform: String,
+    /// How a session's memory checkpoint is written: `none` (fastest; the image is as large
+    /// as the memory) or `flate-best-speed` (smaller, slower). A runsc that has no
+    /// `--compression` (Debian 12's) always compresses.
+    pub gvisor_checkpoint_compression: String,
     /// Uid/gid the program runs as.
     pub sandbox_uid: u32,
     pub sandbox_gid: u32,
@@ -211,6 +215,7 @@ impl Default for Config {
             bwrap: "bwrap".into(),
             runsc: "runsc".into(),
             gvisor_platform: "ptrace".into(),
+            gvisor_checkpoint_compression: "none".into(),
             gvisor_rootfs_cache: PathBuf::new(),
             sandbox_uid: 10001,
             sandbox_gid: 10001,
@@ -282,6 +287,12 @@ impl Config {
             return Err(Error::Config(format!(
                 "gvisor_platform {:?} must be ptrace or kvm",
                 self.gvisor_platform
+            )));
+        }
+        if !["none", "flate-best-speed"].contains(&self.gvisor_checkpoint_compression.as_str()) {
+            return Err(Error::Config(format!(
+                "gvisor_checkpoint_compression {:?} must be none or flate-best-speed",
+                self.gvisor_checkpoint_compression
             )));
         }
         if self.session.areas == AreasChoice::Engine
@@ -561,6 +572,17 @@ mod tests {
         let e = c.check().unwrap_err().to_string();
         assert!(
             e.contains("gvisor_platform") && e.contains("ptrace or kvm"),
+            "{e}"
+        );
+        c.set("gvisor_platform", "ptrace").unwrap();
+        assert_eq!(c.gvisor_checkpoint_compression, "none");
+        c.set("gvisor_checkpoint_compression", "flate-best-speed")
+            .unwrap();
+        c.check().unwrap();
+        c.set("gvisor_checkpoint_compression", "zstd").unwrap();
+        let e = c.check().unwrap_err().to_string();
+        assert!(
+            e.contains("gvisor_checkpoint_compression") && e.contains("none or flate-best-speed"),
             "{e}"
         );
         let c = parse("backend = \"gvisor\"\n").unwrap();

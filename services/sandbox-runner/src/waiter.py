@@ -1,7 +1,7 @@
 # The waiting process of a pooled local or gvisor sandbox (backend/local_pool.rs,
 # gvisor_pool.rs), the first process of every cold gvisor sandbox and of a gvisor session, and
 # the relay of each command of a gvisor session; started as the sandbox user (a session's first
-# process as a capability-less root) inside a complete sandbox. It says it is ready, then reads
+# process as root with only CAP_SETUID and CAP_SETGID) inside a complete sandbox. It says it is ready, then reads
 # ONE job line (JSON: argv, env, cwd, rlimits) from stdin and execs the program in its place:
 # stdin becomes /dev/null, every other descriptor is closed, the signal dispositions Python
 # changed are reset, the rlimits are set (soft = hard, as prlimit does). On EOF (the runner
@@ -14,6 +14,14 @@
 # With "reap" (one-shot runs) it kills whatever the program left running once it has exited, as
 # the end of its sandbox would; without (session commands) background processes stay, and
 # their output after the command's end is not relayed.
+# `--spawn UID:GID` (the first process of a gvisor session): it starts the session's commands.
+# A session command's relay (a `runsc exec`) does not fork the command itself: it connects to
+# SPAWN_ADDR and sends the job line with the command's stdin, stdout and stderr (SCM_RIGHTS);
+# the first process forks the command as UID:GID and answers its exit code (4 bytes, signed)
+# when it ends. So a session's commands and what they leave running descend from the first
+# process, not from a `runsc exec`, and live through a checkpoint and restore (gVisor ends
+# every process started through `runsc exec` at a restore). A relay that finds no spawner (a
+# session restored from a snapshot made before) forks the command itself.
 # `--warm` (a pooled gvisor sandbox started as a plain `python3 -c`, in the default
 # environment of a job; or, with `--now`, a cold one started in its Python job's own
 # environment): a Python job whose start would be the same as this interpreter's
@@ -38,6 +46,10 @@ LIMITS = {
 }
 # Output of a session command still arriving this long after it ended is relayed.
 DRAIN_S = 0.05
+# Where a gvisor session's first process takes its commands (an abstract unix socket).
+SPAWN_ADDR = b"\0cairn-session-spawner"
+# Longest the first process waits for a connected relay's job line.
+SPAWN_READ_S = 5.0
 
 
 class Decoding:
@@ -189,8 +201,44 @@ def fork_ahead():
     return pid, ctl_w, out_r, err_r
 
 
+def exit_code(status):
+    return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+
+
+def fd_bytes(fds):
+    return b"".join(fd.to_bytes(4, sys.byteorder) for fd in fds)
+
+
+def ask_spawner(line):
+    """Has the session's first process start the command: (its socket, stdout, stderr), or None
+    when nothing listens at SPAWN_ADDR."""
+    import _socket
+
+    conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        conn.connect(SPAWN_ADDR)
+    except OSError:
+        conn.close()
+        return None
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    passed = [0, out_w, err_w]
+    sent = conn.sendmsg([line], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fd_bytes(passed))])
+    if sent < len(line):
+        conn.sendall(line[sent:])
+    os.close(out_w)
+    os.close(err_w)
+    return conn, out_r, err_r
+
+
 def relay(job, argv, env, line, ahead):
-    if ahead is not None and warm_program(job) is not None:
+    spawned = None
+    if ahead is None and not job.get("reap"):
+        spawned = ask_spawner(line)
+    if spawned is not None:
+        conn, out_r, err_r = spawned
+        pid = None
+    elif ahead is not None and warm_program(job) is not None:
         pid, ctl_w, out_r, err_r = ahead
         write_all(ctl_w, line)
         os.close(ctl_w)
@@ -220,10 +268,17 @@ def relay(job, argv, env, line, ahead):
     status = None
     until = None
     while kinds:
-        if status is None:
+        if status is None and pid is None:
+            # The spawner answers the exit code (nothing: it is gone, and so is the sandbox).
+            if conn.fileno() in select.select([conn.fileno()], [], [], 0)[0]:
+                answer = conn.recv(4)
+                status = int.from_bytes(answer, "big", signed=True) if len(answer) == 4 else -1
+                conn.close()
+                until = time.monotonic() + DRAIN_S
+        elif status is None:
             done, st = os.waitpid(pid, os.WNOHANG)
             if done:
-                status = st
+                status = exit_code(st)
                 if job.get("reap"):
                     # As the end of its sandbox would: nothing the program started runs on.
                     try:
@@ -236,20 +291,136 @@ def relay(job, argv, env, line, ahead):
             wait = 0.05 if status is None else None
         else:
             wait = max(0.0, until - time.monotonic())
-        ready, _, _ = select.select(list(kinds), [], [], wait)
+        watched = list(kinds)
+        if status is None and pid is None:
+            watched.append(conn.fileno())
+        ready, _, _ = select.select(watched, [], [], wait)
         if not ready and until is not None:
             break
         for fd in ready:
+            if fd not in kinds:
+                continue
             data = os.read(fd, 65536)
             if data:
                 frame(kinds[fd], data)
             else:
                 del kinds[fd]
-    if status is None:
-        _, status = os.waitpid(pid, 0)
-    code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
-    frame(b"x", code.to_bytes(4, "big", signed=True))
-    os._exit(code)
+    if status is None and pid is None:
+        answer = conn.recv(4)
+        status = int.from_bytes(answer, "big", signed=True) if len(answer) == 4 else -1
+    elif status is None:
+        status = exit_code(os.waitpid(pid, 0)[1])
+    frame(b"x", status.to_bytes(4, "big", signed=True))
+    os._exit(status & 0xFF)
+
+
+def take_job(conn):
+    """The job line and the three descriptors a relay sent (ValueError when it sent less)."""
+    import _socket
+
+    conn.settimeout(SPAWN_READ_S)
+    data, ancillary, _, _ = conn.recvmsg(65536, _socket.CMSG_SPACE(3 * 4))
+    fds = []
+    for level, kind, payload in ancillary:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            whole = len(payload) - len(payload) % 4
+            fds += [int.from_bytes(payload[i : i + 4], sys.byteorder) for i in range(0, whole, 4)]
+    line = data
+    try:
+        while data and not line.endswith(b"\n"):
+            data = conn.recv(65536)
+            line += data
+        if len(fds) != 3 or not line.endswith(b"\n"):
+            raise ValueError("a relay sent no whole job")
+        return loads(line), fds
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+
+
+def spawn(conn, ids, waiting):
+    """Starts the job a relay sent on `conn` as the sandbox user, in a session of its own."""
+    try:
+        job, fds = take_job(conn)
+    except (OSError, ValueError):
+        conn.close()
+        return
+    pid = os.fork()
+    if pid == 0:
+        # Never back into the loop above: whatever fails here ends this child.
+        try:
+            signal.set_wakeup_fd(-1)
+            os.setsid()
+            for target, fd in enumerate(fds):
+                os.dup2(fd, target)
+            close_above_2()
+            os.setgroups([])
+            os.setgid(ids[1])
+            os.setuid(ids[0])
+            os.chdir(job["cwd"])
+            argv = [a.encode() for a in job["argv"]]
+            start(job, argv, {k.encode(): v.encode() for k, v in job["env"]})
+        except BaseException as e:
+            why = e.strerror if isinstance(e, OSError) and e.strerror else repr(e)
+            os.write(2, b"cairn: cannot start the command: %s\n" % why.encode())
+        finally:
+            os._exit(127)
+    for fd in fds:
+        os.close(fd)
+    waiting[pid] = conn
+
+
+def answer_ended(waiting):
+    """Reaps every ended child; a command's relay gets its exit code."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        conn = waiting.pop(pid, None)
+        if conn is not None:
+            try:
+                conn.sendall(exit_code(status).to_bytes(4, "big", signed=True))
+            except OSError:
+                pass
+            conn.close()
+
+
+def serve(ids):
+    """The first process of a gvisor session (`--spawn UID:GID`): starts the session's
+    commands for their relays until its stdin ends (never returns)."""
+    import _socket
+
+    ids = [int(x) for x in ids.split(":")]
+    listener = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    listener.bind(SPAWN_ADDR)
+    listener.listen(64)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    os.write(1, b"cairn-waiting\n")
+    waiting = {}
+    while True:
+        ready, _, _ = select.select([0, listener.fileno(), wake_r], [], [])
+        if 0 in ready and not os.read(0, 65536):
+            os._exit(0)
+        if wake_r in ready:
+            try:
+                os.read(wake_r, 4096)
+            except BlockingIOError:
+                pass
+        answer_ended(waiting)
+        if listener.fileno() in ready:
+            try:
+                fd, _ = listener._accept()
+            except OSError:
+                continue
+            spawn(_socket.socket(fileno=fd), ids, waiting)
 
 
 def read_line():
@@ -272,6 +443,8 @@ def reap(*_):
 
 
 def main():
+    if "--spawn" in sys.argv[1:]:
+        serve(sys.argv[sys.argv.index("--spawn") + 1])
     # The fork of a warm job, made while nobody waits (its cost is off the run's path).
     ahead = fork_ahead() if "--warm" in sys.argv[1:] else None
     # `--now` (a cold gvisor sandbox): the job line follows at once, nobody waits for "ready".

@@ -195,8 +195,64 @@ async fn a_gvisor_session_paused_on_a_goes_on_on_b_with_its_processes_and_files(
     if !gvisor_usable("gvisor_pause_resume") {
         return;
     }
-    let (a, b) = tokio::join!(runner(GVISOR), runner(GVISOR));
+    pause_on_a_resume_on_b(None).await;
+}
+
+/// Debian 13's runsc (where scripts/setup.sh puts it), which ends at a restore every process
+/// started through `runsc exec`; None (a SKIP line) when it is missing, a panic when it is
+/// missing under CAIRN_REQUIRE_DOCKER=1.
+fn newer_runsc(test: &str) -> Option<String> {
+    let runsc = std::env::var("CAIRN_NEWER_RUNSC")
+        .unwrap_or_else(|_| "/opt/cairn-runsc/trixie/runsc".into());
+    if std::path::Path::new(&runsc).is_file() {
+        return Some(runsc);
+    }
+    assert!(
+        !docker_required(),
+        "CAIRN_REQUIRE_DOCKER=1 but {runsc} is missing: run scripts/setup.sh (it fetches Debian 13's runsc)"
+    );
+    println!("SKIP {test}: {runsc} is missing (scripts/setup.sh fetches it)");
+    None
+}
+
+/// Two gvisor runners on `runsc` (PATH's when None).
+async fn gvisor_pair(runsc: Option<String>) -> (TestRunner, TestRunner) {
+    let start = || {
+        let runsc = runsc.clone();
+        TestRunner::start_with(GVISOR, move |c| {
+            c.max_concurrent_runs = 8;
+            c.max_sessions = 8;
+            if let Some(runsc) = runsc {
+                c.runsc = runsc;
+            }
+        })
+    };
+    tokio::join!(start(), start())
+}
+
+/// The same on Debian 13's runsc: the session's commands must not be ended by the restore.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_a_newer_runsc_a_paused_session_goes_on_with_its_processes() {
+    if !gvisor_usable("gvisor_pause_resume_newer_runsc") {
+        return;
+    }
+    if let Some(runsc) = newer_runsc("on_a_newer_runsc_a_paused_session_goes_on_with_its_processes")
+    {
+        pause_on_a_resume_on_b(Some(runsc)).await;
+    }
+}
+
+/// A detached counter in a session on runner A, paused; resumed on runner B, it counts on
+/// from its value, beside a file written before. `runsc`: both runners' runsc (else PATH's).
+async fn pause_on_a_resume_on_b(runsc: Option<String>) {
+    let (a, b) = gvisor_pair(runsc).await;
     let id = open(&a).await;
+    // The session's first process starts its commands (not a `runsc exec`).
+    let parent = exec(&a, &id, "grep '^PPid:' /proc/$$/status", false).await;
+    assert_eq!(
+        text(&parent.stdout).split_whitespace().collect::<Vec<_>>(),
+        ["PPid:", "1"]
+    );
     exec(&a, &id, "echo before > /workspace/before.txt", false).await;
     let pid = exec(&a, &id, COUNTER, true).await;
     assert!(
@@ -434,7 +490,24 @@ async fn a_gvisor_memory_checkpoint_keeps_the_session_and_its_processes_going() 
     if !gvisor_usable("gvisor_memory_checkpoint") {
         return;
     }
-    let (a, b) = tokio::join!(runner(GVISOR), runner(GVISOR));
+    memory_checkpoint_goes_on(None).await;
+}
+
+/// The same on Debian 13's runsc, whose restore in place would end a `runsc exec`'s processes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_a_newer_runsc_a_memory_checkpoint_keeps_the_processes_going() {
+    if !gvisor_usable("gvisor_memory_checkpoint_newer_runsc") {
+        return;
+    }
+    if let Some(runsc) =
+        newer_runsc("on_a_newer_runsc_a_memory_checkpoint_keeps_the_processes_going")
+    {
+        memory_checkpoint_goes_on(Some(runsc)).await;
+    }
+}
+
+async fn memory_checkpoint_goes_on(runsc: Option<String>) {
+    let (a, b) = gvisor_pair(runsc).await;
     let id = open(&a).await;
     exec(&a, &id, "echo one > /workspace/n.txt", false).await;
     exec(&a, &id, COUNTER, true).await;

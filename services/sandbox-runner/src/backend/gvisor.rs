@@ -33,7 +33,7 @@
 //! namespace; `--rootless` is not needed as root.
 
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -100,6 +100,9 @@ pub(super) struct Base {
     rootfs: PathBuf,
     /// Does runsc put sandboxes in cgroups with their memory and cpu limits here?
     cgroups: bool,
+    /// Flags of `runsc checkpoint` beyond the image path (the compression, when this runsc
+    /// takes one).
+    pub(super) checkpoint_flags: Vec<String>,
     pending: Arc<Pending>,
 }
 
@@ -141,6 +144,7 @@ impl GvisorBackend {
             bundles: dir.join("bundles"),
             rootfs,
             cgroups: true,
+            checkpoint_flags: Vec::new(),
             pending: Arc::default(),
             config,
         };
@@ -163,6 +167,7 @@ impl GvisorBackend {
             )));
         }
         base.probe()?;
+        base.checkpoint_flags = checkpoint_flags(&base.runsc, &base.config).await;
         let base = Arc::new(base);
         let pool = (base.config.pool_size > 0)
             .then(|| Arc::new(Pool::new(GvisorSource::new(base.clone()), queued)));
@@ -896,6 +901,31 @@ pub(super) enum WaiterMode {
 }
 
 /// The waiter's command line.
+/// `--compression=<gvisor_checkpoint_compression>` when `runsc checkpoint --help` lists the
+/// flag; nothing for a runsc without it (Debian 12's, which always compresses).
+async fn checkpoint_flags(runsc: &Path, config: &Config) -> Vec<String> {
+    let help = Command::new(runsc)
+        .env_clear()
+        .args(["checkpoint", "--help"])
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let help = match tokio::time::timeout(Duration::from_secs(10), help).await {
+        Ok(Ok(out)) => [out.stdout, out.stderr].concat(),
+        _ => Vec::new(),
+    };
+    let takes = String::from_utf8_lossy(&help).contains("-compression");
+    tracing::debug!(runsc = %runsc.display(), takes_compression = takes, "runsc checkpoint flags");
+    if takes {
+        vec![format!(
+            "--compression={}",
+            config.gvisor_checkpoint_compression
+        )]
+    } else {
+        Vec::new()
+    }
+}
+
 pub(super) fn waiter_argv(mode: WaiterMode) -> Vec<String> {
     let flags: &[&str] = match mode {
         WaiterMode::Warm | WaiterMode::JobInterpreter => &[],

@@ -1,12 +1,14 @@
 //! Sessions on the gvisor backend: one gVisor sandbox for the session's life (`runsc run`,
 //! started at OpenSession), over the session's /workspace and /tmpfs, with its memory and cpu
-//! limits over the whole sandbox. Its first process is the waiter as a capability-less root
-//! (the sandbox user cannot signal it), waiting on a pipe the runner holds: at end of file
-//! (the session closed, or the runner died) it exits and the sandbox ends with every process
-//! in it. Each Exec is a `runsc exec` into it of the waiter as the sandbox user, relaying
-//! `bash -lc COMMAND` (in a session of its own, CAIRN_EXEC_ID in its environment, the
-//! session's rlimits) in frames as a run's waiter does; what a command leaves in the background
-//! runs on for the next Exec. A timed-out or cancelled Exec signals only its own processes
+//! limits over the whole sandbox. Its first process is the waiter as root with only
+//! CAP_SETUID and CAP_SETGID (the sandbox user cannot signal it), waiting on a pipe the runner
+//! holds: at end of file (the session closed, or the runner died) it exits and the sandbox
+//! ends with every process in it. Each Exec is a `runsc exec` into it of the waiter as the
+//! sandbox user, relaying `bash -lc COMMAND` in frames as a run's waiter does; the command
+//! itself (in a session of its own, CAIRN_EXEC_ID in its environment, the session's rlimits)
+//! is started as the sandbox user by the first process, which the relay asks over a unix
+//! socket. So what a command leaves in the background runs on for the next Exec, and through
+//! a checkpoint and restore: a restore ends every process started through `runsc exec`. A timed-out or cancelled Exec signals only its own processes
 //! (exec_kill.py, run through `runsc exec`): SIGTERM, the grace, SIGKILL.
 
 use std::path::Path;
@@ -83,6 +85,7 @@ impl GvisorBackend {
             .args(self.base.global_args())
             .arg("checkpoint")
             .arg(format!("--image-path={}", image.display()))
+            .args(&self.base.checkpoint_flags)
             .arg(&sandbox)
             .stdin(Stdio::null())
             .kill_on_drop(true);
@@ -151,7 +154,12 @@ impl GvisorBackend {
             timeout: Duration::from_millis(max.timeout_ms),
             cwd: "/",
             env: &env,
-            argv: waiter_argv(WaiterMode::Ready),
+            argv: {
+                let mut argv = waiter_argv(WaiterMode::Ready);
+                argv.push("--spawn".into());
+                argv.push(format!("{}:{}", config.sandbox_uid, config.sandbox_gid));
+                argv
+            },
         };
         let mut sandbox = self
             .base

@@ -17,7 +17,8 @@ const NOFILE: u64 = 1024;
 /// One sandboxed program to start.
 pub(super) struct Spec<'a> {
     pub(super) id: String,
-    /// The first process runs as root (without capabilities), not as the sandbox user.
+    /// The first process runs as root with only CAP_SETUID and CAP_SETGID (a session's: it
+    /// starts the session's commands as the sandbox user), not as the sandbox user.
     pub(super) root: bool,
     /// (host path, sandbox path, writable)
     pub(super) binds: Vec<(PathBuf, &'static str, bool)>,
@@ -88,7 +89,11 @@ pub(super) fn oci_config(
         });
     }
     let no_caps: Vec<String> = Vec::new();
-    let (uid, gid) = if spec.root { (0, 0) } else { user };
+    let (uid, gid, caps) = if spec.root {
+        (0, 0, vec!["CAP_SETUID".to_owned(), "CAP_SETGID".to_owned()])
+    } else {
+        (user.0, user.1, Vec::new())
+    };
     json!({
         "ociVersion": "1.0.0",
         "process": {
@@ -97,8 +102,8 @@ pub(super) fn oci_config(
             "env": spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>(),
             "cwd": spec.cwd,
             "noNewPrivileges": true,
-            "capabilities": {"bounding": no_caps, "effective": no_caps,
-                             "inheritable": no_caps, "permitted": no_caps},
+            "capabilities": {"bounding": caps, "effective": caps,
+                             "inheritable": no_caps, "permitted": caps},
             "rlimits": rl,
         },
         "root": {"path": rootfs, "readonly": true},
@@ -157,9 +162,11 @@ mod tests {
         assert_eq!(c["hostname"], json!("sandbox"));
         let root = config(true, false, None);
         assert_eq!(root["process"]["user"], json!({"uid": 0, "gid": 0}));
+        let setid = json!(["CAP_SETUID", "CAP_SETGID"]);
         assert_eq!(
-            root["process"]["capabilities"], none,
-            "root has no capabilities"
+            root["process"]["capabilities"],
+            json!({"bounding": setid, "effective": setid, "inheritable": [], "permitted": setid}),
+            "root has only the capabilities to start commands as the sandbox user"
         );
     }
 
