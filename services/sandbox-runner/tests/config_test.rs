@@ -149,9 +149,8 @@ fn gvisor_backend_and_platform_keys() {
         "{e}"
     );
     c.set("gvisor_platform", "ptrace").unwrap();
-    assert_eq!(c.gvisor_checkpoint_compression, "none");
-    c.set("gvisor_checkpoint_compression", "flate-best-speed")
-        .unwrap();
+    assert_eq!(c.gvisor_checkpoint_compression, "flate-best-speed");
+    c.set("gvisor_checkpoint_compression", "none").unwrap();
     c.check().unwrap();
     c.set("gvisor_checkpoint_compression", "zstd").unwrap();
     let e = c.check().unwrap_err().to_string();

@@ -592,6 +592,63 @@ async fn runner_whose_runsc(dir: &std::path::Path, verb: &str, then: &str) -> Te
     .await
 }
 
+/// `gvisor_checkpoint_compression` reaches `runsc checkpoint` when that runsc takes
+/// `--compression` (Debian 13's), and a runsc without the flag (Debian 12's) is not given it:
+/// its checkpoint still works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_checkpoint_compression_goes_to_a_runsc_that_takes_it() {
+    if !gvisor_usable("gvisor_checkpoint_compression") {
+        return;
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let system = std::env::split_paths(&path)
+        .map(|d| d.join("runsc"))
+        .find(|p| p.is_file())
+        .unwrap();
+    let mut cases = vec![system.to_string_lossy().into_owned()];
+    cases.extend(newer_runsc(
+        "the_checkpoint_compression_goes_to_a_runsc_that_takes_it",
+    ));
+    for real in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let help = std::process::Command::new(&real)
+            .args(["checkpoint", "--help"])
+            .output()
+            .unwrap();
+        let takes =
+            String::from_utf8_lossy(&[help.stdout, help.stderr].concat()).contains("-compression");
+        let log = dir.path().join("checkpoint.args");
+        let wrapper = dir.path().join("runsc");
+        std::fs::write(
+            &wrapper,
+            format!(
+                "#!/bin/sh
+for a in \"$@\"; do\n  if [ \"$a\" = checkpoint ]; then echo \"$*\" >> {}; fi\ndone\nexec {real} \"$@\"\n",
+                log.display()
+            ),
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let r = TestRunner::start_with(GVISOR, |c| {
+            c.runsc = wrapper.to_string_lossy().into_owned();
+            c.gvisor_checkpoint_compression = "none".into();
+        })
+        .await;
+        let id = open(&r).await;
+        exec(&r, &id, "echo kept > /workspace/k.txt", false).await;
+        let (_, header) = pause(&r, &id, false).await;
+        assert!(header.memory, "{real}");
+        let args = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(
+            args.contains("--compression=none"),
+            takes,
+            "{real} (takes --compression: {takes}) was run as: {args}"
+        );
+        r.stop().await;
+    }
+}
+
 /// After a checkpoint that failed and closed session `id`: nothing of it is left on `r`, and
 /// the runner goes on.
 async fn assert_closed_cleanly(r: &TestRunner, id: &str) {
