@@ -475,3 +475,77 @@ async fn a_gvisor_session_is_one_sandbox_for_its_life() {
     assert!(left.is_empty(), "processes left: {left:?}");
     r.stop().await;
 }
+
+/// The first process of a gvisor session starts its commands and holds CAP_SETUID and
+/// CAP_SETGID to do it: a command runs as the sandbox user with no capabilities, cannot signal
+/// it, and a process of the session that asks it directly (for uid 0, or with garbage) gets
+/// no more than a command of its own; the session goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_session_command_gets_no_privilege_from_the_process_that_starts_it() {
+    if !gvisor_usable("gvisor_session_spawner") {
+        return;
+    }
+    let r = TestRunner::start(cases()[0]).await;
+    let mut c = r.client.clone();
+    let sid = c
+        .open_session(cairn_proto::OpenSessionRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .session_id;
+    let exec = |command: &str| {
+        let mut c = r.client.clone();
+        let req = cairn_proto::ExecRequest {
+            session_id: sid.clone(),
+            command: command.into(),
+            ..Default::default()
+        };
+        async move { c.exec(req).await.unwrap().into_inner() }
+    };
+    let out = exec("grep -E '^(Uid|Gid|CapPrm|CapEff):' /proc/self/status").await;
+    let status = text(&out.stdout);
+    let fields: Vec<Vec<&str>> = status
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            vec!["Uid:", "10001", "10001", "10001", "10001"],
+            vec!["Gid:", "10001", "10001", "10001", "10001"],
+            vec!["CapPrm:", "0000000000000000"],
+            vec!["CapEff:", "0000000000000000"],
+        ],
+        "{status}{}",
+        text(&out.stderr)
+    );
+    let out = exec("kill -KILL 1; echo rc=$?").await;
+    assert_eq!(text(&out.stdout), "rc=1\n", "{}", text(&out.stderr));
+    // Asked directly for uid 0 with a job of its own: the sandbox user, exit code answered.
+    let ask = r#"python3 - <<'PY'
+import _socket, json, os, sys
+s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+s.connect(b"\0cairn-session-spawner")
+r, w = os.pipe()
+job = {"relay": True, "reap": False, "argv": ["sh", "-c", "id -u; exit 7"], "uid": 0, "user": "root",
+       "env": [["PATH", "/usr/bin:/bin"]], "cwd": "/", "rlimits": {}}
+fds = b"".join(fd.to_bytes(4, sys.byteorder) for fd in (0, w, w))
+s.sendmsg([(json.dumps(job) + "\n").encode()], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])
+os.close(w)
+print(os.read(r, 100).decode().strip(), int.from_bytes(s.recv(4), "big", signed=True))
+bad = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+bad.connect(b"\0cairn-session-spawner")
+bad.sendall(b"not a job\n")
+print("refused" if bad.recv(4) == b"" else "answered")
+PY"#;
+    let out = exec(ask).await;
+    assert_eq!(
+        text(&out.stdout),
+        "10001 7\nrefused\n",
+        "{}",
+        text(&out.stderr)
+    );
+    let out = exec("echo still here").await;
+    assert_eq!(text(&out.stdout), "still here\n");
+    r.stop().await;
+}
