@@ -119,6 +119,6 @@ echo "- snapshot size: $BYTES bytes ($(python3 -c "print(f'{$BYTES / (1 << 20):.
 if [ "$RUNNER_LOG" != warn ]; then
   echo
   echo "runner timings (ms):"
-  grep -h -E 'session snapshot made|snapshot resumed' "$WORK/a.log" "$WORK/b.log" \
+  grep -h -E 'session snapshot made|snapshot resumed|snapshot checked|restored sandbox runs' "$WORK/a.log" "$WORK/b.log" \
     | sed -E 's/\x1b\[[0-9;]*m//g; s/^.*(INFO|DEBUG) [^ ]+: //' || true
 fi
