@@ -390,24 +390,11 @@ async fn a_gvisor_session_is_one_sandbox_for_its_life() {
     }
     let r = TestRunner::start(cases()[0]).await;
     let mut c = r.client.clone();
-    let sid = c
-        .open_session(cairn_proto::OpenSessionRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .session_id;
+    let sid = open_session(&r).await;
     let sandboxes = gvisor_sandboxes(r.work_root.path()).await;
     assert_eq!(sandboxes.len(), 1, "one sandbox at open: {sandboxes:?}");
-    let exec = |command: &str, timeout_ms: u64| {
-        let mut c = r.client.clone();
-        let req = cairn_proto::ExecRequest {
-            session_id: sid.clone(),
-            command: command.into(),
-            timeout_ms,
-            ..Default::default()
-        };
-        async move { c.exec(req).await.unwrap().into_inner() }
-    };
+    let exec =
+        |command: &str, timeout_ms: u64| session_exec(&r, &sid, command.to_owned(), timeout_ms);
     let t0 = std::time::Instant::now();
     let out = exec(
         "sleep 30 & echo $! > /tmp/bg.pid; echo started; pwd; id -u; echo $HOME",
@@ -476,6 +463,32 @@ async fn a_gvisor_session_is_one_sandbox_for_its_life() {
     r.stop().await;
 }
 
+async fn open_session(r: &TestRunner) -> String {
+    r.client
+        .clone()
+        .open_session(cairn_proto::OpenSessionRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .session_id
+}
+
+/// `command` run in session `sid` (timeout 0: the runner's default).
+async fn session_exec(
+    r: &TestRunner,
+    sid: &str,
+    command: String,
+    timeout_ms: u64,
+) -> cairn_proto::ExecResult {
+    let req = cairn_proto::ExecRequest {
+        session_id: sid.into(),
+        command,
+        timeout_ms,
+        ..Default::default()
+    };
+    r.client.clone().exec(req).await.unwrap().into_inner()
+}
+
 /// The first process of a gvisor session starts its commands and holds CAP_SETUID and
 /// CAP_SETGID to do it: a command runs as the sandbox user with no capabilities, cannot signal
 /// it, and a process of the session that asks it directly (for uid 0, or with garbage) gets
@@ -486,22 +499,8 @@ async fn a_session_command_gets_no_privilege_from_the_process_that_starts_it() {
         return;
     }
     let r = TestRunner::start(cases()[0]).await;
-    let mut c = r.client.clone();
-    let sid = c
-        .open_session(cairn_proto::OpenSessionRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .session_id;
-    let exec = |command: &str| {
-        let mut c = r.client.clone();
-        let req = cairn_proto::ExecRequest {
-            session_id: sid.clone(),
-            command: command.into(),
-            ..Default::default()
-        };
-        async move { c.exec(req).await.unwrap().into_inner() }
-    };
+    let sid = open_session(&r).await;
+    let exec = |command: &str| session_exec(&r, &sid, command.to_owned(), 0);
     let out = exec("grep -E '^(Uid|Gid|CapPrm|CapEff):' /proc/self/status").await;
     let status = text(&out.stdout);
     let fields: Vec<Vec<&str>> = status
