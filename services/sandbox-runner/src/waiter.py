@@ -48,8 +48,9 @@ LIMITS = {
 DRAIN_S = 0.05
 # Where a gvisor session's first process takes its commands (an abstract unix socket).
 SPAWN_ADDR = b"\0cairn-session-spawner"
-# Longest the first process waits for a connected relay's job line.
+# Longest a connected relay may take to send its job line, and the longest line.
 SPAWN_READ_S = 5.0
+SPAWN_MAX_LINE = 1 << 20
 
 
 class Decoding:
@@ -314,38 +315,44 @@ def relay(job, argv, env, line, ahead):
     os._exit(status & 0xFF)
 
 
-def take_job(conn):
-    """The job line and the three descriptors a relay sent (ValueError when it sent less)."""
-    import _socket
+class Asking:
+    """A relay's connection whose job line is still arriving: read only when select says it
+    is readable, so a connection that sends nothing holds nobody up."""
 
-    conn.settimeout(SPAWN_READ_S)
-    data, ancillary, _, _ = conn.recvmsg(65536, _socket.CMSG_SPACE(3 * 4))
-    fds = []
-    for level, kind, payload in ancillary:
-        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
-            whole = len(payload) - len(payload) % 4
-            fds += [int.from_bytes(payload[i : i + 4], sys.byteorder) for i in range(0, whole, 4)]
-    line = data
-    try:
-        while data and not line.endswith(b"\n"):
-            data = conn.recv(65536)
-            line += data
-        if len(fds) != 3 or not line.endswith(b"\n"):
-            raise ValueError("a relay sent no whole job")
-        return loads(line), fds
-    except BaseException:
-        for fd in fds:
+    def __init__(self, conn):
+        self.conn = conn
+        self.line = b""
+        self.fds = []
+        self.until = time.monotonic() + SPAWN_READ_S
+
+    def drop(self):
+        for fd in self.fds:
             os.close(fd)
-        raise
+        self.conn.close()
+
+    def read(self):
+        """The job when its whole line is in, None while more is to come; ValueError (and
+        nothing left open) when the relay sent less, or too much."""
+        import _socket
+
+        data, ancillary, _, _ = self.conn.recvmsg(65536, _socket.CMSG_SPACE(3 * 4))
+        for level, kind, payload in ancillary:
+            if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+                whole = len(payload) - len(payload) % 4
+                self.fds += [int.from_bytes(payload[i : i + 4], sys.byteorder) for i in range(0, whole, 4)]
+        self.line += data
+        if not self.line.endswith(b"\n"):
+            if not data or len(self.line) > SPAWN_MAX_LINE:
+                raise ValueError("a relay sent no whole job")
+            return None
+        if len(self.fds) != 3:
+            raise ValueError("a relay sent its job without the command's stdin, stdout and stderr")
+        return loads(self.line)
 
 
-def spawn(conn, ids, waiting):
-    """Starts the job a relay sent on `conn` as the sandbox user, in a session of its own."""
-    try:
-        job, fds = take_job(conn)
-    except (OSError, ValueError):
-        conn.close()
-        return
+def spawn(asking, job, ids, waiting):
+    """Starts the job a relay sent as the sandbox user, in a session of its own."""
+    conn, fds = asking.conn, asking.fds
     pid = os.fork()
     if pid == 0:
         # Never back into the loop above: whatever fails here ends this child.
@@ -405,8 +412,12 @@ def serve(ids):
     signal.signal(signal.SIGCHLD, lambda *_: None)
     os.write(1, b"cairn-waiting\n")
     waiting = {}
+    asking = {}
     while True:
-        ready, _, _ = select.select([0, listener.fileno(), wake_r], [], [])
+        wait = None
+        if asking:
+            wait = max(0.0, min(a.until for a in asking.values()) - time.monotonic())
+        ready, _, _ = select.select([0, listener.fileno(), wake_r, *asking], [], [], wait)
         if 0 in ready and not os.read(0, 65536):
             os._exit(0)
         if wake_r in ready:
@@ -415,12 +426,26 @@ def serve(ids):
             except BlockingIOError:
                 pass
         answer_ended(waiting)
+        for fd in ready:
+            if fd not in asking:
+                continue
+            try:
+                job = asking[fd].read()
+            except Exception:
+                # Whatever a process of the session sent: its connection goes, nothing else.
+                asking.pop(fd).drop()
+                continue
+            if job is not None:
+                spawn(asking.pop(fd), job, ids, waiting)
+        now = time.monotonic()
+        for fd in [fd for fd, a in asking.items() if a.until <= now]:
+            asking.pop(fd).drop()
         if listener.fileno() in ready:
             try:
                 fd, _ = listener._accept()
             except OSError:
                 continue
-            spawn(_socket.socket(fileno=fd), ids, waiting)
+            asking[fd] = Asking(_socket.socket(fileno=fd))
 
 
 def read_line():

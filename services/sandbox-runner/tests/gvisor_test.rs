@@ -491,8 +491,9 @@ async fn session_exec(
 
 /// The first process of a gvisor session starts its commands and holds CAP_SETUID and
 /// CAP_SETGID to do it: a command runs as the sandbox user with no capabilities, cannot signal
-/// it, and a process of the session that asks it directly (for uid 0, or with garbage) gets
-/// no more than a command of its own; the session goes on.
+/// it, and a process of the session that asks it directly (for uid 0, with garbage, or
+/// connecting and sending nothing) gets no more than a command of its own and holds up no
+/// other; the session goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_session_command_gets_no_privilege_from_the_process_that_starts_it() {
     if !gvisor_usable("gvisor_session_spawner") {
@@ -521,10 +522,17 @@ async fn a_session_command_gets_no_privilege_from_the_process_that_starts_it() {
     let out = exec("kill -KILL 1; echo rc=$?").await;
     assert_eq!(text(&out.stdout), "rc=1\n", "{}", text(&out.stderr));
     // Asked directly for uid 0 with a job of its own: the sandbox user, exit code answered.
+    // A connection that sends nothing holds nobody up: the next is answered at once.
     let ask = r#"python3 - <<'PY'
-import _socket, json, os, sys
-s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-s.connect(b"\0cairn-session-spawner")
+import _socket, json, os, sys, time
+ADDR = b"\0cairn-session-spawner"
+def connect():
+    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    s.connect(ADDR)
+    return s
+held = connect()
+t0 = time.monotonic()
+s = connect()
 r, w = os.pipe()
 job = {"relay": True, "reap": False, "argv": ["sh", "-c", "id -u; exit 7"], "uid": 0, "user": "root",
        "env": [["PATH", "/usr/bin:/bin"]], "cwd": "/", "rlimits": {}}
@@ -532,15 +540,20 @@ fds = b"".join(fd.to_bytes(4, sys.byteorder) for fd in (0, w, w))
 s.sendmsg([(json.dumps(job) + "\n").encode()], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])
 os.close(w)
 print(os.read(r, 100).decode().strip(), int.from_bytes(s.recv(4), "big", signed=True))
-bad = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-bad.connect(b"\0cairn-session-spawner")
+print("at once" if time.monotonic() - t0 < 2 else "held up %.1f s" % (time.monotonic() - t0))
+bad = connect()
 bad.sendall(b"not a job\n")
 print("refused" if bad.recv(4) == b"" else "answered")
+deep = connect()
+line = b"[" * 100000 + b"\n"
+sent = deep.sendmsg([line], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, b"".join(fd.to_bytes(4, sys.byteorder) for fd in (0, 1, 2)))])
+deep.sendall(line[sent:])
+print("refused" if deep.recv(4) == b"" else "answered")
 PY"#;
     let out = exec(ask).await;
     assert_eq!(
         text(&out.stdout),
-        "10001 7\nrefused\n",
+        "10001 7\nat once\nrefused\nrefused\n",
         "{}",
         text(&out.stderr)
     );
