@@ -1,11 +1,11 @@
 # The waiting process of a pooled local or gvisor sandbox (backend/local_pool.rs,
 # gvisor_pool.rs), the first process of every cold gvisor sandbox and of a gvisor session, and
 # the relay of each command of a gvisor session; started as the sandbox user (a session's first
-# process as root with only CAP_SETUID and CAP_SETGID) inside a complete sandbox. It says it is ready, then reads
-# ONE job line (JSON: argv, env, cwd, rlimits) from stdin and execs the program in its place:
-# stdin becomes /dev/null, every other descriptor is closed, the signal dispositions Python
-# changed are reset, the rlimits are set (soft = hard, as prlimit does). On EOF (the runner
-# dropped the sandbox) it exits. Nothing of it outlives the exec.
+# process as root with only CAP_SETUID and CAP_SETGID) inside a complete sandbox. It says it
+# is ready, then reads ONE job line (JSON: argv, env, cwd, rlimits) from stdin and execs the
+# program in its place: stdin becomes /dev/null, every other descriptor is closed, the signal
+# dispositions Python changed are reset, the rlimits are set (soft = hard, as prlimit does).
+# On EOF (the runner dropped the sandbox) it exits. Nothing of it outlives the exec.
 # With "relay": true (the gvisor backend, whose host pipes take short writes the program may
 # not retry) it does not exec: it forks the program with stdout and stderr on pipes of its own
 # and copies them to its fd 1 as frames (a kind byte, b"1" stdout or b"2" stderr, a 4-byte
@@ -232,6 +232,14 @@ def ask_spawner(line):
     return conn, out_r, err_r
 
 
+def answered(conn):
+    """The exit code the spawner sent on `conn` (-1 when it sent none: it is gone, and so is
+    the sandbox)."""
+    answer = conn.recv(4)
+    conn.close()
+    return int.from_bytes(answer, "big", signed=True) if len(answer) == 4 else -1
+
+
 def relay(job, argv, env, line, ahead):
     spawned = None
     if ahead is None and not job.get("reap"):
@@ -270,11 +278,8 @@ def relay(job, argv, env, line, ahead):
     until = None
     while kinds:
         if status is None and pid is None:
-            # The spawner answers the exit code (nothing: it is gone, and so is the sandbox).
             if conn.fileno() in select.select([conn.fileno()], [], [], 0)[0]:
-                answer = conn.recv(4)
-                status = int.from_bytes(answer, "big", signed=True) if len(answer) == 4 else -1
-                conn.close()
+                status = answered(conn)
                 until = time.monotonic() + DRAIN_S
         elif status is None:
             done, st = os.waitpid(pid, os.WNOHANG)
@@ -307,8 +312,7 @@ def relay(job, argv, env, line, ahead):
             else:
                 del kinds[fd]
     if status is None and pid is None:
-        answer = conn.recv(4)
-        status = int.from_bytes(answer, "big", signed=True) if len(answer) == 4 else -1
+        status = answered(conn)
     elif status is None:
         status = exit_code(os.waitpid(pid, 0)[1])
     frame(b"x", status.to_bytes(4, "big", signed=True))

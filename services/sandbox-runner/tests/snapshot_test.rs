@@ -312,11 +312,7 @@ async fn a_resume_works_when_runsc_keeps_its_state_elsewhere() {
         return;
     }
     let bin = tempfile::tempdir().unwrap();
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let real = std::env::split_paths(&path)
-        .map(|d| d.join("runsc"))
-        .find(|p| p.is_file())
-        .unwrap();
+    let real = system_runsc();
     let wrapper = bin.path().join("runsc");
     let script = format!(
         "#!/bin/bash\nargs=()\nfor a in \"$@\"; do\n  case \"$a\" in\n    --root=*) mkdir -p \"${{a#--root=}}/elsewhere\"; args+=(\"$a/elsewhere\") ;;\n    *) args+=(\"$a\") ;;\n  esac\ndone\nexec {} \"${{args[@]}}\"\n",
@@ -571,13 +567,17 @@ async fn memory_checkpoint_goes_on(runsc: Option<String>) {
     b.stop().await;
 }
 
-/// A gvisor runner whose runsc does `then` (shell) instead of, or after, a `verb` command.
-async fn runner_whose_runsc(dir: &std::path::Path, verb: &str, then: &str) -> TestRunner {
+/// The runsc on PATH.
+fn system_runsc() -> std::path::PathBuf {
     let path = std::env::var_os("PATH").unwrap_or_default();
-    let real = std::env::split_paths(&path)
+    std::env::split_paths(&path)
         .map(|d| d.join("runsc"))
         .find(|p| p.is_file())
-        .unwrap();
+        .unwrap()
+}
+
+/// `dir/runsc`: a runsc that does `then` (shell) before a `verb` command of `real`.
+fn wrapped_runsc(real: &std::path::Path, dir: &std::path::Path, verb: &str, then: &str) -> String {
     let wrapper = dir.join("runsc");
     let script = format!(
         "#!/bin/sh\nREAL={}\nfor a in \"$@\"; do\n  if [ \"$a\" = {verb} ]; then {then}; fi\ndone\nexec $REAL \"$@\"\n",
@@ -586,10 +586,13 @@ async fn runner_whose_runsc(dir: &std::path::Path, verb: &str, then: &str) -> Te
     std::fs::write(&wrapper, script).unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
-    TestRunner::start_with(GVISOR, |c| {
-        c.runsc = wrapper.to_string_lossy().into_owned();
-    })
-    .await
+    wrapper.to_string_lossy().into_owned()
+}
+
+/// A gvisor runner whose runsc does `then` (shell) instead of, or after, a `verb` command.
+async fn runner_whose_runsc(dir: &std::path::Path, verb: &str, then: &str) -> TestRunner {
+    let runsc = wrapped_runsc(&system_runsc(), dir, verb, then);
+    TestRunner::start_with(GVISOR, |c| c.runsc = runsc).await
 }
 
 /// `gvisor_checkpoint_compression` reaches `runsc checkpoint` when that runsc takes
@@ -600,12 +603,7 @@ async fn the_checkpoint_compression_goes_to_a_runsc_that_takes_it() {
     if !gvisor_usable("gvisor_checkpoint_compression") {
         return;
     }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let system = std::env::split_paths(&path)
-        .map(|d| d.join("runsc"))
-        .find(|p| p.is_file())
-        .unwrap();
-    let mut cases = vec![system.to_string_lossy().into_owned()];
+    let mut cases = vec![system_runsc().to_string_lossy().into_owned()];
     cases.extend(newer_runsc(
         "the_checkpoint_compression_goes_to_a_runsc_that_takes_it",
     ));
@@ -618,20 +616,10 @@ async fn the_checkpoint_compression_goes_to_a_runsc_that_takes_it() {
         let takes =
             String::from_utf8_lossy(&[help.stdout, help.stderr].concat()).contains("-compression");
         let log = dir.path().join("checkpoint.args");
-        let wrapper = dir.path().join("runsc");
-        std::fs::write(
-            &wrapper,
-            format!(
-                "#!/bin/sh
-for a in \"$@\"; do\n  if [ \"$a\" = checkpoint ]; then echo \"$*\" >> {}; fi\ndone\nexec {real} \"$@\"\n",
-                log.display()
-            ),
-        )
-        .unwrap();
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let then = format!("echo \"$*\" >> {}", log.display());
+        let runsc = wrapped_runsc(std::path::Path::new(&real), dir.path(), "checkpoint", &then);
         let r = TestRunner::start_with(GVISOR, |c| {
-            c.runsc = wrapper.to_string_lossy().into_owned();
+            c.runsc = runsc;
             c.gvisor_checkpoint_compression = "none".into();
         })
         .await;

@@ -900,7 +900,6 @@ pub(super) enum WaiterMode {
     JobInterpreter,
 }
 
-/// The waiter's command line.
 /// `--compression=<gvisor_checkpoint_compression>` when `runsc checkpoint --help` lists the
 /// flag; nothing for a runsc without it (Debian 12's, which always compresses).
 async fn checkpoint_flags(runsc: &Path, config: &Config) -> Vec<String> {
@@ -926,6 +925,7 @@ async fn checkpoint_flags(runsc: &Path, config: &Config) -> Vec<String> {
     }
 }
 
+/// The waiter's command line.
 pub(super) fn waiter_argv(mode: WaiterMode) -> Vec<String> {
     let flags: &[&str] = match mode {
         WaiterMode::Warm | WaiterMode::JobInterpreter => &[],

@@ -8,8 +8,9 @@
 //! itself (in a session of its own, CAIRN_EXEC_ID in its environment, the session's rlimits)
 //! is started as the sandbox user by the first process, which the relay asks over a unix
 //! socket. So what a command leaves in the background runs on for the next Exec, and through
-//! a checkpoint and restore: a restore ends every process started through `runsc exec`. A timed-out or cancelled Exec signals only its own processes
-//! (exec_kill.py, run through `runsc exec`): SIGTERM, the grace, SIGKILL.
+//! a checkpoint and restore: a restore ends every process started through `runsc exec`. A
+//! timed-out or cancelled Exec signals only its own processes (exec_kill.py, run through
+//! `runsc exec`): SIGTERM, the grace, SIGKILL.
 
 use std::path::Path;
 use std::process::Stdio;
