@@ -156,14 +156,15 @@ pub fn parse(doc: &[u8], limits: &Limits, policy: &Policy) -> Vec<Block> {
                     problem,
                 } => (lang, declared_file, Some(problem)),
             };
-            let content = doc.get(f.content.clone()).unwrap_or_default();
+            let bytes = f.content.len() as u64;
             let mut block = Block {
                 index: u32::try_from(i).unwrap_or(u32::MAX),
                 lang,
                 declared_file,
                 workspace_path: String::new(),
-                bytes: content.len() as u64,
-                sha256: sha256_hex(content),
+                bytes,
+                // Filled in below, on several threads for a large document.
+                sha256: String::new(),
                 content: f.content,
                 status: BlockStatus::Written,
                 reason: String::new(),
@@ -190,6 +191,8 @@ pub fn parse(doc: &[u8], limits: &Limits, policy: &Policy) -> Vec<Block> {
             block
         })
         .collect();
+
+    hash_contents(doc, &mut blocks);
 
     if stopped {
         if let Some(last) = blocks.last_mut() {
@@ -256,6 +259,74 @@ pub fn parse(doc: &[u8], limits: &Limits, policy: &Policy) -> Vec<Block> {
     blocks
 }
 
+/// Blocks of more content than this in all are hashed on several threads.
+const PARALLEL_HASH_BYTES: usize = 4 << 20;
+/// Most threads hashing one document's blocks.
+const MAX_HASH_THREADS: usize = 4;
+
+/// Sets each block's `sha256` from its content in `doc`. A large document's blocks are split
+/// into runs of about equal bytes, hashed side by side (the last run on this thread); a run
+/// whose thread cannot be started is hashed here.
+fn hash_contents(doc: &[u8], blocks: &mut [Block]) {
+    let ranges: Vec<Range<usize>> = blocks.iter().map(|b| b.content.clone()).collect();
+    let digests = |run: &[Range<usize>]| -> Vec<String> {
+        run.iter()
+            .map(|r| sha256_hex(doc.get(r.clone()).unwrap_or_default()))
+            .collect()
+    };
+    let total: usize = ranges.iter().map(|r| r.len()).sum();
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(MAX_HASH_THREADS);
+    let runs = match threads < 2 || total < PARALLEL_HASH_BYTES {
+        true => vec![0..ranges.len()],
+        false => runs_of(&ranges, total.div_ceil(threads)),
+    };
+    let all: Vec<String> = std::thread::scope(|scope| {
+        let (last, others) = runs.split_last().map_or((None, &[][..]), |(l, o)| (Some(l), o));
+        let started: Vec<_> = others
+            .iter()
+            .map(|run| {
+                let (ranges, digests) = (&ranges, &digests);
+                let thread = std::thread::Builder::new()
+                    .name("ingest-hash".into())
+                    .spawn_scoped(scope, move || digests(&ranges[run.clone()]));
+                (run, thread.ok())
+            })
+            .collect();
+        let last = last.map(|run| digests(&ranges[run.clone()]));
+        let mut all = Vec::with_capacity(ranges.len());
+        for (run, thread) in started {
+            match thread.map(|t| t.join()) {
+                Some(Ok(d)) => all.extend(d),
+                _ => all.extend(digests(&ranges[run.clone()])),
+            }
+        }
+        all.extend(last.unwrap_or_default());
+        all
+    });
+    for (b, d) in blocks.iter_mut().zip(all) {
+        b.sha256 = d;
+    }
+}
+
+/// Consecutive runs of `ranges` (as index ranges) of at least `share` bytes each (the last
+/// may be smaller), none empty.
+fn runs_of(ranges: &[Range<usize>], share: usize) -> Vec<Range<usize>> {
+    let (mut runs, mut start, mut bytes) = (Vec::new(), 0, 0);
+    for (i, r) in ranges.iter().enumerate() {
+        bytes += r.len();
+        if bytes >= share {
+            runs.push(start..i + 1);
+            (start, bytes) = (i + 1, 0);
+        }
+    }
+    if start < ranges.len() {
+        runs.push(start..ranges.len());
+    }
+    runs
+}
+
 /// The one entry that stands for a document over `max_document_bytes` (`bytes` long, digest
 /// `sha256`): index 0, no lang or paths, `rejected` / `too_large`. Its content range is empty;
 /// [`parse`] sets it to the whole document.
@@ -313,6 +384,52 @@ mod tests {
         #[test]
         fn ascii_fold_key_is_fold_key(path in "[ -~]{0,40}") {
             proptest::prop_assert_eq!(duplicate_key(&path), pathguard::fold_key(&path));
+        }
+
+        #[test]
+        fn hash_runs_cover_every_block_once_in_order(
+            lens in proptest::collection::vec(0usize..5000, 0..200),
+            share in 1usize..20_000,
+        ) {
+            let mut at = 0;
+            let ranges: Vec<Range<usize>> = lens.iter().map(|l| { at += l; at - l..at }).collect();
+            let runs = runs_of(&ranges, share);
+            let mut next = 0;
+            for (i, run) in runs.iter().enumerate() {
+                proptest::prop_assert_eq!(run.start, next);
+                proptest::prop_assert!(run.end > run.start);
+                let bytes: usize = ranges[run.clone()].iter().map(|r| r.len()).sum();
+                proptest::prop_assert!(bytes >= share || i + 1 == runs.len());
+                next = run.end;
+            }
+            proptest::prop_assert_eq!(next, ranges.len());
+        }
+    }
+
+    #[test]
+    fn a_large_document_s_blocks_each_get_the_digest_of_their_own_content() {
+        // Above PARALLEL_HASH_BYTES, so hashed on several threads: a digest given to the
+        // wrong block, or left out, shows here.
+        let mut doc = String::new();
+        let mut contents = Vec::new();
+        for i in 0..700 {
+            let body = format!("{i:05}\n").repeat(if i % 7 == 0 { 8000 } else { 1 + i % 50 });
+            doc.push_str(&format!("```text file=f/{i}.txt\n{body}```\n"));
+            contents.push(body);
+        }
+        doc.push_str("```text file=empty.txt\n```\n");
+        contents.push(String::new());
+        assert!(doc.len() > PARALLEL_HASH_BYTES);
+        let limits = Limits {
+            max_block_bytes: u64::MAX,
+            max_blocks: 10_000,
+            max_document_bytes: u64::MAX,
+        };
+        let blocks = parse(doc.as_bytes(), &limits, &Policy::default());
+        assert_eq!(blocks.len(), contents.len());
+        for (b, c) in blocks.iter().zip(&contents) {
+            assert_eq!(b.content_of(doc.as_bytes()), c.as_bytes(), "block {}", b.index);
+            assert_eq!(b.sha256, sha256_hex(c.as_bytes()), "block {}", b.index);
         }
     }
 
