@@ -283,7 +283,9 @@ fn hash_contents(doc: &[u8], blocks: &mut [Block]) {
         false => runs_of(&ranges, total.div_ceil(threads)),
     };
     let all: Vec<String> = std::thread::scope(|scope| {
-        let (last, others) = runs.split_last().map_or((None, &[][..]), |(l, o)| (Some(l), o));
+        let (last, others) = runs
+            .split_last()
+            .map_or((None, &[][..]), |(l, o)| (Some(l), o));
         let started: Vec<_> = others
             .iter()
             .map(|run| {
@@ -428,7 +430,12 @@ mod tests {
         let blocks = parse(doc.as_bytes(), &limits, &Policy::default());
         assert_eq!(blocks.len(), contents.len());
         for (b, c) in blocks.iter().zip(&contents) {
-            assert_eq!(b.content_of(doc.as_bytes()), c.as_bytes(), "block {}", b.index);
+            assert_eq!(
+                b.content_of(doc.as_bytes()),
+                c.as_bytes(),
+                "block {}",
+                b.index
+            );
             assert_eq!(b.sha256, sha256_hex(c.as_bytes()), "block {}", b.index);
         }
     }

@@ -9,12 +9,14 @@
 # what it checks itself. Runs as root with only SETUID, SETGID and KILL capabilities.
 # After the job line, stdin stays open while the runner lives: at its end of file (the runner
 # gone) the agent kills every process and exits, so the container stops.
-# Only what the program's start needs is imported first: tarfile loads after the fork, while
-# the program starts (a cold run waits for this interpreter, then the program's).
+# A cold run pays for this interpreter's start beside the program's, so the agent imports no
+# module beyond the few builtin ones below: the job comes in a form read with bytes methods
+# (read_job), the result is JSON written by hand, and tarfile (the largest import by far) is
+# loaded only when /output holds something to send.
 # The agent makes no thread or process after the fork: the program shares the container's pids
 # limit and may have filled it (a fork bomb), so the runner's end of stdin is watched in the
 # same select loop as the program's output.
-import binascii, json, os, resource, select, signal, struct, sys, time
+import os, resource, select, signal, struct, sys, time
 
 OUT = sys.stdout.buffer
 
@@ -53,7 +55,18 @@ class TarFrames:
         return len(data)
 
 
+# An empty tar archive: its two zero end blocks.
+EMPTY_TAR = bytes(1024)
+
+
 def send_outputs(unreadable):
+    try:
+        empty = not os.listdir("/output")
+    except OSError:
+        empty = False
+    if empty:
+        frame(3, EMPTY_TAR)
+        return
     import tarfile
 
     tar = tarfile.open(fileobj=TarFrames(), mode="w|", format=tarfile.GNU_FORMAT)
@@ -93,14 +106,63 @@ def runner_gone():
         return True
 
 
+class Job:
+    pass
+
+
+def read_job(stream):
+    # The runner's encoding (docker_pool.rs, encode_job): `<length>\n`, then a line of ten
+    # numbers, then length-prefixed fields `<n>:<bytes>,`.
+    size = int(stream.readline())
+    data = stream.read(size)
+    if len(data) != size:
+        raise ValueError("the job ended early")
+    head, _, rest = data.partition(b"\n")
+    job = Job()
+    (job.uid, job.gid, job.timeout_ms, job.grace_ms, job.max_stdout, job.max_stderr, job.fsize,
+     n_argv, n_env, n_inputs) = (int(x) for x in head.split())
+    items, at = [], 0
+    while at < len(rest):
+        colon = rest.index(b":", at)
+        end = colon + 1 + int(rest[at:colon])
+        if rest[end:end + 1] != b",":
+            raise ValueError("a job field is not closed")
+        items.append(rest[colon + 1:end])
+        at = end + 1
+    if len(items) != n_argv + 2 * n_env + 2 * n_inputs:
+        raise ValueError("the job has %d fields" % len(items))
+    job.argv = items[:n_argv]
+    pairs = items[n_argv:n_argv + 2 * n_env]
+    job.env = dict(zip(pairs[::2], pairs[1::2]))
+    files = items[n_argv + 2 * n_env:]
+    job.inputs = list(zip(files[::2], files[1::2]))
+    return job
+
+
+def json_str(s):
+    # A JSON string of a path (a name that is not UTF-8 gets U+FFFD for each bad byte).
+    out = []
+    for ch in s:
+        o = ord(ch)
+        if ch == '"' or ch == "\\":
+            out.append("\\" + ch)
+        elif o < 0x20:
+            out.append("\\u%04x" % o)
+        elif 0xD800 <= o < 0xE000:
+            out.append("\ufffd")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
 def main():
-    job = json.loads(sys.stdin.buffer.readline())
-    uid, gid = job["uid"], job["gid"]
-    for f in job["inputs"]:
-        p = os.path.join("/input", f["path"])
+    job = read_job(sys.stdin.buffer)
+    uid, gid = job.uid, job.gid
+    for path, content in job.inputs:
+        p = os.path.join(b"/input", path)
         os.makedirs(os.path.dirname(p), mode=0o755, exist_ok=True)
         with open(p, "wb") as fh:
-            fh.write(binascii.a2b_base64(f["b64"]))
+            fh.write(content)
         os.chmod(p, 0o444)
     oom_before = oom_kills()
     r_out, w_out = os.pipe()
@@ -118,29 +180,28 @@ def main():
             # the file size limit, one byte over the output byte limit).
             for sig in (signal.SIGPIPE, signal.SIGXFSZ):
                 signal.signal(sig, signal.SIG_DFL)
-            resource.setrlimit(resource.RLIMIT_FSIZE, (job["fsize"], job["fsize"]))
+            resource.setrlimit(resource.RLIMIT_FSIZE, (job.fsize, job.fsize))
             os.setgroups([])
             os.setgid(gid)
             os.setuid(uid)
             os.chdir("/tmp")
-            os.execvpe(job["argv"][0], job["argv"], job["env"])
+            os.execvpe(job.argv[0], job.argv, job.env)
         except BaseException as e:
             try:
-                os.write(2, b"cairn: cannot start %s: %s\n" % (job["argv"][0].encode(), str(e).encode()))
+                os.write(2, b"cairn: cannot start %s: %s\n" % (job.argv[0], str(e).encode()))
             except BaseException:
                 pass
         os._exit(127)
     os.close(w_out)
     os.close(w_err)
-    import tarfile  # noqa: F401 (for send_outputs, loaded now)
 
-    caps = {r_out: job["max_stdout"] + 1, r_err: job["max_stderr"] + 1}
+    caps = {r_out: job.max_stdout + 1, r_err: job.max_stderr + 1}
     kinds = {r_out: 1, r_err: 2}
     # Bytes the program wrote to each stream, kept or not (the result counts them all).
     seen = {r_out: 0, r_err: 0}
     open_fds = [r_out, r_err]
     step, timed_out, status = 0, False, None
-    next_at = time.monotonic() + job["timeout_ms"] / 1000.0
+    next_at = time.monotonic() + job.timeout_ms / 1000.0
     while open_fds:
         if status is None:
             done, st = os.waitpid(pid, os.WNOHANG)
@@ -170,7 +231,7 @@ def main():
             if step == 0:
                 timed_out = True
                 kill(-pid, signal.SIGTERM)
-                next_at = time.monotonic() + job["grace_ms"] / 1000.0
+                next_at = time.monotonic() + job.grace_ms / 1000.0
             elif step == 1:
                 kill(-1, signal.SIGKILL)
                 next_at = time.monotonic() + 5.0
@@ -186,9 +247,12 @@ def main():
     unreadable = []
     st = os.statvfs("/output")
     full = st.f_bavail * st.f_frsize < 65536
-    frame(4, json.dumps({"exit_code": code, "timed_out": timed_out, "oom": oom_kills() > oom_before, "full": full, "stdout_bytes": seen[r_out], "stderr_bytes": seen[r_err]}).encode())
+    flag = {True: "true", False: "false"}
+    frame(4, ('{"exit_code": %d, "timed_out": %s, "oom": %s, "full": %s, "stdout_bytes": %d, "stderr_bytes": %d}' % (
+        code, flag[timed_out], flag[oom_kills() > oom_before], flag[full], seen[r_out], seen[r_err])).encode())
     send_outputs(unreadable)
-    frame(5, json.dumps({"unreadable": unreadable}).encode())
+    frame(5, ('{"unreadable": [%s]}' % ", ".join(json_str(p) for p in unreadable)).encode())
 
 
-main()
+if __name__ == "__main__":
+    main()

@@ -16,7 +16,6 @@ use bollard::query_parameters::AttachContainerOptionsBuilder;
 use bytes::{Buf, Bytes, BytesMut};
 use cairn_proto::StdStream;
 use futures::{Stream, StreamExt};
-use serde_json::json;
 use time::OffsetDateTime;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
@@ -211,29 +210,7 @@ pub async fn start_agent(
 impl Warm {
     /// Runs `job` in this container (one round trip) and removes the container afterwards.
     pub async fn run(mut self, job: &Job, live: Option<&Live>, grace_ms: u64) -> Result<Outcome> {
-        let mut env: serde_json::Map<String, serde_json::Value> = serde_json::Map::new();
-        for (k, v) in job.environment() {
-            env.insert(k, v.into());
-        }
-        let inputs: Vec<_> = job
-            .inputs
-            .iter()
-            .map(|i| json!({"path": i.path.as_str(), "b64": base64_encode(&i.content)}))
-            .collect();
-        let spec = json!({
-            "argv": job.argv(),
-            "env": env,
-            "inputs": inputs,
-            "timeout_ms": job.limits.timeout_ms,
-            "grace_ms": grace_ms,
-            "max_stdout": job.limits.max_stdout_bytes,
-            "max_stderr": job.limits.max_stderr_bytes,
-            "fsize": OutputLimits::file_size_cap(job.limits.max_output_bytes),
-            "uid": self.uid,
-            "gid": self.gid,
-        });
-        let mut line = spec.to_string().into_bytes();
-        line.push(b'\n');
+        let line = encode_job(job, grace_ms, self.uid, self.gid);
         let started_at = OffsetDateTime::now_utc();
         let t0 = Instant::now();
         self.input
@@ -404,36 +381,175 @@ impl Read for ChannelReader {
     }
 }
 
-fn base64_encode(data: &[u8]) -> String {
-    const TABLE: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
-    for chunk in data.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(TABLE[((n >> (18 - 6 * i)) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
+/// The job as the agent reads it (agent.py's `read_job`), with no module it would have to
+/// import: `<length>\n`, then that many bytes: a line of ten numbers (uid, gid, timeout_ms,
+/// grace_ms, max_stdout, max_stderr, fsize, and how many argv items, environment variables
+/// and inputs follow), then each argv item, each variable's name and value, and each input's
+/// path and content as `<length>:<bytes>,`.
+pub fn encode_job(job: &Job, grace_ms: u64, uid: u32, gid: u32) -> Vec<u8> {
+    let (argv, env) = (job.argv(), job.environment());
+    let limits = &job.limits;
+    let mut body = format!(
+        "{uid} {gid} {} {grace_ms} {} {} {} {} {} {}\n",
+        limits.timeout_ms,
+        limits.max_stdout_bytes,
+        limits.max_stderr_bytes,
+        OutputLimits::file_size_cap(limits.max_output_bytes),
+        argv.len(),
+        env.len(),
+        job.inputs.len()
+    )
+    .into_bytes();
+    let mut field = |bytes: &[u8]| {
+        body.extend_from_slice(format!("{}:", bytes.len()).as_bytes());
+        body.extend_from_slice(bytes);
+        body.push(b',');
+    };
+    for a in &argv {
+        field(a.as_bytes());
     }
+    for (k, v) in &env {
+        field(k.as_bytes());
+        field(v.as_bytes());
+    }
+    for i in &job.inputs {
+        field(i.path.as_str().as_bytes());
+        field(&i.content);
+    }
+    let mut out = format!("{}\n", body.len()).into_bytes();
+    out.extend_from_slice(&body);
     out
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+
+    use cairn_proto as pb;
+
+    use crate::config::Config;
+    use crate::job::Job;
+
+    /// Runs the agent's `read_job` on `input` in python3; its JSON answer (bytes as Latin-1).
+    fn agent_reads(input: &[u8]) -> std::process::Output {
+        let driver = r#"
+import json, sys
+ns = {"__name__": "agent"}
+exec(sys.argv[1], ns)
+j = ns["read_job"](sys.stdin.buffer)
+s = lambda b: b.decode("latin-1")
+print(json.dumps({"numbers": [j.uid, j.gid, j.timeout_ms, j.grace_ms, j.max_stdout, j.max_stderr, j.fsize],
+    "argv": [s(a) for a in j.argv], "env": {s(k): s(v) for k, v in j.env.items()},
+    "inputs": [[s(p), s(c)] for p, c in j.inputs], "rest": s(sys.stdin.buffer.read())}))
+"#;
+        let mut child = Command::new("python3")
+            .args(["-I", "-S", "-c", driver, super::AGENT])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("python3 runs the agent's decoder");
+        child.stdin.take().unwrap().write_all(input).unwrap();
+        child.wait_with_output().unwrap()
+    }
+
+    fn latin1(b: &[u8]) -> String {
+        b.iter().map(|&c| c as char).collect()
+    }
+
     #[test]
-    fn base64_matches_the_standard_alphabet() {
-        assert_eq!(super::base64_encode(b""), "");
-        assert_eq!(super::base64_encode(b"f"), "Zg==");
-        assert_eq!(super::base64_encode(b"fo"), "Zm8=");
-        assert_eq!(super::base64_encode(b"foo"), "Zm9v");
-        assert_eq!(super::base64_encode(&[0xff, 0xfe, 0x00, 0x80]), "//4AgA==");
+    fn the_agent_reads_every_field_of_the_job_the_runner_writes() {
+        let nasty = "a,b:c\n12:x,\u{e9}";
+        let req = pb::RunRequest {
+            request_id: "r1".into(),
+            language: "python".into(),
+            code: format!("print({nasty:?})"),
+            input_files: vec![
+                pb::FileContent {
+                    path: "d/e/x.bin".into(),
+                    content: vec![0, 255, b',', b':', b'\n', b'9'].into(),
+                },
+                pb::FileContent {
+                    path: "empty".into(),
+                    content: Default::default(),
+                },
+            ],
+            env: [("K".to_owned(), nasty.to_owned())].into(),
+            ..Default::default()
+        };
+        let job = Job::from_request(req, &Config::default()).unwrap();
+        let mut input = super::encode_job(&job, 250, 10001, 10002);
+        // What follows the job (the runner's stdin stays open) is not read as part of it.
+        input.extend_from_slice(b"after");
+        let out = agent_reads(&input);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let l = &job.limits;
+        assert_eq!(
+            got["numbers"],
+            serde_json::json!([
+                10001,
+                10002,
+                l.timeout_ms,
+                250,
+                l.max_stdout_bytes,
+                l.max_stderr_bytes,
+                crate::outputs::OutputLimits::file_size_cap(l.max_output_bytes)
+            ])
+        );
+        let argv: Vec<String> = job.argv().iter().map(|a| latin1(a.as_bytes())).collect();
+        assert_eq!(got["argv"], serde_json::json!(argv));
+        for (k, v) in job.environment() {
+            assert_eq!(
+                got["env"][latin1(k.as_bytes())],
+                latin1(v.as_bytes()),
+                "{k}"
+            );
+        }
+        assert_eq!(
+            got["env"].as_object().unwrap().len(),
+            job.environment().len()
+        );
+        assert_eq!(
+            got["inputs"],
+            serde_json::json!([
+                ["d/e/x.bin", latin1(&[0, 255, b',', b':', b'\n', b'9'])],
+                ["empty", ""]
+            ])
+        );
+        assert_eq!(got["rest"], "after");
+    }
+
+    #[test]
+    fn a_job_cut_short_or_malformed_is_refused_by_the_agent() {
+        let req = pb::RunRequest {
+            request_id: "r1".into(),
+            language: "python".into(),
+            code: "print(1)".into(),
+            ..Default::default()
+        };
+        let whole = super::encode_job(
+            &Job::from_request(req, &Config::default()).unwrap(),
+            1,
+            1,
+            1,
+        );
+        let cut = &whole[..whole.len() - 3];
+        let out = agent_reads(cut);
+        assert!(!out.status.success());
+        assert!(String::from_utf8_lossy(&out.stderr).contains("the job ended early"));
+        // A field whose length runs past its comma.
+        let text = String::from_utf8(whole.clone()).unwrap();
+        let bad = text.replacen("2:-c,", "3:-c,", 1);
+        assert_ne!(bad, text);
+        let out = agent_reads(bad.as_bytes());
+        assert!(!out.status.success());
+        assert!(String::from_utf8_lossy(&out.stderr).contains("not closed"));
     }
 }
