@@ -278,10 +278,12 @@ fn hash_contents(doc: &[u8], blocks: &mut [Block]) {
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(MAX_HASH_THREADS);
-    let runs = match threads < 2 || total < PARALLEL_HASH_BYTES {
-        true => vec![0..ranges.len()],
-        false => runs_of(&ranges, total.div_ceil(threads)),
+    // One run (all on this thread) unless it is worth splitting.
+    let share = match threads < 2 || total < PARALLEL_HASH_BYTES {
+        true => usize::MAX,
+        false => total.div_ceil(threads),
     };
+    let runs = runs_of(&ranges, share);
     let all: Vec<String> = std::thread::scope(|scope| {
         let (last, others) = runs
             .split_last()
