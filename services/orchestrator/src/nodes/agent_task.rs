@@ -49,6 +49,7 @@ pub async fn run(ctx: &NodeCtx, spec: &AgentTask) -> Result<NodeSuccess, NodeErr
         .to_owned();
     let agent = spec.agent.clone().unwrap_or_else(|| base_id.clone());
     let instance = ctx.node_id.replace('.', "-");
+    let dir = ctx.run_dir();
     let provider = ctx
         .provider(spec.llm.as_deref())
         .await
@@ -83,15 +84,13 @@ pub async fn run(ctx: &NodeCtx, spec: &AgentTask) -> Result<NodeSuccess, NodeErr
         agent: &agent,
         provider: provider.name(),
     };
-    // Records of different files go to the store side by side (each write is durable on its
-    // own; a node stopped between them is run again).
-    tokio::try_join!(
-        records.session("working", &started),
-        records.append_line(
+    records.session("working", &started).await?;
+    records
+        .append_line(
             "runtime/requests.jsonl",
             json!({"ts": now(), "turn": ctx.turn, "attempt": ctx.attempt, "request": request}),
-        ),
-    )?;
+        )
+        .await?;
 
     // Every attempt becomes an `llm.attempt` event. Cancelling the run drops this future,
     // which drops the HTTP request.
@@ -112,12 +111,26 @@ pub async fn run(ctx: &NodeCtx, spec: &AgentTask) -> Result<NodeSuccess, NodeErr
             return Err(agent_error(e));
         }
     };
-    let reply_event = records.append_line(
-        "runtime/events.jsonl",
-        json!({"ts": now(), "type": "reply", "turn": ctx.turn, "model": reply.model, "usage": reply.usage, "bytes": reply.content.len()}),
-    );
-    let raw_rel = format!("artifacts/turn-{}.md", ctx.turn);
-    let raw = records.put(&raw_rel, reply.content.clone());
+    records
+        .append_line(
+            "runtime/events.jsonl",
+            json!({"ts": now(), "type": "reply", "turn": ctx.turn, "model": reply.model, "usage": reply.usage, "bytes": reply.content.len()}),
+        )
+        .await?;
+    let opts_own = PutOptions {
+        overwrite: true,
+        ..Default::default()
+    };
+    let raw_path = dir.agent(&instance, &format!("artifacts/turn-{}.md", ctx.turn));
+    ctx.store()
+        .put(
+            &ctx.project,
+            &raw_path,
+            Bytes::from(reply.content.clone()),
+            &opts_own,
+        )
+        .await
+        .map_err(|s| NodeError::from_status(&format!("writing {raw_path}"), &s))?;
 
     // The published document: front matter unless the agent wrote its own.
     let is_md = path.ends_with(".md") || path.ends_with(".markdown");
@@ -159,17 +172,13 @@ pub async fn run(ctx: &NodeCtx, spec: &AgentTask) -> Result<NodeSuccess, NodeErr
         run_id: ctx.run_id.clone(),
         ..Default::default()
     };
-    let published = async {
-        ctx.store()
-            .put(&ctx.project, &path, bytes.clone(), &opts)
-            .await
-            .map_err(|s| super::write_file::write_error(&path, &s))
-    };
-    let ((), (), put) = tokio::try_join!(reply_event, raw, published)?;
-    tokio::try_join!(
-        records.session("dormant", &started),
-        records.readme(&put.path, ctx.turn),
-    )?;
+    let put = ctx
+        .store()
+        .put(&ctx.project, &path, bytes.clone(), &opts)
+        .await
+        .map_err(|s| super::write_file::write_error(&path, &s))?;
+    records.session("dormant", &started).await?;
+    records.readme(&put.path, ctx.turn).await?;
 
     let mut out = NodeSuccess {
         outputs: file_outputs(&put),
@@ -238,20 +247,11 @@ async fn messages(ctx: &NodeCtx, spec: &AgentTask, agent: &str) -> Result<Vec<Me
         ),
     };
     let mut out = vec![Message::new(Role::System, system)];
-    let (notes, manifest) = tokio::try_join!(
-        async {
-            ctx.store()
-                .get(&ctx.project, &dir.human_notes())
-                .await
-                .map_err(|s| NodeError::from_status("reading shared/human-notes.md", &s))
-        },
-        async {
-            ctx.store()
-                .get(&ctx.project, &dir.context_manifest())
-                .await
-                .map_err(|s| NodeError::from_status("reading shared/context-manifest.yaml", &s))
-        },
-    )?;
+    let notes = ctx
+        .store()
+        .get(&ctx.project, &dir.human_notes())
+        .await
+        .map_err(|s| NodeError::from_status("reading shared/human-notes.md", &s))?;
     if let Some(notes) =
         notes.and_then(|b| crate::human::notes_for_agents(&String::from_utf8_lossy(&b)))
     {
@@ -261,7 +261,12 @@ async fn messages(ctx: &NodeCtx, spec: &AgentTask, agent: &str) -> Result<Vec<Me
         ));
     }
     let mut files: Vec<(String, Option<String>, String)> = Vec::new();
-    if let Some(manifest) = manifest {
+    if let Some(manifest) = ctx
+        .store()
+        .get(&ctx.project, &dir.context_manifest())
+        .await
+        .map_err(|s| NodeError::from_status("reading shared/context-manifest.yaml", &s))?
+    {
         if let Ok(m) = crate::human::Manifest::parse(&String::from_utf8_lossy(&manifest)) {
             for a in m.attachments {
                 let path = a.resolved_path(&ctx.run_id);
