@@ -52,12 +52,19 @@ async fn a_driver_aborted_in_a_live_process_is_noticed_and_its_run_resumed() {
     assert!(runs.abort_driver(PROJECT, &run), "the run has a driver");
     // The reconcile pass finds the run without a live driver and resumes it.
     wait_event(&s, &run, "task.resumed", seen, 5).await;
-    // And counts it in this process's cairn_runs_healed_total (the stack runs in this test).
-    let healed = cairn_telemetry::metrics::encode().lines().find_map(|l| {
-        l.strip_prefix("cairn_runs_healed_total ")
-            .map(str::to_owned)
-    });
-    assert_eq!(healed.as_deref(), Some("1"));
+    // And counts it in this process's cairn_runs_healed_total (the stack runs in this test),
+    // once the reconcile pass that resumed it is over.
+    let healed = || {
+        cairn_telemetry::metrics::encode().lines().find_map(|l| {
+            l.strip_prefix("cairn_runs_healed_total ")
+                .map(str::to_owned)
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while healed().is_none() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(healed().as_deref(), Some("1"));
     let info = s.wait_state(&run, TaskState::InputRequired, 10).await;
     assert_eq!(info.gates.len(), 1);
     s.client
