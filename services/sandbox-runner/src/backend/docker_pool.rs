@@ -432,27 +432,35 @@ mod tests {
     use crate::config::Config;
     use crate::job::Job;
 
-    /// Runs the agent's `read_job` on `input` in python3; its JSON answer (bytes as Latin-1).
-    fn agent_reads(input: &[u8]) -> std::process::Output {
-        let driver = r#"
-import json, sys
-ns = {"__name__": "agent"}
-exec(sys.argv[1], ns)
-j = ns["read_job"](sys.stdin.buffer)
-s = lambda b: b.decode("latin-1")
-print(json.dumps({"numbers": [j.uid, j.gid, j.timeout_ms, j.grace_ms, j.max_stdout, j.max_stderr, j.fsize],
-    "argv": [s(a) for a in j.argv], "env": {s(k): s(v) for k, v in j.env.items()},
-    "inputs": [[s(p), s(c)] for p, c in j.inputs], "rest": s(sys.stdin.buffer.read())}))
-"#;
+    /// Runs `driver` in python3 with the agent's functions (not its main) in `agent`, `input`
+    /// on its stdin.
+    fn in_agent(driver: &str, input: &[u8]) -> std::process::Output {
+        let script = format!(
+            "import json, sys\nagent = {{\"__name__\": \"agent\"}}\nexec(sys.argv[1], agent)\n{driver}"
+        );
         let mut child = Command::new("python3")
-            .args(["-I", "-S", "-c", driver, super::AGENT])
+            .args(["-I", "-S", "-c", &script, super::AGENT])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .expect("python3 runs the agent's decoder");
+            .expect("python3 runs the agent's code");
         child.stdin.take().unwrap().write_all(input).unwrap();
         child.wait_with_output().unwrap()
+    }
+
+    /// The agent's `read_job` of `input`, as JSON (bytes as Latin-1).
+    fn agent_reads(input: &[u8]) -> std::process::Output {
+        in_agent(
+            r#"
+j = agent["read_job"](sys.stdin.buffer)
+s = lambda b: b.decode("latin-1")
+print(json.dumps({"numbers": [j.uid, j.gid, j.timeout_ms, j.grace_ms, j.max_stdout, j.max_stderr, j.fsize],
+    "argv": [s(a) for a in j.argv], "env": {s(k): s(v) for k, v in j.env.items()},
+    "inputs": [[s(p), s(c)] for p, c in j.inputs], "rest": s(sys.stdin.buffer.read())}))
+"#,
+            input,
+        )
     }
 
     fn latin1(b: &[u8]) -> String {
@@ -551,5 +559,39 @@ print(json.dumps({"numbers": [j.uid, j.gid, j.timeout_ms, j.grace_ms, j.max_stdo
         let out = agent_reads(bad.as_bytes());
         assert!(!out.status.success());
         assert!(String::from_utf8_lossy(&out.stderr).contains("not closed"));
+    }
+
+    #[test]
+    fn names_the_agent_cannot_read_reach_the_runner_as_json_it_parses() {
+        // The end frame's names are written without the json module: quotes, backslashes,
+        // control characters, any Unicode, and bytes that are not UTF-8 (as os.listdir gives
+        // them) must come out as JSON serde reads, one string per name.
+        let names: [&[u8]; 6] = [
+            b"plain.txt",
+            b"q\"uote\\back",
+            b"tab\tnew\nline\x01\x1f",
+            "caf\u{e9}/\u{1F600}".as_bytes(),
+            b"bad\xff\xfeutf8",
+            b"",
+        ];
+        let out = in_agent(
+            r#"
+import os
+names = [os.fsdecode(n) for n in sys.stdin.buffer.read().split(b"\0")]
+print("[%s]" % ", ".join(agent["json_str"](n) for n in names))
+"#,
+            &names.join(&b"\0"[..]),
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let got: Vec<String> = serde_json::from_slice(&out.stdout).unwrap();
+        let want: Vec<String> = names
+            .iter()
+            .map(|n| String::from_utf8_lossy(n).into_owned())
+            .collect();
+        assert_eq!(got, want);
     }
 }
