@@ -18,7 +18,7 @@ use serde_json::json;
 use crate::cli::{Global, SessionCommand};
 use crate::embedded::{Needs, Services};
 use crate::failure::{self, Failure};
-use crate::{output, transfer};
+use crate::output;
 
 type Runner = cairn_proto::v1::sandbox_runner_client::SandboxRunnerClient<crate::embedded::Authed>;
 
@@ -220,9 +220,9 @@ struct Paused {
 }
 
 /// Pauses `session` and puts its snapshot at the next free `<n>.snap` of the session as the
-/// bytes arrive, while also writing them to a local file. The store gets the file's size
-/// up front and its last chunk only once the payload matched the runner's header (size and
-/// sha256): a damaged snapshot arrives short, and the store publishes nothing.
+/// bytes arrive, while also writing them to a local file. The store publishes it only once
+/// the payload matched the size and sha256 the runner sent after it (the Put's PutEnd goes
+/// only then): a damaged or short snapshot is never stored.
 async fn pause(
     global: &Global,
     services: &Services,
@@ -230,7 +230,7 @@ async fn pause(
     session: &str,
     files_only: bool,
 ) -> anyhow::Result<Paused> {
-    use tokio::io::AsyncWriteExt;
+    use cairn_proto::v1::{put_request, PutEnd, PutRequest};
     // A files-only pause keeps the session open until the store has the snapshot, so a
     // refusal loses nothing; a memory checkpoint ends the session.
     let request = PauseSessionRequest {
@@ -243,7 +243,7 @@ async fn pause(
         next_snapshot_path(global, services, session)
     );
     let mut stream = paused?.into_inner();
-    let header = match stream.message().await? {
+    let mut header = match stream.message().await? {
         Some(SnapshotPart {
             msg: Some(snapshot_part::Msg::Header(h)),
             ..
@@ -251,7 +251,7 @@ async fn pause(
         _ => anyhow::bail!("the runner's snapshot stream did not start with its header"),
     };
     let head = snapshot::prefix(&header);
-    let bytes = head.len() as u64 + header.size_bytes;
+    let with_trailer = header.sha256.is_empty();
     let local = tempfile::NamedTempFile::with_prefix("cairn-snapshot-")?;
     // The local copy is written and the payload hashed on a thread of their own, beside the
     // bytes' way into the store.
@@ -259,65 +259,100 @@ async fn pause(
     let disk = {
         use std::io::Write;
         let (mut file, head) = (local.reopen()?, head.clone());
-        tokio::task::spawn_blocking(move || -> std::io::Result<(String, u64)> {
+        tokio::task::spawn_blocking(move || -> std::io::Result<snapshot::Check> {
             file.write_all(&head)?;
             let mut file = std::io::BufWriter::with_capacity(1 << 20, file);
-            let (mut hash, mut size) = (Sha256::new(), 0u64);
+            let mut check = snapshot::Check::new();
             while let Some(c) = from_stream.blocking_recv() {
-                hash.update(&c);
-                size += c.len() as u64;
+                // Bytes after the end are refused by `finish` below.
+                let _ = check.chunk(&c);
                 file.write_all(&c)?;
             }
             file.flush()?;
-            Ok((hash.finish_hex(), size))
+            Ok(check)
         })
     };
-    let (mut into_store, from_here) = tokio::io::duplex(4 << 20);
+    let (into_store, from_here) = tokio::sync::mpsc::channel::<PutRequest>(16);
     let put = path.map(|path| {
         let header = PutHeader {
             project_id: global.project.clone(),
             path: path.clone(),
-            expected_size: Some(bytes),
             allowed_prefixes: vec![format!("{SNAPSHOTS}/")],
+            digest_at_end: true,
             ..Default::default()
         };
         let store = services.store();
         tokio::spawn(async move {
-            transfer::put(&mut store?, header, from_here)
+            let first = PutRequest {
+                msg: Some(put_request::Msg::Header(header)),
+            };
+            let requests = futures::StreamExt::chain(
+                futures::stream::iter([first]),
+                tokio_stream::wrappers::ReceiverStream::new(from_here),
+            );
+            store?
+                .put(requests)
                 .await
                 .with_context(|| format!("storing the snapshot at {path}"))
                 .map(|_| path)
         })
     });
     // False once the store stopped reading (its answer says why).
-    let mut feeding = put.is_ok() && into_store.write_all(&head).await.is_ok();
-    let mut held = None::<bytes::Bytes>;
+    let mut feeding = put.is_ok();
+    let mut end = None;
+    let chunk = |c: bytes::Bytes| PutRequest {
+        msg: Some(put_request::Msg::Chunk(c)),
+    };
+    feeding = feeding && into_store.send(chunk(head.clone().into())).await.is_ok();
     while let Some(part) = stream.message().await? {
-        if let Some(snapshot_part::Msg::Chunk(c)) = part.msg {
-            if to_disk.send(c.clone()).await.is_err() {
-                break; // the local file failed: its error is below
+        match part.msg {
+            Some(snapshot_part::Msg::Chunk(c)) => {
+                if end.is_some() {
+                    anyhow::bail!("the runner sent snapshot bytes after the snapshot's end");
+                }
+                if to_disk.send(c.clone()).await.is_err() {
+                    break; // the local file failed: its error is below
+                }
+                feeding = feeding && into_store.send(chunk(c)).await.is_ok();
             }
-            if let Some(prev) = held.replace(c) {
-                feeding = feeding && into_store.write_all(&prev).await.is_ok();
-            }
+            Some(snapshot_part::Msg::End(e)) => end = Some(e),
+            _ => {}
         }
     }
     drop(to_disk);
-    let (sha, size) = disk
+    let mut check = disk
         .await
         .map_err(|e| anyhow::anyhow!("the snapshot's local copy failed: {e}"))?
         .context("writing the snapshot's local copy")?;
-    if size != header.size_bytes || sha != header.sha256 {
-        anyhow::bail!(
-            "the snapshot arrived as {size} bytes with sha256 {sha}; its header says {} bytes with sha256 {}: it was damaged on its way, and nothing was stored",
-            header.size_bytes,
-            header.sha256
-        );
+    if let Some(e) = end {
+        check.end(e)?;
     }
-    if let (Some(last), true) = (held, feeding) {
-        let _ = into_store.write_all(&last).await;
+    // Not matched: the Put ends without its PutEnd, and the store publishes nothing.
+    let matched = check
+        .finish(&mut header)
+        .map_err(|e| anyhow::anyhow!("{e}: it was damaged on its way, and nothing was stored"))?;
+    let mut bytes = head.len() as u64 + matched.size_bytes;
+    if with_trailer {
+        use std::io::Write;
+        let t = snapshot::trailer(&matched).context("the snapshot's sha256 is not hex")?;
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(local.path())?
+            .write_all(&t)?;
+        feeding = feeding && into_store.send(chunk(t.clone().into())).await.is_ok();
+        bytes += t.len() as u64;
     }
-    let _ = into_store.shutdown().await;
+    if feeding {
+        let end = PutEnd {
+            sha256: String::new(),
+            size_bytes: bytes,
+        };
+        let _ = into_store
+            .send(PutRequest {
+                msg: Some(put_request::Msg::End(end)),
+            })
+            .await;
+    }
     drop(into_store);
     let stored = match put {
         Ok(task) => task

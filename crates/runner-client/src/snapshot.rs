@@ -1,11 +1,13 @@
 //! Session snapshots as callers keep them: one file, `cairn-snapshot` magic, the
-//! SnapshotHeader (length-prefixed protobuf), then the payload the runner streamed. `save`
-//! writes a PauseSession stream into such a file, checking the payload against the header's
-//! size and sha256 as it arrives; `parts` turns such a file back into ResumeSession's stream.
-//! The runner checks the bytes again: a damaged file is never resumed.
+//! SnapshotHeader (length-prefixed protobuf), the payload the runner streamed and, when the
+//! header has no sha256 (the runner sends its bytes as it makes them), a fixed-size trailer
+//! with the payload's size and sha256 (the SnapshotEnd). `save` writes a PauseSession stream
+//! into such a file, checking the payload against the size and sha256 as it arrives; `parts`
+//! turns such a file back into ResumeSession's stream. The runner checks the bytes again: a
+//! damaged file is never resumed.
 
 use bytes::Bytes;
-use cairn_proto::v1::{snapshot_part, SnapshotHeader, SnapshotPart};
+use cairn_proto::v1::{snapshot_part, SnapshotEnd, SnapshotHeader, SnapshotPart};
 use cairn_sha256::Sha256;
 use prost::Message;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -15,7 +17,11 @@ pub const MAGIC: &[u8] = b"cairn-snapshot\n";
 /// Largest header accepted (it is small: ids, names, limits).
 const MAX_HEADER: u32 = 64 * 1024;
 /// Payload bytes per ResumeSession message.
-const CHUNK: usize = 256 * 1024;
+const CHUNK: usize = 1 << 20;
+/// First bytes of the trailer of a file whose header has no sha256.
+const END_MAGIC: &[u8] = b"cairn-snapshot-end\n";
+/// The trailer: END_MAGIC, the payload's size (u64, big-endian), its sha256 (32 bytes).
+pub const TRAILER_LEN: usize = END_MAGIC.len() + 8 + 32;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
@@ -31,6 +37,7 @@ pub enum SnapshotError {
 /// A snapshot written by `save`.
 #[derive(Debug, Clone)]
 pub struct Saved {
+    /// With the payload's size and sha256 (from the SnapshotEnd when the runner sent one).
     pub header: SnapshotHeader,
     /// Bytes of the whole file, and its sha256 (hex).
     pub file_bytes: u64,
@@ -79,13 +86,52 @@ pub async fn read_header(
         .map_err(|e| SnapshotError::Corrupt(format!("the snapshot header does not decode: {e}")))
 }
 
+/// The trailer of a file whose header has no sha256; None when `sha256` is not hex.
+pub fn trailer(end: &SnapshotEnd) -> Option<Vec<u8>> {
+    let sha = hex_bytes(&end.sha256)?;
+    let mut out = Vec::with_capacity(TRAILER_LEN);
+    out.extend_from_slice(END_MAGIC);
+    out.extend_from_slice(&end.size_bytes.to_be_bytes());
+    out.extend_from_slice(&sha);
+    Some(out)
+}
+
+/// The SnapshotEnd a trailer holds.
+fn parse_trailer(t: &[u8]) -> Result<SnapshotEnd, SnapshotError> {
+    if t.len() != TRAILER_LEN || !t.starts_with(END_MAGIC) {
+        return Err(SnapshotError::Corrupt(
+            "the snapshot file does not end with its size and sha256 (it was cut short or altered)"
+                .into(),
+        ));
+    }
+    let at = END_MAGIC.len();
+    let size = u64::from_be_bytes(t[at..at + 8].try_into().expect("8 bytes"));
+    let sha = t[at + 8..].iter().map(|b| format!("{b:02x}")).collect();
+    Ok(SnapshotEnd {
+        sha256: sha,
+        size_bytes: size,
+    })
+}
+
+fn hex_bytes(hex: &str) -> Option<[u8; 32]> {
+    let mut out = [0u8; 32];
+    if hex.len() != 64 {
+        return None;
+    }
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
 /// Writes a PauseSession stream to `out` as a snapshot file, checking the payload against
-/// its header; fails (the file is then not a snapshot to keep) when they differ.
+/// its header or its SnapshotEnd; fails (the file is then not a snapshot to keep) when they
+/// differ or the stream ends without its end.
 pub async fn save(
     mut stream: tonic::Streaming<SnapshotPart>,
     out: &mut (impl AsyncWrite + Unpin),
 ) -> Result<Saved, SnapshotError> {
-    let header = match stream.message().await? {
+    let mut header = match stream.message().await? {
         Some(SnapshotPart {
             msg: Some(snapshot_part::Msg::Header(h)),
             ..
@@ -97,71 +143,348 @@ pub async fn save(
         }
     };
     let head = prefix(&header);
+    let with_trailer = header.sha256.is_empty();
     let mut file_hash = Sha256::new();
     file_hash.update(&head);
     out.write_all(&head).await?;
-    let (mut payload_hash, mut size) = (Sha256::new(), 0u64);
+    let mut check = Check::new();
     while let Some(part) = stream.message().await? {
-        if let Some(snapshot_part::Msg::Chunk(c)) = part.msg {
-            payload_hash.update(&c);
-            file_hash.update(&c);
-            size += c.len() as u64;
-            out.write_all(&c).await?;
+        match part.msg {
+            Some(snapshot_part::Msg::Chunk(c)) => {
+                check.chunk(&c)?;
+                file_hash.update(&c);
+                out.write_all(&c).await?;
+            }
+            Some(snapshot_part::Msg::End(e)) => check.end(e)?,
+            _ => {}
         }
     }
-    out.flush().await?;
-    let sha = payload_hash.finish_hex();
-    if size != header.size_bytes || sha != header.sha256 {
-        return Err(SnapshotError::Corrupt(format!(
-            "the snapshot arrived as {size} bytes with sha256 {sha}; its header says {} bytes with sha256 {}",
-            header.size_bytes, header.sha256
-        )));
+    let end = check.finish(&mut header)?;
+    let mut file_bytes = head.len() as u64 + end.size_bytes;
+    if let Some(t) = with_trailer.then(|| trailer(&end)).flatten() {
+        file_hash.update(&t);
+        out.write_all(&t).await?;
+        file_bytes += t.len() as u64;
     }
+    out.flush().await?;
     Ok(Saved {
-        file_bytes: head.len() as u64 + size,
+        file_bytes,
         file_sha256: file_hash.finish_hex(),
         header,
     })
 }
 
+/// Checks a PauseSession stream's payload as it arrives: against the header's size and
+/// sha256, or against the SnapshotEnd that follows the bytes when the header has none.
+pub struct Check {
+    hash: Sha256,
+    size: u64,
+    end: Option<SnapshotEnd>,
+}
+
+impl Default for Check {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Check {
+    pub fn new() -> Check {
+        Check {
+            hash: Sha256::new(),
+            size: 0,
+            end: None,
+        }
+    }
+
+    /// A payload chunk; refused after the end.
+    pub fn chunk(&mut self, c: &[u8]) -> Result<(), SnapshotError> {
+        if self.end.is_some() {
+            return Err(SnapshotError::Corrupt(
+                "the runner sent snapshot bytes after the snapshot's end".into(),
+            ));
+        }
+        self.hash.update(c);
+        self.size += c.len() as u64;
+        Ok(())
+    }
+
+    /// The SnapshotEnd; refused twice.
+    pub fn end(&mut self, e: SnapshotEnd) -> Result<(), SnapshotError> {
+        if self.end.replace(e).is_some() {
+            return Err(SnapshotError::Corrupt(
+                "the runner sent the snapshot's end twice".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// What the payload is, when it matches: the header gets the end's size and sha256 when
+    /// it had none.
+    pub fn finish(self, header: &mut SnapshotHeader) -> Result<SnapshotEnd, SnapshotError> {
+        let sha = self.hash.finish_hex();
+        let end = match (header.sha256.is_empty(), self.end) {
+            (true, None) => {
+                return Err(SnapshotError::Corrupt(format!(
+                    "the snapshot stream ended after {} bytes without the snapshot's end: it was cut short, and is no snapshot",
+                    self.size
+                )))
+            }
+            (true, Some(e)) => e,
+            (false, Some(e)) if (e.sha256.as_str(), e.size_bytes) != (header.sha256.as_str(), header.size_bytes) => {
+                return Err(SnapshotError::Corrupt(
+                    "the snapshot's end disagrees with its header: it is not one snapshot".into(),
+                ))
+            }
+            (false, _) => SnapshotEnd {
+                sha256: header.sha256.clone(),
+                size_bytes: header.size_bytes,
+            },
+        };
+        if self.size != end.size_bytes || sha != end.sha256 {
+            return Err(SnapshotError::Corrupt(format!(
+                "the snapshot arrived as {} bytes with sha256 {sha}; it was sent as {} bytes with sha256 {}",
+                self.size, end.size_bytes, end.sha256
+            )));
+        }
+        header.sha256.clone_from(&end.sha256);
+        header.size_bytes = end.size_bytes;
+        Ok(end)
+    }
+}
+
 /// ResumeSession's stream from a snapshot file's payload (`reader` just past the header):
 /// the header (naming the new session `session_id`, empty for a UUID, and asking for
-/// `copies` sessions, a fork when above 1), then the bytes. A read error ends the stream
-/// early; the runner then refuses the short snapshot.
+/// `copies` sessions, a fork when above 1), the bytes and, for a header without a sha256,
+/// the SnapshotEnd from the file's trailer. A read error or a damaged trailer ends the
+/// stream early; the runner then refuses the short snapshot.
 pub fn parts(
     header: SnapshotHeader,
     reader: impl AsyncRead + Unpin + Send + 'static,
     session_id: String,
     copies: u32,
 ) -> impl futures::Stream<Item = SnapshotPart> + Send + 'static {
+    // The trailer is held back from the chunks and sent as the end.
+    let hold = if header.sha256.is_empty() {
+        TRAILER_LEN
+    } else {
+        0
+    };
     let first = SnapshotPart {
         msg: Some(snapshot_part::Msg::Header(header)),
         session_id,
         copies,
     };
-    let chunks = futures::stream::unfold(Some(reader), |reader| async move {
-        let mut reader = reader?;
-        let mut buf = vec![0u8; CHUNK];
-        let mut filled = 0;
-        while filled < CHUNK {
-            match reader.read(&mut buf[filled..]).await {
-                Ok(0) => break,
-                Ok(n) => filled += n,
+    let start = Some((reader, Vec::<u8>::new()));
+    let rest = futures::stream::unfold(start, move |state| async move {
+        let (mut reader, mut carry) = state?;
+        let mut at_eof = false;
+        while carry.len() < CHUNK + hold {
+            let from = carry.len();
+            carry.resize(CHUNK + hold, 0);
+            match reader.read(&mut carry[from..]).await {
+                Ok(0) => {
+                    carry.truncate(from);
+                    at_eof = true;
+                    break;
+                }
+                Ok(n) => carry.truncate(from + n),
                 Err(e) => {
                     tracing::warn!(error = %e, "reading the snapshot file failed; its stream ends short");
                     return None;
                 }
             }
         }
-        if filled == 0 {
+        if carry.len() > hold {
+            let tail = carry.split_off(carry.len() - hold);
+            let part = SnapshotPart {
+                msg: Some(snapshot_part::Msg::Chunk(Bytes::from(carry))),
+                ..Default::default()
+            };
+            return Some((part, Some((reader, tail))));
+        }
+        if !at_eof || hold == 0 {
             return None;
         }
-        buf.truncate(filled);
-        let part = SnapshotPart {
-            msg: Some(snapshot_part::Msg::Chunk(Bytes::from(buf))),
+        match parse_trailer(&carry) {
+            Ok(end) => {
+                let part = SnapshotPart {
+                    msg: Some(snapshot_part::Msg::End(end)),
+                    ..Default::default()
+                };
+                Some((part, None))
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the snapshot file's trailer is damaged; its stream ends short");
+                None
+            }
+        }
+    });
+    futures::StreamExt::chain(futures::stream::iter([first]), rest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::StreamExt;
+
+    fn sha(b: &[u8]) -> String {
+        let mut h = Sha256::new();
+        h.update(b);
+        h.finish_hex()
+    }
+
+    /// A snapshot file as `save` writes it for a runner that sends the end after the bytes.
+    fn streamed_file(payload: &[u8]) -> (Vec<u8>, SnapshotEnd) {
+        let header = SnapshotHeader {
+            format: 1,
+            backend: "local".into(),
             ..Default::default()
         };
-        Some((part, Some(reader)))
-    });
-    futures::StreamExt::chain(futures::stream::iter([first]), chunks)
+        let end = SnapshotEnd {
+            sha256: sha(payload),
+            size_bytes: payload.len() as u64,
+        };
+        let mut file = prefix(&header);
+        file.extend_from_slice(payload);
+        file.extend_from_slice(&trailer(&end).unwrap());
+        (file, end)
+    }
+
+    /// What `parts` sends for `file`: the payload bytes it streamed, and its end.
+    async fn sent(file: Vec<u8>) -> (Vec<u8>, Option<SnapshotEnd>, usize) {
+        let mut reader = std::io::Cursor::new(file);
+        let header = read_header(&mut reader).await.unwrap();
+        let parts: Vec<SnapshotPart> = parts(header, reader, String::new(), 1).collect().await;
+        assert!(matches!(parts[0].msg, Some(snapshot_part::Msg::Header(_))));
+        let (mut bytes, mut end, mut chunks) = (Vec::new(), None, 0);
+        for (i, p) in parts.into_iter().enumerate().skip(1) {
+            match p.msg {
+                Some(snapshot_part::Msg::Chunk(c)) => {
+                    assert!(end.is_none(), "a chunk after the end, at part {i}");
+                    assert!(c.len() <= CHUNK);
+                    bytes.extend_from_slice(&c);
+                    chunks += 1;
+                }
+                Some(snapshot_part::Msg::End(e)) => end = Some(e),
+                other => panic!("unexpected part {other:?}"),
+            }
+        }
+        (bytes, end, chunks)
+    }
+
+    #[tokio::test]
+    async fn a_streamed_file_is_sent_as_its_payload_then_the_end_its_trailer_holds() {
+        // Sizes around the chunk and the trailer: the trailer is never sent as bytes.
+        for len in [
+            0,
+            1,
+            TRAILER_LEN,
+            CHUNK - 1,
+            CHUNK,
+            CHUNK + 1,
+            2 * CHUNK + TRAILER_LEN,
+        ] {
+            let payload: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
+            let (file, end) = streamed_file(&payload);
+            let (bytes, got, chunks) = sent(file).await;
+            assert_eq!(bytes, payload, "payload of {len} bytes");
+            assert_eq!(got, Some(end), "end of {len} bytes");
+            assert_eq!(chunks, len.div_ceil(CHUNK), "chunks of {len} bytes");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_file_with_its_sha256_in_the_header_is_sent_whole_and_without_an_end() {
+        let payload = vec![7u8; CHUNK + 100];
+        let header = SnapshotHeader {
+            format: 1,
+            sha256: sha(&payload),
+            size_bytes: payload.len() as u64,
+            ..Default::default()
+        };
+        let mut file = prefix(&header);
+        file.extend_from_slice(&payload);
+        let (bytes, end, _) = sent(file).await;
+        assert_eq!(bytes, payload);
+        assert_eq!(end, None);
+    }
+
+    #[tokio::test]
+    async fn a_streamed_file_cut_short_or_with_a_damaged_trailer_is_sent_without_an_end() {
+        let (file, _) = streamed_file(&[5u8; 5000]);
+        let cut = file[..file.len() - 10].to_vec();
+        let mut magic = file.clone();
+        let at = file.len() - TRAILER_LEN;
+        magic[at] ^= 1;
+        for damaged in [cut, magic] {
+            let (_, end, _) = sent(damaged).await;
+            assert_eq!(end, None, "a damaged trailer became an end");
+        }
+    }
+
+    #[test]
+    fn the_check_takes_only_bytes_that_match_their_end_or_their_header() {
+        let payload = b"the payload".as_slice();
+        let end = SnapshotEnd {
+            sha256: sha(payload),
+            size_bytes: payload.len() as u64,
+        };
+        let streamed = SnapshotHeader::default();
+        // Matching: the header gets the end's digest.
+        let mut c = Check::new();
+        c.chunk(payload).unwrap();
+        c.end(end.clone()).unwrap();
+        let mut h = streamed.clone();
+        assert_eq!(c.finish(&mut h).unwrap(), end);
+        assert_eq!((h.sha256.as_str(), h.size_bytes), (end.sha256.as_str(), 11));
+        // No end: cut short.
+        let mut c = Check::new();
+        c.chunk(payload).unwrap();
+        let e = c.finish(&mut streamed.clone()).unwrap_err().to_string();
+        assert!(e.contains("without the snapshot's end"), "{e}");
+        // Other bytes than the end says.
+        let mut c = Check::new();
+        c.chunk(b"the paYload").unwrap();
+        c.end(end.clone()).unwrap();
+        assert!(c.finish(&mut streamed.clone()).is_err());
+        // Bytes after the end, and a second end.
+        let mut c = Check::new();
+        c.end(end.clone()).unwrap();
+        assert!(c.chunk(payload).is_err());
+        assert!(c.end(end.clone()).is_err());
+        // A header with its digest: no end needed, and an end that differs refused.
+        let whole = SnapshotHeader {
+            sha256: end.sha256.clone(),
+            size_bytes: end.size_bytes,
+            ..Default::default()
+        };
+        let mut c = Check::new();
+        c.chunk(payload).unwrap();
+        c.finish(&mut whole.clone()).unwrap();
+        let mut c = Check::new();
+        c.chunk(payload).unwrap();
+        c.end(SnapshotEnd {
+            size_bytes: 12,
+            ..end.clone()
+        })
+        .unwrap();
+        assert!(c.finish(&mut whole.clone()).is_err());
+    }
+
+    #[test]
+    fn a_trailer_reads_back_as_the_end_it_was_made_from() {
+        let end = SnapshotEnd {
+            sha256: sha(b"x"),
+            size_bytes: u64::MAX - 3,
+        };
+        let t = trailer(&end).unwrap();
+        assert_eq!(t.len(), TRAILER_LEN);
+        assert_eq!(parse_trailer(&t).unwrap(), end);
+        assert!(trailer(&SnapshotEnd {
+            sha256: "zz".repeat(32),
+            size_bytes: 1
+        })
+        .is_none());
+    }
 }

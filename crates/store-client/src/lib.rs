@@ -218,6 +218,8 @@ impl Store {
                 fence: self.fence_for(project, path, &opts.run_id),
                 if_sha256: opts.if_sha256.clone(),
                 claim: String::new(),
+                // The size is known up front.
+                digest_at_end: false,
             })),
         });
         let mut at = 0;

@@ -213,6 +213,7 @@ impl ArtifactStore for ArtifactStoreService {
             durability,
             fence,
             by_hand: false,
+            digest_at_end: header.digest_at_end.then(Default::default),
         };
         let spec = PutSpec {
             by_hand: !writes_for_its_run(&caller, &spec.path, spec.fence.as_ref()),
@@ -236,16 +237,35 @@ impl ArtifactStore for ArtifactStoreService {
             &spec.path,
             spec.fence.as_ref(),
         )?;
-        let chunks = stream.map(|m| -> Result<Bytes> {
-            match m {
+        // The PutEnd (when the header announced one) is taken out of the chunks into
+        // `digest_at_end`; nothing may follow it.
+        let at_end = spec.digest_at_end.clone();
+        let chunks = stream.filter_map(move |m| {
+            let ended = at_end.as_ref().is_some_and(|e| e.get().is_some());
+            let item = match m {
+                Ok(PutRequest { msg: Some(_) }) if ended => Some(Err(Error::BadRequest(
+                    "a Put's PutEnd is its last message: nothing may follow it".into(),
+                ))),
                 Ok(PutRequest {
                     msg: Some(put_request::Msg::Chunk(bytes)),
-                }) => Ok(bytes),
-                Ok(_) => Err(Error::BadRequest(
-                    "a Put sends one PutHeader first, then only chunks".into(),
-                )),
-                Err(status) => Err(Error::Stream(status.message().to_owned())),
-            }
+                }) => Some(Ok(bytes)),
+                Ok(PutRequest {
+                    msg: Some(put_request::Msg::End(end)),
+                }) => match &at_end {
+                    Some(slot) => {
+                        let _ = slot.set((end.sha256, end.size_bytes));
+                        None
+                    }
+                    None => Some(Err(Error::BadRequest(
+                        "a PutEnd came in a Put whose header did not set digest_at_end: set it, or send no PutEnd".into(),
+                    ))),
+                },
+                Ok(_) => Some(Err(Error::BadRequest(
+                    "a Put sends one PutHeader first, then only chunks (and a PutEnd, with digest_at_end)".into(),
+                ))),
+                Err(status) => Some(Err(Error::Stream(status.message().to_owned()))),
+            };
+            std::future::ready(item)
         });
         let notes_of = spec
             .by_hand

@@ -99,7 +99,13 @@ pub struct PutSpec {
     /// Written by someone other than the run's writer: run records people may edit
     /// (task.yaml) are checked (`run_records`).
     pub by_hand: bool,
+    /// The bytes' sha256 (hex) and size, announced after them: set when the stream's last
+    /// message said them. Nothing is published without them (a stream cut short).
+    pub digest_at_end: Option<DigestAtEnd>,
 }
+
+/// Where a Put's digest announced after its bytes lands (see `PutSpec::digest_at_end`).
+pub type DigestAtEnd = Arc<std::sync::OnceLock<(String, u64)>>;
 
 /// What the client announced about the bytes.
 #[derive(Debug, Clone, Default)]
@@ -109,6 +115,36 @@ struct Expect {
 }
 
 impl Expect {
+    /// Adds the digest announced after the bytes, once they are all in.
+    fn at_end(&mut self, path: &str, end: Option<&DigestAtEnd>) -> Result<()> {
+        let Some(end) = end else { return Ok(()) };
+        let (sha, size) = end.get().ok_or_else(|| {
+            Error::BadRequest(format!(
+                "the Put of {path:?} announced its digest at the end (digest_at_end) and ended without a PutEnd: nothing was published; send the PutEnd after the last chunk"
+            ))
+        })?;
+        let sha = match sha.as_str() {
+            "" => None,
+            s => Some(digest::parse_expected(s).ok_or_else(|| {
+                Error::BadRequest(format!(
+                    "the PutEnd's sha256 {s:?} is not 64 hex digits; send the lower-case hex sha256 of the bytes, or leave it empty"
+                ))
+            })?),
+        };
+        let differs =
+            |a: Option<&String>, b: Option<&String>| matches!((a, b), (Some(a), Some(b)) if a != b);
+        if differs(self.sha256.as_ref(), sha.as_ref()) || self.size.is_some_and(|s| s != *size) {
+            return Err(Error::DigestMismatch {
+                path: path.to_owned(),
+                expected: "the same digest in the PutHeader and the PutEnd".into(),
+                actual: format!("{size} bytes, sha256 {sha:?} in the PutEnd"),
+            });
+        }
+        self.sha256 = self.sha256.take().or(sha);
+        self.size = Some(*size);
+        Ok(())
+    }
+
     fn verify(&self, path: &str, got: &Digest) -> Result<()> {
         if let Some(size) = self.size {
             if size != got.size_bytes {
@@ -335,7 +371,7 @@ where
         .write_path(&spec.path, &spec.allowed_prefixes)?
         .to_string();
     let max = state.config.max_file_bytes;
-    let expect = Expect {
+    let mut expect = Expect {
         sha256: match spec.expected_sha256.as_str() {
             "" => None,
             s => Some(digest::parse_expected(s).ok_or_else(|| {
@@ -415,6 +451,7 @@ where
         }),
     };
     let written = if ended {
+        expect.at_end(&path, spec.digest_at_end.as_ref())?;
         if reserved.is_none() {
             reserved = snapshots::admit(state, &spec.project_id, &path, total).await?;
         }
@@ -464,6 +501,7 @@ where
             false => None,
         };
         let (file, digest, _) = stream_into(file, head, chunks, total, max, &path, direct).await?;
+        expect.at_end(&path, spec.digest_at_end.as_ref())?;
         expect.verify(&path, &digest)?;
         if reserved.is_none() {
             reserved = snapshots::admit(state, &spec.project_id, &path, digest.size_bytes).await?;

@@ -4,9 +4,9 @@
 mod common;
 
 use cairn_proto::v1::{
-    AppendEventsRequest, CreateProjectRequest, DeleteRequest, EntryKind, EventInput,
-    ListProjectsRequest, ListRequest, PageRequest, PutDurability, PutHeader, ReadEventsRequest,
-    StatRequest, WriteOutcome,
+    put_request, AppendEventsRequest, CreateProjectRequest, DeleteRequest, EntryKind, EventInput,
+    ListProjectsRequest, ListRequest, PageRequest, PutDurability, PutEnd, PutHeader, PutRequest,
+    PutResponse, ReadEventsRequest, StatRequest, WriteOutcome,
 };
 use common::*;
 use futures::StreamExt;
@@ -539,6 +539,135 @@ async fn expected_digest_and_size_are_verified_before_publishing() {
         put_with(&mut s.client, bad, b"a").await.unwrap_err().code(),
         Code::InvalidArgument
     );
+}
+
+/// A Put whose digest comes after its bytes (`digest_at_end`, then a PutEnd), small and
+/// streamed: `end` None sends no PutEnd; `extra` sends one more message after it.
+async fn put_ending(
+    client: &mut Client,
+    path: &str,
+    body: &[u8],
+    end: Option<(String, u64)>,
+    extra: Option<put_request::Msg>,
+) -> Result<PutResponse, tonic::Status> {
+    let mut msgs = vec![PutRequest {
+        msg: Some(put_request::Msg::Header(PutHeader {
+            digest_at_end: true,
+            ..header("p", path)
+        })),
+    }];
+    for c in body.chunks(1 << 20) {
+        msgs.push(PutRequest {
+            msg: Some(put_request::Msg::Chunk(bytes::Bytes::copy_from_slice(c))),
+        });
+    }
+    if let Some((sha256, size_bytes)) = end {
+        msgs.push(PutRequest {
+            msg: Some(put_request::Msg::End(PutEnd { sha256, size_bytes })),
+        });
+    }
+    msgs.extend(extra.map(|m| PutRequest { msg: Some(m) }));
+    client
+        .put(tokio_stream::iter(msgs))
+        .await
+        .map(|r| r.into_inner())
+}
+
+#[tokio::test]
+async fn a_digest_sent_after_the_bytes_is_checked_before_publishing() {
+    let mut s = serve().await;
+    for (name, body) in [
+        ("small", vec![3u8; 1000]),
+        ("large", vec![4u8; (3 << 20) + 7]),
+    ] {
+        let (sha, n) = (sha256_hex(&body), body.len() as u64);
+        let path = |what: &str| format!("snaps/{name}-{what}");
+        // No PutEnd: a stream cut short, nothing published.
+        assert_refused(
+            put_ending(&mut s.client, &path("none"), &body, None, None).await,
+            Code::InvalidArgument,
+            "invalid_argument",
+        );
+        // A PutEnd that says other bytes, or another size.
+        assert_refused(
+            put_ending(
+                &mut s.client,
+                &path("sha"),
+                &body,
+                Some((sha256_hex(b"x"), n)),
+                None,
+            )
+            .await,
+            Code::InvalidArgument,
+            "digest_mismatch",
+        );
+        assert_refused(
+            put_ending(
+                &mut s.client,
+                &path("size"),
+                &body,
+                Some((String::new(), n + 1)),
+                None,
+            )
+            .await,
+            Code::InvalidArgument,
+            "digest_mismatch",
+        );
+        // Anything after the PutEnd.
+        let more = put_request::Msg::Chunk(bytes::Bytes::from_static(b"more"));
+        assert!(put_ending(
+            &mut s.client,
+            &path("after"),
+            &body,
+            Some((sha.clone(), n)),
+            Some(more)
+        )
+        .await
+        .is_err());
+        for what in ["none", "sha", "size", "after"] {
+            assert!(
+                !s.project_dir("p").join(path(what)).exists(),
+                "{name}: published without a matching PutEnd ({what})"
+            );
+        }
+        // Matching: published, with the size alone or with the sha256 too.
+        let put = put_ending(
+            &mut s.client,
+            &path("ok"),
+            &body,
+            Some((sha.clone(), n)),
+            None,
+        )
+        .await
+        .unwrap();
+        assert_eq!(put.digest.unwrap().sha256, sha);
+        assert_eq!(get(&mut s.client, "p", &path("ok")).await.unwrap(), body);
+        put_ending(
+            &mut s.client,
+            &path("size-only"),
+            &body,
+            Some((String::new(), n)),
+            None,
+        )
+        .await
+        .unwrap();
+    }
+    assert!(
+        temp_files(&s.data_root).is_empty(),
+        "temp files removed: {:?}",
+        temp_files(&s.data_root)
+    );
+    // A PutEnd in a Put that did not announce one.
+    let msgs = vec![
+        PutRequest {
+            msg: Some(put_request::Msg::Header(header("p", "snaps/unannounced"))),
+        },
+        PutRequest {
+            msg: Some(put_request::Msg::End(PutEnd::default())),
+        },
+    ];
+    assert!(s.client.put(tokio_stream::iter(msgs)).await.is_err());
+    assert!(!s.project_dir("p").join("snaps/unannounced").exists());
 }
 
 #[tokio::test]

@@ -229,44 +229,71 @@ impl SandboxRunner for SandboxService {
         request: Request<pb::PauseSessionRequest>,
     ) -> Result<Response<Self::PauseSessionStream>, Status> {
         let req = request.into_inner();
-        let made = self
-            .runner
-            .pause_session(&req.session_id, req.files_only, req.keep_open)
-            .await?;
-        let keep_open = req.keep_open;
-        let (tx, rx) = mpsc::channel(4);
+        let (header_tx, header_rx) = tokio::sync::oneshot::channel();
+        let (chunks_tx, mut chunks) = mpsc::channel::<bytes::Bytes>(8);
+        let (tx, rx) = mpsc::channel(8);
         let runner = self.runner.clone();
+        // Runs to its end whatever the client does (a checkpoint is never left half handled);
+        // a client that leaves stops the bytes, and the pause ends with an error.
         let task = tokio::spawn(async move {
-            let header = pb::SnapshotPart {
-                msg: Some(pb::snapshot_part::Msg::Header(made.header.clone())),
+            let pausing = runner.pause_session(
+                &req.session_id,
+                req.files_only,
+                req.keep_open,
+                header_tx,
+                chunks_tx,
+            );
+            let tx2 = tx.clone();
+            let forwarding = async move {
+                while let Some(c) = chunks.recv().await {
+                    let part = pb::SnapshotPart {
+                        msg: Some(pb::snapshot_part::Msg::Chunk(c)),
+                        ..Default::default()
+                    };
+                    if tx2.send(Ok(part)).await.is_err() {
+                        return; // the client left: dropping `chunks` stops the writing
+                    }
+                }
+            };
+            let (paused, ()) = tokio::join!(pausing, forwarding);
+            let sent = match paused {
+                Ok(sent) => sent,
+                Err(e) => {
+                    let _ = tx.send(Err(Status::from(e))).await;
+                    return;
+                }
+            };
+            let end = pb::SnapshotPart {
+                msg: Some(pb::snapshot_part::Msg::End(sent.end)),
                 ..Default::default()
             };
-            if tx.send(Ok(header)).await.is_err() {
-                return;
-            }
-            let chunk = |c: bytes::Bytes| pb::SnapshotPart {
-                msg: Some(pb::snapshot_part::Msg::Chunk(c)),
-                ..Default::default()
-            };
-            // Its sha256 is in the header already: the bytes are not hashed again.
-            if send_file(&made.payload.path, "snapshot", &tx, chunk, None)
-                .await
-                .is_none()
-            {
-                return;
-            }
-            // Delivered: the paused session ends here (one with memory ended at its
+            // Delivered: a files-only session ends here (one with memory ended at its
             // checkpoint), unless it was a checkpoint of a session that goes on.
-            if !made.header.memory && !keep_open {
-                if let Err(e) = runner.close_session(&made.header.session_id).await {
-                    tracing::warn!(session_id = %made.header.session_id, error = %e, "closing a paused session failed");
+            if tx.send(Ok(end)).await.is_ok() && !sent.memory && !req.keep_open {
+                if let Err(e) = runner.close_session(&req.session_id).await {
+                    tracing::warn!(session_id = %req.session_id, error = %e, "closing a paused session failed");
                 }
             }
         });
-        Ok(Response::new(Box::pin(AbortOnDrop {
-            inner: ReceiverStream::new(rx),
-            task,
-        })))
+        let header = match header_rx.await {
+            Ok(h) => h,
+            // The pause ended before its checkpoint was taken: its error is the answer.
+            Err(_) => {
+                let mut rx = rx;
+                let _ = task.await;
+                return Err(match rx.recv().await {
+                    Some(Err(status)) => status,
+                    _ => Status::internal("the pause ended before its snapshot began"),
+                });
+            }
+        };
+        let first = pb::SnapshotPart {
+            msg: Some(pb::snapshot_part::Msg::Header(header)),
+            ..Default::default()
+        };
+        let stream =
+            futures::StreamExt::chain(futures::stream::iter([Ok(first)]), ReceiverStream::new(rx));
+        Ok(Response::new(Box::pin(stream)))
     }
 
     async fn resume_session(
@@ -286,9 +313,17 @@ impl SandboxRunner for SandboxService {
         };
         let t0 = std::time::Instant::now();
         let mut received = self.runner.begin_resume(header)?;
+        let mut end = None;
         while let Some(part) = parts.message().await? {
+            if end.is_some() && part.msg.is_some() {
+                return Err(Error::invalid(
+                    "ResumeSession got a message after the SnapshotEnd: the end comes last",
+                )
+                .into());
+            }
             match part.msg {
                 Some(pb::snapshot_part::Msg::Chunk(c)) => received.push(&c)?,
+                Some(pb::snapshot_part::Msg::End(e)) => end = Some(e),
                 Some(pb::snapshot_part::Msg::Header(_)) => {
                     return Err(Error::invalid(
                         "ResumeSession got a second SnapshotHeader: send one header, then bytes",
@@ -301,7 +336,7 @@ impl SandboxRunner for SandboxService {
         let received_ms = t0.elapsed().as_millis() as u64;
         let info = self
             .runner
-            .resume_session(received, first.session_id, first.copies)
+            .resume_session(received, end, first.session_id, first.copies)
             .await?;
         tracing::info!(
             session_id = %info.session_id,

@@ -28,33 +28,19 @@ impl Drop for Payload {
     }
 }
 
-/// A snapshot made by a pause, ready to stream.
-pub struct Made {
-    pub header: pb::SnapshotHeader,
-    pub payload: Payload,
-}
-
 /// Writes the payload of `task_dir` (and `checkpoint`, a directory) to `out`; returns its
 /// sha256 (hex) and size. Links are stored as links, never followed. `files_in` is called
 /// once the session's files are in, before the checkpoint's (not when writing fails first).
 pub fn write(
     task_dir: &Path,
     checkpoint: Option<&Path>,
-    out: &Path,
+    out: impl Write,
     files_in: impl FnOnce(),
 ) -> Result<(String, u64)> {
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(out)
-        .map_err(Error::io(format!(
-            "creating snapshot file {}",
-            out.display()
-        )))?;
-    // tar copies each file in 8 KiB pieces: buffered, the hash and the file get 1 MiB ones.
+    // tar copies each file in 8 KiB pieces: buffered, the hash and `out` get 1 MiB ones.
     let mut tar = tar::Builder::new(std::io::BufWriter::with_capacity(
         1 << 20,
-        Hashing::new(file),
+        Hashing::new(out),
     ));
     tar.follow_symlinks(false);
     let files = [
@@ -62,10 +48,18 @@ pub fn write(
         ("tmpfs", task_dir.join("tmpfs")),
     ];
     for (name, dir) in files {
-        tar.append_dir_all(name, &dir).map_err(Error::io(format!(
-            "writing {} into the snapshot (a socket or special file there cannot be kept: remove it)",
-            dir.display()
-        )))?;
+        tar.append_dir_all(name, &dir).map_err(|e| {
+            let context = match e.kind() {
+                std::io::ErrorKind::FileTooLarge | std::io::ErrorKind::BrokenPipe => {
+                    "sending the snapshot".to_owned()
+                }
+                _ => format!(
+                    "writing {} into the snapshot (a socket or special file there cannot be kept: remove it)",
+                    dir.display()
+                ),
+            };
+            Error::Io { context, source: e }
+        })?;
     }
     files_in();
     if let Some(dir) = checkpoint {
@@ -76,9 +70,49 @@ pub fn write(
         .into_inner()
         .map_err(Error::io("finishing the snapshot"))?
         .into_inner()
-        .map_err(|e| Error::io("writing the snapshot file")(e.into_error()))?;
-    let (_file, sha, size) = hashing.finish();
+        .map_err(|e| Error::io("writing the snapshot")(e.into_error()))?;
+    let (_out, sha, size) = hashing.finish();
     Ok((sha, size))
+}
+
+/// Where a pause's payload goes as it is written: chunks to the caller's stream, at most
+/// `max` bytes in all. Past `max` a write fails with `FileTooLarge`; once the stream's
+/// reader is gone, with `BrokenPipe`.
+pub struct ChunkSink {
+    tx: tokio::sync::mpsc::Sender<bytes::Bytes>,
+    sent: u64,
+    max: u64,
+}
+
+impl ChunkSink {
+    pub fn new(tx: tokio::sync::mpsc::Sender<bytes::Bytes>, max: u64) -> ChunkSink {
+        ChunkSink { tx, sent: 0, max }
+    }
+}
+
+impl Write for ChunkSink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.sent + buf.len() as u64 > self.max {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::FileTooLarge,
+                format!("the snapshot is larger than {} bytes", self.max),
+            ));
+        }
+        self.tx
+            .blocking_send(bytes::Bytes::copy_from_slice(buf))
+            .map_err(|_| {
+                std::io::Error::new(
+                    std::io::ErrorKind::BrokenPipe,
+                    "the caller stopped reading the snapshot",
+                )
+            })?;
+        self.sent += buf.len() as u64;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Checks a header before any byte is taken: this runner's layout, backend and image.
@@ -115,26 +149,42 @@ pub fn check_header(h: &pb::SnapshotHeader, backend: &str, image: &str, max: u64
             reason: "too_large",
         });
     }
-    if h.sha256.len() != 64 || !h.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+    if !h.sha256.is_empty() {
+        is_sha256(&h.sha256, "header")?;
+    } else if h.size_bytes != 0 {
         return Err(Error::SnapshotCorrupt(format!(
-            "the snapshot header's sha256 {:?} is not 64 hex digits",
-            h.sha256
+            "the snapshot header gives a size ({}) but no sha256: send both, or neither and a SnapshotEnd after the bytes",
+            h.size_bytes
         )));
     }
     Ok(())
 }
 
-/// Takes a streamed payload into a file, hashing it; `finish` checks it against the header.
+/// `sha` is 64 hex digits (`what` names where it came from).
+fn is_sha256(sha: &str, what: &str) -> Result<()> {
+    if sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(Error::SnapshotCorrupt(format!(
+            "the snapshot {what}'s sha256 {sha:?} is not 64 hex digits"
+        )));
+    }
+    Ok(())
+}
+
+/// Takes a streamed payload into a file, hashing it; `finish` checks it against the header
+/// or, when the header has no sha256, against the SnapshotEnd that followed the bytes.
 pub struct Receiver {
     pub header: pb::SnapshotHeader,
     payload: Payload,
     file: std::io::BufWriter<std::fs::File>,
     hasher: Sha256,
     size: u64,
+    /// Most bytes taken: the header's size, or the runner's limit when it comes at the end.
+    most: u64,
 }
 
 impl Receiver {
-    pub fn new(header: pb::SnapshotHeader, path: PathBuf) -> Result<Receiver> {
+    /// `max`: the runner's limit, for a snapshot whose size comes after its bytes.
+    pub fn new(header: pb::SnapshotHeader, path: PathBuf, max: u64) -> Result<Receiver> {
         let file = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -143,23 +193,38 @@ impl Receiver {
                 "creating snapshot file {}",
                 path.display()
             )))?;
+        let most = match header.sha256.is_empty() {
+            true => max,
+            false => header.size_bytes,
+        };
         Ok(Receiver {
             header,
             payload: Payload { path },
-            file: std::io::BufWriter::new(file),
+            file: std::io::BufWriter::with_capacity(1 << 20, file),
             hasher: Sha256::new(),
             size: 0,
+            most,
         })
     }
 
-    /// Appends a chunk; more bytes than the header said are refused at once.
+    /// Appends a chunk; more bytes than the header said (or than the runner takes) are
+    /// refused at once.
     pub fn push(&mut self, chunk: &[u8]) -> Result<()> {
         self.size += chunk.len() as u64;
-        if self.size > self.header.size_bytes {
-            return Err(Error::SnapshotCorrupt(format!(
-                "the snapshot has more bytes than its header's {}: it is not the snapshot the header describes",
-                self.header.size_bytes
-            )));
+        if self.size > self.most {
+            return Err(match self.header.sha256.is_empty() {
+                true => Error::ResourceExhausted {
+                    message: format!(
+                        "the snapshot is larger than this runner's [session] max_snapshot_bytes = {}: resume it on a runner with a larger limit",
+                        self.most
+                    ),
+                    reason: "too_large",
+                },
+                false => Error::SnapshotCorrupt(format!(
+                    "the snapshot has more bytes than its header's {}: it is not the snapshot the header describes",
+                    self.header.size_bytes
+                )),
+            });
         }
         self.hasher.update(chunk);
         self.file
@@ -167,18 +232,39 @@ impl Receiver {
             .map_err(Error::io("writing the received snapshot"))
     }
 
-    /// The payload, when its size and sha256 are the header's.
-    pub fn finish(mut self) -> Result<(pb::SnapshotHeader, Payload)> {
+    /// The payload, when its size and sha256 are the header's or, for a header without them,
+    /// `end`'s (the header then gets them).
+    pub fn finish(mut self, end: Option<pb::SnapshotEnd>) -> Result<(pb::SnapshotHeader, Payload)> {
+        if self.header.sha256.is_empty() {
+            let end = end.ok_or_else(|| {
+                Error::SnapshotCorrupt(format!(
+                    "the snapshot is cut short: {} bytes arrived and no SnapshotEnd after them; send it whole",
+                    self.size
+                ))
+            })?;
+            is_sha256(&end.sha256, "end")?;
+            self.header.sha256 = end.sha256;
+            self.header.size_bytes = end.size_bytes;
+        } else if let Some(end) = end {
+            if (end.sha256.as_str(), end.size_bytes)
+                != (self.header.sha256.as_str(), self.header.size_bytes)
+            {
+                return Err(Error::SnapshotCorrupt(
+                    "the snapshot's SnapshotEnd disagrees with its header: it is not one snapshot"
+                        .into(),
+                ));
+            }
+        }
         if self.size != self.header.size_bytes {
             return Err(Error::SnapshotCorrupt(format!(
-                "the snapshot is cut short: {} of its {} bytes arrived; send it whole",
+                "{} bytes of the snapshot arrived and it has {}: it was cut short or altered; send it whole",
                 self.size, self.header.size_bytes
             )));
         }
         let sha = std::mem::take(&mut self.hasher).finish_hex();
         if sha != self.header.sha256 {
             return Err(Error::SnapshotCorrupt(format!(
-                "the snapshot's bytes have sha256 {sha}, its header says {}: it was altered or damaged; nothing was resumed",
+                "the snapshot's bytes have sha256 {sha} and were sent as {}: they were altered or damaged; nothing was resumed",
                 self.header.sha256
             )));
         }

@@ -141,7 +141,12 @@ async fn pause_with(
         .await?
         .into_inner();
     let mut file = Vec::new();
-    let saved = snapshot::save(stream, &mut file).await.unwrap();
+    let saved = snapshot::save(stream, &mut file)
+        .await
+        .map_err(|e| match e {
+            snapshot::SnapshotError::Rpc(s) => s,
+            other => panic!("the snapshot stream was not one: {other}"),
+        })?;
     assert_eq!(saved.file_bytes, file.len() as u64);
     Ok((file, saved.header))
 }
@@ -985,4 +990,127 @@ async fn detach_is_refused_on_the_local_backend() {
     assert_eq!(err.code(), tonic::Code::FailedPrecondition);
     assert_eq!(reason(&err), "detach_unsupported");
     r.stop().await;
+}
+
+/// The local backend when bubblewrap works, else docker (SKIP when neither: None).
+async fn files_case(name: &str) -> Option<Case> {
+    if bwrap_ready().is_ok() {
+        Some(LOCAL)
+    } else if docker_only(name).await {
+        Some(DOCKER)
+    } else {
+        println!("SKIP: {name}: neither bubblewrap nor docker");
+        None
+    }
+}
+
+/// Files a pause left beside the sessions' task directories (it keeps none).
+fn pause_leftovers(r: &TestRunner) -> Vec<String> {
+    let tasks = r.work_root.path().join("tasks");
+    std::fs::read_dir(&tasks)
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.contains(".snap"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The bytes go out as they are made, so a snapshot over `max_snapshot_bytes` is refused
+/// while it streams: the stream ends with the refusal, never with a SnapshotEnd, and the
+/// session (files only) stays open and usable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_snapshot_over_the_limit_is_refused_as_it_streams_and_the_session_stays() {
+    let Some(case) = files_case("snapshot_over_the_limit").await else {
+        return;
+    };
+    let a = TestRunner::start_with(case, |c| {
+        c.max_concurrent_runs = 4;
+        c.session.max_snapshot_bytes = 2 << 20;
+    })
+    .await;
+    let id = open(&a).await;
+    exec(
+        &a,
+        &id,
+        "head -c 6000000 /dev/urandom > /workspace/big",
+        false,
+    )
+    .await;
+    let err = pause_with(&a, &id, true, false).await;
+    let err = match err {
+        Err(e) => e,
+        Ok(_) => panic!("a snapshot over the limit was delivered"),
+    };
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err}");
+    assert_eq!(reason(&err), "too_large");
+    assert!(err.message().contains("max_snapshot_bytes"), "{err}");
+    assert_eq!(open_sessions(&a).await, 1, "the session stays open");
+    let out = exec(&a, &id, "wc -c < /workspace/big", false).await;
+    assert_eq!(text(&out.stdout).trim(), "6000000");
+    assert_eq!(pause_leftovers(&a), Vec::<String>::new());
+    // Under the limit once the file is gone.
+    exec(&a, &id, "rm /workspace/big", false).await;
+    pause(&a, &id, true).await;
+    a.stop().await;
+}
+
+/// A caller that stops reading a pause half way through stops the bytes: no snapshot, the
+/// files-only session open and usable, and nothing left behind on the runner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_caller_that_leaves_a_pause_half_way_leaves_the_session_open() {
+    let Some(case) = files_case("pause_left_half_way").await else {
+        return;
+    };
+    let a = runner(case).await;
+    let id = open(&a).await;
+    // Files under the session's file size limit, 36 MB in all.
+    let fill = "for i in 1 2 3 4; do head -c 9000000 /dev/urandom > /workspace/big$i; done";
+    exec(&a, &id, fill, false).await;
+    let mut stream = a
+        .client
+        .clone()
+        .pause_session(PauseSessionRequest {
+            session_id: id.clone(),
+            files_only: true,
+            keep_open: false,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = stream.message().await.unwrap().unwrap();
+    assert!(matches!(
+        first.msg,
+        Some(cairn_proto::snapshot_part::Msg::Header(ref h)) if h.sha256.is_empty() && h.size_bytes == 0
+    ));
+    let second = stream.message().await.unwrap().unwrap();
+    assert!(matches!(
+        second.msg,
+        Some(cairn_proto::snapshot_part::Msg::Chunk(_))
+    ));
+    drop(stream);
+    // The runner notices when its buffers fill: the session stays open, nothing is kept.
+    let t0 = std::time::Instant::now();
+    while !pause_leftovers(&a).is_empty() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            pause_leftovers(&a)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(open_sessions(&a).await, 1, "the session stays open");
+    let out = exec(&a, &id, "cat /workspace/big* | wc -c", false).await;
+    assert_eq!(text(&out.stdout).trim(), "36000000");
+    // And a whole pause of it still works.
+    let (_, header) = pause(&a, &id, true).await;
+    assert_eq!(
+        header.size_bytes as usize / 1_000_000,
+        36,
+        "{}",
+        header.size_bytes
+    );
+    a.stop().await;
 }

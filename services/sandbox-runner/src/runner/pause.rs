@@ -8,17 +8,34 @@ use cairn_proto as pb;
 use super::{blocking, Runner};
 use crate::backend::SessionSandbox;
 use crate::error::{Error, Result};
-use crate::snapshot::{self, Made, Origin, Payload, Prepared, Receiver, Restore, Take};
+use crate::snapshot::{self, Origin, Prepared, Receiver, Restore, Take};
 use cairn_pack::graft::AreaRoots;
+
+/// A snapshot sent by a pause: what its SnapshotEnd says, and whether memory is in it.
+pub struct Sent {
+    pub end: pb::SnapshotEnd,
+    pub memory: bool,
+}
 
 impl Runner {
     /// Makes a snapshot of session `id`: with its memory and processes when the backend can
-    /// and `files_only` is off (gvisor), else its files. A memory checkpoint stops the
-    /// sandbox: with `keep_open` it is restored in place (the session goes on under its id,
-    /// its processes where they were; a restore that fails closes the session), else the
-    /// session is closed. A files-only session stays open (the caller closes it once the
-    /// snapshot is delivered, unless `keep_open`).
-    pub async fn pause_session(&self, id: &str, files_only: bool, keep_open: bool) -> Result<Made> {
+    /// and `files_only` is off (gvisor), else its files. Once the checkpoint is taken its
+    /// header goes to `header` (no sha256 or size yet) and the bytes to `chunks` as they are
+    /// made; the answer has their sha256 and size. A memory checkpoint stops the sandbox: with
+    /// `keep_open` it is restored in place once the files are sent (the session goes on under
+    /// its id, its processes where they were; a restore that fails closes the session), else
+    /// the session is closed once the bytes are sent. A files-only session stays open (the
+    /// caller closes it once the snapshot is delivered, unless `keep_open`).
+    /// Not to be cancelled once the header is out (a checkpoint half handled): a caller that
+    /// stops reading `chunks` ends it with an error instead.
+    pub async fn pause_session(
+        &self,
+        id: &str,
+        files_only: bool,
+        keep_open: bool,
+        header: tokio::sync::oneshot::Sender<pb::SnapshotHeader>,
+        chunks: tokio::sync::mpsc::Sender<bytes::Bytes>,
+    ) -> Result<Sent> {
         self.open()?;
         let s = self.session(id)?;
         let memory = !files_only && self.backend.checkpoints_memory();
@@ -28,12 +45,11 @@ impl Runner {
             false => None,
         };
         let sandbox = s.sandbox.clone();
-        let stem = format!("{id}.snap-{}", uuid::Uuid::new_v4().simple());
-        let payload = Payload {
-            path: s.sandbox.task_dir.with_file_name(&stem),
-        };
         let scratch = Restore {
-            dir: s.sandbox.task_dir.with_file_name(format!("{stem}.d")),
+            dir: s
+                .sandbox
+                .task_dir
+                .with_file_name(format!("{id}.snap-{}.d", uuid::Uuid::new_v4().simple())),
             checkpoint: None,
         };
         let t0 = std::time::Instant::now();
@@ -45,14 +61,28 @@ impl Runner {
             }
         }
         let checkpointed = t0.elapsed();
+        let _ = header.send(pb::SnapshotHeader {
+            format: snapshot::FORMAT,
+            backend: self.backend.name().into(),
+            image: sandbox.image.clone(),
+            memory,
+            sha256: String::new(),
+            size_bytes: 0,
+            session_id: id.to_owned(),
+            network: sandbox.network,
+            limits: Some(sandbox.limits.to_proto()),
+            created_unix_ms: snapshot::now_ms(),
+        });
         // The files are read while the sandbox is stopped (they match its memory); a
-        // restore in place starts once they are in, as the checkpoint's bytes are written.
+        // restore in place starts once they are sent, as the checkpoint's bytes are.
         let (files_in, in_files) = tokio::sync::oneshot::channel();
+        let max = self.config.session.max_snapshot_bytes;
         let writing = {
-            let (task_dir, out) = (s.sandbox.areas.dir().to_path_buf(), payload.path.clone());
+            let task_dir = s.sandbox.areas.dir().to_path_buf();
             let dir = memory.then(|| scratch.dir.clone());
             let write = blocking(move || {
-                snapshot::write(&task_dir, dir.as_deref(), &out, move || {
+                let sink = snapshot::ChunkSink::new(chunks, max);
+                snapshot::write(&task_dir, dir.as_deref(), sink, move || {
                     let _ = files_in.send(());
                 })
             });
@@ -97,16 +127,17 @@ impl Runner {
             self.close_session(id).await?;
         }
         drop(alone);
-        let (sha256, size_bytes) = written?;
-        let max = self.config.session.max_snapshot_bytes;
-        if size_bytes > max {
-            return Err(Error::ResourceExhausted {
-                message: format!(
-                    "the snapshot of session {id} is {size_bytes} bytes, above this runner's [session] max_snapshot_bytes = {max}: remove files from the session, or raise the limit"
-                ),
-                reason: "too_large",
-            });
-        }
+        let (sha256, size_bytes) = written.map_err(|e| match e {
+            Error::Io { source, .. } if source.kind() == std::io::ErrorKind::FileTooLarge => {
+                Error::ResourceExhausted {
+                    message: format!(
+                        "the snapshot of session {id} is larger than this runner's [session] max_snapshot_bytes = {max}: remove files from the session, or raise the limit"
+                    ),
+                    reason: "too_large",
+                }
+            }
+            other => other,
+        })?;
         let (restore_from_ms, paused_ms) = timing
             .map(|(from, to)| (from.as_millis() as u64, to.as_millis() as u64))
             .unwrap_or_default();
@@ -120,22 +151,11 @@ impl Runner {
             restore_from_ms,
             paused_ms,
             total_ms = t0.elapsed().as_millis() as u64,
-            "session snapshot made"
+            "session snapshot made and sent"
         );
-        Ok(Made {
-            header: pb::SnapshotHeader {
-                format: snapshot::FORMAT,
-                backend: self.backend.name().into(),
-                image: sandbox.image,
-                memory,
-                sha256,
-                size_bytes,
-                session_id: id.to_owned(),
-                network: sandbox.network,
-                limits: Some(sandbox.limits.to_proto()),
-                created_unix_ms: snapshot::now_ms(),
-            },
-            payload,
+        Ok(Sent {
+            end: pb::SnapshotEnd { sha256, size_bytes },
+            memory,
         })
     }
 
@@ -175,7 +195,7 @@ impl Runner {
             .work_root
             .join("tasks")
             .join(format!("resume-{}.snap", uuid::Uuid::new_v4().simple()));
-        Receiver::new(header, path)
+        Receiver::new(header, path, self.config.session.max_snapshot_bytes)
     }
 
     /// Opens `copies` new sessions (at least one) from the received snapshot once its bytes
@@ -184,6 +204,7 @@ impl Runner {
     pub async fn resume_session(
         self: &Arc<Self>,
         received: Receiver,
+        end: Option<pb::SnapshotEnd>,
         session_id: String,
         copies: u32,
     ) -> Result<pb::SessionInfo> {
@@ -198,7 +219,7 @@ impl Runner {
             });
         }
         let t0 = std::time::Instant::now();
-        let prepared = Arc::new(self.prepare(received).await?);
+        let prepared = Arc::new(self.prepare(received, end).await?);
         tracing::debug!(
             prepared_ms = t0.elapsed().as_millis() as u64,
             "snapshot checked and its checkpoint unpacked"
@@ -242,14 +263,14 @@ impl Runner {
 
     /// Checks the received bytes and, with memory, unpacks the checkpoint once for every
     /// session resumed from them.
-    async fn prepare(&self, received: Receiver) -> Result<Prepared> {
+    async fn prepare(&self, received: Receiver, end: Option<pb::SnapshotEnd>) -> Result<Prepared> {
         let dir = self
             .config
             .work_root
             .join("tasks")
             .join(format!("resume-{}.d", uuid::Uuid::new_v4().simple()));
         blocking(move || {
-            let (header, payload) = received.finish()?;
+            let (header, payload) = received.finish(end)?;
             let checkpoint = match header.memory {
                 false => None,
                 true => {
