@@ -10,6 +10,8 @@
 # (cairn, cairn-sandbox-runner, cairn-artifact-store) without building. CAIRN_BENCH_RUNSC=PATH
 # runs the runners on that runsc (default: runsc on PATH); CAIRN_BENCH_RUNNER_LOG=info keeps
 # the runners' timings of each checkpoint and restore in their logs, printed at the end.
+# CAIRN_BENCH_RUNNER_SET="KEY=VALUE ..." passes more settings to both runners (e.g.
+# gvisor_checkpoint_compression=none).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS="${1:-3}"
@@ -17,6 +19,8 @@ IMAGE="${2:-cairn-sandbox:latest}"
 PLATFORM="${CAIRN_BENCH_GVISOR_PLATFORM:-ptrace}"
 RUNSC="${CAIRN_BENCH_RUNSC:-$(command -v runsc)}"
 RUNNER_LOG="${CAIRN_BENCH_RUNNER_LOG:-warn}"
+RUNNER_SET=()
+for kv in ${CAIRN_BENCH_RUNNER_SET:-}; do RUNNER_SET+=(--set "$kv"); done
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 PROFILE="${CAIRN_BENCH_PROFILE:-release}"
 if [ -n "${CAIRN_BENCH_BIN:-}" ]; then
@@ -39,7 +43,7 @@ runner() { # NAME: starts a gvisor runner, sets ADDR (not in a subshell: PIDS mu
   p="$(port)"
   RUST_LOG="$RUNNER_LOG" "$BIN/cairn-sandbox-runner" --listen "127.0.0.1:$p" --backend gvisor \
     --image "$IMAGE" --pool-size 0 --work-root "$WORK/$1" --runner-id "bench-$1-$$" \
-    --set max_concurrent_runs=24 --set "gvisor_platform=$PLATFORM" --set "runsc=$RUNSC" \
+    --set max_concurrent_runs=24 --set "gvisor_platform=$PLATFORM" --set "runsc=$RUNSC" "${RUNNER_SET[@]}" \
     >"$WORK/$1.log" 2>&1 &
   PIDS+=($!)
   wait_port "$p"

@@ -61,6 +61,44 @@ impl std::io::Write for Sha256 {
     }
 }
 
+/// A writer that hashes and counts what passes through it (bytes whose digest is known only
+/// at their end: a body streamed into a file, an archive written into a stream).
+pub struct HashingWriter<W> {
+    inner: W,
+    hasher: Sha256,
+    size: u64,
+}
+
+impl<W: std::io::Write> HashingWriter<W> {
+    pub fn new(inner: W) -> Self {
+        HashingWriter {
+            inner,
+            hasher: Sha256::new(),
+            size: 0,
+        }
+    }
+
+    /// The writer (flushed), the sha256 of everything written (64 lowercase hex characters)
+    /// and its size in bytes.
+    pub fn finish(mut self) -> std::io::Result<(W, String, u64)> {
+        self.inner.flush()?;
+        Ok((self.inner, self.hasher.finish_hex(), self.size))
+    }
+}
+
+impl<W: std::io::Write> std::io::Write for HashingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        self.size += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
 /// The SHA-256 of `bytes`.
 pub fn sha256(bytes: &[u8]) -> [u8; LEN] {
     to_array(digest::digest(&SHA256, bytes))

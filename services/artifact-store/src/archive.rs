@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 
 use cairn_contain as contain;
 
-use crate::digest::{hash_reader, HashingWriter};
+use crate::digest::{finished, hash_reader};
 use crate::error::{refusal, Error, Result};
 use crate::events::StoredEvent;
 use crate::files::{self, Replace};
@@ -31,6 +31,7 @@ use crate::read::{Entry, Kind};
 use crate::run_index::{fields_of, last_event_seq, FINAL_STATES, STATE_FILE};
 use crate::stamp::mtime_of;
 use crate::state::State;
+use cairn_sha256::HashingWriter;
 
 /// What ArchiveRun made.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -172,6 +173,7 @@ pub fn pack(state: &State, project: &str, run: &str) -> Result<Archived> {
         .into_inner()
         .and_then(|gz| gz.finish())
         .and_then(HashingWriter::finish)
+        .map(finished)
         .map_err(|e| Error::io(format!("packing run {run:?}"), e))?;
     let size_bytes = digest.size_bytes;
     files::publish_sync(state, staged, file, &digest, &Replace::Never, |_| Ok(()))?;
@@ -426,7 +428,7 @@ pub fn unpack(state: &State, project: &str, run: &str) -> Result<Unarchived> {
         let (staged, file) = files::stage(state, root.as_fd(), project, &path)?;
         let mut out = HashingWriter::new(std::io::BufWriter::with_capacity(1 << 16, &file));
         std::io::copy(&mut entry, &mut out).map_err(bad)?;
-        let (digest, _) = out.finish().map_err(bad)?;
+        let (digest, _) = out.finish().map(finished).map_err(bad)?;
         files::publish_sync(state, staged, file, &digest, &Replace::Always, |_| Ok(()))?;
         done.files += 1;
         done.size_bytes += digest.size_bytes;

@@ -110,45 +110,10 @@ pub fn hash_reader(mut reader: impl Read) -> std::io::Result<Digest> {
     })
 }
 
-/// A writer that hashes what passes through it (a body streamed to a file whose digest is
-/// known only at its end).
-pub struct HashingWriter<W> {
-    inner: W,
-    hasher: Sha256,
-    size_bytes: u64,
-}
-
-impl<W: std::io::Write> HashingWriter<W> {
-    pub fn new(inner: W) -> Self {
-        HashingWriter {
-            inner,
-            hasher: Sha256::new(),
-            size_bytes: 0,
-        }
-    }
-
-    /// The digest of everything written, and the writer (flushed).
-    pub fn finish(mut self) -> std::io::Result<(Digest, W)> {
-        self.inner.flush()?;
-        let digest = Digest {
-            sha256: self.hasher.finish_hex(),
-            size_bytes: self.size_bytes,
-        };
-        Ok((digest, self.inner))
-    }
-}
-
-impl<W: std::io::Write> std::io::Write for HashingWriter<W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.hasher.update(&buf[..n]);
-        self.size_bytes += n as u64;
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
+/// The digest a [`HashingWriter`] took, and its writer.
+pub fn finished<W>(hashed: (W, String, u64)) -> (Digest, W) {
+    let (inner, sha256, size_bytes) = hashed;
+    (Digest { sha256, size_bytes }, inner)
 }
 
 /// An expected digest from a client: 64 hex digits, any case (stored lower-case).

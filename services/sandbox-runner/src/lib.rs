@@ -19,7 +19,7 @@ mod pool;
 mod runner;
 mod service;
 mod session;
-mod snapshot;
+pub mod snapshot;
 mod workspace;
 
 use std::future::Future;

@@ -168,8 +168,7 @@ impl SandboxRunner for SandboxService {
             let chunk = |c: bytes::Bytes| pb::PackResponse {
                 msg: Some(pb::pack_response::Msg::Chunk(c)),
             };
-            let Some((Some(sha256), size_bytes)) =
-                send_file(&packed.path, "archive", &tx, chunk, Some(Sha256::new())).await
+            let Some((sha256, size_bytes)) = send_file(&packed.path, "archive", &tx, chunk).await
             else {
                 return;
             };
@@ -228,6 +227,7 @@ impl SandboxRunner for SandboxService {
         &self,
         request: Request<pb::PauseSessionRequest>,
     ) -> Result<Response<Self::PauseSessionStream>, Status> {
+        use pb::snapshot_part::Msg;
         let req = request.into_inner();
         let (header_tx, header_rx) = tokio::sync::oneshot::channel();
         let (chunks_tx, mut chunks) = mpsc::channel::<bytes::Bytes>(8);
@@ -246,11 +246,7 @@ impl SandboxRunner for SandboxService {
             let tx2 = tx.clone();
             let forwarding = async move {
                 while let Some(c) = chunks.recv().await {
-                    let part = pb::SnapshotPart {
-                        msg: Some(pb::snapshot_part::Msg::Chunk(c)),
-                        ..Default::default()
-                    };
-                    if tx2.send(Ok(part)).await.is_err() {
+                    if tx2.send(Ok(part(Msg::Chunk(c)))).await.is_err() {
                         return; // the client left: dropping `chunks` stops the writing
                     }
                 }
@@ -263,10 +259,7 @@ impl SandboxRunner for SandboxService {
                     return;
                 }
             };
-            let end = pb::SnapshotPart {
-                msg: Some(pb::snapshot_part::Msg::End(sent.end)),
-                ..Default::default()
-            };
+            let end = part(Msg::End(sent.end));
             // Delivered: a files-only session ends here (one with memory ended at its
             // checkpoint), unless it was a checkpoint of a session that goes on.
             if tx.send(Ok(end)).await.is_ok() && !sent.memory && !req.keep_open {
@@ -287,12 +280,8 @@ impl SandboxRunner for SandboxService {
                 });
             }
         };
-        let first = pb::SnapshotPart {
-            msg: Some(pb::snapshot_part::Msg::Header(header)),
-            ..Default::default()
-        };
-        let stream =
-            futures::StreamExt::chain(futures::stream::iter([Ok(first)]), ReceiverStream::new(rx));
+        let first = futures::stream::iter([Ok(part(Msg::Header(header)))]);
+        let stream = futures::StreamExt::chain(first, ReceiverStream::new(rx));
         Ok(Response::new(Box::pin(stream)))
     }
 
@@ -356,6 +345,14 @@ impl SandboxRunner for SandboxService {
     }
 }
 
+/// One message of a snapshot's stream.
+fn part(msg: pb::snapshot_part::Msg) -> pb::SnapshotPart {
+    pb::SnapshotPart {
+        msg: Some(msg),
+        ..Default::default()
+    }
+}
+
 /// Streams the file at `path` in chunks made by `wrap`; returns its sha256 (hex) and size,
 /// or None when it could not be read (the error was sent) or the client left.
 async fn send_file<T>(
@@ -363,8 +360,7 @@ async fn send_file<T>(
     what: &str,
     tx: &mpsc::Sender<Result<T, Status>>,
     wrap: impl Fn(bytes::Bytes) -> T,
-    mut hasher: Option<Sha256>,
-) -> Option<(Option<String>, u64)> {
+) -> Option<(String, u64)> {
     let send_err = |e: std::io::Error| {
         reason::status(
             Code::Internal,
@@ -379,7 +375,7 @@ async fn send_file<T>(
             return None;
         }
     };
-    let mut size = 0u64;
+    let (mut size, mut hasher) = (0u64, Sha256::new());
     loop {
         let mut buf = vec![0u8; PACK_CHUNK];
         let n = match file.read(&mut buf).await {
@@ -391,15 +387,13 @@ async fn send_file<T>(
             }
         };
         buf.truncate(n);
-        if let Some(h) = hasher.as_mut() {
-            h.update(&buf);
-        }
+        hasher.update(&buf);
         size += n as u64;
         if tx.send(Ok(wrap(buf.into()))).await.is_err() {
             return None;
         }
     }
-    Some((hasher.map(Sha256::finish_hex), size))
+    Some((hasher.finish_hex(), size))
 }
 
 /// A response stream that aborts its producing task when the client drops it.

@@ -9,7 +9,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use cairn_proto as pb;
-use cairn_sha256::Sha256;
+use cairn_sha256::{HashingWriter, Sha256};
 
 use crate::error::{Error, Result};
 use cairn_pack::graft::{AreaRoots, GraftError};
@@ -40,7 +40,7 @@ pub fn write(
     // tar copies each file in 8 KiB pieces: buffered, the hash and `out` get 1 MiB ones.
     let mut tar = tar::Builder::new(std::io::BufWriter::with_capacity(
         1 << 20,
-        Hashing::new(out),
+        HashingWriter::new(out),
     ));
     tar.follow_symlinks(false);
     let files = [
@@ -66,12 +66,13 @@ pub fn write(
         tar.append_dir_all("checkpoint", dir)
             .map_err(Error::io("writing the checkpoint into the snapshot"))?;
     }
-    let hashing = tar
+    let (_out, sha, size) = tar
         .into_inner()
         .map_err(Error::io("finishing the snapshot"))?
         .into_inner()
-        .map_err(|e| Error::io("writing the snapshot")(e.into_error()))?;
-    let (_out, sha, size) = hashing.finish();
+        .map_err(|e| Error::io("writing the snapshot")(e.into_error()))?
+        .finish()
+        .map_err(Error::io("writing the snapshot"))?;
     Ok((sha, size))
 }
 
@@ -341,7 +342,7 @@ pub fn unpack(payload: &Path, take: Take<'_>) -> Result<()> {
 }
 
 /// runsc's memory image in a payload: the bulk of a snapshot with memory.
-const IMAGE: &str = "checkpoint/checkpoint.img";
+pub const IMAGE: &str = "checkpoint/checkpoint.img";
 
 /// The memory image, `len` bytes at `at` in the payload, copied by the kernel
 /// (copy_file_range: no pass through this process) to `dir/checkpoint/checkpoint.img`,
@@ -422,40 +423,6 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// A writer that hashes and counts what goes through it.
-struct Hashing<W> {
-    inner: W,
-    hasher: Sha256,
-    size: u64,
-}
-
-impl<W: Write> Hashing<W> {
-    fn new(inner: W) -> Self {
-        Hashing {
-            inner,
-            hasher: Sha256::new(),
-            size: 0,
-        }
-    }
-
-    fn finish(self) -> (W, String, u64) {
-        (self.inner, self.hasher.finish_hex(), self.size)
-    }
-}
-
-impl<W: Write> Write for Hashing<W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.hasher.update(&buf[..n]);
-        self.size += n as u64;
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
-}
-
 /// Where a session's files come from when it opens.
 pub enum Origin {
     /// Empty, or cloned from git.
@@ -483,95 +450,5 @@ pub struct Restore {
 impl Drop for Restore {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A payload tar of `entries`: (path, Some(bytes)) a file, (path, None) a directory;
-    /// `link` adds `checkpoint` as a symlink to that target first.
-    fn payload(dir: &Path, link: Option<&Path>, entries: &[(&str, Option<&[u8]>)]) -> PathBuf {
-        let out = dir.join("payload.tar");
-        let mut tar = tar::Builder::new(std::fs::File::create(&out).unwrap());
-        if let Some(target) = link {
-            let mut h = tar::Header::new_gnu();
-            h.set_entry_type(tar::EntryType::Symlink);
-            h.set_size(0);
-            tar.append_link(&mut h, "checkpoint", target).unwrap();
-        }
-        for (path, bytes) in entries {
-            let mut h = tar::Header::new_gnu();
-            match bytes {
-                Some(b) => {
-                    h.set_entry_type(tar::EntryType::Regular);
-                    h.set_size(b.len() as u64);
-                    h.set_mode(0o644);
-                    tar.append_data(&mut h, path, *b).unwrap();
-                }
-                None => {
-                    h.set_entry_type(tar::EntryType::Directory);
-                    h.set_size(0);
-                    h.set_mode(0o755);
-                    tar.append_data(&mut h, path, std::io::empty()).unwrap();
-                }
-            }
-        }
-        tar.finish().unwrap();
-        out
-    }
-
-    #[test]
-    fn the_memory_image_is_copied_out_whole_beside_the_other_entries() {
-        let t = tempfile::tempdir().unwrap();
-        let image: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
-        let p = payload(
-            t.path(),
-            None,
-            &[
-                ("workspace/", None),
-                ("workspace/a.txt", Some(b"a\n")),
-                ("checkpoint/", None),
-                ("checkpoint/checkpoint.img", Some(&image)),
-                ("checkpoint/meta", Some(b"m")),
-            ],
-        );
-        let dir = t.path().join("restore");
-        std::fs::create_dir(&dir).unwrap();
-        unpack(&p, Take::Checkpoint(&dir)).unwrap();
-        assert_eq!(std::fs::read(dir.join(IMAGE)).unwrap(), image);
-        assert_eq!(std::fs::read(dir.join("checkpoint/meta")).unwrap(), b"m");
-        assert!(!dir.join("workspace").exists(), "files are another pass's");
-    }
-
-    #[test]
-    fn a_memory_image_behind_a_link_or_twice_is_refused_and_lands_nowhere() {
-        let t = tempfile::tempdir().unwrap();
-        let outside = t.path().join("outside");
-        std::fs::create_dir(&outside).unwrap();
-        let p = payload(
-            t.path(),
-            Some(&outside),
-            &[("checkpoint/checkpoint.img", Some(b"not yours"))],
-        );
-        let dir = t.path().join("restore");
-        std::fs::create_dir(&dir).unwrap();
-        assert!(unpack(&p, Take::Checkpoint(&dir)).is_err());
-        assert!(!outside.join("checkpoint.img").exists());
-
-        let p = payload(
-            t.path(),
-            None,
-            &[
-                ("checkpoint/checkpoint.img", Some(b"one")),
-                ("checkpoint/checkpoint.img", Some(b"two")),
-            ],
-        );
-        let dir = t.path().join("restore2");
-        std::fs::create_dir(&dir).unwrap();
-        let e = unpack(&p, Take::Checkpoint(&dir)).unwrap_err();
-        assert!(matches!(e, Error::SnapshotCorrupt(_)), "{e}");
-        assert_eq!(std::fs::read(dir.join(IMAGE)).unwrap(), b"one");
     }
 }

@@ -1114,3 +1114,42 @@ async fn a_caller_that_leaves_a_pause_half_way_leaves_the_session_open() {
     );
     a.stop().await;
 }
+
+/// A snapshot file made before the bytes were streamed (the sha256 and size in its header, no
+/// trailer) still resumes; one with both, or with a trailer that disagrees, does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_snapshot_with_its_digest_in_the_header_still_resumes() {
+    let Some(case) = files_case("digest_in_the_header").await else {
+        return;
+    };
+    let a = runner(case).await;
+    let id = open(&a).await;
+    exec(&a, &id, "echo old > /workspace/old.txt", false).await;
+    let (file, header) = pause(&a, &id, true).await;
+    // The file as the runner sent it: the header without a digest, the trailer after.
+    let mut reader = std::io::Cursor::new(file.clone());
+    let sent = snapshot::read_header(&mut reader).await.unwrap();
+    assert!(sent.sha256.is_empty() && sent.size_bytes == 0);
+    let at = reader.position() as usize;
+    let payload = &file[at..file.len() - snapshot::TRAILER_LEN];
+    assert_eq!(payload.len() as u64, header.size_bytes);
+    // The earlier layout: the digest in the header, the payload last.
+    let mut old = snapshot::prefix(&header);
+    old.extend_from_slice(payload);
+    let s = resume(&a, &old).await.unwrap().session_id;
+    assert_eq!(read(&a, &s, "old.txt").await.unwrap(), "old\n");
+    // A digest in the header that says other bytes: refused.
+    let mut other = header.clone();
+    other.sha256 = "0".repeat(64);
+    let mut both = snapshot::prefix(&other);
+    both.extend_from_slice(payload);
+    let err = resume(&a, &both).await.unwrap_err();
+    assert_eq!(reason(&err), "snapshot_corrupt", "{err}");
+    // A trailer whose sha256 was altered.
+    let mut altered = file.clone();
+    let last = altered.len() - 1;
+    altered[last] ^= 1;
+    let err = resume(&a, &altered).await.unwrap_err();
+    assert_eq!(reason(&err), "snapshot_corrupt", "{err}");
+    a.stop().await;
+}
