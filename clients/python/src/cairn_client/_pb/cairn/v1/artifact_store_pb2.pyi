@@ -139,7 +139,7 @@ class ListProjectsResponse(_message.Message):
     def __init__(self, projects: _Optional[_Iterable[_Union[Project, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class PutHeader(_message.Message):
-    __slots__ = ("project_id", "path", "overwrite", "expected_sha256", "expected_size", "allowed_prefixes", "run_id", "create_project", "durability", "fence", "if_sha256", "claim")
+    __slots__ = ("project_id", "path", "overwrite", "expected_sha256", "expected_size", "allowed_prefixes", "run_id", "create_project", "durability", "fence", "if_sha256", "claim", "digest_at_end")
     PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     OVERWRITE_FIELD_NUMBER: _ClassVar[int]
@@ -152,6 +152,7 @@ class PutHeader(_message.Message):
     FENCE_FIELD_NUMBER: _ClassVar[int]
     IF_SHA256_FIELD_NUMBER: _ClassVar[int]
     CLAIM_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_AT_END_FIELD_NUMBER: _ClassVar[int]
     project_id: str
     path: str
     overwrite: bool
@@ -164,15 +165,26 @@ class PutHeader(_message.Message):
     fence: _common_pb2.RunFence
     if_sha256: str
     claim: str
-    def __init__(self, project_id: _Optional[str] = ..., path: _Optional[str] = ..., overwrite: _Optional[bool] = ..., expected_sha256: _Optional[str] = ..., expected_size: _Optional[int] = ..., allowed_prefixes: _Optional[_Iterable[str]] = ..., run_id: _Optional[str] = ..., create_project: _Optional[bool] = ..., durability: _Optional[_Union[PutDurability, str]] = ..., fence: _Optional[_Union[_common_pb2.RunFence, _Mapping]] = ..., if_sha256: _Optional[str] = ..., claim: _Optional[str] = ...) -> None: ...
+    digest_at_end: bool
+    def __init__(self, project_id: _Optional[str] = ..., path: _Optional[str] = ..., overwrite: _Optional[bool] = ..., expected_sha256: _Optional[str] = ..., expected_size: _Optional[int] = ..., allowed_prefixes: _Optional[_Iterable[str]] = ..., run_id: _Optional[str] = ..., create_project: _Optional[bool] = ..., durability: _Optional[_Union[PutDurability, str]] = ..., fence: _Optional[_Union[_common_pb2.RunFence, _Mapping]] = ..., if_sha256: _Optional[str] = ..., claim: _Optional[str] = ..., digest_at_end: _Optional[bool] = ...) -> None: ...
+
+class PutEnd(_message.Message):
+    __slots__ = ("sha256", "size_bytes")
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    sha256: str
+    size_bytes: int
+    def __init__(self, sha256: _Optional[str] = ..., size_bytes: _Optional[int] = ...) -> None: ...
 
 class PutRequest(_message.Message):
-    __slots__ = ("header", "chunk")
+    __slots__ = ("header", "chunk", "end")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
     header: PutHeader
     chunk: bytes
-    def __init__(self, header: _Optional[_Union[PutHeader, _Mapping]] = ..., chunk: _Optional[bytes] = ...) -> None: ...
+    end: PutEnd
+    def __init__(self, header: _Optional[_Union[PutHeader, _Mapping]] = ..., chunk: _Optional[bytes] = ..., end: _Optional[_Union[PutEnd, _Mapping]] = ...) -> None: ...
 
 class PutResponse(_message.Message):
     __slots__ = ("path", "digest", "outcome", "publication_token")

@@ -454,17 +454,27 @@ class SnapshotHeader(_message.Message):
     created_unix_ms: int
     def __init__(self, format: _Optional[int] = ..., backend: _Optional[str] = ..., image: _Optional[str] = ..., memory: _Optional[bool] = ..., sha256: _Optional[str] = ..., size_bytes: _Optional[int] = ..., session_id: _Optional[str] = ..., network: _Optional[bool] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., created_unix_ms: _Optional[int] = ...) -> None: ...
 
+class SnapshotEnd(_message.Message):
+    __slots__ = ("sha256", "size_bytes")
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    sha256: str
+    size_bytes: int
+    def __init__(self, sha256: _Optional[str] = ..., size_bytes: _Optional[int] = ...) -> None: ...
+
 class SnapshotPart(_message.Message):
-    __slots__ = ("header", "chunk", "session_id", "copies")
+    __slots__ = ("header", "chunk", "end", "session_id", "copies")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     COPIES_FIELD_NUMBER: _ClassVar[int]
     header: SnapshotHeader
     chunk: bytes
+    end: SnapshotEnd
     session_id: str
     copies: int
-    def __init__(self, header: _Optional[_Union[SnapshotHeader, _Mapping]] = ..., chunk: _Optional[bytes] = ..., session_id: _Optional[str] = ..., copies: _Optional[int] = ...) -> None: ...
+    def __init__(self, header: _Optional[_Union[SnapshotHeader, _Mapping]] = ..., chunk: _Optional[bytes] = ..., end: _Optional[_Union[SnapshotEnd, _Mapping]] = ..., session_id: _Optional[str] = ..., copies: _Optional[int] = ...) -> None: ...
 
 class GetRunnerInfoRequest(_message.Message):
     __slots__ = ()
