@@ -9,6 +9,7 @@
 use bytes::Bytes;
 use cairn_proto::v1::{snapshot_part, SnapshotEnd, SnapshotHeader, SnapshotPart};
 use cairn_sha256::Sha256;
+pub use cairn_snapshot::Check;
 use prost::Message;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -32,6 +33,15 @@ pub enum SnapshotError {
     /// The bytes are not a whole snapshot whose payload matches its header.
     #[error("{0}")]
     Corrupt(String),
+}
+
+impl From<cairn_snapshot::Error> for SnapshotError {
+    fn from(e: cairn_snapshot::Error) -> SnapshotError {
+        match e {
+            cairn_snapshot::Error::Io { source, .. } => SnapshotError::Io(source),
+            other => SnapshotError::Corrupt(other.to_string()),
+        }
+    }
 }
 
 /// A snapshot written by `save`.
@@ -172,85 +182,6 @@ pub async fn save(
         file_sha256: file_hash.finish_hex(),
         header,
     })
-}
-
-/// Checks a PauseSession stream's payload as it arrives: against the header's size and
-/// sha256, or against the SnapshotEnd that follows the bytes when the header has none.
-pub struct Check {
-    hash: Sha256,
-    size: u64,
-    end: Option<SnapshotEnd>,
-}
-
-impl Default for Check {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Check {
-    pub fn new() -> Check {
-        Check {
-            hash: Sha256::new(),
-            size: 0,
-            end: None,
-        }
-    }
-
-    /// A payload chunk; refused after the end.
-    pub fn chunk(&mut self, c: &[u8]) -> Result<(), SnapshotError> {
-        if self.end.is_some() {
-            return Err(SnapshotError::Corrupt(
-                "the runner sent snapshot bytes after the snapshot's end".into(),
-            ));
-        }
-        self.hash.update(c);
-        self.size += c.len() as u64;
-        Ok(())
-    }
-
-    /// The SnapshotEnd; refused twice.
-    pub fn end(&mut self, e: SnapshotEnd) -> Result<(), SnapshotError> {
-        if self.end.replace(e).is_some() {
-            return Err(SnapshotError::Corrupt(
-                "the runner sent the snapshot's end twice".into(),
-            ));
-        }
-        Ok(())
-    }
-
-    /// What the payload is, when it matches: the header gets the end's size and sha256 when
-    /// it had none.
-    pub fn finish(self, header: &mut SnapshotHeader) -> Result<SnapshotEnd, SnapshotError> {
-        let sha = self.hash.finish_hex();
-        let end = match (header.sha256.is_empty(), self.end) {
-            (true, None) => {
-                return Err(SnapshotError::Corrupt(format!(
-                    "the snapshot stream ended after {} bytes without the snapshot's end: it was cut short, and is no snapshot",
-                    self.size
-                )))
-            }
-            (true, Some(e)) => e,
-            (false, Some(e)) if (e.sha256.as_str(), e.size_bytes) != (header.sha256.as_str(), header.size_bytes) => {
-                return Err(SnapshotError::Corrupt(
-                    "the snapshot's end disagrees with its header: it is not one snapshot".into(),
-                ))
-            }
-            (false, _) => SnapshotEnd {
-                sha256: header.sha256.clone(),
-                size_bytes: header.size_bytes,
-            },
-        };
-        if self.size != end.size_bytes || sha != end.sha256 {
-            return Err(SnapshotError::Corrupt(format!(
-                "the snapshot arrived as {} bytes with sha256 {sha}; it was sent as {} bytes with sha256 {}",
-                self.size, end.size_bytes, end.sha256
-            )));
-        }
-        header.sha256.clone_from(&end.sha256);
-        header.size_bytes = end.size_bytes;
-        Ok(end)
-    }
 }
 
 /// ResumeSession's stream from a snapshot file's payload (`reader` just past the header):
@@ -421,55 +352,6 @@ mod tests {
             let (_, end, _) = sent(damaged).await;
             assert_eq!(end, None, "a damaged trailer became an end");
         }
-    }
-
-    #[test]
-    fn the_check_takes_only_bytes_that_match_their_end_or_their_header() {
-        let payload = b"the payload".as_slice();
-        let end = SnapshotEnd {
-            sha256: sha(payload),
-            size_bytes: payload.len() as u64,
-        };
-        let streamed = SnapshotHeader::default();
-        // Matching: the header gets the end's digest.
-        let mut c = Check::new();
-        c.chunk(payload).unwrap();
-        c.end(end.clone()).unwrap();
-        let mut h = streamed.clone();
-        assert_eq!(c.finish(&mut h).unwrap(), end);
-        assert_eq!((h.sha256.as_str(), h.size_bytes), (end.sha256.as_str(), 11));
-        // No end: cut short.
-        let mut c = Check::new();
-        c.chunk(payload).unwrap();
-        let e = c.finish(&mut streamed.clone()).unwrap_err().to_string();
-        assert!(e.contains("without the snapshot's end"), "{e}");
-        // Other bytes than the end says.
-        let mut c = Check::new();
-        c.chunk(b"the paYload").unwrap();
-        c.end(end.clone()).unwrap();
-        assert!(c.finish(&mut streamed.clone()).is_err());
-        // Bytes after the end, and a second end.
-        let mut c = Check::new();
-        c.end(end.clone()).unwrap();
-        assert!(c.chunk(payload).is_err());
-        assert!(c.end(end.clone()).is_err());
-        // A header with its digest: no end needed, and an end that differs refused.
-        let whole = SnapshotHeader {
-            sha256: end.sha256.clone(),
-            size_bytes: end.size_bytes,
-            ..Default::default()
-        };
-        let mut c = Check::new();
-        c.chunk(payload).unwrap();
-        c.finish(&mut whole.clone()).unwrap();
-        let mut c = Check::new();
-        c.chunk(payload).unwrap();
-        c.end(SnapshotEnd {
-            size_bytes: 12,
-            ..end.clone()
-        })
-        .unwrap();
-        assert!(c.finish(&mut whole.clone()).is_err());
     }
 
     #[test]

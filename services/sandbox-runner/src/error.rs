@@ -130,6 +130,24 @@ impl From<cairn_pack::Error> for Error {
     }
 }
 
+impl From<cairn_snapshot::Error> for Error {
+    fn from(e: cairn_snapshot::Error) -> Error {
+        use cairn_snapshot::Error as S;
+        match e {
+            S::Corrupt(m) => Error::SnapshotCorrupt(m),
+            S::TooLarge(message) => Error::ResourceExhausted {
+                message,
+                reason: "too_large",
+            },
+            S::NoSpace(message) => Error::ResourceExhausted {
+                message,
+                reason: "no_space",
+            },
+            S::Io { context, source } => Error::Io { context, source },
+        }
+    }
+}
+
 impl Error {
     pub fn invalid(message: impl Into<String>) -> Self {
         Error::InvalidArgument {

@@ -11,6 +11,11 @@ use crate::error::{Error, Result};
 use crate::snapshot::{self, Origin, Prepared, Receiver, Restore, Take};
 use cairn_pack::graft::AreaRoots;
 
+/// How a memory checkpoint stands, for the thread that sends its files as runsc writes them.
+const CHECKPOINTING: u8 = 0;
+const CHECKPOINTED: u8 = 1;
+const CHECKPOINT_FAILED: u8 = 2;
+
 /// A snapshot sent by a pause: what its SnapshotEnd says, and whether memory is in it.
 pub struct Sent {
     pub end: pb::SnapshotEnd,
@@ -56,13 +61,13 @@ impl Runner {
         if memory {
             std::fs::create_dir(&scratch.dir)
                 .map_err(Error::io("creating the checkpoint directory"))?;
-            if let Err(e) = self.backend.checkpoint(&s.sandbox, &scratch.dir).await {
-                return Err(self.after_failed_checkpoint(&s, e).await);
-            }
         }
-        let checkpointed = t0.elapsed();
         let _ = header.send(pb::SnapshotHeader {
-            format: snapshot::FORMAT,
+            format: match memory {
+                true => snapshot::FORMAT,
+                // Files only: the layout every runner reads.
+                false => 1,
+            },
             backend: self.backend.name().into(),
             image: sandbox.image.clone(),
             memory,
@@ -73,24 +78,48 @@ impl Runner {
             limits: Some(sandbox.limits.to_proto()),
             created_unix_ms: snapshot::now_ms(),
         });
-        // The files are read while the sandbox is stopped (they match its memory); a
-        // restore in place starts once they are sent, as the checkpoint's bytes are.
+        // The checkpoint's files are sent while runsc writes them. The session's files are
+        // read once it is finished (the sandbox is stopped then: they match its memory); a
+        // restore in place starts once they are sent, as the rest of the checkpoint is.
         let (files_in, in_files) = tokio::sync::oneshot::channel();
+        let state = Arc::new(std::sync::atomic::AtomicU8::new(CHECKPOINTING));
         let max = self.config.session.max_snapshot_bytes;
         let writing = {
             let task_dir = s.sandbox.areas.dir().to_path_buf();
             let dir = memory.then(|| scratch.dir.clone());
+            let state = state.clone();
             let write = blocking(move || {
                 let sink = snapshot::ChunkSink::new(chunks, max);
-                snapshot::write(&task_dir, dir.as_deref(), sink, move || {
+                let finished = || match state.load(std::sync::atomic::Ordering::Acquire) {
+                    CHECKPOINTING => None,
+                    CHECKPOINTED => Some(true),
+                    _ => Some(false),
+                };
+                let checkpoint = dir.as_deref().map(|dir| snapshot::Checkpoint {
+                    dir,
+                    finished: &finished,
+                });
+                snapshot::write(&task_dir, checkpoint, sink, move || {
                     let _ = files_in.send(());
                 })
+                .map_err(Error::from)
             });
             async move { (write.await, t0.elapsed()) }
         };
+        let checkpointed = std::sync::OnceLock::new();
         let restoring = async {
+            if memory {
+                let taken = self.backend.checkpoint(&s.sandbox, &scratch.dir).await;
+                let _ = checkpointed.set(t0.elapsed());
+                let to = match taken {
+                    Ok(_) => CHECKPOINTED,
+                    Err(_) => CHECKPOINT_FAILED,
+                };
+                state.store(to, std::sync::atomic::Ordering::Release);
+                taken?;
+            }
             if !(memory && keep_open) {
-                return None;
+                return Ok(None);
             }
             // Err: the writing failed before the files were in; the session goes on anyway.
             let _ = in_files.await;
@@ -103,10 +132,18 @@ impl Runner {
                 // The sandbox runs again: Execs go on while the snapshot is finished.
                 alone.take();
             }
-            Some(restored.map(|()| (r0, t0.elapsed())))
+            Ok(Some(restored.map(|()| (r0, t0.elapsed()))))
         };
         let ((written, written_at), restored) = tokio::join!(writing, restoring);
+        let restored = match restored {
+            Ok(r) => r,
+            Err(e) => {
+                drop(scratch);
+                return Err(self.after_failed_checkpoint(&s, e).await);
+            }
+        };
         drop(scratch);
+        let checkpointed = checkpointed.get().copied().unwrap_or_default();
         let timing = match restored {
             Some(Ok(timing)) => Some(timing),
             Some(Err(e)) => {
@@ -309,7 +346,10 @@ impl Runner {
         blocking(move || {
             let roots =
                 AreaRoots::open(&areas, owner).map_err(Error::io("opening the session's areas"))?;
-            snapshot::unpack(&prepared.payload.path, Take::Files(&roots))
+            Ok(snapshot::unpack(
+                &prepared.payload.path,
+                Take::Files(&roots),
+            )?)
         })
         .await
     }

@@ -1,0 +1,435 @@
+//! The payload: a tar of the session's `workspace/` and `tmpfs/` and, with memory, the
+//! `checkpoint/` directory `runsc checkpoint` wrote. Payloads live as files beside the
+//! runner's task directories (never inside them: they do not count against a session's
+//! writable area) and are removed when dropped.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use cairn_pack::graft::{AreaRoots, GraftError};
+use cairn_sha256::HashingWriter;
+
+use crate::Error;
+
+type Result<T> = std::result::Result<T, Error>;
+
+/// A payload file, removed when dropped.
+pub struct Payload {
+    pub path: PathBuf,
+}
+
+impl Drop for Payload {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// A memory checkpoint as `write` takes it: the directory runsc writes its files into and,
+/// while it writes them, how it stands (`None`: still writing; `Some(true)`: finished;
+/// `Some(false)`: failed).
+pub struct Checkpoint<'a> {
+    pub dir: &'a Path,
+    pub finished: &'a dyn Fn() -> Option<bool>,
+}
+
+/// Bytes a checkpoint file must have grown by before they go out as a part of it.
+const PART_MIN: u64 = 4 << 20;
+/// How often a checkpoint being written is looked at.
+const POLL: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// Writes the payload of `task_dir` (and of `checkpoint`) to `out`; returns its sha256 (hex)
+/// and size. Links are stored as links, never followed. A checkpoint's files go in as parts
+/// while runsc writes them (runsc only appends to them): `checkpoint/NAME@OFFSET`, each the
+/// bytes of `NAME` from `OFFSET` on that were there when the part was made. The session's
+/// files go in once the checkpoint is finished (the sandbox is stopped then, so they match its
+/// memory), then `files_in` is called (not when writing fails first), then the rest of the
+/// checkpoint's files. A checkpoint that fails ends the writing with an error.
+pub fn write(
+    task_dir: &Path,
+    checkpoint: Option<Checkpoint<'_>>,
+    out: impl Write,
+    files_in: impl FnOnce(),
+) -> Result<(String, u64)> {
+    // tar copies each file in 8 KiB pieces: buffered, the hash and `out` get 1 MiB ones.
+    let mut tar = tar::Builder::new(std::io::BufWriter::with_capacity(
+        1 << 20,
+        HashingWriter::new(out),
+    ));
+    tar.follow_symlinks(false);
+    let mut parts = Parts::default();
+    if let Some(c) = &checkpoint {
+        loop {
+            // Read before the files are looked at: once finished, they have all their bytes.
+            match (c.finished)() {
+                Some(true) => break,
+                Some(false) => {
+                    return Err(Error::io("taking the checkpoint")(std::io::Error::other(
+                        "runsc checkpoint failed",
+                    )))
+                }
+                None => {}
+            }
+            match parts.add(&mut tar, c.dir, PART_MIN)? {
+                // Out at once: the next part may be a while.
+                true => tar
+                    .get_mut()
+                    .flush()
+                    .map_err(Error::io("sending the snapshot"))?,
+                false => std::thread::sleep(POLL),
+            }
+        }
+    }
+    let files = [
+        ("workspace", task_dir.join("workspace")),
+        ("tmpfs", task_dir.join("tmpfs")),
+    ];
+    for (name, dir) in files {
+        tar.append_dir_all(name, &dir).map_err(|e| {
+            let context = match e.kind() {
+                std::io::ErrorKind::FileTooLarge | std::io::ErrorKind::BrokenPipe => {
+                    "sending the snapshot".to_owned()
+                }
+                _ => format!(
+                    "writing {} into the snapshot (a socket or special file there cannot be kept: remove it)",
+                    dir.display()
+                ),
+            };
+            Error::Io { context, source: e }
+        })?;
+    }
+    files_in();
+    if let Some(c) = &checkpoint {
+        parts.add(&mut tar, c.dir, 0)?;
+    }
+    let (_out, sha, size) = tar
+        .into_inner()
+        .map_err(Error::io("finishing the snapshot"))?
+        .into_inner()
+        .map_err(|e| Error::io("writing the snapshot")(e.into_error()))?
+        .finish()
+        .map_err(Error::io("writing the snapshot"))?;
+    Ok((sha, size))
+}
+
+/// The bytes of each checkpoint file already in the payload.
+#[derive(Default)]
+struct Parts {
+    sent: std::collections::BTreeMap<String, u64>,
+}
+
+impl Parts {
+    /// Adds, for each file in `dir`, a part with what it gained since its last part when that
+    /// is at least `min` bytes (with `min` 0, every file not yet in goes in, empty or not).
+    /// True when a part was added.
+    fn add<W: Write>(&mut self, tar: &mut tar::Builder<W>, dir: &Path, min: u64) -> Result<bool> {
+        let mut names = Vec::new();
+        for e in std::fs::read_dir(dir).map_err(Error::io("reading the checkpoint"))? {
+            let e = e.map_err(Error::io("reading the checkpoint"))?;
+            let name = e.file_name().into_string().map_err(|n| {
+                Error::io("reading the checkpoint")(std::io::Error::other(format!(
+                    "runsc wrote a file whose name is not UTF-8: {n:?}"
+                )))
+            })?;
+            names.push(name);
+        }
+        names.sort();
+        let mut added = false;
+        for name in names {
+            let path = dir.join(&name);
+            let meta =
+                std::fs::symlink_metadata(&path).map_err(Error::io("reading the checkpoint"))?;
+            if !meta.is_file() || name.contains('@') {
+                return Err(Error::io("reading the checkpoint")(std::io::Error::other(format!(
+                    "the checkpoint holds {name}, which is not a plain file: runsc writes only files"
+                ))));
+            }
+            let from = self.sent.get(&name).copied();
+            let at = from.unwrap_or(0);
+            let len = meta.len().saturating_sub(at);
+            let due = match min {
+                0 => len > 0 || from.is_none(),
+                _ => len >= min,
+            };
+            if !due {
+                continue;
+            }
+            let mut file =
+                std::fs::File::open(&path).map_err(Error::io("reading the checkpoint"))?;
+            std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(at))
+                .map_err(Error::io("reading the checkpoint"))?;
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(tar::EntryType::Regular);
+            h.set_mode(0o600);
+            h.set_size(len);
+            let reader = ExactlyN {
+                inner: std::io::Read::take(file, len),
+                left: len,
+            };
+            tar.append_data(&mut h, format!("checkpoint/{name}@{at}"), reader)
+                .map_err(|e| {
+                    let context = match e.kind() {
+                        std::io::ErrorKind::FileTooLarge | std::io::ErrorKind::BrokenPipe => {
+                            "sending the snapshot"
+                        }
+                        _ => "writing the checkpoint into the snapshot",
+                    };
+                    Error::io(context)(e)
+                })?;
+            self.sent.insert(name, at + len);
+            added = true;
+        }
+        Ok(added)
+    }
+}
+
+/// A reader that fails when it ends before `left` bytes (a part's size is in its header
+/// before its bytes).
+struct ExactlyN<R> {
+    inner: R,
+    left: u64,
+}
+
+impl<R: std::io::Read> std::io::Read for ExactlyN<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        if n == 0 && self.left > 0 && !buf.is_empty() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "a checkpoint file shrank while it was being sent",
+            ));
+        }
+        self.left -= n as u64;
+        Ok(n)
+    }
+}
+
+/// Where a pause's payload goes as it is written: chunks to the caller's stream, at most
+/// `max` bytes in all. Past `max` a write fails with `FileTooLarge`; once the stream's
+/// reader is gone, with `BrokenPipe`.
+pub struct ChunkSink {
+    tx: tokio::sync::mpsc::Sender<bytes::Bytes>,
+    sent: u64,
+    max: u64,
+}
+
+impl ChunkSink {
+    pub fn new(tx: tokio::sync::mpsc::Sender<bytes::Bytes>, max: u64) -> ChunkSink {
+        ChunkSink { tx, sent: 0, max }
+    }
+}
+
+impl Write for ChunkSink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.sent + buf.len() as u64 > self.max {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::FileTooLarge,
+                format!("the snapshot is larger than {} bytes", self.max),
+            ));
+        }
+        self.tx
+            .blocking_send(bytes::Bytes::copy_from_slice(buf))
+            .map_err(|_| {
+                std::io::Error::new(
+                    std::io::ErrorKind::BrokenPipe,
+                    "the caller stopped reading the snapshot",
+                )
+            })?;
+        self.sent += buf.len() as u64;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// What one pass over a verified payload takes from it; every entry is checked either way.
+pub enum Take<'a> {
+    /// `checkpoint/` into this directory (made once for every session resumed from it).
+    Checkpoint(&'a Path),
+    /// `workspace/` and `tmpfs/` into a session's areas (by descriptor, cairn_pack::graft).
+    Files(&'a AreaRoots),
+}
+
+/// Unpacks what `take` names from a verified payload. Only files, directories and links,
+/// each made beneath its target without following a link; anything else, or anything
+/// outside `workspace/`, `tmpfs/` and `checkpoint/`, refused. A checkpoint file sent in parts
+/// (`checkpoint/NAME@OFFSET`) is put together again; a part that does not start where the
+/// ones before it ended is refused. Entries another pass takes are skipped by seeking past
+/// them.
+pub fn unpack(payload: &Path, take: Take<'_>) -> Result<()> {
+    let file = std::fs::File::open(payload).map_err(Error::io("opening the snapshot"))?;
+    let mut tar = tar::Archive::new(std::io::BufReader::new(file));
+    tar.set_preserve_permissions(true);
+    tar.set_unpack_xattrs(false);
+    tar.set_overwrite(true);
+    let mut assembly = None;
+    let corrupt = |e: std::io::Error| Error::Corrupt(format!("reading the snapshot: {e}"));
+    for entry in tar.entries_with_seek().map_err(corrupt)? {
+        let mut entry = entry.map_err(corrupt)?;
+        let path = entry.path().map_err(corrupt)?.into_owned();
+        let top = match path.components().next() {
+            Some(std::path::Component::Normal(c)) => c.to_string_lossy().into_owned(),
+            _ => String::new(),
+        };
+        let kind = entry.header().entry_type();
+        let files = top == "workspace" || top == "tmpfs";
+        if !files && top != "checkpoint" {
+            return Err(Error::Corrupt(format!(
+                "the snapshot holds {}, outside workspace/, tmpfs/ and checkpoint/",
+                path.display()
+            )));
+        }
+        if !(kind.is_file() || kind.is_dir() || kind.is_symlink()) {
+            return Err(Error::Corrupt(format!(
+                "the snapshot holds {} of a kind sessions do not keep",
+                path.display()
+            )));
+        }
+        let part = match kind.is_file() {
+            true => part_of(&path),
+            false => None,
+        };
+        match take {
+            Take::Files(areas) if files => place(areas, &mut entry)?,
+            Take::Checkpoint(dir) if part.is_some() => {
+                let (name, offset) = part.unwrap_or_default();
+                let a = match &mut assembly {
+                    Some(a) => a,
+                    None => assembly.insert(Assembly::new(payload, dir)?),
+                };
+                a.copy(&name, offset, entry.raw_file_position(), entry.size())?
+            }
+            Take::Checkpoint(dir) if !files => {
+                let unpacked = entry.unpack_in(dir).map_err(|e| {
+                    Error::Corrupt(format!(
+                        "unpacking {} from the snapshot: {e}",
+                        path.display()
+                    ))
+                })?;
+                if !unpacked {
+                    return Err(Error::Corrupt(format!(
+                        "the snapshot names {}, which would land outside the session",
+                        path.display()
+                    )));
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// runsc's memory image in a payload: the bulk of a snapshot with memory.
+pub const IMAGE: &str = "checkpoint/checkpoint.img";
+
+/// The file name and offset of a checkpoint file's part: `checkpoint/NAME@OFFSET`, or
+/// `checkpoint/checkpoint.img` (sent whole, offset 0) as an earlier version wrote it.
+fn part_of(path: &Path) -> Option<(String, u64)> {
+    if path == Path::new(IMAGE) {
+        return Some(("checkpoint.img".into(), 0));
+    }
+    let rest = path.strip_prefix("checkpoint").ok()?.to_str()?;
+    let (name, at) = rest.rsplit_once('@')?;
+    let plain = !name.is_empty() && !name.contains(['/', '@']) && name != "." && name != "..";
+    let digits = !at.is_empty() && at.bytes().all(|b| b.is_ascii_digit());
+    match plain && digits {
+        true => Some((name.to_owned(), at.parse().ok()?)),
+        false => None,
+    }
+}
+
+/// Checkpoint files put together from their parts, by the kernel (copy_file_range: no pass
+/// through this process), each made new in `dir/checkpoint/` without following a link.
+struct Assembly {
+    src: std::fs::File,
+    sub: rustix::fd::OwnedFd,
+    /// Each file's descriptor and bytes so far.
+    files: std::collections::HashMap<String, (rustix::fd::OwnedFd, u64)>,
+}
+
+impl Assembly {
+    fn new(payload: &Path, dir: &Path) -> Result<Assembly> {
+        use std::os::fd::AsFd;
+        let failed = Error::io("copying the checkpoint out of the snapshot");
+        let src = std::fs::File::open(payload).map_err(Error::io("opening the snapshot"))?;
+        let root = std::fs::File::open(dir).map_err(Error::io("opening the restore directory"))?;
+        let sub = match cairn_contain::open_dir(root.as_fd(), "checkpoint") {
+            Err(rustix::io::Errno::NOENT) => {
+                rustix::fs::mkdirat(&root, "checkpoint", rustix::fs::Mode::from_raw_mode(0o700))
+                    .map_err(|e| Error::io("making the checkpoint directory")(e.into()))?;
+                cairn_contain::open_dir(root.as_fd(), "checkpoint")
+            }
+            other => other,
+        }
+        .map_err(|e| failed(e.into()))?;
+        Ok(Assembly {
+            src,
+            sub,
+            files: Default::default(),
+        })
+    }
+
+    /// `len` bytes at `at` in the payload, as the bytes of `name` from `offset` on.
+    fn copy(&mut self, name: &str, offset: u64, at: u64, len: u64) -> Result<()> {
+        let failed = |e: std::io::Error| Error::Io {
+            context: "copying the checkpoint out of the snapshot".into(),
+            source: e,
+        };
+        if offset == 0 {
+            let fd = rustix::fs::openat(
+                &self.sub,
+                name,
+                rustix::fs::OFlags::WRONLY
+                    | rustix::fs::OFlags::CREATE
+                    | rustix::fs::OFlags::EXCL
+                    | rustix::fs::OFlags::NOFOLLOW
+                    | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::from_raw_mode(0o600),
+            )
+            .map_err(|e| {
+                Error::Corrupt(format!(
+                    "the snapshot holds checkpoint/{name} twice or beside a link: {e}"
+                ))
+            })?;
+            self.files.insert(name.to_owned(), (fd, 0));
+        }
+        let Some((dst, written)) = self.files.get_mut(name).filter(|(_, w)| *w == offset) else {
+            return Err(Error::Corrupt(format!(
+                "the snapshot has a part of checkpoint/{name} at byte {offset}, which is not where its earlier parts end"
+            )));
+        };
+        let (mut off, mut left) = (at, len);
+        while left > 0 {
+            let n = rustix::fs::copy_file_range(
+                &self.src,
+                Some(&mut off),
+                &*dst,
+                None,
+                left.min(1 << 30) as usize,
+            )
+            .map_err(|e| failed(e.into()))?;
+            if n == 0 {
+                return Err(Error::Corrupt(format!(
+                    "the snapshot ends inside checkpoint/{name}"
+                )));
+            }
+            left -= n as u64;
+        }
+        *written += len;
+        Ok(())
+    }
+}
+
+/// One `workspace/` or `tmpfs/` entry into a session's areas.
+fn place<R: std::io::Read>(areas: &AreaRoots, entry: &mut tar::Entry<'_, R>) -> Result<()> {
+    areas.place(entry).map_err(|e| match e {
+        GraftError::Refused(why) => {
+            Error::Corrupt(format!("the snapshot cannot be unpacked: {why}"))
+        }
+        GraftError::Io { source, .. } if source.raw_os_error() == Some(libc::ENOSPC) => {
+            Error::NoSpace("the snapshot's files do not fit the session's writable area (max_total_output_bytes): resume it on a runner with a larger cap".into())
+        }
+        GraftError::Io { context, source } => Error::Io { context, source },
+    })
+}
