@@ -78,6 +78,18 @@ impl<W: std::io::Write> HashingWriter<W> {
         }
     }
 
+    /// Hands `bytes` to `pass` (which writes them to the writer its own way, e.g. without
+    /// copying them) and counts them as written.
+    pub fn pass<T: AsRef<[u8]>>(
+        &mut self,
+        bytes: T,
+        pass: impl FnOnce(&mut W, T) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        self.hasher.update(bytes.as_ref());
+        self.size += bytes.as_ref().len() as u64;
+        pass(&mut self.inner, bytes)
+    }
+
     /// The writer (flushed), the sha256 of everything written (64 lowercase hex characters)
     /// and its size in bytes.
     pub fn finish(mut self) -> std::io::Result<(W, String, u64)> {

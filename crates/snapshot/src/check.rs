@@ -125,6 +125,9 @@ mod tests {
         c.finish(header)
     }
 
+    /// A header, the chunks that follow it, and the end after them.
+    type Case<'a> = (SnapshotHeader, &'a [&'a [u8]], Option<SnapshotEnd>);
+
     #[test]
     fn a_payload_matches_its_end_or_its_header_and_nothing_else() {
         let good = end_of(b"abcdef");
@@ -140,7 +143,7 @@ mod tests {
         assert!(run(&mut h2, &[b"abcdef"], None).is_ok());
         assert!(run(&mut h.clone(), &[b"abcdef"], Some(good.clone())).is_ok());
         // Refused: no end, other bytes, fewer bytes, an end against the header, bad hex.
-        let cases: Vec<(SnapshotHeader, &[&[u8]], Option<SnapshotEnd>)> = vec![
+        let cases: Vec<Case<'_>> = vec![
             (SnapshotHeader::default(), &[b"abcdef"], None),
             (SnapshotHeader::default(), &[b"abcdeF"], Some(good.clone())),
             (SnapshotHeader::default(), &[b"abcde"], Some(good.clone())),

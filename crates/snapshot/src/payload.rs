@@ -6,6 +6,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use bytes::Bytes;
 use cairn_pack::graft::{AreaRoots, GraftError};
 use cairn_sha256::HashingWriter;
 
@@ -34,6 +35,8 @@ pub struct Checkpoint<'a> {
 
 /// Bytes a checkpoint file must have grown by before they go out as a part of it.
 const PART_MIN: u64 = 4 << 20;
+/// Bytes of a checkpoint part read and sent at once.
+const PIECE: u64 = 1 << 20;
 /// How often a checkpoint being written is looked at.
 const POLL: std::time::Duration = std::time::Duration::from_millis(2);
 
@@ -47,7 +50,7 @@ const POLL: std::time::Duration = std::time::Duration::from_millis(2);
 pub fn write(
     task_dir: &Path,
     checkpoint: Option<Checkpoint<'_>>,
-    out: impl Write,
+    out: impl Out,
     files_in: impl FnOnce(),
 ) -> Result<(String, u64)> {
     // tar copies each file in 8 KiB pieces: buffered, the hash and `out` get 1 MiB ones.
@@ -111,6 +114,16 @@ pub fn write(
     Ok((sha, size))
 }
 
+/// Where a payload goes. `send` takes bytes the writer made for it (a checkpoint file's
+/// part, read once into its own buffer), which a sink may keep without copying them.
+pub trait Out: Write {
+    fn send(&mut self, bytes: Bytes) -> std::io::Result<()> {
+        self.write_all(&bytes)
+    }
+}
+
+impl Out for Vec<u8> {}
+
 /// The bytes of each checkpoint file already in the payload.
 #[derive(Default)]
 struct Parts {
@@ -121,7 +134,12 @@ impl Parts {
     /// Adds, for each file in `dir`, a part with what it gained since its last part when that
     /// is at least `min` bytes (with `min` 0, every file not yet in goes in, empty or not).
     /// True when a part was added.
-    fn add<W: Write>(&mut self, tar: &mut tar::Builder<W>, dir: &Path, min: u64) -> Result<bool> {
+    fn add<O: Out>(
+        &mut self,
+        tar: &mut tar::Builder<std::io::BufWriter<HashingWriter<O>>>,
+        dir: &Path,
+        min: u64,
+    ) -> Result<bool> {
         let mut names = Vec::new();
         for e in std::fs::read_dir(dir).map_err(Error::io("reading the checkpoint"))? {
             let e = e.map_err(Error::io("reading the checkpoint"))?;
@@ -161,20 +179,48 @@ impl Parts {
             h.set_entry_type(tar::EntryType::Regular);
             h.set_mode(0o600);
             h.set_size(len);
-            let reader = ExactlyN {
-                inner: std::io::Read::take(file, len),
-                left: len,
+            h.set_path(format!("checkpoint/{name}@{at}"))
+                .map_err(Error::io("writing the checkpoint into the snapshot"))?;
+            h.set_cksum();
+            // The part's bytes are read once, each piece into a buffer of its own that goes
+            // out as it is (no copy through tar's or the stream's buffers).
+            let sending = |e: std::io::Error| {
+                let context = match e.kind() {
+                    std::io::ErrorKind::FileTooLarge | std::io::ErrorKind::BrokenPipe => {
+                        "sending the snapshot"
+                    }
+                    _ => "writing the checkpoint into the snapshot",
+                };
+                Error::io(context)(e)
             };
-            tar.append_data(&mut h, format!("checkpoint/{name}@{at}"), reader)
-                .map_err(|e| {
-                    let context = match e.kind() {
-                        std::io::ErrorKind::FileTooLarge | std::io::ErrorKind::BrokenPipe => {
-                            "sending the snapshot"
-                        }
-                        _ => "writing the checkpoint into the snapshot",
-                    };
-                    Error::io(context)(e)
-                })?;
+            let buffered = tar.get_mut();
+            buffered.flush().map_err(sending)?;
+            let hashed = buffered.get_mut();
+            hashed.write_all(h.as_bytes()).map_err(sending)?;
+            let mut left = len;
+            while left > 0 {
+                let want = left.min(PIECE);
+                let mut piece = Vec::with_capacity(want as usize);
+                let got = std::io::Read::read_to_end(
+                    &mut std::io::Read::take(&mut file, want),
+                    &mut piece,
+                )
+                .map_err(Error::io("reading the checkpoint"))?;
+                if got as u64 != want {
+                    return Err(Error::io("reading the checkpoint")(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        format!("runsc's {name} shrank while it was being sent"),
+                    )));
+                }
+                hashed
+                    .pass(Bytes::from(piece), |out, piece| out.send(piece))
+                    .map_err(sending)?;
+                left -= want;
+            }
+            let pad = (512 - len % 512) % 512;
+            hashed
+                .write_all(&[0u8; 512][..pad as usize])
+                .map_err(sending)?;
             self.sent.insert(name, at + len);
             added = true;
         }
@@ -182,64 +228,55 @@ impl Parts {
     }
 }
 
-/// A reader that fails when it ends before `left` bytes (a part's size is in its header
-/// before its bytes).
-struct ExactlyN<R> {
-    inner: R,
-    left: u64,
-}
-
-impl<R: std::io::Read> std::io::Read for ExactlyN<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        if n == 0 && self.left > 0 && !buf.is_empty() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                "a checkpoint file shrank while it was being sent",
-            ));
-        }
-        self.left -= n as u64;
-        Ok(n)
-    }
-}
-
 /// Where a pause's payload goes as it is written: chunks to the caller's stream, at most
 /// `max` bytes in all. Past `max` a write fails with `FileTooLarge`; once the stream's
 /// reader is gone, with `BrokenPipe`.
 pub struct ChunkSink {
-    tx: tokio::sync::mpsc::Sender<bytes::Bytes>,
+    tx: tokio::sync::mpsc::Sender<Bytes>,
     sent: u64,
     max: u64,
 }
 
 impl ChunkSink {
-    pub fn new(tx: tokio::sync::mpsc::Sender<bytes::Bytes>, max: u64) -> ChunkSink {
+    pub fn new(tx: tokio::sync::mpsc::Sender<Bytes>, max: u64) -> ChunkSink {
         ChunkSink { tx, sent: 0, max }
     }
 }
 
-impl Write for ChunkSink {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        if self.sent + buf.len() as u64 > self.max {
+impl ChunkSink {
+    fn take(&mut self, bytes: Bytes) -> std::io::Result<()> {
+        let len = bytes.len() as u64;
+        if self.sent + len > self.max {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::FileTooLarge,
                 format!("the snapshot is larger than {} bytes", self.max),
             ));
         }
-        self.tx
-            .blocking_send(bytes::Bytes::copy_from_slice(buf))
-            .map_err(|_| {
-                std::io::Error::new(
-                    std::io::ErrorKind::BrokenPipe,
-                    "the caller stopped reading the snapshot",
-                )
-            })?;
-        self.sent += buf.len() as u64;
+        self.tx.blocking_send(bytes).map_err(|_| {
+            std::io::Error::new(
+                std::io::ErrorKind::BrokenPipe,
+                "the caller stopped reading the snapshot",
+            )
+        })?;
+        self.sent += len;
+        Ok(())
+    }
+}
+
+impl Write for ChunkSink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.take(Bytes::copy_from_slice(buf))?;
         Ok(buf.len())
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
+    }
+}
+
+impl Out for ChunkSink {
+    fn send(&mut self, bytes: Bytes) -> std::io::Result<()> {
+        self.take(bytes)
     }
 }
 

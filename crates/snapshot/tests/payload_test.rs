@@ -106,6 +106,8 @@ impl std::io::Write for Shared {
     }
 }
 
+impl cairn_snapshot::payload::Out for Shared {}
+
 fn entry_names(tar_bytes: &[u8]) -> Vec<String> {
     let mut a = tar::Archive::new(tar_bytes);
     a.entries()
@@ -250,10 +252,13 @@ fn a_checkpoint_that_fails_ends_the_payload_with_an_error() {
     assert!(!seen.get(), "files went in after a failed checkpoint");
 }
 
+/// A payload entry: a path and a file's bytes, or None for a directory.
+type Entry<'a> = (&'a str, Option<&'a [u8]>);
+
 #[test]
 fn parts_that_do_not_follow_each_other_are_refused() {
     let t = tempfile::tempdir().unwrap();
-    let cases: [&[(&str, Option<&[u8]>)]; 4] = [
+    let cases: [&[Entry<'_>]; 4] = [
         // A part that does not start at 0.
         &[("checkpoint/checkpoint.img@3", Some(b"abc"))],
         // A gap.

@@ -236,33 +236,44 @@ impl SandboxRunner for SandboxService {
         // Runs to its end whatever the client does (a checkpoint is never left half handled);
         // a client that leaves stops the bytes, and the pause ends with an error.
         let task = tokio::spawn(async move {
+            let (end_tx, end_rx) = tokio::sync::oneshot::channel();
             let pausing = runner.pause_session(
                 &req.session_id,
                 req.files_only,
                 req.keep_open,
                 header_tx,
                 chunks_tx,
+                end_tx,
             );
             let tx2 = tx.clone();
+            // The chunks, then the end as soon as the snapshot is whole (the runner may still
+            // be clearing up): true when the end was delivered.
             let forwarding = async move {
                 while let Some(c) = chunks.recv().await {
                     if tx2.send(Ok(part(Msg::Chunk(c)))).await.is_err() {
-                        return; // the client left: dropping `chunks` stops the writing
+                        return false; // the client left: dropping `chunks` stops the writing
                     }
                 }
+                match end_rx.await {
+                    Ok(end) => tx2.send(Ok(part(Msg::End(end)))).await.is_ok(),
+                    Err(_) => false,
+                }
             };
-            let (paused, ()) = tokio::join!(pausing, forwarding);
+            let (paused, delivered) = tokio::join!(pausing, forwarding);
             let sent = match paused {
                 Ok(sent) => sent,
+                Err(e) if delivered => {
+                    tracing::warn!(session_id = %req.session_id, error = %e, "clearing up after a delivered snapshot failed");
+                    return;
+                }
                 Err(e) => {
                     let _ = tx.send(Err(Status::from(e))).await;
                     return;
                 }
             };
-            let end = part(Msg::End(sent.end));
             // Delivered: a files-only session ends here (one with memory ended at its
             // checkpoint), unless it was a checkpoint of a session that goes on.
-            if tx.send(Ok(end)).await.is_ok() && !sent.memory && !req.keep_open {
+            if delivered && !sent.memory && !req.keep_open {
                 if let Err(e) = runner.close_session(&req.session_id).await {
                     tracing::warn!(session_id = %req.session_id, error = %e, "closing a paused session failed");
                 }

@@ -600,6 +600,92 @@ async fn runner_whose_runsc(dir: &std::path::Path, verb: &str, then: &str) -> Te
     TestRunner::start_with(GVISOR, |c| c.runsc = runsc).await
 }
 
+/// The checkpoint's bytes go out while runsc writes them: with a runsc whose checkpoint
+/// command lingers 3 s after its image is written, the first bytes of a session holding
+/// 24 MiB arrive long before the checkpoint ends (a runner that sends only after runsc exits
+/// sends nothing for 3 s), and the snapshot, its image in parts, resumes on another runner
+/// with its counter going on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_memory_checkpoint_is_sent_while_runsc_writes_it() {
+    if !gvisor_usable("gvisor_checkpoint_streamed") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let a = runner_whose_runsc(
+        dir.path(),
+        "checkpoint",
+        "$REAL \"$@\"; rc=$?; sleep 3; exit $rc",
+    )
+    .await;
+    let b = TestRunner::start_with(GVISOR, |_| {}).await;
+    let id = open(&a).await;
+    let hold = "python3 -c 'import os,time\nb = os.urandom(24 << 20)\nopen(\"/tmpfs/held\", \"w\").write(\"1\")\nwhile True: time.sleep(1)'";
+    exec(&a, &id, hold, true).await;
+    exec(&a, &id, COUNTER, true).await;
+    let before = wait_count(&a, &id, 5).await;
+    assert_eq!(
+        text(&exec(&a, &id, "cat /tmpfs/held", false).await.stdout),
+        "1"
+    );
+
+    let t0 = std::time::Instant::now();
+    let mut stream = a
+        .client
+        .clone()
+        .pause_session(PauseSessionRequest {
+            session_id: id.clone(),
+            files_only: false,
+            keep_open: false,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let (mut file, mut first_bytes, mut header) = (Vec::new(), None, None);
+    while let Some(part) = stream.message().await.unwrap() {
+        match part.msg {
+            Some(cairn_proto::snapshot_part::Msg::Header(h)) => {
+                file.extend(snapshot::prefix(&h));
+                header = Some(h);
+            }
+            Some(cairn_proto::snapshot_part::Msg::Chunk(c)) => {
+                first_bytes.get_or_insert(t0.elapsed());
+                file.extend_from_slice(&c);
+            }
+            Some(cairn_proto::snapshot_part::Msg::End(e)) => {
+                file.extend(snapshot::trailer(&e).unwrap());
+            }
+            None => {}
+        }
+    }
+    let (first_bytes, ended) = (first_bytes.unwrap(), t0.elapsed());
+    println!("first bytes after {first_bytes:?}, the snapshot ended after {ended:?}");
+    assert!(
+        ended >= Duration::from_secs(3),
+        "runsc's checkpoint lingers 3 s: {ended:?}"
+    );
+    assert!(
+        first_bytes + Duration::from_millis(1500) < ended,
+        "the first bytes came {first_bytes:?} after the pause began, the end {ended:?}: nothing went out while runsc wrote"
+    );
+    let header = header.unwrap();
+    assert!(header.memory);
+    assert_eq!(header.format, 2);
+
+    let resumed = resume(&b, &file).await.unwrap();
+    let on_b = wait_count(&b, &resumed.session_id, before + 10).await;
+    assert!(on_b > before);
+    assert_eq!(
+        text(
+            &exec(&b, &resumed.session_id, "cat /tmpfs/held", false)
+                .await
+                .stdout
+        ),
+        "1"
+    );
+    a.stop().await;
+    b.stop().await;
+}
+
 /// `gvisor_checkpoint_compression` reaches `runsc checkpoint` when that runsc takes
 /// `--compression` (Debian 13's), and a runsc without the flag (Debian 12's) is not given it:
 /// its checkpoint still works.

@@ -24,9 +24,12 @@ pub struct Sent {
 
 impl Runner {
     /// Makes a snapshot of session `id`: with its memory and processes when the backend can
-    /// and `files_only` is off (gvisor), else its files. Once the checkpoint is taken its
-    /// header goes to `header` (no sha256 or size yet) and the bytes to `chunks` as they are
-    /// made; the answer has their sha256 and size. A memory checkpoint stops the sandbox: with
+    /// and `files_only` is off (gvisor), else its files. Its header goes to `header` at once
+    /// (no sha256 or size yet) and the bytes to `chunks` as they are made (runsc's files
+    /// while runsc writes them); their sha256 and size go to `end_tx` once the snapshot is
+    /// whole, before the checkpoint's scratch files are removed and a session it ended is
+    /// closed (an error after that leaves the snapshot whole), and are in the answer. A
+    /// memory checkpoint stops the sandbox: with
     /// `keep_open` it is restored in place once the files are sent (the session goes on under
     /// its id, its processes where they were; a restore that fails closes the session), else
     /// the session is closed once the bytes are sent. A files-only session stays open (the
@@ -40,6 +43,7 @@ impl Runner {
         keep_open: bool,
         header: tokio::sync::oneshot::Sender<pb::SnapshotHeader>,
         chunks: tokio::sync::mpsc::Sender<bytes::Bytes>,
+        end_tx: tokio::sync::oneshot::Sender<pb::SnapshotEnd>,
     ) -> Result<Sent> {
         self.open()?;
         let s = self.session(id)?;
@@ -142,11 +146,11 @@ impl Runner {
                 return Err(self.after_failed_checkpoint(&s, e).await);
             }
         };
-        drop(scratch);
         let checkpointed = checkpointed.get().copied().unwrap_or_default();
         let timing = match restored {
             Some(Ok(timing)) => Some(timing),
             Some(Err(e)) => {
+                drop(scratch);
                 // Closed before the Execs waiting for the checkpoint go on: they find no session.
                 if let Err(c) = self.close_session(id).await {
                     tracing::warn!(session_id = %id, error = %c, "closing a session whose restore failed failed");
@@ -159,12 +163,9 @@ impl Runner {
             }
             None => None,
         };
-        if memory && !keep_open {
-            // The checkpoint stopped the sandbox: the session is over whatever comes next.
-            self.close_session(id).await?;
-        }
-        drop(alone);
-        let (sha256, size_bytes) = written.map_err(|e| match e {
+        // The checkpoint stopped the sandbox: the session is over whatever comes next.
+        let ends_session = memory && !keep_open;
+        let written = written.map_err(|e| match e {
             Error::Io { source, .. } if source.kind() == std::io::ErrorKind::FileTooLarge => {
                 Error::ResourceExhausted {
                     message: format!(
@@ -174,7 +175,28 @@ impl Runner {
                 }
             }
             other => other,
-        })?;
+        });
+        let (sha256, size_bytes) = match written {
+            Ok(w) => w,
+            Err(e) => {
+                drop(scratch);
+                if ends_session {
+                    if let Err(c) = self.close_session(id).await {
+                        tracing::warn!(session_id = %id, error = %c, "closing a checkpointed session failed");
+                    }
+                }
+                return Err(e);
+            }
+        };
+        let end = pb::SnapshotEnd { sha256, size_bytes };
+        // The snapshot is whole: its end goes out before the clearing up below.
+        let _ = end_tx.send(end.clone());
+        let sent_at = t0.elapsed();
+        drop(scratch);
+        if ends_session {
+            self.close_session(id).await?;
+        }
+        drop(alone);
         let (restore_from_ms, paused_ms) = timing
             .map(|(from, to)| (from.as_millis() as u64, to.as_millis() as u64))
             .unwrap_or_default();
@@ -182,18 +204,16 @@ impl Runner {
             session_id = %id,
             memory,
             keep_open,
-            bytes = size_bytes,
+            bytes = end.size_bytes,
             checkpoint_ms = checkpointed.as_millis() as u64,
             written_ms = written_at.as_millis() as u64,
             restore_from_ms,
             paused_ms,
+            end_sent_ms = sent_at.as_millis() as u64,
             total_ms = t0.elapsed().as_millis() as u64,
             "session snapshot made and sent"
         );
-        Ok(Sent {
-            end: pb::SnapshotEnd { sha256, size_bytes },
-            memory,
-        })
+        Ok(Sent { end, memory })
     }
 
     /// A memory checkpoint failed with `e`: a session whose sandbox it stopped cannot go on
