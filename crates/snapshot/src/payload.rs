@@ -72,13 +72,9 @@ pub fn write(
                 }
                 None => {}
             }
-            match parts.add(&mut tar, c.dir, PART_MIN)? {
-                // Out at once: the next part may be a while.
-                true => tar
-                    .get_mut()
-                    .flush()
-                    .map_err(Error::io("sending the snapshot"))?,
-                false => std::thread::sleep(POLL),
+            // A part goes out as it is written (it passes tar's buffer by).
+            if !parts.add(&mut tar, c.dir, PART_MIN)? {
+                std::thread::sleep(POLL);
             }
         }
     }
@@ -88,16 +84,13 @@ pub fn write(
     ];
     for (name, dir) in files {
         tar.append_dir_all(name, &dir).map_err(|e| {
-            let context = match e.kind() {
-                std::io::ErrorKind::FileTooLarge | std::io::ErrorKind::BrokenPipe => {
-                    "sending the snapshot".to_owned()
-                }
-                _ => format!(
+            writing(
+                e,
+                &format!(
                     "writing {} into the snapshot (a socket or special file there cannot be kept: remove it)",
                     dir.display()
                 ),
-            };
-            Error::Io { context, source: e }
+            )
         })?;
     }
     files_in();
@@ -123,6 +116,17 @@ pub trait Out: Write {
 }
 
 impl Out for Vec<u8> {}
+
+/// An error writing the payload: the stream's (past the size limit, or its reader gone),
+/// or else one of `context`.
+fn writing(e: std::io::Error, context: &str) -> Error {
+    match e.kind() {
+        std::io::ErrorKind::FileTooLarge | std::io::ErrorKind::BrokenPipe => {
+            Error::io("sending the snapshot")(e)
+        }
+        _ => Error::io(context)(e),
+    }
+}
 
 /// The bytes of each checkpoint file already in the payload.
 #[derive(Default)]
@@ -184,15 +188,7 @@ impl Parts {
             h.set_cksum();
             // The part's bytes are read once, each piece into a buffer of its own that goes
             // out as it is (no copy through tar's or the stream's buffers).
-            let sending = |e: std::io::Error| {
-                let context = match e.kind() {
-                    std::io::ErrorKind::FileTooLarge | std::io::ErrorKind::BrokenPipe => {
-                        "sending the snapshot"
-                    }
-                    _ => "writing the checkpoint into the snapshot",
-                };
-                Error::io(context)(e)
-            };
+            let sending = |e| writing(e, "writing the checkpoint into the snapshot");
             let buffered = tar.get_mut();
             buffered.flush().map_err(sending)?;
             let hashed = buffered.get_mut();

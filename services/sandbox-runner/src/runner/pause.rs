@@ -16,9 +16,9 @@ const CHECKPOINTING: u8 = 0;
 const CHECKPOINTED: u8 = 1;
 const CHECKPOINT_FAILED: u8 = 2;
 
-/// A snapshot sent by a pause: what its SnapshotEnd says, and whether memory is in it.
+/// A snapshot sent by a pause (its SnapshotEnd went to the caller's `end_tx`): whether
+/// memory is in it.
 pub struct Sent {
-    pub end: pb::SnapshotEnd,
     pub memory: bool,
 }
 
@@ -28,7 +28,7 @@ impl Runner {
     /// (no sha256 or size yet) and the bytes to `chunks` as they are made (runsc's files
     /// while runsc writes them); their sha256 and size go to `end_tx` once the snapshot is
     /// whole, before the checkpoint's scratch files are removed and a session it ended is
-    /// closed (an error after that leaves the snapshot whole), and are in the answer. A
+    /// closed (an error after that leaves the snapshot whole). A
     /// memory checkpoint stops the sandbox: with
     /// `keep_open` it is restored in place once the files are sent (the session goes on under
     /// its id, its processes where they were; a restore that fails closes the session), else
@@ -213,7 +213,7 @@ impl Runner {
             total_ms = t0.elapsed().as_millis() as u64,
             "session snapshot made and sent"
         );
-        Ok(Sent { end, memory })
+        Ok(Sent { memory })
     }
 
     /// A memory checkpoint failed with `e`: a session whose sandbox it stopped cannot go on
