@@ -8,11 +8,10 @@ use std::time::Instant;
 
 use anyhow::Context;
 use cairn_proto::v1::{
-    get_response, snapshot_part, CloseSessionRequest, ExecRequest, FileInfo, GetRequest,
-    OpenSessionRequest, PauseSessionRequest, PutHeader, SnapshotHeader, SnapshotPart, StatRequest,
+    snapshot_part, CloseSessionRequest, ExecRequest, GetRequest, OpenSessionRequest,
+    PauseSessionRequest, PutHeader, SnapshotHeader, SnapshotPart, StatRequest,
 };
 use cairn_runner_client::snapshot;
-use cairn_sha256::Sha256;
 use serde_json::json;
 
 use crate::cli::{Global, SessionCommand};
@@ -411,7 +410,7 @@ async fn resume(
     copies: u32,
 ) -> anyhow::Result<Vec<String>> {
     let mut store = services.store()?;
-    let mut stream = store
+    let stream = store
         .get(GetRequest {
             project_id: global.project.clone(),
             path: path.to_owned(),
@@ -420,56 +419,20 @@ async fn resume(
         .await
         .with_context(|| format!("reading the snapshot {path} from the store"))?
         .into_inner();
-    let (mut into_runner, from_store) = tokio::io::duplex(4 << 20);
-    let shown = path.to_owned();
-    let pump = tokio::spawn(async move {
-        use tokio::io::AsyncWriteExt;
-        let (mut hash, mut info, mut held) = (Sha256::new(), None, None::<bytes::Bytes>);
-        while let Some(msg) = stream.message().await? {
-            match msg.msg {
-                Some(get_response::Msg::Info(i)) => info = Some(i),
-                Some(get_response::Msg::Chunk(c)) => {
-                    hash.update(&c);
-                    if let Some(prev) = held.replace(c) {
-                        // The runner stopped reading: its answer says why.
-                        if into_runner.write_all(&prev).await.is_err() {
-                            return Ok(());
-                        }
-                    }
-                }
-                None => {}
-            }
-        }
-        let info: FileInfo = info.context("the store sent no file header")?;
-        let got = hash.finish_hex();
-        if !info.sha256.is_empty() && got != info.sha256 {
-            anyhow::bail!(
-                "the snapshot {shown} read back with sha256 {got}, the store has {}: read it again",
-                info.sha256
-            );
-        }
-        if let Some(last) = held {
-            let _ = into_runner.write_all(&last).await;
-        }
-        let _ = into_runner.shutdown().await;
-        Ok::<(), anyhow::Error>(())
-    });
-    let resumed = async {
-        let mut reader = from_store;
-        let header = snapshot::read_header(&mut reader).await?;
-        let info = runner
-            .resume_session(snapshot::parts(header, reader, String::new(), copies))
-            .await?
-            .into_inner();
-        let mut ids = vec![info.session_id];
-        ids.extend(info.copies.into_iter().map(|c| c.session_id));
-        anyhow::Ok(ids)
-    }
-    .await;
+    let body = cairn_store_client::streamed::checked(stream, None, format!("the snapshot {path}"));
+    let mut reader = tokio_util::io::StreamReader::new(Box::pin(body));
+    let header = snapshot::read_header(&mut reader).await?;
+    let failure = snapshot::ReadFailure::default();
+    let parts = snapshot::parts_reporting(header, reader, String::new(), copies, failure.clone());
     // The store's side first: a snapshot that failed its check explains a refused resume.
-    match pump.await {
-        Ok(Err(e)) => Err(e).with_context(|| format!("reading the snapshot {path} from the store")),
-        Err(e) => anyhow::bail!("the snapshot reading task failed: {e}"),
-        Ok(Ok(())) => resumed,
-    }
+    let info = match runner.resume_session(parts).await {
+        Ok(info) => info.into_inner(),
+        Err(s) => match failure.get() {
+            Some(why) => anyhow::bail!("{why}: read it again"),
+            None => return Err(s.into()),
+        },
+    };
+    let mut ids = vec![info.session_id];
+    ids.extend(info.copies.into_iter().map(|c| c.session_id));
+    Ok(ids)
 }

@@ -20,6 +20,8 @@ use cairn_proto::v1::{
     TouchSessionRequest, WriteFileRequest, WriteFileResponse, WriteMode,
 };
 use cairn_telemetry::TracedChannel;
+
+use crate::snapshot::SnapshotError;
 use tonic::{Code, Status};
 
 pub type Client = SandboxRunnerClient<TracedChannel>;
@@ -87,35 +89,77 @@ impl RunnerSession {
         .await
     }
 
-    /// Opens a new session `session_id` from a snapshot file (`snapshot.rs`'s layout) on the
-    /// first runner of `rotation` that takes it, moving on while runners are gone and past
-    /// runners of another backend or image (they refuse it, FailedPrecondition: a fleet may
-    /// mix backends). A damaged file is refused by the runner (InvalidArgument) before any
-    /// session exists, and tried nowhere else. When no runner took it: a runner that was gone
-    /// (it may come back) over a refusal.
+    /// Opens a new session `session_id` from a snapshot file held in memory, as
+    /// [`RunnerSession::resume_from`] does.
     pub async fn resume(
         rotation: Vec<(String, Client)>,
         file: Bytes,
         session_id: String,
     ) -> Result<RunnerSession, Status> {
-        let mut rest: &[u8] = &file;
-        let header = crate::snapshot::read_header(&mut rest)
-            .await
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
-        let payload = file.slice(file.len() - rest.len()..);
+        let open = move || {
+            let file = file.clone();
+            async move { Ok(std::io::Cursor::new(file)) }
+        };
+        Self::resume_from(rotation, open, session_id).await
+    }
+
+    /// Opens a new session `session_id` from a snapshot file (`snapshot.rs`'s layout), read
+    /// afresh from `open` for each runner offered it and streamed as it is read, on the first
+    /// runner of `rotation` that takes it: moving on while runners are gone and past runners
+    /// of another backend or image (they refuse it, FailedPrecondition: a fleet may mix
+    /// backends). A damaged file is refused by the runner (InvalidArgument) before any session
+    /// exists, and tried nowhere else; a reader that fails makes it short, and the answer is
+    /// then DataLoss naming the reader's error. An `open` that fails ends the call with its
+    /// error unless that is Unavailable (the next runner opens again). When no runner took
+    /// it: a runner that was gone (it may come back) over a refusal.
+    pub async fn resume_from<F, Fut, R>(
+        rotation: Vec<(String, Client)>,
+        mut open: F,
+        session_id: String,
+    ) -> Result<RunnerSession, Status>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<R, Status>>,
+        R: tokio::io::AsyncRead + Unpin + Send + 'static,
+    {
+        let id = session_id.clone();
         on_first_that_answers(
             rotation,
-            &session_id,
+            &id,
             "resuming the snapshot",
             |s| s.code() == Code::FailedPrecondition,
             |mut client| {
-                let parts = crate::snapshot::parts(
-                    header.clone(),
-                    std::io::Cursor::new(payload.clone()),
-                    session_id.clone(),
-                    1,
-                );
-                async move { client.resume_session(parts).await }
+                let reader = open();
+                let session_id = session_id.clone();
+                async move {
+                    let mut reader = reader.await.map_err(|s| {
+                        Status::new(s.code(), format!("reading the snapshot: {}", s.message()))
+                    })?;
+                    let header = crate::snapshot::read_header(&mut reader)
+                        .await
+                        .map_err(|e| match e {
+                            SnapshotError::Io(e) => {
+                                Status::data_loss(format!("reading the snapshot: {e}"))
+                            }
+                            e => Status::invalid_argument(e.to_string()),
+                        })?;
+                    let failure = crate::snapshot::ReadFailure::default();
+                    let parts = crate::snapshot::parts_reporting(
+                        header,
+                        reader,
+                        session_id,
+                        1,
+                        failure.clone(),
+                    );
+                    let answer = client.resume_session(parts).await;
+                    match (answer, failure.get()) {
+                        (Err(s), Some(why)) => Err(Status::data_loss(format!(
+                            "reading the snapshot failed ({why}), so the runner got it short: {}",
+                            s.message()
+                        ))),
+                        (answer, _) => answer,
+                    }
+                }
             },
         )
         .await

@@ -73,25 +73,33 @@ pub async fn read_header(
             "not a cairn snapshot file (its first bytes are not the snapshot magic)".into(),
         )
     };
+    // A reader that fails says why; one that ends early holds no snapshot.
+    let short = |e: std::io::Error, what: SnapshotError| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => what,
+        _ => SnapshotError::Io(e),
+    };
     let mut magic = vec![0u8; MAGIC.len()];
     reader
         .read_exact(&mut magic)
         .await
-        .map_err(|_| not_snapshot())?;
+        .map_err(|e| short(e, not_snapshot()))?;
     if magic != MAGIC {
         return Err(not_snapshot());
     }
-    let len = reader.read_u32().await.map_err(|_| not_snapshot())?;
+    let len = reader
+        .read_u32()
+        .await
+        .map_err(|e| short(e, not_snapshot()))?;
     if len > MAX_HEADER {
         return Err(SnapshotError::Corrupt(format!(
             "the snapshot header says it is {len} bytes long: the file is damaged"
         )));
     }
     let mut body = vec![0u8; len as usize];
-    reader
-        .read_exact(&mut body)
-        .await
-        .map_err(|_| SnapshotError::Corrupt("the snapshot file ends inside its header".into()))?;
+    reader.read_exact(&mut body).await.map_err(|e| {
+        let cut = SnapshotError::Corrupt("the snapshot file ends inside its header".into());
+        short(e, cut)
+    })?;
     SnapshotHeader::decode(body.as_slice())
         .map_err(|e| SnapshotError::Corrupt(format!("the snapshot header does not decode: {e}")))
 }
@@ -134,13 +142,35 @@ fn hex_bytes(hex: &str) -> Option<[u8; 32]> {
     Some(out)
 }
 
-/// Writes a PauseSession stream to `out` as a snapshot file, checking the payload against
-/// its header or its SnapshotEnd; fails (the file is then not a snapshot to keep) when they
-/// differ or the stream ends without its end.
+/// Writes a PauseSession stream to `out` as a snapshot file, as [`save_into`] does.
 pub async fn save(
-    mut stream: tonic::Streaming<SnapshotPart>,
+    stream: tonic::Streaming<SnapshotPart>,
     out: &mut (impl AsyncWrite + Unpin),
 ) -> Result<Saved, SnapshotError> {
+    let saved = {
+        let sink = futures::sink::unfold(&mut *out, |out, b: Bytes| async move {
+            out.write_all(&b).await.map(|_| out)
+        });
+        futures::pin_mut!(sink);
+        save_into(stream, &mut sink).await?
+    };
+    out.flush().await?;
+    Ok(saved)
+}
+
+/// Sends a PauseSession stream into `sink` as the bytes of a snapshot file (its prefix, the
+/// payload as it arrives, then the trailer when the runner sent its end after the bytes),
+/// checking the payload against its header or its SnapshotEnd; fails (what was sent is then
+/// not a snapshot to keep) when they differ or the stream ends without its end. Nothing is
+/// held but the message at hand.
+pub async fn save_into<S>(
+    mut stream: tonic::Streaming<SnapshotPart>,
+    sink: &mut S,
+) -> Result<Saved, SnapshotError>
+where
+    S: futures::Sink<Bytes, Error = std::io::Error> + Unpin,
+{
+    use futures::SinkExt;
     let mut header = match stream.message().await? {
         Some(SnapshotPart {
             msg: Some(snapshot_part::Msg::Header(h)),
@@ -156,32 +186,49 @@ pub async fn save(
     let with_trailer = header.sha256.is_empty();
     let mut file_hash = Sha256::new();
     file_hash.update(&head);
-    out.write_all(&head).await?;
+    let head_len = head.len() as u64;
+    sink.feed(Bytes::from(head)).await?;
     let mut check = Check::new();
     while let Some(part) = stream.message().await? {
         match part.msg {
             Some(snapshot_part::Msg::Chunk(c)) => {
                 check.chunk(&c)?;
                 file_hash.update(&c);
-                out.write_all(&c).await?;
+                sink.feed(c).await?;
             }
             Some(snapshot_part::Msg::End(e)) => check.end(e)?,
             _ => {}
         }
     }
     let end = check.finish(&mut header)?;
-    let mut file_bytes = head.len() as u64 + end.size_bytes;
+    let mut file_bytes = head_len + end.size_bytes;
     if let Some(t) = with_trailer.then(|| trailer(&end)).flatten() {
         file_hash.update(&t);
-        out.write_all(&t).await?;
         file_bytes += t.len() as u64;
+        sink.feed(Bytes::from(t)).await?;
     }
-    out.flush().await?;
+    sink.flush().await?;
     Ok(Saved {
         file_bytes,
         file_sha256: file_hash.finish_hex(),
         header,
     })
+}
+
+/// Why the reader of [`parts_reporting`] failed, once it did (its stream then ended short,
+/// and the runner refused the snapshot as damaged): the cause to report over that refusal.
+#[derive(Clone, Debug, Default)]
+pub struct ReadFailure(std::sync::Arc<std::sync::OnceLock<String>>);
+
+impl ReadFailure {
+    pub fn get(&self) -> Option<&str> {
+        self.0.get().map(String::as_str)
+    }
+
+    fn set(&self, why: String) {
+        tracing::warn!(error = %why, "the snapshot's stream ends short");
+        let _ = self.0.set(why);
+    }
 }
 
 /// ResumeSession's stream from a snapshot file's payload (`reader` just past the header):
@@ -195,6 +242,17 @@ pub fn parts(
     session_id: String,
     copies: u32,
 ) -> impl futures::Stream<Item = SnapshotPart> + Send + 'static {
+    parts_reporting(header, reader, session_id, copies, ReadFailure::default())
+}
+
+/// [`parts`], saying in `failure` why the stream ended short when it did.
+pub fn parts_reporting(
+    header: SnapshotHeader,
+    reader: impl AsyncRead + Unpin + Send + 'static,
+    session_id: String,
+    copies: u32,
+    failure: ReadFailure,
+) -> impl futures::Stream<Item = SnapshotPart> + Send + 'static {
     // The trailer is held back from the chunks and sent as the end.
     let hold = if header.sha256.is_empty() {
         TRAILER_LEN
@@ -207,47 +265,50 @@ pub fn parts(
         copies,
     };
     let start = Some((reader, Vec::<u8>::new()));
-    let rest = futures::stream::unfold(start, move |state| async move {
-        let (mut reader, mut carry) = state?;
-        let mut at_eof = false;
-        while carry.len() < CHUNK + hold {
-            let from = carry.len();
-            carry.resize(CHUNK + hold, 0);
-            match reader.read(&mut carry[from..]).await {
-                Ok(0) => {
-                    carry.truncate(from);
-                    at_eof = true;
-                    break;
-                }
-                Ok(n) => carry.truncate(from + n),
-                Err(e) => {
-                    tracing::warn!(error = %e, "reading the snapshot file failed; its stream ends short");
-                    return None;
+    let rest = futures::stream::unfold(start, move |state| {
+        let failure = failure.clone();
+        async move {
+            let (mut reader, mut carry) = state?;
+            let mut at_eof = false;
+            while carry.len() < CHUNK + hold {
+                let from = carry.len();
+                carry.resize(CHUNK + hold, 0);
+                match reader.read(&mut carry[from..]).await {
+                    Ok(0) => {
+                        carry.truncate(from);
+                        at_eof = true;
+                        break;
+                    }
+                    Ok(n) => carry.truncate(from + n),
+                    Err(e) => {
+                        failure.set(e.to_string());
+                        return None;
+                    }
                 }
             }
-        }
-        if carry.len() > hold {
-            let tail = carry.split_off(carry.len() - hold);
-            let part = SnapshotPart {
-                msg: Some(snapshot_part::Msg::Chunk(Bytes::from(carry))),
-                ..Default::default()
-            };
-            return Some((part, Some((reader, tail))));
-        }
-        if !at_eof || hold == 0 {
-            return None;
-        }
-        match parse_trailer(&carry) {
-            Ok(end) => {
+            if carry.len() > hold {
+                let tail = carry.split_off(carry.len() - hold);
                 let part = SnapshotPart {
-                    msg: Some(snapshot_part::Msg::End(end)),
+                    msg: Some(snapshot_part::Msg::Chunk(Bytes::from(carry))),
                     ..Default::default()
                 };
-                Some((part, None))
+                return Some((part, Some((reader, tail))));
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "the snapshot file's trailer is damaged; its stream ends short");
-                None
+            if !at_eof || hold == 0 {
+                return None;
+            }
+            match parse_trailer(&carry) {
+                Ok(end) => {
+                    let part = SnapshotPart {
+                        msg: Some(snapshot_part::Msg::End(end)),
+                        ..Default::default()
+                    };
+                    Some((part, None))
+                }
+                Err(e) => {
+                    failure.set(e.to_string());
+                    None
+                }
             }
         }
     });

@@ -18,6 +18,8 @@ use cairn_telemetry::TracedChannel;
 use futures::StreamExt;
 use tonic::{Code, Status};
 
+pub mod streamed;
+
 /// Largest file this service reads into memory (documents, inputs, manifests).
 pub const MAX_READ_BYTES: u64 = 64 << 20;
 const CHUNK: usize = 1 << 20;
@@ -261,22 +263,8 @@ impl Store {
                 "{path} is {size} bytes; the orchestrator reads at most {max} here"
             ))
         };
-        let req = GetRequest {
-            project_id: project.to_owned(),
-            path: path.to_owned(),
-            offset: 0,
-            length: 0,
-        };
-        let opened = self
-            .call("Get", Safety::Idempotent, |mut c| {
-                let req = req.clone();
-                async move { c.get(req).await }
-            })
-            .await;
-        let mut stream = match opened {
-            Ok(s) => s.into_inner(),
-            Err(s) if s.code() == Code::NotFound => return Ok(None),
-            Err(s) => return Err(s),
+        let Some(mut stream) = self.open_get(project, path).await? else {
+            return Ok(None);
         };
         let mut buf: Vec<u8> = Vec::new();
         loop {
@@ -303,6 +291,32 @@ impl Store {
             }
         }
         Ok(Some(Bytes::from(buf)))
+    }
+
+    /// A Get of the whole of `path` (resent while the store is away); None when there is no
+    /// such file.
+    async fn open_get(
+        &self,
+        project: &str,
+        path: &str,
+    ) -> Result<Option<tonic::Streaming<cairn_proto::v1::GetResponse>>, Status> {
+        let req = GetRequest {
+            project_id: project.to_owned(),
+            path: path.to_owned(),
+            offset: 0,
+            length: 0,
+        };
+        let opened = self
+            .call("Get", Safety::Idempotent, |mut c| {
+                let req = req.clone();
+                async move { c.get(req).await }
+            })
+            .await;
+        match opened {
+            Ok(s) => Ok(Some(s.into_inner())),
+            Err(s) if s.code() == Code::NotFound => Ok(None),
+            Err(s) => Err(s),
+        }
     }
 
     /// Describes one path; `None` when nothing is there.

@@ -285,6 +285,42 @@ async fn wait_event(s: &Stack, run: &str, kind: &str, secs: u64) -> Value {
     }
 }
 
+/// The first tool call whose arguments hold `needle`.
+async fn tool_call_with(s: &Stack, run: &str, needle: &str) -> Value {
+    events_of(s, run, "code_delivery.tool_call")
+        .await
+        .into_iter()
+        .find(|e| e["arguments"].as_str().unwrap_or_default().contains(needle))
+        .unwrap_or_else(|| panic!("no tool call with {needle:?}"))
+}
+
+/// Kills the runner at `addr` (the session's), lets the model answer, and waits for the run
+/// to complete (it must).
+async fn kill_then_finish(
+    s: &Stack,
+    runners: &mut [Runner],
+    addr: &str,
+    llm: &FakeLlm,
+    run: &str,
+    secs: u64,
+) -> RunInfo {
+    runners
+        .iter_mut()
+        .find(|r| r.addr == addr)
+        .expect("the session's runner is one of ours")
+        .kill()
+        .await;
+    llm.release();
+    let done = s.wait_final(run, secs).await;
+    assert_eq!(
+        done.state,
+        TaskState::Completed as i32,
+        "{done:#?}\n{:#?}",
+        s.event_types(run).await
+    );
+    done
+}
+
 const README: &str = "# Notes\n\nNotes kept across a failover.\n\n## Usage\n\n    cat notes.txt\n";
 
 // ---------------------------------------------------------------- tests
@@ -340,21 +376,7 @@ async fn a_killed_runner_is_replaced_by_the_last_checkpoint() {
     );
     assert_eq!(checkpoint["memory"], false);
     assert_eq!(checkpoint["step"], 2);
-    runners
-        .iter_mut()
-        .find(|r| r.addr == first_runner)
-        .expect("the session's runner is one of ours")
-        .kill()
-        .await;
-    llm.release();
-
-    let done = s.wait_final(&run, 120).await;
-    assert_eq!(
-        done.state,
-        TaskState::Completed as i32,
-        "{done:#?}\n{:#?}",
-        s.event_types(&run).await
-    );
+    let done = kill_then_finish(&s, &mut runners, &first_runner, &llm, &run, 120).await;
 
     // The stored checkpoint is the one the events name, with its sha256.
     let stored = s.read(&snapshot).await.expect("the checkpoint is stored");
@@ -396,16 +418,7 @@ async fn a_killed_runner_is_replaced_by_the_last_checkpoint() {
     );
     assert_eq!(zip_file(&archive, "lost.txt"), None);
     assert_eq!(zip_file(&archive, "README.md").as_deref(), Some(README));
-    let cat = events_of(&s, &run, "code_delivery.tool_call")
-        .await
-        .into_iter()
-        .find(|e| {
-            e["arguments"]
-                .as_str()
-                .unwrap_or_default()
-                .contains("cat notes.txt")
-        })
-        .unwrap();
+    let cat = tool_call_with(&s, &run, "cat notes.txt").await;
     assert!(
         cat["result"]
             .as_str()
@@ -531,20 +544,7 @@ async fn on_gvisor_a_background_process_survives_a_failover() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(open_sessions(&first_runner).await, 1);
-    runners
-        .iter_mut()
-        .find(|r| r.addr == first_runner)
-        .unwrap()
-        .kill()
-        .await;
-    llm.release();
-    let done = s.wait_final(&run, 180).await;
-    assert_eq!(
-        done.state,
-        TaskState::Completed as i32,
-        "{done:#?}\n{:#?}",
-        s.event_types(&run).await
-    );
+    kill_then_finish(&s, &mut runners, &first_runner, &llm, &run, 180).await;
     let resumed = events_of(&s, &run, "session.resumed").await;
     assert_eq!(resumed.len(), 1, "{resumed:#?}");
     assert_eq!(resumed[0]["memory"], true);
@@ -669,20 +669,7 @@ async fn without_a_checkpoint_a_killed_runner_starts_the_task_over() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let first_runner = opened["runner"].as_str().unwrap().to_owned();
-    runners
-        .iter_mut()
-        .find(|r| r.addr == first_runner)
-        .unwrap()
-        .kill()
-        .await;
-    llm.release();
-    let done = s.wait_final(&run, 120).await;
-    assert_eq!(
-        done.state,
-        TaskState::Completed as i32,
-        "{done:#?}\n{:#?}",
-        s.event_types(&run).await
-    );
+    kill_then_finish(&s, &mut runners, &first_runner, &llm, &run, 120).await;
     assert!(events_of(&s, &run, "session.resumed").await.is_empty());
     assert!(events_of(&s, &run, "session.checkpointed").await.is_empty());
     assert!(s
@@ -1068,6 +1055,91 @@ async fn a_rework_from_the_snapshot_starts_the_session_with_its_files() {
         refused.message().contains("took no session snapshot"),
         "{}",
         refused.message()
+    );
+    s.stop().await;
+    for mut r in runners {
+        r.kill().await;
+    }
+}
+
+/// Resident memory of this process now (KiB), with its peak (VmHWM) reset to it.
+fn reset_peak_rss_kib() -> u64 {
+    std::fs::write("/proc/self/clear_refs", "5").unwrap();
+    status_kib("VmRSS:")
+}
+
+fn status_kib(field: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with(field)).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// A checkpoint far larger than what the orchestrator may hold passes through it as it
+/// streams, both ways: stored from the runner into the store, then read back into the other
+/// runner after a failover. The store, the runners and the orchestrator all run in this
+/// process, so its peak resident memory bounds what any of them held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_checkpoint_streams_through_and_back_without_being_held() {
+    const FILES: usize = 15;
+    const MIB_EACH: usize = 15;
+    let Some((s, mut runners)) =
+        two_runners("a_large_checkpoint_streams_through_and_back_without_being_held").await
+    else {
+        return;
+    };
+    let write_big = format!(
+        "for i in $(seq {FILES}); do head -c {} /dev/zero > big$i.bin || exit 1; done; du -sb . | cut -f1; sleep 1.3",
+        MIB_EACH << 20
+    );
+    let llm = FakeLlm::start(
+        vec![
+            vec![("run_bash_command", json!({"command": write_big}))],
+            // 2 (held until the runner is gone): undone by the failover.
+            vec![("run_bash_command", json!({"command": "true"}))],
+            vec![
+                (
+                    "run_bash_command",
+                    json!({"command": "ls big*.bin | wc -l; cat big*.bin | wc -c"}),
+                ),
+                ("write", json!({"path": "README.md", "content": README})),
+                (
+                    "end",
+                    json!({"exclude_patterns": ["big*.bin"], "archive_name": "notes.zip"}),
+                ),
+            ],
+        ],
+        2,
+    )
+    .await;
+    let before = reset_peak_rss_kib();
+    let run = submit(&s, "    checkpoint_every_s: 1\n", &llm).await;
+    let checkpoint = wait_event(&s, &run, "session.checkpointed", 120).await;
+    let total = (FILES * MIB_EACH) as u64 * 1024 * 1024;
+    assert!(
+        checkpoint["bytes"].as_u64().unwrap() > total,
+        "the checkpoint holds the files: {checkpoint}"
+    );
+    let runner = checkpoint["runner"].as_str().unwrap().to_owned();
+    kill_then_finish(&s, &mut runners, &runner, &llm, &run, 180).await;
+    let resumed = events_of(&s, &run, "session.resumed").await;
+    assert_eq!(resumed.len(), 1, "{resumed:#?}");
+    assert_ne!(resumed[0]["runner"], runner.as_str());
+    let counted = tool_call_with(&s, &run, "wc -c").await;
+    let result: Value = serde_json::from_str(counted["result"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        result["stdout"],
+        format!("{FILES}\n{total}\n"),
+        "the resumed session has every file whole: {counted}"
+    );
+    let grown_mib = status_kib("VmHWM:").saturating_sub(before) / 1024;
+    assert!(
+        grown_mib < 128,
+        "the process's peak memory grew {grown_mib} MiB for a {} MiB checkpoint stored and resumed: something held it whole",
+        total >> 20
+    );
+    eprintln!(
+        "peak memory grew {grown_mib} MiB for a {} MiB checkpoint",
+        total >> 20
     );
     s.stop().await;
     for mut r in runners {

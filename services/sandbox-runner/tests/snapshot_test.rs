@@ -2,8 +2,9 @@
 //! runner A goes on, memory and processes included, on runner B; a gvisor checkpoint with
 //! memory keeps the session going on A (and a failed restore closes it cleanly); forks
 //! from one sending of the bytes diverge, and open all their copies or none; docker and local keep files only; a snapshot is refused by a runner of another backend
-//! (and a resume passes over such runners to one that takes it), and when its bytes were
-//! altered or cut short, with nothing left half-resumed.
+//! (and a resume passes over such runners to one that takes it, reading the snapshot again
+//! for each), and when its bytes were altered or cut short, or its reader failed, with
+//! nothing left half-resumed.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -1052,6 +1053,85 @@ async fn a_fork_opens_every_copy_or_none() {
     assert_eq!(open_sessions(&b).await, 3);
     a.stop().await;
     b.stop().await;
+}
+
+/// The runner client's streamed resume reads the snapshot afresh for each runner it offers
+/// it to (a runner gone mid-way gets the bytes sent again to the next), and a reader that
+/// fails part way is the error the caller gets (DataLoss, naming the reader's cause) while
+/// the runner, sent a short snapshot, resumes nothing and no other runner is tried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_streamed_resume_reads_again_for_each_runner_and_names_a_failed_read() {
+    use cairn_runner_client::session::RunnerSession;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let Some(case) = files_case("streamed_resume").await else {
+        return;
+    };
+    let a = runner(case).await;
+    let id = open(&a).await;
+    exec(
+        &a,
+        &id,
+        "head -c 3000000 /dev/urandom > /workspace/big.bin; echo kept > /workspace/x",
+        false,
+    )
+    .await;
+    let (file, _) = pause(&a, &id, true).await;
+    let file = bytes::Bytes::from(file);
+    // An address nothing listens at, tried first.
+    let gone = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let fleet = cairn_runner_client::Runners::start(
+        &[gone.clone(), a.addr.clone()],
+        cairn_runner_client::Balancing::default(),
+    )
+    .await
+    .unwrap();
+    let mut rotation = fleet.rotation();
+    rotation.sort_by_key(|(addr, _)| *addr == a.addr);
+    assert_eq!(rotation[0].0, gone);
+
+    let opened = AtomicUsize::new(0);
+    let open_file = || {
+        opened.fetch_add(1, Ordering::SeqCst);
+        let file = file.clone();
+        async move { Ok(std::io::Cursor::new(file)) }
+    };
+    let resumed = RunnerSession::resume_from(rotation.clone(), open_file, "streamed-1".into())
+        .await
+        .unwrap();
+    assert_eq!(resumed.runner, a.addr);
+    assert_eq!(
+        opened.load(Ordering::SeqCst),
+        2,
+        "one read per runner offered it"
+    );
+    assert_eq!(read(&a, resumed.id(), "x").await.unwrap(), "kept\n");
+    resumed.close().await.unwrap();
+
+    // A reader that fails after half the file, on the runner that would take it.
+    rotation.reverse();
+    let opened = AtomicUsize::new(0);
+    let half = file.slice(..file.len() / 2);
+    let failing = || {
+        opened.fetch_add(1, Ordering::SeqCst);
+        let half = half.clone();
+        async move {
+            let failed =
+                futures::stream::iter([Ok(half), Err(std::io::Error::other("the disk went away"))]);
+            Ok(tokio_util::io::StreamReader::new(failed))
+        }
+    };
+    let err = RunnerSession::resume_from(rotation, failing, "streamed-2".into())
+        .await
+        .err()
+        .expect("a snapshot read half way is not resumed");
+    assert_eq!(err.code(), tonic::Code::DataLoss, "{err}");
+    assert!(err.message().contains("the disk went away"), "{err}");
+    assert_eq!(opened.load(Ordering::SeqCst), 1, "tried on no other runner");
+    assert_nothing_resumed(&a).await;
+    a.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

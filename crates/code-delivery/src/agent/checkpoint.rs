@@ -20,17 +20,17 @@ use cairn_node::events::{
 };
 use cairn_node::NodeError;
 use cairn_proto::v1::Level;
+use cairn_proto::v1::PutEnd;
 use cairn_runner_client::session::RunnerSession;
 use cairn_runner_client::snapshot;
+use cairn_store_client::streamed::Expected;
 use cairn_store_client::PutOptions;
+use futures::SinkExt;
 use tonic::Status;
 
 use super::Task;
 use crate::todo::TodoBoard;
 
-/// Largest checkpoint kept: it passes through the orchestrator's memory whole (a larger one
-/// is reported and skipped; the work goes on).
-pub(super) const MAX_CHECKPOINT_BYTES: u64 = 512 << 20;
 /// Failovers of one task at most: a session lost again and again points at something other
 /// than one dying runner.
 const MAX_FAILOVERS: u32 = 3;
@@ -102,41 +102,6 @@ impl Checkpoints {
     }
 }
 
-/// A `Vec` that refuses to grow past its cap (a snapshot received into memory).
-struct Capped {
-    buf: Vec<u8>,
-    cap: u64,
-}
-
-impl tokio::io::AsyncWrite for Capped {
-    fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-        data: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        if (self.buf.len() + data.len()) as u64 > self.cap {
-            return std::task::Poll::Ready(Err(std::io::Error::other(format!(
-                "the checkpoint is larger than {} MiB, the most a task keeps",
-                self.cap >> 20
-            ))));
-        }
-        self.buf.extend_from_slice(data);
-        std::task::Poll::Ready(Ok(data.len()))
-    }
-    fn poll_flush(
-        self: std::pin::Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-    fn poll_shutdown(
-        self: std::pin::Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-}
-
 impl Task<'_> {
     /// Before turn `step`: a checkpoint when one is due. A session found lost here fails over
     /// (Ok: go on, maybe from an earlier turn); any other failure is reported and skipped.
@@ -162,7 +127,9 @@ impl Task<'_> {
         Ok(())
     }
 
-    /// Takes and stores one checkpoint.
+    /// Takes and stores one checkpoint: the runner's bytes go into the store as they arrive
+    /// (nothing is held whole here), and the store publishes the file only once the payload
+    /// matched what the runner sent with it.
     async fn checkpoint(&mut self, step: u32) -> Result<(), Status> {
         let t0 = Instant::now();
         let session = self
@@ -170,16 +137,6 @@ impl Task<'_> {
             .as_ref()
             .ok_or_else(|| Status::failed_precondition("the sandbox session is not open"))?;
         let stream = session.checkpoint().await?;
-        let mut out = Capped {
-            buf: Vec::new(),
-            cap: MAX_CHECKPOINT_BYTES,
-        };
-        let saved = snapshot::save(stream, &mut out)
-            .await
-            .map_err(|e| match e {
-                snapshot::SnapshotError::Rpc(s) => s,
-                other => Status::data_loss(other.to_string()),
-            })?;
         let n = self.checkpoints.n + 1;
         let path = self
             .ctx
@@ -187,15 +144,42 @@ impl Task<'_> {
             .path(&format!("snapshots/{}/{n}.snap", session.id()));
         let opts = PutOptions {
             run_id: self.ctx.run_id.clone(),
-            expected_sha256: saved.file_sha256.clone(),
             ..Default::default()
         };
-        self.ctx
-            .store()
-            .put(&self.ctx.project, &path, Bytes::from(out.buf), &opts)
-            .await
-            // Not the session's fault: never taken for a lost runner.
-            .map_err(|s| Status::failed_precondition(format!("storing {path}: {}", s.message())))?;
+        let (tx, body) = futures::channel::mpsc::channel::<Bytes>(4);
+        let (end_tx, end_rx) = tokio::sync::oneshot::channel::<PutEnd>();
+        let save = async move {
+            let mut sink = tx.sink_map_err(|_| {
+                std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the store stopped reading")
+            });
+            let saved = snapshot::save_into(stream, &mut sink).await;
+            // The body ends here, and its end follows only for a whole snapshot.
+            drop(sink);
+            if let Ok(s) = &saved {
+                let _ = end_tx.send(PutEnd {
+                    sha256: s.file_sha256.clone(),
+                    size_bytes: s.file_bytes,
+                });
+            }
+            saved
+        };
+        let put =
+            self.ctx
+                .store()
+                .put_streamed(&self.ctx.project, &path, &opts, body, async move {
+                    end_rx.await.ok()
+                });
+        let (saved, put) = tokio::join!(save, put);
+        // Not the session's fault: never taken for a lost runner.
+        let storing =
+            |s: Status| Status::failed_precondition(format!("storing {path}: {}", s.message()));
+        let saved = match (saved, put) {
+            (Ok(saved), Ok(_)) => saved,
+            (Err(snapshot::SnapshotError::Rpc(s)), _) => return Err(s),
+            // The store refused first: that is why the bytes stopped.
+            (_, Err(s)) => return Err(storing(s)),
+            (Err(other), Ok(_)) => return Err(Status::data_loss(other.to_string())),
+        };
         self.checkpoints.n = n;
         self.ctx.progress.emit(
             Ev::new(SESSION_CHECKPOINTED, self.node())
@@ -316,27 +300,26 @@ impl Task<'_> {
         bytes: u64,
         avoid: &str,
     ) -> Result<RunnerSession, String> {
-        let file = match self
-            .ctx
-            .store()
-            .get_at_most(&self.ctx.project, path, MAX_CHECKPOINT_BYTES + (1 << 20))
-            .await
-        {
-            Ok(Some(b)) => b,
-            Ok(None) => return Err("it is no longer in the store".into()),
-            Err(s) => return Err(s.message().to_owned()),
-        };
-        let got = cairn_sha256::sha256_hex(&file);
-        if got != sha256 || file.len() as u64 != bytes {
-            return Err(format!(
-                "it reads back as {} bytes with sha256 {got}, stored as {bytes} bytes with sha256 {sha256}",
-                file.len(),
-            ));
-        }
         let mut rotation = self.ctx.backends.runners.rotation();
         rotation.sort_by_key(|(addr, _)| *addr == avoid);
         let id = format!("cd-{}", uuid::Uuid::new_v4().simple());
-        RunnerSession::resume(rotation, file, id)
+        let expect = Expected {
+            sha256: sha256.to_owned(),
+            size: bytes,
+        };
+        // Read afresh for each runner it is offered to, checked against what was stored.
+        let open = || async {
+            match self
+                .ctx
+                .store()
+                .read_checked(&self.ctx.project, path, Some(expect.clone()))
+                .await?
+            {
+                Some(body) => Ok(tokio_util::io::StreamReader::new(Box::pin(body))),
+                None => Err(Status::not_found("it is no longer in the store")),
+            }
+        };
+        RunnerSession::resume_from(rotation, open, id)
             .await
             .map_err(|s| s.message().to_owned())
     }
