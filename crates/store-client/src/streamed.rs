@@ -91,17 +91,21 @@ impl Store {
     }
 }
 
-/// The bytes of a Get's answer as they arrive, hashed on the way. The last chunk is held back
-/// until the whole file matched `expect` (None: the sha256 the store sent first); a file of
-/// another size or sha256, or a read that fails, ends the bytes with an error naming `shown`
+/// The bytes of a Get's answer as they arrive, hashed on the way. A file the store says is
+/// not `expect` is refused before any byte; otherwise the last chunk is held back until the
+/// whole file matched `expect` (None: the size and sha256 the store sent first), so bytes
+/// damaged behind the store's back, or a read that fails, end with an error naming `shown`
 /// instead of that chunk.
-pub fn checked(
-    stream: tonic::Streaming<GetResponse>,
+pub fn checked<S>(
+    stream: S,
     expect: Option<Expected>,
     shown: String,
-) -> impl Stream<Item = io::Result<Bytes>> + Send + 'static {
-    struct Reading {
-        stream: tonic::Streaming<GetResponse>,
+) -> impl Stream<Item = io::Result<Bytes>> + Send + 'static
+where
+    S: Stream<Item = Result<GetResponse, Status>> + Send + Unpin + 'static,
+{
+    struct Reading<S> {
+        stream: S,
         expect: Option<Expected>,
         shown: String,
         hash: Sha256,
@@ -118,24 +122,27 @@ pub fn checked(
     };
     futures::stream::unfold(Some(start), |state| async move {
         let mut r = state?;
-        let fail = |r: &Reading, what: String| {
+        let fail = |r: &Reading<S>, what: String| {
             Some((
                 Err(io::Error::other(format!("reading {}: {what}", r.shown))),
                 None,
             ))
         };
         loop {
-            let msg = match r.stream.message().await {
-                Ok(Some(m)) => m,
-                Ok(None) => break,
-                Err(s) => return fail(&r, s.message().to_owned()),
+            let msg = match r.stream.next().await {
+                Some(Ok(m)) => m,
+                None => break,
+                Some(Err(s)) => return fail(&r, s.message().to_owned()),
             };
             match msg.msg {
                 Some(get_response::Msg::Info(info)) => match &r.expect {
-                    Some(e) if e.size != info.size_bytes => {
+                    Some(e)
+                        if e.size != info.size_bytes
+                            || (!info.sha256.is_empty() && info.sha256 != e.sha256) =>
+                    {
                         let what = format!(
-                            "the store has {} bytes, {} were written",
-                            info.size_bytes, e.size
+                            "the store holds {} bytes with sha256 {}, not the {} bytes with sha256 {} that were written",
+                            info.size_bytes, info.sha256, e.size, e.sha256
                         );
                         return fail(&r, what);
                     }

@@ -45,6 +45,21 @@ fn end_of(bytes: &[u8]) -> PutEnd {
     }
 }
 
+/// The file beneath `dir` whose path ends with `rel`.
+fn find_file(dir: &std::path::Path, rel: &str) -> Option<std::path::PathBuf> {
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            if let Some(found) = find_file(&path, rel) {
+                return Some(found);
+            }
+        } else if path.to_string_lossy().ends_with(rel) {
+            return Some(path);
+        }
+    }
+    None
+}
+
 /// Everything a checked read hands on: the bytes before its error, and the error.
 async fn read_all(
     s: &Store,
@@ -149,29 +164,101 @@ async fn a_checked_read_never_hands_on_the_whole_of_bytes_that_do_not_match() {
         assert!(got == all, "the bytes differ");
     }
 
-    // Same size, another sha256: everything but the last chunk, then the error.
+    // Not what was written (another sha256, another size): refused before any byte.
     let wrong_sha = Expected {
         sha256: cairn_sha256::sha256_hex(b"something else"),
         ..right.clone()
     };
-    let (got, err) = read_all(&s, "docs/f.bin", Some(wrong_sha)).await.unwrap();
-    let err = err.expect("a mismatch is an error");
-    assert!(got.len() < all.len(), "the whole file was handed on");
-    assert!(all.starts_with(&got));
-    assert!(
-        err.contains("docs/f.bin") && err.contains("sha256"),
-        "the error names the file and the sha256: {err}"
-    );
-
-    // Another size: refused before any byte.
     let wrong_size = Expected {
         size: right.size + 1,
-        ..right
+        ..right.clone()
     };
-    let (got, err) = read_all(&s, "docs/f.bin", Some(wrong_size)).await.unwrap();
-    assert!(got.is_empty());
-    assert!(err.unwrap().contains("bytes"));
+    for wrong in [wrong_sha, wrong_size] {
+        let (got, err) = read_all(&s, "docs/f.bin", Some(wrong)).await.unwrap();
+        assert!(got.is_empty(), "{} bytes handed on", got.len());
+        let err = err.expect("refused");
+        assert!(
+            err.contains("docs/f.bin") && err.contains("sha256"),
+            "the error names the file and the sha256: {err}"
+        );
+    }
+
+    // One byte flipped behind the store's back: the store hashes the changed file again, so
+    // it no longer vouches for what was written and is refused before any byte.
+    let stored = find_file(root.path(), "docs/f.bin").expect("the file is in the data root");
+    let mut bytes = std::fs::read(&stored).unwrap();
+    bytes[100] ^= 1;
+    std::fs::write(&stored, &bytes).unwrap();
+    let (got, err) = read_all(&s, "docs/f.bin", Some(right)).await.unwrap();
+    assert!(got.is_empty(), "{} bytes handed on", got.len());
+    assert!(err.unwrap().contains("that were written"));
 
     // No such file.
     assert!(read_all(&s, "docs/none.bin", None).await.is_none());
+}
+
+/// A Get's answer whose bytes are not those its header vouches for (a file changed while it
+/// was read): every chunk but the last passes as it comes, then the error, whether the
+/// reader expected the header's digest or one of its own.
+#[tokio::test]
+async fn bytes_that_do_not_match_the_header_never_pass_whole() {
+    use cairn_proto::v1::{get_response, FileInfo, GetResponse};
+    let (all, chunks) = body();
+    let info = FileInfo {
+        sha256: cairn_sha256::sha256_hex(&all),
+        size_bytes: all.len() as u64,
+        ..Default::default()
+    };
+    let mut damaged = chunks.clone();
+    let last = damaged.len() - 1;
+    let mut tail = damaged[last].to_vec();
+    tail[0] ^= 1;
+    damaged[last] = Bytes::from(tail);
+    let answer = |chunks: Vec<Bytes>| {
+        let msgs = std::iter::once(get_response::Msg::Info(info.clone()))
+            .chain(chunks.into_iter().map(get_response::Msg::Chunk))
+            .map(|m| Ok(GetResponse { msg: Some(m) }))
+            .collect::<Vec<_>>();
+        futures::stream::iter(msgs)
+    };
+    let expected = Expected {
+        sha256: info.sha256.clone(),
+        size: info.size_bytes,
+    };
+    for expect in [None, Some(expected.clone())] {
+        let read: Vec<_> =
+            cairn_store_client::streamed::checked(answer(damaged.clone()), expect, "f".into())
+                .collect()
+                .await;
+        let (last, passed) = read.split_last().unwrap();
+        let passed: Vec<u8> = passed
+            .iter()
+            .flat_map(|c| c.as_ref().unwrap().to_vec())
+            .collect();
+        assert_eq!(passed.len(), all.len() - chunks[chunks.len() - 1].len());
+        assert!(all.starts_with(&passed));
+        let err = last.as_ref().unwrap_err().to_string();
+        assert!(err.contains("read back"), "{err}");
+    }
+    // The same answer undamaged passes whole; one cut short ends with the error.
+    let whole: Vec<_> =
+        cairn_store_client::streamed::checked(answer(chunks.clone()), Some(expected), "f".into())
+            .collect()
+            .await;
+    let got: Vec<u8> = whole
+        .iter()
+        .flat_map(|c| c.as_ref().unwrap().to_vec())
+        .collect();
+    assert!(got == all);
+    let cut: Vec<_> = cairn_store_client::streamed::checked(
+        answer(chunks[..chunks.len() - 1].to_vec()),
+        None,
+        "f".into(),
+    )
+    .collect()
+    .await;
+    assert!(
+        cut.last().unwrap().is_err(),
+        "a short answer ends with an error"
+    );
 }
