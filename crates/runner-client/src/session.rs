@@ -3,7 +3,8 @@
 //! both work through it. Opening picks the first runner that answers; the session then stays
 //! on that runner for Exec, ReadFile, WriteFile, Glob, Grep and Pack until it is closed. A
 //! session can be checkpointed while it goes on (`checkpoint`), and a snapshot resumed as a
-//! new session on any runner that takes it (`resume`).
+//! new session on any runner that takes it (`resume_from`, which reads it afresh for each
+//! runner it is offered to and streams it as it reads).
 //!
 //! Nothing outlives its task: a session dropped while open (a cancelled run, a node deadline)
 //! and an OpenSession dropped in flight (the id is ours, chosen before the call) are closed by

@@ -1,7 +1,8 @@
 //! Checkpoints of a task's session and failover. With `checkpoint_every_s` set, the session's
 //! files (and, where the runner's backend keeps them, gvisor, its memory and processes) are
-//! snapshotted between turns (at most that often) while it stays open, and stored at
-//! `.cairn/runs/<run>/snapshots/<session>/<n>.snap` with their sha256 for the store to
+//! snapshotted between turns (at most that often) while it stays open, and streamed into
+//! the store at `.cairn/runs/<run>/snapshots/<session>/<n>.snap` as the runner sends them
+//! (never held whole here), their size and sha256 sent after the bytes for the store to
 //! check. When a call finds the session's runner gone (or the session unknown to it), the
 //! task resumes the last checkpoint on another runner and goes on from the conversation as it
 //! was at that checkpoint: the turns after it are undone, since the files they changed are.
