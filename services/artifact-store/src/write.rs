@@ -397,10 +397,15 @@ where
         limit: max,
     };
 
-    // A snapshot of announced size is refused before its bytes come when it would not fit.
+    // A snapshot of announced size is refused before its bytes come when it would not fit;
+    // one whose size comes at its end, when not one byte more fits (it is admitted at its
+    // end with its size).
     let mut reserved = match expect.size {
         Some(size) => snapshots::admit(state, &spec.project_id, &path, size).await?,
-        None => None,
+        None => {
+            snapshots::admit(state, &spec.project_id, &path, 1).await?;
+            None
+        }
     };
 
     // Receive up to SMALL_BYTES before touching the disk.

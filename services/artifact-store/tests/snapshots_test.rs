@@ -115,6 +115,80 @@ async fn snapshots_past_the_projects_quota_are_refused_and_other_files_are_not()
         .unwrap();
 }
 
+/// A snapshot whose size comes after its bytes (`digest_at_end`, as a checkpoint streamed
+/// while the runner makes it) is refused as soon as its header arrives when the quota has no
+/// room left at all, while its sender still holds the stream open; with some room, it is
+/// admitted at its end with its size, and refused there when it does not fit.
+#[tokio::test]
+async fn a_snapshot_sized_at_its_end_is_refused_at_once_when_no_room_is_left() {
+    use cairn_proto::v1::{put_request, PutEnd, PutRequest};
+    let tmp = tempfile::tempdir().unwrap();
+    let s = serve_with(config_with_quota(&tmp, 1024)).await;
+    let mut c = s.client.clone();
+    let dir = ".cairn/runs/r1/snapshots/s1";
+    put(&mut c, "p", &format!("{dir}/1.snap"), &body(1024, 1))
+        .await
+        .unwrap();
+
+    let streamed = |path: String| PutHeader {
+        digest_at_end: true,
+        ..header("p", &path)
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel::<PutRequest>(4);
+    tx.send(PutRequest {
+        msg: Some(put_request::Msg::Header(streamed(format!("{dir}/2.snap")))),
+    })
+    .await
+    .unwrap();
+    tx.send(PutRequest {
+        msg: Some(put_request::Msg::Chunk(body(64, 2).into())),
+    })
+    .await
+    .unwrap();
+    let answer = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        c.put(tokio_stream::wrappers::ReceiverStream::new(rx)),
+    )
+    .await
+    .expect("refused while the stream is still open, not after its end");
+    assert_quota_refusal(answer);
+    drop(tx);
+    assert_no_temp_files_stay(&s.data_root, "after a snapshot refused at its header").await;
+
+    // Room for 300 KiB: a 200 KiB snapshot sized at its end fits, the next 200 KiB does not.
+    c.delete(DeleteRequest {
+        project_id: "p".into(),
+        path: format!("{dir}/1.snap"),
+        run_id: String::new(),
+    })
+    .await
+    .unwrap();
+    put(&mut c, "p", &format!("{dir}/1.snap"), &body(724, 3))
+        .await
+        .unwrap();
+    let sized_at_end = |path: String, bytes: Vec<u8>| {
+        let end = PutEnd {
+            sha256: String::new(),
+            size_bytes: bytes.len() as u64,
+        };
+        let msgs = [
+            put_request::Msg::Header(streamed(path)),
+            put_request::Msg::Chunk(bytes.into()),
+            put_request::Msg::End(end),
+        ]
+        .map(|m| PutRequest { msg: Some(m) });
+        tokio_stream::iter(msgs)
+    };
+    c.put(sized_at_end(format!("{dir}/2.snap"), body(200, 4)))
+        .await
+        .unwrap();
+    assert_quota_refusal(
+        c.put(sized_at_end(format!("{dir}/3.snap"), body(200, 5)))
+            .await,
+    );
+    assert!(!s.project_dir("p").join(dir).join("3.snap").exists());
+}
+
 #[tokio::test]
 async fn concurrent_snapshot_puts_cannot_share_the_last_room() {
     let tmp = tempfile::tempdir().unwrap();
