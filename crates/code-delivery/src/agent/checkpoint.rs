@@ -178,8 +178,14 @@ impl Task<'_> {
             (Ok(saved), Ok(_)) => saved,
             (Err(snapshot::SnapshotError::Rpc(s)), _) => return Err(s),
             // The store refused first: that is why the bytes stopped.
-            (_, Err(s)) => return Err(storing(s)),
-            (Err(other), Ok(_)) => return Err(Status::data_loss(other.to_string())),
+            (Err(snapshot::SnapshotError::Io(e)), Err(s))
+                if e.kind() == std::io::ErrorKind::BrokenPipe =>
+            {
+                return Err(storing(s))
+            }
+            (Ok(_), Err(s)) => return Err(storing(s)),
+            // The runner's bytes were no snapshot: the store only saw them end short.
+            (Err(other), _) => return Err(Status::data_loss(other.to_string())),
         };
         self.checkpoints.n = n;
         self.ctx.progress.emit(
