@@ -111,6 +111,8 @@ fn check_finished(runs: BorrowedFd<'_>, run: &str) -> Result<()> {
 /// writes the archive whole, then removes the files it holds but state.json, and the run's
 /// session snapshots (not packed: nothing resumes a finished run's sessions).
 pub fn pack(state: &State, project: &str, run: &str) -> Result<Archived> {
+    // Journaled files of the run must not be redone once their copies are removed.
+    state.settle_journal(project, "")?;
     let Some((root, dir)) = open_run(state, project, run)? else {
         return Err(Error::NotFound {
             project: project.to_owned(),
@@ -176,7 +178,15 @@ pub fn pack(state: &State, project: &str, run: &str) -> Result<Archived> {
         .map(finished)
         .map_err(|e| Error::io(format!("packing run {run:?}"), e))?;
     let size_bytes = digest.size_bytes;
-    files::publish_sync(state, staged, file, &digest, &Replace::Never, |_| Ok(()))?;
+    files::publish_sync(
+        state,
+        staged,
+        file,
+        &digest,
+        &Replace::Never,
+        |_| Ok(()),
+        None,
+    )?;
     // The archive is durable: what it holds goes (a failure here leaves copies that read the same).
     let mut files = 0;
     for rel in &packed {
@@ -211,6 +221,7 @@ pub fn pack(state: &State, project: &str, run: &str) -> Result<Archived> {
 
 /// Deletes an archived run's directory (blocking); a run that is not archived is kept.
 pub fn remove(state: &State, project: &str, run: &str) -> Result<()> {
+    state.settle_journal(project, "")?;
     if !is_archived(state, project, run)? {
         return Err(Error::Unfinished {
             run: run.to_owned(),
@@ -429,7 +440,15 @@ pub fn unpack(state: &State, project: &str, run: &str) -> Result<Unarchived> {
         let mut out = HashingWriter::new(std::io::BufWriter::with_capacity(1 << 16, &file));
         std::io::copy(&mut entry, &mut out).map_err(bad)?;
         let (digest, _) = out.finish().map(finished).map_err(bad)?;
-        files::publish_sync(state, staged, file, &digest, &Replace::Always, |_| Ok(()))?;
+        files::publish_sync(
+            state,
+            staged,
+            file,
+            &digest,
+            &Replace::Always,
+            |_| Ok(()),
+            None,
+        )?;
         done.files += 1;
         done.size_bytes += digest.size_bytes;
     }

@@ -294,6 +294,8 @@ pub fn restore(state: &State, backup: File, only: &str) -> Result<Restored> {
 
 /// Renames a staged project into `projects/`, never over one that exists.
 fn publish(state: &State, staging: &Path, project: &str) -> Result<()> {
+    // The restored project replaces the old one whole: no journaled write may be redone in it.
+    state.settle_journal(project, "")?;
     let from = rustix::fs::open(
         staging,
         rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY,

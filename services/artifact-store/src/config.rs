@@ -36,6 +36,9 @@ pub struct Config {
     /// Write bodies over 1 MiB with O_DIRECT where the filesystem allows it (no page-cache
     /// copy; the file is fsync'd all the same).
     pub direct_io: bool,
+    /// Make synchronous Puts of small bodies (up to 128 KiB) durable by one fdatasync of
+    /// `<data_root>/put.journal` instead of fsyncing the file and its directory each time.
+    pub put_journal: bool,
     /// Mutual TLS (`[tls]`: dir, or cert/key/ca); without it only loopback may be served.
     pub tls: cairn_server::TlsConfig,
     /// Serve plaintext beyond loopback anyway (anyone who reaches the port is trusted).
@@ -166,6 +169,7 @@ impl Default for Config {
             max_event_bytes: 1 << 20,
             max_json_bytes: 16 << 20,
             direct_io: true,
+            put_journal: true,
             tls: cairn_server::TlsConfig::default(),
             insecure_listen: false,
             metrics_listen: String::new(),

@@ -21,6 +21,7 @@ use rustix::io::Errno;
 
 use crate::digest::Digest;
 use crate::error::{refusal, Error, Result};
+use crate::journal;
 use crate::state::State;
 use crate::temp::TempFile;
 
@@ -332,10 +333,7 @@ pub(crate) fn sync_published(
         contain::sync_dir(staged.dir.as_fd())
             .map_err(|e| Error::io(format!("fsync of the directory of {:?}", staged.path), e))?;
     }
-    // The published inode's stat (rename changed its ctime) keys the digest cache.
-    if let Ok(st) = rustix::fs::fstat(file) {
-        state.digests.remember(&st, &digest.sha256);
-    }
+    remember(state, file, digest);
     Ok(())
 }
 
@@ -369,9 +367,6 @@ pub(crate) fn stage_bytes(
     Ok((staged, file))
 }
 
-/// fsyncs the temp file and publishes it now, holding the path's slot (and what `guard`
-/// returns for the project: a run's fence ticket) across the link; the directory is fsync'd
-/// before this returns.
 /// `sync_all` of a file's bytes, timed for `cairn.store.fsync.duration`.
 pub(crate) fn timed_sync(file: &File) -> std::io::Result<()> {
     let started = std::time::Instant::now();
@@ -380,6 +375,45 @@ pub(crate) fn timed_sync(file: &File) -> std::io::Result<()> {
     synced
 }
 
+/// Decides what publishing the staged bytes would do, without doing it (the caller holds the
+/// path's slot): `Created`, `Unchanged`, `Overwritten`, or the refusal (`exists`, `changed`).
+pub(crate) fn decide(
+    state: &State,
+    staged: &Staged,
+    digest: &Digest,
+    replace: &Replace,
+) -> Result<Outcome> {
+    if let Replace::IfHolds(expected) = replace {
+        return compare(state, staged, digest, expected);
+    }
+    match existing_file(
+        staged.dir.as_fd(),
+        &staged.name,
+        &staged.project,
+        &staged.path,
+    )? {
+        None => Ok(Outcome::Created),
+        Some(_) => {
+            let (same, existing_size) = holds_same_bytes(state, staged, digest)?;
+            if same {
+                Ok(Outcome::Unchanged)
+            } else if *replace == Replace::Never {
+                Err(Error::Exists {
+                    project: staged.project.clone(),
+                    path: staged.path.clone(),
+                    existing_size,
+                })
+            } else {
+                Ok(Outcome::Overwritten)
+            }
+        }
+    }
+}
+
+/// Publishes the temp file now, holding the path's slot (and what `guard` returns for the
+/// project: a run's fence ticket) across the link; durable before this returns. A body held
+/// in memory (`body`) small enough for the Put journal is made durable by the journal's
+/// record (see `journal`); any other is fsync'd, linked, and its directory fsync'd.
 pub(crate) fn publish_sync<G>(
     state: &State,
     mut staged: Staged,
@@ -387,11 +421,53 @@ pub(crate) fn publish_sync<G>(
     digest: &Digest,
     replace: &Replace,
     guard: impl FnOnce(&str) -> Result<G>,
+    body: Option<&[Bytes]>,
 ) -> Result<Outcome> {
-    timed_sync(&file)
-        .map_err(|e| Error::io(format!("fsync of the temp file for {:?}", staged.path), e))?;
+    let journal = state
+        .journal
+        .as_ref()
+        .zip(body.filter(|_| digest.size_bytes <= journal::MAX_BODY));
+    if journal.is_none() {
+        timed_sync(&file)
+            .map_err(|e| Error::io(format!("fsync of the temp file for {:?}", staged.path), e))?;
+    }
     let slot = state.slots.claim_blocking(&staged.project, &staged.path);
     let guard = guard(&staged.project)?;
+    match journal {
+        Some((journal, bytes)) => {
+            let outcome = decide(state, &staged, digest, replace)?;
+            if outcome == Outcome::Unchanged {
+                return Ok(outcome);
+            }
+            let replace = Replace::overwrite(outcome == Outcome::Overwritten);
+            let (project, path, dir) = (
+                staged.project.clone(),
+                staged.path.clone(),
+                staged.dir.clone(),
+            );
+            let record = journal::Record {
+                project: &project,
+                path: &path,
+                sha256: &digest.sha256,
+                bytes,
+            };
+            let name = staged.name.clone();
+            let linked = journal.publish(record, &dir, &name, || {
+                link(state, &mut staged, &file, digest, &replace)
+            });
+            if let Some(linked) = linked {
+                let outcome = linked?;
+                drop(guard);
+                drop(slot);
+                remember(state, &file, digest);
+                return Ok(outcome);
+            }
+            // The journal could not take it: durable the plain way.
+            timed_sync(&file)
+                .map_err(|e| Error::io(format!("fsync of the temp file for {path:?}"), e))?;
+        }
+        None => state.settle_journal(&staged.project, &staged.path)?,
+    }
     let outcome = link(state, &mut staged, &file, digest, replace)?;
     drop(guard);
     drop(slot);
@@ -399,6 +475,83 @@ pub(crate) fn publish_sync<G>(
         sync_published(state, &staged, &file, digest, false)?;
     }
     Ok(outcome)
+}
+
+/// Makes the writes the Put journal held at start-up durable (rewriting a file that does not
+/// hold its record's bytes), then starts the journal's next generation. Returns how many files
+/// were rewritten. A write whose project or path is gone or no longer a file is logged and
+/// left.
+pub(crate) fn restore_journaled(state: &State) -> Result<usize> {
+    let Some(journal) = &state.journal else {
+        return Ok(0);
+    };
+    let recovered = std::mem::take(&mut *state.recovered.lock());
+    let mut rewritten = 0;
+    for r in &recovered {
+        match restore_one(state, r) {
+            Ok(true) => rewritten += 1,
+            Ok(false) => {}
+            Err(e @ (Error::ProjectNotFound(_) | Error::NotAFile { .. })) => {
+                tracing::warn!(project = %r.project, path = %r.path, error = %e, "a journaled Put was not restored");
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    journal.begin()?;
+    if !recovered.is_empty() {
+        tracing::info!(
+            journaled = recovered.len(),
+            rewritten,
+            "made the Put journal's writes durable"
+        );
+    }
+    Ok(rewritten)
+}
+
+/// One journaled write made durable; true when the file had to be written again.
+fn restore_one(state: &State, r: &journal::Recovered) -> Result<bool> {
+    let root = state.layout.project_root(&r.project)?;
+    let current = read_at_most(root.as_fd(), &r.project, &r.path, journal::MAX_BODY).or_else(
+        |e| match e {
+            Error::TooLarge { .. } => Ok(None),
+            other => Err(other),
+        },
+    )?;
+    let (parent, name) = contain::split_parent(&r.path);
+    if current.as_deref() == Some(&r.bytes[..]) {
+        let dir = contain::open_dir(root.as_fd(), parent)
+            .map_err(|e| refusal(e, &r.project, &r.path, "opening the directory of"))?;
+        let fd = rustix::fs::openat(
+            &dir,
+            name,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|e| refusal(e, &r.project, &r.path, "opening"))?;
+        let io = |e: std::io::Error| Error::io(format!("fsync of {:?}", r.path), e);
+        File::from(fd).sync_all().map_err(io)?;
+        contain::sync_dir(dir.as_fd()).map_err(|e| io(e.into()))?;
+        return Ok(false);
+    }
+    let bytes = [r.bytes.clone()];
+    let digest = Digest {
+        sha256: r.sha256.clone(),
+        size_bytes: r.bytes.len() as u64,
+    };
+    let (mut staged, file) = stage_bytes(state, root.as_fd(), &r.project, &r.path, &bytes)?;
+    timed_sync(&file)
+        .map_err(|e| Error::io(format!("fsync of the temp file for {:?}", r.path), e))?;
+    link(state, &mut staged, &file, &digest, &Replace::Always)?;
+    sync_published(state, &staged, &file, &digest, false)?;
+    Ok(true)
+}
+
+/// Remembers a published file's digest, keyed by its inode's stat.
+fn remember(state: &State, file: &File, digest: &Digest) {
+    // The published inode's stat (rename changed its ctime) keys the digest cache.
+    if let Ok(st) = rustix::fs::fstat(file) {
+        state.digests.remember(&st, &digest.sha256);
+    }
 }
 
 /// Writes `bytes` to `path` in one blocking step (the store's own small writes).
@@ -413,7 +566,15 @@ pub(crate) fn write_bytes(
     let digest = digest_of(bytes);
     let (staged, file) = stage_bytes(state, root, project, path, bytes)?;
     let replace = Replace::overwrite(overwrite);
-    let outcome = publish_sync(state, staged, file, &digest, &replace, |_| Ok(()))?;
+    let outcome = publish_sync(
+        state,
+        staged,
+        file,
+        &digest,
+        &replace,
+        |_| Ok(()),
+        Some(bytes),
+    )?;
     Ok(Written {
         path: path.to_owned(),
         digest,

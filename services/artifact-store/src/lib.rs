@@ -20,6 +20,7 @@ pub mod error;
 mod event_seek;
 mod events;
 mod files;
+mod journal;
 mod layout;
 mod page;
 mod project;
@@ -152,6 +153,7 @@ mod tests {
             "quota",
             "run_records",
             "event_seek",
+            "journal",
         ],
         &["layout"],
         &["temp"],

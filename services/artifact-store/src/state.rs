@@ -3,7 +3,8 @@
 //! ingest claims and the bounds on background work. The run logs and document locks are not here: they belong to the
 //! modules above (`events`, `document`), and the `Store` composes all three.
 //!
-//! May depend on: config, error, layout, temp, digest, slots, publication, claim, quota; never
+//! May depend on: config, error, layout, temp, digest, slots, publication, claim, quota,
+//! journal; never
 //! on an operation module (files, project, events, write, read, document) or on `store`.
 
 use std::os::fd::AsFd;
@@ -15,6 +16,7 @@ use crate::claim::ClaimKey;
 use crate::config::Config;
 use crate::digest::DigestCache;
 use crate::error::{Error, Result};
+use crate::journal::{Journal, Recovered};
 use crate::layout::Layout;
 use crate::publication::Boot;
 use crate::slots::Slots;
@@ -44,6 +46,10 @@ pub struct State {
     pub(crate) publish_permits: Arc<Semaphore>,
     /// Bounds the large Puts written with O_DIRECT; beyond it a Put uses the page cache.
     pub(crate) direct_writers: Arc<Semaphore>,
+    /// The small-Put journal (None when `put_journal` is off).
+    pub(crate) journal: Option<Journal>,
+    /// Writes the journal held at opening, until `files::restore_journaled` makes them durable.
+    pub(crate) recovered: parking_lot::Mutex<Vec<Recovered>>,
     /// Admissions of snapshot Puts under the projects' quotas.
     pub(crate) snapshot_quota: crate::quota::Quota,
     /// Tests hold this to keep background publications from starting.
@@ -58,7 +64,21 @@ impl State {
         let layout = Layout::open(&config)?;
         let unnamed_temps = temp::unnamed_temps_work(layout.projects.as_fd());
         let claims = ClaimKey::load_or_create(&config.data_root)?;
+        let (journal, recovered) = match config.put_journal {
+            true => match Journal::open(&config.data_root) {
+                Ok((journal, recovered)) => (Some(journal), recovered),
+                // A journal that could not be made (a full disk) holds nothing to lose.
+                Err(e) if !config.data_root.join(crate::journal::FILE_NAME).exists() => {
+                    tracing::warn!(error = %e, "no Put journal: small synchronous Puts fsync their file and directory");
+                    (None, Vec::new())
+                }
+                Err(e) => return Err(e),
+            },
+            false => (None, Vec::new()),
+        };
         Ok(State {
+            journal,
+            recovered: parking_lot::Mutex::new(recovered),
             claims,
             unnamed_temps,
             layout,
@@ -72,6 +92,17 @@ impl State {
             hold_publications: std::sync::Mutex::new(()),
             config,
         })
+    }
+}
+
+impl State {
+    /// Before a write that is not journaled changes `path` of `project` ("" = anything in
+    /// it): a checkpoint of the Put journal when it holds a record there (see `journal`).
+    pub(crate) fn settle_journal(&self, project: &str, path: &str) -> Result<()> {
+        match &self.journal {
+            Some(journal) => journal.settle(project, path),
+            None => Ok(()),
+        }
     }
 }
 

@@ -54,8 +54,10 @@ impl Store {
     /// Opens (creating when missing) the data root. Does not sweep; see `sweep::remove_temp_files`.
     pub fn open(config: Config) -> Result<Store> {
         let index = Arc::new(RunIndex::new(&config.data_root));
+        let state = State::open(config)?;
+        crate::files::restore_journaled(&state)?;
         Ok(Store {
-            state: Arc::new(State::open(config)?),
+            state: Arc::new(state),
             runs: Arc::default(),
             docs: DocLocks::default(),
             index,

@@ -28,7 +28,7 @@ use crate::digest::{self, Digest};
 use crate::direct::DirectWriter;
 use crate::error::{refusal, Error, Result};
 use crate::events::{FenceTicket, NewEvent, RunLogs};
-use crate::files::{self, existing_file, holds_same_bytes, Outcome, Replace, Staged, Written};
+use crate::files::{self, existing_file, Outcome, Replace, Staged, Written};
 use crate::layout::check_id;
 use crate::project;
 use crate::quota::Reservation;
@@ -179,34 +179,11 @@ fn publish(
     file: File,
     digest: &Digest,
     how: Publish,
+    body: Option<&[Bytes]>,
 ) -> Result<(Outcome, Option<String>)> {
     if let Some(defer) = how.defer {
         let slot = state.slots.claim_blocking(&staged.project, &staged.path);
-        let outcome = match &how.replace {
-            Replace::IfHolds(expected) => files::compare(state, &staged, digest, expected)?,
-            _ => match existing_file(
-                staged.dir.as_fd(),
-                &staged.name,
-                &staged.project,
-                &staged.path,
-            )? {
-                None => Outcome::Created,
-                Some(_) => {
-                    let (same, existing_size) = holds_same_bytes(state, &staged, digest)?;
-                    if same {
-                        Outcome::Unchanged
-                    } else if how.replace == Replace::Never {
-                        return Err(Error::Exists {
-                            project: staged.project.clone(),
-                            path: staged.path.clone(),
-                            existing_size,
-                        });
-                    } else {
-                        Outcome::Overwritten
-                    }
-                }
-            },
-        };
+        let outcome = files::decide(state, &staged, digest, &how.replace)?;
         if outcome == Outcome::Unchanged {
             // The bytes may be those of a Put acknowledged before a crash whose directory
             // entry was never fsync'd: the run's events make it durable too.
@@ -258,9 +235,8 @@ fn publish(
         }
         return Ok((outcome, Some(token)));
     }
-    let outcome = files::publish_sync(state, staged, file, digest, &how.replace, |project| {
-        fence_ticket(state, runs, project, &how.fence)
-    })?;
+    let fence = |project: &str| fence_ticket(state, runs, project, &how.fence);
+    let outcome = files::publish_sync(state, staged, file, digest, &how.replace, fence, body)?;
     Ok((outcome, None))
 }
 
@@ -290,6 +266,7 @@ fn publish_now(
 ) -> Result<Outcome> {
     files::timed_sync(&file)
         .map_err(|e| Error::io(format!("fsync of the temp file for {:?}", staged.path), e))?;
+    state.settle_journal(&staged.project, &staged.path)?;
     let outcome = files::link(state, &mut staged, &file, digest, replace)?;
     if outcome != Outcome::Unchanged {
         let deferred = runs.defer_dir_sync(&staged.project, run, &staged.dir);
@@ -313,7 +290,7 @@ fn write_small(
     let digest = files::digest_of(bytes);
     expect.verify(path, &digest)?;
     let (staged, file) = files::stage_bytes(state, root, project, path, bytes)?;
-    let (outcome, publication) = publish(state, runs, staged, file, &digest, how)?;
+    let (outcome, publication) = publish(state, runs, staged, file, &digest, how, Some(bytes))?;
     Ok(Written {
         path: path.to_owned(),
         digest,
@@ -523,7 +500,7 @@ where
         let room = reserved.take();
         blocking(move || {
             let (outcome, publication) = crate::quota::publish_with(room, || {
-                publish(&state2, &runs2, staged, file, &digest, how)
+                publish(&state2, &runs2, staged, file, &digest, how, None)
             })?;
             Ok(Written {
                 path: path.clone(),
@@ -715,6 +692,7 @@ pub async fn delete(
         if existing_file(dir.as_fd(), name, &project2, &path2)?.is_none() {
             return Ok(false);
         }
+        state2.settle_journal(&project2, &path2)?;
         match rustix::fs::unlinkat(dir.as_fd(), name, AtFlags::empty()) {
             Ok(()) => {}
             Err(Errno::NOENT) => return Ok(false),

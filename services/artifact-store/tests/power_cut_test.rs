@@ -35,26 +35,9 @@ const PER_DIR: u64 = 2;
 /// Longest the whole test may take; beyond it fails instead of hanging the suite.
 const LIMIT: Duration = Duration::from_secs(240);
 
-/// Runs `test` when this machine can mount the layer; else prints SKIP (or fails under
-/// `CAIRN_REQUIRE_DOCKER=1`).
+/// Runs `test` on a machine that can mount the layer (see `power_cut::with_fuse`).
 async fn with_fuse<F: std::future::Future<Output = ()>>(name: &str, test: impl FnOnce() -> F) {
-    let required = std::env::var("CAIRN_REQUIRE_DOCKER").as_deref() == Ok("1");
-    let reason = power_cut::unavailable().or_else(|| {
-        // A mount can still be refused (a container without CAP_SYS_ADMIN): try one.
-        let backing = tempfile::tempdir().unwrap();
-        Mounted::new(backing.path()).err()
-    });
-    if let Some(reason) = reason {
-        assert!(
-            !required,
-            "{name}: CAIRN_REQUIRE_DOCKER=1 but the power-cut layer cannot run here: {reason}"
-        );
-        println!("SKIP: {name}: {reason}");
-        return;
-    }
-    tokio::time::timeout(LIMIT, test())
-        .await
-        .unwrap_or_else(|_| panic!("{name} did not finish within {LIMIT:?}"));
+    power_cut::with_fuse(name, LIMIT, test).await
 }
 
 /// The bytes of file `i` of batch `batch` (sizes from a few bytes to about 20 KiB).

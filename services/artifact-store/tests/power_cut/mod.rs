@@ -168,3 +168,29 @@ fn unmount_dead_layers() {
         }
     }
 }
+
+/// Runs `test` (within `limit`) when this machine can mount the layer; else prints SKIP, or
+/// fails under `CAIRN_REQUIRE_DOCKER=1` (CI), where it must run.
+pub async fn with_fuse<F: std::future::Future<Output = ()>>(
+    name: &str,
+    limit: std::time::Duration,
+    test: impl FnOnce() -> F,
+) {
+    let required = std::env::var("CAIRN_REQUIRE_DOCKER").as_deref() == Ok("1");
+    let reason = unavailable().or_else(|| {
+        // A mount can still be refused (a container without CAP_SYS_ADMIN): try one.
+        let backing = tempfile::tempdir().ok()?;
+        Mounted::new(backing.path()).err()
+    });
+    if let Some(reason) = reason {
+        assert!(
+            !required,
+            "{name}: CAIRN_REQUIRE_DOCKER=1 but the power-cut layer cannot run here: {reason}"
+        );
+        println!("SKIP: {name}: {reason}");
+        return;
+    }
+    if tokio::time::timeout(limit, test()).await.is_err() {
+        panic!("{name} did not finish within {limit:?}");
+    }
+}
