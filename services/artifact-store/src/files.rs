@@ -3,10 +3,12 @@
 //! link (no-replace) or rename (overwrite), then the directory fsync'd. An existing file is
 //! never opened for writing (no O_TRUNC: it may be a hard link to a file elsewhere);
 //! publishing replaces the directory entry, not the inode. The store's own small writes
-//! (project metadata, run epochs, JSON documents) go through [`write_bytes`].
+//! (project metadata, run epochs, JSON documents) go through [`write_bytes`]. Small bodies held
+//! in memory are made durable through the Put journal instead of two fsyncs (see `journal`),
+//! whose records are redone at start-up by [`restore_journaled`].
 //!
-//! May depend on: state, layout, temp, digest, error, cairn-contain; never on the run logs or
-//! anything above them.
+//! May depend on: state, layout, temp, digest, journal, error, cairn-contain; never on the run
+//! logs or anything above them.
 
 use std::fs::File;
 use std::io::Write;

@@ -1,5 +1,5 @@
 //! The state the operation modules share: the config, the data root's [`Layout`], the digest
-//! cache, the slots of paths being published, this boot's publication tokens, the key of
+//! cache, the slots of paths being published, the small-Put journal, this boot's publication tokens, the key of
 //! ingest claims and the bounds on background work. The run logs and document locks are not here: they belong to the
 //! modules above (`events`, `document`), and the `Store` composes all three.
 //!
