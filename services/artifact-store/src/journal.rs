@@ -56,8 +56,10 @@ const RECORDS_AT: u64 = 4096;
 /// The second header slot (generations alternate between the two, so a torn header write
 /// leaves the other one whole).
 const SECOND_SLOT: u64 = 512;
-/// Most files waiting on the log (each keeps its descriptor until the checkpoint).
+/// Most files waiting on the log when each is fsync'd at the checkpoint.
 const MAX_PENDING: usize = 256;
+/// `f_type` of FUSE filesystems, where `syncfs` reaches no server (see `Journal::syncfs`).
+const FUSE_SUPER_MAGIC: u64 = 0x6573_5546;
 const HEADER_MAGIC: &[u8; 8] = b"CAIRNJH1";
 const RECORD_MAGIC: &[u8; 4] = b"CJR1";
 /// magic, payload length, generation, sequence, kind, project length, path length, data
@@ -88,6 +90,10 @@ pub struct Journal {
     inner: Mutex<Inner>,
     /// (generation, offset): the log is durable up to there.
     synced: Mutex<(u64, u64)>,
+    /// A checkpoint makes the files durable with one `syncfs` of their filesystem (every
+    /// local filesystem); else (FUSE, whose `syncfs` reaches no server) by fsyncing each file
+    /// and directory.
+    syncfs: bool,
 }
 
 #[derive(Debug)]
@@ -146,7 +152,13 @@ impl Journal {
             )
         })?;
         let recovered = replay(&image, generation);
+        let not_fuse = |fd: &File| {
+            rustix::fs::fstatfs(fd).is_ok_and(|fs| fs.f_type as u64 != FUSE_SUPER_MAGIC)
+        };
+        let projects = File::open(data_root.join("projects"));
+        let syncfs = not_fuse(&file) && projects.as_ref().is_ok_and(not_fuse);
         let journal = Journal {
+            syncfs,
             file,
             path,
             gate: RwLock::new(()),
@@ -221,7 +233,8 @@ impl Journal {
             if !inner.ready {
                 return None;
             }
-            let full = inner.end + len > CAPACITY || inner.files.len() >= MAX_PENDING;
+            let full =
+                inner.end + len > CAPACITY || (!self.syncfs && inner.files.len() >= MAX_PENDING);
             if full || inner.broken.is_some() {
                 drop(inner);
                 drop(gate);
@@ -341,11 +354,40 @@ impl Journal {
             return Ok(());
         }
         let started = std::time::Instant::now();
-        // One writeback of the whole filesystem first (one commit instead of one per file);
-        // the fsyncs below then find their data written and are what the rule rests on.
-        if let Some((dir, _)) = inner.files.values().next() {
-            let _ = rustix::fs::syncfs(dir);
+        if self.syncfs {
+            // Every file written before it, data and names, is durable when this returns: one
+            // call per filesystem the journaled files' directories are on.
+            let mut devices = std::collections::HashSet::new();
+            for ((device, _), dir) in &inner.dirs {
+                if devices.insert(*device) {
+                    rustix::fs::syncfs(dir).map_err(|e| {
+                        Error::io(
+                            "syncfs of the projects' filesystem",
+                            std::io::Error::from(e),
+                        )
+                    })?;
+                }
+            }
+        } else {
+            self.sync_each(&inner)?;
         }
+        let files = inner.files.len();
+        self.next_generation(&mut inner)?;
+        cairn_telemetry::metrics::store_fsynced("journal_checkpoint", started.elapsed());
+        tracing::debug!(
+            files,
+            took_ms = started.elapsed().as_millis() as u64,
+            "Put journal checkpoint"
+        );
+        Ok(())
+    }
+}
+
+impl Journal {
+    /// fsyncs each journaled file, then each of their directories (one writeback of the
+    /// filesystem first, so the fsyncs mostly find their data written).
+    fn sync_each(&self, inner: &Inner) -> Result<()> {
+        let _ = rustix::fs::syncfs(&self.file);
         for ((project, path), (dir, name)) in &inner.files {
             let io = |e: rustix::io::Errno| {
                 Error::io(
@@ -369,14 +411,6 @@ impl Journal {
                 )
             })?;
         }
-        let files = inner.files.len();
-        self.next_generation(&mut inner)?;
-        cairn_telemetry::metrics::store_fsynced("journal_checkpoint", started.elapsed());
-        tracing::debug!(
-            files,
-            took_ms = started.elapsed().as_millis() as u64,
-            "Put journal checkpoint"
-        );
         Ok(())
     }
 }
