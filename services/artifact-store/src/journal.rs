@@ -16,11 +16,12 @@
 //! that fails after its record was written appends a cancel record, so that write is never
 //! redone.
 //!
-//! **Checkpoint.** When the log is full, or too many files wait on it, or another write is
-//! about to change a path that has a record (a Delete, a large or deferred Put, an archive, a
-//! restore), every file the log holds records for is fsync'd (writeback started for all of
-//! them first), then their directories, and only then a new generation is written to the
-//! header: records of older generations no longer count. A write never changes a path behind
+//! **Checkpoint.** When the log is full, or another write is about to change a path that has
+//! a record (a Delete, a large or deferred Put, an archive, a restore), the files the log holds
+//! records for are made durable (one `syncfs` of their filesystem; on FUSE, where `syncfs`
+//! reaches no server, each file and directory is fsync'd, and at most [`MAX_PENDING`] files
+//! wait), and only then a new generation is written to the header: records of older
+//! generations no longer count. A write never changes a path behind
 //! a record that could later be redone over it.
 //!
 //! **Recovery**, before the store serves: the records of the current generation are read up
