@@ -44,8 +44,18 @@ struct Inner {
     name: String,
     budget: Duration,
     up: watch::Sender<bool>,
-    /// When the current outage began (None = reachable).
-    down_since: Mutex<Option<Instant>>,
+    /// The current outage (None = reachable).
+    down: Mutex<Option<Outage>>,
+    /// Outages whose warn line was logged.
+    logged: std::sync::atomic::AtomicU64,
+}
+
+/// An outage under way.
+#[derive(Debug, Clone, Copy)]
+struct Outage {
+    since: Instant,
+    /// Whether its warn line went out: only once it is confirmed (see `Dependency::call`).
+    warned: bool,
 }
 
 impl Dependency {
@@ -56,7 +66,8 @@ impl Dependency {
                 name: name.into(),
                 budget,
                 up: watch::Sender::new(true),
-                down_since: Mutex::new(None),
+                down: Mutex::new(None),
+                logged: Default::default(),
             }),
         }
     }
@@ -78,8 +89,18 @@ impl Dependency {
         *self.inner.up.borrow()
     }
 
+    /// Outages logged so far (their warn lines).
+    pub fn outages_logged(&self) -> u64 {
+        self.inner.logged.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Runs `call` until it succeeds, fails for another reason than the dependency being
     /// away, may not be resent (`safety`), or the outage outlasts the budget.
+    ///
+    /// A single refusal that its first resend gets past (a channel handing back its last
+    /// failed connect just after the dependency came back) marks the dependency away but logs
+    /// no outage: the warn line goes out when the resend fails too, when the call is not
+    /// resent, or when a health check finds the dependency away.
     pub async fn call<T, F, Fut>(
         &self,
         safety: Safety,
@@ -91,12 +112,15 @@ impl Dependency {
         Fut: Future<Output = Result<T, Status>>,
     {
         let mut delay = FIRST_DELAY;
+        let mut refused = 0u32;
         loop {
             match call().await {
                 Err(status) if unreachable(&status) => {
-                    let since = self.went_down(what, &status);
+                    refused += 1;
                     let resend = safety == Safety::Idempotent || never_sent(&status);
+                    let since = self.mark_down(what, &status, refused > 1 || !resend);
                     if !resend || since.elapsed() >= self.inner.budget {
+                        self.mark_down(what, &status, true);
                         return Err(status);
                     }
                     let left = self.inner.budget.saturating_sub(since.elapsed());
@@ -116,17 +140,26 @@ impl Dependency {
 
     /// Marks the dependency away (the outage's warn line, once); returns when it went away.
     pub fn went_down(&self, what: &str, status: &Status) -> Instant {
-        let mut since = self
-            .inner
-            .down_since
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if let Some(t) = *since {
-            return t;
+        self.mark_down(what, status, true)
+    }
+
+    /// Marks the dependency away; logs the outage's warn line (once) when `confirmed`.
+    fn mark_down(&self, what: &str, status: &Status, confirmed: bool) -> Instant {
+        let mut down = self.inner.down.lock().unwrap_or_else(|p| p.into_inner());
+        let outage = down.get_or_insert_with(|| {
+            self.inner.up.send_replace(false);
+            Outage {
+                since: Instant::now(),
+                warned: false,
+            }
+        });
+        if outage.warned || !confirmed {
+            return outage.since;
         }
-        let now = Instant::now();
-        *since = Some(now);
-        self.inner.up.send_replace(false);
+        outage.warned = true;
+        self.inner
+            .logged
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         tracing::warn!(
             dependency = %self.inner.name,
             call = what,
@@ -136,18 +169,17 @@ impl Dependency {
             self.inner.name,
             self.inner.budget.as_secs()
         );
-        now
+        outage.since
     }
 
     /// Marks the dependency reachable (the outage's info line, once).
     pub fn came_back(&self) {
-        let mut since = self
-            .inner
-            .down_since
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if let Some(t) = since.take() {
+        let mut down = self.inner.down.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(Outage { since: t, warned }) = down.take() {
             self.inner.up.send_replace(true);
+            if !warned {
+                return;
+            }
             tracing::info!(
                 dependency = %self.inner.name,
                 outage_ms = t.elapsed().as_millis() as u64,
@@ -239,6 +271,45 @@ mod tests {
             .await;
         assert_eq!(r.unwrap(), 4);
         assert!(dep.is_up());
+        assert_eq!(dep.outages_logged(), 1);
+    }
+
+    #[tokio::test]
+    async fn one_stale_refusal_that_a_resend_gets_past_logs_no_outage() {
+        // The channel's last failed connect, handed back once after the dependency returned.
+        let dep = Dependency::new("store", Duration::from_secs(5));
+        for round in 1..=3u64 {
+            let mut n = 0;
+            let r = dep
+                .call(Safety::Idempotent, "read", || {
+                    n += 1;
+                    let n = n;
+                    async move {
+                        match n {
+                            1 => Err(Status::unavailable("tcp connect error")),
+                            _ => Ok(n),
+                        }
+                    }
+                })
+                .await;
+            assert_eq!(r.unwrap(), 2);
+            assert!(dep.is_up());
+            assert_eq!(dep.outages_logged(), 0, "round {round}");
+        }
+        // A refusal that is not resent reaches the caller: that outage is logged.
+        let r: Result<(), Status> = dep
+            .call(Safety::Once, "append", || async {
+                Err(Status::unavailable("connection reset"))
+            })
+            .await;
+        assert!(r.is_err());
+        assert_eq!(dep.outages_logged(), 1);
+        // A health check finding it away logs nothing more for the same outage.
+        dep.went_down("health check", &Status::unavailable("down"));
+        assert_eq!(dep.outages_logged(), 1);
+        dep.came_back();
+        dep.went_down("health check", &Status::unavailable("down"));
+        assert_eq!(dep.outages_logged(), 2);
     }
 
     #[tokio::test]
@@ -254,6 +325,7 @@ mod tests {
         assert_eq!(r.unwrap_err().code(), Code::Unavailable);
         assert_eq!(n, 1);
         assert!(!dep.is_up());
+        assert_eq!(dep.outages_logged(), 1, "the caller sees this outage");
     }
 
     #[tokio::test]
