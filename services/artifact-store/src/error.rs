@@ -211,6 +211,12 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+impl From<cairn_durable::IoError> for Error {
+    fn from(e: cairn_durable::IoError) -> Self {
+        Error::io(e.what, e.source)
+    }
+}
+
 impl Error {
     /// An I/O error with what the store was doing.
     pub fn io(context: impl Into<String>, source: impl Into<io::Error>) -> Self {

@@ -7,7 +7,7 @@
 //! in memory are made durable through the Put journal instead of two fsyncs (see `journal`),
 //! whose records are redone at start-up by [`restore_journaled`].
 //!
-//! May depend on: state, layout, temp, digest, journal, error, cairn-contain; never on the run
+//! May depend on: state, layout, temp, digest, error, cairn-contain, cairn-durable; never on the run
 //! logs or anything above them.
 
 use std::fs::File;
@@ -23,9 +23,9 @@ use rustix::io::Errno;
 
 use crate::digest::Digest;
 use crate::error::{refusal, Error, Result};
-use crate::journal;
 use crate::state::State;
 use crate::temp::TempFile;
+use cairn_durable::journal;
 
 /// What a write did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

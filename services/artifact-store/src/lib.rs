@@ -14,13 +14,11 @@ mod commit_order;
 pub mod config;
 mod deferred;
 mod digest;
-mod direct;
 mod document;
 pub mod error;
 mod event_seek;
 mod events;
 mod files;
-mod journal;
 mod layout;
 mod page;
 mod project;
@@ -147,13 +145,11 @@ mod tests {
             "digest",
             "slots",
             "publication",
-            "direct",
             "deferred",
             "access",
             "quota",
             "run_records",
             "event_seek",
-            "journal",
         ],
         &["layout"],
         &["temp"],

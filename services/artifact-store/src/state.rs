@@ -4,7 +4,7 @@
 //! modules above (`events`, `document`), and the `Store` composes all three.
 //!
 //! May depend on: config, error, layout, temp, digest, slots, publication, claim, quota,
-//! journal; never
+//! cairn-durable (the journal); never
 //! on an operation module (files, project, events, write, read, document) or on `store`.
 
 use std::os::fd::AsFd;
@@ -16,11 +16,11 @@ use crate::claim::ClaimKey;
 use crate::config::Config;
 use crate::digest::DigestCache;
 use crate::error::{Error, Result};
-use crate::journal::{Journal, Recovered};
 use crate::layout::Layout;
 use crate::publication::Boot;
 use crate::slots::Slots;
 use crate::temp;
+use cairn_durable::journal::{Journal, Recovered};
 
 /// Most Puts published in the background at once (each holds two fds until it is done).
 const PUBLICATIONS_IN_FLIGHT: usize = 256;
@@ -68,11 +68,16 @@ impl State {
             true => match Journal::open(&config.data_root) {
                 Ok((journal, recovered)) => (Some(journal), recovered),
                 // A journal that could not be made (a full disk) holds nothing to lose.
-                Err(e) if !config.data_root.join(crate::journal::FILE_NAME).exists() => {
+                Err(e)
+                    if !config
+                        .data_root
+                        .join(cairn_durable::journal::FILE_NAME)
+                        .exists() =>
+                {
                     tracing::warn!(error = %e, "no Put journal: small synchronous Puts fsync their file and directory");
                     (None, Vec::new())
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.into()),
             },
             false => (None, Vec::new()),
         };
@@ -100,7 +105,7 @@ impl State {
     /// it): a checkpoint of the Put journal when it holds a record there (see `journal`).
     pub(crate) fn settle_journal(&self, project: &str, path: &str) -> Result<()> {
         match &self.journal {
-            Some(journal) => journal.settle(project, path),
+            Some(journal) => Ok(journal.settle(project, path)?),
             None => Ok(()),
         }
     }

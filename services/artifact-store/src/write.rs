@@ -8,7 +8,7 @@
 //! unnamed file is then gone) or unlinks it. An overwrite or a delete in a run is recorded as
 //! one of its events.
 //!
-//! May depend on: state, layout, files, events, digest, direct, quota, snapshots, error,
+//! May depend on: state, layout, files, events, digest, quota, snapshots, error, cairn-durable,
 //! cairn-contain; never on `document`, `read` or `store`.
 
 use std::fs::File;
@@ -25,7 +25,6 @@ use rustix::io::Errno;
 use tokio::sync::mpsc;
 
 use crate::digest::{self, Digest};
-use crate::direct::DirectWriter;
 use crate::error::{refusal, Error, Result};
 use crate::events::{FenceTicket, NewEvent, RunLogs};
 use crate::files::{self, existing_file, Outcome, Replace, Staged, Written};
@@ -35,6 +34,7 @@ use crate::quota::Reservation;
 use crate::run_records;
 use crate::snapshots;
 use crate::state::{blocking, State};
+use cairn_durable::direct::DirectWriter;
 
 /// Bodies up to this size are received whole and written in one blocking step; larger ones
 /// stream through a write thread and a hash thread in parallel.

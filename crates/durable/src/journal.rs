@@ -29,8 +29,8 @@
 //! last write not cancelled is made durable (rewritten when the file does not hold its bytes,
 //! else fsync'd with its directory); then a new generation begins.
 //!
-//! May depend on: error (and cairn-sha256); never on an operation module. Rewriting files at
-//! recovery is `files::restore_journaled`.
+//! Records name a project and a path, but nothing here opens them: the store makes the writes
+//! found at start-up durable (its `files::restore_journaled`) before calling [`Journal::begin`].
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -44,7 +44,9 @@ use bytes::Bytes;
 use parking_lot::{Mutex, RwLock};
 use rustix::fs::{Mode, OFlags};
 
-use crate::error::{Error, Result};
+use crate::IoError;
+
+type Result<T> = std::result::Result<T, IoError>;
 
 /// The log's name beneath the data root.
 pub const FILE_NAME: &str = "put.journal";
@@ -128,7 +130,8 @@ impl Journal {
     /// (after those writes were made durable).
     pub fn open(data_root: &Path) -> Result<(Journal, Vec<Recovered>)> {
         let path = data_root.join(FILE_NAME);
-        let io = |what: &str, e: std::io::Error| Error::io(format!("{what} {}", path.display()), e);
+        let io =
+            |what: &str, e: std::io::Error| IoError::new(format!("{what} {}", path.display()), e);
         let file = match std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -145,7 +148,7 @@ impl Journal {
         file.read_exact_at(&mut image, 0)
             .map_err(|e| io("reading the Put journal", e))?;
         let generation = current_generation(&image).ok_or_else(|| {
-            Error::io(
+            IoError::new(
                 format!("reading the Put journal {}", path.display()),
                 std::io::Error::other(
                     "neither header is whole: the file is not a Put journal or was damaged; move it aside to start without it (writes it held may be lost)",
@@ -196,7 +199,7 @@ impl Journal {
             .write_all_at(&header(generation), slot)
             .and_then(|()| self.file.sync_data())
             .map_err(|e| {
-                Error::io(
+                IoError::new(
                     format!("starting a generation of {}", self.path.display()),
                     e,
                 )
@@ -215,13 +218,13 @@ impl Journal {
     /// published `file` and its `dir` wait for the next checkpoint. Returns None, having run
     /// nothing, when the log cannot take the record (too large, or broken and not mended by a
     /// checkpoint): the caller then fsyncs in place.
-    pub fn publish<T>(
+    pub fn publish<T, E: From<IoError>>(
         &self,
         record: Record<'_>,
         dir: &Arc<OwnedFd>,
         name: &str,
-        link: impl FnOnce() -> Result<T>,
-    ) -> Option<Result<T>> {
+        link: impl FnOnce() -> std::result::Result<T, E>,
+    ) -> Option<std::result::Result<T, E>> {
         let data_len: u64 = record.bytes.iter().map(|b| b.len() as u64).sum();
         if data_len > MAX_BODY {
             return None;
@@ -259,14 +262,14 @@ impl Journal {
             if let Err(e) = self.sync_to(generation, end) {
                 // The record may or may not have reached the disk: not a write to redo.
                 self.inner.lock().broken = Some(format!("fdatasync of the Put journal: {e}"));
-                return Some(Err(Error::io(
+                return Some(Err(E::from(IoError::new(
                     format!(
                         "making the Put of {:?} durable ({})",
                         record.path,
                         self.path.display()
                     ),
                     e,
-                )));
+                ))));
             }
             let linked = link();
             let mut inner = self.inner.lock();
@@ -362,7 +365,7 @@ impl Journal {
             for ((device, _), dir) in &inner.dirs {
                 if devices.insert(*device) {
                     rustix::fs::syncfs(dir).map_err(|e| {
-                        Error::io(
+                        IoError::new(
                             "syncfs of the projects' filesystem",
                             std::io::Error::from(e),
                         )
@@ -391,7 +394,7 @@ impl Journal {
         let _ = rustix::fs::syncfs(&self.file);
         for ((project, path), (dir, name)) in &inner.files {
             let io = |e: rustix::io::Errno| {
-                Error::io(
+                IoError::new(
                     format!("fsync of {path:?} of project {project:?}"),
                     std::io::Error::from(e),
                 )
@@ -406,7 +409,7 @@ impl Journal {
         }
         for dir in inner.dirs.values() {
             rustix::fs::fsync(dir.as_fd()).map_err(|e| {
-                Error::io(
+                IoError::new(
                     "fsync of a journaled file's directory",
                     std::io::Error::from(e),
                 )
@@ -702,10 +705,10 @@ mod tests {
         std::fs::write(root.path().join("x"), b"hello").unwrap();
         let body = [Bytes::from_static(b"hello")];
         let sha = cairn_sha256::sha256_hex(b"hello");
-        let done = journal.publish(record("x", &sha, &body), &dir, "x", || Ok(7));
+        let done = journal.publish(record("x", &sha, &body), &dir, "x", || Ok::<_, IoError>(7));
         assert_eq!(done.unwrap().unwrap(), 7);
         let refused = journal.publish(record("y", &sha, &body), &dir, "y", || {
-            Err::<(), _>(Error::BadRequest("no".into()))
+            Err::<(), _>(IoError::new("refused", std::io::Error::other("no")))
         });
         assert!(refused.unwrap().is_err());
         drop(journal);
