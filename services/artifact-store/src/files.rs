@@ -464,7 +464,9 @@ pub(crate) fn publish_sync<G>(
                 remember(state, &file, digest);
                 return Ok(outcome);
             }
-            // The journal could not take it: durable the plain way.
+            // The journal could not take it (it is failing): durable the plain way, once no
+            // record of the path is left to be redone over it.
+            state.settle_journal(&project, &path)?;
             timed_sync(&file)
                 .map_err(|e| Error::io(format!("fsync of the temp file for {path:?}"), e))?;
         }
