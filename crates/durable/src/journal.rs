@@ -18,9 +18,9 @@
 //!
 //! **Checkpoint.** When the log is full, or another write is about to change a path that has
 //! a record (a Delete, a large or deferred Put, an archive, a restore), the files the log holds
-//! records for are made durable (one `syncfs` of their filesystem; on FUSE, where `syncfs`
-//! reaches no server, each file and directory is fsync'd, and at most [`MAX_PENDING`] files
-//! wait), and only then a new generation is written to the header: records of older
+//! records for are made durable (one `syncfs` of their filesystem on ext4, xfs, btrfs,
+//! overlayfs and tmpfs; elsewhere, FUSE and network filesystems, each file and directory is
+//! fsync'd, and at most [`MAX_PENDING`] files wait), and only then a new generation is written to the header: records of older
 //! generations no longer count. A write never changes a path behind
 //! a record that could later be redone over it.
 //!
@@ -61,8 +61,11 @@ const RECORDS_AT: u64 = 4096;
 const SECOND_SLOT: u64 = 512;
 /// Most files waiting on the log when each is fsync'd at the checkpoint.
 const MAX_PENDING: usize = 256;
-/// `f_type` of FUSE filesystems, where `syncfs` reaches no server (see `Journal::syncfs`).
-const FUSE_SUPER_MAGIC: u64 = 0x6573_5546;
+/// `f_type`s of the filesystems whose `syncfs` makes every file and name written before it
+/// durable: ext4, xfs, btrfs, overlayfs (it syncs its upper filesystem), tmpfs (nothing to
+/// keep). Elsewhere (FUSE, whose `syncfs` reaches no server; network filesystems) a
+/// checkpoint fsyncs each file and directory.
+const SYNCFS_FILESYSTEMS: [u64; 5] = [0xEF53, 0x5846_5342, 0x9123_683E, 0x794C_7630, 0x0102_1994];
 const HEADER_MAGIC: &[u8; 8] = b"CAIRNJH1";
 const RECORD_MAGIC: &[u8; 4] = b"CJR1";
 /// magic, payload length, generation, sequence, kind, project length, path length, data
@@ -93,9 +96,8 @@ pub struct Journal {
     inner: Mutex<Inner>,
     /// (generation, offset): the log is durable up to there.
     synced: Mutex<(u64, u64)>,
-    /// A checkpoint makes the files durable with one `syncfs` of their filesystem (every
-    /// local filesystem); else (FUSE, whose `syncfs` reaches no server) by fsyncing each file
-    /// and directory.
+    /// A checkpoint makes the files durable with one `syncfs` of their filesystem (see
+    /// [`SYNCFS_FILESYSTEMS`]); else by fsyncing each file and directory.
     syncfs: bool,
 }
 
@@ -156,11 +158,11 @@ impl Journal {
             )
         })?;
         let recovered = replay(&image, generation);
-        let not_fuse = |fd: &File| {
-            rustix::fs::fstatfs(fd).is_ok_and(|fs| fs.f_type as u64 != FUSE_SUPER_MAGIC)
+        let syncs_whole = |fd: &File| {
+            rustix::fs::fstatfs(fd).is_ok_and(|fs| SYNCFS_FILESYSTEMS.contains(&(fs.f_type as u64)))
         };
         let projects = File::open(data_root.join("projects"));
-        let syncfs = not_fuse(&file) && projects.as_ref().is_ok_and(not_fuse);
+        let syncfs = syncs_whole(&file) && projects.as_ref().is_ok_and(syncs_whole);
         let journal = Journal {
             syncfs,
             file,
