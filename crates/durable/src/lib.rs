@@ -1,5 +1,5 @@
-//! How the artifact-store's bytes reach the disk durably, below any notion of projects, paths
-//! or requests:
+//! How the artifact-store's bytes reach the disk durably, below its requests, slots and
+//! policies (the journal's records name a project and a path, but nothing here opens them):
 //!
 //! - [`direct`]: large bodies written with O_DIRECT from aligned buffers, several device
 //!   writes in flight;

@@ -537,16 +537,15 @@ fn restore_one(state: &State, r: &journal::Recovered) -> Result<bool> {
         contain::sync_dir(dir.as_fd()).map_err(|e| io(e.into()))?;
         return Ok(false);
     }
-    let bytes = [r.bytes.clone()];
-    let digest = Digest {
-        sha256: r.sha256.clone(),
-        size_bytes: r.bytes.len() as u64,
-    };
-    let (mut staged, file) = stage_bytes(state, root.as_fd(), &r.project, &r.path, &bytes)?;
-    timed_sync(&file)
-        .map_err(|e| Error::io(format!("fsync of the temp file for {:?}", r.path), e))?;
-    link(state, &mut staged, &file, &digest, &Replace::Always)?;
-    sync_published(state, &staged, &file, &digest, false)?;
+    // The journal takes no record before it begins: this write is fsync'd in place.
+    write_bytes(
+        state,
+        root.as_fd(),
+        &r.project,
+        &r.path,
+        std::slice::from_ref(&r.bytes),
+        true,
+    )?;
     Ok(true)
 }
 
