@@ -6,7 +6,7 @@
 //! turns such a file back into ResumeSession's stream. The runner checks the bytes again: a
 //! damaged file is never resumed.
 
-use bytes::Bytes;
+use bytes::{BufMut, Bytes, BytesMut};
 use cairn_proto::v1::{snapshot_part, SnapshotEnd, SnapshotHeader, SnapshotPart};
 use cairn_sha256::Sha256;
 pub use cairn_snapshot::Check;
@@ -264,22 +264,22 @@ pub fn parts_reporting(
         session_id,
         copies,
     };
-    let start = Some((reader, Vec::<u8>::new()));
+    let start = Some((reader, BytesMut::new()));
     let rest = futures::stream::unfold(start, move |state| {
         let failure = failure.clone();
         async move {
             let (mut reader, mut carry) = state?;
             let mut at_eof = false;
+            // Read into spare room, never zero-filled first.
+            carry.reserve(CHUNK + hold - carry.len().min(CHUNK + hold));
             while carry.len() < CHUNK + hold {
-                let from = carry.len();
-                carry.resize(CHUNK + hold, 0);
-                match reader.read(&mut carry[from..]).await {
+                let room = CHUNK + hold - carry.len();
+                match reader.read_buf(&mut (&mut carry).limit(room)).await {
                     Ok(0) => {
-                        carry.truncate(from);
                         at_eof = true;
                         break;
                     }
-                    Ok(n) => carry.truncate(from + n),
+                    Ok(_) => {}
                     Err(e) => {
                         failure.set(e.to_string());
                         return None;
@@ -289,7 +289,7 @@ pub fn parts_reporting(
             if carry.len() > hold {
                 let tail = carry.split_off(carry.len() - hold);
                 let part = SnapshotPart {
-                    msg: Some(snapshot_part::Msg::Chunk(Bytes::from(carry))),
+                    msg: Some(snapshot_part::Msg::Chunk(carry.freeze())),
                     ..Default::default()
                 };
                 return Some((part, Some((reader, tail))));

@@ -4,8 +4,10 @@
 //! and the check of a streamed payload against its header or against the SnapshotEnd after
 //! it. Nothing here knows gRPC, the store or a runner's state.
 
+mod assembly;
 pub mod check;
 pub mod payload;
+pub mod split;
 
 pub use check::Check;
 

@@ -10,6 +10,8 @@ use bytes::Bytes;
 use cairn_pack::graft::{AreaRoots, GraftError};
 use cairn_sha256::HashingWriter;
 
+pub use crate::assembly::IMAGE;
+use crate::assembly::{part_of, Assembly};
 use crate::Error;
 
 type Result<T> = std::result::Result<T, Error>;
@@ -327,11 +329,14 @@ pub fn unpack(payload: &Path, take: Take<'_>) -> Result<()> {
             Take::Files(areas) if files => place(areas, &mut entry)?,
             Take::Checkpoint(dir) if part.is_some() => {
                 let (name, offset) = part.unwrap_or_default();
-                let a = match &mut assembly {
-                    Some(a) => a,
-                    None => assembly.insert(Assembly::new(payload, dir)?),
-                };
-                a.copy(&name, offset, entry.raw_file_position(), entry.size())?
+                if assembly.is_none() {
+                    let src =
+                        std::fs::File::open(payload).map_err(Error::io("opening the snapshot"))?;
+                    assembly = Some((Assembly::new(dir)?, src));
+                }
+                if let Some((a, src)) = &mut assembly {
+                    a.copy(src, &name, offset, entry.raw_file_position(), entry.size())?
+                }
             }
             Take::Checkpoint(dir) if !files => {
                 let unpacked = entry.unpack_in(dir).map_err(|e| {
@@ -351,107 +356,6 @@ pub fn unpack(payload: &Path, take: Take<'_>) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// runsc's memory image in a payload: the bulk of a snapshot with memory.
-pub const IMAGE: &str = "checkpoint/checkpoint.img";
-
-/// The file name and offset of a checkpoint file's part: `checkpoint/NAME@OFFSET`, or
-/// `checkpoint/checkpoint.img` (sent whole, offset 0) as an earlier version wrote it.
-fn part_of(path: &Path) -> Option<(String, u64)> {
-    if path == Path::new(IMAGE) {
-        return Some(("checkpoint.img".into(), 0));
-    }
-    let rest = path.strip_prefix("checkpoint").ok()?.to_str()?;
-    let (name, at) = rest.rsplit_once('@')?;
-    let plain = !name.is_empty() && !name.contains(['/', '@']) && name != "." && name != "..";
-    let digits = !at.is_empty() && at.bytes().all(|b| b.is_ascii_digit());
-    match plain && digits {
-        true => Some((name.to_owned(), at.parse().ok()?)),
-        false => None,
-    }
-}
-
-/// Checkpoint files put together from their parts, by the kernel (copy_file_range: no pass
-/// through this process), each made new in `dir/checkpoint/` without following a link.
-struct Assembly {
-    src: std::fs::File,
-    sub: rustix::fd::OwnedFd,
-    /// Each file's descriptor and bytes so far.
-    files: std::collections::HashMap<String, (rustix::fd::OwnedFd, u64)>,
-}
-
-impl Assembly {
-    fn new(payload: &Path, dir: &Path) -> Result<Assembly> {
-        use std::os::fd::AsFd;
-        let failed = Error::io("copying the checkpoint out of the snapshot");
-        let src = std::fs::File::open(payload).map_err(Error::io("opening the snapshot"))?;
-        let root = std::fs::File::open(dir).map_err(Error::io("opening the restore directory"))?;
-        let sub = match cairn_contain::open_dir(root.as_fd(), "checkpoint") {
-            Err(rustix::io::Errno::NOENT) => {
-                rustix::fs::mkdirat(&root, "checkpoint", rustix::fs::Mode::from_raw_mode(0o700))
-                    .map_err(|e| Error::io("making the checkpoint directory")(e.into()))?;
-                cairn_contain::open_dir(root.as_fd(), "checkpoint")
-            }
-            other => other,
-        }
-        .map_err(|e| failed(e.into()))?;
-        Ok(Assembly {
-            src,
-            sub,
-            files: Default::default(),
-        })
-    }
-
-    /// `len` bytes at `at` in the payload, as the bytes of `name` from `offset` on.
-    fn copy(&mut self, name: &str, offset: u64, at: u64, len: u64) -> Result<()> {
-        let failed = |e: std::io::Error| Error::Io {
-            context: "copying the checkpoint out of the snapshot".into(),
-            source: e,
-        };
-        if offset == 0 {
-            let fd = rustix::fs::openat(
-                &self.sub,
-                name,
-                rustix::fs::OFlags::WRONLY
-                    | rustix::fs::OFlags::CREATE
-                    | rustix::fs::OFlags::EXCL
-                    | rustix::fs::OFlags::NOFOLLOW
-                    | rustix::fs::OFlags::CLOEXEC,
-                rustix::fs::Mode::from_raw_mode(0o600),
-            )
-            .map_err(|e| {
-                Error::Corrupt(format!(
-                    "the snapshot holds checkpoint/{name} twice or beside a link: {e}"
-                ))
-            })?;
-            self.files.insert(name.to_owned(), (fd, 0));
-        }
-        let Some((dst, written)) = self.files.get_mut(name).filter(|(_, w)| *w == offset) else {
-            return Err(Error::Corrupt(format!(
-                "the snapshot has a part of checkpoint/{name} at byte {offset}, which is not where its earlier parts end"
-            )));
-        };
-        let (mut off, mut left) = (at, len);
-        while left > 0 {
-            let n = rustix::fs::copy_file_range(
-                &self.src,
-                Some(&mut off),
-                &*dst,
-                None,
-                left.min(1 << 30) as usize,
-            )
-            .map_err(|e| failed(e.into()))?;
-            if n == 0 {
-                return Err(Error::Corrupt(format!(
-                    "the snapshot ends inside checkpoint/{name}"
-                )));
-            }
-            left -= n as u64;
-        }
-        *written += len;
-        Ok(())
-    }
 }
 
 /// One `workspace/` or `tmpfs/` entry into a session's areas.

@@ -7,10 +7,9 @@
 
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use rustix::fs::{FileType, OFlags, Stat};
 use rustix::io::Errno;
 use tokio::sync::mpsc;
@@ -127,8 +126,11 @@ pub async fn get(
         let mut pos = offset;
         while pos < end {
             let want = chunk.min((end - pos) as usize);
-            let mut buf = BytesMut::zeroed(want);
-            let got = match file.read_at(&mut buf, pos) {
+            // Read into spare capacity: no zero-filling of every chunk first.
+            let mut buf = Vec::with_capacity(want);
+            let got = match rustix::io::pread(&file, rustix::buffer::spare_capacity(&mut buf), pos)
+                .map_err(std::io::Error::from)
+            {
                 Ok(0) => {
                     let _ = tx.blocking_send(Err(Error::io(
                         format!("reading {name:?}"),
@@ -143,9 +145,8 @@ pub async fn get(
                     return;
                 }
             };
-            buf.truncate(got);
             pos += got as u64;
-            if tx.blocking_send(Ok(buf.freeze())).is_err() {
+            if tx.blocking_send(Ok(Bytes::from(buf))).is_err() {
                 return;
             }
         }

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use cairn_proto as pb;
 pub use cairn_snapshot::payload::{unpack, write, Checkpoint, ChunkSink, Payload, Take, IMAGE};
+use cairn_snapshot::split::Split;
 pub use cairn_snapshot::FORMAT;
 
 use crate::error::{Error, Result};
@@ -56,20 +57,37 @@ pub fn check_header(h: &pb::SnapshotHeader, backend: &str, image: &str, max: u64
     Ok(())
 }
 
-/// Takes a streamed payload into a file, checking it (cairn_snapshot::Check) against the
-/// header or, when the header has no sha256, against the SnapshotEnd that followed the bytes.
+/// Takes a streamed payload in, checking it (cairn_snapshot::Check) against the header or,
+/// when the header has no sha256, against the SnapshotEnd that followed the bytes. Without
+/// memory the payload goes into a file as it comes; with memory its checkpoint parts go
+/// straight into a restore directory and the rest into the file (cairn_snapshot::split).
+/// Neither is used before the check passed: dropped, the receiver removes both.
 pub struct Receiver {
     pub header: pb::SnapshotHeader,
     payload: Payload,
-    file: std::io::BufWriter<std::fs::File>,
+    sink: Sink,
     check: cairn_snapshot::Check,
     /// Most bytes taken: the header's size, or the runner's limit when it comes at the end.
     most: u64,
 }
 
+enum Sink {
+    Whole(std::io::BufWriter<std::fs::File>),
+    Split {
+        split: Split<std::io::BufWriter<std::fs::File>>,
+        restore: Restore,
+    },
+}
+
 impl Receiver {
-    /// `max`: the runner's limit, for a snapshot whose size comes after its bytes.
-    pub fn new(header: pb::SnapshotHeader, path: PathBuf, max: u64) -> Result<Receiver> {
+    /// `max`: the runner's limit, for a snapshot whose size comes after its bytes. `restore`:
+    /// the directory a checkpoint goes into (made here, for a header with memory).
+    pub fn new(
+        header: pb::SnapshotHeader,
+        path: PathBuf,
+        restore: PathBuf,
+        max: u64,
+    ) -> Result<Receiver> {
         let file = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -78,14 +96,31 @@ impl Receiver {
                 "creating snapshot file {}",
                 path.display()
             )))?;
+        let payload = Payload { path };
+        let file = std::io::BufWriter::with_capacity(1 << 20, file);
+        let sink = match header.memory {
+            false => Sink::Whole(file),
+            true => {
+                std::fs::create_dir(&restore)
+                    .map_err(Error::io("creating the restore directory"))?;
+                let restore = Restore {
+                    checkpoint: Some(restore.join("checkpoint")),
+                    dir: restore,
+                };
+                Sink::Split {
+                    split: Split::new(&restore.dir, file)?,
+                    restore,
+                }
+            }
+        };
         let most = match header.sha256.is_empty() {
             true => max,
             false => header.size_bytes,
         };
         Ok(Receiver {
             header,
-            payload: Payload { path },
-            file: std::io::BufWriter::with_capacity(1 << 20, file),
+            payload,
+            sink,
             check: cairn_snapshot::Check::new(),
             most,
         })
@@ -110,22 +145,37 @@ impl Receiver {
             });
         }
         self.check.chunk(chunk)?;
-        self.file
-            .write_all(chunk)
-            .map_err(Error::io("writing the received snapshot"))
+        match &mut self.sink {
+            Sink::Whole(file) => file
+                .write_all(chunk)
+                .map_err(Error::io("writing the received snapshot")),
+            Sink::Split { split, .. } => Ok(split.push(chunk)?),
+        }
     }
 
-    /// The payload, when its size and sha256 are the header's or, for a header without them,
-    /// `end`'s (the header then gets them).
-    pub fn finish(mut self, end: Option<pb::SnapshotEnd>) -> Result<(pb::SnapshotHeader, Payload)> {
+    /// The payload (and, with memory, the restore directory its checkpoint went into), when
+    /// its size and sha256 are the header's or, for a header without them, `end`'s (the
+    /// header then gets them).
+    pub fn finish(
+        mut self,
+        end: Option<pb::SnapshotEnd>,
+    ) -> Result<(pb::SnapshotHeader, Payload, Option<Restore>)> {
         if let Some(end) = end {
             self.check.end(end)?;
         }
         self.check.finish(&mut self.header)?;
-        self.file
-            .flush()
-            .map_err(Error::io("writing the received snapshot"))?;
-        Ok((self.header, self.payload))
+        let written = Error::io("writing the received snapshot");
+        let restore = match self.sink {
+            Sink::Whole(mut file) => {
+                file.flush().map_err(written)?;
+                None
+            }
+            Sink::Split { split, restore } => {
+                split.finish()?.flush().map_err(written)?;
+                Some(restore)
+            }
+        };
+        Ok((self.header, self.payload, restore))
     }
 }
 

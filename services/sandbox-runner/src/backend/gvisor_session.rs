@@ -344,7 +344,7 @@ impl Base {
                 Ok(bytes) => serde_json::from_slice::<serde_json::Value>(&bytes)
                     .ok()
                     .and_then(|v| v["status"].as_str().map(str::to_owned)),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound && polls.is_multiple_of(25) => {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && polls.is_multiple_of(100) => {
                     self.state(&sandbox.id).await
                 }
                 Err(_) => None,
@@ -353,7 +353,8 @@ impl Base {
                 tracing::debug!(sandbox = %sandbox.id, ms = t0.elapsed().as_millis() as u64, polls, "restored sandbox runs");
                 return true;
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            // A state file read is cheap: a resume waits 2.5 ms on average past its start.
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
         false
     }

@@ -247,12 +247,14 @@ impl Runner {
             self.config.session.max_snapshot_bytes,
         )?;
         self.backend_runs(&image)?;
-        let path = self
-            .config
-            .work_root
-            .join("tasks")
-            .join(format!("resume-{}.snap", uuid::Uuid::new_v4().simple()));
-        Receiver::new(header, path, self.config.session.max_snapshot_bytes)
+        let name = format!("resume-{}", uuid::Uuid::new_v4().simple());
+        let tasks = self.config.work_root.join("tasks");
+        Receiver::new(
+            header,
+            tasks.join(format!("{name}.snap")),
+            tasks.join(format!("{name}.d")),
+            self.config.session.max_snapshot_bytes,
+        )
     }
 
     /// Opens `copies` new sessions (at least one) from the received snapshot once its bytes
@@ -318,34 +320,26 @@ impl Runner {
         Ok(first)
     }
 
-    /// Checks the received bytes and, with memory, unpacks the checkpoint once for every
-    /// session resumed from them.
+    /// Checks the received bytes and, with memory, finishes the checkpoint (its parts came
+    /// straight into the restore directory) once for every session resumed from them.
     async fn prepare(&self, received: Receiver, end: Option<pb::SnapshotEnd>) -> Result<Prepared> {
-        let dir = self
-            .config
-            .work_root
-            .join("tasks")
-            .join(format!("resume-{}.d", uuid::Uuid::new_v4().simple()));
         blocking(move || {
-            let (header, payload) = received.finish(end)?;
-            let checkpoint = match header.memory {
-                false => None,
-                true => {
-                    std::fs::create_dir(&dir)
-                        .map_err(Error::io("creating the restore directory"))?;
-                    let restore = Restore {
-                        checkpoint: Some(dir.join("checkpoint")),
-                        dir,
-                    };
-                    snapshot::unpack(&payload.path, Take::Checkpoint(&restore.dir))?;
-                    if !restore.dir.join("checkpoint").join("checkpoint.img").is_file() {
-                        return Err(Error::SnapshotCorrupt(
-                            "the snapshot says it holds memory but has no checkpoint/checkpoint.img".into(),
-                        ));
-                    }
-                    Some(restore)
+            let (header, payload, checkpoint) = received.finish(end)?;
+            if let Some(restore) = &checkpoint {
+                // What came whole (directories, a layout-1 file) and a check of every entry.
+                snapshot::unpack(&payload.path, Take::Checkpoint(&restore.dir))?;
+                if !restore
+                    .dir
+                    .join("checkpoint")
+                    .join("checkpoint.img")
+                    .is_file()
+                {
+                    return Err(Error::SnapshotCorrupt(
+                        "the snapshot says it holds memory but has no checkpoint/checkpoint.img"
+                            .into(),
+                    ));
                 }
-            };
+            }
             Ok(Prepared {
                 header,
                 payload,
