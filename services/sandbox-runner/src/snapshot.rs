@@ -213,6 +213,8 @@ pub struct Restore {
 
 impl Drop for Restore {
     fn drop(&mut self) {
+        // A pause's checkpoint directory may be a tmpfs of its own.
+        crate::backend::area::unmount_below(&self.dir);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -1,6 +1,7 @@
-//! A gvisor snapshot with memory, altered or cut short on its way to another runner, is
-//! refused with nothing left behind: its checkpoint is written where runsc reads it as the
-//! bytes arrive, so a refusal must also take that away (and no sandbox may start from it).
+//! A gvisor snapshot with memory: the pause leaves no checkpoint directory (nor its tmpfs)
+//! behind; altered or cut short on its way to another runner, it is refused with nothing left
+//! behind: its checkpoint is written where runsc reads it as the bytes arrive, so a refusal
+//! must also take that away (and no sandbox may start from it).
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -91,6 +92,18 @@ async fn an_altered_or_cut_memory_snapshot_is_refused_and_its_checkpoint_goes() 
     let mut file = Vec::new();
     let saved = snapshot::save(stream, &mut file).await.unwrap();
     assert!(saved.header.memory);
+    // The checkpoint's directory (a tmpfs of its own where the runner may mount) is gone,
+    // mount and all.
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let root = a.work_root.path().to_string_lossy().into_owned();
+    let left: Vec<_> = mounts.lines().filter(|l| l.contains(&root)).collect();
+    assert!(left.is_empty(), "mounts left after the pause: {left:?}");
+    let scratch: Vec<_> = std::fs::read_dir(a.work_root.path().join("tasks"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().contains(".snap-"))
+        .collect();
+    assert!(scratch.is_empty(), "{scratch:?}");
 
     // Where the payload starts: past the file's prefix.
     let mut at = std::io::Cursor::new(&file[..]);

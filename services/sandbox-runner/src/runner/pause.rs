@@ -65,6 +65,13 @@ impl Runner {
         if memory {
             std::fs::create_dir(&scratch.dir)
                 .map_err(Error::io("creating the checkpoint directory"))?;
+            // runsc writes the checkpoint into memory rather than the runner's disk: a
+            // tmpfs of its own (the image is read once, as it is written, then removed).
+            // Where the runner may not mount, a plain directory.
+            let max = self.config.session.max_snapshot_bytes;
+            if let Err(e) = crate::backend::area::mount(&scratch.dir, max, (0, 0), 0o700) {
+                tracing::debug!(error = %e, "the checkpoint directory stays on disk");
+            }
         }
         let _ = header.send(pb::SnapshotHeader {
             format: match memory {
