@@ -16,6 +16,10 @@ type Result<T> = std::result::Result<T, Error>;
 
 const BLOCK: usize = 512;
 
+fn wrote(e: std::io::Error) -> Error {
+    Error::io("writing the received snapshot")(e)
+}
+
 enum State {
     /// Gathering the next header block.
     Header,
@@ -50,7 +54,6 @@ impl<W: Write> Split<W> {
 
     /// Takes the next bytes of the payload.
     pub fn push(&mut self, mut bytes: &[u8]) -> Result<()> {
-        let wrote = |e| Error::io("writing the received snapshot")(e);
         while !bytes.is_empty() {
             match &mut self.state {
                 State::Header => {
@@ -105,14 +108,14 @@ impl<W: Write> Split<W> {
 
     /// A whole header block: a checkpoint part, or an entry for `rest`.
     fn header(&mut self) -> Result<()> {
-        let block = std::mem::take(&mut self.block);
-        self.block = Vec::with_capacity(BLOCK);
-        let wrote = |e| Error::io("writing the received snapshot")(e);
+        let mut block = [0u8; BLOCK];
+        block.copy_from_slice(&self.block);
+        self.block.clear();
         if block.iter().all(|&b| b == 0) {
             // The archive's end (or padding after it).
             return self.rest.write_all(&block).map_err(wrote);
         }
-        let h = tar::Header::from_byte_slice(&block);
+        let h = tar::Header::from_byte_slice(&block[..]);
         let damaged = |what: &str| Error::Corrupt(format!("the snapshot's tar is damaged: {what}"));
         let sum: u32 = block
             .iter()

@@ -106,6 +106,7 @@ impl Receiver {
                 let restore = Restore {
                     checkpoint: Some(restore.join("checkpoint")),
                     dir: restore,
+                    mounted: false,
                 };
                 Sink::Split {
                     split: Split::new(&restore.dir, file)?,
@@ -205,16 +206,19 @@ pub struct Prepared {
 }
 
 /// A checkpoint unpacked for a restore: `dir`, holding `checkpoint` (runsc's image
-/// directory), removed when dropped (the task directory holds the files).
+/// directory), removed when dropped (the task directory holds the files). `mounted`: `dir`
+/// is a tmpfs of its own (a pause's), unmounted first.
 pub struct Restore {
     pub dir: PathBuf,
     pub checkpoint: Option<PathBuf>,
+    pub mounted: bool,
 }
 
 impl Drop for Restore {
     fn drop(&mut self) {
-        // A pause's checkpoint directory may be a tmpfs of its own.
-        crate::backend::area::unmount_below(&self.dir);
+        if self.mounted {
+            crate::backend::area::unmount_below(&self.dir);
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -9,7 +9,6 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use cairn_proto::GetRunnerInfoRequest;
 use cairn_sandbox_runner::BackendChoice;
 use common::*;
 
@@ -27,13 +26,7 @@ fn local(pool: bool) -> Option<Case> {
 }
 
 async fn ready_now(r: &TestRunner) -> u32 {
-    r.client
-        .clone()
-        .get_runner_info(GetRunnerInfoRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .warm_containers
+    r.info().await.warm_containers
 }
 
 async fn wait_ready(r: &TestRunner, n: u32) {

@@ -6,48 +6,15 @@
 
 mod common;
 
-use cairn_proto::{
-    ExecRequest, GetRunnerInfoRequest, OpenSessionRequest, PauseSessionRequest, SessionInfo,
-};
 use cairn_runner_client::snapshot;
 use cairn_sandbox_runner::BackendChoice;
+use common::snapshots::*;
 use common::*;
 
 const GVISOR: Case = Case {
     backend: BackendChoice::Gvisor,
     pool: false,
 };
-
-async fn resume(r: &TestRunner, file: &[u8]) -> Result<SessionInfo, tonic::Status> {
-    let mut reader = std::io::Cursor::new(file.to_vec());
-    let header = snapshot::read_header(&mut reader).await.unwrap();
-    Ok(r.client
-        .clone()
-        .resume_session(snapshot::parts(header, reader, String::new(), 1))
-        .await?
-        .into_inner())
-}
-
-async fn assert_nothing_resumed(r: &TestRunner, what: &str) {
-    let info = r
-        .client
-        .clone()
-        .get_runner_info(GetRunnerInfoRequest {})
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(info.open_sessions, 0, "{what}");
-    let left: Vec<_> = std::fs::read_dir(r.work_root.path().join("tasks"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name())
-        .collect();
-    assert!(left.is_empty(), "{what}: left behind: {left:?}");
-    assert!(
-        gvisor_sandboxes(r.work_root.path()).await.is_empty(),
-        "{what}: a sandbox started"
-    );
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_altered_or_cut_memory_snapshot_is_refused_and_its_checkpoint_goes() {
@@ -61,37 +28,10 @@ async fn an_altered_or_cut_memory_snapshot_is_refused_and_its_checkpoint_goes() 
         })
     };
     let (a, b) = tokio::join!(start(), start());
-    let id = a
-        .client
-        .clone()
-        .open_session(OpenSessionRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .session_id;
-    a.client
-        .clone()
-        .exec(ExecRequest {
-            session_id: id.clone(),
-            command: "echo kept > /workspace/kept.txt".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let stream = a
-        .client
-        .clone()
-        .pause_session(PauseSessionRequest {
-            session_id: id.clone(),
-            files_only: false,
-            keep_open: false,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut file = Vec::new();
-    let saved = snapshot::save(stream, &mut file).await.unwrap();
-    assert!(saved.header.memory);
+    let id = open(&a).await;
+    exec(&a, &id, "echo kept > /workspace/kept.txt", false).await;
+    let (file, header) = pause(&a, &id, false).await;
+    assert!(header.memory);
     // The checkpoint's directory (a tmpfs of its own where the runner may mount) is gone,
     // mount and all.
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
@@ -123,27 +63,13 @@ async fn an_altered_or_cut_memory_snapshot_is_refused_and_its_checkpoint_goes() 
     ] {
         let err = resume(&b, &bytes).await.unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument, "{what}: {err}");
-        assert_eq!(
-            cairn_proto::reason::of(&err).unwrap_or_default(),
-            "snapshot_corrupt",
-            "{what}: {err}"
-        );
-        assert_nothing_resumed(&b, what).await;
+        assert_eq!(reason(&err), "snapshot_corrupt", "{what}: {err}");
+        assert_nothing_resumed(&b).await;
     }
     // The intact one resumes, with its files.
     let s = resume(&b, &file).await.unwrap();
     assert!(s.memory_restored);
-    let out = b
-        .client
-        .clone()
-        .exec(ExecRequest {
-            session_id: s.session_id,
-            command: "cat /workspace/kept.txt".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let out = exec(&b, &s.session_id, "cat /workspace/kept.txt", false).await;
     assert_eq!(text(&out.stdout), "kept\n");
     a.stop().await;
     b.stop().await;

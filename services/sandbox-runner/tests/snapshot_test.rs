@@ -11,12 +11,10 @@ mod common;
 
 use std::time::Duration;
 
-use cairn_proto::{
-    CloseSessionRequest, ExecRequest, ExecResult, OpenSessionRequest, PauseSessionRequest,
-    ReadFileRequest, SessionInfo,
-};
+use cairn_proto::{CloseSessionRequest, ExecRequest, PauseSessionRequest, ReadFileRequest};
 use cairn_runner_client::snapshot;
 use cairn_sandbox_runner::BackendChoice;
+use common::snapshots::*;
 use common::*;
 
 const GVISOR: Case = Case {
@@ -41,33 +39,6 @@ async fn runner(case: Case) -> TestRunner {
         c.max_sessions = 8;
     })
     .await
-}
-
-async fn open(r: &TestRunner) -> String {
-    r.client
-        .clone()
-        .open_session(OpenSessionRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .session_id
-}
-
-async fn exec(r: &TestRunner, id: &str, command: &str, detach: bool) -> ExecResult {
-    let out = r
-        .client
-        .clone()
-        .exec(ExecRequest {
-            session_id: id.into(),
-            command: command.into(),
-            detach,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(out.exit_code, 0, "{command}: {}", text(&out.stderr));
-    out
 }
 
 async fn read(r: &TestRunner, id: &str, path: &str) -> Result<String, tonic::Status> {
@@ -113,87 +84,6 @@ async fn wait_count(r: &TestRunner, id: &str, at_least: u64) -> u64 {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-/// Pauses `id` on `r`; returns the snapshot file's bytes and header.
-async fn pause(
-    r: &TestRunner,
-    id: &str,
-    files_only: bool,
-) -> (Vec<u8>, cairn_proto::SnapshotHeader) {
-    pause_with(r, id, files_only, false).await.unwrap()
-}
-
-/// [`pause`], as a checkpoint when `keep_open`.
-async fn pause_with(
-    r: &TestRunner,
-    id: &str,
-    files_only: bool,
-    keep_open: bool,
-) -> Result<(Vec<u8>, cairn_proto::SnapshotHeader), tonic::Status> {
-    let stream = r
-        .client
-        .clone()
-        .pause_session(PauseSessionRequest {
-            session_id: id.into(),
-            files_only,
-            keep_open,
-        })
-        .await?
-        .into_inner();
-    let mut file = Vec::new();
-    let saved = snapshot::save(stream, &mut file)
-        .await
-        .map_err(|e| match e {
-            snapshot::SnapshotError::Rpc(s) => s,
-            other => panic!("the snapshot stream was not one: {other}"),
-        })?;
-    assert_eq!(saved.file_bytes, file.len() as u64);
-    Ok((file, saved.header))
-}
-
-async fn resume(r: &TestRunner, file: &[u8]) -> Result<SessionInfo, tonic::Status> {
-    resume_copies(r, file, 1).await
-}
-
-/// A resume that asks for `copies` sessions (a fork) from one sending of the snapshot.
-async fn resume_copies(
-    r: &TestRunner,
-    file: &[u8],
-    copies: u32,
-) -> Result<SessionInfo, tonic::Status> {
-    let mut reader = std::io::Cursor::new(file.to_vec());
-    let header = snapshot::read_header(&mut reader).await.unwrap();
-    Ok(r.client
-        .clone()
-        .resume_session(snapshot::parts(header, reader, String::new(), copies))
-        .await?
-        .into_inner())
-}
-
-fn reason(s: &tonic::Status) -> String {
-    cairn_proto::reason::of(s).unwrap_or_default()
-}
-
-async fn open_sessions(r: &TestRunner) -> u32 {
-    r.client
-        .clone()
-        .get_runner_info(cairn_proto::GetRunnerInfoRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .open_sessions
-}
-
-/// What a refused resume may leave: nothing in the tasks directory, no session.
-async fn assert_nothing_resumed(r: &TestRunner) {
-    assert_eq!(open_sessions(r).await, 0);
-    let left: Vec<_> = std::fs::read_dir(r.work_root.path().join("tasks"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name())
-        .collect();
-    assert!(left.is_empty(), "left behind: {left:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

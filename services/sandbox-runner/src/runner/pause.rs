@@ -54,12 +54,13 @@ impl Runner {
             false => None,
         };
         let sandbox = s.sandbox.clone();
-        let scratch = Restore {
+        let mut scratch = Restore {
             dir: s
                 .sandbox
                 .task_dir
                 .with_file_name(format!("{id}.snap-{}.d", uuid::Uuid::new_v4().simple())),
             checkpoint: None,
+            mounted: false,
         };
         let t0 = std::time::Instant::now();
         if memory {
@@ -69,8 +70,9 @@ impl Runner {
             // tmpfs of its own (the image is read once, as it is written, then removed).
             // Where the runner may not mount, a plain directory.
             let max = self.config.session.max_snapshot_bytes;
-            if let Err(e) = crate::backend::area::mount(&scratch.dir, max, (0, 0), 0o700) {
-                tracing::debug!(error = %e, "the checkpoint directory stays on disk");
+            match crate::backend::area::mount(&scratch.dir, max, (0, 0), 0o700) {
+                Ok(mounted) => scratch.mounted = mounted,
+                Err(e) => tracing::debug!(error = %e, "the checkpoint directory stays on disk"),
             }
         }
         let _ = header.send(pb::SnapshotHeader {
@@ -335,12 +337,7 @@ impl Runner {
             if let Some(restore) = &checkpoint {
                 // What came whole (directories, a layout-1 file) and a check of every entry.
                 snapshot::unpack(&payload.path, Take::Checkpoint(&restore.dir))?;
-                if !restore
-                    .dir
-                    .join("checkpoint")
-                    .join("checkpoint.img")
-                    .is_file()
-                {
+                if !restore.dir.join(snapshot::IMAGE).is_file() {
                     return Err(Error::SnapshotCorrupt(
                         "the snapshot says it holds memory but has no checkpoint/checkpoint.img"
                             .into(),

@@ -4,6 +4,8 @@
 //! bubblewrap is missing.
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod snapshots;
+
 use std::time::Duration;
 
 use cairn_proto::sandbox_runner_client::SandboxRunnerClient;
@@ -319,6 +321,16 @@ impl TestRunner {
         let rj: serde_json::Value = serde_json::from_str(&out.result_json).unwrap();
         assert_eq!(rj["warm"], self.case.pool, "{:?}: warm pool use", self.case);
         out
+    }
+
+    /// The runner's GetRunnerInfo answer.
+    pub async fn info(&self) -> cairn_proto::RunnerInfo {
+        self.client
+            .clone()
+            .get_runner_info(cairn_proto::GetRunnerInfoRequest {})
+            .await
+            .unwrap()
+            .into_inner()
     }
 
     pub async fn stop(mut self) {
